@@ -1,0 +1,3 @@
+from tinygpt_cli.cli import main
+
+main()

@@ -1,0 +1,104 @@
+"""`tinygpt train` and `tinygpt train-tokenizer`."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from .app import app, fail
+
+
+@app.command("train-tokenizer")
+def train_tokenizer_cmd(
+    data: list[Path] = typer.Option(..., "--data", help="Folder of part-*.txt files, or files."),
+    out: Path = typer.Option(Path("weights/tokenizer.json"), "--out", help="Where to write it."),
+    vocab_size: int = typer.Option(4096, "--vocab-size"),
+) -> None:
+    """Train the byte-level BPE tokenizer (the held-out last part is left out).
+
+    Example: tinygpt train-tokenizer --data ../shared/data/tinystories --out weights/tokenizer.json
+    """
+    from ..tokenizer import save_tokenizer, train_tokenizer
+    from ..train.data import read_stories, split_data
+
+    try:
+        files, _ = split_data(data)
+    except ValueError as e:
+        fail(str(e))
+    tok = train_tokenizer(read_stories(files), vocab_size)
+    save_tokenizer(tok, out)
+    sys.stderr.write(f"wrote {out}: {tok.vocab_size} tokens from {len(files)} files\n")
+
+
+@app.command("train")
+def train_cmd(
+    data: list[Path] = typer.Option(
+        ..., "--data", help="Folder of part-*.txt (the last part is held out), or files."
+    ),
+    out: Path = typer.Option(..., "--out", help="Folder for checkpoints, the log and the weights."),
+    val: Path | None = typer.Option(None, "--val", help="Validation file (default: last part)."),
+    steps: int = typer.Option(2000, "--steps", min=1, help="Optimiser steps (sets the schedule)."),
+    minutes: float | None = typer.Option(None, "--minutes", help="Stop early after this long."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1),
+    lr: float = typer.Option(2e-3, "--lr", help="Peak learning rate."),
+    warmup: int = typer.Option(200, "--warmup", min=0),
+    weight_decay: float = typer.Option(0.1, "--weight-decay"),
+    dropout: float = typer.Option(0.1, "--dropout", min=0.0, max=0.9),
+    seed: int = typer.Option(0, "--seed"),
+    eval_every: int = typer.Option(200, "--eval-every", min=1),
+    checkpoint_every: int = typer.Option(100, "--checkpoint-every", min=1),
+    n_embd: int = typer.Option(128, "--n-embd"),
+    n_layer: int = typer.Option(4, "--n-layer"),
+    n_head: int = typer.Option(4, "--n-head"),
+    n_inner: int = typer.Option(512, "--n-inner"),
+    vocab_size: int = typer.Option(4096, "--vocab-size"),
+    n_positions: int = typer.Option(128, "--n-positions"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.npz."),
+) -> None:
+    """Train the model in NumPy; OUT becomes a weights folder holding the best checkpoint.
+
+    Example: tinygpt train --data ../shared/data/tinystories --out runs/a --steps 3000
+    """
+    from ..config import Config
+    from ..train.data import split_data
+    from ..train.loop import Settings, train
+
+    try:
+        train_files, val_files = split_data(data, val)
+        config = Config(n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_inner=n_inner,
+                        vocab_size=vocab_size, n_positions=n_positions)
+    except ValueError as e:
+        fail(str(e))
+    settings = Settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
+                        weight_decay=weight_decay, dropout=dropout, seed=seed,
+                        eval_every=eval_every, checkpoint_every=checkpoint_every,
+                        minutes=minutes, config=asdict(config))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "command.txt").write_text("tinygpt " + shlex.join(sys.argv[1:]) + "\n")
+    err = Console(stderr=True)
+    err.print(f"train: {', '.join(f.name for f in train_files)}; validation: "
+              f"{', '.join(f.name for f in val_files) or 'none'}", markup=False, highlight=False)
+    columns = [TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+               TextColumn("loss {task.fields[loss]:.3f}  val {task.fields[val]}  "
+                          "{task.fields[tps]:,.0f} tok/s"), TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=err, transient=False) as progress:
+        task = progress.add_task("train", total=steps, loss=float("nan"), val="-", tps=0.0)
+
+        def on_step(info):
+            fields = {"loss": info.loss, "tps": info.tokens_per_s}
+            if info.val_loss is not None:
+                fields["val"] = f"{info.val_loss:.3f}"
+            progress.update(task, completed=info.step, **fields)
+
+        result = train(train_files, val_files, out, settings, resume=resume, on_step=on_step,
+                       on_note=lambda s: progress.console.print(s, markup=False, highlight=False))
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    err.print(f"best validation loss {result['best_val_loss']:.4f} nats/token; weights in {out}",
+              markup=False, highlight=False)

@@ -1,0 +1,196 @@
+"""The operations of the forward pass, each followed by its backward twin (as in llm.c).
+
+Every function is pure, works on any leading batch axes, and keeps the dtype of its inputs,
+so the same code trains in float32 and is gradient-checked in float64. A backward function
+takes the gradient of the loss with respect to the forward output (`dout`), then the values
+the forward pass saw, in the same order as the forward arguments.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# ---------------------------------------------------------------- embedding + position (cards 2, 3)
+
+
+def embedding(wte: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """x_i = W_E[t_i].  [vocab, d], [B, T] -> [B, T, d]"""
+    return wte[ids]
+
+
+def embedding_backward(dout: np.ndarray, wte: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Scatter-add each row's gradient back to the table row it was read from."""
+    dwte = np.zeros_like(wte)
+    np.add.at(dwte, ids.reshape(-1), dout.reshape(-1, dout.shape[-1]))
+    return dwte
+
+
+def position_embedding(wpe: np.ndarray, t: int) -> np.ndarray:
+    """Rows 0 .. t-1 of the position table.  [n_ctx, d] -> [t, d]"""
+    return wpe[:t]
+
+
+def position_embedding_backward(dout: np.ndarray, wpe: np.ndarray) -> np.ndarray:
+    dwpe = np.zeros_like(wpe)
+    t = dout.shape[-2]
+    dwpe[:t] = dout.reshape(-1, t, dout.shape[-1]).sum(axis=0)
+    return dwpe
+
+
+# ---------------------------------------------------------------- layer norm (cards 4, 8)
+
+
+def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float):
+    """Rescale each token's numbers to mean 0, std 1, then scale by g and shift by b.
+
+    Returns (out, mean, std); std already includes eps, as the model divides by it.
+    [..., d] -> [..., d], [..., 1], [..., 1]
+    """
+    mean = x.mean(axis=-1, keepdims=True)
+    centred = x - mean
+    var = (centred * centred).mean(axis=-1, keepdims=True)
+    std = np.sqrt(var + eps)
+    return centred / std * g + b, mean, std
+
+
+def layer_norm_backward(dout, x, g, mean, std):
+    """Returns (dx, dg, db)."""
+    xhat = (x - mean) / std
+    lead = tuple(range(x.ndim - 1))
+    dg = (dout * xhat).sum(axis=lead)
+    db = dout.sum(axis=lead)
+    dxhat = dout * g
+    dx = (
+        dxhat
+        - dxhat.mean(axis=-1, keepdims=True)
+        - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
+    ) / std
+    return dx, dg, db
+
+
+# ---------------------------------------------------------------- linear (c_attn, c_proj, c_fc)
+
+
+def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """x W + b with W stored (in, out), as GPT-2's Conv1D.  [..., in] -> [..., out]"""
+    return x @ w + b
+
+
+def linear_backward(dout, x, w):
+    """Returns (dx, dw, db)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    d2 = dout.reshape(-1, dout.shape[-1])
+    return dout @ w.T, x2.T @ d2, d2.sum(axis=0)
+
+
+# ---------------------------------------------------------------- GELU, tanh form (card 6)
+
+_GELU_C = float(np.sqrt(2.0 / np.pi))
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GPT-2's `gelu_new`: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1.0 + np.tanh(_GELU_C * (x + 0.044715 * x * x * x)))
+
+
+def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
+    x2 = x * x
+    t = np.tanh(_GELU_C * (x + 0.044715 * x2 * x))
+    dtanh = _GELU_C * (1.0 + 3 * 0.044715 * x2)
+    return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dtanh)
+
+
+# ---------------------------------------------------------------- masked attention (card 5)
+
+
+def split_heads(x: np.ndarray, n_head: int) -> np.ndarray:
+    """[B, T, d] -> [B, H, T, d_k]"""
+    *lead, t, d = x.shape
+    return x.reshape(*lead, t, n_head, d // n_head).swapaxes(-3, -2)
+
+
+def merge_heads(x: np.ndarray) -> np.ndarray:
+    """[B, H, T, d_k] -> [B, T, d]"""
+    *lead, h, t, dk = x.shape
+    return x.swapaxes(-3, -2).reshape(*lead, t, h * dk)
+
+
+def causal_mask(t: int) -> np.ndarray:
+    """True where a token may not look: column j after row i."""
+    return np.triu(np.ones((t, t), dtype=bool), k=1)
+
+
+def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Q K^T / sqrt(d_k) + M, with M = -inf above the diagonal.  -> [B, H, T, T]"""
+    scores = (q @ k.swapaxes(-1, -2)) / np.sqrt(q.shape[-1]).astype(q.dtype)
+    scores[..., causal_mask(q.shape[-2])] = -np.inf
+    return scores
+
+
+def softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(z - z.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def softmax_backward(dout: np.ndarray, p: np.ndarray) -> np.ndarray:
+    return p * (dout - (dout * p).sum(axis=-1, keepdims=True))
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray):
+    """softmax(Q K^T / sqrt(d_k) + M) V.  Returns (out, scores, weights)."""
+    scores = attention_scores(q, k)
+    weights = softmax(scores)
+    return weights @ v, scores, weights
+
+
+def attention_backward(dout, q, k, v, weights):
+    """Returns (dq, dk, dv). Masked weights are exactly 0, so their scores get no gradient."""
+    dv = weights.swapaxes(-1, -2) @ dout
+    dscores = softmax_backward(dout @ v.swapaxes(-1, -2), weights)
+    dscores /= np.sqrt(q.shape[-1]).astype(q.dtype)
+    return dscores @ k, dscores.swapaxes(-1, -2) @ q, dv
+
+
+# ---------------------------------------------------------------- dropout (training only)
+
+
+def dropout_mask(shape, p: float, rng: np.random.Generator, dtype) -> np.ndarray:
+    """Inverted dropout: keep with probability 1-p and scale by 1/(1-p)."""
+    keep = rng.random(shape, dtype=np.float32) >= p
+    return keep.astype(dtype) * np.asarray(1.0 / (1.0 - p), dtype=dtype)
+
+
+# ---------------------------------------------------------------- linear head + softmax (cards 9-10)
+
+
+def unembed(u: np.ndarray, wte: np.ndarray) -> np.ndarray:
+    """z = u W_E^T, the output head tied to the embedding table.  [..., d] -> [..., vocab]"""
+    return u @ wte.T
+
+
+def unembed_backward(dout, u, wte):
+    """Returns (du, dwte)."""
+    u2 = u.reshape(-1, u.shape[-1])
+    d2 = dout.reshape(-1, dout.shape[-1])
+    return dout @ wte, d2.T @ u2
+
+
+def log_softmax(z: np.ndarray) -> np.ndarray:
+    shifted = z - z.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> float:
+    """Mean negative log-probability of the targets, in nats per token."""
+    logp = log_softmax(logits)
+    picked = np.take_along_axis(logp, targets[..., None], axis=-1)
+    return float(-picked.mean(dtype=np.float64))
+
+
+def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """d(mean loss)/d logits = (softmax - one_hot) / N."""
+    dlogits = softmax(logits)
+    flat = dlogits.reshape(-1, dlogits.shape[-1])
+    flat[np.arange(flat.shape[0]), targets.reshape(-1)] -= 1.0
+    dlogits /= np.asarray(targets.size, dtype=dlogits.dtype)
+    return dlogits

@@ -1,0 +1,112 @@
+"""A thin wrapper over a byte-level BPE `tokenizers.Tokenizer`, and the recipe that trains it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import cached_property
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+END_OF_TEXT = "<|endoftext|>"
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-in character for each byte, reversed."""
+    return {ch: b for b, ch in _bytes_to_unicode().items()}
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1)
+    )
+    mapping, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + n)
+            n += 1
+    return mapping
+
+
+class Tokenizer:
+    def __init__(self, tok: HFTokenizer):
+        self._tok = tok
+        self._byte_of = _byte_decoder()
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Tokenizer:
+        return cls(HFTokenizer.from_file(str(path)))
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @cached_property
+    def eot_id(self) -> int:
+        i = self._tok.token_to_id(END_OF_TEXT)
+        if i is None:
+            raise ValueError(f"tokenizer has no {END_OF_TEXT} token")
+        return i
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes one token stands for."""
+        piece = self._tok.id_to_token(int(token_id))
+        if piece is None:
+            raise ValueError(f"token id {token_id} is not in the vocabulary (0..{self.vocab_size - 1})")
+        if piece in self.special_tokens:
+            return piece.encode("utf-8")
+        return bytes(self._byte_of[ch] for ch in piece)
+
+    def token_str(self, token_id: int) -> str:
+        """One token as text; bytes that are part of a longer UTF-8 character show as \\xNN."""
+        return self.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+
+    def byte_offsets(self, ids: Iterable[int]) -> list[tuple[int, int]]:
+        """(start, end) of each token in the UTF-8 bytes of the decoded text."""
+        out, pos = [], 0
+        for i in ids:
+            n = len(self.token_bytes(i))
+            out.append((pos, pos + n))
+            pos += n
+        return out
+
+
+def train_tokenizer(stories: Iterable[str], vocab_size: int = 4096) -> Tokenizer:
+    """Byte-level BPE with `<|endoftext|>` as its one special token.
+
+    Trained on stories without their separators, so the special token is never merged into
+    ordinary text. No normaliser and no prefix space: decode(encode(text)) == text.
+    """
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(stories, trainer)
+    return Tokenizer(tok)
+
+
+def save_tokenizer(tokenizer: Tokenizer, path: str | Path) -> None:
+    from .weights import write_atomically
+
+    write_atomically(Path(path), tokenizer._tok.to_str(pretty=True).encode("utf-8"))

@@ -1,0 +1,1 @@
+"""Training in NumPy: data windows, AdamW with a warm-up + cosine schedule, the loop."""

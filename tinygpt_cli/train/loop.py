@@ -1,0 +1,202 @@
+"""The training loop: batches, forward, backward, clip, AdamW; validation, checkpoints, export.
+
+A checkpoint holds the parameters, the optimiser's moments, the step and the random
+generator's state, so a resumed run continues exactly where the killed one stopped.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import ops
+from ..config import Config, save_config
+from ..model import forward, init_params, loss_and_grads
+from ..tokenizer import Tokenizer, save_tokenizer, train_tokenizer
+from ..weights import save_params, write_atomically
+from .data import TokenStream, encode_stories, eval_windows, random_windows, read_stories
+from .optim import AdamW, clip_by_global_norm, lr_at
+
+CHECKPOINT = "checkpoint.npz"
+LOG = "log.jsonl"
+
+
+@dataclass
+class Settings:
+    steps: int = 2000
+    batch_size: int = 32
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 200
+    weight_decay: float = 0.1
+    dropout: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_every: int = 200
+    checkpoint_every: int = 100
+    minutes: float | None = None  # stop early when this much wall time has passed
+    config: dict = field(default_factory=lambda: asdict(Config()))
+
+
+@dataclass
+class StepInfo:
+    step: int
+    steps: int
+    loss: float
+    lr: float
+    tokens_per_s: float
+    val_loss: float | None = None
+
+
+def evaluate(params, config: Config, stream: np.ndarray, batch_size: int = 32) -> float:
+    """Mean cross-entropy (nats per token) over the whole stream, in non-overlapping windows."""
+    x, y = eval_windows(stream, config.n_positions)
+    total = 0.0
+    for i in range(0, len(x), batch_size):
+        logits = forward(params, config, x[i : i + batch_size]).values["logits"]
+        total += ops.cross_entropy(logits, y[i : i + batch_size]) * y[i : i + batch_size].size
+    return total / y.size
+
+
+def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int) -> Tokenizer:
+    path = out / "tokenizer.json"
+    if path.is_file():
+        return Tokenizer.from_file(path)
+    tok = train_tokenizer(read_stories(train_files), vocab_size)
+    save_tokenizer(tok, path)
+    return tok
+
+
+def _save_checkpoint(path: Path, params, opt: AdamW, step: int, rng, best_val: float, settings) -> None:
+    arrays = {f"p/{n}": a for n, a in params.items()}
+    arrays.update({f"opt/{k}": a for k, a in opt.state().items()})
+    arrays["step"] = np.asarray(step)
+    arrays["best_val"] = np.asarray(best_val)
+    arrays["rng"] = np.asarray(json.dumps(rng.bit_generator.state))
+    arrays["settings"] = np.asarray(json.dumps(asdict(settings)))
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    write_atomically(path, buf.getvalue())
+
+
+def _load_checkpoint(path: Path, params, opt: AdamW, rng):
+    with np.load(path) as z:
+        for n in params:
+            params[n][...] = z[f"p/{n}"]
+        opt.load_state({k[4:]: z[k] for k in z.files if k.startswith("opt/")})
+        rng.bit_generator.state = json.loads(str(z["rng"]))
+        return int(z["step"]), float(z["best_val"])
+
+
+def _trim_log(path: Path, step: int) -> None:
+    """Drop log lines written after the checkpoint we resume from: they will be redone."""
+    if not path.is_file():
+        return
+    keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
+    write_atomically(path, ("\n".join(keep) + "\n" if keep else "").encode())
+
+
+def train(
+    train_files: list[Path],
+    val_files: list[Path],
+    out: Path,
+    settings: Settings,
+    *,
+    resume: bool = False,
+    on_step: Callable[[StepInfo], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
+) -> dict:
+    """Train, writing checkpoints, a JSONL log and the best weights folder into `out`."""
+    note = on_note or (lambda s: None)
+    out.mkdir(parents=True, exist_ok=True)
+    config = Config(**settings.config)
+    tokenizer = prepare_tokenizer(out, train_files, config.vocab_size)
+    config = Config(**{**asdict(config), "bos_token_id": tokenizer.eot_id,
+                       "eos_token_id": tokenizer.eot_id})
+    train_data = encode_stories(read_stories(train_files), tokenizer)
+    val_data: TokenStream | None = encode_stories(read_stories(val_files), tokenizer) if val_files else None
+    note(f"training tokens: {len(train_data.ids):,}"
+         + (f"; validation tokens: {len(val_data.ids):,}" if val_data else ""))
+
+    rng = np.random.default_rng(settings.seed)
+    params = init_params(config, rng)
+    opt = AdamW(params, weight_decay=settings.weight_decay)
+    start, best_val = 0, math.inf
+    ckpt, log_path = out / CHECKPOINT, out / LOG
+    if resume and ckpt.is_file():
+        start, best_val = _load_checkpoint(ckpt, params, opt, rng)
+        _trim_log(log_path, start)
+        note(f"resumed from {ckpt} at step {start}")
+    elif log_path.exists():
+        log_path.unlink()
+
+    def log(record: dict) -> None:
+        with open(log_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def validate(step: int) -> float | None:
+        nonlocal best_val
+        if val_data is None:
+            return None
+        val = evaluate(params, config, val_data.ids)
+        if val < best_val:
+            best_val = val
+            export(out, params, config, tokenizer)
+        return val
+
+    t0 = time.perf_counter()
+    tokens_per_step = settings.batch_size * config.n_positions
+    step = start
+    for step in range(start, settings.steps):
+        lr = lr_at(step, settings.lr, settings.warmup, settings.steps, settings.min_lr_ratio)
+        x, y = random_windows(train_data.ids, settings.batch_size, config.n_positions, rng)
+        loss, grads = loss_and_grads(params, config, x, y, dropout=settings.dropout, rng=rng)
+        gnorm = clip_by_global_norm(grads, settings.grad_clip)
+        opt.step(params, grads, lr)
+        done = step + 1
+        elapsed = time.perf_counter() - t0
+        tps = (done - start) * tokens_per_step / max(elapsed, 1e-9)
+        record = {"step": done, "train_loss": round(loss, 5), "lr": lr, "grad_norm": round(gnorm, 4),
+                  "tokens": done * tokens_per_step, "elapsed_s": round(elapsed, 2)}
+        val = None
+        out_of_time = settings.minutes is not None and elapsed > settings.minutes * 60
+        if done % settings.eval_every == 0 or done == settings.steps or out_of_time:
+            val = validate(done)
+            if val is not None:
+                record["val_loss"] = round(val, 5)
+                record["val_bits_per_byte"] = round(val / math.log(2) / val_data.bytes_per_token, 5)
+        log(record)
+        if done % settings.checkpoint_every == 0 or done == settings.steps or out_of_time:
+            _save_checkpoint(ckpt, params, opt, done, rng, best_val, settings)
+        if on_step:
+            on_step(StepInfo(done, settings.steps, loss, lr, tps, val))
+        if out_of_time:
+            note(f"stopped at step {done}: the {settings.minutes} minute limit was reached")
+            break
+    if val_data is None:
+        export(out, params, config, tokenizer)
+    return {
+        "steps": step + 1 if settings.steps > start else start,
+        "best_val_loss": best_val,
+        "val_bytes_per_token": val_data.bytes_per_token if val_data else None,
+        "train_tokens": len(train_data.ids),
+    }
+
+
+def export(out: Path, params, config: Config, tokenizer: Tokenizer) -> None:
+    """A complete weights folder: model.safetensors, config.json, tokenizer.json."""
+    save_params(params, out / "model.safetensors")
+    save_config(config, out / "config.json")
+    if not (out / "tokenizer.json").is_file():
+        save_tokenizer(tokenizer, out / "tokenizer.json")
+
+
+def write_text(path: Path, text: str) -> None:
+    write_atomically(path, text.encode("utf-8"))

@@ -1,0 +1,68 @@
+"""AdamW with decoupled weight decay, the learning-rate schedule and gradient clipping."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def decays(name: str) -> bool:
+    """Weight decay on the matrices and the embedding table; none on biases, norms, positions."""
+    return name.endswith(".weight") and not name.startswith("wpe") and ".ln_" not in name \
+        and not name.startswith("ln_f")
+
+
+def lr_at(step: int, peak: float, warmup: int, total: int, floor: float = 0.1) -> float:
+    """Linear warm-up to `peak`, then cosine decay to `floor * peak` at `total`."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def clip_by_global_norm(grads: dict[str, np.ndarray], max_norm: float) -> float:
+    """Scale all gradients together so their joint L2 norm is at most max_norm; return the norm."""
+    norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+    if max_norm > 0 and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for g in grads.values():
+            g *= scale
+    return norm
+
+
+class AdamW:
+    def __init__(self, params, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
+        self.b1, self.b2 = betas
+        self.eps = eps
+        self.weight_decay = weight_decay
+        self.m = {n: np.zeros_like(p) for n, p in params.items()}
+        self.v = {n: np.zeros_like(p) for n, p in params.items()}
+        self.t = 0
+
+    def step(self, params, grads, lr: float) -> None:
+        """One update, in place. Decay is decoupled: p -= lr * wd * p, apart from Adam's step."""
+        self.t += 1
+        c1 = 1 - self.b1**self.t
+        c2 = 1 - self.b2**self.t
+        for n, p in params.items():
+            g, m, v = grads[n], self.m[n], self.v[n]
+            m *= self.b1
+            m += (1 - self.b1) * g
+            v *= self.b2
+            v += (1 - self.b2) * (g * g)
+            if self.weight_decay and decays(n):
+                p *= 1 - lr * self.weight_decay
+            p -= (lr / c1) * m / (np.sqrt(v / c2) + self.eps)
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = {f"m/{n}": a for n, a in self.m.items()}
+        out.update({f"v/{n}": a for n, a in self.v.items()})
+        out["t"] = np.asarray(self.t)
+        return out
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        for n in self.m:
+            self.m[n][...] = state[f"m/{n}"]
+            self.v[n][...] = state[f"v/{n}"]
+        self.t = int(state["t"])

@@ -1,0 +1,161 @@
+"""Load, validate and save the weights folder: model.safetensors, config.json, tokenizer.json."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .config import Config, load_config
+from .model import param_shapes
+
+PREFIX = "transformer."
+
+
+def _shipped_folder() -> Path:
+    """Installed wheels carry the weights inside the package; a source checkout has weights/."""
+    here = Path(__file__).resolve().parent
+    inside = here / "_weights"
+    return inside if inside.is_dir() else here.parent / "weights"
+
+
+SHIPPED = _shipped_folder()
+
+
+class WeightsError(Exception):
+    """A weights folder or file that cannot be used; the message says which tensor and why."""
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside `path`, flush it to disk, then rename over `path`.
+
+    A reader (or a run killed with SIGKILL) sees the old file or the new one, never half.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
+    """Check names, shapes, dtypes and finiteness; return float32 params without the prefix."""
+    params = {}
+    for name, arr in tensors.items():
+        short = name[len(PREFIX):] if name.startswith(PREFIX) else name
+        if short == "lm_head.weight":
+            continue  # tied to wte; ignored if present
+        if short.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # old transformers buffers, not parameters
+        params[short] = arr
+    expected = param_shapes(config)
+    missing = [n for n in expected if n not in params]
+    if missing:
+        raise WeightsError(f"tensor {PREFIX}{missing[0]} is missing ({len(missing)} missing in all)")
+    extra = [n for n in params if n not in expected]
+    if extra:
+        raise WeightsError(f"unexpected tensor {extra[0]!r}: not part of a GPT-2 model")
+    out = {}
+    for name, shape in expected.items():
+        arr = params[name]
+        if tuple(arr.shape) != shape:
+            raise WeightsError(
+                f"tensor {PREFIX}{name} has shape {list(arr.shape)}, expected {list(shape)}"
+            )
+        if arr.dtype.kind != "f":
+            raise WeightsError(f"tensor {PREFIX}{name} has dtype {arr.dtype}, expected a float type")
+        if not np.isfinite(arr).all():
+            raise WeightsError(f"tensor {PREFIX}{name} holds NaN or infinite values")
+        out[name] = np.ascontiguousarray(arr, dtype=np.float32)
+    return out
+
+
+def load_params(path: str | Path, config: Config) -> dict[str, np.ndarray]:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"weights file {path} does not exist")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
+    return validate_params(tensors, config)
+
+
+def save_params(params: dict[str, np.ndarray], path: str | Path) -> None:
+    """Float32, Hugging Face GPT-2 names, tied head omitted."""
+    from safetensors.numpy import save
+
+    tensors = {PREFIX + n: np.ascontiguousarray(a, dtype=np.float32) for n, a in params.items()}
+    write_atomically(Path(path), save(tensors, metadata={"format": "pt"}))
+
+
+def sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class Model:
+    """Everything one weights folder holds, loaded and checked."""
+
+    folder: Path
+    config: Config
+    params: dict[str, np.ndarray]
+    tokenizer: object  # tinygpt_cli.tokenizer.Tokenizer
+
+    @property
+    def weights_file(self) -> Path:
+        return self.folder / "model.safetensors"
+
+
+def resolve_folder(folder: str | Path | None) -> Path:
+    """--weights DIR, then $TINYGPT_WEIGHTS, then the weights shipped with the package."""
+    if folder:
+        return Path(folder).expanduser()
+    env = os.environ.get("TINYGPT_WEIGHTS")
+    if env:
+        return Path(env).expanduser()
+    return SHIPPED
+
+
+def load_model(folder: str | Path | None = None) -> Model:
+    from .tokenizer import Tokenizer
+
+    root = resolve_folder(folder)
+    if not root.is_dir():
+        raise WeightsError(f"weights folder {root} does not exist")
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        if not (root / name).is_file():
+            raise WeightsError(f"weights folder {root} has no {name}")
+    try:
+        config = load_config(root / "config.json")
+    except (ValueError, OSError) as e:
+        raise WeightsError(f"{root / 'config.json'}: {e}") from None
+    params = load_params(root / "model.safetensors", config)
+    try:
+        tokenizer = Tokenizer.from_file(root / "tokenizer.json")
+    except Exception as e:  # tokenizers raises a bare Exception on malformed files
+        raise WeightsError(f"{root / 'tokenizer.json'} is not a tokenizers file ({e})") from None
+    if tokenizer.vocab_size > config.vocab_size:
+        raise WeightsError(
+            f"tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
+        )
+    return Model(root, config, params, tokenizer)
