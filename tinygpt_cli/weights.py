@@ -39,6 +39,7 @@ def write_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; weights are meant to be read by anyone
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -1,0 +1,66 @@
+"""Cards 10 and 11: scores -> chances -> one token. Pure functions of arrays and a seeded rng."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def probabilities(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """p_t = exp(z_t / T) / sum_s exp(z_s / T), in float64 so the chances sum to 1.
+
+    Temperature 0 is the limit: all the chance on the highest score (ties share it).
+    """
+    z = np.asarray(logits, dtype=np.float64)
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        top = z == z.max(axis=-1, keepdims=True)
+        return top / top.sum(axis=-1, keepdims=True)
+    z = z / temperature
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def top_k_filter(probs: np.ndarray, k: int | None) -> np.ndarray:
+    """Keep the k most likely tokens (ties at the edge kept), renormalised. k None or 0: all."""
+    if not k or k >= probs.shape[-1]:
+        return probs
+    if k < 0:
+        raise ValueError(f"top-k must be >= 0, got {k}")
+    kth = np.partition(probs, -k)[-k]
+    kept = np.where(probs >= kth, probs, 0.0)
+    return kept / kept.sum()
+
+
+def top_p_filter(probs: np.ndarray, p: float | None) -> np.ndarray:
+    """Keep the smallest set of most likely tokens whose chances add up to at least p."""
+    if p is None or p >= 1.0:
+        return probs
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"top-p must be in (0, 1], got {p}")
+    order = np.argsort(-probs, kind="stable")
+    cumulative = np.cumsum(probs[order])
+    n_keep = int(np.searchsorted(cumulative, p) + 1)
+    kept = np.zeros_like(probs)
+    kept[order[:n_keep]] = probs[order[:n_keep]]
+    return kept / kept.sum()
+
+
+def create_rng(seed: int | None) -> np.random.Generator:
+    """The seeded generator `sample` draws from (the seed page's createRng)."""
+    return np.random.default_rng(seed)
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id with chance probs[id]: inverse-CDF on one uniform number."""
+    cdf = np.cumsum(probs)
+    u = rng.random() * cdf[-1]
+    return int(min(np.searchsorted(cdf, u, side="right"), len(probs) - 1))
+
+
+def next_token_distribution(
+    logits: np.ndarray, temperature: float = 1.0, top_k: int | None = None,
+    top_p: float | None = None,
+) -> np.ndarray:
+    """The chances generation draws from: temperature, then top-k, then top-p."""
+    return top_p_filter(top_k_filter(probabilities(logits, temperature), top_k), top_p)
