@@ -2,34 +2,78 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
+import click
 import typer
 
 app = typer.Typer(
     name="tinygpt",
-    help="A command-line microscope for a small GPT-2-style language model.",
+    help="A command-line microscope for a small GPT-2-style language model.\n\n"
+    "Every value one forward pass computes can be printed by name, as a table for a person "
+    "or with --json for programs. Add --debug anywhere to see tracebacks.",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 
 
-class UsageError(Exception):
-    """Bad usage or input: exit code 2."""
-
-
-def fail(message: str, code: int = 2):
-    sys.stderr.write(f"error: {message}\n")
-    raise typer.Exit(code)
-
-
 def _register() -> None:
-    from . import train  # noqa: F401  (commands register themselves on import)
+    # Commands register themselves on import; one module per group.
+    from . import cards, inspect, page, train  # noqa: F401
 
 
-def main() -> None:
+def _error(message: str, code: int) -> int:
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    return code
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; bad input ends with one `error: ...` line and exit 2, faults with exit 1."""
+    from ..trace import PathError
+    from ..weights import WeightsError
+    from .common import InputError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or os.environ.get("TINYGPT_DEBUG") == "1"
+    args = [a for a in args if a != "--debug"]
     _register()
-    app()
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=args, prog_name="tinygpt", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        # click >= 8.2 raises this to show help for a bare group; that is not an error.
+        click.echo(e.ctx.get_help())
+        code = 0
+    except click.UsageError as e:
+        if debug:
+            raise
+        hint = f" (see 'tinygpt {e.ctx.info_name} --help')" if e.ctx and e.ctx.parent else \
+            " (see 'tinygpt --help')"
+        code = _error(e.format_message() + hint, 2)
+    except (InputError, PathError) as e:
+        if debug:
+            raise
+        code = _error(str(e), 2)
+    except WeightsError as e:
+        if debug:
+            raise
+        code = _error(str(e), 1)
+    except click.Abort:
+        code = _error("aborted", 130)
+    except KeyboardInterrupt:
+        code = 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 0
+    except Exception as e:  # noqa: BLE001 - the contract: no traceback without --debug
+        if debug:
+            raise
+        code = _error(f"{type(e).__name__}: {e} (run again with --debug for the traceback)", 1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -12,7 +12,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from .app import app, fail
+from .app import app
+from .common import InputError
 
 
 @app.command("train-tokenizer")
@@ -31,7 +32,7 @@ def train_tokenizer_cmd(
     try:
         files, _ = split_data(data)
     except ValueError as e:
-        fail(str(e))
+        raise InputError(str(e)) from None
     tok = train_tokenizer(read_stories(files), vocab_size)
     save_tokenizer(tok, out)
     sys.stderr.write(f"wrote {out}: {tok.vocab_size} tokens from {len(files)} files\n")
@@ -75,7 +76,7 @@ def train_cmd(
         config = Config(n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_inner=n_inner,
                         vocab_size=vocab_size, n_positions=n_positions)
     except ValueError as e:
-        fail(str(e))
+        raise InputError(str(e)) from None
     settings = Settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
                         weight_decay=weight_decay, dropout=dropout, seed=seed,
                         eval_every=eval_every, checkpoint_every=checkpoint_every,

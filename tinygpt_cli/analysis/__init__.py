@@ -1,0 +1,1 @@
+"""Analyses built on the trace: each a pure function of the model's arrays."""

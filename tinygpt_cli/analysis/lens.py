@@ -1,0 +1,55 @@
+"""The logit lens: read the residual stream after each block as if it were the last one."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops
+from ..config import Config
+from ..sampling import probabilities
+from ..trace import Trace
+
+
+def residual_stages(trace: Trace, config: Config) -> list[tuple[str, np.ndarray]]:
+    """(name, [T, d]) for the stream entering block 0, then after each block."""
+    stages = [("embeddings", trace.get("embeddings"))]
+    for i in range(config.n_layer):
+        stages.append((f"layers.{i}.resid_post", trace.get(f"layers.{i}.resid_post")))
+    return stages
+
+
+def lens_logits(h: np.ndarray, params: dict[str, np.ndarray], config: Config) -> np.ndarray:
+    """ln_final(h) W_E^T: the next-token scores the model would give if it stopped at h."""
+    u, _, _ = ops.layer_norm(h, params["ln_f.weight"], params["ln_f.bias"], config.layer_norm_epsilon)
+    return ops.unembed(u, params["wte.weight"])
+
+
+def block_summary(trace: Trace, params, config: Config, position: int = -1) -> list[dict]:
+    """Per stage: residual norms per token, how much the block changed the stream, the lens guess.
+
+    `change` is ||h_after - h_before|| / ||h_before|| per token; `top` is the most likely next
+    token at `position` read through the final norm and the tied head.
+    """
+    rows = []
+    prev = None
+    for name, h in residual_stages(trace, config):
+        probs = probabilities(lens_logits(h[position], params, config))
+        top = int(np.argmax(probs))
+        norms = np.linalg.norm(h, axis=-1)
+        row = {"stage": name, "norm": norms, "top_id": top, "top_prob": float(probs[top])}
+        if prev is not None:
+            row["change"] = np.linalg.norm(h - prev, axis=-1) / np.linalg.norm(prev, axis=-1)
+            i = int(name.split(".")[1])
+            row["attn_norm"] = np.linalg.norm(trace.get(f"layers.{i}.attn_out"), axis=-1)
+            row["mlp_norm"] = np.linalg.norm(trace.get(f"layers.{i}.mlp_out"), axis=-1)
+        rows.append(row)
+        prev = h
+    return rows
+
+
+def top_neurons(mlp_post: np.ndarray, k: int) -> list[dict]:
+    """The k hidden neurons with the largest activation anywhere in the text. [T, ff] -> k rows"""
+    peak = mlp_post.max(axis=0)
+    order = np.argsort(-peak, kind="stable")[:k]
+    return [{"neuron": int(n), "max": float(peak[n]), "position": int(np.argmax(mlp_post[:, n])),
+             "activations": mlp_post[:, n]} for n in order]

@@ -1,0 +1,296 @@
+"""One command per card of the seed page: read the text, run the model, pick the value, render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import typer
+from rich.columns import Columns
+from rich.console import Group
+from rich.text import Text
+
+from ..analysis.lens import block_summary, top_neurons
+from ..render import jsonout
+from ..render.tables import fmt, header, heatmap, matrix, tensor_view, token_rows, top_table
+from ..render.text import show_token
+from ..sampling import create_rng, next_token_distribution, probabilities, sample
+from .app import app
+from .common import (FULL, HEAD, JSON, LAYER, POSITION, TEMPERATURE, TEXT, TOP, WEIGHTS,
+                     InputError, Run, check_index, run, stdout)
+
+
+def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None, below=()):
+    """Print one traced value: JSON document, or header + token-labelled table (+ more)."""
+    value = r.trace.get(path) if value is None else value
+    if as_json:
+        jsonout.emit(jsonout.document(path, value, r.ids, r.tokens, **(extra or {})))
+        return
+    stdout().print(Group(tensor_view(path, value, r.tokens, full=full), *below))
+
+
+def top_rows(r: Run, values: np.ndarray, k: int, name: str, **more) -> list[dict]:
+    order = np.argsort(-values, kind="stable")[:k]
+    rows = []
+    for i in order:
+        row = {"id": int(i), "token": r.model.tokenizer.token_str(int(i)), name: float(values[i])}
+        for key, arr in more.items():
+            row[key] = float(arr[i])
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------ cards 2-4, 8
+
+
+@app.command()
+def embed(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON, full: bool = FULL):
+    """Card 2: each token id picks its row of the embedding table W_E.
+
+    Example: tinygpt embed "Lily wanted to play with her"
+    """
+    show(run(weights, text), "token_embeddings", as_json, full)
+
+
+@app.command()
+def pos(
+    text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON, full: bool = FULL,
+    total: bool = typer.Option(False, "--sum", help="Show embeddings = tokens + positions."),
+):
+    """Card 3: each position's row of W_P, added to the token rows (--sum shows the result).
+
+    Example: tinygpt pos "Lily wanted to play with her" --sum
+    """
+    show(run(weights, text), "embeddings" if total else "position_embeddings", as_json, full)
+
+
+def _norm(r: Run, prefix: str, as_json: bool, full: bool):
+    mean = r.trace.get(prefix + ".mean")[:, 0]
+    std = r.trace.get(prefix + ".std")[:, 0]
+    show(r, prefix + ".out", as_json, full, extra={"mean": mean, "std": std},
+         below=[Text("mean and std are each token's own, taken before the norm; "
+                     "out = (x - mean) / std * weight + bias", style="dim")])
+
+
+@app.command()
+def norm(
+    text: str = TEXT, weights: Path = WEIGHTS,
+    layer: int = LAYER,
+    which: str = typer.Option("ln1", "--which", help="ln1 (before attention) or ln2 (before "
+                              "the feed-forward layer)."),
+    as_json: bool = JSON, full: bool = FULL,
+):
+    """Card 4: LayerNorm of one block, with each token's mean and std.
+
+    Example: tinygpt norm "Lily wanted to play with her" --layer 0 --which ln1
+    """
+    if which not in ("ln1", "ln2"):
+        raise InputError(f"--which must be ln1 or ln2, not {which!r}")
+    r = run(weights, text)
+    layer = check_index(layer, r.model.config.n_layer, "layer")
+    _norm(r, f"layers.{layer}.{which}", as_json, full)
+
+
+@app.command("final-norm")
+def final_norm(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON, full: bool = FULL):
+    """Card 8: the final LayerNorm after the last block.
+
+    Example: tinygpt final-norm "Lily wanted to play with her"
+    """
+    _norm(run(weights, text), "ln_final", as_json, full)
+
+
+# ------------------------------------------------------------------ card 5
+
+
+@app.command()
+def attn(
+    text: str = TEXT, weights: Path = WEIGHTS, layer: int = LAYER, head: int = HEAD,
+    all_heads: bool = typer.Option(False, "--all-heads", help="Show every head side by side."),
+    scores: bool = typer.Option(False, "--scores", help="Show the masked, scaled scores "
+                                "QK^T/sqrt(d_k) instead of the softmax weights."),
+    as_json: bool = JSON,
+):
+    """Card 5: the T × T attention grid of one head as a heatmap (rows attend to columns).
+
+    Example: tinygpt attn "Lily wanted to play with her" --layer 0 --head 0
+    """
+    r = run(weights, text)
+    cfg = r.model.config
+    layer = check_index(layer, cfg.n_layer, "layer")
+    field = "scores" if scores else "weights"
+    if all_heads:
+        path = f"layers.{layer}.{field}"
+        grids = r.trace.get(path)
+        if as_json:
+            jsonout.emit(jsonout.document(path, grids, r.ids, r.tokens))
+            return
+        lo, hi = (None, None) if scores else (0.0, 1.0)
+        maps = [heatmap(g, r.tokens, f"head {h}", lo=lo, hi=hi) for h, g in enumerate(grids)]
+        stdout().print(Group(header(path, grids), Columns(maps, padding=(1, 3))))
+        return
+    head = check_index(head, cfg.n_head, "head")
+    path = f"layers.{layer}.heads.{head}.{field}"
+    grid = r.trace.get(path)
+    if as_json:
+        jsonout.emit(jsonout.document(path, grid, r.ids, r.tokens))
+        return
+    note = ("rows: the token looking; columns: the tokens it looks at; each row sums to 1"
+            if not scores else "-inf above the diagonal: a token cannot look ahead")
+    stdout().print(Group(header(path, grid), heatmap(grid, r.tokens, lo=None if scores else 0.0,
+                                                     hi=None if scores else 1.0),
+                         Text(note, style="dim")))
+
+
+# ------------------------------------------------------------------ card 6
+
+
+@app.command()
+def mlp(
+    text: str = TEXT, weights: Path = WEIGHTS, layer: int = LAYER,
+    top: int = typer.Option(5, "--top", "-k", min=1, help="How many hidden neurons to list."),
+    as_json: bool = JSON, full: bool = FULL,
+):
+    """Card 6: the feed-forward output of one block, and its most active hidden neurons.
+
+    Example: tinygpt mlp "Lily wanted to play with her" --layer 0 --top 5
+    """
+    r = run(weights, text)
+    layer = check_index(layer, r.model.config.n_layer, "layer")
+    post = r.trace.get(f"layers.{layer}.mlp_post")
+    neurons = top_neurons(post, min(top, post.shape[1]))
+    path = f"layers.{layer}.mlp_out"
+    if as_json:
+        show(r, path, True, full, extra={"top_neurons": neurons})
+        return
+    acts = np.stack([n["activations"] for n in neurons], axis=1)
+    table = matrix(acts, token_rows(r.tokens), full=True,
+                   col_labels=[f"n{n['neuron']}" for n in neurons])
+    show(r, path, False, full, below=[
+        Text(""),
+        Text(f"most active hidden neurons of layers.{layer}.mlp_post "
+             f"(GELU of {post.shape[1]}), by peak activation:", style="bold"),
+        table,
+    ])
+
+
+# ------------------------------------------------------------------ card 7
+
+
+@app.command()
+def blocks(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON,
+           position: int = POSITION):
+    """Card 7: the residual stream after each block, what each block changed, the top guess.
+
+    The guess reads the stream through the final norm and the tied head (the "logit lens").
+    Example: tinygpt blocks "Lily wanted to play with her"
+    """
+    r = run(weights, text)
+    p = check_index(position, r.T, "position")
+    rows = block_summary(r.trace, r.model.params, r.model.config, position=p)
+    tok = r.model.tokenizer.token_str
+    if as_json:
+        norms = np.stack([row["norm"] for row in rows])
+        stages = [{k: v for k, v in row.items() if k != "norm"} | {"top_token": tok(row["top_id"])}
+                  for row in rows]
+        jsonout.emit(jsonout.document("blocks.norm", norms, r.ids, r.tokens, position=p,
+                                      stages=stages))
+        return
+    from rich.table import Table
+
+    t = Table(box=None, header_style="bold dim", pad_edge=False)
+    for name, just in (("stage", "left"), ("‖h‖ mean", "right"), ("‖h‖ at pos", "right"),
+                       ("‖attn_out‖", "right"), ("‖mlp_out‖", "right"), ("change", "right"),
+                       ("top guess", "left"), ("chance", "right")):
+        t.add_column(name, justify=just, no_wrap=True)
+    for row in rows:
+        has = "change" in row
+        t.add_row(row["stage"], fmt(row["norm"].mean()), fmt(row["norm"][p]),
+                  fmt(row["attn_norm"][p]) if has else "", fmt(row["mlp_norm"][p]) if has else "",
+                  f"{row['change'][p]:.0%}" if has else "",
+                  Text(show_token(tok(row["top_id"])), style="bold"), f"{row['top_prob']:.1%}")
+    stdout().print(Group(
+        Text(f"residual stream at position {p} ({show_token(r.tokens[p])}); change = "
+             "‖after − before‖ / ‖before‖", style="dim"), t))
+
+
+# ------------------------------------------------------------------ cards 9-11
+
+
+@app.command()
+def logits(text: str = TEXT, weights: Path = WEIGHTS, position: int = POSITION, top: int = TOP,
+           as_json: bool = JSON):
+    """Card 9: one score per vocabulary token at a position; lists the highest.
+
+    Example: tinygpt logits "Lily wanted to play with her" --position -1 --top 10
+    """
+    r = run(weights, text)
+    p = check_index(position, r.T, "position")
+    row = r.trace.get("logits")[p]
+    path = f"logits[{p}]"
+    rows = top_rows(r, row, top, "logit")
+    if as_json:
+        jsonout.emit(jsonout.document(path, row, r.ids, r.tokens, position=p, top=rows))
+        return
+    stdout().print(Group(header(path, row, f"(logits is {r.T} × {row.shape[0]})"),
+                         top_table(rows, "logit")))
+
+
+@app.command()
+def probs(text: str = TEXT, weights: Path = WEIGHTS, position: int = POSITION,
+          temperature: float = TEMPERATURE, top: int = TOP, as_json: bool = JSON):
+    """Card 10: softmax turns the scores into chances that add up to 1.
+
+    Example: tinygpt probs "Lily wanted to play with her" --temperature 1 --top 10
+    """
+    r = run(weights, text)
+    p = check_index(position, r.T, "position")
+    pr = probabilities(r.trace.get("logits")[p], temperature)
+    path = f"probabilities(logits[{p}], {temperature:g})"
+    rows = top_rows(r, pr, top, "chance")
+    if as_json:
+        jsonout.emit(jsonout.document(path, pr, r.ids, r.tokens, position=p,
+                                      temperature=temperature, top=rows))
+        return
+    shown = sum(x["chance"] for x in rows)
+    stdout().print(Group(header(path, pr), top_table(rows, "chance", bar_of="chance"),
+                         Text(f"these {len(rows)} hold {shown:.1%} of the chance", style="dim")))
+
+
+SEED = typer.Option(1, "--seed", "-s", help="Seed of the random generator (same seed, same pick).")
+TOP_K = typer.Option(0, "--top-k", min=0, help="Keep only the k likeliest tokens (0: all).")
+TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0,
+                     help="Keep the likeliest tokens whose chances add up to p (1: all).")
+
+
+def _check_top_p(top_p: float) -> None:
+    if top_p <= 0:
+        raise InputError("--top-p must be in (0, 1]")
+
+
+@app.command("sample")
+def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, seed: int = SEED,
+               temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P,
+               as_json: bool = JSON):
+    """Card 11: pick one next token from the chances with a seeded generator.
+
+    Example: tinygpt sample "Lily wanted to play with her" --seed 1
+    """
+    _check_top_p(top_p)
+    r = run(weights, text)
+    dist = next_token_distribution(r.trace.get("logits")[-1], temperature, top_k, top_p)
+    token_id = sample(dist, create_rng(seed))
+    token = r.model.tokenizer.token_str(token_id)
+    if as_json:
+        jsonout.emit(jsonout.document("sample", np.int64(token_id), r.ids, r.tokens,
+                                      token=token, chance=float(dist[token_id]), seed=seed,
+                                      temperature=temperature))
+        return
+    t = Text()
+    t.append("next token ", style="dim")
+    t.append(show_token(token), style="bold green")
+    t.append(f"  id {token_id}  chance {dist[token_id]:.1%}  seed {seed}", style="dim")
+    stdout().print(t)
+    out = Text(r.text)
+    out.append(r.model.tokenizer.decode([token_id]), style="bold green")
+    stdout().print(out)

@@ -1,0 +1,195 @@
+"""`review` (the whole Quick review page for a text) and `map` (the model as a diagram)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from rich.console import Group
+from rich.padding import Padding
+from rich.panel import Panel
+from rich.text import Text
+
+from ..page import CARDS
+from ..render import jsonout
+from ..render.tables import fmt, shape_str
+from ..render.text import show_token
+from ..sampling import create_rng, probabilities, sample
+from .app import app
+from .common import JSON, TEXT, WEIGHTS, Run, run, stdout
+
+
+def page_values(r: Run) -> dict:
+    """Every number the page shows, by card: (value, shape) computed from one trace."""
+    cfg, tr = r.model.config, r.trace
+    last = tr.get("logits")[-1]
+    probs = probabilities(last, 1.0)
+    picked = sample(probs, create_rng(1))
+    return {
+        "header": {"T": r.T, "d": cfg.n_embd, "L": cfg.n_layer, "heads": cfg.n_head,
+                   "d_k": cfg.d_k, "ffn": cfg.n_inner, "vocab": cfg.vocab_size,
+                   "longest": cfg.n_positions},
+        1: np.asarray(r.ids),
+        2: tr.get("token_embeddings"),
+        3: tr.get("embeddings"),
+        4: tr.get("layers[0].ln1.out"),
+        5: tr.get("layers[0].heads[0].weights"),
+        6: tr.get("layers[0].mlpOut"),
+        7: tr.get("layers.length"),
+        8: tr.get("lnFinal.out"),
+        9: tr.get("logits"),
+        10: probs,
+        11: picked,
+    }
+
+
+def _row_preview(row: np.ndarray, n: int = 4) -> str:
+    head = ", ".join(fmt(float(x)) for x in row[:n])
+    return f"[{head}, …, {fmt(float(row[-1]))}]" if row.size > n else f"[{head}]"
+
+
+def preview(r: Run, number: int, value) -> list[Text]:
+    """A few lines of real values for one card."""
+    tok = r.model.tokenizer.token_str
+    if number == 1:
+        pairs = "  ".join(f"{show_token(t)}={i}" for t, i in zip(r.tokens, r.ids, strict=True))
+        return [Text(pairs)]
+    if number in (2, 3, 4, 6, 8):
+        rows = [0, r.T - 1] if r.T > 1 else [0]
+        return [Text(f"{show_token(r.tokens[i]):>10} {_row_preview(value[i])}") for i in rows]
+    if number == 5:
+        lines = []
+        for i, row in enumerate(value):
+            cells = " ".join(f"{x:.2f}" if j <= i else "  · " for j, x in enumerate(row[:8]))
+            more = " …" if len(row) > 8 else ""
+            lines.append(Text(f"{show_token(r.tokens[i]):>10} {cells}{more}"))
+            if i >= 7:
+                lines.append(Text("       …"))
+                break
+        return lines
+    if number == 7:
+        return [Text(f"{value} blocks")]
+    if number == 9:
+        top = np.argsort(-value[-1])[:3]
+        return [Text(f"last row: {_row_preview(value[-1])}; highest: " + ", ".join(
+            f"{show_token(tok(int(i)))} {value[-1][i]:.2f}" for i in top))]
+    if number == 10:
+        top = np.argsort(-value)[:5]
+        return [Text(", ".join(f"{show_token(tok(int(i)))} {value[i]:.1%}" for i in top)
+                     + f"  (sum {value.sum():.4f})")]
+    if number == 11:
+        return [Text(f"id {value} = {show_token(tok(value))!s}  →  ") + Text(
+            r.text + r.model.tokenizer.decode([value]), style="bold")]
+    return []
+
+
+def card_shape(number: int, value) -> str:
+    if number == 7:
+        return f"{value} × Block"
+    if number == 11:
+        return "1 id"
+    return shape_str(np.shape(value))
+
+
+@app.command()
+def review(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
+    """The whole "Quick review" page for a text: the facts, then all 11 cards with real values.
+
+    Example: tinygpt review "Lily wanted to play with her"
+    """
+    r = run(weights, text)
+    values = page_values(r)
+    facts = values["header"]
+    if as_json:
+        cards = []
+        for c in CARDS:
+            v = values[c.number]
+            cards.append({"number": c.number, "title": c.title, "path": c.path,
+                          "formula": c.formula, "command": c.command,
+                          "shape": list(np.shape(v)),
+                          "value": v if c.number not in (2, 3, 4, 6, 8, 9) else None})
+        jsonout.emit(jsonout.document("review", np.asarray([c.number for c in CARDS]), r.ids,
+                                      r.tokens, facts=facts, cards=cards))
+        return
+    label = {"T": "Tokens in the text", "d": "Numbers per token", "L": "Blocks",
+             "heads": "Heads per block", "d_k": "Numbers per head", "ffn": "Feed-forward width",
+             "vocab": "Vocabulary", "longest": "Longest text"}
+    top = Text()
+    top.append("Quick review", style="bold underline")
+    top.append(f"  of {r.text!r}\n", style="dim")
+    for k, name in label.items():
+        unit = " tokens" if k in ("vocab", "longest") else ""
+        top.append(f"  {name:<22}", style="dim")
+        top.append(f"{k} = {facts[k]:,}{unit}\n", style="bold")
+    parts = [top]
+    for c in CARDS:
+        v = values[c.number]
+        body = [Text(c.what),
+                Text.assemble(("shape    ", "dim"), (card_shape(c.number, v), "bold")),
+                Text.assemble(("formula  ", "dim"), c.formula),
+                Text.assemble(("trace    ", "dim"), (c.path, "cyan")),
+                Text.assemble(("command  ", "dim"), c.command)]
+        body += [Text("  ") + line for line in preview(r, c.number, v)]
+        parts.append(Panel(Group(*body), title=f"{c.number}. {c.title}", title_align="left",
+                           border_style="dim", expand=True))
+    stdout().print(Group(*parts))
+
+
+def _arrow(label: str) -> Text:
+    return Text.assemble(("      │ ", "dim"), (label, "magenta"))
+
+
+@app.command("map")
+def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
+    """The model as a diagram, every arrow labelled with its shape for this text.
+
+    Example: tinygpt map "Lily wanted to play with her"
+    """
+    r = run(weights, text)
+    cfg = r.model.config
+    T, d, H, dk, ff, V = r.T, cfg.n_embd, cfg.n_head, cfg.d_k, cfg.n_inner, cfg.vocab_size
+    td = f"{T} × {d}"
+    stages = [
+        ("1 Inputs", "tokenizer.encode(text)", f"{T} ids"),
+        ("2 Embedding", "W_E[ids]", td),
+        ("3 Position", "+ W_P[0..T-1]", td),
+        ("4 Norm", "ln1", td),
+        ("5 Masked attention", f"{H} heads: q, k, v {H} × {T} × {dk}; weights {H} × {T} × {T}",
+         td),
+        ("4 Add", "resid_mid = h + attn_out", td),
+        ("4 Norm", "ln2", td),
+        ("6 Feed forward", f"{td} → {T} × {ff} → GELU → {td}", td),
+        ("4 Add", "resid_post = resid_mid + mlp_out", td),
+        ("8 Final norm", "ln_final", td),
+        ("9 Linear", "u W_E^T", f"{T} × {V:,}"),
+        ("10 Softmax", "probabilities(logits[T-1])", f"{V:,}"),
+        ("11 Output", "sample(probs, rng)", "1 id"),
+    ]
+    if as_json:
+        jsonout.emit(jsonout.document("map", np.asarray([s[0] for s in stages]), r.ids, r.tokens,
+                                      stages=[{"stage": s, "op": o, "shape_out": sh}
+                                              for s, o, sh in stages],
+                                      repeat={"stages": [3, 8], "times": cfg.n_layer}))
+        return
+
+    def box(stage: str, op: str) -> Text:
+        return Text.assemble(("  ▣ ", "dim"), (f"{stage:<19}", "bold"), (op, ""))
+
+    head = [Text.assemble(("  ", ""), (repr(r.text), "bold green")), _arrow(f"{T} tokens")]
+    for s, o, sh in stages[:3]:
+        head += [box(s, o), _arrow(sh)]
+    inner: list[Text] = []
+    for k, (s, o, sh) in enumerate(stages[3:9]):
+        inner.append(box(s, o))
+        if k < 5:
+            inner.append(_arrow(sh))
+    block = Panel(Group(*inner), title=f"× {cfg.n_layer} blocks (card 7)", title_align="left",
+                  border_style="cyan", expand=False)
+    tail = [_arrow(td)]
+    for k, (s, o, sh) in enumerate(stages[9:]):
+        tail += [box(s, o), _arrow(sh)]
+    picked = page_values(r)[11]
+    tail.append(Text.assemble(("      ▼ ", "dim"),
+                              (show_token(r.model.tokenizer.token_str(picked)), "bold green"),
+                              ("  (seed 1)", "dim")))
+    stdout().print(Group(*head, Padding(block, (0, 0, 0, 2)), *tail))

@@ -1,0 +1,1 @@
+"""Presentation: Rich tables and heatmaps for people, JSON documents for programs."""

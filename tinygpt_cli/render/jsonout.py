@@ -1,0 +1,51 @@
+"""The JSON contract: one document with shape, dtype and data, plus the ids and tokens."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import numpy as np
+
+
+def jsonable(value):
+    """Arrays to nested lists; NaN and ±inf (masked scores) to null, which JSON can carry."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            obj = value.astype(object)
+            obj[~np.isfinite(value)] = None
+            return obj.tolist()
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return jsonable(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def document(path: str | None, value, ids=None, tokens=None, **extra) -> dict:
+    arr = np.asarray(value)
+    doc: dict = {}
+    if path is not None:
+        doc["path"] = path
+    doc["shape"] = list(arr.shape)
+    doc["dtype"] = str(arr.dtype) if arr.dtype.kind != "U" else "str"
+    doc["data"] = value if isinstance(value, str) else arr
+    if ids is not None:
+        doc["ids"] = [int(i) for i in ids]
+    if tokens is not None:
+        doc["tokens"] = list(tokens)
+    doc.update(extra)
+    return jsonable(doc)
+
+
+def emit(doc: dict, *, stream=None) -> None:
+    """One JSON document (or one NDJSON line) on stdout, flushed so pipes see it at once."""
+    out = stream or sys.stdout
+    out.write(json.dumps(doc, ensure_ascii=False, allow_nan=False) + "\n")
+    out.flush()
