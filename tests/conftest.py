@@ -1,0 +1,91 @@
+"""Shared fixtures: tiny random models (float64, LayerNorm weights not all 1) and a tiny
+weights folder, so every test runs in milliseconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinygpt_cli.config import Config, save_config
+from tinygpt_cli.model import init_params
+from tinygpt_cli.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
+from tinygpt_cli.weights import save_params
+
+LN_WEIGHTS = ("ln_1.weight", "ln_2.weight", "ln_f.weight")
+
+SENTENCES = [
+    "Once upon a time, there was a little girl named Lily.",
+    "She liked to play with her red ball in the park.",
+    "One day, Lily saw a big dog. The dog wanted to play too!",
+    "Tom and Lily ran and ran until the sun went down.",
+    "They were happy. The end.",
+]
+
+
+def random_params(config: Config, seed: int = 0, dtype=np.float64) -> dict[str, np.ndarray]:
+    """GPT-2 shaped parameters with every entry perturbed, so nothing is 0 or 1 by accident.
+
+    The scales give attention patterns that are far from uniform and logits of order 1.
+    """
+    rng = np.random.default_rng(seed)
+    params = init_params(config, rng, dtype=np.float64)
+    out = {}
+    for name, value in params.items():
+        if name.endswith(LN_WEIGHTS):
+            value = 1.0 + rng.normal(0.0, 0.3, value.shape)
+        elif name.endswith(".bias"):
+            value = rng.normal(0.0, 0.1, value.shape)
+        elif name == "wte.weight":
+            value = rng.normal(0.0, 0.5, value.shape)
+        else:
+            value = value + rng.normal(0.0, 0.3, value.shape)
+        out[name] = value.astype(dtype)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_config() -> Config:
+    # n_inner is deliberately not 4 * n_embd, so a swapped size shows up.
+    return Config(n_embd=12, n_layer=2, n_head=2, n_inner=20, vocab_size=23, n_positions=8)
+
+
+@pytest.fixture(scope="session")
+def tiny_params(tiny_config) -> dict[str, np.ndarray]:
+    return random_params(tiny_config, seed=0)
+
+
+@pytest.fixture(scope="session")
+def make_params():
+    """The parameter factory itself, for tests that need another config or seed."""
+    return random_params
+
+
+@dataclass
+class TinyFolder:
+    folder: Path
+    config: Config
+    params: dict[str, np.ndarray]  # float64, as generated (the file holds float32)
+    tokenizer: Tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer() -> Tokenizer:
+    return train_tokenizer(SENTENCES * 4, vocab_size=300)
+
+
+@pytest.fixture
+def tiny_folder(tmp_path, tiny_tokenizer) -> TinyFolder:
+    """model.safetensors + config.json + tokenizer.json for a 2-layer, 16-number model."""
+    config = Config(
+        n_embd=16, n_layer=2, n_head=2, n_inner=24,
+        vocab_size=max(tiny_tokenizer.vocab_size, 64), n_positions=32,
+    )
+    params = random_params(config, seed=1)
+    folder = tmp_path / "tiny"
+    save_params(params, folder / "model.safetensors")
+    save_config(config, folder / "config.json")
+    save_tokenizer(tiny_tokenizer, folder / "tokenizer.json")
+    return TinyFolder(folder, config, params, tiny_tokenizer)
