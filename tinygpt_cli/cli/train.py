@@ -103,3 +103,21 @@ def train_cmd(
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     err.print(f"best validation loss {result['best_val_loss']:.4f} nats/token; weights in {out}",
               markup=False, highlight=False)
+
+
+@app.command("model-card")
+def model_card_cmd(
+    run: Path = typer.Argument(..., help="A weights folder written by `tinygpt train`."),
+    data: list[Path] = typer.Option(..., "--data", help="The data it was trained on."),
+) -> None:
+    """Write MODEL_CARD.md and loss_curve.svg for a trained weights folder.
+
+    Example: tinygpt model-card runs/a --data ../shared/data/tinystories
+    """
+    from ..train.card import write_card
+
+    try:
+        write_card(run, data)
+    except (ValueError, FileNotFoundError) as e:
+        raise InputError(str(e)) from None
+    sys.stderr.write(f"wrote {run / 'MODEL_CARD.md'} and {run / 'loss_curve.svg'}\n")

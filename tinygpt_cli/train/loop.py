@@ -74,11 +74,13 @@ def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int) -> To
     return tok
 
 
-def _save_checkpoint(path: Path, params, opt: AdamW, step: int, rng, best_val: float, settings) -> None:
+def _save_checkpoint(path: Path, params, opt: AdamW, step: int, rng, best_val: float, settings,
+                     elapsed: float) -> None:
     arrays = {f"p/{n}": a for n, a in params.items()}
     arrays.update({f"opt/{k}": a for k, a in opt.state().items()})
     arrays["step"] = np.asarray(step)
     arrays["best_val"] = np.asarray(best_val)
+    arrays["elapsed"] = np.asarray(elapsed)
     arrays["rng"] = np.asarray(json.dumps(rng.bit_generator.state))
     arrays["settings"] = np.asarray(json.dumps(asdict(settings)))
     buf = io.BytesIO()
@@ -92,7 +94,8 @@ def _load_checkpoint(path: Path, params, opt: AdamW, rng):
             params[n][...] = z[f"p/{n}"]
         opt.load_state({k[4:]: z[k] for k in z.files if k.startswith("opt/")})
         rng.bit_generator.state = json.loads(str(z["rng"]))
-        return int(z["step"]), float(z["best_val"])
+        elapsed = float(z["elapsed"]) if "elapsed" in z.files else 0.0
+        return int(z["step"]), float(z["best_val"]), elapsed
 
 
 def _trim_log(path: Path, step: int) -> None:
@@ -128,10 +131,10 @@ def train(
     rng = np.random.default_rng(settings.seed)
     params = init_params(config, rng)
     opt = AdamW(params, weight_decay=settings.weight_decay)
-    start, best_val = 0, math.inf
+    start, best_val, elapsed_before = 0, math.inf, 0.0
     ckpt, log_path = out / CHECKPOINT, out / LOG
     if resume and ckpt.is_file():
-        start, best_val = _load_checkpoint(ckpt, params, opt, rng)
+        start, best_val, elapsed_before = _load_checkpoint(ckpt, params, opt, rng)
         _trim_log(log_path, start)
         note(f"resumed from {ckpt} at step {start}")
     elif log_path.exists():
@@ -161,12 +164,13 @@ def train(
         gnorm = clip_by_global_norm(grads, settings.grad_clip)
         opt.step(params, grads, lr)
         done = step + 1
-        elapsed = time.perf_counter() - t0
-        tps = (done - start) * tokens_per_step / max(elapsed, 1e-9)
+        run_time = time.perf_counter() - t0
+        elapsed = elapsed_before + run_time  # wall time over all resumed pieces of the run
+        tps = (done - start) * tokens_per_step / max(run_time, 1e-9)
         record = {"step": done, "train_loss": round(loss, 5), "lr": lr, "grad_norm": round(gnorm, 4),
                   "tokens": done * tokens_per_step, "elapsed_s": round(elapsed, 2)}
         val = None
-        out_of_time = settings.minutes is not None and elapsed > settings.minutes * 60
+        out_of_time = settings.minutes is not None and run_time > settings.minutes * 60
         if done % settings.eval_every == 0 or done == settings.steps or out_of_time:
             val = validate(done)
             if val is not None:
@@ -174,7 +178,7 @@ def train(
                 record["val_bits_per_byte"] = round(val / math.log(2) / val_data.bytes_per_token, 5)
         log(record)
         if done % settings.checkpoint_every == 0 or done == settings.steps or out_of_time:
-            _save_checkpoint(ckpt, params, opt, done, rng, best_val, settings)
+            _save_checkpoint(ckpt, params, opt, done, rng, best_val, settings, elapsed)
         if on_step:
             on_step(StepInfo(done, settings.steps, loss, lr, tps, val))
         if out_of_time:
