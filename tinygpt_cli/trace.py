@@ -186,10 +186,14 @@ class Trace:
         if pattern == "layers.length":
             return pattern
         pattern = ALIASES.get(pattern, pattern)
-        if pattern in DESCRIPTIONS or pattern in ("tokens", "ids"):
-            return pattern.replace("L", str(idx.get("L", ""))).replace("H", str(idx.get("H", ""))) \
-                if ("layers.L" in pattern) else pattern
-        return None
+        if pattern not in DESCRIPTIONS and pattern != "tokens":
+            return None
+        for key, ph in (("layers", "L"), ("heads", "H")):
+            if f"{key}.{ph}" in pattern:
+                if ph not in idx:
+                    return None  # the placeholder itself was typed, not an index
+                pattern = pattern.replace(f"{key}.{ph}", f"{key}.{idx[ph]}")
+        return pattern
 
     def suggest(self, path: str) -> list[str]:
         return difflib.get_close_matches(path.strip(), self.paths(), n=2, cutoff=0.5)
