@@ -17,34 +17,50 @@ class Card:
     formula: str
     path: str  # where the value lives in the trace
     command: str  # the command that shows it
+    detail: str = ""  # the page's second sentence, filled in with this model's sizes
 
 
 CARDS = [
     Card(1, "Inputs", "Your text, split into tokens; each token is an id from the vocabulary.",
-         "ids = tokenizer.encode(text)", "ids", "tinygpt encode TEXT"),
+         "ids = tokenizer.encode(text)", "ids", "tinygpt encode TEXT",
+         "The text is {T} token ids, each from 0 to {vocab_max:,}."),
     Card(2, "Embedding", "Each id picks one row from a table of learned numbers.",
-         "x_i = W_E[t_i]", "token_embeddings", "tinygpt embed TEXT"),
+         "x_i = W_E[t_i]", "token_embeddings", "tinygpt embed TEXT",
+         "The table has {vocab:,} rows of {d} numbers. The text becomes {T} rows of {d}."),
     Card(3, "Position", "Each position gets its own row too, added to the token's row; that "
          "is how the model knows the order.",
-         "h_i = W_E[t_i] + W_P[i]", "embeddings", "tinygpt pos TEXT --sum"),
+         "h_i = W_E[t_i] + W_P[i]", "embeddings", "tinygpt pos TEXT --sum",
+         "GPT-2 learns a table of positions: {longest} positions by {d} numbers. Row 0 goes "
+         "to the first token, row 1 to the second."),
     Card(4, "Add and norm", "Norm rescales each token's numbers to a steady range, before "
          "attention and before the feed-forward layer; add keeps what came in.",
-         "x + Sublayer(LayerNorm(x))", "layers[0].ln1.out", "tinygpt norm TEXT --layer 0"),
+         "x + Sublayer(LayerNorm(x))", "layers[0].ln1.out", "tinygpt norm TEXT --layer 0",
+         "Each token's {d} numbers are handled on their own. GPT-2 moves the norm to the "
+         "start of each step."),
     Card(5, "Masked attention", "Each token looks at itself and the tokens before it and "
          "pulls in what it needs; it cannot look ahead.",
          "softmax(Q K^T / sqrt(d_k) + M) V,  M_ij = -inf when j > i",
-         "layers[0].heads[0].weights", "tinygpt attn TEXT --layer 0 --head 0"),
+         "layers[0].heads[0].weights", "tinygpt attn TEXT --layer 0 --head 0",
+         "This model has {heads} heads with {d_k} numbers each. Each head makes a {T} by {T} "
+         "grid of weights; each row sums to 1."),
     Card(6, "Feed forward", "Each token's numbers go through a small network on their own.",
-         "GELU(x W_1 + b_1) W_2 + b_2", "layers[0].mlpOut", "tinygpt mlp TEXT --layer 0"),
+         "GELU(x W_1 + b_1) W_2 + b_2", "layers[0].mlpOut", "tinygpt mlp TEXT --layer 0",
+         "{d} numbers grow to {ffn}, pass through GELU, and shrink back to {d}."),
     Card(7, "Repeated blocks", "The block repeats; each one refines the numbers further.",
-         "h^(l+1) = Block_l(h^(l))", "layers.length", "tinygpt blocks TEXT"),
+         "h^(l+1) = Block_l(h^(l))", "layers.length", "tinygpt blocks TEXT",
+         "This model stacks {L} blocks. The paper used 6, and GPT-2 small uses 12."),
     Card(8, "Final norm", "One more norm after the last block, before the scores are made.",
-         "u = LayerNorm(h^(L))", "lnFinal.out", "tinygpt final-norm TEXT"),
+         "u = LayerNorm(h^(L))", "lnFinal.out", "tinygpt final-norm TEXT",
+         "The {T} rows of {d} numbers, rescaled. GPT-2 added it; the paper has none."),
     Card(9, "Linear", "Turns each token's numbers into one score for every vocabulary token, "
-         "reusing the embedding table.", "z = u W_E^T", "logits", "tinygpt logits TEXT"),
+         "reusing the embedding table.", "z = u W_E^T", "logits", "tinygpt logits TEXT",
+         "{vocab:,} scores per position. Only the last position is used to guess the next "
+         "token."),
     Card(10, "Softmax", "Turns the scores into chances between 0 and 1 that add up to 1.",
          "p_t = exp(z_t) / sum_s exp(z_s)", "probabilities(logits[T-1], 1)",
-         "tinygpt probs TEXT"),
+         "tinygpt probs TEXT",
+         "{vocab:,} chances, one for each possible next token."),
     Card(11, "Output", "Pick one token by its chance, add it to the text, and run again.",
-         "P(t_{T+1} | t_1 .. t_T)", "sample(probs, create_rng(1))", "tinygpt sample TEXT --seed 1"),
+         "P(t_{T+1} | t_1 .. t_T)", "sample(probs, create_rng(1))", "tinygpt sample TEXT --seed 1",
+         "One chance for each of the {vocab:,} tokens; the seeded pick is the next token."),
 ]

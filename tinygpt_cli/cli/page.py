@@ -13,7 +13,7 @@ from rich.text import Text
 from ..page import CARDS
 from ..render import jsonout
 from ..render.tables import fmt, shape_str
-from ..render.text import show_token
+from ..render.text import show_text, show_token
 from ..sampling import create_rng, probabilities, sample
 from .app import app
 from .common import JSON, TEXT, WEIGHTS, Run, run, stdout
@@ -79,7 +79,7 @@ def preview(r: Run, number: int, value) -> list[Text]:
                      + f"  (sum {value.sum():.4f})")]
     if number == 11:
         return [Text(f"id {value} = {show_token(tok(value))!s}  →  ") + Text(
-            r.text + r.model.tokenizer.decode([value]), style="bold")]
+            show_text(r.text + r.model.tokenizer.decode([value])), style="bold")]
     return []
 
 
@@ -122,17 +122,20 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
         top.append(f"  {name:<22}", style="dim")
         top.append(f"{k} = {facts[k]:,}{unit}\n", style="bold")
     parts = [top]
+    console = stdout()
+    width = min(console.width, 100)
     for c in CARDS:
         v = values[c.number]
-        body = [Text(c.what),
+        detail = c.detail.format(vocab_max=facts["vocab"] - 1, **facts)
+        body = [Text(c.what), Text(detail, style="italic"),
                 Text.assemble(("shape    ", "dim"), (card_shape(c.number, v), "bold")),
                 Text.assemble(("formula  ", "dim"), c.formula),
                 Text.assemble(("trace    ", "dim"), (c.path, "cyan")),
                 Text.assemble(("command  ", "dim"), c.command)]
         body += [Text("  ") + line for line in preview(r, c.number, v)]
         parts.append(Panel(Group(*body), title=f"{c.number}. {c.title}", title_align="left",
-                           border_style="dim", expand=True))
-    stdout().print(Group(*parts))
+                           border_style="dim", width=width))
+    console.print(Group(*parts))
 
 
 def _arrow(label: str) -> Text:
