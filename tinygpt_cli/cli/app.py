@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import sys
 
-import click
 import typer
+
+try:  # newer typer carries its own copy of click, whose exceptions are not click's own
+    from typer._click import exceptions as click_errors
+except ImportError:  # older typer runs on click itself
+    from click import exceptions as click_errors
 
 app = typer.Typer(
     name="tinygpt",
@@ -45,11 +49,11 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         code = command.main(args=args, prog_name="tinygpt", standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError as e:
+    except getattr(click_errors, "NoArgsIsHelpError", ()) as e:
         # click >= 8.2 raises this to show help for a bare group; that is not an error.
-        click.echo(e.ctx.get_help())
+        typer.echo(e.ctx.get_help())
         code = 0
-    except click.UsageError as e:
+    except click_errors.UsageError as e:
         if debug:
             raise
         hint = f" (see 'tinygpt {e.ctx.info_name} --help')" if e.ctx and e.ctx.parent else \
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         code = _error(str(e), 1)
-    except click.Abort:
+    except typer.Abort:
         code = _error("aborted", 130)
     except KeyboardInterrupt:
         code = 130

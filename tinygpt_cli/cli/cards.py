@@ -13,11 +13,26 @@ from rich.text import Text
 from ..analysis.lens import block_summary, top_neurons
 from ..render import jsonout
 from ..render.tables import fmt, header, heatmap, matrix, tensor_view, token_rows, top_table
-from ..render.text import show_token
+from ..render.text import show_text, show_token
 from ..sampling import create_rng, next_token_distribution, probabilities, sample
 from .app import app
-from .common import (FULL, HEAD, JSON, LAYER, POSITION, TEMPERATURE, TEXT, TOP, WEIGHTS,
-                     InputError, Run, check_index, run, stdout)
+from .common import (
+    FULL,
+    HEAD,
+    JSON,
+    LAYER,
+    POSITION,
+    TEMPERATURE,
+    TEXT,
+    TOP,
+    WEIGHTS,
+    InputError,
+    Run,
+    check_index,
+    run,
+    stdout,
+    wide,
+)
 
 
 def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None, below=()):
@@ -26,7 +41,8 @@ def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None
     if as_json:
         jsonout.emit(jsonout.document(path, value, r.ids, r.tokens, **(extra or {})))
         return
-    stdout().print(Group(tensor_view(path, value, r.tokens, full=full), *below))
+    view = tensor_view(path, value, r.tokens, full=full)
+    (wide(view) if full else stdout()).print(Group(view, *below))
 
 
 def top_rows(r: Run, values: np.ndarray, k: int, name: str, **more) -> list[dict]:
@@ -127,7 +143,7 @@ def attn(
             return
         lo, hi = (None, None) if scores else (0.0, 1.0)
         maps = [heatmap(g, r.tokens, f"head {h}", lo=lo, hi=hi) for h, g in enumerate(grids)]
-        stdout().print(Group(header(path, grids), Columns(maps, padding=(1, 3))))
+        wide(*maps).print(Group(header(path, grids), Columns(maps, padding=(1, 3))))
         return
     head = check_index(head, cfg.n_head, "head")
     path = f"layers.{layer}.heads.{head}.{field}"
@@ -137,9 +153,8 @@ def attn(
         return
     note = ("rows: the token looking; columns: the tokens it looks at; each row sums to 1"
             if not scores else "-inf above the diagonal: a token cannot look ahead")
-    stdout().print(Group(header(path, grid), heatmap(grid, r.tokens, lo=None if scores else 0.0,
-                                                     hi=None if scores else 1.0),
-                         Text(note, style="dim")))
+    hm = heatmap(grid, r.tokens, lo=None if scores else 0.0, hi=None if scores else 1.0)
+    wide(hm).print(Group(header(path, grid), hm, Text(note, style="dim")))
 
 
 # ------------------------------------------------------------------ card 6
@@ -189,8 +204,8 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON,
     p = check_index(position, r.T, "position")
     rows = block_summary(r.trace, r.model.params, r.model.config, position=p)
     tok = r.model.tokenizer.token_str
+    norms = np.stack([row["norm"] for row in rows])  # [n_layer + 1, T]
     if as_json:
-        norms = np.stack([row["norm"] for row in rows])
         stages = [{k: v for k, v in row.items() if k != "norm"} | {"top_token": tok(row["top_id"])}
                   for row in rows]
         jsonout.emit(jsonout.document("blocks.norm", norms, r.ids, r.tokens, position=p,
@@ -210,6 +225,7 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON,
                   f"{row['change'][p]:.0%}" if has else "",
                   Text(show_token(tok(row["top_id"])), style="bold"), f"{row['top_prob']:.1%}")
     stdout().print(Group(
+        header("blocks.norm", norms, "(‖h‖ of every token at every stage)"),
         Text(f"residual stream at position {p} ({show_token(r.tokens[p])}); change = "
              "‖after − before‖ / ‖before‖", style="dim"), t))
 
@@ -291,6 +307,6 @@ def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, seed: int = SEED,
     t.append(show_token(token), style="bold green")
     t.append(f"  id {token_id}  chance {dist[token_id]:.1%}  seed {seed}", style="dim")
     stdout().print(t)
-    out = Text(r.text)
-    out.append(r.model.tokenizer.decode([token_id]), style="bold green")
-    stdout().print(out)
+    out = Text(show_text(r.text))
+    out.append(show_text(r.model.tokenizer.decode([token_id])), style="bold green")
+    stdout().print(out, soft_wrap=True)  # the text as it is, not wrapped by Rich

@@ -20,7 +20,8 @@ class InputError(Exception):
 
 
 # Options, declared once so every command spells and documents them the same way.
-TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin.", show_default=False)
+TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin.",
+                      show_default=False)
 WEIGHTS = typer.Option(None, "--weights", help="Weights folder (default: $TINYGPT_WEIGHTS, "
                        "then the shipped model).", show_default=False)
 JSON = typer.Option(False, "--json", help="Print one JSON document on stdout.")
@@ -36,13 +37,23 @@ TEMPERATURE = typer.Option(1.0, "--temperature", "-t", min=0.0,
 PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
 
 
-def stdout() -> Console:
+def stdout(width: int | None = None) -> Console:
     """Markup and highlighting off: text from the user or the model is shown literally."""
-    console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False)
-    if not console.is_terminal:
+    console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width)
+    if width is None and not console.is_terminal:
         console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
                           width=PIPE_WIDTH)
     return console
+
+
+def wide(*renderables) -> Console:
+    """stdout, widened to the natural width of the renderables, so that a table of numbers
+    (--full, a heatmap of a long text) is never cut at the edge: a terminal wraps the long
+    lines and a pipe keeps them whole."""
+    console = stdout()
+    options = console.options.update_width(10**5)
+    need = max(console.measure(r, options=options).maximum for r in renderables)
+    return stdout(width=need) if need > console.width else console
 
 
 def stderr() -> Console:

@@ -19,9 +19,21 @@ from ..render.text import show_text, show_token
 from ..sampling import create_rng
 from ..weights import sha256
 from .app import app
-from .cards import SEED, TOP_K, TOP_P, _check_top_p
-from .common import (FULL, JSON, TEXT, WEIGHTS, InputError, encode_checked, load,
-                     read_text, run, stderr, stdout)
+from .cards import TOP_K, TOP_P, _check_top_p
+from .common import (
+    FULL,
+    JSON,
+    TEXT,
+    WEIGHTS,
+    InputError,
+    encode_checked,
+    load,
+    read_text,
+    run,
+    stderr,
+    stdout,
+    wide,
+)
 
 
 @app.command()
@@ -132,7 +144,8 @@ def generate(
     out = stdout()
     shown = ""
     if not as_json:
-        out.print(Text(show_text(prompt), style="bold"), end="")
+        # soft_wrap: the text goes out as it is; only a terminal wraps it, never Rich.
+        out.print(Text(show_text(prompt), style="bold"), end="", soft_wrap=True)
     for i, step in enumerate(steps):
         new.append(step.id)
         if as_json:
@@ -147,7 +160,7 @@ def generate(
         if full.endswith("\ufffd"):
             continue
         piece, shown = full[len(shown):], full
-        out.print(show_text(piece), end="")
+        out.print(show_text(piece), end="", soft_wrap=True)
         out.file.flush()
     stopped = bool(new) and new[-1] == eot and not no_stop
     if as_json:
@@ -158,7 +171,7 @@ def generate(
                                       stop="endoftext" if stopped else "max_new_tokens"))
         return
     rest = tok.decode([t for t in new if t != eot or no_stop])[len(shown):]
-    out.print(show_text(rest))
+    out.print(show_text(rest), soft_wrap=True)
     why = "<|endoftext|>" if stopped else f"--max-new-tokens {max_new_tokens}"
     stderr().print(f"({len(new)} new tokens; stopped at {why})", style="dim")
 
@@ -219,8 +232,12 @@ def trace_cmd(
     if as_json:
         jsonout.emit(jsonout.document(shown, value, r.ids, r.tokens))
         return
-    stdout().print(tensor_view(shown, value, r.tokens if value.shape[0] == r.T else None,
-                               full=full))
+    # The tokens are the first axis, or the second of per-head values (H × T × ...);
+    # each index in the path (logits[-1]) uses up one leading axis.
+    token_axis = (1 if value.ndim + len(rows) == 3 else 0) - len(rows)
+    labelled = value.ndim == 3 or (token_axis == 0 and value.ndim > 0)
+    view = tensor_view(shown, value, r.tokens if labelled else None, full=full)
+    (wide(view) if full else stdout()).print(view)
 
 
 @app.command()

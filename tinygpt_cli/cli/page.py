@@ -189,7 +189,7 @@ def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
     block = Panel(Group(*inner), title=f"× {cfg.n_layer} blocks (card 7)", title_align="left",
                   border_style="cyan", expand=False)
     tail = [_arrow(td)]
-    for k, (s, o, sh) in enumerate(stages[9:]):
+    for s, o, sh in stages[9:]:
         tail += [box(s, o), _arrow(sh)]
     picked = page_values(r)[11]
     tail.append(Text.assemble(("      ▼ ", "dim"),

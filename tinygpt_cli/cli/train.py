@@ -88,7 +88,8 @@ def train_cmd(
               f"{', '.join(f.name for f in val_files) or 'none'}", markup=False, highlight=False)
     columns = [TextColumn("step {task.completed}/{task.total}"), BarColumn(),
                TextColumn("loss {task.fields[loss]:.3f}  val {task.fields[val]}  "
-                          "{task.fields[tps]:,.0f} tok/s"), TimeElapsedColumn(), TimeRemainingColumn()]
+                          "{task.fields[tps]:,.0f} tok/s"), TimeElapsedColumn(),
+               TimeRemainingColumn()]
     with Progress(*columns, console=err, transient=False) as progress:
         task = progress.add_task("train", total=steps, loss=float("nan"), val="-", tps=0.0)
 

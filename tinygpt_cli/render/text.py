@@ -21,7 +21,8 @@ def show_token(token: str) -> str:
 def show_text(text: str) -> str:
     """Free text for a terminal: newlines kept, other control characters escaped."""
     return "".join(
-        ch if ch in "\n\t" or not (ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0) else f"\\x{ord(ch):02x}"
+        ch if ch in "\n\t" or not (ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0)
+        else f"\\x{ord(ch):02x}"
         for ch in text
     )
 
