@@ -115,15 +115,16 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
     return x.swapaxes(-3, -2).reshape(*lead, t, h * dk)
 
 
-def causal_mask(t: int) -> np.ndarray:
-    """True where a token may not look: column j after row i."""
-    return np.triu(np.ones((t, t), dtype=bool), k=1)
+def causal_mask(t: int, dtype=np.float32) -> np.ndarray:
+    """M: 0 where a token may look (itself and earlier), -inf where column j comes after row i."""
+    return np.triu(np.full((t, t), -np.inf, dtype=dtype), k=1)
 
 
 def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     """Q K^T / sqrt(d_k) + M, with M = -inf above the diagonal.  -> [B, H, T, T]"""
-    scores = (q @ k.swapaxes(-1, -2)) / np.sqrt(q.shape[-1]).astype(q.dtype)
-    scores[..., causal_mask(q.shape[-2])] = -np.inf
+    scores = q @ k.swapaxes(-1, -2)
+    scores *= np.asarray(1.0 / np.sqrt(q.shape[-1]), dtype=q.dtype)
+    scores += causal_mask(q.shape[-2], q.dtype)
     return scores
 
 
