@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import typer
 from cli_helpers import TEXT, TEXT_IDS, TINY, Runner, clean_env, make_tiny, random_params
 
 from tinygpt_cli.cli import app
+from tinygpt_cli.cli import inspect as inspect_cmds
 from tinygpt_cli.cli.app import _register
 from tinygpt_cli.config import load_config
 from tinygpt_cli.model import forward
@@ -353,9 +355,10 @@ def test_generate_json_is_ndjson_ending_with_a_summary(cli, tiny):
     assert [s["event"] for s in steps] == ["token"] * 5 and end["event"] == "end"
     new = [s["id"] for s in steps]
     for i, s in enumerate(steps):
-        assert {"shape", "dtype", "data", "ids"} <= s.keys()
+        assert {"shape", "dtype", "data", "ids", "tokens"} <= s.keys()
         assert s["step"] == i and s["data"] == s["id"] and s["shape"] == []
         assert s["ids"] == TEXT_IDS + new[:i]
+        assert s["tokens"] == tokens_of(tiny, s["ids"])
         assert s["token"] == tiny.model.tokenizer.token_str(s["id"])
         assert 0 < s["chance"] <= 1
     assert end["ids"] == TEXT_IDS + new
@@ -395,6 +398,24 @@ def test_generate_respects_max_new_tokens(cli):
         assert len(lines) == n + 1 and lines[-1]["new_tokens"] == n
     r = cli("generate", TEXT, "-n", 0)
     assert r.code == 2 and r.err.startswith("error: ")
+
+
+def test_generate_writes_each_token_as_it_is_produced(cli, monkeypatch):
+    """Before the model computes token k+1, token k is already on stdout."""
+    real = inspect_cmds.generate_tokens
+    written = []  # length of stdout each time the CLI asks for the next token
+
+    def spy(*args, **kwargs):
+        for step in real(*args, **kwargs):
+            yield step
+            written.append(len(sys.stdout.getvalue()))
+
+    monkeypatch.setattr(inspect_cmds, "generate_tokens", spy)
+    r = cli("generate", TEXT, "-n", 4, "--seed", 2, "--no-stop", "--json")
+    lines = r.out.splitlines(keepends=True)
+    assert written == [sum(map(len, lines[:k])) for k in range(1, 5)]
+    r = cli("generate", "Lily", "-n", 4, "-t", 0, "--no-stop")
+    assert written[4] > len("Lily") and written[-1] > written[4]
 
 
 def test_generate_without_a_seed_reports_the_seed_on_stderr(cli):
@@ -638,6 +659,17 @@ def test_markup_in_the_text_is_shown_literally(cli, tiny):
     # a token made of markup is a heatmap column label, shown as it is
     assert "[" in cli("attn", MARKUP).out.splitlines()[1]
     assert cli("decode", *tiny.model.tokenizer.encode(MARKUP)).out == MARKUP + "\n"
+
+
+def test_a_terminal_gets_colour_and_still_sees_the_text_literally(cli, monkeypatch):
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.setenv("COLORTERM", "truecolor")
+    r = cli("attn", TEXT)
+    assert re.search("\x1b\\[[0-9;]*48;2;", r.out)  # heatmap cells on a coloured background
+    r = cli("sample", MARKUP)
+    plain = re.sub("\x1b\\[[0-9;]*m", "", r.out)
+    assert plain.splitlines()[1].startswith(show_text(MARKUP))
 
 
 # ------------------------------------------------------------------ stdin

@@ -22,7 +22,7 @@ from cli_helpers import (
     write_folder,
 )
 
-from tinygpt_cli.cli import main
+from tinygpt_cli.cli import common, main
 from tinygpt_cli.cli.common import InputError
 from tinygpt_cli.weights import PREFIX
 
@@ -151,6 +151,26 @@ def test_debug_shows_the_exception(cli, monkeypatch):
     monkeypatch.setenv("TINYGPT_DEBUG", "1")
     with pytest.raises(InputError):
         main(["embed", ""])
+
+
+def test_an_unexpected_fault_is_one_line_with_exit_1(cli, monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("something broke\ninside")
+
+    monkeypatch.setattr(common, "forward", boom)
+    line = assert_one_error_line(cli("embed", TEXT), 1, "RuntimeError: something broke inside")
+    assert "--debug" in line
+    with pytest.raises(RuntimeError):
+        main(["embed", TEXT, "--debug"])
+
+
+def test_interrupt_exits_130_quietly(cli, monkeypatch):
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(common, "forward", stop)
+    r = cli("embed", TEXT)
+    assert r.code == 130 and r.out == "" and "Traceback" not in r.err
 
 
 # ------------------------------------------------------------------ broken weights: exit 1

@@ -31,6 +31,7 @@ def _register() -> None:
 
 
 def _error(message: str, code: int) -> int:
+    message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
     sys.stderr.write(f"error: {message}\n")
     sys.stderr.flush()
     return code

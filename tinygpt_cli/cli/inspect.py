@@ -149,7 +149,9 @@ def generate(
     for i, step in enumerate(steps):
         new.append(step.id)
         if as_json:
-            jsonout.emit(jsonout.document(None, np.int64(step.id), ids + new[:-1], None,
+            context = ids + new[:-1]  # what the token was computed from
+            jsonout.emit(jsonout.document(None, np.int64(step.id), context,
+                                          [tok.token_str(t) for t in context],
                                           event="token", step=i, id=step.id,
                                           token=tok.token_str(step.id), chance=step.chance))
             continue
