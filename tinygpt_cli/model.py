@@ -44,7 +44,9 @@ def param_shapes(config: Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def init_params(config: Config, rng: np.random.Generator, dtype=np.float32) -> dict[str, np.ndarray]:
+def init_params(
+    config: Config, rng: np.random.Generator, dtype=np.float32
+) -> dict[str, np.ndarray]:
     """GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 L)."""
     params = {}
     resid_std = 0.02 / np.sqrt(2 * config.n_layer)
@@ -189,7 +191,9 @@ def backward(
         dq, dk, dv = ops.attention_backward(
             ops.split_heads(dz, config.n_head), v[L + "q"], v[L + "k"], v[L + "v"], v[L + "weights"]
         )
-        dqkv = np.concatenate([ops.merge_heads(dq), ops.merge_heads(dk), ops.merge_heads(dv)], axis=-1)
+        dqkv = np.concatenate(
+            [ops.merge_heads(dq), ops.merge_heads(dk), ops.merge_heads(dv)], axis=-1
+        )
         dx, grads[p + "attn.c_attn.weight"], grads[p + "attn.c_attn.bias"] = ops.linear_backward(
             dqkv, v[L + "ln1.out"], params[p + "attn.c_attn.weight"]
         )
@@ -207,5 +211,6 @@ def loss_and_grads(params, config, ids, targets, *, dropout=0.0, rng=None):
     """One training step's worth of math: mean cross-entropy and its gradients."""
     trace = forward(params, config, ids, dropout=dropout, rng=rng)
     loss = ops.cross_entropy(trace.values["logits"], targets)
-    grads = backward(params, config, trace, ops.cross_entropy_backward(trace.values["logits"], targets))
+    dlogits = ops.cross_entropy_backward(trace.values["logits"], targets)
+    grads = backward(params, config, trace, dlogits)
     return loss, grads

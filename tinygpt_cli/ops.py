@@ -161,7 +161,7 @@ def dropout_mask(shape, p: float, rng: np.random.Generator, dtype) -> np.ndarray
     return keep.astype(dtype) * np.asarray(1.0 / (1.0 - p), dtype=dtype)
 
 
-# ---------------------------------------------------------------- linear head + softmax (cards 9-10)
+# --------------------------------------------------------------- linear head + softmax (cards 9-10)
 
 
 def unembed(u: np.ndarray, wte: np.ndarray) -> np.ndarray:

@@ -68,7 +68,9 @@ class Tokenizer:
         """The exact bytes one token stands for."""
         piece = self._tok.id_to_token(int(token_id))
         if piece is None:
-            raise ValueError(f"token id {token_id} is not in the vocabulary (0..{self.vocab_size - 1})")
+            raise ValueError(
+                f"token id {token_id} is not in the vocabulary (0..{self.vocab_size - 1})"
+            )
         if piece in self.special_tokens:
             return piece.encode("utf-8")
         return bytes(self._byte_of[ch] for ch in piece)

@@ -64,7 +64,9 @@ def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str,
     expected = param_shapes(config)
     missing = [n for n in expected if n not in params]
     if missing:
-        raise WeightsError(f"tensor {PREFIX}{missing[0]} is missing ({len(missing)} missing in all)")
+        raise WeightsError(
+            f"tensor {PREFIX}{missing[0]} is missing ({len(missing)} missing in all)"
+        )
     extra = [n for n in params if n not in expected]
     if extra:
         raise WeightsError(f"unexpected tensor {extra[0]!r}: not part of a GPT-2 model")
@@ -76,7 +78,9 @@ def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str,
                 f"tensor {PREFIX}{name} has shape {list(arr.shape)}, expected {list(shape)}"
             )
         if arr.dtype.kind != "f":
-            raise WeightsError(f"tensor {PREFIX}{name} has dtype {arr.dtype}, expected a float type")
+            raise WeightsError(
+                f"tensor {PREFIX}{name} has dtype {arr.dtype}, expected a float type"
+            )
         if not np.isfinite(arr).all():
             raise WeightsError(f"tensor {PREFIX}{name} holds NaN or infinite values")
         out[name] = np.ascontiguousarray(arr, dtype=np.float32)

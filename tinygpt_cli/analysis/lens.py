@@ -20,7 +20,8 @@ def residual_stages(trace: Trace, config: Config) -> list[tuple[str, np.ndarray]
 
 def lens_logits(h: np.ndarray, params: dict[str, np.ndarray], config: Config) -> np.ndarray:
     """ln_final(h) W_E^T: the next-token scores the model would give if it stopped at h."""
-    u, _, _ = ops.layer_norm(h, params["ln_f.weight"], params["ln_f.bias"], config.layer_norm_epsilon)
+    u, _, _ = ops.layer_norm(h, params["ln_f.weight"], params["ln_f.bias"],
+                             config.layer_norm_epsilon)
     return ops.unembed(u, params["wte.weight"])
 
 
