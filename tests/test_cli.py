@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import typer
 from cli_helpers import TEXT, TEXT_IDS, TINY, Runner, clean_env, make_tiny, random_params
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from tinygpt_cli.cli import app
 from tinygpt_cli.cli import inspect as inspect_cmds
@@ -670,6 +672,25 @@ def test_a_terminal_gets_colour_and_still_sees_the_text_literally(cli, monkeypat
     r = cli("sample", MARKUP)
     plain = re.sub("\x1b\\[[0-9;]*m", "", r.out)
     assert plain.splitlines()[1].startswith(show_text(MARKUP))
+
+
+CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # control characters but newline
+
+
+@settings(max_examples=8, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=24))
+def test_any_text_round_trips_and_is_shown_without_control_characters(cli, tiny, text):
+    assume(text != "-")  # '-' means: read stdin
+    ids = tiny.model.tokenizer.encode(text)
+    # '--' ends the options, so a text may start with '-'
+    assert ok_json(cli("encode", "--json", "--", text))["ids"] == ids
+    assert ok_json(cli("decode", "--json", *ids))["data"] == text
+    for argv in (["embed"], ["attn"], ["sample"], ["generate", "-n", "2", "-t", "0"]):
+        r = cli(*argv, "--", text)
+        assert r.code == 0, (argv, r.err)
+        assert not CONTROL.search(r.out), (argv, r.out)
+    assert r.out.startswith(show_text(text).expandtabs())  # Rich sets tabs as spaces
 
 
 # ------------------------------------------------------------------ stdin
