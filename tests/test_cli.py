@@ -511,11 +511,12 @@ def test_full_shows_every_column(cli):
     cols = r.out.splitlines()[1].split()
     assert cols == [str(i) for i in range(16)]
     assert "…" not in r.out
-    # a pipe is 120 wide, but --full never cuts a table: 4,096 logits per row all appear
-    r = cli("trace", TEXT, "logits", "--full")
+    # a pipe is 120 wide, but --full never cuts a table: all 24 hidden neurons appear
+    r = cli("trace", TEXT, "layers.0.mlp_pre", "--full")
     lines = r.out.splitlines()
-    assert lines[1].split()[-1] == "4095" and len(lines[1].split()) == 4096
-    assert len(lines[2].split()) == 4096 + 2  # position, token, values
+    assert max(map(len, lines)) > 120
+    assert lines[1].split() == [str(i) for i in range(TINY.n_inner)]
+    assert all(len(line.split()) == TINY.n_inner + 2 for line in lines[2:])  # #, token, values
 
 
 @pytest.mark.parametrize("args, path, shape", [
