@@ -14,7 +14,7 @@ from rich.text import Text
 
 from ..generate import generate as generate_tokens
 from ..render import jsonout
-from ..render.tables import shape_str, tensor_view
+from ..render.tables import header, shape_str, tensor_view
 from ..render.text import show_text, show_token
 from ..sampling import create_rng
 from ..weights import sha256
@@ -61,7 +61,8 @@ def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
     note = f"T = {len(ids)} tokens, each an id from 0 to {model.config.vocab_size - 1:,}"
     if len(ids) > limit:
         note += f"; more than the {limit} the model reads at once"
-    stdout().print(Group(Text(note, style="dim"), t))
+    top = header("ids", np.asarray(ids, dtype=np.int64))
+    stdout().print(Group(top, t, Text(note, style="dim")))
 
 
 def _parse_ids(args: list[str]) -> list[int]:

@@ -44,7 +44,8 @@ def header(path: str, arr: np.ndarray, note: str = "") -> Text:
     for k in ("min", "mean", "max", "std"):
         v = s[k]
         t.append(f"  {k} ", style="dim")
-        t.append("-" if v is None else fmt(v))
+        exact = arr.dtype.kind in "iu" and k in ("min", "max")
+        t.append("-" if v is None else (str(int(v)) if exact else fmt(v)))
     if note:
         t.append(f"  {note}", style="dim")
     return t
