@@ -37,6 +37,8 @@ def split_data(paths: list[Path], val: Path | None = None) -> tuple[list[Path], 
         else:
             raise ValueError(f"{p} does not exist")
     if val is not None:
+        if not Path(val).is_file():
+            raise ValueError(f"validation file {val} does not exist")
         val_files = [Path(val)]
         train = [f for f in files if f.resolve() != Path(val).resolve()]
     elif len(files) >= 2:

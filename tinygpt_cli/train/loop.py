@@ -98,6 +98,13 @@ def _load_checkpoint(path: Path, params, opt: AdamW, rng):
         return int(z["step"]), float(z["best_val"]), elapsed
 
 
+def _remove_stale_temporaries(out: Path) -> None:
+    """A run killed while writing a file leaves write_atomically's `.NAME.*.tmp` behind."""
+    for name in (CHECKPOINT, LOG, "model.safetensors", "config.json", "tokenizer.json"):
+        for tmp in out.glob(f".{name}.*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+
 def _trim_log(path: Path, step: int) -> None:
     """Drop log lines written after the checkpoint we resume from: they will be redone."""
     if not path.is_file():
@@ -119,6 +126,7 @@ def train(
     """Train, writing checkpoints, a JSONL log and the best weights folder into `out`."""
     note = on_note or (lambda s: None)
     out.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(out)
     config = Config(**settings.config)
     tokenizer = prepare_tokenizer(out, train_files, config.vocab_size)
     config = Config(**{**asdict(config), "bos_token_id": tokenizer.eot_id,

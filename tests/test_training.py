@@ -1,0 +1,460 @@
+"""Training: the schedule, AdamW, clipping, the data pipeline, and the loop end to end
+(loss goes down, runs are reproducible, the exported weights are the best checkpoint, a run
+killed with SIGKILL resumes to exactly the uninterrupted result, bad input exits 2).
+
+Every model here is tiny and every run a few dozen steps, so the file runs in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinygpt_cli.config import Config, load_config
+from tinygpt_cli.model import param_shapes
+from tinygpt_cli.tokenizer import END_OF_TEXT, Tokenizer, train_tokenizer
+from tinygpt_cli.train.data import (
+    encode_stories,
+    eval_windows,
+    random_windows,
+    read_stories,
+    split_data,
+)
+from tinygpt_cli.train.loop import CHECKPOINT, LOG, Settings, evaluate, train
+from tinygpt_cli.train.optim import AdamW, clip_by_global_norm, decays, lr_at
+from tinygpt_cli.weights import load_params
+
+TINY = Config(n_embd=16, n_layer=2, n_head=2, n_inner=32, n_positions=16, vocab_size=300)
+
+STORIES = [
+    "Tom had a red ball. He threw the ball to Sam. Sam threw the ball back to Tom.",
+    "The cat sat on the mat. The cat was happy. The dog came and sat on the mat too.",
+    "Lily liked to sing. She sang to the birds every day, and the birds sang back to her.",
+    "Ben found a big box. In the box was a small hat. Ben put the hat on his head.",
+]
+VAL_STORIES = [
+    "Sam and Tom sat on the mat. The ball was red.",
+    "The birds liked the hat. Lily sang to the cat.",
+]
+
+
+def write_stories(path: Path, stories: list[str]) -> Path:
+    """Stories separated by lines holding exactly <|endoftext|>, as the data files are."""
+    path.write_text(f"\n{END_OF_TEXT}\n".join(stories) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def data(tmp_path) -> tuple[Path, Path]:
+    train_file = write_stories(tmp_path / "train.txt", STORIES * 8)  # repetitive: easy to learn
+    val_file = write_stories(tmp_path / "val.txt", VAL_STORIES)
+    return train_file, val_file
+
+
+def settings(**kw) -> Settings:
+    base = dict(steps=30, batch_size=4, lr=1e-2, warmup=5, dropout=0.1, eval_every=5,
+                checkpoint_every=10, seed=0, config=asdict(TINY))
+    return Settings(**{**base, **kw})
+
+
+def read_log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / LOG).read_text().splitlines() if line]
+
+
+def checkpoint_params(out: Path) -> dict[str, np.ndarray]:
+    with np.load(out / CHECKPOINT) as z:
+        return {k[2:]: z[k] for k in z.files if k.startswith("p/")}
+
+
+# --- the learning-rate schedule ----------------------------------------------------------------
+
+
+def test_lr_warms_up_linearly_then_decays_by_cosine_to_the_floor():
+    peak, warmup, total, floor = 1e-3, 10, 110, 0.1
+    lr = lambda step: lr_at(step, peak, warmup, total, floor)  # noqa: E731
+    # warm-up: step s (counting from 0) gets peak * (s + 1) / warmup
+    assert lr(0) == pytest.approx(1e-4)
+    assert lr(4) == pytest.approx(5e-4)
+    assert lr(9) == pytest.approx(1e-3)
+    # cosine over the remaining 100 steps: peak * (floor + (1 - floor) * (1 + cos(pi p)) / 2)
+    assert lr(10) == pytest.approx(1e-3)
+    assert lr(35) == pytest.approx(1e-3 * (0.1 + 0.45 * (1 + math.sqrt(0.5))))  # p = 1/4
+    assert lr(60) == pytest.approx(5.5e-4)  # p = 1/2: halfway between peak and floor
+    assert lr(85) == pytest.approx(1e-3 * (0.1 + 0.45 * (1 - math.sqrt(0.5))))  # p = 3/4
+    assert lr(110) == pytest.approx(1e-4)  # the floor, min_lr_ratio * peak
+    assert lr(500) == pytest.approx(1e-4)  # and it stays there
+    after = [lr(s) for s in range(warmup, total + 1)]
+    assert all(a >= b for a, b in zip(after, after[1:], strict=False))
+
+
+def test_lr_without_warmup_starts_at_the_peak():
+    assert lr_at(0, 2e-3, 0, 100, 0.1) == pytest.approx(2e-3)
+    assert lr_at(100, 2e-3, 0, 100, 0.1) == pytest.approx(2e-4)
+
+
+# --- AdamW -------------------------------------------------------------------------------------
+
+
+def adamw_reference(p, g, m, v, t, lr, b1, b2, eps, wd, decay):
+    """AdamW as written in Loshchilov & Hutter / torch.optim.AdamW, in float64."""
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    m_hat = m / (1 - b1**t)
+    v_hat = v / (1 - b2**t)
+    if decay:
+        p = p - lr * wd * p
+    p = p - lr * m_hat / (np.sqrt(v_hat) + eps)
+    return p, m, v
+
+
+def test_adamw_matches_a_float64_reference():
+    rng = np.random.default_rng(0)
+    shapes = {"wte.weight": (7, 4), "wpe.weight": (5, 4), "h.0.ln_1.weight": (4,),
+              "h.0.attn.c_attn.weight": (4, 12), "h.0.attn.c_attn.bias": (12,),
+              "ln_f.weight": (4,)}
+    params = {n: rng.normal(size=s) for n, s in shapes.items()}
+    ref = {n: (p.copy(), np.zeros_like(p), np.zeros_like(p)) for n, p in params.items()}
+    opt = AdamW(params, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for t, lr in enumerate([1e-2, 3e-2, 2e-2], start=1):
+        grads = {n: rng.normal(size=p.shape) * 10 ** rng.uniform(-4, 1) for n, p in params.items()}
+        opt.step(params, grads, lr)
+        for n in params:
+            ref[n] = adamw_reference(*ref[n][:1], grads[n], *ref[n][1:], t, lr, 0.9, 0.95, 1e-8,
+                                     0.1, decays(n))
+            np.testing.assert_allclose(params[n], ref[n][0], rtol=1e-13, atol=1e-15, err_msg=n)
+            np.testing.assert_allclose(opt.m[n], ref[n][1], rtol=1e-13, err_msg=n)
+            np.testing.assert_allclose(opt.v[n], ref[n][2], rtol=1e-13, err_msg=n)
+
+
+def test_adamw_first_step_moves_every_entry_by_about_lr():
+    """With bias correction the first step is lr * g / (|g| + eps): size lr, sign of g."""
+    params = {"h.0.attn.c_attn.bias": np.zeros(5)}
+    g = np.array([3.0, -2.0, 1e-3, -1e-2, 50.0])
+    AdamW(params, weight_decay=0.0).step(params, {"h.0.attn.c_attn.bias": g}, 0.1)
+    np.testing.assert_allclose(params["h.0.attn.c_attn.bias"], -0.1 * np.sign(g), rtol=1e-4)
+
+
+def test_adamw_weight_decay_is_decoupled_from_the_gradient():
+    """With a zero gradient only the decay acts: p *= 1 - lr * wd, on decayed tensors only."""
+    params = {"h.0.mlp.c_fc.weight": np.full((2, 2), 2.0), "h.0.mlp.c_fc.bias": np.full(2, 2.0)}
+    grads = {n: np.zeros_like(p) for n, p in params.items()}
+    AdamW(params, weight_decay=0.5).step(params, grads, 0.1)
+    np.testing.assert_allclose(params["h.0.mlp.c_fc.weight"], 2.0 * (1 - 0.1 * 0.5))
+    np.testing.assert_allclose(params["h.0.mlp.c_fc.bias"], 2.0)
+
+
+def test_adamw_matches_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    names = ["wte.weight", "h.0.mlp.c_proj.weight", "h.0.ln_2.bias", "wpe.weight"]
+    params = {n: rng.normal(size=(3, 4)) for n in names}
+    tparams = {n: torch.tensor(p.copy(), requires_grad=True) for n, p in params.items()}
+    groups = [{"params": [tparams[n] for n in names if decays(n)], "weight_decay": 0.1},
+              {"params": [tparams[n] for n in names if not decays(n)], "weight_decay": 0.0}]
+    topt = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    opt = AdamW(params, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for _ in range(3):
+        grads = {n: rng.normal(size=(3, 4)) for n in names}
+        for n in names:
+            tparams[n].grad = torch.tensor(grads[n])
+        topt.step()
+        opt.step(params, grads, 1e-2)
+    for n in names:
+        np.testing.assert_allclose(params[n], tparams[n].detach().numpy(), rtol=1e-12, err_msg=n)
+
+
+def test_weight_decay_applies_to_matrices_and_the_token_table_only():
+    names = set(param_shapes(TINY))
+    decayed = {n for n in names if decays(n)}
+    expected = {"wte.weight"} | {
+        f"h.{i}.{m}.weight" for i in range(TINY.n_layer)
+        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    }
+    assert decayed == expected
+    for n in ("wpe.weight", "ln_f.weight", "ln_f.bias", "h.0.ln_1.weight", "h.1.ln_2.weight",
+              "h.0.attn.c_attn.bias", "h.1.mlp.c_proj.bias"):
+        assert not decays(n), n
+
+
+# --- gradient clipping -------------------------------------------------------------------------
+
+
+def test_clip_scales_all_gradients_jointly_to_the_max_norm():
+    grads = {"a": np.array([3.0, 0.0]), "b": np.array([[0.0], [4.0]])}  # joint norm 5
+    norm = clip_by_global_norm(grads, 1.0)
+    assert norm == pytest.approx(5.0)
+    np.testing.assert_allclose(grads["a"], [0.6, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(grads["b"], [[0.0], [0.8]], rtol=1e-6)
+    joint = math.sqrt(sum(float((g**2).sum()) for g in grads.values()))
+    assert joint == pytest.approx(1.0, rel=1e-6)
+
+
+def test_clip_leaves_small_gradients_alone_and_zero_disables_it():
+    grads = {"a": np.array([0.3, 0.4])}
+    assert clip_by_global_norm(grads, 1.0) == pytest.approx(0.5)
+    np.testing.assert_array_equal(grads["a"], [0.3, 0.4])
+    grads = {"a": np.array([30.0, 40.0])}
+    assert clip_by_global_norm(grads, 0.0) == pytest.approx(50.0)
+    np.testing.assert_array_equal(grads["a"], [30.0, 40.0])
+
+
+# --- data --------------------------------------------------------------------------------------
+
+
+def test_read_stories_splits_on_endoftext_lines(tmp_path):
+    a = tmp_path / "a.txt"
+    a.write_text("First story.\nIt has two lines.\n<|endoftext|>\nSecond story.\n\n"
+                 "A paragraph after a blank line.\n<|endoftext|>\n\n<|endoftext|>\nThird.\n")
+    b = write_stories(tmp_path / "b.txt", ["Fourth.", "Fifth."])
+    assert read_stories([a, b]) == [
+        "First story.\nIt has two lines.",
+        "Second story.\n\nA paragraph after a blank line.",
+        "Third.",  # the empty story between two separators is dropped
+        "Fourth.",
+        "Fifth.",
+    ]
+
+
+def test_encode_stories_puts_the_eot_id_after_each_story():
+    tok = train_tokenizer(STORIES, vocab_size=300)
+    stream = encode_stories(STORIES[:3], tok)
+    expected: list[int] = []
+    for s in STORIES[:3]:
+        expected += tok.encode(s) + [tok.eot_id]
+    assert stream.ids.dtype == np.uint16
+    assert stream.ids.tolist() == expected
+    assert int((stream.ids == tok.eot_id).sum()) == 3
+    assert stream.ids[-1] == tok.eot_id
+    assert stream.n_bytes == sum(len(s.encode()) + 1 for s in STORIES[:3])
+
+
+def test_random_windows_targets_are_inputs_shifted_by_one():
+    stream = (np.arange(200) * 7 % 251).astype(np.uint16)
+    x, y = random_windows(stream, 16, 10, np.random.default_rng(0))
+    assert x.shape == y.shape == (16, 10)
+    assert x.dtype == y.dtype == np.int64
+    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
+    for xi, yi in zip(x, y, strict=True):  # each row is a real stretch of the stream
+        start = int(np.flatnonzero(stream == xi[0])[0])
+        np.testing.assert_array_equal(xi, stream[start : start + 10])
+        np.testing.assert_array_equal(yi, stream[start + 1 : start + 11])
+
+
+def test_random_windows_follow_the_generator():
+    stream = np.arange(100, dtype=np.uint16)
+    a = random_windows(stream, 4, 8, np.random.default_rng(5))
+    b = random_windows(stream, 4, 8, np.random.default_rng(5))
+    np.testing.assert_array_equal(a[0], b[0])
+
+
+@pytest.mark.parametrize("n", [41, 45, 48])
+def test_eval_windows_cover_the_stream_without_overlap(n):
+    t = 8
+    stream = np.arange(n, dtype=np.uint16)
+    x, y = eval_windows(stream, t)
+    k = (n - 1) // t  # as many whole windows as have a target for every input
+    assert x.shape == y.shape == (k, t)
+    np.testing.assert_array_equal(x.ravel(), np.arange(k * t))  # consecutive, each token once
+    np.testing.assert_array_equal(y, x + 1)
+    assert n - 1 - k * t < t  # what is left over would not fill another window
+
+
+# --- the training loop -------------------------------------------------------------------------
+
+
+def test_training_lowers_the_loss(tmp_path, data):
+    train_file, val_file = data
+    train([train_file], [val_file], tmp_path / "out", settings(steps=60, eval_every=20))
+    log = read_log(tmp_path / "out")
+    assert [r["step"] for r in log] == list(range(1, 61))
+    losses = [r["train_loss"] for r in log]
+    assert np.mean(losses[-10:]) < np.mean(losses[:5]) - 1.5  # nats per token
+    assert losses[0] == pytest.approx(math.log(TINY.vocab_size), abs=0.3)  # starts near uniform
+    vals = [r["val_loss"] for r in log if "val_loss" in r]
+    assert len(vals) == 3 and vals[-1] < vals[0]
+
+
+def test_same_seed_and_data_give_identical_runs(tmp_path, data):
+    train_file, val_file = data
+    for name in ("a", "b"):
+        train([train_file], [val_file], tmp_path / name, settings(steps=15))
+    a, b = read_log(tmp_path / "a"), read_log(tmp_path / "b")
+    keys = ("step", "train_loss", "lr", "grad_norm", "tokens", "val_loss")
+    assert [[r.get(k) for k in keys] for r in a] == [[r.get(k) for k in keys] for r in b]
+    assert (tmp_path / "a/model.safetensors").read_bytes() == \
+        (tmp_path / "b/model.safetensors").read_bytes()
+    train([train_file], [val_file], tmp_path / "c", settings(steps=15, seed=1))
+    assert [r["train_loss"] for r in read_log(tmp_path / "c")] != [r["train_loss"] for r in a]
+
+
+def test_out_is_a_valid_weights_folder(tmp_path, data):
+    train_file, val_file = data
+    out = tmp_path / "out"
+    result = train([train_file], [val_file], out, settings(steps=10))
+    assert {"model.safetensors", "config.json", "tokenizer.json", CHECKPOINT, LOG} <= {
+        p.name for p in out.iterdir()}
+    tok = Tokenizer.from_file(out / "tokenizer.json")
+    assert tok.vocab_size == TINY.vocab_size  # trained by train() with the config's size
+    hf = json.loads((out / "config.json").read_text())
+    assert hf["model_type"] == "gpt2"
+    assert hf["activation_function"] == "gelu_new"
+    assert hf["bos_token_id"] == hf["eos_token_id"] == tok.eot_id
+    assert hf["tie_word_embeddings"] is True
+    config = load_config(out / "config.json")
+    for k in ("n_embd", "n_layer", "n_head", "n_inner", "n_positions", "vocab_size"):
+        assert getattr(config, k) == getattr(TINY, k), k
+    params = load_params(out / "model.safetensors", config)  # names, shapes, finiteness
+    assert set(params) == set(param_shapes(config))
+    assert result["steps"] == 10 and math.isfinite(result["best_val_loss"])
+
+
+def test_exported_weights_are_the_best_validation_checkpoint(tmp_path, data):
+    """Validation text in letters the training text never uses gets worse as training goes
+    on, so the best checkpoint is an early one and the last one is not it."""
+    train_file, _ = data
+    val_file = write_stories(tmp_path / "odd.txt", ["QXZ JQK 4815 VWX 1623", "ZZQ XJV 42 KQX"])
+    out = tmp_path / "out"
+    train([train_file], [val_file], out, settings(steps=30, eval_every=3, lr=2e-2))
+    log = read_log(out)
+    vals = {r["step"]: r["val_loss"] for r in log if "val_loss" in r}
+    best_step = min(vals, key=vals.get)
+    assert best_step < 30  # the test means something only if the best is not the last
+
+    config = load_config(out / "config.json")
+    exported = load_params(out / "model.safetensors", config)
+    tok = Tokenizer.from_file(out / "tokenizer.json")
+    stream = encode_stories(read_stories([val_file]), tok).ids
+    assert round(evaluate(exported, config, stream), 5) == pytest.approx(vals[best_step], abs=2e-5)
+    final = checkpoint_params(out)  # the step-30 parameters are not what was exported
+    assert round(evaluate(final, config, stream), 5) == pytest.approx(vals[30], abs=2e-5)
+    assert any(not np.array_equal(exported[n], final[n]) for n in exported)
+
+
+def test_without_validation_the_last_weights_are_exported(tmp_path, data):
+    train_file, _ = data
+    out = tmp_path / "out"
+    result = train([train_file], [], out, settings(steps=10))
+    assert result["best_val_loss"] == math.inf
+    assert all("val_loss" not in r for r in read_log(out))
+    exported = load_params(out / "model.safetensors", load_config(out / "config.json"))
+    final = checkpoint_params(out)
+    for n in exported:
+        np.testing.assert_array_equal(exported[n], final[n])
+
+
+# --- resuming after SIGKILL --------------------------------------------------------------------
+
+RESUME_STEPS = 150
+
+
+def cli_args(train_file: Path, val_file: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "tinygpt_cli", "train", "--data", str(train_file),
+            "--val", str(val_file), "--out", str(out), "--steps", str(RESUME_STEPS),
+            "--batch-size", "4", "--lr", "0.01", "--warmup", "5", "--dropout", "0.1",
+            "--eval-every", "5", "--checkpoint-every", "10", "--seed", "3",
+            "--n-embd", str(TINY.n_embd), "--n-layer", str(TINY.n_layer),
+            "--n-head", str(TINY.n_head), "--n-inner", str(TINY.n_inner),
+            "--n-positions", str(TINY.n_positions), "--vocab-size", str(TINY.vocab_size)]
+
+
+def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_a_run_killed_with_sigkill_resumes_to_the_uninterrupted_result(tmp_path, data):
+    train_file, val_file = data
+    a, b = tmp_path / "a", tmp_path / "b"
+    run_cli(cli_args(train_file, val_file, a), tmp_path)
+
+    # B: the same run, killed once a checkpoint exists and the log has gone past it.
+    proc = subprocess.Popen(cli_args(train_file, val_file, b), cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            assert proc.poll() is None, f"the run ended before it was killed:\n{proc.stderr.read()}"
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            if (b / CHECKPOINT).is_file() and (b / LOG).is_file() \
+                    and len((b / LOG).read_text().splitlines()) >= 15:
+                break
+            time.sleep(0.001)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = len((b / LOG).read_text().splitlines())
+    assert 15 <= killed_at < RESUME_STEPS
+    # A kill can land inside write_atomically; plant what that leaves so cleanup is tested
+    # every time, not only when the kill happens to hit a write.
+    (b / f".{CHECKPOINT}.x1y2z3.tmp").write_bytes(b"half a checkpoint")
+
+    resumed = run_cli(cli_args(train_file, val_file, b) + ["--resume"], tmp_path)
+    assert "resumed from" in resumed.stderr
+
+    keys = ("step", "train_loss", "lr", "grad_norm", "tokens", "val_loss", "val_bits_per_byte")
+    log_a, log_b = read_log(a), read_log(b)
+    assert [r["step"] for r in log_b] == list(range(1, RESUME_STEPS + 1))
+    for ra, rb in zip(log_a, log_b, strict=True):
+        assert [ra.get(k) for k in keys] == [rb.get(k) for k in keys], ra["step"]
+    pa, pb = checkpoint_params(a), checkpoint_params(b)
+    for n in pa:
+        np.testing.assert_array_equal(pa[n], pb[n], err_msg=n)
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    result_a, result_b = (json.loads((d / "result.json").read_text()) for d in (a, b))
+    assert result_a == result_b
+    assert not list(b.glob(".*.tmp")), "temporary files were left behind"
+
+
+# --- the command line --------------------------------------------------------------------------
+
+
+def tinygpt(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tinygpt_cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("make_bad", [
+    lambda tmp: (["--data", str(tmp / "missing")], "missing"),
+    lambda tmp: (["--data", str((tmp / "empty").mkdir() or tmp / "empty")], "no .txt"),
+], ids=["missing-path", "folder-without-text"])
+def test_train_with_bad_data_exits_2_with_one_error_line(tmp_path, make_bad):
+    args, needle = make_bad(tmp_path)
+    proc = tinygpt("train", *args, "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_train_with_a_missing_validation_file_exits_2(tmp_path, data):
+    train_file, _ = data
+    proc = tinygpt("train", "--data", str(train_file), "--val", str(tmp_path / "nope.txt"),
+                   "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "nope.txt" in lines[0]
+
+
+def test_split_data_holds_out_the_last_part(tmp_path):
+    for i in range(3):
+        write_stories(tmp_path / f"part-00{i}.txt", [f"Story {i}."])
+    train_files, val_files = split_data([tmp_path])
+    assert [f.name for f in train_files] == ["part-000.txt", "part-001.txt"]
+    assert [f.name for f in val_files] == ["part-002.txt"]
+    train_files, val_files = split_data([tmp_path], tmp_path / "part-000.txt")
+    assert [f.name for f in train_files] == ["part-001.txt", "part-002.txt"]
+    assert [f.name for f in val_files] == ["part-000.txt"]
