@@ -6,8 +6,6 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
-
 from ..generate import generate
 from ..sampling import create_rng
 from ..weights import Model, sha256
@@ -142,7 +140,8 @@ def write_card(run: Path, data: list[Path], out: Path | None = None) -> str:
 
     sample_md = []
     for prompt in PROMPTS:
-        sample_md.append(f"**{prompt}**, greedy (`tinygpt generate \"{prompt}\" --temperature 0`):\n\n"
+        sample_md.append(f"**{prompt}**, greedy "
+                         f"(`tinygpt generate \"{prompt}\" --temperature 0`):\n\n"
                          + block(samples(model, prompt, temperature=0.0, seed=0)))
         sample_md.append(f"**{prompt}**, seeded (`tinygpt generate \"{prompt}\" --seed 1`, "
                          "temperature 0.8):\n\n"

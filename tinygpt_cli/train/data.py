@@ -23,7 +23,7 @@ def read_stories(files: list[Path]) -> list[str]:
 
 
 def split_data(paths: list[Path], val: Path | None = None) -> tuple[list[Path], list[Path]]:
-    """A folder's part-*.txt files (or any *.txt): the last one is held out unless `val` is given."""
+    """A folder's part-*.txt files (or any *.txt); the last is held out unless `val` is given."""
     files: list[Path] = []
     for p in paths:
         p = Path(p)

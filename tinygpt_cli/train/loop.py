@@ -132,7 +132,9 @@ def train(
     config = Config(**{**asdict(config), "bos_token_id": tokenizer.eot_id,
                        "eos_token_id": tokenizer.eot_id})
     train_data = encode_stories(read_stories(train_files), tokenizer)
-    val_data: TokenStream | None = encode_stories(read_stories(val_files), tokenizer) if val_files else None
+    val_data: TokenStream | None = (
+        encode_stories(read_stories(val_files), tokenizer) if val_files else None
+    )
     note(f"training tokens: {len(train_data.ids):,}"
          + (f"; validation tokens: {len(val_data.ids):,}" if val_data else ""))
 
@@ -175,8 +177,9 @@ def train(
         run_time = time.perf_counter() - t0
         elapsed = elapsed_before + run_time  # wall time over all resumed pieces of the run
         tps = (done - start) * tokens_per_step / max(run_time, 1e-9)
-        record = {"step": done, "train_loss": round(loss, 5), "lr": lr, "grad_norm": round(gnorm, 4),
-                  "tokens": done * tokens_per_step, "elapsed_s": round(elapsed, 2)}
+        record = {"step": done, "train_loss": round(loss, 5), "lr": lr,
+                  "grad_norm": round(gnorm, 4), "tokens": done * tokens_per_step,
+                  "elapsed_s": round(elapsed, 2)}
         val = None
         out_of_time = settings.minutes is not None and run_time > settings.minutes * 60
         if done % settings.eval_every == 0 or done == settings.steps or out_of_time:
