@@ -458,3 +458,14 @@ def test_split_data_holds_out_the_last_part(tmp_path):
     train_files, val_files = split_data([tmp_path], tmp_path / "part-000.txt")
     assert [f.name for f in train_files] == ["part-001.txt", "part-002.txt"]
     assert [f.name for f in val_files] == ["part-000.txt"]
+
+
+def test_train_on_text_shorter_than_one_window_exits_2_and_says_how_long(tmp_path):
+    write_stories(tmp_path / "part-000.txt", ["Lily ran.", "Tom sat."])
+    write_stories(tmp_path / "part-001.txt", ["Lily ran.", "Tom sat."])
+    proc = tinygpt("train", "--data", str(tmp_path), "--out", str(tmp_path / "out"),
+                   "--steps", "2", "--vocab-size", "300", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the training text is ") and "at least 130" in last, last
+    assert "Traceback" not in proc.stderr

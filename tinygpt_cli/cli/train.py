@@ -69,7 +69,7 @@ def train_cmd(
     """
     from ..config import Config
     from ..train.data import split_data
-    from ..train.loop import Settings, train
+    from ..train.loop import Settings, TrainingDataError, train
 
     try:
         train_files, val_files = split_data(data, val)
@@ -99,8 +99,12 @@ def train_cmd(
                 fields["val"] = f"{info.val_loss:.3f}"
             progress.update(task, completed=info.step, **fields)
 
-        result = train(train_files, val_files, out, settings, resume=resume, on_step=on_step,
-                       on_note=lambda s: progress.console.print(s, markup=False, highlight=False))
+        try:
+            result = train(train_files, val_files, out, settings, resume=resume,
+                           on_step=on_step, on_note=lambda s: progress.console.print(
+                               s, markup=False, highlight=False))
+        except TrainingDataError as e:
+            raise InputError(str(e)) from None
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     err.print(f"best validation loss {result['best_val_loss']:.4f} nats/token; weights in {out}",
               markup=False, highlight=False)

@@ -28,6 +28,10 @@ CHECKPOINT = "checkpoint.npz"
 LOG = "log.jsonl"
 
 
+class TrainingDataError(ValueError):
+    """Data that cannot train the model (too short for one window); the CLI exits 2."""
+
+
 @dataclass
 class Settings:
     steps: int = 2000
@@ -135,6 +139,12 @@ def train(
     val_data: TokenStream | None = (
         encode_stories(read_stories(val_files), tokenizer) if val_files else None
     )
+    need = config.n_positions + 2  # one window of inputs and targets, and room to move it
+    for name, stream in (("training", train_data), ("validation", val_data)):
+        if stream is not None and len(stream.ids) < need:
+            raise TrainingDataError(
+                f"the {name} text is {len(stream.ids)} tokens; it must be at least {need} "
+                f"for windows of {config.n_positions}")
     note(f"training tokens: {len(train_data.ids):,}"
          + (f"; validation tokens: {len(val_data.ids):,}" if val_data else ""))
 
