@@ -89,3 +89,24 @@ def tiny_folder(tmp_path, tiny_tokenizer) -> TinyFolder:
     save_config(config, folder / "config.json")
     save_tokenizer(tiny_tokenizer, folder / "tokenizer.json")
     return TinyFolder(folder, config, params, tiny_tokenizer)
+
+
+# ---------------------------------------------------------------- the CLI on tiny weights
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random model with the shipped 4,096-token tokenizer (see cli_helpers)."""
+    from cli_helpers import make_tiny
+
+    return make_tiny(tmp_path_factory.mktemp("tiny") / "weights")
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch, tiny):
+    """Run the CLI on the tiny weights (through $TINYGPT_WEIGHTS)."""
+    from cli_helpers import Runner, clean_env
+
+    clean_env(monkeypatch)
+    monkeypatch.setenv("TINYGPT_WEIGHTS", str(tiny.folder))
+    return Runner(capsys, monkeypatch)

@@ -30,19 +30,6 @@ from tinygpt_cli.weights import SHIPPED, load_model
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_tiny(tmp_path_factory.mktemp("tiny") / "weights")
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch, tiny):
-    """Run the CLI on the tiny weights (through $TINYGPT_WEIGHTS)."""
-    clean_env(monkeypatch)
-    monkeypatch.setenv("TINYGPT_WEIGHTS", str(tiny.folder))
-    return Runner(capsys, monkeypatch)
-
-
-@pytest.fixture(scope="module")
 def tr(tiny):
     """The independent forward pass on the text every test uses."""
     return tiny.trace(TEXT_IDS)

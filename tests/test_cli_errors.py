@@ -13,10 +13,8 @@ from cli_helpers import (
     TEXT,
     TEXT_IDS,
     TINY,
-    Runner,
     assert_one_error_line,
     clean_env,
-    make_tiny,
     random_params,
     run_module,
     write_folder,
@@ -25,19 +23,6 @@ from cli_helpers import (
 from tinygpt_cli.cli import common, main
 from tinygpt_cli.cli.common import InputError
 from tinygpt_cli.weights import PREFIX
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_tiny(tmp_path_factory.mktemp("tiny") / "weights")
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch, tiny):
-    clean_env(monkeypatch)
-    monkeypatch.setenv("TINYGPT_WEIGHTS", str(tiny.folder))
-    return Runner(capsys, monkeypatch)
-
 
 TEXT_COMMANDS = ["embed", "pos", "norm", "attn", "mlp", "blocks", "final-norm", "logits",
                  "probs", "sample", "generate", "review", "map", "encode"]
