@@ -1,0 +1,78 @@
+"""`review` tells the seed page's story with the loaded model's numbers, and `map` its shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+from cli_helpers import TEXT, TEXT_IDS, TINY
+
+from tinygpt_cli.page import CARDS
+from tinygpt_cli.sampling import create_rng, probabilities, sample
+from tinygpt_cli.trace import PathError
+
+
+def test_the_page_has_the_seed_cards_in_order():
+    assert [c.title for c in CARDS] == [
+        "Inputs", "Embedding", "Position", "Add and norm", "Masked attention", "Feed forward",
+        "Repeated blocks", "Final norm", "Linear", "Softmax", "Output"]
+    assert [c.number for c in CARDS] == list(range(1, 12))
+
+
+def test_every_card_path_names_a_value_of_the_trace_except_the_two_functions(tiny):
+    trace = tiny.trace(TEXT_IDS)
+    for card in CARDS:
+        if card.number in (10, 11):  # probabilities(...) and sample(...) are functions
+            try:
+                trace.get(card.path)
+            except PathError:
+                continue
+            raise AssertionError(f"{card.path} should not be a trace path")
+        trace.get(card.path)
+
+
+def test_review_states_this_models_sizes_in_the_pages_sentences(cli):
+    out = cli("review", TEXT).out
+    T, d = len(TEXT_IDS), TINY.n_embd
+    for fact in (f"T = {T}", f"d = {d}", f"L = {TINY.n_layer}", f"heads = {TINY.n_head}",
+                 f"d_k = {TINY.d_k}", f"ffn = {TINY.n_inner}", "vocab = 4,096 tokens",
+                 "longest = 128 tokens"):
+        assert fact in out, fact
+    for sentence in (
+        f"The text is {T} token ids, each from 0 to 4,095.",
+        f"The table has 4,096 rows of {d} numbers. The text becomes {T} rows of {d}.",
+        f"This model has {TINY.n_head} heads with {TINY.d_k} numbers each. Each head makes a "
+        f"{T} by {T}",
+        f"{d} numbers grow to {TINY.n_inner}, pass through GELU, and shrink back to {d}.",
+        f"This model stacks {TINY.n_layer} blocks. The paper used 6",
+    ):
+        assert sentence in " ".join(out.split()), sentence
+    positions = [out.index(f"{c.number}. {c.title}") for c in CARDS]
+    assert positions == sorted(positions), "cards out of order"
+    for card in CARDS:
+        assert card.path in out and card.formula in out
+
+
+def test_review_json_carries_the_real_values(cli, tiny):
+    doc = cli("review", TEXT, "--json").json()
+    cards = {c["number"]: c for c in doc["cards"]}
+    trace = tiny.trace(TEXT_IDS)
+    assert cards[1]["value"] == TEXT_IDS
+    assert cards[5]["shape"] == [len(TEXT_IDS)] * 2
+    np.testing.assert_allclose(cards[5]["value"], trace.get("layers.0.heads.0.weights"),
+                               rtol=1e-6)
+    assert cards[7]["value"] == TINY.n_layer
+    probs = probabilities(trace.get("logits")[-1], 1.0)
+    np.testing.assert_allclose(cards[10]["value"], probs, rtol=1e-9)
+    assert cards[11]["value"] == sample(probs, create_rng(1))
+
+
+def test_map_labels_every_arrow_with_its_shape_for_the_text(cli):
+    out = cli("map", TEXT).out
+    T, d = len(TEXT_IDS), TINY.n_embd
+    for label in (f"{T} ids", f"{T} × {d}", f"× {TINY.n_layer} blocks",
+                  f"q, k, v {TINY.n_head} × {T} × {TINY.d_k}", f"{T} × {TINY.n_inner}",
+                  f"{T} × 4,096", "1 id"):
+        assert label in out, label
+    order = [out.index(s) for s in ("1 Inputs", "2 Embedding", "3 Position", "4 Norm",
+                                    "5 Masked attention", "6 Feed forward", "8 Final norm",
+                                    "9 Linear", "10 Softmax", "11 Output")]
+    assert order == sorted(order)
