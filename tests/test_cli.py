@@ -9,8 +9,10 @@ on the shipped weights and check properties only, since those weights will be re
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -787,3 +789,20 @@ def test_shipped_greedy_generation_is_repeatable(on_shipped):
     a = on_shipped("generate", "Lily wanted", "-n", 5, "-t", 0)
     b = on_shipped("generate", "Lily wanted", "-n", 5, "-t", 0)
     assert a.code == 0 and a.out == b.out and a.out.startswith("Lily wanted")
+
+
+@shipped
+def test_the_shipped_weights_are_found_from_any_directory(tmp_path):
+    """No --weights, no $TINYGPT_WEIGHTS, a working directory far from the repository."""
+    from cli_helpers import run_module
+
+    env = {"TINYGPT_WEIGHTS": ""}
+    proc = run_module("info", "--json", env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    weights_file = Path(doc["weights_file"])
+    assert weights_file.is_file() and weights_file.name == "model.safetensors"
+    assert doc["sha256"] == hashlib.sha256(weights_file.read_bytes()).hexdigest()
+    proc = run_module("generate", "Lily wanted", "--temperature", "0", "-n", "5", env=env,
+                      cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.startswith("Lily wanted"), proc.stderr
