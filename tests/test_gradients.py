@@ -286,3 +286,12 @@ def test_gradients_match_torch_autograd(problem):
     for name, leaf in leaves.items():
         np.testing.assert_allclose(grads[name], leaf.grad.numpy(), rtol=1e-9, atol=1e-12,
                                    err_msg=name)
+
+
+def test_fused_cross_entropy_equals_the_separate_loss_and_backward():
+    rng = np.random.default_rng(11)
+    logits = rng.normal(0, 3, (3, 5, 17))
+    targets = rng.integers(0, 17, (3, 5))
+    loss, dlogits = ops.cross_entropy_with_grad(logits, targets)
+    assert loss == pytest.approx(ops.cross_entropy(logits, targets), rel=1e-12)
+    np.testing.assert_allclose(dlogits, ops.cross_entropy_backward(logits, targets), atol=1e-15)

@@ -210,7 +210,6 @@ def backward(
 def loss_and_grads(params, config, ids, targets, *, dropout=0.0, rng=None):
     """One training step's worth of math: mean cross-entropy and its gradients."""
     trace = forward(params, config, ids, dropout=dropout, rng=rng)
-    loss = ops.cross_entropy(trace.values["logits"], targets)
-    dlogits = ops.cross_entropy_backward(trace.values["logits"], targets)
+    loss, dlogits = ops.cross_entropy_with_grad(trace.values["logits"], targets)
     grads = backward(params, config, trace, dlogits)
     return loss, grads

@@ -195,3 +195,20 @@ def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray) -> np.ndarra
     flat[np.arange(flat.shape[0]), targets.reshape(-1)] -= 1.0
     dlogits /= np.asarray(targets.size, dtype=dlogits.dtype)
     return dlogits
+
+
+def cross_entropy_with_grad(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
+    """cross_entropy and cross_entropy_backward sharing one softmax over the vocabulary.
+
+    The [B, T, vocab] softmax is the largest elementwise pass of a training step.
+    """
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    probs = np.exp(shifted)
+    total = probs.sum(axis=-1, keepdims=True)
+    picked = np.take_along_axis(shifted, targets[..., None], axis=-1) - np.log(total)
+    loss = float(-picked.mean(dtype=np.float64))
+    probs /= total
+    flat = probs.reshape(-1, probs.shape[-1])
+    flat[np.arange(flat.shape[0]), targets.reshape(-1)] -= 1.0
+    probs /= np.asarray(targets.size, dtype=probs.dtype)
+    return loss, probs
