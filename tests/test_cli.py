@@ -806,3 +806,12 @@ def test_the_shipped_weights_are_found_from_any_directory(tmp_path):
     proc = run_module("generate", "Lily wanted", "--temperature", "0", "-n", "5", env=env,
                       cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout.startswith("Lily wanted"), proc.stderr
+
+
+def test_version_and_help_list_the_cards_in_page_order(cli):
+    from tinygpt_cli import __version__
+
+    result = cli("--version")
+    assert result.code == 0 and result.out == f"tinygpt {__version__}\n"
+    listed = re.findall(r"^  (\S+)\s+Card (\d+):", cli("--help").out, re.M)
+    assert [int(n) for _, n in listed] == list(range(1, 12)), listed

@@ -14,9 +14,6 @@ except ImportError:  # older typer runs on click itself
 
 app = typer.Typer(
     name="tinygpt",
-    help="A command-line microscope for a small GPT-2-style language model.\n\n"
-    "Every value one forward pass computes can be printed by name, as a table for a person "
-    "or with --json for programs. Add --debug anywhere to see tracebacks.",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
@@ -25,9 +22,42 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"tinygpt {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """A command-line microscope for a small GPT-2-style language model.
+
+    Every value one forward pass computes can be printed by name, as a table for a person or
+    with --json for programs. Add --debug anywhere to see tracebacks.
+    """
+
+
+# The order `tinygpt --help` lists commands in: the seed page's cards, then the whole page,
+# then training.
+ORDER = ["encode", "embed", "pos", "norm", "attn", "mlp", "blocks", "final-norm", "logits",
+         "probs", "sample", "generate", "decode", "trace", "review", "map", "info",
+         "train-tokenizer", "train", "model-card"]
+
+
 def _register() -> None:
     # Commands register themselves on import; one module per group.
     from . import cards, inspect, page, train  # noqa: F401
+
+    def rank(command) -> int:
+        name = command.name or command.callback.__name__
+        return ORDER.index(name) if name in ORDER else len(ORDER)
+
+    app.registered_commands.sort(key=rank)
 
 
 def _error(message: str, code: int) -> int:
