@@ -19,6 +19,7 @@ from .config import Config
 # What each value is, for `trace --list` and the docs. Keys use L for a layer, H for a head.
 DESCRIPTIONS: dict[str, str] = {
     "ids": "token ids (card 1)",
+    "tokens": "each token's text (card 1)",
     "token_embeddings": "W_E[ids], each id's row of the embedding table (card 2)",
     "position_embeddings": "W_P[0..T-1], each position's row (card 3)",
     "embeddings": "token_embeddings + position_embeddings (card 3)",

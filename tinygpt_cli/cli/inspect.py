@@ -204,7 +204,12 @@ def trace_cmd(
             shape = list(np.shape(value)) if not isinstance(value, int) else []
             key = re.sub(r"layers\.\d+", "layers.L", p)
             key = re.sub(r"heads\.\d+", "heads.H", key)
-            entries.append({"path": p, "shape": shape, "about": DESCRIPTIONS.get(key, "")})
+            about = DESCRIPTIONS.get(key, "")
+            for name, word in (("layers", "block"), ("heads", "head")):
+                m = re.search(name + r"\.(\d+)", p)
+                if m:  # "head H's queries" -> "head 2's queries"
+                    about = re.sub(word + r" [LH]\b", f"{word} {m[1]}", about)
+            entries.append({"path": p, "shape": shape, "about": about})
         if as_json:
             jsonout.emit(jsonout.document("paths", np.asarray([e["path"] for e in entries]),
                                           r.ids, r.tokens, entries=entries))
