@@ -815,3 +815,13 @@ def test_version_and_help_list_the_cards_in_page_order(cli):
     assert result.code == 0 and result.out == f"tinygpt {__version__}\n"
     listed = re.findall(r"^  (\S+)\s+Card (\d+):", cli("--help").out, re.M)
     assert [int(n) for _, n in listed] == list(range(1, 12)), listed
+
+
+def test_generate_writes_the_text_to_a_pipe_byte_for_byte_tabs_included(tiny):
+    from cli_helpers import run_module
+
+    proc = run_module("generate", "-", "--temperature", "0", "-n", "3", "--weights",
+                      tiny.folder, stdin="Lily\twanted")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Lily\twanted") and proc.stdout.endswith("\n")
+    assert "\x1b" not in proc.stdout

@@ -144,9 +144,11 @@ def generate(
     new: list[int] = []
     out = stdout()
     shown = ""
-    if not as_json:
+    if not as_json and out.is_terminal:
         # soft_wrap: the text goes out as it is; only a terminal wraps it, never Rich.
         out.print(Text(show_text(prompt), style="bold"), end="", soft_wrap=True)
+    elif not as_json:
+        out.file.write(show_text(prompt))  # a pipe gets the text byte for byte
     for i, step in enumerate(steps):
         new.append(step.id)
         if as_json:
@@ -163,7 +165,7 @@ def generate(
         if full.endswith("\ufffd"):
             continue
         piece, shown = full[len(shown):], full
-        out.print(show_text(piece), end="", soft_wrap=True)
+        out.file.write(show_text(piece))  # plain text, written as is: tabs stay tabs
         out.file.flush()
     stopped = bool(new) and new[-1] == eot and not no_stop
     if as_json:
@@ -174,7 +176,8 @@ def generate(
                                       stop="endoftext" if stopped else "max_new_tokens"))
         return
     rest = tok.decode([t for t in new if t != eot or no_stop])[len(shown):]
-    out.print(show_text(rest), soft_wrap=True)
+    out.file.write(show_text(rest) + "\n")
+    out.file.flush()
     why = "<|endoftext|>" if stopped else f"--max-new-tokens {max_new_tokens}"
     stderr().print(f"({len(new)} new tokens; stopped at {why})", style="dim")
 
