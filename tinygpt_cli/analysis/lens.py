@@ -33,14 +33,14 @@ def block_summary(trace: Trace, params, config: Config, position: int = -1) -> l
     """
     rows = []
     prev = None
-    for name, h in residual_stages(trace, config):
+    for stage, (name, h) in enumerate(residual_stages(trace, config)):
         probs = probabilities(lens_logits(h[position], params, config))
         top = int(np.argmax(probs))
         norms = np.linalg.norm(h, axis=-1)
         row = {"stage": name, "norm": norms, "top_id": top, "top_prob": float(probs[top])}
         if prev is not None:
             row["change"] = np.linalg.norm(h - prev, axis=-1) / np.linalg.norm(prev, axis=-1)
-            i = int(name.split(".")[1])
+            i = stage - 1  # the block that made this stage
             row["attn_norm"] = np.linalg.norm(trace.get(f"layers.{i}.attn_out"), axis=-1)
             row["mlp_norm"] = np.linalg.norm(trace.get(f"layers.{i}.mlp_out"), axis=-1)
         rows.append(row)

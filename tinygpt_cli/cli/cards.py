@@ -45,15 +45,11 @@ def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None
     (wide(view) if full else stdout()).print(Group(view, *below))
 
 
-def top_rows(r: Run, values: np.ndarray, k: int, name: str, **more) -> list[dict]:
+def top_rows(r: Run, values: np.ndarray, k: int, name: str) -> list[dict]:
+    """The k highest entries of a vocabulary-sized row, with their tokens."""
     order = np.argsort(-values, kind="stable")[:k]
-    rows = []
-    for i in order:
-        row = {"id": int(i), "token": r.model.tokenizer.token_str(int(i)), name: float(values[i])}
-        for key, arr in more.items():
-            row[key] = float(arr[i])
-        rows.append(row)
-    return rows
+    tok = r.model.tokenizer.token_str
+    return [{"id": int(i), "token": tok(int(i)), name: float(values[i])} for i in order]
 
 
 # ------------------------------------------------------------------ cards 2-4, 8

@@ -19,28 +19,26 @@ from .app import app
 from .common import JSON, TEXT, WEIGHTS, Run, run, stdout
 
 
+def next_token(r: Run) -> tuple[np.ndarray, int]:
+    """Cards 10 and 11 as the page writes them: probabilities(logits[T-1], 1), then
+    sample(probs, create_rng(1))."""
+    probs = probabilities(r.trace.get("logits")[-1], 1.0)
+    return probs, sample(probs, create_rng(1))
+
+
 def page_values(r: Run) -> dict:
-    """Every number the page shows, by card: (value, shape) computed from one trace."""
-    cfg, tr = r.model.config, r.trace
-    last = tr.get("logits")[-1]
-    probs = probabilities(last, 1.0)
-    picked = sample(probs, create_rng(1))
-    return {
+    """Every value the page shows, by card number, from one trace (and the header facts)."""
+    cfg = r.model.config
+    probs, picked = next_token(r)
+    values: dict = {c.number: r.trace.get(c.path) for c in CARDS if c.number <= 9}
+    values.update({
+        10: probs,
+        11: picked,
         "header": {"T": r.T, "d": cfg.n_embd, "L": cfg.n_layer, "heads": cfg.n_head,
                    "d_k": cfg.d_k, "ffn": cfg.n_inner, "vocab": cfg.vocab_size,
                    "longest": cfg.n_positions},
-        1: np.asarray(r.ids),
-        2: tr.get("token_embeddings"),
-        3: tr.get("embeddings"),
-        4: tr.get("layers[0].ln1.out"),
-        5: tr.get("layers[0].heads[0].weights"),
-        6: tr.get("layers[0].mlpOut"),
-        7: tr.get("layers.length"),
-        8: tr.get("lnFinal.out"),
-        9: tr.get("logits"),
-        10: probs,
-        11: picked,
-    }
+    })
+    return values
 
 
 def _row_preview(row: np.ndarray, n: int = 4) -> str:
@@ -191,7 +189,7 @@ def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
     tail = [_arrow(td)]
     for s, o, sh in stages[9:]:
         tail += [box(s, o), _arrow(sh)]
-    picked = page_values(r)[11]
+    _, picked = next_token(r)
     tail.append(Text.assemble(("      ▼ ", "dim"),
                               (show_token(r.model.tokenizer.token_str(picked)), "bold green"),
                               ("  (seed 1)", "dim")))
