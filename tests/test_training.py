@@ -469,3 +469,70 @@ def test_train_on_text_shorter_than_one_window_exits_2_and_says_how_long(tmp_pat
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: the training text is ") and "at least 130" in last, last
     assert "Traceback" not in proc.stderr
+
+
+# --- the moving average of the weights and the history snapshots -------------------------------
+
+
+def test_snapshot_steps_are_log_spaced_and_end_at_the_last_step():
+    from tinygpt_cli.train.loop import snapshot_steps
+
+    steps = snapshot_steps(8000, 8)
+    assert steps[0] == 50 and steps[-1] == 8000 and len(steps) == 8
+    ratios = np.diff(np.log(steps))
+    assert np.allclose(ratios, ratios[0], atol=0.01)  # equal steps in log(step)
+    assert snapshot_steps(8000, 0) == [] and snapshot_steps(30, 5) == [30]
+
+
+def test_ema_decay_ramps_up_then_holds():
+    from tinygpt_cli.train.loop import ema_decay_at
+
+    assert ema_decay_at(0, 0.999) == pytest.approx(0.1)
+    assert ema_decay_at(10_000, 0.999) == 0.999
+
+
+def test_with_ema_the_exported_weights_are_the_average_of_the_steps(tmp_path, data, monkeypatch):
+    """The parameters after every step are recorded from the optimiser, averaged by hand
+    (decay min(0.8, (1 + s) / (10 + s)) at step s), and compared with what was exported."""
+    import tinygpt_cli.train.loop as loop
+
+    seen: list[dict[str, np.ndarray]] = []
+
+    class RecordingAdamW(loop.AdamW):
+        def step(self, params, grads, lr):
+            super().step(params, grads, lr)
+            seen.append({n: p.astype(np.float64) for n, p in params.items()})
+
+    monkeypatch.setattr(loop, "AdamW", RecordingAdamW)
+    train_file, _ = data
+    out = tmp_path / "out"
+    train([train_file], [], out, settings(steps=12, ema=0.8))
+    assert len(seen) == 12
+    init = loop.init_params(TINY, np.random.default_rng(0))
+    average = {n: init[n].astype(np.float64) for n in init}
+    for s, params in enumerate(seen):
+        d = min(0.8, (1 + s) / (10 + s))
+        average = {n: d * average[n] + (1 - d) * params[n] for n in average}
+    exported = load_params(out / "model.safetensors", load_config(out / "config.json"))
+    for n in exported:
+        np.testing.assert_allclose(exported[n], average[n], rtol=1e-4, atol=1e-6)
+    assert not np.allclose(exported["wte.weight"], seen[-1]["wte.weight"], atol=1e-4)
+
+
+def test_snapshots_are_float16_weights_with_their_step_and_learning_rate(tmp_path, data):
+    from safetensors import safe_open
+
+    from tinygpt_cli.train.loop import HISTORY, snapshot_steps
+
+    train_file, val_file = data
+    out = tmp_path / "out"
+    train([train_file], [val_file], out, settings(steps=60, snapshots=3, eval_every=60))
+    names = sorted(p.name for p in (out / HISTORY).iterdir())
+    assert names == [f"step-{s:06d}.safetensors" for s in snapshot_steps(60, 3)]
+    with safe_open(str(out / HISTORY / names[-1]), "numpy") as f:
+        meta = f.metadata()
+        assert f.get_tensor("transformer.wte.weight").dtype == np.float16
+    assert meta["step"] == "60" and float(meta["lr"]) == pytest.approx(lr_at(59, 1e-2, 5, 60))
+    last = load_params(out / HISTORY / names[-1], TINY)
+    final = load_params(out / "model.safetensors", load_config(out / "config.json"))
+    np.testing.assert_allclose(last["wte.weight"], final["wte.weight"], atol=2e-3)

@@ -53,6 +53,12 @@ def train_cmd(
     weight_decay: float = typer.Option(0.1, "--weight-decay"),
     dropout: float = typer.Option(0.1, "--dropout", min=0.0, max=0.9),
     seed: int = typer.Option(0, "--seed"),
+    ema: float = typer.Option(0.0, "--ema", min=0.0, max=0.99999,
+                              help="Validate and export a moving average of the weights "
+                                   "with this decay (0.999 spans about 1,000 steps); 0 = off."),
+    snapshots: int = typer.Option(0, "--snapshots", min=0,
+                                  help="Keep this many float16 weights, log-spaced in steps, "
+                                       "in OUT/history/ for `tinygpt history`."),
     eval_every: int = typer.Option(200, "--eval-every", min=1),
     checkpoint_every: int = typer.Option(100, "--checkpoint-every", min=1),
     n_embd: int = typer.Option(128, "--n-embd"),
@@ -80,7 +86,7 @@ def train_cmd(
     settings = Settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
                         weight_decay=weight_decay, dropout=dropout, seed=seed,
                         eval_every=eval_every, checkpoint_every=checkpoint_every,
-                        minutes=minutes, config=asdict(config))
+                        minutes=minutes, ema=ema, snapshots=snapshots, config=asdict(config))
     out.mkdir(parents=True, exist_ok=True)
     (out / "command.txt").write_text("tinygpt " + shlex.join(sys.argv[1:]) + "\n")
     err = Console(stderr=True)

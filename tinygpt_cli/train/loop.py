@@ -46,6 +46,8 @@ class Settings:
     eval_every: int = 200
     checkpoint_every: int = 100
     minutes: float | None = None  # stop early when this much wall time has passed
+    ema: float = 0.0  # decay of an exponential moving average of the weights; 0 = off
+    snapshots: int = 0  # weights kept along the run in history/, log-spaced in steps
     config: dict = field(default_factory=lambda: asdict(Config()))
 
 
@@ -69,6 +71,52 @@ def evaluate(params, config: Config, stream: np.ndarray, batch_size: int = 32) -
     return total / y.size
 
 
+def ema_decay_at(step: int, decay: float) -> float:
+    """The average's decay, ramped up early so it does not remember the random start.
+
+    min(decay, (1 + step) / (10 + step)): after 10 steps the average spans about half the run.
+    """
+    return min(decay, (1 + step) / (10 + step))
+
+
+def ema_update(average: dict[str, np.ndarray], params: dict[str, np.ndarray], decay: float):
+    """average <- decay * average + (1 - decay) * params, in place."""
+    for n, a in average.items():
+        a *= decay
+        a += (1.0 - decay) * params[n]
+
+
+def snapshot_steps(steps: int, count: int, first: int = 50) -> list[int]:
+    """`count` steps spaced evenly in log(step) from `first` to the last step, which is included.
+
+    The early steps get most snapshots because that is where the model's parts form.
+    """
+    if count <= 0:
+        return []
+    if count == 1 or steps <= first:
+        return [steps]
+    grid = np.geomspace(first, steps, count)
+    return sorted({int(round(s)) for s in grid} | {steps})
+
+
+HISTORY = "history"
+
+
+def snapshot_name(step: int) -> str:
+    return f"step-{step:06d}.safetensors"
+
+
+def save_snapshot(out: Path, params, step: int, lr: float) -> None:
+    """Float16 weights for `tinygpt history`, with the step and learning rate (for TracIn)."""
+    from safetensors.numpy import save
+
+    from ..weights import PREFIX
+
+    tensors = {PREFIX + n: np.ascontiguousarray(a, dtype=np.float16) for n, a in params.items()}
+    meta = {"format": "pt", "step": str(step), "lr": repr(float(lr))}
+    write_atomically(out / HISTORY / snapshot_name(step), save(tensors, metadata=meta))
+
+
 def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int) -> Tokenizer:
     path = out / "tokenizer.json"
     if path.is_file():
@@ -79,8 +127,10 @@ def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int) -> To
 
 
 def _save_checkpoint(path: Path, params, opt: AdamW, step: int, rng, best_val: float, settings,
-                     elapsed: float) -> None:
+                     elapsed: float, average=None) -> None:
     arrays = {f"p/{n}": a for n, a in params.items()}
+    if average is not None:
+        arrays.update({f"ema/{n}": a for n, a in average.items()})
     arrays.update({f"opt/{k}": a for k, a in opt.state().items()})
     arrays["step"] = np.asarray(step)
     arrays["best_val"] = np.asarray(best_val)
@@ -92,10 +142,12 @@ def _save_checkpoint(path: Path, params, opt: AdamW, step: int, rng, best_val: f
     write_atomically(path, buf.getvalue())
 
 
-def _load_checkpoint(path: Path, params, opt: AdamW, rng):
+def _load_checkpoint(path: Path, params, opt: AdamW, rng, average=None):
     with np.load(path) as z:
         for n in params:
             params[n][...] = z[f"p/{n}"]
+            if average is not None:
+                average[n][...] = z[f"ema/{n}"] if f"ema/{n}" in z.files else z[f"p/{n}"]
         opt.load_state({k[4:]: z[k] for k in z.files if k.startswith("opt/")})
         rng.bit_generator.state = json.loads(str(z["rng"]))
         elapsed = float(z["elapsed"]) if "elapsed" in z.files else 0.0
@@ -151,10 +203,15 @@ def train(
     rng = np.random.default_rng(settings.seed)
     params = init_params(config, rng)
     opt = AdamW(params, weight_decay=settings.weight_decay)
+    # With an average on, it is what is validated, exported and snapshotted: the weights
+    # that training would ship at that step.
+    average = {n: p.copy() for n, p in params.items()} if settings.ema > 0 else None
+    shipped = average if average is not None else params
+    keep_at = set(snapshot_steps(settings.steps, settings.snapshots))
     start, best_val, elapsed_before = 0, math.inf, 0.0
     ckpt, log_path = out / CHECKPOINT, out / LOG
     if resume and ckpt.is_file():
-        start, best_val, elapsed_before = _load_checkpoint(ckpt, params, opt, rng)
+        start, best_val, elapsed_before = _load_checkpoint(ckpt, params, opt, rng, average)
         _trim_log(log_path, start)
         note(f"resumed from {ckpt} at step {start}")
     elif log_path.exists():
@@ -168,10 +225,10 @@ def train(
         nonlocal best_val
         if val_data is None:
             return None
-        val = evaluate(params, config, val_data.ids)
+        val = evaluate(shipped, config, val_data.ids)
         if val < best_val:
             best_val = val
-            export(out, params, config, tokenizer)
+            export(out, shipped, config, tokenizer)
         return val
 
     t0 = time.perf_counter()
@@ -183,7 +240,11 @@ def train(
         loss, grads = loss_and_grads(params, config, x, y, dropout=settings.dropout, rng=rng)
         gnorm = clip_by_global_norm(grads, settings.grad_clip)
         opt.step(params, grads, lr)
+        if average is not None:
+            ema_update(average, params, ema_decay_at(step, settings.ema))
         done = step + 1
+        if done in keep_at:
+            save_snapshot(out, shipped, done, lr)
         run_time = time.perf_counter() - t0
         elapsed = elapsed_before + run_time  # wall time over all resumed pieces of the run
         tps = (done - start) * tokens_per_step / max(run_time, 1e-9)
@@ -199,14 +260,14 @@ def train(
                 record["val_bits_per_byte"] = round(val / math.log(2) / val_data.bytes_per_token, 5)
         log(record)
         if done % settings.checkpoint_every == 0 or done == settings.steps or out_of_time:
-            _save_checkpoint(ckpt, params, opt, done, rng, best_val, settings, elapsed)
+            _save_checkpoint(ckpt, params, opt, done, rng, best_val, settings, elapsed, average)
         if on_step:
             on_step(StepInfo(done, settings.steps, loss, lr, tps, val))
         if out_of_time:
             note(f"stopped at step {done}: the {settings.minutes} minute limit was reached")
             break
     if val_data is None:
-        export(out, params, config, tokenizer)
+        export(out, shipped, config, tokenizer)
     return {
         "steps": step + 1 if settings.steps > start else start,
         "best_val_loss": best_val,
