@@ -17,7 +17,7 @@ import pytest
 
 from tinygpt_cli.cli import main
 from tinygpt_cli.config import Config, save_config
-from tinygpt_cli.model import forward, init_params
+from tinygpt_cli.model import init_params, trace
 from tinygpt_cli.weights import SHIPPED, Model, load_model, save_params
 
 TEXT = "Lily wanted to play with her"
@@ -64,7 +64,7 @@ class Tiny:
     model: Model
 
     def trace(self, ids):
-        return forward(self.model.params, self.model.config, np.asarray(ids))
+        return trace(self.model.params, self.model.config, np.asarray(ids))
 
 
 def make_tiny(folder: Path, params: dict[str, np.ndarray] | None = None) -> Tiny:

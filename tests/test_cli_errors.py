@@ -142,7 +142,7 @@ def test_an_unexpected_fault_is_one_line_with_exit_1(cli, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("something broke\ninside")
 
-    monkeypatch.setattr(common, "forward", boom)
+    monkeypatch.setattr(common.Session, "trace", boom)
     line = assert_one_error_line(cli("embed", TEXT), 1, "RuntimeError: something broke inside")
     assert "--debug" in line
     with pytest.raises(RuntimeError):
@@ -153,7 +153,7 @@ def test_interrupt_exits_130_quietly(cli, monkeypatch):
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(common, "forward", stop)
+    monkeypatch.setattr(common.Session, "trace", stop)
     r = cli("embed", TEXT)
     assert r.code == 130 and r.out == "" and "Traceback" not in r.err
 

@@ -10,7 +10,7 @@ import pytest
 
 from tinygpt_cli import ops
 from tinygpt_cli.config import Config
-from tinygpt_cli.model import forward, loss_and_grads, param_shapes
+from tinygpt_cli.model import Dropout, forward, loss_and_grads, param_shapes
 
 CONFIG = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
 H = 1e-5  # central differences: error ~ H^2 f''' << 1e-6 relative
@@ -61,12 +61,14 @@ def problem(make_params):
 
 
 def loss_of(params, ids, targets, **kw) -> float:
-    return ops.cross_entropy(forward(params, CONFIG, ids, **kw).values["logits"], targets)
+    if kw.get("dropout"):
+        kw = {"dropout": Dropout(kw["dropout"], kw["rng"])}
+    return ops.cross_entropy(forward(params, CONFIG, ids, **kw), targets)
 
 
 def test_loss_is_the_mean_negative_log_probability(problem):
     params, ids, targets, loss, grads = problem
-    logits = forward(params, CONFIG, ids).values["logits"]
+    logits = forward(params, CONFIG, ids)
     by_hand = []
     for b in range(ids.shape[0]):
         for t in range(ids.shape[1]):
@@ -103,13 +105,14 @@ def test_dropout_gradient_matches_finite_differences_with_repeated_masks(problem
     loss, grads = loss_and_grads(params, CONFIG, ids, targets, dropout=p,
                                  rng=np.random.default_rng(seed))
     # Same seed, same masks: the loss is a deterministic function of the parameters.
-    trace = forward(params, CONFIG, ids, dropout=p, rng=np.random.default_rng(seed))
+    drop = Dropout(p, np.random.default_rng(seed))
+    forward(params, CONFIG, ids, dropout=drop)
     assert loss == loss_of(params, ids, targets, dropout=p, rng=np.random.default_rng(seed))
     assert loss != pytest.approx(plain_loss)
     names = {"embeddings"} | {f"layers.{i}.{n}" for i in range(CONFIG.n_layer)
                               for n in ("attn_out", "mlp_out")}
-    assert set(trace.masks) == names
-    for mask in trace.masks.values():
+    assert set(drop.masks) == names
+    for mask in drop.masks.values():
         assert set(np.unique(mask)) == {0.0, 1.0 / (1.0 - p)}
     rng = np.random.default_rng(2)
     for name in param_shapes(CONFIG):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinygpt_cli.model import forward
+from tinygpt_cli.model import trace
 from tinygpt_cli.weights import load_model
 
 torch = pytest.importorskip("torch")
@@ -32,22 +32,22 @@ def test_logits_and_attentions_match_transformers(both):
     hf, ours, ids = both
     with torch.no_grad():
         out = hf(torch.tensor(ids[None, :]), output_attentions=True, output_hidden_states=True)
-    trace = forward(ours.params, ours.config, ids)
-    np.testing.assert_allclose(out.logits[0].numpy(), trace.get("logits"), **TOL)
+    traced = trace(ours.params, ours.config, ids)
+    np.testing.assert_allclose(out.logits[0].numpy(), traced.get("logits"), **TOL)
     assert len(out.attentions) == ours.config.n_layer
     for layer, pattern in enumerate(out.attentions):
-        np.testing.assert_allclose(pattern[0].numpy(), trace.get(f"layers.{layer}.weights"), **TOL)
+        np.testing.assert_allclose(pattern[0].numpy(), traced.get(f"layers.{layer}.weights"), **TOL)
         for head in range(ours.config.n_head):
             np.testing.assert_allclose(
-                pattern[0, head].numpy(), trace.get(f"layers[{layer}].heads[{head}].weights"),
+                pattern[0, head].numpy(), traced.get(f"layers[{layer}].heads[{head}].weights"),
                 **TOL,
             )
     hidden = out.hidden_states  # embeddings, each block's input, then ln_f of the last output
-    np.testing.assert_allclose(hidden[0][0].numpy(), trace.get("embeddings"), **TOL)
+    np.testing.assert_allclose(hidden[0][0].numpy(), traced.get("embeddings"), **TOL)
     for layer in range(ours.config.n_layer):
         np.testing.assert_allclose(hidden[layer][0].numpy(),
-                                   trace.get(f"layers.{layer}.resid_pre"), **TOL)
-    np.testing.assert_allclose(hidden[-1][0].numpy(), trace.get("ln_final.out"), **TOL)
+                                   traced.get(f"layers.{layer}.resid_pre"), **TOL)
+    np.testing.assert_allclose(hidden[-1][0].numpy(), traced.get("ln_final.out"), **TOL)
 
 
 def test_transformers_reads_our_tensors_and_ties_the_head(both, tiny_folder):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tinygpt_cli.model import forward
+from tinygpt_cli.model import trace as run_traced
 from tinygpt_cli.trace import PathError
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -124,7 +125,7 @@ SEQUENCES = {
     "full-context": [1, 2, 3, 4, 5, 6, 7, 1],
 }
 
-NOT_ARRAYS = {"ids", "tokens", "layers.length"}
+NOT_ARRAYS = {"ids", "tokens", "layers.length", "probs"}
 
 
 def expected_shape(path: str, config, T: int) -> tuple[int, ...]:
@@ -148,7 +149,7 @@ def expected_shape(path: str, config, T: int) -> tuple[int, ...]:
 @pytest.fixture(scope="module", params=list(SEQUENCES), ids=list(SEQUENCES))
 def case(request, tiny_params, tiny_config):
     ids = SEQUENCES[request.param]
-    return ids, forward(tiny_params, tiny_config, np.array(ids)), reference_forward(
+    return ids, run_traced(tiny_params, tiny_config, np.array(ids)), reference_forward(
         tiny_params, tiny_config, ids
     )
 
@@ -170,13 +171,23 @@ def test_every_path_matches_the_reference(case, tiny_config):
 
 
 def test_raw_trace_values_match_the_reference(case, tiny_config):
-    """The stored arrays too, including z_merged which has no public path."""
+    """The stored arrays are exactly the hooked values: per-head ones included, nothing else."""
     ids, trace, ref = case
-    assert set(trace.values) == {n for n in ref if ".heads." not in n} | {"ids"}
+    merged = {f"layers.{i}.z_merged" for i in range(tiny_config.n_layer)}
+    assert set(trace.values) == (set(ref) - merged) | {"ids"}
     np.testing.assert_array_equal(trace.values["ids"], ids)
     for name, value in trace.values.items():
         if name != "ids":
             np.testing.assert_allclose(value, ref[name].reshape(value.shape), **TOL, err_msg=name)
+
+
+def test_probs_are_the_softmax_of_each_row_of_logits(case):
+    _, trace, ref = case
+    z = ref["logits"]
+    expected = np.exp(z - z.max(axis=-1, keepdims=True))
+    expected /= expected.sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(trace.get("probs"), expected, rtol=1e-12)
+    np.testing.assert_allclose(trace.get("probs[-1]"), expected[-1], rtol=1e-12)
 
 
 def test_ids_and_layer_count(case, tiny_config):
@@ -212,7 +223,7 @@ def test_attention_rows_sum_to_one_and_never_look_ahead(case, tiny_config):
 
 def test_attention_is_not_uniform(tiny_params, tiny_config):
     """Guards the fixture: with uniform attention a wrong scale would go unnoticed."""
-    w = forward(tiny_params, tiny_config, np.array(SEQUENCES["full-context"])).get(
+    w = run_traced(tiny_params, tiny_config, np.array(SEQUENCES["full-context"])).get(
         "layers.0.weights"
     )
     assert w[:, -1].max() > 2.0 / w.shape[-1]
@@ -224,14 +235,14 @@ def test_attention_is_not_uniform(tiny_params, tiny_config):
 def test_batched_forward_equals_per_sequence_forward(tiny_params, tiny_config):
     rng = np.random.default_rng(3)
     batch = rng.integers(0, tiny_config.vocab_size, size=(3, 6))
-    traced = forward(tiny_params, tiny_config, batch)
-    assert traced.batched
+    traced = run_traced(tiny_params, tiny_config, batch)
     for b in range(batch.shape[0]):
-        single = forward(tiny_params, tiny_config, batch[b])
+        single = run_traced(tiny_params, tiny_config, batch[b])
         assert set(single.values) == set(traced.values)
         for name, value in single.values.items():
-            batched_value = value if name == "position_embeddings" else traced.values[name][b]
-            if name != "position_embeddings":
+            shared = name == "position_embeddings"  # one table row per position, not per text
+            batched_value = value if shared else traced.values[name][b]
+            if not shared:
                 assert traced.values[name].shape == (3, *value.shape), name
             np.testing.assert_allclose(batched_value, value, rtol=1e-12, atol=1e-12,
                                        err_msg=name)
@@ -251,8 +262,8 @@ def test_forward_refuses_more_tokens_than_positions(tiny_params, tiny_config):
 
 def test_float32_forward_agrees_with_float64(tiny_params, tiny_config):
     ids = np.array(SEQUENCES["full-context"])
-    t64 = forward(tiny_params, tiny_config, ids)
-    t32 = forward({n: p.astype(np.float32) for n, p in tiny_params.items()}, tiny_config, ids)
+    t64 = run_traced(tiny_params, tiny_config, ids)
+    t32 = run_traced({n: p.astype(np.float32) for n, p in tiny_params.items()}, tiny_config, ids)
     for path in t64.paths():
         if path in NOT_ARRAYS:
             continue
@@ -275,7 +286,7 @@ def stored(trace, canonical: str) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def trace(tiny_params, tiny_config):
-    return forward(tiny_params, tiny_config, np.array(SEQUENCES["five"]))
+    return run_traced(tiny_params, tiny_config, np.array(SEQUENCES["five"]))
 
 
 SAME = [

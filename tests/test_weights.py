@@ -10,8 +10,9 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from tinygpt_cli.config import Config, load_config, save_config
+from tinygpt_cli.files import write_atomically
 from tinygpt_cli.model import param_shapes
-from tinygpt_cli.weights import WeightsError, load_model, load_params, save_params, write_atomically
+from tinygpt_cli.weights import WeightsError, load_model, load_params, save_params
 
 CONFIG = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
 

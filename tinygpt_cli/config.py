@@ -75,7 +75,7 @@ def load_config(path: str | Path) -> Config:
 
 
 def save_config(config: Config, path: str | Path) -> None:
-    from .weights import write_atomically
+    from .files import write_atomically
 
     text = json.dumps(config.to_hf_dict(), indent=2, sort_keys=True) + "\n"
     write_atomically(Path(path), text.encode("utf-8"))

@@ -30,7 +30,7 @@ def generate(
     context = list(ids)
     for _ in range(max_new_tokens):
         window = np.asarray(context[-config.n_positions:])
-        last = forward(params, config, window).values["logits"][-1]
+        last = forward(params, config, window, last_only=True)[-1]
         dist = next_token_distribution(last, temperature, top_k, top_p)
         token = sample(dist, rng) if temperature > 0 else int(np.argmax(dist))
         yield Step(token, float(dist[token]))

@@ -1,47 +1,25 @@
-"""The GPT-2 forward pass as a composition of the ops, recording every value in a Trace,
-and its backward pass, which reads the same Trace.
+"""The GPT-2 forward pass as small named functions, every value passing through hooks,
+and its backward pass, which returns gradients for the parameters and, on request, for every
+recorded value under the same path.
 
 Parameters are a flat dict named as in the Hugging Face GPT-2 file without the
-`transformer.` prefix (`h.0.attn.c_attn.weight`, `ln_f.bias`, `wte.weight`, ...).
+`transformer.` prefix (`h.0.attn.c_attn.weight`, `ln_f.bias`, `wte.weight`, ...). `ids` is
+[T] for one text or [B, T] for a batch; every value then has that leading shape.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import ops
 from .config import Config
-from .trace import Trace
+from .hooks import Hook, Record, Stop  # noqa: F401  (Record for callers)
+from .schema import param_shapes
 
-
-def param_shapes(config: Config) -> dict[str, tuple[int, ...]]:
-    """Every parameter's name and shape, in file order."""
-    d, ff = config.n_embd, config.n_inner
-    shapes: dict[str, tuple[int, ...]] = {
-        "wte.weight": (config.vocab_size, d),
-        "wpe.weight": (config.n_positions, d),
-    }
-    for i in range(config.n_layer):
-        p = f"h.{i}."
-        shapes.update(
-            {
-                p + "ln_1.weight": (d,),
-                p + "ln_1.bias": (d,),
-                p + "attn.c_attn.weight": (d, 3 * d),
-                p + "attn.c_attn.bias": (3 * d,),
-                p + "attn.c_proj.weight": (d, d),
-                p + "attn.c_proj.bias": (d,),
-                p + "ln_2.weight": (d,),
-                p + "ln_2.bias": (d,),
-                p + "mlp.c_fc.weight": (d, ff),
-                p + "mlp.c_fc.bias": (ff,),
-                p + "mlp.c_proj.weight": (ff, d),
-                p + "mlp.c_proj.bias": (d,),
-            }
-        )
-    shapes["ln_f.weight"] = (d,)
-    shapes["ln_f.bias"] = (d,)
-    return shapes
+__all__ = ["Dropout", "KVCache", "backward", "forward", "init_params", "loss_and_grads",
+           "param_shapes", "trace"]
 
 
 def init_params(
@@ -65,151 +43,294 @@ def init_params(
     return params
 
 
+def _no_hooks(path: str, x: np.ndarray) -> np.ndarray:
+    return x
+
+
+@dataclass
+class Dropout:
+    """Inverted dropout before each residual add (training); keeps its masks for backward."""
+
+    p: float
+    rng: np.random.Generator
+    masks: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __call__(self, path: str, x: np.ndarray) -> np.ndarray:
+        if self.p <= 0.0:
+            return x
+        mask = ops.dropout_mask(x.shape, self.p, self.rng, x.dtype)
+        self.masks[path] = mask
+        return x * mask
+
+
+@dataclass
+class KVCache:
+    """Each block's keys and values for positions 0 .. length-1, in preallocated buffers.
+
+    k[i], v[i]: [*batch, H, n_ctx, d_k]. forward(..., cache=c, start=c.length) writes the new
+    positions' keys and values and attends over everything cached so far.
+    """
+
+    k: list[np.ndarray]
+    v: list[np.ndarray]
+    length: int = 0
+
+    @classmethod
+    def empty(cls, config: Config, batch: tuple[int, ...] = (), dtype=np.float32) -> KVCache:
+        shape = (*batch, config.n_head, config.n_positions, config.d_k)
+        return cls([np.zeros(shape, dtype) for _ in range(config.n_layer)],
+                   [np.zeros(shape, dtype) for _ in range(config.n_layer)])
+
+
+# ------------------------------------------------------------------ the forward pass, by card
+
+
+def embed(params, ids: np.ndarray, start: int, hooks: Hook) -> np.ndarray:
+    """Cards 1-3: ids -> their rows of W_E, plus the rows of W_P for their positions."""
+    tok = hooks("token_embeddings", ops.embedding(params["wte.weight"], ids))  # [T, d]
+    pos = hooks("position_embeddings",
+                ops.position_embedding(params["wpe.weight"], ids.shape[-1], start))  # [T, d]
+    return hooks("embeddings", tok + pos)
+
+
+def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.ndarray:
+    """Card 4 (and 8): (x - mean) / std * g + b, each token on its own; mean and std hooked."""
+    mean = hooks(name + ".mean", x.mean(axis=-1, keepdims=True))  # [T, 1]
+    centred = x - mean
+    std = hooks(name + ".std", np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + eps))
+    return hooks(name + ".out", centred / std * g + b)  # [T, d]
+
+
+def _heads(name: str, x: np.ndarray, prefix: str, hooks: Hook, n_head: int) -> None:
+    """Pass each head's slice of x [.., H, ...] through the hooks as its own value; a hook
+    that returns a new array for a head has it written into that head's slice."""
+    for h in range(n_head):
+        part = x[..., h, :, :]
+        out = hooks(f"{prefix}heads.{h}.{name}", part)
+        if out is not part:
+            part[...] = out
+
+
+def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
+              cache: KVCache | None, start: int) -> np.ndarray:
+    """Card 5: masked multi-head attention of block i.  [T, d] -> [T, d]"""
+    p, L = f"h.{i}.attn.", f"layers.{i}."
+    hk = hooks or _no_hooks
+    qkv = ops.linear(x, params[p + "c_attn.weight"], params[p + "c_attn.bias"])  # [T, 3d]
+    q, k, v = (ops.split_heads(a, config.n_head) for a in np.split(qkv, 3, axis=-1))
+    q, k, v = hk(L + "q", q), hk(L + "k", k), hk(L + "v", v)  # [H, T, d_k] each
+    if hooks is not None:
+        for name, a in (("q", q), ("k", k), ("v", v)):
+            _heads(name, a, L, hooks, config.n_head)
+    if cache is not None:
+        end = start + x.shape[-2]
+        cache.k[i][..., start:end, :] = k
+        cache.v[i][..., start:end, :] = v
+        k, v = cache.k[i][..., :end, :], cache.v[i][..., :end, :]
+    scores = hk(L + "scores", ops.attention_scores(q, k, start))  # [H, T, S]
+    if hooks is not None:
+        _heads("scores", scores, L, hooks, config.n_head)
+    weights = hk(L + "weights", ops.softmax(scores))  # [H, T, S]
+    if hooks is not None:
+        _heads("weights", weights, L, hooks, config.n_head)
+    z = hk(L + "z", weights @ v)  # [H, T, d_k]
+    if hooks is not None:
+        _heads("out", z, L, hooks, config.n_head)
+    out = ops.linear(ops.merge_heads(z), params[p + "c_proj.weight"], params[p + "c_proj.bias"])
+    return hk(L + "attn_out", out)  # [T, d]
+
+
+def feed_forward(params, i: int, x: np.ndarray, hooks: Hook) -> np.ndarray:
+    """Card 6: GELU(x W_1 + b_1) W_2 + b_2.  [T, d] -> [T, ff] -> [T, d]"""
+    p, L = f"h.{i}.mlp.", f"layers.{i}."
+    pre = hooks(L + "mlp_pre", ops.linear(x, params[p + "c_fc.weight"], params[p + "c_fc.bias"]))
+    post = hooks(L + "mlp_post", ops.gelu(pre))
+    return hooks(L + "mlp_out",
+                 ops.linear(post, params[p + "c_proj.weight"], params[p + "c_proj.bias"]))
+
+
+def block(params, config: Config, i: int, h: np.ndarray, hooks: Hook | None,
+          cache: KVCache | None, start: int, drop: Dropout | None) -> np.ndarray:
+    """Card 7: one pre-norm block: h + attn(ln1(h)), then + mlp(ln2(.)).  [T, d] -> [T, d]"""
+    p, L = f"h.{i}.", f"layers.{i}."
+    hk = hooks or _no_hooks
+    eps = config.layer_norm_epsilon
+    h = hk(L + "resid_pre", h)
+    x = layer_norm(h, params[p + "ln_1.weight"], params[p + "ln_1.bias"], eps, L + "ln1", hk)
+    a = attention(params, config, i, x, hooks, cache, start)
+    h = hk(L + "resid_mid", h + (drop(L + "attn_out", a) if drop else a))
+    x = layer_norm(h, params[p + "ln_2.weight"], params[p + "ln_2.bias"], eps, L + "ln2", hk)
+    m = feed_forward(params, i, x, hk)
+    return hk(L + "resid_post", h + (drop(L + "mlp_out", m) if drop else m))
+
+
+def unembed(params, u: np.ndarray, hooks: Hook) -> np.ndarray:
+    """Card 9: logits = u W_E^T, the head tied to the embedding table.  [T, d] -> [T, V]"""
+    return hooks("logits", ops.unembed(u, params["wte.weight"]))
+
+
 def forward(
     params: dict[str, np.ndarray],
     config: Config,
     ids: np.ndarray,
     *,
-    dropout: float = 0.0,
-    rng: np.random.Generator | None = None,
-) -> Trace:
-    """Run the model on ids [T] or [B, T] and record every value it computes.
+    hooks: Hook | None = None,
+    cache: KVCache | None = None,
+    start: int = 0,
+    dropout: Dropout | None = None,
+    last_only: bool = False,
+) -> np.ndarray | None:
+    """The logits [T, V] for ids [T] (or [B, T, V] for [B, T]), every value through `hooks`.
 
-    With dropout > 0 (training), embeddings, attention outputs and MLP outputs are dropped
-    before each residual add; the masks are kept in the trace for the backward pass.
+    With `cache`, ids are the tokens at positions start .. start+T-1 and attend to the cached
+    keys and values before them. `last_only` computes the logits of the last position only
+    ([1, V]). Returns None when a StopAfter hook ended the pass.
     """
     ids = np.asarray(ids)
-    batched = ids.ndim == 2
-    ids2 = ids if batched else ids[None, :]
-    _, t = ids2.shape
-    if t > config.n_positions:
-        raise ValueError(f"{t} tokens is more than the model's limit of {config.n_positions}")
-    eps = config.layer_norm_epsilon
-    v: dict[str, np.ndarray] = {"ids": ids2}
-    masks: dict[str, np.ndarray] = {}
+    t = ids.shape[-1]
+    if start + t > config.n_positions:
+        raise ValueError(f"{start + t} tokens is more than the model's limit of "
+                         f"{config.n_positions}")
+    hk = hooks or _no_hooks
+    try:
+        hk("ids", ids)
+        h = embed(params, ids, start, hk)
+        if dropout is not None:
+            h = dropout("embeddings", h)
+        for i in range(config.n_layer):
+            h = block(params, config, i, h, hooks, cache, start, dropout)
+        if last_only:
+            h = h[..., -1:, :]
+        u = layer_norm(h, params["ln_f.weight"], params["ln_f.bias"], config.layer_norm_epsilon,
+                       "ln_final", hk)
+        logits = unembed(params, u, hk)
+    except Stop:
+        return None
+    if cache is not None:
+        cache.length = start + t
+    return logits
 
-    def drop(name: str, x: np.ndarray) -> np.ndarray:
-        if dropout <= 0.0:
-            return x
-        mask = ops.dropout_mask(x.shape, dropout, rng, x.dtype)
-        masks[name] = mask
-        return x * mask
 
-    # cards 1-3: ids -> token rows + position rows
-    v["token_embeddings"] = ops.embedding(params["wte.weight"], ids2)  # [B, T, d]
-    v["position_embeddings"] = ops.position_embedding(params["wpe.weight"], t)  # [T, d]
-    v["embeddings"] = v["token_embeddings"] + v["position_embeddings"]  # [B, T, d]
-    h = drop("embeddings", v["embeddings"])
+def trace(params, config: Config, ids, *, hooks: Hook | None = None, tokens=None):
+    """Run the model and record every value: the Trace of one forward pass.
 
-    # card 7: the same block, n_layer times
-    for i in range(config.n_layer):
-        p, L = f"h.{i}.", f"layers.{i}."
-        v[L + "resid_pre"] = h
-        # card 4: norm before attention
-        x, v[L + "ln1.mean"], v[L + "ln1.std"] = ops.layer_norm(
-            h, params[p + "ln_1.weight"], params[p + "ln_1.bias"], eps
-        )
-        v[L + "ln1.out"] = x
-        # card 5: masked attention, all heads at once
-        qkv = ops.linear(x, params[p + "attn.c_attn.weight"], params[p + "attn.c_attn.bias"])
-        q, k, vv = np.split(qkv, 3, axis=-1)  # 3 x [B, T, d]
-        v[L + "q"] = ops.split_heads(q, config.n_head)  # [B, H, T, d_k]
-        v[L + "k"] = ops.split_heads(k, config.n_head)
-        v[L + "v"] = ops.split_heads(vv, config.n_head)
-        v[L + "z"], v[L + "scores"], v[L + "weights"] = ops.attention(
-            v[L + "q"], v[L + "k"], v[L + "v"]
-        )  # [B, H, T, d_k], [B, H, T, T], [B, H, T, T]
-        v[L + "z_merged"] = ops.merge_heads(v[L + "z"])  # [B, T, d]
-        v[L + "attn_out"] = ops.linear(
-            v[L + "z_merged"], params[p + "attn.c_proj.weight"], params[p + "attn.c_proj.bias"]
-        )
-        # card 4: add
-        h = v[L + "resid_mid"] = h + drop(L + "attn_out", v[L + "attn_out"])
-        # card 6: norm, then feed forward
-        x, v[L + "ln2.mean"], v[L + "ln2.std"] = ops.layer_norm(
-            h, params[p + "ln_2.weight"], params[p + "ln_2.bias"], eps
-        )
-        v[L + "ln2.out"] = x
-        v[L + "mlp_pre"] = ops.linear(x, params[p + "mlp.c_fc.weight"], params[p + "mlp.c_fc.bias"])
-        v[L + "mlp_post"] = ops.gelu(v[L + "mlp_pre"])  # [B, T, ff]
-        v[L + "mlp_out"] = ops.linear(
-            v[L + "mlp_post"], params[p + "mlp.c_proj.weight"], params[p + "mlp.c_proj.bias"]
-        )
-        h = v[L + "resid_post"] = h + drop(L + "mlp_out", v[L + "mlp_out"])
+    `hooks` run before the recording, so an intervention shows in the values recorded.
+    """
+    from .hooks import Chain
+    from .trace import Trace
 
-    # card 8: final norm; card 9: linear head tied to the embedding table
-    v["ln_final.out"], v["ln_final.mean"], v["ln_final.std"] = ops.layer_norm(
-        h, params["ln_f.weight"], params["ln_f.bias"], eps
-    )
-    v["logits"] = ops.unembed(v["ln_final.out"], params["wte.weight"])  # [B, T, vocab]
+    rec = Record()
+    forward(params, config, ids, hooks=Chain(hooks, rec) if hooks else rec)
+    return Trace(rec.values, config, tokens=tokens)
 
-    if not batched:
-        v = {name: (x if name == "position_embeddings" else x[0]) for name, x in v.items()}
-    return Trace(v, config, masks=masks, batched=batched)
+
+# ------------------------------------------------------------------ the backward pass
 
 
 def backward(
-    params: dict[str, np.ndarray], config: Config, trace: Trace, dlogits: np.ndarray
-) -> dict[str, np.ndarray]:
-    """Gradients of the loss for every parameter, given d loss / d logits [B, T, vocab].
+    params: dict[str, np.ndarray],
+    config: Config,
+    values: dict[str, np.ndarray],
+    dlogits: np.ndarray,
+    *,
+    masks: dict[str, np.ndarray] | None = None,
+    wrt_values: bool = False,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Gradients of a scalar, given d scalar / d logits, for every parameter and (with
+    `wrt_values`) for every recorded value, by path.
 
-    Walks the forward pass in reverse, reading the values the trace recorded.
+    Walks the forward pass in reverse over the values a Record hook kept. Hooks are taken to
+    be the identity: on an intervened run this is the gradient at the changed values.
     """
-    if not trace.batched:
-        raise ValueError("backward needs the trace of a batched forward pass")
-    v, masks = trace.values, trace.masks
+    masks = masks or {}
     grads: dict[str, np.ndarray] = {}
+    dv: dict[str, np.ndarray] = {}
+    keep = dv.__setitem__ if wrt_values else (lambda k, x: None)
 
-    def undrop(name: str, d: np.ndarray) -> np.ndarray:
-        return d * masks[name] if name in masks else d
+    def undrop(path: str, d: np.ndarray) -> np.ndarray:
+        return d * masks[path] if path in masks else d
 
-    du, grads["wte.weight"] = ops.unembed_backward(dlogits, v["ln_final.out"], params["wte.weight"])
-    dh, grads["ln_f.weight"], grads["ln_f.bias"] = ops.layer_norm_backward(
-        du, v[f"layers.{config.n_layer - 1}.resid_post"], params["ln_f.weight"],
-        v["ln_final.mean"], v["ln_final.std"],
-    )
+    def norm_backward(d, x, g, name):
+        dx, dg, db, dmean, dstd = ops.layer_norm_backward_parts(
+            d, x, g, values[name + ".mean"], values[name + ".std"])
+        keep(name + ".mean", dmean)
+        keep(name + ".std", dstd)
+        return dx, dg, db
+
+    def heads(name, d, prefix):
+        if wrt_values:
+            for h in range(config.n_head):
+                dv[f"{prefix}heads.{h}.{name}"] = d[..., h, :, :]
+
+    keep("logits", dlogits)
+    last = f"layers.{config.n_layer - 1}.resid_post"
+    du, grads["wte.weight"] = ops.unembed_backward(dlogits, values["ln_final.out"],
+                                                   params["wte.weight"])
+    keep("ln_final.out", du)
+    dh, grads["ln_f.weight"], grads["ln_f.bias"] = norm_backward(
+        du, values[last], params["ln_f.weight"], "ln_final")
     for i in reversed(range(config.n_layer)):
         p, L = f"h.{i}.", f"layers.{i}."
+        keep(L + "resid_post", dh)
         # resid_post = resid_mid + mlp_out: the gradient flows both ways
         dmlp_out = undrop(L + "mlp_out", dh)
+        keep(L + "mlp_out", dmlp_out)
         dpost, grads[p + "mlp.c_proj.weight"], grads[p + "mlp.c_proj.bias"] = ops.linear_backward(
-            dmlp_out, v[L + "mlp_post"], params[p + "mlp.c_proj.weight"]
-        )
-        dpre = ops.gelu_backward(dpost, v[L + "mlp_pre"])
+            dmlp_out, values[L + "mlp_post"], params[p + "mlp.c_proj.weight"])
+        keep(L + "mlp_post", dpost)
+        dpre = ops.gelu_backward(dpost, values[L + "mlp_pre"])
+        keep(L + "mlp_pre", dpre)
         dx, grads[p + "mlp.c_fc.weight"], grads[p + "mlp.c_fc.bias"] = ops.linear_backward(
-            dpre, v[L + "ln2.out"], params[p + "mlp.c_fc.weight"]
-        )
-        dx, grads[p + "ln_2.weight"], grads[p + "ln_2.bias"] = ops.layer_norm_backward(
-            dx, v[L + "resid_mid"], params[p + "ln_2.weight"], v[L + "ln2.mean"], v[L + "ln2.std"]
-        )
+            dpre, values[L + "ln2.out"], params[p + "mlp.c_fc.weight"])
+        keep(L + "ln2.out", dx)
+        dx, grads[p + "ln_2.weight"], grads[p + "ln_2.bias"] = norm_backward(
+            dx, values[L + "resid_mid"], params[p + "ln_2.weight"], L + "ln2")
         dh = dh + dx
+        keep(L + "resid_mid", dh)
         # resid_mid = resid_pre + attn_out
         dattn = undrop(L + "attn_out", dh)
+        keep(L + "attn_out", dattn)
         dz, grads[p + "attn.c_proj.weight"], grads[p + "attn.c_proj.bias"] = ops.linear_backward(
-            dattn, v[L + "z_merged"], params[p + "attn.c_proj.weight"]
-        )
-        dq, dk, dv = ops.attention_backward(
-            ops.split_heads(dz, config.n_head), v[L + "q"], v[L + "k"], v[L + "v"], v[L + "weights"]
-        )
+            dattn, ops.merge_heads(values[L + "z"]), params[p + "attn.c_proj.weight"])
+        dz = ops.split_heads(dz, config.n_head)
+        keep(L + "z", dz)
+        heads("out", dz, L)
+        dweights = dz @ values[L + "v"].swapaxes(-1, -2)
+        keep(L + "weights", dweights)
+        heads("weights", dweights, L)
+        dscores = ops.softmax_backward(dweights, values[L + "weights"])
+        keep(L + "scores", dscores)
+        heads("scores", dscores, L)
+        dq, dk = ops.attention_scores_backward(dscores, values[L + "q"], values[L + "k"])
+        dvv = values[L + "weights"].swapaxes(-1, -2) @ dz
+        for name, d in (("q", dq), ("k", dk), ("v", dvv)):
+            keep(L + name, d)
+            heads(name, d, L)
         dqkv = np.concatenate(
-            [ops.merge_heads(dq), ops.merge_heads(dk), ops.merge_heads(dv)], axis=-1
-        )
+            [ops.merge_heads(dq), ops.merge_heads(dk), ops.merge_heads(dvv)], axis=-1)
         dx, grads[p + "attn.c_attn.weight"], grads[p + "attn.c_attn.bias"] = ops.linear_backward(
-            dqkv, v[L + "ln1.out"], params[p + "attn.c_attn.weight"]
-        )
-        dx, grads[p + "ln_1.weight"], grads[p + "ln_1.bias"] = ops.layer_norm_backward(
-            dx, v[L + "resid_pre"], params[p + "ln_1.weight"], v[L + "ln1.mean"], v[L + "ln1.std"]
-        )
+            dqkv, values[L + "ln1.out"], params[p + "attn.c_attn.weight"])
+        keep(L + "ln1.out", dx)
+        dx, grads[p + "ln_1.weight"], grads[p + "ln_1.bias"] = norm_backward(
+            dx, values[L + "resid_pre"], params[p + "ln_1.weight"], L + "ln1")
         dh = dh + dx
+        keep(L + "resid_pre", dh)
     demb = undrop("embeddings", dh)
+    keep("embeddings", demb)
+    keep("token_embeddings", demb)
+    keep("position_embeddings", demb.reshape(-1, *demb.shape[-2:]).sum(axis=0)
+         if demb.ndim == 3 else demb)
     grads["wpe.weight"] = ops.position_embedding_backward(demb, params["wpe.weight"])
-    grads["wte.weight"] += ops.embedding_backward(demb, params["wte.weight"], v["ids"])
-    return {name: grads[name] for name in params}
+    grads["wte.weight"] += ops.embedding_backward(demb, params["wte.weight"], values["ids"])
+    return {name: grads[name] for name in params}, dv
 
 
 def loss_and_grads(params, config, ids, targets, *, dropout=0.0, rng=None):
     """One training step's worth of math: mean cross-entropy and its gradients."""
-    trace = forward(params, config, ids, dropout=dropout, rng=rng)
-    loss, dlogits = ops.cross_entropy_with_grad(trace.values["logits"], targets)
-    grads = backward(params, config, trace, dlogits)
+    rec = Record()
+    drop = Dropout(dropout, rng) if dropout > 0 else None
+    logits = forward(params, config, ids, hooks=rec, dropout=drop)
+    loss, dlogits = ops.cross_entropy_with_grad(logits, targets)
+    grads, _ = backward(params, config, rec.values, dlogits,
+                        masks=drop.masks if drop else None)
     return loss, grads

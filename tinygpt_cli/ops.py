@@ -8,6 +8,8 @@ the forward pass saw, in the same order as the forward arguments.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 # ---------------------------------------------------------------- embedding + position (cards 2, 3)
@@ -25,9 +27,9 @@ def embedding_backward(dout: np.ndarray, wte: np.ndarray, ids: np.ndarray) -> np
     return dwte
 
 
-def position_embedding(wpe: np.ndarray, t: int) -> np.ndarray:
-    """Rows 0 .. t-1 of the position table.  [n_ctx, d] -> [t, d]"""
-    return wpe[:t]
+def position_embedding(wpe: np.ndarray, t: int, start: int = 0) -> np.ndarray:
+    """Rows start .. start+t-1 of the position table.  [n_ctx, d] -> [t, d]"""
+    return wpe[start : start + t]
 
 
 def position_embedding_backward(dout: np.ndarray, wpe: np.ndarray) -> np.ndarray:
@@ -66,6 +68,24 @@ def layer_norm_backward(dout, x, g, mean, std):
         - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
     ) / std
     return dx, dg, db
+
+
+def layer_norm_backward_parts(dout, x, g, mean, std):
+    """layer_norm_backward that also returns the gradients of its mean and std as values of
+    their own (the forward pass hooks them), through out = (x - mean) / std * g + b with
+    std = sqrt(mean((x - mean)^2) + eps).  Returns (dx, dg, db, dmean, dstd); dx is the total.
+    """
+    centred = x - mean
+    xhat = centred / std
+    lead = tuple(range(x.ndim - 1))
+    dg = (dout * xhat).sum(axis=lead)
+    db = dout.sum(axis=lead)
+    dxhat = dout * g
+    dstd = -(dxhat * xhat).sum(axis=-1, keepdims=True) / std
+    dcentred = dxhat / std + dstd * centred / (x.shape[-1] * std)
+    dmean = -dcentred.sum(axis=-1, keepdims=True)
+    dx = dcentred + dmean / x.shape[-1]
+    return dx, dg, db, dmean, dstd
 
 
 # ---------------------------------------------------------------- linear (c_attn, c_proj, c_fc)
@@ -115,17 +135,31 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
     return x.swapaxes(-3, -2).reshape(*lead, t, h * dk)
 
 
-def causal_mask(t: int, dtype=np.float32) -> np.ndarray:
-    """M: 0 where a token may look (itself and earlier), -inf where column j comes after row i."""
-    return np.triu(np.full((t, t), -np.inf, dtype=dtype), k=1)
+@functools.lru_cache(maxsize=64)
+def causal_mask(t: int, dtype=np.float32, start: int = 0) -> np.ndarray:
+    """M: 0 where a token may look (itself and earlier), -inf where key j comes after query i.
+
+    Queries are positions start .. start+t-1, keys 0 .. start+t-1: [t, start + t]. Cached and
+    read-only, since every forward pass of the same length needs the same one.
+    """
+    m = np.triu(np.full((t, start + t), -np.inf, dtype=dtype), k=1 + start)
+    m.flags.writeable = False
+    return m
 
 
-def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """Q K^T / sqrt(d_k) + M, with M = -inf above the diagonal.  -> [B, H, T, T]"""
+def attention_scores(q: np.ndarray, k: np.ndarray, start: int = 0) -> np.ndarray:
+    """Q K^T / sqrt(d_k) + M, with M = -inf where a key comes after its query.  -> [H, T, S]"""
     scores = q @ k.swapaxes(-1, -2)
     scores *= np.asarray(1.0 / np.sqrt(q.shape[-1]), dtype=q.dtype)
-    scores += causal_mask(q.shape[-2], q.dtype)
+    if q.shape[-2] > 1:  # one new query may look at every key: nothing to mask
+        scores += causal_mask(q.shape[-2], np.dtype(q.dtype).type, start)
     return scores
+
+
+def attention_scores_backward(dscores, q, k):
+    """Returns (dq, dk) for scores = Q K^T / sqrt(d_k) + M."""
+    dscores = dscores / np.sqrt(q.shape[-1]).astype(q.dtype)
+    return dscores @ k, dscores.swapaxes(-1, -2) @ q
 
 
 def softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:

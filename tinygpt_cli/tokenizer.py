@@ -75,6 +75,14 @@ class Tokenizer:
             return piece.encode("utf-8")
         return bytes(self._byte_of[ch] for ch in piece)
 
+    def token_to_id(self, text: str) -> int | None:
+        """The id of the token whose text is exactly `text` (' toys', with its space), or None."""
+        if text in self.special_tokens:
+            return self.special_tokens[text]
+        to_char = _bytes_to_unicode()
+        piece = "".join(to_char[b] for b in text.encode("utf-8"))
+        return self._tok.token_to_id(piece)
+
     def token_str(self, token_id: int) -> str:
         """One token as text; bytes that are part of a longer UTF-8 character show as \\xNN."""
         return self.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
@@ -109,6 +117,6 @@ def train_tokenizer(stories: Iterable[str], vocab_size: int = 4096) -> Tokenizer
 
 
 def save_tokenizer(tokenizer: Tokenizer, path: str | Path) -> None:
-    from .weights import write_atomically
+    from .files import write_atomically
 
     write_atomically(Path(path), tokenizer._tok.to_str(pretty=True).encode("utf-8"))

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .config import Config, load_config
-from .model import param_shapes
+from .files import write_atomically
+from .schema import param_shapes
 
 PREFIX = "transformer."
 
@@ -28,27 +27,6 @@ SHIPPED = _shipped_folder()
 
 class WeightsError(Exception):
     """A weights folder or file that cannot be used; the message says which tensor and why."""
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, flush it to disk, then rename over `path`.
-
-    A reader (or a run killed with SIGKILL) sees the old file or the new one, never half.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; weights are meant to be read by anyone
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
@@ -107,14 +85,6 @@ def save_params(params: dict[str, np.ndarray], path: str | Path) -> None:
 
     tensors = {PREFIX + n: np.ascontiguousarray(a, dtype=np.float32) for n, a in params.items()}
     write_atomically(Path(path), save(tensors, metadata={"format": "pt"}))
-
-
-def sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass

@@ -17,18 +17,23 @@ from ..render.text import show_text, show_token
 from ..sampling import create_rng, next_token_distribution, probabilities, sample
 from .app import app
 from .common import (
+    ABLATE,
     FULL,
     HEAD,
     JSON,
     LAYER,
     POSITION,
+    SEED,
     TEMPERATURE,
     TEXT,
     TOP,
+    TOP_K,
+    TOP_P,
     WEIGHTS,
     InputError,
     Run,
     check_index,
+    check_top_p,
     run,
     stdout,
     wide,
@@ -39,7 +44,7 @@ def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None
     """Print one traced value: JSON document, or header + token-labelled table (+ more)."""
     value = r.trace.get(path) if value is None else value
     if as_json:
-        jsonout.emit(jsonout.document(path, value, r.ids, r.tokens, **(extra or {})))
+        jsonout.emit(r.document(path, value, **(extra or {})))
         return
     view = tensor_view(path, value, r.tokens, full=full)
     (wide(view) if full else stdout()).print(Group(view, *below))
@@ -56,24 +61,27 @@ def top_rows(r: Run, values: np.ndarray, k: int, name: str) -> list[dict]:
 
 
 @app.command()
-def embed(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON, full: bool = FULL):
+def embed(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+          as_json: bool = JSON, full: bool = FULL):
     """Card 2: each token id picks its row of the embedding table W_E.
 
     Example: tinygpt embed "Lily wanted to play with her"
     """
-    show(run(weights, text), "token_embeddings", as_json, full)
+    show(run(weights, text, ablate), "token_embeddings", as_json, full)
 
 
 @app.command()
 def pos(
-    text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON, full: bool = FULL,
+    text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+    as_json: bool = JSON, full: bool = FULL,
     total: bool = typer.Option(False, "--sum", help="Show embeddings = tokens + positions."),
 ):
     """Card 3: each position's row of W_P, added to the token rows (--sum shows the result).
 
     Example: tinygpt pos "Lily wanted to play with her" --sum
     """
-    show(run(weights, text), "embeddings" if total else "position_embeddings", as_json, full)
+    path = "embeddings" if total else "position_embeddings"
+    show(run(weights, text, ablate), path, as_json, full)
 
 
 def _norm(r: Run, prefix: str, as_json: bool, full: bool):
@@ -86,7 +94,7 @@ def _norm(r: Run, prefix: str, as_json: bool, full: bool):
 
 @app.command()
 def norm(
-    text: str = TEXT, weights: Path = WEIGHTS,
+    text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     layer: int = LAYER,
     which: str = typer.Option("ln1", "--which", help="ln1 (before attention) or ln2 (before "
                               "the feed-forward layer)."),
@@ -98,18 +106,19 @@ def norm(
     """
     if which not in ("ln1", "ln2"):
         raise InputError(f"--which must be ln1 or ln2, not {which!r}")
-    r = run(weights, text)
+    r = run(weights, text, ablate)
     layer = check_index(layer, r.model.config.n_layer, "layer")
     _norm(r, f"layers.{layer}.{which}", as_json, full)
 
 
 @app.command("final-norm")
-def final_norm(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON, full: bool = FULL):
+def final_norm(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+               as_json: bool = JSON, full: bool = FULL):
     """Card 8: the final LayerNorm after the last block.
 
     Example: tinygpt final-norm "Lily wanted to play with her"
     """
-    _norm(run(weights, text), "ln_final", as_json, full)
+    _norm(run(weights, text, ablate), "ln_final", as_json, full)
 
 
 # ------------------------------------------------------------------ card 5
@@ -117,7 +126,8 @@ def final_norm(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON, 
 
 @app.command()
 def attn(
-    text: str = TEXT, weights: Path = WEIGHTS, layer: int = LAYER, head: int = HEAD,
+    text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+    layer: int = LAYER, head: int = HEAD,
     all_heads: bool = typer.Option(False, "--all-heads", help="Show every head side by side."),
     scores: bool = typer.Option(False, "--scores", help="Show the masked, scaled scores "
                                 "QK^T/sqrt(d_k) instead of the softmax weights."),
@@ -127,7 +137,7 @@ def attn(
 
     Example: tinygpt attn "Lily wanted to play with her" --layer 0 --head 0
     """
-    r = run(weights, text)
+    r = run(weights, text, ablate)
     cfg = r.model.config
     layer = check_index(layer, cfg.n_layer, "layer")
     field = "scores" if scores else "weights"
@@ -135,7 +145,7 @@ def attn(
         path = f"layers.{layer}.{field}"
         grids = r.trace.get(path)
         if as_json:
-            jsonout.emit(jsonout.document(path, grids, r.ids, r.tokens))
+            jsonout.emit(r.document(path, grids))
             return
         lo, hi = (None, None) if scores else (0.0, 1.0)
         maps = [heatmap(g, r.tokens, f"head {h}", lo=lo, hi=hi) for h, g in enumerate(grids)]
@@ -145,7 +155,7 @@ def attn(
     path = f"layers.{layer}.heads.{head}.{field}"
     grid = r.trace.get(path)
     if as_json:
-        jsonout.emit(jsonout.document(path, grid, r.ids, r.tokens))
+        jsonout.emit(r.document(path, grid))
         return
     note = ("rows: the token looking; columns: the tokens it looks at; each row sums to 1"
             if not scores else "-inf above the diagonal: a token cannot look ahead")
@@ -158,7 +168,7 @@ def attn(
 
 @app.command()
 def mlp(
-    text: str = TEXT, weights: Path = WEIGHTS, layer: int = LAYER,
+    text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE, layer: int = LAYER,
     top: int = typer.Option(5, "--top", "-k", min=1, help="How many hidden neurons to list."),
     as_json: bool = JSON, full: bool = FULL,
 ):
@@ -166,7 +176,7 @@ def mlp(
 
     Example: tinygpt mlp "Lily wanted to play with her" --layer 0 --top 5
     """
-    r = run(weights, text)
+    r = run(weights, text, ablate)
     layer = check_index(layer, r.model.config.n_layer, "layer")
     post = r.trace.get(f"layers.{layer}.mlp_post")
     neurons = top_neurons(post, min(top, post.shape[1]))
@@ -189,14 +199,15 @@ def mlp(
 
 
 @app.command()
-def blocks(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON,
+def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+           as_json: bool = JSON,
            position: int = POSITION):
     """Card 7: the residual stream after each block, what each block changed, the top guess.
 
     The guess reads the stream through the final norm and the tied head (the "logit lens").
     Example: tinygpt blocks "Lily wanted to play with her"
     """
-    r = run(weights, text)
+    r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
     rows = block_summary(r.trace, r.model.params, r.model.config, position=p)
     tok = r.model.tokenizer.token_str
@@ -204,7 +215,7 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON,
     if as_json:
         stages = [{k: v for k, v in row.items() if k != "norm"} | {"top_token": tok(row["top_id"])}
                   for row in rows]
-        jsonout.emit(jsonout.document("blocks.norm", norms, r.ids, r.tokens, position=p,
+        jsonout.emit(r.document("blocks.norm", norms, position=p,
                                       stages=stages))
         return
     from rich.table import Table
@@ -230,38 +241,40 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON,
 
 
 @app.command()
-def logits(text: str = TEXT, weights: Path = WEIGHTS, position: int = POSITION, top: int = TOP,
+def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+           position: int = POSITION, top: int = TOP,
            as_json: bool = JSON):
     """Card 9: one score per vocabulary token at a position; lists the highest.
 
     Example: tinygpt logits "Lily wanted to play with her" --position -1 --top 10
     """
-    r = run(weights, text)
+    r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
     row = r.trace.get("logits")[p]
     path = f"logits[{p}]"
     rows = top_rows(r, row, top, "logit")
     if as_json:
-        jsonout.emit(jsonout.document(path, row, r.ids, r.tokens, position=p, top=rows))
+        jsonout.emit(r.document(path, row, position=p, top=rows))
         return
     stdout().print(Group(header(path, row, f"(logits is {r.T} × {row.shape[0]})"),
                          top_table(rows, "logit")))
 
 
 @app.command()
-def probs(text: str = TEXT, weights: Path = WEIGHTS, position: int = POSITION,
+def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+          position: int = POSITION,
           temperature: float = TEMPERATURE, top: int = TOP, as_json: bool = JSON):
     """Card 10: softmax turns the scores into chances that add up to 1.
 
     Example: tinygpt probs "Lily wanted to play with her" --temperature 1 --top 10
     """
-    r = run(weights, text)
+    r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
     pr = probabilities(r.trace.get("logits")[p], temperature)
     path = f"probabilities(logits[{p}], {temperature:g})"
     rows = top_rows(r, pr, top, "chance")
     if as_json:
-        jsonout.emit(jsonout.document(path, pr, r.ids, r.tokens, position=p,
+        jsonout.emit(r.document(path, pr, position=p,
                                       temperature=temperature, top=rows))
         return
     shown = sum(x["chance"] for x in rows)
@@ -269,32 +282,22 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, position: int = POSITION,
                          Text(f"these {len(rows)} hold {shown:.1%} of the chance", style="dim")))
 
 
-SEED = typer.Option(1, "--seed", "-s", help="Seed of the random generator (same seed, same pick).")
-TOP_K = typer.Option(0, "--top-k", min=0, help="Keep only the k likeliest tokens (0: all).")
-TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0,
-                     help="Keep the likeliest tokens whose chances add up to p (1: all).")
-
-
-def _check_top_p(top_p: float) -> None:
-    if top_p <= 0:
-        raise InputError("--top-p must be in (0, 1]")
-
-
 @app.command("sample")
-def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, seed: int = SEED,
+def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+               seed: int = SEED,
                temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P,
                as_json: bool = JSON):
     """Card 11: pick one next token from the chances with a seeded generator.
 
     Example: tinygpt sample "Lily wanted to play with her" --seed 1
     """
-    _check_top_p(top_p)
-    r = run(weights, text)
+    check_top_p(top_p)
+    r = run(weights, text, ablate)
     dist = next_token_distribution(r.trace.get("logits")[-1], temperature, top_k, top_p)
     token_id = sample(dist, create_rng(seed))
     token = r.model.tokenizer.token_str(token_id)
     if as_json:
-        jsonout.emit(jsonout.document("sample", np.int64(token_id), r.ids, r.tokens,
+        jsonout.emit(r.document("sample", np.int64(token_id),
                                       token=token, chance=float(dist[token_id]), seed=seed,
                                       temperature=temperature))
         return

@@ -6,17 +6,19 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import typer
 from rich.console import Console
 
-from ..model import forward
+from ..errors import InputError
+from ..render import jsonout
+from ..schema import resolve
+from ..session import Session, check_index, encode_checked
 from ..trace import Trace
 from ..weights import Model, load_model
 
-
-class InputError(Exception):
-    """Bad usage or input: the message says what was wrong and what is allowed. Exit 2."""
+__all__ = ["InputError", "Run", "check_index", "check_top_p", "encode_checked", "load",
+           "read_text", "run",
+           "stderr", "stdout", "wide"]
 
 
 # Options, declared once so every command spells and documents them the same way.
@@ -30,8 +32,21 @@ LAYER = typer.Option(0, "--layer", "-l", help="Block index; negative counts from
 HEAD = typer.Option(0, "--head", help="Head index; negative counts from the end.")
 POSITION = typer.Option(-1, "--position", "-p", help="Token position; -1 is the last.")
 TOP = typer.Option(10, "--top", "-k", min=1, help="How many to list.")
+ABLATE = typer.Option(None, "--ablate", help="Zero this value first and show the changed run "
+                      "(repeatable): a head's output layers.1.heads.2.out, layers.0.mlp_out, "
+                      "layers.0.attn_out.", show_default=False)
 TEMPERATURE = typer.Option(1.0, "--temperature", "-t", min=0.0,
                            help="Divide the scores by this before softmax; 0 is greedy.")
+
+SEED = typer.Option(1, "--seed", "-s", help="Seed of the random generator (same seed, same pick).")
+TOP_K = typer.Option(0, "--top-k", min=0, help="Keep only the k likeliest tokens (0: all).")
+TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0,
+                     help="Keep the likeliest tokens whose chances add up to p (1: all).")
+
+
+def check_top_p(top_p: float) -> None:
+    if top_p <= 0:
+        raise InputError("--top-p must be in (0, 1]")
 
 
 PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
@@ -79,46 +94,29 @@ def load(weights: Path | None) -> Model:
 
 @dataclass
 class Run:
-    """A model, a text, its ids and token strings, and the trace of one forward pass."""
+    """A session and the trace of its forward pass, with what was ablated in it."""
 
-    model: Model
-    text: str
-    ids: list[int]
-    tokens: list[str]
+    session: Session
     trace: Trace
+    ablated: list[str]
 
-    @property
-    def T(self) -> int:  # noqa: N802  (the seed page's name)
-        return len(self.ids)
+    model = property(lambda self: self.session.model)
+    text = property(lambda self: self.session.text)
+    ids = property(lambda self: self.session.ids)
+    tokens = property(lambda self: self.session.tokens)
+    T = property(lambda self: self.session.T)  # noqa: N815  (the seed page's name)
 
-
-def encode_checked(model: Model, text: str) -> list[int]:
-    ids = model.tokenizer.encode(text)
-    limit = model.config.n_positions
-    if not ids:
-        raise InputError("the text is empty: give at least one character")
-    if len(ids) > limit:
-        raise InputError(
-            f"the text is {len(ids)} tokens long; this model reads at most {limit} tokens"
-        )
-    return ids
+    def document(self, path: str | None, value, **extra) -> dict:
+        """The JSON document for a value of this run: ids, tokens and any ablations."""
+        if self.ablated:
+            extra = {"ablated": self.ablated, **extra}
+        return jsonout.document(path, value, self.ids, self.tokens, **extra)
 
 
-def run(weights: Path | None, text: str | None) -> Run:
+def run(weights: Path | None, text: str | None, ablate: list[str] | None = None) -> Run:
+    """Read the text, open a session and trace it, zeroing the values named by --ablate."""
     model = load(weights)
-    text = read_text(text)
-    ids = encode_checked(model, text)
-    trace = forward(model.params, model.config, np.asarray(ids))
-    tokens = [model.tokenizer.token_str(i) for i in ids]
-    trace.tokens = tokens
-    return Run(model, text, ids, tokens, trace)
-
-
-def check_index(value: int, count: int, what: str) -> int:
-    """A layer, head or position index, negatives from the end; error names the valid range."""
-    if not -count <= value < count:
-        raise InputError(
-            f"{what} {value} is out of range: valid {what}s are 0..{count - 1} "
-            f"(or -{count}..-1 from the end)"
-        )
-    return value % count
+    session = Session.open(read_text(text), model=model)
+    ablate = list(ablate or [])
+    ablated = [resolve(p, model.config)[0] for p in ablate]
+    return Run(session, session.trace(ablate=ablate), ablated)

@@ -12,20 +12,23 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..files import sha256
 from ..generate import generate as generate_tokens
 from ..render import jsonout
 from ..render.tables import header, shape_str, tensor_view
 from ..render.text import show_text, show_token
 from ..sampling import create_rng
-from ..weights import sha256
 from .app import app
-from .cards import TOP_K, TOP_P, _check_top_p
 from .common import (
+    ABLATE,
     FULL,
     JSON,
     TEXT,
+    TOP_K,
+    TOP_P,
     WEIGHTS,
     InputError,
+    check_top_p,
     encode_checked,
     load,
     read_text,
@@ -127,7 +130,7 @@ def generate(
     Example: tinygpt generate "Lily wanted" --seed 7
     Example: tinygpt generate "Once upon a time" --temperature 0
     """
-    _check_top_p(top_p)
+    check_top_p(top_p)
     model = load(weights)
     prompt = read_text(text)
     ids = encode_checked(model, prompt)
@@ -188,7 +191,7 @@ def trace_cmd(
     path: str = typer.Argument(None, help="Which value: e.g. layers.0.heads.0.weights, "
                                "lnFinal.out, logits[-1].", show_default=False),
     list_paths: bool = typer.Option(False, "--list", help="List every path with its shape."),
-    weights: Path = WEIGHTS, as_json: bool = JSON, full: bool = FULL,
+    weights: Path = WEIGHTS, ablate: list[str] = ABLATE, as_json: bool = JSON, full: bool = FULL,
 ):
     """Print any value of the forward pass by its path, or --list them all.
 
@@ -197,25 +200,18 @@ def trace_cmd(
     """
     if path is None and not list_paths:
         raise InputError("give a PATH to print, or --list to see every path")
-    r = run(weights, text)
+    r = run(weights, text, ablate)
     if list_paths:
-        from ..trace import DESCRIPTIONS
+        from ..schema import describe
 
         entries = []
         for p in r.trace.paths():
             value = r.trace.get(p)
             shape = list(np.shape(value)) if not isinstance(value, int) else []
-            key = re.sub(r"layers\.\d+", "layers.L", p)
-            key = re.sub(r"heads\.\d+", "heads.H", key)
-            about = DESCRIPTIONS.get(key, "")
-            for name, word in (("layers", "block"), ("heads", "head")):
-                m = re.search(name + r"\.(\d+)", p)
-                if m:  # "head H's queries" -> "head 2's queries"
-                    about = re.sub(word + r" [LH]\b", f"{word} {m[1]}", about)
-            entries.append({"path": p, "shape": shape, "about": about})
+            entries.append({"path": p, "shape": shape, "about": describe(p)})
         if as_json:
-            jsonout.emit(jsonout.document("paths", np.asarray([e["path"] for e in entries]),
-                                          r.ids, r.tokens, entries=entries))
+            jsonout.emit(r.document("paths", np.asarray([e["path"] for e in entries]),
+                                    entries=entries))
             return
         t = Table(box=None, header_style="bold dim", pad_edge=False)
         t.add_column("path", no_wrap=True, style="cyan")
@@ -230,18 +226,18 @@ def trace_cmd(
     shown = name + "".join(f"[{i}]" for i in rows)
     if isinstance(value, int):
         if as_json:
-            jsonout.emit(jsonout.document(shown, np.int64(value), r.ids, r.tokens))
+            jsonout.emit(r.document(shown, np.int64(value)))
         else:
             stdout().print(Text(f"{shown} = {value}"))
         return
     if isinstance(value, list):  # tokens
         if as_json:
-            jsonout.emit(jsonout.document(shown, np.asarray(value), r.ids, r.tokens))
+            jsonout.emit(r.document(shown, np.asarray(value)))
         else:
             stdout().print(Text("  ".join(show_token(t) for t in value)))
         return
     if as_json:
-        jsonout.emit(jsonout.document(shown, value, r.ids, r.tokens))
+        jsonout.emit(r.document(shown, value))
         return
     # The tokens are the first axis, or the second of per-head values (H × T × ...);
     # each index in the path (logits[-1]) uses up one leading axis.

@@ -16,7 +16,7 @@ from ..render.tables import fmt, shape_str
 from ..render.text import show_text, show_token
 from ..sampling import create_rng, probabilities, sample
 from .app import app
-from .common import JSON, TEXT, WEIGHTS, Run, run, stdout
+from .common import ABLATE, JSON, TEXT, WEIGHTS, Run, run, stdout
 
 
 def next_token(r: Run) -> tuple[np.ndarray, int]:
@@ -90,12 +90,13 @@ def card_shape(number: int, value) -> str:
 
 
 @app.command()
-def review(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
+def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+           as_json: bool = JSON):
     """The whole "Quick review" page for a text: the facts, then all 11 cards with real values.
 
     Example: tinygpt review "Lily wanted to play with her"
     """
-    r = run(weights, text)
+    r = run(weights, text, ablate)
     values = page_values(r)
     facts = values["header"]
     if as_json:
@@ -106,8 +107,8 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
                           "formula": c.formula, "command": c.command,
                           "shape": list(np.shape(v)),
                           "value": v if c.number not in (2, 3, 4, 6, 8, 9) else None})
-        jsonout.emit(jsonout.document("review", np.asarray([c.number for c in CARDS]), r.ids,
-                                      r.tokens, facts=facts, cards=cards))
+        jsonout.emit(r.document("review", np.asarray([c.number for c in CARDS]),
+                                facts=facts, cards=cards))
         return
     label = {"T": "Tokens in the text", "d": "Numbers per token", "L": "Blocks",
              "heads": "Heads per block", "d_k": "Numbers per head", "ffn": "Feed-forward width",
@@ -141,12 +142,13 @@ def _arrow(label: str) -> Text:
 
 
 @app.command("map")
-def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
+def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+            as_json: bool = JSON):
     """The model as a diagram, every arrow labelled with its shape for this text.
 
     Example: tinygpt map "Lily wanted to play with her"
     """
-    r = run(weights, text)
+    r = run(weights, text, ablate)
     cfg = r.model.config
     T, d, H, dk, ff, V = r.T, cfg.n_embd, cfg.n_head, cfg.d_k, cfg.n_inner, cfg.vocab_size
     td = f"{T} × {d}"
@@ -167,7 +169,7 @@ def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
         ("11 Output", "sample(probs, rng)", "1 id"),
     ]
     if as_json:
-        jsonout.emit(jsonout.document("map", np.asarray([s[0] for s in stages]), r.ids, r.tokens,
+        jsonout.emit(r.document("map", np.asarray([s[0] for s in stages]),
                                       stages=[{"stage": s, "op": o, "shape_out": sh}
                                               for s, o, sh in stages],
                                       repeat={"stages": [3, 8], "times": cfg.n_layer}))

@@ -6,9 +6,10 @@ import json
 import math
 from pathlib import Path
 
+from ..files import sha256
 from ..generate import generate
 from ..sampling import create_rng
-from ..weights import Model, sha256
+from ..weights import Model
 
 PROMPTS = ["Lily wanted", "Once upon a time"]
 SEED_SENTENCE = "Lily wanted to play with her"

@@ -18,9 +18,10 @@ import numpy as np
 
 from .. import ops
 from ..config import Config, save_config
+from ..files import write_atomically
 from ..model import forward, init_params, loss_and_grads
 from ..tokenizer import Tokenizer, save_tokenizer, train_tokenizer
-from ..weights import save_params, write_atomically
+from ..weights import save_params
 from .data import TokenStream, encode_stories, eval_windows, random_windows, read_stories
 from .optim import AdamW, clip_by_global_norm, lr_at
 
@@ -66,7 +67,7 @@ def evaluate(params, config: Config, stream: np.ndarray, batch_size: int = 32) -
     x, y = eval_windows(stream, config.n_positions)
     total = 0.0
     for i in range(0, len(x), batch_size):
-        logits = forward(params, config, x[i : i + batch_size]).values["logits"]
+        logits = forward(params, config, x[i : i + batch_size])
         total += ops.cross_entropy(logits, y[i : i + batch_size]) * y[i : i + batch_size].size
     return total / y.size
 

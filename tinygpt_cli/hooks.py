@@ -1,0 +1,119 @@
+"""Hook sets: what the forward pass does with each named value as it passes, `x = hooks(path, x)`.
+
+A hook set is any callable (path, array) -> array. The forward pass calls it with every value
+of the schema that it computes, under its concrete path (`layers.1.heads.2.weights`), and
+uses what it returns. The sets here:
+
+- Record: keep every value (what a Trace holds); stores references, copies nothing.
+- RecordOnly(paths): keep only these.
+- Replace({path: fn}): use fn(x) instead of x, e.g. zero a head's output (ablation).
+- StopAfter(path): end the forward pass once this value exists (forward returns None).
+- Chain(a, b, ...): each in turn; Chain(Replace(...), Record()) records the changed run.
+
+Per-head values are views into the all-heads arrays; a hook that returns a new array for one
+head has it written back into that head's slice, so the change reaches everything after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import numpy as np
+
+from .config import Config
+from .schema import resolve
+
+Hook = Callable[[str, np.ndarray], np.ndarray]
+
+
+class Stop(Exception):  # noqa: N818 - a signal, not an error
+    """Raised by StopAfter to end the forward pass early."""
+
+
+class Record:
+    """Keep every value by path. The values are the arrays the model used, not copies."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, np.ndarray] = {}
+
+    def __call__(self, path: str, x: np.ndarray) -> np.ndarray:
+        self.values[path] = x
+        return x
+
+
+class RecordOnly(Record):
+    """Keep only the values at these concrete canonical paths."""
+
+    def __init__(self, paths: Iterable[str]) -> None:
+        super().__init__()
+        self.paths = frozenset(paths)
+
+    def __call__(self, path: str, x: np.ndarray) -> np.ndarray:
+        if path in self.paths:
+            self.values[path] = x
+        return x
+
+
+class Replace:
+    """Use fn(x) in place of the value at each path: {canonical path: fn}."""
+
+    def __init__(self, fns: Mapping[str, Callable[[np.ndarray], np.ndarray]]) -> None:
+        self.fns = dict(fns)
+
+    def __call__(self, path: str, x: np.ndarray) -> np.ndarray:
+        fn = self.fns.get(path)
+        if fn is None:
+            return x
+        out = np.asarray(fn(x), dtype=x.dtype)
+        if out.shape != x.shape:
+            out = np.broadcast_to(out, x.shape)
+        return out
+
+
+class StopAfter:
+    """End the forward pass right after the value at `path` has passed the hooks before it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, path: str, x: np.ndarray) -> np.ndarray:
+        if path == self.path:
+            raise Stop(path)
+        return x
+
+
+class Chain:
+    """Several hook sets in turn, each seeing what the one before returned."""
+
+    def __init__(self, *hooks: Hook) -> None:
+        self.hooks = [h for h in hooks if h is not None]
+
+    def __call__(self, path: str, x: np.ndarray) -> np.ndarray:
+        for h in self.hooks:
+            x = h(path, x)
+        return x
+
+
+def zero(x: np.ndarray) -> np.ndarray:
+    return np.zeros_like(x)
+
+
+def ablation(paths: Iterable[str], config: Config) -> Replace:
+    """Zero the value at each user path (`layers.1.heads.2.out`, `blocks.0.hook_mlp_out`).
+
+    A path with row indices (`logits[-1]`) cannot be ablated as a whole value; that and an
+    unknown path raise PathError with suggestions.
+    """
+    from .schema import BY_PATH, PathError, pattern_of
+
+    fns = {}
+    for p in paths:
+        name, rows = resolve(p, config)
+        if rows:
+            raise PathError(p, f"--ablate takes a whole value, not rows of one: {p!r}")
+        if BY_PATH[pattern_of(name)].kind != "hooked" or name == "ids":
+            raise PathError(p, f"{name} is not computed by the forward pass, so it cannot be "
+                            "ablated; try a head's output (layers.0.heads.0.out), "
+                            "layers.0.attn_out or layers.0.mlp_out")
+        fns[name] = zero
+    return Replace(fns)

@@ -1,0 +1,293 @@
+"""The one list of values: every value a forward pass computes, and every parameter, once.
+
+Each row names a value by its canonical path (`L` stands for a block index, `H` for a head),
+gives its shape in symbols, the seed card it belongs to, a one-line description, its
+TransformerLens hook name and the seed page's spelling. `trace --list`, path lookup, aliases,
+"did you mean" suggestions, the parameter shapes the loader checks and the README's table of
+paths are all derived from these two tables. Adding a value is one row here plus the line of
+math in `model.py` that computes it and passes it through `hooks(path, x)`.
+
+Symbols: T tokens, d numbers per token, H heads, d_k numbers per head, ff feed-forward width,
+V vocabulary, n_ctx longest text, 1 a kept axis of size one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+
+from .config import Config
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class Value:
+    path: str  # canonical, with L / H placeholders
+    shape: str  # in symbols, for one text (a batch adds a leading B)
+    card: int | None  # the seed page's card
+    about: str
+    lens: str | None = None  # TransformerLens hook name
+    seed: str | None = None  # the seed page's spelling
+    kind: str = "hooked"  # hooked: passes through hooks in forward; derived: computed on read
+    also: tuple[str, ...] = ()  # other spellings that resolve here
+
+
+VALUES: list[Value] = [
+    Value("ids", "T", 1, "token ids", seed="ids"),
+    Value("tokens", "T", 1, "each token's text", kind="derived"),
+    Value("token_embeddings", "T d", 2, "W_E[ids], each id's row of the embedding table",
+          "hook_embed", "tokenEmbeddings"),
+    Value("position_embeddings", "T d", 3, "W_P[0..T-1], each position's row",
+          "hook_pos_embed", "positionEmbeddings"),
+    Value("embeddings", "T d", 3, "token_embeddings + position_embeddings", seed="embeddings"),
+    Value("layers.L.resid_pre", "T d", 4, "the residual stream entering block L",
+          "blocks.L.hook_resid_pre"),
+    Value("layers.L.ln1.mean", "T 1", 4, "each token's mean, removed by ln1"),
+    Value("layers.L.ln1.std", "T 1", 4, "each token's sqrt(var + eps), divided out by ln1",
+          "blocks.L.ln1.hook_scale"),
+    Value("layers.L.ln1.out", "T d", 4, "LayerNorm before attention",
+          "blocks.L.ln1.hook_normalized", "layers[L].ln1.out", also=("layers.L.ln_1.out",)),
+    Value("layers.L.q", "H T d_k", 5, "queries, every head", "blocks.L.attn.hook_q"),
+    Value("layers.L.k", "H T d_k", 5, "keys, every head", "blocks.L.attn.hook_k"),
+    Value("layers.L.v", "H T d_k", 5, "values, every head", "blocks.L.attn.hook_v"),
+    Value("layers.L.heads.H.q", "T d_k", 5, "head H's queries"),
+    Value("layers.L.heads.H.k", "T d_k", 5, "head H's keys"),
+    Value("layers.L.heads.H.v", "T d_k", 5, "head H's values"),
+    Value("layers.L.scores", "H T T", 5,
+          "Q K^T / sqrt(d_k) + M, every head; -inf above the diagonal",
+          "blocks.L.attn.hook_attn_scores"),
+    Value("layers.L.heads.H.scores", "T T", 5, "head H's masked, scaled scores"),
+    Value("layers.L.weights", "H T T", 5, "softmax of the scores: the attention grid, every head",
+          "blocks.L.attn.hook_pattern"),
+    Value("layers.L.heads.H.weights", "T T", 5, "head H's attention grid; rows sum to 1",
+          seed="layers[L].heads[H].weights"),
+    Value("layers.L.z", "H T d_k", 5, "weights V, every head's output before c_proj",
+          "blocks.L.attn.hook_z"),
+    Value("layers.L.heads.H.out", "T d_k", 5, "head H's output, weights V"),
+    Value("layers.L.attn_out", "T d", 5, "all heads merged and projected by c_proj",
+          "blocks.L.hook_attn_out"),
+    Value("layers.L.resid_mid", "T d", 4, "resid_pre + attn_out (add)",
+          "blocks.L.hook_resid_mid"),
+    Value("layers.L.ln2.mean", "T 1", 4, "each token's mean, removed by ln2"),
+    Value("layers.L.ln2.std", "T 1", 4, "each token's sqrt(var + eps), divided out by ln2",
+          "blocks.L.ln2.hook_scale"),
+    Value("layers.L.ln2.out", "T d", 4, "LayerNorm before the feed-forward layer",
+          "blocks.L.ln2.hook_normalized", also=("layers.L.ln_2.out",)),
+    Value("layers.L.mlp_pre", "T ff", 6, "x W_1 + b_1, the hidden layer before GELU",
+          "blocks.L.mlp.hook_pre"),
+    Value("layers.L.mlp_post", "T ff", 6, "GELU(mlp_pre), the hidden neurons",
+          "blocks.L.mlp.hook_post"),
+    Value("layers.L.mlp_out", "T d", 6, "mlp_post W_2 + b_2", "blocks.L.hook_mlp_out",
+          "layers[L].mlpOut"),
+    Value("layers.L.resid_post", "T d", 7, "resid_mid + mlp_out, the block's output",
+          "blocks.L.hook_resid_post"),
+    Value("layers.length", "", 7, "how many blocks", seed="layers.length", kind="derived"),
+    Value("ln_final.mean", "T 1", 8, "each token's mean, removed by the final norm"),
+    Value("ln_final.std", "T 1", 8, "each token's sqrt(var + eps), divided out by the final norm",
+          "ln_final.hook_scale"),
+    Value("ln_final.out", "T d", 8, "the final LayerNorm", "ln_final.hook_normalized",
+          "lnFinal.out", also=("ln_f.out",)),
+    Value("logits", "T V", 9, "ln_final.out W_E^T, a score for every vocabulary token",
+          seed="logits"),
+    Value("probs", "T V", 10, "softmax(logits) at temperature 1: each position's next-token "
+          "chances", kind="derived"),
+]
+
+# Parameters in the order of the Hugging Face GPT-2 file, without its `transformer.` prefix.
+PARAMS: list[tuple[str, str, str]] = [
+    ("wte.weight", "V d", "W_E, the token embedding table; also the output head"),
+    ("wpe.weight", "n_ctx d", "W_P, the position table"),
+    ("h.L.ln_1.weight", "d", "ln1's scale"),
+    ("h.L.ln_1.bias", "d", "ln1's shift"),
+    ("h.L.attn.c_attn.weight", "d 3d", "W_Q, W_K, W_V side by side, each split into heads"),
+    ("h.L.attn.c_attn.bias", "3d", "their biases"),
+    ("h.L.attn.c_proj.weight", "d d", "W_O: merged heads back into the stream"),
+    ("h.L.attn.c_proj.bias", "d", "its bias"),
+    ("h.L.ln_2.weight", "d", "ln2's scale"),
+    ("h.L.ln_2.bias", "d", "ln2's shift"),
+    ("h.L.mlp.c_fc.weight", "d ff", "W_1"),
+    ("h.L.mlp.c_fc.bias", "ff", "b_1"),
+    ("h.L.mlp.c_proj.weight", "ff d", "W_2"),
+    ("h.L.mlp.c_proj.bias", "d", "b_2"),
+    ("ln_f.weight", "d", "the final norm's scale"),
+    ("ln_f.bias", "d", "the final norm's shift"),
+]
+
+BY_PATH: dict[str, Value] = {v.path: v for v in VALUES}
+
+
+def sizes(config: Config, t: int | None = None) -> dict[str, int]:
+    """What each shape symbol stands for in this model (T only when a text is given)."""
+    d = config.n_embd
+    out = {"d": d, "3d": 3 * d, "H": config.n_head, "d_k": config.d_k, "ff": config.n_inner,
+           "V": config.vocab_size, "n_ctx": config.n_positions, "1": 1}
+    if t is not None:
+        out["T"] = t
+    return out
+
+
+def shape_of(symbols: str, config: Config, t: int | None = None) -> tuple[int, ...]:
+    table = sizes(config, t)
+    return tuple(table[s] for s in symbols.split())
+
+
+def param_shapes(config: Config) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape, in file order."""
+    out: dict[str, tuple[int, ...]] = {}
+    blocks = [(n, s) for n, s, _ in PARAMS if n.startswith("h.L.")]
+    for n, s, _ in PARAMS:
+        if n.startswith("h.L."):
+            if n == blocks[0][0]:
+                for i in range(config.n_layer):
+                    for bn, bs in blocks:
+                        out[bn.replace("h.L.", f"h.{i}.")] = shape_of(bs, config)
+            continue
+        out[n] = shape_of(s, config)
+    return out
+
+
+def fill(pattern: str, layer: int | None = None, head: int | None = None) -> str:
+    """`layers.L.heads.H.out`, 1, 2 -> `layers.1.heads.2.out`"""
+    if layer is not None:
+        pattern = pattern.replace("layers.L.", f"layers.{layer}.")
+    if head is not None:
+        pattern = pattern.replace("heads.H.", f"heads.{head}.")
+    return pattern
+
+
+def pattern_of(path: str) -> str:
+    """`layers.1.heads.2.out` -> `layers.L.heads.H.out`"""
+    path = re.sub(r"^layers\.\d+\.", "layers.L.", path)
+    return re.sub(r"\.heads\.\d+\.", ".heads.H.", path)
+
+
+def expand(config: Config, kinds: tuple[str, ...] = ("hooked", "derived")) -> list[str]:
+    """Every concrete path, in forward order: per-block values block by block."""
+    out: list[str] = []
+    per_block = [v for v in VALUES if v.path.startswith("layers.L.") and v.kind in kinds]
+    for v in VALUES:
+        if v.kind not in kinds:
+            continue
+        if v.path.startswith("layers.L."):
+            if v is per_block[0]:
+                for i in range(config.n_layer):
+                    for b in per_block:
+                        if ".heads.H." in b.path:
+                            out += [fill(b.path, i, h) for h in range(config.n_head)]
+                        else:
+                            out.append(fill(b.path, i))
+            continue
+        out.append(v.path)
+    return out
+
+
+def describe(path: str) -> str:
+    """The schema's sentence for a concrete path, with its block and head filled in."""
+    v = BY_PATH[pattern_of(path)]
+    about = v.about
+    m = re.match(r"layers\.(\d+)\.(?:heads\.(\d+)\.)?", path)
+    if m:
+        about = re.sub(r"\bblock L\b", f"block {m[1]}", about)
+        if m[2] is not None:
+            about = re.sub(r"\bhead H\b", f"head {m[2]}", about)
+    return about + (f" (card {v.card})" if v.card else "")
+
+
+# ------------------------------------------------------------------ path lookup
+
+
+class PathError(InputError, KeyError):
+    """A path that names no value; carries the nearest valid paths."""
+
+    def __init__(self, path: str, message: str, suggestions: list[str] | None = None):
+        super().__init__(message)
+        self.path = path
+        self.message = message
+        self.suggestions = suggestions or []
+
+    def __str__(self) -> str:
+        hint = f"; did you mean {' or '.join(self.suggestions)}?" if self.suggestions else ""
+        return self.message + hint
+
+
+def _snake(segment: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", segment).lower()
+
+
+def _aliases() -> dict[str, str]:
+    """Every other spelling (TransformerLens, the seed page, `also`) -> canonical pattern."""
+    out: dict[str, str] = {}
+    for v in VALUES:
+        for other in (v.lens, v.seed, *v.also):
+            if other:
+                key = ".".join(_snake(p) for p in split_path(other.replace("[L]", ".L")
+                                                             .replace("[H]", ".H")))
+                key = key.replace("blocks.l.", "blocks.L.").replace("layers.l.", "layers.L.")
+                key = key.replace("heads.h.", "heads.H.")
+                out[key] = v.path
+    return out
+
+
+def split_path(path: str) -> list[str]:
+    """`layers[0].heads[-1].weights` -> ['layers', '0', 'heads', '-1', 'weights']"""
+    text = re.sub(r"\[\s*(-?\d+)\s*\]", r".\1", path.strip())
+    return [s for s in text.split(".") if s != ""]
+
+
+def _is_int(s: str) -> bool:
+    return re.fullmatch(r"-?\d+", s) is not None
+
+
+def _name(parts: list[str], config: Config) -> str | None:
+    """Parts of a path without trailing row indices -> a concrete canonical path, or None."""
+    parts = list(parts)
+    idx: dict[str, int] = {}
+    for key, count, ph in (("layers", config.n_layer, "L"), ("blocks", config.n_layer, "L"),
+                           ("heads", config.n_head, "H")):
+        if key in parts:
+            j = parts.index(key)
+            if j + 1 < len(parts) and _is_int(parts[j + 1]):
+                n = int(parts[j + 1])
+                if not -count <= n < count:
+                    raise PathError(
+                        ".".join(parts),
+                        f"{key[:-1]} {n} is out of range: this model has {count} "
+                        f"{key} (0..{count - 1}, or -{count}..-1)",
+                    )
+                idx[ph] = n % count
+                parts[j + 1] = ph
+    pattern = ".".join(parts)
+    pattern = ALIASES.get(pattern, pattern)
+    if pattern not in BY_PATH:
+        return None
+    if ("layers.L." in pattern and "L" not in idx) or ("heads.H." in pattern and "H" not in idx):
+        return None  # the placeholder itself was typed, not an index
+    return fill(pattern, idx.get("L"), idx.get("H"))
+
+
+def resolve(path: str, config: Config) -> tuple[str, list[int]]:
+    """A user's path -> (canonical concrete path, trailing row indices).
+
+    Dots or brackets, negative indices, camelCase, TransformerLens names all work:
+    `layers[-1].mlpOut`, `blocks.0.attn.hook_pattern`, `logits[-1]`.
+    """
+    parts = [_snake(p) if not _is_int(p) else p for p in split_path(path)]
+    if not parts:
+        raise PathError(path, "empty path: give a value's name, e.g. layers.0.heads.0.weights")
+    # The longest prefix that names a value; what follows must be indices into it.
+    for cut in range(len(parts), 0, -1):
+        head, rest = parts[:cut], parts[cut:]
+        if not all(_is_int(r) for r in rest):
+            continue
+        name = _name(head, config)
+        if name is not None:
+            return name, [int(r) for r in rest]
+    raise PathError(path, f"no value at path {path!r}", suggest(path, config))
+
+
+def suggest(path: str, config: Config) -> list[str]:
+    return difflib.get_close_matches(path.strip(), expand(config), n=2, cutoff=0.5)
+
+
+ALIASES = _aliases()

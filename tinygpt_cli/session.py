@@ -1,0 +1,134 @@
+"""A Session: one model and one text, its ids and tokens, checked once, run with any hooks.
+
+Everything a command, a test or a notebook needs to look at or change a forward pass, with
+no terminal in sight:
+
+    s = Session.open("Lily wanted to play with her")
+    s.trace()["layers.0.heads.0.weights"]                  # look
+    s.trace(ablate=["layers.1.heads.2.out"])["logits"]      # change, then look
+    s.run(hooks=RecordOnly({"layers.3.resid_post"}))        # only what is needed
+
+Errors are InputError (bad text, index or path: exit 2 in the CLI) or WeightsError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+from .hooks import Chain, Hook, ablation
+from .model import forward, trace
+from .trace import Trace
+from .weights import Model, load_model
+
+
+def check_text(text: str) -> str:
+    if text == "":
+        raise InputError("the text is empty: give at least one character")
+    return text
+
+
+def check_index(value: int, count: int, what: str) -> int:
+    """A layer, head or position index, negatives from the end; the error names the range."""
+    if not -count <= value < count:
+        raise InputError(
+            f"{what} {value} is out of range: valid {what}s are 0..{count - 1} "
+            f"(or -{count}..-1 from the end)"
+        )
+    return value % count
+
+
+def encode_checked(model: Model, text: str) -> list[int]:
+    """The text's ids, within the model's context; the errors say how long it was."""
+    ids = model.tokenizer.encode(check_text(text))
+    limit = model.config.n_positions
+    if not ids:
+        raise InputError("the text is empty: give at least one character")
+    if len(ids) > limit:
+        raise InputError(
+            f"the text is {len(ids)} tokens long; this model reads at most {limit} tokens"
+        )
+    return ids
+
+
+@dataclass
+class Session:
+    """A model, a text, its ids and token strings."""
+
+    model: Model
+    text: str
+    ids: list[int]
+    tokens: list[str]
+
+    @classmethod
+    def open(cls, text: str, weights: str | Path | None = None,
+             model: Model | None = None) -> Session:
+        model = model if model is not None else load_model(weights)
+        ids = encode_checked(model, text)
+        return cls(model, text, ids, [model.tokenizer.token_str(i) for i in ids])
+
+    @property
+    def T(self) -> int:  # noqa: N802  (the seed page's name)
+        return len(self.ids)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def params(self):
+        return self.model.params
+
+    # ---------------------------------------------------------------- checked indices
+
+    def layer(self, i: int) -> int:
+        return check_index(i, self.config.n_layer, "layer")
+
+    def head(self, i: int) -> int:
+        return check_index(i, self.config.n_head, "head")
+
+    def position(self, i: int) -> int:
+        return check_index(i, self.T, "position")
+
+    def token_id(self, token: str) -> int:
+        """A token given as its text (' toys'), or as an id ('1234')."""
+        return token_id(self.model, token)
+
+    # ---------------------------------------------------------------- running
+
+    def hooks_for(self, ablate: Iterable[str] = (), hooks: Hook | None = None) -> Hook | None:
+        ablate = list(ablate)
+        if not ablate:
+            return hooks
+        return Chain(ablation(ablate, self.config), hooks)
+
+    def run(self, hooks: Hook | None = None, ablate: Sequence[str] = ()) -> np.ndarray | None:
+        """The logits [T, V], with the hooks called on every value."""
+        return forward(self.params, self.config, np.asarray(self.ids),
+                       hooks=self.hooks_for(ablate, hooks))
+
+    def trace(self, hooks: Hook | None = None, ablate: Sequence[str] = ()) -> Trace:
+        """Every value of the forward pass, after any interventions."""
+        return trace(self.params, self.config, np.asarray(self.ids),
+                     hooks=self.hooks_for(ablate, hooks), tokens=self.tokens)
+
+
+def token_id(model: Model, token: str) -> int:
+    """A token by its exact text (' toys', with its space) or by its id; else InputError."""
+    tok = model.tokenizer
+    if token.strip().lstrip("-").isdigit():
+        i = int(token)
+        if not 0 <= i < tok.vocab_size:
+            raise InputError(f"unknown token id {i}: ids run from 0 to {tok.vocab_size - 1}")
+        return i
+    found = tok.token_to_id(token)
+    if found is None:
+        ids = tok.encode(token)
+        hint = (f"; it is {len(ids)} tokens: " + " ".join(repr(tok.token_str(i)) for i in ids)
+                if len(ids) > 1 else "")
+        raise InputError(f"{token!r} is not a single token of the vocabulary{hint}")
+    return found
