@@ -1,0 +1,97 @@
+"""Cached generation gives the tokens of the uncached loop: before the context is full, as the
+window slides past it, and with an ablation applied to every new position."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinygpt_cli.config import Config
+from tinygpt_cli.generate import CachedContext, generate, next_logits_uncached
+from tinygpt_cli.hooks import Record, ablation
+from tinygpt_cli.sampling import create_rng
+from tinygpt_cli.weights import SHIPPED, load_model
+
+PROMPT = [608, 429, 267, 346, 336, 314]  # "Lily wanted to play with her"
+
+
+def tokens(params, config, ids, n, *, cached, hooks=None, temperature=0.0, seed=0):
+    return [s.id for s in generate(params, config, ids, n, temperature=temperature,
+                                   rng=create_rng(seed), hooks=hooks, cached=cached)]
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    if not (SHIPPED / "model.safetensors").is_file():
+        pytest.skip("the shipped weights are absent")
+    return load_model()
+
+
+def test_greedy_cached_equals_uncached_over_300_tokens_on_the_shipped_model(shipped):
+    # 6 + 300 tokens: the window slides 178 times past the 128-token context.
+    p, c = shipped.params, shipped.config
+    cached = tokens(p, c, PROMPT, 300, cached=True)
+    assert len(cached) == 300
+    assert cached == tokens(p, c, PROMPT, 300, cached=False)
+
+
+def test_cached_equals_uncached_on_a_tiny_model_with_a_small_context(make_params):
+    config = Config(n_embd=12, n_layer=2, n_head=2, n_inner=20, vocab_size=23, n_positions=8)
+    params = {k: v.astype(np.float32) for k, v in make_params(config, seed=3).items()}
+    for prompt in ([1], [4, 5, 6], list(range(8)), list(range(12))):
+        cached = tokens(params, config, prompt, 300, cached=True)
+        assert cached == tokens(params, config, prompt, 300, cached=False)
+        assert len(set(cached)) > 1  # not a degenerate repetition of one token
+    # sampling draws the same numbers from the same distributions
+    for seed in range(3):
+        assert (tokens(params, config, [1, 2], 40, cached=True, temperature=1.0, seed=seed)
+                == tokens(params, config, [1, 2], 40, cached=False, temperature=1.0, seed=seed))
+
+
+def test_each_cached_step_gives_the_logits_of_a_full_pass(make_params):
+    config = Config(n_embd=12, n_layer=2, n_head=2, n_inner=20, vocab_size=23, n_positions=8)
+    params = make_params(config, seed=4)  # float64: the cache keeps the dtype
+    ctx = CachedContext(params, config, [3, 1])
+    text = [3, 1]
+    for token in [7, 2, 9, 9, 0, 5, 11, 4, 4, 8, 1]:  # runs 5 tokens past the context
+        text.append(token)
+        got = ctx.append(token)
+        assert ctx.cache.k[0].dtype == np.float64
+        np.testing.assert_allclose(got, next_logits_uncached(params, config, text),
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_cached_and_ablated_equals_uncached_and_ablated(make_params):
+    config = Config(n_embd=12, n_layer=2, n_head=2, n_inner=20, vocab_size=23, n_positions=8)
+    params = {k: v.astype(np.float32) for k, v in make_params(config, seed=5).items()}
+    for path in ("layers.0.heads.1.out", "layers.1.mlp_out", "layers.0.k"):
+        hooks = ablation([path], config)
+        for t in (0.0, 1.0):
+            ablated = tokens(params, config, [2, 7], 30, cached=True, hooks=hooks, temperature=t)
+            assert ablated == tokens(params, config, [2, 7], 30, cached=False, hooks=hooks,
+                                     temperature=t)
+    # and the ablation changes something, so the hooks really reached the new positions
+    hooks = ablation(["layers.0.attn_out", "layers.1.attn_out"], config)
+    assert (tokens(params, config, [2, 7], 30, cached=True, hooks=hooks, temperature=1.0)
+            != tokens(params, config, [2, 7], 30, cached=True, temperature=1.0))
+
+
+def test_generation_records_nothing(make_params, monkeypatch):
+    config = Config(n_embd=12, n_layer=2, n_head=2, n_inner=20, vocab_size=23, n_positions=8)
+    params = make_params(config, seed=6)
+    seen = []
+    import tinygpt_cli.generate as gen
+
+    real = gen.forward
+
+    def spy(*args, hooks=None, **kwargs):
+        seen.append((hooks, kwargs.get("last_only"), np.shape(args[2])))
+        return real(*args, hooks=hooks, **kwargs)
+
+    monkeypatch.setattr(gen, "forward", spy)
+    tokens(params, config, [1, 2, 3], 4, cached=True)
+    assert [h for h, _, _ in seen] == [None] * 4
+    assert all(last for _, last, _ in seen)
+    # the prompt once, then one position per step
+    assert [shape for _, _, shape in seen] == [(3,), (1,), (1,), (1,)]
+    assert not isinstance(seen[0][0], Record)
