@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tinygpt_cli.cli import app
-from tinygpt_cli.cli import inspect as inspect_cmds
 from tinygpt_cli.cli.app import _register
 from tinygpt_cli.config import load_config
 from tinygpt_cli.model import trace
@@ -393,7 +392,9 @@ def test_generate_respects_max_new_tokens(cli):
 
 def test_generate_writes_each_token_as_it_is_produced(cli, monkeypatch):
     """Before the model computes token k+1, token k is already on stdout."""
-    real = inspect_cmds.generate_tokens
+    import tinygpt_cli.generate as gen
+
+    real = gen.generate  # the command imports it when it runs
     written = []  # length of stdout each time the CLI asks for the next token
 
     def spy(*args, **kwargs):
@@ -401,7 +402,7 @@ def test_generate_writes_each_token_as_it_is_produced(cli, monkeypatch):
             yield step
             written.append(len(sys.stdout.getvalue()))
 
-    monkeypatch.setattr(inspect_cmds, "generate_tokens", spy)
+    monkeypatch.setattr(gen, "generate", spy)
     r = cli("generate", TEXT, "-n", 4, "--seed", 2, "--no-stop", "--json")
     lines = r.out.splitlines(keepends=True)
     assert written == [sum(map(len, lines[:k])) for k in range(1, 5)]

@@ -60,6 +60,13 @@ def _register() -> None:
     app.registered_commands.sort(key=rank)
 
 
+def _is_weights_error(e: Exception) -> bool:
+    # Only a command that imported weights.py can raise its WeightsError; looking it up here
+    # keeps NumPy out of commands (and --help) that never load weights.
+    weights = sys.modules.get("tinygpt_cli.weights")
+    return weights is not None and isinstance(e, weights.WeightsError)
+
+
 def _error(message: str, code: int) -> int:
     message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
     sys.stderr.write(f"error: {message}\n")
@@ -69,9 +76,7 @@ def _error(message: str, code: int) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; bad input ends with one `error: ...` line and exit 2, faults with exit 1."""
-    from ..trace import PathError
-    from ..weights import WeightsError
-    from .common import InputError
+    from ..errors import InputError  # PathError is one too
 
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("TINYGPT_DEBUG") == "1"
@@ -90,14 +95,10 @@ def main(argv: list[str] | None = None) -> None:
         hint = f" (see 'tinygpt {e.ctx.info_name} --help')" if e.ctx and e.ctx.parent else \
             " (see 'tinygpt --help')"
         code = _error(e.format_message() + hint, 2)
-    except (InputError, PathError) as e:
+    except InputError as e:
         if debug:
             raise
         code = _error(str(e), 2)
-    except WeightsError as e:
-        if debug:
-            raise
-        code = _error(str(e), 1)
     except typer.Abort:
         code = _error("aborted", 130)
     except KeyboardInterrupt:
@@ -110,5 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # noqa: BLE001 - the contract: no traceback without --debug
         if debug:
             raise
-        code = _error(f"{type(e).__name__}: {e} (run again with --debug for the traceback)", 1)
+        if _is_weights_error(e):
+            code = _error(str(e), 1)
+        else:
+            code = _error(f"{type(e).__name__}: {e} (run again with --debug for the traceback)",
+                          1)
     sys.exit(code if isinstance(code, int) else 0)

@@ -4,17 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import typer
-from rich.columns import Columns
-from rich.console import Group
-from rich.text import Text
 
-from ..analysis.lens import block_summary, top_neurons
-from ..render import jsonout
-from ..render.tables import fmt, header, heatmap, matrix, tensor_view, token_rows, top_table
-from ..render.text import show_text, show_token
-from ..sampling import create_rng, next_token_distribution, probabilities, sample
 from .app import app
 from .common import (
     ABLATE,
@@ -39,9 +30,17 @@ from .common import (
     wide,
 )
 
+# NumPy, Rich and the model are imported inside the commands: registering them (and
+# `tinygpt --help`) stays cheap, and each command loads only what it shows.
+
 
 def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None, below=()):
     """Print one traced value: JSON document, or header + token-labelled table (+ more)."""
+    from rich.console import Group
+
+    from ..render import jsonout
+    from ..render.tables import tensor_view
+
     value = r.trace.get(path) if value is None else value
     if as_json:
         jsonout.emit(r.document(path, value, **(extra or {})))
@@ -50,8 +49,10 @@ def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None
     (wide(view) if full else stdout()).print(Group(view, *below))
 
 
-def top_rows(r: Run, values: np.ndarray, k: int, name: str) -> list[dict]:
+def top_rows(r: Run, values, k: int, name: str) -> list[dict]:
     """The k highest entries of a vocabulary-sized row, with their tokens."""
+    import numpy as np
+
     order = np.argsort(-values, kind="stable")[:k]
     tok = r.model.tokenizer.token_str
     return [{"id": int(i), "token": tok(int(i)), name: float(values[i])} for i in order]
@@ -85,6 +86,8 @@ def pos(
 
 
 def _norm(r: Run, prefix: str, as_json: bool, full: bool):
+    from rich.text import Text
+
     mean = r.trace.get(prefix + ".mean")[:, 0]
     std = r.trace.get(prefix + ".std")[:, 0]
     show(r, prefix + ".out", as_json, full, extra={"mean": mean, "std": std},
@@ -137,6 +140,13 @@ def attn(
 
     Example: tinygpt attn "Lily wanted to play with her" --layer 0 --head 0
     """
+    from rich.columns import Columns
+    from rich.console import Group
+    from rich.text import Text
+
+    from ..render import jsonout
+    from ..render.tables import header, heatmap
+
     r = run(weights, text, ablate)
     cfg = r.model.config
     layer = check_index(layer, cfg.n_layer, "layer")
@@ -176,6 +186,12 @@ def mlp(
 
     Example: tinygpt mlp "Lily wanted to play with her" --layer 0 --top 5
     """
+    import numpy as np
+    from rich.text import Text
+
+    from ..analysis.lens import top_neurons
+    from ..render.tables import matrix, token_rows
+
     r = run(weights, text, ablate)
     layer = check_index(layer, r.model.config.n_layer, "layer")
     post = r.trace.get(f"layers.{layer}.mlp_post")
@@ -207,6 +223,15 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     The guess reads the stream through the final norm and the tied head (the "logit lens").
     Example: tinygpt blocks "Lily wanted to play with her"
     """
+    import numpy as np
+    from rich.console import Group
+    from rich.text import Text
+
+    from ..analysis.lens import block_summary
+    from ..render import jsonout
+    from ..render.tables import fmt, header
+    from ..render.text import show_token
+
     r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
     rows = block_summary(r.trace, r.model.params, r.model.config, position=p)
@@ -248,6 +273,11 @@ def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
 
     Example: tinygpt logits "Lily wanted to play with her" --position -1 --top 10
     """
+    from rich.console import Group
+
+    from ..render import jsonout
+    from ..render.tables import header, top_table
+
     r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
     row = r.trace.get("logits")[p]
@@ -268,6 +298,13 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
 
     Example: tinygpt probs "Lily wanted to play with her" --temperature 1 --top 10
     """
+    from rich.console import Group
+    from rich.text import Text
+
+    from ..render import jsonout
+    from ..render.tables import header, top_table
+    from ..sampling import probabilities
+
     r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
     pr = probabilities(r.trace.get("logits")[p], temperature)
@@ -291,6 +328,13 @@ def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = AB
 
     Example: tinygpt sample "Lily wanted to play with her" --seed 1
     """
+    import numpy as np
+    from rich.text import Text
+
+    from ..render import jsonout
+    from ..render.text import show_text, show_token
+    from ..sampling import create_rng, next_token_distribution, sample
+
     check_top_p(top_p)
     r = run(weights, text, ablate)
     dist = next_token_distribution(r.trace.get("logits")[-1], temperature, top_k, top_p)

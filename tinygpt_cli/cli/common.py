@@ -5,20 +5,48 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 
 from ..errors import InputError
-from ..render import jsonout
-from ..schema import resolve
-from ..session import Session, check_index, encode_checked
-from ..trace import Trace
-from ..weights import Model, load_model
+
+if TYPE_CHECKING:
+    from ..session import Session
+    from ..trace import Trace
+
+# This module is imported to register every command, including for `tinygpt --help`: it
+# imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
 __all__ = ["InputError", "Run", "check_index", "check_top_p", "encode_checked", "load",
            "progress", "read_text", "run",
            "stderr", "stdout", "wide"]
+
+
+def __getattr__(name: str):
+    # Session and Trace stay importable from here (tests patch common.Session) without
+    # importing the model when the commands are registered.
+    if name == "Session":
+        from ..session import Session
+
+        return Session
+    if name == "Trace":
+        from ..trace import Trace
+
+        return Trace
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def check_index(value: int, count: int, what: str) -> int:
+    from ..session import check_index as check
+
+    return check(value, count, what)
+
+
+def encode_checked(model, text: str) -> list[int]:
+    from ..session import encode_checked as encode
+
+    return encode(model, text)
 
 
 # Options, declared once so every command spells and documents them the same way.
@@ -52,8 +80,10 @@ def check_top_p(top_p: float) -> None:
 PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
 
 
-def stdout(width: int | None = None) -> Console:
+def stdout(width: int | None = None):
     """Markup and highlighting off: text from the user or the model is shown literally."""
+    from rich.console import Console
+
     console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width)
     if width is None and not console.is_terminal:
         console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
@@ -61,7 +91,7 @@ def stdout(width: int | None = None) -> Console:
     return console
 
 
-def wide(*renderables) -> Console:
+def wide(*renderables):
     """stdout, widened to the natural width of the renderables, so that a table of numbers
     (--full, a heatmap of a long text) is never cut at the edge: a terminal wraps the long
     lines and a pipe keeps them whole."""
@@ -71,7 +101,9 @@ def wide(*renderables) -> Console:
     return stdout(width=need) if need > console.width else console
 
 
-def stderr() -> Console:
+def stderr():
+    from rich.console import Console
+
     return Console(stderr=True, markup=False, highlight=False, emoji=False)
 
 
@@ -83,6 +115,8 @@ def progress(total: int | None, description: str, *, enabled: bool = True):
             for ...: advance(1)
     """
     import contextlib
+
+    from rich.console import Console
 
     err = Console(stderr=True)
     if not enabled or not err.is_terminal:
@@ -114,7 +148,10 @@ def read_text(text: str | None) -> str:
     return text
 
 
-def load(weights: Path | None) -> Model:
+def load(weights: Path | None):
+    """The weights folder's Model (weights.Model)."""
+    from ..weights import load_model
+
     return load_model(weights)
 
 
@@ -134,6 +171,8 @@ class Run:
 
     def document(self, path: str | None, value, **extra) -> dict:
         """The JSON document for a value of this run: ids, tokens and any ablations."""
+        from ..render import jsonout
+
         if self.ablated:
             extra = {"ablated": self.ablated, **extra}
         return jsonout.document(path, value, self.ids, self.tokens, **extra)
@@ -141,6 +180,9 @@ class Run:
 
 def run(weights: Path | None, text: str | None, ablate: list[str] | None = None) -> Run:
     """Read the text, open a session and trace it, zeroing the values named by --ablate."""
+    from ..schema import resolve
+    from ..session import Session
+
     model = load(weights)
     session = Session.open(read_text(text), model=model)
     ablate = list(ablate or [])

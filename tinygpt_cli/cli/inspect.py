@@ -6,18 +6,8 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import typer
-from rich.console import Group
-from rich.table import Table
-from rich.text import Text
 
-from ..files import sha256
-from ..generate import generate as generate_tokens
-from ..render import jsonout
-from ..render.tables import header, shape_str, tensor_view
-from ..render.text import show_text, show_token
-from ..sampling import create_rng
 from .app import app
 from .common import (
     ABLATE,
@@ -38,6 +28,9 @@ from .common import (
     wide,
 )
 
+# NumPy, Rich and the model are imported inside the commands: registering them (and
+# `tinygpt --help`) stays cheap, and `encode` never loads the forward pass.
+
 
 @app.command()
 def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
@@ -46,6 +39,15 @@ def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
     Shows each token's id, its text and its byte offsets in the UTF-8 text.
     Example: tinygpt encode "Lily wanted to play with her"
     """
+    import numpy as np
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..render import jsonout
+    from ..render.tables import header
+    from ..render.text import show_token
+
     model = load(weights)
     text = read_text(text)
     ids = model.tokenizer.encode(text)
@@ -90,6 +92,9 @@ def decode(
 
     Example: tinygpt decode 608 429 267 346 336 314
     """
+    from ..render import jsonout
+    from ..render.text import show_text
+
     model = load(weights)
     if not ids or ids == ["-"]:
         ids = [read_text(None)]
@@ -122,6 +127,7 @@ def generate(
                              "seed gives the same text. Default: a new one, printed on stderr.",
                              show_default=False),
     no_stop: bool = typer.Option(False, "--no-stop", help="Go on past <|endoftext|>."),
+    ablate: list[str] = ABLATE,
     as_json: bool = typer.Option(False, "--json", help="One JSON object a line: each token, "
                                  "then a summary."),
 ):
@@ -130,8 +136,18 @@ def generate(
     Example: tinygpt generate "Lily wanted" --seed 7
     Example: tinygpt generate "Once upon a time" --temperature 0
     """
+    import numpy as np
+    from rich.text import Text
+
+    from ..generate import generate as generate_tokens
+    from ..hooks import ablation
+    from ..render import jsonout
+    from ..render.text import show_text
+    from ..sampling import create_rng
+
     check_top_p(top_p)
     model = load(weights)
+    hooks = ablation(ablate, model.config) if ablate else None
     prompt = read_text(text)
     ids = encode_checked(model, prompt)
     if seed is None:
@@ -143,7 +159,8 @@ def generate(
     eot = tok.eot_id
     steps = generate_tokens(model.params, model.config, ids, max_new_tokens,
                             temperature=temperature, top_k=top_k or None, top_p=top_p,
-                            rng=create_rng(seed), stop_id=None if no_stop else eot)
+                            rng=create_rng(seed), stop_id=None if no_stop else eot,
+                            hooks=hooks)
     new: list[int] = []
     out = stdout()
     shown = ""
@@ -198,6 +215,14 @@ def trace_cmd(
     Example: tinygpt trace "Lily wanted to play with her" layers.0.heads.0.weights
     Example: tinygpt trace "Lily wanted to play with her" --list
     """
+    import numpy as np
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..render import jsonout
+    from ..render.tables import shape_str, tensor_view
+    from ..render.text import show_token
+
     if path is None and not list_paths:
         raise InputError("give a PATH to print, or --list to see every path")
     r = run(weights, text, ablate)
@@ -253,6 +278,14 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
 
     Example: tinygpt info
     """
+    import numpy as np
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..files import sha256
+    from ..render import jsonout
+
     model = load(weights)
     cfg = model.config
     groups: dict[str, int] = {}

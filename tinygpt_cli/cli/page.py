@@ -4,30 +4,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-from rich.console import Group
-from rich.padding import Padding
-from rich.panel import Panel
-from rich.text import Text
-
-from ..page import CARDS
-from ..render import jsonout
-from ..render.tables import fmt, shape_str
-from ..render.text import show_text, show_token
-from ..sampling import create_rng, probabilities, sample
 from .app import app
 from .common import ABLATE, JSON, TEXT, WEIGHTS, Run, run, stdout
 
+# NumPy and Rich are imported inside the functions: registering the commands stays cheap.
 
-def next_token(r: Run) -> tuple[np.ndarray, int]:
-    """Cards 10 and 11 as the page writes them: probabilities(logits[T-1], 1), then
+
+def next_token(r: Run) -> tuple:
+    """(probs, id): cards 10 and 11 as the page writes them: probabilities(logits[T-1], 1), then
     sample(probs, create_rng(1))."""
+    from ..sampling import create_rng, probabilities, sample
+
     probs = probabilities(r.trace.get("logits")[-1], 1.0)
     return probs, sample(probs, create_rng(1))
 
 
 def page_values(r: Run) -> dict:
     """Every value the page shows, by card number, from one trace (and the header facts)."""
+    from ..page import CARDS
+
     cfg = r.model.config
     probs, picked = next_token(r)
     values: dict = {c.number: r.trace.get(c.path) for c in CARDS if c.number <= 9}
@@ -41,13 +36,20 @@ def page_values(r: Run) -> dict:
     return values
 
 
-def _row_preview(row: np.ndarray, n: int = 4) -> str:
+def _row_preview(row, n: int = 4) -> str:
+    from ..render.tables import fmt
+
     head = ", ".join(fmt(float(x)) for x in row[:n])
     return f"[{head}, …, {fmt(float(row[-1]))}]" if row.size > n else f"[{head}]"
 
 
-def preview(r: Run, number: int, value) -> list[Text]:
+def preview(r: Run, number: int, value) -> list:
     """A few lines of real values for one card."""
+    import numpy as np
+    from rich.text import Text
+
+    from ..render.text import show_text, show_token
+
     tok = r.model.tokenizer.token_str
     if number == 1:
         pairs = "  ".join(f"{show_token(t)}={i}" for t, i in zip(r.tokens, r.ids, strict=True))
@@ -82,6 +84,10 @@ def preview(r: Run, number: int, value) -> list[Text]:
 
 
 def card_shape(number: int, value) -> str:
+    import numpy as np
+
+    from ..render.tables import shape_str
+
     if number == 7:
         return f"{value} × Block"
     if number == 11:
@@ -96,6 +102,14 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
 
     Example: tinygpt review "Lily wanted to play with her"
     """
+    import numpy as np
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.text import Text
+
+    from ..page import CARDS
+    from ..render import jsonout
+
     r = run(weights, text, ablate)
     values = page_values(r)
     facts = values["header"]
@@ -137,7 +151,9 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     console.print(Group(*parts))
 
 
-def _arrow(label: str) -> Text:
+def _arrow(label: str):
+    from rich.text import Text
+
     return Text.assemble(("      │ ", "dim"), (label, "magenta"))
 
 
@@ -148,6 +164,15 @@ def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLAT
 
     Example: tinygpt map "Lily wanted to play with her"
     """
+    import numpy as np
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.panel import Panel
+    from rich.text import Text
+
+    from ..render import jsonout
+    from ..render.text import show_token
+
     r = run(weights, text, ablate)
     cfg = r.model.config
     T, d, H, dk, ff, V = r.T, cfg.n_embd, cfg.n_head, cfg.d_k, cfg.n_inner, cfg.vocab_size

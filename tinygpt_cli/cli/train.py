@@ -9,8 +9,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from .app import app
 from .common import InputError
@@ -73,6 +71,15 @@ def train_cmd(
 
     Example: tinygpt train --data ../shared/data/tinystories --out runs/a --steps 3000
     """
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     from ..config import Config
     from ..train.data import split_data
     from ..train.loop import Settings, TrainingDataError, train
