@@ -65,15 +65,67 @@ def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str,
     return out
 
 
+_SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
+                       "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+def map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
+    """The tensors of a safetensors file as arrays over the file mapped into memory: nothing
+    is read or copied until used, and pages are shared with the page cache (start-up and
+    memory). Copy-on-write: writing to an array changes this process's copy, never the file.
+
+    The format: an 8-byte little-endian header length, a JSON header of
+    {name: {dtype, shape, data_offsets: [begin, end]}} relative to the data after it, then the
+    data. Returns None for anything but a plain well-formed file (bfloat16, say), which the
+    safetensors library then reads, or reports, as before.
+    """
+    import json
+    import mmap
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            return None
+        n = int.from_bytes(f.read(8), "little")
+        if not 2 <= n <= size - 8:
+            return None
+        try:
+            header = json.loads(f.read(n))
+        except ValueError:
+            return None
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    data_size = size - 8 - n
+    tensors = {}
+    if not isinstance(header, dict):
+        return None
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
+            shape = tuple(int(d) for d in info["shape"])
+            begin, end = (int(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        count = int(np.prod(shape, dtype=np.int64))
+        if not 0 <= begin <= end <= data_size or end - begin != count * dtype.itemsize:
+            return None
+        tensors[name] = np.frombuffer(buf, dtype, count, 8 + n + begin).reshape(shape)
+    return tensors
+
+
 def load_params(path: str | Path, config: Config) -> dict[str, np.ndarray]:
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file
 
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"weights file {path} does not exist")
     try:
-        tensors = load_file(str(path))
+        tensors = map_safetensors(path)
+        if tensors is None:
+            from safetensors.numpy import load_file
+
+            tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
     return validate_params(tensors, config)

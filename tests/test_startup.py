@@ -1,0 +1,89 @@
+"""Start-up: the weights are mapped, not copied, and a command imports only what it needs
+(checked by the modules a fresh interpreter loaded, never by timing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from tinygpt_cli.weights import SHIPPED, map_safetensors
+
+
+def test_mapped_tensors_equal_the_library_and_share_the_file(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = {"a": rng.normal(size=(3, 5)).astype(np.float32),
+               "b": rng.normal(size=(7,)).astype(np.float64),
+               "c": np.arange(6, dtype=np.int64).reshape(2, 3),
+               "d": rng.normal(size=(2, 2)).astype(np.float16),
+               "empty": np.zeros((0, 4), np.float32)}
+    path = tmp_path / "t.safetensors"
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    before = path.read_bytes()
+    got = map_safetensors(path)
+    want = load_file(str(path))
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape
+        np.testing.assert_array_equal(got[name], want[name])
+    assert not got["a"].flags.owndata  # a view of the mapping, not a copy
+    got["a"][0, 0] = 123.0  # copy-on-write: this process only
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("data", [b"", b"\x05\x00\x00\x00\x00\x00\x00\x00{}", b"\xff" * 40,
+                                  b"\x02\x00\x00\x00\x00\x00\x00\x00[]"])
+def test_malformed_files_are_left_to_the_library(tmp_path, data):
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(data)
+    assert map_safetensors(path) is None
+
+
+def test_offsets_past_the_end_are_left_to_the_library(tmp_path):
+    header = json.dumps({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    path = tmp_path / "short.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + b"\x00" * 8)
+    assert map_safetensors(path) is None
+
+
+def test_bfloat16_is_left_to_the_library(tmp_path):
+    header = json.dumps({"a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}).encode()
+    path = tmp_path / "bf16.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + b"\x00" * 4)
+    assert map_safetensors(path) is None
+
+
+def imported_by(args: list[str]) -> set[str]:
+    """The top-level packages and tinygpt modules a fresh `tinygpt ARGS` imported."""
+    code = ("import sys\nfrom tinygpt_cli.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "sys.stderr.write('\\nMODULES ' + ' '.join(sorted(sys.modules)))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"}
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                       env=env, timeout=120)
+    names = r.stderr.rsplit("MODULES ", 1)[1].split()
+    return {n for n in names if n.startswith("tinygpt_cli.")} | {n.split(".")[0] for n in names}
+
+
+def test_help_imports_neither_numpy_nor_rich_nor_the_model():
+    mods = imported_by(["--help"])
+    assert "typer" in mods
+    for heavy in ("numpy", "rich", "tokenizers", "safetensors", "tinygpt_cli.model"):
+        assert heavy not in mods
+
+
+@pytest.mark.skipif(not (SHIPPED / "model.safetensors").is_file(), reason="no shipped weights")
+def test_inspection_commands_leave_training_and_analysis_out():
+    encode = imported_by(["encode", "Lily wanted"])
+    assert "tokenizers" in encode and "tinygpt_cli.model" not in encode
+    attn = imported_by(["attn", "Lily wanted to play with her", "--layer", "0", "--head", "0"])
+    assert "tinygpt_cli.model" in attn
+    for mods in (encode, attn):
+        assert not any(m.startswith(("tinygpt_cli.train", "tinygpt_cli.analysis"))
+                       for m in mods)
+        assert "torch" not in mods and "transformers" not in mods
