@@ -1,0 +1,526 @@
+"""Every speed and memory figure of tinygpt against PyTorch + transformers, in one run.
+
+    python benchmarks/run.py                 # all of it; writes benchmarks/results.md
+    python benchmarks/run.py --runs 7 --no-training
+    python benchmarks/run.py --no-torch      # tinygpt's own figures only
+
+One thread each (OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1, set before NumPy is imported and
+passed to every subprocess; torch.set_num_threads(1)), except the training comparison, which
+is the 2-thread B 32 x T 128 step of benchmarks/train_speed.py. Each timing is the median of
+--runs runs after one untimed warm-up, on the shipped weights, the reference measured in the
+same process right after tinygpt. Prints a table (what, tinygpt, reference, ratio, goal,
+pass) and writes benchmarks/results.md with the date, the machine and the figures. Without
+torch and transformers the reference columns say "skipped".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+if any(os.environ.get(v) != "1" for v in THREAD_VARS):
+    for v in THREAD_VARS:
+        os.environ[v] = "1"
+    if "numpy" in sys.modules:  # BLAS reads these once, when loaded
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT.parent / "shared" / "data" / "tinystories"
+PROMPT = "Lily wanted to play with her"
+NEW_TOKENS = 122  # 6 + 122 = 128: the whole context
+
+
+@dataclass
+class Row:
+    what: str
+    tinygpt: str
+    reference: str = "-"
+    ratio: float | None = None
+    goal: str = ""
+    passed: bool | None = None  # None: no goal to meet, or not measured
+
+    def cells(self) -> list[str]:
+        ratio = "-" if self.ratio is None else f"{self.ratio:.2f}x"
+        ok = {True: "yes", False: "NO", None: "-"}[self.passed]
+        return [self.what, self.tinygpt, self.reference, ratio, self.goal, ok]
+
+
+def median_seconds(fn, runs: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"}
+    env.update({v: "1" for v in THREAD_VARS})
+    return env
+
+
+def run_measured(cmd: list[str], env=None) -> tuple[float, float, int, int]:
+    """(wall s, cpu s, peak RSS in MB, exit code) of one subprocess, its own rusage."""
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=env or child_env())
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss // 1024, p.returncode
+
+
+def tinygpt_cmd() -> list[str]:
+    script = Path(sys.executable).parent / "tinygpt"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "tinygpt_cli"]
+
+
+# ------------------------------------------------------------------ the two models
+
+
+def load_tinygpt():
+    from tinygpt_cli.weights import load_model
+
+    return load_model()
+
+
+def load_reference(eager: bool = False):
+    """GPT2LMHeadModel on the shipped folder (it is a transformers GPT-2 folder), one thread."""
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from tinygpt_cli.weights import SHIPPED
+
+    torch.set_num_threads(1)
+    kwargs = {"attn_implementation": "eager"} if eager else {}
+    return GPT2LMHeadModel.from_pretrained(str(SHIPPED), **kwargs).eval()
+
+
+def text_ids(model, n: int | None = None) -> np.ndarray:
+    """Token ids of the validation part (or the prompt repeated when the data is absent)."""
+    path = DATA / "part-005.txt"
+    text = path.read_text(encoding="utf-8") if path.is_file() else (PROMPT + " ") * 4000
+    if n is not None:
+        text = text[: 12 * n]  # enough characters for n tokens
+    ids = np.asarray(model.tokenizer.encode(text), dtype=np.int64)
+    return ids if n is None else ids[:n]
+
+
+# ------------------------------------------------------------------ start-up
+
+
+def startup(runs: int) -> tuple[list[Row], list[str]]:
+    import compileall
+
+    import tinygpt_cli
+
+    # As an installed package would be: byte-compiled (this does nothing if it already is).
+    compileall.compile_dir(str(Path(tinygpt_cli.__file__).parent), quiet=2)
+    rows, notes = [], []
+    for args, goal in ((["--help"], 0.12), (["encode", "Lily wanted"], 0.15),
+                       (["attn", PROMPT, "--layer", "0", "--head", "0"], 0.15)):
+        cmd = tinygpt_cmd() + args
+        run_measured(cmd)  # warm the page cache
+        got = [run_measured(cmd) for _ in range(max(runs, 7))]
+        wall = statistics.median(g[0] for g in got)
+        cpu = statistics.median(g[1] for g in got)
+        rows.append(Row(f"start-up: tinygpt {' '.join(args[:1])}", f"{wall:.3f} s "
+                        f"(cpu {cpu:.3f} s)", goal=f"<= {goal} s wall", passed=wall <= goal))
+        if args[0] != "--help":
+            notes.append(import_table(args))
+    return rows, notes
+
+
+def import_table(args: list[str], top: int = 12) -> str:
+    """`python -X importtime`'s biggest cumulative entries for one command."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "tinygpt_cli", *args],
+                       capture_output=True, text=True, env=child_env())
+    entries = []
+    for line in r.stderr.splitlines():
+        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \| (\s*)(\S+)", line)
+        if m:
+            entries.append((int(m[2]), int(m[1]), len(m[3]) // 2, m[4]))
+    entries.sort(reverse=True)
+    total = sum(e[1] for e in entries)
+    lines = [f"`python -X importtime -m tinygpt_cli {' '.join(args)}` "
+             f"({len(entries)} modules, {total / 1000:.0f} ms of imports in all), the "
+             f"{top} largest by cumulative time:", "",
+             "| cumulative ms | self ms | module |", "| ---: | ---: | --- |"]
+    lines += [f"| {c / 1000:.1f} | {s / 1000:.1f} | {'&nbsp;' * 2 * d}{name} |"
+              for c, s, d, name in entries[:top]]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ generation
+
+
+def generation(runs: int, ref) -> list[Row]:
+    from tinygpt_cli.generate import generate
+    from tinygpt_cli.sampling import create_rng
+
+    model = load_tinygpt()
+    ids = model.tokenizer.encode(PROMPT)
+    out: list[int] = []
+
+    def ours():
+        out[:] = [s.id for s in generate(model.params, model.config, ids, NEW_TOKENS,
+                                         temperature=0.0, rng=create_rng(0))]
+
+    t = median_seconds(ours, runs)
+    row = Row(f"greedy generation, {NEW_TOKENS} new tokens after {PROMPT!r}",
+              f"{NEW_TOKENS / t:,.0f} tokens/s", goal=">= 5x")
+    if ref is None:
+        row.reference = "skipped (no torch)"
+        return [row]
+    import torch
+
+    hf, theirs = ref, []
+    x = torch.tensor([ids])
+
+    def reference():
+        with torch.inference_mode():
+            y = hf.generate(x, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                            do_sample=False, use_cache=True, pad_token_id=0)
+        theirs[:] = y[0, len(ids):].tolist()
+
+    tr = median_seconds(reference, runs)
+    row.reference = f"{NEW_TOKENS / tr:,.0f} tokens/s"
+    row.ratio = tr / t
+    row.passed = row.ratio >= 5
+    same = sum(a == b for a, b in zip(out, theirs, strict=False))
+    row.what += f" (same tokens as transformers: {same}/{NEW_TOKENS})"
+    return [row]
+
+
+# ------------------------------------------------------------------ the traced forward pass
+
+
+def traced(runs: int, ref_eager) -> list[Row]:
+    from tinygpt_cli.model import trace
+
+    model = load_tinygpt()
+    rows = []
+    for t_len, goal in ((128, 0.5), (6, 1.0)):
+        ids = text_ids(model, t_len) if t_len == 128 else np.asarray(
+            model.tokenizer.encode(PROMPT))
+        t = median_seconds(lambda ids=ids: trace(model.params, model.config, ids), runs)
+        row = Row(f"forward pass, every value recorded, T={t_len}", f"{t * 1000:.2f} ms",
+                  goal=f"<= {goal}x the time")
+        if ref_eager is not None:
+            import torch
+
+            x = torch.from_numpy(ids[None])
+
+            def reference(x=x):
+                with torch.inference_mode():
+                    ref_eager(x, output_attentions=True, output_hidden_states=True)
+
+            tr = median_seconds(reference, runs)
+            row.reference = f"{tr * 1000:.2f} ms"
+            row.ratio = t / tr
+            row.passed = row.ratio <= goal
+        else:
+            row.reference = "skipped (no torch)"
+        rows.append(row)
+    return rows
+
+
+def foundation(runs: int) -> list[Row]:
+    """The traced forward pass against the one before the refactor (commit cccc9d4)."""
+    from tinygpt_cli.model import trace
+
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "cccc9d4", "tinygpt_cli"],
+                                 capture_output=True)
+        if archive.returncode != 0:
+            return [Row("forward pass, every value recorded, T=128, vs commit cccc9d4",
+                        "-", "skipped (no git history)")]
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        os.rename(Path(tmp) / "tinygpt_cli", Path(tmp) / "tinygpt_cccc9d4")
+        sys.path.insert(0, tmp)
+        try:
+            from tinygpt_cccc9d4.model import forward as old_forward
+        finally:
+            sys.path.remove(tmp)
+        model = load_tinygpt()
+        ids = text_ids(model, 128)
+        t = median_seconds(lambda: trace(model.params, model.config, ids), runs)
+        told = median_seconds(lambda: old_forward(model.params, model.config, ids), runs)
+    return [Row("forward pass, every value recorded, T=128, vs commit cccc9d4",
+                f"{t * 1000:.2f} ms", f"{told * 1000:.2f} ms", t / told, "<= 1x the time",
+                t / told <= 1.0)]
+
+
+# ------------------------------------------------------------------ scoring
+
+
+def windows_of(ids: np.ndarray, n_ctx: int) -> np.ndarray:
+    """Windows of n_ctx inputs and their n_ctx next tokens: [N, n_ctx + 1], stride n_ctx."""
+    n = (len(ids) - 1) // n_ctx
+    idx = np.arange(n)[:, None] * n_ctx + np.arange(n_ctx + 1)[None, :]
+    return ids[idx]
+
+
+def window_losses(params, config, windows: np.ndarray) -> np.ndarray:
+    """The loss (nats) of every next token of a batch of windows [B, T+1] -> [B, T]; the
+    logits' log-softmax is taken in place, so a batch needs one [B, T, V] array."""
+    from tinygpt_cli.model import forward
+
+    logits = forward(params, config, windows[:, :-1])  # [B, T, V]
+    logits -= logits.max(axis=-1, keepdims=True)
+    picked = np.take_along_axis(logits, windows[:, 1:, None], axis=-1)[..., 0]
+    np.exp(logits, out=logits)
+    return np.log(logits.sum(axis=-1)) - picked
+
+
+def score_all(params, config, windows: np.ndarray, batch: int) -> np.ndarray:
+    return np.concatenate([window_losses(params, config, windows[i:i + batch])
+                           for i in range(0, len(windows), batch)])
+
+
+def scoring(runs: int, ref, n_windows: int, batch: int) -> list[Row]:
+    model = load_tinygpt()
+    w = windows_of(text_ids(model), model.config.n_positions)[:n_windows]
+    tokens = w.shape[0] * (w.shape[1] - 1)
+    losses: list[np.ndarray] = []
+    t = median_seconds(lambda: losses.append(score_all(model.params, model.config, w, batch)),
+                       runs)
+    ours = losses[-1]
+    row = Row(f"scoring part-005: first {len(w)} windows of {w.shape[1] - 1}, batches of "
+              f"{batch}, mean loss {ours.mean():.4f}", f"{tokens / t:,.0f} tokens/s",
+              goal=">= 1.5x")
+    if ref is None:
+        row.reference = "skipped (no torch)"
+        return [row]
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.from_numpy(w)
+    theirs: list = []
+
+    def reference():
+        with torch.inference_mode():
+            out = []
+            for i in range(0, len(x), batch):
+                xb = x[i:i + batch]
+                logits = ref(xb[:, :-1]).logits
+                out.append(F.cross_entropy(logits.transpose(1, 2), xb[:, 1:], reduction="none"))
+            theirs[:] = [torch.cat(out).numpy()]
+
+    tr = median_seconds(reference, runs)
+    row.reference = f"{tokens / tr:,.0f} tokens/s"
+    row.ratio = tr / t
+    row.passed = row.ratio >= 1.5
+    row.what += f", largest |loss difference| {np.abs(ours - theirs[0]).max():.1e}"
+    return [row]
+
+
+def score_child(path: str, batch: int) -> None:
+    """Run by the memory figure in a subprocess: the per-token loss of a whole file."""
+    model = load_tinygpt()
+    text = Path(path).read_text(encoding="utf-8")
+    ids = np.asarray(model.tokenizer.encode(text), dtype=np.int64)
+    losses = score_all(model.params, model.config, windows_of(ids, model.config.n_positions),
+                       batch)
+    print(f"{losses.size} tokens, mean loss {losses.mean():.4f}")
+
+
+# ------------------------------------------------------------------ memory
+
+
+def memory(batch: int) -> list[Row]:
+    gen = tinygpt_cmd() + ["generate", PROMPT, "-t", "0", "-n", str(NEW_TOKENS), "--no-stop"]
+    rss = [run_measured(gen)[2] for _ in range(3)]
+    rows = [Row("peak memory: tinygpt generate (122 tokens)", f"{max(rss)} MB",
+                goal="<= 80 MB", passed=max(rss) <= 80)]
+    part = DATA / "part-005.txt"
+    if not part.is_file():
+        return rows + [Row("peak memory: scoring part-005", "skipped (no data)")]
+    wall, _, mb, code = run_measured([sys.executable, __file__, "--score-child", str(part),
+                                      "--batch", str(batch)])
+    rows.append(Row(f"peak memory: scoring all of part-005 (batches of {batch}; the function "
+                    "this script times)", f"{mb} MB ({wall:.1f} s)" if code == 0 else
+                    f"failed (exit {code})", goal="<= 150 MB", passed=code == 0 and mb <= 150))
+    has_score = run_measured(tinygpt_cmd() + ["score", "--help"])[3] == 0
+    if not has_score:
+        rows.append(Row("peak memory: tinygpt score --file part-005", "skipped: no `tinygpt "
+                        "score` command yet"))
+        return rows
+    wall, _, mb, code = run_measured(tinygpt_cmd() + ["score", "--file", str(part)])
+    rows.append(Row("peak memory: tinygpt score --file part-005",
+                    f"{mb} MB ({wall:.1f} s)" if code == 0 else f"failed (exit {code})",
+                    goal="<= 150 MB", passed=code == 0 and mb <= 150))
+    return rows
+
+
+# ------------------------------------------------------------------ training
+
+
+def training(steps: int, torch_ok: bool) -> list[Row]:
+    import json
+
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "train_speed.py"), "--steps", str(steps),
+           "--threads", "2", "--json"] + ([] if torch_ok else ["--no-torch"])
+    env = child_env()
+    for v in THREAD_VARS:
+        env[v] = "2"
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        return [Row("training step, B 32 x T 128, 2 threads", f"failed: {r.stderr[-200:]}")]
+    doc = json.loads(r.stdout)
+    res = {x["framework"]: x for x in doc["results"]}
+    row = Row(f"training step, B 32 x T 128, 2 threads ({steps} steps each)",
+              f"{res['numpy']['tokens_per_s']:,.0f} tokens/s", goal=">= 0.9x")
+    if "torch" in res:
+        row.reference = f"{res['torch']['tokens_per_s']:,.0f} tokens/s"
+        row.ratio = doc["numpy_over_torch"]
+        row.passed = row.ratio >= 0.9
+    else:
+        row.reference = "skipped (no torch)"
+    return [row]
+
+
+# ------------------------------------------------------------------ report
+
+
+def machine() -> dict[str, str]:
+    info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "cpu": platform.processor() or platform.machine(),
+            "cores": str(os.cpu_count()),
+            "python": platform.python_version(), "numpy": np.__version__}
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"model name\s*:\s*(.+)", f.read())
+        if m:
+            info["cpu"] = m[1]
+    except OSError:
+        pass
+    try:
+        cfg = np.show_config(mode="dicts")
+        blas = cfg["Build Dependencies"]["blas"]
+        info["blas"] = f"{blas.get('name')} {blas.get('version', '')}".strip()
+    except Exception:  # noqa: BLE001 - older NumPy: no dict form
+        info["blas"] = "unknown"
+    try:
+        import torch
+        import transformers
+
+        info["torch"] = torch.__version__
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        info["torch"] = "not installed (reference skipped)"
+    info["load"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    return info
+
+
+def table(rows: list[Row], markdown: bool) -> str:
+    head = ["what", "tinygpt", "reference (PyTorch)", "ratio", "goal", "pass"]
+    cells = [r.cells() for r in rows]
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
+        out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+        return "\n".join(out)
+    widths = [max(len(x) for x in col) for col in zip(head, *cells, strict=True)]
+    widths[0] = min(widths[0], 70)
+    line = "  ".join
+    out = [line(h.ljust(w) for h, w in zip(head, widths, strict=True))]
+    out += [line(c[:w].ljust(w) if i == 0 else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(row, widths, strict=True))) for row in cells]
+    return "\n".join(out)
+
+
+def report(rows, notes, info, args) -> str:
+    facts = "\n".join(f"- {k}: {v}" for k, v in info.items())
+    return f"""# Benchmark results
+
+Written by `python benchmarks/run.py` (issue 8). Each timing is the median of {args.runs} runs
+after one warm-up, one thread each (`OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1`,
+`torch.set_num_threads(1)`), on the shipped weights; the reference is `transformers`'
+`GPT2LMHeadModel` on the same folder, measured in the same process. A ratio is how many
+times tinygpt's throughput the reference's (for tokens/s), or tinygpt's time over the
+reference's (for times). Training is `benchmarks/train_speed.py` at 2 threads.
+
+{facts}
+
+{args.note}
+
+{table(rows, markdown=True)}
+
+## Imports on the inspection path
+
+{chr(10).join(chr(10) + n + chr(10) for n in notes)}
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=5, help="timed runs per figure (median; 5)")
+    p.add_argument("--windows", type=int, default=64, help="windows of part-005 timed (64)")
+    p.add_argument("--batch", type=int, default=8, help="windows per scoring batch (8)")
+    p.add_argument("--train-steps", type=int, default=5, help="training steps timed (5)")
+    p.add_argument("--no-torch", action="store_true", help="skip the reference")
+    p.add_argument("--no-training", action="store_true", help="skip the training figure")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results.md")
+    p.add_argument("--note", default="", help="a line for results.md (how loaded the "
+                   "machine was, say)")
+    p.add_argument("--score-child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.score_child:
+        score_child(args.score_child, args.batch)
+        return 0
+    if args.runs < 5:
+        p.error("--runs must be at least 5")
+
+    ref = ref_eager = None
+    if not args.no_torch:
+        try:
+            ref, ref_eager = load_reference(), load_reference(eager=True)
+        except ImportError as e:
+            print(f"reference skipped: {e}", file=sys.stderr)
+    torch_ok = ref is not None
+
+    def log(s):
+        print(s, file=sys.stderr, flush=True)
+
+    rows: list[Row] = []
+    log("start-up ...")
+    start_rows, notes = startup(args.runs)
+    rows += start_rows
+    log("generation ...")
+    rows += generation(args.runs, ref)
+    log("traced forward pass ...")
+    rows += traced(args.runs, ref_eager)
+    rows += foundation(args.runs)
+    log("scoring ...")
+    rows += scoring(args.runs, ref, args.windows, args.batch)
+    log("memory ...")
+    rows += memory(args.batch)
+    if not args.no_training:
+        log("training (2 threads) ...")
+        rows += training(args.train_steps, torch_ok)
+    info = machine()
+    print(table(rows, markdown=False))
+    from tinygpt_cli.files import write_text
+
+    write_text(args.out, report(rows, notes, info, args))
+    print(f"\nwrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
