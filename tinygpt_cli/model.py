@@ -98,7 +98,13 @@ def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.nd
     mean = hooks(name + ".mean", x.mean(axis=-1, keepdims=True))  # [T, 1]
     centred = x - mean
     std = hooks(name + ".std", np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + eps))
-    return hooks(name + ".out", centred / std * g + b)  # [T, d]
+    out = centred / std
+    if out.dtype == np.result_type(out, g, b):  # in place, the same numbers with fewer arrays
+        out *= g
+        out += b
+    else:
+        out = out * g + b
+    return hooks(name + ".out", out)  # [T, d]
 
 
 def _heads(name: str, x: np.ndarray, prefix: str, hooks: Hook, n_head: int) -> None:

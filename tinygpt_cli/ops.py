@@ -93,7 +93,11 @@ def layer_norm_backward_parts(dout, x, g, mean, std):
 
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     """x W + b with W stored (in, out), as GPT-2's Conv1D.  [..., in] -> [..., out]"""
-    return x @ w + b
+    out = x @ w
+    if out.dtype != np.result_type(out, b):
+        return out + b
+    out += b  # in place: one array, not two
+    return out
 
 
 def linear_backward(dout, x, w):
@@ -109,8 +113,21 @@ _GELU_C = float(np.sqrt(2.0 / np.pi))
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
-    """GPT-2's `gelu_new`: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    return 0.5 * x * (1.0 + np.tanh(_GELU_C * (x + 0.044715 * x * x * x)))
+    """GPT-2's `gelu_new`: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+
+    Computed in two arrays instead of nine temporaries, in the same order of operations, so
+    the numbers are those of the one-line formula bit for bit.
+    """
+    t = 0.044715 * x
+    t *= x
+    t *= x
+    t += x
+    t *= _GELU_C
+    np.tanh(t, out=t)
+    t += 1.0
+    out = 0.5 * x
+    out *= t
+    return out
 
 
 def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -163,8 +180,10 @@ def attention_scores_backward(dscores, q, k):
 
 
 def softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
-    e = np.exp(z - z.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
+    e = z - z.max(axis=axis, keepdims=True)
+    np.exp(e, out=e)  # in place: one array for the whole softmax
+    e /= e.sum(axis=axis, keepdims=True)
+    return e
 
 
 def softmax_backward(dout: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -200,7 +219,25 @@ def dropout_mask(shape, p: float, rng: np.random.Generator, dtype) -> np.ndarray
 
 def unembed(u: np.ndarray, wte: np.ndarray) -> np.ndarray:
     """z = u W_E^T, the output head tied to the embedding table.  [..., d] -> [..., vocab]"""
-    return u @ wte.T
+    return u @ tied_head(wte)
+
+
+_HEADS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def tied_head(wte: np.ndarray) -> np.ndarray:
+    """W_E^T [d, vocab]. For a read-only table (loaded weights) a contiguous copy, made once:
+    BLAS multiplies by it several times faster than by the transposed view. A writable table
+    (training changes it in place) is used as the view, so it is never stale.
+    """
+    if wte.flags.writeable or wte.ndim != 2:
+        return wte.T
+    hit = _HEADS.get(id(wte))
+    if hit is None or hit[0] is not wte:  # the table is kept, so its id is not reused
+        if len(_HEADS) >= 4:
+            _HEADS.pop(next(iter(_HEADS)))
+        hit = _HEADS[id(wte)] = (wte, np.ascontiguousarray(wte.T))
+    return hit[1]
 
 
 def unembed_backward(dout, u, wte):

@@ -51,15 +51,36 @@ ORDER = ["encode", "embed", "pos", "norm", "attn", "mlp", "blocks", "final-norm"
          "train-tokenizer", "train", "model-card"]
 
 
+def _command_name(command) -> str:
+    return command.name or command.callback.__name__.replace("_", "-")
+
+
 def _register() -> None:
     # Commands register themselves on import; one module per group.
     from . import cards, inspect, page, train  # noqa: F401
 
     def rank(command) -> int:
-        name = command.name or command.callback.__name__
+        name = _command_name(command)
         return ORDER.index(name) if name in ORDER else len(ORDER)
 
     app.registered_commands.sort(key=rank)
+
+
+def _click_command(args: list[str]):
+    """The click group for these arguments. `tinygpt NAME ...` builds NAME's command only:
+    turning all the others' signatures into click options would cost start-up time for
+    nothing; --help, no command or an unknown one builds them all."""
+    everything = app.registered_commands
+    # a group option first (--help, --version) is about the group as a whole
+    name = args[0] if args and not args[0].startswith("-") else None
+    chosen = [c for c in everything if _command_name(c) == name]
+    if not chosen:
+        return typer.main.get_command(app)
+    app.registered_commands = chosen
+    try:
+        return typer.main.get_command(app)
+    finally:
+        app.registered_commands = everything
 
 
 _INT = re.compile(r"[+-]?\d+")
@@ -162,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     args = [a for a in args if a != "--debug"]
     _register()
     _quick_coercion()
-    command = typer.main.get_command(app)
+    command = _click_command(args)
     try:
         code = command.main(args=args, prog_name="tinygpt", standalone_mode=False)
     except getattr(click_errors, "NoArgsIsHelpError", ()) as e:
