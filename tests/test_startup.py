@@ -32,8 +32,25 @@ def test_mapped_tensors_equal_the_library_and_share_the_file(tmp_path):
         assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape
         np.testing.assert_array_equal(got[name], want[name])
     assert not got["a"].flags.owndata  # a view of the mapping, not a copy
-    got["a"][0, 0] = 123.0  # copy-on-write: this process only
+    with pytest.raises(ValueError, match="read-only"):
+        got["a"][0, 0] = 123.0
     assert path.read_bytes() == before
+
+
+def test_loaded_params_are_read_only_views_and_the_head_copy_is_the_same_numbers(tiny_folder):
+    from tinygpt_cli import ops
+    from tinygpt_cli.weights import load_model
+
+    params = load_model(tiny_folder.folder).params
+    wte = params["wte.weight"]
+    assert not wte.flags.writeable and not wte.flags.owndata
+    head = ops.tied_head(wte)
+    assert head.flags.c_contiguous and head is ops.tied_head(wte)  # made once
+    np.testing.assert_array_equal(head, wte.T)
+    writable = wte.copy()
+    assert ops.tied_head(writable).base is writable  # a training table: the live view
+    u = np.random.default_rng(1).normal(size=(3, wte.shape[1])).astype(np.float32)
+    np.testing.assert_allclose(ops.unembed(u, wte), u @ writable.T, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("data", [b"", b"\x05\x00\x00\x00\x00\x00\x00\x00{}", b"\xff" * 40,

@@ -72,7 +72,8 @@ _SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "
 def map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
     """The tensors of a safetensors file as arrays over the file mapped into memory: nothing
     is read or copied until used, and pages are shared with the page cache (start-up and
-    memory). Copy-on-write: writing to an array changes this process's copy, never the file.
+    memory). The arrays are read-only, so the file cannot be changed through them, and the
+    forward pass may keep derived copies of them (ops.tied_head).
 
     The format: an 8-byte little-endian header length, a JSON header of
     {name: {dtype, shape, data_offsets: [begin, end]}} relative to the data after it, then the
@@ -93,7 +94,7 @@ def map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
             header = json.loads(f.read(n))
         except ValueError:
             return None
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     data_size = size - 8 - n
     tensors = {}
     if not isinstance(header, dict):
