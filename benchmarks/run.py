@@ -37,7 +37,10 @@ if any(os.environ.get(v) != "1" for v in THREAD_VARS):
 import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data" / "tinystories"
+DATA = next((p for p in (Path(os.environ.get("TINYGPT_DATA", "/nonexistent")),
+                         ROOT.parent / "shared" / "data" / "tinystories",
+                         ROOT.parent.parent / "shared" / "data" / "tinystories")
+             if p.is_dir()), ROOT.parent / "shared" / "data" / "tinystories")
 PROMPT = "Lily wanted to play with her"
 NEW_TOKENS = 122  # 6 + 122 = 128: the whole context
 
@@ -58,13 +61,15 @@ class Row:
 
 
 def median_seconds(fn, runs: int, warmup: int = 1) -> float:
+    """Median CPU time of fn (the process's, user + system). Both sides run on one thread, so
+    on an idle machine this is the wall time; on a loaded one it leaves out the waiting."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(runs):
-        t = time.perf_counter()
+        t = time.process_time()
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(time.process_time() - t)
     return statistics.median(times)
 
 
@@ -74,15 +79,29 @@ def child_env() -> dict[str, str]:
     return env
 
 
+# Linux counts the memory a process had before exec() in its peak (ru_maxrss), so a command
+# started straight from this process (with torch loaded: 400 MB) would seem that large. A
+# small interpreter starts it instead and reports its rusage: (wall, cpu, peak KB, code).
+LAUNCHER = """
+import os, sys, time
+t = time.perf_counter()
+quiet = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_WRONLY, 0) for fd in (1, 2)]
+pid = os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ, file_actions=quiet)
+_, status, u = os.wait4(pid, 0)
+print(time.perf_counter() - t, u.ru_utime + u.ru_stime, u.ru_maxrss,
+      os.waitstatus_to_exitcode(status))
+"""
+
+
 def run_measured(cmd: list[str], env=None) -> tuple[float, float, int, int]:
-    """(wall s, cpu s, peak RSS in MB, exit code) of one subprocess, its own rusage."""
-    t = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         env=env or child_env())
-    _, status, usage = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t
-    p.returncode = os.waitstatus_to_exitcode(status)
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss // 1024, p.returncode
+    """(wall s, cpu s, peak RSS in MB, exit code) of one command, by its own rusage."""
+    import shutil
+
+    exe = cmd[0] if os.path.isabs(cmd[0]) else shutil.which(cmd[0]) or cmd[0]
+    r = subprocess.run([sys.executable, "-c", LAUNCHER, exe, *cmd[1:]], capture_output=True,
+                       text=True, env=env or child_env())
+    wall, cpu, kb, code = r.stdout.split()[-4:]
+    return float(wall), float(cpu), int(kb) // 1024, int(code)
 
 
 def tinygpt_cmd() -> list[str]:
@@ -451,9 +470,13 @@ def report(rows, notes, info, args) -> str:
 Written by `python benchmarks/run.py` (issue 8). Each timing is the median of {args.runs} runs
 after one warm-up, one thread each (`OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1`,
 `torch.set_num_threads(1)`), on the shipped weights; the reference is `transformers`'
-`GPT2LMHeadModel` on the same folder, measured in the same process. A ratio is how many
-times tinygpt's throughput the reference's (for tokens/s), or tinygpt's time over the
-reference's (for times). Training is `benchmarks/train_speed.py` at 2 threads.
+`GPT2LMHeadModel` on the same folder, measured in the same process right after tinygpt.
+In-process timings are CPU time (both sides are single-threaded, so on an idle machine
+that is the wall time; on a loaded one it leaves out the time spent waiting for a core);
+start-up is wall time of a fresh process (its CPU time beside it), and memory the peak
+resident size of a fresh process. A ratio is tinygpt's throughput over the reference's
+(tokens/s) or tinygpt's time over the reference's (times). Training is
+`benchmarks/train_speed.py` at 2 threads (its own wall-clock timing).
 
 {facts}
 
