@@ -95,3 +95,21 @@ def test_generation_records_nothing(make_params, monkeypatch):
     # the prompt once, then one position per step
     assert [shape for _, _, shape in seen] == [(3,), (1,), (1,), (1,)]
     assert not isinstance(seen[0][0], Record)
+
+
+def test_the_generate_command_applies_ablate_to_every_new_token(cli, tiny):
+    from cli_helpers import TEXT, TEXT_IDS
+
+    m = tiny.model
+    for path in ("layers.0.mlp_out", "layers.1.heads.0.out"):
+        want = [s.id for s in generate(m.params, m.config, TEXT_IDS, 12, temperature=1.0,
+                                       rng=create_rng(5), cached=False,
+                                       hooks=ablation([path], m.config))]
+        r = cli("generate", TEXT, "-n", 12, "--seed", 5, "-t", 1, "--no-stop", "--json",
+                "--ablate", path)
+        assert r.code == 0, r.err
+        assert r.ndjson()[-1]["ids"] == TEXT_IDS + want
+    plain = cli("generate", TEXT, "-n", 12, "--seed", 5, "-t", 1, "--no-stop", "--json")
+    assert plain.ndjson()[-1]["ids"] != TEXT_IDS + want  # the ablation changed the text
+    r = cli("generate", TEXT, "--ablate", "layers.9.mlp_out")
+    assert r.code == 2 and r.err.startswith("error: ")
