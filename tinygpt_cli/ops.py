@@ -93,11 +93,13 @@ def layer_norm_backward_parts(dout, x, g, mean, std):
 
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     """x W + b with W stored (in, out), as GPT-2's Conv1D.  [..., in] -> [..., out]"""
-    out = x @ w
+    # A batch [B, T, in] as one [B*T, in] product: one BLAS call, not one per text.
+    out = x.reshape(-1, x.shape[-1]) @ w
     if out.dtype != np.result_type(out, b):
-        return out + b
-    out += b  # in place: one array, not two
-    return out
+        out = out + b
+    else:
+        out += b  # in place: one array, not two
+    return out.reshape(*x.shape[:-1], w.shape[-1])
 
 
 def linear_backward(dout, x, w):
@@ -219,7 +221,8 @@ def dropout_mask(shape, p: float, rng: np.random.Generator, dtype) -> np.ndarray
 
 def unembed(u: np.ndarray, wte: np.ndarray) -> np.ndarray:
     """z = u W_E^T, the output head tied to the embedding table.  [..., d] -> [..., vocab]"""
-    return u @ tied_head(wte)
+    head = tied_head(wte)
+    return (u.reshape(-1, u.shape[-1]) @ head).reshape(*u.shape[:-1], head.shape[-1])
 
 
 _HEADS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
