@@ -301,7 +301,9 @@ def window_losses(params, config, windows: np.ndarray) -> np.ndarray:
     from tinygpt_cli.model import forward
 
     logits = forward(params, config, windows[:, :-1])  # [B, T, V]
-    logits -= logits.max(axis=-1, keepdims=True)
+    if not (logits.max() < 60.0 and logits.min() > -60.0):  # exp could over- or underflow
+        logits -= logits.max(axis=-1, keepdims=True)  # so shift each row to max 0
+    # (otherwise exp is safe as it is, and the logits need no pass that writes them)
     picked = np.take_along_axis(logits, windows[:, 1:, None], axis=-1)[..., 0]
     np.exp(logits, out=logits)
     return np.log(logits.sum(axis=-1)) - picked
