@@ -54,6 +54,16 @@ def refresh(readme: str) -> str:
     return "\n".join(out)
 
 
+TABLE = re.compile(r"(<!-- schema:values -->\n)(?:.*?\n)?(<!-- /schema:values -->)", re.S)
+
+
+def refresh_table(readme: str) -> str:
+    """The table of values between the schema markers, from tinygpt_cli.schema."""
+    from tinygpt_cli.schema import markdown_table
+
+    return TABLE.sub(lambda m: m[1] + markdown_table() + "\n" + m[2], readme)
+
+
 if __name__ == "__main__":
     path = Path("README.md")
-    path.write_text(refresh(path.read_text()))
+    path.write_text(refresh_table(refresh(path.read_text())))
