@@ -173,8 +173,8 @@ def heatmap(h: Heatmap) -> Block:
 def _legend(lo: float, hi: float, stops, masked: bool) -> tuple[str, float]:
     gid = f"scale{next(_ids)}"
     width = 160
-    grad = "".join(f'<stop offset="{num(k / (len(stops) - 1))}" stop-color="{ramp(stops, k / (len(stops) - 1))}"/>'
-                   for k in range(len(stops)))
+    at = [k / (len(stops) - 1) for k in range(len(stops))]
+    grad = "".join(f'<stop offset="{num(x)}" stop-color="{ramp(stops, x)}"/>' for x in at)
     out = [f'<defs><linearGradient id="{gid}">{grad}</linearGradient></defs>',
            f'<rect class="legend" width="{width}" height="10" fill="url(#{gid})"/>',
            text(0, 24, fmt(lo), size=10, fill=DIM),
