@@ -101,10 +101,12 @@ class Row:
 
 @dataclass(frozen=True)
 class Section:
-    """A heading and its parts (a card of the review page)."""
+    """A heading and its parts (a card of the review page). `anchor` names it in a web page
+    (id="card-5"), so a link can point at it and a test can find it."""
 
     heading: str
     parts: list
+    anchor: str = ""
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,8 @@ def part(p) -> str:
     if isinstance(p, Row):
         return '<div class="row">' + "".join(f"<div>{part(q)}</div>" for q in p.parts) + "</div>"
     if isinstance(p, Section):
-        return (f'<section class="card"><h2>{esc(p.heading)}</h2>'
+        anchor = f' id="{esc(p.anchor)}"' if p.anchor else ""
+        return (f'<section class="card"{anchor}><h2>{esc(p.heading)}</h2>'
                 + "\n".join(part(q) for q in p.parts) + "</section>")
     raise TypeError(f"cannot draw {type(p).__name__}")
 

@@ -137,7 +137,7 @@ def review_figure(text: str, tokens: list[str], ids: list[int], facts: dict, car
              "vocab": "Vocabulary", "longest": "Longest text"}
     pairs = [(name, f"{k} = {facts[k]:,}" + (" tokens" if k in ("vocab", "longest") else ""))
              for k, name in label.items()]
-    parts: list = [Section("The model and the text", [Note(text), Facts(pairs)])]
+    parts: list = [Section("The model and the text", [Note(text), Facts(pairs)], anchor="facts")]
     for c in cards:
         v = values[c.number]
         shape = (f"{v} × Block" if c.number == 7 else "1 id" if c.number == 11
@@ -160,8 +160,9 @@ def review_figure(text: str, tokens: list[str], ids: list[int], facts: dict, car
                             ("the text becomes", text + decode([picked]))])]
         else:
             body += _small(c.number, v, tokens, ids, tok)
-        parts.append(Section(f"{c.number}. {c.title}", body))
-    parts.append(Section("Map", [model_flow(text, map_stages, facts["L"], tok(picked))]))
+        parts.append(Section(f"{c.number}. {c.title}", body, anchor=f"card-{c.number}"))
+    parts.append(Section("Map", [model_flow(text, map_stages, facts["L"], tok(picked))],
+                         anchor="map"))
     return Figure("Quick review", parts, subtitle=f"of {text!r}")
 
 
