@@ -72,7 +72,7 @@ def test_attn_svg_has_a_cell_per_visible_weight_with_its_exact_value(cli, tiny, 
         i, row, j, col, value = tip(cell)
         assert j <= i and (row, col) == (shown[i], shown[j])
         # The hover text reads back as the very float32 the JSON document carries.
-        assert np.float32(value) == np.float32(weights[i, j])
+        assert value == str(np.float32(weights[i, j]))
         seen.add((i, j))
     assert seen == {(i, j) for i in range(T) for j in range(i + 1)}
     # The first token can only look at itself: weight 1, the top colour of the scale (viridis).

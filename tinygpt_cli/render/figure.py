@@ -2,11 +2,24 @@
 
 A command builds a Figure from plain numbers and display strings; `svg.document` and
 `html.document` draw the same Figure as a vector image or as one self-contained web page. No
-terminal, no math here: labels are already display strings (see `text.show_token`), values
-are already computed.
+terminal, no math here: labels are display strings (`token_labels` makes them from tokens),
+values are already computed and keep their dtype (the hover text shows float32 digits).
 
-    fig = Figure("attention of layer 0", [Heatmap(grid, labels, labels, path="...")])
-    save_figure(fig, path, force)      # cli/common.py: the format comes from the extension
+A command that draws something takes the three options and makes one call, before it prints
+anything (so that a refused --save is the only output):
+
+    from ..render.figure import Bars, Figure, Heatmap, Note, Row, Table, token_labels
+    from .common import FORCE, QUIET, SAVE, save_figure
+
+    def lens(..., save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
+        ...
+        labels = token_labels(r.tokens)
+        save_figure(Figure("logit lens", [Heatmap(probs, stage_names, labels, path="lens",
+                                                  lo=0.0, hi=1.0)]), save, force)
+        if as_json: ...
+        stdout().print(...)  # prints nothing under --quiet; --json is not affected
+
+`save_figure(figure, None, force)` does nothing, so the call needs no `if save`.
 """
 
 from __future__ import annotations
@@ -136,8 +149,7 @@ def value_parts(path: str, value: np.ndarray, tokens: list[str], title: str = ""
     """The picture of any traced value: a 2-D array as a heatmap (rows labelled by token when
     there is one row per token), a 1-D one as a one-row heatmap, a 3-D one as one heatmap per
     leading index (heads)."""
-    value = np.asarray(value, dtype=np.float64) if np.asarray(value).dtype.kind in "iufb" \
-        else np.asarray(value)
+    value = np.asarray(value)  # kept in its own dtype: the hover text shows float32 digits
     labels = token_labels(tokens)
     if value.ndim == 0:
         return [Table(["value"], [[float(value)]], title=title, path=path)]
@@ -169,7 +181,7 @@ def attention_figure(path: str, grids: np.ndarray, tokens: list[str], *,
                      scores: bool = False) -> Figure:
     """Attention grids, T × T (one head) or H × T × T (every head of a block, side by side):
     rows are the token looking, columns the tokens it looks at."""
-    grids = np.asarray(grids, dtype=np.float64)
+    grids = np.asarray(grids)
     labels = token_labels(tokens)
     lo, hi = (None, None) if scores else (0.0, 1.0)
     mask = causal_mask(len(labels))

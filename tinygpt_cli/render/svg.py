@@ -57,6 +57,28 @@ def exact(x, dtype) -> str:
     return str(np.dtype(dtype).type(x)) if kind in "fiu" else str(x)
 
 
+def exacts(a: np.ndarray) -> np.ndarray:
+    """exact() of every entry at once (NumPy prints the shortest round-tripping digits)."""
+    if a.dtype.kind not in "fiu":
+        return np.vectorize(lambda x: exact(x, a.dtype))(a)
+    out = a.astype(str)
+    if a.dtype.kind == "f":
+        out[np.isneginf(a)], out[np.isposinf(a)], out[np.isnan(a)] = "-inf", "inf", "nan"
+    return out
+
+
+def ramps(stops, x: np.ndarray) -> np.ndarray:
+    """ramp() of every entry at once: '#rrggbb' strings, NaN (undrawn) as black."""
+    x = np.clip(np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0), 0.0, 1.0)
+    x = x * (len(stops) - 1)
+    i = np.minimum(x.astype(int), len(stops) - 2)
+    f = (x - i)[..., None]
+    table = np.asarray(stops, dtype=np.float64)
+    rgb = np.rint(table[i] + (table[i + 1] - table[i]) * f).astype(int)
+    return np.vectorize(lambda r, g, b: f"#{r:02x}{g:02x}{b:02x}")(rgb[..., 0], rgb[..., 1],
+                                                                   rgb[..., 2])
+
+
 def ramp(stops, x: float) -> str:
     x = min(max(x, 0.0), 1.0) * (len(stops) - 1)
     i = min(int(x), len(stops) - 2)
@@ -151,13 +173,18 @@ def heatmap(h: Heatmap) -> Block:
     out.append(f'<rect x="{num(gx)}" y="{num(gy)}" width="{num(m * cw)}" '
                f'height="{num(n * ch)}" fill="{GRID_BG}"/>')
     numbered = [str(j) for j in range(m)] == list(h.col_labels)
-    for i, j in zip(*np.nonzero(drawn), strict=True):
-        x = grid[i, j]
-        col = f"column {j}" if numbered else f"column {j} {h.col_labels[j]}"
-        tip = f"row {i} {h.row_labels[i]} · {col} = {exact(raw.reshape(n, m)[i, j], raw.dtype)}"
-        out.append(f'<rect class="cell" x="{num(gx + j * cw)}" y="{num(gy + i * ch)}" '
-                   f'width="{num(cw)}" height="{num(ch)}" '
-                   f'fill="{ramp(stops, (x - lo) / span)}"><title>{esc(tip)}</title></rect>')
+    rows = [esc(f"row {i} {label} · ") for i, label in enumerate(h.row_labels)]
+    cols = [esc(f"column {j}" if numbered else f"column {j} {label}")
+            for j, label in enumerate(h.col_labels)]
+    # Up to 128 × 128 cells a grid, a dozen grids a page: everything per cell is precomputed.
+    fills = ramps(stops, (grid - lo) / span).tolist()
+    values = exacts(raw.reshape(n, m)).tolist()
+    xs = [num(gx + j * cw) for j in range(m)]
+    ys = [num(gy + i * ch) for i in range(n)]
+    size = f'width="{num(cw)}" height="{num(ch)}"'
+    for i, j in zip(*(a.tolist() for a in np.nonzero(drawn)), strict=True):
+        out.append(f'<rect class="cell" x="{xs[j]}" y="{ys[i]}" {size} fill="{fills[i][j]}">'
+                   f"<title>{rows[i]}{cols[j]} = {values[i][j]}</title></rect>")
     bottom = gy + n * ch
     legend, lh = _legend(lo, hi, stops, masked=bool((~drawn).any()))
     out.append(f'<g transform="translate({num(gx)} {num(bottom + 10)})">{legend}</g>')
