@@ -254,6 +254,11 @@ def test_review_page_in_chromium(cli, tiny, browser, tmp_path):
     d, heads, layers = TINY.n_embd, TINY.n_head, TINY.n_layer
     per_card = {c["id"]: c["cells"] for c in cards}
     assert all(per_card[f"card-{n}"] == T * d for n in (2, 3, 4, 6, 8))
+    shapes = {1: f"shape{T}", 2: f"shape{T} × {d}", 5: f"shape{T} × {T}",
+              9: f"shape{T} × {TINY.vocab_size}", 10: f"shape{TINY.vocab_size}",
+              11: "shape1 id"}
+    for n, shape in shapes.items():
+        assert shape in cards[n - 1]["text"], (n, shape)
     assert per_card["card-5"] == layers * heads * TRIANGLE
     assert dom["cells"] == 5 * T * d + layers * heads * TRIANGLE
     assert dom["colLabels"] == tokens
