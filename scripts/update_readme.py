@@ -7,6 +7,12 @@ Each example is a marker line followed by a code block:
     (replaced by the command's real output)
     ```
 
+A picture is a marker line whose command writes a file with --save, followed by the
+Markdown that shows it; the command is run and the file rewritten, the Markdown left alone:
+
+    <!-- picture: tinygpt attn "Lily wanted to play with her" --all-heads --save docs/a.svg -->
+    ![every head of layer 0](docs/a.svg)
+
 Run from the repository root, with `tinygpt` on PATH: python scripts/update_readme.py
 """
 
@@ -19,6 +25,7 @@ import sys
 from pathlib import Path
 
 MARKER = re.compile(r"^<!-- run: (.*) -->$")
+PICTURE = re.compile(r"^<!-- picture: (.*) -->$")
 
 
 def run(command: str) -> str:
@@ -30,6 +37,15 @@ def run(command: str) -> str:
     return "\n".join(line.rstrip() for line in text.rstrip("\n").splitlines())
 
 
+def draw(command: str) -> None:
+    """Run a command that writes a picture (--force: the old picture is replaced)."""
+    sys.stderr.write(f"$ {command}\n")
+    env = {**os.environ, "NO_COLOR": "1", "TERM": "dumb"}
+    env.pop("TINYGPT_WEIGHTS", None)
+    subprocess.run(["bash", "-o", "pipefail", "-c", f"{command} --force --quiet"], env=env,
+                   check=True)
+
+
 def refresh(readme: str) -> str:
     lines = readme.split("\n")
     out: list[str] = []
@@ -39,6 +55,8 @@ def refresh(readme: str) -> str:
         out.append(line)
         m = MARKER.match(line)
         i += 1
+        if picture := PICTURE.match(line):
+            draw(picture[1])
         if not m:
             continue
         if i < len(lines) and lines[i].startswith("```"):

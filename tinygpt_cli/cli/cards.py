@@ -11,18 +11,22 @@ from rich.console import Group
 from rich.text import Text
 
 from ..analysis.lens import block_summary, top_neurons
-from ..render import jsonout
+from ..render import jsonout, pictures
+from ..render.figure import attention_figure, value_figure
 from ..render.tables import fmt, header, heatmap, matrix, tensor_view, token_rows, top_table
 from ..render.text import show_text, show_token
 from ..sampling import create_rng, next_token_distribution, probabilities, sample
 from .app import app
 from .common import (
     ABLATE,
+    FORCE,
     FULL,
     HEAD,
     JSON,
     LAYER,
     POSITION,
+    QUIET,
+    SAVE,
     SEED,
     TEMPERATURE,
     TEXT,
@@ -35,14 +39,18 @@ from .common import (
     check_index,
     check_top_p,
     run,
+    save_figure,
     stdout,
     wide,
 )
 
 
-def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None, below=()):
-    """Print one traced value: JSON document, or header + token-labelled table (+ more)."""
+def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None, below=(),
+         save=None, force=False):
+    """Print one traced value: JSON document, or header + token-labelled table (+ more);
+    with --save, write its picture first (the value as a heatmap)."""
     value = r.trace.get(path) if value is None else value
+    save_figure(value_figure(path, value, r.tokens), save, force)
     if as_json:
         jsonout.emit(r.document(path, value, **(extra or {})))
         return
@@ -62,12 +70,13 @@ def top_rows(r: Run, values: np.ndarray, k: int, name: str) -> list[dict]:
 
 @app.command()
 def embed(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
-          as_json: bool = JSON, full: bool = FULL):
+          as_json: bool = JSON, full: bool = FULL,
+          save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 2: each token id picks its row of the embedding table W_E.
 
     Example: tinygpt embed "Lily wanted to play with her"
     """
-    show(run(weights, text, ablate), "token_embeddings", as_json, full)
+    show(run(weights, text, ablate), "token_embeddings", as_json, full, save=save, force=force)
 
 
 @app.command()
@@ -75,19 +84,21 @@ def pos(
     text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     as_json: bool = JSON, full: bool = FULL,
     total: bool = typer.Option(False, "--sum", help="Show embeddings = tokens + positions."),
+    save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Card 3: each position's row of W_P, added to the token rows (--sum shows the result).
 
     Example: tinygpt pos "Lily wanted to play with her" --sum
     """
     path = "embeddings" if total else "position_embeddings"
-    show(run(weights, text, ablate), path, as_json, full)
+    show(run(weights, text, ablate), path, as_json, full, save=save, force=force)
 
 
-def _norm(r: Run, prefix: str, as_json: bool, full: bool):
+def _norm(r: Run, prefix: str, as_json: bool, full: bool, save=None, force=False):
     mean = r.trace.get(prefix + ".mean")[:, 0]
     std = r.trace.get(prefix + ".std")[:, 0]
-    show(r, prefix + ".out", as_json, full, extra={"mean": mean, "std": std},
+    show(r, prefix + ".out", as_json, full, extra={"mean": mean, "std": std}, save=save,
+         force=force,
          below=[Text("mean and std are each token's own, taken before the norm; "
                      "out = (x - mean) / std * weight + bias", style="dim")])
 
@@ -99,6 +110,7 @@ def norm(
     which: str = typer.Option("ln1", "--which", help="ln1 (before attention) or ln2 (before "
                               "the feed-forward layer)."),
     as_json: bool = JSON, full: bool = FULL,
+    save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Card 4: LayerNorm of one block, with each token's mean and std.
 
@@ -108,17 +120,18 @@ def norm(
         raise InputError(f"--which must be ln1 or ln2, not {which!r}")
     r = run(weights, text, ablate)
     layer = check_index(layer, r.model.config.n_layer, "layer")
-    _norm(r, f"layers.{layer}.{which}", as_json, full)
+    _norm(r, f"layers.{layer}.{which}", as_json, full, save, force)
 
 
 @app.command("final-norm")
 def final_norm(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
-               as_json: bool = JSON, full: bool = FULL):
+               as_json: bool = JSON, full: bool = FULL,
+               save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 8: the final LayerNorm after the last block.
 
     Example: tinygpt final-norm "Lily wanted to play with her"
     """
-    _norm(run(weights, text, ablate), "ln_final", as_json, full)
+    _norm(run(weights, text, ablate), "ln_final", as_json, full, save, force)
 
 
 # ------------------------------------------------------------------ card 5
@@ -131,7 +144,7 @@ def attn(
     all_heads: bool = typer.Option(False, "--all-heads", help="Show every head side by side."),
     scores: bool = typer.Option(False, "--scores", help="Show the masked, scaled scores "
                                 "QK^T/sqrt(d_k) instead of the softmax weights."),
-    as_json: bool = JSON,
+    as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Card 5: the T × T attention grid of one head as a heatmap (rows attend to columns).
 
@@ -144,6 +157,7 @@ def attn(
     if all_heads:
         path = f"layers.{layer}.{field}"
         grids = r.trace.get(path)
+        save_figure(attention_figure(path, grids, r.tokens, scores=scores), save, force)
         if as_json:
             jsonout.emit(r.document(path, grids))
             return
@@ -154,6 +168,7 @@ def attn(
     head = check_index(head, cfg.n_head, "head")
     path = f"layers.{layer}.heads.{head}.{field}"
     grid = r.trace.get(path)
+    save_figure(attention_figure(path, grid, r.tokens, scores=scores), save, force)
     if as_json:
         jsonout.emit(r.document(path, grid))
         return
@@ -171,6 +186,7 @@ def mlp(
     text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE, layer: int = LAYER,
     top: int = typer.Option(5, "--top", "-k", min=1, help="How many hidden neurons to list."),
     as_json: bool = JSON, full: bool = FULL,
+    save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Card 6: the feed-forward output of one block, and its most active hidden neurons.
 
@@ -181,6 +197,8 @@ def mlp(
     post = r.trace.get(f"layers.{layer}.mlp_post")
     neurons = top_neurons(post, min(top, post.shape[1]))
     path = f"layers.{layer}.mlp_out"
+    save_figure(pictures.neurons_figure(path, r.trace.get(path), r.tokens, layer, neurons), save,
+                force)
     if as_json:
         show(r, path, True, full, extra={"top_neurons": neurons})
         return
@@ -201,7 +219,7 @@ def mlp(
 @app.command()
 def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
            as_json: bool = JSON,
-           position: int = POSITION):
+           position: int = POSITION, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 7: the residual stream after each block, what each block changed, the top guess.
 
     The guess reads the stream through the final norm and the tied head (the "logit lens").
@@ -212,6 +230,7 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     rows = block_summary(r.trace, r.model.params, r.model.config, position=p)
     tok = r.model.tokenizer.token_str
     norms = np.stack([row["norm"] for row in rows])  # [n_layer + 1, T]
+    save_figure(pictures.blocks_figure(rows, tok, p, r.tokens), save, force)
     if as_json:
         stages = [{k: v for k, v in row.items() if k != "norm"} | {"top_token": tok(row["top_id"])}
                   for row in rows]
@@ -243,7 +262,7 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
 @app.command()
 def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
            position: int = POSITION, top: int = TOP,
-           as_json: bool = JSON):
+           as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 9: one score per vocabulary token at a position; lists the highest.
 
     Example: tinygpt logits "Lily wanted to play with her" --position -1 --top 10
@@ -253,6 +272,7 @@ def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     row = r.trace.get("logits")[p]
     path = f"logits[{p}]"
     rows = top_rows(r, row, top, "logit")
+    save_figure(pictures.top_figure(path, rows, "logit", r.tokens), save, force)
     if as_json:
         jsonout.emit(r.document(path, row, position=p, top=rows))
         return
@@ -263,7 +283,8 @@ def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
 @app.command()
 def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
           position: int = POSITION,
-          temperature: float = TEMPERATURE, top: int = TOP, as_json: bool = JSON):
+          temperature: float = TEMPERATURE, top: int = TOP, as_json: bool = JSON,
+          save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 10: softmax turns the scores into chances that add up to 1.
 
     Example: tinygpt probs "Lily wanted to play with her" --temperature 1 --top 10
@@ -273,6 +294,7 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     pr = probabilities(r.trace.get("logits")[p], temperature)
     path = f"probabilities(logits[{p}], {temperature:g})"
     rows = top_rows(r, pr, top, "chance")
+    save_figure(pictures.top_figure(path, rows, "chance", r.tokens, percent=True), save, force)
     if as_json:
         jsonout.emit(r.document(path, pr, position=p,
                                       temperature=temperature, top=rows))

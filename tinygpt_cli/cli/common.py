@@ -10,15 +10,16 @@ import typer
 from rich.console import Console
 
 from ..errors import InputError
+from ..files import write_atomically
 from ..render import jsonout
 from ..schema import resolve
 from ..session import Session, check_index, encode_checked
 from ..trace import Trace
 from ..weights import Model, load_model
 
-__all__ = ["InputError", "Run", "check_index", "check_top_p", "encode_checked", "load",
-           "progress", "read_text", "run",
-           "stderr", "stdout", "wide"]
+__all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "check_index", "check_top_p",
+           "encode_checked", "load", "progress", "read_text", "run", "save_figure", "stderr",
+           "stdout", "wide"]
 
 
 # Options, declared once so every command spells and documents them the same way.
@@ -44,6 +45,67 @@ TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0,
                      help="Keep the likeliest tokens whose chances add up to p (1: all).")
 
 
+# --save, --force, --quiet: every command that draws something takes all three.
+_quiet = False  # set by --quiet for the one command being run; stdout() then prints nothing
+
+
+def _set_quiet(ctx: typer.Context, value: bool) -> bool:
+    global _quiet
+    if value:
+        _quiet = True
+        ctx.call_on_close(_clear_quiet)  # in-process callers (tests) run the next command loud
+    return value
+
+
+def _clear_quiet() -> None:
+    global _quiet
+    _quiet = False
+
+
+def _check_save(value: Path | None) -> Path | None:
+    if value is not None:
+        picture_format(value)  # a bad path fails at once, not after the model has run
+    return value
+
+
+SAVE = typer.Option(None, "--save", callback=_check_save, show_default=False, metavar="FILE",
+                    help="Also write the picture to FILE: .svg (a vector drawing) or .html "
+                    "(one self-contained web page), by the extension.")
+FORCE = typer.Option(False, "--force", help="Let --save overwrite an existing file.")
+QUIET = typer.Option(False, "--quiet", "-q", callback=_set_quiet,
+                     help="Print no terminal view (with --save: only write the file).")
+
+
+def picture_format(path: Path) -> str:
+    """'svg' or 'html' from the extension of a --save path, checked before anything runs."""
+    kind = {".svg": "svg", ".html": "html", ".htm": "html"}.get(path.suffix.lower())
+    if kind is None:
+        raise InputError(f"--save {path}: unknown extension {path.suffix or '(none)'!r}; use "
+                         ".svg (a vector drawing) or .html (a web page)")
+    if not path.parent.is_dir():
+        raise InputError(f"--save {path}: the folder {path.parent} does not exist")
+    if path.is_dir():
+        raise InputError(f"--save {path}: that is a folder; give a file name ending .svg or "
+                         ".html")
+    return kind
+
+
+def save_figure(figure, path: Path | None, force: bool = False) -> None:
+    """Write `figure` (render.figure.Figure) to the --save path, if one was given: SVG or HTML
+    by the extension, atomically, never over an existing file without --force. Call it before
+    printing the terminal view, so a refusal is the only output."""
+    if path is None:
+        return
+    path = Path(path)
+    kind = picture_format(path)
+    if path.exists() and not force:
+        raise InputError(f"--save {path}: the file exists; add --force to overwrite it")
+    from ..render import html, svg
+
+    data = (svg.document if kind == "svg" else html.document)(figure)
+    write_atomically(path, data.encode("utf-8"))
+
+
 def check_top_p(top_p: float) -> None:
     if top_p <= 0:
         raise InputError("--top-p must be in (0, 1]")
@@ -54,10 +116,11 @@ PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines n
 
 def stdout(width: int | None = None) -> Console:
     """Markup and highlighting off: text from the user or the model is shown literally."""
-    console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width)
+    console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width,
+                      quiet=_quiet)
     if width is None and not console.is_terminal:
         console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
-                          width=PIPE_WIDTH)
+                          width=PIPE_WIDTH, quiet=_quiet)
     return console
 
 

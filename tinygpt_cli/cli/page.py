@@ -11,12 +11,12 @@ from rich.panel import Panel
 from rich.text import Text
 
 from ..page import CARDS
-from ..render import jsonout
+from ..render import jsonout, pictures
 from ..render.tables import fmt, shape_str
 from ..render.text import show_text, show_token
 from ..sampling import create_rng, probabilities, sample
 from .app import app
-from .common import ABLATE, JSON, TEXT, WEIGHTS, Run, run, stdout
+from .common import ABLATE, FORCE, JSON, QUIET, SAVE, TEXT, WEIGHTS, Run, run, save_figure, stdout
 
 
 def next_token(r: Run) -> tuple[np.ndarray, int]:
@@ -91,7 +91,7 @@ def card_shape(number: int, value) -> str:
 
 @app.command()
 def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
-           as_json: bool = JSON):
+           as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """The whole "Quick review" page for a text: the facts, then all 11 cards with real values.
 
     Example: tinygpt review "Lily wanted to play with her"
@@ -99,6 +99,7 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     r = run(weights, text, ablate)
     values = page_values(r)
     facts = values["header"]
+    save_figure(review_figure(r, values), save, force)
     if as_json:
         cards = []
         for c in CARDS:
@@ -137,22 +138,28 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     console.print(Group(*parts))
 
 
+def review_figure(r: Run, values: dict):
+    """The page as a picture (--save page.html): every card with its values, every head."""
+    from ..analysis.lens import block_summary
+
+    cfg = r.model.config
+    return pictures.review_figure(
+        r.text, r.tokens, list(r.ids), values["header"], CARDS, values,
+        [r.trace.get(f"layers.{i}.weights") for i in range(cfg.n_layer)],
+        block_summary(r.trace, r.model.params, cfg, position=r.T - 1),
+        r.model.tokenizer.token_str, r.model.tokenizer.decode, map_stages(r))
+
+
 def _arrow(label: str) -> Text:
     return Text.assemble(("      │ ", "dim"), (label, "magenta"))
 
 
-@app.command("map")
-def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
-            as_json: bool = JSON):
-    """The model as a diagram, every arrow labelled with its shape for this text.
-
-    Example: tinygpt map "Lily wanted to play with her"
-    """
-    r = run(weights, text, ablate)
+def map_stages(r: Run) -> list[tuple[str, str, str]]:
+    """The map's stages for this text: (name, operation, shape of what comes out)."""
     cfg = r.model.config
     T, d, H, dk, ff, V = r.T, cfg.n_embd, cfg.n_head, cfg.d_k, cfg.n_inner, cfg.vocab_size
     td = f"{T} × {d}"
-    stages = [
+    return [
         ("1 Inputs", "tokenizer.encode(text)", f"{T} ids"),
         ("2 Embedding", "W_E[ids]", td),
         ("3 Position", "+ W_P[0..T-1]", td),
@@ -168,6 +175,21 @@ def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLAT
         ("10 Softmax", "probabilities(logits[T-1])", f"{V:,}"),
         ("11 Output", "sample(probs, rng)", "1 id"),
     ]
+
+
+@app.command("map")
+def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+            as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
+    """The model as a diagram, every arrow labelled with its shape for this text.
+
+    Example: tinygpt map "Lily wanted to play with her"
+    """
+    r = run(weights, text, ablate)
+    cfg = r.model.config
+    td = f"{r.T} × {cfg.n_embd}"
+    stages = map_stages(r)
+    save_figure(pictures.map_figure(r.text, stages, cfg.n_layer, r.model.tokenizer.token_str(
+        next_token(r)[1])), save, force)
     if as_json:
         jsonout.emit(r.document("map", np.asarray([s[0] for s in stages]),
                                       stages=[{"stage": s, "op": o, "shape_out": sh}
@@ -178,7 +200,7 @@ def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLAT
     def box(stage: str, op: str) -> Text:
         return Text.assemble(("  ▣ ", "dim"), (f"{stage:<19}", "bold"), (op, ""))
 
-    head = [Text.assemble(("  ", ""), (repr(r.text), "bold green")), _arrow(f"{T} tokens")]
+    head = [Text.assemble(("  ", ""), (repr(r.text), "bold green")), _arrow(f"{r.T} tokens")]
     for s, o, sh in stages[:3]:
         head += [box(s, o), _arrow(sh)]
     inner: list[Text] = []
