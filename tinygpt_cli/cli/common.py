@@ -24,8 +24,11 @@ __all__ = ["InputError", "Run", "check_index", "check_top_p", "encode_checked", 
 # Options, declared once so every command spells and documents them the same way.
 TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin.",
                       show_default=False)
+# The name is passed on as typed (parser=str), so that an empty --weights "" stays empty and
+# is refused by load_model instead of becoming Path("") == Path("."), the current folder.
 WEIGHTS = typer.Option(None, "--weights", help="Weights folder (default: $TINYGPT_WEIGHTS, "
-                       "then the shipped model).", show_default=False)
+                       "then the shipped model).", show_default=False, parser=str,
+                       metavar="DIR")
 JSON = typer.Option(False, "--json", help="Print one JSON document on stdout.")
 FULL = typer.Option(False, "--full", help="Show every column instead of the first and last.")
 LAYER = typer.Option(0, "--layer", "-l", help="Block index; negative counts from the end.")
