@@ -26,3 +26,15 @@ class WriteError(WeightsError):
 
 class RunError(WeightsError):
     """A training run that cannot go on: its loss diverged or its run folder is broken."""
+
+
+def check_utf8(text: str, what: str) -> None:
+    """Python hands bytes that are not UTF-8 (in argv, or in a stdin decoded leniently) over
+    as lone surrogates, which no tokenizer can encode: refuse them as bad input."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else \
+            f"U+{ord(bad):04X}"
+        raise InputError(f"{what} is not valid UTF-8 ({byte} at character {e.start})") from None

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..errors import InputError
+from ..errors import InputError, check_utf8
 from ..render import jsonout
 from ..schema import resolve
 from ..session import Session, check_index, encode_checked
@@ -48,8 +48,8 @@ TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0,
 
 
 def check_top_p(top_p: float) -> None:
-    if top_p <= 0:
-        raise InputError("--top-p must be in (0, 1]")
+    if not 0 < top_p <= 1:  # written so that NaN fails too
+        raise InputError(f"--top-p must be in (0, 1], got {top_p!r}")
 
 
 PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
@@ -109,12 +109,30 @@ def read_text(text: str | None) -> str:
     if text is None or text == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise InputError("no text: give it as an argument, or pipe it on stdin with '-'")
-        text = sys.stdin.read()
+        text = _read_stdin()
         if text.endswith("\n"):
             text = text[:-1]  # the newline `echo` adds is not part of the text
+    else:
+        check_utf8(text, "the text argument")
     if text == "":
         raise InputError("the text is empty: give at least one character")
     return text
+
+
+def _read_stdin() -> str:
+    """stdin as UTF-8 whatever the locale says, universal newlines as Python's text mode."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a StringIO in tests: already text
+        text = sys.stdin.read()
+        check_utf8(text, "stdin")
+        return text
+    data = buffer.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"stdin is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                         f"{e.start}); convert it first, e.g. with iconv -t UTF-8") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def load(weights: Path | None) -> Model:
