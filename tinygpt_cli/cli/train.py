@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shlex
 import sys
@@ -110,27 +111,39 @@ def train_cmd(
     except ValueError as e:
         raise InputError(str(e)) from None
     err = Console(stderr=True)
-    err.print(f"train: {', '.join(f.name for f in train_files)}; validation: "
-              f"{', '.join(f.name for f in val_files) or 'none'}", markup=False, highlight=False)
+    header = (f"train: {', '.join(f.name for f in train_files)}; validation: "
+              f"{', '.join(f.name for f in val_files) or 'none'}")
     # The loss shows "-" until the first step has one (never "nan").
     columns = [TextColumn("step {task.completed}/{task.total}"), BarColumn(),
                TextColumn("loss {task.fields[loss]}  val {task.fields[val]}  "
                           "{task.fields[tps]:,.0f} tok/s"), TimeElapsedColumn(),
                TimeRemainingColumn()]
-    with Progress(*columns, console=err, transient=False) as progress:
-        task = progress.add_task("train", total=steps, loss="-", val="-", tps=0.0)
+    with contextlib.ExitStack() as stack:
+        shown: list[Progress] = []
+
+        def bar() -> Progress:
+            """Started at the first note or step, once the folder and the data have passed
+            their checks: an error before then is the one line on stderr."""
+            if not shown:
+                err.print(header, markup=False, highlight=False)
+                shown.append(stack.enter_context(Progress(*columns, console=err)))
+                shown[0].add_task("train", total=steps, loss="-", val="-", tps=0.0)
+            return shown[0]
 
         def on_step(info):
             fields = {"loss": f"{info.loss:.3f}", "tps": info.tokens_per_s}
             if info.val_loss is not None:
                 fields["val"] = f"{info.val_loss:.3f}"
-            progress.update(task, completed=info.step, **fields)
+            progress = bar()
+            progress.update(progress.task_ids[0], completed=info.step, **fields)
+
+        def on_note(text: str) -> None:
+            bar().console.print(text, markup=False, highlight=False)
 
         try:
             result = train(train_files, val_files, out, settings, resume=resume, force=force,
                            command="tinygpt " + shlex.join(sys.argv[1:]),
-                           on_step=on_step, on_note=lambda s: progress.console.print(
-                               s, markup=False, highlight=False))
+                           on_step=on_step, on_note=on_note)
         except TrainingDataError as e:
             raise InputError(str(e)) from None
     best = result["best_val_loss"]
@@ -148,9 +161,13 @@ def model_card_cmd(
     Example: tinygpt model-card runs/a --data ../shared/data/tinystories
     """
     from ..train.card import write_card
+    from .common import progress
 
+    if not run.is_dir():
+        raise InputError(f"run folder {run} does not exist" if not run.exists()
+                         else f"{run} is not a folder")
     try:
-        write_card(run, data)
-    except (ValueError, FileNotFoundError) as e:
+        write_card(run, data, progress=progress, on_note=lambda s: sys.stderr.write(s + "\n"))
+    except ValueError as e:  # the data: missing, not UTF-8 (a broken run is a RunError)
         raise InputError(str(e)) from None
     sys.stderr.write(f"wrote {run / 'MODEL_CARD.md'} and {run / 'loss_curve.svg'}\n")
