@@ -8,9 +8,10 @@ import numpy as np
 
 from .errors import InputError
 
-# Below this a temperature divides float32 scores of order 10 past float32's range, and the
-# chances become NaN; above it every temperature is a well-defined distribution.
-MIN_TEMPERATURE = 1e-4
+# A subnormal temperature (1e-320) divides any score past float64's range and the chances
+# become NaN. Far above that, 1e-6 already puts all the chance on the top score of any real
+# model's logits: smaller positive values would only be greedy decoding spelled riskily.
+MIN_TEMPERATURE = 1e-6
 
 
 def check_temperature(temperature: float) -> None:
