@@ -362,6 +362,9 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
            on_step, on_note) -> dict:
     note = on_note or (lambda s: None)
     _start_fresh(out, resume, force)
+    if settings.snapshots and (out / HISTORY).is_symlink():
+        raise WriteError(f"cannot write {out / HISTORY}: it is a symbolic link, which tinygpt "
+                         "never writes through")
     _remove_stale_temporaries(out)
     ckpt, log_path = out / CHECKPOINT, out / LOG
     config = Config(**settings.config)
