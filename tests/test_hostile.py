@@ -279,6 +279,8 @@ CASES = [
      ["--temperature"]),
     ("temperature-inf-generate", nothing, ["generate", TEXT, "-t", "inf", "--seed", "1", *W], 2,
      ["--temperature", "inf"]),
+    ("temperature-tiny-generate-unseeded", nothing, ["generate", TEXT, "-t", "1e-9", *W], 2,
+     ["--temperature", "1e-09"]),
     ("top-p-nan", nothing, ["sample", TEXT, "--top-p", "nan", *W], 2, ["--top-p"]),
     ("weights-empty", nothing, ["embed", TEXT, "--weights", ""], 2, ["--weights is empty"]),
     ("weights-missing", nothing, ["info", "--weights", "{tmp}/nowhere"], 2,
