@@ -240,7 +240,15 @@ def log_lines(edit):
 def no_space_left(ctx: Ctx) -> None:
     def full(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    ctx.extra["patch"] = ("fsync", full)
+    ctx.extra["patch"] = (os, "fsync", full)
+
+
+def read_only(ctx: Ctx) -> None:
+    import tempfile
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    ctx.extra["patch"] = (tempfile, "mkstemp", denied)
 
 
 def hold_lock(ctx: Ctx) -> None:
@@ -299,6 +307,11 @@ CASES = [
      ["--vocab-size", "257"]),
     ("vocab-too-large", nothing, [*TRAIN, *DATA, "--out", "{tmp}/o", "--vocab-size", "70000"], 2,
      ["65,535"]),
+    ("sizes-beyond-memory", nothing,
+     [*TRAIN, *DATA, "--out", "{tmp}/o", "--n-embd", "65536", "--n-layer", "1000"], 2,
+     ["parameters", "GiB", "choose smaller sizes"]),
+    ("out-is-a-file", lambda c: (c.tmp / "f").write_text(""), [*TRAIN, *DATA, "--out", "{tmp}/f"],
+     2, ["is a file"]),
     ("lr-nan", nothing, [*TRAIN, *DATA, "--out", "{tmp}/o", "--lr", "nan"], 2, ["--lr", "nan"]),
     ("lr-huge", nothing, [*TRAIN, *DATA, "--out", "{tmp}/o", "--lr", "1e30"], 2, ["--lr", "1e+30"]),
     ("lr-zero", nothing, [*TRAIN, *DATA, "--out", "{tmp}/o", "--lr", "0"], 2, ["--lr"]),
@@ -379,6 +392,8 @@ CASES = [
     ("disk-full", no_space_left,
      ["train-tokenizer", "--data", "{data}", "--out", "{tmp}/t.json", "--vocab-size", "257"], 1,
      ["cannot write", "t.json", "No space left on device"]),
+    ("read-only-run", read_only, ["model-card", "{run}", "--data", "{data}"], 1,
+     ["cannot write", "loss_curve.svg", "Permission denied"]),
 ]
 
 
@@ -387,8 +402,8 @@ CASES = [
 def test_hostile_case(ctx, monkeypatch, setup, argv, code, needles):
     setup(ctx)
     if "patch" in ctx.extra:
-        name, fn = ctx.extra["patch"]
-        monkeypatch.setattr(os, name, fn)
+        module, name, fn = ctx.extra["patch"]
+        monkeypatch.setattr(module, name, fn)
     try:
         r = _run_main([ctx.fill(a) for a in argv], ctx.stdin)
     finally:

@@ -9,6 +9,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -19,6 +20,30 @@ from .common import InputError
 
 VOCAB_HELP = f"Tokens in the vocabulary: {MIN_VOCAB} (the 256 bytes and <|endoftext|>) to " \
     f"{MAX_VOCAB:,}."
+
+
+def check_memory(config, batch_size: int) -> None:
+    """Refuse sizes whose training state cannot fit in this machine's memory, before NumPy
+    fails halfway with a MemoryError: parameters, gradients and two AdamW moments in float32,
+    plus the activations of one batch (about 20 values of d per token and layer, and the
+    attention grids)."""
+    import os
+
+    from ..schema import param_shapes
+
+    n = sum(int(np.prod(s)) for s in param_shapes(config).values())
+    tokens = batch_size * config.n_positions
+    acts = tokens * config.n_layer * (20 * config.n_embd + 2 * config.n_inner
+                                      + 3 * config.n_head * config.n_positions)
+    need = 4 * (4 * n + acts + 2 * tokens * config.vocab_size)
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        raise ValueError(f"these sizes give {n:,} parameters; training them with batch "
+                         f"{batch_size} needs about {need / 2**30:,.1f} GiB, and this machine "
+                         f"has {have / 2**30:,.1f} GiB: choose smaller sizes")
 
 
 def check_vocab_size(vocab_size: int) -> None:
@@ -60,7 +85,8 @@ def train_cmd(
     data: list[Path] = typer.Option(
         ..., "--data", help="Folder of part-*.txt (the last part is held out), or files."
     ),
-    out: Path = typer.Option(..., "--out", help="Folder for checkpoints, the log and the weights."),
+    out: Path = typer.Option(..., "--out", help="Folder for checkpoints, the log and the "
+                             "weights; one training at a time (a second one exits 2)."),
     val: Path | None = typer.Option(None, "--val", help="Validation file (default: last part)."),
     steps: int = typer.Option(2000, "--steps", min=1, help="Optimiser steps (sets the schedule)."),
     minutes: float | None = typer.Option(None, "--minutes", help="Stop early after this long."),
@@ -108,8 +134,11 @@ def train_cmd(
                             eval_every=eval_every, checkpoint_every=checkpoint_every,
                             minutes=minutes, ema=ema, snapshots=snapshots,
                             config=asdict(config))
+        check_memory(config, batch_size)
     except ValueError as e:
         raise InputError(str(e)) from None
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file; name a folder")
     err = Console(stderr=True)
     header = (f"train: {', '.join(f.name for f in train_files)}; validation: "
               f"{', '.join(f.name for f in val_files) or 'none'}")
