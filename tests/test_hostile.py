@@ -180,6 +180,19 @@ def with_raw_dtype(dtype: str):
     return setup
 
 
+def claimed_shape(ctx: Ctx) -> None:
+    """wte's header entry claims 10^12 rows while its bytes stay those of 4,096."""
+    tensors(ctx, lambda t: None)
+    path = ctx.broken / "model.safetensors"
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header[PREFIX + "wte.weight"]["shape"] = [10**12, 16]
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+
+
 def set_tensor(name, fn):
     def setup(ctx: Ctx) -> None:
         def change(t):
@@ -364,6 +377,8 @@ CASES = [
      ["divisible by n_head (3)"]),
     ("dtype-bf16", with_raw_dtype("BF16"), ["info", *W], 1, ["ln_f.bias", "BF16"]),
     ("dtype-f8", with_raw_dtype("F8_E4M3"), ["info", *W], 1, ["ln_f.bias", "F8_E4M3"]),
+    ("header-shape-lies", claimed_shape, ["info", *W], 1,
+     ["wte.weight", "bytes for shape [1000000000000, 16]"]),
     ("dtype-int", set_tensor(PREFIX + "ln_f.bias", lambda t: np.ones(16, np.int64)),
      ["info", *W], 1, ["ln_f.bias", "I64", "int64"]),
     ("duplicate-prefix", duplicate_names, ["info", *W], 1, ["ln_f.bias", "appears twice"]),

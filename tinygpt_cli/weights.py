@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,10 @@ SHIPPED = _shipped_folder()
 # NumPy has no bf16 or f8, and an integer tensor is not a weight.
 FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
 IGNORED = (".attn.bias", ".attn.masked_bias")  # old transformers buffers, not parameters
-MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
+MAX_HEADER_BYTES = 100 << 20
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
+               "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
+               "BOOL": 1}  # the safetensors library's own limit
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,10 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         if not ok:
             raise WeightsError(f"{path} is not a readable safetensors file (the header entry "
                                f"of {name!r} is malformed)")
+        size = DTYPE_BYTES.get(dtype)
+        if size is not None and end - begin != size * math.prod(shape):
+            raise WeightsError(f"{path} is not a readable safetensors file (tensor {name}: "
+                               f"{end - begin:,} bytes for shape {shape} of {dtype})")
         if end > data_bytes:
             raise WeightsError(f"{path} is not a readable safetensors file (tensor {name} "
                                "runs past its end: truncated?)")
