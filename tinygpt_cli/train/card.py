@@ -187,9 +187,9 @@ def machine_line(run: Path) -> str:
         machine = json.loads((run / "result.json").read_text())["machine"]
         where = "the machine it ran on"
     except Exception:  # noqa: BLE001 - older runs, or a run still going
-        from .loop import _machine
+        from .loop import machine as here
 
-        machine, where = _machine(), "the machine that wrote this card (the run did not record its own)"
+        machine, where = here(), "the machine that wrote this card (the run did not record its own)"
     threads = machine.get("blas_threads") or {}
     blas = ", ".join(f"{k}={v}" for k, v in sorted(threads.items())) or "library default"
     return f"{machine.get('cpu_count')} CPU cores, BLAS threads {blas}: {where}"

@@ -314,7 +314,7 @@ def _start_fresh(out: Path, resume: bool, force: bool) -> None:
             old.unlink()
 
 
-def _machine() -> dict:
+def machine() -> dict:
     """Where the run ran, for the model card: cores and the BLAS thread settings."""
     env = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                       "MKL_NUM_THREADS") if k in os.environ}
@@ -480,7 +480,7 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
         "val_bytes_per_token": val_data.bytes_per_token if val_data else None,
         "train_tokens": len(train_data.ids),
     }
-    document = {**_strict(result), "machine": _machine()}
+    document = {**_strict(result), "machine": machine()}
     write_atomically(out / RESULT,
                      (json.dumps(document, indent=2, allow_nan=False) + "\n").encode())
     return result
