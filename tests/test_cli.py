@@ -320,7 +320,7 @@ def test_weights_option_wins_over_the_environment(cli, tiny, monkeypatch, tmp_pa
     doc = ok_json(cli("info", "--weights", tiny.folder, "--json"))
     assert doc["weights_file"] == str((tiny.folder / "model.safetensors").resolve())
     r = cli("info")
-    assert r.code == 1 and "nowhere" in r.err
+    assert r.code == 2 and "nowhere" in r.err
 
 
 # ------------------------------------------------------------------ generate

@@ -9,7 +9,7 @@ import numpy as np
 
 from .config import Config
 from .model import forward
-from .sampling import next_token_distribution, sample
+from .sampling import check_temperature, next_token_distribution, sample
 
 
 @dataclass
@@ -26,8 +26,16 @@ def generate(
     """Yield new tokens one at a time; stop after `stop_id` (yielded) or max_new_tokens.
 
     When the text outgrows the model's window, the model sees the last n_positions tokens.
+    The temperature is checked now, before the caller has shown anything, not at the first
+    token.
     """
-    context = list(ids)
+    check_temperature(temperature)
+    return _steps(params, config, list(ids), max_new_tokens, temperature, top_k, top_p, rng,
+                  stop_id)
+
+
+def _steps(params, config, context, max_new_tokens, temperature, top_k, top_p, rng,
+           stop_id) -> Iterator[Step]:
     for _ in range(max_new_tokens):
         window = np.asarray(context[-config.n_positions:])
         last = forward(params, config, window, last_only=True)[-1]

@@ -10,6 +10,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 END_OF_TEXT = "<|endoftext|>"
+MIN_VOCAB = 257  # the 256 bytes of the byte-level alphabet and <|endoftext|>
+MAX_VOCAB = 65535  # training keeps token ids as uint16
 
 
 def _byte_decoder() -> dict[str, int]:

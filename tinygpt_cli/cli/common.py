@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ..errors import InputError
+from ..errors import InputError, check_utf8
 from ..files import write_atomically
 from ..render import jsonout
 from ..schema import resolve
@@ -25,8 +25,11 @@ __all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "check_index", "check_
 # Options, declared once so every command spells and documents them the same way.
 TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin.",
                       show_default=False)
+# The name is passed on as typed (parser=str), so that an empty --weights "" stays empty and
+# is refused by load_model instead of becoming Path("") == Path("."), the current folder.
 WEIGHTS = typer.Option(None, "--weights", help="Weights folder (default: $TINYGPT_WEIGHTS, "
-                       "then the shipped model).", show_default=False)
+                       "then the shipped model).", show_default=False, parser=str,
+                       metavar="DIR")
 JSON = typer.Option(False, "--json", help="Print one JSON document on stdout.")
 FULL = typer.Option(False, "--full", help="Show every column instead of the first and last.")
 LAYER = typer.Option(0, "--layer", "-l", help="Block index; negative counts from the end.")
@@ -107,8 +110,8 @@ def save_figure(figure, path: Path | None, force: bool = False) -> None:
 
 
 def check_top_p(top_p: float) -> None:
-    if top_p <= 0:
-        raise InputError("--top-p must be in (0, 1]")
+    if not 0 < top_p <= 1:  # written so that NaN fails too
+        raise InputError(f"--top-p must be in (0, 1], got {top_p!r}")
 
 
 PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
@@ -169,12 +172,30 @@ def read_text(text: str | None) -> str:
     if text is None or text == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise InputError("no text: give it as an argument, or pipe it on stdin with '-'")
-        text = sys.stdin.read()
+        text = _read_stdin()
         if text.endswith("\n"):
             text = text[:-1]  # the newline `echo` adds is not part of the text
+    else:
+        check_utf8(text, "the text argument")
     if text == "":
         raise InputError("the text is empty: give at least one character")
     return text
+
+
+def _read_stdin() -> str:
+    """stdin as UTF-8 whatever the locale says, universal newlines as Python's text mode."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a StringIO in tests: already text
+        text = sys.stdin.read()
+        check_utf8(text, "stdin")
+        return text
+    data = buffer.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"stdin is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                         f"{e.start}); convert it first, e.g. with iconv -t UTF-8") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def load(weights: Path | None) -> Model:

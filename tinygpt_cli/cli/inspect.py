@@ -17,7 +17,7 @@ from ..generate import generate as generate_tokens
 from ..render import jsonout
 from ..render.tables import header, shape_str, tensor_view
 from ..render.text import show_text, show_token
-from ..sampling import create_rng
+from ..sampling import check_temperature, create_rng
 from .app import app
 from .common import (
     ABLATE,
@@ -131,6 +131,7 @@ def generate(
     Example: tinygpt generate "Once upon a time" --temperature 0
     """
     check_top_p(top_p)
+    check_temperature(temperature)  # before the seed line: an error is the only line
     model = load(weights)
     prompt = read_text(text)
     ids = encode_checked(model, prompt)
