@@ -265,3 +265,44 @@ def test_why_ranks_the_windows_holding_the_planted_fact_first(cli, run):
     # the highlighted spans point at the target, right after the name
     top = doc["top_windows"][0]
     assert any(top["ids"][s["position"]] == target and s["context"] >= 1 for s in top["targets"])
+    # the token whose prediction mattered most is the fact itself: the name, then the target
+    c = np.asarray(top["contributions"])
+    j = int(np.argmax(c))
+    assert top["ids"][j - 1 : j + 1] == [name, target]
+    assert top["exact_score"] == pytest.approx(c.sum())
+    # a second question on the same data reads every window's sketch from the cache
+    again = cli("why", "The frog Quixby", "--target", str(target), "--data",
+                run.parent / "data", "--max-windows", "0", "--json").json()
+    assert doc["windows_computed_now"] == doc["windows_scored"]
+    assert again["windows_computed_now"] == 0
+    assert again["top_windows"] == doc["top_windows"]
+    view = cli("why", "The frog Quixby", "--target", " zooms", "--data", run.parent / "data")
+    assert view.code == 0 and "exact matches in the training text" in view.out
+    assert "TracIn over 4 snapshots" in view.out and "\x1b[" not in view.out
+
+
+def test_choose_windows_puts_those_holding_the_last_token_first_in_a_fixed_order():
+    x = np.arange(40).reshape(10, 4) % 7  # windows 0..9; token 6 in windows 1, 3, 5, 6, 8
+    chosen = why.choose_windows(x, last_id=6, limit=3)
+    assert len(chosen) == 3 and all((x[w] == 6).any() for w in chosen)
+    assert list(chosen) == list(why.choose_windows(x, last_id=6, limit=3))
+    assert set(why.choose_windows(x, last_id=6, limit=6)) >= {1, 3, 5, 6, 8}
+    assert list(why.choose_windows(x, last_id=6, limit=0)) == list(range(10))
+
+
+def test_token_contributions_add_up_to_the_gradient_dot_product(make_params):
+    config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
+    params = make_params(config, seed=6)
+    rng = np.random.default_rng(7)
+    x, y = rng.integers(0, 13, 6), rng.integers(0, 13, 6)
+    query = why.query_gradient(params, config, [4, 2, 9], 3)
+    parts = why.token_contributions(params, config, x, y, query)
+    names = sorted(params)
+    window = why.window_gradient(params, config, x, y)
+    assert parts.sum() == pytest.approx(why.flatten(window, names) @ why.flatten(query, names),
+                                        rel=1e-6)
+    # and each part is the dot product with that one token's loss gradient
+    one = why.window_gradient(params, config, x[:3], y[:3])  # position 2 sees only 0..2
+    two = why.window_gradient(params, config, x[:2], y[:2])
+    last = 3 * why.flatten(one, names) - 2 * why.flatten(two, names)  # the CE at position 2
+    assert parts[2] == pytest.approx(last @ why.flatten(query, names) / 6, rel=1e-5)

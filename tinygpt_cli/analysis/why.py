@@ -203,6 +203,51 @@ def tracin_scores(window_sketches: np.ndarray, query_sketches: np.ndarray,
     return lrs[:, None] * np.einsum("swk,sk->sw", window_sketches, query_sketches)
 
 
+def token_contributions(params, config: Config, x: np.ndarray, y: np.ndarray, query: dict,
+                        eps: float = 1e-4) -> np.ndarray:
+    """Each predicted token's share of <grad loss(window), query>, exactly: [t], summing to it.
+
+    The window's loss is the mean of t cross-entropies, so its gradient is
+    sum_t J_t^T dL/dz_t, with J_t the Jacobian of the logits at t; then
+    <grad L, g> = sum_t <dL/dz_t, J_t g>. J g (how every logit moves along g) is a central
+    difference of two float64 forward passes, so no per-token backward pass is needed.
+    """
+    names = sorted(params)
+    norm = float(np.sqrt(sum(np.sum(np.square(query[n], dtype=np.float64)) for n in names)))
+    if norm == 0.0:
+        return np.zeros(len(x))
+    base = {n: params[n].astype(np.float64) for n in names}
+    up = {n: base[n] + eps * query[n] / norm for n in names}
+    down = {n: base[n] - eps * query[n] / norm for n in names}
+    jg = (forward(up, config, x) - forward(down, config, x)) * (norm / (2 * eps))  # [t, V]
+    dz = ops.softmax(forward(base, config, x))  # dL/dz_t = (softmax - onehot(y_t)) / t
+    dz[np.arange(len(y)), y] -= 1.0
+    return (dz * jg).sum(axis=-1) / len(y)
+
+
+def top_windows(stream: np.ndarray, config: Config, chosen: np.ndarray, per_snapshot: np.ndarray,
+                snapshots: list[tuple[dict, float, dict]], ids: list[int], target: int,
+                top: int) -> list[dict]:
+    """The `top` windows by sketched score, each with its exact score split over the tokens it
+    predicts (`contributions[j]`: the share of predicting token j; 0 for the first token).
+
+    `snapshots` are (params, lr, full query gradient) triples.
+    """
+    t = config.n_positions
+    scores = per_snapshot.sum(axis=0)
+    rows = []
+    for j in np.argsort(-scores, kind="stable")[:top]:
+        w = int(chosen[j])
+        segment = stream[w * t : w * t + t + 1].astype(np.int64)
+        parts = sum(lr * token_contributions(params, config, segment[:-1], segment[1:], query)
+                    for params, lr, query in snapshots)
+        rows.append({"window": w, "start": w * t, "score": float(scores[j]),
+                     "exact_score": float(np.sum(parts)), "per_snapshot": per_snapshot[:, j],
+                     "ids": segment.tolist(), "contributions": np.concatenate([[0.0], parts]),
+                     "targets": target_spans(segment, ids, target)})
+    return rows
+
+
 def target_spans(window: np.ndarray, ids: list[int], target: int,
                  n_max: int = N_MAX) -> list[dict]:
     """Where the window holds the target: its position and how many tokens before it match the
@@ -315,3 +360,24 @@ def window_sketches(index: Index, snapshots: list[tuple[dict, str]], config: Con
             np.savez(buf, sketches=sketches, done=done)
             write_atomically(path, buf.getvalue())
     return sketches, len(todo)
+
+
+def influence(index: Index, snapshots: list, config: Config, ids: list[int], target: int,
+              max_windows: int, top: int, bar=_no_bar) -> dict:
+    """TracIn end to end: choose the windows, sketch (or read) their gradients at each
+    snapshot, score them against the query, and explain the top ones. `snapshots` are
+    analysis.history.Snapshot objects with a learning rate."""
+    x, _ = windows(index.stream, config.n_positions)
+    chosen = choose_windows(x, ids[-1], max_windows)
+    sketch = CountSketch.for_params(snapshots[0].params)
+    sketches, computed = window_sketches(index, [(s.params, s.path) for s in snapshots],
+                                         config, chosen, sketch, bar)
+    queries = [query_gradient(s.params, config, ids, target) for s in snapshots]
+    per_snapshot = tracin_scores(sketches[:, chosen], np.stack([sketch(q) for q in queries]),
+                                 np.asarray([s.lr for s in snapshots]))
+    rows = top_windows(index.stream, config, chosen, per_snapshot,
+                       [(s.params, s.lr, q) for s, q in zip(snapshots, queries, strict=True)],
+                       ids, target, top)
+    return {"windows": len(x), "windows_scored": len(chosen), "windows_computed_now": computed,
+            "sketch": {"kind": "CountSketch", "k": sketch.k, "seed": SKETCH_SEED},
+            "top_windows": rows}

@@ -213,39 +213,22 @@ def why(
     longest_then = whys.longest_seen(index.stream, index.sa, ids, target_id)
 
     timeline = [s for s in hist.timeline(model, snapshots) if s.lr is not None]
-    x, _ = whys.windows(index.stream, config.n_positions)
-    chosen = whys.choose_windows(x, ids[-1], max_windows)
-    sketch = whys.CountSketch.for_params(model.params)
-    sketches, computed = whys.window_sketches(
-        index, [(s.params, s.path) for s in timeline], config, chosen, sketch, bar)
-    queries = np.stack([sketch(whys.query_gradient(s.params, config, ids, target_id))
-                        for s in timeline])
-    per_snapshot = whys.tracin_scores(sketches[:, chosen], queries,
-                                      np.asarray([s.lr for s in timeline]))
-    scores = per_snapshot.sum(axis=0)
-    order = np.argsort(-scores, kind="stable")[:top]
+    if not timeline:
+        raise InputError(f"the snapshots in {hist.history_folder(model)} carry no learning rate "
+                         "(metadata 'lr'), which TracIn weighs them by; retrain with --snapshots")
+    found = whys.influence(index, timeline, config, ids, target_id, max_windows, top, bar)
     tok = model.tokenizer
-    t = config.n_positions
-    rows = []
-    for j in order:
-        w = int(chosen[j])
-        segment = index.stream[w * t : w * t + t + 1].astype(np.int64)
-        rows.append({"window": w, "start": w * t, "score": float(scores[j]),
-                     "per_snapshot": per_snapshot[:, j], "ids": segment.tolist(),
-                     "tokens": [tok.token_str(i) for i in segment.tolist()],
-                     "targets": whys.target_spans(segment, ids, target_id)})
+    for r in found["top_windows"]:
+        r["tokens"] = [tok.token_str(i) for i in r["ids"]]
     seconds = time.perf_counter() - t0
     facts = {"target": {"id": target_id, "token": tok.token_str(target_id)},
-             "training_tokens": int(len(index.stream)), "windows": int(len(x)),
-             "windows_scored": int(len(chosen)), "windows_computed_now": computed,
-             "sketch": {"kind": "CountSketch", "k": sketch.k, "seed": whys.SKETCH_SEED},
+             "training_tokens": len(index.stream), "longest_context_seen": longest,
+             "longest_context_then_target": longest_then, "exact_matches": matches,
              "snapshots": [{"label": s.label, "step": s.step, "lr": s.lr} for s in timeline],
-             "longest_context_seen": longest, "longest_context_then_target": longest_then,
-             "seconds": round(seconds, 2)}
+             **found, "seconds": round(seconds, 2)}
     if as_json:
-        jsonout.emit(jsonout.document("scores", np.asarray([r["score"] for r in rows]),
-                                      ids, session.tokens, **facts, exact_matches=matches,
-                                      top_windows=rows))
+        scores = np.asarray([r["score"] for r in found["top_windows"]])
+        jsonout.emit(jsonout.document("scores", scores, ids, session.tokens, **facts))
         return
     note = (f"target {show_token(tok.token_str(target_id))} (id {target_id}); the last "
             f"{longest} tokens of the text occur verbatim in the training text, the last "
@@ -256,8 +239,8 @@ def why(
         Text(note, style="dim"),
         view.matches_table(matches, tok.token_str),
         Text(f"\ntraining windows that most raised the target's chance (TracIn over "
-             f"{len(timeline)} snapshots; {len(chosen):,} of {len(x):,} windows scored)",
-             style="bold"),
-        view.windows_table(rows)))
-    stderr().print(f"({seconds:.1f} s; {computed} window gradients computed now, the rest "
-                   "from the cache)", style="dim")
+             f"{len(timeline)} snapshots; {found['windows_scored']:,} of {found['windows']:,} "
+             "windows scored)", style="bold"),
+        view.windows_table(found["top_windows"])))
+    stderr().print(f"({seconds:.1f} s; {found['windows_computed_now']} windows' gradients "
+                   "computed now, the rest read from the cache)", style="dim")

@@ -73,20 +73,22 @@ def matches_table(rows: list[dict], tokens_of) -> Table:
     return t
 
 
-def window_text(tokens: list[str], spans: list[dict], width: int = 40) -> Text:
-    """The window's tokens around its first best target occurrence, the target in reverse
-    video and the tokens before it that match the text's tail underlined."""
-    marked: dict[int, str] = {}
-    for s in spans:
-        marked[s["position"]] = "bold reverse"
-        for j in range(s["position"] - s["context"], s["position"]):
-            marked.setdefault(j, "bold underline")
-    centre = max(spans, key=lambda s: s["context"])["position"] if spans else 0
-    lo = max(0, centre - width // 2)
+def window_text(tokens: list[str], contributions: np.ndarray, spans: list[dict],
+                width: int = 40, marked: int = 5) -> Text:
+    """The window around the token that mattered most: the `marked` tokens whose prediction
+    contributed most to the score in reverse video, the target where it occurs underlined."""
+    c = np.asarray(contributions, dtype=float)
+    top = [int(j) for j in np.argsort(-c)[:marked] if c[j] > 0]
+    style = {j: "underline" for s in spans for j in range(s["position"] - s["context"],
+                                                           s["position"] + 1)}
+    for j in top:
+        style[j] = "bold reverse"
+    centre = top[0] if top else 0
+    lo = max(0, min(centre - width // 2, len(tokens) - width))
     hi = min(len(tokens), lo + width)
     out = Text("…" if lo > 0 else "", style="dim")
     for j in range(lo, hi):
-        out.append(show_token(tokens[j]), style=marked.get(j, ""))
+        out.append(show_token(tokens[j]), style=style.get(j, ""))
     if hi < len(tokens):
         out.append("…", style="dim")
     return out
@@ -97,9 +99,12 @@ def windows_table(rows: list[dict]) -> Table:
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("window", justify="right", no_wrap=True)
     t.add_column("score", justify="right", no_wrap=True)
+    t.add_column("exact", justify="right", no_wrap=True)
     t.add_column("targets", justify="right", no_wrap=True)
-    t.add_column("text (target reversed, matching context underlined)", overflow="fold")
+    t.add_column("text (reversed: the tokens whose prediction mattered most; underlined: the "
+                 "target and the text's tail before it)", overflow="fold")
     for i, r in enumerate(rows, 1):
-        t.add_row(str(i), str(r["window"]), fmt(r["score"]), str(len(r["targets"])),
-                  window_text(r["tokens"], r["targets"]))
+        t.add_row(str(i), str(r["window"]), fmt(r["score"]), fmt(r["exact_score"]),
+                  str(len(r["targets"])), window_text(r["tokens"], r["contributions"],
+                                                      r["targets"]))
     return t
