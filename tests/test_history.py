@@ -97,6 +97,10 @@ def test_history_loss_is_each_snapshots_cross_entropy_and_falls(cli, run):
         assert row["top_id"] == int(np.argmax(logits[-1]))
     losses = doc["data"]
     assert losses[-1] < losses[0] - 0.5  # training taught it this (repeated) text
+    one = cli("history", "The", "--json").json()  # one token: no next token to score
+    assert one["data"] == [None] * len(steps) and one["snapshots"][0]["top_id"] >= 0
+    shown = cli("history", text)
+    assert shown.code == 0 and shown.out.startswith("loss on the text") and "\x1b[" not in shown.out
 
 
 def test_timeline_ends_with_the_final_weights_when_they_are_not_a_snapshot(run):

@@ -62,6 +62,8 @@ def history(
     Reads WEIGHTS/history/step-NNNNNN.safetensors (kept by `train --snapshots`), then the
     final weights. By default: the loss on the text and the likeliest next token. With PATH:
     that value's norm, mean and std (and, for attention grids, the row of --position).
+
+    \b
     Example: tinygpt history "Lily wanted to play with her"
     Example: tinygpt history "Lily wanted to play with her" layers.0.heads.1.weights
     Example: tinygpt history "Lily saw a cat. Lily saw a" --heads
@@ -190,10 +192,12 @@ def why(
 ):
     """Where the model learned a prediction: exact matches in the training text, and the
     training windows whose gradients most raised the target's chance (TracIn over the
-    snapshots in WEIGHTS/history, with each snapshot's learning rate).
+    snapshots in WEIGHTS/history, with each snapshot's learning rate). The training text's
+    index and each window's gradient sketches are cached, so a second question is fast.
 
-    Example: tinygpt why "Once upon a time, there was a little" --target " girl"
-    --data ../shared/data/tinystories --weights runs/b
+    \b
+    Example: tinygpt why "Once upon a time, there was a little" --target " girl" \\
+               --data ../shared/data/tinystories
     """
     t0 = time.perf_counter()
     model = load(weights)
