@@ -310,3 +310,9 @@ def test_token_contributions_add_up_to_the_gradient_dot_product(make_params):
     two = why.window_gradient(params, config, x[:2], y[:2])
     last = 3 * why.flatten(one, names) - 2 * why.flatten(two, names)  # the CE at position 2
     assert parts[2] == pytest.approx(last @ why.flatten(query, names) / 6, rel=1e-5)
+    # several windows at once, in chunks, give each window's own parts
+    x2, y2 = np.stack([x, y]), np.stack([y, x])
+    both = why.token_contributions(params, config, x2, y2, query, chunk=1)
+    np.testing.assert_allclose(both[0], parts, rtol=1e-9)
+    np.testing.assert_allclose(both[1], why.token_contributions(params, config, y, x, query),
+                               rtol=1e-9)

@@ -205,29 +205,36 @@ def tracin_scores(window_sketches: np.ndarray, query_sketches: np.ndarray,
 
 
 def token_contributions(params, config: Config, x: np.ndarray, y: np.ndarray, query: dict,
-                        eps: float | None = None) -> np.ndarray:
-    """Each predicted token's share of <grad loss(window), query>, exactly: [t], summing to it.
+                        eps: float | None = None, chunk: int = 8) -> np.ndarray:
+    """Each predicted token's share of <grad loss(window), query>, exactly; they sum to it.
 
-    The window's loss is the mean of t cross-entropies, so its gradient is
-    sum_t J_t^T dL/dz_t, with J_t the Jacobian of the logits at t; then
-    <grad L, g> = sum_t <dL/dz_t, J_t g>. J g (how every logit moves along g) is a central
-    difference of two forward passes (a step of eps along the unit direction: 1e-2 in float32,
-    which measured within 1e-4 of the backward pass's dot product on the shipped model;
-    1e-5 in float64), so no per-token backward pass is needed.
+    x, y: [t] for one window ([W, t] for several) -> [t] ([W, t]). The window's loss is the
+    mean of t cross-entropies, so its gradient is sum_t J_t^T dL/dz_t, with J_t the Jacobian
+    of the logits at t; then <grad L, g> = sum_t <dL/dz_t, J_t g>. J g (how every logit moves
+    along g) is a central difference of two forward passes (a step of eps along the unit
+    direction: 1e-2 in float32, which measured within 1e-4 of the backward pass's dot product
+    on the shipped model; 1e-5 in float64), so no per-token backward pass is needed.
     """
     names = sorted(params)
     dtype = params[names[0]].dtype
     eps = eps if eps is not None else (1e-2 if dtype == np.float32 else 1e-5)
+    x2, y2 = np.atleast_2d(x), np.atleast_2d(y)
     norm = float(np.sqrt(sum(np.sum(np.square(query[n], dtype=np.float64)) for n in names)))
+    out = np.zeros(x2.shape)
     if norm == 0.0:
-        return np.zeros(len(x))
+        return out.reshape(np.shape(x))
     up = {n: (params[n] + eps * query[n] / norm).astype(dtype) for n in names}
     down = {n: (params[n] - eps * query[n] / norm).astype(dtype) for n in names}
-    jg = (forward(up, config, x).astype(np.float64) - forward(down, config, x)) \
-        * (norm / (2 * eps))  # [t, V]: how each logit moves along the query gradient
-    dz = ops.softmax(forward(params, config, x).astype(np.float64))  # (softmax - onehot) / t
-    dz[np.arange(len(y)), y] -= 1.0
-    return (dz * jg).sum(axis=-1) / len(y)
+    t = x2.shape[-1]
+    for i in range(0, len(x2), chunk):
+        xs, ys = x2[i : i + chunk], y2[i : i + chunk]
+        jg = (forward(up, config, xs).astype(np.float64) - forward(down, config, xs)) \
+            * (norm / (2 * eps))  # [W, t, V]: how each logit moves along the query gradient
+        dz = ops.softmax(forward(params, config, xs).astype(np.float64))  # (softmax-onehot)/t
+        np.put_along_axis(dz, ys[..., None],
+                          np.take_along_axis(dz, ys[..., None], axis=-1) - 1.0, axis=-1)
+        out[i : i + chunk] = (dz * jg).sum(axis=-1) / t
+    return out.reshape(np.shape(x))
 
 
 def top_windows(stream: np.ndarray, config: Config, chosen: np.ndarray, per_snapshot: np.ndarray,
@@ -239,15 +246,16 @@ def top_windows(stream: np.ndarray, config: Config, chosen: np.ndarray, per_snap
     """
     t = config.n_positions
     scores = per_snapshot.sum(axis=0)
+    pool = [int(chosen[j]) for j in np.argsort(-scores, kind="stable")[: POOL * top]]
+    where = {int(w): j for j, w in enumerate(chosen)}
+    segments = np.stack([stream[w * t : w * t + t + 1] for w in pool]).astype(np.int64)
+    parts = sum(lr * token_contributions(params, config, segments[:, :-1], segments[:, 1:], q)
+                for params, lr, q in snapshots)  # [pool, t]
     rows = []
-    for j in np.argsort(-scores, kind="stable")[: POOL * top]:
-        w = int(chosen[j])
-        segment = stream[w * t : w * t + t + 1].astype(np.int64)
-        parts = sum(lr * token_contributions(params, config, segment[:-1], segment[1:], query)
-                    for params, lr, query in snapshots)
-        rows.append({"window": w, "start": w * t, "score": float(scores[j]),
-                     "exact_score": float(np.sum(parts)), "per_snapshot": per_snapshot[:, j],
-                     "ids": segment.tolist(), "contributions": np.concatenate([[0.0], parts]),
+    for w, segment, c in zip(pool, segments, parts, strict=True):
+        rows.append({"window": w, "start": w * t, "score": float(scores[where[w]]),
+                     "exact_score": float(np.sum(c)), "per_snapshot": per_snapshot[:, where[w]],
+                     "ids": segment.tolist(), "contributions": np.concatenate([[0.0], c]),
                      "targets": target_spans(segment, ids, target)})
     rows.sort(key=lambda r: -r["exact_score"])
     return rows[:top]
