@@ -4,7 +4,7 @@ against naive loops and finite differences."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +18,8 @@ from tinygpt_cli.analysis import history as hist
 from tinygpt_cli.analysis import why
 from tinygpt_cli.config import Config
 from tinygpt_cli.model import forward
-from tinygpt_cli.tokenizer import END_OF_TEXT
+from tinygpt_cli.tokenizer import END_OF_TEXT, save_tokenizer, train_tokenizer
+from tinygpt_cli.train.data import read_stories
 from tinygpt_cli.train.loop import HISTORY, Settings, snapshot_steps, train
 from tinygpt_cli.weights import load_model, load_params
 
@@ -41,6 +42,11 @@ VAL = ["Sam and Tom sat on the mat. The ball was red.", "The birds liked the hat
 STEPS, SNAPSHOTS = 120, 4
 
 
+def CFG(run: Path) -> Config:  # noqa: N802  (reads like the constant it stands in for)
+    """The trained folder's own config: TINY with the tokenizer's vocabulary size."""
+    return load_model(run).config
+
+
 def write_stories(path: Path, stories: list[str]) -> Path:
     path.write_text(f"\n{END_OF_TEXT}\n".join(stories) + "\n", encoding="utf-8")
     return path
@@ -58,8 +64,13 @@ def run(tmp_path_factory) -> Path:
     train_file = write_stories(data / "part-000.txt", stories)
     val_file = write_stories(data / "part-001.txt", VAL)
     out = root / "weights"
+    # Every merge the text allows (fewer than 512), so the planted name is one token; the
+    # model's vocabulary is then the tokenizer's own size, as train requires.
+    tok = train_tokenizer(read_stories([train_file]), TINY.vocab_size)
+    save_tokenizer(tok, out / "tokenizer.json")
+    config = replace(TINY, vocab_size=tok.vocab_size)
     s = Settings(steps=STEPS, batch_size=8, lr=1e-2, warmup=10, dropout=0.0, eval_every=STEPS,
-                 checkpoint_every=STEPS, seed=0, snapshots=SNAPSHOTS, config=asdict(TINY))
+                 checkpoint_every=STEPS, seed=0, snapshots=SNAPSHOTS, config=asdict(config))
     train([train_file], [val_file], out, s)
     return out
 
@@ -122,7 +133,7 @@ def test_history_follows_a_value_and_a_parameter(cli, run):
     assert doc["data"] == pytest.approx(np.linalg.norm(grids.reshape(len(grids), -1), axis=1))
     doc = cli("history", "The cat", "h.0.ln_1.weight", "--json").json()
     first = load_params(run / HISTORY / f"step-{snapshot_steps(STEPS, SNAPSHOTS)[0]:06d}"
-                        ".safetensors", TINY)["h.0.ln_1.weight"]
+                        ".safetensors", CFG(run))["h.0.ln_1.weight"]
     assert doc["snapshots"][0]["mean"] == pytest.approx(float(first.mean()), rel=1e-6)
     shown = cli("history", "The cat sat", "layers.0.weights", "--position", "0")
     assert shown.code == 0 and "attention of position 0 head 1 over training" in shown.out
@@ -133,16 +144,17 @@ def test_history_heads_scores_match_a_naive_loop(cli, run):
 
     doc = cli("history", "The cat sat on the mat.", "--heads", "--json").json()
     prev, induction = np.asarray(doc["previous_token"]), np.asarray(doc["data"])
-    assert prev.shape == induction.shape == (len(doc["snapshots"]), TINY.n_layer, TINY.n_head)
+    cfg = CFG(run)
+    assert prev.shape == induction.shape == (len(doc["snapshots"]), cfg.n_layer, cfg.n_head)
     params = load_params(run / HISTORY / f"step-{snapshot_steps(STEPS, SNAPSHOTS)[0]:06d}"
-                         ".safetensors", TINY)
+                         ".safetensors", CFG(run))
     ids = np.asarray(doc["ids"])
-    grids = trace(params, TINY, ids)
+    grids = trace(params, CFG(run), ids)
     n = doc["induction_length"]
-    repeated = hist.repeated_random_tokens(TINY, n, batch=4, seed=doc["induction_seed"])
-    rgrids = trace(params, TINY, repeated)
-    for layer in range(TINY.n_layer):
-        for h in range(TINY.n_head):
+    repeated = hist.repeated_random_tokens(CFG(run), n, batch=4, seed=doc["induction_seed"])
+    rgrids = trace(params, CFG(run), repeated)
+    for layer in range(CFG(run).n_layer):
+        for h in range(CFG(run).n_head):
             a = grids[f"layers.{layer}.heads.{h}.weights"]
             naive = sum(a[i, i - 1] for i in range(1, len(ids))) / len(ids)  # rows sum to 1
             assert prev[0, layer, h] == pytest.approx(naive, rel=1e-5)
