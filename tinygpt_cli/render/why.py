@@ -29,8 +29,14 @@ def diverging(x: float) -> str:
 
 def cell_text(x: float, percent: bool) -> str:
     if percent:
-        return f"{x:6.0%}" if abs(x) < 9.995 else f"{x:6.1e}"
-    return fmt(x)
+        if abs(x) >= 99.995:
+            return f"{x:.0e}"
+        return f"{x:.0%}" if abs(x) >= 0.005 else "0%"
+    if abs(x) >= 1000:
+        return f"{x:.0e}"
+    digits = 0 if abs(x) >= 100 else (1 if abs(x) >= 10 else 2)
+    s = f"{x:.{digits}f}"
+    return s.lstrip("-") if float(s) == 0 else s
 
 
 def grid(values: np.ndarray, row_labels: list[str], col_labels: list[str], *,
