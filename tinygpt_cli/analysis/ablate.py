@@ -20,6 +20,8 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
+from ..hooks import Record
+from ..model import forward
 from .variants import Edit, run_variants, set_all, widen
 
 MODES = ("zero", "mean", "resample")
@@ -56,6 +58,14 @@ def replacement(mode: str, path: str, *, means: Mapping[str, np.ndarray] | None 
         other = np.asarray(source[path])
         return lambda x: other[: x.shape[0]]
     raise ValueError(f"unknown ablation mode {mode!r}: use one of {', '.join(MODES)}")
+
+
+def source_values(params: dict[str, np.ndarray], config: Config,
+                  ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """Every value of another text's run, for resampling; in float64 like the ablated runs."""
+    rec = Record()
+    forward(widen(params), config, np.asarray(ids), hooks=rec)
+    return rec.values
 
 
 @dataclass

@@ -78,6 +78,8 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     Each stage (the embeddings, each block's resid_mid and resid_post) goes through the final
     LayerNorm with its mean and std recomputed from that stage, then the tied head. Also shows
     the target's chance and rank at --position after every stage.
+
+    \b
     Example: tinygpt lens "Lily wanted to play with her" --target " toys"
     """
     s = open_session(weights, text)
@@ -114,6 +116,8 @@ def dla(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, vs: str
     attention bias, each MLP output) are centred and divided by the final norm's std from the
     real forward pass, then dotted with g * W_E[target] (minus W_E[vs]); the final norm's bias
     is a row of its own, so the rows add up to the logit (or the difference).
+
+    \b
     Example: tinygpt dla "Lily wanted to play with her" --target " toys" --vs " mom"
     """
     s = open_session(weights, text)
@@ -193,9 +197,11 @@ def ablate(
 ):
     """Ablation: take out a head or an MLP; the change in log p(target) and the KL divergence.
 
+    \b
     Example: tinygpt ablate "Lily wanted to play with her" --layer 2 --head 1 --mode mean
-    Example: tinygpt ablate "Lily wanted to play with her" --all --mode resample --from "Tom
-    went to the park with his"
+             tinygpt ablate "Lily wanted to play with her" --all
+             tinygpt ablate "Lily wanted to play with her" --all --mode resample \\
+                 --from "Tom wanted to play with his"
     """
     s = open_session(weights, text)
     p = s.position(position)
@@ -265,7 +271,7 @@ def replacements(s: Session, components: list[str], mode: str, source: str | Non
             raise InputError(f"the --from text is {other.T} tokens long and the text "
                              f"{s.T}: resampling needs a value at every position, so give a "
                              "--from text at least as long")
-        values = other.trace().values
+        values = ablation.source_values(s.params, s.config, other.ids)
     return {c: ablation.replacement(mode, c, means=means, source=values) for c in components}
 
 
@@ -283,6 +289,8 @@ def means(
     One vector per head output, attn_out and mlp_out, averaged over every position of every
     128-token window of the last part-*.txt; float32, written atomically with the sha256 of
     the weights it belongs to. Re-run it whenever the weights change.
+
+    \b
     Example: tinygpt means --data ../shared/data/tinystories
     """
     from ..files import sha256
@@ -303,8 +311,10 @@ def means(
 
 @app.command()
 def patch(
-    clean: str = typer.Argument(..., help="The text whose values are copied in."),
-    corrupt: str = typer.Argument(..., help="The text they are copied into (same token count)."),
+    clean: str = typer.Argument(..., metavar="CLEAN", help="The text whose values are copied "
+                                "in.", show_default=False),
+    corrupt: str = typer.Argument(..., metavar="CORRUPT", help="The text they are copied "
+                                  "into (same number of tokens).", show_default=False),
     weights: Path = WEIGHTS, target: str = TARGET, vs: str = VS, position: int = POSITION,
     method: str = typer.Option("activation", "--method", help="activation (run every patch) or "
                                "atp (attribution patching: one backward pass)."),
@@ -317,7 +327,11 @@ def patch(
     each cell is (patched − corrupt) / (clean − corrupt) of logit[target] − logit[vs] (default:
     the clean run's top guess against the corrupt run's). --method atp estimates every cell
     from one backward pass and prints its correlation with the real patching.
+
+    \b
     Example: tinygpt patch "Lily wanted to play with her" "Lily wanted to read with her"
+             tinygpt patch "Lily wanted to play with her" "Lily wanted to read with her" \\
+                 --method atp
     """
     if method not in ("activation", "atp"):
         raise InputError(f"unknown --method {method!r}: use activation or atp")
@@ -376,6 +390,8 @@ def attribute(
     embedding; integrated-gradients: (x − baseline) . mean gradient along the straight path,
     whose scores add up to f(input) − f(baseline) (the gap is printed); attention-x-grad:
     A · dscore/dA per head, summed over queries, for each key token.
+
+    \b
     Example: tinygpt attribute "Lily wanted to play with her" --method integrated-gradients
     """
     if method not in attribution.METHODS:
