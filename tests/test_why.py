@@ -215,6 +215,32 @@ def test_patching_a_heads_output_equals_the_hand_made_run(tiny_params, tiny_conf
     assert r.heads[1, 0] == pytest.approx(expected, abs=1e-10)
 
 
+def test_patching_a_blocks_output_at_one_position_equals_the_hand_made_run(
+        tiny_params, tiny_config):
+    """resid_post of block 0 is block 1's resid_pre, and is filled from it: check it by hand."""
+    cfg = tiny_config
+    r = pa.activation_patching(tiny_params, cfg, IDS, OTHER, 4, 7)
+    row = trace(tiny_params, cfg, IDS)["layers.0.resid_post"][3].copy()
+
+    def fn(x):
+        x = x.copy()
+        x[3] = row
+        return x
+
+    z = forward(tiny_params, cfg, OTHER, hooks=Replace({"layers.0.resid_post": fn}))[5]
+    expected = (z[4] - z[7] - r.corrupt) / (r.clean - r.corrupt)
+    assert r.stream["resid_post"][0, 3] == pytest.approx(expected, abs=1e-10)
+    assert abs(expected) > 1e-3  # a patch that matters
+
+
+def test_variants_with_a_cut_head_give_the_same_rows_of_the_logits(tiny_params, tiny_config):
+    edits = [{}, {"layers.0.mlp_out": np.zeros_like}]
+    full = run_variants(tiny_params, tiny_config, IDS, edits, 4)
+    cut = run_variants(tiny_params, tiny_config, IDS, edits, 4, rows=[7, 2])
+    np.testing.assert_allclose(cut, full[:, [7, 2]], atol=1e-12)
+    np.testing.assert_allclose(full[0], forward(tiny_params, tiny_config, IDS)[4], atol=1e-12)
+
+
 def test_patching_needs_a_difference_to_restore(tiny_params, tiny_config):
     from tinygpt_cli.errors import InputError
 

@@ -23,39 +23,32 @@ import numpy as np
 from ..config import Config
 from ..hooks import Chain, Record, Replace
 from ..model import backward, forward
+from .variants import cut_head
 
 METHODS = ("grad", "grad-x-input", "integrated-gradients", "attention-x-grad")
-
-
-def score_gradient(logits: np.ndarray, position: int, target: int, vs: int | None) -> np.ndarray:
-    """d f / d logits for f = logits[position, target] - logits[position, vs]. [.., T, V]"""
-    d = np.zeros_like(logits)
-    d[..., position, target] += 1.0
-    if vs is not None:
-        d[..., position, vs] -= 1.0
-    return d
-
-
-def score_of(logits: np.ndarray, position: int, target: int, vs: int | None) -> np.ndarray:
-    z = np.asarray(logits[..., position, :], np.float64)
-    return z[..., target] - (z[..., vs] if vs is not None else 0.0)
 
 
 def gradients(params, config: Config, ids: Sequence[int], position: int, target: int,
               vs: int | None, token_embeddings: np.ndarray | None = None):
     """f and df/d values at the given token embeddings ([T, d] or a batch [N, T, d]; default
-    the text's own). Returns (f, value gradients by path, recorded values)."""
-    ids = np.asarray(ids)
-    hooks = None
-    if token_embeddings is not None:
-        if token_embeddings.ndim == 3:
-            ids = np.broadcast_to(ids, token_embeddings.shape[:2])
-        hooks = Replace({"token_embeddings": lambda x: token_embeddings})
+    the text's own). Returns (f, value gradients by path, recorded values).
+
+    The head is cut to the rows of target and vs (f reads nothing else), and the token
+    embeddings enter through a hook, so the passes never touch the 4,096-row table.
+    """
+    x = params["wte.weight"][np.asarray(ids)] if token_embeddings is None else token_embeddings
+    rows = [target] + ([vs] if vs is not None else [])
+    head = cut_head(params, rows)
     rec = Record()
-    logits = forward(params, config, ids, hooks=Chain(hooks, rec))
-    _, grads = backward(params, config, rec.values,
-                        score_gradient(logits, position, target, vs), wrt_values=True)
-    return score_of(logits, position, target, vs), grads, rec.values
+    zeros = np.zeros(x.shape[:-1], dtype=np.int64)
+    logits = forward(head, config, zeros,
+                     hooks=Chain(Replace({"token_embeddings": lambda _: x}), rec))  # [.., T, R]
+    sign = np.array([1.0, -1.0][: len(rows)], dtype=logits.dtype)
+    dlogits = np.zeros_like(logits)
+    dlogits[..., position, :] = sign
+    _, grads = backward(head, config, rec.values, dlogits, wrt_values=True)
+    f = np.asarray(logits[..., position, :], np.float64) @ sign.astype(np.float64)
+    return f, grads, rec.values
 
 
 @dataclass

@@ -67,11 +67,14 @@ def patch_variants(clean: dict[str, np.ndarray], config: Config, position: int
                    ) -> tuple[list[Variant], list[tuple[str, int, int]]]:
     """One variant per (kind, layer, position <= scored position), then one per head.
 
-    Positions after the scored one cannot change it (causal attention), so they are skipped.
+    Positions after the scored one cannot change it (causal attention), so they are skipped;
+    so is resid_post of every block but the last, which is the next block's resid_pre.
     """
     variants, keys = [], []
     for kind in STREAM:
         for i in range(config.n_layer):
+            if kind == "resid_post" and i < config.n_layer - 1:
+                continue
             path = f"layers.{i}.{kind}"
             for t in range(position + 1):
                 variants.append({path: set_row(t, clean[path][t])})
@@ -86,7 +89,7 @@ def patch_variants(clean: dict[str, np.ndarray], config: Config, position: int
 
 def activation_patching(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
                         position: int = -1) -> Patching:
-    """Every patch of patch_variants, run as one batch on the corrupt text."""
+    """Every patch of patch_variants, run as one float64 batch on the corrupt text."""
     t = len(corrupt_ids)
     position = position % t
     params = widen(params)
@@ -96,9 +99,13 @@ def activation_patching(params, config: Config, clean_ids, corrupt_ids, target: 
     r = float(logit_difference(corrupt_logits[position], target, vs))
     check_gap(c, r)
     variants, keys = patch_variants(clean, config, position)
-    scores = restored(logit_difference(
-        run_variants(params, config, corrupt_ids, variants, position), target, vs), c, r)
-    return _grids(keys, scores, config, t, c, r, position)
+    # the metric reads two rows of the head: cut it to them (column 0 target, 1 vs)
+    patched = run_variants(params, config, corrupt_ids, variants, position, rows=[target, vs])
+    result = _grids(keys, restored(logit_difference(patched, 0, 1), c, r), config, t, c, r,
+                    position)
+    for i in range(config.n_layer - 1):
+        result.stream["resid_post"][i] = result.stream["resid_pre"][i + 1]
+    return result
 
 
 def _grids(keys, scores, config: Config, t: int, clean: float, corrupt: float,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from ..config import Config
+from ..hooks import Chain, Replace
 from ..model import forward
 
 Edit = Callable[[np.ndarray], np.ndarray]
@@ -45,23 +46,33 @@ class PerVariant:
 
 
 def run_variants(params: dict[str, np.ndarray], config: Config, ids: Sequence[int],
-                 variants: Sequence[Variant], position: int = -1) -> np.ndarray:
-    """The logits at `position` of each edited run: [N, V].
+                 variants: Sequence[Variant], position: int = -1,
+                 rows: Sequence[int] | None = None) -> np.ndarray:
+    """The logits at `position` of each edited run: [N, V], or [N, len(rows)] with `rows`
+    (only those rows of the head are computed: see cut_head).
 
     The text is cut after `position`: with causal attention nothing later can change it.
     """
     ids = np.asarray(ids)
     position = position % len(ids)
     ids = ids[: position + 1]
+    first = None
+    if rows is not None:
+        x = params["wte.weight"][ids]
+        params = cut_head(params, rows)
+        first = Replace({"token_embeddings": lambda _: x})
+        ids = np.zeros_like(ids)
     step = max(1, TOKENS_PER_BATCH // len(ids))
     out = []
     for start in range(0, len(variants), step):
         chunk = list(variants[start : start + step])
         batch = np.broadcast_to(ids, (len(chunk), len(ids)))
-        logits = forward(params, config, batch, hooks=PerVariant(chunk), last_only=True)
+        logits = forward(params, config, batch, hooks=Chain(first, PerVariant(chunk)),
+                         last_only=True)
         out.append(logits[:, -1, :])
     if not out:
-        return np.zeros((0, config.vocab_size), dtype=params["wte.weight"].dtype)
+        width = config.vocab_size if rows is None else len(rows)
+        return np.zeros((0, width), dtype=params["wte.weight"].dtype)
     return np.concatenate(out)
 
 
@@ -83,3 +94,14 @@ def widen(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     against clean) are made in float64 so that a no-op edit shows as exactly no change and a
     full patch as exactly all of it, not as float32 rounding of about 1e-6."""
     return {k: np.asarray(v, np.float64) for k, v in params.items()}
+
+
+def cut_head(params: dict[str, np.ndarray], rows: Sequence[int]) -> dict[str, np.ndarray]:
+    """The parameters with the tied head cut to the given vocabulary rows.
+
+    A score such as logit[target] - logit[vs] reads two rows of W_E^T; with the table cut to
+    them the head costs [T, d] x [d, 2] instead of [T, d] x [d, V] in every forward and
+    backward pass. The cut table no longer serves as the embedding: callers supply the token
+    embeddings through a hook (and pass ids 0, which index the cut table harmlessly).
+    """
+    return dict(params, **{"wte.weight": params["wte.weight"][list(rows)]})
