@@ -34,7 +34,6 @@ from .common import (
     progress,
     read_text,
     stdout,
-    wide,
 )
 
 NEURONS = 20  # --neurons lists this many
@@ -61,6 +60,17 @@ def describe(s: Session, t: int, v: int | None) -> str:
 
 def token_doc(s: Session, i: int | None) -> dict | None:
     return None if i is None else {"id": i, "token": s.model.tokenizer.token_str(i)}
+
+
+def console(width: int):
+    """stdout, widened to `width` columns when the view needs more (a grid of many stages or
+    heads). The width is counted from the grid's shape: measuring a large Rich table first
+    costs as much as printing it."""
+    out = stdout()
+    return stdout(width=width) if width > out.width else out
+
+
+LABEL = 20  # a token row label and its padding
 
 
 def emit(s: Session, path: str, value, options: dict, **extra) -> None:
@@ -98,7 +108,7 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
         return
     v = view.lens_view(result.stages, s.tokens, top_tokens, top_probs.T, (t, tok(t)), p, probs,
                        ranks)
-    wide(v).print(v)
+    console(LABEL + 8 * len(result.stages)).print(v)
 
 
 # ------------------------------------------------------------------ direct logit attribution
@@ -364,7 +374,7 @@ def patch(
         return
     out = view.patch_view(result.stream, result.heads, s.tokens, p, result.clean,
                           result.corrupt, what, method, corr)
-    wide(out).print(out)
+    console(LABEL + 5 * (6 * s.config.n_layer + 3)).print(out)
 
 
 # ------------------------------------------------------------------ input attribution
@@ -426,4 +436,4 @@ def attribute(
         return
     out = view.attribute_view(method, r.scores, s.tokens, describe(s, t, v), r.f, p,
                               r.grad_norm, complete)
-    wide(out).print(out)
+    console(LABEL + 7 * s.config.n_layer * s.config.n_head).print(out)

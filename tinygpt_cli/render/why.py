@@ -120,7 +120,7 @@ def lens_view(stages: list[str], tokens: list[str], top_tokens: list[list[str]],
     for name, p, r in zip(stages, target_probs, target_ranks, strict=True):
         table.add_row(name, f"{p:.2%}", str(int(r)), Text("█" * round(p * 30), style="green"))
     return Group(
-        header("lens", top_probs, "(the likeliest next token at every position and stage)"),
+        header("lens", top_probs, "(top token's chance, position × stage)"),
         note("each stage through the final norm (its statistics recomputed) and the tied head; "
              "colour: that token's chance"),
         grid(top_probs, token_rows(tokens), labels, signed=False, text=shown, width=7,
@@ -257,8 +257,9 @@ def patch_view(stream: dict[str, np.ndarray], heads: np.ndarray, tokens: list[st
 def attribute_view(method: str, scores: np.ndarray, tokens: list[str], what: str, f: float,
                    position: int, grad_norm: np.ndarray | None = None,
                    completeness: tuple[float, float, float] | None = None) -> Group:
-    parts = [header(f"attribute.{method}", scores, f"(score: {what} = {fmt(f)} at position "
-                    f"{position})")]
+    parts = [header(f"attribute.{method}", scores),
+             note(f"the score: {what} = {fmt(f)} at position {position} "
+                  f"({show_token(tokens[position])})")]
     if scores.ndim == 3:  # attention-x-grad: [n_layer, n_head, T] -> T rows x heads
         n_layer, n_head, t = scores.shape
         cols = [f"{i}.{h}" for i in range(n_layer) for h in range(n_head)]
