@@ -241,6 +241,25 @@ def test_variants_with_a_cut_head_give_the_same_rows_of_the_logits(tiny_params, 
     np.testing.assert_allclose(full[0], forward(tiny_params, tiny_config, IDS)[4], atol=1e-12)
 
 
+def test_variants_started_at_their_first_block_match_full_runs(tiny_params, tiny_config):
+    cfg = tiny_config
+    tr = trace(tiny_params, cfg, IDS)
+    streams = [tr[f"layers.{i}.resid_pre"] for i in range(cfg.n_layer)] + \
+        [tr[f"layers.{cfg.n_layer - 1}.resid_post"]]
+    edits = [{}, {"layers.1.mlp_out": np.zeros_like}, {"layers.0.resid_mid": lambda x: x * 2},
+             {"layers.1.heads.0.out": np.zeros_like, "layers.0.attn_out": lambda x: x + 1}]
+    full = run_variants(tiny_params, cfg, IDS, edits, 3)
+    started = run_variants(tiny_params, cfg, IDS, edits, 3, streams=streams)
+    np.testing.assert_allclose(started, full, atol=1e-10)
+
+
+def test_patch_count_is_the_number_of_patched_runs(tiny_params, tiny_config):
+    clean = trace(tiny_params, tiny_config, IDS).values
+    for position in (0, 3, 5):
+        variants, _ = pa.patch_variants(clean, tiny_config, position)
+        assert pa.patch_count(tiny_config, position) == len(variants)
+
+
 def test_patching_needs_a_difference_to_restore(tiny_params, tiny_config):
     from tinygpt_cli.errors import InputError
 
@@ -317,6 +336,13 @@ def test_integrated_gradients_add_up_to_the_change_in_score(tiny_params, tiny_co
     cfg = tiny_config
     b = None if baseline is None else tiny_params["wte.weight"][baseline]
     r = at.integrated_gradients(tiny_params, cfg, IDS, 4, 5, None, steps=64, baseline=b)
+    small, at.STEP_TOKENS = at.STEP_TOKENS, 20  # the same sum over batches of 3 steps
+    try:
+        batched = at.integrated_gradients(tiny_params, cfg, IDS, 4, 5, None, steps=64,
+                                          baseline=b)
+    finally:
+        at.STEP_TOKENS = small
+    np.testing.assert_allclose(batched.scores, r.scores, atol=1e-12)
     f_x = _score_at(tiny_params, cfg, tiny_params["wte.weight"][IDS])
     f_b = _score_at(tiny_params, cfg, np.zeros((6, cfg.n_embd)) if b is None else b)
     assert r.f == pytest.approx(f_x, abs=1e-10) and r.f_baseline == pytest.approx(f_b, abs=1e-10)

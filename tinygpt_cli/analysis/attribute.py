@@ -25,6 +25,8 @@ from ..hooks import Chain, Record, Replace
 from ..model import backward, forward
 from .variants import cut_head
 
+STEP_TOKENS = 2048  # integrated gradients: tokens per batched pass
+
 METHODS = ("grad", "grad-x-input", "integrated-gradients", "attention-x-grad")
 
 
@@ -89,9 +91,14 @@ def integrated_gradients(params, config, ids, position, target, vs=None, *, step
     x = params["wte.weight"][np.asarray(ids)]  # [T, d]
     b = np.zeros_like(x) if baseline is None else np.asarray(baseline, x.dtype)
     alphas = (np.arange(steps) + 0.5) / steps
-    path = b + alphas[:, None, None].astype(x.dtype) * (x - b)  # [N, T, d]
-    _, g, _ = gradients(params, config, ids, position, target, vs, token_embeddings=path)
-    mean_grad = g["token_embeddings"].astype(np.float64).mean(axis=0)  # [T, d]
+    total = np.zeros(x.shape, np.float64)
+    per_batch = max(1, STEP_TOKENS // len(ids))  # the recorded values of a batch stay small
+    for start in range(0, steps, per_batch):
+        a = alphas[start : start + per_batch, None, None].astype(x.dtype)
+        path = b + a * (x - b)  # [n, T, d]
+        _, g, _ = gradients(params, config, ids, position, target, vs, token_embeddings=path)
+        total += g["token_embeddings"].astype(np.float64).sum(axis=0)
+    mean_grad = total / steps  # [T, d]
     scores = ((x - b).astype(np.float64) * mean_grad).sum(-1)
     ends = np.stack([x, b])
     f_x, f_b = gradients(params, config, ids, position, target, vs, token_embeddings=ends)[0]

@@ -87,20 +87,28 @@ def patch_variants(clean: dict[str, np.ndarray], config: Config, position: int
     return variants, keys
 
 
+def patch_count(config: Config, position: int) -> int:
+    """How many patched runs activation_patching makes (for a progress bar)."""
+    return (4 * config.n_layer + 1) * (position + 1) + config.n_layer * config.n_head
+
+
 def activation_patching(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
-                        position: int = -1) -> Patching:
+                        position: int = -1, advance=None) -> Patching:
     """Every patch of patch_variants, run as one float64 batch on the corrupt text."""
     t = len(corrupt_ids)
     position = position % t
     params = widen(params)
     clean_logits, clean = record(params, config, clean_ids)
-    corrupt_logits = forward(params, config, np.asarray(corrupt_ids))
+    corrupt_logits, corrupt = record(params, config, corrupt_ids)
     c = float(logit_difference(clean_logits[position], target, vs))
     r = float(logit_difference(corrupt_logits[position], target, vs))
     check_gap(c, r)
     variants, keys = patch_variants(clean, config, position)
     # the metric reads two rows of the head: cut it to them (column 0 target, 1 vs)
-    patched = run_variants(params, config, corrupt_ids, variants, position, rows=[target, vs])
+    streams = [corrupt[f"layers.{i}.resid_pre"] for i in range(config.n_layer)]
+    streams.append(corrupt[f"layers.{config.n_layer - 1}.resid_post"])
+    patched = run_variants(params, config, corrupt_ids, variants, position, rows=[target, vs],
+                           streams=streams, advance=advance)
     result = _grids(keys, restored(logit_difference(patched, 0, 1), c, r), config, t, c, r,
                     position)
     for i in range(config.n_layer - 1):

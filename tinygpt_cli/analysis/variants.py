@@ -47,11 +47,17 @@ class PerVariant:
 
 def run_variants(params: dict[str, np.ndarray], config: Config, ids: Sequence[int],
                  variants: Sequence[Variant], position: int = -1,
-                 rows: Sequence[int] | None = None) -> np.ndarray:
+                 rows: Sequence[int] | None = None,
+                 streams: Sequence[np.ndarray] | None = None,
+                 advance: Callable[[int], object] | None = None) -> np.ndarray:
     """The logits at `position` of each edited run: [N, V], or [N, len(rows)] with `rows`
     (only those rows of the head are computed: see cut_head).
 
     The text is cut after `position`: with causal attention nothing later can change it.
+    With `streams` (the unchanged run's resid_pre of every block, then its last resid_post),
+    a variant that edits only values of blocks L and later starts at block L from that
+    stream instead of recomputing the blocks before it, which no edit of it can change.
+    `advance(n)` is called as each batch of n variants is done (a progress bar).
     """
     ids = np.asarray(ids)
     position = position % len(ids)
@@ -62,18 +68,51 @@ def run_variants(params: dict[str, np.ndarray], config: Config, ids: Sequence[in
         params = cut_head(params, rows)
         first = Replace({"token_embeddings": lambda _: x})
         ids = np.zeros_like(ids)
+    width = config.vocab_size if rows is None else len(rows)
+    out = np.zeros((len(variants), width), dtype=params["wte.weight"].dtype)
+    groups: dict[int | None, list[int]] = {}
+    for k, variant in enumerate(variants):
+        groups.setdefault(None if streams is None else first_block(variant, config), []).append(k)
     step = max(1, TOKENS_PER_BATCH // len(ids))
-    out = []
-    for start in range(0, len(variants), step):
-        chunk = list(variants[start : start + step])
-        batch = np.broadcast_to(ids, (len(chunk), len(ids)))
-        logits = forward(params, config, batch, hooks=Chain(first, PerVariant(chunk)),
-                         last_only=True)
-        out.append(logits[:, -1, :])
-    if not out:
-        width = config.vocab_size if rows is None else len(rows)
-        return np.zeros((0, width), dtype=params["wte.weight"].dtype)
-    return np.concatenate(out)
+    for layer, members in groups.items():
+        for start in range(0, len(members), step):
+            chunk = members[start : start + step]
+            hooks = Chain(first, PerVariant([variants[k] for k in chunk]))
+            if layer is None:
+                batch = np.broadcast_to(ids, (len(chunk), len(ids)))
+                logits = forward(params, config, batch, hooks=hooks, last_only=True)
+            else:
+                h = np.broadcast_to(streams[layer][: len(ids)], (len(chunk), len(ids),
+                                                                    config.n_embd))
+                logits = forward_from(params, config, layer, h, hooks)
+            out[chunk] = logits[:, -1, :]
+            if advance is not None:
+                advance(len(chunk))
+    return out
+
+
+def first_block(variant: Variant, config: Config) -> int:
+    """The first block whose values the variant edits (n_layer when it edits none)."""
+    layers = []
+    for path in variant:
+        parts = path.split(".")
+        if parts[0] != "layers":
+            raise ValueError(f"{path} comes before the first block: run it without streams")
+        layers.append(int(parts[1]))
+    return min(layers, default=config.n_layer)
+
+
+def forward_from(params: dict[str, np.ndarray], config: Config, layer: int, h: np.ndarray,
+                 hooks) -> np.ndarray:
+    """Blocks layer .. n_layer-1 on the stream h entering block `layer`, then the final norm and
+    the head at the last position only.  [B, T, d] -> [B, 1, V]"""
+    from ..model import block, layer_norm, unembed
+
+    for i in range(layer, config.n_layer):
+        h = block(params, config, i, h, hooks, None, 0, None)
+    u = layer_norm(h[..., -1:, :], params["ln_f.weight"], params["ln_f.bias"],
+                   config.layer_norm_epsilon, "ln_final", hooks)
+    return unembed(params, u, hooks)
 
 
 def set_row(t: int, value: np.ndarray) -> Edit:

@@ -358,7 +358,9 @@ def patch(
         raise InputError(f"the target and --vs are the same token "
                          f"({s.model.tokenizer.token_str(t)!r}): give --target and --vs that "
                          "differ")
-    real = patching.activation_patching(s.params, s.config, s.ids, c.ids, t, v, p)
+    runs = patching.patch_count(s.config, p)
+    with progress(runs, f"patching ({runs} runs)", enabled=not as_json and runs > 500) as step:
+        real = patching.activation_patching(s.params, s.config, s.ids, c.ids, t, v, p, step)
     result, corr = real, None
     if method == "atp":
         result = patching.attribution_patching(s.params, s.config, s.ids, c.ids, t, v, p)
