@@ -560,3 +560,14 @@ def test_attribute_errors(cli):
 def test_why_commands_have_help_with_an_example(cli, command):
     r = cli(command, "--help")
     assert r.code == 0 and "Example: tinygpt " + command in r.out
+
+
+def test_means_from_one_text_file_to_a_chosen_path(cli, tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
+    text = tmp_path / "val.txt"
+    text.write_text("Once upon a time, there was a little girl named Lily. " * 40)
+    out = tmp_path / "m" / "means.safetensors"
+    doc = ok(cli("means", "--data", text, "--out", out, "--json"))
+    assert doc["path"] == str(out) and doc["data"] == "val.txt" and out.is_file()
+    assert "layers.1.heads.1.out" in doc["values"]
+    assert_one_error_line(cli("means", "--data", tmp_path / "nothing"), 2, "does not exist")

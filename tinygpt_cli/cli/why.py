@@ -164,13 +164,16 @@ def compute_means(model, data: Path, weights_sha: str, quiet: bool):
     from ..files import sha256
     from ..train.data import encode_stories, eval_windows, read_stories, split_data
 
-    try:
-        _, val = split_data([data])
-    except ValueError as e:
-        raise InputError(str(e)) from None
-    if not val:
-        raise InputError(f"{data} has a single text file: mean statistics need the held-out "
-                         "validation file (the last part-*.txt of a folder of several)")
+    if data.is_file():
+        val = [data]  # the reference text itself
+    else:
+        try:
+            _, val = split_data([data])
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        if not val:
+            raise InputError(f"{data} holds a single text file: give that file itself, or a "
+                             "folder whose last part-*.txt is the validation text")
     meta = {"weights_sha256": weights_sha, "data": val[0].name, "data_sha256": sha256(val[0])}
     entry = cache.entry("means", cache.key_of(weights_sha, meta["data_sha256"]), ".safetensors")
     if entry.is_file():
@@ -287,8 +290,8 @@ def replacements(s: Session, components: list[str], mode: str, source: str | Non
 
 @app.command()
 def means(
-    data: Path = typer.Option(..., "--data", help="A folder of part-*.txt files; the last one "
-                              "(the validation text) is averaged over."),
+    data: Path = typer.Option(..., "--data", help="A folder of part-*.txt files, whose last "
+                              "one (the validation text) is averaged over, or one text file."),
     weights: Path = WEIGHTS,
     out: Path = typer.Option(None, "--out", help="Where to write (default: means.safetensors "
                              "in the weights folder).", show_default=False),
