@@ -9,7 +9,6 @@ ablated with another model's means.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +79,3 @@ def load_means(path: str | Path, config: Config,
         raise InputError(f"{path} has no mean for {missing[0]}: {hint}")
     return means, meta
 
-
-def describe(meta: dict) -> str:
-    return json.dumps({k: meta[k] for k in sorted(meta)})
