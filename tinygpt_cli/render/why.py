@@ -235,7 +235,8 @@ def patch_view(stream: dict[str, np.ndarray], heads: np.ndarray, tokens: list[st
                           width=5))
     maps.add_row(*cells)
     parts = [
-        header("patch", np.concatenate([g.ravel() for g in stream.values()] + [heads.ravel()]),
+        header("patch", np.concatenate([g[:, : position + 1].ravel() for g in stream.values()]
+                                       + [heads.ravel()]),
                f"({method}: fraction of the logit difference restored)"),
         note(f"metric: {what}; clean {fmt(clean)}, corrupt {fmt(corrupt)}; "
              "(patched − corrupt) / (clean − corrupt)"),
