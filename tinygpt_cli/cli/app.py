@@ -45,13 +45,14 @@ def _root(
 # The order `tinygpt --help` lists commands in: the seed page's cards, then the whole page,
 # then training.
 ORDER = ["encode", "embed", "pos", "norm", "attn", "mlp", "blocks", "final-norm", "logits",
-         "probs", "sample", "generate", "decode", "trace", "review", "map", "history", "why",
+         "probs", "sample", "generate", "decode", "trace", "review", "map",
+         "lens", "dla", "ablate", "patch", "attribute", "means", "history", "why",
          "info", "train-tokenizer", "train", "model-card"]
 
 
 def _register() -> None:
     # Commands register themselves on import; one module per group.
-    from . import cards, history, inspect, page, train  # noqa: F401
+    from . import cards, explain, history, inspect, page, train  # noqa: F401
 
     def rank(command) -> int:
         name = command.name or command.callback.__name__

@@ -47,6 +47,13 @@ TOP_K = typer.Option(0, "--top-k", min=0, help="Keep only the k likeliest tokens
 TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0,
                      help="Keep the likeliest tokens whose chances add up to p (1: all).")
 
+# Where a prediction is scored ("why this token"): which token, and against which.
+TARGET = typer.Option(None, "--target", help="The token whose score is explained: its text "
+                      "(' toys', with its space) or its id (default: the model's top guess).",
+                      show_default=False)
+VS = typer.Option(None, "--vs", help="Explain logit[target] - logit[vs] instead of the target's "
+                  "logit alone (a token's text or id).", show_default=False)
+
 
 # --save, --force, --quiet: every command that draws something takes all three.
 _quiet = False  # set by --quiet for the one command being run; stdout() then prints nothing
