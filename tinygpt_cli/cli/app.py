@@ -45,13 +45,15 @@ def _root(
 # The order `tinygpt --help` lists commands in: the seed page's cards, then the whole page,
 # then training.
 ORDER = ["encode", "embed", "pos", "norm", "attn", "mlp", "blocks", "final-norm", "logits",
-         "probs", "sample", "generate", "decode", "trace", "review", "map", "info",
+         "probs", "sample", "generate", "decode", "trace", "review", "map",
+         "score", "heads", "neurons", "diff",
+         "info",
          "train-tokenizer", "train", "model-card"]
 
 
 def _register() -> None:
     # Commands register themselves on import; one module per group.
-    from . import cards, inspect, page, train  # noqa: F401
+    from . import cards, inspect, page, texts, train  # noqa: F401
 
     def rank(command) -> int:
         name = command.name or command.callback.__name__
