@@ -22,7 +22,8 @@ __all__ = ["InputError", "Run", "check_index", "check_top_p", "encode_checked", 
 
 
 # Options, declared once so every command spells and documents them the same way.
-TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin.",
+TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin. "
+                      "--each-line FILE runs the command once per line of FILE ('-': stdin).",
                       show_default=False)
 WEIGHTS = typer.Option(None, "--weights", help="Weights folder (default: $TINYGPT_WEIGHTS, "
                        "then the shipped model).", show_default=False)
