@@ -402,8 +402,10 @@ def neurons(
              "position": int(peaks[r]), "token": tok.token_str(int(ids[r, peaks[r]]))}
             for r, w in enumerate(wins)]
     if as_json:
-        jsonout.emit(jsonout.document(path, acts, layer=layer, neuron=neuron, examples=rows,
-                                      ids=ids, data=[str(f) for f in files]))
+        jsonout.emit(jsonout.document(
+            path, acts, layer=layer, neuron=neuron, examples=rows, window_ids=ids,
+            window_tokens=[[tok.token_str(int(i)) for i in w] for w in ids],
+            data=[str(f) for f in files]))
         return
     lines = [Text(f"{path}  top {k} of {len(entry['stream']) // ctx:,} windows of {ctx} "
                   f"tokens in {', '.join(f.name for f in files)}", style="bold cyan")]
