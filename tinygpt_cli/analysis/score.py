@@ -76,7 +76,10 @@ def token_scores(logits: np.ndarray, targets: np.ndarray) -> TokenScores:
 
     One pass of exp over the [N, V] block does for the log-sum-exp, the entropy and the rank.
     """
-    z = logits - logits.max(axis=-1, keepdims=True)  # [N, V], <= 0
+    picked_raw = np.take_along_axis(logits, targets[:, None], axis=-1)  # [N, 1]
+    rank = 1 + np.count_nonzero(logits > picked_raw, axis=-1)
+    z = np.array(logits, copy=True)  # the caller's logits stay as they were
+    z -= z.max(axis=-1, keepdims=True)  # [N, V], <= 0; in place: these blocks are large
     e = np.exp(z)
     total = e.sum(axis=-1, dtype=np.float64)  # [N]
     log_total = np.log(total)
@@ -84,7 +87,6 @@ def token_scores(logits: np.ndarray, targets: np.ndarray) -> TokenScores:
     nats = log_total - picked
     # H = -sum p log p = log Z - sum(e z) / Z
     entropy = log_total - np.einsum("ij,ij->i", e, z, dtype=np.float64) / total
-    rank = 1 + np.count_nonzero(z > picked[:, None].astype(z.dtype), axis=-1)
     return TokenScores(targets.astype(np.int64), nats, np.exp(-nats), rank.astype(np.int64),
                        np.maximum(entropy, 0.0))
 
