@@ -360,3 +360,27 @@ def test_each_line_errors_name_the_line(cli, tmp_path):
     assert len(r.out.splitlines()) == 1  # line 1's result came before the error
     assert_one_error_line(cli("info", "--each-line", f), 2, "info does not read one")
     assert_one_error_line(cli("probs", "--each-line", tmp_path / "nope"), 2, "no such file")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["heads", "Tom saw a dog. Tom saw a dog."], "induction (random)"),
+    (["neurons", TEXT, "--layer", "-1"], "pushes up (W_out[n] * ln_final.weight @ W_E^T)"),
+    (["neurons", TEXT, "--raw"], "pushes up (W_out[n] @ W_E^T)"),
+    (["diff", TEXT, "Tom wanted to play with his"], "relative distance"),
+    (["diff", TEXT, "--weights-b", None], "same top token 100%"),
+])
+def test_views_print_without_escape_codes_in_a_pipe(cli, args, needle):
+    args = [cli_weights() if a is None else a for a in args]
+    r = cli(*args)
+    assert r.code == 0, r.err
+    assert needle in r.out and "\x1b[" not in r.out and r.err == ""
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["neurons", "--layer", "0", "--neuron", "99"], "neuron 99 is out of range"),
+    (["neurons", TEXT, "--layer", "7"], "layer 7 is out of range"),
+    (["heads", "--repeat-length", "70"], "does not fit twice"),
+    (["diff", TEXT, "Tom", "--weights-b", "."], "give one text"),
+])
+def test_bad_input_is_one_error_line(cli, args, needle):
+    assert_one_error_line(cli(*args), 2, needle)
