@@ -275,8 +275,14 @@ def test_neuron_examples_are_the_corpus_maxima_and_are_cached(cli, tiny, tmp_pat
     assert [e["window"] for e in doc["examples"]] == list(best)
     assert doc["examples"][0]["max"] == pytest.approx(acts.max(), rel=1e-5)
     assert len(list((tmp_path / "cache" / "neurons").glob("*.npz"))) == 1
+    real = nrn.window_maxima
     monkeypatch.setattr(nrn, "window_maxima", lambda *a, **k: pytest.fail("not cached"))
     assert cli(*args).json() == doc
+    monkeypatch.setattr(nrn, "window_maxima", real)
+    with open(tmp_path / "data" / "part-000.txt", "a", encoding="utf-8") as f:
+        f.write(LONG)  # other data: another entry, never the stale one
+    assert cli(*args).code == 0
+    assert len(list((tmp_path / "cache" / "neurons").glob("*.npz"))) == 2
 
 
 # ------------------------------------------------------------------ diff

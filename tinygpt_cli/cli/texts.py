@@ -111,39 +111,8 @@ def score(
     """
     model = load(weights)
     tok, cfg = model.tokenizer, model.config
-    eot = tok.eot_id
-    if stream and file is None:
-        raise InputError("--stream reads a file: give it with --file")
-    if stream and stride not in (None, cfg.n_positions):
-        raise InputError(f"--stream uses non-overlapping windows of {cfg.n_positions} "
-                         "tokens; leave out --stride")
-    if stride is not None and stride > cfg.n_positions:
-        raise InputError(f"--stride {stride} is longer than the {cfg.n_positions}-token "
-                         "context: give 1 to " + str(cfg.n_positions))
-    if file is not None and text is not None:
-        raise InputError("give a text or --file, not both")
-    stream_bpt = None
-    if file is not None:
-        stories = _stories_of(file)
-        if stream:
-            ts = encode_stories(stories, tok)
-            sequences = [ts.ids.astype(np.int64)]
-            stream_bpt = ts.bytes_per_token
-            if len(ts.ids) <= cfg.n_positions:
-                raise InputError(f"--stream needs more than {cfg.n_positions} tokens; "
-                                 f"{file} has {len(ts.ids)}")
-        else:
-            sequences = [np.asarray([eot] + ids + [eot]) for ids in tok.encode_batch(stories)]
-    else:
-        ids = tok.encode(read_text(text))
-        sequences = [np.asarray(([eot] if bos else []) + ids)]
-        if len(sequences[0]) < 2:
-            raise InputError("one token alone has nothing before it to predict it from; "
-                             "give a longer text or leave out --no-bos")
+    sequences, offset, stream_bpt = _score_inputs(model, text, file, stride, stream, bos)
     stride = stride or cfg.n_positions
-    # positions are reported as indices into the text itself, not counting a separator put
-    # before it
-    offset = 0 if stream or (file is None and not bos) else 1
     lengths = [len(s) for s in sequences]
     n_windows = sc.count_windows(lengths, cfg.n_positions, stride, full_only=stream)
     nbytes = sc.byte_lengths(tok)
@@ -174,7 +143,7 @@ def score(
                "mean_nats": total.mean_nats, "perplexity": total.perplexity,
                "bits_per_token": total.bits_per_token, "bits_per_byte": total.bits_per_byte,
                "sequences": len(sequences), "context": cfg.n_positions, "stride": stride,
-               "stream": stream, "separator_first": not stream and (bos or file is not None)}
+               "stream": stream, "separator_first": bool(offset)}
     if stream_bpt is not None:
         # the card's count: mean nats / ln 2 / (bytes per token of the whole stream)
         summary["bits_per_byte"] = total.bits_per_token / stream_bpt
@@ -184,6 +153,38 @@ def score(
         return
     _show_score(summary, sequences, per_seq if shown else None, kept, token_str, n_windows,
                 offset, hidden=not shown)
+
+
+def _score_inputs(model, text, file, stride, stream, bos):
+    """(the id sequences to score, how many ids were put before each text, the stream's bytes
+    per token with --stream), after checking the options."""
+    tok, cfg = model.tokenizer, model.config
+    eot = tok.eot_id
+    if stream and file is None:
+        raise InputError("--stream reads a file: give it with --file")
+    if stream and stride not in (None, cfg.n_positions):
+        raise InputError(f"--stream uses non-overlapping windows of {cfg.n_positions} "
+                         "tokens; leave out --stride")
+    if stride is not None and stride > cfg.n_positions:
+        raise InputError(f"--stride {stride} is longer than the {cfg.n_positions}-token "
+                         "context: give 1 to " + str(cfg.n_positions))
+    if file is not None and text is not None:
+        raise InputError("give a text or --file, not both")
+    if file is not None:
+        stories = _stories_of(file)
+        if not stream:
+            return [np.asarray([eot] + ids + [eot]) for ids in tok.encode_batch(stories)], 1, None
+        ts = encode_stories(stories, tok)
+        if len(ts.ids) <= cfg.n_positions:
+            raise InputError(f"--stream needs more than {cfg.n_positions} tokens; "
+                             f"{file} has {len(ts.ids)}")
+        return [ts.ids.astype(np.int64)], 0, ts.bytes_per_token
+    ids = tok.encode(read_text(text))
+    seq = np.asarray(([eot] if bos else []) + ids)
+    if len(seq) < 2:
+        raise InputError("one token alone has nothing before it to predict it from; "
+                         "give a longer text or leave out --no-bos")
+    return [seq], int(bos), None
 
 
 def _emit_token_records(out, i: int, s: sc.TokenScores, token_json: list[str], stream: bool,
@@ -386,6 +387,8 @@ def neurons(
     cfg, tok = model.config, model.tokenizer
     layer = check_index(layer, cfg.n_layer, "layer")
     if neuron is None:
+        if data is not None:
+            raise InputError("--data is searched for one neuron: give --neuron N too")
         _neurons_on_text(model, text, layer, top, raw, as_json)
         return
     neuron = check_index(neuron, cfg.n_inner, "neuron")
