@@ -390,3 +390,8 @@ def test_views_print_without_escape_codes_in_a_pipe(cli, args, needle):
 ])
 def test_bad_input_is_one_error_line(cli, args, needle):
     assert_one_error_line(cli(*args), 2, needle)
+
+
+def test_each_line_after_double_dash_is_just_text(cli):
+    doc = cli("encode", "--json", "--", "--each-line").json()
+    assert "".join(doc["tokens"]) == "--each-line"

@@ -28,7 +28,8 @@ TEXT_PARAMS = ("text", "text_a")
 
 def main(command, args: list[str]):
     """command.main(args), or once per line when args hold --each-line FILE."""
-    if not any(a == OPTION or a.startswith(OPTION + "=") for a in args):
+    options = args[: args.index("--")] if "--" in args else args  # after '--' all is text
+    if not any(a == OPTION or a.startswith(OPTION + "=") for a in options):
         return command.main(args=args, prog_name="tinygpt", standalone_mode=False)
     source, rest = take_option(args)
     name = next((a for a in rest if not a.startswith("-")), None)
@@ -71,6 +72,9 @@ def take_option(args: list[str]) -> tuple[str, list[str]]:
     it = iter(range(len(args)))
     for i in it:
         a = args[i]
+        if a == "--":  # the rest is text, given as is
+            rest += args[i:]
+            break
         if a == OPTION:
             if i + 1 >= len(args):
                 raise InputError(f"{OPTION} needs a file of texts, one per line ('-': stdin)")
