@@ -229,6 +229,8 @@ def test_heads_command_json(cli, tiny):
     cfg = tiny.model.config
     assert doc["shape"] == [4, cfg.n_layer, cfg.n_head]
     assert doc["kinds"] == ["previous_token", "duplicate_token", "induction", "induction_random"]
+    eot = tiny.model.tokenizer.eot_id
+    assert doc["text_ids"] == [[eot] + tiny.model.tokenizer.encode("Tom saw a dog. Tom saw a dog.")]
     assert ((np.asarray(doc["data"]) >= 0) & (np.asarray(doc["data"]) <= 1)).all()
     rep = doc["repeat"]
     assert rep["loss_drop"] == pytest.approx(rep["loss_first"] - rep["loss_second"])

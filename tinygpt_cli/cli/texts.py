@@ -306,7 +306,7 @@ def heads(
     if as_json:
         data = np.stack([table[k] for k in table])
         jsonout.emit(jsonout.document(
-            "heads", data, kinds=list(table), texts=len(ids), source=source,
+            "heads", data, kinds=list(table), texts=len(ids), source=source, text_ids=ids,
             exclude_bos=exclude_first, exclude_current=exclude_current,
             repeat={"length": n, "batch": batch, "seed": seed, "loss_first": test.loss_first,
                     "loss_second": test.loss_second, "loss_drop": test.loss_drop}))
