@@ -46,13 +46,14 @@ def _root(
 # then training.
 ORDER = ["encode", "embed", "pos", "norm", "attn", "mlp", "blocks", "final-norm", "logits",
          "probs", "sample", "generate", "decode", "trace", "review", "map",
-         "lens", "dla", "ablate", "patch", "attribute", "means", "history", "why",
+         "lens", "dla", "ablate", "patch", "attribute", "means",
+         "score", "heads", "neurons", "diff", "history", "why",
          "info", "train-tokenizer", "train", "model-card"]
 
 
 def _register() -> None:
     # Commands register themselves on import; one module per group.
-    from . import cards, explain, history, inspect, page, train  # noqa: F401
+    from . import cards, explain, history, inspect, page, texts, train  # noqa: F401
 
     def rank(command) -> int:
         name = command.name or command.callback.__name__
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI; bad input ends with one `error: ...` line and exit 2, faults with exit 1."""
     from ..trace import PathError
     from ..weights import WeightsError
+    from . import batch
     from .common import InputError
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     _register()
     command = typer.main.get_command(app)
     try:
-        code = command.main(args=args, prog_name="tinygpt", standalone_mode=False)
+        code = batch.main(command, args)  # the command, or once per line with --each-line
     except getattr(click_errors, "NoArgsIsHelpError", ()) as e:
         # click >= 8.2 raises this to show help for a bare group; that is not an error.
         typer.echo(e.ctx.get_help())

@@ -23,7 +23,8 @@ __all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "check_index", "check_
 
 
 # Options, declared once so every command spells and documents them the same way.
-TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin.",
+TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin. "
+                      "--each-line FILE runs the command once per line of FILE ('-': stdin).",
                       show_default=False)
 # The name is passed on as typed (parser=str), so that an empty --weights "" stays empty and
 # is refused by load_model instead of becoming Path("") == Path("."), the current folder.
