@@ -169,7 +169,8 @@ def attn(
 @app.command()
 def mlp(
     text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE, layer: int = LAYER,
-    top: int = typer.Option(5, "--top", "-k", min=1, help="How many hidden neurons to list."),
+    top: int = typer.Option(5, "--top", "-n", min=1, help="How many hidden neurons to list "
+                            "(capped at the feed-forward width)."),
     as_json: bool = JSON, full: bool = FULL,
 ):
     """Card 6: the feed-forward output of one block, and its most active hidden neurons.

@@ -23,6 +23,7 @@ from .common import (
     ABLATE,
     FULL,
     JSON,
+    TEMPERATURE,
     TEXT,
     TOP_K,
     TOP_P,
@@ -114,9 +115,7 @@ def generate(
     text: str = TEXT, weights: Path = WEIGHTS,
     max_new_tokens: int = typer.Option(120, "--max-new-tokens", "-n", min=1,
                                        help="At most this many new tokens."),
-    temperature: float = typer.Option(0.8, "--temperature", "-t", min=0.0,
-                                      help="Divide the scores by this before softmax; 0 is "
-                                      "greedy (always the likeliest token)."),
+    temperature: float = TEMPERATURE,
     top_k: int = TOP_K, top_p: float = TOP_P,
     seed: int = typer.Option(None, "--seed", "-s", help="Seed for the random picks; the same "
                              "seed gives the same text. Default: a new one, printed on stderr.",
@@ -145,6 +144,10 @@ def generate(
                             temperature=temperature, top_k=top_k or None, top_p=top_p,
                             rng=create_rng(seed), stop_id=None if no_stop else eot)
     new: list[int] = []
+    if as_json:  # the context once; each token line then carries only its own token
+        jsonout.emit(jsonout.document(None, np.asarray(ids, dtype=np.int64), ids,
+                                      [tok.token_str(t) for t in ids], event="prompt",
+                                      text=prompt))
     out = stdout()
     shown = ""
     if not as_json and out.is_terminal:
@@ -155,11 +158,9 @@ def generate(
     for i, step in enumerate(steps):
         new.append(step.id)
         if as_json:
-            context = ids + new[:-1]  # what the token was computed from
-            jsonout.emit(jsonout.document(None, np.int64(step.id), context,
-                                          [tok.token_str(t) for t in context],
-                                          event="token", step=i, id=step.id,
-                                          token=tok.token_str(step.id), chance=step.chance))
+            jsonout.emit(jsonout.document(None, np.int64(step.id), event="token", step=i,
+                                          id=step.id, token=tok.token_str(step.id),
+                                          chance=step.chance))
             continue
         if step.id == eot and not no_stop:
             break
