@@ -147,8 +147,30 @@ def _reader_gone() -> int:
     return 0
 
 
-def _stdout_broken() -> bool:
-    return type(sys.stdout).__name__ == "PacifyFlushWrapper"
+def _identity(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _stdout_broken(before: tuple[int, int] | None) -> bool:
+    """Did a broken-pipe handler of a library end the command? click's wraps sys.stdout;
+    Rich's points stdout at /dev/null; both then exit 1, which is not what a reader that
+    went away means."""
+    if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+        return True
+    try:
+        now = _identity(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return now is not None and now != before and now == _identity_of_devnull()
+
+
+def _identity_of_devnull() -> tuple[int, int] | None:
+    st = os.stat(os.devnull)
+    return st.st_dev, st.st_ino
 
 
 def _finish(code: int) -> None:
@@ -192,13 +214,17 @@ def main(argv: list[str] | None = None) -> None:
         fresh_line()
         sys.exit(INTERRUPTED)
     try:
+        before = _identity(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        before = None
+    try:
         code = command.main(args=args, prog_name="tinygpt", standalone_mode=False)
         if code == INTERRUPTED:  # typer turns Ctrl-C into exit 130 itself
             fresh_line()
     except SystemExit:
-        if not _stdout_broken():
+        if not _stdout_broken(before):
             raise
-        code = _reader_gone()  # click's broken-pipe handler fired first and chose exit 1
+        code = _reader_gone()  # click's or Rich's broken-pipe handler came first
     except getattr(click_errors, "NoArgsIsHelpError", ()) as e:
         # click >= 8.2 raises this to show help for a bare group; that is not an error.
         typer.echo(e.ctx.get_help())
