@@ -215,7 +215,7 @@ def test_ascii_only_output_degrades_instead_of_crashing(tiny, env):
     for argv, r in zip(ASCII_ARGVS, results, strict=True):
         assert r["out"].isascii() and r["err"].isascii(), (argv, r["out"])
     assert "_wanted" in outs[f"encode {TEXT}"] and "0-4" in outs[f"encode {TEXT}"]
-    assert "| 6 tokens" in outs[f"map {TEXT}"] and "6 x 128" in outs[f"map {TEXT}"]
+    assert "| 6 tokens" in outs[f"map {TEXT}"] and "6 x 16" in outs[f"map {TEXT}"]
     # JSON stays exact: non-ASCII characters as \\u escapes, the same document
     assert json.loads(outs["encode héllo… --json"])["tokens"][0].startswith("h")
     assert "".join(json.loads(outs["encode héllo… --json"])["tokens"]) == "héllo…"
