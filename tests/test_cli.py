@@ -281,7 +281,10 @@ def test_review_json_tells_the_page_with_this_models_numbers(cli, tr):
                             "longest": TINY.n_positions}
     cards = doc["cards"]
     assert [c["number"] for c in cards] == list(range(1, 12)) == doc["data"]
-    assert all(c["path"] and c["formula"] and c["command"].startswith("tinygpt ") for c in cards)
+    assert all(c["formula"] and c["command"].startswith("tinygpt ") for c in cards)
+    # every path resolves; the random pick (card 11) has a formula and no path
+    assert all(tr.get(c["path"]) is not None for c in cards if c["number"] != 11)
+    assert cards[10]["path"] is None and "sample(probs[-1]" in cards[10]["formula"]
     by = {c["number"]: c for c in cards}
     assert by[1]["value"] == TEXT_IDS
     np.testing.assert_array_equal(np.asarray(by[5]["value"], np.float32),
@@ -519,7 +522,8 @@ def test_full_shows_every_column(cli):
     (["attn"], "layers.0.heads.0.weights", "6 × 6"),
     (["attn", "--all-heads"], "layers.0.weights", "2 × 6 × 6"),
     (["logits"], "logits[5]", "4096"),
-    (["probs"], "probabilities(logits[5], 1)", "4096"),
+    (["probs"], "probs[5]", "4096"),
+    (["probs", "-t", "0.5"], "softmax(logits[5] / 0.5)", "4096"),
     (["blocks"], "blocks.norm", "3 × 6"),
     (["trace", TEXT, "layers.0.ln2.out"], "layers.0.ln2.out", "6 × 16"),
 ])

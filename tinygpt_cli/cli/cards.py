@@ -216,7 +216,7 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     if as_json:
         stages = [{k: v for k, v in row.items() if k != "norm"} | {"top_token": tok(row["top_id"])}
                   for row in rows]
-        jsonout.emit(r.document("blocks.norm", norms, position=p,
+        jsonout.emit(r.document(None, norms, name="blocks.norm", position=p,
                                       stages=stages))
         return
     from rich.table import Table
@@ -272,11 +272,13 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
     pr = probabilities(r.trace.get("logits")[p], temperature)
-    path = f"probabilities(logits[{p}], {temperature:g})"
+    # At temperature 1 these are the trace's own probs; otherwise a formula, not a path.
+    path = f"probs[{p}]" if temperature == 1 else f"softmax(logits[{p}] / {temperature:g})"
     rows = top_rows(r, pr, top, "chance")
     if as_json:
-        jsonout.emit(r.document(path, pr, position=p,
-                                      temperature=temperature, top=rows))
+        formula = {} if temperature == 1 else {"formula": path}
+        jsonout.emit(r.document(path if temperature == 1 else None, pr, **formula, position=p,
+                                temperature=temperature, top=rows))
         return
     shown = sum(x["chance"] for x in rows)
     stdout().print(Group(header(path, pr), top_table(rows, "chance", bar_of="chance"),
@@ -298,7 +300,9 @@ def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = AB
     token_id = sample(dist, create_rng(seed))
     token = r.model.tokenizer.token_str(token_id)
     if as_json:
-        jsonout.emit(r.document("sample", np.int64(token_id),
+        jsonout.emit(r.document(None, np.int64(token_id),
+                                formula="sample(softmax(logits[-1] / temperature), top_k, top_p, "
+                                "create_rng(seed))", top_k=top_k, top_p=top_p,
                                       token=token, chance=float(dist[token_id]), seed=seed,
                                       temperature=temperature))
         return

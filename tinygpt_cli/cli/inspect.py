@@ -16,7 +16,7 @@ from ..files import sha256
 from ..generate import generate as generate_tokens
 from ..render import jsonout
 from ..render.tables import header, shape_str, tensor_view
-from ..render.text import show_text, show_token
+from ..render.text import escape_line, show_text, show_token
 from ..sampling import create_rng
 from .app import app
 from .common import (
@@ -211,7 +211,8 @@ def trace_cmd(
             shape = list(np.shape(value)) if not isinstance(value, int) else []
             entries.append({"path": p, "shape": shape, "about": describe(p)})
         if as_json:
-            jsonout.emit(r.document("paths", np.asarray([e["path"] for e in entries]),
+            jsonout.emit(r.document(None, np.asarray([e["path"] for e in entries]),
+                                    name="paths",
                                     entries=entries))
             return
         t = Table(box=None, header_style="bold dim", pad_edge=False)
@@ -272,7 +273,8 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
     tokenizer = {"vocab_size": model.tokenizer.vocab_size,
                  "special_tokens": model.tokenizer.special_tokens}
     if as_json:
-        jsonout.emit(jsonout.document("parameters", np.int64(total), None, None, config=facts,
+        jsonout.emit(jsonout.document(None, np.int64(total), None, None, name="parameters",
+                                      config=facts,
                                       parameters={"total": total, "groups": groups},
                                       weights_file=str(weights_file), sha256=digest,
                                       tokenizer=tokenizer))
@@ -288,9 +290,10 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
     for k, v in groups.items():
         p.add_row(k, f"{v:,}")
     p.add_row(Text("total", style="bold"), Text(f"{total:,}", style="bold"))
-    specials = ", ".join(f"{k} = {v}" for k, v in tokenizer["special_tokens"].items())
+    # names and paths come from the weights folder: shown escaped, like the user's own text
+    specials = ", ".join(f"{show_token(k)} = {v}" for k, v in tokenizer["special_tokens"].items())
     stdout().print(Group(
         Text("configuration", style="bold underline"), t, Text(""), p, Text(""),
-        Text(f"weights   {weights_file}"), Text(f"sha256    {digest}"),
+        Text(f"weights   {escape_line(str(weights_file))}"), Text(f"sha256    {digest}"),
         Text(f"tokenizer {tokenizer['vocab_size']:,} tokens; special: {specials}"),
     ))

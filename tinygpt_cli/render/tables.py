@@ -58,7 +58,9 @@ def _columns(n: int, full: bool) -> list[int | None]:
     return list(range(EDGE)) + [None] + list(range(n - EDGE, n))
 
 
-def _cell(x: float) -> Text:
+def _cell(x) -> Text:
+    if isinstance(x, np.integer | int):  # ids and counts print as whole numbers
+        return Text(str(int(x)))
     s = fmt(float(x))
     if s == "-inf":
         return Text("-inf", style="dim")
