@@ -218,3 +218,39 @@ def test_ascii_only_output_degrades_instead_of_crashing(tiny, env):
     assert "| 6 tokens" in outs[f"map {TEXT}"] and "6 x 16" in outs[f"map {TEXT}"]
     # JSON stays exact: non-ASCII characters as \\u escapes, the same document
     assert json.loads(outs["encode héllo… --json"])["ids"] == tiny.model.tokenizer.encode("héllo…")
+
+
+# ------------------------------------------------------------------ hostile strings
+
+HOSTILE = "\x1b[2J\x9b31m\x07"  # clear screen, a C1 CSI, a bell
+
+
+def test_strings_from_a_weights_folder_never_reach_the_terminal_raw(cli, monkeypatch, tiny):
+    """Token and special-token names come from tokenizer.json: shown escaped like user text."""
+    from tinygpt_cli.tokenizer import Tokenizer
+
+    monkeypatch.setattr(Tokenizer, "token_str", lambda self, i: f"tok{i}{HOSTILE}")
+    monkeypatch.setattr(Tokenizer, "special_tokens", property(lambda self: {HOSTILE: 0}))
+    for argv in (["info"], ["logits", TEXT], ["probs", TEXT], ["encode", TEXT],
+                 ["sample", TEXT], ["blocks", TEXT], ["attn", TEXT], ["review", TEXT],
+                 ["map", TEXT], ["trace", TEXT, "tokens"]):
+        r = cli(*argv)
+        assert r.code == 0, (argv, r.err)
+        for raw in ("\x1b", "\x9b", "\x07"):
+            assert raw not in r.out and raw not in r.err, (argv, r.out)
+    out = cli("info").out
+    assert "\\x1b[2J\\x9b31m\\x07 = 0" in out
+    for argv in (["logits", TEXT, "--json"], ["info", "--json"],
+                 ["generate", TEXT, "-n", "2", "--seed", "1", "--json"]):
+        r = cli(*argv)
+        assert r.code == 0 and "\x1b" not in r.out and "\x9b" not in r.out, argv
+        assert "\\u001b" in r.out and "\\u009b" in r.out, argv
+        [json.loads(line) for line in r.out.splitlines()]  # still valid JSON, same strings
+    assert HOSTILE in json.loads(cli("info", "--json").out)["tokenizer"]["special_tokens"]
+
+
+def test_error_lines_escape_control_characters(cli, tmp_path):
+    r = cli("info", "--weights", tmp_path / f"no{HOSTILE}where")
+    assert r.code != 0 and r.out == ""
+    assert r.err.startswith("error: ") and r.err.count("\n") == 1
+    assert "\x1b" not in r.err and "\x9b" not in r.err and "\\x1b[2J\\x9b31m\\x07" in r.err
