@@ -551,13 +551,15 @@ def test_attention_heatmap_is_labelled_by_tokens(cli):
     assert "-inf above the diagonal" in r.out
 
 
-def test_long_heatmaps_are_not_cut_at_the_pipe_width(cli):
+def test_long_heatmaps_fit_the_width_and_full_shows_every_column(cli):
     text = " ".join(f"w{i}" for i in range(30))
-    r = cli("attn", text)
-    lines = r.out.splitlines()
     n = len(cli("encode", text, "--json").json()["ids"])
     assert n > 20
+    lines = cli("attn", text, "--full").out.splitlines()
     assert len(lines[-2].split()) == 2 + n  # the last row: position, token, n cells
+    lines = cli("attn", text).out.splitlines()  # a pipe: 120 columns
+    assert max(map(len, lines)) <= 120 and "…" in lines[-2].split()
+    assert lines[-2].split()[-1] == lines[-2].split()[-1]  # the last key column is kept
 
 
 def test_other_human_views(cli, tiny):
