@@ -63,11 +63,13 @@ def test_a_narrow_view_keeps_the_first_and_last_columns_whole(cli, monkeypatch, 
         key = cells[0] + cells[1]
         if key in full_rows:  # a data row: the kept cells are the full row's own ends
             whole = full_rows[key]
-            assert cells[:i] == whole[:i] and cells[i + 1:] == whole[len(whole) - len(cells[i + 1:]):]
+            tail = cells[i + 1:]
+            assert cells[:i] == whole[:i] and tail == whole[len(whole) - len(tail):]
 
 
 def test_mlp_top_20_at_80_columns_names_its_first_and_last_neuron(cli, monkeypatch):
-    neurons = [n["neuron"] for n in cli("mlp", TEXT, "--top", "20", "--json").json()["top_neurons"]]
+    doc = cli("mlp", TEXT, "--top", "20", "--json").json()
+    neurons = [n["neuron"] for n in doc["top_neurons"]]
     monkeypatch.setenv("COLUMNS", "80")
     out = cli("mlp", TEXT, "--top", "20").out
     assert f"n{neurons[0]}" in out and f"n{neurons[-1]}" in out
