@@ -249,6 +249,14 @@ def trace_cmd(
     (wide(view) if full else stdout()).print(view)
 
 
+def _as_typed(path: Path) -> str:
+    """A path below the current folder as the user would type it; others in full."""
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 @app.command()
 def info(weights: Path = WEIGHTS, as_json: bool = JSON):
     """The model's configuration, parameter counts, weights file and tokenizer.
@@ -269,6 +277,7 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
         "tie_word_embeddings": True,
     }
     weights_file = model.weights_file.resolve()
+    shown_file = _as_typed(weights_file)
     digest = sha256(weights_file)
     tokenizer = {"vocab_size": model.tokenizer.vocab_size,
                  "special_tokens": model.tokenizer.special_tokens}
@@ -294,6 +303,6 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
     specials = ", ".join(f"{show_token(k)} = {v}" for k, v in tokenizer["special_tokens"].items())
     stdout().print(Group(
         Text("configuration", style="bold underline"), t, Text(""), p, Text(""),
-        Text(f"weights   {escape_line(str(weights_file))}"), Text(f"sha256    {digest}"),
+        Text(f"weights   {escape_line(shown_file)}"), Text(f"sha256    {digest}"),
         Text(f"tokenizer {tokenizer['vocab_size']:,} tokens; special: {specials}"),
     ))
