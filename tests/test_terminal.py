@@ -254,3 +254,45 @@ def test_error_lines_escape_control_characters(cli, tmp_path):
     assert r.code != 0 and r.out == ""
     assert r.err.startswith("error: ") and r.err.count("\n") == 1
     assert "\x1b" not in r.err and "\x9b" not in r.err and "\\x1b[2J\\x9b31m\\x07" in r.err
+
+
+# ------------------------------------------------------------------ options, completion
+
+
+def test_options_mean_the_same_everywhere(cli, tiny):
+    from tinygpt_cli.cli import common
+
+    _register()
+    # sampling shares one declaration of each default
+    for name in ("temperature", "top_k", "top_p"):
+        for command in ("sample", "generate", "probs"):
+            params = {p.name: p for p in typer.main.get_command(app).commands[command].params}
+            if name in params:
+                declared = {"temperature": common.TEMPERATURE, "top_k": common.TOP_K,
+                            "top_p": common.TOP_P}[name]
+                assert params[name].default == declared.default, (command, name)
+    # -k is --top-k, -n the row count, -H the head, -P top-p
+    a = cli("sample", TEXT, "-k", 1, "--json").json()
+    b = cli("sample", TEXT, "--top-k", 1, "--json").json()
+    assert a == b and a["top_k"] == 1
+    assert len(cli("logits", TEXT, "-n", 3, "--json").json()["top"]) == 3
+    assert cli("attn", TEXT, "-H", 1, "--json").json()["path"] == "layers.0.heads.1.weights"
+    assert cli("sample", TEXT, "-P", 0.5, "--json").json()["top_p"] == 0.5
+    # --weights before the command, and --debug listed in --help
+    r = cli("--weights", tiny.folder, "info", "--json")
+    assert r.code == 0 and r.json()["weights_file"] == str(
+        (tiny.folder / "model.safetensors").resolve())
+    assert "--debug" in cli("--help").out and "--install-completion" in cli("--help").out
+
+
+def test_shell_completion_completes_commands_and_installs(tiny, tmp_path):
+    env = child_env(tiny, _TINYGPT_COMPLETE="complete_bash", COMP_WORDS="tinygpt gen",
+                    COMP_CWORD="1")
+    r = subprocess.run([sys.executable, "-m", "tinygpt_cli"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["generate"], r
+    env = child_env(tiny, HOME=str(tmp_path), SHELL="/bin/bash")
+    r = subprocess.run([sys.executable, "-m", "tinygpt_cli", "--install-completion", "bash"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r
+    assert "_TINYGPT_COMPLETE" in (tmp_path / ".bash_completions" / "tinygpt.sh").read_text()
