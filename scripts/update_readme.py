@@ -26,14 +26,19 @@ from pathlib import Path
 
 MARKER = re.compile(r"^<!-- run: (.*) -->$")
 PICTURE = re.compile(r"^<!-- picture: (.*) -->$")
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(command: str) -> str:
+    """What a terminal shows for the command: stdout and stderr interleaved as written (the
+    `error:` lines included), at 100 columns, from the repository root, so paths print
+    relative to it and nothing of this machine's layout reaches the README."""
     env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}
     env.pop("TINYGPT_WEIGHTS", None)
-    out = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True,
-                         text=True, env=env, check=False)
-    text = out.stdout + (out.stderr if out.returncode else "")
+    out = subprocess.run(["bash", "-o", "pipefail", "-c", command], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env, check=False,
+                         cwd=ROOT)
+    text = out.stdout.replace(str(ROOT) + os.sep, "")
     return "\n".join(line.rstrip() for line in text.rstrip("\n").splitlines())
 
 
@@ -83,5 +88,5 @@ def refresh_table(readme: str) -> str:
 
 
 if __name__ == "__main__":
-    path = Path("README.md")
+    path = ROOT / "README.md"
     path.write_text(refresh_table(refresh(path.read_text())))

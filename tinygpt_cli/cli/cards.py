@@ -13,7 +13,16 @@ from rich.text import Text
 from ..analysis.lens import block_summary, top_neurons
 from ..render import jsonout, pictures
 from ..render.figure import attention_figure, value_figure
-from ..render.tables import fmt, header, heatmap, matrix, tensor_view, token_rows, top_table
+from ..render.tables import (
+    Fit,
+    fmt,
+    header,
+    heatmap,
+    matrix,
+    tensor_view,
+    token_rows,
+    top_table,
+)
 from ..render.text import show_text, show_token
 from ..sampling import create_rng, next_token_distribution, probabilities, sample
 from .app import app
@@ -144,7 +153,9 @@ def attn(
     all_heads: bool = typer.Option(False, "--all-heads", help="Show every head side by side."),
     scores: bool = typer.Option(False, "--scores", help="Show the masked, scaled scores "
                                 "QK^T/sqrt(d_k) instead of the softmax weights."),
-    as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
+    as_json: bool = JSON, full: bool = typer.Option(False, "--full", help="Show every "
+                                                     "column of a long text, however wide."),
+    save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Card 5: the T × T attention grid of one head as a heatmap (rows attend to columns).
 
@@ -162,8 +173,10 @@ def attn(
             jsonout.emit(r.document(path, grids))
             return
         lo, hi = (None, None) if scores else (0.0, 1.0)
-        maps = [heatmap(g, r.tokens, f"head {h}", lo=lo, hi=hi) for h, g in enumerate(grids)]
-        wide(*maps).print(Group(header(path, grids), Columns(maps, padding=(1, 3))))
+        maps = [heatmap(g, r.tokens, f"head {h}", lo=lo, hi=hi, full=full)
+                for h, g in enumerate(grids)]
+        (wide(*maps) if full else stdout()).print(
+            Group(header(path, grids), Columns(maps, padding=(1, 3))))
         return
     head = check_index(head, cfg.n_head, "head")
     path = f"layers.{layer}.heads.{head}.{field}"
@@ -174,8 +187,9 @@ def attn(
         return
     note = ("rows: the token looking; columns: the tokens it looks at; each row sums to 1"
             if not scores else "-inf above the diagonal: a token cannot look ahead")
-    hm = heatmap(grid, r.tokens, lo=None if scores else 0.0, hi=None if scores else 1.0)
-    wide(hm).print(Group(header(path, grid), hm, Text(note, style="dim")))
+    hm = heatmap(grid, r.tokens, lo=None if scores else 0.0, hi=None if scores else 1.0,
+                 full=full)
+    (wide(hm) if full else stdout()).print(Group(header(path, grid), hm, Text(note, style="dim")))
 
 
 # ------------------------------------------------------------------ card 6
@@ -184,7 +198,8 @@ def attn(
 @app.command()
 def mlp(
     text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE, layer: int = LAYER,
-    top: int = typer.Option(5, "--top", "-k", min=1, help="How many hidden neurons to list."),
+    top: int = typer.Option(5, "--top", "-n", min=1, help="How many hidden neurons to list "
+                            "(capped at the feed-forward width)."),
     as_json: bool = JSON, full: bool = FULL,
     save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
@@ -203,7 +218,7 @@ def mlp(
         show(r, path, True, full, extra={"top_neurons": neurons})
         return
     acts = np.stack([n["activations"] for n in neurons], axis=1)
-    table = matrix(acts, token_rows(r.tokens), full=True,
+    table = matrix(acts, token_rows(r.tokens), full=full, edge=None,
                    col_labels=[f"n{n['neuron']}" for n in neurons])
     show(r, path, False, full, below=[
         Text(""),
@@ -234,22 +249,35 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     if as_json:
         stages = [{k: v for k, v in row.items() if k != "norm"} | {"top_token": tok(row["top_id"])}
                   for row in rows]
-        jsonout.emit(r.document("blocks.norm", norms, position=p,
+        jsonout.emit(r.document(None, norms, name="blocks.norm", position=p,
                                       stages=stages))
         return
     from rich.table import Table
 
-    t = Table(box=None, header_style="bold dim", pad_edge=False)
-    for name, just in (("stage", "left"), ("‖h‖ mean", "right"), ("‖h‖ at pos", "right"),
-                       ("‖attn_out‖", "right"), ("‖mlp_out‖", "right"), ("change", "right"),
-                       ("top guess", "left"), ("chance", "right")):
-        t.add_column(name, justify=just, no_wrap=True)
+    names = [("‖h‖ mean", "right"), ("‖h‖ at pos", "right"), ("‖attn_out‖", "right"),
+             ("‖mlp_out‖", "right"), ("change", "right"), ("top guess", "left"),
+             ("chance", "right")]
+    cells = []
     for row in rows:
         has = "change" in row
-        t.add_row(row["stage"], fmt(row["norm"].mean()), fmt(row["norm"][p]),
-                  fmt(row["attn_norm"][p]) if has else "", fmt(row["mlp_norm"][p]) if has else "",
-                  f"{row['change'][p]:.0%}" if has else "",
-                  Text(show_token(tok(row["top_id"])), style="bold"), f"{row['top_prob']:.1%}")
+        cells.append([fmt(row["norm"].mean()), fmt(row["norm"][p]),
+                      fmt(row["attn_norm"][p]) if has else "",
+                      fmt(row["mlp_norm"][p]) if has else "",
+                      f"{row['change'][p]:.0%}" if has else "",
+                      Text(show_token(tok(row["top_id"])), style="bold"),
+                      f"{row['top_prob']:.1%}"])
+
+    def build(keep: list[int | None]) -> Table:  # middle columns give way to the width
+        t = Table(box=None, header_style="bold dim", pad_edge=False)
+        t.add_column("stage", no_wrap=True)
+        for k in keep:
+            name, just = ("…", "center") if k is None else names[k]
+            t.add_column(name, justify=just, no_wrap=True)
+        for row, line in zip(rows, cells, strict=True):
+            t.add_row(row["stage"], *("…" if k is None else line[k] for k in keep))
+        return t
+
+    t = Fit(build, len(names))
     stdout().print(Group(
         header("blocks.norm", norms, "(‖h‖ of every token at every stage)"),
         Text(f"residual stream at position {p} ({show_token(r.tokens[p])}); change = "
@@ -292,12 +320,14 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
     pr = probabilities(r.trace.get("logits")[p], temperature)
-    path = f"probabilities(logits[{p}], {temperature:g})"
+    # At temperature 1 these are the trace's own probs; otherwise a formula, not a path.
+    path = f"probs[{p}]" if temperature == 1 else f"softmax(logits[{p}] / {temperature:g})"
     rows = top_rows(r, pr, top, "chance")
     save_figure(pictures.top_figure(path, rows, "chance", r.tokens, percent=True), save, force)
     if as_json:
-        jsonout.emit(r.document(path, pr, position=p,
-                                      temperature=temperature, top=rows))
+        formula = {} if temperature == 1 else {"formula": path}
+        jsonout.emit(r.document(path if temperature == 1 else None, pr, **formula, position=p,
+                                temperature=temperature, top=rows))
         return
     shown = sum(x["chance"] for x in rows)
     stdout().print(Group(header(path, pr), top_table(rows, "chance", bar_of="chance"),
@@ -319,7 +349,9 @@ def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = AB
     token_id = sample(dist, create_rng(seed))
     token = r.model.tokenizer.token_str(token_id)
     if as_json:
-        jsonout.emit(r.document("sample", np.int64(token_id),
+        jsonout.emit(r.document(None, np.int64(token_id),
+                                formula="sample(softmax(logits[-1] / temperature), top_k, top_p, "
+                                "create_rng(seed))", top_k=top_k, top_p=top_p,
                                       token=token, chance=float(dist[token_id]), seed=seed,
                                       temperature=temperature))
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +19,8 @@ from ..trace import Trace
 from ..weights import Model, load_model
 
 __all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "check_index", "check_top_p",
-           "encode_checked", "load", "progress", "read_text", "run", "save_figure", "stderr",
-           "stdout", "wide"]
+           "encode_checked", "load", "progress", "read_text", "run", "save_figure",
+           "set_default_weights", "stderr", "stdout", "wide"]
 
 
 # Options, declared once so every command spells and documents them the same way.
@@ -34,18 +35,24 @@ WEIGHTS = typer.Option(None, "--weights", help="Weights folder (default: $TINYGP
 JSON = typer.Option(False, "--json", help="Print one JSON document on stdout.")
 FULL = typer.Option(False, "--full", help="Show every column instead of the first and last.")
 LAYER = typer.Option(0, "--layer", "-l", help="Block index; negative counts from the end.")
-HEAD = typer.Option(0, "--head", help="Head index; negative counts from the end.")
+HEAD = typer.Option(0, "--head", "-H", help="Head index; negative counts from the end.")
 POSITION = typer.Option(-1, "--position", "-p", help="Token position; -1 is the last.")
-TOP = typer.Option(10, "--top", "-k", min=1, help="How many to list.")
+# Short flags mean one thing everywhere: -n is always "how many" (rows, neurons, new tokens),
+# -k is always --top-k of sampling.
+TOP = typer.Option(10, "--top", "-n", min=1, help="How many to list (capped at how many "
+                   "there are).")
 ABLATE = typer.Option(None, "--ablate", help="Zero this value first and show the changed run "
                       "(repeatable): a head's output layers.1.heads.2.out, layers.0.mlp_out, "
                       "layers.0.attn_out.", show_default=False)
+# probs, sample and generate share these defaults: the model's own chances, untrimmed.
 TEMPERATURE = typer.Option(1.0, "--temperature", "-t", min=0.0,
-                           help="Divide the scores by this before softmax; 0 is greedy.")
+                           help="Divide the scores by this before softmax; 0 is greedy "
+                           "(always the likeliest token).")
 
 SEED = typer.Option(1, "--seed", "-s", help="Seed of the random generator (same seed, same pick).")
-TOP_K = typer.Option(0, "--top-k", min=0, help="Keep only the k likeliest tokens (0: all).")
-TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0,
+TOP_K = typer.Option(0, "--top-k", "-k", min=0,
+                     help="Keep only the k likeliest tokens (0: all).")
+TOP_P = typer.Option(1.0, "--top-p", "-P", min=0.0, max=1.0,
                      help="Keep the likeliest tokens whose chances add up to p (1: all).")
 
 # Where a prediction is scored ("why this token"): which token, and against which.
@@ -126,13 +133,19 @@ PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines n
 
 
 def stdout(width: int | None = None) -> Console:
-    """Markup and highlighting off: text from the user or the model is shown literally."""
+    """Markup and highlighting off: text from the user or the model is shown literally.
+    The width is the terminal's, or $COLUMNS, or PIPE_WIDTH for a pipe."""
     console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width,
                       quiet=_quiet)
-    if width is None and not console.is_terminal:
+    if width is None and not console.is_terminal and not _columns():
         console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
                           width=PIPE_WIDTH, quiet=_quiet)
     return console
+
+
+def _columns() -> int | None:
+    value = os.environ.get("COLUMNS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def wide(*renderables) -> Console:
@@ -206,8 +219,18 @@ def _read_stdin() -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
+_default_weights: Path | None = None
+
+
+def set_default_weights(weights: Path | None) -> None:
+    """`tinygpt --weights DIR COMMAND`: the folder given before the command, used when the
+    command is not given one itself."""
+    global _default_weights
+    _default_weights = weights
+
+
 def load(weights: Path | None) -> Model:
-    return load_model(weights)
+    return load_model(weights if weights is not None else _default_weights)
 
 
 @dataclass

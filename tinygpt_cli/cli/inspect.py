@@ -16,13 +16,14 @@ from ..files import sha256
 from ..generate import generate as generate_tokens
 from ..render import jsonout
 from ..render.tables import header, shape_str, tensor_view
-from ..render.text import show_text, show_token
+from ..render.text import escape_line, show_text, show_token
 from ..sampling import check_temperature, create_rng
 from .app import app
 from .common import (
     ABLATE,
     FULL,
     JSON,
+    TEMPERATURE,
     TEXT,
     TOP_K,
     TOP_P,
@@ -114,9 +115,7 @@ def generate(
     text: str = TEXT, weights: Path = WEIGHTS,
     max_new_tokens: int = typer.Option(120, "--max-new-tokens", "-n", min=1,
                                        help="At most this many new tokens."),
-    temperature: float = typer.Option(0.8, "--temperature", "-t", min=0.0,
-                                      help="Divide the scores by this before softmax; 0 is "
-                                      "greedy (always the likeliest token)."),
+    temperature: float = TEMPERATURE,
     top_k: int = TOP_K, top_p: float = TOP_P,
     seed: int = typer.Option(None, "--seed", "-s", help="Seed for the random picks; the same "
                              "seed gives the same text. Default: a new one, printed on stderr.",
@@ -146,6 +145,10 @@ def generate(
                             temperature=temperature, top_k=top_k or None, top_p=top_p,
                             rng=create_rng(seed), stop_id=None if no_stop else eot)
     new: list[int] = []
+    if as_json:  # the context once; each token line then carries only its own token
+        jsonout.emit(jsonout.document(None, np.asarray(ids, dtype=np.int64), ids,
+                                      [tok.token_str(t) for t in ids], event="prompt",
+                                      text=prompt))
     out = stdout()
     shown = ""
     if not as_json and out.is_terminal:
@@ -156,11 +159,9 @@ def generate(
     for i, step in enumerate(steps):
         new.append(step.id)
         if as_json:
-            context = ids + new[:-1]  # what the token was computed from
-            jsonout.emit(jsonout.document(None, np.int64(step.id), context,
-                                          [tok.token_str(t) for t in context],
-                                          event="token", step=i, id=step.id,
-                                          token=tok.token_str(step.id), chance=step.chance))
+            jsonout.emit(jsonout.document(None, np.int64(step.id), event="token", step=i,
+                                          id=step.id, token=tok.token_str(step.id),
+                                          chance=step.chance))
             continue
         if step.id == eot and not no_stop:
             break
@@ -211,7 +212,8 @@ def trace_cmd(
             shape = list(np.shape(value)) if not isinstance(value, int) else []
             entries.append({"path": p, "shape": shape, "about": describe(p)})
         if as_json:
-            jsonout.emit(r.document("paths", np.asarray([e["path"] for e in entries]),
+            jsonout.emit(r.document(None, np.asarray([e["path"] for e in entries]),
+                                    name="paths",
                                     entries=entries))
             return
         t = Table(box=None, header_style="bold dim", pad_edge=False)
@@ -248,6 +250,14 @@ def trace_cmd(
     (wide(view) if full else stdout()).print(view)
 
 
+def _as_typed(path: Path) -> str:
+    """A path below the current folder as the user would type it; others in full."""
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 @app.command()
 def info(weights: Path = WEIGHTS, as_json: bool = JSON):
     """The model's configuration, parameter counts, weights file and tokenizer.
@@ -268,11 +278,13 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
         "tie_word_embeddings": True,
     }
     weights_file = model.weights_file.resolve()
+    shown_file = _as_typed(weights_file)
     digest = sha256(weights_file)
     tokenizer = {"vocab_size": model.tokenizer.vocab_size,
                  "special_tokens": model.tokenizer.special_tokens}
     if as_json:
-        jsonout.emit(jsonout.document("parameters", np.int64(total), None, None, config=facts,
+        jsonout.emit(jsonout.document(None, np.int64(total), None, None, name="parameters",
+                                      config=facts,
                                       parameters={"total": total, "groups": groups},
                                       weights_file=str(weights_file), sha256=digest,
                                       tokenizer=tokenizer))
@@ -288,9 +300,10 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
     for k, v in groups.items():
         p.add_row(k, f"{v:,}")
     p.add_row(Text("total", style="bold"), Text(f"{total:,}", style="bold"))
-    specials = ", ".join(f"{k} = {v}" for k, v in tokenizer["special_tokens"].items())
+    # names and paths come from the weights folder: shown escaped, like the user's own text
+    specials = ", ".join(f"{show_token(k)} = {v}" for k, v in tokenizer["special_tokens"].items())
     stdout().print(Group(
         Text("configuration", style="bold underline"), t, Text(""), p, Text(""),
-        Text(f"weights   {weights_file}"), Text(f"sha256    {digest}"),
+        Text(f"weights   {escape_line(shown_file)}"), Text(f"sha256    {digest}"),
         Text(f"tokenizer {tokenizer['vocab_size']:,} tokens; special: {specials}"),
     ))

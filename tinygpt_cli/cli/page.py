@@ -14,15 +14,15 @@ from ..page import CARDS
 from ..render import jsonout, pictures
 from ..render.tables import fmt, shape_str
 from ..render.text import show_text, show_token
-from ..sampling import create_rng, probabilities, sample
+from ..sampling import create_rng, sample
 from .app import app
 from .common import ABLATE, FORCE, JSON, QUIET, SAVE, TEXT, WEIGHTS, Run, run, save_figure, stdout
 
 
 def next_token(r: Run) -> tuple[np.ndarray, int]:
-    """Cards 10 and 11 as the page writes them: probabilities(logits[T-1], 1), then
-    sample(probs, create_rng(1))."""
-    probs = probabilities(r.trace.get("logits")[-1], 1.0)
+    """Cards 10 and 11 as the page writes them: probs[-1] (the softmax of logits[-1] at
+    temperature 1), then sample(probs[-1], create_rng(1))."""
+    probs = r.trace.get("probs[-1]")
     return probs, sample(probs, create_rng(1))
 
 
@@ -108,7 +108,7 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
                           "formula": c.formula, "command": c.command,
                           "shape": list(np.shape(v)),
                           "value": v if c.number not in (2, 3, 4, 6, 8, 9) else None})
-        jsonout.emit(r.document("review", np.asarray([c.number for c in CARDS]),
+        jsonout.emit(r.document(None, np.asarray([c.number for c in CARDS]), name="review",
                                 facts=facts, cards=cards))
         return
     label = {"T": "Tokens in the text", "d": "Numbers per token", "L": "Blocks",
@@ -130,7 +130,8 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
         body = [Text(c.what), Text(detail, style="italic"),
                 Text.assemble(("shape    ", "dim"), (card_shape(c.number, v), "bold")),
                 Text.assemble(("formula  ", "dim"), c.formula),
-                Text.assemble(("trace    ", "dim"), (c.path, "cyan")),
+                Text.assemble(("trace    ", "dim"), (c.path, "cyan")) if c.path else
+                Text("trace    none: a random pick, drawn by the formula above", style="dim"),
                 Text.assemble(("command  ", "dim"), c.command)]
         body += [Text("  ") + line for line in preview(r, c.number, v)]
         parts.append(Panel(Group(*body), title=f"{c.number}. {c.title}", title_align="left",
@@ -172,8 +173,8 @@ def map_stages(r: Run) -> list[tuple[str, str, str]]:
         ("4 Add", "resid_post = resid_mid + mlp_out", td),
         ("8 Final norm", "ln_final", td),
         ("9 Linear", "u W_E^T", f"{T} × {V:,}"),
-        ("10 Softmax", "probabilities(logits[T-1])", f"{V:,}"),
-        ("11 Output", "sample(probs, rng)", "1 id"),
+        ("10 Softmax", "probs[-1] = softmax(logits[-1])", f"{V:,}"),
+        ("11 Output", "sample(probs[-1], rng)", "1 id"),
     ]
 
 
@@ -191,7 +192,7 @@ def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLAT
     save_figure(pictures.map_figure(r.text, stages, cfg.n_layer, r.model.tokenizer.token_str(
         next_token(r)[1])), save, force)
     if as_json:
-        jsonout.emit(r.document("map", np.asarray([s[0] for s in stages]),
+        jsonout.emit(r.document(None, np.asarray([s[0] for s in stages]), name="map",
                                       stages=[{"stage": s, "op": o, "shape_out": sh}
                                               for s, o, sh in stages],
                                       repeat={"stages": [3, 8], "times": cfg.n_layer}))
