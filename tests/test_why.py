@@ -559,7 +559,7 @@ def test_attribute_errors(cli):
 @pytest.mark.parametrize("command", ["lens", "dla", "ablate", "patch", "attribute", "means"])
 def test_why_commands_have_help_with_an_example(cli, command):
     r = cli(command, "--help")
-    assert r.code == 0 and "Example: tinygpt " + command in r.out
+    assert r.code == 0 and "  Examples:\n    tinygpt " + command in r.out
 
 
 def test_means_from_one_text_file_to_a_chosen_path(cli, tiny, tmp_path, monkeypatch):

@@ -341,10 +341,8 @@ def patch(
     the clean run's top guess against the corrupt run's). --method atp estimates every cell
     from one backward pass and prints its correlation with the real patching.
 
-    \b
     Example: tinygpt patch "Lily wanted to play with her" "Lily wanted to read with her"
-             tinygpt patch "Lily wanted to play with her" "Lily wanted to read with her" \\
-                 --method atp
+    Example: tinygpt patch "Lily wanted to play" "Lily wanted to read" --method atp
     """
     if method not in ("activation", "atp"):
         raise InputError(f"unknown --method {method!r}: use activation or atp")

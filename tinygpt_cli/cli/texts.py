@@ -491,8 +491,8 @@ def diff(
     the cosine similarity and relative distance ||a - b|| / ||a||, and both top predictions.
     --weights-b: per position KL(P_a || P_b), whether the top tokens agree and the change in
     the chance of the actual next token (as llama-perplexity --kl-divergence).
-    Example: tinygpt diff "Lily wanted to play with her ball" "Tom wanted to play with his ball"
-    ; tinygpt diff "Lily wanted to play" --weights-b runs/a
+    Example: tinygpt diff "Lily wanted to play with her" "Tom wanted to play with his"
+    Example: tinygpt diff "Lily wanted to play" --weights-b runs/a
     """
     model = load(weights)
     if weights_b is not None:

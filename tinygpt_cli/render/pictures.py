@@ -145,7 +145,9 @@ def review_figure(text: str, tokens: list[str], ids: list[int], facts: dict, car
         body = [Note(c.what), Note(c.detail.format(vocab_max=facts["vocab"] - 1, **facts),
                                    "detail"),
                 Note(c.formula, "formula"),
-                Facts([("shape", shape), ("trace", c.path), ("command", c.command)])]
+                Facts([("shape", shape),
+                       ("trace", c.path or "none: a random pick, drawn by the formula"),
+                       ("command", c.command)])]
         if c.number == 5:
             body += [Row([Heatmap(g, token_labels(tokens), token_labels(tokens),
                                   title=f"layer {layer} head {h}",

@@ -54,7 +54,8 @@ def examples_block(doc: str) -> str:
                 if ln.strip().startswith("Example:")]
     if not examples:
         return doc
-    rest = [ln for ln in lines if not ln.strip().startswith("Example:")]
+    # click's "\b" (keep this paragraph as it is) was only there for the examples
+    rest = [ln for ln in lines if not ln.strip().startswith("Example:") and ln.strip() != "\b"]
     while rest and not rest[-1].strip():
         rest.pop()
     import textwrap
