@@ -63,6 +63,9 @@ class Tiny:
     folder: Path
     model: Model
 
+    def __repr__(self) -> str:  # short, so a failing example does not print every weight
+        return f"Tiny({str(self.folder)!r})"
+
     def trace(self, ids):
         return trace(self.model.params, self.model.config, np.asarray(ids))
 

@@ -3,16 +3,27 @@ weights folder, so every test runs in milliseconds."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from tinygpt_cli.config import Config, save_config
 from tinygpt_cli.model import init_params
 from tinygpt_cli.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
 from tinygpt_cli.weights import save_params
+
+# Hypothesis profiles: "ci" is deterministic (derandomize: the same examples on every run, no
+# example database), selected when CI=true; "dev" is the broader local default, searching new
+# examples each run. HYPOTHESIS_PROFILE=ci|dev overrides either.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None,
+                          max_examples=100, print_blob=True)
+settings.register_profile("dev", deadline=None, max_examples=300)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
+                      or ("ci" if os.environ.get("CI", "").lower() == "true" else "dev"))
 
 LN_WEIGHTS = ("ln_1.weight", "ln_2.weight", "ln_f.weight")
 

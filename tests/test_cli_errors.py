@@ -115,7 +115,7 @@ def test_decode_rejects_a_negative_id_from_stdin(cli):
     (["embed", TEXT, "--layer", "0"], ["No such option", "--layer"]),
     (["logits", TEXT, "--top", "0"], ["--top"]),
     (["logits", TEXT, "--top", "many"], ["--top"]),
-    (["logits", TEXT, "-k"], ["-k", "requires an argument"]),
+    (["logits", TEXT, "-n"], ["-n", "requires an argument"]),
     (["probs", TEXT, "--temperature", "-1"], ["--temperature"]),
     (["generate", TEXT, "--top-p", "1.5"], ["--top-p"]),
     (["generate", TEXT, "--top-p", "0"], ["--top-p", "(0, 1]"]),
@@ -212,8 +212,8 @@ def test_a_missing_or_non_finite_tensor_is_named(broken):
 def test_a_missing_folder_or_file(broken):
     (broken.folder / "tokenizer.json").unlink()
     assert_one_error_line(broken(), 1, "tokenizer.json")
-    shutil.rmtree(broken.folder)
-    assert_one_error_line(broken(), 1, "does not exist")
+    shutil.rmtree(broken.folder)  # a folder the user named that is not there: bad input
+    assert_one_error_line(broken(), 2, "does not exist")
 
 
 def test_a_broken_config_or_tokenizer(broken):
@@ -246,7 +246,7 @@ def test_module_generate_streams_ndjson(tiny):
                    env={"TINYGPT_WEIGHTS": str(tiny.folder)}, stdin=TEXT)
     assert r.returncode == 0, r.stderr
     lines = [json.loads(line) for line in r.stdout.splitlines()]
-    assert [d["event"] for d in lines] == ["token"] * 3 + ["end"]
+    assert [d["event"] for d in lines] == ["prompt"] + ["token"] * 3 + ["end"]
     assert lines[-1]["ids"][:6] == TEXT_IDS
     # seeded, so a second process writes the same lines
     again = run_module("generate", TEXT, "-n", "3", "--seed", "4", "--no-stop", "--json",

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 from cli_helpers import TEXT, TEXT_IDS, TINY
 
+from tinygpt_cli.config import load_config
 from tinygpt_cli.page import CARDS
 from tinygpt_cli.sampling import create_rng, probabilities, sample
-from tinygpt_cli.trace import PathError
+from tinygpt_cli.schema import resolve
+from tinygpt_cli.weights import SHIPPED
 
 
 def test_the_page_has_the_seed_cards_in_order():
@@ -17,16 +19,37 @@ def test_the_page_has_the_seed_cards_in_order():
     assert [c.number for c in CARDS] == list(range(1, 12))
 
 
-def test_every_card_path_names_a_value_of_the_trace_except_the_two_functions(tiny):
+def test_every_card_path_resolves_and_the_random_pick_is_a_formula(tiny):
     trace = tiny.trace(TEXT_IDS)
     for card in CARDS:
-        if card.number in (10, 11):  # probabilities(...) and sample(...) are functions
-            try:
-                trace.get(card.path)
-            except PathError:
-                continue
-            raise AssertionError(f"{card.path} should not be a trace path")
+        if card.number == 11:  # a random pick is not a stored value: shown as a formula
+            assert card.path is None and "sample(probs[-1]" in card.formula
+            continue
         trace.get(card.path)
+    np.testing.assert_allclose(trace.get(CARDS[9].path),
+                               probabilities(trace.get("logits")[-1], 1.0), rtol=1e-6)
+
+
+def test_every_trace_path_in_the_readme_resolves():
+    """The card table's paths, `tinygpt trace TEXT PATH` commands and "path" fields."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    paths = set()
+    for line in readme.splitlines():
+        if re.match(r"\| \d+ [A-Z]", line):
+            paths |= set(re.findall(r"`([^`]+)`", line.split("|")[3]))
+        paths |= set(re.findall(r"tinygpt trace (?:\"[^\"]*\"|-) \"?([\w.\[\]-]+)\"?", line))
+        paths |= set(re.findall(r'"path": ?"([^"]+)"', line))
+    # formulas (card 11's random pick) and options are not paths
+    paths = {p.replace(".L.", ".0.").replace(".H.", ".0.") for p in paths
+             if "(" not in p and not p.startswith("-")}
+    assert {"probs[-1]", "logits", "layers.0.heads.0.weights"} <= paths
+    # the README's examples run on the shipped model's sizes (4 heads)
+    config = load_config(SHIPPED / "config.json")
+    for path in sorted(paths - {"layers.0.mlp_outt"}):  # the README's own misspelt example
+        resolve(path, config)
 
 
 def test_review_states_this_models_sizes_in_the_pages_sentences(cli):
@@ -48,7 +71,7 @@ def test_review_states_this_models_sizes_in_the_pages_sentences(cli):
     positions = [out.index(f"{c.number}. {c.title}") for c in CARDS]
     assert positions == sorted(positions), "cards out of order"
     for card in CARDS:
-        assert card.path in out and card.formula in out
+        assert (card.path or "trace    none") in out and card.formula in out
 
 
 def test_review_json_carries_the_real_values(cli, tiny):

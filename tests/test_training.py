@@ -464,7 +464,7 @@ def test_train_on_text_shorter_than_one_window_exits_2_and_says_how_long(tmp_pat
     write_stories(tmp_path / "part-000.txt", ["Lily ran.", "Tom sat."])
     write_stories(tmp_path / "part-001.txt", ["Lily ran.", "Tom sat."])
     proc = tinygpt("train", "--data", str(tmp_path), "--out", str(tmp_path / "out"),
-                   "--steps", "2", "--vocab-size", "300", cwd=tmp_path)
+                   "--steps", "2", "--vocab-size", "257", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: the training text is ") and "at least 130" in last, last

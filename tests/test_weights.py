@@ -10,6 +10,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from tinygpt_cli.config import Config, load_config, save_config
+from tinygpt_cli.errors import InputError
 from tinygpt_cli.files import write_atomically
 from tinygpt_cli.model import param_shapes
 from tinygpt_cli.weights import WeightsError, load_model, load_params, save_params
@@ -183,7 +184,7 @@ def test_load_model_names_what_is_missing(tiny_folder):
     (tiny_folder.folder / "tokenizer.json").unlink()
     with pytest.raises(WeightsError, match="tokenizer.json"):
         load_model(tiny_folder.folder)
-    with pytest.raises(WeightsError, match="does not exist"):
+    with pytest.raises(InputError, match="does not exist"):  # named by the user: exit 2
         load_model(tiny_folder.folder / "nowhere")
 
 

@@ -1,3 +1,3 @@
-from tinygpt_cli.cli import main
+from tinygpt_cli.entry import main
 
 main()

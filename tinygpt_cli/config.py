@@ -6,6 +6,11 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+# The vocabulary sizes training accepts (here, not in tokenizer.py, so that the CLI can name
+# them in its help without importing `tokenizers`).
+MIN_VOCAB = 257  # the 256 bytes of the byte-level alphabet and <|endoftext|>
+MAX_VOCAB = 65535  # training keeps token ids as uint16
+
 
 @dataclass(frozen=True)
 class Config:
@@ -20,13 +25,24 @@ class Config:
     eos_token_id: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("n_embd", "n_layer", "n_head", "n_inner", "vocab_size", "n_positions"):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"config: {name} must be a positive integer")
+        for name, most in LIMITS.items():
+            value = getattr(self, name)
+            if not _is_int(value) or value <= 0:
+                raise ValueError(f"config: {name} must be a positive whole number, got {value!r}")
+            if value > most:
+                raise ValueError(f"config: {name} {value:,} is too large (at most {most:,})")
+        eps = self.layer_norm_epsilon
+        if not _is_number(eps) or not 0 < eps <= 1:  # NaN fails both comparisons
+            raise ValueError(f"config: layer_norm_epsilon must be a number in (0, 1], got {eps!r}")
         if self.n_embd % self.n_head:
             raise ValueError(
                 f"config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
             )
+        for name in ("bos_token_id", "eos_token_id"):
+            value = getattr(self, name)
+            if not _is_int(value) or not 0 <= value < self.vocab_size:
+                raise ValueError(f"config: {name} must be a token id from 0 to "
+                                 f"{self.vocab_size - 1}, got {value!r}")
 
     @property
     def d_k(self) -> int:
@@ -52,26 +68,77 @@ class Config:
 
     @classmethod
     def from_dict(cls, d: dict) -> Config:
-        n_embd = int(d.get("n_embd", 128))
-        n_inner = d.get("n_inner")
+        """Strict: sizes are JSON whole numbers (not 128.0, "128" or true); unknown keys, which
+        a GPT-2 config has many of, are ignored."""
+        if not isinstance(d, dict):
+            raise ValueError(f"config: expected a JSON object, got {type(d).__name__}")
         act = d.get("activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ValueError(f"config: activation_function {act!r} is not supported (gelu_new)")
+            shown = act if isinstance(act, str) else type(act).__name__
+            raise ValueError(f"config: activation_function {shown!r} is not supported (gelu_new)")
+        n_embd = d.get("n_embd", 128)
+        n_inner = d.get("n_inner")
+        if n_inner is None and _is_int(n_embd):
+            n_inner = 4 * n_embd
+        positions = d["n_positions"] if "n_positions" in d else d.get("n_ctx", 128)
         return cls(
             n_embd=n_embd,
-            n_layer=int(d.get("n_layer", 4)),
-            n_head=int(d.get("n_head", 4)),
-            n_inner=int(n_inner) if n_inner is not None else 4 * n_embd,
-            vocab_size=int(d.get("vocab_size", 4096)),
-            n_positions=int(d.get("n_positions", d.get("n_ctx", 128))),
-            layer_norm_epsilon=float(d.get("layer_norm_epsilon", 1e-5)),
-            bos_token_id=int(d.get("bos_token_id", 0) or 0),
-            eos_token_id=int(d.get("eos_token_id", 0) or 0),
+            n_layer=d.get("n_layer", 4),
+            n_head=d.get("n_head", 4),
+            n_inner=n_inner,
+            vocab_size=d.get("vocab_size", 4096),
+            n_positions=positions,
+            layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5),
+            bos_token_id=_token_id(d.get("bos_token_id")),
+            eos_token_id=_token_id(d.get("eos_token_id")),
         )
 
 
+# The largest size the loader accepts: far above GPT-2 XL (48 blocks of 1,600 numbers, 50,257
+# tokens, 1,024 positions), far below what would exhaust memory before a file could say no.
+LIMITS = {
+    "n_embd": 1 << 16,
+    "n_layer": 1024,
+    "n_head": 1024,
+    "n_inner": 1 << 18,
+    "vocab_size": 1 << 20,
+    "n_positions": 1 << 16,
+}
+
+MAX_CONFIG_BYTES = 1 << 20  # a GPT-2 config.json is about 1 kB
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _token_id(x):
+    """Missing or null means 0, as GPT-2 configs without a special token have it."""
+    return 0 if x is None else x
+
+
 def load_config(path: str | Path) -> Config:
-    return Config.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+    """Read and check a config.json; any fault is a ValueError with a one-line message."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        raw = f.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(f"config: larger than {MAX_CONFIG_BYTES:,} bytes; not a GPT-2 config")
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("config: nested too deeply to be a GPT-2 config") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"config: not valid JSON ({e})") from None
+    return Config.from_dict(data)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"config: {name} is not a number JSON allows")
 
 
 def save_config(config: Config, path: str | Path) -> None:

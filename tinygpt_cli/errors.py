@@ -1,7 +1,9 @@
 """The two kinds of failure the tool reports, shared by the core and the command line.
 
 InputError: bad usage or input; the message says what was wrong and what is allowed (exit 2).
-WeightsError lives in `weights.py`: a weights folder that cannot be used (exit 1).
+WeightsError: a weights or run folder that cannot be used, or a file that cannot be written
+(exit 1). It is defined here, beside InputError, so that low modules (files.py) can raise it;
+`weights.WeightsError` is the same class. Its subclasses say more precisely what failed.
 """
 
 from __future__ import annotations
@@ -9,3 +11,30 @@ from __future__ import annotations
 
 class InputError(ValueError):
     """Bad usage or input: the message says what was wrong and what is allowed. Exit 2."""
+
+
+class WeightsError(Exception):
+    """A weights folder or file that cannot be used; the message says which tensor and why.
+
+    Exit 1, as for every fault of the machine rather than of the command line.
+    """
+
+
+class WriteError(WeightsError):
+    """A file could not be written: a read-only folder, a full disk, a path that is a folder."""
+
+
+class RunError(WeightsError):
+    """A training run that cannot go on: its loss diverged or its run folder is broken."""
+
+
+def check_utf8(text: str, what: str) -> None:
+    """Python hands bytes that are not UTF-8 (in argv, or in a stdin decoded leniently) over
+    as lone surrogates, which no tokenizer can encode: refuse them as bad input."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else \
+            f"U+{ord(bad):04X}"
+        raise InputError(f"{what} is not valid UTF-8 ({byte} at character {e.start})") from None

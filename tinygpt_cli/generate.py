@@ -11,7 +11,7 @@ import numpy as np
 from .config import Config
 from .hooks import Hook
 from .model import KVCache, forward
-from .sampling import next_token_distribution, sample
+from .sampling import check_temperature, next_token_distribution, sample
 
 
 @dataclass
@@ -80,8 +80,16 @@ def generate(
     When the text outgrows the model's window, the model sees the last n_positions tokens
     (see CachedContext for how the cache follows). `hooks` (an ablation, say) apply to every
     position the model computes; nothing is recorded. `cached=False` recomputes the whole
-    window each step: the reference the cached loop is tested against.
+    window each step: the reference the cached loop is tested against. The temperature is
+    checked now, before the caller has shown anything, not at the first token.
     """
+    check_temperature(temperature)
+    return _steps(params, config, list(ids), max_new_tokens, temperature, top_k, top_p, rng,
+                  stop_id, hooks, cached)
+
+
+def _steps(params, config, ids, max_new_tokens, temperature, top_k, top_p, rng, stop_id,
+           hooks, cached) -> Iterator[Step]:
     if max_new_tokens <= 0:
         return
     context = CachedContext(params, config, ids, hooks) if cached else None

@@ -65,8 +65,8 @@ class Replace:
         if fn is None:
             return x
         out = np.asarray(fn(x), dtype=x.dtype)
-        if out.shape != x.shape:
-            out = np.broadcast_to(out, x.shape)
+        if out.shape != x.shape:  # a scalar or a row: spread it over the value, writable
+            out = np.broadcast_to(out, x.shape).copy()
         return out
 
 

@@ -1,7 +1,8 @@
 """The seed page's "Quick review", card by card: where each value lives and how it is made.
 
-Each card names the trace path that holds its value, the formula, and the command that shows
-it, so `tinygpt review` and `tinygpt map` draw the page from this one list.
+Each card names the trace path that holds its value (card 11's pick is random, not a stored
+value: its formula says how it is drawn), the formula, and the command that shows it, so
+`tinygpt review` and `tinygpt map` draw the page from this one list.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ class Card:
     title: str
     what: str  # one sentence, as the seed page says it
     formula: str
-    path: str  # where the value lives in the trace
+    path: str | None  # where the value lives in the trace; None for the random pick
     command: str  # the command that shows it
     detail: str = ""  # the page's second sentence, filled in with this model's sizes
 
@@ -57,10 +58,10 @@ CARDS = [
          "{vocab:,} scores per position. Only the last position is used to guess the next "
          "token."),
     Card(10, "Softmax", "Turns the scores into chances between 0 and 1 that add up to 1.",
-         "p_t = exp(z_t) / sum_s exp(z_s)", "probabilities(logits[T-1], 1)",
+         "p_t = exp(z_t) / sum_s exp(z_s)", "probs[-1]",
          "tinygpt probs TEXT",
          "{vocab:,} chances, one for each possible next token."),
     Card(11, "Output", "Pick one token by its chance, add it to the text, and run again.",
-         "P(t_{T+1} | t_1 .. t_T)", "sample(probs, create_rng(1))", "tinygpt sample TEXT --seed 1",
+         "t_{T+1} = sample(probs[-1], create_rng(1))", None, "tinygpt sample TEXT --seed 1",
          "One chance for each of the {vocab:,} tokens; the seeded pick is the next token."),
 ]

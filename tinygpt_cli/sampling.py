@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from .errors import InputError
+
+# A subnormal temperature (1e-320) divides any score past float64's range and the chances
+# become NaN. Far above that, 1e-6 already puts all the chance on the top score of any real
+# model's logits: smaller positive values would only be greedy decoding spelled riskily.
+MIN_TEMPERATURE = 1e-6
+
+
+def check_temperature(temperature: float) -> None:
+    """0 (greedy) or a finite number of at least MIN_TEMPERATURE; else InputError (exit 2)."""
+    t = temperature
+    if not (t == 0 or (math.isfinite(t) and t >= MIN_TEMPERATURE)):
+        raise InputError(f"--temperature must be 0 (greedy) or a finite number of at least "
+                         f"{MIN_TEMPERATURE:g}, got {t!r}")
 
 
 def probabilities(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
@@ -11,8 +28,7 @@ def probabilities(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     Temperature 0 is the limit: all the chance on the highest score (ties share it).
     """
     z = np.asarray(logits, dtype=np.float64)
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    check_temperature(temperature)
     if temperature == 0:
         top = z == z.max(axis=-1, keepdims=True)
         return top / top.sum(axis=-1, keepdims=True)
@@ -34,10 +50,10 @@ def top_k_filter(probs: np.ndarray, k: int | None) -> np.ndarray:
 
 def top_p_filter(probs: np.ndarray, p: float | None) -> np.ndarray:
     """Keep the smallest set of most likely tokens whose chances add up to at least p."""
-    if p is None or p >= 1.0:
+    if p is None or p == 1.0:
         return probs
     if not 0.0 < p <= 1.0:
-        raise ValueError(f"top-p must be in (0, 1], got {p}")
+        raise InputError(f"--top-p must be in (0, 1], got {p!r}")
     order = np.argsort(-probs, kind="stable")
     cumulative = np.cumsum(probs[order])
     n_keep = int(np.searchsorted(cumulative, p) + 1)
@@ -47,7 +63,12 @@ def top_p_filter(probs: np.ndarray, p: float | None) -> np.ndarray:
 
 
 def create_rng(seed: int | None) -> np.random.Generator:
-    """The seeded generator `sample` draws from (the seed page's createRng)."""
+    """The seeded generator `sample` draws from (the seed page's createRng).
+
+    A seed is a whole number from 0 (NumPy refuses negative ones); None draws a fresh one.
+    """
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise InputError(f"--seed must be a whole number of 0 or more, got {seed!r}")
     return np.random.default_rng(seed)
 
 

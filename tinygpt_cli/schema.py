@@ -291,3 +291,14 @@ def suggest(path: str, config: Config) -> list[str]:
 
 
 ALIASES = _aliases()
+
+
+def markdown_table() -> str:
+    """The README's table of values, one row per schema entry."""
+    rows = ["| path | shape | card | what it is | TransformerLens |",
+            "| --- | --- | ---: | --- | --- |"]
+    for v in VALUES:
+        shape = " × ".join(v.shape.split()) or "scalar"
+        lens = f"`{v.lens}`" if v.lens else ""
+        rows.append(f"| `{v.path}` | {shape} | {v.card or ''} | {v.about} | {lens} |")
+    return "\n".join(rows)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, check_utf8
 from .hooks import Chain, Hook, ablation
 from .model import forward, trace
 from .trace import Trace
@@ -120,6 +120,7 @@ class Session:
 def token_id(model: Model, token: str) -> int:
     """A token by its exact text (' toys', with its space) or by its id; else InputError."""
     tok = model.tokenizer
+    check_utf8(token, "the token")
     if token.strip().lstrip("-").isdigit():
         i = int(token)
         if not 0 <= i < tok.vocab_size:

@@ -9,6 +9,9 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+# the vocabulary limits live in config.py, which the CLI imports cheaply; named here too
+from .config import MAX_VOCAB, MIN_VOCAB  # noqa: F401
+
 END_OF_TEXT = "<|endoftext|>"
 
 

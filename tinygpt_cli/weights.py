@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,8 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from .config import Config, load_config
+from .errors import InputError, WeightsError
 from .files import write_atomically
-from .schema import param_shapes
+from .schema import PARAMS, param_shapes
 
 PREFIX = "transformer."
 
@@ -25,44 +28,181 @@ def _shipped_folder() -> Path:
 SHIPPED = _shipped_folder()
 
 
-class WeightsError(Exception):
-    """A weights folder or file that cannot be used; the message says which tensor and why."""
 
 
-def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
-    """Check names, shapes, dtypes and finiteness; return float32 params without the prefix."""
-    params = {}
-    for name, arr in tensors.items():
+# Tensors the loader reads, with the NumPy type each safetensors dtype becomes. The model
+# computes in float32; F16 and F64 files are converted. BF16, F8 and integers are refused:
+# NumPy has no bf16 or f8, and an integer tensor is not a weight.
+FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
+IGNORED = (".attn.bias", ".attn.masked_bias")  # old transformers buffers, not parameters
+MAX_HEADER_BYTES = 100 << 20
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
+               "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
+               "BOOL": 1}  # the safetensors library's own limit
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str  # as in the file
+    dtype: str  # safetensors spelling: F32, F16, BF16, I64, ...
+    shape: tuple[int, ...]
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """The safetensors header: an 8-byte little-endian length, then that many bytes of JSON
+    naming each tensor's dtype, shape and byte range. Read and checked without loading any
+    tensor, so a file cannot make the loader allocate more than it holds."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise WeightsError(f"{path} is not a readable safetensors file ({size} bytes)")
+        n = int.from_bytes(head, "little")
+        if n > min(MAX_HEADER_BYTES, size - 8):
+            raise WeightsError(f"{path} is not a readable safetensors file (its header claims "
+                               f"{n:,} bytes; the file has {size:,})")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except (ValueError, RecursionError) as e:
+        raise WeightsError(f"{path} is not a readable safetensors file (header: {e})") from None
+    if not isinstance(header, dict):
+        raise WeightsError(f"{path} is not a readable safetensors file (header is not an object)")
+    data_bytes = size - 8 - n
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            ok = (isinstance(dtype, str) and isinstance(shape, list)
+                  and all(_whole(x) for x in (*shape, begin, end)) and 0 <= begin <= end)
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            raise WeightsError(f"{path} is not a readable safetensors file (the header entry "
+                               f"of {name!r} is malformed)")
+        size = DTYPE_BYTES.get(dtype)
+        if size is not None and end - begin != size * math.prod(shape):
+            raise WeightsError(f"{path} is not a readable safetensors file (tensor {name}: "
+                               f"{end - begin:,} bytes for shape {shape} of {dtype})")
+        if end > data_bytes:
+            raise WeightsError(f"{path} is not a readable safetensors file (tensor {name} "
+                               "runs past its end: truncated?)")
+        out[name] = TensorInfo(name, dtype, tuple(shape))
+    return out
+
+
+def _whole(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _no_duplicates(pairs):
+    seen = {}
+    for k, v in pairs:
+        if k in seen:
+            raise ValueError(f"the name {k!r} appears twice")
+        seen[k] = v
+    return seen
+
+
+def _short_names(infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """Names without the `transformer.` prefix; the ignored buffers dropped."""
+    out: dict[str, TensorInfo] = {}
+    for name, info in infos.items():
         short = name[len(PREFIX):] if name.startswith(PREFIX) else name
-        if short == "lm_head.weight":
-            continue  # tied to wte; ignored if present
-        if short.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # old transformers buffers, not parameters
-        params[short] = arr
+        if short.endswith(IGNORED):
+            continue
+        if short in out:
+            raise WeightsError(f"tensor {short} appears twice, as {out[short].name} and {name}: "
+                               "the file must name each tensor once")
+        out[short] = info
+    return out
+
+
+def check_header(infos: dict[str, TensorInfo], config: Config) -> None:
+    """Names, count, shapes and dtypes against the config, before any tensor is read.
+
+    The count comes first, from the config's numbers alone, so that a config claiming a
+    million blocks is refused without building a million blocks' worth of names.
+    """
+    short = _short_names(infos)
+    head = short.pop("lm_head.weight", None)
+    per_block = sum(1 for n, _, _ in PARAMS if n.startswith("h.L."))
+    outside = sum(1 for n, _, _ in PARAMS if not n.startswith("h.L."))
+    want = outside + per_block * config.n_layer
+    if abs(len(short) - want) >= per_block:  # a block or more apart: the sizes disagree
+        blocks = max(len(short) - outside, 0) / per_block
+        raise WeightsError(
+            f"config.json says n_layer {config.n_layer:,} ({want:,} tensors) but the weights "
+            f"file holds {len(short):,} tensors ({blocks:g} blocks' worth)")
     expected = param_shapes(config)
-    missing = [n for n in expected if n not in params]
+    missing = [n for n in expected if n not in short]
     if missing:
         raise WeightsError(
             f"tensor {PREFIX}{missing[0]} is missing ({len(missing)} missing in all)"
         )
-    extra = [n for n in params if n not in expected]
+    extra = [n for n in short if n not in expected]
     if extra:
-        raise WeightsError(f"unexpected tensor {extra[0]!r}: not part of a GPT-2 model")
-    out = {}
+        raise WeightsError(f"unexpected tensor {extra[0]!r}: not part of a GPT-2 model "
+                           f"with the config's {config.n_layer} blocks")
+    if head is not None:
+        expected = {**expected, "lm_head.weight": expected["wte.weight"]}
+        short["lm_head.weight"] = head
     for name, shape in expected.items():
-        arr = params[name]
-        if tuple(arr.shape) != shape:
+        info = short[name]
+        if info.shape != shape:
             raise WeightsError(
-                f"tensor {PREFIX}{name} has shape {list(arr.shape)}, expected {list(shape)}"
+                f"tensor {_shown(name)} has shape {list(info.shape)}, expected {list(shape)}"
             )
-        if arr.dtype.kind != "f":
+        if info.dtype not in FLOAT_DTYPES:
+            numpy_name = {"I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64",
+                          "U8": "uint8", "BOOL": "bool"}.get(info.dtype, info.dtype)
             raise WeightsError(
-                f"tensor {PREFIX}{name} has dtype {arr.dtype}, expected a float type"
+                f"tensor {_shown(name)} has dtype {info.dtype} ({numpy_name}), expected a float "
+                "type tinygpt can use: F32, or F16 / F64 (converted to float32)"
             )
-        if not np.isfinite(arr).all():
-            raise WeightsError(f"tensor {PREFIX}{name} holds NaN or infinite values")
-        out[name] = np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def _shown(name: str) -> str:
+    return name if name == "lm_head.weight" else PREFIX + name
+
+
+def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
+    """Check names, shapes, dtypes and finiteness; return float32 params without the prefix.
+
+    A head (`lm_head.weight`) may be present, as `transformers` can save one: it must be
+    finite and equal to the token table, because this model ties the two.
+    """
+    infos = {n: TensorInfo(n, _dtype_name(a.dtype), tuple(a.shape)) for n, a in tensors.items()}
+    check_header(infos, config)
+    short = {name[len(PREFIX):] if name.startswith(PREFIX) else name: a
+             for name, a in tensors.items()}
+    out = {}
+    for name in param_shapes(config):
+        out[name] = _finite_float32(name, short[name])
+    if "lm_head.weight" in short:
+        head = _finite_float32("lm_head.weight", short["lm_head.weight"])
+        if not np.array_equal(head, out["wte.weight"]):
+            raise WeightsError(
+                "tensor lm_head.weight differs from transformer.wte.weight: tinygpt ties the "
+                "output head to the token embedding table, so it cannot use a separate head"
+            )
     return out
+
+
+def _finite_float32(name: str, arr: np.ndarray) -> np.ndarray:
+    """float32 first, then the check: a float64 value beyond float32's range becomes inf."""
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(arr, dtype=np.float32)
+    if not np.isfinite(out).all():
+        raise WeightsError(f"tensor {_shown(name)} holds NaN or infinite values")
+    return out
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    names = {np.dtype(t): n for n, t in FLOAT_DTYPES.items()}
+    return names.get(np.dtype(dtype), str(np.dtype(dtype)))
 
 
 _SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
@@ -116,18 +256,30 @@ def map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
 
 
 def load_params(path: str | Path, config: Config) -> dict[str, np.ndarray]:
-    from safetensors import SafetensorError
+    """Read the header, check it against the config, and only then map the tensors.
+
+    The tensors are read-only arrays over the mapped file (map_safetensors); float32 ones
+    stay so, F16/F64 ones are converted (a copy). Nothing may write into params in place.
+    """
+    from safetensors import SafetensorError, safe_open
 
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"weights file {path} does not exist")
     try:
-        tensors = map_safetensors(path)
-        if tensors is None:
-            from safetensors.numpy import load_file
-
-            tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
+        infos = read_header(path)
+    except OSError as e:
+        raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
+    check_header(infos, config)
+    wanted = [n for n in infos if not (n.removeprefix(PREFIX)).endswith(IGNORED)]
+    try:
+        mapped = map_safetensors(path)
+        if mapped is not None:
+            tensors = {n: mapped[n] for n in wanted}
+        else:  # anything map_safetensors does not take on: the library reads or reports it
+            with safe_open(str(path), framework="numpy") as f:
+                tensors = {n: f.get_tensor(n) for n in wanted}
+    except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:
         raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
     return validate_params(tensors, config)
 
@@ -154,22 +306,31 @@ class Model:
         return self.folder / "model.safetensors"
 
 
-def resolve_folder(folder: str | Path | None) -> Path:
-    """--weights DIR, then $TINYGPT_WEIGHTS, then the weights shipped with the package."""
-    if folder:
-        return Path(folder).expanduser()
+def resolve_folder(folder: str | Path | None) -> tuple[Path, bool]:
+    """--weights DIR, then $TINYGPT_WEIGHTS, then the weights shipped with the package; and
+    whether the user named it. An empty name is refused, never taken as the current folder."""
+    if folder is not None:
+        if str(folder) == "":
+            raise InputError("--weights is empty: name a weights folder, or leave the option "
+                             "out for the shipped model")
+        return Path(folder).expanduser(), True
     env = os.environ.get("TINYGPT_WEIGHTS")
     if env:
-        return Path(env).expanduser()
-    return SHIPPED
+        return Path(env).expanduser(), True
+    return SHIPPED, False
 
 
 def load_model(folder: str | Path | None = None) -> Model:
+    """A missing folder the user named is bad input (InputError, exit 2); a folder that
+    exists but cannot be used, or a missing shipped model, is a WeightsError (exit 1)."""
     from .tokenizer import Tokenizer
 
-    root = resolve_folder(folder)
+    root, named = resolve_folder(folder)
     if not root.is_dir():
-        raise WeightsError(f"weights folder {root} does not exist")
+        if named and not root.exists():
+            raise InputError(f"weights folder {root} does not exist")
+        raise WeightsError(f"weights folder {root} "
+                           + ("is not a folder" if root.exists() else "does not exist"))
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         if not (root / name).is_file():
             raise WeightsError(f"weights folder {root} has no {name}")
@@ -182,8 +343,20 @@ def load_model(folder: str | Path | None = None) -> Model:
         tokenizer = Tokenizer.from_file(root / "tokenizer.json")
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
         raise WeightsError(f"{root / 'tokenizer.json'} is not a tokenizers file ({e})") from None
-    if tokenizer.vocab_size > config.vocab_size:
-        raise WeightsError(
-            f"tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
-        )
+    check_vocabulary(tokenizer, config, root)
     return Model(root, config, params, tokenizer)
+
+
+def check_vocabulary(tokenizer, config: Config, root: Path) -> None:
+    """The tokenizer and the model must agree on the vocabulary: a smaller tokenizer leaves
+    rows the model can predict but no text can name; a larger one yields ids the model has no
+    row for."""
+    if tokenizer.vocab_size != config.vocab_size:
+        raise WeightsError(
+            f"tokenizer has {tokenizer.vocab_size:,} tokens but the model "
+            f"{config.vocab_size:,} (vocab_size in config.json): {root / 'tokenizer.json'} "
+            "does not belong to these weights")
+    try:
+        _ = tokenizer.eot_id  # generation and training stop on it
+    except ValueError as e:
+        raise WeightsError(f"{root / 'tokenizer.json'}: {e}") from None

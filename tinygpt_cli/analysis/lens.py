@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .. import ops
@@ -54,3 +56,55 @@ def top_neurons(mlp_post: np.ndarray, k: int) -> list[dict]:
     order = np.argsort(-peak, kind="stable")[:k]
     return [{"neuron": int(n), "max": float(peak[n]), "position": int(np.argmax(mlp_post[:, n])),
              "activations": mlp_post[:, n]} for n in order]
+
+
+# ------------------------------------------------------------------ the logit lens at every stage
+
+
+def lens_stages(trace: Trace, config: Config) -> list[tuple[str, np.ndarray]]:
+    """(name, [T, d]): the embeddings, then each block's resid_mid and resid_post, in order."""
+    stages = [("embeddings", trace.get("embeddings"))]
+    for i in range(config.n_layer):
+        for name in ("resid_mid", "resid_post"):
+            path = f"layers.{i}.{name}"
+            stages.append((path, trace.get(path)))
+    return stages
+
+
+@dataclass
+class Lens:
+    """The logit lens of one text: every stage read as if it were the last.
+
+    logits[s, t] are the scores stage s would give at position t: the final LayerNorm with
+    its mean and std recomputed from that stage's own stream, then the tied head. The last
+    stage is the model's own logits.
+    """
+
+    stages: list[str]
+    logits: np.ndarray  # [S, T, V]
+
+    @property
+    def log_probs(self) -> np.ndarray:  # [S, T, V], float64
+        z = self.logits.astype(np.float64)
+        return ops.log_softmax(z)
+
+    def top(self) -> tuple[np.ndarray, np.ndarray]:
+        """The likeliest token at every stage and position, and its chance: [S, T] each."""
+        logp = self.log_probs
+        ids = np.argmax(logp, axis=-1)
+        return ids, np.exp(np.take_along_axis(logp, ids[..., None], axis=-1)[..., 0])
+
+    def target(self, token: int, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """The chance of `token` at `position` at every stage [S], and its rank there (1 is
+        the top): one more than how many tokens score strictly higher."""
+        z = self.logits[:, position, :]
+        logp = ops.log_softmax(z.astype(np.float64))
+        rank = (z > z[:, token : token + 1]).sum(axis=-1) + 1
+        return np.exp(logp[:, token]), rank
+
+
+def logit_lens(trace: Trace, params: dict[str, np.ndarray], config: Config) -> Lens:
+    """Every stage of the stream through ln_final (statistics recomputed) and W_E^T."""
+    stages = lens_stages(trace, config)
+    hs = np.stack([h for _, h in stages])  # [S, T, d]
+    return Lens([name for name, _ in stages], lens_logits(hs, params, config))

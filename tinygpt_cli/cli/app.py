@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import signal
 import sys
 import typing
+from pathlib import Path
 
 import typer
 
@@ -14,10 +17,13 @@ try:  # newer typer carries its own copy of click, whose exceptions are not clic
 except ImportError:  # older typer runs on click itself
     from click import exceptions as click_errors
 
+from ..entry import INTERRUPTED, fresh_line
+from ..render.text import escape_line, examples_block, guard_encoding
+
 app = typer.Typer(
     name="tinygpt",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
@@ -34,21 +40,30 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    weights: Path = typer.Option(None, "--weights", help="Weights folder for the command "
+                                 "(also accepted after it).", show_default=False),
+    debug: bool = typer.Option(False, "--debug", help="Show the traceback of an unexpected "
+                               "error (accepted anywhere on the line; or TINYGPT_DEBUG=1)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
 ) -> None:
     """A command-line microscope for a small GPT-2-style language model.
 
     Every value one forward pass computes can be printed by name, as a table for a person or
-    with --json for programs. Add --debug anywhere to see tracebacks.
+    with --json for programs.
     """
+    from .common import set_default_weights
+
+    set_default_weights(weights)
 
 
 # The order `tinygpt --help` lists commands in: the seed page's cards, then the whole page,
 # then training.
 ORDER = ["encode", "embed", "pos", "norm", "attn", "mlp", "blocks", "final-norm", "logits",
-         "probs", "sample", "generate", "decode", "trace", "review", "map", "info",
-         "train-tokenizer", "train", "model-card"]
+         "probs", "sample", "generate", "decode", "trace", "review", "map",
+         "lens", "dla", "ablate", "patch", "attribute", "means",
+         "score", "heads", "neurons", "diff", "history", "why",
+         "info", "train-tokenizer", "train", "model-card"]
 
 
 def _command_name(command) -> str:
@@ -57,22 +72,32 @@ def _command_name(command) -> str:
 
 def _register() -> None:
     # Commands register themselves on import; one module per group.
-    from . import cards, inspect, page, train  # noqa: F401
+    from . import cards, explain, history, inspect, page, texts, train  # noqa: F401
 
     def rank(command) -> int:
         name = _command_name(command)
         return ORDER.index(name) if name in ORDER else len(ORDER)
 
     app.registered_commands.sort(key=rank)
+    for command in app.registered_commands:
+        # Each "Example:" line of a docstring becomes a line of its own in --help (click
+        # would otherwise join and rewrap them mid-command).
+        doc = command.help or (command.callback.__doc__ if command.callback else None)
+        if doc:
+            command.help = examples_block(doc)
 
 
 def _click_command(args: list[str]):
     """The click group for these arguments. `tinygpt NAME ...` builds NAME's command only:
     turning all the others' signatures into click options would cost start-up time for
-    nothing; --help, no command or an unknown one builds them all."""
+    nothing; --help, no command, an unknown one or --each-line (whose errors list the
+    commands that read a text) builds them all."""
     everything = app.registered_commands
-    # a group option first (--help, --version) is about the group as a whole
+    # a group option first (--help, --version, --weights) is about the group as a whole
     name = args[0] if args and not args[0].startswith("-") else None
+    options = args[: args.index("--")] if "--" in args else args
+    if any(a == "--each-line" or a.startswith("--each-line=") for a in options):
+        name = None
     chosen = [c for c in everything if _command_name(c) == name]
     if not chosen:
         return typer.main.get_command(app)
@@ -91,8 +116,6 @@ _NOT_PLAIN = object()
 def _plain(annotation, info, value, param, ctx):
     """The value of a plainly valid str, int, float or Path option (or a list of them), as
     typer would make it, or _NOT_PLAIN when typer should decide (and word any error)."""
-    from pathlib import Path
-
     if getattr(info, "parser", None) is not None or getattr(info, "clamp", False):
         return _NOT_PLAIN
     if typing.get_origin(annotation) is list and isinstance(value, (list, tuple)):
@@ -160,32 +183,153 @@ def _quick_coercion() -> None:
     _TyperParameter._tinygpt_quick = True
 
 
-def _is_weights_error(e: Exception) -> bool:
-    # Only a command that imported weights.py can raise its WeightsError; looking it up here
-    # keeps NumPy out of commands (and --help) that never load weights.
-    weights = sys.modules.get("tinygpt_cli.weights")
-    return weights is not None and isinstance(e, weights.WeightsError)
-
-
 def _error(message: str, code: int) -> int:
     message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
-    sys.stderr.write(f"error: {message}\n")
-    sys.stderr.flush()
+    try:
+        sys.stderr.write(f"error: {escape_line(message)}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # stderr is gone too: the exit code is all that is left
     return code
+
+
+class _Closed:
+    """Stands in for a standard stream that was closed (`>&-`): writing to it is an I/O error,
+    reported as such, instead of an AttributeError on None."""
+
+    encoding = "utf-8"
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def write(self, s: str) -> int:
+        raise OSError(errno.EBADF, f"{self.name} is closed")
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, f"{self.name} is closed")
+
+
+def _guard_streams() -> None:
+    """Closed streams and encodings that cannot show `␣ × …` must not crash a command."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        try:  # hold the descriptor, so that no file the command opens lands on it
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+        except OSError:
+            pass
+        if name == "stdout":
+            sys.stdout = _Closed("standard output")
+        else:
+            sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - for the process's life
+    sys.stdout = guard_encoding(sys.stdout)
+    sys.stderr = guard_encoding(sys.stderr)
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (`| head`): stop quietly with exit 0, as Unix tools do.
+    stdout now points at /dev/null, so the final flush at exit cannot fail again."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if type(stream).__name__ == "PacifyFlushWrapper":  # click's own handler came first
+            setattr(sys, name, stream.wrapped)
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 0
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _stdout_broken(before: tuple[int, int] | None) -> bool:
+    """Did a broken-pipe handler of a library end the command? click's wraps sys.stdout;
+    Rich's points stdout at /dev/null; both then exit 1, which is not what a reader that
+    went away means."""
+    if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+        return True
+    try:
+        now = _identity(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return now is not None and now != before and now == _identity_of_devnull()
+
+
+def _identity_of_devnull() -> tuple[int, int] | None:
+    st = os.stat(os.devnull)
+    return st.st_dev, st.st_ino
+
+
+def _finish(code: int) -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _reader_gone() if code == 0 else code
+    except (OSError, ValueError):
+        pass
+    sys.exit(code)
+
+
+def _hint(e) -> str:
+    see = f"see 'tinygpt {e.ctx.info_name} --help'" if e.ctx and e.ctx.parent else \
+        "see 'tinygpt --help'"
+    if isinstance(e, click_errors.NoSuchOption):
+        # `tinygpt encode -hello` reads as options; the text itself goes after `--`
+        command = e.ctx.info_name if e.ctx and e.ctx.parent else "COMMAND"
+        return f" ({see}; a text that starts with '-' goes after '--': tinygpt {command} -- -hello)"
+    return f" ({see})"
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; bad input ends with one `error: ...` line and exit 2, faults with exit 1."""
-    from ..errors import InputError  # PathError is one too
-
+    _guard_streams()
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args or os.environ.get("TINYGPT_DEBUG") == "1"
-    args = [a for a in args if a != "--debug"]
-    _register()
-    _quick_coercion()
-    command = _click_command(args)
+    end = args.index("--") if "--" in args else len(args)
+    debug = "--debug" in args[:end] or os.environ.get("TINYGPT_DEBUG") == "1"
+    args = [a for i, a in enumerate(args) if a != "--debug" or i > end]
     try:
-        code = command.main(args=args, prog_name="tinygpt", standalone_mode=False)
+        # cheap imports only: NumPy, Rich and the model wait for the command that needs them
+        from ..errors import InputError, WeightsError  # PathError is an InputError
+        from . import batch
+
+        _register()
+        _quick_coercion()
+        command = _click_command(args)
+        if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
+            # From here a Ctrl-C is a KeyboardInterrupt again, so that `finally` blocks run.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    except KeyboardInterrupt:
+        fresh_line()
+        sys.exit(INTERRUPTED)
+    try:
+        before = _identity(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        before = None
+    try:
+        code = batch.main(command, args)  # the command, or once per line with --each-line
+        if code == INTERRUPTED:  # typer turns Ctrl-C into exit 130 itself
+            fresh_line()
+    except SystemExit:
+        if not _stdout_broken(before):
+            raise
+        code = _reader_gone()  # click's or Rich's broken-pipe handler came first
     except getattr(click_errors, "NoArgsIsHelpError", ()) as e:
         # click >= 8.2 raises this to show help for a bare group; that is not an error.
         typer.echo(e.ctx.get_help())
@@ -193,28 +337,33 @@ def main(argv: list[str] | None = None) -> None:
     except click_errors.UsageError as e:
         if debug:
             raise
-        hint = f" (see 'tinygpt {e.ctx.info_name} --help')" if e.ctx and e.ctx.parent else \
-            " (see 'tinygpt --help')"
-        code = _error(e.format_message() + hint, 2)
+        code = _error(e.format_message() + _hint(e), 2)
     except InputError as e:
         if debug:
             raise
         code = _error(str(e), 2)
+    except WeightsError as e:
+        if debug:
+            raise
+        code = _error(str(e), 1)
     except typer.Abort:
-        code = _error("aborted", 130)
+        fresh_line()
+        code = INTERRUPTED
     except KeyboardInterrupt:
-        code = 130
+        fresh_line()
+        code = INTERRUPTED
     except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly, as Unix tools do.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        code = 0
+        code = _reader_gone()
+    except OSError as e:
+        if e.errno == errno.EPIPE:
+            code = _reader_gone()
+        elif debug:
+            raise
+        else:
+            where = f": {e.filename}" if e.filename else ""
+            code = _error(f"{e.strerror or e}{where}", 1)
     except Exception as e:  # noqa: BLE001 - the contract: no traceback without --debug
         if debug:
             raise
-        if _is_weights_error(e):
-            code = _error(str(e), 1)
-        else:
-            code = _error(f"{type(e).__name__}: {e} (run again with --debug for the traceback)",
-                          1)
-    sys.exit(code if isinstance(code, int) else 0)
+        code = _error(f"{type(e).__name__}: {e} (run again with --debug for the traceback)", 1)
+    _finish(code if isinstance(code, int) else 0)

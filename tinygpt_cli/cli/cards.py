@@ -9,11 +9,14 @@ import typer
 from .app import app
 from .common import (
     ABLATE,
+    FORCE,
     FULL,
     HEAD,
     JSON,
     LAYER,
     POSITION,
+    QUIET,
+    SAVE,
     SEED,
     TEMPERATURE,
     TEXT,
@@ -26,6 +29,7 @@ from .common import (
     check_index,
     check_top_p,
     run,
+    save_figure,
     stdout,
     wide,
 )
@@ -34,14 +38,18 @@ from .common import (
 # `tinygpt --help`) stays cheap, and each command loads only what it shows.
 
 
-def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None, below=()):
-    """Print one traced value: JSON document, or header + token-labelled table (+ more)."""
+def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None, below=(),
+         save=None, force=False):
+    """Print one traced value: JSON document, or header + token-labelled table (+ more);
+    with --save, write its picture first (the value as a heatmap)."""
     from rich.console import Group
 
     from ..render import jsonout
+    from ..render.figure import value_figure
     from ..render.tables import tensor_view
 
     value = r.trace.get(path) if value is None else value
+    save_figure(value_figure(path, value, r.tokens), save, force)
     if as_json:
         jsonout.emit(r.document(path, value, **(extra or {})))
         return
@@ -63,12 +71,13 @@ def top_rows(r: Run, values, k: int, name: str) -> list[dict]:
 
 @app.command()
 def embed(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
-          as_json: bool = JSON, full: bool = FULL):
+          as_json: bool = JSON, full: bool = FULL,
+          save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 2: each token id picks its row of the embedding table W_E.
 
     Example: tinygpt embed "Lily wanted to play with her"
     """
-    show(run(weights, text, ablate), "token_embeddings", as_json, full)
+    show(run(weights, text, ablate), "token_embeddings", as_json, full, save=save, force=force)
 
 
 @app.command()
@@ -76,21 +85,23 @@ def pos(
     text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     as_json: bool = JSON, full: bool = FULL,
     total: bool = typer.Option(False, "--sum", help="Show embeddings = tokens + positions."),
+    save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Card 3: each position's row of W_P, added to the token rows (--sum shows the result).
 
     Example: tinygpt pos "Lily wanted to play with her" --sum
     """
     path = "embeddings" if total else "position_embeddings"
-    show(run(weights, text, ablate), path, as_json, full)
+    show(run(weights, text, ablate), path, as_json, full, save=save, force=force)
 
 
-def _norm(r: Run, prefix: str, as_json: bool, full: bool):
+def _norm(r: Run, prefix: str, as_json: bool, full: bool, save=None, force=False):
     from rich.text import Text
 
     mean = r.trace.get(prefix + ".mean")[:, 0]
     std = r.trace.get(prefix + ".std")[:, 0]
-    show(r, prefix + ".out", as_json, full, extra={"mean": mean, "std": std},
+    show(r, prefix + ".out", as_json, full, extra={"mean": mean, "std": std}, save=save,
+         force=force,
          below=[Text("mean and std are each token's own, taken before the norm; "
                      "out = (x - mean) / std * weight + bias", style="dim")])
 
@@ -102,6 +113,7 @@ def norm(
     which: str = typer.Option("ln1", "--which", help="ln1 (before attention) or ln2 (before "
                               "the feed-forward layer)."),
     as_json: bool = JSON, full: bool = FULL,
+    save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Card 4: LayerNorm of one block, with each token's mean and std.
 
@@ -111,17 +123,18 @@ def norm(
         raise InputError(f"--which must be ln1 or ln2, not {which!r}")
     r = run(weights, text, ablate)
     layer = check_index(layer, r.model.config.n_layer, "layer")
-    _norm(r, f"layers.{layer}.{which}", as_json, full)
+    _norm(r, f"layers.{layer}.{which}", as_json, full, save, force)
 
 
 @app.command("final-norm")
 def final_norm(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
-               as_json: bool = JSON, full: bool = FULL):
+               as_json: bool = JSON, full: bool = FULL,
+               save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 8: the final LayerNorm after the last block.
 
     Example: tinygpt final-norm "Lily wanted to play with her"
     """
-    _norm(run(weights, text, ablate), "ln_final", as_json, full)
+    _norm(run(weights, text, ablate), "ln_final", as_json, full, save, force)
 
 
 # ------------------------------------------------------------------ card 5
@@ -134,7 +147,9 @@ def attn(
     all_heads: bool = typer.Option(False, "--all-heads", help="Show every head side by side."),
     scores: bool = typer.Option(False, "--scores", help="Show the masked, scaled scores "
                                 "QK^T/sqrt(d_k) instead of the softmax weights."),
-    as_json: bool = JSON,
+    as_json: bool = JSON, full: bool = typer.Option(False, "--full", help="Show every "
+                                                     "column of a long text, however wide."),
+    save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Card 5: the T × T attention grid of one head as a heatmap (rows attend to columns).
 
@@ -145,6 +160,7 @@ def attn(
     from rich.text import Text
 
     from ..render import jsonout
+    from ..render.figure import attention_figure
     from ..render.tables import header, heatmap
 
     r = run(weights, text, ablate)
@@ -154,23 +170,28 @@ def attn(
     if all_heads:
         path = f"layers.{layer}.{field}"
         grids = r.trace.get(path)
+        save_figure(attention_figure(path, grids, r.tokens, scores=scores), save, force)
         if as_json:
             jsonout.emit(r.document(path, grids))
             return
         lo, hi = (None, None) if scores else (0.0, 1.0)
-        maps = [heatmap(g, r.tokens, f"head {h}", lo=lo, hi=hi) for h, g in enumerate(grids)]
-        wide(*maps).print(Group(header(path, grids), Columns(maps, padding=(1, 3))))
+        maps = [heatmap(g, r.tokens, f"head {h}", lo=lo, hi=hi, full=full)
+                for h, g in enumerate(grids)]
+        (wide(*maps) if full else stdout()).print(
+            Group(header(path, grids), Columns(maps, padding=(1, 3))))
         return
     head = check_index(head, cfg.n_head, "head")
     path = f"layers.{layer}.heads.{head}.{field}"
     grid = r.trace.get(path)
+    save_figure(attention_figure(path, grid, r.tokens, scores=scores), save, force)
     if as_json:
         jsonout.emit(r.document(path, grid))
         return
     note = ("rows: the token looking; columns: the tokens it looks at; each row sums to 1"
             if not scores else "-inf above the diagonal: a token cannot look ahead")
-    hm = heatmap(grid, r.tokens, lo=None if scores else 0.0, hi=None if scores else 1.0)
-    wide(hm).print(Group(header(path, grid), hm, Text(note, style="dim")))
+    hm = heatmap(grid, r.tokens, lo=None if scores else 0.0, hi=None if scores else 1.0,
+                 full=full)
+    (wide(hm) if full else stdout()).print(Group(header(path, grid), hm, Text(note, style="dim")))
 
 
 # ------------------------------------------------------------------ card 6
@@ -179,8 +200,10 @@ def attn(
 @app.command()
 def mlp(
     text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE, layer: int = LAYER,
-    top: int = typer.Option(5, "--top", "-k", min=1, help="How many hidden neurons to list."),
+    top: int = typer.Option(5, "--top", "-n", min=1, help="How many hidden neurons to list "
+                            "(capped at the feed-forward width)."),
     as_json: bool = JSON, full: bool = FULL,
+    save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Card 6: the feed-forward output of one block, and its most active hidden neurons.
 
@@ -190,6 +213,7 @@ def mlp(
     from rich.text import Text
 
     from ..analysis.lens import top_neurons
+    from ..render import pictures
     from ..render.tables import matrix, token_rows
 
     r = run(weights, text, ablate)
@@ -197,11 +221,13 @@ def mlp(
     post = r.trace.get(f"layers.{layer}.mlp_post")
     neurons = top_neurons(post, min(top, post.shape[1]))
     path = f"layers.{layer}.mlp_out"
+    save_figure(pictures.neurons_figure(path, r.trace.get(path), r.tokens, layer, neurons), save,
+                force)
     if as_json:
         show(r, path, True, full, extra={"top_neurons": neurons})
         return
     acts = np.stack([n["activations"] for n in neurons], axis=1)
-    table = matrix(acts, token_rows(r.tokens), full=True,
+    table = matrix(acts, token_rows(r.tokens), full=full, edge=None,
                    col_labels=[f"n{n['neuron']}" for n in neurons])
     show(r, path, False, full, below=[
         Text(""),
@@ -217,7 +243,7 @@ def mlp(
 @app.command()
 def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
            as_json: bool = JSON,
-           position: int = POSITION):
+           position: int = POSITION, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 7: the residual stream after each block, what each block changed, the top guess.
 
     The guess reads the stream through the final norm and the tied head (the "logit lens").
@@ -228,8 +254,8 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     from rich.text import Text
 
     from ..analysis.lens import block_summary
-    from ..render import jsonout
-    from ..render.tables import fmt, header
+    from ..render import jsonout, pictures
+    from ..render.tables import Fit, fmt, header
     from ..render.text import show_token
 
     r = run(weights, text, ablate)
@@ -237,25 +263,39 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     rows = block_summary(r.trace, r.model.params, r.model.config, position=p)
     tok = r.model.tokenizer.token_str
     norms = np.stack([row["norm"] for row in rows])  # [n_layer + 1, T]
+    save_figure(pictures.blocks_figure(rows, tok, p, r.tokens), save, force)
     if as_json:
         stages = [{k: v for k, v in row.items() if k != "norm"} | {"top_token": tok(row["top_id"])}
                   for row in rows]
-        jsonout.emit(r.document("blocks.norm", norms, position=p,
+        jsonout.emit(r.document(None, norms, name="blocks.norm", position=p,
                                       stages=stages))
         return
     from rich.table import Table
 
-    t = Table(box=None, header_style="bold dim", pad_edge=False)
-    for name, just in (("stage", "left"), ("‖h‖ mean", "right"), ("‖h‖ at pos", "right"),
-                       ("‖attn_out‖", "right"), ("‖mlp_out‖", "right"), ("change", "right"),
-                       ("top guess", "left"), ("chance", "right")):
-        t.add_column(name, justify=just, no_wrap=True)
+    names = [("‖h‖ mean", "right"), ("‖h‖ at pos", "right"), ("‖attn_out‖", "right"),
+             ("‖mlp_out‖", "right"), ("change", "right"), ("top guess", "left"),
+             ("chance", "right")]
+    cells = []
     for row in rows:
         has = "change" in row
-        t.add_row(row["stage"], fmt(row["norm"].mean()), fmt(row["norm"][p]),
-                  fmt(row["attn_norm"][p]) if has else "", fmt(row["mlp_norm"][p]) if has else "",
-                  f"{row['change'][p]:.0%}" if has else "",
-                  Text(show_token(tok(row["top_id"])), style="bold"), f"{row['top_prob']:.1%}")
+        cells.append([fmt(row["norm"].mean()), fmt(row["norm"][p]),
+                      fmt(row["attn_norm"][p]) if has else "",
+                      fmt(row["mlp_norm"][p]) if has else "",
+                      f"{row['change'][p]:.0%}" if has else "",
+                      Text(show_token(tok(row["top_id"])), style="bold"),
+                      f"{row['top_prob']:.1%}"])
+
+    def build(keep: list[int | None]) -> Table:  # middle columns give way to the width
+        t = Table(box=None, header_style="bold dim", pad_edge=False)
+        t.add_column("stage", no_wrap=True)
+        for k in keep:
+            name, just = ("…", "center") if k is None else names[k]
+            t.add_column(name, justify=just, no_wrap=True)
+        for row, line in zip(rows, cells, strict=True):
+            t.add_row(row["stage"], *("…" if k is None else line[k] for k in keep))
+        return t
+
+    t = Fit(build, len(names))
     stdout().print(Group(
         header("blocks.norm", norms, "(‖h‖ of every token at every stage)"),
         Text(f"residual stream at position {p} ({show_token(r.tokens[p])}); change = "
@@ -268,14 +308,14 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
 @app.command()
 def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
            position: int = POSITION, top: int = TOP,
-           as_json: bool = JSON):
+           as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 9: one score per vocabulary token at a position; lists the highest.
 
     Example: tinygpt logits "Lily wanted to play with her" --position -1 --top 10
     """
     from rich.console import Group
 
-    from ..render import jsonout
+    from ..render import jsonout, pictures
     from ..render.tables import header, top_table
 
     r = run(weights, text, ablate)
@@ -283,6 +323,7 @@ def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     row = r.trace.get("logits")[p]
     path = f"logits[{p}]"
     rows = top_rows(r, row, top, "logit")
+    save_figure(pictures.top_figure(path, rows, "logit", r.tokens), save, force)
     if as_json:
         jsonout.emit(r.document(path, row, position=p, top=rows))
         return
@@ -293,7 +334,8 @@ def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
 @app.command()
 def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
           position: int = POSITION,
-          temperature: float = TEMPERATURE, top: int = TOP, as_json: bool = JSON):
+          temperature: float = TEMPERATURE, top: int = TOP, as_json: bool = JSON,
+          save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 10: softmax turns the scores into chances that add up to 1.
 
     Example: tinygpt probs "Lily wanted to play with her" --temperature 1 --top 10
@@ -301,18 +343,21 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     from rich.console import Group
     from rich.text import Text
 
-    from ..render import jsonout
+    from ..render import jsonout, pictures
     from ..render.tables import header, top_table
     from ..sampling import probabilities
 
     r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
     pr = probabilities(r.trace.get("logits")[p], temperature)
-    path = f"probabilities(logits[{p}], {temperature:g})"
+    # At temperature 1 these are the trace's own probs; otherwise a formula, not a path.
+    path = f"probs[{p}]" if temperature == 1 else f"softmax(logits[{p}] / {temperature:g})"
     rows = top_rows(r, pr, top, "chance")
+    save_figure(pictures.top_figure(path, rows, "chance", r.tokens, percent=True), save, force)
     if as_json:
-        jsonout.emit(r.document(path, pr, position=p,
-                                      temperature=temperature, top=rows))
+        formula = {} if temperature == 1 else {"formula": path}
+        jsonout.emit(r.document(path if temperature == 1 else None, pr, **formula, position=p,
+                                temperature=temperature, top=rows))
         return
     shown = sum(x["chance"] for x in rows)
     stdout().print(Group(header(path, pr), top_table(rows, "chance", bar_of="chance"),
@@ -341,7 +386,9 @@ def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = AB
     token_id = sample(dist, create_rng(seed))
     token = r.model.tokenizer.token_str(token_id)
     if as_json:
-        jsonout.emit(r.document("sample", np.int64(token_id),
+        jsonout.emit(r.document(None, np.int64(token_id),
+                                formula="sample(softmax(logits[-1] / temperature), top_k, top_p, "
+                                "create_rng(seed))", top_k=top_k, top_p=top_p,
                                       token=token, chance=float(dist[token_id]), seed=seed,
                                       temperature=temperature))
         return

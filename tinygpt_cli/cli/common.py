@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,18 +10,22 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..errors import InputError
+from ..errors import InputError, check_utf8
+from ..files import write_atomically
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from ..session import Session
     from ..trace import Trace
+    from ..weights import Model
 
 # This module is imported to register every command, including for `tinygpt --help`: it
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
-__all__ = ["InputError", "Run", "check_index", "check_top_p", "encode_checked", "load",
-           "progress", "read_text", "run",
-           "stderr", "stdout", "wide"]
+__all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "check_index", "check_top_p",
+           "encode_checked", "load", "progress", "read_text", "run", "save_figure",
+           "set_default_weights", "stderr", "stdout", "wide"]
 
 
 def __getattr__(name: str):
@@ -50,48 +55,133 @@ def encode_checked(model, text: str) -> list[int]:
 
 
 # Options, declared once so every command spells and documents them the same way.
-TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin.",
+TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin. "
+                      "--each-line FILE runs the command once per line of FILE ('-': stdin).",
                       show_default=False)
+# The name is passed on as typed (parser=str), so that an empty --weights "" stays empty and
+# is refused by load_model instead of becoming Path("") == Path("."), the current folder.
 WEIGHTS = typer.Option(None, "--weights", help="Weights folder (default: $TINYGPT_WEIGHTS, "
-                       "then the shipped model).", show_default=False)
+                       "then the shipped model).", show_default=False, parser=str,
+                       metavar="DIR")
 JSON = typer.Option(False, "--json", help="Print one JSON document on stdout.")
 FULL = typer.Option(False, "--full", help="Show every column instead of the first and last.")
 LAYER = typer.Option(0, "--layer", "-l", help="Block index; negative counts from the end.")
-HEAD = typer.Option(0, "--head", help="Head index; negative counts from the end.")
+HEAD = typer.Option(0, "--head", "-H", help="Head index; negative counts from the end.")
 POSITION = typer.Option(-1, "--position", "-p", help="Token position; -1 is the last.")
-TOP = typer.Option(10, "--top", "-k", min=1, help="How many to list.")
+# Short flags mean one thing everywhere: -n is always "how many" (rows, neurons, new tokens),
+# -k is always --top-k of sampling.
+TOP = typer.Option(10, "--top", "-n", min=1, help="How many to list (capped at how many "
+                   "there are).")
 ABLATE = typer.Option(None, "--ablate", help="Zero this value first and show the changed run "
                       "(repeatable): a head's output layers.1.heads.2.out, layers.0.mlp_out, "
                       "layers.0.attn_out.", show_default=False)
+# probs, sample and generate share these defaults: the model's own chances, untrimmed.
 TEMPERATURE = typer.Option(1.0, "--temperature", "-t", min=0.0,
-                           help="Divide the scores by this before softmax; 0 is greedy.")
+                           help="Divide the scores by this before softmax; 0 is greedy "
+                           "(always the likeliest token).")
 
 SEED = typer.Option(1, "--seed", "-s", help="Seed of the random generator (same seed, same pick).")
-TOP_K = typer.Option(0, "--top-k", min=0, help="Keep only the k likeliest tokens (0: all).")
-TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0,
+TOP_K = typer.Option(0, "--top-k", "-k", min=0,
+                     help="Keep only the k likeliest tokens (0: all).")
+TOP_P = typer.Option(1.0, "--top-p", "-P", min=0.0, max=1.0,
                      help="Keep the likeliest tokens whose chances add up to p (1: all).")
+
+# Where a prediction is scored ("why this token"): which token, and against which.
+TARGET = typer.Option(None, "--target", help="The token whose score is explained: its text "
+                      "(' toys', with its space) or its id (default: the model's top guess).",
+                      show_default=False)
+VS = typer.Option(None, "--vs", help="Explain logit[target] - logit[vs] instead of the target's "
+                  "logit alone (a token's text or id).", show_default=False)
+
+
+# --save, --force, --quiet: every command that draws something takes all three.
+_quiet = False  # set by --quiet for the one command being run; stdout() then prints nothing
+
+
+def _set_quiet(ctx: typer.Context, value: bool) -> bool:
+    global _quiet
+    if value:
+        _quiet = True
+        ctx.call_on_close(_clear_quiet)  # in-process callers (tests) run the next command loud
+    return value
+
+
+def _clear_quiet() -> None:
+    global _quiet
+    _quiet = False
+
+
+def _check_save(value: Path | None) -> Path | None:
+    if value is not None:
+        picture_format(value)  # a bad path fails at once, not after the model has run
+    return value
+
+
+SAVE = typer.Option(None, "--save", callback=_check_save, show_default=False, metavar="FILE",
+                    help="Also write the picture to FILE: .svg (a vector drawing) or .html "
+                    "(one self-contained web page), by the extension.")
+FORCE = typer.Option(False, "--force", help="Let --save overwrite an existing file.")
+QUIET = typer.Option(False, "--quiet", "-q", callback=_set_quiet,
+                     help="Print no terminal view (with --save: only write the file).")
+
+
+def picture_format(path: Path) -> str:
+    """'svg' or 'html' from the extension of a --save path, checked before anything runs."""
+    kind = {".svg": "svg", ".html": "html", ".htm": "html"}.get(path.suffix.lower())
+    if kind is None:
+        raise InputError(f"--save {path}: unknown extension {path.suffix or '(none)'!r}; use "
+                         ".svg (a vector drawing) or .html (a web page)")
+    if not path.parent.is_dir():
+        raise InputError(f"--save {path}: the folder {path.parent} does not exist")
+    if path.is_dir():
+        raise InputError(f"--save {path}: that is a folder; give a file name ending .svg or "
+                         ".html")
+    return kind
+
+
+def save_figure(figure, path: Path | None, force: bool = False) -> None:
+    """Write `figure` (render.figure.Figure) to the --save path, if one was given: SVG or HTML
+    by the extension, atomically, never over an existing file without --force. Call it before
+    printing the terminal view, so a refusal is the only output."""
+    if path is None:
+        return
+    path = Path(path)
+    kind = picture_format(path)
+    if path.exists() and not force:
+        raise InputError(f"--save {path}: the file exists; add --force to overwrite it")
+    from ..render import html, svg
+
+    data = (svg.document if kind == "svg" else html.document)(figure)
+    write_atomically(path, data.encode("utf-8"))
 
 
 def check_top_p(top_p: float) -> None:
-    if top_p <= 0:
-        raise InputError("--top-p must be in (0, 1]")
+    if not 0 < top_p <= 1:  # written so that NaN fails too
+        raise InputError(f"--top-p must be in (0, 1], got {top_p!r}")
 
 
 PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
 
 
-def stdout(width: int | None = None):
-    """Markup and highlighting off: text from the user or the model is shown literally."""
+def stdout(width: int | None = None) -> Console:
+    """Markup and highlighting off: text from the user or the model is shown literally.
+    The width is the terminal's, or $COLUMNS, or PIPE_WIDTH for a pipe."""
     from rich.console import Console
 
-    console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width)
-    if width is None and not console.is_terminal:
+    console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width,
+                      quiet=_quiet)
+    if width is None and not console.is_terminal and not _columns():
         console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
-                          width=PIPE_WIDTH)
+                          width=PIPE_WIDTH, quiet=_quiet)
     return console
 
 
-def wide(*renderables):
+def _columns() -> int | None:
+    value = os.environ.get("COLUMNS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def wide(*renderables) -> Console:
     """stdout, widened to the natural width of the renderables, so that a table of numbers
     (--full, a heatmap of a long text) is never cut at the edge: a terminal wraps the long
     lines and a pipe keeps them whole."""
@@ -140,19 +230,47 @@ def read_text(text: str | None) -> str:
     if text is None or text == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise InputError("no text: give it as an argument, or pipe it on stdin with '-'")
-        text = sys.stdin.read()
+        text = _read_stdin()
         if text.endswith("\n"):
             text = text[:-1]  # the newline `echo` adds is not part of the text
+    else:
+        check_utf8(text, "the text argument")
     if text == "":
         raise InputError("the text is empty: give at least one character")
     return text
 
 
-def load(weights: Path | None):
+def _read_stdin() -> str:
+    """stdin as UTF-8 whatever the locale says, universal newlines as Python's text mode."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a StringIO in tests: already text
+        text = sys.stdin.read()
+        check_utf8(text, "stdin")
+        return text
+    data = buffer.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"stdin is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                         f"{e.start}); convert it first, e.g. with iconv -t UTF-8") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+_default_weights: Path | None = None
+
+
+def set_default_weights(weights: Path | None) -> None:
+    """`tinygpt --weights DIR COMMAND`: the folder given before the command, used when the
+    command is not given one itself."""
+    global _default_weights
+    _default_weights = weights
+
+
+def load(weights: Path | None) -> Model:
     """The weights folder's Model (weights.Model)."""
     from ..weights import load_model
 
-    return load_model(weights)
+    return load_model(weights if weights is not None else _default_weights)
 
 
 @dataclass

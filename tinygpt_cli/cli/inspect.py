@@ -13,6 +13,7 @@ from .common import (
     ABLATE,
     FULL,
     JSON,
+    TEMPERATURE,
     TEXT,
     TOP_K,
     TOP_P,
@@ -119,9 +120,7 @@ def generate(
     text: str = TEXT, weights: Path = WEIGHTS,
     max_new_tokens: int = typer.Option(120, "--max-new-tokens", "-n", min=1,
                                        help="At most this many new tokens."),
-    temperature: float = typer.Option(0.8, "--temperature", "-t", min=0.0,
-                                      help="Divide the scores by this before softmax; 0 is "
-                                      "greedy (always the likeliest token)."),
+    temperature: float = TEMPERATURE,
     top_k: int = TOP_K, top_p: float = TOP_P,
     seed: int = typer.Option(None, "--seed", "-s", help="Seed for the random picks; the same "
                              "seed gives the same text. Default: a new one, printed on stderr.",
@@ -143,9 +142,10 @@ def generate(
     from ..hooks import ablation
     from ..render import jsonout
     from ..render.text import show_text
-    from ..sampling import create_rng
+    from ..sampling import check_temperature, create_rng
 
     check_top_p(top_p)
+    check_temperature(temperature)  # before the seed line: an error is the only line
     model = load(weights)
     hooks = ablation(ablate, model.config) if ablate else None
     prompt = read_text(text)
@@ -162,6 +162,10 @@ def generate(
                             rng=create_rng(seed), stop_id=None if no_stop else eot,
                             hooks=hooks)
     new: list[int] = []
+    if as_json:  # the context once; each token line then carries only its own token
+        jsonout.emit(jsonout.document(None, np.asarray(ids, dtype=np.int64), ids,
+                                      [tok.token_str(t) for t in ids], event="prompt",
+                                      text=prompt))
     out = stdout()
     shown = ""
     if not as_json and out.is_terminal:
@@ -172,11 +176,9 @@ def generate(
     for i, step in enumerate(steps):
         new.append(step.id)
         if as_json:
-            context = ids + new[:-1]  # what the token was computed from
-            jsonout.emit(jsonout.document(None, np.int64(step.id), context,
-                                          [tok.token_str(t) for t in context],
-                                          event="token", step=i, id=step.id,
-                                          token=tok.token_str(step.id), chance=step.chance))
+            jsonout.emit(jsonout.document(None, np.int64(step.id), event="token", step=i,
+                                          id=step.id, token=tok.token_str(step.id),
+                                          chance=step.chance))
             continue
         if step.id == eot and not no_stop:
             break
@@ -235,7 +237,8 @@ def trace_cmd(
             shape = list(np.shape(value)) if not isinstance(value, int) else []
             entries.append({"path": p, "shape": shape, "about": describe(p)})
         if as_json:
-            jsonout.emit(r.document("paths", np.asarray([e["path"] for e in entries]),
+            jsonout.emit(r.document(None, np.asarray([e["path"] for e in entries]),
+                                    name="paths",
                                     entries=entries))
             return
         t = Table(box=None, header_style="bold dim", pad_edge=False)
@@ -272,6 +275,14 @@ def trace_cmd(
     (wide(view) if full else stdout()).print(view)
 
 
+def _as_typed(path: Path) -> str:
+    """A path below the current folder as the user would type it; others in full."""
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 @app.command()
 def info(weights: Path = WEIGHTS, as_json: bool = JSON):
     """The model's configuration, parameter counts, weights file and tokenizer.
@@ -285,6 +296,7 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
 
     from ..files import sha256
     from ..render import jsonout
+    from ..render.text import escape_line, show_token
 
     model = load(weights)
     cfg = model.config
@@ -300,11 +312,13 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
         "tie_word_embeddings": True,
     }
     weights_file = model.weights_file.resolve()
+    shown_file = _as_typed(weights_file)
     digest = sha256(weights_file)
     tokenizer = {"vocab_size": model.tokenizer.vocab_size,
                  "special_tokens": model.tokenizer.special_tokens}
     if as_json:
-        jsonout.emit(jsonout.document("parameters", np.int64(total), None, None, config=facts,
+        jsonout.emit(jsonout.document(None, np.int64(total), None, None, name="parameters",
+                                      config=facts,
                                       parameters={"total": total, "groups": groups},
                                       weights_file=str(weights_file), sha256=digest,
                                       tokenizer=tokenizer))
@@ -320,9 +334,10 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
     for k, v in groups.items():
         p.add_row(k, f"{v:,}")
     p.add_row(Text("total", style="bold"), Text(f"{total:,}", style="bold"))
-    specials = ", ".join(f"{k} = {v}" for k, v in tokenizer["special_tokens"].items())
+    # names and paths come from the weights folder: shown escaped, like the user's own text
+    specials = ", ".join(f"{show_token(k)} = {v}" for k, v in tokenizer["special_tokens"].items())
     stdout().print(Group(
         Text("configuration", style="bold underline"), t, Text(""), p, Text(""),
-        Text(f"weights   {weights_file}"), Text(f"sha256    {digest}"),
+        Text(f"weights   {escape_line(shown_file)}"), Text(f"sha256    {digest}"),
         Text(f"tokenizer {tokenizer['vocab_size']:,} tokens; special: {specials}"),
     ))

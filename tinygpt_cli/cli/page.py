@@ -5,17 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from .app import app
-from .common import ABLATE, JSON, TEXT, WEIGHTS, Run, run, stdout
+from .common import ABLATE, FORCE, JSON, QUIET, SAVE, TEXT, WEIGHTS, Run, run, save_figure, stdout
 
 # NumPy and Rich are imported inside the functions: registering the commands stays cheap.
 
 
 def next_token(r: Run) -> tuple:
-    """(probs, id): cards 10 and 11 as the page writes them: probabilities(logits[T-1], 1), then
-    sample(probs, create_rng(1))."""
-    from ..sampling import create_rng, probabilities, sample
+    """Cards 10 and 11 as the page writes them: probs[-1] (the softmax of logits[-1] at
+    temperature 1), then sample(probs[-1], create_rng(1))."""
+    from ..sampling import create_rng, sample
 
-    probs = probabilities(r.trace.get("logits")[-1], 1.0)
+    probs = r.trace.get("probs[-1]")
     return probs, sample(probs, create_rng(1))
 
 
@@ -97,7 +97,7 @@ def card_shape(number: int, value) -> str:
 
 @app.command()
 def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
-           as_json: bool = JSON):
+           as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """The whole "Quick review" page for a text: the facts, then all 11 cards with real values.
 
     Example: tinygpt review "Lily wanted to play with her"
@@ -113,6 +113,7 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     r = run(weights, text, ablate)
     values = page_values(r)
     facts = values["header"]
+    save_figure(review_figure(r, values), save, force)
     if as_json:
         cards = []
         for c in CARDS:
@@ -121,7 +122,7 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
                           "formula": c.formula, "command": c.command,
                           "shape": list(np.shape(v)),
                           "value": v if c.number not in (2, 3, 4, 6, 8, 9) else None})
-        jsonout.emit(r.document("review", np.asarray([c.number for c in CARDS]),
+        jsonout.emit(r.document(None, np.asarray([c.number for c in CARDS]), name="review",
                                 facts=facts, cards=cards))
         return
     label = {"T": "Tokens in the text", "d": "Numbers per token", "L": "Blocks",
@@ -143,12 +144,27 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
         body = [Text(c.what), Text(detail, style="italic"),
                 Text.assemble(("shape    ", "dim"), (card_shape(c.number, v), "bold")),
                 Text.assemble(("formula  ", "dim"), c.formula),
-                Text.assemble(("trace    ", "dim"), (c.path, "cyan")),
+                Text.assemble(("trace    ", "dim"), (c.path, "cyan")) if c.path else
+                Text("trace    none: a random pick, drawn by the formula above", style="dim"),
                 Text.assemble(("command  ", "dim"), c.command)]
         body += [Text("  ") + line for line in preview(r, c.number, v)]
         parts.append(Panel(Group(*body), title=f"{c.number}. {c.title}", title_align="left",
                            border_style="dim", width=width))
     console.print(Group(*parts))
+
+
+def review_figure(r: Run, values: dict):
+    """The page as a picture (--save page.html): every card with its values, every head."""
+    from ..analysis.lens import block_summary
+    from ..page import CARDS
+    from ..render import pictures
+
+    cfg = r.model.config
+    return pictures.review_figure(
+        r.text, r.tokens, list(r.ids), values["header"], CARDS, values,
+        [r.trace.get(f"layers.{i}.weights") for i in range(cfg.n_layer)],
+        block_summary(r.trace, r.model.params, cfg, position=r.T - 1),
+        r.model.tokenizer.token_str, r.model.tokenizer.decode, map_stages(r))
 
 
 def _arrow(label: str):
@@ -157,27 +173,12 @@ def _arrow(label: str):
     return Text.assemble(("      │ ", "dim"), (label, "magenta"))
 
 
-@app.command("map")
-def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
-            as_json: bool = JSON):
-    """The model as a diagram, every arrow labelled with its shape for this text.
-
-    Example: tinygpt map "Lily wanted to play with her"
-    """
-    import numpy as np
-    from rich.console import Group
-    from rich.padding import Padding
-    from rich.panel import Panel
-    from rich.text import Text
-
-    from ..render import jsonout
-    from ..render.text import show_token
-
-    r = run(weights, text, ablate)
+def map_stages(r: Run) -> list[tuple[str, str, str]]:
+    """The map's stages for this text: (name, operation, shape of what comes out)."""
     cfg = r.model.config
     T, d, H, dk, ff, V = r.T, cfg.n_embd, cfg.n_head, cfg.d_k, cfg.n_inner, cfg.vocab_size
     td = f"{T} × {d}"
-    stages = [
+    return [
         ("1 Inputs", "tokenizer.encode(text)", f"{T} ids"),
         ("2 Embedding", "W_E[ids]", td),
         ("3 Position", "+ W_P[0..T-1]", td),
@@ -190,11 +191,35 @@ def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLAT
         ("4 Add", "resid_post = resid_mid + mlp_out", td),
         ("8 Final norm", "ln_final", td),
         ("9 Linear", "u W_E^T", f"{T} × {V:,}"),
-        ("10 Softmax", "probabilities(logits[T-1])", f"{V:,}"),
-        ("11 Output", "sample(probs, rng)", "1 id"),
+        ("10 Softmax", "probs[-1] = softmax(logits[-1])", f"{V:,}"),
+        ("11 Output", "sample(probs[-1], rng)", "1 id"),
     ]
+
+
+@app.command("map")
+def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+            as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
+    """The model as a diagram, every arrow labelled with its shape for this text.
+
+    Example: tinygpt map "Lily wanted to play with her"
+    """
+    import numpy as np
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.panel import Panel
+    from rich.text import Text
+
+    from ..render import jsonout, pictures
+    from ..render.text import show_token
+
+    r = run(weights, text, ablate)
+    cfg = r.model.config
+    td = f"{r.T} × {cfg.n_embd}"
+    stages = map_stages(r)
+    save_figure(pictures.map_figure(r.text, stages, cfg.n_layer, r.model.tokenizer.token_str(
+        next_token(r)[1])), save, force)
     if as_json:
-        jsonout.emit(r.document("map", np.asarray([s[0] for s in stages]),
+        jsonout.emit(r.document(None, np.asarray([s[0] for s in stages]), name="map",
                                       stages=[{"stage": s, "op": o, "shape_out": sh}
                                               for s, o, sh in stages],
                                       repeat={"stages": [3, 8], "times": cfg.n_layer}))
@@ -203,7 +228,7 @@ def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLAT
     def box(stage: str, op: str) -> Text:
         return Text.assemble(("  ▣ ", "dim"), (f"{stage:<19}", "bold"), (op, ""))
 
-    head = [Text.assemble(("  ", ""), (repr(r.text), "bold green")), _arrow(f"{T} tokens")]
+    head = [Text.assemble(("  ", ""), (repr(r.text), "bold green")), _arrow(f"{r.T} tokens")]
     for s, o, sh in stages[:3]:
         head += [box(s, o), _arrow(sh)]
     inner: list[Text] = []

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
+import math
 import shlex
 import sys
 from dataclasses import asdict
@@ -10,28 +11,68 @@ from pathlib import Path
 
 import typer
 
+from ..config import MAX_VOCAB, MIN_VOCAB
 from .app import app
 from .common import InputError
+
+VOCAB_HELP = f"Tokens in the vocabulary: {MIN_VOCAB} (the 256 bytes and <|endoftext|>) to " \
+    f"{MAX_VOCAB:,}."
+
+
+def check_memory(config, batch_size: int) -> None:
+    """Refuse sizes whose training state cannot fit in this machine's memory, before NumPy
+    fails halfway with a MemoryError: parameters, gradients and two AdamW moments in float32,
+    plus the activations of one batch (about 20 values of d per token and layer, and the
+    attention grids)."""
+    import os
+
+    from ..schema import param_shapes
+
+    n = sum(math.prod(s) for s in param_shapes(config).values())
+    tokens = batch_size * config.n_positions
+    acts = tokens * config.n_layer * (20 * config.n_embd + 2 * config.n_inner
+                                      + 3 * config.n_head * config.n_positions)
+    need = 4 * (4 * n + acts + 2 * tokens * config.vocab_size)
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        raise ValueError(f"these sizes give {n:,} parameters; training them with batch "
+                         f"{batch_size} needs about {need / 2**30:,.1f} GiB, and this machine "
+                         f"has {have / 2**30:,.1f} GiB: choose smaller sizes")
+
+
+def check_vocab_size(vocab_size: int) -> None:
+    if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
+        raise InputError(f"--vocab-size must be from {MIN_VOCAB} (the 256 bytes and "
+                         f"<|endoftext|>) to {MAX_VOCAB:,}, got {vocab_size:,}")
 
 
 @app.command("train-tokenizer")
 def train_tokenizer_cmd(
     data: list[Path] = typer.Option(..., "--data", help="Folder of part-*.txt files, or files."),
     out: Path = typer.Option(Path("weights/tokenizer.json"), "--out", help="Where to write it."),
-    vocab_size: int = typer.Option(4096, "--vocab-size"),
+    vocab_size: int = typer.Option(4096, "--vocab-size", help=VOCAB_HELP),
+    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists (by default "
+                               "OUT is the shipped tokenizer, so it is kept)."),
 ) -> None:
     """Train the byte-level BPE tokenizer (the held-out last part is left out).
 
-    Example: tinygpt train-tokenizer --data ../shared/data/tinystories --out weights/tokenizer.json
+    Example: tinygpt train-tokenizer --data ../shared/data/tinystories --out runs/tokenizer.json
     """
     from ..tokenizer import save_tokenizer, train_tokenizer
     from ..train.data import read_stories, split_data
 
+    check_vocab_size(vocab_size)
+    if (out.exists() or out.is_symlink()) and not force:
+        raise InputError(f"{out} exists: pass --force to replace it, or --out for another file")
     try:
         files, _ = split_data(data)
+        stories = read_stories(files)
     except ValueError as e:
         raise InputError(str(e)) from None
-    tok = train_tokenizer(read_stories(files), vocab_size)
+    tok = train_tokenizer(stories, vocab_size)
     save_tokenizer(tok, out)
     sys.stderr.write(f"wrote {out}: {tok.vocab_size} tokens from {len(files)} files\n")
 
@@ -41,7 +82,8 @@ def train_cmd(
     data: list[Path] = typer.Option(
         ..., "--data", help="Folder of part-*.txt (the last part is held out), or files."
     ),
-    out: Path = typer.Option(..., "--out", help="Folder for checkpoints, the log and the weights."),
+    out: Path = typer.Option(..., "--out", help="Folder for checkpoints, the log and the "
+                             "weights; one training at a time (a second one exits 2)."),
     val: Path | None = typer.Option(None, "--val", help="Validation file (default: last part)."),
     steps: int = typer.Option(2000, "--steps", min=1, help="Optimiser steps (sets the schedule)."),
     minutes: float | None = typer.Option(None, "--minutes", help="Stop early after this long."),
@@ -50,7 +92,7 @@ def train_cmd(
     warmup: int = typer.Option(200, "--warmup", min=0),
     weight_decay: float = typer.Option(0.1, "--weight-decay"),
     dropout: float = typer.Option(0.1, "--dropout", min=0.0, max=0.9),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", min=0),
     ema: float = typer.Option(0.0, "--ema", min=0.0, max=0.99999,
                               help="Validate and export a moving average of the weights "
                                    "with this decay (0.999 spans about 1,000 steps); 0 = off."),
@@ -63,9 +105,11 @@ def train_cmd(
     n_layer: int = typer.Option(4, "--n-layer"),
     n_head: int = typer.Option(4, "--n-head"),
     n_inner: int = typer.Option(512, "--n-inner"),
-    vocab_size: int = typer.Option(4096, "--vocab-size"),
+    vocab_size: int = typer.Option(4096, "--vocab-size", help=VOCAB_HELP),
     n_positions: int = typer.Option(128, "--n-positions"),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.npz."),
+    force: bool = typer.Option(False, "--force", help="Start over in an OUT that holds a "
+                               "previous run (its log, checkpoint and history are removed)."),
 ) -> None:
     """Train the model in NumPy; OUT becomes a weights folder holding the best checkpoint.
 
@@ -84,43 +128,62 @@ def train_cmd(
     from ..train.data import split_data
     from ..train.loop import Settings, TrainingDataError, train
 
+    if resume and force:
+        raise InputError("--resume and --force contradict each other: choose one")
+    check_vocab_size(vocab_size)
     try:
         train_files, val_files = split_data(data, val)
         config = Config(n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_inner=n_inner,
                         vocab_size=vocab_size, n_positions=n_positions)
+        settings = Settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
+                            weight_decay=weight_decay, dropout=dropout, seed=seed,
+                            eval_every=eval_every, checkpoint_every=checkpoint_every,
+                            minutes=minutes, ema=ema, snapshots=snapshots,
+                            config=asdict(config))
+        check_memory(config, batch_size)
     except ValueError as e:
         raise InputError(str(e)) from None
-    settings = Settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
-                        weight_decay=weight_decay, dropout=dropout, seed=seed,
-                        eval_every=eval_every, checkpoint_every=checkpoint_every,
-                        minutes=minutes, ema=ema, snapshots=snapshots, config=asdict(config))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "command.txt").write_text("tinygpt " + shlex.join(sys.argv[1:]) + "\n")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file; name a folder")
     err = Console(stderr=True)
-    err.print(f"train: {', '.join(f.name for f in train_files)}; validation: "
-              f"{', '.join(f.name for f in val_files) or 'none'}", markup=False, highlight=False)
+    header = (f"train: {', '.join(f.name for f in train_files)}; validation: "
+              f"{', '.join(f.name for f in val_files) or 'none'}")
+    # The loss shows "-" until the first step has one (never "nan").
     columns = [TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-               TextColumn("loss {task.fields[loss]:.3f}  val {task.fields[val]}  "
+               TextColumn("loss {task.fields[loss]}  val {task.fields[val]}  "
                           "{task.fields[tps]:,.0f} tok/s"), TimeElapsedColumn(),
                TimeRemainingColumn()]
-    with Progress(*columns, console=err, transient=False) as progress:
-        task = progress.add_task("train", total=steps, loss=float("nan"), val="-", tps=0.0)
+    with contextlib.ExitStack() as stack:
+        shown: list[Progress] = []
+
+        def bar() -> Progress:
+            """Started at the first note or step, once the folder and the data have passed
+            their checks: an error before then is the one line on stderr."""
+            if not shown:
+                err.print(header, markup=False, highlight=False)
+                shown.append(stack.enter_context(Progress(*columns, console=err)))
+                shown[0].add_task("train", total=steps, loss="-", val="-", tps=0.0)
+            return shown[0]
 
         def on_step(info):
-            fields = {"loss": info.loss, "tps": info.tokens_per_s}
+            fields = {"loss": f"{info.loss:.3f}", "tps": info.tokens_per_s}
             if info.val_loss is not None:
                 fields["val"] = f"{info.val_loss:.3f}"
-            progress.update(task, completed=info.step, **fields)
+            progress = bar()
+            progress.update(progress.task_ids[0], completed=info.step, **fields)
+
+        def on_note(text: str) -> None:
+            bar().console.print(text, markup=False, highlight=False)
 
         try:
-            result = train(train_files, val_files, out, settings, resume=resume,
-                           on_step=on_step, on_note=lambda s: progress.console.print(
-                               s, markup=False, highlight=False))
+            result = train(train_files, val_files, out, settings, resume=resume, force=force,
+                           command="tinygpt " + shlex.join(sys.argv[1:]),
+                           on_step=on_step, on_note=on_note)
         except TrainingDataError as e:
             raise InputError(str(e)) from None
-    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-    err.print(f"best validation loss {result['best_val_loss']:.4f} nats/token; weights in {out}",
-              markup=False, highlight=False)
+    best = result["best_val_loss"]
+    err.print((f"best validation loss {best:.4f} nats/token" if math.isfinite(best)
+               else "no validation data") + f"; weights in {out}", markup=False, highlight=False)
 
 
 @app.command("model-card")
@@ -133,9 +196,13 @@ def model_card_cmd(
     Example: tinygpt model-card runs/a --data ../shared/data/tinystories
     """
     from ..train.card import write_card
+    from .common import progress
 
+    if not run.is_dir():
+        raise InputError(f"run folder {run} does not exist" if not run.exists()
+                         else f"{run} is not a folder")
     try:
-        write_card(run, data)
-    except (ValueError, FileNotFoundError) as e:
+        write_card(run, data, progress=progress, on_note=lambda s: sys.stderr.write(s + "\n"))
+    except ValueError as e:  # the data: missing, not UTF-8 (a broken run is a RunError)
         raise InputError(str(e)) from None
     sys.stderr.write(f"wrote {run / 'MODEL_CARD.md'} and {run / 'loss_curve.svg'}\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 
 import numpy as np
@@ -44,8 +45,21 @@ def document(path: str | None, value, ids=None, tokens=None, **extra) -> dict:
     return jsonable(doc)
 
 
+# json.dumps(ensure_ascii=False) escapes only U+0000-U+001F; DEL and the C1 controls
+# (U+0080-U+009F, among them U+009B, a one-byte CSI to many terminals) would go out raw.
+_C1 = re.compile("[\x7f-\x9f]")
+
+
+def dumps(doc: dict, *, ascii_only: bool = False) -> str:
+    """Strict JSON (no NaN) with every control character escaped (`\\u001b`, `\\u009b`), so
+    `cat`-ing it to a terminal is safe; ascii_only for streams that cannot carry UTF-8."""
+    text = json.dumps(doc, ensure_ascii=ascii_only, allow_nan=False)
+    return _C1.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
+
+
 def emit(doc: dict, *, stream=None) -> None:
     """One JSON document (or one NDJSON line) on stdout, flushed so pipes see it at once."""
     out = stream or sys.stdout
-    out.write(json.dumps(doc, ensure_ascii=False, allow_nan=False) + "\n")
+    encoding = (getattr(out, "encoding", None) or "utf-8").lower().replace("-", "")
+    out.write(dumps(doc, ascii_only=not encoding.startswith("utf")) + "\n")
     out.flush()

@@ -34,31 +34,106 @@ def fmt(x: float, width: int = 0) -> str:
     return f"{x:.3f}" if abs(x) < 100 else f"{x:.1f}"
 
 
-def header(path: str, arr: np.ndarray, note: str = "") -> Text:
+class Fields:
+    """A line of fields separated by two spaces that wraps *between* fields, never inside one
+    (`min -0.966` stays whole); continuation lines are indented."""
+
+    def __init__(self, fields: list[Text]):
+        self.fields = fields
+
+    @property
+    def plain(self) -> str:
+        return "  ".join(f.plain for f in self.fields)
+
+    def __rich_console__(self, console, options):
+        width = options.max_width
+        line = Text()
+        for field in self.fields:
+            if line.plain and line.cell_len + 2 + field.cell_len > width:
+                yield line
+                line = Text("  ")
+            elif line.plain.strip():
+                line.append("  ")
+            line.append_text(field)
+        yield line
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        widest = max(f.cell_len for f in self.fields)
+        return Measurement(min(widest, options.max_width), min(len(self.plain),
+                                                                 options.max_width))
+
+
+def header(path: str, arr: np.ndarray, note: str = "") -> Fields:
     """`layers.0.ln1.out  6 × 128  float32  min … mean … max … std …`"""
     s = stats(arr)
-    t = Text()
-    t.append(path, style="bold cyan")
-    t.append(f"  {shape_str(arr.shape)}", style="bold")
-    t.append(f"  {arr.dtype}", style="dim")
+    fields = [Text(path, style="bold cyan"), Text(shape_str(arr.shape), style="bold"),
+              Text(str(arr.dtype), style="dim")]
     for k in ("min", "mean", "max", "std"):
         v = s[k]
-        t.append(f"  {k} ", style="dim")
         exact = arr.dtype.kind in "iu" and k in ("min", "max")
-        t.append("-" if v is None else (str(int(v)) if exact else fmt(v)))
+        value = "-" if v is None else (str(int(v)) if exact else fmt(v))
+        fields.append(Text.assemble((f"{k} ", "dim"), value))
     if note:
-        t.append(f"  {note}", style="dim")
-    return t
+        fields.append(Text(note, style="dim"))
+    return Fields(fields)
+
+
+def _keep(n: int, m: int) -> list[int | None]:
+    """m of n column indices, the first and last around None (the `…` column)."""
+    if m >= n:
+        return list(range(n))
+    left = (m + 1) // 2
+    return list(range(left)) + [None] + list(range(n - (m - left), n))
+
+
+class Fit:
+    """A table whose middle columns give way, behind one `…` column, until it fits the width
+    it is printed at: a number or a name is never cut. `build(keep)` makes the table for the
+    kept column indices (None: the `…` column); `most` caps how many show even when there is
+    room (the first and last EDGE of a wide tensor); full shows every column."""
+
+    def __init__(self, build, n: int, *, most: int | None = None, full: bool = False):
+        self.build, self.n, self.most, self.full = build, n, most, full
+
+    def table(self, console, width: int) -> Table:
+        from rich.measure import Measurement
+
+        if self.full:
+            return self.build(list(range(self.n)))
+        top = self.n if self.most is None or self.n <= self.most + 1 else self.most
+        options = console.options.update_width(10**6)
+
+        def fits(m: int) -> bool:
+            table = self.build(_keep(self.n, m))
+            return Measurement.get(console, options, table).maximum <= width
+
+        if fits(top):
+            return self.build(_keep(self.n, top))
+        lo, hi = min(2, top), top  # the largest m in [lo, hi) that fits: widths grow with m
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return self.build(_keep(self.n, lo))
+
+    def __rich_console__(self, console, options):
+        yield self.table(console, options.max_width)
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        return Measurement.get(console, options, self.table(console, options.max_width))
 
 
 def _columns(n: int, full: bool) -> list[int | None]:
     """Indices to show, None standing for the ellipsis."""
-    if full or n <= 2 * EDGE + 1:
-        return list(range(n))
-    return list(range(EDGE)) + [None] + list(range(n - EDGE, n))
+    return _keep(n, n if full or n <= 2 * EDGE + 1 else 2 * EDGE)
 
 
-def _cell(x: float) -> Text:
+def _cell(x) -> Text:
+    if isinstance(x, np.integer | int):  # ids and counts print as whole numbers
+        return Text(str(int(x)))
     s = fmt(float(x))
     if s == "-inf":
         return Text("-inf", style="dim")
@@ -68,23 +143,28 @@ def _cell(x: float) -> Text:
 def matrix(
     arr: np.ndarray, row_labels: list[str], *, full: bool = False,
     col_labels: list[str] | None = None, extra: dict[str, np.ndarray] | None = None,
-) -> Table:
-    """A 2-D array as a table whose rows are labelled (usually by token)."""
+    edge: int | None = EDGE,
+) -> Fit:
+    """A 2-D array as a table whose rows are labelled (usually by token); the first and last
+    `edge` columns of a wide one (None: as many as fit), fewer when the width asks."""
     arr = np.atleast_2d(arr)
-    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
-    table.add_column("", no_wrap=True, style="bold")
-    cols = _columns(arr.shape[1], full)
-    for c in cols:
-        label = "…" if c is None else (col_labels[c] if col_labels else str(c))
-        table.add_column(label, justify="right", no_wrap=True)
-    for name in extra or {}:
-        table.add_column(name, justify="right", no_wrap=True, style="magenta")
-    for i, row in enumerate(arr):
-        cells = [Text(row_labels[i])]
-        cells += [Text("…", style="dim") if c is None else _cell(row[c]) for c in cols]
-        cells += [_cell(v[i]) for v in (extra or {}).values()]
-        table.add_row(*cells)
-    return table
+
+    def build(cols: list[int | None]) -> Table:
+        table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
+        table.add_column("", no_wrap=True, style="bold")
+        for c in cols:
+            label = "…" if c is None else (col_labels[c] if col_labels else str(c))
+            table.add_column(label, justify="right", no_wrap=True)
+        for name in extra or {}:
+            table.add_column(name, justify="right", no_wrap=True, style="magenta")
+        for i, row in enumerate(arr):
+            cells = [Text(row_labels[i])]
+            cells += [Text("…", style="dim") if c is None else _cell(row[c]) for c in cols]
+            cells += [_cell(v[i]) for v in (extra or {}).values()]
+            table.add_row(*cells)
+        return table
+
+    return Fit(build, arr.shape[1], most=None if edge is None else 2 * edge, full=full)
 
 
 def token_rows(tokens: list[str]) -> list[str]:
@@ -130,47 +210,87 @@ def colour(x: float) -> str:
     return f"rgb({r},{g},{b})"
 
 
-def heatmap(grid: np.ndarray, tokens: list[str], title: str = "", *, lo=None, hi=None) -> Table:
-    """A T × T attention grid: rows are queries, columns keys; masked cells show a dot."""
+def heatmap(grid: np.ndarray, tokens: list[str], title: str = "", *, lo=None, hi=None,
+            full: bool = False) -> Fit:
+    """A T × T attention grid: rows are queries, columns keys; masked cells show a dot. A long
+    text keeps its first and last key columns around `…` to fit the width (full: all)."""
     finite = grid[np.isfinite(grid)]
     lo = float(finite.min()) if lo is None and finite.size else (lo or 0.0)
     hi = float(finite.max()) if hi is None and finite.size else (hi if hi is not None else 1.0)
     span = hi - lo if hi > lo else 1.0
-    table = Table(title=title or None, box=None, pad_edge=False, show_edge=False,
-                  header_style="bold dim", padding=(0, 1, 0, 0), title_style="bold")
-    table.add_column("", no_wrap=True, style="bold")
-    for t in tokens:
-        table.add_column(show_token(t)[:5], justify="center", no_wrap=True, min_width=5)
-    for i, row in enumerate(grid):
-        cells = [Text(row_label(i, tokens[i]) + " ")]
-        for j, x in enumerate(row):
-            if j > i or not np.isfinite(x):
-                cells.append(Text("  ·  ", style="dim"))
-                continue
-            level = (float(x) - lo) / span
-            fg = "black" if level > 0.55 else "white"
-            cells.append(Text(f"{x:5.2f}"[-5:] if abs(x) < 10 else f"{x:5.1f}"[-5:],
-                              style=f"{fg} on {colour(level)}"))
-        table.add_row(*cells)
-    return table
+
+    def cell(i: int, j: int) -> Text:
+        x = grid[i, j]
+        if j > i or not np.isfinite(x):
+            return Text("  ·  ", style="dim")
+        level = (float(x) - lo) / span
+        fg = "black" if level > 0.55 else "white"
+        return Text(f"{x:5.2f}"[-5:] if abs(x) < 10 else f"{x:5.1f}"[-5:],
+                    style=f"{fg} on {colour(level)}")
+
+    def build(cols: list[int | None]) -> Table:
+        table = Table(title=title or None, box=None, pad_edge=False, show_edge=False,
+                      header_style="bold dim", padding=(0, 1, 0, 0), title_style="bold")
+        table.add_column("", no_wrap=True, style="bold")
+        for j in cols:
+            table.add_column("…" if j is None else show_token(tokens[j])[:5], justify="center",
+                             no_wrap=True, min_width=1 if j is None else 5)
+        for i in range(grid.shape[0]):
+            table.add_row(Text(row_label(i, tokens[i]) + " "),
+                          *(Text("…", style="dim") if j is None else cell(i, j) for j in cols))
+        return table
+
+    return Fit(build, grid.shape[1], full=full)
 
 
 # ------------------------------------------------------------------ top-k lists
 
 
-def top_table(rows: list[dict], value_name: str, *, bar_of: str | None = None) -> Table:
-    """Ranked tokens: rank, id, token, value (and a bar for chances)."""
-    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
-    for name, just in (("#", "right"), ("id", "right"), ("token", "left"),
-                       (value_name, "right")):
-        table.add_column(name, justify=just, no_wrap=True)
-    if bar_of:
-        table.add_column("", no_wrap=True)
-    for r, row in enumerate(rows, 1):
-        cells = [str(r), str(row["id"]), Text(show_token(row["token"]), style="bold"),
-                 fmt(row[value_name])]
-        if bar_of:
-            n = round(float(row[bar_of]) * 40)
-            cells.append(Text("█" * n, style="green"))
-        table.add_row(*cells)
-    return table
+class Sized:
+    """A renderable built for the width it is printed at."""
+
+    def __init__(self, build):
+        self.build = build
+
+    def __rich_console__(self, console, options):
+        yield self.build(console, options.max_width)
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        return Measurement.get(console, options, self.build(console, options.max_width))
+
+
+BAR = 40  # the longest bar, in characters, when the width allows
+
+
+def top_table(rows: list[dict], value_name: str, *, bar_of: str | None = None) -> Sized:
+    """Ranked tokens: rank, id, token, value (and a bar for chances, as long as the width
+    leaves room for: the numbers and names are never the ones to give way)."""
+
+    def table(bar: int) -> Table:
+        t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
+        for name, just in (("#", "right"), ("id", "right"), ("token", "left"),
+                           (value_name, "right")):
+            t.add_column(name, justify=just, no_wrap=True)
+        if bar:
+            t.add_column("", no_wrap=True)
+        longest = max((float(row[bar_of]) for row in rows), default=0.0) if bar_of else 0.0
+        for r, row in enumerate(rows, 1):
+            cells = [str(r), str(row["id"]), Text(show_token(row["token"]), style="bold"),
+                     fmt(row[value_name])]
+            if bar:
+                share = float(row[bar_of]) / longest if longest > 0 else 0.0
+                cells.append(Text("█" * round(share * min(longest, 1.0) * bar), style="green"))
+            t.add_row(*cells)
+        return t
+
+    def build(console, width: int) -> Table:
+        from rich.measure import Measurement
+
+        if not bar_of:
+            return table(0)
+        bare = Measurement.get(console, console.options.update_width(10**6), table(0)).maximum
+        return table(max(0, min(BAR, width - bare - 2)))
+
+    return Sized(build)

@@ -32,3 +32,96 @@ def row_label(i: int, token: str, width: int = 14) -> str:
     if len(s) > width:
         s = s[: width - 1] + "…"
     return f"{i:>3} {s}"
+
+
+def _is_control(ch: str) -> bool:
+    return ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0
+
+
+def escape_line(text: str) -> str:
+    """One line for an error message: every control character (tab and newline included, so
+    the line stays one line; ESC and C1 such as U+009B, so a terminal never obeys them) as an
+    escape."""
+    return "".join(f"\\x{ord(ch):02x}" if _is_control(ch) else ch for ch in text)
+
+
+def examples_block(doc: str) -> str:
+    """A docstring with its `Example: ...` lines gathered under "Examples:" in a paragraph
+    that click prints line by line (`\\b`), so no example is joined to another or rewrapped
+    mid-command."""
+    lines = doc.strip("\n").splitlines()
+    examples = [ln.strip()[len("Example:"):].strip() for ln in lines
+                if ln.strip().startswith("Example:")]
+    if not examples:
+        return doc
+    # click's "\b" (keep this paragraph as it is) was only there for the examples
+    rest = [ln for ln in lines if not ln.strip().startswith("Example:") and ln.strip() != "\b"]
+    while rest and not rest[-1].strip():
+        rest.pop()
+    import textwrap
+
+    body = textwrap.dedent("\n".join(rest[1:])).strip("\n")
+    parts = [rest[0].strip()] + (["", body] if body else [])
+    lines = [line for e in examples for line in _shell_lines(e)]
+    return "\n".join([*parts, "", "\b", "Examples:", *(f"  {line}" for line in lines)])
+
+
+def _shell_lines(command: str, width: int = 74) -> list[str]:
+    """A command too long for an 80-column help page, broken before its options with the
+    shell's own continuation (` \\`), so it can still be copied whole."""
+    if len(command) <= width:
+        return [command]
+    import re
+
+    pieces = re.split(r" (?=--?[a-z])", command)
+    lines = [pieces[0]]
+    for piece in pieces[1:]:
+        if len(lines[-1]) + 1 + len(piece) + 2 <= width:
+            lines[-1] += " " + piece
+        else:
+            lines.append("    " + piece)
+    return [line + " \\" for line in lines[:-1]] + lines[-1:]
+
+
+# What the presentation characters become where the output encoding cannot carry them
+# (PYTHONIOENCODING=ascii): readable ASCII rather than a UnicodeEncodeError.
+ASCII = {
+    "␣": "_", "↵": "\\n", "⇥": "\\t", "␍": "\\r", "×": "x", "–": "-", "—": "-", "−": "-",
+    "…": "...", "█": "#", "▣": "*", "│": "|", "▼": "v", "→": "->", "·": ".", "‖": "|",
+    "╭": "+", "╮": "+", "╰": "+", "╯": "+", "─": "-", "≈": "~", "≤": "<=", "≥": ">=",
+}
+_ASCII_TABLE = str.maketrans(ASCII)
+_SAMPLE = "".join(ASCII)
+
+
+def to_ascii(text: str) -> str:
+    """The ASCII fallback of a text: presentation characters by their ASCII forms, anything
+    else outside ASCII as a backslash escape."""
+    return text.translate(_ASCII_TABLE).encode("ascii", "backslashreplace").decode("ascii")
+
+
+class AsciiStream:
+    """A text stream for an encoding that cannot show `␣ × …`: it writes their ASCII forms."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.encoding = "ascii"
+
+    def write(self, s: str) -> int:
+        self.stream.write(to_ascii(s))
+        return len(s)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def guard_encoding(stream):
+    """stream itself when it can encode the presentation characters, else an AsciiStream."""
+    encoding = getattr(stream, "encoding", None)
+    if not encoding or isinstance(stream, AsciiStream):
+        return stream
+    try:
+        _SAMPLE.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return AsciiStream(stream)
+    return stream

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import re
+import shlex
+from collections.abc import Callable
 from pathlib import Path
 
-from ..files import sha256
+from ..errors import RunError
+from ..files import sha256, write_text
 from ..generate import generate
 from ..sampling import create_rng
 from ..weights import Model
@@ -15,8 +21,18 @@ PROMPTS = ["Lily wanted", "Once upon a time"]
 SEED_SENTENCE = "Lily wanted to play with her"
 
 
-def read_log(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def read_log(path: Path, note: Callable[[str], None] = lambda s: None) -> list[dict]:
+    """The run's log; a torn last line is skipped (with a note), any other fault is a
+    RunError (exit 1)."""
+    from .loop import read_log as read
+
+    if not path.is_file():
+        raise RunError(f"{path.parent} has no {path.name}: model-card needs a folder written "
+                       "by `tinygpt train`")
+    log = read(path, note)
+    if not log:
+        raise RunError(f"{path} holds no steps: the run never trained")
+    return log
 
 
 def wall_time(log: list[dict]) -> float:
@@ -44,7 +60,8 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def loss_curve_svg(log: list[dict], width: int = 640, height: int = 320) -> str:
+def loss_curve_svg(log: list[dict], width: int = 640, height: int = 320,
+                   val_name: str = "validation") -> str:
     """Training loss (smoothed over 50 steps) and validation loss against tokens seen."""
     steps = [r["step"] for r in log]
     train = smooth([r["train_loss"] for r in log], 50)
@@ -83,7 +100,7 @@ def loss_curve_svg(log: list[dict], width: int = 640, height: int = 320) -> str:
     parts.append(f'<text x="{width - m}" y="{m - 16}" text-anchor="end" fill="#1f77b4">train '
                  '(50-step mean, with dropout)</text>')
     parts.append(f'<text x="{width - m}" y="{m - 4}" text-anchor="end" fill="#d62728">'
-                 'validation (part-005)</text>')
+                 f'{_xml(val_name)}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -98,43 +115,128 @@ def samples(model: Model, prompt: str, *, temperature: float, seed: int, n: int 
     return prompt + tok.decode(new)
 
 
+def _xml(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def ascii_curve(log: list[dict]) -> str:
-    rows = ["| step | tokens seen | train loss (50-step mean) | validation loss | val bits/byte |",
-            "| ---: | ---: | ---: | ---: | ---: |"]
     train = smooth([r["train_loss"] for r in log], 50)
+    if any("val_loss" in r for r in log):
+        rows = ["| step | tokens seen | train loss (50-step mean) | validation loss "
+                "| val bits/byte |", "| ---: | ---: | ---: | ---: | ---: |"]
+        for i, r in enumerate(log):
+            if "val_loss" in r:
+                rows.append(f"| {r['step']:,} | {r['tokens']:,} | {train[i]:.3f} | "
+                            f"{r['val_loss']:.3f} | {r['val_bits_per_byte']:.3f} |")
+        return "\n".join(rows)
+    rows = ["| step | tokens seen | train loss (50-step mean) |", "| ---: | ---: | ---: |"]
+    every = max(1, len(log) // 10)
     for i, r in enumerate(log):
-        if "val_loss" in r:
-            rows.append(f"| {r['step']:,} | {r['tokens']:,} | {train[i]:.3f} | "
-                        f"{r['val_loss']:.3f} | {r['val_bits_per_byte']:.3f} |")
+        if (i + 1) % every == 0 or i == len(log) - 1:
+            rows.append(f"| {r['step']:,} | {r['tokens']:,} | {train[i]:.3f} |")
     return "\n".join(rows)
 
 
-def write_card(run: Path, data: list[Path], out: Path | None = None) -> str:
-    """MODEL_CARD.md and loss_curve.svg for the weights folder `run` (the output of `train`)."""
-    from ..tokenizer import Tokenizer
+def shown_path(path: str | Path) -> str:
+    """A path as a reader can reproduce it: relative to the current folder when it was
+    absolute (`/work/shared/data/x` run from /work/main -> `../shared/data/x`)."""
+    path = str(path)
+    return os.path.relpath(path) if os.path.isabs(path) else path
+
+
+def reproducible_command(line: str) -> str:
+    """The command from command.txt, without --resume/--force (how often a run was resumed
+    is not part of the recipe) and with absolute paths made relative."""
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        return line
+    words = [shown_path(w) if w.startswith("/") else w for w in words
+             if w not in ("--resume", "--force")]
+    return shlex.join(words)
+
+
+def file_names(files: list[Path]) -> str:
+    """`part-000.txt` … `part-004.txt` for a numbered run of files, else each name."""
+    names = [Path(f).name for f in files]
+    if not names:
+        return "none"
+    numbers = [re.fullmatch(r"(.*?)(\d+)(\.\w+)", n) for n in names]
+    if len(names) > 2 and all(numbers) and len({(m[1], m[3]) for m in numbers}) == 1:
+        values = [int(m[2]) for m in numbers]
+        if values == list(range(values[0], values[0] + len(values))):
+            return f"`{names[0]}` … `{names[-1]}`"
+    return ", ".join(f"`{n}`" for n in names)
+
+
+def run_settings(run: Path) -> dict:
+    """The settings a run was trained with, from its checkpoint (empty when there is none)."""
+    import numpy as np
+
+    try:
+        with np.load(run / "checkpoint.npz") as z:
+            return json.loads(str(z["settings"]))
+    except Exception:  # noqa: BLE001 - a folder without (or with a damaged) checkpoint
+        return {}
+
+
+def machine_line(run: Path) -> str:
+    """Cores and BLAS threads, as the run recorded them in result.json; a run that did not
+    record them is described by the machine writing the card, and says so."""
+    try:
+        machine = json.loads((run / "result.json").read_text())["machine"]
+        where = "the machine it ran on"
+    except Exception:  # noqa: BLE001 - older runs, or a run still going
+        from .loop import machine as here
+
+        machine, where = here(), "the machine that wrote this card (the run did not record its own)"
+    threads = machine.get("blas_threads") or {}
+    blas = ", ".join(f"{k}={v}" for k, v in sorted(threads.items())) or "library default"
+    return f"{machine.get('cpu_count')} CPU cores, BLAS threads {blas}: {where}"
+
+
+def write_card(run: Path, data: list[Path], out: Path | None = None, *,
+               progress=None, on_note: Callable[[str], None] | None = None) -> str:
+    """MODEL_CARD.md and loss_curve.svg for the weights folder `run` (the output of `train`).
+
+    `data` is shown as given (relative paths stay relative). `progress(total, description)`,
+    if given, is a context manager yielding advance(n), as cli.common.progress is: the
+    evaluation over the whole data takes a while.
+    """
     from ..weights import load_model
     from .data import encode_stories, read_stories, split_data
-    from .loop import evaluate
+    from .loop import evaluate, windows_in
 
     out = out or run
     model = load_model(run)
-    log = read_log(run / "log.jsonl")
-    command = (run / "command.txt").read_text().strip().removesuffix(" --resume")
-    tok: Tokenizer = model.tokenizer
+    log = read_log(run / "log.jsonl", on_note or (lambda s: None))
+    command_file = run / "command.txt"
+    command = reproducible_command(command_file.read_text(errors='replace').strip()) \
+        if command_file.is_file() else "(the run folder has no command.txt)"
+    settings = run_settings(run)
+    tok = model.tokenizer
     train_files, val_files = split_data(data)
     train_stream = encode_stories(read_stories(train_files), tok)
-    val_stream = encode_stories(read_stories(val_files), tok)
-    train_loss = evaluate(model.params, model.config, train_stream.ids)
-    val_loss = evaluate(model.params, model.config, val_stream.ids)
-    best = min((r for r in log if "val_loss" in r), key=lambda r: r["val_loss"])
+    val_stream = encode_stories(read_stories(val_files), tok) if val_files else None
+    streams = [train_stream] + ([val_stream] if val_stream else [])
+    total = sum(windows_in(st.ids, model.config) for st in streams)
+    bar = progress(total, "evaluating") if progress else contextlib.nullcontext(None)
+    with bar as advance:
+        losses = [evaluate(model.params, model.config, st.ids, on_batch=advance)
+                  for st in streams]
+    train_loss, val_loss = losses[0], (losses[1] if val_stream else None)
+    vals = [r for r in log if "val_loss" in r]
+    best = min(vals, key=lambda r: r["val_loss"]) if vals else None
     last = log[-1]
     cfg = model.config
     n_params = sum(a.size for a in model.params.values())
     ids = tok.encode(SEED_SENTENCE)
     enc = " · ".join(f"`{tok.token_str(i).replace(' ', '␣')}` ({i})" for i in ids)
-    (out / "loss_curve.svg").write_text(loss_curve_svg(log))
-    tr_bpb = bits_per_byte(train_loss, train_stream.bytes_per_token)
-    va_bpb = bits_per_byte(val_loss, val_stream.bytes_per_token)
+    train_names, val_names = file_names(train_files), file_names(val_files)
+    data_shown = ", ".join(f"`{shown_path(p)}`" for p in data)
+    tinystories = any("tinystories" in str(p).lower() for p in data)
+    write_text(out / "loss_curve.svg",
+               loss_curve_svg(log, val_name=f"validation ({val_names.replace('`', '')})"))
 
     def block(text: str) -> str:
         return "```text\n" + text.strip() + "\n```"
@@ -148,10 +250,44 @@ def write_card(run: Path, data: list[Path], out: Path | None = None) -> str:
                          "temperature 0.8):\n\n"
                          + block(samples(model, prompt, temperature=0.8, seed=1)))
     hours = wall_time(log) / 3600
+    rows = [_quality_row(f"training, {train_names}", train_stream, train_loss)]
+    if val_stream is not None:
+        rows.append(_quality_row(f"validation, {val_names} (held out)", val_stream, val_loss))
+    quality = "\n".join(rows)
+    batch = last["tokens"] // last["step"] // cfg.n_positions
+    if best is not None:
+        exported = (f"the checkpoint with the best validation loss, at step {best['step']:,} "
+                    f"(validation {best['val_loss']:.4f} nats per token, "
+                    f"{best['val_bits_per_byte']:.4f} bits per byte)")
+    else:
+        exported = "the last step's (the run had no validation data)"
+    extras = []
+    ema = settings.get("ema") or 0.0
+    if ema > 0:
+        extras.append(f"- Averaged weights: an exponential moving average of the parameters "
+                      f"with decay {ema:g} (ramped up over the first steps, as "
+                      f"min({ema:g}, (1 + step) / (10 + step))); the average is what was "
+                      "validated, exported and snapshotted.")
+    history = sorted((run / "history").glob("step-*.safetensors")) \
+        if (run / "history").is_dir() else []
+    if history:
+        steps = ", ".join(f"{int(p.stem.split('-')[1]):,}" for p in history)
+        extras.append(f"- History: {len(history)} float16 snapshot{'s' * (len(history) > 1)} "
+                      "of the "
+                      f"{'averaged ' if ema > 0 else ''}weights, log-spaced in steps "
+                      f"({steps}), in `history/`.")
+    opt = (f"peak learning rate {settings['lr']:g} after {settings['warmup']:,} warm-up steps, "
+           f"weight decay {settings['weight_decay']:g}, dropout {settings['dropout']:g}, "
+           if settings else "")
+    data_line = (f"- Data: {train_names} for training and {val_names} for validation, from "
+                 f"{data_shown} (not redistributed here). Stories are joined with "
+                 "`<|endoftext|>`.")
+    corpus = "TinyStories" if tinystories else f"the text in {data_shown}"
+    licence = TINYSTORIES_LICENCE if tinystories else ""
     text = f"""# tinygpt model card
 
 A GPT-2-style language model with {n_params:,} parameters, trained from scratch on
-TinyStories with the project's own NumPy code (`tinygpt train`): no PyTorch, no JAX.
+{corpus} with the project's own NumPy code (`tinygpt train`): no PyTorch, no JAX.
 
 | | |
 | --- | --- |
@@ -167,14 +303,13 @@ TinyStories with the project's own NumPy code (`tinygpt train`): no PyTorch, no 
 
 ## Quality
 
-Cross-entropy of the shipped weights, computed over each whole part in non-overlapping
+Cross-entropy of these weights, computed over each whole part in non-overlapping
 windows of {cfg.n_positions} tokens (dropout off). Bits per byte = nats per token ÷ ln 2 ÷
 bytes per token; the bytes are the stories' UTF-8 bytes plus one per story separator.
 
 | data | tokens | bytes per token | nats per token | bits per byte |
 | --- | ---: | ---: | ---: | ---: |
-| training, part-000 … part-004 | {len(train_stream.ids):,} | {train_stream.bytes_per_token:.3f} | {train_loss:.4f} | {tr_bpb:.4f} |
-| validation, part-005 (held out) | {len(val_stream.ids):,} | {val_stream.bytes_per_token:.3f} | {val_loss:.4f} | {va_bpb:.4f} |
+{quality}
 
 ## Training
 
@@ -182,16 +317,13 @@ bytes per token; the bytes are the stories' UTF-8 bytes plus one per story separ
 {command}
 ```
 
-- Data: TinyStories excerpts `part-000.txt` … `part-004.txt` for training and the held-out
-  `part-005.txt` (from the official validation split) for validation, from the project's
-  shared data folder (not redistributed here). Stories are joined with `<|endoftext|>`.
-- Steps: {last['step']:,} of batch {last['tokens'] // last['step'] // cfg.n_positions} × {cfg.n_positions};
+{data_line}
+- Steps: {last['step']:,} of batch {batch} × {cfg.n_positions};
   tokens seen: {last['tokens']:,} ({last['tokens'] / len(train_stream.ids):.1f} passes over the training text).
-- Wall time: {hours:.2f} h on a 2-core CPU machine.
-- Exported weights: the checkpoint with the best validation loss, at step {best['step']:,}
-  (validation {best['val_loss']:.4f} nats per token, {best['val_bits_per_byte']:.4f} bits per byte).
-- Final logged training loss (with dropout, last step): {last['train_loss']:.4f}.
-- Optimiser: AdamW (β = 0.9, 0.95), decoupled weight decay on matrices and the embedding
+- Wall time: {hours:.2f} h; {machine_line(run)}.
+- Exported weights: {exported}.
+{chr(10).join(extras) + chr(10) if extras else ""}- Final logged training loss (with dropout, last step): {last['train_loss']:.4f}.
+- Optimiser: AdamW (β = 0.9, 0.95), {opt}decoupled weight decay on matrices and the embedding
   table only, linear warm-up then cosine decay to a tenth of the peak, gradient norm clipped at 1,
   dropout on the embeddings and on each attention and MLP output.
 
@@ -204,10 +336,26 @@ bytes per token; the bytes are the stories' UTF-8 bytes plus one per story separ
 {chr(10).join(s + chr(10) for s in sample_md)}
 ## Tokenizer
 
-Byte-level BPE trained with the `tokenizers` library on part-000 … part-004 only
-(`tinygpt train-tokenizer`), exactly {tok.vocab_size:,} entries including `<|endoftext|>`.
+Byte-level BPE trained with the `tokenizers` library on the training files only
+({train_names}), exactly {tok.vocab_size:,} entries including `<|endoftext|>`.
 The seed sentence "{SEED_SENTENCE}" is {len(ids)} tokens: {enc}.
+{licence}
+## Limitations
 
+A {n_params / 1e6:.1f}-million-parameter model trained on {len(train_stream.ids) / 1e6:.1f} million tokens{" of children's stories" if tinystories else ""}: it
+writes short, simple, often ungrammatical or incoherent text, knows nothing else, and
+repeats itself at low temperature. It is made for looking inside, not for use.
+"""
+    write_text(out / "MODEL_CARD.md", text)
+    return text
+
+
+def _quality_row(name: str, stream, loss: float) -> str:
+    return (f"| {name} | {len(stream.ids):,} | {stream.bytes_per_token:.3f} | {loss:.4f} | "
+            f"{bits_per_byte(loss, stream.bytes_per_token):.4f} |")
+
+
+TINYSTORIES_LICENCE = """
 ## Data licence
 
 Trained on excerpts of TinyStories (Ronen Eldan and Yuanzhi Li, 2023, "TinyStories: How Small
@@ -216,12 +364,4 @@ Hugging Face hub (roneneldan/TinyStories) under the Community Data License Agree
 Version 1.0 (CDLA-Sharing-1.0). The excerpts were collected from public GitHub repositories and
 reassembled only by splitting, normalising whitespace and encoding, and deduplicating. This
 model is a result of computation on that data; the data itself is not shipped here.
-
-## Limitations
-
-A 1.3-million-parameter model trained on about a million tokens of children's stories: it
-writes short, simple, often ungrammatical or incoherent stories, knows nothing else, and
-repeats itself at low temperature. It is made for looking inside, not for use.
 """
-    (out / "MODEL_CARD.md").write_text(text)
-    return text

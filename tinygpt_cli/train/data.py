@@ -10,11 +10,33 @@ import numpy as np
 from ..tokenizer import END_OF_TEXT, Tokenizer
 
 
+class TrainingDataError(ValueError):
+    """Data that cannot train the model (not UTF-8 text, too short for one window); exit 2."""
+
+
+def read_text_file(path: Path) -> str:
+    """A data file as text: UTF-8, no NUL bytes (which mark binary files and UTF-16)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise TrainingDataError(f"cannot read {path}: {e.strerror or e}") from None
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in data:
+        kind = "UTF-16" if data[:2] in (b"\xff\xfe", b"\xfe\xff") or \
+            data[1::2].count(0) > len(data) // 4 else "binary"
+        raise TrainingDataError(f"{path} looks {kind}, not UTF-8 text: convert it first "
+                                "(e.g. iconv -f UTF-16 -t UTF-8)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TrainingDataError(f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at "
+                                f"offset {e.start}): convert it first") from None
+
+
 def read_stories(files: list[Path]) -> list[str]:
     """Stories are separated by a line holding exactly `<|endoftext|>`."""
     stories = []
     for f in files:
-        text = Path(f).read_text(encoding="utf-8")
+        text = read_text_file(f)
         for part in text.split(END_OF_TEXT):
             part = part.strip("\n")
             if part.strip():

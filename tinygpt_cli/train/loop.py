@@ -6,9 +6,11 @@ generator's state, so a resumed run continues exactly where the killed one stopp
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -18,19 +20,23 @@ import numpy as np
 
 from .. import ops
 from ..config import Config, save_config
-from ..files import write_atomically
+from ..errors import InputError, RunError, WriteError
+from ..files import append_line, write_atomically
 from ..model import forward, init_params, loss_and_grads
 from ..tokenizer import Tokenizer, save_tokenizer, train_tokenizer
 from ..weights import save_params
-from .data import TokenStream, encode_stories, eval_windows, random_windows, read_stories
+from .data import (
+    TokenStream,
+    TrainingDataError,
+    encode_stories,
+    eval_windows,
+    random_windows,
+    read_stories,
+)
 from .optim import AdamW, clip_by_global_norm, lr_at
 
 CHECKPOINT = "checkpoint.npz"
 LOG = "log.jsonl"
-
-
-class TrainingDataError(ValueError):
-    """Data that cannot train the model (too short for one window); the CLI exits 2."""
 
 
 @dataclass
@@ -51,6 +57,23 @@ class Settings:
     snapshots: int = 0  # weights kept along the run in history/, log-spaced in steps
     config: dict = field(default_factory=lambda: asdict(Config()))
 
+    def __post_init__(self) -> None:
+        """Every number finite and in a range that can train; a ValueError says which."""
+        for name, lo, hi in (("lr", 0.0, 10.0), ("weight_decay", 0.0, 10.0),
+                             ("dropout", 0.0, 0.9), ("ema", 0.0, 0.99999),
+                             ("min_lr_ratio", 0.0, 1.0), ("grad_clip", 0.0, 1e6)):
+            value = getattr(self, name)
+            low_ok = value > lo if name == "lr" else value >= lo  # NaN fails both
+            if not (isinstance(value, int | float) and math.isfinite(value) and low_ok
+                    and value <= hi):
+                bound = f"more than {lo:g}" if name == "lr" else f"from {lo:g}"
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number "
+                                 f"{bound} to {hi:g}, got {value!r}")
+        if self.minutes is not None and not (math.isfinite(self.minutes) and self.minutes > 0):
+            raise ValueError(f"--minutes must be a finite number above 0, got {self.minutes!r}")
+        if self.seed < 0:
+            raise ValueError(f"--seed must be a whole number of 0 or more, got {self.seed}")
+
 
 @dataclass
 class StepInfo:
@@ -62,14 +85,25 @@ class StepInfo:
     val_loss: float | None = None
 
 
-def evaluate(params, config: Config, stream: np.ndarray, batch_size: int = 32) -> float:
-    """Mean cross-entropy (nats per token) over the whole stream, in non-overlapping windows."""
+def evaluate(params, config: Config, stream: np.ndarray, batch_size: int = 32,
+             on_batch: Callable[[int], None] | None = None) -> float:
+    """Mean cross-entropy (nats per token) over the whole stream, in non-overlapping windows.
+
+    on_batch(windows) is called after each batch, for a progress bar.
+    """
     x, y = eval_windows(stream, config.n_positions)
     total = 0.0
     for i in range(0, len(x), batch_size):
         logits = forward(params, config, x[i : i + batch_size])
         total += ops.cross_entropy(logits, y[i : i + batch_size]) * y[i : i + batch_size].size
+        if on_batch:
+            on_batch(len(x[i : i + batch_size]))
     return total / y.size
+
+
+def windows_in(stream: np.ndarray, config: Config) -> int:
+    """How many windows evaluate() runs over a stream (the total of its on_batch calls)."""
+    return (len(stream) - 1) // config.n_positions
 
 
 def ema_decay_at(step: int, decay: float) -> float:
@@ -115,14 +149,31 @@ def save_snapshot(out: Path, params, step: int, lr: float) -> None:
 
     tensors = {PREFIX + n: np.ascontiguousarray(a, dtype=np.float16) for n, a in params.items()}
     meta = {"format": "pt", "step": str(step), "lr": repr(float(lr))}
+    if (out / HISTORY).is_symlink():  # a planted link would aim the snapshots anywhere
+        raise WriteError(f"cannot write {out / HISTORY}: it is a symbolic link, which tinygpt "
+                         "never writes through")
     write_atomically(out / HISTORY / snapshot_name(step), save(tensors, metadata=meta))
 
 
 def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int) -> Tokenizer:
+    """OUT/tokenizer.json if there is one (a tokenizer trained beforehand, or the resumed
+    run's), else one trained on the training files. Its size must be the model's."""
     path = out / "tokenizer.json"
     if path.is_file():
-        return Tokenizer.from_file(path)
+        try:
+            tok = Tokenizer.from_file(path)
+        except Exception as e:  # tokenizers raises a bare Exception on malformed files
+            raise RunError(f"{path} is not a tokenizers file ({e})") from None
+        if tok.vocab_size != vocab_size:
+            raise TrainingDataError(
+                f"{path} has {tok.vocab_size:,} tokens but --vocab-size is {vocab_size:,}: "
+                f"pass --vocab-size {tok.vocab_size}, or remove that file to train a new one")
+        return tok
     tok = train_tokenizer(read_stories(train_files), vocab_size)
+    if tok.vocab_size != vocab_size:
+        raise TrainingDataError(
+            f"the training text gives a tokenizer of only {tok.vocab_size:,} tokens, not the "
+            f"{vocab_size:,} of --vocab-size: pass --vocab-size {tok.vocab_size} or more text")
     save_tokenizer(tok, path)
     return tok
 
@@ -143,7 +194,29 @@ def _save_checkpoint(path: Path, params, opt: AdamW, step: int, rng, best_val: f
     write_atomically(path, buf.getvalue())
 
 
+SIZES = ("n_embd", "n_layer", "n_head", "n_inner", "vocab_size", "n_positions")
+
+
+def checkpoint_sizes(path: Path) -> dict:
+    """The model sizes a checkpoint was trained with."""
+    try:
+        with np.load(path) as z:
+            stored = json.loads(str(z["settings"]))["config"]
+        return {k: stored[k] for k in SIZES}
+    except Exception as e:  # noqa: BLE001 - zip, JSON and key errors alike: a broken file
+        raise RunError(f"{path} cannot be read ({type(e).__name__}: {e}); it is damaged: "
+                       "start over with --force") from None
+
+
 def _load_checkpoint(path: Path, params, opt: AdamW, rng, average=None):
+    try:
+        return _read_checkpoint(path, params, opt, rng, average)
+    except (OSError, ValueError, KeyError) as e:
+        raise RunError(f"{path} cannot be read ({type(e).__name__}: {e}); it is damaged: "
+                       "start over with --force") from None
+
+
+def _read_checkpoint(path: Path, params, opt: AdamW, rng, average=None):
     with np.load(path) as z:
         for n in params:
             params[n][...] = z[f"p/{n}"]
@@ -162,12 +235,99 @@ def _remove_stale_temporaries(out: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def _trim_log(path: Path, step: int) -> None:
-    """Drop log lines written after the checkpoint we resume from: they will be redone."""
+def read_log(path: Path, note: Callable[[str], None] = lambda s: None) -> list[dict]:
+    """The log's records. A torn last line (a run killed mid-write) is skipped with a note;
+    a bad line anywhere else means the folder is damaged (RunError)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise RunError(f"cannot read {path}: {e}") from None
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("no step")
+        except ValueError:
+            if i == len(lines) - 1:
+                note(f"skipped the torn last line of {path} (the run was stopped mid-write)")
+                continue
+            raise RunError(f"{path} line {i + 1} is not a log record: the run folder is "
+                           "damaged") from None
+        records.append(record)
+    return records
+
+
+def _trim_log(path: Path, step: int, note: Callable[[str], None]) -> None:
+    """Drop log lines written after the checkpoint we resume from: they will be redone.
+    Rewritten atomically, which also replaces a planted link with a file of our own."""
     if not path.is_file():
         return
-    keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
+    keep = [json.dumps(r, allow_nan=False) for r in read_log(path, note) if r["step"] <= step]
     write_atomically(path, ("\n".join(keep) + "\n" if keep else "").encode())
+
+
+LOCK = ".train.lock"
+RESULT = "result.json"
+# What a previous run leaves in its folder; a fresh run refuses to clobber them unasked.
+RUN_FILES = (LOG, CHECKPOINT, RESULT, "model.safetensors")
+
+
+@contextlib.contextmanager
+def locked(out: Path):
+    """Hold OUT/.train.lock for the whole run, so that a second training into the same
+    folder is refused (InputError, exit 2: it is the command that conflicts) instead of
+    interleaving two logs. The kernel drops the lock when the process dies, even by SIGKILL."""
+    import fcntl
+
+    path = out / LOCK
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        raise WriteError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"another `tinygpt train` is running into {out} (it holds "
+                             f"{path}): wait for it to end, or choose another --out") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _start_fresh(out: Path, resume: bool, force: bool) -> None:
+    """Refuse to overwrite a previous run unless --force; with it, remove what it left."""
+    found = [name for name in RUN_FILES if (out / name).exists()]
+    if not found or resume:
+        return
+    if not force:
+        raise InputError(f"{out} holds a previous run ({', '.join(found)}): pass --resume to "
+                         "continue it, --force to start over, or choose another --out")
+    for name in (LOG, CHECKPOINT, RESULT):
+        (out / name).unlink(missing_ok=True)
+    if (out / HISTORY).is_dir() and not (out / HISTORY).is_symlink():
+        for old in (out / HISTORY).glob("step-*.safetensors"):
+            old.unlink()
+
+
+def machine() -> dict:
+    """Where the run ran, for the model card: cores and the BLAS thread settings."""
+    env = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                      "MKL_NUM_THREADS") if k in os.environ}
+    return {"cpu_count": os.cpu_count(), "blas_threads": env, "numpy": np.__version__}
+
+
+def _strict(value):
+    """JSON has no NaN or Infinity: a missing number is null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    return value
 
 
 def train(
@@ -177,14 +337,47 @@ def train(
     settings: Settings,
     *,
     resume: bool = False,
+    force: bool = False,
+    command: str | None = None,
     on_step: Callable[[StepInfo], None] | None = None,
     on_note: Callable[[str], None] | None = None,
 ) -> dict:
-    """Train, writing checkpoints, a JSONL log and the best weights folder into `out`."""
+    """Train, writing checkpoints, a JSONL log, result.json and the best weights folder into
+    `out` (and `command` into command.txt), holding a lock on the folder throughout.
+
+    A folder with a previous run is refused unless `resume` (continue it) or `force` (start
+    over). A loss that stops being finite ends the run with RunError; the last checkpoint
+    stays as it was.
+    """
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError(f"cannot write {out}: {e.strerror or e}") from None
+    with locked(out):
+        return _train(train_files, val_files, out, settings, resume=resume, force=force,
+                      command=command, on_step=on_step, on_note=on_note)
+
+
+def _train(train_files, val_files, out: Path, settings: Settings, *, resume, force, command,
+           on_step, on_note) -> dict:
     note = on_note or (lambda s: None)
-    out.mkdir(parents=True, exist_ok=True)
+    _start_fresh(out, resume, force)
+    if settings.snapshots and (out / HISTORY).is_symlink():
+        raise WriteError(f"cannot write {out / HISTORY}: it is a symbolic link, which tinygpt "
+                         "never writes through")
     _remove_stale_temporaries(out)
+    ckpt, log_path = out / CHECKPOINT, out / LOG
     config = Config(**settings.config)
+    if resume and ckpt.is_file():
+        stored = checkpoint_sizes(ckpt)
+        asked = {k: getattr(config, k) for k in SIZES}
+        if stored != asked:
+            diff = ", ".join(f"{k} {stored[k]} (asked {asked[k]})" for k in SIZES
+                             if stored[k] != asked[k])
+            raise TrainingDataError(f"--resume: {ckpt} was trained with other sizes: {diff}; "
+                                    "resume with the same sizes, or --force to start over")
+    if command is not None:
+        write_atomically(out / "command.txt", (command + "\n").encode("utf-8"))
     tokenizer = prepare_tokenizer(out, train_files, config.vocab_size)
     config = Config(**{**asdict(config), "bos_token_id": tokenizer.eot_id,
                        "eos_token_id": tokenizer.eot_id})
@@ -210,23 +403,31 @@ def train(
     shipped = average if average is not None else params
     keep_at = set(snapshot_steps(settings.steps, settings.snapshots))
     start, best_val, elapsed_before = 0, math.inf, 0.0
-    ckpt, log_path = out / CHECKPOINT, out / LOG
     if resume and ckpt.is_file():
         start, best_val, elapsed_before = _load_checkpoint(ckpt, params, opt, rng, average)
-        _trim_log(log_path, start)
+        _trim_log(log_path, start, note)
         note(f"resumed from {ckpt} at step {start}")
-    elif log_path.exists():
-        log_path.unlink()
+    elif log_path.exists() or log_path.is_symlink():
+        log_path.unlink()  # --resume without a checkpoint: the run never got far enough
 
     def log(record: dict) -> None:
-        with open(log_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(log_path, json.dumps(record, allow_nan=False))
+
+    def diverged(what: str, value: float, step: int) -> RunError:
+        kept = f"the checkpoint in {ckpt} is from step {start_or_saved[0]}" \
+            if start_or_saved[0] else "no checkpoint was written"
+        return RunError(f"training diverged at step {step}: the {what} is {value}; {kept}. "
+                        f"Try a lower --lr (this run: {settings.lr:g})")
+
+    start_or_saved = [start]
 
     def validate(step: int) -> float | None:
         nonlocal best_val
         if val_data is None:
             return None
         val = evaluate(shipped, config, val_data.ids)
+        if not math.isfinite(val):
+            raise diverged("validation loss", val, step)
         if val < best_val:
             best_val = val
             export(out, shipped, config, tokenizer)
@@ -240,6 +441,9 @@ def train(
         x, y = random_windows(train_data.ids, settings.batch_size, config.n_positions, rng)
         loss, grads = loss_and_grads(params, config, x, y, dropout=settings.dropout, rng=rng)
         gnorm = clip_by_global_norm(grads, settings.grad_clip)
+        if not (math.isfinite(loss) and math.isfinite(gnorm)):
+            raise diverged("loss" if not math.isfinite(loss) else "gradient norm",
+                           loss if not math.isfinite(loss) else gnorm, step + 1)
         opt.step(params, grads, lr)
         if average is not None:
             ema_update(average, params, ema_decay_at(step, settings.ema))
@@ -262,6 +466,7 @@ def train(
         log(record)
         if done % settings.checkpoint_every == 0 or done == settings.steps or out_of_time:
             _save_checkpoint(ckpt, params, opt, done, rng, best_val, settings, elapsed, average)
+            start_or_saved[0] = done
         if on_step:
             on_step(StepInfo(done, settings.steps, loss, lr, tps, val))
         if out_of_time:
@@ -269,12 +474,16 @@ def train(
             break
     if val_data is None:
         export(out, shipped, config, tokenizer)
-    return {
+    result = {
         "steps": step + 1 if settings.steps > start else start,
         "best_val_loss": best_val,
         "val_bytes_per_token": val_data.bytes_per_token if val_data else None,
         "train_tokens": len(train_data.ids),
     }
+    document = {**_strict(result), "machine": machine()}
+    write_atomically(out / RESULT,
+                     (json.dumps(document, indent=2, allow_nan=False) + "\n").encode())
+    return result
 
 
 def export(out: Path, params, config: Config, tokenizer: Tokenizer) -> None:

@@ -1,0 +1,330 @@
+"""`tinygpt history` and `tinygpt why` on a tiny model trained here, with snapshots, on stories
+holding a planted fact (a rare name always followed by one word); and their math checked
+against naive loops and finite differences."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_helpers import Runner, assert_one_error_line, clean_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tinygpt_cli import ops
+from tinygpt_cli.analysis import history as hist
+from tinygpt_cli.analysis import why
+from tinygpt_cli.config import Config
+from tinygpt_cli.model import forward
+from tinygpt_cli.tokenizer import END_OF_TEXT, save_tokenizer, train_tokenizer
+from tinygpt_cli.train.data import read_stories
+from tinygpt_cli.train.loop import HISTORY, Settings, snapshot_steps, train
+from tinygpt_cli.weights import load_model, load_params
+
+TINY = Config(n_embd=16, n_layer=2, n_head=2, n_inner=32, n_positions=32, vocab_size=512)
+
+STORIES = [
+    "Tom had a red ball. He threw the ball to Sam. Sam threw the ball back to Tom.",
+    "The cat sat on the mat. The cat was happy. The dog came and sat on the mat too.",
+    "Every day the bird sings to Lily, and Lily sings back to the bird. Lily is happy.",
+    "Ben found a big box. In the box was a small hat. Ben put the hat on his head.",
+    "Mia sings in the park. The dog sat by Mia and the sun was warm.",
+]
+# The planted fact: the rare name Quixby appears only in these stories, and always followed by
+# " zooms", which appears nowhere else. (When the word also follows other names, the plain
+# dot product ranks windows with many of its occurrences high too: TracIn's known bias.)
+FACT = ["At night Quixby zooms to the moon.", "The old frog Quixby zooms away.",
+        "Then Quixby zooms and zooms."]
+VAL = ["Sam and Tom sat on the mat. The ball was red.", "The birds liked the hat.",
+       "Ben and Mia sat in the sun. The dog found a red box. Lily put the box on the mat."]
+STEPS, SNAPSHOTS = 120, 4
+
+
+def CFG(run: Path) -> Config:  # noqa: N802  (reads like the constant it stands in for)
+    """The trained folder's own config: TINY with the tokenizer's vocabulary size."""
+    return load_model(run).config
+
+
+def write_stories(path: Path, stories: list[str]) -> Path:
+    path.write_text(f"\n{END_OF_TEXT}\n".join(stories) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A weights folder with history/, trained on data/part-000.txt (part-001 held out)."""
+    root = tmp_path_factory.mktemp("history")
+    data = root / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    stories = STORIES * 6 + FACT
+    stories = [stories[i] for i in rng.permutation(len(stories))]
+    train_file = write_stories(data / "part-000.txt", stories)
+    val_file = write_stories(data / "part-001.txt", VAL)
+    out = root / "weights"
+    # Every merge the text allows (fewer than 512), so the planted name is one token; the
+    # model's vocabulary is then the tokenizer's own size, as train requires.
+    tok = train_tokenizer(read_stories([train_file]), TINY.vocab_size)
+    save_tokenizer(tok, out / "tokenizer.json")
+    config = replace(TINY, vocab_size=tok.vocab_size)
+    s = Settings(steps=STEPS, batch_size=8, lr=1e-2, warmup=10, dropout=0.0, eval_every=STEPS,
+                 checkpoint_every=STEPS, seed=0, snapshots=SNAPSHOTS, config=asdict(config))
+    train([train_file], [val_file], out, s)
+    return out
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch, run, tmp_path):
+    clean_env(monkeypatch)
+    monkeypatch.setenv("TINYGPT_WEIGHTS", str(run))
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
+    return Runner(capsys, monkeypatch)
+
+
+# --- history ------------------------------------------------------------------------------------
+
+
+def test_history_loss_is_each_snapshots_cross_entropy_and_falls(cli, run):
+    text = "The cat sat on the mat."
+    doc = cli("history", text, "--json").json()
+    steps = snapshot_steps(STEPS, SNAPSHOTS)
+    model = load_model(run)
+    snapshots = [load_params(run / HISTORY / f"step-{s:06d}.safetensors", model.config)
+                 for s in steps]
+    # the last snapshot is the exported weights in float16: the timeline keeps the float32
+    # weights in its place, with its step and learning rate
+    assert [r["label"] for r in doc["snapshots"]] == [
+        *(f"step {s}" for s in steps[:-1]), f"step {steps[-1]} (final)"]
+    assert doc["snapshots"][-1]["lr"] is not None
+    snapshots[-1] = model.params
+    ids = np.asarray(doc["ids"])
+    for row, params in zip(doc["snapshots"], snapshots, strict=True):
+        logits = forward(params, model.config, ids).astype(np.float64)
+        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        expected = -np.mean([logp[i, ids[i + 1]] for i in range(len(ids) - 1)])
+        assert row["loss"] == pytest.approx(expected, rel=1e-5)
+        assert row["top_id"] == int(np.argmax(logits[-1]))
+    losses = doc["data"]
+    assert losses[-1] < losses[0] - 0.5  # training taught it this (repeated) text
+    one = cli("history", "The", "--json").json()  # one token: no next token to score
+    assert one["data"] == [None] * len(steps) and one["snapshots"][0]["top_id"] >= 0
+    shown = cli("history", text)
+    assert shown.code == 0 and shown.out.startswith("loss on the text") and "\x1b[" not in shown.out
+
+
+def test_timeline_ends_with_the_final_weights_when_they_are_not_a_snapshot(run):
+    import dataclasses
+
+    model = load_model(run)
+    changed = dataclasses.replace(model, params={n: a + 0.01 for n, a in model.params.items()})
+    found = hist.find_snapshots(run / HISTORY)
+    timeline = hist.timeline(changed, found)
+    assert [s.label for s in timeline] == [s.label for s in found] + ["final"]
+    assert timeline[-1].lr is None and timeline[-1].params is changed.params
+
+
+def test_history_follows_a_value_and_a_parameter(cli, run):
+    doc = cli("history", "The cat sat", "layers.1.heads.0.weights", "--json").json()
+    grids = np.asarray(doc["weights"])
+    assert grids.shape[1:] == (len(doc["ids"]),) * 2
+    np.testing.assert_allclose(grids.sum(-1), 1.0, rtol=1e-5)  # each row is a distribution
+    assert doc["data"] == pytest.approx(np.linalg.norm(grids.reshape(len(grids), -1), axis=1))
+    doc = cli("history", "The cat", "h.0.ln_1.weight", "--json").json()
+    first = load_params(run / HISTORY / f"step-{snapshot_steps(STEPS, SNAPSHOTS)[0]:06d}"
+                        ".safetensors", CFG(run))["h.0.ln_1.weight"]
+    assert doc["snapshots"][0]["mean"] == pytest.approx(float(first.mean()), rel=1e-6)
+    shown = cli("history", "The cat sat", "layers.0.weights", "--position", "0")
+    assert shown.code == 0 and "attention of position 0 head 1 over training" in shown.out
+
+
+def test_history_heads_scores_match_a_naive_loop(cli, run):
+    from tinygpt_cli.model import trace
+
+    doc = cli("history", "The cat sat on the mat.", "--heads", "--json").json()
+    prev, induction = np.asarray(doc["previous_token"]), np.asarray(doc["data"])
+    cfg = CFG(run)
+    assert prev.shape == induction.shape == (len(doc["snapshots"]), cfg.n_layer, cfg.n_head)
+    params = load_params(run / HISTORY / f"step-{snapshot_steps(STEPS, SNAPSHOTS)[0]:06d}"
+                         ".safetensors", CFG(run))
+    ids = np.asarray(doc["ids"])
+    grids = trace(params, CFG(run), ids)
+    n = doc["induction_length"]
+    repeated = hist.repeated_random_tokens(CFG(run), n, batch=4, seed=doc["induction_seed"])
+    rgrids = trace(params, CFG(run), repeated)
+    for layer in range(CFG(run).n_layer):
+        for h in range(CFG(run).n_head):
+            a = grids[f"layers.{layer}.heads.{h}.weights"]
+            naive = sum(a[i, i - 1] for i in range(1, len(ids))) / len(ids)  # rows sum to 1
+            assert prev[0, layer, h] == pytest.approx(naive, rel=1e-5)
+            r = rgrids[f"layers.{layer}.weights"][:, h]  # [B, 2n+1, 2n+1]
+            stripe = [r[b, n + j, j + 1] for b in range(4) for j in range(1, n + 1)]
+            assert induction[0, layer, h] == pytest.approx(np.mean(stripe), rel=1e-5)
+
+
+def test_detector_and_induction_scores_by_hand():
+    rng = np.random.default_rng(1)
+    a = ops.softmax(rng.normal(size=(3, 7, 7)) + np.triu(np.full((7, 7), -np.inf), 1))
+    naive = [sum(a[h, i, i - 1] for i in range(1, 7)) / a[h].sum() for h in range(3)]
+    np.testing.assert_allclose(hist.detector_score(a, hist.previous_token_pattern(7)), naive)
+    n = 3  # [BOS, r1 r2 r3, r1 r2 r3]: r_j at n + j attends to j + 1
+    grid = rng.random((2 * n + 1, 2 * n + 1))
+    expected = [grid[n + j, j + 1] for j in range(1, n + 1)]
+    np.testing.assert_array_equal(hist.induction_stripe(grid, n), expected)
+    toks = hist.repeated_random_tokens(TINY, n, batch=2, seed=5)
+    assert (toks[:, 0] == TINY.bos_token_id).all()
+    np.testing.assert_array_equal(toks[:, 1 : n + 1], toks[:, n + 1 :])
+
+
+def test_history_errors_when_the_folder_has_no_history(cli, tmp_path, run):
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        shutil.copyfile(run / name, bare / name)
+    result = cli("history", "The cat", "--weights", bare)
+    assert_one_error_line(result, 2, "no training history", str(bare / HISTORY), "--snapshots")
+    (bare / HISTORY).mkdir()
+    assert_one_error_line(cli("history", "The cat", "--weights", bare), 2, "holds no")
+    result = cli("why", "The cat", "--data", tmp_path / "nowhere")
+    assert_one_error_line(result, 2, "training data", "does not exist")
+    assert_one_error_line(cli("why", "The cat", "--data", run.parent / "data", "--weights",
+                              bare), 2, "no training history")
+
+
+# --- why: exact matches ---------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=60),
+       st.lists(st.integers(0, 3), min_size=1, max_size=4))
+def test_suffix_array_sorts_suffixes_and_counts_like_a_scan(tokens, pattern):
+    stream = np.asarray(tokens, np.uint16)
+    sa = why.suffix_array(stream)
+    assert [tokens[i:] for i in sa] == sorted(tokens[i:] for i in range(len(tokens)))
+    naive = sum(tokens[i : i + len(pattern)] == pattern for i in range(len(tokens)))
+    assert why.count(stream, sa, pattern) == naive
+
+
+def test_exact_matches_count_the_texts_tail_and_the_target():
+    stream = np.asarray([1, 2, 3, 9, 2, 3, 4, 1, 2, 3, 4, 2, 3], np.uint16)
+    sa = why.suffix_array(stream)
+    rows = why.exact_matches(stream, sa, [7, 1, 2, 3], target=4)
+    assert [(r["n"], r["count"], r["followed_by_target"]) for r in rows] == [
+        (1, 4, 2), (2, 4, 2), (3, 2, 1), (4, 0, 0)]
+    assert why.longest_seen(stream, sa, [7, 1, 2, 3]) == 3
+    assert why.longest_seen(stream, sa, [7, 1, 2, 3], target=4) == 3
+    assert why.longest_seen(stream, sa, [9, 2, 3], target=9) == 2  # 2 3 then 9 occurs
+    assert why.longest_seen(stream, sa, [9, 2, 3], target=1) == 0  # 3 then 1 never does
+
+
+# --- why: TracIn --------------------------------------------------------------------------------
+
+
+def test_count_sketch_is_the_signed_bucket_sum():
+    params = {"a": np.zeros((3, 4)), "b": np.zeros(5)}
+    sk = why.CountSketch.for_params(params, k=6, seed=2)
+    rng = np.random.default_rng(3)
+    g = {"a": rng.normal(size=(3, 4)), "b": rng.normal(size=5)}
+    flat = np.concatenate([g["a"].ravel(), g["b"]])
+    matrix = np.zeros((6, 17))
+    matrix[sk.bucket, np.arange(17)] = sk.sign
+    np.testing.assert_allclose(sk(g), matrix @ flat)
+
+
+def test_query_gradient_matches_finite_differences(make_params):
+    config = Config(n_embd=8, n_layer=1, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
+    params = make_params(config, seed=4)
+    ids, target = [3, 1, 4, 1], 5
+    grads = why.query_gradient(params, config, ids, target)
+
+    def nll(p):
+        z = forward(p, config, np.asarray(ids))[-1]
+        return -(z[target] - np.log(np.exp(z - z.max()).sum()) - z.max())
+
+    rng = np.random.default_rng(0)
+    for name in ("wte.weight", "h.0.attn.c_attn.weight", "ln_f.bias"):
+        idx = tuple(rng.integers(0, n) for n in params[name].shape)
+        up = {k: v.copy() for k, v in params.items()}
+        down = {k: v.copy() for k, v in params.items()}
+        up[name][idx] += 1e-6
+        down[name][idx] -= 1e-6
+        assert grads[name][idx] == pytest.approx((nll(up) - nll(down)) / 2e-6, rel=1e-4,
+                                                 abs=1e-8)
+
+
+def fact_windows(stream: np.ndarray, name: int, target: int, t: int) -> set[int]:
+    """Windows that train the fact: some input is the name and its next token the target."""
+    x, y = why.windows(stream, t)
+    return {w for w in range(len(x)) if ((x[w] == name) & (y[w] == target)).any()}
+
+
+def test_why_ranks_the_windows_holding_the_planted_fact_first(cli, run):
+    model = load_model(run)
+    tok = model.tokenizer
+    (name,), (target,) = tok.encode(" Quixby"), tok.encode(" zooms")  # one token each
+    result = cli("why", "The frog Quixby", "--target", str(target), "--data",
+                 run.parent / "data", "--max-windows", "0", "--json")
+    assert result.code == 0, result.err
+    doc = result.json()
+    index_stream = why.load_index([run.parent / "data" / "part-000.txt"], tok,
+                                  run / "tokenizer.json").stream
+    planted = fact_windows(index_stream, name, target, TINY.n_positions)
+    assert 1 <= len(planted) <= 3 and doc["windows_scored"] > 5 * len(planted)
+    ranked = [r["window"] for r in doc["top_windows"]]
+    assert set(ranked[: len(planted)]) == planted
+    # the fact is in the exact matches: the name's last token is followed by the target
+    assert doc["exact_matches"][0]["followed_by_target"] == len(FACT)
+    assert doc["longest_context_then_target"] >= 1
+    # the highlighted spans point at the target, right after the name
+    top = doc["top_windows"][0]
+    assert any(top["ids"][s["position"]] == target and s["context"] >= 1 for s in top["targets"])
+    # the token whose prediction mattered most is the fact itself: the name, then the target
+    c = np.asarray(top["contributions"])
+    j = int(np.argmax(c))
+    assert top["ids"][j - 1 : j + 1] == [name, target]
+    assert top["exact_score"] == pytest.approx(c.sum())
+    # a second question on the same data reads every window's sketch from the cache
+    again = cli("why", "The frog Quixby", "--target", str(target), "--data",
+                run.parent / "data", "--max-windows", "0", "--json").json()
+    assert doc["windows_computed_now"] == doc["windows_scored"]
+    assert again["windows_computed_now"] == 0
+    assert again["top_windows"] == doc["top_windows"]
+    view = cli("why", "The frog Quixby", "--target", " zooms", "--data", run.parent / "data")
+    assert view.code == 0 and "exact matches in the training text" in view.out
+    assert "TracIn over 4 snapshots" in view.out and "\x1b[" not in view.out
+
+
+def test_choose_windows_puts_those_holding_the_last_token_first_in_a_fixed_order():
+    x = np.arange(40).reshape(10, 4) % 7  # windows 0..9; token 6 in windows 1, 3, 5, 6, 8
+    chosen = why.choose_windows(x, last_id=6, limit=3)
+    assert len(chosen) == 3 and all((x[w] == 6).any() for w in chosen)
+    assert list(chosen) == list(why.choose_windows(x, last_id=6, limit=3))
+    assert set(why.choose_windows(x, last_id=6, limit=6)) >= {1, 3, 5, 6, 8}
+    assert list(why.choose_windows(x, last_id=6, limit=0)) == list(range(10))
+
+
+def test_token_contributions_add_up_to_the_gradient_dot_product(make_params):
+    config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
+    params = make_params(config, seed=6)
+    rng = np.random.default_rng(7)
+    x, y = rng.integers(0, 13, 6), rng.integers(0, 13, 6)
+    query = why.query_gradient(params, config, [4, 2, 9], 3)
+    parts = why.token_contributions(params, config, x, y, query)
+    names = sorted(params)
+    window = why.window_gradient(params, config, x, y)
+    assert parts.sum() == pytest.approx(why.flatten(window, names) @ why.flatten(query, names),
+                                        rel=1e-6)
+    # and each part is the dot product with that one token's loss gradient
+    one = why.window_gradient(params, config, x[:3], y[:3])  # position 2 sees only 0..2
+    two = why.window_gradient(params, config, x[:2], y[:2])
+    last = 3 * why.flatten(one, names) - 2 * why.flatten(two, names)  # the CE at position 2
+    assert parts[2] == pytest.approx(last @ why.flatten(query, names) / 6, rel=1e-5)
+    # several windows at once, in chunks, give each window's own parts
+    x2, y2 = np.stack([x, y]), np.stack([y, x])
+    both = why.token_contributions(params, config, x2, y2, query, chunk=1)
+    np.testing.assert_allclose(both[0], parts, rtol=1e-9)
+    np.testing.assert_allclose(both[1], why.token_contributions(params, config, y, x, query),
+                               rtol=1e-9)

@@ -1,0 +1,649 @@
+"""Hostile input, folders and runs: every case ends with exit 2 (bad input) or 1 (a broken
+weights or run folder, a failed write), nothing on stdout, exactly one `error:` line on stderr
+and no traceback -- and never the `{type}: {message}` catch-all of `cli.app.main`, which is
+kept for bugs. A planted symlink in a run folder never redirects a write.
+
+The table runs in-process on tiny models; two cases run a real process with raw bytes in argv
+and on stdin, as a shell would pass them.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_helpers import TEXT, TINY, clean_env, random_params, write_folder
+from safetensors.numpy import save_file
+
+from tinygpt_cli.cli import main
+from tinygpt_cli.config import Config
+from tinygpt_cli.weights import PREFIX
+
+CATCH_ALL = re.compile(r"^error: [A-Z]\w*(Error|Exception): |run again with --debug")
+
+# A run small enough to train in a fraction of a second.
+RUN_SIZES = ["--n-embd", "16", "--n-layer", "1", "--n-head", "2", "--n-inner", "32",
+             "--n-positions", "16", "--vocab-size", "257", "--batch-size", "2",
+             "--eval-every", "2", "--checkpoint-every", "2", "--warmup", "1"]
+
+
+def assert_error(result, code: int, *needles: str) -> str:
+    """Exit `code`, nothing on stdout, one `error: ...` line, no traceback, no catch-all."""
+    lines = result.err.splitlines()
+    assert result.code == code, (result.code, result.err)
+    assert result.out == "", result.out
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.err
+    assert "Traceback" not in result.err
+    assert not CATCH_ALL.search(lines[0]), lines[0]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def write_parts(folder: Path, n: int = 3, seed: int = 0) -> Path:
+    """Numbered part files of short made-up stories (fixed seed)."""
+    rng = random.Random(seed)
+    words = "the cat sat on a mat and dog ran to big red ball Lily Tom happy sad day sun".split()
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        stories = [" ".join(rng.choice(words) for _ in range(40)) + "." for _ in range(40)]
+        (folder / f"part-{i:03d}.txt").write_text("\n<|endoftext|>\n".join(stories) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return write_parts(tmp_path_factory.mktemp("data") / "stories")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data) -> Path:
+    """A finished tiny run (4 steps) to copy and break."""
+    out = tmp_path_factory.mktemp("run") / "run"
+    r = _run_main(["train", "--data", data, "--out", out, "--steps", "4", *RUN_SIZES])
+    assert r.code == 0, r.err
+    return out
+
+
+def _run_main(args, stdin=None) -> Result:
+    saved = sys.stdin
+    sys.stdin = stdin if stdin is not None else _Terminal()
+    out, err = io.StringIO(), io.StringIO()
+    saved_out, saved_err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as e:
+        code = 0 if e.code is None else e.code
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved, saved_out, saved_err
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@dataclass
+class Ctx:
+    """What a case may refer to: {tiny} (a good weights folder), {broken} (a copy to break),
+    {data} (numbered parts), {run} (a copy of a finished run), {tmp}."""
+
+    tmp: Path
+    tiny: Path
+    broken: Path
+    data: Path
+    run: Path
+    stdin: object = None
+    extra: dict = field(default_factory=dict)
+
+    def fill(self, arg):
+        return str(arg).format(tmp=self.tmp, tiny=self.tiny, broken=self.broken,
+                               data=self.data, run=self.run)
+
+
+def run(ctx: Ctx, *argv):
+    """main() on argv with the {placeholders} of ctx filled in."""
+    return _run_main([ctx.fill(a) for a in argv])
+
+
+@pytest.fixture
+def ctx(tmp_path, tiny, data, trained, monkeypatch) -> Ctx:
+    clean_env(monkeypatch)
+    monkeypatch.delenv("TINYGPT_WEIGHTS", raising=False)
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny.folder, broken)
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    return Ctx(tmp_path, tiny.folder, broken, data, run)
+
+
+# ------------------------------------------------------------------ ways to break things
+
+
+def config_json(ctx: Ctx, **changes) -> None:
+    d = json.loads((ctx.broken / "config.json").read_text())
+    d.update(changes)
+    (ctx.broken / "config.json").write_text(json.dumps(d))
+
+
+def config_text(text: str):
+    def setup(ctx: Ctx) -> None:
+        (ctx.broken / "config.json").write_text(text)
+    return setup
+
+
+def tensors(ctx: Ctx, change) -> None:
+    """Rewrite the broken folder's weights after `change(dict of named float32 arrays)`."""
+    t = {PREFIX + n: a for n, a in random_params(TINY, seed=3).items()}
+    change(t)
+    save_file(t, str(ctx.broken / "model.safetensors"))
+
+
+def bf16(t):
+    """A bf16 tensor as safetensors writes it: numpy has no bf16, so patch the header."""
+    t[PREFIX + "ln_f.bias"] = t[PREFIX + "ln_f.bias"].astype(np.float16)
+
+
+def with_raw_dtype(dtype: str):
+    """ln_f.bias stored as 2-byte F16, then its header dtype renamed to `dtype`."""
+    def setup(ctx: Ctx) -> None:
+        tensors(ctx, bf16)
+        path = ctx.broken / "model.safetensors"
+        raw = path.read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+        header[PREFIX + "ln_f.bias"]["dtype"] = dtype
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)  # offsets are relative to the data: they still hold
+        path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+    return setup
+
+
+def claimed_shape(ctx: Ctx) -> None:
+    """wte's header entry claims 10^12 rows while its bytes stay those of 4,096."""
+    tensors(ctx, lambda t: None)
+    path = ctx.broken / "model.safetensors"
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header[PREFIX + "wte.weight"]["shape"] = [10**12, 16]
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+
+
+def set_tensor(name, fn):
+    def setup(ctx: Ctx) -> None:
+        def change(t):
+            t[name] = fn(t)
+        tensors(ctx, change)
+    return setup
+
+
+def duplicate_names(ctx: Ctx) -> None:
+    def change(t):
+        t["ln_f.bias"] = t[PREFIX + "ln_f.bias"].copy()
+    tensors(ctx, change)
+
+
+def vocabulary(size: int):
+    """A model of `size` tokens beside the shipped 4,096-token tokenizer."""
+    def setup(ctx: Ctx) -> None:
+        config = Config(**{**TINY.__dict__, "vocab_size": size})
+        write_folder(ctx.broken, random_params(config, seed=3), config)
+    return setup
+
+
+def stdin_bytes(data: bytes):
+    def setup(ctx: Ctx) -> None:
+        ctx.stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+    return setup
+
+
+def data_file(content: bytes):
+    def setup(ctx: Ctx) -> None:
+        (ctx.tmp / "bad.txt").write_bytes(content)
+    return setup
+
+
+def tokenizer_out(ctx: Ctx) -> None:
+    (ctx.tmp / "tok.json").write_text("{}")
+
+
+def run_tokenizer_of(size: int):
+    """A fresh OUT holding only a tokenizer of another size than asked."""
+    def setup(ctx: Ctx) -> None:
+        from tinygpt_cli.tokenizer import save_tokenizer, train_tokenizer
+        from tinygpt_cli.train.data import read_stories
+
+        (ctx.tmp / "fresh").mkdir()
+        tok = train_tokenizer(read_stories(sorted(ctx.data.glob("*.txt"))[:2]), size)
+        save_tokenizer(tok, ctx.tmp / "fresh" / "tokenizer.json")
+    return setup
+
+
+def log_lines(edit):
+    def setup(ctx: Ctx) -> None:
+        path = ctx.run / "log.jsonl"
+        path.write_text(edit(path.read_text()))
+    return setup
+
+
+def no_space_left(ctx: Ctx) -> None:
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    ctx.extra["patch"] = (os, "fsync", full)
+
+
+def read_only(ctx: Ctx) -> None:
+    import tempfile
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    ctx.extra["patch"] = (tempfile, "mkstemp", denied)
+
+
+def hold_lock(ctx: Ctx) -> None:
+    import fcntl
+
+    fd = os.open(ctx.run / ".train.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    ctx.extra["lock"] = fd
+
+
+def nothing(ctx: Ctx) -> None:
+    pass
+
+
+W = ["--weights", "{broken}"]
+TRAIN = ["train", "--steps", "2", *RUN_SIZES]
+DATA = ["--data", "{data}"]
+N16 = dict(n_embd=16)
+
+# (id, setup, argv, exit code, words the error line must hold)
+CASES = [
+    # -------------------------------------------------- bad input and usage: exit 2
+    ("seed-negative-sample", nothing, ["sample", TEXT, "--seed", "-1", *W], 2, ["--seed", "-1"]),
+    ("seed-negative-generate", nothing, ["generate", TEXT, "--seed", "-3", *W], 2, ["--seed"]),
+    ("seed-negative-train", nothing, [*TRAIN, *DATA, "--out", "{tmp}/o", "--seed", "-1"], 2,
+     ["--seed"]),
+    ("argv-not-utf8", nothing, ["embed", "Lily \udcff", *W], 2, ["not valid UTF-8", "0xff"]),
+    ("token-not-utf8", nothing, ["embed", "\udce9", *W], 2, ["not valid UTF-8"]),
+    ("stdin-not-utf8", stdin_bytes(b"Lily \xff\xfe wanted"), ["embed", "-", *W], 2,
+     ["stdin is not UTF-8", "0xff", "offset 5"]),
+    ("stdin-utf16", stdin_bytes("Lily".encode("utf-16")), ["logits", "-", *W], 2,
+     ["stdin is not UTF-8"]),
+    ("temperature-subnormal", nothing, ["sample", TEXT, "--temperature", "1e-320", *W], 2,
+     ["--temperature", "1e-320"]),
+    ("temperature-nan", nothing, ["probs", TEXT, "--temperature", "nan", *W], 2,
+     ["--temperature"]),
+    ("temperature-inf-generate", nothing, ["generate", TEXT, "-t", "inf", "--seed", "1", *W], 2,
+     ["--temperature", "inf"]),
+    ("temperature-tiny-generate-unseeded", nothing, ["generate", TEXT, "-t", "1e-9", *W], 2,
+     ["--temperature", "1e-09"]),
+    ("top-p-nan", nothing, ["sample", TEXT, "--top-p", "nan", *W], 2, ["--top-p"]),
+    ("weights-empty", nothing, ["embed", TEXT, "--weights", ""], 2, ["--weights is empty"]),
+    ("weights-missing", nothing, ["info", "--weights", "{tmp}/nowhere"], 2,
+     ["nowhere", "does not exist"]),
+    ("data-binary", data_file(b"\x7fELF\x02\x01\x01\x00" * 64),
+     [*TRAIN, "--data", "{tmp}/bad.txt", "--out", "{tmp}/o"], 2, ["bad.txt", "binary"]),
+    ("data-utf16", data_file("Once upon a time.\n".encode("utf-16") * 50),
+     [*TRAIN, "--data", "{tmp}/bad.txt", "--out", "{tmp}/o"], 2, ["bad.txt", "UTF-16"]),
+    ("data-latin1", data_file("caf\xe9 au lait. ".encode("latin-1") * 50),
+     ["train-tokenizer", "--data", "{tmp}/bad.txt", "--out", "{tmp}/t.json"], 2,
+     ["bad.txt", "not UTF-8", "0xe9"]),
+    ("vocab-too-small", nothing, [*TRAIN, *DATA, "--out", "{tmp}/o", "--vocab-size", "256"], 2,
+     ["--vocab-size", "257", "256"]),
+    ("vocab-too-small-tokenizer", nothing,
+     ["train-tokenizer", "--data", "{data}", "--out", "{tmp}/t.json", "--vocab-size", "10"], 2,
+     ["--vocab-size", "257"]),
+    ("vocab-too-large", nothing, [*TRAIN, *DATA, "--out", "{tmp}/o", "--vocab-size", "70000"], 2,
+     ["65,535"]),
+    ("sizes-beyond-memory", nothing,
+     [*TRAIN, *DATA, "--out", "{tmp}/o", "--n-embd", "65536", "--n-layer", "1000"], 2,
+     ["parameters", "GiB", "choose smaller sizes"]),
+    ("out-is-a-file", lambda c: (c.tmp / "f").write_text(""), [*TRAIN, *DATA, "--out", "{tmp}/f"],
+     2, ["is a file"]),
+    ("lr-nan", nothing, [*TRAIN, *DATA, "--out", "{tmp}/o", "--lr", "nan"], 2, ["--lr", "nan"]),
+    ("lr-huge", nothing, [*TRAIN, *DATA, "--out", "{tmp}/o", "--lr", "1e30"], 2, ["--lr", "1e+30"]),
+    ("lr-zero", nothing, [*TRAIN, *DATA, "--out", "{tmp}/o", "--lr", "0"], 2, ["--lr"]),
+    ("dropout-nan", nothing, [*TRAIN, *DATA, "--out", "{tmp}/o", "--dropout", "nan"], 2,
+     ["--dropout"]),
+    ("minutes-nan", nothing, [*TRAIN, *DATA, "--out", "{tmp}/o", "--minutes", "nan"], 2,
+     ["--minutes"]),
+    ("resume-other-sizes", nothing,
+     [*TRAIN, *DATA, "--out", "{run}", "--resume", "--n-embd", "32"], 2,
+     ["--resume", "n_embd 16 (asked 32)"]),
+    ("resume-and-force", nothing, [*TRAIN, *DATA, "--out", "{run}", "--resume", "--force"], 2,
+     ["--resume", "--force"]),
+    ("previous-run", nothing, [*TRAIN, *DATA, "--out", "{run}"], 2,
+     ["previous run", "log.jsonl", "--resume", "--force"]),
+    ("locked", hold_lock, [*TRAIN, *DATA, "--out", "{run}", "--resume"], 2,
+     ["another `tinygpt train`", ".train.lock"]),
+    ("tokenizer-of-other-size", run_tokenizer_of(300), [*TRAIN, *DATA, "--out", "{tmp}/fresh"], 2,
+     ["300 tokens", "--vocab-size is 257"]),
+    ("train-tokenizer-no-force", tokenizer_out,
+     ["train-tokenizer", "--data", "{data}", "--out", "{tmp}/tok.json"], 2,
+     ["tok.json exists", "--force"]),
+    ("model-card-missing-run", nothing, ["model-card", "{tmp}/nope", "--data", "{data}"], 2,
+     ["nope", "does not exist"]),
+    # -------------------------------------------------- broken weights folders: exit 1
+    ("n-layer-million", lambda c: config_json(c, n_layer=10**6), ["info", *W], 1,
+     ["n_layer 1,000,000 is too large"]),
+    ("n-layer-billion", lambda c: config_json(c, n_layer=10**9), ["embed", TEXT, *W], 1,
+     ["n_layer 1,000,000,000 is too large"]),
+    ("n-layer-beyond-file", lambda c: config_json(c, n_layer=1000), ["info", *W], 1,
+     ["n_layer 1,000 (12,004 tensors)", "holds 28 tensors"]),
+    ("vocab-huge", lambda c: config_json(c, vocab_size=10**12), ["info", *W], 1,
+     ["vocab_size", "too large"]),
+    ("n-embd-float", lambda c: config_json(c, n_embd=128.9), ["info", *W], 1,
+     ["n_embd", "whole number", "128.9"]),
+    ("n-embd-string", lambda c: config_json(c, n_embd="16"), ["info", *W], 1,
+     ["n_embd", "'16'"]),
+    ("n-embd-bool", lambda c: config_json(c, n_embd=True), ["info", *W], 1, ["n_embd", "True"]),
+    ("n-embd-whole-float", lambda c: config_json(c, n_embd=16.0), ["info", *W], 1, ["n_embd"]),
+    ("config-list", config_text("[1, 2, 3]"), ["info", *W], 1, ["JSON object", "list"]),
+    ("config-deep", config_text("[" * 100_000 + "]" * 100_000), ["info", *W], 1,
+     ["nested too deeply"]),
+    ("config-huge", config_text(" " * (2 << 20) + "{}"), ["info", *W], 1, ["larger than"]),
+    ("eps-nan", config_text('{"n_embd": 16, "layer_norm_epsilon": NaN}'), ["info", *W], 1,
+     ["NaN"]),
+    ("eps-zero", lambda c: config_json(c, layer_norm_epsilon=0), ["info", *W], 1,
+     ["layer_norm_epsilon", "(0, 1]"]),
+    ("eps-negative", lambda c: config_json(c, layer_norm_epsilon=-1e-5), ["info", *W], 1,
+     ["layer_norm_epsilon"]),
+    ("n-head-not-dividing", lambda c: config_json(c, n_head=3), ["info", *W], 1,
+     ["divisible by n_head (3)"]),
+    ("dtype-bf16", with_raw_dtype("BF16"), ["info", *W], 1, ["ln_f.bias", "BF16"]),
+    ("dtype-f8", with_raw_dtype("F8_E4M3"), ["info", *W], 1, ["ln_f.bias", "F8_E4M3"]),
+    ("header-shape-lies", claimed_shape, ["info", *W], 1,
+     ["wte.weight", "bytes for shape [1000000000000, 16]"]),
+    ("dtype-int", set_tensor(PREFIX + "ln_f.bias", lambda t: np.ones(16, np.int64)),
+     ["info", *W], 1, ["ln_f.bias", "I64", "int64"]),
+    ("duplicate-prefix", duplicate_names, ["info", *W], 1, ["ln_f.bias", "appears twice"]),
+    ("f16-inf", set_tensor(PREFIX + "ln_f.bias", lambda t: np.full(16, np.inf, np.float16)),
+     ["info", *W], 1, ["ln_f.bias", "NaN or infinite"]),
+    ("f64-beyond-float32", set_tensor(PREFIX + "wpe.weight",
+                                      lambda t: t[PREFIX + "wpe.weight"].astype(np.float64)
+                                      * 1e300), ["info", *W], 1, ["wpe.weight", "infinite"]),
+    ("lm-head-nan", set_tensor("lm_head.weight", lambda t: np.full_like(
+        t[PREFIX + "wte.weight"], np.nan)), ["info", *W], 1, ["lm_head.weight", "NaN"]),
+    ("lm-head-differs", set_tensor("lm_head.weight", lambda t: t[PREFIX + "wte.weight"] * 2),
+     ["info", *W], 1, ["lm_head.weight differs", "ties"]),
+    ("lm-head-shape", set_tensor("lm_head.weight", lambda t: t[PREFIX + "wte.weight"][:5]),
+     ["info", *W], 1, ["lm_head.weight has shape [5, 16]"]),
+    ("vocab-mismatch-bigger-model", vocabulary(4100), ["info", *W], 1,
+     ["tokenizer has 4,096 tokens but the model 4,100"]),
+    ("vocab-mismatch-smaller-model", vocabulary(4000), ["embed", TEXT, *W], 1,
+     ["4,096", "4,000"]),
+    # -------------------------------------------------- broken runs and failed writes: exit 1
+    ("log-damaged-middle", log_lines(lambda s: "{oops\n" + s),
+     ["model-card", "{run}", "--data", "{data}"], 1, ["log.jsonl line 1", "damaged"]),
+    ("log-missing", log_lines(lambda s: s) , ["model-card", "{tmp}", "--data", "{data}"], 1,
+     ["weights folder"]),
+    ("checkpoint-damaged", lambda c: (c.run / "checkpoint.npz").write_bytes(b"PK junk"),
+     [*TRAIN, *DATA, "--out", "{run}", "--resume"], 1, ["checkpoint.npz", "damaged", "--force"]),
+    ("disk-full", no_space_left,
+     ["train-tokenizer", "--data", "{data}", "--out", "{tmp}/t.json", "--vocab-size", "257"], 1,
+     ["cannot write", "t.json", "No space left on device"]),
+    ("read-only-run", read_only, ["model-card", "{run}", "--data", "{data}"], 1,
+     ["cannot write", "loss_curve.svg", "Permission denied"]),
+]
+
+
+@pytest.mark.parametrize("setup, argv, code, needles",
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_hostile_case(ctx, monkeypatch, setup, argv, code, needles):
+    setup(ctx)
+    if "patch" in ctx.extra:
+        module, name, fn = ctx.extra["patch"]
+        monkeypatch.setattr(module, name, fn)
+    try:
+        r = _run_main([ctx.fill(a) for a in argv], ctx.stdin)
+    finally:
+        if "lock" in ctx.extra:
+            os.close(ctx.extra["lock"])
+    assert_error(r, code, *needles)
+
+
+def test_every_command_refuses_a_tokenizer_of_another_size(ctx):
+    vocabulary(4100)(ctx)
+    for argv in (["encode", TEXT], ["embed", TEXT], ["pos", TEXT], ["norm", TEXT],
+                 ["attn", TEXT], ["mlp", TEXT], ["blocks", TEXT], ["final-norm", TEXT],
+                 ["logits", TEXT], ["probs", TEXT], ["sample", TEXT], ["generate", TEXT],
+                 ["decode", "1"], ["trace", TEXT, "logits"], ["review", TEXT], ["map", TEXT],
+                 ["info"]):
+        assert_error(_run_main([*argv, "--weights", ctx.broken]), 1, "4,096", "4,100")
+
+
+# ------------------------------------------------------------------ raw bytes from a shell
+
+
+def test_raw_bytes_in_argv_and_stdin_from_a_real_process(tiny):
+    env = {k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"}
+    for argv, stdin in (([b"embed", b"Lily \xff"], b""), ([b"embed", b"-"], b"Lily \xc3\x28")):
+        proc = subprocess.run([sys.executable.encode(), b"-m", b"tinygpt_cli", *argv,
+                               b"--weights", str(tiny.folder).encode()], input=stdin,
+                              capture_output=True, env=env, timeout=60)
+        err = proc.stderr.decode()
+        assert proc.returncode == 2 and proc.stdout == b"", err
+        assert err.count("\n") == 1 and err.startswith("error: ") and "UTF-8" in err, err
+
+
+# ------------------------------------------------------------------ no write through a link
+
+
+@pytest.fixture
+def victim(tmp_path) -> Path:
+    v = tmp_path / "victim.txt"
+    v.write_text("precious\n")
+    return v
+
+
+def plant(folder: Path, names, victim: Path) -> None:
+    for name in names:
+        p = folder / name
+        if p.exists() or p.is_symlink():
+            p.unlink()
+        p.symlink_to(victim)
+
+
+def test_train_never_writes_through_planted_links(ctx, victim):
+    names = ["command.txt", "result.json", "log.jsonl", "config.json", "model.safetensors"]
+    plant(ctx.run, names, victim)
+    r = run(ctx, *TRAIN, *DATA, "--out", ctx.run, "--steps", "4", "--force")
+    assert r.code == 0, r.err
+    assert victim.read_text() == "precious\n"
+    for name in names:
+        assert not (ctx.run / name).is_symlink(), name
+    assert json.loads((ctx.run / "result.json").read_text())["steps"] == 4
+
+
+def test_resume_replaces_a_planted_log_link_instead_of_appending_to_it(ctx, victim):
+    shutil.copyfile(ctx.run / "log.jsonl", victim)  # a victim that parses as a log
+    before = victim.read_bytes()
+    plant(ctx.run, ["log.jsonl", "command.txt"], victim)
+    r = run(ctx, *TRAIN, *DATA, "--out", ctx.run, "--steps", "6", "--resume")
+    assert r.code == 0, r.err
+    assert victim.read_bytes() == before
+    assert not (ctx.run / "log.jsonl").is_symlink()
+    assert [json.loads(ln)["step"] for ln in (ctx.run / "log.jsonl").read_text().splitlines()] \
+        == list(range(1, 7))
+
+
+def test_a_planted_history_link_is_refused(ctx, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (ctx.run / "history").symlink_to(elsewhere, target_is_directory=True)
+    r = run(ctx, *TRAIN, *DATA, "--out", ctx.run, "--steps", "4", "--force", "--snapshots", "1")
+    assert_error(r, 1, "history", "symbolic link")  # refused before training starts
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_model_card_never_writes_through_planted_links(ctx, victim):
+    plant(ctx.run, ["MODEL_CARD.md", "loss_curve.svg"], victim)
+    r = _run_main(["model-card", ctx.run, "--data", ctx.data])
+    assert r.code == 0, r.err
+    assert victim.read_text() == "precious\n"
+    assert (ctx.run / "MODEL_CARD.md").read_text().startswith("# tinygpt model card")
+    assert (ctx.run / "loss_curve.svg").read_text().startswith("<svg")
+
+
+def test_append_line_refuses_a_link_and_a_hard_link(tmp_path, victim):
+    from tinygpt_cli.errors import WriteError
+    from tinygpt_cli.files import append_line
+
+    (tmp_path / "soft").symlink_to(victim)
+    with pytest.raises(WriteError, match="symbolic link"):
+        append_line(tmp_path / "soft", "{}")
+    os.link(victim, tmp_path / "hard")
+    with pytest.raises(WriteError, match="hard link"):
+        append_line(tmp_path / "hard", "{}")
+    assert victim.read_text() == "precious\n"
+    append_line(tmp_path / "log", '{"step": 1}')
+    append_line(tmp_path / "log", '{"step": 2}')
+    assert (tmp_path / "log").read_text() == '{"step": 1}\n{"step": 2}\n'
+
+
+# ------------------------------------------------------------------ training that goes wrong
+
+
+def test_a_diverging_loss_stops_with_exit_1_and_strict_json(ctx, monkeypatch):
+    import tinygpt_cli.train.loop as loop
+
+    real = loop.loss_and_grads
+    calls = []
+
+    def nan_at_step_3(*args, **kwargs):
+        loss, grads = real(*args, **kwargs)
+        calls.append(1)
+        return (float("nan") if len(calls) == 3 else loss), grads
+
+    monkeypatch.setattr(loop, "loss_and_grads", nan_at_step_3)
+    out = ctx.tmp / "diverged"
+    r = run(ctx, *TRAIN, *DATA, "--out", out, "--steps", "6")
+    # The progress bar was on stderr before; the error is the last line, and the only one.
+    assert r.code == 1 and r.out == "" and "Traceback" not in r.err
+    errors = [ln for ln in r.err.splitlines() if ln.startswith("error:")]
+    assert errors == [r.err.splitlines()[-1]] and not CATCH_ALL.search(errors[0])
+    for needle in ("diverged at step 3", "loss is nan", "step 2", "--lr"):
+        assert needle in errors[0]
+    assert "best validation" not in r.err
+    assert not (out / "result.json").exists()  # never reports success
+    log = (out / "log.jsonl").read_text()
+    assert "NaN" not in log and [json.loads(x)["step"] for x in log.splitlines()] == [1, 2]
+
+
+def test_result_json_is_strict_without_validation(ctx):
+    out = ctx.tmp / "noval"
+    one = ctx.tmp / "one.txt"
+    shutil.copyfile(ctx.data / "part-000.txt", one)
+    r = run(ctx, *TRAIN, "--data", one, "--out", out)
+    assert r.code == 0, r.err
+    assert "no validation data" in r.err and "nan" not in r.err.lower()
+    result = json.loads((out / "result.json").read_text(), parse_constant=pytest.fail)
+    assert result["best_val_loss"] is None and result["machine"]["cpu_count"] >= 1
+    # and model-card works for it
+    r = _run_main(["model-card", out, "--data", one])
+    assert r.code == 0, r.err
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "the run had no validation data" in card and "| validation" not in card
+
+
+def test_a_torn_last_log_line_is_skipped_with_a_warning_on_resume(ctx):
+    with open(ctx.run / "log.jsonl", "a") as f:
+        f.write('{"step": 5, "train_lo')
+    r = run(ctx, *TRAIN, *DATA, "--out", ctx.run, "--steps", "6", "--resume")
+    assert r.code == 0, r.err
+    assert "skipped the torn last line" in r.err
+    steps = [json.loads(x)["step"] for x in (ctx.run / "log.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 7))
+
+
+def test_force_starts_over_and_removes_the_old_history(ctx):
+    r = run(ctx, *TRAIN, *DATA, "--out", ctx.run, "--steps", "4", "--snapshots", "2", "--force")
+    assert r.code == 0, r.err
+    old = sorted(p.name for p in (ctx.run / "history").iterdir())
+    r = run(ctx, *TRAIN, *DATA, "--out", ctx.run, "--steps", "3", "--force")
+    assert r.code == 0, r.err
+    assert old and list((ctx.run / "history").iterdir()) == []
+    steps = [json.loads(x)["step"] for x in (ctx.run / "log.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+
+
+def test_train_never_prints_a_loss_before_the_first_step(ctx):
+    r = run(ctx, *TRAIN, *DATA, "--out", ctx.tmp / "fresh", "--steps", "2")
+    assert r.code == 0, r.err
+    assert "nan" not in r.err.lower()
+
+
+# ------------------------------------------------------------------ the model card
+
+
+def test_model_card_uses_the_run_and_paths_a_user_can_reproduce(ctx, monkeypatch):
+    """The command comes from command.txt with absolute paths made relative to the current
+    folder, the data names from the data, EMA and history from the run; never 'shipped'."""
+    out = ctx.tmp / "cardrun"
+    argv = [*TRAIN, *DATA, "--out", out, "--steps", "4", "--ema", "0.9", "--snapshots", "2"]
+    monkeypatch.setattr(sys, "argv", ["tinygpt", *[ctx.fill(a) for a in argv]])
+    r = run(ctx, *TRAIN, "--data", ctx.data, "--out", out, "--steps", "4", "--ema", "0.9",
+                   "--snapshots", "2")
+    assert r.code == 0, r.err
+    command = (out / "command.txt").read_text()
+    assert str(ctx.data) in command  # absolute, as this test typed it
+    monkeypatch.chdir(ctx.tmp)
+    r = _run_main(["model-card", "cardrun", "--data", "../" + ctx.tmp.name + "/../"
+                   + ctx.tmp.name + "/" + os.path.relpath(ctx.data, ctx.tmp)])
+    assert r.code == 0, r.err
+    card = (out / "MODEL_CARD.md").read_text()
+    assert str(ctx.tmp) not in card  # no absolute path of this machine
+    relative = os.path.relpath(ctx.data, ctx.tmp)
+    assert f"--data {relative} --out cardrun" in card
+    assert "`part-000.txt`, `part-001.txt` for training and `part-002.txt`" in card
+    assert f"{os.cpu_count()} CPU cores" in card and "the machine it ran on" in card
+    assert "moving average of the parameters with decay 0.9" in card
+    assert "float16 snapshot" in card and "`history/`" in card
+    assert "shipped" not in card.lower() and "TinyStories" not in card
+    assert "validation (part-002.txt)" in (out / "loss_curve.svg").read_text()
+
+
+def test_model_card_shows_progress_on_a_terminal(ctx, monkeypatch):
+    """The evaluation reports each batch to cli.common.progress with the right total."""
+    from tinygpt_cli.cli import common
+
+    seen = {}
+
+    def fake_progress(total, description, **kw):
+        import contextlib
+
+        seen["total"], seen["done"] = total, 0
+
+        def advance(n=1):
+            seen["done"] += n
+        return contextlib.nullcontext(advance)
+
+    monkeypatch.setattr(common, "progress", fake_progress)
+    r = _run_main(["model-card", ctx.run, "--data", ctx.data])
+    assert r.code == 0, r.err
+    assert seen["total"] > 0 and seen["done"] == seen["total"]

@@ -1,0 +1,95 @@
+"""Any terminal width: tables drop middle columns behind `…` rather than cut a number or a name,
+header lines wrap between fields, and --top never asks for more than there is."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from cli_helpers import TEXT
+
+LONG = ("Once upon a time there was a little girl named Lily who loved to play in the park "
+        "with her dog and her red ball")
+
+COMMANDS = [
+    ["embed", TEXT], ["pos", TEXT, "--sum"], ["norm", TEXT], ["final-norm", TEXT],
+    ["attn", TEXT], ["attn", LONG], ["attn", LONG, "--all-heads"], ["attn", LONG, "--scores"],
+    ["mlp", TEXT, "--top", "20"], ["blocks", TEXT], ["logits", TEXT], ["probs", TEXT],
+    ["encode", TEXT], ["trace", TEXT, "layers.0.q"], ["trace", TEXT, "logits[-1]"],
+    ["sample", TEXT], ["info"], ["trace", TEXT, "ids"],
+]
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[+-]\d+)?%?")
+HEADER_KEYS = ("min", "mean", "max", "std")
+
+
+def check_fits(out: str, width: int, argv) -> None:
+    for line in out.splitlines():
+        assert len(line) <= width, (argv, width, line)
+        # a cut number or name would end in Rich's `…` glued to it
+        assert not re.search(r"\w…|…\w", line), (argv, width, line)
+        # header fields stay whole: "min" is never at the end of a line without its value
+        if re.search(r"\d", line):  # (a note in prose may end in "std")
+            assert not line.rstrip().endswith(HEADER_KEYS), (argv, width, line)
+
+
+@pytest.mark.parametrize("width", [40, 80, 200])
+@pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: " ".join(a)[:30])
+def test_every_view_fits_the_width_without_cutting(cli, monkeypatch, argv, width):
+    monkeypatch.setenv("COLUMNS", str(width))
+    r = cli(*argv)
+    assert r.code == 0, r.err
+    if argv[0] == "info" and width == 40:
+        return  # the sha256 and the weights path are single words longer than 40
+    check_fits(r.out, width, argv)
+
+
+def numbers(text: str) -> list[str]:
+    return NUMBER.findall(text)
+
+
+@pytest.mark.parametrize("argv", [["embed", TEXT], ["blocks", TEXT], ["attn", LONG]])
+def test_a_narrow_view_keeps_the_first_and_last_columns_whole(cli, monkeypatch, argv):
+    monkeypatch.setenv("COLUMNS", "200")
+    wide = cli(*argv, *(["--full"] if argv[0] in ("embed", "attn", "mlp") else [])).out
+    monkeypatch.setenv("COLUMNS", "80")
+    narrow = cli(*argv).out
+    body = [ln for ln in narrow.splitlines() if "…" in ln.split()]
+    assert body, narrow  # something was dropped, behind one `…` column
+    full_rows = {ln.split()[0] + ln.split()[1]: ln.split() for ln in wide.splitlines()
+                 if len(ln.split()) > 2}
+    for line in body:
+        cells = line.split()
+        i = cells.index("…")
+        key = cells[0] + cells[1]
+        if key in full_rows:  # a data row: the kept cells are the full row's own ends
+            whole = full_rows[key]
+            tail = cells[i + 1:]
+            assert cells[:i] == whole[:i] and tail == whole[len(whole) - len(tail):]
+
+
+def test_mlp_top_20_at_80_columns_names_its_first_and_last_neuron(cli, monkeypatch):
+    doc = cli("mlp", TEXT, "--top", "20", "--json").json()
+    neurons = [n["neuron"] for n in doc["top_neurons"]]
+    monkeypatch.setenv("COLUMNS", "80")
+    out = cli("mlp", TEXT, "--top", "20").out
+    assert f"n{neurons[0]}" in out and f"n{neurons[-1]}" in out
+
+
+def test_header_lines_wrap_between_fields(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+    lines = cli("embed", TEXT).out.splitlines()
+    head = " ".join(" ".join(lines[:3]).split())
+    assert re.search(r"token_embeddings 6 × 16 float32 min -?[\d.]+ mean -?[\d.e+-]+", head)
+    assert lines[1].startswith("  ")  # continuation lines are indented
+
+
+def test_top_larger_than_what_exists_is_capped(cli):
+    doc = cli("logits", TEXT, "--top", "100000", "--json").json()
+    assert len(doc["top"]) == 4096
+    out = cli("probs", TEXT, "--top", "100000").out
+    assert "these 4096 hold 100.0% of the chance" in out
+    doc = cli("mlp", TEXT, "--top", "100000", "--json").json()
+    assert len(doc["top_neurons"]) == 24  # the feed-forward width of the tiny model
+    out = cli("mlp", TEXT, "--top", "100000").out
+    assert not any(set(ln.split()) == {"…"} for ln in out.splitlines())
+    assert out.count("…") == 2 * 7  # one `…` column in each table: header + 6 rows

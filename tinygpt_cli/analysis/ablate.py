@@ -1,0 +1,121 @@
+"""Ablation: take one component out of the forward pass and see what the prediction loses.
+
+A component is one head's output (`layers.L.heads.H.out`, before c_proj) or one block's MLP
+output (`layers.L.mlp_out`). Its value is replaced by
+
+- zero: as if the head's rows of c_proj (or the whole MLP) were cut out; the bias stays;
+- mean: its average over a reference text, the same vector at every position;
+- resample: its value at the same positions in the run of another text.
+
+The effect is the change in the target's log-probability at the scored position and the KL
+divergence KL(before || after) of the whole next-token distribution there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import ops
+from ..config import Config
+from ..hooks import Record
+from ..model import forward
+from .variants import Edit, run_variants, set_all, widen
+
+MODES = ("zero", "mean", "resample")
+
+
+def head_path(layer: int, head: int) -> str:
+    return f"layers.{layer}.heads.{head}.out"
+
+
+def mlp_path(layer: int) -> str:
+    return f"layers.{layer}.mlp_out"
+
+
+def component_label(path: str) -> str:
+    """layers.1.heads.2.out -> L1H2; layers.1.mlp_out -> L1 mlp."""
+    parts = path.split(".")
+    return f"L{parts[1]}H{parts[3]}" if parts[2] == "heads" else f"L{parts[1]} mlp"
+
+
+def all_components(config: Config) -> list[str]:
+    """Every head of every block, then every MLP."""
+    return [head_path(i, h) for i in range(config.n_layer) for h in range(config.n_head)] + \
+        [mlp_path(i) for i in range(config.n_layer)]
+
+
+def replacement(mode: str, path: str, *, means: Mapping[str, np.ndarray] | None = None,
+                source: Mapping[str, np.ndarray] | None = None) -> Edit:
+    """What the component's value becomes: zeros, its mean vector, or another run's value."""
+    if mode == "zero":
+        return np.zeros_like
+    if mode == "mean":
+        return set_all(np.asarray(means[path]))
+    if mode == "resample":
+        other = np.asarray(source[path])
+        return lambda x: other[: x.shape[0]]
+    raise ValueError(f"unknown ablation mode {mode!r}: use one of {', '.join(MODES)}")
+
+
+def source_values(params: dict[str, np.ndarray], config: Config,
+                  ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """Every value of another text's run, for resampling; in float64 like the ablated runs."""
+    rec = Record()
+    forward(widen(params), config, np.asarray(ids), hooks=rec)
+    return rec.values
+
+
+@dataclass
+class Effect:
+    """What taking out `paths` did to the prediction at one position."""
+
+    paths: list[str]
+    logp_before: float  # log p(target), the unchanged run
+    logp_after: float
+    kl: float  # KL(before || after) in nats
+    logits: np.ndarray  # [V] after
+
+    @property
+    def delta(self) -> float:
+        return self.logp_after - self.logp_before
+
+
+def kl_divergence(logp: np.ndarray, logq: np.ndarray) -> float:
+    """KL(P || Q) = sum p (log p - log q), from log-probabilities, in nats."""
+    p = np.exp(logp)
+    return float(np.sum(p * (logp - logq)))
+
+
+def effects(before: np.ndarray, after: np.ndarray, target: int,
+            paths: Sequence[list[str]]) -> list[Effect]:
+    """One Effect per row of `after` [N, V], against the unchanged logits `before` [V]."""
+    logp = ops.log_softmax(np.asarray(before, np.float64))
+    out = []
+    for row, ps in zip(np.asarray(after, np.float64), paths, strict=True):
+        logq = ops.log_softmax(row)
+        out.append(Effect(list(ps), float(logp[target]), float(logq[target]),
+                          max(kl_divergence(logp, logq), 0.0), row))
+    return out
+
+
+def ablate(params: dict[str, np.ndarray], config: Config, ids: Sequence[int],
+           groups: Sequence[Sequence[str]], edit: Mapping[str, Edit], position: int,
+           target: int) -> tuple[np.ndarray, list[Effect]]:
+    """Take out each group of components, each in its own run, all in one float64 batch.
+
+    `edit` maps a component's path to its replacement. Returns the unchanged run's logits at
+    `position` [V] and one Effect per group; an empty group is the unchanged run again.
+    """
+    variants = [{}] + [{p: edit[p] for p in group} for group in groups]
+    logits = run_variants(widen(params), config, ids, variants, position)
+    return logits[0], effects(logits[0], logits[1:], target, [list(g) for g in groups])
+
+
+def top_tokens(logits: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """(id, chance) of the k likeliest next tokens."""
+    p = np.exp(ops.log_softmax(np.asarray(logits, np.float64)))
+    order = np.argsort(-p, kind="stable")[:k]
+    return [(int(i), float(p[i])) for i in order]

@@ -1,0 +1,115 @@
+"""Input attribution: how much each input token matters to one score, from the backward pass.
+
+The score is f = logit[target] (- logit[vs]) at one position, seen as a function of the token
+embeddings x = W_E[ids] [T, d], with the position embeddings held as they are (they are not
+the input a person chose). With g = df/dx:
+
+- grad: g_t . x_t / |x_t| (signed: does moving along the token's own direction raise f?)
+  and |g_t|;
+- grad-x-input: g_t . x_t, the first-order share of x_t;
+- integrated gradients: (x_t - b_t) . mean_k g(b + a_k (x - b)), a_k = (k + 1/2) / N (the
+  midpoint rule), b the baseline (zeros, or another text's token embeddings); the scores add
+  up to f(x) - f(b) as N grows, and the gap is reported;
+- attention-x-grad: for each head, sum over queries of A[q, k] * df/dA[q, k], per key token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import Config
+from ..hooks import Chain, Record, Replace
+from ..model import backward, forward
+from .variants import cut_head
+
+STEP_TOKENS = 2048  # integrated gradients: tokens per batched pass
+
+METHODS = ("grad", "grad-x-input", "integrated-gradients", "attention-x-grad")
+
+
+def gradients(params, config: Config, ids: Sequence[int], position: int, target: int,
+              vs: int | None, token_embeddings: np.ndarray | None = None):
+    """f and df/d values at the given token embeddings ([T, d] or a batch [N, T, d]; default
+    the text's own). Returns (f, value gradients by path, recorded values).
+
+    The head is cut to the rows of target and vs (f reads nothing else), and the token
+    embeddings enter through a hook, so the passes never touch the 4,096-row table.
+    """
+    x = params["wte.weight"][np.asarray(ids)] if token_embeddings is None else token_embeddings
+    rows = [target] + ([vs] if vs is not None else [])
+    head = cut_head(params, rows)
+    rec = Record()
+    zeros = np.zeros(x.shape[:-1], dtype=np.int64)
+    logits = forward(head, config, zeros,
+                     hooks=Chain(Replace({"token_embeddings": lambda _: x}), rec))  # [.., T, R]
+    sign = np.array([1.0, -1.0][: len(rows)], dtype=logits.dtype)
+    dlogits = np.zeros_like(logits)
+    dlogits[..., position, :] = sign
+    _, grads = backward(head, config, rec.values, dlogits, wrt_values=True)
+    f = np.asarray(logits[..., position, :], np.float64) @ sign.astype(np.float64)
+    return f, grads, rec.values
+
+
+@dataclass
+class Attribution:
+    method: str
+    scores: np.ndarray  # [T], or [n_layer, n_head, T] for attention-x-grad
+    f: float  # the score at the input
+    grad_norm: np.ndarray | None = None  # [T], for grad
+    f_baseline: float | None = None  # integrated gradients
+    steps: int | None = None
+
+    @property
+    def gap(self) -> float | None:
+        """sum(scores) - (f(input) - f(baseline)): how far IG is from complete."""
+        if self.f_baseline is None:
+            return None
+        return float(self.scores.sum() - (self.f - self.f_baseline))
+
+
+def grad(params, config, ids, position, target, vs=None) -> Attribution:
+    f, g, values = gradients(params, config, ids, position, target, vs)
+    x = values["token_embeddings"].astype(np.float64)
+    gx = g["token_embeddings"].astype(np.float64)
+    norm_x = np.linalg.norm(x, axis=-1)
+    signed = (gx * x).sum(-1) / np.where(norm_x > 0, norm_x, 1.0)
+    return Attribution("grad", signed, float(f), grad_norm=np.linalg.norm(gx, axis=-1))
+
+
+def grad_x_input(params, config, ids, position, target, vs=None) -> Attribution:
+    f, g, values = gradients(params, config, ids, position, target, vs)
+    x = values["token_embeddings"].astype(np.float64)
+    return Attribution("grad-x-input", (g["token_embeddings"] * x).sum(-1), float(f))
+
+
+def integrated_gradients(params, config, ids, position, target, vs=None, *, steps: int = 64,
+                         baseline: np.ndarray | None = None) -> Attribution:
+    """IG on the token embeddings along the straight line from `baseline` (default zeros)."""
+    x = params["wte.weight"][np.asarray(ids)]  # [T, d]
+    b = np.zeros_like(x) if baseline is None else np.asarray(baseline, x.dtype)
+    alphas = (np.arange(steps) + 0.5) / steps
+    total = np.zeros(x.shape, np.float64)
+    per_batch = max(1, STEP_TOKENS // len(ids))  # the recorded values of a batch stay small
+    for start in range(0, steps, per_batch):
+        a = alphas[start : start + per_batch, None, None].astype(x.dtype)
+        path = b + a * (x - b)  # [n, T, d]
+        _, g, _ = gradients(params, config, ids, position, target, vs, token_embeddings=path)
+        total += g["token_embeddings"].astype(np.float64).sum(axis=0)
+    mean_grad = total / steps  # [T, d]
+    scores = ((x - b).astype(np.float64) * mean_grad).sum(-1)
+    ends = np.stack([x, b])
+    f_x, f_b = gradients(params, config, ids, position, target, vs, token_embeddings=ends)[0]
+    return Attribution("integrated-gradients", scores, float(f_x), f_baseline=float(f_b),
+                       steps=steps)
+
+
+def attention_x_grad(params, config, ids, position, target, vs=None) -> Attribution:
+    """[n_layer, n_head, T]: A * dA summed over the queries, for each key token."""
+    f, g, values = gradients(params, config, ids, position, target, vs)
+    scores = np.stack([(values[f"layers.{i}.weights"].astype(np.float64)
+                        * g[f"layers.{i}.weights"]).sum(axis=-2)
+                       for i in range(config.n_layer)])
+    return Attribution("attention-x-grad", scores, float(f))

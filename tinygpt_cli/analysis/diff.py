@@ -1,0 +1,86 @@
+"""Where two runs part: two texts through one model, or one text through two models.
+
+Two texts: at each stage of the residual stream (the embeddings, then after each block) and
+each position both texts have (aligned from the start), the cosine similarity of the two
+vectors and their relative distance ||a - b|| / ||a||.
+
+Two models on one text, as `llama-perplexity --kl-divergence` reports: per position the KL
+divergence KL(P_a || P_b) of the next-token distributions (a is the base), whether the top
+tokens agree, and the change p_b - p_a in the probability of the token that actually comes
+next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import ops
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity.  [..., d], [..., d] -> [...]"""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    na, nb = np.linalg.norm(a, axis=-1), np.linalg.norm(b, axis=-1)
+    return (a * b).sum(axis=-1) / np.maximum(na * nb, 1e-30)
+
+
+def relative_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """||a - b|| / ||a||, row-wise.  [..., d] -> [...]"""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.linalg.norm(a - b, axis=-1) / np.maximum(np.linalg.norm(a, axis=-1), 1e-30)
+
+
+def stream_diff(stages_a: list[np.ndarray], stages_b: list[np.ndarray]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(cosine, relative distance), each [stages, T] over the positions both runs have."""
+    t = min(stages_a[0].shape[0], stages_b[0].shape[0])
+    a = np.stack([s[:t] for s in stages_a])
+    b = np.stack([s[:t] for s in stages_b])
+    return cosine(a, b), relative_distance(a, b)
+
+
+@dataclass
+class ModelDiff:
+    kl: np.ndarray  # [T] KL(P_a || P_b) at each position, nats
+    top_a: np.ndarray  # [T] top-1 id under a
+    top_b: np.ndarray
+    p_next_a: np.ndarray  # [T-1] probability of ids[t+1] at position t, under a
+    p_next_b: np.ndarray
+
+    @property
+    def same_top(self) -> np.ndarray:
+        return self.top_a == self.top_b
+
+    @property
+    def delta_p(self) -> np.ndarray:
+        return self.p_next_b - self.p_next_a
+
+    def summary(self) -> dict:
+        dp = self.delta_p
+        return {
+            "mean_kl": float(self.kl.mean()),
+            "median_kl": float(np.median(self.kl)),
+            "max_kl": float(self.kl.max()),
+            "same_top": float(self.same_top.mean()),
+            "mean_delta_p": float(dp.mean()) if dp.size else None,
+            "rms_delta_p": float(np.sqrt((dp * dp).mean())) if dp.size else None,
+        }
+
+
+def kl_divergence(logits_a: np.ndarray, logits_b: np.ndarray) -> np.ndarray:
+    """KL(softmax(a) || softmax(b)) per row, in nats.  [T, V], [T, V] -> [T]"""
+    la = ops.log_softmax(np.asarray(logits_a, np.float64))
+    lb = ops.log_softmax(np.asarray(logits_b, np.float64))
+    return np.maximum((np.exp(la) * (la - lb)).sum(axis=-1), 0.0)
+
+
+def model_diff(logits_a: np.ndarray, logits_b: np.ndarray, ids) -> ModelDiff:
+    ids = np.asarray(ids)
+    pa = ops.softmax(np.asarray(logits_a, np.float64))
+    pb = ops.softmax(np.asarray(logits_b, np.float64))
+    nxt = ids[1:]
+    t = np.arange(len(nxt))
+    return ModelDiff(kl_divergence(logits_a, logits_b), pa.argmax(-1), pb.argmax(-1),
+                     pa[t, nxt], pb[t, nxt])

@@ -1,0 +1,126 @@
+"""Direct logit attribution: how much each part of the final residual stream adds to one logit.
+
+The stream at the end is a plain sum,
+
+    h = W_E[t] + W_P[p] + sum_L ( sum_h z_h W_O[h] + b_O[L] ) + sum_L ( mlp_post W_2 + b_2[L] )
+
+and the logit of token y is ((h - mean h) / s * g + b) . W_E[y], with s the final norm's std
+*from the real forward pass*. Centring is linear, so with s held at its real value every part
+contributes (part - mean part) / s . (g * W_E[y]), and the final norm's bias adds b . W_E[y]:
+the rows add up to the logit exactly. With --vs the direction is W_E[y] - W_E[vs] and the
+rows add up to the logit difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import Config
+from ..trace import Trace
+
+BIAS_ROW = "ln_final.bias"
+
+
+def head_label(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def residual_parts(trace: Trace, params: dict[str, np.ndarray], config: Config,
+                   position: int) -> tuple[list[str], np.ndarray]:
+    """The parts whose sum is the final resid_post at `position`: (labels, [P, d]), float64.
+
+    token embedding, position embedding, then per block: each head's z_h W_O[h] (its own
+    d_k rows of c_proj), the attention bias b_O, the MLP output (mlp_post W_2 + b_2).
+    """
+    dk = config.d_k
+    labels = ["token_embedding", "position_embedding"]
+    parts = [trace.get("token_embeddings")[position], trace.get("position_embeddings")[position]]
+    for i in range(config.n_layer):
+        w_o = params[f"h.{i}.attn.c_proj.weight"].astype(np.float64)  # [d, d]
+        z = trace.get(f"layers.{i}.z")[:, position, :].astype(np.float64)  # [H, d_k]
+        for h in range(config.n_head):
+            labels.append(head_label(i, h))
+            parts.append(z[h] @ w_o[h * dk:(h + 1) * dk])
+        labels.append(f"L{i}.attn_bias")
+        parts.append(params[f"h.{i}.attn.c_proj.bias"])
+        labels.append(f"L{i}.mlp")
+        parts.append(trace.get(f"layers.{i}.mlp_out")[position])
+    return labels, np.stack([np.asarray(p, dtype=np.float64) for p in parts])
+
+
+def unembed_direction(params: dict[str, np.ndarray], target: int, vs: int | None) -> np.ndarray:
+    """W_E[target] (- W_E[vs]): the direction whose dot with ln_final.out is the score. [d]"""
+    w = params["wte.weight"].astype(np.float64)
+    return w[target] - (w[vs] if vs is not None else 0.0)
+
+
+def attribute_parts(parts: np.ndarray, scale: float, gain: np.ndarray,
+                    direction: np.ndarray) -> np.ndarray:
+    """Each part centred, divided by the final norm's std, dotted with g * direction.
+    [P, d] -> [P]"""
+    centred = parts - parts.mean(axis=-1, keepdims=True)
+    return centred @ (np.asarray(gain, np.float64) * direction) / float(scale)
+
+
+@dataclass
+class DLA:
+    labels: list[str]  # one per row; the last is the final norm's bias
+    values: np.ndarray  # [P]: each row's share of the score, float64
+    score: float  # the real logit (or logit difference) at the position
+    heads: np.ndarray  # [n_layer, n_head], the head rows as a grid
+    neurons: list[dict]  # with --neurons: the largest single neurons, each {layer, neuron, value}
+
+    @property
+    def total(self) -> float:
+        return float(self.values.sum())
+
+
+def direct_logit_attribution(trace: Trace, params: dict[str, np.ndarray], config: Config,
+                             position: int, target: int, vs: int | None = None,
+                             neurons: int = 0) -> DLA:
+    """Split the score of `target` (minus `vs`) at `position` into the residual stream's parts.
+
+    `neurons` > 0 also splits each MLP row into its neurons mlp_post[n] W_2[n] (plus b_2) and
+    keeps the `neurons` largest by size; the MLP rows stay whole, so the rows still add up.
+    """
+    direction = unembed_direction(params, target, vs)
+    gain = params["ln_f.weight"]
+    scale = float(trace.get("ln_final.std")[position, 0])
+    labels, parts = residual_parts(trace, params, config, position)
+    values = attribute_parts(parts, scale, gain, direction)
+    bias = float(np.asarray(params["ln_f.bias"], np.float64) @ direction)
+    logits = trace.get("logits")[position].astype(np.float64)
+    score = logits[target] - (logits[vs] if vs is not None else 0.0)
+    heads = np.array([[values[labels.index(head_label(i, h))] for h in range(config.n_head)]
+                      for i in range(config.n_layer)])
+    top = neuron_attribution(trace, params, config, position, scale, gain, direction, neurons) \
+        if neurons else []
+    return DLA(labels + [BIAS_ROW], np.append(values, bias), float(score), heads, top)
+
+
+def neuron_values(trace: Trace, params, config: Config, layer: int, position: int,
+                  scale: float, gain: np.ndarray, direction: np.ndarray) -> np.ndarray:
+    """Each neuron's share mlp_post[n] * (W_2[n] centred) / s . (g * direction). [ff]
+
+    Their sum plus the bias b_2's share is the layer's MLP row.
+    """
+    w2 = params[f"h.{layer}.mlp.c_proj.weight"].astype(np.float64)  # [ff, d]
+    post = trace.get(f"layers.{layer}.mlp_post")[position].astype(np.float64)  # [ff]
+    read = attribute_parts(w2, scale, gain, direction)  # [ff]: one unit of each neuron
+    return post * read
+
+
+def neuron_attribution(trace, params, config: Config, position: int, scale: float, gain,
+                       direction, k: int) -> list[dict]:
+    """The k neurons of any block with the largest share by size."""
+    values = np.stack([neuron_values(trace, params, config, i, position, scale, gain, direction)
+                       for i in range(config.n_layer)])  # [n_layer, ff]
+    order = np.argsort(-np.abs(values), axis=None, kind="stable")[:k]
+    rows = []
+    for flat in order:
+        i, n = divmod(int(flat), values.shape[1])
+        rows.append({"layer": i, "neuron": n, "value": float(values[i, n]),
+                     "activation": float(trace.get(f"layers.{i}.mlp_post")[position, n])})
+    return rows

@@ -1,0 +1,169 @@
+"""The model's own history: the snapshots training kept, and the scores followed across them.
+
+A weights folder may hold `history/step-NNNNNN.safetensors` (float16 weights with the step
+and learning rate in their metadata, written by `train --snapshots`). The timeline is those
+snapshots in step order, then the folder's own model.safetensors as the final entry.
+
+The head scores follow TransformerLens' head detector: a pattern P (1 where a head of that
+kind would attend) and score = sum(A * P) / sum(A) over the attention grid A. The induction
+score is the mean attention on the induction stripe of a repeated random token sequence.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import ops
+from ..config import Config
+from ..errors import InputError
+from ..model import forward
+from ..weights import Model, WeightsError, load_params
+
+HISTORY = "history"  # the folder name train.loop writes (train.loop.HISTORY)
+_STEP = re.compile(r"step-(\d+)\.safetensors")
+
+
+@dataclass
+class Snapshot:
+    """One point of the timeline: a snapshot file, or the folder's final weights."""
+
+    label: str  # "step 50", or "final"
+    step: int | None  # None for final weights whose step is not recorded
+    lr: float | None  # the learning rate at that step (None when unknown)
+    path: Path
+    params: dict[str, np.ndarray] | None = None
+
+
+def history_folder(model: Model) -> Path:
+    return model.folder / HISTORY
+
+
+def _metadata(path: Path) -> dict:
+    """The safetensors header's __metadata__, read without loading the tensors."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if n <= 0 or n > 100_000_000:
+            raise WeightsError(f"{path} is not a safetensors file")
+        return json.loads(f.read(n)).get("__metadata__", {}) or {}
+
+
+def find_snapshots(folder: Path) -> list[Snapshot]:
+    """The snapshots in `folder`, in step order; InputError (exit 2) when there are none."""
+    hint = ("train with --snapshots N (tinygpt train ... --snapshots 8) or pass --weights "
+            "a folder whose history/ holds step-NNNNNN.safetensors files")
+    if not folder.is_dir():
+        raise InputError(f"no training history: {folder} does not exist; {hint}")
+    found = []
+    for path in folder.glob("*.safetensors"):
+        meta = _metadata(path)
+        m = _STEP.fullmatch(path.name)
+        step = int(meta["step"]) if "step" in meta else int(m.group(1)) if m else None
+        if step is None:
+            raise WeightsError(f"{path}: no step in its metadata or its name (step-NNNNNN)")
+        lr = float(meta["lr"]) if "lr" in meta else None
+        found.append(Snapshot(f"step {step}", step, lr, path))
+    if not found:
+        raise InputError(f"no training history: {folder} holds no .safetensors files; {hint}")
+    return sorted(found, key=lambda s: s.step)
+
+
+def timeline(model: Model, snapshots: list[Snapshot]) -> list[Snapshot]:
+    """Load every snapshot, then add the final weights; a last snapshot that is the final
+    weights rounded to float16 is replaced by them (the same step, full precision)."""
+    out = [Snapshot(s.label, s.step, s.lr, s.path, load_params(s.path, model.config))
+           for s in snapshots]
+    final = Snapshot("final", None, None, model.weights_file, model.params)
+    if out and all(np.array_equal(out[-1].params[n], a.astype(np.float16).astype(np.float32))
+                   for n, a in model.params.items()):
+        last = out.pop()
+        final = Snapshot(f"step {last.step} (final)", last.step, last.lr, final.path,
+                         model.params)
+    return [*out, final]
+
+
+# ------------------------------------------------------------------ loss and next token
+
+
+def text_loss(logits: np.ndarray, ids: np.ndarray) -> float | None:
+    """Mean cross-entropy (nats per token) of each next token of the text; None for 1 token."""
+    if len(ids) < 2:
+        return None
+    return ops.cross_entropy(logits[:-1], np.asarray(ids[1:]))
+
+
+def next_token(logits: np.ndarray) -> tuple[int, float]:
+    """The likeliest token after the text and its chance."""
+    p = ops.softmax(np.asarray(logits[-1], dtype=np.float64))
+    top = int(np.argmax(p))
+    return top, float(p[top])
+
+
+def summary(value: np.ndarray) -> dict:
+    """norm (Frobenius), mean and std of a value."""
+    a = np.asarray(value, dtype=np.float64)
+    finite = a[np.isfinite(a)]  # masked attention scores are -inf
+    return {"norm": float(np.linalg.norm(finite)), "mean": float(finite.mean()),
+            "std": float(finite.std())}
+
+
+# ------------------------------------------------------------------ head scores
+
+
+def previous_token_pattern(t: int) -> np.ndarray:
+    """P[i, i-1] = 1: the grid a perfect previous-token head would have.  -> [T, T]"""
+    return np.eye(t, k=-1)
+
+
+def detector_score(weights: np.ndarray, pattern: np.ndarray) -> np.ndarray:
+    """sum(A * P) / sum(A) over the last two axes (TransformerLens' head detector, `mul`).
+
+    [..., T, T] -> [...]
+    """
+    return (weights * pattern).sum(axis=(-2, -1)) / weights.sum(axis=(-2, -1))
+
+
+def repeated_random_tokens(config: Config, length: int, batch: int, seed: int = 0) -> np.ndarray:
+    """[BOS, r_1 .. r_n, r_1 .. r_n] for `batch` seeded random sequences.  -> [B, 2n + 1]"""
+    rng = np.random.default_rng(seed)
+    r = rng.integers(0, config.vocab_size, size=(batch, length))
+    bos = np.full((batch, 1), config.bos_token_id)
+    return np.concatenate([bos, r, r], axis=1)
+
+
+def induction_length(config: Config) -> int:
+    """The repeated sequence's length: 50 tokens as TransformerLens' examples, or what fits."""
+    return min(50, (config.n_positions - 1) // 2)
+
+
+def induction_stripe(weights: np.ndarray, length: int) -> np.ndarray:
+    """Attention from each token of the second copy to the token after its first occurrence.
+
+    With BOS at 0, r_j sits at j and at n + j; an induction head at n + j attends to j + 1:
+    the diagonal offset by n - 1 (TransformerLens: pattern.diagonal(-seq_len + 1)), taken on
+    the second copy's rows only.  [..., 2n+1, 2n+1] -> [..., n]
+    """
+    rows = np.arange(length + 1, 2 * length + 1)
+    return weights[..., rows, rows - length + 1]
+
+
+def head_scores(params, config: Config, ids: np.ndarray, seed: int = 0,
+                batch: int = 4) -> dict[str, np.ndarray]:
+    """previous_token [L, H] on the text, induction [L, H] on repeated random tokens."""
+    from ..hooks import RecordOnly
+
+    names = [f"layers.{i}.weights" for i in range(config.n_layer)]
+    rec = RecordOnly(names)
+    forward(params, config, np.asarray(ids), hooks=rec)
+    prev = np.stack([detector_score(rec.values[n], previous_token_pattern(len(ids)))
+                     for n in names])  # [L, H]
+    n = induction_length(config)
+    rec = RecordOnly(names)
+    forward(params, config, repeated_random_tokens(config, n, batch, seed), hooks=rec)
+    induction = np.stack([induction_stripe(rec.values[name], n).mean(axis=(0, -1))
+                          for name in names])  # [B, H, n] -> [H] per layer -> [L, H]
+    return {"previous_token": prev, "induction": induction}

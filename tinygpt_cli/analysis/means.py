@@ -1,0 +1,81 @@
+"""The mean of each ablatable value over a reference text, for mean ablation.
+
+One vector per component, averaged over every position of every window (position-independent,
+as TransformerLens' mean ablation over a dataset): each head's output [d_k] and each block's
+attn_out and mlp_out [d]. Stored beside the weights as means.safetensors (float32, a few KB)
+with the sha256 of the weights they were computed from, so a retrained model is never
+ablated with another model's means.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..config import Config
+from ..errors import InputError
+from ..files import write_atomically
+from ..hooks import Chain, RecordOnly, StopAfter
+from ..model import forward
+
+FILE = "means.safetensors"
+
+
+def mean_paths(config: Config) -> list[str]:
+    paths = []
+    for i in range(config.n_layer):
+        paths += [f"layers.{i}.heads.{h}.out" for h in range(config.n_head)]
+        paths += [f"layers.{i}.attn_out", f"layers.{i}.mlp_out"]
+    return paths
+
+
+def value_means(params: dict[str, np.ndarray], config: Config, windows: np.ndarray,
+                batch: int = 16) -> dict[str, np.ndarray]:
+    """The mean over windows [N, T] and positions of every path of mean_paths, float64.
+
+    The pass stops after the last block's mlp_out: the head over the vocabulary is not needed.
+    """
+    paths = mean_paths(config)
+    sums = {p: 0.0 for p in paths}
+    count = 0
+    stop = f"layers.{config.n_layer - 1}.mlp_out"
+    for start in range(0, len(windows), batch):
+        ids = windows[start : start + batch]
+        rec = RecordOnly(paths)
+        forward(params, config, ids, hooks=Chain(rec, StopAfter(stop)))
+        for p in paths:
+            v = rec.values[p].astype(np.float64)
+            sums[p] = sums[p] + v.reshape(-1, v.shape[-1]).sum(axis=0)
+        count += ids.shape[0] * ids.shape[1]
+    if count == 0:
+        raise InputError("the reference text has no complete window of tokens to average")
+    return {p: s / count for p, s in sums.items()}
+
+
+def save_means(path: str | Path, means: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+    from safetensors.numpy import save
+
+    tensors = {p: np.ascontiguousarray(v, dtype=np.float32) for p, v in means.items()}
+    write_atomically(Path(path), save(tensors, metadata={k: str(v) for k, v in meta.items()}))
+
+
+def load_means(path: str | Path, config: Config,
+               weights_sha256: str) -> tuple[dict[str, np.ndarray], dict]:
+    """The stored means and their metadata, refused when they belong to other weights."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    hint = "compute them with `tinygpt means --data DIR` or give --data DIR"
+    if not path.is_file():
+        raise InputError(f"no mean statistics at {path}: {hint}")
+    with safe_open(str(path), framework="numpy") as f:
+        meta = dict(f.metadata() or {})
+        means = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no iter
+    if meta.get("weights_sha256") != weights_sha256:
+        raise InputError(f"the mean statistics at {path} were computed for other weights: {hint}")
+    missing = [p for p in mean_paths(config) if p not in means]
+    if missing:
+        raise InputError(f"{path} has no mean for {missing[0]}: {hint}")
+    return means, meta
+

@@ -1,0 +1,167 @@
+"""Activation patching: which values of the clean run carry the answer into the corrupt run?
+
+Two texts of the same token length differ in a detail that changes the prediction. For each
+value (a block's resid_pre, resid_mid, resid_post, attn_out, mlp_out at one position, or a
+head's output at every position) the corrupt run is repeated with that value copied from the
+clean run, and the metric
+
+    (patched - corrupt) / (clean - corrupt),   of the logit difference  logit[target] - logit[vs]
+
+says how much of the gap it restores: 0 nothing, 1 all of it.
+
+Attribution patching approximates every cell at once from one backward pass of the corrupt
+run: d metric / d value . (clean value - corrupt value), divided by the same gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import Config
+from ..errors import InputError
+from ..hooks import Record
+from ..model import backward, forward
+from .variants import Variant, run_variants, set_all, set_row, widen
+
+STREAM = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+
+
+def logit_difference(logits: np.ndarray, target: int, vs: int) -> np.ndarray:
+    """logit[target] - logit[vs] over the last axis ([..., V] -> [...]), float64."""
+    z = np.asarray(logits, np.float64)
+    return z[..., target] - z[..., vs]
+
+
+def check_gap(clean: float, corrupt: float) -> None:
+    if clean == corrupt:
+        raise InputError(
+            f"the clean and corrupt runs give the same logit difference ({clean:.4g}), so "
+            "there is nothing to restore: choose other texts or other --target/--vs tokens")
+
+
+def restored(patched, clean: float, corrupt: float):
+    """(patched - corrupt) / (clean - corrupt)."""
+    return (np.asarray(patched, np.float64) - corrupt) / (clean - corrupt)
+
+
+def record(params, config: Config, ids) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    rec = Record()
+    logits = forward(params, config, np.asarray(ids), hooks=rec)
+    return logits, rec.values
+
+
+@dataclass
+class Patching:
+    """Fractions restored: stream[kind] is [n_layer, T]; heads is [n_layer, n_head]."""
+
+    stream: dict[str, np.ndarray]
+    heads: np.ndarray
+    clean: float  # the clean run's logit difference
+    corrupt: float
+    position: int
+
+
+def patch_variants(clean: dict[str, np.ndarray], config: Config, position: int
+                   ) -> tuple[list[Variant], list[tuple[str, int, int]]]:
+    """One variant per (kind, layer, position <= scored position), then one per head.
+
+    Positions after the scored one cannot change it (causal attention), so they are skipped;
+    so is resid_post of every block but the last, which is the next block's resid_pre.
+    """
+    variants, keys = [], []
+    for kind in STREAM:
+        for i in range(config.n_layer):
+            if kind == "resid_post" and i < config.n_layer - 1:
+                continue
+            path = f"layers.{i}.{kind}"
+            for t in range(position + 1):
+                variants.append({path: set_row(t, clean[path][t])})
+                keys.append((kind, i, t))
+    for i in range(config.n_layer):
+        for h in range(config.n_head):
+            path = f"layers.{i}.heads.{h}.out"
+            variants.append({path: set_all(clean[path][: position + 1])})
+            keys.append(("heads", i, h))
+    return variants, keys
+
+
+def patch_count(config: Config, position: int) -> int:
+    """How many patched runs activation_patching makes (for a progress bar)."""
+    return (4 * config.n_layer + 1) * (position + 1) + config.n_layer * config.n_head
+
+
+def activation_patching(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
+                        position: int = -1, advance=None) -> Patching:
+    """Every patch of patch_variants, run as one float64 batch on the corrupt text."""
+    t = len(corrupt_ids)
+    position = position % t
+    params = widen(params)
+    clean_logits, clean = record(params, config, clean_ids)
+    corrupt_logits, corrupt = record(params, config, corrupt_ids)
+    c = float(logit_difference(clean_logits[position], target, vs))
+    r = float(logit_difference(corrupt_logits[position], target, vs))
+    check_gap(c, r)
+    variants, keys = patch_variants(clean, config, position)
+    # the metric reads two rows of the head: cut it to them (column 0 target, 1 vs)
+    streams = [corrupt[f"layers.{i}.resid_pre"] for i in range(config.n_layer)]
+    streams.append(corrupt[f"layers.{config.n_layer - 1}.resid_post"])
+    patched = run_variants(params, config, corrupt_ids, variants, position, rows=[target, vs],
+                           streams=streams, advance=advance)
+    result = _grids(keys, restored(logit_difference(patched, 0, 1), c, r), config, t, c, r,
+                    position)
+    for i in range(config.n_layer - 1):
+        result.stream["resid_post"][i] = result.stream["resid_pre"][i + 1]
+    return result
+
+
+def _grids(keys, scores, config: Config, t: int, clean: float, corrupt: float,
+           position: int) -> Patching:
+    stream = {kind: np.zeros((config.n_layer, t)) for kind in STREAM}
+    heads = np.zeros((config.n_layer, config.n_head))
+    for (kind, i, j), s in zip(keys, scores, strict=True):
+        (heads if kind == "heads" else stream[kind])[i, j] = s
+    return Patching(stream, heads, clean, corrupt, position)
+
+
+def attribution_patching(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
+                         position: int = -1) -> Patching:
+    """The first-order estimate of every cell of activation_patching, from one backward pass.
+
+    Cells after the scored position are 0, as in activation patching: the gradient there is 0.
+    """
+    t = len(corrupt_ids)
+    position = position % t
+    params = widen(params)
+    clean_logits, clean = record(params, config, clean_ids)
+    corrupt_logits, corrupt = record(params, config, corrupt_ids)
+    c = float(logit_difference(clean_logits[position], target, vs))
+    r = float(logit_difference(corrupt_logits[position], target, vs))
+    check_gap(c, r)
+    dlogits = np.zeros_like(corrupt_logits)
+    dlogits[position, target] += 1.0
+    dlogits[position, vs] -= 1.0
+    _, grads = backward(params, config, corrupt, dlogits, wrt_values=True)
+
+    def estimate(path: str) -> np.ndarray:
+        diff = clean[path].astype(np.float64) - corrupt[path]
+        return (grads[path].astype(np.float64) * diff).sum(axis=-1)  # [T]
+
+    gap = c - r
+    stream = {kind: np.stack([estimate(f"layers.{i}.{kind}") for i in range(config.n_layer)])
+              / gap for kind in STREAM}
+    heads = np.array([[estimate(f"layers.{i}.heads.{h}.out").sum() for h in range(config.n_head)]
+                      for i in range(config.n_layer)]) / gap
+    return Patching(stream, heads, c, r, position)
+
+
+def correlation(a: Patching, b: Patching) -> float:
+    """Pearson correlation of two patchings over every cell up to the scored position."""
+    x = np.concatenate([a.stream[k][:, : a.position + 1].ravel() for k in STREAM]
+                       + [a.heads.ravel()])
+    y = np.concatenate([b.stream[k][:, : b.position + 1].ravel() for k in STREAM]
+                       + [b.heads.ravel()])
+    if x.std() == 0 or y.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])

@@ -1,0 +1,204 @@
+"""How surprised the model is by each token of a text: surprisal, rank, chance, entropy.
+
+A sequence of ids is read in windows of at most the context length; window k starts at
+k * stride and scores only the targets the window before it did not (as the sliding-window
+perplexity recipe of Hugging Face does), so every target is scored once, with at least
+context - stride tokens before it once the first window is full. Target t (t >= 1) is
+predicted by the input at position t - 1.
+
+Everything here is a pure function of arrays; `progress` is an optional callback.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import ops
+from ..config import Config
+from ..hooks import Chain, RecordOnly, StopAfter
+from ..model import forward
+
+LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Inputs ids[start:end] (at most the context length); scores targets first..end."""
+
+    start: int
+    end: int
+    first: int
+
+
+def windows(n: int, context: int, stride: int, *, full_only: bool = False) -> list[Window]:
+    """The windows that score targets 1 .. n-1 of a sequence of n ids, each exactly once.
+
+    `full_only` keeps only windows of `context` inputs (the model card's non-overlapping count,
+    train.data.eval_windows, drops the tail that does not fill one).
+    """
+    if not 1 <= stride <= context:
+        raise ValueError(f"stride must be in 1..{context}, not {stride}")
+    out: list[Window] = []
+    done = 0  # the last target scored so far
+    start = 0
+    while done < n - 1:
+        end = min(start + context, n - 1)
+        if full_only and end - start < context:
+            break
+        out.append(Window(start, end, max(done + 1, start + 1)))
+        done = end
+        start += stride
+    return out
+
+
+@dataclass
+class TokenScores:
+    """Per scored target: -log p (nats), p, rank among the vocabulary (1 = the top guess),
+    entropy of the whole next-token distribution (nats)."""
+
+    targets: np.ndarray  # int64 [N]
+    nats: np.ndarray  # float64 [N]
+    prob: np.ndarray
+    rank: np.ndarray  # int64
+    entropy: np.ndarray
+
+    @property
+    def bits(self) -> np.ndarray:
+        return self.nats / LN2
+
+
+def token_scores(logits: np.ndarray, targets: np.ndarray) -> TokenScores:
+    """Scores of each row's target under softmax(logits).  [N, V], [N] -> N of each.
+
+    One pass of exp over the [N, V] block does for the log-sum-exp, the entropy and the rank.
+    """
+    picked_raw = np.take_along_axis(logits, targets[:, None], axis=-1)  # [N, 1]
+    rank = 1 + np.count_nonzero(logits > picked_raw, axis=-1)
+    z = np.array(logits, copy=True)  # the caller's logits stay as they were
+    z -= z.max(axis=-1, keepdims=True)  # [N, V], <= 0; in place: these blocks are large
+    e = np.exp(z)
+    total = e.sum(axis=-1, dtype=np.float64)  # [N]
+    log_total = np.log(total)
+    picked = np.take_along_axis(z, targets[:, None], axis=-1)[:, 0].astype(np.float64)
+    nats = log_total - picked
+    # H = -sum p log p = log Z - sum(e z) / Z
+    entropy = log_total - np.einsum("ij,ij->i", e, z, dtype=np.float64) / total
+    return TokenScores(targets.astype(np.int64), nats, np.exp(-nats), rank.astype(np.int64),
+                       np.maximum(entropy, 0.0))
+
+
+def concat(scores: list[TokenScores]) -> TokenScores:
+    if not scores:
+        empty = np.zeros(0)
+        return TokenScores(empty.astype(np.int64), empty, empty, empty.astype(np.int64), empty)
+    return TokenScores(*(np.concatenate([getattr(s, f) for s in scores])
+                         for f in ("targets", "nats", "prob", "rank", "entropy")))
+
+
+def final_hidden(params, config: Config, ids: np.ndarray) -> np.ndarray:
+    """ln_final.out for a batch [B, T] -> [B, T, d], without the unembedding (the caller
+    unembeds only the positions it scores)."""
+    rec = RecordOnly({"ln_final.out"})
+    forward(params, config, ids, hooks=Chain(rec, StopAfter("ln_final.out")))
+    return rec.values["ln_final.out"]
+
+
+def score_sequences(
+    params, config: Config, sequences: list[np.ndarray], *, stride: int | None = None,
+    batch_size: int = 32, full_only: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> Iterator[tuple[int, TokenScores]]:
+    """(index, scores of targets 1..n-1) for each sequence, in order.
+
+    Windows of every sequence are batched together, longest first (right-padded: a causal
+    model's earlier positions never see the padding). `progress(k)` is called with the windows done.
+    """
+    context = config.n_positions
+    stride = context if stride is None else stride
+    jobs = [(i, w) for i, seq in enumerate(sequences)
+            for w in windows(len(seq), context, stride, full_only=full_only)]
+    # full windows first, then the shorter ends of texts by length, so a batch pads little
+    jobs.sort(key=lambda job: -(job[1].end - job[1].start))
+    per_seq: dict[int, list[tuple[int, TokenScores]]] = {}
+    remaining = {i: 0 for i in range(len(sequences))}
+    for i, _ in jobs:
+        remaining[i] += 1
+    next_out = 0
+    for b in range(0, len(jobs), batch_size):
+        chunk = jobs[b : b + batch_size]
+        width = max(w.end - w.start for _, w in chunk)
+        x = np.zeros((len(chunk), width), dtype=np.int64)
+        for r, (i, w) in enumerate(chunk):
+            x[r, : w.end - w.start] = sequences[i][w.start : w.end]
+        u = final_hidden(params, config, x)  # [B, width, d]
+        rows, cols, tgt = [], [], []
+        for r, (i, w) in enumerate(chunk):
+            # target t is predicted at window position t - 1 - start
+            t = np.arange(w.first, w.end + 1)
+            rows.append(np.full(len(t), r))
+            cols.append(t - 1 - w.start)
+            tgt.append(np.asarray(sequences[i])[t])
+        rows_a, cols_a = np.concatenate(rows), np.concatenate(cols)
+        logits = ops.unembed(u[rows_a, cols_a], params["wte.weight"])  # [N, V]
+        s = token_scores(logits, np.concatenate(tgt).astype(np.int64))
+        offset = 0
+        for (i, w), t in zip(chunk, tgt, strict=True):
+            n = len(t)
+            per_seq.setdefault(i, []).append((w.start, TokenScores(
+                s.targets[offset : offset + n], s.nats[offset : offset + n],
+                s.prob[offset : offset + n], s.rank[offset : offset + n],
+                s.entropy[offset : offset + n])))
+            offset += n
+            remaining[i] -= 1
+        if progress:
+            progress(len(chunk))
+        while next_out < len(sequences) and remaining[next_out] == 0:
+            yield next_out, _in_order(per_seq.pop(next_out, []))
+            next_out += 1
+    while next_out < len(sequences):
+        yield next_out, _in_order(per_seq.pop(next_out, []))
+        next_out += 1
+
+
+def _in_order(parts: list[tuple[int, TokenScores]]) -> TokenScores:
+    return concat([s for _, s in sorted(parts, key=lambda p: p[0])])
+
+
+def count_windows(lengths: Iterable[int], context: int, stride: int, full_only=False) -> int:
+    return sum(len(windows(n, context, stride, full_only=full_only)) for n in lengths)
+
+
+@dataclass
+class Totals:
+    tokens: int
+    bytes: int
+    nats: float  # sum of surprisals
+
+    @property
+    def mean_nats(self) -> float:
+        return self.nats / self.tokens if self.tokens else float("nan")
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.mean_nats) if self.tokens else float("nan")
+
+    @property
+    def bits_per_token(self) -> float:
+        return self.mean_nats / LN2
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.nats / LN2 / self.bytes if self.bytes else float("nan")
+
+
+def byte_lengths(tokenizer) -> np.ndarray:
+    """The UTF-8 bytes each vocabulary token stands for, [V]; the separator counts as one
+    byte (the newline it stands for in the data files), as the model card counts."""
+    out = np.asarray([len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)],
+                     dtype=np.int64)
+    out[tokenizer.eot_id] = 1
+    return out

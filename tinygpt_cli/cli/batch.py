@@ -1,0 +1,111 @@
+"""--each-line FILE: run a command once per non-empty line of FILE ('-': stdin), in one process.
+
+Any command that reads a text takes it: the line is given as the command's (last) text
+argument, after `--` so a line starting with '-' stays text. A person gets each result under
+a `line N:` heading; with --json every line's result is one JSON object on one line,
+{"line": N, "text": ..., "result": document (or the list of documents a streaming command
+printed)}, so the output is NDJSON with one record per input line. The first line that fails
+ends the run with that line's error, prefixed by its line number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+
+from ..errors import InputError
+
+OPTION = "--each-line"
+TEXT_PARAMS = ("text", "text_a")
+
+
+def main(command, args: list[str]):
+    """command.main(args), or once per line when args hold --each-line FILE."""
+    options = args[: args.index("--")] if "--" in args else args  # after '--' all is text
+    if not any(a == OPTION or a.startswith(OPTION + "=") for a in options):
+        return command.main(args=args, prog_name="tinygpt", standalone_mode=False)
+    from rich.text import Text  # only now: a plain command line never pays for them
+
+    from ..render import jsonout
+    from ..render.text import show_text
+
+    source, rest = take_option(args)
+    name = next((a for a in rest if not a.startswith("-")), None)
+    sub = getattr(command, "commands", {}).get(name) if name else None
+    if sub is None or not any(p.name in TEXT_PARAMS for p in sub.params):
+        readers = sorted(n for n, c in getattr(command, "commands", {}).items()
+                         if any(p.name in TEXT_PARAMS for p in c.params))
+        raise InputError(f"{OPTION} runs a command that reads a text once per line; "
+                         f"{name or 'no command'} does not read one. Commands that do: "
+                         + ", ".join(readers))
+    as_json = "--json" in rest
+    code = 0
+    for number, line in lines_of(source):
+        argv = [*rest, "--", line]
+        try:
+            if as_json:
+                buf = io.StringIO()
+                with contextlib.redirect_stdout(buf):
+                    code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False)
+                docs = [json.loads(x) for x in buf.getvalue().splitlines() if x.strip()]
+                jsonout.emit({"line": number, "text": line,
+                              "result": docs[0] if len(docs) == 1 else docs})
+            else:
+                from .common import stdout
+
+                stdout().print(Text(f"line {number}: ", style="bold magenta")
+                               + Text(show_text(line)[:80]))
+                code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False)
+                stdout().print()
+        except InputError as e:
+            raise InputError(f"line {number}: {e}") from None
+        if code:
+            return code
+    return code
+
+
+def take_option(args: list[str]) -> tuple[str, list[str]]:
+    """(FILE, the other arguments) from `--each-line FILE` or `--each-line=FILE`."""
+    rest, source = [], None
+    it = iter(range(len(args)))
+    for i in it:
+        a = args[i]
+        if a == "--":  # the rest is text, given as is
+            rest += args[i:]
+            break
+        if a == OPTION:
+            if i + 1 >= len(args):
+                raise InputError(f"{OPTION} needs a file of texts, one per line ('-': stdin)")
+            source = args[i + 1]
+            next(it, None)
+        elif a.startswith(OPTION + "="):
+            source = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+    if not source:
+        raise InputError(f"{OPTION} needs a file of texts, one per line ('-': stdin)")
+    return source, rest
+
+
+def lines_of(source: str) -> list[tuple[int, str]]:
+    """(line number from 1, line) for each line with something besides whitespace."""
+    if source == "-":
+        if sys.stdin is None or sys.stdin.isatty():
+            raise InputError(f"{OPTION} -: pipe the texts on stdin, one per line")
+        text = sys.stdin.read()
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise InputError(f"{OPTION} {source}: no such file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{OPTION} {source} is not UTF-8 text ({e.reason} at byte "
+                             f"{e.start})") from None
+    found = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not found:
+        raise InputError(f"{OPTION} {source} has no lines with text")
+    return found

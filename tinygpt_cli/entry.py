@@ -1,0 +1,44 @@
+"""The console script's first code: Ctrl-C is caught from here on, before the slow imports.
+
+Python turns Ctrl-C into a KeyboardInterrupt wherever it lands; during the imports of numpy,
+rich and typer that would print a traceback. Until `app.main` takes over (and turns the
+interrupt into exit 130 itself, so that `finally` blocks still run), a Ctrl-C ends the process
+at once with exit 130 on a fresh line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
+
+
+def fresh_line() -> None:
+    """End the terminal's `^C` echo with a newline, so the prompt starts on its own line."""
+    try:
+        if os.isatty(2):
+            os.write(2, b"\n")
+    except OSError:
+        pass
+
+
+def _interrupted_at_start(signum, frame) -> None:  # noqa: ARG001 - the signal handler's signature
+    fresh_line()
+    os._exit(INTERRUPTED)
+
+
+def main(argv: list[str] | None = None) -> None:
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted_at_start)
+    try:
+        from .cli.app import main as run  # the slow imports
+
+        run(argv)
+    except KeyboardInterrupt:  # in the instant between two handlers
+        fresh_line()
+        sys.exit(INTERRUPTED)
+    finally:
+        # Shutting down: a second Ctrl-C now must not print a traceback either.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

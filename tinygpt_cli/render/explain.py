@@ -1,0 +1,289 @@
+"""Views of the "why this token" analyses: labelled heatmaps, ranked lists, short summaries.
+
+Renderers take plain numbers and strings (token strings already looked up) and know nothing
+of how they were computed. Every token string passes through show_token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from .tables import colour, fmt, header, token_rows
+from .text import show_token
+
+# ------------------------------------------------------------------ a general labelled heatmap
+
+
+def diverging(x: float) -> str:
+    """Blue for negative, red for positive, white at 0; x in [-1, 1]."""
+    x = min(max(x, -1.0), 1.0)
+    if x >= 0:
+        c = round(255 * (1 - x))
+        return f"rgb(255,{c},{c})" if x > 0 else "rgb(255,255,255)"
+    c = round(255 * (1 + x))
+    return f"rgb({c},{c},255)"
+
+
+def cell_text(x: float, percent: bool) -> str:
+    if percent:
+        if abs(x) >= 99.995:
+            return f"{x:.0e}"
+        return f"{x:.0%}" if abs(x) >= 0.005 else "0%"
+    if abs(x) >= 1000:
+        return f"{x:.0e}"
+    digits = 0 if abs(x) >= 100 else (1 if abs(x) >= 10 else 2)
+    s = f"{x:.{digits}f}"
+    return s.lstrip("-") if float(s) == 0 else s
+
+
+def grid(values: np.ndarray, row_labels: list[str], col_labels: list[str], *,
+         title: str = "", signed: bool = True, percent: bool = False,
+         text: list[list[str]] | None = None, width: int = 6,
+         lo: float | None = None, hi: float | None = None) -> Table | Group:
+    """A heatmap of any [R, C] grid with labelled rows and columns.
+
+    signed: colours diverge around 0 (scaled by the largest size); else viridis from lo to hi.
+    text: strings to show in the cells instead of the numbers (the numbers still colour them).
+    NaN cells (nothing to show) are a dim dot.
+    """
+    values = np.asarray(values, np.float64)
+    finite = values[np.isfinite(values)]
+    big = float(np.abs(finite).max()) if finite.size else 1.0
+    lo = (float(finite.min()) if finite.size else 0.0) if lo is None else lo
+    hi = (float(finite.max()) if finite.size else 1.0) if hi is None else hi
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim",
+                  padding=(0, 1, 0, 0))
+    table.add_column("", no_wrap=True, style="bold")
+    for label in col_labels:
+        table.add_column(label, justify="center", no_wrap=True, min_width=width)
+    for i, row in enumerate(values):
+        cells = [Text(row_labels[i])]
+        for j, x in enumerate(row):
+            if not np.isfinite(x):
+                cells.append(Text("·".center(width), style="dim"))
+                continue
+            s = text[i][j] if text is not None else cell_text(float(x), percent)
+            s = s[:width].center(width)
+            if signed:
+                level = float(x) / big if big > 0 else 0.0
+                style = f"black on {diverging(level)}"
+            else:
+                level = (float(x) - lo) / (hi - lo) if hi > lo else 0.0
+                style = f"{'black' if level > 0.55 else 'white'} on {colour(level)}"
+            cells.append(Text(s, style=style))
+        table.add_row(*cells)
+    return Group(Text(title, style="bold"), table) if title else table
+
+
+def bar(x: float, big: float, n: int = 24) -> Text:
+    """A signed bar: red to the right for positive, blue for negative."""
+    k = round(abs(x) / big * n) if big > 0 else 0
+    return Text("█" * k, style="red" if x > 0 else "blue")
+
+
+def note(s: str) -> Text:
+    return Text(s, style="dim")
+
+
+def token_line(label: str, token_id: int, token: str) -> Text:
+    t = Text(f"{label} ")
+    t.append(show_token(token), style="bold")
+    t.append(f" (id {token_id})", style="dim")
+    return t
+
+
+# ------------------------------------------------------------------ lens
+
+
+def stage_label(name: str) -> str:
+    """embeddings -> emb; layers.2.resid_mid -> 2.mid."""
+    if name == "embeddings":
+        return "emb"
+    _, i, kind = name.split(".")
+    return f"{i}.{kind.removeprefix('resid_')}"
+
+
+def lens_view(stages: list[str], tokens: list[str], top_tokens: list[list[str]],
+              top_probs: np.ndarray, target: tuple[int, str], position: int,
+              target_probs: np.ndarray, target_ranks: np.ndarray) -> Group:
+    """top_probs [T, S] and top_tokens [T][S]: each position's likeliest next token per stage."""
+    labels = [stage_label(s) for s in stages]
+    shown = [[show_token(t) for t in row] for row in top_tokens]
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
+    table.add_column("stage", no_wrap=True)
+    table.add_column("chance", justify="right", no_wrap=True)
+    table.add_column("rank", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    for name, p, r in zip(stages, target_probs, target_ranks, strict=True):
+        table.add_row(name, f"{p:.2%}", str(int(r)), Text("█" * round(p * 30), style="green"))
+    return Group(
+        header("lens", top_probs, "(top token's chance, position × stage)"),
+        note("each stage through the final norm (its statistics recomputed) and the tied head; "
+             "colour: that token's chance"),
+        grid(top_probs, token_rows(tokens), labels, signed=False, text=shown, width=7,
+             lo=0.0, hi=1.0),
+        Text(""),
+        token_line(f"the target at position {position} ({show_token(tokens[position])}):",
+                   *target),
+        table,
+    )
+
+
+# ------------------------------------------------------------------ direct logit attribution
+
+
+def dla_view(labels: list[str], values: np.ndarray, heads: np.ndarray, score: float,
+             what: str, position: int, token: str, neurons: list[dict],
+             top: int) -> Group:
+    big = float(np.abs(values).max()) if values.size else 1.0
+    order = np.argsort(-np.abs(values), kind="stable")[:top]
+    ranked = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
+    for name, just in (("#", "right"), ("part", "left"), ("share", "right"), ("", "left")):
+        ranked.add_column(name, justify=just, no_wrap=True)
+    for r, k in enumerate(order, 1):
+        ranked.add_row(str(r), labels[k], fmt(float(values[k])), bar(float(values[k]), big))
+    n_layer, n_head = heads.shape
+    parts = [
+        header("dla", values, f"({len(labels)} parts of the stream at position {position} "
+               f"({show_token(token)}))"),
+        note(f"score: {what} = {fmt(score)}; the parts add up to {fmt(float(values.sum()))}"),
+        grid(heads, [f"layer {i}" for i in range(n_layer)], [f"head {h}" for h in range(n_head)],
+             title="heads (z_h W_O[h], through the final norm's real scale)"),
+        Text(""),
+        Text(f"the {len(order)} largest parts of {len(labels)}", style="bold"),
+        ranked,
+    ]
+    if neurons:
+        nt = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
+        for name in ("layer", "neuron", "activation", "share"):
+            nt.add_column(name, justify="right", no_wrap=True)
+        nt.add_column("", no_wrap=True)
+        nbig = max(abs(n["value"]) for n in neurons)
+        for n in neurons:
+            nt.add_row(str(n["layer"]), str(n["neuron"]), fmt(n["activation"]),
+                       fmt(n["value"]), bar(n["value"], nbig))
+        parts += [Text(""), Text(f"the {len(neurons)} largest single neurons "
+                                 "(mlp_post[n] W_2[n]; part of their block's mlp row)",
+                                 style="bold"), nt]
+    return Group(*parts)
+
+
+# ------------------------------------------------------------------ ablation
+
+
+def top_pairs(rows: list[tuple[str, float]]) -> str:
+    return "  ".join(f"{show_token(t)} {p:.1%}" for t, p in rows)
+
+
+def ablate_view(label: str, mode: str, target: tuple[int, str], position: int,
+                logp_before: float, logp_after: float, kl: float,
+                top_before: list[tuple[str, float]], top_after: list[tuple[str, float]]) -> Group:
+    t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim", show_header=False)
+    t.add_column("", style="dim", no_wrap=True)
+    t.add_column("", no_wrap=True)
+    delta = logp_after - logp_before
+    t.add_row("log p(target)", f"{logp_before:.4f} → {logp_after:.4f}  "
+              f"(change {delta:+.4f}; chance {np.exp(logp_before):.2%} → {np.exp(logp_after):.2%})")
+    t.add_row("KL(before ‖ after)", f"{kl:.4f} nats")
+    t.add_row("top before", top_pairs(top_before))
+    t.add_row("top after", top_pairs(top_after))
+    return Group(
+        Text.assemble(("ablate ", "bold cyan"), (label, "bold"), (f"  mode {mode}", "dim"),
+                      (f"  position {position}", "dim")),
+        token_line("target", *target), t)
+
+
+def ablate_all_view(rows: list[dict], mode: str, target: tuple[int, str], position: int,
+                    logp_before: float) -> Group:
+    """rows: {label, delta, kl, top (token string), top_prob}, already ranked."""
+    t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
+    for name, just in (("#", "right"), ("component", "left"), ("Δ log p", "right"),
+                       ("", "left"), ("KL", "right"), ("new top", "left")):
+        t.add_column(name, justify=just, no_wrap=True)
+    big = max((abs(r["delta"]) for r in rows), default=1.0)
+    for k, r in enumerate(rows, 1):
+        t.add_row(str(k), r["label"], f"{r['delta']:+.4f}", bar(r["delta"], big, 16),
+                  f"{r['kl']:.4f}",
+                  Text(f"{show_token(r['top'])} {r['top_prob']:.1%}"))
+    return Group(
+        Text.assemble(("ablate --all", "bold cyan"), (f"  mode {mode}", "dim"),
+                      (f"  {len(rows)} components, ranked by |Δ log p(target)|", "dim")),
+        token_line(f"target at position {position}, log p = {logp_before:.4f}:", *target), t)
+
+
+# ------------------------------------------------------------------ patching
+
+
+def patch_view(stream: dict[str, np.ndarray], heads: np.ndarray, tokens: list[str],
+               position: int, clean: float, corrupt: float, what: str, method: str,
+               corr: float | None) -> Group:
+    """stream[kind]: [n_layer, T] fractions restored; shown as T rows x n_layer columns."""
+    n_layer = heads.shape[0]
+    rows = token_rows(tokens)
+    maps = Table.grid(padding=(0, 3))
+    for _ in stream:
+        maps.add_column(no_wrap=True)
+    cells = []
+    for j, (kind, g) in enumerate(stream.items()):
+        shown = g.T.copy()
+        shown[position + 1:] = np.nan  # later positions cannot change the score
+        cells.append(grid(shown, rows if j == 0 else [""] * len(rows),
+                          [str(i) for i in range(n_layer)], title=kind, percent=True,
+                          width=5))
+    maps.add_row(*cells)
+    parts = [
+        header("patch", np.concatenate([g[:, : position + 1].ravel() for g in stream.values()]
+                                       + [heads.ravel()]),
+               f"({method}: fraction of the logit difference restored)"),
+        note(f"metric: {what}; clean {fmt(clean)}, corrupt {fmt(corrupt)}; "
+             "(patched − corrupt) / (clean − corrupt)"),
+        note(f"rows: positions; columns: layers; scored at position {position}"),
+        maps,
+        Text(""),
+        grid(heads, [f"layer {i}" for i in range(n_layer)],
+             [f"head {h}" for h in range(heads.shape[1])], percent=True,
+             title="each head's output, patched at every position"),
+    ]
+    if corr is not None:
+        parts.append(note(f"correlation with activation patching over every cell: {corr:.3f}"))
+    return Group(*parts)
+
+
+# ------------------------------------------------------------------ input attribution
+
+
+def attribute_view(method: str, scores: np.ndarray, tokens: list[str], what: str, f: float,
+                   position: int, grad_norm: np.ndarray | None = None,
+                   completeness: tuple[float, float, float] | None = None) -> Group:
+    parts = [header(f"attribute.{method}", scores),
+             note(f"the score: {what} = {fmt(f)} at position {position} "
+                  f"({show_token(tokens[position])})")]
+    if scores.ndim == 3:  # attention-x-grad: [n_layer, n_head, T] -> T rows x heads
+        n_layer, n_head, t = scores.shape
+        cols = [f"{i}.{h}" for i in range(n_layer) for h in range(n_head)]
+        parts += [note("sum over queries of A · ∂score/∂A, per key token (columns: layer.head)"),
+                  grid(scores.reshape(-1, t).T, token_rows(tokens), cols)]
+        return Group(*parts)
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
+    table.add_column("", no_wrap=True, style="bold")
+    table.add_column("score", justify="right", no_wrap=True)
+    if grad_norm is not None:
+        table.add_column("‖grad‖", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    big = float(np.abs(scores).max()) if scores.size else 1.0
+    for i, label in enumerate(token_rows(tokens)):
+        row = [label, fmt(float(scores[i]))]
+        if grad_norm is not None:
+            row.append(fmt(float(grad_norm[i])))
+        row.append(bar(float(scores[i]), big))
+        table.add_row(*row)
+    parts.append(table)
+    if completeness is not None:
+        total, diff, gap = completeness
+        rel = abs(gap) / abs(diff) if diff else float("inf")
+        parts.append(note(f"completeness: sum of scores {fmt(total)}; f(input) − f(baseline) "
+                          f"{fmt(diff)}; gap {gap:+.3g} ({rel:.2%})"))
+    return Group(*parts)

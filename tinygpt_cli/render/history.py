@@ -1,0 +1,110 @@
+"""Views of the model's history and of `why`: one row per snapshot, ranked training windows."""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.table import Table
+from rich.text import Text
+
+from .tables import colour, fmt
+from .text import show_token
+
+
+def _table(*columns: tuple[str, str]) -> Table:
+    t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
+    for name, just in columns:
+        t.add_column(name, justify=just, no_wrap=True)
+    return t
+
+
+def _lr(lr: float | None) -> str:
+    return "-" if lr is None else f"{lr:.2e}"
+
+
+def loss_table(rows: list[dict]) -> Table:
+    """snapshot, lr, loss on the text, the likeliest next token and its chance."""
+    t = _table(("snapshot", "left"), ("lr", "right"), ("loss", "right"), ("next token", "left"),
+               ("chance", "right"), ("", "left"))
+    for r in rows:
+        loss = "-" if r["loss"] is None else fmt(r["loss"])
+        t.add_row(r["label"], _lr(r["lr"]), loss, Text(show_token(r["top_token"]), style="bold"),
+                  fmt(r["top_prob"]), Text("█" * round(r["top_prob"] * 30), style="green"))
+    return t
+
+
+def summary_table(rows: list[dict]) -> Table:
+    t = _table(("snapshot", "left"), ("norm", "right"), ("mean", "right"), ("std", "right"))
+    for r in rows:
+        t.add_row(r["label"], fmt(r["norm"]), fmt(r["mean"]), fmt(r["std"]))
+    return t
+
+
+def _shade(x: float, lo: float, hi: float) -> Text:
+    level = (x - lo) / (hi - lo) if hi > lo else 0.0
+    fg = "black" if level > 0.55 else "white"
+    return Text(f"{x:5.2f}", style=f"{fg} on {colour(level)}")
+
+
+def grid_rows(values: np.ndarray, labels: list[str], columns: list[str]) -> Table:
+    """A [S, C] array as coloured cells: one row per snapshot (attention rows, head scores)."""
+    t = _table(("snapshot", "left"), *((c, "center") for c in columns))
+    finite = values[np.isfinite(values)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    for label, row in zip(labels, values, strict=True):
+        t.add_row(label, *(_shade(float(x), lo, hi) if np.isfinite(x) else Text("  ·  ")
+                           for x in row))
+    return t
+
+
+def token_columns(tokens: list[str]) -> list[str]:
+    return [show_token(t)[:6] for t in tokens]
+
+
+# ------------------------------------------------------------------ why
+
+
+def matches_table(rows: list[dict], tokens_of) -> Table:
+    t = _table(("n", "right"), ("context", "left"), ("seen", "right"),
+               ("then target", "right"), ("share", "right"))
+    for r in rows:
+        ctx = Text(show_token("".join(tokens_of(i) for i in r["context"])), style="bold")
+        share = "-" if r["fraction"] is None else f"{r['fraction']:.1%}"
+        t.add_row(str(r["n"]), ctx, f"{r['count']:,}", f"{r['followed_by_target']:,}", share)
+    return t
+
+
+def window_text(tokens: list[str], contributions: np.ndarray, spans: list[dict],
+                width: int = 40, marked: int = 5) -> Text:
+    """The window around the token that mattered most: the `marked` tokens whose prediction
+    contributed most to the score in reverse video, the target where it occurs underlined."""
+    c = np.asarray(contributions, dtype=float)
+    top = [int(j) for j in np.argsort(-c)[:marked] if c[j] > 0]
+    style = {j: "underline" for s in spans for j in range(s["position"] - s["context"],
+                                                           s["position"] + 1)}
+    for j in top:
+        style[j] = "bold reverse"
+    centre = top[0] if top else 0
+    lo = max(0, min(centre - width // 2, len(tokens) - width))
+    hi = min(len(tokens), lo + width)
+    out = Text("…" if lo > 0 else "", style="dim")
+    for j in range(lo, hi):
+        out.append(show_token(tokens[j]), style=style.get(j, ""))
+    if hi < len(tokens):
+        out.append("…", style="dim")
+    return out
+
+
+def windows_table(rows: list[dict]) -> Table:
+    t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
+    t.add_column("#", justify="right", no_wrap=True)
+    t.add_column("window", justify="right", no_wrap=True)
+    t.add_column("score", justify="right", no_wrap=True)
+    t.add_column("exact", justify="right", no_wrap=True)
+    t.add_column("targets", justify="right", no_wrap=True)
+    t.add_column("text (reversed: the tokens whose prediction mattered most; underlined: the "
+                 "target and the text's tail before it)", overflow="fold")
+    for i, r in enumerate(rows, 1):
+        t.add_row(str(i), str(r["window"]), fmt(r["score"]), fmt(r["exact_score"]),
+                  str(len(r["targets"])), window_text(r["tokens"], r["contributions"],
+                                                      r["targets"]))
+    return t
