@@ -28,18 +28,25 @@ from ..session import Session
 from ..train.data import encode_stories, eval_windows, read_stories, split_data
 from .app import app
 from .common import (
+    FORCE,
     JSON,
     LAYER,
+    QUIET,
+    SAVE,
     TEXT,
     WEIGHTS,
     InputError,
     check_index,
+    check_save,
     load,
     progress,
     read_text,
+    save_figure,
     stdout,
     wide,
 )
+
+DRAWN_TOKENS = 2000  # --save draws the first texts' tokens up to this many
 
 BUILT_IN = [  # when no text is given and the project's data folder is not there
     "Lily and Tom went to the park. Lily saw a big red ball. Tom saw the ball too. "
@@ -98,7 +105,7 @@ def score(
     show: bool = typer.Option(None, "--show-text/--no-show-text", help="Print the coloured "
                               "text (default: when it is under 3,000 tokens).",
                               show_default=False),
-    as_json: bool = JSON,
+    as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """How surprised the model is by each token: surprisal, rank, chance, entropy; totals.
 
@@ -109,6 +116,7 @@ def score(
     Example: tinygpt score "Lily wanted to play with her ball." ;
     tinygpt score --file part-005.txt --stream --json | tail -1
     """
+    check_save(save, force)  # --json streams its lines before the picture could be refused
     model = load(weights)
     tok, cfg = model.tokenizer, model.config
     sequences, offset, stream_bpt = _score_inputs(model, text, file, stride, stream, bos)
@@ -122,6 +130,7 @@ def score(
     kept: list[tuple] = []  # (nats, sequence, target position, rank, entropy) of the top
     per_seq: list[sc.TokenScores] = []
     shown = show if show is not None else (sum(lengths) < 3000 and not stream)
+    drawn: list[sc.TokenScores] = []  # --save: the first texts, which the picture shows
     out = sys.stdout
     with progress(n_windows, "scoring", enabled=not as_json) as advance:
         for i, s in sc.score_sequences(model.params, cfg, sequences, stride=stride,
@@ -129,15 +138,18 @@ def score(
             total.tokens += len(s.targets)
             total.nats += float(s.nats.sum())
             total.bytes += int(nbytes[s.targets].sum())
+            if save is not None and sum(len(d.targets) for d in drawn) < DRAWN_TOKENS:
+                drawn.append(s)
             if as_json:
                 _emit_token_records(out, i, s, token_json, stream, offset)
-                continue
+                if save is None:
+                    continue
             if top:
                 worst = np.argsort(-s.nats, kind="stable")[:top]
                 kept += [(float(s.nats[j]), i, 1 + int(j) - offset, int(s.rank[j]),
                           float(s.entropy[j])) for j in worst]
                 kept = sorted(kept, reverse=True)[:top]
-            if shown:
+            if shown and not as_json:
                 per_seq.append(s)
     summary = {"summary": True, "path": "score", "tokens": total.tokens, "bytes": total.bytes,
                "mean_nats": total.mean_nats, "perplexity": total.perplexity,
@@ -148,6 +160,15 @@ def score(
         # the card's count: mean nats / ln 2 / (bytes per token of the whole stream)
         summary["bits_per_byte"] = total.bits_per_token / stream_bpt
         summary["bytes_per_token"] = stream_bpt
+    if save is not None:
+        from ..render.analysis_pictures import score_figure
+
+        pictured, budget = [], DRAWN_TOKENS
+        for d in drawn:  # cut to the budget: one --stream text can be a whole file
+            pictured.append(([token_str[int(x)] for x in d.targets[:budget]], d.bits[:budget]))
+            budget -= len(pictured[-1][1])
+        save_figure(score_figure(summary, pictured, len(sequences) - len(drawn),
+                                 _surprising(kept, sequences, offset, token_str)), save, force)
     if as_json:
         jsonout.emit(jsonout.jsonable(summary))
         return
@@ -218,16 +239,21 @@ def _show_score(summary, sequences, per_seq, kept, token_str, n_windows, offset,
     elif hidden:
         parts.append(Text("(text not shown; --show-text prints it)", style="dim"))
     if kept:
-        rows = []
-        for nats, i, p, rank, entropy in kept:
-            seq = sequences[i][offset:]
-            rows.append({"position": p, "token": token_str[int(seq[p])], "bits": nats / sc.LN2,
-                         "prob": float(np.exp(-nats)), "rank": rank,
-                         "entropy_bits": entropy / sc.LN2,
-                         "context": "".join(token_str[int(x)] for x in seq[max(0, p - 6):p])})
         parts += [Text(""), Text("most surprising tokens", style="bold"),
-                  view.surprising_table(rows)]
+                  view.surprising_table(_surprising(kept, sequences, offset, token_str))]
     stdout().print(Group(*parts))
+
+
+def _surprising(kept, sequences, offset, token_str) -> list[dict]:
+    """The most surprising tokens (kept: (nats, sequence, position, rank, entropy)) as rows."""
+    rows = []
+    for nats, i, p, rank, entropy in kept:
+        seq = sequences[i][offset:]
+        rows.append({"position": p, "token": token_str[int(seq[p])], "bits": nats / sc.LN2,
+                     "prob": float(np.exp(-nats)), "rank": rank,
+                     "entropy_bits": entropy / sc.LN2,
+                     "context": "".join(token_str[int(x)] for x in seq[max(0, p - 6):p])})
+    return rows
 
 
 # ------------------------------------------------------------------ heads
@@ -279,7 +305,7 @@ def heads(
                                        "position 0 (the separator), in numerator and total."),
     exclude_current: bool = typer.Option(False, "--exclude-current", help="Leave out "
                                          "attention of each token to itself."),
-    as_json: bool = JSON,
+    as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Which heads do known jobs: previous-token, duplicate-token and induction scores.
 
@@ -303,13 +329,17 @@ def heads(
                          f"token context after a separator: give 2 to {(cfg.n_positions - 1) // 2}")
     test = detect.induction_test(model.params, cfg, n, batch, seed, model.tokenizer.eot_id)
     table = dict(scores) | {"induction_random": test.score}
+    repeat = {"length": n, "batch": batch, "seed": seed, "loss_first": test.loss_first,
+              "loss_second": test.loss_second, "loss_drop": test.loss_drop}
+    if save is not None:
+        from ..render.analysis_pictures import heads_figure
+
+        save_figure(heads_figure(table, KIND_LABELS, len(ids), source, repeat), save, force)
     if as_json:
         data = np.stack([table[k] for k in table])
         jsonout.emit(jsonout.document(
             "heads", data, kinds=list(table), texts=len(ids), source=source, text_ids=ids,
-            exclude_bos=exclude_first, exclude_current=exclude_current,
-            repeat={"length": n, "batch": batch, "seed": seed, "loss_first": test.loss_first,
-                    "loss_second": test.loss_second, "loss_drop": test.loss_drop}))
+            exclude_bos=exclude_first, exclude_current=exclude_current, repeat=repeat))
         return
     best = {k: np.unravel_index(np.argmax(v), v.shape) for k, v in table.items()}
     notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} {b[0]}.{b[1]} ({table[k][b]:.2f})"
