@@ -46,8 +46,6 @@ from .common import (
     wide,
 )
 
-DRAWN_TOKENS = 2000  # --save draws the first texts' tokens up to this many
-
 BUILT_IN = [  # when no text is given and the project's data folder is not there
     "Lily and Tom went to the park. Lily saw a big red ball. Tom saw the ball too. "
     "Lily gave the ball to Tom, and Tom gave the ball to Lily.",
@@ -86,6 +84,8 @@ def _stories_of(path: Path) -> list[str]:
 
 # ------------------------------------------------------------------ score
 
+DRAWN_TOKENS = 2000  # --save draws the first texts' tokens up to this many
+
 
 @app.command()
 def score(
@@ -116,10 +116,10 @@ def score(
     Example: tinygpt score "Lily wanted to play with her ball." ;
     tinygpt score --file part-005.txt --stream --json | tail -1
     """
-    check_save(save, force)  # --json streams its lines before the picture could be refused
     model = load(weights)
     tok, cfg = model.tokenizer, model.config
     sequences, offset, stream_bpt = _score_inputs(model, text, file, stride, stream, bos)
+    check_save(save, force)  # --json streams its lines before the picture could be refused
     stride = stride or cfg.n_positions
     lengths = [len(s) for s in sequences]
     n_windows = sc.count_windows(lengths, cfg.n_positions, stride, full_only=stream)
@@ -167,8 +167,10 @@ def score(
         for d in drawn:  # cut to the budget: one --stream text can be a whole file
             pictured.append(([token_str[int(x)] for x in d.targets[:budget]], d.bits[:budget]))
             budget -= len(pictured[-1][1])
-        save_figure(score_figure(summary, pictured, len(sequences) - len(drawn),
-                                 _surprising(kept, sequences, offset, token_str)), save, force)
+        worst = [(token_str[int(sequences[i][offset + p])], p, nats / sc.LN2)
+                 for nats, i, p, *_ in kept]
+        save_figure(score_figure(summary, pictured, len(sequences) - len(drawn), worst), save,
+                    force)
     if as_json:
         jsonout.emit(jsonout.jsonable(summary))
         return
@@ -239,21 +241,16 @@ def _show_score(summary, sequences, per_seq, kept, token_str, n_windows, offset,
     elif hidden:
         parts.append(Text("(text not shown; --show-text prints it)", style="dim"))
     if kept:
+        rows = []
+        for nats, i, p, rank, entropy in kept:
+            seq = sequences[i][offset:]
+            rows.append({"position": p, "token": token_str[int(seq[p])], "bits": nats / sc.LN2,
+                         "prob": float(np.exp(-nats)), "rank": rank,
+                         "entropy_bits": entropy / sc.LN2,
+                         "context": "".join(token_str[int(x)] for x in seq[max(0, p - 6):p])})
         parts += [Text(""), Text("most surprising tokens", style="bold"),
-                  view.surprising_table(_surprising(kept, sequences, offset, token_str))]
+                  view.surprising_table(rows)]
     stdout().print(Group(*parts))
-
-
-def _surprising(kept, sequences, offset, token_str) -> list[dict]:
-    """The most surprising tokens (kept: (nats, sequence, position, rank, entropy)) as rows."""
-    rows = []
-    for nats, i, p, rank, entropy in kept:
-        seq = sequences[i][offset:]
-        rows.append({"position": p, "token": token_str[int(seq[p])], "bits": nats / sc.LN2,
-                     "prob": float(np.exp(-nats)), "rank": rank,
-                     "entropy_bits": entropy / sc.LN2,
-                     "context": "".join(token_str[int(x)] for x in seq[max(0, p - 6):p])})
-    return rows
 
 
 # ------------------------------------------------------------------ heads

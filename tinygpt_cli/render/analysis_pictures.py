@@ -160,10 +160,10 @@ def patch_figure(stream: dict[str, np.ndarray], heads: np.ndarray, tokens: list[
 
 
 def score_figure(summary: dict, sequences: list[tuple[list[str], np.ndarray]], more: int,
-                 surprising: list[dict]) -> Figure:
+                 surprising: list[tuple[str, int, float]]) -> Figure:
     """The totals, each drawn text's tokens coloured by surprisal (bits; one row a text),
     and the most surprising tokens. sequences: (the scored tokens, their bits); more: how
-    many texts were scored but not drawn."""
+    many texts were scored but not drawn; surprising: (token, position, bits)."""
     facts = [(label, f.format(summary[key])) for key, label, f in (
         ("tokens", "tokens", "{:,}"), ("mean_nats", "mean loss", "{:.6g} nats"),
         ("perplexity", "perplexity", "{:.6g}"), ("bits_per_token", "bits per token", "{:.6g}"),
@@ -177,8 +177,8 @@ def score_figure(summary: dict, sequences: list[tuple[list[str], np.ndarray]], m
     if more:
         parts.append(Note(f"{more:,} more text(s) scored but not drawn", "dim"))
     if surprising:
-        parts.append(Bars([f"{show_token(r['token'])} @{r['position']}" for r in surprising],
-                          [float(r["bits"]) for r in surprising], value_name="bits",
+        parts.append(Bars([f"{show_token(t)} @{p}" for t, p, _ in surprising],
+                          [float(b) for _, _, b in surprising], value_name="bits",
                           title="most surprising tokens"))
     return Figure("score", parts, subtitle="surprisal of each token, −log₂ p, in bits")
 
