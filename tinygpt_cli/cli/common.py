@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 # This module is imported to register every command, including for `tinygpt --help`: it
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
-__all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "check_index", "check_top_p",
-           "encode_checked", "load", "progress", "read_text", "run", "save_figure",
+__all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "check_index", "check_save",
+           "check_top_p", "encode_checked", "load", "progress", "read_text", "run", "save_figure",
            "set_default_weights", "stderr", "stdout", "wide"]
 
 
@@ -147,12 +147,18 @@ def save_figure(figure, path: Path | None, force: bool = False) -> None:
         return
     path = Path(path)
     kind = picture_format(path)
-    if path.exists() and not force:
-        raise InputError(f"--save {path}: the file exists; add --force to overwrite it")
+    check_save(path, force)
     from ..render import html, svg
 
     data = (svg.document if kind == "svg" else html.document)(figure)
     write_atomically(path, data.encode("utf-8"))
+
+
+def check_save(path: Path | None, force: bool) -> None:
+    """Refuse an existing --save file without --force: save_figure does it when it writes; a
+    command that prints before its picture is ready calls this first."""
+    if path is not None and Path(path).exists() and not force:
+        raise InputError(f"--save {path}: the file exists; add --force to overwrite it")
 
 
 def check_top_p(top_p: float) -> None:

@@ -13,8 +13,11 @@ import typer
 
 from .app import app
 from .common import (
+    FORCE,
     JSON,
     POSITION,
+    QUIET,
+    SAVE,
     TARGET,
     TEXT,
     TOP,
@@ -24,6 +27,7 @@ from .common import (
     load,
     progress,
     read_text,
+    save_figure,
     stdout,
 )
 
@@ -85,7 +89,8 @@ def emit(s: Session, path: str, value, options: dict, **extra) -> None:
 
 @app.command()
 def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
-         position: int = POSITION, as_json: bool = JSON):
+         position: int = POSITION, as_json: bool = JSON, save: Path = SAVE,
+         force: bool = FORCE, quiet: bool = QUIET):
     """Logit lens: the likeliest next token at every position after every stage.
 
     Each stage (the embeddings, each block's resid_mid and resid_post) goes through the final
@@ -107,6 +112,11 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     probs, ranks = result.target(t, p)
     tok = s.model.tokenizer.token_str
     top_tokens = [[tok(int(i)) for i in row] for row in top_ids.T]
+    if save is not None:
+        from ..render.analysis_pictures import lens_figure
+
+        save_figure(lens_figure(result.stages, s.tokens, top_tokens, top_probs, (t, tok(t)), p,
+                                probs, ranks), save, force)
     if as_json:
         emit(s, "lens", top_probs.T, {"target": target, "position": position},
              stages=result.stages, top_ids=top_ids.T, top_tokens=top_tokens, position=p,
@@ -125,7 +135,8 @@ def dla(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, vs: str
         position: int = POSITION, neurons: bool = typer.Option(
             False, "--neurons", help=f"Also list the {NEURONS} single MLP neurons with the "
             "largest shares."),
-        top: int = TOP, as_json: bool = JSON):
+        top: int = TOP, as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
+        quiet: bool = QUIET):
     """Direct logit attribution: each part of the final stream's share of the target's logit.
 
     The parts (token and position embeddings, each head through its own rows of c_proj, each
@@ -144,6 +155,11 @@ def dla(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, vs: str
     tr = s.trace()
     t, v = scored(s, tr.get("logits")[p], target, vs)
     r = direct_logit_attribution(tr, s.params, s.config, p, t, v, NEURONS if neurons else 0)
+    if save is not None:
+        from ..render.analysis_pictures import dla_figure
+
+        save_figure(dla_figure(r.labels, r.values, r.heads, r.score, describe(s, t, v), p,
+                               s.tokens[p], r.neurons, top), save, force)
     if as_json:
         emit(s, "dla", r.values, {"target": target, "vs": vs, "position": position,
                                   "neurons": neurons},
@@ -217,7 +233,7 @@ def ablate(
                               "this folder (cached) instead of the stored means.",
                               show_default=False),
     top: int = typer.Option(5, "--top", "-k", min=1, help="How many top tokens to show."),
-    as_json: bool = JSON,
+    as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Ablation: take out a head or an MLP; the change in log p(target) and the KL divergence.
 
@@ -253,6 +269,15 @@ def ablate(
         rows.sort(key=lambda r: -abs(r["delta"]))
     top_before = [{"id": i, "token": tok(i), "prob": q}
                   for i, q in ablation.top_tokens(before, top)]
+    if save is not None:
+        from ..render import analysis_pictures as pics
+
+        r = rows[0]
+        save_figure(pics.ablate_all_figure(rows, s.config.n_layer, s.config.n_head, mode,
+                                           (t, tok(t)), p, r["logp_before"]) if every else
+                    pics.ablate_figure(r["label"], mode, (t, tok(t)), p, r["logp_before"],
+                                       r["logp_after"], r["kl"], top_before, r["top_after"]),
+                    save, force)
     if as_json:
         emit(s, "ablate", np.array([[r["delta"], r["kl"]] for r in rows]), options,
              columns=["delta_logp", "kl"], position=p, target=token_doc(s, t),
@@ -354,7 +379,7 @@ def patch(
     weights: Path = WEIGHTS, target: str = TARGET, vs: str = VS, position: int = POSITION,
     method: str = typer.Option("activation", "--method", help="activation (run every patch) or "
                                "atp (attribution patching: one backward pass)."),
-    as_json: bool = JSON,
+    as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Activation patching: how much of the clean prediction each clean value restores.
 
@@ -395,6 +420,11 @@ def patch(
         result = patching.attribution_patching(s.params, s.config, s.ids, c.ids, t, v, p)
         corr = patching.correlation(result, real)
     what = describe(s, t, v)
+    if save is not None:
+        from ..render.analysis_pictures import patch_figure
+
+        save_figure(patch_figure(result.stream, result.heads, s.tokens, p, result.clean,
+                                 result.corrupt, what, method, corr), save, force)
     if as_json:
         emit(s, "patch", np.stack([result.stream[k] for k in patching.STREAM]),
              {"target": target, "vs": vs, "position": position, "method": method},

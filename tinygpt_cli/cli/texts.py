@@ -12,15 +12,20 @@ import typer
 
 from .app import app
 from .common import (
+    FORCE,
     JSON,
     LAYER,
+    QUIET,
+    SAVE,
     TEXT,
     WEIGHTS,
     InputError,
     check_index,
+    check_save,
     load,
     progress,
     read_text,
+    save_figure,
     stdout,
     wide,
 )
@@ -71,6 +76,8 @@ def _stories_of(path: Path) -> list[str]:
 
 # ------------------------------------------------------------------ score
 
+DRAWN_TOKENS = 2000  # --save draws the first texts' tokens up to this many
+
 
 @app.command()
 def score(
@@ -90,7 +97,7 @@ def score(
     show: bool = typer.Option(None, "--show-text/--no-show-text", help="Print the coloured "
                               "text (default: when it is under 3,000 tokens).",
                               show_default=False),
-    as_json: bool = JSON,
+    as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """How surprised the model is by each token: surprisal, rank, chance, entropy; totals.
 
@@ -109,6 +116,7 @@ def score(
     model = load(weights)
     tok, cfg = model.tokenizer, model.config
     sequences, offset, stream_bpt = _score_inputs(model, text, file, stride, stream, bos)
+    check_save(save, force)  # --json streams its lines before the picture could be refused
     stride = stride or cfg.n_positions
     lengths = [len(s) for s in sequences]
     n_windows = sc.count_windows(lengths, cfg.n_positions, stride, full_only=stream)
@@ -119,6 +127,7 @@ def score(
     kept: list[tuple] = []  # (nats, sequence, target position, rank, entropy) of the top
     per_seq: list[sc.TokenScores] = []
     shown = show if show is not None else (sum(lengths) < 3000 and not stream)
+    drawn: list[sc.TokenScores] = []  # --save: the first texts, which the picture shows
     out = sys.stdout
     with progress(n_windows, "scoring", enabled=not as_json) as advance:
         for i, s in sc.score_sequences(model.params, cfg, sequences, stride=stride,
@@ -126,15 +135,18 @@ def score(
             total.tokens += len(s.targets)
             total.nats += float(s.nats.sum())
             total.bytes += int(nbytes[s.targets].sum())
+            if save is not None and sum(len(d.targets) for d in drawn) < DRAWN_TOKENS:
+                drawn.append(s)
             if as_json:
                 _emit_token_records(out, i, s, token_json, stream, offset)
-                continue
+                if save is None:
+                    continue
             if top:
                 worst = np.argsort(-s.nats, kind="stable")[:top]
                 kept += [(float(s.nats[j]), i, 1 + int(j) - offset, int(s.rank[j]),
                           float(s.entropy[j])) for j in worst]
                 kept = sorted(kept, reverse=True)[:top]
-            if shown:
+            if shown and not as_json:
                 per_seq.append(s)
     summary = {"summary": True, "path": "score", "tokens": total.tokens, "bytes": total.bytes,
                "mean_nats": total.mean_nats, "perplexity": total.perplexity,
@@ -145,6 +157,17 @@ def score(
         # the card's count: mean nats / ln 2 / (bytes per token of the whole stream)
         summary["bits_per_byte"] = total.bits_per_token / stream_bpt
         summary["bytes_per_token"] = stream_bpt
+    if save is not None:
+        from ..render.analysis_pictures import score_figure
+
+        pictured, budget = [], DRAWN_TOKENS
+        for d in drawn:  # cut to the budget: one --stream text can be a whole file
+            pictured.append(([token_str[int(x)] for x in d.targets[:budget]], d.bits[:budget]))
+            budget -= len(pictured[-1][1])
+        worst = [(token_str[int(sequences[i][offset + p])], p, nats / sc.LN2)
+                 for nats, i, p, *_ in kept]
+        save_figure(score_figure(summary, pictured, len(sequences) - len(drawn), worst), save,
+                    force)
     if as_json:
         jsonout.emit(jsonout.jsonable(summary))
         return
@@ -290,7 +313,7 @@ def heads(
                                        "position 0 (the separator), in numerator and total."),
     exclude_current: bool = typer.Option(False, "--exclude-current", help="Leave out "
                                          "attention of each token to itself."),
-    as_json: bool = JSON,
+    as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Which heads do known jobs: previous-token, duplicate-token and induction scores.
 
@@ -322,13 +345,17 @@ def heads(
                          f"token context after a separator: give 2 to {(cfg.n_positions - 1) // 2}")
     test = detect.induction_test(model.params, cfg, n, batch, seed, model.tokenizer.eot_id)
     table = dict(scores) | {"induction_random": test.score}
+    repeat = {"length": n, "batch": batch, "seed": seed, "loss_first": test.loss_first,
+              "loss_second": test.loss_second, "loss_drop": test.loss_drop}
+    if save is not None:
+        from ..render.analysis_pictures import heads_figure
+
+        save_figure(heads_figure(table, KIND_LABELS, len(ids), source, repeat), save, force)
     if as_json:
         data = np.stack([table[k] for k in table])
         jsonout.emit(jsonout.document(
             "heads", data, kinds=list(table), texts=len(ids), source=source, text_ids=ids,
-            exclude_bos=exclude_first, exclude_current=exclude_current,
-            repeat={"length": n, "batch": batch, "seed": seed, "loss_first": test.loss_first,
-                    "loss_second": test.loss_second, "loss_drop": test.loss_drop}))
+            exclude_bos=exclude_first, exclude_current=exclude_current, repeat=repeat))
         return
     best = {k: np.unravel_index(np.argmax(v), v.shape) for k, v in table.items()}
     notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} {b[0]}.{b[1]} ({table[k][b]:.2f})"

@@ -37,7 +37,9 @@ class Heatmap:
     `masked` is True are drawn blank (a causal mask: `masked=causal_mask(T)`).
 
     The colour scale runs from lo to hi (default: the finite range); when the values have both
-    signs and no bounds are given, it is diverging and centred on 0."""
+    signs and no bounds are given, or `signed` is set (a signed quantity, such as a share of a
+    logit, whose 0 must look neutral even when every value has one sign), it is diverging and
+    centred on 0."""
 
     grid: np.ndarray
     row_labels: list[str]
@@ -48,6 +50,7 @@ class Heatmap:
     hi: float | None = None
     masked: np.ndarray | None = None
     note: str = ""
+    signed: bool = False
 
 
 @dataclass(frozen=True)

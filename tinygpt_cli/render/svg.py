@@ -123,8 +123,8 @@ def scale(h: Heatmap, grid: np.ndarray, drawn: np.ndarray) -> tuple[float, float
     finite = grid[drawn]
     lo = h.lo if h.lo is not None else (float(finite.min()) if finite.size else 0.0)
     hi = h.hi if h.hi is not None else (float(finite.max()) if finite.size else 1.0)
-    if h.lo is None and h.hi is None and lo < 0 < hi:
-        lim = max(-lo, hi)
+    if h.lo is None and h.hi is None and (lo < 0 < hi or h.signed):
+        lim = max(-lo, hi) or 1.0  # all zeros: still a scale, with 0 in its middle
         return -lim, lim, _DIVERGING
     return lo, hi, _VIRIDIS
 

@@ -1,0 +1,207 @@
+"""The pictures of the analysis commands (lens, dla, ablate, patch, score, heads), built from
+the results they already computed.
+
+Like render.pictures: plain arrays, token strings and small dicts in, a Figure out; no Run, no
+model, no terminal. Values keep their dtype, so a cell's hover text is the number --json prints.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .figure import Bars, Facts, Figure, Heatmap, Note, Row, Table, token_labels
+from .text import show_token
+
+
+def _for_text(tokens: list[str]) -> str:
+    return "for the text " + " ".join(token_labels(tokens))
+
+
+def layer_labels(n: int) -> list[str]:
+    return [f"layer {i}" for i in range(n)]
+
+
+def head_labels(n: int) -> list[str]:
+    return [f"head {h}" for h in range(n)]
+
+
+# ------------------------------------------------------------------ lens
+
+
+def lens_figure(stages: list[str], tokens: list[str], top_tokens: list[list[str]],
+                top_probs: np.ndarray, target: tuple[int, str], position: int,
+                target_probs: np.ndarray, target_ranks: np.ndarray) -> Figure:
+    """top_probs [S, T] and top_tokens [T][S] (as --json has them): the likeliest next token
+    at every stage and position, and its chance; the target's chance at `position`."""
+    labels = token_labels(tokens)
+    t_id, t_str = target
+    return Figure("lens", [
+        Heatmap(top_probs, list(stages), labels, path="lens", lo=0.0, hi=1.0,
+                title="the likeliest next token's chance, after each stage",
+                note="each stage through the final norm (its statistics recomputed) and the "
+                     "tied head"),
+        Table(["stage"] + labels,
+              [[stage] + [show_token(row[s]) for row in top_tokens]
+               for s, stage in enumerate(stages)],
+              title="the likeliest next token, after each stage"),
+        Bars([f"{stage} (rank {int(r)})" for stage, r in zip(stages, target_ranks, strict=True)],
+             [float(p) for p in target_probs], percent=True, value_name="chance",
+             path="lens.target_probs",
+             title=f"the target {show_token(t_str)} (id {t_id}) at position {position} "
+                   f"({labels[position]})"),
+    ], subtitle=_for_text(tokens))
+
+
+# ------------------------------------------------------------------ direct logit attribution
+
+
+def dla_figure(labels: list[str], values: np.ndarray, heads: np.ndarray, score: float,
+               what: str, position: int, token: str, neurons: list[dict],
+               top: int) -> Figure:
+    """The head rows as a layer × head grid (signed: blue takes away, red adds), the largest
+    parts ranked, and the largest single neurons when --neurons listed them."""
+    n_layer, n_head = heads.shape
+    order = np.argsort(-np.abs(values), kind="stable")[:top]
+    parts: list = [
+        Facts([("score", f"{what} = {score:.6g}"),
+               ("the parts add up to", f"{float(np.sum(values)):.6g}"),
+               ("position", f"{position} ({show_token(token)})")]),
+        Heatmap(heads, layer_labels(n_layer), head_labels(n_head), path="dla.heads",
+                signed=True, title="heads (z_h W_O[h], through the final norm's real scale)"),
+        Bars([labels[k] for k in order], [float(values[k]) for k in order], path="dla",
+             value_name="share", title=f"the {len(order)} largest parts of {len(labels)}"),
+    ]
+    if neurons:
+        parts.append(Bars([f"L{n['layer']} n{n['neuron']}" for n in neurons],
+                          [float(n["value"]) for n in neurons], value_name="share",
+                          path="dla.top_neurons",
+                          title=f"the {len(neurons)} largest single neurons",
+                          note="mlp_post[n] W_2[n]; part of their block's mlp row"))
+    return Figure("dla", parts, subtitle=f"{len(labels)} parts of the stream at position "
+                  f"{position} ({show_token(token)})")
+
+
+# ------------------------------------------------------------------ ablation
+
+
+def ablate_all_figure(rows: list[dict], n_layer: int, n_head: int, mode: str,
+                      target: tuple[int, str], position: int, logp_before: float) -> Figure:
+    """rows: {component (trace path), label, delta, kl}, ranked. Δ log p(target) and the KL
+    divergence as layer × (heads, mlp) grids, and Δ log p ranked."""
+    delta = np.full((n_layer, n_head + 1), np.nan)
+    kl = np.full((n_layer, n_head + 1), np.nan)
+    for r in rows:
+        parts = r["component"].split(".")  # layers.L.heads.H.out or layers.L.mlp_out
+        i, j = int(parts[1]), (int(parts[3]) if parts[2] == "heads" else n_head)
+        delta[i, j], kl[i, j] = r["delta"], r["kl"]
+    cols = head_labels(n_head) + ["mlp"]
+    t_id, t_str = target
+    return Figure("ablate --all", [
+        Facts([("target", f"{show_token(t_str)} (id {t_id}) at position {position}"),
+               ("log p before", f"{logp_before:.6g}"), ("mode", mode)]),
+        Row([Heatmap(delta, layer_labels(n_layer), cols, signed=True, path="ablate.delta",
+                     title="change in log p(target)"),
+             Heatmap(kl, layer_labels(n_layer), cols, lo=0.0, path="ablate.kl",
+                     title="KL(before ‖ after), nats")]),
+        Bars([r["label"] for r in rows], [float(r["delta"]) for r in rows],
+             value_name="Δ log p", path="ablate.delta",
+             title=f"{len(rows)} components, ranked by |Δ log p(target)|"),
+    ], subtitle=f"each head and each MLP taken out in turn (mode {mode})")
+
+
+def ablate_figure(label: str, mode: str, target: tuple[int, str], position: int,
+                  logp_before: float, logp_after: float, kl: float,
+                  top_before: list[dict], top_after: list[dict]) -> Figure:
+    """One component taken out: the numbers, and the top tokens before and after."""
+    t_id, t_str = target
+
+    def bars(rows: list[dict], title: str) -> Bars:
+        return Bars([show_token(d["token"]) for d in rows], [float(d["prob"]) for d in rows],
+                    ids=[int(d["id"]) for d in rows], percent=True, value_name="chance",
+                    title=title)
+
+    return Figure(f"ablate {label}", [
+        Facts([("target", f"{show_token(t_str)} (id {t_id}) at position {position}"),
+               ("log p(target)", f"{logp_before:.6g} → {logp_after:.6g} "
+                                 f"(change {logp_after - logp_before:+.6g})"),
+               ("KL(before ‖ after)", f"{kl:.6g} nats"), ("mode", mode)]),
+        Row([bars(top_before, "top before"), bars(top_after, "top after")]),
+    ], subtitle=f"{label} taken out (mode {mode})")
+
+
+# ------------------------------------------------------------------ patching
+
+
+def patch_figure(stream: dict[str, np.ndarray], heads: np.ndarray, tokens: list[str],
+                 position: int, clean: float, corrupt: float, what: str, method: str,
+                 corr: float | None) -> Figure:
+    """stream[kind]: [n_layer, T] fractions restored, as layer × position heatmaps (positions
+    after the scored one left blank: they cannot change it); heads: [n_layer, n_head]."""
+    n_layer, n_head = heads.shape
+    labels = token_labels(tokens)
+    later = np.zeros((n_layer, len(tokens)), dtype=bool)
+    later[:, position + 1:] = True
+    facts = [("metric", what), ("clean", f"{clean:.6g}"), ("corrupt", f"{corrupt:.6g}"),
+             ("scored at", f"position {position} ({labels[position]})"), ("method", method)]
+    if corr is not None:
+        facts.append(("correlation with activation patching", f"{corr:.3f}"))
+    return Figure("patch", [
+        Facts(facts),
+        Note("each cell: (patched − corrupt) / (clean − corrupt); 1 restores the clean "
+             "prediction, 0 changes nothing", "dim"),
+        Row([Heatmap(g, layer_labels(n_layer), labels, title=kind, path=f"patch.{kind}",
+                     masked=later, signed=True) for kind, g in stream.items()]),
+        Heatmap(heads, layer_labels(n_layer), head_labels(n_head), path="patch.heads",
+                signed=True, title="each head's output, patched at every position"),
+    ], subtitle=f"{method}: fraction of the logit difference restored, " + _for_text(tokens))
+
+
+# ------------------------------------------------------------------ score
+
+
+def score_figure(summary: dict, sequences: list[tuple[list[str], np.ndarray]], more: int,
+                 surprising: list[tuple[str, int, float]]) -> Figure:
+    """The totals, each drawn text's tokens coloured by surprisal (bits; one row a text),
+    and the most surprising tokens. sequences: (the scored tokens, their bits); more: how
+    many texts were scored but not drawn; surprising: (token, position, bits)."""
+    facts = [(label, f.format(summary[key])) for key, label, f in (
+        ("tokens", "tokens", "{:,}"), ("mean_nats", "mean loss", "{:.6g} nats"),
+        ("perplexity", "perplexity", "{:.6g}"), ("bits_per_token", "bits per token", "{:.6g}"),
+        ("bits_per_byte", "bits per byte", "{:.6g}"), ("sequences", "texts", "{:,}"))
+        if summary.get(key) is not None]
+    parts: list = [Facts(facts)]
+    for k, (tokens, bits) in enumerate(sequences):
+        parts.append(Heatmap(np.asarray(bits)[None, :], ["bits"], token_labels(tokens),
+                             lo=0.0, path="score.bits",
+                             title=f"text {k}" if len(sequences) > 1 else "surprisal"))
+    if more:
+        parts.append(Note(f"{more:,} more text(s) scored but not drawn", "dim"))
+    if surprising:
+        parts.append(Bars([f"{show_token(t)} @{p}" for t, p, _ in surprising],
+                          [float(b) for _, _, b in surprising], value_name="bits",
+                          title="most surprising tokens"))
+    return Figure("score", parts, subtitle="surprisal of each token, −log₂ p, in bits")
+
+
+# ------------------------------------------------------------------ heads
+
+
+def heads_figure(table: dict[str, np.ndarray], names: dict[str, str], texts: int, source: str,
+                 repeat: dict) -> Figure:
+    """One layer × head heatmap of each detector's score (0..1)."""
+    n_layer, n_head = next(iter(table.values())).shape
+    return Figure("heads", [
+        Facts([("texts", f"{texts} from {source}"),
+               ("random repeats", f"{repeat['batch']} × {repeat['length']} tokens, seed "
+                                  f"{repeat['seed']}: loss {repeat['loss_first']:.4f} → "
+                                  f"{repeat['loss_second']:.4f} nats")]),
+        Row([Heatmap(v, layer_labels(n_layer), head_labels(n_head), title=names.get(k, k),
+                     path=f"heads.{k}", lo=0.0, hi=1.0) for k, v in table.items()]),
+        Note("score = sum(A * P) / sum(A) over each head's attention grid A, with P the "
+             "pattern's 0/1 grid; induction (random): attention to the token after the first "
+             "copy", "dim"),
+    ], subtitle=f"{n_layer} layers × {n_head} heads")
+
+
+__all__ = ["ablate_all_figure", "ablate_figure", "dla_figure", "heads_figure", "lens_figure",
+           "patch_figure", "score_figure"]
