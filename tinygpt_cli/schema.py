@@ -207,8 +207,11 @@ class PathError(InputError, KeyError):
         self.suggestions = suggestions or []
 
     def __str__(self) -> str:
-        hint = f"; did you mean {' or '.join(self.suggestions)}?" if self.suggestions else ""
-        return self.message + hint
+        if self.suggestions:
+            return self.message + f"; did you mean {' or '.join(self.suggestions)}?"
+        if self.message.startswith("no value at path"):
+            return self.message + "; 'tinygpt trace TEXT --list' lists every path"
+        return self.message
 
 
 def _snake(segment: str) -> str:

@@ -237,11 +237,9 @@ def ablate(
 ):
     """Ablation: take out a head or an MLP; the change in log p(target) and the KL divergence.
 
-    \b
     Example: tinygpt ablate "Lily wanted to play with her" --layer 2 --head 1 --mode mean
-             tinygpt ablate "Lily wanted to play with her" --all
-             tinygpt ablate "Lily wanted to play with her" --all --mode resample \\
-                 --from "Tom wanted to play with his"
+    Example: tinygpt ablate "Lily wanted to play with her" --all
+    Example: tinygpt ablate "Lily wanted to play" --all --mode resample --from "Tom wanted to play"
     """
     import numpy as np
 

@@ -220,9 +220,7 @@ def why(
     snapshots in WEIGHTS/history, with each snapshot's learning rate). The training text's
     index and each window's gradient sketches are cached, so a second question is fast.
 
-    \b
-    Example: tinygpt why "Once upon a time, there was a little" --target " girl" \\
-               --data ../shared/data/tinystories
+    Example: tinygpt why "Once upon a time, there was a little" --data ../shared/data/tinystories
     """
     import numpy as np
     from rich.console import Group

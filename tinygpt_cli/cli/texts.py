@@ -105,8 +105,9 @@ def score(
     split into stories at <|endoftext|>; each story is read after a separator and its closing
     separator is scored too, so bytes count as in the model card. --json prints one line per
     token, then a summary line.
-    Example: tinygpt score "Lily wanted to play with her ball." ;
-    tinygpt score --file part-005.txt --stream --json | tail -1
+
+    Example: tinygpt score "Lily wanted to play with her ball."
+    Example: tinygpt score --file part-005.txt --stream --json
     """
     import numpy as np
 
@@ -322,7 +323,9 @@ def heads(
     after <|endoftext|>. Induction (random): the mean attention from each token of the second
     copy of random tokens to the token after its first copy; the loss drop is how much better
     the second copy is predicted than the first.
-    Example: tinygpt heads ; tinygpt heads --file part-005.txt --stories 16 --json
+
+    Example: tinygpt heads
+    Example: tinygpt heads --file part-005.txt --stories 16 --json
     """
     import numpy as np
     from rich.console import Group
@@ -433,8 +436,9 @@ def neurons(
     weight). With --neuron N: the windows of the data where it fires most, the firing token
     highlighted; the first run reads the whole data once (cached by the weights' and data's
     sha256), later ones are instant.
-    Example: tinygpt neurons "Lily wanted to play with her" --layer 2 ;
-    tinygpt neurons --layer 2 --neuron 17 --data ../shared/data/tinystories
+
+    Example: tinygpt neurons "Lily wanted to play with her" --layer 2
+    Example: tinygpt neurons --layer 2 --neuron 17 --data ../shared/data/tinystories
     """
     import numpy as np
     from rich.console import Group

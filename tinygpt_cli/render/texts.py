@@ -46,10 +46,11 @@ def coloured_text(pieces: list[str], bits: list[float | None]) -> Text:
 def surprising_table(rows: list[dict]) -> Table:
     """rows: position, token, bits, prob, rank, entropy, top (the model's guess)."""
     t = Table(box=None, pad_edge=False, header_style="bold dim")
+    # The numbers never give way to a narrow terminal: the context column does, behind "…".
     for name, just in (("pos", "right"), ("token", "left"), ("bits", "right"),
-                       ("chance", "right"), ("rank", "right"), ("entropy", "right"),
-                       ("context", "left")):
-        t.add_column(name, justify=just, no_wrap=True)
+                       ("chance", "right"), ("rank", "right"), ("entropy", "right")):
+        t.add_column(name, justify=just, no_wrap=True, min_width=len(name) + 1)
+    t.add_column("context", justify="left", no_wrap=True, overflow="ellipsis", max_width=24)
     for r in rows:
         t.add_row(str(r["position"]), Text(show_token(r["token"]), style="bold"),
                   f"{r['bits']:.2f}", f"{r['prob']:.2%}", str(r["rank"]),
