@@ -92,17 +92,26 @@ def patch_count(config: Config, position: int) -> int:
     return (4 * config.n_layer + 1) * (position + 1) + config.n_layer * config.n_head
 
 
+def _both_runs(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
+               position: int):
+    """The clean and corrupt runs' values, and their logit differences at `position`
+    (refused when the two texts score the same, since the metric would divide by zero)."""
+    clean_logits, clean = record(params, config, clean_ids)
+    corrupt_logits, corrupt = record(params, config, corrupt_ids)
+    c = float(logit_difference(clean_logits[position], target, vs))
+    r = float(logit_difference(corrupt_logits[position], target, vs))
+    check_gap(c, r)
+    return clean, corrupt_logits, corrupt, c, r
+
+
 def activation_patching(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
                         position: int = -1, advance=None) -> Patching:
     """Every patch of patch_variants, run as one float64 batch on the corrupt text."""
     t = len(corrupt_ids)
     position = position % t
     params = widen(params)
-    clean_logits, clean = record(params, config, clean_ids)
-    corrupt_logits, corrupt = record(params, config, corrupt_ids)
-    c = float(logit_difference(clean_logits[position], target, vs))
-    r = float(logit_difference(corrupt_logits[position], target, vs))
-    check_gap(c, r)
+    clean, corrupt_logits, corrupt, c, r = _both_runs(params, config, clean_ids, corrupt_ids,
+                                                      target, vs, position)
     variants, keys = patch_variants(clean, config, position)
     # the metric reads two rows of the head: cut it to them (column 0 target, 1 vs)
     streams = [corrupt[f"layers.{i}.resid_pre"] for i in range(config.n_layer)]
@@ -134,11 +143,8 @@ def attribution_patching(params, config: Config, clean_ids, corrupt_ids, target:
     t = len(corrupt_ids)
     position = position % t
     params = widen(params)
-    clean_logits, clean = record(params, config, clean_ids)
-    corrupt_logits, corrupt = record(params, config, corrupt_ids)
-    c = float(logit_difference(clean_logits[position], target, vs))
-    r = float(logit_difference(corrupt_logits[position], target, vs))
-    check_gap(c, r)
+    clean, corrupt_logits, corrupt, c, r = _both_runs(params, config, clean_ids, corrupt_ids,
+                                                      target, vs, position)
     dlogits = np.zeros_like(corrupt_logits)
     dlogits[position, target] += 1.0
     dlogits[position, vs] -= 1.0
