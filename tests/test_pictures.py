@@ -319,3 +319,14 @@ def test_readme_picture_is_the_seed_sentence_with_every_head():
     assert "Lily" in labels(root, "row")
     readme = (pic.parent.parent / "README.md").read_text()
     assert "docs/attn_all_heads.svg" in readme
+
+
+def test_save_tells_a_person_at_a_terminal_where_the_picture_went(cli, tmp_path, monkeypatch):
+    import sys
+
+    out = tmp_path / "attn.svg"
+    assert cli("attn", TEXT, "--save", out).err == ""  # not a terminal: nothing said
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    r = cli("attn", TEXT, "--save", out, "--force")
+    assert r.code == 0 and f"saved {out}" in r.err
+    assert cli("attn", TEXT, "--save", out, "--force", "--quiet").err == ""
