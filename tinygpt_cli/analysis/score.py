@@ -109,7 +109,7 @@ def final_hidden(params, config: Config, ids: np.ndarray) -> np.ndarray:
 
 def score_sequences(
     params, config: Config, sequences: list[np.ndarray], *, stride: int | None = None,
-    batch_size: int = 32, full_only: bool = False,
+    batch_size: int = 8, full_only: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[int, TokenScores]]:
     """(index, scores of targets 1..n-1) for each sequence, in order.
