@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinygpt_cli import ops
+from tinygpt_cli.analysis import heads, why
 from tinygpt_cli.analysis import history as hist
-from tinygpt_cli.analysis import why
 from tinygpt_cli.config import Config
 from tinygpt_cli.model import forward
 from tinygpt_cli.tokenizer import END_OF_TEXT, save_tokenizer, train_tokenizer
@@ -151,7 +151,8 @@ def test_history_heads_scores_match_a_naive_loop(cli, run):
     ids = np.asarray(doc["ids"])
     grids = trace(params, CFG(run), ids)
     n = doc["induction_length"]
-    repeated = hist.repeated_random_tokens(CFG(run), n, batch=4, seed=doc["induction_seed"])
+    repeated = heads.repeated_random_tokens(np.random.default_rng(doc["induction_seed"]),
+                                            cfg.vocab_size, n, 4, cfg.bos_token_id)
     rgrids = trace(params, CFG(run), repeated)
     for layer in range(CFG(run).n_layer):
         for h in range(CFG(run).n_head):
@@ -167,12 +168,14 @@ def test_detector_and_induction_scores_by_hand():
     rng = np.random.default_rng(1)
     a = ops.softmax(rng.normal(size=(3, 7, 7)) + np.triu(np.full((7, 7), -np.inf), 1))
     naive = [sum(a[h, i, i - 1] for i in range(1, 7)) / a[h].sum() for h in range(3)]
-    np.testing.assert_allclose(hist.detector_score(a, hist.previous_token_pattern(7)), naive)
+    np.testing.assert_allclose(heads.detection_score(a, heads.previous_token_pattern(7)), naive)
     n = 3  # [BOS, r1 r2 r3, r1 r2 r3]: r_j at n + j attends to j + 1
     grid = rng.random((2 * n + 1, 2 * n + 1))
-    expected = [grid[n + j, j + 1] for j in range(1, n + 1)]
-    np.testing.assert_array_equal(hist.induction_stripe(grid, n), expected)
-    toks = hist.repeated_random_tokens(TINY, n, batch=2, seed=5)
+    expected = np.mean([grid[n + j, j + 1] for j in range(1, n + 1)])
+    got = heads.induction_stripe(grid[None, None, None], n)  # [B, L, H, S, S] -> [L, H]
+    np.testing.assert_allclose(got, [[expected]])
+    toks = heads.repeated_random_tokens(np.random.default_rng(5), TINY.vocab_size, n, 2,
+                                        TINY.bos_token_id)
     assert (toks[:, 0] == TINY.bos_token_id).all()
     np.testing.assert_array_equal(toks[:, 1 : n + 1], toks[:, n + 1 :])
 

@@ -114,56 +114,23 @@ def summary(value: np.ndarray) -> dict:
 # ------------------------------------------------------------------ head scores
 
 
-def previous_token_pattern(t: int) -> np.ndarray:
-    """P[i, i-1] = 1: the grid a perfect previous-token head would have.  -> [T, T]"""
-    return np.eye(t, k=-1)
-
-
-def detector_score(weights: np.ndarray, pattern: np.ndarray) -> np.ndarray:
-    """sum(A * P) / sum(A) over the last two axes (TransformerLens' head detector, `mul`).
-
-    [..., T, T] -> [...]
-    """
-    return (weights * pattern).sum(axis=(-2, -1)) / weights.sum(axis=(-2, -1))
-
-
-def repeated_random_tokens(config: Config, length: int, batch: int, seed: int = 0) -> np.ndarray:
-    """[BOS, r_1 .. r_n, r_1 .. r_n] for `batch` seeded random sequences.  -> [B, 2n + 1]"""
-    rng = np.random.default_rng(seed)
-    r = rng.integers(0, config.vocab_size, size=(batch, length))
-    bos = np.full((batch, 1), config.bos_token_id)
-    return np.concatenate([bos, r, r], axis=1)
-
-
 def induction_length(config: Config) -> int:
     """The repeated sequence's length: 50 tokens as TransformerLens' examples, or what fits."""
     return min(50, (config.n_positions - 1) // 2)
 
 
-def induction_stripe(weights: np.ndarray, length: int) -> np.ndarray:
-    """Attention from each token of the second copy to the token after its first occurrence.
-
-    With BOS at 0, r_j sits at j and at n + j; an induction head at n + j attends to j + 1:
-    the diagonal offset by n - 1 (TransformerLens: pattern.diagonal(-seq_len + 1)), taken on
-    the second copy's rows only.  [..., 2n+1, 2n+1] -> [..., n]
-    """
-    rows = np.arange(length + 1, 2 * length + 1)
-    return weights[..., rows, rows - length + 1]
-
-
 def head_scores(params, config: Config, ids: np.ndarray, seed: int = 0,
                 batch: int = 4) -> dict[str, np.ndarray]:
-    """previous_token [L, H] on the text, induction [L, H] on repeated random tokens."""
+    """previous_token [L, H] on the text, induction [L, H] on repeated random tokens, with
+    the detectors of `heads` (the same definitions as `tinygpt heads`)."""
     from ..hooks import RecordOnly
+    from . import heads as detect
 
     names = [f"layers.{i}.weights" for i in range(config.n_layer)]
     rec = RecordOnly(names)
     forward(params, config, np.asarray(ids), hooks=rec)
-    prev = np.stack([detector_score(rec.values[n], previous_token_pattern(len(ids)))
-                     for n in names])  # [L, H]
-    n = induction_length(config)
-    rec = RecordOnly(names)
-    forward(params, config, repeated_random_tokens(config, n, batch, seed), hooks=rec)
-    induction = np.stack([induction_stripe(rec.values[name], n).mean(axis=(0, -1))
-                          for name in names])  # [B, H, n] -> [H] per layer -> [L, H]
+    grids = np.stack([rec.values[n] for n in names])  # [L, H, T, T]
+    prev = detect.detection_score(grids, detect.previous_token_pattern(len(ids)))
+    induction = detect.induction_test(params, config, induction_length(config), batch, seed,
+                                      config.bos_token_id).score
     return {"previous_token": prev, "induction": induction}
