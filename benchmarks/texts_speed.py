@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import sys
 import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
-THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+from train_speed import pin_threads  # the same folder: one way to pin the BLAS threads
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,16 +35,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-torch", action="store_true", help="time NumPy only")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     return p.parse_args(argv)
-
-
-def pin_threads(threads: int) -> None:
-    """BLAS reads its thread count once, when loaded: set it before NumPy, or re-exec."""
-    wanted = str(threads)
-    if all(os.environ.get(v) == wanted for v in THREAD_VARS):
-        return
-    for v in THREAD_VARS:
-        os.environ[v] = wanted
-    os.execv(sys.executable, [sys.executable, *sys.argv])
 
 
 def default_file() -> Path:

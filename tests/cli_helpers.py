@@ -56,6 +56,17 @@ def write_folder(folder: Path, params: dict[str, np.ndarray], config: Config = T
     return folder
 
 
+def without_head(params: dict[str, np.ndarray], config: Config, layer: int,
+                 head: int) -> dict[str, np.ndarray]:
+    """The hand computation of a zeroed head: its rows of W_O (c_proj) in block `layer` set
+    to zero, so its output never reaches the stream (the bias still does)."""
+    p = dict(params)
+    w = params[f"h.{layer}.attn.c_proj.weight"].copy()
+    w[head * config.d_k:(head + 1) * config.d_k] = 0.0
+    p[f"h.{layer}.attn.c_proj.weight"] = w
+    return p
+
+
 @dataclass
 class Tiny:
     """A weights folder on disk and the model as the CLI loads it (float32)."""

@@ -9,6 +9,7 @@ import zlib
 
 import numpy as np
 import pytest
+from cli_helpers import without_head
 
 from tinygpt_cli import ops
 from tinygpt_cli.config import Config
@@ -47,23 +48,12 @@ def test_replacing_every_value_with_a_copy_of_itself_changes_no_logit(tiny_param
     np.testing.assert_array_equal(replaced, plain)
 
 
-def _heads_removed(params, config, layer: int, head: int):
-    """The same model with head `head` of block `layer` cut out of c_proj by hand: its rows
-    of W_O are zero, so its output never reaches the stream (the bias still does)."""
-    p = dict(params)
-    w = params[f"h.{layer}.attn.c_proj.weight"].copy()
-    dk = config.d_k
-    w[head * dk:(head + 1) * dk, :] = 0.0
-    p[f"h.{layer}.attn.c_proj.weight"] = w
-    return p
-
-
 @pytest.mark.parametrize("layer, head", [(0, 0), (0, 1), (1, 0), (1, 1)])
 def test_zeroing_a_heads_output_equals_removing_its_rows_of_c_proj(
         tiny_params, tiny_config, layer, head):
     ablated = forward(tiny_params, tiny_config, IDS,
                       hooks=ablation([f"layers.{layer}.heads.{head}.out"], tiny_config))
-    by_hand = forward(_heads_removed(tiny_params, tiny_config, layer, head), tiny_config, IDS)
+    by_hand = forward(without_head(tiny_params, tiny_config, layer, head), tiny_config, IDS)
     np.testing.assert_allclose(ablated, by_hand, rtol=1e-12, atol=1e-12)
     assert not np.allclose(ablated, forward(tiny_params, tiny_config, IDS))
 

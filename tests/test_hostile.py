@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import TEXT, TINY, clean_env, random_params, write_folder
+from cli_helpers import TEXT, TINY, Result, Terminal, clean_env, random_params, write_folder
 from safetensors.numpy import save_file
 
 from tinygpt_cli.cli import main
@@ -78,7 +78,7 @@ def trained(tmp_path_factory, data) -> Path:
 
 def _run_main(args, stdin=None) -> Result:
     saved = sys.stdin
-    sys.stdin = stdin if stdin is not None else _Terminal()
+    sys.stdin = stdin if stdin is not None else Terminal()
     out, err = io.StringIO(), io.StringIO()
     saved_out, saved_err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = out, err
@@ -92,16 +92,6 @@ def _run_main(args, stdin=None) -> Result:
     return Result(code, out.getvalue(), err.getvalue())
 
 
-class _Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import TEXT, TEXT_IDS, assert_one_error_line
+from cli_helpers import TEXT, TEXT_IDS, assert_one_error_line, without_head
 
 from tinygpt_cli import ops
 from tinygpt_cli.errors import InputError
@@ -20,14 +20,6 @@ from tinygpt_cli.schema import VALUES, expand, markdown_table
 from tinygpt_cli.session import Session
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-
-
-def without_head(params, config, layer, head):
-    p = dict(params)
-    w = params[f"h.{layer}.attn.c_proj.weight"].copy()
-    w[head * config.d_k:(head + 1) * config.d_k] = 0.0
-    p[f"h.{layer}.attn.c_proj.weight"] = w
-    return p
 
 
 def test_logits_with_a_head_ablated_equal_the_model_without_that_head(cli, tiny):

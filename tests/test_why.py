@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cli_helpers import TEXT, TEXT_IDS, assert_one_error_line, make_tiny
+from cli_helpers import TEXT, TEXT_IDS, assert_one_error_line, make_tiny, without_head
 
 from tinygpt_cli import ops
 from tinygpt_cli.analysis import ablate as ab
@@ -132,15 +132,6 @@ def test_resampling_from_the_text_itself_changes_nothing(tiny_params, tiny_confi
         assert abs(e.delta) < 1e-12 and e.kl < 1e-12
 
 
-def _without_head(params, config, layer, head):
-    """The hand computation: head `head`'s rows of W_O removed from block `layer`."""
-    p = dict(params)
-    w = params[f"h.{layer}.attn.c_proj.weight"].copy()
-    w[head * config.d_k:(head + 1) * config.d_k] = 0.0
-    p[f"h.{layer}.attn.c_proj.weight"] = w
-    return p
-
-
 def test_zero_ablating_a_head_equals_removing_its_rows_of_c_proj(tiny_params, tiny_config):
     cfg = tiny_config
     comps = ab.all_components(cfg)
@@ -150,7 +141,7 @@ def test_zero_ablating_a_head_equals_removing_its_rows_of_c_proj(tiny_params, ti
     for layer in range(cfg.n_layer):
         for head in range(cfg.n_head):
             e = found[comps.index(ab.head_path(layer, head))]
-            by_hand = forward(_without_head(tiny_params, cfg, layer, head), cfg, IDS)[3]
+            by_hand = forward(without_head(tiny_params, cfg, layer, head), cfg, IDS)[3]
             lq = logp(by_hand)
             assert e.logp_after == pytest.approx(lq[9], abs=1e-12)
             assert e.kl == pytest.approx(float(np.sum(np.exp(lp) * (lp - lq))), abs=1e-12)
@@ -421,7 +412,7 @@ def test_dla_json_rows_add_up_to_the_logit_difference(cli, tiny, tr):
 def test_ablate_json_zero_head_equals_the_hand_computation(cli, tiny):
     doc = ok(cli("ablate", TEXT, "--layer", "1", "--head", "0", "--json"))
     m = tiny.model
-    by_hand = forward(_without_head(m.params, m.config, 1, 0), m.config, np.array(TEXT_IDS))
+    by_hand = forward(without_head(m.params, m.config, 1, 0), m.config, np.array(TEXT_IDS))
     (row,) = doc["components"]
     assert row["component"] == "layers.1.heads.0.out"
     assert row["logp_after"] == pytest.approx(logp(by_hand[-1])[doc["target"]["id"]], abs=1e-4)
