@@ -433,7 +433,8 @@ def patch(
         return
     out = view.patch_view(result.stream, result.heads, s.tokens, p, result.clean,
                           result.corrupt, what, method, corr)
-    console(LABEL + 5 * (6 * s.config.n_layer + 3)).print(out)
+    # the grids flow onto as many lines as the width needs: room for one is enough
+    console(LABEL + 7 * max(s.config.n_layer, s.config.n_head) + 8).print(out)
 
 
 # ------------------------------------------------------------------ input attribution

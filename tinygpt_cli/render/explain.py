@@ -7,6 +7,7 @@ of how they were computed. Every token string passes through show_token.
 from __future__ import annotations
 
 import numpy as np
+from rich.columns import Columns
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -223,17 +224,15 @@ def patch_view(stream: dict[str, np.ndarray], heads: np.ndarray, tokens: list[st
     """stream[kind]: [n_layer, T] fractions restored; shown as T rows x n_layer columns."""
     n_layer = heads.shape[0]
     rows = token_rows(tokens)
-    maps = Table.grid(padding=(0, 3))
-    for _ in stream:
-        maps.add_column(no_wrap=True)
     cells = []
-    for j, (kind, g) in enumerate(stream.items()):
+    for kind, g in stream.items():
         shown = g.T.copy()
         shown[position + 1:] = np.nan  # later positions cannot change the score
-        cells.append(grid(shown, rows if j == 0 else [""] * len(rows),
-                          [str(i) for i in range(n_layer)], title=kind, percent=True,
-                          width=5))
-    maps.add_row(*cells)
+        cells.append(grid(shown, rows, [str(i) for i in range(n_layer)], title=kind,
+                          percent=True, width=5))
+    # Each grid keeps its own row labels, so the grids can flow onto as many lines as the
+    # terminal's width needs (all five side by side when there is room).
+    maps = Columns(cells, padding=(1, 3))
     parts = [
         header("patch", np.concatenate([g[:, : position + 1].ravel() for g in stream.values()]
                                        + [heads.ravel()]),
