@@ -536,3 +536,40 @@ def test_snapshots_are_float16_weights_with_their_step_and_learning_rate(tmp_pat
     last = load_params(out / HISTORY / names[-1], TINY)
     final = load_params(out / "model.safetensors", load_config(out / "config.json"))
     np.testing.assert_allclose(last["wte.weight"], final["wte.weight"], atol=2e-3)
+
+
+def test_resuming_a_finished_run_with_more_steps_starts_a_new_warm_up_and_cosine(tmp_path, data):
+    """--resume --steps N on a finished run: a warm restart from its last step, its own cycle."""
+    from safetensors import safe_open
+
+    from tinygpt_cli.train.loop import HISTORY
+
+    train_file, val_file = data
+    out = tmp_path / "out"
+    train([train_file], [val_file], out, settings(steps=20, snapshots=2, eval_every=10))
+    first = {r["step"]: r["lr"] for r in read_log(out)}
+    train([train_file], [val_file], out, settings(steps=50, lr=5e-3, warmup=4, snapshots=2,
+                                                  eval_every=10), resume=True)
+    log = {r["step"]: r["lr"] for r in read_log(out)}
+    assert all(log[s] == first[s] for s in range(1, 21))  # the first cycle's log is kept
+    for s in range(21, 51):  # step s ran at index s - 1, the new cycle's index s - 21
+        assert log[s] == pytest.approx(lr_at(s - 21, 5e-3, 4, 30, 0.1))
+    assert log[21] == pytest.approx(5e-3 / 4) and log[24] == pytest.approx(5e-3)
+    assert log[50] < log[30] < log[24]
+    names = sorted(p.name for p in (out / HISTORY).iterdir())
+    assert names[-2:] == ["step-000020.safetensors", "step-000050.safetensors"]
+    with safe_open(str(out / HISTORY / "step-000020.safetensors"), "numpy") as f:
+        assert float(f.metadata()["lr"]) == pytest.approx(first[20])  # the rate it ended on
+
+
+def test_resuming_an_unfinished_extension_keeps_its_cycle(tmp_path, data):
+    train_file, val_file = data
+    out = tmp_path / "out"
+    train([train_file], [val_file], out, settings(steps=20))
+    train([train_file], [val_file], out, settings(steps=50, minutes=1e-9), resume=True)
+    stopped = read_log(out)[-1]["step"]
+    assert 20 < stopped < 50
+    train([train_file], [val_file], out, settings(steps=50), resume=True)
+    log = {r["step"]: r["lr"] for r in read_log(out)}
+    assert log[50] == pytest.approx(lr_at(29, 1e-2, 5, 30, 0.1))
+    assert log[stopped + 1] == pytest.approx(lr_at(stopped - 20, 1e-2, 5, 30, 0.1))

@@ -107,7 +107,9 @@ def train_cmd(
     n_inner: int = typer.Option(512, "--n-inner"),
     vocab_size: int = typer.Option(4096, "--vocab-size", help=VOCAB_HELP),
     n_positions: int = typer.Option(128, "--n-positions"),
-    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.npz."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.npz. "
+                                "A finished run given more --steps starts a new warm-up and "
+                                "cosine cycle from its last step."),
     force: bool = typer.Option(False, "--force", help="Start over in an OUT that holds a "
                                "previous run (its log, checkpoint and history are removed)."),
 ) -> None:

@@ -13,7 +13,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +55,9 @@ class Settings:
     minutes: float | None = None  # stop early when this much wall time has passed
     ema: float = 0.0  # decay of an exponential moving average of the weights; 0 = off
     snapshots: int = 0  # weights kept along the run in history/, log-spaced in steps
+    # The step this learning-rate cycle began: 0, or where --resume extended a finished run
+    # to more --steps (a new warm-up and cosine decay from there, a "warm restart").
+    cycle_start: int = 0
     config: dict = field(default_factory=lambda: asdict(Config()))
 
     def __post_init__(self) -> None:
@@ -216,6 +219,27 @@ def _load_checkpoint(path: Path, params, opt: AdamW, rng, average=None):
                        "start over with --force") from None
 
 
+def stored_settings(path: Path) -> dict:
+    """The settings a checkpoint was written with (its steps, its cycle start)."""
+    try:
+        with np.load(path) as z:
+            return json.loads(str(z["settings"]))
+    except Exception as e:  # noqa: BLE001 - zip, JSON and key errors alike: a broken file
+        raise RunError(f"{path} cannot be read ({type(e).__name__}: {e}); it is damaged: "
+                       "start over with --force") from None
+
+
+def cycle_start_after_resume(stored: dict, at_step: int, steps: int) -> int:
+    """Where the learning-rate cycle of a resumed run starts.
+
+    A run that had finished (its checkpoint is at its last step) and is asked for more steps
+    starts a new cycle at that step; an unfinished run keeps the cycle it was in.
+    """
+    if at_step >= int(stored.get("steps", 0)) and steps > at_step:
+        return at_step
+    return int(stored.get("cycle_start", 0))
+
+
 def _read_checkpoint(path: Path, params, opt: AdamW, rng, average=None):
     with np.load(path) as z:
         for n in params:
@@ -314,6 +338,13 @@ def _start_fresh(out: Path, resume: bool, force: bool) -> None:
             old.unlink()
 
 
+def final_lr(stored: dict) -> float:
+    """The learning rate of a stored run's last step."""
+    total = int(stored["steps"]) - int(stored.get("cycle_start", 0))
+    return lr_at(total - 1, stored["lr"], stored["warmup"], total,
+                 stored.get("min_lr_ratio", 0.1))
+
+
 def machine() -> dict:
     """Where the run ran, for the model card: cores and the BLAS thread settings."""
     env = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -404,9 +435,18 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
     keep_at = set(snapshot_steps(settings.steps, settings.snapshots))
     start, best_val, elapsed_before = 0, math.inf, 0.0
     if resume and ckpt.is_file():
+        stored = stored_settings(ckpt)
         start, best_val, elapsed_before = _load_checkpoint(ckpt, params, opt, rng, average)
         _trim_log(log_path, start, note)
         note(f"resumed from {ckpt} at step {start}")
+        settings = replace(settings, cycle_start=cycle_start_after_resume(
+            stored, start, settings.steps))
+        if settings.cycle_start == start and start > 0:
+            note(f"extending the run from step {start} to {settings.steps}: a new warm-up "
+                 f"of {settings.warmup} steps to --lr {settings.lr:g}, then cosine decay")
+            if settings.snapshots:  # the weights the new cycle starts from
+                save_snapshot(out, shipped, start, final_lr(stored))
+        keep_at = {s for s in keep_at if s > start}
     elif log_path.exists() or log_path.is_symlink():
         log_path.unlink()  # --resume without a checkpoint: the run never got far enough
 
@@ -437,7 +477,8 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
     tokens_per_step = settings.batch_size * config.n_positions
     step = start
     for step in range(start, settings.steps):
-        lr = lr_at(step, settings.lr, settings.warmup, settings.steps, settings.min_lr_ratio)
+        lr = lr_at(step - settings.cycle_start, settings.lr, settings.warmup,
+                   settings.steps - settings.cycle_start, settings.min_lr_ratio)
         x, y = random_windows(train_data.ids, settings.batch_size, config.n_positions, rng)
         loss, grads = loss_and_grads(params, config, x, y, dropout=settings.dropout, rng=rng)
         gnorm = clip_by_global_norm(grads, settings.grad_clip)
