@@ -104,3 +104,29 @@ def test_inspection_commands_leave_training_and_analysis_out():
         assert not any(m.startswith(("tinygpt_cli.train", "tinygpt_cli.analysis"))
                        for m in mods)
         assert "torch" not in mods and "transformers" not in mods
+
+
+def test_every_command_is_listed_with_the_module_that_defines_it():
+    from tinygpt_cli.cli.app import COMMANDS, _command_name, _register, app
+
+    _register()
+    defined = {_command_name(c): c.callback.__module__.rsplit(".", 1)[1]
+               for c in app.registered_commands}
+    assert defined == COMMANDS
+
+
+@pytest.mark.skipif(not (SHIPPED / "model.safetensors").is_file(), reason="no shipped weights")
+def test_a_command_imports_only_its_own_module_of_commands():
+    attn = imported_by(["attn", "Lily wanted to play with her", "--layer", "0", "--head", "0"])
+    groups = {m.rsplit(".", 1)[1] for m in attn if m.startswith("tinygpt_cli.cli.")}
+    assert groups & {"cards", "inspect", "page", "explain", "texts", "history", "train"} == \
+        {"cards"}
+    every = imported_by(["--help"])
+    assert {"tinygpt_cli.cli.train", "tinygpt_cli.cli.explain"} <= every
+
+
+@pytest.mark.skipif(not (SHIPPED / "model.safetensors").is_file(), reason="no shipped weights")
+def test_encode_needs_no_numpy_and_no_weights_file():
+    encode = imported_by(["encode", "Lily wanted"])
+    assert "numpy" not in encode and "safetensors" not in encode
+    assert "numpy" in imported_by(["encode", "Lily wanted", "--json"])

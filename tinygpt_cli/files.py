@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -77,6 +76,8 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 def sha256(path: str | Path) -> str:
+    import hashlib  # here, not at import: OpenSSL takes a while to load
+
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -13,7 +13,6 @@ V vocabulary, n_ctx longest text, 1 a kept axis of size one.
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 
@@ -290,6 +289,8 @@ def resolve(path: str, config: Config) -> tuple[str, list[int]]:
 
 
 def suggest(path: str, config: Config) -> list[str]:
+    import difflib
+
     return difflib.get_close_matches(path.strip(), expand(config), n=2, cutoff=0.5)
 
 

@@ -7,13 +7,15 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .config import Config, load_config
 from .errors import InputError, WeightsError
 from .files import write_atomically
 from .schema import PARAMS, param_shapes
+
+if TYPE_CHECKING:  # NumPy is imported by the functions that use it: `encode` needs none
+    import numpy as np
 
 PREFIX = "transformer."
 
@@ -33,7 +35,7 @@ SHIPPED = _shipped_folder()
 # Tensors the loader reads, with the NumPy type each safetensors dtype becomes. The model
 # computes in float32; F16 and F64 files are converted. BF16, F8 and integers are refused:
 # NumPy has no bf16 or f8, and an integer tensor is not a weight.
-FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
+FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "F64": "float64"}
 IGNORED = (".attn.bias", ".attn.masked_bias")  # old transformers buffers, not parameters
 MAX_HEADER_BYTES = 100 << 20
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
@@ -174,6 +176,8 @@ def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str,
     A head (`lm_head.weight`) may be present, as `transformers` can save one: it must be
     finite and equal to the token table, because this model ties the two.
     """
+    import numpy as np
+
     infos = {n: TensorInfo(n, _dtype_name(a.dtype), tuple(a.shape)) for n, a in tensors.items()}
     check_header(infos, config)
     short = {name[len(PREFIX):] if name.startswith(PREFIX) else name: a
@@ -193,6 +197,8 @@ def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str,
 
 def _finite_float32(name: str, arr: np.ndarray) -> np.ndarray:
     """float32 first, then the check: a float64 value beyond float32's range becomes inf."""
+    import numpy as np
+
     with np.errstate(over="ignore"):
         out = np.ascontiguousarray(arr, dtype=np.float32)
     if not np.isfinite(out).all():
@@ -201,6 +207,8 @@ def _finite_float32(name: str, arr: np.ndarray) -> np.ndarray:
 
 
 def _dtype_name(dtype: np.dtype) -> str:
+    import numpy as np
+
     names = {np.dtype(t): n for n, t in FLOAT_DTYPES.items()}
     return names.get(np.dtype(dtype), str(np.dtype(dtype)))
 
@@ -222,6 +230,8 @@ def map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
     """
     import json
     import mmap
+
+    import numpy as np
 
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -286,6 +296,7 @@ def load_params(path: str | Path, config: Config) -> dict[str, np.ndarray]:
 
 def save_params(params: dict[str, np.ndarray], path: str | Path) -> None:
     """Float32, Hugging Face GPT-2 names, tied head omitted."""
+    import numpy as np
     from safetensors.numpy import save
 
     tensors = {PREFIX + n: np.ascontiguousarray(a, dtype=np.float32) for n, a in params.items()}
@@ -320,7 +331,17 @@ def resolve_folder(folder: str | Path | None) -> tuple[Path, bool]:
     return SHIPPED, False
 
 
-def load_model(folder: str | Path | None = None) -> Model:
+@dataclass
+class Folder:
+    """A weights folder's sizes and tokenizer, checked to agree: all that turning text into
+    ids and back needs (`encode`, `decode`), without reading the weights themselves."""
+
+    folder: Path
+    config: Config
+    tokenizer: object  # tinygpt_cli.tokenizer.Tokenizer
+
+
+def open_folder(folder: str | Path | None = None) -> Folder:
     """A missing folder the user named is bad input (InputError, exit 2); a folder that
     exists but cannot be used, or a missing shipped model, is a WeightsError (exit 1)."""
     from .tokenizer import Tokenizer
@@ -338,13 +359,19 @@ def load_model(folder: str | Path | None = None) -> Model:
         config = load_config(root / "config.json")
     except (ValueError, OSError) as e:
         raise WeightsError(f"{root / 'config.json'}: {e}") from None
-    params = load_params(root / "model.safetensors", config)
     try:
         tokenizer = Tokenizer.from_file(root / "tokenizer.json")
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
         raise WeightsError(f"{root / 'tokenizer.json'} is not a tokenizers file ({e})") from None
     check_vocabulary(tokenizer, config, root)
-    return Model(root, config, params, tokenizer)
+    return Folder(root, config, tokenizer)
+
+
+def load_model(folder: str | Path | None = None) -> Model:
+    """open_folder, then the weights, read and checked against the config."""
+    f = open_folder(folder)
+    return Model(f.folder, f.config, load_params(f.folder / "model.safetensors", f.config),
+                 f.tokenizer)
 
 
 def check_vocabulary(tokenizer, config: Config, root: Path) -> None:

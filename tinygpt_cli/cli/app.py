@@ -57,22 +57,45 @@ def _root(
     set_default_weights(weights)
 
 
-# The order `tinygpt --help` lists commands in: the seed page's cards, then the whole page,
-# then training.
-ORDER = ["encode", "embed", "pos", "norm", "attn", "mlp", "blocks", "final-norm", "logits",
-         "probs", "sample", "generate", "decode", "trace", "review", "map",
-         "lens", "dla", "ablate", "patch", "attribute", "means",
-         "score", "heads", "neurons", "diff", "history", "why",
-         "info", "train-tokenizer", "train", "model-card"]
+# Every command, in the order `tinygpt --help` lists them (the seed page's cards, then the
+# whole page, the analyses, and training), with the module of cli/ that defines it: a command
+# line names one command, and only its module is imported.
+COMMANDS = {
+    "encode": "inspect", "embed": "cards", "pos": "cards", "norm": "cards", "attn": "cards",
+    "mlp": "cards", "blocks": "cards", "final-norm": "cards", "logits": "cards",
+    "probs": "cards", "sample": "cards", "generate": "inspect", "decode": "inspect",
+    "trace": "inspect", "review": "page", "map": "page",
+    "lens": "explain", "dla": "explain", "ablate": "explain", "patch": "explain",
+    "attribute": "explain", "means": "explain",
+    "score": "texts", "heads": "texts", "neurons": "texts", "diff": "texts",
+    "history": "history", "why": "history",
+    "info": "inspect", "train-tokenizer": "train", "train": "train", "model-card": "train",
+}
+ORDER = list(COMMANDS)
 
 
 def _command_name(command) -> str:
     return command.name or command.callback.__name__.replace("_", "-")
 
 
-def _register() -> None:
-    # Commands register themselves on import; one module per group.
-    from . import cards, explain, history, inspect, page, texts, train  # noqa: F401
+def _chosen(args: list[str]) -> str | None:
+    """The one command these arguments run, or None when they need all of them: --help, no
+    command, an unknown one, or --each-line (whose errors list the commands that read a
+    text). A group option first (--help, --version, --weights) is about the group."""
+    name = args[0] if args and not args[0].startswith("-") else None
+    options = args[: args.index("--")] if "--" in args else args
+    if any(a == "--each-line" or a.startswith("--each-line=") for a in options):
+        return None
+    return name if name in COMMANDS else None
+
+
+def _register(name: str | None = None) -> None:
+    """Import the module of command `name` (or of every command), which registers its
+    commands on import."""
+    import importlib
+
+    for module in [COMMANDS[name]] if name else dict.fromkeys(COMMANDS.values()):
+        importlib.import_module(f"{__package__}.{module}")
 
     def rank(command) -> int:
         name = _command_name(command)
@@ -87,17 +110,11 @@ def _register() -> None:
             command.help = examples_block(doc)
 
 
-def _click_command(args: list[str]):
-    """The click group for these arguments. `tinygpt NAME ...` builds NAME's command only:
-    turning all the others' signatures into click options would cost start-up time for
-    nothing; --help, no command, an unknown one or --each-line (whose errors list the
-    commands that read a text) builds them all."""
+def _click_command(name: str | None):
+    """The click group that runs command `name` (None: all of them). Only that command is
+    built: turning the others' signatures into click options would cost start-up time for
+    nothing."""
     everything = app.registered_commands
-    # a group option first (--help, --version, --weights) is about the group as a whole
-    name = args[0] if args and not args[0].startswith("-") else None
-    options = args[: args.index("--")] if "--" in args else args
-    if any(a == "--each-line" or a.startswith("--each-line=") for a in options):
-        name = None
     chosen = [c for c in everything if _command_name(c) == name]
     if not chosen:
         return typer.main.get_command(app)
@@ -309,9 +326,10 @@ def main(argv: list[str] | None = None) -> None:
         from ..errors import InputError, WeightsError  # PathError is an InputError
         from . import batch
 
-        _register()
+        name = _chosen(args)
+        _register(name)
         _quick_coercion()
-        command = _click_command(args)
+        command = _click_command(name)
         if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
             # From here a Ctrl-C is a KeyboardInterrupt again, so that `finally` blocks run.
             signal.signal(signal.SIGINT, signal.default_int_handler)

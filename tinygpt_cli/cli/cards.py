@@ -45,11 +45,13 @@ def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None
     from rich.console import Group
 
     from ..render import jsonout
-    from ..render.figure import value_figure
     from ..render.tables import tensor_view
 
     value = r.trace.get(path) if value is None else value
-    save_figure(value_figure(path, value, r.tokens), save, force)
+    if save is not None:  # the picture module loads only for a picture
+        from ..render.figure import value_figure
+
+        save_figure(value_figure(path, value, r.tokens), save, force)
     if as_json:
         jsonout.emit(r.document(path, value, **(extra or {})))
         return
@@ -155,13 +157,17 @@ def attn(
 
     Example: tinygpt attn "Lily wanted to play with her" --layer 0 --head 0
     """
-    from rich.columns import Columns
     from rich.console import Group
     from rich.text import Text
 
     from ..render import jsonout
-    from ..render.figure import attention_figure
     from ..render.tables import header, heatmap
+
+    def picture(path, grids):  # the picture module loads only for a picture
+        if save is not None:
+            from ..render.figure import attention_figure
+
+            save_figure(attention_figure(path, grids, r.tokens, scores=scores), save, force)
 
     r = run(weights, text, ablate)
     cfg = r.model.config
@@ -170,10 +176,12 @@ def attn(
     if all_heads:
         path = f"layers.{layer}.{field}"
         grids = r.trace.get(path)
-        save_figure(attention_figure(path, grids, r.tokens, scores=scores), save, force)
+        picture(path, grids)
         if as_json:
             jsonout.emit(r.document(path, grids))
             return
+        from rich.columns import Columns
+
         lo, hi = (None, None) if scores else (0.0, 1.0)
         maps = [heatmap(g, r.tokens, f"head {h}", lo=lo, hi=hi, full=full)
                 for h, g in enumerate(grids)]
@@ -183,7 +191,7 @@ def attn(
     head = check_index(head, cfg.n_head, "head")
     path = f"layers.{layer}.heads.{head}.{field}"
     grid = r.trace.get(path)
-    save_figure(attention_figure(path, grid, r.tokens, scores=scores), save, force)
+    picture(path, grid)
     if as_json:
         jsonout.emit(r.document(path, grid))
         return

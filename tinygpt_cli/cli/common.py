@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
 __all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "check_index", "check_save",
-           "check_top_p", "encode_checked", "load", "progress", "read_text", "run", "save_figure",
-           "set_default_weights", "stderr", "stdout", "wide"]
+           "check_top_p", "encode_checked", "load", "open_folder", "progress", "read_text", "run",
+           "save_figure", "set_default_weights", "stderr", "stdout", "wide"]
 
 
 def __getattr__(name: str):
@@ -282,6 +282,13 @@ def load(weights: Path | None) -> Model:
     from ..weights import load_model
 
     return load_model(weights if weights is not None else _default_weights)
+
+
+def open_folder(weights: Path | None):
+    """The weights folder's sizes and tokenizer only (weights.Folder), for text <-> ids."""
+    from ..weights import open_folder as open_
+
+    return open_(weights if weights is not None else _default_weights)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from .common import (
     check_top_p,
     encode_checked,
     load,
+    open_folder,
     read_text,
     run,
     stderr,
@@ -40,24 +41,26 @@ def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
     Shows each token's id, its text and its byte offsets in the UTF-8 text.
     Example: tinygpt encode "Lily wanted to play with her"
     """
-    import numpy as np
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    from ..render import jsonout
-    from ..render.tables import header
-    from ..render.text import show_token
-
-    model = load(weights)
+    model = open_folder(weights)
     text = read_text(text)
     ids = model.tokenizer.encode(text)
     tokens = [model.tokenizer.token_str(i) for i in ids]
     offsets = model.tokenizer.byte_offsets(ids)
     if as_json:
+        import numpy as np
+
+        from ..render import jsonout
+
         jsonout.emit(jsonout.document("ids", np.asarray(ids, dtype=np.int64), ids, tokens,
                                       offsets=offsets, vocab_size=model.config.vocab_size))
         return
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..render.tables import ids_header
+    from ..render.text import show_token
+
     t = Table(box=None, header_style="bold dim", pad_edge=False)
     for name, just in (("#", "right"), ("id", "right"), ("token", "left"), ("bytes", "right")):
         t.add_column(name, justify=just, no_wrap=True)
@@ -67,8 +70,7 @@ def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
     note = f"T = {len(ids)} tokens, each an id from 0 to {model.config.vocab_size - 1:,}"
     if len(ids) > limit:
         note += f"; more than the {limit} the model reads at once"
-    top = header("ids", np.asarray(ids, dtype=np.int64))
-    stdout().print(Group(top, t, Text(note, style="dim")))
+    stdout().print(Group(ids_header(ids), t, Text(note, style="dim")))
 
 
 def _parse_ids(args: list[str]) -> list[int]:
@@ -93,10 +95,9 @@ def decode(
 
     Example: tinygpt decode 608 429 267 346 336 314
     """
-    from ..render import jsonout
     from ..render.text import show_text
 
-    model = load(weights)
+    model = open_folder(weights)
     if not ids or ids == ["-"]:
         ids = [read_text(None)]
     id_list = _parse_ids(ids)
@@ -108,6 +109,8 @@ def decode(
             raise InputError(f"unknown token id {i}: ids run from 0 to {n - 1}")
     text = model.tokenizer.decode(id_list)
     if as_json:
+        from ..render import jsonout
+
         jsonout.emit(jsonout.document(None, text, id_list,
                                       [model.tokenizer.token_str(i) for i in id_list]))
         return

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-import numpy as np
+import math
+from typing import TYPE_CHECKING
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from .text import row_label, show_token
+
+if TYPE_CHECKING:  # imported where used: `encode`'s table needs no NumPy
+    import numpy as np
 
 EDGE = 4  # columns shown on each side of the ellipsis when a tensor is wide
 
@@ -18,6 +23,8 @@ def shape_str(shape) -> str:
 
 def stats(arr: np.ndarray) -> dict:
     """min, mean, max, std over the finite entries (masked scores are -inf)."""
+    import numpy as np
+
     a = np.asarray(arr, dtype=np.float64)
     finite = a[np.isfinite(a)]
     if finite.size == 0:
@@ -27,7 +34,7 @@ def stats(arr: np.ndarray) -> dict:
 
 
 def fmt(x: float, width: int = 0) -> str:
-    if not np.isfinite(x):
+    if not math.isfinite(x):
         return "-inf" if x < 0 else ("inf" if x > 0 else "nan")
     if x != 0 and (abs(x) >= 1e4 or abs(x) < 1e-3):
         return f"{x:.2e}"
@@ -67,12 +74,24 @@ class Fields:
 
 def header(path: str, arr: np.ndarray, note: str = "") -> Fields:
     """`layers.0.ln1.out  6 × 128  float32  min … mean … max … std …`"""
-    s = stats(arr)
-    fields = [Text(path, style="bold cyan"), Text(shape_str(arr.shape), style="bold"),
-              Text(str(arr.dtype), style="dim")]
+    return _header(path, arr.shape, str(arr.dtype), stats(arr), arr.dtype.kind in "iu", note)
+
+
+def ids_header(ids: list[int]) -> Fields:
+    """header("ids", the ids as int64), from the list itself (`encode` imports no NumPy)."""
+    n = len(ids)
+    mean = sum(ids) / n if n else None
+    s = {"min": min(ids, default=None), "mean": mean, "max": max(ids, default=None),
+         "std": math.sqrt(sum((i - mean) ** 2 for i in ids) / n) if n else None}
+    return _header("ids", (n,), "int64", s, True, "")
+
+
+def _header(path: str, shape, dtype: str, s: dict, integer: bool, note: str) -> Fields:
+    fields = [Text(path, style="bold cyan"), Text(shape_str(shape), style="bold"),
+              Text(dtype, style="dim")]
     for k in ("min", "mean", "max", "std"):
         v = s[k]
-        exact = arr.dtype.kind in "iu" and k in ("min", "max")
+        exact = integer and k in ("min", "max")
         value = "-" if v is None else (str(int(v)) if exact else fmt(v))
         fields.append(Text.assemble((f"{k} ", "dim"), value))
     if note:
@@ -132,6 +151,8 @@ def _columns(n: int, full: bool) -> list[int | None]:
 
 
 def _cell(x) -> Text:
+    import numpy as np
+
     if isinstance(x, np.integer | int):  # ids and counts print as whole numbers
         return Text(str(int(x)))
     s = fmt(float(x))
@@ -147,6 +168,8 @@ def matrix(
 ) -> Fit:
     """A 2-D array as a table whose rows are labelled (usually by token); the first and last
     `edge` columns of a wide one (None: as many as fit), fewer when the width asks."""
+    import numpy as np
+
     arr = np.atleast_2d(arr)
 
     def build(cols: list[int | None]) -> Table:
@@ -173,6 +196,8 @@ def token_rows(tokens: list[str]) -> list[str]:
 
 def tensor_view(path: str, arr: np.ndarray, tokens: list[str] | None, *, full: bool = False):
     """Header line plus the best table for the array's rank."""
+    import numpy as np
+
     arr = np.asarray(arr)
     parts = [header(path, arr)]
     if arr.ndim == 0:
@@ -214,6 +239,8 @@ def heatmap(grid: np.ndarray, tokens: list[str], title: str = "", *, lo=None, hi
             full: bool = False) -> Fit:
     """A T × T attention grid: rows are queries, columns keys; masked cells show a dot. A long
     text keeps its first and last key columns around `…` to fit the width (full: all)."""
+    import numpy as np
+
     finite = grid[np.isfinite(grid)]
     lo = float(finite.min()) if lo is None and finite.size else (lo or 0.0)
     hi = float(finite.max()) if hi is None and finite.size else (hi if hi is not None else 1.0)
