@@ -8,7 +8,7 @@ import pytest
 
 from tinygpt_cli.config import Config
 from tinygpt_cli.generate import CachedContext, generate, next_logits_uncached
-from tinygpt_cli.hooks import Record, ablation
+from tinygpt_cli.hooks import ablation
 from tinygpt_cli.sampling import create_rng
 from tinygpt_cli.weights import SHIPPED, load_model
 
@@ -88,13 +88,20 @@ def test_generation_records_nothing(make_params, monkeypatch):
         seen.append((hooks, kwargs.get("last_only"), np.shape(args[2])))
         return real(*args, hooks=hooks, **kwargs)
 
+    real_step = gen.decode_step
+    steps = []
+
+    def spy_step(params, config, token, cache):
+        steps.append((token, cache.length))
+        return real_step(params, config, token, cache)
+
     monkeypatch.setattr(gen, "forward", spy)
-    tokens(params, config, [1, 2, 3], 4, cached=True)
-    assert [h for h, _, _ in seen] == [None] * 4
-    assert all(last for _, last, _ in seen)
-    # the prompt once, then one position per step
-    assert [shape for _, _, shape in seen] == [(3,), (1,), (1,), (1,)]
-    assert not isinstance(seen[0][0], Record)
+    monkeypatch.setattr(gen, "decode_step", spy_step)
+    out = tokens(params, config, [1, 2, 3], 4, cached=True)
+    # the prompt once through forward, hooks off, last position only ...
+    assert seen == [(None, True, (3,))]
+    # ... then one position per step through decode_step, which takes no hooks at all
+    assert steps == [(out[0], 3), (out[1], 4), (out[2], 5)]
 
 
 def test_the_generate_command_applies_ablate_to_every_new_token(cli, tiny):
@@ -113,3 +120,30 @@ def test_the_generate_command_applies_ablate_to_every_new_token(cli, tiny):
     assert plain.ndjson()[-1]["ids"] != TEXT_IDS + want  # the ablation changed the text
     r = cli("generate", TEXT, "--ablate", "layers.9.mlp_out")
     assert r.code == 2 and r.err.startswith("error: ")
+
+
+def test_decode_step_gives_the_last_logits_of_a_full_pass_on_the_shipped_model(shipped):
+    from tinygpt_cli.model import KVCache, decode_step, forward
+
+    p, c = shipped.params, shipped.config
+    cache = KVCache.empty(c)
+    forward(p, c, np.asarray(PROMPT[:1]), cache=cache, start=0, last_only=True)
+    text = PROMPT[:1]
+    for token in PROMPT[1:] + [267] * 20:
+        text = text + [token]
+        got = decode_step(p, c, token, cache)
+        assert cache.length == len(text)
+        np.testing.assert_allclose(got, forward(p, c, np.asarray(text))[-1], atol=2e-5,
+                                   rtol=1e-5)
+
+
+def test_decode_step_refuses_a_position_past_the_context(make_params):
+    from tinygpt_cli.model import KVCache, decode_step
+
+    config = Config(n_embd=12, n_layer=2, n_head=2, n_inner=20, vocab_size=23, n_positions=4)
+    params = make_params(config, seed=1)
+    cache = KVCache.empty(config, dtype=np.float64)
+    for token in (1, 2, 3, 4):
+        decode_step(params, config, token, cache)
+    with pytest.raises(ValueError, match="5 tokens is more than the model's limit of 4"):
+        decode_step(params, config, 5, cache)

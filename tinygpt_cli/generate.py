@@ -10,7 +10,7 @@ import numpy as np
 
 from .config import Config
 from .hooks import Hook
-from .model import KVCache, forward
+from .model import KVCache, decode_step, forward
 from .sampling import check_temperature, next_token_distribution, sample
 
 
@@ -61,6 +61,8 @@ class CachedContext:
         self.ids.append(int(token))
         if len(self.ids) > self.config.n_positions:
             self.logits = self._fill()  # the window slid: recompute, see the class docstring
+        elif self.hooks is None:  # the lean path for one position (model.decode_step)
+            self.logits = decode_step(self.params, self.config, int(token), self.cache)
         else:
             start = self.cache.length
             self.logits = forward(self.params, self.config, np.asarray([token]),

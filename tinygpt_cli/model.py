@@ -19,7 +19,8 @@ from .config import Config
 from .hooks import Hook, Record, Stop  # noqa: F401  (Record for callers)
 from .schema import param_shapes
 
-__all__ = ["Dropout", "KVCache", "backward", "forward", "init_params", "loss_and_grads",
+__all__ = ["Dropout", "KVCache", "backward", "decode_step", "forward", "init_params",
+           "loss_and_grads",
            "param_shapes", "trace"]
 
 
@@ -242,6 +243,71 @@ def forward(
     if cache is not None:
         cache.length = start + t
     return logits
+
+
+def decode_step(params, config: Config, token: int, cache: KVCache) -> np.ndarray:
+    """forward(params, config, [token], cache=cache, start=cache.length, last_only=True)[-1]
+    for generation: one new position, no hooks, nothing recorded.  -> logits [V]
+
+    The same cards as `forward`, written for a single vector: at one position every NumPy
+    call costs more in overhead than in arithmetic, so this does each card in as few calls
+    as it can (no reshapes, no hook calls, the attention of all heads in one product). Its
+    logits equal forward's to float32 rounding (tests/test_generate.py).
+    """
+    pos = cache.length
+    if pos >= config.n_positions:
+        raise ValueError(f"{pos + 1} tokens is more than the model's limit of "
+                         f"{config.n_positions}")
+    eps, n_head = config.layer_norm_epsilon, config.n_head
+    d = config.n_embd
+    dk = d // n_head
+    scale = np.asarray(1.0 / np.sqrt(dk), dtype=params["wte.weight"].dtype)
+    h = params["wte.weight"][token] + params["wpe.weight"][pos]  # cards 2-3  [d]
+    for i in range(config.n_layer):
+        w = _block_weights(params, i)
+        x = _norm_vector(h, w[0], w[1], eps)  # card 4
+        qkv = x @ w[2]
+        qkv += w[3]  # [3d]: q, k, v of every head
+        k_cache, v_cache = cache.k[i], cache.v[i]  # [H, n_ctx, d_k]
+        k_cache[:, pos, :] = qkv[d:2 * d].reshape(n_head, dk)
+        v_cache[:, pos, :] = qkv[2 * d:].reshape(n_head, dk)
+        q = qkv[:d].reshape(n_head, 1, dk)
+        scores = q @ k_cache[:, :pos + 1, :].swapaxes(-1, -2)  # card 5  [H, 1, S]
+        scores *= scale  # nothing to mask: the new position may look at every key
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        z = scores @ v_cache[:, :pos + 1, :]  # [H, 1, d_k]
+        a = z.reshape(d) @ w[4]
+        a += w[5]
+        h = h + a
+        x = _norm_vector(h, w[6], w[7], eps)  # card 6
+        m = ops.gelu(x @ w[8] + w[9]) @ w[10]
+        m += w[11]
+        h += m  # card 7
+    u = _norm_vector(h, params["ln_f.weight"], params["ln_f.bias"], eps)  # card 8
+    cache.length = pos + 1
+    return u @ ops.tied_head(params["wte.weight"])  # card 9
+
+
+def _norm_vector(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """layer_norm of one vector [d], in four NumPy calls."""
+    centred = x - np.add.reduce(x) / x.shape[0]
+    std = np.sqrt(np.dot(centred, centred) / x.shape[0] + eps)
+    out = centred / std
+    out *= g
+    out += b
+    return out
+
+
+def _block_weights(params, i: int) -> tuple[np.ndarray, ...]:
+    """Block i's tensors in the order decode_step uses them (dict lookups by built names
+    cost more than the arithmetic of one position)."""
+    p = f"h.{i}."
+    return tuple(params[p + n] for n in (
+        "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+        "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"))
 
 
 def trace(params, config: Config, ids, *, hooks: Hook | None = None, tokens=None):
