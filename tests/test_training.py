@@ -573,3 +573,23 @@ def test_resuming_an_unfinished_extension_keeps_its_cycle(tmp_path, data):
     log = {r["step"]: r["lr"] for r in read_log(out)}
     assert log[50] == pytest.approx(lr_at(29, 1e-2, 5, 30, 0.1))
     assert log[stopped + 1] == pytest.approx(lr_at(stopped - 20, 1e-2, 5, 30, 0.1))
+
+
+def test_command_txt_keeps_the_recipe_and_the_card_tells_of_the_extension(tmp_path, data):
+    from tinygpt_cli.train.card import write_card
+
+    train_file, val_file = data
+    out = tmp_path / "out"
+    first, second = "tinygpt train --steps 20", "tinygpt train --resume --steps 40 --lr 5e-3"
+    train([train_file], [val_file], out, settings(steps=20, ema=0.9), command=first)
+    assert (out / "command.txt").read_text() == first + "\n"
+    train([train_file], [val_file], out, settings(steps=40, lr=5e-3, warmup=3, ema=0.9,
+                                                  minutes=1e-9), resume=True, command=second)
+    train([train_file], [val_file], out, settings(steps=40, lr=5e-3, warmup=3, ema=0.9),
+          resume=True, command="tinygpt train --resume --steps 40")  # only continues
+    assert (out / "command.txt").read_text() == first + "\n" + second + "\n"
+    card = write_card(out, [train_file, val_file])
+    assert "tinygpt train --steps 20\ntinygpt train --steps 40 --lr 5e-3\n" in card
+    assert "- Extended: steps 20 to 40 are a second cycle" in card
+    assert "a new warm-up of 3 steps to a peak learning rate of 0.005" in card
+    assert "in the last cycle, peak learning rate 0.005 after 3 warm-up steps" in card

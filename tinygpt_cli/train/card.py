@@ -211,7 +211,8 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
     model = load_model(run)
     log = read_log(run / "log.jsonl", on_note or (lambda s: None))
     command_file = run / "command.txt"
-    command = reproducible_command(command_file.read_text(errors='replace').strip()) \
+    command = "\n".join(reproducible_command(line) for line in
+                        command_file.read_text(errors="replace").splitlines() if line.strip()) \
         if command_file.is_file() else "(the run folder has no command.txt)"
     settings = run_settings(run)
     tok = model.tokenizer
@@ -276,7 +277,16 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
                       "of the "
                       f"{'averaged ' if ema > 0 else ''}weights, log-spaced in steps "
                       f"({steps}), in `history/`.")
-    opt = (f"peak learning rate {settings['lr']:g} after {settings['warmup']:,} warm-up steps, "
+    cycle = settings.get("cycle_start") or 0
+    if cycle:
+        extras.append(f"- Extended: steps {cycle:,} to {settings['steps']:,} are a second "
+                      "cycle of the same run (the second command: `--resume` with more "
+                      "`--steps`), a warm restart from the weights, optimiser state and "
+                      f"average of step {cycle:,}: a new warm-up of {settings['warmup']:,} steps "
+                      f"to a peak learning rate of {settings['lr']:g}, then cosine decay, "
+                      f"dropout {settings['dropout']:g}.")
+    opt = (f"{'in the last cycle, ' if cycle else ''}"
+           f"peak learning rate {settings['lr']:g} after {settings['warmup']:,} warm-up steps, "
            f"weight decay {settings['weight_decay']:g}, dropout {settings['dropout']:g}, "
            if settings else "")
     data_line = (f"- Data: {train_names} for training and {val_names} for validation, from "

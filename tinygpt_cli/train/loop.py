@@ -338,6 +338,23 @@ def _start_fresh(out: Path, resume: bool, force: bool) -> None:
             old.unlink()
 
 
+COMMAND = "command.txt"
+
+
+def _record_command(path: Path, command: str, *, fresh: bool, extending: bool) -> None:
+    """command.txt holds the run's recipe, a command per line: a fresh run writes its own, an
+    extension adds its line, and a plain --resume changes nothing (it only continues)."""
+    if path.is_symlink():
+        raise WriteError(f"cannot write {path}: it is a symbolic link, which tinygpt never "
+                         "writes through")
+    if fresh or not path.is_file():
+        write_atomically(path, (command + "\n").encode("utf-8"))
+    elif extending:
+        before = path.read_text(encoding="utf-8", errors="replace").rstrip("\n")
+        if before.splitlines()[-1:] != [command]:  # not twice when the extension restarts
+            write_atomically(path, (before + "\n" + command + "\n").encode("utf-8"))
+
+
 def final_lr(stored: dict) -> float:
     """The learning rate of a stored run's last step."""
     total = int(stored["steps"]) - int(stored.get("cycle_start", 0))
@@ -407,8 +424,6 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
                              if stored[k] != asked[k])
             raise TrainingDataError(f"--resume: {ckpt} was trained with other sizes: {diff}; "
                                     "resume with the same sizes, or --force to start over")
-    if command is not None:
-        write_atomically(out / "command.txt", (command + "\n").encode("utf-8"))
     tokenizer = prepare_tokenizer(out, train_files, config.vocab_size)
     config = Config(**{**asdict(config), "bos_token_id": tokenizer.eot_id,
                        "eos_token_id": tokenizer.eot_id})
@@ -449,6 +464,9 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
         keep_at = {s for s in keep_at if s > start}
     elif log_path.exists() or log_path.is_symlink():
         log_path.unlink()  # --resume without a checkpoint: the run never got far enough
+    if command is not None:
+        _record_command(out / COMMAND, command, fresh=start == 0,
+                        extending=settings.cycle_start == start > 0)
 
     def log(record: dict) -> None:
         append_line(log_path, json.dumps(record, allow_nan=False))
