@@ -344,10 +344,7 @@ COMMAND = "command.txt"
 def _record_command(path: Path, command: str, *, fresh: bool, extending: bool) -> None:
     """command.txt holds the run's recipe, a command per line: a fresh run writes its own, an
     extension adds its line, and a plain --resume changes nothing (it only continues)."""
-    if path.is_symlink():
-        raise WriteError(f"cannot write {path}: it is a symbolic link, which tinygpt never "
-                         "writes through")
-    if fresh or not path.is_file():
+    if fresh or path.is_symlink() or not path.is_file():  # a planted link is replaced, unread
         write_atomically(path, (command + "\n").encode("utf-8"))
     elif extending:
         before = path.read_text(encoding="utf-8", errors="replace").rstrip("\n")
