@@ -256,7 +256,36 @@ def traced(runs: int, ref_eager) -> list[Row]:
         else:
             row.reference = "skipped (no torch)"
         rows.append(row)
+        if t_len == 128:
+            rows.append(matmul_floor(model, ids, runs, tr if ref_eager is not None else None))
     return rows
+
+
+def matmul_floor(model, ids: np.ndarray, runs: int, reference: float | None) -> Row:
+    """The matrix products of the T = 128 pass alone, with nothing else: no pass can take
+    less. Over the reference's time it is the lowest ratio any implementation on this BLAS
+    could reach."""
+    p, c = model.params, model.config
+    x = np.ones((len(ids), c.n_embd), np.float32)
+    q = np.ones((c.n_head, len(ids), c.d_k), np.float32)
+    head = np.ascontiguousarray(p["wte.weight"].T)
+    mlp = np.ones((len(ids), c.n_inner), np.float32)
+
+    def products():
+        for i in range(c.n_layer):
+            x @ p[f"h.{i}.attn.c_attn.weight"]
+            q @ q.swapaxes(-1, -2) @ q  # Q K^T, then weights V
+            x @ p[f"h.{i}.attn.c_proj.weight"]
+            x @ p[f"h.{i}.mlp.c_fc.weight"]
+            mlp @ p[f"h.{i}.mlp.c_proj.weight"]
+        x @ head
+
+    t = median_seconds(products, runs)
+    row = Row("  its matrix products alone, T=128 (no pass can be faster)", f"{t * 1000:.2f} ms")
+    if reference is not None:
+        row.reference = f"{reference * 1000:.2f} ms"
+        row.ratio = t / reference
+    return row
 
 
 def foundation(runs: int) -> list[Row]:
