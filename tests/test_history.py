@@ -4,6 +4,7 @@ against naive loops and finite differences."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -331,3 +332,26 @@ def test_token_contributions_add_up_to_the_gradient_dot_product(make_params):
     np.testing.assert_allclose(both[0], parts, rtol=1e-9)
     np.testing.assert_allclose(both[1], why.token_contributions(params, config, y, x, query),
                                rtol=1e-9)
+
+
+@pytest.mark.parametrize("width", [40, 80, 120])
+def test_head_scores_of_16_heads_flow_to_fit_the_width(width):
+    """history --heads: one small grid per layer, side by side when they fit, never wider
+    than the terminal; every score is shown whole."""
+    import io
+
+    from rich.console import Console
+
+    from tinygpt_cli.render.history import head_grids
+
+    values = np.round(np.random.default_rng(0).random((8, 4, 4)), 2)  # [S, L, H]
+    labels = [f"step {s}" for s in (50, 103, 213, 440, 909, 1876, 3875)] + ["final"]
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None).print(head_grids(values, labels))
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert sum(line.count("layer ") for line in lines) == 4
+    shown = [float(x) for line in lines for x in line.split() if re.fullmatch(r"\d\.\d\d", x)]
+    assert sorted(shown) == sorted(values.ravel().tolist())
+    side_by_side = max(line.count("layer ") for line in lines)
+    assert side_by_side == {40: 1, 80: 2, 120: 3}[width]

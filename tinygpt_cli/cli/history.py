@@ -175,15 +175,12 @@ def _history_heads(session, timeline, labels, as_json):
             snapshots=_rows(timeline), induction_length=hist.induction_length(config),
             induction_seed=0, axes=["snapshot", "layer", "head"]))
         return
-    cols = [f"{i}.{h}" for i in range(config.n_layer) for h in range(config.n_head)]
-    s = len(timeline)
-    group = Group(
-        Text("previous-token score of each head (layer.head) on the text", style="bold"),
-        view.grid_rows(prev.reshape(s, -1), labels, cols),
+    stdout().print(Group(
+        Text("previous-token score of each head on the text", style="bold"),
+        view.head_grids(prev, labels),
         Text(f"\ninduction score of each head on {hist.induction_length(config)} random tokens "
              "repeated", style="bold"),
-        view.grid_rows(induction.reshape(s, -1), labels, cols))
-    wide(group).print(group)
+        view.head_grids(induction, labels)))
 
 
 # ------------------------------------------------------------------ why

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from rich.columns import Columns
 from rich.table import Table
 from rich.text import Text
 
@@ -45,15 +46,33 @@ def _shade(x: float, lo: float, hi: float) -> Text:
     return Text(f"{x:5.2f}", style=f"{fg} on {colour(level)}")
 
 
-def grid_rows(values: np.ndarray, labels: list[str], columns: list[str]) -> Table:
-    """A [S, C] array as coloured cells: one row per snapshot (attention rows, head scores)."""
-    t = _table(("snapshot", "left"), *((c, "center") for c in columns))
+def _span(values: np.ndarray) -> tuple[float, float]:
     finite = values[np.isfinite(values)]
-    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+
+
+def grid_rows(values: np.ndarray, labels: list[str], columns: list[str], *,
+              span: tuple[float, float] | None = None, title: str | None = None) -> Table:
+    """A [S, C] array as coloured cells: one row per snapshot (attention rows, head scores),
+    coloured over `span` (default: the array's own range)."""
+    t = _table(("snapshot", "left"), *((c, "center") for c in columns))
+    if title:
+        t.title, t.title_justify, t.title_style = title, "left", "bold dim"
+    lo, hi = span or _span(values)
     for label, row in zip(labels, values, strict=True):
         t.add_row(label, *(_shade(float(x), lo, hi) if np.isfinite(x) else Text("  ·  ")
                            for x in row))
     return t
+
+
+def head_grids(values: np.ndarray, labels: list[str]) -> Columns:
+    """[S, L, H] head scores as one small grid per layer (rows: snapshots, columns: heads),
+    on one colour scale, flowing onto as many lines as the width needs."""
+    span = _span(values)
+    return Columns([grid_rows(values[:, i], labels, [f"h{h}" for h in
+                                                     range(values.shape[2])],
+                              span=span, title=f"layer {i}")
+                    for i in range(values.shape[1])], padding=(1, 3))
 
 
 def token_columns(tokens: list[str]) -> list[str]:
