@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from tinygpt_cli.config import Config, load_config
+from tinygpt_cli.errors import InputError
 from tinygpt_cli.model import param_shapes
 from tinygpt_cli.tokenizer import END_OF_TEXT, Tokenizer, train_tokenizer
 from tinygpt_cli.train.data import (
@@ -546,7 +547,7 @@ def test_resuming_a_finished_run_with_more_steps_starts_a_new_warm_up_and_cosine
 
     train_file, val_file = data
     out = tmp_path / "out"
-    train([train_file], [val_file], out, settings(steps=20, snapshots=2, eval_every=10))
+    train([train_file], [val_file], out, settings(steps=20, eval_every=10))  # no snapshots
     first = {r["step"]: r["lr"] for r in read_log(out)}
     train([train_file], [val_file], out, settings(steps=50, lr=5e-3, warmup=4, snapshots=2,
                                                   eval_every=10), resume=True)
@@ -557,7 +558,7 @@ def test_resuming_a_finished_run_with_more_steps_starts_a_new_warm_up_and_cosine
     assert log[21] == pytest.approx(5e-3 / 4) and log[24] == pytest.approx(5e-3)
     assert log[50] < log[30] < log[24]
     names = sorted(p.name for p in (out / HISTORY).iterdir())
-    assert names[-2:] == ["step-000020.safetensors", "step-000050.safetensors"]
+    assert names == ["step-000020.safetensors", "step-000050.safetensors"]  # start and end
     with safe_open(str(out / HISTORY / "step-000020.safetensors"), "numpy") as f:
         assert float(f.metadata()["lr"]) == pytest.approx(first[20])  # the rate it ended on
 
@@ -589,7 +590,42 @@ def test_command_txt_keeps_the_recipe_and_the_card_tells_of_the_extension(tmp_pa
           resume=True, command="tinygpt train --resume --steps 40")  # only continues
     assert (out / "command.txt").read_text() == first + "\n" + second + "\n"
     card = write_card(out, [train_file, val_file])
-    assert "tinygpt train --steps 20\ntinygpt train --steps 40 --lr 5e-3\n" in card
-    assert "- Extended: steps 20 to 40 are a second cycle" in card
+    # the extension keeps its --resume: that is how it continues the run
+    assert "tinygpt train --steps 20\ntinygpt train --resume --steps 40 --lr 5e-3\n" in card
+    assert "- Extended: steps 20 to 40 are cycle 2 of the same run" in card
     assert "a new warm-up of 3 steps to a peak learning rate of 0.005" in card
     assert "in the last cycle, peak learning rate 0.005 after 3 warm-up steps" in card
+
+
+def test_a_retried_extension_replaces_its_line_and_a_short_one_is_refused(tmp_path, data):
+    train_file, val_file = data
+    out = tmp_path / "out"
+    train([train_file], [val_file], out, settings(steps=20), command="first")
+    with pytest.raises(InputError, match="extends the run by 5 steps, no more than its "
+                                         "--warmup of 5"):
+        train([train_file], [val_file], out, settings(steps=25), resume=True, command="short")
+    # an extension killed before its first checkpoint (the finished run's checkpoint is
+    # still the one on disk), then tried again with another learning rate
+    finished = (out / CHECKPOINT).read_bytes()
+    train([train_file], [val_file], out, settings(steps=40, minutes=1e-9), resume=True,
+          command="try 1")
+    assert (out / "command.txt").read_text() == "first\ntry 1\n"
+    (out / CHECKPOINT).write_bytes(finished)
+    train([train_file], [val_file], out, settings(steps=40, lr=5e-3), resume=True,
+          command="try 2")
+    assert (out / "command.txt").read_text() == "first\ntry 2\n"
+
+
+def test_a_checkpoint_with_damaged_settings_is_a_run_error(tmp_path, data):
+    from tinygpt_cli.errors import RunError
+
+    train_file, val_file = data
+    out = tmp_path / "out"
+    train([train_file], [val_file], out, settings(steps=10))
+    with np.load(out / CHECKPOINT) as z:
+        arrays = dict(z)
+    stored = json.loads(str(arrays["settings"]))
+    arrays["settings"] = np.asarray(json.dumps({**stored, "steps": None}))
+    np.savez(out / CHECKPOINT, **arrays)
+    with pytest.raises(RunError, match="is damaged"):
+        train([train_file], [val_file], out, settings(steps=20), resume=True)

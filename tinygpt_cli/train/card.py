@@ -144,15 +144,16 @@ def shown_path(path: str | Path) -> str:
     return os.path.relpath(path) if os.path.isabs(path) else path
 
 
-def reproducible_command(line: str) -> str:
-    """The command from command.txt, without --resume/--force (how often a run was resumed
-    is not part of the recipe) and with absolute paths made relative."""
+def reproducible_command(line: str, *, extension: bool = False) -> str:
+    """A command from command.txt with absolute paths made relative, and without --force or
+    --resume (how often a run was resumed is not part of the recipe), except the --resume of
+    an extension (a later line), which is how it continues the run."""
     try:
         words = shlex.split(line)
     except ValueError:
         return line
-    words = [shown_path(w) if w.startswith("/") else w for w in words
-             if w not in ("--resume", "--force")]
+    dropped = ("--force",) if extension else ("--resume", "--force")
+    words = [shown_path(w) if w.startswith("/") else w for w in words if w not in dropped]
     return shlex.join(words)
 
 
@@ -211,9 +212,10 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
     model = load_model(run)
     log = read_log(run / "log.jsonl", on_note or (lambda s: None))
     command_file = run / "command.txt"
-    command = "\n".join(reproducible_command(line) for line in
-                        command_file.read_text(errors="replace").splitlines() if line.strip()) \
-        if command_file.is_file() else "(the run folder has no command.txt)"
+    lines = [line for line in command_file.read_text(errors="replace").splitlines()
+             if line.strip()] if command_file.is_file() else []
+    command = "\n".join(reproducible_command(line, extension=k > 0)
+                        for k, line in enumerate(lines)) or "(the run folder has no command.txt)"
     settings = run_settings(run)
     tok = model.tokenizer
     train_files, val_files = split_data(data)
@@ -279,12 +281,13 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
                       f"({steps}), in `history/`.")
     cycle = settings.get("cycle_start") or 0
     if cycle:
-        extras.append(f"- Extended: steps {cycle:,} to {settings['steps']:,} are a second "
-                      "cycle of the same run (the second command: `--resume` with more "
-                      "`--steps`), a warm restart from the weights, optimiser state and "
-                      f"average of step {cycle:,}: a new warm-up of {settings['warmup']:,} steps "
-                      f"to a peak learning rate of {settings['lr']:g}, then cosine decay, "
-                      f"dropout {settings['dropout']:g}.")
+        number = (settings.get("cycle") or 1) + 1
+        extras.append(f"- Extended: steps {cycle:,} to {settings['steps']:,} are cycle {number} "
+                      "of the same run (the last command: `--resume` with more `--steps`), a "
+                      "warm restart from the weights, optimiser state and average of step "
+                      f"{cycle:,}: a new warm-up of {settings['warmup']:,} steps to a peak "
+                      f"learning rate of {settings['lr']:g}, then cosine decay, dropout "
+                      f"{settings['dropout']:g}.")
     opt = (f"{'in the last cycle, ' if cycle else ''}"
            f"peak learning rate {settings['lr']:g} after {settings['warmup']:,} warm-up steps, "
            f"weight decay {settings['weight_decay']:g}, dropout {settings['dropout']:g}, "

@@ -220,24 +220,30 @@ def _load_checkpoint(path: Path, params, opt: AdamW, rng, average=None):
 
 
 def stored_settings(path: Path) -> dict:
-    """The settings a checkpoint was written with (its steps, its cycle start)."""
+    """The settings a checkpoint was written with: its schedule (steps, lr, warmup, floor)
+    and its cycle (start and number), checked to be numbers."""
     try:
         with np.load(path) as z:
-            return json.loads(str(z["settings"]))
-    except Exception as e:  # noqa: BLE001 - zip, JSON and key errors alike: a broken file
+            stored = json.loads(str(z["settings"]))
+        for key in ("steps", "warmup", "cycle_start", "cycle"):
+            stored[key] = int(stored.get(key, 0))
+        for key in ("lr", "min_lr_ratio"):
+            stored[key] = float(stored.get(key, 0.1))
+        return stored
+    except Exception as e:  # noqa: BLE001 - zip, JSON, key and type errors alike: a broken file
         raise RunError(f"{path} cannot be read ({type(e).__name__}: {e}); it is damaged: "
                        "start over with --force") from None
 
 
-def cycle_start_after_resume(stored: dict, at_step: int, steps: int) -> int:
-    """Where the learning-rate cycle of a resumed run starts.
+def cycle_after_resume(stored: dict, at_step: int, steps: int) -> tuple[int, int]:
+    """(start, number) of the learning-rate cycle a resumed run trains in.
 
     A run that had finished (its checkpoint is at its last step) and is asked for more steps
-    starts a new cycle at that step; an unfinished run keeps the cycle it was in.
+    starts cycle number + 1 at that step; an unfinished run keeps the cycle it was in.
     """
-    if at_step >= int(stored.get("steps", 0)) and steps > at_step:
-        return at_step
-    return int(stored.get("cycle_start", 0))
+    if at_step >= stored["steps"] and steps > at_step:
+        return at_step, stored["cycle"] + 1
+    return stored["cycle_start"], stored["cycle"]
 
 
 def _read_checkpoint(path: Path, params, opt: AdamW, rng, average=None):
@@ -341,22 +347,23 @@ def _start_fresh(out: Path, resume: bool, force: bool) -> None:
 COMMAND = "command.txt"
 
 
-def _record_command(path: Path, command: str, *, fresh: bool, extending: bool) -> None:
-    """command.txt holds the run's recipe, a command per line: a fresh run writes its own, an
-    extension adds its line, and a plain --resume changes nothing (it only continues)."""
+def _record_command(path: Path, command: str, *, fresh: bool, extends: int) -> None:
+    """command.txt holds the run's recipe, one command per cycle: a fresh run writes its
+    own; an extension starting cycle `extends` keeps the lines of the cycles before it (not
+    an earlier try of the same extension) and adds its own; a plain --resume changes nothing
+    (it only continues)."""
     if fresh or path.is_symlink() or not path.is_file():  # a planted link is replaced, unread
         write_atomically(path, (command + "\n").encode("utf-8"))
-    elif extending:
-        before = path.read_text(encoding="utf-8", errors="replace").rstrip("\n")
-        if before.splitlines()[-1:] != [command]:  # not twice when the extension restarts
-            write_atomically(path, (before + "\n" + command + "\n").encode("utf-8"))
+    elif extends:
+        before = path.read_text(encoding="utf-8", errors="replace").splitlines()[:extends]
+        write_atomically(path, "".join(line + "\n" for line in [*before, command])
+                         .encode("utf-8"))
 
 
 def final_lr(stored: dict) -> float:
     """The learning rate of a stored run's last step."""
-    total = int(stored["steps"]) - int(stored.get("cycle_start", 0))
-    return lr_at(total - 1, stored["lr"], stored["warmup"], total,
-                 stored.get("min_lr_ratio", 0.1))
+    total = stored["steps"] - stored["cycle_start"]
+    return lr_at(total - 1, stored["lr"], stored["warmup"], total, stored["min_lr_ratio"])
 
 
 def machine() -> dict:
@@ -451,9 +458,14 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
         start, best_val, elapsed_before = _load_checkpoint(ckpt, params, opt, rng, average)
         _trim_log(log_path, start, note)
         note(f"resumed from {ckpt} at step {start}")
-        settings = replace(settings, cycle_start=cycle_start_after_resume(
-            stored, start, settings.steps))
-        if settings.cycle_start == start and start > 0:
+        cycle_start, cycle = cycle_after_resume(stored, start, settings.steps)
+        settings = replace(settings, cycle_start=cycle_start, cycle=cycle)
+        if cycle > stored["cycle"]:
+            if settings.steps - start <= settings.warmup:
+                raise InputError(
+                    f"--steps {settings.steps} extends the run by {settings.steps - start} "
+                    f"steps, no more than its --warmup of {settings.warmup}: the learning "
+                    "rate would only rise. Ask for more steps or a shorter --warmup")
             note(f"extending the run from step {start} to {settings.steps}: a new warm-up "
                  f"of {settings.warmup} steps to --lr {settings.lr:g}, then cosine decay")
             if settings.snapshots:  # the weights the new cycle starts from
@@ -463,7 +475,7 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
         log_path.unlink()  # --resume without a checkpoint: the run never got far enough
     if command is not None:
         _record_command(out / COMMAND, command, fresh=start == 0,
-                        extending=settings.cycle_start == start > 0)
+                        extends=settings.cycle if settings.cycle_start == start > 0 else 0)
 
     def log(record: dict) -> None:
         append_line(log_path, json.dumps(record, allow_nan=False))
