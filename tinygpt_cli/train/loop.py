@@ -58,6 +58,7 @@ class Settings:
     # The step this learning-rate cycle began: 0, or where --resume extended a finished run
     # to more --steps (a new warm-up and cosine decay from there, a "warm restart").
     cycle_start: int = 0
+    cycle: int = 0  # how many cycles came before this one (and lines of command.txt)
     config: dict = field(default_factory=lambda: asdict(Config()))
 
     def __post_init__(self) -> None:
