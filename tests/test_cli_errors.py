@@ -266,3 +266,16 @@ def test_module_errors_without_traceback(tiny, tmp_path):
     assert_one_error_line(r, 1, "model.safetensors")
     r = run_module("embed", TEXT, "--weights", broken, "--debug")
     assert r.returncode != 0 and "Traceback" in r.stderr and "WeightsError" in r.stderr
+
+
+@pytest.mark.parametrize("args", [("encode", TEXT), ("decode", "5", "6"),
+                                  ("encode", TEXT, "--json")])
+def test_encode_and_decode_report_a_broken_weights_file_though_they_never_read_it(broken, args):
+    """encode and decode read only config and tokenizer, but a broken folder is reported by
+    every command alike: exit 1, one line naming the file."""
+    f = broken.folder / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+    assert_one_error_line(broken(*args), 1, "model.safetensors", "truncated")
+    f.write_bytes(b"\x00\xffnot safetensors at all" * 7)
+    assert_one_error_line(broken(*args), 1, "model.safetensors", "not a readable safetensors")

@@ -265,6 +265,19 @@ def map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
     return tensors
 
 
+def checked_header(path: Path, config: Config) -> dict[str, TensorInfo]:
+    """The safetensors header of the weights file, checked against the config (names,
+    shapes, dtypes): reads a few kilobytes, needs no NumPy."""
+    if not path.is_file():
+        raise WeightsError(f"weights file {path} does not exist")
+    try:
+        infos = read_header(path)
+    except OSError as e:
+        raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
+    check_header(infos, config)
+    return infos
+
+
 def load_params(path: str | Path, config: Config) -> dict[str, np.ndarray]:
     """Read the header, check it against the config, and only then map the tensors.
 
@@ -274,13 +287,7 @@ def load_params(path: str | Path, config: Config) -> dict[str, np.ndarray]:
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
-    if not path.is_file():
-        raise WeightsError(f"weights file {path} does not exist")
-    try:
-        infos = read_header(path)
-    except OSError as e:
-        raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
-    check_header(infos, config)
+    infos = checked_header(path, config)
     wanted = [n for n in infos if not (n.removeprefix(PREFIX)).endswith(IGNORED)]
     try:
         mapped = map_safetensors(path)
@@ -333,8 +340,9 @@ def resolve_folder(folder: str | Path | None) -> tuple[Path, bool]:
 
 @dataclass
 class Folder:
-    """A weights folder's sizes and tokenizer, checked to agree: all that turning text into
-    ids and back needs (`encode`, `decode`), without reading the weights themselves."""
+    """A weights folder's sizes and tokenizer, checked to agree with each other and with the
+    weights file's header: all that turning text into ids and back needs (`encode`,
+    `decode`), without reading the weights themselves."""
 
     folder: Path
     config: Config
@@ -359,6 +367,9 @@ def open_folder(folder: str | Path | None = None) -> Folder:
         config = load_config(root / "config.json")
     except (ValueError, OSError) as e:
         raise WeightsError(f"{root / 'config.json'}: {e}") from None
+    # the weights' header too, though text <-> ids never reads them: a broken folder is
+    # reported by every command alike
+    checked_header(root / "model.safetensors", config)
     try:
         tokenizer = Tokenizer.from_file(root / "tokenizer.json")
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
