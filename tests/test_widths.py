@@ -16,7 +16,7 @@ COMMANDS = [
     ["attn", TEXT], ["attn", LONG], ["attn", LONG, "--all-heads"], ["attn", LONG, "--scores"],
     ["mlp", TEXT, "--top", "20"], ["blocks", TEXT], ["logits", TEXT], ["probs", TEXT],
     ["encode", TEXT], ["trace", TEXT, "layers.0.q"], ["trace", TEXT, "logits[-1]"],
-    ["sample", TEXT], ["info"], ["trace", TEXT, "ids"],
+    ["sample", TEXT], ["info"], ["trace", TEXT, "ids"], ["lens", TEXT], ["lens", LONG],
 ]
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[+-]\d+)?%?")
 HEADER_KEYS = ("min", "mean", "max", "std")

@@ -124,7 +124,7 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
         return
     v = view.lens_view(result.stages, s.tokens, top_tokens, top_probs.T, (t, tok(t)), p, probs,
                        ranks)
-    console(LABEL + 8 * len(result.stages)).print(v)
+    stdout().print(v)  # the grid drops middle stages behind `…` to fit the width
 
 
 # ------------------------------------------------------------------ direct logit attribution

@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .tables import colour, fmt, header, token_rows
+from .tables import Fit, colour, fmt, header, token_rows
 from .text import show_token
 
 # ------------------------------------------------------------------ a general labelled heatmap
@@ -107,6 +107,20 @@ def stage_label(name: str) -> str:
     return f"{i}.{kind.removeprefix('resid_')}"
 
 
+def stage_grid(probs: np.ndarray, rows: list[str], labels: list[str],
+               shown: list[list[str]]) -> Fit:
+    """The lens grid [T, S]: the middle stages give way behind one `…` column when the width
+    is short, as every wide table does; a token is never cut."""
+    def build(keep: list[int | None]):
+        cols = [probs[:, j] if j is not None else np.full(len(rows), np.nan) for j in keep]
+        text = [[row[j] if j is not None else "" for j in keep] for row in shown]
+        return grid(np.stack(cols, axis=1), rows, [labels[j] if j is not None else "…"
+                                                   for j in keep],
+                    signed=False, text=text, width=7, lo=0.0, hi=1.0)
+
+    return Fit(build, probs.shape[1])
+
+
 def lens_view(stages: list[str], tokens: list[str], top_tokens: list[list[str]],
               top_probs: np.ndarray, target: tuple[int, str], position: int,
               target_probs: np.ndarray, target_ranks: np.ndarray) -> Group:
@@ -124,8 +138,7 @@ def lens_view(stages: list[str], tokens: list[str], top_tokens: list[list[str]],
         header("lens", top_probs, "(top token's chance, position × stage)"),
         note("each stage through the final norm (its statistics recomputed) and the tied head; "
              "colour: that token's chance"),
-        grid(top_probs, token_rows(tokens), labels, signed=False, text=shown, width=7,
-             lo=0.0, hi=1.0),
+        stage_grid(top_probs, token_rows(tokens), labels, shown),
         Text(""),
         token_line(f"the target at position {position} ({show_token(tokens[position])}):",
                    *target),
