@@ -372,8 +372,9 @@ def test_each_line_errors_name_the_line(cli, tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["heads", "Tom saw a dog. Tom saw a dog."], "induction (random)"),
-    (["neurons", TEXT, "--layer", "-1"], "pushes up (W_out[n] * ln_final.weight @ W_E^T)"),
-    (["neurons", TEXT, "--raw"], "pushes up (W_out[n] @ W_E^T)"),
+    (["neurons", TEXT, "--layer", "-1"],
+     "pushes up: the logits of W_out[n] * ln_final.weight @ W_E^T"),
+    (["neurons", TEXT, "--raw"], "pushes up: the logits of W_out[n] @ W_E^T"),
     (["diff", TEXT, "Tom wanted to play with his"], "relative distance"),
     (["diff", TEXT, "--weights-b", None], "same top token 100%"),
 ])

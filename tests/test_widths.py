@@ -17,6 +17,7 @@ COMMANDS = [
     ["mlp", TEXT, "--top", "20"], ["blocks", TEXT], ["logits", TEXT], ["probs", TEXT],
     ["encode", TEXT], ["trace", TEXT, "layers.0.q"], ["trace", TEXT, "logits[-1]"],
     ["sample", TEXT], ["info"], ["trace", TEXT, "ids"], ["lens", TEXT], ["lens", LONG],
+    ["neurons", TEXT, "--top", "5"],
 ]
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[+-]\d+)?%?")
 HEADER_KEYS = ("min", "mean", "max", "std")

@@ -538,16 +538,17 @@ def _neurons_on_text(model, text, layer, top, raw, as_json):
     from rich.table import Table
 
     t = Table(box=None, pad_edge=False, header_style="bold dim")
-    for name, just in (("neuron", "right"), ("max", "right"), ("at", "left"),
-                       (f"pushes up ({read})", "left")):
+    for name, just in (("neuron", "right"), ("max", "right"), ("at", "left")):
         t.add_column(name, justify=just, no_wrap=True)
+    t.add_column("pushes up", ratio=1)  # wraps between tokens to fit the width
     for f in found:
         t.add_row(f"n{f['neuron']}", f"{f['max']:.3f}",
                   Text(f"{f['position']} {show_token(session.tokens[f['position']])}",
                        style="bold"),
                   view.token_list([p["token"] for p in f["pushes"]],
                                   [p["logit"] for p in f["pushes"]]))
-    wide(t).print(Group(header(post_path, post), t))
+    stdout().print(Group(header(post_path, post),
+                         Text(f"pushes up: the logits of {read}", style="dim"), t))
 
 
 # ------------------------------------------------------------------ diff

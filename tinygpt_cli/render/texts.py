@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .tables import colour, fmt
+from .tables import Fields, colour, fmt
 from .text import show_text, show_token
 
 # Surprisal bands in bits: a token the model found likely is plain, rarer ones get warmer.
@@ -109,12 +109,15 @@ def window_line(tokens: list[str], acts: np.ndarray, peak: int, radius: int = 12
     return t
 
 
-def token_list(tokens: list[str], values: list[float]) -> Text:
-    t = Text()
+def token_list(tokens: list[str], values: list[float]) -> Fields:
+    """`tok 0.560  tok 0.492 ...`, wrapping between entries (never inside one) when the
+    column is narrower than the list."""
+    fields = []
     for tok, v in zip(tokens, values, strict=True):
-        t.append(show_token(tok), style="bold")
-        t.append(f" {fmt(v)}  ", style="dim")
-    return t
+        t = Text(show_token(tok), style="bold")
+        t.append(f" {fmt(v)}", style="dim")
+        fields.append(t)
+    return Fields(fields)
 
 
 def side_by_side(tokens_a: list[str], tokens_b: list[str], top_a: list[tuple[str, float]],
