@@ -284,10 +284,14 @@ def load_params(path: str | Path, config: Config) -> dict[str, np.ndarray]:
     The tensors are read-only arrays over the mapped file (map_safetensors); float32 ones
     stay so, F16/F64 ones are converted (a copy). Nothing may write into params in place.
     """
+    path = Path(path)
+    return map_params(path, config, checked_header(path, config))
+
+
+def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict[str, np.ndarray]:
+    """load_params after its header check: `infos` is checked_header(path, config)."""
     from safetensors import SafetensorError, safe_open
 
-    path = Path(path)
-    infos = checked_header(path, config)
     wanted = [n for n in infos if not (n.removeprefix(PREFIX)).endswith(IGNORED)]
     try:
         mapped = map_safetensors(path)
@@ -347,6 +351,7 @@ class Folder:
     folder: Path
     config: Config
     tokenizer: object  # tinygpt_cli.tokenizer.Tokenizer
+    header: dict[str, TensorInfo]  # model.safetensors' header, checked against the config
 
 
 def open_folder(folder: str | Path | None = None) -> Folder:
@@ -369,20 +374,20 @@ def open_folder(folder: str | Path | None = None) -> Folder:
         raise WeightsError(f"{root / 'config.json'}: {e}") from None
     # the weights' header too, though text <-> ids never reads them: a broken folder is
     # reported by every command alike
-    checked_header(root / "model.safetensors", config)
+    header = checked_header(root / "model.safetensors", config)
     try:
         tokenizer = Tokenizer.from_file(root / "tokenizer.json")
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
         raise WeightsError(f"{root / 'tokenizer.json'} is not a tokenizers file ({e})") from None
     check_vocabulary(tokenizer, config, root)
-    return Folder(root, config, tokenizer)
+    return Folder(root, config, tokenizer, header)
 
 
 def load_model(folder: str | Path | None = None) -> Model:
-    """open_folder, then the weights, read and checked against the config."""
+    """open_folder, then the weights its header check let through."""
     f = open_folder(folder)
-    return Model(f.folder, f.config, load_params(f.folder / "model.safetensors", f.config),
-                 f.tokenizer)
+    return Model(f.folder, f.config, map_params(f.folder / "model.safetensors", f.config,
+                                                f.header), f.tokenizer)
 
 
 def check_vocabulary(tokenizer, config: Config, root: Path) -> None:

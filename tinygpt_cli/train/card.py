@@ -171,13 +171,13 @@ def file_names(files: list[Path]) -> str:
 
 
 def run_settings(run: Path) -> dict:
-    """The settings a run was trained with, from its checkpoint (empty when there is none)."""
-    import numpy as np
+    """The settings a run was trained with, from its checkpoint (empty when there is none,
+    or it is damaged: the card then says less)."""
+    from .loop import CHECKPOINT, stored_settings
 
     try:
-        with np.load(run / "checkpoint.npz") as z:
-            return json.loads(str(z["settings"]))
-    except Exception:  # noqa: BLE001 - a folder without (or with a damaged) checkpoint
+        return stored_settings(run / CHECKPOINT)
+    except RunError:
         return {}
 
 

@@ -201,17 +201,6 @@ def _save_checkpoint(path: Path, params, opt: AdamW, step: int, rng, best_val: f
 SIZES = ("n_embd", "n_layer", "n_head", "n_inner", "vocab_size", "n_positions")
 
 
-def checkpoint_sizes(path: Path) -> dict:
-    """The model sizes a checkpoint was trained with."""
-    try:
-        with np.load(path) as z:
-            stored = json.loads(str(z["settings"]))["config"]
-        return {k: stored[k] for k in SIZES}
-    except Exception as e:  # noqa: BLE001 - zip, JSON and key errors alike: a broken file
-        raise RunError(f"{path} cannot be read ({type(e).__name__}: {e}); it is damaged: "
-                       "start over with --force") from None
-
-
 def _load_checkpoint(path: Path, params, opt: AdamW, rng, average=None):
     try:
         return _read_checkpoint(path, params, opt, rng, average)
@@ -221,11 +210,13 @@ def _load_checkpoint(path: Path, params, opt: AdamW, rng, average=None):
 
 
 def stored_settings(path: Path) -> dict:
-    """The settings a checkpoint was written with: its schedule (steps, lr, warmup, floor)
-    and its cycle (start and number), checked to be numbers."""
+    """The settings a checkpoint was written with: the model sizes, the schedule (steps,
+    lr, warmup, floor) and the cycle (start and number), checked to be numbers."""
     try:
         with np.load(path) as z:
             stored = json.loads(str(z["settings"]))
+            stored["at_step"] = int(z["step"])  # where the checkpoint is
+        stored["config"] = {**stored["config"], **{k: int(stored["config"][k]) for k in SIZES}}
         for key in ("steps", "warmup", "cycle_start", "cycle"):
             stored[key] = int(stored.get(key, 0))
         for key in ("lr", "min_lr_ratio"):
@@ -421,14 +412,23 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
     _remove_stale_temporaries(out)
     ckpt, log_path = out / CHECKPOINT, out / LOG
     config = Config(**settings.config)
-    if resume and ckpt.is_file():
-        stored = checkpoint_sizes(ckpt)
+    stored = stored_settings(ckpt) if resume and ckpt.is_file() else None
+    if stored is not None:
+        sizes = {k: stored["config"][k] for k in SIZES}
         asked = {k: getattr(config, k) for k in SIZES}
-        if stored != asked:
-            diff = ", ".join(f"{k} {stored[k]} (asked {asked[k]})" for k in SIZES
-                             if stored[k] != asked[k])
+        if sizes != asked:
+            diff = ", ".join(f"{k} {sizes[k]} (asked {asked[k]})" for k in SIZES
+                             if sizes[k] != asked[k])
             raise TrainingDataError(f"--resume: {ckpt} was trained with other sizes: {diff}; "
                                     "resume with the same sizes, or --force to start over")
+        at = stored["at_step"]
+        cycle_start, cycle = cycle_after_resume(stored, at, settings.steps)
+        if cycle > stored["cycle"] and settings.steps - at <= settings.warmup:
+            raise InputError(
+                f"--steps {settings.steps} extends the run by {settings.steps - at} steps, no "
+                f"more than its --warmup of {settings.warmup}: the learning rate would only "
+                "rise. Ask for more steps or a shorter --warmup")
+        settings = replace(settings, cycle_start=cycle_start, cycle=cycle)
     tokenizer = prepare_tokenizer(out, train_files, config.vocab_size)
     config = Config(**{**asdict(config), "bos_token_id": tokenizer.eot_id,
                        "eos_token_id": tokenizer.eot_id})
@@ -454,19 +454,11 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
     shipped = average if average is not None else params
     keep_at = set(snapshot_steps(settings.steps, settings.snapshots))
     start, best_val, elapsed_before = 0, math.inf, 0.0
-    if resume and ckpt.is_file():
-        stored = stored_settings(ckpt)
+    if stored is not None:
         start, best_val, elapsed_before = _load_checkpoint(ckpt, params, opt, rng, average)
         _trim_log(log_path, start, note)
         note(f"resumed from {ckpt} at step {start}")
-        cycle_start, cycle = cycle_after_resume(stored, start, settings.steps)
-        settings = replace(settings, cycle_start=cycle_start, cycle=cycle)
-        if cycle > stored["cycle"]:
-            if settings.steps - start <= settings.warmup:
-                raise InputError(
-                    f"--steps {settings.steps} extends the run by {settings.steps - start} "
-                    f"steps, no more than its --warmup of {settings.warmup}: the learning "
-                    "rate would only rise. Ask for more steps or a shorter --warmup")
+        if settings.cycle > stored["cycle"]:
             note(f"extending the run from step {start} to {settings.steps}: a new warm-up "
                  f"of {settings.warmup} steps to --lr {settings.lr:g}, then cosine decay")
             if settings.snapshots:  # the weights the new cycle starts from
