@@ -16,6 +16,7 @@ torch and transformers the reference columns say "skipped".
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import platform
 import re
@@ -210,10 +211,14 @@ def generation(runs: int, ref) -> list[Row]:
 
     hf, theirs = ref, []
     x = torch.tensor([ids])
+    # Like `--no-stop`: <|endoftext|> is a token like any other and the story goes on after
+    # it. (min_new_tokens would instead forbid it, and the texts would part at the first one.)
+    settings = copy.deepcopy(hf.generation_config)
+    settings.eos_token_id = None
 
     def reference():
         with torch.inference_mode():
-            y = hf.generate(x, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+            y = hf.generate(x, generation_config=settings, max_new_tokens=NEW_TOKENS,
                             do_sample=False, use_cache=True, pad_token_id=0)
         theirs[:] = y[0, len(ids):].tolist()
 
@@ -281,7 +286,14 @@ def matmul_floor(model, ids: np.ndarray, runs: int, reference: float | None) -> 
         x @ head
 
     t = median_seconds(products, runs)
-    row = Row("  its matrix products alone, T=128 (no pass can be faster)", f"{t * 1000:.2f} ms")
+    n, d, f = len(ids), c.n_embd, c.n_inner
+    flops = 2 * (c.n_layer * (n * d * 3 * d + 2 * n * n * d + n * d * d + 2 * n * d * f)
+                 + n * d * c.vocab_size)
+    big = np.ones((1024, 1024), np.float32)
+    peak = 2 * 1024**3 / median_seconds(lambda: big @ big, runs)
+    row = Row(f"  its matrix products alone, T=128 (no pass can be faster): {flops / t / 1e9:.0f} "
+              f"GFLOP/s, where one 1024 x 1024 product runs at {peak / 1e9:.0f}",
+              f"{t * 1000:.2f} ms")
     if reference is not None:
         row.reference = f"{reference * 1000:.2f} ms"
         row.ratio = t / reference

@@ -298,3 +298,14 @@ def test_fused_cross_entropy_equals_the_separate_loss_and_backward():
     loss, dlogits = ops.cross_entropy_with_grad(logits, targets)
     assert loss == pytest.approx(ops.cross_entropy(logits, targets), rel=1e-12)
     np.testing.assert_allclose(dlogits, ops.cross_entropy_backward(logits, targets), atol=1e-15)
+
+
+def test_gelu_backward_keeps_the_wider_dtype(rng):
+    # float32 activations with a float64 upstream gradient: the in-place arithmetic must not
+    # round the result to float32
+    x = rng.normal(0.0, 2.0, (4, 5)).astype(np.float32)
+    R = rng.normal(size=x.shape)
+    got = ops.gelu_backward(R, x)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, ops.gelu_backward(R, x.astype(np.float64)), rtol=1e-5,
+                               atol=1e-6)

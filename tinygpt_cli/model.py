@@ -124,7 +124,11 @@ def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.nd
     mean = hooks(name + ".mean", _mean_last(x))  # [T, 1]
     centred = x - mean
     std = hooks(name + ".std", np.sqrt(_mean_last(centred * centred) + eps))
-    out = centred / std
+    if centred.dtype == np.result_type(centred, std):  # centred is ours alone: reuse it
+        out = centred
+        out /= std
+    else:
+        out = centred / std
     if out.dtype == np.result_type(out, g, b):  # in place, the same numbers with fewer arrays
         out *= g
         out += b

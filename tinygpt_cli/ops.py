@@ -75,16 +75,24 @@ def layer_norm_backward_parts(dout, x, g, mean, std):
     their own (the forward pass hooks them), through out = (x - mean) / std * g + b with
     std = sqrt(mean((x - mean)^2) + eps).  Returns (dx, dg, db, dmean, dstd); dx is the total.
     """
-    centred = x - mean
-    xhat = centred / std
+    # Three [.., d] arrays (xhat, a product buffer, dx) instead of a dozen: on a training batch
+    # this runs nine times over 32 x 128 tokens. centred / std is xhat, so
+    # dcentred = dxhat / std + dstd * xhat / d.
+    n = x.shape[-1]
     lead = tuple(range(x.ndim - 1))
-    dg = (dout * xhat).sum(axis=lead)
+    xhat = x - mean
+    xhat /= std
+    prod = dout * xhat
+    dg = prod.sum(axis=lead)
     db = dout.sum(axis=lead)
-    dxhat = dout * g
-    dstd = -(dxhat * xhat).sum(axis=-1, keepdims=True) / std
-    dcentred = dxhat / std + dstd * centred / (x.shape[-1] * std)
-    dmean = -dcentred.sum(axis=-1, keepdims=True)
-    dx = dcentred + dmean / x.shape[-1]
+    dx = np.multiply(dout, g, dtype=np.result_type(dout, g, xhat, std))  # d xhat; dx below
+    np.multiply(dx, xhat, out=prod)
+    dstd = -prod.sum(axis=-1, keepdims=True) / std
+    dx /= std
+    np.multiply(xhat, dstd / n, out=prod)
+    dx += prod  # dcentred
+    dmean = -dx.sum(axis=-1, keepdims=True)
+    dx += dmean / n
     return dx, dg, db, dmean, dstd
 
 
@@ -106,7 +114,9 @@ def linear_backward(dout, x, w):
     """Returns (dx, dw, db)."""
     x2 = x.reshape(-1, x.shape[-1])
     d2 = dout.reshape(-1, dout.shape[-1])
-    return dout @ w.T, x2.T @ d2, d2.sum(axis=0)
+    # dx as one [B*T, out] product too: `dout @ w.T` on [B, T, out] is one BLAS call per text
+    dx = (d2 @ w.T).reshape(*dout.shape[:-1], w.shape[0])
+    return dx, x2.T @ d2, d2.sum(axis=0)
 
 
 # ---------------------------------------------------------------- GELU, tanh form (card 6)
@@ -133,10 +143,33 @@ def gelu(x: np.ndarray) -> np.ndarray:
 
 
 def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dout * gelu'(x), gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 x^2)
+    with t = tanh(sqrt(2/pi) (x + 0.044715 x^3)).
+
+    In three arrays instead of a dozen temporaries: on a training batch each is 2M numbers.
+    """
     x2 = x * x
-    t = np.tanh(_GELU_C * (x + 0.044715 * x2 * x))
-    dtanh = _GELU_C * (1.0 + 3 * 0.044715 * x2)
-    return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dtanh)
+    t = 0.044715 * x2
+    t *= x
+    t += x
+    t *= _GELU_C
+    np.tanh(t, out=t)
+    slope = x2  # d tanh-argument / dx, in place of x^2
+    slope *= 3 * 0.044715
+    slope += 1.0
+    slope *= _GELU_C
+    s = t * t  # 0.5 x (1 - t^2) * slope
+    np.subtract(1.0, s, out=s)
+    s *= x
+    s *= 0.5
+    s *= slope
+    t += 1.0
+    t *= 0.5
+    t += s
+    if t.dtype != np.result_type(t, dout):
+        return t * dout
+    t *= dout
+    return t
 
 
 # ---------------------------------------------------------------- masked attention (card 5)
@@ -177,8 +210,12 @@ def attention_scores(q: np.ndarray, k: np.ndarray, start: int = 0) -> np.ndarray
 
 def attention_scores_backward(dscores, q, k):
     """Returns (dq, dk) for scores = Q K^T / sqrt(d_k) + M."""
-    dscores = dscores / np.sqrt(q.shape[-1]).astype(q.dtype)
-    return dscores @ k, dscores.swapaxes(-1, -2) @ q
+    # the 1/sqrt(d_k) applied to the [.., T, d_k] products, not to the larger [.., T, T] input
+    scale = np.asarray(1.0 / np.sqrt(q.shape[-1]), dtype=np.result_type(dscores, q))
+    dq, dk = dscores @ k, dscores.swapaxes(-1, -2) @ q
+    dq *= scale
+    dk *= scale
+    return dq, dk
 
 
 def softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -212,8 +249,9 @@ def attention_backward(dout, q, k, v, weights):
 
 def dropout_mask(shape, p: float, rng: np.random.Generator, dtype) -> np.ndarray:
     """Inverted dropout: keep with probability 1-p and scale by 1/(1-p)."""
-    keep = rng.random(shape, dtype=np.float32) >= p
-    return keep.astype(dtype) * np.asarray(1.0 / (1.0 - p), dtype=dtype)
+    mask = (rng.random(shape, dtype=np.float32) >= p).astype(dtype)
+    mask *= np.asarray(1.0 / (1.0 - p), dtype=dtype)
+    return mask
 
 
 # --------------------------------------------------------------- linear head + softmax (cards 9-10)
@@ -247,7 +285,7 @@ def unembed_backward(dout, u, wte):
     """Returns (du, dwte)."""
     u2 = u.reshape(-1, u.shape[-1])
     d2 = dout.reshape(-1, dout.shape[-1])
-    return dout @ wte, d2.T @ u2
+    return (d2 @ wte).reshape(*dout.shape[:-1], wte.shape[-1]), d2.T @ u2
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:
@@ -276,13 +314,13 @@ def cross_entropy_with_grad(logits: np.ndarray, targets: np.ndarray) -> tuple[fl
 
     The [B, T, vocab] softmax is the largest elementwise pass of a training step.
     """
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    probs = np.exp(shifted)
+    probs = logits - logits.max(axis=-1, keepdims=True)  # shifted, then exp'd in place
+    picked = np.take_along_axis(probs, targets[..., None], axis=-1)
+    np.exp(probs, out=probs)
     total = probs.sum(axis=-1, keepdims=True)
-    picked = np.take_along_axis(shifted, targets[..., None], axis=-1) - np.log(total)
-    loss = float(-picked.mean(dtype=np.float64))
-    probs /= total
+    loss = float(-(picked - np.log(total)).mean(dtype=np.float64))
+    n = np.asarray(targets.size, dtype=probs.dtype)
+    probs *= 1.0 / (total * n)  # softmax / N in one pass over [B, T, vocab]
     flat = probs.reshape(-1, probs.shape[-1])
-    flat[np.arange(flat.shape[0]), targets.reshape(-1)] -= 1.0
-    probs /= np.asarray(targets.size, dtype=probs.dtype)
+    flat[np.arange(flat.shape[0]), targets.reshape(-1)] -= 1.0 / n
     return loss, probs
