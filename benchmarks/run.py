@@ -8,7 +8,7 @@ One thread each (OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1, set before NumPy is i
 passed to every subprocess; torch.set_num_threads(1)), except the training comparison, which
 is the 2-thread B 32 x T 128 step of benchmarks/train_speed.py. Each timing is the median of
 --runs runs after one untimed warm-up, on the shipped weights, the reference measured in the
-same process right after tinygpt. Prints a table (what, tinygpt, reference, ratio, goal,
+same process, the two taking turns run by run. Prints a table (what, tinygpt, reference, ratio, goal,
 pass) and writes benchmarks/results.md with the date, the machine and the figures. Without
 torch and transformers the reference columns say "skipped".
 """
@@ -16,7 +16,6 @@ torch and transformers the reference columns say "skipped".
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import platform
 import re
@@ -72,6 +71,23 @@ def median_seconds(fn, runs: int, warmup: int = 1) -> float:
         fn()
         times.append(time.process_time() - t)
     return statistics.median(times)
+
+
+def paired_median_seconds(fns, runs: int, warmup: int = 1) -> list[float]:
+    """median_seconds of each of fns, taken in turns (a, b, a, b, ...): this machine's speed
+    drifts by tens of percent over a minute, and a drift then slows both sides alike instead
+    of whichever ran second. fns that are None are skipped (their time is None)."""
+    live = [f for f in fns if f is not None]
+    for _ in range(warmup):
+        for f in live:
+            f()
+    times: dict[int, list[float]] = {i: [] for i, f in enumerate(fns) if f is not None}
+    for _ in range(runs):
+        for i in times:
+            t = time.process_time()
+            fns[i]()
+            times[i].append(time.process_time() - t)
+    return [statistics.median(times[i]) if i in times else None for i in range(len(fns))]
 
 
 def child_env() -> dict[str, str]:
@@ -201,31 +217,27 @@ def generation(runs: int, ref) -> list[Row]:
         out[:] = [s.id for s in generate(model.params, model.config, ids, NEW_TOKENS,
                                          temperature=0.0, rng=create_rng(0))]
 
-    t = median_seconds(ours, runs)
-    row = Row(f"greedy generation, {NEW_TOKENS} new tokens after {PROMPT!r}",
-              f"{NEW_TOKENS / t:,.0f} tokens/s", goal=">= 5x")
     if ref is None:
-        row.reference = "skipped (no torch)"
-        return [row]
+        t = median_seconds(ours, runs)
+        return [Row(f"greedy generation, {NEW_TOKENS} new tokens after {PROMPT!r}",
+                    f"{NEW_TOKENS / t:,.0f} tokens/s", "skipped (no torch)", goal=">= 5x")]
     import torch
 
     hf, theirs = ref, []
     x = torch.tensor([ids])
     # Like `--no-stop`: <|endoftext|> is a token like any other and the story goes on after
     # it. (min_new_tokens would instead forbid it, and the texts would part at the first one.)
-    settings = copy.deepcopy(hf.generation_config)
-    settings.eos_token_id = None
 
     def reference():
         with torch.inference_mode():
-            y = hf.generate(x, generation_config=settings, max_new_tokens=NEW_TOKENS,
-                            do_sample=False, use_cache=True, pad_token_id=0)
+            y = hf.generate(x, max_new_tokens=NEW_TOKENS, eos_token_id=None, do_sample=False,
+                            use_cache=True, pad_token_id=0)
         theirs[:] = y[0, len(ids):].tolist()
 
-    tr = median_seconds(reference, runs)
-    row.reference = f"{NEW_TOKENS / tr:,.0f} tokens/s"
-    row.ratio = tr / t
-    row.passed = row.ratio >= 5
+    t, tr = paired_median_seconds([ours, reference], runs)
+    row = Row(f"greedy generation, {NEW_TOKENS} new tokens after {PROMPT!r}",
+              f"{NEW_TOKENS / t:,.0f} tokens/s", f"{NEW_TOKENS / tr:,.0f} tokens/s", tr / t,
+              ">= 5x", tr / t >= 5)
     same = sum(a == b for a, b in zip(out, theirs, strict=False))
     row.what += f" (same tokens as transformers: {same}/{NEW_TOKENS})"
     return [row]
@@ -242,9 +254,7 @@ def traced(runs: int, ref_eager) -> list[Row]:
     for t_len, goal in ((128, 0.5), (6, 1.0)):
         ids = text_ids(model, t_len) if t_len == 128 else np.asarray(
             model.tokenizer.encode(PROMPT))
-        t = median_seconds(lambda ids=ids: trace(model.params, model.config, ids), runs)
-        row = Row(f"forward pass, every value recorded, T={t_len}", f"{t * 1000:.2f} ms",
-                  goal=f"<= {goal}x the time")
+        reference = None
         if ref_eager is not None:
             import torch
 
@@ -254,7 +264,11 @@ def traced(runs: int, ref_eager) -> list[Row]:
                 with torch.inference_mode():
                     ref_eager(x, output_attentions=True, output_hidden_states=True)
 
-            tr = median_seconds(reference, runs)
+        t, tr = paired_median_seconds(
+            [lambda ids=ids: trace(model.params, model.config, ids), reference], runs)
+        row = Row(f"forward pass, every value recorded, T={t_len}", f"{t * 1000:.2f} ms",
+                  goal=f"<= {goal}x the time")
+        if tr is not None:
             row.reference = f"{tr * 1000:.2f} ms"
             row.ratio = t / tr
             row.passed = row.ratio <= goal
@@ -319,8 +333,9 @@ def foundation(runs: int) -> list[Row]:
             sys.path.remove(tmp)
         model = load_tinygpt()
         ids = text_ids(model, 128)
-        t = median_seconds(lambda: trace(model.params, model.config, ids), runs)
-        told = median_seconds(lambda: old_forward(model.params, model.config, ids), runs)
+        t, told = paired_median_seconds([lambda: trace(model.params, model.config, ids),
+                                         lambda: old_forward(model.params, model.config, ids)],
+                                        runs)
     return [Row("forward pass, every value recorded, T=128, vs commit cccc9d4",
                 f"{t * 1000:.2f} ms", f"{told * 1000:.2f} ms", t / told, "<= 1x the time",
                 t / told <= 1.0)]
@@ -360,13 +375,17 @@ def scoring(runs: int, ref, n_windows: int, batch: int) -> list[Row]:
     w = windows_of(text_ids(model), model.config.n_positions)[:n_windows]
     tokens = w.shape[0] * (w.shape[1] - 1)
     losses: list[np.ndarray] = []
-    t = median_seconds(lambda: losses.append(score_all(model.params, model.config, w, batch)),
-                       runs)
-    ours = losses[-1]
-    row = Row(f"scoring part-005: first {len(w)} windows of {w.shape[1] - 1}, batches of "
-              f"{batch}, mean loss {ours.mean():.4f}", f"{tokens / t:,.0f} tokens/s",
-              goal=">= 1.5x")
+
+    def ours():
+        losses[:] = [score_all(model.params, model.config, w, batch)]
+
+    def row_for(t: float) -> Row:
+        return Row(f"scoring part-005: first {len(w)} windows of {w.shape[1] - 1}, batches of "
+                   f"{batch}, mean loss {losses[0].mean():.4f}", f"{tokens / t:,.0f} tokens/s",
+                   goal=">= 1.5x")
+
     if ref is None:
+        row = row_for(median_seconds(ours, runs))
         row.reference = "skipped (no torch)"
         return [row]
     import torch
@@ -384,11 +403,12 @@ def scoring(runs: int, ref, n_windows: int, batch: int) -> list[Row]:
                 out.append(F.cross_entropy(logits.transpose(1, 2), xb[:, 1:], reduction="none"))
             theirs[:] = [torch.cat(out).numpy()]
 
-    tr = median_seconds(reference, runs)
+    t, tr = paired_median_seconds([ours, reference], runs)
+    row = row_for(t)
     row.reference = f"{tokens / tr:,.0f} tokens/s"
     row.ratio = tr / t
     row.passed = row.ratio >= 1.5
-    row.what += f", largest |loss difference| {np.abs(ours - theirs[0]).max():.1e}"
+    row.what += f", largest |loss difference| {np.abs(losses[0] - theirs[0]).max():.1e}"
     return [row]
 
 
@@ -513,13 +533,15 @@ def report(rows, notes, info, args) -> str:
 Written by `python benchmarks/run.py` (issue 8). Each timing is the median of {args.runs} runs
 after one warm-up, one thread each (`OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1`,
 `torch.set_num_threads(1)`), on the shipped weights; the reference is `transformers`'
-`GPT2LMHeadModel` on the same folder, measured in the same process right after tinygpt.
+`GPT2LMHeadModel` on the same folder, measured in the same process, the two taking turns
+run by run (this machine's speed drifts: in turns a drift slows both sides alike).
 In-process timings are CPU time (both sides are single-threaded, so on an idle machine
 that is the wall time; on a loaded one it leaves out the time spent waiting for a core);
 start-up is wall time of a fresh process (its CPU time beside it), and memory the peak
 resident size of a fresh process. A ratio is tinygpt's throughput over the reference's
 (tokens/s) or tinygpt's time over the reference's (times). Training is
-`benchmarks/train_speed.py` at 2 threads (its own wall-clock timing).
+`benchmarks/train_speed.py` at 2 threads (its own wall-clock timing, the two frameworks
+taking steps in turns).
 
 {facts}
 

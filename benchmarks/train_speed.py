@@ -3,8 +3,8 @@
 One step is what `tinygpt train` does per batch: sample B windows of T tokens, forward with
 dropout, cross-entropy, backward, clip the global gradient norm to 1, AdamW. The model has the
 shipped sizes (tinygpt_cli.config.Config()). When torch can be imported, the same step runs
-in PyTorch in the same process afterwards, on a plain GPT-2 written below with the same
-shapes, dropout sites, tied head, weight-decay groups and thread count.
+in PyTorch in the same process, the two taking steps in turns, on a plain GPT-2 written below
+with the same shapes, dropout sites, tied head, weight-decay groups and thread count.
 
     python benchmarks/train_speed.py --steps 20          # B=32, T=128, 2 threads
     python benchmarks/train_speed.py --steps 20 --no-torch --threads 1
@@ -79,7 +79,8 @@ def summary(name: str, version: str, times: list[float], tokens_per_step: int,
 # ------------------------------------------------------------------------------------- NumPy
 
 
-def numpy_steps(config, args, stream, seed: int) -> tuple[list[float], list[float]]:
+def numpy_trainer(config, args, stream, seed: int):
+    """One NumPy training step per call -> (seconds, loss)."""
     import numpy as np
 
     from tinygpt_cli.model import init_params, loss_and_grads
@@ -89,18 +90,16 @@ def numpy_steps(config, args, stream, seed: int) -> tuple[list[float], list[floa
     rng = np.random.default_rng(seed)
     params = init_params(config, rng)
     opt = AdamW(params, weight_decay=0.1)
-    times, losses = [], []
-    for i in range(args.warmup_steps + args.steps):
+
+    def step() -> tuple[float, float]:
         t0 = time.perf_counter()
         x, y = random_windows(stream, args.batch, args.seq, rng)
         loss, grads = loss_and_grads(params, config, x, y, dropout=args.dropout, rng=rng)
         clip_by_global_norm(grads, 1.0)
         opt.step(params, grads, 1e-3)
-        dt = time.perf_counter() - t0
-        if i >= args.warmup_steps:
-            times.append(dt)
-            losses.append(loss)
-    return times, losses
+        return time.perf_counter() - t0, loss
+
+    return step
 
 
 # ------------------------------------------------------------------------------------- torch
@@ -169,7 +168,8 @@ def torch_model(config, dropout: float, attention: str = "manual"):
     return GPT()
 
 
-def torch_steps(config, args, stream, seed: int) -> tuple[list[float], list[float]]:
+def torch_trainer(config, args, stream, seed: int):
+    """One PyTorch training step per call -> (seconds, loss)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -186,8 +186,8 @@ def torch_steps(config, args, stream, seed: int) -> tuple[list[float], list[floa
               {"params": [p for n, p in named if not decays(n)], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
     rng = np.random.default_rng(seed)
-    times, losses = [], []
-    for i in range(args.warmup_steps + args.steps):
+
+    def step() -> tuple[float, float]:
         t0 = time.perf_counter()
         x, y = random_windows(stream, args.batch, args.seq, rng)
         x, y = torch.from_numpy(x), torch.from_numpy(y)
@@ -197,11 +197,23 @@ def torch_steps(config, args, stream, seed: int) -> tuple[list[float], list[floa
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        dt = time.perf_counter() - t0
-        if i >= args.warmup_steps:
-            times.append(dt)
-            losses.append(loss.item())
-    return times, losses
+        return time.perf_counter() - t0, loss.item()
+
+    return step
+
+
+def in_turns(steps: list, warmup: int, timed: int) -> list[tuple[list[float], list[float]]]:
+    """Each trainer's (times, losses), its steps taken in turns (numpy, torch, numpy, ...):
+    this machine's speed drifts by tens of percent over a minute, and in turns a drift slows
+    both alike instead of whichever ran second."""
+    out: list[tuple[list[float], list[float]]] = [([], []) for _ in steps]
+    for i in range(warmup + timed):
+        for step, (times, losses) in zip(steps, out, strict=True):
+            dt, loss = step()
+            if i >= warmup:
+                times.append(dt)
+                losses.append(loss)
+    return out
 
 
 # -------------------------------------------------------------------------------------- main
@@ -225,11 +237,8 @@ def main(argv: list[str] | None = None) -> int:
              f"dropout={args.dropout} threads={args.threads}")
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
 
-    results = []
+    trainers = [("numpy", np.__version__, numpy_trainer(config, args, stream, 0))]
     log(f"numpy {np.__version__}: {args.warmup_steps}+{args.steps} steps, {shape}")
-    times, losses = numpy_steps(config, args, stream, 0)
-    results.append(summary("numpy", np.__version__, times, tokens_per_step, losses))
-
     torch_note = None
     if args.no_torch:
         torch_note = "skipped (--no-torch)"
@@ -240,9 +249,11 @@ def main(argv: list[str] | None = None) -> int:
             torch_note = "not installed: NumPy only"
         else:
             log(f"torch {torch.__version__}: {args.warmup_steps}+{args.steps} steps, {shape}, "
-                f"attention {args.torch_attention}")
-            times, losses = torch_steps(config, args, stream, 0)
-            results.append(summary("torch", torch.__version__, times, tokens_per_step, losses))
+                f"attention {args.torch_attention}; the two in turns")
+            trainers.append(("torch", torch.__version__, torch_trainer(config, args, stream, 0)))
+    runs = in_turns([t[2] for t in trainers], args.warmup_steps, args.steps)
+    results = [summary(name, version, times, tokens_per_step, losses)
+               for (name, version, _), (times, losses) in zip(trainers, runs, strict=True)]
 
     ratio = (results[0]["tokens_per_s"] / results[1]["tokens_per_s"]) if len(results) > 1 else None
     if args.json:
