@@ -279,3 +279,12 @@ def test_encode_and_decode_report_a_broken_weights_file_though_they_never_read_i
     assert_one_error_line(broken(*args), 1, "model.safetensors", "truncated")
     f.write_bytes(b"\x00\xffnot safetensors at all" * 7)
     assert_one_error_line(broken(*args), 1, "model.safetensors", "not a readable safetensors")
+
+
+def test_a_text_read_as_options_is_told_about_dashdash_and_a_misspelt_option_is_not(cli):
+    err = assert_one_error_line(cli("encode", "-hello"), 2, "No such option",
+                                "goes after '--'", "tinygpt encode -- -hello")
+    assert "Possible options" not in err
+    err = assert_one_error_line(cli("attn", TEXT, "--layr", "0"), 2, "No such option: --layr",
+                                "Possible options: --layer", "tinygpt attn --help")
+    assert "goes after" not in err

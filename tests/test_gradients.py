@@ -309,3 +309,47 @@ def test_gelu_backward_keeps_the_wider_dtype(rng):
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, ops.gelu_backward(R, x.astype(np.float64)), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_cross_entropy_gradient_of_logits_in_fortran_order():
+    # The one-hot is subtracted through a flat view: with logits that are not in C order the
+    # view was a copy and the -1/N never reached the gradient.
+    rng = np.random.default_rng(12)
+    logits = rng.normal(0, 3, (4, 9))
+    targets = rng.integers(0, 9, 4)
+    want = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    want[np.arange(4), targets] -= 1.0
+    want /= 4
+    for fn in (lambda z: ops.cross_entropy_with_grad(z, targets)[1],
+               lambda z: ops.cross_entropy_backward(z, targets)):
+        np.testing.assert_allclose(fn(np.asfortranarray(logits)), want, atol=1e-15)
+
+
+@pytest.mark.parametrize("wide", ["dout", "x", "g", "mean", "std"])
+def test_layer_norm_backward_keeps_the_widest_dtype(rng, wide):
+    # Recorded values share one dtype in the model, but an intervened run can mix them; in-place
+    # arithmetic must not round a float64 input's contribution to float32.
+    x = rng.normal(size=(3, 6))
+    g = rng.normal(size=6)
+    dout = rng.normal(size=x.shape)
+    mean = x.mean(axis=-1, keepdims=True)
+    std = np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + 1e-5)
+    args = {"dout": dout, "x": x, "g": g, "mean": mean, "std": std}
+    exact = ops.layer_norm_backward_parts(**args)
+    mixed = {k: (v if k == wide else v.astype(np.float32)) for k, v in args.items()}
+    names = ("dx", "dg", "db", "dmean", "dstd")
+    for name, got, want in zip(names, ops.layer_norm_backward_parts(**mixed), exact, strict=True):
+        # db = the sum of dout: it depends on nothing else
+        assert got.dtype == (mixed["dout"].dtype if name == "db" else np.float64), name
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_attention_score_gradient_keeps_the_widest_dtype(rng):
+    q, k = rng.normal(size=(2, 4, 3)), rng.normal(size=(2, 4, 3)).astype(np.float32)
+    dscores = rng.normal(size=(2, 4, 4)).astype(np.float32)
+    dq, dk = ops.attention_scores_backward(dscores, q, k)
+    assert dq.dtype == dk.dtype == np.float64
+    want_dq, want_dk = ops.attention_scores_backward(dscores.astype(np.float64), q,
+                                                     k.astype(np.float64))
+    np.testing.assert_allclose(dq, want_dq, rtol=1e-6)
+    np.testing.assert_allclose(dk, want_dk, rtol=1e-6)

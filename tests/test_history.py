@@ -299,6 +299,17 @@ def test_why_ranks_the_windows_holding_the_planted_fact_first(cli, run):
     view = cli("why", "The frog Quixby", "--target", " zooms", "--data", run.parent / "data")
     assert view.code == 0 and "exact matches in the training text" in view.out
     assert "TracIn over 4 snapshots" in view.out and "\x1b[" not in view.out
+    n = doc["windows_scored"]
+    assert f"the gradients of all {n:,} windows read from the cache" in view.err
+
+
+def test_why_says_where_the_gradients_came_from():
+    from tinygpt_cli.cli.history import cache_note
+
+    assert cache_note(0, 256) == "the gradients of all 256 windows read from the cache"
+    assert cache_note(256, 256) == "the gradients of all 256 windows computed now and cached"
+    assert cache_note(6, 1256) == ("the gradients of 6 windows computed now, the other 1,250 "
+                                   "read from the cache")
 
 
 def test_choose_windows_puts_those_holding_the_last_token_first_in_a_fixed_order():

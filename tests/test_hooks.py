@@ -190,3 +190,30 @@ def test_trace_records_the_intervened_run(tiny_params, tiny_config):
     t = trace(tiny_params, tiny_config, IDS, hooks=ablation(["layers.0.attn_out"], tiny_config))
     assert not t.get("layers.0.attn_out").any()
     np.testing.assert_array_equal(t.get("layers.0.resid_mid"), t.get("layers.0.resid_pre"))
+
+
+@pytest.mark.parametrize("replace", [
+    lambda v: v.astype(np.float64),  # another dtype
+    lambda v: np.stack([v, 2 * v]),  # a wider shape that still broadcasts
+    lambda v: v.tolist(),  # not an array at all
+], ids=["float64", "broadcast", "list"])
+def test_a_hooked_std_of_another_kind_is_divided_by_as_the_formula_says(replace):
+    # layer_norm divides its own `centred` in place when it can; a hook's replacement std of
+    # another dtype or shape must take the plain (x - mean) / std * g + b path instead.
+    from tinygpt_cli.model import layer_norm
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3, 8)).astype(np.float32)
+    g, b = rng.normal(size=8).astype(np.float32), rng.normal(size=8).astype(np.float32)
+    seen = {}
+
+    def hook(path, v):
+        if path.endswith(".std"):
+            seen["std"] = replace(v)
+            return seen["std"]
+        return v
+
+    out = layer_norm(x, g, b, 1e-5, "ln", hook)
+    mean = x.mean(axis=-1, keepdims=True)
+    want = (x - mean) / np.asarray(seen["std"]) * g + b
+    np.testing.assert_allclose(out, want, rtol=1e-6)

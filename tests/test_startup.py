@@ -115,6 +115,17 @@ def test_every_command_is_listed_with_the_module_that_defines_it():
     assert defined == COMMANDS
 
 
+def test_every_command_says_what_it_does_in_one_line():
+    # --help prints a docstring's first line as a paragraph of its own, and the list of
+    # commands shows only that line: a sentence running on into the next line is cut in two.
+    from tinygpt_cli.cli.app import _register, app
+
+    _register()
+    for c in app.registered_commands:
+        lines = c.callback.__doc__.strip().splitlines()
+        assert len(lines) == 1 or not lines[1].strip(), c.callback.__name__
+
+
 @pytest.mark.skipif(not (SHIPPED / "model.safetensors").is_file(), reason="no shipped weights")
 def test_a_command_imports_only_its_own_module_of_commands():
     attn = imported_by(["attn", "Lily wanted to play with her", "--layer", "0", "--head", "0"])

@@ -18,6 +18,8 @@ COMMANDS = [
     ["encode", TEXT], ["trace", TEXT, "layers.0.q"], ["trace", TEXT, "logits[-1]"],
     ["sample", TEXT], ["info"], ["trace", TEXT, "ids"], ["lens", TEXT], ["lens", LONG],
     ["neurons", TEXT, "--top", "5"],
+    ["attribute", TEXT, "--method", "attention-x-grad"],
+    ["attribute", TEXT, "--method", "integrated-gradients"],
 ]
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[+-]\d+)?%?")
 HEADER_KEYS = ("min", "mean", "max", "std")

@@ -123,8 +123,10 @@ def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.nd
     """Card 4 (and 8): (x - mean) / std * g + b, each token on its own; mean and std hooked."""
     mean = hooks(name + ".mean", _mean_last(x))  # [T, 1]
     centred = x - mean
-    std = hooks(name + ".std", np.sqrt(_mean_last(centred * centred) + eps))
-    if centred.dtype == np.result_type(centred, std):  # centred is ours alone: reuse it
+    computed = np.sqrt(_mean_last(centred * centred) + eps)
+    std = hooks(name + ".std", computed)
+    if (isinstance(std, np.ndarray) and std.shape == computed.shape
+            and std.dtype == centred.dtype):  # centred is ours alone: reuse it
         out = centred
         out /= std
     else:

@@ -80,12 +80,13 @@ def layer_norm_backward_parts(dout, x, g, mean, std):
     # dcentred = dxhat / std + dstd * xhat / d.
     n = x.shape[-1]
     lead = tuple(range(x.ndim - 1))
-    xhat = x - mean
+    wide = np.result_type(dout, x, g, mean, std)  # in place, every array needs the widest dtype
+    xhat = np.subtract(x, mean, dtype=wide)
     xhat /= std
-    prod = dout * xhat
+    prod = np.multiply(dout, xhat, dtype=wide)
     dg = prod.sum(axis=lead)
     db = dout.sum(axis=lead)
-    dx = np.multiply(dout, g, dtype=np.result_type(dout, g, xhat, std))  # d xhat; dx below
+    dx = np.multiply(dout, g, dtype=wide)  # d xhat; dx below
     np.multiply(dx, xhat, out=prod)
     dstd = -prod.sum(axis=-1, keepdims=True) / std
     dx /= std
@@ -211,8 +212,10 @@ def attention_scores(q: np.ndarray, k: np.ndarray, start: int = 0) -> np.ndarray
 def attention_scores_backward(dscores, q, k):
     """Returns (dq, dk) for scores = Q K^T / sqrt(d_k) + M."""
     # the 1/sqrt(d_k) applied to the [.., T, d_k] products, not to the larger [.., T, T] input
-    scale = np.asarray(1.0 / np.sqrt(q.shape[-1]), dtype=np.result_type(dscores, q))
-    dq, dk = dscores @ k, dscores.swapaxes(-1, -2) @ q
+    wide = np.result_type(dscores, q, k)
+    scale = np.asarray(1.0 / np.sqrt(q.shape[-1]), dtype=wide)
+    dq = np.matmul(dscores, k, dtype=wide)
+    dk = np.matmul(dscores.swapaxes(-1, -2), q, dtype=wide)
     dq *= scale
     dk *= scale
     return dq, dk
@@ -302,7 +305,7 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> float:
 
 def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """d(mean loss)/d logits = (softmax - one_hot) / N."""
-    dlogits = softmax(logits)
+    dlogits = softmax(np.ascontiguousarray(logits))  # C order: the flat view below is a view
     flat = dlogits.reshape(-1, dlogits.shape[-1])
     flat[np.arange(flat.shape[0]), targets.reshape(-1)] -= 1.0
     dlogits /= np.asarray(targets.size, dtype=dlogits.dtype)
@@ -314,7 +317,8 @@ def cross_entropy_with_grad(logits: np.ndarray, targets: np.ndarray) -> tuple[fl
 
     The [B, T, vocab] softmax is the largest elementwise pass of a training step.
     """
-    probs = logits - logits.max(axis=-1, keepdims=True)  # shifted, then exp'd in place
+    # shifted, then exp'd in place; C order, so that `flat` below is a view, not a copy
+    probs = np.subtract(logits, logits.max(axis=-1, keepdims=True), order="C")
     picked = np.take_along_axis(probs, targets[..., None], axis=-1)
     np.exp(probs, out=probs)
     total = probs.sum(axis=-1, keepdims=True)

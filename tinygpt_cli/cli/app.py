@@ -307,8 +307,11 @@ def _finish(code: int) -> None:
 def _hint(e) -> str:
     see = f"see 'tinygpt {e.ctx.info_name} --help'" if e.ctx and e.ctx.parent else \
         "see 'tinygpt --help'"
-    if isinstance(e, click_errors.NoSuchOption):
-        # `tinygpt encode -hello` reads as options; the text itself goes after `--`
+    name = getattr(e, "option_name", "") or ""
+    if isinstance(e, click_errors.NoSuchOption) and not (
+            name.startswith("--") and not any(c.isspace() for c in name)):
+        # `tinygpt encode -hello` reads as options; the text itself goes after `--`.
+        # (`--layr` is a misspelt option: click's "Possible options" is the help it needs.)
         command = e.ctx.info_name if e.ctx and e.ctx.parent else "COMMAND"
         return f" ({see}; a text that starts with '-' goes after '--': tinygpt {command} -- -hello)"
     return f" ({see})"

@@ -502,4 +502,4 @@ def attribute(
         return
     out = view.attribute_view(method, r.scores, s.tokens, describe(s, t, v), r.f, p,
                               r.grad_norm, complete)
-    console(LABEL + 7 * s.config.n_layer * s.config.n_head).print(out)
+    stdout().print(out)  # the per-layer grids of attention-x-grad flow to fit the width

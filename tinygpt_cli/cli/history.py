@@ -212,10 +212,13 @@ def why(
                                     "first); 0 scores all."),
     top: int = TOP, weights: Path = WEIGHTS, as_json: bool = JSON,
 ):
-    """Where the model learned a prediction: exact matches in the training text, and the
-    training windows whose gradients most raised the target's chance (TracIn over the
-    snapshots in WEIGHTS/history, with each snapshot's learning rate). The training text's
-    index and each window's gradient sketches are cached, so a second question is fast.
+    """Where the model learned a prediction: exact matches, and the most influential windows.
+
+    Exact matches: how often the text's last 1 to 8 tokens are followed by the target in the
+    training text. Influential windows: the training windows whose gradients most raised the
+    target's chance (TracIn over the snapshots in WEIGHTS/history, with each snapshot's
+    learning rate). The training text's index and each window's gradient sketches are
+    cached, so a second question is fast.
 
     Example: tinygpt why "Once upon a time, there was a little" --data ../shared/data/tinystories
     """
@@ -278,5 +281,15 @@ def why(
              f"{len(timeline)} snapshots; {found['windows_scored']:,} of {found['windows']:,} "
              "windows scored)", style="bold"),
         view.windows_table(found["top_windows"])))
-    stderr().print(f"({seconds:.1f} s; {found['windows_computed_now']} windows' gradients "
-                   "computed now, the rest read from the cache)", style="dim")
+    came = cache_note(found["windows_computed_now"], found["windows_scored"])
+    stderr().print(f"({seconds:.1f} s; {came})", style="dim")
+
+
+def cache_note(computed: int, scored: int) -> str:
+    """Where the scored windows' gradient sketches came from, for the closing timing line."""
+    if computed == 0:
+        return f"the gradients of all {scored:,} windows read from the cache"
+    if computed >= scored:
+        return f"the gradients of all {scored:,} windows computed now and cached"
+    return (f"the gradients of {computed:,} windows computed now, the other "
+            f"{scored - computed:,} read from the cache")

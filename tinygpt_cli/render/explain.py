@@ -43,16 +43,19 @@ def cell_text(x: float, percent: bool) -> str:
 def grid(values: np.ndarray, row_labels: list[str], col_labels: list[str], *,
          title: str = "", signed: bool = True, percent: bool = False,
          text: list[list[str]] | None = None, width: int = 6,
-         lo: float | None = None, hi: float | None = None) -> Table | Group:
+         lo: float | None = None, hi: float | None = None,
+         big: float | None = None) -> Table | Group:
     """A heatmap of any [R, C] grid with labelled rows and columns.
 
-    signed: colours diverge around 0 (scaled by the largest size); else viridis from lo to hi.
+    signed: colours diverge around 0, scaled by `big` (default: the largest size); else
+    viridis from lo to hi. Grids shown side by side share a scale by passing the same one.
     text: strings to show in the cells instead of the numbers (the numbers still colour them).
     NaN cells (nothing to show) are a dim dot.
     """
     values = np.asarray(values, np.float64)
     finite = values[np.isfinite(values)]
-    big = float(np.abs(finite).max()) if finite.size else 1.0
+    if big is None:
+        big = float(np.abs(finite).max()) if finite.size else 1.0
     lo = (float(finite.min()) if finite.size else 0.0) if lo is None else lo
     hi = (float(finite.max()) if finite.size else 1.0) if hi is None else hi
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim",
@@ -79,10 +82,29 @@ def grid(values: np.ndarray, row_labels: list[str], col_labels: list[str], *,
     return Group(Text(title, style="bold"), table) if title else table
 
 
-def bar(x: float, big: float, n: int = 24) -> Text:
-    """A signed bar: red to the right for positive, blue for negative."""
-    k = round(abs(x) / big * n) if big > 0 else 0
-    return Text("█" * k, style="red" if x > 0 else "blue")
+class Bar:
+    """A signed bar, |x| / big of the cells its column gets (at most n): red for positive,
+    blue for negative. On a narrow terminal the column gives way before the numbers beside
+    it, and every bar in it shrinks alike, so their lengths still compare."""
+
+    def __init__(self, x: float, big: float, n: int = 24):
+        self.x, self.big, self.n = x, big, n
+
+    def cells(self, width: int) -> int:
+        return round(abs(self.x) / self.big * width) if self.big > 0 else 0
+
+    def __rich_console__(self, console, options):
+        width = min(self.n, options.max_width)
+        yield Text("█" * self.cells(width), style="red" if self.x > 0 else "blue")
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        return Measurement(0, min(self.n, options.max_width))
+
+
+def bar(x: float, big: float, n: int = 24) -> Bar:
+    return Bar(x, big, n)
 
 
 def note(s: str) -> Text:
@@ -156,7 +178,7 @@ def dla_view(labels: list[str], values: np.ndarray, heads: np.ndarray, score: fl
     order = np.argsort(-np.abs(values), kind="stable")[:top]
     ranked = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
     for name, just in (("#", "right"), ("part", "left"), ("share", "right"), ("", "left")):
-        ranked.add_column(name, justify=just, no_wrap=True)
+        ranked.add_column(name, justify=just, no_wrap=bool(name))  # the bars may give way
     for r, k in enumerate(order, 1):
         ranked.add_row(str(r), labels[k], fmt(float(values[k])), bar(float(values[k]), big))
     n_layer, n_head = heads.shape
@@ -216,7 +238,7 @@ def ablate_all_view(rows: list[dict], mode: str, target: tuple[int, str], positi
     t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
     for name, just in (("#", "right"), ("component", "left"), ("Δ log p", "right"),
                        ("", "left"), ("KL", "right"), ("new top", "left")):
-        t.add_column(name, justify=just, no_wrap=True)
+        t.add_column(name, justify=just, no_wrap=bool(name))  # the bars may give way
     big = max((abs(r["delta"]) for r in rows), default=1.0)
     for k, r in enumerate(rows, 1):
         t.add_row(str(k), r["label"], f"{r['delta']:+.4f}", bar(r["delta"], big, 16),
@@ -273,18 +295,22 @@ def attribute_view(method: str, scores: np.ndarray, tokens: list[str], what: str
     parts = [header(f"attribute.{method}", scores),
              note(f"the score: {what} = {fmt(f)} at position {position} "
                   f"({show_token(tokens[position])})")]
-    if scores.ndim == 3:  # attention-x-grad: [n_layer, n_head, T] -> T rows x heads
-        n_layer, n_head, t = scores.shape
-        cols = [f"{i}.{h}" for i in range(n_layer) for h in range(n_head)]
-        parts += [note("sum over queries of A · ∂score/∂A, per key token (columns: layer.head)"),
-                  grid(scores.reshape(-1, t).T, token_rows(tokens), cols)]
+    if scores.ndim == 3:  # attention-x-grad: [n_layer, n_head, T] -> per layer, T rows x heads
+        n_layer, n_head, _ = scores.shape
+        finite = scores[np.isfinite(scores)]
+        big = float(np.abs(finite).max()) if finite.size else 1.0
+        heads = [f"h{h}" for h in range(n_head)]
+        # one grid per layer on one colour scale, side by side as far as the width allows
+        parts += [note("sum over queries of A · ∂score/∂A, per key token and head"),
+                  Columns([grid(scores[i].T, token_rows(tokens), heads, title=f"layer {i}",
+                                big=big) for i in range(n_layer)], padding=(1, 3))]
         return Group(*parts)
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
     table.add_column("", no_wrap=True, style="bold")
     table.add_column("score", justify="right", no_wrap=True)
     if grad_norm is not None:
         table.add_column("‖grad‖", justify="right", no_wrap=True)
-    table.add_column("", no_wrap=True)
+    table.add_column("")  # bars: the column that gives way on a narrow terminal
     big = float(np.abs(scores).max()) if scores.size else 1.0
     for i, label in enumerate(token_rows(tokens)):
         row = [label, fmt(float(scores[i]))]
