@@ -8,9 +8,9 @@ One thread each (OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1, set before NumPy is i
 passed to every subprocess; torch.set_num_threads(1)), except the training comparison, which
 is the 2-thread B 32 x T 128 step of benchmarks/train_speed.py. Each timing is the median of
 --runs runs after one untimed warm-up, on the shipped weights, the reference measured in the
-same process, the two taking turns run by run. Prints a table (what, tinygpt, reference, ratio, goal,
-pass) and writes benchmarks/results.md with the date, the machine and the figures. Without
-torch and transformers the reference columns say "skipped".
+same process, the two taking turns run by run. Prints a table (what, tinygpt, reference,
+ratio, goal, pass) and writes benchmarks/results.md with the date, the machine and the
+figures. Without torch and transformers the reference columns say "skipped".
 """
 
 from __future__ import annotations

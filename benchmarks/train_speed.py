@@ -209,6 +209,7 @@ def in_turns(steps: list, warmup: int, timed: int) -> list[tuple[list[float], li
     out: list[tuple[list[float], list[float]]] = [([], []) for _ in steps]
     for i in range(warmup + timed):
         for step, (times, losses) in zip(steps, out, strict=True):
+            time.sleep(0.2)  # untimed: the other side's BLAS/OpenMP threads stop spinning
             dt, loss = step()
             if i >= warmup:
                 times.append(dt)
