@@ -353,3 +353,12 @@ def test_attention_score_gradient_keeps_the_widest_dtype(rng):
                                                      k.astype(np.float64))
     np.testing.assert_allclose(dq, want_dq, rtol=1e-6)
     np.testing.assert_allclose(dk, want_dk, rtol=1e-6)
+
+
+def test_gelu_backward_broadcasts_dout_as_the_formula_does(rng):
+    x = rng.normal(0, 2, (1, 5)).astype(np.float32)
+    d = rng.normal(size=(3, 5)).astype(np.float32)
+    c = np.sqrt(2 / np.pi)
+    t = np.tanh(c * (x + 0.044715 * x**3))
+    want = d * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x))
+    np.testing.assert_allclose(ops.gelu_backward(d, x), want, rtol=1e-5, atol=1e-6)

@@ -123,8 +123,6 @@ def linear_backward(dout, x, w):
 # ---------------------------------------------------------------- GELU, tanh form (card 6)
 
 _GELU_C = float(np.sqrt(2.0 / np.pi))
-
-
 def gelu(x: np.ndarray) -> np.ndarray:
     """GPT-2's `gelu_new`: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 
@@ -167,7 +165,7 @@ def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
     t += 1.0
     t *= 0.5
     t += s
-    if t.dtype != np.result_type(t, dout):
+    if t.dtype != np.result_type(t, dout) or t.shape != np.broadcast_shapes(t.shape, dout.shape):
         return t * dout
     t *= dout
     return t
