@@ -123,6 +123,8 @@ def linear_backward(dout, x, w):
 # ---------------------------------------------------------------- GELU, tanh form (card 6)
 
 _GELU_C = float(np.sqrt(2.0 / np.pi))
+
+
 def gelu(x: np.ndarray) -> np.ndarray:
     """GPT-2's `gelu_new`: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 
