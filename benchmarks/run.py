@@ -560,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5, help="timed runs per figure (median; 5)")
     p.add_argument("--windows", type=int, default=64, help="windows of part-005 timed (64)")
     p.add_argument("--batch", type=int, default=8, help="windows per scoring batch (8)")
-    p.add_argument("--train-steps", type=int, default=5, help="training steps timed (5)")
+    p.add_argument("--train-steps", type=int, default=10, help="training steps timed (10)")
     p.add_argument("--no-torch", action="store_true", help="skip the reference")
     p.add_argument("--no-training", action="store_true", help="skip the training figure")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results.md")

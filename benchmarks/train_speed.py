@@ -9,7 +9,8 @@ with the same shapes, dropout sites, tied head, weight-decay groups and thread c
     python benchmarks/train_speed.py --steps 20          # B=32, T=128, 2 threads
     python benchmarks/train_speed.py --steps 20 --no-torch --threads 1
 
-Prints tokens/s for each and the ratio numpy/torch (below 1: NumPy is slower).
+Prints tokens/s for each (from the median step) and the ratio numpy/torch (below 1: NumPy
+is slower).
 """
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ def summary(name: str, version: str, times: list[float], tokens_per_step: int,
         "steps": len(times),
         "ms_per_step_mean": 1000 * total / len(times),
         "ms_per_step_median": 1000 * statistics.median(times),
-        "tokens_per_s": tokens_per_step * len(times) / total,
+        # from the median step, as every other figure: one step slowed by the machine (this
+        # VM has them) moves a mean of ten by a tenth of its delay
+        "tokens_per_s": tokens_per_step / statistics.median(times),
         "loss_first": losses[0],
         "loss_last": losses[-1],
     }
