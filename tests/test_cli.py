@@ -853,3 +853,19 @@ def test_generate_writes_the_text_to_a_pipe_byte_for_byte_tabs_included(tiny):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("Lily\twanted") and proc.stdout.endswith("\n")
     assert "\x1b" not in proc.stdout
+
+
+BIDI = "abc\u202edef\u2066g\u200fh"  # a right-to-left override, an isolate and a mark
+
+
+def test_bidirectional_controls_are_escaped_wherever_text_is_shown(cli):
+    # Invisible, they would show the rest of a line in another order ("Trojan Source").
+    from tinygpt_cli.render.text import escape_line
+
+    want = "abc\\u202edef\\u2066g\\u200fh"
+    assert show_text(BIDI) == escape_line(BIDI) == show_token(BIDI) == want
+    assert show_text("\x1b\n") == "\\x1b\n"  # the C0 escapes keep their short form
+    r = cli("generate", BIDI, "-n", 1, "-t", 0, "--no-stop")
+    assert r.code == 0 and r.out.startswith(want) and "\u202e" not in r.out
+    r = cli("attn", BIDI, "--weights", "/nowhere\u202e")
+    assert r.code == 2 and "/nowhere\\u202e" in r.err and "\u202e" not in r.err

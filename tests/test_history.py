@@ -366,3 +366,12 @@ def test_head_scores_of_16_heads_flow_to_fit_the_width(width):
     assert sorted(shown) == sorted(values.ravel().tolist())
     side_by_side = max(line.count("layer ") for line in lines)
     assert side_by_side == {40: 1, 80: 2, 120: 3}[width]
+
+
+def test_why_on_training_text_shorter_than_one_window_says_so(cli, run, tmp_path):
+    data = tmp_path / "short"
+    data.mkdir()
+    write_stories(data / "part-000.txt", ["Once."])
+    write_stories(data / "part-001.txt", ["Held out."])
+    assert_one_error_line(cli("why", "The frog", "--data", data, "--weights", run), 2,
+                          "too short for one window")

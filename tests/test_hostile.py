@@ -266,6 +266,41 @@ def nothing(ctx: Ctx) -> None:
     pass
 
 
+def snapshot(write):
+    """A history/ folder in the broken weights folder holding one snapshot, as `write` makes it."""
+    def setup(ctx: Ctx) -> None:
+        (ctx.broken / "history").mkdir()
+        write(ctx.broken / "history" / "step-000010.safetensors")
+    return setup
+
+
+def header_not_json(path: Path) -> None:
+    path.write_bytes((10).to_bytes(8, "little") + b"{not json!")
+
+
+def step_not_a_number(path: Path) -> None:
+    t = {PREFIX + n: a for n, a in random_params(TINY, seed=3).items()}
+    save_file(t, str(path), metadata={"step": "ten", "lr": "0.001"})
+
+
+def data_with(name: str, make):
+    """{tmp}/d: the numbered parts, with part-000.txt replaced by what `make` puts there."""
+    def setup(ctx: Ctx) -> None:
+        shutil.copytree(ctx.data, ctx.tmp / "d")
+        (ctx.tmp / "d" / name).unlink()
+        make(ctx.tmp / "d" / name)
+    return setup
+
+
+def shifted_token_ids(ctx: Ctx) -> None:
+    path = ctx.broken / "tokenizer.json"
+    doc = json.loads(path.read_text())
+    doc["model"]["vocab"] = {k: v + 5000 for k, v in doc["model"]["vocab"].items()}
+    for t in doc["added_tokens"]:
+        t["id"] += 5000
+    path.write_text(json.dumps(doc))
+
+
 W = ["--weights", "{broken}"]
 TRAIN = ["train", "--steps", "2", *RUN_SIZES]
 DATA = ["--data", "{data}"]
@@ -417,6 +452,29 @@ CASES = [
     ("history-missing", nothing, ["history", TEXT, *W], 2, ["history"]),
     ("why-data-missing", nothing, ["why", TEXT, "--data", "{tmp}/nowhere", *W], 2,
      ["nowhere", "does not exist"]),
+    ("why-data-fifo", data_with("part-000.txt", os.mkfifo),
+     ["why", TEXT, "--data", "{tmp}/d", *W], 2, ["part-000.txt is not a regular file"]),
+    ("means-data-binary", data_with("part-002.txt", lambda p: p.write_bytes(b"\x00\x01" * 50)),
+     ["means", "--data", "{tmp}/d", *W], 2, ["part-002.txt looks binary"]),
+    ("number-of-5000-digits", nothing, ["attn", TEXT, "--layer", "9" * 5000, *W], 2,
+     ["more than 4,300 digits"]),
+    ("trace-path-too-long", nothing, ["trace", TEXT, "layers" + "[0]" * 100, *W], 2,
+     ["a path of 306 characters"]),
+    ("integrated-gradients-steps-too-many", nothing,
+     ["attribute", TEXT, "--method", "integrated-gradients", "--steps", "5000", *W], 2,
+     ["--steps", "4096"]),
+    # -------------------------------------------------- damaged side files: exit 1, named
+    ("history-header-not-json", snapshot(header_not_json), ["history", TEXT, *W], 1,
+     ["step-000010.safetensors", "header is not JSON"]),
+    ("history-step-not-a-number", snapshot(step_not_a_number), ["history", TEXT, *W], 1,
+     ["step-000010.safetensors", "'ten'", "not a number"]),
+    ("history-fifo", snapshot(os.mkfifo), ["history", TEXT, *W], 1,
+     ["step-000010.safetensors is not a regular file"]),
+    ("means-file-damaged", lambda c: (c.broken / "means.safetensors").write_bytes(b"\xff" * 64),
+     ["ablate", TEXT, "--all", "--mode", "mean", *W], 1,
+     ["means.safetensors is not a readable safetensors file"]),
+    ("tokenizer-ids-past-the-vocabulary", shifted_token_ids, ["embed", TEXT, *W], 1,
+     ["tokenizer.json", "token ids are not 0 to 4,095"]),
     # -------------------------------------------------- broken runs and failed writes: exit 1
     ("log-damaged-middle", log_lines(lambda s: "{oops\n" + s),
      ["model-card", "{run}", "--data", "{data}"], 1, ["log.jsonl line 1", "damaged"]),

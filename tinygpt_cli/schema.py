@@ -268,12 +268,18 @@ def _name(parts: list[str], config: Config) -> str | None:
     return fill(pattern, idx.get("L"), idx.get("H"))
 
 
+MAX_PATH = 200  # characters; the longest path with indices is under 40
+
+
 def resolve(path: str, config: Config) -> tuple[str, list[int]]:
     """A user's path -> (canonical concrete path, trailing row indices).
 
     Dots or brackets, negative indices, camelCase, TransformerLens names all work:
     `layers[-1].mlpOut`, `blocks.0.attn.hook_pattern`, `logits[-1]`.
     """
+    if len(path) > MAX_PATH:  # matching tries every split of the path: keep that small
+        raise PathError(path, f"a path of {len(path):,} characters: value paths are at most "
+                        f"a few dozen (e.g. layers.0.heads.0.weights[-1])")
     parts = [_snake(p) if not _is_int(p) else p for p in split_path(path)]
     if not parts:
         raise PathError(path, "empty path: give a value's name, e.g. layers.0.heads.0.weights")

@@ -45,11 +45,19 @@ def history_folder(model: Model) -> Path:
 
 def _metadata(path: Path) -> dict:
     """The safetensors header's __metadata__, read without loading the tensors."""
+    if not path.is_file():  # a FIFO or a device would block the read, a folder fail it
+        raise WeightsError(f"{path} is not a regular file")
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         if n <= 0 or n > 100_000_000:
             raise WeightsError(f"{path} is not a safetensors file")
-        return json.loads(f.read(n)).get("__metadata__", {}) or {}
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError):
+            raise WeightsError(f"{path} is not a safetensors file: its header is not "
+                               "JSON") from None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return meta if isinstance(meta, dict) else {}
 
 
 def find_snapshots(folder: Path) -> list[Snapshot]:
@@ -62,20 +70,34 @@ def find_snapshots(folder: Path) -> list[Snapshot]:
     for path in folder.glob("*.safetensors"):
         meta = _metadata(path)
         m = _STEP.fullmatch(path.name)
-        step = int(meta["step"]) if "step" in meta else int(m.group(1)) if m else None
+        try:
+            step = int(meta["step"]) if "step" in meta else int(m.group(1)) if m else None
+            lr = float(meta["lr"]) if "lr" in meta else None
+        except (TypeError, ValueError):
+            raise WeightsError(f"{path}: its metadata's step {meta.get('step')!r} or "
+                               f"learning rate {meta.get('lr')!r} is not a number") from None
         if step is None:
             raise WeightsError(f"{path}: no step in its metadata or its name (step-NNNNNN)")
-        lr = float(meta["lr"]) if "lr" in meta else None
         found.append(Snapshot(f"step {step}", step, lr, path))
     if not found:
         raise InputError(f"no training history: {folder} holds no .safetensors files; {hint}")
     return sorted(found, key=lambda s: s.step)
 
 
+def _snapshot_params(path: Path, config: Config) -> dict[str, np.ndarray]:
+    """load_params, with the snapshot's file named in any error (not the shipped weights')."""
+    try:
+        return load_params(path, config)
+    except WeightsError as e:
+        if str(path) in str(e):
+            raise
+        raise WeightsError(f"{path}: {e}") from None
+
+
 def timeline(model: Model, snapshots: list[Snapshot]) -> list[Snapshot]:
     """Load every snapshot, then add the final weights; a last snapshot that is the final
     weights rounded to float16 is replaced by them (the same step, full precision)."""
-    out = [Snapshot(s.label, s.step, s.lr, s.path, load_params(s.path, model.config))
+    out = [Snapshot(s.label, s.step, s.lr, s.path, _snapshot_params(s.path, model.config))
            for s in snapshots]
     final = Snapshot("final", None, None, model.weights_file, model.params)
     if out and all(np.array_equal(out[-1].params[n], a.astype(np.float16).astype(np.float32))

@@ -14,12 +14,17 @@ from pathlib import Path
 import numpy as np
 
 from ..config import Config
-from ..errors import InputError
+from ..errors import InputError, WeightsError
 from ..files import write_atomically
 from ..hooks import Chain, RecordOnly, StopAfter
 from ..model import forward
 
 FILE = "means.safetensors"
+
+
+def mean_size(path: str, config: Config) -> int:
+    """A head's output has d_k numbers per position, attn_out and mlp_out d."""
+    return config.d_k if ".heads." in path else config.n_embd
 
 
 def mean_paths(config: Config) -> list[str]:
@@ -69,13 +74,20 @@ def load_means(path: str | Path, config: Config,
     hint = "compute them with `tinygpt means --data DIR` or give --data DIR"
     if not path.is_file():
         raise InputError(f"no mean statistics at {path}: {hint}")
-    with safe_open(str(path), framework="numpy") as f:
-        meta = dict(f.metadata() or {})
-        means = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no iter
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = dict(f.metadata() or {})
+            means = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - no iter
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type is not importable
+        raise WeightsError(f"{path} is not a readable safetensors file ({e}): {hint}") from None
     if meta.get("weights_sha256") != weights_sha256:
         raise InputError(f"the mean statistics at {path} were computed for other weights: {hint}")
-    missing = [p for p in mean_paths(config) if p not in means]
-    if missing:
-        raise InputError(f"{path} has no mean for {missing[0]}: {hint}")
+    for p in mean_paths(config):
+        if p not in means:
+            raise InputError(f"{path} has no mean for {p}: {hint}")
+        m = means[p]
+        if m.shape != (mean_size(p, config),) or not np.isfinite(m).all():
+            raise WeightsError(f"{path}: the mean of {p} is not {mean_size(p, config)} finite "
+                               f"numbers (shape {list(m.shape)}): {hint}")
     return means, meta
 

@@ -29,6 +29,7 @@ from .. import ops
 from ..config import Config
 from ..hooks import Record
 from ..model import backward, forward, loss_and_grads
+from ..train.data import TrainingDataError
 
 N_MAX = 8  # the longest tail counted in the exact-match table
 DEPTH = 256  # suffixes are sorted by this many tokens: more than any query (n_ctx + 1)
@@ -382,6 +383,10 @@ def influence(index: Index, snapshots: list, config: Config, ids: list[int], tar
     snapshot, score them against the query, and explain the top ones. `snapshots` are
     analysis.history.Snapshot objects with a learning rate."""
     x, _ = windows(index.stream, config.n_positions)
+    if len(x) == 0:
+        raise TrainingDataError(f"the training text is {len(index.stream)} tokens: too short "
+                                f"for one window of {config.n_positions} (and the token after "
+                                "it), so there is nothing to rank")
     chosen = choose_windows(x, ids[-1], max_windows)
     sketch = CountSketch.for_params(snapshots[0].params)
     sketches, computed = window_sketches(index, [(s.params, s.path) for s in snapshots],

@@ -304,6 +304,12 @@ def _finish(code: int) -> None:
     sys.exit(code)
 
 
+def _too_many_digits(e: Exception) -> bool:
+    """Python's own refusal to read an integer string of over 4,300 digits (a guard against
+    slow conversions), raised as a plain ValueError by int() wherever the tool reads one."""
+    return type(e) is ValueError and "integer string conversion" in str(e)
+
+
 def _hint(e) -> str:
     see = f"see 'tinygpt {e.ctx.info_name} --help'" if e.ctx and e.ctx.parent else \
         "see 'tinygpt --help'"
@@ -386,5 +392,10 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # noqa: BLE001 - the contract: no traceback without --debug
         if debug:
             raise
-        code = _error(f"{type(e).__name__}: {e} (run again with --debug for the traceback)", 1)
+        if _too_many_digits(e):  # wherever a number is read: an option, a path, an id
+            code = _error("a number of more than 4,300 digits: no option, index or token id "
+                          "is anywhere near that large", 2)
+        else:
+            code = _error(f"{type(e).__name__}: {e} (run again with --debug for the "
+                          "traceback)", 1)
     _finish(code if isinstance(code, int) else 0)

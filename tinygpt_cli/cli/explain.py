@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from ..errors import WeightsError
+from ..render.text import escape_line
 from .app import app
 from .common import (
     FORCE,
@@ -204,11 +206,14 @@ def compute_means(model, data: Path, weights_sha: str, quiet: bool):
     meta = {"weights_sha256": weights_sha, "data": val[0].name, "data_sha256": sha256(val[0])}
     entry = cache.entry("means", cache.key_of(weights_sha, meta["data_sha256"]), ".safetensors")
     if entry.is_file():
-        return mean_stats.load_means(entry, model.config, weights_sha)
+        try:
+            return mean_stats.load_means(entry, model.config, weights_sha)
+        except (InputError, WeightsError):
+            pass  # a damaged cache entry is computed again, and replaced
     stream = encode_stories(read_stories(val), model.tokenizer)
     windows, _ = eval_windows(stream.ids, model.config.n_positions)
     values = {}
-    with progress(None, f"averaging over {val[0].name}", enabled=not quiet):
+    with progress(None, f"averaging over {escape_line(val[0].name)}", enabled=not quiet):
         values = mean_stats.value_means(model.params, model.config, windows)
     meta["tokens"] = str(windows.size)
     mean_stats.save_means(entry, values, meta)
@@ -361,8 +366,8 @@ def means(
     if as_json:
         jsonout.emit({"path": str(target), **meta, "values": sorted(values)})
         return
-    stdout().print(f"wrote {target}: {len(values)} mean vectors over {meta['tokens']} tokens "
-                   f"of {meta['data']}")
+    stdout().print(f"wrote {escape_line(str(target))}: {len(values)} mean vectors over "
+                   f"{meta['tokens']} tokens of {escape_line(meta['data'])}")
 
 
 # ------------------------------------------------------------------ activation patching
@@ -446,8 +451,9 @@ def attribute(
     position: int = POSITION,
     method: str = typer.Option("grad-x-input", "--method", help="grad, grad-x-input, "
                                "integrated-gradients or attention-x-grad."),
-    steps: int = typer.Option(64, "--steps", min=1, help="Integrated gradients: points on the "
-                              "path (midpoint rule)."),
+    steps: int = typer.Option(64, "--steps", min=1, max=4096, help="Integrated gradients: "
+                              "points on the path (midpoint rule); each is a forward and a "
+                              "backward pass."),
     baseline: str = typer.Option(None, "--baseline", help="Integrated gradients: start from "
                                  "this text's token embeddings (same token count) instead of "
                                  "zeros; positions are kept either way.", show_default=False),

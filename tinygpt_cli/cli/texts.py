@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from ..render.text import escape_line
 from .app import app
 from .common import (
     FORCE,
@@ -365,7 +366,7 @@ def heads(
                                       for k, b in best.items()), style="dim")
     stdout().print(Group(
         Text(f"heads  {cfg.n_layer} layers × {cfg.n_head} heads  on {len(ids)} text(s) from "
-             f"{source}", style="bold cyan"),
+             f"{escape_line(source)}", style="bold cyan"),
         view.layer_head_table(table, KIND_LABELS), notes,
         Text(f"random tokens ({batch} × {n}, seed {seed}) repeated: loss {test.loss_first:.3f}"
              f" nats on the first copy, {test.loss_second:.3f} on the second "
@@ -478,7 +479,8 @@ def neurons(
             data=[str(f) for f in files]))
         return
     lines = [Text(f"{path}  top {k} of {len(entry['stream']) // ctx:,} windows of {ctx} "
-                  f"tokens in {', '.join(f.name for f in files)}", style="bold cyan")]
+                  f"tokens in {escape_line(', '.join(f.name for f in files))}",
+                  style="bold cyan")]
     for r, row in enumerate(rows):
         tokens = [tok.token_str(int(i)) for i in ids[r]]
         line = Text(f"{row['max']:7.3f}  ", style="bold")
@@ -653,8 +655,8 @@ def _diff_models(model_a, model_b, text: str, as_json: bool):
             top_a=top_a, top_b=top_b, summary=summary))
         return
     stdout().print(Group(
-        header("diff.kl", d.kl, f"KL(P_a || P_b) per position; a = {model_a.folder}, "
-               f"b = {model_b.folder}"),
+        header("diff.kl", d.kl, f"KL(P_a || P_b) per position; a = "
+               f"{escape_line(str(model_a.folder))}, b = {escape_line(str(model_b.folder))}"),
         view.kl_table(a.tokens, d.kl, top_a, top_b, d.delta_p),
         Text(f"mean KL {summary['mean_kl']:.4g} nats, max {summary['max_kl']:.4g}; same top "
              f"token {summary['same_top']:.0%}"

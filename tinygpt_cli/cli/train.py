@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 
 from ..config import MAX_VOCAB, MIN_VOCAB
+from ..render.text import escape_line
 from .app import app
 from .common import InputError
 
@@ -74,7 +75,8 @@ def train_tokenizer_cmd(
         raise InputError(str(e)) from None
     tok = train_tokenizer(stories, vocab_size)
     save_tokenizer(tok, out)
-    sys.stderr.write(f"wrote {out}: {tok.vocab_size} tokens from {len(files)} files\n")
+    sys.stderr.write(f"wrote {escape_line(str(out))}: {tok.vocab_size} tokens from "
+                     f"{len(files)} files\n")
 
 
 @app.command("train")
@@ -128,7 +130,7 @@ def train_cmd(
 
     from ..config import Config
     from ..train.data import split_data
-    from ..train.loop import Settings, TrainingDataError, train
+    from ..train.loop import Settings, train
 
     if resume and force:
         raise InputError("--resume and --force contradict each other: choose one")
@@ -177,15 +179,13 @@ def train_cmd(
         def on_note(text: str) -> None:
             bar().console.print(text, markup=False, highlight=False)
 
-        try:
-            result = train(train_files, val_files, out, settings, resume=resume, force=force,
-                           command="tinygpt " + shlex.join(sys.argv[1:]),
-                           on_step=on_step, on_note=on_note)
-        except TrainingDataError as e:
-            raise InputError(str(e)) from None
+        result = train(train_files, val_files, out, settings, resume=resume, force=force,
+                       command="tinygpt " + shlex.join(sys.argv[1:]), on_step=on_step,
+                       on_note=on_note)
     best = result["best_val_loss"]
     err.print((f"best validation loss {best:.4f} nats/token" if math.isfinite(best)
-               else "no validation data") + f"; weights in {out}", markup=False, highlight=False)
+               else "no validation data") + f"; weights in {escape_line(str(out))}", markup=False,
+              highlight=False)
 
 
 @app.command("model-card")
@@ -207,4 +207,5 @@ def model_card_cmd(
         write_card(run, data, progress=progress, on_note=lambda s: sys.stderr.write(s + "\n"))
     except ValueError as e:  # the data: missing, not UTF-8 (a broken run is a RunError)
         raise InputError(str(e)) from None
-    sys.stderr.write(f"wrote {run / 'MODEL_CARD.md'} and {run / 'loss_curve.svg'}\n")
+    sys.stderr.write(f"wrote {escape_line(str(run / 'MODEL_CARD.md'))} and "
+                     f"{escape_line(str(run / 'loss_curve.svg'))}\n")

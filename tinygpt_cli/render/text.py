@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+# Bidirectional controls (marks, embeddings, overrides, isolates): invisible, yet they make a
+# terminal show the rest of the line in another order than it is (the "Trojan Source" trick).
+_BIDI = frozenset("\u200e\u200f\u061c" + "".join(map(chr, range(0x202A, 0x202F)))
+                  + "".join(map(chr, range(0x2066, 0x206A))))
+
+
+def _escaped(ch: str) -> str:
+    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
 
 
 def show_token(token: str) -> str:
@@ -11,8 +19,8 @@ def show_token(token: str) -> str:
     for ch in token:
         if ch in _VISIBLE:
             out.append(_VISIBLE[ch])
-        elif ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0:
-            out.append(f"\\x{ord(ch):02x}")
+        elif _is_control(ch):
+            out.append(_escaped(ch))
         else:
             out.append(ch)
     return "".join(out)
@@ -20,11 +28,7 @@ def show_token(token: str) -> str:
 
 def show_text(text: str) -> str:
     """Free text for a terminal: newlines kept, other control characters escaped."""
-    return "".join(
-        ch if ch in "\n\t" or not (ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0)
-        else f"\\x{ord(ch):02x}"
-        for ch in text
-    )
+    return "".join(ch if ch in "\n\t" or not _is_control(ch) else _escaped(ch) for ch in text)
 
 
 def row_label(i: int, token: str, width: int = 14) -> str:
@@ -35,14 +39,14 @@ def row_label(i: int, token: str, width: int = 14) -> str:
 
 
 def _is_control(ch: str) -> bool:
-    return ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0
+    return ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or ch in _BIDI
 
 
 def escape_line(text: str) -> str:
     """One line for an error message: every control character (tab and newline included, so
     the line stays one line; ESC and C1 such as U+009B, so a terminal never obeys them) as an
     escape."""
-    return "".join(f"\\x{ord(ch):02x}" if _is_control(ch) else ch for ch in text)
+    return "".join(_escaped(ch) if _is_control(ch) else ch for ch in text)
 
 
 def examples_block(doc: str) -> str:

@@ -7,15 +7,19 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InputError
 from ..tokenizer import END_OF_TEXT, Tokenizer
 
 
-class TrainingDataError(ValueError):
-    """Data that cannot train the model (not UTF-8 text, too short for one window); exit 2."""
+class TrainingDataError(InputError):
+    """Data that cannot train the model (not UTF-8 text, too short for one window); exit 2,
+    from every command that reads training data (train, why, neurons, means, score)."""
 
 
 def read_text_file(path: Path) -> str:
     """A data file as text: UTF-8, no NUL bytes (which mark binary files and UTF-16)."""
+    if not Path(path).is_file():  # a FIFO would block the read, a folder fail it
+        raise TrainingDataError(f"cannot read {path}: it is not a regular file")
     try:
         data = Path(path).read_bytes()
     except OSError as e:
@@ -56,8 +60,13 @@ def split_data(paths: list[Path], val: Path | None = None) -> tuple[list[Path], 
             files += found
         elif p.is_file():
             files.append(p)
+        elif p.exists():
+            raise ValueError(f"{p} is neither a folder nor a regular file")
         else:
             raise ValueError(f"{p} does not exist")
+    for f in files:  # a FIFO or a device named part-000.txt would block the first read
+        if not f.is_file():
+            raise ValueError(f"{f} is not a regular file")
     if val is not None:
         if not Path(val).is_file():
             raise ValueError(f"validation file {val} does not exist")
