@@ -17,7 +17,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
-from cli_helpers import TEXT, TEXT_IDS, TINY, Runner, clean_env, make_tiny, random_params
+from cli_helpers import (
+    TEXT,
+    TEXT_IDS,
+    TINY,
+    Runner,
+    assert_one_error_line,
+    clean_env,
+    make_tiny,
+    random_params,
+)
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -869,3 +878,25 @@ def test_bidirectional_controls_are_escaped_wherever_text_is_shown(cli):
     assert r.code == 0 and r.out.startswith(want) and "\u202e" not in r.out
     r = cli("attn", BIDI, "--weights", "/nowhere\u202e")
     assert r.code == 2 and "/nowhere\\u202e" in r.err and "\u202e" not in r.err
+
+
+def test_each_line_reads_a_pipe_and_ends_lines_at_newlines_only(cli, tmp_path):
+    import os
+
+    r = cli("encode", "--each-line", "-", "--json", stdin="Lily\u2028Tom\r\nTom\n")
+    assert r.code == 0, r.err
+    docs = [json.loads(x) for x in r.out.split("\n") if x]
+    assert [(d["line"], d["text"]) for d in docs] == [(1, "Lily\u2028Tom"), (2, "Tom")]
+    import threading
+
+    fifo = tmp_path / "texts"  # as <(command) gives: a pipe, not a regular file
+    os.mkfifo(fifo)
+
+    def writer():  # the other end, as a shell's process substitution would be
+        with open(fifo, "w") as f:
+            f.write("Lily\n")
+
+    threading.Thread(target=writer, daemon=True).start()  # daemon: never holds pytest up
+    r = cli("encode", "--each-line", fifo, "--json")
+    assert r.code == 0 and json.loads(r.out)["text"] == "Lily", r.err
+    assert_one_error_line(cli("encode", "--each-line", tmp_path), 2, "is a folder")

@@ -76,6 +76,13 @@ class Config:
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
             shown = act if isinstance(act, str) else type(act).__name__
             raise ValueError(f"config: activation_function {shown!r} is not supported (gelu_new)")
+        # GPT-2 options that change the computation, which this model does not implement:
+        # refused rather than silently computed the standard way
+        for key, standard in (("scale_attn_weights", True),
+                              ("scale_attn_by_inverse_layer_idx", False),
+                              ("add_cross_attention", False)):
+            if key in d and d[key] is not standard:
+                raise ValueError(f"config: {key} {d[key]!r} is not supported ({standard} only)")
         n_embd = d.get("n_embd", 128)
         n_inner = d.get("n_inner")
         if n_inner is None and _is_int(n_embd):

@@ -98,14 +98,19 @@ def lines_of(source: str) -> list[tuple[int, str]]:
         text = sys.stdin.read()
     else:
         path = Path(source)
-        if not path.is_file():
+        if path.is_dir():
+            raise InputError(f"{OPTION} {source} is a folder: give a file of texts")
+        if not path.exists():
             raise InputError(f"{OPTION} {source}: no such file")
-        try:
+        try:  # a pipe such as <(command) or /dev/stdin is read as a file is
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
             raise InputError(f"{OPTION} {source} is not UTF-8 text ({e.reason} at byte "
                              f"{e.start})") from None
-    found = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    # lines end at \n (and \r\n) only: str.splitlines would also cut at U+2028, U+0085 and
+    # others, which are text here, and shift the line numbers an editor shows
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    found = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
     if not found:
         raise InputError(f"{OPTION} {source} has no lines with text")
     return found

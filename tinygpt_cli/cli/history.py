@@ -75,6 +75,7 @@ def history(
     session = Session.open(read_text(text), model=model)
     if path is not None and heads:
         raise InputError("give a PATH or --heads, not both")
+    check_index(position, session.T, "position")  # out of range is refused, used or not
     timeline = _timeline(model)
     labels = [s.label for s in timeline]
     ids = np.asarray(session.ids)
