@@ -26,13 +26,14 @@ from cli_helpers import (
     clean_env,
     make_tiny,
     random_params,
+    write_folder,
 )
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tinygpt_cli.cli import app
 from tinygpt_cli.cli.app import _register
-from tinygpt_cli.config import load_config
+from tinygpt_cli.config import Config, load_config
 from tinygpt_cli.model import trace
 from tinygpt_cli.render.text import show_text, show_token
 from tinygpt_cli.sampling import create_rng, probabilities, sample
@@ -871,7 +872,7 @@ def test_bidirectional_controls_are_escaped_wherever_text_is_shown(cli):
     # Invisible, they would show the rest of a line in another order ("Trojan Source").
     from tinygpt_cli.render.text import escape_line
 
-    want = "abc\\u202edef\\u2066g\\u200fh"
+    want = "abc\\u202edef\\u2066g\u200fh"  # the right-to-left mark belongs to such text
     assert show_text(BIDI) == escape_line(BIDI) == show_token(BIDI) == want
     assert show_text("\x1b\n") == "\\x1b\n"  # the C0 escapes keep their short form
     r = cli("generate", BIDI, "-n", 1, "-t", 0, "--no-stop")
@@ -900,3 +901,21 @@ def test_each_line_reads_a_pipe_and_ends_lines_at_newlines_only(cli, tmp_path):
     r = cli("encode", "--each-line", fifo, "--json")
     assert r.code == 0 and json.loads(r.out)["text"] == "Lily", r.err
     assert_one_error_line(cli("encode", "--each-line", tmp_path), 2, "is a folder")
+
+
+
+def test_each_line_refuses_a_device_that_never_ends(cli):
+    assert_one_error_line(cli("encode", "--each-line", "/dev/zero"), 2,
+                          "neither a file nor a pipe")
+
+
+def test_attention_x_grad_shows_every_head_of_a_wide_layer(cli, tmp_path, monkeypatch):
+    # one grid per layer flows to fit the terminal, but a grid itself is never cut: heads
+    # past the edge would vanish without a `…` to say so
+    config = Config(**{**TINY.__dict__, "n_embd": 24, "n_head": 12, "n_layer": 1})
+    folder = write_folder(tmp_path / "h12", random_params(config, seed=5), config)
+    monkeypatch.setenv("COLUMNS", "80")
+    r = cli("attribute", TEXT, "--method", "attention-x-grad", "--weights", folder)
+    assert r.code == 0, r.err
+    heads = next(line for line in r.out.splitlines() if "h0" in line).split()
+    assert heads == [f"h{h}" for h in range(12)]

@@ -16,6 +16,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -292,6 +293,16 @@ def data_with(name: str, make):
     return setup
 
 
+def gap_in_token_ids(ctx: Ctx) -> None:
+    """One token moved from id 4,094 to 4,096: as many ids as rows, but one past the end."""
+    path = ctx.broken / "tokenizer.json"
+    doc = json.loads(path.read_text())
+    vocab = doc["model"]["vocab"]
+    moved = next(k for k, v in vocab.items() if v == 4094)
+    vocab[moved] = 4096
+    path.write_text(json.dumps(doc))
+
+
 def shifted_token_ids(ctx: Ctx) -> None:
     path = ctx.broken / "tokenizer.json"
     doc = json.loads(path.read_text())
@@ -479,6 +490,8 @@ CASES = [
      ["means.safetensors is not a readable safetensors file"]),
     ("tokenizer-ids-past-the-vocabulary", shifted_token_ids, ["embed", TEXT, *W], 1,
      ["tokenizer.json", "token ids are not 0 to 4,095"]),
+    ("tokenizer-ids-with-a-gap", gap_in_token_ids, ["embed", TEXT, *W], 1,
+     ["tokenizer.json", "token ids are not 0 to 4,095"]),
     # -------------------------------------------------- broken runs and failed writes: exit 1
     ("log-damaged-middle", log_lines(lambda s: "{oops\n" + s),
      ["model-card", "{run}", "--data", "{data}"], 1, ["log.jsonl line 1", "damaged"]),
@@ -497,6 +510,19 @@ CASES = [
 @pytest.mark.parametrize("setup, argv, code, needles",
                          [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_hostile_case(ctx, monkeypatch, setup, argv, code, needles):
+    def too_long(signum, frame):  # noqa: ARG001 - the signal handler's signature
+        raise TimeoutError("the case ran for over 60 s: something blocked (a FIFO read?)")
+
+    previous = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(60)
+    try:
+        _hostile_case(ctx, monkeypatch, setup, argv, code, needles)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _hostile_case(ctx, monkeypatch, setup, argv, code, needles):
     setup(ctx)
     if "patch" in ctx.extra:
         module, name, fn = ctx.extra["patch"]

@@ -400,7 +400,7 @@ def check_vocabulary(tokenizer, config: Config, root: Path) -> None:
             f"{config.vocab_size:,} (vocab_size in config.json): {root / 'tokenizer.json'} "
             "does not belong to these weights")
     last = config.vocab_size - 1
-    if not (tokenizer.has_id(0) and tokenizer.has_id(last)):  # ids must be 0 .. vocab - 1
+    if not tokenizer.ids_are_0_to(last):  # each id names a row of the model
         raise WeightsError(f"{root / 'tokenizer.json'}: its token ids are not 0 to {last:,} "
                            f"(the model's rows): it does not belong to these weights")
     try:

@@ -314,8 +314,7 @@ def _hint(e) -> str:
     see = f"see 'tinygpt {e.ctx.info_name} --help'" if e.ctx and e.ctx.parent else \
         "see 'tinygpt --help'"
     name = getattr(e, "option_name", "") or ""
-    if isinstance(e, click_errors.NoSuchOption) and not (
-            name.startswith("--") and not any(c.isspace() for c in name)):
+    if isinstance(e, click_errors.NoSuchOption) and not re.fullmatch(r"--[A-Za-z][\w-]*", name):
         # `tinygpt encode -hello` reads as options; the text itself goes after `--`.
         # (`--layr` is a misspelt option: click's "Possible options" is the help it needs.)
         command = e.ctx.info_name if e.ctx and e.ctx.parent else "COMMAND"

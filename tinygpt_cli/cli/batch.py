@@ -102,6 +102,8 @@ def lines_of(source: str) -> list[tuple[int, str]]:
             raise InputError(f"{OPTION} {source} is a folder: give a file of texts")
         if not path.exists():
             raise InputError(f"{OPTION} {source}: no such file")
+        if not (path.is_file() or path.is_fifo()):  # a device such as /dev/zero never ends
+            raise InputError(f"{OPTION} {source} is neither a file nor a pipe")
         try:  # a pipe such as <(command) or /dev/stdin is read as a file is
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:

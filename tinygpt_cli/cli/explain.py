@@ -508,4 +508,7 @@ def attribute(
         return
     out = view.attribute_view(method, r.scores, s.tokens, describe(s, t, v), r.f, p,
                               r.grad_norm, complete)
-    stdout().print(out)  # the per-layer grids of attention-x-grad flow to fit the width
+    # attention-x-grad: one grid per layer, side by side as the width allows; never narrower
+    # than one whole grid, whose heads would otherwise fall off the edge unmarked
+    grid = view.grid_width(s.tokens, s.config.n_head) if r.scores.ndim == 3 else 0
+    console(grid).print(out)

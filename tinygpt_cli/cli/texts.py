@@ -496,7 +496,10 @@ def _data_files(data: Path | None) -> list[Path]:
         found = find_data()
         if found is None or not found.is_dir():
             raise InputError("--neuron needs --data: a file or folder of stories to search")
-        train, _ = split_data([found])
+        try:
+            train, _ = split_data([found])
+        except ValueError as e:
+            raise InputError(str(e)) from None
         return train
     try:
         train, val = split_data([data])

@@ -103,6 +103,11 @@ class Bar:
         return Measurement(0, min(self.n, options.max_width))
 
 
+def grid_width(tokens: list[str], columns: int, cell: int = 6) -> int:
+    """The columns one `grid` of token rows takes: its labels, then a cell and a space each."""
+    return max((len(r) for r in token_rows(tokens)), default=0) + 1 + (cell + 1) * columns
+
+
 def bar(x: float, big: float, n: int = 24) -> Bar:
     return Bar(x, big, n)
 

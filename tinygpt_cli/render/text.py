@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
-# Bidirectional controls (marks, embeddings, overrides, isolates): invisible, yet they make a
-# terminal show the rest of the line in another order than it is (the "Trojan Source" trick).
-_BIDI = frozenset("\u200e\u200f\u061c" + "".join(map(chr, range(0x202A, 0x202F)))
-                  + "".join(map(chr, range(0x2066, 0x206A))))
+# Bidirectional embeddings, overrides and isolates: invisible, yet they make a terminal show
+# the rest of the line in another order than it is (the "Trojan Source" trick). The marks
+# (U+200E, U+200F, U+061C) only place neutral characters and belong to right-to-left text:
+# they are shown as they are.
+_BIDI = frozenset("".join(map(chr, range(0x202A, 0x202F))) + "".join(map(chr, range(0x2066,
+                                                                                     0x206A))))
 
 
 def _escaped(ch: str) -> str:
