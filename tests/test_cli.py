@@ -919,3 +919,16 @@ def test_attention_x_grad_shows_every_head_of_a_wide_layer(cli, tmp_path, monkey
     assert r.code == 0, r.err
     heads = next(line for line in r.out.splitlines() if "h0" in line).split()
     assert heads == [f"h{h}" for h in range(12)]
+
+
+def test_each_line_puts_the_line_in_the_texts_place(cli, tmp_path):
+    # trace takes TEXT then PATH: the line is the text, the one argument given is the path
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Lily wanted\n-x\n")
+    r = cli("trace", "--each-line", texts, "logits[-1]", "--json")
+    assert r.code == 0, r.err
+    docs = [json.loads(x) for x in r.out.splitlines()]
+    assert [(d["text"], d["result"]["path"]) for d in docs] == [("Lily wanted", "logits[-1]"),
+                                                                 ("-x", "logits[-1]")]
+    one = cli("trace", "Lily wanted", "logits[-1]", "--json").json()
+    assert docs[0]["result"]["data"] == one["data"]

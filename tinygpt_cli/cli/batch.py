@@ -1,7 +1,8 @@
 """--each-line FILE: run a command once per non-empty line of FILE ('-': stdin), in one process.
 
 Any command that reads a text takes it: the line is given as the command's (last) text
-argument, after `--` so a line starting with '-' stays text. A person gets each result under
+argument, in that argument's place among the others (`trace LINE PATH`; `diff TEXT LINE`),
+after `--` so a line starting with '-' stays text. A person gets each result under
 a `line N:` heading; with --json every line's result is one JSON object on one line,
 {"line": N, "text": ..., "result": document (or the list of documents a streaming command
 printed)}, so the output is NDJSON with one record per input line. The first line that fails
@@ -43,8 +44,10 @@ def main(command, args: list[str]):
                          + ", ".join(readers))
     as_json = "--json" in rest
     code = 0
+    options, before, after = split_arguments(sub, rest[rest.index(name) + 1:])
     for number, line in lines_of(source):
-        argv = [*rest, "--", line]
+        # the line goes where the text argument goes: last for most, first for `trace TEXT PATH`
+        argv = [*rest[:rest.index(name) + 1], *options, "--", *before, line, *after]
         try:
             if as_json:
                 buf = io.StringIO()
@@ -65,6 +68,34 @@ def main(command, args: list[str]):
         if code:
             return code
     return code
+
+
+def split_arguments(command, args: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(the option words, the positional arguments before the text's place, those after it)
+    of a command's arguments, the text itself left out: `trace --json logits` gives
+    (['--json'], [], ['logits']), since trace takes TEXT then PATH."""
+    takes_value = {}
+    for p in command.params:
+        for opt in [*getattr(p, "opts", []), *getattr(p, "secondary_opts", [])]:
+            if opt.startswith("-"):
+                takes_value[opt] = not getattr(p, "is_flag", False) and p.nargs != 0
+    options, positional = [], []
+    words = iter(args)
+    for word in words:
+        if word == "--":
+            positional += list(words)
+            break
+        if word.startswith("-") and len(word) > 1:
+            options.append(word)
+            if takes_value.get(word.split("=", 1)[0]) and "=" not in word:
+                options.append(next(words, ""))
+        else:
+            positional.append(word)
+    arguments = [p.name for p in command.params if p.param_type_name == "argument"]
+    # the last text argument: diff's TEXT_B, so `diff TEXT --each-line F` compares TEXT with
+    # each line; trace's only one, before PATH
+    place = max(i for i, n in enumerate(arguments) if n in (*TEXT_PARAMS, "text_b"))
+    return options, positional[:place], positional[place:]
 
 
 def take_option(args: list[str]) -> tuple[str, list[str]]:
