@@ -452,6 +452,8 @@ CASES = [
      ["unknown --method 'magic'", "integrated-gradients"]),
     ("means-data-missing", nothing, ["means", "--data", "{tmp}/nowhere", *W], 2,
      ["nowhere", "does not exist"]),
+    ("means-out-a-folder", nothing, ["means", "--data", "{data}", "--out", "{tmp}", *W], 2,
+     ["is a folder", "--out means.safetensors"]),
     ("score-file-missing", nothing, ["score", "--file", "{tmp}/nowhere.txt", *W], 2,
      ["nowhere.txt"]),
     ("score-stride-zero", nothing, ["score", TEXT, "--stride", "0", *W], 2, ["--stride"]),

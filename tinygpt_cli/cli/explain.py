@@ -359,6 +359,9 @@ def means(
     from ..files import sha256
     from ..render import jsonout
 
+    if out is not None and (not str(out) or out.is_dir()):  # checked before the work
+        raise InputError(f"--out {escape_line(str(out))!r} is a folder: give the file to "
+                         "write, e.g. --out means.safetensors")
     model = load(weights)
     values, meta = compute_means(model, data, sha256(model.weights_file), as_json)
     target = out if out is not None else model.folder / mean_stats.FILE
