@@ -296,3 +296,30 @@ def test_shell_completion_completes_commands_and_installs(tiny, tmp_path):
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r
     assert "_TINYGPT_COMPLETE" in (tmp_path / ".bash_completions" / "tinygpt.sh").read_text()
+
+
+def test_a_key_to_styles_shows_only_where_the_styles_do():
+    # In a pipe there is no colour, reverse video or underline: a key to them would describe
+    # nothing. With NO_COLOR a terminal keeps bold and reverse but not colour.
+    import io
+
+    from rich.console import Console
+    from rich.text import Text
+
+    from tinygpt_cli.render.tables import WhenStyled
+
+    def shown(key, **console):
+        out = io.StringIO()
+        Console(file=out, width=80, **console).print(key)
+        return "key" in out.getvalue()
+
+    colours, styles = WhenStyled(Text("key"), in_colour=True), WhenStyled(Text("key"))
+    assert shown(colours, force_terminal=True) and shown(styles, force_terminal=True)
+    assert not shown(colours) and not shown(styles)  # a pipe
+    assert not shown(colours, force_terminal=True, no_color=True)
+    assert shown(styles, force_terminal=True, no_color=True)
+
+
+def test_the_piped_views_carry_no_key_to_colours(cli):
+    assert "colour:" not in cli("lens", TEXT).out
+    assert "surprisal:" not in cli("score", TEXT).out

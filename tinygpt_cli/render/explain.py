@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .tables import Fit, colour, fmt, header, token_rows
+from .tables import Fit, WhenStyled, colour, fmt, header, token_rows
 from .text import show_token
 
 # ------------------------------------------------------------------ a general labelled heatmap
@@ -163,8 +163,9 @@ def lens_view(stages: list[str], tokens: list[str], top_tokens: list[list[str]],
         table.add_row(name, f"{p:.2%}", str(int(r)), Text("█" * round(p * 30), style="green"))
     return Group(
         header("lens", top_probs, "(top token's chance, position × stage)"),
-        note("each stage through the final norm (its statistics recomputed) and the tied head; "
-             "colour: that token's chance"),
+        note("each stage through the final norm (its statistics recomputed) and the tied "
+             "head"),
+        WhenStyled(note("colour: that token's chance"), in_colour=True),
         stage_grid(top_probs, token_rows(tokens), labels, shown),
         Text(""),
         token_line(f"the target at position {position} ({show_token(tokens[position])}):",

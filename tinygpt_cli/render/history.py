@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 from rich.columns import Columns
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .tables import colour, fmt
+from .tables import WhenStyled, colour, fmt
 from .text import show_token
 
 
@@ -113,17 +114,18 @@ def window_text(tokens: list[str], contributions: np.ndarray, spans: list[dict],
     return out
 
 
-def windows_table(rows: list[dict]) -> Table:
+def windows_table(rows: list[dict]) -> Group:
     t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("window", justify="right", no_wrap=True)
     t.add_column("score", justify="right", no_wrap=True)
     t.add_column("exact", justify="right", no_wrap=True)
     t.add_column("targets", justify="right", no_wrap=True)
-    t.add_column("text (reversed: the tokens whose prediction mattered most; underlined: the "
-                 "target and the text's tail before it)", overflow="fold")
+    t.add_column("text", overflow="fold")
     for i, r in enumerate(rows, 1):
         t.add_row(str(i), str(r["window"]), fmt(r["score"]), fmt(r["exact_score"]),
                   str(len(r["targets"])), window_text(r["tokens"], r["contributions"],
                                                       r["targets"]))
-    return t
+    key = Text("reversed: the tokens whose prediction mattered most; underlined: the target "
+               "and the text's tail before it", style="dim")
+    return Group(WhenStyled(key), t)

@@ -41,6 +41,28 @@ def fmt(x: float, width: int = 0) -> str:
     return f"{x:.3f}" if abs(x) < 100 else f"{x:.1f}"
 
 
+class WhenStyled:
+    """A renderable shown only where styles show: a legend for colours (in_colour=True), or for
+    reverse video and underlines, says nothing in a pipe or a file, where there are none."""
+
+    def __init__(self, renderable, *, in_colour: bool = False):
+        self.renderable, self.in_colour = renderable, in_colour
+
+    def shown(self, console) -> bool:
+        return console.is_terminal and not (self.in_colour and console.no_color)
+
+    def __rich_console__(self, console, options):
+        if self.shown(console):
+            yield self.renderable
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        if self.shown(console):
+            return Measurement.get(console, options, self.renderable)
+        return Measurement(0, 0)
+
+
 class Fields:
     """A line of fields separated by two spaces that wraps *between* fields, never inside one
     (`min -0.966` stays whole); continuation lines are indented."""

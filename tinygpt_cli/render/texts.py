@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .tables import Fields, colour, fmt
+from .tables import Fields, WhenStyled, colour, fmt
 from .text import show_text, show_token
 
 # Surprisal bands in bits: a token the model found likely is plain, rarer ones get warmer.
@@ -23,14 +23,15 @@ def band_style(bits: float) -> str | None:
     return BANDS[-1][1]
 
 
-def legend() -> Text:
+def legend() -> WhenStyled:
+    """The colours of coloured_text, on a terminal that shows them."""
     t = Text("surprisal: ", style="dim")
     lo = 0.0
     for limit, style in BANDS:
         label = f"<{limit:g}" if np.isfinite(limit) else f"≥{lo:g}"
         t.append(f" {label} bits ", style=f"black on {style}" if style else "")
         lo = limit
-    return t
+    return WhenStyled(t, in_colour=True)
 
 
 def coloured_text(pieces: list[str], bits: list[float | None]) -> Text:
