@@ -284,6 +284,12 @@ def step_not_a_number(path: Path) -> None:
     save_file(t, str(path), metadata={"step": "ten", "lr": "0.001"})
 
 
+def snapshot_with_nan(path: Path) -> None:
+    t = {PREFIX + n: a for n, a in random_params(TINY, seed=3).items()}
+    t[PREFIX + "wpe.weight"][0, 0] = np.nan
+    save_file(t, str(path), metadata={"step": "10", "lr": "0.001"})
+
+
 def data_with(name: str, make):
     """{tmp}/d: the numbered parts, with part-000.txt replaced by what `make` puts there."""
     def setup(ctx: Ctx) -> None:
@@ -487,6 +493,8 @@ CASES = [
      ["step-000010.safetensors", "'ten'", "not a number"]),
     ("history-fifo", snapshot(os.mkfifo), ["history", TEXT, *W], 1,
      ["step-000010.safetensors is not a regular file"]),
+    ("history-snapshot-nan", snapshot(snapshot_with_nan), ["history", TEXT, *W], 1,
+     ["step-000010.safetensors: tensor transformer.wpe.weight holds NaN"]),
     ("means-file-damaged", lambda c: (c.broken / "means.safetensors").write_bytes(b"\xff" * 64),
      ["ablate", TEXT, "--all", "--mode", "mean", *W], 1,
      ["means.safetensors is not a readable safetensors file"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -274,8 +275,19 @@ def checked_header(path: Path, config: Config) -> dict[str, TensorInfo]:
         infos = read_header(path)
     except OSError as e:
         raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
-    check_header(infos, config)
+    with _naming(path):
+        check_header(infos, config)
     return infos
+
+
+@contextlib.contextmanager
+def _naming(path: Path):
+    """A tensor's fault reported with the file it is in: a weights folder's model, or one of
+    its history/ snapshots, which the same loader reads."""
+    try:
+        yield
+    except WeightsError as e:
+        raise type(e)(f"{path}: {e}") from None
 
 
 def load_params(path: str | Path, config: Config) -> dict[str, np.ndarray]:
@@ -302,7 +314,8 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
                 tensors = {n: f.get_tensor(n) for n in wanted}
     except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:
         raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
-    return validate_params(tensors, config)
+    with _naming(path):
+        return validate_params(tensors, config)
 
 
 def save_params(params: dict[str, np.ndarray], path: str | Path) -> None:

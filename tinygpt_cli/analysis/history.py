@@ -84,20 +84,10 @@ def find_snapshots(folder: Path) -> list[Snapshot]:
     return sorted(found, key=lambda s: s.step)
 
 
-def _snapshot_params(path: Path, config: Config) -> dict[str, np.ndarray]:
-    """load_params, with the snapshot's file named in any error (not the shipped weights')."""
-    try:
-        return load_params(path, config)
-    except WeightsError as e:
-        if str(path) in str(e):
-            raise
-        raise WeightsError(f"{path}: {e}") from None
-
-
 def timeline(model: Model, snapshots: list[Snapshot]) -> list[Snapshot]:
     """Load every snapshot, then add the final weights; a last snapshot that is the final
     weights rounded to float16 is replaced by them (the same step, full precision)."""
-    out = [Snapshot(s.label, s.step, s.lr, s.path, _snapshot_params(s.path, model.config))
+    out = [Snapshot(s.label, s.step, s.lr, s.path, load_params(s.path, model.config))
            for s in snapshots]
     final = Snapshot("final", None, None, model.weights_file, model.params)
     if out and all(np.array_equal(out[-1].params[n], a.astype(np.float16).astype(np.float32))

@@ -44,10 +44,11 @@ def main(command, args: list[str]):
                          + ", ".join(readers))
     as_json = "--json" in rest
     code = 0
-    options, before, after = split_arguments(sub, rest[rest.index(name) + 1:])
+    at = rest.index(name) + 1
+    options, before, after = split_arguments(sub, rest[at:])
     for number, line in lines_of(source):
         # the line goes where the text argument goes: last for most, first for `trace TEXT PATH`
-        argv = [*rest[:rest.index(name) + 1], *options, "--", *before, line, *after]
+        argv = [*rest[:at], *options, "--", *before, line, *after]
         try:
             if as_json:
                 buf = io.StringIO()

@@ -359,7 +359,7 @@ def means(
     from ..files import sha256
     from ..render import jsonout
 
-    if out is not None and (not str(out) or out.is_dir()):  # checked before the work
+    if out is not None and out.is_dir():  # checked before the work ('' is '.', a folder)
         raise InputError(f"--out {escape_line(str(out))!r} is a folder: give the file to "
                          "write, e.g. --out means.safetensors")
     model = load(weights)

@@ -108,10 +108,6 @@ def grid_width(tokens: list[str], columns: int, cell: int = 6) -> int:
     return max((len(r) for r in token_rows(tokens)), default=0) + 1 + (cell + 1) * columns
 
 
-def bar(x: float, big: float, n: int = 24) -> Bar:
-    return Bar(x, big, n)
-
-
 def note(s: str) -> Text:
     return Text(s, style="dim")
 
@@ -186,7 +182,7 @@ def dla_view(labels: list[str], values: np.ndarray, heads: np.ndarray, score: fl
     for name, just in (("#", "right"), ("part", "left"), ("share", "right"), ("", "left")):
         ranked.add_column(name, justify=just, no_wrap=bool(name))  # the bars may give way
     for r, k in enumerate(order, 1):
-        ranked.add_row(str(r), labels[k], fmt(float(values[k])), bar(float(values[k]), big))
+        ranked.add_row(str(r), labels[k], fmt(float(values[k])), Bar(float(values[k]), big))
     n_layer, n_head = heads.shape
     parts = [
         header("dla", values, f"({len(labels)} parts of the stream at position {position} "
@@ -206,7 +202,7 @@ def dla_view(labels: list[str], values: np.ndarray, heads: np.ndarray, score: fl
         nbig = max(abs(n["value"]) for n in neurons)
         for n in neurons:
             nt.add_row(str(n["layer"]), str(n["neuron"]), fmt(n["activation"]),
-                       fmt(n["value"]), bar(n["value"], nbig))
+                       fmt(n["value"]), Bar(n["value"], nbig))
         parts += [Text(""), Text(f"the {len(neurons)} largest single neurons "
                                  "(mlp_post[n] W_2[n]; part of their block's mlp row)",
                                  style="bold"), nt]
@@ -247,7 +243,7 @@ def ablate_all_view(rows: list[dict], mode: str, target: tuple[int, str], positi
         t.add_column(name, justify=just, no_wrap=bool(name))  # the bars may give way
     big = max((abs(r["delta"]) for r in rows), default=1.0)
     for k, r in enumerate(rows, 1):
-        t.add_row(str(k), r["label"], f"{r['delta']:+.4f}", bar(r["delta"], big, 16),
+        t.add_row(str(k), r["label"], f"{r['delta']:+.4f}", Bar(r["delta"], big, 16),
                   f"{r['kl']:.4f}",
                   Text(f"{show_token(r['top'])} {r['top_prob']:.1%}"))
     return Group(
@@ -322,7 +318,7 @@ def attribute_view(method: str, scores: np.ndarray, tokens: list[str], what: str
         row = [label, fmt(float(scores[i]))]
         if grad_norm is not None:
             row.append(fmt(float(grad_norm[i])))
-        row.append(bar(float(scores[i]), big))
+        row.append(Bar(float(scores[i]), big))
         table.add_row(*row)
     parts.append(table)
     if completeness is not None:
