@@ -114,6 +114,9 @@ def train_cmd(
                                 "cosine cycle from its last step."),
     force: bool = typer.Option(False, "--force", help="Start over in an OUT that holds a "
                                "previous run (its log, checkpoint and history are removed)."),
+    init: Path | None = typer.Option(None, "--init", help="Start from this weights folder's "
+                                     "parameters and tokenizer instead of random ones (a warm "
+                                     "start on more text; same sizes)."),
 ) -> None:
     """Train the model in NumPy; OUT becomes a weights folder holding the best checkpoint.
 
@@ -143,7 +146,7 @@ def train_cmd(
                             weight_decay=weight_decay, dropout=dropout, seed=seed,
                             eval_every=eval_every, checkpoint_every=checkpoint_every,
                             minutes=minutes, ema=ema, snapshots=snapshots,
-                            config=asdict(config))
+                            config=asdict(config), init=str(init) if init else None)
         check_memory(config, batch_size)
     except ValueError as e:
         raise InputError(str(e)) from None

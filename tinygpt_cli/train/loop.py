@@ -59,6 +59,9 @@ class Settings:
     # to more --steps (a new warm-up and cosine decay from there, a "warm restart").
     cycle_start: int = 0
     cycle: int = 0  # how many cycles came before this one (and lines of command.txt)
+    # A weights folder whose parameters (and tokenizer) a fresh run starts from instead of
+    # random ones: a warm start on more text, with a new optimiser and schedule.
+    init: str | None = None
     config: dict = field(default_factory=lambda: asdict(Config()))
 
     def __post_init__(self) -> None:
@@ -180,6 +183,36 @@ def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int) -> To
             f"{vocab_size:,} of --vocab-size: pass --vocab-size {tok.vocab_size} or more text")
     save_tokenizer(tok, path)
     return tok
+
+
+def adopt_tokenizer(init: Path, out: Path) -> None:
+    """A warm start keeps the tokenizer its weights were trained with: the ids mean the same."""
+    src = init / "tokenizer.json"
+    if not src.is_file():
+        raise TrainingDataError(f"--init {init} has no tokenizer.json")
+    dst = out / "tokenizer.json"
+    if dst.is_file() and dst.read_bytes() == src.read_bytes():
+        return
+    if dst.exists() or dst.is_symlink():
+        raise TrainingDataError(f"{dst} exists and differs from --init's tokenizer: a warm "
+                                "start needs the tokenizer its weights were trained with")
+    write_atomically(dst, src.read_bytes())
+
+
+def warm_start_params(init: Path, config: Config) -> dict[str, np.ndarray]:
+    """Writable float32 copies of a weights folder's parameters, checked against the sizes."""
+    from ..config import load_config
+    from ..weights import load_params
+
+    theirs = load_config(init / "config.json")
+    sizes = {k: getattr(theirs, k) for k in SIZES}
+    asked = {k: getattr(config, k) for k in SIZES}
+    if sizes != asked:
+        diff = ", ".join(f"{k} {sizes[k]} (asked {asked[k]})" for k in SIZES
+                         if sizes[k] != asked[k])
+        raise TrainingDataError(f"--init {init} has other sizes: {diff}")
+    return {n: np.array(a, dtype=np.float32) for n, a in
+            load_params(init / "model.safetensors", config).items()}
 
 
 def _save_checkpoint(path: Path, params, opt: AdamW, step: int, rng, best_val: float, settings,
@@ -429,6 +462,8 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
                 f"more than its --warmup of {settings.warmup}: the learning rate would only "
                 "rise. Ask for more steps or a shorter --warmup")
         settings = replace(settings, cycle_start=cycle_start, cycle=cycle)
+    if settings.init is not None and stored is None:
+        adopt_tokenizer(Path(settings.init), out)
     tokenizer = prepare_tokenizer(out, train_files, config.vocab_size)
     config = Config(**{**asdict(config), "bos_token_id": tokenizer.eot_id,
                        "eos_token_id": tokenizer.eot_id})
@@ -447,6 +482,8 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
 
     rng = np.random.default_rng(settings.seed)
     params = init_params(config, rng)
+    if settings.init is not None:
+        params = warm_start_params(Path(settings.init), config)
     opt = AdamW(params, weight_decay=settings.weight_decay)
     # With an average on, it is what is validated, exported and snapshotted: the weights
     # that training would ship at that step.
