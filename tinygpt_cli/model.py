@@ -340,12 +340,14 @@ def backward(
     *,
     masks: dict[str, np.ndarray] | None = None,
     wrt_values: bool = False,
+    param_grads: bool = True,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Gradients of a scalar, given d scalar / d logits, for every parameter and (with
     `wrt_values`) for every recorded value, by path.
 
     Walks the forward pass in reverse over the values a Record hook kept. Hooks are taken to
-    be the identity: on an intervened run this is the gradient at the changed values.
+    be the identity: on an intervened run this is the gradient at the changed values. With
+    `param_grads` off, only the values' gradients are computed (the parameters' dict is empty).
     """
     masks = masks or {}
     grads: dict[str, np.ndarray] = {}
@@ -370,7 +372,7 @@ def backward(
     keep("logits", dlogits)
     last = f"layers.{config.n_layer - 1}.resid_post"
     du, grads["wte.weight"] = ops.unembed_backward(dlogits, values["ln_final.out"],
-                                                   params["wte.weight"])
+                                                   params["wte.weight"], weights=param_grads)
     keep("ln_final.out", du)
     dh, grads["ln_f.weight"], grads["ln_f.bias"] = norm_backward(
         du, values[last], params["ln_f.weight"], "ln_final")
@@ -381,12 +383,12 @@ def backward(
         dmlp_out = undrop(L + "mlp_out", dh)
         keep(L + "mlp_out", dmlp_out)
         dpost, grads[p + "mlp.c_proj.weight"], grads[p + "mlp.c_proj.bias"] = ops.linear_backward(
-            dmlp_out, values[L + "mlp_post"], params[p + "mlp.c_proj.weight"])
+            dmlp_out, values[L + "mlp_post"], params[p + "mlp.c_proj.weight"], weights=param_grads)
         keep(L + "mlp_post", dpost)
         dpre = ops.gelu_backward(dpost, values[L + "mlp_pre"])
         keep(L + "mlp_pre", dpre)
         dx, grads[p + "mlp.c_fc.weight"], grads[p + "mlp.c_fc.bias"] = ops.linear_backward(
-            dpre, values[L + "ln2.out"], params[p + "mlp.c_fc.weight"])
+            dpre, values[L + "ln2.out"], params[p + "mlp.c_fc.weight"], weights=param_grads)
         keep(L + "ln2.out", dx)
         dx, grads[p + "ln_2.weight"], grads[p + "ln_2.bias"] = norm_backward(
             dx, values[L + "resid_mid"], params[p + "ln_2.weight"], L + "ln2")
@@ -396,7 +398,8 @@ def backward(
         dattn = undrop(L + "attn_out", dh)
         keep(L + "attn_out", dattn)
         dz, grads[p + "attn.c_proj.weight"], grads[p + "attn.c_proj.bias"] = ops.linear_backward(
-            dattn, ops.merge_heads(values[L + "z"]), params[p + "attn.c_proj.weight"])
+            dattn, ops.merge_heads(values[L + "z"]), params[p + "attn.c_proj.weight"],
+            weights=param_grads)
         dz = ops.split_heads(dz, config.n_head)
         keep(L + "z", dz)
         heads("out", dz, L)
@@ -414,7 +417,7 @@ def backward(
         dqkv = np.concatenate(
             [ops.merge_heads(dq), ops.merge_heads(dk), ops.merge_heads(dvv)], axis=-1)
         dx, grads[p + "attn.c_attn.weight"], grads[p + "attn.c_attn.bias"] = ops.linear_backward(
-            dqkv, values[L + "ln1.out"], params[p + "attn.c_attn.weight"])
+            dqkv, values[L + "ln1.out"], params[p + "attn.c_attn.weight"], weights=param_grads)
         keep(L + "ln1.out", dx)
         dx, grads[p + "ln_1.weight"], grads[p + "ln_1.bias"] = norm_backward(
             dx, values[L + "resid_pre"], params[p + "ln_1.weight"], L + "ln1")
@@ -425,6 +428,8 @@ def backward(
     keep("token_embeddings", demb)
     keep("position_embeddings", demb.reshape(-1, *demb.shape[-2:]).sum(axis=0)
          if demb.ndim == 3 else demb)
+    if not param_grads:
+        return {}, dv
     grads["wpe.weight"] = ops.position_embedding_backward(demb, params["wpe.weight"])
     grads["wte.weight"] += ops.embedding_backward(demb, params["wte.weight"], values["ids"])
     return {name: grads[name] for name in params}, dv

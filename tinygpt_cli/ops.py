@@ -111,12 +111,15 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out.reshape(*x.shape[:-1], w.shape[-1])
 
 
-def linear_backward(dout, x, w):
-    """Returns (dx, dw, db)."""
+def linear_backward(dout, x, w, *, weights: bool = True):
+    """Returns (dx, dw, db); without `weights`, (dx, None, None): a third of a backward
+    pass's products saved when only the values' gradients are wanted."""
     x2 = x.reshape(-1, x.shape[-1])
     d2 = dout.reshape(-1, dout.shape[-1])
     # dx as one [B*T, out] product too: `dout @ w.T` on [B, T, out] is one BLAS call per text
     dx = (d2 @ w.T).reshape(*dout.shape[:-1], w.shape[0])
+    if not weights:
+        return dx, None, None
     return dx, x2.T @ d2, d2.sum(axis=0)
 
 
@@ -284,11 +287,12 @@ def tied_head(wte: np.ndarray) -> np.ndarray:
     return hit[1]
 
 
-def unembed_backward(dout, u, wte):
-    """Returns (du, dwte)."""
+def unembed_backward(dout, u, wte, *, weights: bool = True):
+    """Returns (du, dwte); without `weights`, (du, None)."""
     u2 = u.reshape(-1, u.shape[-1])
     d2 = dout.reshape(-1, dout.shape[-1])
-    return (d2 @ wte).reshape(*dout.shape[:-1], wte.shape[-1]), d2.T @ u2
+    du = (d2 @ wte).reshape(*dout.shape[:-1], wte.shape[-1])
+    return (du, d2.T @ u2) if weights else (du, None)
 
 
 def log_softmax(z: np.ndarray) -> np.ndarray:

@@ -13,9 +13,10 @@
 
    where loss(w) is the window's mean next-token cross-entropy: a gradient step on the window
    lowers -log p(target) (raises the target's chance) by about lr_s times that dot product, so
-   positive scores are the windows that taught the prediction ("proponents"). Gradients are
-   compared through a CountSketch (a seeded hash of every parameter to one of k buckets with a
-   random sign; E<Sa, Sb> = <a, b>), so each window keeps k numbers per snapshot.
+   positive scores are the windows that taught the prediction ("proponents"). Every window
+   is scored, from an index of all windows' gradients kept small (analysis.tracin: built
+   once per weights, history and data, in batches, on every core, resumably); the top
+   windows are then re-scored exactly.
 """
 
 from __future__ import annotations
@@ -27,15 +28,14 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
+from ..corpus import TrainingDataError, eval_windows
 from ..hooks import Record
 from ..model import backward, forward, loss_and_grads
-from ..train.data import TrainingDataError
+from .why_index import TracinIndex
 
 N_MAX = 8  # the longest tail counted in the exact-match table
 DEPTH = 256  # suffixes are sorted by this many tokens: more than any query (n_ctx + 1)
-SKETCH_DIM = 1024  # noise of a sketched dot product ~ |a| |b| / sqrt(k)
-POOL = 2  # the top windows are chosen among POOL * top by sketch, then ranked exactly
-SKETCH_SEED = 0
+POOL = 2  # the top windows are chosen among POOL * top by the index, then ranked exactly
 
 Progress = Callable[[int], None]
 
@@ -132,50 +132,7 @@ def longest_seen(stream, sa, ids: list[int], target: int | None = None) -> int:
 
 def windows(stream: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
     """Non-overlapping windows covering the stream: inputs and targets.  -> [W, t] each"""
-    n = (len(stream) - 1) // t
-    x = stream[: n * t].reshape(n, t).astype(np.int64)
-    y = stream[1 : n * t + 1].reshape(n, t).astype(np.int64)
-    return x, y
-
-
-def choose_windows(x: np.ndarray, last_id: int, limit: int, seed: int = 0) -> np.ndarray:
-    """Which windows to score when not all of them: those holding the text's last token come
-    first, then the others, each group in one fixed seeded order (so queries share cached
-    windows); limit <= 0 means all.  -> sorted window indices"""
-    n = len(x)
-    if limit <= 0 or limit >= n:
-        return np.arange(n)
-    order = np.random.default_rng(seed).permutation(n)
-    holds = (x[order] == last_id).any(axis=1)
-    ranked = np.concatenate([order[holds], order[~holds]])
-    return np.sort(ranked[:limit])
-
-
-@dataclass
-class CountSketch:
-    """A seeded linear map from every parameter to k numbers: bucket h(i), sign s(i).
-
-    sketch(g)[b] = sum over i with h(i) = b of s(i) g_i; E<sketch(a), sketch(b)> = <a, b>.
-    """
-
-    names: list[str]
-    k: int
-    bucket: np.ndarray  # [P] int64
-    sign: np.ndarray  # [P] float64
-
-    @classmethod
-    def for_params(cls, params: dict[str, np.ndarray], k: int = SKETCH_DIM,
-                   seed: int = SKETCH_SEED) -> CountSketch:
-        names = sorted(params)
-        total = sum(params[n].size for n in names)
-        rng = np.random.default_rng(seed)
-        return cls(names, k, rng.integers(0, k, size=total),
-                   rng.choice(np.array([-1.0, 1.0]), size=total))
-
-    def __call__(self, grads: dict[str, np.ndarray]) -> np.ndarray:
-        """[k] for the gradient dict (parameters in sorted-name order)."""
-        return np.bincount(self.bucket, weights=flatten(grads, self.names) * self.sign,
-                           minlength=self.k)
+    return eval_windows(stream, t)
 
 
 def flatten(grads: dict[str, np.ndarray], names: list[str]) -> np.ndarray:
@@ -183,7 +140,8 @@ def flatten(grads: dict[str, np.ndarray], names: list[str]) -> np.ndarray:
 
 
 def window_gradient(params, config: Config, x: np.ndarray, y: np.ndarray):
-    """d mean cross-entropy of one window / d params (no dropout)."""
+    """d mean cross-entropy of one window / d params (no dropout): the exact definition the
+    index approximates."""
     _, grads = loss_and_grads(params, config, x[None], y[None])
     return grads
 
@@ -199,10 +157,17 @@ def query_gradient(params, config: Config, ids: list[int], target: int):
     return grads
 
 
-def tracin_scores(window_sketches: np.ndarray, query_sketches: np.ndarray,
-                  lrs: np.ndarray) -> np.ndarray:
-    """Per snapshot lr_s <S g_w, S g_q>.  [S, W, k], [S, k], [S] -> [S, W] (sum over S: score)"""
-    return lrs[:, None] * np.einsum("swk,sk->sw", window_sketches, query_sketches)
+def exact_tracin(params_and_lrs, config: Config, x: np.ndarray, y: np.ndarray, ids: list[int],
+                 target: int) -> np.ndarray:
+    """TracIn of each window by its definition, one full gradient at a time (slow: for
+    checking the index).  -> [W]"""
+    names = sorted(params_and_lrs[0][0])
+    total = np.zeros(len(x))
+    for params, lr in params_and_lrs:
+        q = flatten(query_gradient(params, config, ids, target), names)
+        total += lr * np.array([flatten(window_gradient(params, config, x[w], y[w]), names) @ q
+                                for w in range(len(x))])
+    return total
 
 
 def token_contributions(params, config: Config, x: np.ndarray, y: np.ndarray, query: dict,
@@ -241,7 +206,7 @@ def token_contributions(params, config: Config, x: np.ndarray, y: np.ndarray, qu
 def top_windows(stream: np.ndarray, config: Config, chosen: np.ndarray, per_snapshot: np.ndarray,
                 snapshots: list[tuple[dict, float, dict]], ids: list[int], target: int,
                 top: int) -> list[dict]:
-    """The `top` windows: the POOL * top best by sketched score, ranked by their exact score,
+    """The `top` windows: the POOL * top best by the index's score, ranked by their exact score,
     each split over the tokens it predicts (`contributions[j]`: the share of predicting
     token j; 0 for the first token). `snapshots` are (params, lr, query gradient) triples.
     """
@@ -309,8 +274,8 @@ def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
     import io
 
     from ..cache import entry
+    from ..corpus import encode_stories, read_stories
     from ..files import write_atomically
-    from ..train.data import encode_stories, read_stories
 
     key = data_key(files, tokenizer_file)
     path = entry("why-index", key)
@@ -331,72 +296,98 @@ def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
     return Index(stream, sa, key)
 
 
-def sketch_key(index_key: str, snapshot_files, t: int, k: int, seed: int) -> str:
-    from ..cache import key_of
-    from ..files import sha256
-
-    return key_of("why-sketch-v2", index_key, *(sha256(f) for f in snapshot_files),
-                  str(t), str(k), str(seed))
-
-
-def window_sketches(index: Index, snapshots: list[tuple[dict, str]], config: Config,
-                    chosen: np.ndarray, sketch: CountSketch, bar=_no_bar
-                    ) -> tuple[np.ndarray, int]:
-    """Sketches of each chosen window's loss gradient at each snapshot [S, W, k] (zeros for
-    windows not chosen), computing only those the cache lacks; returns them and how many
-    windows were computed now. `snapshots` are (params, file) pairs."""
-    import io
-
-    from ..cache import entry
-    from ..files import write_atomically
-
-    t = config.n_positions
-    x, y = windows(index.stream, t)
-    path = entry("why-sketch", sketch_key(index.key, [f for _, f in snapshots], t, sketch.k,
-                                          SKETCH_SEED))
-    sketches = np.zeros((len(snapshots), len(x), sketch.k), np.float32)
-    done = np.zeros(len(x), bool)
-    if path.is_file():  # only the windows computed so far are stored
-        with np.load(path) as z:
-            sketches[:, z["windows"]] = z["sketches"]
-            done[z["windows"]] = True
-    todo = [int(w) for w in chosen if not done[w]]
-    try:
-        with bar(len(todo), "window gradients") as advance:
-            for w in todo:
-                for s, (params, _) in enumerate(snapshots):
-                    sketches[s, w] = sketch(window_gradient(params, config, x[w], y[w]))
-                done[w] = True
-                advance(1)
-    finally:  # keep what was computed, even when interrupted
-        if todo:
-            buf = io.BytesIO()
-            kept = np.flatnonzero(done)
-            np.savez(buf, windows=kept, sketches=sketches[:, kept])
-            write_atomically(path, buf.getvalue())
-    return sketches, len(todo)
-
-
 def influence(index: Index, snapshots: list, config: Config, ids: list[int], target: int,
-              max_windows: int, top: int, bar=_no_bar) -> dict:
-    """TracIn end to end: choose the windows, sketch (or read) their gradients at each
-    snapshot, score them against the query, and explain the top ones. `snapshots` are
-    analysis.history.Snapshot objects with a learning rate."""
+              top: int, grads: TracinIndex) -> dict:
+    """TracIn end to end over every window: score them all from the index, then explain the
+    top ones exactly. `snapshots` are analysis.history.Snapshot objects with a learning
+    rate, in the index's order."""
+    x, y = windows(index.stream, config.n_positions)
+    per_snapshot = grads.scores([s.params for s in snapshots], config, x, y, ids, target)
+    per_snapshot *= np.asarray([s.lr for s in snapshots])[:, None]
+    queries = [query_gradient(s.params, config, ids, target) for s in snapshots]
+    rows = top_windows(index.stream, config, np.arange(len(x)), per_snapshot,
+                       [(s.params, s.lr, q) for s, q in zip(snapshots, queries, strict=True)],
+                       ids, target, top)
+    return {"windows": len(x), "windows_scored": len(x), "index": grads.describe(),
+            "top_windows": rows}
+
+
+# ------------------------------------------------------------------ the whole answer
+
+
+@dataclass
+class Why:
+    """What `why` found: the exact matches and the top windows, with what they came from."""
+
+    target: int
+    target_token: str
+    training_tokens: int
+    longest: int
+    longest_then: int
+    matches: list[dict]
+    snapshots: list  # analysis.history.Snapshot, those with a learning rate
+    influence: dict
+    index: TracinIndex
+
+    def scores(self) -> np.ndarray:
+        return np.asarray([r["score"] for r in self.influence["top_windows"]])
+
+    def facts(self) -> dict:
+        return {"target": {"id": self.target, "token": self.target_token},
+                "training_tokens": self.training_tokens,
+                "longest_context_seen": self.longest,
+                "longest_context_then_target": self.longest_then,
+                "exact_matches": self.matches,
+                "snapshots": [{"label": s.label, "step": s.step, "lr": s.lr}
+                              for s in self.snapshots], **self.influence}
+
+    def index_note(self) -> str:
+        """Where the window gradients came from, for the closing line."""
+        n = self.influence["windows"] * len(self.snapshots)
+        now = self.index.built_now
+        if now == 0:
+            return f"all {self.influence['windows']:,} windows scored from the index"
+        if now >= n:
+            return (f"the index of {self.influence['windows']:,} windows x "
+                    f"{len(self.snapshots)} snapshots built now and kept for next time")
+        return (f"the index finished now ({now:,} of {n:,} window gradients computed now, "
+                "the rest kept from an interrupted build)")
+
+
+def answer(model, ids: list[int], target: str | int | None, files: list, top: int,
+           report=None, workers: int | None = None) -> Why:
+    """`why` end to end: the training text's index, the exact matches, the snapshots, the
+    window-gradient index (built when missing; report(done, total) follows it) and TracIn."""
+    from ..errors import InputError
+    from ..session import token_id
+    from . import history as hist
+    from .why_index import open_index
+
+    config = model.config
+    logits = forward(model.params, config, np.asarray(ids))
+    target_id = token_id(model, target) if target is not None else hist.next_token(logits)[0]
+    index = load_index(files, model.tokenizer, model.folder / "tokenizer.json")
     x, _ = windows(index.stream, config.n_positions)
     if len(x) == 0:
         raise TrainingDataError(f"the training text is {len(index.stream)} tokens: too short "
                                 f"for one window of {config.n_positions} (and the token after "
                                 "it), so there is nothing to rank")
-    chosen = choose_windows(x, ids[-1], max_windows)
-    sketch = CountSketch.for_params(snapshots[0].params)
-    sketches, computed = window_sketches(index, [(s.params, s.path) for s in snapshots],
-                                         config, chosen, sketch, bar)
-    queries = [query_gradient(s.params, config, ids, target) for s in snapshots]
-    per_snapshot = tracin_scores(sketches[:, chosen], np.stack([sketch(q) for q in queries]),
-                                 np.asarray([s.lr for s in snapshots]))
-    rows = top_windows(index.stream, config, chosen, per_snapshot,
-                       [(s.params, s.lr, q) for s, q in zip(snapshots, queries, strict=True)],
-                       ids, target, top)
-    return {"windows": len(x), "windows_scored": len(chosen), "windows_computed_now": computed,
-            "sketch": {"kind": "CountSketch", "k": sketch.k, "seed": SKETCH_SEED},
-            "top_windows": rows}
+    snapshots = hist.find_snapshots(hist.history_folder(model))
+    timeline = [s for s in hist.timeline(model, snapshots) if s.lr is not None]
+    if not timeline:
+        raise InputError(f"the snapshots in {hist.history_folder(model)} carry no learning rate "
+                         "(metadata 'lr'), which TracIn weighs them by; retrain with --snapshots")
+    grads = open_index(index.key, [s.path for s in timeline], config, len(x))
+    grads.build(index.stream, config, workers, report)
+    return Why(target_id, model.tokenizer.token_str(target_id), len(index.stream),
+               longest_seen(index.stream, index.sa, ids),
+               longest_seen(index.stream, index.sa, ids, target_id),
+               exact_matches(index.stream, index.sa, ids, target_id), timeline,
+               tokens_named(influence(index, timeline, config, ids, target_id, top, grads),
+                            model.tokenizer), grads)
+
+
+def tokens_named(found: dict, tokenizer) -> dict:
+    for r in found["top_windows"]:
+        r["tokens"] = [tokenizer.token_str(i) for i in r["ids"]]
+    return found

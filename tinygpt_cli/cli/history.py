@@ -19,6 +19,7 @@ from .common import (
     check_index,
     load,
     progress,
+    progress_report,
     read_text,
     stderr,
     stdout,
@@ -187,110 +188,49 @@ def _history_heads(session, timeline, labels, as_json):
 # ------------------------------------------------------------------ why
 
 
-def _training_files(data: Path) -> list[Path]:
-    from ..train.data import split_data
-
-    if not data.exists():
-        raise InputError(f"training data {data} does not exist: give --data the folder of "
-                         "part-*.txt files the model was trained on")
-    try:
-        files, _ = split_data([data])
-    except ValueError as e:
-        raise InputError(f"{e}: give --data the folder the model was trained on") from None
-    return files
-
-
 @app.command()
 def why(
     text: str = TEXT,
     target: str = typer.Option(None, "--target", help="The next token to explain, as text "
                                "(' ball') or id; default: the model's likeliest.",
                                show_default=False),
-    data: Path = typer.Option(..., "--data", help="The training data: a folder of part-*.txt "
-                              "(the last part, held out, is skipped), or files."),
-    max_windows: int = typer.Option(256, "--max-windows", help="Score at most this many "
-                                    "training windows (those holding the text's last token "
-                                    "first); 0 scores all."),
+    data: list[Path] = typer.Option(None, "--data", help="The training text: a folder of "
+                                    "part-*.txt (the last part, held out, is skipped), or "
+                                    "files. Default: the folder WEIGHTS/data.json records.",
+                                    show_default=False),
+    any_data: bool = typer.Option(False, "--any-data", help="Use --data even where it is not "
+                                  "the text WEIGHTS/data.json says the model learned from."),
     top: int = TOP, weights: Path = WEIGHTS, as_json: bool = JSON,
 ):
     """Where the model learned a prediction: exact matches, and the most influential windows.
 
     Exact matches: how often the text's last 1 to 8 tokens are followed by the target in the
-    training text. Influential windows: the training windows whose gradients most raised the
-    target's chance (TracIn over the snapshots in WEIGHTS/history, with each snapshot's
-    learning rate). The training text's index and each window's gradient sketches are
-    cached, so a second question is fast.
+    training text. Influential windows: every training window ranked by how much its
+    gradient raised the target's chance (TracIn over the snapshots in WEIGHTS/history, with
+    each snapshot's learning rate), from an index built once per model and text (minutes, on
+    every core; Ctrl-C keeps what is done), then the top ones re-scored exactly.
 
-    Example: tinygpt why "Once upon a time, there was a little" --data ../shared/data/tinystories
+    Example: tinygpt why "Once upon a time, there was a little" --target " girl"
     """
-    import numpy as np
-    from rich.console import Group
-    from rich.text import Text
-
-    from ..analysis import history as hist
     from ..analysis import why as whys
-    from ..model import forward
+    from ..corpus import training_text
     from ..render import history as view
     from ..render import jsonout
-    from ..render.text import show_token
-    from ..session import Session, token_id
+    from ..render.text import escape_line
+    from ..session import Session
 
     t0 = time.perf_counter()
     model = load(weights)
     session = Session.open(read_text(text), model=model)
-    files = _training_files(data)
-    snapshots = hist.find_snapshots(hist.history_folder(model))
-    config, ids = model.config, session.ids
-    logits = forward(model.params, config, np.asarray(ids))
-    target_id = token_id(model, target) if target is not None else hist.next_token(logits)[0]
-
-    def bar(total, what):
-        return progress(total, what, enabled=not as_json)
-
-    index = whys.load_index(files, model.tokenizer, model.folder / "tokenizer.json", bar)
-    matches = whys.exact_matches(index.stream, index.sa, ids, target_id)
-    longest = whys.longest_seen(index.stream, index.sa, ids)
-    longest_then = whys.longest_seen(index.stream, index.sa, ids, target_id)
-
-    timeline = [s for s in hist.timeline(model, snapshots) if s.lr is not None]
-    if not timeline:
-        raise InputError(f"the snapshots in {hist.history_folder(model)} carry no learning rate "
-                         "(metadata 'lr'), which TracIn weighs them by; retrain with --snapshots")
-    found = whys.influence(index, timeline, config, ids, target_id, max_windows, top, bar)
-    tok = model.tokenizer
-    for r in found["top_windows"]:
-        r["tokens"] = [tok.token_str(i) for i in r["ids"]]
-    seconds = time.perf_counter() - t0
-    facts = {"target": {"id": target_id, "token": tok.token_str(target_id)},
-             "training_tokens": len(index.stream), "longest_context_seen": longest,
-             "longest_context_then_target": longest_then, "exact_matches": matches,
-             "snapshots": [{"label": s.label, "step": s.step, "lr": s.lr} for s in timeline],
-             **found, "seconds": round(seconds, 2)}
+    found = training_text(model.folder, data, any_data=any_data)
+    with progress_report("indexing every window's gradient") as report:
+        result = whys.answer(model, session.ids, target, found.files, top, report)
+    if found.note:  # once the answer stands: an error is then the only line
+        stderr().print(escape_line(found.note), soft_wrap=True)
     if as_json:
-        scores = np.asarray([r["score"] for r in found["top_windows"]])
-        jsonout.emit(jsonout.document("scores", scores, ids, session.tokens, **facts))
+        jsonout.emit(jsonout.document("scores", result.scores(), session.ids, session.tokens,
+                                      **result.facts(), seconds=round(time.perf_counter() - t0,
+                                                                      2)))
         return
-    note = (f"target {show_token(tok.token_str(target_id))} (id {target_id}); the last "
-            f"{longest} tokens of the text occur verbatim in the training text, the last "
-            f"{longest_then} followed by the target")
-    out = stdout()
-    out.print(Group(
-        Text("exact matches in the training text", style="bold"),
-        Text(note, style="dim"),
-        view.matches_table(matches, tok.token_str),
-        Text(f"\ntraining windows that most raised the target's chance (TracIn over "
-             f"{len(timeline)} snapshots; {found['windows_scored']:,} of {found['windows']:,} "
-             "windows scored)", style="bold"),
-        view.windows_table(found["top_windows"])))
-    came = cache_note(found["windows_computed_now"], found["windows_scored"])
-    stderr().print(f"({seconds:.1f} s; {came})", style="dim")
-
-
-def cache_note(computed: int, scored: int) -> str:
-    """Where the scored windows' gradient sketches came from, for the closing timing line."""
-    if computed == 0:
-        return f"the gradients of all {scored:,} windows read from the cache"
-    if computed >= scored:
-        return f"the gradients of all {scored:,} windows computed now and cached"
-    return (f"the gradients of {computed:,} windows computed now, the other "
-            f"{scored - computed:,} read from the cache")
+    stdout().print(view.why_view(result, model.tokenizer.token_str))
+    stderr().print(f"({time.perf_counter() - t0:.1f} s; {result.index_note()})", style="dim")

@@ -129,3 +129,21 @@ def windows_table(rows: list[dict]) -> Group:
     key = Text("reversed: the tokens whose prediction mattered most; underlined: the target "
                "and the text's tail before it", style="dim")
     return Group(WhenStyled(key), t)
+
+
+def why_view(result, tokens_of) -> Group:
+    """`why` for a person: the exact matches, then the top windows."""
+    from ..render.text import show_token
+
+    found = result.influence
+    note = (f"target {show_token(result.target_token)} (id {result.target}); the last "
+            f"{result.longest} tokens of the text occur verbatim in the training text, the "
+            f"last {result.longest_then} followed by the target")
+    return Group(
+        Text("exact matches in the training text", style="bold"),
+        Text(note, style="dim"),
+        matches_table(result.matches, tokens_of),
+        Text(f"\ntraining windows that most raised the target's chance (TracIn over "
+             f"{len(result.snapshots)} snapshots; all {found['windows']:,} windows scored)",
+             style="bold"),
+        windows_table(found["top_windows"]))

@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import ops
 from ..config import Config, save_config
+from ..corpus import write_data_record
 from ..errors import InputError, RunError, WriteError
 from ..files import append_line, write_atomically
 from ..model import forward, init_params, loss_and_grads
@@ -468,6 +469,7 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
     config = Config(**{**asdict(config), "bos_token_id": tokenizer.eot_id,
                        "eos_token_id": tokenizer.eot_id})
     train_data = encode_stories(read_stories(train_files), tokenizer)
+    write_data_record(out, train_files, val_files)  # read first: the files are text
     val_data: TokenStream | None = (
         encode_stories(read_stories(val_files), tokenizer) if val_files else None
     )

@@ -1,0 +1,323 @@
+"""Every training window's loss gradient, kept small, for TracIn over the whole text.
+
+A window's gradient has 1.3 million numbers; the training text has about 12,500 windows and
+the history 8 snapshots, so gradients are never stored whole. What is stored splits in two,
+because one part of the gradient dominates the dot products TracIn takes and is sparse:
+
+1. The embedding table's rows (tied: it is also the unembedding). For a window,
+
+       G = (1/T) sum_t (s_t - e_{y_t}) u_t^T  +  sum_t e_{x_t} m_t^T            [V, d]
+
+   (s_t the predicted distribution, y_t the next token, u_t = ln_final.out, x_t the input
+   token, m_t the gradient at the embeddings). The query's gradient is a b^T + sum_q e_{x_q}
+   m_q^T (a = softmax - onehot(target) at the text's last position, b its u). Its dot
+   product with the *sparse* terms (the e_y and e_x rows) needs only u_t and m_t per
+   position: these are stored, projected on their leading principal directions (K_POSITION
+   numbers each), and the dot product is taken exactly in that subspace at query time. On the
+   shipped model these terms carry most of the score (their spread is 10 times any other
+   parameter's), and a random projection of the whole table lost them entirely (correlation
+   with the exact score about 0: a query's rows are a handful of 4,096).
+2. Everything else (every weight matrix and bias, the dense softmax part of the table, the
+   position table, the norms), projected per window with a Kronecker pair of matrices (LoGra,
+   Choe et al. 2024): for y = x W + b over the window's positions,
+
+       P_in^T [dW; db] P_out = ([x, 1] P_in)^T (dy P_out)                    [k_in, k_out]
+
+   so a window's projection costs two thin products of values that one batched forward and
+   backward pass already has, never the gradient itself. P_in and P_out are the leading
+   eigenvectors of each side's gradient energy over a sample of windows (LoGra's PCA
+   initialisation); a norm's gain and bias take a dense projection.
+
+Scores from these are an approximation that ranks; `why` re-scores its top windows exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import ops
+from ..config import Config
+from ..hooks import Record
+from ..model import backward, forward
+
+K_MATRIX = 8  # each side of a weight matrix's projection: k_in x k_out = 64 numbers
+K_TABLE = 16  # the embedding table's dense part: 256 numbers
+K_VECTOR = 8  # a LayerNorm's gain and bias together
+K_POSITION = 16  # u_t and m_t at each position
+PROJECTION_SEED = 0
+FIT_WINDOWS = 64  # windows whose gradients choose the projections' directions
+
+
+def linear_sites(config: Config) -> list[tuple[str, str, str]]:
+    """(parameter prefix, input value, output-gradient value) of every y = x W + b."""
+    out = []
+    for i in range(config.n_layer):
+        p, L = f"h.{i}.", f"layers.{i}."
+        out += [(p + "attn.c_attn", L + "ln1.out", L + "qkv"),
+                (p + "attn.c_proj", L + "z", L + "attn_out"),
+                (p + "mlp.c_fc", L + "ln2.out", L + "mlp_pre"),
+                (p + "mlp.c_proj", L + "mlp_post", L + "mlp_out")]
+    return out
+
+
+def norm_sites(config: Config) -> list[tuple[str, str, str]]:
+    """(parameter prefix, input value, trace name) of every LayerNorm."""
+    out = []
+    for i in range(config.n_layer):
+        out += [(f"h.{i}.ln_1", f"layers.{i}.resid_pre", f"layers.{i}.ln1"),
+                (f"h.{i}.ln_2", f"layers.{i}.resid_mid", f"layers.{i}.ln2")]
+    last = f"layers.{config.n_layer - 1}.resid_post"
+    return out + [("ln_f", last, "ln_final")]
+
+
+# ------------------------------------------------------------------ values and their gradients
+
+
+def window_loss_gradient_of_logits(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """d (each window's mean cross-entropy) / d logits: (softmax - onehot) / T.  [B, T, V]"""
+    d = ops.softmax(logits.astype(np.float32))
+    np.put_along_axis(d, y[..., None], np.take_along_axis(d, y[..., None], axis=-1) - 1.0,
+                      axis=-1)
+    return d / y.shape[-1]
+
+
+def values_and_gradients(params, config: Config, x: np.ndarray, dlogits_of):
+    """Every recorded value and its gradient, for d loss / d logits = dlogits_of(logits);
+    with the attention's inputs and output-gradients merged over heads (`qkv`, `z`)."""
+    rec = Record()
+    logits = forward(params, config, x, hooks=rec)
+    v = rec.values
+    dlogits = dlogits_of(logits)
+    _, dv = backward(params, config, v, dlogits, wrt_values=True, param_grads=False)
+    for i in range(config.n_layer):
+        L = f"layers.{i}."
+        v[L + "z"] = ops.merge_heads(v[L + "z"])
+        dv[L + "qkv"] = np.concatenate([ops.merge_heads(dv[L + n]) for n in "qkv"], axis=-1)
+    return v, dv, dlogits
+
+
+def with_ones(x: np.ndarray) -> np.ndarray:
+    """[..., n] -> [..., n + 1]: the bias is a weight on a constant input."""
+    return np.concatenate([x, np.ones((*x.shape[:-1], 1), x.dtype)], axis=-1)
+
+
+# ------------------------------------------------------------------ the projection
+
+
+def weighted_gram(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """sum over positions of |b_t|^2 a_t a_t^T: the energy of sum_t a_t b_t^T on a's side.
+    [..., n], [..., m] -> [n, n] (float64)"""
+    a2 = a.reshape(-1, a.shape[-1]).astype(np.float64)
+    w = np.square(b.reshape(-1, b.shape[-1]).astype(np.float64)).sum(-1)
+    return (a2 * w[:, None]).T @ a2
+
+
+def top_eigenvectors(gram: np.ndarray, k: int) -> np.ndarray:
+    """The k leading eigenvectors of a symmetric matrix, as float32 columns.  -> [n, <=k]"""
+    _, vectors = np.linalg.eigh(gram)
+    return np.ascontiguousarray(vectors[:, ::-1][:, :k], dtype=np.float32)
+
+
+def top_eigenvectors_of_product(a: np.ndarray, w: np.ndarray, k: int, rng,
+                                iterations: int = 4) -> np.ndarray:
+    """The k leading eigenvectors of a^T diag(w) a by subspace iteration: for the
+    vocabulary side the [V, V] matrix costs 30 times more to form than to use."""
+    k = min(k, a.shape[1])
+
+    def apply(y: np.ndarray) -> np.ndarray:
+        return a.T @ (w[:, None] * (a @ y))
+
+    q = np.linalg.qr(apply(rng.standard_normal((a.shape[1], k + 8))))[0]
+    for _ in range(iterations):
+        q = np.linalg.qr(apply(q))[0]
+    _, vectors = np.linalg.eigh(q.T @ apply(q))
+    return np.ascontiguousarray(q @ vectors[:, ::-1][:, :k], dtype=np.float32)
+
+
+def softmax_part(dlogits: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """s_t / T from (s_t - e_{y_t}) / T: the dense part of the unembedding's gradient."""
+    s = dlogits.copy()
+    np.put_along_axis(s, y[..., None], np.take_along_axis(s, y[..., None], axis=-1)
+                      + 1.0 / y.shape[-1], axis=-1)
+    return s
+
+
+@dataclass(frozen=True)
+class Projection:
+    """The directions, by name: `left`/`right` pairs for matrices (`wte` is the table's
+    dense part), `left` alone for the norms, and `u`, `m` for the per-position values."""
+
+    left: dict[str, np.ndarray]
+    right: dict[str, np.ndarray]
+
+    @property
+    def dim(self) -> int:
+        """Numbers per window."""
+        return sum(a.shape[1] * self.right[n].shape[1] if n in self.right else a.shape[1]
+                   for n, a in self.left.items() if n not in ("u", "m"))
+
+    @classmethod
+    def fit(cls, params, config: Config, x: np.ndarray, y: np.ndarray,
+            seed: int = PROJECTION_SEED) -> Projection:
+        """Directions from a sample of windows' gradients at these weights: for a gradient
+        sum_t l_t r_t^T, the top eigenvectors of sum_t |r_t|^2 l_t l_t^T and of
+        sum_t |l_t|^2 r_t r_t^T (orthonormal: a gradient lying in them is kept exactly)."""
+        rng = np.random.default_rng(seed)
+        v, dv, dlogits = values_and_gradients(
+            params, config, x, lambda z: window_loss_gradient_of_logits(z, y))
+        left, right = {}, {}
+        for prefix, inp, outp in linear_sites(config):
+            a = with_ones(v[inp])
+            left[prefix] = top_eigenvectors(weighted_gram(a, dv[outp]), K_MATRIX)
+            right[prefix] = top_eigenvectors(weighted_gram(dv[outp], a), K_MATRIX)
+        u, demb = v["ln_final.out"], dv["embeddings"]
+        s = softmax_part(dlogits, y)
+        left["wte"] = top_eigenvectors_of_product(
+            s.reshape(-1, s.shape[-1]).astype(np.float64),
+            np.square(u.reshape(-1, u.shape[-1]).astype(np.float64)).sum(-1), K_TABLE, rng)
+        right["wte"] = top_eigenvectors(weighted_gram(u, s), K_TABLE)
+        # every position carries about the same energy: random directions spread over all
+        left["wpe"] = (rng.standard_normal((config.n_positions, K_MATRIX))
+                       / np.sqrt(K_MATRIX)).astype(np.float32)
+        right["wpe"] = top_eigenvectors(weighted_gram(demb, np.ones_like(demb[..., :1])),
+                                        K_MATRIX)
+        for prefix, inp, name in norm_sites(config):
+            gb = norm_gradients(v, dv, inp, name)
+            left[prefix] = top_eigenvectors(gb.T.astype(np.float64) @ gb, K_VECTOR)
+        left["u"] = top_eigenvectors(weighted_gram(u, np.ones_like(u[..., :1])), K_POSITION)
+        left["m"] = top_eigenvectors(weighted_gram(demb, np.ones_like(demb[..., :1])),
+                                     K_POSITION)
+        return cls(left, right)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {**{f"left/{n}": a for n, a in self.left.items()},
+                **{f"right/{n}": a for n, a in self.right.items()}}
+
+    @classmethod
+    def from_arrays(cls, arrays) -> Projection:
+        return cls({k[5:]: np.asarray(arrays[k]) for k in arrays if k.startswith("left/")},
+                   {k[6:]: np.asarray(arrays[k]) for k in arrays if k.startswith("right/")})
+
+
+def norm_gradients(v, dv, inp: str, name: str) -> np.ndarray:
+    """Per window, a LayerNorm's [d gain, d bias] gradient.  -> [B, 2d]"""
+    xhat = (v[inp] - v[name + ".mean"]) / v[name + ".std"]
+    dout = dv[name + ".out"]
+    return np.concatenate([(dout * xhat).sum(axis=-2), dout.sum(axis=-2)], axis=-1)
+
+
+# ------------------------------------------------------------------ windows
+
+
+@dataclass
+class WindowGradients:
+    """A batch of windows' gradients, kept small."""
+
+    rows: np.ndarray  # [B, dim]: every parameter but the table's sparse rows, projected
+    u: np.ndarray  # [B, T, K_POSITION]: ln_final.out at each position, projected
+    m: np.ndarray  # [B, T, K_POSITION]: the gradient at the embeddings, projected
+
+
+def window_gradients(params, config: Config, x: np.ndarray, y: np.ndarray,
+                     projection: Projection) -> WindowGradients:
+    """Each window's mean-loss gradient from one batched forward and backward pass (no
+    dropout).  x, y [B, T]"""
+    p = projection
+    v, dv, dlogits = values_and_gradients(
+        params, config, x, lambda z: window_loss_gradient_of_logits(z, y))
+    b = len(x)
+    parts = []
+    for prefix, inp, outp in linear_sites(config):
+        a = with_ones(v[inp]) @ p.left[prefix]
+        parts.append(np.einsum("btk,btl->bkl", a, dv[outp] @ p.right[prefix]).reshape(b, -1))
+    u, demb = v["ln_final.out"], dv["embeddings"]
+    dense = softmax_part(dlogits, y) @ p.left["wte"]
+    parts.append(np.einsum("btk,btl->bkl", dense, u @ p.right["wte"]).reshape(b, -1))
+    pos = p.left["wpe"][: x.shape[1]]
+    parts.append(np.einsum("tk,btl->bkl", pos, demb @ p.right["wpe"]).reshape(b, -1))
+    for prefix, inp, name in norm_sites(config):
+        parts.append(norm_gradients(v, dv, inp, name) @ p.left[prefix])
+    return WindowGradients(np.concatenate(parts, axis=1).astype(np.float32),
+                           (u @ p.left["u"]).astype(np.float32),
+                           (demb @ p.left["m"]).astype(np.float32))
+
+
+# ------------------------------------------------------------------ the query
+
+
+@dataclass
+class Query:
+    """The query's gradient in the same terms: `rows` for the projected part; for the
+    table's sparse rows, a [V, K] table per side whose row v is what a position with that
+    token (next token for u, input token for m) contributes per unit of its u or m."""
+
+    rows: np.ndarray  # [dim]
+    by_next_token: np.ndarray  # [V, K_POSITION]
+    by_input_token: np.ndarray  # [V, K_POSITION]
+
+
+def query(params, config: Config, projection: Projection, ids: list[int], target: int,
+          t_window: int) -> Query:
+    """d -log p(target | text) / d params, in the index's terms (windows of t_window)."""
+    p = projection
+    x = np.asarray(ids)[None]
+
+    def dlogits_of(z: np.ndarray) -> np.ndarray:
+        d = np.zeros_like(z)
+        d[0, -1] = ops.softmax(z[0, -1])  # d(-log p_y)/dz = softmax(z) - onehot(y)
+        d[0, -1, target] -= 1.0
+        return d
+
+    rec = Record()
+    forward(params, config, x, hooks=rec)
+    v = rec.values
+    grads, dv = backward(params, config, v, dlogits_of(v["logits"]), wrt_values=True)
+    a = dlogits_of(v["logits"])[0, -1].astype(np.float64)  # [V]
+    b = v["ln_final.out"][0, -1].astype(np.float64)  # [d]
+    e = dv["embeddings"][0].astype(np.float64)  # [Tq, d]
+    # The window's sparse rows: -(1/T) e_{y_t} u_t^T and e_{x_t} m_t^T, against a b^T + E.
+    by_next = -np.outer(a, b @ p.left["u"]) / t_window
+    by_input = np.outer(a, b @ p.left["m"])
+    np.add.at(by_next, x[0], -(e @ p.left["u"]) / t_window)
+    np.add.at(by_input, x[0], e @ p.left["m"])
+    return Query(projected_gradient(config, grads, p), by_next.astype(np.float32),
+                 by_input.astype(np.float32))
+
+
+def projected_gradient(config: Config, grads: dict[str, np.ndarray],
+                       p: Projection) -> np.ndarray:
+    """One full gradient (by parameter name) in the windows' projected terms.  -> [dim]"""
+    parts = []
+    for prefix, _, _ in linear_sites(config):
+        w = np.concatenate([grads[prefix + ".weight"], grads[prefix + ".bias"][None]])
+        parts.append((p.left[prefix].T @ w @ p.right[prefix]).ravel())
+    for name in ("wte", "wpe"):
+        parts.append((p.left[name].T @ grads[name + ".weight"] @ p.right[name]).ravel())
+    for prefix, _, _ in norm_sites(config):
+        gb = np.concatenate([grads[prefix + ".weight"], grads[prefix + ".bias"]])
+        parts.append(gb @ p.left[prefix])
+    return np.concatenate(parts).astype(np.float32)
+
+
+def scores(rows: np.ndarray, row_scales: np.ndarray, u: np.ndarray, m: np.ndarray,
+           x: np.ndarray, y: np.ndarray, q: Query, chunk: int = 1024) -> np.ndarray:
+    """<window gradient, query gradient> for every window of one snapshot.
+    rows [W, dim] (float16, scaled), u, m [W, T, K] (float16), x, y [W, T] -> [W]"""
+    out = np.empty(len(rows), np.float64)
+    for i in range(0, len(rows), chunk):
+        j = slice(i, i + chunk)
+        dense = (rows[j].astype(np.float32) @ q.rows) * row_scales[j]
+        sparse = np.einsum("wtk,wtk->w", u[j].astype(np.float32), q.by_next_token[y[j]]) + \
+            np.einsum("wtk,wtk->w", m[j].astype(np.float32), q.by_input_token[x[j]])
+        out[j] = dense + sparse
+    return out
+
+
+def quantise_rows(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float16 rows scaled to their largest magnitude (a relative error of about 5e-4 per
+    number, where plain float16 would flush small gradients to zero), and the scales."""
+    scale = np.abs(g).max(axis=1).astype(np.float32)
+    safe = np.where(scale > 0, scale, 1.0)
+    return (g / safe[:, None]).astype(np.float16), scale

@@ -1,0 +1,269 @@
+"""The on-disk index of every training window's gradient at every snapshot (analysis.tracin),
+built once per (weights history, training text), on every core, resumable.
+
+Layout, in the cache folder `why-tracin/KEY/` (KEY: the data's and the snapshots' sha256,
+the window length and the method's version):
+
+    projection-S.npz        the directions fitted at snapshot S
+    chunk-S-C.npz           windows C*CHUNK .. of snapshot S (while building)
+    rows-S.npy, scales-S.npy, u-S.npy, m-S.npy     snapshot S, whole (once its chunks are in)
+    index.json              written last: the index is complete
+
+Every file is written whole by files.write_atomically, so a build killed at any moment
+(Ctrl-C, a full disk, SIGKILL) leaves only finished pieces, and the next build starts from them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..config import Config
+from ..corpus import eval_windows
+from . import tracin
+
+VERSION = "tracin-v2"
+CHUNK = 256  # windows per task: a few seconds of work, the most a Ctrl-C loses per process
+BATCH = 32  # windows per forward and backward pass
+
+
+def index_key(data_key: str, snapshot_files: list[Path], config: Config) -> str:
+    from ..cache import key_of
+    from ..files import sha256
+
+    return key_of(VERSION, data_key, *(sha256(f) for f in snapshot_files), str(config),
+                  str((tracin.K_MATRIX, tracin.K_TABLE, tracin.K_VECTOR, tracin.K_POSITION,
+                       tracin.FIT_WINDOWS, tracin.PROJECTION_SEED)))
+
+
+def _npy_bytes(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _npz_bytes(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def fit_windows(n_windows: int, seed: int = tracin.PROJECTION_SEED) -> np.ndarray:
+    """The windows whose gradients choose the directions: a fixed seeded sample."""
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.permutation(n_windows)[: min(tracin.FIT_WINDOWS, n_windows)])
+
+
+# ------------------------------------------------------------------ the work, in a process
+
+_WORKER: dict = {}  # per process: the snapshot whose weights are loaded, and the stream
+
+
+def _init_worker(stream_file: str, config: dict) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _WORKER["stream"] = np.load(stream_file, mmap_mode="r")
+    _WORKER["config"] = Config(**config)
+
+
+def _params(path: str) -> dict:
+    from ..weights import load_params
+
+    if _WORKER.get("path") != path:
+        config = _WORKER["config"]
+        _WORKER["params"] = {n: np.asarray(a, np.float32)
+                             for n, a in load_params(Path(path), config).items()}
+        _WORKER["path"] = path
+        _WORKER.pop("projection", None)
+    return _WORKER["params"]
+
+
+def run_task(task: tuple) -> tuple:
+    """One piece of the build: ("fit", s, weights, out) or
+    ("chunk", s, c, chunk size, weights, projection file, out)."""
+    from ..files import write_atomically
+
+    config, stream = _WORKER["config"], _WORKER["stream"]
+    x, y = eval_windows(stream, config.n_positions)
+    if task[0] == "fit":
+        _, s, weights, out = task
+        sample = fit_windows(len(x))
+        p = tracin.Projection.fit(_params(weights), config, x[sample], y[sample])
+        write_atomically(Path(out), _npz_bytes(**p.arrays()))
+        return task[0], s, 0
+    _, s, c, chunk, weights, projection_file, out = task
+    params = _params(weights)
+    if _WORKER.get("projection_file") != projection_file or "projection" not in _WORKER:
+        with np.load(projection_file) as z:
+            _WORKER["projection"] = tracin.Projection.from_arrays(dict(z))
+        _WORKER["projection_file"] = projection_file
+    p = _WORKER["projection"]
+    part = slice(c * chunk, min((c + 1) * chunk, len(x)))
+    batches = [slice(i, min(i + BATCH, part.stop)) for i in range(part.start, part.stop, BATCH)]
+    pieces = [tracin.window_gradients(params, config, x[b], y[b], p) for b in batches]
+    rows, scales = tracin.quantise_rows(np.concatenate([g.rows for g in pieces]))
+    write_atomically(Path(out), _npz_bytes(
+        rows=rows, scales=scales, u=np.concatenate([g.u for g in pieces]).astype(np.float16),
+        m=np.concatenate([g.m for g in pieces]).astype(np.float16)))
+    return task[0], s, part.stop - part.start
+
+
+# ------------------------------------------------------------------ building and reading
+
+
+@dataclass
+class TracinIndex:
+    folder: Path
+    n_windows: int
+    snapshot_files: list[Path]
+    built_now: int = 0  # windows x snapshots computed by this process's build
+    _loaded: list = field(default_factory=list, repr=False)
+
+    @property
+    def complete(self) -> bool:
+        return (self.folder / "index.json").is_file()
+
+    def describe(self) -> dict:
+        return {"method": "projected per-window gradients (analysis/tracin.py)",
+                "version": VERSION, "numbers_per_window": self._dim(),
+                "position_directions": tracin.K_POSITION,
+                "computed_now": self.built_now}
+
+    def _dim(self) -> int | None:
+        f = self.folder / "projection-0.npz"
+        if not f.is_file():
+            return None
+        with np.load(f) as z:
+            return tracin.Projection.from_arrays(dict(z)).dim
+
+    def build(self, stream: np.ndarray, config: Config, workers: int | None = None,
+              progress: Callable[[int, int], None] | None = None, chunk: int = CHUNK) -> None:
+        """Compute what is missing, with `workers` processes (default: every core).
+        progress(done, total) is called as pieces finish (units: window gradients)."""
+        from ..files import write_atomically
+
+        if self.complete:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        stream_file = self.folder / "stream.npy"
+        if not stream_file.is_file():
+            write_atomically(stream_file, _npy_bytes(np.asarray(stream, np.uint16)))
+        n_chunks = -(-self.n_windows // chunk)
+        S = len(self.snapshot_files)
+        total = S * self.n_windows
+        done = sum(self.n_windows for s in range(S) if self._whole(s))
+        chunks_left = []
+        for s in range(S):
+            if self._whole(s):
+                continue
+            for c in range(n_chunks):
+                if (self.folder / f"chunk-{s}-{c}.npz").is_file():
+                    done += min(chunk, self.n_windows - c * chunk)
+                else:
+                    chunks_left.append((s, c))
+        if progress:
+            progress(done, total)
+        fits = [("fit", s, str(self.snapshot_files[s]), str(self.folder / f"projection-{s}.npz"))
+                for s in range(S) if not (self.folder / f"projection-{s}.npz").is_file()
+                and not self._whole(s)]
+        tasks = [("chunk", s, c, chunk, str(self.snapshot_files[s]),
+                  str(self.folder / f"projection-{s}.npz"),
+                  str(self.folder / f"chunk-{s}-{c}.npz")) for s, c in chunks_left]
+        before = done
+        for kind, _, n in _run_all([fits, tasks], str(stream_file), config, workers):
+            if kind == "chunk":
+                done += n
+                if progress:
+                    progress(done, total)
+        self.built_now = done - before
+        for s in range(S):
+            self._join(s, n_chunks)
+        write_atomically(self.folder / "index.json", (json.dumps(
+            {"version": VERSION, "windows": self.n_windows, "snapshots": S}) + "\n").encode())
+        stream_file.unlink(missing_ok=True)
+
+    def _whole(self, s: int) -> bool:
+        return all((self.folder / f"{n}-{s}.npy").is_file()
+                   for n in ("rows", "scales", "u", "m"))
+
+    def _join(self, s: int, n_chunks: int) -> None:
+        """Snapshot s's chunks, joined into one file per array (then the chunks go)."""
+        from ..files import write_atomically
+
+        if self._whole(s):
+            return
+        parts = []
+        for c in range(n_chunks):
+            with np.load(self.folder / f"chunk-{s}-{c}.npz") as z:
+                parts.append({k: z[k] for k in ("rows", "scales", "u", "m")})
+        for name in ("rows", "scales", "u", "m"):
+            write_atomically(self.folder / f"{name}-{s}.npy",
+                             _npy_bytes(np.concatenate([p[name] for p in parts])))
+        for c in range(n_chunks):
+            (self.folder / f"chunk-{s}-{c}.npz").unlink(missing_ok=True)
+
+    def scores(self, params_list: list[dict], config: Config, x: np.ndarray, y: np.ndarray,
+               ids: list[int], target: int) -> np.ndarray:
+        """Every window's approximate <window gradient, query gradient>, per snapshot.
+        -> [S, W] (not yet weighted by the learning rates)"""
+        out = np.zeros((len(params_list), len(x)))
+        for s, params in enumerate(params_list):
+            with np.load(self.folder / f"projection-{s}.npz") as z:
+                p = tracin.Projection.from_arrays(dict(z))
+            q = tracin.query(params, config, p, ids, target, config.n_positions)
+            arrays = {n: np.load(self.folder / f"{n}-{s}.npy", mmap_mode="r")
+                      for n in ("rows", "scales", "u", "m")}
+            out[s] = tracin.scores(arrays["rows"], arrays["scales"], arrays["u"], arrays["m"],
+                                   x, y, q)
+        return out
+
+
+def _run_all(phases: list[list[tuple]], stream_file: str, config: Config,
+             workers: int | None):
+    """Run each phase's tasks to the end before the next, in worker processes that each use
+    one BLAS thread (two processes on two cores beat one with two threads: the batches are
+    small products); yields each result as it finishes. Ctrl-C stops the workers at once."""
+    import multiprocessing as mp
+    from dataclasses import asdict
+
+    workers = workers or os.cpu_count() or 1
+    todo = [p for p in phases if p]
+    if not todo:
+        return
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                            "MKL_NUM_THREADS")}
+    os.environ.update({k: "1" for k in saved})  # read by each worker's BLAS as it starts
+    try:
+        pool = mp.get_context("spawn").Pool(
+            min(workers, max(len(p) for p in todo)), _init_worker,
+            (stream_file, asdict(config)))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    try:
+        for phase in todo:
+            yield from pool.imap_unordered(run_task, phase)
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+
+
+def open_index(data_key: str, snapshot_files: list[Path], config: Config,
+               n_windows: int) -> TracinIndex:
+    from ..cache import entry
+
+    key = index_key(data_key, snapshot_files, config)
+    return TracinIndex(entry("why-tracin", key, suffix=""), n_windows, list(snapshot_files))

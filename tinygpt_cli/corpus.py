@@ -1,0 +1,255 @@
+"""Text files of stories -> one stream of token ids -> (B, T) windows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+from .tokenizer import END_OF_TEXT, Tokenizer
+
+
+class TrainingDataError(InputError):
+    """Data that cannot train the model (not UTF-8 text, too short for one window); exit 2,
+    from every command that reads training data (train, why, neurons, means, score)."""
+
+
+def read_text_file(path: Path) -> str:
+    """A data file as text: UTF-8, no NUL bytes (which mark binary files and UTF-16)."""
+    if not Path(path).is_file():  # a FIFO would block the read, a folder fail it
+        raise TrainingDataError(f"cannot read {path}: it is not a regular file")
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise TrainingDataError(f"cannot read {path}: {e.strerror or e}") from None
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in data:
+        kind = "UTF-16" if data[:2] in (b"\xff\xfe", b"\xfe\xff") or \
+            data[1::2].count(0) > len(data) // 4 else "binary"
+        raise TrainingDataError(f"{path} looks {kind}, not UTF-8 text: convert it first "
+                                "(e.g. iconv -f UTF-16 -t UTF-8)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TrainingDataError(f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at "
+                                f"offset {e.start}): convert it first") from None
+
+
+def read_stories(files: list[Path]) -> list[str]:
+    """Stories are separated by a line holding exactly `<|endoftext|>`."""
+    stories = []
+    for f in files:
+        text = read_text_file(f)
+        for part in text.split(END_OF_TEXT):
+            part = part.strip("\n")
+            if part.strip():
+                stories.append(part)
+    return stories
+
+
+def split_data(paths: list[Path], val: Path | None = None) -> tuple[list[Path], list[Path]]:
+    """A folder's part-*.txt files (or any *.txt); the last is held out unless `val` is given."""
+    files: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            found = sorted(p.glob("part-*.txt")) or sorted(p.glob("*.txt"))
+            if not found:
+                raise ValueError(f"{p} holds no .txt files")
+            files += found
+        elif p.is_file():
+            files.append(p)
+        elif p.exists():
+            raise ValueError(f"{p} is neither a folder nor a regular file")
+        else:
+            raise ValueError(f"{p} does not exist")
+    for f in files:  # a FIFO or a device named part-000.txt would block the first read
+        if not f.is_file():
+            raise ValueError(f"{f} is not a regular file")
+    if val is not None:
+        if not Path(val).is_file():
+            raise ValueError(f"validation file {val} does not exist")
+        val_files = [Path(val)]
+        train = [f for f in files if f.resolve() != Path(val).resolve()]
+    elif len(files) >= 2:
+        train, val_files = files[:-1], files[-1:]
+    else:
+        train, val_files = files, []
+    return train, val_files
+
+
+@dataclass
+class TokenStream:
+    ids: np.ndarray  # uint16 [N]: story, <|endoftext|>, story, <|endoftext|>, ...
+    n_bytes: int  # UTF-8 bytes the ids stand for (each separator counts as one byte, a newline)
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.n_bytes / max(len(self.ids), 1)
+
+
+def encode_stories(stories: list[str], tokenizer: Tokenizer) -> TokenStream:
+    eot = tokenizer.eot_id
+    out: list[int] = []
+    for ids in tokenizer.encode_batch(stories):
+        out += ids
+        out.append(eot)
+    n_bytes = sum(len(s.encode("utf-8")) + 1 for s in stories)
+    return TokenStream(np.asarray(out, dtype=np.uint16), n_bytes)
+
+
+def random_windows(stream: np.ndarray, batch: int, t: int, rng: np.random.Generator):
+    """B windows of t+1 tokens at random offsets -> (inputs [B, t], targets [B, t])."""
+    starts = rng.integers(0, len(stream) - t - 1, size=batch)
+    w = stream[starts[:, None] + np.arange(t + 1)].astype(np.int64)
+    return w[:, :-1], w[:, 1:]
+
+
+def eval_windows(stream: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """Consecutive non-overlapping windows covering the stream once."""
+    n = (len(stream) - 1) // t
+    x = stream[: n * t].reshape(n, t).astype(np.int64)
+    y = stream[1 : n * t + 1].reshape(n, t).astype(np.int64)
+    return x, y
+
+
+# ------------------------------------------------------------------ the data record
+#
+# A weights folder written by `train` names the files it learned from (data.json: names,
+# sizes, sha256, and where the folder was), so that `why`, `neurons`, `means` and `score
+# --stream` can find the training text without --data, and refuse text the model never saw.
+
+DATA_RECORD = "data.json"
+RECORD_FORMAT = 1
+
+
+def file_record(path: Path) -> dict:
+    from .files import sha256
+
+    return {"name": path.name, "bytes": path.stat().st_size, "sha256": sha256(path)}
+
+
+def data_record(train_files: list[Path], val_files: list[Path], weights: Path) -> dict:
+    """What `train` writes: the training and validation files, and their folder as a path
+    relative to the weights folder (so the record survives moving both together) and as an
+    absolute one."""
+    import os
+
+    folder = Path(train_files[0]).resolve().parent if train_files else None
+    return {
+        "format": RECORD_FORMAT,
+        "folder": os.path.relpath(folder, Path(weights).resolve()) if folder else None,
+        "folder_absolute": str(folder) if folder else None,
+        "train": [file_record(Path(f)) for f in train_files],
+        "validation": [file_record(Path(f)) for f in val_files],
+    }
+
+
+def write_data_record(weights: Path, train_files: list[Path], val_files: list[Path]) -> None:
+    import json
+
+    from .files import write_atomically
+
+    record = data_record(train_files, val_files, weights)
+    write_atomically(Path(weights) / DATA_RECORD,
+                     (json.dumps(record, indent=2) + "\n").encode("utf-8"))
+
+
+def read_data_record(weights: Path) -> dict | None:
+    """The folder's record, None when it has none (trained before records existed); a record
+    that cannot be read is a broken weights folder (WeightsError, exit 1)."""
+    import json
+
+    from .errors import WeightsError
+
+    path = Path(weights) / DATA_RECORD
+    if not (path.exists() or path.is_symlink()):
+        return None
+    try:
+        if not path.is_file() or path.stat().st_size > 1 << 20:
+            raise ValueError("not a small regular file")
+        record = json.loads(path.read_text(encoding="utf-8"))
+        files = record["train"] + record["validation"]
+        if not all(isinstance(f["name"], str) and isinstance(f["bytes"], int)
+                   and isinstance(f["sha256"], str) for f in files):
+            raise ValueError("a file entry lacks its name, bytes or sha256")
+        if "/" in "".join(f["name"] for f in files) or not record["train"]:
+            raise ValueError("file names must be plain names, and there must be training files")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise WeightsError(f"{path} is not a readable data record ({e}): remove it, or "
+                           "retrain") from None
+    return record
+
+
+def recorded_folder(weights: Path, record: dict) -> Path | None:
+    """Where the recorded training files are now: beside the weights as recorded, else at the
+    absolute path recorded; None when neither holds them."""
+    for base in (Path(weights) / record["folder"] if record.get("folder") else None,
+                 Path(record["folder_absolute"]) if record.get("folder_absolute") else None):
+        if base is not None and all((base / f["name"]).is_file() for f in record["train"]):
+            return base
+    return None
+
+
+def differs_from_record(files: list[Path], record: dict) -> str | None:
+    """Why these training files are not the recorded ones (the first difference), or None."""
+    want = {f["name"]: f for f in record["train"]}
+    have = {Path(f).name: Path(f) for f in files}
+    for name in want:
+        if name not in have:
+            return f"{name} is recorded but missing"
+    for name, path in have.items():
+        if name not in want:
+            return f"{path} is not in the record"
+        if path.stat().st_size != want[name]["bytes"]:
+            return f"{path} differs from the record ({path.stat().st_size:,} bytes, " \
+                f"recorded {want[name]['bytes']:,})"
+        if file_record(path)["sha256"] != want[name]["sha256"]:
+            return f"{path} differs from the record (its sha256 is not the recorded one)"
+    return None
+
+
+@dataclass
+class TrainingText:
+    """The training files a command reads, and the note to print about how they were found."""
+
+    files: list[Path]
+    note: str | None = None
+
+
+def training_text(weights: Path, data: list[Path] | None, *, any_data: bool = False
+                  ) -> TrainingText:
+    """The files a weights folder was trained on: from --data (checked against the record
+    unless any_data), or, without --data, from the record's folder."""
+    from .errors import InputError as Refused
+
+    record = read_data_record(weights)
+    shown = Path(weights) / DATA_RECORD
+    if not data:
+        if record is None:
+            raise Refused(f"give --data the folder of part-*.txt files the model was trained "
+                          f"on: {weights} has no record of it ({DATA_RECORD})")
+        folder = recorded_folder(weights, record)
+        if folder is None:
+            raise Refused(f"the training text recorded in {shown} is not reachable (looked in "
+                          f"{Path(weights) / record['folder']}): give --data its folder")
+        return TrainingText([folder / f["name"] for f in record["train"]])
+    missing = [p for p in data if not Path(p).exists()]
+    if missing:
+        raise Refused(f"training data {missing[0]} does not exist: give --data the folder of "
+                      "part-*.txt files the model was trained on")
+    try:
+        files, _ = split_data(data)
+    except ValueError as e:
+        raise Refused(f"{e}: give --data the folder the model was trained on") from None
+    if record is None:
+        return TrainingText(files, f"note: {weights} has no record of its training text (it "
+                            "was trained before tinygpt kept one): using --data as given")
+    if any_data:
+        return TrainingText(files, None)
+    why = differs_from_record(files, record)
+    if why is not None:
+        raise Refused(f"--data is not the text these weights were trained on: {why} "
+                      f"({shown}); pass --any-data to use it anyway")
+    return TrainingText(files)
