@@ -629,3 +629,60 @@ def test_a_checkpoint_with_damaged_settings_is_a_run_error(tmp_path, data):
     np.savez(out / CHECKPOINT, **arrays)
     with pytest.raises(RunError, match="is damaged"):
         train([train_file], [val_file], out, settings(steps=20), resume=True)
+
+
+def test_a_warm_start_begins_at_the_given_weights_and_keeps_their_tokenizer(tmp_path, data):
+    """--init: step 0 is the other folder's weights (an evaluation before any step gives
+    their loss), its tokenizer is copied unchanged, and the card says where it started."""
+    from tinygpt_cli.corpus import encode_stories, read_stories
+    from tinygpt_cli.train.card import write_card
+    from tinygpt_cli.weights import load_model
+
+    train_file, val_file = data
+    first = tmp_path / "first"
+    train([train_file], [val_file], first, settings(steps=20))
+    second = tmp_path / "second"
+    result = train([train_file], [val_file], second,
+                   settings(steps=1, lr=1e-9, warmup=0, dropout=0.0, eval_every=1,
+                            init=str(first)), command="tinygpt train --init first --steps 1")
+    assert (second / "tokenizer.json").read_bytes() == (first / "tokenizer.json").read_bytes()
+    model = load_model(first)
+    val = encode_stories(read_stories([val_file]), model.tokenizer).ids
+    # one step at lr 1e-9 moves nothing visible: the loss is the first run's own
+    assert result["best_val_loss"] == pytest.approx(evaluate(model.params, model.config, val),
+                                                    rel=1e-5)
+    card = write_card(second, [train_file, val_file])
+    assert "trained from a warm start (below)" in card
+    assert "- Warm start: step 0 is the weights of" in card
+
+
+def test_a_warm_start_refuses_other_sizes(tmp_path, data):
+    train_file, val_file = data
+    first = tmp_path / "first"
+    train([train_file], [val_file], first, settings(steps=5))
+    wider = asdict(TINY) | {"n_inner": TINY.n_inner * 2}
+    with pytest.raises(InputError, match="has other sizes: n_inner"):
+        train([train_file], [val_file], tmp_path / "second",
+              settings(steps=5, config=wider, init=str(first)))
+
+
+def test_a_resume_with_other_steps_is_kept_in_the_recipe(tmp_path, data):
+    train_file, val_file = data
+    out = tmp_path / "out"
+    first, again = "tinygpt train --steps 40", "tinygpt train --resume --steps 25"
+    train([train_file], [val_file], out, settings(steps=40, minutes=1e-9), command=first)
+    train([train_file], [val_file], out, settings(steps=25), resume=True, command=again)
+    assert (out / "command.txt").read_text() == first + "\n" + again + "\n"
+    assert read_log(out)[-1]["step"] == 25
+
+
+def test_train_writes_the_record_of_its_text(tmp_path, data):
+    import hashlib
+
+    train_file, val_file = data
+    out = tmp_path / "out"
+    train([train_file], [val_file], out, settings(steps=2))
+    record = json.loads((out / "data.json").read_text())
+    assert [f["name"] for f in record["train"]] == ["train.txt"]
+    assert record["validation"][0]["sha256"] == hashlib.sha256(val_file.read_bytes()).hexdigest()
+    assert record["train"][0]["bytes"] == train_file.stat().st_size

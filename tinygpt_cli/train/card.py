@@ -288,6 +288,11 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
                       f"{cycle:,}: a new warm-up of {settings['warmup']:,} steps to a peak "
                       f"learning rate of {settings['lr']:g}, then cosine decay, dropout "
                       f"{settings['dropout']:g}.")
+    init = settings.get("init")
+    if init:
+        extras.insert(0, f"- Warm start: step 0 is the weights of `{shown_path(init)}` (`--init`), "
+                      "a model trained before on part of this text; the optimiser, the schedule "
+                      "and the moving average start anew, and the tokenizer is that model's.")
     opt = (f"{'in the last cycle, ' if cycle else ''}"
            f"peak learning rate {settings['lr']:g} after {settings['warmup']:,} warm-up steps, "
            f"weight decay {settings['weight_decay']:g}, dropout {settings['dropout']:g}, "
@@ -296,10 +301,12 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
                  f"{data_shown} (not redistributed here). Stories are joined with "
                  "`<|endoftext|>`.")
     corpus = "TinyStories" if tinystories else f"the text in {data_shown}"
+    origin = "from a warm start (below)" if init else "from scratch"
+    tokenizer_files = "the `--init` model's, kept by this run" if init else train_names
     licence = TINYSTORIES_LICENCE if tinystories else ""
     text = f"""# tinygpt model card
 
-A GPT-2-style language model with {n_params:,} parameters, trained from scratch on
+A GPT-2-style language model with {n_params:,} parameters, trained {origin} on
 {corpus} with the project's own NumPy code (`tinygpt train`): no PyTorch, no JAX.
 
 | | |
@@ -350,7 +357,7 @@ bytes per token; the bytes are the stories' UTF-8 bytes plus one per story separ
 ## Tokenizer
 
 Byte-level BPE trained with the `tokenizers` library on the training files only
-({train_names}), exactly {tok.vocab_size:,} entries including `<|endoftext|>`.
+({tokenizer_files}), exactly {tok.vocab_size:,} entries including `<|endoftext|>`.
 The seed sentence "{SEED_SENTENCE}" is {len(ids)} tokens: {enc}.
 {licence}
 ## Limitations

@@ -373,7 +373,8 @@ def _start_fresh(out: Path, resume: bool, force: bool) -> None:
 COMMAND = "command.txt"
 
 
-def _record_command(path: Path, command: str, *, fresh: bool, extends: int) -> None:
+def _record_command(path: Path, command: str, *, fresh: bool, extends: int,
+                    reschedules: bool = False) -> None:
     """command.txt holds the run's recipe, one command per cycle: a fresh run writes its
     own; an extension starting cycle `extends` keeps the lines of the cycles before it (not
     an earlier try of the same extension) and adds its own; a plain --resume changes nothing
@@ -382,6 +383,10 @@ def _record_command(path: Path, command: str, *, fresh: bool, extends: int) -> N
         write_atomically(path, (command + "\n").encode("utf-8"))
     elif extends:
         before = path.read_text(encoding="utf-8", errors="replace").splitlines()[:extends]
+        write_atomically(path, "".join(line + "\n" for line in [*before, command])
+                         .encode("utf-8"))
+    elif reschedules:  # a resume with other --steps changed the schedule from here on
+        before = path.read_text(encoding="utf-8", errors="replace").splitlines()
         write_atomically(path, "".join(line + "\n" for line in [*before, command])
                          .encode("utf-8"))
 
@@ -507,7 +512,9 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
         log_path.unlink()  # --resume without a checkpoint: the run never got far enough
     if command is not None:
         _record_command(out / COMMAND, command, fresh=start == 0,
-                        extends=settings.cycle if settings.cycle_start == start > 0 else 0)
+                        extends=settings.cycle if settings.cycle_start == start > 0 else 0,
+                        reschedules=stored is not None and settings.steps != stored["steps"]
+                        and settings.cycle == stored["cycle"])
 
     def log(record: dict) -> None:
         append_line(log_path, json.dumps(record, allow_nan=False))
