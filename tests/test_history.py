@@ -321,6 +321,19 @@ def test_the_index_ranks_every_window_as_exact_tracin_does(run, tmp_path, monkey
         assert spearman(got, exact) >= 0.9, (text, spearman(got, exact))
 
 
+def test_a_stream_position_is_named_by_file_story_and_offset():
+    stream = np.array([5, 6, 0, 7, 8, 9, 0, 1, 2, 0, 3], np.uint16)  # 0 ends a story
+    index = why.Index(stream, None, "k", ["a.txt", "b.txt"], np.array([7, 4]))
+    naive = []
+    for p in range(len(stream)):
+        f = 0 if p < 7 else 1
+        begin = 0 if f == 0 else 7
+        ends = [i for i in range(begin, p) if stream[i] == 0]
+        naive.append({"file": ["a.txt", "b.txt"][f], "story": len(ends) + 1,
+                      "offset": p - (ends[-1] + 1 if ends else begin)})
+    assert [index.place(p, 0) for p in range(len(stream))] == naive
+
+
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
     ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
     return float(np.corrcoef(ra, rb)[0, 1])
@@ -427,6 +440,10 @@ def test_why_ranks_the_windows_holding_the_planted_fact_first(cli, run):
     view = cli("why", "The frog Quixby", "--target", " zooms", "--data", run.parent / "data")
     assert view.code == 0 and "exact matches in the training text" in view.out
     assert "TracIn over 4 snapshots" in view.out and "\x1b[" not in view.out
+    # windows are named by file, story and offset, and the target is marked in plain text
+    assert top["file"] == "part-000.txt" and top["story"] >= 1 and top["offset"] >= 0
+    assert f"part-000.txt #{top['story']:,} +{top['offset']}" in view.out
+    assert "Quixby ⟦zooms⟧" in view.out and "exact: the same sum" in view.out
     n = doc["windows_scored"]
     assert f"all {n:,} windows scored from the index" in view.err
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -260,13 +261,25 @@ class Index:
     stream: np.ndarray  # [N] uint16
     sa: np.ndarray  # [N] int64
     key: str  # the sha256-based key of the data files and the tokenizer
+    files: list[str]  # the data files' names, in stream order
+    lengths: np.ndarray  # [files] tokens of each
+
+    def place(self, position: int, eot_id: int) -> dict:
+        """Where a stream position is: file, story (from 1, in that file) and token offset
+        into the story."""
+        ends = np.cumsum(self.lengths)
+        f = int(np.searchsorted(ends, position, side="right"))
+        begin = int(ends[f - 1]) if f else 0
+        before = np.flatnonzero(self.stream[begin:position] == eot_id)
+        start = begin + (int(before[-1]) + 1 if len(before) else 0)
+        return {"file": self.files[f], "story": len(before) + 1, "offset": position - start}
 
 
 def data_key(files, tokenizer_file) -> str:
     from ..cache import key_of
     from ..files import sha256
 
-    return key_of("why-index-v1", *(sha256(f) for f in files), sha256(tokenizer_file))
+    return key_of("why-index-v2", *(sha256(f) for f in files), sha256(tokenizer_file))
 
 
 def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
@@ -281,7 +294,8 @@ def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
     path = entry("why-index", key)
     if path.is_file():
         with np.load(path) as z:
-            return Index(z["stream"], z["sa"].astype(np.int64), key)
+            return Index(z["stream"], z["sa"].astype(np.int64), key,
+                         [str(n) for n in z["files"]], z["lengths"])
     with bar(len(files), "reading the training text") as advance:
         parts = []
         for f in files:
@@ -290,10 +304,13 @@ def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
     stream = np.concatenate(parts).astype(np.uint16)
     with bar(rounds(), "sorting suffixes") as advance:
         sa = suffix_array(stream, on_round=advance)
+    names = [Path(f).name for f in files]
+    lengths = np.asarray([len(p) for p in parts], np.int64)
     buf = io.BytesIO()
-    np.savez(buf, stream=stream, sa=sa.astype(np.int32))
+    np.savez(buf, stream=stream, sa=sa.astype(np.int32), files=np.asarray(names),
+             lengths=lengths)
     write_atomically(path, buf.getvalue())
-    return Index(stream, sa, key)
+    return Index(stream, sa, key, names, lengths)
 
 
 def influence(index: Index, snapshots: list, config: Config, ids: list[int], target: int,
@@ -384,10 +401,12 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
                longest_seen(index.stream, index.sa, ids, target_id),
                exact_matches(index.stream, index.sa, ids, target_id), timeline,
                tokens_named(influence(index, timeline, config, ids, target_id, top, grads),
-                            model.tokenizer), grads)
+                            model.tokenizer, index), grads)
 
 
-def tokens_named(found: dict, tokenizer) -> dict:
+def tokens_named(found: dict, tokenizer, index: Index) -> dict:
+    """Each top window's tokens as strings, and its place in the training text."""
     for r in found["top_windows"]:
         r["tokens"] = [tokenizer.token_str(i) for i in r["ids"]]
+        r.update(index.place(r["start"], tokenizer.eot_id))
     return found

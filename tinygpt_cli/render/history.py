@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .tables import WhenStyled, colour, fmt
-from .text import show_token
+from .text import show_text, show_token
 
 
 def _table(*columns: tuple[str, str]) -> Table:
@@ -93,42 +93,67 @@ def matches_table(rows: list[dict], tokens_of) -> Table:
     return t
 
 
+def _as_text(token: str) -> str:
+    """A token as running text: spaces as spaces, a newline as ⏎, controls escaped."""
+    return show_text(token.replace("\n", "⏎")).replace("\t", " ")
+
+
 def window_text(tokens: list[str], contributions: np.ndarray, spans: list[dict],
-                width: int = 40, marked: int = 5) -> Text:
-    """The window around the token that mattered most: the `marked` tokens whose prediction
-    contributed most to the score in reverse video, the target where it occurs underlined."""
+                width: int = 42, marked: int = 3) -> Text:
+    """The window as text around where it teaches the target: the target ⟦marked⟧ (visible
+    without colour, in a pipe too), the text's tail before it underlined, and the `marked`
+    tokens whose prediction mattered most in bold."""
     c = np.asarray(contributions, dtype=float)
     top = [int(j) for j in np.argsort(-c)[:marked] if c[j] > 0]
+    targets = {s["position"] for s in spans}
     style = {j: "underline" for s in spans for j in range(s["position"] - s["context"],
-                                                           s["position"] + 1)}
+                                                           s["position"])}
     for j in top:
-        style[j] = "bold reverse"
-    centre = top[0] if top else 0
-    lo = max(0, min(centre - width // 2, len(tokens) - width))
-    hi = min(len(tokens), lo + width)
+        style[j] = "bold"
+    centre = next((j for j in top if j in targets), top[0] if top else
+                  (min(targets) if targets else 0))
+    pieces = []
+    for j, tok in enumerate(tokens):
+        text = _as_text(tok)
+        if j in targets:
+            lead = len(text) - len(text.lstrip(" "))
+            text = text[:lead] + "⟦" + text[lead:] + "⟧"
+        pieces.append(text)
+    lo, hi, used = centre, centre + 1, len(pieces[centre])
+    while used < width and (lo > 0 or hi < len(pieces)):
+        if hi < len(pieces) and (hi - centre <= centre - lo or lo == 0):
+            used, hi = used + len(pieces[hi]), hi + 1
+        elif lo > 0:
+            lo -= 1
+            used += len(pieces[lo])
     out = Text("…" if lo > 0 else "", style="dim")
     for j in range(lo, hi):
-        out.append(show_token(tokens[j]), style=style.get(j, ""))
-    if hi < len(tokens):
+        out.append(pieces[j], style=style.get(j, ""))
+    if hi < len(pieces):
         out.append("…", style="dim")
     return out
+
+
+WINDOWS_KEY = ("score: TracIn from the index, which ranks every window; exact: the same sum "
+               "from full gradients, which orders these rows; ⟦ ⟧: where the window predicts "
+               "the target; where: file, story number and token offset")
 
 
 def windows_table(rows: list[dict]) -> Group:
     t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
     t.add_column("#", justify="right", no_wrap=True)
-    t.add_column("window", justify="right", no_wrap=True)
+    t.add_column("where", no_wrap=True)
     t.add_column("score", justify="right", no_wrap=True)
     t.add_column("exact", justify="right", no_wrap=True)
-    t.add_column("targets", justify="right", no_wrap=True)
     t.add_column("text", overflow="fold")
     for i, r in enumerate(rows, 1):
-        t.add_row(str(i), str(r["window"]), fmt(r["score"]), fmt(r["exact_score"]),
-                  str(len(r["targets"])), window_text(r["tokens"], r["contributions"],
-                                                      r["targets"]))
-    key = Text("reversed: the tokens whose prediction mattered most; underlined: the target "
-               "and the text's tail before it", style="dim")
-    return Group(WhenStyled(key), t)
+        where = f"{r['file']} #{r['story']:,} +{r['offset']}" if "file" in r else \
+            f"window {r['window']}"
+        t.add_row(str(i), Text(show_text(where)), fmt(r["score"]), fmt(r["exact_score"]),
+                  window_text(r["tokens"], r["contributions"], r["targets"]))
+    key = Text("bold: the tokens whose prediction mattered most; underlined: the text's "
+               "tail before the target", style="dim")
+    return Group(Text(WINDOWS_KEY, style="dim"), WhenStyled(key), t)
 
 
 def why_view(result, tokens_of) -> Group:
