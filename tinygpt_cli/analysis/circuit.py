@@ -1,0 +1,490 @@
+"""Circuits: which connections between components carry a behaviour.
+
+The graph. Senders are the embeddings (token + position, one node), every head (its output
+z_h W_O[h], without the shared bias b_O) and every MLP (mlp_out). Receivers are each head's
+q, k and v inputs apart, each MLP's input and the logits. Sender u feeds receiver v when u is
+computed before v reads the stream: the embeddings feed everything, the heads of block l feed
+block l's MLP and everything later, MLP l feeds every later block and the logits.
+
+Every receiver's input is a sum of sender outputs (plus the attention biases b_O of the
+blocks before it, which are the same in every run), so one edge can be patched on its own:
+v's input is normed by v's own LayerNorm (ln1 for q/k/v, ln2 for an MLP, ln_f for the logits)
+after the sum. `edge_forward` runs the model that way.
+
+Scores of edge u -> v, on the metric m = logit[target] - logit[vs] at one position:
+
+    eap     (clean output of u - corrupt output of u) . d m / d (input of v), at the corrupt run
+    eap-ig  the same difference . the gradient averaged over `steps` runs whose embeddings are
+            corrupt + a (clean - corrupt), a = k / steps for k = 0 .. steps-1 (the left end of
+            each interval, so one step is eap exactly; the EAP-IG paper interpolates the
+            input embeddings too)
+    exact   m(corrupt run with only v's input given u's clean output) - m(corrupt run)
+
+All sums run over every position: an edge is a connection between components, not positions.
+A circuit (a set of edges) is scored as MIB does: run the clean text, and give every edge
+outside the circuit its sender's corrupt output; f = (circuit - corrupt) / (clean - corrupt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import ops
+from ..config import Config
+from ..errors import InputError
+from ..hooks import Chain, Record, Replace
+from ..model import backward, forward
+from .patch import check_gap, logit_difference
+from .variants import widen
+
+METHODS = ("eap", "eap-ig", "exact")
+EDGES_PER_BATCH = 96  # edge-patched runs computed together: [B, senders, T, d] stays small
+THRESHOLD = 0.8  # the faithfulness a circuit must reach
+
+
+# ------------------------------------------------------------------ the graph
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Nodes and edges. A node's stage orders the computation: the embeddings 0, the heads
+    of block l 2l+1, MLP l 2l+2, the logits 2 n_layer + 1; u feeds v when stage u < stage v."""
+
+    senders: list[str]
+    receivers: list[str]
+    sender_stage: np.ndarray  # [S]
+    receiver_stage: np.ndarray  # [R]
+    edges: list[tuple[int, int]]  # (sender index, receiver index), senders in stage order
+
+    def edge_names(self) -> list[str]:
+        return [f"{self.senders[u]} -> {self.receivers[v]}" for u, v in self.edges]
+
+    def adjacency(self) -> np.ndarray:
+        """[S, R] bool: which pairs are edges."""
+        return self.sender_stage[:, None] < self.receiver_stage[None, :]
+
+
+def build_graph(config: Config) -> Graph:
+    senders, s_stage = ["embed"], [0]
+    receivers: list[str] = []
+    r_stage: list[int] = []
+    for i in range(config.n_layer):
+        for h in range(config.n_head):
+            senders.append(f"a{i}.h{h}")
+            s_stage.append(2 * i + 1)
+            for part in "qkv":
+                receivers.append(f"a{i}.h{h}.{part}")
+                r_stage.append(2 * i + 1)
+        senders.append(f"m{i}")
+        s_stage.append(2 * i + 2)
+        receivers.append(f"m{i}")
+        r_stage.append(2 * i + 2)
+    receivers.append("logits")
+    r_stage.append(2 * config.n_layer + 1)
+    ss, rs = np.array(s_stage), np.array(r_stage)
+    edges = [(u, v) for v in range(len(rs)) for u in range(len(ss)) if ss[u] < rs[v]]
+    return Graph(senders, receivers, ss, rs, edges)
+
+
+def head_index(config: Config, i: int, h: int) -> int:
+    """The sender index of head h of block i."""
+    return 1 + i * (config.n_head + 1) + h
+
+
+def mlp_index(config: Config, i: int) -> int:
+    return 1 + i * (config.n_head + 1) + config.n_head
+
+
+def receiver_index(config: Config, i: int, h: int, part: int) -> int:
+    """The receiver index of head h's q (part 0), k (1) or v (2) input in block i."""
+    return i * (3 * config.n_head + 1) + 3 * h + part
+
+
+# ------------------------------------------------------------------ sender outputs and gradients
+
+
+def head_weights(params, config: Config, i: int) -> tuple[np.ndarray, ...]:
+    """Block i's attention per head: W_q, W_k, W_v [H, d, d_k], their biases [H, d_k], and
+    W_O [H, d_k, d]."""
+    p, d, n = f"h.{i}.attn.", config.n_embd, config.n_head
+    w, b = params[p + "c_attn.weight"], params[p + "c_attn.bias"]
+    split = [w[:, j * d:(j + 1) * d].reshape(d, n, -1).transpose(1, 0, 2) for j in range(3)]
+    bias = [b[j * d:(j + 1) * d].reshape(n, -1) for j in range(3)]
+    wo = params[p + "c_proj.weight"].reshape(n, -1, d)
+    return (*split, *bias, wo)
+
+
+def sender_outputs(params, config: Config, values: dict[str, np.ndarray]) -> np.ndarray:
+    """Every sender's output in a recorded run: [S, *batch, T, d], float64."""
+    out = [values["embeddings"]]
+    for i in range(config.n_layer):
+        wo = head_weights(params, config, i)[-1]
+        z = values[f"layers.{i}.z"]  # [*batch, H, T, d_k]
+        out.extend(z[..., h, :, :] @ wo[h] for h in range(config.n_head))
+        out.append(values[f"layers.{i}.mlp_out"])
+    return np.stack([np.asarray(o, np.float64) for o in out])
+
+
+def _norm_backward(d: np.ndarray, values, stream: str, norm: str, g: np.ndarray) -> np.ndarray:
+    dx, _, _ = ops.layer_norm_backward(d, values[stream], g, values[norm + ".mean"],
+                                       values[norm + ".std"])
+    return dx
+
+
+def receiver_gradients(params, config: Config, values, grads) -> np.ndarray:
+    """d metric / d (input of each receiver), from one backward pass: [R, *batch, T, d].
+
+    Head h's q input reaches the metric only through q_h = ln1(input) W_q[h] + b_q[h], so its
+    gradient is dq_h W_q[h]^T taken back through ln1 at the run's stream."""
+    out = []
+    for i in range(config.n_layer):
+        L, g = f"layers.{i}.", params[f"h.{i}.ln_1.weight"]
+        wq, wk, wv = head_weights(params, config, i)[:3]
+        for h in range(config.n_head):
+            for part, w in zip("qkv", (wq, wk, wv), strict=True):
+                dx = grads[L + part][..., h, :, :] @ w[h].T  # [*batch, T, d]
+                out.append(_norm_backward(dx, values, L + "resid_pre", L + "ln1", g))
+        out.append(_norm_backward(grads[L + "ln2.out"], values, L + "resid_mid", L + "ln2",
+                                  params[f"h.{i}.ln_2.weight"]))
+    last = f"layers.{config.n_layer - 1}.resid_post"
+    out.append(_norm_backward(grads["ln_final.out"], values, last, "ln_final",
+                              params["ln_f.weight"]))
+    return np.stack(out)
+
+
+def metric_gradients(params, config: Config, ids: np.ndarray, embeddings: np.ndarray,
+                     target: int, vs: int, position: int) -> np.ndarray:
+    """Receiver gradients of the metric at runs whose embeddings are `embeddings` [B, T, d],
+    averaged over the B runs: [R, T, d]."""
+    batch = np.broadcast_to(ids, embeddings.shape[:2])
+    rec = Record()
+    logits = forward(params, config, batch,
+                     hooks=Chain(Replace({"embeddings": lambda _: embeddings}), rec))
+    dlogits = np.zeros_like(logits)
+    dlogits[:, position, target] = 1.0
+    dlogits[:, position, vs] = -1.0
+    _, grads = backward(params, config, rec.values, dlogits, wrt_values=True)
+    return receiver_gradients(params, config, rec.values, grads).mean(axis=1)
+
+
+# ------------------------------------------------------------------ the edge-decomposed forward
+
+
+def _layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    return ops.layer_norm(x, g, b, eps)[0]
+
+
+def _heads(params, config: Config, i: int, x: np.ndarray) -> np.ndarray:
+    """Block i's heads on their own inputs x [B, H, 3, T, d] (q, k, v apart) -> each head's
+    output z_h W_O[h]: [B, H, T, d]."""
+    eps = config.layer_norm_epsilon
+    wq, wk, wv, bq, bk, bv, wo = head_weights(params, config, i)
+    n = _layer_norm(x, params[f"h.{i}.ln_1.weight"], params[f"h.{i}.ln_1.bias"], eps)
+    q = np.einsum("bhtd,hdk->bhtk", n[:, :, 0], wq) + bq[:, None, :]
+    k = np.einsum("bhtd,hdk->bhtk", n[:, :, 1], wk) + bk[:, None, :]
+    v = np.einsum("bhtd,hdk->bhtk", n[:, :, 2], wv) + bv[:, None, :]
+    z = ops.softmax(ops.attention_scores(q, k, 0)) @ v  # [B, H, T, d_k]
+    return np.einsum("bhtk,hkd->bhtd", z, wo)
+
+
+def _mlp(params, config: Config, i: int, x: np.ndarray) -> np.ndarray:
+    p = f"h.{i}."
+    n = _layer_norm(x, params[p + "ln_2.weight"], params[p + "ln_2.bias"],
+                    config.layer_norm_epsilon)
+    hidden = ops.gelu(ops.linear(n, params[p + "mlp.c_fc.weight"], params[p + "mlp.c_fc.bias"]))
+    return ops.linear(hidden, params[p + "mlp.c_proj.weight"], params[p + "mlp.c_proj.bias"])
+
+
+def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live: np.ndarray,
+                 fixed: np.ndarray, rows: Sequence[int], position: int) -> np.ndarray:
+    """The model run on `ids` with each receiver's input summed edge by edge.
+
+    live [B, E]: 1 where edge e carries its sender's output in this run, 0 where it carries
+    the sender's output in `fixed` [S, T, d] instead (a number between mixes them). Returns
+    the logits of `rows` at `position`: [B, len(rows)]. With every edge live this is the
+    ordinary forward pass.
+    """
+    ids = np.asarray(ids)
+    b, s_count, t = len(live), len(graph.senders), len(ids)
+    coef = np.zeros((b, len(graph.receivers), s_count))  # [B, R, S]
+    us, vs = np.array(graph.edges).T
+    coef[:, vs, us] = live
+    # input of v = sum over its senders of fixed[u] + live (run[u] - fixed[u]) + earlier b_O
+    base = np.einsum("rs,std->rtd", graph.adjacency().T.astype(np.float64), fixed)
+    for i in range(config.n_layer):
+        later = graph.receiver_stage > 2 * i + 1
+        base[later] += params[f"h.{i}.attn.c_proj.bias"]
+    diff = np.zeros((b, s_count, t * config.n_embd))  # run[u] - fixed[u], filled stage by stage
+    emb = params["wte.weight"][ids] + params["wpe.weight"][:t]
+    diff[:, 0] = (emb - fixed[0]).ravel()
+    per_block = 3 * config.n_head + 1
+    for i in range(config.n_layer):
+        r0, s0 = i * per_block, head_index(config, i, 0)
+        x = base[r0:r0 + per_block] + (coef[:, r0:r0 + per_block, :s0] @ diff[:, :s0]
+                                       ).reshape(b, per_block, t, -1)
+        heads = _heads(params, config, i, x[:, :-1].reshape(b, config.n_head, 3, t, -1))
+        diff[:, s0:s0 + config.n_head] = (heads - fixed[s0:s0 + config.n_head]).reshape(
+            b, config.n_head, -1)
+        m = mlp_index(config, i)
+        x_mlp = base[r0 + per_block - 1] + (coef[:, r0 + per_block - 1, None, :m] @ diff[:, :m]
+                                            ).reshape(b, t, -1)
+        diff[:, m] = (_mlp(params, config, i, x_mlp) - fixed[m]).reshape(b, -1)
+    x = base[-1][position] + (coef[:, -1, None, :] @ diff).reshape(b, t, -1)[:, position]
+    u = _layer_norm(x, params["ln_f.weight"], params["ln_f.bias"], config.layer_norm_epsilon)
+    return u @ params["wte.weight"][list(rows)].T
+
+
+def edge_metric(params, config, graph, ids, live, fixed, target, vs, position) -> np.ndarray:
+    """logit[target] - logit[vs] of each edge-patched run, in batches: [B]."""
+    out = np.empty(len(live))
+    for start in range(0, len(live), EDGES_PER_BATCH):
+        rows = edge_forward(params, config, graph, ids, live[start:start + EDGES_PER_BATCH],
+                            fixed, [target, vs], position)
+        out[start:start + EDGES_PER_BATCH] = rows[:, 0] - rows[:, 1]
+    return out
+
+
+# ------------------------------------------------------------------ the two runs and the scores
+
+
+@dataclass
+class Pair:
+    """A clean and a corrupt text cut after the scored position (nothing later can change
+    it), their sender outputs and metrics, in float64."""
+
+    params: dict[str, np.ndarray]
+    config: Config
+    graph: Graph
+    clean_ids: np.ndarray
+    corrupt_ids: np.ndarray
+    target: int
+    vs: int
+    position: int
+    clean_out: np.ndarray  # [S, T, d]
+    corrupt_out: np.ndarray
+    clean: float  # the metric of the clean run
+    corrupt: float
+
+    def metric_of(self, ids, live: np.ndarray, fixed: np.ndarray) -> np.ndarray:
+        return edge_metric(self.params, self.config, self.graph, ids, live, fixed,
+                           self.target, self.vs, self.position)
+
+
+def _run(params, config: Config, ids: np.ndarray):
+    rec = Record()
+    logits = forward(params, config, ids, hooks=rec)
+    return logits, rec.values
+
+
+def prepare(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
+            position: int = -1, graph: Graph | None = None) -> Pair:
+    if len(clean_ids) != len(corrupt_ids):
+        raise InputError(f"the clean text is {len(clean_ids)} tokens and the corrupt text "
+                         f"{len(corrupt_ids)}: edges are patched position by position, so they "
+                         "must have the same number of tokens")
+    position = position % len(clean_ids)
+    params = widen(params)
+    clean_ids = np.asarray(clean_ids)[: position + 1]
+    corrupt_ids = np.asarray(corrupt_ids)[: position + 1]
+    clean_logits, clean = _run(params, config, clean_ids)
+    corrupt_logits, corrupt = _run(params, config, corrupt_ids)
+    c = float(logit_difference(clean_logits[position], target, vs))
+    r = float(logit_difference(corrupt_logits[position], target, vs))
+    check_gap(c, r)
+    return Pair(params, config, graph or build_graph(config), clean_ids, corrupt_ids, target,
+                vs, position, sender_outputs(params, config, clean),
+                sender_outputs(params, config, corrupt), c, r)
+
+
+def _embeddings(pair: Pair, ids: np.ndarray) -> np.ndarray:
+    t = len(ids)
+    return pair.params["wte.weight"][ids] + pair.params["wpe.weight"][:t]
+
+
+def edge_products(pair: Pair, gradients: np.ndarray) -> np.ndarray:
+    """(clean - corrupt output of u) . gradient of v, for every edge: [E]."""
+    delta = pair.clean_out - pair.corrupt_out  # [S, T, d]
+    full = np.einsum("std,rtd->sr", delta, gradients)
+    us, vs = np.array(pair.graph.edges).T
+    return full[us, vs]
+
+
+def eap_ig_scores(pair: Pair, steps: int) -> np.ndarray:
+    """EAP-IG: the gradient averaged over embeddings corrupt + a (clean - corrupt),
+    a = 0, 1/steps, .., (steps-1)/steps; steps = 1 is EAP."""
+    corrupt = _embeddings(pair, pair.corrupt_ids)
+    clean = _embeddings(pair, pair.clean_ids)
+    alphas = np.arange(steps, dtype=np.float64) / steps
+    points = corrupt[None] + alphas[:, None, None] * (clean - corrupt)[None]
+    grads = metric_gradients(pair.params, pair.config, pair.corrupt_ids, points, pair.target,
+                             pair.vs, pair.position)
+    return edge_products(pair, grads)
+
+
+def eap_scores(pair: Pair) -> np.ndarray:
+    """EAP: the gradient at the corrupt run alone."""
+    return eap_ig_scores(pair, 1)
+
+
+def exact_scores(pair: Pair, advance=None) -> np.ndarray:
+    """Each edge patched on its own: the corrupt run with v's input given u's clean output."""
+    e = len(pair.graph.edges)
+    out = np.empty(e)
+    for start in range(0, e, EDGES_PER_BATCH):
+        live = np.ones((min(EDGES_PER_BATCH, e - start), e))
+        live[np.arange(len(live)), start + np.arange(len(live))] = 0.0
+        out[start:start + len(live)] = pair.metric_of(pair.corrupt_ids, live, pair.clean_out)
+        if advance is not None:
+            advance(len(live))
+    return out - pair.corrupt
+
+
+def scores(pair: Pair, method: str, steps: int = 20, advance=None) -> np.ndarray:
+    if method == "eap":
+        return eap_scores(pair)
+    if method == "eap-ig":
+        return eap_ig_scores(pair, steps)
+    if method == "exact":
+        return exact_scores(pair, advance)
+    raise InputError(f"unknown --method {method!r}: use {', '.join(METHODS)}")
+
+
+# ------------------------------------------------------------------ circuits and faithfulness
+
+
+def ranked(edge_scores: np.ndarray) -> np.ndarray:
+    """Edge indices by |score|, largest first (ties in graph order)."""
+    return np.argsort(-np.abs(edge_scores), kind="stable")
+
+
+def circuit_masks(order: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
+    """live [len(sizes), E]: the top-N edges of `order` for each N."""
+    masks = np.zeros((len(sizes), len(order)))
+    for row, n in enumerate(sizes):
+        masks[row, order[:n]] = 1.0
+    return masks
+
+
+def faithfulness(pair: Pair, masks: np.ndarray) -> np.ndarray:
+    """f of each circuit (row of masks, 1 = in the circuit): the clean run with every other
+    edge given its sender's corrupt output, (m - corrupt) / (clean - corrupt)."""
+    m = pair.metric_of(pair.clean_ids, masks, pair.corrupt_out)
+    return (m - pair.corrupt) / (pair.clean - pair.corrupt)
+
+
+def area(sizes: np.ndarray, f: np.ndarray, total: int) -> float:
+    """The area under f over the fraction of edges kept, 0 .. 1 (trapezoids), as MIB's CPR."""
+    x = np.asarray(sizes, np.float64) / total
+    return float(np.sum((x[1:] - x[:-1]) * (f[1:] + f[:-1]) / 2))
+
+
+def smallest_faithful(sizes: np.ndarray, f: np.ndarray, threshold: float = THRESHOLD
+                      ) -> int | None:
+    hits = np.flatnonzero(f >= threshold)
+    return int(sizes[hits[0]]) if len(hits) else None
+
+
+def random_faithfulness(pair: Pair, size: int, count: int = 100, seed: int = 0) -> np.ndarray:
+    """f of `count` circuits of `size` edges drawn uniformly at random."""
+    rng = np.random.default_rng(seed)
+    e = len(pair.graph.edges)
+    masks = np.zeros((count, e))
+    for row in masks:
+        row[rng.choice(e, size, replace=False)] = 1.0
+    return faithfulness(pair, masks)
+
+
+@dataclass
+class Circuit:
+    """Edge scores (metric units) and the faithfulness of the top-N circuits."""
+
+    graph: Graph
+    method: str
+    steps: int | None
+    scores: np.ndarray  # [E]
+    order: np.ndarray  # edge indices, largest |score| first
+    clean: float
+    corrupt: float
+    position: int
+    sizes: np.ndarray  # N = 0 .. E
+    f: np.ndarray  # f(N)
+    area: float
+    smallest: int | None  # the smallest N with f >= THRESHOLD
+    random: np.ndarray | None  # f of random circuits of that size
+
+
+def find_circuit(pair: Pair, method: str, steps: int = 20, random_count: int = 100,
+                 seed: int = 0, advance=None) -> Circuit:
+    edge_scores = scores(pair, method, steps, advance)
+    order = ranked(edge_scores)
+    e = len(order)
+    sizes = np.arange(e + 1)
+    f = faithfulness(pair, circuit_masks(order, sizes))
+    smallest = smallest_faithful(sizes, f)
+    rand = (random_faithfulness(pair, smallest, random_count, seed)
+            if smallest is not None and random_count > 0 else None)
+    return Circuit(pair.graph, method, steps if method == "eap-ig" else None, edge_scores,
+                   order, pair.clean, pair.corrupt, pair.position, sizes, f,
+                   area(sizes, f, e), smallest, rand)
+
+
+# ------------------------------------------------------------------ stability over pairs
+
+
+def jaccard(a: set, b: set) -> float:
+    return len(a & b) / len(a | b) if a | b else 1.0
+
+
+@dataclass
+class Stability:
+    """The circuit of each pair, against the first pair's circuit of `size` edges."""
+
+    size: int
+    overlap: np.ndarray  # [P] Jaccard of each pair's top-`size` edges with the first's
+    own: np.ndarray  # [P] f of each pair's own top-`size` circuit
+    transfer: np.ndarray  # [P] f of the first pair's circuit on each pair
+
+
+def stability(pairs: Sequence[Pair], method: str, size: int, steps: int = 20) -> Stability:
+    orders = [ranked(scores(p, method, steps)) for p in pairs]
+    first = set(orders[0][:size].tolist())
+    overlap = np.array([jaccard(first, set(o[:size].tolist())) for o in orders])
+    own = np.array([faithfulness(p, circuit_masks(o, [size]))[0]
+                    for p, o in zip(pairs, orders, strict=True)])
+    transfer = np.array([faithfulness(p, circuit_masks(orders[0], [size]))[0] for p in pairs])
+    return Stability(size, overlap, own, transfer)
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation: Pearson's of the ranks, ties given their mean rank."""
+    return float(np.corrcoef(_ranks(x), _ranks(y))[0, 1])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    order = np.argsort(x, kind="stable")
+    r = np.empty(len(x))
+    r[order] = np.arange(len(x), dtype=np.float64)
+    ordered = x[order]
+    for value in np.unique(ordered[1:][np.diff(ordered) == 0]):
+        tied = x == value
+        r[tied] = r[tied].mean()
+    return r
+
+
+def default_tokens(clean_row: np.ndarray, corrupt_row: np.ndarray, target: int | None,
+                   vs: int | None) -> tuple[int, int, bool]:
+    """(target, vs, fell back): the given tokens, else the clean run's top guess against the
+    corrupt run's; when those coincide, against the corrupt run's best other token (and
+    fell back is True, for the caller to say so)."""
+    t = int(np.argmax(clean_row)) if target is None else target
+    if vs is not None:
+        return t, vs, False
+    ranking = np.argsort(-np.asarray(corrupt_row, np.float64), kind="stable")
+    v = int(ranking[0])
+    if v != t:
+        return t, v, False
+    return t, int(ranking[1]), True

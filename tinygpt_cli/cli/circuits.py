@@ -1,0 +1,171 @@
+"""Circuits: `circuit` scores every edge between components and finds the smallest faithful
+circuit; `qk` splits one head's attention scores by where its queries and keys came from.
+
+Each command reads its texts, opens a Session, calls analysis.circuit or analysis.qk and
+hands the result to render.circuits (or prints one JSON document).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from .app import app
+from .common import (
+    FORCE,
+    JSON,
+    POSITION,
+    QUIET,
+    SAVE,
+    TARGET,
+    VS,
+    WEIGHTS,
+    InputError,
+    progress,
+    save_figure,
+    stderr,
+    stdout,
+)
+from .explain import describe, emit, open_session, token_doc
+
+if TYPE_CHECKING:
+    from ..session import Session
+
+STEPS = typer.Option(20, "--steps", min=1, max=1000, help="eap-ig: points on the path from "
+                     "the corrupt to the clean embeddings (one backward pass each); 1 is eap.")
+
+
+def _pair(s: Session, c: Session, position: int, target: str | None, vs: str | None,
+          quiet: bool = False):
+    """The prepared pair of runs with its scored tokens; says so on stderr when the two runs'
+    top guesses coincide and the corrupt run's second guess stands in."""
+    from ..analysis import circuit
+
+    if c.T != s.T:
+        raise InputError(f"the clean text is {s.T} tokens and the corrupt text {c.T}: edges "
+                         "are patched position by position, so they must have the same "
+                         "number of tokens")
+    p = s.position(position)
+    t, v, fell_back = circuit.default_tokens(
+        s.run()[p], c.run()[p], None if target is None else s.token_id(target),
+        None if vs is None else s.token_id(vs))
+    if t == v:
+        raise InputError(f"the target and --vs are the same token "
+                         f"({s.model.tokenizer.token_str(t)!r}): give --target and --vs "
+                         "that differ")
+    if fell_back and not quiet:
+        tok = s.model.tokenizer.token_str
+        stderr().print(f"note: both runs' top guess is {tok(t)!r}; scoring it against the "
+                       f"corrupt run's next guess {tok(v)!r}", style="dim")
+    return circuit.prepare(s.params, s.config, s.ids, c.ids, t, v, p)
+
+
+def _read_pairs(path: Path) -> list[tuple[str, str]]:
+    """Lines CLEAN<TAB>CORRUPT; blank lines and lines starting with '#' are skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"--pairs {path}: cannot read it ({e})") from None
+    pairs = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        parts = line.split("\t")
+        if len(parts) != 2 or not all(p.strip() for p in parts):
+            raise InputError(f"--pairs {path}, line {n}: expected CLEAN<tab>CORRUPT")
+        pairs.append((parts[0], parts[1]))
+    if not pairs:
+        raise InputError(f"--pairs {path}: no pairs in it (one CLEAN<tab>CORRUPT a line)")
+    return pairs
+
+
+def _stability(s: Session, pairs_file: Path, first, method: str, steps: int, size: int,
+               target: str | None, vs: str | None, position: int):
+    from ..analysis import circuit
+
+    pairs = [first]
+    for clean, corrupt in _read_pairs(pairs_file):
+        a = open_session(None, clean, model=s.model)
+        pairs.append(_pair(a, open_session(None, corrupt, model=s.model), position, target,
+                           vs, quiet=True))
+    return circuit.stability(pairs, method, size, steps)
+
+
+def _circuit_document(s: Session, c: Session, pair, r, stab, options: dict) -> None:
+    import numpy as np
+
+    names = r.graph.edge_names()
+    edges = [{"rank": k + 1, "edge": names[e], "sender": r.graph.senders[r.graph.edges[e][0]],
+              "receiver": r.graph.receivers[r.graph.edges[e][1]], "score": float(r.scores[e])}
+             for k, e in enumerate(r.order)]
+    extra = {} if stab is None else {"stability": {
+        "size": stab.size, "jaccard": stab.overlap, "own_f": stab.own,
+        "transfer_f": stab.transfer}}
+    emit(s, "circuit", r.scores[r.order], options, axes=["edge"], edges=edges,
+         clean=r.clean, corrupt=r.corrupt, position=r.position,
+         target=token_doc(s, pair.target), vs=token_doc(s, pair.vs),
+         corrupt_ids=c.ids, corrupt_tokens=c.tokens, faithfulness=r.f, area=r.area,
+         smallest=r.smallest, threshold=0.8,
+         random_f=None if r.random is None else r.random,
+         random_median=None if r.random is None else float(np.median(r.random)), **extra)
+
+
+@app.command()
+def circuit(
+    clean: str = typer.Argument(..., metavar="CLEAN", help="The text whose edges are kept.",
+                                show_default=False),
+    corrupt: str = typer.Argument(..., metavar="CORRUPT", help="The text whose sender outputs "
+                                  "the other edges carry (same number of tokens).",
+                                  show_default=False),
+    weights: Path = WEIGHTS, target: str = TARGET, vs: str = VS, position: int = POSITION,
+    method: str = typer.Option("eap-ig", "--method", help="eap (one backward pass), eap-ig "
+                               "(gradients along the path) or exact (patch every edge)."),
+    steps: int = STEPS,
+    top: int = typer.Option(15, "--top", "-n", min=1, help="How many edges to list."),
+    stable: bool = typer.Option(False, "--stability", help="Rerun on the --pairs and report "
+                                "how much the circuits overlap and how faithful they are."),
+    pairs: Path = typer.Option(None, "--pairs", metavar="FILE", show_default=False,
+                               help="With --stability: more pairs, one CLEAN<tab>CORRUPT a "
+                               "line."),
+    seed: int = typer.Option(0, "--seed", "-s", help="Seed of the random circuits."),
+    as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
+):
+    """Edge attribution: which connections between components carry the prediction.
+
+    Nodes: the embeddings, every head (q, k, v inputs apart) and MLP, the logits. An edge's
+    score is the change of logit[target] − logit[vs] (default: the clean run's top guess
+    against the corrupt run's) it carries from the corrupt to the clean run: eap, eap-ig
+    (gradients averaged along the path between the two texts' embeddings) or exact (the one
+    edge patched). The top-N edges form a circuit whose faithfulness f(N) = (circuit −
+    corrupt) / (clean − corrupt) is printed as a curve, with the smallest N reaching 0.8 and
+    random circuits of that size as a baseline.
+
+    Example: tinygpt circuit "Ben had a red ball. He liked his" "Ben had a red car. He liked his"
+    Example: tinygpt circuit "Tom gave Sue the cat" "Sue gave Tom the cat" --method exact --json
+    """
+    from ..analysis import circuit as circuits
+    from ..render import circuits as view
+
+    if method not in circuits.METHODS:
+        raise InputError(f"unknown --method {method!r}: use {', '.join(circuits.METHODS)}")
+    if stable != (pairs is not None):
+        raise InputError("--stability needs --pairs FILE, and --pairs goes with --stability")
+    s = open_session(weights, clean)
+    c = open_session(None, corrupt, model=s.model)
+    pair = _pair(s, c, position, target, vs, quiet=as_json)
+    e = len(pair.graph.edges)
+    with progress(e, f"patching {e} edges", enabled=not as_json and method == "exact") as step:
+        r = circuits.find_circuit(pair, method, steps, seed=seed, advance=step)
+    stab = None if pairs is None else _stability(
+        s, pairs, pair, method, steps, r.smallest or top, target, vs, position)
+    what = describe(s, pair.target, pair.vs)
+    save_figure(view.circuit_figure(r, what, top), save, force)
+    if as_json:
+        _circuit_document(s, c, pair, r, stab, {
+            "target": target, "vs": vs, "position": position, "method": method,
+            "steps": steps if method == "eap-ig" else None, "seed": seed})
+        return
+    stdout().print(view.circuit_view(r, what, pair.position, s.tokens[pair.position],
+                                     s.config.n_layer, s.config.n_head, top, stab))

@@ -1,0 +1,161 @@
+"""Views of circuits and of QK attribution: a ranked edge list, a layer-by-layer picture of the
+kept nodes, the faithfulness curve, and the same as a Figure for --save.
+
+Every function takes a result object of analysis.circuit or analysis.qk and display strings;
+nothing here runs the model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from .explain import Bar, note
+from .figure import Bars, Figure, Heatmap, Note
+from .figure import Table as FigureTable
+from .tables import fmt
+from .text import show_token
+
+CURVE_POINTS = (0, 1, 2, 5, 10, 20, 50, 100, 200)  # N shown in the curve, then every edge
+
+
+def _method(r) -> str:
+    return f"{r.method} ({r.steps} steps)" if r.steps else r.method
+
+
+def _f(x: float) -> str:
+    """f to three decimals, with no '-0.000' for a rounding error below zero."""
+    return f"{x:.3f}" if round(x, 3) != 0 else "0.000"
+
+
+def _share(x: float, gap: float) -> str:
+    return f"{x / gap:+.0%}" if gap else ""
+
+
+def edge_table(r, top: int) -> Table:
+    """The top edges by |score|: score in metric units and as a share of clean - corrupt."""
+    gap = r.clean - r.corrupt
+    names = r.graph.edge_names()
+    big = float(np.abs(r.scores).max()) or 1.0
+    table = Table(box=None, pad_edge=False, header_style="bold dim", padding=(0, 1, 0, 0))
+    for col, justify in (("#", "right"), ("edge", "left"), ("score", "right"),
+                         ("of gap", "right"), ("", "left")):
+        table.add_column(col, justify=justify, no_wrap=True)
+    for rank, e in enumerate(r.order[:top], 1):
+        x = float(r.scores[e])
+        table.add_row(str(rank), names[e], fmt(x), _share(x, gap), Bar(x, big, 20))
+    return table
+
+
+def curve_points(total: int) -> list[int]:
+    return sorted({n for n in CURVE_POINTS if n < total} | {total})
+
+
+def curve_table(r) -> Table:
+    """f(N) at a few N: f is 0 with no edge and 1 with every edge."""
+    table = Table(box=None, pad_edge=False, header_style="bold dim", padding=(0, 1, 0, 0))
+    table.add_column("edges kept", justify="right", no_wrap=True)
+    table.add_column("f", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    big = max(1.0, float(np.abs(r.f).max()))
+    for n in curve_points(len(r.order)):
+        table.add_row(str(n), _f(r.f[n]), Bar(float(r.f[n]), big, 30))
+    return table
+
+
+def node_picture(r, kept: int, n_layer: int, n_head: int) -> Table:
+    """One row per block, one column per head and the MLP: how many of the node's input
+    edges (q/k/v apart for a head) are in the circuit, '·' for none."""
+    ins: dict[str, list[int]] = {}
+    for e in r.order[:kept]:
+        u, v = r.graph.edges[e]
+        ins.setdefault(r.graph.receivers[v], []).append(u)
+    table = Table(box=None, pad_edge=False, header_style="bold dim", padding=(0, 2, 0, 0))
+    table.add_column("", no_wrap=True, style="bold")
+    for h in range(n_head):
+        table.add_column(f"h{h} q/k/v", justify="center", no_wrap=True)
+    table.add_column("mlp", justify="center", no_wrap=True)
+    for i in range(n_layer):
+        cells = []
+        for h in range(n_head):
+            counts = [len(ins.get(f"a{i}.h{h}.{p}", [])) for p in "qkv"]
+            cells.append(Text("/".join(map(str, counts)) if any(counts) else "·",
+                              style="bold" if any(counts) else "dim"))
+        m = len(ins.get(f"m{i}", []))
+        cells.append(Text(str(m) if m else "·", style="bold" if m else "dim"))
+        table.add_row(f"block {i}", *cells)
+    table.add_row("logits", Text(str(len(ins.get("logits", []))), style="bold"))
+    return table
+
+
+def summary_lines(r, total: int) -> list[Text]:
+    lines = [note(f"area under f over the fraction of edges kept: {_f(r.area)} "
+                  "(1: the whole gap at every size, as MIB's CPR)")]
+    if r.smallest is None:
+        lines.append(note("no circuit reaches f >= 0.8 (f is not monotone in N)"))
+        return lines
+    lines.append(Text(f"smallest circuit with f >= 0.8: {r.smallest} of {total} edges "
+                      f"(f = {_f(r.f[r.smallest])})"))
+    if r.random is not None:
+        q1, med, q3 = np.percentile(r.random, [25, 50, 75])
+        lines.append(note(f"{len(r.random)} random circuits of {r.smallest} edges: median f "
+                          f"{_f(med)} (quartiles {_f(q1)} .. {_f(q3)})"))
+    return lines
+
+
+def circuit_view(r, what: str, position: int, token: str, n_layer: int, n_head: int,
+                 top: int, stability=None) -> Group:
+    total = len(r.order)
+    kept = r.smallest if r.smallest is not None else min(top, total)
+    parts = [
+        Text(f"circuit ({_method(r)}): {total} edges, scored on {what} at position "
+             f"{position} ({show_token(token)})", style="bold"),
+        note(f"clean {fmt(r.clean)}, corrupt {fmt(r.corrupt)}; an edge's score is the change "
+             "of the metric it carries (of gap: / (clean − corrupt))"),
+        Text(""), Text("edges, by |score|", style="bold"), edge_table(r, top),
+        Text(""), Text(f"the circuit of the top {kept} edges, block by block: its input edges "
+                       "into each node", style="bold"),
+        node_picture(r, kept, n_layer, n_head),
+        Text(""), Text("faithfulness f(N) = (circuit − corrupt) / (clean − corrupt)",
+                       style="bold"),
+        curve_table(r), *summary_lines(r, total),
+    ]
+    if stability is not None:
+        parts += [Text(""), *stability_lines(stability)]
+    return Group(*parts)
+
+
+def stability_lines(s) -> list[Text]:
+    def spread(x: np.ndarray) -> str:
+        return f"median {np.median(x):.3f}, min {x.min():.3f}, max {x.max():.3f}"
+
+    return [Text(f"stability over {len(s.overlap)} pairs (the first is CLEAN CORRUPT), "
+                 f"circuits of {s.size} edges", style="bold"),
+            Text(f"Jaccard overlap with the first pair's circuit: {spread(s.overlap[1:])}"
+                 if len(s.overlap) > 1 else "only one pair"),
+            Text(f"f of each pair's own circuit: {spread(s.own)}"),
+            Text(f"f of the first pair's circuit on each pair: {spread(s.transfer)}")]
+
+
+def circuit_figure(r, what: str, top: int) -> Figure:
+    """The graph as its adjacency grid (senders x receivers, coloured by score; blank where
+    there is no edge), the top edges as bars, and the faithfulness curve."""
+    g = r.graph
+    grid = np.full((len(g.senders), len(g.receivers)), np.nan)
+    for (u, v), x in zip(g.edges, r.scores, strict=True):
+        grid[u, v] = x
+    names = g.edge_names()
+    shown = r.order[:top]
+    points = curve_points(len(r.order))
+    parts = [Note(f"method {_method(r)}; metric {what}; clean {r.clean:.4g}, corrupt "
+                  f"{r.corrupt:.4g}; area under f {r.area:.3f}; smallest N with f >= 0.8: "
+                  f"{r.smallest}"),
+             Heatmap(grid, g.senders, g.receivers, title="edge scores: sender (row) -> "
+                     "receiver (column)", signed=True),
+             Bars([names[e] for e in shown], [float(r.scores[e]) for e in shown],
+                  title=f"top {len(shown)} edges", value_name="score"),
+             FigureTable(["edges kept", "f"], [[n, float(r.f[n])] for n in points],
+                         title="faithfulness")]
+    return Figure("circuit", parts)
