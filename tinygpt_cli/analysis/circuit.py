@@ -183,11 +183,11 @@ def _heads(params, config: Config, i: int, x: np.ndarray) -> np.ndarray:
     eps = config.layer_norm_epsilon
     wq, wk, wv, bq, bk, bv, wo = head_weights(params, config, i)
     n = _layer_norm(x, params[f"h.{i}.ln_1.weight"], params[f"h.{i}.ln_1.bias"], eps)
-    q = np.einsum("bhtd,hdk->bhtk", n[:, :, 0], wq) + bq[:, None, :]
-    k = np.einsum("bhtd,hdk->bhtk", n[:, :, 1], wk) + bk[:, None, :]
-    v = np.einsum("bhtd,hdk->bhtk", n[:, :, 2], wv) + bv[:, None, :]
+    q = n[:, :, 0] @ wq + bq[:, None, :]  # [B, H, T, d] @ [H, d, d_k] -> [B, H, T, d_k]
+    k = n[:, :, 1] @ wk + bk[:, None, :]
+    v = n[:, :, 2] @ wv + bv[:, None, :]
     z = ops.softmax(ops.attention_scores(q, k, 0)) @ v  # [B, H, T, d_k]
-    return np.einsum("bhtk,hkd->bhtd", z, wo)
+    return z @ wo  # [B, H, T, d]
 
 
 def _mlp(params, config: Config, i: int, x: np.ndarray) -> np.ndarray:
@@ -199,13 +199,15 @@ def _mlp(params, config: Config, i: int, x: np.ndarray) -> np.ndarray:
 
 
 def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live: np.ndarray,
-                 fixed: np.ndarray, rows: Sequence[int], position: int) -> np.ndarray:
+                 fixed: np.ndarray, rows: Sequence[int], position: int, start: int = 0,
+                 known: np.ndarray | None = None) -> np.ndarray:
     """The model run on `ids` with each receiver's input summed edge by edge.
 
     live [B, E]: 1 where edge e carries its sender's output in this run, 0 where it carries
     the sender's output in `fixed` [S, T, d] instead (a number between mixes them). Returns
     the logits of `rows` at `position`: [B, len(rows)]. With every edge live this is the
-    ordinary forward pass.
+    ordinary forward pass. `start` > 0 begins at that block, taking the outputs of the
+    senders before it from `known` [S, T, d] (valid when no edge into them is patched).
     """
     ids = np.asarray(ids)
     b, s_count, t = len(live), len(graph.senders), len(ids)
@@ -218,10 +220,14 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
         later = graph.receiver_stage > 2 * i + 1
         base[later] += params[f"h.{i}.attn.c_proj.bias"]
     diff = np.zeros((b, s_count, t * config.n_embd))  # run[u] - fixed[u], filled stage by stage
-    emb = params["wte.weight"][ids] + params["wpe.weight"][:t]
-    diff[:, 0] = (emb - fixed[0]).ravel()
+    if start == 0:
+        emb = params["wte.weight"][ids] + params["wpe.weight"][:t]
+        diff[:, 0] = (emb - fixed[0]).ravel()
+    else:
+        s0 = head_index(config, start, 0) if start < config.n_layer else s_count
+        diff[:, :s0] = (known[:s0] - fixed[:s0]).reshape(s0, -1)
     per_block = 3 * config.n_head + 1
-    for i in range(config.n_layer):
+    for i in range(start, config.n_layer):
         r0, s0 = i * per_block, head_index(config, i, 0)
         x = base[r0:r0 + per_block] + (coef[:, r0:r0 + per_block, :s0] @ diff[:, :s0]
                                        ).reshape(b, per_block, t, -1)
@@ -237,13 +243,14 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
     return u @ params["wte.weight"][list(rows)].T
 
 
-def edge_metric(params, config, graph, ids, live, fixed, target, vs, position) -> np.ndarray:
+def edge_metric(params, config, graph, ids, live, fixed, target, vs, position, start=0,
+                known=None) -> np.ndarray:
     """logit[target] - logit[vs] of each edge-patched run, in batches: [B]."""
     out = np.empty(len(live))
-    for start in range(0, len(live), EDGES_PER_BATCH):
-        rows = edge_forward(params, config, graph, ids, live[start:start + EDGES_PER_BATCH],
-                            fixed, [target, vs], position)
-        out[start:start + EDGES_PER_BATCH] = rows[:, 0] - rows[:, 1]
+    for first in range(0, len(live), EDGES_PER_BATCH):
+        rows = edge_forward(params, config, graph, ids, live[first:first + EDGES_PER_BATCH],
+                            fixed, [target, vs], position, start, known)
+        out[first:first + EDGES_PER_BATCH] = rows[:, 0] - rows[:, 1]
     return out
 
 
@@ -325,20 +332,31 @@ def eap_ig_scores(pair: Pair, steps: int) -> np.ndarray:
 
 
 def eap_scores(pair: Pair) -> np.ndarray:
-    """EAP: the gradient at the corrupt run alone."""
-    return eap_ig_scores(pair, 1)
+    """EAP: the gradient at the corrupt run alone (its own forward and backward pass, not
+    eap_ig_scores with one step, so that the two can be checked against each other)."""
+    logits, values = _run(pair.params, pair.config, pair.corrupt_ids)
+    dlogits = np.zeros_like(logits)
+    dlogits[pair.position, pair.target] = 1.0
+    dlogits[pair.position, pair.vs] = -1.0
+    _, grads = backward(pair.params, pair.config, values, dlogits, wrt_values=True)
+    return edge_products(pair, receiver_gradients(pair.params, pair.config, values, grads))
 
 
 def exact_scores(pair: Pair, advance=None) -> np.ndarray:
-    """Each edge patched on its own: the corrupt run with v's input given u's clean output."""
-    e = len(pair.graph.edges)
+    """Each edge patched on its own: the corrupt run with v's input given u's clean output.
+    Edges into block l leave the blocks before it as they were, so their runs start there."""
+    g, e = pair.graph, len(pair.graph.edges)
+    block = np.array([(g.receiver_stage[v] - 1) // 2 for _, v in g.edges])  # logits: n_layer
     out = np.empty(e)
-    for start in range(0, e, EDGES_PER_BATCH):
-        live = np.ones((min(EDGES_PER_BATCH, e - start), e))
-        live[np.arange(len(live)), start + np.arange(len(live))] = 0.0
-        out[start:start + len(live)] = pair.metric_of(pair.corrupt_ids, live, pair.clean_out)
+    for start in np.unique(block):
+        group = np.flatnonzero(block == start)
+        live = np.ones((len(group), e))
+        live[np.arange(len(group)), group] = 0.0
+        out[group] = edge_metric(pair.params, pair.config, g, pair.corrupt_ids, live,
+                                 pair.clean_out, pair.target, pair.vs, pair.position,
+                                 int(start), pair.corrupt_out)
         if advance is not None:
-            advance(len(live))
+            advance(len(group))
     return out - pair.corrupt
 
 
