@@ -11,6 +11,7 @@ import pytest
 from tinygpt_cli import ops
 from tinygpt_cli.analysis import circuit as C
 from tinygpt_cli.analysis import patch as pa
+from tinygpt_cli.analysis.qk import qk_attribution
 from tinygpt_cli.config import Config
 from tinygpt_cli.hooks import Record, Replace
 from tinygpt_cli.model import forward
@@ -286,3 +287,51 @@ def test_eap_and_eap_ig_rank_edges_as_the_exact_oracle_does():
     assert len(eap) >= 20
     assert np.mean(eap_ig) >= 0.8 and np.mean(eap) >= 0.8
     assert min(eap) > 0.7 and min(eap_ig) > 0.4
+
+
+# ------------------------------------------------------------------ QK attribution
+
+
+def test_qk_terms_add_up_to_the_recorded_scores(tiny_params, tiny_config):
+    rec = Record()
+    forward(tiny_params, tiny_config, IDS, hooks=rec)
+    for layer in range(tiny_config.n_layer):
+        for head in range(tiny_config.n_head):
+            for query in (0, 3, 5):
+                r = qk_attribution(tiny_params, tiny_config, rec.values, layer, head, query)
+                assert r.terms.shape[-1] == query + 1
+                np.testing.assert_allclose(r.terms.sum(axis=(0, 1)),
+                                           rec.values[f"layers.{layer}.scores"][head, query,
+                                                                                :query + 1],
+                                           atol=1e-10, rtol=0)
+
+
+def test_a_query_parts_terms_are_its_share_of_the_query(tiny_params, tiny_config):
+    """Summed over the key's parts, the position embedding's terms are the position's own
+    query (through the frozen norm, no bias) against the recorded keys: a direct computation."""
+    rec = Record()
+    forward(tiny_params, tiny_config, IDS, hooks=rec)
+    v, layer, head, query = rec.values, 1, 1, 4
+    r = qk_attribution(tiny_params, tiny_config, v, layer, head, query)
+    wq = C.head_weights(tiny_params, tiny_config, layer)[0][head]
+    pos = tiny_params["wpe.weight"][query]
+    g = tiny_params[f"h.{layer}.ln_1.weight"]
+    q_pos = (pos - pos.mean()) / v[f"layers.{layer}.ln1.std"][query] * g @ wq
+    keys = v[f"layers.{layer}.k"][head, :query + 1]
+    want = keys @ q_pos / np.sqrt(len(q_pos))
+    np.testing.assert_allclose(r.terms[r.sources.index("position")].sum(axis=0), want,
+                               atol=1e-12, rtol=0)
+    assert r.sources[:2] == ["token", "position"] and r.sources[-2:] == ["biases", "norm bias"]
+    assert "a0.h1" in r.sources and "a1.h0" not in r.sources
+
+
+@shipped
+def test_qk_terms_add_up_on_the_shipped_model():
+    model = load_model(SHIPPED)
+    ids = model.tokenizer.encode(PAIRS[0][0])
+    rec = Record()
+    forward(model.params, model.config, np.array(ids), hooks=rec)
+    for layer in range(model.config.n_layer):
+        for head in range(model.config.n_head):
+            r = qk_attribution(model.params, model.config, rec.values, layer, head, len(ids) - 1)
+            np.testing.assert_allclose(r.terms.sum(axis=(0, 1)), r.scores, atol=1e-5, rtol=0)

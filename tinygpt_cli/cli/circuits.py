@@ -20,6 +20,7 @@ from .common import (
     QUIET,
     SAVE,
     TARGET,
+    TEXT,
     VS,
     WEIGHTS,
     InputError,
@@ -169,3 +170,44 @@ def circuit(
         return
     stdout().print(view.circuit_view(r, what, pair.position, s.tokens[pair.position],
                                      s.config.n_layer, s.config.n_head, top, stab))
+
+
+@app.command()
+def qk(
+    text: str = TEXT, weights: Path = WEIGHTS,
+    layer: int = typer.Option(0, "--layer", "-l", help="Block index; negative counts from "
+                              "the end."),
+    head: int = typer.Option(0, "--head", "-H", help="Head index; negative counts from the end."),
+    query: int = typer.Option(-1, "--query", "-p", help="The query position; -1 is the last."),
+    key: int = typer.Option(None, "--key", help="The key position whose score is split "
+                            "(default: the one the query attends to most).", show_default=False),
+    top: int = typer.Option(12, "--top", "-n", min=1, help="How many terms to list."),
+    as_json: bool = JSON,
+):
+    """QK attribution: one head's attention scores split by where the query and key came from.
+
+    The stream entering the block is a sum of parts (token and position embeddings, each
+    earlier head and MLP, the output biases); through the block's LayerNorm, its scale frozen
+    at this run's, each part gives a term of the query and of the key, and each score is the
+    sum of one term per (query part, key part) pair, printed with the largest terms.
+
+    Example: tinygpt qk "Lily and Tom went to the park. Lily gave the ball to" --layer 3 --head 3
+    """
+    from ..analysis import qk as attribution
+    from ..render import circuits as view
+
+    s = open_session(weights, text)
+    i, h, p = s.layer(layer), s.head(head), s.position(query)
+    r = attribution.qk_attribution(s.params, s.config, s.trace().values, i, h, p)
+    k = int(r.weights.argmax()) if key is None else key
+    if not -(p + 1) <= k <= p:
+        raise InputError(f"--key {key} is out of range: query position {p} attends to keys "
+                         f"0..{p} (or -{p + 1}..-1 from the end)")
+    k %= p + 1
+    if as_json:
+        emit(s, f"qk.layers.{i}.heads.{h}", r.terms, {"layer": layer, "head": head,
+             "query": query, "key": key}, axes=["query part", "key part", "key"],
+             sources=r.sources, layer=i, head=h, query=p, key=k, scores=r.scores,
+             weights=r.weights)
+        return
+    stdout().print(view.qk_view(r, s.tokens, k, top))

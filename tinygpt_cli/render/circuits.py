@@ -159,3 +159,52 @@ def circuit_figure(r, what: str, top: int) -> Figure:
              FigureTable(["edges kept", "f"], [[n, float(r.f[n])] for n in points],
                          title="faithfulness")]
     return Figure("circuit", parts)
+
+
+# ------------------------------------------------------------------ QK attribution
+
+
+def _ranked_table(columns: list[str], rows: list[tuple], big: float) -> Table:
+    """Rows of labels then one value, shown with a signed bar."""
+    table = Table(box=None, pad_edge=False, header_style="bold dim", padding=(0, 1, 0, 0))
+    for col in columns:
+        table.add_column(col, no_wrap=True)
+    table.add_column("term", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    for *labels, x in rows:
+        table.add_row(*labels, fmt(x), Bar(x, big, 20))
+    return table
+
+
+def qk_view(r, tokens: list[str], key: int, top: int) -> Group:
+    """The query's scores over its keys, then the chosen key's score split into terms."""
+    keys = Table(box=None, pad_edge=False, header_style="bold dim", padding=(0, 1, 0, 0))
+    for col, justify in (("key", "right"), ("token", "left"), ("score", "right"),
+                         ("weight", "right"), ("", "left")):
+        keys.add_column(col, justify=justify, no_wrap=True)
+    for j, (s, w) in enumerate(zip(r.scores, r.weights, strict=True)):
+        keys.add_row(str(j), show_token(tokens[j]), fmt(float(s)), f"{w:.0%}",
+                     Bar(float(w), 1.0, 20), style="bold" if j == key else "")
+    t = r.terms[:, :, key]
+    flat = np.argsort(-np.abs(t), axis=None, kind="stable")[:top]
+    big = float(np.abs(t).max()) or 1.0
+    pairs = [(r.sources[a], r.sources[b], float(t[a, b]))
+             for a, b in zip(*np.unravel_index(flat, t.shape), strict=True)]
+    by_q, by_k = t.sum(axis=1), t.sum(axis=0)
+    big_side = float(max(np.abs(by_q).max(), np.abs(by_k).max())) or 1.0
+    return Group(
+        Text(f"qk: block {r.layer}, head {r.head}, query position {r.query} "
+             f"({show_token(tokens[r.query])}): pre-softmax scores by where the query and "
+             "the key came from", style="bold"),
+        note("parts of the stream through ln1 with its scale frozen at this run's; "
+             "'norm bias' is ln1's bias through W_q (or W_k) plus b_q (b_k)"),
+        Text(""), keys, Text(""),
+        Text(f"key {key} ({show_token(tokens[key])}): score {fmt(float(r.scores[key]))} = "
+             f"the sum of {t.size} terms ({fmt(float(t.sum()))}); the largest:", style="bold"),
+        _ranked_table(["query from", "key from"], pairs, big), Text(""),
+        Text("summed by the query's part", style="bold"),
+        _ranked_table(["query from"], [(s, float(x)) for s, x in zip(r.sources, by_q,
+                                                                      strict=True)], big_side),
+        Text(""), Text("summed by the key's part", style="bold"),
+        _ranked_table(["key from"], [(s, float(x)) for s, x in zip(r.sources, by_k,
+                                                                    strict=True)], big_side))
