@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cli_helpers import assert_one_error_line
 
 from tinygpt_cli import ops
 from tinygpt_cli.analysis import circuit as C
@@ -335,3 +336,106 @@ def test_qk_terms_add_up_on_the_shipped_model():
         for head in range(model.config.n_head):
             r = qk_attribution(model.params, model.config, rec.values, layer, head, len(ids) - 1)
             np.testing.assert_allclose(r.terms.sum(axis=(0, 1)), r.scores, atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------ the commands (tiny weights)
+
+TEXT = "Lily wanted to play with her"
+CORRUPT = "Tom wanted to eat with her"  # as many tokens as TEXT
+TOKENS = ("--target", " toys", "--vs", " mom")
+
+
+def ok_json(result):
+    assert result.code == 0, result.err
+    import json
+
+    return json.loads(result.out)
+
+
+def test_circuit_json_ranks_every_edge_and_ends_the_curve_at_0_and_1(cli, tiny):
+    doc = ok_json(cli("circuit", TEXT, CORRUPT, *TOKENS, "--method", "exact", "--json"))
+    cfg = tiny.model.config
+    e = count_edges(cfg.n_layer, cfg.n_head)
+    assert doc["shape"] == [e] and len(doc["edges"]) == e
+    scores = [edge["score"] for edge in doc["edges"]]
+    assert scores == doc["data"] and np.all(np.diff(np.abs(scores)) <= 0)
+    assert doc["edges"][0]["edge"] == f"{doc['edges'][0]['sender']} -> " \
+                                      f"{doc['edges'][0]['receiver']}"
+    f = doc["faithfulness"]
+    assert len(f) == e + 1 and abs(f[0]) < 1e-6 and abs(f[-1] - 1) < 1e-6
+    assert doc["target"]["token"] == " toys" and doc["vs"]["token"] == " mom"
+    if doc["smallest"] is not None:
+        assert f[doc["smallest"]] >= 0.8 and all(x < 0.8 for x in f[:doc["smallest"]])
+        assert len(doc["random_f"]) == 100
+
+
+def test_circuit_view_and_picture(cli, tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    r = cli("circuit", TEXT, CORRUPT, *TOKENS, "--method", "eap", "--top", "5",
+            "--save", tmp_path / "c.svg")
+    assert r.code == 0, r.err
+    assert "edges, by |score|" in r.out and "faithfulness f(N)" in r.out
+    assert "block 1" in r.out and "logits" in r.out
+    assert max(len(line) for line in r.out.splitlines()) <= 80
+    import re
+
+    edges = re.findall(r"^ *\d+ (\S+) -> (\S+) ", r.out, flags=re.M)  # names whole, not cut
+    g = C.build_graph(tiny.model.config)
+    assert len(edges) == 5 and all(u in g.senders and v in g.receivers for u, v in edges)
+    svg = (tmp_path / "c.svg").read_text()
+    assert "<svg" in svg and "edge scores" in svg and "a0.h1.q" in svg and "faithfulness" in svg
+
+
+def test_circuit_stability_over_pairs(cli, tmp_path):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text(f"# clean<tab>corrupt\n{CORRUPT}\t{TEXT}\n\nLily wanted to eat with "
+                     f"her\t{CORRUPT}\n", encoding="utf-8")
+    doc = ok_json(cli("circuit", TEXT, CORRUPT, *TOKENS, "--stability", "--pairs", pairs,
+                      "--json"))
+    st = doc["stability"]
+    assert len(st["jaccard"]) == 3 and st["jaccard"][0] == 1.0
+    assert all(0 <= j <= 1 for j in st["jaccard"])
+    assert st["own_f"][0] == pytest.approx(st["transfer_f"][0])
+
+
+def test_circuit_says_which_tokens_it_chose_when_the_guesses_coincide(cli, tiny):
+    """The tiny random model's top guess is the same for both texts: the corrupt run's
+    second guess stands in, and a note on stderr says so."""
+    doc = ok_json(cli("circuit", TEXT, CORRUPT, "--method", "eap", "--json"))
+    logits = [forward(tiny.model.params, tiny.model.config, np.array(doc[k]))[-1]
+              for k in ("ids", "corrupt_ids")]
+    assert doc["target"]["id"] == int(np.argmax(logits[0])) == int(np.argmax(logits[1]))
+    assert doc["vs"]["id"] == int(np.argsort(logits[1])[-2])
+    r = cli("circuit", TEXT, CORRUPT, "--method", "eap")
+    assert r.code == 0 and "both runs' top guess is" in r.err and "next guess" in r.err
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["circuit", TEXT, "Tom ran"], ["same number of tokens"]),
+    (["circuit", TEXT, CORRUPT, "--method", "acdc"], ["acdc", "eap, eap-ig, exact"]),
+    (["circuit", TEXT, CORRUPT, "--stability"], ["--pairs"]),
+    (["circuit", TEXT, CORRUPT, "--target", " toys", "--vs", " toys"], ["same token"]),
+    (["qk", TEXT, "--layer", "2"], ["layer 2", "0..1"]),
+    (["qk", TEXT, "--query", "3", "--key", "4"], ["--key 4", "0..3"]),
+])
+def test_circuit_and_qk_errors(cli, args, needles):
+    assert_one_error_line(cli(*args), 2, *needles)
+
+
+def test_circuit_pairs_file_errors(cli, tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("just one text\n", encoding="utf-8")
+    assert_one_error_line(cli("circuit", TEXT, CORRUPT, "--stability", "--pairs", bad), 2,
+                          "line 1", "CLEAN<tab>CORRUPT")
+    assert_one_error_line(cli("circuit", TEXT, CORRUPT, "--stability", "--pairs",
+                              tmp_path / "missing.tsv"), 2, "cannot read")
+
+
+def test_qk_json_terms_add_up(cli):
+    doc = ok_json(cli("qk", TEXT, "--layer", "1", "--head", "1", "--query", "4", "--json"))
+    terms = np.array(doc["data"])
+    assert terms.shape == (len(doc["sources"]), len(doc["sources"]), 5)
+    np.testing.assert_allclose(terms.sum(axis=(0, 1)), doc["scores"], atol=1e-5)
+    assert doc["key"] == int(np.argmax(doc["weights"]))
+    r = cli("qk", TEXT, "--layer", "1", "--head", "1", "--key", "0")
+    assert r.code == 0 and "summed by the key's part" in r.out and "norm bias" in r.out

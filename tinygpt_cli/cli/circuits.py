@@ -59,7 +59,7 @@ def _pair(s: Session, c: Session, position: int, target: str | None, vs: str | N
     if fell_back and not quiet:
         tok = s.model.tokenizer.token_str
         stderr().print(f"note: both runs' top guess is {tok(t)!r}; scoring it against the "
-                       f"corrupt run's next guess {tok(v)!r}", style="dim")
+                       f"corrupt run's next guess {tok(v)!r}", style="dim", soft_wrap=True)
     return circuit.prepare(s.params, s.config, s.ids, c.ids, t, v, p)
 
 
@@ -82,12 +82,12 @@ def _read_pairs(path: Path) -> list[tuple[str, str]]:
     return pairs
 
 
-def _stability(s: Session, pairs_file: Path, first, method: str, steps: int, size: int,
-               target: str | None, vs: str | None, position: int):
+def _stability(s: Session, texts: list[tuple[str, str]], first, method: str, steps: int,
+               size: int, target: str | None, vs: str | None, position: int):
     from ..analysis import circuit
 
     pairs = [first]
-    for clean, corrupt in _read_pairs(pairs_file):
+    for clean, corrupt in texts:
         a = open_session(None, clean, model=s.model)
         pairs.append(_pair(a, open_session(None, corrupt, model=s.model), position, target,
                            vs, quiet=True))
@@ -153,14 +153,15 @@ def circuit(
         raise InputError(f"unknown --method {method!r}: use {', '.join(circuits.METHODS)}")
     if stable != (pairs is not None):
         raise InputError("--stability needs --pairs FILE, and --pairs goes with --stability")
+    more = None if pairs is None else _read_pairs(pairs)  # a bad file fails before the work
     s = open_session(weights, clean)
     c = open_session(None, corrupt, model=s.model)
-    pair = _pair(s, c, position, target, vs, quiet=as_json)
+    pair = _pair(s, c, position, target, vs)
     e = len(pair.graph.edges)
     with progress(e, f"patching {e} edges", enabled=not as_json and method == "exact") as step:
         r = circuits.find_circuit(pair, method, steps, seed=seed, advance=step)
-    stab = None if pairs is None else _stability(
-        s, pairs, pair, method, steps, r.smallest or top, target, vs, position)
+    stab = None if more is None else _stability(
+        s, more, pair, method, steps, r.smallest or top, target, vs, position)
     what = describe(s, pair.target, pair.vs)
     save_figure(view.circuit_figure(r, what, top), save, force)
     if as_json:
