@@ -67,8 +67,10 @@ def _read_pairs(path: Path) -> list[tuple[str, str]]:
     """Lines CLEAN<TAB>CORRUPT; blank lines and lines starting with '#' are skipped."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"--pairs {path}: cannot read it ({e})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"--pairs {path}: not UTF-8 text") from None
+    except OSError as e:
+        raise InputError(f"--pairs {path}: cannot read it ({e.strerror or e})") from None
     pairs = []
     for n, line in enumerate(lines, 1):
         if not line.strip() or line.startswith("#"):
