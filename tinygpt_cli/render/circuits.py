@@ -109,14 +109,15 @@ def circuit_view(r, what: str, position: int, token: str, n_layer: int, n_head: 
                  top: int, stability=None) -> Group:
     total = len(r.order)
     kept = r.smallest if r.smallest is not None else min(top, total)
+    which = ", the smallest circuit with f >= 0.8" if r.smallest is not None else ""
     parts = [
-        Text(f"circuit ({_method(r)}): {total} edges, scored on {what} at position "
-             f"{position} ({show_token(token)})", style="bold"),
-        note(f"clean {fmt(r.clean)}, corrupt {fmt(r.corrupt)}; an edge's score is the change "
-             "of the metric it carries (of gap: / (clean − corrupt))"),
+        Text(f"circuit ({_method(r)}), {total} edges: {what} at position {position} "
+             f"({show_token(token)})", style="bold"),
+        note(f"clean {fmt(r.clean)}, corrupt {fmt(r.corrupt)}, gap {fmt(r.clean - r.corrupt)}; "
+             "score: what the edge adds"),
         Text(""), Text("edges, by |score|", style="bold"), edge_table(r, top),
-        Text(""), Text(f"the circuit of the top {kept} edges, block by block: its input edges "
-                       "into each node", style="bold"),
+        Text(""), Text(f"top {kept} edges{which}: edges into each node",
+                       style="bold"),
         node_picture(r, kept, n_layer, n_head),
         Text(""), Text("faithfulness f(N) = (circuit − corrupt) / (clean − corrupt)",
                        style="bold"),
