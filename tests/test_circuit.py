@@ -12,6 +12,8 @@ from cli_helpers import assert_one_error_line
 from tinygpt_cli import ops
 from tinygpt_cli.analysis import circuit as C
 from tinygpt_cli.analysis import patch as pa
+from tinygpt_cli.analysis.attribute import integrated_gradients
+from tinygpt_cli.analysis.erasure import erasure
 from tinygpt_cli.analysis.qk import qk_attribution
 from tinygpt_cli.config import Config
 from tinygpt_cli.hooks import Record, Replace
@@ -439,3 +441,71 @@ def test_qk_json_terms_add_up(cli):
     assert doc["key"] == int(np.argmax(doc["weights"]))
     r = cli("qk", TEXT, "--layer", "1", "--head", "1", "--key", "0")
     assert r.code == 0 and "summed by the key's part" in r.out and "norm bias" in r.out
+
+
+# ------------------------------------------------------------------ attribute --faithfulness
+
+
+def f_with_removed(params, config, ids, removed, position=-1):
+    """f = logit[TARGET] - logit[VS] with the token embeddings of `removed` zeroed by a hook
+    on the ordinary forward pass."""
+    def zero(x):
+        x = x.copy()
+        x[list(removed)] = 0.0
+        return x
+    logits = forward(params, config, np.asarray(ids), hooks=Replace({"token_embeddings": zero}))
+    return float(logits[position, TARGET] - logits[position, VS])
+
+
+def test_erasure_curves_against_hooked_forward_passes(tiny_params, tiny_config):
+    scores = np.array([0.3, -1.0, 2.0, 0.1, 0.5, 0.0])
+    e = erasure(tiny_params, tiny_config, IDS, 5, TARGET, VS, scores, "given")
+    f = f_with_removed(tiny_params, tiny_config, IDS, [])
+    assert e.f == pytest.approx(f, abs=1e-10)
+    for i in range(6):
+        assert e.occlusion[i] == pytest.approx(f - f_with_removed(tiny_params, tiny_config,
+                                                                  IDS, [i]), abs=1e-10)
+    # the given ranking: 2, 4, 0, 3, 5, 1
+    assert e.comprehensiveness[0, 2] == pytest.approx(
+        f - f_with_removed(tiny_params, tiny_config, IDS, [2, 4]), abs=1e-10)
+    assert e.sufficiency[0, 3] == pytest.approx(
+        f - f_with_removed(tiny_params, tiny_config, IDS, [3, 5, 1]), abs=1e-10)
+    np.testing.assert_allclose(e.comprehensiveness[:, 0], 0, atol=1e-12)
+    np.testing.assert_allclose(e.sufficiency[:, -1], 0, atol=1e-12)
+    np.testing.assert_allclose(e.comprehensiveness[:, -1], f - e.f_empty, atol=1e-10)
+    np.testing.assert_allclose(e.sufficiency[:, 0], f - e.f_empty, atol=1e-10)
+
+
+def test_erasure_ranks_only_tokens_up_to_the_position(tiny_params, tiny_config):
+    e = erasure(tiny_params, tiny_config, IDS, 3, TARGET, VS, np.arange(6.0), "given")
+    assert e.comprehensiveness.shape == (3, 5) and e.occlusion.shape == (4,)
+    assert e.f == pytest.approx(f_with_removed(tiny_params, tiny_config, IDS, [], 3),
+                                abs=1e-10)
+
+
+@shipped
+def test_integrated_gradients_beat_random_orders_on_the_shipped_model():
+    """On every text, erasing IG's top tokens lowers the score more than random orders do
+    (comprehensiveness), and keeping them alone keeps more of it (sufficiency). Measured over
+    8 texts: AOPC comprehensiveness 9.1 (occlusion 8.7, random 5.1), sufficiency 1.1 (0.7,
+    4.8)."""
+    model = load_model(SHIPPED)
+    for text in (PAIRS[1][0], PAIRS[2][0], "Lucy put on her coat because it was"):
+        ids = model.tokenizer.encode(text)
+        p = len(ids) - 1
+        target = int(np.argmax(forward(model.params, model.config, np.array(ids))[-1]))
+        ig = integrated_gradients(model.params, model.config, ids, p, target, None, steps=16)
+        comp, suff = erasure(model.params, model.config, ids, p, target, None, ig.scores,
+                             ig.method).aopc
+        assert comp[0] > comp[2] and suff[0] < suff[2], text
+
+
+def test_attribute_faithfulness_json_and_view(cli):
+    doc = ok_json(cli("attribute", TEXT, "--method", "grad-x-input", "--faithfulness",
+                      "--json"))
+    assert doc["rankings"] == ["grad-x-input", "occlusion", "random"]
+    comp, suff = np.array(doc["data"]), np.array(doc["sufficiency"])
+    assert comp.shape == suff.shape == (3, len(doc["ids"]) + 1)
+    assert doc["aopc_comprehensiveness"] == pytest.approx(comp[:, 1:].mean(axis=1))
+    r = cli("attribute", TEXT, "--faithfulness")
+    assert r.code == 0 and "comp:ranked" in r.out and "AOPC" in r.out

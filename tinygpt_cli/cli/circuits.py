@@ -214,3 +214,29 @@ def qk(
              weights=r.weights)
         return
     stdout().print(view.qk_view(r, s.tokens, k, top))
+
+
+def show_erasure(s: Session, r, position: int, target: int, vs: int | None,
+                 baseline: str | None, as_json: bool) -> None:
+    """`attribute --faithfulness`: the erasure curves of attribution r against occlusion and
+    random orders (attention-x-grad's scores summed over its heads)."""
+    from ..analysis import erasure
+    from ..render import circuits as view
+
+    base = None
+    if baseline is not None:
+        b = open_session(None, baseline, model=s.model)
+        base = s.params["wte.weight"][b.ids]
+    scores = r.scores.reshape(-1, r.scores.shape[-1]).sum(axis=0)
+    e = erasure.erasure(s.params, s.config, s.ids, position, target, vs, scores, r.method,
+                        base)
+    if as_json:
+        comp, suff = e.aopc
+        emit(s, f"attribute.{r.method}.faithfulness", e.comprehensiveness,
+             {"position": position, "method": r.method, "baseline": baseline},
+             axes=["ranking", "k"], rankings=e.names, sufficiency=e.sufficiency,
+             occlusion=e.occlusion, scores=scores[: position + 1], f=e.f, f_empty=e.f_empty,
+             aopc_comprehensiveness=comp, aopc_sufficiency=suff, position=position,
+             target=token_doc(s, target), vs=token_doc(s, vs))
+        return
+    stdout().print(view.erasure_view(e, s.tokens, describe(s, target, vs), position))

@@ -209,3 +209,30 @@ def qk_view(r, tokens: list[str], key: int, top: int) -> Group:
         Text(""), Text("summed by the key's part", style="bold"),
         _ranked_table(["key from"], [(s, float(x)) for s, x in zip(r.sources, by_k,
                                                                     strict=True)], big_side))
+
+
+# ------------------------------------------------------------------ attribute --faithfulness
+
+
+def erasure_view(e, tokens: list[str], what: str, position: int) -> Group:
+    """The comprehensiveness and sufficiency curves, a row per k, and their means."""
+    table = Table(box=None, pad_edge=False, header_style="bold dim", padding=(0, 1, 0, 0))
+    table.add_column("k", justify="right", no_wrap=True)
+    for side in ("comp", "suff"):
+        for name in ("ranked", "occl.", "random"):
+            table.add_column(f"{side}:{name}", justify="right", no_wrap=True)
+    for k in range(e.comprehensiveness.shape[1]):
+        table.add_row(str(k), *(fmt(float(x)) for x in e.comprehensiveness[:, k]),
+                      *(fmt(float(x)) for x in e.sufficiency[:, k]))
+    comp, suff = e.aopc
+    return Group(
+        Text(f"faithfulness of the {e.names[0]} ranking: {what} at position {position} "
+             f"({show_token(tokens[position])}) = {fmt(e.f)}", style="bold"),
+        note("comp: f − f(top-k tokens removed), higher is better; suff: f − f(only the "
+             "top-k kept), lower is better; ranked by the attribution, by leave-one-out "
+             "occlusion, or at random (the mean of 20 orders); a removed token has the "
+             f"baseline's embedding, its position kept; all removed, f = {fmt(e.f_empty)}"),
+        Text(""), table, Text(""),
+        Text("mean over k = 1 .. K (AOPC), comprehensiveness / sufficiency:"),
+        *(Text(f"  {n}: {fmt(float(c))} / {fmt(float(s))}")
+          for n, c, s in zip(e.names, comp, suff, strict=True)))
