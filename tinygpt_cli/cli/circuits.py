@@ -145,8 +145,8 @@ def circuit(
     corrupt) / (clean − corrupt) is printed as a curve, with the smallest N reaching 0.8 and
     random circuits of that size as a baseline.
 
-    Example: tinygpt circuit "Ben had a red ball. He liked his" "Ben had a red car. He liked his"
-    Example: tinygpt circuit "Tom gave Sue the cat" "Sue gave Tom the cat" --method exact --json
+    Example: tinygpt circuit "Ben had a ball. He liked his" "Ben had a car. He liked his"
+    Example: tinygpt circuit "Tom had a ball. He saw his" "Tom had a car. He saw his" --method exact
     """
     from ..analysis import circuit as circuits
     from ..render import circuits as view
@@ -194,7 +194,8 @@ def qk(
     at this run's, each part gives a term of the query and of the key, and each score is the
     sum of one term per (query part, key part) pair, printed with the largest terms.
 
-    Example: tinygpt qk "Lily and Tom went to the park. Lily gave the ball to" --layer 3 --head 3
+    Example: tinygpt qk "Ben had a ball. He liked his" --layer 3 --head 3
+    Example: tinygpt qk "Ben had a ball. He liked his" --layer 3 --head 3 --key 3 --json
     """
     from ..analysis import qk as attribution
     from ..render import circuits as view

@@ -91,8 +91,7 @@ def node_picture(r, kept: int, n_layer: int, n_head: int) -> Table:
 
 
 def summary_lines(r, total: int) -> list[Text]:
-    lines = [note(f"area under f over the fraction of edges kept: {_f(r.area)} "
-                  "(1: the whole gap at every size, as MIB's CPR)")]
+    lines = [note(f"area under f over the fraction of edges kept (MIB's CPR): {_f(r.area)}")]
     if r.smallest is None:
         lines.append(note("no circuit reaches f >= 0.8 (f is not monotone in N)"))
         return lines
