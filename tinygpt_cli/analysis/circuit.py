@@ -19,6 +19,9 @@ Scores of edge u -> v, on the metric m = logit[target] - logit[vs] at one positi
             each interval, so one step is eap exactly; the EAP-IG paper interpolates the
             input embeddings too)
     exact   m(corrupt run with only v's input given u's clean output) - m(corrupt run)
+            (denoising: the question EAP answers to first order at the corrupt run)
+    exact-noising  m(clean run) - m(clean run with only v's input given u's corrupt output)
+            (noising: what removing the edge from the full circuit costs)
 
 All sums run over every position: an edge is a connection between components, not positions.
 A circuit (a set of edges) is scored as MIB does: run the clean text, and give every edge
@@ -38,9 +41,9 @@ from ..errors import InputError
 from ..hooks import Chain, Record, Replace
 from ..model import backward, forward
 from .patch import check_gap, logit_difference
-from .variants import widen
+from .variants import cut_head, widen
 
-METHODS = ("eap", "eap-ig", "exact")
+METHODS = ("eap", "eap-ig", "exact", "exact-noising")
 EDGES_PER_BATCH = 96  # edge-patched runs computed together: [B, senders, T, d] stays small
 THRESHOLD = 0.8  # the faithfulness a circuit must reach
 
@@ -155,19 +158,20 @@ def receiver_gradients(params, config: Config, values, grads) -> np.ndarray:
     return np.stack(out)
 
 
-def metric_gradients(params, config: Config, ids: np.ndarray, embeddings: np.ndarray,
-                     target: int, vs: int, position: int) -> np.ndarray:
+def metric_gradients(params, config: Config, embeddings: np.ndarray, target: int, vs: int,
+                     position: int) -> np.ndarray:
     """Receiver gradients of the metric at runs whose embeddings are `embeddings` [B, T, d],
-    averaged over the B runs: [R, T, d]."""
-    batch = np.broadcast_to(ids, embeddings.shape[:2])
+    averaged over the B runs: [R, T, d]. The head is cut to the rows of target and vs (the
+    embeddings come in through a hook, so the table is not needed as an embedding)."""
+    head = cut_head(params, [target, vs])
     rec = Record()
-    logits = forward(params, config, batch,
+    logits = forward(head, config, np.zeros(embeddings.shape[:2], np.int64),
                      hooks=Chain(Replace({"embeddings": lambda _: embeddings}), rec))
     dlogits = np.zeros_like(logits)
-    dlogits[:, position, target] = 1.0
-    dlogits[:, position, vs] = -1.0
-    _, grads = backward(params, config, rec.values, dlogits, wrt_values=True)
-    return receiver_gradients(params, config, rec.values, grads).mean(axis=1)
+    dlogits[:, position, 0] = 1.0
+    dlogits[:, position, 1] = -1.0
+    _, grads = backward(head, config, rec.values, dlogits, wrt_values=True)
+    return receiver_gradients(head, config, rec.values, grads).mean(axis=1)
 
 
 # ------------------------------------------------------------------ the edge-decomposed forward
@@ -326,8 +330,8 @@ def eap_ig_scores(pair: Pair, steps: int) -> np.ndarray:
     clean = _embeddings(pair, pair.clean_ids)
     alphas = np.arange(steps, dtype=np.float64) / steps
     points = corrupt[None] + alphas[:, None, None] * (clean - corrupt)[None]
-    grads = metric_gradients(pair.params, pair.config, pair.corrupt_ids, points, pair.target,
-                             pair.vs, pair.position)
+    grads = metric_gradients(pair.params, pair.config, points, pair.target, pair.vs,
+                             pair.position)
     return edge_products(pair, grads)
 
 
@@ -342,9 +346,11 @@ def eap_scores(pair: Pair) -> np.ndarray:
     return edge_products(pair, receiver_gradients(pair.params, pair.config, values, grads))
 
 
-def exact_scores(pair: Pair, advance=None) -> np.ndarray:
-    """Each edge patched on its own: the corrupt run with v's input given u's clean output.
-    Edges into block l leave the blocks before it as they were, so their runs start there."""
+def _single_edges(pair: Pair, ids: np.ndarray, fixed: np.ndarray, known: np.ndarray,
+                  advance=None) -> np.ndarray:
+    """The metric of the run on `ids` with each edge in turn given its sender's output in
+    `fixed`. Edges into block l leave the blocks before it as in the run (`known`), so those
+    runs start at block l."""
     g, e = pair.graph, len(pair.graph.edges)
     block = np.array([(g.receiver_stage[v] - 1) // 2 for _, v in g.edges])  # logits: n_layer
     out = np.empty(e)
@@ -352,12 +358,25 @@ def exact_scores(pair: Pair, advance=None) -> np.ndarray:
         group = np.flatnonzero(block == start)
         live = np.ones((len(group), e))
         live[np.arange(len(group)), group] = 0.0
-        out[group] = edge_metric(pair.params, pair.config, g, pair.corrupt_ids, live,
-                                 pair.clean_out, pair.target, pair.vs, pair.position,
-                                 int(start), pair.corrupt_out)
+        out[group] = edge_metric(pair.params, pair.config, g, ids, live, fixed, pair.target,
+                                 pair.vs, pair.position, int(start), known)
         if advance is not None:
             advance(len(group))
-    return out - pair.corrupt
+    return out
+
+
+def exact_scores(pair: Pair, advance=None) -> np.ndarray:
+    """Each edge patched on its own into the corrupt run (denoising): v's input given u's
+    clean output; the score is the metric's rise."""
+    return _single_edges(pair, pair.corrupt_ids, pair.clean_out, pair.corrupt_out,
+                         advance) - pair.corrupt
+
+
+def exact_noising_scores(pair: Pair, advance=None) -> np.ndarray:
+    """Each edge corrupted on its own in the clean run (noising, the question of pruning an
+    edge from a circuit): v's input given u's corrupt output; the score is the metric's fall."""
+    return pair.clean - _single_edges(pair, pair.clean_ids, pair.corrupt_out, pair.clean_out,
+                                      advance)
 
 
 def scores(pair: Pair, method: str, steps: int = 20, advance=None) -> np.ndarray:
@@ -367,6 +386,8 @@ def scores(pair: Pair, method: str, steps: int = 20, advance=None) -> np.ndarray
         return eap_ig_scores(pair, steps)
     if method == "exact":
         return exact_scores(pair, advance)
+    if method == "exact-noising":
+        return exact_noising_scores(pair, advance)
     raise InputError(f"unknown --method {method!r}: use {', '.join(METHODS)}")
 
 

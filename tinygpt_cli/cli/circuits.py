@@ -124,7 +124,9 @@ def circuit(
                                   show_default=False),
     weights: Path = WEIGHTS, target: str = TARGET, vs: str = VS, position: int = POSITION,
     method: str = typer.Option("eap-ig", "--method", help="eap (one backward pass), eap-ig "
-                               "(gradients along the path) or exact (patch every edge)."),
+                               "(gradients along the path), exact (each edge's clean output "
+                               "into the corrupt run) or exact-noising (each edge's corrupt "
+                               "output into the clean run)."),
     steps: int = STEPS,
     top: int = typer.Option(15, "--top", "-n", min=1, help="How many edges to list."),
     stable: bool = typer.Option(False, "--stability", help="Rerun on the --pairs and report "
@@ -140,8 +142,9 @@ def circuit(
     Nodes: the embeddings, every head (q, k, v inputs apart) and MLP, the logits. An edge's
     score is the change of logit[target] − logit[vs] (default: the clean run's top guess
     against the corrupt run's) it carries from the corrupt to the clean run: eap, eap-ig
-    (gradients averaged along the path between the two texts' embeddings) or exact (the one
-    edge patched). The top-N edges form a circuit whose faithfulness f(N) = (circuit −
+    (gradients averaged along the path between the two texts' embeddings), exact (the one
+    edge patched into the corrupt run) or exact-noising (the one edge corrupted in the clean
+    run). The top-N edges form a circuit whose faithfulness f(N) = (circuit −
     corrupt) / (clean − corrupt) is printed as a curve, with the smallest N reaching 0.8 and
     random circuits of that size as a baseline.
 
@@ -160,7 +163,8 @@ def circuit(
     c = open_session(None, corrupt, model=s.model)
     pair = _pair(s, c, position, target, vs)
     e = len(pair.graph.edges)
-    with progress(e, f"patching {e} edges", enabled=not as_json and method == "exact") as step:
+    bar = not as_json and method.startswith("exact")
+    with progress(e, f"patching {e} edges", enabled=bar) as step:
         r = circuits.find_circuit(pair, method, steps, seed=seed, advance=step)
     stab = None if more is None else _stability(
         s, more, pair, method, steps, r.smallest or top, target, vs, position)
