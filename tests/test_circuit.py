@@ -180,6 +180,21 @@ def test_eap_ig_is_complete_on_the_embeddings(pair):
     assert errors[1] < errors[0] / 4 and errors[1] < 0.01 * abs(gap)
 
 
+def test_the_curve_is_computed_on_a_grid_and_exactly_where_it_first_reaches_08(pair):
+    sizes = C.curve_sizes(479)
+    assert list(sizes[:65]) == list(range(65)) and sizes[-1] == 479
+    assert set(np.diff(sizes[64:-1])) == {8}
+    order = C.ranked(C.eap_scores(pair))
+    every = np.arange(len(order) + 1)
+    f = C.faithfulness(pair, C.circuit_masks(order, every))
+    want = C.smallest_faithful(every, f)
+    assert want is not None and want > 3
+    # a grid of every N up to 2, then every 7th: every N below its first crossing is added
+    got_sizes, got_f, smallest = C.faithful_curve(pair, order, every_to=2, step=7)
+    assert smallest == want and want in got_sizes and len(got_sizes) < len(every)
+    np.testing.assert_allclose(got_f, f[got_sizes], atol=1e-12)
+
+
 def test_the_curve_area_and_the_smallest_faithful_circuit():
     sizes = np.arange(5)
     f = np.array([0.0, 0.5, 0.9, 0.7, 1.0])
@@ -373,7 +388,8 @@ def test_circuit_json_ranks_every_edge_and_ends_the_curve_at_0_and_1(cli, tiny):
     assert doc["edges"][0]["edge"] == f"{doc['edges'][0]['sender']} -> " \
                                       f"{doc['edges'][0]['receiver']}"
     f = doc["faithfulness"]
-    assert len(f) == e + 1 and abs(f[0]) < 1e-6 and abs(f[-1] - 1) < 1e-6
+    assert doc["sizes"] == list(range(e + 1))  # a small graph: every N
+    assert abs(f[0]) < 1e-6 and abs(f[-1] - 1) < 1e-6
     assert doc["target"]["token"] == " toys" and doc["vs"]["token"] == " mom"
     if doc["smallest"] is not None:
         assert f[doc["smallest"]] >= 0.8 and all(x < 0.8 for x in f[:doc["smallest"]])

@@ -44,7 +44,8 @@ from .patch import check_gap, logit_difference
 from .variants import cut_head, widen
 
 METHODS = ("eap", "eap-ig", "exact", "exact-noising")
-EDGES_PER_BATCH = 96  # edge-patched runs computed together: [B, senders, T, d] stays small
+EDGE_TOKENS = 1024  # edge-patched runs x tokens computed together: [B, senders, T, d] stays
+# a few MB (larger batches were slower: the arrays leave the cache)
 THRESHOLD = 0.8  # the faithfulness a circuit must reach
 
 
@@ -181,16 +182,19 @@ def _layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.n
     return ops.layer_norm(x, g, b, eps)[0]
 
 
-def _heads(params, config: Config, i: int, x: np.ndarray) -> np.ndarray:
+def _heads(params, config: Config, i: int, x: np.ndarray, last_only: bool = False
+           ) -> np.ndarray:
     """Block i's heads on their own inputs x [B, H, 3, T, d] (q, k, v apart) -> each head's
-    output z_h W_O[h]: [B, H, T, d]."""
+    output z_h W_O[h]: [B, H, T, d] (last_only: the last query alone, [B, H, 1, d])."""
     eps = config.layer_norm_epsilon
     wq, wk, wv, bq, bk, bv, wo = head_weights(params, config, i)
-    n = _layer_norm(x, params[f"h.{i}.ln_1.weight"], params[f"h.{i}.ln_1.bias"], eps)
-    q = n[:, :, 0] @ wq + bq[:, None, :]  # [B, H, T, d] @ [H, d, d_k] -> [B, H, T, d_k]
-    k = n[:, :, 1] @ wk + bk[:, None, :]
-    v = n[:, :, 2] @ wv + bv[:, None, :]
-    z = ops.softmax(ops.attention_scores(q, k, 0)) @ v  # [B, H, T, d_k]
+    g, b = params[f"h.{i}.ln_1.weight"], params[f"h.{i}.ln_1.bias"]
+    xq = x[:, :, 0, -1:] if last_only else x[:, :, 0]
+    q = _layer_norm(xq, g, b, eps) @ wq + bq[:, None, :]  # [B, H, T, d] @ [H, d, d_k]
+    n = _layer_norm(x[:, :, 1:], g, b, eps)
+    k = n[:, :, 0] @ wk + bk[:, None, :]
+    v = n[:, :, 1] @ wv + bv[:, None, :]
+    z = ops.softmax(ops.attention_scores(q, k, 0)) @ v  # [B, H, T, d_k]; 1 query: no mask
     return z @ wo  # [B, H, T, d]
 
 
@@ -213,7 +217,10 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
     ordinary forward pass. `start` > 0 begins at that block, taking the outputs of the
     senders before it from `known` [S, T, d] (valid when no edge into them is patched).
     """
-    ids = np.asarray(ids)
+    # nothing after `position` can change it; in the last block, nothing but `position`
+    position = position % len(ids)
+    ids, fixed = np.asarray(ids)[: position + 1], fixed[:, : position + 1]
+    known = None if known is None else known[:, : position + 1]
     b, s_count, t = len(live), len(graph.senders), len(ids)
     coef = np.zeros((b, len(graph.receivers), s_count))  # [B, R, S]
     us, vs = np.array(graph.edges).T
@@ -223,26 +230,27 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
     for i in range(config.n_layer):
         later = graph.receiver_stage > 2 * i + 1
         base[later] += params[f"h.{i}.attn.c_proj.bias"]
-    diff = np.zeros((b, s_count, t * config.n_embd))  # run[u] - fixed[u], filled stage by stage
+    diff = np.zeros((b, s_count, t, config.n_embd))  # run[u] - fixed[u], stage by stage
     if start == 0:
-        emb = params["wte.weight"][ids] + params["wpe.weight"][:t]
-        diff[:, 0] = (emb - fixed[0]).ravel()
+        diff[:, 0] = params["wte.weight"][ids] + params["wpe.weight"][:t] - fixed[0]
     else:
         s0 = head_index(config, start, 0) if start < config.n_layer else s_count
-        diff[:, :s0] = (known[:s0] - fixed[:s0]).reshape(s0, -1)
+        diff[:, :s0] = known[:s0] - fixed[:s0]
     per_block = 3 * config.n_head + 1
     for i in range(start, config.n_layer):
-        r0, s0 = i * per_block, head_index(config, i, 0)
-        x = base[r0:r0 + per_block] + (coef[:, r0:r0 + per_block, :s0] @ diff[:, :s0]
-                                       ).reshape(b, per_block, t, -1)
-        heads = _heads(params, config, i, x[:, :-1].reshape(b, config.n_head, 3, t, -1))
-        diff[:, s0:s0 + config.n_head] = (heads - fixed[s0:s0 + config.n_head]).reshape(
-            b, config.n_head, -1)
-        m = mlp_index(config, i)
-        x_mlp = base[r0 + per_block - 1] + (coef[:, r0 + per_block - 1, None, :m] @ diff[:, :m]
-                                            ).reshape(b, t, -1)
-        diff[:, m] = (_mlp(params, config, i, x_mlp) - fixed[m]).reshape(b, -1)
-    x = base[-1][position] + (coef[:, -1, None, :] @ diff).reshape(b, t, -1)[:, position]
+        r0, s0, m = i * per_block, head_index(config, i, 0), mlp_index(config, i)
+        last = i == config.n_layer - 1  # after it only the last position is read
+        x = base[r0:r0 + per_block - 1] + (coef[:, r0:r0 + per_block - 1, :s0]
+                                           @ diff[:, :s0].reshape(b, s0, -1)
+                                           ).reshape(b, per_block - 1, t, -1)
+        heads = _heads(params, config, i, x.reshape(b, config.n_head, 3, t, -1), last)
+        keep = slice(t - 1, t) if last else slice(None)
+        diff[:, s0:m, keep] = heads - fixed[s0:m, keep]
+        x_mlp = base[r0 + per_block - 1, keep] + (
+            coef[:, r0 + per_block - 1, None, :m] @ diff[:, :m, keep].reshape(b, m, -1)
+        ).reshape(b, -1, config.n_embd)
+        diff[:, m, keep] = _mlp(params, config, i, x_mlp) - fixed[m, keep]
+    x = base[-1][-1] + (coef[:, -1, None, :] @ diff[:, :, -1])[:, 0]
     u = _layer_norm(x, params["ln_f.weight"], params["ln_f.bias"], config.layer_norm_epsilon)
     return u @ params["wte.weight"][list(rows)].T
 
@@ -251,10 +259,11 @@ def edge_metric(params, config, graph, ids, live, fixed, target, vs, position, s
                 known=None) -> np.ndarray:
     """logit[target] - logit[vs] of each edge-patched run, in batches: [B]."""
     out = np.empty(len(live))
-    for first in range(0, len(live), EDGES_PER_BATCH):
-        rows = edge_forward(params, config, graph, ids, live[first:first + EDGES_PER_BATCH],
-                            fixed, [target, vs], position, start, known)
-        out[first:first + EDGES_PER_BATCH] = rows[:, 0] - rows[:, 1]
+    step = max(4, EDGE_TOKENS // (position % len(ids) + 1))
+    for first in range(0, len(live), step):
+        rows = edge_forward(params, config, graph, ids, live[first:first + step], fixed,
+                            [target, vs], position, start, known)
+        out[first:first + step] = rows[:, 0] - rows[:, 1]
     return out
 
 
@@ -448,26 +457,56 @@ class Circuit:
     clean: float
     corrupt: float
     position: int
-    sizes: np.ndarray  # N = 0 .. E
-    f: np.ndarray  # f(N)
+    sizes: np.ndarray  # the N computed (curve_sizes, and the gap before the first >= 0.8)
+    f: np.ndarray  # f at each of sizes
     area: float
     smallest: int | None  # the smallest N with f >= THRESHOLD
     random: np.ndarray | None  # f of random circuits of that size
+
+    def f_at(self, n: int) -> float:
+        """f of the top-n circuit; n must be one of the sizes computed."""
+        i = int(np.searchsorted(self.sizes, n))
+        if i == len(self.sizes) or self.sizes[i] != n:
+            raise KeyError(f"f was not computed for {n} edges")
+        return float(self.f[i])
+
+
+def curve_sizes(total: int, every_to: int = 64, step: int = 8) -> np.ndarray:
+    """The N at which f is computed: every N up to `every_to`, then every `step`-th, and
+    `total` (each N costs a forward pass; the gaps below where f first reaches 0.8 are
+    filled in)."""
+    return np.unique(np.r_[np.arange(min(total, every_to) + 1),
+                           np.arange(every_to, total, step), total])
+
+
+def faithful_curve(pair: Pair, order: np.ndarray, every_to: int = 64, step: int = 8
+                   ) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """(sizes, f, smallest N with f >= THRESHOLD): f on curve_sizes, then on every N below
+    the first grid point that reaches the threshold (f need not rise with N), so that the
+    smallest N is exact."""
+    sizes = curve_sizes(len(order), every_to, step)
+    f = faithfulness(pair, circuit_masks(order, sizes))
+    first = smallest_faithful(sizes, f)
+    if first is not None:
+        gap = np.setdiff1d(np.arange(first), sizes)
+        if len(gap):
+            sizes = np.r_[sizes, gap]
+            f = np.r_[f, faithfulness(pair, circuit_masks(order, gap))]
+            by_size = np.argsort(sizes, kind="stable")
+            sizes, f = sizes[by_size], f[by_size]
+    return sizes, f, smallest_faithful(sizes, f)
 
 
 def find_circuit(pair: Pair, method: str, steps: int = 20, random_count: int = 100,
                  seed: int = 0, advance=None) -> Circuit:
     edge_scores = scores(pair, method, steps, advance)
     order = ranked(edge_scores)
-    e = len(order)
-    sizes = np.arange(e + 1)
-    f = faithfulness(pair, circuit_masks(order, sizes))
-    smallest = smallest_faithful(sizes, f)
+    sizes, f, smallest = faithful_curve(pair, order)
     rand = (random_faithfulness(pair, smallest, random_count, seed)
             if smallest is not None and random_count > 0 else None)
     return Circuit(pair.graph, method, steps if method == "eap-ig" else None, edge_scores,
                    order, pair.clean, pair.corrupt, pair.position, sizes, f,
-                   area(sizes, f, e), smallest, rand)
+                   area(sizes, f, len(order)), smallest, rand)
 
 
 # ------------------------------------------------------------------ stability over pairs

@@ -109,7 +109,7 @@ def _circuit_document(s: Session, c: Session, pair, r, stab, options: dict) -> N
     emit(s, "circuit", r.scores[r.order], options, axes=["edge"], edges=edges,
          clean=r.clean, corrupt=r.corrupt, position=r.position,
          target=token_doc(s, pair.target), vs=token_doc(s, pair.vs),
-         corrupt_ids=c.ids, corrupt_tokens=c.tokens, faithfulness=r.f, area=r.area,
+         corrupt_ids=c.ids, corrupt_tokens=c.tokens, sizes=r.sizes, faithfulness=r.f, area=r.area,
          smallest=r.smallest, threshold=0.8,
          random_f=None if r.random is None else r.random,
          random_median=None if r.random is None else float(np.median(r.random)), **extra)

@@ -18,7 +18,7 @@ from .figure import Table as FigureTable
 from .tables import fmt
 from .text import show_token
 
-CURVE_POINTS = (0, 1, 2, 5, 10, 20, 50, 100, 200)  # N shown in the curve, then every edge
+CURVE_POINTS = (0, 1, 2, 5, 10, 20, 40, 64, 128, 256)  # N shown (all computed), then every edge
 
 
 def _method(r) -> str:
@@ -49,8 +49,9 @@ def edge_table(r, top: int) -> Table:
     return table
 
 
-def curve_points(total: int) -> list[int]:
-    return sorted({n for n in CURVE_POINTS if n < total} | {total})
+def curve_points(total: int, smallest: int | None = None) -> list[int]:
+    extra = {smallest} if smallest is not None else set()
+    return sorted({n for n in CURVE_POINTS if n < total} | {total} | extra)
 
 
 def curve_table(r) -> Table:
@@ -60,8 +61,8 @@ def curve_table(r) -> Table:
     table.add_column("f", justify="right", no_wrap=True)
     table.add_column("", no_wrap=True)
     big = max(1.0, float(np.abs(r.f).max()))
-    for n in curve_points(len(r.order)):
-        table.add_row(str(n), _f(r.f[n]), Bar(float(r.f[n]), big, 30))
+    for n in curve_points(len(r.order), r.smallest):
+        table.add_row(str(n), _f(r.f_at(n)), Bar(r.f_at(n), big, 30))
     return table
 
 
@@ -96,7 +97,7 @@ def summary_lines(r, total: int) -> list[Text]:
         lines.append(note("no circuit reaches f >= 0.8 (f is not monotone in N)"))
         return lines
     lines.append(Text(f"smallest circuit with f >= 0.8: {r.smallest} of {total} edges "
-                      f"(f = {_f(r.f[r.smallest])})"))
+                      f"(f = {_f(r.f_at(r.smallest))})"))
     if r.random is not None:
         q1, med, q3 = np.percentile(r.random, [25, 50, 75])
         lines.append(note(f"{len(r.random)} random circuits of {r.smallest} edges: median f "
@@ -148,7 +149,7 @@ def circuit_figure(r, what: str, top: int) -> Figure:
         grid[u, v] = x
     names = g.edge_names()
     shown = r.order[:top]
-    points = curve_points(len(r.order))
+    points = curve_points(len(r.order), r.smallest)
     parts = [Note(f"method {_method(r)}; metric {what}; clean {r.clean:.4g}, corrupt "
                   f"{r.corrupt:.4g}; area under f {r.area:.3f}; smallest N with f >= 0.8: "
                   f"{r.smallest}"),
@@ -156,7 +157,7 @@ def circuit_figure(r, what: str, top: int) -> Figure:
                      "receiver (column)", signed=True),
              Bars([names[e] for e in shown], [float(r.scores[e]) for e in shown],
                   title=f"top {len(shown)} edges", value_name="score"),
-             FigureTable(["edges kept", "f"], [[n, float(r.f[n])] for n in points],
+             FigureTable(["edges kept", "f"], [[n, r.f_at(n)] for n in points],
                          title="faithfulness")]
     return Figure("circuit", parts)
 
