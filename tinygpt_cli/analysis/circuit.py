@@ -47,6 +47,7 @@ METHODS = ("eap", "eap-ig", "exact", "exact-noising")
 EDGE_TOKENS = 1024  # edge-patched runs x tokens computed together: [B, senders, T, d] stays
 # a few MB (larger batches were slower: the arrays leave the cache)
 THRESHOLD = 0.8  # the faithfulness a circuit must reach
+STEP_TOKENS = 2048  # eap-ig: tokens per batched forward and backward pass
 
 
 # ------------------------------------------------------------------ the graph
@@ -100,11 +101,6 @@ def head_index(config: Config, i: int, h: int) -> int:
 
 def mlp_index(config: Config, i: int) -> int:
     return 1 + i * (config.n_head + 1) + config.n_head
-
-
-def receiver_index(config: Config, i: int, h: int, part: int) -> int:
-    """The receiver index of head h's q (part 0), k (1) or v (2) input in block i."""
-    return i * (3 * config.n_head + 1) + 3 * h + part
 
 
 # ------------------------------------------------------------------ sender outputs and gradients
@@ -334,14 +330,19 @@ def edge_products(pair: Pair, gradients: np.ndarray) -> np.ndarray:
 
 def eap_ig_scores(pair: Pair, steps: int) -> np.ndarray:
     """EAP-IG: the gradient averaged over embeddings corrupt + a (clean - corrupt),
-    a = 0, 1/steps, .., (steps-1)/steps; steps = 1 is EAP."""
+    a = 0, 1/steps, .., (steps-1)/steps; steps = 1 is EAP. The runs go in batches of about
+    STEP_TOKENS tokens, so that their recorded values stay small."""
     corrupt = _embeddings(pair, pair.corrupt_ids)
     clean = _embeddings(pair, pair.clean_ids)
     alphas = np.arange(steps, dtype=np.float64) / steps
-    points = corrupt[None] + alphas[:, None, None] * (clean - corrupt)[None]
-    grads = metric_gradients(pair.params, pair.config, points, pair.target, pair.vs,
-                             pair.position)
-    return edge_products(pair, grads)
+    total = 0.0
+    per_batch = max(1, STEP_TOKENS // len(pair.corrupt_ids))
+    for first in range(0, steps, per_batch):
+        a = alphas[first:first + per_batch, None, None]
+        points = corrupt[None] + a * (clean - corrupt)[None]
+        total = total + len(a) * metric_gradients(pair.params, pair.config, points,
+                                                  pair.target, pair.vs, pair.position)
+    return edge_products(pair, total / steps)
 
 
 def eap_scores(pair: Pair) -> np.ndarray:
