@@ -66,7 +66,7 @@ COMMANDS = {
     "probs": "cards", "sample": "cards", "generate": "inspect", "decode": "inspect",
     "trace": "inspect", "review": "page", "map": "page",
     "lens": "explain", "dla": "explain", "ablate": "explain", "patch": "explain",
-    "attribute": "explain", "means": "explain",
+    "attribute": "explain", "means": "explain", "circuit": "circuits", "qk": "circuits",
     "score": "texts", "heads": "texts", "neurons": "texts", "diff": "texts",
     "history": "history", "why": "history",
     "info": "inspect", "train-tokenizer": "train", "train": "train", "model-card": "train",

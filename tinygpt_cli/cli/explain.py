@@ -460,6 +460,9 @@ def attribute(
     baseline: str = typer.Option(None, "--baseline", help="Integrated gradients: start from "
                                  "this text's token embeddings (same token count) instead of "
                                  "zeros; positions are kept either way.", show_default=False),
+    faithfulness: bool = typer.Option(False, "--faithfulness", help="Erase the top-k tokens "
+                                      "(comprehensiveness) or all but them (sufficiency), "
+                                      "against occlusion and random orders."),
     as_json: bool = JSON,
 ):
     """Input attribution: each input token's share of the target's score, by the backward pass.
@@ -472,6 +475,7 @@ def attribute(
 
     \b
     Example: tinygpt attribute "Lily wanted to play with her" --method integrated-gradients
+    Example: tinygpt attribute "Lily wanted to play with her" --faithfulness
     """
     import numpy as np
 
@@ -499,6 +503,10 @@ def attribute(
     else:
         r = {"grad": attribution.grad, "grad-x-input": attribution.grad_x_input,
              "attention-x-grad": attribution.attention_x_grad}[method](*args)
+    if faithfulness:  # the curves of this attribution's ranking (cli/circuits.py)
+        from .circuits import show_erasure
+
+        return show_erasure(s, r, p, t, v, baseline, as_json)
     complete = None if r.gap is None else (float(r.scores.sum()), r.f - r.f_baseline, r.gap)
     if as_json:
         extra = {"axes": ["layer", "head", "position"]} if r.scores.ndim == 3 else {}

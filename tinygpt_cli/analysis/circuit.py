@@ -1,0 +1,569 @@
+"""Circuits: which connections between components carry a behaviour.
+
+The graph. Senders are the embeddings (token + position, one node), every head (its output
+z_h W_O[h], without the shared bias b_O) and every MLP (mlp_out). Receivers are each head's
+q, k and v inputs apart, each MLP's input and the logits. Sender u feeds receiver v when u is
+computed before v reads the stream: the embeddings feed everything, the heads of block l feed
+block l's MLP and everything later, MLP l feeds every later block and the logits.
+
+Every receiver's input is a sum of sender outputs (plus the attention biases b_O of the
+blocks before it, which are the same in every run), so one edge can be patched on its own:
+v's input is normed by v's own LayerNorm (ln1 for q/k/v, ln2 for an MLP, ln_f for the logits)
+after the sum. `edge_forward` runs the model that way.
+
+Scores of edge u -> v, on the metric m = logit[target] - logit[vs] at one position:
+
+    eap     (clean output of u - corrupt output of u) . d m / d (input of v), at the corrupt run
+    eap-ig  the same difference . the gradient averaged over `steps` runs whose embeddings are
+            corrupt + a (clean - corrupt), a = k / steps for k = 0 .. steps-1 (the left end of
+            each interval, so one step is eap exactly; the EAP-IG paper interpolates the
+            input embeddings too)
+    exact   m(corrupt run with only v's input given u's clean output) - m(corrupt run)
+            (denoising: the question EAP answers to first order at the corrupt run)
+    exact-noising  m(clean run) - m(clean run with only v's input given u's corrupt output)
+            (noising: what removing the edge from the full circuit costs)
+
+All sums run over every position: an edge is a connection between components, not positions.
+A circuit (a set of edges) is scored as MIB does: run the clean text, and give every edge
+outside the circuit its sender's corrupt output; f = (circuit - corrupt) / (clean - corrupt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import ops
+from ..config import Config
+from ..errors import InputError
+from ..hooks import Chain, Record, Replace
+from ..model import backward, forward
+from .patch import check_gap, logit_difference
+from .variants import cut_head, widen
+
+METHODS = ("eap", "eap-ig", "exact", "exact-noising")
+EDGE_TOKENS = 1024  # edge-patched runs x tokens computed together: [B, senders, T, d] stays
+# a few MB (larger batches were slower: the arrays leave the cache)
+THRESHOLD = 0.8  # the faithfulness a circuit must reach
+STEP_TOKENS = 2048  # eap-ig: tokens per batched forward and backward pass
+
+
+# ------------------------------------------------------------------ the graph
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Nodes and edges. A node's stage orders the computation: the embeddings 0, the heads
+    of block l 2l+1, MLP l 2l+2, the logits 2 n_layer + 1; u feeds v when stage u < stage v."""
+
+    senders: list[str]
+    receivers: list[str]
+    sender_stage: np.ndarray  # [S]
+    receiver_stage: np.ndarray  # [R]
+    edges: list[tuple[int, int]]  # (sender index, receiver index), senders in stage order
+
+    def edge_names(self) -> list[str]:
+        return [f"{self.senders[u]} -> {self.receivers[v]}" for u, v in self.edges]
+
+    def adjacency(self) -> np.ndarray:
+        """[S, R] bool: which pairs are edges."""
+        return self.sender_stage[:, None] < self.receiver_stage[None, :]
+
+
+def build_graph(config: Config) -> Graph:
+    senders, s_stage = ["embed"], [0]
+    receivers: list[str] = []
+    r_stage: list[int] = []
+    for i in range(config.n_layer):
+        for h in range(config.n_head):
+            senders.append(f"a{i}.h{h}")
+            s_stage.append(2 * i + 1)
+            for part in "qkv":
+                receivers.append(f"a{i}.h{h}.{part}")
+                r_stage.append(2 * i + 1)
+        senders.append(f"m{i}")
+        s_stage.append(2 * i + 2)
+        receivers.append(f"m{i}")
+        r_stage.append(2 * i + 2)
+    receivers.append("logits")
+    r_stage.append(2 * config.n_layer + 1)
+    ss, rs = np.array(s_stage), np.array(r_stage)
+    edges = [(u, v) for v in range(len(rs)) for u in range(len(ss)) if ss[u] < rs[v]]
+    return Graph(senders, receivers, ss, rs, edges)
+
+
+def head_index(config: Config, i: int, h: int) -> int:
+    """The sender index of head h of block i."""
+    return 1 + i * (config.n_head + 1) + h
+
+
+def mlp_index(config: Config, i: int) -> int:
+    return 1 + i * (config.n_head + 1) + config.n_head
+
+
+# ------------------------------------------------------------------ sender outputs and gradients
+
+
+def head_weights(params, config: Config, i: int) -> tuple[np.ndarray, ...]:
+    """Block i's attention per head: W_q, W_k, W_v [H, d, d_k], their biases [H, d_k], and
+    W_O [H, d_k, d]."""
+    p, d, n = f"h.{i}.attn.", config.n_embd, config.n_head
+    w, b = params[p + "c_attn.weight"], params[p + "c_attn.bias"]
+    split = [w[:, j * d:(j + 1) * d].reshape(d, n, -1).transpose(1, 0, 2) for j in range(3)]
+    bias = [b[j * d:(j + 1) * d].reshape(n, -1) for j in range(3)]
+    wo = params[p + "c_proj.weight"].reshape(n, -1, d)
+    return (*split, *bias, wo)
+
+
+def sender_outputs(params, config: Config, values: dict[str, np.ndarray]) -> np.ndarray:
+    """Every sender's output in a recorded run: [S, *batch, T, d], float64."""
+    out = [values["embeddings"]]
+    for i in range(config.n_layer):
+        wo = head_weights(params, config, i)[-1]
+        z = values[f"layers.{i}.z"]  # [*batch, H, T, d_k]
+        out.extend(z[..., h, :, :] @ wo[h] for h in range(config.n_head))
+        out.append(values[f"layers.{i}.mlp_out"])
+    return np.stack([np.asarray(o, np.float64) for o in out])
+
+
+def _norm_backward(d: np.ndarray, values, stream: str, norm: str, g: np.ndarray) -> np.ndarray:
+    dx, _, _ = ops.layer_norm_backward(d, values[stream], g, values[norm + ".mean"],
+                                       values[norm + ".std"])
+    return dx
+
+
+def receiver_gradients(params, config: Config, values, grads) -> np.ndarray:
+    """d metric / d (input of each receiver), from one backward pass: [R, *batch, T, d].
+
+    Head h's q input reaches the metric only through q_h = ln1(input) W_q[h] + b_q[h], so its
+    gradient is dq_h W_q[h]^T taken back through ln1 at the run's stream."""
+    out = []
+    for i in range(config.n_layer):
+        L, g = f"layers.{i}.", params[f"h.{i}.ln_1.weight"]
+        wq, wk, wv = head_weights(params, config, i)[:3]
+        for h in range(config.n_head):
+            for part, w in zip("qkv", (wq, wk, wv), strict=True):
+                dx = grads[L + part][..., h, :, :] @ w[h].T  # [*batch, T, d]
+                out.append(_norm_backward(dx, values, L + "resid_pre", L + "ln1", g))
+        out.append(_norm_backward(grads[L + "ln2.out"], values, L + "resid_mid", L + "ln2",
+                                  params[f"h.{i}.ln_2.weight"]))
+    last = f"layers.{config.n_layer - 1}.resid_post"
+    out.append(_norm_backward(grads["ln_final.out"], values, last, "ln_final",
+                              params["ln_f.weight"]))
+    return np.stack(out)
+
+
+def metric_gradients(params, config: Config, embeddings: np.ndarray, target: int, vs: int,
+                     position: int) -> np.ndarray:
+    """Receiver gradients of the metric at runs whose embeddings are `embeddings` [B, T, d],
+    averaged over the B runs: [R, T, d]. The head is cut to the rows of target and vs (the
+    embeddings come in through a hook, so the table is not needed as an embedding)."""
+    head = cut_head(params, [target, vs])
+    rec = Record()
+    logits = forward(head, config, np.zeros(embeddings.shape[:2], np.int64),
+                     hooks=Chain(Replace({"embeddings": lambda _: embeddings}), rec))
+    dlogits = np.zeros_like(logits)
+    dlogits[:, position, 0] = 1.0
+    dlogits[:, position, 1] = -1.0
+    _, grads = backward(head, config, rec.values, dlogits, wrt_values=True)
+    return receiver_gradients(head, config, rec.values, grads).mean(axis=1)
+
+
+# ------------------------------------------------------------------ the edge-decomposed forward
+
+
+def _layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    return ops.layer_norm(x, g, b, eps)[0]
+
+
+def _heads(params, config: Config, i: int, x: np.ndarray, last_only: bool = False
+           ) -> np.ndarray:
+    """Block i's heads on their own inputs x [B, H, 3, T, d] (q, k, v apart) -> each head's
+    output z_h W_O[h]: [B, H, T, d] (last_only: the last query alone, [B, H, 1, d])."""
+    eps = config.layer_norm_epsilon
+    wq, wk, wv, bq, bk, bv, wo = head_weights(params, config, i)
+    g, b = params[f"h.{i}.ln_1.weight"], params[f"h.{i}.ln_1.bias"]
+    xq = x[:, :, 0, -1:] if last_only else x[:, :, 0]
+    q = _layer_norm(xq, g, b, eps) @ wq + bq[:, None, :]  # [B, H, T, d] @ [H, d, d_k]
+    n = _layer_norm(x[:, :, 1:], g, b, eps)
+    k = n[:, :, 0] @ wk + bk[:, None, :]
+    v = n[:, :, 1] @ wv + bv[:, None, :]
+    z = ops.softmax(ops.attention_scores(q, k, 0)) @ v  # [B, H, T, d_k]; 1 query: no mask
+    return z @ wo  # [B, H, T, d]
+
+
+def _mlp(params, config: Config, i: int, x: np.ndarray) -> np.ndarray:
+    p = f"h.{i}."
+    n = _layer_norm(x, params[p + "ln_2.weight"], params[p + "ln_2.bias"],
+                    config.layer_norm_epsilon)
+    hidden = ops.gelu(ops.linear(n, params[p + "mlp.c_fc.weight"], params[p + "mlp.c_fc.bias"]))
+    return ops.linear(hidden, params[p + "mlp.c_proj.weight"], params[p + "mlp.c_proj.bias"])
+
+
+def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live: np.ndarray,
+                 fixed: np.ndarray, rows: Sequence[int], position: int, start: int = 0,
+                 known: np.ndarray | None = None) -> np.ndarray:
+    """The model run on `ids` with each receiver's input summed edge by edge.
+
+    live [B, E]: 1 where edge e carries its sender's output in this run, 0 where it carries
+    the sender's output in `fixed` [S, T, d] instead (a number between mixes them). Returns
+    the logits of `rows` at `position`: [B, len(rows)]. With every edge live this is the
+    ordinary forward pass. `start` > 0 begins at that block, taking the outputs of the
+    senders before it from `known` [S, T, d] (valid when no edge into them is patched).
+    """
+    # nothing after `position` can change it; in the last block, nothing but `position`
+    position = position % len(ids)
+    ids, fixed = np.asarray(ids)[: position + 1], fixed[:, : position + 1]
+    known = None if known is None else known[:, : position + 1]
+    b, s_count, t = len(live), len(graph.senders), len(ids)
+    coef = np.zeros((b, len(graph.receivers), s_count))  # [B, R, S]
+    us, vs = np.array(graph.edges).T
+    coef[:, vs, us] = live
+    # input of v = sum over its senders of fixed[u] + live (run[u] - fixed[u]) + earlier b_O
+    base = np.einsum("rs,std->rtd", graph.adjacency().T.astype(np.float64), fixed)
+    for i in range(config.n_layer):
+        later = graph.receiver_stage > 2 * i + 1
+        base[later] += params[f"h.{i}.attn.c_proj.bias"]
+    diff = np.zeros((b, s_count, t, config.n_embd))  # run[u] - fixed[u], stage by stage
+    if start == 0:
+        diff[:, 0] = params["wte.weight"][ids] + params["wpe.weight"][:t] - fixed[0]
+    else:
+        s0 = head_index(config, start, 0) if start < config.n_layer else s_count
+        diff[:, :s0] = known[:s0] - fixed[:s0]
+    per_block = 3 * config.n_head + 1
+    for i in range(start, config.n_layer):
+        r0, s0, m = i * per_block, head_index(config, i, 0), mlp_index(config, i)
+        last = i == config.n_layer - 1  # after it only the last position is read
+        x = base[r0:r0 + per_block - 1] + (coef[:, r0:r0 + per_block - 1, :s0]
+                                           @ diff[:, :s0].reshape(b, s0, -1)
+                                           ).reshape(b, per_block - 1, t, -1)
+        heads = _heads(params, config, i, x.reshape(b, config.n_head, 3, t, -1), last)
+        keep = slice(t - 1, t) if last else slice(None)
+        diff[:, s0:m, keep] = heads - fixed[s0:m, keep]
+        x_mlp = base[r0 + per_block - 1, keep] + (
+            coef[:, r0 + per_block - 1, None, :m] @ diff[:, :m, keep].reshape(b, m, -1)
+        ).reshape(b, -1, config.n_embd)
+        diff[:, m, keep] = _mlp(params, config, i, x_mlp) - fixed[m, keep]
+    x = base[-1][-1] + (coef[:, -1, None, :] @ diff[:, :, -1])[:, 0]
+    u = _layer_norm(x, params["ln_f.weight"], params["ln_f.bias"], config.layer_norm_epsilon)
+    return u @ params["wte.weight"][list(rows)].T
+
+
+def edge_metric(params, config, graph, ids, live, fixed, target, vs, position, start=0,
+                known=None) -> np.ndarray:
+    """logit[target] - logit[vs] of each edge-patched run, in batches: [B]."""
+    out = np.empty(len(live))
+    step = max(4, EDGE_TOKENS // (position % len(ids) + 1))
+    for first in range(0, len(live), step):
+        rows = edge_forward(params, config, graph, ids, live[first:first + step], fixed,
+                            [target, vs], position, start, known)
+        out[first:first + step] = rows[:, 0] - rows[:, 1]
+    return out
+
+
+# ------------------------------------------------------------------ the two runs and the scores
+
+
+@dataclass
+class Pair:
+    """A clean and a corrupt text cut after the scored position (nothing later can change
+    it), their sender outputs and metrics, in float64."""
+
+    params: dict[str, np.ndarray]
+    config: Config
+    graph: Graph
+    clean_ids: np.ndarray
+    corrupt_ids: np.ndarray
+    target: int
+    vs: int
+    position: int
+    clean_out: np.ndarray  # [S, T, d]
+    corrupt_out: np.ndarray
+    clean: float  # the metric of the clean run
+    corrupt: float
+
+    def metric_of(self, ids, live: np.ndarray, fixed: np.ndarray) -> np.ndarray:
+        return edge_metric(self.params, self.config, self.graph, ids, live, fixed,
+                           self.target, self.vs, self.position)
+
+
+def _run(params, config: Config, ids: np.ndarray):
+    rec = Record()
+    logits = forward(params, config, ids, hooks=rec)
+    return logits, rec.values
+
+
+def prepare(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
+            position: int = -1, graph: Graph | None = None) -> Pair:
+    if len(clean_ids) != len(corrupt_ids):
+        raise InputError(f"the clean text is {len(clean_ids)} tokens and the corrupt text "
+                         f"{len(corrupt_ids)}: edges are patched position by position, so they "
+                         "must have the same number of tokens")
+    position = position % len(clean_ids)
+    params = widen(params)
+    clean_ids = np.asarray(clean_ids)[: position + 1]
+    corrupt_ids = np.asarray(corrupt_ids)[: position + 1]
+    clean_logits, clean = _run(params, config, clean_ids)
+    corrupt_logits, corrupt = _run(params, config, corrupt_ids)
+    c = float(logit_difference(clean_logits[position], target, vs))
+    r = float(logit_difference(corrupt_logits[position], target, vs))
+    check_gap(c, r)
+    return Pair(params, config, graph or build_graph(config), clean_ids, corrupt_ids, target,
+                vs, position, sender_outputs(params, config, clean),
+                sender_outputs(params, config, corrupt), c, r)
+
+
+def _embeddings(pair: Pair, ids: np.ndarray) -> np.ndarray:
+    t = len(ids)
+    return pair.params["wte.weight"][ids] + pair.params["wpe.weight"][:t]
+
+
+def edge_products(pair: Pair, gradients: np.ndarray) -> np.ndarray:
+    """(clean - corrupt output of u) . gradient of v, for every edge: [E]."""
+    delta = pair.clean_out - pair.corrupt_out  # [S, T, d]
+    full = np.einsum("std,rtd->sr", delta, gradients)
+    us, vs = np.array(pair.graph.edges).T
+    return full[us, vs]
+
+
+def eap_ig_scores(pair: Pair, steps: int) -> np.ndarray:
+    """EAP-IG: the gradient averaged over embeddings corrupt + a (clean - corrupt),
+    a = 0, 1/steps, .., (steps-1)/steps; steps = 1 is EAP. The runs go in batches of about
+    STEP_TOKENS tokens, so that their recorded values stay small."""
+    corrupt = _embeddings(pair, pair.corrupt_ids)
+    clean = _embeddings(pair, pair.clean_ids)
+    alphas = np.arange(steps, dtype=np.float64) / steps
+    total = 0.0
+    per_batch = max(1, STEP_TOKENS // len(pair.corrupt_ids))
+    for first in range(0, steps, per_batch):
+        a = alphas[first:first + per_batch, None, None]
+        points = corrupt[None] + a * (clean - corrupt)[None]
+        total = total + len(a) * metric_gradients(pair.params, pair.config, points,
+                                                  pair.target, pair.vs, pair.position)
+    return edge_products(pair, total / steps)
+
+
+def eap_scores(pair: Pair) -> np.ndarray:
+    """EAP: the gradient at the corrupt run alone (its own forward and backward pass, not
+    eap_ig_scores with one step, so that the two can be checked against each other)."""
+    logits, values = _run(pair.params, pair.config, pair.corrupt_ids)
+    dlogits = np.zeros_like(logits)
+    dlogits[pair.position, pair.target] = 1.0
+    dlogits[pair.position, pair.vs] = -1.0
+    _, grads = backward(pair.params, pair.config, values, dlogits, wrt_values=True)
+    return edge_products(pair, receiver_gradients(pair.params, pair.config, values, grads))
+
+
+def _single_edges(pair: Pair, ids: np.ndarray, fixed: np.ndarray, known: np.ndarray,
+                  advance=None) -> np.ndarray:
+    """The metric of the run on `ids` with each edge in turn given its sender's output in
+    `fixed`. Edges into block l leave the blocks before it as in the run (`known`), so those
+    runs start at block l."""
+    g, e = pair.graph, len(pair.graph.edges)
+    block = np.array([(g.receiver_stage[v] - 1) // 2 for _, v in g.edges])  # logits: n_layer
+    out = np.empty(e)
+    for start in np.unique(block):
+        group = np.flatnonzero(block == start)
+        live = np.ones((len(group), e))
+        live[np.arange(len(group)), group] = 0.0
+        out[group] = edge_metric(pair.params, pair.config, g, ids, live, fixed, pair.target,
+                                 pair.vs, pair.position, int(start), known)
+        if advance is not None:
+            advance(len(group))
+    return out
+
+
+def exact_scores(pair: Pair, advance=None) -> np.ndarray:
+    """Each edge patched on its own into the corrupt run (denoising): v's input given u's
+    clean output; the score is the metric's rise."""
+    return _single_edges(pair, pair.corrupt_ids, pair.clean_out, pair.corrupt_out,
+                         advance) - pair.corrupt
+
+
+def exact_noising_scores(pair: Pair, advance=None) -> np.ndarray:
+    """Each edge corrupted on its own in the clean run (noising, the question of pruning an
+    edge from a circuit): v's input given u's corrupt output; the score is the metric's fall."""
+    return pair.clean - _single_edges(pair, pair.clean_ids, pair.corrupt_out, pair.clean_out,
+                                      advance)
+
+
+def scores(pair: Pair, method: str, steps: int = 20, advance=None) -> np.ndarray:
+    if method == "eap":
+        return eap_scores(pair)
+    if method == "eap-ig":
+        return eap_ig_scores(pair, steps)
+    if method == "exact":
+        return exact_scores(pair, advance)
+    if method == "exact-noising":
+        return exact_noising_scores(pair, advance)
+    raise InputError(f"unknown --method {method!r}: use {', '.join(METHODS)}")
+
+
+# ------------------------------------------------------------------ circuits and faithfulness
+
+
+def ranked(edge_scores: np.ndarray) -> np.ndarray:
+    """Edge indices by |score|, largest first (ties in graph order)."""
+    return np.argsort(-np.abs(edge_scores), kind="stable")
+
+
+def circuit_masks(order: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
+    """live [len(sizes), E]: the top-N edges of `order` for each N."""
+    masks = np.zeros((len(sizes), len(order)))
+    for row, n in enumerate(sizes):
+        masks[row, order[:n]] = 1.0
+    return masks
+
+
+def faithfulness(pair: Pair, masks: np.ndarray) -> np.ndarray:
+    """f of each circuit (row of masks, 1 = in the circuit): the clean run with every other
+    edge given its sender's corrupt output, (m - corrupt) / (clean - corrupt)."""
+    m = pair.metric_of(pair.clean_ids, masks, pair.corrupt_out)
+    return (m - pair.corrupt) / (pair.clean - pair.corrupt)
+
+
+def area(sizes: np.ndarray, f: np.ndarray, total: int) -> float:
+    """The area under f over the fraction of edges kept, 0 .. 1 (trapezoids), as MIB's CPR."""
+    x = np.asarray(sizes, np.float64) / total
+    return float(np.sum((x[1:] - x[:-1]) * (f[1:] + f[:-1]) / 2))
+
+
+def smallest_faithful(sizes: np.ndarray, f: np.ndarray, threshold: float = THRESHOLD
+                      ) -> int | None:
+    hits = np.flatnonzero(f >= threshold)
+    return int(sizes[hits[0]]) if len(hits) else None
+
+
+def random_faithfulness(pair: Pair, size: int, count: int = 100, seed: int = 0) -> np.ndarray:
+    """f of `count` circuits of `size` edges drawn uniformly at random."""
+    rng = np.random.default_rng(seed)
+    e = len(pair.graph.edges)
+    masks = np.zeros((count, e))
+    for row in masks:
+        row[rng.choice(e, size, replace=False)] = 1.0
+    return faithfulness(pair, masks)
+
+
+@dataclass
+class Circuit:
+    """Edge scores (metric units) and the faithfulness of the top-N circuits."""
+
+    graph: Graph
+    method: str
+    steps: int | None
+    scores: np.ndarray  # [E]
+    order: np.ndarray  # edge indices, largest |score| first
+    clean: float
+    corrupt: float
+    position: int
+    sizes: np.ndarray  # the N computed (curve_sizes, and the gap before the first >= 0.8)
+    f: np.ndarray  # f at each of sizes
+    area: float
+    smallest: int | None  # the smallest N with f >= THRESHOLD
+    random: np.ndarray | None  # f of random circuits of that size
+
+    def f_at(self, n: int) -> float:
+        """f of the top-n circuit; n must be one of the sizes computed."""
+        i = int(np.searchsorted(self.sizes, n))
+        if i == len(self.sizes) or self.sizes[i] != n:
+            raise KeyError(f"f was not computed for {n} edges")
+        return float(self.f[i])
+
+
+def curve_sizes(total: int, every_to: int = 64, step: int = 8) -> np.ndarray:
+    """The N at which f is computed: every N up to `every_to`, then every `step`-th, and
+    `total` (each N costs a forward pass; the gaps below where f first reaches 0.8 are
+    filled in)."""
+    return np.unique(np.r_[np.arange(min(total, every_to) + 1),
+                           np.arange(every_to, total, step), total])
+
+
+def faithful_curve(pair: Pair, order: np.ndarray, every_to: int = 64, step: int = 8
+                   ) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """(sizes, f, smallest N with f >= THRESHOLD): f on curve_sizes, then on every N below
+    the first grid point that reaches the threshold (f need not rise with N), so that the
+    smallest N is exact."""
+    sizes = curve_sizes(len(order), every_to, step)
+    f = faithfulness(pair, circuit_masks(order, sizes))
+    first = smallest_faithful(sizes, f)
+    if first is not None:
+        gap = np.setdiff1d(np.arange(first), sizes)
+        if len(gap):
+            sizes = np.r_[sizes, gap]
+            f = np.r_[f, faithfulness(pair, circuit_masks(order, gap))]
+            by_size = np.argsort(sizes, kind="stable")
+            sizes, f = sizes[by_size], f[by_size]
+    return sizes, f, smallest_faithful(sizes, f)
+
+
+def find_circuit(pair: Pair, method: str, steps: int = 20, random_count: int = 100,
+                 seed: int = 0, advance=None) -> Circuit:
+    edge_scores = scores(pair, method, steps, advance)
+    order = ranked(edge_scores)
+    sizes, f, smallest = faithful_curve(pair, order)
+    rand = (random_faithfulness(pair, smallest, random_count, seed)
+            if smallest is not None and random_count > 0 else None)
+    return Circuit(pair.graph, method, steps if method == "eap-ig" else None, edge_scores,
+                   order, pair.clean, pair.corrupt, pair.position, sizes, f,
+                   area(sizes, f, len(order)), smallest, rand)
+
+
+# ------------------------------------------------------------------ stability over pairs
+
+
+def jaccard(a: set, b: set) -> float:
+    return len(a & b) / len(a | b) if a | b else 1.0
+
+
+@dataclass
+class Stability:
+    """The circuit of each pair, against the first pair's circuit of `size` edges."""
+
+    size: int
+    overlap: np.ndarray  # [P] Jaccard of each pair's top-`size` edges with the first's
+    own: np.ndarray  # [P] f of each pair's own top-`size` circuit
+    transfer: np.ndarray  # [P] f of the first pair's circuit on each pair
+
+
+def stability(pairs: Sequence[Pair], method: str, size: int, steps: int = 20) -> Stability:
+    orders = [ranked(scores(p, method, steps)) for p in pairs]
+    first = set(orders[0][:size].tolist())
+    overlap = np.array([jaccard(first, set(o[:size].tolist())) for o in orders])
+    own = np.array([faithfulness(p, circuit_masks(o, [size]))[0]
+                    for p, o in zip(pairs, orders, strict=True)])
+    transfer = np.array([faithfulness(p, circuit_masks(orders[0], [size]))[0] for p in pairs])
+    return Stability(size, overlap, own, transfer)
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation: Pearson's of the ranks, ties given their mean rank."""
+    return float(np.corrcoef(_ranks(x), _ranks(y))[0, 1])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    order = np.argsort(x, kind="stable")
+    r = np.empty(len(x))
+    r[order] = np.arange(len(x), dtype=np.float64)
+    ordered = x[order]
+    for value in np.unique(ordered[1:][np.diff(ordered) == 0]):
+        tied = x == value
+        r[tied] = r[tied].mean()
+    return r
+
+
+def default_tokens(clean_row: np.ndarray, corrupt_row: np.ndarray, target: int | None,
+                   vs: int | None) -> tuple[int, int, bool]:
+    """(target, vs, fell back): the given tokens, else the clean run's top guess against the
+    corrupt run's; when those coincide, against the corrupt run's best other token (and
+    fell back is True, for the caller to say so)."""
+    t = int(np.argmax(clean_row)) if target is None else target
+    if vs is not None:
+        return t, vs, False
+    ranking = np.argsort(-np.asarray(corrupt_row, np.float64), kind="stable")
+    v = int(ranking[0])
+    if v != t:
+        return t, v, False
+    return t, int(ranking[1]), True
