@@ -34,9 +34,6 @@ from .common import (
 if TYPE_CHECKING:  # NumPy and the model are imported inside the commands
     import numpy as np
 
-    from ..analysis import score as sc
-
-
 BUILT_IN = [  # when no text is given and the project's data folder is not there
     "Lily and Tom went to the park. Lily saw a big red ball. Tom saw the ball too. "
     "Lily gave the ball to Tom, and Tom gave the ball to Lily.",
@@ -77,9 +74,6 @@ def _stories_of(path: Path) -> list[str]:
 
 # ------------------------------------------------------------------ score
 
-DRAWN_TOKENS = 2000  # --save draws the first texts' tokens up to this many
-
-
 @app.command()
 def score(
     text: str = TEXT, weights: Path = WEIGHTS,
@@ -110,71 +104,35 @@ def score(
     Example: tinygpt score "Lily wanted to play with her ball."
     Example: tinygpt score --file part-005.txt --stream --json
     """
-    import numpy as np
-
     from ..analysis import score as sc
     from ..render import jsonout
+    from ..render.texts import score_view
 
     model = load(weights)
     tok, cfg = model.tokenizer, model.config
     sequences, offset, stream_bpt = _score_inputs(model, text, file, stride, stream, bos)
     check_save(save, force)  # --json streams its lines before the picture could be refused
     stride = stride or cfg.n_positions
-    lengths = [len(s) for s in sequences]
-    n_windows = sc.count_windows(lengths, cfg.n_positions, stride, full_only=stream)
-    nbytes = sc.byte_lengths(tok)
+    shown = show if show is not None else (sum(map(len, sequences)) < 3000 and not stream)
     token_str = [tok.token_str(i) for i in range(tok.vocab_size)]
     token_json = [jsonout.json.dumps(t, ensure_ascii=False) for t in token_str]
-    total = sc.Totals(0, 0, 0.0)
-    kept: list[tuple] = []  # (nats, sequence, target position, rank, entropy) of the top
-    per_seq: list[sc.TokenScores] = []
-    shown = show if show is not None else (sum(lengths) < 3000 and not stream)
-    drawn: list[sc.TokenScores] = []  # --save: the first texts, which the picture shows
-    out = sys.stdout
+    lines = None if not as_json else \
+        lambda i, s: jsonout.token_records(sys.stdout, i, s, token_json, stream, offset)
+    n_windows = sc.count_windows(map(len, sequences), cfg.n_positions, stride, full_only=stream)
     with progress(n_windows, "scoring", enabled=not as_json) as advance:
-        for i, s in sc.score_sequences(model.params, cfg, sequences, stride=stride,
-                                       full_only=stream, progress=advance):
-            total.tokens += len(s.targets)
-            total.nats += float(s.nats.sum())
-            total.bytes += int(nbytes[s.targets].sum())
-            if save is not None and sum(len(d.targets) for d in drawn) < DRAWN_TOKENS:
-                drawn.append(s)
-            if as_json:
-                _emit_token_records(out, i, s, token_json, stream, offset)
-                if save is None:
-                    continue
-            if top:
-                worst = np.argsort(-s.nats, kind="stable")[:top]
-                kept += [(float(s.nats[j]), i, 1 + int(j) - offset, int(s.rank[j]),
-                          float(s.entropy[j])) for j in worst]
-                kept = sorted(kept, reverse=True)[:top]
-            if shown and not as_json:
-                per_seq.append(s)
-    summary = {"summary": True, "path": "score", "tokens": total.tokens, "bytes": total.bytes,
-               "mean_nats": total.mean_nats, "perplexity": total.perplexity,
-               "bits_per_token": total.bits_per_token, "bits_per_byte": total.bits_per_byte,
-               "sequences": len(sequences), "context": cfg.n_positions, "stride": stride,
-               "stream": stream, "separator_first": bool(offset)}
-    if stream_bpt is not None:
-        # the card's count: mean nats / ln 2 / (bytes per token of the whole stream)
-        summary["bits_per_byte"] = total.bits_per_token / stream_bpt
-        summary["bytes_per_token"] = stream_bpt
+        report = sc.score_texts(
+            model.params, cfg, sequences, sc.byte_lengths(tok), stride=stride, stream=stream,
+            offset=offset, top=top if not as_json or save is not None else 0,
+            keep=shown and not as_json, draw=save is not None, stream_bpt=stream_bpt,
+            on_scores=lines, progress=advance)
     if save is not None:
         from ..render.analysis_pictures import score_figure
 
-        pictured, budget = [], DRAWN_TOKENS
-        for d in drawn:  # cut to the budget: one --stream text can be a whole file
-            pictured.append(([token_str[int(x)] for x in d.targets[:budget]], d.bits[:budget]))
-            budget -= len(pictured[-1][1])
-        worst = [(token_str[int(sequences[i][offset + p])], p, nats / sc.LN2)
-                 for nats, i, p, *_ in kept]
-        save_figure(score_figure(summary, pictured, len(sequences) - len(drawn), worst), save,
-                    force)
+        save_figure(score_figure(report, token_str), save, force)
     if as_json:
-        jsonout.emit(jsonout.jsonable(summary))
+        jsonout.emit(jsonout.jsonable(report.summary))
         return
-    _show_score(summary, sequences, per_seq if shown else None, kept, token_str, n_windows,
-                offset, hidden=not shown)
+    stdout().print(score_view(report, token_str))
 
 
 def _score_inputs(model, text, file, stride, stream, bos):
@@ -211,57 +169,6 @@ def _score_inputs(model, text, file, stride, stream, bos):
         raise InputError("one token alone has nothing before it to predict it from; "
                          "give a longer text or leave out --no-bos")
     return [seq], int(bos), None
-
-
-def _emit_token_records(out, i: int, s: sc.TokenScores, token_json: list[str], stream: bool,
-                        offset: int):
-    """One NDJSON line per token, formatted directly (json.dumps per record is most of the
-    time of a --json run over a whole file); the token strings come JSON-encoded already."""
-
-    head = "{" if stream else f'{{"sequence": {i}, '
-    bits = s.bits
-    lines = [f'{head}"position": {j + 1 - offset}, "id": {t}, "token": {token_json[t]}, '
-             f'"nats": {n!r}, "bits": {b!r}, "prob": {p!r}, "rank": {r}, "entropy": {e!r}}}'
-             for j, (t, n, b, p, r, e) in enumerate(zip(
-                 s.targets.tolist(), s.nats.tolist(), bits.tolist(), s.prob.tolist(),
-                 s.rank.tolist(), s.entropy.tolist(), strict=True))]
-    if lines:
-        out.write("\n".join(lines) + "\n")
-        out.flush()
-
-
-def _show_score(summary, sequences, per_seq, kept, token_str, n_windows, offset, hidden):
-    import numpy as np
-    from rich.console import Group
-    from rich.text import Text
-
-    from ..analysis import score as sc
-    from ..render import texts as view
-
-    parts: list = [view.totals_line(summary),
-                   Text(f"{summary['sequences']:,} text(s), {n_windows:,} window(s) of at most "
-                        f"{summary['context']} tokens, stride {summary['stride']}"
-                        + ("; one stream, as the model card counts" if summary["stream"]
-                           else ""), style="dim")]
-    if per_seq is not None:
-        parts += [Text(""), view.legend()]
-        for seq, s in zip(sequences, per_seq, strict=True):
-            pieces = [token_str[int(i)] for i in seq]
-            bits = [None] + [float(b) for b in s.bits] + [None] * (len(seq) - 1 - len(s.bits))
-            parts.append(view.coloured_text(pieces[offset:], bits[offset:]))
-    elif hidden:
-        parts.append(Text("(text not shown; --show-text prints it)", style="dim"))
-    if kept:
-        rows = []
-        for nats, i, p, rank, entropy in kept:
-            seq = sequences[i][offset:]
-            rows.append({"position": p, "token": token_str[int(seq[p])], "bits": nats / sc.LN2,
-                         "prob": float(np.exp(-nats)), "rank": rank,
-                         "entropy_bits": entropy / sc.LN2,
-                         "context": "".join(token_str[int(x)] for x in seq[max(0, p - 6):p])})
-        parts += [Text(""), Text("most surprising tokens", style="bold"),
-                  view.surprising_table(rows)]
-    stdout().print(Group(*parts))
 
 
 # ------------------------------------------------------------------ heads

@@ -159,26 +159,34 @@ def patch_figure(stream: dict[str, np.ndarray], heads: np.ndarray, tokens: list[
 # ------------------------------------------------------------------ score
 
 
-def score_figure(summary: dict, sequences: list[tuple[list[str], np.ndarray]], more: int,
-                 surprising: list[tuple[str, int, float]]) -> Figure:
-    """The totals, each drawn text's tokens coloured by surprisal (bits; one row a text),
-    and the most surprising tokens. sequences: (the scored tokens, their bits); more: how
-    many texts were scored but not drawn; surprising: (token, position, bits)."""
+def score_figure(report, token_str: list[str]) -> Figure:
+    """The totals of a ScoreReport (analysis.score), each drawn text's tokens coloured by
+    surprisal (bits; one row a text, cut to DRAWN_TOKENS in all: one --stream text can be a
+    whole file), and the most surprising tokens."""
+    from ..analysis.score import DRAWN_TOKENS, LN2
+
+    summary, budget, drawn = report.summary, DRAWN_TOKENS, []
+    for d in report.drawn:
+        drawn.append(([token_str[int(x)] for x in d.targets[:budget]], d.bits[:budget]))
+        budget -= len(drawn[-1][1])
     facts = [(label, f.format(summary[key])) for key, label, f in (
         ("tokens", "tokens", "{:,}"), ("mean_nats", "mean loss", "{:.6g} nats"),
         ("perplexity", "perplexity", "{:.6g}"), ("bits_per_token", "bits per token", "{:.6g}"),
         ("bits_per_byte", "bits per byte", "{:.6g}"), ("sequences", "texts", "{:,}"))
         if summary.get(key) is not None]
     parts: list = [Facts(facts)]
-    for k, (tokens, bits) in enumerate(sequences):
+    for k, (tokens, bits) in enumerate(drawn):
         parts.append(Heatmap(np.asarray(bits)[None, :], ["bits"], token_labels(tokens),
                              lo=0.0, path="score.bits",
-                             title=f"text {k}" if len(sequences) > 1 else "surprisal"))
+                             title=f"text {k}" if len(drawn) > 1 else "surprisal"))
+    more = len(report.sequences) - len(report.drawn)
     if more:
         parts.append(Note(f"{more:,} more text(s) scored but not drawn", "dim"))
-    if surprising:
-        parts.append(Bars([f"{show_token(t)} @{p}" for t, p, _ in surprising],
-                          [float(b) for _, _, b in surprising], value_name="bits",
+    if report.worst:
+        o = report.offset
+        parts.append(Bars([f"{show_token(token_str[int(report.sequences[i][o + p])])} @{p}"
+                           for _, i, p, *_ in report.worst],
+                          [nats / LN2 for nats, *_ in report.worst], value_name="bits",
                           title="most surprising tokens"))
     return Figure("score", parts, subtitle="surprisal of each token, −log₂ p, in bits")
 

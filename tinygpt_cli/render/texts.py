@@ -169,3 +169,35 @@ def kl_table(tokens: list[str], kl: np.ndarray, top_a: list[str], top_b: list[st
                                              style="" if same else "bold red"),
                   f"{dp[p]:+.3f}" if p < len(dp) else "")
     return t
+
+
+def score_view(report, token_str: list[str]) -> Group:
+    """score's terminal view of a ScoreReport (analysis.score): the totals, the text coloured
+    by surprisal when it is shown, and the most surprising tokens with their context."""
+    from ..analysis.score import LN2
+
+    summary, offset = report.summary, report.offset
+    parts: list = [totals_line(summary),
+                   Text(f"{summary['sequences']:,} text(s), {report.n_windows:,} window(s) of "
+                        f"at most {summary['context']} tokens, stride {summary['stride']}"
+                        + ("; one stream, as the model card counts" if summary["stream"]
+                           else ""), style="dim")]
+    if report.shown is not None:
+        parts += [Text(""), legend()]
+        for seq, s in zip(report.sequences, report.shown, strict=True):
+            pieces = [token_str[int(i)] for i in seq]
+            bits = [None] + [float(b) for b in s.bits] + [None] * (len(seq) - 1 - len(s.bits))
+            parts.append(coloured_text(pieces[offset:], bits[offset:]))
+    else:
+        parts.append(Text("(text not shown; --show-text prints it)", style="dim"))
+    if report.worst:
+        rows = []
+        for nats, i, p, rank, entropy in report.worst:
+            seq = report.sequences[i][offset:]
+            rows.append({"position": p, "token": token_str[int(seq[p])], "bits": nats / LN2,
+                         "prob": float(np.exp(-nats)), "rank": rank,
+                         "entropy_bits": entropy / LN2,
+                         "context": "".join(token_str[int(x)] for x in seq[max(0, p - 6):p])})
+        parts += [Text(""), Text("most surprising tokens", style="bold"),
+                  surprising_table(rows)]
+    return Group(*parts)
