@@ -316,17 +316,29 @@ def _block_weights(params, i: int) -> tuple[np.ndarray, ...]:
         "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"))
 
 
+def record(params, config: Config, ids, paths=None, *, hooks: Hook | None = None,
+           stop_after: str | None = None) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+    """The one way to run the model and keep its values: (logits, {path: value}) of every
+    value, or only of `paths`. `hooks` run before the recording, so an intervention shows in
+    the values recorded; `stop_after` ends the pass once that value exists (logits None)."""
+    from .hooks import Chain, RecordOnly, StopAfter
+
+    rec = Record() if paths is None else RecordOnly(paths)
+    chain = [h for h in (hooks, rec, StopAfter(stop_after) if stop_after else None)
+             if h is not None]
+    logits = forward(params, config, np.asarray(ids),
+                     hooks=chain[0] if len(chain) == 1 else Chain(*chain))
+    return logits, rec.values
+
+
 def trace(params, config: Config, ids, *, hooks: Hook | None = None, tokens=None):
     """Run the model and record every value: the Trace of one forward pass.
 
     `hooks` run before the recording, so an intervention shows in the values recorded.
     """
-    from .hooks import Chain
     from .trace import Trace
 
-    rec = Record()
-    forward(params, config, ids, hooks=Chain(hooks, rec) if hooks else rec)
-    return Trace(rec.values, config, tokens=tokens)
+    return Trace(record(params, config, ids, hooks=hooks)[1], config, tokens=tokens)
 
 
 # ------------------------------------------------------------------ the backward pass

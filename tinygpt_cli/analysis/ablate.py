@@ -20,8 +20,7 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
-from ..hooks import Record
-from ..model import forward
+from ..model import record
 from .variants import Edit, run_variants, set_all, widen
 
 MODES = ("zero", "mean", "resample")
@@ -63,9 +62,7 @@ def replacement(mode: str, path: str, *, means: Mapping[str, np.ndarray] | None 
 def source_values(params: dict[str, np.ndarray], config: Config,
                   ids: Sequence[int]) -> dict[str, np.ndarray]:
     """Every value of another text's run, for resampling; in float64 like the ablated runs."""
-    rec = Record()
-    forward(widen(params), config, np.asarray(ids), hooks=rec)
-    return rec.values
+    return record(widen(params), config, np.asarray(ids))[1]
 
 
 @dataclass

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Config
-from ..hooks import Chain, Record, Replace
-from ..model import backward, forward
+from ..hooks import Replace
+from ..model import backward, record
 from .variants import cut_head
 
 STEP_TOKENS = 2048  # integrated gradients: tokens per batched pass
@@ -41,16 +41,15 @@ def gradients(params, config: Config, ids: Sequence[int], position: int, target:
     x = params["wte.weight"][np.asarray(ids)] if token_embeddings is None else token_embeddings
     rows = [target] + ([vs] if vs is not None else [])
     head = cut_head(params, rows)
-    rec = Record()
     zeros = np.zeros(x.shape[:-1], dtype=np.int64)
-    logits = forward(head, config, zeros,
-                     hooks=Chain(Replace({"token_embeddings": lambda _: x}), rec))  # [.., T, R]
+    logits, values = record(head, config, zeros,
+                            hooks=Replace({"token_embeddings": lambda _: x}))  # [.., T, R]
     sign = np.array([1.0, -1.0][: len(rows)], dtype=logits.dtype)
     dlogits = np.zeros_like(logits)
     dlogits[..., position, :] = sign
-    _, grads = backward(head, config, rec.values, dlogits, wrt_values=True)
+    _, grads = backward(head, config, values, dlogits, wrt_values=True)
     f = np.asarray(logits[..., position, :], np.float64) @ sign.astype(np.float64)
-    return f, grads, rec.values
+    return f, grads, values
 
 
 @dataclass

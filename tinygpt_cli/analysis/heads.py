@@ -24,8 +24,7 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
-from ..hooks import RecordOnly
-from ..model import forward
+from ..model import record
 
 KINDS = ("previous_token", "duplicate_token", "induction")
 
@@ -72,9 +71,8 @@ def detection_score(attn: np.ndarray, pat: np.ndarray, *, exclude_first: bool = 
 def attention_grids(params, config: Config, ids: np.ndarray) -> np.ndarray:
     """Every head's attention weights for a batch [B, T] -> [B, L, H, T, T]."""
     paths = [f"layers.{i}.weights" for i in range(config.n_layer)]
-    rec = RecordOnly(paths)
-    forward(params, config, ids, hooks=rec)
-    return np.stack([rec.values[p] for p in paths], axis=1)
+    _, values = record(params, config, ids, paths)
+    return np.stack([values[p] for p in paths], axis=1)
 
 
 def text_scores(params, config: Config, texts: list[list[int]], *,
@@ -133,9 +131,8 @@ def induction_test(params, config: Config, n: int, batch: int, seed: int,
     ids = repeated_random_tokens(np.random.default_rng(seed), config.vocab_size, n, batch,
                                  separator)
     paths = [f"layers.{i}.weights" for i in range(config.n_layer)]
-    rec = RecordOnly(paths)
-    logits = forward(params, config, ids, hooks=rec)  # [B, S, V]
-    grids = np.stack([rec.values[p] for p in paths], axis=1)
+    logits, values = record(params, config, ids, paths)  # [B, S, V]
+    grids = np.stack([values[p] for p in paths], axis=1)
     logp = ops.log_softmax(logits[:, :-1])
     nats = -np.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]  # [B, 2n], target t+1
     # target position t in 1..2n; the first repeat is 1..n (1 is a guess from the separator

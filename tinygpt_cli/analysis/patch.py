@@ -21,8 +21,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import InputError
-from ..hooks import Record
-from ..model import backward, forward
+from ..model import backward, record
 from .variants import Variant, run_variants, set_all, set_row, widen
 
 STREAM = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
@@ -44,12 +43,6 @@ def check_gap(clean: float, corrupt: float) -> None:
 def restored(patched, clean: float, corrupt: float):
     """(patched - corrupt) / (clean - corrupt)."""
     return (np.asarray(patched, np.float64) - corrupt) / (clean - corrupt)
-
-
-def record(params, config: Config, ids) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    rec = Record()
-    logits = forward(params, config, np.asarray(ids), hooks=rec)
-    return logits, rec.values
 
 
 @dataclass

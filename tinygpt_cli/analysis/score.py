@@ -19,8 +19,7 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
-from ..hooks import Chain, RecordOnly, StopAfter
-from ..model import forward
+from ..model import record
 
 LN2 = math.log(2.0)
 
@@ -102,9 +101,8 @@ def concat(scores: list[TokenScores]) -> TokenScores:
 def final_hidden(params, config: Config, ids: np.ndarray) -> np.ndarray:
     """ln_final.out for a batch [B, T] -> [B, T, d], without the unembedding (the caller
     unembeds only the positions it scores)."""
-    rec = RecordOnly({"ln_final.out"})
-    forward(params, config, ids, hooks=Chain(rec, StopAfter("ln_final.out")))
-    return rec.values["ln_final.out"]
+    return record(params, config, ids, {"ln_final.out"}, stop_after="ln_final.out")[1][
+        "ln_final.out"]
 
 
 def score_sequences(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import sys
 from pathlib import Path
@@ -282,46 +281,32 @@ def heads(
 
 # ------------------------------------------------------------------ neurons
 
-NEURON_TOP = 64  # examples kept per neuron in the cache; --top is capped by it
-
-
-def _neuron_cache(model, files: list[Path], enabled: bool) -> dict[str, np.ndarray]:
-    """The top windows of every neuron of every block over the files, computed once per
+def _neuron_maxima(model, files: list[Path], enabled: bool) -> dict[str, np.ndarray]:
+    """corpus_maxima of every neuron over the files and their token stream, computed once per
     (weights, data) and kept in the cache folder."""
     import numpy as np
 
     from .. import cache
     from ..analysis import neurons as nrn
-    from ..files import sha256, write_atomically
+    from ..files import sha256
     from ..train.data import encode_stories, eval_windows, read_stories
 
     cfg = model.config
+
+    def compute():
+        stream = encode_stories(read_stories(files), model.tokenizer)
+        x, _ = eval_windows(stream.ids, cfg.n_positions)
+        if len(x) == 0:
+            raise InputError(f"the data has {len(stream.ids)} tokens, less than one window of "
+                             f"{cfg.n_positions}")
+        with progress(len(x), "neuron maxima", enabled=enabled) as advance:
+            maxima = nrn.corpus_maxima(model.params, cfg, x, progress=advance)
+        return {"stream": stream.ids.astype(np.uint16), **maxima}
+
     key = cache.key_of("neurons-v1", sha256(model.weights_file),
-                       *(sha256(f) for f in files), str(cfg.n_positions), str(NEURON_TOP))
-    path = cache.entry("neurons", key)
-    if path.is_file():
-        try:
-            with np.load(path) as z:
-                return dict(z)
-        except (OSError, ValueError):
-            pass  # a damaged entry is computed again
-    stream = encode_stories(read_stories(files), model.tokenizer)
-    x, _ = eval_windows(stream.ids, cfg.n_positions)
-    if len(x) == 0:
-        raise InputError(f"the data has {len(stream.ids)} tokens, less than one window of "
-                         f"{cfg.n_positions}")
-    with progress(len(x), "neuron maxima", enabled=enabled) as advance:
-        top, where = nrn.window_maxima(model.params, cfg, x, progress=advance)
-    k = min(NEURON_TOP, len(x))
-    best = np.argsort(-top, axis=1, kind="stable")[:, :k, :]  # [L, k, ff]
-    entry = {"stream": stream.ids.astype(np.uint16),
-             "window": best.transpose(0, 2, 1).astype(np.int32),  # [L, ff, k]
-             "value": np.take_along_axis(top, best, axis=1).transpose(0, 2, 1),
-             "position": np.take_along_axis(where, best, axis=1).transpose(0, 2, 1)}
-    buf = io.BytesIO()
-    np.savez(buf, **entry)
-    write_atomically(path, buf.getvalue())
-    return entry
+                       *(sha256(f) for f in files), str(cfg.n_positions), str(nrn.NEURON_TOP))
+    return cache.load_or_compute(cache.entry("neurons", key), cache.load_arrays, compute,
+                                 cache.store_arrays)
 
 
 @app.command()
@@ -348,10 +333,6 @@ def neurons(
     Example: tinygpt neurons "Lily wanted to play with her" --layer 2
     Example: tinygpt neurons --layer 2 --neuron 17 --data ../shared/data/tinystories
     """
-    import numpy as np
-    from rich.console import Group
-    from rich.text import Text
-
     from ..analysis import neurons as nrn
     from ..render import jsonout
     from ..render import texts as view
@@ -368,32 +349,16 @@ def neurons(
     if text is not None:
         raise InputError("--neuron searches --data, not a text: leave the text out")
     files = _data_files(data)
-    entry = _neuron_cache(model, files, enabled=not as_json)
-    k = min(top, entry["window"].shape[-1])
-    wins = entry["window"][layer, neuron, :k]
-    ctx = cfg.n_positions
-    ids = np.stack([entry["stream"][w * ctx:(w + 1) * ctx] for w in wins]).astype(np.int64)
-    acts = nrn.neuron_activations(model.params, cfg, ids, layer, neuron)  # [k, T]
-    path = f"layers.{layer}.mlp_post[:, {neuron}]"
-    peaks = acts.argmax(axis=1)
-    rows = [{"window": int(w), "start": int(w) * ctx, "max": float(acts[r].max()),
-             "position": int(peaks[r]), "token": tok.token_str(int(ids[r, peaks[r]]))}
-            for r, w in enumerate(wins)]
+    maxima = _neuron_maxima(model, files, enabled=not as_json)
+    ex = nrn.neuron_examples(model.params, cfg, maxima, maxima["stream"], layer, neuron, top,
+                             tok.token_str)
     if as_json:
         jsonout.emit(jsonout.document(
-            path, acts, layer=layer, neuron=neuron, examples=rows, window_ids=ids,
-            window_tokens=[[tok.token_str(int(i)) for i in w] for w in ids],
+            ex.path, ex.acts, layer=layer, neuron=neuron, examples=ex.rows, window_ids=ex.ids,
+            window_tokens=[[tok.token_str(int(i)) for i in w] for w in ex.ids],
             data=[str(f) for f in files]))
         return
-    lines = [Text(f"{path}  top {k} of {len(entry['stream']) // ctx:,} windows of {ctx} "
-                  f"tokens in {escape_line(', '.join(f.name for f in files))}",
-                  style="bold cyan")]
-    for r, row in enumerate(rows):
-        tokens = [tok.token_str(int(i)) for i in ids[r]]
-        line = Text(f"{row['max']:7.3f}  ", style="bold")
-        line.append_text(view.window_line(tokens, acts[r], row["position"]))
-        lines.append(line)
-    stdout().print(Group(*lines))
+    stdout().print(view.neuron_examples_view(ex, tok.token_str, [f.name for f in files]))
 
 
 def _data_files(data: Path | None) -> list[Path]:
@@ -416,51 +381,18 @@ def _data_files(data: Path | None) -> list[Path]:
 
 
 def _neurons_on_text(model, text, layer, top, raw, as_json):
-    from rich.console import Group
-    from rich.text import Text
-
     from ..analysis import neurons as nrn
-    from ..analysis.lens import top_neurons
     from ..render import jsonout
     from ..render import texts as view
-    from ..render.tables import header
-    from ..render.text import show_token
     from ..session import Session
 
     session = Session.open(read_text(text), model=model)
-    post_path = f"layers.{layer}.mlp_post"
-    from ..hooks import RecordOnly
-
-    rec = RecordOnly({post_path})
-    session.run(rec)
-    post = rec.values[post_path]  # [T, ff]
-    found = top_neurons(post, min(top, post.shape[1]))
-    pushes = nrn.output_logits(model.params, layer, [f["neuron"] for f in found],
-                               through_norm=not raw)
-    tok = model.tokenizer
-    for f, row in zip(found, pushes, strict=True):
-        best = nrn.top_ids(row, 8)
-        f["pushes"] = [{"id": int(i), "token": tok.token_str(int(i)), "logit": float(row[i])}
-                       for i in best]
-    read = "W_out[n] @ W_E^T" if raw else "W_out[n] * ln_final.weight @ W_E^T"
+    tn = nrn.neurons_on_text(session, layer, top, raw=raw)
     if as_json:
-        jsonout.emit(jsonout.document(post_path, post, session.ids, session.tokens,
-                                      layer=layer, top_neurons=found, read_through=read))
+        jsonout.emit(jsonout.document(tn.path, tn.post, session.ids, session.tokens,
+                                      layer=layer, top_neurons=tn.found, read_through=tn.read))
         return
-    from rich.table import Table
-
-    t = Table(box=None, pad_edge=False, header_style="bold dim")
-    for name, just in (("neuron", "right"), ("max", "right"), ("at", "left")):
-        t.add_column(name, justify=just, no_wrap=True)
-    t.add_column("pushes up", ratio=1)  # wraps between tokens to fit the width
-    for f in found:
-        t.add_row(f"n{f['neuron']}", f"{f['max']:.3f}",
-                  Text(f"{f['position']} {show_token(session.tokens[f['position']])}",
-                       style="bold"),
-                  view.token_list([p["token"] for p in f["pushes"]],
-                                  [p["logit"] for p in f["pushes"]]))
-    stdout().print(Group(header(post_path, post),
-                         Text(f"pushes up: the logits of {read}", style="dim"), t))
+    stdout().print(view.text_neurons_view(tn, session.tokens))
 
 
 # ------------------------------------------------------------------ diff

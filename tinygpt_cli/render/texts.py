@@ -201,3 +201,36 @@ def score_view(report, token_str: list[str]) -> Group:
         parts += [Text(""), Text("most surprising tokens", style="bold"),
                   surprising_table(rows)]
     return Group(*parts)
+
+
+def neuron_examples_view(ex, token_str, files: list[str]) -> Group:
+    """A NeuronExamples (analysis.neurons): each window, its peak highlighted."""
+    from .text import escape_line
+
+    ctx = ex.ids.shape[1]
+    lines = [Text(f"{ex.path}  top {len(ex.rows)} of {ex.windows:,} windows of {ctx} "
+                  f"tokens in {escape_line(', '.join(files))}", style="bold cyan")]
+    for r, row in enumerate(ex.rows):
+        tokens = [token_str(int(i)) for i in ex.ids[r]]
+        line = Text(f"{row['max']:7.3f}  ", style="bold")
+        line.append_text(window_line(tokens, ex.acts[r], row["position"]))
+        lines.append(line)
+    return Group(*lines)
+
+
+def text_neurons_view(tn, tokens: list[str]) -> Group:
+    """A TextNeurons (analysis.neurons): the block's header, then each top neuron, its peak,
+    where, and the tokens it pushes up."""
+    from .tables import header
+
+    t = Table(box=None, pad_edge=False, header_style="bold dim")
+    for name, just in (("neuron", "right"), ("max", "right"), ("at", "left")):
+        t.add_column(name, justify=just, no_wrap=True)
+    t.add_column("pushes up", ratio=1)  # wraps between tokens to fit the width
+    for f in tn.found:
+        t.add_row(f"n{f['neuron']}", f"{f['max']:.3f}",
+                  Text(f"{f['position']} {show_token(tokens[f['position']])}", style="bold"),
+                  token_list([p["token"] for p in f["pushes"]],
+                             [p["logit"] for p in f["pushes"]]))
+    return Group(header(tn.path, tn.post), Text(f"pushes up: the logits of {tn.read}",
+                                                style="dim"), t)
