@@ -116,3 +116,36 @@ def top_tokens(logits: np.ndarray, k: int) -> list[tuple[int, float]]:
     p = np.exp(ops.log_softmax(np.asarray(logits, np.float64)))
     order = np.argsort(-p, kind="stable")[:k]
     return [(int(i), float(p[i])) for i in order]
+
+
+@dataclass
+class AblationReport:
+    """Each component taken out, as a row {component, label, delta (change in log p of the
+    target), kl, logp_before, logp_after, top_after}; with `every`, ranked by |delta|."""
+
+    q: object  # analysis.question.Question
+    mode: str
+    every: bool
+    rows: list[dict]
+    top_before: list[dict]  # {id, token, prob} of the unchanged run
+
+
+def ablation_report(session, components: list[str], edit: Mapping[str, Edit], position: int,
+                    target: str | None, top: int, *, mode: str, every: bool) -> AblationReport:
+    """Take out each component in its own run (`position` checked already) and compare the
+    next-token distribution at `position` with the unchanged run's."""
+    from .question import ask
+
+    q = ask(session, session.run()[position], position, target, None)
+    before, found = ablate(session.params, session.config, session.ids,
+                           [[c] for c in components], edit, position, q.target)
+    tok = q.token_str
+    rows = [{"component": e.paths[0], "label": component_label(e.paths[0]),
+             "delta": e.delta, "kl": e.kl, "logp_before": e.logp_before,
+             "logp_after": e.logp_after,
+             "top_after": [{"id": i, "token": tok(i), "prob": p}
+                           for i, p in top_tokens(e.logits, top)]} for e in found]
+    if every:
+        rows.sort(key=lambda r: -abs(r["delta"]))
+    top_before = [{"id": i, "token": tok(i), "prob": p} for i, p in top_tokens(before, top)]
+    return AblationReport(q, mode, every, rows, top_before)
