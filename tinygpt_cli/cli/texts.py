@@ -417,91 +417,34 @@ def diff(
     Example: tinygpt diff "Lily wanted to play with her" "Tom wanted to play with his"
     Example: tinygpt diff "Lily wanted to play" --weights-b runs/a
     """
-    from rich.console import Group
-    from rich.text import Text
-
     from ..analysis import diff as diffs
-    from ..analysis.lens import residual_stages
     from ..render import jsonout
     from ..render import texts as view
-    from ..render.tables import header
-    from ..sampling import probabilities
     from ..session import Session
 
     model = load(weights)
     if weights_b is not None:
         if text_b is not None:
             raise InputError("--weights-b compares two models on one text: give one text")
-        _diff_models(model, load(weights_b), read_text(text_a), as_json)
+        d = diffs.models_diff(model, load(weights_b), read_text(text_a))
+        if as_json:
+            jsonout.emit(jsonout.document(
+                "diff.kl", d.diff.kl, d.a.ids, d.a.tokens, weights_a=str(model.folder),
+                weights_b=str(d.b.model.folder), same_top=d.diff.same_top,
+                delta_p=d.diff.delta_p, top_a=d.top_a, top_b=d.top_b, summary=d.diff.summary()))
+            return
+        stdout().print(view.models_diff_view(d))
         return
     if text_a is None or text_b is None:
         raise InputError("diff needs two texts, or one text and --weights-b DIR")
-    a = Session.open(read_text(text_a), model=model)
-    b = Session.open(read_text(text_b), model=model)
-    ta, tb = a.trace(), b.trace()
-    stages = residual_stages(ta, model.config)
-    names = [n for n, _ in stages]
-    cos, dist = diffs.stream_diff([h for _, h in stages],
-                                  [h for _, h in residual_stages(tb, model.config)])
-    n = cos.shape[1]
-    tok = model.tokenizer
-
-    def tops(tr):
-        p = probabilities(tr.get("logits")[:n])
-        best = p.argmax(-1)
-        return [(tok.token_str(int(i)), float(p[r, i])) for r, i in enumerate(best)]
-
-    top_a, top_b = tops(ta), tops(tb)
+    d = diffs.text_diff(Session.open(read_text(text_a), model=model),
+                        Session.open(read_text(text_b), model=model))
     if as_json:
         jsonout.emit(jsonout.document(
-            "diff.relative_distance", dist, a.ids, a.tokens, stages=names, cosine=cos,
-            ids_b=b.ids, tokens_b=b.tokens,
-            top_a=[{"token": t, "chance": c} for t, c in top_a],
-            top_b=[{"token": t, "chance": c} for t, c in top_b]))
+            "diff.relative_distance", d.distance, d.a.ids, d.a.tokens, stages=d.stages,
+            cosine=d.cosine, ids_b=d.b.ids, tokens_b=d.b.tokens,
+            top_a=[{"token": t, "chance": c} for t, c in d.top_a],
+            top_b=[{"token": t, "chance": c} for t, c in d.top_b]))
         return
-    body = view.side_by_side(a.tokens, b.tokens, top_a, top_b, cos, dist, names)
-    wide(body).print(Group(
-        header("diff.relative_distance", dist, "(stages × positions)"),
-        Text("cos and dist: the last stage's (layers."
-             f"{model.config.n_layer - 1}.resid_post); dist = ||a - b|| / ||a||", style="dim"),
-        body))
-
-
-def _diff_models(model_a, model_b, text: str, as_json: bool):
-    from rich.console import Group
-    from rich.text import Text
-
-    from ..analysis import diff as diffs
-    from ..render import jsonout
-    from ..render import texts as view
-    from ..render.tables import header
-    from ..session import Session
-
-    if model_a.config != model_b.config:
-        raise InputError("the two weights folders have different sizes; diff compares models "
-                         "of one shape")
-    a = Session.open(text, model=model_a)
-    ids_b = model_b.tokenizer.encode(text)
-    if ids_b != a.ids:
-        raise InputError("the two weights folders' tokenizers split the text differently")
-    la, lb = a.run(), Session.open(text, model=model_b).run()
-    d = diffs.model_diff(la, lb, a.ids)
-    tok = model_a.tokenizer
-    top_a = [tok.token_str(int(i)) for i in d.top_a]
-    top_b = [tok.token_str(int(i)) for i in d.top_b]
-    summary = d.summary()
-    if as_json:
-        jsonout.emit(jsonout.document(
-            "diff.kl", d.kl, a.ids, a.tokens, weights_a=str(model_a.folder),
-            weights_b=str(model_b.folder), same_top=d.same_top, delta_p=d.delta_p,
-            top_a=top_a, top_b=top_b, summary=summary))
-        return
-    stdout().print(Group(
-        header("diff.kl", d.kl, f"KL(P_a || P_b) per position; a = "
-               f"{escape_line(str(model_a.folder))}, b = {escape_line(str(model_b.folder))}"),
-        view.kl_table(a.tokens, d.kl, top_a, top_b, d.delta_p),
-        Text(f"mean KL {summary['mean_kl']:.4g} nats, max {summary['max_kl']:.4g}; same top "
-             f"token {summary['same_top']:.0%}"
-             + (f"; Δp of the next token: mean {summary['mean_delta_p']:+.4f}, RMS "
-                f"{summary['rms_delta_p']:.4f}" if summary["mean_delta_p"] is not None else ""),
-             style="dim")))
+    v = view.text_diff_view(d)
+    wide(v.renderables[-1]).print(v)  # as wide as the side-by-side table needs

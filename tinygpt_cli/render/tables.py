@@ -343,3 +343,41 @@ def top_table(rows: list[dict], value_name: str, *, bar_of: str | None = None) -
         return table(max(0, min(BAR, width - bare - 2)))
 
     return Sized(build)
+
+
+def info_view(info, shown_file: str):
+    """A ModelInfo (analysis.info): the configuration, the parameter counts, the weights
+    file (as `shown_file`) with its sha256, and the tokenizer."""
+
+    from .text import escape_line
+
+    t = Table(box=None, header_style="bold dim", pad_edge=False, show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    for k, v in info.config.items():
+        t.add_row(k, str(v))
+    p = Table(box=None, header_style="bold dim", pad_edge=False)
+    p.add_column("parameters", style="cyan")
+    p.add_column("count", justify="right")
+    for k, v in info.groups.items():
+        p.add_row(k, f"{v:,}")
+    p.add_row(Text("total", style="bold"), Text(f"{info.total:,}", style="bold"))
+    # names and paths come from the weights folder: shown escaped, like the user's own text
+    specials = ", ".join(f"{show_token(k)} = {v}"
+                         for k, v in info.tokenizer["special_tokens"].items())
+    return Group(
+        Text("configuration", style="bold underline"), t, Text(""), p, Text(""),
+        Text(f"weights   {escape_line(shown_file)}"), Text(f"sha256    {info.sha256}"),
+        Text(f"tokenizer {info.tokenizer['vocab_size']:,} tokens; special: {specials}"),
+    )
+
+
+def paths_table(entries: list[dict]) -> Table:
+    """trace --list: every path with its shape and what it is."""
+    t = Table(box=None, header_style="bold dim", pad_edge=False)
+    t.add_column("path", no_wrap=True, style="cyan")
+    t.add_column("shape", no_wrap=True)
+    t.add_column("what it is")
+    for e in entries:
+        t.add_row(e["path"], shape_str(e["shape"]), e["about"])
+    return t

@@ -234,3 +234,33 @@ def text_neurons_view(tn, tokens: list[str]) -> Group:
                              [p["logit"] for p in f["pushes"]]))
     return Group(header(tn.path, tn.post), Text(f"pushes up: the logits of {tn.read}",
                                                 style="dim"), t)
+
+
+def text_diff_view(d) -> Group:
+    """A TextDiff (analysis.diff): both texts side by side with their top tokens, and the
+    cosine and distance of every stage."""
+    from .tables import header
+
+    body = side_by_side(d.a.tokens, d.b.tokens, d.top_a, d.top_b, d.cosine, d.distance,
+                        d.stages)
+    return Group(header("diff.relative_distance", d.distance, "(stages × positions)"),
+                 Text("cos and dist: the last stage's (layers."
+                      f"{d.a.config.n_layer - 1}.resid_post); dist = ||a - b|| / ||a||",
+                      style="dim"), body)
+
+
+def models_diff_view(d) -> Group:
+    """A ModelsDiff (analysis.diff): KL per position, the top tokens, and the summary."""
+    from .tables import header
+    from .text import escape_line
+
+    summary = d.diff.summary()
+    return Group(
+        header("diff.kl", d.diff.kl, f"KL(P_a || P_b) per position; a = "
+               f"{escape_line(str(d.a.model.folder))}, b = {escape_line(str(d.b.model.folder))}"),
+        kl_table(d.a.tokens, d.diff.kl, d.top_a, d.top_b, d.diff.delta_p),
+        Text(f"mean KL {summary['mean_kl']:.4g} nats, max {summary['max_kl']:.4g}; same top "
+             f"token {summary['same_top']:.0%}"
+             + (f"; Δp of the next token: mean {summary['mean_delta_p']:+.4f}, RMS "
+                f"{summary['rms_delta_p']:.4f}" if summary["mean_delta_p"] is not None else ""),
+             style="dim"))
