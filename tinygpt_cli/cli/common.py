@@ -29,16 +29,12 @@ __all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "check_index", "check_
 
 
 def __getattr__(name: str):
-    # Session and Trace stay importable from here (tests patch common.Session) without
+    # Session stays importable from here (tests patch common.Session) without
     # importing the model when the commands are registered.
     if name == "Session":
         from ..session import Session
 
         return Session
-    if name == "Trace":
-        from ..trace import Trace
-
-        return Trace
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -103,9 +103,6 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     Example: tinygpt review "Lily wanted to play with her"
     """
     import numpy as np
-    from rich.console import Group
-    from rich.panel import Panel
-    from rich.text import Text
 
     from ..page import CARDS
     from ..render import jsonout
@@ -125,6 +122,19 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
         jsonout.emit(r.document(None, np.asarray([c.number for c in CARDS]), name="review",
                                 facts=facts, cards=cards))
         return
+    console = stdout()
+    console.print(page_view(r, values, min(console.width, 100)))
+
+
+def page_view(r: Run, values: dict, width: int):
+    """The page for a terminal: the facts, then every card in a panel `width` wide."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.text import Text
+
+    from ..page import CARDS
+
+    facts = values["header"]
     label = {"T": "Tokens in the text", "d": "Numbers per token", "L": "Blocks",
              "heads": "Heads per block", "d_k": "Numbers per head", "ffn": "Feed-forward width",
              "vocab": "Vocabulary", "longest": "Longest text"}
@@ -136,8 +146,6 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
         top.append(f"  {name:<22}", style="dim")
         top.append(f"{k} = {facts[k]:,}{unit}\n", style="bold")
     parts = [top]
-    console = stdout()
-    width = min(console.width, 100)
     for c in CARDS:
         v = values[c.number]
         detail = c.detail.format(vocab_max=facts["vocab"] - 1, **facts)
@@ -150,7 +158,7 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
         body += [Text("  ") + line for line in preview(r, c.number, v)]
         parts.append(Panel(Group(*body), title=f"{c.number}. {c.title}", title_align="left",
                            border_style="dim", width=width))
-    console.print(Group(*parts))
+    return Group(*parts)
 
 
 def review_figure(r: Run, values: dict):

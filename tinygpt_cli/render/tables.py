@@ -381,3 +381,35 @@ def paths_table(entries: list[dict]) -> Table:
     for e in entries:
         t.add_row(e["path"], shape_str(e["shape"]), e["about"])
     return t
+
+
+def blocks_view(rows: list[dict], tok, p: int, tokens: list[str], norms) -> Group:
+    """Card 7 (analysis.lens.block_summary rows): each stage's stream norm, what its block
+    changed at position `p`, and the top guess; middle columns give way to the width."""
+    names = [("‖h‖ mean", "right"), ("‖h‖ at pos", "right"), ("‖attn_out‖", "right"),
+             ("‖mlp_out‖", "right"), ("change", "right"), ("top guess", "left"),
+             ("chance", "right")]
+    cells = []
+    for row in rows:
+        has = "change" in row
+        cells.append([fmt(row["norm"].mean()), fmt(row["norm"][p]),
+                      fmt(row["attn_norm"][p]) if has else "",
+                      fmt(row["mlp_norm"][p]) if has else "",
+                      f"{row['change'][p]:.0%}" if has else "",
+                      Text(show_token(tok(row["top_id"])), style="bold"),
+                      f"{row['top_prob']:.1%}"])
+
+    def build(keep: list[int | None]) -> Table:  # middle columns give way to the width
+        t = Table(box=None, header_style="bold dim", pad_edge=False)
+        t.add_column("stage", no_wrap=True)
+        for k in keep:
+            name, just = ("…", "center") if k is None else names[k]
+            t.add_column(name, justify=just, no_wrap=True)
+        for row, line in zip(rows, cells, strict=True):
+            t.add_row(row["stage"], *("…" if k is None else line[k] for k in keep))
+        return t
+
+    return Group(
+        header("blocks.norm", norms, "(‖h‖ of every token at every stage)"),
+        Text(f"residual stream at position {p} ({show_token(tokens[p])}); change = "
+             "‖after − before‖ / ‖before‖", style="dim"), Fit(build, len(names)))
