@@ -16,12 +16,11 @@ FUNCTION = 90  # lines of any function, its signature and docstring counted
 CLI_LINES = 2700  # the whole of tinygpt_cli/cli/
 
 # Still over a limit, each at most this long: the list may only shrink. `why` waits for the
-# corpus module (its owner slims it); training's command and loop, the model card's writer
-# and model.backward are the next to split.
+# corpus module (its owner slims it); the training loop and the model card's writer are the
+# next to split.
 OVER = {"cli/history.py why": 61,
-        "train/card.py write_card": 165, "train/loop.py _train": 147,
-        "model.py backward": 96}
-CLI_NOW = 3200  # cli/ today; lowered as commands move out, until it is CLI_LINES
+        "train/card.py write_card": 165, "train/loop.py _train": 147}
+CLI_NOW = 3100  # cli/ today; lowered as commands move out, until it is CLI_LINES
 
 
 def _functions():
