@@ -11,8 +11,9 @@ from pathlib import Path
 
 import typer
 
+from .. import streams
 from ..exits import FAULT, INTERRUPTED, OK, USAGE, fresh_line
-from ..render.text import escape_line, examples_block, guard_encoding
+from ..render.text import escape_line, examples_block
 from .typer_tricks import click_command, click_errors, quick_coercion
 from .typer_tricks import command_name as _command_name
 
@@ -112,100 +113,6 @@ def _error(message: str, code: int) -> int:
     return code
 
 
-class _Closed:
-    """Stands in for a standard stream that was closed (`>&-`): writing to it is an I/O error,
-    reported as such, instead of an AttributeError on None."""
-
-    encoding = "utf-8"
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def write(self, s: str) -> int:
-        raise OSError(errno.EBADF, f"{self.name} is closed")
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-    def fileno(self) -> int:
-        raise OSError(errno.EBADF, f"{self.name} is closed")
-
-
-def _guard_streams() -> None:
-    """Closed streams and encodings that cannot show `␣ × …` must not crash a command."""
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        if getattr(sys, name) is not None:
-            continue
-        try:  # hold the descriptor, so that no file the command opens lands on it
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            if devnull != fd:
-                os.dup2(devnull, fd)
-                os.close(devnull)
-        except OSError:
-            pass
-        if name == "stdout":
-            sys.stdout = _Closed("standard output")
-        else:
-            sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - for the process's life
-    sys.stdout = guard_encoding(sys.stdout)
-    sys.stderr = guard_encoding(sys.stderr)
-
-
-def _reader_gone() -> int:
-    """The reader of stdout went away (`| head`): stop quietly with exit 0, as Unix tools do.
-    stdout now points at /dev/null, so the final flush at exit cannot fail again."""
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if type(stream).__name__ == "PacifyFlushWrapper":  # click's own handler came first
-            setattr(sys, name, stream.wrapped)
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):
-        pass
-    return OK
-
-
-def _identity(fd: int) -> tuple[int, int] | None:
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def _stdout_broken(before: tuple[int, int] | None) -> bool:
-    """Did a broken-pipe handler of a library end the command? click's wraps sys.stdout;
-    Rich's points stdout at /dev/null; both then exit 1, which is not what a reader that
-    went away means."""
-    if type(sys.stdout).__name__ == "PacifyFlushWrapper":
-        return True
-    try:
-        now = _identity(sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        return False
-    return now is not None and now != before and now == _identity_of_devnull()
-
-
-def _identity_of_devnull() -> tuple[int, int] | None:
-    st = os.stat(os.devnull)
-    return st.st_dev, st.st_ino
-
-
-def _finish(code: int) -> None:
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        code = _reader_gone() if code == 0 else code
-    except (OSError, ValueError):
-        pass
-    sys.exit(code)
-
-
 def _too_many_digits(e: Exception) -> bool:
     """Python's own refusal to read an integer string of over 4,300 digits (a guard against
     slow conversions), raised as a plain ValueError by int() wherever the tool reads one."""
@@ -226,7 +133,7 @@ def _hint(e) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; bad input ends with one `error: ...` line and exit 2, faults with exit 1."""
-    _guard_streams()
+    streams.guard_streams()
     args = list(sys.argv[1:] if argv is None else argv)
     end = args.index("--") if "--" in args else len(args)
     debug = "--debug" in args[:end] or os.environ.get("TINYGPT_DEBUG") == "1"
@@ -247,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         fresh_line()
         sys.exit(INTERRUPTED)
     try:
-        before = _identity(sys.stdout.fileno())
+        before = streams.identity(sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):
         before = None
     try:
@@ -255,9 +162,9 @@ def main(argv: list[str] | None = None) -> None:
         if code == INTERRUPTED:  # typer turns Ctrl-C into exit 130 itself
             fresh_line()
     except SystemExit:
-        if not _stdout_broken(before):
+        if not streams.stdout_broken(before):
             raise
-        code = _reader_gone()  # click's or Rich's broken-pipe handler came first
+        code = streams.reader_gone()  # click's or Rich's broken-pipe handler came first
     except getattr(click_errors, "NoArgsIsHelpError", ()) as e:
         # click >= 8.2 raises this to show help for a bare group; that is not an error.
         typer.echo(e.ctx.get_help())
@@ -281,10 +188,10 @@ def main(argv: list[str] | None = None) -> None:
         fresh_line()
         code = INTERRUPTED
     except BrokenPipeError:
-        code = _reader_gone()
+        code = streams.reader_gone()
     except OSError as e:
         if e.errno == errno.EPIPE:
-            code = _reader_gone()
+            code = streams.reader_gone()
         elif debug:
             raise
         else:
@@ -299,4 +206,4 @@ def main(argv: list[str] | None = None) -> None:
         else:
             code = _error(f"{type(e).__name__}: {e} (run again with --debug for the "
                           "traceback)", FAULT)
-    _finish(code if isinstance(code, int) else 0)
+    streams.finish(code if isinstance(code, int) else 0)

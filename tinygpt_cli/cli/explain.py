@@ -216,8 +216,9 @@ def ablate(
 
     s = open_session(weights, text)
     p = s.position(position)
-    components = check_components(s, layer, head, mlp, every)
-    edit = replacements(s, components, mode, source, data, as_json)
+    components = ablation.components(s, layer, head, mlp, every)
+    edit = ablation.replacements(s, components, mode, source, data is not None,
+                                 lambda: mean_values(s, data, as_json))
     r = ablation.ablation_report(s, components, edit, p, target, top, mode=mode, every=every)
     if save is not None:
         from ..render.analysis_pictures import ablation_figure
@@ -232,45 +233,6 @@ def ablate(
              top_before=r.top_before, components=r.rows)
         return
     stdout().print(view.ablation_view(r))
-
-
-def check_components(s: Session, layer, head, mlp: bool, every: bool) -> list[str]:
-    from ..analysis import ablate as ablation
-
-    if every:
-        if layer is not None or head is not None or mlp:
-            raise InputError("--all takes out every component in turn: give it without "
-                             "--layer, --head or --mlp")
-        return ablation.all_components(s.config)
-    if layer is None:
-        raise InputError("say what to take out: --layer L with --head H or --mlp, or --all")
-    if (head is None) == (not mlp):
-        raise InputError("give exactly one of --head H or --mlp with --layer")
-    i = s.layer(layer)
-    return [ablation.mlp_path(i) if mlp else ablation.head_path(i, s.head(head))]
-
-
-def replacements(s: Session, components: list[str], mode: str, source: str | None,
-                 data: Path | None, quiet: bool) -> dict:
-    from ..analysis import ablate as ablation
-    from ..session import Session
-
-    if mode not in ablation.MODES:
-        raise InputError(f"unknown --mode {mode!r}: use zero, mean or resample")
-    if (source is not None) != (mode == "resample"):
-        raise InputError("--from TEXT goes with --mode resample (and resample needs it)")
-    if data is not None and mode != "mean":
-        raise InputError("--data DIR goes with --mode mean")
-    means = mean_values(s, data, quiet) if mode == "mean" else None
-    values = None
-    if mode == "resample":
-        other = Session.open(source, model=s.model)
-        if other.T < s.T:
-            raise InputError(f"the --from text is {other.T} tokens long and the text "
-                             f"{s.T}: resampling needs a value at every position, so give a "
-                             "--from text at least as long")
-        values = ablation.source_values(s.params, s.config, other.ids)
-    return {c: ablation.replacement(mode, c, means=means, source=values) for c in components}
 
 
 @app.command()
