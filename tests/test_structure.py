@@ -20,7 +20,7 @@ CLI_LINES = 2700  # the whole of tinygpt_cli/cli/
 # next to split.
 OVER = {"cli/history.py why": 61,
         "train/card.py write_card": 165, "train/loop.py _train": 147}
-CLI_NOW = 2950  # cli/ today; lowered as commands move out, until it is CLI_LINES
+CLI_NOW = 2760  # cli/ today; lowered as commands move out, until it is CLI_LINES
 
 
 def _functions():
