@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
+from ..errors import InputError
 from ..model import record
 
 KINDS = ("previous_token", "duplicate_token", "induction")
@@ -140,3 +141,39 @@ def induction_test(params, config: Config, n: int, batch: int, seed: int,
     first = nats[:, 1:n].mean()
     second = nats[:, n:].mean()
     return InductionTest(ids, n, induction_stripe(grids, n), float(first), float(second))
+
+
+KIND_LABELS = {"previous_token": "previous token", "duplicate_token": "duplicate token",
+               "induction": "induction", "induction_random": "induction (random)"}
+
+
+@dataclass
+class HeadsReport:
+    """Every head's score for each kind ([L, H], by KIND_LABELS' keys) over the texts, and
+    the repeated-random-tokens test (`repeat`: its length, batch, seed and losses)."""
+
+    table: dict[str, np.ndarray]
+    texts: int
+    source: str
+    repeat: dict
+    n_layer: int
+    n_head: int
+
+
+def heads_report(params, config: Config, ids: list[list[int]], source: str, *, length: int,
+                 batch: int, seed: int, separator: int, exclude_first: bool = False,
+                 exclude_current: bool = False) -> HeadsReport:
+    """text_scores over the texts, and induction_test on `batch` sequences of `length`
+    random tokens (0: as many as fit twice in the context, at most 50)."""
+    scores = text_scores(params, config, ids, exclude_first=exclude_first,
+                         exclude_current=exclude_current)
+    n = length or min(50, (config.n_positions - 1) // 2)
+    if 1 + 2 * n > config.n_positions or n < 2:
+        raise InputError(f"--repeat-length {n} does not fit twice in the {config.n_positions}-"
+                         "token context after a separator: give 2 to "
+                         f"{(config.n_positions - 1) // 2}")
+    test = induction_test(params, config, n, batch, seed, separator)
+    repeat = {"length": n, "batch": batch, "seed": seed, "loss_first": test.loss_first,
+              "loss_second": test.loss_second, "loss_drop": test.loss_drop}
+    return HeadsReport(dict(scores) | {"induction_random": test.score}, len(ids), source,
+                       repeat, config.n_layer, config.n_head)

@@ -12,6 +12,7 @@ import typer
 
 from ..errors import InputError, check_utf8
 from ..files import write_atomically
+from ..render.progress import progress
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -202,34 +203,6 @@ def stderr():
     from rich.console import Console
 
     return Console(stderr=True, markup=False, highlight=False, emoji=False)
-
-
-def progress(total: int | None, description: str, *, enabled: bool = True):
-    """A progress bar on stderr for work over about a second: shown only on a terminal and
-    never with --json (pass enabled=not as_json). Use as a context manager:
-
-        with progress(n, "scoring") as advance:
-            for ...: advance(1)
-    """
-    import contextlib
-
-    from rich.console import Console
-
-    err = Console(stderr=True)
-    if not enabled or not err.is_terminal:
-        return contextlib.nullcontext(lambda n=1: None)
-
-    @contextlib.contextmanager
-    def bar():
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-        with Progress(TextColumn("{task.description}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn(),
-                      console=err, transient=True) as p:
-            task = p.add_task(description, total=total)
-            yield lambda n=1: p.advance(task, n)
-
-    return bar()
 
 
 def read_text(text: str | None) -> str:

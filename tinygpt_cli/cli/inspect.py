@@ -54,23 +54,9 @@ def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
         jsonout.emit(jsonout.document("ids", np.asarray(ids, dtype=np.int64), ids, tokens,
                                       offsets=offsets, vocab_size=model.config.vocab_size))
         return
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
+    from ..render.tables import encode_view
 
-    from ..render.tables import ids_header
-    from ..render.text import show_token
-
-    t = Table(box=None, header_style="bold dim", pad_edge=False)
-    for name, just in (("#", "right"), ("id", "right"), ("token", "left"), ("bytes", "right")):
-        t.add_column(name, justify=just, no_wrap=True)
-    for i, (token_id, tok, (a, b)) in enumerate(zip(ids, tokens, offsets, strict=True)):
-        t.add_row(str(i), str(token_id), Text(show_token(tok), style="bold"), f"{a}–{b}")
-    limit = model.config.n_positions
-    note = f"T = {len(ids)} tokens, each an id from 0 to {model.config.vocab_size - 1:,}"
-    if len(ids) > limit:
-        note += f"; more than the {limit} the model reads at once"
-    stdout().print(Group(ids_header(ids), t, Text(note, style="dim")))
+    stdout().print(encode_view(ids, tokens, offsets, model.config))
 
 
 def _parse_ids(args: list[str]) -> list[int]:

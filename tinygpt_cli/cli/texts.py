@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..render.text import escape_line
 from .app import app
 from .common import (
     FORCE,
@@ -172,10 +171,6 @@ def _score_inputs(model, text, file, stride, stream, bos):
 
 # ------------------------------------------------------------------ heads
 
-KIND_LABELS = {"previous_token": "previous token", "duplicate_token": "duplicate token",
-               "induction": "induction", "induction_random": "induction (random)"}
-
-
 def _texts_for_heads(model, text: str | None, file: Path | None, stories: int
                      ) -> tuple[list[list[int]], str]:
     """Each text as [separator, ids...] cut to the context: the texts given, else a few
@@ -235,48 +230,29 @@ def heads(
     Example: tinygpt heads --file part-005.txt --stories 16 --json
     """
     import numpy as np
-    from rich.console import Group
-    from rich.text import Text
 
     from ..analysis import heads as detect
     from ..render import jsonout
     from ..render import texts as view
 
     model = load(weights)
-    cfg = model.config
     if text is not None and text_opt is not None:
         raise InputError("give the text once: as the argument or with --text")
     ids, source = _texts_for_heads(model, text if text is not None else text_opt, file, stories)
-    scores = detect.text_scores(model.params, cfg, ids, exclude_first=exclude_first,
-                                exclude_current=exclude_current)
-    n = length or min(50, (cfg.n_positions - 1) // 2)
-    if 1 + 2 * n > cfg.n_positions or n < 2:
-        raise InputError(f"--repeat-length {n} does not fit twice in the {cfg.n_positions}-"
-                         f"token context after a separator: give 2 to {(cfg.n_positions - 1) // 2}")
-    test = detect.induction_test(model.params, cfg, n, batch, seed, model.tokenizer.eot_id)
-    table = dict(scores) | {"induction_random": test.score}
-    repeat = {"length": n, "batch": batch, "seed": seed, "loss_first": test.loss_first,
-              "loss_second": test.loss_second, "loss_drop": test.loss_drop}
+    r = detect.heads_report(model.params, model.config, ids, source, length=length,
+                            batch=batch, seed=seed, separator=model.tokenizer.eot_id,
+                            exclude_first=exclude_first, exclude_current=exclude_current)
     if save is not None:
         from ..render.analysis_pictures import heads_figure
 
-        save_figure(heads_figure(table, KIND_LABELS, len(ids), source, repeat), save, force)
+        save_figure(heads_figure(r), save, force)
     if as_json:
-        data = np.stack([table[k] for k in table])
         jsonout.emit(jsonout.document(
-            "heads", data, kinds=list(table), texts=len(ids), source=source, text_ids=ids,
-            exclude_bos=exclude_first, exclude_current=exclude_current, repeat=repeat))
+            "heads", np.stack(list(r.table.values())), kinds=list(r.table), texts=r.texts,
+            source=source, text_ids=ids, exclude_bos=exclude_first,
+            exclude_current=exclude_current, repeat=r.repeat))
         return
-    best = {k: np.unravel_index(np.argmax(v), v.shape) for k, v in table.items()}
-    notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} {b[0]}.{b[1]} ({table[k][b]:.2f})"
-                                      for k, b in best.items()), style="dim")
-    stdout().print(Group(
-        Text(f"heads  {cfg.n_layer} layers × {cfg.n_head} heads  on {len(ids)} text(s) from "
-             f"{escape_line(source)}", style="bold cyan"),
-        view.layer_head_table(table, KIND_LABELS), notes,
-        Text(f"random tokens ({batch} × {n}, seed {seed}) repeated: loss {test.loss_first:.3f}"
-             f" nats on the first copy, {test.loss_second:.3f} on the second "
-             f"(drop {test.loss_drop:.3f})", style="dim")))
+    stdout().print(view.heads_view(r))
 
 
 # ------------------------------------------------------------------ neurons

@@ -209,9 +209,12 @@ def score_figure(report, token_str: list[str]) -> Figure:
 # ------------------------------------------------------------------ heads
 
 
-def heads_figure(table: dict[str, np.ndarray], names: dict[str, str], texts: int, source: str,
-                 repeat: dict) -> Figure:
-    """One layer × head heatmap of each detector's score (0..1)."""
+def heads_figure(r) -> Figure:
+    """A HeadsReport (analysis.heads): one layer × head heatmap of each detector's score
+    (0..1)."""
+    from ..analysis.heads import KIND_LABELS as names
+
+    table, texts, source, repeat = r.table, r.texts, r.source, r.repeat
     n_layer, n_head = next(iter(table.values())).shape
     return Figure("heads", [
         Facts([("texts", f"{texts} from {source}"),

@@ -413,3 +413,17 @@ def blocks_view(rows: list[dict], tok, p: int, tokens: list[str], norms) -> Grou
         header("blocks.norm", norms, "(‖h‖ of every token at every stage)"),
         Text(f"residual stream at position {p} ({show_token(tokens[p])}); change = "
              "‖after − before‖ / ‖before‖", style="dim"), Fit(build, len(names)))
+
+
+def encode_view(ids: list[int], tokens: list[str], offsets: list, config) -> Group:
+    """Card 1: each token's position, id, text and byte offsets in the UTF-8 text."""
+    t = Table(box=None, header_style="bold dim", pad_edge=False)
+    for name, just in (("#", "right"), ("id", "right"), ("token", "left"), ("bytes", "right")):
+        t.add_column(name, justify=just, no_wrap=True)
+    for i, (token_id, tok, (a, b)) in enumerate(zip(ids, tokens, offsets, strict=True)):
+        t.add_row(str(i), str(token_id), Text(show_token(tok), style="bold"), f"{a}–{b}")
+    limit = config.n_positions
+    note = f"T = {len(ids)} tokens, each an id from 0 to {config.vocab_size - 1:,}"
+    if len(ids) > limit:
+        note += f"; more than the {limit} the model reads at once"
+    return Group(ids_header(ids), t, Text(note, style="dim"))

@@ -264,3 +264,22 @@ def models_diff_view(d) -> Group:
              + (f"; Δp of the next token: mean {summary['mean_delta_p']:+.4f}, RMS "
                 f"{summary['rms_delta_p']:.4f}" if summary["mean_delta_p"] is not None else ""),
              style="dim"))
+
+
+def heads_view(r) -> Group:
+    """A HeadsReport (analysis.heads): every head's score of each kind, the best of each,
+    and the repeated random tokens' losses."""
+    from ..analysis.heads import KIND_LABELS
+    from .text import escape_line
+
+    table, rep = r.table, r.repeat
+    best = {k: np.unravel_index(np.argmax(v), v.shape) for k, v in table.items()}
+    notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} {b[0]}.{b[1]} ({table[k][b]:.2f})"
+                                      for k, b in best.items()), style="dim")
+    return Group(
+        Text(f"heads  {r.n_layer} layers × {r.n_head} heads  on {r.texts} text(s) from "
+             f"{escape_line(r.source)}", style="bold cyan"),
+        layer_head_table(table, KIND_LABELS), notes,
+        Text(f"random tokens ({rep['batch']} × {rep['length']}, seed {rep['seed']}) repeated: "
+             f"loss {rep['loss_first']:.3f} nats on the first copy, {rep['loss_second']:.3f} "
+             f"on the second (drop {rep['loss_drop']:.3f})", style="dim"))
