@@ -11,6 +11,7 @@ score is the mean attention on the induction stripe of a repeated random token s
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from .. import ops
 from ..config import Config
 from ..errors import InputError
 from ..model import record
-from ..weights import Model, WeightsError, header_json, load_params
+from ..weights import Model, WeightsError, load_params
 
 HISTORY = "history"  # the folder name train.loop writes (train.loop.HISTORY)
 _STEP = re.compile(r"step-(\d+)\.safetensors")
@@ -46,7 +47,15 @@ def _metadata(path: Path) -> dict:
     """The safetensors header's __metadata__, read without loading the tensors."""
     if not path.is_file():  # a FIFO or a device would block the read, a folder fail it
         raise WeightsError(f"{path} is not a regular file")
-    header, _, _ = header_json(path)
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if n <= 0 or n > 100_000_000:
+            raise WeightsError(f"{path} is not a safetensors file")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError):
+            raise WeightsError(f"{path} is not a safetensors file: its header is not "
+                               "JSON") from None
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     return meta if isinstance(meta, dict) else {}
 
