@@ -6,7 +6,7 @@ well the index's ranking recovers exact TracIn's.
 1. First query, empty cache: the index of every window's gradient is built (wall time of
    the whole process, default settings, both cores), then the answer.
 2. Later queries, other texts: a fresh process each (wall time).
-3. --recall (slow: about 15 minutes on 2 cores): exact TracIn of every window for each
+3. --recall N (slow: about 15 minutes a query on 2 cores): exact TracIn of every window for each
    query, by directional derivatives (central differences of each window's mean loss along
    the query gradient, batched, one process per core), and how many of the exact top 20 the
    index's top 20 holds.
@@ -76,7 +76,8 @@ def exact_scores_part(args) -> np.ndarray:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=None, help="default: the record in weights/data.json")
-    ap.add_argument("--recall", action="store_true")
+    ap.add_argument("--recall", type=int, default=0, metavar="N",
+                    help="check the first N queries against exact TracIn (slow)")
     ap.add_argument("--cache", default=None, help="use this cache folder (default: a new one)")
     args = ap.parse_args(argv)
     cache = args.cache or tempfile.mkdtemp(prefix="tinygpt-why-bench-")
@@ -114,7 +115,7 @@ def main(argv=None) -> int:
     stream_file = Path(cache) / "stream-for-recall.npy"
     np.save(stream_file, index.stream)
     lrs = np.asarray([s.lr for s in timeline])
-    for text, target in QUERIES:
+    for text, target in QUERIES[: args.recall]:
         ids, t = model.tokenizer.encode(text), model.tokenizer.encode(target)[0]
         approx = (grads.scores([s.params for s in timeline], config, x, y, ids, t)
                   * lrs[:, None]).sum(0)

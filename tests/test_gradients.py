@@ -297,7 +297,12 @@ def test_fused_cross_entropy_equals_the_separate_loss_and_backward():
     targets = rng.integers(0, 17, (3, 5))
     loss, dlogits = ops.cross_entropy_with_grad(logits, targets)
     assert loss == pytest.approx(ops.cross_entropy(logits, targets), rel=1e-12)
-    np.testing.assert_allclose(dlogits, ops.cross_entropy_backward(logits, targets), atol=1e-15)
+    # cross_entropy_backward is this function's gradient: both against the textbook formula
+    want = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    want[np.arange(3)[:, None], np.arange(5), targets] -= 1.0
+    want /= targets.size
+    np.testing.assert_allclose(dlogits, want, atol=1e-15)
+    np.testing.assert_allclose(ops.cross_entropy_backward(logits, targets), want, atol=1e-15)
 
 
 def test_gelu_backward_keeps_the_wider_dtype(rng):

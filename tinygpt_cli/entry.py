@@ -12,16 +12,7 @@ import os
 import signal
 import sys
 
-INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
-
-
-def fresh_line() -> None:
-    """End the terminal's `^C` echo with a newline, so the prompt starts on its own line."""
-    try:
-        if os.isatty(2):
-            os.write(2, b"\n")
-    except OSError:
-        pass
+from .exits import INTERRUPTED, fresh_line
 
 
 def _interrupted_at_start(signum, frame) -> None:  # noqa: ARG001 - the signal handler's signature

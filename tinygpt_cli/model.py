@@ -111,6 +111,20 @@ def embed(params, ids: np.ndarray, start: int, hooks: Hook) -> np.ndarray:
     return hooks("embeddings", tok + pos)
 
 
+def embed_backward(g: Gradients, dh: np.ndarray) -> None:
+    """Cards 1-3 in reverse: the rows of W_E and W_P the embeddings were read from."""
+    demb = g.undrop("embeddings", dh)
+    g.keep("embeddings", demb)
+    g.keep("token_embeddings", demb)
+    g.keep("position_embeddings", demb.reshape(-1, *demb.shape[-2:]).sum(axis=0)
+           if demb.ndim == 3 else demb)
+    if not g.weights:
+        return
+    g.grads["wpe.weight"] = ops.position_embedding_backward(demb, g.params["wpe.weight"])
+    g.grads["wte.weight"] += ops.embedding_backward(demb, g.params["wte.weight"],
+                                                    g.values["ids"])
+
+
 def _mean_last(x: np.ndarray) -> np.ndarray:
     """x.mean(axis=-1, keepdims=True), as NumPy computes it (a sum, then a division by the
     count as an intp, in place), without np.mean's Python-level bookkeeping, which costs more
@@ -137,6 +151,18 @@ def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.nd
     else:
         out = out * g + b
     return hooks(name + ".out", out)  # [T, d]
+
+
+def layer_norm_backward(g: Gradients, d: np.ndarray, x: np.ndarray, param: str,
+                        name: str) -> np.ndarray:
+    """Card 4 (and 8) in reverse: dx of the norm `name` with weight and bias `param`; the
+    gradients of its hooked mean and std kept as values."""
+    dx, g.grads[param + ".weight"], g.grads[param + ".bias"], dmean, dstd = \
+        ops.layer_norm_backward_parts(d, x, g.params[param + ".weight"],
+                                      g.values[name + ".mean"], g.values[name + ".std"])
+    g.keep(name + ".mean", dmean)
+    g.keep(name + ".std", dstd)
+    return dx
 
 
 def _heads(name: str, x: np.ndarray, prefix: str, hooks: Hook, n_head: int) -> None:
@@ -179,6 +205,29 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
     return hk(L + "attn_out", out)  # [T, d]
 
 
+def attention_backward(g: Gradients, i: int, dattn: np.ndarray) -> np.ndarray:
+    """Card 5 in reverse: from d attn_out to d ln1.out, through c_proj, the weighted sum of
+    the values, the softmax, the scores and c_attn."""
+    p, L, values = f"h.{i}.attn.", f"layers.{i}.", g.values
+    g.keep(L + "attn_out", dattn)
+    dz, g.grads[p + "c_proj.weight"], g.grads[p + "c_proj.bias"] = ops.linear_backward(
+        dattn, ops.merge_heads(values[L + "z"]), g.params[p + "c_proj.weight"], weights=g.weights)
+    dz = ops.split_heads(dz, g.config.n_head)
+    dq, dk, dvv, dweights, dscores = ops.attention_backward_parts(
+        dz, values[L + "q"], values[L + "k"], values[L + "v"], values[L + "weights"])
+    for name, path, d in (("out", "z", dz), ("weights", "weights", dweights),
+                          ("scores", "scores", dscores), ("q", "q", dq), ("k", "k", dk),
+                          ("v", "v", dvv)):
+        g.keep(L + path, d)
+        g.keep_heads(name, d, L)
+    dqkv = np.concatenate(
+        [ops.merge_heads(dq), ops.merge_heads(dk), ops.merge_heads(dvv)], axis=-1)
+    dx, g.grads[p + "c_attn.weight"], g.grads[p + "c_attn.bias"] = ops.linear_backward(
+        dqkv, values[L + "ln1.out"], g.params[p + "c_attn.weight"], weights=g.weights)
+    g.keep(L + "ln1.out", dx)
+    return dx
+
+
 def feed_forward(params, i: int, x: np.ndarray, hooks: Hook) -> np.ndarray:
     """Card 6: GELU(x W_1 + b_1) W_2 + b_2.  [T, d] -> [T, ff] -> [T, d]"""
     p, L = f"h.{i}.mlp.", f"layers.{i}."
@@ -186,6 +235,21 @@ def feed_forward(params, i: int, x: np.ndarray, hooks: Hook) -> np.ndarray:
     post = hooks(L + "mlp_post", ops.gelu(pre))
     return hooks(L + "mlp_out",
                  ops.linear(post, params[p + "c_proj.weight"], params[p + "c_proj.bias"]))
+
+
+def feed_forward_backward(g: Gradients, i: int, dmlp_out: np.ndarray) -> np.ndarray:
+    """Card 6 in reverse: from d mlp_out to d ln2.out, through c_proj, GELU and c_fc."""
+    p, L, values = f"h.{i}.mlp.", f"layers.{i}.", g.values
+    g.keep(L + "mlp_out", dmlp_out)
+    dpost, g.grads[p + "c_proj.weight"], g.grads[p + "c_proj.bias"] = ops.linear_backward(
+        dmlp_out, values[L + "mlp_post"], g.params[p + "c_proj.weight"], weights=g.weights)
+    g.keep(L + "mlp_post", dpost)
+    dpre = ops.gelu_backward(dpost, values[L + "mlp_pre"])
+    g.keep(L + "mlp_pre", dpre)
+    dx, g.grads[p + "c_fc.weight"], g.grads[p + "c_fc.bias"] = ops.linear_backward(
+        dpre, values[L + "ln2.out"], g.params[p + "c_fc.weight"], weights=g.weights)
+    g.keep(L + "ln2.out", dx)
+    return dx
 
 
 def block(params, config: Config, i: int, h: np.ndarray, hooks: Hook | None,
@@ -203,9 +267,34 @@ def block(params, config: Config, i: int, h: np.ndarray, hooks: Hook | None,
     return hk(L + "resid_post", h + (drop(L + "mlp_out", m) if drop else m))
 
 
+def block_backward(g: Gradients, i: int, dh: np.ndarray) -> np.ndarray:
+    """Card 7 in reverse: each residual sum sends its gradient both ways, into the branch
+    (MLP, then attention, each through its norm) and on down the stream."""
+    p, L = f"h.{i}.", f"layers.{i}."
+    g.keep(L + "resid_post", dh)
+    dx = feed_forward_backward(g, i, g.undrop(L + "mlp_out", dh))
+    dh = dh + layer_norm_backward(g, dx, g.values[L + "resid_mid"], p + "ln_2", L + "ln2")
+    g.keep(L + "resid_mid", dh)
+    dx = attention_backward(g, i, g.undrop(L + "attn_out", dh))
+    dh = dh + layer_norm_backward(g, dx, g.values[L + "resid_pre"], p + "ln_1", L + "ln1")
+    g.keep(L + "resid_pre", dh)
+    return dh
+
+
 def unembed(params, u: np.ndarray, hooks: Hook) -> np.ndarray:
     """Card 9: logits = u W_E^T, the head tied to the embedding table.  [T, d] -> [T, V]"""
     return hooks("logits", ops.unembed(u, params["wte.weight"]))
+
+
+def unembed_backward(g: Gradients, dlogits: np.ndarray) -> np.ndarray:
+    """Cards 8-9 in reverse: from d logits (the cross-entropy's, ops.cross_entropy_backward,
+    or any other score's) through the tied head and the final norm to the last block."""
+    g.keep("logits", dlogits)
+    du, g.grads["wte.weight"] = ops.unembed_backward(dlogits, g.values["ln_final.out"],
+                                                     g.params["wte.weight"], weights=g.weights)
+    g.keep("ln_final.out", du)
+    last = g.values[f"layers.{g.config.n_layer - 1}.resid_post"]
+    return layer_norm_backward(g, du, last, "ln_f", "ln_final")
 
 
 def forward(
@@ -316,20 +405,61 @@ def _block_weights(params, i: int) -> tuple[np.ndarray, ...]:
         "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"))
 
 
+def record(params, config: Config, ids, paths=None, *, hooks: Hook | None = None,
+           stop_after: str | None = None) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+    """The one way to run the model and keep its values: (logits, {path: value}) of every
+    value, or only of `paths`. `hooks` run before the recording, so an intervention shows in
+    the values recorded; `stop_after` ends the pass once that value exists (logits None)."""
+    from .hooks import Chain, RecordOnly, StopAfter
+
+    rec = Record() if paths is None else RecordOnly(paths)
+    chain = [h for h in (hooks, rec, StopAfter(stop_after) if stop_after else None)
+             if h is not None]
+    logits = forward(params, config, np.asarray(ids),
+                     hooks=chain[0] if len(chain) == 1 else Chain(*chain))
+    return logits, rec.values
+
+
 def trace(params, config: Config, ids, *, hooks: Hook | None = None, tokens=None):
     """Run the model and record every value: the Trace of one forward pass.
 
     `hooks` run before the recording, so an intervention shows in the values recorded.
     """
-    from .hooks import Chain
     from .trace import Trace
 
-    rec = Record()
-    forward(params, config, ids, hooks=Chain(hooks, rec) if hooks else rec)
-    return Trace(rec.values, config, tokens=tokens)
+    return Trace(record(params, config, ids, hooks=hooks)[1], config, tokens=tokens)
 
 
 # ------------------------------------------------------------------ the backward pass
+
+
+class Gradients:
+    """What every backward step shares: the values the forward pass recorded, the gradients
+    of the parameters as they are found, the dropout masks, and (with `wrt_values`) the
+    gradient of every recorded value by its path."""
+
+    def __init__(self, params, config: Config, values, masks, wrt_values: bool,
+                 param_grads: bool = True):
+        self.params, self.config, self.values = params, config, values
+        self.masks = masks or {}
+        self.grads: dict[str, np.ndarray] = {}
+        self.dv: dict[str, np.ndarray] = {}
+        self.wrt_values = wrt_values
+        # off: the weight matrices' gradients are skipped (a third of the products), for
+        # callers that want the values' gradients only (analysis.tracin)
+        self.weights = param_grads
+
+    def keep(self, path: str, d: np.ndarray) -> None:
+        if self.wrt_values:
+            self.dv[path] = d
+
+    def keep_heads(self, name: str, d: np.ndarray, prefix: str) -> None:
+        if self.wrt_values:
+            for h in range(self.config.n_head):
+                self.dv[f"{prefix}heads.{h}.{name}"] = d[..., h, :, :]
+
+    def undrop(self, path: str, d: np.ndarray) -> np.ndarray:
+        return d * self.masks[path] if path in self.masks else d
 
 
 def backward(
@@ -345,94 +475,19 @@ def backward(
     """Gradients of a scalar, given d scalar / d logits, for every parameter and (with
     `wrt_values`) for every recorded value, by path.
 
-    Walks the forward pass in reverse over the values a Record hook kept. Hooks are taken to
-    be the identity: on an intervened run this is the gradient at the changed values. With
-    `param_grads` off, only the values' gradients are computed (the parameters' dict is empty).
+    forward in reverse, each step by its own backward beside its forward, over the values a
+    Record hook kept. Hooks are taken to be the identity: on an intervened run this is the
+    gradient at the changed values. With `param_grads` off only the values' gradients are
+    computed (the parameters' dict comes back empty).
     """
-    masks = masks or {}
-    grads: dict[str, np.ndarray] = {}
-    dv: dict[str, np.ndarray] = {}
-    keep = dv.__setitem__ if wrt_values else (lambda k, x: None)
-
-    def undrop(path: str, d: np.ndarray) -> np.ndarray:
-        return d * masks[path] if path in masks else d
-
-    def norm_backward(d, x, g, name):
-        dx, dg, db, dmean, dstd = ops.layer_norm_backward_parts(
-            d, x, g, values[name + ".mean"], values[name + ".std"])
-        keep(name + ".mean", dmean)
-        keep(name + ".std", dstd)
-        return dx, dg, db
-
-    def heads(name, d, prefix):
-        if wrt_values:
-            for h in range(config.n_head):
-                dv[f"{prefix}heads.{h}.{name}"] = d[..., h, :, :]
-
-    keep("logits", dlogits)
-    last = f"layers.{config.n_layer - 1}.resid_post"
-    du, grads["wte.weight"] = ops.unembed_backward(dlogits, values["ln_final.out"],
-                                                   params["wte.weight"], weights=param_grads)
-    keep("ln_final.out", du)
-    dh, grads["ln_f.weight"], grads["ln_f.bias"] = norm_backward(
-        du, values[last], params["ln_f.weight"], "ln_final")
+    g = Gradients(params, config, values, masks, wrt_values, param_grads)
+    dh = unembed_backward(g, dlogits)
     for i in reversed(range(config.n_layer)):
-        p, L = f"h.{i}.", f"layers.{i}."
-        keep(L + "resid_post", dh)
-        # resid_post = resid_mid + mlp_out: the gradient flows both ways
-        dmlp_out = undrop(L + "mlp_out", dh)
-        keep(L + "mlp_out", dmlp_out)
-        dpost, grads[p + "mlp.c_proj.weight"], grads[p + "mlp.c_proj.bias"] = ops.linear_backward(
-            dmlp_out, values[L + "mlp_post"], params[p + "mlp.c_proj.weight"], weights=param_grads)
-        keep(L + "mlp_post", dpost)
-        dpre = ops.gelu_backward(dpost, values[L + "mlp_pre"])
-        keep(L + "mlp_pre", dpre)
-        dx, grads[p + "mlp.c_fc.weight"], grads[p + "mlp.c_fc.bias"] = ops.linear_backward(
-            dpre, values[L + "ln2.out"], params[p + "mlp.c_fc.weight"], weights=param_grads)
-        keep(L + "ln2.out", dx)
-        dx, grads[p + "ln_2.weight"], grads[p + "ln_2.bias"] = norm_backward(
-            dx, values[L + "resid_mid"], params[p + "ln_2.weight"], L + "ln2")
-        dh = dh + dx
-        keep(L + "resid_mid", dh)
-        # resid_mid = resid_pre + attn_out
-        dattn = undrop(L + "attn_out", dh)
-        keep(L + "attn_out", dattn)
-        dz, grads[p + "attn.c_proj.weight"], grads[p + "attn.c_proj.bias"] = ops.linear_backward(
-            dattn, ops.merge_heads(values[L + "z"]), params[p + "attn.c_proj.weight"],
-            weights=param_grads)
-        dz = ops.split_heads(dz, config.n_head)
-        keep(L + "z", dz)
-        heads("out", dz, L)
-        dweights = dz @ values[L + "v"].swapaxes(-1, -2)
-        keep(L + "weights", dweights)
-        heads("weights", dweights, L)
-        dscores = ops.softmax_backward(dweights, values[L + "weights"])
-        keep(L + "scores", dscores)
-        heads("scores", dscores, L)
-        dq, dk = ops.attention_scores_backward(dscores, values[L + "q"], values[L + "k"])
-        dvv = values[L + "weights"].swapaxes(-1, -2) @ dz
-        for name, d in (("q", dq), ("k", dk), ("v", dvv)):
-            keep(L + name, d)
-            heads(name, d, L)
-        dqkv = np.concatenate(
-            [ops.merge_heads(dq), ops.merge_heads(dk), ops.merge_heads(dvv)], axis=-1)
-        dx, grads[p + "attn.c_attn.weight"], grads[p + "attn.c_attn.bias"] = ops.linear_backward(
-            dqkv, values[L + "ln1.out"], params[p + "attn.c_attn.weight"], weights=param_grads)
-        keep(L + "ln1.out", dx)
-        dx, grads[p + "ln_1.weight"], grads[p + "ln_1.bias"] = norm_backward(
-            dx, values[L + "resid_pre"], params[p + "ln_1.weight"], L + "ln1")
-        dh = dh + dx
-        keep(L + "resid_pre", dh)
-    demb = undrop("embeddings", dh)
-    keep("embeddings", demb)
-    keep("token_embeddings", demb)
-    keep("position_embeddings", demb.reshape(-1, *demb.shape[-2:]).sum(axis=0)
-         if demb.ndim == 3 else demb)
+        dh = block_backward(g, i, dh)
+    embed_backward(g, dh)
     if not param_grads:
-        return {}, dv
-    grads["wpe.weight"] = ops.position_embedding_backward(demb, params["wpe.weight"])
-    grads["wte.weight"] += ops.embedding_backward(demb, params["wte.weight"], values["ids"])
-    return {name: grads[name] for name in params}, dv
+        return {}, g.dv
+    return {name: g.grads[name] for name in params}, g.dv
 
 
 def loss_and_grads(params, config, ids, targets, *, dropout=0.0, rng=None):

@@ -57,17 +57,7 @@ def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float):
 
 def layer_norm_backward(dout, x, g, mean, std):
     """Returns (dx, dg, db)."""
-    xhat = (x - mean) / std
-    lead = tuple(range(x.ndim - 1))
-    dg = (dout * xhat).sum(axis=lead)
-    db = dout.sum(axis=lead)
-    dxhat = dout * g
-    dx = (
-        dxhat
-        - dxhat.mean(axis=-1, keepdims=True)
-        - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
-    ) / std
-    return dx, dg, db
+    return layer_norm_backward_parts(dout, x, g, mean, std)[:3]
 
 
 def layer_norm_backward_parts(dout, x, g, mean, std):
@@ -244,10 +234,16 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray):
 
 def attention_backward(dout, q, k, v, weights):
     """Returns (dq, dk, dv). Masked weights are exactly 0, so their scores get no gradient."""
-    dv = weights.swapaxes(-1, -2) @ dout
-    dscores = softmax_backward(dout @ v.swapaxes(-1, -2), weights)
-    dscores /= np.sqrt(q.shape[-1]).astype(q.dtype)
-    return dscores @ k, dscores.swapaxes(-1, -2) @ q, dv
+    return attention_backward_parts(dout, q, k, v, weights)[:3]
+
+
+def attention_backward_parts(dout, q, k, v, weights):
+    """attention_backward that also returns the gradients of the weights and of the (masked,
+    scaled) scores, values the forward pass hooks: (dq, dk, dv, dweights, dscores)."""
+    dweights = dout @ v.swapaxes(-1, -2)
+    dscores = softmax_backward(dweights, weights)
+    dq, dk = attention_scores_backward(dscores, q, k)
+    return dq, dk, weights.swapaxes(-1, -2) @ dout, dweights, dscores
 
 
 # ---------------------------------------------------------------- dropout (training only)
@@ -309,11 +305,7 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> float:
 
 def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """d(mean loss)/d logits = (softmax - one_hot) / N."""
-    dlogits = softmax(np.ascontiguousarray(logits))  # C order: the flat view below is a view
-    flat = dlogits.reshape(-1, dlogits.shape[-1])
-    flat[np.arange(flat.shape[0]), targets.reshape(-1)] -= 1.0
-    dlogits /= np.asarray(targets.size, dtype=dlogits.dtype)
-    return dlogits
+    return cross_entropy_with_grad(logits, targets)[1]
 
 
 def cross_entropy_with_grad(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:

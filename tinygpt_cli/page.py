@@ -65,3 +65,54 @@ CARDS = [
          "t_{T+1} = sample(probs[-1], create_rng(1))", None, "tinygpt sample TEXT --seed 1",
          "One chance for each of the {vocab:,} tokens; the seeded pick is the next token."),
 ]
+
+
+# ------------------------------------------------------------------ the page of one text
+# `r`: a traced text (cli.common.Run): its trace, model, text, ids, tokens and T.
+
+
+def next_token(r) -> tuple:
+    """Cards 10 and 11 as the page writes them: probs[-1] (the softmax of logits[-1] at
+    temperature 1), then sample(probs[-1], create_rng(1))."""
+    from .sampling import create_rng, sample
+
+    probs = r.trace.get("probs[-1]")
+    return probs, sample(probs, create_rng(1))
+
+
+def page_values(r) -> dict:
+    """Every value the page shows, by card number, from one trace (and the header facts)."""
+    cfg = r.model.config
+    probs, picked = next_token(r)
+    values: dict = {c.number: r.trace.get(c.path) for c in CARDS if c.number <= 9}
+    values.update({
+        10: probs,
+        11: picked,
+        "header": {"T": r.T, "d": cfg.n_embd, "L": cfg.n_layer, "heads": cfg.n_head,
+                   "d_k": cfg.d_k, "ffn": cfg.n_inner, "vocab": cfg.vocab_size,
+                   "longest": cfg.n_positions},
+    })
+    return values
+
+
+def map_stages(r) -> list[tuple[str, str, str]]:
+    """The map's stages for this text: (name, operation, shape of what comes out)."""
+    cfg = r.model.config
+    T, d, H, dk, ff, V = r.T, cfg.n_embd, cfg.n_head, cfg.d_k, cfg.n_inner, cfg.vocab_size
+    td = f"{T} × {d}"
+    return [
+        ("1 Inputs", "tokenizer.encode(text)", f"{T} ids"),
+        ("2 Embedding", "W_E[ids]", td),
+        ("3 Position", "+ W_P[0..T-1]", td),
+        ("4 Norm", "ln1", td),
+        ("5 Masked attention", f"{H} heads: q, k, v {H} × {T} × {dk}; weights {H} × {T} × {T}",
+         td),
+        ("4 Add", "resid_mid = h + attn_out", td),
+        ("4 Norm", "ln2", td),
+        ("6 Feed forward", f"{td} → {T} × {ff} → GELU → {td}", td),
+        ("4 Add", "resid_post = resid_mid + mlp_out", td),
+        ("8 Final norm", "ln_final", td),
+        ("9 Linear", "u W_E^T", f"{T} × {V:,}"),
+        ("10 Softmax", "probs[-1] = softmax(logits[-1])", f"{V:,}"),
+        ("11 Output", "sample(probs[-1], rng)", "1 id"),
+    ]

@@ -6,7 +6,7 @@ no terminal in sight:
     s = Session.open("Lily wanted to play with her")
     s.trace()["layers.0.heads.0.weights"]                  # look
     s.trace(ablate=["layers.1.heads.2.out"])["logits"]      # change, then look
-    s.run(hooks=RecordOnly({"layers.3.resid_post"}))        # only what is needed
+    s.record({"layers.3.resid_post"})[1]                   # only what is needed
 
 Errors are InputError (bad text, index or path: exit 2 in the CLI) or WeightsError.
 """
@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import InputError, check_utf8
 from .hooks import Chain, Hook, ablation
-from .model import forward, trace
+from .model import forward, record, trace
 from .trace import Trace
 from .weights import Model, load_model
 
@@ -110,6 +110,13 @@ class Session:
         """The logits [T, V], with the hooks called on every value."""
         return forward(self.params, self.config, np.asarray(self.ids),
                        hooks=self.hooks_for(ablate, hooks))
+
+    def record(self, paths: Iterable[str] | None = None, hooks: Hook | None = None,
+               ablate: Sequence[str] = (), stop_after: str | None = None
+               ) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
+        """(logits, {path: value}) of every value, or only of `paths` (model.record)."""
+        return record(self.params, self.config, self.ids, paths,
+                      hooks=self.hooks_for(ablate, hooks), stop_after=stop_after)
 
     def trace(self, hooks: Hook | None = None, ablate: Sequence[str] = ()) -> Trace:
         """Every value of the forward pass, after any interventions."""

@@ -38,6 +38,13 @@ class Trace:
         """Every concrete path, per-block and per-head paths expanded, in forward order."""
         return expand(self.config)
 
+    def entries(self) -> list[dict]:
+        """{path, shape, about} of every concrete path, in forward order (trace --list)."""
+        from .schema import describe
+
+        return [{"path": p, "shape": [] if isinstance(v := self.get(p), int) else
+                 list(np.shape(v)), "about": describe(p)} for p in self.paths()]
+
     def canonical(self, path: str) -> tuple[str, list[int]]:
         """Resolve a user path to (canonical path, trailing row indices)."""
         return resolve(path, self.config)

@@ -51,10 +51,11 @@ class TensorInfo:
     shape: tuple[int, ...]
 
 
-def read_header(path: Path) -> dict[str, TensorInfo]:
-    """The safetensors header: an 8-byte little-endian length, then that many bytes of JSON
-    naming each tensor's dtype, shape and byte range. Read and checked without loading any
-    tensor, so a file cannot make the loader allocate more than it holds."""
+def header_json(path: Path) -> tuple[dict, int, int]:
+    """The one reader of a safetensors header: an 8-byte little-endian length, then that many
+    bytes of JSON. Returns (the JSON object, its length n, the file's size; the data starts
+    at byte 8 + n). Checked before anything is allocated, so a file cannot make a reader
+    take more than it holds; WeightsError when it is not a header."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -71,6 +72,13 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         raise WeightsError(f"{path} is not a readable safetensors file (header: {e})") from None
     if not isinstance(header, dict):
         raise WeightsError(f"{path} is not a readable safetensors file (header is not an object)")
+    return header, n, size
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """The tensors a safetensors header names, each's dtype, shape and byte range checked
+    against the file without loading any tensor."""
+    header, n, size = header_json(path)
     data_bytes = size - 8 - n
     out = {}
     for name, entry in header.items():
@@ -229,27 +237,20 @@ def map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
     data. Returns None for anything but a plain well-formed file (bfloat16, say), which the
     safetensors library then reads, or reports, as before.
     """
-    import json
     import mmap
 
     import numpy as np
 
+    try:
+        header, n, size = header_json(path)
+    except WeightsError:
+        return None
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < 8:
-            return None
-        n = int.from_bytes(f.read(8), "little")
-        if not 2 <= n <= size - 8:
-            return None
-        try:
-            header = json.loads(f.read(n))
-        except ValueError:
-            return None
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if buf.size() != size:  # changed under us: the library reads it, or reports it
+            return None
     data_size = size - 8 - n
     tensors = {}
-    if not isinstance(header, dict):
-        return None
     for name, info in header.items():
         if name == "__metadata__":
             continue

@@ -13,15 +13,15 @@ divergence KL(before || after) of the whole next-token distribution there.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import ops
 from ..config import Config
-from ..hooks import Record
-from ..model import forward
+from ..errors import InputError
+from ..model import record
 from .variants import Edit, run_variants, set_all, widen
 
 MODES = ("zero", "mean", "resample")
@@ -63,9 +63,7 @@ def replacement(mode: str, path: str, *, means: Mapping[str, np.ndarray] | None 
 def source_values(params: dict[str, np.ndarray], config: Config,
                   ids: Sequence[int]) -> dict[str, np.ndarray]:
     """Every value of another text's run, for resampling; in float64 like the ablated runs."""
-    rec = Record()
-    forward(widen(params), config, np.asarray(ids), hooks=rec)
-    return rec.values
+    return record(widen(params), config, np.asarray(ids))[1]
 
 
 @dataclass
@@ -119,3 +117,76 @@ def top_tokens(logits: np.ndarray, k: int) -> list[tuple[int, float]]:
     p = np.exp(ops.log_softmax(np.asarray(logits, np.float64)))
     order = np.argsort(-p, kind="stable")[:k]
     return [(int(i), float(p[i])) for i in order]
+
+
+@dataclass
+class AblationReport:
+    """Each component taken out, as a row {component, label, delta (change in log p of the
+    target), kl, logp_before, logp_after, top_after}; with `every`, ranked by |delta|."""
+
+    q: object  # analysis.question.Question
+    mode: str
+    every: bool
+    rows: list[dict]
+    top_before: list[dict]  # {id, token, prob} of the unchanged run
+
+
+def ablation_report(session, components: list[str], edit: Mapping[str, Edit], position: int,
+                    target: str | None, top: int, *, mode: str, every: bool) -> AblationReport:
+    """Take out each component in its own run (`position` checked already) and compare the
+    next-token distribution at `position` with the unchanged run's."""
+    from .question import ask
+
+    q = ask(session, session.run()[position], position, target, None)
+    before, found = ablate(session.params, session.config, session.ids,
+                           [[c] for c in components], edit, position, q.target)
+    tok = q.token_str
+    rows = [{"component": e.paths[0], "label": component_label(e.paths[0]),
+             "delta": e.delta, "kl": e.kl, "logp_before": e.logp_before,
+             "logp_after": e.logp_after,
+             "top_after": [{"id": i, "token": tok(i), "prob": p}
+                           for i, p in top_tokens(e.logits, top)]} for e in found]
+    if every:
+        rows.sort(key=lambda r: -abs(r["delta"]))
+    top_before = [{"id": i, "token": tok(i), "prob": p} for i, p in top_tokens(before, top)]
+    return AblationReport(q, mode, every, rows, top_before)
+
+
+def components(session, layer: int | None, head: int | None, mlp: bool,
+               every: bool) -> list[str]:
+    """The paths ablate takes out: every head and MLP (--all), or one (--layer with --head
+    or --mlp), checked against the model's sizes."""
+    if every:
+        if layer is not None or head is not None or mlp:
+            raise InputError("--all takes out every component in turn: give it without "
+                             "--layer, --head or --mlp")
+        return all_components(session.config)
+    if layer is None:
+        raise InputError("say what to take out: --layer L with --head H or --mlp, or --all")
+    if (head is None) == (not mlp):
+        raise InputError("give exactly one of --head H or --mlp with --layer")
+    i = session.layer(layer)
+    return [mlp_path(i) if mlp else head_path(i, session.head(head))]
+
+
+def replacements(session, paths: list[str], mode: str, source: str | None, data: bool,
+                 means: Callable[[], Mapping[str, np.ndarray]]) -> dict[str, Edit]:
+    """{path: its replacement} for the mode, the options checked first: zero; mean (`means()`
+    is called only then: stored, or over --data); resample (the values of the run of the text
+    `source`, which must be at least as long)."""
+    if mode not in MODES:
+        raise InputError(f"unknown --mode {mode!r}: use zero, mean or resample")
+    if (source is not None) != (mode == "resample"):
+        raise InputError("--from TEXT goes with --mode resample (and resample needs it)")
+    if data and mode != "mean":
+        raise InputError("--data DIR goes with --mode mean")
+    found = means() if mode == "mean" else None
+    values = None
+    if mode == "resample":
+        other = type(session).open(source, model=session.model)
+        if other.T < session.T:
+            raise InputError(f"the --from text is {other.T} tokens long and the text "
+                             f"{session.T}: resampling needs a value at every position, so "
+                             "give a --from text at least as long")
+        values = source_values(session.params, session.config, other.ids)
+    return {p: replacement(mode, p, means=found, source=values) for p in paths}

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Config
-from ..hooks import Chain, Record, Replace
-from ..model import backward, forward
+from ..errors import InputError
+from ..hooks import Replace
+from ..model import backward, record
 from .variants import cut_head
 
 STEP_TOKENS = 2048  # integrated gradients: tokens per batched pass
@@ -41,16 +42,15 @@ def gradients(params, config: Config, ids: Sequence[int], position: int, target:
     x = params["wte.weight"][np.asarray(ids)] if token_embeddings is None else token_embeddings
     rows = [target] + ([vs] if vs is not None else [])
     head = cut_head(params, rows)
-    rec = Record()
     zeros = np.zeros(x.shape[:-1], dtype=np.int64)
-    logits = forward(head, config, zeros,
-                     hooks=Chain(Replace({"token_embeddings": lambda _: x}), rec))  # [.., T, R]
+    logits, values = record(head, config, zeros,
+                            hooks=Replace({"token_embeddings": lambda _: x}))  # [.., T, R]
     sign = np.array([1.0, -1.0][: len(rows)], dtype=logits.dtype)
     dlogits = np.zeros_like(logits)
     dlogits[..., position, :] = sign
-    _, grads = backward(head, config, rec.values, dlogits, wrt_values=True)
+    _, grads = backward(head, config, values, dlogits, wrt_values=True)
     f = np.asarray(logits[..., position, :], np.float64) @ sign.astype(np.float64)
-    return f, grads, rec.values
+    return f, grads, values
 
 
 @dataclass
@@ -113,3 +113,40 @@ def attention_x_grad(params, config, ids, position, target, vs=None) -> Attribut
                         * g[f"layers.{i}.weights"]).sum(axis=-2)
                        for i in range(config.n_layer)])
     return Attribution("attention-x-grad", scores, float(f))
+
+
+METHOD_FUNCTIONS = {"grad": grad, "grad-x-input": grad_x_input,
+                    "attention-x-grad": attention_x_grad}
+
+
+@dataclass
+class AttributionReport:
+    q: object  # analysis.question.Question
+    attribution: Attribution
+
+    @property
+    def completeness(self) -> tuple[float, float, float] | None:
+        """(sum of scores, f(input) − f(baseline), the gap) for integrated gradients."""
+        r = self.attribution
+        return None if r.gap is None else (float(r.scores.sum()), r.f - r.f_baseline, r.gap)
+
+
+def attribution_report(session, position: int, target: str | None, vs: str | None,
+                       method: str, steps: int, baseline: str | None) -> AttributionReport:
+    """`method`'s scores for the prediction at `position`; integrated gradients start from
+    the token embeddings of the `baseline` text (same token count) or from zeros."""
+    from .question import ask
+
+    p = session.position(position)
+    q = ask(session, session.run()[p], p, target, vs)
+    args = (session.params, session.config, session.ids, p, q.target, q.vs)
+    if method != "integrated-gradients":
+        return AttributionReport(q, METHOD_FUNCTIONS[method](*args))
+    base = None
+    if baseline is not None:
+        b = type(session).open(baseline, model=session.model)
+        if b.T != session.T:
+            raise InputError(f"the --baseline text is {b.T} tokens and the text {session.T}: "
+                             "integrated gradients need the same number of tokens")
+        base = session.params["wte.weight"][np.asarray(b.ids)]
+    return AttributionReport(q, integrated_gradients(*args, steps=steps, baseline=base))

@@ -84,3 +84,63 @@ def model_diff(logits_a: np.ndarray, logits_b: np.ndarray, ids) -> ModelDiff:
     t = np.arange(len(nxt))
     return ModelDiff(kl_divergence(logits_a, logits_b), pa.argmax(-1), pb.argmax(-1),
                      pa[t, nxt], pb[t, nxt])
+
+
+@dataclass
+class TextDiff:
+    """Two texts through one model: per residual stage and position (aligned from the
+    start), cosine and relative distance [S, n]; each run's top next token and its chance."""
+
+    a: object  # Session
+    b: object
+    stages: list[str]
+    cosine: np.ndarray
+    distance: np.ndarray
+    top_a: list[tuple[str, float]]
+    top_b: list[tuple[str, float]]
+
+
+def text_diff(a, b) -> TextDiff:
+    from ..sampling import probabilities
+    from .lens import residual_stages
+
+    ta, tb = a.trace(), b.trace()
+    stages = residual_stages(ta, a.config)
+    cos, dist = stream_diff([h for _, h in stages], [h for _, h in residual_stages(tb, a.config)])
+    n = cos.shape[1]
+    tok = a.model.tokenizer
+
+    def tops(tr):
+        p = probabilities(tr.get("logits")[:n])
+        return [(tok.token_str(int(i)), float(p[r, i])) for r, i in enumerate(p.argmax(-1))]
+
+    return TextDiff(a, b, [name for name, _ in stages], cos, dist, tops(ta), tops(tb))
+
+
+@dataclass
+class ModelsDiff:
+    """One text through two models (sessions a and b): `diff`, and each one's top tokens."""
+
+    a: object  # Session
+    b: object
+    diff: ModelDiff
+    top_a: list[str]
+    top_b: list[str]
+
+
+def models_diff(model_a, model_b, text: str) -> ModelsDiff:
+    """The text through both models: sizes and the tokenizers' split must agree."""
+    from ..errors import InputError
+    from ..session import Session
+
+    if model_a.config != model_b.config:
+        raise InputError("the two weights folders have different sizes; diff compares models "
+                         "of one shape")
+    a = Session.open(text, model=model_a)
+    if model_b.tokenizer.encode(text) != a.ids:
+        raise InputError("the two weights folders' tokenizers split the text differently")
+    b = Session.open(text, model=model_b)
+    d = model_diff(a.run(), b.run(), a.ids)
+    tok = model_a.tokenizer
+    return ModelsDiff(a, b, d, [tok.token_str(int(i)) for i in d.top_a],
+                      [tok.token_str(int(i)) for i in d.top_b])

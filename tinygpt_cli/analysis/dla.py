@@ -124,3 +124,20 @@ def neuron_attribution(trace, params, config: Config, position: int, scale: floa
         rows.append({"layer": i, "neuron": n, "value": float(values[i, n]),
                      "activation": float(trace.get(f"layers.{i}.mlp_post")[position, n])})
     return rows
+
+
+@dataclass
+class DLAReport:
+    q: object  # analysis.question.Question
+    dla: DLA
+
+
+def dla_report(session, position: int, target: str | None, vs: str | None,
+               neurons: int = 0) -> DLAReport:
+    from .question import ask
+
+    p = session.position(position)
+    tr = session.trace()
+    q = ask(session, tr.get("logits")[p], p, target, vs)
+    return DLAReport(q, direct_logit_attribution(tr, session.params, session.config, p,
+                                                 q.target, q.vs, neurons))

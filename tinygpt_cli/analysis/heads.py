@@ -24,8 +24,8 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
-from ..hooks import RecordOnly
-from ..model import forward
+from ..errors import InputError
+from ..model import record
 
 KINDS = ("previous_token", "duplicate_token", "induction")
 
@@ -72,9 +72,8 @@ def detection_score(attn: np.ndarray, pat: np.ndarray, *, exclude_first: bool = 
 def attention_grids(params, config: Config, ids: np.ndarray) -> np.ndarray:
     """Every head's attention weights for a batch [B, T] -> [B, L, H, T, T]."""
     paths = [f"layers.{i}.weights" for i in range(config.n_layer)]
-    rec = RecordOnly(paths)
-    forward(params, config, ids, hooks=rec)
-    return np.stack([rec.values[p] for p in paths], axis=1)
+    _, values = record(params, config, ids, paths)
+    return np.stack([values[p] for p in paths], axis=1)
 
 
 def text_scores(params, config: Config, texts: list[list[int]], *,
@@ -133,9 +132,8 @@ def induction_test(params, config: Config, n: int, batch: int, seed: int,
     ids = repeated_random_tokens(np.random.default_rng(seed), config.vocab_size, n, batch,
                                  separator)
     paths = [f"layers.{i}.weights" for i in range(config.n_layer)]
-    rec = RecordOnly(paths)
-    logits = forward(params, config, ids, hooks=rec)  # [B, S, V]
-    grids = np.stack([rec.values[p] for p in paths], axis=1)
+    logits, values = record(params, config, ids, paths)  # [B, S, V]
+    grids = np.stack([values[p] for p in paths], axis=1)
     logp = ops.log_softmax(logits[:, :-1])
     nats = -np.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]  # [B, 2n], target t+1
     # target position t in 1..2n; the first repeat is 1..n (1 is a guess from the separator
@@ -143,3 +141,39 @@ def induction_test(params, config: Config, n: int, batch: int, seed: int,
     first = nats[:, 1:n].mean()
     second = nats[:, n:].mean()
     return InductionTest(ids, n, induction_stripe(grids, n), float(first), float(second))
+
+
+KIND_LABELS = {"previous_token": "previous token", "duplicate_token": "duplicate token",
+               "induction": "induction", "induction_random": "induction (random)"}
+
+
+@dataclass
+class HeadsReport:
+    """Every head's score for each kind ([L, H], by KIND_LABELS' keys) over the texts, and
+    the repeated-random-tokens test (`repeat`: its length, batch, seed and losses)."""
+
+    table: dict[str, np.ndarray]
+    texts: int
+    source: str
+    repeat: dict
+    n_layer: int
+    n_head: int
+
+
+def heads_report(params, config: Config, ids: list[list[int]], source: str, *, length: int,
+                 batch: int, seed: int, separator: int, exclude_first: bool = False,
+                 exclude_current: bool = False) -> HeadsReport:
+    """text_scores over the texts, and induction_test on `batch` sequences of `length`
+    random tokens (0: as many as fit twice in the context, at most 50)."""
+    scores = text_scores(params, config, ids, exclude_first=exclude_first,
+                         exclude_current=exclude_current)
+    n = length or min(50, (config.n_positions - 1) // 2)
+    if 1 + 2 * n > config.n_positions or n < 2:
+        raise InputError(f"--repeat-length {n} does not fit twice in the {config.n_positions}-"
+                         "token context after a separator: give 2 to "
+                         f"{(config.n_positions - 1) // 2}")
+    test = induction_test(params, config, n, batch, seed, separator)
+    repeat = {"length": n, "batch": batch, "seed": seed, "loss_first": test.loss_first,
+              "loss_second": test.loss_second, "loss_drop": test.loss_drop}
+    return HeadsReport(dict(scores) | {"induction_random": test.score}, len(ids), source,
+                       repeat, config.n_layer, config.n_head)

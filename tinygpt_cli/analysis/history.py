@@ -21,7 +21,7 @@ import numpy as np
 from .. import ops
 from ..config import Config
 from ..errors import InputError
-from ..model import forward
+from ..model import record
 from ..weights import Model, WeightsError, load_params
 
 HISTORY = "history"  # the folder name train.loop writes (train.loop.HISTORY)
@@ -135,14 +135,80 @@ def head_scores(params, config: Config, ids: np.ndarray, seed: int = 0,
                 batch: int = 4) -> dict[str, np.ndarray]:
     """previous_token [L, H] on the text, induction [L, H] on repeated random tokens, with
     the detectors of `heads` (the same definitions as `tinygpt heads`)."""
-    from ..hooks import RecordOnly
     from . import heads as detect
 
     names = [f"layers.{i}.weights" for i in range(config.n_layer)]
-    rec = RecordOnly(names)
-    forward(params, config, np.asarray(ids), hooks=rec)
-    grids = np.stack([rec.values[n] for n in names])  # [L, H, T, T]
+    _, values = record(params, config, np.asarray(ids), names)
+    grids = np.stack([values[n] for n in names])  # [L, H, T, T]
     prev = detect.detection_score(grids, detect.previous_token_pattern(len(ids)))
     induction = detect.induction_test(params, config, induction_length(config), batch, seed,
                                       config.bos_token_id).score
     return {"previous_token": prev, "induction": induction}
+
+
+# ------------------------------------------------------------------ over the whole timeline
+
+
+def snapshot_rows(snapshots: list[Snapshot], **columns) -> list[dict]:
+    """One row per snapshot: its label, step and learning rate, and the given columns."""
+    return [{"label": s.label, "step": s.step, "lr": s.lr,
+             **{k: v[i] for k, v in columns.items()}} for i, s in enumerate(snapshots)]
+
+
+def loss_over_training(snapshots: list[Snapshot], config: Config, ids,
+                       token_str) -> list[dict]:
+    """Per snapshot: the loss on the text and the likeliest next token with its chance."""
+    from ..model import forward
+
+    ids = np.asarray(ids)
+    logits = [forward(s.params, config, ids) for s in snapshots]
+    losses = [text_loss(z, ids) for z in logits]
+    tops = [next_token(z) for z in logits]
+    return snapshot_rows(snapshots, loss=losses, top_id=[t[0] for t in tops],
+                         top_token=[token_str(t[0]) for t in tops],
+                         top_prob=[t[1] for t in tops])
+
+
+@dataclass
+class ValueHistory:
+    """One value or parameter at every snapshot: `shown` is its canonical name, `rows` its
+    norm, mean and std per snapshot; `grid`: it is an attention grid (shown row by row)."""
+
+    shown: str
+    values: list[np.ndarray]
+    rows: list[dict]
+    grid: bool
+
+
+def value_over_training(snapshots: list[Snapshot], config: Config, ids, tokens,
+                        path: str) -> ValueHistory:
+    """A parameter (h.0.attn.c_attn.weight) read from each snapshot, or a value of the
+    forward pass (layers.0.heads.1.weights, logits[-1]) on the text under each snapshot."""
+    from ..schema import param_shapes, resolve
+    from ..trace import Trace
+    from ..weights import PREFIX
+
+    name = path[len(PREFIX):] if path.startswith(PREFIX) else path
+    if name in param_shapes(config):
+        values = [s.params[name] for s in snapshots]
+        shown = name
+    else:
+        canonical, rows = resolve(path, config)
+        shown = canonical + "".join(f"[{i}]" for i in rows)
+        values = [Trace(record(s.params, config, ids)[1], config, tokens=tokens).get(path)
+                  for s in snapshots]
+    rows = snapshot_rows(snapshots, **{k: [summary(v)[k] for v in values]
+                                       for k in ("norm", "mean", "std")})
+    return ValueHistory(shown, values, rows,
+                        shown.endswith("weights") and not name.endswith(".weight"))
+
+
+def heads_over_training(snapshots: list[Snapshot], config: Config, ids,
+                        progress=None) -> dict[str, np.ndarray]:
+    """previous_token and induction [S, L, H]: head_scores at every snapshot."""
+    scores = []
+    for s in snapshots:
+        scores.append(head_scores(s.params, config, ids))
+        if progress:
+            progress(1)
+    return {k: np.stack([s[k] for s in scores]) for k in ("previous_token", "induction")}

@@ -108,3 +108,30 @@ def logit_lens(trace: Trace, params: dict[str, np.ndarray], config: Config) -> L
     stages = lens_stages(trace, config)
     hs = np.stack([h for _, h in stages])  # [S, T, d]
     return Lens([name for name, _ in stages], lens_logits(hs, params, config))
+
+
+@dataclass
+class LensReport:
+    """The logit lens of a text with the question it answers: each stage's likeliest token
+    and its chance ([S, T]), and the target's chance and rank at every stage ([S])."""
+
+    q: object  # analysis.question.Question
+    stages: list[str]
+    top_ids: np.ndarray
+    top_probs: np.ndarray
+    top_tokens: list[list[str]]  # [T][S]
+    target_probs: np.ndarray
+    target_ranks: np.ndarray
+
+
+def lens_report(session, position: int, target: str | None) -> LensReport:
+    from .question import ask
+
+    p = session.position(position)
+    tr = session.trace()
+    q = ask(session, tr.get("logits")[p], p, target, None)
+    result = logit_lens(tr, session.params, session.config)
+    top_ids, top_probs = result.top()  # [S, T]
+    probs, ranks = result.target(q.target, p)
+    top_tokens = [[q.token_str(int(i)) for i in row] for row in top_ids.T]
+    return LensReport(q, result.stages, top_ids, top_probs, top_tokens, probs, ranks)

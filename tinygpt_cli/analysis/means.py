@@ -16,8 +16,7 @@ import numpy as np
 from ..config import Config
 from ..errors import InputError, WeightsError
 from ..files import write_atomically
-from ..hooks import Chain, RecordOnly, StopAfter
-from ..model import forward
+from ..model import record
 
 FILE = "means.safetensors"
 
@@ -47,10 +46,9 @@ def value_means(params: dict[str, np.ndarray], config: Config, windows: np.ndarr
     stop = f"layers.{config.n_layer - 1}.mlp_out"
     for start in range(0, len(windows), batch):
         ids = windows[start : start + batch]
-        rec = RecordOnly(paths)
-        forward(params, config, ids, hooks=Chain(rec, StopAfter(stop)))
+        _, values = record(params, config, ids, paths, stop_after=stop)
         for p in paths:
-            v = rec.values[p].astype(np.float64)
+            v = values[p].astype(np.float64)
             sums[p] = sums[p] + v.reshape(-1, v.shape[-1]).sum(axis=0)
         count += ids.shape[0] * ids.shape[1]
     if count == 0:

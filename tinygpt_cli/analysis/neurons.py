@@ -11,12 +11,12 @@ LayerNorm's weight (the scale every direction gets on its way to the logits; the
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..config import Config
-from ..hooks import Chain, RecordOnly, StopAfter
-from ..model import forward
+from ..model import record
 
 
 def output_logits(params, layer: int, neurons, *, through_norm: bool = True) -> np.ndarray:
@@ -43,10 +43,9 @@ def window_maxima(params, config: Config, windows: np.ndarray, *, batch_size: in
     paths = [f"layers.{i}.mlp_post" for i in range(n_layer)]
     for b in range(0, w, batch_size):
         x = windows[b : b + batch_size]
-        rec = RecordOnly(paths)
-        forward(params, config, x, hooks=Chain(rec, StopAfter(paths[-1])))
+        _, values = record(params, config, x, paths, stop_after=paths[-1])
         for i, p in enumerate(paths):
-            post = rec.values[p]  # [B, T, ff]
+            post = values[p]  # [B, T, ff]
             top[i, b : b + len(x)] = post.max(axis=1)
             where[i, b : b + len(x)] = post.argmax(axis=1)
         if progress:
@@ -65,6 +64,80 @@ def neuron_activations(params, config: Config, ids: np.ndarray, layer: int,
                        neuron: int) -> np.ndarray:
     """One neuron's activation at every position of windows [B, T] -> [B, T]."""
     path = f"layers.{layer}.mlp_post"
-    rec = RecordOnly({path})
-    forward(params, config, ids, hooks=Chain(rec, StopAfter(path)))
-    return rec.values[path][..., neuron]
+    return record(params, config, ids, {path}, stop_after=path)[1][path][..., neuron]
+
+
+# ------------------------------------------------------------------ on one text
+
+
+@dataclass
+class TextNeurons:
+    """The neurons of one block that fire most on a text (analysis.lens.top_neurons rows,
+    each with the tokens it `pushes` up), and the block's whole mlp_post [T, ff]."""
+
+    path: str
+    post: np.ndarray
+    found: list[dict]
+    read: str  # how W_out was read: through the final norm's weight or not
+
+
+def neurons_on_text(session, layer: int, top: int, *, raw: bool = False) -> TextNeurons:
+    from .lens import top_neurons
+
+    path = f"layers.{layer}.mlp_post"
+    post = session.record({path})[1][path]  # [T, ff]
+    found = top_neurons(post, min(top, post.shape[1]))
+    pushes = output_logits(session.params, layer, [f["neuron"] for f in found],
+                           through_norm=not raw)
+    token_str = session.model.tokenizer.token_str
+    for f, row in zip(found, pushes, strict=True):
+        f["pushes"] = [{"id": int(i), "token": token_str(int(i)), "logit": float(row[i])}
+                       for i in top_ids(row, 8)]
+    read = "W_out[n] @ W_E^T" if raw else "W_out[n] * ln_final.weight @ W_E^T"
+    return TextNeurons(path, post, found, read)
+
+
+# ------------------------------------------------------------------ over a corpus
+
+NEURON_TOP = 64  # examples kept per neuron by corpus_maxima; --top is capped by it
+
+
+def corpus_maxima(params, config: Config, windows: np.ndarray, keep: int = NEURON_TOP,
+                  progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+    """The `keep` windows where each neuron of each block peaks highest, best first:
+    window [L, ff, k] (its index), value [L, ff, k] (the peak), position [L, ff, k]."""
+    top, where = window_maxima(params, config, windows, progress=progress)
+    k = min(keep, len(windows))
+    best = np.argsort(-top, axis=1, kind="stable")[:, :k, :]  # [L, k, ff]
+    return {"window": best.transpose(0, 2, 1).astype(np.int32),
+            "value": np.take_along_axis(top, best, axis=1).transpose(0, 2, 1),
+            "position": np.take_along_axis(where, best, axis=1).transpose(0, 2, 1)}
+
+
+@dataclass
+class NeuronExamples:
+    """The windows of a corpus where one neuron fires most: ids and activations [k, T], and
+    per window its index, first token's offset in the stream, peak and where it is."""
+
+    path: str
+    layer: int
+    neuron: int
+    ids: np.ndarray
+    acts: np.ndarray
+    rows: list[dict]
+    windows: int  # how many windows the corpus has
+
+
+def neuron_examples(params, config: Config, maxima: dict[str, np.ndarray], stream: np.ndarray,
+                    layer: int, neuron: int, top: int, token_str) -> NeuronExamples:
+    """The top windows of corpus_maxima for one neuron, run again to show every position."""
+    ctx = config.n_positions
+    wins = maxima["window"][layer, neuron, : min(top, maxima["window"].shape[-1])]
+    ids = np.stack([stream[w * ctx:(w + 1) * ctx] for w in wins]).astype(np.int64)
+    acts = neuron_activations(params, config, ids, layer, neuron)  # [k, T]
+    peaks = acts.argmax(axis=1)
+    rows = [{"window": int(w), "start": int(w) * ctx, "max": float(acts[r].max()),
+             "position": int(peaks[r]), "token": token_str(int(ids[r, peaks[r]]))}
+            for r, w in enumerate(wins)]
+    return NeuronExamples(f"layers.{layer}.mlp_post[:, {neuron}]", layer, neuron, ids, acts,
+                          rows, len(stream) // ctx)

@@ -21,8 +21,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import InputError
-from ..hooks import Record
-from ..model import backward, forward
+from ..model import backward, record
 from .variants import Variant, run_variants, set_all, set_row, widen
 
 STREAM = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
@@ -44,12 +43,6 @@ def check_gap(clean: float, corrupt: float) -> None:
 def restored(patched, clean: float, corrupt: float):
     """(patched - corrupt) / (clean - corrupt)."""
     return (np.asarray(patched, np.float64) - corrupt) / (clean - corrupt)
-
-
-def record(params, config: Config, ids) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    rec = Record()
-    logits = forward(params, config, np.asarray(ids), hooks=rec)
-    return logits, rec.values
 
 
 @dataclass
@@ -171,3 +164,41 @@ def correlation(a: Patching, b: Patching) -> float:
     if x.std() == 0 or y.std() == 0:
         return float("nan")
     return float(np.corrcoef(x, y)[0, 1])
+
+
+@dataclass
+class PatchReport:
+    """Patching of one clean/corrupt pair: `result` is the method's grids (activation
+    patching, or its attribution estimate with `correlation` to the real one)."""
+
+    q: object  # analysis.question.Question, on the clean text
+    method: str
+    result: Patching
+    correlation: float | None
+    corrupt_ids: list[int]
+    corrupt_tokens: list[str]
+
+
+def patch_question(clean, corrupt, position: int, target: str | None, vs: str | None):
+    """The target (default: the clean run's top guess) against vs (default: the corrupt
+    run's top guess) at `position` (checked already)."""
+    from .question import Question, ask
+
+    q = ask(clean, clean.run()[position], position, target, None)
+    v = clean.token_id(vs) if vs is not None else int(np.argmax(corrupt.run()[position]))
+    if v == q.target:
+        raise InputError(f"the target and --vs are the same token ({q.token_str(v)!r}): give "
+                         "--target and --vs that differ")
+    return Question(q.tokens, position, q.target, v, q.token_str)
+
+
+def patch_report(clean, corrupt, q, method: str, progress=None) -> PatchReport:
+    """Activation patching of every cell, and with method 'atp' its one-backward-pass
+    estimate as well (the estimate is the result; its correlation with the real one kept)."""
+    args = (clean.params, clean.config, clean.ids, corrupt.ids, q.target, q.vs, q.position)
+    real = activation_patching(*args, progress)
+    if method != "atp":
+        return PatchReport(q, method, real, None, corrupt.ids, corrupt.tokens)
+    estimate = attribution_patching(*args)
+    return PatchReport(q, method, estimate, correlation(estimate, real), corrupt.ids,
+                       corrupt.tokens)

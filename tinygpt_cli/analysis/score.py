@@ -19,8 +19,7 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
-from ..hooks import Chain, RecordOnly, StopAfter
-from ..model import forward
+from ..model import record
 
 LN2 = math.log(2.0)
 
@@ -38,7 +37,7 @@ def windows(n: int, context: int, stride: int, *, full_only: bool = False) -> li
     """The windows that score targets 1 .. n-1 of a sequence of n ids, each exactly once.
 
     `full_only` keeps only windows of `context` inputs (the model card's non-overlapping count,
-    train.data.eval_windows, drops the tail that does not fill one).
+    corpus.eval_windows, drops the tail that does not fill one).
     """
     if not 1 <= stride <= context:
         raise ValueError(f"stride must be in 1..{context}, not {stride}")
@@ -102,9 +101,8 @@ def concat(scores: list[TokenScores]) -> TokenScores:
 def final_hidden(params, config: Config, ids: np.ndarray) -> np.ndarray:
     """ln_final.out for a batch [B, T] -> [B, T, d], without the unembedding (the caller
     unembeds only the positions it scores)."""
-    rec = RecordOnly({"ln_final.out"})
-    forward(params, config, ids, hooks=Chain(rec, StopAfter("ln_final.out")))
-    return rec.values["ln_final.out"]
+    return record(params, config, ids, {"ln_final.out"}, stop_after="ln_final.out")[1][
+        "ln_final.out"]
 
 
 def score_sequences(
@@ -202,3 +200,70 @@ def byte_lengths(tokenizer) -> np.ndarray:
                      dtype=np.int64)
     out[tokenizer.eot_id] = 1
     return out
+
+
+DRAWN_TOKENS = 2000  # a picture draws the first texts' tokens up to this many
+
+
+@dataclass
+class ScoreReport:
+    """What `score` found over a set of texts: the totals (`summary`, as --json prints it),
+    the most surprising tokens, and the per-text scores kept for the view and the picture.
+
+    `offset`: how many ids were put before each text (the separator); positions count from
+    the text's first token. `worst`: (nats, text index, position, rank, entropy), most
+    surprising first. `shown`: every text's scores, or None when the text is not printed.
+    `drawn`: the first texts' scores, up to DRAWN_TOKENS tokens, for a picture."""
+
+    summary: dict
+    sequences: list[np.ndarray]
+    offset: int
+    n_windows: int
+    worst: list[tuple[float, int, int, int, float]]
+    shown: list[TokenScores] | None
+    drawn: list[TokenScores]
+
+
+def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.ndarray, *,
+                stride: int, stream: bool, offset: int, top: int, keep: bool, draw: bool,
+                stream_bpt: float | None = None,
+                on_scores: Callable[[int, TokenScores], None] | None = None,
+                progress: Callable[[int], None] | None = None) -> ScoreReport:
+    """Score every text (`score_sequences`), adding up the totals as the texts come, so a
+    whole file never has to be held: only the `top` most surprising tokens, the texts' scores
+    when `keep`, and the first texts' when `draw`. `on_scores(i, s)` sees each text's scores
+    as they are done (the --json lines stream from it). `stream_bpt`: the bytes per token of
+    a whole stream (--stream), counted instead of the tokens' own bytes, as the card does."""
+    total = Totals(0, 0, 0.0)
+    worst: list[tuple] = []
+    kept: list[TokenScores] = []
+    drawn: list[TokenScores] = []
+    for i, s in score_sequences(params, config, sequences, stride=stride, full_only=stream,
+                                progress=progress):
+        total.tokens += len(s.targets)
+        total.nats += float(s.nats.sum())
+        total.bytes += int(nbytes[s.targets].sum())
+        if draw and sum(len(d.targets) for d in drawn) < DRAWN_TOKENS:
+            drawn.append(s)
+        if on_scores is not None:
+            on_scores(i, s)
+        if top:
+            most = np.argsort(-s.nats, kind="stable")[:top]
+            worst += [(float(s.nats[j]), i, 1 + int(j) - offset, int(s.rank[j]),
+                       float(s.entropy[j])) for j in most]
+            worst = sorted(worst, reverse=True)[:top]
+        if keep:
+            kept.append(s)
+    summary = {"summary": True, "path": "score", "tokens": total.tokens, "bytes": total.bytes,
+               "mean_nats": total.mean_nats, "perplexity": total.perplexity,
+               "bits_per_token": total.bits_per_token, "bits_per_byte": total.bits_per_byte,
+               "sequences": len(sequences), "context": config.n_positions, "stride": stride,
+               "stream": stream, "separator_first": bool(offset)}
+    if stream_bpt is not None:
+        # the card's count: mean nats / ln 2 / (bytes per token of the whole stream)
+        summary["bits_per_byte"] = total.bits_per_token / stream_bpt
+        summary["bytes_per_token"] = stream_bpt
+    n_windows = count_windows([len(s) for s in sequences], config.n_positions, stride,
+                              full_only=stream)
+    return ScoreReport(summary, sequences, offset, n_windows, worst,
+                       kept if keep else None, drawn)

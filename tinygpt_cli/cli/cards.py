@@ -258,13 +258,10 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     Example: tinygpt blocks "Lily wanted to play with her"
     """
     import numpy as np
-    from rich.console import Group
-    from rich.text import Text
 
     from ..analysis.lens import block_summary
     from ..render import jsonout, pictures
-    from ..render.tables import Fit, fmt, header
-    from ..render.text import show_token
+    from ..render.tables import blocks_view
 
     r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
@@ -278,36 +275,7 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
         jsonout.emit(r.document(None, norms, name="blocks.norm", position=p,
                                       stages=stages))
         return
-    from rich.table import Table
-
-    names = [("‖h‖ mean", "right"), ("‖h‖ at pos", "right"), ("‖attn_out‖", "right"),
-             ("‖mlp_out‖", "right"), ("change", "right"), ("top guess", "left"),
-             ("chance", "right")]
-    cells = []
-    for row in rows:
-        has = "change" in row
-        cells.append([fmt(row["norm"].mean()), fmt(row["norm"][p]),
-                      fmt(row["attn_norm"][p]) if has else "",
-                      fmt(row["mlp_norm"][p]) if has else "",
-                      f"{row['change'][p]:.0%}" if has else "",
-                      Text(show_token(tok(row["top_id"])), style="bold"),
-                      f"{row['top_prob']:.1%}"])
-
-    def build(keep: list[int | None]) -> Table:  # middle columns give way to the width
-        t = Table(box=None, header_style="bold dim", pad_edge=False)
-        t.add_column("stage", no_wrap=True)
-        for k in keep:
-            name, just = ("…", "center") if k is None else names[k]
-            t.add_column(name, justify=just, no_wrap=True)
-        for row, line in zip(rows, cells, strict=True):
-            t.add_row(row["stage"], *("…" if k is None else line[k] for k in keep))
-        return t
-
-    t = Fit(build, len(names))
-    stdout().print(Group(
-        header("blocks.norm", norms, "(‖h‖ of every token at every stage)"),
-        Text(f"residual stream at position {p} ({show_token(r.tokens[p])}); change = "
-             "‖after − before‖ / ‖before‖", style="dim"), t))
+    stdout().print(blocks_view(rows, tok, p, r.tokens, norms))
 
 
 # ------------------------------------------------------------------ cards 9-11

@@ -29,7 +29,7 @@ from .common import (
     stderr,
     stdout,
 )
-from .explain import describe, emit, open_session, token_doc
+from .explain import emit, open_session
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -245,3 +245,13 @@ def show_erasure(s: Session, r, position: int, target: int, vs: int | None,
              target=token_doc(s, target), vs=token_doc(s, vs))
         return
     stdout().print(view.erasure_view(e, s.tokens, describe(s, target, vs), position))
+
+
+def describe(s, t: int, v: int | None) -> str:
+    """The metric, for a heading: logit[' ball'] − logit[' car']."""
+    tok = s.model.tokenizer.token_str
+    return f"logit[{tok(t)!r}]" + (f" − logit[{tok(v)!r}]" if v is not None else "")
+
+
+def token_doc(s, i: int | None) -> dict | None:
+    return None if i is None else {"id": i, "token": s.model.tokenizer.token_str(i)}

@@ -12,6 +12,7 @@ import typer
 
 from ..errors import InputError, check_utf8
 from ..files import write_atomically
+from ..render.progress import progress, progress_report
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -24,21 +25,17 @@ if TYPE_CHECKING:
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
 __all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "check_index", "check_save",
-           "check_top_p", "encode_checked", "load", "open_folder", "progress", "read_text", "run",
-           "save_figure", "set_default_weights", "stderr", "stdout", "wide"]
+           "check_top_p", "encode_checked", "load", "open_folder", "progress", "progress_report",
+           "read_text", "run", "save_figure", "set_default_weights", "stderr", "stdout", "wide"]
 
 
 def __getattr__(name: str):
-    # Session and Trace stay importable from here (tests patch common.Session) without
+    # Session stays importable from here (tests patch common.Session) without
     # importing the model when the commands are registered.
     if name == "Session":
         from ..session import Session
 
         return Session
-    if name == "Trace":
-        from ..trace import Trace
-
-        return Trace
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -206,97 +203,6 @@ def stderr():
     from rich.console import Console
 
     return Console(stderr=True, markup=False, highlight=False, emoji=False)
-
-
-def progress(total: int | None, description: str, *, enabled: bool = True):
-    """A progress bar on stderr for work over about a second: shown only on a terminal and
-    never with --json (pass enabled=not as_json). Use as a context manager:
-
-        with progress(n, "scoring") as advance:
-            for ...: advance(1)
-    """
-    import contextlib
-
-    from rich.console import Console
-
-    err = Console(stderr=True)
-    if not enabled or not err.is_terminal:
-        return contextlib.nullcontext(lambda n=1: None)
-
-    @contextlib.contextmanager
-    def bar():
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-        with Progress(TextColumn("{task.description}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn(),
-                      console=err, transient=True) as p:
-            task = p.add_task(description, total=total)
-            yield lambda n=1: p.advance(task, n)
-
-    return bar()
-
-
-def progress_report(description: str, *, every: float = 5.0):
-    """For long work that reports (done, total): a bar with an ETA on a terminal; where
-    stderr is a pipe or a file, a line every `every` seconds and one at the end, so a log
-    shows the work moving. Never on stdout. Use as a context manager yielding report(done,
-    total)."""
-    import contextlib
-    import sys
-    import time
-
-    from rich.console import Console
-
-    err = Console(stderr=True)
-
-    @contextlib.contextmanager
-    def bar():
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-        with Progress(TextColumn("{task.description}"), BarColumn(),
-                      TextColumn("{task.completed:,}/{task.total:,}"), TimeRemainingColumn(),
-                      console=err, transient=True) as p:
-            task = p.add_task(description, total=None)
-            yield lambda done, total: p.update(task, completed=done, total=total)
-
-    @contextlib.contextmanager
-    def lines():
-        t0, state = time.monotonic(), {"shown": -1e9, "first": None, "last": None}
-
-        def say(done: int, total: int) -> None:
-            with contextlib.suppress(OSError, ValueError):
-                left = ""
-                if state["first"] is not None and done > state["first"][0]:
-                    d0, s0 = state["first"]
-                    rate = (done - d0) / max(time.monotonic() - s0, 1e-9)
-                    left = f", about {format_duration((total - done) / rate)} left"
-                sys.stderr.write(f"{description}: {done:,}/{total:,} "
-                                 f"({100 * done / max(total, 1):.0f}%){left}\n")
-                sys.stderr.flush()
-
-        def report(done: int, total: int) -> None:
-            now = time.monotonic()
-            if state["first"] is None:
-                state["first"] = (done, now)
-            state["last"] = (done, total)
-            if now - state["shown"] >= every:
-                state["shown"] = now
-                say(done, total)
-
-        yield report
-        if state["last"] is not None and time.monotonic() - t0 >= every:
-            say(*state["last"])
-
-    return bar() if err.is_terminal else lines()
-
-
-def format_duration(seconds: float) -> str:
-    """'40 s', '3 min', '1 h 5 min'."""
-    if seconds < 90:
-        return f"{max(seconds, 1):.0f} s"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds // 3600:.0f} h {(seconds % 3600) / 60:.0f} min"
 
 
 def read_text(text: str | None) -> str:

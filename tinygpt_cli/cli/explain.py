@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..errors import WeightsError
 from ..render.text import escape_line
 from .app import app
 from .common import (
@@ -48,27 +47,6 @@ def open_session(weights: Path | None, text: str | None, model=None) -> Session:
     return Session.open(read_text(text), model=model if model is not None else load(weights))
 
 
-def scored(s: Session, logits_row: np.ndarray, target: str | None, vs: str | None):
-    """(target id, vs id or None): the given tokens, or the top guess of `logits_row`."""
-    import numpy as np
-
-    t = s.token_id(target) if target is not None else int(np.argmax(logits_row))
-    v = s.token_id(vs) if vs is not None else None
-    if v is not None and v == t:
-        raise InputError(f"--vs is the target itself ({s.model.tokenizer.token_str(t)!r}): "
-                         "the logit difference would be 0")
-    return t, v
-
-
-def describe(s: Session, t: int, v: int | None) -> str:
-    tok = s.model.tokenizer.token_str
-    return f"logit[{tok(t)!r}]" + (f" − logit[{tok(v)!r}]" if v is not None else "")
-
-
-def token_doc(s: Session, i: int | None) -> dict | None:
-    return None if i is None else {"id": i, "token": s.model.tokenizer.token_str(i)}
-
-
 def console(width: int):
     """stdout, widened to `width` columns when the view needs more (a grid of many stages or
     heads). The width is counted from the grid's shape: measuring a large Rich table first
@@ -102,31 +80,22 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     \b
     Example: tinygpt lens "Lily wanted to play with her" --target " toys"
     """
-    from ..analysis.lens import logit_lens
+    from ..analysis.lens import lens_report
     from ..render import explain as view
 
     s = open_session(weights, text)
-    p = s.position(position)
-    tr = s.trace()
-    t, _ = scored(s, tr.get("logits")[p], target, None)
-    result = logit_lens(tr, s.params, s.config)
-    top_ids, top_probs = result.top()  # [S, T]
-    probs, ranks = result.target(t, p)
-    tok = s.model.tokenizer.token_str
-    top_tokens = [[tok(int(i)) for i in row] for row in top_ids.T]
+    r = lens_report(s, position, target)
     if save is not None:
         from ..render.analysis_pictures import lens_figure
 
-        save_figure(lens_figure(result.stages, s.tokens, top_tokens, top_probs, (t, tok(t)), p,
-                                probs, ranks), save, force)
+        save_figure(lens_figure(r), save, force)
     if as_json:
-        emit(s, "lens", top_probs.T, {"target": target, "position": position},
-             stages=result.stages, top_ids=top_ids.T, top_tokens=top_tokens, position=p,
-             target=token_doc(s, t), target_probs=probs, target_ranks=ranks)
+        emit(s, "lens", r.top_probs.T, {"target": target, "position": position},
+             stages=r.stages, top_ids=r.top_ids.T, top_tokens=r.top_tokens,
+             position=r.q.position, target=r.q.token_doc(r.q.target),
+             target_probs=r.target_probs, target_ranks=r.target_ranks)
         return
-    v = view.lens_view(result.stages, s.tokens, top_tokens, top_probs.T, (t, tok(t)), p, probs,
-                       ranks)
-    stdout().print(v)  # the grid drops middle stages behind `…` to fit the width
+    stdout().print(view.lens_view(r))  # the grid drops middle stages behind `…` to fit the width
 
 
 # ------------------------------------------------------------------ direct logit attribution
@@ -149,27 +118,23 @@ def dla(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, vs: str
     \b
     Example: tinygpt dla "Lily wanted to play with her" --target " toys" --vs " mom"
     """
-    from ..analysis.dla import direct_logit_attribution
+    from ..analysis.dla import dla_report
     from ..render import explain as view
 
     s = open_session(weights, text)
-    p = s.position(position)
-    tr = s.trace()
-    t, v = scored(s, tr.get("logits")[p], target, vs)
-    r = direct_logit_attribution(tr, s.params, s.config, p, t, v, NEURONS if neurons else 0)
+    r = dla_report(s, position, target, vs, NEURONS if neurons else 0)
     if save is not None:
         from ..render.analysis_pictures import dla_figure
 
-        save_figure(dla_figure(r.labels, r.values, r.heads, r.score, describe(s, t, v), p,
-                               s.tokens[p], r.neurons, top), save, force)
+        save_figure(dla_figure(r, top), save, force)
     if as_json:
-        emit(s, "dla", r.values, {"target": target, "vs": vs, "position": position,
+        d, q = r.dla, r.q
+        emit(s, "dla", d.values, {"target": target, "vs": vs, "position": position,
                                   "neurons": neurons},
-             labels=r.labels, heads=r.heads, score=r.score, total=r.total, position=p,
-             target=token_doc(s, t), vs=token_doc(s, v), top_neurons=r.neurons)
+             labels=d.labels, heads=d.heads, score=d.score, total=d.total, position=q.position,
+             target=q.token_doc(q.target), vs=q.token_doc(q.vs), top_neurons=d.neurons)
         return
-    stdout().print(view.dla_view(r.labels, r.values, r.heads, r.score, describe(s, t, v), p,
-                                 s.tokens[p], r.neurons, top))
+    stdout().print(view.dla_view(r, top))
 
 
 # ------------------------------------------------------------------ ablation
@@ -191,7 +156,7 @@ def compute_means(model, data: Path, weights_sha: str, quiet: bool):
     from .. import cache
     from ..analysis import means as mean_stats
     from ..files import sha256
-    from ..train.data import encode_stories, eval_windows, read_stories, split_data
+    from ..corpus import encode_stories, eval_windows, read_stories, split_data
 
     if data.is_file():
         val = [data]  # the reference text itself
@@ -204,20 +169,18 @@ def compute_means(model, data: Path, weights_sha: str, quiet: bool):
             raise InputError(f"{data} holds a single text file: give that file itself, or a "
                              "folder whose last part-*.txt is the validation text")
     meta = {"weights_sha256": weights_sha, "data": val[0].name, "data_sha256": sha256(val[0])}
+
+    def compute():
+        stream = encode_stories(read_stories(val), model.tokenizer)
+        windows, _ = eval_windows(stream.ids, model.config.n_positions)
+        with progress(None, f"averaging over {escape_line(val[0].name)}", enabled=not quiet):
+            values = mean_stats.value_means(model.params, model.config, windows)
+        return values, {**meta, "tokens": str(windows.size)}
+
     entry = cache.entry("means", cache.key_of(weights_sha, meta["data_sha256"]), ".safetensors")
-    if entry.is_file():
-        try:
-            return mean_stats.load_means(entry, model.config, weights_sha)
-        except (InputError, WeightsError):
-            pass  # a damaged cache entry is computed again, and replaced
-    stream = encode_stories(read_stories(val), model.tokenizer)
-    windows, _ = eval_windows(stream.ids, model.config.n_positions)
-    values = {}
-    with progress(None, f"averaging over {escape_line(val[0].name)}", enabled=not quiet):
-        values = mean_stats.value_means(model.params, model.config, windows)
-    meta["tokens"] = str(windows.size)
-    mean_stats.save_means(entry, values, meta)
-    return values, meta
+    return cache.load_or_compute(
+        entry, lambda path: mean_stats.load_means(path, model.config, weights_sha), compute,
+        lambda path, found: mean_stats.save_means(path, *found))
 
 
 @app.command()
@@ -253,88 +216,23 @@ def ablate(
 
     s = open_session(weights, text)
     p = s.position(position)
-    components = check_components(s, layer, head, mlp, every)
-    edit = replacements(s, components, mode, source, data, as_json)
-    before_logits = s.run()[p]
-    t, _ = scored(s, before_logits, target, None)
-    groups = [[c] for c in components]
-    before, found = ablation.ablate(s.params, s.config, s.ids, groups, edit, p, t)
-    tok = s.model.tokenizer.token_str
-    options = {"target": target, "position": position, "layer": layer, "head": head,
-               "mlp": mlp, "all": every, "mode": mode, "from": source,
-               "data": str(data) if data else None}
-    rows = [{"component": e.paths[0], "label": ablation.component_label(e.paths[0]),
-             "delta": e.delta, "kl": e.kl, "logp_before": e.logp_before,
-             "logp_after": e.logp_after,
-             "top_after": [{"id": i, "token": tok(i), "prob": q}
-                           for i, q in ablation.top_tokens(e.logits, top)]} for e in found]
-    if every:
-        rows.sort(key=lambda r: -abs(r["delta"]))
-    top_before = [{"id": i, "token": tok(i), "prob": q}
-                  for i, q in ablation.top_tokens(before, top)]
+    components = ablation.components(s, layer, head, mlp, every)
+    edit = ablation.replacements(s, components, mode, source, data is not None,
+                                 lambda: mean_values(s, data, as_json))
+    r = ablation.ablation_report(s, components, edit, p, target, top, mode=mode, every=every)
     if save is not None:
-        from ..render import analysis_pictures as pics
+        from ..render.analysis_pictures import ablation_figure
 
-        r = rows[0]
-        save_figure(pics.ablate_all_figure(rows, s.config.n_layer, s.config.n_head, mode,
-                                           (t, tok(t)), p, r["logp_before"]) if every else
-                    pics.ablate_figure(r["label"], mode, (t, tok(t)), p, r["logp_before"],
-                                       r["logp_after"], r["kl"], top_before, r["top_after"]),
-                    save, force)
+        save_figure(ablation_figure(r, s.config.n_layer, s.config.n_head), save, force)
     if as_json:
-        emit(s, "ablate", np.array([[r["delta"], r["kl"]] for r in rows]), options,
-             columns=["delta_logp", "kl"], position=p, target=token_doc(s, t),
-             top_before=top_before, components=rows)
+        options = {"target": target, "position": position, "layer": layer, "head": head,
+                   "mlp": mlp, "all": every, "mode": mode, "from": source,
+                   "data": str(data) if data else None}
+        emit(s, "ablate", np.array([[r["delta"], r["kl"]] for r in r.rows]), options,
+             columns=["delta_logp", "kl"], position=p, target=r.q.token_doc(r.q.target),
+             top_before=r.top_before, components=r.rows)
         return
-    if every:
-        stdout().print(view.ablate_all_view(
-            [r | {"top": r["top_after"][0]["token"], "top_prob": r["top_after"][0]["prob"]}
-             for r in rows], mode, (t, tok(t)), p, rows[0]["logp_before"]))
-        return
-    r = rows[0]
-    stdout().print(view.ablate_view(
-        r["label"], mode, (t, tok(t)), p, r["logp_before"], r["logp_after"], r["kl"],
-        [(d["token"], d["prob"]) for d in top_before],
-        [(d["token"], d["prob"]) for d in r["top_after"]]))
-
-
-def check_components(s: Session, layer, head, mlp: bool, every: bool) -> list[str]:
-    from ..analysis import ablate as ablation
-
-    if every:
-        if layer is not None or head is not None or mlp:
-            raise InputError("--all takes out every component in turn: give it without "
-                             "--layer, --head or --mlp")
-        return ablation.all_components(s.config)
-    if layer is None:
-        raise InputError("say what to take out: --layer L with --head H or --mlp, or --all")
-    if (head is None) == (not mlp):
-        raise InputError("give exactly one of --head H or --mlp with --layer")
-    i = s.layer(layer)
-    return [ablation.mlp_path(i) if mlp else ablation.head_path(i, s.head(head))]
-
-
-def replacements(s: Session, components: list[str], mode: str, source: str | None,
-                 data: Path | None, quiet: bool) -> dict:
-    from ..analysis import ablate as ablation
-    from ..session import Session
-
-    if mode not in ablation.MODES:
-        raise InputError(f"unknown --mode {mode!r}: use zero, mean or resample")
-    if (source is not None) != (mode == "resample"):
-        raise InputError("--from TEXT goes with --mode resample (and resample needs it)")
-    if data is not None and mode != "mean":
-        raise InputError("--data DIR goes with --mode mean")
-    means = mean_values(s, data, quiet) if mode == "mean" else None
-    values = None
-    if mode == "resample":
-        other = Session.open(source, model=s.model)
-        if other.T < s.T:
-            raise InputError(f"the --from text is {other.T} tokens long and the text "
-                             f"{s.T}: resampling needs a value at every position, so give a "
-                             "--from text at least as long")
-        values = ablation.source_values(s.params, s.config, other.ids)
-    return {c: ablation.replacement(mode, c, means=means, source=values) for c in components}
+    stdout().print(view.ablation_view(r))
 
 
 @app.command()
@@ -411,38 +309,24 @@ def patch(
         raise InputError(f"the clean text is {s.T} tokens and the corrupt text {c.T}: "
                          "patching copies values position by position, so they must have the "
                          "same number of tokens")
-    p = s.position(position)
-    t, _ = scored(s, s.run()[p], target, None)
-    v = s.token_id(vs) if vs is not None else int(np.argmax(c.run()[p]))
-    if v == t:
-        raise InputError(f"the target and --vs are the same token "
-                         f"({s.model.tokenizer.token_str(t)!r}): give --target and --vs that "
-                         "differ")
-    runs = patching.patch_count(s.config, p)
+    q = patching.patch_question(s, c, s.position(position), target, vs)
+    runs = patching.patch_count(s.config, q.position)
     with progress(runs, f"patching ({runs} runs)", enabled=not as_json and runs > 500) as step:
-        real = patching.activation_patching(s.params, s.config, s.ids, c.ids, t, v, p, step)
-    result, corr = real, None
-    if method == "atp":
-        result = patching.attribution_patching(s.params, s.config, s.ids, c.ids, t, v, p)
-        corr = patching.correlation(result, real)
-    what = describe(s, t, v)
+        r = patching.patch_report(s, c, q, method, step)
     if save is not None:
         from ..render.analysis_pictures import patch_figure
 
-        save_figure(patch_figure(result.stream, result.heads, s.tokens, p, result.clean,
-                                 result.corrupt, what, method, corr), save, force)
+        save_figure(patch_figure(r), save, force)
     if as_json:
-        emit(s, "patch", np.stack([result.stream[k] for k in patching.STREAM]),
+        emit(s, "patch", np.stack([r.result.stream[k] for k in patching.STREAM]),
              {"target": target, "vs": vs, "position": position, "method": method},
-             kinds=list(patching.STREAM), axes=["kind", "layer", "position"], heads=result.heads,
-             clean=result.clean, corrupt=result.corrupt, position=p, target=token_doc(s, t),
-             vs=token_doc(s, v), corrupt_ids=c.ids, corrupt_tokens=c.tokens,
-             correlation=corr)
+             kinds=list(patching.STREAM), axes=["kind", "layer", "position"],
+             heads=r.result.heads, clean=r.result.clean, corrupt=r.result.corrupt,
+             position=q.position, target=q.token_doc(q.target), vs=q.token_doc(q.vs),
+             corrupt_ids=c.ids, corrupt_tokens=c.tokens, correlation=r.correlation)
         return
-    out = view.patch_view(result.stream, result.heads, s.tokens, p, result.clean,
-                          result.corrupt, what, method, corr)
     # the grids flow onto as many lines as the width needs: room for one is enough
-    console(LABEL + 7 * max(s.config.n_layer, s.config.n_head) + 8).print(out)
+    console(LABEL + 7 * max(s.config.n_layer, s.config.n_head) + 8).print(view.patch_view(r))
 
 
 # ------------------------------------------------------------------ input attribution
@@ -477,49 +361,30 @@ def attribute(
     Example: tinygpt attribute "Lily wanted to play with her" --method integrated-gradients
     Example: tinygpt attribute "Lily wanted to play with her" --faithfulness
     """
-    import numpy as np
-
     from ..analysis import attribute as attribution
     from ..render import explain as view
-    from ..session import Session
 
     if method not in attribution.METHODS:
         raise InputError(f"unknown --method {method!r}: use {', '.join(attribution.METHODS)}")
     if baseline is not None and method != "integrated-gradients":
         raise InputError("--baseline goes with --method integrated-gradients")
     s = open_session(weights, text)
-    p = s.position(position)
-    t, v = scored(s, s.run()[p], target, vs)
-    args = (s.params, s.config, s.ids, p, t, v)
-    if method == "integrated-gradients":
-        base = None
-        if baseline is not None:
-            b = Session.open(baseline, model=s.model)
-            if b.T != s.T:
-                raise InputError(f"the --baseline text is {b.T} tokens and the text {s.T}: "
-                                 "integrated gradients need the same number of tokens")
-            base = s.params["wte.weight"][np.asarray(b.ids)]
-        r = attribution.integrated_gradients(*args, steps=steps, baseline=base)
-    else:
-        r = {"grad": attribution.grad, "grad-x-input": attribution.grad_x_input,
-             "attention-x-grad": attribution.attention_x_grad}[method](*args)
+    report = attribution.attribution_report(s, position, target, vs, method, steps, baseline)
+    r, q = report.attribution, report.q
     if faithfulness:  # the curves of this attribution's ranking (cli/circuits.py)
         from .circuits import show_erasure
 
-        return show_erasure(s, r, p, t, v, baseline, as_json)
-    complete = None if r.gap is None else (float(r.scores.sum()), r.f - r.f_baseline, r.gap)
+        return show_erasure(s, r, q.position, q.target, q.vs, baseline, as_json)
     if as_json:
         extra = {"axes": ["layer", "head", "position"]} if r.scores.ndim == 3 else {}
         emit(s, f"attribute.{method}", r.scores,
              {"target": target, "vs": vs, "position": position, "method": method,
               "steps": steps if method == "integrated-gradients" else None,
-              "baseline": baseline}, position=p, target=token_doc(s, t), vs=token_doc(s, v),
-             f=r.f, grad_norm=r.grad_norm, f_baseline=r.f_baseline,
+              "baseline": baseline}, position=q.position, target=q.token_doc(q.target),
+             vs=q.token_doc(q.vs), f=r.f, grad_norm=r.grad_norm, f_baseline=r.f_baseline,
              completeness_gap=r.gap, **extra)
         return
-    out = view.attribute_view(method, r.scores, s.tokens, describe(s, t, v), r.f, p,
-                              r.grad_norm, complete)
     # attention-x-grad: one grid per layer, side by side as the width allows; never narrower
     # than one whole grid, whose heads would otherwise fall off the edge unmarked
     grid = view.grid_width(s.tokens, s.config.n_head) if r.scores.ndim == 3 else 0
-    console(grid).print(out)
+    console(grid).print(view.attribute_view(report))

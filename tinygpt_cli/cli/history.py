@@ -30,11 +30,6 @@ if TYPE_CHECKING:  # NumPy and the model are imported inside the commands
     from ..analysis import history as hist
 
 
-def _rows(timeline: list[hist.Snapshot], **columns) -> list[dict]:
-    return [{"label": s.label, "step": s.step, "lr": s.lr,
-             **{k: v[i] for k, v in columns.items()}} for i, s in enumerate(timeline)]
-
-
 def _timeline(model) -> list[hist.Snapshot]:
     from ..analysis import history as hist
 
@@ -63,126 +58,45 @@ def history(
     Example: tinygpt history "Lily saw a cat. Lily saw a" --heads
     """
     import numpy as np
-    from rich.console import Group
-    from rich.text import Text
 
     from ..analysis import history as hist
-    from ..model import forward
     from ..render import history as view
     from ..render import jsonout
     from ..session import Session
 
     model = load(weights)
-    session = Session.open(read_text(text), model=model)
+    s = Session.open(read_text(text), model=model)
     if path is not None and heads:
         raise InputError("give a PATH or --heads, not both")
-    check_index(position, session.T, "position")  # out of range is refused, used or not
+    p = check_index(position, s.T, "position")  # out of range is refused, used or not
     timeline = _timeline(model)
-    labels = [s.label for s in timeline]
-    ids = np.asarray(session.ids)
+    labels = [t.label for t in timeline]
     if heads:
-        _history_heads(session, timeline, labels, as_json)
+        with progress(len(timeline), "head scores", enabled=not as_json) as advance:
+            scores = hist.heads_over_training(timeline, s.config, s.ids, advance)
+        document = jsonout.document(
+            "induction", scores["induction"], s.ids, s.tokens,
+            previous_token=scores["previous_token"], snapshots=hist.snapshot_rows(timeline),
+            induction_length=hist.induction_length(s.config), induction_seed=0,
+            axes=["snapshot", "layer", "head"]) if as_json else None
+        view_ = view.heads_view(scores, labels, hist.induction_length(s.config))
     elif path is not None:
-        _history_value(session, timeline, labels, path, position, as_json)
+        h = hist.value_over_training(timeline, s.config, s.ids, s.tokens, path)
+        extra = {"weights": np.stack(h.values)} if h.grid else {}
+        document = jsonout.document(h.shown, np.asarray([r["norm"] for r in h.rows]), s.ids,
+                                    s.tokens, snapshots=h.rows, **extra) if as_json else None
+        view_ = view.value_view(h, labels, s.tokens, p)
     else:
-        logits = [forward(s.params, model.config, ids) for s in timeline]
-        losses = [hist.text_loss(z, ids) for z in logits]
-        tops = [hist.next_token(z) for z in logits]
-        rows = _rows(timeline, loss=losses, top_id=[t[0] for t in tops],
-                     top_token=[model.tokenizer.token_str(t[0]) for t in tops],
-                     top_prob=[t[1] for t in tops])
-        if as_json:
-            data = np.asarray([np.nan if v is None else v for v in losses])
-            jsonout.emit(jsonout.document("loss", data, session.ids, session.tokens,
-                                          snapshots=rows))
-            return
-        stdout().print(Group(Text("loss on the text (nats per token) and the next token, "
-                                  "over training", style="bold"), view.loss_table(rows)))
-
-
-def _history_value(session, timeline, labels, path, position, as_json):
-    import numpy as np
-    from rich.console import Group
-    from rich.text import Text
-
-    from ..analysis import history as hist
-    from ..render import history as view
-    from ..render import jsonout
-    from ..schema import param_shapes, resolve
-    from ..trace import Trace
-    from ..weights import PREFIX
-
-    config = session.config
-    name = path[len(PREFIX):] if path.startswith(PREFIX) else path
-    if name in param_shapes(config):
-        values = [s.params[name] for s in timeline]
-        shown = name
-    else:
-        canonical, rows = resolve(path, config)
-        shown = canonical + "".join(f"[{i}]" for i in rows)
-        values = [Trace(_record(s.params, config, session.ids), config,
-                        tokens=session.tokens).get(path) for s in timeline]
-    rows = _rows(timeline, **{k: [hist.summary(v)[k] for v in values]
-                              for k in ("norm", "mean", "std")})
-    grid = shown.endswith("weights") and not name.endswith(".weight")
+        rows = hist.loss_over_training(timeline, s.config, s.ids, model.tokenizer.token_str)
+        losses = np.asarray([np.nan if r["loss"] is None else r["loss"] for r in rows])
+        document = jsonout.document("loss", losses, s.ids, s.tokens,
+                                    snapshots=rows) if as_json else None
+        view_ = view.loss_view(rows)
     if as_json:
-        extra = {"weights": np.stack(values)} if grid else {}
-        jsonout.emit(jsonout.document(shown, np.asarray([r["norm"] for r in rows]), session.ids,
-                                      session.tokens, snapshots=rows, **extra))
+        jsonout.emit(document)
         return
-    parts = [Text(f"{shown} over training", style="bold"), view.summary_table(rows)]
-    if grid:
-        p = check_index(position, session.T, "position")
-        stack = np.stack(values)  # [S, (H,) T, T]
-        cols = view.token_columns(session.tokens[: p + 1])
-        for h, grids in enumerate([stack] if stack.ndim == 3 else np.moveaxis(stack, 1, 0)):
-            head = "" if stack.ndim == 3 else f" head {h}"
-            parts += [Text(f"\nattention of position {p}{head} over training", style="bold"),
-                      view.grid_rows(grids[:, p, : p + 1], labels, cols)]
-    group = Group(*parts)
-    wide(group).print(group)
-
-
-def _record(params, config, ids):
-    import numpy as np
-
-    from ..hooks import Record
-    from ..model import forward
-
-    rec = Record()
-    forward(params, config, np.asarray(ids), hooks=rec)
-    return rec.values
-
-
-def _history_heads(session, timeline, labels, as_json):
-    import numpy as np
-    from rich.console import Group
-    from rich.text import Text
-
-    from ..analysis import history as hist
-    from ..render import history as view
-    from ..render import jsonout
-
-    config = session.config
-    with progress(len(timeline), "head scores", enabled=not as_json) as advance:
-        scores = []
-        for s in timeline:
-            scores.append(hist.head_scores(s.params, config, session.ids))
-            advance(1)
-    prev = np.stack([s["previous_token"] for s in scores])  # [S, L, H]
-    induction = np.stack([s["induction"] for s in scores])
-    if as_json:
-        jsonout.emit(jsonout.document(
-            "induction", induction, session.ids, session.tokens, previous_token=prev,
-            snapshots=_rows(timeline), induction_length=hist.induction_length(config),
-            induction_seed=0, axes=["snapshot", "layer", "head"]))
-        return
-    stdout().print(Group(
-        Text("previous-token score of each head on the text", style="bold"),
-        view.head_grids(prev, labels),
-        Text(f"\ninduction score of each head on {hist.induction_length(config)} random tokens "
-             "repeated", style="bold"),
-        view.head_grids(induction, labels)))
+    # a value's grids are shown whole, however wide; the tables fit any terminal
+    (wide(view_) if path is not None and not heads else stdout()).print(view_)
 
 
 # ------------------------------------------------------------------ why

@@ -54,23 +54,9 @@ def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
         jsonout.emit(jsonout.document("ids", np.asarray(ids, dtype=np.int64), ids, tokens,
                                       offsets=offsets, vocab_size=model.config.vocab_size))
         return
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
+    from ..render.tables import encode_view
 
-    from ..render.tables import ids_header
-    from ..render.text import show_token
-
-    t = Table(box=None, header_style="bold dim", pad_edge=False)
-    for name, just in (("#", "right"), ("id", "right"), ("token", "left"), ("bytes", "right")):
-        t.add_column(name, justify=just, no_wrap=True)
-    for i, (token_id, tok, (a, b)) in enumerate(zip(ids, tokens, offsets, strict=True)):
-        t.add_row(str(i), str(token_id), Text(show_token(tok), style="bold"), f"{a}–{b}")
-    limit = model.config.n_positions
-    note = f"T = {len(ids)} tokens, each an id from 0 to {model.config.vocab_size - 1:,}"
-    if len(ids) > limit:
-        note += f"; more than the {limit} the model reads at once"
-    stdout().print(Group(ids_header(ids), t, Text(note, style="dim")))
+    stdout().print(encode_view(ids, tokens, offsets, model.config))
 
 
 def _parse_ids(args: list[str]) -> list[int]:
@@ -139,12 +125,10 @@ def generate(
     Example: tinygpt generate "Once upon a time" --temperature 0
     """
     import numpy as np
-    from rich.text import Text
 
     from ..generate import generate as generate_tokens
     from ..hooks import ablation
-    from ..render import jsonout
-    from ..render.text import show_text
+    from ..render import generation
     from ..sampling import check_temperature, create_rng
 
     check_top_p(top_p)
@@ -159,52 +143,16 @@ def generate(
             stderr().print(f"seed {seed} (pass --seed {seed} to get the same text again)",
                            style="dim")
     tok = model.tokenizer
-    eot = tok.eot_id
     steps = generate_tokens(model.params, model.config, ids, max_new_tokens,
                             temperature=temperature, top_k=top_k or None, top_p=top_p,
-                            rng=create_rng(seed), stop_id=None if no_stop else eot,
+                            rng=create_rng(seed), stop_id=None if no_stop else tok.eot_id,
                             hooks=hooks)
-    new: list[int] = []
-    if as_json:  # the context once; each token line then carries only its own token
-        jsonout.emit(jsonout.document(None, np.asarray(ids, dtype=np.int64), ids,
-                                      [tok.token_str(t) for t in ids], event="prompt",
-                                      text=prompt))
-    out = stdout()
-    shown = ""
-    if not as_json and out.is_terminal:
-        # soft_wrap: the text goes out as it is; only a terminal wraps it, never Rich.
-        out.print(Text(show_text(prompt), style="bold"), end="", soft_wrap=True)
-    elif not as_json:
-        out.file.write(show_text(prompt))  # a pipe gets the text byte for byte
-    for i, step in enumerate(steps):
-        new.append(step.id)
-        if as_json:
-            jsonout.emit(jsonout.document(None, np.int64(step.id), event="token", step=i,
-                                          id=step.id, token=tok.token_str(step.id),
-                                          chance=step.chance))
-            continue
-        if step.id == eot and not no_stop:
-            break
-        # Decode everything so far: a character split over two tokens appears whole.
-        full = tok.decode([t for t in new if t != eot or no_stop])
-        if full.endswith("\ufffd"):
-            continue
-        piece, shown = full[len(shown):], full
-        out.file.write(show_text(piece))  # plain text, written as is: tabs stay tabs
-        out.file.flush()
-    stopped = bool(new) and new[-1] == eot and not no_stop
     if as_json:
-        kept = new[:-1] if stopped else new
-        jsonout.emit(jsonout.document(None, prompt + tok.decode(kept), ids + new,
-                                      [tok.token_str(i) for i in ids + new], event="end",
-                                      new_tokens=len(new), seed=seed,
-                                      stop="endoftext" if stopped else "max_new_tokens"))
+        generation.write_json(tok, prompt, ids, steps, seed, no_stop)
         return
-    rest = tok.decode([t for t in new if t != eot or no_stop])[len(shown):]
-    out.file.write(show_text(rest) + "\n")
-    out.file.flush()
+    new, stopped = generation.write_text(stdout(), tok, prompt, steps, no_stop)
     why = "<|endoftext|>" if stopped else f"--max-new-tokens {max_new_tokens}"
-    stderr().print(f"({len(new)} new tokens; stopped at {why})", style="dim")
+    stderr().print(f"({new} new tokens; stopped at {why})", style="dim")
 
 
 @app.command("trace")
@@ -221,36 +169,22 @@ def trace_cmd(
     Example: tinygpt trace "Lily wanted to play with her" --list
     """
     import numpy as np
-    from rich.table import Table
     from rich.text import Text
 
     from ..render import jsonout
-    from ..render.tables import shape_str, tensor_view
+    from ..render.tables import paths_table, tensor_view
     from ..render.text import show_token
 
     if path is None and not list_paths:
         raise InputError("give a PATH to print, or --list to see every path")
     r = run(weights, text, ablate)
     if list_paths:
-        from ..schema import describe
-
-        entries = []
-        for p in r.trace.paths():
-            value = r.trace.get(p)
-            shape = list(np.shape(value)) if not isinstance(value, int) else []
-            entries.append({"path": p, "shape": shape, "about": describe(p)})
+        entries = r.trace.entries()
         if as_json:
             jsonout.emit(r.document(None, np.asarray([e["path"] for e in entries]),
-                                    name="paths",
-                                    entries=entries))
+                                    name="paths", entries=entries))
             return
-        t = Table(box=None, header_style="bold dim", pad_edge=False)
-        t.add_column("path", no_wrap=True, style="cyan")
-        t.add_column("shape", no_wrap=True)
-        t.add_column("what it is")
-        for e in entries:
-            t.add_row(e["path"], shape_str(e["shape"]), e["about"])
-        stdout().print(t)
+        stdout().print(paths_table(entries))
         return
     value = r.trace.get(path)
     name, rows = r.trace.canonical(path)
@@ -293,54 +227,17 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
     Example: tinygpt info
     """
     import numpy as np
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
 
-    from ..files import sha256
+    from ..analysis.info import model_info
     from ..render import jsonout
-    from ..render.text import escape_line, show_token
+    from ..render.tables import info_view
 
-    model = load(weights)
-    cfg = model.config
-    groups: dict[str, int] = {}
-    for name, arr in model.params.items():
-        group = re.sub(r"^h\.\d+\.", "h.*.", name).rsplit(".", 1)[0]
-        groups[group] = groups.get(group, 0) + arr.size
-    total = sum(a.size for a in model.params.values())
-    facts = {
-        "n_embd": cfg.n_embd, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "d_k": cfg.d_k,
-        "n_inner": cfg.n_inner, "vocab_size": cfg.vocab_size, "n_positions": cfg.n_positions,
-        "layer_norm_epsilon": cfg.layer_norm_epsilon, "activation_function": "gelu_new",
-        "tie_word_embeddings": True,
-    }
-    weights_file = model.weights_file.resolve()
-    shown_file = _as_typed(weights_file)
-    digest = sha256(weights_file)
-    tokenizer = {"vocab_size": model.tokenizer.vocab_size,
-                 "special_tokens": model.tokenizer.special_tokens}
+    info = model_info(load(weights))
     if as_json:
-        jsonout.emit(jsonout.document(None, np.int64(total), None, None, name="parameters",
-                                      config=facts,
-                                      parameters={"total": total, "groups": groups},
-                                      weights_file=str(weights_file), sha256=digest,
-                                      tokenizer=tokenizer))
+        jsonout.emit(jsonout.document(None, np.int64(info.total), None, None, name="parameters",
+                                      config=info.config,
+                                      parameters={"total": info.total, "groups": info.groups},
+                                      weights_file=str(info.weights_file), sha256=info.sha256,
+                                      tokenizer=info.tokenizer))
         return
-    t = Table(box=None, header_style="bold dim", pad_edge=False, show_header=False)
-    t.add_column(style="bold")
-    t.add_column()
-    for k, v in facts.items():
-        t.add_row(k, str(v))
-    p = Table(box=None, header_style="bold dim", pad_edge=False)
-    p.add_column("parameters", style="cyan")
-    p.add_column("count", justify="right")
-    for k, v in groups.items():
-        p.add_row(k, f"{v:,}")
-    p.add_row(Text("total", style="bold"), Text(f"{total:,}", style="bold"))
-    # names and paths come from the weights folder: shown escaped, like the user's own text
-    specials = ", ".join(f"{show_token(k)} = {v}" for k, v in tokenizer["special_tokens"].items())
-    stdout().print(Group(
-        Text("configuration", style="bold underline"), t, Text(""), p, Text(""),
-        Text(f"weights   {escape_line(shown_file)}"), Text(f"sha256    {digest}"),
-        Text(f"tokenizer {tokenizer['vocab_size']:,} tokens; special: {specials}"),
-    ))
+    stdout().print(info_view(info, _as_typed(info.weights_file)))

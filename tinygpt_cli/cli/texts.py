@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import sys
 from pathlib import Path
@@ -10,7 +9,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..render.text import escape_line
 from .app import app
 from .common import (
     FORCE,
@@ -33,9 +31,6 @@ from .common import (
 
 if TYPE_CHECKING:  # NumPy and the model are imported inside the commands
     import numpy as np
-
-    from ..analysis import score as sc
-
 
 BUILT_IN = [  # when no text is given and the project's data folder is not there
     "Lily and Tom went to the park. Lily saw a big red ball. Tom saw the ball too. "
@@ -62,7 +57,7 @@ def find_data() -> Path | None:
 
 
 def _stories_of(path: Path) -> list[str]:
-    from ..train.data import read_stories
+    from ..corpus import read_stories
 
     if not path.is_file():
         raise InputError(f"{path} is not a file")
@@ -76,9 +71,6 @@ def _stories_of(path: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------ score
-
-DRAWN_TOKENS = 2000  # --save draws the first texts' tokens up to this many
-
 
 @app.command()
 def score(
@@ -110,71 +102,35 @@ def score(
     Example: tinygpt score "Lily wanted to play with her ball."
     Example: tinygpt score --file part-005.txt --stream --json
     """
-    import numpy as np
-
     from ..analysis import score as sc
     from ..render import jsonout
+    from ..render.texts import score_view
 
     model = load(weights)
     tok, cfg = model.tokenizer, model.config
     sequences, offset, stream_bpt = _score_inputs(model, text, file, stride, stream, bos)
     check_save(save, force)  # --json streams its lines before the picture could be refused
     stride = stride or cfg.n_positions
-    lengths = [len(s) for s in sequences]
-    n_windows = sc.count_windows(lengths, cfg.n_positions, stride, full_only=stream)
-    nbytes = sc.byte_lengths(tok)
+    shown = show if show is not None else (sum(map(len, sequences)) < 3000 and not stream)
     token_str = [tok.token_str(i) for i in range(tok.vocab_size)]
     token_json = [jsonout.json.dumps(t, ensure_ascii=False) for t in token_str]
-    total = sc.Totals(0, 0, 0.0)
-    kept: list[tuple] = []  # (nats, sequence, target position, rank, entropy) of the top
-    per_seq: list[sc.TokenScores] = []
-    shown = show if show is not None else (sum(lengths) < 3000 and not stream)
-    drawn: list[sc.TokenScores] = []  # --save: the first texts, which the picture shows
-    out = sys.stdout
+    lines = None if not as_json else \
+        lambda i, s: jsonout.token_records(sys.stdout, i, s, token_json, stream, offset)
+    n_windows = sc.count_windows(map(len, sequences), cfg.n_positions, stride, full_only=stream)
     with progress(n_windows, "scoring", enabled=not as_json) as advance:
-        for i, s in sc.score_sequences(model.params, cfg, sequences, stride=stride,
-                                       full_only=stream, progress=advance):
-            total.tokens += len(s.targets)
-            total.nats += float(s.nats.sum())
-            total.bytes += int(nbytes[s.targets].sum())
-            if save is not None and sum(len(d.targets) for d in drawn) < DRAWN_TOKENS:
-                drawn.append(s)
-            if as_json:
-                _emit_token_records(out, i, s, token_json, stream, offset)
-                if save is None:
-                    continue
-            if top:
-                worst = np.argsort(-s.nats, kind="stable")[:top]
-                kept += [(float(s.nats[j]), i, 1 + int(j) - offset, int(s.rank[j]),
-                          float(s.entropy[j])) for j in worst]
-                kept = sorted(kept, reverse=True)[:top]
-            if shown and not as_json:
-                per_seq.append(s)
-    summary = {"summary": True, "path": "score", "tokens": total.tokens, "bytes": total.bytes,
-               "mean_nats": total.mean_nats, "perplexity": total.perplexity,
-               "bits_per_token": total.bits_per_token, "bits_per_byte": total.bits_per_byte,
-               "sequences": len(sequences), "context": cfg.n_positions, "stride": stride,
-               "stream": stream, "separator_first": bool(offset)}
-    if stream_bpt is not None:
-        # the card's count: mean nats / ln 2 / (bytes per token of the whole stream)
-        summary["bits_per_byte"] = total.bits_per_token / stream_bpt
-        summary["bytes_per_token"] = stream_bpt
+        report = sc.score_texts(
+            model.params, cfg, sequences, sc.byte_lengths(tok), stride=stride, stream=stream,
+            offset=offset, top=top if not as_json or save is not None else 0,
+            keep=shown and not as_json, draw=save is not None, stream_bpt=stream_bpt,
+            on_scores=lines, progress=advance)
     if save is not None:
         from ..render.analysis_pictures import score_figure
 
-        pictured, budget = [], DRAWN_TOKENS
-        for d in drawn:  # cut to the budget: one --stream text can be a whole file
-            pictured.append(([token_str[int(x)] for x in d.targets[:budget]], d.bits[:budget]))
-            budget -= len(pictured[-1][1])
-        worst = [(token_str[int(sequences[i][offset + p])], p, nats / sc.LN2)
-                 for nats, i, p, *_ in kept]
-        save_figure(score_figure(summary, pictured, len(sequences) - len(drawn), worst), save,
-                    force)
+        save_figure(score_figure(report, token_str), save, force)
     if as_json:
-        jsonout.emit(jsonout.jsonable(summary))
+        jsonout.emit(jsonout.jsonable(report.summary))
         return
-    _show_score(summary, sequences, per_seq if shown else None, kept, token_str, n_windows,
-                offset, hidden=not shown)
+    stdout().print(score_view(report, token_str))
 
 
 def _score_inputs(model, text, file, stride, stream, bos):
@@ -182,7 +138,7 @@ def _score_inputs(model, text, file, stride, stream, bos):
     per token with --stream), after checking the options."""
     import numpy as np
 
-    from ..train.data import encode_stories
+    from ..corpus import encode_stories
 
     tok, cfg = model.tokenizer, model.config
     eot = tok.eot_id
@@ -213,68 +169,13 @@ def _score_inputs(model, text, file, stride, stream, bos):
     return [seq], int(bos), None
 
 
-def _emit_token_records(out, i: int, s: sc.TokenScores, token_json: list[str], stream: bool,
-                        offset: int):
-    """One NDJSON line per token, formatted directly (json.dumps per record is most of the
-    time of a --json run over a whole file); the token strings come JSON-encoded already."""
-
-    head = "{" if stream else f'{{"sequence": {i}, '
-    bits = s.bits
-    lines = [f'{head}"position": {j + 1 - offset}, "id": {t}, "token": {token_json[t]}, '
-             f'"nats": {n!r}, "bits": {b!r}, "prob": {p!r}, "rank": {r}, "entropy": {e!r}}}'
-             for j, (t, n, b, p, r, e) in enumerate(zip(
-                 s.targets.tolist(), s.nats.tolist(), bits.tolist(), s.prob.tolist(),
-                 s.rank.tolist(), s.entropy.tolist(), strict=True))]
-    if lines:
-        out.write("\n".join(lines) + "\n")
-        out.flush()
-
-
-def _show_score(summary, sequences, per_seq, kept, token_str, n_windows, offset, hidden):
-    import numpy as np
-    from rich.console import Group
-    from rich.text import Text
-
-    from ..analysis import score as sc
-    from ..render import texts as view
-
-    parts: list = [view.totals_line(summary),
-                   Text(f"{summary['sequences']:,} text(s), {n_windows:,} window(s) of at most "
-                        f"{summary['context']} tokens, stride {summary['stride']}"
-                        + ("; one stream, as the model card counts" if summary["stream"]
-                           else ""), style="dim")]
-    if per_seq is not None:
-        parts += [Text(""), view.legend()]
-        for seq, s in zip(sequences, per_seq, strict=True):
-            pieces = [token_str[int(i)] for i in seq]
-            bits = [None] + [float(b) for b in s.bits] + [None] * (len(seq) - 1 - len(s.bits))
-            parts.append(view.coloured_text(pieces[offset:], bits[offset:]))
-    elif hidden:
-        parts.append(Text("(text not shown; --show-text prints it)", style="dim"))
-    if kept:
-        rows = []
-        for nats, i, p, rank, entropy in kept:
-            seq = sequences[i][offset:]
-            rows.append({"position": p, "token": token_str[int(seq[p])], "bits": nats / sc.LN2,
-                         "prob": float(np.exp(-nats)), "rank": rank,
-                         "entropy_bits": entropy / sc.LN2,
-                         "context": "".join(token_str[int(x)] for x in seq[max(0, p - 6):p])})
-        parts += [Text(""), Text("most surprising tokens", style="bold"),
-                  view.surprising_table(rows)]
-    stdout().print(Group(*parts))
-
-
 # ------------------------------------------------------------------ heads
-
-KIND_LABELS = {"previous_token": "previous token", "duplicate_token": "duplicate token",
-               "induction": "induction", "induction_random": "induction (random)"}
-
 
 def _texts_for_heads(model, text: str | None, file: Path | None, stories: int
                      ) -> tuple[list[list[int]], str]:
     """Each text as [separator, ids...] cut to the context: the texts given, else a few
     validation stories, else the built-in sentences."""
-    from ..train.data import read_stories
+    from ..corpus import read_stories
 
     tok, limit = model.tokenizer, model.config.n_positions
     if text is not None and file is not None:
@@ -329,92 +230,59 @@ def heads(
     Example: tinygpt heads --file part-005.txt --stories 16 --json
     """
     import numpy as np
-    from rich.console import Group
-    from rich.text import Text
 
     from ..analysis import heads as detect
     from ..render import jsonout
     from ..render import texts as view
 
     model = load(weights)
-    cfg = model.config
     if text is not None and text_opt is not None:
         raise InputError("give the text once: as the argument or with --text")
     ids, source = _texts_for_heads(model, text if text is not None else text_opt, file, stories)
-    scores = detect.text_scores(model.params, cfg, ids, exclude_first=exclude_first,
-                                exclude_current=exclude_current)
-    n = length or min(50, (cfg.n_positions - 1) // 2)
-    if 1 + 2 * n > cfg.n_positions or n < 2:
-        raise InputError(f"--repeat-length {n} does not fit twice in the {cfg.n_positions}-"
-                         f"token context after a separator: give 2 to {(cfg.n_positions - 1) // 2}")
-    test = detect.induction_test(model.params, cfg, n, batch, seed, model.tokenizer.eot_id)
-    table = dict(scores) | {"induction_random": test.score}
-    repeat = {"length": n, "batch": batch, "seed": seed, "loss_first": test.loss_first,
-              "loss_second": test.loss_second, "loss_drop": test.loss_drop}
+    r = detect.heads_report(model.params, model.config, ids, source, length=length,
+                            batch=batch, seed=seed, separator=model.tokenizer.eot_id,
+                            exclude_first=exclude_first, exclude_current=exclude_current)
     if save is not None:
         from ..render.analysis_pictures import heads_figure
 
-        save_figure(heads_figure(table, KIND_LABELS, len(ids), source, repeat), save, force)
+        save_figure(heads_figure(r), save, force)
     if as_json:
-        data = np.stack([table[k] for k in table])
         jsonout.emit(jsonout.document(
-            "heads", data, kinds=list(table), texts=len(ids), source=source, text_ids=ids,
-            exclude_bos=exclude_first, exclude_current=exclude_current, repeat=repeat))
+            "heads", np.stack(list(r.table.values())), kinds=list(r.table), texts=r.texts,
+            source=source, text_ids=ids, exclude_bos=exclude_first,
+            exclude_current=exclude_current, repeat=r.repeat))
         return
-    best = {k: np.unravel_index(np.argmax(v), v.shape) for k, v in table.items()}
-    notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} {b[0]}.{b[1]} ({table[k][b]:.2f})"
-                                      for k, b in best.items()), style="dim")
-    stdout().print(Group(
-        Text(f"heads  {cfg.n_layer} layers × {cfg.n_head} heads  on {len(ids)} text(s) from "
-             f"{escape_line(source)}", style="bold cyan"),
-        view.layer_head_table(table, KIND_LABELS), notes,
-        Text(f"random tokens ({batch} × {n}, seed {seed}) repeated: loss {test.loss_first:.3f}"
-             f" nats on the first copy, {test.loss_second:.3f} on the second "
-             f"(drop {test.loss_drop:.3f})", style="dim")))
+    stdout().print(view.heads_view(r))
 
 
 # ------------------------------------------------------------------ neurons
 
-NEURON_TOP = 64  # examples kept per neuron in the cache; --top is capped by it
-
-
-def _neuron_cache(model, files: list[Path], enabled: bool) -> dict[str, np.ndarray]:
-    """The top windows of every neuron of every block over the files, computed once per
+def _neuron_maxima(model, files: list[Path], enabled: bool) -> dict[str, np.ndarray]:
+    """corpus_maxima of every neuron over the files and their token stream, computed once per
     (weights, data) and kept in the cache folder."""
     import numpy as np
 
     from .. import cache
     from ..analysis import neurons as nrn
-    from ..files import sha256, write_atomically
-    from ..train.data import encode_stories, eval_windows, read_stories
+    from ..files import sha256
+    from ..corpus import encode_stories, eval_windows, read_stories
 
     cfg = model.config
+
+    def compute():
+        stream = encode_stories(read_stories(files), model.tokenizer)
+        x, _ = eval_windows(stream.ids, cfg.n_positions)
+        if len(x) == 0:
+            raise InputError(f"the data has {len(stream.ids)} tokens, less than one window of "
+                             f"{cfg.n_positions}")
+        with progress(len(x), "neuron maxima", enabled=enabled) as advance:
+            maxima = nrn.corpus_maxima(model.params, cfg, x, progress=advance)
+        return {"stream": stream.ids.astype(np.uint16), **maxima}
+
     key = cache.key_of("neurons-v1", sha256(model.weights_file),
-                       *(sha256(f) for f in files), str(cfg.n_positions), str(NEURON_TOP))
-    path = cache.entry("neurons", key)
-    if path.is_file():
-        try:
-            with np.load(path) as z:
-                return dict(z)
-        except (OSError, ValueError):
-            pass  # a damaged entry is computed again
-    stream = encode_stories(read_stories(files), model.tokenizer)
-    x, _ = eval_windows(stream.ids, cfg.n_positions)
-    if len(x) == 0:
-        raise InputError(f"the data has {len(stream.ids)} tokens, less than one window of "
-                         f"{cfg.n_positions}")
-    with progress(len(x), "neuron maxima", enabled=enabled) as advance:
-        top, where = nrn.window_maxima(model.params, cfg, x, progress=advance)
-    k = min(NEURON_TOP, len(x))
-    best = np.argsort(-top, axis=1, kind="stable")[:, :k, :]  # [L, k, ff]
-    entry = {"stream": stream.ids.astype(np.uint16),
-             "window": best.transpose(0, 2, 1).astype(np.int32),  # [L, ff, k]
-             "value": np.take_along_axis(top, best, axis=1).transpose(0, 2, 1),
-             "position": np.take_along_axis(where, best, axis=1).transpose(0, 2, 1)}
-    buf = io.BytesIO()
-    np.savez(buf, **entry)
-    write_atomically(path, buf.getvalue())
-    return entry
+                       *(sha256(f) for f in files), str(cfg.n_positions), str(nrn.NEURON_TOP))
+    return cache.load_or_compute(cache.entry("neurons", key), cache.load_arrays, compute,
+                                 cache.store_arrays)
 
 
 @app.command()
@@ -441,10 +309,6 @@ def neurons(
     Example: tinygpt neurons "Lily wanted to play with her" --layer 2
     Example: tinygpt neurons --layer 2 --neuron 17 --data ../shared/data/tinystories
     """
-    import numpy as np
-    from rich.console import Group
-    from rich.text import Text
-
     from ..analysis import neurons as nrn
     from ..render import jsonout
     from ..render import texts as view
@@ -461,36 +325,20 @@ def neurons(
     if text is not None:
         raise InputError("--neuron searches --data, not a text: leave the text out")
     files = _data_files(data)
-    entry = _neuron_cache(model, files, enabled=not as_json)
-    k = min(top, entry["window"].shape[-1])
-    wins = entry["window"][layer, neuron, :k]
-    ctx = cfg.n_positions
-    ids = np.stack([entry["stream"][w * ctx:(w + 1) * ctx] for w in wins]).astype(np.int64)
-    acts = nrn.neuron_activations(model.params, cfg, ids, layer, neuron)  # [k, T]
-    path = f"layers.{layer}.mlp_post[:, {neuron}]"
-    peaks = acts.argmax(axis=1)
-    rows = [{"window": int(w), "start": int(w) * ctx, "max": float(acts[r].max()),
-             "position": int(peaks[r]), "token": tok.token_str(int(ids[r, peaks[r]]))}
-            for r, w in enumerate(wins)]
+    maxima = _neuron_maxima(model, files, enabled=not as_json)
+    ex = nrn.neuron_examples(model.params, cfg, maxima, maxima["stream"], layer, neuron, top,
+                             tok.token_str)
     if as_json:
         jsonout.emit(jsonout.document(
-            path, acts, layer=layer, neuron=neuron, examples=rows, window_ids=ids,
-            window_tokens=[[tok.token_str(int(i)) for i in w] for w in ids],
+            ex.path, ex.acts, layer=layer, neuron=neuron, examples=ex.rows, window_ids=ex.ids,
+            window_tokens=[[tok.token_str(int(i)) for i in w] for w in ex.ids],
             data=[str(f) for f in files]))
         return
-    lines = [Text(f"{path}  top {k} of {len(entry['stream']) // ctx:,} windows of {ctx} "
-                  f"tokens in {escape_line(', '.join(f.name for f in files))}",
-                  style="bold cyan")]
-    for r, row in enumerate(rows):
-        tokens = [tok.token_str(int(i)) for i in ids[r]]
-        line = Text(f"{row['max']:7.3f}  ", style="bold")
-        line.append_text(view.window_line(tokens, acts[r], row["position"]))
-        lines.append(line)
-    stdout().print(Group(*lines))
+    stdout().print(view.neuron_examples_view(ex, tok.token_str, [f.name for f in files]))
 
 
 def _data_files(data: Path | None) -> list[Path]:
-    from ..train.data import split_data
+    from ..corpus import split_data
 
     if data is None:
         found = find_data()
@@ -509,51 +357,18 @@ def _data_files(data: Path | None) -> list[Path]:
 
 
 def _neurons_on_text(model, text, layer, top, raw, as_json):
-    from rich.console import Group
-    from rich.text import Text
-
     from ..analysis import neurons as nrn
-    from ..analysis.lens import top_neurons
     from ..render import jsonout
     from ..render import texts as view
-    from ..render.tables import header
-    from ..render.text import show_token
     from ..session import Session
 
     session = Session.open(read_text(text), model=model)
-    post_path = f"layers.{layer}.mlp_post"
-    from ..hooks import RecordOnly
-
-    rec = RecordOnly({post_path})
-    session.run(rec)
-    post = rec.values[post_path]  # [T, ff]
-    found = top_neurons(post, min(top, post.shape[1]))
-    pushes = nrn.output_logits(model.params, layer, [f["neuron"] for f in found],
-                               through_norm=not raw)
-    tok = model.tokenizer
-    for f, row in zip(found, pushes, strict=True):
-        best = nrn.top_ids(row, 8)
-        f["pushes"] = [{"id": int(i), "token": tok.token_str(int(i)), "logit": float(row[i])}
-                       for i in best]
-    read = "W_out[n] @ W_E^T" if raw else "W_out[n] * ln_final.weight @ W_E^T"
+    tn = nrn.neurons_on_text(session, layer, top, raw=raw)
     if as_json:
-        jsonout.emit(jsonout.document(post_path, post, session.ids, session.tokens,
-                                      layer=layer, top_neurons=found, read_through=read))
+        jsonout.emit(jsonout.document(tn.path, tn.post, session.ids, session.tokens,
+                                      layer=layer, top_neurons=tn.found, read_through=tn.read))
         return
-    from rich.table import Table
-
-    t = Table(box=None, pad_edge=False, header_style="bold dim")
-    for name, just in (("neuron", "right"), ("max", "right"), ("at", "left")):
-        t.add_column(name, justify=just, no_wrap=True)
-    t.add_column("pushes up", ratio=1)  # wraps between tokens to fit the width
-    for f in found:
-        t.add_row(f"n{f['neuron']}", f"{f['max']:.3f}",
-                  Text(f"{f['position']} {show_token(session.tokens[f['position']])}",
-                       style="bold"),
-                  view.token_list([p["token"] for p in f["pushes"]],
-                                  [p["logit"] for p in f["pushes"]]))
-    stdout().print(Group(header(post_path, post),
-                         Text(f"pushes up: the logits of {read}", style="dim"), t))
+    stdout().print(view.text_neurons_view(tn, session.tokens))
 
 
 # ------------------------------------------------------------------ diff
@@ -578,91 +393,34 @@ def diff(
     Example: tinygpt diff "Lily wanted to play with her" "Tom wanted to play with his"
     Example: tinygpt diff "Lily wanted to play" --weights-b runs/a
     """
-    from rich.console import Group
-    from rich.text import Text
-
     from ..analysis import diff as diffs
-    from ..analysis.lens import residual_stages
     from ..render import jsonout
     from ..render import texts as view
-    from ..render.tables import header
-    from ..sampling import probabilities
     from ..session import Session
 
     model = load(weights)
     if weights_b is not None:
         if text_b is not None:
             raise InputError("--weights-b compares two models on one text: give one text")
-        _diff_models(model, load(weights_b), read_text(text_a), as_json)
+        d = diffs.models_diff(model, load(weights_b), read_text(text_a))
+        if as_json:
+            jsonout.emit(jsonout.document(
+                "diff.kl", d.diff.kl, d.a.ids, d.a.tokens, weights_a=str(model.folder),
+                weights_b=str(d.b.model.folder), same_top=d.diff.same_top,
+                delta_p=d.diff.delta_p, top_a=d.top_a, top_b=d.top_b, summary=d.diff.summary()))
+            return
+        stdout().print(view.models_diff_view(d))
         return
     if text_a is None or text_b is None:
         raise InputError("diff needs two texts, or one text and --weights-b DIR")
-    a = Session.open(read_text(text_a), model=model)
-    b = Session.open(read_text(text_b), model=model)
-    ta, tb = a.trace(), b.trace()
-    stages = residual_stages(ta, model.config)
-    names = [n for n, _ in stages]
-    cos, dist = diffs.stream_diff([h for _, h in stages],
-                                  [h for _, h in residual_stages(tb, model.config)])
-    n = cos.shape[1]
-    tok = model.tokenizer
-
-    def tops(tr):
-        p = probabilities(tr.get("logits")[:n])
-        best = p.argmax(-1)
-        return [(tok.token_str(int(i)), float(p[r, i])) for r, i in enumerate(best)]
-
-    top_a, top_b = tops(ta), tops(tb)
+    d = diffs.text_diff(Session.open(read_text(text_a), model=model),
+                        Session.open(read_text(text_b), model=model))
     if as_json:
         jsonout.emit(jsonout.document(
-            "diff.relative_distance", dist, a.ids, a.tokens, stages=names, cosine=cos,
-            ids_b=b.ids, tokens_b=b.tokens,
-            top_a=[{"token": t, "chance": c} for t, c in top_a],
-            top_b=[{"token": t, "chance": c} for t, c in top_b]))
+            "diff.relative_distance", d.distance, d.a.ids, d.a.tokens, stages=d.stages,
+            cosine=d.cosine, ids_b=d.b.ids, tokens_b=d.b.tokens,
+            top_a=[{"token": t, "chance": c} for t, c in d.top_a],
+            top_b=[{"token": t, "chance": c} for t, c in d.top_b]))
         return
-    body = view.side_by_side(a.tokens, b.tokens, top_a, top_b, cos, dist, names)
-    wide(body).print(Group(
-        header("diff.relative_distance", dist, "(stages × positions)"),
-        Text("cos and dist: the last stage's (layers."
-             f"{model.config.n_layer - 1}.resid_post); dist = ||a - b|| / ||a||", style="dim"),
-        body))
-
-
-def _diff_models(model_a, model_b, text: str, as_json: bool):
-    from rich.console import Group
-    from rich.text import Text
-
-    from ..analysis import diff as diffs
-    from ..render import jsonout
-    from ..render import texts as view
-    from ..render.tables import header
-    from ..session import Session
-
-    if model_a.config != model_b.config:
-        raise InputError("the two weights folders have different sizes; diff compares models "
-                         "of one shape")
-    a = Session.open(text, model=model_a)
-    ids_b = model_b.tokenizer.encode(text)
-    if ids_b != a.ids:
-        raise InputError("the two weights folders' tokenizers split the text differently")
-    la, lb = a.run(), Session.open(text, model=model_b).run()
-    d = diffs.model_diff(la, lb, a.ids)
-    tok = model_a.tokenizer
-    top_a = [tok.token_str(int(i)) for i in d.top_a]
-    top_b = [tok.token_str(int(i)) for i in d.top_b]
-    summary = d.summary()
-    if as_json:
-        jsonout.emit(jsonout.document(
-            "diff.kl", d.kl, a.ids, a.tokens, weights_a=str(model_a.folder),
-            weights_b=str(model_b.folder), same_top=d.same_top, delta_p=d.delta_p,
-            top_a=top_a, top_b=top_b, summary=summary))
-        return
-    stdout().print(Group(
-        header("diff.kl", d.kl, f"KL(P_a || P_b) per position; a = "
-               f"{escape_line(str(model_a.folder))}, b = {escape_line(str(model_b.folder))}"),
-        view.kl_table(a.tokens, d.kl, top_a, top_b, d.delta_p),
-        Text(f"mean KL {summary['mean_kl']:.4g} nats, max {summary['max_kl']:.4g}; same top "
-             f"token {summary['same_top']:.0%}"
-             + (f"; Δp of the next token: mean {summary['mean_delta_p']:+.4f}, RMS "
-                f"{summary['rms_delta_p']:.4f}" if summary["mean_delta_p"] is not None else ""),
-             style="dim")))
+    v = view.text_diff_view(d)
+    wide(v.renderables[-1]).print(v)  # as wide as the side-by-side table needs

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import shlex
 import sys
@@ -63,7 +62,7 @@ def train_tokenizer_cmd(
     Example: tinygpt train-tokenizer --data ../shared/data/tinystories --out runs/tokenizer.json
     """
     from ..tokenizer import save_tokenizer, train_tokenizer
-    from ..train.data import read_stories, split_data
+    from ..corpus import read_stories, split_data
 
     check_vocab_size(vocab_size)
     if (out.exists() or out.is_symlink()) and not force:
@@ -123,16 +122,10 @@ def train_cmd(
     Example: tinygpt train --data ../shared/data/tinystories --out runs/a --steps 3000
     """
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
 
     from ..config import Config
-    from ..train.data import split_data
+    from ..render.training import TrainingProgress
+    from ..corpus import split_data
     from ..train.loop import Settings, train
 
     if resume and force:
@@ -155,36 +148,10 @@ def train_cmd(
     err = Console(stderr=True)
     header = (f"train: {', '.join(f.name for f in train_files)}; validation: "
               f"{', '.join(f.name for f in val_files) or 'none'}")
-    # The loss shows "-" until the first step has one (never "nan").
-    columns = [TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-               TextColumn("loss {task.fields[loss]}  val {task.fields[val]}  "
-                          "{task.fields[tps]:,.0f} tok/s"), TimeElapsedColumn(),
-               TimeRemainingColumn()]
-    with contextlib.ExitStack() as stack:
-        shown: list[Progress] = []
-
-        def bar() -> Progress:
-            """Started at the first note or step, once the folder and the data have passed
-            their checks: an error before then is the one line on stderr."""
-            if not shown:
-                err.print(header, markup=False, highlight=False)
-                shown.append(stack.enter_context(Progress(*columns, console=err)))
-                shown[0].add_task("train", total=steps, loss="-", val="-", tps=0.0)
-            return shown[0]
-
-        def on_step(info):
-            fields = {"loss": f"{info.loss:.3f}", "tps": info.tokens_per_s}
-            if info.val_loss is not None:
-                fields["val"] = f"{info.val_loss:.3f}"
-            progress = bar()
-            progress.update(progress.task_ids[0], completed=info.step, **fields)
-
-        def on_note(text: str) -> None:
-            bar().console.print(text, markup=False, highlight=False)
-
+    with TrainingProgress(header, steps, err) as shown:
         result = train(train_files, val_files, out, settings, resume=resume, force=force,
-                       command="tinygpt " + shlex.join(sys.argv[1:]), on_step=on_step,
-                       on_note=on_note)
+                       command="tinygpt " + shlex.join(sys.argv[1:]), on_step=shown.on_step,
+                       on_note=shown.on_note)
     best = result["best_val_loss"]
     err.print((f"best validation loss {best:.4f} nats/token" if math.isfinite(best)
                else "no validation data") + f"; weights in {escape_line(str(out))}", markup=False,

@@ -28,11 +28,12 @@ def head_labels(n: int) -> list[str]:
 # ------------------------------------------------------------------ lens
 
 
-def lens_figure(stages: list[str], tokens: list[str], top_tokens: list[list[str]],
-                top_probs: np.ndarray, target: tuple[int, str], position: int,
-                target_probs: np.ndarray, target_ranks: np.ndarray) -> Figure:
-    """top_probs [S, T] and top_tokens [T][S] (as --json has them): the likeliest next token
-    at every stage and position, and its chance; the target's chance at `position`."""
+def lens_figure(r) -> Figure:
+    """A LensReport (analysis.lens): the likeliest next token at every stage and position,
+    and its chance; the target's chance at its position."""
+    stages, tokens, top_tokens, top_probs = r.stages, r.q.tokens, r.top_tokens, r.top_probs
+    target, position = r.q.target_pair, r.q.position
+    target_probs, target_ranks = r.target_probs, r.target_ranks
     labels = token_labels(tokens)
     t_id, t_str = target
     return Figure("lens", [
@@ -55,11 +56,13 @@ def lens_figure(stages: list[str], tokens: list[str], top_tokens: list[list[str]
 # ------------------------------------------------------------------ direct logit attribution
 
 
-def dla_figure(labels: list[str], values: np.ndarray, heads: np.ndarray, score: float,
-               what: str, position: int, token: str, neurons: list[dict],
-               top: int) -> Figure:
-    """The head rows as a layer × head grid (signed: blue takes away, red adds), the largest
-    parts ranked, and the largest single neurons when --neurons listed them."""
+def dla_figure(r, top: int) -> Figure:
+    """A DLAReport (analysis.dla): the head rows as a layer × head grid (signed: blue takes
+    away, red adds), the `top` largest parts, and the largest single neurons when --neurons
+    listed them."""
+    labels, values, heads, score = r.dla.labels, r.dla.values, r.dla.heads, r.dla.score
+    what, position, neurons = r.q.what, r.q.position, r.dla.neurons
+    token = r.q.tokens[position]
     n_layer, n_head = heads.shape
     order = np.argsort(-np.abs(values), kind="stable")[:top]
     parts: list = [
@@ -82,6 +85,16 @@ def dla_figure(labels: list[str], values: np.ndarray, heads: np.ndarray, score: 
 
 
 # ------------------------------------------------------------------ ablation
+
+
+def ablation_figure(r, n_layer: int, n_head: int) -> Figure:
+    """An AblationReport (analysis.ablate) as a picture: every component's grids, or one's."""
+    target, position, first = r.q.target_pair, r.q.position, r.rows[0]
+    if r.every:
+        return ablate_all_figure(r.rows, n_layer, n_head, r.mode, target, position,
+                                 first["logp_before"])
+    return ablate_figure(first["label"], r.mode, target, position, first["logp_before"],
+                         first["logp_after"], first["kl"], r.top_before, first["top_after"])
 
 
 def ablate_all_figure(rows: list[dict], n_layer: int, n_head: int, mode: str,
@@ -132,11 +145,13 @@ def ablate_figure(label: str, mode: str, target: tuple[int, str], position: int,
 # ------------------------------------------------------------------ patching
 
 
-def patch_figure(stream: dict[str, np.ndarray], heads: np.ndarray, tokens: list[str],
-                 position: int, clean: float, corrupt: float, what: str, method: str,
-                 corr: float | None) -> Figure:
-    """stream[kind]: [n_layer, T] fractions restored, as layer × position heatmaps (positions
-    after the scored one left blank: they cannot change it); heads: [n_layer, n_head]."""
+def patch_figure(r) -> Figure:
+    """A PatchReport (analysis.patch): stream[kind] [n_layer, T] fractions restored, as
+    layer × position heatmaps (positions after the scored one left blank: they cannot change
+    it); heads: [n_layer, n_head]."""
+    stream, heads, tokens, position = r.result.stream, r.result.heads, r.q.tokens, r.q.position
+    clean, corrupt, what, method, corr = (r.result.clean, r.result.corrupt, r.q.what, r.method,
+                                          r.correlation)
     n_layer, n_head = heads.shape
     labels = token_labels(tokens)
     later = np.zeros((n_layer, len(tokens)), dtype=bool)
@@ -159,26 +174,34 @@ def patch_figure(stream: dict[str, np.ndarray], heads: np.ndarray, tokens: list[
 # ------------------------------------------------------------------ score
 
 
-def score_figure(summary: dict, sequences: list[tuple[list[str], np.ndarray]], more: int,
-                 surprising: list[tuple[str, int, float]]) -> Figure:
-    """The totals, each drawn text's tokens coloured by surprisal (bits; one row a text),
-    and the most surprising tokens. sequences: (the scored tokens, their bits); more: how
-    many texts were scored but not drawn; surprising: (token, position, bits)."""
+def score_figure(report, token_str: list[str]) -> Figure:
+    """The totals of a ScoreReport (analysis.score), each drawn text's tokens coloured by
+    surprisal (bits; one row a text, cut to DRAWN_TOKENS in all: one --stream text can be a
+    whole file), and the most surprising tokens."""
+    from ..analysis.score import DRAWN_TOKENS, LN2
+
+    summary, budget, drawn = report.summary, DRAWN_TOKENS, []
+    for d in report.drawn:
+        drawn.append(([token_str[int(x)] for x in d.targets[:budget]], d.bits[:budget]))
+        budget -= len(drawn[-1][1])
     facts = [(label, f.format(summary[key])) for key, label, f in (
         ("tokens", "tokens", "{:,}"), ("mean_nats", "mean loss", "{:.6g} nats"),
         ("perplexity", "perplexity", "{:.6g}"), ("bits_per_token", "bits per token", "{:.6g}"),
         ("bits_per_byte", "bits per byte", "{:.6g}"), ("sequences", "texts", "{:,}"))
         if summary.get(key) is not None]
     parts: list = [Facts(facts)]
-    for k, (tokens, bits) in enumerate(sequences):
+    for k, (tokens, bits) in enumerate(drawn):
         parts.append(Heatmap(np.asarray(bits)[None, :], ["bits"], token_labels(tokens),
                              lo=0.0, path="score.bits",
-                             title=f"text {k}" if len(sequences) > 1 else "surprisal"))
+                             title=f"text {k}" if len(drawn) > 1 else "surprisal"))
+    more = len(report.sequences) - len(report.drawn)
     if more:
         parts.append(Note(f"{more:,} more text(s) scored but not drawn", "dim"))
-    if surprising:
-        parts.append(Bars([f"{show_token(t)} @{p}" for t, p, _ in surprising],
-                          [float(b) for _, _, b in surprising], value_name="bits",
+    if report.worst:
+        o = report.offset
+        parts.append(Bars([f"{show_token(token_str[int(report.sequences[i][o + p])])} @{p}"
+                           for _, i, p, *_ in report.worst],
+                          [nats / LN2 for nats, *_ in report.worst], value_name="bits",
                           title="most surprising tokens"))
     return Figure("score", parts, subtitle="surprisal of each token, −log₂ p, in bits")
 
@@ -186,9 +209,12 @@ def score_figure(summary: dict, sequences: list[tuple[list[str], np.ndarray]], m
 # ------------------------------------------------------------------ heads
 
 
-def heads_figure(table: dict[str, np.ndarray], names: dict[str, str], texts: int, source: str,
-                 repeat: dict) -> Figure:
-    """One layer × head heatmap of each detector's score (0..1)."""
+def heads_figure(r) -> Figure:
+    """A HeadsReport (analysis.heads): one layer × head heatmap of each detector's score
+    (0..1)."""
+    from ..analysis.heads import KIND_LABELS as names
+
+    table, texts, source, repeat = r.table, r.texts, r.source, r.repeat
     n_layer, n_head = next(iter(table.values())).shape
     return Figure("heads", [
         Facts([("texts", f"{texts} from {source}"),

@@ -144,10 +144,12 @@ def stage_grid(probs: np.ndarray, rows: list[str], labels: list[str],
     return Fit(build, probs.shape[1])
 
 
-def lens_view(stages: list[str], tokens: list[str], top_tokens: list[list[str]],
-              top_probs: np.ndarray, target: tuple[int, str], position: int,
-              target_probs: np.ndarray, target_ranks: np.ndarray) -> Group:
-    """top_probs [T, S] and top_tokens [T][S]: each position's likeliest next token per stage."""
+def lens_view(r) -> Group:
+    """A LensReport (analysis.lens): each position's likeliest next token per stage, and the
+    target's chance and rank after each stage."""
+    stages, tokens, top_tokens, top_probs = r.stages, r.q.tokens, r.top_tokens, r.top_probs.T
+    target, position = r.q.target_pair, r.q.position
+    target_probs, target_ranks = r.target_probs, r.target_ranks
     labels = [stage_label(s) for s in stages]
     shown = [[show_token(t) for t in row] for row in top_tokens]
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
@@ -173,9 +175,11 @@ def lens_view(stages: list[str], tokens: list[str], top_tokens: list[list[str]],
 # ------------------------------------------------------------------ direct logit attribution
 
 
-def dla_view(labels: list[str], values: np.ndarray, heads: np.ndarray, score: float,
-             what: str, position: int, token: str, neurons: list[dict],
-             top: int) -> Group:
+def dla_view(r, top: int) -> Group:
+    """A DLAReport (analysis.dla): the head grid, the `top` largest parts, the neurons."""
+    labels, values, heads, score = r.dla.labels, r.dla.values, r.dla.heads, r.dla.score
+    what, position, neurons = r.q.what, r.q.position, r.dla.neurons
+    token = r.q.tokens[position]
     big = float(np.abs(values).max()) if values.size else 1.0
     order = np.argsort(-np.abs(values), kind="stable")[:top]
     ranked = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
@@ -214,6 +218,19 @@ def dla_view(labels: list[str], values: np.ndarray, heads: np.ndarray, score: fl
 
 def top_pairs(rows: list[tuple[str, float]]) -> str:
     return "  ".join(f"{show_token(t)} {p:.1%}" for t, p in rows)
+
+
+def ablation_view(r) -> Group:
+    """An AblationReport (analysis.ablate): one component's effect, or every one ranked."""
+    target, position, first = r.q.target_pair, r.q.position, r.rows[0]
+    if r.every:
+        return ablate_all_view(
+            [row | {"top": row["top_after"][0]["token"], "top_prob": row["top_after"][0]["prob"]}
+             for row in r.rows], r.mode, target, position, first["logp_before"])
+    return ablate_view(first["label"], r.mode, target, position, first["logp_before"],
+                       first["logp_after"], first["kl"],
+                       [(d["token"], d["prob"]) for d in r.top_before],
+                       [(d["token"], d["prob"]) for d in first["top_after"]])
 
 
 def ablate_view(label: str, mode: str, target: tuple[int, str], position: int,
@@ -255,10 +272,12 @@ def ablate_all_view(rows: list[dict], mode: str, target: tuple[int, str], positi
 # ------------------------------------------------------------------ patching
 
 
-def patch_view(stream: dict[str, np.ndarray], heads: np.ndarray, tokens: list[str],
-               position: int, clean: float, corrupt: float, what: str, method: str,
-               corr: float | None) -> Group:
-    """stream[kind]: [n_layer, T] fractions restored; shown as T rows x n_layer columns."""
+def patch_view(r) -> Group:
+    """A PatchReport (analysis.patch): stream[kind] [n_layer, T] fractions restored, shown
+    as T rows x n_layer columns; each head's grid."""
+    stream, heads, tokens, position = r.result.stream, r.result.heads, r.q.tokens, r.q.position
+    clean, corrupt, what, method, corr = (r.result.clean, r.result.corrupt, r.q.what, r.method,
+                                          r.correlation)
     n_layer = heads.shape[0]
     rows = token_rows(tokens)
     cells = []
@@ -291,9 +310,12 @@ def patch_view(stream: dict[str, np.ndarray], heads: np.ndarray, tokens: list[st
 # ------------------------------------------------------------------ input attribution
 
 
-def attribute_view(method: str, scores: np.ndarray, tokens: list[str], what: str, f: float,
-                   position: int, grad_norm: np.ndarray | None = None,
-                   completeness: tuple[float, float, float] | None = None) -> Group:
+def attribute_view(report) -> Group:
+    """An AttributionReport (analysis.attribute): each input token's score, or for
+    attention-x-grad one key-token × head grid per layer."""
+    r, q = report.attribution, report.q
+    method, scores, tokens, what, f = r.method, r.scores, q.tokens, q.what, r.f
+    position, grad_norm, completeness = q.position, r.grad_norm, report.completeness
     parts = [header(f"attribute.{method}", scores),
              note(f"the score: {what} = {fmt(f)} at position {position} "
                   f"({show_token(tokens[position])})")]

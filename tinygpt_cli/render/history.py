@@ -172,3 +172,33 @@ def why_view(result, tokens_of) -> Group:
              f"{len(result.snapshots)} snapshots; all {found['windows']:,} windows scored)",
              style="bold"),
         windows_table(found["top_windows"]))
+
+
+def loss_view(rows: list[dict]) -> Group:
+    return Group(Text("loss on the text (nats per token) and the next token, over training",
+                      style="bold"), loss_table(rows))
+
+
+def value_view(history, labels: list[str], tokens: list[str], position: int | None) -> Group:
+    """A ValueHistory (analysis.history): its summary per snapshot, and for an attention
+    grid the row of `position` (checked by the caller) under every snapshot."""
+    parts = [Text(f"{history.shown} over training", style="bold"),
+             summary_table(history.rows)]
+    if history.grid:
+        p = position
+        stack = np.stack(history.values)  # [S, (H,) T, T]
+        cols = token_columns(tokens[: p + 1])
+        for h, grids in enumerate([stack] if stack.ndim == 3 else np.moveaxis(stack, 1, 0)):
+            head = "" if stack.ndim == 3 else f" head {h}"
+            parts += [Text(f"\nattention of position {p}{head} over training", style="bold"),
+                      grid_rows(grids[:, p, : p + 1], labels, cols)]
+    return Group(*parts)
+
+
+def heads_view(scores: dict[str, np.ndarray], labels: list[str], induction_length: int) -> Group:
+    return Group(
+        Text("previous-token score of each head on the text", style="bold"),
+        head_grids(scores["previous_token"], labels),
+        Text(f"\ninduction score of each head on {induction_length} random tokens "
+             "repeated", style="bold"),
+        head_grids(scores["induction"], labels))

@@ -63,3 +63,18 @@ def emit(doc: dict, *, stream=None) -> None:
     encoding = (getattr(out, "encoding", None) or "utf-8").lower().replace("-", "")
     out.write(dumps(doc, ascii_only=not encoding.startswith("utf")) + "\n")
     out.flush()
+
+
+def token_records(out, i: int, s, token_json: list[str], stream: bool, offset: int) -> None:
+    """score --json: one NDJSON line per token of TokenScores `s` (text `i`), formatted
+    directly (json.dumps per record is most of the time of a --json run over a whole file);
+    the token strings come JSON-encoded already."""
+    head = "{" if stream else f'{{"sequence": {i}, '
+    lines = [f'{head}"position": {j + 1 - offset}, "id": {t}, "token": {token_json[t]}, '
+             f'"nats": {n!r}, "bits": {b!r}, "prob": {p!r}, "rank": {r}, "entropy": {e!r}}}'
+             for j, (t, n, b, p, r, e) in enumerate(zip(
+                 s.targets.tolist(), s.nats.tolist(), s.bits.tolist(), s.prob.tolist(),
+                 s.rank.tolist(), s.entropy.tolist(), strict=True))]
+    if lines:
+        out.write("\n".join(lines) + "\n")
+        out.flush()

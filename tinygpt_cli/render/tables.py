@@ -343,3 +343,87 @@ def top_table(rows: list[dict], value_name: str, *, bar_of: str | None = None) -
         return table(max(0, min(BAR, width - bare - 2)))
 
     return Sized(build)
+
+
+def info_view(info, shown_file: str):
+    """A ModelInfo (analysis.info): the configuration, the parameter counts, the weights
+    file (as `shown_file`) with its sha256, and the tokenizer."""
+
+    from .text import escape_line
+
+    t = Table(box=None, header_style="bold dim", pad_edge=False, show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    for k, v in info.config.items():
+        t.add_row(k, str(v))
+    p = Table(box=None, header_style="bold dim", pad_edge=False)
+    p.add_column("parameters", style="cyan")
+    p.add_column("count", justify="right")
+    for k, v in info.groups.items():
+        p.add_row(k, f"{v:,}")
+    p.add_row(Text("total", style="bold"), Text(f"{info.total:,}", style="bold"))
+    # names and paths come from the weights folder: shown escaped, like the user's own text
+    specials = ", ".join(f"{show_token(k)} = {v}"
+                         for k, v in info.tokenizer["special_tokens"].items())
+    return Group(
+        Text("configuration", style="bold underline"), t, Text(""), p, Text(""),
+        Text(f"weights   {escape_line(shown_file)}"), Text(f"sha256    {info.sha256}"),
+        Text(f"tokenizer {info.tokenizer['vocab_size']:,} tokens; special: {specials}"),
+    )
+
+
+def paths_table(entries: list[dict]) -> Table:
+    """trace --list: every path with its shape and what it is."""
+    t = Table(box=None, header_style="bold dim", pad_edge=False)
+    t.add_column("path", no_wrap=True, style="cyan")
+    t.add_column("shape", no_wrap=True)
+    t.add_column("what it is")
+    for e in entries:
+        t.add_row(e["path"], shape_str(e["shape"]), e["about"])
+    return t
+
+
+def blocks_view(rows: list[dict], tok, p: int, tokens: list[str], norms) -> Group:
+    """Card 7 (analysis.lens.block_summary rows): each stage's stream norm, what its block
+    changed at position `p`, and the top guess; middle columns give way to the width."""
+    names = [("‖h‖ mean", "right"), ("‖h‖ at pos", "right"), ("‖attn_out‖", "right"),
+             ("‖mlp_out‖", "right"), ("change", "right"), ("top guess", "left"),
+             ("chance", "right")]
+    cells = []
+    for row in rows:
+        has = "change" in row
+        cells.append([fmt(row["norm"].mean()), fmt(row["norm"][p]),
+                      fmt(row["attn_norm"][p]) if has else "",
+                      fmt(row["mlp_norm"][p]) if has else "",
+                      f"{row['change'][p]:.0%}" if has else "",
+                      Text(show_token(tok(row["top_id"])), style="bold"),
+                      f"{row['top_prob']:.1%}"])
+
+    def build(keep: list[int | None]) -> Table:  # middle columns give way to the width
+        t = Table(box=None, header_style="bold dim", pad_edge=False)
+        t.add_column("stage", no_wrap=True)
+        for k in keep:
+            name, just = ("…", "center") if k is None else names[k]
+            t.add_column(name, justify=just, no_wrap=True)
+        for row, line in zip(rows, cells, strict=True):
+            t.add_row(row["stage"], *("…" if k is None else line[k] for k in keep))
+        return t
+
+    return Group(
+        header("blocks.norm", norms, "(‖h‖ of every token at every stage)"),
+        Text(f"residual stream at position {p} ({show_token(tokens[p])}); change = "
+             "‖after − before‖ / ‖before‖", style="dim"), Fit(build, len(names)))
+
+
+def encode_view(ids: list[int], tokens: list[str], offsets: list, config) -> Group:
+    """Card 1: each token's position, id, text and byte offsets in the UTF-8 text."""
+    t = Table(box=None, header_style="bold dim", pad_edge=False)
+    for name, just in (("#", "right"), ("id", "right"), ("token", "left"), ("bytes", "right")):
+        t.add_column(name, justify=just, no_wrap=True)
+    for i, (token_id, tok, (a, b)) in enumerate(zip(ids, tokens, offsets, strict=True)):
+        t.add_row(str(i), str(token_id), Text(show_token(tok), style="bold"), f"{a}–{b}")
+    limit = config.n_positions
+    note = f"T = {len(ids)} tokens, each an id from 0 to {config.vocab_size - 1:,}"
+    if len(ids) > limit:
+        note += f"; more than the {limit} the model reads at once"
+    return Group(ids_header(ids), t, Text(note, style="dim"))

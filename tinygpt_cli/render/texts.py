@@ -169,3 +169,117 @@ def kl_table(tokens: list[str], kl: np.ndarray, top_a: list[str], top_b: list[st
                                              style="" if same else "bold red"),
                   f"{dp[p]:+.3f}" if p < len(dp) else "")
     return t
+
+
+def score_view(report, token_str: list[str]) -> Group:
+    """score's terminal view of a ScoreReport (analysis.score): the totals, the text coloured
+    by surprisal when it is shown, and the most surprising tokens with their context."""
+    from ..analysis.score import LN2
+
+    summary, offset = report.summary, report.offset
+    parts: list = [totals_line(summary),
+                   Text(f"{summary['sequences']:,} text(s), {report.n_windows:,} window(s) of "
+                        f"at most {summary['context']} tokens, stride {summary['stride']}"
+                        + ("; one stream, as the model card counts" if summary["stream"]
+                           else ""), style="dim")]
+    if report.shown is not None:
+        parts += [Text(""), legend()]
+        for seq, s in zip(report.sequences, report.shown, strict=True):
+            pieces = [token_str[int(i)] for i in seq]
+            bits = [None] + [float(b) for b in s.bits] + [None] * (len(seq) - 1 - len(s.bits))
+            parts.append(coloured_text(pieces[offset:], bits[offset:]))
+    else:
+        parts.append(Text("(text not shown; --show-text prints it)", style="dim"))
+    if report.worst:
+        rows = []
+        for nats, i, p, rank, entropy in report.worst:
+            seq = report.sequences[i][offset:]
+            rows.append({"position": p, "token": token_str[int(seq[p])], "bits": nats / LN2,
+                         "prob": float(np.exp(-nats)), "rank": rank,
+                         "entropy_bits": entropy / LN2,
+                         "context": "".join(token_str[int(x)] for x in seq[max(0, p - 6):p])})
+        parts += [Text(""), Text("most surprising tokens", style="bold"),
+                  surprising_table(rows)]
+    return Group(*parts)
+
+
+def neuron_examples_view(ex, token_str, files: list[str]) -> Group:
+    """A NeuronExamples (analysis.neurons): each window, its peak highlighted."""
+    from .text import escape_line
+
+    ctx = ex.ids.shape[1]
+    lines = [Text(f"{ex.path}  top {len(ex.rows)} of {ex.windows:,} windows of {ctx} "
+                  f"tokens in {escape_line(', '.join(files))}", style="bold cyan")]
+    for r, row in enumerate(ex.rows):
+        tokens = [token_str(int(i)) for i in ex.ids[r]]
+        line = Text(f"{row['max']:7.3f}  ", style="bold")
+        line.append_text(window_line(tokens, ex.acts[r], row["position"]))
+        lines.append(line)
+    return Group(*lines)
+
+
+def text_neurons_view(tn, tokens: list[str]) -> Group:
+    """A TextNeurons (analysis.neurons): the block's header, then each top neuron, its peak,
+    where, and the tokens it pushes up."""
+    from .tables import header
+
+    t = Table(box=None, pad_edge=False, header_style="bold dim")
+    for name, just in (("neuron", "right"), ("max", "right"), ("at", "left")):
+        t.add_column(name, justify=just, no_wrap=True)
+    t.add_column("pushes up", ratio=1)  # wraps between tokens to fit the width
+    for f in tn.found:
+        t.add_row(f"n{f['neuron']}", f"{f['max']:.3f}",
+                  Text(f"{f['position']} {show_token(tokens[f['position']])}", style="bold"),
+                  token_list([p["token"] for p in f["pushes"]],
+                             [p["logit"] for p in f["pushes"]]))
+    return Group(header(tn.path, tn.post), Text(f"pushes up: the logits of {tn.read}",
+                                                style="dim"), t)
+
+
+def text_diff_view(d) -> Group:
+    """A TextDiff (analysis.diff): both texts side by side with their top tokens, and the
+    cosine and distance of every stage."""
+    from .tables import header
+
+    body = side_by_side(d.a.tokens, d.b.tokens, d.top_a, d.top_b, d.cosine, d.distance,
+                        d.stages)
+    return Group(header("diff.relative_distance", d.distance, "(stages × positions)"),
+                 Text("cos and dist: the last stage's (layers."
+                      f"{d.a.config.n_layer - 1}.resid_post); dist = ||a - b|| / ||a||",
+                      style="dim"), body)
+
+
+def models_diff_view(d) -> Group:
+    """A ModelsDiff (analysis.diff): KL per position, the top tokens, and the summary."""
+    from .tables import header
+    from .text import escape_line
+
+    summary = d.diff.summary()
+    return Group(
+        header("diff.kl", d.diff.kl, f"KL(P_a || P_b) per position; a = "
+               f"{escape_line(str(d.a.model.folder))}, b = {escape_line(str(d.b.model.folder))}"),
+        kl_table(d.a.tokens, d.diff.kl, d.top_a, d.top_b, d.diff.delta_p),
+        Text(f"mean KL {summary['mean_kl']:.4g} nats, max {summary['max_kl']:.4g}; same top "
+             f"token {summary['same_top']:.0%}"
+             + (f"; Δp of the next token: mean {summary['mean_delta_p']:+.4f}, RMS "
+                f"{summary['rms_delta_p']:.4f}" if summary["mean_delta_p"] is not None else ""),
+             style="dim"))
+
+
+def heads_view(r) -> Group:
+    """A HeadsReport (analysis.heads): every head's score of each kind, the best of each,
+    and the repeated random tokens' losses."""
+    from ..analysis.heads import KIND_LABELS
+    from .text import escape_line
+
+    table, rep = r.table, r.repeat
+    best = {k: np.unravel_index(np.argmax(v), v.shape) for k, v in table.items()}
+    notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} {b[0]}.{b[1]} ({table[k][b]:.2f})"
+                                      for k, b in best.items()), style="dim")
+    return Group(
+        Text(f"heads  {r.n_layer} layers × {r.n_head} heads  on {r.texts} text(s) from "
+             f"{escape_line(r.source)}", style="bold cyan"),
+        layer_head_table(table, KIND_LABELS), notes,
+        Text(f"random tokens ({rep['batch']} × {rep['length']}, seed {rep['seed']}) repeated: "
+             f"loss {rep['loss_first']:.3f} nats on the first copy, {rep['loss_second']:.3f} "
+             f"on the second (drop {rep['loss_drop']:.3f})", style="dim"))

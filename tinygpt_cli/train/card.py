@@ -196,6 +196,22 @@ def machine_line(run: Path) -> str:
     return f"{machine.get('cpu_count')} CPU cores, BLAS threads {blas}: {where}"
 
 
+def block(text: str) -> str:
+    return "```text\n" + text.strip() + "\n```"
+
+
+def warm_start(settings: dict, train_names: str) -> tuple[str, str, list[str]]:
+    """How the card tells where the run started: (origin, the tokenizer's training files,
+    the extra line), for a run from scratch or from --init's weights."""
+    init = settings.get("init")
+    if not init:
+        return "from scratch", train_names, []
+    return ("from a warm start (below)", "the `--init` model's, kept by this run",
+            [f"- Warm start: step 0 is the weights of `{shown_path(init)}` (`--init`), a model "
+             "trained before on part of this text; the optimiser, the schedule and the moving "
+             "average start anew, and the tokenizer is that model's."])
+
+
 def write_card(run: Path, data: list[Path], out: Path | None = None, *,
                progress=None, on_note: Callable[[str], None] | None = None) -> str:
     """MODEL_CARD.md and loss_curve.svg for the weights folder `run` (the output of `train`).
@@ -241,9 +257,6 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
     write_text(out / "loss_curve.svg",
                loss_curve_svg(log, val_name=f"validation ({val_names.replace('`', '')})"))
 
-    def block(text: str) -> str:
-        return "```text\n" + text.strip() + "\n```"
-
     sample_md = []
     for prompt in PROMPTS:
         sample_md.append(f"**{prompt}**, greedy "
@@ -288,11 +301,7 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
                       f"{cycle:,}: a new warm-up of {settings['warmup']:,} steps to a peak "
                       f"learning rate of {settings['lr']:g}, then cosine decay, dropout "
                       f"{settings['dropout']:g}.")
-    init = settings.get("init")
-    if init:
-        extras.insert(0, f"- Warm start: step 0 is the weights of `{shown_path(init)}` (`--init`), "
-                      "a model trained before on part of this text; the optimiser, the schedule "
-                      "and the moving average start anew, and the tokenizer is that model's.")
+    origin, tokenizer_files, extras[:0] = warm_start(settings, train_names)
     opt = (f"{'in the last cycle, ' if cycle else ''}"
            f"peak learning rate {settings['lr']:g} after {settings['warmup']:,} warm-up steps, "
            f"weight decay {settings['weight_decay']:g}, dropout {settings['dropout']:g}, "
@@ -300,10 +309,8 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
     data_line = (f"- Data: {train_names} for training and {val_names} for validation, from "
                  f"{data_shown} (not redistributed here). Stories are joined with "
                  "`<|endoftext|>`.")
-    corpus = "TinyStories" if tinystories else f"the text in {data_shown}"
-    origin = "from a warm start (below)" if init else "from scratch"
-    tokenizer_files = "the `--init` model's, kept by this run" if init else train_names
-    licence = TINYSTORIES_LICENCE if tinystories else ""
+    corpus, licence = ("TinyStories", TINYSTORIES_LICENCE) if tinystories else \
+        (f"the text in {data_shown}", "")
     text = f"""# tinygpt model card
 
 A GPT-2-style language model with {n_params:,} parameters, trained {origin} on

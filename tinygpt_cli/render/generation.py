@@ -1,0 +1,60 @@
+"""generate's output as the tokens come: plain text for a person or a pipe, or one JSON
+object a line (the prompt, each token, the end). `steps` is generate.generate's iterator."""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.text import Text
+
+from . import jsonout
+from .text import show_text
+
+
+def _stopped(new: list[int], eot: int, no_stop: bool) -> bool:
+    return bool(new) and new[-1] == eot and not no_stop
+
+
+def write_json(tok, prompt: str, ids: list[int], steps, seed: int, no_stop: bool) -> None:
+    # the context once; each token line then carries only its own token
+    jsonout.emit(jsonout.document(None, np.asarray(ids, dtype=np.int64), ids,
+                                  [tok.token_str(t) for t in ids], event="prompt", text=prompt))
+    new: list[int] = []
+    for i, step in enumerate(steps):
+        new.append(step.id)
+        jsonout.emit(jsonout.document(None, np.int64(step.id), event="token", step=i,
+                                      id=step.id, token=tok.token_str(step.id),
+                                      chance=step.chance))
+    stopped = _stopped(new, tok.eot_id, no_stop)
+    kept = new[:-1] if stopped else new
+    jsonout.emit(jsonout.document(None, prompt + tok.decode(kept), ids + new,
+                                  [tok.token_str(i) for i in ids + new], event="end",
+                                  new_tokens=len(new), seed=seed,
+                                  stop="endoftext" if stopped else "max_new_tokens"))
+
+
+def write_text(out, tok, prompt: str, steps, no_stop: bool) -> tuple[int, bool]:
+    """The prompt, then each new piece of text as soon as it is whole; (how many new tokens,
+    whether <|endoftext|> stopped it)."""
+    eot = tok.eot_id
+    if out.is_terminal:
+        # soft_wrap: the text goes out as it is; only a terminal wraps it, never Rich.
+        out.print(Text(show_text(prompt), style="bold"), end="", soft_wrap=True)
+    else:
+        out.file.write(show_text(prompt))  # a pipe gets the text byte for byte
+    new: list[int] = []
+    shown = ""
+    for step in steps:
+        new.append(step.id)
+        if step.id == eot and not no_stop:
+            break
+        # Decode everything so far: a character split over two tokens appears whole.
+        full = tok.decode([t for t in new if t != eot or no_stop])
+        if full.endswith("\ufffd"):
+            continue
+        piece, shown = full[len(shown):], full
+        out.file.write(show_text(piece))  # plain text, written as is: tabs stay tabs
+        out.file.flush()
+    rest = tok.decode([t for t in new if t != eot or no_stop])[len(shown):]
+    out.file.write(show_text(rest) + "\n")
+    out.file.flush()
+    return len(new), _stopped(new, eot, no_stop)

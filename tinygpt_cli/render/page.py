@@ -1,0 +1,125 @@
+"""The Quick review page and the map of one text, for a terminal. `r` is a traced text
+(cli.common.Run: its trace, model, text, ids, tokens and T); the values come from
+page.page_values and page.map_stages."""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.console import Group
+from rich.padding import Padding
+from rich.panel import Panel
+from rich.text import Text
+
+from .tables import fmt, shape_str
+from .text import show_text, show_token
+
+
+def _row_preview(row, n: int = 4) -> str:
+    head = ", ".join(fmt(float(x)) for x in row[:n])
+    return f"[{head}, …, {fmt(float(row[-1]))}]" if row.size > n else f"[{head}]"
+
+
+def preview(r, number: int, value) -> list:
+    """A few lines of real values for one card."""
+    tok = r.model.tokenizer.token_str
+    if number == 1:
+        pairs = "  ".join(f"{show_token(t)}={i}" for t, i in zip(r.tokens, r.ids, strict=True))
+        return [Text(pairs)]
+    if number in (2, 3, 4, 6, 8):
+        rows = [0, r.T - 1] if r.T > 1 else [0]
+        return [Text(f"{show_token(r.tokens[i]):>10} {_row_preview(value[i])}") for i in rows]
+    if number == 5:
+        lines = []
+        for i, row in enumerate(value):
+            cells = " ".join(f"{x:.2f}" if j <= i else "  · " for j, x in enumerate(row[:8]))
+            more = " …" if len(row) > 8 else ""
+            lines.append(Text(f"{show_token(r.tokens[i]):>10} {cells}{more}"))
+            if i >= 7:
+                lines.append(Text("       …"))
+                break
+        return lines
+    if number == 7:
+        return [Text(f"{value} blocks")]
+    if number == 9:
+        top = np.argsort(-value[-1])[:3]
+        return [Text(f"last row: {_row_preview(value[-1])}; highest: " + ", ".join(
+            f"{show_token(tok(int(i)))} {value[-1][i]:.2f}" for i in top))]
+    if number == 10:
+        top = np.argsort(-value)[:5]
+        return [Text(", ".join(f"{show_token(tok(int(i)))} {value[i]:.1%}" for i in top)
+                     + f"  (sum {value.sum():.4f})")]
+    if number == 11:
+        return [Text(f"id {value} = {show_token(tok(value))!s}  →  ") + Text(
+            show_text(r.text + r.model.tokenizer.decode([value])), style="bold")]
+    return []
+
+
+def card_shape(number: int, value) -> str:
+    if number == 7:
+        return f"{value} × Block"
+    if number == 11:
+        return "1 id"
+    return shape_str(np.shape(value))
+
+
+def page_view(r, values: dict, width: int):
+    """The page for a terminal: the facts, then every card in a panel `width` wide."""
+    from ..page import CARDS
+
+    facts = values["header"]
+    label = {"T": "Tokens in the text", "d": "Numbers per token", "L": "Blocks",
+             "heads": "Heads per block", "d_k": "Numbers per head", "ffn": "Feed-forward width",
+             "vocab": "Vocabulary", "longest": "Longest text"}
+    top = Text()
+    top.append("Quick review", style="bold underline")
+    top.append(f"  of {r.text!r}\n", style="dim")
+    for k, name in label.items():
+        unit = " tokens" if k in ("vocab", "longest") else ""
+        top.append(f"  {name:<22}", style="dim")
+        top.append(f"{k} = {facts[k]:,}{unit}\n", style="bold")
+    parts = [top]
+    for c in CARDS:
+        v = values[c.number]
+        detail = c.detail.format(vocab_max=facts["vocab"] - 1, **facts)
+        body = [Text(c.what), Text(detail, style="italic"),
+                Text.assemble(("shape    ", "dim"), (card_shape(c.number, v), "bold")),
+                Text.assemble(("formula  ", "dim"), c.formula),
+                Text.assemble(("trace    ", "dim"), (c.path, "cyan")) if c.path else
+                Text("trace    none: a random pick, drawn by the formula above", style="dim"),
+                Text.assemble(("command  ", "dim"), c.command)]
+        body += [Text("  ") + line for line in preview(r, c.number, v)]
+        parts.append(Panel(Group(*body), title=f"{c.number}. {c.title}", title_align="left",
+                           border_style="dim", width=width))
+    return Group(*parts)
+
+
+def _arrow(label: str):
+    return Text.assemble(("      │ ", "dim"), (label, "magenta"))
+
+
+def map_view(r, stages: list[tuple[str, str, str]], picked: int):
+    """`map`: the stages as boxes joined by arrows labelled with shapes, the blocks in one
+    panel, ending in the token the page's seed picks."""
+    cfg = r.model.config
+    td = f"{r.T} × {cfg.n_embd}"
+
+    def box(stage: str, op: str) -> Text:
+        return Text.assemble(("  ▣ ", "dim"), (f"{stage:<19}", "bold"), (op, ""))
+
+    head = [Text.assemble(("  ", ""), (repr(r.text), "bold green")), _arrow(f"{r.T} tokens")]
+    for s, o, sh in stages[:3]:
+        head += [box(s, o), _arrow(sh)]
+    inner: list[Text] = []
+    for k, (s, o, sh) in enumerate(stages[3:9]):
+        inner.append(box(s, o))
+        if k < 5:
+            inner.append(_arrow(sh))
+    block = Panel(Group(*inner), title=f"× {cfg.n_layer} blocks (card 7)", title_align="left",
+                  border_style="cyan", expand=False)
+    tail = [_arrow(td)]
+    for s, o, sh in stages[9:]:
+        tail += [box(s, o), _arrow(sh)]
+    tail.append(Text.assemble(("      ▼ ", "dim"),
+                              (show_token(r.model.tokenizer.token_str(picked)), "bold green"),
+                              ("  (seed 1)", "dim")))
+    return Group(*head, Padding(block, (0, 0, 0, 2)), *tail)

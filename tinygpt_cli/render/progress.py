@@ -1,0 +1,95 @@
+"""A progress bar on stderr for work that takes over about a second. Rich is imported only
+when one is shown, so the commands that offer one still start fast."""
+
+from __future__ import annotations
+
+
+def progress(total: int | None, description: str, *, enabled: bool = True):
+    """A progress bar on stderr for work over about a second: shown only on a terminal and
+    never with --json (pass enabled=not as_json). Use as a context manager:
+
+        with progress(n, "scoring") as advance:
+            for ...: advance(1)
+    """
+    import contextlib
+
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    if not enabled or not err.is_terminal:
+        return contextlib.nullcontext(lambda n=1: None)
+
+    @contextlib.contextmanager
+    def bar():
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total}"), TimeRemainingColumn(),
+                      console=err, transient=True) as p:
+            task = p.add_task(description, total=total)
+            yield lambda n=1: p.advance(task, n)
+
+    return bar()
+
+
+def progress_report(description: str, *, every: float = 5.0):
+    """For long work that reports (done, total): a bar with an ETA on a terminal; where
+    stderr is a pipe or a file, a line every `every` seconds and one at the end, so a log
+    shows the work moving. Never on stdout. Use as a context manager yielding report(done,
+    total)."""
+    import contextlib
+    import sys
+    import time
+
+    from rich.console import Console
+
+    err = Console(stderr=True)
+
+    @contextlib.contextmanager
+    def bar():
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(),
+                      TextColumn("{task.completed:,}/{task.total:,}"), TimeRemainingColumn(),
+                      console=err, transient=True) as p:
+            task = p.add_task(description, total=None)
+            yield lambda done, total: p.update(task, completed=done, total=total)
+
+    @contextlib.contextmanager
+    def lines():
+        t0, state = time.monotonic(), {"shown": -1e9, "first": None, "last": None}
+
+        def say(done: int, total: int) -> None:
+            with contextlib.suppress(OSError, ValueError):
+                left = ""
+                if state["first"] is not None and done > state["first"][0]:
+                    d0, s0 = state["first"]
+                    rate = (done - d0) / max(time.monotonic() - s0, 1e-9)
+                    left = f", about {format_duration((total - done) / rate)} left"
+                sys.stderr.write(f"{description}: {done:,}/{total:,} "
+                                 f"({100 * done / max(total, 1):.0f}%){left}\n")
+                sys.stderr.flush()
+
+        def report(done: int, total: int) -> None:
+            now = time.monotonic()
+            if state["first"] is None:
+                state["first"] = (done, now)
+            state["last"] = (done, total)
+            if now - state["shown"] >= every:
+                state["shown"] = now
+                say(done, total)
+
+        yield report
+        if state["last"] is not None and time.monotonic() - t0 >= every:
+            say(*state["last"])
+
+    return bar() if err.is_terminal else lines()
+
+
+def format_duration(seconds: float) -> str:
+    """'40 s', '3 min', '1 h 5 min'."""
+    if seconds < 90:
+        return f"{max(seconds, 1):.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds // 3600:.0f} h {(seconds % 3600) / 60:.0f} min"

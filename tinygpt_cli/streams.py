@@ -1,0 +1,106 @@
+"""The standard streams of a command-line process: closed ones (`>&-`), encodings that cannot
+show the tool's symbols, and a reader that goes away (`| head`), which Unix tools answer
+with a quiet exit 0. Used by cli/app.py's main; nothing here knows a command."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+
+from .exits import OK
+from .render.text import guard_encoding
+
+
+class Closed:
+    """Stands in for a standard stream that was closed (`>&-`): writing to it is an I/O error,
+    reported as such, instead of an AttributeError on None."""
+
+    encoding = "utf-8"
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def write(self, s: str) -> int:
+        raise OSError(errno.EBADF, f"{self.name} is closed")
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, f"{self.name} is closed")
+
+
+def guard_streams() -> None:
+    """Closed streams and encodings that cannot show `␣ × …` must not crash a command."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        try:  # hold the descriptor, so that no file the command opens lands on it
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+        except OSError:
+            pass
+        if name == "stdout":
+            sys.stdout = Closed("standard output")
+        else:
+            sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - for the process's life
+    sys.stdout = guard_encoding(sys.stdout)
+    sys.stderr = guard_encoding(sys.stderr)
+
+
+def reader_gone() -> int:
+    """The reader of stdout went away (`| head`): stop quietly with exit 0, as Unix tools do.
+    stdout now points at /dev/null, so the final flush at exit cannot fail again."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if type(stream).__name__ == "PacifyFlushWrapper":  # click's own handler came first
+            setattr(sys, name, stream.wrapped)
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return OK
+
+
+def identity(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def stdout_broken(before: tuple[int, int] | None) -> bool:
+    """Did a broken-pipe handler of a library end the command? click's wraps sys.stdout;
+    Rich's points stdout at /dev/null; both then exit 1, which is not what a reader that
+    went away means."""
+    if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+        return True
+    try:
+        now = identity(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return now is not None and now != before and now == identity_of_devnull()
+
+
+def identity_of_devnull() -> tuple[int, int] | None:
+    st = os.stat(os.devnull)
+    return st.st_dev, st.st_ino
+
+
+def finish(code: int) -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = reader_gone() if code == 0 else code
+    except (OSError, ValueError):
+        pass
+    sys.exit(code)
