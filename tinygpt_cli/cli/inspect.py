@@ -314,6 +314,8 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
         "layer_norm_epsilon": cfg.layer_norm_epsilon, "activation_function": "gelu_new",
         "tie_word_embeddings": True,
     }
+    if cfg.unused:  # read past, as transformers does: shown so nobody wonders where they went
+        facts["unused"] = list(cfg.unused)
     weights_file = model.weights_file.resolve()
     shown_file = _as_typed(weights_file)
     digest = sha256(weights_file)
@@ -330,7 +332,8 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
     t.add_column(style="bold")
     t.add_column()
     for k, v in facts.items():
-        t.add_row(k, str(v))
+        shown = ", ".join(v) + " (outside the vocabulary: not used)" if k == "unused" else v
+        t.add_row(k, escape_line(str(shown)))
     p = Table(box=None, header_style="bold dim", pad_edge=False)
     p.add_column("parameters", style="cyan")
     p.add_column("count", justify="right")
