@@ -188,12 +188,15 @@ def startup(runs: int) -> tuple[list[Row], list[str]]:
         wall = statistics.median(g[0] for g in ours)
         cpu = statistics.median(g[1] for g in ours)
         floor_wall = statistics.median(g[0] for g in base)
-        row = Row(f"start-up: tinygpt {args[0]}, against `python -c \"import {modules}\"`",
-                  f"{wall:.3f} s (cpu {cpu:.3f} s)", f"{floor_wall:.3f} s",
-                  wall / floor_wall)
+        floor_cpu = statistics.median(g[1] for g in base)
+        # Judged by CPU time: both are one thread, so on an idle machine it is the wall
+        # time, and on a loaded one it leaves out the waiting for a core, which is not ours.
+        row = Row(f"start-up: tinygpt {args[0]}, against `python -c \"import {modules}\"` "
+                  "(CPU time; wall beside it)", f"{cpu:.3f} s (wall {wall:.3f} s)",
+                  f"{floor_cpu:.3f} s (wall {floor_wall:.3f} s)", cpu / floor_cpu)
         if slack is not None:
             row.goal = f"<= floor + {slack * 1000:.0f} ms"
-            row.passed = wall <= floor_wall + slack
+            row.passed = cpu <= floor_cpu + slack
         rows.append(row)
         if args[0] != "--help":
             notes.append(import_table(args))

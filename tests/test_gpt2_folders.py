@@ -50,6 +50,15 @@ def folder(request, tmp_path_factory):
     return path, hidden, out.logits[0].numpy()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """As the console script runs (tinygpt_cli.threads): in this process NumPy is loaded
+    already, so the pool is set through threadpoolctl, and put back afterwards."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    with threadpoolctl.threadpool_limits(1):
+        yield
+
+
 @pytest.fixture
 def cli(capsys, monkeypatch):
     clean_env(monkeypatch)
