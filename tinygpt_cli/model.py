@@ -125,6 +125,12 @@ def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.nd
         # nothing to show or change (generation): the same arithmetic without the checks,
         # which cost more than the arithmetic on one position
         n = x.shape[-1]
+        if x.shape == (1, n):  # one position (generation): as a vector, in half the time
+            centred = x[0] - np.add.reduce(x[0]) / n
+            out = centred / np.sqrt(np.dot(centred, centred) / n + eps)
+            out *= g
+            out += b
+            return out[None]
         mean = np.add.reduce(x, axis=-1, keepdims=True)
         mean /= n
         out = x - mean
@@ -168,7 +174,6 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
               cache: KVCache | None, start: int) -> np.ndarray:
     """Card 5: masked multi-head attention of block i.  [T, d] -> [T, d]"""
     p, L = f"h.{i}.attn.", f"layers.{i}."
-    hk = hooks or _no_hooks
     qkv = ops.linear(x, params[p + "c_attn.weight"], params[p + "c_attn.bias"])  # [T, 3d]
     q, k, v = ops.split_qkv(qkv, config.n_head)  # [H, T, d_k] each
     if hooks is not None:
@@ -180,17 +185,20 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
         cache.k[i][..., start:end, :] = k
         cache.v[i][..., start:end, :] = v
         k, v = cache.k[i][..., :end, :], cache.v[i][..., :end, :]
-    scores = hk(L + "scores", ops.attention_scores(q, k, start))  # [H, T, S]
+    scores = ops.attention_scores(q, k, start)  # [H, T, S]
     if hooks is not None:
+        scores = hooks(L + "scores", scores)
         _heads("scores", scores, L, hooks, config.n_head)
-    weights = hk(L + "weights", ops.softmax(scores))  # [H, T, S]
+    weights = ops.softmax(scores)  # [H, T, S]
     if hooks is not None:
+        weights = hooks(L + "weights", weights)
         _heads("weights", weights, L, hooks, config.n_head)
-    z = hk(L + "z", weights @ v)  # [H, T, d_k]
+    z = weights @ v  # [H, T, d_k]
     if hooks is not None:
+        z = hooks(L + "z", z)
         _heads("out", z, L, hooks, config.n_head)
     out = ops.linear(ops.merge_heads(z), params[p + "c_proj.weight"], params[p + "c_proj.bias"])
-    return hk(L + "attn_out", out)  # [T, d]
+    return out if hooks is None else hooks(L + "attn_out", out)  # [T, d]
 
 
 def feed_forward(params, i: int, x: np.ndarray, hooks: Hook) -> np.ndarray:

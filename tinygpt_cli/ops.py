@@ -104,7 +104,10 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     """x W + b with W stored (in, out), as GPT-2's Conv1D.  [..., in] -> [..., out]"""
     # A batch [B, T, in] as one [B*T, in] product: one BLAS call, not one per text.
     flat = x.ndim == 2  # [T, in] (one text; one position while generating): no reshapes
-    out = _rows_times(x, w) if flat else x.reshape(-1, x.shape[-1]) @ w
+    if flat:  # one row (generation's one position) as a vector: see _rows_times
+        out = (x[0] @ w)[None] if x.shape[0] == 1 else x @ w
+    else:
+        out = x.reshape(-1, x.shape[-1]) @ w
     if out.dtype == b.dtype or out.dtype == np.result_type(out, b):
         out += b  # in place: one array, not two
     else:
