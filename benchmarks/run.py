@@ -160,6 +160,13 @@ def text_ids(model, n: int | None = None) -> np.ndarray:
 # ------------------------------------------------------------------ start-up
 
 
+# What a command cannot avoid: starting Python and importing the libraries it needs. Each
+# command's start-up is measured against that floor, the two taking turns (issue 19).
+FLOORS = {"--help": ("typer, rich", 0.030),
+          "encode": ("typer, rich, tokenizers", None),
+          "attn": ("numpy, typer, rich, tokenizers, safetensors", 0.040)}
+
+
 def startup(runs: int) -> tuple[list[Row], list[str]]:
     import compileall
 
@@ -168,15 +175,29 @@ def startup(runs: int) -> tuple[list[Row], list[str]]:
     # As an installed package would be: byte-compiled (this does nothing if it already is).
     compileall.compile_dir(str(Path(tinygpt_cli.__file__).parent), quiet=2)
     rows, notes = [], []
-    for args, goal in ((["--help"], 0.12), (["encode", "Lily wanted"], 0.15),
-                       (["attn", PROMPT, "--layer", "0", "--head", "0"], 0.15)):
+    for args in (["--help"], ["encode", "Lily wanted"],
+                 ["attn", PROMPT, "--layer", "0", "--head", "0"]):
+        modules, slack = FLOORS[args[0]]
         cmd = tinygpt_cmd() + args
-        run_measured(cmd)  # warm the page cache
-        got = [run_measured(cmd) for _ in range(max(runs, 7))]
-        wall = statistics.median(g[0] for g in got)
-        cpu = statistics.median(g[1] for g in got)
-        rows.append(Row(f"start-up: tinygpt {' '.join(args[:1])}", f"{wall:.3f} s "
-                        f"(cpu {cpu:.3f} s)", goal=f"<= {goal} s wall", passed=wall <= goal))
+        floor = [sys.executable, "-c", f"import {modules}"]
+        run_measured(cmd), run_measured(floor)  # warm the page cache
+        ours, base = [], []
+        for _ in range(max(runs, 9)):  # in turns: a drift slows both alike
+            ours.append(run_measured(cmd))
+            base.append(run_measured(floor))
+        wall = statistics.median(g[0] for g in ours)
+        cpu = statistics.median(g[1] for g in ours)
+        floor_wall = statistics.median(g[0] for g in base)
+        floor_cpu = statistics.median(g[1] for g in base)
+        # Judged by CPU time: both are one thread, so on an idle machine it is the wall
+        # time, and on a loaded one it leaves out the waiting for a core, which is not ours.
+        row = Row(f"start-up: tinygpt {args[0]}, against `python -c \"import {modules}\"` "
+                  "(CPU time; wall beside it)", f"{cpu:.3f} s (wall {wall:.3f} s)",
+                  f"{floor_cpu:.3f} s (wall {floor_wall:.3f} s)", cpu / floor_cpu)
+        if slack is not None:
+            row.goal = f"<= floor + {slack * 1000:.0f} ms"
+            row.passed = cpu <= floor_cpu + slack
+        rows.append(row)
         if args[0] != "--help":
             notes.append(import_table(args))
     return rows, notes
@@ -276,14 +297,16 @@ def traced(runs: int, ref_eager) -> list[Row]:
             row.reference = "skipped (no torch)"
         rows.append(row)
         if t_len == 128:
-            rows.append(matmul_floor(model, ids, runs, tr if ref_eager is not None else None))
+            rows.append(matmul_floor(model, ids, runs, tr if ref_eager is not None else None, t))
     return rows
 
 
-def matmul_floor(model, ids: np.ndarray, runs: int, reference: float | None) -> Row:
+def matmul_floor(model, ids: np.ndarray, runs: int, reference: float | None,
+                 traced: float) -> Row:
     """The matrix products of the T = 128 pass alone, with nothing else: no pass can take
-    less. Over the reference's time it is the lowest ratio any implementation on this BLAS
-    could reach."""
+    less. Its ratio is the traced pass's time over it (issue 19: at most 1.4x); over the
+    reference's time it would be the lowest ratio any implementation on this BLAS could
+    reach."""
     p, c = model.params, model.config
     x = np.ones((len(ids), c.n_embd), np.float32)
     q = np.ones((c.n_head, len(ids), c.d_k), np.float32)
@@ -306,11 +329,11 @@ def matmul_floor(model, ids: np.ndarray, runs: int, reference: float | None) -> 
     big = np.ones((1024, 1024), np.float32)
     peak = 2 * 1024**3 / median_seconds(lambda: big @ big, runs)
     row = Row(f"  its matrix products alone, T=128 (no pass can be faster): {flops / t / 1e9:.0f} "
-              f"GFLOP/s, where one 1024 x 1024 product runs at {peak / 1e9:.0f}",
-              f"{t * 1000:.2f} ms")
+              f"GFLOP/s, where one 1024 x 1024 product runs at {peak / 1e9:.0f}; ratio: the "
+              "traced pass over these products", f"{t * 1000:.2f} ms", ratio=traced / t,
+              goal="<= 1.4x", passed=traced / t <= 1.4)
     if reference is not None:
-        row.reference = f"{reference * 1000:.2f} ms"
-        row.ratio = t / reference
+        row.reference = f"{reference * 1000:.2f} ms (products {t / reference:.2f}x of it)"
     return row
 
 
@@ -420,6 +443,147 @@ def score_child(path: str, batch: int) -> None:
     losses = score_all(model.params, model.config, windows_of(ids, model.config.n_positions),
                        batch)
     print(f"{losses.size} tokens, mean loss {losses.mean():.4f}")
+
+
+# ------------------------------------------------------------------ a GPT-2-small-sized model
+
+
+SMALL = dict(n_layer=12, n_embd=768, n_head=12, vocab_size=4096, n_positions=1024)
+SMALL_TOKENS = 64
+
+
+def gpt2_small_folder(folder: Path):
+    """A 12 x 768 GPT-2 folder as `transformers` writes it (default config, seeded random
+    weights), with the shipped tokenizer; returns the model (one thread, eager attention)."""
+    import shutil
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tinygpt_cli.weights import SHIPPED
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = GPT2LMHeadModel(GPT2Config(**SMALL, attn_implementation="eager")).eval()
+    model.save_pretrained(folder)
+    shutil.copyfile(SHIPPED / "tokenizer.json", folder / "tokenizer.json")
+    return model
+
+
+def gpt2_small(runs: int, folder: Path, hf) -> list[Row]:
+    """Issue 19: logits, whole-process generation, peak memory and a T = 512 traced pass of a
+    12 x 768 GPT-2 folder (gpt2_small_folder), against transformers on the same folder."""
+    import torch
+
+    from tinygpt_cli.model import forward, trace
+    from tinygpt_cli.weights import load_model
+
+    ours = load_model(folder)
+    size_mb = (folder / "model.safetensors").stat().st_size / 2**20
+    ids = text_ids(ours, 512)
+    with torch.inference_mode():
+        want = hf(torch.from_numpy(ids[None, :64])).logits[0].numpy()
+    got = forward(ours.params, ours.config, ids[:64])
+    gap = float(np.abs(got - want).max() / np.abs(want).max())
+    rows = [Row("12 x 768: logits of 64 tokens, largest |difference| over largest |logit|",
+                f"{gap:.1e}", goal="<= 1e-4", passed=gap <= 1e-4)]
+    prompt = ours.tokenizer.encode(PROMPT)
+    x = torch.tensor([prompt])
+    cmd = tinygpt_cmd() + ["generate", PROMPT, "-t", "0", "-n", str(SMALL_TOKENS),
+                           "--no-stop", "--weights", str(folder)]
+    measured: list[tuple] = []
+
+    def whole():
+        measured.append(run_measured(cmd))
+
+    def reference():
+        with torch.inference_mode():
+            hf.generate(x, max_new_tokens=SMALL_TOKENS, eos_token_id=None,
+                        do_sample=False, use_cache=True, pad_token_id=0)
+
+    walls, theirs = [], []
+    whole(), reference()  # warm-up
+    for _ in range(runs):  # wall time: the tinygpt side is a whole process
+        whole()
+        walls.append(measured[-1][0])
+        t = time.perf_counter()
+        reference()
+        theirs.append(time.perf_counter() - t)
+    t, tr = statistics.median(walls), statistics.median(theirs)
+    rows.append(Row(f"12 x 768: greedy generation of {SMALL_TOKENS} tokens, the whole tinygpt "
+                    "process against transformers' generate alone",
+                    f"{SMALL_TOKENS / t:,.1f} tokens/s", f"{SMALL_TOKENS / tr:,.1f} tokens/s",
+                    tr / t, ">= 1.5x", tr / t >= 1.5))
+    peak = max(m[2] for m in measured)
+    most = 1.3 * size_mb + 150
+    rows.append(Row(f"12 x 768: peak memory of that generate (weights file {size_mb:.0f} MB)",
+                    f"{peak} MB", goal=f"<= {most:.0f} MB (1.3x + 150)",
+                    passed=peak <= most))
+    xt = torch.from_numpy(ids[None])
+
+    def ref_traced():
+        with torch.inference_mode():
+            hf(xt, output_attentions=True, output_hidden_states=True)
+
+    t, tr = paired_median_seconds([lambda: trace(ours.params, ours.config, ids),
+                                   ref_traced], runs)
+    rows.append(Row("12 x 768: forward pass, every value recorded, T=512",
+                    f"{t * 1000:.0f} ms", f"{tr * 1000:.0f} ms", t / tr, "<= 1x the time",
+                    t / tr <= 1.0))
+    return rows
+
+
+# ------------------------------------------------------------------ a busy machine
+
+
+def some_stories(n_chars: int = 20_000) -> str:
+    """The start of the validation part (or the prompt repeated when the data is absent)."""
+    path = DATA / "part-005.txt"
+    text = path.read_text(encoding="utf-8") if path.is_file() else (PROMPT + ". ") * 4000
+    return text[:n_chars]
+
+
+def spinners(n: int = 2) -> list[subprocess.Popen]:
+    """n processes that keep a core busy each, as other work on a user's machine would."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def under_load(runs: int, small: Path | None, stories: Path) -> list[Row]:
+    """Issue 19: with two spinning processes beside it, each command with the default
+    settings (no thread variables at all) against the same with one BLAS thread forced."""
+    default = {k: v for k, v in child_env().items()
+               if k not in (*THREAD_VARS, "TINYGPT_THREADS", "RAYON_NUM_THREADS")}
+    commands = {"generate -n 120": ["generate", "Lily wanted", "-n", "120", "--no-stop",
+                                    "-t", "0"],
+                "logits": ["logits", PROMPT],
+                f"score --file ({stories.stat().st_size // 1000} kB of stories)":
+                    ["score", "--file", str(stories)],
+                "trace --list": ["trace", PROMPT, "--list"]}
+    if small is not None:
+        commands["logits, 12 x 768"] = ["logits", PROMPT, "--weights", str(small)]
+        commands["generate -n 50, 12 x 768"] = ["generate", "Lily wanted", "-n", "50",
+                                                "--no-stop", "-t", "0", "--weights", str(small)]
+    rows = []
+    busy = spinners()
+    try:
+        for name, args in commands.items():
+            cmd = tinygpt_cmd() + args
+            if run_measured(cmd)[3] != 0:
+                rows.append(Row(f"busy machine: tinygpt {name}", "skipped (the command failed)"))
+                continue
+            ours, one = [], []
+            for _ in range(runs):
+                ours.append(run_measured(cmd, env=default)[0])
+                one.append(run_measured(cmd)[0])
+            t, t1 = statistics.median(ours), statistics.median(one)
+            rows.append(Row(f"busy machine (2 spinning processes): tinygpt {name}, default "
+                            "settings against one BLAS thread forced", f"{t:.2f} s",
+                            f"{t1:.2f} s", t / t1, "<= 1.3x the time", t / t1 <= 1.3))
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    return rows
 
 
 # ------------------------------------------------------------------ memory
@@ -594,6 +758,16 @@ def main(argv: list[str] | None = None) -> int:
     log("traced forward pass ...")
     rows += traced(args.runs, ref_eager)
     rows += foundation(args.runs)
+    with tempfile.TemporaryDirectory() as tmp:
+        small = None
+        if torch_ok:
+            log("12 x 768 GPT-2 ...")
+            small = Path(tmp) / "gpt2-12x768"
+            rows += gpt2_small(args.runs, small, gpt2_small_folder(small))
+        log("busy machine ...")
+        stories = Path(tmp) / "stories.txt"
+        stories.write_text(some_stories(), encoding="utf-8")
+        rows += under_load(args.runs, small, stories)
     log("scoring ...")
     rows += scoring(args.runs, ref, args.windows, args.batch)
     log("memory ...")

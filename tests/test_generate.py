@@ -91,17 +91,17 @@ def test_generation_records_nothing(make_params, monkeypatch):
     real_step = gen.decode_step
     steps = []
 
-    def spy_step(params, config, token, cache):
-        steps.append((token, cache.length))
-        return real_step(params, config, token, cache)
+    def spy_step(params, config, token, cache, hooks=None):
+        steps.append((token, cache.length, hooks))
+        return real_step(params, config, token, cache, hooks)
 
     monkeypatch.setattr(gen, "forward", spy)
     monkeypatch.setattr(gen, "decode_step", spy_step)
     out = tokens(params, config, [1, 2, 3], 4, cached=True)
     # the prompt once through forward, hooks off, last position only ...
     assert seen == [(None, True, (3,))]
-    # ... then one position per step through decode_step, which takes no hooks at all
-    assert steps == [(out[0], 3), (out[1], 4), (out[2], 5)]
+    # ... then one position per step through decode_step, with no hooks either
+    assert steps == [(out[0], 3, None), (out[1], 4, None), (out[2], 5, None)]
 
 
 def test_the_generate_command_applies_ablate_to_every_new_token(cli, tiny):

@@ -194,3 +194,31 @@ def test_load_model_refuses_a_tokenizer_bigger_than_the_model(tiny_folder, make_
     save_params(make_params(small), tiny_folder.folder / "model.safetensors")
     with pytest.raises(WeightsError, match="tokenizer has"):
         load_model(tiny_folder.folder)
+
+
+SIZES = {"n_embd": 8, "n_layer": 2, "n_head": 2, "vocab_size": 11, "n_positions": 6}
+
+
+@pytest.mark.parametrize("ids, bos, eos, unused", [
+    # transformers' default GPT2Config: 50256 whatever the vocabulary; read past, noted
+    ({"bos_token_id": 50256, "eos_token_id": 50256, "pad_token_id": None}, 0, 0,
+     ("bos_token_id 50256", "eos_token_id 50256")),
+    ({"bos_token_id": 3, "eos_token_id": 11, "pad_token_id": -1}, 3, 0,
+     ("eos_token_id 11", "pad_token_id -1")),
+    ({"bos_token_id": True, "eos_token_id": "x" * 100, "pad_token_id": 10}, 0, 0,
+     ("bos_token_id True", "eos_token_id 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…")),
+    ({"bos_token_id": 10, "eos_token_id": 9}, 10, 9, ()),
+])
+def test_special_ids_outside_the_vocabulary_are_noted_not_refused(ids, bos, eos, unused):
+    config = Config.from_dict({**SIZES, **ids, "summary_type": "cls_index", "attn_pdrop": 0.1})
+    assert (config.bos_token_id, config.eos_token_id, config.unused) == (bos, eos, unused)
+    assert config == Config(**SIZES, n_inner=32, bos_token_id=bos, eos_token_id=eos)
+    assert "unused" not in config.to_hf_dict()
+
+
+@pytest.mark.parametrize("key, value", [("scale_attn_weights", False),
+                                        ("add_cross_attention", True),
+                                        ("scale_attn_by_inverse_layer_idx", True)])
+def test_what_would_change_the_computation_is_still_refused(key, value):
+    with pytest.raises(ValueError, match=f"config: {key} {value} is not supported"):
+        Config.from_dict({**SIZES, key: value})

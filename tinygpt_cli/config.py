@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # The vocabulary sizes training accepts (here, not in tokenizer.py, so that the CLI can name
@@ -23,6 +23,9 @@ class Config:
     layer_norm_epsilon: float = 1e-5
     bos_token_id: int = 0
     eos_token_id: int = 0
+    # What the config file said that tinygpt reads past (a special token id outside the
+    # vocabulary, as transformers' default GPT2Config has), one line each, for `info`.
+    unused: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         for name, most in LIMITS.items():
@@ -52,6 +55,7 @@ class Config:
     def to_hf_dict(self) -> dict:
         """A valid `transformers.GPT2Config` dictionary."""
         d = asdict(self)
+        del d["unused"]
         d.update(
             model_type="gpt2",
             architectures=["GPT2LMHeadModel"],
@@ -88,6 +92,8 @@ class Config:
         if n_inner is None and _is_int(n_embd):
             n_inner = 4 * n_embd
         positions = d["n_positions"] if "n_positions" in d else d.get("n_ctx", 128)
+        vocab = d.get("vocab_size", 4096)
+        special = {name: _token_id(d.get(name), vocab) for name in SPECIAL_IDS}
         return cls(
             n_embd=n_embd,
             n_layer=d.get("n_layer", 4),
@@ -96,10 +102,16 @@ class Config:
             vocab_size=d.get("vocab_size", 4096),
             n_positions=positions,
             layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5),
-            bos_token_id=_token_id(d.get("bos_token_id")),
-            eos_token_id=_token_id(d.get("eos_token_id")),
+            **{name: special[name] for name in ("bos_token_id", "eos_token_id")
+               if special[name] is not None},
+            unused=tuple(f"{name} {_shown(d[name])}" for name in SPECIAL_IDS
+                         if special[name] is None and d.get(name) is not None),
         )
 
+
+# Read to be checked; pad_token_id only to be noted when it is outside the vocabulary (nothing
+# in tinygpt pads).
+SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 # The largest size the loader accepts: far above GPT-2 XL (48 blocks of 1,600 numbers, 50,257
 # tokens, 1,024 positions), far below what would exhaust memory before a file could say no.
@@ -123,9 +135,21 @@ def _is_number(x) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
 
-def _token_id(x):
-    """Missing or null means 0, as GPT-2 configs without a special token have it."""
-    return 0 if x is None else x
+def _token_id(x, vocab_size) -> int | None:
+    """A special token's id as tinygpt uses it: missing or null means 0, as GPT-2 configs
+    without a special token have it; an id outside the vocabulary (transformers' default
+    GPT2Config says 50256 whatever the vocabulary) is None: `transformers` loads such a
+    config too, and these ids never change the computation, so it is noted, not refused."""
+    if x is None:
+        return 0
+    if _is_int(x) and _is_int(vocab_size) and 0 <= x < vocab_size:
+        return x
+    return None
+
+
+def _shown(x, most: int = 40) -> str:
+    text = repr(x)
+    return text if len(text) <= most else text[: most - 1] + "…"
 
 
 def load_config(path: str | Path) -> Config:

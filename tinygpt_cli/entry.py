@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> None:
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted_at_start)
     try:
+        from .threads import use_default
+
+        use_default()  # before NumPy loads: BLAS reads its thread count only then
         from .cli.app import main as run  # the slow imports
 
         run(argv)

@@ -61,13 +61,9 @@ class CachedContext:
         self.ids.append(int(token))
         if len(self.ids) > self.config.n_positions:
             self.logits = self._fill()  # the window slid: recompute, see the class docstring
-        elif self.hooks is None:  # the lean path for one position (model.decode_step)
-            self.logits = decode_step(self.params, self.config, int(token), self.cache)
         else:
-            start = self.cache.length
-            self.logits = forward(self.params, self.config, np.asarray([token]),
-                                  hooks=self.hooks, cache=self.cache, start=start,
-                                  last_only=True)[-1]
+            self.logits = decode_step(self.params, self.config, int(token), self.cache,
+                                      self.hooks)
         return self.logits
 
 

@@ -126,15 +126,35 @@ def embed_backward(g: Gradients, dh: np.ndarray) -> None:
 
 
 def _mean_last(x: np.ndarray) -> np.ndarray:
-    """x.mean(axis=-1, keepdims=True), as NumPy computes it (a sum, then a division by the
-    count as an intp, in place), without np.mean's Python-level bookkeeping, which costs more
-    than the arithmetic on one token."""
+    """x.mean(axis=-1, keepdims=True): a sum, then a division by the count in place, without
+    np.mean's Python-level bookkeeping, which costs more than the arithmetic on one token."""
     total = np.add.reduce(x, axis=-1, keepdims=True)
-    return np.true_divide(total, np.intp(x.shape[-1]), out=total, casting="unsafe")
+    total /= x.shape[-1]
+    return total
 
 
 def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.ndarray:
     """Card 4 (and 8): (x - mean) / std * g + b, each token on its own; mean and std hooked."""
+    if hooks is _no_hooks and x.dtype == g.dtype == b.dtype:
+        # nothing to show or change (generation): the same arithmetic without the checks,
+        # which cost more than the arithmetic on one position
+        n = x.shape[-1]
+        if x.shape == (1, n):  # one position (generation): as a vector, in half the time
+            centred = x[0] - np.add.reduce(x[0]) / n
+            out = centred / np.sqrt(np.dot(centred, centred) / n + eps)
+            out *= g
+            out += b
+            return out[None]
+        mean = np.add.reduce(x, axis=-1, keepdims=True)
+        mean /= n
+        out = x - mean
+        var = np.add.reduce(out * out, axis=-1, keepdims=True)
+        var /= n
+        var += eps
+        out /= np.sqrt(var, out=var)
+        out *= g
+        out += b
+        return out
     mean = hooks(name + ".mean", _mean_last(x))  # [T, 1]
     centred = x - mean
     computed = np.sqrt(_mean_last(centred * centred) + eps)
@@ -145,7 +165,8 @@ def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.nd
         out /= std
     else:
         out = centred / std
-    if out.dtype == np.result_type(out, g, b):  # in place, the same numbers with fewer arrays
+    if out.dtype == g.dtype == b.dtype or out.dtype == np.result_type(out, g, b):
+        # in place, the same numbers with fewer arrays
         out *= g
         out += b
     else:
@@ -179,12 +200,10 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
               cache: KVCache | None, start: int) -> np.ndarray:
     """Card 5: masked multi-head attention of block i.  [T, d] -> [T, d]"""
     p, L = f"h.{i}.attn.", f"layers.{i}."
-    hk = hooks or _no_hooks
     qkv = ops.linear(x, params[p + "c_attn.weight"], params[p + "c_attn.bias"])  # [T, 3d]
-    d = qkv.shape[-1] // 3
-    q, k, v = (ops.split_heads(qkv[..., j * d:(j + 1) * d], config.n_head) for j in range(3))
-    q, k, v = hk(L + "q", q), hk(L + "k", k), hk(L + "v", v)  # [H, T, d_k] each
+    q, k, v = ops.split_qkv(qkv, config.n_head)  # [H, T, d_k] each
     if hooks is not None:
+        q, k, v = hooks(L + "q", q), hooks(L + "k", k), hooks(L + "v", v)
         for name, a in (("q", q), ("k", k), ("v", v)):
             _heads(name, a, L, hooks, config.n_head)
     if cache is not None:
@@ -192,17 +211,20 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
         cache.k[i][..., start:end, :] = k
         cache.v[i][..., start:end, :] = v
         k, v = cache.k[i][..., :end, :], cache.v[i][..., :end, :]
-    scores = hk(L + "scores", ops.attention_scores(q, k, start))  # [H, T, S]
+    scores = ops.attention_scores(q, k, start)  # [H, T, S]
     if hooks is not None:
+        scores = hooks(L + "scores", scores)
         _heads("scores", scores, L, hooks, config.n_head)
-    weights = hk(L + "weights", ops.softmax(scores))  # [H, T, S]
+    weights = ops.softmax(scores)  # [H, T, S]
     if hooks is not None:
+        weights = hooks(L + "weights", weights)
         _heads("weights", weights, L, hooks, config.n_head)
-    z = hk(L + "z", weights @ v)  # [H, T, d_k]
+    z = weights @ v  # [H, T, d_k]
     if hooks is not None:
+        z = hooks(L + "z", z)
         _heads("out", z, L, hooks, config.n_head)
     out = ops.linear(ops.merge_heads(z), params[p + "c_proj.weight"], params[p + "c_proj.bias"])
-    return hk(L + "attn_out", out)  # [T, d]
+    return out if hooks is None else hooks(L + "attn_out", out)  # [T, d]
 
 
 def attention_backward(g: Gradients, i: int, dattn: np.ndarray) -> np.ndarray:
@@ -340,69 +362,14 @@ def forward(
     return logits
 
 
-def decode_step(params, config: Config, token: int, cache: KVCache) -> np.ndarray:
-    """forward(params, config, [token], cache=cache, start=cache.length, last_only=True)[-1]
-    for generation: one new position, no hooks, nothing recorded.  -> logits [V]
-
-    The same cards as `forward`, written for a single vector: at one position every NumPy
-    call costs more in overhead than in arithmetic, so this does each card in as few calls
-    as it can (no reshapes, no hook calls, the attention of all heads in one product). Its
-    logits equal forward's to float32 rounding (tests/test_generate.py).
-    """
-    pos = cache.length
-    if pos >= config.n_positions:
-        raise ValueError(f"{pos + 1} tokens is more than the model's limit of "
-                         f"{config.n_positions}")
-    eps, n_head = config.layer_norm_epsilon, config.n_head
-    d = config.n_embd
-    dk = d // n_head
-    scale = np.asarray(1.0 / np.sqrt(dk), dtype=params["wte.weight"].dtype)
-    h = params["wte.weight"][token] + params["wpe.weight"][pos]  # cards 2-3  [d]
-    for i in range(config.n_layer):
-        w = _block_weights(params, i)
-        x = _norm_vector(h, w[0], w[1], eps)  # card 4
-        qkv = x @ w[2]
-        qkv += w[3]  # [3d]: q, k, v of every head
-        k_cache, v_cache = cache.k[i], cache.v[i]  # [H, n_ctx, d_k]
-        k_cache[:, pos, :] = qkv[d:2 * d].reshape(n_head, dk)
-        v_cache[:, pos, :] = qkv[2 * d:].reshape(n_head, dk)
-        q = qkv[:d].reshape(n_head, 1, dk)
-        scores = q @ k_cache[:, :pos + 1, :].swapaxes(-1, -2)  # card 5  [H, 1, S]
-        scores *= scale  # nothing to mask: the new position may look at every key
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
-        z = scores @ v_cache[:, :pos + 1, :]  # [H, 1, d_k]
-        a = z.reshape(d) @ w[4]
-        a += w[5]
-        h = h + a
-        x = _norm_vector(h, w[6], w[7], eps)  # card 6
-        m = ops.gelu(x @ w[8] + w[9]) @ w[10]
-        m += w[11]
-        h += m  # card 7
-    u = _norm_vector(h, params["ln_f.weight"], params["ln_f.bias"], eps)  # card 8
-    cache.length = pos + 1
-    return u @ ops.tied_head(params["wte.weight"])  # card 9
-
-
-def _norm_vector(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    """layer_norm of one vector [d], in four NumPy calls."""
-    centred = x - np.add.reduce(x) / x.shape[0]
-    std = np.sqrt(np.dot(centred, centred) / x.shape[0] + eps)
-    out = centred / std
-    out *= g
-    out += b
-    return out
-
-
-def _block_weights(params, i: int) -> tuple[np.ndarray, ...]:
-    """Block i's tensors in the order decode_step uses them (dict lookups by built names
-    cost more than the arithmetic of one position)."""
-    p = f"h.{i}."
-    return tuple(params[p + n] for n in (
-        "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-        "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"))
+def decode_step(params, config: Config, token: int, cache: KVCache,
+                hooks: Hook | None = None) -> np.ndarray:
+    """One new position for generation: the logits [V] after `token`, whose keys and values
+    join the cache. The same card functions as every other pass, on a text of one token
+    starting at position cache.length."""
+    ids = np.asarray([token])
+    return forward(params, config, ids, hooks=hooks, cache=cache, start=cache.length,
+                   last_only=True)[-1]
 
 
 def record(params, config: Config, ids, paths=None, *, hooks: Hook | None = None,

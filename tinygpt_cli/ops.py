@@ -93,12 +93,22 @@ def layer_norm_backward_parts(dout, x, g, mean, std):
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     """x W + b with W stored (in, out), as GPT-2's Conv1D.  [..., in] -> [..., out]"""
     # A batch [B, T, in] as one [B*T, in] product: one BLAS call, not one per text.
-    out = x.reshape(-1, x.shape[-1]) @ w
-    if out.dtype != np.result_type(out, b):
-        out = out + b
+    flat = x.ndim == 2  # [T, in] (one text; one position while generating): no reshapes
+    if flat:  # one row (generation's one position) as a vector: see _rows_times
+        out = (x[0] @ w)[None] if x.shape[0] == 1 else x @ w
     else:
+        out = x.reshape(-1, x.shape[-1]) @ w
+    if out.dtype == b.dtype or out.dtype == np.result_type(out, b):
         out += b  # in place: one array, not two
-    return out.reshape(*x.shape[:-1], w.shape[-1])
+    else:
+        out = out + b
+    return out if flat else out.reshape(*x.shape[:-1], w.shape[-1])
+
+
+def _rows_times(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [N, in] @ w; one row (generation's one position) as a vector, which BLAS multiplies
+    as a matrix-vector product, faster than a matrix product with one row."""
+    return (x[0] @ w)[None] if x.shape[0] == 1 else x @ w
 
 
 def linear_backward(dout, x, w, *, weights: bool = True):
@@ -175,6 +185,15 @@ def split_heads(x: np.ndarray, n_head: int) -> np.ndarray:
     return x.reshape(*lead, t, n_head, d // n_head).swapaxes(-3, -2)
 
 
+def split_qkv(qkv: np.ndarray, n_head: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """c_attn's output [B, T, 3d] (q, then k, then v) -> q, k, v [B, H, T, d_k], views."""
+    *lead, t, three_d = qkv.shape
+    n = len(lead)
+    parts = qkv.reshape(*lead, t, 3, n_head, three_d // (3 * n_head))  # [B, T, 3, H, d_k]
+    q, k, v = parts.transpose(n + 1, *range(n), n + 2, n, n + 3)  # [3, B, H, T, d_k]
+    return q, k, v
+
+
 def merge_heads(x: np.ndarray) -> np.ndarray:
     """[B, H, T, d_k] -> [B, T, d]"""
     *lead, h, t, dk = x.shape
@@ -196,10 +215,16 @@ def causal_mask(t: int, dtype=np.float32, start: int = 0) -> np.ndarray:
 def attention_scores(q: np.ndarray, k: np.ndarray, start: int = 0) -> np.ndarray:
     """Q K^T / sqrt(d_k) + M, with M = -inf where a key comes after its query.  -> [H, T, S]"""
     scores = q @ k.swapaxes(-1, -2)
-    scores *= np.asarray(1.0 / np.sqrt(q.shape[-1]), dtype=q.dtype)
+    scores *= _inverse_sqrt(q.shape[-1], q.dtype)
     if q.shape[-2] > 1:  # one new query may look at every key: nothing to mask
         scores += causal_mask(q.shape[-2], np.dtype(q.dtype).type, start)
     return scores
+
+
+@functools.cache
+def _inverse_sqrt(n: int, dtype: np.dtype) -> np.ndarray:
+    """1 / sqrt(n) in dtype (made once per size: generation asks for it at every step)."""
+    return np.asarray(1.0 / np.sqrt(n), dtype=dtype)
 
 
 def attention_scores_backward(dscores, q, k):
@@ -215,9 +240,11 @@ def attention_scores_backward(dscores, q, k):
 
 
 def softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
-    e = z - z.max(axis=axis, keepdims=True)
+    # the ufuncs' reduce, not .max/.sum, whose Python wrappers cost more than the arithmetic
+    # of one position while generating
+    e = z - np.maximum.reduce(z, axis=axis, keepdims=True)
     np.exp(e, out=e)  # in place: one array for the whole softmax
-    e /= e.sum(axis=axis, keepdims=True)
+    e /= np.add.reduce(e, axis=axis, keepdims=True)
     return e
 
 
@@ -262,7 +289,7 @@ def dropout_mask(shape, p: float, rng: np.random.Generator, dtype) -> np.ndarray
 def unembed(u: np.ndarray, wte: np.ndarray) -> np.ndarray:
     """z = u W_E^T, the output head tied to the embedding table.  [..., d] -> [..., vocab]"""
     head = tied_head(wte)
-    return (u.reshape(-1, u.shape[-1]) @ head).reshape(*u.shape[:-1], head.shape[-1])
+    return _rows_times(u.reshape(-1, u.shape[-1]), head).reshape(*u.shape[:-1], head.shape[-1])
 
 
 _HEADS: dict[int, tuple[np.ndarray, np.ndarray]] = {}

@@ -26,12 +26,14 @@ def model_info(model) -> ModelInfo:
     for name, arr in model.params.items():
         group = re.sub(r"^h\.\d+\.", "h.*.", name).rsplit(".", 1)[0]
         groups[group] = groups.get(group, 0) + arr.size
-    facts = {
+    facts: dict = {
         "n_embd": cfg.n_embd, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "d_k": cfg.d_k,
         "n_inner": cfg.n_inner, "vocab_size": cfg.vocab_size, "n_positions": cfg.n_positions,
         "layer_norm_epsilon": cfg.layer_norm_epsilon, "activation_function": "gelu_new",
         "tie_word_embeddings": True,
     }
+    if cfg.unused:  # read past, as transformers does: shown so nobody wonders where they went
+        facts["unused"] = list(cfg.unused)
     weights_file = model.weights_file.resolve()
     return ModelInfo(facts, groups, sum(a.size for a in model.params.values()), weights_file,
                      sha256(weights_file), {"vocab_size": model.tokenizer.vocab_size,

@@ -43,15 +43,26 @@ def _root(
                                "error (accepted anywhere on the line; or TINYGPT_DEBUG=1)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
+    threads: int = typer.Option(None, "--threads", min=1, max=1024, show_default=False,
+                                help="Threads for the math (default 1, or $TINYGPT_THREADS; "
+                                "see README, Threads)."),
 ) -> None:
     """A command-line microscope for a small GPT-2-style language model.
 
     Every value one forward pass computes can be printed by name, as a table for a person or
     with --json for programs.
     """
+    from .. import threads as pools
+    from ..errors import InputError
     from .common import set_default_weights
 
     set_default_weights(weights)
+    try:
+        n = pools.chosen(threads)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    if n is not None:
+        pools.use(n)
 
 
 # Every command, in the order `tinygpt --help` lists them (the seed page's cards, then the

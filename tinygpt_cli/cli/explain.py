@@ -155,8 +155,8 @@ def compute_means(model, data: Path, weights_sha: str, quiet: bool):
     """The means over the validation file of `data`, cached by the weights' and data's sha256."""
     from .. import cache
     from ..analysis import means as mean_stats
-    from ..files import sha256
     from ..corpus import encode_stories, eval_windows, read_stories, split_data
+    from ..files import sha256
 
     if data.is_file():
         val = [data]  # the reference text itself

@@ -264,8 +264,8 @@ def _neuron_maxima(model, files: list[Path], enabled: bool) -> dict[str, np.ndar
 
     from .. import cache
     from ..analysis import neurons as nrn
-    from ..files import sha256
     from ..corpus import encode_stories, eval_windows, read_stories
+    from ..files import sha256
 
     cfg = model.config
 

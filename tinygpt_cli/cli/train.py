@@ -61,8 +61,8 @@ def train_tokenizer_cmd(
 
     Example: tinygpt train-tokenizer --data ../shared/data/tinystories --out runs/tokenizer.json
     """
-    from ..tokenizer import save_tokenizer, train_tokenizer
     from ..corpus import read_stories, split_data
+    from ..tokenizer import save_tokenizer, train_tokenizer
 
     check_vocab_size(vocab_size)
     if (out.exists() or out.is_symlink()) and not force:
@@ -124,8 +124,8 @@ def train_cmd(
     from rich.console import Console
 
     from ..config import Config
-    from ..render.training import TrainingProgress
     from ..corpus import split_data
+    from ..render.training import TrainingProgress
     from ..train.loop import Settings, train
 
     if resume and force:

@@ -9,7 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .text import row_label, show_token
+from .text import escape_line, row_label, show_token
 
 if TYPE_CHECKING:  # imported where used: `encode`'s table needs no NumPy
     import numpy as np
@@ -349,13 +349,13 @@ def info_view(info, shown_file: str):
     """A ModelInfo (analysis.info): the configuration, the parameter counts, the weights
     file (as `shown_file`) with its sha256, and the tokenizer."""
 
-    from .text import escape_line
 
     t = Table(box=None, header_style="bold dim", pad_edge=False, show_header=False)
     t.add_column(style="bold")
     t.add_column()
     for k, v in info.config.items():
-        t.add_row(k, str(v))
+        shown = ", ".join(v) + " (outside the vocabulary: not used)" if k == "unused" else v
+        t.add_row(k, escape_line(str(shown)))
     p = Table(box=None, header_style="bold dim", pad_edge=False)
     p.add_column("parameters", style="cyan")
     p.add_column("count", justify="right")
