@@ -70,6 +70,7 @@ COMMANDS = {
     "attribute": "explain", "means": "explain",
     "score": "texts", "heads": "texts", "neurons": "texts", "diff": "texts",
     "history": "history", "why": "history",
+    "steer": "directions", "probe": "directions",
     "info": "inspect", "train-tokenizer": "train", "train": "train", "model-card": "train",
 }
 ORDER = list(COMMANDS)

@@ -1,0 +1,155 @@
+"""Commands that learn directions in the residual stream: steer (a mean-difference steering
+vector, judged on held-out pairs) and probe (a logistic regression beside a control task)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .app import app
+from .common import (
+    FORCE,
+    JSON,
+    LAYER,
+    SEED,
+    TOP,
+    WEIGHTS,
+    InputError,
+    check_index,
+    check_save,
+    encode_checked,
+    load,
+    stderr,
+    stdout,
+)
+
+OUT = typer.Option(None, "--out", metavar="FILE", show_default=False,
+                   help="Save the direction to FILE (safetensors; --steer-vector reads it).")
+HELD_OUT = typer.Option(0.25, "--held-out", min=0.0, max=1.0,
+                        help="The share of pairs (steer) or lines (probe) kept out of the fit "
+                        "to test on.")
+DATA = typer.Option(None, "--data", metavar="DIR", show_default=False,
+                    help="Folder holding part-005.txt, the held-out stories (default: the "
+                    "project's data, or $TINYGPT_DATA).")
+
+
+def read_file(path: Path, option: str) -> str:
+    """A user's text file, UTF-8; the error names the option."""
+    if not path.is_file():
+        raise InputError(f"{option} {path}: no such file")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8").replace("\r\n", "\n")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{option} {path}: not UTF-8 text (byte 0x{data[e.start]:02x} at "
+                         f"offset {e.start})") from None
+
+
+def check_out(out: Path | None, force: bool) -> None:
+    """Refuse a folder, or an existing file without --force, before any work."""
+    if out is None:
+        return
+    if out.is_dir() or str(out) in ("", "."):
+        raise InputError(f"--out {out}: that is a folder; give a file name")
+    if not out.parent.is_dir():
+        raise InputError(f"--out {out}: the folder {out.parent} does not exist")
+    check_save(out, force)
+
+
+def held_out_stories(model, data: Path | None, stories: int) -> list[list[int]]:
+    """The first `stories` stories of part-005.txt as ids (<|endoftext|> first), each cut to
+    the model's context; [] when there is no data folder."""
+    from ..train.data import read_stories
+    from .texts import find_data
+
+    folder = data if data is not None else find_data()
+    part = folder / "part-005.txt" if folder is not None else None
+    if part is None or not part.is_file():
+        if data is not None:
+            raise InputError(f"--data {data}: no part-005.txt there")
+        return []
+    tok, limit = model.tokenizer, model.config.n_positions
+    texts = read_stories([part])[:stories]
+    return [([tok.eot_id] + ids)[:limit + 1] for ids in tok.encode_batch(texts)]
+
+
+def encode_lines(model, texts: list[str], option: str) -> list[list[int]]:
+    out = []
+    for n, text in enumerate(texts, 1):
+        try:
+            out.append(encode_checked(model, text))
+        except InputError as e:
+            raise InputError(f"{option} line {n}: {e}") from None
+    return out
+
+
+@app.command()
+def steer(
+    pos: Path = typer.Option(..., "--pos", metavar="FILE", help="Texts to steer toward: one "
+                             "a line, or JSON lines (a string or {\"text\": ...})."),
+    neg: Path = typer.Option(..., "--neg", metavar="FILE", help="Texts to steer away from; "
+                             "line i pairs with line i of --pos."),
+    layer: int = LAYER, scale: float = typer.Option(4.0, "--scale", min=0.0, help="The "
+                                                    "largest scale tried, and the one the "
+                                                    "loss is measured at."),
+    held_out: float = HELD_OUT, seed: int = SEED, data: Path = DATA,
+    stories: int = typer.Option(64, "--stories", min=0, help="How many held-out stories "
+                                "the loss is measured on (0: none)."),
+    out: Path = OUT, force: bool = FORCE, top: int = TOP, weights: Path = WEIGHTS,
+    as_json: bool = JSON,
+):
+    """Build a steering vector from pairs of texts and test it on held-out pairs.
+
+    v is the mean over the training pairs of mean resid_pre[L](pos) - mean resid_pre[L](neg).
+    Each held-out pair is a prompt (the tokens both texts share) with a target (the pos
+    text's next token) and a token it is scored against (the neg text's): steerability is
+    the slope of logit[target] - logit[vs] against the scale, and a negative slope is a prompt
+    steered the wrong way. The loss on part-005 is measured unsteered and at --scale.
+
+    Example: tinygpt steer --pos happy.txt --neg sad.txt --layer 2 --out happy.safetensors
+    Example: tinygpt logits "The day was" --steer-vector happy.safetensors --steer-scale 4
+    """
+    from ..analysis import steer as st
+    from ..files import write_atomically
+    from ..render import jsonout
+    from ..render.directions import steer_view
+
+    check_out(out, force)
+    pos_texts = st.parse_texts(read_file(pos, "--pos"), "--pos")
+    neg_texts = st.parse_texts(read_file(neg, "--neg"), "--neg")
+    if len(pos_texts) != len(neg_texts):
+        raise InputError(f"--pos holds {len(pos_texts)} texts and --neg {len(neg_texts)}: "
+                         "text i of one pairs with text i of the other")
+    model = load(weights)
+    layer = check_index(layer, model.config.n_layer, "layer")
+    r = st.steer_report(model.params, model.config, encode_lines(model, pos_texts, "--pos"),
+                        encode_lines(model, neg_texts, "--neg"), layer=layer, scale=scale,
+                        held_out=held_out, seed=seed,
+                        loss_texts=held_out_stories(model, data, stories) if stories else [])
+    if out is not None:
+        source = {"pos": str(pos), "neg": str(neg), "seed": seed, "held_out": held_out,
+                  "train_pairs": r.train_pairs}
+        write_atomically(out, st.direction_file(r.vector, st.site(layer), "steer", source))
+    tok = model.tokenizer
+    if as_json:
+        jsonout.emit(jsonout.document("steer", r.slopes, **steer_fields(r, tok)))
+        return
+    stdout().print(steer_view(r, [tok.decode(p.ids) for p in r.prompts],
+                              [tok.token_str(p.target) for p in r.prompts],
+                              [tok.token_str(p.vs) for p in r.prompts], top=top))
+    if out is not None:
+        stderr().print(f"saved the vector to {out}", style="dim")
+
+
+def steer_fields(r, tok) -> dict:
+    return {"site": f"layers.{r.layer}.resid_pre", "norm": r.norm, "scale": r.scale,
+            "scales": r.scales, "wrong_way": r.wrong_way, "mean_slope": float(r.slopes.mean()),
+            "train_pairs": r.train_pairs, "held_out_pairs": r.held_out_pairs,
+            "loss_before": r.loss_before, "loss_after": r.loss_after,
+            "loss_increase": r.loss_increase, "loss_tokens": r.n_loss_tokens,
+            "prompts": [{"text": tok.decode(p.ids), "ids": p.ids, "target": p.target,
+                         "vs": p.vs, "target_token": tok.token_str(p.target),
+                         "vs_token": tok.token_str(p.vs), "diffs": p.diffs, "slope": p.slope}
+                        for p in r.prompts],
+            "vector": r.vector}
