@@ -153,3 +153,78 @@ def steer_fields(r, tok) -> dict:
                          "vs_token": tok.token_str(p.vs), "diffs": p.diffs, "slope": p.slope}
                         for p in r.prompts],
             "vector": r.vector}
+
+
+@app.command()
+def probe(
+    site: str = typer.Option(..., "--site", metavar="PATH", help="The value probed, one row "
+                             "per token: layers.1.resid_post, layers.0.mlp_out, ..."),
+    labels: Path = typer.Option(..., "--labels", metavar="FILE", help="Texts with [label] "
+                                "marks after tokens, or JSON lines {\"text\", \"labels\"}."),
+    default: str = typer.Option(None, "--default", metavar="LABEL", show_default=False,
+                                help="The label of unmarked tokens (default: leave them out)."),
+    held_out: float = HELD_OUT, seed: int = SEED,
+    l2: float = typer.Option(1e-3, "--l2", min=0.0, help="The weights' L2 penalty."),
+    out: Path = OUT, force: bool = FORCE, weights: Path = WEIGHTS, as_json: bool = JSON,
+):
+    """Fit a logistic-regression probe per token, beside a control task.
+
+    The lines are split into fit and held-out (never a line on both sides). The control task
+    gives each token type one random label (Hewitt and Liang 2019); selectivity = held-out
+    accuracy - the control's held-out accuracy. Labels file: one text a line with [label]
+    right after a token (Tom[name] ran), or JSON lines {"text": ..., "labels": [one a token]}.
+
+    Example: tinygpt probe --site layers.1.resid_post --labels quotes.txt --default out
+    Example: tinygpt probe --site layers.2.resid_pre --labels tags.jsonl --out tag.safetensors
+    """
+    from ..analysis import probe as pr
+    from ..analysis import steer as st
+    from ..files import write_atomically
+    from ..render import jsonout
+    from ..render.directions import probe_view
+
+    check_out(out, force)
+    lines = pr.parse_labels(read_file(labels, "--labels"))
+    model = load(weights)
+    name = probe_site(model, site)
+    ids = encode_lines(model, [line.text for line in lines], "--labels")
+    offsets = [model.tokenizer.byte_offsets(i) for i in ids]
+    marks = [pr.token_labels(line, o, default, n)
+             for n, (line, o) in enumerate(zip(lines, offsets, strict=True), 1)]
+    feats = [pr.site_values(model.params, model.config, i, name) for i in ids]
+    r = pr.probe_report(feats, marks, ids, name, held_out=held_out, seed=seed, l2=l2)
+    if out is not None:
+        source = {"labels": str(labels), "classes": r.classes, "seed": seed, "l2": l2}
+        write_atomically(out, st.direction_file(r.direction, name, "probe", source, rows=r.W))
+    if as_json:
+        jsonout.emit(jsonout.document(name, r.W, **probe_fields(r)))
+        return
+    stdout().print(probe_view(r))
+
+
+def probe_site(model, site: str) -> str:
+    """The canonical path of a value with one row per token, else InputError."""
+    from ..analysis.probe import site_values
+    from ..schema import resolve
+
+    name, rows = resolve(site, model.config)
+    value = None
+    if not rows and name != "ids":
+        try:
+            value = site_values(model.params, model.config, [0, 0], name)
+        except KeyError:
+            value = None
+    if value is None or value.ndim != 2 or value.shape[0] != 2:
+        raise InputError(f"--site {site}: a probe needs a value with one row per token, "
+                         "such as layers.1.resid_post, layers.0.mlp_out or "
+                         "layers.0.heads.1.out")
+    return name
+
+
+def probe_fields(r) -> dict:
+    return {"classes": r.classes, "bias": r.b, "accuracy": r.accuracy,
+            "train_accuracy": r.train_accuracy, "control_accuracy": r.control_accuracy,
+            "control_train_accuracy": r.control_train_accuracy, "selectivity": r.selectivity,
+            "majority": r.majority, "train_counts": r.train_counts,
+            "held_out_counts": r.held_counts, "lines": list(r.lines), "l2": r.l2,
+            "newton_steps": r.steps}

@@ -67,3 +67,27 @@ def _loss_line(r) -> Text | Fields:
     return _line(("loss on part-005", f"{r.loss_before:.4f} -> {r.loss_after:.4f} nats"),
                  ("increase", f"{r.loss_increase:+.4f} at scale {r.scale:g}"),
                  ("tokens", f"{r.n_loss_tokens:,}"))
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{x:.1%}"
+
+
+def probe_view(r) -> Group:
+    """Held-out accuracy beside the control task's, the selectivity, the labels' counts."""
+    title = Fields([Text(f"probe  {r.site}", style="bold cyan"),
+                    Text(f"{len(r.classes)} labels  {r.lines[0]} lines fit, {r.lines[1]} "
+                         f"held out  l2 {r.l2:g}  {r.steps} Newton steps", style="dim")])
+    t = _table(("", "left"), ("held out", "right"), ("train", "right"))
+    t.add_row(Text("probe", style="bold"), _pct(r.accuracy), _pct(r.train_accuracy))
+    t.add_row("control task", _pct(r.control_accuracy), _pct(r.control_train_accuracy))
+    t.add_row("commonest label", _pct(r.majority), "")
+    style = "green" if r.selectivity > 0 else "red"
+    verdict = Text.assemble(("selectivity ", "bold"), (f"{r.selectivity:+.1%}", style),
+                            ("  probe - control, held out: known beyond the token itself",
+                             "dim"))
+    counts = _table(("label", "left"), ("train tokens", "right"), ("held-out tokens", "right"))
+    for c, name in enumerate(r.classes):
+        counts.add_row(show_text(name), f"{int(r.train_counts[c]):,}",
+                       f"{int(r.held_counts[c]):,}")
+    return Group(title, t, verdict, Text(""), counts)
