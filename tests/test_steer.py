@@ -161,3 +161,109 @@ def test_no_steering_options_on_commands_that_read_no_text(cli):
     assert r.code == 2 and "No such option" in r.err
     assert "--steer-vector" in cli("generate", "--help").out
     assert json.loads(cli("logits", TEXT, "--json").out)["path"].startswith("logits")
+
+
+# ------------------------------------------------------------------ tinygpt steer
+
+POS = ["The day was happy", "Lily felt happy", "Tom was very happy", "The dog was happy",
+       "Mom was happy", "She was glad and happy"]
+NEG = [t.replace("happy", "sad") for t in POS]
+
+
+@pytest.fixture
+def pairs(tmp_path):
+    (tmp_path / "pos.txt").write_text("\n".join(POS) + "\n")
+    # JSON lines work too, and may be mixed with plain ones
+    (tmp_path / "neg.txt").write_text("\n".join(json.dumps({"text": t}) if i % 2 else t
+                                                for i, t in enumerate(NEG)) + "\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "part-005.txt").write_text("Tom had a red ball.\n<|endoftext|>\nThe sun was hot "
+                                       "and Sue was glad.\n<|endoftext|>\nA cat sat.\n")
+    return tmp_path
+
+
+def steer_args(tmp, *more):
+    return ["steer", "--pos", tmp / "pos.txt", "--neg", tmp / "neg.txt", "--layer", "1",
+            "--scale", "2", "--data", tmp / "data", *more]
+
+
+def test_steer_reports_what_transformers_computes(cli, tiny, pairs):
+    torch, hf = hf_model(tiny.folder)
+    tok = tiny.model.tokenizer
+    doc = cli(*steer_args(pairs, "--json")).json()
+    train, held = doc["train_pairs"], doc["held_out_pairs"]
+    assert sorted(train + held) == list(range(1, 7)) and len(held) == 2
+    v = np.mean([hf_vector(torch, hf, tok, POS[i - 1], NEG[i - 1], 1) for i in train], axis=0)
+    np.testing.assert_allclose(doc["vector"], v, rtol=1e-5, atol=1e-6)
+    assert doc["scales"] == [0.0, 0.5, 1.0, 1.5, 2.0]
+    for p, line in zip(doc["prompts"], held, strict=True):
+        ids = tok.encode(POS[line - 1])
+        target, vs = ids[-1], tok.encode(NEG[line - 1])[-1]  # the texts part at the last word
+        assert (p["ids"], p["target"], p["vs"]) == (ids[:-1], target, vs)
+        diffs = [float(np.diff(hf_steered_logits(torch, hf, ids[:-1], v, 1, c)[-1][[vs, target]])
+                       [0]) for c in doc["scales"]]
+        np.testing.assert_allclose(p["diffs"], diffs, rtol=1e-4, atol=1e-4)
+        assert p["slope"] == pytest.approx(np.polyfit(doc["scales"], diffs, 1)[0], abs=1e-4)
+    assert doc["wrong_way"] == np.mean([p["slope"] < 0 for p in doc["prompts"]])
+    stories = [[tok.eot_id] + tok.encode(s) for s in
+               ("Tom had a red ball.", "The sun was hot and Sue was glad.", "A cat sat.")]
+
+    def loss(scale):
+        nll = [-torch.log_softmax(torch.tensor(hf_steered_logits(torch, hf, s[:-1], v, 1, scale),
+                                               dtype=torch.float64), -1)[range(len(s) - 1),
+                                                                          s[1:]].numpy()
+               for s in stories]
+        return np.concatenate(nll).mean()
+    assert doc["loss_before"] == pytest.approx(loss(0.0), abs=1e-5)
+    assert doc["loss_after"] == pytest.approx(loss(2.0), abs=1e-5)
+    assert doc["loss_tokens"] == sum(len(s) - 1 for s in stories)
+
+
+def test_steer_vectors_are_deterministic_and_steer(cli, pairs):
+    a, b = pairs / "a.safetensors", pairs / "b.safetensors"
+    assert cli(*steer_args(pairs, "--out", a)).code == 0
+    assert cli(*steer_args(pairs, "--out", b, "--json")).code == 0
+    assert a.read_bytes() == b.read_bytes()
+    r = cli(*steer_args(pairs, "--out", a))
+    assert_one_error_line(r, 2, "a.safetensors: the file exists; add --force")
+    assert cli(*steer_args(pairs, "--out", a, "--force", "--seed", "2")).code == 0
+    assert a.read_bytes() != b.read_bytes()  # another split, another vector
+    vector = cli(*steer_args(pairs, "--json")).json()["vector"]
+    steered = cli("trace", TEXT, "layers.1.resid_pre", "--steer-vector", b, "--steer-scale",
+                  "3", "--json").json()  # the file names its site: no --steer-layer
+    plain = cli("trace", TEXT, "layers.1.resid_pre", "--json").json()
+    np.testing.assert_allclose(np.subtract(steered["data"], plain["data"]),
+                               np.broadcast_to(3 * np.asarray(vector), np.shape(plain["data"])),
+                               atol=1e-5)
+
+
+def test_steer_view_fits_80_columns(cli, pairs, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    out = cli(*steer_args(pairs)).out
+    assert "wrong way" in out and "loss on part-005" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+STEER_ERRORS = [
+    (lambda t: (t / "neg.txt").write_text("a\n"), [], 2,
+     "--pos holds 6 texts and --neg 1: text i of one pairs with text i of the other"),
+    (lambda t: (t / "pos.txt").write_bytes(b"caf\xe9\n"), [], 2,
+     "--pos", "not UTF-8 text (byte 0xe9 at offset 3)"),
+    (lambda t: (t / "pos.txt").write_text('{"text": 3}\n'), [], 2,
+     '--pos line 1: a JSON line must be a text or {"text": "..."}'),
+    (lambda t: (t / "pos.txt").unlink(), [], 2, "pos.txt: no such file"),
+    (lambda t: [(t / n).write_text("Happy day\nLily\n") for n in ("pos.txt", "neg.txt")],
+     ["--held-out", "0.9"], 2, "pair", "the two texts do not part"),
+    (lambda t: None, ["--out", "{tmp}"], 2, "that is a folder"),
+    (lambda t: (t / "data" / "part-005.txt").unlink(), [], 2, "no part-005.txt there"),
+]
+
+
+@pytest.mark.parametrize(("setup", "more", "code", "needles"),
+                         [(e[0], e[1], e[2], e[3:]) for e in STEER_ERRORS],
+                         ids=[e[-1] for e in STEER_ERRORS])
+def test_bad_steer_input_is_one_error_line(cli, pairs, setup, more, code, needles):
+    setup(pairs)
+    r = cli(*steer_args(pairs, *[m.format(tmp=pairs) for m in more]))
+    assert_one_error_line(r, code, *needles)

@@ -217,13 +217,22 @@ ROWS = ("W_dec", "directions")
 
 def direction_file(vector: np.ndarray, site_path: str, kind: str, source: dict,
                    rows: np.ndarray | None = None) -> bytes:
-    from safetensors.numpy import save
-
-    tensors = {"direction": np.ascontiguousarray(vector, dtype=np.float32)}
+    """The safetensors bytes, written here rather than by safetensors.numpy.save, whose
+    header order varies from run to run: the same vector must give the same bytes."""
+    tensors = {"direction": np.ascontiguousarray(vector, dtype="<f4")}
     if rows is not None:
-        tensors["directions"] = np.ascontiguousarray(rows, dtype=np.float32)
-    meta = {"site": site_path, "kind": kind, "source": json.dumps(source, sort_keys=True)}
-    return save(tensors, metadata=meta)
+        tensors["directions"] = np.ascontiguousarray(rows, dtype="<f4")
+    header: dict = {"__metadata__": {"site": site_path, "kind": kind,
+                                     "source": json.dumps(source, sort_keys=True)}}
+    offset = 0
+    for name, t in tensors.items():
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # the format pads the header to a multiple of 8
+    return len(text).to_bytes(8, "little") + text + b"".join(t.tobytes() for t in
+                                                           tensors.values())
 
 
 @dataclass
