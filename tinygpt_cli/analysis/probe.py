@@ -63,6 +63,10 @@ def _marked_line(raw: str, n: int, name: str) -> Line:
     for m in MARK.finditer(raw):
         text += raw[end:m.start()]
         end = m.end()
+        if not text or text[-1].isspace():
+            raise InputError(f"{name} line {n}: the mark [{m.group(1)}] follows "
+                             f"{'a space' if text else 'nothing'}; put it right after the "
+                             "token it labels (Tom[name])")
         marks.append((len(text.encode("utf-8")), m.group(1)))
     text += raw[end:]
     if not text.strip():

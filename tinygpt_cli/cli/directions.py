@@ -204,21 +204,26 @@ def probe(
 
 def probe_site(model, site: str) -> str:
     """The canonical path of a value with one row per token, else InputError."""
-    from ..analysis.probe import site_values
     from ..schema import resolve
 
     name, rows = resolve(site, model.config)
-    value = None
-    if not rows and name != "ids":
-        try:
-            value = site_values(model.params, model.config, [0, 0], name)
-        except KeyError:
-            value = None
-    if value is None or value.ndim != 2 or value.shape[0] != 2:
+    if rows or name == "ids" or not one_row_per_token(model, name):
         raise InputError(f"--site {site}: a probe needs a value with one row per token, "
                          "such as layers.1.resid_post, layers.0.mlp_out or "
                          "layers.0.heads.1.out")
     return name
+
+
+def one_row_per_token(model, name: str) -> bool:
+    """Is the value [T, n] (shapes [2, n] and [3, n] for texts of 2 and 3 tokens)?"""
+    from ..analysis.probe import site_values
+
+    try:
+        two, three = (site_values(model.params, model.config, [0] * t, name).shape
+                      for t in (2, 3))
+    except KeyError:  # not a value the forward pass computes
+        return False
+    return len(two) == 2 and two == (2, three[1]) and three[0] == 3
 
 
 def probe_fields(r) -> dict:
