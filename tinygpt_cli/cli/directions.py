@@ -200,6 +200,8 @@ def probe(
         jsonout.emit(jsonout.document(name, r.W, **probe_fields(r)))
         return
     stdout().print(probe_view(r))
+    if out is not None:
+        stderr().print(f"saved the probe's direction to {out}", style="dim")
 
 
 def probe_site(model, site: str) -> str:
