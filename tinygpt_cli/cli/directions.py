@@ -108,7 +108,9 @@ def steer(
     steered the wrong way. The loss on part-005 is measured unsteered and at --scale.
 
     Example: tinygpt steer --pos happy.txt --neg sad.txt --layer 2 --out happy.safetensors
-    Example: tinygpt logits "The day was" --steer-vector happy.safetensors --steer-scale 4
+    Example: tinygpt steer --pos happy.txt --neg sad.txt --scale 8 --held-out 0.5 --json
+
+    Then steer any command with it: tinygpt generate TEXT --steer-vector happy.safetensors
     """
     from ..analysis import steer as st
     from ..files import write_atomically
