@@ -181,3 +181,8 @@ def test_bad_probe_input_is_one_error_line(cli, labels, tmp_path, argv, code, ne
     if "--labels" not in argv:
         argv += ["--labels", str(labels)]
     assert_one_error_line(cli("probe", *argv), code, needle)
+
+
+def test_probe_refuses_a_negative_seed(cli, labels):
+    r = cli("probe", "--site", "layers.0.resid_pre", "--labels", labels, "--seed", "-2")
+    assert_one_error_line(r, 2, "--seed must be a whole number of 0 or more")

@@ -226,7 +226,7 @@ def test_steer_vectors_are_deterministic_and_steer(cli, pairs):
     assert cli(*steer_args(pairs, "--out", b, "--json")).code == 0
     assert a.read_bytes() == b.read_bytes()
     r = cli(*steer_args(pairs, "--out", a))
-    assert_one_error_line(r, 2, "a.safetensors: the file exists; add --force")
+    assert_one_error_line(r, 2, f"--out {a}: the file exists; add --force")
     assert cli(*steer_args(pairs, "--out", a, "--force", "--seed", "2")).code == 0
     assert a.read_bytes() != b.read_bytes()  # another split, another vector
     vector = cli(*steer_args(pairs, "--json")).json()["vector"]
@@ -267,3 +267,12 @@ def test_bad_steer_input_is_one_error_line(cli, pairs, setup, more, code, needle
     setup(pairs)
     r = cli(*steer_args(pairs, *[m.format(tmp=pairs) for m in more]))
     assert_one_error_line(r, code, *needles)
+
+
+@pytest.mark.parametrize(("more", "needle"), [
+    (["--scale", "0"], "--scale must be a number above 0, got 0.0"),
+    (["--scale", "nan"], "--scale must be a number above 0"),
+    (["--seed", "-1"], "--seed must be a whole number of 0 or more"),
+])
+def test_bad_steer_options_are_one_error_line(cli, pairs, more, needle):
+    assert_one_error_line(cli(*steer_args(pairs), *more), 2, needle)

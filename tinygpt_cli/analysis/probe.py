@@ -32,6 +32,7 @@ from ..config import Config
 from ..errors import InputError
 from ..hooks import Chain, RecordOnly, StopAfter
 from ..model import forward
+from ..sampling import create_rng
 
 MARK = re.compile(r"\[([^\[\]\s]{1,40})\]")
 
@@ -192,7 +193,7 @@ def control_labels(types: np.ndarray, y: np.ndarray, n_classes: int, seed: int) 
     token of that type gets it (Hewitt and Liang's control task)."""
     freq = np.bincount(y, minlength=n_classes) / len(y)
     kinds = np.unique(types)
-    drawn = np.random.default_rng(seed).choice(n_classes, size=len(kinds), p=freq)
+    drawn = create_rng(seed).choice(n_classes, size=len(kinds), p=freq)
     return drawn[np.searchsorted(kinds, types)]
 
 
@@ -203,7 +204,7 @@ def split_lines(n: int, held_out: float, seed: int) -> np.ndarray:
                          f"file has {n}")
     k = min(max(1, round(held_out * n)), n - 1)
     held = np.zeros(n, bool)
-    held[np.random.default_rng(seed).permutation(n)[:k]] = True
+    held[create_rng(seed).permutation(n)[:k]] = True
     return held
 
 

@@ -24,6 +24,7 @@ from ..config import Config
 from ..errors import InputError, WeightsError
 from ..hooks import Chain, RecordOnly, StopAfter, add_vector
 from ..model import forward
+from ..sampling import create_rng
 
 
 def site(layer: int) -> str:
@@ -85,7 +86,7 @@ def split_pairs(n: int, held_out: float, seed: int) -> tuple[np.ndarray, np.ndar
     if n < 2:
         raise InputError(f"steer needs at least 2 pairs (one to build the vector, one to "
                          f"test it); the files hold {n}")
-    order = np.random.default_rng(seed).permutation(n)
+    order = create_rng(seed).permutation(n)
     k = min(max(1, round(held_out * n)), n - 1)
     return np.sort(order[k:]), np.sort(order[:k])
 

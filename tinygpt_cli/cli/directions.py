@@ -9,7 +9,6 @@ import typer
 
 from .app import app
 from .common import (
-    FORCE,
     JSON,
     LAYER,
     SEED,
@@ -17,7 +16,6 @@ from .common import (
     WEIGHTS,
     InputError,
     check_index,
-    check_save,
     encode_checked,
     load,
     stderr,
@@ -29,6 +27,7 @@ OUT = typer.Option(None, "--out", metavar="FILE", show_default=False,
 HELD_OUT = typer.Option(0.25, "--held-out", min=0.0, max=1.0,
                         help="The share of pairs (steer) or lines (probe) kept out of the fit "
                         "to test on.")
+FORCE_OUT = typer.Option(False, "--force", help="Let --out overwrite an existing file.")
 DATA = typer.Option(None, "--data", metavar="DIR", show_default=False,
                     help="Folder holding part-005.txt, the held-out stories (default: the "
                     "project's data, or $TINYGPT_DATA).")
@@ -54,7 +53,8 @@ def check_out(out: Path | None, force: bool) -> None:
         raise InputError(f"--out {out}: that is a folder; give a file name")
     if not out.parent.is_dir():
         raise InputError(f"--out {out}: the folder {out.parent} does not exist")
-    check_save(out, force)
+    if out.exists() and not force:
+        raise InputError(f"--out {out}: the file exists; add --force to overwrite it")
 
 
 def held_out_stories(model, data: Path | None, stories: int) -> list[list[int]]:
@@ -90,13 +90,13 @@ def steer(
                              "a line, or JSON lines (a string or {\"text\": ...})."),
     neg: Path = typer.Option(..., "--neg", metavar="FILE", help="Texts to steer away from; "
                              "line i pairs with line i of --pos."),
-    layer: int = LAYER, scale: float = typer.Option(4.0, "--scale", min=0.0, help="The "
-                                                    "largest scale tried, and the one the "
-                                                    "loss is measured at."),
+    layer: int = LAYER, scale: float = typer.Option(4.0, "--scale", help="The largest scale "
+                                                    "tried, and the one the loss is "
+                                                    "measured at."),
     held_out: float = HELD_OUT, seed: int = SEED, data: Path = DATA,
     stories: int = typer.Option(64, "--stories", min=0, help="How many held-out stories "
                                 "the loss is measured on (0: none)."),
-    out: Path = OUT, force: bool = FORCE, top: int = TOP, weights: Path = WEIGHTS,
+    out: Path = OUT, force: bool = FORCE_OUT, top: int = TOP, weights: Path = WEIGHTS,
     as_json: bool = JSON,
 ):
     """Build a steering vector from pairs of texts and test it on held-out pairs.
@@ -118,6 +118,8 @@ def steer(
     from ..render.directions import steer_view
 
     check_out(out, force)
+    if not 0 < scale < float("inf"):  # also refuses NaN
+        raise InputError(f"--scale must be a number above 0, got {scale!r}")
     pos_texts = st.parse_texts(read_file(pos, "--pos"), "--pos")
     neg_texts = st.parse_texts(read_file(neg, "--neg"), "--neg")
     if len(pos_texts) != len(neg_texts):
@@ -167,7 +169,7 @@ def probe(
                                 help="The label of unmarked tokens (default: leave them out)."),
     held_out: float = HELD_OUT, seed: int = SEED,
     l2: float = typer.Option(1e-3, "--l2", min=0.0, help="The weights' L2 penalty."),
-    out: Path = OUT, force: bool = FORCE, weights: Path = WEIGHTS, as_json: bool = JSON,
+    out: Path = OUT, force: bool = FORCE_OUT, weights: Path = WEIGHTS, as_json: bool = JSON,
 ):
     """Fit a logistic-regression probe per token, beside a control task.
 
