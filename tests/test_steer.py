@@ -276,3 +276,13 @@ def test_bad_steer_input_is_one_error_line(cli, pairs, setup, more, code, needle
 ])
 def test_bad_steer_options_are_one_error_line(cli, pairs, more, needle):
     assert_one_error_line(cli(*steer_args(pairs), *more), 2, needle)
+
+
+@pytest.mark.parametrize("command", ["embed", "pos", "norm", "attn", "mlp", "blocks",
+                                     "final-norm", "logits", "probs", "sample", "generate",
+                                     "trace", "review", "map"])
+def test_every_command_that_runs_a_text_takes_the_steering_options(cli, command):
+    out = cli(command, "--help").out
+    for option in ("--steer ", "--steer-away", "--steer-vector", "--steer-layer",
+                   "--steer-scale"):
+        assert option in out, (command, option)
