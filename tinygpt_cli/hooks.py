@@ -9,6 +9,7 @@ uses what it returns. The sets here:
 - Replace({path: fn}): use fn(x) instead of x, e.g. zero a head's output (ablation).
 - StopAfter(path): end the forward pass once this value exists (forward returns None).
 - Chain(a, b, ...): each in turn; Chain(Replace(...), Record()) records the changed run.
+- add_vector(path, v, c): add c * v to every position of a value (steering).
 
 Per-head values are views into the all-heads arrays; a hook that returns a new array for one
 head has it written back into that head's slice, so the change reaches everything after it.
@@ -117,3 +118,15 @@ def ablation(paths: Iterable[str], config: Config) -> Replace:
                             "layers.0.attn_out or layers.0.mlp_out")
         fns[name] = zero
     return Replace(fns)
+
+
+def add_vector(path: str, vector: np.ndarray, scale: float) -> Replace | None:
+    """Add scale * vector to every row (every position) of the value at `path` (steering).
+
+    Scale 0 gives no hook at all rather than x + 0 * v: the run is then the unsteered run bit
+    for bit (x + 0.0 would turn a -0.0 into +0.0).
+    """
+    if scale == 0:
+        return None
+    shift = scale * np.asarray(vector, dtype=np.float64)
+    return Replace({path: lambda x: x + shift.astype(x.dtype)})

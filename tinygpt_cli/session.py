@@ -57,19 +57,21 @@ def encode_checked(model: Model, text: str) -> list[int]:
 
 @dataclass
 class Session:
-    """A model, a text, its ids and token strings."""
+    """A model, a text, its ids and token strings; `steering` (a hook, hooks.add_vector)
+    applies to every run of the session, before any other intervention."""
 
     model: Model
     text: str
     ids: list[int]
     tokens: list[str]
+    steering: Hook | None = None
 
     @classmethod
     def open(cls, text: str, weights: str | Path | None = None,
-             model: Model | None = None) -> Session:
+             model: Model | None = None, steering: Hook | None = None) -> Session:
         model = model if model is not None else load_model(weights)
         ids = encode_checked(model, text)
-        return cls(model, text, ids, [model.tokenizer.token_str(i) for i in ids])
+        return cls(model, text, ids, [model.tokenizer.token_str(i) for i in ids], steering)
 
     @property
     def T(self) -> int:  # noqa: N802  (the seed page's name)
@@ -102,9 +104,9 @@ class Session:
 
     def hooks_for(self, ablate: Iterable[str] = (), hooks: Hook | None = None) -> Hook | None:
         ablate = list(ablate)
-        if not ablate:
+        if not ablate and self.steering is None:
             return hooks
-        return Chain(ablation(ablate, self.config), hooks)
+        return Chain(self.steering, ablation(ablate, self.config) if ablate else None, hooks)
 
     def run(self, hooks: Hook | None = None, ablate: Sequence[str] = ()) -> np.ndarray | None:
         """The logits [T, V], with the hooks called on every value."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import inspect
 import os
 import re
 import signal
@@ -77,6 +78,7 @@ COMMANDS = {
     "attribute": "explain", "means": "explain", "circuit": "circuits", "qk": "circuits",
     "score": "texts", "heads": "texts", "neurons": "texts", "diff": "texts",
     "history": "history", "why": "history",
+    "steer": "directions", "probe": "directions",
     "info": "inspect", "train-tokenizer": "train", "train": "train", "model-card": "train",
 }
 ORDER = list(COMMANDS)
@@ -106,7 +108,11 @@ def _register(name: str | None = None) -> None:
         return ORDER.index(name) if name in ORDER else len(ORDER)
 
     app.registered_commands.sort(key=rank)
+    from .steering import steerable
+
     for command in app.registered_commands:
+        if command.callback and "ablate" in inspect.signature(command.callback).parameters:
+            command.callback = steerable(command.callback)  # what runs a text can be steered
         # Each "Example:" line of a docstring becomes a line of its own in --help (click
         # would otherwise join and rewrap them mid-command).
         doc = command.help or (command.callback.__doc__ if command.callback else None)

@@ -90,6 +90,24 @@ TARGET = typer.Option(None, "--target", help="The token whose score is explained
 VS = typer.Option(None, "--vs", help="Explain logit[target] - logit[vs] instead of the target's "
                   "logit alone (a token's text or id).", show_default=False)
 
+# Steering: every command that runs the model on a text takes these (cli/steering.py adds
+# them to each command that takes --ablate; declared here once).
+STEER_OPTIONS = {
+    "steer": typer.Option(None, "--steer", metavar="TEXT", show_default=False,
+                          help="Steer the run: add scale * v to layers.L.resid_pre at every "
+                          "position, v = mean resid_pre[L](TEXT) - mean resid_pre[L](AWAY)."),
+    "steer_away": typer.Option(None, "--steer-away", metavar="AWAY", show_default=False,
+                               help="The text --steer steers away from."),
+    "steer_vector": typer.Option(None, "--steer-vector", metavar="FILE[#N]",
+                                 show_default=False, help="Steer by a saved direction instead "
+                                 "(tinygpt steer/probe --out, .npy, or row N of an SAE's W_dec)."),
+    "steer_layer": typer.Option(None, "--steer-layer", metavar="L", show_default=False,
+                                help="The block whose input is steered (default: the one the "
+                                "--steer-vector file names)."),
+    "steer_scale": typer.Option(1.0, "--steer-scale", metavar="C",
+                                help="How much of the vector to add; 0 is the unsteered run."),
+}
+
 
 # --save, --force, --quiet: every command that draws something takes all three.
 _quiet = False  # set by --quiet for the one command being run; stdout() then prints nothing
@@ -267,6 +285,7 @@ class Run:
     session: Session
     trace: Trace
     ablated: list[str]
+    steered: dict | None = None
 
     model = property(lambda self: self.session.model)
     text = property(lambda self: self.session.text)
@@ -280,16 +299,21 @@ class Run:
 
         if self.ablated:
             extra = {"ablated": self.ablated, **extra}
+        if self.steered:
+            extra = {"steered": self.steered, **extra}
         return jsonout.document(path, value, self.ids, self.tokens, **extra)
 
 
 def run(weights: Path | None, text: str | None, ablate: list[str] | None = None) -> Run:
-    """Read the text, open a session and trace it, zeroing the values named by --ablate."""
+    """Read the text, open a session and trace it, steered by the --steer options, zeroing
+    the values named by --ablate."""
     from ..schema import resolve
     from ..session import Session
+    from .steering import steering
 
     model = load(weights)
-    session = Session.open(read_text(text), model=model)
+    hook, steered = steering(model)
+    session = Session.open(read_text(text), model=model, steering=hook)
     ablate = list(ablate or [])
     ablated = [resolve(p, model.config)[0] for p in ablate]
-    return Run(session, session.trace(ablate=ablate), ablated)
+    return Run(session, session.trace(ablate=ablate), ablated, steered)

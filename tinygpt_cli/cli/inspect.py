@@ -130,11 +130,12 @@ def generate(
     from ..hooks import ablation
     from ..render import generation
     from ..sampling import check_temperature, create_rng
+    from .steering import steered_hooks
 
     check_top_p(top_p)
     check_temperature(temperature)  # before the seed line: an error is the only line
     model = load(weights)
-    hooks = ablation(ablate, model.config) if ablate else None
+    hooks = steered_hooks(model, ablation(ablate, model.config) if ablate else None)
     prompt = read_text(text)
     ids = encode_checked(model, prompt)
     if seed is None:

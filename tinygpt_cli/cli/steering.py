@@ -1,0 +1,134 @@
+"""--steer, --steer-away, --steer-vector, --steer-layer, --steer-scale on every command that
+runs the model on a text.
+
+The options are declared once (common.STEER_OPTIONS). `steerable` adds them to a command's
+signature when the app is built (app._register wraps every command that takes --ablate), and
+keeps their values for the length of the command; `steering(model)` turns them into the hook
+the command's session runs with (common.run, generate). Commands themselves do not see them.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import InputError, check_utf8
+from .common import STEER_OPTIONS, stderr
+
+# typer reads the real types of the added parameters from here (the modules' own are strings)
+_TYPES = {"steer": Optional[str], "steer_away": Optional[str],  # noqa: UP045 - typer needs it
+          "steer_vector": Optional[str], "steer_layer": Optional[int],  # noqa: UP045
+          "steer_scale": float}
+
+
+@dataclass(frozen=True)
+class SteerOptions:
+    steer: str | None = None
+    steer_away: str | None = None
+    steer_vector: str | None = None
+    steer_layer: int | None = None
+    steer_scale: float = 1.0
+
+
+_chosen = SteerOptions()  # the running command's options
+
+
+def steerable(fn):
+    """fn with the steering options added to its signature (once), held while it runs."""
+    if getattr(fn, "_steerable", False):
+        return fn
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def command(*args, **kwargs):
+        global _chosen
+        _chosen = SteerOptions(**{name: kwargs.pop(name) for name in STEER_OPTIONS})
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _chosen = SteerOptions()
+
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
+                               annotation=_TYPES[name]) for name, option in STEER_OPTIONS.items()]
+    kept = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+            if p.kind == inspect.Parameter.VAR_KEYWORD else p for p in sig.parameters.values()]
+    command.__signature__ = sig.replace(parameters=[*kept, *extra])
+    command.__annotations__ = {**getattr(fn, "__annotations__", {}), **_TYPES}
+    command._steerable = True
+    return command
+
+
+def steering(model) -> tuple[object | None, dict | None]:
+    """(the hook that steers every run, a description for views) from the running command's
+    options; (None, None) when it is not steered."""
+    o = _chosen
+    if o.steer is None and o.steer_away is None and o.steer_vector is None:
+        if o.steer_layer is not None or o.steer_scale != 1.0:
+            raise InputError("--steer-layer and --steer-scale need a direction: --steer TEXT "
+                             "--steer-away AWAY, or --steer-vector FILE")
+        return None, None
+    from ..analysis import steer as st
+    from ..hooks import add_vector
+    from ..session import check_index
+
+    if not math.isfinite(o.steer_scale):
+        raise InputError(f"--steer-scale must be a finite number, got {o.steer_scale!r}")
+    config = model.config
+    vector, layer, source = _direction(model, o)
+    layer = check_index(layer, config.n_layer, "--steer-layer")
+    described = {"site": st.site(layer), "scale": o.steer_scale,
+                 "norm": float(math.sqrt(float(vector.astype(float) @ vector))), **source}
+    _note(described)
+    return add_vector(st.site(layer), vector, o.steer_scale), described
+
+
+def _direction(model, o: SteerOptions):
+    from ..analysis import steer as st
+    from ..session import check_index, encode_checked
+
+    config = model.config
+    if o.steer_vector is not None:
+        if o.steer is not None or o.steer_away is not None:
+            raise InputError("give --steer-vector or --steer/--steer-away, not both")
+        d = st.read_direction(o.steer_vector, config.n_embd, config.n_layer)
+        layer = o.steer_layer if o.steer_layer is not None else d.layer
+        if layer is None:
+            raise InputError(f"--steer-vector {o.steer_vector}: the file does not say which "
+                             "block it steers; give --steer-layer L")
+        return d.vector, layer, {"vector": o.steer_vector}
+    if o.steer is None or o.steer_away is None:
+        given, missing = ("--steer", "--steer-away") if o.steer is not None else \
+            ("--steer-away", "--steer")
+        raise InputError(f"{given} needs {missing}: v is the difference of the two texts' "
+                         "mean resid_pre")
+    if o.steer_layer is None:
+        raise InputError("--steer needs --steer-layer L: the block whose input is steered")
+    layer = check_index(o.steer_layer, config.n_layer, "--steer-layer")
+    for text, name in ((o.steer, "--steer"), (o.steer_away, "--steer-away")):
+        check_utf8(text, name)
+    pair = (encode_checked(model, o.steer), encode_checked(model, o.steer_away))
+    vector = st.mean_difference(model.params, config, [pair], layer)
+    return vector, layer, {"toward": o.steer, "away": o.steer_away}
+
+
+def _note(d: dict) -> None:
+    """Every view of a steered run is preceded by this line on stderr (JSON carries it)."""
+    from ..render.text import show_text
+
+    what = (f"v of {d['vector']}" if "vector" in d else
+            f"v = {d['toward']!r} - {d['away']!r}")
+    stderr().print(show_text(f"steered: {d['site']} + {d['scale']:g} * v, {what}, "
+                             f"|v| = {d['norm']:.3g}"), style="bold yellow")
+
+
+def steered_hooks(model, hooks=None):
+    """`hooks` with the running command's steering before them (generate's hook set)."""
+    steer, _ = steering(model)
+    if steer is None:
+        return hooks
+    from ..hooks import Chain
+
+    return Chain(steer, hooks)
