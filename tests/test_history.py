@@ -552,3 +552,24 @@ def test_a_folder_without_a_record_says_so_once_and_goes_on(cli, run, tmp_path):
     assert result.err.count("has no record of its training text") == 1
     assert_one_error_line(cli("why", "The frog", "--weights", old), 2, "give --data",
                           "no record")
+
+
+def test_means_score_and_neurons_find_the_recorded_text(cli, run, tmp_path):
+    """Without --data (or --file), the text comes from the weights' record: the validation
+    file for means and score --stream, the training files for neurons."""
+    out = tmp_path / "means.safetensors"
+    made = cli("means", "--out", out, "--json")
+    assert made.code == 0, made.err
+    assert made.json()["data"] == "part-001.txt"
+    given = cli("means", "--data", run.parent / "data", "--out", tmp_path / "b.safetensors",
+                "--json").json()
+    assert given["data_sha256"] == made.json()["data_sha256"]
+    scored = cli("score", "--stream", "--json")
+    assert scored.code == 0, scored.err
+    by_file = cli("score", "--stream", "--file", run.parent / "data" / "part-001.txt", "--json")
+    assert scored.out == by_file.out
+    searched = cli("neurons", "--layer", "0", "--neuron", "1", "--json")
+    assert searched.code == 0, searched.err
+    given = cli("neurons", "--layer", "0", "--neuron", "1", "--data",
+                run.parent / "data" / "part-000.txt", "--json").json()
+    assert searched.json()["examples"] == given["examples"]

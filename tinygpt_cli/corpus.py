@@ -253,3 +253,29 @@ def training_text(weights: Path, data: list[Path] | None, *, any_data: bool = Fa
         raise Refused(f"--data is not the text these weights were trained on: {why} "
                       f"({shown}); pass --any-data to use it anyway")
     return TrainingText(files)
+
+
+def validation_text(weights: Path, data: Path | None) -> list[Path]:
+    """The held-out text: a given file itself, a given folder's last part, or (without
+    --data) the validation files the weights' record names, in its folder."""
+    from .errors import InputError as Refused
+
+    if data is None:
+        record = read_data_record(weights)
+        folder = recorded_folder(weights, record) if record else None
+        if folder is None or not record["validation"]:
+            why = "has no record of its text" if record is None else \
+                "records a text that is not reachable, or no validation file"
+            raise Refused(f"give --data the folder of part-*.txt files (its last part is the "
+                          f"validation text): {weights} {why}")
+        return [folder / f["name"] for f in record["validation"]]
+    if Path(data).is_file():
+        return [Path(data)]  # the reference text itself
+    try:
+        _, val = split_data([data])
+    except ValueError as e:
+        raise Refused(str(e)) from None
+    if not val:
+        raise Refused(f"{data} holds a single text file: give that file itself, or a folder "
+                      "whose last part-*.txt is the validation text")
+    return val

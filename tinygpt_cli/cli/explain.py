@@ -155,19 +155,10 @@ def compute_means(model, data: Path, weights_sha: str, quiet: bool):
     """The means over the validation file of `data`, cached by the weights' and data's sha256."""
     from .. import cache
     from ..analysis import means as mean_stats
-    from ..corpus import encode_stories, eval_windows, read_stories, split_data
+    from ..corpus import encode_stories, eval_windows, read_stories, validation_text
     from ..files import sha256
 
-    if data.is_file():
-        val = [data]  # the reference text itself
-    else:
-        try:
-            _, val = split_data([data])
-        except ValueError as e:
-            raise InputError(str(e)) from None
-        if not val:
-            raise InputError(f"{data} holds a single text file: give that file itself, or a "
-                             "folder whose last part-*.txt is the validation text")
+    val = validation_text(model.folder, data)
     meta = {"weights_sha256": weights_sha, "data": val[0].name, "data_sha256": sha256(val[0])}
 
     def compute():
@@ -237,8 +228,10 @@ def ablate(
 
 @app.command()
 def means(
-    data: Path = typer.Option(..., "--data", help="A folder of part-*.txt files, whose last "
-                              "one (the validation text) is averaged over, or one text file."),
+    data: Path = typer.Option(None, "--data", help="A folder of part-*.txt files, whose last "
+                              "one (the validation text) is averaged over, or one text file. "
+                              "Default: the validation file WEIGHTS/data.json records.",
+                              show_default=False),
     weights: Path = WEIGHTS,
     out: Path = typer.Option(None, "--out", help="Where to write (default: means.safetensors "
                              "in the weights folder).", show_default=False),

@@ -142,8 +142,10 @@ def _score_inputs(model, text, file, stride, stream, bos):
 
     tok, cfg = model.tokenizer, model.config
     eot = tok.eot_id
-    if stream and file is None:
-        raise InputError("--stream reads a file: give it with --file")
+    if stream and file is None:  # the held-out text the weights record
+        from ..corpus import validation_text
+
+        file = validation_text(model.folder, None)[0]
     if stream and stride not in (None, cfg.n_positions):
         raise InputError(f"--stream uses non-overlapping windows of {cfg.n_positions} "
                          "tokens; leave out --stride")
@@ -324,7 +326,7 @@ def neurons(
     neuron = check_index(neuron, cfg.n_inner, "neuron")
     if text is not None:
         raise InputError("--neuron searches --data, not a text: leave the text out")
-    files = _data_files(data)
+    files = _data_files(data, model.folder)
     maxima = _neuron_maxima(model, files, enabled=not as_json)
     ex = nrn.neuron_examples(model.params, cfg, maxima, maxima["stream"], layer, neuron, top,
                              tok.token_str)
@@ -337,9 +339,12 @@ def neurons(
     stdout().print(view.neuron_examples_view(ex, tok.token_str, [f.name for f in files]))
 
 
-def _data_files(data: Path | None) -> list[Path]:
-    from ..corpus import split_data
+def _data_files(data: Path | None, weights: Path) -> list[Path]:
+    from ..corpus import read_data_record, recorded_folder, split_data, training_text
 
+    record = read_data_record(weights) if data is None else None
+    if record is not None and recorded_folder(weights, record) is not None:
+        return training_text(weights, None).files  # the text the weights record
     if data is None:
         found = find_data()
         if found is None or not found.is_dir():
