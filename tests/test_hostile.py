@@ -444,6 +444,20 @@ CASES = [
      ["tokenizer has 4,096 tokens but the model 4,100"]),
     ("vocab-mismatch-smaller-model", vocabulary(4000), ["embed", TEXT, *W], 1,
      ["4,096", "4,000"]),
+    # finite but huge weights: the forward pass overflows; the first bad value is named
+    ("huge-ln-f-probs", set_tensor(PREFIX + "ln_f.weight", lambda t: np.full(16, 3e38,
+                                                                             np.float32)),
+     ["probs", TEXT, *W], 1, ["overflowed", "ln_final.out is the first value"]),
+    ("huge-ln-f-logits-json", set_tensor(PREFIX + "ln_f.weight", lambda t: np.full(
+        16, 3e38, np.float32)), ["logits", TEXT, "--json", *W], 1, ["ln_final.out"]),
+    ("huge-c-attn-generate", set_tensor(PREFIX + "h.0.attn.c_attn.weight", lambda t: np.full(
+        (16, 48), 1e30, np.float32)), ["generate", TEXT, "-n", "3", *W], 1,
+     ["overflowed", "layers.0.scores is the first value"]),
+    ("huge-c-attn-score", set_tensor(PREFIX + "h.0.attn.c_attn.weight", lambda t: np.full(
+        (16, 48), 1e30, np.float32)), ["score", TEXT, *W], 1, ["layers.0.scores"]),
+    ("huge-c-fc-neurons", set_tensor(PREFIX + "h.1.mlp.c_fc.weight", lambda t: np.full(
+        (16, 24), 3e38, np.float32)), ["neurons", TEXT, "--layer", "1", *W], 1,
+     ["overflowed", "layers.1.mlp_pre"]),
     # -------------------------------------------------- the analysis commands: exit 2
     ("lens-target-not-a-token", nothing, ["lens", TEXT, "--target", "nosuchtokenxyz", *W], 2,
      ["'nosuchtokenxyz' is not a single token", "it is"]),
@@ -765,3 +779,18 @@ def test_model_card_shows_progress_on_a_terminal(ctx, monkeypatch):
     r = _run_main(["model-card", ctx.run, "--data", ctx.data])
     assert r.code == 0, r.err
     assert seen["total"] > 0 and seen["done"] == seen["total"]
+
+
+def test_overflowing_weights_warn_nothing_in_a_real_process(ctx):
+    """NumPy's RuntimeWarnings are printed once per process, so only a fresh one shows them."""
+    set_tensor(PREFIX + "h.0.attn.c_attn.weight", lambda t: np.full((16, 48), 1e30,
+                                                                    np.float32))(ctx)
+    env = {k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"}
+    for argv in (["probs", TEXT], ["generate", TEXT, "--seed", "1", "-n", "2"]):
+        proc = subprocess.run([sys.executable, "-m", "tinygpt_cli", *argv, "--weights",
+                               str(ctx.broken)], capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+        assert proc.stderr == ("error: the forward pass overflowed: layers.0.scores is the "
+                               "first value holding infinite or NaN numbers (weights too large "
+                               "to compute with in float32)\n")

@@ -24,6 +24,10 @@ class WriteError(WeightsError):
     """A file could not be written: a read-only folder, a full disk, a path that is a folder."""
 
 
+class NonFiniteError(WeightsError):
+    """The forward pass produced an infinite or NaN value: weights too large for float32."""
+
+
 class RunError(WeightsError):
     """A training run that cannot go on: its loss diverged or its run folder is broken."""
 

@@ -153,17 +153,16 @@ def generate(
     hooks = ablation(ablate, model.config) if ablate else None
     prompt = read_text(text)
     ids = encode_checked(model, prompt)
-    if seed is None:
-        seed = int(np.random.SeedSequence().entropy % 2**31)
-        if temperature > 0:
-            stderr().print(f"seed {seed} (pass --seed {seed} to get the same text again)",
-                           style="dim")
+    chosen, seed = seed, int(np.random.SeedSequence().entropy % 2**31) if seed is None else seed
     tok = model.tokenizer
     eot = tok.eot_id
     steps = generate_tokens(model.params, model.config, ids, max_new_tokens,
                             temperature=temperature, top_k=top_k or None, top_p=top_p,
                             rng=create_rng(seed), stop_id=None if no_stop else eot,
                             hooks=hooks)
+    if chosen is None and temperature > 0:
+        stderr().print(f"seed {seed} (pass --seed {seed} to get the same text again)",
+                       style="dim")
     new: list[int] = []
     if as_json:  # the context once; each token line then carries only its own token
         jsonout.emit(jsonout.document(None, np.asarray(ids, dtype=np.int64), ids,
