@@ -184,6 +184,26 @@ def claimed_shape(ctx: Ctx) -> None:
     path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
 
 
+def moved_offsets(move):
+    """The header's data_offsets rewritten by `move(header)`; the bytes stay as they were."""
+    def setup(ctx: Ctx) -> None:
+        tensors(ctx, lambda t: None)
+        path = ctx.broken / "model.safetensors"
+        raw = path.read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+        move(header)
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+    return setup
+
+
+def overlap_bias(header) -> None:
+    """ln_f.bias (16 floats) moved onto the first bytes of ln_f.weight (16 floats)."""
+    header[PREFIX + "ln_f.bias"]["data_offsets"] = header[PREFIX + "ln_f.weight"]["data_offsets"]
+
+
 def set_tensor(name, fn):
     def setup(ctx: Ctx) -> None:
         def change(t):
@@ -316,6 +336,26 @@ def shifted_token_ids(ctx: Ctx) -> None:
     for t in doc["added_tokens"]:
         t["id"] += 5000
     path.write_text(json.dumps(doc))
+
+
+def wordpiece_tokenizer(ctx: Ctx) -> None:
+    """A WordPiece tokenizer with as many ids as the model has rows, <|endoftext|> among them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "<|endoftext|>": 1, **{f"w{i}": i for i in range(2, 4096)}}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(ctx.broken / "tokenizer.json"))
+
+
+def padded_tokenizer(ctx: Ctx) -> None:
+    path = ctx.broken / "tokenizer.json"
+    path.write_text(path.read_text() + " " * (17 << 20))
+
+
+def many_header_entries(ctx: Ctx) -> None:
+    """The good tensors, and 20,000 made-up empty ones named in the header."""
+    tensors(ctx, lambda t: t.update({f"x{i}": np.zeros(0, np.float32) for i in range(20_000)}))
 
 
 W = ["--weights", "{broken}"]
@@ -458,6 +498,18 @@ CASES = [
     ("huge-c-fc-neurons", set_tensor(PREFIX + "h.1.mlp.c_fc.weight", lambda t: np.full(
         (16, 24), 3e38, np.float32)), ["neurons", TEXT, "--layer", "1", *W], 1,
      ["overflowed", "layers.1.mlp_pre"]),
+    ("tokenizer-wordpiece", wordpiece_tokenizer, ["encode", TEXT, *W], 1,
+     ["tokenizer.json is not a byte-level BPE tokenizer", "WordPiece"]),
+    ("tokenizer-padded", padded_tokenizer, ["encode", TEXT, *W], 1,
+     ["tokenizer.json is larger than 16,777,216 bytes"]),
+    ("offsets-overlap", moved_offsets(overlap_bias), ["encode", TEXT, *W], 1,
+     ["not a readable safetensors file", "bytes of tensor transformer.ln_f.weight overlap "
+      "those of tensor transformer.ln_f.bias"]),
+    ("offsets-gap", moved_offsets(lambda h: h[PREFIX + "wte.weight"].update(
+        data_offsets=[o + 8 for o in h[PREFIX + "wte.weight"]["data_offsets"]])),
+     ["encode", TEXT, *W], 1, ["not a readable safetensors file"]),
+    ("header-many-entries", many_header_entries, ["encode", TEXT, *W], 1,
+     ["model.safetensors: its header is", "more than a GPT-2 model"]),
     # -------------------------------------------------- the analysis commands: exit 2
     ("lens-target-not-a-token", nothing, ["lens", TEXT, "--target", "nosuchtokenxyz", *W], 2,
      ["'nosuchtokenxyz' is not a single token", "it is"]),

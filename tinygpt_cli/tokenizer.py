@@ -34,6 +34,19 @@ def _bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
+def _parts(pre) -> list:
+    """A pre-tokenizer, or the members of a Sequence of them."""
+    if type(pre).__name__ != "Sequence":
+        return [pre]
+    out = []
+    for i in range(64):
+        try:
+            out.append(pre[i])
+        except (IndexError, TypeError):
+            break
+    return out
+
+
 class Tokenizer:
     def __init__(self, tok: HFTokenizer):
         self._tok = tok
@@ -42,6 +55,19 @@ class Tokenizer:
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
         return cls(HFTokenizer.from_file(str(path)))
+
+    @classmethod
+    def from_str(cls, text: str) -> Tokenizer:
+        return cls(HFTokenizer.from_str(text))
+
+    def kind(self) -> str | None:
+        """None for a byte-level BPE (GPT-2's kind); else what it is instead, for the error."""
+        model = type(self._tok.model).__name__
+        if model != "BPE":
+            return f"its model is {model}"
+        if not any(type(p).__name__ == "ByteLevel" for p in _parts(self._tok.pre_tokenizer)):
+            return "its pre-tokenizer is not ByteLevel"
+        return None
 
     @property
     def vocab_size(self) -> int:

@@ -51,7 +51,15 @@ class TensorInfo:
     shape: tuple[int, ...]
 
 
-def read_header(path: Path) -> dict[str, TensorInfo]:
+def header_limit(config: Config) -> int:
+    """The most header bytes a GPT-2 model of these sizes can need: every tensor and the old
+    attention buffers, a generous 512 bytes each (an entry is about 100), and some metadata.
+    A header of a million made-up entries is refused before it is parsed."""
+    per_block = sum(1 for n, _, _ in PARAMS if n.startswith("h.L.")) + len(IGNORED)
+    return (len(PARAMS) + 1 + per_block * config.n_layer) * 512 + (64 << 10)
+
+
+def read_header(path: Path, limit: int = MAX_HEADER_BYTES) -> dict[str, TensorInfo]:
     """The safetensors header: an 8-byte little-endian length, then that many bytes of JSON
     naming each tensor's dtype, shape and byte range. Read and checked without loading any
     tensor, so a file cannot make the loader allocate more than it holds."""
@@ -61,9 +69,13 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         if len(head) < 8:
             raise WeightsError(f"{path} is not a readable safetensors file ({size} bytes)")
         n = int.from_bytes(head, "little")
-        if n > min(MAX_HEADER_BYTES, size - 8):
+        if n > size - 8:
             raise WeightsError(f"{path} is not a readable safetensors file (its header claims "
                                f"{n:,} bytes; the file has {size:,})")
+        if n > limit:
+            raise WeightsError(f"{path}: its header is {n:,} bytes, more than a GPT-2 model of "
+                               f"the config's sizes needs ({limit:,}); not a model of these "
+                               "sizes")
         raw = f.read(n)
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
@@ -72,7 +84,7 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     if not isinstance(header, dict):
         raise WeightsError(f"{path} is not a readable safetensors file (header is not an object)")
     data_bytes = size - 8 - n
-    out = {}
+    out, spans = {}, []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
@@ -93,7 +105,25 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             raise WeightsError(f"{path} is not a readable safetensors file (tensor {name} "
                                "runs past its end: truncated?)")
         out[name] = TensorInfo(name, dtype, tuple(shape))
+        spans.append((begin, end, name))
+    _check_tiling(path, spans)
     return out
+
+
+def _check_tiling(path: Path, spans: list[tuple[int, int, str]]) -> None:
+    """The tensors' byte ranges must follow one another without gaps or overlaps, as the
+    safetensors library requires: two tensors sharing bytes would be aliases of each other."""
+    spans = sorted(spans)
+    for (_, end, before), (begin, _, name) in zip(spans, spans[1:], strict=False):
+        if begin < end:
+            raise WeightsError(f"{path} is not a readable safetensors file (the bytes of "
+                               f"tensor {name} overlap those of tensor {before})")
+    at, before = 0, "the header"
+    for begin, end, name in spans:
+        if begin != at:
+            raise WeightsError(f"{path} is not a readable safetensors file (tensor {name} "
+                               f"starts {begin - at:,} bytes after the end of {before})")
+        at, before = end, f"tensor {name}"
 
 
 def _whole(x) -> bool:
@@ -272,7 +302,7 @@ def checked_header(path: Path, config: Config) -> dict[str, TensorInfo]:
     if not path.is_file():
         raise WeightsError(f"weights file {path} does not exist")
     try:
-        infos = read_header(path)
+        infos = read_header(path, min(MAX_HEADER_BYTES, header_limit(config)))
     except OSError as e:
         raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
     with _naming(path):
@@ -370,8 +400,6 @@ class Folder:
 def open_folder(folder: str | Path | None = None) -> Folder:
     """A missing folder the user named is bad input (InputError, exit 2); a folder that
     exists but cannot be used, or a missing shipped model, is a WeightsError (exit 1)."""
-    from .tokenizer import Tokenizer
-
     root, named = resolve_folder(folder)
     if not root.is_dir():
         if named and not root.exists():
@@ -388,10 +416,7 @@ def open_folder(folder: str | Path | None = None) -> Folder:
     # the weights' header too, though text <-> ids never reads them: a broken folder is
     # reported by every command alike
     header = checked_header(root / "model.safetensors", config)
-    try:
-        tokenizer = Tokenizer.from_file(root / "tokenizer.json")
-    except Exception as e:  # tokenizers raises a bare Exception on malformed files
-        raise WeightsError(f"{root / 'tokenizer.json'} is not a tokenizers file ({e})") from None
+    tokenizer = read_tokenizer(root / "tokenizer.json", config)
     check_vocabulary(tokenizer, config, root)
     return Folder(root, config, tokenizer, header)
 
@@ -401,6 +426,33 @@ def load_model(folder: str | Path | None = None) -> Model:
     f = open_folder(folder)
     return Model(f.folder, f.config, map_params(f.folder / "model.safetensors", f.config,
                                                 f.header), f.tokenizer)
+
+
+MAX_TOKENIZER_BYTES = 16 << 20  # GPT-2's own, 50,257 tokens with their merges: 1.4 MB
+
+
+def read_tokenizer(path: Path, config: Config):
+    """tokenizer.json, capped in size like config.json, and refused unless it is a byte-level
+    BPE (the only kind whose tokens are bytes, which every view and the model's ids assume)."""
+    from .tokenizer import Tokenizer
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TOKENIZER_BYTES + 1)
+    except OSError as e:
+        raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_TOKENIZER_BYTES:
+        raise WeightsError(f"{path} is larger than {MAX_TOKENIZER_BYTES:,} bytes: not the "
+                           f"tokenizer of a {config.vocab_size:,}-token model")
+    try:
+        tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as e:  # tokenizers raises a bare Exception on malformed files
+        raise WeightsError(f"{path} is not a tokenizers file ({e})") from None
+    kind = tokenizer.kind()
+    if kind is not None:
+        raise WeightsError(f"{path} is not a byte-level BPE tokenizer ({kind}); tinygpt reads "
+                           "only GPT-2's kind, whose tokens are bytes")
+    return tokenizer
 
 
 def check_vocabulary(tokenizer, config: Config, root: Path) -> None:
