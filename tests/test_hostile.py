@@ -846,3 +846,50 @@ def test_overflowing_weights_warn_nothing_in_a_real_process(ctx):
         assert proc.stderr == ("error: the forward pass overflowed: layers.0.scores is the "
                                "first value holding infinite or NaN numbers (weights too large "
                                "to compute with in float32)\n")
+
+
+# ------------------------------------------------------------------ the cache
+
+
+def _neurons(ctx, *extra):
+    return run(ctx, "neurons", "--layer", "1", "--neuron", "3", "--data", "{data}", "--top",
+               "2", "--json", "--weights", "{tiny}", *extra)
+
+
+def test_a_cache_entry_of_the_wrong_shape_is_rebuilt(ctx, monkeypatch):
+    import tinygpt_cli.analysis.neurons as nrn
+
+    monkeypatch.setenv("TINYGPT_CACHE", str(ctx.tmp / "cache"))
+    first = _neurons(ctx)
+    assert first.code == 0, first.err
+    (path,) = (ctx.tmp / "cache" / "neurons").glob("*.npz")
+    good = dict(np.load(path))
+    for bad in ({"stream": good["stream"]},  # keys missing
+                {**good, "window": good["window"][:, :3]},  # a shape of other sizes
+                {**good, "window": good["window"] + 10**6}):  # windows past the data's end
+        np.savez(path, **bad)
+        again = _neurons(ctx)
+        assert (again.code, again.out, again.err) == (0, first.out, ""), again.err
+        assert set(np.load(path).files) == set(good)
+    calls = []
+    real = nrn.window_maxima
+    monkeypatch.setattr(nrn, "window_maxima", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert _neurons(ctx).out == first.out and calls == []  # the rebuilt entry is used
+
+
+def test_an_unwritable_cache_still_shows_the_result(ctx, monkeypatch):
+    import tempfile
+
+    monkeypatch.setenv("TINYGPT_CACHE", str(ctx.tmp / "cache"))
+    clean = _neurons(ctx)
+    monkeypatch.setenv("TINYGPT_CACHE", str(ctx.tmp / "other"))
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    r = _neurons(ctx)
+    assert r.code == 0 and r.out == clean.out
+    assert re.fullmatch(rf"note: cannot write {re.escape(str(ctx.tmp))}/other/neurons/\w+\.npz: "
+                        r"Permission denied; the result is not kept for the next run \(set "
+                        r"TINYGPT_CACHE to a writable folder\)\n", r.err), r.err

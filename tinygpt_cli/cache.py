@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -33,3 +34,56 @@ def key_of(*parts: str | bytes) -> str:
 def entry(kind: str, key: str, suffix: str = ".npz") -> Path:
     """The path of one cache entry: cache_dir()/kind/key.suffix (the folder is not created)."""
     return cache_dir() / kind / f"{key}{suffix}"
+
+
+def load(path: Path, valid: Callable[[dict], bool]) -> dict | None:
+    """The arrays of an .npz entry, or None when there is none or it cannot be used: damaged,
+    or with other keys, shapes or ranges than `valid` accepts (a stale format, a file put
+    there by hand). The caller then computes the entry again and stores it over the bad one."""
+    import numpy as np
+
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        return arrays if valid(arrays) else None
+    except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError):
+        return None
+
+
+def store(path: Path, arrays: dict) -> None:
+    """Keep an entry for later runs. A cache that cannot be written (read-only, a full disk)
+    loses only that: one note on stderr, and the result just computed is still shown."""
+    import io
+
+    import numpy as np
+
+    from .errors import WriteError
+    from .files import write_atomically
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    try:
+        write_atomically(path, buf.getvalue())
+    except WriteError as e:
+        _note_once(f"note: {e}; the result is not kept for the next run (set TINYGPT_CACHE "
+                   "to a writable folder)")
+
+
+_noted: set[str] = set()
+
+
+def _note_once(message: str) -> None:
+    import sys
+
+    from .render.text import escape_line
+
+    if message in _noted:
+        return
+    _noted.add(message)
+    try:
+        sys.stderr.write(escape_line(message) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass  # stderr is gone: nothing to tell

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import sys
 from pathlib import Path
@@ -385,19 +384,16 @@ def _neuron_cache(model, files: list[Path], enabled: bool) -> dict[str, np.ndarr
 
     from .. import cache
     from ..analysis import neurons as nrn
-    from ..files import sha256, write_atomically
+    from ..files import sha256
     from ..train.data import encode_stories, eval_windows, read_stories
 
     cfg = model.config
     key = cache.key_of("neurons-v1", sha256(model.weights_file),
                        *(sha256(f) for f in files), str(cfg.n_positions), str(NEURON_TOP))
     path = cache.entry("neurons", key)
-    if path.is_file():
-        try:
-            with np.load(path) as z:
-                return dict(z)
-        except (OSError, ValueError):
-            pass  # a damaged entry is computed again
+    kept = cache.load(path, lambda e: _valid_neuron_entry(e, cfg))
+    if kept is not None:
+        return kept
     stream = encode_stories(read_stories(files), model.tokenizer)
     x, _ = eval_windows(stream.ids, cfg.n_positions)
     if len(x) == 0:
@@ -411,10 +407,23 @@ def _neuron_cache(model, files: list[Path], enabled: bool) -> dict[str, np.ndarr
              "window": best.transpose(0, 2, 1).astype(np.int32),  # [L, ff, k]
              "value": np.take_along_axis(top, best, axis=1).transpose(0, 2, 1),
              "position": np.take_along_axis(where, best, axis=1).transpose(0, 2, 1)}
-    buf = io.BytesIO()
-    np.savez(buf, **entry)
-    write_atomically(path, buf.getvalue())
+    cache.store(path, entry)
     return entry
+
+
+def _valid_neuron_entry(e: dict, cfg) -> bool:
+    """The keys, shapes and ranges _neuron_cache writes: [L, ff, k] windows of the stream."""
+    import numpy as np
+
+    if set(e) != {"stream", "window", "value", "position"} or e["stream"].ndim != 1:
+        return False
+    shape = e["window"].shape
+    n = (len(e["stream"]) - 1) // cfg.n_positions
+    return (len(shape) == 3 and shape[:2] == (cfg.n_layer, cfg.n_inner) and shape[2] >= 1
+            and all(e[k].shape == shape for k in ("value", "position"))
+            and 0 <= e["window"].min() and e["window"].max() < n
+            and 0 <= e["position"].min() and e["position"].max() < cfg.n_positions
+            and e["stream"].max() < cfg.vocab_size and bool(np.isfinite(e["value"]).all()))
 
 
 @app.command()
