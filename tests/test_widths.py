@@ -107,3 +107,25 @@ def test_patch_grids_flow_to_fit_the_width(cli, monkeypatch, width):
     check_fits(r.out, width, ["patch"])
     titles = [ln for ln in r.out.splitlines() if "resid_pre" in ln and "resid_mid" in ln]
     assert titles and ("mlp_out" in titles[0]) == (width == 200)
+
+
+@pytest.mark.parametrize("columns", ["0", "1", "5"])
+@pytest.mark.parametrize("argv", [["embed", TEXT], ["probs", TEXT], ["encode", TEXT]],
+                         ids=lambda a: a[0])
+def test_a_terminal_width_below_the_minimum_is_ignored(cli, monkeypatch, argv, columns):
+    """COLUMNS=0 on a terminal printed nothing at all; a too-narrow width means 80 there,
+    and the pipe width (120) in a pipe."""
+    monkeypatch.setenv("COLUMNS", columns)
+    piped = cli(*argv)
+    assert piped.code == 0 and piped.out == cli_at(cli, monkeypatch, "120", argv).out
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # Rich takes stdout for a terminal
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", columns)
+    r = cli(*argv)
+    assert r.code == 0 and r.out.strip(), r.err
+    assert r.out == cli_at(cli, monkeypatch, "80", argv).out
+
+
+def cli_at(cli, monkeypatch, columns: str, argv):
+    monkeypatch.setenv("COLUMNS", columns)
+    return cli(*argv)

@@ -172,6 +172,7 @@ def check_top_p(top_p: float) -> None:
 
 
 PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
+MIN_WIDTH, TERMINAL_WIDTH = 20, 80  # a narrower stated width is a mistake: use the classic one
 
 
 def stdout(width: int | None = None) -> Console:
@@ -184,12 +185,15 @@ def stdout(width: int | None = None) -> Console:
     if width is None and not console.is_terminal and not _columns():
         console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
                           width=PIPE_WIDTH, quiet=_quiet)
+    elif width is None and console.width < MIN_WIDTH:  # COLUMNS=0 on a terminal: no view
+        console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
+                          width=TERMINAL_WIDTH, quiet=_quiet)
     return console
 
 
 def _columns() -> int | None:
     value = os.environ.get("COLUMNS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else None
+    return int(value) if value.isdigit() and int(value) >= MIN_WIDTH else None
 
 
 def wide(*renderables) -> Console:
@@ -205,7 +209,11 @@ def wide(*renderables) -> Console:
 def stderr():
     from rich.console import Console
 
-    return Console(stderr=True, markup=False, highlight=False, emoji=False)
+    console = Console(stderr=True, markup=False, highlight=False, emoji=False)
+    if console.width < MIN_WIDTH:  # COLUMNS=0: notes would print nothing
+        console = Console(stderr=True, markup=False, highlight=False, emoji=False,
+                          width=TERMINAL_WIDTH)
+    return console
 
 
 def progress(total: int | None, description: str, *, enabled: bool = True):
