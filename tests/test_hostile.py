@@ -893,3 +893,26 @@ def test_an_unwritable_cache_still_shows_the_result(ctx, monkeypatch):
     assert re.fullmatch(rf"note: cannot write {re.escape(str(ctx.tmp))}/other/neurons/\w+\.npz: "
                         r"Permission denied; the result is not kept for the next run \(set "
                         r"TINYGPT_CACHE to a writable folder\)\n", r.err), r.err
+
+
+# ------------------------------------------------------------------ a stderr that fails
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_stderr_is_treated_like_a_closed_one(ctx):
+    """`2>/dev/full`: every write to stderr fails. The notes are lost, nothing else is."""
+    env = {k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"}
+    with open("/dev/full", "w") as full:
+        def tinygpt(*argv):
+            return subprocess.run([sys.executable, "-m", "tinygpt_cli", *map(str, argv)],
+                                  stdout=subprocess.PIPE, stderr=full, text=True, env=env,
+                                  timeout=120)
+        r = tinygpt("generate", TEXT, "-n", "3", "--weights", ctx.tiny)  # a seed note first
+        assert r.returncode == 0 and r.stdout.startswith(TEXT) and len(r.stdout) > len(TEXT)
+        r = tinygpt("attn", TEXT, "--layer", "9", "--weights", ctx.tiny)
+        assert (r.returncode, r.stdout) == (2, "")
+        out = ctx.tmp / "full"
+        r = tinygpt(*TRAIN, *[ctx.fill(a) for a in DATA], "--out", out)
+        assert r.returncode == 0
+        assert json.loads((out / "result.json").read_text())["steps"] == 2
+        assert (out / "model.safetensors").is_file()

@@ -18,7 +18,7 @@ except ImportError:  # older typer runs on click itself
     from click import exceptions as click_errors
 
 from ..entry import INTERRUPTED, fresh_line
-from ..render.text import escape_line, examples_block, guard_encoding
+from ..render.text import ForgivingStream, escape_line, examples_block, guard_encoding
 
 app = typer.Typer(
     name="tinygpt",
@@ -249,7 +249,8 @@ def _guard_streams() -> None:
         else:
             sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - for the process's life
     sys.stdout = guard_encoding(sys.stdout)
-    sys.stderr = guard_encoding(sys.stderr)
+    if not isinstance(sys.stderr, ForgivingStream):
+        sys.stderr = ForgivingStream(guard_encoding(sys.stderr))
 
 
 def _reader_gone() -> int:

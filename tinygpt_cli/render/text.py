@@ -121,6 +121,42 @@ class AsciiStream:
         return getattr(self.stream, name)
 
 
+class ForgivingStream:
+    """stderr that cannot be written (`2>/dev/full`, a dead terminal) treated like a closed
+    one: the first failed write points the descriptor at /dev/null and the command goes on,
+    keeping its output and exit code. Notes are never worth a command's result."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, s: str) -> int:
+        try:
+            return self._stream.write(s)
+        except OSError:
+            self._gone()
+            return len(s)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            self._gone()
+
+    def _gone(self) -> None:
+        import os
+
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+            self._stream.flush()  # what was buffered now goes to /dev/null, so exit is clean
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def guard_encoding(stream):
     """stream itself when it can encode the presentation characters, else an AsciiStream."""
     encoding = getattr(stream, "encoding", None)
