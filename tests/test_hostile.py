@@ -916,3 +916,21 @@ def test_a_full_stderr_is_treated_like_a_closed_one(ctx):
         assert r.returncode == 0
         assert json.loads((out / "result.json").read_text())["steps"] == 2
         assert (out / "model.safetensors").is_file()
+
+
+def test_utf8_arguments_in_the_posix_locale_without_utf8_mode(tiny):
+    """There Python decodes argv as ASCII, so 'café' arrives as surrogates: decoded again from
+    its bytes it is the same text; bytes that are not UTF-8 are still refused."""
+    env = {**{k: v for k, v in os.environ.items() if k not in ("TINYGPT_WEIGHTS", "LANG")},
+           "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    want = tiny.model.tokenizer.encode("café")
+
+    def tinygpt(*argv):
+        return subprocess.run([sys.executable.encode(), b"-m", b"tinygpt_cli", *argv,
+                               b"--weights", str(tiny.folder).encode()], capture_output=True,
+                              env=env, timeout=60)
+    r = tinygpt(b"encode", "café".encode(), b"--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ids"] == want
+    r = tinygpt(b"encode", b"caf\xe9")
+    assert r.returncode == 2 and b"not valid UTF-8 (byte 0xe9 at character 3)" in r.stderr

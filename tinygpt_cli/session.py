@@ -120,7 +120,7 @@ class Session:
 def token_id(model: Model, token: str) -> int:
     """A token by its exact text (' toys', with its space) or by its id; else InputError."""
     tok = model.tokenizer
-    check_utf8(token, "the token")
+    token = check_utf8(token, "the token")
     if token.strip().lstrip("-").isdigit():
         i = int(token)
         if not 0 <= i < tok.vocab_size:

@@ -253,7 +253,7 @@ def read_text(text: str | None) -> str:
         if text.endswith("\n"):
             text = text[:-1]  # the newline `echo` adds is not part of the text
     else:
-        check_utf8(text, "the text argument")
+        text = check_utf8(text, "the text argument")
     if text == "":
         raise InputError("the text is empty: give at least one character")
     return text
