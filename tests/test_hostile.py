@@ -934,3 +934,18 @@ def test_utf8_arguments_in_the_posix_locale_without_utf8_mode(tiny):
     assert json.loads(r.stdout)["ids"] == want
     r = tinygpt(b"encode", b"caf\xe9")
     assert r.returncode == 2 and b"not valid UTF-8 (byte 0xe9 at character 3)" in r.stderr
+
+
+# ------------------------------------------------------------------ saved pictures
+
+
+@pytest.mark.parametrize("suffix", [".html", ".svg"])
+def test_review_pictures_escape_bidirectional_overrides(cli, tmp_path, suffix):
+    """U+202E (right-to-left override) would show the rest of a line reversed: every place
+    the text appears in the picture carries it as an escape, as the terminal view does."""
+    out = tmp_path / f"review{suffix}"
+    r = cli("review", "Lily \u202ewanted to", "--save", out, "--quiet")
+    assert r.code == 0, r.err
+    page = out.read_text(encoding="utf-8")
+    assert "\u202e" not in page and "\u2066" not in page
+    assert page.count("Lily \\u202ewanted to") >= 3  # the title, the facts, the next token
