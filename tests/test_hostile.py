@@ -358,6 +358,28 @@ def many_header_entries(ctx: Ctx) -> None:
     tensors(ctx, lambda t: t.update({f"x{i}": np.zeros(0, np.float32) for i in range(20_000)}))
 
 
+def side_file(name: str, make):
+    """The broken folder's `name` replaced by what `make(path)` puts there."""
+    def setup(ctx: Ctx) -> None:
+        (ctx.broken / name).unlink()
+        make(ctx.broken / name)
+    return setup
+
+
+def symlink_loop(ctx: Ctx) -> None:
+    (ctx.tmp / "loop").symlink_to(ctx.tmp / "loop")
+
+
+def plain_file(ctx: Ctx) -> None:
+    (ctx.tmp / "f").write_text("")
+
+
+def planted_lock(ctx: Ctx) -> None:
+    (ctx.tmp / "victim").write_text("precious")
+    (ctx.run / ".train.lock").unlink(missing_ok=True)  # the finished run's own lock file
+    (ctx.run / ".train.lock").symlink_to(ctx.tmp / "victim")
+
+
 W = ["--weights", "{broken}"]
 TRAIN = ["train", "--steps", "2", *RUN_SIZES]
 DATA = ["--data", "{data}"]
@@ -510,6 +532,22 @@ CASES = [
      ["encode", TEXT, *W], 1, ["not a readable safetensors file"]),
     ("header-many-entries", many_header_entries, ["encode", TEXT, *W], 1,
      ["model.safetensors: its header is", "more than a GPT-2 model"]),
+    # messages that say what happened
+    ("weights-symlink-loop", symlink_loop, ["info", "--weights", "{tmp}/loop"], 1,
+     ["loop is a symbolic link that leads nowhere"]),
+    ("weights-file-a-fifo", side_file("model.safetensors", os.mkfifo), ["info", *W], 1,
+     ["model.safetensors is not a regular file"]),
+    ("weights-file-a-folder", side_file("model.safetensors", Path.mkdir), ["info", *W], 1,
+     ["model.safetensors is a folder, not a file"]),
+    ("config-5000-digits", config_text('{"n_embd": 1' + "0" * 5000 + "}"), ["info", *W], 1,
+     ["config: a number of more than 4,300 digits"]),
+    ("out-under-a-file", plain_file, ["train-tokenizer", "--data", "{data}", "--out",
+                                      "{tmp}/f/t.json", "--vocab-size", "257"], 1,
+     ["cannot write", "f/t.json", "/f is a file, not a folder"]),
+    ("save-under-a-file", plain_file, ["attn", TEXT, "--save", "{tmp}/f/a.svg", *W], 2,
+     ["the folder", "/f is a file"]),
+    ("train-lock-planted-link", planted_lock, [*TRAIN, *DATA, "--out", "{run}", "--resume"], 1,
+     ["cannot write", ".train.lock", "symbolic link, which tinygpt never writes through"]),
     # -------------------------------------------------- the analysis commands: exit 2
     ("lens-target-not-a-token", nothing, ["lens", TEXT, "--target", "nosuchtokenxyz", *W], 2,
      ["'nosuchtokenxyz' is not a single token", "it is"]),
@@ -527,7 +565,7 @@ CASES = [
     ("means-out-a-folder", nothing, ["means", "--data", "{data}", "--out", "{tmp}", *W], 2,
      ["is a folder", "--out means.safetensors"]),
     ("score-file-missing", nothing, ["score", "--file", "{tmp}/nowhere.txt", *W], 2,
-     ["nowhere.txt"]),
+     ["nowhere.txt does not exist"]),
     ("score-stride-zero", nothing, ["score", TEXT, "--stride", "0", *W], 2, ["--stride"]),
     ("heads-file-missing", nothing, ["heads", "--file", "{tmp}/nowhere.txt", *W], 2,
      ["nowhere.txt"]),
@@ -949,3 +987,37 @@ def test_review_pictures_escape_bidirectional_overrides(cli, tmp_path, suffix):
     page = out.read_text(encoding="utf-8")
     assert "\u202e" not in page and "\u2066" not in page
     assert page.count("Lily \\u202ewanted to") >= 3  # the title, the facts, the next token
+
+
+def test_closed_stdin_and_full_stdout_say_so(tiny):
+    env = {k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"}
+    py, w = sys.executable, str(tiny.folder)
+    r = subprocess.run(["bash", "-c", f'"{py}" -m tinygpt_cli embed - --weights "{w}" <&-'],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == "error: no text: stdin is closed; give the text as an argument\n"
+    if os.path.exists("/dev/full"):
+        for argv in (["encode", TEXT], ["decode", "1", "2"], ["probs", TEXT, "--json"]):
+            with open("/dev/full", "w") as full:
+                r = subprocess.run([py, "-m", "tinygpt_cli", *argv, "--weights", w],
+                                   stdout=full, stderr=subprocess.PIPE, text=True, env=env,
+                                   timeout=60)
+            assert r.returncode == 1
+            assert r.stderr == ("error: cannot write to standard output: No space left on "
+                                "device\n"), r.stderr
+
+
+def test_help_examples_name_files_that_exist_from_the_readme_folder():
+    """The README's commands run from the repository's root, where the project's data is
+    ../shared/data/tinystories: an example of --help naming a file names it from there."""
+    from tinygpt_cli.cli.app import _register, app
+
+    root = Path(__file__).resolve().parent.parent
+    _register()
+    named = [w for c in app.registered_commands for line in (c.help or "").splitlines()
+             if "tinygpt " in line for w in line.split() if w.endswith(".txt")]
+    assert named, "no example names a file"
+    if not (root / "../shared/data/tinystories").is_dir():
+        pytest.skip("the project's data is not beside the repository")
+    for name in named:
+        assert (root / name).is_file(), name

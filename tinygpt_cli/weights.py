@@ -402,13 +402,14 @@ def open_folder(folder: str | Path | None = None) -> Folder:
     exists but cannot be used, or a missing shipped model, is a WeightsError (exit 1)."""
     root, named = resolve_folder(folder)
     if not root.is_dir():
-        if named and not root.exists():
+        if named and not root.exists() and not root.is_symlink():
             raise InputError(f"weights folder {root} does not exist")
-        raise WeightsError(f"weights folder {root} "
-                           + ("is not a folder" if root.exists() else "does not exist"))
+        raise WeightsError(f"weights folder {root} " + _not_a_folder(root))
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
-        if not (root / name).is_file():
-            raise WeightsError(f"weights folder {root} has no {name}")
+        path = root / name
+        if not path.is_file():
+            raise WeightsError(f"weights folder {root} has no {name}" if not path.exists()
+                               and not path.is_symlink() else f"{path} {_not_a_file(path)}")
     try:
         config = load_config(root / "config.json")
     except (ValueError, OSError) as e:
@@ -419,6 +420,20 @@ def open_folder(folder: str | Path | None = None) -> Folder:
     tokenizer = read_tokenizer(root / "tokenizer.json", config)
     check_vocabulary(tokenizer, config, root)
     return Folder(root, config, tokenizer, header)
+
+
+def _not_a_folder(path: Path) -> str:
+    if path.is_symlink() and not path.exists():
+        return "is a symbolic link that leads nowhere (a loop, or a missing target)"
+    return "is not a folder" if path.exists() else "does not exist"
+
+
+def _not_a_file(path: Path) -> str:
+    if path.is_dir():
+        return "is a folder, not a file"
+    if path.is_symlink() and not path.exists():
+        return "is a symbolic link that leads nowhere (a loop, or a missing target)"
+    return "is not a regular file (a pipe or a device?)"
 
 
 def load_model(folder: str | Path | None = None) -> Model:

@@ -18,7 +18,13 @@ except ImportError:  # older typer runs on click itself
     from click import exceptions as click_errors
 
 from ..entry import INTERRUPTED, fresh_line
-from ..render.text import ForgivingStream, escape_line, examples_block, guard_encoding
+from ..render.text import (
+    ForgivingStream,
+    WatchedStream,
+    escape_line,
+    examples_block,
+    guard_encoding,
+)
 
 app = typer.Typer(
     name="tinygpt",
@@ -248,7 +254,8 @@ def _guard_streams() -> None:
             sys.stdout = _Closed("standard output")
         else:
             sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - for the process's life
-    sys.stdout = guard_encoding(sys.stdout)
+    if not isinstance(sys.stdout, WatchedStream | _Closed):  # closed: says so itself
+        sys.stdout = WatchedStream(guard_encoding(sys.stdout))
     if not isinstance(sys.stderr, ForgivingStream):
         sys.stderr = ForgivingStream(guard_encoding(sys.stderr))
 
@@ -300,9 +307,22 @@ def _finish(code: int) -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         code = _reader_gone() if code == 0 else code
-    except (OSError, ValueError):
+    except OSError as e:
+        if code == 0:
+            code = _error(f"cannot write to standard output: {e.strerror or e}", 1)
+        _reader_gone()  # what is left in the buffer goes nowhere, not to a second error
+    except ValueError:
         pass
     sys.exit(code)
+
+
+def _stdout_failed() -> bool:
+    """Was it a write to stdout that failed (WatchedStream)? If so, stdout now points at
+    /dev/null, so that the flush at exit does not fail again."""
+    if not getattr(sys.stdout, "failed", False):
+        return False
+    _reader_gone()
+    return True
 
 
 def _too_many_digits(e: Exception) -> bool:
@@ -386,6 +406,8 @@ def main(argv: list[str] | None = None) -> None:
             code = _reader_gone()
         elif debug:
             raise
+        elif not e.filename and _stdout_failed():  # `> /dev/full`
+            code = _error(f"cannot write to standard output: {e.strerror or e}", 1)
         else:
             where = f": {e.filename}" if e.filename else ""
             code = _error(f"{e.strerror or e}{where}", 1)

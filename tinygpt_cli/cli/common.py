@@ -132,7 +132,8 @@ def picture_format(path: Path) -> str:
         raise InputError(f"--save {path}: unknown extension {path.suffix or '(none)'!r}; use "
                          ".svg (a vector drawing) or .html (a web page)")
     if not path.parent.is_dir():
-        raise InputError(f"--save {path}: the folder {path.parent} does not exist")
+        raise InputError(f"--save {path}: the folder {path.parent} "
+                         + ("is a file" if path.parent.exists() else "does not exist"))
     if path.is_dir():
         raise InputError(f"--save {path}: that is a folder; give a file name ending .svg or "
                          ".html")
@@ -247,7 +248,9 @@ def progress(total: int | None, description: str, *, enabled: bool = True):
 def read_text(text: str | None) -> str:
     """The argument, or stdin when the argument is '-' or missing and stdin is not a terminal."""
     if text is None or text == "-":
-        if sys.stdin is None or sys.stdin.isatty():
+        if sys.stdin is None:  # `<&-`
+            raise InputError("no text: stdin is closed; give the text as an argument")
+        if sys.stdin.isatty():
             raise InputError("no text: give it as an argument, or pipe it on stdin with '-'")
         text = _read_stdin()
         if text.endswith("\n"):

@@ -64,7 +64,7 @@ def _stories_of(path: Path) -> list[str]:
     from ..train.data import read_stories
 
     if not path.is_file():
-        raise InputError(f"{path} is not a file")
+        raise InputError(f"{path} " + ("is not a file" if path.exists() else "does not exist"))
     try:
         stories = read_stories([path])
     except UnicodeDecodeError as e:
@@ -107,7 +107,7 @@ def score(
     token, then a summary line.
 
     Example: tinygpt score "Lily wanted to play with her ball."
-    Example: tinygpt score --file part-005.txt --stream --json
+    Example: tinygpt score --file ../shared/data/tinystories/part-005.txt --stream --json
     """
     import numpy as np
 
@@ -325,7 +325,7 @@ def heads(
     the second copy is predicted than the first.
 
     Example: tinygpt heads
-    Example: tinygpt heads --file part-005.txt --stories 16 --json
+    Example: tinygpt heads --file ../shared/data/tinystories/part-005.txt --stories 16 --json
     """
     import numpy as np
     from rich.console import Group

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 # Bidirectional embeddings, overrides and isolates: invisible, yet they make a terminal show
 # the rest of the line in another order than it is (the "Trojan Source" trick). The marks
@@ -152,6 +154,32 @@ class ForgivingStream:
             self._stream.flush()  # what was buffered now goes to /dev/null, so exit is clean
         except (OSError, ValueError, AttributeError):
             pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+class WatchedStream:
+    """stdout, remembering whether a write to it failed (`> /dev/full`), so that the error
+    can say it was standard output that could not be written, not just "No space left"."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.failed = False
+
+    def write(self, s: str) -> int:
+        try:
+            return self._stream.write(s)
+        except OSError as e:
+            self.failed = e.errno != errno.EPIPE  # a reader gone is not a failure
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            self.failed = e.errno != errno.EPIPE
+            raise
 
     def __getattr__(self, name):
         return getattr(self._stream, name)

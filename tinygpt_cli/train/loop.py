@@ -342,7 +342,9 @@ def locked(out: Path):
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as e:
-        raise WriteError(f"cannot write {path}: {e.strerror or e}") from None
+        from ..files import cannot_write
+
+        raise cannot_write(path, e) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -429,7 +431,9 @@ def train(
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise WriteError(f"cannot write {out}: {e.strerror or e}") from None
+        from ..files import cannot_write
+
+        raise cannot_write(out, e) from None
     with locked(out):
         return _train(train_files, val_files, out, settings, resume=resume, force=force,
                       command=command, on_step=on_step, on_note=on_note)
