@@ -1021,3 +1021,33 @@ def test_help_examples_name_files_that_exist_from_the_readme_folder():
         pytest.skip("the project's data is not beside the repository")
     for name in named:
         assert (root / name).is_file(), name
+
+
+# ------------------------------------------------------------------ reproducible files
+
+
+def test_written_safetensors_are_the_same_bytes_every_time(ctx, tmp_path):
+    from safetensors import safe_open
+
+    from tinygpt_cli.weights import safetensors_bytes
+
+    rng = np.random.default_rng(0)
+    tensors = {"b": rng.normal(size=(3, 2)).astype(np.float32),
+               "a": rng.normal(size=4).astype(np.float16), "c": np.arange(5, dtype=np.int64)}
+    one = safetensors_bytes(tensors, {"step": "10", "lr": "0.1", "format": "pt"})
+    two = safetensors_bytes(dict(reversed(tensors.items())),
+                            {"format": "pt", "lr": "0.1", "step": "10"})
+    assert one == two
+    (tmp_path / "t.safetensors").write_bytes(one)  # and the library reads it back exactly
+    with safe_open(str(tmp_path / "t.safetensors"), framework="numpy") as f:
+        assert f.metadata() == {"step": "10", "lr": "0.1", "format": "pt"}
+        for name, a in tensors.items():
+            got = f.get_tensor(name)
+            assert got.dtype == a.dtype and np.array_equal(got, a)
+    outs = []
+    for name in ("m1.safetensors", "m2.safetensors"):
+        r = run(ctx, "means", "--data", "{data}", "--out", tmp_path / name, "--weights",
+                "{tiny}")
+        assert r.code == 0, r.err
+        outs.append((tmp_path / name).read_bytes())
+    assert outs[0] == outs[1]

@@ -351,10 +351,32 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
 def save_params(params: dict[str, np.ndarray], path: str | Path) -> None:
     """Float32, Hugging Face GPT-2 names, tied head omitted."""
     import numpy as np
-    from safetensors.numpy import save
 
     tensors = {PREFIX + n: np.ascontiguousarray(a, dtype=np.float32) for n, a in params.items()}
-    write_atomically(Path(path), save(tensors, metadata={"format": "pt"}))
+    write_atomically(Path(path), safetensors_bytes(tensors, {"format": "pt"}))
+
+
+def safetensors_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+                      ) -> bytes:
+    """A safetensors file, the same bytes for the same tensors and metadata every time: the
+    safetensors library writes its metadata in a random order (a Rust HashMap), so two runs
+    of `means` gave files that differed. Names and metadata keys sorted; the header padded
+    with spaces to a multiple of 8 bytes, as the library does."""
+    import numpy as np
+
+    codes = {np.dtype(v): k for k, v in _SAFETENSORS_DTYPES.items()}
+    header: dict = {"__metadata__": dict(sorted(metadata.items()))} if metadata else {}
+    chunks, at = [], 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": codes[a.dtype.newbyteorder("<")], "shape": list(a.shape),
+                        "data_offsets": [at, at + len(data)]}
+        chunks.append(data)
+        at += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + b"".join(chunks)
 
 
 @dataclass

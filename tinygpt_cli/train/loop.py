@@ -150,16 +150,14 @@ def snapshot_name(step: int) -> str:
 
 def save_snapshot(out: Path, params, step: int, lr: float) -> None:
     """Float16 weights for `tinygpt history`, with the step and learning rate (for TracIn)."""
-    from safetensors.numpy import save
-
-    from ..weights import PREFIX
+    from ..weights import PREFIX, safetensors_bytes
 
     tensors = {PREFIX + n: np.ascontiguousarray(a, dtype=np.float16) for n, a in params.items()}
     meta = {"format": "pt", "step": str(step), "lr": repr(float(lr))}
     if (out / HISTORY).is_symlink():  # a planted link would aim the snapshots anywhere
         raise WriteError(f"cannot write {out / HISTORY}: it is a symbolic link, which tinygpt "
                          "never writes through")
-    write_atomically(out / HISTORY / snapshot_name(step), save(tensors, metadata=meta))
+    write_atomically(out / HISTORY / snapshot_name(step), safetensors_bytes(tensors, meta))
 
 
 def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int) -> Tokenizer:
