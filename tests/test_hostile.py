@@ -1051,3 +1051,19 @@ def test_written_safetensors_are_the_same_bytes_every_time(ctx, tmp_path):
         assert r.code == 0, r.err
         outs.append((tmp_path / name).read_bytes())
     assert outs[0] == outs[1]
+
+
+# ------------------------------------------------------------------ stdin only for '-'
+
+
+def test_heads_reads_stdin_only_for_a_dash(ctx):
+    """`while read line; do tinygpt heads; done < list` must not eat the loop's input."""
+    piped = io.StringIO("Lily wanted to play with her\nTom ran\n")
+    r = _run_main(["heads", "--json", "--weights", ctx.tiny], stdin=piped)
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["source"] != "stdin" and piped.tell() == 0
+    r = _run_main(["heads", "-", "--json", "--weights", ctx.tiny],
+                  stdin=io.StringIO("Lily wanted to play\n"))
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert doc["source"] == "stdin" and len(doc["text_ids"]) == 1

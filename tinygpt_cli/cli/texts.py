@@ -280,11 +280,9 @@ def _texts_for_heads(model, text: str | None, file: Path | None, stories: int
         raise InputError("give a text or --file, not both")
     if file is not None:
         texts, source = _stories_of(file)[:stories], str(file)
-    elif text is not None:
-        texts, source = [read_text(text)], "the text"
-    elif sys.stdin is not None and not sys.stdin.isatty() and (piped := sys.stdin.read()).strip():
-        texts, source = [piped.removesuffix("\n")], "stdin"
-    else:  # nothing given (an empty pipe counts as nothing): the defaults
+    elif text is not None:  # stdin only for '-': a `while read` loop's input is not ours
+        texts, source = [read_text(text)], "stdin" if text == "-" else "the text"
+    else:  # nothing given: the defaults
         data = find_data()
         val = data / "part-005.txt" if data else None
         if val is not None and val.is_file():
