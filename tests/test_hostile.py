@@ -1067,3 +1067,28 @@ def test_heads_reads_stdin_only_for_a_dash(ctx):
     assert r.code == 0, r.err
     doc = json.loads(r.out)
     assert doc["source"] == "stdin" and len(doc["text_ids"]) == 1
+
+
+# ------------------------------------------------------------------ big inputs stay bounded
+
+
+@pytest.mark.parametrize("argv", [["encode"], ["probs"], ["score"], ["trace", "logits[-1]"]],
+                         ids=lambda a: a[0])
+def test_each_line_opens_the_weights_folder_once(ctx, monkeypatch, argv):
+    import tinygpt_cli.weights as weights
+
+    opened, loaded = [], []
+    real_open, real_load = weights._open_folder, weights._load_model
+    monkeypatch.setattr(weights, "_open_folder", lambda f: opened.append(f) or real_open(f))
+    monkeypatch.setattr(weights, "_load_model", lambda f: loaded.append(f) or real_load(f))
+    lines = io.StringIO("Lily wanted\nTom ran to the\nthe cat sat on a mat\n")
+    r = _run_main([argv[0], "--each-line", "-", *argv[1:], "--json", "--weights", ctx.tiny],
+                  stdin=lines)
+    assert r.code == 0, r.err
+    records = [json.loads(x) for x in r.out.splitlines()]
+    assert [d["line"] for d in records] == [1, 2, 3]
+    assert len(opened) == 1 and len(loaded) == (argv[0] != "encode")
+    one = _run_main([argv[0], "Tom ran to the", *argv[1:], "--json", "--weights", ctx.tiny])
+    docs = [json.loads(x) for x in one.out.splitlines()]  # the same as a run of its own
+    assert records[1]["result"] == (docs[0] if len(docs) == 1 else docs)
+    assert len(opened) == 2  # and outside --each-line, each run opens the folder itself

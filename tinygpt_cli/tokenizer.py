@@ -80,9 +80,16 @@ class Tokenizer:
             raise ValueError(f"tokenizer has no {END_OF_TEXT} token")
         return i
 
-    @property
+    @cached_property
     def special_tokens(self) -> dict[str, int]:
+        # cached: token_bytes asks for it once per token, and a tokenizer never changes
         return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
+
+    @cached_property
+    def token_strs(self) -> list[str]:
+        """token_str of every id, made once: views that label the whole vocabulary (score,
+        and every line of --each-line after the first) take it from here."""
+        return [self.token_str(i) for i in range(self.vocab_size)]
 
     def ids_are_0_to(self, last: int) -> bool:
         """Whether the token ids are exactly 0, 1, ..., last (about 1 ms for 4,096)."""

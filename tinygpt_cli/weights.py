@@ -419,9 +419,39 @@ class Folder:
     header: dict[str, TensorInfo]  # model.safetensors' header, checked against the config
 
 
+_opened: dict | None = None  # folder -> Folder or Model, while opened_once() is active
+
+
+@contextlib.contextmanager
+def opened_once():
+    """Within this block each weights folder is opened and loaded once: `--each-line` runs a
+    command per line, and reopening the folder (tokenizer, header, weights) took most of
+    each line's time."""
+    global _opened
+    outer = _opened
+    _opened = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _opened = outer
+
+
+def _once(kind: str, folder, make):
+    if _opened is None:
+        return make(folder)
+    key = (kind, resolve_folder(folder)[0])
+    if key not in _opened:
+        _opened[key] = make(folder)
+    return _opened[key]
+
+
 def open_folder(folder: str | Path | None = None) -> Folder:
     """A missing folder the user named is bad input (InputError, exit 2); a folder that
     exists but cannot be used, or a missing shipped model, is a WeightsError (exit 1)."""
+    return _once("folder", folder, _open_folder)
+
+
+def _open_folder(folder: str | Path | None) -> Folder:
     root, named = resolve_folder(folder)
     if not root.is_dir():
         if named and not root.exists() and not root.is_symlink():
@@ -460,6 +490,10 @@ def _not_a_file(path: Path) -> str:
 
 def load_model(folder: str | Path | None = None) -> Model:
     """open_folder, then the weights its header check let through."""
+    return _once("model", folder, _load_model)
+
+
+def _load_model(folder: str | Path | None) -> Model:
     f = open_folder(folder)
     return Model(f.folder, f.config, map_params(f.folder / "model.safetensors", f.config,
                                                 f.header), f.tokenizer)

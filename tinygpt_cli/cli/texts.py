@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -122,8 +123,8 @@ def score(
     lengths = [len(s) for s in sequences]
     n_windows = sc.count_windows(lengths, cfg.n_positions, stride, full_only=stream)
     nbytes = sc.byte_lengths(tok)
-    token_str = [tok.token_str(i) for i in range(tok.vocab_size)]
-    token_json = [jsonout.json.dumps(t, ensure_ascii=False) for t in token_str]
+    token_str = tok.token_strs
+    token_json = _token_json(tok)
     total = sc.Totals(0, 0, 0.0)
     kept: list[tuple] = []  # (nats, sequence, target position, rank, entropy) of the top
     per_seq: list[sc.TokenScores] = []
@@ -293,6 +294,13 @@ def _texts_for_heads(model, text: str | None, file: Path | None, stories: int
     if any(len(t) < 2 for t in ids):
         raise InputError("each text needs at least one token")
     return ids, source
+
+
+@functools.lru_cache(maxsize=2)  # one tokenizer per run, even with --each-line
+def _token_json(tok) -> list[str]:
+    from ..render import jsonout
+
+    return [jsonout.json.dumps(t, ensure_ascii=False) for t in tok.token_strs]
 
 
 @app.command()
