@@ -548,6 +548,8 @@ CASES = [
      ["the folder", "/f is a file"]),
     ("train-lock-planted-link", planted_lock, [*TRAIN, *DATA, "--out", "{run}", "--resume"], 1,
      ["cannot write", ".train.lock", "symbolic link, which tinygpt never writes through"]),
+    ("embed-5-mb", stdin_bytes(b"Lily wanted to play. " * 250_000), ["embed", "-", *W], 2,
+     ["the text is 5,250,000 characters long", "at most 128 tokens"]),
     # -------------------------------------------------- the analysis commands: exit 2
     ("lens-target-not-a-token", nothing, ["lens", TEXT, "--target", "nosuchtokenxyz", *W], 2,
      ["'nosuchtokenxyz' is not a single token", "it is"]),
@@ -1092,3 +1094,29 @@ def test_each_line_opens_the_weights_folder_once(ctx, monkeypatch, argv):
     docs = [json.loads(x) for x in one.out.splitlines()]  # the same as a run of its own
     assert records[1]["result"] == (docs[0] if len(docs) == 1 else docs)
     assert len(opened) == 2  # and outside --each-line, each run opens the folder itself
+
+
+def test_a_long_text_is_encoded_in_pieces_to_the_same_ids(tiny):
+    """Cut where the pre-tokenizer always starts a piece, a long text gives exactly the ids of
+    one call to the library (which holds ~600 bytes of bookkeeping per token)."""
+    tok = tiny.model.tokenizer
+    rng = random.Random(5)
+    words = ["Lily", "wanted", "to", "play", "42", "!", "'s", "don't", "caf\u00e9", "\u00a0",
+             "\u3000", "<|endoftext|>", "\t", "\r\n", "\n", "\n\n", " ", "  ", "-", "\U0001f600"]
+    text = "".join(rng.choice(words) + rng.choice(["", " ", "  ", "\n", " \n "])
+                   for _ in range(60_000))
+    assert len(text) > 3 * (1 << 16)  # several pieces
+    assert tok.encode(text) == tok._tok.encode(text, add_special_tokens=False).ids
+
+
+def test_encode_shows_the_ends_of_a_long_text_and_json_every_token(ctx):
+    text = "Once upon a time, Lily wanted to play.\n" * 2000
+    stdin = io.TextIOWrapper(io.BytesIO(text.encode()), encoding="utf-8")
+    r = _run_main(["encode", "-", "--weights", ctx.tiny], stdin=stdin)
+    assert r.code == 0, r.err
+    rows = [ln for ln in r.out.splitlines() if re.match(r"\s*\d+\s+\d+\s", ln)]
+    text = text.removesuffix("\n")  # stdin's last newline is not part of the text
+    n = len(json.loads(_run_main(["encode", text, "--json", "--weights", ctx.tiny]).out)["ids"])
+    assert len(rows) == 200 and rows[0].split()[0] == "0" and rows[-1].split()[0] == str(n - 1)
+    assert f"{n - 200:,} tokens not shown" in r.out and f"T = {n} tokens" in r.out
+    assert rows[-1].split()[-1] == f"{len(text.encode()) - 1}\u2013{len(text.encode())}"

@@ -44,8 +44,13 @@ def check_index(value: int, count: int, what: str) -> int:
 
 def encode_checked(model: Model, text: str) -> list[int]:
     """The text's ids, within the model's context; the errors say how long it was."""
-    ids = model.tokenizer.encode(check_text(text))
     limit = model.config.n_positions
+    most = limit * model.tokenizer.longest_token_bytes
+    if len(text) > most:  # surely too long (a character is a byte or more): say so at once
+        raise InputError(f"the text is {len(text):,} characters long; this model reads at "
+                         f"most {limit} tokens ({limit} tokens never hold more than "
+                         f"{most:,} characters)")
+    ids = model.tokenizer.encode(check_text(text))
     if not ids:
         raise InputError("the text is empty: give at least one character")
     if len(ids) > limit:

@@ -44,16 +44,20 @@ def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
     model = open_folder(weights)
     text = read_text(text)
     ids = model.tokenizer.encode(text)
-    tokens = [model.tokenizer.token_str(i) for i in ids]
-    offsets = model.tokenizer.byte_offsets(ids)
     if as_json:
         import numpy as np
 
         from ..render import jsonout
 
+        tokens = [model.tokenizer.token_str(i) for i in ids]
         jsonout.emit(jsonout.document("ids", np.asarray(ids, dtype=np.int64), ids, tokens,
-                                      offsets=offsets, vocab_size=model.config.vocab_size))
+                                      offsets=model.tokenizer.byte_offsets(ids),
+                                      vocab_size=model.config.vocab_size))
         return
+    # a person reads the first and last rows of a long text; --json has every token
+    rows = kept_rows(len(ids), ENCODE_ROWS)
+    starts = model.tokenizer.byte_starts(ids)
+    tokens = {i: model.tokenizer.token_str(ids[i]) for i in rows if i is not None}
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -64,13 +68,29 @@ def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
     t = Table(box=None, header_style="bold dim", pad_edge=False)
     for name, just in (("#", "right"), ("id", "right"), ("token", "left"), ("bytes", "right")):
         t.add_column(name, justify=just, no_wrap=True)
-    for i, (token_id, tok, (a, b)) in enumerate(zip(ids, tokens, offsets, strict=True)):
-        t.add_row(str(i), str(token_id), Text(show_token(tok), style="bold"), f"{a}–{b}")
+    for i in rows:
+        if i is None:
+            t.add_row("…", "", Text(f"{len(ids) - len(tokens):,} tokens not shown (--json "
+                                    "lists every one)", style="dim"), "")
+            continue
+        t.add_row(str(i), str(ids[i]), Text(show_token(tokens[i]), style="bold"),
+                  f"{starts[i]}–{starts[i + 1]}")
     limit = model.config.n_positions
     note = f"T = {len(ids)} tokens, each an id from 0 to {model.config.vocab_size - 1:,}"
     if len(ids) > limit:
         note += f"; more than the {limit} the model reads at once"
     stdout().print(Group(ids_header(ids), t, Text(note, style="dim")))
+
+
+ENCODE_ROWS = 200  # rows of the encode table: the first and last hundred of a longer text
+
+
+def kept_rows(n: int, most: int) -> list[int | None]:
+    """0..n-1, or the first and last most/2 of them with None for the gap between."""
+    if n <= most:
+        return list(range(n))
+    half = most // 2
+    return [*range(half), None, *range(n - half, n)]
 
 
 def _parse_ids(args: list[str]) -> list[int]:
