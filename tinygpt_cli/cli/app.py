@@ -331,11 +331,20 @@ def _too_many_digits(e: Exception) -> bool:
     return type(e) is ValueError and "integer string conversion" in str(e)
 
 
-def _hint(e) -> str:
+def _could_be_text(args: list[str]) -> bool:
+    """A word that click read as options but looks like a text: `-hello`, `-5 degrees`
+    (a mistyped single letter such as `-x` is only an unknown option)."""
+    words = args[: args.index("--")] if "--" in args else args
+    return any(w.startswith("-") and not w.startswith("--") and (len(w) > 2 or " " in w)
+               for w in words)
+
+
+def _hint(e, args: list[str] = ()) -> str:
     see = f"see 'tinygpt {e.ctx.info_name} --help'" if e.ctx and e.ctx.parent else \
         "see 'tinygpt --help'"
     name = getattr(e, "option_name", "") or ""
-    if isinstance(e, click_errors.NoSuchOption) and not re.fullmatch(r"--[A-Za-z][\w-]*", name):
+    if isinstance(e, click_errors.NoSuchOption) and not re.fullmatch(r"--[A-Za-z][\w-]*", name) \
+            and _could_be_text(list(args)):
         # `tinygpt encode -hello` reads as options; the text itself goes after `--`.
         # (`--layr` is a misspelt option: click's "Possible options" is the help it needs.)
         command = e.ctx.info_name if e.ctx and e.ctx.parent else "COMMAND"
@@ -384,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     except click_errors.UsageError as e:
         if debug:
             raise
-        code = _error(e.format_message() + _hint(e), 2)
+        code = _error(e.format_message() + _hint(e, args), 2)
     except InputError as e:
         if debug:
             raise

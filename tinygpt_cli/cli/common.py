@@ -68,8 +68,8 @@ FULL = typer.Option(False, "--full", help="Show every column instead of the firs
 LAYER = typer.Option(0, "--layer", "-l", help="Block index; negative counts from the end.")
 HEAD = typer.Option(0, "--head", "-H", help="Head index; negative counts from the end.")
 POSITION = typer.Option(-1, "--position", "-p", help="Token position; -1 is the last.")
-# Short flags mean one thing everywhere: -n is always "how many" (rows, neurons, new tokens),
-# -k is always --top-k of sampling.
+# Short flags mean one thing everywhere (cli/options.py holds the table): -n is always "how
+# many" (rows, neurons, new tokens), -k is always --top-k of sampling.
 TOP = typer.Option(10, "--top", "-n", min=1, help="How many to list (capped at how many "
                    "there are).")
 ABLATE = typer.Option(None, "--ablate", help="Zero this value first and show the changed run "

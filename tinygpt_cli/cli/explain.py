@@ -225,7 +225,7 @@ def ablate(
     text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, position: int = POSITION,
     layer: int = typer.Option(None, "--layer", "-l", help="The block of the component.",
                               show_default=False),
-    head: int = typer.Option(None, "--head", help="Take out this head's output.",
+    head: int = typer.Option(None, "--head", "-H", help="Take out this head's output.",
                              show_default=False),
     mlp: bool = typer.Option(False, "--mlp", help="Take out the block's MLP output."),
     every: bool = typer.Option(False, "--all", help="Take out each head and each MLP in turn "
@@ -237,7 +237,7 @@ def ablate(
     data: Path = typer.Option(None, "--data", help="Mean: average over the validation file of "
                               "this folder (cached) instead of the stored means.",
                               show_default=False),
-    top: int = typer.Option(5, "--top", "-k", min=1, help="How many top tokens to show."),
+    top: int = typer.Option(5, "--top", "-n", min=1, help="How many top tokens to show."),
     as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Ablation: take out a head or an MLP; the change in log p(target) and the KL divergence.

@@ -94,7 +94,7 @@ def score(
                                 "in non-overlapping windows, as the model card counts."),
     bos: bool = typer.Option(True, "--bos/--no-bos", help="Put <|endoftext|> before each text "
                              "so its first token is scored too, as after a story separator."),
-    top: int = typer.Option(10, "--top", "-k", min=0, help="How many surprising tokens to list."),
+    top: int = typer.Option(10, "--top", "-n", min=0, help="How many surprising tokens to list."),
     show: bool = typer.Option(None, "--show-text/--no-show-text", help="Print the coloured "
                               "text (default: when it is under 3,000 tokens).",
                               show_default=False),
@@ -435,12 +435,12 @@ def _valid_neuron_entry(e: dict, cfg) -> bool:
 @app.command()
 def neurons(
     text: str = TEXT, weights: Path = WEIGHTS, layer: int = LAYER,
-    neuron: int = typer.Option(None, "--neuron", "-n", help="One neuron: list the windows of "
+    neuron: int = typer.Option(None, "--neuron", help="One neuron: list the windows of "
                                "--data where it fires most.", show_default=False),
     data: Path = typer.Option(None, "--data", help="Stories to search for --neuron: a file or "
                               "a folder of part-*.txt (default: the training parts of the "
                               "project's data, when it is there).", show_default=False),
-    top: int = typer.Option(8, "--top", "-k", min=1, help="How many neurons or windows."),
+    top: int = typer.Option(8, "--top", "-n", min=1, help="How many neurons or windows."),
     raw: bool = typer.Option(False, "--raw", help="Read W_out through W_E^T alone, without "
                              "the final norm's weight."),
     as_json: bool = JSON,

@@ -94,7 +94,7 @@ def train_cmd(
     warmup: int = typer.Option(200, "--warmup", min=0),
     weight_decay: float = typer.Option(0.1, "--weight-decay"),
     dropout: float = typer.Option(0.1, "--dropout", min=0.0, max=0.9),
-    seed: int = typer.Option(0, "--seed", min=0),
+    seed: int = typer.Option(0, "--seed", "-s", min=0),
     ema: float = typer.Option(0.0, "--ema", min=0.0, max=0.99999,
                               help="Validate and export a moving average of the weights "
                                    "with this decay (0.999 spans about 1,000 steps); 0 = off."),

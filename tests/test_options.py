@@ -1,0 +1,52 @@
+"""One vocabulary of short options: every command against the table of cli/options.py."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from cli_helpers import TEXT
+
+from tinygpt_cli.cli.app import _register, app
+from tinygpt_cli.cli.options import LETTER, SHORT
+
+
+def commands():
+    _register()
+    return typer.main.get_command(app).commands
+
+
+def test_every_short_option_is_in_the_table_and_every_long_one_has_its_letter():
+    seen = set()
+    for name, command in commands().items():
+        for p in command.params:
+            opts = [*getattr(p, "opts", []), *getattr(p, "secondary_opts", [])]
+            longs = [o for o in opts if o.startswith("--")]
+            for short in (o for o in opts if o.startswith("-") and not o.startswith("--")):
+                assert short in SHORT, (name, short, longs)
+                assert set(longs) & set(SHORT[short]), (name, short, longs)
+                seen.add(short)
+            for long in longs:
+                if long in LETTER:
+                    assert LETTER[long] in opts, (name, long, "lacks", LETTER[long])
+    assert seen >= {"-l", "-H", "-p", "-n", "-k", "-P", "-t", "-s", "-f", "-q"}
+
+
+@pytest.mark.parametrize("argv, long", [
+    (["ablate", TEXT, "-l", "1", "-H", "0", "-n", "3"], ["ablate", TEXT, "--layer", "1",
+                                                         "--head", "0", "--top", "3"]),
+    (["score", TEXT, "-n", "2"], ["score", TEXT, "--top", "2"]),
+    (["dla", TEXT, "-n", "4", "-p", "2"], ["dla", TEXT, "--top", "4", "--position", "2"]),
+    (["neurons", TEXT, "-l", "1", "-n", "2"], ["neurons", TEXT, "--layer", "1", "--top", "2"]),
+])
+def test_the_letters_mean_their_long_options(cli, argv, long):
+    a, b = cli(*argv, "--json"), cli(*long, "--json")
+    assert a.code == 0, a.err
+    assert a.out == b.out
+
+
+def test_the_hint_about_a_text_starting_with_a_dash_only_where_it_could_be_one(cli):
+    r = cli("encode", "-hello")
+    assert r.code == 2 and "a text that starts with '-' goes after '--'" in r.err
+    r = cli("ablate", TEXT, "-x", "1")
+    assert r.code == 2
+    assert r.err == "error: No such option: -x (see 'tinygpt ablate --help')\n"
