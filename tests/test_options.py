@@ -50,3 +50,35 @@ def test_the_hint_about_a_text_starting_with_a_dash_only_where_it_could_be_one(c
     r = cli("ablate", TEXT, "-x", "1")
     assert r.code == 2
     assert r.err == "error: No such option: -x (see 'tinygpt ablate --help')\n"
+
+
+# ------------------------------------------------------------------ one name for a head
+
+
+def test_a_heads_short_name_is_a_path_trace_and_ablate_accept(cli):
+    short, long = cli("trace", TEXT, "L1H0", "--json"), cli("trace", TEXT,
+                                                            "layers.1.heads.0.out", "--json")
+    assert short.code == 0 and short.json() == long.json()
+    assert short.json()["path"] == "layers.1.heads.0.out"
+    assert cli("trace", TEXT, "L1H0[-1]", "--json").json()["data"] == long.json()["data"][-1]
+    a = cli("logits", TEXT, "--ablate", "L1H0", "--json").json()
+    b = cli("logits", TEXT, "--ablate", "layers.1.heads.0.out", "--json").json()
+    assert a == b and a["ablated"] == ["layers.1.heads.0.out"]
+
+
+def test_every_view_names_a_head_the_same_way(cli):
+    out = cli("heads", TEXT).out
+    names = [ln.split()[0] for ln in out.splitlines() if ln.strip()[:1] == "L"]
+    assert names == ["L0H0", "L0H1", "L1H0", "L1H1"]
+    assert "best: " in out and all(f" {n} (" in out or n not in out.split("best:")[1]
+                                   for n in names)
+    dla = cli("dla", TEXT).out
+    assert "L1H0" in dla
+
+
+def test_help_shows_no_python_types_and_counts_say_token_or_tokens(cli):
+    for name in commands():
+        r = cli(name, "--help")
+        assert r.code == 0 and "<list[" not in r.out and "list[" not in r.out, name
+    assert "T = 1 token," in cli("encode", "Lily").out
+    assert "T = 6 tokens," in cli("encode", TEXT).out

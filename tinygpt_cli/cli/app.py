@@ -206,6 +206,24 @@ def _quick_coercion() -> None:
     _TyperParameter._tinygpt_quick = True
 
 
+def _plain_type_names() -> None:
+    """--help shows a repeatable option's type as Python spells it (`<list[str]>`); a
+    user reads `<str>...` (one or more). Uses typer internals, like _quick_coercion."""
+    try:
+        from typer.core import _TyperParameter
+    except ImportError:
+        return
+    shown = getattr(_TyperParameter, "display_type", None)
+    if shown is None or getattr(shown, "_tinygpt", False):
+        return
+
+    def display_type(self, ctx):
+        return re.sub(r"<list\[(\w+)\]>", r"<\1>...", shown(self, ctx))
+
+    display_type._tinygpt = True
+    _TyperParameter.display_type = display_type
+
+
 def _error(message: str, code: int) -> int:
     message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
     try:
@@ -367,6 +385,7 @@ def main(argv: list[str] | None = None) -> None:
         name = _chosen(args)
         _register(name)
         _quick_coercion()
+        _plain_type_names()
         command = _click_command(name)
         if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
             # From here a Ctrl-C is a KeyboardInterrupt again, so that `finally` blocks run.

@@ -72,9 +72,9 @@ POSITION = typer.Option(-1, "--position", "-p", help="Token position; -1 is the 
 # many" (rows, neurons, new tokens), -k is always --top-k of sampling.
 TOP = typer.Option(10, "--top", "-n", min=1, help="How many to list (capped at how many "
                    "there are).")
-ABLATE = typer.Option(None, "--ablate", help="Zero this value first and show the changed run "
-                      "(repeatable): a head's output layers.1.heads.2.out, layers.0.mlp_out, "
-                      "layers.0.attn_out.", show_default=False)
+ABLATE = typer.Option(None, "--ablate", metavar="PATH", help="Zero this value first and show "
+                      "the changed run (repeatable): a head's output layers.1.heads.2.out "
+                      "(or L1H2), layers.0.mlp_out, layers.0.attn_out.", show_default=False)
 # probs, sample and generate share these defaults: the model's own chances, untrimmed.
 TEMPERATURE = typer.Option(1.0, "--temperature", "-t", min=0.0,
                            help="Divide the scores by this before softmax; 0 is greedy "

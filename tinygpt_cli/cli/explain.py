@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from ..errors import WeightsError
-from ..render.text import escape_line
+from ..render.text import count, escape_line
 from .app import app
 from .common import (
     FORCE,
@@ -330,7 +330,7 @@ def replacements(s: Session, components: list[str], mode: str, source: str | Non
     if mode == "resample":
         other = Session.open(source, model=s.model)
         if other.T < s.T:
-            raise InputError(f"the --from text is {other.T} tokens long and the text "
+            raise InputError(f"the --from text is {count(other.T, 'token')} long and the text "
                              f"{s.T}: resampling needs a value at every position, so give a "
                              "--from text at least as long")
         values = ablation.source_values(s.params, s.config, other.ids)
@@ -408,7 +408,7 @@ def patch(
     s = open_session(weights, clean)
     c = open_session(None, corrupt, model=s.model)
     if c.T != s.T:
-        raise InputError(f"the clean text is {s.T} tokens and the corrupt text {c.T}: "
+        raise InputError(f"the clean text is {count(s.T, 'token')} and the corrupt text {c.T}: "
                          "patching copies values position by position, so they must have the "
                          "same number of tokens")
     p = s.position(position)
@@ -492,7 +492,8 @@ def attribute(
         if baseline is not None:
             b = Session.open(baseline, model=s.model)
             if b.T != s.T:
-                raise InputError(f"the --baseline text is {b.T} tokens and the text {s.T}: "
+                raise InputError(f"the --baseline text is {count(b.T, 'token')} and the text "
+                                 f"{s.T}: "
                                  "integrated gradients need the same number of tokens")
             base = s.params["wte.weight"][np.asarray(b.ids)]
         r = attribution.integrated_gradients(*args, steps=steps, baseline=base)

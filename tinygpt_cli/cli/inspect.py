@@ -63,7 +63,7 @@ def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
     from rich.text import Text
 
     from ..render.tables import ids_header
-    from ..render.text import show_token
+    from ..render.text import count, show_token
 
     t = Table(box=None, header_style="bold dim", pad_edge=False)
     for name, just in (("#", "right"), ("id", "right"), ("token", "left"), ("bytes", "right")):
@@ -76,7 +76,7 @@ def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
         t.add_row(str(i), str(ids[i]), Text(show_token(tokens[i]), style="bold"),
                   f"{starts[i]}–{starts[i + 1]}")
     limit = model.config.n_positions
-    note = f"T = {len(ids)} tokens, each an id from 0 to {model.config.vocab_size - 1:,}"
+    note = f"T = {count(len(ids), 'token')}, each an id from 0 to {model.config.vocab_size - 1:,}"
     if len(ids) > limit:
         note += f"; more than the {limit} the model reads at once"
     stdout().print(Group(ids_header(ids), t, Text(note, style="dim")))
@@ -107,7 +107,8 @@ def _parse_ids(args: list[str]) -> list[int]:
 
 @app.command()
 def decode(
-    ids: list[str] = typer.Argument(None, help="Token ids (spaces or commas); '-' or nothing "
+    ids: list[str] = typer.Argument(None, metavar="IDS", help="Token ids (spaces or commas); "
+                                    "'-' or nothing "
                                     "reads them from stdin.", show_default=False),
     weights: Path = WEIGHTS, as_json: bool = JSON,
 ):
@@ -164,7 +165,7 @@ def generate(
     from ..generate import generate as generate_tokens
     from ..hooks import ablation
     from ..render import jsonout
-    from ..render.text import show_text
+    from ..render.text import count, show_text
     from ..sampling import check_temperature, create_rng
 
     check_top_p(top_p)
@@ -223,7 +224,7 @@ def generate(
     out.file.write(show_text(rest) + "\n")
     out.file.flush()
     why = "<|endoftext|>" if stopped else f"--max-new-tokens {max_new_tokens}"
-    stderr().print(f"({len(new)} new tokens; stopped at {why})", style="dim")
+    stderr().print(f"({count(len(new), 'new token')}; stopped at {why})", style="dim")
 
 
 @app.command("trace")

@@ -210,7 +210,7 @@ def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLAT
     from rich.text import Text
 
     from ..render import jsonout, pictures
-    from ..render.text import show_token
+    from ..render.text import count, show_token
 
     r = run(weights, text, ablate)
     cfg = r.model.config
@@ -228,7 +228,8 @@ def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLAT
     def box(stage: str, op: str) -> Text:
         return Text.assemble(("  ▣ ", "dim"), (f"{stage:<19}", "bold"), (op, ""))
 
-    head = [Text.assemble(("  ", ""), (repr(r.text), "bold green")), _arrow(f"{r.T} tokens")]
+    head = [Text.assemble(("  ", ""), (repr(r.text), "bold green")),
+            _arrow(count(r.T, "token"))]
     for s, o, sh in stages[:3]:
         head += [box(s, o), _arrow(sh)]
     inner: list[Text] = []

@@ -367,7 +367,7 @@ def heads(
             exclude_bos=exclude_first, exclude_current=exclude_current, repeat=repeat))
         return
     best = {k: np.unravel_index(np.argmax(v), v.shape) for k, v in table.items()}
-    notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} {b[0]}.{b[1]} ({table[k][b]:.2f})"
+    notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} L{b[0]}H{b[1]} ({table[k][b]:.2f})"
                                       for k, b in best.items()), style="dim")
     stdout().print(Group(
         Text(f"heads  {cfg.n_layer} layers × {cfg.n_head} heads  on {len(ids)} text(s) from "

@@ -52,7 +52,8 @@ def check_vocab_size(vocab_size: int) -> None:
 
 @app.command("train-tokenizer")
 def train_tokenizer_cmd(
-    data: list[Path] = typer.Option(..., "--data", help="Folder of part-*.txt files, or files."),
+    data: list[Path] = typer.Option(..., "--data", metavar="PATH",
+                                    help="Folder of part-*.txt files, or files."),
     out: Path = typer.Option(Path("weights/tokenizer.json"), "--out", help="Where to write it."),
     vocab_size: int = typer.Option(4096, "--vocab-size", help=VOCAB_HELP),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists (by default "
@@ -82,7 +83,8 @@ def train_tokenizer_cmd(
 @app.command("train")
 def train_cmd(
     data: list[Path] = typer.Option(
-        ..., "--data", help="Folder of part-*.txt (the last part is held out), or files."
+        ..., "--data", metavar="PATH",
+        help="Folder of part-*.txt (the last part is held out), or files."
     ),
     out: Path = typer.Option(..., "--out", help="Folder for checkpoints, the log and the "
                              "weights; one training at a time (a second one exits 2)."),
@@ -194,7 +196,8 @@ def train_cmd(
 @app.command("model-card")
 def model_card_cmd(
     run: Path = typer.Argument(..., help="A weights folder written by `tinygpt train`."),
-    data: list[Path] = typer.Option(..., "--data", help="The data it was trained on."),
+    data: list[Path] = typer.Option(..., "--data", metavar="PATH",
+                                    help="The data it was trained on."),
 ) -> None:
     """Write MODEL_CARD.md and loss_curve.svg for a trained weights folder.
 

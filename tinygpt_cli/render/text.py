@@ -17,6 +17,11 @@ def _escaped(ch: str) -> str:
     return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
 
 
+def count(n: int, noun: str) -> str:
+    """'1 token', '6 tokens', '4,096 tokens'."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def show_token(token: str) -> str:
     """' wanted' -> '␣wanted'; control characters (ESC included) become \\xNN escapes."""
     out = []

@@ -82,7 +82,7 @@ def layer_head_table(scores: dict[str, np.ndarray], labels: dict[str, str]) -> T
         t.add_column(labels.get(name, name), justify="right", no_wrap=True)
     for layer in range(n_layer):
         for h in range(n_head):
-            cells = [f"{layer}.{h}"]
+            cells = [f"L{layer}H{h}"]  # the head's one short name (schema.head_name)
             for arr in scores.values():
                 x = float(arr[layer, h])
                 level = min(max(x, 0.0), 1.0)
