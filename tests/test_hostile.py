@@ -1120,3 +1120,27 @@ def test_encode_shows_the_ends_of_a_long_text_and_json_every_token(ctx):
     assert len(rows) == 200 and rows[0].split()[0] == "0" and rows[-1].split()[0] == str(n - 1)
     assert f"{n - 200:,} tokens not shown" in r.out and f"T = {n} tokens" in r.out
     assert rows[-1].split()[-1] == f"{len(text.encode()) - 1}\u2013{len(text.encode())}"
+
+
+# ------------------------------------------------------------------ defaults that make sense
+
+
+def test_patch_chooses_vs_when_both_runs_guess_the_same_token(cli, tiny):
+    """The tiny model's top guess after both texts is the same token: --vs defaults to the
+    corrupt run's next best (printed), instead of an error about options not given."""
+    corrupt = "Lily wanted to read with her"
+    tok = tiny.model.tokenizer
+    clean_row = tiny.trace(tok.encode(TEXT)).get("logits")[-1]
+    corrupt_row = tiny.trace(tok.encode(corrupt)).get("logits")[-1]
+    t = int(np.argmax(clean_row))
+    first, second = np.argsort(-corrupt_row, kind="stable")[:2]
+    assert first == t  # the case this test is about
+    r = cli("patch", TEXT, corrupt, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["target"]["id"] == t and doc["vs"]["id"] == int(second)
+    assert " ".join(r.err.split()) == (  # a note on stderr, wrapped to the width
+        f"both runs' top guess is {tok.token_str(t)!r}: --vs is the corrupt run's next best, "
+        f"{tok.token_str(int(second))!r} (give --vs to choose)")
+    r = cli("patch", TEXT, corrupt, "--vs", str(t))
+    assert r.code == 2 and "give --target and --vs that differ" in r.err

@@ -30,6 +30,7 @@ from .common import (
     progress,
     read_text,
     save_figure,
+    stderr,
     stdout,
 )
 
@@ -58,6 +59,15 @@ def scored(s: Session, logits_row: np.ndarray, target: str | None, vs: str | Non
         raise InputError(f"--vs is the target itself ({s.model.tokenizer.token_str(t)!r}): "
                          "the logit difference would be 0")
     return t, v
+
+
+def _best_other(logits_row, t: int) -> int:
+    """The likeliest token of a run other than `t`: --vs when the corrupt run's top guess is
+    the target itself."""
+    import numpy as np
+
+    first, second = np.argsort(-logits_row, kind="stable")[:2]
+    return int(second if first == t else first)
 
 
 def describe(s: Session, t: int, v: int | None) -> str:
@@ -413,11 +423,15 @@ def patch(
                          "same number of tokens")
     p = s.position(position)
     t, _ = scored(s, s.run()[p], target, None)
-    v = s.token_id(vs) if vs is not None else int(np.argmax(c.run()[p]))
+    v = s.token_id(vs) if vs is not None else _best_other(c.run()[p], t)
     if v == t:
         raise InputError(f"the target and --vs are the same token "
                          f"({s.model.tokenizer.token_str(t)!r}): give --target and --vs that "
                          "differ")
+    if vs is None and v != int(np.argmax(c.run()[p])):  # both runs guess the same token
+        stderr().print(f"both runs' top guess is {s.model.tokenizer.token_str(t)!r}: --vs is "
+                       f"the corrupt run's next best, {s.model.tokenizer.token_str(v)!r} "
+                       "(give --vs to choose)", style="dim")
     runs = patching.patch_count(s.config, p)
     with progress(runs, f"patching ({runs} runs)", enabled=not as_json and runs > 500) as step:
         real = patching.activation_patching(s.params, s.config, s.ids, c.ids, t, v, p, step)
