@@ -129,3 +129,11 @@ def test_a_terminal_width_below_the_minimum_is_ignored(cli, monkeypatch, argv, c
 def cli_at(cli, monkeypatch, columns: str, argv):
     monkeypatch.setenv("COLUMNS", columns)
     return cli(*argv)
+
+
+def test_a_hidden_column_shows_an_ellipsis_not_the_masked_dot(cli, monkeypatch):
+    """`·` means a masked cell (attn's future tokens); a column left out for width is `…`."""
+    monkeypatch.setenv("COLUMNS", "80")
+    out = cli("lens", LONG).out
+    rows = [ln for ln in out.splitlines()[4:] if ln.strip()]
+    assert rows and all("…" in ln.split() for ln in rows) and "·" not in out

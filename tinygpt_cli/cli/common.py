@@ -153,11 +153,10 @@ def save_figure(figure, path: Path | None, force: bool = False) -> None:
 
     data = (svg.document if kind == "svg" else html.document)(figure)
     write_atomically(path, data.encode("utf-8"))
-    if not _quiet and sys.stderr is not None and sys.stderr.isatty():
-        # a person at a terminal sees where the picture went; pipes and --quiet stay silent
-        from ..render.text import show_text
+    if not _quiet:  # where the picture went, as a note on stderr (--quiet: nothing)
+        from ..render.text import escape_line
 
-        stderr().print(f"saved {show_text(str(path))}", style="dim")
+        stderr().print(f"wrote {escape_line(str(path))}", style="dim", soft_wrap=True)
 
 
 def check_save(path: Path | None, force: bool) -> None:

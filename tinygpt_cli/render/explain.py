@@ -66,8 +66,9 @@ def grid(values: np.ndarray, row_labels: list[str], col_labels: list[str], *,
     for i, row in enumerate(values):
         cells = [Text(row_labels[i])]
         for j, x in enumerate(row):
-            if not np.isfinite(x):
-                cells.append(Text("·".center(width), style="dim"))
+            if not np.isfinite(x):  # a hidden column says so; `·` means masked, as in attn
+                glyph = "…" if col_labels[j] == "…" else "·"
+                cells.append(Text(glyph.center(width), style="dim"))
                 continue
             s = text[i][j] if text is not None else cell_text(float(x), percent)
             s = s[:width].center(width)
