@@ -137,3 +137,12 @@ def test_a_hidden_column_shows_an_ellipsis_not_the_masked_dot(cli, monkeypatch):
     out = cli("lens", LONG).out
     rows = [ln for ln in out.splitlines() if re.match(r"\s+\d+ ", ln)]
     assert rows and all("…" in ln.split() for ln in rows) and "·" not in out
+
+
+def test_blocks_full_shows_every_column_at_any_width(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+    cut, full = cli("blocks", TEXT).out, cli("blocks", TEXT, "--full").out
+    names = ("‖h‖ mean", "‖h‖ at pos", "‖attn_out‖", "‖mlp_out‖", "change", "top guess",
+             "chance")
+    assert not all(n in cut for n in names)  # 40 columns hide some
+    assert all(n in full for n in names) and "…" not in full.split("change =")[1]

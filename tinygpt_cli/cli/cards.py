@@ -250,7 +250,7 @@ def mlp(
 
 @app.command()
 def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
-           as_json: bool = JSON,
+           as_json: bool = JSON, full: bool = FULL,
            position: int = POSITION, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 7: the residual stream after each block, what each block changed, the top guess.
 
@@ -303,11 +303,11 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
             t.add_row(row["stage"], *("…" if k is None else line[k] for k in keep))
         return t
 
-    t = Fit(build, len(names))
-    stdout().print(Group(
-        header("blocks.norm", norms, "(‖h‖ of every token at every stage)"),
-        Text(f"residual stream at position {p} ({show_token(r.tokens[p])}); change = "
-             "‖after − before‖ / ‖before‖", style="dim"), t))
+    t = Fit(build, len(names), full=full)
+    view = Group(header("blocks.norm", norms, "(‖h‖ of every token at every stage)"),
+                 Text(f"residual stream at position {p} ({show_token(r.tokens[p])}); change = "
+                      "‖after − before‖ / ‖before‖", style="dim"), t)
+    (wide(t.table(stdout(), 10**6)) if full else stdout()).print(view)
 
 
 # ------------------------------------------------------------------ cards 9-11
