@@ -146,3 +146,24 @@ def test_blocks_full_shows_every_column_at_any_width(cli, monkeypatch):
              "chance")
     assert not all(n in cut for n in names)  # 40 columns hide some
     assert all(n in full for n in names) and "…" not in full.split("change =")[1]
+
+
+def test_score_context_keeps_the_tokens_nearest_and_decodes_them_together(cli, tiny):
+    from tinygpt_cli.render.text import show_token
+
+    text = "Lily went to the caf\u00e9 with her grandmother and they ate a big cake \U0001f600 at home"
+    ids = cli("encode", text, "--json").json()["ids"]
+    tok = tiny.model.tokenizer
+    out = cli("score", text, "--top", "30").out
+    rows = [ln.split() for ln in out.split("most surprising tokens")[1].splitlines()[2:]
+            if ln.strip()]
+    assert len(rows) >= 20
+    for row in rows:
+        p, context = int(row[0]), row[-1]
+        before = b"".join(tok.token_bytes(i) for i in ids[max(0, p - 6):p])
+        want = show_token(before.decode("utf-8", errors="ignore"))
+        want = want if len(want) <= 24 else "\u2026" + want[-23:]  # the end is kept
+        if p >= 2:
+            assert context == want, (p, context, want)
+    assert any("caf\u00e9" in row[-1] for row in rows)
+    assert not any("\\x" in row[-1] for row in rows)

@@ -174,7 +174,7 @@ def score(
         jsonout.emit(jsonout.jsonable(summary))
         return
     _show_score(summary, sequences, per_seq if shown else None, kept, token_str, n_windows,
-                offset, hidden=not shown)
+                offset, hidden=not shown, tok=tok)
 
 
 def _score_inputs(model, text, file, stride, stream, bos):
@@ -213,6 +213,13 @@ def _score_inputs(model, text, file, stride, stream, bos):
     return [seq], int(bos), None
 
 
+def _context(tok, ids) -> str:
+    """The tokens before a scored one as text: their bytes decoded together, so an accent or
+    an emoji split over two tokens reads as itself (a byte cut off at the start is dropped)."""
+    data = b"".join(tok.token_bytes(int(i)) for i in ids)
+    return data.decode("utf-8", errors="ignore")
+
+
 def _emit_token_records(out, i: int, s: sc.TokenScores, token_json: list[str], stream: bool,
                         offset: int):
     """One NDJSON line per token, formatted directly (json.dumps per record is most of the
@@ -230,7 +237,8 @@ def _emit_token_records(out, i: int, s: sc.TokenScores, token_json: list[str], s
         out.flush()
 
 
-def _show_score(summary, sequences, per_seq, kept, token_str, n_windows, offset, hidden):
+def _show_score(summary, sequences, per_seq, kept, token_str, n_windows, offset, hidden,
+                tok=None):
     import numpy as np
     from rich.console import Group
     from rich.text import Text
@@ -258,7 +266,7 @@ def _show_score(summary, sequences, per_seq, kept, token_str, n_windows, offset,
             rows.append({"position": p, "token": token_str[int(seq[p])], "bits": nats / sc.LN2,
                          "prob": float(np.exp(-nats)), "rank": rank,
                          "entropy_bits": entropy / sc.LN2,
-                         "context": "".join(token_str[int(x)] for x in seq[max(0, p - 6):p])})
+                         "context": _context(tok, seq[max(0, p - 6):p])})
         parts += [Text(""), Text("most surprising tokens", style="bold"),
                   view.surprising_table(rows)]
     stdout().print(Group(*parts))

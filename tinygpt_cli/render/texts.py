@@ -44,6 +44,11 @@ def coloured_text(pieces: list[str], bits: list[float | None]) -> Text:
     return t
 
 
+def _last(s: str, n: int) -> str:
+    """The end of s in n characters: the tokens nearest the scored one are the ones kept."""
+    return s if len(s) <= n else "…" + s[len(s) - n + 1:]
+
+
 def surprising_table(rows: list[dict]) -> Table:
     """rows: position, token, bits, prob, rank, entropy, top (the model's guess)."""
     t = Table(box=None, pad_edge=False, header_style="bold dim")
@@ -55,7 +60,8 @@ def surprising_table(rows: list[dict]) -> Table:
     for r in rows:
         t.add_row(str(r["position"]), Text(show_token(r["token"]), style="bold"),
                   f"{r['bits']:.2f}", f"{r['prob']:.2%}", str(r["rank"]),
-                  f"{r['entropy_bits']:.2f}", Text(show_token(r["context"]), style="dim"))
+                  f"{r['entropy_bits']:.2f}", Text(_last(show_token(r["context"]), 24),
+                                                   style="dim"))
     return t
 
 
