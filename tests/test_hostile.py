@@ -1144,3 +1144,17 @@ def test_patch_chooses_vs_when_both_runs_guess_the_same_token(cli, tiny):
         f"{tok.token_str(int(second))!r} (give --vs to choose)")
     r = cli("patch", TEXT, corrupt, "--vs", str(t))
     assert r.code == 2 and "give --target and --vs that differ" in r.err
+
+
+def test_neuron_windows_mark_the_firing_token_without_colour(ctx, monkeypatch):
+    """Colour alone marked it: invisible under NO_COLOR, in a pipe or a file."""
+    monkeypatch.setenv("TINYGPT_CACHE", str(ctx.tmp / "cache"))
+    monkeypatch.setenv("NO_COLOR", "1")
+    doc = json.loads(_neurons(ctx).out)
+    r = run(ctx, "neurons", "--layer", "1", "--neuron", "3", "--data", "{data}", "--top", "2",
+            "--weights", "{tiny}")
+    assert r.code == 0, r.err
+    marked = [m for m in re.findall(r"\[([^\[\]]+)\]", r.out) if ":" not in m]
+    assert len(marked) == len(doc["examples"]) == 2
+    for got, example in zip(marked, doc["examples"], strict=True):
+        assert got == example["token"].lstrip(" "), (got, example["token"])

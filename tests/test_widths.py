@@ -151,7 +151,8 @@ def test_blocks_full_shows_every_column_at_any_width(cli, monkeypatch):
 def test_score_context_keeps_the_tokens_nearest_and_decodes_them_together(cli, tiny):
     from tinygpt_cli.render.text import show_token
 
-    text = "Lily went to the caf\u00e9 with her grandmother and they ate a big cake \U0001f600 at home"
+    text = ("Lily went to the caf\u00e9 with her grandmother and they ate a big cake "
+            "\U0001f600 at home")
     ids = cli("encode", text, "--json").json()["ids"]
     tok = tiny.model.tokenizer
     out = cli("score", text, "--top", "30").out

@@ -99,14 +99,18 @@ def layer_head_table(scores: dict[str, np.ndarray], labels: dict[str, str]) -> T
 
 
 def window_line(tokens: list[str], acts: np.ndarray, peak: int, radius: int = 12) -> Text:
-    """A window of text around `peak`, the firing token bold and coloured, others shaded."""
+    """A window of text around `peak`, the firing token [in brackets] (seen without colour
+    too: NO_COLOR, a pipe, a file), bold and coloured; tokens that also fire underlined."""
     lo, hi = max(0, peak - radius), min(len(tokens), peak + radius + 1)
     top = float(acts.max()) if acts.max() > 0 else 1.0
     t = Text("…" if lo > 0 else "", style="dim")
     for i in range(lo, hi):
         piece = show_token(tokens[i]).replace("␣", " ")
         if i == peak:
-            t.append(piece, style="bold black on rgb(253,231,37)")
+            space = piece[: len(piece) - len(piece.lstrip(" "))]
+            t.append(space + "[", style="bold")
+            t.append(piece[len(space):], style="bold black on rgb(253,231,37)")
+            t.append("]", style="bold")
         elif acts[i] > 0.25 * top:
             t.append(piece, style="underline")
         else:
