@@ -135,8 +135,9 @@ def ablate_figure(label: str, mode: str, target: tuple[int, str], position: int,
 def patch_figure(stream: dict[str, np.ndarray], heads: np.ndarray, tokens: list[str],
                  position: int, clean: float, corrupt: float, what: str, method: str,
                  corr: float | None) -> Figure:
-    """stream[kind]: [n_layer, T] fractions restored, as layer × position heatmaps (positions
-    after the scored one left blank: they cannot change it); heads: [n_layer, n_head]."""
+    """stream[kind]: [n_layer, T] fractions restored, drawn as the terminal shows them:
+    position × layer heatmaps (positions after the scored one left blank: they cannot change
+    it); heads: [n_layer, n_head]."""
     n_layer, n_head = heads.shape
     labels = token_labels(tokens)
     later = np.zeros((n_layer, len(tokens)), dtype=bool)
@@ -149,8 +150,9 @@ def patch_figure(stream: dict[str, np.ndarray], heads: np.ndarray, tokens: list[
         Facts(facts),
         Note("each cell: (patched − corrupt) / (clean − corrupt); 1 restores the clean "
              "prediction, 0 changes nothing", "dim"),
-        Row([Heatmap(g, layer_labels(n_layer), labels, title=kind, path=f"patch.{kind}",
-                     masked=later, signed=True) for kind, g in stream.items()]),
+        Row([Heatmap(np.asarray(g).T, labels, layer_labels(n_layer), title=kind,
+                     path=f"patch.{kind}", masked=later.T, signed=True)
+             for kind, g in stream.items()]),
         Heatmap(heads, layer_labels(n_layer), head_labels(n_head), path="patch.heads",
                 signed=True, title="each head's output, patched at every position"),
     ], subtitle=f"{method}: fraction of the logit difference restored, " + _for_text(tokens))
