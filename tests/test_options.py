@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import typer
 from cli_helpers import TEXT
@@ -82,3 +84,23 @@ def test_help_shows_no_python_types_and_counts_say_token_or_tokens(cli):
         assert r.code == 0 and "<list[" not in r.out and "list[" not in r.out, name
     assert "T = 1 token," in cli("encode", "Lily").out
     assert "T = 6 tokens," in cli("encode", TEXT).out
+
+
+# ------------------------------------------------------------------ a changed run says so
+
+ABLATING = [["embed"], ["pos"], ["norm"], ["attn"], ["mlp"], ["blocks"], ["final-norm"],
+            ["logits"], ["probs"], ["sample"], ["trace", "logits[-1]"], ["review"], ["map"]]
+
+
+@pytest.mark.parametrize("argv", ABLATING, ids=lambda a: a[0])
+def test_every_view_of_an_ablated_run_says_so_first(cli, argv):
+    command, *rest = argv
+    r = cli(command, TEXT, *rest, "--ablate", "L1H0")
+    assert r.code == 0, r.err
+    assert r.out.splitlines()[0] == ("ablated (set to zero) before this view: "
+                                     "layers.1.heads.0.out")
+    clean = cli(command, TEXT, *rest)
+    assert "ablated" not in clean.out.splitlines()[0]
+    doc = cli(command, TEXT, *rest, "--ablate", "L1H0", "--json")
+    assert doc.code == 0 and json.loads(doc.out.splitlines()[0])  # JSON stays JSON
+    assert "ablated (set to zero)" not in doc.out

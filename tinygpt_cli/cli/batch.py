@@ -26,6 +26,9 @@ TEXT_PARAMS = ("text", "text_a")
 def main(command, args: list[str]):
     """command.main(args), or once per line when args hold --each-line FILE."""
     options = args[: args.index("--")] if "--" in args else args  # after '--' all is text
+    from .common import set_changed
+
+    set_changed(None)  # a note of an earlier command in this process is not this one's
     if not any(a == OPTION or a.startswith(OPTION + "=") for a in options):
         return command.main(args=args, prog_name="tinygpt", standalone_mode=False)
     source, rest = take_option(args)

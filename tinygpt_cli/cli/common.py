@@ -171,6 +171,7 @@ def check_top_p(top_p: float) -> None:
         raise InputError(f"--top-p must be in (0, 1], got {top_p!r}")
 
 
+_changed: str | None = None  # what --ablate changed in the run about to be shown (run() sets it)
 PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
 MIN_WIDTH, TERMINAL_WIDTH = 20, 80  # a narrower stated width is a mistake: use the classic one
 
@@ -180,8 +181,14 @@ def stdout(width: int | None = None) -> Console:
     The width is the terminal's, or $COLUMNS, or PIPE_WIDTH for a pipe."""
     from rich.console import Console
 
+    global _changed
     console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width,
                       quiet=_quiet)
+    if _changed:  # the view of a changed run says so first, whatever view it is
+        from rich.text import Text
+
+        note, _changed = _changed, None
+        stdout(width).print(Text(note, style="bold magenta"))
     if width is None and not console.is_terminal and not _columns():
         console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
                           width=PIPE_WIDTH, quiet=_quiet)
@@ -333,4 +340,14 @@ def run(weights: Path | None, text: str | None, ablate: list[str] | None = None)
     session = Session.open(read_text(text), model=model)
     ablate = list(ablate or [])
     ablated = [resolve(p, model.config)[0] for p in ablate]
-    return Run(session, session.trace(ablate=ablate), ablated)
+    r = Run(session, session.trace(ablate=ablate), ablated)
+    set_changed(f"ablated (set to zero) before this view: {', '.join(ablated)}"
+                if ablated else None)
+    return r
+
+
+def set_changed(note: str | None) -> None:
+    """The line a terminal view of a changed run starts with (None: a clean run). JSON
+    documents say it in their "ablated" field instead, and never print this."""
+    global _changed
+    _changed = note
