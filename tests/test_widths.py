@@ -168,3 +168,20 @@ def test_score_context_keeps_the_tokens_nearest_and_decodes_them_together(cli, t
             assert context == want, (p, context, want)
     assert any("caf\u00e9" in row[-1] for row in rows)
     assert not any("\\x" in row[-1] for row in rows)
+
+
+@pytest.mark.parametrize("width", [40, 80])
+def test_one_ablated_component_wraps_its_values_instead_of_cutting_them(cli, monkeypatch,
+                                                                         width):
+    monkeypatch.setenv("COLUMNS", str(width))
+    r = cli("ablate", TEXT, "-l", "1", "-H", "0", "-n", "8")
+    assert r.code == 0, r.err
+    check_fits(r.out, width, ["ablate"])
+    assert "KL(before ‖ after)" in r.out and "…" not in r.out
+    doc = cli("ablate", TEXT, "-l", "1", "-H", "0", "-n", "8", "--json").json()
+    flat = " ".join(r.out.split())
+    entries = doc["top_before"] + doc["components"][0]["top_after"]
+    assert len(entries) == 16
+    for entry in entries:  # every token of both lists, with its chance, whole
+        shown = f"{entry['token'].replace(' ', chr(0x2423))} {entry['prob']:.1%}"
+        assert shown in flat, shown
