@@ -22,7 +22,6 @@ from .common import (
     read_text,
     stderr,
     stdout,
-    wide,
 )
 
 if TYPE_CHECKING:  # NumPy and the model are imported inside the commands
@@ -137,9 +136,8 @@ def _history_value(session, timeline, labels, path, position, as_json):
         for h, grids in enumerate([stack] if stack.ndim == 3 else np.moveaxis(stack, 1, 0)):
             head = "" if stack.ndim == 3 else f" head {h}"
             parts += [Text(f"\nattention of position {p}{head} over training", style="bold"),
-                      view.grid_rows(grids[:, p, : p + 1], labels, cols)]
-    group = Group(*parts)
-    wide(group).print(group)
+                      view.fitted_grid(grids[:, p, : p + 1], labels, cols)]
+    stdout().print(Group(*parts))  # the grids give way to the width, behind `…`
 
 
 def _record(params, config, ids):
