@@ -616,8 +616,10 @@ def test_review_shows_the_facts_and_all_eleven_cards_in_order(cli):
               "Feed forward", "Repeated blocks", "Final norm", "Linear", "Softmax", "Output"]
     where = [r.out.index(f"{i}. {t}") for i, t in enumerate(titles, 1)]
     assert where == sorted(where)
-    for path in ("layers[0].heads[0].weights", "lnFinal.out", "layers[0].mlpOut"):
+    # the canonical paths, as trace prints them (the seed page's camelCase is only accepted)
+    for path in ("layers.0.heads.0.weights", "ln_final.out", "layers.0.mlp_out"):
         assert path in r.out
+    assert "mlpOut" not in r.out and "lnFinal" not in r.out
     assert "2 × Block" in r.out and "6 × 4096" in r.out and "Lily=608" in r.out
 
 

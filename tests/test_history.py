@@ -573,3 +573,17 @@ def test_means_score_and_neurons_find_the_recorded_text(cli, run, tmp_path):
     given = cli("neurons", "--layer", "0", "--neuron", "1", "--data",
                 run.parent / "data" / "part-000.txt", "--json").json()
     assert searched.json()["examples"] == given["examples"]
+
+
+def test_history_attention_grid_of_a_long_text_fits_the_width(cli, monkeypatch):
+    """117 tokens made 848-character lines: the middle keys give way behind `…`, the first
+    and those nearest the query stay."""
+    monkeypatch.setenv("COLUMNS", "60")  # this model reads 32 tokens: a narrower width
+    text = " ".join(["The cat sat on the mat."] * 4)
+    r = cli("history", text, "layers.1.heads.0.weights")
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    assert all(len(line) <= 60 for line in lines), max(lines, key=len)
+    grid = lines[[i for i, ln in enumerate(lines) if "attention of position" in ln][0] + 1:]
+    assert grid[0].split()[0] == "snapshot" and "…" in grid[0].split()
+    assert all(row.split()[-1] != "…" for row in grid if row.strip())

@@ -184,6 +184,26 @@ def claimed_shape(ctx: Ctx) -> None:
     path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
 
 
+def moved_offsets(move):
+    """The header's data_offsets rewritten by `move(header)`; the bytes stay as they were."""
+    def setup(ctx: Ctx) -> None:
+        tensors(ctx, lambda t: None)
+        path = ctx.broken / "model.safetensors"
+        raw = path.read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+        move(header)
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+    return setup
+
+
+def overlap_bias(header) -> None:
+    """ln_f.bias (16 floats) moved onto the first bytes of ln_f.weight (16 floats)."""
+    header[PREFIX + "ln_f.bias"]["data_offsets"] = header[PREFIX + "ln_f.weight"]["data_offsets"]
+
+
 def set_tensor(name, fn):
     def setup(ctx: Ctx) -> None:
         def change(t):
@@ -318,6 +338,48 @@ def shifted_token_ids(ctx: Ctx) -> None:
     path.write_text(json.dumps(doc))
 
 
+def wordpiece_tokenizer(ctx: Ctx) -> None:
+    """A WordPiece tokenizer with as many ids as the model has rows, <|endoftext|> among them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "<|endoftext|>": 1, **{f"w{i}": i for i in range(2, 4096)}}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(ctx.broken / "tokenizer.json"))
+
+
+def padded_tokenizer(ctx: Ctx) -> None:
+    path = ctx.broken / "tokenizer.json"
+    path.write_text(path.read_text() + " " * (17 << 20))
+
+
+def many_header_entries(ctx: Ctx) -> None:
+    """The good tensors, and 20,000 made-up empty ones named in the header."""
+    tensors(ctx, lambda t: t.update({f"x{i}": np.zeros(0, np.float32) for i in range(20_000)}))
+
+
+def side_file(name: str, make):
+    """The broken folder's `name` replaced by what `make(path)` puts there."""
+    def setup(ctx: Ctx) -> None:
+        (ctx.broken / name).unlink()
+        make(ctx.broken / name)
+    return setup
+
+
+def symlink_loop(ctx: Ctx) -> None:
+    (ctx.tmp / "loop").symlink_to(ctx.tmp / "loop")
+
+
+def plain_file(ctx: Ctx) -> None:
+    (ctx.tmp / "f").write_text("")
+
+
+def planted_lock(ctx: Ctx) -> None:
+    (ctx.tmp / "victim").write_text("precious")
+    (ctx.run / ".train.lock").unlink(missing_ok=True)  # the finished run's own lock file
+    (ctx.run / ".train.lock").symlink_to(ctx.tmp / "victim")
+
+
 W = ["--weights", "{broken}"]
 TRAIN = ["train", "--steps", "2", *RUN_SIZES]
 DATA = ["--data", "{data}"]
@@ -444,6 +506,50 @@ CASES = [
      ["tokenizer has 4,096 tokens but the model 4,100"]),
     ("vocab-mismatch-smaller-model", vocabulary(4000), ["embed", TEXT, *W], 1,
      ["4,096", "4,000"]),
+    # finite but huge weights: the forward pass overflows; the first bad value is named
+    ("huge-ln-f-probs", set_tensor(PREFIX + "ln_f.weight", lambda t: np.full(16, 3e38,
+                                                                             np.float32)),
+     ["probs", TEXT, *W], 1, ["overflowed", "ln_final.out is the first value"]),
+    ("huge-ln-f-logits-json", set_tensor(PREFIX + "ln_f.weight", lambda t: np.full(
+        16, 3e38, np.float32)), ["logits", TEXT, "--json", *W], 1, ["ln_final.out"]),
+    ("huge-c-attn-generate", set_tensor(PREFIX + "h.0.attn.c_attn.weight", lambda t: np.full(
+        (16, 48), 1e30, np.float32)), ["generate", TEXT, "-n", "3", *W], 1,
+     ["overflowed", "layers.0.scores is the first value"]),
+    ("huge-c-attn-score", set_tensor(PREFIX + "h.0.attn.c_attn.weight", lambda t: np.full(
+        (16, 48), 1e30, np.float32)), ["score", TEXT, *W], 1, ["layers.0.scores"]),
+    ("huge-c-fc-neurons", set_tensor(PREFIX + "h.1.mlp.c_fc.weight", lambda t: np.full(
+        (16, 24), 3e38, np.float32)), ["neurons", TEXT, "--layer", "1", *W], 1,
+     ["overflowed", "layers.1.mlp_pre"]),
+    ("tokenizer-wordpiece", wordpiece_tokenizer, ["encode", TEXT, *W], 1,
+     ["tokenizer.json is not a byte-level BPE tokenizer", "WordPiece"]),
+    ("tokenizer-padded", padded_tokenizer, ["encode", TEXT, *W], 1,
+     ["tokenizer.json is larger than 16,777,216 bytes"]),
+    ("offsets-overlap", moved_offsets(overlap_bias), ["encode", TEXT, *W], 1,
+     ["not a readable safetensors file", "bytes of tensor transformer.ln_f.weight overlap "
+      "those of tensor transformer.ln_f.bias"]),
+    ("offsets-gap", moved_offsets(lambda h: h[PREFIX + "wte.weight"].update(
+        data_offsets=[o + 8 for o in h[PREFIX + "wte.weight"]["data_offsets"]])),
+     ["encode", TEXT, *W], 1, ["not a readable safetensors file"]),
+    ("header-many-entries", many_header_entries, ["encode", TEXT, *W], 1,
+     ["model.safetensors: its header is", "more than a GPT-2 model"]),
+    # messages that say what happened
+    ("weights-symlink-loop", symlink_loop, ["info", "--weights", "{tmp}/loop"], 1,
+     ["loop is a symbolic link that leads nowhere"]),
+    ("weights-file-a-fifo", side_file("model.safetensors", os.mkfifo), ["info", *W], 1,
+     ["model.safetensors is not a regular file"]),
+    ("weights-file-a-folder", side_file("model.safetensors", Path.mkdir), ["info", *W], 1,
+     ["model.safetensors is a folder, not a file"]),
+    ("config-5000-digits", config_text('{"n_embd": 1' + "0" * 5000 + "}"), ["info", *W], 1,
+     ["config: a number of more than 4,300 digits"]),
+    ("out-under-a-file", plain_file, ["train-tokenizer", "--data", "{data}", "--out",
+                                      "{tmp}/f/t.json", "--vocab-size", "257"], 1,
+     ["cannot write", "f/t.json", "/f is a file, not a folder"]),
+    ("save-under-a-file", plain_file, ["attn", TEXT, "--save", "{tmp}/f/a.svg", *W], 2,
+     ["the folder", "/f is a file"]),
+    ("train-lock-planted-link", planted_lock, [*TRAIN, *DATA, "--out", "{run}", "--resume"], 1,
+     ["cannot write", ".train.lock", "symbolic link, which tinygpt never writes through"]),
+    ("embed-5-mb", stdin_bytes(b"Lily wanted to play. " * 250_000), ["embed", "-", *W], 2,
+     ["the text is 5,250,000 characters long", "at most 128 tokens"]),
     # -------------------------------------------------- the analysis commands: exit 2
     ("lens-target-not-a-token", nothing, ["lens", TEXT, "--target", "nosuchtokenxyz", *W], 2,
      ["'nosuchtokenxyz' is not a single token", "it is"]),
@@ -461,7 +567,7 @@ CASES = [
     ("means-out-a-folder", nothing, ["means", "--data", "{data}", "--out", "{tmp}", *W], 2,
      ["is a folder", "--out means.safetensors"]),
     ("score-file-missing", nothing, ["score", "--file", "{tmp}/nowhere.txt", *W], 2,
-     ["nowhere.txt"]),
+     ["nowhere.txt does not exist"]),
     ("score-stride-zero", nothing, ["score", TEXT, "--stride", "0", *W], 2, ["--stride"]),
     ("heads-file-missing", nothing, ["heads", "--file", "{tmp}/nowhere.txt", *W], 2,
      ["nowhere.txt"]),
@@ -772,3 +878,290 @@ def test_model_card_shows_progress_on_a_terminal(ctx, monkeypatch):
     r = _run_main(["model-card", ctx.run, "--data", ctx.data])
     assert r.code == 0, r.err
     assert seen["total"] > 0 and seen["done"] == seen["total"]
+
+
+def test_overflowing_weights_warn_nothing_in_a_real_process(ctx):
+    """NumPy's RuntimeWarnings are printed once per process, so only a fresh one shows them."""
+    set_tensor(PREFIX + "h.0.attn.c_attn.weight", lambda t: np.full((16, 48), 1e30,
+                                                                    np.float32))(ctx)
+    env = {k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"}
+    for argv in (["probs", TEXT], ["generate", TEXT, "--seed", "1", "-n", "2"]):
+        proc = subprocess.run([sys.executable, "-m", "tinygpt_cli", *argv, "--weights",
+                               str(ctx.broken)], capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+        assert proc.stderr == ("error: the forward pass overflowed: layers.0.scores is the "
+                               "first value holding infinite or NaN numbers (weights too large "
+                               "to compute with in float32)\n")
+
+
+# ------------------------------------------------------------------ the cache
+
+
+def _neurons(ctx, *extra):
+    return run(ctx, "neurons", "--layer", "1", "--neuron", "3", "--data", "{data}", "--top",
+               "2", "--json", "--weights", "{tiny}", *extra)
+
+
+def test_a_cache_entry_of_the_wrong_shape_is_rebuilt(ctx, monkeypatch):
+    import tinygpt_cli.analysis.neurons as nrn
+
+    monkeypatch.setenv("TINYGPT_CACHE", str(ctx.tmp / "cache"))
+    first = _neurons(ctx)
+    assert first.code == 0, first.err
+    (path,) = (ctx.tmp / "cache" / "neurons").glob("*.npz")
+    good = dict(np.load(path))
+    for bad in ({"stream": good["stream"]},  # keys missing
+                {**good, "window": good["window"][:, :3]},  # a shape of other sizes
+                {**good, "window": good["window"] + 10**6}):  # windows past the data's end
+        np.savez(path, **bad)
+        again = _neurons(ctx)
+        assert (again.code, again.out, again.err) == (0, first.out, ""), again.err
+        assert set(np.load(path).files) == set(good)
+    calls = []
+    real = nrn.window_maxima
+    monkeypatch.setattr(nrn, "window_maxima", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert _neurons(ctx).out == first.out and calls == []  # the rebuilt entry is used
+
+
+def test_an_unwritable_cache_still_shows_the_result(ctx, monkeypatch):
+    import tempfile
+
+    monkeypatch.setenv("TINYGPT_CACHE", str(ctx.tmp / "cache"))
+    clean = _neurons(ctx)
+    monkeypatch.setenv("TINYGPT_CACHE", str(ctx.tmp / "other"))
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    r = _neurons(ctx)
+    assert r.code == 0 and r.out == clean.out
+    assert re.fullmatch(rf"note: cannot write {re.escape(str(ctx.tmp))}/other/neurons/\w+\.npz: "
+                        r"Permission denied; the result is not kept for the next run \(set "
+                        r"TINYGPT_CACHE to a writable folder\)\n", r.err), r.err
+
+
+# ------------------------------------------------------------------ a stderr that fails
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_stderr_is_treated_like_a_closed_one(ctx):
+    """`2>/dev/full`: every write to stderr fails. The notes are lost, nothing else is."""
+    env = {k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"}
+    with open("/dev/full", "w") as full:
+        def tinygpt(*argv):
+            return subprocess.run([sys.executable, "-m", "tinygpt_cli", *map(str, argv)],
+                                  stdout=subprocess.PIPE, stderr=full, text=True, env=env,
+                                  timeout=120)
+        r = tinygpt("generate", TEXT, "-n", "3", "--weights", ctx.tiny)  # a seed note first
+        assert r.returncode == 0 and r.stdout.startswith(TEXT) and len(r.stdout) > len(TEXT)
+        r = tinygpt("attn", TEXT, "--layer", "9", "--weights", ctx.tiny)
+        assert (r.returncode, r.stdout) == (2, "")
+        out = ctx.tmp / "full"
+        r = tinygpt(*TRAIN, *[ctx.fill(a) for a in DATA], "--out", out)
+        assert r.returncode == 0
+        assert json.loads((out / "result.json").read_text())["steps"] == 2
+        assert (out / "model.safetensors").is_file()
+
+
+def test_utf8_arguments_in_the_posix_locale_without_utf8_mode(tiny):
+    """There Python decodes argv as ASCII, so 'café' arrives as surrogates: decoded again from
+    its bytes it is the same text; bytes that are not UTF-8 are still refused."""
+    env = {**{k: v for k, v in os.environ.items() if k not in ("TINYGPT_WEIGHTS", "LANG")},
+           "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    want = tiny.model.tokenizer.encode("café")
+
+    def tinygpt(*argv):
+        return subprocess.run([sys.executable.encode(), b"-m", b"tinygpt_cli", *argv,
+                               b"--weights", str(tiny.folder).encode()], capture_output=True,
+                              env=env, timeout=60)
+    r = tinygpt(b"encode", "café".encode(), b"--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ids"] == want
+    r = tinygpt(b"encode", b"caf\xe9")
+    assert r.returncode == 2 and b"not valid UTF-8 (byte 0xe9 at character 3)" in r.stderr
+
+
+# ------------------------------------------------------------------ saved pictures
+
+
+@pytest.mark.parametrize("suffix", [".html", ".svg"])
+def test_review_pictures_escape_bidirectional_overrides(cli, tmp_path, suffix):
+    """U+202E (right-to-left override) would show the rest of a line reversed: every place
+    the text appears in the picture carries it as an escape, as the terminal view does."""
+    out = tmp_path / f"review{suffix}"
+    r = cli("review", "Lily \u202ewanted to", "--save", out, "--quiet")
+    assert r.code == 0, r.err
+    page = out.read_text(encoding="utf-8")
+    assert "\u202e" not in page and "\u2066" not in page
+    assert page.count("Lily \\u202ewanted to") >= 3  # the title, the facts, the next token
+
+
+def test_closed_stdin_and_full_stdout_say_so(tiny):
+    env = {k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"}
+    py, w = sys.executable, str(tiny.folder)
+    r = subprocess.run(["bash", "-c", f'"{py}" -m tinygpt_cli embed - --weights "{w}" <&-'],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == "error: no text: stdin is closed; give the text as an argument\n"
+    if os.path.exists("/dev/full"):
+        for argv in (["encode", TEXT], ["decode", "1", "2"], ["probs", TEXT, "--json"]):
+            with open("/dev/full", "w") as full:
+                r = subprocess.run([py, "-m", "tinygpt_cli", *argv, "--weights", w],
+                                   stdout=full, stderr=subprocess.PIPE, text=True, env=env,
+                                   timeout=60)
+            assert r.returncode == 1
+            assert r.stderr == ("error: cannot write to standard output: No space left on "
+                                "device\n"), r.stderr
+
+
+def test_help_examples_name_files_that_exist_from_the_readme_folder():
+    """The README's commands run from the repository's root, where the project's data is
+    ../shared/data/tinystories: an example of --help naming a file names it from there."""
+    from tinygpt_cli.cli.app import _register, app
+
+    root = Path(__file__).resolve().parent.parent
+    _register()
+    named = [w for c in app.registered_commands for line in (c.help or "").splitlines()
+             if "tinygpt " in line for w in line.split() if w.endswith(".txt")]
+    assert named, "no example names a file"
+    if not (root / "../shared/data/tinystories").is_dir():
+        pytest.skip("the project's data is not beside the repository")
+    for name in named:
+        assert (root / name).is_file(), name
+
+
+# ------------------------------------------------------------------ reproducible files
+
+
+def test_written_safetensors_are_the_same_bytes_every_time(ctx, tmp_path):
+    from safetensors import safe_open
+
+    from tinygpt_cli.weights import safetensors_bytes
+
+    rng = np.random.default_rng(0)
+    tensors = {"b": rng.normal(size=(3, 2)).astype(np.float32),
+               "a": rng.normal(size=4).astype(np.float16), "c": np.arange(5, dtype=np.int64)}
+    one = safetensors_bytes(tensors, {"step": "10", "lr": "0.1", "format": "pt"})
+    two = safetensors_bytes(dict(reversed(tensors.items())),
+                            {"format": "pt", "lr": "0.1", "step": "10"})
+    assert one == two
+    (tmp_path / "t.safetensors").write_bytes(one)  # and the library reads it back exactly
+    with safe_open(str(tmp_path / "t.safetensors"), framework="numpy") as f:
+        assert f.metadata() == {"step": "10", "lr": "0.1", "format": "pt"}
+        for name, a in tensors.items():
+            got = f.get_tensor(name)
+            assert got.dtype == a.dtype and np.array_equal(got, a)
+    outs = []
+    for name in ("m1.safetensors", "m2.safetensors"):
+        r = run(ctx, "means", "--data", "{data}", "--out", tmp_path / name, "--weights",
+                "{tiny}")
+        assert r.code == 0, r.err
+        outs.append((tmp_path / name).read_bytes())
+    assert outs[0] == outs[1]
+
+
+# ------------------------------------------------------------------ stdin only for '-'
+
+
+def test_heads_reads_stdin_only_for_a_dash(ctx):
+    """`while read line; do tinygpt heads; done < list` must not eat the loop's input."""
+    piped = io.StringIO("Lily wanted to play with her\nTom ran\n")
+    r = _run_main(["heads", "--json", "--weights", ctx.tiny], stdin=piped)
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["source"] != "stdin" and piped.tell() == 0
+    r = _run_main(["heads", "-", "--json", "--weights", ctx.tiny],
+                  stdin=io.StringIO("Lily wanted to play\n"))
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert doc["source"] == "stdin" and len(doc["text_ids"]) == 1
+
+
+# ------------------------------------------------------------------ big inputs stay bounded
+
+
+@pytest.mark.parametrize("argv", [["encode"], ["probs"], ["score"], ["trace", "logits[-1]"]],
+                         ids=lambda a: a[0])
+def test_each_line_opens_the_weights_folder_once(ctx, monkeypatch, argv):
+    import tinygpt_cli.weights as weights
+
+    opened, loaded = [], []
+    real_open, real_load = weights._open_folder, weights._load_model
+    monkeypatch.setattr(weights, "_open_folder", lambda f: opened.append(f) or real_open(f))
+    monkeypatch.setattr(weights, "_load_model", lambda f: loaded.append(f) or real_load(f))
+    lines = io.StringIO("Lily wanted\nTom ran to the\nthe cat sat on a mat\n")
+    r = _run_main([argv[0], "--each-line", "-", *argv[1:], "--json", "--weights", ctx.tiny],
+                  stdin=lines)
+    assert r.code == 0, r.err
+    records = [json.loads(x) for x in r.out.splitlines()]
+    assert [d["line"] for d in records] == [1, 2, 3]
+    assert len(opened) == 1 and len(loaded) == (argv[0] != "encode")
+    one = _run_main([argv[0], "Tom ran to the", *argv[1:], "--json", "--weights", ctx.tiny])
+    docs = [json.loads(x) for x in one.out.splitlines()]  # the same as a run of its own
+    assert records[1]["result"] == (docs[0] if len(docs) == 1 else docs)
+    assert len(opened) == 2  # and outside --each-line, each run opens the folder itself
+
+
+def test_a_long_text_is_encoded_in_pieces_to_the_same_ids(tiny):
+    """Cut where the pre-tokenizer always starts a piece, a long text gives exactly the ids of
+    one call to the library (which holds ~600 bytes of bookkeeping per token)."""
+    tok = tiny.model.tokenizer
+    rng = random.Random(5)
+    words = ["Lily", "wanted", "to", "play", "42", "!", "'s", "don't", "caf\u00e9", "\u00a0",
+             "\u3000", "<|endoftext|>", "\t", "\r\n", "\n", "\n\n", " ", "  ", "-", "\U0001f600"]
+    text = "".join(rng.choice(words) + rng.choice(["", " ", "  ", "\n", " \n "])
+                   for _ in range(60_000))
+    assert len(text) > 3 * (1 << 16)  # several pieces
+    assert tok.encode(text) == tok._tok.encode(text, add_special_tokens=False).ids
+
+
+def test_encode_shows_the_ends_of_a_long_text_and_json_every_token(ctx):
+    text = "Once upon a time, Lily wanted to play.\n" * 2000
+    stdin = io.TextIOWrapper(io.BytesIO(text.encode()), encoding="utf-8")
+    r = _run_main(["encode", "-", "--weights", ctx.tiny], stdin=stdin)
+    assert r.code == 0, r.err
+    rows = [ln for ln in r.out.splitlines() if re.match(r"\s*\d+\s+\d+\s", ln)]
+    text = text.removesuffix("\n")  # stdin's last newline is not part of the text
+    n = len(json.loads(_run_main(["encode", text, "--json", "--weights", ctx.tiny]).out)["ids"])
+    assert len(rows) == 200 and rows[0].split()[0] == "0" and rows[-1].split()[0] == str(n - 1)
+    assert f"{n - 200:,} tokens not shown" in r.out and f"T = {n:,} tokens" in r.out
+    assert rows[-1].split()[-1] == f"{len(text.encode()) - 1}\u2013{len(text.encode())}"
+
+
+# ------------------------------------------------------------------ defaults that make sense
+
+
+def test_patch_chooses_vs_when_both_runs_guess_the_same_token(cli, tiny):
+    """The tiny model's top guess after both texts is the same token: --vs defaults to the
+    corrupt run's next best (printed), instead of an error about options not given."""
+    corrupt = "Lily wanted to read with her"
+    tok = tiny.model.tokenizer
+    clean_row = tiny.trace(tok.encode(TEXT)).get("logits")[-1]
+    corrupt_row = tiny.trace(tok.encode(corrupt)).get("logits")[-1]
+    t = int(np.argmax(clean_row))
+    first, second = np.argsort(-corrupt_row, kind="stable")[:2]
+    assert first == t  # the case this test is about
+    r = cli("patch", TEXT, corrupt, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["target"]["id"] == t and doc["vs"]["id"] == int(second)
+    assert " ".join(r.err.split()) == (  # a note on stderr, wrapped to the width
+        f"both runs' top guess is {tok.token_str(t)!r}: --vs is the corrupt run's next best, "
+        f"{tok.token_str(int(second))!r} (give --vs to choose)")
+    r = cli("patch", TEXT, corrupt, "--vs", str(t))
+    assert r.code == 2 and "give --target and --vs that differ" in r.err
+
+
+def test_neuron_windows_mark_the_firing_token_without_colour(ctx, monkeypatch):
+    """Colour alone marked it: invisible under NO_COLOR, in a pipe or a file."""
+    monkeypatch.setenv("TINYGPT_CACHE", str(ctx.tmp / "cache"))
+    monkeypatch.setenv("NO_COLOR", "1")
+    doc = json.loads(_neurons(ctx).out)
+    r = run(ctx, "neurons", "--layer", "1", "--neuron", "3", "--data", "{data}", "--top", "2",
+            "--weights", "{tiny}")
+    assert r.code == 0, r.err
+    marked = [m for m in re.findall(r"\[([^\[\]]+)\]", r.out) if ":" not in m]
+    assert len(marked) == len(doc["examples"]) == 2
+    for got, example in zip(marked, doc["examples"], strict=True):
+        assert got == example["token"].lstrip(" "), (got, example["token"])

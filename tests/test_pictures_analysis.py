@@ -120,9 +120,10 @@ def test_patch_masks_the_positions_after_the_scored_one(cli, tmp_path, shown):
     grids = heatmaps(root)
     for k, kind in enumerate(doc["kinds"]):
         g = grids[kind]
-        assert (g["rows"], g["cols"]) == (LAYERS, shown)
-        assert set(g["values"]) == {(i, t) for i in range(L) for t in range(p + 1)}
-        assert all(same(v, doc["data"][k][i][t]) for (i, t), v in g["values"].items())
+        # positions down, layers across, as the terminal view draws them
+        assert (g["rows"], g["cols"]) == (shown, LAYERS)
+        assert set(g["values"]) == {(t, i) for i in range(L) for t in range(p + 1)}
+        assert all(same(v, doc["data"][k][i][t]) for (t, i), v in g["values"].items())
     heads = grids["each head's output, patched at every position"]
     assert (heads["rows"], heads["cols"]) == (LAYERS, HEADS)
     assert len(heads["values"]) == L * H

@@ -107,3 +107,81 @@ def test_patch_grids_flow_to_fit_the_width(cli, monkeypatch, width):
     check_fits(r.out, width, ["patch"])
     titles = [ln for ln in r.out.splitlines() if "resid_pre" in ln and "resid_mid" in ln]
     assert titles and ("mlp_out" in titles[0]) == (width == 200)
+
+
+@pytest.mark.parametrize("columns", ["0", "1", "5"])
+@pytest.mark.parametrize("argv", [["embed", TEXT], ["probs", TEXT], ["encode", TEXT]],
+                         ids=lambda a: a[0])
+def test_a_terminal_width_below_the_minimum_is_ignored(cli, monkeypatch, argv, columns):
+    """COLUMNS=0 on a terminal printed nothing at all; a too-narrow width means 80 there,
+    and the pipe width (120) in a pipe."""
+    monkeypatch.setenv("COLUMNS", columns)
+    piped = cli(*argv)
+    assert piped.code == 0 and piped.out == cli_at(cli, monkeypatch, "120", argv).out
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # Rich takes stdout for a terminal
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", columns)
+    r = cli(*argv)
+    assert r.code == 0 and r.out.strip(), r.err
+    assert r.out == cli_at(cli, monkeypatch, "80", argv).out
+
+
+def cli_at(cli, monkeypatch, columns: str, argv):
+    monkeypatch.setenv("COLUMNS", columns)
+    return cli(*argv)
+
+
+def test_a_hidden_column_shows_an_ellipsis_not_the_masked_dot(cli, monkeypatch):
+    """`·` means a masked cell (attn's future tokens); a column left out for width is `…`."""
+    monkeypatch.setenv("COLUMNS", "40")  # the tiny model's 5 stages need more
+    out = cli("lens", LONG).out
+    rows = [ln for ln in out.splitlines() if re.match(r"\s+\d+ ", ln)]
+    assert rows and all("…" in ln.split() for ln in rows) and "·" not in out
+
+
+def test_blocks_full_shows_every_column_at_any_width(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+    cut, full = cli("blocks", TEXT).out, cli("blocks", TEXT, "--full").out
+    names = ("‖h‖ mean", "‖h‖ at pos", "‖attn_out‖", "‖mlp_out‖", "change", "top guess",
+             "chance")
+    assert not all(n in cut for n in names)  # 40 columns hide some
+    assert all(n in full for n in names) and "…" not in full.split("change =")[1]
+
+
+def test_score_context_keeps_the_tokens_nearest_and_decodes_them_together(cli, tiny):
+    from tinygpt_cli.render.text import show_token
+
+    text = ("Lily went to the caf\u00e9 with her grandmother and they ate a big cake "
+            "\U0001f600 at home")
+    ids = cli("encode", text, "--json").json()["ids"]
+    tok = tiny.model.tokenizer
+    out = cli("score", text, "--top", "30").out
+    rows = [ln.split() for ln in out.split("most surprising tokens")[1].splitlines()[2:]
+            if ln.strip()]
+    assert len(rows) >= 20
+    for row in rows:
+        p, context = int(row[0]), row[-1]
+        before = b"".join(tok.token_bytes(i) for i in ids[max(0, p - 6):p])
+        want = show_token(before.decode("utf-8", errors="ignore"))
+        want = want if len(want) <= 24 else "\u2026" + want[-23:]  # the end is kept
+        if p >= 2:
+            assert context == want, (p, context, want)
+    assert any("caf\u00e9" in row[-1] for row in rows)
+    assert not any("\\x" in row[-1] for row in rows)
+
+
+@pytest.mark.parametrize("width", [40, 80])
+def test_one_ablated_component_wraps_its_values_instead_of_cutting_them(cli, monkeypatch,
+                                                                         width):
+    monkeypatch.setenv("COLUMNS", str(width))
+    r = cli("ablate", TEXT, "-l", "1", "-H", "0", "-n", "8")
+    assert r.code == 0, r.err
+    check_fits(r.out, width, ["ablate"])
+    assert "KL(before ‖ after)" in r.out and "…" not in r.out
+    doc = cli("ablate", TEXT, "-l", "1", "-H", "0", "-n", "8", "--json").json()
+    flat = " ".join(r.out.split())
+    entries = doc["top_before"] + doc["components"][0]["top_after"]
+    assert len(entries) == 16
+    for entry in entries:  # every token of both lists, with its chance, whole
+        shown = f"{entry['token'].replace(' ', chr(0x2423))} {entry['prob']:.1%}"
+        assert shown in flat, shown

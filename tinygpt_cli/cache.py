@@ -43,16 +43,20 @@ def entry(kind: str, key: str, suffix: str = ".npz") -> Path:
 
 
 def load_or_compute(path: Path, load: Callable[[Path], T], compute: Callable[[], T],
-                    store: Callable[[Path, T], None]) -> T:
-    """The one way to use an entry: read it with `load`, or, when it is missing or damaged
-    (`load` raises), `compute` it and `store` it (atomically, by files.write_atomically) so
-    the next run reads it. A damaged entry is replaced, never reported: it is only a cache."""
+                    store: Callable[[Path, T], None],
+                    valid: Callable[[T], bool] = lambda value: True) -> T:
+    """The one way to use an entry: read it with `load`, or, when it is missing, damaged
+    (`load` raises) or not what `valid` accepts (other keys, shapes or ranges: a stale format,
+    a file put there by hand), `compute` it and `store` it (atomically) so the next run reads
+    it. A bad entry is replaced, never reported: it is only a cache."""
     from .errors import WeightsError
 
     if path.is_file():
         try:
-            return load(path)
-        except (OSError, ValueError, KeyError, WeightsError):
+            value = load(path)
+            if valid(value):
+                return value
+        except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError, WeightsError):
             pass  # computed again, and replaced
     value = compute()
     store(path, value)
@@ -63,17 +67,61 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
     """An .npz entry's arrays (store_arrays wrote it)."""
     import numpy as np
 
-    with np.load(path) as z:
-        return dict(z)
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def load(path: Path, valid: Callable[[dict], bool]) -> dict | None:
+    """The arrays of an .npz entry, or None when there is none or `valid` refuses them."""
+    if not path.is_file():
+        return None
+    try:
+        arrays = load_arrays(path)
+        return arrays if valid(arrays) else None
+    except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError):
+        return None
 
 
 def store_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Keep an entry for later runs. A cache that cannot be written (read-only, a full disk)
+    loses only that: one note on stderr, and the result just computed is still shown."""
     import io
 
     import numpy as np
 
-    from .files import write_atomically
-
     buf = io.BytesIO()
     np.savez(buf, **arrays)
-    write_atomically(path, buf.getvalue())
+    keep(path, buf.getvalue())
+
+
+store = store_arrays
+
+
+def keep(path: Path, data: bytes) -> None:
+    """Write an entry's bytes atomically; an unwritable cache is one note, not an error."""
+    from .errors import WriteError
+    from .files import write_atomically
+
+    try:
+        write_atomically(path, data)
+    except WriteError as e:
+        _note_once(f"note: {e}; the result is not kept for the next run (set TINYGPT_CACHE "
+                   "to a writable folder)")
+
+
+_noted: set[str] = set()
+
+
+def _note_once(message: str) -> None:
+    import sys
+
+    from .render.text import escape_line
+
+    if message in _noted:
+        return
+    _noted.add(message)
+    try:
+        sys.stderr.write(escape_line(message) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass  # stderr is gone: nothing to tell

@@ -165,6 +165,11 @@ def load_config(path: str | Path) -> Config:
         raise ValueError("config: nested too deeply to be a GPT-2 config") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"config: not valid JSON ({e})") from None
+    except ValueError as e:  # Python's own limit on integer strings, with its hint for coders
+        if "integer string conversion" not in str(e):
+            raise
+        raise ValueError("config: a number of more than 4,300 digits; no size of a GPT-2 "
+                         "model is anywhere near that large") from None
     return Config.from_dict(data)
 
 

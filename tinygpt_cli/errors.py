@@ -24,17 +24,32 @@ class WriteError(WeightsError):
     """A file could not be written: a read-only folder, a full disk, a path that is a folder."""
 
 
+class NonFiniteError(WeightsError):
+    """The forward pass produced an infinite or NaN value: weights too large for float32."""
+
+
 class RunError(WeightsError):
     """A training run that cannot go on: its loss diverged or its run folder is broken."""
 
 
-def check_utf8(text: str, what: str) -> None:
-    """Python hands bytes that are not UTF-8 (in argv, or in a stdin decoded leniently) over
-    as lone surrogates, which no tokenizer can encode: refuse them as bad input."""
+def check_utf8(text: str, what: str) -> str:
+    """The text, whole. Python hands bytes it could not decode (in argv, or in a stdin decoded
+    leniently) over as lone surrogates, which no tokenizer can encode. In the POSIX locale
+    without UTF-8 mode even valid UTF-8 arrives so: an argument is decoded again from its
+    bytes (os.fsencode) as UTF-8; what still is not UTF-8 is refused as bad input."""
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        bad = text[e.start]
-        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else \
-            f"U+{ord(bad):04X}"
-        raise InputError(f"{what} is not valid UTF-8 ({byte} at character {e.start})") from None
+        return text
+    except UnicodeEncodeError:
+        pass
+    import os
+
+    try:
+        return os.fsencode(text).decode("utf-8")
+    except (UnicodeError, TypeError):
+        pass
+    start = next(i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF)
+    bad = text[start]
+    byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else \
+        f"U+{ord(bad):04X}"
+    raise InputError(f"{what} is not valid UTF-8 ({byte} at character {start})")

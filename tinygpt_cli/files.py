@@ -9,11 +9,15 @@ from pathlib import Path
 from .errors import WriteError
 
 
-def _cannot_write(path: Path, e: OSError) -> WriteError:
+def cannot_write(path: Path, e: OSError) -> WriteError:
     """One line for the user: which file, and the system's reason (disk full, read-only)."""
     reason = e.strerror or str(e)
     if e.errno == errno.ELOOP:
         reason = "it is a symbolic link, which tinygpt never writes through"
+    elif e.errno in (errno.EEXIST, errno.ENOTDIR):  # mkdir's "File exists" for a file/x
+        blocking = next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            reason = f"{blocking} is a file, not a folder"
     return WriteError(f"cannot write {path}: {reason}")
 
 
@@ -31,7 +35,7 @@ def write_atomically(path: str | Path, data: bytes, *, mode: int = 0o644) -> Non
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
-        raise _cannot_write(path, e) from None
+        raise cannot_write(path, e) from None
     try:
         os.chmod(tmp, mode)  # mkstemp makes 0600; weights and reports are meant to be read
         with os.fdopen(fd, "wb") as f:
@@ -43,7 +47,7 @@ def write_atomically(path: str | Path, data: bytes, *, mode: int = 0o644) -> Non
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(e, OSError):
-            raise _cannot_write(path, e) from None
+            raise cannot_write(path, e) from None
         raise
 
 
@@ -59,7 +63,7 @@ def append_line(path: str | Path, line: str) -> None:
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as e:
-        raise _cannot_write(path, e) from None
+        raise cannot_write(path, e) from None
     try:
         if os.fstat(fd).st_nlink > 1:
             raise WriteError(f"cannot write {path}: it is a hard link to another file")
@@ -67,7 +71,7 @@ def append_line(path: str | Path, line: str) -> None:
         while data:
             data = data[os.write(fd, data):]
     except OSError as e:
-        raise _cannot_write(path, e) from None
+        raise cannot_write(path, e) from None
     finally:
         os.close(fd)
 

@@ -82,15 +82,18 @@ def generate(
     checked now, before the caller has shown anything, not at the first token.
     """
     check_temperature(temperature)
+    # the prompt's pass now too, so that weights that overflow fail before anything is shown
+    context = CachedContext(params, config, ids, hooks) if cached and max_new_tokens > 0 \
+        else None
     return _steps(params, config, list(ids), max_new_tokens, temperature, top_k, top_p, rng,
-                  stop_id, hooks, cached)
+                  stop_id, hooks, context)
 
 
 def _steps(params, config, ids, max_new_tokens, temperature, top_k, top_p, rng, stop_id,
-           hooks, cached) -> Iterator[Step]:
+           hooks, context: CachedContext | None) -> Iterator[Step]:
     if max_new_tokens <= 0:
         return
-    context = CachedContext(params, config, ids, hooks) if cached else None
+    cached = context is not None
     text = list(ids)
     last = context.logits if cached else next_logits_uncached(params, config, text, hooks)
     for n in range(max_new_tokens):

@@ -79,7 +79,7 @@ class StopAfter:
 
     def __call__(self, path: str, x: np.ndarray) -> np.ndarray:
         if path == self.path:
-            raise Stop(path)
+            raise Stop(path, x)  # the value too, so that forward can check it is finite
         return x
 
 

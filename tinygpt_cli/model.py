@@ -16,6 +16,7 @@ import numpy as np
 
 from . import ops
 from .config import Config
+from .errors import NonFiniteError
 from .hooks import Hook, Record, Stop  # noqa: F401  (Record for callers)
 from .schema import param_shapes
 
@@ -329,12 +330,15 @@ def forward(
     start: int = 0,
     dropout: Dropout | None = None,
     last_only: bool = False,
+    check_finite: bool = True,
 ) -> np.ndarray | None:
     """The logits [T, V] for ids [T] (or [B, T, V] for [B, T]), every value through `hooks`.
 
     With `cache`, ids are the tokens at positions start .. start+T-1 and attend to the cached
     keys and values before them. `last_only` computes the logits of the last position only
-    ([1, V]). Returns None when a StopAfter hook ended the pass.
+    ([1, V]). Returns None when a StopAfter hook ended the pass. An infinite or NaN value
+    (weights too large for float32) raises NonFiniteError naming the first one, unless
+    `check_finite` is False (training, which reports a diverging loss itself).
     """
     keep_freed_memory()
     ids = np.asarray(ids)
@@ -343,23 +347,67 @@ def forward(
         raise ValueError(f"{start + t} tokens is more than the model's limit of "
                          f"{config.n_positions}")
     hk = hooks or _no_hooks
-    try:
-        hk("ids", ids)
-        h = embed(params, ids, start, hk)
-        if dropout is not None:
-            h = dropout("embeddings", h)
-        for i in range(config.n_layer):
-            h = block(params, config, i, h, hooks, cache, start, dropout)
-        if last_only:
-            h = h[..., -1:, :]
-        u = layer_norm(h, params["ln_f.weight"], params["ln_f.bias"], config.layer_norm_epsilon,
-                       "ln_final", hk)
-        logits = unembed(params, u, hk)
-    except Stop:
-        return None
+    # Finite but huge weights overflow float32 somewhere inside: no warning on the way, one
+    # check of the last value at the end, naming the first value that went wrong.
+    with np.errstate(all="ignore"):
+        try:
+            hk("ids", ids)
+            h = embed(params, ids, start, hk)
+            if dropout is not None:
+                h = dropout("embeddings", h)
+            for i in range(config.n_layer):
+                h = block(params, config, i, h, hooks, cache, start, dropout)
+            if last_only:
+                h = h[..., -1:, :]
+            u = layer_norm(h, params["ln_f.weight"], params["ln_f.bias"],
+                           config.layer_norm_epsilon, "ln_final", hk)
+            logits = unembed(params, u, hk)
+        except Stop as e:
+            last = e.args[1] if len(e.args) > 1 else None
+            if check_finite and last is not None and not _finite(e.args[0], last):
+                _name_first_non_finite(params, config, ids, hooks, cache, start, last_only,
+                                       e.args[0])
+            return None
+    if check_finite and not np.isfinite(logits).all():
+        _name_first_non_finite(params, config, ids, hooks, cache, start, last_only, "logits")
     if cache is not None:
         cache.length = start + t
     return logits
+
+
+def _finite(path: str, x) -> bool:
+    """Every number of a value finite; attention scores are -inf where masked, by design."""
+    x = np.asarray(x)
+    if not np.issubdtype(x.dtype, np.floating):
+        return True
+    if path.endswith("scores"):
+        return not (np.isnan(x).any() or np.isposinf(x).any())
+    return bool(np.isfinite(x).all())
+
+
+def _overflowed(path: str) -> NonFiniteError:
+    return NonFiniteError(f"the forward pass overflowed: {path} is the first value holding "
+                          "infinite or NaN numbers (weights too large to compute with in "
+                          "float32)")
+
+
+def _first_non_finite(path: str, x: np.ndarray) -> np.ndarray:
+    """A hook that ends the pass at the first value holding an infinite or NaN number."""
+    if not _finite(path, x):
+        raise _overflowed(path)
+    return x
+
+
+def _name_first_non_finite(params, config, ids, hooks, cache, start, last_only,
+                           last: str) -> None:
+    """Run the pass again, checking every value as it is made, and raise NonFiniteError for
+    the first bad one (`last`, the value found bad, if none before it is)."""
+    from .hooks import Chain
+
+    guard = _first_non_finite
+    forward(params, config, ids, hooks=Chain(hooks, guard) if hooks else guard, cache=cache,
+            start=start, last_only=last_only, check_finite=False)
+    raise _overflowed(last)
 
 
 def decode_step(params, config: Config, token: int, cache: KVCache,
@@ -461,7 +509,7 @@ def loss_and_grads(params, config, ids, targets, *, dropout=0.0, rng=None):
     """One training step's worth of math: mean cross-entropy and its gradients."""
     rec = Record()
     drop = Dropout(dropout, rng) if dropout > 0 else None
-    logits = forward(params, config, ids, hooks=rec, dropout=drop)
+    logits = forward(params, config, ids, hooks=rec, dropout=drop, check_finite=False)
     loss, dlogits = ops.cross_entropy_with_grad(logits, targets)
     grads, _ = backward(params, config, rec.values, dlogits,
                         masks=drop.masks if drop else None)

@@ -35,23 +35,23 @@ CARDS = [
          "to the first token, row 1 to the second."),
     Card(4, "Add and norm", "Norm rescales each token's numbers to a steady range, before "
          "attention and before the feed-forward layer; add keeps what came in.",
-         "x + Sublayer(LayerNorm(x))", "layers[0].ln1.out", "tinygpt norm TEXT --layer 0",
+         "x + Sublayer(LayerNorm(x))", "layers.0.ln1.out", "tinygpt norm TEXT --layer 0",
          "Each token's {d} numbers are handled on their own. GPT-2 moves the norm to the "
          "start of each step."),
     Card(5, "Masked attention", "Each token looks at itself and the tokens before it and "
          "pulls in what it needs; it cannot look ahead.",
          "softmax(Q K^T / sqrt(d_k) + M) V,  M_ij = -inf when j > i",
-         "layers[0].heads[0].weights", "tinygpt attn TEXT --layer 0 --head 0",
+         "layers.0.heads.0.weights", "tinygpt attn TEXT --layer 0 --head 0",
          "This model has {heads} heads with {d_k} numbers each. Each head makes a {T} by {T} "
          "grid of weights; each row sums to 1."),
     Card(6, "Feed forward", "Each token's numbers go through a small network on their own.",
-         "GELU(x W_1 + b_1) W_2 + b_2", "layers[0].mlpOut", "tinygpt mlp TEXT --layer 0",
+         "GELU(x W_1 + b_1) W_2 + b_2", "layers.0.mlp_out", "tinygpt mlp TEXT --layer 0",
          "{d} numbers grow to {ffn}, pass through GELU, and shrink back to {d}."),
     Card(7, "Repeated blocks", "The block repeats; each one refines the numbers further.",
          "h^(l+1) = Block_l(h^(l))", "layers.length", "tinygpt blocks TEXT",
          "This model stacks {L} blocks. The paper used 6, and GPT-2 small uses 12."),
     Card(8, "Final norm", "One more norm after the last block, before the scores are made.",
-         "u = LayerNorm(h^(L))", "lnFinal.out", "tinygpt final-norm TEXT",
+         "u = LayerNorm(h^(L))", "ln_final.out", "tinygpt final-norm TEXT",
          "The {T} rows of {d} numbers, rescaled. GPT-2 added it; the paper has none."),
     Card(9, "Linear", "Turns each token's numbers into one score for every vocabulary token, "
          "reusing the embedding table.", "z = u W_E^T", "logits", "tinygpt logits TEXT",

@@ -44,8 +44,13 @@ def check_index(value: int, count: int, what: str) -> int:
 
 def encode_checked(model: Model, text: str) -> list[int]:
     """The text's ids, within the model's context; the errors say how long it was."""
-    ids = model.tokenizer.encode(check_text(text))
     limit = model.config.n_positions
+    most = limit * model.tokenizer.longest_token_bytes
+    if len(text) > most:  # surely too long (a character is a byte or more): say so at once
+        raise InputError(f"the text is {len(text):,} characters long; this model reads at "
+                         f"most {limit} tokens ({limit} tokens never hold more than "
+                         f"{most:,} characters)")
+    ids = model.tokenizer.encode(check_text(text))
     if not ids:
         raise InputError("the text is empty: give at least one character")
     if len(ids) > limit:
@@ -129,7 +134,7 @@ class Session:
 def token_id(model: Model, token: str) -> int:
     """A token by its exact text (' toys', with its space) or by its id; else InputError."""
     tok = model.tokenizer
-    check_utf8(token, "the token")
+    token = check_utf8(token, "the token")
     if token.strip().lstrip("-").isdigit():
         i = int(token)
         if not 0 <= i < tok.vocab_size:

@@ -9,7 +9,7 @@ import os
 import sys
 
 from .exits import OK
-from .render.text import guard_encoding
+from .render.text import ForgivingStream, WatchedStream, guard_encoding
 
 
 class Closed:
@@ -50,8 +50,19 @@ def guard_streams() -> None:
             sys.stdout = Closed("standard output")
         else:
             sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - for the process's life
-    sys.stdout = guard_encoding(sys.stdout)
-    sys.stderr = guard_encoding(sys.stderr)
+    if not isinstance(sys.stdout, WatchedStream | Closed):  # closed: says so itself
+        sys.stdout = WatchedStream(guard_encoding(sys.stdout))
+    if not isinstance(sys.stderr, ForgivingStream):  # a stderr that fails is dropped
+        sys.stderr = ForgivingStream(guard_encoding(sys.stderr))
+
+
+def stdout_failed() -> bool:
+    """Was it a write to stdout that failed (WatchedStream)? If so, stdout now points at
+    /dev/null, so that the flush at exit does not fail again."""
+    if not getattr(sys.stdout, "failed", False):
+        return False
+    reader_gone()
+    return True
 
 
 def reader_gone() -> int:

@@ -51,20 +51,33 @@ class TensorInfo:
     shape: tuple[int, ...]
 
 
-def header_json(path: Path) -> tuple[dict, int, int]:
+def header_limit(config: Config) -> int:
+    """The most header bytes a GPT-2 model of these sizes can need: every tensor and the old
+    attention buffers, a generous 512 bytes each (an entry is about 100), and some metadata.
+    A header of a million made-up entries is refused before it is parsed."""
+    per_block = sum(1 for n, _, _ in PARAMS if n.startswith("h.L.")) + len(IGNORED)
+    return (len(PARAMS) + 1 + per_block * config.n_layer) * 512 + (64 << 10)
+
+
+def header_json(path: Path, limit: int = MAX_HEADER_BYTES) -> tuple[dict, int, int]:
     """The one reader of a safetensors header: an 8-byte little-endian length, then that many
     bytes of JSON. Returns (the JSON object, its length n, the file's size; the data starts
     at byte 8 + n). Checked before anything is allocated, so a file cannot make a reader
-    take more than it holds; WeightsError when it is not a header."""
+    take more than it holds (nor more than `limit` header bytes); WeightsError when it is not
+    a header."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
             raise WeightsError(f"{path} is not a readable safetensors file ({size} bytes)")
         n = int.from_bytes(head, "little")
-        if n > min(MAX_HEADER_BYTES, size - 8):
+        if n > size - 8:
             raise WeightsError(f"{path} is not a readable safetensors file (its header claims "
                                f"{n:,} bytes; the file has {size:,})")
+        if n > limit:
+            raise WeightsError(f"{path}: its header is {n:,} bytes, more than a GPT-2 model of "
+                               f"the config's sizes needs ({limit:,}); not a model of these "
+                               "sizes")
         raw = f.read(n)
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
@@ -75,12 +88,12 @@ def header_json(path: Path) -> tuple[dict, int, int]:
     return header, n, size
 
 
-def read_header(path: Path) -> dict[str, TensorInfo]:
+def read_header(path: Path, limit: int = MAX_HEADER_BYTES) -> dict[str, TensorInfo]:
     """The tensors a safetensors header names, each's dtype, shape and byte range checked
     against the file without loading any tensor."""
-    header, n, size = header_json(path)
+    header, n, size = header_json(path, limit)
     data_bytes = size - 8 - n
-    out = {}
+    out, spans = {}, []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
@@ -101,7 +114,25 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             raise WeightsError(f"{path} is not a readable safetensors file (tensor {name} "
                                "runs past its end: truncated?)")
         out[name] = TensorInfo(name, dtype, tuple(shape))
+        spans.append((begin, end, name))
+    _check_tiling(path, spans)
     return out
+
+
+def _check_tiling(path: Path, spans: list[tuple[int, int, str]]) -> None:
+    """The tensors' byte ranges must follow one another without gaps or overlaps, as the
+    safetensors library requires: two tensors sharing bytes would be aliases of each other."""
+    spans = sorted(spans)
+    for (_, end, before), (begin, _, name) in zip(spans, spans[1:], strict=False):
+        if begin < end:
+            raise WeightsError(f"{path} is not a readable safetensors file (the bytes of "
+                               f"tensor {name} overlap those of tensor {before})")
+    at, before = 0, "the header"
+    for begin, end, name in spans:
+        if begin != at:
+            raise WeightsError(f"{path} is not a readable safetensors file (tensor {name} "
+                               f"starts {begin - at:,} bytes after the end of {before})")
+        at, before = end, f"tensor {name}"
 
 
 def _whole(x) -> bool:
@@ -273,7 +304,7 @@ def checked_header(path: Path, config: Config) -> dict[str, TensorInfo]:
     if not path.is_file():
         raise WeightsError(f"weights file {path} does not exist")
     try:
-        infos = read_header(path)
+        infos = read_header(path, min(MAX_HEADER_BYTES, header_limit(config)))
     except OSError as e:
         raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
     with _naming(path):
@@ -322,10 +353,32 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
 def save_params(params: dict[str, np.ndarray], path: str | Path) -> None:
     """Float32, Hugging Face GPT-2 names, tied head omitted."""
     import numpy as np
-    from safetensors.numpy import save
 
     tensors = {PREFIX + n: np.ascontiguousarray(a, dtype=np.float32) for n, a in params.items()}
-    write_atomically(Path(path), save(tensors, metadata={"format": "pt"}))
+    write_atomically(Path(path), safetensors_bytes(tensors, {"format": "pt"}))
+
+
+def safetensors_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+                      ) -> bytes:
+    """A safetensors file, the same bytes for the same tensors and metadata every time: the
+    safetensors library writes its metadata in a random order (a Rust HashMap), so two runs
+    of `means` gave files that differed. Names and metadata keys sorted; the header padded
+    with spaces to a multiple of 8 bytes, as the library does."""
+    import numpy as np
+
+    codes = {np.dtype(v): k for k, v in _SAFETENSORS_DTYPES.items()}
+    header: dict = {"__metadata__": dict(sorted(metadata.items()))} if metadata else {}
+    chunks, at = [], 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": codes[a.dtype.newbyteorder("<")], "shape": list(a.shape),
+                        "data_offsets": [at, at + len(data)]}
+        chunks.append(data)
+        at += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + b"".join(chunks)
 
 
 @dataclass
@@ -368,20 +421,49 @@ class Folder:
     header: dict[str, TensorInfo]  # model.safetensors' header, checked against the config
 
 
+_opened: dict | None = None  # folder -> Folder or Model, while opened_once() is active
+
+
+@contextlib.contextmanager
+def opened_once():
+    """Within this block each weights folder is opened and loaded once: `--each-line` runs a
+    command per line, and reopening the folder (tokenizer, header, weights) took most of
+    each line's time."""
+    global _opened
+    outer = _opened
+    _opened = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _opened = outer
+
+
+def _once(kind: str, folder, make):
+    if _opened is None:
+        return make(folder)
+    key = (kind, resolve_folder(folder)[0])
+    if key not in _opened:
+        _opened[key] = make(folder)
+    return _opened[key]
+
+
 def open_folder(folder: str | Path | None = None) -> Folder:
     """A missing folder the user named is bad input (InputError, exit 2); a folder that
     exists but cannot be used, or a missing shipped model, is a WeightsError (exit 1)."""
-    from .tokenizer import Tokenizer
+    return _once("folder", folder, _open_folder)
 
+
+def _open_folder(folder: str | Path | None) -> Folder:
     root, named = resolve_folder(folder)
     if not root.is_dir():
-        if named and not root.exists():
+        if named and not root.exists() and not root.is_symlink():
             raise InputError(f"weights folder {root} does not exist")
-        raise WeightsError(f"weights folder {root} "
-                           + ("is not a folder" if root.exists() else "does not exist"))
+        raise WeightsError(f"weights folder {root} " + _not_a_folder(root))
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
-        if not (root / name).is_file():
-            raise WeightsError(f"weights folder {root} has no {name}")
+        path = root / name
+        if not path.is_file():
+            raise WeightsError(f"weights folder {root} has no {name}" if not path.exists()
+                               and not path.is_symlink() else f"{path} {_not_a_file(path)}")
     try:
         config = load_config(root / "config.json")
     except (ValueError, OSError) as e:
@@ -389,19 +471,61 @@ def open_folder(folder: str | Path | None = None) -> Folder:
     # the weights' header too, though text <-> ids never reads them: a broken folder is
     # reported by every command alike
     header = checked_header(root / "model.safetensors", config)
-    try:
-        tokenizer = Tokenizer.from_file(root / "tokenizer.json")
-    except Exception as e:  # tokenizers raises a bare Exception on malformed files
-        raise WeightsError(f"{root / 'tokenizer.json'} is not a tokenizers file ({e})") from None
+    tokenizer = read_tokenizer(root / "tokenizer.json", config)
     check_vocabulary(tokenizer, config, root)
     return Folder(root, config, tokenizer, header)
 
 
+def _not_a_folder(path: Path) -> str:
+    if path.is_symlink() and not path.exists():
+        return "is a symbolic link that leads nowhere (a loop, or a missing target)"
+    return "is not a folder" if path.exists() else "does not exist"
+
+
+def _not_a_file(path: Path) -> str:
+    if path.is_dir():
+        return "is a folder, not a file"
+    if path.is_symlink() and not path.exists():
+        return "is a symbolic link that leads nowhere (a loop, or a missing target)"
+    return "is not a regular file (a pipe or a device?)"
+
+
 def load_model(folder: str | Path | None = None) -> Model:
     """open_folder, then the weights its header check let through."""
+    return _once("model", folder, _load_model)
+
+
+def _load_model(folder: str | Path | None) -> Model:
     f = open_folder(folder)
     return Model(f.folder, f.config, map_params(f.folder / "model.safetensors", f.config,
                                                 f.header), f.tokenizer)
+
+
+MAX_TOKENIZER_BYTES = 16 << 20  # GPT-2's own, 50,257 tokens with their merges: 1.4 MB
+
+
+def read_tokenizer(path: Path, config: Config):
+    """tokenizer.json, capped in size like config.json, and refused unless it is a byte-level
+    BPE (the only kind whose tokens are bytes, which every view and the model's ids assume)."""
+    from .tokenizer import Tokenizer
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TOKENIZER_BYTES + 1)
+    except OSError as e:
+        raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_TOKENIZER_BYTES:
+        raise WeightsError(f"{path} is larger than {MAX_TOKENIZER_BYTES:,} bytes: not the "
+                           f"tokenizer of a {config.vocab_size:,}-token model")
+    try:
+        tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as e:  # tokenizers raises a bare Exception on malformed files
+        raise WeightsError(f"{path} is not a tokenizers file ({e})") from None
+    kind = tokenizer.kind()
+    if kind is not None:
+        raise WeightsError(f"{path} is not a byte-level BPE tokenizer ({kind}); tinygpt reads "
+                           "only GPT-2's kind, whose tokens are bytes")
+    return tokenizer
 
 
 def check_vocabulary(tokenizer, config: Config, root: Path) -> None:

@@ -57,10 +57,10 @@ def value_means(params: dict[str, np.ndarray], config: Config, windows: np.ndarr
 
 
 def save_means(path: str | Path, means: dict[str, np.ndarray], meta: dict[str, str]) -> None:
-    from safetensors.numpy import save
+    from ..weights import safetensors_bytes
 
     tensors = {p: np.ascontiguousarray(v, dtype=np.float32) for p, v in means.items()}
-    write_atomically(Path(path), save(tensors, metadata={k: str(v) for k, v in meta.items()}))
+    write_atomically(Path(path), safetensors_bytes(tensors, {k: str(v) for k, v in meta.items()}))
 
 
 def load_means(path: str | Path, config: Config,

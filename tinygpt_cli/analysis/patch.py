@@ -179,17 +179,29 @@ class PatchReport:
     corrupt_tokens: list[str]
 
 
+def best_other(logits_row: np.ndarray, t: int) -> int:
+    """The likeliest token of a run other than `t`."""
+    first, second = np.argsort(-logits_row, kind="stable")[:2]
+    return int(second if first == t else first)
+
+
 def patch_question(clean, corrupt, position: int, target: str | None, vs: str | None):
     """The target (default: the clean run's top guess) against vs (default: the corrupt
-    run's top guess) at `position` (checked already)."""
+    run's top guess, or its next best when that is the target too: both runs guessing alike
+    is a question still worth asking) at `position` (checked already). Returns the question
+    and a note saying which --vs was chosen, when it had to be."""
     from .question import Question, ask
 
     q = ask(clean, clean.run()[position], position, target, None)
-    v = clean.token_id(vs) if vs is not None else int(np.argmax(corrupt.run()[position]))
+    v = clean.token_id(vs) if vs is not None else best_other(corrupt.run()[position], q.target)
+    note = None
+    if vs is None and v != int(np.argmax(corrupt.run()[position])):
+        note = (f"both runs' top guess is {q.token_str(q.target)!r}: --vs is the corrupt run's "
+                f"next best, {q.token_str(v)!r} (give --vs to choose)")
     if v == q.target:
         raise InputError(f"the target and --vs are the same token ({q.token_str(v)!r}): give "
                          "--target and --vs that differ")
-    return Question(q.tokens, position, q.target, v, q.token_str)
+    return Question(q.tokens, position, q.target, v, q.token_str), note
 
 
 def patch_report(clean, corrupt, q, method: str, progress=None) -> PatchReport:

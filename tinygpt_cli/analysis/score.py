@@ -11,6 +11,7 @@ Everything here is a pure function of arrays; `progress` is an optional callback
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -193,12 +194,15 @@ class Totals:
         return self.nats / LN2 / self.bytes if self.bytes else float("nan")
 
 
+@functools.lru_cache(maxsize=2)  # once per tokenizer: --each-line scores many texts
 def byte_lengths(tokenizer) -> np.ndarray:
-    """The UTF-8 bytes each vocabulary token stands for, [V]; the separator counts as one
-    byte (the newline it stands for in the data files), as the model card counts."""
+    """The UTF-8 bytes each vocabulary token stands for, [V] (read-only); the separator
+    counts as one byte (the newline it stands for in the data files), as the model card
+    counts."""
     out = np.asarray([len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)],
                      dtype=np.int64)
     out[tokenizer.eot_id] = 1
+    out.flags.writeable = False
     return out
 
 

@@ -15,7 +15,7 @@ import typer
 from .. import streams
 from ..exits import FAULT, INTERRUPTED, OK, USAGE, fresh_line
 from ..render.text import escape_line, examples_block
-from .typer_tricks import click_command, click_errors, quick_coercion
+from .typer_tricks import click_command, click_errors, plain_type_names, quick_coercion
 from .typer_tricks import command_name as _command_name
 
 app = typer.Typer(
@@ -136,11 +136,20 @@ def _too_many_digits(e: Exception) -> bool:
     return type(e) is ValueError and "integer string conversion" in str(e)
 
 
-def _hint(e) -> str:
+def _could_be_text(args: list[str]) -> bool:
+    """A word that click read as options but looks like a text: `-hello`, `-5 degrees`
+    (a mistyped single letter such as `-x` is only an unknown option)."""
+    words = args[: args.index("--")] if "--" in args else args
+    return any(w.startswith("-") and not w.startswith("--") and (len(w) > 2 or " " in w)
+               for w in words)
+
+
+def _hint(e, args: list[str] = ()) -> str:
     see = f"see 'tinygpt {e.ctx.info_name} --help'" if e.ctx and e.ctx.parent else \
         "see 'tinygpt --help'"
     name = getattr(e, "option_name", "") or ""
-    if isinstance(e, click_errors.NoSuchOption) and not re.fullmatch(r"--[A-Za-z][\w-]*", name):
+    if isinstance(e, click_errors.NoSuchOption) and not re.fullmatch(r"--[A-Za-z][\w-]*", name) \
+            and _could_be_text(list(args)):
         # `tinygpt encode -hello` reads as options; the text itself goes after `--`.
         # (`--layr` is a misspelt option: click's "Possible options" is the help it needs.)
         command = e.ctx.info_name if e.ctx and e.ctx.parent else "COMMAND"
@@ -163,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         name = _chosen(args)
         _register(name)
         quick_coercion()
+        plain_type_names()
         command = click_command(app, name)
         if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
             # From here a Ctrl-C is a KeyboardInterrupt again, so that `finally` blocks run.
@@ -189,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     except click_errors.UsageError as e:
         if debug:
             raise
-        code = _error(e.format_message() + _hint(e), USAGE)
+        code = _error(e.format_message() + _hint(e, args), USAGE)
     except InputError as e:
         if debug:
             raise
@@ -211,6 +221,8 @@ def main(argv: list[str] | None = None) -> None:
             code = streams.reader_gone()
         elif debug:
             raise
+        elif not e.filename and streams.stdout_failed():  # `> /dev/full`
+            code = _error(f"cannot write to standard output: {e.strerror or e}", 1)
         else:
             where = f": {e.filename}" if e.filename else ""
             code = _error(f"{e.strerror or e}{where}", FAULT)

@@ -26,13 +26,11 @@ TEXT_PARAMS = ("text", "text_a")
 def main(command, args: list[str]):
     """command.main(args), or once per line when args hold --each-line FILE."""
     options = args[: args.index("--")] if "--" in args else args  # after '--' all is text
+    from .common import set_changed
+
+    set_changed(None)  # a note of an earlier command in this process is not this one's
     if not any(a == OPTION or a.startswith(OPTION + "=") for a in options):
         return command.main(args=args, prog_name="tinygpt", standalone_mode=False)
-    from rich.text import Text  # only now: a plain command line never pays for them
-
-    from ..render import jsonout
-    from ..render.text import show_text
-
     source, rest = take_option(args)
     name = next((a for a in rest if not a.startswith("-")), None)
     sub = getattr(command, "commands", {}).get(name) if name else None
@@ -42,6 +40,17 @@ def main(command, args: list[str]):
         raise InputError(f"{OPTION} runs a command that reads a text once per line; "
                          f"{name or 'no command'} does not read one. Commands that do: "
                          + ", ".join(readers))
+    from ..weights import opened_once
+
+    with opened_once():  # the weights folder is read for the first line only
+        return _each_line(command, rest, name, sub, source)
+
+
+def _each_line(command, rest: list[str], name: str, sub, source: str) -> int:
+    from rich.text import Text
+
+    from ..render.text import show_text
+
     as_json = "--json" in rest
     code = 0
     at = rest.index(name) + 1
@@ -54,9 +63,7 @@ def main(command, args: list[str]):
                 buf = io.StringIO()
                 with contextlib.redirect_stdout(buf):
                     code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False)
-                docs = [json.loads(x) for x in buf.getvalue().splitlines() if x.strip()]
-                jsonout.emit({"line": number, "text": line,
-                              "result": docs[0] if len(docs) == 1 else docs})
+                _emit_record(number, line, [x for x in buf.getvalue().splitlines() if x.strip()])
             else:
                 from .common import stdout
 
@@ -69,6 +76,25 @@ def main(command, args: list[str]):
         if code:
             return code
     return code
+
+
+def _emit_record(number: int, line: str, docs: list[str]) -> None:
+    """{"line": N, "text": ..., "result": the command's document(s)} on one line. The
+    documents are spliced in as the command printed them (strict, escaped JSON already):
+    parsing and printing them again took as long as the command itself."""
+    from ..render import jsonout
+
+    out = sys.stdout
+    encoding = (getattr(out, "encoding", None) or "utf-8").lower().replace("-", "")
+    if not encoding.startswith("utf"):  # the documents must be made ASCII: print them anew
+        parsed = [json.loads(d) for d in docs]
+        jsonout.emit({"line": number, "text": line,
+                      "result": parsed[0] if len(parsed) == 1 else parsed})
+        return
+    result = docs[0] if len(docs) == 1 else "[" + ", ".join(docs) + "]"
+    head = jsonout.dumps({"line": number, "text": line})
+    out.write(f'{head[:-1]}, "result": {result}}}\n')
+    out.flush()
 
 
 def split_arguments(command, args: list[str]) -> tuple[list[str], list[str], list[str]]:

@@ -250,7 +250,7 @@ def mlp(
 
 @app.command()
 def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
-           as_json: bool = JSON,
+           as_json: bool = JSON, full: bool = FULL,
            position: int = POSITION, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 7: the residual stream after each block, what each block changed, the top guess.
 

@@ -65,13 +65,13 @@ FULL = typer.Option(False, "--full", help="Show every column instead of the firs
 LAYER = typer.Option(0, "--layer", "-l", help="Block index; negative counts from the end.")
 HEAD = typer.Option(0, "--head", "-H", help="Head index; negative counts from the end.")
 POSITION = typer.Option(-1, "--position", "-p", help="Token position; -1 is the last.")
-# Short flags mean one thing everywhere: -n is always "how many" (rows, neurons, new tokens),
-# -k is always --top-k of sampling.
+# Short flags mean one thing everywhere (cli/options.py holds the table): -n is always "how
+# many" (rows, neurons, new tokens), -k is always --top-k of sampling.
 TOP = typer.Option(10, "--top", "-n", min=1, help="How many to list (capped at how many "
                    "there are).")
-ABLATE = typer.Option(None, "--ablate", help="Zero this value first and show the changed run "
-                      "(repeatable): a head's output layers.1.heads.2.out, layers.0.mlp_out, "
-                      "layers.0.attn_out.", show_default=False)
+ABLATE = typer.Option(None, "--ablate", metavar="PATH", help="Zero this value first and show "
+                      "the changed run (repeatable): a head's output layers.1.heads.2.out "
+                      "(or L1H2), layers.0.mlp_out, layers.0.attn_out.", show_default=False)
 # probs, sample and generate share these defaults: the model's own chances, untrimmed.
 TEMPERATURE = typer.Option(1.0, "--temperature", "-t", min=0.0,
                            help="Divide the scores by this before softmax; 0 is greedy "
@@ -147,7 +147,8 @@ def picture_format(path: Path) -> str:
         raise InputError(f"--save {path}: unknown extension {path.suffix or '(none)'!r}; use "
                          ".svg (a vector drawing) or .html (a web page)")
     if not path.parent.is_dir():
-        raise InputError(f"--save {path}: the folder {path.parent} does not exist")
+        raise InputError(f"--save {path}: the folder {path.parent} "
+                         + ("is a file" if path.parent.exists() else "does not exist"))
     if path.is_dir():
         raise InputError(f"--save {path}: that is a folder; give a file name ending .svg or "
                          ".html")
@@ -167,11 +168,10 @@ def save_figure(figure, path: Path | None, force: bool = False) -> None:
 
     data = (svg.document if kind == "svg" else html.document)(figure)
     write_atomically(path, data.encode("utf-8"))
-    if not _quiet and sys.stderr is not None and sys.stderr.isatty():
-        # a person at a terminal sees where the picture went; pipes and --quiet stay silent
-        from ..render.text import show_text
+    if not _quiet:  # where the picture went, as a note on stderr (--quiet: nothing)
+        from ..render.text import escape_line
 
-        stderr().print(f"saved {show_text(str(path))}", style="dim")
+        stderr().print(f"wrote {escape_line(str(path))}", style="dim", soft_wrap=True)
 
 
 def check_save(path: Path | None, force: bool) -> None:
@@ -186,7 +186,9 @@ def check_top_p(top_p: float) -> None:
         raise InputError(f"--top-p must be in (0, 1], got {top_p!r}")
 
 
+_changed: str | None = None  # what --ablate changed in the run about to be shown (run() sets it)
 PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
+MIN_WIDTH, TERMINAL_WIDTH = 20, 80  # a narrower stated width is a mistake: use the classic one
 
 
 def stdout(width: int | None = None) -> Console:
@@ -194,17 +196,26 @@ def stdout(width: int | None = None) -> Console:
     The width is the terminal's, or $COLUMNS, or PIPE_WIDTH for a pipe."""
     from rich.console import Console
 
+    global _changed
     console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width,
                       quiet=_quiet)
+    if _changed:  # the view of a changed run says so first, whatever view it is
+        from rich.text import Text
+
+        note, _changed = _changed, None
+        stdout(width).print(Text(note, style="bold magenta"))
     if width is None and not console.is_terminal and not _columns():
         console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
                           width=PIPE_WIDTH, quiet=_quiet)
+    elif width is None and console.width < MIN_WIDTH:  # COLUMNS=0 on a terminal: no view
+        console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
+                          width=TERMINAL_WIDTH, quiet=_quiet)
     return console
 
 
 def _columns() -> int | None:
     value = os.environ.get("COLUMNS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else None
+    return int(value) if value.isdigit() and int(value) >= MIN_WIDTH else None
 
 
 def wide(*renderables) -> Console:
@@ -220,19 +231,25 @@ def wide(*renderables) -> Console:
 def stderr():
     from rich.console import Console
 
-    return Console(stderr=True, markup=False, highlight=False, emoji=False)
+    console = Console(stderr=True, markup=False, highlight=False, emoji=False)
+    if console.width < MIN_WIDTH:  # COLUMNS=0: notes would print nothing
+        console = Console(stderr=True, markup=False, highlight=False, emoji=False,
+                          width=TERMINAL_WIDTH)
+    return console
 
 
 def read_text(text: str | None) -> str:
     """The argument, or stdin when the argument is '-' or missing and stdin is not a terminal."""
     if text is None or text == "-":
-        if sys.stdin is None or sys.stdin.isatty():
+        if sys.stdin is None:  # `<&-`
+            raise InputError("no text: stdin is closed; give the text as an argument")
+        if sys.stdin.isatty():
             raise InputError("no text: give it as an argument, or pipe it on stdin with '-'")
         text = _read_stdin()
         if text.endswith("\n"):
             text = text[:-1]  # the newline `echo` adds is not part of the text
     else:
-        check_utf8(text, "the text argument")
+        text = check_utf8(text, "the text argument")
     if text == "":
         raise InputError("the text is empty: give at least one character")
     return text

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..render.text import escape_line
+from ..render.text import count, escape_line
 from .app import app
 from .common import (
     FORCE,
@@ -29,6 +29,7 @@ from .common import (
     progress,
     read_text,
     save_figure,
+    stderr,
     stdout,
 )
 
@@ -179,7 +180,7 @@ def ablate(
     text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, position: int = POSITION,
     layer: int = typer.Option(None, "--layer", "-l", help="The block of the component.",
                               show_default=False),
-    head: int = typer.Option(None, "--head", help="Take out this head's output.",
+    head: int = typer.Option(None, "--head", "-H", help="Take out this head's output.",
                              show_default=False),
     mlp: bool = typer.Option(False, "--mlp", help="Take out the block's MLP output."),
     every: bool = typer.Option(False, "--all", help="Take out each head and each MLP in turn "
@@ -191,7 +192,7 @@ def ablate(
     data: Path = typer.Option(None, "--data", help="Mean: average over the validation file of "
                               "this folder (cached) instead of the stored means.",
                               show_default=False),
-    top: int = typer.Option(5, "--top", "-k", min=1, help="How many top tokens to show."),
+    top: int = typer.Option(5, "--top", "-n", min=1, help="How many top tokens to show."),
     as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Ablation: take out a head or an MLP; the change in log p(target) and the KL divergence.
@@ -299,10 +300,12 @@ def patch(
     s = open_session(weights, clean)
     c = open_session(None, corrupt, model=s.model)
     if c.T != s.T:
-        raise InputError(f"the clean text is {s.T} tokens and the corrupt text {c.T}: "
+        raise InputError(f"the clean text is {count(s.T, 'token')} and the corrupt text {c.T}: "
                          "patching copies values position by position, so they must have the "
                          "same number of tokens")
-    q = patching.patch_question(s, c, s.position(position), target, vs)
+    q, note = patching.patch_question(s, c, s.position(position), target, vs)
+    if note:
+        stderr().print(note, style="dim")
     runs = patching.patch_count(s.config, q.position)
     with progress(runs, f"patching ({runs} runs)", enabled=not as_json and runs > 500) as step:
         r = patching.patch_report(s, c, q, method, step)

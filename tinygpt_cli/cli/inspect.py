@@ -44,19 +44,23 @@ def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
     model = open_folder(weights)
     text = read_text(text)
     ids = model.tokenizer.encode(text)
-    tokens = [model.tokenizer.token_str(i) for i in ids]
-    offsets = model.tokenizer.byte_offsets(ids)
     if as_json:
         import numpy as np
 
         from ..render import jsonout
 
+        tokens = [model.tokenizer.token_str(i) for i in ids]
         jsonout.emit(jsonout.document("ids", np.asarray(ids, dtype=np.int64), ids, tokens,
-                                      offsets=offsets, vocab_size=model.config.vocab_size))
+                                      offsets=model.tokenizer.byte_offsets(ids),
+                                      vocab_size=model.config.vocab_size))
         return
-    from ..render.tables import encode_view
+    from ..render.tables import ENCODE_ROWS, encode_view, kept_rows
 
-    stdout().print(encode_view(ids, tokens, offsets, model.config))
+    # a person reads the first and last rows of a long text; --json has every token
+    rows = kept_rows(len(ids), ENCODE_ROWS)
+    tokens = {i: model.tokenizer.token_str(ids[i]) for i in rows if i is not None}
+    stdout().print(encode_view(ids, rows, tokens, model.tokenizer.byte_starts(ids),
+                               model.config))
 
 
 def _parse_ids(args: list[str]) -> list[int]:
@@ -73,7 +77,8 @@ def _parse_ids(args: list[str]) -> list[int]:
 
 @app.command()
 def decode(
-    ids: list[str] = typer.Argument(None, help="Token ids (spaces or commas); '-' or nothing "
+    ids: list[str] = typer.Argument(None, metavar="IDS", help="Token ids (spaces or commas); "
+                                    "'-' or nothing "
                                     "reads them from stdin.", show_default=False),
     weights: Path = WEIGHTS, as_json: bool = JSON,
 ):
@@ -129,6 +134,7 @@ def generate(
     from ..generate import generate as generate_tokens
     from ..hooks import ablation
     from ..render import generation
+    from ..render.text import count
     from ..sampling import check_temperature, create_rng
     from .steering import steered_hooks
 
@@ -138,22 +144,21 @@ def generate(
     hooks = steered_hooks(model, ablation(ablate, model.config) if ablate else None)
     prompt = read_text(text)
     ids = encode_checked(model, prompt)
-    if seed is None:
-        seed = int(np.random.SeedSequence().entropy % 2**31)
-        if temperature > 0:
-            stderr().print(f"seed {seed} (pass --seed {seed} to get the same text again)",
-                           style="dim")
+    chosen, seed = seed, int(np.random.SeedSequence().entropy % 2**31) if seed is None else seed
     tok = model.tokenizer
     steps = generate_tokens(model.params, model.config, ids, max_new_tokens,
                             temperature=temperature, top_k=top_k or None, top_p=top_p,
                             rng=create_rng(seed), stop_id=None if no_stop else tok.eot_id,
                             hooks=hooks)
+    if chosen is None and temperature > 0:
+        stderr().print(f"seed {seed} (pass --seed {seed} to get the same text again)",
+                       style="dim")
     if as_json:
         generation.write_json(tok, prompt, ids, steps, seed, no_stop)
         return
     new, stopped = generation.write_text(stdout(), tok, prompt, steps, no_stop)
     why = "<|endoftext|>" if stopped else f"--max-new-tokens {max_new_tokens}"
-    stderr().print(f"({new} new tokens; stopped at {why})", style="dim")
+    stderr().print(f"({count(new, 'new token')}; stopped at {why})", style="dim")
 
 
 @app.command("trace")

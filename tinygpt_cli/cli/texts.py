@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -60,7 +61,7 @@ def _stories_of(path: Path) -> list[str]:
     from ..corpus import read_stories
 
     if not path.is_file():
-        raise InputError(f"{path} is not a file")
+        raise InputError(f"{path} " + ("is not a file" if path.exists() else "does not exist"))
     try:
         stories = read_stories([path])
     except UnicodeDecodeError as e:
@@ -86,7 +87,7 @@ def score(
                                 "in non-overlapping windows, as the model card counts."),
     bos: bool = typer.Option(True, "--bos/--no-bos", help="Put <|endoftext|> before each text "
                              "so its first token is scored too, as after a story separator."),
-    top: int = typer.Option(10, "--top", "-k", min=0, help="How many surprising tokens to list."),
+    top: int = typer.Option(10, "--top", "-n", min=0, help="How many surprising tokens to list."),
     show: bool = typer.Option(None, "--show-text/--no-show-text", help="Print the coloured "
                               "text (default: when it is under 3,000 tokens).",
                               show_default=False),
@@ -100,7 +101,7 @@ def score(
     token, then a summary line.
 
     Example: tinygpt score "Lily wanted to play with her ball."
-    Example: tinygpt score --file part-005.txt --stream --json
+    Example: tinygpt score --file ../shared/data/tinystories/part-005.txt --stream --json
     """
     from ..analysis import score as sc
     from ..render import jsonout
@@ -112,8 +113,8 @@ def score(
     check_save(save, force)  # --json streams its lines before the picture could be refused
     stride = stride or cfg.n_positions
     shown = show if show is not None else (sum(map(len, sequences)) < 3000 and not stream)
-    token_str = [tok.token_str(i) for i in range(tok.vocab_size)]
-    token_json = [jsonout.json.dumps(t, ensure_ascii=False) for t in token_str]
+    token_str = tok.token_strs  # labelled once per tokenizer, even with --each-line
+    token_json = _token_json(tok)
     lines = None if not as_json else \
         lambda i, s: jsonout.token_records(sys.stdout, i, s, token_json, stream, offset)
     n_windows = sc.count_windows(map(len, sequences), cfg.n_positions, stride, full_only=stream)
@@ -184,11 +185,9 @@ def _texts_for_heads(model, text: str | None, file: Path | None, stories: int
         raise InputError("give a text or --file, not both")
     if file is not None:
         texts, source = _stories_of(file)[:stories], str(file)
-    elif text is not None:
-        texts, source = [read_text(text)], "the text"
-    elif sys.stdin is not None and not sys.stdin.isatty() and (piped := sys.stdin.read()).strip():
-        texts, source = [piped.removesuffix("\n")], "stdin"
-    else:  # nothing given (an empty pipe counts as nothing): the defaults
+    elif text is not None:  # stdin only for '-': a `while read` loop's input is not ours
+        texts, source = [read_text(text)], "stdin" if text == "-" else "the text"
+    else:  # nothing given: the defaults
         data = find_data()
         val = data / "part-005.txt" if data else None
         if val is not None and val.is_file():
@@ -199,6 +198,13 @@ def _texts_for_heads(model, text: str | None, file: Path | None, stories: int
     if any(len(t) < 2 for t in ids):
         raise InputError("each text needs at least one token")
     return ids, source
+
+
+@functools.lru_cache(maxsize=2)  # one tokenizer per run, even with --each-line
+def _token_json(tok) -> list[str]:
+    from ..render import jsonout
+
+    return [jsonout.json.dumps(t, ensure_ascii=False) for t in tok.token_strs]
 
 
 @app.command()
@@ -229,7 +235,7 @@ def heads(
     the second copy is predicted than the first.
 
     Example: tinygpt heads
-    Example: tinygpt heads --file part-005.txt --stories 16 --json
+    Example: tinygpt heads --file ../shared/data/tinystories/part-005.txt --stories 16 --json
     """
     import numpy as np
 
@@ -284,18 +290,33 @@ def _neuron_maxima(model, files: list[Path], enabled: bool) -> dict[str, np.ndar
     key = cache.key_of("neurons-v1", sha256(model.weights_file),
                        *(sha256(f) for f in files), str(cfg.n_positions), str(nrn.NEURON_TOP))
     return cache.load_or_compute(cache.entry("neurons", key), cache.load_arrays, compute,
-                                 cache.store_arrays)
+                                 cache.store_arrays, lambda e: _valid_neuron_entry(e, cfg))
+
+
+def _valid_neuron_entry(e: dict, cfg) -> bool:
+    """The keys, shapes and ranges _neuron_cache writes: [L, ff, k] windows of the stream."""
+    import numpy as np
+
+    if set(e) != {"stream", "window", "value", "position"} or e["stream"].ndim != 1:
+        return False
+    shape = e["window"].shape
+    n = (len(e["stream"]) - 1) // cfg.n_positions
+    return (len(shape) == 3 and shape[:2] == (cfg.n_layer, cfg.n_inner) and shape[2] >= 1
+            and all(e[k].shape == shape for k in ("value", "position"))
+            and 0 <= e["window"].min() and e["window"].max() < n
+            and 0 <= e["position"].min() and e["position"].max() < cfg.n_positions
+            and e["stream"].max() < cfg.vocab_size and bool(np.isfinite(e["value"]).all()))
 
 
 @app.command()
 def neurons(
     text: str = TEXT, weights: Path = WEIGHTS, layer: int = LAYER,
-    neuron: int = typer.Option(None, "--neuron", "-n", help="One neuron: list the windows of "
+    neuron: int = typer.Option(None, "--neuron", help="One neuron: list the windows of "
                                "--data where it fires most.", show_default=False),
     data: Path = typer.Option(None, "--data", help="Stories to search for --neuron: a file or "
                               "a folder of part-*.txt (default: the training parts of the "
                               "project's data, when it is there).", show_default=False),
-    top: int = typer.Option(8, "--top", "-k", min=1, help="How many neurons or windows."),
+    top: int = typer.Option(8, "--top", "-n", min=1, help="How many neurons or windows."),
     raw: bool = typer.Option(False, "--raw", help="Read W_out through W_E^T alone, without "
                              "the final norm's weight."),
     as_json: bool = JSON,

@@ -51,7 +51,8 @@ def check_vocab_size(vocab_size: int) -> None:
 
 @app.command("train-tokenizer")
 def train_tokenizer_cmd(
-    data: list[Path] = typer.Option(..., "--data", help="Folder of part-*.txt files, or files."),
+    data: list[Path] = typer.Option(..., "--data", metavar="PATH",
+                                    help="Folder of part-*.txt files, or files."),
     out: Path = typer.Option(Path("weights/tokenizer.json"), "--out", help="Where to write it."),
     vocab_size: int = typer.Option(4096, "--vocab-size", help=VOCAB_HELP),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists (by default "
@@ -81,7 +82,8 @@ def train_tokenizer_cmd(
 @app.command("train")
 def train_cmd(
     data: list[Path] = typer.Option(
-        ..., "--data", help="Folder of part-*.txt (the last part is held out), or files."
+        ..., "--data", metavar="PATH",
+        help="Folder of part-*.txt (the last part is held out), or files."
     ),
     out: Path = typer.Option(..., "--out", help="Folder for checkpoints, the log and the "
                              "weights; one training at a time (a second one exits 2)."),
@@ -93,7 +95,7 @@ def train_cmd(
     warmup: int = typer.Option(200, "--warmup", min=0),
     weight_decay: float = typer.Option(0.1, "--weight-decay"),
     dropout: float = typer.Option(0.1, "--dropout", min=0.0, max=0.9),
-    seed: int = typer.Option(0, "--seed", min=0),
+    seed: int = typer.Option(0, "--seed", "-s", min=0),
     ema: float = typer.Option(0.0, "--ema", min=0.0, max=0.99999,
                               help="Validate and export a moving average of the weights "
                                    "with this decay (0.999 spans about 1,000 steps); 0 = off."),
@@ -161,7 +163,8 @@ def train_cmd(
 @app.command("model-card")
 def model_card_cmd(
     run: Path = typer.Argument(..., help="A weights folder written by `tinygpt train`."),
-    data: list[Path] = typer.Option(..., "--data", help="The data it was trained on."),
+    data: list[Path] = typer.Option(..., "--data", metavar="PATH",
+                                    help="The data it was trained on."),
 ) -> None:
     """Write MODEL_CARD.md and loss_curve.svg for a trained weights folder.
 

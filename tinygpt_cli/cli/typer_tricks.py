@@ -120,3 +120,19 @@ def quick_coercion() -> None:
     _TyperParameter._tinygpt_quick = True
 
 
+def plain_type_names() -> None:
+    """--help shows a repeatable option's type as Python spells it (`<list[str]>`); a
+    user reads `<str>...` (one or more). Uses typer internals, like quick_coercion."""
+    try:
+        from typer.core import _TyperParameter
+    except ImportError:
+        return
+    shown = getattr(_TyperParameter, "display_type", None)
+    if shown is None or getattr(shown, "_tinygpt", False):
+        return
+
+    def display_type(self, ctx):
+        return re.sub(r"<list\[(\w+)\]>", r"<\1>...", shown(self, ctx))
+
+    display_type._tinygpt = True
+    _TyperParameter.display_type = display_type

@@ -164,8 +164,9 @@ def patch_figure(r) -> Figure:
         Facts(facts),
         Note("each cell: (patched − corrupt) / (clean − corrupt); 1 restores the clean "
              "prediction, 0 changes nothing", "dim"),
-        Row([Heatmap(g, layer_labels(n_layer), labels, title=kind, path=f"patch.{kind}",
-                     masked=later, signed=True) for kind, g in stream.items()]),
+        Row([Heatmap(np.asarray(g).T, labels, layer_labels(n_layer), title=kind,
+                     path=f"patch.{kind}", masked=later.T, signed=True)
+             for kind, g in stream.items()]),
         Heatmap(heads, layer_labels(n_layer), head_labels(n_head), path="patch.heads",
                 signed=True, title="each head's output, patched at every position"),
     ], subtitle=f"{method}: fraction of the logit difference restored, " + _for_text(tokens))

@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .tables import Fit, WhenStyled, colour, fmt, header, token_rows
+from .tables import Fields, Fit, WhenStyled, colour, fmt, header, token_rows
 from .text import show_token
 
 # ------------------------------------------------------------------ a general labelled heatmap
@@ -66,8 +66,9 @@ def grid(values: np.ndarray, row_labels: list[str], col_labels: list[str], *,
     for i, row in enumerate(values):
         cells = [Text(row_labels[i])]
         for j, x in enumerate(row):
-            if not np.isfinite(x):
-                cells.append(Text("·".center(width), style="dim"))
+            if not np.isfinite(x):  # a hidden column says so; `·` means masked, as in attn
+                glyph = "…" if col_labels[j] == "…" else "·"
+                cells.append(Text(glyph.center(width), style="dim"))
                 continue
             s = text[i][j] if text is not None else cell_text(float(x), percent)
             s = s[:width].center(width)
@@ -237,14 +238,17 @@ def ablate_view(label: str, mode: str, target: tuple[int, str], position: int,
                 logp_before: float, logp_after: float, kl: float,
                 top_before: list[tuple[str, float]], top_after: list[tuple[str, float]]) -> Group:
     t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim", show_header=False)
-    t.add_column("", style="dim", no_wrap=True)
-    t.add_column("", no_wrap=True)
+    # the labels stay whole; the values wrap between their fields, never cut at the edge
+    t.add_column("", style="dim", no_wrap=True, min_width=len("KL(before ‖ after)"))
+    t.add_column("")
     delta = logp_after - logp_before
-    t.add_row("log p(target)", f"{logp_before:.4f} → {logp_after:.4f}  "
-              f"(change {delta:+.4f}; chance {np.exp(logp_before):.2%} → {np.exp(logp_after):.2%})")
+    t.add_row("log p(target)", Fields([
+        Text(f"{logp_before:.4f} → {logp_after:.4f}"),
+        Text(f"(change {delta:+.4f}; chance {np.exp(logp_before):.2%} → "
+             f"{np.exp(logp_after):.2%})")]))
     t.add_row("KL(before ‖ after)", f"{kl:.4f} nats")
-    t.add_row("top before", top_pairs(top_before))
-    t.add_row("top after", top_pairs(top_after))
+    t.add_row("top before", Fields([Text(f"{show_token(tk)} {p:.1%}") for tk, p in top_before]))
+    t.add_row("top after", Fields([Text(f"{show_token(tk)} {p:.1%}") for tk, p in top_after]))
     return Group(
         Text.assemble(("ablate ", "bold cyan"), (label, "bold"), (f"  mode {mode}", "dim"),
                       (f"  position {position}", "dim")),

@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .tables import WhenStyled, colour, fmt
+from .tables import Fit, WhenStyled, colour, fmt
 from .text import show_text, show_token
 
 
@@ -61,9 +61,24 @@ def grid_rows(values: np.ndarray, labels: list[str], columns: list[str], *,
         t.title, t.title_justify, t.title_style = title, "left", "bold dim"
     lo, hi = span or _span(values)
     for label, row in zip(labels, values, strict=True):
-        t.add_row(label, *(_shade(float(x), lo, hi) if np.isfinite(x) else Text("  ·  ")
-                           for x in row))
+        t.add_row(label, *(_shade(float(x), lo, hi) if np.isfinite(x) else
+                           Text("  …  " if c == "…" else "  ·  ")
+                           for c, x in zip(columns, row, strict=True)))
     return t
+
+
+def fitted_grid(values: np.ndarray, labels: list[str], columns: list[str]) -> Fit:
+    """grid_rows whose middle columns give way behind `…` to fit the width (a 117-token text
+    made 848-character lines); the first keys and those nearest the query stay."""
+    span = _span(values)
+
+    def build(keep: list[int | None]) -> Table:
+        cols = ["…" if k is None else columns[k] for k in keep]
+        gap = np.full(len(values), np.nan)
+        grid = np.stack([gap if k is None else values[:, k] for k in keep], axis=1)
+        return grid_rows(grid, labels, cols, span=span)
+
+    return Fit(build, len(columns))
 
 
 def head_grids(values: np.ndarray, labels: list[str]) -> Columns:

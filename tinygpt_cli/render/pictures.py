@@ -23,7 +23,7 @@ from .figure import (
     token_labels,
     value_parts,
 )
-from .text import show_token
+from .text import show_text, show_token
 
 
 def top_bars(path: str, rows: list[dict], value_name: str, *, percent: bool = False,
@@ -137,7 +137,8 @@ def review_figure(text: str, tokens: list[str], ids: list[int], facts: dict, car
              "vocab": "Vocabulary", "longest": "Longest text"}
     pairs = [(name, f"{k} = {facts[k]:,}" + (" tokens" if k in ("vocab", "longest") else ""))
              for k, name in label.items()]
-    parts: list = [Section("The model and the text", [Note(text), Facts(pairs)], anchor="facts")]
+    parts: list = [Section("The model and the text", [Note(show_text(text)), Facts(pairs)],
+                           anchor="facts")]
     for c in cards:
         v = values[c.number]
         shape = (f"{v} × Block" if c.number == 7 else "1 id" if c.number == 11
@@ -159,7 +160,7 @@ def review_figure(text: str, tokens: list[str], ids: list[int], facts: dict, car
             body += [block_table(summary, tok, len(tokens) - 1, tokens)]
         elif c.number == 11:
             body += [Facts([("next token", f"{show_token(tok(picked))}  (id {picked})"),
-                            ("the text becomes", text + decode([picked]))])]
+                            ("the text becomes", show_text(text + decode([picked])))])]
         else:
             body += _small(c.number, v, tokens, ids, tok)
         parts.append(Section(f"{c.number}. {c.title}", body, anchor=f"card-{c.number}"))

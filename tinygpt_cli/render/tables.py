@@ -415,15 +415,35 @@ def blocks_view(rows: list[dict], tok, p: int, tokens: list[str], norms) -> Grou
              "‖after − before‖ / ‖before‖", style="dim"), Fit(build, len(names)))
 
 
-def encode_view(ids: list[int], tokens: list[str], offsets: list, config) -> Group:
-    """Card 1: each token's position, id, text and byte offsets in the UTF-8 text."""
+ENCODE_ROWS = 200  # rows of the encode table: the first and last hundred of a longer text
+
+
+def kept_rows(n: int, most: int) -> list[int | None]:
+    """0..n-1, or the first and last most/2 of them with None for the gap between."""
+    if n <= most:
+        return list(range(n))
+    half = most // 2
+    return [*range(half), None, *range(n - half, n)]
+
+
+def encode_view(ids: list[int], rows: list[int | None], tokens: dict[int, str],
+                starts: list[int], config) -> Group:
+    """Card 1: each shown token's position, id, text and byte offsets in the UTF-8 text
+    (`rows`: kept_rows; `starts`: each token's first byte, and the text's length last)."""
+    from .text import count
+
     t = Table(box=None, header_style="bold dim", pad_edge=False)
     for name, just in (("#", "right"), ("id", "right"), ("token", "left"), ("bytes", "right")):
         t.add_column(name, justify=just, no_wrap=True)
-    for i, (token_id, tok, (a, b)) in enumerate(zip(ids, tokens, offsets, strict=True)):
-        t.add_row(str(i), str(token_id), Text(show_token(tok), style="bold"), f"{a}–{b}")
+    for i in rows:
+        if i is None:
+            t.add_row("…", "", Text(f"{len(ids) - len(tokens):,} tokens not shown (--json "
+                                    "lists every one)", style="dim"), "")
+            continue
+        t.add_row(str(i), str(ids[i]), Text(show_token(tokens[i]), style="bold"),
+                  f"{starts[i]}–{starts[i + 1]}")
     limit = config.n_positions
-    note = f"T = {len(ids)} tokens, each an id from 0 to {config.vocab_size - 1:,}"
+    note = f"T = {count(len(ids), 'token')}, each an id from 0 to {config.vocab_size - 1:,}"
     if len(ids) > limit:
         note += f"; more than the {limit} the model reads at once"
     return Group(ids_header(ids), t, Text(note, style="dim"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 # Bidirectional embeddings, overrides and isolates: invisible, yet they make a terminal show
 # the rest of the line in another order than it is (the "Trojan Source" trick). The marks
@@ -13,6 +15,11 @@ _BIDI = frozenset("".join(map(chr, range(0x202A, 0x202F))) + "".join(map(chr, ra
 
 def _escaped(ch: str) -> str:
     return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+
+def count(n: int, noun: str) -> str:
+    """'1 token', '6 tokens', '4,096 tokens'."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def show_token(token: str) -> str:
@@ -119,6 +126,68 @@ class AsciiStream:
 
     def __getattr__(self, name):
         return getattr(self.stream, name)
+
+
+class ForgivingStream:
+    """stderr that cannot be written (`2>/dev/full`, a dead terminal) treated like a closed
+    one: the first failed write points the descriptor at /dev/null and the command goes on,
+    keeping its output and exit code. Notes are never worth a command's result."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, s: str) -> int:
+        try:
+            return self._stream.write(s)
+        except OSError:
+            self._gone()
+            return len(s)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            self._gone()
+
+    def _gone(self) -> None:
+        import os
+
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+            self._stream.flush()  # what was buffered now goes to /dev/null, so exit is clean
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+class WatchedStream:
+    """stdout, remembering whether a write to it failed (`> /dev/full`), so that the error
+    can say it was standard output that could not be written, not just "No space left"."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.failed = False
+
+    def write(self, s: str) -> int:
+        try:
+            return self._stream.write(s)
+        except OSError as e:
+            self.failed = e.errno != errno.EPIPE  # a reader gone is not a failure
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            self.failed = e.errno != errno.EPIPE
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def guard_encoding(stream):

@@ -44,6 +44,11 @@ def coloured_text(pieces: list[str], bits: list[float | None]) -> Text:
     return t
 
 
+def _last(s: str, n: int) -> str:
+    """The end of s in n characters: the tokens nearest the scored one are the ones kept."""
+    return s if len(s) <= n else "…" + s[len(s) - n + 1:]
+
+
 def surprising_table(rows: list[dict]) -> Table:
     """rows: position, token, bits, prob, rank, entropy, top (the model's guess)."""
     t = Table(box=None, pad_edge=False, header_style="bold dim")
@@ -55,7 +60,8 @@ def surprising_table(rows: list[dict]) -> Table:
     for r in rows:
         t.add_row(str(r["position"]), Text(show_token(r["token"]), style="bold"),
                   f"{r['bits']:.2f}", f"{r['prob']:.2%}", str(r["rank"]),
-                  f"{r['entropy_bits']:.2f}", Text(show_token(r["context"]), style="dim"))
+                  f"{r['entropy_bits']:.2f}", Text(_last(show_token(r["context"]), 24),
+                                                   style="dim"))
     return t
 
 
@@ -82,7 +88,7 @@ def layer_head_table(scores: dict[str, np.ndarray], labels: dict[str, str]) -> T
         t.add_column(labels.get(name, name), justify="right", no_wrap=True)
     for layer in range(n_layer):
         for h in range(n_head):
-            cells = [f"{layer}.{h}"]
+            cells = [f"L{layer}H{h}"]  # the head's one short name (schema.head_name)
             for arr in scores.values():
                 x = float(arr[layer, h])
                 level = min(max(x, 0.0), 1.0)
@@ -93,14 +99,18 @@ def layer_head_table(scores: dict[str, np.ndarray], labels: dict[str, str]) -> T
 
 
 def window_line(tokens: list[str], acts: np.ndarray, peak: int, radius: int = 12) -> Text:
-    """A window of text around `peak`, the firing token bold and coloured, others shaded."""
+    """A window of text around `peak`, the firing token [in brackets] (seen without colour
+    too: NO_COLOR, a pipe, a file), bold and coloured; tokens that also fire underlined."""
     lo, hi = max(0, peak - radius), min(len(tokens), peak + radius + 1)
     top = float(acts.max()) if acts.max() > 0 else 1.0
     t = Text("…" if lo > 0 else "", style="dim")
     for i in range(lo, hi):
         piece = show_token(tokens[i]).replace("␣", " ")
         if i == peak:
-            t.append(piece, style="bold black on rgb(253,231,37)")
+            space = piece[: len(piece) - len(piece.lstrip(" "))]
+            t.append(space + "[", style="bold")
+            t.append(piece[len(space):], style="bold black on rgb(253,231,37)")
+            t.append("]", style="bold")
         elif acts[i] > 0.25 * top:
             t.append(piece, style="underline")
         else:

@@ -151,16 +151,14 @@ def snapshot_name(step: int) -> str:
 
 def save_snapshot(out: Path, params, step: int, lr: float) -> None:
     """Float16 weights for `tinygpt history`, with the step and learning rate (for TracIn)."""
-    from safetensors.numpy import save
-
-    from ..weights import PREFIX
+    from ..weights import PREFIX, safetensors_bytes
 
     tensors = {PREFIX + n: np.ascontiguousarray(a, dtype=np.float16) for n, a in params.items()}
     meta = {"format": "pt", "step": str(step), "lr": repr(float(lr))}
     if (out / HISTORY).is_symlink():  # a planted link would aim the snapshots anywhere
         raise WriteError(f"cannot write {out / HISTORY}: it is a symbolic link, which tinygpt "
                          "never writes through")
-    write_atomically(out / HISTORY / snapshot_name(step), save(tensors, metadata=meta))
+    write_atomically(out / HISTORY / snapshot_name(step), safetensors_bytes(tensors, meta))
 
 
 def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int) -> Tokenizer:
@@ -343,7 +341,9 @@ def locked(out: Path):
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as e:
-        raise WriteError(f"cannot write {path}: {e.strerror or e}") from None
+        from ..files import cannot_write
+
+        raise cannot_write(path, e) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -435,7 +435,9 @@ def train(
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise WriteError(f"cannot write {out}: {e.strerror or e}") from None
+        from ..files import cannot_write
+
+        raise cannot_write(out, e) from None
     with locked(out):
         return _train(train_files, val_files, out, settings, resume=resume, force=force,
                       command=command, on_step=on_step, on_note=on_note)
