@@ -333,4 +333,13 @@ def run(weights: Path | None, text: str | None, ablate: list[str] | None = None)
     session = Session.open(read_text(text), model=model, steering=hook)
     ablate = list(ablate or [])
     ablated = [resolve(p, model.config)[0] for p in ablate]
+    set_changed(f"ablated (set to zero) before this view: {', '.join(ablated)}"
+                if ablated else None)
     return Run(session, session.trace(ablate=ablate), ablated, steered)
+
+
+def set_changed(note: str | None) -> None:
+    """The line a terminal view of a changed run starts with (None: a clean run). JSON
+    documents say it in their "ablated" field instead, and never print this."""
+    global _changed
+    _changed = note
