@@ -68,7 +68,7 @@ COMMANDS = {
     "lens": "explain", "dla": "explain", "ablate": "explain", "patch": "explain",
     "attribute": "explain", "means": "explain",
     "score": "texts", "heads": "texts", "neurons": "texts", "diff": "texts",
-    "history": "history", "why": "history",
+    "history": "history", "why": "history", "sae": "features",
     "info": "inspect", "train-tokenizer": "train", "train": "train", "model-card": "train",
 }
 ORDER = list(COMMANDS)

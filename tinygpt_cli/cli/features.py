@@ -1,0 +1,278 @@
+"""Learned readers of the model: sparse autoencoders (`tinygpt sae train|eval|feature`) and the
+tuned lens (`tinygpt lens --kind tuned|--fit|--evaluate`, whose options live on `lens`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..errors import InputError
+from .app import app
+from .common import JSON, WEIGHTS, load, progress, stdout
+
+sae_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help=(
+    "Sparse autoencoders: train one on a site, evaluate it on held-out text, show a latent."))
+app.add_typer(sae_app, name="sae")
+
+SHIPPED_SITE = "layers.1.resid_post"
+SAE_FILE = typer.Option(None, "--sae", help="The SAE file (default: the weights folder's "
+                        f"sae/{SHIPPED_SITE}.safetensors).", show_default=False)
+WINDOWS = typer.Option(None, "--windows", min=1, help="How many windows of the data to read "
+                       "(spread evenly over it; default: see above).", show_default=False)
+
+
+def show(doc: dict, view, as_json: bool) -> None:
+    """One JSON document on stdout, or the Rich view (made only when it is shown)."""
+    if as_json:
+        from ..render import jsonout
+
+        jsonout.emit(doc)
+    else:
+        stdout().print(view())
+
+
+def training_files(data: Path | None) -> list[Path]:
+    """Every part of the data but the last (the held-out part-005)."""
+    from ..train.data import split_data
+    from .texts import find_data
+
+    found = data if data is not None else find_data()
+    if found is None:
+        raise InputError("no training data found: give --data DIR (a folder of part-*.txt)")
+    try:
+        train, _ = split_data([found])
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    return train
+
+
+def held_out_file(data: Path | None) -> list[Path]:
+    from ..train.data import split_data
+    from .texts import find_data
+
+    found = data if data is not None else find_data()
+    if found is None:
+        raise InputError("no held-out data found: give --data FILE (e.g. part-005.txt)")
+    try:
+        train, val = split_data([found])
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    return val or train
+
+
+def windows_of(files: list[Path], model, count: int | None):
+    """(inputs, targets) [W, T]: `count` windows spread evenly over the files' token stream."""
+    import numpy as np
+
+    from ..train.data import encode_stories, eval_windows, read_stories
+
+    stream = encode_stories(read_stories(files), model.tokenizer)
+    x, y = eval_windows(stream.ids, model.config.n_positions)
+    if len(x) == 0:
+        raise InputError(f"the data has {len(stream.ids)} tokens, less than one window of "
+                         f"{model.config.n_positions}")
+    if count is not None and count < len(x):
+        pick = np.linspace(0, len(x) - 1, count).round().astype(int)
+        x, y = x[pick], y[pick]
+    return x, y
+
+
+def sae_path(model, sae: Path | None, site: str = SHIPPED_SITE) -> Path:
+    return sae if sae is not None else model.weights_file.parent / "sae" / f"{site}.safetensors"
+
+
+@sae_app.command("train")
+def sae_train(
+    site: str = typer.Option(..., "--site", help="The value: layers.N.resid_pre, resid_mid, "
+                             "resid_post or mlp_out."),
+    weights: Path = WEIGHTS,
+    data: Path = typer.Option(None, "--data", help="Stories: a folder of part-*.txt, all but "
+                              "the last used (default: the project's data).", show_default=False),
+    out: Path = typer.Option(None, "--out", help="Where to write the SAE (default: the weights "
+                             "folder's sae/SITE.safetensors).", show_default=False),
+    latents: int = typer.Option(1024, "--latents", "-m", min=1, help="Number of latents."),
+    k: int = typer.Option(16, "-k", min=1, help="Latents active per token."),
+    steps: int = typer.Option(2000, "--steps", min=1, help="Adam steps."),
+    batch: int = typer.Option(1024, "--batch", min=1, help="Tokens per step."),
+    lr: float = typer.Option(4e-4, "--lr", min=0.0, help="Adam's learning rate."),
+    windows: int = typer.Option(600, "--windows", min=1, help="Windows of training text "
+                                "whose values are the training set."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the initialisation and the batches."),
+    as_json: bool = JSON,
+):
+    """Train a TopK sparse autoencoder on a site's values over the training text.
+
+    z = TopK_k(ReLU((x - b_dec) W_enc + b_enc)), x_hat = z W_dec + b_dec; Adam on the squared
+    error plus the AuxK loss for dead latents. Resumable: a checkpoint OUT.checkpoint.npz is
+    written atomically every 100 steps and picked up by the same command.
+
+    Example: tinygpt sae train --site layers.1.resid_post --steps 2000
+    """
+    from ..analysis import sae as S
+    from ..render import features as view
+
+    model = load(weights)
+    site = S.check_site(site, model.config)
+    if k > latents:
+        raise InputError(f"-k {k} is more than the {latents} latents")
+    out = sae_path(model, out, site)
+    x_in, _ = windows_of(training_files(data), model, windows)
+    with progress(len(x_in), f"values of {site}", enabled=not as_json) as advance:
+        x = S.site_values(model.params, model.config, x_in, site, progress=advance)
+    ckpt = out.with_name(out.name + ".checkpoint.npz")
+    settings = {"site": site, "latents": latents, "k": k, "steps": steps, "batch": batch,
+                "lr": lr, "windows": windows, "seed": seed}
+    state = _resume(ckpt, settings) or S.new_state(x, latents, k, site, seed, lr)
+    with progress(steps, "training", enabled=not as_json) as advance:
+        advance(state.step)
+
+        def each(st):
+            advance(1)
+            if st.step % 100 == 0 or st.step == steps:
+                _checkpoint(ckpt, st, settings)
+
+        S.train_steps(state, x, steps, batch=batch, seed=seed, progress=each)
+    S.save_sae(out, state.sae, {"steps": str(steps), "tokens": str(len(x)),
+                                "weights": str(model.weights_file)})
+    ckpt.unlink(missing_ok=True)
+    doc = view.trained_doc(out, state, len(x))
+    show(doc, lambda: view.trained_view(doc), as_json)
+
+
+def _checkpoint(path: Path, state, settings: dict) -> None:
+    import io
+    import json
+
+    import numpy as np
+
+    from ..files import write_atomically
+
+    arrays = {f"p/{n}": a for n, a in state.sae.params().items()}
+    arrays.update({f"m/{n}": a for n, a in state.adam.m.items()})
+    arrays.update({f"v/{n}": a for n, a in state.adam.v.items()})
+    buf = io.BytesIO()
+    np.savez(buf, since_fired=state.since_fired, losses=np.asarray(state.losses),
+             step=state.step, t=state.adam.t, settings=json.dumps(settings), **arrays)
+    write_atomically(path, buf.getvalue())
+
+
+def _resume(path: Path, settings: dict):
+    """The run's state from its checkpoint, or None when there is none for these settings."""
+    import json
+
+    import numpy as np
+
+    from ..analysis import sae as S
+
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as z:
+            if json.loads(str(z["settings"])) != settings:
+                raise InputError(f"{path} is a checkpoint of a run with other settings: "
+                                 "delete it or give the same options")
+            p = {n: z[f"p/{n}"].copy() for n in ("W_enc", "b_enc", "W_dec", "b_dec")}
+            adam = S.Adam(settings["lr"], t=int(z["t"]), m={n: z[f"m/{n}"].copy() for n in p},
+                          v={n: z[f"v/{n}"].copy() for n in p})
+            sae = S.SAE(**p, site=settings["site"], k=settings["k"])
+            return S.TrainState(sae, adam, int(z["step"]), z["since_fired"].copy(),
+                                list(z["losses"]))
+    except (OSError, ValueError, KeyError) as e:
+        from ..errors import WeightsError
+
+        raise WeightsError(f"{path} is not a readable checkpoint ({e}): delete it to start "
+                           "over") from None
+
+
+@sae_app.command("eval")
+def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
+             data: Path = typer.Option(None, "--data", help="Held-out stories (default: the "
+                                       "project's part-005.txt).", show_default=False),
+             windows: int = typer.Option(64, "--windows", min=1, help="Windows of the "
+                                         "held-out text to evaluate on."),
+             as_json: bool = JSON):
+    """Evaluate an SAE on held-out text: L0, explained variance, loss recovered, dead latents.
+
+    Loss recovered = (L_ablated - L_sae) / (L_ablated - L_clean), against zero ablation and
+    against mean ablation of the site (its mean over the same tokens); the loss increase is
+    L_sae - L_clean in nats per token. Dead: latents that never fire on these tokens.
+
+    Example: tinygpt sae eval
+    Example: tinygpt sae eval --sae my.safetensors --json
+    """
+    from ..analysis import sae as S
+    from ..render import features as view
+
+    model = load(weights)
+    found = S.load_sae(sae_path(model, sae), model.config)
+    files = held_out_file(data)
+    x, y = windows_of(files, model, windows)
+    with progress(4, "evaluating", enabled=not as_json) as advance:
+        result = S.evaluate(model.params, model.config, found, x, y, progress=advance)
+    names = [f.name for f in files]
+    show(view.eval_doc(result, names), lambda: view.eval_view(result, names), as_json)
+
+
+@sae_app.command("feature")
+def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
+                weights: Path = WEIGHTS, sae: Path = SAE_FILE,
+                data: Path = typer.Option(None, "--data", help="Stories to search (default: "
+                                          "the project's training parts).", show_default=False),
+                windows: int = typer.Option(1000, "--windows", min=1, help="Windows of the "
+                                            "data to search (spread evenly; cached)."),
+                top: int = typer.Option(8, "--top", "-n", min=1, help="How many contexts."),
+                as_json: bool = JSON):
+    """One latent: its top activating contexts, the tokens it promotes and suppresses, its
+    activation histogram.
+
+    Promotes/suppresses: W_dec[latent] * ln_final.weight @ W_E^T, the direct path to the
+    logits (the final norm's centring and per-token scale left out). The latents of the data
+    are computed once per (weights, SAE, data) and cached.
+
+    Example: tinygpt sae feature 17
+    """
+    from ..analysis import sae as S
+    from ..render import features as view
+    from ..session import check_index
+
+    model = load(weights)
+    path = sae_path(model, sae)
+    found = S.load_sae(path, model.config)
+    latent = check_index(latent, found.n_latents, "latent")
+    files = training_files(data) if data is None or Path(data).is_dir() else [Path(data)]
+    codes = _codes_cache(model, found, path, files, windows, enabled=not as_json)
+    result = S.feature_report(found, model.params, codes["ids"], codes["idx"], codes["val"],
+                              latent, top)
+    show(view.feature_doc(result, model.tokenizer),
+         lambda: view.feature_view(result, model.tokenizer), as_json)
+
+
+def _codes_cache(model, found, path: Path, files: list[Path], windows: int, enabled: bool):
+    """The SAE's sparse codes (indices, values) at every token of the data windows."""
+    import io
+
+    import numpy as np
+
+    from .. import cache
+    from ..analysis import sae as S
+    from ..files import sha256, write_atomically
+
+    key = cache.key_of("sae-codes-v1", sha256(model.weights_file), sha256(path),
+                       *(sha256(f) for f in files), str(windows))
+    entry = cache.entry("sae", key)
+    if entry.is_file():
+        try:
+            with np.load(entry) as z:
+                return dict(z)
+        except (OSError, ValueError):
+            pass  # a damaged entry is computed again
+    x_in, _ = windows_of(files, model, windows)
+    with progress(len(x_in), "latents of the data", enabled=enabled) as advance:
+        x = S.site_values(model.params, model.config, x_in, found.site, progress=advance)
+    idx, val = S.sparse_codes(found, x)
+    codes = {"ids": x_in.astype(np.uint16), "idx": idx, "val": val}
+    buf = io.BytesIO()
+    np.savez(buf, **codes)
+    write_atomically(entry, buf.getvalue())
+    return codes
