@@ -110,6 +110,7 @@ def sae_train(
     Example: tinygpt sae train --site layers.1.resid_post --steps 2000
     """
     from ..analysis import sae as S
+    from ..files import sha256
     from ..render import features as view
 
     model = load(weights)
@@ -134,7 +135,7 @@ def sae_train(
 
         S.train_steps(state, x, steps, batch=batch, seed=seed, progress=each)
     S.save_sae(out, state.sae, {"steps": str(steps), "tokens": str(len(x)),
-                                "weights": str(model.weights_file)})
+                                "weights_sha256": sha256(model.weights_file)})
     ckpt.unlink(missing_ok=True)
     doc = view.trained_doc(out, state, len(x))
     show(doc, lambda: view.trained_view(doc), as_json)
