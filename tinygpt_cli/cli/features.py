@@ -277,3 +277,61 @@ def _codes_cache(model, found, path: Path, files: list[Path], windows: int, enab
     np.savez(buf, **codes)
     write_atomically(entry, buf.getvalue())
     return codes
+
+
+# ------------------------------------------------------------------ the tuned lens (`lens`)
+
+LENS_KINDS = ("logit", "tuned")
+LENS_FIT_WINDOWS = 200  # 25,600 training tokens
+LENS_EVAL_WINDOWS = 40  # 5,120 held-out tokens
+LENS_FIT_STEPS = 300  # Adam steps per stage, 512 tokens each
+
+
+def check_lens_kind(kind: str) -> str:
+    if kind not in LENS_KINDS:
+        raise InputError(f"--kind must be logit or tuned, not {kind!r}")
+    return kind
+
+
+def lens_path(model, lens_file: Path | None) -> Path:
+    return lens_file if lens_file is not None else \
+        model.weights_file.parent / "lens" / "tuned.safetensors"
+
+
+def tuned_lens(session, trace, lens_file: Path | None):
+    """The tuned lens of a session's text as a Lens (stages, logits), the model's logits last."""
+    from ..analysis import tuned_lens as tl
+    from ..analysis.lens import Lens
+
+    translators = tl.load_translators(lens_path(session.model, lens_file), session.config)
+    names, logits = tl.tuned_stage_logits(trace, translators, session.params, session.config)
+    return Lens(names, logits)
+
+
+def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: Path | None,
+                    data: Path | None, as_json: bool) -> None:
+    """`lens --fit` (then --evaluate, when both are given) or `lens --evaluate`."""
+    from ..analysis import tuned_lens as tl
+    from ..files import sha256
+    from ..render import features as view
+
+    model = load(weights)
+    cfg, path = model.config, lens_path(model, lens_file)
+    if fit:
+        x, _ = windows_of(training_files(data), model, LENS_FIT_WINDOWS)
+        stages, last = tl.stage_values(model.params, cfg, x)
+        steps = LENS_FIT_STEPS
+        with progress(steps * cfg.n_layer, "fitting the tuned lens", enabled=not as_json) as adv:
+            translators, _ = tl.fit(stages, last, model.params, cfg, steps=steps, progress=adv)
+        tl.save_translators(path, translators, {"weights_sha256": sha256(model.weights_file),
+                                                "tokens": str(len(last)), "steps": str(steps)})
+        if not evaluate:
+            doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": len(last)}
+            show(doc, lambda: view.lens_fit_view(doc), as_json)
+            return
+    translators = tl.load_translators(path, cfg)
+    files = held_out_file(data) if data is None or Path(data).is_dir() else [Path(data)]
+    x, _ = windows_of(files, model, LENS_EVAL_WINDOWS)
+    result = tl.evaluate(*tl.stage_values(model.params, cfg, x), translators, model.params, cfg)
+    names = [f.name for f in files]
+    show(view.lens_eval_doc(result, names), lambda: view.lens_eval_view(result, names), as_json)

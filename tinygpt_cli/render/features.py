@@ -117,3 +117,8 @@ def lens_eval_view(r, files: list[str]) -> Group:
     note = Text("KL(final || lens) in nats; top-1: how often the lens's top guess is the "
                 "model's", style="dim")
     return (Group(head, t, note))
+
+
+def lens_fit_view(doc: dict) -> Text:
+    return Text(f"wrote {escape_line(doc['path'])}: a translator for each of "
+                f"{', '.join(doc['stages'])}, fitted on {doc['tokens']:,} training tokens")
