@@ -231,3 +231,43 @@ def test_sae_errors(cli, tmp_path):
     assert_one_error_line(cli("sae", "eval", "--sae", bad), 1, "not a readable safetensors")
     assert_one_error_line(cli("sae", "feature", "0", "--sae", tmp_path / "none.safetensors"),
                           2, "no SAE file at")
+
+
+# ------------------------------------------------------------------ latents in trace and --ablate
+
+
+def test_trace_lists_active_latents_and_ablate_zeroes_one(cli, tiny):
+    from tinygpt_cli.hooks import Record, Replace
+    from tinygpt_cli.model import forward
+
+    cfg = tiny.model.config
+    sae = random_sae(cfg.n_embd, 24, 3, seed=11, dtype=np.float32)
+    S.save_sae(tiny.folder / "sae" / f"{SITE}.safetensors", sae)
+    text = "Lily wanted to play with her"
+    ids = np.asarray(tiny.model.tokenizer.encode(text))
+    rec = Record()
+    clean = forward(tiny.model.params, cfg, ids, hooks=rec)
+    z = S.encode(sae, rec.values[SITE])
+    r = cli("trace", text, f"sae.{SITE}", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    np.testing.assert_allclose(doc["data"], z, rtol=1e-6)
+    assert [[j for j, _ in row] for row in doc["active"]] == \
+        [sorted(np.flatnonzero(zt), key=lambda j: -zt[j]) for zt in z]
+    silent = int(np.flatnonzero((z == 0).all(axis=0))[0])
+    r = cli("trace", text, "logits", "--ablate", f"sae.{SITE}.{silent}", "--json")
+    np.testing.assert_array_equal(np.asarray(r.json()["data"], np.float32), clean)
+    loud = int(np.argmax(z.sum(axis=0)))
+
+    def drop(x):  # the latent's share of the reconstruction, taken out by hand
+        zz = S.encode(sae, x)
+        return x - zz[:, loud:loud + 1] * sae.W_dec[loud]
+
+    want = forward(tiny.model.params, cfg, ids, hooks=Replace({SITE: drop}))
+    r = cli("trace", text, "logits", "--ablate", f"sae.{SITE}.{loud}", "--json")
+    got = np.asarray(r.json()["data"])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(got, clean, atol=1e-4)
+    assert r.json()["ablated"] == [f"sae.{SITE}.{loud}"]
+    assert_one_error_line(cli("trace", text, "logits", "--ablate", f"sae.{SITE}"), 2,
+                          "--ablate takes one latent")

@@ -439,3 +439,39 @@ def feature_report(sae: SAE, params, ids: np.ndarray, idx: np.ndarray, val: np.n
     return FeatureReport(latent, sae.site, int(w * t), int(on.size), contexts,
                          [(int(i), float(logits[i])) for i in up],
                          [(int(i), float(logits[i])) for i in down], counts, edges)
+
+
+# ------------------------------------------------------------------ latents as trace values
+
+
+def parse_latent_path(path: str, config: Config) -> tuple[str, int | None]:
+    """`sae.layers.1.resid_post` -> (site, None); `sae.layers.1.resid_post.17` -> (site, 17)."""
+    if not path.startswith("sae."):
+        raise InputError(f"an SAE path starts with sae., e.g. sae.layers.1.resid_post: {path!r}")
+    rest = path[len("sae."):]
+    head, _, last = rest.rpartition(".")
+    if head and last.lstrip("-").isdigit():
+        return check_site(head, config), int(last)
+    return check_site(rest, config), None
+
+
+def without_latents(sae: SAE, latents: list[int]) -> Callable[[np.ndarray], np.ndarray]:
+    """x -> x - sum_j z_j W_dec[j] over the given latents: the latents zeroed, the rest of the
+    reconstruction and its error kept as they were."""
+    rows = np.asarray(latents)
+
+    def fn(x: np.ndarray) -> np.ndarray:
+        z = encode(sae, x)[..., rows]  # [..., n]
+        return x - z @ sae.W_dec[rows]
+
+    return fn
+
+
+def active_latents(z: np.ndarray) -> list[list[tuple[int, float]]]:
+    """Per token, the non-zero latents, strongest first.  [T, m] -> T lists of (latent, value)"""
+    out = []
+    for row in z:
+        on = np.flatnonzero(row)
+        on = on[np.argsort(-row[on], kind="stable")]
+        out.append([(int(j), float(row[j])) for j in on])
+    return out

@@ -322,5 +322,12 @@ def run(weights: Path | None, text: str | None, ablate: list[str] | None = None)
     model = load(weights)
     session = Session.open(read_text(text), model=model)
     ablate = list(ablate or [])
-    ablated = [resolve(p, model.config)[0] for p in ablate]
-    return Run(session, session.trace(ablate=ablate), ablated)
+    latents = [p for p in ablate if p.startswith("sae.")]  # SAE latents: cli/features.py
+    ablate = [p for p in ablate if p not in latents]
+    hooks = None
+    if latents:
+        from .features import latent_ablation
+
+        hooks = latent_ablation(model, latents)
+    ablated = [resolve(p, model.config)[0] for p in ablate] + latents
+    return Run(session, session.trace(hooks=hooks, ablate=ablate), ablated)

@@ -335,3 +335,46 @@ def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: 
     result = tl.evaluate(*tl.stage_values(model.params, cfg, x), translators, model.params, cfg)
     names = [f.name for f in files]
     show(view.lens_eval_doc(result, names), lambda: view.lens_eval_view(result, names), as_json)
+
+
+# ------------------------------------------------------------------ latents in trace and --ablate
+
+
+def latent_ablation(model, paths: list[str]):
+    """A Replace hook zeroing each `sae.SITE.N` latent, its SAE read from the weights folder's
+    sae/SITE.safetensors; the reconstruction error stays in the stream."""
+    from ..analysis import sae as S
+    from ..hooks import Replace
+    from ..session import check_index
+
+    by_site: dict[str, list[int]] = {}
+    for p in paths:
+        site, latent = S.parse_latent_path(p, model.config)
+        if latent is None:
+            raise InputError(f"--ablate takes one latent, e.g. {p}.17, not the whole SAE {p!r}")
+        by_site.setdefault(site, []).append(latent)
+    fns = {}
+    for site, latents in by_site.items():
+        sae = S.load_sae(sae_path(model, None, site), model.config)
+        fns[site] = S.without_latents(sae, [check_index(j, sae.n_latents, "latent")
+                                            for j in latents])
+    return Replace(fns)
+
+
+def trace_latents(weights, text, path: str, ablate, as_json: bool) -> None:
+    """`trace TEXT sae.SITE`: the SAE's active latents at each token (after any --ablate)."""
+    from ..analysis import sae as S
+    from ..render import features as view
+    from ..session import check_index
+    from .common import run
+
+    r = run(weights, text, ablate)
+    site, latent = S.parse_latent_path(path, r.model.config)
+    sae = S.load_sae(sae_path(r.model, None, site), r.model.config)
+    z = S.encode(sae, r.trace.get(site))  # [T, m]
+    if latent is not None:
+        latent = check_index(latent, sae.n_latents, "latent")
+        z = z[:, latent]
+    active = S.active_latents(z) if latent is None else None
+    show(r.document(path, z, site=site, k=sae.k, active=active),
+         lambda: view.latents_view(path, r.tokens, z, active), as_json)

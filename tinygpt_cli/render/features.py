@@ -122,3 +122,19 @@ def lens_eval_view(r, files: list[str]) -> Group:
 def lens_fit_view(doc: dict) -> Text:
     return Text(f"wrote {escape_line(doc['path'])}: a translator for each of "
                 f"{', '.join(doc['stages'])}, fitted on {doc['tokens']:,} training tokens")
+
+
+def latents_view(path: str, tokens: list[str], z: np.ndarray, active) -> Group:
+    """Per token, its active latents strongest first (or one latent's value per token)."""
+    from .tables import header
+    from .text import row_label
+
+    t = Table(box=None, pad_edge=False, show_header=False)
+    t.add_column(no_wrap=True)
+    t.add_column(ratio=1)
+    for i, token in enumerate(tokens):
+        if active is None:
+            t.add_row(row_label(i, token), f"{z[i]:.3f}")
+        else:
+            t.add_row(row_label(i, token), " ".join(f"{j}:{v:.2f}" for j, v in active[i]))
+    return Group(header(path, z), t)
