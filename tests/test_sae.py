@@ -221,6 +221,10 @@ def test_sae_train_eval_and_feature_on_a_tiny_model(cli, data, tmp_path, monkeyp
     doc = r.json()
     assert r.code == 0 and len(doc["promotes"]) == 10
     assert sum(doc["histogram"]["counts"]) == doc["fired"]
+    picture = tmp_path / "f.svg"
+    r = cli("sae", "feature", "3", "--sae", out, "--data", data, "--windows", "4", "--save",
+            picture, "-q")
+    assert r.code == 0 and r.out == "" and "latent 3" in picture.read_text()
 
 
 def test_sae_errors(cli, tmp_path):

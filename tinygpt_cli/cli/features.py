@@ -9,7 +9,18 @@ import typer
 
 from ..errors import InputError
 from .app import app
-from .common import JSON, WEIGHTS, load, progress, stdout
+from .common import (
+    FORCE,
+    JSON,
+    QUIET,
+    SAVE,
+    WEIGHTS,
+    check_save,
+    load,
+    progress,
+    save_figure,
+    stdout,
+)
 
 sae_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help=(
     "Sparse autoencoders: train one on a site, evaluate it on held-out text, show a latent."))
@@ -223,7 +234,8 @@ def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
                 windows: int = typer.Option(1000, "--windows", min=1, help="Windows of the "
                                             "data to search (spread evenly; cached)."),
                 top: int = typer.Option(8, "--top", "-n", min=1, help="How many contexts."),
-                as_json: bool = JSON):
+                as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
+                quiet: bool = QUIET):
     """One latent: its top activating contexts, the tokens it promotes and suppresses, its
     activation histogram.
 
@@ -232,11 +244,13 @@ def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
     are computed once per (weights, SAE, data) and cached.
 
     Example: tinygpt sae feature 17
+    Example: tinygpt sae feature 17 --save latent17.html
     """
     from ..analysis import sae as S
     from ..render import features as view
     from ..session import check_index
 
+    check_save(save, force)
     model = load(weights)
     path = sae_path(model, sae)
     found = S.load_sae(path, model.config)
@@ -245,6 +259,7 @@ def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
     codes = _codes_cache(model, found, path, files, windows, enabled=not as_json)
     result = S.feature_report(found, model.params, codes["ids"], codes["idx"], codes["val"],
                               latent, top)
+    save_figure(view.feature_figure(result, model.tokenizer), save, force)
     show(view.feature_doc(result, model.tokenizer),
          lambda: view.feature_view(result, model.tokenizer), as_json)
 

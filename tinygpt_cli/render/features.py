@@ -138,3 +138,28 @@ def latents_view(path: str, tokens: list[str], z: np.ndarray, active) -> Group:
         else:
             t.add_row(row_label(i, token), " ".join(f"{j}:{v:.2f}" for j, v in active[i]))
     return Group(header(path, z), t)
+
+
+def feature_figure(r, tokenizer, radius: int = 10):
+    """The latent over its top contexts (one heatmap row each, around the peak), the tokens it
+    promotes and suppresses, and its activation histogram."""
+    from .figure import Bars, Facts, Figure, Heatmap, token_labels
+
+    tok = tokenizer.token_str
+    parts: list = [Facts([("site", r.site), ("fires on", f"{r.fired:,} of {r.tokens:,} tokens")])]
+    hi = max((c["value"] for c in r.contexts), default=1.0)
+    for c in r.contexts:
+        lo_, hi_ = max(0, c["position"] - radius), c["position"] + radius + 1
+        tokens = [tok(int(i)) for i in c["ids"][lo_:hi_]]
+        parts.append(Heatmap(np.asarray(c["acts"][lo_:hi_])[None, :], [f"{c['value']:.2f}"],
+                             token_labels(tokens), lo=0.0, hi=hi,
+                             title=f"window {c['window']}, position {c['position']}"))
+    for title, pairs in (("promotes", r.promotes), ("suppresses", r.suppresses)):
+        parts.append(Bars([show_token(tok(i)) for i, _ in pairs], [v for _, v in pairs],
+                          title=title, value_name="logit", ids=[i for i, _ in pairs],
+                          note="W_dec[latent] * ln_final.weight @ W_E^T"))
+    edges = r.hist_edges
+    parts.append(Bars([f"{edges[i]:.2f}–{edges[i + 1]:.2f}" for i in range(len(r.hist_counts))],
+                      [float(n) for n in r.hist_counts], title="activation histogram",
+                      value_name="tokens"))
+    return Figure(f"latent {r.latent}", parts, subtitle=f"SAE on {r.site}")
