@@ -17,7 +17,7 @@ def test_zero_translators_are_the_logit_lens_exactly(tiny_config, tiny_params):
     tr = trace(tiny_params, tiny_config, ids)
     names, logits = tl.tuned_stage_logits(tr, tl.zero_translators(tiny_config), tiny_params,
                                           tiny_config)
-    assert names == ["layers.0.resid_pre", "layers.1.resid_pre", "logits"]
+    assert names == ["layers.0.resid_pre", "layers.1.resid_pre", "layers.1.resid_post"]
     for i, name in enumerate(names[:-1]):
         np.testing.assert_array_equal(logits[i], lens_logits(tr.get(name), tiny_params,
                                                              tiny_config))
@@ -85,7 +85,10 @@ def test_lens_fit_kind_tuned_and_evaluate(cli, data, tmp_path, monkeypatch):
     assert r.json()["stages"] == ["layers.0.resid_pre", "layers.1.resid_pre"] and out.is_file()
     r = cli("lens", "Lily wanted to play", "--kind", "tuned", "--lens", out, "--json")
     assert r.code == 0, r.err
-    assert r.json()["stages"] == ["layers.0.resid_pre", "layers.1.resid_pre", "logits"]
+    assert r.json()["stages"] == ["layers.0.resid_pre", "layers.1.resid_pre",
+                                  "layers.1.resid_post"]
+    r = cli("lens", "Lily wanted to play", "--kind", "tuned", "--lens", out)
+    assert r.code == 0 and "0.pre" in r.out and "1.post" in r.out
     r = cli("lens", "--evaluate", "--data", data, "--lens", out, "--json")
     doc = r.json()
     assert r.code == 0 and doc["data"] == ["part-002.txt"] and len(doc["kl_tuned_lens"]) == 2

@@ -155,11 +155,12 @@ def evaluate(stages: list[np.ndarray], h_last: np.ndarray, tr: Translators, para
 
 def tuned_stage_logits(trace, tr: Translators, params, config: Config
                        ) -> tuple[list[str], np.ndarray]:
-    """The tuned lens of one text: each stage's logits [S, T, V], then the model's own."""
+    """The tuned lens of one text: each stage's logits [S, T, V], then the model's own (named
+    for the stream they are read from, the last block's resid_post)."""
     names = stage_paths(config)
     hs = [translate(trace.get(p), tr.A[i], tr.b[i]) for i, p in enumerate(names)]
     logits = [readout(h, params, config) for h in hs] + [np.asarray(trace.get("logits"))]
-    return [*names, "logits"], np.stack(logits)
+    return [*names, f"layers.{config.n_layer - 1}.resid_post"], np.stack(logits)
 
 
 def save_translators(path: str | Path, tr: Translators, meta: dict[str, str]) -> None:
