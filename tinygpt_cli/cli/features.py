@@ -29,8 +29,6 @@ app.add_typer(sae_app, name="sae")
 SHIPPED_SITE = "layers.1.resid_post"
 SAE_FILE = typer.Option(None, "--sae", help="The SAE file (default: the weights folder's "
                         f"sae/{SHIPPED_SITE}.safetensors).", show_default=False)
-WINDOWS = typer.Option(None, "--windows", min=1, help="How many windows of the data to read "
-                       "(spread evenly over it; default: see above).", show_default=False)
 
 
 def show(doc: dict, view, as_json: bool) -> None:
@@ -104,10 +102,10 @@ def sae_train(
                              "folder's sae/SITE.safetensors).", show_default=False),
     latents: int = typer.Option(1024, "--latents", "-m", min=1, help="Number of latents."),
     k: int = typer.Option(16, "-k", min=1, help="Latents active per token."),
-    steps: int = typer.Option(2000, "--steps", min=1, help="Adam steps."),
+    steps: int = typer.Option(2500, "--steps", min=1, help="Adam steps."),
     batch: int = typer.Option(1024, "--batch", min=1, help="Tokens per step."),
-    lr: float = typer.Option(4e-4, "--lr", min=0.0, help="Adam's learning rate."),
-    windows: int = typer.Option(600, "--windows", min=1, help="Windows of training text "
+    lr: float = typer.Option(8e-4, "--lr", min=0.0, help="Adam's learning rate."),
+    windows: int = typer.Option(1000, "--windows", min=1, help="Windows of training text "
                                 "whose values are the training set."),
     seed: int = typer.Option(0, "--seed", help="Seed of the initialisation and the batches."),
     as_json: bool = JSON,
@@ -118,7 +116,8 @@ def sae_train(
     error plus the AuxK loss for dead latents. Resumable: a checkpoint OUT.checkpoint.npz is
     written atomically every 100 steps and picked up by the same command.
 
-    Example: tinygpt sae train --site layers.1.resid_post --steps 2000
+    Example: tinygpt sae train --site layers.1.resid_post
+    Example: tinygpt sae train --site layers.2.mlp_out --latents 2048 -k 32
     """
     from ..analysis import sae as S
     from ..files import sha256

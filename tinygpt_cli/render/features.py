@@ -50,9 +50,9 @@ def eval_view(r, files: list[str]) -> Group:
             ("dead latents", f"{r.dead} of {r.n_latents}", "never fired on this text")]
     for row in rows:
         t.add_row(*row)
-    losses = Text(f"loss (nats): clean {r.loss_clean:.4f}, with the SAE {r.loss_sae:.4f}, "
+    losses = Text(f"loss (nats): clean {r.loss_clean:.4f}, SAE {r.loss_sae:.4f}, "
                   f"zeroed {r.loss_zero:.4f}, mean {r.loss_mean:.4f}", style="dim")
-    head = Text(f"SAE on {r.site}, {r.n_latents} latents, k = {r.k}: {r.tokens:,} held-out "
+    head = Text(f"SAE on {r.site}, {r.n_latents} latents, k = {r.k}\n{r.tokens:,} held-out "
                 f"tokens of {escape_line(', '.join(files))}", style="bold cyan")
     return (Group(head, t, losses))
 
@@ -76,18 +76,18 @@ def histogram_lines(counts: np.ndarray, edges: np.ndarray, width: int = 40) -> l
 
 def feature_view(r, tokenizer) -> Group:
     tok = tokenizer.token_str
-    lines = [Text(f"latent {r.latent} of the SAE on {r.site}: fires on {r.fired:,} of "
+    lines = [Text(f"latent {r.latent} on {r.site}: fires on {r.fired:,} of "
                   f"{r.tokens:,} tokens ({100 * r.fired / max(r.tokens, 1):.2f}%)",
                   style="bold cyan")]
     lines.append(Text("top contexts (the strongest token underlined)", style="dim"))
     for c in r.contexts:
         line = Text(f"{c['value']:7.3f}  ", style="bold")
         line.append_text(window_line([tok(int(i)) for i in c["ids"]], c["acts"], c["position"],
-                                     radius=8))
+                                     radius=7))
         lines.append(line)
     for label, pairs in (("promotes", r.promotes), ("suppresses", r.suppresses)):
         line = Text(f"{label:<11}", style="bold")
-        line.append(" ".join(f"{show_token(tok(i))}({v:+.2f})" for i, v in pairs[:6]))
+        line.append(" ".join(f"{show_token(tok(i))}({v:+.2f})" for i, v in pairs[:5]))
         lines.append(line)
     lines.append(Text("through W_dec[latent] * ln_final.weight @ W_E^T", style="dim"))
     lines.append(Text("activation histogram (tokens where it fires)", style="dim"))
