@@ -275,3 +275,22 @@ def test_trace_lists_active_latents_and_ablate_zeroes_one(cli, tiny):
     assert r.json()["ablated"] == [f"sae.{SITE}.{loud}"]
     assert_one_error_line(cli("trace", text, "logits", "--ablate", f"sae.{SITE}"), 2,
                           "--ablate takes one latent")
+
+
+def test_the_shipped_sae_reads_the_shipped_model():
+    from tinygpt_cli.weights import SHIPPED
+
+    path = SHIPPED / "sae" / "layers.1.resid_post.safetensors"
+    if not path.is_file():
+        pytest.skip("no shipped SAE")
+    model = load_model(SHIPPED)
+    sae = S.load_sae(path, model.config)
+    assert (sae.site, sae.k, sae.n_latents) == ("layers.1.resid_post", 16, 1024)
+    ids = np.asarray(model.tokenizer.encode("Lily wanted to play with her"))
+    from tinygpt_cli.model import trace as run_trace
+
+    x = run_trace(model.params, model.config, ids).get(sae.site)
+    z = S.encode(sae, x)
+    assert ((z > 0).sum(axis=1) == 16).all()
+    ev = 1 - ((S.decode(sae, z) - x) ** 2).sum() / ((x - x.mean(axis=0)) ** 2).sum()
+    assert ev > 0.8

@@ -102,3 +102,15 @@ def test_lens_errors(cli, tmp_path):
     assert_one_error_line(cli("lens", "Lily", "--kind", "tuned", "--lens",
                               tmp_path / "none.safetensors"), 2, "no tuned lens at")
     assert_one_error_line(cli("lens", "Lily", "--kind", "bent"), 2, "--kind must be logit")
+
+
+def test_the_shipped_tuned_lens_fits_the_shipped_model():
+    from tinygpt_cli.weights import SHIPPED, load_model
+
+    path = SHIPPED / "lens" / "tuned.safetensors"
+    if not path.is_file():
+        pytest.skip("no shipped tuned lens")
+    model = load_model(SHIPPED)
+    tr = tl.load_translators(path, model.config)
+    assert len(tr.A) == model.config.n_layer
+    assert any(np.abs(a).max() > 0 for a in tr.A)  # fitted, not the zero start
