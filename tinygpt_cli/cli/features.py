@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from ..errors import InputError
+from ..render.text import examples_block
 from .app import app
 from .common import (
     FORCE,
@@ -22,8 +23,18 @@ from .common import (
     stdout,
 )
 
-sae_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help=(
-    "Sparse autoencoders: train one on a site, evaluate it on held-out text, show a latent."))
+
+def _sae() -> None:
+    """Sparse autoencoders: train one on a site, evaluate it on held-out text, show a latent.
+
+    Example: tinygpt sae train --site layers.1.resid_post
+    Example: tinygpt sae eval
+    Example: tinygpt sae feature 300
+    """
+
+
+sae_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
+sae_app.callback(help=examples_block(_sae.__doc__))(_sae)
 app.add_typer(sae_app, name="sae")
 
 SHIPPED_SITE = "layers.1.resid_post"
@@ -392,3 +403,7 @@ def trace_latents(weights, text, path: str, ablate, as_json: bool) -> None:
     active = S.active_latents(z) if latent is None else None
     show(r.document(path, z, site=site, k=sae.k, active=active),
          lambda: view.latents_view(path, r.tokens, z, active), as_json)
+
+
+for _command in sae_app.registered_commands:  # each Example: line on a line of its own
+    _command.help = examples_block(_command.callback.__doc__)
