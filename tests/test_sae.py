@@ -286,6 +286,14 @@ def test_the_shipped_sae_reads_the_shipped_model():
     model = load_model(SHIPPED)
     sae = S.load_sae(path, model.config)
     assert (sae.site, sae.k, sae.n_latents) == ("layers.1.resid_post", 16, 1024)
+    from safetensors import safe_open
+
+    from tinygpt_cli.files import sha256
+
+    with safe_open(str(path), framework="numpy") as f:
+        trained_on = f.metadata()["weights_sha256"]
+    if trained_on != sha256(model.weights_file):  # a branch whose model comes at the merge
+        pytest.skip("the shipped SAE was trained on other weights than weights/ holds")
     ids = np.asarray(model.tokenizer.encode("Lily wanted to play with her"))
     from tinygpt_cli.model import trace as run_trace
 
