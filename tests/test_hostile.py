@@ -381,6 +381,19 @@ def planted_lock(ctx: Ctx) -> None:
 
 
 W = ["--weights", "{broken}"]
+SAE = "sae/layers.1.resid_post.safetensors"
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def _tensors(**shapes) -> bytes:
+    from safetensors.numpy import save
+
+    return save({n: np.ones(s, np.float32) for n, s in shapes.items()},
+                metadata={"site": "layers.1.resid_post", "k": "4"})
 TRAIN = ["train", "--steps", "2", *RUN_SIZES]
 DATA = ["--data", "{data}"]
 N16 = dict(n_embd=16)
@@ -611,6 +624,18 @@ CASES = [
     ("means-file-damaged", lambda c: (c.broken / "means.safetensors").write_bytes(b"\xff" * 64),
      ["ablate", TEXT, "--all", "--mode", "mean", *W], 1,
      ["means.safetensors is not a readable safetensors file"]),
+    ("sae-file-damaged", lambda c: _write(c.broken / SAE, b"\xff" * 64),
+     ["sae", "eval", *W], 1, ["layers.1.resid_post.safetensors is not a readable safetensors"]),
+    ("sae-file-wrong-shapes", lambda c: _write(c.broken / SAE, _tensors(
+        W_enc=(5, 8), b_enc=(8,), W_dec=(8, 5), b_dec=(5,))),
+     ["trace", TEXT, "sae.layers.1.resid_post", *W], 1, ["W_enc has shape [5, 8]"]),
+    ("sae-file-missing", nothing, ["sae", "feature", "3", *W], 2,
+     ["no SAE file at", "sae train --site layers.1.resid_post"]),
+    ("lens-file-damaged", lambda c: _write(c.broken / "lens" / "tuned.safetensors", b"\0" * 9),
+     ["lens", TEXT, "--kind", "tuned", *W], 1, ["tuned.safetensors is not a readable"]),
+    ("lens-translator-missing", lambda c: _write(c.broken / "lens" / "tuned.safetensors",
+                                                 _tensors(**{"A.0": (16, 16)})),
+     ["lens", TEXT, "--kind", "tuned", *W], 1, ["b.0 must be [16] finite floats (missing)"]),
     ("tokenizer-ids-past-the-vocabulary", shifted_token_ids, ["embed", TEXT, *W], 1,
      ["tokenizer.json", "token ids are not 0 to 4,095"]),
     ("tokenizer-ids-with-a-gap", gap_in_token_ids, ["embed", TEXT, *W], 1,

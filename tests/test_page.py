@@ -42,9 +42,10 @@ def test_every_trace_path_in_the_readme_resolves():
             paths |= set(re.findall(r"`([^`]+)`", line.split("|")[3]))
         paths |= set(re.findall(r"tinygpt trace (?:\"[^\"]*\"|-) \"?([\w.\[\]-]+)\"?", line))
         paths |= set(re.findall(r'"path": ?"([^"]+)"', line))
-    # formulas (card 11's random pick) and options are not paths
+    # formulas (card 11's random pick) and options are not paths; an SAE's latents
+    # (sae.SITE) resolve through its file, not the schema (tests/test_sae.py)
     paths = {p.replace(".L.", ".0.").replace(".H.", ".0.") for p in paths
-             if "(" not in p and not p.startswith("-")}
+             if "(" not in p and not p.startswith(("-", "sae."))}
     assert {"probs[-1]", "logits", "layers.0.heads.0.weights"} <= paths
     # the README's examples run on the shipped model's sizes (4 heads)
     config = load_config(SHIPPED / "config.json")

@@ -112,6 +112,9 @@ def test_every_command_is_listed_with_the_module_that_defines_it():
     _register()
     defined = {_command_name(c): c.callback.__module__.rsplit(".", 1)[1]
                for c in app.registered_commands}
+    for group in app.registered_groups:  # `sae train|eval|feature`: a group of commands
+        callback = group.typer_instance.registered_callback.callback
+        defined[group.name] = callback.__module__.rsplit(".", 1)[1]
     assert defined == COMMANDS
 
 

@@ -124,13 +124,15 @@ class LensReport:
     target_ranks: np.ndarray
 
 
-def lens_report(session, position: int, target: str | None) -> LensReport:
+def lens_report(session, position: int, target: str | None, reader=None) -> LensReport:
+    """The lens at every stage and position; `reader(trace)` gives another lens's result
+    (the tuned lens) in place of the logit lens."""
     from .question import ask
 
     p = session.position(position)
     tr = session.trace()
     q = ask(session, tr.get("logits")[p], p, target, None)
-    result = logit_lens(tr, session.params, session.config)
+    result = reader(tr) if reader else logit_lens(tr, session.params, session.config)
     top_ids, top_probs = result.top()  # [S, T]
     probs, ranks = result.target(q.target, p)
     top_tokens = [[q.token_str(int(i)) for i in row] for row in top_ids.T]

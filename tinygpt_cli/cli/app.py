@@ -77,7 +77,7 @@ COMMANDS = {
     "lens": "explain", "dla": "explain", "ablate": "explain", "patch": "explain",
     "attribute": "explain", "means": "explain", "circuit": "circuits", "qk": "circuits",
     "score": "texts", "heads": "texts", "neurons": "texts", "diff": "texts",
-    "history": "history", "why": "history",
+    "history": "history", "why": "history", "sae": "features",
     "steer": "directions", "probe": "directions",
     "info": "inspect", "train-tokenizer": "train", "train": "train", "model-card": "train",
 }

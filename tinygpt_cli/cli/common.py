@@ -332,10 +332,17 @@ def run(weights: Path | None, text: str | None, ablate: list[str] | None = None)
     hook, steered = steering(model)
     session = Session.open(read_text(text), model=model, steering=hook)
     ablate = list(ablate or [])
-    ablated = [resolve(p, model.config)[0] for p in ablate]
+    latents = [p for p in ablate if p.startswith("sae.")]  # SAE latents: cli/features.py
+    ablate = [p for p in ablate if p not in latents]
+    hooks = None
+    if latents:
+        from .features import latent_ablation
+
+        hooks = latent_ablation(model, latents)
+    ablated = [resolve(p, model.config)[0] for p in ablate] + latents
     set_changed(f"ablated (set to zero) before this view: {', '.join(ablated)}"
                 if ablated else None)
-    return Run(session, session.trace(ablate=ablate), ablated, steered)
+    return Run(session, session.trace(hooks=hooks, ablate=ablate), ablated, steered)
 
 
 def set_changed(note: str | None) -> None:

@@ -40,6 +40,16 @@ if TYPE_CHECKING:  # NumPy and the model are imported inside the commands
 
 
 NEURONS = 20  # --neurons lists this many
+LENS_KIND = typer.Option("logit", "--kind", help="logit, or tuned: each block's input read "
+                         "through the translator of --lens.")
+LENS_FIT = typer.Option(False, "--fit", help="Fit the tuned lens on the training text and "
+                        "write it to --lens.")
+LENS_EVALUATE = typer.Option(False, "--evaluate", help="KL to the final distribution and "
+                             "top-1 agreement of both lenses, per stage, on held-out text.")
+LENS_FILE = typer.Option(None, "--lens", help="The tuned lens file (default: the weights "
+                         "folder's lens/tuned.safetensors).", show_default=False)
+LENS_DATA = typer.Option(None, "--data", help="Stories for --fit (all parts but the last) or "
+                         "--evaluate (the last part, or this file).", show_default=False)
 
 
 def open_session(weights: Path | None, text: str | None, model=None) -> Session:
@@ -71,21 +81,31 @@ def emit(s: Session, path: str, value, options: dict, **extra) -> None:
 @app.command()
 def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
          position: int = POSITION, as_json: bool = JSON, save: Path = SAVE,
-         force: bool = FORCE, quiet: bool = QUIET):
+         force: bool = FORCE, quiet: bool = QUIET, kind: str = LENS_KIND,
+         fit: bool = LENS_FIT, evaluate: bool = LENS_EVALUATE, lens_file: Path = LENS_FILE,
+         data: Path = LENS_DATA):
     """Logit lens: the likeliest next token at every position after every stage.
 
     Each stage (the embeddings, each block's resid_mid and resid_post) goes through the final
     LayerNorm with its mean and std recomputed from that stage, then the tied head. Also shows
-    the target's chance and rank at --position after every stage.
+    the target's chance and rank at --position after every stage. --kind tuned reads the
+    stream entering each block through its learned translator first: ln_final(h + h A + b).
 
     \b
     Example: tinygpt lens "Lily wanted to play with her" --target " toys"
+    Example: tinygpt lens "Lily wanted to play with her" --kind tuned
+    Example: tinygpt lens --evaluate
     """
     from ..analysis.lens import lens_report
     from ..render import explain as view
+    from .features import check_lens_kind, tuned_lens, tuned_lens_work
 
+    if fit or evaluate:
+        return tuned_lens_work(weights, fit, evaluate, lens_file, data, as_json)
     s = open_session(weights, text)
-    r = lens_report(s, position, target)
+    tuned = check_lens_kind(kind) == "tuned"
+    r = lens_report(s, position, target, (lambda tr: tuned_lens(s, tr, lens_file)) if tuned
+                    else None)
     if save is not None:
         from ..render.analysis_pictures import lens_figure
 

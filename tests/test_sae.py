@@ -1,0 +1,304 @@
+"""Sparse autoencoders: the encoding against a per-token loop, the backward pass against finite
+differences and torch, the evaluation against transformers with the SAE spliced in by a hook,
+the perfect reconstruction, resuming, and the command's errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cli_helpers import assert_one_error_line
+
+from tinygpt_cli.analysis import sae as S
+from tinygpt_cli.hooks import Replace
+from tinygpt_cli.weights import load_model
+
+SITE = "layers.0.resid_post"
+
+
+def random_sae(d: int, m: int, k: int, seed: int = 0, dtype=np.float64) -> S.SAE:
+    rng = np.random.default_rng(seed)
+    w_dec = rng.normal(size=(m, d))
+    w_dec /= np.linalg.norm(w_dec, axis=1, keepdims=True)
+    return S.SAE(rng.normal(size=(d, m)).astype(dtype), rng.normal(0, 0.3, m).astype(dtype),
+                 w_dec.astype(dtype), rng.normal(0, 0.3, d).astype(dtype), SITE, k)
+
+
+def test_encoding_equals_a_per_token_loop():
+    sae = random_sae(6, 10, 3)
+    x = np.random.default_rng(1).normal(size=(7, 6))
+    z = S.encode(sae, x)
+    for t in range(len(x)):
+        a = [max(0.0, sum((x[t, i] - sae.b_dec[i]) * sae.W_enc[i, j] for i in range(6))
+                 + sae.b_enc[j]) for j in range(10)]
+        keep = sorted(range(10), key=lambda j: -a[j])[:3]
+        want = [a[j] if j in keep else 0.0 for j in range(10)]
+        np.testing.assert_allclose(z[t], want, atol=1e-12)
+        np.testing.assert_allclose(S.decode(sae, z)[t],
+                                   sum(want[j] * sae.W_dec[j] for j in range(10)) + sae.b_dec)
+
+
+def _loss(sae, x, scale, dead, k_aux):
+    return S.loss_and_grads(sae, x, scale, dead, k_aux)[0]
+
+
+def test_gradients_match_finite_differences():
+    # without the aux loss: it holds the residual e constant, which finite differences cannot
+    # (the torch test below detaches e and checks it)
+    sae = random_sae(5, 8, 2, seed=2)
+    x = np.random.default_rng(3).normal(size=(9, 5))
+    dead = None
+    _, grads, _ = S.loss_and_grads(sae, x, 1.7, dead, 2)
+    eps = 1e-6
+    for name, p in sae.params().items():
+        num = np.zeros_like(p)
+        for i in np.ndindex(p.shape):
+            old = p[i]
+            p[i] = old + eps
+            up = _loss(sae, x, 1.7, dead, 2)
+            p[i] = old - eps
+            down = _loss(sae, x, 1.7, dead, 2)
+            p[i] = old
+            num[i] = (up - down) / (2 * eps)
+        np.testing.assert_allclose(grads[name], num, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_gradients_match_torch():
+    torch = pytest.importorskip("torch")
+    sae = random_sae(6, 12, 3, seed=4)
+    x = np.random.default_rng(5).normal(size=(10, 6))
+    dead = np.zeros(12, bool)
+    dead[[1, 5, 7, 9]] = True
+    loss, grads, _ = S.loss_and_grads(sae, x, 2.0, dead, 2)
+    t = {n: torch.tensor(p, requires_grad=True) for n, p in sae.params().items()}
+    xt = torch.tensor(x)
+    a = (xt - t["b_dec"]) @ t["W_enc"] + t["b_enc"]
+    r = torch.relu(a)
+    top = torch.topk(r, 3, dim=-1)
+    z = torch.zeros_like(r).scatter(-1, top.indices, top.values)
+    err = z @ t["W_dec"] + t["b_dec"] - xt
+    a_dead = torch.relu(a) * torch.tensor(dead)
+    top_aux = torch.topk(a_dead, 2, dim=-1)
+    z_aux = torch.zeros_like(r).scatter(-1, top_aux.indices, top_aux.values)
+    e = -err.detach()
+    total = (err ** 2).sum() / (10 * 2.0) + S.AUX_SCALE * ((z_aux @ t["W_dec"] - e) ** 2).sum() / 20
+    total.backward()
+    assert loss == pytest.approx(total.item(), rel=1e-12)
+    for name in t:
+        np.testing.assert_allclose(grads[name], t[name].grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_decoder_rows_stay_unit_and_the_loss_falls():
+    x = np.random.default_rng(6).normal(size=(400, 8)).astype(np.float32) @ \
+        np.random.default_rng(7).normal(size=(8, 8)).astype(np.float32)
+    state = S.new_state(x, 32, 4, SITE, seed=0, lr=3e-3)
+    S.train_steps(state, x, 60, batch=64)
+    np.testing.assert_allclose(np.linalg.norm(state.sae.W_dec, axis=1), 1, rtol=1e-5)
+    np.testing.assert_allclose(state.sae.b_dec, x.mean(axis=0), atol=1.0)
+    assert np.mean(state.losses[-10:]) < 0.6 * np.mean(state.losses[:3])
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
+    from tinygpt_cli.cli.features import _checkpoint, _resume
+
+    x = np.random.default_rng(8).normal(size=(300, 6)).astype(np.float32)
+    settings = {"site": SITE, "latents": 16, "k": 3, "lr": 1e-3}
+    whole = S.train_steps(S.new_state(x, 16, 3, SITE, 0, 1e-3), x, 8, batch=32, dead_after=64)
+    half = S.train_steps(S.new_state(x, 16, 3, SITE, 0, 1e-3), x, 4, batch=32, dead_after=64)
+    _checkpoint(tmp_path / "c.npz", half, settings)
+    resumed = S.train_steps(_resume(tmp_path / "c.npz", settings), x, 8, batch=32, dead_after=64)
+    for name, p in whole.sae.params().items():
+        np.testing.assert_array_equal(resumed.sae.params()[name], p)
+
+
+# ------------------------------------------------------------------ evaluation on a model
+
+
+def perfect_sae(d: int, site: str, b_dec: np.ndarray) -> S.SAE:
+    """Latents +e_i and -e_i, all kept: z W_dec = relu(x') - relu(-x') = x' exactly."""
+    w_dec = np.concatenate([np.eye(d), -np.eye(d)]).astype(np.float32)
+    return S.SAE(np.ascontiguousarray(w_dec.T), np.zeros(2 * d, np.float32), w_dec,
+                 b_dec.astype(np.float32), site, 2 * d)
+
+
+@pytest.fixture
+def model_and_windows(tiny_folder):
+    model = load_model(tiny_folder.folder)
+    rng = np.random.default_rng(9)
+    ids = rng.integers(0, model.config.vocab_size, size=(3, 13))
+    return model, ids[:, :-1], ids[:, 1:]
+
+
+def test_a_perfect_reconstruction_recovers_all_the_loss(model_and_windows):
+    model, x, y = model_and_windows
+    sae = perfect_sae(model.config.n_embd, SITE, np.zeros(model.config.n_embd))
+    r = S.evaluate(model.params, model.config, sae, x, y)
+    assert r.recovered_vs_zero == pytest.approx(1, abs=1e-5)
+    assert r.recovered_vs_mean == pytest.approx(1, abs=1e-5)
+    assert r.explained_variance == pytest.approx(1, abs=1e-5)
+    assert r.l0 <= 2 * model.config.n_embd
+
+
+def test_the_loss_with_the_sae_equals_transformers_with_a_forward_hook(model_and_windows,
+                                                                       tiny_folder):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model, x, y = model_and_windows
+    sae = random_sae(model.config.n_embd, 40, 5, seed=10, dtype=np.float32)
+    r = S.evaluate(model.params, model.config, sae, x, y)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(tiny_folder.folder),
+                                                      attn_implementation="eager").eval()
+
+    def splice(module, args, out):  # block 0's output is layers.0.resid_post
+        h = out[0] if isinstance(out, tuple) else out
+        x_hat = S.reconstruct(sae, h.detach().numpy())
+        new = torch.tensor(x_hat, dtype=h.dtype)
+        return (new, *out[1:]) if isinstance(out, tuple) else new
+
+    handle = hf.transformer.h[0].register_forward_hook(splice)
+    try:
+        with torch.no_grad():
+            logits = hf(torch.tensor(x)).logits
+    finally:
+        handle.remove()
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    want = -logp.gather(-1, torch.tensor(y)[..., None]).mean().item()
+    assert r.loss_sae == pytest.approx(want, rel=1e-5)
+    clean = S.mean_loss(model.params, model.config, x, y)
+    assert r.loss_clean == pytest.approx(clean)
+    zeroed = S.mean_loss(model.params, model.config, x, y, Replace({SITE: np.zeros_like}))
+    assert r.loss_zero == pytest.approx(zeroed)
+
+
+def test_a_file_round_trips_and_a_damaged_one_is_refused(tmp_path, tiny_folder):
+    cfg = tiny_folder.config
+    sae = random_sae(cfg.n_embd, 20, 4, dtype=np.float32)
+    S.save_sae(tmp_path / "s.safetensors", sae)
+    back = S.load_sae(tmp_path / "s.safetensors", cfg)
+    assert (back.site, back.k) == (SITE, 4)
+    np.testing.assert_array_equal(back.W_dec, sae.W_dec)
+    from tinygpt_cli.errors import WeightsError
+
+    (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")
+    with pytest.raises(WeightsError, match="not a readable safetensors file"):
+        S.load_sae(tmp_path / "bad.safetensors", cfg)
+    sae.W_dec = sae.W_dec * 2
+    S.save_sae(tmp_path / "long.safetensors", sae)
+    with pytest.raises(WeightsError, match="rows of W_dec are not unit vectors"):
+        S.load_sae(tmp_path / "long.safetensors", cfg)
+
+
+# ------------------------------------------------------------------ the command
+
+
+@pytest.fixture
+def data(tmp_path):
+    from conftest import SENTENCES
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"part-00{i}.txt").write_text(
+            "\n<|endoftext|>\n".join(SENTENCES * (4 + i)) + "\n")
+    return folder
+
+
+def test_sae_train_eval_and_feature_on_a_tiny_model(cli, data, tmp_path, monkeypatch):
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "s.safetensors"
+    r = cli("sae", "train", "--site", "layers.1.mlp_out", "--data", data, "--out", out,
+            "--steps", "5", "--latents", "16", "-k", "2", "--batch", "32", "--windows", "4",
+            "--json")
+    assert r.code == 0, r.err
+    assert r.json()["steps"] == 5 and out.is_file()
+    assert not out.with_name(out.name + ".checkpoint.npz").exists()
+    r = cli("sae", "eval", "--sae", out, "--data", data / "part-002.txt", "--json")
+    doc = r.json()
+    assert r.code == 0 and doc["data"] == ["part-002.txt"] and doc["l0"] <= 2
+    assert doc["loss_recovered_vs_zero"] == pytest.approx(
+        (doc["loss_zero_ablated"] - doc["loss_sae"])
+        / (doc["loss_zero_ablated"] - doc["loss_clean"]))
+    r = cli("sae", "feature", "3", "--sae", out, "--data", data, "--windows", "4", "--json")
+    doc = r.json()
+    assert r.code == 0 and len(doc["promotes"]) == 10
+    assert sum(doc["histogram"]["counts"]) == doc["fired"]
+    picture = tmp_path / "f.svg"
+    r = cli("sae", "feature", "3", "--sae", out, "--data", data, "--windows", "4", "--save",
+            picture, "-q")
+    assert r.code == 0 and r.out == "" and "latent 3" in picture.read_text()
+
+
+def test_sae_errors(cli, tmp_path):
+    assert_one_error_line(cli("sae", "train", "--site", "layers.0.attn.q"), 2,
+                          "an SAE reads layers.N.resid_pre")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file at all")
+    assert_one_error_line(cli("sae", "eval", "--sae", bad), 1, "not a readable safetensors")
+    assert_one_error_line(cli("sae", "feature", "0", "--sae", tmp_path / "none.safetensors"),
+                          2, "no SAE file at")
+
+
+# ------------------------------------------------------------------ latents in trace and --ablate
+
+
+def test_trace_lists_active_latents_and_ablate_zeroes_one(cli, tiny):
+    from tinygpt_cli.hooks import Record, Replace
+    from tinygpt_cli.model import forward
+
+    cfg = tiny.model.config
+    sae = random_sae(cfg.n_embd, 24, 3, seed=11, dtype=np.float32)
+    S.save_sae(tiny.folder / "sae" / f"{SITE}.safetensors", sae)
+    text = "Lily wanted to play with her"
+    ids = np.asarray(tiny.model.tokenizer.encode(text))
+    rec = Record()
+    clean = forward(tiny.model.params, cfg, ids, hooks=rec)
+    z = S.encode(sae, rec.values[SITE])
+    r = cli("trace", text, f"sae.{SITE}", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    np.testing.assert_allclose(doc["data"], z, rtol=1e-6)
+    assert [[j for j, _ in row] for row in doc["active"]] == \
+        [sorted(np.flatnonzero(zt), key=lambda j: -zt[j]) for zt in z]
+    silent = int(np.flatnonzero((z == 0).all(axis=0))[0])
+    r = cli("trace", text, "logits", "--ablate", f"sae.{SITE}.{silent}", "--json")
+    np.testing.assert_array_equal(np.asarray(r.json()["data"], np.float32), clean)
+    loud = int(np.argmax(z.sum(axis=0)))
+
+    def drop(x):  # the latent's share of the reconstruction, taken out by hand
+        zz = S.encode(sae, x)
+        return x - zz[:, loud:loud + 1] * sae.W_dec[loud]
+
+    want = forward(tiny.model.params, cfg, ids, hooks=Replace({SITE: drop}))
+    r = cli("trace", text, "logits", "--ablate", f"sae.{SITE}.{loud}", "--json")
+    got = np.asarray(r.json()["data"])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(got, clean, atol=1e-4)
+    assert r.json()["ablated"] == [f"sae.{SITE}.{loud}"]
+    assert_one_error_line(cli("trace", text, "logits", "--ablate", f"sae.{SITE}"), 2,
+                          "--ablate takes one latent")
+
+
+def test_the_shipped_sae_reads_the_shipped_model():
+    from tinygpt_cli.weights import SHIPPED
+
+    path = SHIPPED / "sae" / "layers.1.resid_post.safetensors"
+    if not path.is_file():
+        pytest.skip("no shipped SAE")
+    model = load_model(SHIPPED)
+    sae = S.load_sae(path, model.config)
+    assert (sae.site, sae.k, sae.n_latents) == ("layers.1.resid_post", 16, 1024)
+    from safetensors import safe_open
+
+    from tinygpt_cli.files import sha256
+
+    with safe_open(str(path), framework="numpy") as f:
+        trained_on = f.metadata()["weights_sha256"]
+    if trained_on != sha256(model.weights_file):  # a branch whose model comes at the merge
+        pytest.skip("the shipped SAE was trained on other weights than weights/ holds")
+    ids = np.asarray(model.tokenizer.encode("Lily wanted to play with her"))
+    from tinygpt_cli.model import trace as run_trace
+
+    x = run_trace(model.params, model.config, ids).get(sae.site)
+    z = S.encode(sae, x)
+    assert ((z > 0).sum(axis=1) == 16).all()
+    ev = 1 - ((S.decode(sae, z) - x) ** 2).sum() / ((x - x.mean(axis=0)) ** 2).sum()
+    assert ev > 0.8

@@ -1,0 +1,477 @@
+"""TopK sparse autoencoders on one value of the forward pass (a residual stream or an MLP output).
+
+    z = TopK_k(ReLU((x - b_dec) W_enc + b_enc))      the latents, at most k non-zero per token
+    x_hat = z W_dec + b_dec                           the reconstruction, W_dec rows unit norm
+
+Trained as in Gao et al. 2024 (OpenAI's TopK paper) and SAELens: b_dec starts at the data mean,
+W_enc at W_dec^T, the decoder rows are renormalised after every step with the gradient's
+component along each row removed first, and an auxiliary loss (AuxK) lets latents that have not
+fired for a while reconstruct what the live ones miss, so few stay dead. Adam with an explicit
+backward pass; the tokens come in as arrays (the caller reads the text), never from files here.
+
+Evaluation follows SAELens' metrics on held-out text: L0, explained variance, dead latents, and
+the loss with the reconstruction spliced into the forward pass, against zero *and* mean
+ablation of the same site (loss recovered = (L_ablated - L_sae) / (L_ablated - L_clean)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import ops
+from ..config import Config
+from ..errors import InputError, WeightsError
+from ..files import write_atomically
+from ..hooks import Chain, RecordOnly, Replace, StopAfter
+from ..model import forward
+from ..schema import resolve
+
+SITE_KINDS = ("resid_pre", "resid_mid", "resid_post", "mlp_out")
+AUX_SCALE = 1 / 32  # Gao et al.'s alpha for the AuxK loss
+
+
+def check_site(path: str, config: Config) -> str:
+    """The canonical path of an SAE site: layers.N.resid_pre|resid_mid|resid_post|mlp_out."""
+    from ..schema import PathError
+
+    try:
+        name, rows = resolve(path, config)
+    except PathError:
+        name, rows = None, None
+    parts = (name or "").split(".")
+    if rows or len(parts) != 3 or parts[0] != "layers" or parts[2] not in SITE_KINDS:
+        raise InputError(f"an SAE reads layers.N.resid_pre, resid_mid, resid_post or mlp_out "
+                         f"(N = 0..{config.n_layer - 1}), not {path!r}")
+    return name
+
+
+# ------------------------------------------------------------------ the autoencoder
+
+
+@dataclass
+class SAE:
+    W_enc: np.ndarray  # noqa: N815 [d, m]
+    b_enc: np.ndarray  # [m]
+    W_dec: np.ndarray  # noqa: N815 [m, d], rows unit norm
+    b_dec: np.ndarray  # [d]
+    site: str
+    k: int
+
+    @property
+    def n_latents(self) -> int:
+        return self.W_enc.shape[1]
+
+    def params(self) -> dict[str, np.ndarray]:
+        return {"W_enc": self.W_enc, "b_enc": self.b_enc, "W_dec": self.W_dec, "b_dec": self.b_dec}
+
+
+def pre_activations(sae: SAE, x: np.ndarray) -> np.ndarray:
+    """(x - b_dec) W_enc + b_enc.  [..., d] -> [..., m]"""
+    return (x - sae.b_dec) @ sae.W_enc + sae.b_enc
+
+
+def top_k_relu(a: np.ndarray, k: int) -> np.ndarray:
+    """ReLU, then keep the k largest of each row (ties: the lower index), zero the rest."""
+    a = np.maximum(a, 0)
+    if k >= a.shape[-1]:
+        return a
+    keep = np.argpartition(-a, k - 1, axis=-1)[..., :k]
+    z = np.zeros_like(a)
+    np.put_along_axis(z, keep, np.take_along_axis(a, keep, axis=-1), axis=-1)
+    return z
+
+
+def encode(sae: SAE, x: np.ndarray) -> np.ndarray:
+    """The latents z [..., m] of values x [..., d]."""
+    return top_k_relu(pre_activations(sae, x), sae.k)
+
+
+def decode(sae: SAE, z: np.ndarray) -> np.ndarray:
+    """z W_dec + b_dec.  [..., m] -> [..., d]"""
+    return z @ sae.W_dec + sae.b_dec
+
+
+def reconstruct(sae: SAE, x: np.ndarray) -> np.ndarray:
+    return decode(sae, encode(sae, x))
+
+
+def init_sae(x: np.ndarray, n_latents: int, k: int, site: str, seed: int) -> SAE:
+    """Random unit decoder rows, W_enc = W_dec^T, b_enc = 0, b_dec = the data mean."""
+    rng = np.random.default_rng(seed)
+    d = x.shape[-1]
+    w_dec = rng.standard_normal((n_latents, d)).astype(np.float32)
+    w_dec /= np.linalg.norm(w_dec, axis=1, keepdims=True)
+    return SAE(np.ascontiguousarray(w_dec.T), np.zeros(n_latents, np.float32), w_dec,
+               x.reshape(-1, d).mean(axis=0).astype(np.float32), site, k)
+
+
+# ------------------------------------------------------------------ the loss and its gradient
+
+
+def loss_and_grads(sae: SAE, x: np.ndarray, scale: float,
+                   dead: np.ndarray | None = None, k_aux: int = 0
+                   ) -> tuple[float, dict[str, np.ndarray], np.ndarray]:
+    """The training loss, its gradient for each parameter, and the latents z.
+
+    loss = sum ||x_hat - x||^2 / (N scale)                      (scale: the data's variance
+         + AUX_SCALE sum ||e_hat - e||^2 / (N scale)             summed over d, so 1 = mean)
+    where e = x - x_hat (held constant) and e_hat = z_aux W_dec, z_aux the top k_aux of the
+    pre-activations of the dead latents only (Gao et al.'s AuxK). x: [N, d].
+    """
+    n = x.shape[0]
+    xc = x - sae.b_dec  # [N, d]
+    a = xc @ sae.W_enc + sae.b_enc  # [N, m]
+    z = top_k_relu(a, sae.k)
+    r = z @ sae.W_dec + sae.b_dec - x  # x_hat - x
+    loss = float(np.vdot(r, r)) / (n * scale)
+    g = (2.0 / (n * scale)) * r  # d loss / d x_hat
+    dw_dec = z.T @ g
+    db_dec = g.sum(axis=0)
+    da = (g @ sae.W_dec.T) * (z > 0)
+    if dead is not None and k_aux > 0 and dead.any():
+        z_aux = top_k_relu(np.where(dead, a, 0), min(k_aux, int(dead.sum())))
+        e_hat = z_aux @ sae.W_dec
+        r_aux = e_hat + r  # e_hat - e, with e = x - x_hat = -r
+        loss += AUX_SCALE * float(np.vdot(r_aux, r_aux)) / (n * scale)
+        g_aux = (2.0 * AUX_SCALE / (n * scale)) * r_aux
+        dw_dec += z_aux.T @ g_aux
+        da += (g_aux @ sae.W_dec.T) * (z_aux > 0)
+    dw_enc = xc.T @ da
+    db_enc = da.sum(axis=0)
+    db_dec -= da.sum(axis=0) @ sae.W_enc.T
+    return loss, {"W_enc": dw_enc, "b_enc": db_enc, "W_dec": dw_dec, "b_dec": db_dec}, z
+
+
+def remove_parallel(dw_dec: np.ndarray, w_dec: np.ndarray) -> np.ndarray:
+    """The gradient of each unit decoder row with its component along the row taken out: the
+    part a renormalisation would undo anyway."""
+    return dw_dec - (dw_dec * w_dec).sum(axis=1, keepdims=True) * w_dec
+
+
+def normalise_rows(w_dec: np.ndarray) -> None:
+    w_dec /= np.linalg.norm(w_dec, axis=1, keepdims=True)
+
+
+# ------------------------------------------------------------------ training
+
+
+@dataclass
+class Adam:
+    lr: float
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    t: int = 0
+    m: dict[str, np.ndarray] = field(default_factory=dict)
+    v: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def step(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray],
+             lr: float) -> None:
+        self.t += 1
+        c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
+        for name, p in params.items():
+            g = grads[name]
+            m = self.m.setdefault(name, np.zeros_like(p))
+            v = self.v.setdefault(name, np.zeros_like(p))
+            m *= self.b1
+            m += (1 - self.b1) * g
+            v *= self.b2
+            v += (1 - self.b2) * g * g
+            p -= (lr / c1) * m / (np.sqrt(v / c2) + self.eps)
+
+
+@dataclass
+class TrainState:
+    """Everything a resumed run needs: the SAE, Adam's moments, the step, the dead-latent clock."""
+
+    sae: SAE
+    adam: Adam
+    step: int
+    since_fired: np.ndarray  # [m] tokens since each latent last fired
+    losses: list[float] = field(default_factory=list)
+
+
+def new_state(x: np.ndarray, n_latents: int, k: int, site: str, seed: int,
+              lr: float) -> TrainState:
+    sae = init_sae(x, n_latents, k, site, seed)
+    return TrainState(sae, Adam(lr), 0, np.zeros(n_latents, np.int64))
+
+
+def data_scale(x: np.ndarray) -> float:
+    """The mean squared distance of a token's value from the mean value (the loss's unit)."""
+    return float(((x - x.mean(axis=0)) ** 2).sum(axis=1).mean())
+
+
+def train_steps(state: TrainState, x: np.ndarray, steps: int, *, batch: int = 1024,
+                seed: int = 0, k_aux: int | None = None, dead_after: int = 20_000,
+                progress: Callable[[TrainState], None] | None = None) -> TrainState:
+    """Run until state.step == steps. Batch b is drawn by a generator seeded (seed, step), so
+    a resumed run draws what the uninterrupted run would have. x: [N, d] float32."""
+    sae = state.sae
+    scale = data_scale(x)
+    k_aux = k_aux if k_aux is not None else min(2 * x.shape[1], sae.n_latents // 2)
+    params = sae.params()
+    while state.step < steps:
+        rng = np.random.default_rng([seed, state.step])
+        xb = x[rng.integers(0, len(x), size=batch)]
+        lr = state.adam.lr * min(1.0, 5 * (steps - state.step) / steps)  # decay over the last 20%
+        dead = state.since_fired > dead_after
+        loss, grads, z = loss_and_grads(sae, xb, scale, dead, k_aux)
+        grads["W_dec"] = remove_parallel(grads["W_dec"], sae.W_dec)
+        state.adam.step(params, grads, lr)
+        normalise_rows(sae.W_dec)
+        fired = (z > 0).any(axis=0)
+        state.since_fired += batch
+        state.since_fired[fired] = 0
+        state.losses.append(loss)
+        state.step += 1
+        if progress:
+            progress(state)
+    return state
+
+
+# ------------------------------------------------------------------ files
+
+
+def sae_tensors(sae: SAE) -> dict[str, np.ndarray]:
+    return {n: np.ascontiguousarray(p, dtype=np.float32) for n, p in sae.params().items()}
+
+
+def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> None:
+    from safetensors.numpy import save
+
+    info = {"site": sae.site, "k": str(sae.k), **(meta or {})}
+    write_atomically(Path(path), save(sae_tensors(sae), metadata=info))
+
+
+def load_sae(path: str | Path, config: Config) -> SAE:
+    """An SAE file, checked: the four tensors with agreeing shapes, finite, a known site, k."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"no SAE file at {path}: train one with `tinygpt sae train --site "
+                         "layers.1.resid_post`")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = dict(f.metadata() or {})
+            t = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - no iter
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type is not importable
+        raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
+    return check_sae(path, t, meta, config)
+
+
+def check_sae(path: Path, t: dict[str, np.ndarray], meta: dict, config: Config) -> SAE:
+    d = config.n_embd
+    for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+        if name not in t:
+            raise WeightsError(f"{path} is not an SAE file: it has no {name} tensor")
+        if not np.issubdtype(t[name].dtype, np.floating) or not np.isfinite(t[name]).all():
+            raise WeightsError(f"{path}: {name} is not all finite floating-point numbers")
+    m = t["b_enc"].shape[0] if t["b_enc"].ndim == 1 else -1
+    want = {"W_enc": (d, m), "b_enc": (m,), "W_dec": (m, d), "b_dec": (d,)}
+    for name, shape in want.items():
+        if t[name].shape != shape or m < 1:
+            raise WeightsError(f"{path}: {name} has shape {list(t[name].shape)}, expected "
+                               f"{list(shape)} for {m} latents of a {d}-number value")
+    try:
+        k = int(meta.get("k", ""))
+        site = check_site(meta.get("site", ""), config)
+    except (ValueError, InputError):
+        raise WeightsError(f"{path}: its metadata must name the site (layers.N.resid_post, ...) "
+                           f"and k (1..{m}); it has site={meta.get('site')!r} "
+                           f"k={meta.get('k')!r}") from None
+    if not 1 <= k <= m:
+        raise WeightsError(f"{path}: k = {k} is not between 1 and the {m} latents")
+    if not np.allclose(np.linalg.norm(t["W_dec"], axis=1), 1, atol=1e-3):
+        raise WeightsError(f"{path}: the rows of W_dec are not unit vectors")
+    f32 = {n: np.asarray(a, dtype=np.float32) for n, a in t.items()}
+    return SAE(f32["W_enc"], f32["b_enc"], f32["W_dec"], f32["b_dec"], site, k)
+
+
+# ------------------------------------------------------------------ the site's values
+
+
+def site_values(params, config: Config, windows: np.ndarray, site: str, *, batch: int = 16,
+                progress: Callable[[int], None] | None = None) -> np.ndarray:
+    """The site's value at every position of windows [W, T] -> [W * T, d] float32; the pass
+    stops at the site."""
+    out = []
+    for b in range(0, len(windows), batch):
+        rec = RecordOnly({site})
+        forward(params, config, windows[b:b + batch], hooks=Chain(rec, StopAfter(site)))
+        v = rec.values[site]
+        out.append(np.asarray(v, dtype=np.float32).reshape(-1, v.shape[-1]))
+        if progress:
+            progress(len(windows[b:b + batch]))
+    return np.concatenate(out) if out else np.zeros((0, config.n_embd), np.float32)
+
+
+# ------------------------------------------------------------------ evaluation
+
+
+@dataclass
+class SAEEval:
+    site: str
+    k: int
+    n_latents: int
+    tokens: int
+    l0: float  # mean latents active per token
+    explained_variance: float
+    loss_clean: float
+    loss_sae: float
+    loss_zero: float
+    loss_mean: float
+    dead: int  # latents that never fired on the text
+    fired: np.ndarray  # [m] how many tokens each latent fired on
+
+    @property
+    def recovered_vs_zero(self) -> float:
+        return recovered(self.loss_clean, self.loss_sae, self.loss_zero)
+
+    @property
+    def recovered_vs_mean(self) -> float:
+        return recovered(self.loss_clean, self.loss_sae, self.loss_mean)
+
+    @property
+    def loss_increase(self) -> float:
+        return self.loss_sae - self.loss_clean
+
+
+def recovered(clean: float, spliced: float, ablated: float) -> float:
+    """(L_ablated - L_spliced) / (L_ablated - L_clean): 1 is as good as the model's own value."""
+    return (ablated - spliced) / (ablated - clean)
+
+
+def mean_loss(params, config: Config, inputs: np.ndarray, targets: np.ndarray,
+              hooks=None, batch: int = 16) -> float:
+    """Mean next-token cross-entropy (nats) over windows [W, T], with optional hooks."""
+    total = 0.0
+    for b in range(0, len(inputs), batch):
+        logits = forward(params, config, inputs[b:b + batch], hooks=hooks)
+        logp = ops.log_softmax(logits.astype(np.float64))
+        y = targets[b:b + batch]
+        total += float(-np.take_along_axis(logp, y[..., None], axis=-1).sum())
+    return total / targets.size
+
+
+def splice(sae: SAE, x: np.ndarray) -> np.ndarray:
+    return reconstruct(sae, x).astype(x.dtype)
+
+
+def evaluate(params, config: Config, sae: SAE, inputs: np.ndarray, targets: np.ndarray,
+             progress: Callable[[int], None] | None = None) -> SAEEval:
+    """SAELens' metrics on windows [W, T] of held-out text (inputs and their next tokens).
+
+    Mean ablation replaces the site by its mean over these same tokens (every position alike).
+    """
+    x = site_values(params, config, inputs, sae.site)
+    z = encode(sae, x)
+    x_hat = decode(sae, z)
+    ev = 1 - float(((x - x_hat) ** 2).sum()) / float(((x - x.mean(axis=0)) ** 2).sum())
+    fired = (z > 0).sum(axis=0)
+    mean = x.mean(axis=0)
+    losses = []
+    for fn in (None, lambda v: splice(sae, v), np.zeros_like, lambda v: mean):
+        hooks = None if fn is None else Replace({sae.site: fn})
+        losses.append(mean_loss(params, config, inputs, targets, hooks))
+        if progress:
+            progress(1)
+    return SAEEval(sae.site, sae.k, sae.n_latents, int(targets.size),
+                   float((z > 0).sum(axis=1).mean()), ev, *losses,
+                   int((fired == 0).sum()), fired)
+
+
+# ------------------------------------------------------------------ one latent over a corpus
+
+
+def sparse_codes(sae: SAE, x: np.ndarray, batch: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """The k active latents of every token and their values: (idx [N, k] int16, val [N, k])."""
+    idx = np.empty((len(x), sae.k), np.int16)
+    val = np.empty((len(x), sae.k), np.float32)
+    for b in range(0, len(x), batch):
+        a = np.maximum(pre_activations(sae, x[b:b + batch]), 0)
+        top = np.argpartition(-a, sae.k - 1, axis=-1)[:, :sae.k]
+        idx[b:b + batch] = top
+        val[b:b + batch] = np.take_along_axis(a, top, axis=-1)
+    return idx, val
+
+
+@dataclass
+class FeatureReport:
+    latent: int
+    site: str
+    tokens: int  # tokens searched
+    fired: int  # tokens it fired on
+    contexts: list[dict]  # {window, position, value, ids [T], acts [T]}, best first
+    promotes: list[tuple[int, float]]  # (token id, logit) through the direct path
+    suppresses: list[tuple[int, float]]
+    hist_counts: np.ndarray  # [bins] of the non-zero activations
+    hist_edges: np.ndarray  # [bins + 1]
+
+
+def direct_logits(sae: SAE, params, latent: int) -> np.ndarray:
+    """W_dec[latent] * ln_final.weight @ W_E^T: the tokens the latent's direction pushes
+    (the final norm's centring and per-token 1/std left out).  -> [V]"""
+    return (sae.W_dec[latent] * params["ln_f.weight"]) @ params["wte.weight"].T
+
+
+def feature_report(sae: SAE, params, ids: np.ndarray, idx: np.ndarray, val: np.ndarray,
+                   latent: int, top: int, n_tokens: int = 10, bins: int = 12) -> FeatureReport:
+    """A latent over windows ids [W, T] whose codes are (idx, val) [W*T, k]."""
+    w, t = ids.shape
+    acts = np.where(idx == latent, val, 0).max(axis=1).reshape(w, t)  # [W, T]
+    peak = acts.max(axis=1)
+    order = np.argsort(-peak, kind="stable")[:top]
+    contexts = [{"window": int(i), "position": int(acts[i].argmax()), "value": float(peak[i]),
+                 "ids": ids[i].astype(np.int64), "acts": acts[i]}
+                for i in order if peak[i] > 0]
+    on = acts[acts > 0]
+    counts, edges = np.histogram(on, bins=bins) if on.size else (np.zeros(bins, int),
+                                                                  np.zeros(bins + 1))
+    logits = direct_logits(sae, params, latent)
+    up = np.argsort(-logits, kind="stable")[:n_tokens]
+    down = np.argsort(logits, kind="stable")[:n_tokens]
+    return FeatureReport(latent, sae.site, int(w * t), int(on.size), contexts,
+                         [(int(i), float(logits[i])) for i in up],
+                         [(int(i), float(logits[i])) for i in down], counts, edges)
+
+
+# ------------------------------------------------------------------ latents as trace values
+
+
+def parse_latent_path(path: str, config: Config) -> tuple[str, int | None]:
+    """`sae.layers.1.resid_post` -> (site, None); `sae.layers.1.resid_post.17` -> (site, 17)."""
+    if not path.startswith("sae."):
+        raise InputError(f"an SAE path starts with sae., e.g. sae.layers.1.resid_post: {path!r}")
+    rest = path[len("sae."):]
+    head, _, last = rest.rpartition(".")
+    if head and last.lstrip("-").isdigit():
+        return check_site(head, config), int(last)
+    return check_site(rest, config), None
+
+
+def without_latents(sae: SAE, latents: list[int]) -> Callable[[np.ndarray], np.ndarray]:
+    """x -> x - sum_j z_j W_dec[j] over the given latents: the latents zeroed, the rest of the
+    reconstruction and its error kept as they were."""
+    rows = np.asarray(latents)
+
+    def fn(x: np.ndarray) -> np.ndarray:
+        z = encode(sae, x)[..., rows]  # [..., n]
+        return x - z @ sae.W_dec[rows]
+
+    return fn
+
+
+def active_latents(z: np.ndarray) -> list[list[tuple[int, float]]]:
+    """Per token, the non-zero latents, strongest first.  [T, m] -> T lists of (latent, value)"""
+    out = []
+    for row in z:
+        on = np.flatnonzero(row)
+        on = on[np.argsort(-row[on], kind="stable")]
+        out.append([(int(j), float(row[j])) for j in on])
+    return out

@@ -1,0 +1,196 @@
+"""The tuned lens (Belrose et al. 2023): the logit lens with a learned affine translator per stage.
+
+Stage i is the residual entering block i (i = 0..L-1; stage 0 is the embeddings). Its readout is
+
+    unembed(ln_final(h + h A_i + b_i))        (A_i = 0, b_i = 0: exactly the logit lens)
+
+with the final LayerNorm's statistics recomputed on the translated stream, as the logit lens
+does. The translators are fitted on the KL divergence from the model's final next-token
+distribution to the lens's, KL(p_final || p_lens), averaged over tokens; Adam, an explicit
+backward through the final norm and the tied head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import ops
+from ..config import Config
+from ..errors import InputError, WeightsError
+from ..files import write_atomically
+from ..hooks import RecordOnly
+from ..model import forward
+from .sae import Adam
+
+
+def stage_paths(config: Config) -> list[str]:
+    """The residual entering each block: layers.i.resid_pre, i = 0..L-1."""
+    return [f"layers.{i}.resid_pre" for i in range(config.n_layer)]
+
+
+@dataclass
+class Translators:
+    A: list[np.ndarray]  # noqa: N815 per stage [d, d]
+    b: list[np.ndarray]  # per stage [d]
+
+
+def zero_translators(config: Config) -> Translators:
+    d = config.n_embd
+    return Translators([np.zeros((d, d), np.float32) for _ in range(config.n_layer)],
+                       [np.zeros(d, np.float32) for _ in range(config.n_layer)])
+
+
+def translate(h: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """h + h A + b.  [..., d] -> [..., d]"""
+    return h + h @ a + b
+
+
+def readout(h: np.ndarray, params, config: Config) -> np.ndarray:
+    """ln_final(h) W_E^T, the norm's statistics from h itself.  [..., d] -> [..., V]"""
+    u, _, _ = ops.layer_norm(h, params["ln_f.weight"], params["ln_f.bias"],
+                             config.layer_norm_epsilon)
+    return ops.unembed(u, params["wte.weight"])
+
+
+def kl_divergence(logp_ref: np.ndarray, logp: np.ndarray) -> np.ndarray:
+    """KL(p_ref || p) over the last axis, in nats.  [..., V] -> [...]"""
+    return (np.exp(logp_ref) * (logp_ref - logp)).sum(axis=-1)
+
+
+# ------------------------------------------------------------------ fitting
+
+
+def kl_and_grads(h: np.ndarray, a: np.ndarray, b: np.ndarray, logp_final: np.ndarray,
+                 params, config: Config) -> tuple[float, np.ndarray, np.ndarray]:
+    """Mean KL(p_final || lens(h)) over tokens h [N, d], and its gradient for A and b."""
+    n = h.shape[0]
+    t = translate(h, a, b)
+    u, mean, std = ops.layer_norm(t, params["ln_f.weight"], params["ln_f.bias"],
+                                  config.layer_norm_epsilon)
+    logits = ops.unembed(u, params["wte.weight"]).astype(np.float64)
+    logp = ops.log_softmax(logits)
+    kl = float(kl_divergence(logp_final, logp).mean())
+    dlogits = ((np.exp(logp) - np.exp(logp_final)) / n).astype(np.float32)  # [N, V]
+    du = dlogits @ params["wte.weight"]  # the tied head's backward: [N, d]
+    dt = ops.layer_norm_backward(du, t, params["ln_f.weight"], mean, std)[0]
+    return kl, h.T @ dt, dt.sum(axis=0)
+
+
+def final_log_probs(h_last: np.ndarray, params, config: Config) -> np.ndarray:
+    return ops.log_softmax(readout(h_last, params, config).astype(np.float64))
+
+
+def fit(stages: list[np.ndarray], h_last: np.ndarray, params, config: Config, *,
+        steps: int = 300, batch: int = 512, lr: float = 1e-3, seed: int = 0,
+        progress: Callable[[int], None] | None = None) -> tuple[Translators, list[float]]:
+    """Translators for each stage's tokens [N, d], fitted to the final distribution read from
+    h_last [N, d] (the stream entering ln_final). Starts at zero: step 0 is the logit lens."""
+    tr = zero_translators(config)
+    losses = []
+    for i, h in enumerate(stages):
+        params_i = {"A": tr.A[i], "b": tr.b[i]}
+        adam = Adam(lr)
+        for step in range(steps):
+            rows = np.random.default_rng([seed, i, step]).integers(0, len(h), size=batch)
+            logp_final = final_log_probs(h_last[rows], params, config)
+            kl, da, db = kl_and_grads(h[rows], tr.A[i], tr.b[i], logp_final, params, config)
+            adam.step(params_i, {"A": da, "b": db}, lr * min(1.0, 4 * (steps - step) / steps))
+            if step == steps - 1:
+                losses.append(kl)
+            if progress:
+                progress(1)
+    return tr, losses
+
+
+def stage_values(params, config: Config, windows: np.ndarray, batch: int = 16
+                 ) -> tuple[list[np.ndarray], np.ndarray]:
+    """Each stage's stream [W*T, d], and the stream entering ln_final, over windows [W, T]."""
+    paths = stage_paths(config)
+    last = f"layers.{config.n_layer - 1}.resid_post"
+    got: dict[str, list] = {p: [] for p in [*paths, last]}
+    for b0 in range(0, len(windows), batch):
+        rec = RecordOnly(set(got))
+        forward(params, config, windows[b0:b0 + batch], hooks=rec)
+        for p in got:
+            v = rec.values[p]
+            got[p].append(np.asarray(v, np.float32).reshape(-1, v.shape[-1]))
+    return [np.concatenate(got[p]) for p in paths], np.concatenate(got[last])
+
+
+# ------------------------------------------------------------------ reading and evaluating
+
+
+@dataclass
+class LensEval:
+    stages: list[str]
+    tokens: int
+    kl_logit: np.ndarray  # [L] mean KL(final || logit lens), nats
+    kl_tuned: np.ndarray  # [L]
+    top1_logit: np.ndarray  # [L] fraction of tokens whose top guess is the model's
+    top1_tuned: np.ndarray
+
+
+def evaluate(stages: list[np.ndarray], h_last: np.ndarray, tr: Translators, params,
+             config: Config, batch: int = 512) -> LensEval:
+    n_stage = len(stages)
+    kl = np.zeros((2, n_stage))
+    top1 = np.zeros((2, n_stage))
+    n = len(h_last)
+    for b0 in range(0, n, batch):
+        logp_final = final_log_probs(h_last[b0:b0 + batch], params, config)
+        best = logp_final.argmax(axis=-1)
+        for i, h in enumerate(stages):
+            hb = h[b0:b0 + batch]
+            for j, x in enumerate((hb, translate(hb, tr.A[i], tr.b[i]))):
+                logp = ops.log_softmax(readout(x, params, config).astype(np.float64))
+                kl[j, i] += kl_divergence(logp_final, logp).sum()
+                top1[j, i] += (logp.argmax(axis=-1) == best).sum()
+    kl, top1 = kl / n, top1 / n
+    return LensEval(stage_paths(config), n, kl[0], kl[1], top1[0], top1[1])
+
+
+def tuned_stage_logits(trace, tr: Translators, params, config: Config
+                       ) -> tuple[list[str], np.ndarray]:
+    """The tuned lens of one text: each stage's logits [S, T, V], then the model's own (named
+    for the stream they are read from, the last block's resid_post)."""
+    names = stage_paths(config)
+    hs = [translate(trace.get(p), tr.A[i], tr.b[i]) for i, p in enumerate(names)]
+    logits = [readout(h, params, config) for h in hs] + [np.asarray(trace.get("logits"))]
+    return [*names, f"layers.{config.n_layer - 1}.resid_post"], np.stack(logits)
+
+
+def save_translators(path: str | Path, tr: Translators, meta: dict[str, str]) -> None:
+    from safetensors.numpy import save
+
+    t = {f"A.{i}": np.ascontiguousarray(a, np.float32) for i, a in enumerate(tr.A)}
+    t.update({f"b.{i}": np.ascontiguousarray(b, np.float32) for i, b in enumerate(tr.b)})
+    write_atomically(Path(path), save(t, metadata=meta))
+
+
+def load_translators(path: str | Path, config: Config) -> Translators:
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"no tuned lens at {path}: fit one with `tinygpt lens --fit`")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            t = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - no iter
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type is not importable
+        raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
+    d = config.n_embd
+    out = Translators([], [])
+    for i in range(config.n_layer):
+        for name, shape, into in ((f"A.{i}", (d, d), out.A), (f"b.{i}", (d,), out.b)):
+            x = t.get(name)
+            if x is None or x.shape != shape or not np.issubdtype(x.dtype, np.floating) \
+                    or not np.isfinite(x).all():
+                got = "missing" if x is None else f"shape {list(x.shape)}, {x.dtype}"
+                raise WeightsError(f"{path}: {name} must be {list(shape)} finite floats "
+                                   f"({got})")
+            into.append(np.asarray(x, np.float32))
+    return out
