@@ -1,3 +1,4 @@
 from tinygpt_cli.entry import main
 
-main()
+if __name__ == "__main__":  # not when multiprocessing imports it in a worker (spawn)
+    main()

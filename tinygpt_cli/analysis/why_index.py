@@ -68,7 +68,13 @@ _WORKER: dict = {}  # per process: the snapshot whose weights are loaded, and th
 def _init_worker(stream_file: str, config: dict) -> None:
     import signal
 
+    from ..threads import use
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # One BLAS thread a process: NumPy is loaded already (this module imports it), so the
+    # environment set at spawn may come too late; two processes each spinning a pool of two
+    # on two cores ran four times slower than this.
+    use(1)
     _WORKER["stream"] = np.load(stream_file, mmap_mode="r")
     _WORKER["config"] = Config(**config)
 

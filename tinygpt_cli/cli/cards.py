@@ -275,7 +275,8 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
         jsonout.emit(r.document(None, norms, name="blocks.norm", position=p,
                                       stages=stages))
         return
-    stdout().print(blocks_view(rows, tok, p, r.tokens, norms))
+    view = blocks_view(rows, tok, p, r.tokens, norms, full)
+    (wide(view) if full else stdout()).print(view)  # --full: every column, however wide
 
 
 # ------------------------------------------------------------------ cards 9-11

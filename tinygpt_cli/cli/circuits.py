@@ -185,7 +185,7 @@ def qk(
     layer: int = typer.Option(0, "--layer", "-l", help="Block index; negative counts from "
                               "the end."),
     head: int = typer.Option(0, "--head", "-H", help="Head index; negative counts from the end."),
-    query: int = typer.Option(-1, "--query", "-p", help="The query position; -1 is the last."),
+    query: int = typer.Option(-1, "--query", help="The query position; -1 is the last."),
     key: int = typer.Option(None, "--key", help="The key position whose score is split "
                             "(default: the one the query attends to most).", show_default=False),
     top: int = typer.Option(12, "--top", "-n", min=1, help="How many terms to list."),

@@ -107,8 +107,8 @@ def steer(
     the slope of logit[target] - logit[vs] against the scale, and a negative slope is a prompt
     steered the wrong way. The loss on part-005 is measured unsteered and at --scale.
 
-    Example: tinygpt steer --pos happy.txt --neg sad.txt --layer 2 --out happy.safetensors
-    Example: tinygpt steer --pos happy.txt --neg sad.txt --scale 8 --held-out 0.5 --json
+    Example: tinygpt steer --pos examples/happy.txt --neg examples/sad.txt --out h.safetensors
+    Example: tinygpt steer --pos examples/happy.txt --neg examples/sad.txt --scale 8 --json
 
     Then steer any command with it: tinygpt generate TEXT --steer-vector happy.safetensors
     """
@@ -178,7 +178,7 @@ def probe(
     accuracy - the control's held-out accuracy. Labels file: one text a line with [label]
     right after a token (Tom[name] ran), or JSON lines {"text": ..., "labels": [one a token]}.
 
-    Example: tinygpt probe --site layers.1.resid_post --labels quotes.txt --default out
+    Example: tinygpt probe --site layers.1.resid_post --labels examples/quotes.txt --default out
     Example: tinygpt probe --site layers.2.resid_pre --labels tags.jsonl --out tag.safetensors
     """
     from ..analysis import probe as pr

@@ -23,7 +23,6 @@ from .common import (
     read_text,
     stderr,
     stdout,
-    wide,
 )
 
 if TYPE_CHECKING:  # NumPy and the model are imported inside the commands
@@ -95,8 +94,7 @@ def history(
     if as_json:
         jsonout.emit(document)
         return
-    # a value's grids are shown whole, however wide; the tables fit any terminal
-    (wide(view_) if path is not None and not heads else stdout()).print(view_)
+    stdout().print(view_)  # grids and tables fit the terminal
 
 
 # ------------------------------------------------------------------ why

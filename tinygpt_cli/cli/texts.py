@@ -131,7 +131,7 @@ def score(
     if as_json:
         jsonout.emit(jsonout.jsonable(report.summary))
         return
-    stdout().print(score_view(report, token_str))
+    stdout().print(score_view(report, token_str, tok))
 
 
 def _score_inputs(model, text, file, stride, stream, bos):
@@ -144,8 +144,11 @@ def _score_inputs(model, text, file, stride, stream, bos):
     tok, cfg = model.tokenizer, model.config
     eot = tok.eot_id
     if stream and file is None:  # the held-out text the weights record
-        from ..corpus import validation_text
+        from ..corpus import read_data_record, validation_text
 
+        if read_data_record(model.folder) is None:
+            raise InputError("--stream reads a file: give it with --file (these weights "
+                             "have no data.json naming their validation text)")
         file = validation_text(model.folder, None)[0]
     if stream and stride not in (None, cfg.n_positions):
         raise InputError(f"--stream uses non-overlapping windows of {cfg.n_positions} "

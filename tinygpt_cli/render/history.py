@@ -206,8 +206,8 @@ def value_view(history, labels: list[str], tokens: list[str], position: int | No
         for h, grids in enumerate([stack] if stack.ndim == 3 else np.moveaxis(stack, 1, 0)):
             head = "" if stack.ndim == 3 else f" head {h}"
             parts += [Text(f"\nattention of position {p}{head} over training", style="bold"),
-                      grid_rows(grids[:, p, : p + 1], labels, cols)]
-    return Group(*parts)
+                      fitted_grid(grids[:, p, : p + 1], labels, cols)]
+    return Group(*parts)  # the grids give way to the width, behind `…`
 
 
 def heads_view(scores: dict[str, np.ndarray], labels: list[str], induction_length: int) -> Group:

@@ -383,7 +383,8 @@ def paths_table(entries: list[dict]) -> Table:
     return t
 
 
-def blocks_view(rows: list[dict], tok, p: int, tokens: list[str], norms) -> Group:
+def blocks_view(rows: list[dict], tok, p: int, tokens: list[str], norms,
+                full: bool = False) -> Group:
     """Card 7 (analysis.lens.block_summary rows): each stage's stream norm, what its block
     changed at position `p`, and the top guess; middle columns give way to the width."""
     names = [("‖h‖ mean", "right"), ("‖h‖ at pos", "right"), ("‖attn_out‖", "right"),
@@ -412,7 +413,7 @@ def blocks_view(rows: list[dict], tok, p: int, tokens: list[str], norms) -> Grou
     return Group(
         header("blocks.norm", norms, "(‖h‖ of every token at every stage)"),
         Text(f"residual stream at position {p} ({show_token(tokens[p])}); change = "
-             "‖after − before‖ / ‖before‖", style="dim"), Fit(build, len(names)))
+             "‖after − before‖ / ‖before‖", style="dim"), Fit(build, len(names), full=full))
 
 
 ENCODE_ROWS = 200  # rows of the encode table: the first and last hundred of a longer text

@@ -181,7 +181,13 @@ def kl_table(tokens: list[str], kl: np.ndarray, top_a: list[str], top_b: list[st
     return t
 
 
-def score_view(report, token_str: list[str]) -> Group:
+def decoded_context(tok, ids) -> str:
+    """The tokens before a scored one as text: their bytes decoded together, so an accent or
+    an emoji split over two tokens reads as itself (a byte cut off at the start is dropped)."""
+    return b"".join(tok.token_bytes(int(i)) for i in ids).decode("utf-8", errors="ignore")
+
+
+def score_view(report, token_str: list[str], tok) -> Group:
     """score's terminal view of a ScoreReport (analysis.score): the totals, the text coloured
     by surprisal when it is shown, and the most surprising tokens with their context."""
     from ..analysis.score import LN2
@@ -207,7 +213,7 @@ def score_view(report, token_str: list[str]) -> Group:
             rows.append({"position": p, "token": token_str[int(seq[p])], "bits": nats / LN2,
                          "prob": float(np.exp(-nats)), "rank": rank,
                          "entropy_bits": entropy / LN2,
-                         "context": "".join(token_str[int(x)] for x in seq[max(0, p - 6):p])})
+                         "context": decoded_context(tok, seq[max(0, p - 6):p])})
         parts += [Text(""), Text("most surprising tokens", style="bold"),
                   surprising_table(rows)]
     return Group(*parts)
