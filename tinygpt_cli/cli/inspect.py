@@ -185,7 +185,6 @@ def trace_cmd(
         raise InputError("give a PATH to print, or --list to see every path")
     if path is not None and path.startswith("sae."):  # an SAE's latents: cli/features.py
         from .features import trace_latents
-
         return trace_latents(weights, text, path, ablate, as_json)
     r = run(weights, text, ablate)
     if list_paths:
