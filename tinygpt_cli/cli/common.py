@@ -17,8 +17,7 @@ from ..render.progress import progress, progress_report
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..session import Session
-    from ..trace import Trace
+    from ..session import Session, Trace  # the session's own type: cli never imports trace
     from ..weights import Model
 
 # This module is imported to register every command, including for `tinygpt --help`: it
