@@ -261,14 +261,38 @@ def test_window_gradients_in_full_give_the_exact_dot_products(make_params):
     ids, target = [4, 2, 9, 4], 3
     p = full_projection(config)
     g = tracin.window_gradients(params, config, x, y, p)
-    rows, scales = tracin.quantise_rows(g.rows.astype(np.float64))
     q = tracin.query(params, config, p, ids, target, config.n_positions)
-    got = tracin.scores(g.rows, np.ones(5, np.float32), g.u, g.m, x, y, q)
+    got = tracin.scores(g.rows, g.u, g.m, x, y, q)
     exact = why.exact_tracin([(params, 1.0)], config, x, y, ids, target)
     np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-6 * np.abs(exact).max())
-    # the stored float16 rows, scaled per row, lose about 1e-3 of each row's largest number
-    quantised = tracin.scores(rows, scales, g.u, g.m, x, y, q)
-    np.testing.assert_allclose(quantised, exact, rtol=0, atol=2e-3 * np.abs(exact).max())
+    # the stored bfloat16 numbers are each within 2**-8 of their own size, so each window's
+    # score moves by at most 2**-8 times the sum of its terms' magnitudes
+    stored = [tracin.to_bfloat16(a) for a in (g.rows, g.u, g.m)]
+    quantised = tracin.scores(*stored, x, y, q)
+    size = np.abs(g.rows) @ np.abs(q.rows) \
+        + np.einsum("wtk,wtk->w", np.abs(g.u), np.abs(q.by_next_token.dense()[y])) \
+        + np.einsum("wtk,wtk->w", np.abs(g.m), np.abs(q.by_input_token.dense()[x]))
+    assert np.all(np.abs(quantised - got) <= 2.0**-8 * size * (1 + 1e-5))
+    assert np.any(quantised != got)
+
+
+def test_bfloat16_rounds_to_the_nearest_of_its_two_neighbours():
+    """to_bfloat16 keeps float32's top 16 bits, rounded to nearest (ties to even): checked
+    against the two candidates, truncated and one step up, in float64."""
+    from tinygpt_cli.analysis import tracin
+
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal(10_000) * 10.0 ** rng.uniform(-30, 30, 10_000)).astype(np.float32)
+    back = tracin.from_bfloat16(tracin.to_bfloat16(a))
+    assert back.dtype == np.float32
+    bits = a.view(np.uint32)
+    down = (bits & np.uint32(0xFFFF0000)).view(np.float32).astype(np.float64)
+    up = ((bits & np.uint32(0xFFFF0000)) + np.uint32(0x10000)).view(np.float32).astype(np.float64)
+    nearest = np.where(np.abs(a - down) < np.abs(up - a), down, up)
+    tie = np.abs(a - down) == np.abs(up - a)
+    np.testing.assert_array_equal(back[~tie], nearest[~tie])
+    assert np.all(np.abs(back - a) <= 2.0**-8 * np.abs(a))
+    np.testing.assert_array_equal(tracin.from_bfloat16(tracin.to_bfloat16(back)), back)
 
 
 def test_a_fitted_projection_is_orthonormal_and_keeps_its_sample(make_params):
@@ -291,9 +315,10 @@ def test_a_fitted_projection_is_orthonormal_and_keeps_its_sample(make_params):
 
 
 def test_the_index_ranks_every_window_as_exact_tracin_does(run, tmp_path, monkeypatch):
-    """The whole index (fitted projections, worker processes, stored float16 rows) against
+    """The whole index (fitted projections, worker processes, stored bfloat16 numbers) against
     TracIn computed window by window from full gradients, over every window: rank
-    correlation at least 0.9 for each of several questions."""
+    correlation at least 0.9 for each of several questions. Scoring the snapshots on two
+    threads gives the one-thread numbers exactly."""
     from tinygpt_cli.analysis import history as hist
     from tinygpt_cli.analysis.why_index import open_index
 
@@ -315,8 +340,10 @@ def test_the_index_ranks_every_window_as_exact_tracin_does(run, tmp_path, monkey
     for text, target in (("The frog Quixby", " zooms"), ("The cat sat on the", " mat"),
                          ("Tom threw the", " ball"), ("Lily", " sings")):
         ids, t = tok.encode(text), tok.encode(target)[0]
-        got = (grads.scores([s.params for s in timeline], config, x, y, ids, t)
-               * lrs[:, None]).sum(0)
+        per_snapshot = grads.scores([s.params for s in timeline], config, x, y, ids, t)
+        np.testing.assert_array_equal(per_snapshot, grads.scores(
+            [s.params for s in timeline], config, x, y, ids, t, workers=1))
+        got = (per_snapshot * lrs[:, None]).sum(0)
         exact = why.exact_tracin([(s.params, s.lr) for s in timeline], config, x, y, ids, t)
         assert spearman(got, exact) >= 0.9, (text, spearman(got, exact))
 
@@ -367,7 +394,7 @@ def test_an_interrupted_build_resumes_to_the_same_index(run, tmp_path, monkeypat
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "b"))
     second = open_index(index.key, files, config, n)
     second.build(index.stream, config, workers=2, chunk=4)
-    for name in ("rows-0.npy", "u-1.npy", "m-0.npy", "scales-1.npy"):
+    for name in ("rows-0.npy", "u-1.npy", "m-0.npy", "rows-1.npy"):
         np.testing.assert_array_equal(np.load(first.folder / name),
                                       np.load(second.folder / name))
     assert not list(first.folder.glob("chunk-*"))

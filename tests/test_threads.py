@@ -92,3 +92,24 @@ def test_use_after_numpy_loaded_changes_the_running_pool():
         threads.use(1, env)
         assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"} == {1}
     assert env["OPENBLAS_NUM_THREADS"] == "1" and env["RAYON_NUM_THREADS"] == "1"
+
+
+def test_map_on_cores_keeps_the_order_and_the_serial_results():
+    """Pieces of NumPy work on two threads: the same arrays, bit for bit, in the items'
+    order, as one loop; an empty list and one item need no pool."""
+    import numpy as np
+
+    from tinygpt_cli.threads import map_on_cores
+
+    rng = np.random.default_rng(0)
+    mats = [rng.standard_normal((200, 200)) for _ in range(5)]
+
+    def work(a):
+        return np.linalg.matrix_power(a / 20, 3).sum(axis=0)
+
+    got = map_on_cores(work, mats, workers=2)
+    assert len(got) == 5
+    for a, g in zip(mats, got, strict=True):
+        np.testing.assert_array_equal(g, work(a))
+    assert map_on_cores(work, [], workers=2) == []
+    np.testing.assert_array_equal(map_on_cores(work, mats[:1])[0], work(mats[0]))

@@ -76,3 +76,22 @@ def _set_env(n: int, environ) -> None:
     # tokenizers' Rayon pool, which encodes a batch of texts, follows the same count
     for v in (*BLAS_VARS, "RAYON_NUM_THREADS"):
         environ[v] = str(n)
+
+
+def map_on_cores(fn, items, workers: int | None = None) -> list:
+    """[fn(item) for item in items], on up to `workers` Python threads (default: one per core).
+
+    For independent pieces of NumPy work that are each large (a snapshot's whole pass):
+    NumPy releases the GIL inside them, so the threads run on separate cores while each keeps
+    the one-thread BLAS pool. Unlike a BLAS pool of several threads, nothing waits spinning
+    for anything: on busy cores the threads just get less time, never collapse. The results
+    are in the items' order and equal to the serial ones bit for bit.
+    """
+    items = list(items)
+    n = min(workers or os.cpu_count() or 1, len(items))
+    if n <= 1:
+        return [fn(item) for item in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(fn, items))

@@ -248,14 +248,43 @@ def window_gradients(params, config: Config, x: np.ndarray, y: np.ndarray,
 
 
 @dataclass
+class TokenTable:
+    """A [V, K] table, row v = weight[v] * direction + (row of `rows` for v, if v is listed):
+    what a window position with token v contributes per unit of its u or m. The query's
+    softmax makes every row nonzero, but only along one direction; its own tokens add a
+    handful of full rows. Kept in that form, scoring a window is one product with the
+    direction and a few rows, not a gather of V rows."""
+
+    weight: np.ndarray  # [V]
+    direction: np.ndarray  # [K]
+    tokens: np.ndarray  # [n] distinct token ids with a row of their own
+    rows: np.ndarray  # [n, K]
+
+    def dense(self) -> np.ndarray:
+        """The whole [V, K] table (for checks)."""
+        table = np.outer(self.weight, self.direction)
+        table[self.tokens] += self.rows
+        return table
+
+
+@dataclass
 class Query:
     """The query's gradient in the same terms: `rows` for the projected part; for the
-    table's sparse rows, a [V, K] table per side whose row v is what a position with that
-    token (next token for u, input token for m) contributes per unit of its u or m."""
+    table's sparse rows, a table per side (next token for u, input token for m)."""
 
     rows: np.ndarray  # [dim]
-    by_next_token: np.ndarray  # [V, K_POSITION]
-    by_input_token: np.ndarray  # [V, K_POSITION]
+    by_next_token: TokenTable
+    by_input_token: TokenTable
+
+
+def token_table(weight: np.ndarray, direction: np.ndarray, tokens: np.ndarray,
+                rows: np.ndarray) -> TokenTable:
+    """Rows of repeated tokens summed, so each listed token appears once."""
+    distinct, where = np.unique(tokens, return_inverse=True)
+    summed = np.zeros((len(distinct), rows.shape[1]))
+    np.add.at(summed, where, rows)
+    return TokenTable(weight.astype(np.float32), direction.astype(np.float32), distinct,
+                      summed.astype(np.float32))
 
 
 def query(params, config: Config, projection: Projection, ids: list[int], target: int,
@@ -278,12 +307,9 @@ def query(params, config: Config, projection: Projection, ids: list[int], target
     b = v["ln_final.out"][0, -1].astype(np.float64)  # [d]
     e = dv["embeddings"][0].astype(np.float64)  # [Tq, d]
     # The window's sparse rows: -(1/T) e_{y_t} u_t^T and e_{x_t} m_t^T, against a b^T + E.
-    by_next = -np.outer(a, b @ p.left["u"]) / t_window
-    by_input = np.outer(a, b @ p.left["m"])
-    np.add.at(by_next, x[0], -(e @ p.left["u"]) / t_window)
-    np.add.at(by_input, x[0], e @ p.left["m"])
-    return Query(projected_gradient(config, grads, p), by_next.astype(np.float32),
-                 by_input.astype(np.float32))
+    return Query(projected_gradient(config, grads, p),
+                 token_table(-a / t_window, b @ p.left["u"], x[0], -(e @ p.left["u"]) / t_window),
+                 token_table(a, b @ p.left["m"], x[0], e @ p.left["m"]))
 
 
 def projected_gradient(config: Config, grads: dict[str, np.ndarray],
@@ -301,23 +327,53 @@ def projected_gradient(config: Config, grads: dict[str, np.ndarray],
     return np.concatenate(parts).astype(np.float32)
 
 
-def scores(rows: np.ndarray, row_scales: np.ndarray, u: np.ndarray, m: np.ndarray,
-           x: np.ndarray, y: np.ndarray, q: Query, chunk: int = 1024) -> np.ndarray:
+def scores(rows: np.ndarray, u: np.ndarray, m: np.ndarray, x: np.ndarray, y: np.ndarray,
+           q: Query, chunk: int = 2048) -> np.ndarray:
     """<window gradient, query gradient> for every window of one snapshot.
-    rows [W, dim] (float16, scaled), u, m [W, T, K] (float16), x, y [W, T] -> [W]"""
+    rows [W, dim], u, m [W, T, K] (bfloat16 bits, or floats), x, y [W, T] -> [W]"""
     out = np.empty(len(rows), np.float64)
     for i in range(0, len(rows), chunk):
         j = slice(i, i + chunk)
-        dense = (rows[j].astype(np.float32) @ q.rows) * row_scales[j]
-        sparse = np.einsum("wtk,wtk->w", u[j].astype(np.float32), q.by_next_token[y[j]]) + \
-            np.einsum("wtk,wtk->w", m[j].astype(np.float32), q.by_input_token[x[j]])
-        out[j] = dense + sparse
+        out[j] = (as_float32(rows[j]) @ q.rows) + table_scores(u[j], y[j], q.by_next_token) \
+            + table_scores(m[j], x[j], q.by_input_token)
     return out
 
 
-def quantise_rows(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float16 rows scaled to their largest magnitude (a relative error of about 5e-4 per
-    number, where plain float16 would flush small gradients to zero), and the scales."""
-    scale = np.abs(g).max(axis=1).astype(np.float32)
-    safe = np.where(scale > 0, scale, 1.0)
-    return (g / safe[:, None]).astype(np.float16), scale
+def table_scores(values: np.ndarray, tokens: np.ndarray, table: TokenTable) -> np.ndarray:
+    """sum_t values[w, t] . table[tokens[w, t]] for each window w.
+    values [W, T, K] (bfloat16 bits, or floats), tokens [W, T] -> [W]"""
+    w, t, k = values.shape
+    flat = as_float32(values).reshape(w * t, k)
+    along = (flat @ table.direction).reshape(w, t)
+    out = (along * table.weight[tokens]).sum(axis=1, dtype=np.float64)
+    listed = np.zeros(len(table.weight), bool)
+    listed[table.tokens] = True
+    hit = np.flatnonzero(listed[tokens])  # the few positions with a row of their own
+    if len(hit):
+        rows = table.rows[np.searchsorted(table.tokens, tokens.ravel()[hit])]
+        own = np.einsum("pk,pk->p", flat[hit], rows)
+        out += np.bincount(hit // t, weights=own, minlength=w)
+    return out
+
+
+def to_bfloat16(a: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 (float32's top 16 bits, rounded to nearest even) as uint16.
+
+    Half the bytes of float32 with its range, so gradients of any size keep about 3
+    significant digits (a relative error of at most 2**-8 per number); and turning it back
+    is a shift, several times faster in NumPy than converting float16, which is what a query
+    spends its time on (the index is read whole for every query)."""
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    rounded = bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))
+    return (rounded >> 16).astype(np.uint16)
+
+
+def from_bfloat16(b: np.ndarray) -> np.ndarray:
+    """uint16 bfloat16 bits -> float32 (exact)."""
+    out = np.empty(b.shape, np.uint32)
+    np.left_shift(b, 16, out=out, dtype=np.uint32)
+    return out.view(np.float32)
+
+
+def as_float32(a: np.ndarray) -> np.ndarray:
+    return from_bfloat16(a) if a.dtype == np.uint16 else np.asarray(a, np.float32)

@@ -6,7 +6,7 @@ the window length and the method's version):
 
     projection-S.npz        the directions fitted at snapshot S
     chunk-S-C.npz           windows C*CHUNK .. of snapshot S (while building)
-    rows-S.npy, scales-S.npy, u-S.npy, m-S.npy     snapshot S, whole (once its chunks are in)
+    rows-S.npy, u-S.npy, m-S.npy      snapshot S, whole (once its chunks are in), bfloat16
     index.json              written last: the index is complete
 
 Every file is written whole by files.write_atomically, so a build killed at any moment
@@ -28,7 +28,8 @@ from ..config import Config
 from ..corpus import eval_windows
 from . import tracin
 
-VERSION = "tracin-v2"
+VERSION = "tracin-v3"  # v3: bfloat16 arrays (v2: float16)
+ARRAYS = ("rows", "u", "m")  # tracin.WindowGradients' fields, stored per snapshot
 CHUNK = 256  # windows per task: a few seconds of work, the most a Ctrl-C loses per process
 BATCH = 32  # windows per forward and backward pass
 
@@ -114,10 +115,9 @@ def run_task(task: tuple) -> tuple:
     part = slice(c * chunk, min((c + 1) * chunk, len(x)))
     batches = [slice(i, min(i + BATCH, part.stop)) for i in range(part.start, part.stop, BATCH)]
     pieces = [tracin.window_gradients(params, config, x[b], y[b], p) for b in batches]
-    rows, scales = tracin.quantise_rows(np.concatenate([g.rows for g in pieces]))
-    write_atomically(Path(out), _npz_bytes(
-        rows=rows, scales=scales, u=np.concatenate([g.u for g in pieces]).astype(np.float16),
-        m=np.concatenate([g.m for g in pieces]).astype(np.float16)))
+    write_atomically(Path(out), _npz_bytes(**{
+        name: tracin.to_bfloat16(np.concatenate([getattr(g, name) for g in pieces]))
+        for name in ARRAYS}))
     return task[0], s, part.stop - part.start
 
 
@@ -197,7 +197,7 @@ class TracinIndex:
 
     def _whole(self, s: int) -> bool:
         return all((self.folder / f"{n}-{s}.npy").is_file()
-                   for n in ("rows", "scales", "u", "m"))
+                   for n in ARRAYS)
 
     def _join(self, s: int, n_chunks: int) -> None:
         """Snapshot s's chunks, joined into one file per array (then the chunks go)."""
@@ -208,27 +208,28 @@ class TracinIndex:
         parts = []
         for c in range(n_chunks):
             with np.load(self.folder / f"chunk-{s}-{c}.npz") as z:
-                parts.append({k: z[k] for k in ("rows", "scales", "u", "m")})
-        for name in ("rows", "scales", "u", "m"):
+                parts.append({k: z[k] for k in ARRAYS})
+        for name in ARRAYS:
             write_atomically(self.folder / f"{name}-{s}.npy",
                              _npy_bytes(np.concatenate([p[name] for p in parts])))
         for c in range(n_chunks):
             (self.folder / f"chunk-{s}-{c}.npz").unlink(missing_ok=True)
 
     def scores(self, params_list: list[dict], config: Config, x: np.ndarray, y: np.ndarray,
-               ids: list[int], target: int) -> np.ndarray:
-        """Every window's approximate <window gradient, query gradient>, per snapshot.
-        -> [S, W] (not yet weighted by the learning rates)"""
-        out = np.zeros((len(params_list), len(x)))
-        for s, params in enumerate(params_list):
+               ids: list[int], target: int, workers: int | None = None) -> np.ndarray:
+        """Every window's approximate <window gradient, query gradient>, per snapshot, the
+        snapshots on every core.  -> [S, W] (not yet weighted by the learning rates)"""
+        from ..threads import map_on_cores
+
+        def one(s: int) -> np.ndarray:
             with np.load(self.folder / f"projection-{s}.npz") as z:
                 p = tracin.Projection.from_arrays(dict(z))
-            q = tracin.query(params, config, p, ids, target, config.n_positions)
-            arrays = {n: np.load(self.folder / f"{n}-{s}.npy", mmap_mode="r")
-                      for n in ("rows", "scales", "u", "m")}
-            out[s] = tracin.scores(arrays["rows"], arrays["scales"], arrays["u"], arrays["m"],
-                                   x, y, q)
-        return out
+            q = tracin.query(params_list[s], config, p, ids, target, config.n_positions)
+            arrays = {n: np.load(self.folder / f"{n}-{s}.npy", mmap_mode="r") for n in ARRAYS}
+            return tracin.scores(arrays["rows"], arrays["u"], arrays["m"], x, y, q)
+
+        return np.stack(map_on_cores(one, range(len(params_list)), workers)) \
+            if params_list else np.zeros((0, len(x)))
 
 
 def _run_all(phases: list[list[tuple]], stream_file: str, config: Config,
