@@ -614,3 +614,32 @@ def test_history_attention_grid_of_a_long_text_fits_the_width(cli, monkeypatch):
     grid = lines[[i for i, ln in enumerate(lines) if "attention of position" in ln][0] + 1:]
     assert grid[0].split()[0] == "snapshot" and "…" in grid[0].split()
     assert all(row.split()[-1] != "…" for row in grid if row.strip())
+
+
+def test_means_and_neurons_refuse_data_the_weights_do_not_record(cli, run, tmp_path):
+    """A --data file that is not one the weights' record names (or differs from it) is one
+    error line naming it, for means and neurons as for why; --any-data reads it anyway; a
+    recorded file (training or validation) passes as it is."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(run.parent / "data", other)
+    with open(other / "part-001.txt", "a", encoding="utf-8") as f:
+        f.write("One more line the model never saw.\n")
+    out = tmp_path / "means.safetensors"
+    refused = cli("means", "--data", other, "--out", out)
+    assert_one_error_line(refused, 2, "not the text these weights were trained on",
+                          str(other / "part-001.txt"), "differs", "--any-data")
+    assert not out.exists()
+    assert cli("means", "--data", other, "--out", out, "--any-data").code == 0 and out.exists()
+    stranger = tmp_path / "stranger.txt"
+    stranger.write_text("Tom had a red ball. He liked it a lot.\n" * 40, encoding="utf-8")
+    refused = cli("neurons", "--layer", "0", "--neuron", "1", "--data", stranger)
+    assert_one_error_line(refused, 2, str(stranger), "is not in the record", "--any-data")
+    anyway = cli("neurons", "--layer", "0", "--neuron", "1", "--data", stranger, "--any-data",
+                 "--json")
+    assert anyway.code == 0, anyway.err
+    assert anyway.json()["data"] == [str(stranger)]
+    kept = cli("neurons", "--layer", "0", "--neuron", "1", "--data",
+               run.parent / "data" / "part-001.txt", "--json")
+    assert kept.code == 0, kept.err

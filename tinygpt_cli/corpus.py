@@ -255,6 +255,37 @@ def training_text(weights: Path, data: list[Path] | None, *, any_data: bool = Fa
     return TrainingText(files)
 
 
+def unrecorded(files: list[Path], record: dict) -> str | None:
+    """Why one of these files is not a recorded one, training or validation (the first
+    difference), or None: for commands that read any of the record's files."""
+    want = {f["name"]: f for f in (*record["train"], *record["validation"])}
+    for path in map(Path, files):
+        if path.name not in want:
+            return f"{path} is not in the record"
+        if path.stat().st_size != want[path.name]["bytes"]:
+            return f"{path} differs from the record ({path.stat().st_size:,} bytes, " \
+                f"recorded {want[path.name]['bytes']:,})"
+        if file_record(path)["sha256"] != want[path.name]["sha256"]:
+            return f"{path} differs from the record (its sha256 is not the recorded one)"
+    return None
+
+
+def check_data(weights: Path, files: list[Path], *, any_data: bool = False) -> str | None:
+    """Files given with --data, checked against the weights' record of its text (refused
+    when one differs, unless any_data); the note to print when there is no record."""
+    from .errors import InputError as Refused
+
+    record = read_data_record(weights)
+    if record is None:
+        return (f"note: {weights} has no record of its training text (it was trained before "
+                "tinygpt kept one): using --data as given")
+    why = None if any_data else unrecorded(files, record)
+    if why is not None:
+        raise Refused(f"--data is not the text these weights were trained on: {why} "
+                      f"({Path(weights) / DATA_RECORD}); pass --any-data to use it anyway")
+    return None
+
+
 def validation_text(weights: Path, data: Path | None) -> list[Path]:
     """The held-out text: a given file itself, a given folder's last part, or (without
     --data) the validation files the weights' record names, in its folder."""

@@ -253,6 +253,8 @@ def means(
                               "one (the validation text) is averaged over, or one text file. "
                               "Default: the validation file WEIGHTS/data.json records.",
                               show_default=False),
+    any_data: bool = typer.Option(False, "--any-data", help="Use --data even where it is not "
+                                  "the text WEIGHTS/data.json records."),
     weights: Path = WEIGHTS,
     out: Path = typer.Option(None, "--out", help="Where to write (default: means.safetensors "
                              "in the weights folder).", show_default=False),
@@ -268,6 +270,7 @@ def means(
     Example: tinygpt means --data ../shared/data/tinystories
     """
     from ..analysis import means as mean_stats
+    from ..corpus import check_data, validation_text
     from ..files import sha256
     from ..render import jsonout
 
@@ -275,6 +278,10 @@ def means(
         raise InputError(f"--out {escape_line(str(out))!r} is a folder: give the file to "
                          "write, e.g. --out means.safetensors")
     model = load(weights)
+    if data is not None:  # means written beside the weights are of the text they record
+        note = check_data(model.folder, validation_text(model.folder, data), any_data=any_data)
+        if note:
+            stderr().print(escape_line(note), soft_wrap=True)
     values, meta = compute_means(model, data, sha256(model.weights_file), as_json)
     target = out if out is not None else model.folder / mean_stats.FILE
     mean_stats.save_means(target, values, meta)

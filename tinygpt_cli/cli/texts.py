@@ -26,6 +26,7 @@ from .common import (
     progress,
     read_text,
     save_figure,
+    stderr,
     stdout,
     wide,
 )
@@ -319,6 +320,8 @@ def neurons(
     data: Path = typer.Option(None, "--data", help="Stories to search for --neuron: a file or "
                               "a folder of part-*.txt (default: the training parts of the "
                               "project's data, when it is there).", show_default=False),
+    any_data: bool = typer.Option(False, "--any-data", help="Use --data even where it is not "
+                                  "the text WEIGHTS/data.json records."),
     top: int = typer.Option(8, "--top", "-n", min=1, help="How many neurons or windows."),
     raw: bool = typer.Option(False, "--raw", help="Read W_out through W_E^T alone, without "
                              "the final norm's weight."),
@@ -350,7 +353,7 @@ def neurons(
     neuron = check_index(neuron, cfg.n_inner, "neuron")
     if text is not None:
         raise InputError("--neuron searches --data, not a text: leave the text out")
-    files = _data_files(data, model.folder)
+    files = _data_files(data, model.folder, any_data)
     maxima = _neuron_maxima(model, files, enabled=not as_json)
     ex = nrn.neuron_examples(model.params, cfg, maxima, maxima["stream"], layer, neuron, top,
                              tok.token_str)
@@ -363,8 +366,8 @@ def neurons(
     stdout().print(view.neuron_examples_view(ex, tok.token_str, [f.name for f in files]))
 
 
-def _data_files(data: Path | None, weights: Path) -> list[Path]:
-    from ..corpus import read_data_record, recorded_folder, split_data, training_text
+def _data_files(data: Path | None, weights: Path, any_data: bool) -> list[Path]:
+    from ..corpus import check_data, read_data_record, recorded_folder, split_data, training_text
 
     record = read_data_record(weights) if data is None else None
     if record is not None and recorded_folder(weights, record) is not None:
@@ -382,7 +385,13 @@ def _data_files(data: Path | None, weights: Path) -> list[Path]:
         train, val = split_data([data])
     except ValueError as e:
         raise InputError(str(e)) from None
-    return train if Path(data).is_dir() and train else train + val
+    files = train if Path(data).is_dir() and train else train + val
+    note = check_data(weights, files, any_data=any_data)
+    if note:
+        from ..render.text import escape_line
+
+        stderr().print(escape_line(note), soft_wrap=True)
+    return files
 
 
 def _neurons_on_text(model, text, layer, top, raw, as_json):
