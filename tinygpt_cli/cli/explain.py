@@ -278,11 +278,12 @@ def means(
         raise InputError(f"--out {escape_line(str(out))!r} is a folder: give the file to "
                          "write, e.g. --out means.safetensors")
     model = load(weights)
-    if data is not None:  # means written beside the weights are of the text they record
+    note = None  # means written beside the weights are of the text they record
+    if data is not None:
         note = check_data(model.folder, validation_text(model.folder, data), any_data=any_data)
-        if note:
-            stderr().print(escape_line(note), soft_wrap=True)
     values, meta = compute_means(model, data, sha256(model.weights_file), as_json)
+    if note:  # once the means stand: an error is then the only line
+        stderr().print(escape_line(note), soft_wrap=True)
     target = out if out is not None else model.folder / mean_stats.FILE
     mean_stats.save_means(target, values, meta)
     if as_json:

@@ -341,6 +341,7 @@ def neurons(
     from ..analysis import neurons as nrn
     from ..render import jsonout
     from ..render import texts as view
+    from ..render.text import escape_line
 
     model = load(weights)
     cfg, tok = model.config, model.tokenizer
@@ -353,8 +354,10 @@ def neurons(
     neuron = check_index(neuron, cfg.n_inner, "neuron")
     if text is not None:
         raise InputError("--neuron searches --data, not a text: leave the text out")
-    files = _data_files(data, model.folder, any_data)
+    files, note = _data_files(data, model.folder, any_data)
     maxima = _neuron_maxima(model, files, enabled=not as_json)
+    if note:  # once the maxima stand: an error is then the only line
+        stderr().print(escape_line(note), soft_wrap=True)
     ex = nrn.neuron_examples(model.params, cfg, maxima, maxima["stream"], layer, neuron, top,
                              tok.token_str)
     if as_json:
@@ -366,12 +369,14 @@ def neurons(
     stdout().print(view.neuron_examples_view(ex, tok.token_str, [f.name for f in files]))
 
 
-def _data_files(data: Path | None, weights: Path, any_data: bool) -> list[Path]:
+def _data_files(data: Path | None, weights: Path, any_data: bool
+                ) -> tuple[list[Path], str | None]:
+    """The files to search, and the note to print when the weights record no text."""
     from ..corpus import check_data, read_data_record, recorded_folder, split_data, training_text
 
     record = read_data_record(weights) if data is None else None
     if record is not None and recorded_folder(weights, record) is not None:
-        return training_text(weights, None).files  # the text the weights record
+        return training_text(weights, None).files, None  # the text the weights record
     if data is None:
         found = find_data()
         if found is None or not found.is_dir():
@@ -380,18 +385,13 @@ def _data_files(data: Path | None, weights: Path, any_data: bool) -> list[Path]:
             train, _ = split_data([found])
         except ValueError as e:
             raise InputError(str(e)) from None
-        return train
+        return train, None
     try:
         train, val = split_data([data])
     except ValueError as e:
         raise InputError(str(e)) from None
     files = train if Path(data).is_dir() and train else train + val
-    note = check_data(weights, files, any_data=any_data)
-    if note:
-        from ..render.text import escape_line
-
-        stderr().print(escape_line(note), soft_wrap=True)
-    return files
+    return files, check_data(weights, files, any_data=any_data)
 
 
 def _neurons_on_text(model, text, layer, top, raw, as_json):
