@@ -1,7 +1,7 @@
 """Circuits: the edge-decomposed forward pass against the model's own, single-edge patches
 against hand-made hook interventions, EAP against finite differences and attribution patching,
-the faithfulness identities, and (on the shipped model) EAP and EAP-IG against the exact
-oracle over TinyStories-like pairs."""
+the faithfulness identities, and (on the shipped model) EAP and EAP-IG against the three exact
+oracles over TinyStories-like pairs."""
 
 from __future__ import annotations
 
@@ -115,8 +115,9 @@ def test_exact_edge_scores_are_those_single_patches_made_with_hooks(pair, tiny_c
     k = edge(pair.graph, sender, receiver)
     want = by_hooks(pair, tiny_config, sender, receiver) - pair.corrupt
     assert C.exact_scores(pair)[k] == pytest.approx(want, abs=1e-10)
-    want = pair.clean - by_hooks(pair, tiny_config, sender, receiver, IDS, -1.0)
-    assert C.exact_noising_scores(pair)[k] == pytest.approx(want, abs=1e-10)
+    noising = pair.clean - by_hooks(pair, tiny_config, sender, receiver, IDS, -1.0)
+    assert C.exact_noising_scores(pair)[k] == pytest.approx(noising, abs=1e-10)
+    assert C.scores(pair, "exact-mean")[k] == pytest.approx((want + noising) / 2, abs=1e-10)
 
 
 # ------------------------------------------------------------------ identities
@@ -292,28 +293,45 @@ def shipped_pair(model, clean: str, corrupt: str) -> C.Pair:
 
 
 @shipped
-def test_eap_and_eap_ig_rank_edges_as_the_exact_oracles_do():
-    """Spearman correlation of each method's edge scores with exact patching, per pair, over
-    24 pairs. Measured: against `exact` (each edge's clean output into the corrupt run) EAP
-    0.92 on average (lowest 0.87), EAP-IG 0.84 (lowest 0.51); against `exact-noising` (each
-    edge's corrupt output into the clean run, what pruning it from the circuit costs) EAP
-    0.57 (lowest 0.19), EAP-IG 0.81 (lowest 0.55), better than EAP on all 24 pairs. EAP is the
-    first-order answer to the first question at the corrupt run; EAP-IG's path runs to the
-    clean run, where the second is asked. The bounds leave a margin for retraining."""
+def test_eap_follows_exact_and_eap_ig_the_mean_of_both_oracles():
+    """Spearman correlation of each method's 479 edge scores with the exact oracles, per pair,
+    over 24 pairs, on the signed scores and on |score| (what a circuit ranks by); and how far
+    each method's top-N circuits are from f = 1.
+
+    Measured (mean, lowest over the pairs), signed | |score|:
+      against exact:          EAP 0.926 (0.88) | 0.977 (0.96), EAP-IG 0.843 (0.53) | 0.908 (0.81)
+      against exact-noising:  EAP 0.535 (0.13) | 0.839 (0.75), EAP-IG 0.787 (0.48) | 0.893 (0.81)
+      against exact-mean:     EAP 0.784 (0.47) | 0.903 (0.83), EAP-IG 0.952 (0.87) | 0.967 (0.93)
+    EAP-IG is ahead of EAP against exact-noising and exact-mean on all 24 pairs and behind it
+    against exact on all 24 (|score|): to second order EAP is the tangent of `exact` and EAP-IG
+    the mean of the two oracles (analysis/circuit.py's docstring), so "EAP-IG at least as close
+    to `exact` as EAP" does not hold; what holds is asserted. Its circuits are the more faithful:
+    mean |1 - f| over N = 5, 10, 20, 40, 80 is 0.56 for EAP-IG, 1.10 for EAP (median f at
+    N = 20: 0.90 and 0.78). The bounds leave a margin for retraining."""
     model = load_model(SHIPPED)
-    rho = []  # [pair]: EAP and EAP-IG against exact, then against exact-noising
+    signed_and_abs = (lambda x: x, np.abs)
+    rho, off = [], []  # [pair, signed/|score|, (exact, noising, mean) x (EAP, EAP-IG)]
     for clean, corrupt in PAIRS:
         pair = shipped_pair(model, clean, corrupt)
-        eap, eap_ig = C.eap_scores(pair), C.eap_ig_scores(pair, 20)
-        rho.append([C.spearman(x, oracle) for oracle in (C.exact_scores(pair),
-                                                          C.exact_noising_scores(pair))
-                    for x in (eap, eap_ig)])
-    rho = np.array(rho)
+        exact, noising = C.exact_scores(pair), C.exact_noising_scores(pair)
+        methods = (C.eap_scores(pair), C.eap_ig_scores(pair, 20))
+        rho.append([[C.spearman(f(x), f(oracle)) for oracle in (exact, noising,
+                                                               (exact + noising) / 2)
+                     for x in methods] for f in signed_and_abs])
+        masks = [C.circuit_masks(C.ranked(x), [5, 10, 20, 40, 80]) for x in methods]
+        off.append([np.abs(1 - C.faithfulness(pair, m)).mean() for m in masks])
+    rho, off = np.array(rho), np.array(off)
     assert len(rho) >= 20
     mean = rho.mean(axis=0)
-    assert mean[0] >= 0.8 and mean[1] >= 0.8  # denoising: both follow the oracle
-    assert mean[3] >= 0.75 and mean[3] > mean[2] + 0.1  # noising: EAP-IG well ahead
-    assert (rho[:, 3] >= rho[:, 2]).mean() >= 0.8
+    # against exact: both follow it, EAP-IG on every pair by |score|, EAP the closer
+    assert mean[0, 0] >= 0.9 and mean[0, 1] >= 0.8 and mean[1, 1] >= 0.85
+    assert rho[:, 1, 1].min() >= 0.75 and (rho[:, 1, 0] > rho[:, 1, 1]).mean() >= 0.9
+    # against the noising and the mean oracle: EAP-IG ahead, on nearly every pair
+    assert mean[0, 5] >= 0.9 and mean[1, 5] >= 0.93
+    for k in (3, 5):
+        assert (rho[:, :, k] > rho[:, :, k - 1]).mean() >= 0.9
+    # and its circuits nearer the full model's behaviour
+    assert off[:, 1].mean() < 0.75 * off[:, 0].mean()
 
 
 # ------------------------------------------------------------------ QK attribution

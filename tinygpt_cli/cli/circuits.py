@@ -125,8 +125,9 @@ def circuit(
     weights: Path = WEIGHTS, target: str = TARGET, vs: str = VS, position: int = POSITION,
     method: str = typer.Option("eap-ig", "--method", help="eap (one backward pass), eap-ig "
                                "(gradients along the path), exact (each edge's clean output "
-                               "into the corrupt run) or exact-noising (each edge's corrupt "
-                               "output into the clean run)."),
+                               "into the corrupt run), exact-noising (each edge's corrupt "
+                               "output into the clean run) or exact-mean (their mean, what "
+                               "eap-ig estimates)."),
     steps: int = STEPS,
     top: int = typer.Option(15, "--top", "-n", min=1, help="How many edges to list."),
     stable: bool = typer.Option(False, "--stability", help="Rerun on the --pairs and report "
@@ -143,10 +144,11 @@ def circuit(
     score is the change of logit[target] − logit[vs] (default: the clean run's top guess
     against the corrupt run's) it carries from the corrupt to the clean run: eap, eap-ig
     (gradients averaged along the path between the two texts' embeddings), exact (the one
-    edge patched into the corrupt run) or exact-noising (the one edge corrupted in the clean
-    run). The top-N edges form a circuit whose faithfulness f(N) = (circuit −
-    corrupt) / (clean − corrupt) is printed as a curve, with the smallest N reaching 0.8 and
-    random circuits of that size as a baseline.
+    edge patched into the corrupt run), exact-noising (the one edge corrupted in the clean
+    run) or exact-mean (their mean: eap follows exact, eap-ig exact-mean). The top-N edges
+    form a circuit whose faithfulness f(N) = (circuit − corrupt) / (clean − corrupt) is
+    printed as a curve, with the smallest N reaching 0.8 and random circuits of that size as
+    a baseline.
 
     Example: tinygpt circuit "Ben had a ball. He liked his" "Ben had a car. He liked his"
     Example: tinygpt circuit "Tom had a ball. He saw his" "Tom had a car. He saw his" --method exact
@@ -163,8 +165,8 @@ def circuit(
     c = open_session(None, corrupt, model=s.model)
     pair = _pair(s, c, position, target, vs)
     e = len(pair.graph.edges)
-    bar = not as_json and method.startswith("exact")
-    with progress(e, f"patching {e} edges", enabled=bar) as step:
+    bar, runs = not as_json and method.startswith("exact"), 2 * e if method == "exact-mean" else e
+    with progress(runs, f"patching {e} edges", enabled=bar) as step:
         r = circuits.find_circuit(pair, method, steps, seed=seed, advance=step)
     stab = None if more is None else _stability(
         s, more, pair, method, steps, r.smallest or top, target, vs, position)
