@@ -293,6 +293,14 @@ def test_bfloat16_rounds_to_the_nearest_of_its_two_neighbours():
     np.testing.assert_array_equal(back[~tie], nearest[~tie])
     assert np.all(np.abs(back - a) <= 2.0**-8 * np.abs(a))
     np.testing.assert_array_equal(tracin.from_bfloat16(tracin.to_bfloat16(back)), back)
+    # ties go to the even neighbour; infinities, zeros and NaN (whatever its payload) keep
+    # what they are: a rounding carry must never turn a NaN into an infinity or a zero
+    bits = np.array([0x3F808000, 0x3F818000, 0x00008000, 0x00018000, 0x7F800000, 0xFF800000,
+                     0x80000000, 0x7F800001, 0x7FFFFFFF, 0xFFFFFFFF, 0x7F7FFFFF], np.uint32)
+    got = tracin.to_bfloat16(bits.view(np.float32))
+    assert got.tolist()[:7] == [0x3F80, 0x3F82, 0x0000, 0x0002, 0x7F80, 0xFF80, 0x8000]
+    assert np.isnan(tracin.from_bfloat16(got[7:10])).all()
+    assert np.isposinf(tracin.from_bfloat16(got[10]))  # the largest float32 rounds up
 
 
 def test_a_fitted_projection_is_orthonormal_and_keeps_its_sample(make_params):
@@ -341,8 +349,9 @@ def test_the_index_ranks_every_window_as_exact_tracin_does(run, tmp_path, monkey
                          ("Tom threw the", " ball"), ("Lily", " sings")):
         ids, t = tok.encode(text), tok.encode(target)[0]
         per_snapshot = grads.scores([s.params for s in timeline], config, x, y, ids, t)
-        np.testing.assert_array_equal(per_snapshot, grads.scores(
-            [s.params for s in timeline], config, x, y, ids, t, workers=1))
+        np.testing.assert_array_equal(
+            grads.scores([s.params for s in timeline], config, x, y, ids, t, workers=2),
+            grads.scores([s.params for s in timeline], config, x, y, ids, t, workers=1))
         got = (per_snapshot * lrs[:, None]).sum(0)
         exact = why.exact_tracin([(s.params, s.lr) for s in timeline], config, x, y, ids, t)
         assert spearman(got, exact) >= 0.9, (text, spearman(got, exact))
@@ -628,9 +637,12 @@ def test_means_and_neurons_refuse_data_the_weights_do_not_record(cli, run, tmp_p
         f.write("One more line the model never saw.\n")
     out = tmp_path / "means.safetensors"
     refused = cli("means", "--data", other, "--out", out)
-    assert_one_error_line(refused, 2, "not the text these weights were trained on",
+    assert_one_error_line(refused, 2, "not the held-out text these weights record",
                           str(other / "part-001.txt"), "differs", "--any-data")
     assert not out.exists()
+    training = run.parent / "data" / "part-000.txt"  # recorded, but not as the held-out text
+    assert_one_error_line(cli("means", "--data", training, "--out", out), 2,
+                          "is recorded as training text, not validation text")
     assert cli("means", "--data", other, "--out", out, "--any-data").code == 0 and out.exists()
     stranger = tmp_path / "stranger.txt"
     stranger.write_text("Tom had a red ball. He liked it a lot.\n" * 40, encoding="utf-8")
@@ -643,3 +655,25 @@ def test_means_and_neurons_refuse_data_the_weights_do_not_record(cli, run, tmp_p
     kept = cli("neurons", "--layer", "0", "--neuron", "1", "--data",
                run.parent / "data" / "part-001.txt", "--json")
     assert kept.code == 0, kept.err
+
+
+def test_top_windows_on_two_threads_equal_one_thread(make_params):
+    """The exact re-scoring runs each snapshot on its own thread: the rows, their order and
+    every number are those of one thread."""
+    config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
+    snapshots = []
+    for seed, lr in ((1, 0.5), (2, 1.0), (3, 0.25)):
+        params = make_params(config, seed=seed)
+        snapshots.append((params, lr, why.query_gradient(params, config, [4, 2, 9], 3)))
+    stream = np.random.default_rng(5).integers(0, 13, 6 * 9 + 1)
+    per_snapshot = np.random.default_rng(6).standard_normal((3, 9))
+    rows = [why.top_windows(stream, config, np.arange(9), per_snapshot, snapshots, [4, 2, 9], 3,
+                            top=3, workers=w) for w in (1, 2)]
+    for a, b in zip(*rows, strict=True):
+        assert a["window"] == b["window"] and a["exact_score"] == b["exact_score"]
+        np.testing.assert_array_equal(a["contributions"], b["contributions"])
+    first = rows[0][0]
+    assert first["exact_score"] == pytest.approx(sum(
+        lr * why.token_contributions(p, config, stream[first["start"]:first["start"] + 6],
+                                     stream[first["start"] + 1:first["start"] + 7], q).sum()
+        for p, lr, q in snapshots), rel=1e-9)

@@ -113,3 +113,40 @@ def test_map_on_cores_keeps_the_order_and_the_serial_results():
         np.testing.assert_array_equal(g, work(a))
     assert map_on_cores(work, [], workers=2) == []
     np.testing.assert_array_equal(map_on_cores(work, mats[:1])[0], work(mats[0]))
+
+
+def test_map_on_cores_gives_each_thread_a_one_thread_blas_pool():
+    """Threads that each drive a BLAS pool of several threads spin against each other (a
+    `why --threads 2` query ran 7 times slower): inside map_on_cores the pool is one thread,
+    and the user's count is back after it."""
+    import numpy  # noqa: F401 - the BLAS library must be loaded for threadpoolctl to see it
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from tinygpt_cli.threads import map_on_cores
+
+    def blas_threads(_=None):
+        return sorted({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"})
+
+    with threadpool_limits(2, user_api="blas"):
+        before = blas_threads()
+        inside = map_on_cores(blas_threads, range(3), workers=2)
+        assert blas_threads() == before
+    assert inside == [[1]] * 3
+
+
+def test_an_index_of_another_format_is_removed_before_a_build(tmp_path):
+    """An older version's index can never be read again: the next build removes it, and
+    leaves indexes of this version and folders it cannot judge alone."""
+    import json
+
+    from tinygpt_cli.analysis import why_index
+
+    for name, version in (("old", "tracin-v2"), ("current", why_index.VERSION)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rows-0.npy").write_bytes(b"x" * 10)
+        (tmp_path / name / "index.json").write_text(json.dumps({"version": version}))
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "index.json").write_text("not json")
+    why_index.prune_other_versions(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "odd", "partial"]

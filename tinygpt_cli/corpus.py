@@ -255,12 +255,18 @@ def training_text(weights: Path, data: list[Path] | None, *, any_data: bool = Fa
     return TrainingText(files)
 
 
-def unrecorded(files: list[Path], record: dict) -> str | None:
-    """Why one of these files is not a recorded one, training or validation (the first
-    difference), or None: for commands that read any of the record's files."""
-    want = {f["name"]: f for f in (*record["train"], *record["validation"])}
+def unrecorded(files: list[Path], record: dict,
+               kinds: tuple[str, ...] = ("train", "validation")) -> str | None:
+    """Why one of these files is not one the record lists under `kinds` (the first
+    difference), or None."""
+    want = {f["name"]: f for kind in kinds for f in record[kind]}
+    listed = {f["name"]: kind for kind in ("train", "validation") for f in record[kind]}
     for path in map(Path, files):
         if path.name not in want:
+            if path.name in listed:
+                named = {"train": "training", "validation": "validation"}
+                return (f"{path} is recorded as {named[listed[path.name]]} text, not "
+                        f"{named[kinds[0]]} text")
             return f"{path} is not in the record"
         if path.stat().st_size != want[path.name]["bytes"]:
             return f"{path} differs from the record ({path.stat().st_size:,} bytes, " \
@@ -270,19 +276,23 @@ def unrecorded(files: list[Path], record: dict) -> str | None:
     return None
 
 
-def check_data(weights: Path, files: list[Path], *, any_data: bool = False) -> str | None:
-    """Files given with --data, checked against the weights' record of its text (refused
-    when one differs, unless any_data); the note to print when there is no record."""
+def check_data(weights: Path, files: list[Path], *, any_data: bool = False,
+               kinds: tuple[str, ...] = ("train", "validation")) -> str | None:
+    """Files given with --data, checked against the weights' record of its text, the files
+    it lists under `kinds` (refused when one differs, unless any_data); the note to print
+    when there is no record."""
     from .errors import InputError as Refused
 
     record = read_data_record(weights)
     if record is None:
         return (f"note: {weights} has no record of its training text (it was trained before "
                 "tinygpt kept one): using --data as given")
-    why = None if any_data else unrecorded(files, record)
+    why = None if any_data else unrecorded(files, record, kinds)
     if why is not None:
-        raise Refused(f"--data is not the text these weights were trained on: {why} "
-                      f"({Path(weights) / DATA_RECORD}); pass --any-data to use it anyway")
+        what = "the text these weights were trained on" if "train" in kinds else \
+            "the held-out text these weights record"
+        raise Refused(f"--data is not {what}: {why} ({Path(weights) / DATA_RECORD}); pass "
+                      "--any-data to use it anyway")
     return None
 
 

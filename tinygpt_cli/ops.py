@@ -9,6 +9,7 @@ the forward pass saw, in the same order as the forward arguments.
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
@@ -293,6 +294,7 @@ def unembed(u: np.ndarray, wte: np.ndarray) -> np.ndarray:
 
 
 _HEADS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_HEADS_LOCK = threading.Lock()  # threads.map_on_cores runs passes side by side
 
 
 def tied_head(wte: np.ndarray) -> np.ndarray:
@@ -302,12 +304,13 @@ def tied_head(wte: np.ndarray) -> np.ndarray:
     """
     if wte.flags.writeable or wte.ndim != 2:
         return wte.T
-    hit = _HEADS.get(id(wte))
-    if hit is None or hit[0] is not wte:  # the table is kept, so its id is not reused
-        if len(_HEADS) >= 4:
-            _HEADS.pop(next(iter(_HEADS)))
-        hit = _HEADS[id(wte)] = (wte, np.ascontiguousarray(wte.T))
-    return hit[1]
+    with _HEADS_LOCK:
+        hit = _HEADS.get(id(wte))
+        if hit is None or hit[0] is not wte:  # the table is kept, so its id is not reused
+            if len(_HEADS) >= 4:
+                _HEADS.pop(next(iter(_HEADS)))
+            hit = _HEADS[id(wte)] = (wte, np.ascontiguousarray(wte.T))
+        return hit[1]
 
 
 def unembed_backward(dout, u, wte, *, weights: bool = True):

@@ -79,19 +79,32 @@ def _set_env(n: int, environ) -> None:
 
 
 def map_on_cores(fn, items, workers: int | None = None) -> list:
-    """[fn(item) for item in items], on up to `workers` Python threads (default: one per core).
+    """[fn(item) for item in items], on up to `workers` Python threads (default: one per core
+    this process may use).
 
     For independent pieces of NumPy work that are each large (a snapshot's whole pass):
-    NumPy releases the GIL inside them, so the threads run on separate cores while each keeps
-    the one-thread BLAS pool. Unlike a BLAS pool of several threads, nothing waits spinning
+    NumPy releases the GIL inside them, so the threads run on separate cores, each calling a
+    one-thread BLAS pool (set for the duration when the user chose more: several threads
+    each driving a pool of several would spin against each other). Nothing waits spinning
     for anything: on busy cores the threads just get less time, never collapse. The results
     are in the items' order and equal to the serial ones bit for bit.
     """
     items = list(items)
-    n = min(workers or os.cpu_count() or 1, len(items))
+    n = min(workers or cores(), len(items))
     if n <= 1:
         return [fn(item) for item in items]
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(n) as pool:
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1), ThreadPoolExecutor(n) as pool:
         return list(pool.map(fn, items))
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity mask, which containers and taskset
+    narrow), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1

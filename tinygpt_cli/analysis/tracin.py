@@ -364,8 +364,9 @@ def to_bfloat16(a: np.ndarray) -> np.ndarray:
     is a shift, several times faster in NumPy than converting float16, which is what a query
     spends its time on (the index is read whole for every query)."""
     bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
-    rounded = bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))
-    return (rounded >> 16).astype(np.uint16)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)  # rounding would carry it
+    return np.where(nan, (bits >> 16) | np.uint32(0x40), rounded).astype(np.uint16)  # into inf
 
 
 def from_bfloat16(b: np.ndarray) -> np.ndarray:
@@ -376,4 +377,5 @@ def from_bfloat16(b: np.ndarray) -> np.ndarray:
 
 
 def as_float32(a: np.ndarray) -> np.ndarray:
+    """The index's arrays as float32: uint16 ones are bfloat16 bits (to_bfloat16's)."""
     return from_bfloat16(a) if a.dtype == np.uint16 else np.asarray(a, np.float32)

@@ -183,7 +183,8 @@ def token_contributions(params, config: Config, x: np.ndarray, y: np.ndarray, qu
     the unit direction (1e-2 in float32, 1e-5 in float64), and dL/dz_t = (softmax - onehot)/t
     is taken at their mean, which is the unmoved logits to second order in eps: two forward
     passes in all, where the unmoved logits would be a third. On the shipped model the result
-    is within 1e-4 of the backward pass's dot product; no per-token backward pass is needed.
+    is within about 3e-4 of the largest score from the backward pass's dot products (float32
+    rounding of the two passes); no per-token backward pass is needed.
     """
     names = sorted(params)
     dtype = params[names[0]].dtype
@@ -199,12 +200,13 @@ def token_contributions(params, config: Config, x: np.ndarray, y: np.ndarray, qu
     for i in range(0, len(x2), chunk):
         xs, ys = x2[i : i + chunk], y2[i : i + chunk]
         mean, moved = forward(up, config, xs), forward(down, config, xs)
-        np.subtract(mean, moved, out=moved)  # [W, t, V]: 2 eps times how each logit moves
-        mean -= moved / 2  # in place: these are the largest arrays of the query
+        np.subtract(mean, moved, out=moved)
+        moved *= 0.5  # [W, t, V]: eps times how each logit moves along the query
+        mean -= moved  # in place: these are the largest arrays of the query
         p = ops.softmax(mean)
         along = np.einsum("wtv,wtv->wt", p, moved) \
             - np.take_along_axis(moved, ys[..., None], axis=-1)[..., 0]
-        out[i : i + chunk] = along * (norm / (2 * eps)) / t
+        out[i : i + chunk] = along * (norm / eps) / t
     return out.reshape(np.shape(x))
 
 

@@ -157,6 +157,7 @@ class TracinIndex:
 
         if self.complete:
             return
+        prune_other_versions(self.folder.parent)
         self.folder.mkdir(parents=True, exist_ok=True)
         stream_file = self.folder / "stream.npy"
         if not stream_file.is_file():
@@ -232,6 +233,20 @@ class TracinIndex:
             if params_list else np.zeros((0, len(x)))
 
 
+def prune_other_versions(parent: Path) -> None:
+    """Remove whole indexes of another format (an older tinygpt's: nearly 1 GB each for the
+    shipped model), which this version can never read, before building a new one."""
+    import shutil
+
+    for index_file in parent.glob("*/index.json"):
+        try:
+            version = json.loads(index_file.read_text()).get("version")
+        except (OSError, ValueError, AttributeError):
+            continue  # not ours to judge
+        if version != VERSION:
+            shutil.rmtree(index_file.parent, ignore_errors=True)
+
+
 def _run_all(phases: list[list[tuple]], stream_file: str, config: Config,
              workers: int | None):
     """Run each phase's tasks to the end before the next, in worker processes that each use
@@ -240,7 +255,9 @@ def _run_all(phases: list[list[tuple]], stream_file: str, config: Config,
     import multiprocessing as mp
     from dataclasses import asdict
 
-    workers = workers or os.cpu_count() or 1
+    from ..threads import cores
+
+    workers = workers or cores()
     todo = [p for p in phases if p]
     if not todo:
         return

@@ -280,7 +280,8 @@ def means(
     model = load(weights)
     note = None  # means written beside the weights are of the text they record
     if data is not None:
-        note = check_data(model.folder, validation_text(model.folder, data), any_data=any_data)
+        note = check_data(model.folder, validation_text(model.folder, data), any_data=any_data,
+                          kinds=("validation",))
     values, meta = compute_means(model, data, sha256(model.weights_file), as_json)
     if note:  # once the means stand: an error is then the only line
         stderr().print(escape_line(note), soft_wrap=True)
