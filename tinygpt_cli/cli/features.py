@@ -140,13 +140,13 @@ def sae_train(
         raise InputError(f"-k {k} is more than the {latents} latents")
     out = sae_path(model, out, site)
     x_in, _ = windows_of(training_files(data), model, windows)
-    with progress(len(x_in), f"values of {site}", enabled=not as_json) as advance:
+    with progress(len(x_in), f"values of {site}", enabled=not as_json, pipe_every=5) as advance:
         x = S.site_values(model.params, model.config, x_in, site, progress=advance)
     ckpt = out.with_name(out.name + ".checkpoint.npz")
     settings = {"site": site, "latents": latents, "k": k, "steps": steps, "batch": batch,
                 "lr": lr, "windows": windows, "seed": seed}
     state = _resume(ckpt, settings) or S.new_state(x, latents, k, site, seed, lr)
-    with progress(steps, "training", enabled=not as_json) as advance:
+    with progress(steps, "training", enabled=not as_json, pipe_every=5) as advance:
         advance(state.step)
 
         def each(st):
@@ -230,7 +230,7 @@ def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
     found = S.load_sae(sae_path(model, sae), model.config)
     files = held_out_file(data)
     x, y = windows_of(files, model, windows)
-    with progress(4, "evaluating", enabled=not as_json) as advance:
+    with progress(4, "evaluating", enabled=not as_json, pipe_every=5) as advance:
         result = S.evaluate(model.params, model.config, found, x, y, progress=advance)
     names = [f.name for f in files]
     show(view.eval_doc(result, names), lambda: view.eval_view(result, names), as_json)
@@ -294,7 +294,7 @@ def _codes_cache(model, found, path: Path, files: list[Path], windows: int, enab
         except (OSError, ValueError):
             pass  # a damaged entry is computed again
     x_in, _ = windows_of(files, model, windows)
-    with progress(len(x_in), "latents of the data", enabled=enabled) as advance:
+    with progress(len(x_in), "latents of the data", enabled=enabled, pipe_every=5) as advance:
         x = S.site_values(model.params, model.config, x_in, found.site, progress=advance)
     idx, val = S.sparse_codes(found, x)
     codes = {"ids": x_in.astype(np.uint16), "idx": idx, "val": val}
@@ -344,9 +344,11 @@ def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: 
     cfg, path = model.config, lens_path(model, lens_file)
     if fit:
         x, _ = windows_of(training_files(data), model, LENS_FIT_WINDOWS)
-        stages, last = tl.stage_values(model.params, cfg, x)
+        with progress(len(x), "values of the stages", enabled=not as_json, pipe_every=5) as adv:
+            stages, last = tl.stage_values(model.params, cfg, x, progress=adv)
         steps = LENS_FIT_STEPS
-        with progress(steps * cfg.n_layer, "fitting the tuned lens", enabled=not as_json) as adv:
+        with progress(steps * cfg.n_layer, "fitting the tuned lens", enabled=not as_json,
+                      pipe_every=5) as adv:
             translators, _ = tl.fit(stages, last, model.params, cfg, steps=steps, progress=adv)
         tl.save_translators(path, translators, {"weights_sha256": sha256(model.weights_file),
                                                 "tokens": str(len(last)), "steps": str(steps)})
@@ -357,7 +359,9 @@ def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: 
     translators = tl.load_translators(path, cfg)
     files = held_out_file(data) if data is None or Path(data).is_dir() else [Path(data)]
     x, _ = windows_of(files, model, LENS_EVAL_WINDOWS)
-    result = tl.evaluate(*tl.stage_values(model.params, cfg, x), translators, model.params, cfg)
+    with progress(2 * x.size, "evaluating both lenses", enabled=not as_json,
+                  pipe_every=5) as adv:
+        result = tl.evaluate_windows(model.params, cfg, x, translators, progress=adv)
     names = [f.name for f in files]
     show(view.lens_eval_doc(result, names), lambda: view.lens_eval_view(result, names), as_json)
 
