@@ -81,3 +81,19 @@ def test_in_a_terminal_it_is_riches_own_table():
 def test_a_line_break_in_a_cell_is_left_to_rich():
     spec = ([("a", "left", True, None, None, None)], [["x\u2028y"], ["one\ttwo"]], {})
     assert printed(build(QuickTable, *spec), 30) == printed(build(Table, *spec), 30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab x.␣…é漢🙂\t\x1b\u2028\x85")), max_size=30),
+       st.integers(1, 40))
+def test_print_line_prints_what_rich_prints(words, width):
+    from tinygpt_cli.render.quick_table import print_line
+
+    text = Text("line 1: ", style="bold magenta") + Text(words)
+    quick, rich = console(width), console(width)
+    print_line(quick, text)
+    rich.print(text)
+    assert quick.file.getvalue() == rich.file.getvalue()
+    quiet = console(width, quiet=True)
+    print_line(quiet, text)
+    assert quiet.file.getvalue() == ""

@@ -156,3 +156,21 @@ def _justified(text: str, width: int, justify: str) -> str:
 def _longest_word(text: str) -> int:
     words = text.split()
     return max((cell_len(w) for w in words), default=cell_len(text))
+
+
+def print_line(console, text: Text) -> None:
+    """console.print(text) for a one-line text (`--each-line`'s `line N:` headings): where
+    nothing is styled and it fits the width, the characters are written directly, as Rich
+    would write them; otherwise Rich prints it."""
+    plain = text.plain
+    if (console.color_system is not None or console.record or cell_len(plain) > console.width
+            or any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in plain)):
+        console.print(text)
+        return
+    if console.quiet:
+        return
+    try:
+        console.file.write(plain + "\n")
+        console.file.flush()
+    except BrokenPipeError:
+        console.on_broken_pipe()
