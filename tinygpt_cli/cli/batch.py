@@ -49,7 +49,9 @@ def main(command, args: list[str]):
 def _each_line(command, rest: list[str], name: str, sub, source: str) -> int:
     from rich.text import Text
 
+    from ..render.quick_table import print_line
     from ..render.text import show_text
+    from .common import stdout
 
     as_json = "--json" in rest
     code = 0
@@ -65,9 +67,6 @@ def _each_line(command, rest: list[str], name: str, sub, source: str) -> int:
                     code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False)
                 _emit_record(number, line, [x for x in buf.getvalue().splitlines() if x.strip()])
             else:
-                from ..render.quick_table import print_line
-                from .common import stdout
-
                 print_line(stdout(), Text(f"line {number}: ", style="bold magenta")
                            + Text(show_text(line)[:80]))
                 code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False)
