@@ -614,6 +614,45 @@ def memory(batch: int) -> list[Row]:
     return rows
 
 
+# ------------------------------------------------------------------ big inputs (issue 22)
+
+BIG_BYTES = 5_000_000  # score - and encode - on 5 MB of stories
+EACH_LINES = 10_000  # probs --each-line on 10,000 lines
+
+
+def big_inputs() -> list[Row]:
+    """Whole-data inputs, built in a temporary folder from the shared stories (never kept):
+    5 MB on stdin for score, encode and embed, 10,000 lines for --each-line. Each command is
+    run once (a minute or two each): time and peak memory, against the goals of issue 22."""
+    parts = sorted(DATA.glob("part-*.txt"))
+    if not parts:
+        return [Row("big inputs: score - of 5 MB, probs --each-line 10,000 lines",
+                    "skipped (no data)")]
+    text = "".join(p.read_text(encoding="utf-8") for p in parts)
+    lines = [x for x in text.split("\n") if x.strip() and "<|endoftext|>" not in x
+             and len(x) < 250][:EACH_LINES]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        big, each = Path(tmp) / "big.txt", Path(tmp) / "lines.txt"
+        big.write_bytes(text.encode("utf-8")[:BIG_BYTES].decode("utf-8", "ignore").encode())
+        each.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        for what, args, goal_s, goal_mb in (
+                (f"score - < {BIG_BYTES / 1e6:.0f} MB of stories", ["score", "-"], 120, 300),
+                (f"encode - < {BIG_BYTES / 1e6:.0f} MB", ["encode", "-"], 10, 300),
+                (f"embed - < {BIG_BYTES / 1e6:.0f} MB (refused: too long)", ["embed", "-"], 2,
+                 150),
+                (f"probs --each-line, {len(lines):,} lines", ["probs", "--each-line",
+                                                               str(each)], 60, 150)):
+            cmd = tinygpt_cmd() + args
+            stdin = f"< {big} " if args[-1] == "-" else ""
+            wall, _, mb, code = run_measured(
+                ["bash", "-c", " ".join(f"'{c}'" for c in cmd) + f" {stdin}> /dev/null"])
+            ok = (code == 0 or args[0] == "embed") and wall <= goal_s and mb <= goal_mb
+            rows.append(Row(f"big input: tinygpt {what}", f"{wall:.1f} s, {mb} MB",
+                            goal=f"<= {goal_s} s, <= {goal_mb} MB", passed=ok))
+    return rows
+
+
 # ------------------------------------------------------------------ training
 
 
@@ -727,6 +766,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-steps", type=int, default=10, help="training steps timed (10)")
     p.add_argument("--no-torch", action="store_true", help="skip the reference")
     p.add_argument("--no-training", action="store_true", help="skip the training figure")
+    p.add_argument("--no-big", action="store_true", help="skip the big inputs (5 MB on "
+                   "stdin, 10,000 lines of --each-line: minutes)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results.md")
     p.add_argument("--note", default="", help="a line for results.md (how loaded the "
                    "machine was, say)")
@@ -772,6 +813,9 @@ def main(argv: list[str] | None = None) -> int:
     rows += scoring(args.runs, ref, args.windows, args.batch)
     log("memory ...")
     rows += memory(args.batch)
+    if not args.no_big:
+        log("big inputs ...")
+        rows += big_inputs()
     if not args.no_training:
         log("training (2 threads) ...")
         rows += training(args.train_steps, torch_ok)

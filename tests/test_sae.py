@@ -302,3 +302,52 @@ def test_the_shipped_sae_reads_the_shipped_model():
     assert ((z > 0).sum(axis=1) == 16).all()
     ev = 1 - ((S.decode(sae, z) - x) ** 2).sum() / ((x - x.mean(axis=0)) ** 2).sum()
     assert ev > 0.8
+
+
+def test_feature_over_a_text_draws_the_latent_a_numpy_encoding_gives(cli, tiny, tmp_path):
+    """`sae feature N --text T --save`: the picture's value at each token (its hover text),
+    the JSON and the view against z = TopK_k(ReLU((x - b_dec) W_enc + b_enc)) computed here
+    from the file's tensors."""
+    import re
+
+    from safetensors.numpy import load_file
+
+    from tinygpt_cli.model import trace as run_trace
+
+    cfg = tiny.model.config
+    path = tmp_path / "s.safetensors"
+    S.save_sae(path, random_sae(cfg.n_embd, 24, 3, seed=5, dtype=np.float32))
+    t = load_file(str(path))
+    text = "Lily wanted to play with her <b>ball</b>."
+    ids = np.asarray(tiny.model.tokenizer.encode(text))
+    x = run_trace(tiny.model.params, cfg, ids).get(SITE).astype(np.float64)
+    pre = np.maximum((x - t["b_dec"]) @ t["W_enc"] + t["b_enc"], 0.0)
+    z = np.zeros_like(pre)
+    for i, row in enumerate(pre):  # the k largest of each token, by hand
+        keep = sorted(range(len(row)), key=lambda j: -row[j])[:3]
+        z[i, keep] = row[keep]
+    latent = int(np.argmax((z > 0).sum(axis=0)))
+    want = z[:, latent]
+    assert 0 < (want > 0).sum() < len(want)
+    picture = tmp_path / "f.svg"
+    r = cli("sae", "feature", str(latent), "--sae", path, "--text", text, "--save", picture)
+    assert r.code == 0, r.err
+    assert r.err.strip() == f"wrote {picture}"
+    svg = picture.read_text()
+    drawn = re.findall(r"<title>position (\d+) (\S*) = ([-\d.e]+)</title>", svg)
+    assert [int(i) for i, _, _ in drawn] == list(range(len(ids)))
+    np.testing.assert_allclose([float(v) for _, _, v in drawn], want, rtol=1e-5, atol=1e-6)
+    assert "&lt;" in svg and "<b>" not in svg and "</b>" not in svg  # the text is escaped
+    peak = int(np.argmax(want))
+    assert f"strongest {want[peak]:.3f} at {peak} " in r.out
+    assert f"fires on {(want > 0).sum()}" in r.out
+    doc = cli("sae", "feature", str(latent), "--sae", path, "--text", text, "--json").json()
+    assert doc["path"] == f"sae.{SITE}.{latent}" and doc["ids"] == ids.tolist()
+    np.testing.assert_allclose(doc["data"], want, rtol=1e-5, atol=1e-6)
+    pushed = (t["W_dec"][latent] * tiny.model.params["ln_f.weight"]) @ \
+        tiny.model.params["wte.weight"].T
+    assert doc["promotes"][0]["id"] == int(np.argmax(pushed))
+    page = tmp_path / "f.html"
+    assert cli("sae", "feature", str(latent), "--sae", path, "--text", text, "--save", page,
+               "-q").out == ""
+    assert len(re.findall(r"<title>position \d+ ", page.read_text())) == len(ids)

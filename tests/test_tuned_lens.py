@@ -114,3 +114,76 @@ def test_the_shipped_tuned_lens_fits_the_shipped_model():
     tr = tl.load_translators(path, model.config)
     assert len(tr.A) == model.config.n_layer
     assert any(np.abs(a).max() > 0 for a in tr.A)  # fitted, not the zero start
+
+
+def test_evaluating_windows_reports_every_token_twice_and_equals_evaluate(tiny_config,
+                                                                          tiny_params):
+    ids = np.random.default_rng(2).integers(0, tiny_config.vocab_size,
+                                            size=(5, tiny_config.n_positions))
+    tr = tl.zero_translators(tiny_config)
+    tr.A[0][:] = np.random.default_rng(3).normal(0, 0.01, tr.A[0].shape)
+    done = []
+    got = tl.evaluate_windows(tiny_params, tiny_config, ids, tr, progress=done.append)
+    want = tl.evaluate(*tl.stage_values(tiny_params, tiny_config, ids), tr, tiny_params,
+                       tiny_config)
+    assert sum(done) == 2 * ids.size and len(done) > 1
+    for name in ("kl_logit", "kl_tuned", "top1_logit", "top1_tuned"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+
+
+def test_lens_evaluate_reports_its_progress(cli, tiny, data, tmp_path, monkeypatch):
+    """lens --evaluate (and --fit) hand cli.common.progress the right totals, and a pipe gets
+    lines from it (the bar is for a terminal)."""
+    from tinygpt_cli.cli import features
+
+    monkeypatch.setattr(features, "LENS_FIT_STEPS", 2)
+    monkeypatch.setattr(features, "LENS_FIT_WINDOWS", 2)
+    monkeypatch.setattr(features, "LENS_EVAL_WINDOWS", 3)
+    seen = []
+    real = features.progress
+
+    def spy(total, description, **kw):
+        import contextlib
+
+        assert kw.get("pipe_every"), description  # long work: lines in a pipe too
+        done = [0]
+        seen.append((description, total, done))
+
+        @contextlib.contextmanager
+        def counting():
+            with real(total, description, **kw) as advance:
+                yield lambda n=1: (done.__setitem__(0, done[0] + n), advance(n))
+
+        return counting()
+
+    monkeypatch.setattr(features, "progress", spy)
+    out = tmp_path / "tuned.safetensors"
+    assert cli("lens", "--fit", "--evaluate", "--data", data, "--lens", out).code == 0
+    assert [d for d, _, _ in seen] == ["values of the stages", "fitting the tuned lens",
+                                       "evaluating both lenses"]
+    assert all(total == done[0] for _, total, done in seen)
+    assert seen[-1][1] == 2 * 3 * tiny.model.config.n_positions  # two passes, 3 windows
+
+
+def test_progress_in_a_pipe_prints_lines_only_for_long_work(capsys, monkeypatch):
+    import time
+
+    from tinygpt_cli.render.progress import progress
+
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    with progress(4, "fitting", pipe_every=5) as advance:
+        for _ in range(4):
+            clock[0] += 1.0  # 4 s in all: a quick run says nothing
+            advance()
+    assert capsys.readouterr().err == ""
+    with progress(4, "fitting", pipe_every=5) as advance:
+        for _ in range(4):
+            clock[0] += 3.0
+            advance()
+    assert capsys.readouterr().err.splitlines() == [
+        "fitting: 2/4 (50%), about 6 s left", "fitting: 4/4 (100%)"]
+    with progress(4, "fitting") as advance:  # without pipe_every: the bar only, never lines
+        clock[0] += 60
+        advance(4)
+    assert capsys.readouterr().err == ""

@@ -433,12 +433,40 @@ def feature_report(sae: SAE, params, ids: np.ndarray, idx: np.ndarray, val: np.n
     on = acts[acts > 0]
     counts, edges = np.histogram(on, bins=bins) if on.size else (np.zeros(bins, int),
                                                                   np.zeros(bins + 1))
-    logits = direct_logits(sae, params, latent)
-    up = np.argsort(-logits, kind="stable")[:n_tokens]
-    down = np.argsort(logits, kind="stable")[:n_tokens]
-    return FeatureReport(latent, sae.site, int(w * t), int(on.size), contexts,
-                         [(int(i), float(logits[i])) for i in up],
-                         [(int(i), float(logits[i])) for i in down], counts, edges)
+    promotes, suppresses = pushed_tokens(direct_logits(sae, params, latent), n_tokens)
+    return FeatureReport(latent, sae.site, int(w * t), int(on.size), contexts, promotes,
+                         suppresses, counts, edges)
+
+
+def pushed_tokens(logits: np.ndarray, n: int) -> tuple[list, list]:
+    """The n (token id, logit) pairs pushed most up, and the n pushed most down."""
+    up = np.argsort(-logits, kind="stable")[:n]
+    down = np.argsort(logits, kind="stable")[:n]
+    return [(int(i), float(logits[i])) for i in up], [(int(i), float(logits[i])) for i in down]
+
+
+@dataclass
+class LatentOnText:
+    """One latent at each token of a text, and the tokens its direction pushes."""
+
+    latent: int
+    site: str
+    k: int
+    acts: np.ndarray  # [T], the latent's value (0 where it is not among the k active)
+    promotes: list[tuple[int, float]]
+    suppresses: list[tuple[int, float]]
+
+
+def latent_on_text(sae: SAE, params, values: np.ndarray, latent: int,
+                   n_tokens: int = 10) -> LatentOnText:
+    """The latent (negative: from the end) over a text whose values at the SAE's site are
+    [T, d]."""
+    from ..session import check_index
+
+    latent = check_index(latent, sae.n_latents, "latent")
+    promotes, suppresses = pushed_tokens(direct_logits(sae, params, latent), n_tokens)
+    return LatentOnText(latent, sae.site, sae.k, encode(sae, values)[:, latent], promotes,
+                        suppresses)
 
 
 # ------------------------------------------------------------------ latents as trace values

@@ -106,9 +106,11 @@ def fit(stages: list[np.ndarray], h_last: np.ndarray, params, config: Config, *,
     return tr, losses
 
 
-def stage_values(params, config: Config, windows: np.ndarray, batch: int = 16
+def stage_values(params, config: Config, windows: np.ndarray, batch: int = 16,
+                 progress: Callable[[int], None] | None = None
                  ) -> tuple[list[np.ndarray], np.ndarray]:
-    """Each stage's stream [W*T, d], and the stream entering ln_final, over windows [W, T]."""
+    """Each stage's stream [W*T, d], and the stream entering ln_final, over windows [W, T].
+    `progress(n)` is called with the windows done."""
     paths = stage_paths(config)
     last = f"layers.{config.n_layer - 1}.resid_post"
     got: dict[str, list] = {p: [] for p in [*paths, last]}
@@ -118,6 +120,8 @@ def stage_values(params, config: Config, windows: np.ndarray, batch: int = 16
         for p in got:
             v = rec.values[p]
             got[p].append(np.asarray(v, np.float32).reshape(-1, v.shape[-1]))
+        if progress:
+            progress(len(windows[b0:b0 + batch]))
     return [np.concatenate(got[p]) for p in paths], np.concatenate(got[last])
 
 
@@ -135,7 +139,10 @@ class LensEval:
 
 
 def evaluate(stages: list[np.ndarray], h_last: np.ndarray, tr: Translators, params,
-             config: Config, batch: int = 512) -> LensEval:
+             config: Config, batch: int = 512,
+             progress: Callable[[int], None] | None = None) -> LensEval:
+    """KL(final || lens) and top-1 agreement of the logit and the tuned lens at each stage,
+    over the tokens [N, d]; `progress(n)` is called with the tokens done."""
     n_stage = len(stages)
     kl = np.zeros((2, n_stage))
     top1 = np.zeros((2, n_stage))
@@ -149,8 +156,20 @@ def evaluate(stages: list[np.ndarray], h_last: np.ndarray, tr: Translators, para
                 logp = ops.log_softmax(readout(x, params, config).astype(np.float64))
                 kl[j, i] += kl_divergence(logp_final, logp).sum()
                 top1[j, i] += (logp.argmax(axis=-1) == best).sum()
+        if progress:
+            progress(len(h_last[b0:b0 + batch]))
     kl, top1 = kl / n, top1 / n
     return LensEval(stage_paths(config), n, kl[0], kl[1], top1[0], top1[1])
+
+
+def evaluate_windows(params, config: Config, windows: np.ndarray, tr: Translators,
+                     progress: Callable[[int], None] | None = None) -> LensEval:
+    """`evaluate` over the tokens of windows [W, T]: their stage values, then both lenses.
+    `progress(n)` is called with the tokens done, 2 W T in all."""
+    per_window = windows.shape[1]
+    stages, last = stage_values(params, config, windows,
+                                progress=progress and (lambda n: progress(n * per_window)))
+    return evaluate(stages, last, tr, params, config, progress=progress)
 
 
 def tuned_stage_logits(trace, tr: Translators, params, config: Config

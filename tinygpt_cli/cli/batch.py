@@ -49,7 +49,9 @@ def main(command, args: list[str]):
 def _each_line(command, rest: list[str], name: str, sub, source: str) -> int:
     from rich.text import Text
 
+    from ..render.quick_table import print_line
     from ..render.text import show_text
+    from .common import stdout
 
     as_json = "--json" in rest
     code = 0
@@ -65,12 +67,10 @@ def _each_line(command, rest: list[str], name: str, sub, source: str) -> int:
                     code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False)
                 _emit_record(number, line, [x for x in buf.getvalue().splitlines() if x.strip()])
             else:
-                from .common import stdout
-
-                stdout().print(Text(f"line {number}: ", style="bold magenta")
-                               + Text(show_text(line)[:80]))
+                print_line(stdout(), Text(f"line {number}: ", style="bold magenta")
+                           + Text(show_text(line)[:80]))
                 code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False)
-                stdout().print()
+                print_line(stdout(), Text(""))
         except InputError as e:
             raise InputError(f"line {number}: {e}") from None
         if code:

@@ -54,31 +54,25 @@ def show(doc: dict, view, as_json: bool) -> None:
 
 def training_files(data: Path | None) -> list[Path]:
     """Every part of the data but the last (the held-out part-005)."""
-    from ..train.data import split_data
-    from .texts import find_data
-
-    found = data if data is not None else find_data()
-    if found is None:
-        raise InputError("no training data found: give --data DIR (a folder of part-*.txt)")
-    try:
-        train, _ = split_data([found])
-    except ValueError as e:
-        raise InputError(str(e)) from None
-    return train
+    return _split(data, "no training data found: give --data DIR (a folder of part-*.txt)")[0]
 
 
 def held_out_file(data: Path | None) -> list[Path]:
+    train, val = _split(data, "no held-out data found: give --data FILE (e.g. part-005.txt)")
+    return val or train
+
+
+def _split(data: Path | None, missing: str) -> tuple[list[Path], list[Path]]:
     from ..train.data import split_data
     from .texts import find_data
 
     found = data if data is not None else find_data()
     if found is None:
-        raise InputError("no held-out data found: give --data FILE (e.g. part-005.txt)")
+        raise InputError(missing)
     try:
-        train, val = split_data([found])
+        return split_data([found])
     except ValueError as e:
         raise InputError(str(e)) from None
-    return val or train
 
 
 def windows_of(files: list[Path], model, count: int | None):
@@ -140,13 +134,13 @@ def sae_train(
         raise InputError(f"-k {k} is more than the {latents} latents")
     out = sae_path(model, out, site)
     x_in, _ = windows_of(training_files(data), model, windows)
-    with progress(len(x_in), f"values of {site}", enabled=not as_json) as advance:
+    with progress(len(x_in), f"values of {site}", enabled=not as_json, pipe_every=5) as advance:
         x = S.site_values(model.params, model.config, x_in, site, progress=advance)
     ckpt = out.with_name(out.name + ".checkpoint.npz")
     settings = {"site": site, "latents": latents, "k": k, "steps": steps, "batch": batch,
                 "lr": lr, "windows": windows, "seed": seed}
     state = _resume(ckpt, settings) or S.new_state(x, latents, k, site, seed, lr)
-    with progress(steps, "training", enabled=not as_json) as advance:
+    with progress(steps, "training", enabled=not as_json, pipe_every=5) as advance:
         advance(state.step)
 
         def each(st):
@@ -230,7 +224,7 @@ def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
     found = S.load_sae(sae_path(model, sae), model.config)
     files = held_out_file(data)
     x, y = windows_of(files, model, windows)
-    with progress(4, "evaluating", enabled=not as_json) as advance:
+    with progress(4, "evaluating", enabled=not as_json, pipe_every=5) as advance:
         result = S.evaluate(model.params, model.config, found, x, y, progress=advance)
     names = [f.name for f in files]
     show(view.eval_doc(result, names), lambda: view.eval_view(result, names), as_json)
@@ -244,10 +238,12 @@ def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
                 windows: int = typer.Option(1000, "--windows", min=1, help="Windows of the "
                                             "data to search (spread evenly; cached)."),
                 top: int = typer.Option(8, "--top", "-n", min=1, help="How many contexts."),
+                text: str = typer.Option(None, "--text", show_default=False, help="Show the "
+                                         "latent at each token of this text instead ('-': stdin)."),
                 as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
                 quiet: bool = QUIET):
     """One latent: its top activating contexts, the tokens it promotes and suppresses, its
-    activation histogram.
+    activation histogram; or, with --text, its value at each token of a text.
 
     Promotes/suppresses: W_dec[latent] * ln_final.weight @ W_E^T, the direct path to the
     logits (the final norm's centring and per-token scale left out). The latents of the data
@@ -255,12 +251,15 @@ def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
 
     Example: tinygpt sae feature 17
     Example: tinygpt sae feature 17 --save latent17.html
+    Example: tinygpt sae feature 17 --text "Lily wanted to play with her ball." --save f.svg
     """
     from ..analysis import sae as S
     from ..render import features as view
     from ..session import check_index
 
     check_save(save, force)
+    if text is not None:
+        return _feature_on_text(weights, sae, latent, text, as_json, save, force)
     model = load(weights)
     path = sae_path(model, sae)
     found = S.load_sae(path, model.config)
@@ -272,6 +271,21 @@ def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
     save_figure(view.feature_figure(result, model.tokenizer), save, force)
     show(view.feature_doc(result, model.tokenizer),
          lambda: view.feature_view(result, model.tokenizer), as_json)
+
+
+def _feature_on_text(weights, sae, latent: int, text: str, as_json: bool, save, force) -> None:
+    """`sae feature N --text TEXT`: the latent at each token of the text."""
+    from ..analysis import sae as S
+    from ..render import features as view
+    from .common import run
+
+    r = run(weights, text)
+    found, tok = S.load_sae(sae_path(r.model, sae), r.model.config), r.model.tokenizer
+    result = S.latent_on_text(found, r.model.params, r.trace.get(found.site), latent)
+    save_figure(view.text_figure(result, r.tokens, tok), save, force)
+    path = f"sae.{found.site}.{result.latent}"  # as `trace TEXT sae.SITE.N` names it
+    show(r.document(path, result.acts, **view.text_fields(result, tok)),
+         lambda: view.text_view(result, r.tokens, tok), as_json)
 
 
 def _codes_cache(model, found, path: Path, files: list[Path], windows: int, enabled: bool):
@@ -294,7 +308,7 @@ def _codes_cache(model, found, path: Path, files: list[Path], windows: int, enab
         except (OSError, ValueError):
             pass  # a damaged entry is computed again
     x_in, _ = windows_of(files, model, windows)
-    with progress(len(x_in), "latents of the data", enabled=enabled) as advance:
+    with progress(len(x_in), "latents of the data", enabled=enabled, pipe_every=5) as advance:
         x = S.site_values(model.params, model.config, x_in, found.site, progress=advance)
     idx, val = S.sparse_codes(found, x)
     codes = {"ids": x_in.astype(np.uint16), "idx": idx, "val": val}
@@ -344,9 +358,11 @@ def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: 
     cfg, path = model.config, lens_path(model, lens_file)
     if fit:
         x, _ = windows_of(training_files(data), model, LENS_FIT_WINDOWS)
-        stages, last = tl.stage_values(model.params, cfg, x)
+        with progress(len(x), "values of the stages", enabled=not as_json, pipe_every=5) as adv:
+            stages, last = tl.stage_values(model.params, cfg, x, progress=adv)
         steps = LENS_FIT_STEPS
-        with progress(steps * cfg.n_layer, "fitting the tuned lens", enabled=not as_json) as adv:
+        with progress(steps * cfg.n_layer, "fitting the tuned lens", enabled=not as_json,
+                      pipe_every=5) as adv:
             translators, _ = tl.fit(stages, last, model.params, cfg, steps=steps, progress=adv)
         tl.save_translators(path, translators, {"weights_sha256": sha256(model.weights_file),
                                                 "tokens": str(len(last)), "steps": str(steps)})
@@ -357,7 +373,8 @@ def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: 
     translators = tl.load_translators(path, cfg)
     files = held_out_file(data) if data is None or Path(data).is_dir() else [Path(data)]
     x, _ = windows_of(files, model, LENS_EVAL_WINDOWS)
-    result = tl.evaluate(*tl.stage_values(model.params, cfg, x), translators, model.params, cfg)
+    with progress(2 * x.size, "evaluating both lenses", enabled=not as_json, pipe_every=5) as adv:
+        result = tl.evaluate_windows(model.params, cfg, x, translators, progress=adv)
     names = [f.name for f in files]
     show(view.lens_eval_doc(result, names), lambda: view.lens_eval_view(result, names), as_json)
 

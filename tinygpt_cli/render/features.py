@@ -163,3 +163,77 @@ def feature_figure(r, tokenizer, radius: int = 10):
                       [float(n) for n in r.hist_counts], title="activation histogram",
                       value_name="tokens"))
     return Figure(f"latent {r.latent}", parts, subtitle=f"SAE on {r.site}")
+
+
+# ------------------------------------------------------------------ one latent over a text
+
+
+def _pushed_line(label: str, pairs, tok) -> Text:
+    line = Text(f"{label:<11}", style="bold")
+    line.append(" ".join(f"{show_token(tok(i))}({v:+.2f})" for i, v in pairs[:5]))
+    return line
+
+
+def text_fields(r, tokenizer) -> dict:
+    """What the JSON document of a latent over a text adds to the value's: its SAE, and the
+    tokens it pushes (the document is otherwise `trace TEXT sae.SITE.N --json`'s)."""
+    tok = tokenizer.token_str
+    return jsonout.jsonable({
+        "site": r.site, "k": r.k, "active": None,
+        "promotes": [{"id": i, "token": tok(i), "logit": v} for i, v in r.promotes],
+        "suppresses": [{"id": i, "token": tok(i), "logit": v} for i, v in r.suppresses]})
+
+
+def text_view(r, tokens: list[str], tokenizer) -> Group:
+    """The text with the strongest token [in brackets] and the others where the latent fires
+    underlined, then its value at each token with a bar, and the tokens it pushes."""
+    from .text import row_label, show_text
+
+    acts = np.asarray(r.acts, dtype=np.float64)
+    fired = int((acts > 0).sum())
+    peak = int(acts.argmax())
+    head = f"latent {r.latent} on {r.site} over {len(tokens)} tokens: fires on {fired}"
+    if fired:
+        head += f", strongest {acts[peak]:.3f} at {peak} {show_token(tokens[peak])}"
+    lines = [Text(head, style="bold cyan")]
+    lines.append(window_line(tokens, acts, peak, radius=len(tokens)) if fired
+                 else Text(show_text("".join(tokens))))
+    t = Table(box=None, pad_edge=False, show_header=False)
+    t.add_column(no_wrap=True)
+    t.add_column(justify="right", no_wrap=True)
+    t.add_column(no_wrap=True, style="yellow")
+    top = float(acts.max()) if fired else 1.0
+    for i, token in enumerate(tokens):
+        t.add_row(row_label(i, token), f"{acts[i]:.3f}", "█" * round(30 * max(acts[i], 0) / top))
+    lines.append(t)
+    tok = tokenizer.token_str
+    lines += [_pushed_line("promotes", r.promotes, tok),
+              _pushed_line("suppresses", r.suppresses, tok),
+              Text("through W_dec[latent] * ln_final.weight @ W_E^T", style="dim")]
+    return Group(*lines)
+
+
+def text_figure(r, tokens: list[str], tokenizer):
+    """The text with each token on a background as strong as the latent's value there, the
+    tokens where it fires strongest first, and the tokens its direction pushes."""
+    from .figure import Bars, Facts, Figure, Highlight, Note, token_labels
+
+    acts = np.asarray(r.acts)
+    on = [int(i) for i in np.argsort(-acts, kind="stable") if acts[i] > 0]
+    labels = token_labels(tokens)
+    path = f"sae.{r.site}.{r.latent}"
+    parts: list = [Facts([("site", r.site), ("k", str(r.k)),
+                          ("fires on", f"{len(on)} of {len(tokens)} tokens")]),
+                   Highlight(tokens, acts, title="its value at each token", path=path)]
+    if on:
+        parts.append(Bars([f"{i} {labels[i]}" for i in on[:20]], [float(acts[i]) for i in on[:20]],
+                          title="where it fires", path=path, value_name="value"))
+    else:
+        parts.append(Note("It does not fire on this text.", "dim"))
+    tok = tokenizer.token_str
+    for title, pairs in (("promotes", r.promotes), ("suppresses", r.suppresses)):
+        parts.append(Bars([show_token(tok(i)) for i, _ in pairs], [v for _, v in pairs],
+                          title=title, value_name="logit", ids=[i for i, _ in pairs],
+                          note="W_dec[latent] * ln_final.weight @ W_E^T"))
+    return Figure(f"latent {r.latent} over a text", parts,
+                  subtitle=f"SAE on {r.site}; the text " + " ".join(labels))

@@ -54,6 +54,21 @@ class Heatmap:
 
 
 @dataclass(frozen=True)
+class Highlight:
+    """A text in reading order, each token on a background as strong as its value (0 or
+    less: none; `hi`, default the largest: the full colour), its exact value on hover; lines
+    wrap between tokens. `tokens` are the model's token strings (a picture of the text, so
+    spaces are drawn as spaces)."""
+
+    tokens: list[str]
+    values: np.ndarray
+    title: str = ""
+    path: str = ""
+    hi: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Bars:
     """Ranked values with a bar each (top tokens, attributions): a bar grows right from 0 for
     a positive value and left for a negative one. `percent` shows values as chances."""

@@ -4,20 +4,29 @@ when one is shown, so the commands that offer one still start fast."""
 from __future__ import annotations
 
 
-def progress(total: int | None, description: str, *, enabled: bool = True):
+def progress(total: int | None, description: str, *, enabled: bool = True,
+             pipe_every: float | None = None):
     """A progress bar on stderr for work over about a second: shown only on a terminal and
     never with --json (pass enabled=not as_json). Use as a context manager:
 
         with progress(n, "scoring") as advance:
             for ...: advance(1)
+
+    `pipe_every`: for work that can run for minutes (training, evaluating over a data set),
+    where stderr is a pipe or a file, a line every that many seconds once the work has run
+    that long (and one at the end), so a log shows it moving; quick runs print nothing.
     """
     import contextlib
 
     from rich.console import Console
 
     err = Console(stderr=True)
-    if not enabled or not err.is_terminal:
+    if not enabled:
         return contextlib.nullcontext(lambda n=1: None)
+    if not err.is_terminal:
+        if pipe_every is None or total is None:
+            return contextlib.nullcontext(lambda n=1: None)
+        return _counted(_lines(description, pipe_every, at_once=False), total)
 
     @contextlib.contextmanager
     def bar():
@@ -32,14 +41,29 @@ def progress(total: int | None, description: str, *, enabled: bool = True):
     return bar()
 
 
+def _counted(reporter, total: int):
+    """advance(n) over a report(done, total) context."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def counting():
+        done = [0]
+        with reporter as report:
+            def advance(n: int = 1) -> None:
+                done[0] += n
+                report(done[0], total)
+
+            yield advance
+
+    return counting()
+
+
 def progress_report(description: str, *, every: float = 5.0):
     """For long work that reports (done, total): a bar with an ETA on a terminal; where
     stderr is a pipe or a file, a line every `every` seconds and one at the end, so a log
     shows the work moving. Never on stdout. Use as a context manager yielding report(done,
     total)."""
     import contextlib
-    import sys
-    import time
 
     from rich.console import Console
 
@@ -55,14 +79,26 @@ def progress_report(description: str, *, every: float = 5.0):
             task = p.add_task(description, total=None)
             yield lambda done, total: p.update(task, completed=done, total=total)
 
+    return bar() if err.is_terminal else _lines(description, every, at_once=True)
+
+
+def _lines(description: str, every: float, *, at_once: bool):
+    """report(done, total) as a line on stderr every `every` seconds (the first at once, or
+    after `every` seconds), and the last state at the end when the work took that long."""
+    import contextlib
+    import sys
+    import time
+
     @contextlib.contextmanager
     def lines():
-        t0, state = time.monotonic(), {"shown": -1e9, "first": None, "last": None}
+        t0 = time.monotonic()
+        state = {"shown": -1e9 if at_once else t0, "first": None, "last": None, "said": None}
 
         def say(done: int, total: int) -> None:
+            state["said"] = (done, total)
             with contextlib.suppress(OSError, ValueError):
                 left = ""
-                if state["first"] is not None and done > state["first"][0]:
+                if state["first"] is not None and state["first"][0] < done < total:
                     d0, s0 = state["first"]
                     rate = (done - d0) / max(time.monotonic() - s0, 1e-9)
                     left = f", about {format_duration((total - done) / rate)} left"
@@ -80,10 +116,10 @@ def progress_report(description: str, *, every: float = 5.0):
                 say(done, total)
 
         yield report
-        if state["last"] is not None and time.monotonic() - t0 >= every:
+        if state["last"] not in (None, state["said"]) and time.monotonic() - t0 >= every:
             say(*state["last"])
 
-    return bar() if err.is_terminal else lines()
+    return lines()
 
 
 def format_duration(seconds: float) -> str:

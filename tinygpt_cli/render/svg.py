@@ -15,8 +15,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .figure import Bars, Facts, Figure, Flow, Heatmap, Note, Row, Section, Table, shape_text
+from .figure import (
+    Bars,
+    Facts,
+    Figure,
+    Flow,
+    Heatmap,
+    Highlight,
+    Note,
+    Row,
+    Section,
+    Table,
+    shape_text,
+)
 from .tables import fmt
+from .text import show_token
 
 FONT = "ui-monospace, 'DejaVu Sans Mono', Menlo, Consolas, monospace"
 SIZE = 12  # font size of labels, px
@@ -27,6 +40,7 @@ INK, DIM, GRID_BG = "#1f2328", "#656d76", "#eef0f2"
 
 _VIRIDIS = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
 _DIVERGING = [(49, 54, 149), (116, 173, 209), (247, 247, 247), (244, 109, 67), (165, 0, 38)]
+_HIGHLIGHT = [(255, 255, 255), (254, 224, 144), (253, 174, 97), (244, 109, 67)]  # ink stays legible
 
 # Characters XML 1.0 cannot carry at all, and C0/C1 controls a reader cannot see: both are
 # shown as \xNN escapes, as the terminal view shows them.
@@ -214,6 +228,47 @@ def _legend(lo: float, hi: float, stops, masked: bool) -> tuple[str, float]:
     return "".join(out), 28
 
 
+def highlight(h: Highlight, max_width: float = 720) -> Block:
+    """The text token by token, each on a <rect class="cell"> coloured by its value, with
+    "position i token = value" in its <title>; a line ends after a newline token or where the
+    next token would pass max_width."""
+    raw = np.asarray(h.values)
+    vals = np.nan_to_num(raw.astype(np.float64), nan=0.0)
+    hi = h.hi if h.hi is not None else float(vals.max(initial=0.0))
+    hi = hi if hi > 0 else 1.0
+    fills = ramps(_HIGHLIGHT, np.clip(vals, 0.0, None) / hi).tolist()
+    exact_vals = exacts(raw.reshape(-1)).tolist()
+    out, top = [], 0.0
+    if h.title:
+        out.append(text(0, 15, h.title, size=14, weight="bold"))
+        top += 22
+    info = f"{h.path + '  ' if h.path else ''}{len(h.tokens)} tokens  range [0, {fmt(hi)}]"
+    out.append(text(0, top + 12, info, size=11, fill=DIM))
+    top += 20
+    x, y, pad, w = 0.0, top, 2.0, 0.0
+    for i, token in enumerate(h.tokens):
+        shown = show_token(token).replace("␣", " ")
+        cw = width_of(shown) + 2 * pad
+        if x > 0 and x + cw > max_width:
+            x, y = 0.0, y + LINE + 4
+        tip = esc(f"position {i} {show_token(token)} = {exact_vals[i]}")
+        out.append(f'<rect class="cell" x="{num(x)}" y="{num(y)}" width="{num(cw)}" '
+                   f'height="{LINE}" fill="{fills[i]}"><title>{tip}</title></rect>')
+        out.append(text(x + pad, y + 13, shown, extra=' xml:space="preserve"'))
+        x += cw
+        w = max(w, x)
+        if token.endswith("\n"):
+            x, y = 0.0, y + LINE + 4
+    bottom = y + LINE + (0 if x else -LINE - 4) + 10
+    legend, lh = _legend(0.0, hi, _HIGHLIGHT, masked=False)
+    out.append(f'<g transform="translate(0 {num(bottom)})">{legend}</g>')
+    hgt = bottom + lh
+    if h.note:
+        out.append(text(0, hgt + 14, h.note, size=11, fill=DIM))
+        w, hgt = max(w, width_of(h.note, 11)), hgt + 20
+    return Block("\n".join(out), max(w, 260, width_of(info, 11), width_of(h.title, 14)), hgt)
+
+
 # ------------------------------------------------------------------ bars and tables
 
 
@@ -381,6 +436,8 @@ def block(part) -> Block:
         return heatmap(part)
     if isinstance(part, Bars):
         return bars(part)
+    if isinstance(part, Highlight):
+        return highlight(part)
     if isinstance(part, Table):
         return table(part)
     if isinstance(part, Note):

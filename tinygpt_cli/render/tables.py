@@ -9,6 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from .quick_table import QuickTable
 from .text import escape_line, row_label, show_token
 
 if TYPE_CHECKING:  # imported where used: `encode`'s table needs no NumPy
@@ -318,7 +319,7 @@ def top_table(rows: list[dict], value_name: str, *, bar_of: str | None = None) -
     leaves room for: the numbers and names are never the ones to give way)."""
 
     def table(bar: int) -> Table:
-        t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
+        t = QuickTable(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
         for name, just in (("#", "right"), ("id", "right"), ("token", "left"),
                            (value_name, "right")):
             t.add_column(name, justify=just, no_wrap=True)
@@ -433,7 +434,7 @@ def encode_view(ids: list[int], rows: list[int | None], tokens: dict[int, str],
     (`rows`: kept_rows; `starts`: each token's first byte, and the text's length last)."""
     from .text import count
 
-    t = Table(box=None, header_style="bold dim", pad_edge=False)
+    t = QuickTable(box=None, header_style="bold dim", pad_edge=False)
     for name, just in (("#", "right"), ("id", "right"), ("token", "left"), ("bytes", "right")):
         t.add_column(name, justify=just, no_wrap=True)
     for i in rows:

@@ -8,6 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from .quick_table import QuickTable
 from .tables import Fields, WhenStyled, colour, fmt
 from .text import show_text, show_token
 
@@ -51,7 +52,7 @@ def _last(s: str, n: int) -> str:
 
 def surprising_table(rows: list[dict]) -> Table:
     """rows: position, token, bits, prob, rank, entropy, top (the model's guess)."""
-    t = Table(box=None, pad_edge=False, header_style="bold dim")
+    t = QuickTable(box=None, pad_edge=False, header_style="bold dim")
     # The numbers never give way to a narrow terminal: the context column does, behind "…".
     for name, just in (("pos", "right"), ("token", "left"), ("bits", "right"),
                        ("chance", "right"), ("rank", "right"), ("entropy", "right")):

@@ -1,0 +1,99 @@
+"""QuickTable writes, where nothing is styled, exactly the characters Rich's own Table writes:
+checked against Rich itself on generated tables (widths, justifications, wide characters,
+padding, empty cells, too narrow a console), and it stays Rich's Table in a terminal."""
+
+from __future__ import annotations
+
+import io
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.console import Console, Group
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+from tinygpt_cli.render.quick_table import QuickTable
+
+WORDS = st.text(alphabet=st.sampled_from(list("ab xyZ.␣…█é漢🙂-0123")), max_size=9)
+
+
+def console(width: int, **kw) -> Console:
+    return Console(file=io.StringIO(), width=width, markup=False, highlight=False,
+                   emoji=False, soft_wrap=False, **kw)
+
+
+def printed(table, width: int, **kw) -> str:
+    c = console(width, **kw)
+    c.print(Group(Text("above"), table))
+    return c.file.getvalue()
+
+
+@st.composite
+def tables(draw):
+    n_cols = draw(st.integers(1, 4))
+    columns = [(draw(WORDS), draw(st.sampled_from(["left", "right", "center"])),
+                draw(st.booleans()), draw(st.one_of(st.none(), st.integers(0, 6))),
+                draw(st.sampled_from([None, "bold", "green"])),
+                draw(st.one_of(st.none(), st.integers(1, 8))))
+               for _ in range(n_cols)]
+    rows = draw(st.lists(st.lists(st.one_of(WORDS, WORDS.map(lambda w: Text(w, style="bold"))),
+                                  min_size=n_cols, max_size=n_cols), max_size=6))
+    options = {"pad_edge": draw(st.booleans()), "show_header": draw(st.booleans()),
+               "padding": draw(st.sampled_from([(0, 1), (0, 1, 0, 0), (0, 2, 0, 0), (0, 0)])),
+               "show_edge": draw(st.booleans())}
+    return columns, rows, options
+
+
+def build(kind, columns, rows, options):
+    t = kind(box=None, header_style="bold dim", **options)
+    for header, justify, no_wrap, min_width, style, max_width in columns:
+        t.add_column(header, justify=justify, no_wrap=no_wrap, min_width=min_width, style=style,
+                     max_width=max_width, overflow="ellipsis")
+    for row in rows:
+        t.add_row(*[Text(c.plain, style=c.style) if isinstance(c, Text) else c for c in row])
+    return t
+
+
+@settings(max_examples=300, deadline=None)
+@given(tables(), st.integers(1, 60))
+def test_it_prints_what_rich_prints(spec, width):
+    assert printed(build(QuickTable, *spec), width) == printed(build(Table, *spec), width)
+
+
+@settings(max_examples=150, deadline=None)
+@given(tables())
+def test_it_measures_as_rich_measures(spec):
+    c = console(10**6)
+    quick = Measurement.get(c, c.options, build(QuickTable, *spec))
+    rich = Measurement.get(c, c.options, build(Table, *spec))
+    assert quick == rich
+
+
+def test_in_a_terminal_it_is_riches_own_table():
+    spec = ([("token", "left", True, None, "bold", None), ("p", "right", True, None, None, None)],
+            [["␣her", "0.5"], [Text("␣a", style="bold"), "0.25"]], {"pad_edge": False})
+    kw = {"force_terminal": True, "color_system": "truecolor"}
+    out = printed(build(QuickTable, *spec), 40, **kw)
+    assert out == printed(build(Table, *spec), 40, **kw) and "\x1b[" in out
+
+
+def test_a_line_break_in_a_cell_is_left_to_rich():
+    spec = ([("a", "left", True, None, None, None)], [["x\u2028y"], ["one\ttwo"]], {})
+    assert printed(build(QuickTable, *spec), 30) == printed(build(Table, *spec), 30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab x.␣…é漢🙂\t\x1b\u2028\x85")), max_size=30),
+       st.integers(1, 40))
+def test_print_line_prints_what_rich_prints(words, width):
+    from tinygpt_cli.render.quick_table import print_line
+
+    text = Text("line 1: ", style="bold magenta") + Text(words)
+    quick, rich = console(width), console(width)
+    print_line(quick, text)
+    rich.print(text)
+    assert quick.file.getvalue() == rich.file.getvalue()
+    quiet = console(width, quiet=True)
+    print_line(quiet, text)
+    assert quiet.file.getvalue() == ""
