@@ -74,11 +74,9 @@ def data(tmp_path):
 
 
 def test_lens_fit_kind_tuned_and_evaluate(cli, data, tmp_path, monkeypatch):
-    from tinygpt_cli.cli import features
-
-    monkeypatch.setattr(features, "LENS_FIT_STEPS", 3)
-    monkeypatch.setattr(features, "LENS_FIT_WINDOWS", 2)
-    monkeypatch.setattr(features, "LENS_EVAL_WINDOWS", 2)
+    monkeypatch.setattr(tl, "FIT_STEPS", 3)
+    monkeypatch.setattr(tl, "FIT_WINDOWS", 2)
+    monkeypatch.setattr(tl, "EVAL_WINDOWS", 2)
     out = tmp_path / "tuned.safetensors"
     r = cli("lens", "--fit", "--data", data, "--lens", out, "--json")
     assert r.code == 0, r.err

@@ -60,6 +60,17 @@ def encode_checked(model: Model, text: str) -> list[int]:
     return ids
 
 
+def encode_lines(model: Model, texts: list[str], option: str) -> list[list[int]]:
+    """Each line's ids (encode_checked); the error names the option and the line."""
+    out = []
+    for n, text in enumerate(texts, 1):
+        try:
+            out.append(encode_checked(model, text))
+        except InputError as e:
+            raise InputError(f"{option} line {n}: {e}") from None
+    return out
+
+
 @dataclass
 class Session:
     """A model, a text, its ids and token strings; `steering` (a hook, hooks.add_vector)

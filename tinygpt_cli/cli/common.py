@@ -335,9 +335,9 @@ def run(weights: Path | None, text: str | None, ablate: list[str] | None = None)
     ablate = [p for p in ablate if p not in latents]
     hooks = None
     if latents:
-        from .features import latent_ablation
+        from ..analysis.sae import latent_ablation
 
-        hooks = latent_ablation(model, latents)
+        hooks = latent_ablation(model.weights_file, model.config, latents)
     ablated = [resolve(p, model.config)[0] for p in ablate] + latents
     set_changed(f"ablated (set to zero) before this view: {', '.join(ablated)}"
                 if ablated else None)

@@ -96,16 +96,16 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     Example: tinygpt lens "Lily wanted to play with her" --kind tuned
     Example: tinygpt lens --evaluate
     """
+    from ..analysis import tuned_lens as tl
     from ..analysis.lens import lens_report
     from ..render import explain as view
-    from .features import check_lens_kind, tuned_lens, tuned_lens_work
+    from .features import tuned_lens_work
 
     if fit or evaluate:
         return tuned_lens_work(weights, fit, evaluate, lens_file, data, as_json)
     s = open_session(weights, text)
-    tuned = check_lens_kind(kind) == "tuned"
-    r = lens_report(s, position, target, (lambda tr: tuned_lens(s, tr, lens_file)) if tuned
-                    else None)
+    tuned = tl.check_kind(kind) == "tuned"
+    r = lens_report(s, position, target, tl.tuned_reader(s, lens_file) if tuned else None)
     if save is not None:
         from ..render.analysis_pictures import lens_figure
 
