@@ -141,3 +141,43 @@ def neuron_examples(params, config: Config, maxima: dict[str, np.ndarray], strea
             for r, w in enumerate(wins)]
     return NeuronExamples(f"layers.{layer}.mlp_post[:, {neuron}]", layer, neuron, ids, acts,
                           rows, len(stream) // ctx)
+
+
+def cached_maxima(model, files: list, bar) -> dict[str, np.ndarray]:
+    """corpus_maxima of every neuron over the files and their token stream ("stream"),
+    computed once per (weights, data) and kept in the cache folder. bar(total, description)
+    is the progress bar's context manager."""
+    from .. import cache
+    from ..corpus import encode_stories, eval_windows, read_stories
+    from ..errors import InputError
+    from ..files import sha256
+
+    cfg = model.config
+
+    def compute():
+        stream = encode_stories(read_stories(files), model.tokenizer)
+        x, _ = eval_windows(stream.ids, cfg.n_positions)
+        if len(x) == 0:
+            raise InputError(f"the data has {len(stream.ids)} tokens, less than one window of "
+                             f"{cfg.n_positions}")
+        with bar(len(x), "neuron maxima") as advance:
+            maxima = corpus_maxima(model.params, cfg, x, progress=advance)
+        return {"stream": stream.ids.astype(np.uint16), **maxima}
+
+    key = cache.key_of("neurons-v1", sha256(model.weights_file),
+                       *(sha256(f) for f in files), str(cfg.n_positions), str(NEURON_TOP))
+    return cache.load_or_compute(cache.entry("neurons", key), cache.load_arrays, compute,
+                                 cache.store_arrays, lambda e: valid_maxima(e, cfg))
+
+
+def valid_maxima(e: dict, cfg: Config) -> bool:
+    """The keys, shapes and ranges cached_maxima writes: [L, ff, k] windows of the stream."""
+    if set(e) != {"stream", "window", "value", "position"} or e["stream"].ndim != 1:
+        return False
+    shape = e["window"].shape
+    n = (len(e["stream"]) - 1) // cfg.n_positions
+    return (len(shape) == 3 and shape[:2] == (cfg.n_layer, cfg.n_inner) and shape[2] >= 1
+            and all(e[k].shape == shape for k in ("value", "position"))
+            and 0 <= e["window"].min() and e["window"].max() < n
+            and 0 <= e["position"].min() and e["position"].max() < cfg.n_positions
+            and e["stream"].max() < cfg.vocab_size and bool(np.isfinite(e["value"]).all()))

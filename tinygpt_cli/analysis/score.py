@@ -271,3 +271,46 @@ def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.
                               full_only=stream)
     return ScoreReport(summary, sequences, offset, n_windows, worst,
                        kept if keep else None, drawn)
+
+
+# ------------------------------------------------------------------ what is scored
+
+
+def score_inputs(model, text: str | None, read_text: Callable[[str | None], str], file,
+                 stride: int | None, stream: bool, bos: bool
+                 ) -> tuple[list[np.ndarray], int, float | None]:
+    """(the id sequences to score, how many ids were put before each text, the stream's bytes
+    per token with --stream), after checking the options; `read_text(text)` gives the text
+    when no --file is given (called last: an option error comes before stdin is read)."""
+    from ..corpus import encode_stories, read_data_record, stories_of, validation_text
+    from ..errors import InputError
+
+    tok, cfg = model.tokenizer, model.config
+    eot = tok.eot_id
+    if stream and file is None:  # the held-out text the weights record
+        if read_data_record(model.folder) is None:
+            raise InputError("--stream reads a file: give it with --file (these weights "
+                             "have no data.json naming their validation text)")
+        file = validation_text(model.folder, None)[0]
+    if stream and stride not in (None, cfg.n_positions):
+        raise InputError(f"--stream uses non-overlapping windows of {cfg.n_positions} "
+                         "tokens; leave out --stride")
+    if stride is not None and stride > cfg.n_positions:
+        raise InputError(f"--stride {stride} is longer than the {cfg.n_positions}-token "
+                         "context: give 1 to " + str(cfg.n_positions))
+    if file is not None and text is not None:
+        raise InputError("give a text or --file, not both")
+    if file is not None:
+        stories = stories_of(file)
+        if not stream:
+            return [np.asarray([eot] + ids + [eot]) for ids in tok.encode_batch(stories)], 1, None
+        ts = encode_stories(stories, tok)
+        if len(ts.ids) <= cfg.n_positions:
+            raise InputError(f"--stream needs more than {cfg.n_positions} tokens; "
+                             f"{file} has {len(ts.ids)}")
+        return [ts.ids.astype(np.int64)], 0, ts.bytes_per_token
+    seq = np.asarray(([eot] if bos else []) + tok.encode(read_text(text)))
+    if len(seq) < 2:
+        raise InputError("one token alone has nothing before it to predict it from; "
+                         "give a longer text or leave out --no-bos")
+    return [seq], int(bos), None
