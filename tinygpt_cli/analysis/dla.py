@@ -21,6 +21,7 @@ from ..config import Config
 from ..trace import Trace
 
 BIAS_ROW = "ln_final.bias"
+STEER_ROW = "steer"
 
 
 def head_label(layer: int, head: int) -> str:
@@ -28,16 +29,22 @@ def head_label(layer: int, head: int) -> str:
 
 
 def residual_parts(trace: Trace, params: dict[str, np.ndarray], config: Config,
-                   position: int) -> tuple[list[str], np.ndarray]:
+                   position: int, steer=None) -> tuple[list[str], np.ndarray]:
     """The parts whose sum is the final resid_post at `position`: (labels, [P, d]), float64.
 
     token embedding, position embedding, then per block: each head's z_h W_O[h] (its own
-    d_k rows of c_proj), the attention bias b_O, the MLP output (mlp_post W_2 + b_2).
+    d_k rows of c_proj), the attention bias b_O, the MLP output (mlp_post W_2 + b_2). A
+    steered run (`steer`: hooks.Steering, adding `shift` to layers.L.resid_pre) has the
+    shift as a part of its own, "steer", where it enters the stream.
     """
+    entry = int(steer.site.split(".")[1]) if steer is not None else None
     dk = config.d_k
     labels = ["token_embedding", "position_embedding"]
     parts = [trace.get("token_embeddings")[position], trace.get("position_embeddings")[position]]
     for i in range(config.n_layer):
+        if i == entry:
+            labels.append(STEER_ROW)
+            parts.append(steer.shift)
         w_o = params[f"h.{i}.attn.c_proj.weight"].astype(np.float64)  # [d, d]
         z = trace.get(f"layers.{i}.z")[:, position, :].astype(np.float64)  # [H, d_k]
         for h in range(config.n_head):
@@ -79,8 +86,9 @@ class DLA:
 
 def direct_logit_attribution(trace: Trace, params: dict[str, np.ndarray], config: Config,
                              position: int, target: int, vs: int | None = None,
-                             neurons: int = 0) -> DLA:
-    """Split the score of `target` (minus `vs`) at `position` into the residual stream's parts.
+                             neurons: int = 0, steer=None) -> DLA:
+    """Split the score of `target` (minus `vs`) at `position` into the residual stream's parts
+    (with `steer`, a steered run's hooks.Steering, the steering vector is one of them).
 
     `neurons` > 0 also splits each MLP row into its neurons mlp_post[n] W_2[n] (plus b_2) and
     keeps the `neurons` largest by size; the MLP rows stay whole, so the rows still add up.
@@ -88,7 +96,7 @@ def direct_logit_attribution(trace: Trace, params: dict[str, np.ndarray], config
     direction = unembed_direction(params, target, vs)
     gain = params["ln_f.weight"]
     scale = float(trace.get("ln_final.std")[position, 0])
-    labels, parts = residual_parts(trace, params, config, position)
+    labels, parts = residual_parts(trace, params, config, position, steer)
     values = attribute_parts(parts, scale, gain, direction)
     bias = float(np.asarray(params["ln_f.bias"], np.float64) @ direction)
     logits = trace.get("logits")[position].astype(np.float64)
@@ -140,4 +148,11 @@ def dla_report(session, position: int, target: str | None, vs: str | None,
     tr = session.trace()
     q = ask(session, tr.get("logits")[p], p, target, vs)
     return DLAReport(q, direct_logit_attribution(tr, session.params, session.config, p,
-                                                 q.target, q.vs, neurons))
+                                                 q.target, q.vs, neurons, steering(session)))
+
+
+def steering(session):
+    """The session's hooks.Steering (site and shift), or None for an unsteered run."""
+    from ..hooks import Steering
+
+    return session.steering if isinstance(session.steering, Steering) else None

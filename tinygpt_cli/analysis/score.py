@@ -99,17 +99,17 @@ def concat(scores: list[TokenScores]) -> TokenScores:
                          for f in ("targets", "nats", "prob", "rank", "entropy")))
 
 
-def final_hidden(params, config: Config, ids: np.ndarray) -> np.ndarray:
+def final_hidden(params, config: Config, ids: np.ndarray, hooks=None) -> np.ndarray:
     """ln_final.out for a batch [B, T] -> [B, T, d], without the unembedding (the caller
     unembeds only the positions it scores)."""
-    return record(params, config, ids, {"ln_final.out"}, stop_after="ln_final.out")[1][
-        "ln_final.out"]
+    return record(params, config, ids, {"ln_final.out"}, hooks=hooks,
+                  stop_after="ln_final.out")[1]["ln_final.out"]
 
 
 def score_sequences(
     params, config: Config, sequences: list[np.ndarray], *, stride: int | None = None,
     batch_size: int = 8, full_only: bool = False,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None, hooks=None,
 ) -> Iterator[tuple[int, TokenScores]]:
     """(index, scores of targets 1..n-1) for each sequence, in order.
 
@@ -133,7 +133,7 @@ def score_sequences(
         x = np.zeros((len(chunk), width), dtype=np.int64)
         for r, (i, w) in enumerate(chunk):
             x[r, : w.end - w.start] = sequences[i][w.start : w.end]
-        u = final_hidden(params, config, x)  # [B, width, d]
+        u = final_hidden(params, config, x, hooks)  # [B, width, d]
         rows, cols, tgt = [], [], []
         for r, (i, w) in enumerate(chunk):
             # target t is predicted at window position t - 1 - start
@@ -232,18 +232,19 @@ def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.
                 stride: int, stream: bool, offset: int, top: int, keep: bool, draw: bool,
                 stream_bpt: float | None = None,
                 on_scores: Callable[[int, TokenScores], None] | None = None,
-                progress: Callable[[int], None] | None = None) -> ScoreReport:
+                progress: Callable[[int], None] | None = None, hooks=None) -> ScoreReport:
     """Score every text (`score_sequences`), adding up the totals as the texts come, so a
     whole file never has to be held: only the `top` most surprising tokens, the texts' scores
     when `keep`, and the first texts' when `draw`. `on_scores(i, s)` sees each text's scores
     as they are done (the --json lines stream from it). `stream_bpt`: the bytes per token of
-    a whole stream (--stream), counted instead of the tokens' own bytes, as the card does."""
+    a whole stream (--stream), counted instead of the tokens' own bytes, as the card does.
+    `hooks` (steering) go into every run."""
     total = Totals(0, 0, 0.0)
     worst: list[tuple] = []
     kept: list[TokenScores] = []
     drawn: list[TokenScores] = []
     for i, s in score_sequences(params, config, sequences, stride=stride, full_only=stream,
-                                progress=progress):
+                                progress=progress, hooks=hooks):
         total.tokens += len(s.targets)
         total.nats += float(s.nats.sum())
         total.bytes += int(nbytes[s.targets].sum())

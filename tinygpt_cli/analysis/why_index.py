@@ -216,14 +216,14 @@ class TracinIndex:
             (self.folder / f"chunk-{s}-{c}.npz").unlink(missing_ok=True)
 
     def scores(self, params_list: list[dict], config: Config, x: np.ndarray, y: np.ndarray,
-               ids: list[int], target: int) -> np.ndarray:
-        """Every window's approximate <window gradient, query gradient>, per snapshot.
-        -> [S, W] (not yet weighted by the learning rates)"""
+               ids: list[int], target: int, hooks=None) -> np.ndarray:
+        """Every window's approximate <window gradient, query gradient>, per snapshot, the
+        text run through `hooks`. -> [S, W] (not yet weighted by the learning rates)"""
         out = np.zeros((len(params_list), len(x)))
         for s, params in enumerate(params_list):
             with np.load(self.folder / f"projection-{s}.npz") as z:
                 p = tracin.Projection.from_arrays(dict(z))
-            q = tracin.query(params, config, p, ids, target, config.n_positions)
+            q = tracin.query(params, config, p, ids, target, config.n_positions, hooks)
             arrays = {n: np.load(self.folder / f"{n}-{s}.npy", mmap_mode="r")
                       for n in ("rows", "scales", "u", "m")}
             out[s] = tracin.scores(arrays["rows"], arrays["scales"], arrays["u"], arrays["m"],

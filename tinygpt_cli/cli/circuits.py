@@ -24,15 +24,22 @@ from .common import (
     VS,
     WEIGHTS,
     InputError,
+    open_session,
     progress,
     save_figure,
     stderr,
     stdout,
 )
-from .explain import emit, open_session
 
 if TYPE_CHECKING:
     from ..session import Session
+
+def emit(s: Session, path: str, value, options: dict, **extra) -> None:
+    from ..render.documents import session_document
+    from ..render.jsonout import emit as write
+
+    write(session_document(s, path, value, options=options, **extra))
+
 
 STEPS = typer.Option(20, "--steps", min=1, max=1000, help="eap-ig: points on the path from "
                      "the corrupt to the clean embeddings (one backward pass each); 1 is eap.")

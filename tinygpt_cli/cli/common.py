@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 # This module is imported to register every command, including for `tinygpt --help`: it
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
-__all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "check_index", "check_save",
-           "check_top_p", "encode_checked", "load", "open_folder", "progress", "progress_report",
-           "read_text", "run", "save_figure", "set_default_weights", "stderr", "stdout", "wide"]
+__all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "bar", "check_index", "check_save",
+           "check_top_p", "encode_checked", "load", "open_folder", "open_session", "progress",
+           "progress_report", "read_text", "run", "save_figure", "set_default_weights", "stderr",
+           "stdout", "wide"]
 
 
 def __getattr__(name: str):
@@ -180,12 +181,21 @@ def check_save(path: Path | None, force: bool) -> None:
         raise InputError(f"--save {path}: the file exists; add --force to overwrite it")
 
 
+def bar(as_json: bool):
+    """bar(total, description): the progress bars the analyses' slow steps ask for; none
+    with --json, or where stderr is not a terminal."""
+    from ..render.text import escape_line
+
+    return lambda total, description: progress(total, escape_line(description),
+                                               enabled=not as_json)
+
+
 def check_top_p(top_p: float) -> None:
     if not 0 < top_p <= 1:  # written so that NaN fails too
         raise InputError(f"--top-p must be in (0, 1], got {top_p!r}")
 
 
-_changed: str | None = None  # what --ablate changed in the run about to be shown (run() sets it)
+_changed: str | None = None  # what --steer/--ablate changed in the run about to be shown
 PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
 MIN_WIDTH, TERMINAL_WIDTH = 20, 80  # a narrower stated width is a mistake: use the classic one
 
@@ -294,14 +304,62 @@ def open_folder(weights: Path | None):
     return open_(weights if weights is not None else _default_weights)
 
 
+def open_session(weights: Path | None, text: str | None, *, model=None,
+                 ablate: list[str] | None = None) -> Session:
+    """The one way a command opens its session: the weights folder's model (or `model`, for
+    a second text), the text (read_text), steered by the command's --steer options and with
+    the values named by --ablate zeroed, in every run of the session. A terminal view of a
+    changed run starts with a line saying what was changed (set_changed)."""
+    from ..session import Session
+    from .steering import steering
+
+    model = model if model is not None else load(weights)
+    hook, steered = steering(model)
+    s = Session.open(read_text(text), model=model, steering=hook)
+    ablated, s.interventions = ablation(model, list(ablate or []))
+    s.changes = {k: v for k, v in (("steered", steered), ("ablated", ablated)) if v}
+    set_changed(s.changes)
+    return s
+
+
+def steered(model) -> tuple[object | None, dict]:
+    """(the steering hook, {"steered": its description} or {}) for a command whose analysis
+    runs the model on its own (many texts, windows of a file): it passes the hook on, and
+    its view starts with what was steered, as open_session's do."""
+    from .steering import steering
+
+    hook, described = steering(model)
+    changes = {"steered": described} if described else {}
+    set_changed(changes)
+    return hook, changes
+
+
+def ablation(model, paths: list[str]):
+    """(the canonical names of --ablate's values, the hook that zeroes them) or ([], None);
+    sae.SITE.N names one latent of the SAE of SITE (analysis.sae.latent_ablation)."""
+    if not paths:
+        return [], None
+    from ..hooks import Chain
+    from ..hooks import ablation as zeroing
+    from ..schema import resolve
+
+    latents = [p for p in paths if p.startswith("sae.")]
+    values = [p for p in paths if p not in latents]
+    hooks = None
+    if latents:
+        from ..analysis.sae import latent_ablation
+
+        hooks = latent_ablation(model.weights_file, model.config, latents)
+    names = [resolve(p, model.config)[0] for p in values] + latents
+    return names, Chain(zeroing(values, model.config) if values else None, hooks)
+
+
 @dataclass
 class Run:
-    """A session and the trace of its forward pass, with what was ablated in it."""
+    """A session and the trace of its forward pass."""
 
     session: Session
     trace: Trace
-    ablated: list[str]
-    steered: dict | None = None
 
     model = property(lambda self: self.session.model)
     text = property(lambda self: self.session.text)
@@ -310,42 +368,22 @@ class Run:
     T = property(lambda self: self.session.T)  # noqa: N815  (the seed page's name)
 
     def document(self, path: str | None, value, **extra) -> dict:
-        """The JSON document for a value of this run: ids, tokens and any ablations."""
-        from ..render import jsonout
+        """The JSON document for a value of this run: ids, tokens and what was changed."""
+        from ..render.documents import session_document
 
-        if self.ablated:
-            extra = {"ablated": self.ablated, **extra}
-        if self.steered:
-            extra = {"steered": self.steered, **extra}
-        return jsonout.document(path, value, self.ids, self.tokens, **extra)
+        return session_document(self.session, path, value, **extra)
 
 
 def run(weights: Path | None, text: str | None, ablate: list[str] | None = None) -> Run:
-    """Read the text, open a session and trace it, steered by the --steer options, zeroing
-    the values named by --ablate."""
-    from ..schema import resolve
-    from ..session import Session
-    from .steering import steering
-
-    model = load(weights)
-    hook, steered = steering(model)
-    session = Session.open(read_text(text), model=model, steering=hook)
-    ablate = list(ablate or [])
-    latents = [p for p in ablate if p.startswith("sae.")]  # SAE latents: cli/features.py
-    ablate = [p for p in ablate if p not in latents]
-    hooks = None
-    if latents:
-        from ..analysis.sae import latent_ablation
-
-        hooks = latent_ablation(model.weights_file, model.config, latents)
-    ablated = [resolve(p, model.config)[0] for p in ablate] + latents
-    set_changed(f"ablated (set to zero) before this view: {', '.join(ablated)}"
-                if ablated else None)
-    return Run(session, session.trace(hooks=hooks, ablate=ablate), ablated, steered)
+    """open_session, and the trace of its forward pass."""
+    s = open_session(weights, text, ablate=ablate)
+    return Run(s, s.trace())
 
 
-def set_changed(note: str | None) -> None:
-    """The line a terminal view of a changed run starts with (None: a clean run). JSON
-    documents say it in their "ablated" field instead, and never print this."""
+def set_changed(changes: dict | None) -> None:
+    """What a terminal view (and a saved picture) of a changed run starts with; nothing for a
+    clean run. JSON documents say it in their "steered" and "ablated" fields instead."""
     global _changed
-    _changed = note
+    from ..render.text import changed_note
+
+    _changed = changed_note(changes) if changes else None

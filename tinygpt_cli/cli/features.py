@@ -16,6 +16,7 @@ from .common import (
     QUIET,
     SAVE,
     WEIGHTS,
+    bar,
     check_save,
     load,
     progress,
@@ -49,11 +50,6 @@ def show(doc: dict, view, as_json: bool) -> None:
         jsonout.emit(doc)
     else:
         stdout().print(view())
-
-
-def bar(as_json: bool):
-    """The progress bars of the analyses' slow steps, none with --json."""
-    return lambda total, description: progress(total, description, enabled=not as_json)
 
 
 @sae_app.command("train")

@@ -17,13 +17,16 @@ from .common import (
     TEXT,
     WEIGHTS,
     InputError,
+    bar,
     check_index,
     check_save,
     load,
+    open_session,
     progress,
     read_text,
     save_figure,
     stdout,
+    steered,
     wide,
 )
 
@@ -67,6 +70,7 @@ def score(
 
     model = load(weights)
     tok, cfg = model.tokenizer, model.config
+    hooks, changes = steered(model)
     sequences, offset, stream_bpt = sc.score_inputs(model, text, read_text, file, stride,
                                                     stream, bos)
     check_save(save, force)  # --json streams its lines before the picture could be refused
@@ -82,13 +86,13 @@ def score(
             model.params, cfg, sequences, sc.byte_lengths(tok), stride=stride, stream=stream,
             offset=offset, top=top if not as_json or save is not None else 0,
             keep=shown and not as_json, draw=save is not None, stream_bpt=stream_bpt,
-            on_scores=lines, progress=advance)
+            on_scores=lines, progress=advance, hooks=hooks)
     if save is not None:
         from ..render.analysis_pictures import score_figure
 
         save_figure(score_figure(report, token_str), save, force)
     if as_json:
-        jsonout.emit(jsonout.jsonable(report.summary))
+        jsonout.emit(jsonout.jsonable({**report.summary, **changes}))
         return
     stdout().print(score_view(report, token_str, tok))
 
@@ -137,15 +141,17 @@ def heads(
     ids, source = detect.texts_for_heads(model.tokenizer, model.config.n_positions,
                                          text if text is not None else text_opt, read_text,
                                          file, stories)
+    hooks, changes = steered(model)
     r = detect.heads_report(model.params, model.config, ids, source, length=length,
                             batch=batch, seed=seed, separator=model.tokenizer.eot_id,
-                            exclude_first=exclude_first, exclude_current=exclude_current)
+                            exclude_first=exclude_first, exclude_current=exclude_current,
+                            hooks=hooks)
     if save is not None:
         from ..render.analysis_pictures import heads_figure
 
         save_figure(heads_figure(r), save, force)
     if as_json:
-        jsonout.emit(heads_document(r, ids, exclude_first, exclude_current))
+        jsonout.emit(heads_document(r, ids, exclude_first, exclude_current, changes))
         return
     stdout().print(view.heads_view(r))
 
@@ -194,12 +200,12 @@ def neurons(
     if text is not None:
         raise InputError("--neuron searches --data, not a text: leave the text out")
     files = search_files(data, model.folder)
-    maxima = nrn.cached_maxima(model, files, lambda n, what: progress(n, what,
-                                                                       enabled=not as_json))
+    hooks, changes = steered(model)
+    maxima = nrn.cached_maxima(model, files, bar(as_json), hooks)
     ex = nrn.neuron_examples(model.params, cfg, maxima, maxima["stream"], layer, neuron, top,
-                             tok.token_str)
+                             tok.token_str, hooks)
     if as_json:
-        jsonout.emit(neuron_examples_document(ex, tok.token_str, files))
+        jsonout.emit(neuron_examples_document(ex, tok.token_str, files, changes))
         return
     stdout().print(view.neuron_examples_view(ex, tok.token_str, [f.name for f in files]))
 
@@ -209,9 +215,8 @@ def _neurons_on_text(model, text, layer, top, raw, as_json):
     from ..render import jsonout
     from ..render import texts as view
     from ..render.documents import text_neurons_document
-    from ..session import Session
 
-    session = Session.open(read_text(text), model=model)
+    session = open_session(None, text, model=model)
     tn = nrn.neurons_on_text(session, layer, top, raw=raw)
     if as_json:
         jsonout.emit(text_neurons_document(tn, session, layer))
@@ -245,13 +250,16 @@ def diff(
     from ..render import jsonout
     from ..render import texts as view
     from ..render.documents import models_diff_document, text_diff_document
-    from ..session import Session
 
     model = load(weights)
     if weights_b is not None:
         if text_b is not None:
             raise InputError("--weights-b compares two models on one text: give one text")
-        d = diffs.models_diff(model, load(weights_b), read_text(text_a))
+        from .steering import steering
+
+        model_b = load(weights_b)
+        d = diffs.models_diff(open_session(None, text_a, model=model), model_b,
+                              steering(model_b)[0])
         if as_json:
             jsonout.emit(models_diff_document(d, model.folder))
             return
@@ -259,8 +267,8 @@ def diff(
         return
     if text_a is None or text_b is None:
         raise InputError("diff needs two texts, or one text and --weights-b DIR")
-    d = diffs.text_diff(Session.open(read_text(text_a), model=model),
-                        Session.open(read_text(text_b), model=model))
+    a = open_session(None, text_a, model=model)
+    d = diffs.text_diff(a, a.reopen(read_text(text_b)))
     if as_json:
         jsonout.emit(text_diff_document(d))
         return

@@ -36,19 +36,21 @@ def probe_document(r) -> dict:
         "newton_steps": r.steps})
 
 
-def heads_document(r, ids, exclude_bos: bool, exclude_current: bool) -> dict:
-    """analysis.heads.HeadsReport of the texts `ids`."""
+def heads_document(r, ids, exclude_bos: bool, exclude_current: bool,
+                   changes: dict | None = None) -> dict:
+    """analysis.heads.HeadsReport of the texts `ids` (`changes`: {"steered": ...})."""
     import numpy as np
 
-    return jsonout.document("heads", np.stack(list(r.table.values())), kinds=list(r.table),
-                            texts=r.texts, source=r.source, text_ids=ids,
-                            exclude_bos=exclude_bos, exclude_current=exclude_current,
-                            repeat=r.repeat)
+    return jsonout.document("heads", np.stack(list(r.table.values())), **(changes or {}),
+                            kinds=list(r.table), texts=r.texts, source=r.source,
+                            text_ids=ids, exclude_bos=exclude_bos,
+                            exclude_current=exclude_current, repeat=r.repeat)
 
 
-def neuron_examples_document(ex, token_str, files) -> dict:
-    """analysis.neurons.NeuronExamples found in `files`."""
-    return jsonout.document(ex.path, ex.acts, layer=ex.layer, neuron=ex.neuron,
+def neuron_examples_document(ex, token_str, files, changes: dict | None = None) -> dict:
+    """analysis.neurons.NeuronExamples found in `files` (`changes`: {"steered": ...})."""
+    return jsonout.document(ex.path, ex.acts, **(changes or {}), layer=ex.layer,
+                            neuron=ex.neuron,
                             examples=ex.rows, window_ids=ex.ids,
                             window_tokens=[[token_str(int(i)) for i in w] for w in ex.ids],
                             data=[str(f) for f in files])
@@ -56,22 +58,87 @@ def neuron_examples_document(ex, token_str, files) -> dict:
 
 def text_neurons_document(tn, s, layer: int) -> dict:
     """analysis.neurons.TextNeurons of session `s`."""
-    return jsonout.document(tn.path, tn.post, s.ids, s.tokens, layer=layer,
-                            top_neurons=tn.found, read_through=tn.read)
+    return session_document(s, tn.path, tn.post, layer=layer, top_neurons=tn.found,
+                            read_through=tn.read)
 
 
 def models_diff_document(d, weights_a) -> dict:
     """analysis.diff's two models on one text."""
-    return jsonout.document(
-        "diff.kl", d.diff.kl, d.a.ids, d.a.tokens, weights_a=str(weights_a),
+    return session_document(
+        d.a, "diff.kl", d.diff.kl, weights_a=str(weights_a),
         weights_b=str(d.b.model.folder), same_top=d.diff.same_top, delta_p=d.diff.delta_p,
         top_a=d.top_a, top_b=d.top_b, summary=d.diff.summary())
 
 
 def text_diff_document(d) -> dict:
     """analysis.diff's two texts through one model."""
-    return jsonout.document(
-        "diff.relative_distance", d.distance, d.a.ids, d.a.tokens, stages=d.stages,
+    return session_document(
+        d.a, "diff.relative_distance", d.distance, stages=d.stages,
         cosine=d.cosine, ids_b=d.b.ids, tokens_b=d.b.tokens,
         top_a=[{"token": t, "chance": c} for t, c in d.top_a],
         top_b=[{"token": t, "chance": c} for t, c in d.top_b])
+
+
+def session_document(s, path: str | None, value, **extra) -> dict:
+    """A document of a value of session `s`: its ids and tokens, and what was changed in the
+    run ("steered", "ablated": absent for a clean run)."""
+    changes = {k: s.changes[k] for k in ("steered", "ablated") if s.changes.get(k)}
+    return jsonout.document(path, value, s.ids, s.tokens, **changes, **extra)
+
+
+# ------------------------------------------------------------------ why this token
+# Each carries the options it was run with ("options"), then the question's position, target
+# and vs (analysis.question.Question).
+
+
+def lens_document(s, r, options: dict) -> dict:
+    """analysis.lens.LensReport."""
+    return session_document(s, "lens", r.top_probs.T, options=options, stages=r.stages,
+                            top_ids=r.top_ids.T, top_tokens=r.top_tokens,
+                            position=r.q.position, target=r.q.token_doc(r.q.target),
+                            target_probs=r.target_probs, target_ranks=r.target_ranks)
+
+
+def dla_document(s, r, options: dict) -> dict:
+    """analysis.dla.DLAReport."""
+    d, q = r.dla, r.q
+    return session_document(s, "dla", d.values, options=options, labels=d.labels,
+                            heads=d.heads, score=d.score, total=d.total, position=q.position,
+                            target=q.token_doc(q.target), vs=q.token_doc(q.vs),
+                            top_neurons=d.neurons)
+
+
+def ablation_document(s, r, options: dict) -> dict:
+    """analysis.ablate.AblationReport."""
+    import numpy as np
+
+    return session_document(s, "ablate", np.array([[c["delta"], c["kl"]] for c in r.rows]),
+                            options=options, columns=["delta_logp", "kl"],
+                            position=r.q.position, target=r.q.token_doc(r.q.target),
+                            top_before=r.top_before, components=r.rows)
+
+
+def patch_document(s, c, r, kinds: list[str], options: dict) -> dict:
+    """analysis.patch.PatchReport of clean session `s` and corrupt session `c`."""
+    import numpy as np
+
+    q = r.q
+    return session_document(s, "patch", np.stack([r.result.stream[k] for k in kinds]),
+                            options=options, kinds=kinds, axes=["kind", "layer", "position"],
+                            heads=r.result.heads, clean=r.result.clean,
+                            corrupt=r.result.corrupt, position=q.position,
+                            target=q.token_doc(q.target), vs=q.token_doc(q.vs),
+                            corrupt_ids=c.ids, corrupt_tokens=c.tokens,
+                            correlation=r.correlation)
+
+
+def attribution_document(s, report, options: dict) -> dict:
+    """analysis.attribute.AttributionReport."""
+    r, q = report.attribution, report.q
+    extra = {"axes": ["layer", "head", "position"]} if r.scores.ndim == 3 else {}
+    if r.steer is not None:
+        extra["steer"] = r.steer  # the steering vector's own term
+    return session_document(s, f"attribute.{r.method}", r.scores, options=options,
+                            position=q.position, target=q.token_doc(q.target),
+                            vs=q.token_doc(q.vs), f=r.f, grad_norm=r.grad_norm,
+                            f_baseline=r.f_baseline, completeness_gap=r.gap, **extra)

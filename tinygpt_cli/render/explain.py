@@ -346,6 +346,9 @@ def attribute_view(report) -> Group:
             row.append(fmt(float(grad_norm[i])))
         row.append(Bar(float(scores[i]), big))
         table.add_row(*row)
+    if r.steer is not None:  # a steered run: the steering vector's own term
+        table.add_row("steer", fmt(r.steer), *([""] if grad_norm is not None else []),
+                      Bar(r.steer, max(big, abs(r.steer))))
     parts.append(table)
     if completeness is not None:
         total, diff, gap = completeness
