@@ -166,6 +166,13 @@ def save_figure(figure, path: Path | None, force: bool = False) -> None:
     check_save(path, force)
     from ..render import html, svg
 
+    if _changed:  # a picture of a changed run says so first, as the terminal view does
+        from dataclasses import replace
+
+        from ..render.figure import Note
+
+        figure = replace(figure, parts=[*(Note(line) for line in _changed.splitlines()),
+                                        *figure.parts])
     data = (svg.document if kind == "svg" else html.document)(figure)
     write_atomically(path, data.encode("utf-8"))
     if not _quiet:  # where the picture went, as a note on stderr (--quiet: nothing)
