@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from ..errors import InputError, check_utf8
-from ..files import write_atomically
+from ..errors import InputError
+from ..render.output import (
+    check_save,
+    picture_format,
+    save_figure,
+    set_changed,
+    set_quiet,
+    stderr,
+    stdout,
+    wide,
+)
 from ..render.progress import progress, progress_report
+from ..streams import read_text
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from ..session import Session, Trace  # the session's own type: cli never imports trace
     from ..weights import Model
 
@@ -109,21 +115,15 @@ STEER_OPTIONS = {
 }
 
 
-# --save, --force, --quiet: every command that draws something takes all three.
-_quiet = False  # set by --quiet for the one command being run; stdout() then prints nothing
+# --save, --force, --quiet: every command that draws something takes all three
+# (render/output.py writes the pictures and keeps --quiet).
 
 
 def _set_quiet(ctx: typer.Context, value: bool) -> bool:
-    global _quiet
     if value:
-        _quiet = True
-        ctx.call_on_close(_clear_quiet)  # in-process callers (tests) run the next command loud
+        set_quiet(True)
+        ctx.call_on_close(lambda: set_quiet(False))  # in-process callers (tests): loud again
     return value
-
-
-def _clear_quiet() -> None:
-    global _quiet
-    _quiet = False
 
 
 def _check_save(value: Path | None) -> Path | None:
@@ -140,54 +140,6 @@ QUIET = typer.Option(False, "--quiet", "-q", callback=_set_quiet,
                      help="Print no terminal view (with --save: only write the file).")
 
 
-def picture_format(path: Path) -> str:
-    """'svg' or 'html' from the extension of a --save path, checked before anything runs."""
-    kind = {".svg": "svg", ".html": "html", ".htm": "html"}.get(path.suffix.lower())
-    if kind is None:
-        raise InputError(f"--save {path}: unknown extension {path.suffix or '(none)'!r}; use "
-                         ".svg (a vector drawing) or .html (a web page)")
-    if not path.parent.is_dir():
-        raise InputError(f"--save {path}: the folder {path.parent} "
-                         + ("is a file" if path.parent.exists() else "does not exist"))
-    if path.is_dir():
-        raise InputError(f"--save {path}: that is a folder; give a file name ending .svg or "
-                         ".html")
-    return kind
-
-
-def save_figure(figure, path: Path | None, force: bool = False) -> None:
-    """Write `figure` (render.figure.Figure) to the --save path, if one was given: SVG or HTML
-    by the extension, atomically, never over an existing file without --force. Call it before
-    printing the terminal view, so a refusal is the only output."""
-    if path is None:
-        return
-    path = Path(path)
-    kind = picture_format(path)
-    check_save(path, force)
-    from ..render import html, svg
-
-    if _changed:  # a picture of a changed run says so first, as the terminal view does
-        from dataclasses import replace
-
-        from ..render.figure import Note
-
-        figure = replace(figure, parts=[*(Note(line) for line in _changed.splitlines()),
-                                        *figure.parts])
-    data = (svg.document if kind == "svg" else html.document)(figure)
-    write_atomically(path, data.encode("utf-8"))
-    if not _quiet:  # where the picture went, as a note on stderr (--quiet: nothing)
-        from ..render.text import escape_line
-
-        stderr().print(f"wrote {escape_line(str(path))}", style="dim", soft_wrap=True)
-
-
-def check_save(path: Path | None, force: bool) -> None:
-    """Refuse an existing --save file without --force: save_figure does it when it writes; a
-    command that prints before its picture is ready calls this first."""
-    if path is not None and Path(path).exists() and not force:
-        raise InputError(f"--save {path}: the file exists; add --force to overwrite it")
-
-
 def bar(as_json: bool):
     """bar(total, description): the progress bars the analyses' slow steps ask for; none
     with --json, or where stderr is not a terminal."""
@@ -200,91 +152,6 @@ def bar(as_json: bool):
 def check_top_p(top_p: float) -> None:
     if not 0 < top_p <= 1:  # written so that NaN fails too
         raise InputError(f"--top-p must be in (0, 1], got {top_p!r}")
-
-
-_changed: str | None = None  # what --steer/--ablate changed in the run about to be shown
-PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
-MIN_WIDTH, TERMINAL_WIDTH = 20, 80  # a narrower stated width is a mistake: use the classic one
-
-
-def stdout(width: int | None = None) -> Console:
-    """Markup and highlighting off: text from the user or the model is shown literally.
-    The width is the terminal's, or $COLUMNS, or PIPE_WIDTH for a pipe."""
-    from rich.console import Console
-
-    global _changed
-    console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width,
-                      quiet=_quiet)
-    if _changed:  # the view of a changed run says so first, whatever view it is
-        from rich.text import Text
-
-        note, _changed = _changed, None
-        stdout(width).print(Text(note, style="bold magenta"))
-    if width is None and not console.is_terminal and not _columns():
-        console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
-                          width=PIPE_WIDTH, quiet=_quiet)
-    elif width is None and console.width < MIN_WIDTH:  # COLUMNS=0 on a terminal: no view
-        console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
-                          width=TERMINAL_WIDTH, quiet=_quiet)
-    return console
-
-
-def _columns() -> int | None:
-    value = os.environ.get("COLUMNS", "")
-    return int(value) if value.isdigit() and int(value) >= MIN_WIDTH else None
-
-
-def wide(*renderables) -> Console:
-    """stdout, widened to the natural width of the renderables, so that a table of numbers
-    (--full, a heatmap of a long text) is never cut at the edge: a terminal wraps the long
-    lines and a pipe keeps them whole."""
-    console = stdout()
-    options = console.options.update_width(10**5)
-    need = max(console.measure(r, options=options).maximum for r in renderables)
-    return stdout(width=need) if need > console.width else console
-
-
-def stderr():
-    from rich.console import Console
-
-    console = Console(stderr=True, markup=False, highlight=False, emoji=False)
-    if console.width < MIN_WIDTH:  # COLUMNS=0: notes would print nothing
-        console = Console(stderr=True, markup=False, highlight=False, emoji=False,
-                          width=TERMINAL_WIDTH)
-    return console
-
-
-def read_text(text: str | None) -> str:
-    """The argument, or stdin when the argument is '-' or missing and stdin is not a terminal."""
-    if text is None or text == "-":
-        if sys.stdin is None:  # `<&-`
-            raise InputError("no text: stdin is closed; give the text as an argument")
-        if sys.stdin.isatty():
-            raise InputError("no text: give it as an argument, or pipe it on stdin with '-'")
-        text = _read_stdin()
-        if text.endswith("\n"):
-            text = text[:-1]  # the newline `echo` adds is not part of the text
-    else:
-        text = check_utf8(text, "the text argument")
-    if text == "":
-        raise InputError("the text is empty: give at least one character")
-    return text
-
-
-def _read_stdin() -> str:
-    """stdin as UTF-8 whatever the locale says, universal newlines as Python's text mode."""
-    buffer = getattr(sys.stdin, "buffer", None)
-    if buffer is None:  # a StringIO in tests: already text
-        text = sys.stdin.read()
-        check_utf8(text, "stdin")
-        return text
-    data = buffer.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"stdin is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
-                         f"{e.start}); convert it first, e.g. with iconv -t UTF-8") from None
-    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 _default_weights: Path | None = None
@@ -387,10 +254,3 @@ def run(weights: Path | None, text: str | None, ablate: list[str] | None = None)
     return Run(s, s.trace())
 
 
-def set_changed(changes: dict | None) -> None:
-    """What a terminal view (and a saved picture) of a changed run starts with; nothing for a
-    clean run. JSON documents say it in their "steered" and "ablated" fields instead."""
-    global _changed
-    from ..render.text import changed_note
-
-    _changed = changed_note(changes) if changes else None
