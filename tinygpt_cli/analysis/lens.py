@@ -58,6 +58,12 @@ def top_neurons(mlp_post: np.ndarray, k: int) -> list[dict]:
              "activations": mlp_post[:, n]} for n in order]
 
 
+def top_entries(values: np.ndarray, k: int, token_str, name: str) -> list[dict]:
+    """The k highest entries of a vocabulary-sized row, with their tokens, {id, token, name}."""
+    order = np.argsort(-values, kind="stable")[:k]
+    return [{"id": int(i), "token": token_str(int(i)), name: float(values[i])} for i in order]
+
+
 # ------------------------------------------------------------------ the logit lens at every stage
 
 

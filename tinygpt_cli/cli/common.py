@@ -15,6 +15,7 @@ from ..render.output import (
     save_figure,
     set_changed,
     set_quiet,
+    show_view,
     stderr,
     stdout,
     wide,
@@ -31,8 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "bar", "check_index", "check_save",
            "check_top_p", "encode_checked", "load", "open_folder", "open_session", "progress",
-           "progress_report", "read_text", "run", "save_figure", "set_default_weights", "stderr",
-           "stdout", "wide"]
+           "progress_report", "read_text", "run", "save_figure", "set_default_weights",
+           "show_view", "stderr", "stdout", "wide"]
 
 
 def __getattr__(name: str):

@@ -131,3 +131,9 @@ def set_quiet(value: bool) -> None:
     """--quiet for the command being run: stdout() prints nothing, save_figure no note."""
     global _quiet
     _quiet = value
+
+
+def show_view(view, full: bool = False, measured=None) -> None:
+    """Print a view on stdout; with `full` (every column) as wide as the renderables
+    `measured` (default: the view) need, which a terminal wraps and a pipe keeps whole."""
+    (wide(*(measured or [view])) if full else stdout()).print(view)
