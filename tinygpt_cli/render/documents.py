@@ -142,3 +142,53 @@ def attribution_document(s, report, options: dict) -> dict:
                             position=q.position, target=q.token_doc(q.target),
                             vs=q.token_doc(q.vs), f=r.f, grad_norm=r.grad_norm,
                             f_baseline=r.f_baseline, completeness_gap=r.gap, **extra)
+
+
+# ------------------------------------------------------------------ circuits
+
+
+def token_doc(token_str, i: int | None) -> dict | None:
+    return None if i is None else {"id": i, "token": token_str(i)}
+
+
+def circuit_document(s, c, pair, r, stab, options: dict) -> dict:
+    """analysis.circuit's result `r` for the pair of sessions s (clean) and c (corrupt),
+    with its stability `stab` (or None)."""
+    import numpy as np
+
+    tok = s.model.tokenizer.token_str
+    names = r.graph.edge_names()
+    edges = [{"rank": k + 1, "edge": names[e], "sender": r.graph.senders[r.graph.edges[e][0]],
+              "receiver": r.graph.receivers[r.graph.edges[e][1]], "score": float(r.scores[e])}
+             for k, e in enumerate(r.order)]
+    extra = {} if stab is None else {"stability": {
+        "size": stab.size, "jaccard": stab.overlap, "own_f": stab.own,
+        "transfer_f": stab.transfer}}
+    return session_document(
+        s, "circuit", r.scores[r.order], options=options, axes=["edge"], edges=edges,
+        clean=r.clean, corrupt=r.corrupt, position=r.position, target=token_doc(tok, pair.target),
+        vs=token_doc(tok, pair.vs), corrupt_ids=c.ids, corrupt_tokens=c.tokens, sizes=r.sizes,
+        faithfulness=r.f, area=r.area, smallest=r.smallest, threshold=0.8,
+        random_f=None if r.random is None else r.random,
+        random_median=None if r.random is None else float(np.median(r.random)), **extra)
+
+
+def erasure_document(s, e, scores, position: int, target: int, vs: int | None,
+                     options: dict) -> dict:
+    """analysis.erasure's curves of one attribution's ranking (`scores`)."""
+    tok = s.model.tokenizer.token_str
+    comp, suff = e.aopc
+    return session_document(
+        s, f"attribute.{options['method']}.faithfulness", e.comprehensiveness, options=options,
+        axes=["ranking", "k"], rankings=e.names, sufficiency=e.sufficiency,
+        occlusion=e.occlusion, scores=scores[: position + 1], f=e.f, f_empty=e.f_empty,
+        aopc_comprehensiveness=comp, aopc_sufficiency=suff, position=position,
+        target=token_doc(tok, target), vs=token_doc(tok, vs))
+
+
+def qk_document(s, r, i: int, h: int, p: int, k: int, options: dict) -> dict:
+    """analysis.qk's split of head (i, h)'s scores from query p (key k shown)."""
+    return session_document(s, f"qk.layers.{i}.heads.{h}", r.terms, options=options,
+                            axes=["query part", "key part", "key"], sources=r.sources,
+                            layer=i, head=h, query=p, key=k, scores=r.scores,
+                            weights=r.weights)
