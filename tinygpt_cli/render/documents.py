@@ -192,3 +192,36 @@ def qk_document(s, r, i: int, h: int, p: int, k: int, options: dict) -> dict:
                             axes=["query part", "key part", "key"], sources=r.sources,
                             layer=i, head=h, query=p, key=k, scores=r.scores,
                             weights=r.weights)
+
+
+# ------------------------------------------------------------------ the model and its text
+
+
+def encode_document(ids: list[int], tokenizer, config) -> dict:
+    import numpy as np
+
+    return jsonout.document("ids", np.asarray(ids, dtype=np.int64), ids,
+                            [tokenizer.token_str(i) for i in ids],
+                            offsets=tokenizer.byte_offsets(ids), vocab_size=config.vocab_size)
+
+
+def info_document(info) -> dict:
+    """analysis.info.ModelInfo."""
+    import numpy as np
+
+    return jsonout.document(None, np.int64(info.total), None, None, name="parameters",
+                            config=info.config,
+                            parameters={"total": info.total, "groups": info.groups},
+                            weights_file=str(info.weights_file), sha256=info.sha256,
+                            tokenizer=info.tokenizer)
+
+
+def traced_document(r, shown: str, value) -> dict:
+    """`trace TEXT PATH`: one value of run r (an int, the token strings, or an array)."""
+    import numpy as np
+
+    if isinstance(value, int):
+        value = np.int64(value)
+    elif isinstance(value, list):
+        value = np.asarray(value)
+    return r.document(shown, value)
