@@ -55,12 +55,10 @@ def history(
     Example: tinygpt history "Lily wanted to play with her" layers.0.heads.1.weights
     Example: tinygpt history "Lily saw a cat. Lily saw a" --heads
     """
-    import numpy as np
-
     from ..analysis import history as hist
+    from ..render import documents as docs
     from ..render import history as view
     from ..render import jsonout
-    from ..render.documents import session_document as document_of
 
     s = open_session(weights, text)
     if path is not None and heads:
@@ -71,23 +69,18 @@ def history(
     if heads:
         with progress(len(timeline), "head scores", enabled=not as_json) as advance:
             scores = hist.heads_over_training(timeline, s.config, s.ids, advance, s.hooks)
-        document = document_of(
-            s, "induction", scores["induction"], previous_token=scores["previous_token"],
-            snapshots=hist.snapshot_rows(timeline),
-            induction_length=hist.induction_length(s.config), induction_seed=0,
-            axes=["snapshot", "layer", "head"]) if as_json else None
+        document = docs.heads_history_document(s, scores, hist.snapshot_rows(timeline),
+                                               hist.induction_length(s.config)) \
+            if as_json else None
         view_ = view.heads_view(scores, labels, hist.induction_length(s.config))
     elif path is not None:
         h = hist.value_over_training(timeline, s.config, s.ids, s.tokens, path, s.hooks)
-        extra = {"weights": np.stack(h.values)} if h.grid else {}
-        document = document_of(s, h.shown, np.asarray([r["norm"] for r in h.rows]),
-                               snapshots=h.rows, **extra) if as_json else None
+        document = docs.value_history_document(s, h) if as_json else None
         view_ = view.value_view(h, labels, s.tokens, p)
     else:
         rows = hist.loss_over_training(timeline, s.config, s.ids, s.model.tokenizer.token_str,
                                        s.hooks)
-        losses = np.asarray([np.nan if r["loss"] is None else r["loss"] for r in rows])
-        document = document_of(s, "loss", losses, snapshots=rows) if as_json else None
+        document = docs.loss_history_document(s, rows) if as_json else None
         view_ = view.loss_view(rows)
     if as_json:
         jsonout.emit(document)

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import InputError, check_utf8
+from ..errors import InputError
 from .common import STEER_OPTIONS, stderr
 
 # typer reads the real types of the added parameters from here (the modules' own are strings)
@@ -92,41 +92,13 @@ def _steering(model) -> tuple[object | None, dict | None]:
     if not math.isfinite(o.steer_scale):
         raise InputError(f"--steer-scale must be a finite number, got {o.steer_scale!r}")
     config = model.config
-    vector, layer, source = _direction(model, o)
+    vector, layer, source = st.steering_direction(model, o.steer, o.steer_away,
+                                                  o.steer_vector, o.steer_layer)
     layer = check_index(layer, config.n_layer, "--steer-layer")
     described = {"site": st.site(layer), "scale": o.steer_scale,
                  "norm": float(math.sqrt(float(vector.astype(float) @ vector))), **source}
     _note(described)
     return add_vector(st.site(layer), vector, o.steer_scale), described
-
-
-def _direction(model, o: SteerOptions):
-    from ..analysis import steer as st
-    from ..session import check_index, encode_checked
-
-    config = model.config
-    if o.steer_vector is not None:
-        if o.steer is not None or o.steer_away is not None:
-            raise InputError("give --steer-vector or --steer/--steer-away, not both")
-        d = st.read_direction(o.steer_vector, config.n_embd, config.n_layer)
-        layer = o.steer_layer if o.steer_layer is not None else d.layer
-        if layer is None:
-            raise InputError(f"--steer-vector {o.steer_vector}: the file does not say which "
-                             "block it steers; give --steer-layer L")
-        return d.vector, layer, {"vector": o.steer_vector}
-    if o.steer is None or o.steer_away is None:
-        given, missing = ("--steer", "--steer-away") if o.steer is not None else \
-            ("--steer-away", "--steer")
-        raise InputError(f"{given} needs {missing}: v is the difference of the two texts' "
-                         "mean resid_pre")
-    if o.steer_layer is None:
-        raise InputError("--steer needs --steer-layer L: the block whose input is steered")
-    layer = check_index(o.steer_layer, config.n_layer, "--steer-layer")
-    for text, name in ((o.steer, "--steer"), (o.steer_away, "--steer-away")):
-        check_utf8(text, name)
-    pair = (encode_checked(model, o.steer), encode_checked(model, o.steer_away))
-    vector = st.mean_difference(model.params, config, [pair], layer)
-    return vector, layer, {"toward": o.steer, "away": o.steer_away}
 
 
 def _note(d: dict) -> None:

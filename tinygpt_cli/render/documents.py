@@ -225,3 +225,31 @@ def traced_document(r, shown: str, value) -> dict:
     elif isinstance(value, list):
         value = np.asarray(value)
     return r.document(shown, value)
+
+
+# ------------------------------------------------------------------ history
+
+
+def heads_history_document(s, scores: dict, snapshots: list[dict], length: int) -> dict:
+    """history --heads: induction and previous-token scores [snapshot, layer, head]."""
+    return session_document(s, "induction", scores["induction"],
+                            previous_token=scores["previous_token"], snapshots=snapshots,
+                            induction_length=length, induction_seed=0,
+                            axes=["snapshot", "layer", "head"])
+
+
+def value_history_document(s, h) -> dict:
+    """history PATH: analysis.history.ValueHistory (an attention grid's rows in full)."""
+    import numpy as np
+
+    extra = {"weights": np.stack(h.values)} if h.grid else {}
+    return session_document(s, h.shown, np.asarray([r["norm"] for r in h.rows]),
+                            snapshots=h.rows, **extra)
+
+
+def loss_history_document(s, rows: list[dict]) -> dict:
+    """history: the loss on the text per snapshot (null where there is none)."""
+    import numpy as np
+
+    losses = np.asarray([np.nan if r["loss"] is None else r["loss"] for r in rows])
+    return session_document(s, "loss", losses, snapshots=rows)
