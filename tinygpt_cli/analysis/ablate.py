@@ -191,3 +191,22 @@ def replacements(session, paths: list[str], mode: str, source: str | None, data:
                              "give a --from text at least as long")
         values = source_values(session.params, session.config, other.ids, other.hooks)
     return {p: replacement(mode, p, means=found, source=values) for p in paths}
+
+
+def zeroing(model, paths: list[str]):
+    """--ablate: (the canonical names of the values, the hook that zeroes them in every run)
+    or ([], None); sae.SITE.N names one latent of the SAE of SITE (sae.latent_ablation)."""
+    if not paths:
+        return [], None
+    from ..hooks import Chain, ablation
+    from ..schema import resolve
+
+    latents = [p for p in paths if p.startswith("sae.")]
+    values = [p for p in paths if p not in latents]
+    hooks = None
+    if latents:
+        from .sae import latent_ablation
+
+        hooks = latent_ablation(model.weights_file, model.config, latents)
+    names = [resolve(p, model.config)[0] for p in values] + latents
+    return names, Chain(ablation(values, model.config) if values else None, hooks)

@@ -10,6 +10,7 @@ import typer
 
 from ..errors import InputError
 from ..render.output import (
+    at_least,
     check_save,
     picture_format,
     save_figure,
@@ -30,10 +31,10 @@ if TYPE_CHECKING:
 # This module is imported to register every command, including for `tinygpt --help`: it
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
-__all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "bar", "check_index", "check_save",
-           "check_top_p", "encode_checked", "load", "open_folder", "open_session", "progress",
-           "progress_report", "read_text", "run", "save_figure", "set_default_weights",
-           "show_view", "stderr", "stdout", "wide"]
+__all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "at_least", "bar", "check_index",
+           "check_save", "check_top_p", "encode_checked", "load", "open_folder", "open_session",
+           "progress", "progress_report", "read_text", "run", "save_figure",
+           "set_default_weights", "show_view", "stderr", "stdout", "wide"]
 
 
 def __getattr__(name: str):
@@ -191,7 +192,9 @@ def open_session(weights: Path | None, text: str | None, *, model=None,
     model = model if model is not None else load(weights)
     hook, steered = steering(model)
     s = Session.open(read_text(text), model=model, steering=hook)
-    ablated, s.interventions = ablation(model, list(ablate or []))
+    from ..analysis.ablate import zeroing
+
+    ablated, s.interventions = zeroing(model, list(ablate or []))
     s.changes = {k: v for k, v in (("steered", steered), ("ablated", ablated)) if v}
     set_changed(s.changes)
     return s
@@ -207,26 +210,6 @@ def steered(model) -> tuple[object | None, dict]:
     changes = {"steered": described} if described else {}
     set_changed(changes)
     return hook, changes
-
-
-def ablation(model, paths: list[str]):
-    """(the canonical names of --ablate's values, the hook that zeroes them) or ([], None);
-    sae.SITE.N names one latent of the SAE of SITE (analysis.sae.latent_ablation)."""
-    if not paths:
-        return [], None
-    from ..hooks import Chain
-    from ..hooks import ablation as zeroing
-    from ..schema import resolve
-
-    latents = [p for p in paths if p.startswith("sae.")]
-    values = [p for p in paths if p not in latents]
-    hooks = None
-    if latents:
-        from ..analysis.sae import latent_ablation
-
-        hooks = latent_ablation(model.weights_file, model.config, latents)
-    names = [resolve(p, model.config)[0] for p in values] + latents
-    return names, Chain(zeroing(values, model.config) if values else None, hooks)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from .common import (
     VS,
     WEIGHTS,
     InputError,
+    at_least,
     bar,
     load,
     open_session,
@@ -47,17 +48,6 @@ LENS_FILE = typer.Option(None, "--lens", help="The tuned lens file (default: the
                          "folder's lens/tuned.safetensors).", show_default=False)
 LENS_DATA = typer.Option(None, "--data", help="Stories for --fit (all parts but the last) or "
                          "--evaluate (the last part, or this file).", show_default=False)
-
-
-def console(width: int):
-    """stdout, widened to `width` columns when the view needs more (a grid of many stages or
-    heads). The width is counted from the grid's shape: measuring a large Rich table first
-    costs as much as printing it."""
-    out = stdout()
-    return stdout(width=width) if width > out.width else out
-
-
-LABEL = 20  # a token row label and its padding
 
 
 # ------------------------------------------------------------------ lens
@@ -289,7 +279,7 @@ def patch(
             "target": target, "vs": vs, "position": position, "method": method}))
         return
     # the grids flow onto as many lines as the width needs: room for one is enough
-    console(LABEL + 7 * max(s.config.n_layer, s.config.n_head) + 8).print(view.patch_view(r))
+    at_least(view.patch_width(s.config.n_layer, s.config.n_head)).print(view.patch_view(r))
 
 
 # ------------------------------------------------------------------ input attribution
@@ -349,4 +339,4 @@ def attribute(
     # attention-x-grad: one grid per layer, side by side as the width allows; never narrower
     # than one whole grid, whose heads would otherwise fall off the edge unmarked
     grid = view.grid_width(s.tokens, s.config.n_head) if r.scores.ndim == 3 else 0
-    console(grid).print(view.attribute_view(report))
+    at_least(grid).print(view.attribute_view(report))

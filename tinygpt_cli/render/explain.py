@@ -104,6 +104,14 @@ class Bar:
         return Measurement(0, min(self.n, options.max_width))
 
 
+LABEL = 20  # a token row label and its padding
+
+
+def patch_width(n_layer: int, n_head: int) -> int:
+    """Room for one of patch's grids (they flow onto as many lines as the width needs)."""
+    return LABEL + 7 * max(n_layer, n_head) + 8
+
+
 def grid_width(tokens: list[str], columns: int, cell: int = 6) -> int:
     """The columns one `grid` of token rows takes: its labels, then a cell and a space each."""
     return max((len(r) for r in token_rows(tokens)), default=0) + 1 + (cell + 1) * columns

@@ -137,3 +137,11 @@ def show_view(view, full: bool = False, measured=None) -> None:
     """Print a view on stdout; with `full` (every column) as wide as the renderables
     `measured` (default: the view) need, which a terminal wraps and a pipe keeps whole."""
     (wide(*(measured or [view])) if full else stdout()).print(view)
+
+
+def at_least(width: int):
+    """stdout, widened to `width` columns when the view needs more (a grid of many stages or
+    heads). The width is counted from the grid's shape: measuring a large Rich table first
+    costs as much as printing it."""
+    out = stdout()
+    return stdout(width=width) if width > out.width else out
