@@ -467,6 +467,19 @@ def without_latents(sae: SAE, latents: list[int]) -> Callable[[np.ndarray], np.n
     return fn
 
 
+def latents_of(weights_file: Path, trace, path: str):
+    """`sae.SITE` (every latent) or `sae.SITE.N` (one) of a traced run: (the site, its SAE
+    from the weights folder, z [T, m] or [T], per token its active latents or None)."""
+    from ..session import check_index
+
+    site, latent = parse_latent_path(path, trace.config)
+    sae = load_sae(sae_file(weights_file, None, site), trace.config)
+    z = encode(sae, trace.get(site))  # [T, m]
+    if latent is not None:
+        return site, sae, z[:, check_index(latent, sae.n_latents, "latent")], None
+    return site, sae, z, active_latents(z)
+
+
 def active_latents(z: np.ndarray) -> list[list[tuple[int, float]]]:
     """Per token, the non-zero latents, strongest first.  [T, m] -> T lists of (latent, value)"""
     out = []

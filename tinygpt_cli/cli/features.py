@@ -217,17 +217,10 @@ def trace_latents(weights, text, path: str, ablate, as_json: bool) -> None:
     """`trace TEXT sae.SITE`: the SAE's active latents at each token (after any --ablate)."""
     from ..analysis import sae as S
     from ..render import features as view
-    from ..session import check_index
     from .common import run
 
     r = run(weights, text, ablate)
-    site, latent = S.parse_latent_path(path, r.model.config)
-    sae = S.load_sae(S.sae_file(r.model.weights_file, None, site), r.model.config)
-    z = S.encode(sae, r.trace.get(site))  # [T, m]
-    if latent is not None:
-        latent = check_index(latent, sae.n_latents, "latent")
-        z = z[:, latent]
-    active = S.active_latents(z) if latent is None else None
+    site, sae, z, active = S.latents_of(r.model.weights_file, r.trace, path)
     show(r.document(path, z, site=site, k=sae.k, active=active),
          lambda: view.latents_view(path, r.tokens, z, active), as_json)
 
