@@ -192,9 +192,11 @@ def open_session(weights: Path | None, text: str | None, *, model=None,
     model = model if model is not None else load(weights)
     hook, steered = steering(model)
     s = Session.open(read_text(text), model=model, steering=hook)
-    from ..analysis.ablate import zeroing
+    ablated = []
+    if ablate:  # the analyses load only for a changed run: inspection stays light
+        from ..analysis.ablate import zeroing
 
-    ablated, s.interventions = zeroing(model, list(ablate or []))
+        ablated, s.interventions = zeroing(model, list(ablate))
     s.changes = {k: v for k, v in (("steered", steered), ("ablated", ablated)) if v}
     set_changed(s.changes)
     return s
