@@ -219,3 +219,26 @@ def test_every_view_and_picture_of_a_steered_run_says_so(cli, tmp_path):
 
 def test_work_without_a_text_refuses_the_steering_options(cli):
     assert_one_error_line(cli("lens", "--evaluate", *STEERED), 2, "is not steered")
+
+
+def test_the_trace_holds_the_stream_by_stage_and_by_part(tiny):
+    """Trace.stages and Trace.residual_parts, which lens, dla and diff read: the parts of a
+    steered run (its shift one of them) add up to its last resid_post at every position."""
+    from tinygpt_cli.hooks import add_vector
+    from tinygpt_cli.model import trace
+
+    m = tiny.model
+    ids = m.tokenizer.encode(TEXT)
+    shift = np.random.default_rng(2).normal(size=m.config.n_embd)
+    steer = add_vector("layers.1.resid_pre", shift, 1.5)
+    tr = trace(m.params, m.config, ids, hooks=steer)
+    names = [n for n, _ in tr.stages(mid=True)]
+    assert names == ["embeddings", "layers.0.resid_mid", "layers.0.resid_post",
+                     "layers.1.resid_mid", "layers.1.resid_post"]
+    assert [n for n, _ in tr.stages()] == ["embeddings", "layers.0.resid_post",
+                                           "layers.1.resid_post"]
+    for p in range(len(ids)):
+        labels, parts = tr.residual_parts(m.params, p, steer)
+        np.testing.assert_allclose(parts.sum(0), tr["layers.1.resid_post"][p], atol=2e-5)
+        np.testing.assert_array_equal(parts[labels.index("steer")], 1.5 * shift)
+    assert "steer" not in tr.residual_parts(m.params, 0)[0]

@@ -102,11 +102,10 @@ class TextDiff:
 
 def text_diff(a, b) -> TextDiff:
     from ..sampling import probabilities
-    from .lens import residual_stages
 
     ta, tb = a.trace(), b.trace()
-    stages = residual_stages(ta, a.config)
-    cos, dist = stream_diff([h for _, h in stages], [h for _, h in residual_stages(tb, a.config)])
+    stages = ta.stages()
+    cos, dist = stream_diff([h for _, h in stages], [h for _, h in tb.stages()])
     n = cos.shape[1]
     tok = a.model.tokenizer
 

@@ -21,40 +21,10 @@ from ..config import Config
 from ..trace import Trace
 
 BIAS_ROW = "ln_final.bias"
-STEER_ROW = "steer"
 
 
 def head_label(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
-
-
-def residual_parts(trace: Trace, params: dict[str, np.ndarray], config: Config,
-                   position: int, steer=None) -> tuple[list[str], np.ndarray]:
-    """The parts whose sum is the final resid_post at `position`: (labels, [P, d]), float64.
-
-    token embedding, position embedding, then per block: each head's z_h W_O[h] (its own
-    d_k rows of c_proj), the attention bias b_O, the MLP output (mlp_post W_2 + b_2). A
-    steered run (`steer`: hooks.Steering, adding `shift` to layers.L.resid_pre) has the
-    shift as a part of its own, "steer", where it enters the stream.
-    """
-    entry = int(steer.site.split(".")[1]) if steer is not None else None
-    dk = config.d_k
-    labels = ["token_embedding", "position_embedding"]
-    parts = [trace.get("token_embeddings")[position], trace.get("position_embeddings")[position]]
-    for i in range(config.n_layer):
-        if i == entry:
-            labels.append(STEER_ROW)
-            parts.append(steer.shift)
-        w_o = params[f"h.{i}.attn.c_proj.weight"].astype(np.float64)  # [d, d]
-        z = trace.get(f"layers.{i}.z")[:, position, :].astype(np.float64)  # [H, d_k]
-        for h in range(config.n_head):
-            labels.append(head_label(i, h))
-            parts.append(z[h] @ w_o[h * dk:(h + 1) * dk])
-        labels.append(f"L{i}.attn_bias")
-        parts.append(params[f"h.{i}.attn.c_proj.bias"])
-        labels.append(f"L{i}.mlp")
-        parts.append(trace.get(f"layers.{i}.mlp_out")[position])
-    return labels, np.stack([np.asarray(p, dtype=np.float64) for p in parts])
+    return f"L{layer}H{head}"  # as Trace.residual_parts labels the heads
 
 
 def unembed_direction(params: dict[str, np.ndarray], target: int, vs: int | None) -> np.ndarray:
@@ -96,7 +66,7 @@ def direct_logit_attribution(trace: Trace, params: dict[str, np.ndarray], config
     direction = unembed_direction(params, target, vs)
     gain = params["ln_f.weight"]
     scale = float(trace.get("ln_final.std")[position, 0])
-    labels, parts = residual_parts(trace, params, config, position, steer)
+    labels, parts = trace.residual_parts(params, position, steer)  # the stream, in parts
     values = attribute_parts(parts, scale, gain, direction)
     bias = float(np.asarray(params["ln_f.bias"], np.float64) @ direction)
     logits = trace.get("logits")[position].astype(np.float64)
