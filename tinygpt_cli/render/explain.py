@@ -348,6 +348,8 @@ def attribute_view(report) -> Group:
         table.add_column("‖grad‖", justify="right", no_wrap=True)
     table.add_column("")  # bars: the column that gives way on a narrow terminal
     big = float(np.abs(scores).max()) if scores.size else 1.0
+    if r.steer is not None:  # one scale for the tokens' bars and the steering's
+        big = max(big, abs(r.steer))
     for i, label in enumerate(token_rows(tokens)):
         row = [label, fmt(float(scores[i]))]
         if grad_norm is not None:
@@ -356,7 +358,7 @@ def attribute_view(report) -> Group:
         table.add_row(*row)
     if r.steer is not None:  # a steered run: the steering vector's own term
         table.add_row("steer", fmt(r.steer), *([""] if grad_norm is not None else []),
-                      Bar(r.steer, max(big, abs(r.steer))))
+                      Bar(r.steer, big))
     parts.append(table)
     if completeness is not None:
         total, diff, gap = completeness
