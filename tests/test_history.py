@@ -677,3 +677,63 @@ def test_top_windows_on_two_threads_equal_one_thread(make_params):
         lr * why.token_contributions(p, config, stream[first["start"]:first["start"] + 6],
                                      stream[first["start"] + 1:first["start"] + 7], q).sum()
         for p, lr, q in snapshots), rel=1e-9)
+
+
+# --- steering (issue 20): history and why take the --steer options ---------------------------
+# Steering block 0's input adds the shift to every position's embedding: the same run as the
+# position table plus the shift, which is how the expectations below are computed.
+
+
+def steered_at_the_embeddings(params: dict, shift: np.ndarray) -> dict:
+    wpe = params["wpe.weight"]
+    return {**params, "wpe.weight": (wpe + shift).astype(wpe.dtype)}
+
+
+def test_history_and_why_run_the_steered_text(cli, run, tmp_path):
+    model = load_model(run)
+    v = np.random.default_rng(5).normal(size=model.config.n_embd).astype(np.float32)
+    np.save(tmp_path / "v.npy", v)
+    steer = ["--steer-vector", tmp_path / "v.npy", "--steer-layer", "0", "--steer-scale", "2"]
+    text = "The cat sat on the mat."
+    doc = cli("history", text, *steer, "--json").json()
+    assert doc["steered"]["site"] == "layers.0.resid_pre"
+    ids = np.asarray(doc["ids"])
+    final = forward(steered_at_the_embeddings(model.params, 2 * v), model.config, ids)
+    logp = ops.log_softmax(final.astype(np.float64))
+    want = -np.mean([logp[i, ids[i + 1]] for i in range(len(ids) - 1)])
+    assert doc["snapshots"][-1]["loss"] == pytest.approx(want, rel=1e-5)
+    assert doc["snapshots"][-1]["loss"] != cli("history", text, "--json").json()["data"][-1]
+    view = cli("history", text, *steer)
+    assert view.out.startswith("steered before this view: layers.0.resid_pre + 2 * v")
+    # why: the default target is the steered run's top guess, and the document says so
+    got = cli("why", "The frog Quixby", *steer, "--data", run.parent / "data", "--top", "2",
+              "--json")
+    assert got.code == 0, got.err
+    w = got.json()
+    ids = model.tokenizer.encode("The frog Quixby")
+    z = forward(steered_at_the_embeddings(model.params, 2 * v), model.config, np.asarray(ids))
+    assert w["target"]["id"] == int(np.argmax(z[-1])) and w["steered"]["scale"] == 2
+
+
+def test_a_steered_query_gradient_matches_finite_differences(make_params):
+    from tinygpt_cli.hooks import add_vector
+
+    config = Config(n_embd=8, n_layer=1, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
+    params = make_params(config, seed=4)
+    ids, target = [3, 1, 4, 1], 5
+    shift = np.random.default_rng(1).normal(size=8)
+    grads = why.query_gradient(params, config, ids, target,
+                               hooks=add_vector("layers.0.resid_pre", shift, 1.0))
+
+    def nll(p):
+        z = forward(steered_at_the_embeddings(p, shift), config, np.asarray(ids))[-1]
+        return -(z[target] - np.log(np.exp(z - z.max()).sum()) - z.max())
+
+    for name, idx in (("wte.weight", (3, 2)), ("h.0.attn.c_attn.weight", (1, 5)),
+                      ("ln_f.bias", (4,))):
+        up = {k: v.copy() for k, v in params.items()}
+        down = {k: v.copy() for k, v in params.items()}
+        up[name][idx] += 1e-6
+        down[name][idx] -= 1e-6
+        assert grads[name][idx] == pytest.approx((nll(up) - nll(down)) / 2e-6, rel=1e-4,
+                                                 abs=1e-8)

@@ -15,7 +15,6 @@ import pytest
 from browser import Browser, decode_png, find_chromium
 from cli_helpers import TEXT, TEXT_IDS, TINY, assert_one_error_line
 
-from tinygpt_cli.cli import common
 from tinygpt_cli.page import CARDS
 from tinygpt_cli.render import html, svg
 from tinygpt_cli.render.figure import Figure, Heatmap, causal_mask
@@ -157,8 +156,10 @@ def test_bad_save_paths_are_one_line_errors(cli, tmp_path, name, needle):
 
 def test_pictures_are_written_atomically(cli, tmp_path, monkeypatch):
     written = []
-    real = common.write_atomically
-    monkeypatch.setattr(common, "write_atomically",
+    from tinygpt_cli.render import output
+
+    real = output.write_atomically
+    monkeypatch.setattr(output, "write_atomically",
                         lambda path, data: written.append(path) or real(path, data))
     assert cli("logits", TEXT, "--save", tmp_path / "l.html", "--quiet").code == 0
     assert written == [tmp_path / "l.html"]

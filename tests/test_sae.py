@@ -98,14 +98,13 @@ def test_decoder_rows_stay_unit_and_the_loss_falls():
 
 
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
-    from tinygpt_cli.cli.features import _checkpoint, _resume
-
     x = np.random.default_rng(8).normal(size=(300, 6)).astype(np.float32)
     settings = {"site": SITE, "latents": 16, "k": 3, "lr": 1e-3}
     whole = S.train_steps(S.new_state(x, 16, 3, SITE, 0, 1e-3), x, 8, batch=32, dead_after=64)
     half = S.train_steps(S.new_state(x, 16, 3, SITE, 0, 1e-3), x, 4, batch=32, dead_after=64)
-    _checkpoint(tmp_path / "c.npz", half, settings)
-    resumed = S.train_steps(_resume(tmp_path / "c.npz", settings), x, 8, batch=32, dead_after=64)
+    S.save_checkpoint(tmp_path / "c.npz", half, settings)
+    resumed = S.train_steps(S.load_checkpoint(tmp_path / "c.npz", settings), x, 8, batch=32,
+                            dead_after=64)
     for name, p in whole.sae.params().items():
         np.testing.assert_array_equal(resumed.sae.params()[name], p)
 

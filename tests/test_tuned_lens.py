@@ -74,11 +74,9 @@ def data(tmp_path):
 
 
 def test_lens_fit_kind_tuned_and_evaluate(cli, data, tmp_path, monkeypatch):
-    from tinygpt_cli.cli import features
-
-    monkeypatch.setattr(features, "LENS_FIT_STEPS", 3)
-    monkeypatch.setattr(features, "LENS_FIT_WINDOWS", 2)
-    monkeypatch.setattr(features, "LENS_EVAL_WINDOWS", 2)
+    monkeypatch.setattr(tl, "FIT_STEPS", 3)
+    monkeypatch.setattr(tl, "FIT_WINDOWS", 2)
+    monkeypatch.setattr(tl, "EVAL_WINDOWS", 2)
     out = tmp_path / "tuned.safetensors"
     r = cli("lens", "--fit", "--data", data, "--lens", out, "--json")
     assert r.code == 0, r.err
@@ -134,13 +132,13 @@ def test_evaluating_windows_reports_every_token_twice_and_equals_evaluate(tiny_c
 def test_lens_evaluate_reports_its_progress(cli, tiny, data, tmp_path, monkeypatch):
     """lens --evaluate (and --fit) hand cli.common.progress the right totals, and a pipe gets
     lines from it (the bar is for a terminal)."""
-    from tinygpt_cli.cli import features
+    from tinygpt_cli.cli import common
 
-    monkeypatch.setattr(features, "LENS_FIT_STEPS", 2)
-    monkeypatch.setattr(features, "LENS_FIT_WINDOWS", 2)
-    monkeypatch.setattr(features, "LENS_EVAL_WINDOWS", 3)
+    monkeypatch.setattr(tl, "FIT_STEPS", 2)
+    monkeypatch.setattr(tl, "FIT_WINDOWS", 2)
+    monkeypatch.setattr(tl, "EVAL_WINDOWS", 3)
     seen = []
-    real = features.progress
+    real = common.progress
 
     def spy(total, description, **kw):
         import contextlib
@@ -156,7 +154,7 @@ def test_lens_evaluate_reports_its_progress(cli, tiny, data, tmp_path, monkeypat
 
         return counting()
 
-    monkeypatch.setattr(features, "progress", spy)
+    monkeypatch.setattr(common, "progress", spy)
     out = tmp_path / "tuned.safetensors"
     assert cli("lens", "--fit", "--evaluate", "--data", data, "--lens", out).code == 0
     assert [d for d, _, _ in seen] == ["values of the stages", "fitting the tuned lens",

@@ -13,7 +13,7 @@ from tinygpt_cli.analysis import ablate as ab
 from tinygpt_cli.analysis import attribute as at
 from tinygpt_cli.analysis import means as ms
 from tinygpt_cli.analysis import patch as pa
-from tinygpt_cli.analysis.dla import direct_logit_attribution, residual_parts
+from tinygpt_cli.analysis.dla import direct_logit_attribution
 from tinygpt_cli.analysis.lens import logit_lens
 from tinygpt_cli.analysis.variants import run_variants
 from tinygpt_cli.hooks import Replace, ablation
@@ -82,7 +82,7 @@ def test_dla_parts_are_the_final_stream_and_heads_share_the_attention_output(
         tiny_params, tiny_config):
     cfg = tiny_config
     tr = trace(tiny_params, cfg, IDS)
-    labels, parts = residual_parts(tr, tiny_params, cfg, 4)
+    labels, parts = tr.residual_parts(tiny_params, 4)
     np.testing.assert_allclose(parts.sum(0), tr["layers.1.resid_post"][4], atol=1e-12)
     # The heads and the bias of block 0 together are its attention output, seen by the final
     # norm with its real scale: centred(attn_out) / s . (g * W_E[t]).

@@ -182,3 +182,28 @@ def save_config(config: Config, path: str | Path) -> None:
 
     text = json.dumps(config.to_hf_dict(), indent=2, sort_keys=True) + "\n"
     write_atomically(Path(path), text.encode("utf-8"))
+
+
+def check_training_memory(config: Config, batch_size: int) -> None:
+    """Refuse sizes whose training state cannot fit in this machine's memory, before NumPy
+    fails halfway with a MemoryError: parameters, gradients and two AdamW moments in float32,
+    plus the activations of one batch (about 20 values of d per token and layer, and the
+    attention grids)."""
+    import math
+    import os
+
+    from .schema import param_shapes
+
+    n = sum(math.prod(s) for s in param_shapes(config).values())
+    tokens = batch_size * config.n_positions
+    acts = tokens * config.n_layer * (20 * config.n_embd + 2 * config.n_inner
+                                      + 3 * config.n_head * config.n_positions)
+    need = 4 * (4 * n + acts + 2 * tokens * config.vocab_size)
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        raise ValueError(f"these sizes give {n:,} parameters; training them with batch "
+                         f"{batch_size} needs about {need / 2**30:,.1f} GiB, and this machine "
+                         f"has {have / 2**30:,.1f} GiB: choose smaller sizes")

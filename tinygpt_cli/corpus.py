@@ -36,6 +36,18 @@ def read_text_file(path: Path) -> str:
                                 f"offset {e.start}): convert it first") from None
 
 
+def read_user_file(path: Path, option: str) -> str:
+    """A user's text file (--pos, --labels), UTF-8; the error names the option."""
+    if not path.is_file():
+        raise InputError(f"{option} {path}: no such file")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8").replace("\r\n", "\n")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{option} {path}: not UTF-8 text (byte 0x{data[e.start]:02x} at "
+                         f"offset {e.start})") from None
+
+
 def read_stories(files: list[Path]) -> list[str]:
     """Stories are separated by a line holding exactly `<|endoftext|>`."""
     stories = []
@@ -320,3 +332,124 @@ def validation_text(weights: Path, data: Path | None) -> list[Path]:
         raise Refused(f"{data} holds a single text file: give that file itself, or a folder "
                       "whose last part-*.txt is the validation text")
     return val
+
+
+# ------------------------------------------------------------------ the project's data folder
+#
+# Commands that read stories without being told where (heads, neurons, sae, the tuned lens,
+# steer) look for the project's data, laid out next to the checkout.
+
+BUILT_IN = [  # when no text is given and the project's data folder is not there
+    "Lily and Tom went to the park. Lily saw a big red ball. Tom saw the ball too. "
+    "Lily gave the ball to Tom, and Tom gave the ball to Lily.",
+    "Once upon a time, there was a little cat named Tim. Tim liked to play. One day, Tim "
+    "saw a bird. The bird was in a tree. Tim wanted to play with the bird.",
+    "Sue had a doll. The doll was pink. Sue loved her pink doll. Every day Sue and her doll "
+    "had tea. Sue said, \"I love you, doll.\"",
+]
+HELD_OUT_PART = "part-005.txt"
+
+
+def find_data() -> Path | None:
+    """$TINYGPT_DATA, else shared/data/tinystories beside an ancestor of this package or of
+    the working directory (the project's layout: the data lives next to the checkout)."""
+    import os
+
+    env = os.environ.get("TINYGPT_DATA")
+    if env:
+        return Path(env).expanduser()
+    for base in (Path(__file__).resolve(), Path.cwd().resolve()):
+        for parent in base.parents:
+            folder = parent / "shared" / "data" / "tinystories"
+            if folder.is_dir():
+                return folder
+    return None
+
+
+def stories_of(path: Path) -> list[str]:
+    """The stories of one file the user named; the errors say what is wrong with it."""
+    if not path.is_file():
+        raise InputError(f"{path} " + ("is not a file" if path.exists() else "does not exist"))
+    try:
+        stories = read_stories([path])
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not stories:
+        raise InputError(f"{path} holds no text")
+    return stories
+
+
+def _split(found: Path) -> tuple[list[Path], list[Path]]:
+    try:
+        return split_data([found])
+    except ValueError as e:
+        raise InputError(str(e)) from None
+
+
+def training_files(data: Path | None) -> list[Path]:
+    """Every part of --data (default: the project's data) but the last, the held-out one."""
+    found = data if data is not None else find_data()
+    if found is None:
+        raise InputError("no training data found: give --data DIR (a folder of part-*.txt)")
+    return _split(found)[0]
+
+
+def held_out_files(data: Path | None) -> list[Path]:
+    """The last part of --data (default: the project's data), or the one file it holds."""
+    found = data if data is not None else find_data()
+    if found is None:
+        raise InputError("no held-out data found: give --data FILE (e.g. part-005.txt)")
+    train, val = _split(found)
+    return val or train
+
+
+def given_or(data: Path | None, folder_files) -> list[Path]:
+    """--data itself when it names one file, else `folder_files(data)` (a folder's parts)."""
+    return folder_files(data) if data is None or Path(data).is_dir() else [Path(data)]
+
+
+def search_files(data: Path | None, weights: Path, *, any_data: bool = False
+                 ) -> tuple[list[Path], str | None]:
+    """The stories searched for examples (neurons --neuron): --data's training parts (a file
+    of --data is itself searched; either checked against the weights' record unless
+    any_data), else the training text the weights record, else the project's data; and the
+    note to print when the weights record no text."""
+    record = read_data_record(weights) if data is None else None
+    if record is not None and recorded_folder(weights, record) is not None:
+        return training_text(weights, None).files, None  # the text the weights record
+    if data is None:
+        found = find_data()
+        if found is None or not found.is_dir():
+            raise InputError("--neuron needs --data: a file or folder of stories to search")
+        return _split(found)[0], None
+    train, val = _split(data)
+    files = train if Path(data).is_dir() and train else train + val
+    return files, check_data(weights, files, any_data=any_data)
+
+
+def data_windows(files: list[Path], tokenizer: Tokenizer, context: int, count: int | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) [W, T]: `count` windows spread evenly over the files' token stream."""
+    stream = encode_stories(read_stories(files), tokenizer)
+    x, y = eval_windows(stream.ids, context)
+    if len(x) == 0:
+        raise InputError(f"the data has {len(stream.ids)} tokens, less than one window of "
+                         f"{context}")
+    if count is not None and count < len(x):
+        pick = np.linspace(0, len(x) - 1, count).round().astype(int)
+        x, y = x[pick], y[pick]
+    return x, y
+
+
+def held_out_stories(tokenizer: Tokenizer, context: int, data: Path | None, stories: int
+                     ) -> list[list[int]]:
+    """The first `stories` stories of part-005.txt as ids (<|endoftext|> first), each cut to
+    the context plus one; [] when there is no data folder."""
+    folder = data if data is not None else find_data()
+    part = folder / HELD_OUT_PART if folder is not None else None
+    if part is None or not part.is_file():
+        if data is not None:
+            raise InputError(f"--data {data}: no {HELD_OUT_PART} there")
+        return []
+    texts = read_stories([part])[:stories]
+    return [([tokenizer.eot_id] + ids)[:context + 1] for ids in tokenizer.encode_batch(texts)]

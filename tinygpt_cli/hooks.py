@@ -120,7 +120,16 @@ def ablation(paths: Iterable[str], config: Config) -> Replace:
     return Replace(fns)
 
 
-def add_vector(path: str, vector: np.ndarray, scale: float) -> Replace | None:
+class Steering(Replace):
+    """Add `shift` to every row (every position) of the value at `site`; analyses that split
+    a run into parts (dla, attribute) read the two to give the steering a part of its own."""
+
+    def __init__(self, site: str, shift: np.ndarray) -> None:
+        super().__init__({site: lambda x: x + shift.astype(x.dtype)})
+        self.site, self.shift = site, shift
+
+
+def add_vector(path: str, vector: np.ndarray, scale: float) -> Steering | None:
     """Add scale * vector to every row (every position) of the value at `path` (steering).
 
     Scale 0 gives no hook at all rather than x + 0 * v: the run is then the unsteered run bit
@@ -128,5 +137,4 @@ def add_vector(path: str, vector: np.ndarray, scale: float) -> Replace | None:
     """
     if scale == 0:
         return None
-    shift = scale * np.asarray(vector, dtype=np.float64)
-    return Replace({path: lambda x: x + shift.astype(x.dtype)})
+    return Steering(path, scale * np.asarray(vector, dtype=np.float64))

@@ -14,7 +14,7 @@ Errors are InputError (bad text, index or path: exit 2 in the CLI) or WeightsErr
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -60,23 +60,51 @@ def encode_checked(model: Model, text: str) -> list[int]:
     return ids
 
 
+def encode_lines(model: Model, texts: list[str], option: str) -> list[list[int]]:
+    """Each line's ids (encode_checked); the error names the option and the line."""
+    out = []
+    for n, text in enumerate(texts, 1):
+        try:
+            out.append(encode_checked(model, text))
+        except InputError as e:
+            raise InputError(f"{option} line {n}: {e}") from None
+    return out
+
+
 @dataclass
 class Session:
-    """A model, a text, its ids and token strings; `steering` (a hook, hooks.add_vector)
-    applies to every run of the session, before any other intervention."""
+    """A model, a text, its ids and token strings. `steering` (a hook, hooks.add_vector)
+    applies to every run of the session, before any other intervention; `interventions`
+    (ablations) after it. `changes` says what they change, for views and documents:
+    {"steered": {site, scale, norm, ...}, "ablated": [paths]}, empty for a clean run."""
 
     model: Model
     text: str
     ids: list[int]
     tokens: list[str]
     steering: Hook | None = None
+    interventions: Hook | None = None
+    changes: dict = field(default_factory=dict)
 
     @classmethod
     def open(cls, text: str, weights: str | Path | None = None,
-             model: Model | None = None, steering: Hook | None = None) -> Session:
+             model: Model | None = None, steering: Hook | None = None,
+             interventions: Hook | None = None, changes: dict | None = None) -> Session:
         model = model if model is not None else load_model(weights)
         ids = encode_checked(model, text)
-        return cls(model, text, ids, [model.tokenizer.token_str(i) for i in ids], steering)
+        return cls(model, text, ids, [model.tokenizer.token_str(i) for i in ids], steering,
+                   interventions, dict(changes or {}))
+
+    def reopen(self, text: str) -> Session:
+        """Another text, run as this one is: the same model, steering and interventions."""
+        return Session.open(text, model=self.model, steering=self.steering,
+                            interventions=self.interventions, changes=self.changes)
+
+    @property
+    def hooks(self) -> Hook | None:
+        """What every run of the session goes through (steering, then interventions); None
+        for a clean run. Analyses that run the model on their own pass it on."""
+        return self.hooks_for()
 
     @property
     def T(self) -> int:  # noqa: N802  (the seed page's name)
@@ -109,9 +137,10 @@ class Session:
 
     def hooks_for(self, ablate: Iterable[str] = (), hooks: Hook | None = None) -> Hook | None:
         ablate = list(ablate)
-        if not ablate and self.steering is None:
+        if not ablate and self.steering is None and self.interventions is None:
             return hooks
-        return Chain(self.steering, ablation(ablate, self.config) if ablate else None, hooks)
+        return Chain(self.steering, self.interventions,
+                     ablation(ablate, self.config) if ablate else None, hooks)
 
     def run(self, hooks: Hook | None = None, ablate: Sequence[str] = ()) -> np.ndarray | None:
         """The logits [T, V], with the hooks called on every value."""

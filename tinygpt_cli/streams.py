@@ -1,6 +1,7 @@
 """The standard streams of a command-line process: closed ones (`>&-`), encodings that cannot
-show the tool's symbols, and a reader that goes away (`| head`), which Unix tools answer
-with a quiet exit 0. Used by cli/app.py's main; nothing here knows a command."""
+show the tool's symbols, a reader that goes away (`| head`), which Unix tools answer with a
+quiet exit 0, and the text a command reads from stdin. Used by the cli; nothing here knows a
+command."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import errno
 import os
 import sys
 
+from .errors import InputError, check_utf8
 from .exits import OK
 from .render.text import ForgivingStream, WatchedStream, guard_encoding
 
@@ -115,3 +117,39 @@ def finish(code: int) -> None:
     except (OSError, ValueError):
         pass
     sys.exit(code)
+
+
+# ------------------------------------------------------------------ the text of a command
+
+
+def read_text(text: str | None) -> str:
+    """The argument, or stdin when the argument is '-' or missing and stdin is not a terminal."""
+    if text is None or text == "-":
+        if sys.stdin is None:  # `<&-`
+            raise InputError("no text: stdin is closed; give the text as an argument")
+        if sys.stdin.isatty():
+            raise InputError("no text: give it as an argument, or pipe it on stdin with '-'")
+        text = _read_stdin()
+        if text.endswith("\n"):
+            text = text[:-1]  # the newline `echo` adds is not part of the text
+    else:
+        text = check_utf8(text, "the text argument")
+    if text == "":
+        raise InputError("the text is empty: give at least one character")
+    return text
+
+
+def _read_stdin() -> str:
+    """stdin as UTF-8 whatever the locale says, universal newlines as Python's text mode."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a StringIO in tests: already text
+        text = sys.stdin.read()
+        check_utf8(text, "stdin")
+        return text
+    data = buffer.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"stdin is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                         f"{e.start}); convert it first, e.g. with iconv -t UTF-8") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")

@@ -52,6 +52,42 @@ class Trace:
     def suggest(self, path: str) -> list[str]:
         return suggest(path, self.config)
 
+    # ---------------------------------------------------------------- the residual stream
+    # What lens, dla, diff and blocks read from a run, written once here.
+
+    def stages(self, mid: bool = False) -> list[tuple[str, np.ndarray]]:
+        """The residual stream, (name, [T, d]): the embeddings, then after each block (with
+        `mid`, each block's resid_mid before its resid_post, the logit lens's stages)."""
+        kinds = ("resid_mid", "resid_post") if mid else ("resid_post",)
+        return [("embeddings", self.get("embeddings"))] + [
+            (f"layers.{i}.{k}", self.get(f"layers.{i}.{k}"))
+            for i in range(self.config.n_layer) for k in kinds]
+
+    def residual_parts(self, params, position: int, steer=None
+                       ) -> tuple[list[str], np.ndarray]:
+        """The parts whose sum is the final resid_post at `position`: (labels, [P, d]),
+        float64: token embedding, position embedding, then per block each head's z_h W_O[h]
+        (its own d_k rows of c_proj, labelled L{i}H{h}), the attention bias b_O, the MLP
+        output (mlp_post W_2 + b_2). A steered run (`steer`: hooks.Steering, adding `shift`
+        to layers.L.resid_pre) has the shift as a part of its own, "steer", where it enters."""
+        cfg, dk = self.config, self.config.d_k
+        entry = int(steer.site.split(".")[1]) if steer is not None else None
+        labels = ["token_embedding", "position_embedding"]
+        parts = [self.get("token_embeddings")[position],
+                 self.get("position_embeddings")[position]]
+        for i in range(cfg.n_layer):
+            if i == entry:
+                labels.append("steer")
+                parts.append(steer.shift)
+            w_o = params[f"h.{i}.attn.c_proj.weight"].astype(np.float64)  # [d, d]
+            z = self.get(f"layers.{i}.z")[:, position, :].astype(np.float64)  # [H, d_k]
+            for h in range(cfg.n_head):
+                labels.append(f"L{i}H{h}")
+                parts.append(z[h] @ w_o[h * dk:(h + 1) * dk])
+            labels += [f"L{i}.attn_bias", f"L{i}.mlp"]
+            parts += [params[f"h.{i}.attn.c_proj.bias"], self.get(f"layers.{i}.mlp_out")[position]]
+        return labels, np.stack([np.asarray(p, dtype=np.float64) for p in parts])
+
     def get(self, path: str):
         """The value at `path`: an array, the token strings, or layers.length (an int)."""
         name, rows = self.canonical(path)

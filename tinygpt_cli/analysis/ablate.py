@@ -61,9 +61,9 @@ def replacement(mode: str, path: str, *, means: Mapping[str, np.ndarray] | None 
 
 
 def source_values(params: dict[str, np.ndarray], config: Config,
-                  ids: Sequence[int]) -> dict[str, np.ndarray]:
+                  ids: Sequence[int], hooks=None) -> dict[str, np.ndarray]:
     """Every value of another text's run, for resampling; in float64 like the ablated runs."""
-    return record(widen(params), config, np.asarray(ids))[1]
+    return record(widen(params), config, np.asarray(ids), hooks=hooks)[1]
 
 
 @dataclass
@@ -101,14 +101,14 @@ def effects(before: np.ndarray, after: np.ndarray, target: int,
 
 def ablate(params: dict[str, np.ndarray], config: Config, ids: Sequence[int],
            groups: Sequence[Sequence[str]], edit: Mapping[str, Edit], position: int,
-           target: int) -> tuple[np.ndarray, list[Effect]]:
+           target: int, hooks=None) -> tuple[np.ndarray, list[Effect]]:
     """Take out each group of components, each in its own run, all in one float64 batch.
 
     `edit` maps a component's path to its replacement. Returns the unchanged run's logits at
     `position` [V] and one Effect per group; an empty group is the unchanged run again.
     """
     variants = [{}] + [{p: edit[p] for p in group} for group in groups]
-    logits = run_variants(widen(params), config, ids, variants, position)
+    logits = run_variants(widen(params), config, ids, variants, position, hooks=hooks)
     return logits[0], effects(logits[0], logits[1:], target, [list(g) for g in groups])
 
 
@@ -139,7 +139,8 @@ def ablation_report(session, components: list[str], edit: Mapping[str, Edit], po
 
     q = ask(session, session.run()[position], position, target, None)
     before, found = ablate(session.params, session.config, session.ids,
-                           [[c] for c in components], edit, position, q.target)
+                           [[c] for c in components], edit, position, q.target,
+                           session.hooks)
     tok = q.token_str
     rows = [{"component": e.paths[0], "label": component_label(e.paths[0]),
              "delta": e.delta, "kl": e.kl, "logp_before": e.logp_before,
@@ -183,10 +184,29 @@ def replacements(session, paths: list[str], mode: str, source: str | None, data:
     found = means() if mode == "mean" else None
     values = None
     if mode == "resample":
-        other = type(session).open(source, model=session.model)
+        other = session.reopen(source)
         if other.T < session.T:
             raise InputError(f"the --from text is {other.T} tokens long and the text "
                              f"{session.T}: resampling needs a value at every position, so "
                              "give a --from text at least as long")
-        values = source_values(session.params, session.config, other.ids)
+        values = source_values(session.params, session.config, other.ids, other.hooks)
     return {p: replacement(mode, p, means=found, source=values) for p in paths}
+
+
+def zeroing(model, paths: list[str]):
+    """--ablate: (the canonical names of the values, the hook that zeroes them in every run)
+    or ([], None); sae.SITE.N names one latent of the SAE of SITE (sae.latent_ablation)."""
+    if not paths:
+        return [], None
+    from ..hooks import Chain, ablation
+    from ..schema import resolve
+
+    latents = [p for p in paths if p.startswith("sae.")]
+    values = [p for p in paths if p not in latents]
+    hooks = None
+    if latents:
+        from .sae import latent_ablation
+
+        hooks = latent_ablation(model.weights_file, model.config, latents)
+    names = [resolve(p, model.config)[0] for p in values] + latents
+    return names, Chain(ablation(values, model.config) if values else None, hooks)

@@ -102,11 +102,10 @@ class TextDiff:
 
 def text_diff(a, b) -> TextDiff:
     from ..sampling import probabilities
-    from .lens import residual_stages
 
     ta, tb = a.trace(), b.trace()
-    stages = residual_stages(ta, a.config)
-    cos, dist = stream_diff([h for _, h in stages], [h for _, h in residual_stages(tb, a.config)])
+    stages = ta.stages()
+    cos, dist = stream_diff([h for _, h in stages], [h for _, h in tb.stages()])
     n = cos.shape[1]
     tok = a.model.tokenizer
 
@@ -128,18 +127,19 @@ class ModelsDiff:
     top_b: list[str]
 
 
-def models_diff(model_a, model_b, text: str) -> ModelsDiff:
-    """The text through both models: sizes and the tokenizers' split must agree."""
+def models_diff(a, model_b, steering_b=None) -> ModelsDiff:
+    """Session a's text through its model and through model_b (steered by `steering_b`):
+    sizes and the tokenizers' split must agree."""
     from ..errors import InputError
     from ..session import Session
 
+    model_a, text = a.model, a.text
     if model_a.config != model_b.config:
         raise InputError("the two weights folders have different sizes; diff compares models "
                          "of one shape")
-    a = Session.open(text, model=model_a)
     if model_b.tokenizer.encode(text) != a.ids:
         raise InputError("the two weights folders' tokenizers split the text differently")
-    b = Session.open(text, model=model_b)
+    b = Session.open(text, model=model_b, steering=steering_b)
     d = model_diff(a.run(), b.run(), a.ids)
     tok = model_a.tokenizer
     return ModelsDiff(a, b, d, [tok.token_str(int(i)) for i in d.top_a],

@@ -24,30 +24,7 @@ BIAS_ROW = "ln_final.bias"
 
 
 def head_label(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
-
-
-def residual_parts(trace: Trace, params: dict[str, np.ndarray], config: Config,
-                   position: int) -> tuple[list[str], np.ndarray]:
-    """The parts whose sum is the final resid_post at `position`: (labels, [P, d]), float64.
-
-    token embedding, position embedding, then per block: each head's z_h W_O[h] (its own
-    d_k rows of c_proj), the attention bias b_O, the MLP output (mlp_post W_2 + b_2).
-    """
-    dk = config.d_k
-    labels = ["token_embedding", "position_embedding"]
-    parts = [trace.get("token_embeddings")[position], trace.get("position_embeddings")[position]]
-    for i in range(config.n_layer):
-        w_o = params[f"h.{i}.attn.c_proj.weight"].astype(np.float64)  # [d, d]
-        z = trace.get(f"layers.{i}.z")[:, position, :].astype(np.float64)  # [H, d_k]
-        for h in range(config.n_head):
-            labels.append(head_label(i, h))
-            parts.append(z[h] @ w_o[h * dk:(h + 1) * dk])
-        labels.append(f"L{i}.attn_bias")
-        parts.append(params[f"h.{i}.attn.c_proj.bias"])
-        labels.append(f"L{i}.mlp")
-        parts.append(trace.get(f"layers.{i}.mlp_out")[position])
-    return labels, np.stack([np.asarray(p, dtype=np.float64) for p in parts])
+    return f"L{layer}H{head}"  # as Trace.residual_parts labels the heads
 
 
 def unembed_direction(params: dict[str, np.ndarray], target: int, vs: int | None) -> np.ndarray:
@@ -79,8 +56,9 @@ class DLA:
 
 def direct_logit_attribution(trace: Trace, params: dict[str, np.ndarray], config: Config,
                              position: int, target: int, vs: int | None = None,
-                             neurons: int = 0) -> DLA:
-    """Split the score of `target` (minus `vs`) at `position` into the residual stream's parts.
+                             neurons: int = 0, steer=None) -> DLA:
+    """Split the score of `target` (minus `vs`) at `position` into the residual stream's parts
+    (with `steer`, a steered run's hooks.Steering, the steering vector is one of them).
 
     `neurons` > 0 also splits each MLP row into its neurons mlp_post[n] W_2[n] (plus b_2) and
     keeps the `neurons` largest by size; the MLP rows stay whole, so the rows still add up.
@@ -88,7 +66,7 @@ def direct_logit_attribution(trace: Trace, params: dict[str, np.ndarray], config
     direction = unembed_direction(params, target, vs)
     gain = params["ln_f.weight"]
     scale = float(trace.get("ln_final.std")[position, 0])
-    labels, parts = residual_parts(trace, params, config, position)
+    labels, parts = trace.residual_parts(params, position, steer)  # the stream, in parts
     values = attribute_parts(parts, scale, gain, direction)
     bias = float(np.asarray(params["ln_f.bias"], np.float64) @ direction)
     logits = trace.get("logits")[position].astype(np.float64)
@@ -140,4 +118,11 @@ def dla_report(session, position: int, target: str | None, vs: str | None,
     tr = session.trace()
     q = ask(session, tr.get("logits")[p], p, target, vs)
     return DLAReport(q, direct_logit_attribution(tr, session.params, session.config, p,
-                                                 q.target, q.vs, neurons))
+                                                 q.target, q.vs, neurons, steering(session)))
+
+
+def steering(session):
+    """The session's hooks.Steering (site and shift), or None for an unsteered run."""
+    from ..hooks import Steering
+
+    return session.steering if isinstance(session.steering, Steering) else None

@@ -69,22 +69,22 @@ def detection_score(attn: np.ndarray, pat: np.ndarray, *, exclude_first: bool = 
     return (a * pat).sum(axis=(-2, -1)) / a.sum(axis=(-2, -1))
 
 
-def attention_grids(params, config: Config, ids: np.ndarray) -> np.ndarray:
+def attention_grids(params, config: Config, ids: np.ndarray, hooks=None) -> np.ndarray:
     """Every head's attention weights for a batch [B, T] -> [B, L, H, T, T]."""
     paths = [f"layers.{i}.weights" for i in range(config.n_layer)]
-    _, values = record(params, config, ids, paths)
+    _, values = record(params, config, ids, paths, hooks=hooks)
     return np.stack([values[p] for p in paths], axis=1)
 
 
 def text_scores(params, config: Config, texts: list[list[int]], *,
-                exclude_first: bool = False, exclude_current: bool = False,
+                exclude_first: bool = False, exclude_current: bool = False, hooks=None,
                 ) -> dict[str, np.ndarray]:
     """{kind: [L, H]}: each kind's detection score, the mean over the texts."""
     width = max(len(t) for t in texts)
     x = np.zeros((len(texts), width), dtype=np.int64)
     for r, t in enumerate(texts):
         x[r, : len(t)] = t  # right padding: causal rows before it never see it
-    grids = attention_grids(params, config, x)
+    grids = attention_grids(params, config, x, hooks)
     out = {}
     for kind in KINDS:
         per_text = [detection_score(grids[r, :, :, : len(t), : len(t)], pattern(kind, t),
@@ -128,11 +128,11 @@ def induction_stripe(grids: np.ndarray, n: int) -> np.ndarray:
 
 
 def induction_test(params, config: Config, n: int, batch: int, seed: int,
-                   separator: int) -> InductionTest:
+                   separator: int, hooks=None) -> InductionTest:
     ids = repeated_random_tokens(np.random.default_rng(seed), config.vocab_size, n, batch,
                                  separator)
     paths = [f"layers.{i}.weights" for i in range(config.n_layer)]
-    logits, values = record(params, config, ids, paths)  # [B, S, V]
+    logits, values = record(params, config, ids, paths, hooks=hooks)  # [B, S, V]
     grids = np.stack([values[p] for p in paths], axis=1)
     logp = ops.log_softmax(logits[:, :-1])
     nats = -np.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]  # [B, 2n], target t+1
@@ -162,18 +162,46 @@ class HeadsReport:
 
 def heads_report(params, config: Config, ids: list[list[int]], source: str, *, length: int,
                  batch: int, seed: int, separator: int, exclude_first: bool = False,
-                 exclude_current: bool = False) -> HeadsReport:
+                 exclude_current: bool = False, hooks=None) -> HeadsReport:
     """text_scores over the texts, and induction_test on `batch` sequences of `length`
     random tokens (0: as many as fit twice in the context, at most 50)."""
     scores = text_scores(params, config, ids, exclude_first=exclude_first,
-                         exclude_current=exclude_current)
+                         exclude_current=exclude_current, hooks=hooks)
     n = length or min(50, (config.n_positions - 1) // 2)
     if 1 + 2 * n > config.n_positions or n < 2:
         raise InputError(f"--repeat-length {n} does not fit twice in the {config.n_positions}-"
                          "token context after a separator: give 2 to "
                          f"{(config.n_positions - 1) // 2}")
-    test = induction_test(params, config, n, batch, seed, separator)
+    test = induction_test(params, config, n, batch, seed, separator, hooks)
     repeat = {"length": n, "batch": batch, "seed": seed, "loss_first": test.loss_first,
               "loss_second": test.loss_second, "loss_drop": test.loss_drop}
     return HeadsReport(dict(scores) | {"induction_random": test.score}, len(ids), source,
                        repeat, config.n_layer, config.n_head)
+
+
+def texts_for_heads(tokenizer, context: int, text: str | None, read_text, file, stories: int
+                    ) -> tuple[list[list[int]], str]:
+    """Each text as [separator, ids...] cut to the context, and where they came from: the
+    file's first stories, else the text (read_text(text): '-' is stdin), else a few
+    validation stories, else the built-in sentences."""
+    from pathlib import Path
+
+    from ..corpus import BUILT_IN, HELD_OUT_PART, find_data, read_stories, stories_of
+
+    if text is not None and file is not None:
+        raise InputError("give a text or --file, not both")
+    if file is not None:
+        texts, source = stories_of(Path(file))[:stories], str(file)
+    elif text is not None:  # stdin only for '-': a `while read` loop's input is not ours
+        texts, source = [read_text(text)], "stdin" if text == "-" else "the text"
+    else:  # nothing given: the defaults
+        data = find_data()
+        val = data / HELD_OUT_PART if data else None
+        if val is not None and val.is_file():
+            texts, source = read_stories([val])[:stories], f"{val} (first {stories} stories)"
+        else:
+            texts, source = BUILT_IN, "built-in sentences"
+    ids = [([tokenizer.eot_id] + t)[:context] for t in tokenizer.encode_batch(texts)]
+    if any(len(t) < 2 for t in ids):
+        raise InputError("each text needs at least one token")
+    return ids, source

@@ -132,17 +132,17 @@ def induction_length(config: Config) -> int:
 
 
 def head_scores(params, config: Config, ids: np.ndarray, seed: int = 0,
-                batch: int = 4) -> dict[str, np.ndarray]:
+                batch: int = 4, hooks=None) -> dict[str, np.ndarray]:
     """previous_token [L, H] on the text, induction [L, H] on repeated random tokens, with
     the detectors of `heads` (the same definitions as `tinygpt heads`)."""
     from . import heads as detect
 
     names = [f"layers.{i}.weights" for i in range(config.n_layer)]
-    _, values = record(params, config, np.asarray(ids), names)
+    _, values = record(params, config, np.asarray(ids), names, hooks=hooks)
     grids = np.stack([values[n] for n in names])  # [L, H, T, T]
     prev = detect.detection_score(grids, detect.previous_token_pattern(len(ids)))
     induction = detect.induction_test(params, config, induction_length(config), batch, seed,
-                                      config.bos_token_id).score
+                                      config.bos_token_id, hooks).score
     return {"previous_token": prev, "induction": induction}
 
 
@@ -156,12 +156,12 @@ def snapshot_rows(snapshots: list[Snapshot], **columns) -> list[dict]:
 
 
 def loss_over_training(snapshots: list[Snapshot], config: Config, ids,
-                       token_str) -> list[dict]:
+                       token_str, hooks=None) -> list[dict]:
     """Per snapshot: the loss on the text and the likeliest next token with its chance."""
     from ..model import forward
 
     ids = np.asarray(ids)
-    logits = [forward(s.params, config, ids) for s in snapshots]
+    logits = [forward(s.params, config, ids, hooks=hooks) for s in snapshots]
     losses = [text_loss(z, ids) for z in logits]
     tops = [next_token(z) for z in logits]
     return snapshot_rows(snapshots, loss=losses, top_id=[t[0] for t in tops],
@@ -181,7 +181,7 @@ class ValueHistory:
 
 
 def value_over_training(snapshots: list[Snapshot], config: Config, ids, tokens,
-                        path: str) -> ValueHistory:
+                        path: str, hooks=None) -> ValueHistory:
     """A parameter (h.0.attn.c_attn.weight) read from each snapshot, or a value of the
     forward pass (layers.0.heads.1.weights, logits[-1]) on the text under each snapshot."""
     from ..schema import param_shapes, resolve
@@ -195,8 +195,8 @@ def value_over_training(snapshots: list[Snapshot], config: Config, ids, tokens,
     else:
         canonical, rows = resolve(path, config)
         shown = canonical + "".join(f"[{i}]" for i in rows)
-        values = [Trace(record(s.params, config, ids)[1], config, tokens=tokens).get(path)
-                  for s in snapshots]
+        values = [Trace(record(s.params, config, ids, hooks=hooks)[1], config,
+                        tokens=tokens).get(path) for s in snapshots]
     rows = snapshot_rows(snapshots, **{k: [summary(v)[k] for v in values]
                                        for k in ("norm", "mean", "std")})
     return ValueHistory(shown, values, rows,
@@ -204,11 +204,12 @@ def value_over_training(snapshots: list[Snapshot], config: Config, ids, tokens,
 
 
 def heads_over_training(snapshots: list[Snapshot], config: Config, ids,
-                        progress=None) -> dict[str, np.ndarray]:
-    """previous_token and induction [S, L, H]: head_scores at every snapshot."""
+                        progress=None, hooks=None) -> dict[str, np.ndarray]:
+    """previous_token and induction [S, L, H]: head_scores at every snapshot (`hooks`, the
+    steering, in every run)."""
     scores = []
     for s in snapshots:
-        scores.append(head_scores(s.params, config, ids))
+        scores.append(head_scores(s.params, config, ids, hooks=hooks))
         if progress:
             progress(1)
     return {k: np.stack([s[k] for s in scores]) for k in ("previous_token", "induction")}

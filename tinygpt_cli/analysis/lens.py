@@ -12,14 +12,6 @@ from ..sampling import probabilities
 from ..trace import Trace
 
 
-def residual_stages(trace: Trace, config: Config) -> list[tuple[str, np.ndarray]]:
-    """(name, [T, d]) for the stream entering block 0, then after each block."""
-    stages = [("embeddings", trace.get("embeddings"))]
-    for i in range(config.n_layer):
-        stages.append((f"layers.{i}.resid_post", trace.get(f"layers.{i}.resid_post")))
-    return stages
-
-
 def lens_logits(h: np.ndarray, params: dict[str, np.ndarray], config: Config) -> np.ndarray:
     """ln_final(h) W_E^T: the next-token scores the model would give if it stopped at h."""
     u, _, _ = ops.layer_norm(h, params["ln_f.weight"], params["ln_f.bias"],
@@ -35,7 +27,7 @@ def block_summary(trace: Trace, params, config: Config, position: int = -1) -> l
     """
     rows = []
     prev = None
-    for stage, (name, h) in enumerate(residual_stages(trace, config)):
+    for stage, (name, h) in enumerate(trace.stages()):
         probs = probabilities(lens_logits(h[position], params, config))
         top = int(np.argmax(probs))
         norms = np.linalg.norm(h, axis=-1)
@@ -58,17 +50,13 @@ def top_neurons(mlp_post: np.ndarray, k: int) -> list[dict]:
              "activations": mlp_post[:, n]} for n in order]
 
 
+def top_entries(values: np.ndarray, k: int, token_str, name: str) -> list[dict]:
+    """The k highest entries of a vocabulary-sized row, with their tokens, {id, token, name}."""
+    order = np.argsort(-values, kind="stable")[:k]
+    return [{"id": int(i), "token": token_str(int(i)), name: float(values[i])} for i in order]
+
+
 # ------------------------------------------------------------------ the logit lens at every stage
-
-
-def lens_stages(trace: Trace, config: Config) -> list[tuple[str, np.ndarray]]:
-    """(name, [T, d]): the embeddings, then each block's resid_mid and resid_post, in order."""
-    stages = [("embeddings", trace.get("embeddings"))]
-    for i in range(config.n_layer):
-        for name in ("resid_mid", "resid_post"):
-            path = f"layers.{i}.{name}"
-            stages.append((path, trace.get(path)))
-    return stages
 
 
 @dataclass
@@ -105,7 +93,7 @@ class Lens:
 
 def logit_lens(trace: Trace, params: dict[str, np.ndarray], config: Config) -> Lens:
     """Every stage of the stream through ln_final (statistics recomputed) and W_E^T."""
-    stages = lens_stages(trace, config)
+    stages = trace.stages(mid=True)
     hs = np.stack([h for _, h in stages])  # [S, T, d]
     return Lens([name for name, _ in stages], lens_logits(hs, params, config))
 

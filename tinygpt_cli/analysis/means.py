@@ -89,3 +89,37 @@ def load_means(path: str | Path, config: Config,
                                f"numbers (shape {list(m.shape)}): {hint}")
     return means, meta
 
+
+
+def means_over(model, data: Path | None, weights_sha: str, bar):
+    """(values, meta) over the validation file of `data` (or the one the weights record),
+    cached by the weights' and data's sha256. bar(total, description) is the progress bar."""
+    from .. import cache
+    from ..corpus import encode_stories, eval_windows, read_stories, validation_text
+    from ..files import sha256
+
+    val = validation_text(model.folder, data)
+    meta = {"weights_sha256": weights_sha, "data": val[0].name, "data_sha256": sha256(val[0])}
+
+    def compute():
+        stream = encode_stories(read_stories(val), model.tokenizer)
+        windows, _ = eval_windows(stream.ids, model.config.n_positions)
+        with bar(None, f"averaging over {val[0].name}"):
+            values = value_means(model.params, model.config, windows)
+        return values, {**meta, "tokens": str(windows.size)}
+
+    entry = cache.entry("means", cache.key_of(weights_sha, meta["data_sha256"]), ".safetensors")
+    return cache.load_or_compute(
+        entry, lambda path: load_means(path, model.config, weights_sha), compute,
+        lambda path, found: save_means(path, *found))
+
+
+def ablation_means(model, data: Path | None, bar) -> dict[str, np.ndarray]:
+    """The means for --mode mean: over --data's validation text, or the ones stored beside
+    the weights."""
+    from ..files import sha256
+
+    weights_sha = sha256(model.weights_file)
+    if data is None:
+        return load_means(model.folder / FILE, model.config, weights_sha)[0]
+    return means_over(model, data, weights_sha, bar)[0]

@@ -32,7 +32,7 @@ def top_ids(row: np.ndarray, k: int) -> np.ndarray:
 
 
 def window_maxima(params, config: Config, windows: np.ndarray, *, batch_size: int = 32,
-                  progress: Callable[[int], None] | None = None
+                  progress: Callable[[int], None] | None = None, hooks=None
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Every neuron's largest activation in each window, and where: (max [L, W, ff] float32,
     argmax [L, W, ff] int16) for windows [W, T]. Stops after the last block's MLP."""
@@ -43,7 +43,7 @@ def window_maxima(params, config: Config, windows: np.ndarray, *, batch_size: in
     paths = [f"layers.{i}.mlp_post" for i in range(n_layer)]
     for b in range(0, w, batch_size):
         x = windows[b : b + batch_size]
-        _, values = record(params, config, x, paths, stop_after=paths[-1])
+        _, values = record(params, config, x, paths, hooks=hooks, stop_after=paths[-1])
         for i, p in enumerate(paths):
             post = values[p]  # [B, T, ff]
             top[i, b : b + len(x)] = post.max(axis=1)
@@ -61,10 +61,11 @@ def top_windows(maxima: np.ndarray, k: int) -> np.ndarray:
 
 
 def neuron_activations(params, config: Config, ids: np.ndarray, layer: int,
-                       neuron: int) -> np.ndarray:
+                       neuron: int, hooks=None) -> np.ndarray:
     """One neuron's activation at every position of windows [B, T] -> [B, T]."""
     path = f"layers.{layer}.mlp_post"
-    return record(params, config, ids, {path}, stop_after=path)[1][path][..., neuron]
+    return record(params, config, ids, {path}, hooks=hooks,
+                  stop_after=path)[1][path][..., neuron]
 
 
 # ------------------------------------------------------------------ on one text
@@ -103,10 +104,11 @@ NEURON_TOP = 64  # examples kept per neuron by corpus_maxima; --top is capped by
 
 
 def corpus_maxima(params, config: Config, windows: np.ndarray, keep: int = NEURON_TOP,
-                  progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+                  progress: Callable[[int], None] | None = None, hooks=None
+                  ) -> dict[str, np.ndarray]:
     """The `keep` windows where each neuron of each block peaks highest, best first:
     window [L, ff, k] (its index), value [L, ff, k] (the peak), position [L, ff, k]."""
-    top, where = window_maxima(params, config, windows, progress=progress)
+    top, where = window_maxima(params, config, windows, progress=progress, hooks=hooks)
     k = min(keep, len(windows))
     best = np.argsort(-top, axis=1, kind="stable")[:, :k, :]  # [L, k, ff]
     return {"window": best.transpose(0, 2, 1).astype(np.int32),
@@ -129,15 +131,58 @@ class NeuronExamples:
 
 
 def neuron_examples(params, config: Config, maxima: dict[str, np.ndarray], stream: np.ndarray,
-                    layer: int, neuron: int, top: int, token_str) -> NeuronExamples:
+                    layer: int, neuron: int, top: int, token_str, hooks=None
+                    ) -> NeuronExamples:
     """The top windows of corpus_maxima for one neuron, run again to show every position."""
     ctx = config.n_positions
     wins = maxima["window"][layer, neuron, : min(top, maxima["window"].shape[-1])]
     ids = np.stack([stream[w * ctx:(w + 1) * ctx] for w in wins]).astype(np.int64)
-    acts = neuron_activations(params, config, ids, layer, neuron)  # [k, T]
+    acts = neuron_activations(params, config, ids, layer, neuron, hooks)  # [k, T]
     peaks = acts.argmax(axis=1)
     rows = [{"window": int(w), "start": int(w) * ctx, "max": float(acts[r].max()),
              "position": int(peaks[r]), "token": token_str(int(ids[r, peaks[r]]))}
             for r, w in enumerate(wins)]
     return NeuronExamples(f"layers.{layer}.mlp_post[:, {neuron}]", layer, neuron, ids, acts,
                           rows, len(stream) // ctx)
+
+
+def cached_maxima(model, files: list, bar, hooks=None) -> dict[str, np.ndarray]:
+    """corpus_maxima of every neuron over the files and their token stream ("stream"),
+    computed once per (weights, data) and kept in the cache folder; a steered run (`hooks`)
+    is computed afresh and not kept. bar(total, description) is the progress bar."""
+    from .. import cache
+    from ..corpus import encode_stories, eval_windows, read_stories
+    from ..errors import InputError
+    from ..files import sha256
+
+    cfg = model.config
+
+    def compute():
+        stream = encode_stories(read_stories(files), model.tokenizer)
+        x, _ = eval_windows(stream.ids, cfg.n_positions)
+        if len(x) == 0:
+            raise InputError(f"the data has {len(stream.ids)} tokens, less than one window of "
+                             f"{cfg.n_positions}")
+        with bar(len(x), "neuron maxima") as advance:
+            maxima = corpus_maxima(model.params, cfg, x, progress=advance, hooks=hooks)
+        return {"stream": stream.ids.astype(np.uint16), **maxima}
+
+    if hooks is not None:
+        return compute()
+    key = cache.key_of("neurons-v1", sha256(model.weights_file),
+                       *(sha256(f) for f in files), str(cfg.n_positions), str(NEURON_TOP))
+    return cache.load_or_compute(cache.entry("neurons", key), cache.load_arrays, compute,
+                                 cache.store_arrays, lambda e: valid_maxima(e, cfg))
+
+
+def valid_maxima(e: dict, cfg: Config) -> bool:
+    """The keys, shapes and ranges cached_maxima writes: [L, ff, k] windows of the stream."""
+    if set(e) != {"stream", "window", "value", "position"} or e["stream"].ndim != 1:
+        return False
+    shape = e["window"].shape
+    n = (len(e["stream"]) - 1) // cfg.n_positions
+    return (len(shape) == 3 and shape[:2] == (cfg.n_layer, cfg.n_inner) and shape[2] >= 1
+            and all(e[k].shape == shape for k in ("value", "position"))
+            and 0 <= e["window"].min() and e["window"].max() < n
+            and 0 <= e["position"].min() and e["position"].max() < cfg.n_positions
+            and e["stream"].max() < cfg.vocab_size and bool(np.isfinite(e["value"]).all()))

@@ -86,11 +86,11 @@ def patch_count(config: Config, position: int) -> int:
 
 
 def _both_runs(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
-               position: int):
+               position: int, hooks=None):
     """The clean and corrupt runs' values, and their logit differences at `position`
     (refused when the two texts score the same, since the metric would divide by zero)."""
-    clean_logits, clean = record(params, config, clean_ids)
-    corrupt_logits, corrupt = record(params, config, corrupt_ids)
+    clean_logits, clean = record(params, config, clean_ids, hooks=hooks)
+    corrupt_logits, corrupt = record(params, config, corrupt_ids, hooks=hooks)
     c = float(logit_difference(clean_logits[position], target, vs))
     r = float(logit_difference(corrupt_logits[position], target, vs))
     check_gap(c, r)
@@ -98,19 +98,20 @@ def _both_runs(params, config: Config, clean_ids, corrupt_ids, target: int, vs: 
 
 
 def activation_patching(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
-                        position: int = -1, advance=None) -> Patching:
-    """Every patch of patch_variants, run as one float64 batch on the corrupt text."""
+                        position: int = -1, advance=None, hooks=None) -> Patching:
+    """Every patch of patch_variants, run as one float64 batch on the corrupt text; `hooks`
+    (steering) in every run, clean, corrupt and patched."""
     t = len(corrupt_ids)
     position = position % t
     params = widen(params)
     clean, corrupt_logits, corrupt, c, r = _both_runs(params, config, clean_ids, corrupt_ids,
-                                                      target, vs, position)
+                                                      target, vs, position, hooks)
     variants, keys = patch_variants(clean, config, position)
     # the metric reads two rows of the head: cut it to them (column 0 target, 1 vs)
     streams = [corrupt[f"layers.{i}.resid_pre"] for i in range(config.n_layer)]
     streams.append(corrupt[f"layers.{config.n_layer - 1}.resid_post"])
     patched = run_variants(params, config, corrupt_ids, variants, position, rows=[target, vs],
-                           streams=streams, advance=advance)
+                           streams=streams, advance=advance, hooks=hooks)
     result = _grids(keys, restored(logit_difference(patched, 0, 1), c, r), config, t, c, r,
                     position)
     for i in range(config.n_layer - 1):
@@ -128,7 +129,7 @@ def _grids(keys, scores, config: Config, t: int, clean: float, corrupt: float,
 
 
 def attribution_patching(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
-                         position: int = -1) -> Patching:
+                         position: int = -1, hooks=None) -> Patching:
     """The first-order estimate of every cell of activation_patching, from one backward pass.
 
     Cells after the scored position are 0, as in activation patching: the gradient there is 0.
@@ -137,7 +138,7 @@ def attribution_patching(params, config: Config, clean_ids, corrupt_ids, target:
     position = position % t
     params = widen(params)
     clean, corrupt_logits, corrupt, c, r = _both_runs(params, config, clean_ids, corrupt_ids,
-                                                      target, vs, position)
+                                                      target, vs, position, hooks)
     dlogits = np.zeros_like(corrupt_logits)
     dlogits[position, target] += 1.0
     dlogits[position, vs] -= 1.0
@@ -208,9 +209,9 @@ def patch_report(clean, corrupt, q, method: str, progress=None) -> PatchReport:
     """Activation patching of every cell, and with method 'atp' its one-backward-pass
     estimate as well (the estimate is the result; its correlation with the real one kept)."""
     args = (clean.params, clean.config, clean.ids, corrupt.ids, q.target, q.vs, q.position)
-    real = activation_patching(*args, progress)
+    real = activation_patching(*args, progress, hooks=clean.hooks)
     if method != "atp":
         return PatchReport(q, method, real, None, corrupt.ids, corrupt.tokens)
-    estimate = attribution_patching(*args)
+    estimate = attribution_patching(*args, hooks=clean.hooks)
     return PatchReport(q, method, estimate, correlation(estimate, real), corrupt.ids,
                        corrupt.tokens)

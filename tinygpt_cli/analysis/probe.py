@@ -265,3 +265,27 @@ def probe_report(features: list[np.ndarray], labels: list[list[str | None]],
                        accuracy(W, b, X[held], y[held]), accuracy(W, b, X[tr], y[tr]),
                        accuracy(Wc, bc, X[held], yc[held]), accuracy(Wc, bc, X[tr], yc[tr]),
                        float(np.mean(y[held] == common)))
+
+
+# ------------------------------------------------------------------ which values can be probed
+
+
+def check_site(site: str, config: Config, params) -> str:
+    """The canonical path of a value with one row per token, else InputError."""
+    from ..schema import resolve
+
+    name, rows = resolve(site, config)
+    if rows or name == "ids" or not one_row_per_token(params, config, name):
+        raise InputError(f"--site {site}: a probe needs a value with one row per token, "
+                         "such as layers.1.resid_post, layers.0.mlp_out or "
+                         "layers.0.heads.1.out")
+    return name
+
+
+def one_row_per_token(params, config: Config, name: str) -> bool:
+    """Is the value [T, n] (shapes [2, n] and [3, n] for texts of 2 and 3 tokens)?"""
+    try:
+        two, three = (site_values(params, config, [0] * t, name).shape for t in (2, 3))
+    except KeyError:  # not a value the forward pass computes
+        return False
+    return len(two) == 2 and two == (2, three[1]) and three[0] == 3

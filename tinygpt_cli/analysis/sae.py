@@ -495,6 +495,19 @@ def without_latents(sae: SAE, latents: list[int]) -> Callable[[np.ndarray], np.n
     return fn
 
 
+def latents_of(weights_file: Path, trace, path: str):
+    """`sae.SITE` (every latent) or `sae.SITE.N` (one) of a traced run: (the site, its SAE
+    from the weights folder, z [T, m] or [T], per token its active latents or None)."""
+    from ..session import check_index
+
+    site, latent = parse_latent_path(path, trace.config)
+    sae = load_sae(sae_file(weights_file, None, site), trace.config)
+    z = encode(sae, trace.get(site))  # [T, m]
+    if latent is not None:
+        return site, sae, z[:, check_index(latent, sae.n_latents, "latent")], None
+    return site, sae, z, active_latents(z)
+
+
 def active_latents(z: np.ndarray) -> list[list[tuple[int, float]]]:
     """Per token, the non-zero latents, strongest first.  [T, m] -> T lists of (latent, value)"""
     out = []
@@ -503,3 +516,91 @@ def active_latents(z: np.ndarray) -> list[list[tuple[int, float]]]:
         on = on[np.argsort(-row[on], kind="stable")]
         out.append([(int(j), float(row[j])) for j in on])
     return out
+
+
+# ------------------------------------------------------------------ SAE files, checkpoints, codes
+
+SHIPPED_SITE = "layers.1.resid_post"
+
+
+def sae_file(weights_file: Path, sae: Path | None, site: str = SHIPPED_SITE) -> Path:
+    """--sae, or the weights folder's sae/SITE.safetensors."""
+    return sae if sae is not None else Path(weights_file).parent / "sae" / f"{site}.safetensors"
+
+
+def latent_ablation(weights_file: Path, config: Config, paths: list[str]) -> Replace:
+    """A Replace hook zeroing each `sae.SITE.N` latent, its SAE read from the weights folder's
+    sae/SITE.safetensors; the reconstruction error stays in the stream."""
+    from ..session import check_index
+
+    by_site: dict[str, list[int]] = {}
+    for p in paths:
+        site, latent = parse_latent_path(p, config)
+        if latent is None:
+            raise InputError(f"--ablate takes one latent, e.g. {p}.17, not the whole SAE {p!r}")
+        by_site.setdefault(site, []).append(latent)
+    fns = {}
+    for site, latents in by_site.items():
+        sae = load_sae(sae_file(weights_file, None, site), config)
+        fns[site] = without_latents(sae, [check_index(j, sae.n_latents, "latent")
+                                          for j in latents])
+    return Replace(fns)
+
+
+def save_checkpoint(path: Path, state: TrainState, settings: dict) -> None:
+    """The training state, atomically, with the settings it belongs to."""
+    import io
+    import json
+
+    arrays = {f"p/{n}": a for n, a in state.sae.params().items()}
+    arrays.update({f"m/{n}": a for n, a in state.adam.m.items()})
+    arrays.update({f"v/{n}": a for n, a in state.adam.v.items()})
+    buf = io.BytesIO()
+    np.savez(buf, since_fired=state.since_fired, losses=np.asarray(state.losses),
+             step=state.step, t=state.adam.t, settings=json.dumps(settings), **arrays)
+    write_atomically(path, buf.getvalue())
+
+
+def load_checkpoint(path: Path, settings: dict) -> TrainState | None:
+    """The run's state from its checkpoint, or None when there is none for these settings."""
+    import json
+
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as z:
+            if json.loads(str(z["settings"])) != settings:
+                raise InputError(f"{path} is a checkpoint of a run with other settings: "
+                                 "delete it or give the same options")
+            p = {n: z[f"p/{n}"].copy() for n in ("W_enc", "b_enc", "W_dec", "b_dec")}
+            adam = Adam(settings["lr"], t=int(z["t"]), m={n: z[f"m/{n}"].copy() for n in p},
+                        v={n: z[f"v/{n}"].copy() for n in p})
+            sae = SAE(**p, site=settings["site"], k=settings["k"])
+            return TrainState(sae, adam, int(z["step"]), z["since_fired"].copy(),
+                              list(z["losses"]))
+    except (OSError, ValueError, KeyError) as e:
+        raise WeightsError(f"{path} is not a readable checkpoint ({e}): delete it to start "
+                           "over") from None
+
+
+def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
+               bar) -> dict[str, np.ndarray]:
+    """The SAE's sparse codes (ids, indices, values) at every token of `windows` windows of
+    the files, computed once per (weights, SAE, data) and kept in the cache folder.
+    bar(total, description) is the progress bar's context manager."""
+    from .. import cache
+    from ..corpus import data_windows
+    from ..files import sha256
+
+    def compute():
+        x_in, _ = data_windows(files, model.tokenizer, model.config.n_positions, windows)
+        with bar(len(x_in), "latents of the data") as advance:
+            x = site_values(model.params, model.config, x_in, sae.site, progress=advance)
+        idx, val = sparse_codes(sae, x)
+        return {"ids": x_in.astype(np.uint16), "idx": idx, "val": val}
+
+    key = cache.key_of("sae-codes-v1", sha256(model.weights_file), sha256(path),
+                       *(sha256(f) for f in files), str(windows))
+    return cache.load_or_compute(cache.entry("sae", key), cache.load_arrays, compute,
+                                 cache.store_arrays,
+                                 lambda e: set(e) == {"ids", "idx", "val"})

@@ -110,17 +110,17 @@ def concat(scores: list[TokenScores]) -> TokenScores:
                          for f in ("targets", "nats", "prob", "rank", "entropy")))
 
 
-def final_hidden(params, config: Config, ids: np.ndarray) -> np.ndarray:
+def final_hidden(params, config: Config, ids: np.ndarray, hooks=None) -> np.ndarray:
     """ln_final.out for a batch [B, T] -> [B, T, d], without the unembedding (the caller
     unembeds only the positions it scores)."""
-    return record(params, config, ids, {"ln_final.out"}, stop_after="ln_final.out")[1][
-        "ln_final.out"]
+    return record(params, config, ids, {"ln_final.out"}, hooks=hooks,
+                  stop_after="ln_final.out")[1]["ln_final.out"]
 
 
 def score_sequences(
     params, config: Config, sequences: list[np.ndarray], *, stride: int | None = None,
     batch_size: int = 8, full_only: bool = False,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], None] | None = None, hooks=None,
 ) -> Iterator[tuple[int, TokenScores]]:
     """(index, scores of targets 1..n-1) for each sequence, in order.
 
@@ -144,7 +144,7 @@ def score_sequences(
         x = np.zeros((len(chunk), width), dtype=np.int64)
         for r, (i, w) in enumerate(chunk):
             x[r, : w.end - w.start] = sequences[i][w.start : w.end]
-        u = final_hidden(params, config, x)  # [B, width, d]
+        u = final_hidden(params, config, x, hooks)  # [B, width, d]
         rows, cols, tgt = [], [], []
         for r, (i, w) in enumerate(chunk):
             # target t is predicted at window position t - 1 - start
@@ -243,18 +243,19 @@ def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.
                 stride: int, stream: bool, offset: int, top: int, keep: bool, draw: bool,
                 stream_bpt: float | None = None,
                 on_scores: Callable[[int, TokenScores], None] | None = None,
-                progress: Callable[[int], None] | None = None) -> ScoreReport:
+                progress: Callable[[int], None] | None = None, hooks=None) -> ScoreReport:
     """Score every text (`score_sequences`), adding up the totals as the texts come, so a
     whole file never has to be held: only the `top` most surprising tokens, the texts' scores
     when `keep`, and the first texts' when `draw`. `on_scores(i, s)` sees each text's scores
     as they are done (the --json lines stream from it). `stream_bpt`: the bytes per token of
-    a whole stream (--stream), counted instead of the tokens' own bytes, as the card does."""
+    a whole stream (--stream), counted instead of the tokens' own bytes, as the card does.
+    `hooks` (steering) go into every run."""
     total = Totals(0, 0, 0.0)
     worst: list[tuple] = []
     kept: list[TokenScores] = []
     drawn: list[TokenScores] = []
     for i, s in score_sequences(params, config, sequences, stride=stride, full_only=stream,
-                                progress=progress):
+                                progress=progress, hooks=hooks):
         total.tokens += len(s.targets)
         total.nats += float(s.nats.sum())
         total.bytes += int(nbytes[s.targets].sum())
@@ -282,3 +283,46 @@ def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.
                               full_only=stream)
     return ScoreReport(summary, sequences, offset, n_windows, worst,
                        kept if keep else None, drawn)
+
+
+# ------------------------------------------------------------------ what is scored
+
+
+def score_inputs(model, text: str | None, read_text: Callable[[str | None], str], file,
+                 stride: int | None, stream: bool, bos: bool
+                 ) -> tuple[list[np.ndarray], int, float | None]:
+    """(the id sequences to score, how many ids were put before each text, the stream's bytes
+    per token with --stream), after checking the options; `read_text(text)` gives the text
+    when no --file is given (called last: an option error comes before stdin is read)."""
+    from ..corpus import encode_stories, read_data_record, stories_of, validation_text
+    from ..errors import InputError
+
+    tok, cfg = model.tokenizer, model.config
+    eot = tok.eot_id
+    if stream and file is None:  # the held-out text the weights record
+        if read_data_record(model.folder) is None:
+            raise InputError("--stream reads a file: give it with --file (these weights "
+                             "have no data.json naming their validation text)")
+        file = validation_text(model.folder, None)[0]
+    if stream and stride not in (None, cfg.n_positions):
+        raise InputError(f"--stream uses non-overlapping windows of {cfg.n_positions} "
+                         "tokens; leave out --stride")
+    if stride is not None and stride > cfg.n_positions:
+        raise InputError(f"--stride {stride} is longer than the {cfg.n_positions}-token "
+                         "context: give 1 to " + str(cfg.n_positions))
+    if file is not None and text is not None:
+        raise InputError("give a text or --file, not both")
+    if file is not None:
+        stories = stories_of(file)
+        if not stream:
+            return [np.asarray([eot] + ids + [eot]) for ids in tok.encode_batch(stories)], 1, None
+        ts = encode_stories(stories, tok)
+        if len(ts.ids) <= cfg.n_positions:
+            raise InputError(f"--stream needs more than {cfg.n_positions} tokens; "
+                             f"{file} has {len(ts.ids)}")
+        return [ts.ids.astype(np.int64)], 0, ts.bytes_per_token
+    seq = np.asarray(([eot] if bos else []) + tok.encode(read_text(text)))
+    if len(seq) < 2:
+        raise InputError("one token alone has nothing before it to predict it from; "
+                         "give a longer text or leave out --no-bos")
+    return [seq], int(bos), None

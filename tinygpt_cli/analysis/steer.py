@@ -307,3 +307,39 @@ def _pick(tensors: dict[str, np.ndarray], row: int | None, spec: str) -> np.ndar
         raise InputError(f"--steer-vector {spec}: row {row} is out of range: the file has "
                          f"rows 0..{len(table) - 1}")
     return np.asarray(table[row])
+
+
+# ------------------------------------------------------------------ the --steer options
+
+
+def steering_direction(model, toward: str | None, away: str | None, vector_file: str | None,
+                       layer: int | None) -> tuple[np.ndarray, int, dict]:
+    """(v, the block it steers, where v came from) from the --steer options: a saved
+    direction (--steer-vector FILE[#N], its block from the file unless --steer-layer), or
+    mean_difference of the --steer and --steer-away texts at --steer-layer."""
+    from ..errors import check_utf8
+    from ..session import check_index, encode_checked
+
+    config = model.config
+    if vector_file is not None:
+        if toward is not None or away is not None:
+            raise InputError("give --steer-vector or --steer/--steer-away, not both")
+        d = read_direction(vector_file, config.n_embd, config.n_layer)
+        layer = layer if layer is not None else d.layer
+        if layer is None:
+            raise InputError(f"--steer-vector {vector_file}: the file does not say which "
+                             "block it steers; give --steer-layer L")
+        return d.vector, layer, {"vector": vector_file}
+    if toward is None or away is None:
+        given, missing = ("--steer", "--steer-away") if toward is not None else \
+            ("--steer-away", "--steer")
+        raise InputError(f"{given} needs {missing}: v is the difference of the two texts' "
+                         "mean resid_pre")
+    if layer is None:
+        raise InputError("--steer needs --steer-layer L: the block whose input is steered")
+    layer = check_index(layer, config.n_layer, "--steer-layer")
+    for text, name in ((toward, "--steer"), (away, "--steer-away")):
+        check_utf8(text, name)
+    pair = (encode_checked(model, toward), encode_checked(model, away))
+    vector = mean_difference(model.params, config, [pair], layer)
+    return vector, layer, {"toward": toward, "away": away}

@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
-from ..hooks import Record
+from ..hooks import Chain, Record
 from ..model import backward, forward
 
 K_MATRIX = 8  # each side of a weight matrix's projection: k_in x k_out = 64 numbers
@@ -288,8 +288,9 @@ def token_table(weight: np.ndarray, direction: np.ndarray, tokens: np.ndarray,
 
 
 def query(params, config: Config, projection: Projection, ids: list[int], target: int,
-          t_window: int) -> Query:
-    """d -log p(target | text) / d params, in the index's terms (windows of t_window)."""
+          t_window: int, hooks=None) -> Query:
+    """d -log p(target | text) / d params, in the index's terms (windows of t_window), of
+    the text's run through `hooks` (steering)."""
     p = projection
     x = np.asarray(ids)[None]
 
@@ -300,7 +301,7 @@ def query(params, config: Config, projection: Projection, ids: list[int], target
         return d
 
     rec = Record()
-    forward(params, config, x, hooks=rec)
+    forward(params, config, x, hooks=Chain(hooks, rec))
     v = rec.values
     grads, dv = backward(params, config, v, dlogits_of(v["logits"]), wrt_values=True)
     a = dlogits_of(v["logits"])[0, -1].astype(np.float64)  # [V]

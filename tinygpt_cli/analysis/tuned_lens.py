@@ -213,3 +213,50 @@ def load_translators(path: str | Path, config: Config) -> Translators:
                                    f"({got})")
             into.append(np.asarray(x, np.float32))
     return out
+
+
+# ------------------------------------------------------------------ the lens of a weights folder
+
+KINDS = ("logit", "tuned")
+FIT_WINDOWS = 200  # 25,600 training tokens
+EVAL_WINDOWS = 40  # 5,120 held-out tokens
+FIT_STEPS = 300  # Adam steps per stage, 512 tokens each
+
+
+def check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise InputError(f"--kind must be logit or tuned, not {kind!r}")
+    return kind
+
+
+def lens_file(weights_file: Path, given: Path | None) -> Path:
+    """--lens, or the weights folder's lens/tuned.safetensors."""
+    return given if given is not None else Path(weights_file).parent / "lens" / "tuned.safetensors"
+
+
+def tuned_reader(session, given: Path | None):
+    """trace -> the tuned lens of the session's text as a Lens (stages, logits), the model's
+    logits last: lens_report's reader."""
+    from .lens import Lens
+
+    def read(trace):
+        path = lens_file(session.model.weights_file, given)
+        translators = load_translators(path, session.config)
+        return Lens(*tuned_stage_logits(trace, translators, session.params, session.config))
+
+    return read
+
+
+def fit_and_save(model, windows: np.ndarray, path: Path, bar) -> int:
+    """Fit the translators on the windows' stages and write them to `path`; the tokens used.
+    bar(total, description) is the progress bar's context manager."""
+    from ..files import sha256
+
+    cfg = model.config
+    with bar(len(windows), "values of the stages") as advance:
+        stages, last = stage_values(model.params, cfg, windows, progress=advance)
+    with bar(FIT_STEPS * cfg.n_layer, "fitting the tuned lens") as advance:
+        translators, _ = fit(stages, last, model.params, cfg, steps=FIT_STEPS, progress=advance)
+    save_translators(path, translators, {"weights_sha256": sha256(model.weights_file),
+                                         "tokens": str(len(last)), "steps": str(FIT_STEPS)})
+    return len(last)

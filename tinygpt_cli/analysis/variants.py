@@ -49,7 +49,7 @@ def run_variants(params: dict[str, np.ndarray], config: Config, ids: Sequence[in
                  variants: Sequence[Variant], position: int = -1,
                  rows: Sequence[int] | None = None,
                  streams: Sequence[np.ndarray] | None = None,
-                 advance: Callable[[int], object] | None = None) -> np.ndarray:
+                 advance: Callable[[int], object] | None = None, hooks=None) -> np.ndarray:
     """The logits at `position` of each edited run: [N, V], or [N, len(rows)] with `rows`
     (only those rows of the head are computed: see cut_head).
 
@@ -57,7 +57,9 @@ def run_variants(params: dict[str, np.ndarray], config: Config, ids: Sequence[in
     With `streams` (the unchanged run's resid_pre of every block, then its last resid_post),
     a variant that edits only values of blocks L and later starts at block L from that
     stream instead of recomputing the blocks before it, which no edit of it can change.
-    `advance(n)` is called as each batch of n variants is done (a progress bar).
+    `advance(n)` is called as each batch of n variants is done (a progress bar). `hooks`
+    (steering) go into every run before the variant's edits; the streams are then not used
+    (they hold the hooks' change already, which starting a block would add again).
     """
     ids = np.asarray(ids)
     position = position % len(ids)
@@ -70,6 +72,7 @@ def run_variants(params: dict[str, np.ndarray], config: Config, ids: Sequence[in
         ids = np.zeros_like(ids)
     width = config.vocab_size if rows is None else len(rows)
     out = np.zeros((len(variants), width), dtype=params["wte.weight"].dtype)
+    streams = None if hooks is not None else streams
     groups: dict[int | None, list[int]] = {}
     for k, variant in enumerate(variants):
         groups.setdefault(None if streams is None else first_block(variant, config), []).append(k)
@@ -77,14 +80,14 @@ def run_variants(params: dict[str, np.ndarray], config: Config, ids: Sequence[in
     for layer, members in groups.items():
         for start in range(0, len(members), step):
             chunk = members[start : start + step]
-            hooks = Chain(first, PerVariant([variants[k] for k in chunk]))
+            each = Chain(hooks, first, PerVariant([variants[k] for k in chunk]))
             if layer is None:
                 batch = np.broadcast_to(ids, (len(chunk), len(ids)))
-                logits = forward(params, config, batch, hooks=hooks, last_only=True)
+                logits = forward(params, config, batch, hooks=each, last_only=True)
             else:
                 h = np.broadcast_to(streams[layer][: len(ids)], (len(chunk), len(ids),
                                                                     config.n_embd))
-                logits = forward_from(params, config, layer, h, hooks)
+                logits = forward_from(params, config, layer, h, each)
             out[chunk] = logits[:, -1, :]
             if advance is not None:
                 advance(len(chunk))

@@ -30,7 +30,7 @@ import numpy as np
 from .. import ops
 from ..config import Config
 from ..corpus import TrainingDataError, eval_windows
-from ..hooks import Record
+from ..hooks import Chain, Record
 from ..model import backward, forward, loss_and_grads
 from ..threads import map_on_cores
 from .why_index import TracinIndex
@@ -148,10 +148,11 @@ def window_gradient(params, config: Config, x: np.ndarray, y: np.ndarray):
     return grads
 
 
-def query_gradient(params, config: Config, ids: list[int], target: int):
-    """d -log p(target | text) / d params, through the project's own backward pass."""
+def query_gradient(params, config: Config, ids: list[int], target: int, hooks=None):
+    """d -log p(target | text) / d params, through the project's own backward pass (the
+    text run through `hooks`, its steering)."""
     rec = Record()
-    logits = forward(params, config, np.asarray(ids), hooks=rec)
+    logits = forward(params, config, np.asarray(ids), hooks=Chain(hooks, rec))
     dlogits = np.zeros_like(logits)
     dlogits[-1] = ops.softmax(logits[-1])  # d(-log p_y)/dz = softmax(z) - onehot(y)
     dlogits[-1, target] -= 1.0
@@ -321,16 +322,16 @@ def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
 
 
 def influence(index: Index, snapshots: list, config: Config, ids: list[int], target: int,
-              top: int, grads: TracinIndex, workers: int | None = None) -> dict:
+              top: int, grads: TracinIndex, hooks=None, workers: int | None = None) -> dict:
     """TracIn end to end over every window: score them all from the index, then explain the
     top ones exactly, the snapshots on `workers` threads (default: every core).
     `snapshots` are analysis.history.Snapshot objects with a learning rate, in the index's
     order."""
     x, y = windows(index.stream, config.n_positions)
-    per_snapshot = grads.scores([s.params for s in snapshots], config, x, y, ids, target,
+    per_snapshot = grads.scores([s.params for s in snapshots], config, x, y, ids, target, hooks,
                                 workers)
     per_snapshot *= np.asarray([s.lr for s in snapshots])[:, None]
-    queries = [query_gradient(s.params, config, ids, target) for s in snapshots]
+    queries = [query_gradient(s.params, config, ids, target, hooks) for s in snapshots]
     rows = top_windows(index.stream, config, np.arange(len(x)), per_snapshot,
                        [(s.params, s.lr, q) for s, q in zip(snapshots, queries, strict=True)],
                        ids, target, top, workers)
@@ -381,16 +382,17 @@ class Why:
 
 
 def answer(model, ids: list[int], target: str | int | None, files: list, top: int,
-           report=None, workers: int | None = None) -> Why:
+           report=None, workers: int | None = None, hooks=None) -> Why:
     """`why` end to end: the training text's index, the exact matches, the snapshots, the
-    window-gradient index (built when missing; report(done, total) follows it) and TracIn."""
+    window-gradient index (built when missing; report(done, total) follows it) and TracIn;
+    the text (never the training windows) runs through `hooks`, its steering."""
     from ..errors import InputError
     from ..session import token_id
     from . import history as hist
     from .why_index import open_index
 
     config = model.config
-    logits = forward(model.params, config, np.asarray(ids))
+    logits = forward(model.params, config, np.asarray(ids), hooks=hooks)
     target_id = token_id(model, target) if target is not None else hist.next_token(logits)[0]
     index = load_index(files, model.tokenizer, model.folder / "tokenizer.json")
     x, _ = windows(index.stream, config.n_positions)
@@ -410,7 +412,7 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
                longest_seen(index.stream, index.sa, ids, target_id),
                exact_matches(index.stream, index.sa, ids, target_id), timeline,
                tokens_named(influence(index, timeline, config, ids, target_id, top, grads,
-                                      workers), model.tokenizer, index), grads)
+                                      hooks, workers), model.tokenizer, index), grads)
 
 
 def tokens_named(found: dict, tokenizer, index: Index) -> dict:

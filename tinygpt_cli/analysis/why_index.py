@@ -217,15 +217,17 @@ class TracinIndex:
             (self.folder / f"chunk-{s}-{c}.npz").unlink(missing_ok=True)
 
     def scores(self, params_list: list[dict], config: Config, x: np.ndarray, y: np.ndarray,
-               ids: list[int], target: int, workers: int | None = None) -> np.ndarray:
+               ids: list[int], target: int, hooks=None, workers: int | None = None
+               ) -> np.ndarray:
         """Every window's approximate <window gradient, query gradient>, per snapshot, the
-        snapshots on every core.  -> [S, W] (not yet weighted by the learning rates)"""
+        text run through `hooks`, the snapshots on every core.  -> [S, W] (not yet weighted
+        by the learning rates)"""
         from ..threads import map_on_cores
 
         def one(s: int) -> np.ndarray:
             with np.load(self.folder / f"projection-{s}.npz") as z:
                 p = tracin.Projection.from_arrays(dict(z))
-            q = tracin.query(params_list[s], config, p, ids, target, config.n_positions)
+            q = tracin.query(params_list[s], config, p, ids, target, config.n_positions, hooks)
             arrays = {n: np.load(self.folder / f"{n}-{s}.npy", mmap_mode="r") for n in ARRAYS}
             return tracin.scores(arrays["rows"], arrays["u"], arrays["m"], x, y, q)
 

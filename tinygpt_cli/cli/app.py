@@ -108,10 +108,11 @@ def _register(name: str | None = None) -> None:
         return ORDER.index(name) if name in ORDER else len(ORDER)
 
     app.registered_commands.sort(key=rank)
-    from .steering import steerable
+    from .steering import STEERED, steerable
 
     for command in app.registered_commands:
-        if command.callback and "ablate" in inspect.signature(command.callback).parameters:
+        if command.callback and ("ablate" in inspect.signature(command.callback).parameters
+                                 or _command_name(command) in STEERED):
             command.callback = steerable(command.callback)  # what runs a text can be steered
         # Each "Example:" line of a docstring becomes a line of its own in --help (click
         # would otherwise join and rewrap them mid-command).

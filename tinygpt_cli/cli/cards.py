@@ -30,8 +30,8 @@ from .common import (
     check_top_p,
     run,
     save_figure,
+    show_view,
     stdout,
-    wide,
 )
 
 # NumPy, Rich and the model are imported inside the commands: registering them (and
@@ -42,10 +42,8 @@ def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None
          save=None, force=False):
     """Print one traced value: JSON document, or header + token-labelled table (+ more);
     with --save, write its picture first (the value as a heatmap)."""
-    from rich.console import Group
-
     from ..render import jsonout
-    from ..render.tables import tensor_view
+    from ..render.cards import value_view
 
     value = r.trace.get(path) if value is None else value
     if save is not None:  # the picture module loads only for a picture
@@ -55,17 +53,8 @@ def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None
     if as_json:
         jsonout.emit(r.document(path, value, **(extra or {})))
         return
-    view = tensor_view(path, value, r.tokens, full=full)
-    (wide(view) if full else stdout()).print(Group(view, *below))
-
-
-def top_rows(r: Run, values, k: int, name: str) -> list[dict]:
-    """The k highest entries of a vocabulary-sized row, with their tokens."""
-    import numpy as np
-
-    order = np.argsort(-values, kind="stable")[:k]
-    tok = r.model.tokenizer.token_str
-    return [{"id": int(i), "token": tok(int(i)), name: float(values[i])} for i in order]
+    view = value_view(path, value, r.tokens, full, below)
+    show_view(view, full, [view.renderables[0]])  # as wide as the table, --full
 
 
 # ------------------------------------------------------------------ cards 2-4, 8
@@ -100,12 +89,12 @@ def pos(
 def _norm(r: Run, prefix: str, as_json: bool, full: bool, save=None, force=False):
     from rich.text import Text
 
+    from ..render.cards import NORM_NOTE
+
     mean = r.trace.get(prefix + ".mean")[:, 0]
     std = r.trace.get(prefix + ".std")[:, 0]
     show(r, prefix + ".out", as_json, full, extra={"mean": mean, "std": std}, save=save,
-         force=force,
-         below=[Text("mean and std are each token's own, taken before the norm; "
-                     "out = (x - mean) / std * weight + bias", style="dim")])
+         force=force, below=[Text(NORM_NOTE, style="dim")])
 
 
 @app.command()
@@ -157,11 +146,8 @@ def attn(
 
     Example: tinygpt attn "Lily wanted to play with her" --layer 0 --head 0
     """
-    from rich.console import Group
-    from rich.text import Text
-
     from ..render import jsonout
-    from ..render.tables import header, heatmap
+    from ..render.cards import head_view, heads_view
 
     def picture(path, grids):  # the picture module loads only for a picture
         if save is not None:
@@ -180,13 +166,8 @@ def attn(
         if as_json:
             jsonout.emit(r.document(path, grids))
             return
-        from rich.columns import Columns
-
-        lo, hi = (None, None) if scores else (0.0, 1.0)
-        maps = [heatmap(g, r.tokens, f"head {h}", lo=lo, hi=hi, full=full)
-                for h, g in enumerate(grids)]
-        (wide(*maps) if full else stdout()).print(
-            Group(header(path, grids), Columns(maps, padding=(1, 3))))
+        view, maps = heads_view(path, grids, r.tokens, scores, full)
+        show_view(view, full, maps)
         return
     head = check_index(head, cfg.n_head, "head")
     path = f"layers.{layer}.heads.{head}.{field}"
@@ -195,11 +176,8 @@ def attn(
     if as_json:
         jsonout.emit(r.document(path, grid))
         return
-    note = ("rows: the token looking; columns: the tokens it looks at; each row sums to 1"
-            if not scores else "-inf above the diagonal: a token cannot look ahead")
-    hm = heatmap(grid, r.tokens, lo=None if scores else 0.0, hi=None if scores else 1.0,
-                 full=full)
-    (wide(hm) if full else stdout()).print(Group(header(path, grid), hm, Text(note, style="dim")))
+    view, maps = head_view(path, grid, r.tokens, scores, full)
+    show_view(view, full, maps)
 
 
 # ------------------------------------------------------------------ card 6
@@ -217,12 +195,9 @@ def mlp(
 
     Example: tinygpt mlp "Lily wanted to play with her" --layer 0 --top 5
     """
-    import numpy as np
-    from rich.text import Text
-
     from ..analysis.lens import top_neurons
     from ..render import pictures
-    from ..render.tables import matrix, token_rows
+    from ..render.cards import neurons_below
 
     r = run(weights, text, ablate)
     layer = check_index(layer, r.model.config.n_layer, "layer")
@@ -234,15 +209,8 @@ def mlp(
     if as_json:
         show(r, path, True, full, extra={"top_neurons": neurons})
         return
-    acts = np.stack([n["activations"] for n in neurons], axis=1)
-    table = matrix(acts, token_rows(r.tokens), full=full, edge=None,
-                   col_labels=[f"n{n['neuron']}" for n in neurons])
-    show(r, path, False, full, below=[
-        Text(""),
-        Text(f"most active hidden neurons of layers.{layer}.mlp_post "
-             f"(GELU of {post.shape[1]}), by peak activation:", style="bold"),
-        table,
-    ])
+    show(r, path, False, full,
+         below=neurons_below(layer, post.shape[1], neurons, r.tokens, full))
 
 
 # ------------------------------------------------------------------ card 7
@@ -275,8 +243,7 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
         jsonout.emit(r.document(None, norms, name="blocks.norm", position=p,
                                       stages=stages))
         return
-    view = blocks_view(rows, tok, p, r.tokens, norms, full)
-    (wide(view) if full else stdout()).print(view)  # --full: every column, however wide
+    show_view(blocks_view(rows, tok, p, r.tokens, norms, full), full)  # --full: however wide
 
 
 # ------------------------------------------------------------------ cards 9-11
@@ -290,22 +257,20 @@ def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
 
     Example: tinygpt logits "Lily wanted to play with her" --position -1 --top 10
     """
-    from rich.console import Group
-
+    from ..analysis.lens import top_entries
     from ..render import jsonout, pictures
-    from ..render.tables import header, top_table
+    from ..render.cards import logits_view
 
     r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
     row = r.trace.get("logits")[p]
     path = f"logits[{p}]"
-    rows = top_rows(r, row, top, "logit")
+    rows = top_entries(row, top, r.model.tokenizer.token_str, "logit")
     save_figure(pictures.top_figure(path, rows, "logit", r.tokens), save, force)
     if as_json:
         jsonout.emit(r.document(path, row, position=p, top=rows))
         return
-    stdout().print(Group(header(path, row, f"(logits is {r.T} × {row.shape[0]})"),
-                         top_table(rows, "logit")))
+    stdout().print(logits_view(path, row, rows, r.T))
 
 
 @app.command()
@@ -317,11 +282,9 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
 
     Example: tinygpt probs "Lily wanted to play with her" --temperature 1 --top 10
     """
-    from rich.console import Group
-    from rich.text import Text
-
+    from ..analysis.lens import top_entries
     from ..render import jsonout, pictures
-    from ..render.tables import header, top_table
+    from ..render.cards import probs_view
     from ..sampling import probabilities
 
     r = run(weights, text, ablate)
@@ -329,16 +292,14 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     pr = probabilities(r.trace.get("logits")[p], temperature)
     # At temperature 1 these are the trace's own probs; otherwise a formula, not a path.
     path = f"probs[{p}]" if temperature == 1 else f"softmax(logits[{p}] / {temperature:g})"
-    rows = top_rows(r, pr, top, "chance")
+    rows = top_entries(pr, top, r.model.tokenizer.token_str, "chance")
     save_figure(pictures.top_figure(path, rows, "chance", r.tokens, percent=True), save, force)
     if as_json:
         formula = {} if temperature == 1 else {"formula": path}
         jsonout.emit(r.document(path if temperature == 1 else None, pr, **formula, position=p,
                                 temperature=temperature, top=rows))
         return
-    shown = sum(x["chance"] for x in rows)
-    stdout().print(Group(header(path, pr), top_table(rows, "chance", bar_of="chance"),
-                         Text(f"these {len(rows)} hold {shown:.1%} of the chance", style="dim")))
+    stdout().print(probs_view(path, pr, rows))
 
 
 @app.command("sample")
@@ -351,10 +312,9 @@ def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = AB
     Example: tinygpt sample "Lily wanted to play with her" --seed 1
     """
     import numpy as np
-    from rich.text import Text
 
     from ..render import jsonout
-    from ..render.text import show_text, show_token
+    from ..render.cards import continued_text, sample_view
     from ..sampling import create_rng, next_token_distribution, sample
 
     check_top_p(top_p)
@@ -369,11 +329,6 @@ def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = AB
                                       token=token, chance=float(dist[token_id]), seed=seed,
                                       temperature=temperature))
         return
-    t = Text()
-    t.append("next token ", style="dim")
-    t.append(show_token(token), style="bold green")
-    t.append(f"  id {token_id}  chance {dist[token_id]:.1%}  seed {seed}", style="dim")
-    stdout().print(t)
-    out = Text(show_text(r.text))
-    out.append(show_text(r.model.tokenizer.decode([token_id])), style="bold green")
-    stdout().print(out, soft_wrap=True)  # the text as it is, not wrapped by Rich
+    stdout().print(sample_view(token, token_id, float(dist[token_id]), seed))
+    stdout().print(continued_text(r.text, r.model.tokenizer.decode([token_id])),
+                   soft_wrap=True)  # the text as it is, not wrapped by Rich

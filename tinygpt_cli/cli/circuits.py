@@ -24,95 +24,19 @@ from .common import (
     VS,
     WEIGHTS,
     InputError,
+    open_session,
     progress,
+    read_text,
     save_figure,
     stderr,
     stdout,
 )
-from .explain import emit, open_session
 
 if TYPE_CHECKING:
     from ..session import Session
 
 STEPS = typer.Option(20, "--steps", min=1, max=1000, help="eap-ig: points on the path from "
                      "the corrupt to the clean embeddings (one backward pass each); 1 is eap.")
-
-
-def _pair(s: Session, c: Session, position: int, target: str | None, vs: str | None,
-          quiet: bool = False):
-    """The prepared pair of runs with its scored tokens; says so on stderr when the two runs'
-    top guesses coincide and the corrupt run's second guess stands in."""
-    from ..analysis import circuit
-
-    if c.T != s.T:
-        raise InputError(f"the clean text is {s.T} tokens and the corrupt text {c.T}: edges "
-                         "are patched position by position, so they must have the same "
-                         "number of tokens")
-    p = s.position(position)
-    t, v, fell_back = circuit.default_tokens(
-        s.run()[p], c.run()[p], None if target is None else s.token_id(target),
-        None if vs is None else s.token_id(vs))
-    if t == v:
-        raise InputError(f"the target and --vs are the same token "
-                         f"({s.model.tokenizer.token_str(t)!r}): give --target and --vs "
-                         "that differ")
-    if fell_back and not quiet:
-        tok = s.model.tokenizer.token_str
-        stderr().print(f"note: both runs' top guess is {tok(t)!r}; scoring it against the "
-                       f"corrupt run's next guess {tok(v)!r}", style="dim", soft_wrap=True)
-    return circuit.prepare(s.params, s.config, s.ids, c.ids, t, v, p)
-
-
-def _read_pairs(path: Path) -> list[tuple[str, str]]:
-    """Lines CLEAN<TAB>CORRUPT; blank lines and lines starting with '#' are skipped."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise InputError(f"--pairs {path}: not UTF-8 text") from None
-    except OSError as e:
-        raise InputError(f"--pairs {path}: cannot read it ({e.strerror or e})") from None
-    pairs = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        parts = line.split("\t")
-        if len(parts) != 2 or not all(p.strip() for p in parts):
-            raise InputError(f"--pairs {path}, line {n}: expected CLEAN<tab>CORRUPT")
-        pairs.append((parts[0], parts[1]))
-    if not pairs:
-        raise InputError(f"--pairs {path}: no pairs in it (one CLEAN<tab>CORRUPT a line)")
-    return pairs
-
-
-def _stability(s: Session, texts: list[tuple[str, str]], first, method: str, steps: int,
-               size: int, target: str | None, vs: str | None, position: int):
-    from ..analysis import circuit
-
-    pairs = [first]
-    for clean, corrupt in texts:
-        a = open_session(None, clean, model=s.model)
-        pairs.append(_pair(a, open_session(None, corrupt, model=s.model), position, target,
-                           vs, quiet=True))
-    return circuit.stability(pairs, method, size, steps)
-
-
-def _circuit_document(s: Session, c: Session, pair, r, stab, options: dict) -> None:
-    import numpy as np
-
-    names = r.graph.edge_names()
-    edges = [{"rank": k + 1, "edge": names[e], "sender": r.graph.senders[r.graph.edges[e][0]],
-              "receiver": r.graph.receivers[r.graph.edges[e][1]], "score": float(r.scores[e])}
-             for k, e in enumerate(r.order)]
-    extra = {} if stab is None else {"stability": {
-        "size": stab.size, "jaccard": stab.overlap, "own_f": stab.own,
-        "transfer_f": stab.transfer}}
-    emit(s, "circuit", r.scores[r.order], options, axes=["edge"], edges=edges,
-         clean=r.clean, corrupt=r.corrupt, position=r.position,
-         target=token_doc(s, pair.target), vs=token_doc(s, pair.vs),
-         corrupt_ids=c.ids, corrupt_tokens=c.tokens, sizes=r.sizes, faithfulness=r.f, area=r.area,
-         smallest=r.smallest, threshold=0.8,
-         random_f=None if r.random is None else r.random,
-         random_median=None if r.random is None else float(np.median(r.random)), **extra)
 
 
 @app.command()
@@ -154,28 +78,33 @@ def circuit(
     Example: tinygpt circuit "Tom had a ball. He saw his" "Tom had a car. He saw his" --method exact
     """
     from ..analysis import circuit as circuits
+    from ..analysis import circuit_pairs as pairing
     from ..render import circuits as view
+    from ..render.documents import circuit_document
+    from ..render.jsonout import emit
 
     if method not in circuits.METHODS:
         raise InputError(f"unknown --method {method!r}: use {', '.join(circuits.METHODS)}")
     if stable != (pairs is not None):
         raise InputError("--stability needs --pairs FILE, and --pairs goes with --stability")
-    more = None if pairs is None else _read_pairs(pairs)  # a bad file fails before the work
+    more = None if pairs is None else pairing.read_pairs(pairs)  # a bad file fails first
     s = open_session(weights, clean)
-    c = open_session(None, corrupt, model=s.model)
-    pair = _pair(s, c, position, target, vs)
+    c = s.reopen(read_text(corrupt))
+    pair, note = pairing.prepare_pair(s, c, position, target, vs)
+    if note:
+        stderr().print(note, style="dim", soft_wrap=True)
     e = len(pair.graph.edges)
     bar, runs = not as_json and method.startswith("exact"), 2 * e if method == "exact-mean" else e
     with progress(runs, f"patching {e} edges", enabled=bar) as step:
         r = circuits.find_circuit(pair, method, steps, seed=seed, advance=step)
-    stab = None if more is None else _stability(
+    stab = None if more is None else pairing.stability_over(
         s, more, pair, method, steps, r.smallest or top, target, vs, position)
-    what = describe(s, pair.target, pair.vs)
+    what = pairing.describe(s.model.tokenizer.token_str, pair.target, pair.vs)
     save_figure(view.circuit_figure(r, what, top), save, force)
     if as_json:
-        _circuit_document(s, c, pair, r, stab, {
+        emit(circuit_document(s, c, pair, r, stab, {
             "target": target, "vs": vs, "position": position, "method": method,
-            "steps": steps if method == "eap-ig" else None, "seed": seed})
+            "steps": steps if method == "eap-ig" else None, "seed": seed}))
         return
     stdout().print(view.circuit_view(r, what, pair.position, s.tokens[pair.position],
                                      s.config.n_layer, s.config.n_head, top, stab))
@@ -205,6 +134,8 @@ def qk(
     """
     from ..analysis import qk as attribution
     from ..render import circuits as view
+    from ..render.documents import qk_document
+    from ..render.jsonout import emit
 
     s = open_session(weights, text)
     i, h, p = s.layer(layer), s.head(head), s.position(query)
@@ -215,10 +146,8 @@ def qk(
                          f"0..{p} (or -{p + 1}..-1 from the end)")
     k %= p + 1
     if as_json:
-        emit(s, f"qk.layers.{i}.heads.{h}", r.terms, {"layer": layer, "head": head,
-             "query": query, "key": key}, axes=["query part", "key part", "key"],
-             sources=r.sources, layer=i, head=h, query=p, key=k, scores=r.scores,
-             weights=r.weights)
+        emit(qk_document(s, r, i, h, p, k, {"layer": layer, "head": head, "query": query,
+                                            "key": key}))
         return
     stdout().print(view.qk_view(r, s.tokens, k, top))
 
@@ -228,32 +157,18 @@ def show_erasure(s: Session, r, position: int, target: int, vs: int | None,
     """`attribute --faithfulness`: the erasure curves of attribution r against occlusion and
     random orders (attention-x-grad's scores summed over its heads)."""
     from ..analysis import erasure
+    from ..analysis.circuit_pairs import describe
     from ..render import circuits as view
+    from ..render.documents import erasure_document
+    from ..render.jsonout import emit
 
-    base = None
-    if baseline is not None:
-        b = open_session(None, baseline, model=s.model)
-        base = s.params["wte.weight"][b.ids]
+    base = None if baseline is None else s.params["wte.weight"][s.reopen(baseline).ids]
     scores = r.scores.reshape(-1, r.scores.shape[-1]).sum(axis=0)
     e = erasure.erasure(s.params, s.config, s.ids, position, target, vs, scores, r.method,
                         base)
     if as_json:
-        comp, suff = e.aopc
-        emit(s, f"attribute.{r.method}.faithfulness", e.comprehensiveness,
-             {"position": position, "method": r.method, "baseline": baseline},
-             axes=["ranking", "k"], rankings=e.names, sufficiency=e.sufficiency,
-             occlusion=e.occlusion, scores=scores[: position + 1], f=e.f, f_empty=e.f_empty,
-             aopc_comprehensiveness=comp, aopc_sufficiency=suff, position=position,
-             target=token_doc(s, target), vs=token_doc(s, vs))
+        emit(erasure_document(s, e, scores, position, target, vs, {
+            "position": position, "method": r.method, "baseline": baseline}))
         return
-    stdout().print(view.erasure_view(e, s.tokens, describe(s, target, vs), position))
-
-
-def describe(s, t: int, v: int | None) -> str:
-    """The metric, for a heading: logit[' ball'] − logit[' car']."""
-    tok = s.model.tokenizer.token_str
-    return f"logit[{tok(t)!r}]" + (f" − logit[{tok(v)!r}]" if v is not None else "")
-
-
-def token_doc(s, i: int | None) -> dict | None:
-    return None if i is None else {"id": i, "token": s.model.tokenizer.token_str(i)}
+    what = describe(s.model.tokenizer.token_str, target, vs)
+    stdout().print(view.erasure_view(e, s.tokens, what, position))

@@ -2,30 +2,39 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from ..errors import InputError, check_utf8
-from ..files import write_atomically
+from ..errors import InputError
+from ..render.output import (
+    at_least,
+    check_save,
+    picture_format,
+    save_figure,
+    set_changed,
+    set_quiet,
+    show_view,
+    stderr,
+    stdout,
+    wide,
+)
 from ..render.progress import progress, progress_report
+from ..streams import read_text
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from ..session import Session, Trace  # the session's own type: cli never imports trace
     from ..weights import Model
 
 # This module is imported to register every command, including for `tinygpt --help`: it
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
-__all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "check_index", "check_save",
-           "check_top_p", "encode_checked", "load", "open_folder", "progress", "progress_report",
-           "read_text", "run", "save_figure", "set_default_weights", "stderr", "stdout", "wide"]
+__all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "at_least", "bar", "check_index",
+           "check_save", "check_top_p", "encode_checked", "load", "open_folder", "open_session",
+           "progress", "progress_report", "read_text", "run", "save_figure",
+           "set_default_weights", "show_view", "stderr", "stdout", "wide"]
 
 
 def __getattr__(name: str):
@@ -108,21 +117,15 @@ STEER_OPTIONS = {
 }
 
 
-# --save, --force, --quiet: every command that draws something takes all three.
-_quiet = False  # set by --quiet for the one command being run; stdout() then prints nothing
+# --save, --force, --quiet: every command that draws something takes all three
+# (render/output.py writes the pictures and keeps --quiet).
 
 
 def _set_quiet(ctx: typer.Context, value: bool) -> bool:
-    global _quiet
     if value:
-        _quiet = True
-        ctx.call_on_close(_clear_quiet)  # in-process callers (tests) run the next command loud
+        set_quiet(True)
+        ctx.call_on_close(lambda: set_quiet(False))  # in-process callers (tests): loud again
     return value
-
-
-def _clear_quiet() -> None:
-    global _quiet
-    _quiet = False
 
 
 def _check_save(value: Path | None) -> Path | None:
@@ -139,135 +142,19 @@ QUIET = typer.Option(False, "--quiet", "-q", callback=_set_quiet,
                      help="Print no terminal view (with --save: only write the file).")
 
 
-def picture_format(path: Path) -> str:
-    """'svg' or 'html' from the extension of a --save path, checked before anything runs."""
-    kind = {".svg": "svg", ".html": "html", ".htm": "html"}.get(path.suffix.lower())
-    if kind is None:
-        raise InputError(f"--save {path}: unknown extension {path.suffix or '(none)'!r}; use "
-                         ".svg (a vector drawing) or .html (a web page)")
-    if not path.parent.is_dir():
-        raise InputError(f"--save {path}: the folder {path.parent} "
-                         + ("is a file" if path.parent.exists() else "does not exist"))
-    if path.is_dir():
-        raise InputError(f"--save {path}: that is a folder; give a file name ending .svg or "
-                         ".html")
-    return kind
+def bar(as_json: bool):
+    """bar(total, description): the progress bars the analyses' slow steps ask for; none
+    with --json; where stderr is not a terminal, a line every 5 s once a step has run that
+    long (quick steps print nothing)."""
+    from ..render.text import escape_line
 
-
-def save_figure(figure, path: Path | None, force: bool = False) -> None:
-    """Write `figure` (render.figure.Figure) to the --save path, if one was given: SVG or HTML
-    by the extension, atomically, never over an existing file without --force. Call it before
-    printing the terminal view, so a refusal is the only output."""
-    if path is None:
-        return
-    path = Path(path)
-    kind = picture_format(path)
-    check_save(path, force)
-    from ..render import html, svg
-
-    data = (svg.document if kind == "svg" else html.document)(figure)
-    write_atomically(path, data.encode("utf-8"))
-    if not _quiet:  # where the picture went, as a note on stderr (--quiet: nothing)
-        from ..render.text import escape_line
-
-        stderr().print(f"wrote {escape_line(str(path))}", style="dim", soft_wrap=True)
-
-
-def check_save(path: Path | None, force: bool) -> None:
-    """Refuse an existing --save file without --force: save_figure does it when it writes; a
-    command that prints before its picture is ready calls this first."""
-    if path is not None and Path(path).exists() and not force:
-        raise InputError(f"--save {path}: the file exists; add --force to overwrite it")
+    return lambda total, description: progress(total, escape_line(description),
+                                               enabled=not as_json, pipe_every=5)
 
 
 def check_top_p(top_p: float) -> None:
     if not 0 < top_p <= 1:  # written so that NaN fails too
         raise InputError(f"--top-p must be in (0, 1], got {top_p!r}")
-
-
-_changed: str | None = None  # what --ablate changed in the run about to be shown (run() sets it)
-PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
-MIN_WIDTH, TERMINAL_WIDTH = 20, 80  # a narrower stated width is a mistake: use the classic one
-
-
-def stdout(width: int | None = None) -> Console:
-    """Markup and highlighting off: text from the user or the model is shown literally.
-    The width is the terminal's, or $COLUMNS, or PIPE_WIDTH for a pipe."""
-    from rich.console import Console
-
-    global _changed
-    console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width,
-                      quiet=_quiet)
-    if _changed:  # the view of a changed run says so first, whatever view it is
-        from rich.text import Text
-
-        note, _changed = _changed, None
-        stdout(width).print(Text(note, style="bold magenta"))
-    if width is None and not console.is_terminal and not _columns():
-        console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
-                          width=PIPE_WIDTH, quiet=_quiet)
-    elif width is None and console.width < MIN_WIDTH:  # COLUMNS=0 on a terminal: no view
-        console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
-                          width=TERMINAL_WIDTH, quiet=_quiet)
-    return console
-
-
-def _columns() -> int | None:
-    value = os.environ.get("COLUMNS", "")
-    return int(value) if value.isdigit() and int(value) >= MIN_WIDTH else None
-
-
-def wide(*renderables) -> Console:
-    """stdout, widened to the natural width of the renderables, so that a table of numbers
-    (--full, a heatmap of a long text) is never cut at the edge: a terminal wraps the long
-    lines and a pipe keeps them whole."""
-    console = stdout()
-    options = console.options.update_width(10**5)
-    need = max(console.measure(r, options=options).maximum for r in renderables)
-    return stdout(width=need) if need > console.width else console
-
-
-def stderr():
-    from rich.console import Console
-
-    console = Console(stderr=True, markup=False, highlight=False, emoji=False)
-    if console.width < MIN_WIDTH:  # COLUMNS=0: notes would print nothing
-        console = Console(stderr=True, markup=False, highlight=False, emoji=False,
-                          width=TERMINAL_WIDTH)
-    return console
-
-
-def read_text(text: str | None) -> str:
-    """The argument, or stdin when the argument is '-' or missing and stdin is not a terminal."""
-    if text is None or text == "-":
-        if sys.stdin is None:  # `<&-`
-            raise InputError("no text: stdin is closed; give the text as an argument")
-        if sys.stdin.isatty():
-            raise InputError("no text: give it as an argument, or pipe it on stdin with '-'")
-        text = _read_stdin()
-        if text.endswith("\n"):
-            text = text[:-1]  # the newline `echo` adds is not part of the text
-    else:
-        text = check_utf8(text, "the text argument")
-    if text == "":
-        raise InputError("the text is empty: give at least one character")
-    return text
-
-
-def _read_stdin() -> str:
-    """stdin as UTF-8 whatever the locale says, universal newlines as Python's text mode."""
-    buffer = getattr(sys.stdin, "buffer", None)
-    if buffer is None:  # a StringIO in tests: already text
-        text = sys.stdin.read()
-        check_utf8(text, "stdin")
-        return text
-    data = buffer.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"stdin is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
-                         f"{e.start}); convert it first, e.g. with iconv -t UTF-8") from None
-    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 _default_weights: Path | None = None
@@ -294,14 +181,46 @@ def open_folder(weights: Path | None):
     return open_(weights if weights is not None else _default_weights)
 
 
+def open_session(weights: Path | None, text: str | None, *, model=None,
+                 ablate: list[str] | None = None) -> Session:
+    """The one way a command opens its session: the weights folder's model (or `model`, for
+    a second text), the text (read_text), steered by the command's --steer options and with
+    the values named by --ablate zeroed, in every run of the session. A terminal view of a
+    changed run starts with a line saying what was changed (set_changed)."""
+    from ..session import Session
+    from .steering import steering
+
+    model = model if model is not None else load(weights)
+    hook, steered = steering(model)
+    s = Session.open(read_text(text), model=model, steering=hook)
+    ablated = []
+    if ablate:  # the analyses load only for a changed run: inspection stays light
+        from ..analysis.ablate import zeroing
+
+        ablated, s.interventions = zeroing(model, list(ablate))
+    s.changes = {k: v for k, v in (("steered", steered), ("ablated", ablated)) if v}
+    set_changed(s.changes)
+    return s
+
+
+def steered(model) -> tuple[object | None, dict]:
+    """(the steering hook, {"steered": its description} or {}) for a command whose analysis
+    runs the model on its own (many texts, windows of a file): it passes the hook on, and
+    its view starts with what was steered, as open_session's do."""
+    from .steering import steering
+
+    hook, described = steering(model)
+    changes = {"steered": described} if described else {}
+    set_changed(changes)
+    return hook, changes
+
+
 @dataclass
 class Run:
-    """A session and the trace of its forward pass, with what was ablated in it."""
+    """A session and the trace of its forward pass."""
 
     session: Session
     trace: Trace
-    ablated: list[str]
-    steered: dict | None = None
 
     model = property(lambda self: self.session.model)
     text = property(lambda self: self.session.text)
@@ -310,42 +229,15 @@ class Run:
     T = property(lambda self: self.session.T)  # noqa: N815  (the seed page's name)
 
     def document(self, path: str | None, value, **extra) -> dict:
-        """The JSON document for a value of this run: ids, tokens and any ablations."""
-        from ..render import jsonout
+        """The JSON document for a value of this run: ids, tokens and what was changed."""
+        from ..render.documents import session_document
 
-        if self.ablated:
-            extra = {"ablated": self.ablated, **extra}
-        if self.steered:
-            extra = {"steered": self.steered, **extra}
-        return jsonout.document(path, value, self.ids, self.tokens, **extra)
+        return session_document(self.session, path, value, **extra)
 
 
 def run(weights: Path | None, text: str | None, ablate: list[str] | None = None) -> Run:
-    """Read the text, open a session and trace it, steered by the --steer options, zeroing
-    the values named by --ablate."""
-    from ..schema import resolve
-    from ..session import Session
-    from .steering import steering
-
-    model = load(weights)
-    hook, steered = steering(model)
-    session = Session.open(read_text(text), model=model, steering=hook)
-    ablate = list(ablate or [])
-    latents = [p for p in ablate if p.startswith("sae.")]  # SAE latents: cli/features.py
-    ablate = [p for p in ablate if p not in latents]
-    hooks = None
-    if latents:
-        from .features import latent_ablation
-
-        hooks = latent_ablation(model, latents)
-    ablated = [resolve(p, model.config)[0] for p in ablate] + latents
-    set_changed(f"ablated (set to zero) before this view: {', '.join(ablated)}"
-                if ablated else None)
-    return Run(session, session.trace(hooks=hooks, ablate=ablate), ablated, steered)
+    """open_session, and the trace of its forward pass."""
+    s = open_session(weights, text, ablate=ablate)
+    return Run(s, s.trace())
 
 
-def set_changed(note: str | None) -> None:
-    """The line a terminal view of a changed run starts with (None: a clean run). JSON
-    documents say it in their "ablated" field instead, and never print this."""
-    global _changed
-    _changed = note

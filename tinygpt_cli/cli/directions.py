@@ -16,7 +16,6 @@ from .common import (
     WEIGHTS,
     InputError,
     check_index,
-    encode_checked,
     load,
     stderr,
     stdout,
@@ -33,18 +32,6 @@ DATA = typer.Option(None, "--data", metavar="DIR", show_default=False,
                     "project's data, or $TINYGPT_DATA).")
 
 
-def read_file(path: Path, option: str) -> str:
-    """A user's text file, UTF-8; the error names the option."""
-    if not path.is_file():
-        raise InputError(f"{option} {path}: no such file")
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8").replace("\r\n", "\n")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{option} {path}: not UTF-8 text (byte 0x{data[e.start]:02x} at "
-                         f"offset {e.start})") from None
-
-
 def check_out(out: Path | None, force: bool) -> None:
     """Refuse a folder, or an existing file without --force, before any work."""
     if out is None:
@@ -55,33 +42,6 @@ def check_out(out: Path | None, force: bool) -> None:
         raise InputError(f"--out {out}: the folder {out.parent} does not exist")
     if out.exists() and not force:
         raise InputError(f"--out {out}: the file exists; add --force to overwrite it")
-
-
-def held_out_stories(model, data: Path | None, stories: int) -> list[list[int]]:
-    """The first `stories` stories of part-005.txt as ids (<|endoftext|> first), each cut to
-    the model's context; [] when there is no data folder."""
-    from ..train.data import read_stories
-    from .texts import find_data
-
-    folder = data if data is not None else find_data()
-    part = folder / "part-005.txt" if folder is not None else None
-    if part is None or not part.is_file():
-        if data is not None:
-            raise InputError(f"--data {data}: no part-005.txt there")
-        return []
-    tok, limit = model.tokenizer, model.config.n_positions
-    texts = read_stories([part])[:stories]
-    return [([tok.eot_id] + ids)[:limit + 1] for ids in tok.encode_batch(texts)]
-
-
-def encode_lines(model, texts: list[str], option: str) -> list[list[int]]:
-    out = []
-    for n, text in enumerate(texts, 1):
-        try:
-            out.append(encode_checked(model, text))
-        except InputError as e:
-            raise InputError(f"{option} line {n}: {e}") from None
-    return out
 
 
 @app.command()
@@ -113,15 +73,18 @@ def steer(
     Then steer any command with it: tinygpt generate TEXT --steer-vector happy.safetensors
     """
     from ..analysis import steer as st
+    from ..corpus import held_out_stories, read_user_file
     from ..files import write_atomically
     from ..render import jsonout
     from ..render.directions import steer_view
+    from ..render.documents import steer_document
+    from ..session import encode_lines
 
     check_out(out, force)
     if not 0 < scale < float("inf"):  # also refuses NaN
         raise InputError(f"--scale must be a number above 0, got {scale!r}")
-    pos_texts = st.parse_texts(read_file(pos, "--pos"), "--pos")
-    neg_texts = st.parse_texts(read_file(neg, "--neg"), "--neg")
+    pos_texts = st.parse_texts(read_user_file(pos, "--pos"), "--pos")
+    neg_texts = st.parse_texts(read_user_file(neg, "--neg"), "--neg")
     if len(pos_texts) != len(neg_texts):
         raise InputError(f"--pos holds {len(pos_texts)} texts and --neg {len(neg_texts)}: "
                          "text i of one pairs with text i of the other")
@@ -130,33 +93,21 @@ def steer(
     r = st.steer_report(model.params, model.config, encode_lines(model, pos_texts, "--pos"),
                         encode_lines(model, neg_texts, "--neg"), layer=layer, scale=scale,
                         held_out=held_out, seed=seed,
-                        loss_texts=held_out_stories(model, data, stories) if stories else [])
+                        loss_texts=held_out_stories(model.tokenizer, model.config.n_positions,
+                                                    data, stories) if stories else [])
     if out is not None:
         source = {"pos": str(pos), "neg": str(neg), "seed": seed, "held_out": held_out,
                   "train_pairs": r.train_pairs}
         write_atomically(out, st.direction_file(r.vector, st.site(layer), "steer", source))
     tok = model.tokenizer
     if as_json:
-        jsonout.emit(jsonout.document("steer", r.slopes, **steer_fields(r, tok)))
+        jsonout.emit(steer_document(r, tok))
         return
     stdout().print(steer_view(r, [tok.decode(p.ids) for p in r.prompts],
                               [tok.token_str(p.target) for p in r.prompts],
                               [tok.token_str(p.vs) for p in r.prompts], top=top))
     if out is not None:
         stderr().print(f"saved the vector to {out}", style="dim")
-
-
-def steer_fields(r, tok) -> dict:
-    return {"site": f"layers.{r.layer}.resid_pre", "norm": r.norm, "scale": r.scale,
-            "scales": r.scales, "wrong_way": r.wrong_way, "mean_slope": float(r.slopes.mean()),
-            "train_pairs": r.train_pairs, "held_out_pairs": r.held_out_pairs,
-            "loss_before": r.loss_before, "loss_after": r.loss_after,
-            "loss_increase": r.loss_increase, "loss_tokens": r.n_loss_tokens,
-            "prompts": [{"text": tok.decode(p.ids), "ids": p.ids, "target": p.target,
-                         "vs": p.vs, "target_token": tok.token_str(p.target),
-                         "vs_token": tok.token_str(p.vs), "diffs": p.diffs, "slope": p.slope}
-                        for p in r.prompts],
-            "vector": r.vector}
 
 
 @app.command()
@@ -183,14 +134,17 @@ def probe(
     """
     from ..analysis import probe as pr
     from ..analysis import steer as st
+    from ..corpus import read_user_file
     from ..files import write_atomically
     from ..render import jsonout
     from ..render.directions import probe_view
+    from ..render.documents import probe_document
+    from ..session import encode_lines
 
     check_out(out, force)
-    lines = pr.parse_labels(read_file(labels, "--labels"))
+    lines = pr.parse_labels(read_user_file(labels, "--labels"))
     model = load(weights)
-    name = probe_site(model, site)
+    name = pr.check_site(site, model.config, model.params)
     ids = encode_lines(model, [line.text for line in lines], "--labels")
     offsets = [model.tokenizer.byte_offsets(i) for i in ids]
     marks = [pr.token_labels(line, o, default, n)
@@ -201,41 +155,8 @@ def probe(
         source = {"labels": str(labels), "classes": r.classes, "seed": seed, "l2": l2}
         write_atomically(out, st.direction_file(r.direction, name, "probe", source, rows=r.W))
     if as_json:
-        jsonout.emit(jsonout.document(name, r.W, **probe_fields(r)))
+        jsonout.emit(probe_document(r))
         return
     stdout().print(probe_view(r))
     if out is not None:
         stderr().print(f"saved the probe's direction to {out}", style="dim")
-
-
-def probe_site(model, site: str) -> str:
-    """The canonical path of a value with one row per token, else InputError."""
-    from ..schema import resolve
-
-    name, rows = resolve(site, model.config)
-    if rows or name == "ids" or not one_row_per_token(model, name):
-        raise InputError(f"--site {site}: a probe needs a value with one row per token, "
-                         "such as layers.1.resid_post, layers.0.mlp_out or "
-                         "layers.0.heads.1.out")
-    return name
-
-
-def one_row_per_token(model, name: str) -> bool:
-    """Is the value [T, n] (shapes [2, n] and [3, n] for texts of 2 and 3 tokens)?"""
-    from ..analysis.probe import site_values
-
-    try:
-        two, three = (site_values(model.params, model.config, [0] * t, name).shape
-                      for t in (2, 3))
-    except KeyError:  # not a value the forward pass computes
-        return False
-    return len(two) == 2 and two == (2, three[1]) and three[0] == 3
-
-
-def probe_fields(r) -> dict:
-    return {"classes": r.classes, "bias": r.b, "accuracy": r.accuracy,
-            "train_accuracy": r.train_accuracy, "control_accuracy": r.control_accuracy,
-            "control_train_accuracy": r.control_train_accuracy, "selectivity": r.selectivity,
-            "majority": r.majority, "train_counts": r.train_counts,
-            "held_out_counts": r.held_counts, "lines": list(r.lines), "l2": r.l2,
-            "newton_steps": r.steps}

@@ -7,7 +7,6 @@ renders the result (render.explain) or prints one JSON document with the options
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
@@ -25,7 +24,10 @@ from .common import (
     VS,
     WEIGHTS,
     InputError,
+    at_least,
+    bar,
     load,
+    open_session,
     progress,
     read_text,
     save_figure,
@@ -33,11 +35,7 @@ from .common import (
     stdout,
 )
 
-if TYPE_CHECKING:  # NumPy and the model are imported inside the commands
-    import numpy as np
-
-    from ..session import Session
-
+# NumPy and the model are imported inside the commands
 
 NEURONS = 20  # --neurons lists this many
 LENS_KIND = typer.Option("logit", "--kind", help="logit, or tuned: each block's input read "
@@ -50,29 +48,6 @@ LENS_FILE = typer.Option(None, "--lens", help="The tuned lens file (default: the
                          "folder's lens/tuned.safetensors).", show_default=False)
 LENS_DATA = typer.Option(None, "--data", help="Stories for --fit (all parts but the last) or "
                          "--evaluate (the last part, or this file).", show_default=False)
-
-
-def open_session(weights: Path | None, text: str | None, model=None) -> Session:
-    from ..session import Session
-
-    return Session.open(read_text(text), model=model if model is not None else load(weights))
-
-
-def console(width: int):
-    """stdout, widened to `width` columns when the view needs more (a grid of many stages or
-    heads). The width is counted from the grid's shape: measuring a large Rich table first
-    costs as much as printing it."""
-    out = stdout()
-    return stdout(width=width) if width > out.width else out
-
-
-LABEL = 20  # a token row label and its padding
-
-
-def emit(s: Session, path: str, value, options: dict, **extra) -> None:
-    from ..render import jsonout
-
-    jsonout.emit(jsonout.document(path, value, s.ids, s.tokens, options=options, **extra))
 
 
 # ------------------------------------------------------------------ lens
@@ -96,25 +71,27 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     Example: tinygpt lens "Lily wanted to play with her" --kind tuned
     Example: tinygpt lens --evaluate
     """
+    from ..analysis import tuned_lens as tl
     from ..analysis.lens import lens_report
     from ..render import explain as view
-    from .features import check_lens_kind, tuned_lens, tuned_lens_work
+    from ..render.documents import lens_document
+    from ..render.jsonout import emit
+    from .features import tuned_lens_work
 
     if fit or evaluate:
+        from .steering import refuse
+
+        refuse("lens --fit / --evaluate")
         return tuned_lens_work(weights, fit, evaluate, lens_file, data, as_json)
     s = open_session(weights, text)
-    tuned = check_lens_kind(kind) == "tuned"
-    r = lens_report(s, position, target, (lambda tr: tuned_lens(s, tr, lens_file)) if tuned
-                    else None)
+    tuned = tl.check_kind(kind) == "tuned"
+    r = lens_report(s, position, target, tl.tuned_reader(s, lens_file) if tuned else None)
     if save is not None:
         from ..render.analysis_pictures import lens_figure
 
         save_figure(lens_figure(r), save, force)
     if as_json:
-        emit(s, "lens", r.top_probs.T, {"target": target, "position": position},
-             stages=r.stages, top_ids=r.top_ids.T, top_tokens=r.top_tokens,
-             position=r.q.position, target=r.q.token_doc(r.q.target),
-             target_probs=r.target_probs, target_ranks=r.target_ranks)
+        emit(lens_document(s, r, {"target": target, "position": position}))
         return
     stdout().print(view.lens_view(r))  # the grid drops middle stages behind `…` to fit the width
 
@@ -141,6 +118,8 @@ def dla(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, vs: str
     """
     from ..analysis.dla import dla_report
     from ..render import explain as view
+    from ..render.documents import dla_document
+    from ..render.jsonout import emit
 
     s = open_session(weights, text)
     r = dla_report(s, position, target, vs, NEURONS if neurons else 0)
@@ -149,50 +128,13 @@ def dla(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, vs: str
 
         save_figure(dla_figure(r, top), save, force)
     if as_json:
-        d, q = r.dla, r.q
-        emit(s, "dla", d.values, {"target": target, "vs": vs, "position": position,
-                                  "neurons": neurons},
-             labels=d.labels, heads=d.heads, score=d.score, total=d.total, position=q.position,
-             target=q.token_doc(q.target), vs=q.token_doc(q.vs), top_neurons=d.neurons)
+        emit(dla_document(s, r, {"target": target, "vs": vs, "position": position,
+                                 "neurons": neurons}))
         return
     stdout().print(view.dla_view(r, top))
 
 
 # ------------------------------------------------------------------ ablation
-
-
-def mean_values(s: Session, data: Path | None, as_json: bool) -> dict[str, np.ndarray]:
-    """Means over the validation text of `data`, or the ones stored beside the weights."""
-    from ..analysis import means as mean_stats
-    from ..files import sha256
-
-    weights_sha = sha256(s.model.weights_file)
-    if data is None:
-        return mean_stats.load_means(s.model.folder / mean_stats.FILE, s.config, weights_sha)[0]
-    return compute_means(s.model, data, weights_sha, as_json)[0]
-
-
-def compute_means(model, data: Path, weights_sha: str, quiet: bool):
-    """The means over the validation file of `data`, cached by the weights' and data's sha256."""
-    from .. import cache
-    from ..analysis import means as mean_stats
-    from ..corpus import encode_stories, eval_windows, read_stories, validation_text
-    from ..files import sha256
-
-    val = validation_text(model.folder, data)
-    meta = {"weights_sha256": weights_sha, "data": val[0].name, "data_sha256": sha256(val[0])}
-
-    def compute():
-        stream = encode_stories(read_stories(val), model.tokenizer)
-        windows, _ = eval_windows(stream.ids, model.config.n_positions)
-        with progress(None, f"averaging over {escape_line(val[0].name)}", enabled=not quiet):
-            values = mean_stats.value_means(model.params, model.config, windows)
-        return values, {**meta, "tokens": str(windows.size)}
-
-    entry = cache.entry("means", cache.key_of(weights_sha, meta["data_sha256"]), ".safetensors")
-    return cache.load_or_compute(
-        entry, lambda path: mean_stats.load_means(path, model.config, weights_sha), compute,
-        lambda path, found: mean_stats.save_means(path, *found))
 
 
 @app.command()
@@ -221,16 +163,17 @@ def ablate(
     Example: tinygpt ablate "Lily wanted to play with her" --all
     Example: tinygpt ablate "Lily wanted to play" --all --mode resample --from "Tom wanted to play"
     """
-    import numpy as np
-
     from ..analysis import ablate as ablation
+    from ..analysis.means import ablation_means
     from ..render import explain as view
+    from ..render.documents import ablation_document
+    from ..render.jsonout import emit
 
     s = open_session(weights, text)
     p = s.position(position)
     components = ablation.components(s, layer, head, mlp, every)
     edit = ablation.replacements(s, components, mode, source, data is not None,
-                                 lambda: mean_values(s, data, as_json))
+                                 lambda: ablation_means(s.model, data, bar(as_json)))
     r = ablation.ablation_report(s, components, edit, p, target, top, mode=mode, every=every)
     if save is not None:
         from ..render.analysis_pictures import ablation_figure
@@ -240,9 +183,7 @@ def ablate(
         options = {"target": target, "position": position, "layer": layer, "head": head,
                    "mlp": mlp, "all": every, "mode": mode, "from": source,
                    "data": str(data) if data else None}
-        emit(s, "ablate", np.array([[r["delta"], r["kl"]] for r in r.rows]), options,
-             columns=["delta_logp", "kl"], position=p, target=r.q.token_doc(r.q.target),
-             top_before=r.top_before, components=r.rows)
+        emit(ablation_document(s, r, options))
         return
     stdout().print(view.ablation_view(r))
 
@@ -282,7 +223,7 @@ def means(
     if data is not None:
         note = check_data(model.folder, validation_text(model.folder, data), any_data=any_data,
                           kinds=("validation",))
-    values, meta = compute_means(model, data, sha256(model.weights_file), as_json)
+    values, meta = mean_stats.means_over(model, data, sha256(model.weights_file), bar(as_json))
     if note:  # once the means stand: an error is then the only line
         stderr().print(escape_line(note), soft_wrap=True)
     target = out if out is not None else model.folder / mean_stats.FILE
@@ -319,15 +260,15 @@ def patch(
     Example: tinygpt patch "Lily wanted to play with her" "Lily wanted to read with her"
     Example: tinygpt patch "Lily wanted to play" "Lily wanted to read" --method atp
     """
-    import numpy as np
-
     from ..analysis import patch as patching
     from ..render import explain as view
+    from ..render.documents import patch_document
+    from ..render.jsonout import emit
 
     if method not in ("activation", "atp"):
         raise InputError(f"unknown --method {method!r}: use activation or atp")
     s = open_session(weights, clean)
-    c = open_session(None, corrupt, model=s.model)
+    c = s.reopen(read_text(corrupt))
     if c.T != s.T:
         raise InputError(f"the clean text is {count(s.T, 'token')} and the corrupt text {c.T}: "
                          "patching copies values position by position, so they must have the "
@@ -343,15 +284,11 @@ def patch(
 
         save_figure(patch_figure(r), save, force)
     if as_json:
-        emit(s, "patch", np.stack([r.result.stream[k] for k in patching.STREAM]),
-             {"target": target, "vs": vs, "position": position, "method": method},
-             kinds=list(patching.STREAM), axes=["kind", "layer", "position"],
-             heads=r.result.heads, clean=r.result.clean, corrupt=r.result.corrupt,
-             position=q.position, target=q.token_doc(q.target), vs=q.token_doc(q.vs),
-             corrupt_ids=c.ids, corrupt_tokens=c.tokens, correlation=r.correlation)
+        emit(patch_document(s, c, r, list(patching.STREAM), {
+            "target": target, "vs": vs, "position": position, "method": method}))
         return
     # the grids flow onto as many lines as the width needs: room for one is enough
-    console(LABEL + 7 * max(s.config.n_layer, s.config.n_head) + 8).print(view.patch_view(r))
+    at_least(view.patch_width(s.config.n_layer, s.config.n_head)).print(view.patch_view(r))
 
 
 # ------------------------------------------------------------------ input attribution
@@ -388,6 +325,8 @@ def attribute(
     """
     from ..analysis import attribute as attribution
     from ..render import explain as view
+    from ..render.documents import attribution_document
+    from ..render.jsonout import emit
 
     if method not in attribution.METHODS:
         raise InputError(f"unknown --method {method!r}: use {', '.join(attribution.METHODS)}")
@@ -401,15 +340,12 @@ def attribute(
 
         return show_erasure(s, r, q.position, q.target, q.vs, baseline, as_json)
     if as_json:
-        extra = {"axes": ["layer", "head", "position"]} if r.scores.ndim == 3 else {}
-        emit(s, f"attribute.{method}", r.scores,
-             {"target": target, "vs": vs, "position": position, "method": method,
-              "steps": steps if method == "integrated-gradients" else None,
-              "baseline": baseline}, position=q.position, target=q.token_doc(q.target),
-             vs=q.token_doc(q.vs), f=r.f, grad_norm=r.grad_norm, f_baseline=r.f_baseline,
-             completeness_gap=r.gap, **extra)
+        emit(attribution_document(s, report, {
+            "target": target, "vs": vs, "position": position, "method": method,
+            "steps": steps if method == "integrated-gradients" else None,
+            "baseline": baseline}))
         return
     # attention-x-grad: one grid per layer, side by side as the width allows; never narrower
     # than one whole grid, whose heads would otherwise fall off the edge unmarked
     grid = view.grid_width(s.tokens, s.config.n_head) if r.scores.ndim == 3 else 0
-    console(grid).print(view.attribute_view(report))
+    at_least(grid).print(view.attribute_view(report))

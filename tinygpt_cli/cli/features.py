@@ -16,6 +16,7 @@ from .common import (
     QUIET,
     SAVE,
     WEIGHTS,
+    bar,
     check_save,
     load,
     progress,
@@ -37,9 +38,8 @@ sae_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 sae_app.callback(help=examples_block(_sae.__doc__))(_sae)
 app.add_typer(sae_app, name="sae")
 
-SHIPPED_SITE = "layers.1.resid_post"
 SAE_FILE = typer.Option(None, "--sae", help="The SAE file (default: the weights folder's "
-                        f"sae/{SHIPPED_SITE}.safetensors).", show_default=False)
+                        "sae/layers.1.resid_post.safetensors).", show_default=False)
 
 
 def show(doc: dict, view, as_json: bool) -> None:
@@ -50,50 +50,6 @@ def show(doc: dict, view, as_json: bool) -> None:
         jsonout.emit(doc)
     else:
         stdout().print(view())
-
-
-def training_files(data: Path | None) -> list[Path]:
-    """Every part of the data but the last (the held-out part-005)."""
-    return _split(data, "no training data found: give --data DIR (a folder of part-*.txt)")[0]
-
-
-def held_out_file(data: Path | None) -> list[Path]:
-    train, val = _split(data, "no held-out data found: give --data FILE (e.g. part-005.txt)")
-    return val or train
-
-
-def _split(data: Path | None, missing: str) -> tuple[list[Path], list[Path]]:
-    from ..train.data import split_data
-    from .texts import find_data
-
-    found = data if data is not None else find_data()
-    if found is None:
-        raise InputError(missing)
-    try:
-        return split_data([found])
-    except ValueError as e:
-        raise InputError(str(e)) from None
-
-
-def windows_of(files: list[Path], model, count: int | None):
-    """(inputs, targets) [W, T]: `count` windows spread evenly over the files' token stream."""
-    import numpy as np
-
-    from ..train.data import encode_stories, eval_windows, read_stories
-
-    stream = encode_stories(read_stories(files), model.tokenizer)
-    x, y = eval_windows(stream.ids, model.config.n_positions)
-    if len(x) == 0:
-        raise InputError(f"the data has {len(stream.ids)} tokens, less than one window of "
-                         f"{model.config.n_positions}")
-    if count is not None and count < len(x):
-        pick = np.linspace(0, len(x) - 1, count).round().astype(int)
-        x, y = x[pick], y[pick]
-    return x, y
-
-
-def sae_path(model, sae: Path | None, site: str = SHIPPED_SITE) -> Path:
-    return sae if sae is not None else model.weights_file.parent / "sae" / f"{site}.safetensors"
 
 
 @sae_app.command("train")
@@ -125,6 +81,7 @@ def sae_train(
     Example: tinygpt sae train --site layers.2.mlp_out --latents 2048 -k 32
     """
     from ..analysis import sae as S
+    from ..corpus import data_windows, training_files
     from ..files import sha256
     from ..render import features as view
 
@@ -132,21 +89,22 @@ def sae_train(
     site = S.check_site(site, model.config)
     if k > latents:
         raise InputError(f"-k {k} is more than the {latents} latents")
-    out = sae_path(model, out, site)
-    x_in, _ = windows_of(training_files(data), model, windows)
+    out = S.sae_file(model.weights_file, out, site)
+    x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
+                           windows)
     with progress(len(x_in), f"values of {site}", enabled=not as_json, pipe_every=5) as advance:
         x = S.site_values(model.params, model.config, x_in, site, progress=advance)
     ckpt = out.with_name(out.name + ".checkpoint.npz")
     settings = {"site": site, "latents": latents, "k": k, "steps": steps, "batch": batch,
                 "lr": lr, "windows": windows, "seed": seed}
-    state = _resume(ckpt, settings) or S.new_state(x, latents, k, site, seed, lr)
+    state = S.load_checkpoint(ckpt, settings) or S.new_state(x, latents, k, site, seed, lr)
     with progress(steps, "training", enabled=not as_json, pipe_every=5) as advance:
         advance(state.step)
 
         def each(st):
             advance(1)
             if st.step % 100 == 0 or st.step == steps:
-                _checkpoint(ckpt, st, settings)
+                S.save_checkpoint(ckpt, st, settings)
 
         S.train_steps(state, x, steps, batch=batch, seed=seed, progress=each)
     S.save_sae(out, state.sae, {"steps": str(steps), "tokens": str(len(x)),
@@ -154,51 +112,6 @@ def sae_train(
     ckpt.unlink(missing_ok=True)
     doc = view.trained_doc(out, state, len(x))
     show(doc, lambda: view.trained_view(doc), as_json)
-
-
-def _checkpoint(path: Path, state, settings: dict) -> None:
-    import io
-    import json
-
-    import numpy as np
-
-    from ..files import write_atomically
-
-    arrays = {f"p/{n}": a for n, a in state.sae.params().items()}
-    arrays.update({f"m/{n}": a for n, a in state.adam.m.items()})
-    arrays.update({f"v/{n}": a for n, a in state.adam.v.items()})
-    buf = io.BytesIO()
-    np.savez(buf, since_fired=state.since_fired, losses=np.asarray(state.losses),
-             step=state.step, t=state.adam.t, settings=json.dumps(settings), **arrays)
-    write_atomically(path, buf.getvalue())
-
-
-def _resume(path: Path, settings: dict):
-    """The run's state from its checkpoint, or None when there is none for these settings."""
-    import json
-
-    import numpy as np
-
-    from ..analysis import sae as S
-
-    if not path.is_file():
-        return None
-    try:
-        with np.load(path) as z:
-            if json.loads(str(z["settings"])) != settings:
-                raise InputError(f"{path} is a checkpoint of a run with other settings: "
-                                 "delete it or give the same options")
-            p = {n: z[f"p/{n}"].copy() for n in ("W_enc", "b_enc", "W_dec", "b_dec")}
-            adam = S.Adam(settings["lr"], t=int(z["t"]), m={n: z[f"m/{n}"].copy() for n in p},
-                          v={n: z[f"v/{n}"].copy() for n in p})
-            sae = S.SAE(**p, site=settings["site"], k=settings["k"])
-            return S.TrainState(sae, adam, int(z["step"]), z["since_fired"].copy(),
-                                list(z["losses"]))
-    except (OSError, ValueError, KeyError) as e:
-        from ..errors import WeightsError
-
-        raise WeightsError(f"{path} is not a readable checkpoint ({e}): delete it to start "
-                           "over") from None
 
 
 @sae_app.command("eval")
@@ -218,12 +131,13 @@ def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
     Example: tinygpt sae eval --sae my.safetensors --json
     """
     from ..analysis import sae as S
+    from ..corpus import data_windows, held_out_files
     from ..render import features as view
 
     model = load(weights)
-    found = S.load_sae(sae_path(model, sae), model.config)
-    files = held_out_file(data)
-    x, y = windows_of(files, model, windows)
+    found = S.load_sae(S.sae_file(model.weights_file, sae), model.config)
+    files = held_out_files(data)
+    x, y = data_windows(files, model.tokenizer, model.config.n_positions, windows)
     with progress(4, "evaluating", enabled=not as_json, pipe_every=5) as advance:
         result = S.evaluate(model.params, model.config, found, x, y, progress=advance)
     names = [f.name for f in files]
@@ -254,6 +168,7 @@ def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
     Example: tinygpt sae feature 17 --text "Lily wanted to play with her ball." --save f.svg
     """
     from ..analysis import sae as S
+    from ..corpus import given_or, training_files
     from ..render import features as view
     from ..session import check_index
 
@@ -261,11 +176,11 @@ def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
     if text is not None:
         return _feature_on_text(weights, sae, latent, text, as_json, save, force)
     model = load(weights)
-    path = sae_path(model, sae)
+    path = S.sae_file(model.weights_file, sae)
     found = S.load_sae(path, model.config)
     latent = check_index(latent, found.n_latents, "latent")
-    files = training_files(data) if data is None or Path(data).is_dir() else [Path(data)]
-    codes = _codes_cache(model, found, path, files, windows, enabled=not as_json)
+    files = given_or(data, training_files)
+    codes = S.data_codes(model, found, path, files, windows, bar(as_json))
     result = S.feature_report(found, model.params, codes["ids"], codes["idx"], codes["val"],
                               latent, top)
     save_figure(view.feature_figure(result, model.tokenizer), save, force)
@@ -280,7 +195,8 @@ def _feature_on_text(weights, sae, latent: int, text: str, as_json: bool, save, 
     from .common import run
 
     r = run(weights, text)
-    found, tok = S.load_sae(sae_path(r.model, sae), r.model.config), r.model.tokenizer
+    found, tok = S.load_sae(S.sae_file(r.model.weights_file, sae), r.model.config), \
+        r.model.tokenizer
     result = S.latent_on_text(found, r.model.params, r.trace.get(found.site), latent)
     save_figure(view.text_figure(result, r.tokens, tok), save, force)
     path = f"sae.{found.site}.{result.latent}"  # as `trace TEXT sae.SITE.N` names it
@@ -288,93 +204,30 @@ def _feature_on_text(weights, sae, latent: int, text: str, as_json: bool, save, 
          lambda: view.text_view(result, r.tokens, tok), as_json)
 
 
-def _codes_cache(model, found, path: Path, files: list[Path], windows: int, enabled: bool):
-    """The SAE's sparse codes (indices, values) at every token of the data windows."""
-    import io
-
-    import numpy as np
-
-    from .. import cache
-    from ..analysis import sae as S
-    from ..files import sha256, write_atomically
-
-    key = cache.key_of("sae-codes-v1", sha256(model.weights_file), sha256(path),
-                       *(sha256(f) for f in files), str(windows))
-    entry = cache.entry("sae", key)
-    if entry.is_file():
-        try:
-            with np.load(entry) as z:
-                return dict(z)
-        except (OSError, ValueError):
-            pass  # a damaged entry is computed again
-    x_in, _ = windows_of(files, model, windows)
-    with progress(len(x_in), "latents of the data", enabled=enabled, pipe_every=5) as advance:
-        x = S.site_values(model.params, model.config, x_in, found.site, progress=advance)
-    idx, val = S.sparse_codes(found, x)
-    codes = {"ids": x_in.astype(np.uint16), "idx": idx, "val": val}
-    buf = io.BytesIO()
-    np.savez(buf, **codes)
-    write_atomically(entry, buf.getvalue())
-    return codes
-
-
 # ------------------------------------------------------------------ the tuned lens (`lens`)
-
-LENS_KINDS = ("logit", "tuned")
-LENS_FIT_WINDOWS = 200  # 25,600 training tokens
-LENS_EVAL_WINDOWS = 40  # 5,120 held-out tokens
-LENS_FIT_STEPS = 300  # Adam steps per stage, 512 tokens each
-
-
-def check_lens_kind(kind: str) -> str:
-    if kind not in LENS_KINDS:
-        raise InputError(f"--kind must be logit or tuned, not {kind!r}")
-    return kind
-
-
-def lens_path(model, lens_file: Path | None) -> Path:
-    return lens_file if lens_file is not None else \
-        model.weights_file.parent / "lens" / "tuned.safetensors"
-
-
-def tuned_lens(session, trace, lens_file: Path | None):
-    """The tuned lens of a session's text as a Lens (stages, logits), the model's logits last."""
-    from ..analysis import tuned_lens as tl
-    from ..analysis.lens import Lens
-
-    translators = tl.load_translators(lens_path(session.model, lens_file), session.config)
-    names, logits = tl.tuned_stage_logits(trace, translators, session.params, session.config)
-    return Lens(names, logits)
-
 
 def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: Path | None,
                     data: Path | None, as_json: bool) -> None:
     """`lens --fit` (then --evaluate, when both are given) or `lens --evaluate`."""
     from ..analysis import tuned_lens as tl
-    from ..files import sha256
+    from ..corpus import data_windows, given_or, held_out_files, training_files
     from ..render import features as view
 
     model = load(weights)
-    cfg, path = model.config, lens_path(model, lens_file)
+    cfg, path = model.config, tl.lens_file(model.weights_file, lens_file)
     if fit:
-        x, _ = windows_of(training_files(data), model, LENS_FIT_WINDOWS)
-        with progress(len(x), "values of the stages", enabled=not as_json, pipe_every=5) as adv:
-            stages, last = tl.stage_values(model.params, cfg, x, progress=adv)
-        steps = LENS_FIT_STEPS
-        with progress(steps * cfg.n_layer, "fitting the tuned lens", enabled=not as_json,
-                      pipe_every=5) as adv:
-            translators, _ = tl.fit(stages, last, model.params, cfg, steps=steps, progress=adv)
-        tl.save_translators(path, translators, {"weights_sha256": sha256(model.weights_file),
-                                                "tokens": str(len(last)), "steps": str(steps)})
+        x, _ = data_windows(training_files(data), model.tokenizer, cfg.n_positions,
+                            tl.FIT_WINDOWS)
+        tokens = tl.fit_and_save(model, x, path, bar(as_json))
         if not evaluate:
-            doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": len(last)}
+            doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": tokens}
             show(doc, lambda: view.lens_fit_view(doc), as_json)
             return
     translators = tl.load_translators(path, cfg)
-    files = held_out_file(data) if data is None or Path(data).is_dir() else [Path(data)]
-    x, _ = windows_of(files, model, LENS_EVAL_WINDOWS)
-    with progress(2 * x.size, "evaluating both lenses", enabled=not as_json, pipe_every=5) as adv:
-        result = tl.evaluate_windows(model.params, cfg, x, translators, progress=adv)
+    files = given_or(data, held_out_files)
+    x, _ = data_windows(files, model.tokenizer, cfg.n_positions, tl.EVAL_WINDOWS)
+    with bar(as_json)(2 * x.size, "evaluating both lenses") as advance:
+        result = tl.evaluate_windows(model.params, cfg, x, translators, progress=advance)
     names = [f.name for f in files]
     show(view.lens_eval_doc(result, names), lambda: view.lens_eval_view(result, names), as_json)
 
@@ -382,42 +235,14 @@ def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: 
 # ------------------------------------------------------------------ latents in trace and --ablate
 
 
-def latent_ablation(model, paths: list[str]):
-    """A Replace hook zeroing each `sae.SITE.N` latent, its SAE read from the weights folder's
-    sae/SITE.safetensors; the reconstruction error stays in the stream."""
-    from ..analysis import sae as S
-    from ..hooks import Replace
-    from ..session import check_index
-
-    by_site: dict[str, list[int]] = {}
-    for p in paths:
-        site, latent = S.parse_latent_path(p, model.config)
-        if latent is None:
-            raise InputError(f"--ablate takes one latent, e.g. {p}.17, not the whole SAE {p!r}")
-        by_site.setdefault(site, []).append(latent)
-    fns = {}
-    for site, latents in by_site.items():
-        sae = S.load_sae(sae_path(model, None, site), model.config)
-        fns[site] = S.without_latents(sae, [check_index(j, sae.n_latents, "latent")
-                                            for j in latents])
-    return Replace(fns)
-
-
 def trace_latents(weights, text, path: str, ablate, as_json: bool) -> None:
     """`trace TEXT sae.SITE`: the SAE's active latents at each token (after any --ablate)."""
     from ..analysis import sae as S
     from ..render import features as view
-    from ..session import check_index
     from .common import run
 
     r = run(weights, text, ablate)
-    site, latent = S.parse_latent_path(path, r.model.config)
-    sae = S.load_sae(sae_path(r.model, None, site), r.model.config)
-    z = S.encode(sae, r.trace.get(site))  # [T, m]
-    if latent is not None:
-        latent = check_index(latent, sae.n_latents, "latent")
-        z = z[:, latent]
-    active = S.active_latents(z) if latent is None else None
+    site, sae, z, active = S.latents_of(r.model.weights_file, r.trace, path)
     show(r.document(path, z, site=site, k=sae.k, active=active),
          lambda: view.latents_view(path, r.tokens, z, active), as_json)
 

@@ -17,10 +17,9 @@ from .common import (
     WEIGHTS,
     InputError,
     check_index,
-    load,
+    open_session,
     progress,
     progress_report,
-    read_text,
     stderr,
     stdout,
 )
@@ -56,40 +55,32 @@ def history(
     Example: tinygpt history "Lily wanted to play with her" layers.0.heads.1.weights
     Example: tinygpt history "Lily saw a cat. Lily saw a" --heads
     """
-    import numpy as np
-
     from ..analysis import history as hist
+    from ..render import documents as docs
     from ..render import history as view
     from ..render import jsonout
-    from ..session import Session
 
-    model = load(weights)
-    s = Session.open(read_text(text), model=model)
+    s = open_session(weights, text)
     if path is not None and heads:
         raise InputError("give a PATH or --heads, not both")
     p = check_index(position, s.T, "position")  # out of range is refused, used or not
-    timeline = _timeline(model)
+    timeline = _timeline(s.model)
     labels = [t.label for t in timeline]
     if heads:
         with progress(len(timeline), "head scores", enabled=not as_json) as advance:
-            scores = hist.heads_over_training(timeline, s.config, s.ids, advance)
-        document = jsonout.document(
-            "induction", scores["induction"], s.ids, s.tokens,
-            previous_token=scores["previous_token"], snapshots=hist.snapshot_rows(timeline),
-            induction_length=hist.induction_length(s.config), induction_seed=0,
-            axes=["snapshot", "layer", "head"]) if as_json else None
+            scores = hist.heads_over_training(timeline, s.config, s.ids, advance, s.hooks)
+        document = docs.heads_history_document(s, scores, hist.snapshot_rows(timeline),
+                                               hist.induction_length(s.config)) \
+            if as_json else None
         view_ = view.heads_view(scores, labels, hist.induction_length(s.config))
     elif path is not None:
-        h = hist.value_over_training(timeline, s.config, s.ids, s.tokens, path)
-        extra = {"weights": np.stack(h.values)} if h.grid else {}
-        document = jsonout.document(h.shown, np.asarray([r["norm"] for r in h.rows]), s.ids,
-                                    s.tokens, snapshots=h.rows, **extra) if as_json else None
+        h = hist.value_over_training(timeline, s.config, s.ids, s.tokens, path, s.hooks)
+        document = docs.value_history_document(s, h) if as_json else None
         view_ = view.value_view(h, labels, s.tokens, p)
     else:
-        rows = hist.loss_over_training(timeline, s.config, s.ids, model.tokenizer.token_str)
-        losses = np.asarray([np.nan if r["loss"] is None else r["loss"] for r in rows])
-        document = jsonout.document("loss", losses, s.ids, s.tokens,
-                                    snapshots=rows) if as_json else None
+        rows = hist.loss_over_training(timeline, s.config, s.ids, s.model.tokenizer.token_str,
+                                       s.hooks)
+        document = docs.loss_history_document(s, rows) if as_json else None
         view_ = view.loss_view(rows)
     if as_json:
         jsonout.emit(document)
@@ -129,20 +120,21 @@ def why(
     from ..render import history as view
     from ..render import jsonout
     from ..render.text import escape_line
-    from ..session import Session
 
     t0 = time.perf_counter()
-    model = load(weights)
-    session = Session.open(read_text(text), model=model)
+    session = open_session(weights, text)
+    model = session.model
     found = training_text(model.folder, data, any_data=any_data)
     with progress_report("indexing every window's gradient") as report:
-        result = whys.answer(model, session.ids, target, found.files, top, report)
+        result = whys.answer(model, session.ids, target, found.files, top, report,
+                             hooks=session.hooks)
     if found.note:  # once the answer stands: an error is then the only line
         stderr().print(escape_line(found.note), soft_wrap=True)
     if as_json:
-        jsonout.emit(jsonout.document("scores", result.scores(), session.ids, session.tokens,
-                                      **result.facts(), seconds=round(time.perf_counter() - t0,
-                                                                      2)))
+        from ..render.documents import session_document
+
+        jsonout.emit(session_document(session, "scores", result.scores(), **result.facts(),
+                                      seconds=round(time.perf_counter() - t0, 2)))
         return
     stdout().print(view.why_view(result, model.tokenizer.token_str))
     stderr().print(f"({time.perf_counter() - t0:.1f} s; {result.index_note()})", style="dim")

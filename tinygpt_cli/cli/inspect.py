@@ -25,9 +25,9 @@ from .common import (
     open_folder,
     read_text,
     run,
+    show_view,
     stderr,
     stdout,
-    wide,
 )
 
 # NumPy, Rich and the model are imported inside the commands: registering them (and
@@ -45,14 +45,10 @@ def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
     text = read_text(text)
     ids = model.tokenizer.encode(text)
     if as_json:
-        import numpy as np
-
         from ..render import jsonout
+        from ..render.documents import encode_document
 
-        tokens = [model.tokenizer.token_str(i) for i in ids]
-        jsonout.emit(jsonout.document("ids", np.asarray(ids, dtype=np.int64), ids, tokens,
-                                      offsets=model.tokenizer.byte_offsets(ids),
-                                      vocab_size=model.config.vocab_size))
+        jsonout.emit(encode_document(ids, model.tokenizer, model.config))
         return
     from ..render.tables import ENCODE_ROWS, encode_view, kept_rows
 
@@ -175,11 +171,10 @@ def trace_cmd(
     Example: tinygpt trace "Lily wanted to play with her" --list
     """
     import numpy as np
-    from rich.text import Text
 
     from ..render import jsonout
-    from ..render.tables import paths_table, tensor_view
-    from ..render.text import show_token
+    from ..render.documents import traced_document
+    from ..render.tables import paths_table, traced_view
 
     if path is None and not list_paths:
         raise InputError("give a PATH to print, or --list to see every path")
@@ -198,27 +193,11 @@ def trace_cmd(
     value = r.trace.get(path)
     name, rows = r.trace.canonical(path)
     shown = name + "".join(f"[{i}]" for i in rows)
-    if isinstance(value, int):
-        if as_json:
-            jsonout.emit(r.document(shown, np.int64(value)))
-        else:
-            stdout().print(Text(f"{shown} = {value}"))
-        return
-    if isinstance(value, list):  # tokens
-        if as_json:
-            jsonout.emit(r.document(shown, np.asarray(value)))
-        else:
-            stdout().print(Text("  ".join(show_token(t) for t in value)))
-        return
     if as_json:
-        jsonout.emit(r.document(shown, value))
+        jsonout.emit(traced_document(r, shown, value))
         return
-    # The tokens are the first axis, or the second of per-head values (H × T × ...);
-    # each index in the path (logits[-1]) uses up one leading axis.
-    token_axis = (1 if value.ndim + len(rows) == 3 else 0) - len(rows)
-    labelled = value.ndim == 3 or (token_axis == 0 and value.ndim > 0)
-    view = tensor_view(shown, value, r.tokens if labelled else None, full=full)
-    (wide(view) if full else stdout()).print(view)
+    view = traced_view(shown, value, rows, r.tokens, full)
+    show_view(view, full and isinstance(value, np.ndarray))
 
 
 def _as_typed(path: Path) -> str:
@@ -235,18 +214,13 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
 
     Example: tinygpt info
     """
-    import numpy as np
-
     from ..analysis.info import model_info
     from ..render import jsonout
+    from ..render.documents import info_document
     from ..render.tables import info_view
 
     info = model_info(load(weights))
     if as_json:
-        jsonout.emit(jsonout.document(None, np.int64(info.total), None, None, name="parameters",
-                                      config=info.config,
-                                      parameters={"total": info.total, "groups": info.groups},
-                                      weights_file=str(info.weights_file), sha256=info.sha256,
-                                      tokenizer=info.tokenizer))
+        jsonout.emit(info_document(info))
         return
     stdout().print(info_view(info, _as_typed(info.weights_file)))

@@ -2,9 +2,10 @@
 runs the model on a text.
 
 The options are declared once (common.STEER_OPTIONS). `steerable` adds them to a command's
-signature when the app is built (app._register wraps every command that takes --ablate), and
-keeps their values for the length of the command; `steering(model)` turns them into the hook
-the command's session runs with (common.run, generate). Commands themselves do not see them.
+signature when the app is built (app._register wraps every command that takes --ablate, and
+those of STEERED), and keeps their values for the length of the command; `steering(model)`
+turns them into the hook the command's session runs with (common.open_session; the commands
+whose analyses run the model themselves pass `steering(model)[0]` on as their hooks).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import InputError, check_utf8
+from ..errors import InputError
 from .common import STEER_OPTIONS, stderr
 
 # typer reads the real types of the added parameters from here (the modules' own are strings)
@@ -33,7 +34,13 @@ class SteerOptions:
     steer_scale: float = 1.0
 
 
+# Commands without --ablate that run the model on a text take them too. qk and circuit split
+# a run into parts that have no place for a steering vector yet, and are left out.
+STEERED = {"lens", "dla", "ablate", "patch", "attribute", "score", "heads", "neurons", "diff",
+           "history", "why"}
+
 _chosen = SteerOptions()  # the running command's options
+_made: dict = {}  # (id(model), options) -> steering(model): once a command, one stderr line
 
 
 def steerable(fn):
@@ -50,6 +57,7 @@ def steerable(fn):
             return fn(*args, **kwargs)
         finally:
             _chosen = SteerOptions()
+            _made.clear()
 
     extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                annotation=_TYPES[name]) for name, option in STEER_OPTIONS.items()]
@@ -63,7 +71,14 @@ def steerable(fn):
 
 def steering(model) -> tuple[object | None, dict | None]:
     """(the hook that steers every run, a description for views) from the running command's
-    options; (None, None) when it is not steered."""
+    options; (None, None) when it is not steered. Made once per command and model."""
+    key = (id(model), _chosen)
+    if key not in _made:
+        _made[key] = (model, _steering(model))  # the model is kept so its id stays its own
+    return _made[key][1]
+
+
+def _steering(model) -> tuple[object | None, dict | None]:
     o = _chosen
     if o.steer is None and o.steer_away is None and o.steer_vector is None:
         if o.steer_layer is not None or o.steer_scale != 1.0:
@@ -77,7 +92,8 @@ def steering(model) -> tuple[object | None, dict | None]:
     if not math.isfinite(o.steer_scale):
         raise InputError(f"--steer-scale must be a finite number, got {o.steer_scale!r}")
     config = model.config
-    vector, layer, source = _direction(model, o)
+    vector, layer, source = st.steering_direction(model, o.steer, o.steer_away,
+                                                  o.steer_vector, o.steer_layer)
     layer = check_index(layer, config.n_layer, "--steer-layer")
     described = {"site": st.site(layer), "scale": o.steer_scale,
                  "norm": float(math.sqrt(float(vector.astype(float) @ vector))), **source}
@@ -85,43 +101,11 @@ def steering(model) -> tuple[object | None, dict | None]:
     return add_vector(st.site(layer), vector, o.steer_scale), described
 
 
-def _direction(model, o: SteerOptions):
-    from ..analysis import steer as st
-    from ..session import check_index, encode_checked
-
-    config = model.config
-    if o.steer_vector is not None:
-        if o.steer is not None or o.steer_away is not None:
-            raise InputError("give --steer-vector or --steer/--steer-away, not both")
-        d = st.read_direction(o.steer_vector, config.n_embd, config.n_layer)
-        layer = o.steer_layer if o.steer_layer is not None else d.layer
-        if layer is None:
-            raise InputError(f"--steer-vector {o.steer_vector}: the file does not say which "
-                             "block it steers; give --steer-layer L")
-        return d.vector, layer, {"vector": o.steer_vector}
-    if o.steer is None or o.steer_away is None:
-        given, missing = ("--steer", "--steer-away") if o.steer is not None else \
-            ("--steer-away", "--steer")
-        raise InputError(f"{given} needs {missing}: v is the difference of the two texts' "
-                         "mean resid_pre")
-    if o.steer_layer is None:
-        raise InputError("--steer needs --steer-layer L: the block whose input is steered")
-    layer = check_index(o.steer_layer, config.n_layer, "--steer-layer")
-    for text, name in ((o.steer, "--steer"), (o.steer_away, "--steer-away")):
-        check_utf8(text, name)
-    pair = (encode_checked(model, o.steer), encode_checked(model, o.steer_away))
-    vector = st.mean_difference(model.params, config, [pair], layer)
-    return vector, layer, {"toward": o.steer, "away": o.steer_away}
-
-
 def _note(d: dict) -> None:
-    """Every view of a steered run is preceded by this line on stderr (JSON carries it)."""
-    from ..render.text import show_text
+    """Every steered run is announced by this line on stderr (its views and JSON say it too)."""
+    from ..render.text import steering_text
 
-    what = (f"v of {d['vector']}" if "vector" in d else
-            f"v = {d['toward']!r} - {d['away']!r}")
-    stderr().print(show_text(f"steered: {d['site']} + {d['scale']:g} * v, {what}, "
-                             f"|v| = {d['norm']:.3g}"), style="bold yellow")
+    stderr().print(f"steered: {steering_text(d)}", style="bold yellow")
 
 
 def steered_hooks(model, hooks=None):
@@ -132,3 +116,11 @@ def steered_hooks(model, hooks=None):
     from ..hooks import Chain
 
     return Chain(steer, hooks)
+
+
+def refuse(what: str) -> None:
+    """InputError when the running command was given steering options for work that runs no
+    text (lens --fit, a neuron's corpus search is steered; these are not)."""
+    if _chosen != SteerOptions():
+        raise InputError(f"{what} is not steered: leave out --steer, --steer-vector and the "
+                         "other steering options")

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import functools
-import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
@@ -20,57 +17,21 @@ from .common import (
     TEXT,
     WEIGHTS,
     InputError,
+    bar,
     check_index,
     check_save,
     load,
+    open_session,
     progress,
     read_text,
     save_figure,
     stderr,
     stdout,
+    steered,
     wide,
 )
 
-if TYPE_CHECKING:  # NumPy and the model are imported inside the commands
-    import numpy as np
-
-BUILT_IN = [  # when no text is given and the project's data folder is not there
-    "Lily and Tom went to the park. Lily saw a big red ball. Tom saw the ball too. "
-    "Lily gave the ball to Tom, and Tom gave the ball to Lily.",
-    "Once upon a time, there was a little cat named Tim. Tim liked to play. One day, Tim "
-    "saw a bird. The bird was in a tree. Tim wanted to play with the bird.",
-    "Sue had a doll. The doll was pink. Sue loved her pink doll. Every day Sue and her doll "
-    "had tea. Sue said, \"I love you, doll.\"",
-]
-
-
-def find_data() -> Path | None:
-    """$TINYGPT_DATA, else shared/data/tinystories beside an ancestor of this package or of
-    the working directory (the project's layout: the data lives next to the checkout)."""
-    env = os.environ.get("TINYGPT_DATA")
-    if env:
-        return Path(env).expanduser()
-    for base in (Path(__file__).resolve(), Path.cwd().resolve()):
-        for parent in base.parents:
-            folder = parent / "shared" / "data" / "tinystories"
-            if folder.is_dir():
-                return folder
-    return None
-
-
-def _stories_of(path: Path) -> list[str]:
-    from ..corpus import read_stories
-
-    if not path.is_file():
-        raise InputError(f"{path} " + ("is not a file" if path.exists() else "does not exist"))
-    try:
-        stories = read_stories([path])
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
-    if not stories:
-        raise InputError(f"{path} holds no text")
-    return stories
-
+# NumPy and the model are imported inside the commands
 
 # ------------------------------------------------------------------ score
 
@@ -110,12 +71,14 @@ def score(
 
     model = load(weights)
     tok, cfg = model.tokenizer, model.config
-    sequences, offset, stream_bpt = _score_inputs(model, text, file, stride, stream, bos)
+    hooks, changes = steered(model)
+    sequences, offset, stream_bpt = sc.score_inputs(model, text, read_text, file, stride,
+                                                    stream, bos)
     check_save(save, force)  # --json streams its lines before the picture could be refused
     stride = stride or cfg.n_positions
     shown = show if show is not None else (sum(map(len, sequences)) < 3000 and not stream)
     token_str = tok.token_strs  # labelled once per tokenizer, even with --each-line
-    token_json = _token_json(tok)
+    token_json = jsonout.token_json(tok)
     lines = None if not as_json else \
         lambda i, s: jsonout.token_records(sys.stdout, i, s, token_json, stream, offset)
     n_windows = sc.count_windows(map(len, sequences), cfg.n_positions, stride, full_only=stream)
@@ -124,91 +87,18 @@ def score(
             model.params, cfg, sequences, sc.byte_lengths(tok), stride=stride, stream=stream,
             offset=offset, top=top if not as_json or save is not None else 0,
             keep=shown and not as_json, draw=save is not None, stream_bpt=stream_bpt,
-            on_scores=lines, progress=advance)
+            on_scores=lines, progress=advance, hooks=hooks)
     if save is not None:
         from ..render.analysis_pictures import score_figure
 
         save_figure(score_figure(report, token_str), save, force)
     if as_json:
-        jsonout.emit(jsonout.jsonable(report.summary))
+        jsonout.emit(jsonout.jsonable({**report.summary, **changes}))
         return
     stdout().print(score_view(report, token_str, tok))
 
 
-def _score_inputs(model, text, file, stride, stream, bos):
-    """(the id sequences to score, how many ids were put before each text, the stream's bytes
-    per token with --stream), after checking the options."""
-    import numpy as np
-
-    from ..corpus import encode_stories
-
-    tok, cfg = model.tokenizer, model.config
-    eot = tok.eot_id
-    if stream and file is None:  # the held-out text the weights record
-        from ..corpus import read_data_record, validation_text
-
-        if read_data_record(model.folder) is None:
-            raise InputError("--stream reads a file: give it with --file (these weights "
-                             "have no data.json naming their validation text)")
-        file = validation_text(model.folder, None)[0]
-    if stream and stride not in (None, cfg.n_positions):
-        raise InputError(f"--stream uses non-overlapping windows of {cfg.n_positions} "
-                         "tokens; leave out --stride")
-    if stride is not None and stride > cfg.n_positions:
-        raise InputError(f"--stride {stride} is longer than the {cfg.n_positions}-token "
-                         "context: give 1 to " + str(cfg.n_positions))
-    if file is not None and text is not None:
-        raise InputError("give a text or --file, not both")
-    if file is not None:
-        stories = _stories_of(file)
-        if not stream:
-            return [np.asarray([eot] + ids + [eot]) for ids in tok.encode_batch(stories)], 1, None
-        ts = encode_stories(stories, tok)
-        if len(ts.ids) <= cfg.n_positions:
-            raise InputError(f"--stream needs more than {cfg.n_positions} tokens; "
-                             f"{file} has {len(ts.ids)}")
-        return [ts.ids.astype(np.int64)], 0, ts.bytes_per_token
-    ids = tok.encode(read_text(text))
-    seq = np.asarray(([eot] if bos else []) + ids)
-    if len(seq) < 2:
-        raise InputError("one token alone has nothing before it to predict it from; "
-                         "give a longer text or leave out --no-bos")
-    return [seq], int(bos), None
-
-
 # ------------------------------------------------------------------ heads
-
-def _texts_for_heads(model, text: str | None, file: Path | None, stories: int
-                     ) -> tuple[list[list[int]], str]:
-    """Each text as [separator, ids...] cut to the context: the texts given, else a few
-    validation stories, else the built-in sentences."""
-    from ..corpus import read_stories
-
-    tok, limit = model.tokenizer, model.config.n_positions
-    if text is not None and file is not None:
-        raise InputError("give a text or --file, not both")
-    if file is not None:
-        texts, source = _stories_of(file)[:stories], str(file)
-    elif text is not None:  # stdin only for '-': a `while read` loop's input is not ours
-        texts, source = [read_text(text)], "stdin" if text == "-" else "the text"
-    else:  # nothing given: the defaults
-        data = find_data()
-        val = data / "part-005.txt" if data else None
-        if val is not None and val.is_file():
-            texts, source = read_stories([val])[:stories], f"{val} (first {stories} stories)"
-        else:
-            texts, source = BUILT_IN, "built-in sentences"
-    ids = [([tok.eot_id] + t)[:limit] for t in tok.encode_batch(texts)]
-    if any(len(t) < 2 for t in ids):
-        raise InputError("each text needs at least one token")
-    return ids, source
-
-
-@functools.lru_cache(maxsize=2)  # one tokenizer per run, even with --each-line
-def _token_json(tok) -> list[str]:
-    from ..render import jsonout
-
-    return [jsonout.json.dumps(t, ensure_ascii=False) for t in tok.token_strs]
 
 
 @app.command()
@@ -241,76 +131,33 @@ def heads(
     Example: tinygpt heads
     Example: tinygpt heads --file ../shared/data/tinystories/part-005.txt --stories 16 --json
     """
-    import numpy as np
-
     from ..analysis import heads as detect
     from ..render import jsonout
     from ..render import texts as view
+    from ..render.documents import heads_document
 
     model = load(weights)
     if text is not None and text_opt is not None:
         raise InputError("give the text once: as the argument or with --text")
-    ids, source = _texts_for_heads(model, text if text is not None else text_opt, file, stories)
+    ids, source = detect.texts_for_heads(model.tokenizer, model.config.n_positions,
+                                         text if text is not None else text_opt, read_text,
+                                         file, stories)
+    hooks, changes = steered(model)
     r = detect.heads_report(model.params, model.config, ids, source, length=length,
                             batch=batch, seed=seed, separator=model.tokenizer.eot_id,
-                            exclude_first=exclude_first, exclude_current=exclude_current)
+                            exclude_first=exclude_first, exclude_current=exclude_current,
+                            hooks=hooks)
     if save is not None:
         from ..render.analysis_pictures import heads_figure
 
         save_figure(heads_figure(r), save, force)
     if as_json:
-        jsonout.emit(jsonout.document(
-            "heads", np.stack(list(r.table.values())), kinds=list(r.table), texts=r.texts,
-            source=source, text_ids=ids, exclude_bos=exclude_first,
-            exclude_current=exclude_current, repeat=r.repeat))
+        jsonout.emit(heads_document(r, ids, exclude_first, exclude_current, changes))
         return
     stdout().print(view.heads_view(r))
 
 
 # ------------------------------------------------------------------ neurons
-
-def _neuron_maxima(model, files: list[Path], enabled: bool) -> dict[str, np.ndarray]:
-    """corpus_maxima of every neuron over the files and their token stream, computed once per
-    (weights, data) and kept in the cache folder."""
-    import numpy as np
-
-    from .. import cache
-    from ..analysis import neurons as nrn
-    from ..corpus import encode_stories, eval_windows, read_stories
-    from ..files import sha256
-
-    cfg = model.config
-
-    def compute():
-        stream = encode_stories(read_stories(files), model.tokenizer)
-        x, _ = eval_windows(stream.ids, cfg.n_positions)
-        if len(x) == 0:
-            raise InputError(f"the data has {len(stream.ids)} tokens, less than one window of "
-                             f"{cfg.n_positions}")
-        with progress(len(x), "neuron maxima", enabled=enabled) as advance:
-            maxima = nrn.corpus_maxima(model.params, cfg, x, progress=advance)
-        return {"stream": stream.ids.astype(np.uint16), **maxima}
-
-    key = cache.key_of("neurons-v1", sha256(model.weights_file),
-                       *(sha256(f) for f in files), str(cfg.n_positions), str(nrn.NEURON_TOP))
-    return cache.load_or_compute(cache.entry("neurons", key), cache.load_arrays, compute,
-                                 cache.store_arrays, lambda e: _valid_neuron_entry(e, cfg))
-
-
-def _valid_neuron_entry(e: dict, cfg) -> bool:
-    """The keys, shapes and ranges _neuron_cache writes: [L, ff, k] windows of the stream."""
-    import numpy as np
-
-    if set(e) != {"stream", "window", "value", "position"} or e["stream"].ndim != 1:
-        return False
-    shape = e["window"].shape
-    n = (len(e["stream"]) - 1) // cfg.n_positions
-    return (len(shape) == 3 and shape[:2] == (cfg.n_layer, cfg.n_inner) and shape[2] >= 1
-            and all(e[k].shape == shape for k in ("value", "position"))
-            and 0 <= e["window"].min() and e["window"].max() < n
-            and 0 <= e["position"].min() and e["position"].max() < cfg.n_positions
-            and e["stream"].max() < cfg.vocab_size and bool(np.isfinite(e["value"]).all()))
-
 
 @app.command()
 def neurons(
@@ -339,8 +186,10 @@ def neurons(
     Example: tinygpt neurons --layer 2 --neuron 17 --data ../shared/data/tinystories
     """
     from ..analysis import neurons as nrn
+    from ..corpus import search_files
     from ..render import jsonout
     from ..render import texts as view
+    from ..render.documents import neuron_examples_document
     from ..render.text import escape_line
 
     model = load(weights)
@@ -354,57 +203,29 @@ def neurons(
     neuron = check_index(neuron, cfg.n_inner, "neuron")
     if text is not None:
         raise InputError("--neuron searches --data, not a text: leave the text out")
-    files, note = _data_files(data, model.folder, any_data)
-    maxima = _neuron_maxima(model, files, enabled=not as_json)
+    files, note = search_files(data, model.folder, any_data=any_data)
+    hooks, changes = steered(model)
+    maxima = nrn.cached_maxima(model, files, bar(as_json), hooks)
     if note:  # once the maxima stand: an error is then the only line
         stderr().print(escape_line(note), soft_wrap=True)
     ex = nrn.neuron_examples(model.params, cfg, maxima, maxima["stream"], layer, neuron, top,
-                             tok.token_str)
+                             tok.token_str, hooks)
     if as_json:
-        jsonout.emit(jsonout.document(
-            ex.path, ex.acts, layer=layer, neuron=neuron, examples=ex.rows, window_ids=ex.ids,
-            window_tokens=[[tok.token_str(int(i)) for i in w] for w in ex.ids],
-            data=[str(f) for f in files]))
+        jsonout.emit(neuron_examples_document(ex, tok.token_str, files, changes))
         return
     stdout().print(view.neuron_examples_view(ex, tok.token_str, [f.name for f in files]))
-
-
-def _data_files(data: Path | None, weights: Path, any_data: bool
-                ) -> tuple[list[Path], str | None]:
-    """The files to search, and the note to print when the weights record no text."""
-    from ..corpus import check_data, read_data_record, recorded_folder, split_data, training_text
-
-    record = read_data_record(weights) if data is None else None
-    if record is not None and recorded_folder(weights, record) is not None:
-        return training_text(weights, None).files, None  # the text the weights record
-    if data is None:
-        found = find_data()
-        if found is None or not found.is_dir():
-            raise InputError("--neuron needs --data: a file or folder of stories to search")
-        try:
-            train, _ = split_data([found])
-        except ValueError as e:
-            raise InputError(str(e)) from None
-        return train, None
-    try:
-        train, val = split_data([data])
-    except ValueError as e:
-        raise InputError(str(e)) from None
-    files = train if Path(data).is_dir() and train else train + val
-    return files, check_data(weights, files, any_data=any_data)
 
 
 def _neurons_on_text(model, text, layer, top, raw, as_json):
     from ..analysis import neurons as nrn
     from ..render import jsonout
     from ..render import texts as view
-    from ..session import Session
+    from ..render.documents import text_neurons_document
 
-    session = Session.open(read_text(text), model=model)
+    session = open_session(None, text, model=model)
     tn = nrn.neurons_on_text(session, layer, top, raw=raw)
     if as_json:
-        jsonout.emit(jsonout.document(tn.path, tn.post, session.ids, session.tokens,
-                                      layer=layer, top_neurons=tn.found, read_through=tn.read))
+        jsonout.emit(text_neurons_document(tn, session, layer))
         return
     stdout().print(view.text_neurons_view(tn, session.tokens))
 
@@ -434,31 +255,28 @@ def diff(
     from ..analysis import diff as diffs
     from ..render import jsonout
     from ..render import texts as view
-    from ..session import Session
+    from ..render.documents import models_diff_document, text_diff_document
 
     model = load(weights)
     if weights_b is not None:
         if text_b is not None:
             raise InputError("--weights-b compares two models on one text: give one text")
-        d = diffs.models_diff(model, load(weights_b), read_text(text_a))
+        from .steering import steering
+
+        model_b = load(weights_b)
+        d = diffs.models_diff(open_session(None, text_a, model=model), model_b,
+                              steering(model_b)[0])
         if as_json:
-            jsonout.emit(jsonout.document(
-                "diff.kl", d.diff.kl, d.a.ids, d.a.tokens, weights_a=str(model.folder),
-                weights_b=str(d.b.model.folder), same_top=d.diff.same_top,
-                delta_p=d.diff.delta_p, top_a=d.top_a, top_b=d.top_b, summary=d.diff.summary()))
+            jsonout.emit(models_diff_document(d, model.folder))
             return
         stdout().print(view.models_diff_view(d))
         return
     if text_a is None or text_b is None:
         raise InputError("diff needs two texts, or one text and --weights-b DIR")
-    d = diffs.text_diff(Session.open(read_text(text_a), model=model),
-                        Session.open(read_text(text_b), model=model))
+    a = open_session(None, text_a, model=model)
+    d = diffs.text_diff(a, a.reopen(read_text(text_b)))
     if as_json:
-        jsonout.emit(jsonout.document(
-            "diff.relative_distance", d.distance, d.a.ids, d.a.tokens, stages=d.stages,
-            cosine=d.cosine, ids_b=d.b.ids, tokens_b=d.b.tokens,
-            top_a=[{"token": t, "chance": c} for t, c in d.top_a],
-            top_b=[{"token": t, "chance": c} for t, c in d.top_b]))
+        jsonout.emit(text_diff_document(d))
         return
     v = view.text_diff_view(d)
     wide(v.renderables[-1]).print(v)  # as wide as the side-by-side table needs

@@ -19,30 +19,6 @@ VOCAB_HELP = f"Tokens in the vocabulary: {MIN_VOCAB} (the 256 bytes and <|endoft
     f"{MAX_VOCAB:,}."
 
 
-def check_memory(config, batch_size: int) -> None:
-    """Refuse sizes whose training state cannot fit in this machine's memory, before NumPy
-    fails halfway with a MemoryError: parameters, gradients and two AdamW moments in float32,
-    plus the activations of one batch (about 20 values of d per token and layer, and the
-    attention grids)."""
-    import os
-
-    from ..schema import param_shapes
-
-    n = sum(math.prod(s) for s in param_shapes(config).values())
-    tokens = batch_size * config.n_positions
-    acts = tokens * config.n_layer * (20 * config.n_embd + 2 * config.n_inner
-                                      + 3 * config.n_head * config.n_positions)
-    need = 4 * (4 * n + acts + 2 * tokens * config.vocab_size)
-    try:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return
-    if need > have:
-        raise ValueError(f"these sizes give {n:,} parameters; training them with batch "
-                         f"{batch_size} needs about {need / 2**30:,.1f} GiB, and this machine "
-                         f"has {have / 2**30:,.1f} GiB: choose smaller sizes")
-
-
 def check_vocab_size(vocab_size: int) -> None:
     if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
         raise InputError(f"--vocab-size must be from {MIN_VOCAB} (the 256 bytes and "
@@ -125,7 +101,7 @@ def train_cmd(
     """
     from rich.console import Console
 
-    from ..config import Config
+    from ..config import Config, check_training_memory
     from ..corpus import split_data
     from ..render.training import TrainingProgress
     from ..train.loop import Settings, train
@@ -142,7 +118,7 @@ def train_cmd(
                             eval_every=eval_every, checkpoint_every=checkpoint_every,
                             minutes=minutes, ema=ema, snapshots=snapshots,
                             config=asdict(config), init=str(init) if init else None)
-        check_memory(config, batch_size)
+        check_training_memory(config, batch_size)
     except ValueError as e:
         raise InputError(str(e)) from None
     if out.exists() and not out.is_dir():

@@ -104,6 +104,14 @@ class Bar:
         return Measurement(0, min(self.n, options.max_width))
 
 
+LABEL = 20  # a token row label and its padding
+
+
+def patch_width(n_layer: int, n_head: int) -> int:
+    """Room for one of patch's grids (they flow onto as many lines as the width needs)."""
+    return LABEL + 7 * max(n_layer, n_head) + 8
+
+
 def grid_width(tokens: list[str], columns: int, cell: int = 6) -> int:
     """The columns one `grid` of token rows takes: its labels, then a cell and a space each."""
     return max((len(r) for r in token_rows(tokens)), default=0) + 1 + (cell + 1) * columns
@@ -340,12 +348,17 @@ def attribute_view(report) -> Group:
         table.add_column("‖grad‖", justify="right", no_wrap=True)
     table.add_column("")  # bars: the column that gives way on a narrow terminal
     big = float(np.abs(scores).max()) if scores.size else 1.0
+    if r.steer is not None:  # one scale for the tokens' bars and the steering's
+        big = max(big, abs(r.steer))
     for i, label in enumerate(token_rows(tokens)):
         row = [label, fmt(float(scores[i]))]
         if grad_norm is not None:
             row.append(fmt(float(grad_norm[i])))
         row.append(Bar(float(scores[i]), big))
         table.add_row(*row)
+    if r.steer is not None:  # a steered run: the steering vector's own term
+        table.add_row("steer", fmt(r.steer), *([""] if grad_norm is not None else []),
+                      Bar(r.steer, big))
     parts.append(table)
     if completeness is not None:
         total, diff, gap = completeness

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -65,6 +66,12 @@ def emit(doc: dict, *, stream=None) -> None:
     encoding = (getattr(out, "encoding", None) or "utf-8").lower().replace("-", "")
     out.write(dumps(doc, ascii_only=not encoding.startswith("utf")) + "\n")
     out.flush()
+
+
+@functools.lru_cache(maxsize=2)  # one tokenizer per run, even with --each-line
+def token_json(tok) -> list[str]:
+    """Every token string of the vocabulary, JSON-encoded once (token_records' strings)."""
+    return [json.dumps(t, ensure_ascii=False) for t in tok.token_strs]
 
 
 def token_records(out, i: int, s, token_json: list[str], stream: bool, offset: int) -> None:

@@ -449,3 +449,20 @@ def encode_view(ids: list[int], rows: list[int | None], tokens: dict[int, str],
     if len(ids) > limit:
         note += f"; more than the {limit} the model reads at once"
     return Group(ids_header(ids), t, Text(note, style="dim"))
+
+
+def traced_view(shown: str, value, rows: list[int], tokens: list[str], full: bool):
+    """`trace TEXT PATH`: an int as `path = n`, the token strings on a line, an array as a
+    table whose rows are labelled by tokens where its first axis (or the second, of per-head
+    values H x T x ...) is the tokens; each index in the path uses up one leading axis."""
+    from rich.text import Text
+
+    from .text import show_token
+
+    if isinstance(value, int):
+        return Text(f"{shown} = {value}")
+    if isinstance(value, list):  # tokens
+        return Text("  ".join(show_token(t) for t in value))
+    token_axis = (1 if value.ndim + len(rows) == 3 else 0) - len(rows)
+    labelled = value.ndim == 3 or (token_axis == 0 and value.ndim > 0)
+    return tensor_view(shown, value, tokens if labelled else None, full=full)

@@ -200,3 +200,20 @@ def guard_encoding(stream):
     except (UnicodeEncodeError, LookupError):
         return AsciiStream(stream)
     return stream
+
+
+def steering_text(d: dict) -> str:
+    """A steered run's change, from its description (cli/steering.py): site, scale, vector."""
+    what = f"v of {d['vector']}" if "vector" in d else f"v = {d['toward']!r} - {d['away']!r}"
+    return show_text(f"{d['site']} + {d['scale']:g} * v, {what}, |v| = {d['norm']:.3g}")
+
+
+def changed_note(changes: dict) -> str:
+    """The first line(s) of every view of a changed run: what was steered and ablated."""
+    lines = []
+    if changes.get("steered"):
+        lines.append(f"steered before this view: {steering_text(changes['steered'])}")
+    if changes.get("ablated"):
+        lines.append("ablated (set to zero) before this view: "
+                     + escape_line(", ".join(changes["ablated"])))
+    return "\n".join(lines)

@@ -1,0 +1,244 @@
+"""Steering reaches every command that runs the model on a text (issue 20): lens, dla, ablate,
+patch, attribute, score, heads, neurons, diff (and history and why, in test_history.py), each
+against transformers with a torch forward pre-hook adding the same vector; dla and attribute
+give the vector a term of its own, so the terms still add up; every view, JSON document and
+picture of a steered run says what was steered."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from cli_helpers import TEXT, assert_one_error_line
+from test_steer import STEER, hf_model, hf_steered_logits, hf_vector
+
+SCALE = 3.0
+STEERED = [*STEER, "--steer-scale", str(SCALE)]
+OTHER = "Lily wanted to read with her"  # as many tokens as TEXT
+
+
+@pytest.fixture
+def hf(tiny):
+    """(torch, the transformers model, v, a function ids -> steered logits [T, V])."""
+    torch, model = hf_model(tiny.folder)
+    v = hf_vector(torch, model, tiny.model.tokenizer, "Lily was happy", "Lily was sad", 1)
+    return torch, model, v, lambda ids, scale=SCALE: hf_steered_logits(torch, model, ids, v, 1,
+                                                                         scale)
+
+
+def log_softmax(z):
+    z = np.asarray(z, np.float64)
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("command", ["lens", "dla", "ablate", "patch", "attribute", "score",
+                                     "heads", "neurons", "diff", "history", "why"])
+def test_the_commands_that_run_a_text_take_the_steering_options(cli, command):
+    out = cli(command, "--help").out
+    for option in ("--steer ", "--steer-away", "--steer-vector", "--steer-layer",
+                   "--steer-scale"):
+        assert option in out, (command, option)
+
+
+def test_lens_reads_the_steered_run(cli, tiny, hf):
+    doc = cli("lens", TEXT, *STEERED, "--json").json()
+    want = np.exp(log_softmax(hf[3](tiny.model.tokenizer.encode(TEXT))))  # [T, V]
+    # the last stage is the model's own output: its top chance at every position
+    np.testing.assert_allclose(np.asarray(doc["data"])[:, -1], want.max(-1), rtol=1e-4)
+    assert doc["steered"]["site"] == "layers.1.resid_pre"
+    assert "steered" not in cli("lens", TEXT, "--json").json()
+
+
+def test_dla_has_a_steer_row_and_its_rows_add_up_to_the_steered_logit(cli, tiny, hf):
+    torch, model, v, steered = hf
+    ids = tiny.model.tokenizer.encode(TEXT)
+    doc = cli("dla", TEXT, *STEERED, "--target", " toys", "--vs", " mom", "--json").json()
+    t, vs = doc["target"]["id"], doc["vs"]["id"]
+    z = steered(ids)[-1].astype(np.float64)
+    assert sum(doc["data"]) == pytest.approx(z[t] - z[vs], abs=1e-4)
+    assert doc["total"] == pytest.approx(doc["score"], abs=1e-6)
+    # the steer row: the shift, centred, divided by the final norm's std of the steered
+    # run (read from transformers' ln_f input), dotted with g * (W_E[t] - W_E[vs])
+    seen = {}
+
+    def keep(module, args):  # returns None: the input goes on unchanged
+        seen["x"] = args[0][0, -1].double().numpy()
+
+    handle = model.transformer.ln_f.register_forward_pre_hook(keep)
+    steered(ids)
+    handle.remove()
+    x = seen["x"]
+    s = np.sqrt(((x - x.mean()) ** 2).mean() + 1e-5)
+    p = tiny.model.params
+    w = p["wte.weight"].astype(np.float64)
+    shift = SCALE * v
+    want = (shift - shift.mean()) / s @ (p["ln_f.weight"] * (w[t] - w[vs]))
+    assert doc["labels"].count("steer") == 1
+    assert doc["data"][doc["labels"].index("steer")] == pytest.approx(want, rel=1e-4)
+    plain = cli("dla", TEXT, "--target", " toys", "--json").json()
+    assert "steer" not in plain["labels"]
+
+
+def test_attribute_gives_the_steering_its_own_term(cli, tiny, hf):
+    torch, model, v, steered = hf
+    ids = tiny.model.tokenizer.encode(TEXT)
+    # grad-x-input: the term is shift . df/dshift, the derivative along the scale times it
+    doc = cli("attribute", TEXT, *STEERED, "--method", "grad-x-input", "--target", " toys",
+              "--json").json()
+    t = doc["target"]["id"]
+    eps = 1e-2
+    slope = (steered(ids, SCALE + eps)[-1, t] - steered(ids, SCALE - eps)[-1, t]) / (2 * eps)
+    assert doc["steer"] == pytest.approx(SCALE * slope, rel=2e-2, abs=2e-3)
+    assert doc["f"] == pytest.approx(float(steered(ids)[-1, t]), abs=1e-4)
+    # integrated gradients: tokens and steering grow together from a zero, unsteered
+    # baseline, and their terms add up to f(input, steered) - f(baseline)
+    ig = cli("attribute", TEXT, *STEERED, "--method", "integrated-gradients", "--target",
+             " toys", "--steps", "256", "--json").json()
+    wpe = model.transformer.wpe.weight[: len(ids)]
+    with torch.no_grad():
+        base = model(inputs_embeds=torch.zeros(1, len(ids), wpe.shape[1])).logits[0, -1, t]
+    assert ig["f_baseline"] == pytest.approx(float(base), abs=1e-4)
+    assert ig["f"] == pytest.approx(float(steered(ids)[-1, t]), abs=1e-4)
+    total = sum(ig["data"]) + ig["steer"]
+    assert total == pytest.approx(ig["f"] - ig["f_baseline"], abs=2e-2)
+    assert abs(ig["completeness_gap"]) < 2e-2
+    assert "steer" not in cli("attribute", TEXT, "--json").json()
+
+
+def test_score_surprisal_is_the_steered_runs(cli, tiny, hf):
+    lines = cli("score", TEXT, *STEERED, "--json").ndjson()
+    tok = tiny.model.tokenizer
+    ids = [tok.eot_id] + tok.encode(TEXT)
+    logp = log_softmax(hf[3](ids))
+    nats = [line["nats"] for line in lines if "nats" in line]
+    np.testing.assert_allclose(nats, [-logp[i, ids[i + 1]] for i in range(len(ids) - 1)],
+                               rtol=1e-4, atol=1e-5)
+    assert lines[-1]["steered"]["scale"] == SCALE
+
+
+def test_heads_score_the_steered_attention(cli, tiny, hf):
+    torch, model, v, _ = hf
+    tok = tiny.model.tokenizer
+    ids = [tok.eot_id] + tok.encode(TEXT)
+    doc = cli("heads", TEXT, *STEERED, "--json").json()
+    shift = torch.tensor(SCALE * v, dtype=torch.float32)
+    handle = model.transformer.h[1].register_forward_pre_hook(
+        lambda m, args, kwargs: ((args[0] + shift, *args[1:]), kwargs) if args else
+        (args, {**kwargs, "hidden_states": kwargs["hidden_states"] + shift}), with_kwargs=True)
+    with torch.no_grad():
+        att = model(torch.tensor([ids]), output_attentions=True).attentions
+    handle.remove()
+    grids = np.stack([a[0].double().numpy() for a in att])  # [L, H, T, T]
+    prev = np.zeros(grids.shape[-2:])
+    prev[np.arange(1, len(ids)), np.arange(len(ids) - 1)] = 1.0
+    want = (grids * prev).sum((-1, -2)) / grids.sum((-1, -2))
+    np.testing.assert_allclose(np.asarray(doc["data"])[doc["kinds"].index("previous_token")],
+                               want, rtol=1e-4, atol=1e-6)
+    assert doc["steered"]["site"] == "layers.1.resid_pre"
+
+
+def test_neurons_on_a_text_are_the_steered_runs(cli, tiny, hf):
+    torch, model, v, steered = hf
+    doc = cli("neurons", TEXT, *STEERED, "--layer", "1", "--json").json()
+    seen = {}
+
+    def keep(module, args, out):  # returns None: the output goes on unchanged
+        seen["post"] = out[0].double().numpy()
+
+    handle = model.transformer.h[1].mlp.act.register_forward_hook(keep)
+    steered(tiny.model.tokenizer.encode(TEXT))
+    handle.remove()
+    np.testing.assert_allclose(doc["data"], seen["post"], rtol=1e-4, atol=1e-5)
+    assert doc["steered"]["norm"] == pytest.approx(np.linalg.norm(v), rel=1e-5)
+
+
+def test_diff_steers_both_texts(cli, tiny, hf):
+    doc = cli("diff", TEXT, OTHER, *STEERED, "--json").json()
+    tok = tiny.model.tokenizer
+    for key, text in (("top_a", TEXT), ("top_b", OTHER)):
+        p = np.exp(log_softmax(hf[3](tok.encode(text))))
+        assert [r["chance"] for r in doc[key]] == pytest.approx(list(p.max(-1)), rel=1e-4)
+    assert "steered" in doc
+
+
+def test_patch_steers_the_clean_and_the_corrupt_run(cli, tiny, hf):
+    tok = tiny.model.tokenizer
+    doc = cli("patch", TEXT, OTHER, *STEERED, "--target", " toys", "--vs", " mom",
+              "--json").json()
+    t, vs = doc["target"]["id"], doc["vs"]["id"]
+    for key, text in (("clean", TEXT), ("corrupt", OTHER)):
+        z = hf[3](tok.encode(text))[-1].astype(np.float64)
+        assert doc[key] == pytest.approx(z[t] - z[vs], abs=1e-4)
+    # patching the last block's output at the scored position restores the clean run exactly
+    restored = np.asarray(doc["data"])[doc["kinds"].index("resid_post"), -1, -1]
+    assert restored == pytest.approx(1.0, abs=1e-6)
+
+
+def test_ablate_compares_with_the_steered_run(cli, tiny, hf):
+    tok = tiny.model.tokenizer
+    doc = cli("ablate", TEXT, *STEERED, "--layer", "1", "--head", "0", "--json").json()
+    p = np.exp(log_softmax(hf[3](tok.encode(TEXT))[-1]))
+    assert doc["top_before"][0]["prob"] == pytest.approx(float(p.max()), rel=1e-4)
+    assert doc["top_before"][0]["id"] == int(np.argmax(p))
+
+
+@pytest.mark.parametrize(("command", "extra"), [
+    ("lens", []), ("dla", []), ("score", []), ("neurons", ["--layer", "1"]),
+    ("attribute", []), ("heads", []), ("diff", [OTHER]), ("ablate", ["--all"]),
+    ("patch", [OTHER])])
+def test_scale_zero_is_the_unsteered_run_bit_for_bit(cli, command, extra):
+    def without_steered(out):  # the documents with their "steered" field taken out
+        docs = [json.loads(line) for line in out.splitlines()]
+        return [{k: v for k, v in d.items() if k != "steered"} for d in docs]
+    plain = cli(command, TEXT, *extra, "--json")
+    zero = cli(command, TEXT, *extra, *STEER, "--steer-scale", "0", "--json")
+    assert plain.code == zero.code == 0, zero.err
+    assert '"steered"' in zero.out
+    assert without_steered(zero.out) == without_steered(plain.out)
+    assert zero.out.count('"steered"') == 1 and '"steered"' not in plain.out
+
+
+def test_every_view_and_picture_of_a_steered_run_says_so(cli, tmp_path):
+    note = "steered before this view: layers.1.resid_pre + 3 * v, v = 'Lily was happy' - " \
+           "'Lily was sad'"
+    for argv in (["lens", TEXT], ["dla", TEXT], ["score", TEXT], ["heads", TEXT],
+                 ["neurons", TEXT], ["diff", TEXT, OTHER], ["ablate", TEXT, "--all"],
+                 ["attribute", TEXT], ["embed", TEXT], ["patch", TEXT, OTHER]):
+        r = cli(*argv, *STEERED)
+        assert r.code == 0, (argv, r.err)
+        assert r.out.startswith(note), (argv, r.out[:200])
+        assert note not in cli(*argv).out
+    cli("dla", TEXT, *STEERED, "--save", tmp_path / "d.svg", "--quiet")
+    assert "steered before this view: layers.1.resid_pre" in (tmp_path / "d.svg").read_text()
+    cli("attn", TEXT, "--ablate", "L1H0", "--save", tmp_path / "a.html", "--quiet")
+    assert "ablated (set to zero) before this view: layers.1.heads.0.out" in \
+        (tmp_path / "a.html").read_text()
+
+
+def test_work_without_a_text_refuses_the_steering_options(cli):
+    assert_one_error_line(cli("lens", "--evaluate", *STEERED), 2, "is not steered")
+
+
+def test_the_trace_holds_the_stream_by_stage_and_by_part(tiny):
+    """Trace.stages and Trace.residual_parts, which lens, dla and diff read: the parts of a
+    steered run (its shift one of them) add up to its last resid_post at every position."""
+    from tinygpt_cli.hooks import add_vector
+    from tinygpt_cli.model import trace
+
+    m = tiny.model
+    ids = m.tokenizer.encode(TEXT)
+    shift = np.random.default_rng(2).normal(size=m.config.n_embd)
+    steer = add_vector("layers.1.resid_pre", shift, 1.5)
+    tr = trace(m.params, m.config, ids, hooks=steer)
+    names = [n for n, _ in tr.stages(mid=True)]
+    assert names == ["embeddings", "layers.0.resid_mid", "layers.0.resid_post",
+                     "layers.1.resid_mid", "layers.1.resid_post"]
+    assert [n for n, _ in tr.stages()] == ["embeddings", "layers.0.resid_post",
+                                           "layers.1.resid_post"]
+    for p in range(len(ids)):
+        labels, parts = tr.residual_parts(m.params, p, steer)
+        np.testing.assert_allclose(parts.sum(0), tr["layers.1.resid_post"][p], atol=2e-5)
+        np.testing.assert_array_equal(parts[labels.index("steer")], 1.5 * shift)
+    assert "steer" not in tr.residual_parts(m.params, 0)[0]

@@ -1,0 +1,147 @@
+"""Where a command's output goes: stdout and stderr consoles (markup off, widths that suit a
+terminal or a pipe), --save pictures written atomically, --quiet, and the line that starts
+every view and picture of a changed (steered or ablated) run.
+
+Imported when the commands are registered: Rich and the SVG/HTML writers load inside the
+functions that use them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import InputError
+from ..files import write_atomically
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+_quiet = False  # set by --quiet for the one command being run; stdout() then prints nothing
+_changed: str | None = None  # what --steer/--ablate changed in the run about to be shown
+PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
+MIN_WIDTH, TERMINAL_WIDTH = 20, 80  # a narrower stated width is a mistake: use the classic one
+
+
+def picture_format(path: Path) -> str:
+    """'svg' or 'html' from the extension of a --save path, checked before anything runs."""
+    kind = {".svg": "svg", ".html": "html", ".htm": "html"}.get(path.suffix.lower())
+    if kind is None:
+        raise InputError(f"--save {path}: unknown extension {path.suffix or '(none)'!r}; use "
+                         ".svg (a vector drawing) or .html (a web page)")
+    if not path.parent.is_dir():
+        raise InputError(f"--save {path}: the folder {path.parent} "
+                         + ("is a file" if path.parent.exists() else "does not exist"))
+    if path.is_dir():
+        raise InputError(f"--save {path}: that is a folder; give a file name ending .svg or "
+                         ".html")
+    return kind
+
+
+def save_figure(figure, path: Path | None, force: bool = False) -> None:
+    """Write `figure` (render.figure.Figure) to the --save path, if one was given: SVG or HTML
+    by the extension, atomically, never over an existing file without --force. Call it before
+    printing the terminal view, so a refusal is the only output."""
+    if path is None:
+        return
+    path = Path(path)
+    kind = picture_format(path)
+    check_save(path, force)
+    from . import html, svg
+
+    if _changed:  # a picture of a changed run says so first, as the terminal view does
+        from dataclasses import replace
+
+        from .figure import Note
+
+        figure = replace(figure, parts=[*(Note(line) for line in _changed.splitlines()),
+                                        *figure.parts])
+    data = (svg.document if kind == "svg" else html.document)(figure)
+    write_atomically(path, data.encode("utf-8"))
+    if not _quiet:  # where the picture went, as a note on stderr (--quiet: nothing)
+        from .text import escape_line
+
+        stderr().print(f"wrote {escape_line(str(path))}", style="dim", soft_wrap=True)
+
+
+def check_save(path: Path | None, force: bool) -> None:
+    """Refuse an existing --save file without --force: save_figure does it when it writes; a
+    command that prints before its picture is ready calls this first."""
+    if path is not None and Path(path).exists() and not force:
+        raise InputError(f"--save {path}: the file exists; add --force to overwrite it")
+
+
+def stdout(width: int | None = None) -> Console:
+    """Markup and highlighting off: text from the user or the model is shown literally.
+    The width is the terminal's, or $COLUMNS, or PIPE_WIDTH for a pipe."""
+    from rich.console import Console
+
+    global _changed
+    console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width,
+                      quiet=_quiet)
+    if _changed:  # the view of a changed run says so first, whatever view it is
+        from rich.text import Text
+
+        note, _changed = _changed, None
+        stdout(width).print(Text(note, style="bold magenta"))
+    if width is None and not console.is_terminal and not _columns():
+        console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
+                          width=PIPE_WIDTH, quiet=_quiet)
+    elif width is None and console.width < MIN_WIDTH:  # COLUMNS=0 on a terminal: no view
+        console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
+                          width=TERMINAL_WIDTH, quiet=_quiet)
+    return console
+
+
+def _columns() -> int | None:
+    value = os.environ.get("COLUMNS", "")
+    return int(value) if value.isdigit() and int(value) >= MIN_WIDTH else None
+
+
+def wide(*renderables) -> Console:
+    """stdout, widened to the natural width of the renderables, so that a table of numbers
+    (--full, a heatmap of a long text) is never cut at the edge: a terminal wraps the long
+    lines and a pipe keeps them whole."""
+    console = stdout()
+    options = console.options.update_width(10**5)
+    need = max(console.measure(r, options=options).maximum for r in renderables)
+    return stdout(width=need) if need > console.width else console
+
+
+def stderr():
+    from rich.console import Console
+
+    console = Console(stderr=True, markup=False, highlight=False, emoji=False)
+    if console.width < MIN_WIDTH:  # COLUMNS=0: notes would print nothing
+        console = Console(stderr=True, markup=False, highlight=False, emoji=False,
+                          width=TERMINAL_WIDTH)
+    return console
+
+
+def set_changed(changes: dict | None) -> None:
+    """What a terminal view (and a saved picture) of a changed run starts with; nothing for a
+    clean run. JSON documents say it in their "steered" and "ablated" fields instead."""
+    global _changed
+    from .text import changed_note
+
+    _changed = changed_note(changes) if changes else None
+
+def set_quiet(value: bool) -> None:
+    """--quiet for the command being run: stdout() prints nothing, save_figure no note."""
+    global _quiet
+    _quiet = value
+
+
+def show_view(view, full: bool = False, measured=None) -> None:
+    """Print a view on stdout; with `full` (every column) as wide as the renderables
+    `measured` (default: the view) need, which a terminal wraps and a pipe keeps whole."""
+    (wide(*(measured or [view])) if full else stdout()).print(view)
+
+
+def at_least(width: int):
+    """stdout, widened to `width` columns when the view needs more (a grid of many stages or
+    heads). The width is counted from the grid's shape: measuring a large Rich table first
+    costs as much as printing it."""
+    out = stdout()
+    return stdout(width=width) if width > out.width else out
