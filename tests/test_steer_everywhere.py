@@ -34,7 +34,7 @@ def log_softmax(z):
 
 
 @pytest.mark.parametrize("command", ["lens", "dla", "ablate", "patch", "attribute", "score",
-                                     "heads", "neurons", "diff", "history", "why"])
+                                     "heads", "neurons", "diff", "history", "why", "qk"])
 def test_the_commands_that_run_a_text_take_the_steering_options(cli, command):
     out = cli(command, "--help").out
     for option in ("--steer ", "--steer-away", "--steer-vector", "--steer-layer",
@@ -242,3 +242,37 @@ def test_the_trace_holds_the_stream_by_stage_and_by_part(tiny):
         np.testing.assert_allclose(parts.sum(0), tr["layers.1.resid_post"][p], atol=2e-5)
         np.testing.assert_array_equal(parts[labels.index("steer")], 1.5 * shift)
     assert "steer" not in tr.residual_parts(m.params, 0)[0]
+
+
+def test_qk_of_a_steered_run_has_a_steer_part_and_its_terms_add_up(cli, tiny, hf):
+    """qk on a steered run: the attention weights are transformers' with the pre-hook; the
+    steering vector is a part of the stream from its block on, on both sides, and the terms
+    still add up to the scores."""
+    torch, model, v, _ = hf
+    ids = tiny.model.tokenizer.encode(TEXT)
+    shift = torch.tensor(SCALE * v, dtype=torch.float32)
+
+    def pre_hook(module, args, kwargs):
+        if args:
+            return (args[0] + shift, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": kwargs["hidden_states"] + shift}
+
+    handle = model.transformer.h[1].register_forward_pre_hook(pre_hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            attn = model(torch.tensor([ids]), output_attentions=True).attentions
+    finally:
+        handle.remove()
+    for layer in (1, -1):  # the block the vector is added before, and the last
+        r = cli("qk", TEXT, "--layer", str(layer), "--head", "1", *STEERED, "--json")
+        assert r.code == 0, r.err
+        doc = r.json()
+        assert doc["steered"]["site"] == "layers.1.resid_pre"
+        np.testing.assert_allclose(doc["weights"], attn[layer][0, 1, -1, : len(ids)].numpy(),
+                                   atol=1e-5)
+        terms = np.asarray(doc["data"])
+        np.testing.assert_allclose(terms.sum(axis=(0, 1)), doc["scores"], atol=1e-4)
+        at = doc["sources"].index("steer")
+        assert np.abs(terms[at]).max() > 0 and np.abs(terms[:, at]).max() > 0
+    unsteered = cli("qk", TEXT, "--layer", "0", "--head", "1", *STEERED, "--json").json()
+    assert "steer" not in unsteered["sources"]  # block 0 reads the stream before the vector

@@ -2,7 +2,8 @@
 
 The stream entering block L is a sum of parts: the token embedding, the position embedding,
 each earlier head's output z_h W_O[h], each earlier MLP's output without its bias, and the
-output biases of the earlier blocks. With the LayerNorm's mean and scale frozen at the run's
+output biases of the earlier blocks (and, in a steered run, the steering vector, from the
+block it is added before). With the LayerNorm's mean and scale frozen at the run's
 values, ln1 is linear in that sum, so the head's query and key are sums of one term per part,
 plus a constant (ln1's bias through W_q, and b_q; the same for keys):
 
@@ -33,13 +34,20 @@ class QK:
     weights: np.ndarray  # [keys] the attention weights
 
 
-def stream_parts(params, config: Config, values: dict[str, np.ndarray], layer: int
-                 ) -> tuple[list[str], np.ndarray]:
-    """The parts that add up to the stream entering block `layer`: names, [P, T, d]."""
+def stream_parts(params, config: Config, values: dict[str, np.ndarray], layer: int,
+                 steer=None) -> tuple[list[str], np.ndarray]:
+    """The parts that add up to the stream entering block `layer`: names, [P, T, d].
+    `steer` (hooks.Steering, adding `shift` to layers.S.resid_pre) is a part from block S on."""
     names, parts = ["token", "position"], [values["token_embeddings"],
                                            values["position_embeddings"]]
     bias = np.zeros(config.n_embd)
-    for i in range(layer):
+    entry = int(steer.site.split(".")[1]) if steer is not None else None
+    for i in range(layer + 1):
+        if i == entry:
+            names.append("steer")
+            parts.append(np.broadcast_to(steer.shift, parts[0].shape))
+        if i == layer:
+            break
         wo = head_weights(params, config, i)[-1]
         for h in range(config.n_head):
             names.append(f"a{i}.h{h}")
@@ -64,9 +72,10 @@ def side_terms(parts: np.ndarray, std: np.ndarray, g: np.ndarray, b: np.ndarray,
 
 
 def qk_attribution(params, config: Config, values: dict[str, np.ndarray], layer: int,
-                   head: int, query: int) -> QK:
-    """The scores of head `head` of block `layer` at query position `query`, split by part."""
-    names, parts = stream_parts(params, config, values, layer)
+                   head: int, query: int, steer=None) -> QK:
+    """The scores of head `head` of block `layer` at query position `query`, split by part
+    (the values of a run steered by `steer`, when given, whose vector is a part)."""
+    names, parts = stream_parts(params, config, values, layer, steer)
     p = f"h.{layer}."
     g, b = (np.asarray(params[p + n], np.float64) for n in ("ln_1.weight", "ln_1.bias"))
     wq, wk, _, bq, bk, _, _ = (np.asarray(a, np.float64)

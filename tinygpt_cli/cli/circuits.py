@@ -139,7 +139,7 @@ def qk(
 
     s = open_session(weights, text)
     i, h, p = s.layer(layer), s.head(head), s.position(query)
-    r = attribution.qk_attribution(s.params, s.config, s.trace().values, i, h, p)
+    r = attribution.qk_attribution(s.params, s.config, s.trace().values, i, h, p, s.steering)
     k = int(r.weights.argmax()) if key is None else key
     if not -(p + 1) <= k <= p:
         raise InputError(f"--key {key} is out of range: query position {p} attends to keys "
