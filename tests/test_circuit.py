@@ -552,3 +552,48 @@ def test_attribute_faithfulness_json_and_view(cli):
     assert doc["aopc_comprehensiveness"] == pytest.approx(comp[:, 1:].mean(axis=1))
     r = cli("attribute", TEXT, "--faithfulness")
     assert r.code == 0 and "comp:ranked" in r.out and "AOPC" in r.out
+
+
+def test_a_steered_pair_decomposes_the_steered_run(tiny_params, tiny_config):
+    """With a steering vector added before block 1 in both runs, the edge-decomposed forward
+    with every edge live is the steered forward pass, all edges kept and none give f = 1 and
+    0, and a single-edge patch equals the same patch made with hooks on the steered run."""
+    from tinygpt_cli.hooks import Chain, add_vector
+
+    v = np.random.default_rng(4).normal(0, 0.5, tiny_config.n_embd)
+    steer = add_vector("layers.1.resid_pre", v, 2.0)
+    pair = C.prepare(tiny_params, tiny_config, IDS, OTHER, TARGET, VS, steer=steer)
+    plain = C.prepare(tiny_params, tiny_config, IDS, OTHER, TARGET, VS)
+    z = forward(pair.params, tiny_config, IDS, hooks=steer)[-1]
+    assert pair.clean == pytest.approx(z[TARGET] - z[VS], abs=1e-10)
+    assert abs(pair.clean - plain.clean) > 1e-3  # the vector changes the run
+    e = len(pair.graph.edges)
+    fixed = np.random.default_rng(0).normal(size=pair.clean_out.shape)
+    got = C.edge_forward(pair.params, tiny_config, pair.graph, IDS, np.ones((1, e)), fixed,
+                         [TARGET, VS], 5, steer=steer)[0]
+    np.testing.assert_allclose(got, forward(pair.params, tiny_config, IDS, hooks=steer)[5,
+                               [TARGET, VS]], atol=1e-12, rtol=0)
+    f = C.faithfulness(pair, np.stack([np.ones(e), np.zeros(e)]))
+    assert abs(f[0] - 1) < 1e-6 and abs(f[1]) < 1e-6
+    k = edge(pair.graph, "a0.h1", "logits")
+    delta = (pair.clean_out - pair.corrupt_out)[pair.graph.senders.index("a0.h1")]
+    last = f"layers.{tiny_config.n_layer - 1}.resid_post"
+    rec = Record()
+    forward(pair.params, tiny_config, OTHER, hooks=Chain(steer, rec))
+    eps = tiny_config.layer_norm_epsilon
+    patched = forward(pair.params, tiny_config, OTHER, hooks=Chain(steer, Replace(
+        {"ln_final.out": lambda _: ln(rec.values[last] + delta, pair.params, "ln_f", eps)})))
+    want = patched[-1, TARGET] - patched[-1, VS] - pair.corrupt
+    assert C.exact_scores(pair)[k] == pytest.approx(want, abs=1e-10)
+    np.testing.assert_allclose(C.eap_ig_scores(pair, 1), C.eap_scores(pair), atol=1e-12)
+
+
+def test_circuit_takes_the_steering_options(cli):
+    from test_steer import STEER
+
+    plain = ok_json(cli("circuit", TEXT, CORRUPT, *TOKENS, "--method", "eap", "--json"))
+    doc = ok_json(cli("circuit", TEXT, CORRUPT, *TOKENS, "--method", "eap", *STEER,
+                      "--steer-scale", "3", "--json"))
+    assert doc["steered"]["site"] == "layers.1.resid_pre" and "steered" not in plain
+    assert doc["data"] != plain["data"]
+    assert abs(doc["faithfulness"][-1] - 1) < 1e-6

@@ -34,7 +34,8 @@ def log_softmax(z):
 
 
 @pytest.mark.parametrize("command", ["lens", "dla", "ablate", "patch", "attribute", "score",
-                                     "heads", "neurons", "diff", "history", "why", "qk"])
+                                     "heads", "neurons", "diff", "history", "why", "qk",
+                                     "circuit"])
 def test_the_commands_that_run_a_text_take_the_steering_options(cli, command):
     out = cli(command, "--help").out
     for option in ("--steer ", "--steer-away", "--steer-vector", "--steer-layer",

@@ -7,7 +7,8 @@ computed before v reads the stream: the embeddings feed everything, the heads of
 block l's MLP and everything later, MLP l feeds every later block and the logits.
 
 Every receiver's input is a sum of sender outputs (plus the attention biases b_O of the
-blocks before it, which are the same in every run), so one edge can be patched on its own:
+blocks before it, and in a steered run the steering vector from the block it is added before:
+constants, the same in every run), so one edge can be patched on its own:
 v's input is normed by v's own LayerNorm (ln1 for q/k/v, ln2 for an MLP, ln_f for the logits)
 after the sum. `edge_forward` runs the model that way.
 
@@ -169,14 +170,14 @@ def receiver_gradients(params, config: Config, values, grads) -> np.ndarray:
 
 
 def metric_gradients(params, config: Config, embeddings: np.ndarray, target: int, vs: int,
-                     position: int) -> np.ndarray:
+                     position: int, steer=None) -> np.ndarray:
     """Receiver gradients of the metric at runs whose embeddings are `embeddings` [B, T, d],
     averaged over the B runs: [R, T, d]. The head is cut to the rows of target and vs (the
     embeddings come in through a hook, so the table is not needed as an embedding)."""
     head = cut_head(params, [target, vs])
     rec = Record()
     logits = forward(head, config, np.zeros(embeddings.shape[:2], np.int64),
-                     hooks=Chain(Replace({"embeddings": lambda _: embeddings}), rec))
+                     hooks=Chain(Replace({"embeddings": lambda _: embeddings}), steer, rec))
     dlogits = np.zeros_like(logits)
     dlogits[:, position, 0] = 1.0
     dlogits[:, position, 1] = -1.0
@@ -217,7 +218,7 @@ def _mlp(params, config: Config, i: int, x: np.ndarray) -> np.ndarray:
 
 def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live: np.ndarray,
                  fixed: np.ndarray, rows: Sequence[int], position: int, start: int = 0,
-                 known: np.ndarray | None = None) -> np.ndarray:
+                 known: np.ndarray | None = None, steer=None) -> np.ndarray:
     """The model run on `ids` with each receiver's input summed edge by edge.
 
     live [B, E]: 1 where edge e carries its sender's output in this run, 0 where it carries
@@ -225,6 +226,8 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
     the logits of `rows` at `position`: [B, len(rows)]. With every edge live this is the
     ordinary forward pass. `start` > 0 begins at that block, taking the outputs of the
     senders before it from `known` [S, T, d] (valid when no edge into them is patched).
+    `steer` (hooks.Steering at layers.L.resid_pre) adds its shift to every input from block
+    L's on.
     """
     # nothing after `position` can change it; in the last block, nothing but `position`
     position = position % len(ids)
@@ -239,6 +242,9 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
     for i in range(config.n_layer):
         later = graph.receiver_stage > 2 * i + 1
         base[later] += params[f"h.{i}.attn.c_proj.bias"]
+    if steer is not None:
+        entry = int(steer.site.split(".")[1])
+        base[graph.receiver_stage >= 2 * entry + 1] += np.asarray(steer.shift, np.float64)
     diff = np.zeros((b, s_count, t, config.n_embd))  # run[u] - fixed[u], stage by stage
     if start == 0:
         diff[:, 0] = params["wte.weight"][ids] + params["wpe.weight"][:t] - fixed[0]
@@ -265,13 +271,13 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
 
 
 def edge_metric(params, config, graph, ids, live, fixed, target, vs, position, start=0,
-                known=None) -> np.ndarray:
+                known=None, steer=None) -> np.ndarray:
     """logit[target] - logit[vs] of each edge-patched run, in batches: [B]."""
     out = np.empty(len(live))
     step = max(4, EDGE_TOKENS // (position % len(ids) + 1))
     for first in range(0, len(live), step):
         rows = edge_forward(params, config, graph, ids, live[first:first + step], fixed,
-                            [target, vs], position, start, known)
+                            [target, vs], position, start, known, steer)
         out[first:first + step] = rows[:, 0] - rows[:, 1]
     return out
 
@@ -296,20 +302,21 @@ class Pair:
     corrupt_out: np.ndarray
     clean: float  # the metric of the clean run
     corrupt: float
+    steer: object = None  # hooks.Steering of both runs, or None
 
     def metric_of(self, ids, live: np.ndarray, fixed: np.ndarray) -> np.ndarray:
         return edge_metric(self.params, self.config, self.graph, ids, live, fixed,
-                           self.target, self.vs, self.position)
+                           self.target, self.vs, self.position, steer=self.steer)
 
 
-def _run(params, config: Config, ids: np.ndarray):
+def _run(params, config: Config, ids: np.ndarray, steer=None):
     rec = Record()
-    logits = forward(params, config, ids, hooks=rec)
+    logits = forward(params, config, ids, hooks=Chain(steer, rec))
     return logits, rec.values
 
 
 def prepare(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
-            position: int = -1, graph: Graph | None = None) -> Pair:
+            position: int = -1, graph: Graph | None = None, steer=None) -> Pair:
     if len(clean_ids) != len(corrupt_ids):
         raise InputError(f"the clean text is {len(clean_ids)} tokens and the corrupt text "
                          f"{len(corrupt_ids)}: edges are patched position by position, so they "
@@ -318,14 +325,14 @@ def prepare(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int
     params = widen(params)
     clean_ids = np.asarray(clean_ids)[: position + 1]
     corrupt_ids = np.asarray(corrupt_ids)[: position + 1]
-    clean_logits, clean = _run(params, config, clean_ids)
-    corrupt_logits, corrupt = _run(params, config, corrupt_ids)
+    clean_logits, clean = _run(params, config, clean_ids, steer)
+    corrupt_logits, corrupt = _run(params, config, corrupt_ids, steer)
     c = float(logit_difference(clean_logits[position], target, vs))
     r = float(logit_difference(corrupt_logits[position], target, vs))
     check_gap(c, r)
     return Pair(params, config, graph or build_graph(config), clean_ids, corrupt_ids, target,
                 vs, position, sender_outputs(params, config, clean),
-                sender_outputs(params, config, corrupt), c, r)
+                sender_outputs(params, config, corrupt), c, r, steer)
 
 
 def _embeddings(pair: Pair, ids: np.ndarray) -> np.ndarray:
@@ -354,14 +361,15 @@ def eap_ig_scores(pair: Pair, steps: int) -> np.ndarray:
         a = alphas[first:first + per_batch, None, None]
         points = corrupt[None] + a * (clean - corrupt)[None]
         total = total + len(a) * metric_gradients(pair.params, pair.config, points,
-                                                  pair.target, pair.vs, pair.position)
+                                                  pair.target, pair.vs, pair.position,
+                                                  pair.steer)
     return edge_products(pair, total / steps)
 
 
 def eap_scores(pair: Pair) -> np.ndarray:
     """EAP: the gradient at the corrupt run alone (its own forward and backward pass, not
     eap_ig_scores with one step, so that the two can be checked against each other)."""
-    logits, values = _run(pair.params, pair.config, pair.corrupt_ids)
+    logits, values = _run(pair.params, pair.config, pair.corrupt_ids, pair.steer)
     dlogits = np.zeros_like(logits)
     dlogits[pair.position, pair.target] = 1.0
     dlogits[pair.position, pair.vs] = -1.0
@@ -382,7 +390,7 @@ def _single_edges(pair: Pair, ids: np.ndarray, fixed: np.ndarray, known: np.ndar
         live = np.ones((len(group), e))
         live[np.arange(len(group)), group] = 0.0
         out[group] = edge_metric(pair.params, pair.config, g, ids, live, fixed, pair.target,
-                                 pair.vs, pair.position, int(start), known)
+                                 pair.vs, pair.position, int(start), known, pair.steer)
         if advance is not None:
             advance(len(group))
     return out

@@ -28,7 +28,7 @@ def prepare_pair(s, c, position: int, target: str | None, vs: str | None):
                          "--target and --vs that differ")
     note = (f"note: both runs' top guess is {tok(t)!r}; scoring it against the corrupt run's "
             f"next guess {tok(v)!r}") if fell_back else None
-    return circuit.prepare(s.params, s.config, s.ids, c.ids, t, v, p), note
+    return circuit.prepare(s.params, s.config, s.ids, c.ids, t, v, p, steer=s.steering), note
 
 
 def read_pairs(path: Path) -> list[tuple[str, str]]:

@@ -37,7 +37,7 @@ class SteerOptions:
 # Commands without --ablate that run the model on a text take them too. qk and circuit split
 # a run into parts that have no place for a steering vector yet, and are left out.
 STEERED = {"lens", "dla", "ablate", "patch", "attribute", "score", "heads", "neurons", "diff",
-           "history", "why", "qk"}
+           "history", "why", "qk", "circuit"}
 
 _chosen = SteerOptions()  # the running command's options
 _made: dict = {}  # (id(model), options) -> steering(model): once a command, one stderr line
