@@ -156,8 +156,9 @@ def test_quick_coercion_gives_what_typer_gives(tmp_path):
 
     @app.command()
     def one(n: int = typer.Option(3, "--n", min=1), x: float = typer.Option(0.5, "--x"),
-            p: Path = typer.Option(None, "--p"), s: list[str] = typer.Option(None, "--s")):
-        seen.update(n=n, x=x, p=p, s=s)
+            p: Path = typer.Option(None, "--p"), s: list[str] = typer.Option(None, "--s"),
+            w: Path = typer.Option(None, "--w", parser=str)):
+        seen.update(n=n, x=x, p=p, s=s, w=w)
 
     @app.command()
     def two():
@@ -166,8 +167,9 @@ def test_quick_coercion_gives_what_typer_gives(tmp_path):
     command = click_command(app, "one")
     assert set(command.commands) == {"one"}  # only the chosen command is built
     command.main(["one", "--n", "7", "--x", "1e-3", "--p", str(tmp_path), "--s", "a",
-                  "--s", "b"], standalone_mode=False)
-    assert seen == {"n": 7, "x": 1e-3, "p": tmp_path, "s": ["a", "b"]}
+                  "--s", "b", "--w", ""], standalone_mode=False)
+    # a parser's result as it is: the empty name stays "" (not Path(""), the current folder)
+    assert seen == {"n": 7, "x": 1e-3, "p": tmp_path, "s": ["a", "b"], "w": ""}
     assert type(seen["n"]) is int and type(seen["x"]) is float
     with pytest.raises(click_errors.BadParameter, match="greater than or equal to 1"):
         command.main(["one", "--n", "0"], standalone_mode=False)

@@ -6,7 +6,8 @@ upgrade that breaks one fails tests/test_typer_tricks.py instead of a command li
 - click_command(app, name): the click command of one Typer command only, by building the app
   with its other commands set aside (turning every signature into click options would cost
   start-up time for nothing).
-- quick_coercion(): plainly valid option values converted without Pydantic (typer 0.2x).
+- quick_coercion(): plainly valid option values (and those of a parser= option) converted
+  without Pydantic (typer 0.2x).
 """
 
 from __future__ import annotations
@@ -53,7 +54,13 @@ _NOT_PLAIN = object()
 def _plain(annotation, info, value, param, ctx):
     """The value of a plainly valid str, int, float or Path option (or a list of them), as
     typer would make it, or _NOT_PLAIN when typer should decide (and word any error)."""
-    if getattr(info, "parser", None) is not None or getattr(info, "clamp", False):
+    parser = getattr(info, "parser", None)
+    if parser is not None and typing.get_origin(annotation) is None and isinstance(value, str):
+        try:  # typer gives the parser's result as it is (--weights: parser=str)
+            return parser(value)
+        except Exception:  # noqa: BLE001 - typer words the error
+            return _NOT_PLAIN
+    if parser is not None or getattr(info, "clamp", False):
         return _NOT_PLAIN
     if typing.get_origin(annotation) is list and isinstance(value, (list, tuple)):
         (item,) = typing.get_args(annotation) or (str,)
