@@ -90,9 +90,14 @@ def paired_median_seconds(fns, runs: int, warmup: int = 1) -> list[float]:
     return [statistics.median(times[i]) if i in times else None for i in range(len(fns))]
 
 
-def child_env() -> dict[str, str]:
+def child_env(checkout: bool = True) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"}
     env.update({v: "1" for v in THREAD_VARS})
+    if not checkout:  # a floor that imports no tinygpt: nothing added to its path
+        return env
+    # the `tinygpt` script imports tinygpt_cli from wherever it was installed: this checkout
+    # first, so that the figures are of the code beside this script
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
 
@@ -180,11 +185,12 @@ def startup(runs: int) -> tuple[list[Row], list[str]]:
         modules, slack = FLOORS[args[0]]
         cmd = tinygpt_cmd() + args
         floor = [sys.executable, "-c", f"import {modules}"]
-        run_measured(cmd), run_measured(floor)  # warm the page cache
+        bare = child_env(checkout=False)
+        run_measured(cmd), run_measured(floor, bare)  # warm the page cache
         ours, base = [], []
         for _ in range(max(runs, 9)):  # in turns: a drift slows both alike
             ours.append(run_measured(cmd))
-            base.append(run_measured(floor))
+            base.append(run_measured(floor, bare))
         wall = statistics.median(g[0] for g in ours)
         cpu = statistics.median(g[1] for g in ours)
         floor_wall = statistics.median(g[0] for g in base)
