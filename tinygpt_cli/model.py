@@ -17,7 +17,7 @@ import numpy as np
 from . import ops
 from .config import Config
 from .errors import NonFiniteError
-from .hooks import Hook, Record, Stop  # noqa: F401  (Record for callers)
+from .hooks import Hook, Record, RecordOnly, Stop
 from .schema import param_shapes
 
 __all__ = ["Dropout", "KVCache", "backward", "decode_step", "forward", "init_params",
@@ -220,11 +220,14 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
     if hooks is not None:
         scores = hooks(L + "scores", scores)
         _heads("scores", scores, L, hooks, config.n_head)
-    weights = ops.softmax(scores)  # [H, T, S]
+    # A hook that only records leaves the masked scores -inf, as causal_softmax needs; any
+    # other may have changed them (in place, even, through a head's slice).
+    untouched = hooks is None or type(hooks) in (Record, RecordOnly)
+    weights = (ops.causal_softmax if untouched and start == 0 else ops.softmax)(scores)
     if hooks is not None:
         weights = hooks(L + "weights", weights)
         _heads("weights", weights, L, hooks, config.n_head)
-    z = weights @ v  # [H, T, d_k]
+    z = ops.causal_mix(weights, v) if untouched and start == 0 else weights @ v  # [H, T, d_k]
     if hooks is not None:
         z = hooks(L + "z", z)
         _heads("out", z, L, hooks, config.n_head)
