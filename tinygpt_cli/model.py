@@ -375,11 +375,18 @@ def forward(
                 _name_first_non_finite(params, config, ids, hooks, cache, start, last_only,
                                        e.args[0])
             return None
-    if check_finite and not np.isfinite(logits).all():
+    if check_finite and not _all_finite(logits):
         _name_first_non_finite(params, config, ids, hooks, cache, start, last_only, "logits")
     if cache is not None:
         cache.length = start + t
     return logits
+
+
+def _all_finite(x: np.ndarray) -> bool:
+    """np.isfinite(x).all() in one read and no array of flags: a NaN or an infinity makes
+    the sum NaN or infinite; only a sum that overflowed is checked number by number."""
+    with np.errstate(all="ignore"):
+        return bool(np.isfinite(np.add.reduce(x, axis=None)) or np.isfinite(x).all())
 
 
 def _finite(path: str, x) -> bool:
