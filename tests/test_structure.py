@@ -176,3 +176,21 @@ def test_quick_coercion_gives_what_typer_gives(tmp_path):
     with pytest.raises(click_errors.BadParameter):
         command.main(["one", "--x", "many"], standalone_mode=False)
     assert len(app.registered_commands) == 2  # the others are back
+
+
+def test_the_listing_built_without_options_is_the_help_typer_gives():
+    # `tinygpt --help` builds each command without its options (start-up); the page must be
+    # the one the whole app gives, word for word
+    from tinygpt_cli.cli.app import _register, app
+    from tinygpt_cli.cli.typer_tricks import click_command
+
+    _register()
+    pages = []
+    for listing in (False, True):
+        group = click_command(app, None, listing=listing)
+        pages.append(group.get_help(group.make_context("tinygpt", ["--help"],
+                                                       resilient_parsing=True)))
+    assert pages[0] == pages[1] and "attn" in pages[1]
+    light = click_command(app, None, listing=True)
+    assert not light.commands["attn"].params  # built without them
+    assert click_command(app, None).commands["attn"].params
