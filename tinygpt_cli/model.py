@@ -191,12 +191,18 @@ def layer_norm_backward(g: Gradients, d: np.ndarray, x: np.ndarray, param: str,
     return dx
 
 
+@functools.cache
+def _head_paths(prefix: str, name: str, n_head: int) -> tuple[str, ...]:
+    return tuple(f"{prefix}heads.{h}.{name}" for h in range(n_head))
+
+
 def _heads(name: str, x: np.ndarray, prefix: str, hooks: Hook, n_head: int) -> None:
     """Pass each head's slice of x [.., H, ...] through the hooks as its own value; a hook
     that returns a new array for a head has it written into that head's slice."""
-    for h in range(n_head):
-        part = x[..., h, :, :]
-        out = hooks(f"{prefix}heads.{h}.{name}", part)
+    # one text ([H, T, ..]): the heads as the first axis iterates them, the cheapest views
+    parts = x if x.ndim == 3 else (x[..., h, :, :] for h in range(n_head))
+    for path, part in zip(_head_paths(prefix, name, n_head), parts, strict=True):
+        out = hooks(path, part)
         if out is not part:
             part[...] = out
 
