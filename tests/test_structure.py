@@ -158,8 +158,9 @@ def test_quick_coercion_gives_what_typer_gives(tmp_path):
 
     @app.command()
     def one(n: int = typer.Option(3, "--n", min=1), x: float = typer.Option(0.5, "--x"),
-            p: Path = typer.Option(None, "--p"), s: list[str] = typer.Option(None, "--s")):
-        seen.update(n=n, x=x, p=p, s=s)
+            p: Path = typer.Option(None, "--p"), s: list[str] = typer.Option(None, "--s"),
+            w: Path = typer.Option(None, "--w", parser=str)):
+        seen.update(n=n, x=x, p=p, s=s, w=w)
 
     @app.command()
     def two():
@@ -168,11 +169,30 @@ def test_quick_coercion_gives_what_typer_gives(tmp_path):
     command = click_command(app, "one")
     assert set(command.commands) == {"one"}  # only the chosen command is built
     command.main(["one", "--n", "7", "--x", "1e-3", "--p", str(tmp_path), "--s", "a",
-                  "--s", "b"], standalone_mode=False)
-    assert seen == {"n": 7, "x": 1e-3, "p": tmp_path, "s": ["a", "b"]}
+                  "--s", "b", "--w", ""], standalone_mode=False)
+    # a parser's result as it is: the empty name stays "" (not Path(""), the current folder)
+    assert seen == {"n": 7, "x": 1e-3, "p": tmp_path, "s": ["a", "b"], "w": ""}
     assert type(seen["n"]) is int and type(seen["x"]) is float
     with pytest.raises(click_errors.BadParameter, match="greater than or equal to 1"):
         command.main(["one", "--n", "0"], standalone_mode=False)
     with pytest.raises(click_errors.BadParameter):
         command.main(["one", "--x", "many"], standalone_mode=False)
     assert len(app.registered_commands) == 2  # the others are back
+
+
+def test_the_listing_built_without_options_is_the_help_typer_gives():
+    # `tinygpt --help` builds each command without its options (start-up); the page must be
+    # the one the whole app gives, word for word
+    from tinygpt_cli.cli.app import _register, app
+    from tinygpt_cli.cli.typer_tricks import click_command
+
+    _register()
+    pages = []
+    for listing in (False, True):
+        group = click_command(app, None, listing=listing)
+        pages.append(group.get_help(group.make_context("tinygpt", ["--help"],
+                                                       resilient_parsing=True)))
+    assert pages[0] == pages[1] and "attn" in pages[1]
+    light = click_command(app, None, listing=True)
+    assert not light.commands["attn"].params  # built without them
+    assert click_command(app, None).commands["attn"].params

@@ -112,6 +112,19 @@ def test_errors_name_the_tensor(tmp_path, params, how, words):
         assert word in message
 
 
+def test_finite_weights_whose_sum_overflows_load_and_opposite_infinities_do_not(tmp_path,
+                                                                             params):
+    # the check sums a tensor first; a sum past float32's range must not refuse finite numbers
+    tensors = hf_named(params)
+    name = "transformer.h.1.mlp.c_fc.weight"
+    tensors[name][:] = np.finfo(np.float32).max
+    loaded = load_params(write(tmp_path, tensors), CONFIG)
+    assert np.isfinite(loaded["h.1.mlp.c_fc.weight"]).all()
+    tensors[name][0, :2] = [np.inf, -np.inf]  # whose sum, NaN, is caught too
+    with pytest.raises(WeightsError, match="h.1.mlp.c_fc.weight holds NaN or infinite"):
+        load_params(write(tmp_path, tensors, "two.safetensors"), CONFIG)
+
+
 def test_a_file_that_is_not_safetensors(tmp_path):
     path = tmp_path / "model.safetensors"
     path.write_bytes(b"PK\x03\x04 this is a zip, not safetensors" * 10)

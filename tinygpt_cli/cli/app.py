@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         _register(name)
         quick_coercion()
         plain_type_names()
-        command = click_command(app, name)
+        command = click_command(app, name, listing=args in ([], ["--help"], ["-h"]))
         if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
             # From here a Ctrl-C is a KeyboardInterrupt again, so that `finally` blocks run.
             signal.signal(signal.SIGINT, signal.default_int_handler)

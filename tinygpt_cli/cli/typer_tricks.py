@@ -5,12 +5,15 @@ upgrade that breaks one fails tests/test_typer_tricks.py instead of a command li
   copy of click, whose exceptions are not click's own).
 - click_command(app, name): the click command of one Typer command only, by building the app
   with its other commands set aside (turning every signature into click options would cost
-  start-up time for nothing).
-- quick_coercion(): plainly valid option values converted without Pydantic (typer 0.2x).
+  start-up time for nothing); for `tinygpt --help`, every command without its options.
+- quick_coercion(): plainly valid option values (and those of a parser= option) converted
+  without Pydantic (typer 0.2x).
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
 import re
 import typing
 from pathlib import Path
@@ -30,12 +33,15 @@ def command_name(command) -> str:
     return command.name or command.callback.__name__.replace("_", "-")
 
 
-def click_command(app: typer.Typer, name: str | None):
+def click_command(app: typer.Typer, name: str | None, *, listing: bool = False):
     """The click group that runs command `name` (None: all of them). Only that command is
     built: turning the others' signatures into click options would cost start-up time for
-    nothing."""
+    nothing. `listing` (with name None): the group only shows its help, which lists each
+    command by name and first line; the commands are built without their options."""
     everything = app.registered_commands
     chosen = [c for c in everything if command_name(c) == name]
+    if listing and not chosen:
+        chosen = [_unparametered(c) for c in everything]
     if not chosen:
         return typer.main.get_command(app)
     app.registered_commands = chosen
@@ -43,6 +49,14 @@ def click_command(app: typer.Typer, name: str | None):
         return typer.main.get_command(app)
     finally:
         app.registered_commands = everything
+
+
+def _unparametered(command):
+    """A copy of a registered command with the same name and help and no options."""
+    light = copy.copy(command)
+    light.name, light.callback = command_name(command), lambda: None
+    light.help = inspect.getdoc(command.callback) if command.help is None else command.help
+    return light
 
 
 _INT = re.compile(r"[+-]?\d+")
@@ -53,7 +67,10 @@ _NOT_PLAIN = object()
 def _plain(annotation, info, value, param, ctx):
     """The value of a plainly valid str, int, float or Path option (or a list of them), as
     typer would make it, or _NOT_PLAIN when typer should decide (and word any error)."""
-    if getattr(info, "parser", None) is not None or getattr(info, "clamp", False):
+    parser = getattr(info, "parser", None)
+    if parser is str and isinstance(value, str):  # typer gives the parser's result (--weights)
+        return value
+    if parser is not None or getattr(info, "clamp", False):
         return _NOT_PLAIN
     if typing.get_origin(annotation) is list and isinstance(value, (list, tuple)):
         (item,) = typing.get_args(annotation) or (str,)
