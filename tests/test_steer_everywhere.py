@@ -277,3 +277,35 @@ def test_qk_of_a_steered_run_has_a_steer_part_and_its_terms_add_up(cli, tiny, hf
         assert np.abs(terms[at]).max() > 0 and np.abs(terms[:, at]).max() > 0
     unsteered = cli("qk", TEXT, "--layer", "0", "--head", "1", *STEERED, "--json").json()
     assert "steer" not in unsteered["sources"]  # block 0 reads the stream before the vector
+
+
+def test_attribute_faithfulness_erases_tokens_of_the_steered_run(cli, tiny, hf):
+    """attribute --faithfulness on a steered run: f is the steered run's (transformers with
+    the pre-hook), and the occlusion drops are those of steered runs with one token's
+    embedding zeroed."""
+    torch, model, v, steered = hf
+    ids = tiny.model.tokenizer.encode(TEXT)
+    r = cli("attribute", TEXT, "--faithfulness", *STEERED, "--target", " toys", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    t = doc["target"]["id"]
+    assert doc["steered"]["site"] == "layers.1.resid_pre"
+    assert doc["f"] == pytest.approx(float(steered(ids)[-1, t]), abs=1e-4)
+    shift = torch.tensor(SCALE * v, dtype=torch.float32)
+
+    def pre_hook(module, args, kwargs):
+        if args:
+            return (args[0] + shift, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": kwargs["hidden_states"] + shift}
+
+    handle = model.transformer.h[1].register_forward_pre_hook(pre_hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            embeds = model.transformer.wte(torch.tensor([ids]))
+            embeds[0, 2] = 0.0  # token 2 erased (the zero baseline)
+            z = model(inputs_embeds=embeds).logits[0, -1, t].item()
+    finally:
+        handle.remove()
+    assert doc["occlusion"][2] == pytest.approx(doc["f"] - z, abs=1e-4)
+    plain = cli("attribute", TEXT, "--faithfulness", "--target", " toys", "--json").json()
+    assert "steered" not in plain and plain["f"] != pytest.approx(doc["f"], abs=1e-3)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Config
-from ..hooks import Replace
+from ..hooks import Chain, Replace
 from ..model import forward
 from .variants import cut_head
 
@@ -29,10 +29,10 @@ RANDOM_ORDERS = 20
 
 
 def erased_scores(params, config: Config, ids: Sequence[int], position: int, target: int,
-                  vs: int | None, keep: np.ndarray, baseline: np.ndarray | None = None
-                  ) -> np.ndarray:
+                  vs: int | None, keep: np.ndarray, baseline: np.ndarray | None = None,
+                  steer=None) -> np.ndarray:
     """f for each row of keep [N, T] (True: the token's own embedding, False: the
-    baseline's), in one batch: [N]."""
+    baseline's), in one batch, each run steered by `steer` when given: [N]."""
     ids = np.asarray(ids)[: position + 1]
     keep = np.asarray(keep, bool)[:, : position + 1]
     x = params["wte.weight"][ids].astype(np.float64)
@@ -42,7 +42,7 @@ def erased_scores(params, config: Config, ids: Sequence[int], position: int, tar
     rows = [target] + ([vs] if vs is not None else [])
     head = {k: np.asarray(v, np.float64) for k, v in cut_head(params, rows).items()}
     logits = forward(head, config, np.zeros(keep.shape, np.int64),
-                     hooks=Replace({"token_embeddings": lambda _: tokens}))
+                     hooks=Chain(Replace({"token_embeddings": lambda _: tokens}), steer))
     last = logits[:, position, :]
     return last[:, 0] - (last[:, 1] if vs is not None else 0.0)
 
@@ -67,7 +67,7 @@ def order_of(scores: np.ndarray) -> np.ndarray:
     return np.argsort(-np.asarray(scores, np.float64), kind="stable")
 
 
-def _curves(params, config, ids, position, target, vs, order: np.ndarray, baseline
+def _curves(params, config, ids, position, target, vs, order: np.ndarray, baseline, steer
             ) -> tuple[np.ndarray, np.ndarray, float]:
     k_max = len(order)
     top = np.zeros((k_max + 1, k_max), bool)  # row k: the top-k tokens
@@ -75,27 +75,28 @@ def _curves(params, config, ids, position, target, vs, order: np.ndarray, baseli
         top[k] = top[k - 1]
         top[k, order[k - 1]] = True
     f = erased_scores(params, config, ids, position, target, vs,
-                      np.concatenate([~top, top]), baseline)
+                      np.concatenate([~top, top]), baseline, steer)
     full = f[0]
     return full - f[: k_max + 1], full - f[k_max + 1:], float(full)
 
 
 def erasure(params, config: Config, ids: Sequence[int], position: int, target: int,
             vs: int | None, scores: np.ndarray, method: str,
-            baseline: np.ndarray | None = None, seed: int = 0) -> Erasure:
-    """The curves of the attribution `scores` [T], of occlusion and of random orders."""
+            baseline: np.ndarray | None = None, seed: int = 0, steer=None) -> Erasure:
+    """The curves of the attribution `scores` [T], of occlusion and of random orders (every
+    run steered by `steer`, when given: the tokens are erased, the steering stays)."""
     k_max = position + 1
     single = ~np.eye(k_max, dtype=bool)
     everything = np.ones((1, k_max), bool)
     f_all, *dropped = erased_scores(params, config, ids, position, target, vs,
-                                    np.concatenate([everything, single]), baseline)
+                                    np.concatenate([everything, single]), baseline, steer)
     occlusion = f_all - np.array(dropped)
     orders = [order_of(np.asarray(scores)[:k_max]), order_of(occlusion)]
     rng = np.random.default_rng(seed)
     orders += [rng.permutation(k_max) for _ in range(RANDOM_ORDERS)]
     comp, suff = [], []
     for order in orders:
-        c, s, f = _curves(params, config, ids, position, target, vs, order, baseline)
+        c, s, f = _curves(params, config, ids, position, target, vs, order, baseline, steer)
         comp.append(c)
         suff.append(s)
     comp = np.array(comp[:2] + [np.mean(comp[2:], axis=0)])

@@ -165,7 +165,7 @@ def show_erasure(s: Session, r, position: int, target: int, vs: int | None,
     base = None if baseline is None else s.params["wte.weight"][s.reopen(baseline).ids]
     scores = r.scores.reshape(-1, r.scores.shape[-1]).sum(axis=0)
     e = erasure.erasure(s.params, s.config, s.ids, position, target, vs, scores, r.method,
-                        base)
+                        base, steer=s.steering)
     if as_json:
         emit(erasure_document(s, e, scores, position, target, vs, {
             "position": position, "method": r.method, "baseline": baseline}))
