@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console, Group
 from rich.measure import Measurement
@@ -86,6 +86,7 @@ def test_a_line_break_in_a_cell_is_left_to_rich():
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("ab x.␣…é漢🙂\t\x1b\u2028\x85")), max_size=30),
        st.integers(1, 40))
+@example("aa\u2028", 10)  # a line separator at the end: Rich drops it (found by hypothesis)
 def test_print_line_prints_what_rich_prints(words, width):
     from tinygpt_cli.render.quick_table import print_line
 

@@ -309,3 +309,29 @@ def test_attribute_faithfulness_erases_tokens_of_the_steered_run(cli, tiny, hf):
     assert doc["occlusion"][2] == pytest.approx(doc["f"] - z, abs=1e-4)
     plain = cli("attribute", TEXT, "--faithfulness", "--target", " toys", "--json").json()
     assert "steered" not in plain and plain["f"] != pytest.approx(doc["f"], abs=1e-3)
+
+
+def test_a_steered_neuron_search_is_kept_under_its_own_key(cli, tmp_path, monkeypatch):
+    """neurons --neuron on a steered run reads the data once per steering vector, like the
+    unsteered search, and never answers one from the other's cache entry."""
+    import tinygpt_cli.analysis.neurons as nrn
+
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
+    stories = tmp_path / "stories.txt"
+    stories.write_text("Lily wanted to play with her ball. Tom was happy.\n\n" * 60,
+                       encoding="utf-8")
+    calls = []
+    real = nrn.corpus_maxima
+    monkeypatch.setattr(nrn, "corpus_maxima", lambda *a, **k: calls.append(1) or real(*a, **k))
+    search = ["neurons", "--layer", "1", "--neuron", "3", "--data", stories, "--any-data",
+              "--json"]
+    first = cli(*search, *STEERED)
+    assert first.code == 0, first.err
+    again = cli(*search, *STEERED)
+    assert again.out == first.out and len(calls) == 1
+    plain = cli(*search)
+    assert len(calls) == 2 and "steered" not in plain.json()
+    assert plain.json()["files"] == [str(stories)]
+    assert plain.json()["data"] != first.json()["data"]
+    other = cli(*search, *STEER, "--steer-scale", "1")
+    assert len(calls) == 3 and other.json()["data"] != first.json()["data"]

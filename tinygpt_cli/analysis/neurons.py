@@ -148,8 +148,9 @@ def neuron_examples(params, config: Config, maxima: dict[str, np.ndarray], strea
 
 def cached_maxima(model, files: list, bar, hooks=None) -> dict[str, np.ndarray]:
     """corpus_maxima of every neuron over the files and their token stream ("stream"),
-    computed once per (weights, data) and kept in the cache folder; a steered run (`hooks`)
-    is computed afresh and not kept. bar(total, description) is the progress bar."""
+    computed once per (weights, data, steering) and kept in the cache folder (hooks other
+    than one steering vector are computed afresh and not kept). bar(total, description) is
+    the progress bar."""
     from .. import cache
     from ..corpus import encode_stories, eval_windows, read_stories
     from ..errors import InputError
@@ -167,10 +168,17 @@ def cached_maxima(model, files: list, bar, hooks=None) -> dict[str, np.ndarray]:
             maxima = corpus_maxima(model.params, cfg, x, progress=advance, hooks=hooks)
         return {"stream": stream.ids.astype(np.uint16), **maxima}
 
+    steered = []  # a steered search is kept under its own key: the site and the vector
     if hooks is not None:
-        return compute()
+        if getattr(hooks, "shift", None) is None:
+            return compute()
+        import hashlib
+
+        steered = [hooks.site, hashlib.sha256(np.asarray(hooks.shift, np.float64).tobytes())
+                   .hexdigest()]
     key = cache.key_of("neurons-v1", sha256(model.weights_file),
-                       *(sha256(f) for f in files), str(cfg.n_positions), str(NEURON_TOP))
+                       *(sha256(f) for f in files), str(cfg.n_positions), str(NEURON_TOP),
+                       *steered)
     return cache.load_or_compute(cache.entry("neurons", key), cache.load_arrays, compute,
                                  cache.store_arrays, lambda e: valid_maxima(e, cfg))
 

@@ -53,7 +53,7 @@ def neuron_examples_document(ex, token_str, files, changes: dict | None = None) 
                             neuron=ex.neuron,
                             examples=ex.rows, window_ids=ex.ids,
                             window_tokens=[[token_str(int(i)) for i in w] for w in ex.ids],
-                            data=[str(f) for f in files])
+                            files=[str(f) for f in files])
 
 
 def text_neurons_document(tn, s, layer: int) -> dict:

@@ -42,6 +42,9 @@ def document(path: str | None, value, ids=None, tokens=None, **extra) -> dict:
         doc["ids"] = [int(i) for i in ids]
     if tokens is not None:
         doc["tokens"] = list(tokens)
+    clash = set(doc) & set(extra)
+    if clash:  # a field named like the document's own would replace it without a word
+        raise ValueError(f"document fields {sorted(clash)} are the document's own")
     doc.update(extra)
     return jsonable(doc)
 

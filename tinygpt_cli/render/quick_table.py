@@ -164,7 +164,8 @@ def print_line(console, text: Text) -> None:
     would write them; otherwise Rich prints it."""
     plain = text.plain
     if (console.color_system is not None or console.record or cell_len(plain) > console.width
-            or any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in plain)):
+            or any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or ch in "\u2028\u2029"
+                   for ch in plain)):  # controls and line separators: Rich's own rules
         console.print(text)
         return
     if console.quiet:
