@@ -150,3 +150,29 @@ def test_an_index_of_another_format_is_removed_before_a_build(tmp_path):
     (tmp_path / "odd" / "index.json").write_text("not json")
     why_index.prune_other_versions(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "odd", "partial"]
+
+
+@pytest.mark.parametrize("reports", [[], [(0, 87_668), (40_000, 87_668)]])
+def test_the_progress_report_bar_draws_on_a_terminal_before_and_after_a_report(reports,
+                                                                             monkeypatch):
+    """why's bar on a terminal: drawn at once with no total yet (an index in the cache never
+    reports), then with the count; every terminal run of why failed here once."""
+    import io
+
+    from rich.console import Console
+
+    from tinygpt_cli.render import progress as pg
+
+    out = io.StringIO()
+    real = Console
+
+    def terminal(*args, **kwargs):
+        kwargs.pop("stderr", None)
+        return real(*args, file=out, force_terminal=True, width=80, **kwargs)
+
+    monkeypatch.setattr("rich.console.Console", terminal)
+    with pg.progress_report("indexing every window's gradient") as report:
+        for done, total in reports:
+            report(done, total)
+    if reports:
+        assert "40,000/87,668" in out.getvalue()

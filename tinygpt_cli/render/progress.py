@@ -73,11 +73,14 @@ def progress_report(description: str, *, every: float = 5.0):
     def bar():
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+        # the count is a field of its own: before the first report the total is None, and
+        # "{task.total:,}" cannot format it (every terminal run failed that way)
         with Progress(TextColumn("{task.description}"), BarColumn(),
-                      TextColumn("{task.completed:,}/{task.total:,}"), TimeRemainingColumn(),
+                      TextColumn("{task.fields[count]}"), TimeRemainingColumn(),
                       console=err, transient=True) as p:
-            task = p.add_task(description, total=None)
-            yield lambda done, total: p.update(task, completed=done, total=total)
+            task = p.add_task(description, total=None, count="")
+            yield lambda done, total: p.update(task, completed=done, total=total,
+                                               count=f"{done:,}/{total:,}")
 
     return bar() if err.is_terminal else _lines(description, every, at_once=True)
 
