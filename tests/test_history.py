@@ -738,3 +738,32 @@ def test_a_steered_query_gradient_matches_finite_differences(make_params):
         down[name][idx] -= 1e-6
         assert grads[name][idx] == pytest.approx((nll(up) - nll(down)) / 2e-6, rel=1e-4,
                                                  abs=1e-8)
+
+
+def test_weights_moved_away_from_their_text_find_it_through_tinygpt_data(cli, run, tmp_path,
+                                                                         monkeypatch):
+    """An installed package's weights sit far from the data their record names: why finds
+    the recorded text through $TINYGPT_DATA, when its files are the recorded ones, and says
+    how to point at it when not."""
+    import json
+    import shutil
+
+    moved = tmp_path / "site-packages" / "weights"
+    shutil.copytree(run, moved)
+    record = json.loads((moved / "data.json").read_text())
+    record["folder_absolute"] = None  # as the shipped record: a path relative to the weights
+    (moved / "data.json").write_text(json.dumps(record))
+    monkeypatch.setenv("TINYGPT_DATA", str(tmp_path / "nowhere"))
+    lost = cli("why", "The frog Quixby", "--target", " zooms", "--weights", moved)
+    assert_one_error_line(lost, 2, "is not reachable", "set TINYGPT_DATA")
+    monkeypatch.setenv("TINYGPT_DATA", str(run.parent / "data"))
+    found = cli("why", "The frog Quixby", "--target", " zooms", "--weights", moved, "--json")
+    assert found.code == 0, found.err
+    here = cli("why", "The frog Quixby", "--target", " zooms", "--json")
+    assert found.json()["top_windows"] == here.json()["top_windows"]
+    other = tmp_path / "other"
+    shutil.copytree(run.parent / "data", other)
+    with open(other / "part-000.txt", "a", encoding="utf-8") as f:
+        f.write("One more line.\n")
+    monkeypatch.setenv("TINYGPT_DATA", str(other))  # not the recorded text: not used
+    assert_one_error_line(cli("why", "The frog", "--weights", moved), 2, "is not reachable")

@@ -196,11 +196,18 @@ def read_data_record(weights: Path) -> dict | None:
 
 def recorded_folder(weights: Path, record: dict) -> Path | None:
     """Where the recorded training files are now: beside the weights as recorded, else at the
-    absolute path recorded; None when neither holds them."""
+    absolute path recorded, else the project's data folder ($TINYGPT_DATA, or the layout
+    find_data knows: an installed package's weights are far from the data) when its files
+    are the recorded ones byte for byte; None when none holds them."""
     for base in (Path(weights) / record["folder"] if record.get("folder") else None,
                  Path(record["folder_absolute"]) if record.get("folder_absolute") else None):
         if base is not None and all((base / f["name"]).is_file() for f in record["train"]):
             return base
+    found = find_data()
+    if found is not None and found.is_dir() and all(
+            (found / f["name"]).is_file() for f in record["train"]) and differs_from_record(
+            [found / f["name"] for f in record["train"]], record) is None:
+        return found
     return None
 
 
@@ -245,7 +252,8 @@ def training_text(weights: Path, data: list[Path] | None, *, any_data: bool = Fa
         folder = recorded_folder(weights, record)
         if folder is None:
             raise Refused(f"the training text recorded in {shown} is not reachable (looked in "
-                          f"{Path(weights) / record['folder']}): give --data its folder")
+                          f"{Path(weights) / record['folder']} and $TINYGPT_DATA): give --data "
+                          "its folder, or set TINYGPT_DATA to it")
         return TrainingText([folder / f["name"] for f in record["train"]])
     missing = [p for p in data if not Path(p).exists()]
     if missing:
@@ -320,7 +328,7 @@ def validation_text(weights: Path, data: Path | None) -> list[Path]:
             why = "has no record of its text" if record is None else \
                 "records a text that is not reachable, or no validation file"
             raise Refused(f"give --data the folder of part-*.txt files (its last part is the "
-                          f"validation text): {weights} {why}")
+                          f"validation text), or set TINYGPT_DATA to it: {weights} {why}")
         return [folder / f["name"] for f in record["validation"]]
     if Path(data).is_file():
         return [Path(data)]  # the reference text itself
@@ -390,7 +398,8 @@ def training_files(data: Path | None) -> list[Path]:
     """Every part of --data (default: the project's data) but the last, the held-out one."""
     found = data if data is not None else find_data()
     if found is None:
-        raise InputError("no training data found: give --data DIR (a folder of part-*.txt)")
+        raise InputError("no training data found: give --data DIR (a folder of part-*.txt), "
+                         "or set TINYGPT_DATA to it")
     return _split(found)[0]
 
 
@@ -398,7 +407,8 @@ def held_out_files(data: Path | None) -> list[Path]:
     """The last part of --data (default: the project's data), or the one file it holds."""
     found = data if data is not None else find_data()
     if found is None:
-        raise InputError("no held-out data found: give --data FILE (e.g. part-005.txt)")
+        raise InputError("no held-out data found: give --data FILE (e.g. part-005.txt), or set "
+                         "TINYGPT_DATA to the folder of part-*.txt")
     train, val = _split(found)
     return val or train
 
