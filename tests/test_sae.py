@@ -350,3 +350,58 @@ def test_feature_over_a_text_draws_the_latent_a_numpy_encoding_gives(cli, tiny, 
     assert cli("sae", "feature", str(latent), "--sae", path, "--text", text, "--save", page,
                "-q").out == ""
     assert len(re.findall(r"<title>position \d+ ", page.read_text())) == len(ids)
+
+
+def test_a_latent_over_a_steered_text_and_data(cli, tiny, tmp_path, monkeypatch):
+    """sae feature on a steered run: over a text, the latent of the site's value with the
+    vector added before block 0 (computed here by hand with a hook); over the data, a search
+    of its own, cached under the vector's key and never the unsteered one."""
+    from safetensors.numpy import load_file
+
+    from tinygpt_cli.hooks import Chain, Record, Replace
+    from tinygpt_cli.model import forward
+
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
+    cfg = tiny.model.config
+    path = tmp_path / "s.safetensors"
+    S.save_sae(path, random_sae(cfg.n_embd, 24, 3, seed=5, dtype=np.float32))
+    t = load_file(str(path))
+    text = "Lily wanted to play with her ball."
+    steer = ["--steer", "Lily was happy", "--steer-away", "Lily was sad", "--steer-layer", "0",
+             "--steer-scale", "3"]
+    tok = tiny.model.tokenizer
+
+    def mean_pre(s):
+        rec = Record()
+        forward(tiny.model.params, cfg, np.asarray(tok.encode(s)), hooks=rec)
+        return rec.values["layers.0.resid_pre"].astype(np.float64).mean(axis=0)
+
+    v = 3 * (mean_pre("Lily was happy") - mean_pre("Lily was sad"))
+    rec = Record()
+    forward(tiny.model.params, cfg, np.asarray(tok.encode(text)), hooks=Chain(
+        Replace({"layers.0.resid_pre": lambda h: h + v.astype(h.dtype)}), rec))
+    x = rec.values[SITE].astype(np.float64)
+    pre = np.maximum((x - t["b_dec"]) @ t["W_enc"] + t["b_enc"], 0.0)
+    kth = np.sort(pre, axis=1)[:, -3][:, None]
+    z = np.where(pre >= kth, pre, 0.0)
+    latent = int(np.argmax((z > 0).sum(axis=0)))
+    r = cli("sae", "feature", str(latent), "--sae", path, "--text", text, *steer, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["steered"]["site"] == "layers.0.resid_pre"
+    np.testing.assert_allclose(doc["data"], z[:, latent], rtol=1e-4, atol=1e-5)
+    unsteered = cli("sae", "feature", str(latent), "--sae", path, "--text", text, "--json")
+    assert not np.allclose(unsteered.json()["data"], doc["data"])  # the vector moves it
+    data = tmp_path / "stories.txt"
+    data.write_text("Lily wanted to play with her ball. Tom was happy.\n\n" * 40,
+                    encoding="utf-8")
+    search = ["sae", "feature", str(latent), "--sae", path, "--data", data, "--windows", "4",
+              "--json"]
+    calls = []
+    real = S.site_values
+    monkeypatch.setattr(S, "site_values", lambda *a, **k: calls.append(1) or real(*a, **k))
+    steered = cli(*search, *steer)
+    assert steered.code == 0, steered.err
+    assert cli(*search, *steer).out == steered.out and len(calls) == 1
+    plain = cli(*search)
+    assert len(calls) == 2 and "steered" not in plain.json() and "steered" in steered.json()

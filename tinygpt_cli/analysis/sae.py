@@ -297,13 +297,13 @@ def check_sae(path: Path, t: dict[str, np.ndarray], meta: dict, config: Config) 
 
 
 def site_values(params, config: Config, windows: np.ndarray, site: str, *, batch: int = 16,
-                progress: Callable[[int], None] | None = None) -> np.ndarray:
-    """The site's value at every position of windows [W, T] -> [W * T, d] float32; the pass
-    stops at the site."""
+                progress: Callable[[int], None] | None = None, hooks=None) -> np.ndarray:
+    """The site's value at every position of windows [W, T] -> [W * T, d] float32, of runs
+    through `hooks` (steering) when given; the pass stops at the site."""
     out = []
     for b in range(0, len(windows), batch):
         rec = RecordOnly({site})
-        forward(params, config, windows[b:b + batch], hooks=Chain(rec, StopAfter(site)))
+        forward(params, config, windows[b:b + batch], hooks=Chain(hooks, rec, StopAfter(site)))
         v = rec.values[site]
         out.append(np.asarray(v, dtype=np.float32).reshape(-1, v.shape[-1]))
         if progress:
@@ -584,10 +584,13 @@ def load_checkpoint(path: Path, settings: dict) -> TrainState | None:
 
 
 def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
-               bar) -> dict[str, np.ndarray]:
+               bar, steer=None) -> dict[str, np.ndarray]:
     """The SAE's sparse codes (ids, indices, values) at every token of `windows` windows of
-    the files, computed once per (weights, SAE, data) and kept in the cache folder.
-    bar(total, description) is the progress bar's context manager."""
+    the files, of runs steered by `steer` (hooks.Steering) when given, computed once per
+    (weights, SAE, data, steering) and kept in the cache folder. bar(total, description) is
+    the progress bar's context manager."""
+    import hashlib
+
     from .. import cache
     from ..corpus import data_windows
     from ..files import sha256
@@ -595,12 +598,15 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
     def compute():
         x_in, _ = data_windows(files, model.tokenizer, model.config.n_positions, windows)
         with bar(len(x_in), "latents of the data") as advance:
-            x = site_values(model.params, model.config, x_in, sae.site, progress=advance)
+            x = site_values(model.params, model.config, x_in, sae.site, progress=advance,
+                            hooks=steer)
         idx, val = sparse_codes(sae, x)
         return {"ids": x_in.astype(np.uint16), "idx": idx, "val": val}
 
+    steered = [] if steer is None else [steer.site, hashlib.sha256(
+        np.asarray(steer.shift, np.float64).tobytes()).hexdigest()]
     key = cache.key_of("sae-codes-v1", sha256(model.weights_file), sha256(path),
-                       *(sha256(f) for f in files), str(windows))
+                       *(sha256(f) for f in files), str(windows), *steered)
     return cache.load_or_compute(cache.entry("sae", key), cache.load_arrays, compute,
                                  cache.store_arrays,
                                  lambda e: set(e) == {"ids", "idx", "val"})

@@ -22,7 +22,9 @@ from .common import (
     progress,
     save_figure,
     stdout,
+    steered,
 )
+from .steering import steerable
 
 
 def _sae() -> None:
@@ -145,6 +147,7 @@ def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
 
 
 @sae_app.command("feature")
+@steerable  # its data search and --text run steered, like every command that runs a text
 def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
                 weights: Path = WEIGHTS, sae: Path = SAE_FILE,
                 data: Path = typer.Option(None, "--data", help="Stories to search (default: "
@@ -180,11 +183,12 @@ def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
     found = S.load_sae(path, model.config)
     latent = check_index(latent, found.n_latents, "latent")
     files = given_or(data, training_files)
-    codes = S.data_codes(model, found, path, files, windows, bar(as_json))
+    hooks, changes = steered(model)
+    codes = S.data_codes(model, found, path, files, windows, bar(as_json), hooks)
     result = S.feature_report(found, model.params, codes["ids"], codes["idx"], codes["val"],
                               latent, top)
     save_figure(view.feature_figure(result, model.tokenizer), save, force)
-    show(view.feature_doc(result, model.tokenizer),
+    show({**view.feature_doc(result, model.tokenizer), **changes},
          lambda: view.feature_view(result, model.tokenizer), as_json)
 
 
