@@ -91,6 +91,8 @@ def test_steering_reaches_the_views_and_says_so(cli):
     assert r.code == 0
     assert "steered: layers.1.resid_pre + 2 * v, v = 'Lily was happy' - 'Lily was sad'" in r.err
     assert "steered" not in cli("probs", TEXT, "-n", "3").err
+    # said once the work is done, so that an error is still the only line
+    assert_one_error_line(cli("probs", TEXT, *STEER, "--position", "99"), 2, "position")
 
 
 def test_a_saved_vector_steers_as_the_texts_do(cli, tiny, tmp_path):

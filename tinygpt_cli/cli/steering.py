@@ -41,6 +41,7 @@ STEERED = {"lens", "dla", "ablate", "patch", "attribute", "score", "heads", "neu
 
 _chosen = SteerOptions()  # the running command's options
 _made: dict = {}  # (id(model), options) -> steering(model): once a command, one stderr line
+_said: list = []  # the steering line, said once the command has done its work
 
 
 def steerable(fn):
@@ -54,10 +55,14 @@ def steerable(fn):
         global _chosen
         _chosen = SteerOptions(**{name: kwargs.pop(name) for name in STEER_OPTIONS})
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            for d in _said:  # after the work: an error stays the only line
+                _note(d)
+            return result
         finally:
             _chosen = SteerOptions()
             _made.clear()
+            _said.clear()
 
     extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                annotation=_TYPES[name]) for name, option in STEER_OPTIONS.items()]
@@ -97,7 +102,7 @@ def _steering(model) -> tuple[object | None, dict | None]:
     layer = check_index(layer, config.n_layer, "--steer-layer")
     described = {"site": st.site(layer), "scale": o.steer_scale,
                  "norm": float(math.sqrt(float(vector.astype(float) @ vector))), **source}
-    _note(described)
+    _said.append(described)
     return add_vector(st.site(layer), vector, o.steer_scale), described
 
 
