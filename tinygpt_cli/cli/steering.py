@@ -110,7 +110,7 @@ def _note(d: dict) -> None:
     """Every steered run is announced by this line on stderr (its views and JSON say it too)."""
     from ..render.text import steering_text
 
-    stderr().print(f"steered: {steering_text(d)}", style="bold yellow")
+    stderr().print(f"steered: {steering_text(d)}", style="bold yellow", soft_wrap=True)
 
 
 def steered_hooks(model, hooks=None):
