@@ -101,6 +101,18 @@ def ramp(stops, x: float) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
+def heading(title: str | None, info: str | None, after: float = 20) -> tuple[list[str], float]:
+    """A part's bold title and dim info line, each when given: (its elements, the y below)."""
+    out, top = [], 0.0
+    if title:
+        out.append(text(0, 15, title, size=14, weight="bold"))
+        top += 22
+    if info:
+        out.append(text(0, top + 12, info, size=11, fill=DIM))
+        top += after
+    return out, top
+
+
 def text(x, y, s, *, size=SIZE, fill=INK, anchor="start", weight="", style="", extra="",
          cls="") -> str:
     attrs = f'x="{num(x)}" y="{num(y)}" font-size="{num(size)}"'
@@ -160,15 +172,9 @@ def heatmap(h: Heatmap) -> Block:
     every = 1 if m <= 48 else max(1, int(np.ceil(40 / cw / 8)) * 8)
     upright = every > 1
     rw = max((width_of(s, fs) for s in h.row_labels), default=0) + 8
-    top = 0.0
-    out = []
-    if h.title:
-        out.append(text(0, top + 15, h.title, size=14, weight="bold"))
-        top += 22
     info = (f"{h.path + '  ' if h.path else ''}{shape_text(raw.shape)}  "
             f"range [{fmt(lo)}, {fmt(hi)}]")
-    out.append(text(0, top + 12, info, size=11, fill=DIM))
-    top += 20
+    out, top = heading(h.title, info)
     ch_h = 16 if upright else max((width_of(s, fs) for s in h.col_labels), default=0) + 8
     gx, gy = rw, top + ch_h
     for j, label in enumerate(h.col_labels):
@@ -238,13 +244,8 @@ def highlight(h: Highlight, max_width: float = 720) -> Block:
     hi = hi if hi > 0 else 1.0
     fills = ramps(_HIGHLIGHT, np.clip(vals, 0.0, None) / hi).tolist()
     exact_vals = exacts(raw.reshape(-1)).tolist()
-    out, top = [], 0.0
-    if h.title:
-        out.append(text(0, 15, h.title, size=14, weight="bold"))
-        top += 22
     info = f"{h.path + '  ' if h.path else ''}{len(h.tokens)} tokens  range [0, {fmt(hi)}]"
-    out.append(text(0, top + 12, info, size=11, fill=DIM))
-    top += 20
+    out, top = heading(h.title, info)
     x, y, pad, w = 0.0, top, 2.0, 0.0
     for i, token in enumerate(h.tokens):
         shown = show_token(token).replace("␣", " ")
@@ -283,13 +284,8 @@ def bars(b: Bars) -> Block:
     big = max((abs(v) for v in vals), default=0) or 1.0
     zero = barw / 2 if neg else 0
     per = (barw / 2 if neg else barw) / big
-    out, top = [], 0.0
-    if b.title:
-        out.append(text(0, 15, b.title, size=14, weight="bold"))
-        top += 22
     info = f"{b.path + '  ' if b.path else ''}{b.value_name}, {len(vals)} shown"
-    out.append(text(0, top + 12, info, size=11, fill=DIM))
-    top += 22
+    out, top = heading(b.title, info, after=22)
     x0 = rankw + idw + lw
     for k, (label, v, s) in enumerate(zip(b.labels, vals, show, strict=True)):
         y = top + k * 20
@@ -326,13 +322,7 @@ def table(t: Table) -> Block:
     cells = [list(t.columns)] + [[cell_text(v) for v in row] for row in t.rows]
     widths = [max(width_of(r[c]) for r in cells if c < len(r)) + 16
               for c in range(max(len(r) for r in cells))]
-    out, top = [], 0.0
-    if t.title:
-        out.append(text(0, 15, t.title, size=14, weight="bold"))
-        top += 22
-    if t.path:
-        out.append(text(0, top + 12, t.path, size=11, fill=DIM))
-        top += 20
+    out, top = heading(t.title, t.path)
     for k, row in enumerate(cells):
         x = 0.0
         for c, s in enumerate(row):
