@@ -3,6 +3,7 @@ forward pre-hook in Hugging Face `transformers`; `tinygpt steer` and its vector 
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -32,8 +33,10 @@ def hf_vector(torch, hf, tok, toward: str, away: str, layer: int) -> np.ndarray:
     return mean_input(toward) - mean_input(away)
 
 
-def hf_steered_logits(torch, hf, ids, vector, layer, scale) -> np.ndarray:
-    """The logits with scale * v added to block `layer`'s input by a forward pre-hook."""
+@contextlib.contextmanager
+def hf_steering(torch, hf, vector, layer, scale):
+    """transformers with scale * v added to block `layer`'s input by a forward pre-hook, for
+    the length of the block (no gradients)."""
     shift = torch.tensor(scale * vector, dtype=torch.float32)
 
     def pre_hook(module, args, kwargs):
@@ -44,9 +47,15 @@ def hf_steered_logits(torch, hf, ids, vector, layer, scale) -> np.ndarray:
     handle = hf.transformer.h[layer].register_forward_pre_hook(pre_hook, with_kwargs=True)
     try:
         with torch.no_grad():
-            return hf(torch.tensor([ids])).logits[0].numpy()
+            yield hf
     finally:
         handle.remove()
+
+
+def hf_steered_logits(torch, hf, ids, vector, layer, scale) -> np.ndarray:
+    """The logits with scale * v added to block `layer`'s input by a forward pre-hook."""
+    with hf_steering(torch, hf, vector, layer, scale):
+        return hf(torch.tensor([ids])).logits[0].numpy()
 
 
 def test_steer_equals_a_torch_pre_hook_in_transformers(cli, tiny):

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 from cli_helpers import TEXT, assert_one_error_line
-from test_steer import STEER, hf_model, hf_steered_logits, hf_vector
+from test_steer import STEER, hf_model, hf_steered_logits, hf_steering, hf_vector
 
 SCALE = 3.0
 STEERED = [*STEER, "--steer-scale", str(SCALE)]
@@ -251,19 +251,8 @@ def test_qk_of_a_steered_run_has_a_steer_part_and_its_terms_add_up(cli, tiny, hf
     still add up to the scores."""
     torch, model, v, _ = hf
     ids = tiny.model.tokenizer.encode(TEXT)
-    shift = torch.tensor(SCALE * v, dtype=torch.float32)
-
-    def pre_hook(module, args, kwargs):
-        if args:
-            return (args[0] + shift, *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": kwargs["hidden_states"] + shift}
-
-    handle = model.transformer.h[1].register_forward_pre_hook(pre_hook, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            attn = model(torch.tensor([ids]), output_attentions=True).attentions
-    finally:
-        handle.remove()
+    with hf_steering(torch, model, v, 1, SCALE):
+        attn = model(torch.tensor([ids]), output_attentions=True).attentions
     for layer in (1, -1):  # the block the vector is added before, and the last
         r = cli("qk", TEXT, "--layer", str(layer), "--head", "1", *STEERED, "--json")
         assert r.code == 0, r.err
@@ -291,21 +280,10 @@ def test_attribute_faithfulness_erases_tokens_of_the_steered_run(cli, tiny, hf):
     t = doc["target"]["id"]
     assert doc["steered"]["site"] == "layers.1.resid_pre"
     assert doc["f"] == pytest.approx(float(steered(ids)[-1, t]), abs=1e-4)
-    shift = torch.tensor(SCALE * v, dtype=torch.float32)
-
-    def pre_hook(module, args, kwargs):
-        if args:
-            return (args[0] + shift, *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": kwargs["hidden_states"] + shift}
-
-    handle = model.transformer.h[1].register_forward_pre_hook(pre_hook, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            embeds = model.transformer.wte(torch.tensor([ids]))
-            embeds[0, 2] = 0.0  # token 2 erased (the zero baseline)
-            z = model(inputs_embeds=embeds).logits[0, -1, t].item()
-    finally:
-        handle.remove()
+    with hf_steering(torch, model, v, 1, SCALE):
+        embeds = model.transformer.wte(torch.tensor([ids]))
+        embeds[0, 2] = 0.0  # token 2 erased (the zero baseline)
+        z = model(inputs_embeds=embeds).logits[0, -1, t].item()
     assert doc["occlusion"][2] == pytest.approx(doc["f"] - z, abs=1e-4)
     plain = cli("attribute", TEXT, "--faithfulness", "--target", " toys", "--json").json()
     assert "steered" not in plain and plain["f"] != pytest.approx(doc["f"], abs=1e-3)
