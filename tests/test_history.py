@@ -556,8 +556,16 @@ def test_train_records_the_files_it_learned_from(run):
     assert len(record["train"]) == 1 and (run / record["folder"]).resolve() == data.resolve()
 
 
-def test_why_finds_the_recorded_text_and_refuses_other_text(cli, run, tmp_path):
+def altered_copy(data: Path, to: Path, name: str) -> None:
+    """A copy of the data folder whose file `name` has one more line: not the recorded text."""
     import shutil
+
+    shutil.copytree(data, to)
+    with open(to / name, "a", encoding="utf-8") as f:
+        f.write("One more line the model never saw.\n")
+
+
+def test_why_finds_the_recorded_text_and_refuses_other_text(cli, run, tmp_path):
 
     given = cli("why", "The frog Quixby", "--target", " zooms", "--data", run.parent / "data",
                 "--json").json()
@@ -565,9 +573,7 @@ def test_why_finds_the_recorded_text_and_refuses_other_text(cli, run, tmp_path):
     assert found.code == 0, found.err
     assert found.json()["top_windows"] == given["top_windows"]
     other = tmp_path / "other"
-    shutil.copytree(run.parent / "data", other)
-    with open(other / "part-000.txt", "a", encoding="utf-8") as f:
-        f.write("One more line the model never saw.\n")
+    altered_copy(run.parent / "data", other, "part-000.txt")
     refused = cli("why", "The frog Quixby", "--target", " zooms", "--data", other)
     assert_one_error_line(refused, 2, "not the text these weights were trained on",
                           str(other / "part-000.txt"), "differs", "--any-data")
@@ -629,12 +635,9 @@ def test_means_and_neurons_refuse_data_the_weights_do_not_record(cli, run, tmp_p
     """A --data file that is not one the weights' record names (or differs from it) is one
     error line naming it, for means and neurons as for why; --any-data reads it anyway; a
     recorded file (training or validation) passes as it is."""
-    import shutil
 
     other = tmp_path / "other"
-    shutil.copytree(run.parent / "data", other)
-    with open(other / "part-001.txt", "a", encoding="utf-8") as f:
-        f.write("One more line the model never saw.\n")
+    altered_copy(run.parent / "data", other, "part-001.txt")
     out = tmp_path / "means.safetensors"
     refused = cli("means", "--data", other, "--out", out)
     assert_one_error_line(refused, 2, "not the held-out text these weights record",
@@ -762,8 +765,6 @@ def test_weights_moved_away_from_their_text_find_it_through_tinygpt_data(cli, ru
     here = cli("why", "The frog Quixby", "--target", " zooms", "--json")
     assert found.json()["top_windows"] == here.json()["top_windows"]
     other = tmp_path / "other"
-    shutil.copytree(run.parent / "data", other)
-    with open(other / "part-000.txt", "a", encoding="utf-8") as f:
-        f.write("One more line.\n")
+    altered_copy(run.parent / "data", other, "part-000.txt")
     monkeypatch.setenv("TINYGPT_DATA", str(other))  # not the recorded text: not used
     assert_one_error_line(cli("why", "The frog", "--weights", moved), 2, "is not reachable")
