@@ -263,16 +263,7 @@ def training_text(weights: Path, data: list[Path] | None, *, any_data: bool = Fa
         files, _ = split_data(data)
     except ValueError as e:
         raise Refused(f"{e}: give --data the folder the model was trained on") from None
-    if record is None:
-        return TrainingText(files, f"note: {weights} has no record of its training text (it "
-                            "was trained before tinygpt kept one): using --data as given")
-    if any_data:
-        return TrainingText(files, None)
-    why = differs_from_record(files, record)
-    if why is not None:
-        raise Refused(f"--data is not the text these weights were trained on: {why} "
-                      f"({shown}); pass --any-data to use it anyway")
-    return TrainingText(files)
+    return TrainingText(files, check_data(weights, files, any_data=any_data, whole=True))
 
 
 def unrecorded(files: list[Path], record: dict,
@@ -297,17 +288,20 @@ def unrecorded(files: list[Path], record: dict,
 
 
 def check_data(weights: Path, files: list[Path], *, any_data: bool = False,
-               kinds: tuple[str, ...] = ("train", "validation")) -> str | None:
+               kinds: tuple[str, ...] = ("train", "validation"), whole: bool = False
+               ) -> str | None:
     """Files given with --data, checked against the weights' record of its text, the files
-    it lists under `kinds` (refused when one differs, unless any_data); the note to print
-    when there is no record."""
+    it lists under `kinds` (`whole`: exactly the recorded training files, as TracIn needs
+    them all); refused when one differs, unless any_data. The note to print when there is
+    no record."""
     from .errors import InputError as Refused
 
     record = read_data_record(weights)
     if record is None:
         return (f"note: {weights} has no record of its training text (it was trained before "
                 "tinygpt kept one): using --data as given")
-    why = None if any_data else unrecorded(files, record, kinds)
+    why = None if any_data else \
+        differs_from_record(files, record) if whole else unrecorded(files, record, kinds)
     if why is not None:
         what = "the text these weights were trained on" if "train" in kinds else \
             "the held-out text these weights record"
