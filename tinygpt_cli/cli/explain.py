@@ -42,9 +42,10 @@ NEURONS = 20  # --neurons lists this many
 LENS_KIND = typer.Option("logit", "--kind", help="logit, or tuned: each block's input read "
                          "through the translator of --lens.")
 LENS_FIT = typer.Option(False, "--fit", help="Fit the tuned lens on the training text and "
-                        "write it to --lens (steered: to the steered model, --lens needed).")
+                        "write it to --lens (steered: fit to the steered run; give --lens).")
 LENS_EVALUATE = typer.Option(False, "--evaluate", help="KL to the final distribution and "
-                             "top-1 agreement of both lenses per stage on held-out text.")
+                             "top-1 agreement of both lenses per stage, held out (steered: of "
+                             "the steered run).")
 LENS_FILE = typer.Option(None, "--lens", help="The tuned lens file (default: the weights "
                          "folder's lens/tuned.safetensors).", show_default=False)
 LENS_DATA = typer.Option(None, "--data", help="Stories for --fit (all parts but the last) or "

@@ -123,8 +123,7 @@ def steered_hooks(model, hooks=None):
 
 
 def check_out(given, default: str, option: str = "--out") -> None:
-    """A steered run never writes over the default (shipped) file: InputError, before any
-    work, when it is given a direction and no file of its own."""
+    """InputError (before any work) when a steered run would write over the default file."""
     if given is None and (_chosen.steer, _chosen.steer_away, _chosen.steer_vector) != (None,) * 3:
         raise InputError(f"a steered run does not write over {default}: give {option} FILE "
                          "(its metadata records the steering)")
