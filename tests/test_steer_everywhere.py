@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from cli_helpers import TEXT, assert_one_error_line
+from cli_helpers import TEXT
 from test_steer import STEER, hf_model, hf_steered_logits, hf_steering, hf_vector
 
 SCALE = 3.0
@@ -216,10 +216,6 @@ def test_every_view_and_picture_of_a_steered_run_says_so(cli, tmp_path):
     cli("attn", TEXT, "--ablate", "L1H0", "--save", tmp_path / "a.html", "--quiet")
     assert "ablated (set to zero) before this view: layers.1.heads.0.out" in \
         (tmp_path / "a.html").read_text()
-
-
-def test_work_without_a_text_refuses_the_steering_options(cli):
-    assert_one_error_line(cli("lens", "--evaluate", *STEERED), 2, "is not steered")
 
 
 def test_the_trace_holds_the_stream_by_stage_and_by_part(tiny):

@@ -95,6 +95,13 @@ class Chain:
         return x
 
 
+def chained(*hooks: Hook | None) -> Hook | None:
+    """The hooks given in turn; the one hook itself, or None for none: a run with no hook
+    keeps the forward pass's fast paths, so an unsteered run is the plain run bit for bit."""
+    given = [h for h in hooks if h is not None]
+    return None if not given else given[0] if len(given) == 1 else Chain(*given)
+
+
 def zero(x: np.ndarray) -> np.ndarray:
     return np.zeros_like(x)
 
@@ -127,6 +134,13 @@ class Steering(Replace):
     def __init__(self, site: str, shift: np.ndarray) -> None:
         super().__init__({site: lambda x: x + shift.astype(x.dtype)})
         self.site, self.shift = site, shift
+
+    def key(self) -> list[str]:
+        """What a cache entry of a steered run is kept under: the site and the shift's bytes."""
+        import hashlib
+
+        shift = np.asarray(self.shift, np.float64)
+        return [self.site, hashlib.sha256(shift.tobytes()).hexdigest()]
 
 
 def add_vector(path: str, vector: np.ndarray, scale: float) -> Steering | None:

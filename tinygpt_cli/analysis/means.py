@@ -35,8 +35,9 @@ def mean_paths(config: Config) -> list[str]:
 
 
 def value_means(params: dict[str, np.ndarray], config: Config, windows: np.ndarray,
-                batch: int = 16) -> dict[str, np.ndarray]:
-    """The mean over windows [N, T] and positions of every path of mean_paths, float64.
+                batch: int = 16, hooks=None) -> dict[str, np.ndarray]:
+    """The mean over windows [N, T] and positions of every path of mean_paths, float64, of
+    runs through `hooks` (steering) when given.
 
     The pass stops after the last block's mlp_out: the head over the vocabulary is not needed.
     """
@@ -46,7 +47,7 @@ def value_means(params: dict[str, np.ndarray], config: Config, windows: np.ndarr
     stop = f"layers.{config.n_layer - 1}.mlp_out"
     for start in range(0, len(windows), batch):
         ids = windows[start : start + batch]
-        _, values = record(params, config, ids, paths, stop_after=stop)
+        _, values = record(params, config, ids, paths, hooks=hooks, stop_after=stop)
         for p in paths:
             v = values[p].astype(np.float64)
             sums[p] = sums[p] + v.reshape(-1, v.shape[-1]).sum(axis=0)
@@ -56,11 +57,12 @@ def value_means(params: dict[str, np.ndarray], config: Config, windows: np.ndarr
     return {p: s / count for p, s in sums.items()}
 
 
-def save_means(path: str | Path, means: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+def save_means(path: str | Path, means: dict[str, np.ndarray], meta: dict) -> None:
     from ..weights import safetensors_bytes
+    from .steer import metadata_strings
 
     tensors = {p: np.ascontiguousarray(v, dtype=np.float32) for p, v in means.items()}
-    write_atomically(Path(path), safetensors_bytes(tensors, {k: str(v) for k, v in meta.items()}))
+    write_atomically(Path(path), safetensors_bytes(tensors, metadata_strings(meta)))
 
 
 def load_means(path: str | Path, config: Config,
@@ -91,9 +93,10 @@ def load_means(path: str | Path, config: Config,
 
 
 
-def means_over(model, data: Path | None, weights_sha: str, bar):
-    """(values, meta) over the validation file of `data` (or the one the weights record),
-    cached by the weights' and data's sha256. bar(total, description) is the progress bar."""
+def means_over(model, data: Path | None, weights_sha: str, bar, steer=None):
+    """(values, meta) over the validation file of `data` (or the one the weights record), of
+    runs steered by `steer` (hooks.Steering) when given, cached by the weights' and data's
+    sha256 and the steering. bar(total, description) is the progress bar."""
     from .. import cache
     from ..corpus import encode_stories, eval_windows, read_stories, validation_text
     from ..files import sha256
@@ -105,10 +108,11 @@ def means_over(model, data: Path | None, weights_sha: str, bar):
         stream = encode_stories(read_stories(val), model.tokenizer)
         windows, _ = eval_windows(stream.ids, model.config.n_positions)
         with bar(None, f"averaging over {val[0].name}"):
-            values = value_means(model.params, model.config, windows)
+            values = value_means(model.params, model.config, windows, hooks=steer)
         return values, {**meta, "tokens": str(windows.size)}
 
-    entry = cache.entry("means", cache.key_of(weights_sha, meta["data_sha256"]), ".safetensors")
+    key = cache.key_of(weights_sha, meta["data_sha256"], *([] if steer is None else steer.key()))
+    entry = cache.entry("means", key, ".safetensors")
     return cache.load_or_compute(
         entry, lambda path: load_means(path, model.config, weights_sha), compute,
         lambda path, found: save_means(path, *found))

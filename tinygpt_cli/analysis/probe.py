@@ -110,10 +110,11 @@ def token_labels(line: Line, offsets: list[tuple[int, int]], default: str | None
 # ------------------------------------------------------------------ features
 
 
-def site_values(params, config: Config, ids: list[int], site: str) -> np.ndarray:
-    """The value at `site` for one text, [T, d] in float64."""
+def site_values(params, config: Config, ids: list[int], site: str, hooks=None) -> np.ndarray:
+    """The value at `site` for one text (a run through `hooks`, steering, when given),
+    [T, d] in float64."""
     keep = RecordOnly({site})
-    forward(params, config, np.asarray(ids), hooks=Chain(keep, StopAfter(site)))
+    forward(params, config, np.asarray(ids), hooks=Chain(hooks, keep, StopAfter(site)))
     return keep.values[site].astype(np.float64)
 
 

@@ -26,7 +26,7 @@ from .. import ops
 from ..config import Config
 from ..errors import InputError, WeightsError
 from ..files import write_atomically
-from ..hooks import Chain, RecordOnly, Replace, StopAfter
+from ..hooks import Chain, RecordOnly, Replace, StopAfter, chained
 from ..model import forward
 from ..schema import resolve
 
@@ -244,7 +244,9 @@ def sae_tensors(sae: SAE) -> dict[str, np.ndarray]:
 def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> None:
     from safetensors.numpy import save
 
-    info = {"site": sae.site, "k": str(sae.k), **(meta or {})}
+    from .steer import metadata_strings
+
+    info = {"site": sae.site, "k": str(sae.k), **metadata_strings(meta or {})}
     write_atomically(Path(path), save(sae_tensors(sae), metadata=info))
 
 
@@ -364,12 +366,14 @@ def splice(sae: SAE, x: np.ndarray) -> np.ndarray:
 
 
 def evaluate(params, config: Config, sae: SAE, inputs: np.ndarray, targets: np.ndarray,
-             progress: Callable[[int], None] | None = None) -> SAEEval:
+             progress: Callable[[int], None] | None = None, hooks=None) -> SAEEval:
     """SAELens' metrics on windows [W, T] of held-out text (inputs and their next tokens).
 
     Mean ablation replaces the site by its mean over these same tokens (every position alike).
+    With `hooks` (steering) every run is the steered one: the clean loss is the steered run's,
+    and the SAE, the zero and the mean replace the site of the steered run.
     """
-    x = site_values(params, config, inputs, sae.site)
+    x = site_values(params, config, inputs, sae.site, hooks=hooks)
     z = encode(sae, x)
     x_hat = decode(sae, z)
     ev = 1 - float(((x - x_hat) ** 2).sum()) / float(((x - x.mean(axis=0)) ** 2).sum())
@@ -377,8 +381,8 @@ def evaluate(params, config: Config, sae: SAE, inputs: np.ndarray, targets: np.n
     mean = x.mean(axis=0)
     losses = []
     for fn in (None, lambda v: splice(sae, v), np.zeros_like, lambda v: mean):
-        hooks = None if fn is None else Replace({sae.site: fn})
-        losses.append(mean_loss(params, config, inputs, targets, hooks))
+        run = chained(hooks, None if fn is None else Replace({sae.site: fn}))
+        losses.append(mean_loss(params, config, inputs, targets, run))
         if progress:
             progress(1)
     return SAEEval(sae.site, sae.k, sae.n_latents, int(targets.size),
@@ -589,8 +593,6 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
     the files, of runs steered by `steer` (hooks.Steering) when given, computed once per
     (weights, SAE, data, steering) and kept in the cache folder. bar(total, description) is
     the progress bar's context manager."""
-    import hashlib
-
     from .. import cache
     from ..corpus import data_windows
     from ..files import sha256
@@ -603,10 +605,9 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
         idx, val = sparse_codes(sae, x)
         return {"ids": x_in.astype(np.uint16), "idx": idx, "val": val}
 
-    steered = [] if steer is None else [steer.site, hashlib.sha256(
-        np.asarray(steer.shift, np.float64).tobytes()).hexdigest()]
     key = cache.key_of("sae-codes-v1", sha256(model.weights_file), sha256(path),
-                       *(sha256(f) for f in files), str(windows), *steered)
+                       *(sha256(f) for f in files), str(windows),
+                       *([] if steer is None else steer.key()))
     return cache.load_or_compute(cache.entry("sae", key), cache.load_arrays, compute,
                                  cache.store_arrays,
                                  lambda e: set(e) == {"ids", "idx", "val"})

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import InputError, WeightsError
-from ..hooks import Chain, RecordOnly, StopAfter, add_vector
+from ..hooks import Chain, RecordOnly, StopAfter, add_vector, chained
 from ..model import forward
 from ..sampling import create_rng
 
@@ -34,22 +34,25 @@ def site(layer: int) -> str:
 # ------------------------------------------------------------------ building a vector
 
 
-def mean_resid_pre(params, config: Config, ids: list[int], layer: int) -> np.ndarray:
-    """mean over positions of resid_pre[layer] of one text, in float64.  [T] -> [d]"""
+def mean_resid_pre(params, config: Config, ids: list[int], layer: int,
+                   hooks=None) -> np.ndarray:
+    """mean over positions of resid_pre[layer] of one text (a run through `hooks`, when
+    given), in float64.  [T] -> [d]"""
     keep = RecordOnly({site(layer)})
-    forward(params, config, np.asarray(ids), hooks=Chain(keep, StopAfter(site(layer))))
+    forward(params, config, np.asarray(ids), hooks=Chain(hooks, keep, StopAfter(site(layer))))
     return keep.values[site(layer)].astype(np.float64).mean(axis=0)
 
 
 def mean_difference(params, config: Config, pairs: list[tuple[list[int], list[int]]],
-                    layer: int) -> np.ndarray:
-    """The mean over pairs of mean resid_pre(pos) - mean resid_pre(neg), as float32 [d].
+                    layer: int, hooks=None) -> np.ndarray:
+    """The mean over pairs of mean resid_pre(pos) - mean resid_pre(neg), as float32 [d], of
+    runs through `hooks` (a steering already in place) when given.
 
     Summed in float64 in the pairs' order, so the same pairs give the same bytes."""
     total = np.zeros(config.n_embd)
     for pos, neg in pairs:
-        total += mean_resid_pre(params, config, pos, layer) - mean_resid_pre(params, config,
-                                                                             neg, layer)
+        total += mean_resid_pre(params, config, pos, layer, hooks) - mean_resid_pre(
+            params, config, neg, layer, hooks)
     return (total / len(pairs)).astype(np.float32)
 
 
@@ -115,9 +118,9 @@ def prompt_of(pos: list[int], neg: list[int], line: int) -> Prompt:
 
 
 def logit_difference(params, config: Config, prompt: Prompt, vector: np.ndarray, layer: int,
-                     scale: float) -> float:
-    hooks = add_vector(site(layer), vector, scale)
-    logits = forward(params, config, np.asarray(prompt.ids), hooks=hooks, last_only=True)[-1]
+                     scale: float, hooks=None) -> float:
+    run = chained(hooks, add_vector(site(layer), vector, scale))
+    logits = forward(params, config, np.asarray(prompt.ids), hooks=run, last_only=True)[-1]
     return float(logits[prompt.target]) - float(logits[prompt.vs])
 
 
@@ -184,27 +187,41 @@ class SteerReport:
 
 def steer_report(params, config: Config, pos: list[list[int]], neg: list[list[int]], *,
                  layer: int, scale: float, held_out: float = 0.25, seed: int = 0, steps: int = 5,
-                 loss_texts: list[list[int]] = ()) -> SteerReport:
+                 loss_texts: list[list[int]] = (), hooks=None) -> SteerReport:
     """Build the vector from the training pairs, judge it on the held-out ones at `steps`
-    scales from 0 to `scale`, and measure the loss on `loss_texts` unsteered and at `scale`."""
+    scales from 0 to `scale`, and measure the loss on `loss_texts` unsteered and at `scale`.
+
+    With `hooks` (a steering already in place: --steer) every run is a run through them: the
+    pairs' values, the prompts and the loss; the new vector is measured on top of it."""
     train, held = split_pairs(len(pos), held_out, seed)
     prompts = [prompt_of(pos[i], neg[i], int(i) + 1) for i in held]
-    vector = mean_difference(params, config, [(pos[i], neg[i]) for i in train], layer)
+    vector = mean_difference(params, config, [(pos[i], neg[i]) for i in train], layer, hooks)
     scales = np.linspace(0.0, scale, steps)
     results = []
     for p in prompts:
-        diffs = np.array([logit_difference(params, config, p, vector, layer, c) for c in scales])
+        diffs = np.array([logit_difference(params, config, p, vector, layer, c, hooks)
+                          for c in scales])
         results.append(PromptResult(p.ids, p.target, p.vs, diffs, slope(scales, diffs)))
     before = after = None
     if loss_texts:
-        before = mean_loss(params, config, loss_texts)
-        after = mean_loss(params, config, loss_texts, add_vector(site(layer), vector, scale))
+        before = mean_loss(params, config, loss_texts, hooks)
+        after = mean_loss(params, config, loss_texts,
+                          chained(hooks, add_vector(site(layer), vector, scale)))
     return SteerReport(layer, vector, [int(i) + 1 for i in train], [int(i) + 1 for i in held],
                        scales, results, scale, before, after,
                        sum(len(t) - 1 for t in loss_texts))
 
 
 # ------------------------------------------------------------------ the direction file
+
+
+def metadata_strings(meta: dict) -> dict[str, str]:
+    """safetensors metadata (strings only): strings as they are, any other value as JSON,
+    such as a steered run's {"steered": {site, scale, norm, toward and away or vector}}, by
+    which a file made from a steered run says so."""
+    return {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+            for k, v in meta.items()}
+
 
 # A direction file is a safetensors file holding the tensor `direction` [d] (float32), or, for
 # a set of directions (an SAE's `W_dec` [m, d], a multiclass probe's `directions` [C, d]), a
@@ -217,14 +234,16 @@ ROWS = ("W_dec", "directions")
 
 
 def direction_file(vector: np.ndarray, site_path: str, kind: str, source: dict,
-                   rows: np.ndarray | None = None) -> bytes:
+                   rows: np.ndarray | None = None, meta: dict[str, str] | None = None) -> bytes:
     """The safetensors bytes, written here rather than by safetensors.numpy.save, whose
-    header order varies from run to run: the same vector must give the same bytes."""
+    header order varies from run to run: the same vector must give the same bytes. `meta`
+    is more metadata (metadata_strings: the steering of the run it was found in)."""
     tensors = {"direction": np.ascontiguousarray(vector, dtype="<f4")}
     if rows is not None:
         tensors["directions"] = np.ascontiguousarray(rows, dtype="<f4")
     header: dict = {"__metadata__": {"site": site_path, "kind": kind,
-                                     "source": json.dumps(source, sort_keys=True)}}
+                                     "source": json.dumps(source, sort_keys=True),
+                                     **metadata_strings(meta or {})}}
     offset = 0
     for name, t in tensors.items():
         header[name] = {"dtype": "F32", "shape": list(t.shape),

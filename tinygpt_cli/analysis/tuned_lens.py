@@ -22,7 +22,7 @@ from .. import ops
 from ..config import Config
 from ..errors import InputError, WeightsError
 from ..files import write_atomically
-from ..hooks import RecordOnly
+from ..hooks import RecordOnly, chained
 from ..model import forward
 from .sae import Adam
 
@@ -107,16 +107,17 @@ def fit(stages: list[np.ndarray], h_last: np.ndarray, params, config: Config, *,
 
 
 def stage_values(params, config: Config, windows: np.ndarray, batch: int = 16,
-                 progress: Callable[[int], None] | None = None
+                 progress: Callable[[int], None] | None = None, hooks=None
                  ) -> tuple[list[np.ndarray], np.ndarray]:
-    """Each stage's stream [W*T, d], and the stream entering ln_final, over windows [W, T].
-    `progress(n)` is called with the windows done."""
+    """Each stage's stream [W*T, d], and the stream entering ln_final, over windows [W, T],
+    of runs through `hooks` (steering: a steered stage is read with its vector added) when
+    given. `progress(n)` is called with the windows done."""
     paths = stage_paths(config)
     last = f"layers.{config.n_layer - 1}.resid_post"
     got: dict[str, list] = {p: [] for p in [*paths, last]}
     for b0 in range(0, len(windows), batch):
         rec = RecordOnly(set(got))
-        forward(params, config, windows[b0:b0 + batch], hooks=rec)
+        forward(params, config, windows[b0:b0 + batch], hooks=chained(hooks, rec))
         for p in got:
             v = rec.values[p]
             got[p].append(np.asarray(v, np.float32).reshape(-1, v.shape[-1]))
@@ -163,12 +164,14 @@ def evaluate(stages: list[np.ndarray], h_last: np.ndarray, tr: Translators, para
 
 
 def evaluate_windows(params, config: Config, windows: np.ndarray, tr: Translators,
-                     progress: Callable[[int], None] | None = None) -> LensEval:
-    """`evaluate` over the tokens of windows [W, T]: their stage values, then both lenses.
+                     progress: Callable[[int], None] | None = None, hooks=None) -> LensEval:
+    """`evaluate` over the tokens of windows [W, T]: their stage values (of runs through
+    `hooks` when given: the steered model), then both lenses.
     `progress(n)` is called with the tokens done, 2 W T in all."""
     per_window = windows.shape[1]
     stages, last = stage_values(params, config, windows,
-                                progress=progress and (lambda n: progress(n * per_window)))
+                                progress=progress and (lambda n: progress(n * per_window)),
+                                hooks=hooks)
     return evaluate(stages, last, tr, params, config, progress=progress)
 
 
@@ -185,9 +188,11 @@ def tuned_stage_logits(trace, tr: Translators, params, config: Config
 def save_translators(path: str | Path, tr: Translators, meta: dict[str, str]) -> None:
     from safetensors.numpy import save
 
+    from .steer import metadata_strings
+
     t = {f"A.{i}": np.ascontiguousarray(a, np.float32) for i, a in enumerate(tr.A)}
     t.update({f"b.{i}": np.ascontiguousarray(b, np.float32) for i, b in enumerate(tr.b)})
-    write_atomically(Path(path), save(t, metadata=meta))
+    write_atomically(Path(path), save(t, metadata=metadata_strings(meta)))
 
 
 def load_translators(path: str | Path, config: Config) -> Translators:
@@ -247,16 +252,19 @@ def tuned_reader(session, given: Path | None):
     return read
 
 
-def fit_and_save(model, windows: np.ndarray, path: Path, bar) -> int:
-    """Fit the translators on the windows' stages and write them to `path`; the tokens used.
+def fit_and_save(model, windows: np.ndarray, path: Path, bar, hooks=None,
+                 meta: dict | None = None) -> int:
+    """Fit the translators on the windows' stages (of runs through `hooks`, when given) and
+    write them to `path` with `meta` added to their metadata; the tokens used.
     bar(total, description) is the progress bar's context manager."""
     from ..files import sha256
 
     cfg = model.config
     with bar(len(windows), "values of the stages") as advance:
-        stages, last = stage_values(model.params, cfg, windows, progress=advance)
+        stages, last = stage_values(model.params, cfg, windows, progress=advance, hooks=hooks)
     with bar(FIT_STEPS * cfg.n_layer, "fitting the tuned lens") as advance:
         translators, _ = fit(stages, last, model.params, cfg, steps=FIT_STEPS, progress=advance)
     save_translators(path, translators, {"weights_sha256": sha256(model.weights_file),
-                                         "tokens": str(len(last)), "steps": str(FIT_STEPS)})
+                                         "tokens": str(len(last)), "steps": str(FIT_STEPS),
+                                         **(meta or {})})
     return len(last)

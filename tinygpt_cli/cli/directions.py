@@ -19,6 +19,7 @@ from .common import (
     load,
     stderr,
     stdout,
+    steered,
 )
 
 OUT = typer.Option(None, "--out", metavar="FILE", show_default=False,
@@ -66,6 +67,7 @@ def steer(
     text's next token) and a token it is scored against (the neg text's): steerability is
     the slope of logit[target] - logit[vs] against the scale, and a negative slope is a prompt
     steered the wrong way. The loss on part-005 is measured unsteered and at --scale.
+    --steer ...: every run (values, prompts, loss) steered first, v measured on top of it.
 
     Example: tinygpt steer --pos examples/happy.txt --neg examples/sad.txt --out h.safetensors
     Example: tinygpt steer --pos examples/happy.txt --neg examples/sad.txt --scale 8 --json
@@ -90,18 +92,20 @@ def steer(
                          "text i of one pairs with text i of the other")
     model = load(weights)
     layer = check_index(layer, model.config.n_layer, "layer")
+    hooks, changes = steered(model)
     r = st.steer_report(model.params, model.config, encode_lines(model, pos_texts, "--pos"),
                         encode_lines(model, neg_texts, "--neg"), layer=layer, scale=scale,
-                        held_out=held_out, seed=seed,
+                        held_out=held_out, seed=seed, hooks=hooks,
                         loss_texts=held_out_stories(model.tokenizer, model.config.n_positions,
                                                     data, stories) if stories else [])
     if out is not None:
         source = {"pos": str(pos), "neg": str(neg), "seed": seed, "held_out": held_out,
                   "train_pairs": r.train_pairs}
-        write_atomically(out, st.direction_file(r.vector, st.site(layer), "steer", source))
+        write_atomically(out, st.direction_file(r.vector, st.site(layer), "steer", source,
+                                                meta=changes))
     tok = model.tokenizer
     if as_json:
-        jsonout.emit(steer_document(r, tok))
+        jsonout.emit({**steer_document(r, tok), **changes})
         return
     stdout().print(steer_view(r, [tok.decode(p.ids) for p in r.prompts],
                               [tok.token_str(p.target) for p in r.prompts],
@@ -128,6 +132,7 @@ def probe(
     gives each token type one random label (Hewitt and Liang 2019); selectivity = held-out
     accuracy - the control's held-out accuracy. Labels file: one text a line with [label]
     right after a token (Tom[name] ran), or JSON lines {"text": ..., "labels": [one a token]}.
+    Steered (--steer ...): the values probed are the steered run's; --out's metadata says so.
 
     Example: tinygpt probe --site layers.1.resid_post --labels examples/quotes.txt --default out
     Example: tinygpt probe --site layers.2.resid_pre --labels tags.jsonl --out tag.safetensors
@@ -149,13 +154,15 @@ def probe(
     offsets = [model.tokenizer.byte_offsets(i) for i in ids]
     marks = [pr.token_labels(line, o, default, n)
              for n, (line, o) in enumerate(zip(lines, offsets, strict=True), 1)]
-    feats = [pr.site_values(model.params, model.config, i, name) for i in ids]
+    hooks, changes = steered(model)
+    feats = [pr.site_values(model.params, model.config, i, name, hooks) for i in ids]
     r = pr.probe_report(feats, marks, ids, name, held_out=held_out, seed=seed, l2=l2)
     if out is not None:
         source = {"labels": str(labels), "classes": r.classes, "seed": seed, "l2": l2}
-        write_atomically(out, st.direction_file(r.direction, name, "probe", source, rows=r.W))
+        write_atomically(out, st.direction_file(r.direction, name, "probe", source, rows=r.W,
+                                                meta=changes))
     if as_json:
-        jsonout.emit(probe_document(r))
+        jsonout.emit({**probe_document(r), **changes})
         return
     stdout().print(probe_view(r))
     if out is not None:

@@ -33,6 +33,7 @@ from .common import (
     save_figure,
     stderr,
     stdout,
+    steered,
 )
 
 # NumPy and the model are imported inside the commands
@@ -41,9 +42,10 @@ NEURONS = 20  # --neurons lists this many
 LENS_KIND = typer.Option("logit", "--kind", help="logit, or tuned: each block's input read "
                          "through the translator of --lens.")
 LENS_FIT = typer.Option(False, "--fit", help="Fit the tuned lens on the training text and "
-                        "write it to --lens.")
+                        "write it to --lens (steered: fit to the steered run; give --lens).")
 LENS_EVALUATE = typer.Option(False, "--evaluate", help="KL to the final distribution and "
-                             "top-1 agreement of both lenses, per stage, on held-out text.")
+                             "top-1 agreement of both lenses per stage, held out (steered: of "
+                             "the steered run).")
 LENS_FILE = typer.Option(None, "--lens", help="The tuned lens file (default: the weights "
                          "folder's lens/tuned.safetensors).", show_default=False)
 LENS_DATA = typer.Option(None, "--data", help="Stories for --fit (all parts but the last) or "
@@ -79,9 +81,6 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     from .features import tuned_lens_work
 
     if fit or evaluate:
-        from .steering import refuse
-
-        refuse("lens --fit / --evaluate")
         return tuned_lens_work(weights, fit, evaluate, lens_file, data, as_json)
     s = open_session(weights, text)
     tuned = tl.check_kind(kind) == "tuned"
@@ -205,7 +204,8 @@ def means(
 
     One vector per head output, attn_out and mlp_out, averaged over every position of every
     128-token window of the last part-*.txt; float32, written atomically with the sha256 of
-    the weights it belongs to. Re-run it whenever the weights change.
+    the weights it belongs to. Re-run it whenever the weights change. Steered (--steer ...):
+    the means of the steered run, written only to --out FILE, whose metadata says so.
 
     \b
     Example: tinygpt means --data ../shared/data/tinystories
@@ -214,7 +214,9 @@ def means(
     from ..corpus import check_data, validation_text
     from ..files import sha256
     from ..render import jsonout
+    from .steering import check_out
 
+    check_out(out, f"the weights folder's {mean_stats.FILE}")
     if out is not None and out.is_dir():  # checked before the work ('' is '.', a folder)
         raise InputError(f"--out {escape_line(str(out))!r} is a folder: give the file to "
                          "write, e.g. --out means.safetensors")
@@ -223,13 +225,15 @@ def means(
     if data is not None:
         note = check_data(model.folder, validation_text(model.folder, data), any_data=any_data,
                           kinds=("validation",))
-    values, meta = mean_stats.means_over(model, data, sha256(model.weights_file), bar(as_json))
+    hooks, changes = steered(model)
+    values, meta = mean_stats.means_over(model, data, sha256(model.weights_file), bar(as_json),
+                                         hooks)
     if note:  # once the means stand: an error is then the only line
         stderr().print(escape_line(note), soft_wrap=True)
     target = out if out is not None else model.folder / mean_stats.FILE
-    mean_stats.save_means(target, values, meta)
+    mean_stats.save_means(target, values, {**meta, **changes})
     if as_json:
-        jsonout.emit({"path": str(target), **meta, "values": sorted(values)})
+        jsonout.emit({"path": str(target), **meta, "values": sorted(values), **changes})
         return
     stdout().print(f"wrote {escape_line(str(target))}: {len(values)} mean vectors over "
                    f"{meta['tokens']} tokens of {escape_line(meta['data'])}")

@@ -24,7 +24,7 @@ from .common import (
     stdout,
     steered,
 )
-from .steering import steerable
+from .steering import check_out, steerable
 
 
 def _sae() -> None:
@@ -44,17 +44,18 @@ SAE_FILE = typer.Option(None, "--sae", help="The SAE file (default: the weights 
                         "sae/layers.1.resid_post.safetensors).", show_default=False)
 
 
-def show(doc: dict, view, as_json: bool) -> None:
-    """One JSON document on stdout, or the Rich view (made only when it is shown)."""
+def show(doc: dict, view, as_json: bool, changes: dict | None = None) -> None:
+    """One JSON document on stdout (and `changes`), or the Rich view (made when shown)."""
     if as_json:
         from ..render import jsonout
 
-        jsonout.emit(doc)
+        jsonout.emit({**doc, **(changes or {})})
     else:
         stdout().print(view())
 
 
 @sae_app.command("train")
+@steerable  # the site's values of the steered run: --steer needs --out
 def sae_train(
     site: str = typer.Option(..., "--site", help="The value: layers.N.resid_pre, resid_mid, "
                              "resid_post or mlp_out."),
@@ -77,7 +78,8 @@ def sae_train(
 
     z = TopK_k(ReLU((x - b_dec) W_enc + b_enc)), x_hat = z W_dec + b_dec; Adam on the squared
     error plus the AuxK loss for dead latents. Resumable: a checkpoint OUT.checkpoint.npz is
-    written atomically every 100 steps and picked up by the same command.
+    written atomically every 100 steps and picked up by the same command. Steered: trained
+    on the steered run's values, written only to --out FILE, whose metadata says so.
 
     Example: tinygpt sae train --site layers.1.resid_post
     Example: tinygpt sae train --site layers.2.mlp_out --latents 2048 -k 32
@@ -87,18 +89,20 @@ def sae_train(
     from ..files import sha256
     from ..render import features as view
 
+    check_out(out, "the weights folder's sae/SITE.safetensors")
     model = load(weights)
     site = S.check_site(site, model.config)
+    hooks, changes = steered(model)
     if k > latents:
         raise InputError(f"-k {k} is more than the {latents} latents")
     out = S.sae_file(model.weights_file, out, site)
     x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
                            windows)
     with progress(len(x_in), f"values of {site}", enabled=not as_json, pipe_every=5) as advance:
-        x = S.site_values(model.params, model.config, x_in, site, progress=advance)
+        x = S.site_values(model.params, model.config, x_in, site, progress=advance, hooks=hooks)
     ckpt = out.with_name(out.name + ".checkpoint.npz")
     settings = {"site": site, "latents": latents, "k": k, "steps": steps, "batch": batch,
-                "lr": lr, "windows": windows, "seed": seed}
+                "lr": lr, "windows": windows, "seed": seed, **changes}
     state = S.load_checkpoint(ckpt, settings) or S.new_state(x, latents, k, site, seed, lr)
     with progress(steps, "training", enabled=not as_json, pipe_every=5) as advance:
         advance(state.step)
@@ -110,13 +114,14 @@ def sae_train(
 
         S.train_steps(state, x, steps, batch=batch, seed=seed, progress=each)
     S.save_sae(out, state.sae, {"steps": str(steps), "tokens": str(len(x)),
-                                "weights_sha256": sha256(model.weights_file)})
+                                "weights_sha256": sha256(model.weights_file), **changes})
     ckpt.unlink(missing_ok=True)
-    doc = view.trained_doc(out, state, len(x))
+    doc = {**view.trained_doc(out, state, len(x)), **changes}
     show(doc, lambda: view.trained_view(doc), as_json)
 
 
 @sae_app.command("eval")
+@steerable  # every loss is the steered run's; the SAE is spliced into the steered run
 def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
              data: Path = typer.Option(None, "--data", help="Held-out stories (default: the "
                                        "project's part-005.txt).", show_default=False),
@@ -128,6 +133,7 @@ def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
     Loss recovered = (L_ablated - L_sae) / (L_ablated - L_clean), against zero ablation and
     against mean ablation of the site (its mean over the same tokens); the loss increase is
     L_sae - L_clean in nats per token. Dead: latents that never fire on these tokens.
+    Steered: every run is the steered one (the clean loss too; the SAE replaces its site).
 
     Example: tinygpt sae eval
     Example: tinygpt sae eval --sae my.safetensors --json
@@ -140,10 +146,11 @@ def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
     found = S.load_sae(S.sae_file(model.weights_file, sae), model.config)
     files = held_out_files(data)
     x, y = data_windows(files, model.tokenizer, model.config.n_positions, windows)
+    hooks, changes = steered(model)
     with progress(4, "evaluating", enabled=not as_json, pipe_every=5) as advance:
-        result = S.evaluate(model.params, model.config, found, x, y, progress=advance)
+        result = S.evaluate(model.params, model.config, found, x, y, advance, hooks)
     names = [f.name for f in files]
-    show(view.eval_doc(result, names), lambda: view.eval_view(result, names), as_json)
+    show(view.eval_doc(result, names), lambda: view.eval_view(result, names), as_json, changes)
 
 
 @sae_app.command("feature")
@@ -217,23 +224,27 @@ def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: 
     from ..corpus import data_windows, given_or, held_out_files, training_files
     from ..render import features as view
 
+    if fit:
+        check_out(lens_file, "the weights folder's lens/tuned.safetensors", "--lens")
     model = load(weights)
     cfg, path = model.config, tl.lens_file(model.weights_file, lens_file)
+    hooks, changes = steered(model)
     if fit:
         x, _ = data_windows(training_files(data), model.tokenizer, cfg.n_positions,
                             tl.FIT_WINDOWS)
-        tokens = tl.fit_and_save(model, x, path, bar(as_json))
+        tokens = tl.fit_and_save(model, x, path, bar(as_json), hooks, changes)
         if not evaluate:
-            doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": tokens}
+            doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": tokens, **changes}
             show(doc, lambda: view.lens_fit_view(doc), as_json)
             return
     translators = tl.load_translators(path, cfg)
     files = given_or(data, held_out_files)
     x, _ = data_windows(files, model.tokenizer, cfg.n_positions, tl.EVAL_WINDOWS)
     with bar(as_json)(2 * x.size, "evaluating both lenses") as advance:
-        result = tl.evaluate_windows(model.params, cfg, x, translators, progress=advance)
+        result = tl.evaluate_windows(model.params, cfg, x, translators, advance, hooks)
     names = [f.name for f in files]
-    show(view.lens_eval_doc(result, names), lambda: view.lens_eval_view(result, names), as_json)
+    show(view.lens_eval_doc(result, names), lambda: view.lens_eval_view(result, names), as_json,
+         changes)
 
 
 # ------------------------------------------------------------------ latents in trace and --ablate

@@ -1,5 +1,5 @@
 """--steer, --steer-away, --steer-vector, --steer-layer, --steer-scale on every command that
-runs the model on a text.
+runs the model: on a text, or over data (means, steer, probe, sae train|eval, lens --fit).
 
 The options are declared once (common.STEER_OPTIONS). `steerable` adds them to a command's
 signature when the app is built (app._register wraps every command that takes --ablate, and
@@ -34,10 +34,9 @@ class SteerOptions:
     steer_scale: float = 1.0
 
 
-# Commands without --ablate that run the model on a text take them too. qk and circuit split
-# a run into parts that have no place for a steering vector yet, and are left out.
+# Commands without --ablate that run the model take them too (sae's are marked @steerable).
 STEERED = {"lens", "dla", "ablate", "patch", "attribute", "score", "heads", "neurons", "diff",
-           "history", "why", "qk", "circuit"}
+           "history", "why", "qk", "circuit", "means", "steer", "probe"}
 
 _chosen = SteerOptions()  # the running command's options
 _made: dict = {}  # (id(model), options) -> steering(model): once a command, one stderr line
@@ -123,9 +122,8 @@ def steered_hooks(model, hooks=None):
     return Chain(steer, hooks)
 
 
-def refuse(what: str) -> None:
-    """InputError when the running command was given steering options for work that runs no
-    text (lens --fit, a neuron's corpus search is steered; these are not)."""
-    if _chosen != SteerOptions():
-        raise InputError(f"{what} is not steered: leave out --steer, --steer-vector and the "
-                         "other steering options")
+def check_out(given, default: str, option: str = "--out") -> None:
+    """InputError (before any work) when a steered run would write over the default file."""
+    if given is None and (_chosen.steer, _chosen.steer_away, _chosen.steer_vector) != (None,) * 3:
+        raise InputError(f"a steered run does not write over {default}: give {option} FILE "
+                         "(its metadata records the steering)")
