@@ -56,11 +56,22 @@ def value_means(params: dict[str, np.ndarray], config: Config, windows: np.ndarr
     return {p: s / count for p, s in sums.items()}
 
 
-def save_means(path: str | Path, means: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+def means_bytes(means: dict[str, np.ndarray], meta: dict[str, str]) -> bytes:
     from ..weights import safetensors_bytes
 
     tensors = {p: np.ascontiguousarray(v, dtype=np.float32) for p, v in means.items()}
-    write_atomically(Path(path), safetensors_bytes(tensors, {k: str(v) for k, v in meta.items()}))
+    return safetensors_bytes(tensors, {k: str(v) for k, v in meta.items()})
+
+
+def save_means(path: str | Path, means: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+    write_atomically(Path(path), means_bytes(means, meta))
+
+
+def header_limit(config: Config) -> int:
+    """The most header bytes a means file of this model needs (about 150 bytes an entry,
+    given 512, and room for metadata): a header of a million made-up entries is refused
+    before it is parsed, as the weights' is."""
+    return len(mean_paths(config)) * 512 + (64 << 10)
 
 
 def load_means(path: str | Path, config: Config,
@@ -68,10 +79,13 @@ def load_means(path: str | Path, config: Config,
     """The stored means and their metadata, refused when they belong to other weights."""
     from safetensors import safe_open
 
+    from ..weights import header_json
+
     path = Path(path)
     hint = "compute them with `tinygpt means --data DIR` or give --data DIR"
     if not path.is_file():
         raise InputError(f"no mean statistics at {path}: {hint}")
+    header_json(path, header_limit(config))  # its own error: a header too big to read
     try:
         with safe_open(str(path), framework="numpy") as f:
             meta = dict(f.metadata() or {})
@@ -111,7 +125,7 @@ def means_over(model, data: Path | None, weights_sha: str, bar):
     entry = cache.entry("means", cache.key_of(weights_sha, meta["data_sha256"]), ".safetensors")
     return cache.load_or_compute(
         entry, lambda path: load_means(path, model.config, weights_sha), compute,
-        lambda path, found: save_means(path, *found))
+        lambda path, found: cache.keep(path, means_bytes(*found)))
 
 
 def ablation_means(model, data: Path | None, bar) -> dict[str, np.ndarray]:
