@@ -137,7 +137,8 @@ def test_score_view_shows_accents_and_emoji_split_over_tokens_as_text(cli, tiny)
     ids = tiny.model.tokenizer.encode(text)
     assert len(ids) > len(text.split())  # some characters are split into byte tokens
     r = cli("score", text)
-    assert r.code == 0 and text in r.out and "\\x" not in r.out, r.out
+    assert r.code == 0 and text in r.out.splitlines(), r.out  # the text line, whole
+    # (the table's token column still names a lone byte token by its byte: \x98)
 
 
 @pytest.mark.parametrize("args, needle", [
