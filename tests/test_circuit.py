@@ -5,6 +5,8 @@ oracles over TinyStories-like pairs."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line
@@ -52,9 +54,9 @@ def count_edges(n_layer: int, n_head: int) -> int:
 def test_the_graph_has_the_edges_counted_by_hand(tiny_config):
     g = C.build_graph(tiny_config)
     assert len(g.edges) == count_edges(2, 2) == 46
-    assert g.senders == ["embed", "a0.h0", "a0.h1", "m0", "a1.h0", "a1.h1", "m1"]
-    assert "a0.h1 -> m0" in g.edge_names() and "a1.h0 -> a1.h1.q" not in g.edge_names()
-    assert "m0 -> a0.h0.q" not in g.edge_names() and "m1 -> logits" in g.edge_names()
+    assert g.senders == ["embed", "L0H0", "L0H1", "L0.mlp", "L1H0", "L1H1", "L1.mlp"]
+    assert "L0H1 -> L0.mlp" in g.edge_names() and "L1H0 -> L1H1.q" not in g.edge_names()
+    assert "L0.mlp -> L0H0.q" not in g.edge_names() and "L1.mlp -> logits" in g.edge_names()
     shipped = Config(n_embd=8, n_layer=4, n_head=4, n_inner=8, vocab_size=8, n_positions=8)
     assert len(C.build_graph(shipped).edges) == count_edges(4, 4) == 479
 
@@ -89,12 +91,13 @@ def by_hooks(pair, config, sender: str, receiver: str, ids=OTHER, sign: float = 
     if receiver == "logits":
         last = f"layers.{config.n_layer - 1}.resid_post"
         fns = {"ln_final.out": lambda _: ln(rec[last] + delta, p, "ln_f", eps)}
-    elif receiver.startswith("m"):
-        i = int(receiver[1:])
+    elif receiver.endswith(".mlp"):
+        i = int(receiver[1:-4])
         fns = {f"layers.{i}.ln2.out": lambda _: ln(rec[f"layers.{i}.resid_mid"] + delta, p,
                                                     f"h.{i}.ln_2", eps)}
     else:
-        i, h, part = int(receiver[1]), int(receiver[4]), receiver[-1]
+        m = re.fullmatch(r"L(\d+)H(\d+)\.([qkv])", receiver)
+        i, h, part = int(m[1]), int(m[2]), m[3]
         wq, wk, wv, bq, bk, bv, _ = C.head_weights(p, config, i)
         w, b = {"q": (wq, bq), "k": (wk, bk), "v": (wv, bv)}[part]
 
@@ -108,8 +111,8 @@ def by_hooks(pair, config, sender: str, receiver: str, ids=OTHER, sign: float = 
 
 
 @pytest.mark.parametrize("sender,receiver", [
-    ("embed", "logits"), ("a0.h1", "m0"), ("m0", "a1.h0.k"), ("embed", "a0.h1.q"),
-    ("a0.h0", "a1.h1.v"), ("a1.h1", "logits")])
+    ("embed", "logits"), ("L0H1", "L0.mlp"), ("L0.mlp", "L1H0.k"), ("embed", "L0H1.q"),
+    ("L0H0", "L1H1.v"), ("L1H1", "logits")])
 def test_exact_edge_scores_are_those_single_patches_made_with_hooks(pair, tiny_config, sender,
                                                                receiver):
     k = edge(pair.graph, sender, receiver)
@@ -428,7 +431,7 @@ def test_circuit_view_and_picture(cli, tiny, tmp_path, monkeypatch):
     g = C.build_graph(tiny.model.config)
     assert len(edges) == 5 and all(u in g.senders and v in g.receivers for u, v in edges)
     svg = (tmp_path / "c.svg").read_text()
-    assert "<svg" in svg and "edge scores" in svg and "a0.h1.q" in svg and "faithfulness" in svg
+    assert "<svg" in svg and "edge scores" in svg and "L0H1.q" in svg and "faithfulness" in svg
 
 
 def test_circuit_stability_over_pairs(cli, tmp_path):
@@ -575,8 +578,8 @@ def test_a_steered_pair_decomposes_the_steered_run(tiny_params, tiny_config):
                                [TARGET, VS]], atol=1e-12, rtol=0)
     f = C.faithfulness(pair, np.stack([np.ones(e), np.zeros(e)]))
     assert abs(f[0] - 1) < 1e-6 and abs(f[1]) < 1e-6
-    k = edge(pair.graph, "a0.h1", "logits")
-    delta = (pair.clean_out - pair.corrupt_out)[pair.graph.senders.index("a0.h1")]
+    k = edge(pair.graph, "L0H1", "logits")
+    delta = (pair.clean_out - pair.corrupt_out)[pair.graph.senders.index("L0H1")]
     last = f"layers.{tiny_config.n_layer - 1}.resid_post"
     rec = Record()
     forward(pair.params, tiny_config, OTHER, hooks=Chain(steer, rec))

@@ -116,8 +116,12 @@ def test_the_generate_command_applies_ablate_to_every_new_token(cli, tiny):
                 "--ablate", path)
         assert r.code == 0, r.err
         assert r.ndjson()[-1]["ids"] == TEXT_IDS + want
+        assert r.ndjson()[0]["ablated"] == [path]  # the run says what it changed
+        shown = cli("generate", TEXT, "-n", 2, "--seed", 5, "--ablate", path)
+        assert shown.err.splitlines()[-1] == f"ablated (set to zero) at every step: {path}"
     plain = cli("generate", TEXT, "-n", 12, "--seed", 5, "-t", 1, "--no-stop", "--json")
     assert plain.ndjson()[-1]["ids"] != TEXT_IDS + want  # the ablation changed the text
+    assert "ablated" not in plain.ndjson()[0] and "ablated" not in plain.err
     r = cli("generate", TEXT, "--ablate", "layers.9.mlp_out")
     assert r.code == 2 and r.err.startswith("error: ")
 

@@ -409,6 +409,32 @@ def test_an_interrupted_build_resumes_to_the_same_index(run, tmp_path, monkeypat
     assert not list(first.folder.glob("chunk-*"))
 
 
+def test_damaged_why_caches_are_rebuilt_not_failed_on(cli, run, tmp_path):
+    """Both of why's cache entries, the token index and the gradient index, damaged in the
+    ways a cache can be (truncated, a key missing, positions out of range, another shape):
+    the next run rebuilds them and answers as the first did."""
+    text = "Tom saw a dog. The dog"
+    first = cli("why", text, "--json")
+    assert first.code == 0, first.err
+    (tokens,) = (tmp_path / "cache" / "why-index").glob("*.npz")
+    (grads,) = (tmp_path / "cache" / "why-tracin").glob("*/index.json")
+    good = dict(np.load(tokens))
+    rows = grads.parent / "rows-0.npy"
+    for damage in (lambda: tokens.write_bytes(tokens.read_bytes()[:200]),
+                   lambda: np.savez(tokens, **{k: v for k, v in good.items() if k != "sa"}),
+                   lambda: np.savez(tokens, **{**good, "sa": good["sa"] + 7}),
+                   lambda: rows.write_bytes(rows.read_bytes()[:300]),
+                   lambda: np.save(rows, np.load(rows)[:-1])):
+        damage()
+        again = cli("why", text, "--json")
+        assert again.code == 0, again.err
+        assert again.json()["top_windows"] == first.json()["top_windows"]
+        drop = {"index", "top_windows", "seconds"}  # how much it computed, and how long
+        assert {k: v for k, v in again.json().items() if k not in drop} == \
+            {k: v for k, v in first.json().items() if k not in drop}
+    assert set(np.load(tokens).files) == set(good) and grads.is_file()
+
+
 def test_query_gradient_matches_finite_differences(make_params):
     config = Config(n_embd=8, n_layer=1, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
     params = make_params(config, seed=4)

@@ -380,6 +380,39 @@ def planted_lock(ctx: Ctx) -> None:
     (ctx.run / ".train.lock").symlink_to(ctx.tmp / "victim")
 
 
+def trailing_bytes(ctx: Ctx) -> None:
+    """300 bytes after the last tensor (the safetensors library: "not fully covered")."""
+    with open(ctx.broken / "model.safetensors", "ab") as f:
+        f.write(b"\0" * 300)
+
+
+def tokenizer_edit(edit):
+    """The broken folder's tokenizer.json after edit(its JSON document)."""
+    def setup(ctx: Ctx) -> None:
+        path = ctx.broken / "tokenizer.json"
+        doc = json.loads(path.read_text())
+        edit(doc)
+        path.write_text(json.dumps(doc))
+    return setup
+
+
+def lowercase(doc) -> None:
+    doc["normalizer"] = {"type": "Lowercase"}
+
+
+def no_token_for_byte_0(doc) -> None:
+    """Byte 0's token (GPT-2 writes it "Ā") renamed: a byte no token stands for."""
+    vocab = doc["model"]["vocab"]
+    vocab["Ā-renamed"] = vocab.pop("Ā")
+
+
+def means_with_a_huge_header(ctx: Ctx) -> None:
+    from safetensors.numpy import save
+
+    _write(ctx.broken / "means.safetensors",
+           save({"x": np.zeros(1, np.float32)}, metadata={f"k{i}": "v" for i in range(50_000)}))
+
+
 W = ["--weights", "{broken}"]
 SAE = "sae/layers.1.resid_post.safetensors"
 
@@ -544,7 +577,16 @@ CASES = [
         data_offsets=[o + 8 for o in h[PREFIX + "wte.weight"]["data_offsets"]])),
      ["encode", TEXT, *W], 1, ["not a readable safetensors file"]),
     ("header-many-entries", many_header_entries, ["encode", TEXT, *W], 1,
-     ["model.safetensors: its header is", "more than a GPT-2 model"]),
+     ["model.safetensors: its header is", "more than a file of a GPT-2 model"]),
+    ("trailing-bytes", trailing_bytes, ["encode", TEXT, *W], 1,
+     ["not a readable safetensors file", "300 bytes after its last tensor"]),
+    ("tokenizer-normalizer", tokenizer_edit(lowercase), ["encode", TEXT, *W], 1,
+     ["not a byte-level BPE tokenizer", "it has a normalizer, Lowercase"]),
+    ("tokenizer-byte-without-token", tokenizer_edit(no_token_for_byte_0), ["encode", TEXT, *W],
+     1, ["not a byte-level BPE tokenizer", "1 of the 256 bytes have no token"]),
+    ("means-header-huge", means_with_a_huge_header,
+     ["ablate", TEXT, "-l", "0", "-H", "0", "--mode", "mean", *W], 1,
+     ["means.safetensors: its header is"]),
     # messages that say what happened
     ("weights-symlink-loop", symlink_loop, ["info", "--weights", "{tmp}/loop"], 1,
      ["loop is a symbolic link that leads nowhere"]),
@@ -942,10 +984,16 @@ def test_a_cache_entry_of_the_wrong_shape_is_rebuilt(ctx, monkeypatch):
     assert (first.code, first.err) == (0, _no_record(ctx))
     (path,) = (ctx.tmp / "cache" / "neurons").glob("*.npz")
     good = dict(np.load(path))
+    truncated = path.read_bytes()[: path.stat().st_size // 2]  # a zip without its directory
     for bad in ({"stream": good["stream"]},  # keys missing
                 {**good, "window": good["window"][:, :3]},  # a shape of other sizes
-                {**good, "window": good["window"] + 10**6}):  # windows past the data's end
-        np.savez(path, **bad)
+                {**good, "window": good["window"] + 10**6},  # windows past the data's end
+                {**good, "window": good["window"].astype(np.float64)},  # not indices
+                truncated):
+        if isinstance(bad, bytes):
+            path.write_bytes(bad)
+        else:
+            np.savez(path, **bad)
         again = _neurons(ctx)
         assert (again.code, again.out, again.err) == (0, first.out, _no_record(ctx)), again.err
         assert set(np.load(path).files) == set(good)
@@ -972,6 +1020,49 @@ def test_an_unwritable_cache_still_shows_the_result(ctx, monkeypatch):
                         r"Permission denied; the result is not kept for the next run \(set "
                         r"TINYGPT_CACHE to a writable folder\)\n" + re.escape(_no_record(ctx)),
                         r.err), r.err
+
+
+def test_an_unwritable_cache_still_gives_the_mean_ablation(ctx, monkeypatch):
+    import tempfile
+
+    argv = ["ablate", TEXT, "-l", "0", "-H", "0", "--mode", "mean", "--data", "{data}",
+            "--json", "--weights", "{tiny}"]
+    monkeypatch.setenv("TINYGPT_CACHE", str(ctx.tmp / "cache"))
+    clean = run(ctx, *argv)
+    assert clean.code == 0, clean.err
+    monkeypatch.setenv("TINYGPT_CACHE", str(ctx.tmp / "other"))
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    r = run(ctx, *argv)
+    assert r.code == 0 and r.out == clean.out
+    assert re.search(rf"note: cannot write {re.escape(str(ctx.tmp))}/other/means/\w+"
+                     r"\.safetensors: Permission denied; the result is not kept", r.err), r.err
+
+
+def test_a_file_name_that_is_not_utf8_is_shown_by_its_bytes(ctx):
+    """Python keeps such a name's bytes as lone surrogates (surrogateescape); a message shows
+    the byte, \\xff, never the surrogate \\udcff."""
+    r = run(ctx, "score", "--file", "{tmp}/x\udcff.txt", "--weights", "{tiny}")
+    assert (r.code, r.out) == (2, "")
+    assert r.err == f"error: {ctx.tmp}/x\\xff.txt does not exist\n", r.err
+
+
+def test_huge_finite_weights_give_an_infinite_perplexity_not_an_error(ctx):
+    """The forward pass stays finite (the norms rescale), the loss is ~1e20 nats a token: its
+    perplexity is inf (e**1e20), printed as such, not a catch-all OverflowError."""
+    def bigger(t):
+        t[PREFIX + "wte.weight"] = t[PREFIX + "wte.weight"] * np.float32(1e19)
+
+    tensors(ctx, bigger)
+    r = run(ctx, "score", TEXT, "--json", "--weights", "{broken}")
+    assert r.code == 0, r.err
+    doc = json.loads(r.out.splitlines()[-1])  # JSON lines: the tokens, then the summary
+    assert doc["perplexity"] is None and doc["mean_nats"] > 1e15, doc  # no inf in JSON: null
+    view = run(ctx, "score", TEXT, "--weights", "{broken}")
+    assert view.code == 0 and "perplexity inf" in view.out, view.out
 
 
 # ------------------------------------------------------------------ a stderr that fails

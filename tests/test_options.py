@@ -13,8 +13,19 @@ from tinygpt_cli.cli.options import LETTER, SHORT
 
 
 def commands():
+    """Every command by its path, the groups' own (`sae train`) too."""
+    import click
+
     _register()
-    return typer.main.get_command(app).commands
+
+    def walk(group, prefix):
+        for name, command in group.commands.items():
+            if isinstance(command, click.Group):
+                yield from walk(command, f"{prefix}{name} ")
+            else:
+                yield f"{prefix}{name}", command
+
+    return dict(walk(typer.main.get_command(app), ""))
 
 
 def test_every_short_option_is_in_the_table_and_every_long_one_has_its_letter():
@@ -54,6 +65,17 @@ def test_the_hint_about_a_text_starting_with_a_dash_only_where_it_could_be_one(c
     assert r.err == "error: No such option: -x (see 'tinygpt ablate --help')\n"
 
 
+def test_the_hint_names_the_whole_command_and_the_text_given(cli):
+    r = cli("sae", "train", "--site", "layers.1.resid_post", "-x", "1")
+    assert r.code == 2
+    assert r.err == "error: No such option: -x (see 'tinygpt sae train --help')\n"
+    r = cli("probs", "-Lily wanted")
+    assert r.code == 2
+    assert r.err.endswith("(see 'tinygpt probs --help'; a text that starts with '-' goes "
+                          "after '--': tinygpt probs -- '-Lily wanted')\n"), r.err
+    assert cli("probs", "--", "-Lily wanted").code == 0
+
+
 # ------------------------------------------------------------------ one name for a head
 
 
@@ -66,6 +88,13 @@ def test_a_heads_short_name_is_a_path_trace_and_ablate_accept(cli):
     a = cli("logits", TEXT, "--ablate", "L1H0", "--json").json()
     b = cli("logits", TEXT, "--ablate", "layers.1.heads.0.out", "--json").json()
     assert a == b and a["ablated"] == ["layers.1.heads.0.out"]
+
+
+def test_an_mlps_short_name_is_a_path_trace_accepts(cli):
+    short, long = cli("trace", TEXT, "L1.mlp", "--json"), cli("trace", TEXT,
+                                                              "layers.1.mlp_out", "--json")
+    assert short.code == 0 and short.json() == long.json()
+    assert cli("trace", TEXT, "L1.mlp[-1]", "--json").json()["data"] == long.json()["data"][-1]
 
 
 def test_every_view_names_a_head_the_same_way(cli):

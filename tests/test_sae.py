@@ -205,7 +205,7 @@ def test_sae_train_eval_and_feature_on_a_tiny_model(cli, data, tmp_path, monkeyp
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "s.safetensors"
     r = cli("sae", "train", "--site", "layers.1.mlp_out", "--data", data, "--out", out,
-            "--steps", "5", "--latents", "16", "-k", "2", "--batch", "32", "--windows", "4",
+            "--steps", "5", "--latents", "16", "--k", "2", "--batch", "32", "--windows", "4",
             "--json")
     assert r.code == 0, r.err
     assert r.json()["steps"] == 5 and out.is_file()

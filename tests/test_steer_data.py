@@ -165,7 +165,7 @@ def test_sae_train_learns_the_steered_values(cli, tiny, hf, data, tmp_path):
     torch, model, v = hf
     out = tmp_path / "s.safetensors"
     r = cli("sae", "train", "--site", "layers.1.resid_post", "--data", data, "--out", out,
-            "--steps", "1", "--latents", "8", "-k", "2", "--batch", "8", "--windows", "3",
+            "--steps", "1", "--latents", "8", "--k", "2", "--batch", "8", "--windows", "3",
             "--lr", "0", *STEERED, "--json")
     assert r.code == 0, r.err
     says_steered(r.json())
@@ -310,7 +310,7 @@ def commands(data, tmp, out) -> dict[str, list]:
     return {
         "means": ["means", "--data", data, "--out", out / "m.safetensors"],
         "sae train": ["sae", "train", "--site", "layers.0.mlp_out", "--data", data, "--out",
-                      out / "s.safetensors", "--steps", "2", "--latents", "8", "-k", "2",
+                      out / "s.safetensors", "--steps", "2", "--latents", "8", "--k", "2",
                       "--batch", "16", "--windows", "2"],
         "sae eval": ["sae", "eval", "--sae", tmp / "s.safetensors", "--data", data,
                      "--windows", "2"],

@@ -132,6 +132,15 @@ def test_score_view_colours_the_text_and_lists_surprises(cli):
     assert "Lily wanted to play with her" in r.out and "\x1b[" not in r.out
 
 
+def test_score_view_shows_accents_and_emoji_split_over_tokens_as_text(cli, tiny):
+    text = "Zoë went to the café 😀"
+    ids = tiny.model.tokenizer.encode(text)
+    assert len(ids) > len(text.split())  # some characters are split into byte tokens
+    r = cli("score", text)
+    assert r.code == 0 and text in r.out.splitlines(), r.out  # the text line, whole
+    # (the table's token column still names a lone byte token by its byte: \x98)
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--stream", TEXT], "--stream reads a file"),
     (["--stride", "500", TEXT], "--stride 500 is longer than the 128-token context"),

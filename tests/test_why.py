@@ -422,11 +422,11 @@ def test_ablate_json_zero_head_equals_the_hand_computation(cli, tiny):
 def test_ablate_all_ranks_every_head_and_mlp(cli):
     doc = ok(cli("ablate", TEXT, "--all", "--json"))
     assert sorted(r["label"] for r in doc["components"]) == \
-        ["L0 mlp", "L0H0", "L0H1", "L1 mlp", "L1H0", "L1H1"]
+        ["L0.mlp", "L0H0", "L0H1", "L1.mlp", "L1H0", "L1H1"]
     deltas = [abs(r["delta"]) for r in doc["components"]]
     assert deltas == sorted(deltas, reverse=True)
     r = cli("ablate", TEXT, "--all")
-    assert r.code == 0 and "L1 mlp" in r.out
+    assert r.code == 0 and "L1.mlp" in r.out
 
 
 def test_ablate_resample_from_the_same_text_changes_nothing(cli):
@@ -478,7 +478,7 @@ def test_mean_ablation_with_stored_means_and_with_data(cli, tiny, tmp_path, monk
     mean = stored["layers.0.mlp_out"]
     by_hand = forward(m.params, m.config, np.array(TEXT_IDS),
                       hooks=Replace({"layers.0.mlp_out": lambda x: np.tile(mean, (len(x), 1))}))
-    row = next(r for r in a["components"] if r["label"] == "L0 mlp")
+    row = next(r for r in a["components"] if r["label"] == "L0.mlp")
     assert row["logp_after"] == pytest.approx(logp(by_hand[-1])[a["target"]["id"]], abs=1e-4)
 
 

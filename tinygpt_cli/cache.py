@@ -49,15 +49,13 @@ def load_or_compute(path: Path, load: Callable[[Path], T], compute: Callable[[],
     (`load` raises) or not what `valid` accepts (other keys, shapes or ranges: a stale format,
     a file put there by hand), `compute` it and `store` it (atomically) so the next run reads
     it. A bad entry is replaced, never reported: it is only a cache."""
-    from .errors import WeightsError
-
     if path.is_file():
         try:
             value = load(path)
             if valid(value):
                 return value
-        except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError, WeightsError):
-            pass  # computed again, and replaced
+        except Exception:  # noqa: BLE001 - whatever a damaged entry raises (a truncated
+            pass  # zip is BadZipFile, a wrong dtype TypeError...): computed again, replaced
     value = compute()
     store(path, value)
     return value
@@ -78,7 +76,7 @@ def load(path: Path, valid: Callable[[dict], bool]) -> dict | None:
     try:
         arrays = load_arrays(path)
         return arrays if valid(arrays) else None
-    except (OSError, ValueError, KeyError, IndexError, TypeError, EOFError):
+    except Exception:  # noqa: BLE001 - any damage (BadZipFile too) means: compute it again
         return None
 
 

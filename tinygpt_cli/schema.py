@@ -270,6 +270,7 @@ def _name(parts: list[str], config: Config) -> str | None:
 
 MAX_PATH = 200  # characters; the longest path with indices is under 40
 HEAD_NAME = re.compile(r"L(-?\d+)H(-?\d+)((?:\[-?\d+\])*)")  # L2H1: head 1 of block 2
+MLP_NAME = re.compile(r"L(-?\d+)\.mlp((?:\[-?\d+\])*)")  # L2.mlp: block 2's MLP output
 
 
 def head_name(layer: int, head: int) -> str:
@@ -277,12 +278,18 @@ def head_name(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
+def mlp_name(layer: int) -> str:
+    """The one short name of a block's MLP (its output, layers.N.mlp_out), as head_name."""
+    return f"L{layer}.mlp"
+
+
 def resolve(path: str, config: Config) -> tuple[str, list[int]]:
     """A user's path -> (canonical concrete path, trailing row indices).
 
     Dots or brackets, negative indices, camelCase, TransformerLens names all work:
     `layers[-1].mlpOut`, `blocks.0.attn.hook_pattern`, `logits[-1]`; and a head's short name
-    as the views print it, `L2H1` for its output layers.2.heads.1.out.
+    as the views print it, `L2H1` for its output layers.2.heads.1.out, `L2.mlp` for
+    layers.2.mlp_out.
     """
     if len(path) > MAX_PATH:  # matching tries every split of the path: keep that small
         raise PathError(path, f"a path of {len(path):,} characters: value paths are at most "
@@ -290,6 +297,9 @@ def resolve(path: str, config: Config) -> tuple[str, list[int]]:
     short = HEAD_NAME.fullmatch(path.strip())
     if short:
         path = f"layers.{short[1]}.heads.{short[2]}.out{short[3]}"
+    short = MLP_NAME.fullmatch(path.strip())
+    if short:
+        path = f"layers.{short[1]}.mlp_out{short[2]}"
     parts = [_snake(p) if not _is_int(p) else p for p in split_path(path)]
     if not parts:
         raise PathError(path, "empty path: give a value's name, e.g. layers.0.heads.0.weights")

@@ -24,6 +24,7 @@ from .hooks import Chain, Hook, ablation
 from .model import forward, record, trace
 from .trace import Trace
 from .weights import Model, load_model
+from .words import count
 
 
 def check_text(text: str) -> str:
@@ -55,7 +56,8 @@ def encode_checked(model: Model, text: str) -> list[int]:
         raise InputError("the text is empty: give at least one character")
     if len(ids) > limit:
         raise InputError(
-            f"the text is {len(ids)} tokens long; this model reads at most {limit} tokens"
+            f"the text is {len(ids)} tokens long; this model reads at most "
+            f"{count(limit, 'token')}"
         )
     return ids
 

@@ -84,6 +84,11 @@ class Tokenizer:
             return f"its model is {model}"
         if not any(type(p).__name__ == "ByteLevel" for p in _parts(self._tok.pre_tokenizer)):
             return "its pre-tokenizer is not ByteLevel"
+        if self._tok.normalizer is not None:  # it would change the text before it is split
+            return f"it has a normalizer, {type(self._tok.normalizer).__name__}"
+        missing = sum(self._tok.token_to_id(c) is None for c in _bytes_to_unicode().values())
+        if missing:  # such a byte has no token: it would become an unknown token, or vanish
+            return f"{missing} of the 256 bytes have no token"
         return None
 
     @property

@@ -75,9 +75,8 @@ def header_json(path: Path, limit: int = MAX_HEADER_BYTES) -> tuple[dict, int, i
             raise WeightsError(f"{path} is not a readable safetensors file (its header claims "
                                f"{n:,} bytes; the file has {size:,})")
         if n > limit:
-            raise WeightsError(f"{path}: its header is {n:,} bytes, more than a GPT-2 model of "
-                               f"the config's sizes needs ({limit:,}); not a model of these "
-                               "sizes")
+            raise WeightsError(f"{path}: its header is {n:,} bytes, more than a file of a "
+                               f"GPT-2 model of the config's sizes needs ({limit:,})")
         raw = f.read(n)
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
@@ -115,13 +114,17 @@ def read_header(path: Path, limit: int = MAX_HEADER_BYTES) -> dict[str, TensorIn
                                "runs past its end: truncated?)")
         out[name] = TensorInfo(name, dtype, tuple(shape))
         spans.append((begin, end, name))
-    _check_tiling(path, spans)
+    covered = _check_tiling(path, spans)
+    if covered != data_bytes:  # as the safetensors library: the file is its tensors, whole
+        raise WeightsError(f"{path} is not a readable safetensors file ({data_bytes - covered:,} "
+                           "bytes after its last tensor)")
     return out
 
 
-def _check_tiling(path: Path, spans: list[tuple[int, int, str]]) -> None:
+def _check_tiling(path: Path, spans: list[tuple[int, int, str]]) -> int:
     """The tensors' byte ranges must follow one another without gaps or overlaps, as the
-    safetensors library requires: two tensors sharing bytes would be aliases of each other."""
+    safetensors library requires: two tensors sharing bytes would be aliases of each other.
+    Returns how many bytes of data they cover."""
     spans = sorted(spans)
     for (_, end, before), (begin, _, name) in zip(spans, spans[1:], strict=False):
         if begin < end:
@@ -133,6 +136,7 @@ def _check_tiling(path: Path, spans: list[tuple[int, int, str]]) -> None:
             raise WeightsError(f"{path} is not a readable safetensors file (tensor {name} "
                                f"starts {begin - at:,} bytes after the end of {before})")
         at, before = end, f"tensor {name}"
+    return at
 
 
 def _whole(x) -> bool:

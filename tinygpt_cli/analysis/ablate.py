@@ -22,6 +22,8 @@ from .. import ops
 from ..config import Config
 from ..errors import InputError
 from ..model import record
+from ..schema import head_name, mlp_name
+from ..words import count
 from .variants import Edit, run_variants, set_all, widen
 
 MODES = ("zero", "mean", "resample")
@@ -36,9 +38,10 @@ def mlp_path(layer: int) -> str:
 
 
 def component_label(path: str) -> str:
-    """layers.1.heads.2.out -> L1H2; layers.1.mlp_out -> L1 mlp."""
+    """layers.1.heads.2.out -> L1H2; layers.1.mlp_out -> L1.mlp (schema's short names)."""
     parts = path.split(".")
-    return f"L{parts[1]}H{parts[3]}" if parts[2] == "heads" else f"L{parts[1]} mlp"
+    return head_name(int(parts[1]), int(parts[3])) if parts[2] == "heads" \
+        else mlp_name(int(parts[1]))
 
 
 def all_components(config: Config) -> list[str]:
@@ -186,7 +189,7 @@ def replacements(session, paths: list[str], mode: str, source: str | None, data:
     if mode == "resample":
         other = session.reopen(source)
         if other.T < session.T:
-            raise InputError(f"the --from text is {other.T} tokens long and the text "
+            raise InputError(f"the --from text is {count(other.T, 'token')} long and the text "
                              f"{session.T}: resampling needs a value at every position, so "
                              "give a --from text at least as long")
         values = source_values(session.params, session.config, other.ids, other.hooks)

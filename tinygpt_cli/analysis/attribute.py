@@ -24,6 +24,7 @@ from ..config import Config
 from ..errors import InputError
 from ..hooks import Replace
 from ..model import backward, record
+from ..words import count
 from .dla import steering
 from .variants import cut_head
 
@@ -182,8 +183,9 @@ def attribution_report(session, position: int, target: str | None, vs: str | Non
     if baseline is not None:
         b = session.reopen(baseline)
         if b.T != session.T:
-            raise InputError(f"the --baseline text is {b.T} tokens and the text {session.T}: "
-                             "integrated gradients need the same number of tokens")
+            raise InputError(f"the --baseline text is {count(b.T, 'token')} and the text "
+                             f"{session.T}: integrated gradients need the same number of "
+                             "tokens")
         base = session.params["wte.weight"][np.asarray(b.ids)]
     return AttributionReport(q, integrated_gradients(*args, steps=steps, baseline=base,
                                                      steer=steer))

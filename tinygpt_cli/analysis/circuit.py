@@ -54,6 +54,8 @@ from ..config import Config
 from ..errors import InputError
 from ..hooks import Chain, Record, Replace
 from ..model import backward, forward
+from ..schema import head_name, mlp_name
+from ..words import count
 from .patch import check_gap, logit_difference
 from .variants import cut_head, widen
 
@@ -92,14 +94,14 @@ def build_graph(config: Config) -> Graph:
     r_stage: list[int] = []
     for i in range(config.n_layer):
         for h in range(config.n_head):
-            senders.append(f"a{i}.h{h}")
+            senders.append(head_name(i, h))  # the names every view and `trace` use
             s_stage.append(2 * i + 1)
             for part in "qkv":
-                receivers.append(f"a{i}.h{h}.{part}")
+                receivers.append(f"{head_name(i, h)}.{part}")
                 r_stage.append(2 * i + 1)
-        senders.append(f"m{i}")
+        senders.append(mlp_name(i))
         s_stage.append(2 * i + 2)
-        receivers.append(f"m{i}")
+        receivers.append(mlp_name(i))
         r_stage.append(2 * i + 2)
     receivers.append("logits")
     r_stage.append(2 * config.n_layer + 1)
@@ -318,9 +320,9 @@ def _run(params, config: Config, ids: np.ndarray, steer=None):
 def prepare(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
             position: int = -1, graph: Graph | None = None, steer=None) -> Pair:
     if len(clean_ids) != len(corrupt_ids):
-        raise InputError(f"the clean text is {len(clean_ids)} tokens and the corrupt text "
-                         f"{len(corrupt_ids)}: edges are patched position by position, so they "
-                         "must have the same number of tokens")
+        raise InputError(f"the clean text is {count(len(clean_ids), 'token')} and the "
+                         f"corrupt text {len(corrupt_ids)}: edges are patched position by "
+                         "position, so they must have the same number of tokens")
     position = position % len(clean_ids)
     params = widen(params)
     clean_ids = np.asarray(clean_ids)[: position + 1]

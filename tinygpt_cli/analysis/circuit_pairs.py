@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InputError
+from ..words import count
 
 
 def prepare_pair(s, c, position: int, target: str | None, vs: str | None):
@@ -15,9 +16,9 @@ def prepare_pair(s, c, position: int, target: str | None, vs: str | None):
     from . import circuit
 
     if c.T != s.T:
-        raise InputError(f"the clean text is {s.T} tokens and the corrupt text {c.T}: edges "
-                         "are patched position by position, so they must have the same "
-                         "number of tokens")
+        raise InputError(f"the clean text is {count(s.T, 'token')} and the corrupt text "
+                         f"{c.T}: edges are patched position by position, so they must "
+                         "have the same number of tokens")
     p = s.position(position)
     t, v, fell_back = circuit.default_tokens(
         s.run()[p], c.run()[p], None if target is None else s.token_id(target),

@@ -57,12 +57,23 @@ def value_means(params: dict[str, np.ndarray], config: Config, windows: np.ndarr
     return {p: s / count for p, s in sums.items()}
 
 
-def save_means(path: str | Path, means: dict[str, np.ndarray], meta: dict) -> None:
+def means_bytes(means: dict[str, np.ndarray], meta: dict) -> bytes:
     from ..weights import safetensors_bytes
     from .steer import metadata_strings
 
     tensors = {p: np.ascontiguousarray(v, dtype=np.float32) for p, v in means.items()}
-    write_atomically(Path(path), safetensors_bytes(tensors, metadata_strings(meta)))
+    return safetensors_bytes(tensors, metadata_strings(meta))
+
+
+def save_means(path: str | Path, means: dict[str, np.ndarray], meta: dict) -> None:
+    write_atomically(Path(path), means_bytes(means, meta))
+
+
+def header_limit(config: Config) -> int:
+    """The most header bytes a means file of this model needs (about 150 bytes an entry,
+    given 512, and room for metadata): a header of a million made-up entries is refused
+    before it is parsed, as the weights' is."""
+    return len(mean_paths(config)) * 512 + (64 << 10)
 
 
 def load_means(path: str | Path, config: Config,
@@ -70,10 +81,13 @@ def load_means(path: str | Path, config: Config,
     """The stored means and their metadata, refused when they belong to other weights."""
     from safetensors import safe_open
 
+    from ..weights import header_json
+
     path = Path(path)
     hint = "compute them with `tinygpt means --data DIR` or give --data DIR"
     if not path.is_file():
         raise InputError(f"no mean statistics at {path}: {hint}")
+    header_json(path, header_limit(config))  # its own error: a header too big to read
     try:
         with safe_open(str(path), framework="numpy") as f:
             meta = dict(f.metadata() or {})
@@ -115,7 +129,7 @@ def means_over(model, data: Path | None, weights_sha: str, bar, steer=None):
     entry = cache.entry("means", key, ".safetensors")
     return cache.load_or_compute(
         entry, lambda path: load_means(path, model.config, weights_sha), compute,
-        lambda path, found: save_means(path, *found))
+        lambda path, found: cache.keep(path, means_bytes(*found)))
 
 
 def ablation_means(model, data: Path | None, bar) -> dict[str, np.ndarray]:

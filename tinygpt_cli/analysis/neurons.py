@@ -187,6 +187,8 @@ def valid_maxima(e: dict, cfg: Config) -> bool:
     """The keys, shapes and ranges cached_maxima writes: [L, ff, k] windows of the stream."""
     if set(e) != {"stream", "window", "value", "position"} or e["stream"].ndim != 1:
         return False
+    if not all(np.issubdtype(e[k].dtype, np.integer) for k in ("stream", "window", "position")):
+        return False  # indices: a float entry would fail every later run when it is used
     shape = e["window"].shape
     n = (len(e["stream"]) - 1) // cfg.n_positions
     return (len(shape) == 3 and shape[:2] == (cfg.n_layer, cfg.n_inner) and shape[2] >= 1

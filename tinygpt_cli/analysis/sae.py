@@ -405,6 +405,18 @@ def sparse_codes(sae: SAE, x: np.ndarray, batch: int = 4096) -> tuple[np.ndarray
     return idx, val
 
 
+def valid_codes(e: dict, sae: SAE, config, windows: int) -> bool:
+    """The keys, types, shapes and ranges data_codes writes; anything else is rebuilt."""
+    if set(e) != {"ids", "idx", "val"}:
+        return False
+    ids, idx, val = e["ids"], e["idx"], e["val"]
+    return (ids.dtype == np.uint16 and ids.ndim == 2 and 0 < len(ids) <= windows
+            and ids.shape[1] == config.n_positions and idx.dtype == np.int16
+            and idx.shape == val.shape == (ids.size, sae.k) and val.dtype == np.float32
+            and int(ids.max()) < config.vocab_size and 0 <= int(idx.min())
+            and int(idx.max()) < sae.n_latents and bool(np.isfinite(val).all()))
+
+
 @dataclass
 class FeatureReport:
     latent: int
@@ -610,4 +622,4 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
                        *([] if steer is None else steer.key()))
     return cache.load_or_compute(cache.entry("sae", key), cache.load_arrays, compute,
                                  cache.store_arrays,
-                                 lambda e: set(e) == {"ids", "idx", "val"})
+                                 lambda e: valid_codes(e, sae, model.config, windows))

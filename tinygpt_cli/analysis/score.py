@@ -194,7 +194,10 @@ class Totals:
 
     @property
     def perplexity(self) -> float:
-        return math.exp(self.mean_nats) if self.tokens else float("nan")
+        if not self.tokens:
+            return float("nan")
+        # past e**709 a float overflows: a model that sure of being wrong has no finite one
+        return math.exp(self.mean_nats) if self.mean_nats < 709 else float("inf")
 
     @property
     def bits_per_token(self) -> float:

@@ -290,20 +290,40 @@ def data_key(files, tokenizer_file) -> str:
     return key_of("why-index-v2", *(sha256(f) for f in files), sha256(tokenizer_file))
 
 
+def valid_index(z: dict, n_files: int, vocab_size: int) -> bool:
+    """What load_index writes: a token stream, its suffix array (a permutation of its
+    positions), the files' names and token counts. A damaged or hand-made entry fails here
+    and is built again, rather than failing, or silently ranking nothing, on every run."""
+    if set(z) != {"stream", "sa", "files", "lengths"}:
+        return False
+    stream, sa, lengths = z["stream"], z["sa"], z["lengths"]
+    if not (stream.ndim == sa.ndim == lengths.ndim == 1 and len(sa) == len(stream) > 0
+            and np.issubdtype(stream.dtype, np.integer) and np.issubdtype(sa.dtype, np.integer)
+            and np.issubdtype(lengths.dtype, np.integer) and len(lengths) == n_files
+            and z["files"].shape == (n_files,) and int(lengths.sum()) == len(stream)):
+        return False
+    if int(stream.min()) < 0 or int(stream.max()) >= vocab_size:
+        return False
+    if int(sa.min()) < 0 or int(sa.max()) >= len(sa):
+        return False
+    return bool((np.bincount(sa, minlength=len(sa)) == 1).all())  # each position once
+
+
 def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
     """The cached index of these files' tokens, built (with progress bars) when missing."""
     import io
 
     from ..cache import entry
+    from ..cache import load as load_arrays
     from ..corpus import encode_stories, read_stories
     from ..files import write_atomically
 
     key = data_key(files, tokenizer_file)
     path = entry("why-index", key)
-    if path.is_file():
-        with np.load(path) as z:
-            return Index(z["stream"], z["sa"].astype(np.int64), key,
-                         [str(n) for n in z["files"]], z["lengths"])
+    found = load_arrays(path, lambda z: valid_index(z, len(files), tokenizer.vocab_size))
+    if found is not None:
+        return Index(found["stream"], found["sa"].astype(np.int64), key,
+                     [str(n) for n in found["files"]], found["lengths"])
     with bar(len(files), "reading the training text") as advance:
         parts = []
         for f in files:

@@ -196,6 +196,34 @@ class TracinIndex:
             {"version": VERSION, "windows": self.n_windows, "snapshots": S}) + "\n").encode())
         stream_file.unlink(missing_ok=True)
 
+    def drop_damaged(self) -> None:
+        """Files of a built index that no longer read as written (truncated, replaced by
+        hand, another shape) are removed with index.json, so build() computes just them
+        again: a damaged cache entry is rebuilt, never a failure on every later query."""
+        if not self.complete:
+            return
+        bad = [f for s in range(len(self.snapshot_files)) for f in self._files(s)
+               if not self._reads(f)]
+        if bad:
+            (self.folder / "index.json").unlink(missing_ok=True)
+            for f in bad:
+                f.unlink(missing_ok=True)
+
+    def _files(self, s: int) -> list[Path]:
+        return [self.folder / f"projection-{s}.npz",
+                *(self.folder / f"{n}-{s}.npy" for n in ARRAYS)]
+
+    def _reads(self, f: Path) -> bool:
+        """Only the headers are read: a query reads the arrays whole anyway."""
+        try:
+            if f.suffix == ".npz":
+                with np.load(f) as z:
+                    return any(k.startswith("left/") for k in z.files)
+            a = np.load(f, mmap_mode="r")
+            return a.dtype == np.uint16 and a.ndim >= 1 and a.shape[0] == self.n_windows
+        except Exception:  # noqa: BLE001 - whatever a damaged file raises
+            return False
+
     def _whole(self, s: int) -> bool:
         return all((self.folder / f"{n}-{s}.npy").is_file()
                    for n in ARRAYS)
@@ -292,4 +320,6 @@ def open_index(data_key: str, snapshot_files: list[Path], config: Config,
     from ..cache import entry
 
     key = index_key(data_key, snapshot_files, config)
-    return TracinIndex(entry("why-tracin", key, suffix=""), n_windows, list(snapshot_files))
+    index = TracinIndex(entry("why-tracin", key, suffix=""), n_windows, list(snapshot_files))
+    index.drop_damaged()
+    return index

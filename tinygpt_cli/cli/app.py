@@ -137,25 +137,35 @@ def _too_many_digits(e: Exception) -> bool:
     return type(e) is ValueError and "integer string conversion" in str(e)
 
 
-def _could_be_text(args: list[str]) -> bool:
-    """A word that click read as options but looks like a text: `-hello`, `-5 degrees`
-    (a mistyped single letter such as `-x` is only an unknown option)."""
+def _text_like(args: list[str]) -> str | None:
+    """The first word that click read as options but looks like a text: `-hello`,
+    `-5 degrees` (a mistyped single letter such as `-x` is only an unknown option)."""
     words = args[: args.index("--")] if "--" in args else args
-    return any(w.startswith("-") and not w.startswith("--") and (len(w) > 2 or " " in w)
-               for w in words)
+    return next((w for w in words if w.startswith("-") and not w.startswith("--")
+                 and (len(w) > 2 or " " in w)), None)
 
 
 def _hint(e, args: list[str] = ()) -> str:
-    see = f"see 'tinygpt {e.ctx.info_name} --help'" if e.ctx and e.ctx.parent else \
-        "see 'tinygpt --help'"
+    # the whole command path: `tinygpt sae train`, not `tinygpt train`
+    command = " ".join(["tinygpt", *_names(e.ctx)[1:]]) if e.ctx and e.ctx.parent else None
+    see = f"see '{command or 'tinygpt'} --help'"
     name = getattr(e, "option_name", "") or ""
+    text = _text_like(list(args))
     if isinstance(e, click_errors.NoSuchOption) and not re.fullmatch(r"--[A-Za-z][\w-]*", name) \
-            and _could_be_text(list(args)):
+            and text is not None:
         # `tinygpt encode -hello` reads as options; the text itself goes after `--`.
         # (`--layr` is a misspelt option: click's "Possible options" is the help it needs.)
-        command = e.ctx.info_name if e.ctx and e.ctx.parent else "COMMAND"
-        return f" ({see}; a text that starts with '-' goes after '--': tinygpt {command} -- -hello)"
+        import shlex
+
+        shown = f"{command or 'tinygpt COMMAND'} -- {shlex.quote(text)}"
+        return f" ({see}; a text that starts with '-' goes after '--': {shown})"
     return f" ({see})"
+
+
+def _names(ctx) -> list[str]:
+    """The command names from the root down to ctx (click's own command_path spells the
+    root by how it was run: python -m, a script path)."""
+    return [*(_names(ctx.parent) if ctx.parent else []), ctx.info_name or ""]
 
 
 def main(argv: list[str] | None = None) -> None:

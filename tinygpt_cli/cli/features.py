@@ -64,14 +64,15 @@ def sae_train(
                               "the last used (default: the project's data).", show_default=False),
     out: Path = typer.Option(None, "--out", help="Where to write the SAE (default: the weights "
                              "folder's sae/SITE.safetensors).", show_default=False),
-    latents: int = typer.Option(1024, "--latents", "-m", min=1, help="Number of latents."),
-    k: int = typer.Option(16, "-k", min=1, help="Latents active per token."),
+    latents: int = typer.Option(1024, "--latents", min=1, help="Number of latents."),
+    k: int = typer.Option(16, "--k", min=1, help="Latents active per token (TopK's k)."),
     steps: int = typer.Option(2500, "--steps", min=1, help="Adam steps."),
     batch: int = typer.Option(1024, "--batch", min=1, help="Tokens per step."),
     lr: float = typer.Option(8e-4, "--lr", min=0.0, help="Adam's learning rate."),
     windows: int = typer.Option(1000, "--windows", min=1, help="Windows of training text "
                                 "whose values are the training set."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the initialisation and the batches."),
+    seed: int = typer.Option(0, "--seed", "-s", help="Seed of the initialisation and the "
+                             "batches."),
     as_json: bool = JSON,
 ):
     """Train a TopK sparse autoencoder on a site's values over the training text.
@@ -82,7 +83,7 @@ def sae_train(
     on the steered run's values, written only to --out FILE, whose metadata says so.
 
     Example: tinygpt sae train --site layers.1.resid_post
-    Example: tinygpt sae train --site layers.2.mlp_out --latents 2048 -k 32
+    Example: tinygpt sae train --site layers.2.mlp_out --latents 2048 --k 32
     """
     from ..analysis import sae as S
     from ..corpus import data_windows, training_files
@@ -94,7 +95,7 @@ def sae_train(
     site = S.check_site(site, model.config)
     hooks, changes = steered(model)
     if k > latents:
-        raise InputError(f"-k {k} is more than the {latents} latents")
+        raise InputError(f"--k {k} is more than the {latents} latents")
     out = S.sae_file(model.weights_file, out, site)
     x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
                            windows)

@@ -128,7 +128,6 @@ def generate(
     import numpy as np
 
     from ..generate import generate as generate_tokens
-    from ..hooks import ablation
     from ..render import generation
     from ..render.text import count
     from ..sampling import check_temperature, create_rng
@@ -137,7 +136,12 @@ def generate(
     check_top_p(top_p)
     check_temperature(temperature)  # before the seed line: an error is the only line
     model = load(weights)
-    hooks = steered_hooks(model, ablation(ablate, model.config) if ablate else None)
+    ablated, zeroed = [], None
+    if ablate:  # loaded only then: generation starts light
+        from ..analysis.ablate import zeroing
+
+        ablated, zeroed = zeroing(model, list(ablate))
+    hooks = steered_hooks(model, zeroed)
     prompt = read_text(text)
     ids = encode_checked(model, prompt)
     chosen, seed = seed, int(np.random.SeedSequence().entropy % 2**31) if seed is None else seed
@@ -150,11 +154,13 @@ def generate(
         stderr().print(f"seed {seed} (pass --seed {seed} to get the same text again)",
                        style="dim")
     if as_json:
-        generation.write_json(tok, prompt, ids, steps, seed, no_stop)
+        generation.write_json(tok, prompt, ids, steps, seed, no_stop, ablated)
         return
     new, stopped = generation.write_text(stdout(), tok, prompt, steps, no_stop)
     why = "<|endoftext|>" if stopped else f"--max-new-tokens {max_new_tokens}"
     stderr().print(f"({count(new, 'new token')}; stopped at {why})", style="dim")
+    if ablated:  # no view header to say it in: said last, as the steering line is
+        stderr().print(generation.ablated_line(ablated), style="bold yellow", soft_wrap=True)
 
 
 @app.command("trace")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..words import count
 from .figure import Bars, Facts, Figure, Heatmap, Note, Row, Table, token_labels
 from .text import show_token
 
@@ -197,7 +198,8 @@ def score_figure(report, token_str: list[str]) -> Figure:
                              title=f"text {k}" if len(drawn) > 1 else "surprisal"))
     more = len(report.sequences) - len(report.drawn)
     if more:
-        parts.append(Note(f"{more:,} more text(s) scored but not drawn", "dim"))
+        parts.append(Note(f"{count(more, 'more text')} scored but not drawn",
+                          "dim"))
     if report.worst:
         o = report.offset
         parts.append(Bars([f"{show_token(token_str[int(report.sequences[i][o + p])])} @{p}"

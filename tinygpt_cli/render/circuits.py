@@ -12,6 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..schema import head_name, mlp_name
 from .explain import Bar, note
 from .figure import Bars, Figure, Heatmap, Note
 from .figure import Table as FigureTable
@@ -81,10 +82,10 @@ def node_picture(r, kept: int, n_layer: int, n_head: int) -> Table:
     for i in range(n_layer):
         cells = []
         for h in range(n_head):
-            counts = [len(ins.get(f"a{i}.h{h}.{p}", [])) for p in "qkv"]
+            counts = [len(ins.get(f"{head_name(i, h)}.{p}", [])) for p in "qkv"]
             cells.append(Text("/".join(map(str, counts)) if any(counts) else "·",
                               style="bold" if any(counts) else "dim"))
-        m = len(ins.get(f"m{i}", []))
+        m = len(ins.get(mlp_name(i), []))
         cells.append(Text(str(m) if m else "·", style="bold" if m else "dim"))
         table.add_row(f"block {i}", *cells)
     table.add_row("logits", Text(str(len(ins.get("logits", []))), style="bold"))

@@ -8,6 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..words import count
 from . import jsonout
 from .text import escape_line, show_token
 from .texts import window_line
@@ -192,7 +193,7 @@ def text_view(r, tokens: list[str], tokenizer) -> Group:
     acts = np.asarray(r.acts, dtype=np.float64)
     fired = int((acts > 0).sum())
     peak = int(acts.argmax())
-    head = f"latent {r.latent} on {r.site} over {len(tokens)} tokens: fires on {fired}"
+    head = f"latent {r.latent} on {r.site} over {count(len(tokens), 'token')}: fires on {fired}"
     if fired:
         head += f", strongest {acts[peak]:.3f} at {peak} {show_token(tokens[peak])}"
     lines = [Text(head, style="bold cyan")]
@@ -223,7 +224,7 @@ def text_figure(r, tokens: list[str], tokenizer):
     labels = token_labels(tokens)
     path = f"sae.{r.site}.{r.latent}"
     parts: list = [Facts([("site", r.site), ("k", str(r.k)),
-                          ("fires on", f"{len(on)} of {len(tokens)} tokens")]),
+                          ("fires on", f"{len(on)} of {count(len(tokens), 'token')}")]),
                    Highlight(tokens, acts, title="its value at each token", path=path)]
     if on:
         parts.append(Bars([f"{i} {labels[i]}" for i in on[:20]], [float(acts[i]) for i in on[:20]],

@@ -7,17 +7,24 @@ import numpy as np
 from rich.text import Text
 
 from . import jsonout
-from .text import show_text
+from .text import escape_line, show_text
 
 
 def _stopped(new: list[int], eot: int, no_stop: bool) -> bool:
     return bool(new) and new[-1] == eot and not no_stop
 
 
-def write_json(tok, prompt: str, ids: list[int], steps, seed: int, no_stop: bool) -> None:
-    # the context once; each token line then carries only its own token
+def ablated_line(ablated: list[str]) -> str:
+    return "ablated (set to zero) at every step: " + escape_line(", ".join(ablated))
+
+
+def write_json(tok, prompt: str, ids: list[int], steps, seed: int, no_stop: bool,
+               ablated: list[str] = ()) -> None:
+    # the context once, with what the run changed; each token line then carries only its token
+    changed = {"ablated": list(ablated)} if ablated else {}
     jsonout.emit(jsonout.document(None, np.asarray(ids, dtype=np.int64), ids,
-                                  [tok.token_str(t) for t in ids], event="prompt", text=prompt))
+                                  [tok.token_str(t) for t in ids], event="prompt", text=prompt,
+                                  **changed))
     new: list[int] = []
     for i, step in enumerate(steps):
         new.append(step.id)

@@ -174,11 +174,12 @@ def windows_table(rows: list[dict]) -> Group:
 def why_view(result, tokens_of) -> Group:
     """`why` for a person: the exact matches, then the top windows."""
     from ..render.text import show_token
+    from ..words import count
 
     found = result.influence
     note = (f"target {show_token(result.target_token)} (id {result.target}); the last "
-            f"{result.longest} tokens of the text occur verbatim in the training text, the "
-            f"last {result.longest_then} followed by the target")
+            f"{count(result.longest, 'token')} of the text occur verbatim in the training "
+            f"text, the last {result.longest_then} followed by the target")
     return Group(
         Text("exact matches in the training text", style="bold"),
         Text(note, style="dim"),

@@ -10,6 +10,7 @@ from rich.padding import Padding
 from rich.panel import Panel
 from rich.text import Text
 
+from ..words import count
 from .tables import fmt, shape_str
 from .text import show_text, show_token
 
@@ -106,7 +107,7 @@ def map_view(r, stages: list[tuple[str, str, str]], picked: int):
     def box(stage: str, op: str) -> Text:
         return Text.assemble(("  ▣ ", "dim"), (f"{stage:<19}", "bold"), (op, ""))
 
-    head = [Text.assemble(("  ", ""), (repr(r.text), "bold green")), _arrow(f"{r.T} tokens")]
+    head = [Text.assemble(("  ", ""), (repr(r.text), "bold green")), _arrow(count(r.T, "token"))]
     for s, o, sh in stages[:3]:
         head += [box(s, o), _arrow(sh)]
     inner: list[Text] = []

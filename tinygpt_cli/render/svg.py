@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..words import count
 from .figure import (
     Bars,
     Facts,
@@ -244,7 +245,8 @@ def highlight(h: Highlight, max_width: float = 720) -> Block:
     hi = hi if hi > 0 else 1.0
     fills = ramps(_HIGHLIGHT, np.clip(vals, 0.0, None) / hi).tolist()
     exact_vals = exacts(raw.reshape(-1)).tolist()
-    info = f"{h.path + '  ' if h.path else ''}{len(h.tokens)} tokens  range [0, {fmt(hi)}]"
+    info = (f"{h.path + '  ' if h.path else ''}{count(len(h.tokens), 'token')}  "
+            f"range [0, {fmt(hi)}]")
     out, top = heading(h.title, info)
     x, y, pad, w = 0.0, top, 2.0, 0.0
     for i, token in enumerate(h.tokens):

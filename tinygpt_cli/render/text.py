@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 
+from ..words import count  # noqa: F401 - said here too: the views import it from here
+
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 # Bidirectional embeddings, overrides and isolates: invisible, yet they make a terminal show
 # the rest of the line in another order than it is (the "Trojan Source" trick). The marks
@@ -14,12 +16,9 @@ _BIDI = frozenset("".join(map(chr, range(0x202A, 0x202F))) + "".join(map(chr, ra
 
 
 def _escaped(ch: str) -> str:
+    if 0xDC80 <= ord(ch) <= 0xDCFF:  # a byte of a file name that is not UTF-8, as Python
+        return f"\\x{ord(ch) - 0xDC00:02x}"  # keeps it (surrogateescape): the byte itself
     return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
-
-
-def count(n: int, noun: str) -> str:
-    """'1 token', '6 tokens', '4,096 tokens'."""
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def show_token(token: str) -> str:
@@ -48,7 +47,7 @@ def row_label(i: int, token: str, width: int = 14) -> str:
 
 
 def _is_control(ch: str) -> bool:
-    return ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or ch in _BIDI
+    return ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or ch in _BIDI or 0xD800 <= ord(ch) < 0xE000
 
 
 def escape_line(text: str) -> str:

@@ -8,6 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..words import count
 from .quick_table import QuickTable
 from .tables import Fields, WhenStyled, colour, fmt
 from .text import show_text, show_token
@@ -188,6 +189,19 @@ def decoded_context(tok, ids) -> str:
     return b"".join(tok.token_bytes(int(i)) for i in ids).decode("utf-8", errors="ignore")
 
 
+def decoded_pieces(tok, ids) -> list[str]:
+    """Each token's text as it reads: a character whose bytes span several tokens (an
+    accent, an emoji) is given whole to the token that completes it, the others an empty
+    piece, so the text shows as text and never as byte escapes."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pieces = [decoder.decode(tok.token_bytes(int(i))) for i in ids]
+    if pieces:
+        pieces[-1] += decoder.decode(b"", final=True)  # a character cut off at the end
+    return pieces
+
+
 def score_view(report, token_str: list[str], tok) -> Group:
     """score's terminal view of a ScoreReport (analysis.score): the totals, the text coloured
     by surprisal when it is shown, and the most surprising tokens with their context."""
@@ -195,14 +209,15 @@ def score_view(report, token_str: list[str], tok) -> Group:
 
     summary, offset = report.summary, report.offset
     parts: list = [totals_line(summary),
-                   Text(f"{summary['sequences']:,} text(s), {report.n_windows:,} window(s) of "
+                   Text(f"{count(summary['sequences'], 'text')}, "
+                        f"{count(report.n_windows, 'window')} of "
                         f"at most {summary['context']} tokens, stride {summary['stride']}"
                         + ("; one stream, as the model card counts" if summary["stream"]
                            else ""), style="dim")]
     if report.shown is not None:
         parts += [Text(""), legend()]
         for seq, s in zip(report.sequences, report.shown, strict=True):
-            pieces = [token_str[int(i)] for i in seq]
+            pieces = decoded_pieces(tok, seq)
             bits = [None] + [float(b) for b in s.bits] + [None] * (len(seq) - 1 - len(s.bits))
             parts.append(coloured_text(pieces[offset:], bits[offset:]))
     else:
@@ -294,7 +309,7 @@ def heads_view(r) -> Group:
     notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} {b[0]}.{b[1]} ({table[k][b]:.2f})"
                                       for k, b in best.items()), style="dim")
     return Group(
-        Text(f"heads  {r.n_layer} layers × {r.n_head} heads  on {r.texts} text(s) from "
+        Text(f"heads  {r.n_layer} layers × {r.n_head} heads  on {count(r.texts, 'text')} from "
              f"{escape_line(r.source)}", style="bold cyan"),
         layer_head_table(table, KIND_LABELS), notes,
         Text(f"random tokens ({rep['batch']} × {rep['length']}, seed {rep['seed']}) repeated: "
