@@ -111,6 +111,37 @@ def test_means_are_the_steered_runs(cli, tiny, hf, data, tmp_path):
     assert "steered" not in metadata(tmp_path / "p.safetensors")
 
 
+def test_a_steered_mean_ablation_puts_in_the_steered_models_means(cli, tiny, hf, data):
+    """ablate --mode mean under steering: the head's output replaced by its mean over the
+    held-out text in the steered model (transformers, the same pre-hook), not the unsteered
+    mean."""
+    torch, model, v = hf
+    text = "Lily wanted to play with her"
+    r = cli("ablate", text, "-l", "1", "-H", "1", "--mode", "mean", "--data", data, *STEERED,
+            "--json")  # block 1: the steering is added to its input
+    assert r.code == 0, r.err
+    says_steered(r.json())
+    windows, _ = eval_windows(encode_stories(read_stories([data / "part-005.txt"]),
+                                             tiny.model.tokenizer).ids, 128)
+    proj = model.transformer.h[1].attn.c_proj
+    seen, _ = captured(torch, model, windows, {"z": proj}, v=v, pre={"z"})
+    d_k = tiny.model.config.d_k
+    mean = torch.tensor(seen["z"][..., d_k:2 * d_k].mean((0, 1)), dtype=torch.float32)
+
+    def put_mean(mod, args):
+        z = args[0].clone()
+        z[..., d_k:2 * d_k] = mean
+        return (z,)
+
+    handle = proj.register_forward_pre_hook(put_mean)
+    try:
+        _, logp = captured(torch, model, [tiny.model.tokenizer.encode(text)], {}, v=v)
+    finally:
+        handle.remove()
+    row = r.json()["components"][0]
+    assert row["logp_after"] == pytest.approx(logp[0, -1, r.json()["target"]["id"]], abs=1e-4)
+
+
 # ------------------------------------------------------------------ sae eval and train
 
 

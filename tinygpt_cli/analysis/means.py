@@ -132,12 +132,14 @@ def means_over(model, data: Path | None, weights_sha: str, bar, steer=None):
         lambda path, found: cache.keep(path, means_bytes(*found)))
 
 
-def ablation_means(model, data: Path | None, bar) -> dict[str, np.ndarray]:
+def ablation_means(model, data: Path | None, bar, steer=None) -> dict[str, np.ndarray]:
     """The means for --mode mean: over --data's validation text, or the ones stored beside
-    the weights."""
+    the weights. A steered run is ablated with the steered model's own means (over --data,
+    or the validation text the weights record; computed once and cached): the stored ones
+    are the unsteered model's, and putting them in would undo part of the steering."""
     from ..files import sha256
 
     weights_sha = sha256(model.weights_file)
-    if data is None:
+    if data is None and steer is None:
         return load_means(model.folder / FILE, model.config, weights_sha)[0]
-    return means_over(model, data, weights_sha, bar)[0]
+    return means_over(model, data, weights_sha, bar, steer)[0]

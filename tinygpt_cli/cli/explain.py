@@ -172,7 +172,7 @@ def ablate(
     p = s.position(position)
     components = ablation.components(s, layer, head, mlp, every)
     edit = ablation.replacements(s, components, mode, source, data is not None,
-                                 lambda: ablation_means(s.model, data, bar(as_json)))
+                                 lambda: ablation_means(s.model, data, bar(as_json), s.steering))
     r = ablation.ablation_report(s, components, edit, p, target, top, mode=mode, every=every)
     if save is not None:
         from ..render.analysis_pictures import ablation_figure
