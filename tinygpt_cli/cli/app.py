@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import inspect
 import os
 import re
@@ -13,8 +12,8 @@ from pathlib import Path
 import typer
 
 from .. import streams
-from ..exits import FAULT, INTERRUPTED, OK, USAGE, fresh_line
-from ..render.text import escape_line, examples_block
+from ..exits import INTERRUPTED, OK, USAGE, error, failed, fresh_line
+from ..render.text import examples_block
 from .typer_tricks import click_command, click_errors, plain_type_names, quick_coercion
 from .typer_tricks import command_name as _command_name
 
@@ -121,22 +120,6 @@ def _register(name: str | None = None) -> None:
             command.help = examples_block(doc)
 
 
-def _error(message: str, code: int) -> int:
-    message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
-    try:
-        sys.stderr.write(f"error: {escape_line(message)}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass  # stderr is gone too: the exit code is all that is left
-    return code
-
-
-def _too_many_digits(e: Exception) -> bool:
-    """Python's own refusal to read an integer string of over 4,300 digits (a guard against
-    slow conversions), raised as a plain ValueError by int() wherever the tool reads one."""
-    return type(e) is ValueError and "integer string conversion" in str(e)
-
-
 def _could_be_text(args: list[str]) -> bool:
     """A word that click read as options but looks like a text: `-hello`, `-5 degrees`
     (a mistyped single letter such as `-x` is only an unknown option)."""
@@ -167,7 +150,6 @@ def main(argv: list[str] | None = None) -> None:
     args = [a for i, a in enumerate(args) if a != "--debug" or i > end]
     try:
         # cheap imports only: NumPy, Rich and the model wait for the command that needs them
-        from ..errors import InputError, WeightsError  # PathError is an InputError
         from . import batch
 
         name = _chosen(args)
@@ -200,40 +182,13 @@ def main(argv: list[str] | None = None) -> None:
     except click_errors.UsageError as e:
         if debug:
             raise
-        code = _error(e.format_message() + _hint(e, args), USAGE)
-    except InputError as e:
-        if debug:
-            raise
-        code = _error(str(e), USAGE)
-    except WeightsError as e:
-        if debug:
-            raise
-        code = _error(str(e), FAULT)
+        code = error(e.format_message() + _hint(e, args), USAGE)
     except typer.Abort:
         fresh_line()
         code = INTERRUPTED
     except KeyboardInterrupt:
         fresh_line()
         code = INTERRUPTED
-    except BrokenPipeError:
-        code = streams.reader_gone()
-    except OSError as e:
-        if e.errno == errno.EPIPE:
-            code = streams.reader_gone()
-        elif debug:
-            raise
-        elif not e.filename and streams.stdout_failed():  # `> /dev/full`
-            code = _error(f"cannot write to standard output: {e.strerror or e}", 1)
-        else:
-            where = f": {e.filename}" if e.filename else ""
-            code = _error(f"{e.strerror or e}{where}", FAULT)
     except Exception as e:  # noqa: BLE001 - the contract: no traceback without --debug
-        if debug:
-            raise
-        if _too_many_digits(e):  # wherever a number is read: an option, a path, an id
-            code = _error("a number of more than 4,300 digits: no option, index or token id "
-                          "is anywhere near that large", USAGE)
-        else:
-            code = _error(f"{type(e).__name__}: {e} (run again with --debug for the "
-                          "traceback)", FAULT)
+        code = failed(e, debug)
     streams.finish(code if isinstance(code, int) else 0)
