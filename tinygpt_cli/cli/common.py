@@ -13,6 +13,7 @@ from ..render.output import (
     at_least,
     check_save,
     picture_format,
+    present,
     save_figure,
     set_changed,
     set_quiet,
@@ -32,8 +33,8 @@ if TYPE_CHECKING:
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
 __all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "at_least", "bar", "check_index",
-           "check_save", "check_top_p", "encode_checked", "load", "open_folder", "open_session",
-           "progress", "progress_report", "read_text", "run", "save_figure",
+           "check_save", "encode_checked", "figures", "load", "open_folder", "open_session",
+           "present", "progress", "progress_report", "read_text", "run", "save_figure",
            "set_default_weights", "show_view", "stderr", "stdout", "wide"]
 
 
@@ -152,9 +153,12 @@ def bar(as_json: bool):
                                                enabled=not as_json, pipe_every=5)
 
 
-def check_top_p(top_p: float) -> None:
-    if not 0 < top_p <= 1:  # written so that NaN fails too
-        raise InputError(f"--top-p must be in (0, 1], got {top_p!r}")
+def figures(module: str = "analysis_pictures"):
+    """A picture module of render/ (figure, pictures, analysis_pictures), imported only when
+    --save asks for a picture (present's figure= calls it)."""
+    import importlib
+
+    return importlib.import_module(f"..render.{module}", __package__)
 
 
 _default_weights: Path | None = None

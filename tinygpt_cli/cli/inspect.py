@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -19,15 +18,15 @@ from .common import (
     TOP_P,
     WEIGHTS,
     InputError,
-    check_top_p,
     encode_checked,
     load,
     open_folder,
+    present,
     read_text,
     run,
-    show_view,
     stderr,
     stdout,
+    wide,
 )
 
 # NumPy, Rich and the model are imported inside the commands: registering them (and
@@ -59,18 +58,6 @@ def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
                                model.config))
 
 
-def _parse_ids(args: list[str]) -> list[int]:
-    ids = []
-    for a in args:
-        for part in re.split(r"[\s,\[\]]+", a):
-            if not part:
-                continue
-            if not re.fullmatch(r"-?\d+", part):
-                raise InputError(f"{part!r} is not a token id: ids are whole numbers")
-            ids.append(int(part))
-    return ids
-
-
 @app.command()
 def decode(
     ids: list[str] = typer.Argument(None, metavar="IDS", help="Token ids (spaces or commas); "
@@ -83,17 +70,11 @@ def decode(
     Example: tinygpt decode 608 429 267 346 336 314
     """
     from ..render.text import show_text
+    from ..tokenizer import parse_ids
 
     model = open_folder(weights)
-    if not ids or ids == ["-"]:
-        ids = [read_text(None)]
-    id_list = _parse_ids(ids)
-    if not id_list:
-        raise InputError("no token ids given")
-    n = model.tokenizer.vocab_size
-    for i in id_list:
-        if not 0 <= i < n:
-            raise InputError(f"unknown token id {i}: ids run from 0 to {n - 1}")
+    id_list = parse_ids(ids if ids and ids != ["-"] else [read_text(None)],
+                        model.tokenizer.vocab_size)
     text = model.tokenizer.decode(id_list)
     if as_json:
         from ..render import jsonout
@@ -131,7 +112,7 @@ def generate(
     from ..hooks import ablation
     from ..render import generation
     from ..render.text import count
-    from ..sampling import check_temperature, create_rng
+    from ..sampling import check_temperature, check_top_p, create_rng
     from .steering import steered_hooks
 
     check_top_p(top_p)
@@ -172,7 +153,6 @@ def trace_cmd(
     """
     import numpy as np
 
-    from ..render import jsonout
     from ..render.documents import traced_document
     from ..render.tables import paths_table, traced_view
 
@@ -184,28 +164,15 @@ def trace_cmd(
     r = run(weights, text, ablate)
     if list_paths:
         entries = r.trace.entries()
-        if as_json:
-            jsonout.emit(r.document(None, np.asarray([e["path"] for e in entries]),
-                                    name="paths", entries=entries))
-            return
-        stdout().print(paths_table(entries))
-        return
+        return present(as_json, lambda: r.document(None, np.asarray([e["path"] for e in entries]),
+                                                   name="paths", entries=entries),
+                       lambda: paths_table(entries))
     value = r.trace.get(path)
     name, rows = r.trace.canonical(path)
     shown = name + "".join(f"[{i}]" for i in rows)
-    if as_json:
-        jsonout.emit(traced_document(r, shown, value))
-        return
-    view = traced_view(shown, value, rows, r.tokens, full)
-    show_view(view, full and isinstance(value, np.ndarray))
-
-
-def _as_typed(path: Path) -> str:
-    """A path below the current folder as the user would type it; others in full."""
-    try:
-        return str(path.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
+    present(as_json, lambda: traced_document(r, shown, value),
+            lambda: traced_view(shown, value, rows, r.tokens, full),
+            console=lambda view: wide(view) if full and isinstance(value, np.ndarray) else stdout())
 
 
 @app.command()
@@ -215,12 +182,8 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
     Example: tinygpt info
     """
     from ..analysis.info import model_info
-    from ..render import jsonout
     from ..render.documents import info_document
     from ..render.tables import info_view
 
     info = model_info(load(weights))
-    if as_json:
-        jsonout.emit(info_document(info))
-        return
-    stdout().print(info_view(info, _as_typed(info.weights_file)))
+    present(as_json, lambda: info_document(info), lambda: info_view(info))

@@ -145,3 +145,21 @@ def at_least(width: int):
     costs as much as printing it."""
     out = stdout()
     return stdout(width=width) if width > out.width else out
+
+
+def present(as_json: bool, document, view, *, figure=None, save: Path | None = None,
+            force: bool = False, console=None) -> None:
+    """A command's result, out: its picture first (--save: a refusal is then the only
+    output), then one JSON document on stdout, or the terminal view. `document`, `view` and
+    `figure` are functions of nothing, called only for the output asked for, so a view's
+    Rich and a picture's modules load only then. `console(view)`: the console a view that
+    may be wide is printed on (default: stdout())."""
+    if save is not None and figure is not None:
+        save_figure(figure(), save, force)
+    if as_json:
+        from .jsonout import emit
+
+        emit(document())
+        return
+    shown = view()
+    (console(shown) if console is not None else stdout()).print(shown)
