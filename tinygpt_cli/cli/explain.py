@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from ..render.text import count, escape_line
+from ..render.text import escape_line
 from .app import app
 from .common import (
     FORCE,
@@ -26,11 +26,12 @@ from .common import (
     InputError,
     at_least,
     bar,
+    figures,
     load,
     open_session,
+    present,
     progress,
     read_text,
-    save_figure,
     stderr,
     stdout,
 )
@@ -75,7 +76,6 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     from ..analysis.lens import lens_report
     from ..render import explain as view
     from ..render.documents import lens_document
-    from ..render.jsonout import emit
     from .features import tuned_lens_work
 
     if fit or evaluate:
@@ -86,14 +86,9 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     s = open_session(weights, text)
     tuned = tl.check_kind(kind) == "tuned"
     r = lens_report(s, position, target, tl.tuned_reader(s, lens_file) if tuned else None)
-    if save is not None:
-        from ..render.analysis_pictures import lens_figure
-
-        save_figure(lens_figure(r), save, force)
-    if as_json:
-        emit(lens_document(s, r, {"target": target, "position": position}))
-        return
-    stdout().print(view.lens_view(r))  # the grid drops middle stages behind `…` to fit the width
+    present(as_json, lambda: lens_document(s, r, {"target": target, "position": position}),
+            lambda: view.lens_view(r),  # the grid drops middle stages behind `…` to fit
+            figure=lambda: figures().lens_figure(r), save=save, force=force)
 
 
 # ------------------------------------------------------------------ direct logit attribution
@@ -119,19 +114,13 @@ def dla(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, vs: str
     from ..analysis.dla import dla_report
     from ..render import explain as view
     from ..render.documents import dla_document
-    from ..render.jsonout import emit
 
     s = open_session(weights, text)
     r = dla_report(s, position, target, vs, NEURONS if neurons else 0)
-    if save is not None:
-        from ..render.analysis_pictures import dla_figure
-
-        save_figure(dla_figure(r, top), save, force)
-    if as_json:
-        emit(dla_document(s, r, {"target": target, "vs": vs, "position": position,
-                                 "neurons": neurons}))
-        return
-    stdout().print(view.dla_view(r, top))
+    present(as_json, lambda: dla_document(s, r, {"target": target, "vs": vs,
+                                                 "position": position, "neurons": neurons}),
+            lambda: view.dla_view(r, top), figure=lambda: figures().dla_figure(r, top),
+            save=save, force=force)
 
 
 # ------------------------------------------------------------------ ablation
@@ -167,7 +156,6 @@ def ablate(
     from ..analysis.means import ablation_means
     from ..render import explain as view
     from ..render.documents import ablation_document
-    from ..render.jsonout import emit
 
     s = open_session(weights, text)
     p = s.position(position)
@@ -175,17 +163,12 @@ def ablate(
     edit = ablation.replacements(s, components, mode, source, data is not None,
                                  lambda: ablation_means(s.model, data, bar(as_json)))
     r = ablation.ablation_report(s, components, edit, p, target, top, mode=mode, every=every)
-    if save is not None:
-        from ..render.analysis_pictures import ablation_figure
-
-        save_figure(ablation_figure(r, s.config.n_layer, s.config.n_head), save, force)
-    if as_json:
-        options = {"target": target, "position": position, "layer": layer, "head": head,
-                   "mlp": mlp, "all": every, "mode": mode, "from": source,
-                   "data": str(data) if data else None}
-        emit(ablation_document(s, r, options))
-        return
-    stdout().print(view.ablation_view(r))
+    options = {"target": target, "position": position, "layer": layer, "head": head,
+               "mlp": mlp, "all": every, "mode": mode, "from": source,
+               "data": str(data) if data else None}
+    present(as_json, lambda: ablation_document(s, r, options), lambda: view.ablation_view(r),
+            figure=lambda: figures().ablation_figure(r, s.config.n_layer, s.config.n_head),
+            save=save, force=force)
 
 
 @app.command()
@@ -263,32 +246,21 @@ def patch(
     from ..analysis import patch as patching
     from ..render import explain as view
     from ..render.documents import patch_document
-    from ..render.jsonout import emit
 
-    if method not in ("activation", "atp"):
-        raise InputError(f"unknown --method {method!r}: use activation or atp")
+    patching.check_method(method)
     s = open_session(weights, clean)
     c = s.reopen(read_text(corrupt))
-    if c.T != s.T:
-        raise InputError(f"the clean text is {count(s.T, 'token')} and the corrupt text {c.T}: "
-                         "patching copies values position by position, so they must have the "
-                         "same number of tokens")
     q, note = patching.patch_question(s, c, s.position(position), target, vs)
     if note:
         stderr().print(note, style="dim")
     runs = patching.patch_count(s.config, q.position)
     with progress(runs, f"patching ({runs} runs)", enabled=not as_json and runs > 500) as step:
         r = patching.patch_report(s, c, q, method, step)
-    if save is not None:
-        from ..render.analysis_pictures import patch_figure
-
-        save_figure(patch_figure(r), save, force)
-    if as_json:
-        emit(patch_document(s, c, r, list(patching.STREAM), {
-            "target": target, "vs": vs, "position": position, "method": method}))
-        return
-    # the grids flow onto as many lines as the width needs: room for one is enough
-    at_least(view.patch_width(s.config.n_layer, s.config.n_head)).print(view.patch_view(r))
+    present(as_json, lambda: patch_document(s, c, r, list(patching.STREAM), {
+                "target": target, "vs": vs, "position": position, "method": method}),
+            lambda: view.patch_view(r), figure=lambda: figures().patch_figure(r), save=save,
+            force=force,  # the grids flow onto as many lines as the width needs: one fits
+            console=lambda _: at_least(view.patch_width(s.config.n_layer, s.config.n_head)))
 
 
 # ------------------------------------------------------------------ input attribution
@@ -326,12 +298,8 @@ def attribute(
     from ..analysis import attribute as attribution
     from ..render import explain as view
     from ..render.documents import attribution_document
-    from ..render.jsonout import emit
 
-    if method not in attribution.METHODS:
-        raise InputError(f"unknown --method {method!r}: use {', '.join(attribution.METHODS)}")
-    if baseline is not None and method != "integrated-gradients":
-        raise InputError("--baseline goes with --method integrated-gradients")
+    attribution.check_method(method, baseline)
     s = open_session(weights, text)
     report = attribution.attribution_report(s, position, target, vs, method, steps, baseline)
     r, q = report.attribution, report.q
@@ -339,13 +307,10 @@ def attribute(
         from .circuits import show_erasure
 
         return show_erasure(s, r, q.position, q.target, q.vs, baseline, as_json)
-    if as_json:
-        emit(attribution_document(s, report, {
-            "target": target, "vs": vs, "position": position, "method": method,
-            "steps": steps if method == "integrated-gradients" else None,
-            "baseline": baseline}))
-        return
     # attention-x-grad: one grid per layer, side by side as the width allows; never narrower
     # than one whole grid, whose heads would otherwise fall off the edge unmarked
     grid = view.grid_width(s.tokens, s.config.n_head) if r.scores.ndim == 3 else 0
-    at_least(grid).print(view.attribute_view(report))
+    present(as_json, lambda: attribution_document(s, report, {
+        "target": target, "vs": vs, "position": position, "method": method,
+        "steps": steps if method == "integrated-gradients" else None, "baseline": baseline}),
+        lambda: view.attribute_view(report), console=lambda _: at_least(grid))
