@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Config
+from ..errors import InputError
 from ..trace import Trace
 from .circuit import head_weights
 
@@ -34,6 +35,17 @@ class QK:
     terms: np.ndarray  # [sources (query side), sources (key side), keys 0..query]
     scores: np.ndarray  # [keys] the recorded pre-softmax scores
     weights: np.ndarray  # [keys] the attention weights
+
+
+def key_position(r: QK, key: int | None) -> int:
+    """--key, checked against the keys query r.query attends to (negatives from the end);
+    default: the key it attends to most."""
+    p = r.query
+    k = int(r.weights.argmax()) if key is None else key
+    if not -(p + 1) <= k <= p:
+        raise InputError(f"--key {key} is out of range: query position {p} attends to keys "
+                         f"0..{p} (or -{p + 1}..-1 from the end)")
+    return k % (p + 1)
 
 
 def stream_parts(params, config: Config, values: dict[str, np.ndarray], layer: int,

@@ -303,10 +303,17 @@ def attribute(
     s = open_session(weights, text)
     report = attribution.attribution_report(s, position, target, vs, method, steps, baseline)
     r, q = report.attribution, report.q
-    if faithfulness:  # the curves of this attribution's ranking (cli/circuits.py)
-        from .circuits import show_erasure
+    if faithfulness:  # the curves of this attribution's ranking
+        from ..analysis.circuit_pairs import describe
+        from ..analysis.erasure import erasure_of
+        from ..render.circuits import erasure_view
+        from ..render.documents import erasure_document
 
-        return show_erasure(s, r, q.position, q.target, q.vs, baseline, as_json)
+        e, scores = erasure_of(s, r, q.position, q.target, q.vs, baseline)
+        return present(as_json, lambda: erasure_document(s, e, scores, q.position, q.target, q.vs, {
+            "position": q.position, "method": r.method, "baseline": baseline}),
+            lambda: erasure_view(e, s.tokens, describe(s.model.tokenizer.token_str, q.target,
+                                                       q.vs), q.position))
     # attention-x-grad: one grid per layer, side by side as the width allows; never narrower
     # than one whole grid, whose heads would otherwise fall off the edge unmarked
     grid = view.grid_width(s.tokens, s.config.n_head) if r.scores.ndim == 3 else 0
