@@ -160,6 +160,22 @@ class Session:
                      hooks=self.hooks_for(ablate, hooks), tokens=self.tokens)
 
 
+@dataclass
+class Run:
+    """A session and the trace of its forward pass: what the cards and the page read. Its
+    JSON documents are made as a session's are (render.documents.session_document)."""
+
+    session: Session
+    trace: Trace
+
+    model = property(lambda self: self.session.model)
+    text = property(lambda self: self.session.text)
+    ids = property(lambda self: self.session.ids)
+    tokens = property(lambda self: self.session.tokens)
+    changes = property(lambda self: self.session.changes)
+    T = property(lambda self: self.session.T)  # noqa: N815  (the seed page's name)
+
+
 def token_id(model: Model, token: str) -> int:
     """A token by its exact text (' toys', with its space) or by its id; else InputError."""
     tok = model.tokenizer

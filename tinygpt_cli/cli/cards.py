@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -25,7 +26,6 @@ from .common import (
     TOP_P,
     WEIGHTS,
     InputError,
-    Run,
     check_index,
     figures,
     present,
@@ -35,6 +35,9 @@ from .common import (
     stdout,
     wide,
 )
+
+if TYPE_CHECKING:
+    from ..session import Run
 
 # NumPy, Rich and the model are imported inside the commands: registering them (and
 # `tinygpt --help`) stays cheap, and each command loads only what it shows.
@@ -46,9 +49,10 @@ def show(r: Run, path: str, as_json: bool, full: bool, *, extra=None, below=(), 
     (+ `below`); with --save, write its picture first (`figure`, default the value as a
     heatmap)."""
     from ..render.cards import value_view
+    from ..render.documents import session_document
 
     value = r.trace.get(path)
-    present(as_json, lambda: r.document(path, value, **(extra or {})),
+    present(as_json, lambda: session_document(r, path, value, **(extra or {})),
             lambda: value_view(path, value, r.tokens, full, below),
             figure=figure or (lambda: figures("figure").value_figure(path, value, r.tokens)),
             save=save, force=force,  # --full: as wide as the table
@@ -146,6 +150,7 @@ def attn(
     """
     from ..render import jsonout
     from ..render.cards import head_view, heads_view
+    from ..render.documents import session_document
 
     r = run(weights, text, ablate)
     cfg = r.model.config
@@ -162,7 +167,7 @@ def attn(
 
         save_figure(attention_figure(path, grids, r.tokens, scores=scores), save, force)
     if as_json:
-        jsonout.emit(r.document(path, grids))
+        jsonout.emit(session_document(r, path, grids))
         return
     view, maps = grid_view(path, grids, r.tokens, scores, full)
     show_view(view, full, maps)
@@ -220,7 +225,7 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     rows = block_summary(r.trace, r.model.params, r.model.config, position=p)
     tok = r.model.tokenizer.token_str
     norms = np.stack([row["norm"] for row in rows])  # [n_layer + 1, T]
-    present(as_json, lambda: blocks_document(r.session, rows, norms, tok, p),
+    present(as_json, lambda: blocks_document(r, rows, norms, tok, p),
             lambda: blocks_view(rows, tok, p, r.tokens, norms, full),
             figure=lambda: figures("pictures").blocks_figure(rows, tok, p, r.tokens), save=save,
             force=force, console=lambda view: wide(view) if full else stdout())  # --full: wide
@@ -239,13 +244,14 @@ def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     """
     from ..analysis.lens import top_entries
     from ..render.cards import logits_view
+    from ..render.documents import session_document
 
     r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
     row = r.trace.get("logits")[p]
     path = f"logits[{p}]"
     rows = top_entries(row, top, r.model.tokenizer.token_str, "logit")
-    present(as_json, lambda: r.document(path, row, position=p, top=rows),
+    present(as_json, lambda: session_document(r, path, row, position=p, top=rows),
             lambda: logits_view(path, row, rows, r.T),
             figure=lambda: figures("pictures").top_figure(path, rows, "logit", r.tokens),
             save=save, force=force)
@@ -263,6 +269,7 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     from ..analysis.lens import top_entries
     from ..render import jsonout, pictures
     from ..render.cards import probs_view
+    from ..render.documents import session_document
     from ..sampling import probabilities
 
     r = run(weights, text, ablate)
@@ -274,8 +281,8 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     save_figure(pictures.top_figure(path, rows, "chance", r.tokens, percent=True), save, force)
     if as_json:
         formula = {} if temperature == 1 else {"formula": path}
-        jsonout.emit(r.document(path if temperature == 1 else None, pr, **formula, position=p,
-                                temperature=temperature, top=rows))
+        jsonout.emit(session_document(r, path if temperature == 1 else None, pr, **formula,
+                                      position=p, temperature=temperature, top=rows))
         return
     stdout().print(probs_view(path, pr, rows))
 
@@ -300,7 +307,7 @@ def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = AB
     token_id = sample(dist, create_rng(seed))
     token = r.model.tokenizer.token_str(token_id)
     if as_json:
-        jsonout.emit(sample_document(r.session, token_id, token, float(dist[token_id]), seed,
+        jsonout.emit(sample_document(r, token_id, token, float(dist[token_id]), seed,
                                      temperature, top_k, top_p))
         return
     stdout().print(sample_view(token, token_id, float(dist[token_id]), seed))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,13 +25,13 @@ from ..render.progress import progress, progress_report
 from ..streams import read_text
 
 if TYPE_CHECKING:
-    from ..session import Session, Trace  # the session's own type: cli never imports trace
+    from ..session import Run, Session
     from ..weights import Model
 
 # This module is imported to register every command, including for `tinygpt --help`: it
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
-__all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "at_least", "bar", "check_index",
+__all__ = ["FORCE", "InputError", "QUIET", "SAVE", "at_least", "bar", "check_index",
            "check_save", "encode_checked", "figures", "load", "open_folder", "open_session",
            "present", "progress", "progress_report", "read_text", "run", "save_figure",
            "set_default_weights", "show_view", "stderr", "stdout", "wide"]
@@ -219,28 +218,10 @@ def steered(model) -> tuple[object | None, dict]:
     return hook, changes
 
 
-@dataclass
-class Run:
-    """A session and the trace of its forward pass."""
-
-    session: Session
-    trace: Trace
-
-    model = property(lambda self: self.session.model)
-    text = property(lambda self: self.session.text)
-    ids = property(lambda self: self.session.ids)
-    tokens = property(lambda self: self.session.tokens)
-    T = property(lambda self: self.session.T)  # noqa: N815  (the seed page's name)
-
-    def document(self, path: str | None, value, **extra) -> dict:
-        """The JSON document for a value of this run: ids, tokens and what was changed."""
-        from ..render.documents import session_document
-
-        return session_document(self.session, path, value, **extra)
-
-
 def run(weights: Path | None, text: str | None, ablate: list[str] | None = None) -> Run:
-    """open_session, and the trace of its forward pass."""
+    """open_session, and the trace of its forward pass (session.Run)."""
+    from ..session import Run
+
     s = open_session(weights, text, ablate=ablate)
     return Run(s, s.trace())
 

@@ -19,9 +19,8 @@ from .common import (
     bar,
     check_save,
     load,
+    present,
     progress,
-    save_figure,
-    stdout,
     steered,
 )
 from .steering import steerable
@@ -46,12 +45,7 @@ SAE_FILE = typer.Option(None, "--sae", help="The SAE file (default: the weights 
 
 def show(doc: dict, view, as_json: bool) -> None:
     """One JSON document on stdout, or the Rich view (made only when it is shown)."""
-    if as_json:
-        from ..render import jsonout
-
-        jsonout.emit(doc)
-    else:
-        stdout().print(view())
+    present(as_json, lambda: doc, view)
 
 
 @sae_app.command("train")
@@ -187,25 +181,27 @@ def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
     codes = S.data_codes(model, found, path, files, windows, bar(as_json), hooks)
     result = S.feature_report(found, model.params, codes["ids"], codes["idx"], codes["val"],
                               latent, top)
-    save_figure(view.feature_figure(result, model.tokenizer), save, force)
-    show({**view.feature_doc(result, model.tokenizer), **changes},
-         lambda: view.feature_view(result, model.tokenizer), as_json)
+    present(as_json, lambda: {**view.feature_doc(result, model.tokenizer), **changes},
+            lambda: view.feature_view(result, model.tokenizer),
+            figure=lambda: view.feature_figure(result, model.tokenizer), save=save, force=force)
 
 
 def _feature_on_text(weights, sae, latent: int, text: str, as_json: bool, save, force) -> None:
     """`sae feature N --text TEXT`: the latent at each token of the text."""
     from ..analysis import sae as S
     from ..render import features as view
+    from ..render.documents import session_document
     from .common import run
 
     r = run(weights, text)
     found, tok = S.load_sae(S.sae_file(r.model.weights_file, sae), r.model.config), \
         r.model.tokenizer
     result = S.latent_on_text(found, r.model.params, r.trace.get(found.site), latent)
-    save_figure(view.text_figure(result, r.tokens, tok), save, force)
     path = f"sae.{found.site}.{result.latent}"  # as `trace TEXT sae.SITE.N` names it
-    show(r.document(path, result.acts, **view.text_fields(result, tok)),
-         lambda: view.text_view(result, r.tokens, tok), as_json)
+    present(as_json, lambda: session_document(r, path, result.acts,
+                                              **view.text_fields(result, tok)),
+            lambda: view.text_view(result, r.tokens, tok),
+            figure=lambda: view.text_figure(result, r.tokens, tok), save=save, force=force)
 
 
 # ------------------------------------------------------------------ the tuned lens (`lens`)
@@ -243,12 +239,13 @@ def trace_latents(weights, text, path: str, ablate, as_json: bool) -> None:
     """`trace TEXT sae.SITE`: the SAE's active latents at each token (after any --ablate)."""
     from ..analysis import sae as S
     from ..render import features as view
+    from ..render.documents import session_document
     from .common import run
 
     r = run(weights, text, ablate)
     site, sae, z, active = S.latents_of(r.model.weights_file, r.trace, path)
-    show(r.document(path, z, site=site, k=sae.k, active=active),
-         lambda: view.latents_view(path, r.tokens, z, active), as_json)
+    present(as_json, lambda: session_document(r, path, z, site=site, k=sae.k, active=active),
+            lambda: view.latents_view(path, r.tokens, z, active))
 
 
 for _command in sae_app.registered_commands:  # each Example: line on a line of its own

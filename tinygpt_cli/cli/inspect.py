@@ -153,7 +153,7 @@ def trace_cmd(
     """
     import numpy as np
 
-    from ..render.documents import traced_document
+    from ..render.documents import session_document, traced_document
     from ..render.tables import paths_table, traced_view
 
     if path is None and not list_paths:
@@ -164,8 +164,8 @@ def trace_cmd(
     r = run(weights, text, ablate)
     if list_paths:
         entries = r.trace.entries()
-        return present(as_json, lambda: r.document(None, np.asarray([e["path"] for e in entries]),
-                                                   name="paths", entries=entries),
+        return present(as_json, lambda: session_document(
+            r, None, np.asarray([e["path"] for e in entries]), name="paths", entries=entries),
                        lambda: paths_table(entries))
     value = r.trace.get(path)
     name, rows = r.trace.canonical(path)

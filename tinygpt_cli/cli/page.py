@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..page import map_stages, next_token, page_values
 from .app import app
@@ -14,13 +15,15 @@ from .common import (
     SAVE,
     TEXT,
     WEIGHTS,
-    Run,
     figures,
     present,
     run,
     save_figure,
     stdout,
 )
+
+if TYPE_CHECKING:
+    from ..session import Run
 
 # NumPy and Rich are imported inside the functions: registering the commands stays cheap.
 
@@ -40,7 +43,7 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     values = page_values(r)
     save_figure(review_figure(r, values), save, force)
     if as_json:
-        jsonout.emit(review_document(r.session, values, CARDS))
+        jsonout.emit(review_document(r, values, CARDS))
         return
     from ..render.page import page_view
 
@@ -74,7 +77,7 @@ def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLAT
 
     r = run(weights, text, ablate)
     stages = map_stages(r)
-    present(as_json, lambda: map_document(r.session, stages, r.model.config.n_layer),
+    present(as_json, lambda: map_document(r, stages, r.model.config.n_layer),
             lambda: page_view.map_view(r, stages, next_token(r)[1]),
             figure=lambda: figures("pictures").map_figure(
                 r.text, stages, r.model.config.n_layer,

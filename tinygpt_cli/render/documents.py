@@ -266,7 +266,7 @@ def traced_document(r, shown: str, value) -> dict:
         value = np.int64(value)
     elif isinstance(value, list):
         value = np.asarray(value)
-    return r.document(shown, value)
+    return session_document(r, shown, value)
 
 
 # ------------------------------------------------------------------ history
