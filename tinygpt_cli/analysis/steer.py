@@ -16,6 +16,7 @@ Vectors are saved as a direction file (see `direction_file`), also read for `--s
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -343,3 +344,19 @@ def steering_direction(model, toward: str | None, away: str | None, vector_file:
     pair = (encode_checked(model, toward), encode_checked(model, away))
     vector = mean_difference(model.params, config, [pair], layer)
     return vector, layer, {"toward": toward, "away": away}
+
+
+def steering_hook(model, toward: str | None, away: str | None, vector_file: str | None,
+                  layer: int | None, scale: float) -> tuple[object, dict]:
+    """(the hook that adds scale * v to the input of the block, its description: site,
+    scale, the norm of v and where v came from) from the --steer options
+    (steering_direction)."""
+    from ..session import check_index
+
+    if not math.isfinite(scale):
+        raise InputError(f"--steer-scale must be a finite number, got {scale!r}")
+    vector, layer, source = steering_direction(model, toward, away, vector_file, layer)
+    layer = check_index(layer, model.config.n_layer, "--steer-layer")
+    described = {"site": site(layer), "scale": scale,
+                 "norm": float(math.sqrt(float(vector.astype(float) @ vector))), **source}
+    return add_vector(site(layer), vector, scale), described

@@ -10,6 +10,7 @@ import typer
 from ..errors import InputError
 from ..render.output import (
     at_least,
+    check_out,
     check_save,
     picture_format,
     present,
@@ -32,9 +33,9 @@ if TYPE_CHECKING:
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
 __all__ = ["FORCE", "InputError", "QUIET", "SAVE", "at_least", "bar", "check_index",
-           "check_save", "encode_checked", "figures", "load", "open_folder", "open_session",
-           "present", "progress", "progress_report", "read_text", "run", "save_figure",
-           "set_default_weights", "show_view", "stderr", "stdout", "wide"]
+           "check_out", "check_save", "encode_checked", "figures", "load", "open_folder",
+           "open_session", "present", "progress", "progress_report", "read_text", "run",
+           "save_figure", "set_default_weights", "show_view", "stderr", "stdout", "wide"]
 
 
 def __getattr__(name: str):

@@ -16,6 +16,7 @@ from .common import (
     WEIGHTS,
     InputError,
     check_index,
+    check_out,
     load,
     stderr,
     stdout,
@@ -30,18 +31,6 @@ FORCE_OUT = typer.Option(False, "--force", help="Let --out overwrite an existing
 DATA = typer.Option(None, "--data", metavar="DIR", show_default=False,
                     help="Folder holding part-005.txt, the held-out stories (default: the "
                     "project's data, or $TINYGPT_DATA).")
-
-
-def check_out(out: Path | None, force: bool) -> None:
-    """Refuse a folder, or an existing file without --force, before any work."""
-    if out is None:
-        return
-    if out.is_dir() or str(out) in ("", "."):
-        raise InputError(f"--out {out}: that is a folder; give a file name")
-    if not out.parent.is_dir():
-        raise InputError(f"--out {out}: the folder {out.parent} does not exist")
-    if out.exists() and not force:
-        raise InputError(f"--out {out}: the file exists; add --force to overwrite it")
 
 
 @app.command()

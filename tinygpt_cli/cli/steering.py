@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -90,20 +89,12 @@ def _steering(model) -> tuple[object | None, dict | None]:
             raise InputError("--steer-layer and --steer-scale need a direction: --steer TEXT "
                              "--steer-away AWAY, or --steer-vector FILE")
         return None, None
-    from ..analysis import steer as st
-    from ..hooks import add_vector
-    from ..session import check_index
+    from ..analysis.steer import steering_hook
 
-    if not math.isfinite(o.steer_scale):
-        raise InputError(f"--steer-scale must be a finite number, got {o.steer_scale!r}")
-    config = model.config
-    vector, layer, source = st.steering_direction(model, o.steer, o.steer_away,
-                                                  o.steer_vector, o.steer_layer)
-    layer = check_index(layer, config.n_layer, "--steer-layer")
-    described = {"site": st.site(layer), "scale": o.steer_scale,
-                 "norm": float(math.sqrt(float(vector.astype(float) @ vector))), **source}
+    hook, described = steering_hook(model, o.steer, o.steer_away, o.steer_vector, o.steer_layer,
+                                    o.steer_scale)
     _said.append(described)
-    return add_vector(st.site(layer), vector, o.steer_scale), described
+    return hook, described
 
 
 def _note(d: dict) -> None:

@@ -72,6 +72,19 @@ def check_save(path: Path | None, force: bool) -> None:
         raise InputError(f"--save {path}: the file exists; add --force to overwrite it")
 
 
+def check_out(out: Path | None, force: bool) -> None:
+    """--out FILE (steer, probe): refuse a folder, or an existing file without --force,
+    before any work."""
+    if out is None:
+        return
+    if out.is_dir() or str(out) in ("", "."):
+        raise InputError(f"--out {out}: that is a folder; give a file name")
+    if not out.parent.is_dir():
+        raise InputError(f"--out {out}: the folder {out.parent} does not exist")
+    if out.exists() and not force:
+        raise InputError(f"--out {out}: the file exists; add --force to overwrite it")
+
+
 def stdout(width: int | None = None) -> Console:
     """Markup and highlighting off: text from the user or the model is shown literally.
     The width is the terminal's, or $COLUMNS, or PIPE_WIDTH for a pipe."""
