@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, check_utf8
+from .errors import InputError, check_index, check_utf8
 from .hooks import Chain, Hook, ablation
 from .model import forward, record, trace
 from .trace import Trace
@@ -30,16 +30,6 @@ def check_text(text: str) -> str:
     if text == "":
         raise InputError("the text is empty: give at least one character")
     return text
-
-
-def check_index(value: int, count: int, what: str) -> int:
-    """A layer, head or position index, negatives from the end; the error names the range."""
-    if not -count <= value < count:
-        raise InputError(
-            f"{what} {value} is out of range: valid {what}s are 0..{count - 1} "
-            f"(or -{count}..-1 from the end)"
-        )
-    return value % count
 
 
 def encode_checked(model: Model, text: str) -> list[int]:

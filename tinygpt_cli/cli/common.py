@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..errors import InputError
+from ..errors import InputError, check_index
 from ..render.output import (
     at_least,
     check_out,
@@ -36,22 +36,6 @@ __all__ = ["FORCE", "InputError", "QUIET", "SAVE", "at_least", "bar", "check_ind
            "check_out", "check_save", "encode_checked", "figures", "load", "open_folder",
            "open_session", "present", "progress", "progress_report", "read_text", "run",
            "save_figure", "set_default_weights", "show_view", "stderr", "stdout", "wide"]
-
-
-def __getattr__(name: str):
-    # Session stays importable from here (tests patch common.Session) without
-    # importing the model when the commands are registered.
-    if name == "Session":
-        from ..session import Session
-
-        return Session
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def check_index(value: int, count: int, what: str) -> int:
-    from ..session import check_index as check
-
-    return check(value, count, what)
 
 
 def encode_checked(model, text: str) -> list[int]:
@@ -96,6 +80,9 @@ TOP_P = typer.Option(1.0, "--top-p", "-P", min=0.0, max=1.0,
 TARGET = typer.Option(None, "--target", help="The token whose score is explained: its text "
                       "(' toys', with its space) or its id (default: the model's top guess).",
                       show_default=False)
+# A --data that is not the text the weights folder records is refused without this.
+ANY_DATA = typer.Option(False, "--any-data", help="Use --data even where it is not the text "
+                        "WEIGHTS/data.json records.")
 VS = typer.Option(None, "--vs", help="Explain logit[target] - logit[vs] instead of the target's "
                   "logit alone (a token's text or id).", show_default=False)
 

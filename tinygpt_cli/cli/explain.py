@@ -13,6 +13,7 @@ import typer
 from ..render.text import escape_line
 from .app import app
 from .common import (
+    ANY_DATA,
     FORCE,
     JSON,
     POSITION,
@@ -177,8 +178,7 @@ def means(
                               "one (the validation text) is averaged over, or one text file. "
                               "Default: the validation file WEIGHTS/data.json records.",
                               show_default=False),
-    any_data: bool = typer.Option(False, "--any-data", help="Use --data even where it is not "
-                                  "the text WEIGHTS/data.json records."),
+    any_data: bool = ANY_DATA,
     weights: Path = WEIGHTS,
     out: Path = typer.Option(None, "--out", help="Where to write (default: means.safetensors "
                              "in the weights folder).", show_default=False),

@@ -116,10 +116,9 @@ def why(
     if found.note:  # once the answer stands: an error is then the only line
         stderr().print(escape_line(found.note), soft_wrap=True)
     if as_json:
-        from ..render.documents import session_document
+        from ..render.documents import why_document
 
-        jsonout.emit(session_document(session, "scores", result.scores(), **result.facts(),
-                                      seconds=round(time.perf_counter() - t0, 2)))
+        jsonout.emit(why_document(session, result, round(time.perf_counter() - t0, 2)))
         return
     stdout().print(view.why_view(result, model.tokenizer.token_str))
     stderr().print(f"({time.perf_counter() - t0:.1f} s; {result.index_note()})", style="dim")

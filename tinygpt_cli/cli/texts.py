@@ -9,6 +9,7 @@ import typer
 
 from .app import app
 from .common import (
+    ANY_DATA,
     FORCE,
     JSON,
     LAYER,
@@ -163,8 +164,7 @@ def neurons(
     data: Path = typer.Option(None, "--data", help="Stories to search for --neuron: a file or "
                               "a folder of part-*.txt (default: the training parts of the "
                               "project's data, when it is there).", show_default=False),
-    any_data: bool = typer.Option(False, "--any-data", help="Use --data even where it is not "
-                                  "the text WEIGHTS/data.json records."),
+    any_data: bool = ANY_DATA,
     top: int = typer.Option(8, "--top", "-n", min=1, help="How many neurons or windows."),
     raw: bool = typer.Option(False, "--raw", help="Read W_out through W_E^T alone, without "
                              "the final norm's weight."),

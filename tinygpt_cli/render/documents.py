@@ -295,3 +295,8 @@ def loss_history_document(s, rows: list[dict]) -> dict:
 
     losses = np.asarray([np.nan if r["loss"] is None else r["loss"] for r in rows])
     return session_document(s, "loss", losses, snapshots=rows)
+
+
+def why_document(s, result, seconds: float) -> dict:
+    """analysis.why's answer for session `s`, found in `seconds`."""
+    return session_document(s, "scores", result.scores(), **result.facts(), seconds=seconds)
