@@ -610,3 +610,28 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
     return cache.load_or_compute(cache.entry("sae", key), cache.load_arrays, compute,
                                  cache.store_arrays,
                                  lambda e: set(e) == {"ids", "idx", "val"})
+
+
+def train_resumably(x: np.ndarray, out: Path, settings: dict, weights_sha256: str,
+                    bar) -> TrainState:
+    """`sae train`: a TopK SAE trained on x [N, d] as `settings` ask (site, latents, k, steps,
+    batch, lr, windows, seed), resuming from OUT.checkpoint.npz when it holds a run with
+    these settings and checkpointing to it every 100 steps; the SAE is saved to `out` and
+    the checkpoint removed. bar(total, description): a progress bar."""
+    ckpt = out.with_name(out.name + ".checkpoint.npz")
+    steps, seed = settings["steps"], settings["seed"]
+    state = load_checkpoint(ckpt, settings) or new_state(
+        x, settings["latents"], settings["k"], settings["site"], seed, settings["lr"])
+    with bar(steps, "training") as advance:
+        advance(state.step)
+
+        def each(st):
+            advance(1)
+            if st.step % 100 == 0 or st.step == steps:
+                save_checkpoint(ckpt, st, settings)
+
+        train_steps(state, x, steps, batch=settings["batch"], seed=seed, progress=each)
+    save_sae(out, state.sae, {"steps": str(steps), "tokens": str(len(x)),
+                              "weights_sha256": weights_sha256})
+    ckpt.unlink(missing_ok=True)
+    return state

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -80,6 +81,18 @@ def parse_texts(content: str, name: str) -> list[str]:
     if not texts:
         raise InputError(f"{name} holds no text")
     return texts
+
+
+def read_pairs(pos: Path, neg: Path) -> tuple[list[str], list[str]]:
+    """The texts of the files --pos and --neg; text i of one pairs with text i of the other."""
+    from ..corpus import read_user_file
+
+    pos_texts = parse_texts(read_user_file(pos, "--pos"), "--pos")
+    neg_texts = parse_texts(read_user_file(neg, "--neg"), "--neg")
+    if len(pos_texts) != len(neg_texts):
+        raise InputError(f"--pos holds {len(pos_texts)} texts and --neg {len(neg_texts)}: "
+                         "text i of one pairs with text i of the other")
+    return pos_texts, neg_texts
 
 
 def split_pairs(n: int, held_out: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -62,7 +62,7 @@ def steer(
     Then steer any command with it: tinygpt generate TEXT --steer-vector happy.safetensors
     """
     from ..analysis import steer as st
-    from ..corpus import held_out_stories, read_user_file
+    from ..corpus import held_out_stories
     from ..files import write_atomically
     from ..render import jsonout
     from ..render.directions import steer_view
@@ -72,11 +72,7 @@ def steer(
     check_out(out, force)
     if not 0 < scale < float("inf"):  # also refuses NaN
         raise InputError(f"--scale must be a number above 0, got {scale!r}")
-    pos_texts = st.parse_texts(read_user_file(pos, "--pos"), "--pos")
-    neg_texts = st.parse_texts(read_user_file(neg, "--neg"), "--neg")
-    if len(pos_texts) != len(neg_texts):
-        raise InputError(f"--pos holds {len(pos_texts)} texts and --neg {len(neg_texts)}: "
-                         "text i of one pairs with text i of the other")
+    pos_texts, neg_texts = st.read_pairs(pos, neg)
     model = load(weights)
     layer = check_index(layer, model.config.n_layer, "layer")
     r = st.steer_report(model.params, model.config, encode_lines(model, pos_texts, "--pos"),
@@ -88,13 +84,10 @@ def steer(
         source = {"pos": str(pos), "neg": str(neg), "seed": seed, "held_out": held_out,
                   "train_pairs": r.train_pairs}
         write_atomically(out, st.direction_file(r.vector, st.site(layer), "steer", source))
-    tok = model.tokenizer
     if as_json:
-        jsonout.emit(steer_document(r, tok))
+        jsonout.emit(steer_document(r, model.tokenizer))
         return
-    stdout().print(steer_view(r, [tok.decode(p.ids) for p in r.prompts],
-                              [tok.token_str(p.target) for p in r.prompts],
-                              [tok.token_str(p.vs) for p in r.prompts], top=top))
+    stdout().print(steer_view(r, model.tokenizer, top=top))
     if out is not None:
         stderr().print(f"saved the vector to {out}", style="dim")
 
@@ -128,17 +121,12 @@ def probe(
     from ..render import jsonout
     from ..render.directions import probe_view
     from ..render.documents import probe_document
-    from ..session import encode_lines
 
     check_out(out, force)
     lines = pr.parse_labels(read_user_file(labels, "--labels"))
     model = load(weights)
     name = pr.check_site(site, model.config, model.params)
-    ids = encode_lines(model, [line.text for line in lines], "--labels")
-    offsets = [model.tokenizer.byte_offsets(i) for i in ids]
-    marks = [pr.token_labels(line, o, default, n)
-             for n, (line, o) in enumerate(zip(lines, offsets, strict=True), 1)]
-    feats = [pr.site_values(model.params, model.config, i, name) for i in ids]
+    ids, marks, feats = pr.probe_inputs(model, lines, name, default)
     r = pr.probe_report(feats, marks, ids, name, held_out=held_out, seed=seed, l2=l2)
     if out is not None:
         source = {"labels": str(labels), "classes": r.classes, "seed": seed, "l2": l2}

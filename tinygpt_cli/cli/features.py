@@ -90,22 +90,9 @@ def sae_train(
                            windows)
     with progress(len(x_in), f"values of {site}", enabled=not as_json, pipe_every=5) as advance:
         x = S.site_values(model.params, model.config, x_in, site, progress=advance)
-    ckpt = out.with_name(out.name + ".checkpoint.npz")
     settings = {"site": site, "latents": latents, "k": k, "steps": steps, "batch": batch,
                 "lr": lr, "windows": windows, "seed": seed}
-    state = S.load_checkpoint(ckpt, settings) or S.new_state(x, latents, k, site, seed, lr)
-    with progress(steps, "training", enabled=not as_json, pipe_every=5) as advance:
-        advance(state.step)
-
-        def each(st):
-            advance(1)
-            if st.step % 100 == 0 or st.step == steps:
-                S.save_checkpoint(ckpt, st, settings)
-
-        S.train_steps(state, x, steps, batch=batch, seed=seed, progress=each)
-    S.save_sae(out, state.sae, {"steps": str(steps), "tokens": str(len(x)),
-                                "weights_sha256": sha256(model.weights_file)})
-    ckpt.unlink(missing_ok=True)
+    state = S.train_resumably(x, out, settings, sha256(model.weights_file), bar(as_json))
     doc = view.trained_doc(out, state, len(x))
     show(doc, lambda: view.trained_view(doc), as_json)
 
