@@ -12,7 +12,7 @@ from ..render.output import (
     at_least,
     check_out,
     check_save,
-    picture_format,
+    checked_save,
     present,
     save_figure,
     set_changed,
@@ -116,13 +116,7 @@ def _set_quiet(ctx: typer.Context, value: bool) -> bool:
     return value
 
 
-def _check_save(value: Path | None) -> Path | None:
-    if value is not None:
-        picture_format(value)  # a bad path fails at once, not after the model has run
-    return value
-
-
-SAVE = typer.Option(None, "--save", callback=_check_save, show_default=False, metavar="FILE",
+SAVE = typer.Option(None, "--save", callback=checked_save, show_default=False, metavar="FILE",
                     help="Also write the picture to FILE: .svg (a vector drawing) or .html "
                     "(one self-contained web page), by the extension.")
 FORCE = typer.Option(False, "--force", help="Let --save overwrite an existing file.")

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import InputError
-from .common import STEER_OPTIONS, stderr
+from ..render.output import say_steered
+from .common import STEER_OPTIONS
 
 # typer reads the real types of the added parameters from here (the modules' own are strings)
 _TYPES = {"steer": Optional[str], "steer_away": Optional[str],  # noqa: UP045 - typer needs it
@@ -56,7 +57,7 @@ def steerable(fn):
         try:
             result = fn(*args, **kwargs)
             for d in _said:  # after the work: an error stays the only line
-                _note(d)
+                say_steered(d)
             return result
         finally:
             _chosen = SteerOptions()
@@ -95,13 +96,6 @@ def _steering(model) -> tuple[object | None, dict | None]:
                                     o.steer_scale)
     _said.append(described)
     return hook, described
-
-
-def _note(d: dict) -> None:
-    """Every steered run is announced by this line on stderr (its views and JSON say it too)."""
-    from ..render.text import steering_text
-
-    stderr().print(f"steered: {steering_text(d)}", style="bold yellow", soft_wrap=True)
 
 
 def steered_hooks(model, hooks=None):

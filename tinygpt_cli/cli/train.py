@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import shlex
 import sys
 from dataclasses import asdict
@@ -90,8 +89,6 @@ def train_cmd(
 
     Example: tinygpt train --data ../shared/data/tinystories --out runs/a --steps 3000
     """
-    from rich.console import Console
-
     from ..config import Config, check_training_memory, check_vocab_size
     from ..corpus import split_data
     from ..render.training import TrainingProgress
@@ -114,17 +111,11 @@ def train_cmd(
         raise InputError(str(e)) from None
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file; name a folder")
-    err = Console(stderr=True)
-    header = (f"train: {', '.join(f.name for f in train_files)}; validation: "
-              f"{', '.join(f.name for f in val_files) or 'none'}")
-    with TrainingProgress(header, steps, err) as shown:
+    with TrainingProgress(train_files, val_files, steps) as shown:
         result = train(train_files, val_files, out, settings, resume=resume, force=force,
                        command="tinygpt " + shlex.join(sys.argv[1:]), on_step=shown.on_step,
                        on_note=shown.on_note)
-    best = result["best_val_loss"]
-    err.print((f"best validation loss {best:.4f} nats/token" if math.isfinite(best)
-               else "no validation data") + f"; weights in {escape_line(str(out))}", markup=False,
-              highlight=False)
+    shown.finished(result["best_val_loss"], out)
 
 
 @app.command("model-card")

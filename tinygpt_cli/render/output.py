@@ -24,6 +24,13 @@ PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines n
 MIN_WIDTH, TERMINAL_WIDTH = 20, 80  # a narrower stated width is a mistake: use the classic one
 
 
+def checked_save(path: Path | None) -> Path | None:
+    """--save's path, its format checked at once (not after the model has run)."""
+    if path is not None:
+        picture_format(path)
+    return path
+
+
 def picture_format(path: Path) -> str:
     """'svg' or 'html' from the extension of a --save path, checked before anything runs."""
     kind = {".svg": "svg", ".html": "html", ".htm": "html"}.get(path.suffix.lower())
@@ -139,6 +146,14 @@ def set_changed(changes: dict | None) -> None:
     from .text import changed_note
 
     _changed = changed_note(changes) if changes else None
+
+def say_steered(d: dict) -> None:
+    """Every steered run is announced by this line on stderr (its views and JSON say it too):
+    `d` is the steering's description (analysis.steer.steering_hook)."""
+    from .text import steering_text
+
+    stderr().print(f"steered: {steering_text(d)}", style="bold yellow", soft_wrap=True)
+
 
 def set_quiet(value: bool) -> None:
     """--quiet for the command being run: stdout() prints nothing, save_figure no note."""
