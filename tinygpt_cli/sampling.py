@@ -68,6 +68,11 @@ def top_p_filter(probs: np.ndarray, p: float | None) -> np.ndarray:
     return kept / kept.sum()
 
 
+def fresh_seed() -> int:
+    """A new seed for a run not given one (a command prints it, so it can be given again)."""
+    return int(np.random.SeedSequence().entropy % 2**31)
+
+
 def create_rng(seed: int | None) -> np.random.Generator:
     """The seeded generator `sample` draws from (the seed page's createRng).
 

@@ -106,13 +106,10 @@ def generate(
     Example: tinygpt generate "Lily wanted" --seed 7
     Example: tinygpt generate "Once upon a time" --temperature 0
     """
-    import numpy as np
-
     from ..generate import generate as generate_tokens
     from ..hooks import ablation
     from ..render import generation
-    from ..render.text import count
-    from ..sampling import check_temperature, check_top_p, create_rng
+    from ..sampling import check_temperature, check_top_p, create_rng, fresh_seed
     from .steering import steered_hooks
 
     check_top_p(top_p)
@@ -121,7 +118,7 @@ def generate(
     hooks = steered_hooks(model, ablation(ablate, model.config) if ablate else None)
     prompt = read_text(text)
     ids = encode_checked(model, prompt)
-    chosen, seed = seed, int(np.random.SeedSequence().entropy % 2**31) if seed is None else seed
+    chosen, seed = seed, fresh_seed() if seed is None else seed
     tok = model.tokenizer
     steps = generate_tokens(model.params, model.config, ids, max_new_tokens,
                             temperature=temperature, top_k=top_k or None, top_p=top_p,
@@ -133,9 +130,8 @@ def generate(
     if as_json:
         generation.write_json(tok, prompt, ids, steps, seed, no_stop)
         return
-    new, stopped = generation.write_text(stdout(), tok, prompt, steps, no_stop)
-    why = "<|endoftext|>" if stopped else f"--max-new-tokens {max_new_tokens}"
-    stderr().print(f"({count(new, 'new token')}; stopped at {why})", style="dim")
+    generation.say_stopped(*generation.write_text(stdout(), tok, prompt, steps, no_stop),
+                           max_new_tokens)
 
 
 @app.command("trace")

@@ -27,9 +27,7 @@ from .common import (
     present,
     progress,
     read_text,
-    save_figure,
     stderr,
-    stdout,
     steered,
     wide,
 )
@@ -91,14 +89,9 @@ def score(
             offset=offset, top=top if not as_json or save is not None else 0,
             keep=shown and not as_json, draw=save is not None, stream_bpt=stream_bpt,
             on_scores=lines, progress=advance, hooks=hooks)
-    if save is not None:
-        from ..render.analysis_pictures import score_figure
-
-        save_figure(score_figure(report, token_str), save, force)
-    if as_json:
-        jsonout.emit(jsonout.jsonable({**report.summary, **changes}))
-        return
-    stdout().print(score_view(report, token_str, tok))
+    present(as_json, lambda: jsonout.jsonable({**report.summary, **changes}),
+            lambda: score_view(report, token_str, tok),
+            figure=lambda: figures().score_figure(report, token_str), save=save, force=force)
 
 
 # ------------------------------------------------------------------ heads
