@@ -19,7 +19,7 @@ FUNCTION = 90  # lines of any function, its signature and docstring counted
 # ratchet: it may only come down (3,077 after the move; 3,143 with --any-data on means and
 # neurons, sae feature --text and its steering, the steering line said last, circuit
 # exact-mean and typer_tricks' light --help page, merged after it).
-CLI_LINES = 2765
+CLI_LINES = 2689
 
 # Still over a limit, each at most this long: the list may only shrink (empty now: the
 # training loop and the model card's writer were the last to be split).

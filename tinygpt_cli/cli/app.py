@@ -1,20 +1,14 @@
-"""The `tinygpt` application object and the error handling every command shares."""
+"""The `tinygpt` application object: its group options, and every command registered in the
+order `tinygpt --help` lists them (entry.run runs a command line through it)."""
 
 from __future__ import annotations
 
 import inspect
-import os
-import re
-import signal
-import sys
 from pathlib import Path
 
 import typer
 
-from .. import streams
-from ..exits import INTERRUPTED, OK, USAGE, error, failed, fresh_line
 from ..render.text import examples_block
-from .typer_tricks import click_command, click_errors, plain_type_names, quick_coercion
 from .typer_tricks import command_name as _command_name
 
 app = typer.Typer(
@@ -118,77 +112,3 @@ def _register(name: str | None = None) -> None:
         doc = command.help or (command.callback.__doc__ if command.callback else None)
         if doc:
             command.help = examples_block(doc)
-
-
-def _could_be_text(args: list[str]) -> bool:
-    """A word that click read as options but looks like a text: `-hello`, `-5 degrees`
-    (a mistyped single letter such as `-x` is only an unknown option)."""
-    words = args[: args.index("--")] if "--" in args else args
-    return any(w.startswith("-") and not w.startswith("--") and (len(w) > 2 or " " in w)
-               for w in words)
-
-
-def _hint(e, args: list[str] = ()) -> str:
-    see = f"see 'tinygpt {e.ctx.info_name} --help'" if e.ctx and e.ctx.parent else \
-        "see 'tinygpt --help'"
-    name = getattr(e, "option_name", "") or ""
-    if isinstance(e, click_errors.NoSuchOption) and not re.fullmatch(r"--[A-Za-z][\w-]*", name) \
-            and _could_be_text(list(args)):
-        # `tinygpt encode -hello` reads as options; the text itself goes after `--`.
-        # (`--layr` is a misspelt option: click's "Possible options" is the help it needs.)
-        command = e.ctx.info_name if e.ctx and e.ctx.parent else "COMMAND"
-        return f" ({see}; a text that starts with '-' goes after '--': tinygpt {command} -- -hello)"
-    return f" ({see})"
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; bad input ends with one `error: ...` line and exit 2, faults with exit 1."""
-    streams.guard_streams()
-    args = list(sys.argv[1:] if argv is None else argv)
-    end = args.index("--") if "--" in args else len(args)
-    debug = "--debug" in args[:end] or os.environ.get("TINYGPT_DEBUG") == "1"
-    args = [a for i, a in enumerate(args) if a != "--debug" or i > end]
-    try:
-        # cheap imports only: NumPy, Rich and the model wait for the command that needs them
-        from . import batch
-
-        name = _chosen(args)
-        _register(name)
-        quick_coercion()
-        plain_type_names()
-        command = click_command(app, name, listing=args in ([], ["--help"], ["-h"]))
-        if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
-            # From here a Ctrl-C is a KeyboardInterrupt again, so that `finally` blocks run.
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-    except KeyboardInterrupt:
-        fresh_line()
-        sys.exit(INTERRUPTED)
-    try:
-        before = streams.identity(sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        before = None
-    try:
-        code = batch.main(command, args)  # the command, or once per line with --each-line
-        if code == INTERRUPTED:  # typer turns Ctrl-C into exit 130 itself
-            fresh_line()
-    except SystemExit:
-        if not streams.stdout_broken(before):
-            raise
-        code = streams.reader_gone()  # click's or Rich's broken-pipe handler came first
-    except getattr(click_errors, "NoArgsIsHelpError", ()) as e:
-        # click >= 8.2 raises this to show help for a bare group; that is not an error.
-        typer.echo(e.ctx.get_help())
-        code = OK
-    except click_errors.UsageError as e:
-        if debug:
-            raise
-        code = error(e.format_message() + _hint(e, args), USAGE)
-    except typer.Abort:
-        fresh_line()
-        code = INTERRUPTED
-    except KeyboardInterrupt:
-        fresh_line()
-        code = INTERRUPTED
-    except Exception as e:  # noqa: BLE001 - the contract: no traceback without --debug
-        code = failed(e, debug)
-    streams.finish(code if isinstance(code, int) else 0)
