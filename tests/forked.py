@@ -25,7 +25,7 @@ def _warm_up() -> None:
     import contextlib
     import io
 
-    from tinygpt_cli.cli.app import main
+    from tinygpt_cli.cli import main
 
     for argv in (["review", "Lily wanted"], ["trace", "Lily", "--list"], ["info", "--json"],
                  ["generate", "Lily", "-n", "1", "--seed", "1"]):

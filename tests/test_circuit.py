@@ -370,7 +370,7 @@ def test_a_query_parts_terms_are_its_share_of_the_query(tiny_params, tiny_config
     np.testing.assert_allclose(r.terms[r.sources.index("position")].sum(axis=0), want,
                                atol=1e-12, rtol=0)
     assert r.sources[:2] == ["token", "position"] and r.sources[-2:] == ["biases", "norm bias"]
-    assert "a0.h1" in r.sources and "a1.h0" not in r.sources
+    assert "L0H1" in r.sources and "L1H0" not in r.sources
 
 
 @shipped

@@ -20,8 +20,9 @@ from cli_helpers import (
     write_folder,
 )
 
-from tinygpt_cli.cli import common, main
+from tinygpt_cli.cli import main
 from tinygpt_cli.cli.common import InputError
+from tinygpt_cli.session import Session
 from tinygpt_cli.weights import PREFIX
 
 TEXT_COMMANDS = ["embed", "pos", "norm", "attn", "mlp", "blocks", "final-norm", "logits",
@@ -142,7 +143,7 @@ def test_an_unexpected_fault_is_one_line_with_exit_1(cli, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("something broke\ninside")
 
-    monkeypatch.setattr(common.Session, "trace", boom)
+    monkeypatch.setattr(Session, "trace", boom)
     line = assert_one_error_line(cli("embed", TEXT), 1, "RuntimeError: something broke inside")
     assert "--debug" in line
     with pytest.raises(RuntimeError):
@@ -153,7 +154,7 @@ def test_interrupt_exits_130_quietly(cli, monkeypatch):
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(common.Session, "trace", stop)
+    monkeypatch.setattr(Session, "trace", stop)
     r = cli("embed", TEXT)
     assert r.code == 130 and r.out == "" and "Traceback" not in r.err
 

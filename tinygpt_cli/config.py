@@ -184,6 +184,15 @@ def save_config(config: Config, path: str | Path) -> None:
     write_atomically(Path(path), text.encode("utf-8"))
 
 
+def check_vocab_size(vocab_size: int) -> None:
+    """A --vocab-size this tokenizer can have; else InputError (exit 2)."""
+    from .errors import InputError
+
+    if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
+        raise InputError(f"--vocab-size must be from {MIN_VOCAB} (the 256 bytes and "
+                         f"<|endoftext|>) to {MAX_VOCAB:,}, got {vocab_size:,}")
+
+
 def check_training_memory(config: Config, batch_size: int) -> None:
     """Refuse sizes whose training state cannot fit in this machine's memory, before NumPy
     fails halfway with a MemoryError: parameters, gradients and two AdamW moments in float32,

@@ -381,9 +381,11 @@ def stories_of(path: Path) -> list[str]:
     return stories
 
 
-def _split(found: Path) -> tuple[list[Path], list[Path]]:
+def split_or_refuse(paths: list[Path], val: Path | None = None
+                    ) -> tuple[list[Path], list[Path]]:
+    """split_data, its refusals as InputError (exit 2): what the user gave is wrong."""
     try:
-        return split_data([found])
+        return split_data(paths, val)
     except ValueError as e:
         raise InputError(str(e)) from None
 
@@ -394,7 +396,7 @@ def training_files(data: Path | None) -> list[Path]:
     if found is None:
         raise InputError("no training data found: give --data DIR (a folder of part-*.txt), "
                          "or set TINYGPT_DATA to it")
-    return _split(found)[0]
+    return split_or_refuse([found])[0]
 
 
 def held_out_files(data: Path | None) -> list[Path]:
@@ -403,7 +405,7 @@ def held_out_files(data: Path | None) -> list[Path]:
     if found is None:
         raise InputError("no held-out data found: give --data FILE (e.g. part-005.txt), or set "
                          "TINYGPT_DATA to the folder of part-*.txt")
-    train, val = _split(found)
+    train, val = split_or_refuse([found])
     return val or train
 
 
@@ -425,8 +427,8 @@ def search_files(data: Path | None, weights: Path, *, any_data: bool = False
         found = find_data()
         if found is None or not found.is_dir():
             raise InputError("--neuron needs --data: a file or folder of stories to search")
-        return _split(found)[0], None
-    train, val = _split(data)
+        return split_or_refuse([found])[0], None
+    train, val = split_or_refuse([data])
     files = train if Path(data).is_dir() and train else train + val
     return files, check_data(weights, files, any_data=any_data)
 

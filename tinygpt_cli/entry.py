@@ -1,18 +1,24 @@
-"""The console script's first code: Ctrl-C is caught from here on, before the slow imports.
+"""The console script's code, from the command line to the exit code.
 
-Python turns Ctrl-C into a KeyboardInterrupt wherever it lands; during the imports of numpy,
-rich and typer that would print a traceback. Until `app.main` takes over (and turns the
-interrupt into exit 130 itself, so that `finally` blocks still run), a Ctrl-C ends the process
-at once with exit 130 on a fresh line.
+`main` is the first code: Ctrl-C is caught from here on, before the slow imports. Python
+turns Ctrl-C into a KeyboardInterrupt wherever it lands; during the imports of numpy, rich
+and typer that would print a traceback. Until `run` takes over (and turns the interrupt into
+exit 130 itself, so that `finally` blocks still run), a Ctrl-C ends the process at once with
+exit 130 on a fresh line.
+
+`run` runs one command line in this process (cli.main is it): the standard streams guarded,
+the command that cli.app registers built and run (once per line with --each-line), and
+whatever it raises turned into the output contract's one `error: ...` line and exit code.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 
-from .exits import INTERRUPTED, fresh_line
+from .exits import INTERRUPTED, OK, USAGE, error, failed, fresh_line
 
 
 def _interrupted_at_start(signum, frame) -> None:  # noqa: ARG001 - the signal handler's signature
@@ -27,12 +33,102 @@ def main(argv: list[str] | None = None) -> None:
         from .threads import use_default
 
         use_default()  # before NumPy loads: BLAS reads its thread count only then
-        from .cli.app import main as run  # the slow imports
-
-        run(argv)
+        run(argv)  # the slow imports first
     except KeyboardInterrupt:  # in the instant between two handlers
         fresh_line()
         sys.exit(INTERRUPTED)
     finally:
         # Shutting down: a second Ctrl-C now must not print a traceback either.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _text_like(args: list[str]) -> str | None:
+    """The first word that click read as options but looks like a text: `-hello`,
+    `-5 degrees` (a mistyped single letter such as `-x` is only an unknown option)."""
+    words = args[: args.index("--")] if "--" in args else args
+    return next((w for w in words if w.startswith("-") and not w.startswith("--")
+                 and (len(w) > 2 or " " in w)), None)
+
+
+def _hint(e, args: list[str] = ()) -> str:
+    """What a usage error adds: where the help is, and how a text starting with '-' is
+    given."""
+    from .cli.typer_tricks import click_errors
+
+    # the whole command path: `tinygpt sae train`, not `tinygpt train`
+    command = " ".join(["tinygpt", *_names(e.ctx)[1:]]) if e.ctx and e.ctx.parent else None
+    see = f"see '{command or 'tinygpt'} --help'"
+    name = getattr(e, "option_name", "") or ""
+    text = _text_like(list(args))
+    if isinstance(e, click_errors.NoSuchOption) and not re.fullmatch(r"--[A-Za-z][\w-]*", name) \
+            and text is not None:
+        # `tinygpt encode -hello` reads as options; the text itself goes after `--`.
+        # (`--layr` is a misspelt option: click's "Possible options" is the help it needs.)
+        import shlex
+
+        shown = f"{command or 'tinygpt COMMAND'} -- {shlex.quote(text)}"
+        return f" ({see}; a text that starts with '-' goes after '--': {shown})"
+    return f" ({see})"
+
+
+def _names(ctx) -> list[str]:
+    """The command names from the root down to ctx (click's own command_path spells the
+    root by how it was run: python -m, a script path)."""
+    return [*(_names(ctx.parent) if ctx.parent else []), ctx.info_name or ""]
+
+
+def run(argv: list[str] | None = None) -> None:
+    """Run one command line in this process (cli.main): bad input ends with one `error: ...`
+    line and exit 2, faults with exit 1, a reader gone (`| head`) quietly."""
+    from . import streams
+
+    streams.guard_streams()
+    args = list(sys.argv[1:] if argv is None else argv)
+    end = args.index("--") if "--" in args else len(args)
+    debug = "--debug" in args[:end] or os.environ.get("TINYGPT_DEBUG") == "1"
+    args = [a for i, a in enumerate(args) if a != "--debug" or i > end]
+    try:
+        # cheap imports only: NumPy, Rich and the model wait for the command that needs them
+        import typer
+
+        from .cli import batch
+        from .cli.app import _chosen, _register, app
+        from .cli.typer_tricks import click_command, click_errors, plain_type_names, quick_coercion
+
+        name = _chosen(args)
+        _register(name)
+        quick_coercion()
+        plain_type_names()
+        command = click_command(app, name, listing=args in ([], ["--help"], ["-h"]))
+        if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
+            # From here a Ctrl-C is a KeyboardInterrupt again, so that `finally` blocks run.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    except KeyboardInterrupt:
+        fresh_line()
+        sys.exit(INTERRUPTED)
+    try:
+        before = streams.identity(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        before = None
+    try:
+        code = batch.main(command, args)  # the command, or once per line with --each-line
+        if code == INTERRUPTED:  # typer turns Ctrl-C into exit 130 itself
+            fresh_line()
+    except SystemExit:
+        if not streams.stdout_broken(before):
+            raise
+        code = streams.reader_gone()  # click's or Rich's broken-pipe handler came first
+    except getattr(click_errors, "NoArgsIsHelpError", ()) as e:
+        # click >= 8.2 raises this to show help for a bare group; that is not an error.
+        typer.echo(e.ctx.get_help())
+        code = OK
+    except click_errors.UsageError as e:
+        if debug:
+            raise
+        code = error(e.format_message() + _hint(e, args), USAGE)
+    except (typer.Abort, KeyboardInterrupt):
+        fresh_line()
+        code = INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - the contract: no traceback without --debug
+        code = failed(e, debug)
+    streams.finish(code if isinstance(code, int) else 0)

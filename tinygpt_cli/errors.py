@@ -53,3 +53,13 @@ def check_utf8(text: str, what: str) -> str:
     byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else \
         f"U+{ord(bad):04X}"
     raise InputError(f"{what} is not valid UTF-8 ({byte} at character {start})")
+
+
+def check_index(value: int, count: int, what: str) -> int:
+    """A layer, head or position index, negatives from the end; the error names the range."""
+    if not -count <= value < count:
+        raise InputError(
+            f"{what} {value} is out of range: valid {what}s are 0..{count - 1} "
+            f"(or -{count}..-1 from the end)"
+        )
+    return value % count

@@ -68,7 +68,7 @@ CARDS = [
 
 
 # ------------------------------------------------------------------ the page of one text
-# `r`: a traced text (cli.common.Run): its trace, model, text, ids, tokens and T.
+# `r`: a traced text (session.Run): its trace, model, text, ids, tokens and T.
 
 
 def next_token(r) -> tuple:

@@ -22,6 +22,12 @@ def check_temperature(temperature: float) -> None:
                          f"{MIN_TEMPERATURE:g}, got {t!r}")
 
 
+def check_top_p(top_p: float) -> None:
+    """A --top-p in (0, 1]; else InputError (exit 2)."""
+    if not 0 < top_p <= 1:  # written so that NaN fails too
+        raise InputError(f"--top-p must be in (0, 1], got {top_p!r}")
+
+
 def probabilities(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     """p_t = exp(z_t / T) / sum_s exp(z_s / T), in float64 so the chances sum to 1.
 
@@ -60,6 +66,11 @@ def top_p_filter(probs: np.ndarray, p: float | None) -> np.ndarray:
     kept = np.zeros_like(probs)
     kept[order[:n_keep]] = probs[order[:n_keep]]
     return kept / kept.sum()
+
+
+def fresh_seed() -> int:
+    """A new seed for a run not given one (a command prints it, so it can be given again)."""
+    return int(np.random.SeedSequence().entropy % 2**31)
 
 
 def create_rng(seed: int | None) -> np.random.Generator:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, check_utf8
+from .errors import InputError, check_index, check_utf8
 from .hooks import Chain, Hook, ablation
 from .model import forward, record, trace
 from .trace import Trace
@@ -31,16 +31,6 @@ def check_text(text: str) -> str:
     if text == "":
         raise InputError("the text is empty: give at least one character")
     return text
-
-
-def check_index(value: int, count: int, what: str) -> int:
-    """A layer, head or position index, negatives from the end; the error names the range."""
-    if not -count <= value < count:
-        raise InputError(
-            f"{what} {value} is out of range: valid {what}s are 0..{count - 1} "
-            f"(or -{count}..-1 from the end)"
-        )
-    return value % count
 
 
 def encode_checked(model: Model, text: str) -> list[int]:
@@ -160,6 +150,22 @@ class Session:
         """Every value of the forward pass, after any interventions."""
         return trace(self.params, self.config, np.asarray(self.ids),
                      hooks=self.hooks_for(ablate, hooks), tokens=self.tokens)
+
+
+@dataclass
+class Run:
+    """A session and the trace of its forward pass: what the cards and the page read. Its
+    JSON documents are made as a session's are (render.documents.session_document)."""
+
+    session: Session
+    trace: Trace
+
+    model = property(lambda self: self.session.model)
+    text = property(lambda self: self.session.text)
+    ids = property(lambda self: self.session.ids)
+    tokens = property(lambda self: self.session.tokens)
+    changes = property(lambda self: self.session.changes)
+    T = property(lambda self: self.session.T)  # noqa: N815  (the seed page's name)
 
 
 def token_id(model: Model, token: str) -> int:

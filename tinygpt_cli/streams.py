@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from pathlib import Path
 
 from .errors import InputError, check_utf8
 from .exits import OK
@@ -153,3 +154,32 @@ def _read_stdin() -> str:
         raise InputError(f"stdin is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
                          f"{e.start}); convert it first, e.g. with iconv -t UTF-8") from None
     return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def text_lines(source: str, option: str) -> list[tuple[int, str]]:
+    """(line number from 1, line) for each line with something besides whitespace of the file
+    `source` ('-': stdin), given with `option`; the errors name it."""
+    if source == "-":
+        if sys.stdin is None or sys.stdin.isatty():
+            raise InputError(f"{option} -: pipe the texts on stdin, one per line")
+        text = sys.stdin.read()
+    else:
+        path = Path(source)
+        if path.is_dir():
+            raise InputError(f"{option} {source} is a folder: give a file of texts")
+        if not path.exists():
+            raise InputError(f"{option} {source}: no such file")
+        if not (path.is_file() or path.is_fifo()):  # a device such as /dev/zero never ends
+            raise InputError(f"{option} {source} is neither a file nor a pipe")
+        try:  # a pipe such as <(command) or /dev/stdin is read as a file is
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{option} {source} is not UTF-8 text ({e.reason} at byte "
+                             f"{e.start})") from None
+    # lines end at \n (and \r\n) only: str.splitlines would also cut at U+2028, U+0085 and
+    # others, which are text here, and shift the line numbers an editor shows
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    found = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    if not found:
+        raise InputError(f"{option} {source} has no lines with text")
+    return found

@@ -217,3 +217,24 @@ def save_tokenizer(tokenizer: Tokenizer, path: str | Path) -> None:
     from .files import write_atomically
 
     write_atomically(Path(path), tokenizer._tok.to_str(pretty=True).encode("utf-8"))
+
+
+def parse_ids(words: list[str], vocab_size: int) -> list[int]:
+    """The token ids in `words` (separated by spaces, commas or brackets, as `decode` takes
+    them), each in the vocabulary; else InputError."""
+    from .errors import InputError
+
+    ids = []
+    for word in words:
+        for part in re.split(r"[\s,\[\]]+", word):
+            if not part:
+                continue
+            if not re.fullmatch(r"-?\d+", part):
+                raise InputError(f"{part!r} is not a token id: ids are whole numbers")
+            ids.append(int(part))
+    if not ids:
+        raise InputError("no token ids given")
+    for i in ids:
+        if not 0 <= i < vocab_size:
+            raise InputError(f"unknown token id {i}: ids run from 0 to {vocab_size - 1}")
+    return ids

@@ -63,29 +63,39 @@ class Trace:
             (f"layers.{i}.{k}", self.get(f"layers.{i}.{k}"))
             for i in range(self.config.n_layer) for k in kinds]
 
-    def residual_parts(self, params, position: int, steer=None
-                       ) -> tuple[list[str], np.ndarray]:
-        """The parts whose sum is the final resid_post at `position`: (labels, [P, d]),
+    def residual_parts(self, params, position: int | None = None, steer=None,
+                       layer: int | None = None) -> tuple[list[str], np.ndarray]:
+        """The parts whose sum is the stream entering block `layer` (default: the final
+        resid_post): (labels, [P, d]) at `position`, or [P, ..., T, d] at every position.
         float64: token embedding, position embedding, then per block each head's z_h W_O[h]
         (its own d_k rows of c_proj, labelled L{i}H{h}), the attention bias b_O, the MLP
         output (mlp_post W_2 + b_2). A steered run (`steer`: hooks.Steering, adding `shift`
-        to layers.L.resid_pre) has the shift as a part of its own, "steer", where it enters."""
+        to layers.L.resid_pre) has the shift as a part of its own, "steer", where it enters.
+        dla reads the final stream at one position, qk a block's input, circuit its senders."""
         cfg, dk = self.config, self.config.d_k
+        last = cfg.n_layer if layer is None else layer
         entry = int(steer.site.split(".")[1]) if steer is not None else None
+
+        def at(x):  # the row of `position` (before any product: dla's numbers are its own)
+            return x if position is None else x[..., position, :]
+
         labels = ["token_embedding", "position_embedding"]
-        parts = [self.get("token_embeddings")[position],
-                 self.get("position_embeddings")[position]]
-        for i in range(cfg.n_layer):
+        parts = [at(self.get("token_embeddings")), at(self.get("position_embeddings"))]
+        shape = parts[0].shape
+        for i in range(last + 1):
             if i == entry:
                 labels.append("steer")
-                parts.append(steer.shift)
+                parts.append(np.broadcast_to(steer.shift, shape))
+            if i == last:
+                break
             w_o = params[f"h.{i}.attn.c_proj.weight"].astype(np.float64)  # [d, d]
-            z = self.get(f"layers.{i}.z")[:, position, :].astype(np.float64)  # [H, d_k]
+            z = np.moveaxis(self.get(f"layers.{i}.z").astype(np.float64), -3, 0)  # [H, ..., d_k]
             for h in range(cfg.n_head):
                 labels.append(f"L{i}H{h}")
-                parts.append(z[h] @ w_o[h * dk:(h + 1) * dk])
+                parts.append(at(z[h]) @ w_o[h * dk:(h + 1) * dk])
             labels += [f"L{i}.attn_bias", f"L{i}.mlp"]
-            parts += [params[f"h.{i}.attn.c_proj.bias"], self.get(f"layers.{i}.mlp_out")[position]]
+            parts += [np.broadcast_to(params[f"h.{i}.attn.c_proj.bias"], shape),
+                      at(self.get(f"layers.{i}.mlp_out"))]
         return labels, np.stack([np.asarray(p, dtype=np.float64) for p in parts])
 
     def get(self, path: str):

@@ -167,6 +167,14 @@ class AttributionReport:
         return total, r.f - r.f_baseline, r.gap
 
 
+def check_method(method: str, baseline: str | None) -> None:
+    """A known --method; --baseline only with integrated gradients."""
+    if method not in METHODS:
+        raise InputError(f"unknown --method {method!r}: use {', '.join(METHODS)}")
+    if baseline is not None and method != "integrated-gradients":
+        raise InputError("--baseline goes with --method integrated-gradients")
+
+
 def attribution_report(session, position: int, target: str | None, vs: str | None,
                        method: str, steps: int, baseline: str | None) -> AttributionReport:
     """`method`'s scores for the prediction at `position`; integrated gradients start from

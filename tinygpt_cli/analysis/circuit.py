@@ -55,6 +55,7 @@ from ..errors import InputError
 from ..hooks import Chain, Record, Replace
 from ..model import backward, forward
 from ..schema import head_name, mlp_name
+from ..trace import Trace
 from ..words import count
 from .patch import check_gap, logit_difference
 from .variants import cut_head, widen
@@ -134,14 +135,13 @@ def head_weights(params, config: Config, i: int) -> tuple[np.ndarray, ...]:
 
 
 def sender_outputs(params, config: Config, values: dict[str, np.ndarray]) -> np.ndarray:
-    """Every sender's output in a recorded run: [S, *batch, T, d], float64."""
-    out = [values["embeddings"]]
-    for i in range(config.n_layer):
-        wo = head_weights(params, config, i)[-1]
-        z = values[f"layers.{i}.z"]  # [*batch, H, T, d_k]
-        out.extend(z[..., h, :, :] @ wo[h] for h in range(config.n_head))
-        out.append(values[f"layers.{i}.mlp_out"])
-    return np.stack([np.asarray(o, np.float64) for o in out])
+    """Every sender's output in a recorded run: [S, *batch, T, d], float64: the embeddings,
+    then per block each head and the MLP, as Trace.residual_parts splits the stream (the
+    attention biases are no sender: edge_forward adds them to every later input)."""
+    labels, parts = Trace(values, config).residual_parts(params)
+    senders = [p for label, p in zip(labels, parts, strict=True)
+               if label.startswith("L") and not label.endswith(".attn_bias")]
+    return np.stack([np.asarray(values["embeddings"], np.float64), *senders])
 
 
 def _norm_backward(d: np.ndarray, values, stream: str, norm: str, g: np.ndarray) -> np.ndarray:

@@ -32,6 +32,16 @@ def prepare_pair(s, c, position: int, target: str | None, vs: str | None):
     return circuit.prepare(s.params, s.config, s.ids, c.ids, t, v, p, steer=s.steering), note
 
 
+def check_options(method: str, stable: bool, pairs: Path | None) -> None:
+    """A known --method; --stability and --pairs go together."""
+    from .circuit import METHODS
+
+    if method not in METHODS:
+        raise InputError(f"unknown --method {method!r}: use {', '.join(METHODS)}")
+    if stable != (pairs is not None):
+        raise InputError("--stability needs --pairs FILE, and --pairs goes with --stability")
+
+
 def read_pairs(path: Path) -> list[tuple[str, str]]:
     """Lines CLEAN<TAB>CORRUPT; blank lines and lines starting with '#' are skipped."""
     try:

@@ -80,6 +80,17 @@ def _curves(params, config, ids, position, target, vs, order: np.ndarray, baseli
     return full - f[: k_max + 1], full - f[k_max + 1:], float(full)
 
 
+def erasure_of(s, r, position: int, target: int, vs: int | None, baseline: str | None
+               ) -> tuple[Erasure, np.ndarray]:
+    """`attribute --faithfulness`: the curves of attribution r's ranking in session s
+    (attention-x-grad's scores summed over its heads), a token erased to the token
+    embedding of the `baseline` text (as many tokens) or to zeros; (curves, the scores)."""
+    base = None if baseline is None else s.params["wte.weight"][s.reopen(baseline).ids]
+    scores = r.scores.reshape(-1, r.scores.shape[-1]).sum(axis=0)
+    return erasure(s.params, s.config, s.ids, position, target, vs, scores, r.method, base,
+                   steer=s.steering), scores
+
+
 def erasure(params, config: Config, ids: Sequence[int], position: int, target: int,
             vs: int | None, scores: np.ndarray, method: str,
             baseline: np.ndarray | None = None, seed: int = 0, steer=None) -> Erasure:

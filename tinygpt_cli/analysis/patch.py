@@ -186,13 +186,26 @@ def best_other(logits_row: np.ndarray, t: int) -> int:
     return int(second if first == t else first)
 
 
+METHODS = ("activation", "atp")
+
+
+def check_method(method: str) -> None:
+    if method not in METHODS:
+        raise InputError(f"unknown --method {method!r}: use activation or atp")
+
+
 def patch_question(clean, corrupt, position: int, target: str | None, vs: str | None):
     """The target (default: the clean run's top guess) against vs (default: the corrupt
     run's top guess, or its next best when that is the target too: both runs guessing alike
-    is a question still worth asking) at `position` (checked already). Returns the question
-    and a note saying which --vs was chosen, when it had to be."""
+    is a question still worth asking) at `position` (checked already), for two texts of as
+    many tokens. Returns the question and a note saying which --vs was chosen, when it had
+    to be."""
     from .question import Question, ask
 
+    if corrupt.T != clean.T:
+        raise InputError(f"the clean text is {clean.T:,} token{'s' * (clean.T != 1)} and the "
+                         f"corrupt text {corrupt.T}: patching copies values position by "
+                         "position, so they must have the same number of tokens")
     q = ask(clean, clean.run()[position], position, target, None)
     v = clean.token_id(vs) if vs is not None else best_other(corrupt.run()[position], q.target)
     note = None

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Config
+from ..errors import InputError
+from ..trace import Trace
 from .circuit import head_weights
 
 
@@ -34,31 +36,41 @@ class QK:
     weights: np.ndarray  # [keys] the attention weights
 
 
+def key_position(r: QK, key: int | None) -> int:
+    """--key, checked against the keys query r.query attends to (negatives from the end);
+    default: the key it attends to most."""
+    p = r.query
+    k = int(r.weights.argmax()) if key is None else key
+    if not -(p + 1) <= k <= p:
+        raise InputError(f"--key {key} is out of range: query position {p} attends to keys "
+                         f"0..{p} (or -{p + 1}..-1 from the end)")
+    return k % (p + 1)
+
+
 def stream_parts(params, config: Config, values: dict[str, np.ndarray], layer: int,
                  steer=None) -> tuple[list[str], np.ndarray]:
     """The parts that add up to the stream entering block `layer`: names, [P, T, d].
-    `steer` (hooks.Steering, adding `shift` to layers.S.resid_pre) is a part from block S on."""
-    names, parts = ["token", "position"], [values["token_embeddings"],
-                                           values["position_embeddings"]]
-    bias = np.zeros(config.n_embd)
-    entry = int(steer.site.split(".")[1]) if steer is not None else None
-    for i in range(layer + 1):
-        if i == entry:
-            names.append("steer")
-            parts.append(np.broadcast_to(steer.shift, parts[0].shape))
-        if i == layer:
-            break
-        wo = head_weights(params, config, i)[-1]
-        for h in range(config.n_head):
-            names.append(f"a{i}.h{h}")
-            parts.append(values[f"layers.{i}.z"][h] @ wo[h])
-        names.append(f"m{i}")
-        b_mlp = params[f"h.{i}.mlp.c_proj.bias"]
-        parts.append(values[f"layers.{i}.mlp_out"] - b_mlp)
-        bias = bias + params[f"h.{i}.attn.c_proj.bias"] + b_mlp
-    names.append("biases")
-    parts.append(np.broadcast_to(bias, parts[0].shape))
-    return names, np.stack([np.asarray(p, np.float64) for p in parts])
+    Trace.residual_parts' parts in qk's names (a{i}.h{h}, m{i}), each MLP's output without
+    its bias, and every output bias summed into one part, "biases". `steer` (hooks.Steering,
+    adding `shift` to layers.S.resid_pre) is a part from block S on."""
+    labels, parts = Trace(values, config).residual_parts(params, steer=steer, layer=layer)
+    names, kept, bias = [], [], np.zeros(config.n_embd)
+    for label, part in zip(labels, parts, strict=True):
+        if label.endswith(".attn_bias"):  # the same at every position: one vector
+            bias = bias + part.reshape(-1, config.n_embd)[0]
+            continue
+        if label.endswith(".mlp"):
+            b_mlp = params[f"h.{label[1:-4]}.mlp.c_proj.bias"]
+            bias, part = bias + b_mlp, part - b_mlp
+        names.append(_qk_name(label))
+        kept.append(part)
+    return [*names, "biases"], np.stack([*kept, np.broadcast_to(bias, parts[0].shape)])
+
+
+def _qk_name(label: str) -> str:
+    """A label of Trace.residual_parts as qk names it: the heads and MLPs by their one short
+    name (L0H1, L0.mlp, as every view), the embeddings as "token" and "position"."""
+    return {"token_embedding": "token", "position_embedding": "position"}.get(label, label)
 
 
 def side_terms(parts: np.ndarray, std: np.ndarray, g: np.ndarray, b: np.ndarray,

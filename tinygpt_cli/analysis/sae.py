@@ -365,6 +365,17 @@ def splice(sae: SAE, x: np.ndarray) -> np.ndarray:
     return reconstruct(sae, x).astype(x.dtype)
 
 
+def evaluate_held_out(model, sae: SAE, data, windows: int, progress=None, hooks=None):
+    """`sae eval`: evaluate over `windows` windows of the held-out text (--data's last part,
+    or part-005), never training text; (the evaluation, the files' names)."""
+    from ..corpus import data_windows, held_out_files
+
+    files = held_out_files(data)
+    x, y = data_windows(files, model.tokenizer, model.config.n_positions, windows)
+    return (evaluate(model.params, model.config, sae, x, y, progress, hooks),
+            [f.name for f in files])
+
+
 def evaluate(params, config: Config, sae: SAE, inputs: np.ndarray, targets: np.ndarray,
              progress: Callable[[int], None] | None = None, hooks=None) -> SAEEval:
     """SAELens' metrics on windows [W, T] of held-out text (inputs and their next tokens).
@@ -623,3 +634,30 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
     return cache.load_or_compute(cache.entry("sae", key), cache.load_arrays, compute,
                                  cache.store_arrays,
                                  lambda e: valid_codes(e, sae, model.config, windows))
+
+
+def train_resumably(x: np.ndarray, out: Path, settings: dict, weights_sha256: str,
+                    bar, changes: dict | None = None) -> TrainState:
+    """`sae train`: a TopK SAE trained on x [N, d] as `settings` ask (site, latents, k, steps,
+    batch, lr, windows, seed), resuming from OUT.checkpoint.npz when it holds a run with
+    these settings and checkpointing to it every 100 steps; the SAE is saved to `out` and
+    the checkpoint removed. bar(total, description): a progress bar. `changes` ({"steered":
+    ...} for a steered run's values) go into the file's metadata, and the settings."""
+    settings = {**settings, **(changes or {})}  # resumed only under the same steering
+    ckpt = out.with_name(out.name + ".checkpoint.npz")
+    steps, seed = settings["steps"], settings["seed"]
+    state = load_checkpoint(ckpt, settings) or new_state(
+        x, settings["latents"], settings["k"], settings["site"], seed, settings["lr"])
+    with bar(steps, "training") as advance:
+        advance(state.step)
+
+        def each(st):
+            advance(1)
+            if st.step % 100 == 0 or st.step == steps:
+                save_checkpoint(ckpt, st, settings)
+
+        train_steps(state, x, steps, batch=settings["batch"], seed=seed, progress=each)
+    save_sae(out, state.sae, {"steps": str(steps), "tokens": str(len(x)),
+                              "weights_sha256": weights_sha256, **(changes or {})})
+    ckpt.unlink(missing_ok=True)
+    return state

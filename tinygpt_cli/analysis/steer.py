@@ -16,7 +16,9 @@ Vectors are saved as a direction file (see `direction_file`), also read for `--s
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -82,6 +84,18 @@ def parse_texts(content: str, name: str) -> list[str]:
     if not texts:
         raise InputError(f"{name} holds no text")
     return texts
+
+
+def read_pairs(pos: Path, neg: Path) -> tuple[list[str], list[str]]:
+    """The texts of the files --pos and --neg; text i of one pairs with text i of the other."""
+    from ..corpus import read_user_file
+
+    pos_texts = parse_texts(read_user_file(pos, "--pos"), "--pos")
+    neg_texts = parse_texts(read_user_file(neg, "--neg"), "--neg")
+    if len(pos_texts) != len(neg_texts):
+        raise InputError(f"--pos holds {len(pos_texts)} texts and --neg {len(neg_texts)}: "
+                         "text i of one pairs with text i of the other")
+    return pos_texts, neg_texts
 
 
 def split_pairs(n: int, held_out: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -362,3 +376,19 @@ def steering_direction(model, toward: str | None, away: str | None, vector_file:
     pair = (encode_checked(model, toward), encode_checked(model, away))
     vector = mean_difference(model.params, config, [pair], layer)
     return vector, layer, {"toward": toward, "away": away}
+
+
+def steering_hook(model, toward: str | None, away: str | None, vector_file: str | None,
+                  layer: int | None, scale: float) -> tuple[object, dict]:
+    """(the hook that adds scale * v to the input of the block, its description: site,
+    scale, the norm of v and where v came from) from the --steer options
+    (steering_direction)."""
+    from ..session import check_index
+
+    if not math.isfinite(scale):
+        raise InputError(f"--steer-scale must be a finite number, got {scale!r}")
+    vector, layer, source = steering_direction(model, toward, away, vector_file, layer)
+    layer = check_index(layer, model.config.n_layer, "--steer-layer")
+    described = {"site": site(layer), "scale": scale,
+                 "norm": float(math.sqrt(float(vector.astype(float) @ vector))), **source}
+    return add_vector(site(layer), vector, scale), described

@@ -268,3 +268,25 @@ def fit_and_save(model, windows: np.ndarray, path: Path, bar, hooks=None,
                                          "tokens": str(len(last)), "steps": str(FIT_STEPS),
                                          **(meta or {})})
     return len(last)
+
+
+def fit_on_training_text(model, data, path, bar, hooks=None, changes=None) -> int:
+    """`lens --fit`: translators fitted on FIT_WINDOWS windows of the training text (--data's
+    parts but the last, or the project's) and saved to `path`; the number of tokens."""
+    from ..corpus import data_windows, training_files
+
+    x, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
+                        FIT_WINDOWS)
+    return fit_and_save(model, x, path, bar, hooks, changes)
+
+
+def evaluate_held_out(model, data, translators, bar, hooks=None):
+    """`lens --evaluate`: both lenses over EVAL_WINDOWS windows of the held-out text (--data's
+    last part, or part-005); (the LensEval, the files' names)."""
+    from ..corpus import data_windows, given_or, held_out_files
+
+    files = given_or(data, held_out_files)
+    x, _ = data_windows(files, model.tokenizer, model.config.n_positions, EVAL_WINDOWS)
+    with bar(2 * x.size, "evaluating both lenses") as advance:
+        result = evaluate_windows(model.params, model.config, x, translators, advance, hooks)
+    return result, [f.name for f in files]

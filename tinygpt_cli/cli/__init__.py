@@ -1,5 +1,9 @@
-"""The Typer app: one module per group of commands. Parse, compute, render; no math here."""
+"""The Typer app: one module per group of commands. Parse, compute, render; no math here.
 
-from .app import app, main
+`main(argv)` runs one command line in this process (entry.run: the output contract's exit
+codes and error line around the app)."""
+
+from ..entry import run as main
+from .app import app
 
 __all__ = ["app", "main"]

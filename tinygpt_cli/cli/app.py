@@ -1,21 +1,14 @@
-"""The `tinygpt` application object and the error handling every command shares."""
+"""The `tinygpt` application object: its group options, and every command registered in the
+order `tinygpt --help` lists them (entry.run runs a command line through it)."""
 
 from __future__ import annotations
 
-import errno
 import inspect
-import os
-import re
-import signal
-import sys
 from pathlib import Path
 
 import typer
 
-from .. import streams
-from ..exits import FAULT, INTERRUPTED, OK, USAGE, fresh_line
-from ..render.text import escape_line, examples_block
-from .typer_tricks import click_command, click_errors, plain_type_names, quick_coercion
+from ..render.text import examples_block
 from .typer_tricks import command_name as _command_name
 
 app = typer.Typer(
@@ -119,131 +112,3 @@ def _register(name: str | None = None) -> None:
         doc = command.help or (command.callback.__doc__ if command.callback else None)
         if doc:
             command.help = examples_block(doc)
-
-
-def _error(message: str, code: int) -> int:
-    message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
-    try:
-        sys.stderr.write(f"error: {escape_line(message)}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass  # stderr is gone too: the exit code is all that is left
-    return code
-
-
-def _too_many_digits(e: Exception) -> bool:
-    """Python's own refusal to read an integer string of over 4,300 digits (a guard against
-    slow conversions), raised as a plain ValueError by int() wherever the tool reads one."""
-    return type(e) is ValueError and "integer string conversion" in str(e)
-
-
-def _text_like(args: list[str]) -> str | None:
-    """The first word that click read as options but looks like a text: `-hello`,
-    `-5 degrees` (a mistyped single letter such as `-x` is only an unknown option)."""
-    words = args[: args.index("--")] if "--" in args else args
-    return next((w for w in words if w.startswith("-") and not w.startswith("--")
-                 and (len(w) > 2 or " " in w)), None)
-
-
-def _hint(e, args: list[str] = ()) -> str:
-    # the whole command path: `tinygpt sae train`, not `tinygpt train`
-    command = " ".join(["tinygpt", *_names(e.ctx)[1:]]) if e.ctx and e.ctx.parent else None
-    see = f"see '{command or 'tinygpt'} --help'"
-    name = getattr(e, "option_name", "") or ""
-    text = _text_like(list(args))
-    if isinstance(e, click_errors.NoSuchOption) and not re.fullmatch(r"--[A-Za-z][\w-]*", name) \
-            and text is not None:
-        # `tinygpt encode -hello` reads as options; the text itself goes after `--`.
-        # (`--layr` is a misspelt option: click's "Possible options" is the help it needs.)
-        import shlex
-
-        shown = f"{command or 'tinygpt COMMAND'} -- {shlex.quote(text)}"
-        return f" ({see}; a text that starts with '-' goes after '--': {shown})"
-    return f" ({see})"
-
-
-def _names(ctx) -> list[str]:
-    """The command names from the root down to ctx (click's own command_path spells the
-    root by how it was run: python -m, a script path)."""
-    return [*(_names(ctx.parent) if ctx.parent else []), ctx.info_name or ""]
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; bad input ends with one `error: ...` line and exit 2, faults with exit 1."""
-    streams.guard_streams()
-    args = list(sys.argv[1:] if argv is None else argv)
-    end = args.index("--") if "--" in args else len(args)
-    debug = "--debug" in args[:end] or os.environ.get("TINYGPT_DEBUG") == "1"
-    args = [a for i, a in enumerate(args) if a != "--debug" or i > end]
-    try:
-        # cheap imports only: NumPy, Rich and the model wait for the command that needs them
-        from ..errors import InputError, WeightsError  # PathError is an InputError
-        from . import batch
-
-        name = _chosen(args)
-        _register(name)
-        quick_coercion()
-        plain_type_names()
-        command = click_command(app, name, listing=args in ([], ["--help"], ["-h"]))
-        if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
-            # From here a Ctrl-C is a KeyboardInterrupt again, so that `finally` blocks run.
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-    except KeyboardInterrupt:
-        fresh_line()
-        sys.exit(INTERRUPTED)
-    try:
-        before = streams.identity(sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        before = None
-    try:
-        code = batch.main(command, args)  # the command, or once per line with --each-line
-        if code == INTERRUPTED:  # typer turns Ctrl-C into exit 130 itself
-            fresh_line()
-    except SystemExit:
-        if not streams.stdout_broken(before):
-            raise
-        code = streams.reader_gone()  # click's or Rich's broken-pipe handler came first
-    except getattr(click_errors, "NoArgsIsHelpError", ()) as e:
-        # click >= 8.2 raises this to show help for a bare group; that is not an error.
-        typer.echo(e.ctx.get_help())
-        code = OK
-    except click_errors.UsageError as e:
-        if debug:
-            raise
-        code = _error(e.format_message() + _hint(e, args), USAGE)
-    except InputError as e:
-        if debug:
-            raise
-        code = _error(str(e), USAGE)
-    except WeightsError as e:
-        if debug:
-            raise
-        code = _error(str(e), FAULT)
-    except typer.Abort:
-        fresh_line()
-        code = INTERRUPTED
-    except KeyboardInterrupt:
-        fresh_line()
-        code = INTERRUPTED
-    except BrokenPipeError:
-        code = streams.reader_gone()
-    except OSError as e:
-        if e.errno == errno.EPIPE:
-            code = streams.reader_gone()
-        elif debug:
-            raise
-        elif not e.filename and streams.stdout_failed():  # `> /dev/full`
-            code = _error(f"cannot write to standard output: {e.strerror or e}", 1)
-        else:
-            where = f": {e.filename}" if e.filename else ""
-            code = _error(f"{e.strerror or e}{where}", FAULT)
-    except Exception as e:  # noqa: BLE001 - the contract: no traceback without --debug
-        if debug:
-            raise
-        if _too_many_digits(e):  # wherever a number is read: an option, a path, an id
-            code = _error("a number of more than 4,300 digits: no option, index or token id "
-                          "is anywhere near that large", USAGE)
-        else:
-            code = _error(f"{type(e).__name__}: {e} (run again with --debug for the "
-                          "traceback)", FAULT)
-    streams.finish(code if isinstance(code, int) else 0)

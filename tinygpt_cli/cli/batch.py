@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
-import sys
-from pathlib import Path
 
 from ..errors import InputError
 
@@ -49,15 +46,17 @@ def main(command, args: list[str]):
 def _each_line(command, rest: list[str], name: str, sub, source: str) -> int:
     from rich.text import Text
 
+    from ..render.jsonout import emit_record
     from ..render.quick_table import print_line
     from ..render.text import show_text
+    from ..streams import text_lines
     from .common import stdout
 
     as_json = "--json" in rest
     code = 0
     at = rest.index(name) + 1
     options, before, after = split_arguments(sub, rest[at:])
-    for number, line in lines_of(source):
+    for number, line in text_lines(source, OPTION):
         # the line goes where the text argument goes: last for most, first for `trace TEXT PATH`
         argv = [*rest[:at], *options, "--", *before, line, *after]
         try:
@@ -65,7 +64,7 @@ def _each_line(command, rest: list[str], name: str, sub, source: str) -> int:
                 buf = io.StringIO()
                 with contextlib.redirect_stdout(buf):
                     code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False)
-                _emit_record(number, line, [x for x in buf.getvalue().splitlines() if x.strip()])
+                emit_record(number, line, [x for x in buf.getvalue().splitlines() if x.strip()])
             else:
                 print_line(stdout(), Text(f"line {number}: ", style="bold magenta")
                            + Text(show_text(line)[:80]))
@@ -76,25 +75,6 @@ def _each_line(command, rest: list[str], name: str, sub, source: str) -> int:
         if code:
             return code
     return code
-
-
-def _emit_record(number: int, line: str, docs: list[str]) -> None:
-    """{"line": N, "text": ..., "result": the command's document(s)} on one line. The
-    documents are spliced in as the command printed them (strict, escaped JSON already):
-    parsing and printing them again took as long as the command itself."""
-    from ..render import jsonout
-
-    out = sys.stdout
-    encoding = (getattr(out, "encoding", None) or "utf-8").lower().replace("-", "")
-    if not encoding.startswith("utf"):  # the documents must be made ASCII: print them anew
-        parsed = [json.loads(d) for d in docs]
-        jsonout.emit({"line": number, "text": line,
-                      "result": parsed[0] if len(parsed) == 1 else parsed})
-        return
-    result = docs[0] if len(docs) == 1 else "[" + ", ".join(docs) + "]"
-    head = jsonout.dumps({"line": number, "text": line})
-    out.write(f'{head[:-1]}, "result": {result}}}\n')
-    out.flush()
 
 
 def split_arguments(command, args: list[str]) -> tuple[list[str], list[str], list[str]]:
@@ -146,31 +126,3 @@ def take_option(args: list[str]) -> tuple[str, list[str]]:
     if not source:
         raise InputError(f"{OPTION} needs a file of texts, one per line ('-': stdin)")
     return source, rest
-
-
-def lines_of(source: str) -> list[tuple[int, str]]:
-    """(line number from 1, line) for each line with something besides whitespace."""
-    if source == "-":
-        if sys.stdin is None or sys.stdin.isatty():
-            raise InputError(f"{OPTION} -: pipe the texts on stdin, one per line")
-        text = sys.stdin.read()
-    else:
-        path = Path(source)
-        if path.is_dir():
-            raise InputError(f"{OPTION} {source} is a folder: give a file of texts")
-        if not path.exists():
-            raise InputError(f"{OPTION} {source}: no such file")
-        if not (path.is_file() or path.is_fifo()):  # a device such as /dev/zero never ends
-            raise InputError(f"{OPTION} {source} is neither a file nor a pipe")
-        try:  # a pipe such as <(command) or /dev/stdin is read as a file is
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise InputError(f"{OPTION} {source} is not UTF-8 text ({e.reason} at byte "
-                             f"{e.start})") from None
-    # lines end at \n (and \r\n) only: str.splitlines would also cut at U+2028, U+0085 and
-    # others, which are text here, and shift the line numbers an editor shows
-    lines = [line.removesuffix("\r") for line in text.split("\n")]
-    found = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
-    if not found:
-        raise InputError(f"{OPTION} {source} has no lines with text")
-    return found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -25,36 +26,37 @@ from .common import (
     TOP_P,
     WEIGHTS,
     InputError,
-    Run,
     check_index,
-    check_top_p,
+    figures,
+    present,
     run,
     save_figure,
     show_view,
     stdout,
+    wide,
 )
+
+if TYPE_CHECKING:
+    from ..session import Run
 
 # NumPy, Rich and the model are imported inside the commands: registering them (and
 # `tinygpt --help`) stays cheap, and each command loads only what it shows.
 
 
-def show(r: Run, path: str, as_json: bool, full: bool, *, value=None, extra=None, below=(),
-         save=None, force=False):
-    """Print one traced value: JSON document, or header + token-labelled table (+ more);
-    with --save, write its picture first (the value as a heatmap)."""
-    from ..render import jsonout
+def show(r: Run, path: str, as_json: bool, full: bool, *, extra=None, below=(), save=None,
+         force=False, figure=None):
+    """Print one traced value: JSON document (with `extra`), or header + token-labelled table
+    (+ `below`); with --save, write its picture first (`figure`, default the value as a
+    heatmap)."""
     from ..render.cards import value_view
+    from ..render.documents import session_document
 
-    value = r.trace.get(path) if value is None else value
-    if save is not None:  # the picture module loads only for a picture
-        from ..render.figure import value_figure
-
-        save_figure(value_figure(path, value, r.tokens), save, force)
-    if as_json:
-        jsonout.emit(r.document(path, value, **(extra or {})))
-        return
-    view = value_view(path, value, r.tokens, full, below)
-    show_view(view, full, [view.renderables[0]])  # as wide as the table, --full
+    value = r.trace.get(path)
+    present(as_json, lambda: session_document(r, path, value, **(extra or {})),
+            lambda: value_view(path, value, r.tokens, full, below),
+            figure=figure or (lambda: figures("figure").value_figure(path, value, r.tokens)),
+            save=save, force=force,  # --full: as wide as the table
+            console=lambda view: wide(view.renderables[0]) if full else stdout())
 
 
 # ------------------------------------------------------------------ cards 2-4, 8
@@ -148,35 +150,26 @@ def attn(
     """
     from ..render import jsonout
     from ..render.cards import head_view, heads_view
-
-    def picture(path, grids):  # the picture module loads only for a picture
-        if save is not None:
-            from ..render.figure import attention_figure
-
-            save_figure(attention_figure(path, grids, r.tokens, scores=scores), save, force)
+    from ..render.documents import session_document
 
     r = run(weights, text, ablate)
     cfg = r.model.config
     layer = check_index(layer, cfg.n_layer, "layer")
     field = "scores" if scores else "weights"
     if all_heads:
-        path = f"layers.{layer}.{field}"
-        grids = r.trace.get(path)
-        picture(path, grids)
-        if as_json:
-            jsonout.emit(r.document(path, grids))
-            return
-        view, maps = heads_view(path, grids, r.tokens, scores, full)
-        show_view(view, full, maps)
-        return
-    head = check_index(head, cfg.n_head, "head")
-    path = f"layers.{layer}.heads.{head}.{field}"
-    grid = r.trace.get(path)
-    picture(path, grid)
+        path, grid_view = f"layers.{layer}.{field}", heads_view
+    else:
+        head = check_index(head, cfg.n_head, "head")
+        path, grid_view = f"layers.{layer}.heads.{head}.{field}", head_view
+    grids = r.trace.get(path)
+    if save is not None:  # the picture module loads only for a picture
+        from ..render.figure import attention_figure
+
+        save_figure(attention_figure(path, grids, r.tokens, scores=scores), save, force)
     if as_json:
-        jsonout.emit(r.document(path, grid))
+        jsonout.emit(session_document(r, path, grids))
         return
-    view, maps = head_view(path, grid, r.tokens, scores, full)
+    view, maps = grid_view(path, grids, r.tokens, scores, full)
     show_view(view, full, maps)
 
 
@@ -196,7 +189,6 @@ def mlp(
     Example: tinygpt mlp "Lily wanted to play with her" --layer 0 --top 5
     """
     from ..analysis.lens import top_neurons
-    from ..render import pictures
     from ..render.cards import neurons_below
 
     r = run(weights, text, ablate)
@@ -204,13 +196,10 @@ def mlp(
     post = r.trace.get(f"layers.{layer}.mlp_post")
     neurons = top_neurons(post, min(top, post.shape[1]))
     path = f"layers.{layer}.mlp_out"
-    save_figure(pictures.neurons_figure(path, r.trace.get(path), r.tokens, layer, neurons), save,
-                force)
-    if as_json:
-        show(r, path, True, full, extra={"top_neurons": neurons})
-        return
-    show(r, path, False, full,
-         below=neurons_below(layer, post.shape[1], neurons, r.tokens, full))
+    show(r, path, as_json, full, extra={"top_neurons": neurons}, save=save, force=force,
+         below=() if as_json else neurons_below(layer, post.shape[1], neurons, r.tokens, full),
+         figure=lambda: figures("pictures").neurons_figure(path, r.trace.get(path), r.tokens,
+                                                           layer, neurons))
 
 
 # ------------------------------------------------------------------ card 7
@@ -228,7 +217,7 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     import numpy as np
 
     from ..analysis.lens import block_summary
-    from ..render import jsonout, pictures
+    from ..render.documents import blocks_document
     from ..render.tables import blocks_view
 
     r = run(weights, text, ablate)
@@ -236,14 +225,10 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     rows = block_summary(r.trace, r.model.params, r.model.config, position=p)
     tok = r.model.tokenizer.token_str
     norms = np.stack([row["norm"] for row in rows])  # [n_layer + 1, T]
-    save_figure(pictures.blocks_figure(rows, tok, p, r.tokens), save, force)
-    if as_json:
-        stages = [{k: v for k, v in row.items() if k != "norm"} | {"top_token": tok(row["top_id"])}
-                  for row in rows]
-        jsonout.emit(r.document(None, norms, name="blocks.norm", position=p,
-                                      stages=stages))
-        return
-    show_view(blocks_view(rows, tok, p, r.tokens, norms, full), full)  # --full: however wide
+    present(as_json, lambda: blocks_document(r, rows, norms, tok, p),
+            lambda: blocks_view(rows, tok, p, r.tokens, norms, full),
+            figure=lambda: figures("pictures").blocks_figure(rows, tok, p, r.tokens), save=save,
+            force=force, console=lambda view: wide(view) if full else stdout())  # --full: wide
 
 
 # ------------------------------------------------------------------ cards 9-11
@@ -258,19 +243,18 @@ def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     Example: tinygpt logits "Lily wanted to play with her" --position -1 --top 10
     """
     from ..analysis.lens import top_entries
-    from ..render import jsonout, pictures
     from ..render.cards import logits_view
+    from ..render.documents import session_document
 
     r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
     row = r.trace.get("logits")[p]
     path = f"logits[{p}]"
     rows = top_entries(row, top, r.model.tokenizer.token_str, "logit")
-    save_figure(pictures.top_figure(path, rows, "logit", r.tokens), save, force)
-    if as_json:
-        jsonout.emit(r.document(path, row, position=p, top=rows))
-        return
-    stdout().print(logits_view(path, row, rows, r.T))
+    present(as_json, lambda: session_document(r, path, row, position=p, top=rows),
+            lambda: logits_view(path, row, rows, r.T),
+            figure=lambda: figures("pictures").top_figure(path, rows, "logit", r.tokens),
+            save=save, force=force)
 
 
 @app.command()
@@ -285,6 +269,7 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     from ..analysis.lens import top_entries
     from ..render import jsonout, pictures
     from ..render.cards import probs_view
+    from ..render.documents import session_document
     from ..sampling import probabilities
 
     r = run(weights, text, ablate)
@@ -296,8 +281,8 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     save_figure(pictures.top_figure(path, rows, "chance", r.tokens, percent=True), save, force)
     if as_json:
         formula = {} if temperature == 1 else {"formula": path}
-        jsonout.emit(r.document(path if temperature == 1 else None, pr, **formula, position=p,
-                                temperature=temperature, top=rows))
+        jsonout.emit(session_document(r, path if temperature == 1 else None, pr, **formula,
+                                      position=p, temperature=temperature, top=rows))
         return
     stdout().print(probs_view(path, pr, rows))
 
@@ -311,11 +296,10 @@ def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = AB
 
     Example: tinygpt sample "Lily wanted to play with her" --seed 1
     """
-    import numpy as np
-
     from ..render import jsonout
     from ..render.cards import continued_text, sample_view
-    from ..sampling import create_rng, next_token_distribution, sample
+    from ..render.documents import sample_document
+    from ..sampling import check_top_p, create_rng, next_token_distribution, sample
 
     check_top_p(top_p)
     r = run(weights, text, ablate)
@@ -323,11 +307,8 @@ def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = AB
     token_id = sample(dist, create_rng(seed))
     token = r.model.tokenizer.token_str(token_id)
     if as_json:
-        jsonout.emit(r.document(None, np.int64(token_id),
-                                formula="sample(softmax(logits[-1] / temperature), top_k, top_p, "
-                                "create_rng(seed))", top_k=top_k, top_p=top_p,
-                                      token=token, chance=float(dist[token_id]), seed=seed,
-                                      temperature=temperature))
+        jsonout.emit(sample_document(r, token_id, token, float(dist[token_id]), seed,
+                                     temperature, top_k, top_p))
         return
     stdout().print(sample_view(token, token_id, float(dist[token_id]), seed))
     stdout().print(continued_text(r.text, r.model.tokenizer.decode([token_id])),

@@ -8,14 +8,15 @@ hands the result to render.circuits (or prints one JSON document).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
 from .app import app
 from .common import (
     FORCE,
+    HEAD,
     JSON,
+    LAYER,
     POSITION,
     QUIET,
     SAVE,
@@ -23,17 +24,12 @@ from .common import (
     TEXT,
     VS,
     WEIGHTS,
-    InputError,
     open_session,
+    present,
     progress,
     read_text,
-    save_figure,
     stderr,
-    stdout,
 )
-
-if TYPE_CHECKING:
-    from ..session import Session
 
 STEPS = typer.Option(20, "--steps", min=1, max=1000, help="eap-ig: points on the path from "
                      "the corrupt to the clean embeddings (one backward pass each); 1 is eap.")
@@ -81,12 +77,8 @@ def circuit(
     from ..analysis import circuit_pairs as pairing
     from ..render import circuits as view
     from ..render.documents import circuit_document
-    from ..render.jsonout import emit
 
-    if method not in circuits.METHODS:
-        raise InputError(f"unknown --method {method!r}: use {', '.join(circuits.METHODS)}")
-    if stable != (pairs is not None):
-        raise InputError("--stability needs --pairs FILE, and --pairs goes with --stability")
+    pairing.check_options(method, stable, pairs)
     more = None if pairs is None else pairing.read_pairs(pairs)  # a bad file fails first
     s = open_session(weights, clean)
     c = s.reopen(read_text(corrupt))
@@ -100,22 +92,17 @@ def circuit(
     stab = None if more is None else pairing.stability_over(
         s, more, pair, method, steps, r.smallest or top, target, vs, position)
     what = pairing.describe(s.model.tokenizer.token_str, pair.target, pair.vs)
-    save_figure(view.circuit_figure(r, what, top), save, force)
-    if as_json:
-        emit(circuit_document(s, c, pair, r, stab, {
-            "target": target, "vs": vs, "position": position, "method": method,
-            "steps": steps if method == "eap-ig" else None, "seed": seed}))
-        return
-    stdout().print(view.circuit_view(r, what, pair.position, s.tokens[pair.position],
-                                     s.config.n_layer, s.config.n_head, top, stab))
+    present(as_json, lambda: circuit_document(s, c, pair, r, stab, {
+        "target": target, "vs": vs, "position": position, "method": method,
+        "steps": steps if method == "eap-ig" else None, "seed": seed}),
+        lambda: view.circuit_view(r, what, pair.position, s.tokens[pair.position],
+                                  s.config.n_layer, s.config.n_head, top, stab),
+        figure=lambda: view.circuit_figure(r, what, top), save=save, force=force)
 
 
 @app.command()
 def qk(
-    text: str = TEXT, weights: Path = WEIGHTS,
-    layer: int = typer.Option(0, "--layer", "-l", help="Block index; negative counts from "
-                              "the end."),
-    head: int = typer.Option(0, "--head", "-H", help="Head index; negative counts from the end."),
+    text: str = TEXT, weights: Path = WEIGHTS, layer: int = LAYER, head: int = HEAD,
     query: int = typer.Option(-1, "--query", help="The query position; -1 is the last."),
     key: int = typer.Option(None, "--key", help="The key position whose score is split "
                             "(default: the one the query attends to most).", show_default=False),
@@ -135,40 +122,11 @@ def qk(
     from ..analysis import qk as attribution
     from ..render import circuits as view
     from ..render.documents import qk_document
-    from ..render.jsonout import emit
 
     s = open_session(weights, text)
     i, h, p = s.layer(layer), s.head(head), s.position(query)
     r = attribution.qk_attribution(s.params, s.config, s.trace().values, i, h, p, s.steering)
-    k = int(r.weights.argmax()) if key is None else key
-    if not -(p + 1) <= k <= p:
-        raise InputError(f"--key {key} is out of range: query position {p} attends to keys "
-                         f"0..{p} (or -{p + 1}..-1 from the end)")
-    k %= p + 1
-    if as_json:
-        emit(qk_document(s, r, i, h, p, k, {"layer": layer, "head": head, "query": query,
-                                            "key": key}))
-        return
-    stdout().print(view.qk_view(r, s.tokens, k, top))
-
-
-def show_erasure(s: Session, r, position: int, target: int, vs: int | None,
-                 baseline: str | None, as_json: bool) -> None:
-    """`attribute --faithfulness`: the erasure curves of attribution r against occlusion and
-    random orders (attention-x-grad's scores summed over its heads)."""
-    from ..analysis import erasure
-    from ..analysis.circuit_pairs import describe
-    from ..render import circuits as view
-    from ..render.documents import erasure_document
-    from ..render.jsonout import emit
-
-    base = None if baseline is None else s.params["wte.weight"][s.reopen(baseline).ids]
-    scores = r.scores.reshape(-1, r.scores.shape[-1]).sum(axis=0)
-    e = erasure.erasure(s.params, s.config, s.ids, position, target, vs, scores, r.method,
-                        base, steer=s.steering)
-    if as_json:
-        emit(erasure_document(s, e, scores, position, target, vs, {
-            "position": position, "method": r.method, "baseline": baseline}))
-        return
-    what = describe(s.model.tokenizer.token_str, target, vs)
-    stdout().print(view.erasure_view(e, s.tokens, what, position))
+    k = attribution.key_position(r, key)
+    present(as_json, lambda: qk_document(s, r, i, h, p, k, {"layer": layer, "head": head,
+                                                            "query": query, "key": key}),
+            lambda: view.qk_view(r, s.tokens, k, top))

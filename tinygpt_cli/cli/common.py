@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from ..errors import InputError
+from ..errors import InputError, check_index
 from ..render.output import (
     at_least,
+    check_out,
     check_save,
-    picture_format,
+    checked_save,
+    present,
     save_figure,
     set_changed,
     set_quiet,
@@ -25,32 +26,16 @@ from ..render.progress import progress, progress_report
 from ..streams import read_text
 
 if TYPE_CHECKING:
-    from ..session import Session, Trace  # the session's own type: cli never imports trace
+    from ..session import Run, Session
     from ..weights import Model
 
 # This module is imported to register every command, including for `tinygpt --help`: it
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
-__all__ = ["FORCE", "InputError", "QUIET", "Run", "SAVE", "at_least", "bar", "check_index",
-           "check_save", "check_top_p", "encode_checked", "load", "open_folder", "open_session",
-           "progress", "progress_report", "read_text", "run", "save_figure",
-           "set_default_weights", "show_view", "stderr", "stdout", "wide"]
-
-
-def __getattr__(name: str):
-    # Session stays importable from here (tests patch common.Session) without
-    # importing the model when the commands are registered.
-    if name == "Session":
-        from ..session import Session
-
-        return Session
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def check_index(value: int, count: int, what: str) -> int:
-    from ..session import check_index as check
-
-    return check(value, count, what)
+__all__ = ["FORCE", "InputError", "QUIET", "SAVE", "at_least", "bar", "check_index",
+           "check_out", "check_save", "encode_checked", "figures", "load", "open_folder",
+           "open_session", "present", "progress", "progress_report", "read_text", "run",
+           "save_figure", "set_default_weights", "show_view", "stderr", "stdout", "wide"]
 
 
 def encode_checked(model, text: str) -> list[int]:
@@ -95,6 +80,9 @@ TOP_P = typer.Option(1.0, "--top-p", "-P", min=0.0, max=1.0,
 TARGET = typer.Option(None, "--target", help="The token whose score is explained: its text "
                       "(' toys', with its space) or its id (default: the model's top guess).",
                       show_default=False)
+# A --data that is not the text the weights folder records is refused without this.
+ANY_DATA = typer.Option(False, "--any-data", help="Use --data even where it is not the text "
+                        "WEIGHTS/data.json records.")
 VS = typer.Option(None, "--vs", help="Explain logit[target] - logit[vs] instead of the target's "
                   "logit alone (a token's text or id).", show_default=False)
 
@@ -128,13 +116,7 @@ def _set_quiet(ctx: typer.Context, value: bool) -> bool:
     return value
 
 
-def _check_save(value: Path | None) -> Path | None:
-    if value is not None:
-        picture_format(value)  # a bad path fails at once, not after the model has run
-    return value
-
-
-SAVE = typer.Option(None, "--save", callback=_check_save, show_default=False, metavar="FILE",
+SAVE = typer.Option(None, "--save", callback=checked_save, show_default=False, metavar="FILE",
                     help="Also write the picture to FILE: .svg (a vector drawing) or .html "
                     "(one self-contained web page), by the extension.")
 FORCE = typer.Option(False, "--force", help="Let --save overwrite an existing file.")
@@ -152,9 +134,12 @@ def bar(as_json: bool):
                                                enabled=not as_json, pipe_every=5)
 
 
-def check_top_p(top_p: float) -> None:
-    if not 0 < top_p <= 1:  # written so that NaN fails too
-        raise InputError(f"--top-p must be in (0, 1], got {top_p!r}")
+def figures(module: str = "analysis_pictures"):
+    """A picture module of render/ (figure, pictures, analysis_pictures), imported only when
+    --save asks for a picture (present's figure= calls it)."""
+    import importlib
+
+    return importlib.import_module(f"..render.{module}", __package__)
 
 
 _default_weights: Path | None = None
@@ -215,28 +200,10 @@ def steered(model) -> tuple[object | None, dict]:
     return hook, changes
 
 
-@dataclass
-class Run:
-    """A session and the trace of its forward pass."""
-
-    session: Session
-    trace: Trace
-
-    model = property(lambda self: self.session.model)
-    text = property(lambda self: self.session.text)
-    ids = property(lambda self: self.session.ids)
-    tokens = property(lambda self: self.session.tokens)
-    T = property(lambda self: self.session.T)  # noqa: N815  (the seed page's name)
-
-    def document(self, path: str | None, value, **extra) -> dict:
-        """The JSON document for a value of this run: ids, tokens and what was changed."""
-        from ..render.documents import session_document
-
-        return session_document(self.session, path, value, **extra)
-
-
 def run(weights: Path | None, text: str | None, ablate: list[str] | None = None) -> Run:
-    """open_session, and the trace of its forward pass."""
+    """open_session, and the trace of its forward pass (session.Run)."""
+    from ..session import Run
+
     s = open_session(weights, text, ablate=ablate)
     return Run(s, s.trace())
 

@@ -16,6 +16,7 @@ from .common import (
     WEIGHTS,
     InputError,
     check_index,
+    check_out,
     load,
     stderr,
     stdout,
@@ -31,18 +32,6 @@ FORCE_OUT = typer.Option(False, "--force", help="Let --out overwrite an existing
 DATA = typer.Option(None, "--data", metavar="DIR", show_default=False,
                     help="Folder holding part-005.txt, the held-out stories (default: the "
                     "project's data, or $TINYGPT_DATA).")
-
-
-def check_out(out: Path | None, force: bool) -> None:
-    """Refuse a folder, or an existing file without --force, before any work."""
-    if out is None:
-        return
-    if out.is_dir() or str(out) in ("", "."):
-        raise InputError(f"--out {out}: that is a folder; give a file name")
-    if not out.parent.is_dir():
-        raise InputError(f"--out {out}: the folder {out.parent} does not exist")
-    if out.exists() and not force:
-        raise InputError(f"--out {out}: the file exists; add --force to overwrite it")
 
 
 @app.command()
@@ -75,7 +64,7 @@ def steer(
     Then steer any command with it: tinygpt generate TEXT --steer-vector happy.safetensors
     """
     from ..analysis import steer as st
-    from ..corpus import held_out_stories, read_user_file
+    from ..corpus import held_out_stories
     from ..files import write_atomically
     from ..render import jsonout
     from ..render.directions import steer_view
@@ -85,11 +74,7 @@ def steer(
     check_out(out, force)
     if not 0 < scale < float("inf"):  # also refuses NaN
         raise InputError(f"--scale must be a number above 0, got {scale!r}")
-    pos_texts = st.parse_texts(read_user_file(pos, "--pos"), "--pos")
-    neg_texts = st.parse_texts(read_user_file(neg, "--neg"), "--neg")
-    if len(pos_texts) != len(neg_texts):
-        raise InputError(f"--pos holds {len(pos_texts)} texts and --neg {len(neg_texts)}: "
-                         "text i of one pairs with text i of the other")
+    pos_texts, neg_texts = st.read_pairs(pos, neg)
     model = load(weights)
     layer = check_index(layer, model.config.n_layer, "layer")
     hooks, changes = steered(model)
@@ -103,13 +88,10 @@ def steer(
                   "train_pairs": r.train_pairs}
         write_atomically(out, st.direction_file(r.vector, st.site(layer), "steer", source,
                                                 meta=changes))
-    tok = model.tokenizer
     if as_json:
-        jsonout.emit({**steer_document(r, tok), **changes})
+        jsonout.emit({**steer_document(r, model.tokenizer), **changes})
         return
-    stdout().print(steer_view(r, [tok.decode(p.ids) for p in r.prompts],
-                              [tok.token_str(p.target) for p in r.prompts],
-                              [tok.token_str(p.vs) for p in r.prompts], top=top))
+    stdout().print(steer_view(r, model.tokenizer, top=top))
     if out is not None:
         stderr().print(f"saved the vector to {out}", style="dim")
 
@@ -144,18 +126,13 @@ def probe(
     from ..render import jsonout
     from ..render.directions import probe_view
     from ..render.documents import probe_document
-    from ..session import encode_lines
 
     check_out(out, force)
     lines = pr.parse_labels(read_user_file(labels, "--labels"))
     model = load(weights)
     name = pr.check_site(site, model.config, model.params)
-    ids = encode_lines(model, [line.text for line in lines], "--labels")
-    offsets = [model.tokenizer.byte_offsets(i) for i in ids]
-    marks = [pr.token_labels(line, o, default, n)
-             for n, (line, o) in enumerate(zip(lines, offsets, strict=True), 1)]
     hooks, changes = steered(model)
-    feats = [pr.site_values(model.params, model.config, i, name, hooks) for i in ids]
+    ids, marks, feats = pr.probe_inputs(model, lines, name, default, hooks)
     r = pr.probe_report(feats, marks, ids, name, held_out=held_out, seed=seed, l2=l2)
     if out is not None:
         source = {"labels": str(labels), "classes": r.classes, "seed": seed, "l2": l2}

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import typer
 
-from ..render.text import count, escape_line
+from ..render.text import escape_line
 from .app import app
 from .common import (
+    ANY_DATA,
     FORCE,
     JSON,
     POSITION,
@@ -23,16 +24,16 @@ from .common import (
     TOP,
     VS,
     WEIGHTS,
-    InputError,
     at_least,
     bar,
+    check_out,
+    figures,
     load,
     open_session,
+    present,
     progress,
     read_text,
-    save_figure,
     stderr,
-    stdout,
     steered,
 )
 
@@ -77,7 +78,6 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     from ..analysis.lens import lens_report
     from ..render import explain as view
     from ..render.documents import lens_document
-    from ..render.jsonout import emit
     from .features import tuned_lens_work
 
     if fit or evaluate:
@@ -85,14 +85,9 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     s = open_session(weights, text)
     tuned = tl.check_kind(kind) == "tuned"
     r = lens_report(s, position, target, tl.tuned_reader(s, lens_file) if tuned else None)
-    if save is not None:
-        from ..render.analysis_pictures import lens_figure
-
-        save_figure(lens_figure(r), save, force)
-    if as_json:
-        emit(lens_document(s, r, {"target": target, "position": position}))
-        return
-    stdout().print(view.lens_view(r))  # the grid drops middle stages behind `…` to fit the width
+    present(as_json, lambda: lens_document(s, r, {"target": target, "position": position}),
+            lambda: view.lens_view(r),  # the grid drops middle stages behind `…` to fit
+            figure=lambda: figures().lens_figure(r), save=save, force=force)
 
 
 # ------------------------------------------------------------------ direct logit attribution
@@ -118,19 +113,13 @@ def dla(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, vs: str
     from ..analysis.dla import dla_report
     from ..render import explain as view
     from ..render.documents import dla_document
-    from ..render.jsonout import emit
 
     s = open_session(weights, text)
     r = dla_report(s, position, target, vs, NEURONS if neurons else 0)
-    if save is not None:
-        from ..render.analysis_pictures import dla_figure
-
-        save_figure(dla_figure(r, top), save, force)
-    if as_json:
-        emit(dla_document(s, r, {"target": target, "vs": vs, "position": position,
-                                 "neurons": neurons}))
-        return
-    stdout().print(view.dla_view(r, top))
+    present(as_json, lambda: dla_document(s, r, {"target": target, "vs": vs,
+                                                 "position": position, "neurons": neurons}),
+            lambda: view.dla_view(r, top), figure=lambda: figures().dla_figure(r, top),
+            save=save, force=force)
 
 
 # ------------------------------------------------------------------ ablation
@@ -166,7 +155,6 @@ def ablate(
     from ..analysis.means import ablation_means
     from ..render import explain as view
     from ..render.documents import ablation_document
-    from ..render.jsonout import emit
 
     s = open_session(weights, text)
     p = s.position(position)
@@ -174,17 +162,12 @@ def ablate(
     edit = ablation.replacements(s, components, mode, source, data is not None,
                                  lambda: ablation_means(s.model, data, bar(as_json), s.steering))
     r = ablation.ablation_report(s, components, edit, p, target, top, mode=mode, every=every)
-    if save is not None:
-        from ..render.analysis_pictures import ablation_figure
-
-        save_figure(ablation_figure(r, s.config.n_layer, s.config.n_head), save, force)
-    if as_json:
-        options = {"target": target, "position": position, "layer": layer, "head": head,
-                   "mlp": mlp, "all": every, "mode": mode, "from": source,
-                   "data": str(data) if data else None}
-        emit(ablation_document(s, r, options))
-        return
-    stdout().print(view.ablation_view(r))
+    options = {"target": target, "position": position, "layer": layer, "head": head,
+               "mlp": mlp, "all": every, "mode": mode, "from": source,
+               "data": str(data) if data else None}
+    present(as_json, lambda: ablation_document(s, r, options), lambda: view.ablation_view(r),
+            figure=lambda: figures().ablation_figure(r, s.config.n_layer, s.config.n_head),
+            save=save, force=force)
 
 
 @app.command()
@@ -193,8 +176,7 @@ def means(
                               "one (the validation text) is averaged over, or one text file. "
                               "Default: the validation file WEIGHTS/data.json records.",
                               show_default=False),
-    any_data: bool = typer.Option(False, "--any-data", help="Use --data even where it is not "
-                                  "the text WEIGHTS/data.json records."),
+    any_data: bool = ANY_DATA,
     weights: Path = WEIGHTS,
     out: Path = typer.Option(None, "--out", help="Where to write (default: means.safetensors "
                              "in the weights folder).", show_default=False),
@@ -213,13 +195,11 @@ def means(
     from ..analysis import means as mean_stats
     from ..corpus import check_data, validation_text
     from ..files import sha256
-    from ..render import jsonout
-    from .steering import check_out
+    from ..render.explain import means_written
+    from .steering import keep_default_file
 
-    check_out(out, f"the weights folder's {mean_stats.FILE}")
-    if out is not None and out.is_dir():  # checked before the work ('' is '.', a folder)
-        raise InputError(f"--out {escape_line(str(out))!r} is a folder: give the file to "
-                         "write, e.g. --out means.safetensors")
+    keep_default_file(out, f"the weights folder's {mean_stats.FILE}")
+    check_out(out, force=True)  # before the work: a folder, or a folder that is not there
     model = load(weights)
     note = None  # means written beside the weights are of the text they record
     if data is not None:
@@ -232,11 +212,8 @@ def means(
         stderr().print(escape_line(note), soft_wrap=True)
     target = out if out is not None else model.folder / mean_stats.FILE
     mean_stats.save_means(target, values, {**meta, **changes})
-    if as_json:
-        jsonout.emit({"path": str(target), **meta, "values": sorted(values), **changes})
-        return
-    stdout().print(f"wrote {escape_line(str(target))}: {len(values)} mean vectors over "
-                   f"{meta['tokens']} tokens of {escape_line(meta['data'])}")
+    present(as_json, lambda: {"path": str(target), **meta, "values": sorted(values), **changes},
+            lambda: means_written(target, len(values), meta))
 
 
 # ------------------------------------------------------------------ activation patching
@@ -267,32 +244,21 @@ def patch(
     from ..analysis import patch as patching
     from ..render import explain as view
     from ..render.documents import patch_document
-    from ..render.jsonout import emit
 
-    if method not in ("activation", "atp"):
-        raise InputError(f"unknown --method {method!r}: use activation or atp")
+    patching.check_method(method)
     s = open_session(weights, clean)
     c = s.reopen(read_text(corrupt))
-    if c.T != s.T:
-        raise InputError(f"the clean text is {count(s.T, 'token')} and the corrupt text {c.T}: "
-                         "patching copies values position by position, so they must have the "
-                         "same number of tokens")
     q, note = patching.patch_question(s, c, s.position(position), target, vs)
     if note:
         stderr().print(note, style="dim")
     runs = patching.patch_count(s.config, q.position)
     with progress(runs, f"patching ({runs} runs)", enabled=not as_json and runs > 500) as step:
         r = patching.patch_report(s, c, q, method, step)
-    if save is not None:
-        from ..render.analysis_pictures import patch_figure
-
-        save_figure(patch_figure(r), save, force)
-    if as_json:
-        emit(patch_document(s, c, r, list(patching.STREAM), {
-            "target": target, "vs": vs, "position": position, "method": method}))
-        return
-    # the grids flow onto as many lines as the width needs: room for one is enough
-    at_least(view.patch_width(s.config.n_layer, s.config.n_head)).print(view.patch_view(r))
+    present(as_json, lambda: patch_document(s, c, r, list(patching.STREAM), {
+                "target": target, "vs": vs, "position": position, "method": method}),
+            lambda: view.patch_view(r), figure=lambda: figures().patch_figure(r), save=save,
+            force=force,  # the grids flow onto as many lines as the width needs: one fits
+            console=lambda _: at_least(view.patch_width(s.config.n_layer, s.config.n_head)))
 
 
 # ------------------------------------------------------------------ input attribution
@@ -330,26 +296,26 @@ def attribute(
     from ..analysis import attribute as attribution
     from ..render import explain as view
     from ..render.documents import attribution_document
-    from ..render.jsonout import emit
 
-    if method not in attribution.METHODS:
-        raise InputError(f"unknown --method {method!r}: use {', '.join(attribution.METHODS)}")
-    if baseline is not None and method != "integrated-gradients":
-        raise InputError("--baseline goes with --method integrated-gradients")
+    attribution.check_method(method, baseline)
     s = open_session(weights, text)
     report = attribution.attribution_report(s, position, target, vs, method, steps, baseline)
     r, q = report.attribution, report.q
-    if faithfulness:  # the curves of this attribution's ranking (cli/circuits.py)
-        from .circuits import show_erasure
+    if faithfulness:  # the curves of this attribution's ranking
+        from ..analysis.circuit_pairs import describe
+        from ..analysis.erasure import erasure_of
+        from ..render.circuits import erasure_view
+        from ..render.documents import erasure_document
 
-        return show_erasure(s, r, q.position, q.target, q.vs, baseline, as_json)
-    if as_json:
-        emit(attribution_document(s, report, {
-            "target": target, "vs": vs, "position": position, "method": method,
-            "steps": steps if method == "integrated-gradients" else None,
-            "baseline": baseline}))
-        return
+        e, scores = erasure_of(s, r, q.position, q.target, q.vs, baseline)
+        return present(as_json, lambda: erasure_document(s, e, scores, q.position, q.target, q.vs, {
+            "position": q.position, "method": r.method, "baseline": baseline}),
+            lambda: erasure_view(e, s.tokens, describe(s.model.tokenizer.token_str, q.target,
+                                                       q.vs), q.position))
     # attention-x-grad: one grid per layer, side by side as the width allows; never narrower
     # than one whole grid, whose heads would otherwise fall off the edge unmarked
     grid = view.grid_width(s.tokens, s.config.n_head) if r.scores.ndim == 3 else 0
-    at_least(grid).print(view.attribute_view(report))
+    present(as_json, lambda: attribution_document(s, report, {
+        "target": target, "vs": vs, "position": position, "method": method,
+        "steps": steps if method == "integrated-gradients" else None, "baseline": baseline}),
+        lambda: view.attribute_view(report), console=lambda _: at_least(grid))

@@ -19,12 +19,11 @@ from .common import (
     bar,
     check_save,
     load,
+    present,
     progress,
-    save_figure,
-    stdout,
     steered,
 )
-from .steering import check_out, steerable
+from .steering import keep_default_file, steerable
 
 
 def _sae() -> None:
@@ -45,13 +44,9 @@ SAE_FILE = typer.Option(None, "--sae", help="The SAE file (default: the weights 
 
 
 def show(doc: dict, view, as_json: bool, changes: dict | None = None) -> None:
-    """One JSON document on stdout (and `changes`), or the Rich view (made when shown)."""
-    if as_json:
-        from ..render import jsonout
-
-        jsonout.emit({**doc, **(changes or {})})
-    else:
-        stdout().print(view())
+    """One JSON document on stdout (with `changes`: what a steered run changed), or the Rich
+    view (made only when it is shown)."""
+    present(as_json, lambda: {**doc, **(changes or {})}, view)
 
 
 @sae_app.command("train")
@@ -90,7 +85,7 @@ def sae_train(
     from ..files import sha256
     from ..render import features as view
 
-    check_out(out, "the weights folder's sae/SITE.safetensors")
+    keep_default_file(out, "the weights folder's sae/SITE.safetensors")
     model = load(weights)
     site = S.check_site(site, model.config)
     hooks, changes = steered(model)
@@ -101,22 +96,10 @@ def sae_train(
                            windows)
     with progress(len(x_in), f"values of {site}", enabled=not as_json, pipe_every=5) as advance:
         x = S.site_values(model.params, model.config, x_in, site, progress=advance, hooks=hooks)
-    ckpt = out.with_name(out.name + ".checkpoint.npz")
     settings = {"site": site, "latents": latents, "k": k, "steps": steps, "batch": batch,
-                "lr": lr, "windows": windows, "seed": seed, **changes}
-    state = S.load_checkpoint(ckpt, settings) or S.new_state(x, latents, k, site, seed, lr)
-    with progress(steps, "training", enabled=not as_json, pipe_every=5) as advance:
-        advance(state.step)
-
-        def each(st):
-            advance(1)
-            if st.step % 100 == 0 or st.step == steps:
-                S.save_checkpoint(ckpt, st, settings)
-
-        S.train_steps(state, x, steps, batch=batch, seed=seed, progress=each)
-    S.save_sae(out, state.sae, {"steps": str(steps), "tokens": str(len(x)),
-                                "weights_sha256": sha256(model.weights_file), **changes})
-    ckpt.unlink(missing_ok=True)
+                "lr": lr, "windows": windows, "seed": seed}
+    state = S.train_resumably(x, out, settings, sha256(model.weights_file), bar(as_json),
+                              changes)
     doc = {**view.trained_doc(out, state, len(x)), **changes}
     show(doc, lambda: view.trained_view(doc), as_json)
 
@@ -140,17 +123,13 @@ def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
     Example: tinygpt sae eval --sae my.safetensors --json
     """
     from ..analysis import sae as S
-    from ..corpus import data_windows, held_out_files
     from ..render import features as view
 
     model = load(weights)
     found = S.load_sae(S.sae_file(model.weights_file, sae), model.config)
-    files = held_out_files(data)
-    x, y = data_windows(files, model.tokenizer, model.config.n_positions, windows)
     hooks, changes = steered(model)
     with progress(4, "evaluating", enabled=not as_json, pipe_every=5) as advance:
-        result = S.evaluate(model.params, model.config, found, x, y, advance, hooks)
-    names = [f.name for f in files]
+        result, names = S.evaluate_held_out(model, found, data, windows, advance, hooks)
     show(view.eval_doc(result, names), lambda: view.eval_view(result, names), as_json, changes)
 
 
@@ -195,25 +174,27 @@ def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
     codes = S.data_codes(model, found, path, files, windows, bar(as_json), hooks)
     result = S.feature_report(found, model.params, codes["ids"], codes["idx"], codes["val"],
                               latent, top)
-    save_figure(view.feature_figure(result, model.tokenizer), save, force)
-    show({**view.feature_doc(result, model.tokenizer), **changes},
-         lambda: view.feature_view(result, model.tokenizer), as_json)
+    present(as_json, lambda: {**view.feature_doc(result, model.tokenizer), **changes},
+            lambda: view.feature_view(result, model.tokenizer),
+            figure=lambda: view.feature_figure(result, model.tokenizer), save=save, force=force)
 
 
 def _feature_on_text(weights, sae, latent: int, text: str, as_json: bool, save, force) -> None:
     """`sae feature N --text TEXT`: the latent at each token of the text."""
     from ..analysis import sae as S
     from ..render import features as view
+    from ..render.documents import session_document
     from .common import run
 
     r = run(weights, text)
     found, tok = S.load_sae(S.sae_file(r.model.weights_file, sae), r.model.config), \
         r.model.tokenizer
     result = S.latent_on_text(found, r.model.params, r.trace.get(found.site), latent)
-    save_figure(view.text_figure(result, r.tokens, tok), save, force)
     path = f"sae.{found.site}.{result.latent}"  # as `trace TEXT sae.SITE.N` names it
-    show(r.document(path, result.acts, **view.text_fields(result, tok)),
-         lambda: view.text_view(result, r.tokens, tok), as_json)
+    present(as_json, lambda: session_document(r, path, result.acts,
+                                              **view.text_fields(result, tok)),
+            lambda: view.text_view(result, r.tokens, tok),
+            figure=lambda: view.text_figure(result, r.tokens, tok), save=save, force=force)
 
 
 # ------------------------------------------------------------------ the tuned lens (`lens`)
@@ -222,28 +203,21 @@ def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: 
                     data: Path | None, as_json: bool) -> None:
     """`lens --fit` (then --evaluate, when both are given) or `lens --evaluate`."""
     from ..analysis import tuned_lens as tl
-    from ..corpus import data_windows, given_or, held_out_files, training_files
     from ..render import features as view
 
     if fit:
-        check_out(lens_file, "the weights folder's lens/tuned.safetensors", "--lens")
+        keep_default_file(lens_file, "the weights folder's lens/tuned.safetensors", "--lens")
     model = load(weights)
     cfg, path = model.config, tl.lens_file(model.weights_file, lens_file)
     hooks, changes = steered(model)
     if fit:
-        x, _ = data_windows(training_files(data), model.tokenizer, cfg.n_positions,
-                            tl.FIT_WINDOWS)
-        tokens = tl.fit_and_save(model, x, path, bar(as_json), hooks, changes)
+        tokens = tl.fit_on_training_text(model, data, path, bar(as_json), hooks, changes)
         if not evaluate:
             doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": tokens, **changes}
             show(doc, lambda: view.lens_fit_view(doc), as_json)
             return
-    translators = tl.load_translators(path, cfg)
-    files = given_or(data, held_out_files)
-    x, _ = data_windows(files, model.tokenizer, cfg.n_positions, tl.EVAL_WINDOWS)
-    with bar(as_json)(2 * x.size, "evaluating both lenses") as advance:
-        result = tl.evaluate_windows(model.params, cfg, x, translators, advance, hooks)
-    names = [f.name for f in files]
+    result, names = tl.evaluate_held_out(model, data, tl.load_translators(path, cfg),
+                                         bar(as_json), hooks)
     show(view.lens_eval_doc(result, names), lambda: view.lens_eval_view(result, names), as_json,
          changes)
 
@@ -255,12 +229,13 @@ def trace_latents(weights, text, path: str, ablate, as_json: bool) -> None:
     """`trace TEXT sae.SITE`: the SAE's active latents at each token (after any --ablate)."""
     from ..analysis import sae as S
     from ..render import features as view
+    from ..render.documents import session_document
     from .common import run
 
     r = run(weights, text, ablate)
     site, sae, z, active = S.latents_of(r.model.weights_file, r.trace, path)
-    show(r.document(path, z, site=site, k=sae.k, active=active),
-         lambda: view.latents_view(path, r.tokens, z, active), as_json)
+    present(as_json, lambda: session_document(r, path, z, site=site, k=sae.k, active=active),
+            lambda: view.latents_view(path, r.tokens, z, active))
 
 
 for _command in sae_app.registered_commands:  # each Example: line on a line of its own

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
@@ -18,20 +17,14 @@ from .common import (
     InputError,
     check_index,
     open_session,
+    present,
     progress,
     progress_report,
     stderr,
     stdout,
 )
 
-if TYPE_CHECKING:  # NumPy and the model are imported inside the commands
-    from ..analysis import history as hist
-
-
-def _timeline(model) -> list[hist.Snapshot]:
-    from ..analysis import history as hist
-
-    return hist.timeline(model, hist.find_snapshots(hist.history_folder(model)))
+# NumPy and the model are imported inside the commands
 
 
 @app.command()
@@ -58,34 +51,26 @@ def history(
     from ..analysis import history as hist
     from ..render import documents as docs
     from ..render import history as view
-    from ..render import jsonout
 
     s = open_session(weights, text)
     if path is not None and heads:
         raise InputError("give a PATH or --heads, not both")
     p = check_index(position, s.T, "position")  # out of range is refused, used or not
-    timeline = _timeline(s.model)
-    labels = [t.label for t in timeline]
-    if heads:
+    timeline = hist.timeline(s.model, hist.find_snapshots(hist.history_folder(s.model)))
+    labels, length = [t.label for t in timeline], hist.induction_length(s.config)
+    if heads:  # grids and tables fit the terminal
         with progress(len(timeline), "head scores", enabled=not as_json) as advance:
             scores = hist.heads_over_training(timeline, s.config, s.ids, advance, s.hooks)
-        document = docs.heads_history_document(s, scores, hist.snapshot_rows(timeline),
-                                               hist.induction_length(s.config)) \
-            if as_json else None
-        view_ = view.heads_view(scores, labels, hist.induction_length(s.config))
-    elif path is not None:
+        return present(as_json, lambda: docs.heads_history_document(
+            s, scores, hist.snapshot_rows(timeline), length),
+            lambda: view.heads_view(scores, labels, length))
+    if path is not None:
         h = hist.value_over_training(timeline, s.config, s.ids, s.tokens, path, s.hooks)
-        document = docs.value_history_document(s, h) if as_json else None
-        view_ = view.value_view(h, labels, s.tokens, p)
-    else:
-        rows = hist.loss_over_training(timeline, s.config, s.ids, s.model.tokenizer.token_str,
-                                       s.hooks)
-        document = docs.loss_history_document(s, rows) if as_json else None
-        view_ = view.loss_view(rows)
-    if as_json:
-        jsonout.emit(document)
-        return
-    stdout().print(view_)  # grids and tables fit the terminal
+        return present(as_json, lambda: docs.value_history_document(s, h),
+                       lambda: view.value_view(h, labels, s.tokens, p))
+    rows = hist.loss_over_training(timeline, s.config, s.ids, s.model.tokenizer.token_str,
+                                   s.hooks)
+    present(as_json, lambda: docs.loss_history_document(s, rows), lambda: view.loss_view(rows))
 
 
 # ------------------------------------------------------------------ why
@@ -131,10 +116,9 @@ def why(
     if found.note:  # once the answer stands: an error is then the only line
         stderr().print(escape_line(found.note), soft_wrap=True)
     if as_json:
-        from ..render.documents import session_document
+        from ..render.documents import why_document
 
-        jsonout.emit(session_document(session, "scores", result.scores(), **result.facts(),
-                                      seconds=round(time.perf_counter() - t0, 2)))
+        jsonout.emit(why_document(session, result, round(time.perf_counter() - t0, 2)))
         return
     stdout().print(view.why_view(result, model.tokenizer.token_str))
     stderr().print(f"({time.perf_counter() - t0:.1f} s; {result.index_note()})", style="dim")

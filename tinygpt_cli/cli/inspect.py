@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -19,15 +18,15 @@ from .common import (
     TOP_P,
     WEIGHTS,
     InputError,
-    check_top_p,
     encode_checked,
     load,
     open_folder,
+    present,
     read_text,
     run,
-    show_view,
     stderr,
     stdout,
+    wide,
 )
 
 # NumPy, Rich and the model are imported inside the commands: registering them (and
@@ -59,18 +58,6 @@ def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
                                model.config))
 
 
-def _parse_ids(args: list[str]) -> list[int]:
-    ids = []
-    for a in args:
-        for part in re.split(r"[\s,\[\]]+", a):
-            if not part:
-                continue
-            if not re.fullmatch(r"-?\d+", part):
-                raise InputError(f"{part!r} is not a token id: ids are whole numbers")
-            ids.append(int(part))
-    return ids
-
-
 @app.command()
 def decode(
     ids: list[str] = typer.Argument(None, metavar="IDS", help="Token ids (spaces or commas); "
@@ -83,17 +70,11 @@ def decode(
     Example: tinygpt decode 608 429 267 346 336 314
     """
     from ..render.text import show_text
+    from ..tokenizer import parse_ids
 
     model = open_folder(weights)
-    if not ids or ids == ["-"]:
-        ids = [read_text(None)]
-    id_list = _parse_ids(ids)
-    if not id_list:
-        raise InputError("no token ids given")
-    n = model.tokenizer.vocab_size
-    for i in id_list:
-        if not 0 <= i < n:
-            raise InputError(f"unknown token id {i}: ids run from 0 to {n - 1}")
+    id_list = parse_ids(ids if ids and ids != ["-"] else [read_text(None)],
+                        model.tokenizer.vocab_size)
     text = model.tokenizer.decode(id_list)
     if as_json:
         from ..render import jsonout
@@ -125,12 +106,9 @@ def generate(
     Example: tinygpt generate "Lily wanted" --seed 7
     Example: tinygpt generate "Once upon a time" --temperature 0
     """
-    import numpy as np
-
     from ..generate import generate as generate_tokens
     from ..render import generation
-    from ..render.text import count
-    from ..sampling import check_temperature, create_rng
+    from ..sampling import check_temperature, check_top_p, create_rng, fresh_seed
     from .steering import steered_hooks
 
     check_top_p(top_p)
@@ -144,7 +122,7 @@ def generate(
     hooks = steered_hooks(model, zeroed)
     prompt = read_text(text)
     ids = encode_checked(model, prompt)
-    chosen, seed = seed, int(np.random.SeedSequence().entropy % 2**31) if seed is None else seed
+    chosen, seed = seed, fresh_seed() if seed is None else seed
     tok = model.tokenizer
     steps = generate_tokens(model.params, model.config, ids, max_new_tokens,
                             temperature=temperature, top_k=top_k or None, top_p=top_p,
@@ -156,11 +134,8 @@ def generate(
     if as_json:
         generation.write_json(tok, prompt, ids, steps, seed, no_stop, ablated)
         return
-    new, stopped = generation.write_text(stdout(), tok, prompt, steps, no_stop)
-    why = "<|endoftext|>" if stopped else f"--max-new-tokens {max_new_tokens}"
-    stderr().print(f"({count(new, 'new token')}; stopped at {why})", style="dim")
-    if ablated:  # no view header to say it in: said last, as the steering line is
-        stderr().print(generation.ablated_line(ablated), style="bold yellow", soft_wrap=True)
+    generation.say_stopped(*generation.write_text(stdout(), tok, prompt, steps, no_stop),
+                           max_new_tokens, ablated)
 
 
 @app.command("trace")
@@ -178,8 +153,7 @@ def trace_cmd(
     """
     import numpy as np
 
-    from ..render import jsonout
-    from ..render.documents import traced_document
+    from ..render.documents import session_document, traced_document
     from ..render.tables import paths_table, traced_view
 
     if path is None and not list_paths:
@@ -190,28 +164,15 @@ def trace_cmd(
     r = run(weights, text, ablate)
     if list_paths:
         entries = r.trace.entries()
-        if as_json:
-            jsonout.emit(r.document(None, np.asarray([e["path"] for e in entries]),
-                                    name="paths", entries=entries))
-            return
-        stdout().print(paths_table(entries))
-        return
+        return present(as_json, lambda: session_document(
+            r, None, np.asarray([e["path"] for e in entries]), name="paths", entries=entries),
+                       lambda: paths_table(entries))
     value = r.trace.get(path)
     name, rows = r.trace.canonical(path)
     shown = name + "".join(f"[{i}]" for i in rows)
-    if as_json:
-        jsonout.emit(traced_document(r, shown, value))
-        return
-    view = traced_view(shown, value, rows, r.tokens, full)
-    show_view(view, full and isinstance(value, np.ndarray))
-
-
-def _as_typed(path: Path) -> str:
-    """A path below the current folder as the user would type it; others in full."""
-    try:
-        return str(path.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
+    present(as_json, lambda: traced_document(r, shown, value),
+            lambda: traced_view(shown, value, rows, r.tokens, full),
+            console=lambda view: wide(view) if full and isinstance(value, np.ndarray) else stdout())
 
 
 @app.command()
@@ -221,12 +182,8 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
     Example: tinygpt info
     """
     from ..analysis.info import model_info
-    from ..render import jsonout
     from ..render.documents import info_document
     from ..render.tables import info_view
 
     info = model_info(load(weights))
-    if as_json:
-        jsonout.emit(info_document(info))
-        return
-    stdout().print(info_view(info, _as_typed(info.weights_file)))
+    present(as_json, lambda: info_document(info), lambda: info_view(info))

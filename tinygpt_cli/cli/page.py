@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..page import map_stages, next_token, page_values
 from .app import app
-from .common import ABLATE, FORCE, JSON, QUIET, SAVE, TEXT, WEIGHTS, Run, run, save_figure, stdout
+from .common import (
+    ABLATE,
+    FORCE,
+    JSON,
+    QUIET,
+    SAVE,
+    TEXT,
+    WEIGHTS,
+    figures,
+    present,
+    run,
+    save_figure,
+    stdout,
+)
+
+if TYPE_CHECKING:
+    from ..session import Run
 
 # NumPy and Rich are imported inside the functions: registering the commands stays cheap.
 
@@ -18,25 +35,15 @@ def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
 
     Example: tinygpt review "Lily wanted to play with her"
     """
-    import numpy as np
-
     from ..page import CARDS
     from ..render import jsonout
+    from ..render.documents import review_document
 
     r = run(weights, text, ablate)
     values = page_values(r)
-    facts = values["header"]
     save_figure(review_figure(r, values), save, force)
     if as_json:
-        cards = []
-        for c in CARDS:
-            v = values[c.number]
-            cards.append({"number": c.number, "title": c.title, "path": c.path,
-                          "formula": c.formula, "command": c.command,
-                          "shape": list(np.shape(v)),
-                          "value": v if c.number not in (2, 3, 4, 6, 8, 9) else None})
-        jsonout.emit(r.document(None, np.asarray([c.number for c in CARDS]), name="review",
-                                facts=facts, cards=cards))
+        jsonout.emit(review_document(r, values, CARDS))
         return
     from ..render.page import page_view
 
@@ -65,21 +72,13 @@ def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLAT
 
     Example: tinygpt map "Lily wanted to play with her"
     """
-    import numpy as np
-
-    from ..render import jsonout, pictures
     from ..render import page as page_view
+    from ..render.documents import map_document
 
     r = run(weights, text, ablate)
-    cfg = r.model.config
     stages = map_stages(r)
-    save_figure(pictures.map_figure(r.text, stages, cfg.n_layer, r.model.tokenizer.token_str(
-        next_token(r)[1])), save, force)
-    if as_json:
-        jsonout.emit(r.document(None, np.asarray([s[0] for s in stages]), name="map",
-                                      stages=[{"stage": s, "op": o, "shape_out": sh}
-                                              for s, o, sh in stages],
-                                      repeat={"stages": [3, 8], "times": cfg.n_layer}))
-        return
-
-    stdout().print(page_view.map_view(r, stages, next_token(r)[1]))
+    present(as_json, lambda: map_document(r, stages, r.model.config.n_layer),
+            lambda: page_view.map_view(r, stages, next_token(r)[1]),
+            figure=lambda: figures("pictures").map_figure(
+                r.text, stages, r.model.config.n_layer,
+                r.model.tokenizer.token_str(next_token(r)[1])), save=save, force=force)

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import InputError
-from .common import STEER_OPTIONS, stderr
+from ..render.output import say_steered
+from .common import STEER_OPTIONS
 
 # typer reads the real types of the added parameters from here (the modules' own are strings)
 _TYPES = {"steer": Optional[str], "steer_away": Optional[str],  # noqa: UP045 - typer needs it
@@ -56,7 +56,7 @@ def steerable(fn):
         try:
             result = fn(*args, **kwargs)
             for d in _said:  # after the work: an error stays the only line
-                _note(d)
+                say_steered(d)
             return result
         finally:
             _chosen = SteerOptions()
@@ -89,27 +89,12 @@ def _steering(model) -> tuple[object | None, dict | None]:
             raise InputError("--steer-layer and --steer-scale need a direction: --steer TEXT "
                              "--steer-away AWAY, or --steer-vector FILE")
         return None, None
-    from ..analysis import steer as st
-    from ..hooks import add_vector
-    from ..session import check_index
+    from ..analysis.steer import steering_hook
 
-    if not math.isfinite(o.steer_scale):
-        raise InputError(f"--steer-scale must be a finite number, got {o.steer_scale!r}")
-    config = model.config
-    vector, layer, source = st.steering_direction(model, o.steer, o.steer_away,
-                                                  o.steer_vector, o.steer_layer)
-    layer = check_index(layer, config.n_layer, "--steer-layer")
-    described = {"site": st.site(layer), "scale": o.steer_scale,
-                 "norm": float(math.sqrt(float(vector.astype(float) @ vector))), **source}
+    hook, described = steering_hook(model, o.steer, o.steer_away, o.steer_vector, o.steer_layer,
+                                    o.steer_scale)
     _said.append(described)
-    return add_vector(st.site(layer), vector, o.steer_scale), described
-
-
-def _note(d: dict) -> None:
-    """Every steered run is announced by this line on stderr (its views and JSON say it too)."""
-    from ..render.text import steering_text
-
-    stderr().print(f"steered: {steering_text(d)}", style="bold yellow", soft_wrap=True)
+    return hook, described
 
 
 def steered_hooks(model, hooks=None):
@@ -122,7 +107,7 @@ def steered_hooks(model, hooks=None):
     return Chain(steer, hooks)
 
 
-def check_out(given, default: str, option: str = "--out") -> None:
+def keep_default_file(given, default: str, option: str = "--out") -> None:
     """InputError (before any work) when a steered run would write over the default file."""
     if given is None and (_chosen.steer, _chosen.steer_away, _chosen.steer_vector) != (None,) * 3:
         raise InputError(f"a steered run does not write over {default}: give {option} FILE "

@@ -9,6 +9,7 @@ import typer
 
 from .app import app
 from .common import (
+    ANY_DATA,
     FORCE,
     JSON,
     LAYER,
@@ -20,13 +21,13 @@ from .common import (
     bar,
     check_index,
     check_save,
+    figures,
     load,
     open_session,
+    present,
     progress,
     read_text,
-    save_figure,
     stderr,
-    stdout,
     steered,
     wide,
 )
@@ -88,14 +89,9 @@ def score(
             offset=offset, top=top if not as_json or save is not None else 0,
             keep=shown and not as_json, draw=save is not None, stream_bpt=stream_bpt,
             on_scores=lines, progress=advance, hooks=hooks)
-    if save is not None:
-        from ..render.analysis_pictures import score_figure
-
-        save_figure(score_figure(report, token_str), save, force)
-    if as_json:
-        jsonout.emit(jsonout.jsonable({**report.summary, **changes}))
-        return
-    stdout().print(score_view(report, token_str, tok))
+    present(as_json, lambda: jsonout.jsonable({**report.summary, **changes}),
+            lambda: score_view(report, token_str, tok),
+            figure=lambda: figures().score_figure(report, token_str), save=save, force=force)
 
 
 # ------------------------------------------------------------------ heads
@@ -132,7 +128,6 @@ def heads(
     Example: tinygpt heads --file ../shared/data/tinystories/part-005.txt --stories 16 --json
     """
     from ..analysis import heads as detect
-    from ..render import jsonout
     from ..render import texts as view
     from ..render.documents import heads_document
 
@@ -147,14 +142,9 @@ def heads(
                             batch=batch, seed=seed, separator=model.tokenizer.eot_id,
                             exclude_first=exclude_first, exclude_current=exclude_current,
                             hooks=hooks)
-    if save is not None:
-        from ..render.analysis_pictures import heads_figure
-
-        save_figure(heads_figure(r), save, force)
-    if as_json:
-        jsonout.emit(heads_document(r, ids, exclude_first, exclude_current, changes))
-        return
-    stdout().print(view.heads_view(r))
+    present(as_json, lambda: heads_document(r, ids, exclude_first, exclude_current, changes),
+            lambda: view.heads_view(r), figure=lambda: figures().heads_figure(r), save=save,
+            force=force)
 
 
 # ------------------------------------------------------------------ neurons
@@ -167,8 +157,7 @@ def neurons(
     data: Path = typer.Option(None, "--data", help="Stories to search for --neuron: a file or "
                               "a folder of part-*.txt (default: the training parts of the "
                               "project's data, when it is there).", show_default=False),
-    any_data: bool = typer.Option(False, "--any-data", help="Use --data even where it is not "
-                                  "the text WEIGHTS/data.json records."),
+    any_data: bool = ANY_DATA,
     top: int = typer.Option(8, "--top", "-n", min=1, help="How many neurons or windows."),
     raw: bool = typer.Option(False, "--raw", help="Read W_out through W_E^T alone, without "
                              "the final norm's weight."),
@@ -187,9 +176,8 @@ def neurons(
     """
     from ..analysis import neurons as nrn
     from ..corpus import search_files
-    from ..render import jsonout
     from ..render import texts as view
-    from ..render.documents import neuron_examples_document
+    from ..render.documents import neuron_examples_document, text_neurons_document
     from ..render.text import escape_line
 
     model = load(weights)
@@ -198,8 +186,10 @@ def neurons(
     if neuron is None:
         if data is not None:
             raise InputError("--data is searched for one neuron: give --neuron N too")
-        _neurons_on_text(model, text, layer, top, raw, as_json)
-        return
+        s = open_session(None, text, model=model)
+        tn = nrn.neurons_on_text(s, layer, top, raw=raw)
+        return present(as_json, lambda: text_neurons_document(tn, s, layer),
+                       lambda: view.text_neurons_view(tn, s.tokens))
     neuron = check_index(neuron, cfg.n_inner, "neuron")
     if text is not None:
         raise InputError("--neuron searches --data, not a text: leave the text out")
@@ -210,24 +200,8 @@ def neurons(
         stderr().print(escape_line(note), soft_wrap=True)
     ex = nrn.neuron_examples(model.params, cfg, maxima, maxima["stream"], layer, neuron, top,
                              tok.token_str, hooks)
-    if as_json:
-        jsonout.emit(neuron_examples_document(ex, tok.token_str, files, changes))
-        return
-    stdout().print(view.neuron_examples_view(ex, tok.token_str, [f.name for f in files]))
-
-
-def _neurons_on_text(model, text, layer, top, raw, as_json):
-    from ..analysis import neurons as nrn
-    from ..render import jsonout
-    from ..render import texts as view
-    from ..render.documents import text_neurons_document
-
-    session = open_session(None, text, model=model)
-    tn = nrn.neurons_on_text(session, layer, top, raw=raw)
-    if as_json:
-        jsonout.emit(text_neurons_document(tn, session, layer))
-        return
-    stdout().print(view.text_neurons_view(tn, session.tokens))
+    present(as_json, lambda: neuron_examples_document(ex, tok.token_str, files, changes),
+            lambda: view.neuron_examples_view(ex, tok.token_str, [f.name for f in files]))
 
 
 # ------------------------------------------------------------------ diff
@@ -253,7 +227,6 @@ def diff(
     Example: tinygpt diff "Lily wanted to play" --weights-b runs/a
     """
     from ..analysis import diff as diffs
-    from ..render import jsonout
     from ..render import texts as view
     from ..render.documents import models_diff_document, text_diff_document
 
@@ -266,17 +239,11 @@ def diff(
         model_b = load(weights_b)
         d = diffs.models_diff(open_session(None, text_a, model=model), model_b,
                               steering(model_b)[0])
-        if as_json:
-            jsonout.emit(models_diff_document(d, model.folder))
-            return
-        stdout().print(view.models_diff_view(d))
-        return
+        return present(as_json, lambda: models_diff_document(d, model.folder),
+                       lambda: view.models_diff_view(d))
     if text_a is None or text_b is None:
         raise InputError("diff needs two texts, or one text and --weights-b DIR")
     a = open_session(None, text_a, model=model)
     d = diffs.text_diff(a, a.reopen(read_text(text_b)))
-    if as_json:
-        jsonout.emit(text_diff_document(d))
-        return
-    v = view.text_diff_view(d)
-    wide(v.renderables[-1]).print(v)  # as wide as the side-by-side table needs
+    present(as_json, lambda: text_diff_document(d), lambda: view.text_diff_view(d),
+            console=lambda v: wide(v.renderables[-1]))  # as wide as the side-by-side table

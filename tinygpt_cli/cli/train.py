@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import shlex
 import sys
 from dataclasses import asdict
@@ -15,14 +14,8 @@ from ..render.text import escape_line
 from .app import app
 from .common import InputError
 
-VOCAB_HELP = f"Tokens in the vocabulary: {MIN_VOCAB} (the 256 bytes and <|endoftext|>) to " \
-    f"{MAX_VOCAB:,}."
-
-
-def check_vocab_size(vocab_size: int) -> None:
-    if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
-        raise InputError(f"--vocab-size must be from {MIN_VOCAB} (the 256 bytes and "
-                         f"<|endoftext|>) to {MAX_VOCAB:,}, got {vocab_size:,}")
+VOCAB_SIZE = typer.Option(4096, "--vocab-size", help=f"Tokens in the vocabulary: {MIN_VOCAB} "
+                          f"(the 256 bytes and <|endoftext|>) to {MAX_VOCAB:,}.")
 
 
 @app.command("train-tokenizer")
@@ -30,7 +23,7 @@ def train_tokenizer_cmd(
     data: list[Path] = typer.Option(..., "--data", metavar="PATH",
                                     help="Folder of part-*.txt files, or files."),
     out: Path = typer.Option(Path("weights/tokenizer.json"), "--out", help="Where to write it."),
-    vocab_size: int = typer.Option(4096, "--vocab-size", help=VOCAB_HELP),
+    vocab_size: int = VOCAB_SIZE,
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists (by default "
                                "OUT is the shipped tokenizer, so it is kept)."),
 ) -> None:
@@ -38,18 +31,15 @@ def train_tokenizer_cmd(
 
     Example: tinygpt train-tokenizer --data ../shared/data/tinystories --out runs/tokenizer.json
     """
-    from ..corpus import read_stories, split_data
+    from ..config import check_vocab_size
+    from ..corpus import read_stories, split_or_refuse
     from ..tokenizer import save_tokenizer, train_tokenizer
 
     check_vocab_size(vocab_size)
     if (out.exists() or out.is_symlink()) and not force:
         raise InputError(f"{out} exists: pass --force to replace it, or --out for another file")
-    try:
-        files, _ = split_data(data)
-        stories = read_stories(files)
-    except ValueError as e:
-        raise InputError(str(e)) from None
-    tok = train_tokenizer(stories, vocab_size)
+    files, _ = split_or_refuse(data)
+    tok = train_tokenizer(read_stories(files), vocab_size)
     save_tokenizer(tok, out)
     sys.stderr.write(f"wrote {escape_line(str(out))}: {tok.vocab_size} tokens from "
                      f"{len(files)} files\n")
@@ -84,7 +74,7 @@ def train_cmd(
     n_layer: int = typer.Option(4, "--n-layer"),
     n_head: int = typer.Option(4, "--n-head"),
     n_inner: int = typer.Option(512, "--n-inner"),
-    vocab_size: int = typer.Option(4096, "--vocab-size", help=VOCAB_HELP),
+    vocab_size: int = VOCAB_SIZE,
     n_positions: int = typer.Option(128, "--n-positions"),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.npz. "
                                 "A finished run given more --steps starts a new warm-up and "
@@ -99,9 +89,7 @@ def train_cmd(
 
     Example: tinygpt train --data ../shared/data/tinystories --out runs/a --steps 3000
     """
-    from rich.console import Console
-
-    from ..config import Config, check_training_memory
+    from ..config import Config, check_training_memory, check_vocab_size
     from ..corpus import split_data
     from ..render.training import TrainingProgress
     from ..train.loop import Settings, train
@@ -123,17 +111,11 @@ def train_cmd(
         raise InputError(str(e)) from None
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file; name a folder")
-    err = Console(stderr=True)
-    header = (f"train: {', '.join(f.name for f in train_files)}; validation: "
-              f"{', '.join(f.name for f in val_files) or 'none'}")
-    with TrainingProgress(header, steps, err) as shown:
+    with TrainingProgress(train_files, val_files, steps) as shown:
         result = train(train_files, val_files, out, settings, resume=resume, force=force,
                        command="tinygpt " + shlex.join(sys.argv[1:]), on_step=shown.on_step,
                        on_note=shown.on_note)
-    best = result["best_val_loss"]
-    err.print((f"best validation loss {best:.4f} nats/token" if math.isfinite(best)
-               else "no validation data") + f"; weights in {escape_line(str(out))}", markup=False,
-              highlight=False)
+    shown.finished(result["best_val_loss"], out)
 
 
 @app.command("model-card")

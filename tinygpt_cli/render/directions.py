@@ -33,9 +33,12 @@ def _table(*columns: tuple[str, str]) -> Table:
     return t
 
 
-def steer_view(r, prompts: list[str], targets: list[str], against: list[str], *,
-               top: int) -> Group:
-    """The vector, the held-out prompts' steerability, and the price in loss."""
+def steer_view(r, tok, *, top: int) -> Group:
+    """The vector, the held-out prompts' steerability, and the price in loss (`tok` names
+    the prompts' tokens)."""
+    prompts = [tok.decode(p.ids) for p in r.prompts]
+    targets, against = [tok.token_str(p.target) for p in r.prompts], \
+        [tok.token_str(p.vs) for p in r.prompts]
     title = Fields([Text(f"steer  layers.{r.layer}.resid_pre", style="bold cyan"),
                     Text(f"{len(r.train_pairs)} pairs build v, {len(r.held_out_pairs)} "
                          "held out", style="dim")])

@@ -86,6 +86,48 @@ def session_document(s, path: str | None, value, **extra) -> dict:
     return jsonout.document(path, value, s.ids, s.tokens, **changes, **extra)
 
 
+def blocks_document(s, rows: list[dict], norms, token_str, position: int) -> dict:
+    """analysis.lens.block_summary's rows at `position` of session `s` (the norms of every
+    stage at every position, [n_layer + 1, T], are the document's value)."""
+    stages = [{k: v for k, v in row.items() if k != "norm"}
+              | {"top_token": token_str(row["top_id"])} for row in rows]
+    return session_document(s, None, norms, name="blocks.norm", position=position, stages=stages)
+
+
+def sample_document(s, token_id: int, token: str, chance: float, seed: int, temperature: float,
+                    top_k: int, top_p: float) -> dict:
+    """The token card 11 picks for session `s`'s text, and how."""
+    import numpy as np
+
+    return session_document(s, None, np.int64(token_id),
+                            formula="sample(softmax(logits[-1] / temperature), top_k, top_p, "
+                            "create_rng(seed))", top_k=top_k, top_p=top_p, token=token,
+                            chance=chance, seed=seed, temperature=temperature)
+
+
+def review_document(s, values: dict, cards: list) -> dict:
+    """The whole page of session `s`: its facts and every card with its value (the cards
+    whose value is a table of the text give its shape only)."""
+    import numpy as np
+
+    shown = [{"number": c.number, "title": c.title, "path": c.path, "formula": c.formula,
+              "command": c.command, "shape": list(np.shape(values[c.number])),
+              "value": values[c.number] if c.number not in (2, 3, 4, 6, 8, 9) else None}
+             for c in cards]
+    return session_document(s, None, np.asarray([c.number for c in cards]), name="review",
+                            facts=values["header"], cards=shown)
+
+
+def map_document(s, stages: list[tuple[str, str, str]], n_layer: int) -> dict:
+    """The map of session `s`'s text: each stage, its operation and the shape it gives."""
+    import numpy as np
+
+    return session_document(s, None, np.asarray([st[0] for st in stages]), name="map",
+                            stages=[{"stage": st, "op": o, "shape_out": sh}
+                                    for st, o, sh in stages],
+                            repeat={"stages": [3, 8], "times": n_layer})
+
+
 # ------------------------------------------------------------------ why this token
 # Each carries the options it was run with ("options"), then the question's position, target
 # and vs (analysis.question.Question).
@@ -224,7 +266,7 @@ def traced_document(r, shown: str, value) -> dict:
         value = np.int64(value)
     elif isinstance(value, list):
         value = np.asarray(value)
-    return r.document(shown, value)
+    return session_document(r, shown, value)
 
 
 # ------------------------------------------------------------------ history
@@ -253,3 +295,8 @@ def loss_history_document(s, rows: list[dict]) -> dict:
 
     losses = np.asarray([np.nan if r["loss"] is None else r["loss"] for r in rows])
     return session_document(s, "loss", losses, snapshots=rows)
+
+
+def why_document(s, result, seconds: float) -> dict:
+    """analysis.why's answer for session `s`, found in `seconds`."""
+    return session_document(s, "scores", result.scores(), **result.facts(), seconds=seconds)

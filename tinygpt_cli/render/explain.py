@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .tables import Fields, Fit, WhenStyled, colour, fmt, header, token_rows
-from .text import show_token
+from .text import escape_line, show_token
 
 # ------------------------------------------------------------------ a general labelled heatmap
 
@@ -366,3 +366,9 @@ def attribute_view(report) -> Group:
         parts.append(note(f"completeness: sum of scores {fmt(total)}; f(input) − f(baseline) "
                           f"{fmt(diff)}; gap {gap:+.3g} ({rel:.2%})"))
     return Group(*parts)
+
+
+def means_written(target, n_values: int, meta: dict) -> str:
+    """`means`' one line: where the mean vectors went, and over what."""
+    return (f"wrote {escape_line(str(target))}: {n_values} mean vectors over {meta['tokens']} "
+            f"tokens of {escape_line(meta['data'])}")

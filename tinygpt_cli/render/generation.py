@@ -39,6 +39,18 @@ def write_json(tok, prompt: str, ids: list[int], steps, seed: int, no_stop: bool
                                   stop="endoftext" if stopped else "max_new_tokens"))
 
 
+def say_stopped(new: int, stopped: bool, max_new_tokens: int, ablated: list[str] = ()) -> None:
+    """generate's closing notes on stderr: how many new tokens, and what stopped them; then
+    what --ablate zeroed (no view header to say it in: said last, as the steering line is)."""
+    from .output import stderr
+    from .text import count
+
+    why = "<|endoftext|>" if stopped else f"--max-new-tokens {max_new_tokens}"
+    stderr().print(f"({count(new, 'new token')}; stopped at {why})", style="dim")
+    if ablated:
+        stderr().print(ablated_line(ablated), style="bold yellow", soft_wrap=True)
+
+
 def write_text(out, tok, prompt: str, steps, no_stop: bool) -> tuple[int, bool]:
     """The prompt, then each new piece of text as soon as it is whole; (how many new tokens,
     whether <|endoftext|> stopped it)."""

@@ -90,3 +90,20 @@ def token_records(out, i: int, s, token_json: list[str], stream: bool, offset: i
     if lines:
         out.write("\n".join(lines) + "\n")
         out.flush()
+
+
+def emit_record(number: int, line: str, docs: list[str]) -> None:
+    """--each-line's record of one line, {"line": N, "text": ..., "result": the command's
+    document(s)}, on one line of stdout. The documents are spliced in as the command printed
+    them (strict, escaped JSON already): parsing and printing them again took as long as the
+    command itself."""
+    out = sys.stdout
+    encoding = (getattr(out, "encoding", None) or "utf-8").lower().replace("-", "")
+    if not encoding.startswith("utf"):  # the documents must be made ASCII: print them anew
+        parsed = [json.loads(d) for d in docs]
+        emit({"line": number, "text": line, "result": parsed[0] if len(parsed) == 1 else parsed})
+        return
+    result = docs[0] if len(docs) == 1 else "[" + ", ".join(docs) + "]"
+    head = dumps({"line": number, "text": line})
+    out.write(f'{head[:-1]}, "result": {result}}}\n')
+    out.flush()

@@ -24,6 +24,13 @@ PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines n
 MIN_WIDTH, TERMINAL_WIDTH = 20, 80  # a narrower stated width is a mistake: use the classic one
 
 
+def checked_save(path: Path | None) -> Path | None:
+    """--save's path, its format checked at once (not after the model has run)."""
+    if path is not None:
+        picture_format(path)
+    return path
+
+
 def picture_format(path: Path) -> str:
     """'svg' or 'html' from the extension of a --save path, checked before anything runs."""
     kind = {".svg": "svg", ".html": "html", ".htm": "html"}.get(path.suffix.lower())
@@ -70,6 +77,19 @@ def check_save(path: Path | None, force: bool) -> None:
     command that prints before its picture is ready calls this first."""
     if path is not None and Path(path).exists() and not force:
         raise InputError(f"--save {path}: the file exists; add --force to overwrite it")
+
+
+def check_out(out: Path | None, force: bool) -> None:
+    """--out FILE (steer, probe): refuse a folder, or an existing file without --force,
+    before any work."""
+    if out is None:
+        return
+    if out.is_dir() or str(out) in ("", "."):
+        raise InputError(f"--out {out}: that is a folder; give a file name")
+    if not out.parent.is_dir():
+        raise InputError(f"--out {out}: the folder {out.parent} does not exist")
+    if out.exists() and not force:
+        raise InputError(f"--out {out}: the file exists; add --force to overwrite it")
 
 
 def stdout(width: int | None = None) -> Console:
@@ -127,6 +147,14 @@ def set_changed(changes: dict | None) -> None:
 
     _changed = changed_note(changes) if changes else None
 
+def say_steered(d: dict) -> None:
+    """Every steered run is announced by this line on stderr (its views and JSON say it too):
+    `d` is the steering's description (analysis.steer.steering_hook)."""
+    from .text import steering_text
+
+    stderr().print(f"steered: {steering_text(d)}", style="bold yellow", soft_wrap=True)
+
+
 def set_quiet(value: bool) -> None:
     """--quiet for the command being run: stdout() prints nothing, save_figure no note."""
     global _quiet
@@ -145,3 +173,21 @@ def at_least(width: int):
     costs as much as printing it."""
     out = stdout()
     return stdout(width=width) if width > out.width else out
+
+
+def present(as_json: bool, document, view, *, figure=None, save: Path | None = None,
+            force: bool = False, console=None) -> None:
+    """A command's result, out: its picture first (--save: a refusal is then the only
+    output), then one JSON document on stdout, or the terminal view. `document`, `view` and
+    `figure` are functions of nothing, called only for the output asked for, so a view's
+    Rich and a picture's modules load only then. `console(view)`: the console a view that
+    may be wide is printed on (default: stdout())."""
+    if save is not None and figure is not None:
+        save_figure(figure(), save, force)
+    if as_json:
+        from .jsonout import emit
+
+        emit(document())
+        return
+    shown = view()
+    (console(shown) if console is not None else stdout()).print(shown)

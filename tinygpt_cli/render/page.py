@@ -1,5 +1,5 @@
 """The Quick review page and the map of one text, for a terminal. `r` is a traced text
-(cli.common.Run: its trace, model, text, ids, tokens and T); the values come from
+(session.Run: its trace, model, text, ids, tokens and T); the values come from
 page.page_values and page.map_stages."""
 
 from __future__ import annotations

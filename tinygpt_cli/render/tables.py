@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Group
@@ -346,9 +347,17 @@ def top_table(rows: list[dict], value_name: str, *, bar_of: str | None = None) -
     return Sized(build)
 
 
-def info_view(info, shown_file: str):
+def typed_path(path: Path) -> str:
+    """A path below the current folder as the user would type it; others in full."""
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def info_view(info):
     """A ModelInfo (analysis.info): the configuration, the parameter counts, the weights
-    file (as `shown_file`) with its sha256, and the tokenizer."""
+    file (as typed_path shows it) with its sha256, and the tokenizer."""
 
 
     t = Table(box=None, header_style="bold dim", pad_edge=False, show_header=False)
@@ -368,7 +377,8 @@ def info_view(info, shown_file: str):
                          for k, v in info.tokenizer["special_tokens"].items())
     return Group(
         Text("configuration", style="bold underline"), t, Text(""), p, Text(""),
-        Text(f"weights   {escape_line(shown_file)}"), Text(f"sha256    {info.sha256}"),
+        Text(f"weights   {escape_line(typed_path(info.weights_file))}"),
+        Text(f"sha256    {info.sha256}"),
         Text(f"tokenizer {info.tokenizer['vocab_size']:,} tokens; special: {specials}"),
     )
 

@@ -5,17 +5,22 @@ the data, is the one line on stderr)."""
 from __future__ import annotations
 
 import contextlib
+import math
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
 class TrainingProgress(contextlib.ExitStack):
-    """Use as a context manager; hand on_step and on_note to train.loop.train."""
+    """Use as a context manager; hand on_step and on_note to train.loop.train, then say
+    finished(...)."""
 
-    def __init__(self, header: str, steps: int, console: Console):
+    def __init__(self, train_files: list[Path], val_files: list[Path], steps: int):
         super().__init__()
-        self.header, self.steps, self.console = header, steps, console
+        self.header = (f"train: {', '.join(f.name for f in train_files)}; validation: "
+                       f"{', '.join(f.name for f in val_files) or 'none'}")
+        self.steps, self.console = steps, Console(stderr=True)
         self.shown: Progress | None = None
 
     def bar(self) -> Progress:
@@ -39,3 +44,11 @@ class TrainingProgress(contextlib.ExitStack):
 
     def on_note(self, text: str) -> None:
         self.bar().console.print(text, markup=False, highlight=False)
+
+    def finished(self, best: float, out: Path) -> None:
+        """The last line: the best validation loss, and where the weights are."""
+        from .text import escape_line
+
+        self.console.print((f"best validation loss {best:.4f} nats/token" if math.isfinite(best)
+                            else "no validation data") + f"; weights in {escape_line(str(out))}",
+                           markup=False, highlight=False)

@@ -221,20 +221,30 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
     evaluation over the whole data takes a while.
     """
     from ..weights import load_model
-    from .data import encode_stories, read_stories, split_data
-    from .loop import evaluate, windows_in
+    from .data import split_data
 
     out = out or run
     model = load_model(run)
     log = read_log(run / "log.jsonl", on_note or (lambda s: None))
-    command_file = run / "command.txt"
-    lines = [line for line in command_file.read_text(errors="replace").splitlines()
-             if line.strip()] if command_file.is_file() else []
-    command = "\n".join(reproducible_command(line, extension=k > 0)
-                        for k, line in enumerate(lines)) or "(the run folder has no command.txt)"
     settings = run_settings(run)
-    tok = model.tokenizer
     train_files, val_files = split_data(data)
+    quality, train_stream = _quality(model, train_files, val_files, progress)
+    val_names = file_names(val_files)
+    write_text(out / "loss_curve.svg",
+               loss_curve_svg(log, val_name=f"validation ({val_names.replace('`', '')})"))
+    text = _card_text(run, model, log, settings, data, file_names(train_files), val_names,
+                      quality, len(train_stream.ids))
+    write_text(out / "MODEL_CARD.md", text)
+    return text
+
+
+def _quality(model: Model, train_files: list[Path], val_files: list[Path], progress
+             ) -> tuple[str, object]:
+    """The card's quality rows (the loss over each whole part), and the training stream."""
+    from .data import encode_stories, read_stories
+    from .loop import evaluate, windows_in
+
+    tok = model.tokenizer
     train_stream = encode_stories(read_stories(train_files), tok)
     val_stream = encode_stories(read_stories(val_files), tok) if val_files else None
     streams = [train_stream] + ([val_stream] if val_stream else [])
@@ -243,20 +253,24 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
     with bar as advance:
         losses = [evaluate(model.params, model.config, st.ids, on_batch=advance)
                   for st in streams]
-    train_loss, val_loss = losses[0], (losses[1] if val_stream else None)
-    vals = [r for r in log if "val_loss" in r]
-    best = min(vals, key=lambda r: r["val_loss"]) if vals else None
-    last = log[-1]
-    cfg = model.config
-    n_params = sum(a.size for a in model.params.values())
-    ids = tok.encode(SEED_SENTENCE)
-    enc = " · ".join(f"`{tok.token_str(i).replace(' ', '␣')}` ({i})" for i in ids)
-    train_names, val_names = file_names(train_files), file_names(val_files)
-    data_shown = ", ".join(f"`{shown_path(p)}`" for p in data)
-    tinystories = any("tinystories" in str(p).lower() for p in data)
-    write_text(out / "loss_curve.svg",
-               loss_curve_svg(log, val_name=f"validation ({val_names.replace('`', '')})"))
+    rows = [_quality_row(f"training, {file_names(train_files)}", train_stream, losses[0])]
+    if val_stream is not None:
+        rows.append(_quality_row(f"validation, {file_names(val_files)} (held out)", val_stream,
+                                 losses[1]))
+    return "\n".join(rows), train_stream
 
+
+def _run_command(run: Path) -> str:
+    """The commands that made the run (command.txt), as one can run them again."""
+    command_file = run / "command.txt"
+    lines = [line for line in command_file.read_text(errors="replace").splitlines()
+             if line.strip()] if command_file.is_file() else []
+    return "\n".join(reproducible_command(line, extension=k > 0)
+                     for k, line in enumerate(lines)) or "(the run folder has no command.txt)"
+
+
+def _sample_blocks(model: Model) -> list[str]:
+    """A greedy and a seeded continuation of each prompt, with the command that writes it."""
     sample_md = []
     for prompt in PROMPTS:
         sample_md.append(f"**{prompt}**, greedy "
@@ -265,18 +279,23 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
         sample_md.append(f"**{prompt}**, seeded (`tinygpt generate \"{prompt}\" --seed 1`, "
                          "temperature 0.8):\n\n"
                          + block(samples(model, prompt, temperature=0.8, seed=1)))
-    hours = wall_time(log) / 3600
-    rows = [_quality_row(f"training, {train_names}", train_stream, train_loss)]
-    if val_stream is not None:
-        rows.append(_quality_row(f"validation, {val_names} (held out)", val_stream, val_loss))
-    quality = "\n".join(rows)
-    batch = last["tokens"] // last["step"] // cfg.n_positions
-    if best is not None:
-        exported = (f"the checkpoint with the best validation loss, at step {best['step']:,} "
-                    f"(validation {best['val_loss']:.4f} nats per token, "
-                    f"{best['val_bits_per_byte']:.4f} bits per byte)")
-    else:
-        exported = "the last step's (the run had no validation data)"
+    return sample_md
+
+
+def _exported(log: list[dict]) -> str:
+    """Which weights the folder holds: the best validation step's, or the last step's."""
+    vals = [r for r in log if "val_loss" in r]
+    if not vals:
+        return "the last step's (the run had no validation data)"
+    best = min(vals, key=lambda r: r["val_loss"])
+    return (f"the checkpoint with the best validation loss, at step {best['step']:,} "
+            f"(validation {best['val_loss']:.4f} nats per token, "
+            f"{best['val_bits_per_byte']:.4f} bits per byte)")
+
+
+def _extra_lines(run: Path, settings: dict) -> list[str]:
+    """The training section's lines for what not every run has: averaged weights, history
+    snapshots, an extension by --resume with more --steps."""
     extras = []
     ema = settings.get("ema") or 0.0
     if ema > 0:
@@ -301,6 +320,23 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
                       f"{cycle:,}: a new warm-up of {settings['warmup']:,} steps to a peak "
                       f"learning rate of {settings['lr']:g}, then cosine decay, dropout "
                       f"{settings['dropout']:g}.")
+    return extras
+
+
+def _card_text(run: Path, model: Model, log: list[dict], settings: dict, data: list[Path],
+               train_names: str, val_names: str, quality: str, train_tokens: int) -> str:
+    """MODEL_CARD.md's text."""
+    cfg, tok = model.config, model.tokenizer
+    n_params = sum(a.size for a in model.params.values())
+    ids = tok.encode(SEED_SENTENCE)
+    enc = " · ".join(f"`{tok.token_str(i).replace(' ', '␣')}` ({i})" for i in ids)
+    data_shown = ", ".join(f"`{shown_path(p)}`" for p in data)
+    tinystories = any("tinystories" in str(p).lower() for p in data)
+    last, command, sample_md = log[-1], _run_command(run), _sample_blocks(model)
+    hours = wall_time(log) / 3600
+    batch = last["tokens"] // last["step"] // cfg.n_positions
+    exported, extras = _exported(log), _extra_lines(run, settings)
+    cycle = settings.get("cycle_start") or 0
     origin, tokenizer_files, extras[:0] = warm_start(settings, train_names)
     opt = (f"{'in the last cycle, ' if cycle else ''}"
            f"peak learning rate {settings['lr']:g} after {settings['warmup']:,} warm-up steps, "
@@ -311,7 +347,7 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
                  "`<|endoftext|>`.")
     corpus, licence = ("TinyStories", TINYSTORIES_LICENCE) if tinystories else \
         (f"the text in {data_shown}", "")
-    text = f"""# tinygpt model card
+    return f"""# tinygpt model card
 
 A GPT-2-style language model with {n_params:,} parameters, trained {origin} on
 {corpus} with the project's own NumPy code (`tinygpt train`): no PyTorch, no JAX.
@@ -346,7 +382,7 @@ bytes per token; the bytes are the stories' UTF-8 bytes plus one per story separ
 
 {data_line}
 - Steps: {last['step']:,} of batch {batch} × {cfg.n_positions};
-  tokens seen: {last['tokens']:,} ({last['tokens'] / len(train_stream.ids):.1f} passes over the training text).
+  tokens seen: {last['tokens']:,} ({last['tokens'] / train_tokens:.1f} passes over the training text).
 - Wall time: {hours:.2f} h; {machine_line(run)}.
 - Exported weights: {exported}.
 {chr(10).join(extras) + chr(10) if extras else ""}- Final logged training loss (with dropout, last step): {last['train_loss']:.4f}.
@@ -369,13 +405,10 @@ The seed sentence "{SEED_SENTENCE}" is {len(ids)} tokens: {enc}.
 {licence}
 ## Limitations
 
-A {n_params / 1e6:.1f}-million-parameter model trained on {len(train_stream.ids) / 1e6:.1f} million tokens{" of children's stories" if tinystories else ""}: it
+A {n_params / 1e6:.1f}-million-parameter model trained on {train_tokens / 1e6:.1f} million tokens{" of children's stories" if tinystories else ""}: it
 writes short, simple, often ungrammatical or incoherent text, knows nothing else, and
 repeats itself at low temperature. It is made for looking inside, not for use.
 """
-    write_text(out / "MODEL_CARD.md", text)
-    return text
-
 
 def _quality_row(name: str, stream, loss: float) -> str:
     return (f"| {name} | {len(stream.ids):,} | {stream.bytes_per_token:.3f} | {loss:.4f} | "

@@ -455,23 +455,80 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
     config = Config(**settings.config)
     stored = stored_settings(ckpt) if resume and ckpt.is_file() else None
     if stored is not None:
-        sizes = {k: stored["config"][k] for k in SIZES}
-        asked = {k: getattr(config, k) for k in SIZES}
-        if sizes != asked:
-            diff = ", ".join(f"{k} {sizes[k]} (asked {asked[k]})" for k in SIZES
-                             if sizes[k] != asked[k])
-            raise TrainingDataError(f"--resume: {ckpt} was trained with other sizes: {diff}; "
-                                    "resume with the same sizes, or --force to start over")
-        at = stored["at_step"]
-        cycle_start, cycle = cycle_after_resume(stored, at, settings.steps)
-        if cycle > stored["cycle"] and settings.steps - at <= settings.warmup:
-            raise InputError(
-                f"--steps {settings.steps} extends the run by {settings.steps - at} steps, no "
-                f"more than its --warmup of {settings.warmup}: the learning rate would only "
-                "rise. Ask for more steps or a shorter --warmup")
-        settings = replace(settings, cycle_start=cycle_start, cycle=cycle)
+        settings = _resumed_settings(ckpt, stored, config, settings)
     if settings.init is not None and stored is None:
         adopt_tokenizer(Path(settings.init), out)
+    tokenizer, config, train_data, val_data = _training_data(out, train_files, val_files,
+                                                             config, note)
+    rng = np.random.default_rng(settings.seed)
+    params = init_params(config, rng)
+    if settings.init is not None:
+        params = warm_start_params(Path(settings.init), config)
+    # With an average on, it is what is validated, exported and snapshotted: the weights
+    # that training would ship at that step.
+    average = {n: p.copy() for n, p in params.items()} if settings.ema > 0 else None
+    run = _Run(out, settings, config, tokenizer, train_data, val_data, params,
+               AdamW(params, weight_decay=settings.weight_decay), rng, average)
+    keep_at = set(snapshot_steps(settings.steps, settings.snapshots))
+    start, elapsed_before = 0, 0.0
+    if stored is not None:
+        start, run.best_val, elapsed_before = _load_checkpoint(ckpt, params, run.opt, rng,
+                                                               average)
+        run.saved = start
+        _trim_log(log_path, start, note)
+        note(f"resumed from {ckpt} at step {start}")
+        if settings.cycle > stored["cycle"]:
+            note(f"extending the run from step {start} to {settings.steps}: a new warm-up "
+                 f"of {settings.warmup} steps to --lr {settings.lr:g}, then cosine decay")
+            if settings.snapshots:  # the weights the new cycle starts from
+                save_snapshot(out, run.shipped, start, final_lr(stored))
+        keep_at = {s for s in keep_at if s > start}
+    elif log_path.exists() or log_path.is_symlink():
+        log_path.unlink()  # --resume without a checkpoint: the run never got far enough
+    if command is not None:
+        _record_command(out / COMMAND, command, fresh=start == 0,
+                        extends=settings.cycle if settings.cycle_start == start > 0 else 0,
+                        reschedules=stored is not None and settings.steps != stored["steps"]
+                        and settings.cycle == stored["cycle"])
+    step = _loop(run, start, elapsed_before, keep_at, on_step, note)
+    if val_data is None:
+        export(out, run.shipped, config, tokenizer)
+    result = {
+        "steps": step + 1 if settings.steps > start else start,
+        "best_val_loss": run.best_val,
+        "val_bytes_per_token": val_data.bytes_per_token if val_data else None,
+        "train_tokens": len(train_data.ids),
+    }
+    document = {**_strict(result), "machine": machine()}
+    write_atomically(out / RESULT,
+                     (json.dumps(document, indent=2, allow_nan=False) + "\n").encode())
+    return result
+
+
+def _resumed_settings(ckpt: Path, stored: dict, config: Config, settings: Settings
+                      ) -> Settings:
+    """The settings of a resumed run: refused with other sizes, or an extension by no more
+    than a warm-up; more --steps than the run had starts a new cycle."""
+    sizes = {k: stored["config"][k] for k in SIZES}
+    asked = {k: getattr(config, k) for k in SIZES}
+    if sizes != asked:
+        diff = ", ".join(f"{k} {sizes[k]} (asked {asked[k]})" for k in SIZES
+                         if sizes[k] != asked[k])
+        raise TrainingDataError(f"--resume: {ckpt} was trained with other sizes: {diff}; "
+                                "resume with the same sizes, or --force to start over")
+    at = stored["at_step"]
+    cycle_start, cycle = cycle_after_resume(stored, at, settings.steps)
+    if cycle > stored["cycle"] and settings.steps - at <= settings.warmup:
+        raise InputError(
+            f"--steps {settings.steps} extends the run by {settings.steps - at} steps, no "
+            f"more than its --warmup of {settings.warmup}: the learning rate would only "
+            "rise. Ask for more steps or a shorter --warmup")
+    return replace(settings, cycle_start=cycle_start, cycle=cycle)
+
+
+def _training_data(out: Path, train_files, val_files, config: Config, note):
+    """(tokenizer, config with its separator ids, training stream, validation stream or
+    None), each stream long enough for a window; the data record written beside them."""
     tokenizer = prepare_tokenizer(out, train_files, config.vocab_size)
     config = Config(**{**asdict(config), "bos_token_id": tokenizer.eot_id,
                        "eos_token_id": tokenizer.eot_id})
@@ -488,77 +545,75 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
                 f"for windows of {config.n_positions}")
     note(f"training tokens: {len(train_data.ids):,}"
          + (f"; validation tokens: {len(val_data.ids):,}" if val_data else ""))
+    return tokenizer, config, train_data, val_data
 
-    rng = np.random.default_rng(settings.seed)
-    params = init_params(config, rng)
-    if settings.init is not None:
-        params = warm_start_params(Path(settings.init), config)
-    opt = AdamW(params, weight_decay=settings.weight_decay)
-    # With an average on, it is what is validated, exported and snapshotted: the weights
-    # that training would ship at that step.
-    average = {n: p.copy() for n, p in params.items()} if settings.ema > 0 else None
-    shipped = average if average is not None else params
-    keep_at = set(snapshot_steps(settings.steps, settings.snapshots))
-    start, best_val, elapsed_before = 0, math.inf, 0.0
-    if stored is not None:
-        start, best_val, elapsed_before = _load_checkpoint(ckpt, params, opt, rng, average)
-        _trim_log(log_path, start, note)
-        note(f"resumed from {ckpt} at step {start}")
-        if settings.cycle > stored["cycle"]:
-            note(f"extending the run from step {start} to {settings.steps}: a new warm-up "
-                 f"of {settings.warmup} steps to --lr {settings.lr:g}, then cosine decay")
-            if settings.snapshots:  # the weights the new cycle starts from
-                save_snapshot(out, shipped, start, final_lr(stored))
-        keep_at = {s for s in keep_at if s > start}
-    elif log_path.exists() or log_path.is_symlink():
-        log_path.unlink()  # --resume without a checkpoint: the run never got far enough
-    if command is not None:
-        _record_command(out / COMMAND, command, fresh=start == 0,
-                        extends=settings.cycle if settings.cycle_start == start > 0 else 0,
-                        reschedules=stored is not None and settings.steps != stored["steps"]
-                        and settings.cycle == stored["cycle"])
 
-    def log(record: dict) -> None:
-        append_line(log_path, json.dumps(record, allow_nan=False))
+@dataclass
+class _Run:
+    """What the training loop carries from step to step."""
 
-    def diverged(what: str, value: float, step: int) -> RunError:
-        kept = f"the checkpoint in {ckpt} is from step {start_or_saved[0]}" \
-            if start_or_saved[0] else "no checkpoint was written"
+    out: Path
+    settings: Settings
+    config: Config
+    tokenizer: Tokenizer
+    train_data: TokenStream
+    val_data: TokenStream | None
+    params: dict
+    opt: AdamW
+    rng: np.random.Generator
+    average: dict | None  # the moving average of the parameters (--ema), or None
+    best_val: float = math.inf
+    saved: int = 0  # the step of the last checkpoint written (0: none)
+
+    @property
+    def shipped(self) -> dict:
+        """The weights validated, exported and snapshotted: the average, when there is one."""
+        return self.average if self.average is not None else self.params
+
+    def diverged(self, what: str, value: float, step: int) -> RunError:
+        ckpt = self.out / CHECKPOINT
+        kept = f"the checkpoint in {ckpt} is from step {self.saved}" \
+            if self.saved else "no checkpoint was written"
         return RunError(f"training diverged at step {step}: the {what} is {value}; {kept}. "
-                        f"Try a lower --lr (this run: {settings.lr:g})")
+                        f"Try a lower --lr (this run: {self.settings.lr:g})")
 
-    start_or_saved = [start]
-
-    def validate(step: int) -> float | None:
-        nonlocal best_val
-        if val_data is None:
+    def validate(self, step: int) -> float | None:
+        """The validation loss of the shipped weights; a new best is exported."""
+        if self.val_data is None:
             return None
-        val = evaluate(shipped, config, val_data.ids)
+        val = evaluate(self.shipped, self.config, self.val_data.ids)
         if not math.isfinite(val):
-            raise diverged("validation loss", val, step)
-        if val < best_val:
-            best_val = val
-            export(out, shipped, config, tokenizer)
+            raise self.diverged("validation loss", val, step)
+        if val < self.best_val:
+            self.best_val = val
+            export(self.out, self.shipped, self.config, self.tokenizer)
         return val
 
+
+def _loop(run: _Run, start: int, elapsed_before: float, keep_at: set[int], on_step,
+          note) -> int:
+    """The training steps from `start` on (validating, logging, checkpointing and keeping
+    snapshots as the settings ask); the last step's index."""
+    settings, config, params, opt, rng = run.settings, run.config, run.params, run.opt, run.rng
+    ckpt, log_path = run.out / CHECKPOINT, run.out / LOG
     t0 = time.perf_counter()
     tokens_per_step = settings.batch_size * config.n_positions
     step = start
     for step in range(start, settings.steps):
         lr = lr_at(step - settings.cycle_start, settings.lr, settings.warmup,
                    settings.steps - settings.cycle_start, settings.min_lr_ratio)
-        x, y = random_windows(train_data.ids, settings.batch_size, config.n_positions, rng)
+        x, y = random_windows(run.train_data.ids, settings.batch_size, config.n_positions, rng)
         loss, grads = loss_and_grads(params, config, x, y, dropout=settings.dropout, rng=rng)
         gnorm = clip_by_global_norm(grads, settings.grad_clip)
         if not (math.isfinite(loss) and math.isfinite(gnorm)):
-            raise diverged("loss" if not math.isfinite(loss) else "gradient norm",
-                           loss if not math.isfinite(loss) else gnorm, step + 1)
+            raise run.diverged("loss" if not math.isfinite(loss) else "gradient norm",
+                               loss if not math.isfinite(loss) else gnorm, step + 1)
         opt.step(params, grads, lr)
-        if average is not None:
-            ema_update(average, params, ema_decay_at(step, settings.ema))
+        if run.average is not None:
+            ema_update(run.average, params, ema_decay_at(step, settings.ema))
         done = step + 1
         if done in keep_at:
-            save_snapshot(out, shipped, done, lr)
+            save_snapshot(run.out, run.shipped, done, lr)
         run_time = time.perf_counter() - t0
         elapsed = elapsed_before + run_time  # wall time over all resumed pieces of the run
         tps = (done - start) * tokens_per_step / max(run_time, 1e-9)
@@ -568,31 +623,22 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
         val = None
         out_of_time = settings.minutes is not None and run_time > settings.minutes * 60
         if done % settings.eval_every == 0 or done == settings.steps or out_of_time:
-            val = validate(done)
+            val = run.validate(done)
             if val is not None:
                 record["val_loss"] = round(val, 5)
-                record["val_bits_per_byte"] = round(val / math.log(2) / val_data.bytes_per_token, 5)
-        log(record)
+                record["val_bits_per_byte"] = round(
+                    val / math.log(2) / run.val_data.bytes_per_token, 5)
+        append_line(log_path, json.dumps(record, allow_nan=False))
         if done % settings.checkpoint_every == 0 or done == settings.steps or out_of_time:
-            _save_checkpoint(ckpt, params, opt, done, rng, best_val, settings, elapsed, average)
-            start_or_saved[0] = done
+            _save_checkpoint(ckpt, params, opt, done, rng, run.best_val, settings, elapsed,
+                             run.average)
+            run.saved = done
         if on_step:
             on_step(StepInfo(done, settings.steps, loss, lr, tps, val))
         if out_of_time:
             note(f"stopped at step {done}: the {settings.minutes} minute limit was reached")
             break
-    if val_data is None:
-        export(out, shipped, config, tokenizer)
-    result = {
-        "steps": step + 1 if settings.steps > start else start,
-        "best_val_loss": best_val,
-        "val_bytes_per_token": val_data.bytes_per_token if val_data else None,
-        "train_tokens": len(train_data.ids),
-    }
-    document = {**_strict(result), "machine": machine()}
-    write_atomically(out / RESULT,
-                     (json.dumps(document, indent=2, allow_nan=False) + "\n").encode())
-    return result
+    return step
 
 
 def export(out: Path, params, config: Config, tokenizer: Tokenizer) -> None:
