@@ -26,7 +26,6 @@ from .common import (
     WEIGHTS,
     at_least,
     bar,
-    check_out,
     figures,
     load,
     open_session,
@@ -196,10 +195,11 @@ def means(
     from ..corpus import check_data, validation_text
     from ..files import sha256
     from ..render.explain import means_written
+    from ..render.output import check_not_folder
     from .steering import keep_default_file
 
     keep_default_file(out, f"the weights folder's {mean_stats.FILE}")
-    check_out(out, force=True)  # before the work: a folder, or a folder that is not there
+    check_not_folder(out, "--out means.safetensors")  # before the work
     model = load(weights)
     note = None  # means written beside the weights are of the text they record
     if data is not None:

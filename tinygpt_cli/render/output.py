@@ -79,6 +79,15 @@ def check_save(path: Path | None, force: bool) -> None:
         raise InputError(f"--save {path}: the file exists; add --force to overwrite it")
 
 
+def check_not_folder(out: Path | None, example: str) -> None:
+    """--out FILE that is a folder ('' is '.', one too), refused before any work."""
+    from .text import escape_line
+
+    if out is not None and out.is_dir():
+        raise InputError(f"--out {escape_line(str(out))!r} is a folder: give the file to "
+                         f"write, e.g. {example}")
+
+
 def check_out(out: Path | None, force: bool) -> None:
     """--out FILE (steer, probe): refuse a folder, or an existing file without --force,
     before any work."""
