@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import InputError, check_utf8
 from .hooks import Chain, Hook, ablation
-from .model import forward, record, trace
+from .model import all_finite, final_norm, forward, logits_of, record, trace
 from .trace import Trace
 from .weights import Model, load_model
 
@@ -146,6 +146,22 @@ class Session:
         """The logits [T, V], with the hooks called on every value."""
         return forward(self.params, self.config, np.asarray(self.ids),
                        hooks=self.hooks_for(ablate, hooks))
+
+    def logits(self) -> np.ndarray:
+        """The logits [T, V] of the session's run, the very numbers its trace holds, with
+        nothing else recorded; a clean run's made in a batch with the next lines when
+        --each-line runs (ahead.py)."""
+        if self.hooks is not None:
+            return self.run()
+        from . import ahead
+
+        u = ahead.final_norm(self.params, self.config, self.ids)
+        if u is None:
+            u = final_norm(self.params, self.config, self.ids)[0]
+        logits = logits_of(self.params, u)
+        if not all_finite(logits):
+            return self.run()  # which names the first value that overflowed
+        return logits
 
     def record(self, paths: Iterable[str] | None = None, hooks: Hook | None = None,
                ablate: Sequence[str] = (), stop_after: str | None = None

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
+from .. import ahead, ops
 from ..config import Config
-from ..model import record
+from ..model import final_norm, record
 
 LN2 = math.log(2.0)
 
@@ -113,6 +113,13 @@ def concat(scores: list[TokenScores]) -> TokenScores:
 def final_hidden(params, config: Config, ids: np.ndarray, hooks=None) -> np.ndarray:
     """ln_final.out for a batch [B, T] -> [B, T, d], without the unembedding (the caller
     unembeds only the positions it scores)."""
+    if hooks is None and len(ids) == 1:
+        # one window of a clean run: the same numbers without recording, or made ahead in a
+        # batch with the next lines under --each-line
+        u = ahead.final_norm(params, config, ids[0])
+        u = final_norm(params, config, ids) if u is None else u[None]
+        if np.isfinite(u).all():  # else the recorded pass names the value that overflowed
+            return u
     return record(params, config, ids, {"ln_final.out"}, hooks=hooks,
                   stop_after="ln_final.out")[1]["ln_final.out"]
 

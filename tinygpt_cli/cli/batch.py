@@ -40,13 +40,13 @@ def main(command, args: list[str]):
         raise InputError(f"{OPTION} runs a command that reads a text once per line; "
                          f"{name or 'no command'} does not read one. Commands that do: "
                          + ", ".join(readers))
-    from ..weights import opened_once
+    from ..ahead import lines_ahead
 
-    with opened_once():  # the weights folder is read for the first line only
-        return _each_line(command, rest, name, sub, source)
+    with lines_ahead(lines_of(source)) as lines:  # weights read once, passes made in batches
+        return _each_line(command, rest, name, sub, lines)
 
 
-def _each_line(command, rest: list[str], name: str, sub, source: str) -> int:
+def _each_line(command, rest: list[str], name: str, sub, lines) -> int:
     from rich.text import Text
 
     from ..render.quick_table import print_line
@@ -57,7 +57,7 @@ def _each_line(command, rest: list[str], name: str, sub, source: str) -> int:
     code = 0
     at = rest.index(name) + 1
     options, before, after = split_arguments(sub, rest[at:])
-    for number, line in lines_of(source):
+    for number, line in lines:
         # the line goes where the text argument goes: last for most, first for `trace TEXT PATH`
         argv = [*rest[:at], *options, "--", *before, line, *after]
         try:

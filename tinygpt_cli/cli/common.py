@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ from ..render.progress import progress, progress_report
 from ..streams import read_text
 
 if TYPE_CHECKING:
-    from ..session import Session, Trace  # the session's own type: cli never imports trace
+    from ..session import Session  # the session's own type: cli never imports trace
     from ..weights import Model
 
 # This module is imported to register every command, including for `tinygpt --help`: it
@@ -217,10 +218,10 @@ def steered(model) -> tuple[object | None, dict]:
 
 @dataclass
 class Run:
-    """A session and the trace of its forward pass."""
+    """A session and the trace of its forward pass, made when first asked for."""
 
     session: Session
-    trace: Trace
+    trace = functools.cached_property(lambda self: self.session.trace())  # a Trace
 
     model = property(lambda self: self.session.model)
     text = property(lambda self: self.session.text)
@@ -236,8 +237,7 @@ class Run:
 
 
 def run(weights: Path | None, text: str | None, ablate: list[str] | None = None) -> Run:
-    """open_session, and the trace of its forward pass."""
-    s = open_session(weights, text, ablate=ablate)
-    return Run(s, s.trace())
+    """open_session, and (when asked for) the trace of its forward pass."""
+    return Run(open_session(weights, text, ablate=ablate))
 
 
