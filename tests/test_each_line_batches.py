@@ -171,3 +171,13 @@ def test_a_line_too_long_ends_the_run_after_the_lines_before_it(cli, tmp_path):
     records = r.ndjson()
     assert [x["result"] for x in records] == [cli("probs", "--json", t).json()
                                               for t in ("Lily", "Tom saw")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.0, -0.0, 1.0, 2.5, -3.0, 1e-30, np.inf, -np.inf, np.nan]),
+                min_size=1, max_size=30), st.integers(0, 35))
+def test_top_order_is_the_stable_sort_of_the_whole_row(values, k):
+    from tinygpt_cli.analysis.lens import top_order
+
+    row = np.asarray(values, dtype=np.float32)
+    np.testing.assert_array_equal(top_order(row, k), np.argsort(-row, kind="stable")[:k])
