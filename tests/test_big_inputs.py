@@ -7,6 +7,7 @@ import io
 import json
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,3 +64,49 @@ def test_encode_json_is_the_document_it_always_was():
                               offsets=tok.byte_offsets(ids), vocab_size=model.config.vocab_size)
     for kind in (io.StringIO, Narrow):
         assert written(encode_document(ids, tok, model.config), kind) == written(before, kind)
+
+
+# ------------------------------------------------------------------ score: a long text streams
+
+
+def test_a_long_text_is_scored_and_given_out_window_by_window(tiny_params, tiny_config):
+    from tinygpt_cli.analysis import score as sc
+
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, tiny_config.vocab_size, n) for n in (30, 3, 19)]
+    events, parts = [], []
+
+    def seen(i, s):
+        events.append("scores")
+        parts.append((i, s))
+
+    report = sc.score_texts(tiny_params, tiny_config, seqs, np.ones(tiny_config.vocab_size,
+                                                                    dtype=np.int64),
+                            stride=5, stream=False, offset=0, top=3, keep=True, draw=False,
+                            on_scores=seen, progress=lambda n: events.append("window"),
+                            hooks=None)
+    # every part is given out as soon as the windows before it are done, not at the end
+    assert events.index("scores") < len(events) - 1 - events[::-1].index("window")
+    whole = dict(sc.score_sequences(tiny_params, tiny_config, seqs, stride=5, batch_size=1))
+    for i, seq in enumerate(seqs):
+        mine = [s for j, s in parts if j == i]
+        assert len(mine) == len(sc.windows(len(seq), tiny_config.n_positions, 5))
+        assert [s.first for s in mine] == list(np.cumsum([0] + [len(s.targets)
+                                                                 for s in mine])[:-1])
+        np.testing.assert_array_equal(np.concatenate([s.nats for s in mine]), whole[i].nats)
+        np.testing.assert_array_equal(report.shown[i].nats, whole[i].nats)
+    assert report.summary["tokens"] == sum(len(s) - 1 for s in seqs)
+    assert report.summary["mean_nats"] == pytest.approx(
+        np.concatenate([whole[i].nats for i in range(3)]).mean(), rel=1e-12)
+    # the most surprising tokens name their place in the text, whichever part they were in
+    for nats, i, position, _, _ in report.worst:
+        assert whole[i].nats[position - 1] == nats
+
+
+def test_score_json_positions_run_on_across_windows(cli):
+    text = "Lily wanted to play with her ball. " * 40  # more than one window
+    records = cli("score", "--json", text).ndjson()
+    tokens = records[:-1]
+    assert records[-1]["tokens"] == len(tokens) > 128
+    # position 0 is the first token, scored after the separator put before the text
+    assert [r["position"] for r in tokens] == list(range(len(tokens)))

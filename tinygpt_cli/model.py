@@ -394,14 +394,15 @@ def forward(
     return logits
 
 
-def final_norm(params, config: Config, ids) -> np.ndarray:
+def final_norm(params, config: Config, ids, per_text: bool = True) -> np.ndarray:
     """ln_final.out [B, T, d] of texts of one length, ids [B, T] ([T]: a batch of one), with
     no hooks and no unembedding, for callers that unembed only what they need or run many
     texts together (ahead.py). Each text's numbers are bit for bit those its own recorded
     pass (`record`, `trace`) computes: every product is made text by text (ops.linear's
     per_text), every other step row by row, and one position is normed as a row of a batch,
-    not by the one-position shortcut of generation. Non-finite values are left to the caller
-    (forward names the first one)."""
+    not by the one-position shortcut of generation. Without `per_text` they are those of the
+    batch's recorded pass instead (one product for all rows: faster). Non-finite values are
+    left to the caller (forward names the first one)."""
     keep_freed_memory()
     ids = np.asarray(ids)
     ids = ids[None] if ids.ndim == 1 else ids
@@ -411,7 +412,7 @@ def final_norm(params, config: Config, ids) -> np.ndarray:
     with np.errstate(all="ignore"):
         h = embed(params, ids, 0, _no_hooks)  # [B, T, d]
         for i in range(config.n_layer):
-            h = block(params, config, i, h, None, None, 0, None, per_text=True)
+            h = block(params, config, i, h, None, None, 0, None, per_text=per_text)
         return layer_norm(h, params["ln_f.weight"], params["ln_f.bias"],
                           config.layer_norm_epsilon, "ln_final", _no_hooks)
 

@@ -82,7 +82,7 @@ def score(
     lines = None if not as_json else \
         lambda i, s: jsonout.token_records(sys.stdout, i, s, token_json, stream, offset)
     n_windows = sc.count_windows(map(len, sequences), cfg.n_positions, stride, full_only=stream)
-    with progress(n_windows, "scoring", enabled=not as_json) as advance:
+    with progress(n_windows, "scoring", enabled=not as_json, pipe_every=5) as advance:
         report = sc.score_texts(
             model.params, cfg, sequences, sc.byte_lengths(tok), stride=stride, stream=stream,
             offset=offset, top=top if not as_json or save is not None else 0,

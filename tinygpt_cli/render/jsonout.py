@@ -119,9 +119,10 @@ def token_json(tok) -> list[str]:
 def token_records(out, i: int, s, token_json: list[str], stream: bool, offset: int) -> None:
     """score --json: one NDJSON line per token of TokenScores `s` (text `i`), formatted
     directly (json.dumps per record is most of the time of a --json run over a whole file);
-    the token strings come JSON-encoded already."""
+    the token strings come JSON-encoded already; s.first: where in text i `s` starts."""
     head = "{" if stream else f'{{"sequence": {i}, '
-    lines = [f'{head}"position": {j + 1 - offset}, "id": {t}, "token": {token_json[t]}, '
+    start = s.first + 1 - offset
+    lines = [f'{head}"position": {j + start}, "id": {t}, "token": {token_json[t]}, '
              f'"nats": {n!r}, "bits": {b!r}, "prob": {p!r}, "rank": {r}, "entropy": {e!r}}}'
              for j, (t, n, b, p, r, e) in enumerate(zip(
                  s.targets.tolist(), s.nats.tolist(), s.bits.tolist(), s.prob.tolist(),
