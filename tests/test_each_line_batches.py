@@ -181,3 +181,26 @@ def test_top_order_is_the_stable_sort_of_the_whole_row(values, k):
 
     row = np.asarray(values, dtype=np.float32)
     np.testing.assert_array_equal(top_order(row, k), np.argsort(-row, kind="stable")[:k])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(codec="utf-8"), max_size=12)
+       | st.text(st.sampled_from(" a\n\t\r\x1b\x7f\x9b\u00a0\u2028\u202e\u2067é🙂"), max_size=8))
+def test_shown_text_is_the_character_by_character_escape(text):
+    """show_token, show_text and escape_line take a shortcut for printable text: the same as
+    looking at every character."""
+    from tinygpt_cli.render import text as shown
+
+    def control(ch):
+        return ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or 0x202A <= ord(ch) <= 0x202E \
+            or 0x2066 <= ord(ch) <= 0x2069
+
+    def esc(ch):
+        return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+    visible = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+    assert shown.show_token(text) == "".join(
+        visible.get(ch) or (esc(ch) if control(ch) else ch) for ch in text)
+    assert shown.show_text(text) == "".join(
+        ch if ch in "\n\t" or not control(ch) else esc(ch) for ch in text)
+    assert shown.escape_line(text) == "".join(esc(ch) if control(ch) else ch for ch in text)

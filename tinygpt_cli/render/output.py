@@ -75,7 +75,7 @@ def check_save(path: Path | None, force: bool) -> None:
 def stdout(width: int | None = None) -> Console:
     """Markup and highlighting off: text from the user or the model is shown literally.
     The width is the terminal's, or $COLUMNS, or PIPE_WIDTH for a pipe."""
-    from rich.console import Console
+    from .quick_table import QuickConsole as Console  # a view in a pipe laid out directly
 
     global _changed
     console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width,
