@@ -85,12 +85,12 @@ def stdout(width: int | None = None) -> Console:
 
         note, _changed = _changed, None
         stdout(width).print(Text(note, style="bold magenta"))
+    # the width set on the console made (as if it were made with it: one Console, not two,
+    # for each view of --each-line's thousands)
     if width is None and not console.is_terminal and not _columns():
-        console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
-                          width=PIPE_WIDTH, quiet=_quiet)
+        console.width = PIPE_WIDTH
     elif width is None and console.width < MIN_WIDTH:  # COLUMNS=0 on a terminal: no view
-        console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
-                          width=TERMINAL_WIDTH, quiet=_quiet)
+        console.width = TERMINAL_WIDTH
     return console
 
 
