@@ -110,3 +110,20 @@ def test_score_json_positions_run_on_across_windows(cli):
     assert records[-1]["tokens"] == len(tokens) > 128
     # position 0 is the first token, scored after the separator put before the text
     assert [r["position"] for r in tokens] == list(range(len(tokens)))
+
+
+def test_score_refuses_a_save_in_the_way_before_reading_the_text(cli, tmp_path, monkeypatch):
+    from cli_helpers import assert_one_error_line
+
+    from tinygpt_cli.tokenizer import Tokenizer
+
+    out = tmp_path / "s.svg"
+    out.write_text("mine")
+
+    def never(self, text):
+        raise AssertionError("the text was tokenised before the refusal")
+
+    monkeypatch.setattr(Tokenizer, "encode", never)
+    r = cli("score", "-", "--save", out, stdin="Lily wanted to play. " * 50_000)
+    assert_one_error_line(r, 2, str(out), "exists", "--force")
+    assert out.read_text() == "mine"

@@ -72,9 +72,9 @@ def score(
     model = load(weights)
     tok, cfg = model.tokenizer, model.config
     hooks, changes = steered(model)
+    check_save(save, force)  # before a long text is read and tokenised, and lines stream
     sequences, offset, stream_bpt = sc.score_inputs(model, text, read_text, file, stride,
                                                     stream, bos)
-    check_save(save, force)  # --json streams its lines before the picture could be refused
     stride = stride or cfg.n_positions
     shown = show if show is not None else (sum(map(len, sequences)) < 3000 and not stream)
     token_str = tok.token_strs  # labelled once per tokenizer, even with --each-line
