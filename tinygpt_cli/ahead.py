@@ -24,13 +24,13 @@ import numpy as np
 from .model import final_norm as final_norm_of
 from .weights import opened_model, opened_once
 
-CHUNK_TOKENS = 65_536  # tokens of lines computed ahead at a time: 32 MB at 128 numbers
+CHUNK_TOKENS = 16_384  # tokens of lines computed ahead at a time: 8 MB at 128 numbers
 BATCH = 64  # lines of one length in one pass
 
 
 class Ahead:
     """The texts of a run, the one being run now, and the final-norm outputs made ahead,
-    by (line, ids put before it)."""
+    by (line, form: how the pass's ids are made from the line's, see _form)."""
 
     def __init__(self, texts: list[str]):
         self.texts = texts
@@ -103,12 +103,16 @@ def _in_form(line: list[int] | None, form: tuple[tuple[int, ...], int]) -> list[
     return [] if not line else [*before, *line[:len(line) - cut]]
 
 
+ENCODED_AT_ONCE = 512  # texts tokenised together: the library keeps ~600 bytes a token
+
+
 def _encoded(tokenizer, texts: list[str], limit: int) -> list[list[int] | None]:
     """Each text's ids; None for a text surely longer than the context (it is never batched,
     and a huge line is not tokenised in one piece here)."""
     most = limit * tokenizer.longest_token_bytes
     short = [t for t in texts if len(t) <= most]
-    found = iter(tokenizer.encode_batch(short))
+    found = iter([ids for b in range(0, len(short), ENCODED_AT_ONCE)
+                  for ids in tokenizer.encode_batch(short[b : b + ENCODED_AT_ONCE])])
     return [next(found) if len(t) <= most else None for t in texts]
 
 

@@ -136,7 +136,7 @@ def _text(cell) -> str | None:
         plain = cell
     else:
         return None
-    if any(b in plain for b in _BREAKS):
+    if not plain.isprintable() and any(b in plain for b in _BREAKS):  # (all unprintable)
         return None
     return plain
 
