@@ -35,7 +35,7 @@ class Ahead:
     def __init__(self, texts: list[str]):
         self.texts = texts
         self.now = 0
-        self.ids: list[list[int] | None] = []  # each text's ids, once a tokenizer asks
+        self.ids: dict[int, list[int] | None] = {}  # the ids of lines from now on, as asked
         self.tokenizer = None
         self.made: dict[tuple[int, tuple], np.ndarray] = {}  # by (line, form: see _form)
         # the lines made ahead in each form: start <= line < end
@@ -54,8 +54,8 @@ class Ahead:
             return None
         if model.tokenizer is not self.tokenizer:  # the first request (or another model's)
             self.tokenizer, self.made, self.start, self.end = model.tokenizer, {}, {}, {}
-            self.ids = _encoded(model.tokenizer, self.texts, config.n_positions)
-        line = self.ids[self.now]
+            self.ids = {}
+        line = self._ids(self.now, config)
         if line is None:
             return None
         form = _form(np.asarray(ids).tolist(), line)
@@ -66,13 +66,22 @@ class Ahead:
             self._make(params, config, form)
         return self.made.pop((self.now, form), None)  # asked for twice: None, made anew
 
+    def _ids(self, n: int, config) -> list[int] | None:
+        """Line n's ids, tokenised with the next lines (ENCODED_AT_ONCE of them) when it is
+        not yet; the lines gone by are forgotten, so only a chunk's ids are ever held."""
+        if n not in self.ids:
+            self.ids = {k: v for k, v in self.ids.items() if k >= self.now}
+            block = self.texts[n : n + ENCODED_AT_ONCE]
+            self.ids.update(enumerate(_encoded(self.tokenizer, block, config.n_positions), n))
+        return self.ids[n]
+
     def _make(self, params, config, form: tuple[tuple[int, ...], int]) -> None:
         """The final-norm outputs of the next lines in this form, up to CHUNK_TOKENS tokens
         of them, in batches of lines of one length."""
         by_length = defaultdict(list)
         n, tokens = self.now, 0
         while n < len(self.texts) and tokens < CHUNK_TOKENS:
-            ids = _in_form(self.ids[n], form)
+            ids = _in_form(self._ids(n, config), form)
             if ids and len(ids) <= config.n_positions:
                 by_length[len(ids)].append((n, ids))
                 tokens += len(ids)
@@ -110,9 +119,7 @@ def _encoded(tokenizer, texts: list[str], limit: int) -> list[list[int] | None]:
     """Each text's ids; None for a text surely longer than the context (it is never batched,
     and a huge line is not tokenised in one piece here)."""
     most = limit * tokenizer.longest_token_bytes
-    short = [t for t in texts if len(t) <= most]
-    found = iter([ids for b in range(0, len(short), ENCODED_AT_ONCE)
-                  for ids in tokenizer.encode_batch(short[b : b + ENCODED_AT_ONCE])])
+    found = iter(tokenizer.encode_batch([t for t in texts if len(t) <= most]))
     return [next(found) if len(t) <= most else None for t in texts]
 
 
