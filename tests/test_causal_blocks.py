@@ -64,14 +64,14 @@ def test_a_hook_that_changes_the_scores_gets_every_key():
 
 
 def test_the_finiteness_check_of_the_logits_reads_a_sum_but_is_exact():
-    from tinygpt_cli.model import _all_finite
+    from tinygpt_cli.model import all_finite
 
     big = np.full((3, 5), np.finfo(np.float32).max, np.float32)  # its sum overflows
-    assert _all_finite(big)
+    assert all_finite(big)
     for bad in (np.nan, np.inf, -np.inf):
         x = big.copy()
         x[1, 2] = bad
-        assert not _all_finite(x)
+        assert not all_finite(x)
     x = np.zeros(6, np.float32)
     x[:2] = [np.inf, -np.inf]
-    assert not _all_finite(x)
+    assert not all_finite(x)

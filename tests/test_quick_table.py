@@ -98,3 +98,37 @@ def test_print_line_prints_what_rich_prints(words, width):
     quiet = console(width, quiet=True)
     print_line(quiet, text)
     assert quiet.file.getvalue() == ""
+
+
+# ------------------------------------------------------------------ QuickConsole: whole views
+
+def _printed(console_type, view, width: int) -> str:
+    import io as _io
+
+    out = _io.StringIO()
+    console_type(file=out, width=width, color_system=None, markup=False, highlight=False,
+                 emoji=False, soft_wrap=False).print(view)
+    return out.getvalue()
+
+
+_words = st.text(st.sampled_from("ab é 🙂 中文 ...,\n-\u00a0\u200b\tx"), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_words, min_size=1, max_size=6), st.integers(8, 130), st.booleans())
+def test_quick_console_prints_a_view_as_rich_does(texts, width, styled):
+    """Texts (one line, wrapped, with line breaks), Fields, ranked tables and Groups of them:
+    the same characters as Rich's Console, at any width."""
+    from rich.console import Console, Group
+    from rich.text import Text
+
+    from tinygpt_cli.render.quick_table import QuickConsole
+    from tinygpt_cli.render.tables import Fields, WhenStyled, top_table
+
+    parts = [Text(t, style="bold" if styled else "") for t in texts]
+    fields = Fields([Text(t.replace("\n", " ")) for t in texts])
+    rows = [{"id": i, "token": t[:6], "chance": 1 / (i + 2)} for i, t in enumerate(texts)]
+    for view in (*parts, fields, top_table(rows, "chance", bar_of="chance"),
+                 Group(fields, *parts, WhenStyled(Text("legend"))),
+                 Group(Text(""), top_table(rows, "chance"))):
+        assert _printed(QuickConsole, view, width) == _printed(Console, view, width)

@@ -182,7 +182,7 @@ def test_ctrl_c_while_generating_exits_130_on_a_fresh_line(tiny):
 
 @pytest.mark.parametrize("where", ["tinygpt_cli.weights.load_model",
                                    "tinygpt_cli.render.jsonout.emit",
-                                   "rich.console.Console.print"])
+                                   "tinygpt_cli.render.quick_table.QuickConsole.print"])
 def test_ctrl_c_anywhere_in_a_command_exits_130_without_traceback(cli, monkeypatch, where):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

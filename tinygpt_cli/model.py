@@ -20,8 +20,8 @@ from .errors import NonFiniteError
 from .hooks import Hook, Record, RecordOnly, Stop
 from .schema import param_shapes
 
-__all__ = ["Dropout", "KVCache", "backward", "decode_step", "forward", "init_params",
-           "loss_and_grads",
+__all__ = ["Dropout", "KVCache", "backward", "decode_step", "final_norm", "forward",
+           "init_params", "logits_of", "loss_and_grads",
            "param_shapes", "trace"]
 
 
@@ -208,10 +208,11 @@ def _heads(name: str, x: np.ndarray, prefix: str, hooks: Hook, n_head: int) -> N
 
 
 def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
-              cache: KVCache | None, start: int) -> np.ndarray:
+              cache: KVCache | None, start: int, per_text: bool = False) -> np.ndarray:
     """Card 5: masked multi-head attention of block i.  [T, d] -> [T, d]"""
     p, L = f"h.{i}.attn.", f"layers.{i}."
-    qkv = ops.linear(x, params[p + "c_attn.weight"], params[p + "c_attn.bias"])  # [T, 3d]
+    qkv = ops.linear(x, params[p + "c_attn.weight"], params[p + "c_attn.bias"],
+                     per_text)  # [T, 3d]
     q, k, v = ops.split_qkv(qkv, config.n_head)  # [H, T, d_k] each
     if hooks is not None:
         q, k, v = hooks(L + "q", q), hooks(L + "k", k), hooks(L + "v", v)
@@ -237,7 +238,8 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
     if hooks is not None:
         z = hooks(L + "z", z)
         _heads("out", z, L, hooks, config.n_head)
-    out = ops.linear(ops.merge_heads(z), params[p + "c_proj.weight"], params[p + "c_proj.bias"])
+    out = ops.linear(ops.merge_heads(z), params[p + "c_proj.weight"], params[p + "c_proj.bias"],
+                     per_text)
     return out if hooks is None else hooks(L + "attn_out", out)  # [T, d]
 
 
@@ -264,13 +266,15 @@ def attention_backward(g: Gradients, i: int, dattn: np.ndarray) -> np.ndarray:
     return dx
 
 
-def feed_forward(params, i: int, x: np.ndarray, hooks: Hook) -> np.ndarray:
+def feed_forward(params, i: int, x: np.ndarray, hooks: Hook, per_text: bool = False
+                 ) -> np.ndarray:
     """Card 6: GELU(x W_1 + b_1) W_2 + b_2.  [T, d] -> [T, ff] -> [T, d]"""
     p, L = f"h.{i}.mlp.", f"layers.{i}."
-    pre = hooks(L + "mlp_pre", ops.linear(x, params[p + "c_fc.weight"], params[p + "c_fc.bias"]))
+    pre = hooks(L + "mlp_pre", ops.linear(x, params[p + "c_fc.weight"], params[p + "c_fc.bias"],
+                                          per_text))
     post = hooks(L + "mlp_post", ops.gelu(pre))
-    return hooks(L + "mlp_out",
-                 ops.linear(post, params[p + "c_proj.weight"], params[p + "c_proj.bias"]))
+    return hooks(L + "mlp_out", ops.linear(post, params[p + "c_proj.weight"],
+                                           params[p + "c_proj.bias"], per_text))
 
 
 def feed_forward_backward(g: Gradients, i: int, dmlp_out: np.ndarray) -> np.ndarray:
@@ -289,17 +293,19 @@ def feed_forward_backward(g: Gradients, i: int, dmlp_out: np.ndarray) -> np.ndar
 
 
 def block(params, config: Config, i: int, h: np.ndarray, hooks: Hook | None,
-          cache: KVCache | None, start: int, drop: Dropout | None) -> np.ndarray:
-    """Card 7: one pre-norm block: h + attn(ln1(h)), then + mlp(ln2(.)).  [T, d] -> [T, d]"""
+          cache: KVCache | None, start: int, drop: Dropout | None, per_text: bool = False
+          ) -> np.ndarray:
+    """Card 7: one pre-norm block: h + attn(ln1(h)), then + mlp(ln2(.)).  [T, d] -> [T, d]
+    (`per_text`: a batch's products text by text, see ops.linear)"""
     p, L = f"h.{i}.", f"layers.{i}."
     hk = hooks or _no_hooks
     eps = config.layer_norm_epsilon
     h = hk(L + "resid_pre", h)
     x = layer_norm(h, params[p + "ln_1.weight"], params[p + "ln_1.bias"], eps, L + "ln1", hk)
-    a = attention(params, config, i, x, hooks, cache, start)
+    a = attention(params, config, i, x, hooks, cache, start, per_text)
     h = hk(L + "resid_mid", h + (drop(L + "attn_out", a) if drop else a))
     x = layer_norm(h, params[p + "ln_2.weight"], params[p + "ln_2.bias"], eps, L + "ln2", hk)
-    m = feed_forward(params, i, x, hk)
+    m = feed_forward(params, i, x, hk, per_text)
     return hk(L + "resid_post", h + (drop(L + "mlp_out", m) if drop else m))
 
 
@@ -381,14 +387,43 @@ def forward(
                 _name_first_non_finite(params, config, ids, hooks, cache, start, last_only,
                                        e.args[0])
             return None
-    if check_finite and not _all_finite(logits):
+    if check_finite and not all_finite(logits):
         _name_first_non_finite(params, config, ids, hooks, cache, start, last_only, "logits")
     if cache is not None:
         cache.length = start + t
     return logits
 
 
-def _all_finite(x: np.ndarray) -> bool:
+def final_norm(params, config: Config, ids, per_text: bool = True) -> np.ndarray:
+    """ln_final.out [B, T, d] of texts of one length, ids [B, T] ([T]: a batch of one), with
+    no hooks and no unembedding, for callers that unembed only what they need or run many
+    texts together (ahead.py). Each text's numbers are bit for bit those its own recorded
+    pass (`record`, `trace`) computes: every product is made text by text (ops.linear's
+    per_text), every other step row by row, and one position is normed as a row of a batch,
+    not by the one-position shortcut of generation. Without `per_text` they are those of the
+    batch's recorded pass instead (one product for all rows: faster). Non-finite values are
+    left to the caller (forward names the first one)."""
+    keep_freed_memory()
+    ids = np.asarray(ids)
+    ids = ids[None] if ids.ndim == 1 else ids
+    if ids.shape[-1] > config.n_positions:
+        raise ValueError(f"{ids.shape[-1]} tokens is more than the model's limit of "
+                         f"{config.n_positions}")
+    with np.errstate(all="ignore"):
+        h = embed(params, ids, 0, _no_hooks)  # [B, T, d]
+        for i in range(config.n_layer):
+            h = block(params, config, i, h, None, None, 0, None, per_text=per_text)
+        return layer_norm(h, params["ln_f.weight"], params["ln_f.bias"],
+                          config.layer_norm_epsilon, "ln_final", _no_hooks)
+
+
+def logits_of(params, u: np.ndarray) -> np.ndarray:
+    """Card 9 alone: the logits of final-norm outputs u [T, d] (final_norm's), as a pass's."""
+    with np.errstate(all="ignore"):
+        return unembed(params, u, _no_hooks)
+
+
+def all_finite(x: np.ndarray) -> bool:
     """np.isfinite(x).all() in one read and no array of flags: a NaN or an infinity makes
     the sum of squares (one BLAS dot product, faster than either) NaN or infinite; only a
     sum that overflowed is checked number by number."""

@@ -91,12 +91,17 @@ def layer_norm_backward_parts(dout, x, g, mean, std):
 # ---------------------------------------------------------------- linear (c_attn, c_proj, c_fc)
 
 
-def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """x W + b with W stored (in, out), as GPT-2's Conv1D.  [..., in] -> [..., out]"""
+def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, per_text: bool = False) -> np.ndarray:
+    """x W + b with W stored (in, out), as GPT-2's Conv1D.  [..., in] -> [..., out]
+
+    `per_text`: a batch [B, T, in] as B products of [T, in], each the very product of that
+    text's own pass (BLAS rounds a row of a larger product differently, in the last bits)."""
     # A batch [B, T, in] as one [B*T, in] product: one BLAS call, not one per text.
-    flat = x.ndim == 2  # [T, in] (one text; one position while generating): no reshapes
-    if flat:  # one row (generation's one position) as a vector: see _rows_times
+    flat = x.ndim == 2 or per_text  # [T, in] (one text; one position while generating)
+    if x.ndim == 2:  # one row (generation's one position) as a vector: see _rows_times
         out = (x[0] @ w)[None] if x.shape[0] == 1 else x @ w
+    elif per_text:  # np.matmul multiplies each [T, in] slice as one text's [T, in] is
+        out = np.matmul(x, w)
     else:
         out = x.reshape(-1, x.shape[-1]) @ w
     if out.dtype == b.dtype or out.dtype == np.result_type(out, b):

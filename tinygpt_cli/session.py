@@ -13,6 +13,7 @@ Errors are InputError (bad text, index or path: exit 2 in the CLI) or WeightsErr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ import numpy as np
 
 from .errors import InputError, check_index, check_utf8
 from .hooks import Chain, Hook, ablation
-from .model import forward, record, trace
+from .model import all_finite, final_norm, forward, logits_of, record, trace
 from .trace import Trace
 from .weights import Model, load_model
 from .words import count
@@ -139,6 +140,22 @@ class Session:
         return forward(self.params, self.config, np.asarray(self.ids),
                        hooks=self.hooks_for(ablate, hooks))
 
+    def logits(self) -> np.ndarray:
+        """The logits [T, V] of the session's run, the very numbers its trace holds, with
+        nothing else recorded; a clean run's made in a batch with the next lines when
+        --each-line runs (ahead.py)."""
+        if self.hooks is not None:
+            return self.run()
+        from . import ahead
+
+        u = ahead.final_norm(self.params, self.config, self.ids)
+        if u is None:
+            u = final_norm(self.params, self.config, self.ids)[0]
+        logits = logits_of(self.params, u)
+        if not all_finite(logits):
+            return self.run()  # which names the first value that overflowed
+        return logits
+
     def record(self, paths: Iterable[str] | None = None, hooks: Hook | None = None,
                ablate: Sequence[str] = (), stop_after: str | None = None
                ) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
@@ -154,11 +171,15 @@ class Session:
 
 @dataclass
 class Run:
-    """A session and the trace of its forward pass: what the cards and the page read. Its
+    """A session and the trace of its forward pass, made when first asked for (probs, logits
+    and sample read the logits alone, Session.logits): what the cards and the page read. Its
     JSON documents are made as a session's are (render.documents.session_document)."""
 
     session: Session
-    trace: Trace
+
+    @functools.cached_property
+    def trace(self) -> Trace:
+        return self.session.trace()
 
     model = property(lambda self: self.session.model)
     text = property(lambda self: self.session.text)

@@ -68,6 +68,7 @@ class Tokenizer:
     def __init__(self, tok: HFTokenizer):
         self._tok = tok
         self._byte_of = _byte_decoder()
+        self._strs: dict[int, str] = {}  # token_str of each id asked for (--each-line asks again)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
@@ -168,7 +169,11 @@ class Tokenizer:
 
     def token_str(self, token_id: int) -> str:
         """One token as text; bytes that are part of a longer UTF-8 character show as \\xNN."""
-        return self.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+        found = self._strs.get(token_id)
+        if found is None:
+            found = self._strs[token_id] = self.token_bytes(token_id).decode(
+                "utf-8", errors="backslashreplace")
+        return found
 
     def byte_starts(self, ids: list[int]) -> list[int]:
         """Where each token starts in the UTF-8 bytes of the decoded text, and the end

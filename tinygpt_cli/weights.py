@@ -459,6 +459,13 @@ def opened_once():
         _opened = outer
 
 
+def opened_model(params) -> Model | None:
+    """The model loaded within this opened_once() block whose parameters these are (ahead.py
+    finds the tokenizer of a pass's weights so), or None."""
+    return next((m for m in (_opened or {}).values()
+                 if isinstance(m, Model) and m.params is params), None)
+
+
 def _once(kind: str, folder, make):
     if _opened is None:
         return make(folder)

@@ -52,8 +52,19 @@ def top_neurons(mlp_post: np.ndarray, k: int) -> list[dict]:
 
 def top_entries(values: np.ndarray, k: int, token_str, name: str) -> list[dict]:
     """The k highest entries of a vocabulary-sized row, with their tokens, {id, token, name}."""
-    order = np.argsort(-values, kind="stable")[:k]
-    return [{"id": int(i), "token": token_str(int(i)), name: float(values[i])} for i in order]
+    return [{"id": int(i), "token": token_str(int(i)), name: float(values[i])}
+            for i in top_order(values, k)]
+
+
+def top_order(values: np.ndarray, k: int) -> np.ndarray:
+    """np.argsort(-values, kind="stable")[:k] (highest first, ties by id), sorting only the
+    entries at least as high as the k-th: a whole row's sort was a tenth of a `probs` run."""
+    values = np.asarray(values)
+    if not 0 < k < len(values) or np.isnan(values).any():
+        return np.argsort(-values, kind="stable")[:k]
+    kth = np.partition(values, len(values) - k)[len(values) - k]  # the k-th highest
+    high = np.flatnonzero(values >= kth)  # in id order, every tie of the k-th included
+    return high[np.argsort(-values[high], kind="stable")][:k]
 
 
 # ------------------------------------------------------------------ the logit lens at every stage

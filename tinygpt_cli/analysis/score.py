@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
+from .. import ahead, ops
 from ..config import Config
-from ..model import record
+from ..model import final_norm, record
 
 LN2 = math.log(2.0)
 
@@ -65,6 +65,7 @@ class TokenScores:
     prob: np.ndarray
     rank: np.ndarray  # int64
     entropy: np.ndarray
+    first: int = 0  # the index of the first of these among its sequence's targets
 
     @property
     def bits(self) -> np.ndarray:
@@ -107,12 +108,20 @@ def concat(scores: list[TokenScores]) -> TokenScores:
         empty = np.zeros(0)
         return TokenScores(empty.astype(np.int64), empty, empty, empty.astype(np.int64), empty)
     return TokenScores(*(np.concatenate([getattr(s, f) for s in scores])
-                         for f in ("targets", "nats", "prob", "rank", "entropy")))
+                         for f in ("targets", "nats", "prob", "rank", "entropy")),
+                       first=scores[0].first)
 
 
 def final_hidden(params, config: Config, ids: np.ndarray, hooks=None) -> np.ndarray:
     """ln_final.out for a batch [B, T] -> [B, T, d], without the unembedding (the caller
     unembeds only the positions it scores)."""
+    if hooks is None:
+        # a clean run: the same numbers without recording; one window made ahead in a batch
+        # with the next lines under --each-line, or made as its own pass makes it
+        u = ahead.final_norm(params, config, ids[0]) if len(ids) == 1 else None
+        u = final_norm(params, config, ids, per_text=len(ids) == 1) if u is None else u[None]
+        if np.isfinite(u).all():  # else the recorded pass names the value that overflowed
+            return u
     return record(params, config, ids, {"ln_final.out"}, hooks=hooks,
                   stop_after="ln_final.out")[1]["ln_final.out"]
 
@@ -122,10 +131,31 @@ def score_sequences(
     batch_size: int = 8, full_only: bool = False,
     progress: Callable[[int], None] | None = None, hooks=None,
 ) -> Iterator[tuple[int, TokenScores]]:
-    """(index, scores of targets 1..n-1) for each sequence, in order.
+    """(index, scores of targets 1..n-1) for each sequence, in order (score_parts, put
+    together)."""
+    parts: list[TokenScores] = []
+    for i, part, last in score_parts(params, config, sequences, stride=stride,
+                                     batch_size=batch_size, full_only=full_only,
+                                     progress=progress, hooks=hooks):
+        parts.append(part)
+        if last:
+            yield i, concat(parts)
+            parts = []
+
+
+def score_parts(
+    params, config: Config, sequences: list[np.ndarray], *, stride: int | None = None,
+    batch_size: int = 8, full_only: bool = False,
+    progress: Callable[[int], None] | None = None, hooks=None,
+) -> Iterator[tuple[int, TokenScores, bool]]:
+    """(index, scores of the next targets of that sequence, whether they are its last): the
+    sequences in order, each one's targets in order, a window's as soon as the windows
+    before it are done, so a long text's scores stream out and are never held whole.
 
     Windows of every sequence are batched together, longest first (right-padded: a causal
-    model's earlier positions never see the padding). `progress(k)` is called with the windows done.
+    model's earlier positions never see the padding); a sequence's windows are never longer
+    than the ones before them, so they are done in order. `progress(k)` is called with the
+    windows done.
     """
     context = config.n_positions
     stride = context if stride is None else stride
@@ -133,11 +163,25 @@ def score_sequences(
             for w in windows(len(seq), context, stride, full_only=full_only)]
     # full windows first, then the shorter ends of texts by length, so a batch pads little
     jobs.sort(key=lambda job: -(job[1].end - job[1].start))
-    per_seq: dict[int, list[tuple[int, TokenScores]]] = {}
+    waiting: dict[int, list[TokenScores]] = {}  # done, not yet given out, in window order
     remaining = {i: 0 for i in range(len(sequences))}
     for i, _ in jobs:
         remaining[i] += 1
     next_out = 0
+
+    def ready() -> Iterator[tuple[int, TokenScores, bool]]:
+        nonlocal next_out
+        while next_out < len(sequences):
+            parts = waiting.pop(next_out, [])
+            done = remaining[next_out] == 0
+            for k, part in enumerate(parts):
+                yield next_out, part, done and k == len(parts) - 1
+            if not done:
+                return
+            if not parts:  # no window at all (too short for --stream): nothing scored
+                yield next_out, concat([]), True
+            next_out += 1
+
     for b in range(0, len(jobs), batch_size):
         chunk = jobs[b : b + batch_size]
         width = max(w.end - w.start for _, w in chunk)
@@ -158,24 +202,16 @@ def score_sequences(
         offset = 0
         for (i, w), t in zip(chunk, tgt, strict=True):
             n = len(t)
-            per_seq.setdefault(i, []).append((w.start, TokenScores(
+            waiting.setdefault(i, []).append(TokenScores(
                 s.targets[offset : offset + n], s.nats[offset : offset + n],
                 s.prob[offset : offset + n], s.rank[offset : offset + n],
-                s.entropy[offset : offset + n])))
+                s.entropy[offset : offset + n], first=w.first - 1))
             offset += n
             remaining[i] -= 1
         if progress:
             progress(len(chunk))
-        while next_out < len(sequences) and remaining[next_out] == 0:
-            yield next_out, _in_order(per_seq.pop(next_out, []))
-            next_out += 1
-    while next_out < len(sequences):
-        yield next_out, _in_order(per_seq.pop(next_out, []))
-        next_out += 1
-
-
-def _in_order(parts: list[tuple[int, TokenScores]]) -> TokenScores:
-    return concat([s for _, s in sorted(parts, key=lambda p: p[0])])
+        yield from ready()
+    yield from ready()
 
 
 def count_windows(lengths: Iterable[int], context: int, stride: int, full_only=False) -> int:
@@ -247,32 +283,42 @@ def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.
                 stream_bpt: float | None = None,
                 on_scores: Callable[[int, TokenScores], None] | None = None,
                 progress: Callable[[int], None] | None = None, hooks=None) -> ScoreReport:
-    """Score every text (`score_sequences`), adding up the totals as the texts come, so a
-    whole file never has to be held: only the `top` most surprising tokens, the texts' scores
-    when `keep`, and the first texts' when `draw`. `on_scores(i, s)` sees each text's scores
-    as they are done (the --json lines stream from it). `stream_bpt`: the bytes per token of
-    a whole stream (--stream), counted instead of the tokens' own bytes, as the card does.
-    `hooks` (steering) go into every run."""
+    """Score every text (`score_parts`), adding up the totals as the scores come, so a
+    whole file or text never has to be held: only the `top` most surprising tokens, each
+    text's surprisals until it is summed (as one array, as it always was), the texts' scores
+    when `keep`, and the first texts' when `draw`. `on_scores(i, s)` sees each part of a
+    text's scores as it is done (the --json lines stream from it; s.first says where in the
+    text it starts). `stream_bpt`: the bytes per token of a whole stream (--stream), counted
+    instead of the tokens' own bytes, as the card does. `hooks` (steering) go into every run."""
     total = Totals(0, 0, 0.0)
     worst: list[tuple] = []
     kept: list[TokenScores] = []
     drawn: list[TokenScores] = []
-    for i, s in score_sequences(params, config, sequences, stride=stride, full_only=stream,
-                                progress=progress, hooks=hooks):
+    parts: list[TokenScores] = []  # the current text's, for the sums (and the views)
+    for i, s, last in score_parts(params, config, sequences, stride=stride, full_only=stream,
+                                  progress=progress, hooks=hooks):
         total.tokens += len(s.targets)
-        total.nats += float(s.nats.sum())
         total.bytes += int(nbytes[s.targets].sum())
-        if draw and sum(len(d.targets) for d in drawn) < DRAWN_TOKENS:
-            drawn.append(s)
         if on_scores is not None:
             on_scores(i, s)
         if top:
             most = np.argsort(-s.nats, kind="stable")[:top]
-            worst += [(float(s.nats[j]), i, 1 + int(j) - offset, int(s.rank[j]),
+            worst += [(float(s.nats[j]), i, 1 + s.first + int(j) - offset, int(s.rank[j]),
                        float(s.entropy[j])) for j in most]
             worst = sorted(worst, reverse=True)[:top]
+        # only the surprisals are kept for the sum, unless a view needs the whole text
+        whole = keep or (draw and sum(len(d.targets) for d in drawn) < DRAWN_TOKENS)
+        parts.append(s if whole else TokenScores(s.targets[:0], s.nats, s.prob[:0],
+                                                 s.rank[:0], s.entropy[:0], s.first))
+        if not last:
+            continue
+        text = concat(parts)
+        parts = []
+        total.nats += float(text.nats.sum())
+        if whole and draw and sum(len(d.targets) for d in drawn) < DRAWN_TOKENS:
+            drawn.append(text)
         if keep:
-            kept.append(s)
+            kept.append(text)
     summary = {"summary": True, "path": "score", "tokens": total.tokens, "bytes": total.bytes,
                "mean_nats": total.mean_nats, "perplexity": total.perplexity,
                "bits_per_token": total.bits_per_token, "bits_per_byte": total.bits_per_byte,

@@ -37,26 +37,26 @@ def main(command, args: list[str]):
         raise InputError(f"{OPTION} runs a command that reads a text once per line; "
                          f"{name or 'no command'} does not read one. Commands that do: "
                          + ", ".join(readers))
-    from ..weights import opened_once
+    from ..ahead import lines_ahead
+    from ..streams import text_lines
 
-    with opened_once():  # the weights folder is read for the first line only
-        return _each_line(command, rest, name, sub, source)
+    with lines_ahead(text_lines(source, OPTION)) as lines:  # weights once, passes in batches
+        return _each_line(command, rest, name, sub, lines)
 
 
-def _each_line(command, rest: list[str], name: str, sub, source: str) -> int:
+def _each_line(command, rest: list[str], name: str, sub, lines) -> int:
     from rich.text import Text
 
     from ..render.jsonout import emit_record
     from ..render.quick_table import print_line
     from ..render.text import show_text
-    from ..streams import text_lines
     from .common import stdout
 
     as_json = "--json" in rest
     code = 0
     at = rest.index(name) + 1
     options, before, after = split_arguments(sub, rest[at:])
-    for number, line in text_lines(source, OPTION):
+    for number, line in lines:
         # the line goes where the text argument goes: last for most, first for `trace TEXT PATH`
         argv = [*rest[:at], *options, "--", *before, line, *after]
         try:

@@ -248,7 +248,7 @@ def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
 
     r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
-    row = r.trace.get("logits")[p]
+    row = r.session.logits()[p]
     path = f"logits[{p}]"
     rows = top_entries(row, top, r.model.tokenizer.token_str, "logit")
     present(as_json, lambda: session_document(r, path, row, position=p, top=rows),
@@ -274,7 +274,7 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
 
     r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
-    pr = probabilities(r.trace.get("logits")[p], temperature)
+    pr = probabilities(r.session.logits()[p], temperature)
     # At temperature 1 these are the trace's own probs; otherwise a formula, not a path.
     path = f"probs[{p}]" if temperature == 1 else f"softmax(logits[{p}] / {temperature:g})"
     rows = top_entries(pr, top, r.model.tokenizer.token_str, "chance")
@@ -303,7 +303,7 @@ def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = AB
 
     check_top_p(top_p)
     r = run(weights, text, ablate)
-    dist = next_token_distribution(r.trace.get("logits")[-1], temperature, top_k, top_p)
+    dist = next_token_distribution(r.session.logits()[-1], temperature, top_k, top_p)
     token_id = sample(dist, create_rng(seed))
     token = r.model.tokenizer.token_str(token_id)
     if as_json:

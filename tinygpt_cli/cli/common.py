@@ -201,10 +201,9 @@ def steered(model) -> tuple[object | None, dict]:
 
 
 def run(weights: Path | None, text: str | None, ablate: list[str] | None = None) -> Run:
-    """open_session, and the trace of its forward pass (session.Run)."""
+    """open_session, and (when asked for) the trace of its forward pass (session.Run)."""
     from ..session import Run
 
-    s = open_session(weights, text, ablate=ablate)
-    return Run(s, s.trace())
+    return Run(open_session(weights, text, ablate=ablate))
 
 

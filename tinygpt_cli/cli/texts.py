@@ -73,9 +73,9 @@ def score(
     model = load(weights)
     tok, cfg = model.tokenizer, model.config
     hooks, changes = steered(model)
+    check_save(save, force)  # before a long text is read and tokenised, and lines stream
     sequences, offset, stream_bpt = sc.score_inputs(model, text, read_text, file, stride,
                                                     stream, bos)
-    check_save(save, force)  # --json streams its lines before the picture could be refused
     stride = stride or cfg.n_positions
     shown = show if show is not None else (sum(map(len, sequences)) < 3000 and not stream)
     token_str = tok.token_strs  # labelled once per tokenizer, even with --each-line
@@ -83,7 +83,7 @@ def score(
     lines = None if not as_json else \
         lambda i, s: jsonout.token_records(sys.stdout, i, s, token_json, stream, offset)
     n_windows = sc.count_windows(map(len, sequences), cfg.n_positions, stride, full_only=stream)
-    with progress(n_windows, "scoring", enabled=not as_json) as advance:
+    with progress(n_windows, "scoring", enabled=not as_json, pipe_every=5) as advance:
         report = sc.score_texts(
             model.params, cfg, sequences, sc.byte_lengths(tok), stride=stride, stream=stream,
             offset=offset, top=top if not as_json or save is not None else 0,

@@ -240,11 +240,13 @@ def qk_document(s, r, i: int, h: int, p: int, k: int, options: dict) -> dict:
 
 
 def encode_document(ids: list[int], tokenizer, config) -> dict:
-    import numpy as np
-
-    return jsonout.document("ids", np.asarray(ids, dtype=np.int64), ids,
-                            [tokenizer.token_str(i) for i in ids],
-                            offsets=tokenizer.byte_offsets(ids), vocab_size=config.vocab_size)
+    """jsonout.document("ids", ids as int64, ids, tokens, offsets=..., vocab_size=...), its
+    lists as jsonout.Rows: a text of millions of tokens is written out piece by piece."""
+    starts = tokenizer.byte_starts(ids)  # n + 1 numbers
+    return {"path": "ids", "shape": [len(ids)], "dtype": "int64", "data": jsonout.Rows(ids),
+            "ids": jsonout.Rows(ids), "tokens": jsonout.Rows(ids, tokenizer.token_str),
+            "offsets": jsonout.Rows(range(len(ids)), lambda i: [starts[i], starts[i + 1]]),
+            "vocab_size": config.vocab_size}
 
 
 def info_document(info) -> dict:

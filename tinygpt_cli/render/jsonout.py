@@ -63,12 +63,51 @@ def dumps(doc: dict, *, ascii_only: bool = False) -> str:
     return _C1.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
 
 
+class Rows:
+    """A long list of a document (a million ids, their tokens, their offsets) that `emit`
+    writes out a piece at a time, each item as `item(x)` for x of `source`, instead of
+    building the whole list and the whole text in memory. The bytes are the same."""
+
+    PIECE = 16_384  # items made and written at a time
+
+    def __init__(self, source, item=None):
+        self.source, self.item = source, item
+
+    def pieces(self):
+        for start in range(0, len(self.source), self.PIECE):
+            part = self.source[start : start + self.PIECE]
+            yield list(part) if self.item is None else [self.item(x) for x in part]
+
+
 def emit(doc: dict, *, stream=None) -> None:
-    """One JSON document (or one NDJSON line) on stdout, flushed so pipes see it at once."""
+    """One JSON document (or one NDJSON line) on stdout, flushed so pipes see it at once;
+    the fields that are Rows are written a piece at a time."""
     out = stream or sys.stdout
     encoding = (getattr(out, "encoding", None) or "utf-8").lower().replace("-", "")
-    out.write(dumps(doc, ascii_only=not encoding.startswith("utf")) + "\n")
+    ascii_only = not encoding.startswith("utf")
+    if not any(isinstance(v, Rows) for v in doc.values()):
+        out.write(dumps(doc, ascii_only=ascii_only) + "\n")
+    else:
+        _write_with_rows(out, doc, ascii_only)
     out.flush()
+
+
+def _write_with_rows(out, doc: dict, ascii_only: bool) -> None:
+    """dumps(doc) with each Rows field's list written piece by piece: `"key": [` then each
+    piece's items as dumps writes them inside a list, joined by ", ", then `]`."""
+    head = "{"
+    for key, value in doc.items():
+        if not isinstance(value, Rows):
+            head += dumps({key: value}, ascii_only=ascii_only)[1:-1] + ", "
+            continue
+        out.write(head + dumps({key: []}, ascii_only=ascii_only)[1:-2])
+        first = True
+        for piece in value.pieces():
+            if piece:
+                out.write(("" if first else ", ") + dumps(piece, ascii_only=ascii_only)[1:-1])
+                first = False
+        head = "], "
+    out.write(head.removesuffix(", ") + "}\n")
 
 
 @functools.lru_cache(maxsize=2)  # one tokenizer per run, even with --each-line
@@ -80,9 +119,10 @@ def token_json(tok) -> list[str]:
 def token_records(out, i: int, s, token_json: list[str], stream: bool, offset: int) -> None:
     """score --json: one NDJSON line per token of TokenScores `s` (text `i`), formatted
     directly (json.dumps per record is most of the time of a --json run over a whole file);
-    the token strings come JSON-encoded already."""
+    the token strings come JSON-encoded already; s.first: where in text i `s` starts."""
     head = "{" if stream else f'{{"sequence": {i}, '
-    lines = [f'{head}"position": {j + 1 - offset}, "id": {t}, "token": {token_json[t]}, '
+    start = s.first + 1 - offset
+    lines = [f'{head}"position": {j + start}, "id": {t}, "token": {token_json[t]}, '
              f'"nats": {n!r}, "bits": {b!r}, "prob": {p!r}, "rank": {r}, "entropy": {e!r}}}'
              for j, (t, n, b, p, r, e) in enumerate(zip(
                  s.targets.tolist(), s.nats.tolist(), s.bits.tolist(), s.prob.tolist(),

@@ -104,7 +104,7 @@ def check_out(out: Path | None, force: bool) -> None:
 def stdout(width: int | None = None) -> Console:
     """Markup and highlighting off: text from the user or the model is shown literally.
     The width is the terminal's, or $COLUMNS, or PIPE_WIDTH for a pipe."""
-    from rich.console import Console
+    from .quick_table import QuickConsole as Console  # a view in a pipe laid out directly
 
     global _changed
     console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width,
@@ -114,12 +114,12 @@ def stdout(width: int | None = None) -> Console:
 
         note, _changed = _changed, None
         stdout(width).print(Text(note, style="bold magenta"))
+    # the width set on the console made (as if it were made with it: one Console, not two,
+    # for each view of --each-line's thousands)
     if width is None and not console.is_terminal and not _columns():
-        console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
-                          width=PIPE_WIDTH, quiet=_quiet)
+        console.width = PIPE_WIDTH
     elif width is None and console.width < MIN_WIDTH:  # COLUMNS=0 on a terminal: no view
-        console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False,
-                          width=TERMINAL_WIDTH, quiet=_quiet)
+        console.width = TERMINAL_WIDTH
     return console
 
 

@@ -13,6 +13,7 @@ break, options this does not lay out) it is an ordinary `rich.table.Table`.
 from __future__ import annotations
 
 from rich.cells import cell_len
+from rich.console import Console, Group
 from rich.measure import Measurement
 from rich.segment import Segment
 from rich.table import Table
@@ -109,6 +110,9 @@ class QuickTable(Table):
             lines.append("".join(parts))
         return lines
 
+    def plain_lines(self, console, width: int) -> list[str] | None:
+        return self._quick_lines(console, width)
+
     def _cell(self, j: int, i: int):
         """The renderable at row i of column j, the header being row 0 when shown."""
         column = self.columns[j]
@@ -132,7 +136,7 @@ def _text(cell) -> str | None:
         plain = cell
     else:
         return None
-    if any(b in plain for b in _BREAKS):
+    if not plain.isprintable() and any(b in plain for b in _BREAKS):  # (all unprintable)
         return None
     return plain
 
@@ -158,20 +162,79 @@ def _longest_word(text: str) -> int:
     return max((cell_len(w) for w in words), default=cell_len(text))
 
 
-def print_line(console, text: Text) -> None:
-    """console.print(text) for a one-line text (`--each-line`'s `line N:` headings): where
-    nothing is styled and it fits the width, the characters are written directly, as Rich
-    would write them; otherwise Rich prints it."""
+class QuickConsole(Console):
+    """A Console whose print of one view, where nothing is styled, writes the lines Rich
+    would write, laid out directly (plain_lines) when every part of the view is of a kind
+    laid out here; anything else, and any print with options, is Rich's own."""
+
+    def print(self, *objects, **kwargs) -> None:
+        if len(objects) == 1 and not kwargs and _plain_console(self):
+            lines = plain_lines(self, objects[0], self.width)
+            if lines is not None:
+                _write(self, "".join(line + "\n" for line in lines))
+                return
+        super().print(*objects, **kwargs)
+
+
+def _plain_console(console) -> bool:
+    return (console.color_system is None and not console.record and not console.is_jupyter
+            and not console._buffer_index)
+
+
+def plain_lines(console, renderable, width: int) -> list[str] | None:
+    """The lines Rich prints for a renderable on a console that shows no styles: a Text, a
+    Group of such parts, or any part with a plain_lines(console, width) of its own (QuickTable,
+    tables.Fields, Sized, WhenStyled); None where Rich's own layout is needed."""
+    if isinstance(renderable, Text):
+        return text_lines(console, renderable, width)
+    if isinstance(renderable, Group):
+        out: list[str] = []
+        for part in renderable.renderables:
+            lines = plain_lines(console, part, width)
+            if lines is None:
+                return None
+            out += lines
+        return out
+    own = getattr(renderable, "plain_lines", None)
+    return own(console, width) if callable(own) else None
+
+
+def text_lines(console, text: Text, width: int) -> list[str] | None:
+    """A Text's lines as Rich prints them: one that fits as it is, a longer one wrapped by
+    Rich's own wrap of its characters (the styles never move a line break); None for what
+    Rich would treat otherwise (controls, tabs, justification, other overflow or ends)."""
     plain = text.plain
-    if (console.color_system is not None or console.record or cell_len(plain) > console.width
-            or any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or ch in "\u2028\u2029"
-                   for ch in plain)):  # controls and line separators: Rich's own rules
-        console.print(text)
-        return
+    if (text.end != "\n" or text.justify not in (None, "default") or text.no_wrap
+            or text.overflow not in (None, "fold") or has_controls(plain.replace("\n", ""))):
+        return None
+    if "\n" not in plain and len(plain) <= width and cell_len(plain) <= width:
+        return [plain]  # (Rich strips the spaces at the end of a line of more characters)
+    return [line.plain for line in Text(plain).wrap(console, width, justify="default",
+                                                     overflow="fold", tab_size=8)]
+
+
+def has_controls(plain: str) -> bool:
+    """Characters Rich treats by rules of its own: controls and line separators."""
+    return not plain.isprintable() and any(
+        ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or ch in "\u2028\u2029" for ch in plain)
+
+
+def _write(console, text: str) -> None:
     if console.quiet:
         return
     try:
-        console.file.write(plain + "\n")
+        console.file.write(text)
         console.file.flush()
     except BrokenPipeError:
         console.on_broken_pipe()
+
+
+def print_line(console, text: Text) -> None:
+    """console.print(text) for a one-line text (`--each-line`'s `line N:` headings): where
+    nothing is styled, the characters are written directly, as Rich would write them;
+    otherwise Rich prints it."""
+    lines = text_lines(console, text, console.width) if _plain_console(console) else None
+    if lines is None:
+        console.print(text)
+    else:
+        _write(console, "".join(line + "\n" for line in lines))

@@ -6,11 +6,12 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.cells import cell_len
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .quick_table import QuickTable
+from .quick_table import QuickTable, has_controls, plain_lines, text_lines
 from .text import escape_line, row_label, show_token
 
 if TYPE_CHECKING:  # imported where used: `encode`'s table needs no NumPy
@@ -64,6 +65,9 @@ class WhenStyled:
             return Measurement.get(console, options, self.renderable)
         return Measurement(0, 0)
 
+    def plain_lines(self, console, width: int) -> list[str] | None:
+        return plain_lines(console, self.renderable, width) if self.shown(console) else []
+
 
 class Fields:
     """A line of fields separated by two spaces that wraps *between* fields, never inside one
@@ -87,6 +91,22 @@ class Fields:
                 line.append("  ")
             line.append_text(field)
         yield line
+
+    def plain_lines(self, console, width: int) -> list[str] | None:
+        """__rich_console__'s lines as plain text (render.quick_table.plain_lines)."""
+        if any(has_controls(f.plain) for f in self.fields):
+            return None
+        lines, line = [], ""
+        for field in self.fields:
+            if line and cell_len(line) + 2 + field.cell_len > width:
+                lines.append(line)
+                line = "  "
+            elif line.strip():
+                line += "  "
+            line += field.plain
+        lines.append(line)
+        each = [text_lines(console, Text(x), width) for x in lines]  # as Rich prints each
+        return None if None in each else [x for one in each for x in one]
 
     def __rich_measure__(self, console, options):
         from rich.measure import Measurement
@@ -310,6 +330,9 @@ class Sized:
         from rich.measure import Measurement
 
         return Measurement.get(console, options, self.build(console, options.max_width))
+
+    def plain_lines(self, console, width: int) -> list[str] | None:
+        return plain_lines(console, self.build(console, width), width)
 
 
 BAR = 40  # the longest bar, in characters, when the width allows

@@ -23,6 +23,8 @@ def _escaped(ch: str) -> str:
 
 def show_token(token: str) -> str:
     """' wanted' -> '␣wanted'; control characters (ESC included) become \\xNN escapes."""
+    if token.isprintable():  # no control, line break or bidi override: only spaces to show
+        return token.replace(" ", "␣")
     out = []
     for ch in token:
         if ch in _VISIBLE:
@@ -36,6 +38,8 @@ def show_token(token: str) -> str:
 
 def show_text(text: str) -> str:
     """Free text for a terminal: newlines kept, other control characters escaped."""
+    if text.isprintable():  # nothing to escape (every one of them is unprintable)
+        return text
     return "".join(ch if ch in "\n\t" or not _is_control(ch) else _escaped(ch) for ch in text)
 
 
@@ -54,6 +58,8 @@ def escape_line(text: str) -> str:
     """One line for an error message: every control character (tab and newline included, so
     the line stays one line; ESC and C1 such as U+009B, so a terminal never obeys them) as an
     escape."""
+    if text.isprintable():  # nothing to escape (every one of them is unprintable)
+        return text
     return "".join(_escaped(ch) if _is_control(ch) else ch for ch in text)
 
 

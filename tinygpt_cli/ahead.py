@@ -1,0 +1,146 @@
+"""Forward passes of the lines still to come, made in batches: `--each-line`'s speed.
+
+`--each-line` runs a command once per line; the commands that need only the model's output
+(probs, logits, sample, score) make one pass over their line. Those passes batch: lines of
+one length go through the model together (model.final_norm), each product still made text
+by text, so every line's numbers are bit for bit those of its own pass. A command asks
+`final_norm(params, config, ids)` before it would run the model; while `lines_ahead(lines)`
+is active and `ids` are made from the line being run (alone or after one id such as score's
+separator, whole or but its last id: see _form), the answer comes from a batch made on the
+first such request for the next lines (CHUNK_TOKENS tokens of them). Anything else (another
+text, a steered or ablated run, a line too long for the context, numbers that overflowed, a
+second request for one line) gets None, and the caller runs the model as always, so its
+errors and notes stay its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Iterator
+
+import numpy as np
+
+from .model import final_norm as final_norm_of
+from .weights import opened_model, opened_once
+
+CHUNK_TOKENS = 16_384  # tokens of lines computed ahead at a time: 8 MB at 128 numbers
+BATCH = 64  # lines of one length in one pass
+
+
+class Ahead:
+    """The texts of a run, the one being run now, and the final-norm outputs made ahead,
+    by (line, form: how the pass's ids are made from the line's, see _form)."""
+
+    def __init__(self, texts: list[str]):
+        self.texts = texts
+        self.now = 0
+        self.ids: dict[int, list[int] | None] = {}  # the ids of lines from now on, as asked
+        self.tokenizer = None
+        self.made: dict[tuple[int, tuple], np.ndarray] = {}  # by (line, form: see _form)
+        # the lines made ahead in each form: start <= line < end
+        self.start: dict[tuple, int] = {}
+        self.end: dict[tuple, int] = {}
+
+    def run(self, lines: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+        """The lines, each marked as the one being run while it is."""
+        for self.now, line in enumerate(lines):
+            yield line
+        self.now = len(lines)
+
+    def final_norm(self, params, config, ids) -> np.ndarray | None:
+        model = opened_model(params)
+        if model is None or not 0 <= self.now < len(self.texts):
+            return None
+        if model.tokenizer is not self.tokenizer:  # the first request (or another model's)
+            self.tokenizer, self.made, self.start, self.end = model.tokenizer, {}, {}, {}
+            self.ids = {}
+        line = self._ids(self.now, config)
+        if line is None:
+            return None
+        form = _form(np.asarray(ids).tolist(), line)
+        if form is None:
+            return None
+        if not self.start.get(form, -1) <= self.now < self.end.get(form, -1):
+            self.made = {k: v for k, v in self.made.items() if k[1] != form}
+            self._make(params, config, form)
+        return self.made.pop((self.now, form), None)  # asked for twice: None, made anew
+
+    def _ids(self, n: int, config) -> list[int] | None:
+        """Line n's ids, tokenised with the next lines (ENCODED_AT_ONCE of them) when it is
+        not yet; the lines gone by are forgotten, so only a chunk's ids are ever held."""
+        if n not in self.ids:
+            self.ids = {k: v for k, v in self.ids.items() if k >= self.now}
+            block = self.texts[n : n + ENCODED_AT_ONCE]
+            self.ids.update(enumerate(_encoded(self.tokenizer, block, config.n_positions), n))
+        return self.ids[n]
+
+    def _make(self, params, config, form: tuple[tuple[int, ...], int]) -> None:
+        """The final-norm outputs of the next lines in this form, up to CHUNK_TOKENS tokens
+        of them, in batches of lines of one length."""
+        by_length = defaultdict(list)
+        n, tokens = self.now, 0
+        while n < len(self.texts) and tokens < CHUNK_TOKENS:
+            ids = _in_form(self._ids(n, config), form)
+            if ids and len(ids) <= config.n_positions:
+                by_length[len(ids)].append((n, ids))
+                tokens += len(ids)
+            n += 1
+        self.start[form], self.end[form] = self.now, n
+        for lines in by_length.values():
+            for b in range(0, len(lines), BATCH):
+                part = lines[b : b + BATCH]
+                u = final_norm_of(params, config, np.asarray([ids for _, ids in part]))
+                finite = np.isfinite(u).all(axis=(1, 2))
+                for (n, _), row, ok in zip(part, u, finite, strict=True):
+                    if ok:  # an overflow is left to the line's own pass, which names it
+                        self.made[(n, form)] = row
+
+
+def _form(ids: list[int], line: list[int]) -> tuple[tuple[int, ...], int] | None:
+    """How a pass's ids are made from the line's: (the ids put before it, how many of its
+    last ids are left out), e.g. ((separator,), 1) for score's one window, whose inputs are
+    the separator and every token but the last; None if they are not made so."""
+    for before, cut in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        if len(ids) == before + len(line) - cut and ids[before:] == line[:len(line) - cut]:
+            return tuple(ids[:before]), cut
+    return None
+
+
+def _in_form(line: list[int] | None, form: tuple[tuple[int, ...], int]) -> list[int]:
+    before, cut = form
+    return [] if not line else [*before, *line[:len(line) - cut]]
+
+
+ENCODED_AT_ONCE = 512  # texts tokenised together: the library keeps ~600 bytes a token
+
+
+def _encoded(tokenizer, texts: list[str], limit: int) -> list[list[int] | None]:
+    """Each text's ids; None for a text surely longer than the context (it is never batched,
+    and a huge line is not tokenised in one piece here)."""
+    most = limit * tokenizer.longest_token_bytes
+    found = iter(tokenizer.encode_batch([t for t in texts if len(t) <= most]))
+    return [next(found) if len(t) <= most else None for t in texts]
+
+
+_ahead: Ahead | None = None
+
+
+@contextlib.contextmanager
+def lines_ahead(lines: list[tuple[int, str]]) -> Iterator[Iterator[tuple[int, str]]]:
+    """Within this block each weights folder is opened and loaded once (weights.opened_once)
+    and the forward passes over the texts of `lines` ((number, text) each) come from
+    batches, while the lines are run in the order the iterator it gives yields them."""
+    global _ahead
+    outer, _ahead = _ahead, Ahead([text for _, text in lines])
+    try:
+        with opened_once():
+            yield _ahead.run(lines)
+    finally:
+        _ahead = outer
+
+
+def final_norm(params, config, ids) -> np.ndarray | None:
+    """ln_final.out [T, d] of ids [T] from the batches of lines_ahead, or None (the caller
+    runs the model itself)."""
+    return None if _ahead is None else _ahead.final_norm(params, config, ids)
