@@ -369,6 +369,18 @@ def test_each_line_view_heads_each_result(cli, tmp_path):
     assert out.code == 0 and "line 1: Lily wanted" in out.out and "line 2: Tom saw" in out.out
 
 
+def test_each_line_after_a_group_option_with_a_value(cli, tiny, tmp_path):
+    """`tinygpt --weights DIR probs --each-line F`: the command is probs, not DIR (the
+    value of the group's --weights was taken for the command's name)."""
+    f = tmp_path / "lines.txt"
+    f.write_text("Lily wanted\nTom ran\n")
+    after = cli("probs", "--each-line", f, "--json", "--weights", tiny.folder)
+    for before in (["--weights", tiny.folder], [f"--weights={tiny.folder}"],
+                   ["--threads", "1", "--weights", tiny.folder]):
+        r = cli(*before, "probs", "--each-line", f, "--json")
+        assert (r.code, r.out) == (0, after.out), r.err
+
+
 def test_each_line_errors_name_the_line(cli, tmp_path):
     f = tmp_path / "lines.txt"
     f.write_text("Lily\n" + "dog " * 200 + "\n", encoding="utf-8")

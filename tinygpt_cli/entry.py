@@ -42,6 +42,19 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def command_word(group, args: list[str]) -> str | None:
+    """The command's name in args: the first word that is not an option of the group or the
+    value of one (`tinygpt --weights DIR probs`: probs, not DIR)."""
+    takes_value = {o for p in group.params if not getattr(p, "is_flag", True) for o in p.opts}
+    words = iter(args)
+    for a in words:
+        if a in takes_value:
+            next(words, None)
+        elif not a.startswith("-"):
+            return a
+    return None
+
+
 def _text_like(args: list[str]) -> str | None:
     """The first word that click read as options but looks like a text: `-hello`,
     `-5 degrees` (a mistyped single letter such as `-x` is only an unknown option)."""

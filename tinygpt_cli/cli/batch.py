@@ -29,7 +29,9 @@ def main(command, args: list[str]):
     if not any(a == OPTION or a.startswith(OPTION + "=") for a in options):
         return command.main(args=args, prog_name="tinygpt", standalone_mode=False)
     source, rest = take_option(args)
-    name = next((a for a in rest if not a.startswith("-")), None)
+    from ..entry import command_word
+
+    name = command_word(command, rest)
     sub = getattr(command, "commands", {}).get(name) if name else None
     if sub is None or not any(p.name in TEXT_PARAMS for p in sub.params):
         readers = sorted(n for n, c in getattr(command, "commands", {}).items()
