@@ -360,8 +360,11 @@ def dropout_mask(shape, p: float, rng: np.random.Generator, dtype) -> np.ndarray
 
 def unembed(u: np.ndarray, wte: np.ndarray) -> np.ndarray:
     """z = u W_E^T, the output head tied to the embedding table.  [..., d] -> [..., vocab]"""
+    rows = u.reshape(-1, u.shape[-1])
+    if rows.shape[0] == 1:  # one position (generation): W_E times it, one matrix-vector
+        return (wte @ rows[0]).reshape(*u.shape[:-1], wte.shape[0])  # product, and no copy
     head = tied_head(wte)
-    return _rows_times(u.reshape(-1, u.shape[-1]), head).reshape(*u.shape[:-1], head.shape[-1])
+    return (rows @ head).reshape(*u.shape[:-1], head.shape[-1])
 
 
 _HEADS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
