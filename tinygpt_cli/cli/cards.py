@@ -147,7 +147,7 @@ def attn(
     Example: tinygpt attn "Lily wanted to play with her" --layer 0 --head 0
     """
     from ..render import jsonout
-    from ..render.cards import head_view, heads_view
+    from ..render.heads import head_view, heads_view  # no Rich where nothing is styled
 
     def picture(path, grids):  # the picture module loads only for a picture
         if save is not None:
