@@ -533,6 +533,8 @@ def gpt2_small(runs: int, folder: Path, hf) -> list[Row]:
                         + (" (busy machine: 2 spinning processes)" if busy else ""),
                         f"{SMALL_TOKENS / t:,.1f} tokens/s", f"{SMALL_TOKENS / tr:,.1f} tokens/s",
                         tr / t, ">= 1.5x", tr / t >= 1.5))
+        if not busy:
+            rows.append(generation_floor(ours, len(prompt), tr, runs))
     peak = max(m[2] for m in measured)
     most = 1.3 * size_mb + 150
     rows.append(Row(f"12 x 768: peak memory of that generate (weights file {size_mb:.0f} MB)",
@@ -550,6 +552,42 @@ def gpt2_small(runs: int, folder: Path, hf) -> list[Row]:
                     f"{t * 1000:.0f} ms", f"{tr * 1000:.0f} ms", t / tr, "<= 1x the time",
                     t / tr <= 1.0))
     return rows
+
+
+def generation_floor(model, prompt_len: int, reference: float, runs: int) -> Row:
+    """What no whole-process generation of SMALL_TOKENS tokens can beat on this machine:
+    starting Python with NumPy and the tokenizer and weights libraries, the prompt's matrix
+    products, then each later token's matrix-vector products (every weight read once a
+    token; the memory's speed, not the arithmetic, sets it). Its ratio is transformers'
+    generate over it: the most any implementation on this BLAS, in float32, could reach."""
+    import numpy as np
+
+    p, c = model.params, model.config
+    mats = [p[f"h.{i}.{name}.weight"] for i in range(c.n_layer)
+            for name in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+    rows = np.ones((prompt_len, c.n_inner), np.float32)
+
+    def prompt():
+        for w in mats:
+            rows[:, :w.shape[0]] @ w
+        p["wte.weight"] @ rows[-1, :c.n_embd]
+
+    def token():
+        for w in mats:
+            rows[0, :w.shape[0]] @ w
+        p["wte.weight"] @ rows[0, :c.n_embd]
+
+    first, each = paired_median_seconds([prompt, token], runs)
+    floor = [sys.executable, "-c", "import numpy, tokenizers, safetensors"]
+    start = statistics.median(run_measured(floor, child_env(checkout=False))[0]
+                              for _ in range(runs))
+    least = start + first + (SMALL_TOKENS - 1) * each
+    return Row(f"  its floor: start-up with the libraries ({start * 1000:.0f} ms), the "
+               f"prompt's products ({first * 1000:.0f} ms), {SMALL_TOKENS - 1} tokens of "
+               f"matrix-vector products ({each * 1000:.1f} ms each); ratio: transformers' "
+               "generate over it, the most any implementation could reach",
+               f"{SMALL_TOKENS / least:,.1f} tokens/s", f"{SMALL_TOKENS / reference:,.1f} "
+               "tokens/s", reference / least)
 
 
 # ------------------------------------------------------------------ a busy machine

@@ -37,8 +37,10 @@ def check_text(text: str) -> str:
 def encode_checked(model: Model, text: str) -> list[int]:
     """The text's ids, within the model's context; the errors say how long it was."""
     limit = model.config.n_positions
-    most = limit * model.tokenizer.longest_token_bytes
-    if len(text) > most:  # surely too long (a character is a byte or more): say so at once
+    # surely too long (a character is a byte or more): say so at once. The longest token is
+    # looked up (the whole vocabulary, 1 ms) only for a text that could be that long.
+    most = limit * model.tokenizer.longest_token_bytes if len(text) > limit else limit
+    if len(text) > most:
         raise InputError(f"the text is {len(text):,} characters long; this model reads at "
                          f"most {limit} tokens ({limit} tokens never hold more than "
                          f"{most:,} characters)")

@@ -149,8 +149,8 @@ def attn(
     Example: tinygpt attn "Lily wanted to play with her" --layer 0 --head 0
     """
     from ..render import jsonout
-    from ..render.cards import head_view, heads_view
     from ..render.documents import session_document
+    from ..render.heads import head_view, heads_view  # no Rich where nothing is styled
 
     r = run(weights, text, ablate)
     cfg = r.model.config

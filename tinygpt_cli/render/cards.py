@@ -29,15 +29,6 @@ def heads_view(path: str, grids: np.ndarray, tokens, scores: bool, full: bool):
     return Group(header(path, grids), Columns(maps, padding=(1, 3))), maps
 
 
-def head_view(path: str, grid: np.ndarray, tokens, scores: bool, full: bool):
-    """One head's T x T grid as a heatmap: (the view, the heatmap whose width it needs)."""
-    note = ("rows: the token looking; columns: the tokens it looks at; each row sums to 1"
-            if not scores else "-inf above the diagonal: a token cannot look ahead")
-    hm = heatmap(grid, tokens, lo=None if scores else 0.0, hi=None if scores else 1.0,
-                 full=full)
-    return Group(header(path, grid), hm, Text(note, style="dim")), [hm]
-
-
 def neurons_below(layer: int, width: int, neurons: list[dict], tokens, full: bool) -> list:
     """Under mlp_out: the most active hidden neurons' activations at every token."""
     acts = np.stack([n["activations"] for n in neurons], axis=1)

@@ -9,6 +9,7 @@ functions that use them.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -172,8 +173,37 @@ def set_quiet(value: bool) -> None:
 
 def show_view(view, full: bool = False, measured=None) -> None:
     """Print a view on stdout; with `full` (every column) as wide as the renderables
-    `measured` (default: the view) need, which a terminal wraps and a pipe keeps whole."""
+    `measured` (default: the view) need, which a terminal wraps and a pipe keeps whole.
+
+    A view with `lines(width)` and `renderables()` (render.heads) is written as its plain
+    lines where nothing is styled and it can lay them out, without loading Rich; anywhere
+    else its renderables are printed."""
+    if hasattr(view, "lines"):
+        width = plain_width()
+        lines = view.lines(width) if width is not None else None
+        if lines is not None:
+            if not _quiet:
+                sys.stdout.write("".join(line + "\n" for line in lines))
+                sys.stdout.flush()
+            return
+        view, measured = view.renderables()
     (wide(*(measured or [view])) if full else stdout()).print(view)
+
+
+def plain_width() -> int | None:
+    """The width stdout() would have where it would show no styles (a pipe or a file, as Rich
+    decides it: no FORCE_COLOR or TTY_COMPATIBLE, not a terminal, not a notebook), with no
+    changed run's note to show first; else None."""
+    if _changed or any(v in os.environ for v in ("FORCE_COLOR", "TTY_COMPATIBLE")):
+        return None
+    if "IPython" in sys.modules:  # a notebook's console is Rich's own kind
+        return None
+    try:
+        if sys.stdout.isatty():
+            return None
+    except (AttributeError, ValueError):  # no stream, or a closed one: Rich's own handling
+        return None
+    return _columns() or PIPE_WIDTH
 
 
 def at_least(width: int):

@@ -11,6 +11,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from .heads import MASKED, cell_text
+from .heads import keep as _keep
+from .numbers import fmt, shape_str, stats  # noqa: F401  (other views import them from here)
 from .quick_table import QuickTable, has_controls, plain_lines, text_lines
 from .text import escape_line, row_label, show_token
 
@@ -18,30 +21,6 @@ if TYPE_CHECKING:  # imported where used: `encode`'s table needs no NumPy
     import numpy as np
 
 EDGE = 4  # columns shown on each side of the ellipsis when a tensor is wide
-
-
-def shape_str(shape) -> str:
-    return " × ".join(str(n) for n in shape) if len(shape) else "scalar"
-
-
-def stats(arr: np.ndarray) -> dict:
-    """min, mean, max, std over the finite entries (masked scores are -inf)."""
-    import numpy as np
-
-    a = np.asarray(arr, dtype=np.float64)
-    finite = a[np.isfinite(a)]
-    if finite.size == 0:
-        return {"min": None, "mean": None, "max": None, "std": None}
-    return {"min": float(finite.min()), "mean": float(finite.mean()),
-            "max": float(finite.max()), "std": float(finite.std())}
-
-
-def fmt(x: float, width: int = 0) -> str:
-    if not math.isfinite(x):
-        return "-inf" if x < 0 else ("inf" if x > 0 else "nan")
-    if x != 0 and (abs(x) >= 1e4 or abs(x) < 1e-3):
-        return f"{x:.2e}"
-    return f"{x:.3f}" if abs(x) < 100 else f"{x:.1f}"
 
 
 class WhenStyled:
@@ -141,14 +120,6 @@ def _header(path: str, shape, dtype: str, s: dict, integer: bool, note: str) -> 
     if note:
         fields.append(Text(note, style="dim"))
     return Fields(fields)
-
-
-def _keep(n: int, m: int) -> list[int | None]:
-    """m of n column indices, the first and last around None (the `…` column)."""
-    if m >= n:
-        return list(range(n))
-    left = (m + 1) // 2
-    return list(range(left)) + [None] + list(range(n - (m - left), n))
 
 
 class Fit:
@@ -293,11 +264,10 @@ def heatmap(grid: np.ndarray, tokens: list[str], title: str = "", *, lo=None, hi
     def cell(i: int, j: int) -> Text:
         x = grid[i, j]
         if j > i or not np.isfinite(x):
-            return Text("  ·  ", style="dim")
+            return Text(MASKED, style="dim")
         level = (float(x) - lo) / span
         fg = "black" if level > 0.55 else "white"
-        return Text(f"{x:5.2f}"[-5:] if abs(x) < 10 else f"{x:5.1f}"[-5:],
-                    style=f"{fg} on {colour(level)}")
+        return Text(cell_text(x), style=f"{fg} on {colour(level)}")
 
     def build(cols: list[int | None]) -> Table:
         table = Table(title=title or None, box=None, pad_edge=False, show_edge=False,
