@@ -566,6 +566,10 @@ CASES = [
     ("huge-c-fc-neurons", set_tensor(PREFIX + "h.1.mlp.c_fc.weight", lambda t: np.full(
         (16, 24), 3e38, np.float32)), ["neurons", TEXT, "--layer", "1", *W], 1,
      ["overflowed", "layers.1.mlp_pre"]),
+    ("steer-scale-huge", nothing, ["probs", TEXT, "--steer", "Lily was happy", "--steer-away",
+                                   "Lily was sad", "--steer-layer", "1", "--steer-scale",
+                                   "1e39", *W], 1,
+     ["overflowed", "the steering vector times --steer-scale, or the weights, too large"]),
     ("tokenizer-wordpiece", wordpiece_tokenizer, ["encode", TEXT, *W], 1,
      ["tokenizer.json is not a byte-level BPE tokenizer", "WordPiece"]),
     ("tokenizer-padded", padded_tokenizer, ["encode", TEXT, *W], 1,

@@ -462,17 +462,18 @@ def _finite(path: str, x) -> bool:
     return bool(np.isfinite(x).all())
 
 
-def _overflowed(path: str) -> NonFiniteError:
+def _overflowed(path: str, steered: bool = False) -> NonFiniteError:
+    cause = ("the steering vector times --steer-scale, or the weights, too large" if steered
+             else "weights too large")
     return NonFiniteError(f"the forward pass overflowed: {path} is the first value holding "
-                          "infinite or NaN numbers (weights too large to compute with in "
-                          "float32)")
+                          f"infinite or NaN numbers ({cause} to compute with in float32)")
 
 
-def _first_non_finite(path: str, x: np.ndarray) -> np.ndarray:
-    """A hook that ends the pass at the first value holding an infinite or NaN number."""
-    if not _finite(path, x):
-        raise _overflowed(path)
-    return x
+def _steers(hooks) -> bool:
+    """Whether a run's hooks add a steering vector (which, scaled up, can overflow it)."""
+    from .hooks import Steering
+
+    return isinstance(hooks, Steering) or any(_steers(h) for h in getattr(hooks, "hooks", []))
 
 
 def _name_first_non_finite(params, config, ids, hooks, cache, start, last_only,
@@ -481,10 +482,16 @@ def _name_first_non_finite(params, config, ids, hooks, cache, start, last_only,
     the first bad one (`last`, the value found bad, if none before it is)."""
     from .hooks import Chain
 
-    guard = _first_non_finite
+    steered = _steers(hooks)
+
+    def guard(path: str, x: np.ndarray) -> np.ndarray:  # ends the pass at the first bad value
+        if not _finite(path, x):
+            raise _overflowed(path, steered)
+        return x
+
     forward(params, config, ids, hooks=Chain(hooks, guard) if hooks else guard, cache=cache,
             start=start, last_only=last_only, check_finite=False)
-    raise _overflowed(last)
+    raise _overflowed(last, steered)
 
 
 def decode_step(params, config: Config, token: int, cache: KVCache,
