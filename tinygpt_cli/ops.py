@@ -326,15 +326,17 @@ def softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
     return e
 
 
-ROW_SUMS_BY_PRODUCT = 8192  # numbers: a larger array's rows are summed by a BLAS product
+ROW_SUMS_BY_PRODUCT = 64  # rows of at least this many numbers are summed by a BLAS product
 
 
 def _row_sums(e: np.ndarray) -> np.ndarray:
-    """Each row's sum over the last axis, [..., 1]. A large array (a whole text's attention
-    weights) as its product with a vector of ones: BLAS sums 128-long rows four times as
-    fast as NumPy's reduce along the last axis, the largest part of a traced pass's softmax.
-    A small one (generation's one position) by the reduce, whose call costs less."""
-    if e.size < ROW_SUMS_BY_PRODUCT or e.dtype.kind != "f":
+    """Each row's sum over the last axis, [..., 1]. Long rows (a whole text's attention
+    weights) as a product with a vector of ones: BLAS sums 128-long rows four times as fast
+    as NumPy's reduce along the last axis, the largest part of a traced pass's softmax.
+    Short ones by the reduce, whose call costs less. The choice is made on the rows' length
+    alone, never on how many there are, so that a row's sum is the same bits whether its
+    text runs alone or in a batch (--each-line's passes made ahead, ahead.py)."""
+    if e.shape[-1] < ROW_SUMS_BY_PRODUCT or e.dtype.kind != "f":
         return np.add.reduce(e, axis=-1, keepdims=True)
     return np.matmul(e, _ones(e.shape[-1], e.dtype))[..., None]
 
