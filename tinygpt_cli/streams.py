@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from .errors import InputError, check_utf8
-from .exits import OK
+from .exits import FAULT, OK
 from .render.text import ForgivingStream, WatchedStream, guard_encoding
 
 
@@ -111,12 +111,22 @@ def identity_of_devnull() -> tuple[int, int] | None:
 
 
 def finish(code: int) -> None:
+    """Exit with `code`, the output flushed first. Output still buffered that cannot be
+    written (`> /dev/full`, with the whole of a short output waiting in the buffer) is an
+    error like a failed write during the command: one line, exit 1, and stdout pointed at
+    /dev/null so that Python's own flush at exit does not fail again (exit 120)."""
     try:
         sys.stdout.flush()
     except BrokenPipeError:
         code = reader_gone() if code == 0 else code
-    except (OSError, ValueError):
-        pass
+    except (OSError, ValueError) as e:
+        if stdout_failed() and code == 0:
+            try:
+                sys.stderr.write("error: cannot write to standard output: "
+                                 f"{getattr(e, 'strerror', None) or e}\n")
+            except (OSError, ValueError):
+                pass
+            code = FAULT
     sys.exit(code)
 
 
