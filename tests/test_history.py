@@ -423,6 +423,7 @@ def test_damaged_why_caches_are_rebuilt_not_failed_on(cli, run, tmp_path):
     for damage in (lambda: tokens.write_bytes(tokens.read_bytes()[:200]),
                    lambda: np.savez(tokens, **{k: v for k, v in good.items() if k != "sa"}),
                    lambda: np.savez(tokens, **{**good, "sa": good["sa"] + 7}),
+                   lambda: np.savez(tokens, **{**good, "sa": good["sa"][::-1]}),  # in range
                    lambda: rows.write_bytes(rows.read_bytes()[:300]),
                    lambda: np.save(rows, np.load(rows)[:-1])):
         damage()

@@ -406,6 +406,16 @@ def no_token_for_byte_0(doc) -> None:
     vocab["Ā-renamed"] = vocab.pop("Ā")
 
 
+def whitespace_first(doc) -> None:
+    """A Whitespace pre-tokenizer before the byte-level one: the spaces are dropped."""
+    doc["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Whitespace"}, doc["pre_tokenizer"]]}
+
+
+def no_decoder(doc) -> None:
+    doc["decoder"] = None
+
+
 def means_with_a_huge_header(ctx: Ctx) -> None:
     from safetensors.numpy import save
 
@@ -587,7 +597,11 @@ CASES = [
     ("tokenizer-normalizer", tokenizer_edit(lowercase), ["encode", TEXT, *W], 1,
      ["not a byte-level BPE tokenizer", "it has a normalizer, Lowercase"]),
     ("tokenizer-byte-without-token", tokenizer_edit(no_token_for_byte_0), ["encode", TEXT, *W],
-     1, ["not a byte-level BPE tokenizer", "1 of the 256 bytes have no token"]),
+     1, ["not a byte-level BPE tokenizer", "1 of the 256 bytes has no token"]),
+    ("tokenizer-whitespace-first", tokenizer_edit(whitespace_first), ["encode", TEXT, *W], 1,
+     ["not a byte-level BPE tokenizer", "its pre-tokenizer has Whitespace"]),
+    ("tokenizer-no-decoder", tokenizer_edit(no_decoder), ["decode", "1", "2", *W], 1,
+     ["not a byte-level BPE tokenizer", "it has no decoder"]),
     ("means-header-huge", means_with_a_huge_header,
      ["ablate", TEXT, "-l", "0", "-H", "0", "--mode", "mean", *W], 1,
      ["means.safetensors: its header is"]),

@@ -97,6 +97,14 @@ def test_an_mlps_short_name_is_a_path_trace_accepts(cli):
     assert cli("trace", TEXT, "L1.mlp[-1]", "--json").json()["data"] == long.json()["data"][-1]
 
 
+def test_a_receivers_name_in_circuit_is_a_path_trace_accepts(cli):
+    """circuit names a head's v input L1H0.v: trace reads it as that head's v."""
+    for part in ("q", "k", "v"):
+        short = cli("trace", TEXT, f"L1H0.{part}", "--json")
+        assert short.code == 0 and short.json() == cli(
+            "trace", TEXT, f"layers.1.heads.0.{part}", "--json").json()
+
+
 def test_every_view_names_a_head_the_same_way(cli):
     out = cli("heads", TEXT).out
     names = [ln.split()[0] for ln in out.splitlines() if ln.strip()[:1] == "L"]

@@ -269,7 +269,9 @@ def _name(parts: list[str], config: Config) -> str | None:
 
 
 MAX_PATH = 200  # characters; the longest path with indices is under 40
-HEAD_NAME = re.compile(r"L(-?\d+)H(-?\d+)((?:\[-?\d+\])*)")  # L2H1: head 1 of block 2
+# L2H1: head 1 of block 2 (its output); L2H1.v: a value of that head, as circuit names the
+# receivers of its q, k and v inputs
+HEAD_NAME = re.compile(r"L(-?\d+)H(-?\d+)(?:\.([a-z_]+))?((?:\[-?\d+\])*)")
 MLP_NAME = re.compile(r"L(-?\d+)\.mlp((?:\[-?\d+\])*)")  # L2.mlp: block 2's MLP output
 
 
@@ -296,7 +298,7 @@ def resolve(path: str, config: Config) -> tuple[str, list[int]]:
                         f"a few dozen (e.g. layers.0.heads.0.weights[-1])")
     short = HEAD_NAME.fullmatch(path.strip())
     if short:
-        path = f"layers.{short[1]}.heads.{short[2]}.out{short[3]}"
+        path = f"layers.{short[1]}.heads.{short[2]}.{short[3] or 'out'}{short[4]}"
     short = MLP_NAME.fullmatch(path.strip())
     if short:
         path = f"layers.{short[1]}.mlp_out{short[2]}"

@@ -83,13 +83,20 @@ class Tokenizer:
         model = type(self._tok.model).__name__
         if model != "BPE":
             return f"its model is {model}"
-        if not any(type(p).__name__ == "ByteLevel" for p in _parts(self._tok.pre_tokenizer)):
+        parts = [type(p).__name__ for p in _parts(self._tok.pre_tokenizer)]
+        if "ByteLevel" not in parts:
             return "its pre-tokenizer is not ByteLevel"
+        if set(parts) - {"ByteLevel", "Split"}:  # Split: GPT-2's own pattern, written out
+            return f"its pre-tokenizer has {', '.join(sorted(set(parts) - {'ByteLevel', 'Split'}))}"
+        decoder = self._tok.decoder
+        if type(decoder).__name__ != "ByteLevel":  # what turns the tokens back into text
+            return "it has no decoder" if decoder is None else \
+                f"its decoder is {type(decoder).__name__}, not ByteLevel"
         if self._tok.normalizer is not None:  # it would change the text before it is split
             return f"it has a normalizer, {type(self._tok.normalizer).__name__}"
         missing = sum(self._tok.token_to_id(c) is None for c in _bytes_to_unicode().values())
         if missing:  # such a byte has no token: it would become an unknown token, or vanish
-            return f"{missing} of the 256 bytes have no token"
+            return f"{missing} of the 256 bytes {'has' if missing == 1 else 'have'} no token"
         return None
 
     @property

@@ -306,17 +306,19 @@ def valid_index(z: dict, n_files: int, vocab_size: int) -> bool:
         return False
     if int(sa.min()) < 0 or int(sa.max()) >= len(sa):
         return False
-    return bool((np.bincount(sa, minlength=len(sa)) == 1).all())  # each position once
+    if not (np.bincount(sa, minlength=len(sa)) == 1).all():  # each position once
+        return False
+    first = stream[sa]  # suffixes in order: at least their first tokens are (cheap, O(n))
+    return bool((first[:-1] <= first[1:]).all())
 
 
 def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
     """The cached index of these files' tokens, built (with progress bars) when missing."""
     import io
 
-    from ..cache import entry
+    from ..cache import entry, keep
     from ..cache import load as load_arrays
     from ..corpus import encode_stories, read_stories
-    from ..files import write_atomically
 
     key = data_key(files, tokenizer_file)
     path = entry("why-index", key)
@@ -337,7 +339,7 @@ def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
     buf = io.BytesIO()
     np.savez(buf, stream=stream, sa=sa.astype(np.int32), files=np.asarray(names),
              lengths=lengths)
-    write_atomically(path, buf.getvalue())
+    keep(path, buf.getvalue())  # an unwritable cache: a note, and the answer all the same
     return Index(stream, sa, key, names, lengths)
 
 
