@@ -436,6 +436,22 @@ def test_damaged_why_caches_are_rebuilt_not_failed_on(cli, run, tmp_path):
     assert set(np.load(tokens).files) == set(good) and grads.is_file()
 
 
+def test_why_with_an_unwritable_cache_says_where_its_index_must_go(cli, tmp_path,
+                                                                   monkeypatch):
+    """The token index is only a cache (a note); the gradient index is files every query
+    reads back, so without a writable cache why ends with one line saying where it goes."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "a-file" / "cache"))
+    r = cli("why", "Tom saw a dog. The dog")
+    assert (r.code, r.out) == (1, "")
+    lines = r.err.splitlines()
+    assert lines[0].startswith("note: cannot write") and "not kept for the next run" in lines[0]
+    assert lines[-1].startswith("error: cannot write the gradient index ")
+    assert lines[-1].endswith("why keeps it in the cache folder (set TINYGPT_CACHE to a "
+                              "writable one)"), r.err
+    assert sum(ln.startswith("error:") for ln in lines) == 1
+
+
 def test_query_gradient_matches_finite_differences(make_params):
     config = Config(n_embd=8, n_layer=1, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
     params = make_params(config, seed=4)

@@ -428,7 +428,14 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
         raise InputError(f"the snapshots in {hist.history_folder(model)} carry no learning rate "
                          "(metadata 'lr'), which TracIn weighs them by; retrain with --snapshots")
     grads = open_index(index.key, [s.path for s in timeline], config, len(x))
-    grads.build(index.stream, config, workers, report)
+    try:
+        grads.build(index.stream, config, workers, report)
+    except OSError as e:  # the gradient index is files on disk, read back by every query
+        from ..errors import WriteError
+
+        raise WriteError(f"cannot write the gradient index {grads.folder}: {e.strerror or e}; "
+                         "why keeps it in the cache folder (set TINYGPT_CACHE to a writable "
+                         "one)") from None
     return Why(target_id, model.tokenizer.token_str(target_id), len(index.stream),
                longest_seen(index.stream, index.sa, ids),
                longest_seen(index.stream, index.sa, ids, target_id),
