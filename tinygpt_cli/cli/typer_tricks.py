@@ -149,7 +149,7 @@ def plain_type_names() -> None:
         return
 
     def display_type(self, ctx):
-        return re.sub(r"<list\[(\w+)\]>", r"<\1>...", shown(self, ctx))
+        return re.sub(r"<list\[(\w+)\]>", lambda m: f"<{m[1].lower()}>...", shown(self, ctx))
 
     display_type._tinygpt = True
     _TyperParameter.display_type = display_type

@@ -195,7 +195,7 @@ def qk_view(r, tokens: list[str], key: int, top: int) -> Group:
     by_q, by_k = t.sum(axis=1), t.sum(axis=0)
     big_side = float(max(np.abs(by_q).max(), np.abs(by_k).max())) or 1.0
     return Group(
-        Text(f"qk: block {r.layer}, head {r.head}, query position {r.query} "
+        Text(f"qk: {head_name(r.layer, r.head)}, query position {r.query} "
              f"({show_token(tokens[r.query])}): pre-softmax scores by where the query and "
              "the key came from", style="bold"),
         note("parts of the stream through ln1 with its scale frozen at this run's; "
