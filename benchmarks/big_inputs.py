@@ -1,7 +1,7 @@
 """Big inputs (issue 22 items 13-14): time, CPU time and peak memory of whole commands.
 
     python benchmarks/big_inputs.py                     # this checkout
-    python benchmarks/big_inputs.py --root /tmp/old     # another checkout (git archive REV)
+    python benchmarks/big_inputs.py --root ../old      # another checkout (git archive REV)
     python benchmarks/big_inputs.py --only probs-each score-each --lines 2000
 
 Builds its inputs in a temporary folder from the shared stories (never kept, never in the
