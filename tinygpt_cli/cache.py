@@ -69,17 +69,6 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files}
 
 
-def load(path: Path, valid: Callable[[dict], bool]) -> dict | None:
-    """The arrays of an .npz entry, or None when there is none or `valid` refuses them."""
-    if not path.is_file():
-        return None
-    try:
-        arrays = load_arrays(path)
-        return arrays if valid(arrays) else None
-    except Exception:  # noqa: BLE001 - any damage (BadZipFile too) means: compute it again
-        return None
-
-
 def store_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Keep an entry for later runs. A cache that cannot be written (read-only, a full disk)
     loses only that: one note on stderr, and the result just computed is still shown."""
@@ -91,8 +80,6 @@ def store_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     np.savez(buf, **arrays)
     keep(path, buf.getvalue())
 
-
-store = store_arrays
 
 
 def keep(path: Path, data: bytes) -> None:

@@ -313,34 +313,30 @@ def valid_index(z: dict, n_files: int, vocab_size: int) -> bool:
 
 
 def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
-    """The cached index of these files' tokens, built (with progress bars) when missing."""
-    import io
-
-    from ..cache import entry, keep
-    from ..cache import load as load_arrays
+    """The cached index of these files' tokens, built (with progress bars) when missing or
+    damaged (valid_index)."""
+    from .. import cache
     from ..corpus import encode_stories, read_stories
 
+    def build() -> dict[str, np.ndarray]:
+        with bar(len(files), "reading the training text") as advance:
+            parts = []
+            for f in files:
+                parts.append(encode_stories(read_stories([f]), tokenizer).ids)
+                advance(1)
+        stream = np.concatenate(parts).astype(np.uint16)
+        with bar(rounds(), "sorting suffixes") as advance:
+            sa = suffix_array(stream, on_round=advance)
+        return {"stream": stream, "sa": sa.astype(np.int32),
+                "files": np.asarray([Path(f).name for f in files]),
+                "lengths": np.asarray([len(p) for p in parts], np.int64)}
+
     key = data_key(files, tokenizer_file)
-    path = entry("why-index", key)
-    found = load_arrays(path, lambda z: valid_index(z, len(files), tokenizer.vocab_size))
-    if found is not None:
-        return Index(found["stream"], found["sa"].astype(np.int64), key,
-                     [str(n) for n in found["files"]], found["lengths"])
-    with bar(len(files), "reading the training text") as advance:
-        parts = []
-        for f in files:
-            parts.append(encode_stories(read_stories([f]), tokenizer).ids)
-            advance(1)
-    stream = np.concatenate(parts).astype(np.uint16)
-    with bar(rounds(), "sorting suffixes") as advance:
-        sa = suffix_array(stream, on_round=advance)
-    names = [Path(f).name for f in files]
-    lengths = np.asarray([len(p) for p in parts], np.int64)
-    buf = io.BytesIO()
-    np.savez(buf, stream=stream, sa=sa.astype(np.int32), files=np.asarray(names),
-             lengths=lengths)
-    keep(path, buf.getvalue())  # an unwritable cache: a note, and the answer all the same
-    return Index(stream, sa, key, names, lengths)
+    z = cache.load_or_compute(cache.entry("why-index", key), cache.load_arrays, build,
+                              cache.store_arrays,  # unwritable: a note, the answer all the same
+                              lambda z: valid_index(z, len(files), tokenizer.vocab_size))
+    return Index(z["stream"], z["sa"].astype(np.int64), key, [str(n) for n in z["files"]],
+                 z["lengths"])
 
 
 def influence(index: Index, snapshots: list, config: Config, ids: list[int], target: int,
