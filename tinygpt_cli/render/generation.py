@@ -42,8 +42,8 @@ def write_json(tok, prompt: str, ids: list[int], steps, seed: int, no_stop: bool
 def say_stopped(new: int, stopped: bool, max_new_tokens: int, ablated: list[str] = ()) -> None:
     """generate's closing notes on stderr: how many new tokens, and what stopped them; then
     what --ablate zeroed (no view header to say it in: said last, as the steering line is)."""
+    from ..words import count
     from .output import stderr
-    from .text import count
 
     why = "<|endoftext|>" if stopped else f"--max-new-tokens {max_new_tokens}"
     stderr().print(f"({count(new, 'new token')}; stopped at {why})", style="dim")

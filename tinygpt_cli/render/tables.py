@@ -435,7 +435,7 @@ def encode_view(ids: list[int], rows: list[int | None], tokens: dict[int, str],
                 starts: list[int], config) -> Group:
     """Card 1: each shown token's position, id, text and byte offsets in the UTF-8 text
     (`rows`: kept_rows; `starts`: each token's first byte, and the text's length last)."""
-    from .text import count
+    from ..words import count
 
     t = QuickTable(box=None, header_style="bold dim", pad_edge=False)
     for name, just in (("#", "right"), ("id", "right"), ("token", "left"), ("bytes", "right")):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import errno
 
-from ..words import count  # noqa: F401 - said here too: the views import it from here
-
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 # Bidirectional embeddings, overrides and isolates: invisible, yet they make a terminal show
 # the rest of the line in another order than it is (the "Trojan Source" trick). The marks
