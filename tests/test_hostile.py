@@ -452,6 +452,8 @@ CASES = [
     ("token-not-utf8", nothing, ["embed", "\udce9", *W], 2, ["not valid UTF-8"]),
     ("stdin-not-utf8", stdin_bytes(b"Lily \xff\xfe wanted"), ["embed", "-", *W], 2,
      ["stdin is not UTF-8", "0xff", "offset 5"]),
+    ("each-line-stdin-not-utf8", stdin_bytes(b"Lily\nab\xff\n"),
+     ["encode", "--each-line", "-", *W], 2, ["stdin is not UTF-8", "0xff", "offset 7"]),
     ("stdin-utf16", stdin_bytes("Lily".encode("utf-16")), ["logits", "-", *W], 2,
      ["stdin is not UTF-8"]),
     ("temperature-subnormal", nothing, ["sample", TEXT, "--temperature", "1e-320", *W], 2,

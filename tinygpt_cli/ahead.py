@@ -144,3 +144,13 @@ def final_norm(params, config, ids) -> np.ndarray | None:
     """ln_final.out [T, d] of ids [T] from the batches of lines_ahead, or None (the caller
     runs the model itself)."""
     return None if _ahead is None else _ahead.final_norm(params, config, ids)
+
+
+def clean_final_norm(params, config, ids) -> np.ndarray:
+    """ln_final.out [T, d] of a clean run of one text, ids [T], with nothing recorded: made
+    ahead in a batch with the next lines (--each-line), or as the text's own pass makes it.
+    Non-finite values are the caller's to check (the recorded pass names the first)."""
+    from .model import final_norm as own_pass  # not final_norm_of: that one makes batches
+
+    u = final_norm(params, config, ids)
+    return own_pass(params, config, ids)[0] if u is None else u

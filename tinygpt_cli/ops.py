@@ -98,8 +98,8 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, per_text: bool = False) 
     text's own pass (BLAS rounds a row of a larger product differently, in the last bits)."""
     # A batch [B, T, in] as one [B*T, in] product: one BLAS call, not one per text.
     flat = x.ndim == 2 or per_text  # [T, in] (one text; one position while generating)
-    if x.ndim == 2:  # one row (generation's one position) as a vector: see _rows_times
-        out = (x[0] @ w)[None] if x.shape[0] == 1 else x @ w
+    if x.ndim == 2:
+        out = _rows_times(x, w)
     elif per_text:  # np.matmul multiplies each [T, in] slice as one text's [T, in] is
         out = np.matmul(x, w)
     else:

@@ -22,7 +22,7 @@ import numpy as np
 
 from .errors import InputError, check_index, check_utf8
 from .hooks import Chain, Hook, ablation
-from .model import all_finite, final_norm, forward, logits_of, record, trace
+from .model import all_finite, forward, logits_of, record, trace
 from .trace import Trace
 from .weights import Model, load_model
 from .words import count
@@ -148,12 +148,9 @@ class Session:
         --each-line runs (ahead.py)."""
         if self.hooks is not None:
             return self.run()
-        from . import ahead
+        from .ahead import clean_final_norm
 
-        u = ahead.final_norm(self.params, self.config, self.ids)
-        if u is None:
-            u = final_norm(self.params, self.config, self.ids)[0]
-        logits = logits_of(self.params, u)
+        logits = logits_of(self.params, clean_final_norm(self.params, self.config, self.ids))
         if not all_finite(logits):
             return self.run()  # which names the first value that overflowed
         return logits

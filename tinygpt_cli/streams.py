@@ -152,6 +152,12 @@ def read_text(text: str | None) -> str:
 
 def _read_stdin() -> str:
     """stdin as UTF-8 whatever the locale says, universal newlines as Python's text mode."""
+    return _stdin_text().replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _stdin_text() -> str:
+    """stdin's bytes as UTF-8 whatever the locale says; InputError naming the first byte
+    that is not."""
     buffer = getattr(sys.stdin, "buffer", None)
     if buffer is None:  # a StringIO in tests: already text
         text = sys.stdin.read()
@@ -163,7 +169,7 @@ def _read_stdin() -> str:
     except UnicodeDecodeError as e:
         raise InputError(f"stdin is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
                          f"{e.start}); convert it first, e.g. with iconv -t UTF-8") from None
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
 
 
 def text_lines(source: str, option: str) -> list[tuple[int, str]]:
@@ -172,7 +178,7 @@ def text_lines(source: str, option: str) -> list[tuple[int, str]]:
     if source == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise InputError(f"{option} -: pipe the texts on stdin, one per line")
-        text = sys.stdin.read()
+        text = _stdin_text()  # its lines end as a file's do (below)
     else:
         path = Path(source)
         if path.is_dir():

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import ahead, ops
 from ..config import Config
-from ..model import final_norm, record
+from ..model import all_finite, final_norm, record
 
 LN2 = math.log(2.0)
 
@@ -116,11 +116,11 @@ def final_hidden(params, config: Config, ids: np.ndarray, hooks=None) -> np.ndar
     """ln_final.out for a batch [B, T] -> [B, T, d], without the unembedding (the caller
     unembeds only the positions it scores)."""
     if hooks is None:
-        # a clean run: the same numbers without recording; one window made ahead in a batch
-        # with the next lines under --each-line, or made as its own pass makes it
-        u = ahead.final_norm(params, config, ids[0]) if len(ids) == 1 else None
-        u = final_norm(params, config, ids, per_text=len(ids) == 1) if u is None else u[None]
-        if np.isfinite(u).all():  # else the recorded pass names the value that overflowed
+        # a clean run: the same numbers without recording (one window as its own pass, or
+        # made ahead with the next lines under --each-line; windows as the batch's pass)
+        u = ahead.clean_final_norm(params, config, ids[0])[None] if len(ids) == 1 else \
+            final_norm(params, config, ids, per_text=False)
+        if all_finite(u):  # else the recorded pass names the value that overflowed
             return u
     return record(params, config, ids, {"ln_final.out"}, hooks=hooks,
                   stop_after="ln_final.out")[1]["ln_final.out"]

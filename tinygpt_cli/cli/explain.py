@@ -195,11 +195,11 @@ def means(
     from ..corpus import check_data, validation_text
     from ..files import sha256
     from ..render.explain import means_written
-    from ..render.output import check_not_folder
+    from ..render.output import check_out
     from .steering import keep_default_file
 
     keep_default_file(out, f"the weights folder's {mean_stats.FILE}")
-    check_not_folder(out, "--out means.safetensors")  # before the work
+    check_out(out, force=True, example="--out means.safetensors", folder_made=True)
     model = load(weights)
     note = None  # means written beside the weights are of the text they record
     if data is not None:

@@ -80,23 +80,19 @@ def check_save(path: Path | None, force: bool) -> None:
         raise InputError(f"--save {path}: the file exists; add --force to overwrite it")
 
 
-def check_not_folder(out: Path | None, example: str) -> None:
-    """--out FILE that is a folder ('' is '.', one too), refused before any work."""
+def check_out(out: Path | None, force: bool, *, example: str = "--out FILE.safetensors",
+              folder_made: bool = False) -> None:
+    """--out FILE (means, steer, probe), before any work: refuse a folder ('' is '.', one
+    too), a folder that is not there (unless the command makes it: `folder_made`), or an
+    existing file without --force."""
     from .text import escape_line
 
-    if out is not None and out.is_dir():
-        raise InputError(f"--out {escape_line(str(out))!r} is a folder: give the file to "
-                         f"write, e.g. {example}")
-
-
-def check_out(out: Path | None, force: bool) -> None:
-    """--out FILE (steer, probe): refuse a folder, or an existing file without --force,
-    before any work."""
     if out is None:
         return
     if out.is_dir() or str(out) in ("", "."):
-        raise InputError(f"--out {out}: that is a folder; give a file name")
-    if not out.parent.is_dir():
+        raise InputError(f"--out {escape_line(str(out))}: that is a folder; give a file "
+                         f"name, e.g. {example}")
+    if not folder_made and not out.parent.is_dir():
         raise InputError(f"--out {out}: the folder {out.parent} does not exist")
     if out.exists() and not force:
         raise InputError(f"--out {out}: the file exists; add --force to overwrite it")
