@@ -50,7 +50,7 @@ def key_position(r: QK, key: int | None) -> int:
 def stream_parts(params, config: Config, values: dict[str, np.ndarray], layer: int,
                  steer=None) -> tuple[list[str], np.ndarray]:
     """The parts that add up to the stream entering block `layer`: names, [P, T, d].
-    Trace.residual_parts' parts in qk's names (a{i}.h{h}, m{i}), each MLP's output without
+    Trace.residual_parts' parts in qk's names (L0H1, L0.mlp; _qk_name), each MLP's output without
     its bias, and every output bias summed into one part, "biases". `steer` (hooks.Steering,
     adding `shift` to layers.S.resid_pre) is a part from block S on."""
     labels, parts = Trace(values, config).residual_parts(params, steer=steer, layer=layer)

@@ -17,10 +17,10 @@ from .common import (
     SAVE,
     WEIGHTS,
     bar,
+    check_out,
     check_save,
     load,
     present,
-    progress,
     steered,
 )
 from .steering import keep_default_file, steerable
@@ -86,6 +86,7 @@ def sae_train(
     from ..render import features as view
 
     keep_default_file(out, "the weights folder's sae/SITE.safetensors")
+    check_out(out, force=True, example="--out sae.safetensors", folder_made=True)
     model = load(weights)
     site = S.check_site(site, model.config)
     hooks, changes = steered(model)
@@ -94,7 +95,7 @@ def sae_train(
     out = S.sae_file(model.weights_file, out, site)
     x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
                            windows)
-    with progress(len(x_in), f"values of {site}", enabled=not as_json, pipe_every=5) as advance:
+    with bar(as_json)(len(x_in), f"values of {site}") as advance:
         x = S.site_values(model.params, model.config, x_in, site, progress=advance, hooks=hooks)
     settings = {"site": site, "latents": latents, "k": k, "steps": steps, "batch": batch,
                 "lr": lr, "windows": windows, "seed": seed}
@@ -128,7 +129,7 @@ def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
     model = load(weights)
     found = S.load_sae(S.sae_file(model.weights_file, sae), model.config)
     hooks, changes = steered(model)
-    with progress(4, "evaluating", enabled=not as_json, pipe_every=5) as advance:
+    with bar(as_json)(4, "evaluating") as advance:
         result, names = S.evaluate_held_out(model, found, data, windows, advance, hooks)
     show(view.eval_doc(result, names), lambda: view.eval_view(result, names), as_json, changes)
 
@@ -207,6 +208,8 @@ def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: 
 
     if fit:
         keep_default_file(lens_file, "the weights folder's lens/tuned.safetensors", "--lens")
+        check_out(lens_file, force=True, example="--lens tuned.safetensors", folder_made=True,
+                  option="--lens")
     model = load(weights)
     cfg, path = model.config, tl.lens_file(model.weights_file, lens_file)
     hooks, changes = steered(model)

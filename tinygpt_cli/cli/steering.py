@@ -99,12 +99,9 @@ def _steering(model) -> tuple[object | None, dict | None]:
 
 def steered_hooks(model, hooks=None):
     """`hooks` with the running command's steering before them (generate's hook set)."""
-    steer, _ = steering(model)
-    if steer is None:
-        return hooks
-    from ..hooks import Chain
+    from ..hooks import chained
 
-    return Chain(steer, hooks)
+    return chained(steering(model)[0], hooks)
 
 
 def keep_default_file(given, default: str, option: str = "--out") -> None:

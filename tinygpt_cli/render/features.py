@@ -24,7 +24,8 @@ def trained_doc(path, state, n_tokens: int) -> dict:
 
 def trained_view(doc: dict) -> Text:
     return Text(f"wrote {escape_line(doc['path'])}\n{doc['latents']} latents, k = {doc['k']}, "
-                f"on {doc['site']}; {doc['steps']} steps over {doc['tokens']:,} tokens\n"
+                f"on {doc['site']}; {count(doc['steps'], 'step')} over "
+                f"{count(doc['tokens'], 'token')}\n"
                 f"final loss {doc['final_loss']:.4f} (squared error / the data's variance)")
 
 

@@ -81,7 +81,7 @@ def check_save(path: Path | None, force: bool) -> None:
 
 
 def check_out(out: Path | None, force: bool, *, example: str = "--out FILE.safetensors",
-              folder_made: bool = False) -> None:
+              folder_made: bool = False, option: str = "--out") -> None:
     """--out FILE (means, steer, probe), before any work: refuse a folder ('' is '.', one
     too), a folder that is not there (unless the command makes it: `folder_made`), or an
     existing file without --force."""
@@ -90,12 +90,12 @@ def check_out(out: Path | None, force: bool, *, example: str = "--out FILE.safet
     if out is None:
         return
     if out.is_dir() or str(out) in ("", "."):
-        raise InputError(f"--out {escape_line(str(out))}: that is a folder; give a file "
+        raise InputError(f"{option} {escape_line(str(out))}: that is a folder; give a file "
                          f"name, e.g. {example}")
     if not folder_made and not out.parent.is_dir():
-        raise InputError(f"--out {out}: the folder {out.parent} does not exist")
+        raise InputError(f"{option} {out}: the folder {out.parent} does not exist")
     if out.exists() and not force:
-        raise InputError(f"--out {out}: the file exists; add --force to overwrite it")
+        raise InputError(f"{option} {out}: the file exists; add --force to overwrite it")
 
 
 def stdout(width: int | None = None) -> Console:
