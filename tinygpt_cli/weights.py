@@ -56,7 +56,13 @@ def header_limit(config: Config) -> int:
     attention buffers, a generous 512 bytes each (an entry is about 100), and some metadata.
     A header of a million made-up entries is refused before it is parsed."""
     per_block = sum(1 for n, _, _ in PARAMS if n.startswith("h.L.")) + len(IGNORED)
-    return (len(PARAMS) + 1 + per_block * config.n_layer) * 512 + (64 << 10)
+    return header_bytes(len(PARAMS) + 1 + per_block * config.n_layer)
+
+
+def header_bytes(entries: int) -> int:
+    """The header bytes a safetensors file of this many tensors may take: 512 bytes each
+    (an entry is about 100) and 64 KB of metadata."""
+    return entries * 512 + (64 << 10)
 
 
 def header_json(path: Path, limit: int = MAX_HEADER_BYTES) -> tuple[dict, int, int]:

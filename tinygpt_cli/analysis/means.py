@@ -70,10 +70,11 @@ def save_means(path: str | Path, means: dict[str, np.ndarray], meta: dict) -> No
 
 
 def header_limit(config: Config) -> int:
-    """The most header bytes a means file of this model needs (about 150 bytes an entry,
-    given 512, and room for metadata): a header of a million made-up entries is refused
-    before it is parsed, as the weights' is."""
-    return len(mean_paths(config)) * 512 + (64 << 10)
+    """The most header bytes a means file of this model needs: a header of a million made-up
+    entries is refused before it is parsed, as the weights' is."""
+    from ..weights import header_bytes
+
+    return header_bytes(len(mean_paths(config)))
 
 
 def load_means(path: str | Path, config: Config,

@@ -72,6 +72,7 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     Example: tinygpt lens "Lily wanted to play with her" --target " toys"
     Example: tinygpt lens "Lily wanted to play with her" --kind tuned
     Example: tinygpt lens --evaluate
+    Example: tinygpt lens --evaluate --steer happy --steer-away sad --steer-layer 1
     """
     from ..analysis import tuned_lens as tl
     from ..analysis.lens import lens_report
@@ -190,6 +191,7 @@ def means(
 
     \b
     Example: tinygpt means --data ../shared/data/tinystories
+    Example: tinygpt means --steer happy --steer-away sad --steer-layer 1 --out m.safetensors
     """
     from ..analysis import means as mean_stats
     from ..corpus import check_data, validation_text

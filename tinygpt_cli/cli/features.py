@@ -43,12 +43,6 @@ SAE_FILE = typer.Option(None, "--sae", help="The SAE file (default: the weights 
                         "sae/layers.1.resid_post.safetensors).", show_default=False)
 
 
-def show(doc: dict, view, as_json: bool, changes: dict | None = None) -> None:
-    """One JSON document on stdout (with `changes`: what a steered run changed), or the Rich
-    view (made only when it is shown)."""
-    present(as_json, lambda: {**doc, **(changes or {})}, view)
-
-
 @sae_app.command("train")
 @steerable  # the site's values of the steered run: --steer needs --out
 def sae_train(
@@ -79,6 +73,7 @@ def sae_train(
 
     Example: tinygpt sae train --site layers.1.resid_post
     Example: tinygpt sae train --site layers.2.mlp_out --latents 2048 --k 32
+    Example: tinygpt sae train --site layers.1.mlp_out --steer-vector h.safetensors --out hs.sae
     """
     from ..analysis import sae as S
     from ..corpus import data_windows, training_files
@@ -102,7 +97,7 @@ def sae_train(
     state = S.train_resumably(x, out, settings, sha256(model.weights_file), bar(as_json),
                               changes)
     doc = {**view.trained_doc(out, state, len(x)), **changes}
-    show(doc, lambda: view.trained_view(doc), as_json)
+    present(as_json, lambda: doc, lambda: view.trained_view(doc))
 
 
 @sae_app.command("eval")
@@ -122,6 +117,7 @@ def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
 
     Example: tinygpt sae eval
     Example: tinygpt sae eval --sae my.safetensors --json
+    Example: tinygpt sae eval --steer happy --steer-away sad --steer-layer 1
     """
     from ..analysis import sae as S
     from ..render import features as view
@@ -131,7 +127,8 @@ def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
     hooks, changes = steered(model)
     with bar(as_json)(4, "evaluating") as advance:
         result, names = S.evaluate_held_out(model, found, data, windows, advance, hooks)
-    show(view.eval_doc(result, names), lambda: view.eval_view(result, names), as_json, changes)
+    present(as_json, lambda: {**view.eval_doc(result, names), **changes},
+            lambda: view.eval_view(result, names))
 
 
 @sae_app.command("feature")
@@ -217,12 +214,12 @@ def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: 
         tokens = tl.fit_on_training_text(model, data, path, bar(as_json), hooks, changes)
         if not evaluate:
             doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": tokens, **changes}
-            show(doc, lambda: view.lens_fit_view(doc), as_json)
+            present(as_json, lambda: doc, lambda: view.lens_fit_view(doc))
             return
     result, names = tl.evaluate_held_out(model, data, tl.load_translators(path, cfg),
                                          bar(as_json), hooks)
-    show(view.lens_eval_doc(result, names), lambda: view.lens_eval_view(result, names), as_json,
-         changes)
+    present(as_json, lambda: {**view.lens_eval_doc(result, names), **changes},
+            lambda: view.lens_eval_view(result, names))
 
 
 # ------------------------------------------------------------------ latents in trace and --ablate
