@@ -93,8 +93,11 @@ def test_a_long_text_is_scored_and_given_out_window_by_window(tiny_params, tiny_
         assert len(mine) == len(sc.windows(len(seq), tiny_config.n_positions, 5))
         assert [s.first for s in mine] == list(np.cumsum([0] + [len(s.targets)
                                                                  for s in mine])[:-1])
-        np.testing.assert_array_equal(np.concatenate([s.nats for s in mine]), whole[i].nats)
-        np.testing.assert_array_equal(report.shown[i].nats, whole[i].nats)
+        # batches of 8 windows, the shorter ones right-padded, against windows one by one:
+        # the same numbers up to the rounding of products of other sizes
+        np.testing.assert_allclose(np.concatenate([s.nats for s in mine]), whole[i].nats,
+                                   rtol=1e-12)
+        np.testing.assert_allclose(report.shown[i].nats, whole[i].nats, rtol=1e-12)
     assert report.summary["tokens"] == sum(len(s) - 1 for s in seqs)
     assert report.summary["mean_nats"] == pytest.approx(
         np.concatenate([whole[i].nats for i in range(3)]).mean(), rel=1e-12)

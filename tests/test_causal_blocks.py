@@ -39,7 +39,8 @@ def test_blocked_attention_equals_the_whole_product():
     assert np.array_equal(np.isneginf(scores), np.isneginf(want_scores))
     np.testing.assert_allclose(scores, want_scores, rtol=1e-12, atol=1e-12)
     weights = ops.causal_softmax(scores)
-    np.testing.assert_array_equal(weights, ops.softmax(scores))  # the same numbers, bit for bit
+    # the same numbers, bit for bit, as the softmax of every other attention pass
+    np.testing.assert_array_equal(weights, ops.attention_softmax(scores))
     assert np.all(weights[..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0)
     np.testing.assert_allclose(weights, want_weights, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(ops.causal_mix(weights, v), want_z, rtol=1e-12, atol=1e-12)
@@ -75,3 +76,40 @@ def test_the_finiteness_check_of_the_logits_reads_a_sum_but_is_exact():
     x = np.zeros(6, np.float32)
     x[:2] = [np.inf, -np.inf]
     assert not all_finite(x)
+
+
+def naive_softmax(z):
+    """Row by row in float64, shifted by the row's largest score: the textbook softmax."""
+    z = np.asarray(z, np.float64)
+    out = np.zeros_like(z)
+    for idx in np.ndindex(z.shape[:-1]):
+        row = z[idx]
+        e = np.exp(row - row.max())
+        out[idx] = e / e.sum()
+    return out
+
+
+def test_attention_softmax_shifts_by_the_own_score_and_equals_the_softmax():
+    rng = np.random.default_rng(3)
+    for start, t in ((0, 9), (4, 3), (11, 1)):  # a whole text, a cached chunk, one step
+        z = (rng.normal(size=(2, t, start + t)) * 6).astype(np.float32)
+        z += np.triu(np.full((t, start + t), -np.inf, np.float32), 1 + start)
+        got = ops.attention_softmax(z, start)
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, naive_softmax(z), rtol=2e-6, atol=1e-7)
+        np.testing.assert_allclose(got.sum(-1), 1, rtol=1e-6)
+
+
+def test_attention_softmax_falls_back_to_the_largest_score_when_its_own_is_far_below():
+    # query 2's own score is 200 below another key's: exp(200) is not a float32, so the
+    # shift by the own score cannot be used, and the textbook softmax is taken instead
+    z = np.zeros((1, 3, 3), np.float32) + np.triu(np.full((3, 3), -np.inf, np.float32), 1)
+    z[0, 2] = [200.0, 0.0, 0.0]
+    got = ops.attention_softmax(z)
+    np.testing.assert_array_equal(got, ops.softmax(z))
+    np.testing.assert_allclose(got, naive_softmax(z), atol=1e-7)
+    # a hook that masks a query's own key (-inf): the same
+    z = np.zeros((1, 3, 3), np.float32)
+    z[0, 1, 1] = -np.inf
+    np.testing.assert_array_equal(ops.attention_softmax(z), ops.softmax(z))
+    assert np.isfinite(ops.attention_softmax(z)).all()

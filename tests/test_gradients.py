@@ -179,8 +179,10 @@ def test_gelu_backward(rng):
 def test_gelu_is_the_tanh_form():
     x = np.array([-3.0, -1.0, 0.0, 0.5, 2.0])
     c = np.sqrt(2.0 / np.pi)
+    # rtol: the argument is computed as x (c + c 0.044715 x^2), whose rounding differs; 1 +
+    # tanh at x = -3 (0.009) then loses a few digits
     np.testing.assert_allclose(ops.gelu(x), 0.5 * x * (1 + np.tanh(c * (x + 0.044715 * x**3))),
-                               rtol=1e-15)
+                               rtol=1e-13)
 
 
 def test_softmax_backward(rng):

@@ -151,9 +151,10 @@ def embed_backward(g: Gradients, dh: np.ndarray) -> None:
 
 
 def _mean_last(x: np.ndarray) -> np.ndarray:
-    """x.mean(axis=-1, keepdims=True): a sum, then a division by the count in place, without
-    np.mean's Python-level bookkeeping, which costs more than the arithmetic on one token."""
-    total = np.add.reduce(x, axis=-1, keepdims=True)
+    """x.mean(axis=-1, keepdims=True): a sum (ops.row_sums), then a division by the count in
+    place, without np.mean's Python-level bookkeeping, which costs more than the arithmetic
+    on one token."""
+    total = ops.row_sums(x)
     total /= x.shape[-1]
     return total
 
@@ -170,11 +171,9 @@ def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.nd
             out *= g
             out += b
             return out[None]
-        mean = np.add.reduce(x, axis=-1, keepdims=True)
-        mean /= n
+        mean = _mean_last(x)
         out = x - mean
-        var = np.add.reduce(out * out, axis=-1, keepdims=True)
-        var /= n
+        var = _mean_last(out * out)
         var += eps
         out /= np.sqrt(var, out=var)
         out *= g
@@ -250,7 +249,8 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
     # A hook that only records leaves the masked scores -inf, as causal_softmax needs; any
     # other may have changed them (in place, even, through a head's slice).
     untouched = hooks is None or type(hooks) in (Record, RecordOnly)
-    weights = (ops.causal_softmax if untouched and start == 0 else ops.softmax)(scores)
+    weights = (ops.causal_softmax(scores) if untouched and start == 0
+               else ops.attention_softmax(scores, start))
     if hooks is not None:
         weights = hooks(L + "weights", weights)
         _heads("weights", weights, L, hooks, config.n_head)

@@ -132,24 +132,25 @@ def linear_backward(dout, x, w, *, weights: bool = True):
 # ---------------------------------------------------------------- GELU, tanh form (card 6)
 
 _GELU_C = float(np.sqrt(2.0 / np.pi))
+_GELU_CA = _GELU_C * 0.044715
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
     """GPT-2's `gelu_new`: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 
-    Computed in two arrays instead of nine temporaries, in the same order of operations, so
-    the numbers are those of the one-line formula bit for bit.
+    The tanh's argument as x (sqrt(2/pi) + sqrt(2/pi) 0.044715 x^2), and everything in one
+    array: eight passes over it where the one-line formula makes nine temporaries (the
+    MLP's [T, 4d] array is the largest of a block's element-wise work).
     """
-    t = 0.044715 * x
+    t = x * x
+    t *= _GELU_CA
+    t += _GELU_C
     t *= x
-    t *= x
-    t += x
-    t *= _GELU_C
     np.tanh(t, out=t)
     t += 1.0
-    out = 0.5 * x
-    out *= t
-    return out
+    t *= x
+    t *= 0.5
+    return t
 
 
 def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -262,23 +263,59 @@ def _causal_scores(q: np.ndarray, k: np.ndarray, blocks) -> np.ndarray:
     return scores
 
 
+def attention_softmax(scores: np.ndarray, start: int = 0) -> np.ndarray:
+    """softmax of attention scores [.., T, S] over the keys, for queries at positions
+    start .. start+T-1 (S = start + T), each row shifted by its query's own score (the key
+    at its own position, never masked) instead of by the row's largest score.
+
+    A shift does not change a softmax; it only keeps exp finite. The own score is read
+    where the largest would have to be found (a third of the softmax's time), and its term,
+    exp(0) = 1, keeps every row's sum at least 1, so no row underflows where the largest
+    score's shift would not. A row whose largest score exceeds its own by more than exp's
+    range gives a non-finite sum, and then every row is taken again by `softmax`, as is a
+    grid of another shape (a hook may have changed the scores in any way)."""
+    t, s = scores.shape[-2], scores.shape[-1]
+    if s != start + t or scores.dtype.kind != "f":
+        return softmax(scores)
+    own = np.diagonal(scores, offset=start, axis1=-2, axis2=-1)[..., None]  # [.., T, 1]
+    with np.errstate(over="ignore", invalid="ignore"):  # a far-off own score: found below
+        e = np.subtract(scores, own)
+        np.exp(e, out=e)
+        total = row_sums(e)
+    if not _sums_finite(total):
+        return softmax(scores)
+    e /= total
+    return e
+
+
+def _sums_finite(total: np.ndarray) -> bool:
+    """No infinity and no NaN among sums of exps (never below 0; a NaN makes the largest
+    NaN): one reduce, not an array of flags."""
+    return bool(np.isfinite(np.maximum.reduce(total, axis=None)))
+
+
 def causal_softmax(scores: np.ndarray) -> np.ndarray:
-    """softmax(scores) of attention_scores' own output for a whole text, whose scores past
+    """attention_softmax of attention_scores' own output for a whole text, whose scores past
     each block's last key are -inf: their chances are exactly 0, set without an exp. The
-    rest, and every row's sum, are computed as softmax computes them."""
+    rest, and every row's sum, are computed as attention_softmax computes them."""
     t = scores.shape[-1]
     blocks = causal_blocks(t)
     if len(blocks) == 1 or scores.shape[-2] != t:
-        return softmax(scores)
+        return attention_softmax(scores)
+    own = np.diagonal(scores, axis1=-2, axis2=-1)[..., None]
     e = np.empty_like(scores)
-    for r0, r1 in blocks:
-        z, out = scores[..., r0:r1, :r1], e[..., r0:r1, :r1]
-        np.subtract(z, np.maximum.reduce(z, axis=-1, keepdims=True), out=out)
-        np.exp(out, out=out)
-        e[..., r0:r1, r1:] = 0
-    # each row's sum over all its keys, zeros included, as softmax sums it (a sum of the
-    # block alone would pair the numbers differently); 0 / sum is 0, so only blocks divide
-    total = _row_sums(e)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for r0, r1 in blocks:
+            out = e[..., r0:r1, :r1]
+            np.subtract(scores[..., r0:r1, :r1], own[..., r0:r1, :], out=out)
+            np.exp(out, out=out)
+            e[..., r0:r1, r1:] = 0
+        # each row's sum over all its keys, zeros included, as attention_softmax sums it (a
+        # sum of the block alone would pair the numbers differently); 0 / sum is 0, so only
+        # blocks divide
+        total = row_sums(e)
+    if not _sums_finite(total):
+        return softmax(scores)
     for r0, r1 in blocks:
         e[..., r0:r1, :r1] /= total[..., r0:r1, :]
     return e
@@ -321,7 +358,7 @@ def softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
     # of one position while generating
     e = z - np.maximum.reduce(z, axis=axis, keepdims=True)
     np.exp(e, out=e)  # in place: one array for the whole softmax
-    e /= _row_sums(e) if axis in (-1, e.ndim - 1) else np.add.reduce(e, axis=axis,
+    e /= row_sums(e) if axis in (-1, e.ndim - 1) else np.add.reduce(e, axis=axis,
                                                                       keepdims=True)
     return e
 
@@ -329,10 +366,10 @@ def softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
 ROW_SUMS_BY_PRODUCT = 64  # rows of at least this many numbers are summed by a BLAS product
 
 
-def _row_sums(e: np.ndarray) -> np.ndarray:
+def row_sums(e: np.ndarray) -> np.ndarray:
     """Each row's sum over the last axis, [..., 1]. Long rows (a whole text's attention
-    weights) as a product with a vector of ones: BLAS sums 128-long rows four times as fast
-    as NumPy's reduce along the last axis, the largest part of a traced pass's softmax.
+    weights, a position's numbers in a layer norm) as a product with a vector of ones: BLAS
+    sums 128-long rows three to four times as fast as NumPy's reduce along the last axis.
     Short ones by the reduce, whose call costs less. The choice is made on the rows' length
     alone, never on how many there are, so that a row's sum is the same bits whether its
     text runs alone or in a batch (--each-line's passes made ahead, ahead.py)."""
