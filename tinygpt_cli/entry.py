@@ -90,6 +90,12 @@ def _names(ctx) -> list[str]:
     return [*(_names(ctx.parent) if ctx.parent else []), ctx.info_name or ""]
 
 
+def _completing() -> bool:
+    """Is the shell asking for completions (whose words are in the environment, not in args)?
+    Then the commands' options are needed too."""
+    return any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ)
+
+
 def run(argv: list[str] | None = None) -> None:
     """Run one command line in this process (cli.main): bad input ends with one `error: ...`
     line and exit 2, faults with exit 1, a reader gone (`| head`) quietly."""
@@ -105,14 +111,17 @@ def run(argv: list[str] | None = None) -> None:
         import typer
 
         from .cli import batch
-        from .cli.app import _chosen, _register, app
+        from .cli.app import SUMMARIES, _chosen, _register, app
         from .cli.typer_tricks import click_command, click_errors, plain_type_names, quick_coercion
 
         name = _chosen(args)
-        _register(name)
+        # `tinygpt --help` lists each command by name and line: no command module is imported
+        listing = args in ([], ["--help"], ["-h"]) and not _completing()
+        if not listing:
+            _register(name)
         quick_coercion()
         plain_type_names()
-        command = click_command(app, name, listing=args in ([], ["--help"], ["-h"]))
+        command = click_command(app, name, listing=SUMMARIES if listing else None)
         if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
             # From here a Ctrl-C is a KeyboardInterrupt again, so that `finally` blocks run.
             signal.signal(signal.SIGINT, signal.default_int_handler)
