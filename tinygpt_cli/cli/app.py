@@ -81,7 +81,8 @@ def _chosen(args: list[str]) -> str | None:
 
 def _register(name: str | None = None) -> None:
     """Import the module of command `name` (or of every command), which registers its
-    commands on import."""
+    commands on import, and make them ready to be built (only `name`, when it is given: the
+    others of its module are not built either)."""
     import importlib
 
     for module in [COMMANDS[name]] if name else dict.fromkeys(COMMANDS.values()):
@@ -95,6 +96,8 @@ def _register(name: str | None = None) -> None:
     from .steering import STEERED, steerable
 
     for command in app.registered_commands:
+        if name and _command_name(command) != name:
+            continue
         if command.callback and ("ablate" in inspect.signature(command.callback).parameters
                                  or _command_name(command) in STEERED):
             command.callback = steerable(command.callback)  # what runs a text can be steered
