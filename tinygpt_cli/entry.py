@@ -37,9 +37,42 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:  # in the instant between two handlers
         fresh_line()
         sys.exit(INTERRUPTED)
+    except SystemExit as e:  # how run ends, its output written
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        exit_now(e)
     finally:
         # Shutting down: a second Ctrl-C now must not print a traceback either.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def exit_now(e: SystemExit) -> None:
+    """End the process with e's code without tearing the interpreter down: freeing every
+    module and object of NumPy, Rich and Typer one by one takes 20-25 ms of CPU, more than
+    most of what a short command does (measured: `python -c "import numpy, typer, rich,
+    tokenizers, safetensors"` 142 ms, 118 ms ending so). What the shutdown does that
+    anyone sees is done first: the atexit functions, and the flush of stdout and stderr (a
+    flush that fails ends with 120, as Python's own does). While another thread still runs
+    (which the shutdown would wait for), or with a code that is not a number, e goes on to
+    the usual shutdown."""
+    import threading
+
+    code = 0 if e.code is None else e.code
+    if not isinstance(code, int) or threading.active_count() > 1 or not _flushed():
+        raise e
+    import atexit
+
+    atexit._run_exitfuncs()  # the registered functions, as the shutdown runs them
+    os._exit(code if _flushed() else 120)
+
+
+def _flushed() -> bool:
+    try:
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            if stream is not None:
+                stream.flush()
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def command_word(group, args: list[str]) -> str | None:
