@@ -54,14 +54,16 @@ def exit_now(e: SystemExit) -> None:
     flush that fails ends with 120, as Python's own does). While another thread still runs
     (which the shutdown would wait for), or with a code that is not a number, e goes on to
     the usual shutdown."""
+    import atexit
     import threading
 
     code = 0 if e.code is None else e.code
-    if not isinstance(code, int) or threading.active_count() > 1 or not _flushed():
+    waited_for = [t for t in threading.enumerate()
+                  if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)  # CPython's own, as it exits
+    if not isinstance(code, int) or waited_for or run_exitfuncs is None or not _flushed():
         raise e
-    import atexit
-
-    atexit._run_exitfuncs()  # the registered functions, as the shutdown runs them
+    run_exitfuncs()
     os._exit(code if _flushed() else 120)
 
 
