@@ -179,19 +179,28 @@ def test_quick_coercion_gives_what_typer_gives(tmp_path):
     assert len(app.registered_commands) == 2  # the others are back
 
 
-def test_the_listing_built_without_options_is_the_help_typer_gives():
-    # `tinygpt --help` builds each command without its options (start-up); the page must be
-    # the one the whole app gives, word for word
-    from tinygpt_cli.cli.app import _register, app
+def test_the_listing_without_the_commands_is_the_help_typer_gives():
+    # `tinygpt --help` lists each command by its name and line in cli.app.SUMMARIES, importing
+    # none of them (start-up); the page must be the one the whole app gives, word for word,
+    # at any width (click cuts each line to fit), so the table cannot go stale
+    import inspect
+
+    from tinygpt_cli.cli.app import SUMMARIES, _register, app
     from tinygpt_cli.cli.typer_tricks import click_command
+    from tinygpt_cli.cli.typer_tricks import command_name as app_command_name
 
     _register()
-    pages = []
-    for listing in (False, True):
-        group = click_command(app, None, listing=listing)
-        pages.append(group.get_help(group.make_context("tinygpt", ["--help"],
-                                                       resilient_parsing=True)))
-    assert pages[0] == pages[1] and "attn" in pages[1]
-    light = click_command(app, None, listing=True)
+    callbacks = {**{app_command_name(c): c.callback for c in app.registered_commands},
+                 **{g.name: g.typer_instance.registered_callback.callback
+                    for g in app.registered_groups}}
+    assert SUMMARIES == {n: inspect.getdoc(f).splitlines()[0] for n, f in callbacks.items()}
+    for width in (40, 64, 80, 100, 200):
+        pages = []
+        for listing in (None, SUMMARIES):
+            group = click_command(app, None, listing=listing)
+            pages.append(group.get_help(group.make_context(
+                "tinygpt", ["--help"], resilient_parsing=True, terminal_width=width)))
+        assert pages[0] == pages[1] and "attn" in pages[1], width
+    light = click_command(app, None, listing=SUMMARIES)
     assert not light.commands["attn"].params  # built without them
     assert click_command(app, None).commands["attn"].params

@@ -14,14 +14,13 @@ V vocabulary, n_ctx longest text, 1 a kept axis of size one.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .config import Config
 from .errors import InputError
 
 
-@dataclass(frozen=True)
-class Value:
+class Value(NamedTuple):  # not a frozen dataclass: built on every command's start-up
     path: str  # canonical, with L / H placeholders
     shape: str  # in symbols, for one text (a batch adds a leading B)
     card: int | None  # the seed page's card

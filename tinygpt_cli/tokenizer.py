@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from functools import cached_property
@@ -16,15 +17,16 @@ from .config import MAX_VOCAB, MIN_VOCAB  # noqa: F401
 END_OF_TEXT = "<|endoftext|>"
 
 
+@functools.cache  # one table for every tokenizer, which only reads it
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's printable stand-in character for each byte, reversed."""
     return {ch: b for b, ch in _bytes_to_unicode().items()}
 
 
+@functools.cache
 def _bytes_to_unicode() -> dict[int, str]:
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1)
-    )
+    keep = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)}
     mapping, n = {}, 0
     for b in range(256):
         if b in keep:
@@ -77,6 +79,15 @@ class Tokenizer:
     @classmethod
     def from_str(cls, text: str) -> Tokenizer:
         return cls(HFTokenizer.from_str(text))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Tokenizer:
+        """A tokenizer.json's bytes, parsed as they are (no str made of them first: start-up);
+        what is not a tokenizer fails as from_str of the text does, with its messages."""
+        try:
+            return cls(HFTokenizer.from_buffer(raw))
+        except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception
+            return cls.from_str(raw.decode("utf-8"))
 
     def kind(self) -> str | None:
         """None for a byte-level BPE (GPT-2's kind); else what it is instead, for the error."""

@@ -8,7 +8,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .config import Config, load_config
 from .errors import InputError, WeightsError
@@ -44,8 +44,7 @@ DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2":
                "BOOL": 1}  # the safetensors library's own limit
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):  # not a frozen dataclass: built on every start-up
     name: str  # as in the file
     dtype: str  # safetensors spelling: F32, F16, BF16, I64, ...
     shape: tuple[int, ...]
@@ -552,7 +551,7 @@ def read_tokenizer(path: Path, config: Config):
         raise WeightsError(f"{path} is larger than {MAX_TOKENIZER_BYTES:,} bytes: not the "
                            f"tokenizer of a {config.vocab_size:,}-token model")
     try:
-        tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+        tokenizer = Tokenizer.from_bytes(raw)
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
         raise WeightsError(f"{path} is not a tokenizers file ({e})") from None
     kind = tokenizer.kind()

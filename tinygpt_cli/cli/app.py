@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from ..commands import LISTED
 from ..render.text import examples_block
 from .typer_tricks import command_name as _command_name
 
@@ -59,21 +60,11 @@ def _root(
         pools.use(n)
 
 
-# Every command, in the order `tinygpt --help` lists them (the seed page's cards, then the
-# whole page, the analyses, and training), with the module of cli/ that defines it: a command
-# line names one command, and only its module is imported.
-COMMANDS = {
-    "encode": "inspect", "embed": "cards", "pos": "cards", "norm": "cards", "attn": "cards",
-    "mlp": "cards", "blocks": "cards", "final-norm": "cards", "logits": "cards",
-    "probs": "cards", "sample": "cards", "generate": "inspect", "decode": "inspect",
-    "trace": "inspect", "review": "page", "map": "page",
-    "lens": "explain", "dla": "explain", "ablate": "explain", "patch": "explain",
-    "attribute": "explain", "means": "explain", "circuit": "circuits", "qk": "circuits",
-    "score": "texts", "heads": "texts", "neurons": "texts", "diff": "texts",
-    "history": "history", "why": "history", "sae": "features",
-    "steer": "directions", "probe": "directions",
-    "info": "inspect", "train-tokenizer": "train", "train": "train", "model-card": "train",
-}
+# Every command with the module of cli/ that defines it (a command line names one command, and
+# only its module is imported), and the line `tinygpt --help` lists for it (the listing
+# imports none of them), in the order it lists them.
+COMMANDS = {name: module for name, (module, _) in LISTED.items()}
+SUMMARIES = {name: line for name, (_, line) in LISTED.items()}
 ORDER = list(COMMANDS)
 
 
@@ -90,7 +81,8 @@ def _chosen(args: list[str]) -> str | None:
 
 def _register(name: str | None = None) -> None:
     """Import the module of command `name` (or of every command), which registers its
-    commands on import."""
+    commands on import, and make them ready to be built (only `name`, when it is given: the
+    others of its module are not built either)."""
     import importlib
 
     for module in [COMMANDS[name]] if name else dict.fromkeys(COMMANDS.values()):
@@ -104,6 +96,8 @@ def _register(name: str | None = None) -> None:
     from .steering import STEERED, steerable
 
     for command in app.registered_commands:
+        if name and _command_name(command) != name:
+            continue
         if command.callback and ("ablate" in inspect.signature(command.callback).parameters
                                  or _command_name(command) in STEERED):
             command.callback = steerable(command.callback)  # what runs a text can be steered

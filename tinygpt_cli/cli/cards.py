@@ -148,8 +148,6 @@ def attn(
 
     Example: tinygpt attn "Lily wanted to play with her" --layer 0 --head 0
     """
-    from ..render import jsonout
-    from ..render.documents import session_document
     from ..render.heads import head_view, heads_view  # no Rich where nothing is styled
 
     r = run(weights, text, ablate)
@@ -166,7 +164,10 @@ def attn(
         from ..render.figure import attention_figure
 
         save_figure(attention_figure(path, grids, r.tokens, scores=scores), save, force)
-    if as_json:
+    if as_json:  # the JSON writer loads only for JSON
+        from ..render import jsonout
+        from ..render.documents import session_document
+
         jsonout.emit(session_document(r, path, grids))
         return
     view, maps = grid_view(path, grids, r.tokens, scores, full)

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from ..errors import InputError
 from ..render.output import say_steered
@@ -25,8 +24,7 @@ _TYPES = {"steer": Optional[str], "steer_away": Optional[str],  # noqa: UP045 - 
           "steer_scale": float}
 
 
-@dataclass(frozen=True)
-class SteerOptions:
+class SteerOptions(NamedTuple):  # not a frozen dataclass: 0.5 ms less of every start-up
     steer: str | None = None
     steer_away: str | None = None
     steer_vector: str | None = None

@@ -5,15 +5,13 @@ upgrade that breaks one fails tests/test_typer_tricks.py instead of a command li
   copy of click, whose exceptions are not click's own).
 - click_command(app, name): the click command of one Typer command only, by building the app
   with its other commands set aside (turning every signature into click options would cost
-  start-up time for nothing); for `tinygpt --help`, every command without its options.
+  start-up time for nothing); for `tinygpt --help`, every command as a name and a line only.
 - quick_coercion(): plainly valid option values (and those of a parser= option) converted
   without Pydantic (typer 0.2x).
 """
 
 from __future__ import annotations
 
-import copy
-import inspect
 import re
 import typing
 from pathlib import Path
@@ -33,15 +31,17 @@ def command_name(command) -> str:
     return command.name or command.callback.__name__.replace("_", "-")
 
 
-def click_command(app: typer.Typer, name: str | None, *, listing: bool = False):
+def click_command(app: typer.Typer, name: str | None, *,
+                  listing: dict[str, str] | None = None):
     """The click group that runs command `name` (None: all of them). Only that command is
     built: turning the others' signatures into click options would cost start-up time for
-    nothing. `listing` (with name None): the group only shows its help, which lists each
-    command by name and first line; the commands are built without their options."""
+    nothing. `listing` (with name None: the group only shows its help): each command's name
+    and the line its help lists for it; the group lists those, and no command is built or
+    even imported."""
+    if name is None and listing is not None:
+        return _listing(app, listing)
     everything = app.registered_commands
     chosen = [c for c in everything if command_name(c) == name]
-    if listing and not chosen:
-        chosen = [_unparametered(c) for c in everything]
     if not chosen:
         return typer.main.get_command(app)
     app.registered_commands = chosen
@@ -51,12 +51,19 @@ def click_command(app: typer.Typer, name: str | None, *, listing: bool = False):
         app.registered_commands = everything
 
 
-def _unparametered(command):
-    """A copy of a registered command with the same name and help and no options."""
-    light = copy.copy(command)
-    light.name, light.callback = command_name(command), lambda: None
-    light.help = inspect.getdoc(command.callback) if command.help is None else command.help
-    return light
+def _listing(app: typer.Typer, lines: dict[str, str]):
+    """The app's group with its own options, and as its commands only a name and a line."""
+    from typer.core import TyperCommand
+
+    kept = app.registered_commands, app.registered_groups
+    app.registered_commands, app.registered_groups = [], []
+    try:
+        group = typer.main.get_command(app)
+    finally:
+        app.registered_commands, app.registered_groups = kept
+    for name, line in lines.items():
+        group.add_command(TyperCommand(name=name, help=line))
+    return group
 
 
 _INT = re.compile(r"[+-]?\d+")

@@ -1,0 +1,78 @@
+"""Every command of `tinygpt` by name, known without importing the module that defines it.
+
+A command line names one command, and only the module of cli/ that defines it is imported
+(cli.app.COMMANDS); `tinygpt --help` lists every command by name and the first line of its
+docstring, which this table holds, so that the listing imports none of them.
+tests/test_structure.py checks the table against the commands themselves (their modules,
+their order in the listing, and the listing itself at several widths).
+"""
+
+from __future__ import annotations
+
+# name: (module of cli/ that defines it, the first line of its docstring), in the order
+# `tinygpt --help` lists them: the seed page's cards, then the whole page, the analyses and
+# training; a group of commands (`tinygpt sae ...`) last, where Typer lists groups.
+LISTED: dict[str, tuple[str, str]] = {
+    "encode": ("inspect", "Card 1: split the text into tokens; each token is an id from the "
+                          "vocabulary."),
+    "embed": ("cards", "Card 2: each token id picks its row of the embedding table W_E."),
+    "pos": ("cards", "Card 3: each position's row of W_P, added to the token rows (--sum shows the "
+                     "result)."),
+    "norm": ("cards", "Card 4: LayerNorm of one block, with each token's mean and std."),
+    "attn": ("cards", "Card 5: the T × T attention grid of one head as a heatmap (rows attend to "
+                      "columns)."),
+    "mlp": ("cards", "Card 6: the feed-forward output of one block, and its most active hidden "
+                     "neurons."),
+    "blocks": ("cards", "Card 7: the residual stream after each block, what each block changed, "
+                        "the top guess."),
+    "final-norm": ("cards", "Card 8: the final LayerNorm after the last block."),
+    "logits": ("cards", "Card 9: one score per vocabulary token at a position; lists the highest."),
+    "probs": ("cards", "Card 10: softmax turns the scores into chances that add up to 1."),
+    "sample": ("cards", "Card 11: pick one next token from the chances with a seeded generator."),
+    "generate": ("inspect", "Write a continuation of the text, one token at a time, as it is "
+                            "produced."),
+    "decode": ("inspect", "Turn token ids back into text."),
+    "trace": ("inspect", "Print any value of the forward pass by its path, or --list them all."),
+    "review": ("page", "The whole \"Quick review\" page for a text: the facts, then all 11 cards "
+                       "with real values."),
+    "map": ("page", "The model as a diagram, every arrow labelled with its shape for this text."),
+    "lens": ("explain", "Logit lens: the likeliest next token at every position after every "
+                        "stage."),
+    "dla": ("explain", "Direct logit attribution: each part of the final stream's share of the "
+                       "target's logit."),
+    "ablate": ("explain", "Ablation: take out a head or an MLP; the change in log p(target) and "
+                          "the KL divergence."),
+    "patch": ("explain", "Activation patching: how much of the clean prediction each clean value "
+                         "restores."),
+    "attribute": ("explain", "Input attribution: each input token's share of the target's score, "
+                             "by the backward pass."),
+    "means": ("explain", "Store each head's and MLP's mean output over the validation text, for "
+                         "--mode mean."),
+    "circuit": ("circuits", "Edge attribution: which connections between components carry the "
+                            "prediction."),
+    "qk": ("circuits", "QK attribution: one head's attention scores split by where the query and "
+                       "key came from."),
+    "score": ("texts", "How surprised the model is by each token: surprisal, rank, chance, "
+                       "entropy; totals."),
+    "heads": ("texts", "Which heads do known jobs: previous-token, duplicate-token and induction "
+                       "scores."),
+    "neurons": ("texts", "MLP neurons: which fire most on a text and which tokens each one pushes "
+                         "up."),
+    "diff": ("texts", "Where two runs part: two texts through the model, or one text through two "
+                      "models."),
+    "history": ("history", "How the model's answer, a value or its heads changed over training, "
+                           "snapshot by snapshot."),
+    "why": ("history", "Where the model learned a prediction: exact matches, and the most "
+                       "influential windows."),
+    "steer": ("directions", "Build a steering vector from pairs of texts and test it on held-out "
+                            "pairs."),
+    "probe": ("directions", "Fit a logistic-regression probe per token, beside a control task."),
+    "info": ("inspect", "The model's configuration, parameter counts, weights file and tokenizer."),
+    "train-tokenizer": ("train", "Train the byte-level BPE tokenizer (the held-out last part is "
+                                 "left out)."),
+    "train": ("train", "Train the model in NumPy; OUT becomes a weights folder holding the best "
+                       "checkpoint."),
+    "model-card": ("train", "Write MODEL_CARD.md and loss_curve.svg for a trained weights folder."),
+    "sae": ("features", "Sparse autoencoders: train one on a site, evaluate it on held-out text, "
+                        "show a latent."),
+}
