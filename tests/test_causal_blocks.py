@@ -89,7 +89,7 @@ def naive_softmax(z):
     return out
 
 
-def test_attention_softmax_shifts_by_the_own_score_and_equals_the_softmax():
+def test_attention_softmax_equals_the_textbook_softmax():
     rng = np.random.default_rng(3)
     for start, t in ((0, 9), (4, 3), (11, 1)):  # a whole text, a cached chunk, one step
         z = (rng.normal(size=(2, t, start + t)) * 6).astype(np.float32)
@@ -100,16 +100,18 @@ def test_attention_softmax_shifts_by_the_own_score_and_equals_the_softmax():
         np.testing.assert_allclose(got.sum(-1), 1, rtol=1e-6)
 
 
-def test_attention_softmax_falls_back_to_the_largest_score_when_its_own_is_far_below():
-    # query 2's own score is 200 below another key's: exp(200) is not a float32, so the
-    # shift by the own score cannot be used, and the textbook softmax is taken instead
-    z = np.zeros((1, 3, 3), np.float32) + np.triu(np.full((3, 3), -np.inf, np.float32), 1)
-    z[0, 2] = [200.0, 0.0, 0.0]
-    got = ops.attention_softmax(z)
-    np.testing.assert_array_equal(got, ops.softmax(z))
-    np.testing.assert_allclose(got, naive_softmax(z), atol=1e-7)
-    # a hook that masks a query's own key (-inf): the same
-    z = np.zeros((1, 3, 3), np.float32)
-    z[0, 1, 1] = -np.inf
-    np.testing.assert_array_equal(ops.attention_softmax(z), ops.softmax(z))
-    assert np.isfinite(ops.attention_softmax(z)).all()
+def test_attention_softmax_shifts_when_exp_would_leave_floats_range():
+    # without the shift by the row's largest score, exp(200) overflows float32 and exp of a
+    # row of -120s underflows: each is caught by its row's sum, and the textbook softmax
+    # (shifted) is taken instead, for the whole grid
+    for row in ([200.0, 0.0, 0.0], [-120.0, -121.0, -125.0]):
+        z = np.zeros((1, 3, 3), np.float32) + np.triu(np.full((3, 3), -np.inf, np.float32), 1)
+        z[0, 2] = row
+        got = ops.attention_softmax(z)
+        np.testing.assert_array_equal(got, ops.softmax(z))
+        np.testing.assert_allclose(got, naive_softmax(z), rtol=1e-6, atol=1e-7)
+        assert np.isfinite(got).all()
+    # in range, the shift is skipped: the numbers are exp(z) / sum, not softmax's own bits
+    z = np.array([[[0.3, -np.inf], [1.7, -2.2]]], np.float32)
+    e = np.exp(z)
+    np.testing.assert_array_equal(ops.attention_softmax(z), e / e.sum(-1, keepdims=True))

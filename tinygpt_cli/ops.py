@@ -264,34 +264,38 @@ def _causal_scores(q: np.ndarray, k: np.ndarray, blocks) -> np.ndarray:
 
 
 def attention_softmax(scores: np.ndarray, start: int = 0) -> np.ndarray:
-    """softmax of attention scores [.., T, S] over the keys, for queries at positions
-    start .. start+T-1 (S = start + T), each row shifted by its query's own score (the key
-    at its own position, never masked) instead of by the row's largest score.
+    """softmax of attention scores [.., T, S] over the keys (queries at positions start ..
+    start+T-1, S = start + T): exp(z) / sum exp(z), without the usual shift by each row's
+    largest score when the row sums show it is not needed.
 
-    A shift does not change a softmax; it only keeps exp finite. The own score is read
-    where the largest would have to be found (a third of the softmax's time), and its term,
-    exp(0) = 1, keeps every row's sum at least 1, so no row underflows where the largest
-    score's shift would not. A row whose largest score exceeds its own by more than exp's
-    range gives a non-finite sum, and then every row is taken again by `softmax`, as is a
-    grid of another shape (a hook may have changed the scores in any way)."""
+    A shift does not change a softmax; it only keeps exp inside float's range, and finding
+    each row's largest score took a third of the softmax's time. Unshifted, exp(z) can
+    overflow or, for a row of very negative scores, underflow; every row's sum tells: all of
+    them between SUMS_WITHOUT_SHIFT's bounds means no term overflowed and each row's
+    largest term is a normal float (the weights are exact to float's precision; a term that
+    underflowed is off by less than 1e-45 / 1e-20 of its row's sum). Else, and for a grid of
+    another shape (a hook may have changed the scores in any way), `softmax` with its shift."""
     t, s = scores.shape[-2], scores.shape[-1]
     if s != start + t or scores.dtype.kind != "f":
         return softmax(scores)
-    own = np.diagonal(scores, offset=start, axis1=-2, axis2=-1)[..., None]  # [.., T, 1]
-    with np.errstate(over="ignore", invalid="ignore"):  # a far-off own score: found below
-        e = np.subtract(scores, own)
-        np.exp(e, out=e)
+    with np.errstate(over="ignore"):  # an overflow is found in the sums below
+        e = np.exp(scores)
         total = row_sums(e)
-    if not _sums_finite(total):
+    if not _sums_in_range(total):
         return softmax(scores)
     e /= total
     return e
 
 
-def _sums_finite(total: np.ndarray) -> bool:
-    """No infinity and no NaN among sums of exps (never below 0; a NaN makes the largest
-    NaN): one reduce, not an array of flags."""
-    return bool(np.isfinite(np.maximum.reduce(total, axis=None)))
+SUMS_WITHOUT_SHIFT = (1e-20, 1e30)  # of exp(score) over a row; float32 spans 1e-38 .. 3e38
+
+
+def _sums_in_range(total: np.ndarray) -> bool:
+    """Every sum within SUMS_WITHOUT_SHIFT (a NaN fails too): two reduces, no array of
+    flags."""
+    low, high = SUMS_WITHOUT_SHIFT
+    return bool(np.minimum.reduce(total, axis=None) >= low
+                and np.maximum.reduce(total, axis=None) <= high)
 
 
 def causal_softmax(scores: np.ndarray) -> np.ndarray:
@@ -302,19 +306,16 @@ def causal_softmax(scores: np.ndarray) -> np.ndarray:
     blocks = causal_blocks(t)
     if len(blocks) == 1 or scores.shape[-2] != t:
         return attention_softmax(scores)
-    own = np.diagonal(scores, axis1=-2, axis2=-1)[..., None]
     e = np.empty_like(scores)
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore"):
         for r0, r1 in blocks:
-            out = e[..., r0:r1, :r1]
-            np.subtract(scores[..., r0:r1, :r1], own[..., r0:r1, :], out=out)
-            np.exp(out, out=out)
+            np.exp(scores[..., r0:r1, :r1], out=e[..., r0:r1, :r1])
             e[..., r0:r1, r1:] = 0
         # each row's sum over all its keys, zeros included, as attention_softmax sums it (a
         # sum of the block alone would pair the numbers differently); 0 / sum is 0, so only
         # blocks divide
         total = row_sums(e)
-    if not _sums_finite(total):
+    if not _sums_in_range(total):
         return softmax(scores)
     for r0, r1 in blocks:
         e[..., r0:r1, :r1] /= total[..., r0:r1, :]
