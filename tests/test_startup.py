@@ -142,6 +142,12 @@ def test_a_command_imports_only_its_own_module_of_commands():
     commands = {"tinygpt_cli.cli." + m for m in ("cards", "inspect", "train", "explain")}
     assert not commands & imported_by(["--help"])
     assert commands <= imported_by(["atn"])
+    # the group's options before the command are passed over: still one module
+    for lead in (["--weights", str(SHIPPED)], ["--threads", "1", "--debug"],
+                 [f"--weights={SHIPPED}"]):
+        probs = imported_by([*lead, "probs", "Lily wanted"])
+        assert {m for m in probs if m.startswith("tinygpt_cli.cli.")} & commands == \
+            {"tinygpt_cli.cli.cards"}, lead
 
 
 @pytest.mark.skipif(not (SHIPPED / "model.safetensors").is_file(), reason="no shipped weights")
