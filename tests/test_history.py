@@ -4,6 +4,7 @@ against naive loops and finite differences."""
 
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -811,3 +812,27 @@ def test_weights_moved_away_from_their_text_find_it_through_tinygpt_data(cli, ru
     altered_copy(run.parent / "data", other, "part-000.txt")
     monkeypatch.setenv("TINYGPT_DATA", str(other))  # not the recorded text: not used
     assert_one_error_line(cli("why", "The frog", "--weights", moved), 2, "is not reachable")
+
+
+def test_why_says_where_its_table_of_exact_matches_stops():
+    # the table lists tails of 1 .. 8 tokens; a text whose last 11 tokens occur verbatim says
+    # so, and that the table stops at 8 (it read "the last 11" above 8 rows)
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from tinygpt_cli.render.history import why_view
+
+    def shown(longest, rows):
+        matches = [{"n": n, "context": [1] * n, "count": 3, "followed_by_target": 1,
+                    "fraction": 1 / 3} for n in range(1, rows + 1)]
+        r = SimpleNamespace(target=5, target_token="x", longest=longest, longest_then=2,
+                            matches=matches, snapshots=[1, 2],
+                            influence={"windows": 10, "top_windows": []})
+        console = Console(width=200, record=True, file=io.StringIO())
+        console.print(why_view(r, lambda i: "a"))
+        return console.export_text()
+
+    assert "the last 11 tokens of the text occur verbatim in the training text, the last 2 " \
+           "followed by the target (the table stops at 8)" in shown(11, 8)
+    assert "table stops" not in shown(5, 6)

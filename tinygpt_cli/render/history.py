@@ -180,6 +180,8 @@ def why_view(result, tokens_of) -> Group:
     note = (f"target {show_token(result.target_token)} (id {result.target}); the last "
             f"{count(result.longest, 'token')} of the text occur verbatim in the training "
             f"text, the last {result.longest_then} followed by the target")
+    if result.matches and result.longest > result.matches[-1]["n"]:  # the table is capped
+        note += f" (the table stops at {result.matches[-1]['n']})"
     return Group(
         Text("exact matches in the training text", style="bold"),
         Text(note, style="dim"),
