@@ -18,6 +18,7 @@ import re
 import signal
 import sys
 
+from .commands import chosen_command
 from .exits import INTERRUPTED, OK, USAGE, error, failed, fresh_line
 
 
@@ -146,10 +147,10 @@ def run(argv: list[str] | None = None) -> None:
         import typer
 
         from .cli import batch
-        from .cli.app import SUMMARIES, _chosen, _register, app
+        from .cli.app import SUMMARIES, _register, app
         from .cli.typer_tricks import click_command, click_errors, plain_type_names, quick_coercion
 
-        name = _chosen(args)
+        name = chosen_command(args)
         # `tinygpt --help` lists each command by name and line: no command module is imported
         listing = args in ([], ["--help"], ["-h"]) and not _completing()
         if not listing:

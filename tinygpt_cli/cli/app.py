@@ -68,27 +68,6 @@ SUMMARIES = {name: line for name, (_, line) in LISTED.items()}
 ORDER = list(COMMANDS)
 
 
-# The group's options that may come before the command without being about the group
-# (`tinygpt --weights DIR probs`), with how many words each takes.
-LEADING_OPTIONS = {"--weights": 2, "--threads": 2, "--debug": 1}
-
-
-def _chosen(args: list[str]) -> str | None:
-    """The one command these arguments run, or None when they need all of them: --help, no
-    command, an unknown one, or --each-line (whose errors list the commands that read a
-    text). Before the command, --weights DIR, --threads N and --debug are passed over; any
-    other option there (--help, --version) is about the group."""
-    i = 0
-    while i < len(args) and (args[i] in LEADING_OPTIONS or
-                             args[i].split("=", 1)[0] in ("--weights", "--threads")):
-        i += LEADING_OPTIONS[args[i]] if args[i] in LEADING_OPTIONS else 1
-    name = args[i] if i < len(args) and not args[i].startswith("-") else None
-    options = args[: args.index("--")] if "--" in args else args
-    if any(a == "--each-line" or a.startswith("--each-line=") for a in options):
-        return None
-    return name if name in COMMANDS else None
-
-
 def _register(name: str | None = None) -> None:
     """Import the module of command `name` (or of every command), which registers its
     commands on import, and make them ready to be built (only `name`, when it is given: the
