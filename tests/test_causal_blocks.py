@@ -5,6 +5,7 @@ whole product, and a hook that changes the scores must still get the plain softm
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tinygpt_cli import ops
 from tinygpt_cli.config import Config
@@ -115,3 +116,20 @@ def test_attention_softmax_shifts_when_exp_would_leave_floats_range():
     z = np.array([[[0.3, -np.inf], [1.7, -2.2]]], np.float32)
     e = np.exp(z)
     np.testing.assert_array_equal(ops.attention_softmax(z), e / e.sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("t", [7, 2 * ops.CAUSAL_BLOCK + 5])  # one block; three blocks
+def test_a_text_gets_the_same_weights_alone_and_beside_one_that_needs_the_shift(t):
+    # text 1 has a score of 120 (exp overflows float32): it is taken with the shift; text
+    # 0 must still get the numbers of its own run, which needs none
+    rng = np.random.default_rng(4)
+    mask = np.triu(np.full((t, t), -np.inf, np.float32), 1)
+    scores = (rng.normal(size=(2, 3, t, t)) * 3).astype(np.float32) + mask
+    scores[1, 2, t - 1, 0] = 120.0
+    for softmax in (ops.attention_softmax, ops.causal_softmax):
+        both = softmax(scores.copy())
+        for b in range(2):
+            np.testing.assert_array_equal(both[b], softmax(scores[b].copy()))
+        np.testing.assert_allclose(both, naive_softmax(scores), rtol=2e-6, atol=1e-7)
+    # no text at all: nothing to check, nothing to fail
+    assert ops.attention_softmax(np.zeros((0, 3, 4, 4), np.float32)).shape == (0, 3, 4, 4)

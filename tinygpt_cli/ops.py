@@ -9,6 +9,7 @@ the forward pass saw, in the same order as the forward arguments.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 
 import numpy as np
@@ -142,6 +143,8 @@ def gelu(x: np.ndarray) -> np.ndarray:
     array: eight passes over it where the one-line formula makes nine temporaries (the
     MLP's [T, 4d] array is the largest of a block's element-wise work).
     """
+    if x.dtype.kind != "f":  # whole numbers (a hook's): computed as floats, as the formula is
+        x = x.astype(np.float64)
     t = x * x
     t *= _GELU_CA
     t += _GELU_C
@@ -264,38 +267,48 @@ def _causal_scores(q: np.ndarray, k: np.ndarray, blocks) -> np.ndarray:
 
 
 def attention_softmax(scores: np.ndarray, start: int = 0) -> np.ndarray:
-    """softmax of attention scores [.., T, S] over the keys (queries at positions start ..
+    """softmax of attention scores [.., H, T, S] over the keys (queries at positions start ..
     start+T-1, S = start + T): exp(z) / sum exp(z), without the usual shift by each row's
     largest score when the row sums show it is not needed.
 
     A shift does not change a softmax; it only keeps exp inside float's range, and finding
     each row's largest score took a third of the softmax's time. Unshifted, exp(z) can
     overflow or, for a row of very negative scores, underflow; every row's sum tells: all of
-    them between SUMS_WITHOUT_SHIFT's bounds means no term overflowed and each row's
-    largest term is a normal float (the weights are exact to float's precision; a term that
-    underflowed is off by less than 1e-45 / 1e-20 of its row's sum). Else, and for a grid of
-    another shape (a hook may have changed the scores in any way), `softmax` with its shift."""
+    a text's sums between SUMS_WITHOUT_SHIFT's bounds means no term overflowed and each
+    row's largest term is a normal float (the weights are exact to float's precision; a term
+    that underflowed is off by less than 1e-45 / 1e-20 of its row's sum). Else that text
+    ([H, T, S], the leading axes being texts) is taken again by `softmax` with its shift, as
+    it would be alone, so that a text's numbers never depend on the batch it runs in; and so
+    is a grid of another shape (a hook may have changed the scores in any way)."""
     t, s = scores.shape[-2], scores.shape[-1]
     if s != start + t or scores.dtype.kind != "f":
         return softmax(scores)
-    with np.errstate(over="ignore"):  # an overflow is found in the sums below
+    # an overflow or an underflow is found in the sums below, and that text done again
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         e = np.exp(scores)
         total = row_sums(e)
-    if not _sums_in_range(total):
-        return softmax(scores)
-    e /= total
-    return e
+        e /= total
+    return _shift_where_needed(e, scores, total)
 
 
 SUMS_WITHOUT_SHIFT = (1e-20, 1e30)  # of exp(score) over a row; float32 spans 1e-38 .. 3e38
 
 
-def _sums_in_range(total: np.ndarray) -> bool:
-    """Every sum within SUMS_WITHOUT_SHIFT (a NaN fails too): two reduces, no array of
-    flags."""
+def _shift_where_needed(e: np.ndarray, scores: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """e, with each text whose row sums left SUMS_WITHOUT_SHIFT (a NaN too) replaced by the
+    shifted softmax of its scores. Per text, two reduces: no array of flags for the rows."""
     low, high = SUMS_WITHOUT_SHIFT
-    return bool(np.minimum.reduce(total, axis=None) >= low
-                and np.maximum.reduce(total, axis=None) <= high)
+    lead = total.shape[:-3]
+    flat = total.reshape(*lead, math.prod(total.shape[len(lead):]))  # 0 texts too
+    ok = (np.minimum.reduce(flat, axis=-1, initial=np.inf) >= low) & \
+        (np.maximum.reduce(flat, axis=-1, initial=-np.inf) <= high)
+    if ok.all():
+        return e
+    if not lead:
+        return softmax(scores)
+    for text in zip(*np.nonzero(~ok), strict=True):
+        e[text] = softmax(scores[text])
+    return e
 
 
 def causal_softmax(scores: np.ndarray) -> np.ndarray:
@@ -307,7 +320,7 @@ def causal_softmax(scores: np.ndarray) -> np.ndarray:
     if len(blocks) == 1 or scores.shape[-2] != t:
         return attention_softmax(scores)
     e = np.empty_like(scores)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for r0, r1 in blocks:
             np.exp(scores[..., r0:r1, :r1], out=e[..., r0:r1, :r1])
             e[..., r0:r1, r1:] = 0
@@ -315,11 +328,9 @@ def causal_softmax(scores: np.ndarray) -> np.ndarray:
         # sum of the block alone would pair the numbers differently); 0 / sum is 0, so only
         # blocks divide
         total = row_sums(e)
-    if not _sums_in_range(total):
-        return softmax(scores)
-    for r0, r1 in blocks:
-        e[..., r0:r1, :r1] /= total[..., r0:r1, :]
-    return e
+        for r0, r1 in blocks:
+            e[..., r0:r1, :r1] /= total[..., r0:r1, :]
+    return _shift_where_needed(e, scores, total)
 
 
 def causal_mix(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -372,8 +383,11 @@ def row_sums(e: np.ndarray) -> np.ndarray:
     weights, a position's numbers in a layer norm) as a product with a vector of ones: BLAS
     sums 128-long rows three to four times as fast as NumPy's reduce along the last axis.
     Short ones by the reduce, whose call costs less. The choice is made on the rows' length
-    alone, never on how many there are, so that a row's sum is the same bits whether its
-    text runs alone or in a batch (--each-line's passes made ahead, ahead.py)."""
+    alone, never on how many texts there are, and each text's [T, n] rows are one product of
+    their own, so that a row's sum is the same bits whether its text runs alone or in a batch
+    of texts of its length (--each-line's passes made ahead, ahead.py). BLAS may round a row
+    differently among another number of rows: a text padded to a longer one is not bit for
+    bit its own run."""
     if e.shape[-1] < ROW_SUMS_BY_PRODUCT or e.dtype.kind != "f":
         return np.add.reduce(e, axis=-1, keepdims=True)
     return np.matmul(e, _ones(e.shape[-1], e.dtype))[..., None]
