@@ -159,16 +159,18 @@ def test_encode_needs_no_numpy_and_no_weights_file():
 
 @pytest.mark.parametrize("argv, code", [(["decode", "1", "2"], 0), (["nosuch"], 2)])
 def test_the_console_script_ends_without_the_teardown_but_as_shutdown_would(argv, code):
-    # entry.main ends with os._exit once the command is done (the interpreter's teardown
-    # costs 20-25 ms): the exit code, the atexit functions, the output printed last and a
-    # thread still running (waited for) must be as the usual shutdown leaves them
+    # the console script (entry.main with no arguments: sys.argv) ends with os._exit once
+    # the command is done (the interpreter's teardown costs 20-25 ms): the exit code, the
+    # atexit functions, the output printed last and a thread still running (waited for)
+    # must be as the usual shutdown leaves them
     script = ("import atexit, sys, threading, time\n"
               "from tinygpt_cli.entry import main\n"
               "atexit.register(lambda: print('atexit ran', flush=False))\n"
               "late = lambda: (time.sleep(0.3), print('thread done'))\n"
-              "if sys.argv[1] == 'thread':\n"
+              "mode, sys.argv = sys.argv[1], ['tinygpt', *sys.argv[2:]]\n"
+              "if mode == 'thread':\n"
               "    threading.Thread(target=late).start()\n"
-              "main(sys.argv[2:])\n")
+              "main()\n")
     env = {k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"}
     for mode in ("plain", "thread"):
         r = subprocess.run([sys.executable, "-c", script, mode, *argv], capture_output=True,
@@ -176,3 +178,18 @@ def test_the_console_script_ends_without_the_teardown_but_as_shutdown_would(argv
         assert r.returncode == code, r
         assert r.stdout.endswith("atexit ran\n"), r
         assert ("thread done" in r.stdout) == (mode == "thread"), r
+
+
+def test_main_called_with_arguments_gives_the_caller_its_exit():
+    # a program calling entry.main([...]) gets SystemExit back, not the end of its process
+    import signal
+
+    from tinygpt_cli.entry import main
+
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["decode", "1", "2"])
+    finally:
+        signal.signal(signal.SIGINT, handler)  # main leaves Ctrl-C ignored as it ends
+    assert e.value.code in (0, None)

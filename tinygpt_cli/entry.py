@@ -39,8 +39,10 @@ def main(argv: list[str] | None = None) -> None:
         fresh_line()
         sys.exit(INTERRUPTED)
     except SystemExit as e:  # how run ends, its output written
+        if argv is not None:  # called with arguments, from a program: it gets SystemExit
+            raise
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        exit_now(e)
+        exit_now(e)  # the console script
     finally:
         # Shutting down: a second Ctrl-C now must not print a traceback either.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
