@@ -78,16 +78,17 @@ LISTED: dict[str, tuple[str, str]] = {
 }
 
 # The group's options that may come before the command without being about the group
-# (`tinygpt --weights DIR probs`), with how many words each takes.
-LEADING_OPTIONS = {"--weights": 2, "--threads": 2, "--debug": 1}
+# (`tinygpt --weights DIR probs`), with how many words each takes (--debug, allowed anywhere,
+# is taken out of the arguments before this: entry.run).
+LEADING_OPTIONS = {"--weights": 2, "--threads": 2}
 
 
 def chosen_command(args: list[str]) -> str | None:
     """The one command these arguments run, whose module alone is then imported, or None
     when they need all of them: --help, no command, an unknown one, or --each-line (whose
-    errors list the commands that read a text). Before the command, --weights DIR,
-    --threads N and --debug are passed over; any other option there (--help, --version) is
-    about the group."""
+    errors list the commands that read a text). Before the command, --weights DIR and
+    --threads N are passed over; any other option there (--help, --version) is about the
+    group."""
     i = 0
     while i < len(args) and (args[i] in LEADING_OPTIONS or
                              args[i].split("=", 1)[0] in ("--weights", "--threads")):
