@@ -86,6 +86,23 @@ def test_token_bytes_and_offsets_cover_the_utf8_bytes_exactly(tok, text):
     assert position == len(data)
 
 
+
+@pytest.mark.parametrize("repeat", [1, 400])  # a short text, and one past SHORT_IDS tokens
+def test_byte_starts_are_where_each_token_starts_in_the_utf8_bytes(tok, repeat):
+    from tinygpt_cli.tokenizer import SHORT_IDS
+
+    text = "Lily sah ein Mädchen 🐱 — and played. " * repeat
+    ids = tok.encode(text)
+    assert (len(ids) < SHORT_IDS) == (repeat == 1)
+    starts = tok.byte_starts(ids)
+    # the length of the UTF-8 bytes the first k tokens decode to, at every k (decoding the
+    # bytes, not the ids: a token may end inside a character)
+    data = text.encode("utf-8")
+    assert starts[0] == 0 and starts[-1] == len(data) and len(starts) == len(ids) + 1
+    for k in range(0, len(ids), max(1, len(ids) // 97)):
+        assert data.startswith(b"".join(tok.token_bytes(i) for i in ids[:k]))
+        assert starts[k] == sum(len(tok.token_bytes(i)) for i in ids[:k])
+
 @pytest.mark.skipif(not (STORIES / "part-004.txt").is_file(), reason="no TinyStories data")
 def test_retraining_reproduces_the_shipped_vocabulary(tok):
     from tinygpt_cli.train.data import read_stories

@@ -66,6 +66,10 @@ def _cut(text: str, at: int) -> int:
     return m.start() if m else len(text)
 
 
+# Fewer ids than this are measured one by one in byte_starts (the table of every token's
+# length costs as much as about 4,000 such lookups).
+SHORT_IDS = 1024
+
 class Tokenizer:
     def __init__(self, tok: HFTokenizer):
         self._tok = tok
@@ -200,11 +204,13 @@ class Tokenizer:
         (`encode` never imports it)."""
         from itertools import accumulate
 
+        if len(ids) < SHORT_IDS:  # a short text: its own tokens, not the whole table (4 ms)
+            return list(accumulate((len(self.token_bytes(i)) for i in ids), initial=0))
         lengths = self._byte_lengths
         return list(accumulate((lengths[i] for i in ids), initial=0))
 
     @cached_property
-    def _byte_lengths(self) -> list[int]:
+    def _byte_lengths(self) -> list[int]:  # every token's: made once, for long texts
         return [len(self.token_bytes(i)) for i in range(self.vocab_size)]
 
     def byte_offsets(self, ids: Iterable[int]) -> list[tuple[int, int]]:
