@@ -78,22 +78,25 @@ LISTED: dict[str, tuple[str, str]] = {
 }
 
 # The group's options that may come before the command without being about the group
-# (`tinygpt --weights DIR probs`), with how many words each takes (--debug, allowed anywhere,
-# is taken out of the arguments before this: entry.run).
-LEADING_OPTIONS = {"--weights": 2, "--threads": 2}
+# (`tinygpt --weights DIR probs`), each with its value (--debug, allowed anywhere, is taken out
+# of the arguments before this: entry.run).
+LEADING_OPTIONS = ("--weights", "--threads")
 
 
 def chosen_command(args: list[str]) -> str | None:
     """The one command these arguments run, whose module alone is then imported, or None
     when they need all of them: --help, no command, an unknown one, or --each-line (whose
     errors list the commands that read a text). Before the command, --weights DIR and
-    --threads N are passed over; any other option there (--help, --version) is about the
-    group."""
-    i = 0
-    while i < len(args) and (args[i] in LEADING_OPTIONS or
-                             args[i].split("=", 1)[0] in ("--weights", "--threads")):
-        i += LEADING_OPTIONS[args[i]] if args[i] in LEADING_OPTIONS else 1
-    name = args[i] if i < len(args) and not args[i].startswith("-") else None
+    --threads N (or --weights=DIR) are passed over; any other option there (--help,
+    --version) is about the group."""
+    words = iter(args)
+    name = None
+    for a in words:
+        if a in LEADING_OPTIONS:
+            next(words, None)  # its value
+        elif a.split("=", 1)[0] not in LEADING_OPTIONS:
+            name = None if a.startswith("-") else a
+            break
     options = args[: args.index("--")] if "--" in args else args
     if any(a == "--each-line" or a.startswith("--each-line=") for a in options):
         return None

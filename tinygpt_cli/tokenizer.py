@@ -70,6 +70,7 @@ def _cut(text: str, at: int) -> int:
 # length costs as much as about 4,000 such lookups).
 SHORT_IDS = 1024
 
+
 class Tokenizer:
     def __init__(self, tok: HFTokenizer):
         self._tok = tok
@@ -215,12 +216,9 @@ class Tokenizer:
 
     def byte_offsets(self, ids: Iterable[int]) -> list[tuple[int, int]]:
         """(start, end) of each token in the UTF-8 bytes of the decoded text."""
-        out, pos = [], 0
-        for i in ids:
-            n = len(self.token_bytes(i))
-            out.append((pos, pos + n))
-            pos += n
-        return out
+        from itertools import pairwise
+
+        return list(pairwise(self.byte_starts(list(ids))))
 
 
 def train_tokenizer(stories: Iterable[str], vocab_size: int = 4096) -> Tokenizer:
