@@ -17,7 +17,9 @@ import pytest
 
 from tinygpt_cli.cli import main
 from tinygpt_cli.config import Config, save_config
+from tinygpt_cli.families import gpt2
 from tinygpt_cli.model import init_params, trace
+from tinygpt_cli.schema import is_bias, is_norm_weight
 from tinygpt_cli.weights import SHIPPED, Model, load_model, save_params
 
 TEXT = "Lily wanted to play with her"
@@ -38,9 +40,9 @@ def random_params(config: Config, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     params = init_params(config, rng)
     for name, value in params.items():
-        if name.endswith((".ln_1.weight", ".ln_2.weight", "ln_f.weight")):
+        if is_norm_weight(name):
             value = 1.0 + rng.normal(0.0, 0.2, value.shape)
-        elif name.endswith(".bias"):
+        elif is_bias(name):
             value = rng.normal(0.0, 0.1, value.shape)
         else:
             value = rng.normal(0.0, 0.4, value.shape)
@@ -48,9 +50,21 @@ def random_params(config: Config, seed: int) -> dict[str, np.ndarray]:
     return params
 
 
+def file_names(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The same arrays by GPT-2's file names without the prefix (h.0.attn.c_attn.weight, ...),
+    as independent references read the weights: nothing copied, so writing into one writes
+    into params."""
+    return {gpt2.file_name(n): a for n, a in params.items()}
+
+
+def file_tensors(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The tensors of a model.safetensors GPT2LMHeadModel writes (transformer.h.0...)."""
+    return {gpt2.PREFIX + n: a for n, a in file_names(params).items()}
+
+
 def write_folder(folder: Path, params: dict[str, np.ndarray], config: Config = TINY) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    save_params(params, folder / "model.safetensors")
+    save_params(params, folder / "model.safetensors", config)
     save_config(config, folder / "config.json")
     shutil.copyfile(TOKENIZER, folder / "tokenizer.json")
     return folder
@@ -61,9 +75,9 @@ def without_head(params: dict[str, np.ndarray], config: Config, layer: int,
     """The hand computation of a zeroed head: its rows of W_O (c_proj) in block `layer` set
     to zero, so its output never reaches the stream (the bias still does)."""
     p = dict(params)
-    w = params[f"h.{layer}.attn.c_proj.weight"].copy()
+    w = params[f"layers.{layer}.attn.W_O"].copy()
     w[head * config.d_k:(head + 1) * config.d_k] = 0.0
-    p[f"h.{layer}.attn.c_proj.weight"] = w
+    p[f"layers.{layer}.attn.W_O"] = w
     return p
 
 

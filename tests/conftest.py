@@ -13,6 +13,7 @@ from hypothesis import settings
 
 from tinygpt_cli.config import Config, save_config
 from tinygpt_cli.model import init_params
+from tinygpt_cli.schema import is_bias, is_norm_weight
 from tinygpt_cli.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
 from tinygpt_cli.weights import save_params
 
@@ -25,7 +26,6 @@ settings.register_profile("dev", deadline=None, max_examples=300)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
                       or ("ci" if os.environ.get("CI", "").lower() == "true" else "dev"))
 
-LN_WEIGHTS = ("ln_1.weight", "ln_2.weight", "ln_f.weight")
 
 SENTENCES = [
     "Once upon a time, there was a little girl named Lily.",
@@ -45,11 +45,11 @@ def random_params(config: Config, seed: int = 0, dtype=np.float64) -> dict[str, 
     params = init_params(config, rng, dtype=np.float64)
     out = {}
     for name, value in params.items():
-        if name.endswith(LN_WEIGHTS):
+        if is_norm_weight(name):
             value = 1.0 + rng.normal(0.0, 0.3, value.shape)
-        elif name.endswith(".bias"):
+        elif is_bias(name):
             value = rng.normal(0.0, 0.1, value.shape)
-        elif name == "wte.weight":
+        elif name == "embed.W_E":
             value = rng.normal(0.0, 0.5, value.shape)
         else:
             value = value + rng.normal(0.0, 0.3, value.shape)
@@ -96,7 +96,7 @@ def tiny_folder(tmp_path, tiny_tokenizer) -> TinyFolder:
     )
     params = random_params(config, seed=1)
     folder = tmp_path / "tiny"
-    save_params(params, folder / "model.safetensors")
+    save_params(params, folder / "model.safetensors", config)
     save_config(config, folder / "config.json")
     save_tokenizer(tiny_tokenizer, folder / "tokenizer.json")
     return TinyFolder(folder, config, params, tiny_tokenizer)

@@ -76,7 +76,7 @@ def test_the_edge_decomposed_forward_is_the_forward_pass(tiny_params, tiny_confi
 
 
 def ln(x, params, name, eps):
-    return ops.layer_norm(x, params[name + ".weight"], params[name + ".bias"], eps)[0]
+    return ops.layer_norm(x, params[name + ".w"], params[name + ".b"], eps)[0]
 
 
 def by_hooks(pair, config, sender: str, receiver: str, ids=OTHER, sign: float = 1.0) -> float:
@@ -90,11 +90,11 @@ def by_hooks(pair, config, sender: str, receiver: str, ids=OTHER, sign: float = 
     rec = recorder.values
     if receiver == "logits":
         last = f"layers.{config.n_layer - 1}.resid_post"
-        fns = {"ln_final.out": lambda _: ln(rec[last] + delta, p, "ln_f", eps)}
+        fns = {"ln_final.out": lambda _: ln(rec[last] + delta, p, "ln_final", eps)}
     elif receiver.endswith(".mlp"):
         i = int(receiver[1:-4])
         fns = {f"layers.{i}.ln2.out": lambda _: ln(rec[f"layers.{i}.resid_mid"] + delta, p,
-                                                    f"h.{i}.ln_2", eps)}
+                                                    f"layers.{i}.ln2", eps)}
     else:
         m = re.fullmatch(r"L(\d+)H(\d+)\.([qkv])", receiver)
         i, h, part = int(m[1]), int(m[2]), m[3]
@@ -103,7 +103,7 @@ def by_hooks(pair, config, sender: str, receiver: str, ids=OTHER, sign: float = 
 
         def fn(x):
             x = x.copy()
-            x[h] = ln(rec[f"layers.{i}.resid_pre"] + delta, p, f"h.{i}.ln_1", eps) @ w[h] + b[h]
+            x[h] = ln(rec[f"layers.{i}.resid_pre"] + delta, p, f"layers.{i}.ln1", eps) @ w[h] + b[h]
             return x
         fns = {f"layers.{i}.{part}": fn}
     logits = forward(p, config, ids, hooks=Replace(fns))
@@ -362,8 +362,8 @@ def test_a_query_parts_terms_are_its_share_of_the_query(tiny_params, tiny_config
     v, layer, head, query = rec.values, 1, 1, 4
     r = qk_attribution(tiny_params, tiny_config, v, layer, head, query)
     wq = C.head_weights(tiny_params, tiny_config, layer)[0][head]
-    pos = tiny_params["wpe.weight"][query]
-    g = tiny_params[f"h.{layer}.ln_1.weight"]
+    pos = tiny_params["embed.W_pos"][query]
+    g = tiny_params[f"layers.{layer}.ln1.w"]
     q_pos = (pos - pos.mean()) / v[f"layers.{layer}.ln1.std"][query] * g @ wq
     keys = v[f"layers.{layer}.k"][head, :query + 1]
     want = keys @ q_pos / np.sqrt(len(q_pos))
@@ -585,7 +585,7 @@ def test_a_steered_pair_decomposes_the_steered_run(tiny_params, tiny_config):
     forward(pair.params, tiny_config, OTHER, hooks=Chain(steer, rec))
     eps = tiny_config.layer_norm_epsilon
     patched = forward(pair.params, tiny_config, OTHER, hooks=Chain(steer, Replace(
-        {"ln_final.out": lambda _: ln(rec.values[last] + delta, pair.params, "ln_f", eps)})))
+        {"ln_final.out": lambda _: ln(rec.values[last] + delta, pair.params, "ln_final", eps)})))
     want = patched[-1, TARGET] - patched[-1, VS] - pair.corrupt
     assert C.exact_scores(pair)[k] == pytest.approx(want, abs=1e-10)
     np.testing.assert_allclose(C.eap_ig_scores(pair, 1), C.eap_scores(pair), atol=1e-12)

@@ -441,10 +441,10 @@ def eot_model(tmp_path_factory, tiny):
     eot = tiny.model.tokenizer.eot_id
     u = np.zeros(TINY.n_embd, np.float32)
     u[0] = 1.0
-    params["ln_f.weight"][:] = 0.0
-    params["ln_f.bias"][:] = u
-    params["wte.weight"][:, 0] = 0.0
-    params["wte.weight"][eot] = 30.0 * u
+    params["ln_final.w"][:] = 0.0
+    params["ln_final.b"][:] = u
+    params["embed.W_E"][:, 0] = 0.0
+    params["embed.W_E"][eot] = 30.0 * u
     return make_tiny(tmp_path_factory.mktemp("eot") / "weights", params)
 
 

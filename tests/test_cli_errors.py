@@ -192,20 +192,22 @@ def test_empty_weights_file(broken):
     assert_one_error_line(broken("info"), 1, "model.safetensors")
 
 
-@pytest.mark.parametrize("name", ["h.0.mlp.c_fc.weight", "ln_f.bias", "wpe.weight"])
-def test_a_tensor_with_the_wrong_shape_is_named(broken, name):
+@pytest.mark.parametrize(("name", "in_file"), [("layers.0.mlp.W_in", "h.0.mlp.c_fc.weight"),
+                                              ("ln_final.b", "ln_f.bias"),
+                                              ("embed.W_pos", "wpe.weight")])
+def test_a_tensor_with_the_wrong_shape_is_named(broken, name, in_file):
     params = random_params(TINY, seed=3)
     params[name] = np.zeros(params[name].shape[:-1] + (params[name].shape[-1] + 1,), np.float32)
     write_folder(broken.folder, params)
-    assert_one_error_line(broken(), 1, PREFIX + name, "shape")
+    assert_one_error_line(broken(), 1, PREFIX + in_file, "shape")
 
 
 def test_a_missing_or_non_finite_tensor_is_named(broken):
     params = random_params(TINY, seed=3)
-    params["h.1.attn.c_proj.weight"][0, 0] = np.nan
+    params["layers.1.attn.W_O"][0, 0] = np.nan
     write_folder(broken.folder, params)
     assert_one_error_line(broken(), 1, "h.1.attn.c_proj.weight", "NaN")
-    del params["h.1.ln_2.bias"]
+    del params["layers.1.ln2.b"]
     write_folder(broken.folder, params)
     assert_one_error_line(broken(), 1, "h.1.ln_2.bias", "missing")
 

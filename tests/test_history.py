@@ -135,7 +135,7 @@ def test_history_follows_a_value_and_a_parameter(cli, run):
     assert doc["data"] == pytest.approx(np.linalg.norm(grids.reshape(len(grids), -1), axis=1))
     doc = cli("history", "The cat", "h.0.ln_1.weight", "--json").json()
     first = load_params(run / HISTORY / f"step-{snapshot_steps(STEPS, SNAPSHOTS)[0]:06d}"
-                        ".safetensors", CFG(run))["h.0.ln_1.weight"]
+                        ".safetensors", CFG(run))["layers.0.ln1.w"]
     assert doc["snapshots"][0]["mean"] == pytest.approx(float(first.mean()), rel=1e-6)
     shown = cli("history", "The cat sat", "layers.0.weights", "--position", "0")
     assert shown.code == 0 and "attention of position 0 head 1 over training" in shown.out
@@ -236,13 +236,13 @@ def full_projection(config: Config):
     d, ff, v, n = config.n_embd, config.n_inner, config.vocab_size, config.n_positions
     eye = lambda k: np.eye(k, dtype=np.float32)  # noqa: E731
     left, right = {}, {}
-    sizes = {"attn.c_attn": (d + 1, 3 * d), "attn.c_proj": (d + 1, d),
-             "mlp.c_fc": (d + 1, ff), "mlp.c_proj": (ff + 1, d)}
+    sizes = {"attn.W_QKV": (d + 1, 3 * d), "attn.W_O": (d + 1, d),
+             "mlp.W_in": (d + 1, ff), "mlp.W_out": (ff + 1, d)}
     for prefix, _, _ in tracin.linear_sites(config):
         rows, cols = sizes[prefix.split(".", 2)[2]]
         left[prefix], right[prefix] = eye(rows), eye(cols)
-    left["wte"], right["wte"] = eye(v), eye(d)
-    left["wpe"], right["wpe"] = eye(n), eye(d)
+    left[tracin.TABLE], right[tracin.TABLE] = eye(v), eye(d)
+    left[tracin.POSITIONS], right[tracin.POSITIONS] = eye(n), eye(d)
     for prefix, _, _ in tracin.norm_sites(config):
         left[prefix] = eye(2 * d)
     left["u"], left["m"] = eye(d), eye(d)
@@ -315,7 +315,7 @@ def test_a_fitted_projection_is_orthonormal_and_keeps_its_sample(make_params):
     x, y = rng.integers(0, 13, (6, 6)), rng.integers(0, 13, (6, 6))
     p = tracin.Projection.fit(params, config, x, y)
     for name, a in p.left.items():
-        if name != "wpe":  # the position side is random: every position alike
+        if name != tracin.POSITIONS:  # the position side is random: every position alike
             np.testing.assert_allclose(a.T @ a, np.eye(a.shape[1]), atol=1e-5)
     assert p.dim == sum(a.shape[1] * p.right[n].shape[1] if n in p.right else a.shape[1]
                         for n, a in p.left.items() if n not in ("u", "m"))
@@ -464,7 +464,7 @@ def test_query_gradient_matches_finite_differences(make_params):
         return -(z[target] - np.log(np.exp(z - z.max()).sum()) - z.max())
 
     rng = np.random.default_rng(0)
-    for name in ("wte.weight", "h.0.attn.c_attn.weight", "ln_f.bias"):
+    for name in ("embed.W_E", "layers.0.attn.W_QKV", "ln_final.b"):
         idx = tuple(rng.integers(0, n) for n in params[name].shape)
         up = {k: v.copy() for k, v in params.items()}
         down = {k: v.copy() for k, v in params.items()}
@@ -733,8 +733,8 @@ def test_top_windows_on_two_threads_equal_one_thread(make_params):
 
 
 def steered_at_the_embeddings(params: dict, shift: np.ndarray) -> dict:
-    wpe = params["wpe.weight"]
-    return {**params, "wpe.weight": (wpe + shift).astype(wpe.dtype)}
+    table = params["embed.W_pos"]
+    return {**params, "embed.W_pos": (table + shift).astype(table.dtype)}
 
 
 def test_history_and_why_run_the_steered_text(cli, run, tmp_path):
@@ -777,8 +777,8 @@ def test_a_steered_query_gradient_matches_finite_differences(make_params):
         z = forward(steered_at_the_embeddings(p, shift), config, np.asarray(ids))[-1]
         return -(z[target] - np.log(np.exp(z - z.max()).sum()) - z.max())
 
-    for name, idx in (("wte.weight", (3, 2)), ("h.0.attn.c_attn.weight", (1, 5)),
-                      ("ln_f.bias", (4,))):
+    for name, idx in (("embed.W_E", (3, 2)), ("layers.0.attn.W_QKV", (1, 5)),
+                      ("ln_final.b", (4,))):
         up = {k: v.copy() for k, v in params.items()}
         down = {k: v.copy() for k, v in params.items()}
         up[name][idx] += 1e-6

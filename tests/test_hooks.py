@@ -9,7 +9,7 @@ import zlib
 
 import numpy as np
 import pytest
-from cli_helpers import without_head
+from cli_helpers import file_names, without_head
 
 from tinygpt_cli import ops
 from tinygpt_cli.config import Config
@@ -65,8 +65,9 @@ def test_zeroing_mlp_out_equals_skipping_the_feed_forward_layer(tiny_params, tin
     rec = Record()
     forward(p, cfg, IDS, hooks=rec)
     h = rec.values["layers.1.resid_mid"]  # block 1's stream before its feed-forward layer
-    u, _, _ = ops.layer_norm(h, p["ln_f.weight"], p["ln_f.bias"], cfg.layer_norm_epsilon)
-    np.testing.assert_allclose(ablated, u @ p["wte.weight"].T, rtol=1e-12, atol=1e-12)
+    f = file_names(p)
+    u, _, _ = ops.layer_norm(h, f["ln_f.weight"], f["ln_f.bias"], cfg.layer_norm_epsilon)
+    np.testing.assert_allclose(ablated, u @ f["wte.weight"].T, rtol=1e-12, atol=1e-12)
 
 
 def test_replacing_one_heads_weights_changes_that_head_only(tiny_params, tiny_config):

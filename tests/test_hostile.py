@@ -24,7 +24,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import TEXT, TINY, Result, Terminal, clean_env, random_params, write_folder
+from cli_helpers import (
+    TEXT,
+    TINY,
+    Result,
+    Terminal,
+    clean_env,
+    file_tensors,
+    random_params,
+    write_folder,
+)
 from safetensors.numpy import save_file
 
 from tinygpt_cli.cli import main
@@ -146,7 +155,7 @@ def config_text(text: str):
 
 def tensors(ctx: Ctx, change) -> None:
     """Rewrite the broken folder's weights after `change(dict of named float32 arrays)`."""
-    t = {PREFIX + n: a for n, a in random_params(TINY, seed=3).items()}
+    t = file_tensors(random_params(TINY, seed=3))
     change(t)
     save_file(t, str(ctx.broken / "model.safetensors"))
 
@@ -300,12 +309,12 @@ def header_not_json(path: Path) -> None:
 
 
 def step_not_a_number(path: Path) -> None:
-    t = {PREFIX + n: a for n, a in random_params(TINY, seed=3).items()}
+    t = file_tensors(random_params(TINY, seed=3))
     save_file(t, str(path), metadata={"step": "ten", "lr": "0.001"})
 
 
 def snapshot_with_nan(path: Path) -> None:
-    t = {PREFIX + n: a for n, a in random_params(TINY, seed=3).items()}
+    t = file_tensors(random_params(TINY, seed=3))
     t[PREFIX + "wpe.weight"][0, 0] = np.nan
     save_file(t, str(path), metadata={"step": "10", "lr": "0.001"})
 

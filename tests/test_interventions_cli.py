@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import TEXT, TEXT_IDS, assert_one_error_line, without_head
+from cli_helpers import TEXT, TEXT_IDS, assert_one_error_line, file_names, without_head
 
 from tinygpt_cli import ops
 from tinygpt_cli.errors import InputError
@@ -44,7 +44,7 @@ def test_ablate_is_repeatable_and_takes_any_spelling(cli, tiny):
 
 def test_ablating_the_mlp_of_the_last_block_skips_it(cli, tiny):
     doc = cli("final-norm", TEXT, "--ablate", "layers.1.mlp_out", "--json").json()
-    p, cfg = tiny.model.params, tiny.model.config
+    p, cfg = file_names(tiny.model.params), tiny.model.config
     h = tiny.trace(TEXT_IDS).get("layers.1.resid_mid")
     u, _, _ = ops.layer_norm(h, p["ln_f.weight"], p["ln_f.bias"], cfg.layer_norm_epsilon)
     np.testing.assert_allclose(doc["data"], u, rtol=1e-5, atol=1e-5)

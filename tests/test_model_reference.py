@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 import pytest
+from cli_helpers import file_names
 
 from tinygpt_cli.model import forward
 from tinygpt_cli.model import trace as run_traced
@@ -44,7 +45,7 @@ def _gelu(x: float) -> float:
 
 def reference_forward(params: dict[str, np.ndarray], config, ids: list[int]) -> dict:
     """Every value of the GPT-2 forward pass for one sequence, by canonical path."""
-    P = {name: value.tolist() for name, value in params.items()}
+    P = {name: value.tolist() for name, value in file_names(params).items()}
     d, n_head, eps = config.n_embd, config.n_head, config.layer_norm_epsilon
     dk = d // n_head
     T = len(ids)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cli_helpers import assert_one_error_line
+from cli_helpers import assert_one_error_line, file_names
 
 from tinygpt_cli.analysis import sae as S
 from tinygpt_cli.hooks import Replace
@@ -343,8 +343,8 @@ def test_feature_over_a_text_draws_the_latent_a_numpy_encoding_gives(cli, tiny, 
     doc = cli("sae", "feature", str(latent), "--sae", path, "--text", text, "--json").json()
     assert doc["path"] == f"sae.{SITE}.{latent}" and doc["ids"] == ids.tolist()
     np.testing.assert_allclose(doc["data"], want, rtol=1e-5, atol=1e-6)
-    pushed = (t["W_dec"][latent] * tiny.model.params["ln_f.weight"]) @ \
-        tiny.model.params["wte.weight"].T
+    f = file_names(tiny.model.params)
+    pushed = (t["W_dec"][latent] * f["ln_f.weight"]) @ f["wte.weight"].T
     assert doc["promotes"][0]["id"] == int(np.argmax(pushed))
     page = tmp_path / "f.html"
     assert cli("sae", "feature", str(latent), "--sae", path, "--text", text, "--save", page,

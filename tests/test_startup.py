@@ -42,7 +42,7 @@ def test_loaded_params_are_read_only_views_and_the_head_copy_is_the_same_numbers
     from tinygpt_cli.weights import load_model
 
     params = load_model(tiny_folder.folder).params
-    wte = params["wte.weight"]
+    wte = params["embed.W_E"]
     assert not wte.flags.writeable and not wte.flags.owndata
     head = ops.tied_head(wte)
     assert head.flags.c_contiguous and head is ops.tied_head(wte)  # made once

@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 import pytest
-from cli_helpers import assert_one_error_line
+from cli_helpers import assert_one_error_line, file_names
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 from test_steer import STEER, hf_model, hf_steering, hf_vector
@@ -235,7 +235,8 @@ def test_lens_evaluate_reads_the_steered_stream(cli, tiny, hf, data, tmp_path, m
 
     def log_probs(h):
         u = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5)
-        z = (u * p["ln_f.weight"] + p["ln_f.bias"]) @ p["wte.weight"].T.astype(np.float64)
+        f = file_names(p)
+        z = (u * f["ln_f.weight"] + f["ln_f.bias"]) @ f["wte.weight"].T.astype(np.float64)
         z = z - z.max(-1, keepdims=True)
         return z - np.log(np.exp(z).sum(-1, keepdims=True))
 

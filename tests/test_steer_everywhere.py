@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from cli_helpers import TEXT
+from cli_helpers import TEXT, file_names
 from test_steer import STEER, hf_model, hf_steered_logits, hf_steering, hf_vector
 
 SCALE = 3.0
@@ -72,7 +72,7 @@ def test_dla_has_a_steer_row_and_its_rows_add_up_to_the_steered_logit(cli, tiny,
     handle.remove()
     x = seen["x"]
     s = np.sqrt(((x - x.mean()) ** 2).mean() + 1e-5)
-    p = tiny.model.params
+    p = file_names(tiny.model.params)
     w = p["wte.weight"].astype(np.float64)
     shift = SCALE * v
     want = (shift - shift.mean()) / s @ (p["ln_f.weight"] * (w[t] - w[vs]))

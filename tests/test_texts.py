@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import TEXT, assert_one_error_line, make_tiny, random_params
+from cli_helpers import TEXT, assert_one_error_line, file_names, make_tiny, random_params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -255,7 +255,8 @@ def test_heads_command_json(cli, tiny):
 def test_neuron_output_logits_equal_a_dot_per_token(tiny_params):
     got = nrn.output_logits(tiny_params, 1, [3, 0])
     raw = nrn.output_logits(tiny_params, 1, [3], through_norm=False)
-    w, g, e = (tiny_params[k] for k in ("h.1.mlp.c_proj.weight", "ln_f.weight", "wte.weight"))
+    f = file_names(tiny_params)
+    w, g, e = (f[k] for k in ("h.1.mlp.c_proj.weight", "ln_f.weight", "wte.weight"))
     for v in range(e.shape[0]):
         assert got[0, v] == pytest.approx(sum(w[3, i] * g[i] * e[v, i] for i in range(len(g))))
         assert raw[0, v] == pytest.approx(float(np.dot(w[3], e[v])))

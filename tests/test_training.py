@@ -120,9 +120,9 @@ def adamw_reference(p, g, m, v, t, lr, b1, b2, eps, wd, decay):
 
 def test_adamw_matches_a_float64_reference():
     rng = np.random.default_rng(0)
-    shapes = {"wte.weight": (7, 4), "wpe.weight": (5, 4), "h.0.ln_1.weight": (4,),
-              "h.0.attn.c_attn.weight": (4, 12), "h.0.attn.c_attn.bias": (12,),
-              "ln_f.weight": (4,)}
+    shapes = {"embed.W_E": (7, 4), "embed.W_pos": (5, 4), "layers.0.ln1.w": (4,),
+              "layers.0.attn.W_QKV": (4, 12), "layers.0.attn.b_QKV": (12,),
+              "ln_final.w": (4,)}
     params = {n: rng.normal(size=s) for n, s in shapes.items()}
     ref = {n: (p.copy(), np.zeros_like(p), np.zeros_like(p)) for n, p in params.items()}
     opt = AdamW(params, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -139,25 +139,25 @@ def test_adamw_matches_a_float64_reference():
 
 def test_adamw_first_step_moves_every_entry_by_about_lr():
     """With bias correction the first step is lr * g / (|g| + eps): size lr, sign of g."""
-    params = {"h.0.attn.c_attn.bias": np.zeros(5)}
+    params = {"layers.0.attn.b_QKV": np.zeros(5)}
     g = np.array([3.0, -2.0, 1e-3, -1e-2, 50.0])
-    AdamW(params, weight_decay=0.0).step(params, {"h.0.attn.c_attn.bias": g}, 0.1)
-    np.testing.assert_allclose(params["h.0.attn.c_attn.bias"], -0.1 * np.sign(g), rtol=1e-4)
+    AdamW(params, weight_decay=0.0).step(params, {"layers.0.attn.b_QKV": g}, 0.1)
+    np.testing.assert_allclose(params["layers.0.attn.b_QKV"], -0.1 * np.sign(g), rtol=1e-4)
 
 
 def test_adamw_weight_decay_is_decoupled_from_the_gradient():
     """With a zero gradient only the decay acts: p *= 1 - lr * wd, on decayed tensors only."""
-    params = {"h.0.mlp.c_fc.weight": np.full((2, 2), 2.0), "h.0.mlp.c_fc.bias": np.full(2, 2.0)}
+    params = {"layers.0.mlp.W_in": np.full((2, 2), 2.0), "layers.0.mlp.b_in": np.full(2, 2.0)}
     grads = {n: np.zeros_like(p) for n, p in params.items()}
     AdamW(params, weight_decay=0.5).step(params, grads, 0.1)
-    np.testing.assert_allclose(params["h.0.mlp.c_fc.weight"], 2.0 * (1 - 0.1 * 0.5))
-    np.testing.assert_allclose(params["h.0.mlp.c_fc.bias"], 2.0)
+    np.testing.assert_allclose(params["layers.0.mlp.W_in"], 2.0 * (1 - 0.1 * 0.5))
+    np.testing.assert_allclose(params["layers.0.mlp.b_in"], 2.0)
 
 
 def test_adamw_matches_torch():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(1)
-    names = ["wte.weight", "h.0.mlp.c_proj.weight", "h.0.ln_2.bias", "wpe.weight"]
+    names = ["embed.W_E", "layers.0.mlp.W_out", "layers.0.ln2.b", "embed.W_pos"]
     params = {n: rng.normal(size=(3, 4)) for n in names}
     tparams = {n: torch.tensor(p.copy(), requires_grad=True) for n, p in params.items()}
     groups = [{"params": [tparams[n] for n in names if decays(n)], "weight_decay": 0.1},
@@ -177,13 +177,13 @@ def test_adamw_matches_torch():
 def test_weight_decay_applies_to_matrices_and_the_token_table_only():
     names = set(param_shapes(TINY))
     decayed = {n for n in names if decays(n)}
-    expected = {"wte.weight"} | {
-        f"h.{i}.{m}.weight" for i in range(TINY.n_layer)
-        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    expected = {"embed.W_E"} | {
+        f"layers.{i}.{m}" for i in range(TINY.n_layer)
+        for m in ("attn.W_QKV", "attn.W_O", "mlp.W_in", "mlp.W_out")
     }
     assert decayed == expected
-    for n in ("wpe.weight", "ln_f.weight", "ln_f.bias", "h.0.ln_1.weight", "h.1.ln_2.weight",
-              "h.0.attn.c_attn.bias", "h.1.mlp.c_proj.bias"):
+    for n in ("embed.W_pos", "ln_final.w", "ln_final.b", "layers.0.ln1.w", "layers.1.ln2.w",
+              "layers.0.attn.b_QKV", "layers.1.mlp.b_out"):
         assert not decays(n), n
 
 
@@ -517,7 +517,7 @@ def test_with_ema_the_exported_weights_are_the_average_of_the_steps(tmp_path, da
     exported = load_params(out / "model.safetensors", load_config(out / "config.json"))
     for n in exported:
         np.testing.assert_allclose(exported[n], average[n], rtol=1e-4, atol=1e-6)
-    assert not np.allclose(exported["wte.weight"], seen[-1]["wte.weight"], atol=1e-4)
+    assert not np.allclose(exported["embed.W_E"], seen[-1]["embed.W_E"], atol=1e-4)
 
 
 def test_snapshots_are_float16_weights_with_their_step_and_learning_rate(tmp_path, data):
@@ -536,7 +536,7 @@ def test_snapshots_are_float16_weights_with_their_step_and_learning_rate(tmp_pat
     assert meta["step"] == "60" and float(meta["lr"]) == pytest.approx(lr_at(59, 1e-2, 5, 60))
     last = load_params(out / HISTORY / names[-1], TINY)
     final = load_params(out / "model.safetensors", load_config(out / "config.json"))
-    np.testing.assert_allclose(last["wte.weight"], final["wte.weight"], atol=2e-3)
+    np.testing.assert_allclose(last["embed.W_E"], final["embed.W_E"], atol=2e-3)
 
 
 def test_resuming_a_finished_run_with_more_steps_starts_a_new_warm_up_and_cosine(tmp_path, data):

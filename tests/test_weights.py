@@ -7,6 +7,7 @@ import stat
 
 import numpy as np
 import pytest
+from cli_helpers import file_names
 from safetensors.numpy import load_file, save_file
 
 from tinygpt_cli.config import Config, load_config, save_config
@@ -24,7 +25,8 @@ def params(make_params):
 
 
 def hf_named(params) -> dict[str, np.ndarray]:
-    return {"transformer." + n: np.asarray(p, dtype=np.float32) for n, p in params.items()}
+    return {"transformer." + n: np.asarray(p, dtype=np.float32)
+            for n, p in file_names(params).items()}
 
 
 def write(tmp_path, tensors, name="model.safetensors"):
@@ -35,7 +37,7 @@ def write(tmp_path, tensors, name="model.safetensors"):
 
 def test_save_then_load_round_trip(tmp_path, params):
     path = tmp_path / "model.safetensors"
-    save_params(params, path)
+    save_params(params, path, CONFIG)
     loaded = load_params(path, CONFIG)
     assert list(loaded) == list(param_shapes(CONFIG))
     for name, value in params.items():
@@ -45,19 +47,20 @@ def test_save_then_load_round_trip(tmp_path, params):
 
 def test_saved_file_uses_hugging_face_names_without_a_head(tmp_path, params):
     path = tmp_path / "model.safetensors"
-    save_params(params, path)
+    save_params(params, path, CONFIG)
     raw = load_file(str(path))
-    assert set(raw) == {"transformer." + n for n in params}
+    assert set(raw) == {"transformer." + n for n in file_names(params)}
     assert "lm_head.weight" not in raw
     assert all(a.dtype == np.float32 for a in raw.values())
     assert raw["transformer.h.0.attn.c_attn.weight"].shape == (8, 24)  # (in, out)
 
 
 def test_load_accepts_names_without_the_prefix(tmp_path, params):
-    bare = {n: np.asarray(p, dtype=np.float32) for n, p in params.items()}
+    bare = {n: np.asarray(p, dtype=np.float32) for n, p in file_names(params).items()}
     loaded = load_params(write(tmp_path, bare), CONFIG)
-    for name, value in bare.items():
-        np.testing.assert_array_equal(loaded[name], value)
+    assert loaded.keys() == params.keys()
+    for name, value in file_names(loaded).items():
+        np.testing.assert_array_equal(value, bare[name])
 
 
 def test_load_ignores_a_tied_head_and_old_attention_buffers(tmp_path, params):
@@ -119,7 +122,7 @@ def test_finite_weights_whose_sum_overflows_load_and_opposite_infinities_do_not(
     name = "transformer.h.1.mlp.c_fc.weight"
     tensors[name][:] = np.finfo(np.float32).max
     loaded = load_params(write(tmp_path, tensors), CONFIG)
-    assert np.isfinite(loaded["h.1.mlp.c_fc.weight"]).all()
+    assert np.isfinite(loaded["layers.1.mlp.W_in"]).all()
     tensors[name][0, :2] = [np.inf, -np.inf]  # whose sum, NaN, is caught too
     with pytest.raises(WeightsError, match="h.1.mlp.c_fc.weight holds NaN or infinite"):
         load_params(write(tmp_path, tensors, "two.safetensors"), CONFIG)
@@ -173,7 +176,7 @@ def test_a_failed_write_keeps_the_old_file_and_no_temp(tmp_path):
 def test_saved_folder_files_are_world_readable(tmp_path, params, tiny_tokenizer, strict_umask):
     from tinygpt_cli.tokenizer import save_tokenizer
 
-    save_params(params, tmp_path / "model.safetensors")
+    save_params(params, tmp_path / "model.safetensors", CONFIG)
     save_config(CONFIG, tmp_path / "config.json")
     save_tokenizer(tiny_tokenizer, tmp_path / "tokenizer.json")
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
@@ -204,7 +207,7 @@ def test_load_model_names_what_is_missing(tiny_folder):
 def test_load_model_refuses_a_tokenizer_bigger_than_the_model(tiny_folder, make_params):
     small = Config(n_embd=16, n_layer=2, n_head=2, n_inner=24, vocab_size=100, n_positions=32)
     save_config(small, tiny_folder.folder / "config.json")
-    save_params(make_params(small), tiny_folder.folder / "model.safetensors")
+    save_params(make_params(small), tiny_folder.folder / "model.safetensors", small)
     with pytest.raises(WeightsError, match="tokenizer has"):
         load_model(tiny_folder.folder)
 

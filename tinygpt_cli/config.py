@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # The vocabulary sizes training accepts (here, not in tokenizer.py, so that the CLI can name
@@ -23,19 +23,32 @@ class Config:
     layer_norm_epsilon: float = 1e-5
     bos_token_id: int = 0
     eos_token_id: int = 0
+    # The architecture: which converter reads and writes the family's files, and the knobs
+    # model.py dispatches on. GPT-2's values are the ones implemented; any other is refused
+    # by name (ARCHITECTURES), never computed the GPT-2 way.
+    model_type: str = "gpt2"
+    norm: str = "layer"  # layer: (x - mean) / std * w + b; rms: x / rms * w
+    positions: str = "learned"  # learned: W_pos rows added to the embeddings; rotary: q, k turned
+    mlp: str = "gelu"  # gelu: GELU(x W_in + b_in) W_out + b_out; gated: act(x W_gate) * x W_in
+    tied: bool = True  # the output head is W_E transposed; untied: its own W_U
+    parallel: bool = False  # attention and MLP both read resid_pre (GPT-NeoX), or in turn
     # What the config file said that tinygpt reads past (a special token id outside the
     # vocabulary, as transformers' default GPT2Config has), one line each, for `info`.
     unused: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
+        for name, allowed in ARCHITECTURES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"config: {name} {shown(getattr(self, name))} is not "
+                                 f"implemented (only {', '.join(map(repr, allowed))})")
         for name, most in LIMITS.items():
             value = getattr(self, name)
-            if not _is_int(value) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise ValueError(f"config: {name} must be a positive whole number, got {value!r}")
             if value > most:
                 raise ValueError(f"config: {name} {value:,} is too large (at most {most:,})")
         eps = self.layer_norm_epsilon
-        if not _is_number(eps) or not 0 < eps <= 1:  # NaN fails both comparisons
+        if not is_number(eps) or not 0 < eps <= 1:  # NaN fails both comparisons
             raise ValueError(f"config: layer_norm_epsilon must be a number in (0, 1], got {eps!r}")
         if self.n_embd % self.n_head:
             raise ValueError(
@@ -43,7 +56,7 @@ class Config:
             )
         for name in ("bos_token_id", "eos_token_id"):
             value = getattr(self, name)
-            if not _is_int(value) or not 0 <= value < self.vocab_size:
+            if not is_int(value) or not 0 <= value < self.vocab_size:
                 raise ValueError(f"config: {name} must be a token id from 0 to "
                                  f"{self.vocab_size - 1}, got {value!r}")
 
@@ -52,66 +65,32 @@ class Config:
         """Numbers per head."""
         return self.n_embd // self.n_head
 
+    @property
+    def n_kv_head(self) -> int:
+        """Heads of keys and values (grouped-query attention shares them; GPT-2: all)."""
+        return self.n_head
+
     def to_hf_dict(self) -> dict:
-        """A valid `transformers.GPT2Config` dictionary."""
-        d = asdict(self)
-        del d["unused"]
-        d.update(
-            model_type="gpt2",
-            architectures=["GPT2LMHeadModel"],
-            activation_function="gelu_new",
-            n_ctx=self.n_positions,
-            tie_word_embeddings=True,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            scale_attn_weights=True,
-            use_cache=True,
-        )
-        return d
+        """The config.json of this model's family, as `transformers` reads it."""
+        from .families import family
+
+        return family(self.model_type).config_to_hf(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> Config:
-        """Strict: sizes are JSON whole numbers (not 128.0, "128" or true); unknown keys, which
-        a GPT-2 config has many of, are ignored."""
+        """A config.json's object, read by the converter of its `model_type` (a file without
+        one is GPT-2's, as older GPT-2 files are); a model_type tinygpt has no converter for
+        is refused by name, never read as GPT-2."""
+        from .families import family
+
         if not isinstance(d, dict):
             raise ValueError(f"config: expected a JSON object, got {type(d).__name__}")
-        act = d.get("activation_function", "gelu_new")
-        if act not in ("gelu_new", "gelu_pytorch_tanh"):
-            shown = act if isinstance(act, str) else type(act).__name__
-            raise ValueError(f"config: activation_function {shown!r} is not supported (gelu_new)")
-        # GPT-2 options that change the computation, which this model does not implement:
-        # refused rather than silently computed the standard way
-        for key, standard in (("scale_attn_weights", True),
-                              ("scale_attn_by_inverse_layer_idx", False),
-                              ("add_cross_attention", False)):
-            if key in d and d[key] is not standard:
-                raise ValueError(f"config: {key} {d[key]!r} is not supported ({standard} only)")
-        n_embd = d.get("n_embd", 128)
-        n_inner = d.get("n_inner")
-        if n_inner is None and _is_int(n_embd):
-            n_inner = 4 * n_embd
-        positions = d["n_positions"] if "n_positions" in d else d.get("n_ctx", 128)
-        vocab = d.get("vocab_size", 4096)
-        special = {name: _token_id(d.get(name), vocab) for name in SPECIAL_IDS}
-        return cls(
-            n_embd=n_embd,
-            n_layer=d.get("n_layer", 4),
-            n_head=d.get("n_head", 4),
-            n_inner=n_inner,
-            vocab_size=d.get("vocab_size", 4096),
-            n_positions=positions,
-            layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5),
-            **{name: special[name] for name in ("bos_token_id", "eos_token_id")
-               if special[name] is not None},
-            unused=tuple(f"{name} {_shown(d[name])}" for name in SPECIAL_IDS
-                         if special[name] is None and d.get(name) is not None),
-        )
+        return family(d.get("model_type", "gpt2")).config_from_hf(d)
 
 
-# Read to be checked; pad_token_id only to be noted when it is outside the vocabulary (nothing
-# in tinygpt pads).
-SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+# The values of each architecture knob that model.py implements.
+ARCHITECTURES = {"norm": ("layer",), "positions": ("learned",), "mlp": ("gelu",),
+                 "tied": (True,), "parallel": (False,)}
 
 # The largest size the loader accepts: far above GPT-2 XL (48 blocks of 1,600 numbers, 50,257
 # tokens, 1,024 positions), far below what would exhaust memory before a file could say no.
@@ -127,27 +106,27 @@ LIMITS = {
 MAX_CONFIG_BYTES = 1 << 20  # a GPT-2 config.json is about 1 kB
 
 
-def _is_int(x) -> bool:
+def is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_number(x) -> bool:
+def is_number(x) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
 
-def _token_id(x, vocab_size) -> int | None:
+def token_id(x, vocab_size) -> int | None:
     """A special token's id as tinygpt uses it: missing or null means 0, as GPT-2 configs
     without a special token have it; an id outside the vocabulary (transformers' default
     GPT2Config says 50256 whatever the vocabulary) is None: `transformers` loads such a
     config too, and these ids never change the computation, so it is noted, not refused."""
     if x is None:
         return 0
-    if _is_int(x) and _is_int(vocab_size) and 0 <= x < vocab_size:
+    if is_int(x) and is_int(vocab_size) and 0 <= x < vocab_size:
         return x
     return None
 
 
-def _shown(x, most: int = 40) -> str:
+def shown(x, most: int = 40) -> str:
     text = repr(x)
     return text if len(text) <= most else text[: most - 1] + "…"
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from .config import Config
 from .hooks import Hook
-from .model import KVCache, decode_step, forward
+from .model import KVCache, decode_step, forward, token_table
 from .sampling import check_temperature, next_token_distribution, sample
 
 
@@ -46,7 +46,7 @@ class CachedContext:
         self.params, self.config, self.hooks = params, config, hooks
         self.ids = list(ids)
         # float32 for real weights; float64 test weights keep their precision
-        self.cache = KVCache.empty(config, dtype=params["wte.weight"].dtype)
+        self.cache = KVCache.empty(config, dtype=token_table(params).dtype)
         self.logits = self._fill()
 
     def _fill(self) -> np.ndarray:

@@ -2,8 +2,9 @@
 and its backward pass, which returns gradients for the parameters and, on request, for every
 recorded value under the same path.
 
-Parameters are a flat dict named as in the Hugging Face GPT-2 file without the
-`transformer.` prefix (`h.0.attn.c_attn.weight`, `ln_f.bias`, `wte.weight`, ...). `ids` is
+Parameters are a flat dict by their canonical names, the same for every family
+(`layers.0.attn.W_QKV`, `ln_final.b`, `embed.W_E`, ...: schema.PARAMS; families/ maps each
+family's file to them). `ids` is
 [T] for one text or [B, T] for a batch; every value then has that leading shape.
 """
 
@@ -18,7 +19,7 @@ from . import ops
 from .config import Config
 from .errors import NonFiniteError
 from .hooks import Hook, Record, RecordOnly, Stop
-from .schema import param_shapes
+from .schema import is_bias, is_norm_weight, param_shapes
 
 __all__ = ["Dropout", "KVCache", "backward", "decode_step", "final_norm", "forward",
            "init_params", "logits_of", "loss_and_grads",
@@ -32,13 +33,13 @@ def init_params(
     params = {}
     resid_std = 0.02 / np.sqrt(2 * config.n_layer)
     for name, shape in param_shapes(config).items():
-        if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+        if is_norm_weight(name):
             value = np.ones(shape)
-        elif name.endswith(".bias"):
+        elif is_bias(name):
             value = np.zeros(shape)
-        elif name.endswith("c_proj.weight"):
+        elif name.endswith((".W_O", ".W_out")):  # the projections back into the stream
             value = rng.normal(0.0, resid_std, shape)
-        elif name == "wpe.weight":
+        elif name == "embed.W_pos":
             value = rng.normal(0.0, 0.01, shape)
         else:
             value = rng.normal(0.0, 0.02, shape)
@@ -134,9 +135,9 @@ def fresh_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
 
 def embed(params, ids: np.ndarray, start: int, hooks: Hook) -> np.ndarray:
     """Cards 1-3: ids -> their rows of W_E, plus the rows of W_P for their positions."""
-    tok = hooks("token_embeddings", ops.embedding(params["wte.weight"], ids))  # [T, d]
+    tok = hooks("token_embeddings", ops.embedding(params["embed.W_E"], ids))  # [T, d]
     pos = hooks("position_embeddings",
-                ops.position_embedding(params["wpe.weight"], ids.shape[-1], start))  # [T, d]
+                ops.position_embedding(params["embed.W_pos"], ids.shape[-1], start))  # [T, d]
     return hooks("embeddings", tok + pos)
 
 
@@ -149,65 +150,33 @@ def embed_backward(g: Gradients, dh: np.ndarray) -> None:
            if demb.ndim == 3 else demb)
     if not g.weights:
         return
-    g.grads["wpe.weight"] = ops.position_embedding_backward(demb, g.params["wpe.weight"])
-    g.grads["wte.weight"] += ops.embedding_backward(demb, g.params["wte.weight"],
-                                                    g.values["ids"])
-
-
-def _mean_last(x: np.ndarray) -> np.ndarray:
-    """x.mean(axis=-1, keepdims=True): a sum (ops.row_sums), then a division by the count in
-    place, without np.mean's Python-level bookkeeping, which costs more than the arithmetic
-    on one token."""
-    total = ops.row_sums(x)
-    total /= x.shape[-1]
-    return total
+    g.grads["embed.W_pos"] = ops.position_embedding_backward(demb, g.params["embed.W_pos"])
+    g.grads["embed.W_E"] += ops.embedding_backward(demb, g.params["embed.W_E"],
+                                                   g.values["ids"])
 
 
 def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.ndarray:
-    """Card 4 (and 8): (x - mean) / std * g + b, each token on its own; mean and std hooked."""
+    """Card 4 (and 8): ops.layer_norm, its mean and std passing through the hooks."""
     if hooks is _no_hooks and x.dtype == g.dtype == b.dtype:
         # nothing to show or change (generation): the same arithmetic without the checks,
         # which cost more than the arithmetic on one position
-        n = x.shape[-1]
-        if x.shape == (1, n):  # one position (generation): as a vector, in half the time
-            centred = x[0] - np.add.reduce(x[0]) / n
-            out = centred / np.sqrt(np.dot(centred, centred) / n + eps)
-            out *= g
-            out += b
-            return out[None]
-        mean = _mean_last(x)
-        out = x - mean
-        var = _mean_last(out * out)
-        var += eps
-        out /= np.sqrt(var, out=var)
-        out *= g
-        out += b
-        return out
-    mean = hooks(name + ".mean", _mean_last(x))  # [T, 1]
+        return ops.layer_norm_out(x, g, b, eps)
+    mean = hooks(name + ".mean", ops.layer_norm_mean(x))  # [T, 1]
     centred = x - mean
-    computed = np.sqrt(_mean_last(centred * centred) + eps)
+    computed = ops.layer_norm_std(centred, eps)
     std = hooks(name + ".std", computed)
-    if (isinstance(std, np.ndarray) and std.shape == computed.shape
-            and std.dtype == centred.dtype):  # centred is ours alone: reuse it
-        out = centred
-        out /= std
-    else:
-        out = centred / std
-    if out.dtype == g.dtype == b.dtype or out.dtype == np.result_type(out, g, b):
-        # in place, the same numbers with fewer arrays
-        out *= g
-        out += b
-    else:
-        out = out * g + b
-    return hooks(name + ".out", out)  # [T, d]
+    # centred is ours alone: scaled in place when the hook kept the std's shape and dtype
+    mine = (isinstance(std, np.ndarray) and std.shape == computed.shape
+            and std.dtype == centred.dtype)
+    return hooks(name + ".out", ops.layer_norm_scale(centred, std, g, b, in_place=mine))
 
 
 def layer_norm_backward(g: Gradients, d: np.ndarray, x: np.ndarray, param: str,
                         name: str) -> np.ndarray:
     """Card 4 (and 8) in reverse: dx of the norm `name` with weight and bias `param`; the
     gradients of its hooked mean and std kept as values."""
-    dx, g.grads[param + ".weight"], g.grads[param + ".bias"], dmean, dstd = \
-        ops.layer_norm_backward_parts(d, x, g.params[param + ".weight"],
+    dx, g.grads[param + ".w"], g.grads[param + ".b"], dmean, dstd = \
+        ops.layer_norm_backward_parts(d, x, g.params[param + ".w"],
                                       g.values[name + ".mean"], g.values[name + ".std"])
     g.keep(name + ".mean", dmean)
     g.keep(name + ".std", dstd)
@@ -233,8 +202,8 @@ def _heads(name: str, x: np.ndarray, prefix: str, hooks: Hook, n_head: int) -> N
 def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
               cache: KVCache | None, start: int, per_text: bool = False) -> np.ndarray:
     """Card 5: masked multi-head attention of block i.  [T, d] -> [T, d]"""
-    p, L = f"h.{i}.attn.", f"layers.{i}."
-    qkv = ops.linear(x, params[p + "c_attn.weight"], params[p + "c_attn.bias"],
+    p, L = f"layers.{i}.attn.", f"layers.{i}."
+    qkv = ops.linear(x, params[p + "W_QKV"], params[p + "b_QKV"],
                      per_text)  # [T, 3d]
     q, k, v = ops.split_qkv(qkv, config.n_head)  # [H, T, d_k] each
     if hooks is not None:
@@ -253,27 +222,25 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
     # A hook that only records leaves the masked scores -inf, as causal_softmax needs; any
     # other may have changed them (in place, even, through a head's slice).
     untouched = hooks is None or type(hooks) in (Record, RecordOnly)
-    weights = (ops.causal_softmax(scores) if untouched and start == 0
-               else ops.attention_softmax(scores, start))
+    weights = ops.attention_weights(scores, start, masked=untouched)
     if hooks is not None:
         weights = hooks(L + "weights", weights)
         _heads("weights", weights, L, hooks, config.n_head)
-    z = ops.causal_mix(weights, v) if untouched and start == 0 else weights @ v  # [H, T, d_k]
+    z = ops.attention_mix(weights, v, start, masked=untouched)  # [H, T, d_k]
     if hooks is not None:
         z = hooks(L + "z", z)
         _heads("out", z, L, hooks, config.n_head)
-    out = ops.linear(ops.merge_heads(z), params[p + "c_proj.weight"], params[p + "c_proj.bias"],
-                     per_text)
+    out = ops.linear(ops.merge_heads(z), params[p + "W_O"], params[p + "b_O"], per_text)
     return out if hooks is None else hooks(L + "attn_out", out)  # [T, d]
 
 
 def attention_backward(g: Gradients, i: int, dattn: np.ndarray) -> np.ndarray:
-    """Card 5 in reverse: from d attn_out to d ln1.out, through c_proj, the weighted sum of
-    the values, the softmax, the scores and c_attn."""
-    p, L, values = f"h.{i}.attn.", f"layers.{i}.", g.values
+    """Card 5 in reverse: from d attn_out to d ln1.out, through W_O, the weighted sum of
+    the values, the softmax, the scores and W_QKV."""
+    p, L, values = f"layers.{i}.attn.", f"layers.{i}.", g.values
     g.keep(L + "attn_out", dattn)
-    dz, g.grads[p + "c_proj.weight"], g.grads[p + "c_proj.bias"] = ops.linear_backward(
-        dattn, ops.merge_heads(values[L + "z"]), g.params[p + "c_proj.weight"], weights=g.weights)
+    dz, g.grads[p + "W_O"], g.grads[p + "b_O"] = ops.linear_backward(
+        dattn, ops.merge_heads(values[L + "z"]), g.params[p + "W_O"], weights=g.weights)
     dz = ops.split_heads(dz, g.config.n_head)
     dq, dk, dvv, dweights, dscores = ops.attention_backward_parts(
         dz, values[L + "q"], values[L + "k"], values[L + "v"], values[L + "weights"])
@@ -284,8 +251,8 @@ def attention_backward(g: Gradients, i: int, dattn: np.ndarray) -> np.ndarray:
         g.keep_heads(name, d, L)
     dqkv = np.concatenate(
         [ops.merge_heads(dq), ops.merge_heads(dk), ops.merge_heads(dvv)], axis=-1)
-    dx, g.grads[p + "c_attn.weight"], g.grads[p + "c_attn.bias"] = ops.linear_backward(
-        dqkv, values[L + "ln1.out"], g.params[p + "c_attn.weight"], weights=g.weights)
+    dx, g.grads[p + "W_QKV"], g.grads[p + "b_QKV"] = ops.linear_backward(
+        dqkv, values[L + "ln1.out"], g.params[p + "W_QKV"], weights=g.weights)
     g.keep(L + "ln1.out", dx)
     return dx
 
@@ -293,25 +260,24 @@ def attention_backward(g: Gradients, i: int, dattn: np.ndarray) -> np.ndarray:
 def feed_forward(params, i: int, x: np.ndarray, hooks: Hook, per_text: bool = False
                  ) -> np.ndarray:
     """Card 6: GELU(x W_1 + b_1) W_2 + b_2.  [T, d] -> [T, ff] -> [T, d]"""
-    p, L = f"h.{i}.mlp.", f"layers.{i}."
-    pre = hooks(L + "mlp_pre", ops.linear(x, params[p + "c_fc.weight"], params[p + "c_fc.bias"],
-                                          per_text))
+    p, L = f"layers.{i}.mlp.", f"layers.{i}."
+    pre = hooks(L + "mlp_pre", ops.linear(x, params[p + "W_in"], params[p + "b_in"], per_text))
     post = hooks(L + "mlp_post", ops.gelu(pre))
-    return hooks(L + "mlp_out", ops.linear(post, params[p + "c_proj.weight"],
-                                           params[p + "c_proj.bias"], per_text))
+    return hooks(L + "mlp_out", ops.linear(post, params[p + "W_out"], params[p + "b_out"],
+                                           per_text))
 
 
 def feed_forward_backward(g: Gradients, i: int, dmlp_out: np.ndarray) -> np.ndarray:
-    """Card 6 in reverse: from d mlp_out to d ln2.out, through c_proj, GELU and c_fc."""
-    p, L, values = f"h.{i}.mlp.", f"layers.{i}.", g.values
+    """Card 6 in reverse: from d mlp_out to d ln2.out, through W_out, GELU and W_in."""
+    p, L, values = f"layers.{i}.mlp.", f"layers.{i}.", g.values
     g.keep(L + "mlp_out", dmlp_out)
-    dpost, g.grads[p + "c_proj.weight"], g.grads[p + "c_proj.bias"] = ops.linear_backward(
-        dmlp_out, values[L + "mlp_post"], g.params[p + "c_proj.weight"], weights=g.weights)
+    dpost, g.grads[p + "W_out"], g.grads[p + "b_out"] = ops.linear_backward(
+        dmlp_out, values[L + "mlp_post"], g.params[p + "W_out"], weights=g.weights)
     g.keep(L + "mlp_post", dpost)
     dpre = ops.gelu_backward(dpost, values[L + "mlp_pre"])
     g.keep(L + "mlp_pre", dpre)
-    dx, g.grads[p + "c_fc.weight"], g.grads[p + "c_fc.bias"] = ops.linear_backward(
-        dpre, values[L + "ln2.out"], g.params[p + "c_fc.weight"], weights=g.weights)
+    dx, g.grads[p + "W_in"], g.grads[p + "b_in"] = ops.linear_backward(
+        dpre, values[L + "ln2.out"], g.params[p + "W_in"], weights=g.weights)
     g.keep(L + "ln2.out", dx)
     return dx
 
@@ -321,14 +287,14 @@ def block(params, config: Config, i: int, h: np.ndarray, hooks: Hook | None,
           ) -> np.ndarray:
     """Card 7: one pre-norm block: h + attn(ln1(h)), then + mlp(ln2(.)).  [T, d] -> [T, d]
     (`per_text`: a batch's products text by text, see ops.linear)"""
-    p, L = f"h.{i}.", f"layers.{i}."
+    L = f"layers.{i}."
     hk = hooks or _no_hooks
     eps = config.layer_norm_epsilon
     h = hk(L + "resid_pre", h)
-    x = layer_norm(h, params[p + "ln_1.weight"], params[p + "ln_1.bias"], eps, L + "ln1", hk)
+    x = layer_norm(h, params[L + "ln1.w"], params[L + "ln1.b"], eps, L + "ln1", hk)
     a = attention(params, config, i, x, hooks, cache, start, per_text)
     h = hk(L + "resid_mid", h + (drop(L + "attn_out", a) if drop else a))
-    x = layer_norm(h, params[p + "ln_2.weight"], params[p + "ln_2.bias"], eps, L + "ln2", hk)
+    x = layer_norm(h, params[L + "ln2.w"], params[L + "ln2.b"], eps, L + "ln2", hk)
     m = feed_forward(params, i, x, hk, per_text)
     return hk(L + "resid_post", h + (drop(L + "mlp_out", m) if drop else m))
 
@@ -336,31 +302,31 @@ def block(params, config: Config, i: int, h: np.ndarray, hooks: Hook | None,
 def block_backward(g: Gradients, i: int, dh: np.ndarray) -> np.ndarray:
     """Card 7 in reverse: each residual sum sends its gradient both ways, into the branch
     (MLP, then attention, each through its norm) and on down the stream."""
-    p, L = f"h.{i}.", f"layers.{i}."
+    L = f"layers.{i}."
     g.keep(L + "resid_post", dh)
     dx = feed_forward_backward(g, i, g.undrop(L + "mlp_out", dh))
-    dh = dh + layer_norm_backward(g, dx, g.values[L + "resid_mid"], p + "ln_2", L + "ln2")
+    dh = dh + layer_norm_backward(g, dx, g.values[L + "resid_mid"], L + "ln2", L + "ln2")
     g.keep(L + "resid_mid", dh)
     dx = attention_backward(g, i, g.undrop(L + "attn_out", dh))
-    dh = dh + layer_norm_backward(g, dx, g.values[L + "resid_pre"], p + "ln_1", L + "ln1")
+    dh = dh + layer_norm_backward(g, dx, g.values[L + "resid_pre"], L + "ln1", L + "ln1")
     g.keep(L + "resid_pre", dh)
     return dh
 
 
 def unembed(params, u: np.ndarray, hooks: Hook) -> np.ndarray:
     """Card 9: logits = u W_E^T, the head tied to the embedding table.  [T, d] -> [T, V]"""
-    return hooks("logits", ops.unembed(u, params["wte.weight"]))
+    return hooks("logits", ops.unembed(u, params["embed.W_E"]))
 
 
 def unembed_backward(g: Gradients, dlogits: np.ndarray) -> np.ndarray:
-    """Cards 8-9 in reverse: from d logits (the cross-entropy's, ops.cross_entropy_backward,
+    """Cards 8-9 in reverse: from d logits (the cross-entropy's, ops.cross_entropy_with_grad,
     or any other score's) through the tied head and the final norm to the last block."""
     g.keep("logits", dlogits)
-    du, g.grads["wte.weight"] = ops.unembed_backward(dlogits, g.values["ln_final.out"],
-                                                     g.params["wte.weight"], weights=g.weights)
+    du, g.grads["embed.W_E"] = ops.unembed_backward(dlogits, g.values["ln_final.out"],
+                                                    g.params["embed.W_E"], weights=g.weights)
     g.keep("ln_final.out", du)
     last = g.values[f"layers.{g.config.n_layer - 1}.resid_post"]
-    return layer_norm_backward(g, du, last, "ln_f", "ln_final")
+    return layer_norm_backward(g, du, last, "ln_final", "ln_final")
 
 
 def forward(
@@ -402,7 +368,7 @@ def forward(
                 h = block(params, config, i, h, hooks, cache, start, dropout)
             if last_only:
                 h = h[..., -1:, :]
-            u = layer_norm(h, params["ln_f.weight"], params["ln_f.bias"],
+            u = layer_norm(h, params["ln_final.w"], params["ln_final.b"],
                            config.layer_norm_epsilon, "ln_final", hk)
             logits = unembed(params, u, hk)
         except Stop as e:
@@ -437,7 +403,7 @@ def final_norm(params, config: Config, ids, per_text: bool = True) -> np.ndarray
         h = embed(params, ids, 0, _no_hooks)  # [B, T, d]
         for i in range(config.n_layer):
             h = block(params, config, i, h, None, None, 0, None, per_text=per_text)
-        return layer_norm(h, params["ln_f.weight"], params["ln_f.bias"],
+        return layer_norm(h, params["ln_final.w"], params["ln_final.b"],
                           config.layer_norm_epsilon, "ln_final", _no_hooks)
 
 
@@ -531,6 +497,79 @@ def trace(params, config: Config, ids, *, hooks: Hook | None = None, tokens=None
     from .trace import Trace
 
     return Trace(record(params, config, ids, hooks=hooks)[1], config, tokens=tokens)
+
+
+# ------------------------------------------------------------------ the model's parts, by role
+# What the analyses read of the weights: each part by its role in the block, never by a
+# family's tensor name, so that an analysis written once reads every family.
+
+
+def token_table(params) -> np.ndarray:
+    """W_E [V, d]: each token's row, as the embedding reads it."""
+    return params["embed.W_E"]
+
+
+def position_table(params) -> np.ndarray:
+    """W_pos [n_ctx, d], the learned position rows added to the embeddings."""
+    return params["embed.W_pos"]
+
+
+def unembed_rows(params, rows) -> np.ndarray:
+    """The output head's rows for these tokens, [len(rows), d] (tied: W_E's rows): the
+    direction whose dot with ln_final.out is each token's logit."""
+    return params["embed.W_E"][rows]
+
+
+def head_out_matrix(params, config: Config, layer: int) -> np.ndarray:
+    """W_O of block `layer` split by head, [H, d_k, d]: head h writes z_h W_O[h]."""
+    return params[f"layers.{layer}.attn.W_O"].reshape(config.n_head, config.d_k, -1)
+
+
+def attn_out_bias(params, layer: int) -> np.ndarray:
+    """b_O [d], added once to the merged heads' output."""
+    return params[f"layers.{layer}.attn.b_O"]
+
+
+def head_qkv(params, config: Config, layer: int) -> tuple[np.ndarray, ...]:
+    """Block `layer`'s W_Q, W_K, W_V [H, d, d_k] and b_Q, b_K, b_V [H, d_k], views of the
+    W_QKV and b_QKV the pass multiplies by at once."""
+    d, n = config.n_embd, config.n_head
+    w = params[f"layers.{layer}.attn.W_QKV"]
+    b = params[f"layers.{layer}.attn.b_QKV"]
+    size = n * config.d_k
+    weights = [w[:, j * size:(j + 1) * size].reshape(d, n, -1).transpose(1, 0, 2)
+               for j in range(3)]
+    biases = [b[j * size:(j + 1) * size].reshape(n, -1) for j in range(3)]
+    return (*weights, *biases)
+
+
+def neuron_out_rows(params, layer: int) -> np.ndarray:
+    """W_out [ff, d] of block `layer`'s MLP: neuron n writes mlp_post[n] W_out[n]."""
+    return params[f"layers.{layer}.mlp.W_out"]
+
+
+def mlp_out_bias(params, layer: int) -> np.ndarray:
+    """b_out [d] of block `layer`'s MLP."""
+    return params[f"layers.{layer}.mlp.b_out"]
+
+
+def norm_weights(params, norm: str) -> tuple[np.ndarray, np.ndarray]:
+    """(scale w, shift b) of a norm: `layers.L.ln1`, `layers.L.ln2` or `ln_final`."""
+    return params[norm + ".w"], params[norm + ".b"]
+
+
+def _identity(path: str, x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def read_out(params, config: Config, h: np.ndarray) -> np.ndarray:
+    """The logits the model would give if the stream were h [..., d]: the final norm with
+    statistics of h itself, then the head; the same steps as a traced pass's, so h =
+    the last resid_post gives its logits bit for bit (the logit lens's last stage)."""
+    with np.errstate(all="ignore"):
+        w, b = norm_weights(params, "ln_final")
+        u = layer_norm(h, w, b, config.layer_norm_epsilon, "ln_final", _identity)
+        return unembed(params, u, _identity)
 
 
 # ------------------------------------------------------------------ the backward pass

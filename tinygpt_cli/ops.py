@@ -17,28 +17,28 @@ import numpy as np
 # ---------------------------------------------------------------- embedding + position (cards 2, 3)
 
 
-def embedding(wte: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def embedding(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """x_i = W_E[t_i].  [vocab, d], [B, T] -> [B, T, d]"""
-    return wte[ids]
+    return table[ids]
 
 
-def embedding_backward(dout: np.ndarray, wte: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def embedding_backward(dout: np.ndarray, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Scatter-add each row's gradient back to the table row it was read from."""
-    dwte = np.zeros_like(wte)
-    np.add.at(dwte, ids.reshape(-1), dout.reshape(-1, dout.shape[-1]))
-    return dwte
+    dtable = np.zeros_like(table)
+    np.add.at(dtable, ids.reshape(-1), dout.reshape(-1, dout.shape[-1]))
+    return dtable
 
 
-def position_embedding(wpe: np.ndarray, t: int, start: int = 0) -> np.ndarray:
+def position_embedding(positions: np.ndarray, t: int, start: int = 0) -> np.ndarray:
     """Rows start .. start+t-1 of the position table.  [n_ctx, d] -> [t, d]"""
-    return wpe[start : start + t]
+    return positions[start : start + t]
 
 
-def position_embedding_backward(dout: np.ndarray, wpe: np.ndarray) -> np.ndarray:
-    dwpe = np.zeros_like(wpe)
+def position_embedding_backward(dout: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    dpositions = np.zeros_like(positions)
     t = dout.shape[-2]
-    dwpe[:t] = dout.reshape(-1, t, dout.shape[-1]).sum(axis=0)
-    return dwpe
+    dpositions[:t] = dout.reshape(-1, t, dout.shape[-1]).sum(axis=0)
+    return dpositions
 
 
 # ---------------------------------------------------------------- layer norm (cards 4, 8)
@@ -47,14 +47,67 @@ def position_embedding_backward(dout: np.ndarray, wpe: np.ndarray) -> np.ndarray
 def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float):
     """Rescale each token's numbers to mean 0, std 1, then scale by g and shift by b.
 
-    Returns (out, mean, std); std already includes eps, as the model divides by it.
+    Returns (out, mean, std); std already includes eps, as the model divides by it. The
+    steps the model runs (model.layer_norm hooks the mean and the std between them), so an
+    analysis that norms a stream of its own gets the pass's numbers bit for bit.
     [..., d] -> [..., d], [..., 1], [..., 1]
     """
-    mean = x.mean(axis=-1, keepdims=True)
+    mean = layer_norm_mean(x)
     centred = x - mean
-    var = (centred * centred).mean(axis=-1, keepdims=True)
-    std = np.sqrt(var + eps)
-    return centred / std * g + b, mean, std
+    std = layer_norm_std(centred, eps)
+    return layer_norm_scale(centred, std, g, b, in_place=True), mean, std
+
+
+def layer_norm_mean(x: np.ndarray) -> np.ndarray:
+    """Each token's mean.  [..., d] -> [..., 1]"""
+    return mean_last(x)
+
+
+def layer_norm_std(centred: np.ndarray, eps: float) -> np.ndarray:
+    """sqrt(mean(centred^2) + eps), each token's.  [..., d] -> [..., 1]"""
+    return np.sqrt(mean_last(centred * centred) + eps)
+
+
+def layer_norm_scale(centred: np.ndarray, std, g, b, in_place: bool = False) -> np.ndarray:
+    """centred / std * g + b; `in_place` writes into centred where the dtypes allow."""
+    if in_place:
+        out = centred
+        out /= std
+    else:
+        out = centred / std
+    if out.dtype == g.dtype == b.dtype or out.dtype == np.result_type(out, g, b):
+        out *= g  # in place, the same numbers with fewer arrays
+        out += b
+        return out
+    return out * g + b
+
+
+def layer_norm_out(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """layer_norm's output alone, x, g, b of one dtype: the same arithmetic in fewer arrays
+    (generation's path), one position as a vector, in half the time."""
+    n = x.shape[-1]
+    if x.shape == (1, n):
+        centred = x[0] - np.add.reduce(x[0]) / n
+        out = centred / np.sqrt(np.dot(centred, centred) / n + eps)
+        out *= g
+        out += b
+        return out[None]
+    out = x - mean_last(x)
+    var = mean_last(out * out)
+    var += eps
+    out /= np.sqrt(var, out=var)
+    out *= g
+    out += b
+    return out
+
+
+def mean_last(x: np.ndarray) -> np.ndarray:
+    """x.mean(axis=-1, keepdims=True): a sum (row_sums), then a division by the count in
+    place, without np.mean's Python-level bookkeeping, which costs more than the arithmetic
+    on one token."""
+    total = row_sums(x)
+    total /= x.shape[-1]
+    return total
 
 
 def layer_norm_backward(dout, x, g, mean, std):
@@ -89,7 +142,7 @@ def layer_norm_backward_parts(dout, x, g, mean, std):
     return dx, dg, db, dmean, dstd
 
 
-# ---------------------------------------------------------------- linear (c_attn, c_proj, c_fc)
+# ---------------------------------------------------------------- linear (W_QKV, W_O, W_in, W_out)
 
 
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, per_text: bool = False) -> np.ndarray:
@@ -196,7 +249,7 @@ def split_heads(x: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def split_qkv(qkv: np.ndarray, n_head: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """c_attn's output [B, T, 3d] (q, then k, then v) -> q, k, v [B, H, T, d_k], views."""
+    """x W_QKV [B, T, 3d] (q, then k, then v) -> q, k, v [B, H, T, d_k], views."""
     *lead, t, three_d = qkv.shape
     n = len(lead)
     parts = qkv.reshape(*lead, t, 3, n_head, three_d // (3 * n_head))  # [B, T, 3, H, d_k]
@@ -404,11 +457,27 @@ def softmax_backward(dout: np.ndarray, p: np.ndarray) -> np.ndarray:
     return p * (dout - (dout * p).sum(axis=-1, keepdims=True))
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray):
-    """softmax(Q K^T / sqrt(d_k) + M) V.  Returns (out, scores, weights)."""
-    scores = attention_scores(q, k)
-    weights = softmax(scores)
-    return weights @ v, scores, weights
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int = 0):
+    """softmax(Q K^T / sqrt(d_k) + M) V, queries at positions start.. against every key.
+    Returns (out, scores, weights): the steps the model runs (model.attention hooks each)."""
+    scores = attention_scores(q, k, start)
+    weights = attention_weights(scores, start)
+    return attention_mix(weights, v, start), scores, weights
+
+
+def attention_weights(scores: np.ndarray, start: int = 0, masked: bool = True) -> np.ndarray:
+    """Each query's softmax over its keys. `masked`: the scores are attention_scores' own,
+    -inf past each query (a hook may have changed them: False), and a whole text's
+    (start 0) are then made block by block, without the exp of the masked part."""
+    if masked and start == 0:
+        return causal_softmax(scores)
+    return attention_softmax(scores, start)
+
+
+def attention_mix(weights: np.ndarray, v: np.ndarray, start: int = 0,
+                  masked: bool = True) -> np.ndarray:
+    """weights V; for attention_weights' masked output of a whole text, block by block."""
+    return causal_mix(weights, v) if masked and start == 0 else weights @ v
 
 
 def attention_backward(dout, q, k, v, weights):
@@ -438,15 +507,15 @@ def dropout_mask(shape, p: float, rng: np.random.Generator, dtype) -> np.ndarray
 # --------------------------------------------------------------- linear head + softmax (cards 9-10)
 
 
-def unembed(u: np.ndarray, wte: np.ndarray) -> np.ndarray:
+def unembed(u: np.ndarray, table: np.ndarray) -> np.ndarray:
     """z = u W_E^T, the output head tied to the embedding table.  [..., d] -> [..., vocab]"""
     rows = u.reshape(-1, u.shape[-1])
-    if rows.shape[0] == 1 and wte.size >= VIEW_HEAD_FROM:
+    if rows.shape[0] == 1 and table.size >= VIEW_HEAD_FROM:
         # one position (generation) of a large table: W_E times it, one matrix-vector
         # product, without the transposed copy (17 ms at 4,096 x 768, a token's worth),
         # which speeds each such product by only a few microseconds
-        return (wte @ rows[0]).reshape(*u.shape[:-1], wte.shape[0])
-    head = tied_head(wte)
+        return (table @ rows[0]).reshape(*u.shape[:-1], table.shape[0])
+    head = tied_head(table)
     return (rows @ head).reshape(*u.shape[:-1], head.shape[-1])
 
 
@@ -455,27 +524,27 @@ _HEADS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 _HEADS_LOCK = threading.Lock()  # threads.map_on_cores runs passes side by side
 
 
-def tied_head(wte: np.ndarray) -> np.ndarray:
+def tied_head(table: np.ndarray) -> np.ndarray:
     """W_E^T [d, vocab]. For a read-only table (loaded weights) a contiguous copy, made once:
     BLAS multiplies by it several times faster than by the transposed view. A writable table
     (training changes it in place) is used as the view, so it is never stale.
     """
-    if wte.flags.writeable or wte.ndim != 2:
-        return wte.T
+    if table.flags.writeable or table.ndim != 2:
+        return table.T
     with _HEADS_LOCK:
-        hit = _HEADS.get(id(wte))
-        if hit is None or hit[0] is not wte:  # the table is kept, so its id is not reused
+        hit = _HEADS.get(id(table))
+        if hit is None or hit[0] is not table:  # the table is kept, so its id is not reused
             if len(_HEADS) >= 4:
                 _HEADS.pop(next(iter(_HEADS)))
-            hit = _HEADS[id(wte)] = (wte, np.ascontiguousarray(wte.T))
+            hit = _HEADS[id(table)] = (table, np.ascontiguousarray(table.T))
         return hit[1]
 
 
-def unembed_backward(dout, u, wte, *, weights: bool = True):
-    """Returns (du, dwte); without `weights`, (du, None)."""
+def unembed_backward(dout, u, table, *, weights: bool = True):
+    """Returns (du, dtable); without `weights`, (du, None)."""
     u2 = u.reshape(-1, u.shape[-1])
     d2 = dout.reshape(-1, dout.shape[-1])
-    du = (d2 @ wte).reshape(*dout.shape[:-1], wte.shape[-1])
+    du = (d2 @ table).reshape(*dout.shape[:-1], table.shape[-1])
     return (du, d2.T @ u2) if weights else (du, None)
 
 
@@ -491,13 +560,9 @@ def cross_entropy(logits: np.ndarray, targets: np.ndarray) -> float:
     return float(-picked.mean(dtype=np.float64))
 
 
-def cross_entropy_backward(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """d(mean loss)/d logits = (softmax - one_hot) / N."""
-    return cross_entropy_with_grad(logits, targets)[1]
-
-
 def cross_entropy_with_grad(logits: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
-    """cross_entropy and cross_entropy_backward sharing one softmax over the vocabulary.
+    """cross_entropy and its backward, d(mean loss)/d logits = (softmax - one_hot) / N,
+    sharing one softmax over the vocabulary.
 
     The [B, T, vocab] softmax is the largest elementwise pass of a training step.
     """

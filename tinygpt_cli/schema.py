@@ -92,24 +92,27 @@ VALUES: list[Value] = [
           "chances", kind="derived"),
 ]
 
-# Parameters in the order of the Hugging Face GPT-2 file, without its `transformer.` prefix.
+# Parameters by their canonical names, the same for every family (each family's converter,
+# families/, maps its file's names to these), in (in, out) orientation; W_QKV holds W_Q, W_K
+# and W_V side by side, each split into heads of d_k (model.W_Q and the others are those
+# views, [H, d, d_k]).
 PARAMS: list[tuple[str, str, str]] = [
-    ("wte.weight", "V d", "W_E, the token embedding table; also the output head"),
-    ("wpe.weight", "n_ctx d", "W_P, the position table"),
-    ("h.L.ln_1.weight", "d", "ln1's scale"),
-    ("h.L.ln_1.bias", "d", "ln1's shift"),
-    ("h.L.attn.c_attn.weight", "d 3d", "W_Q, W_K, W_V side by side, each split into heads"),
-    ("h.L.attn.c_attn.bias", "3d", "their biases"),
-    ("h.L.attn.c_proj.weight", "d d", "W_O: merged heads back into the stream"),
-    ("h.L.attn.c_proj.bias", "d", "its bias"),
-    ("h.L.ln_2.weight", "d", "ln2's scale"),
-    ("h.L.ln_2.bias", "d", "ln2's shift"),
-    ("h.L.mlp.c_fc.weight", "d ff", "W_1"),
-    ("h.L.mlp.c_fc.bias", "ff", "b_1"),
-    ("h.L.mlp.c_proj.weight", "ff d", "W_2"),
-    ("h.L.mlp.c_proj.bias", "d", "b_2"),
-    ("ln_f.weight", "d", "the final norm's scale"),
-    ("ln_f.bias", "d", "the final norm's shift"),
+    ("embed.W_E", "V d", "W_E, the token embedding table; also the output head"),
+    ("embed.W_pos", "n_ctx d", "W_P, the position table"),
+    ("layers.L.ln1.w", "d", "ln1's scale"),
+    ("layers.L.ln1.b", "d", "ln1's shift"),
+    ("layers.L.attn.W_QKV", "d 3d", "W_Q, W_K, W_V side by side, each split into heads"),
+    ("layers.L.attn.b_QKV", "3d", "their biases"),
+    ("layers.L.attn.W_O", "d d", "W_O: merged heads back into the stream"),
+    ("layers.L.attn.b_O", "d", "its bias"),
+    ("layers.L.ln2.w", "d", "ln2's scale"),
+    ("layers.L.ln2.b", "d", "ln2's shift"),
+    ("layers.L.mlp.W_in", "d ff", "W_1"),
+    ("layers.L.mlp.b_in", "ff", "b_1"),
+    ("layers.L.mlp.W_out", "ff d", "W_2"),
+    ("layers.L.mlp.b_out", "d", "b_2"),
+    ("ln_final.w", "d", "the final norm's scale"),
+    ("ln_final.b", "d", "the final norm's shift"),
 ]
 
 BY_PATH: dict[str, Value] = {v.path: v for v in VALUES}
@@ -133,16 +136,27 @@ def shape_of(symbols: str, config: Config, t: int | None = None) -> tuple[int, .
 def param_shapes(config: Config) -> dict[str, tuple[int, ...]]:
     """Every parameter's name and shape, in file order."""
     out: dict[str, tuple[int, ...]] = {}
-    blocks = [(n, s) for n, s, _ in PARAMS if n.startswith("h.L.")]
+    blocks = [(n, s) for n, s, _ in PARAMS if n.startswith("layers.L.")]
     for n, s, _ in PARAMS:
-        if n.startswith("h.L."):
+        if n.startswith("layers.L."):
             if n == blocks[0][0]:
                 for i in range(config.n_layer):
                     for bn, bs in blocks:
-                        out[bn.replace("h.L.", f"h.{i}.")] = shape_of(bs, config)
+                        out[fill(bn, i)] = shape_of(bs, config)
             continue
         out[n] = shape_of(s, config)
     return out
+
+
+def is_bias(name: str) -> bool:
+    """A parameter that is a bias (b, b_QKV, b_O, b_in, b_out): zero at initialisation."""
+    last = name.rsplit(".", 1)[-1]
+    return last == "b" or last.startswith("b_")
+
+
+def is_norm_weight(name: str) -> bool:
+    """A norm's scale (ln1.w, ln2.w, ln_final.w): one at initialisation."""
+    return name.endswith(".w")
 
 
 def fill(pattern: str, layer: int | None = None, head: int | None = None) -> str:

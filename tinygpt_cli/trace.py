@@ -68,11 +68,13 @@ class Trace:
         """The parts whose sum is the stream entering block `layer` (default: the final
         resid_post): (labels, [P, d]) at `position`, or [P, ..., T, d] at every position.
         float64: token embedding, position embedding, then per block each head's z_h W_O[h]
-        (its own d_k rows of c_proj, labelled L{i}H{h}), the attention bias b_O, the MLP
+        (its own d_k rows of W_O, labelled L{i}H{h}), the attention bias b_O, the MLP
         output (mlp_post W_2 + b_2). A steered run (`steer`: hooks.Steering, adding `shift`
         to layers.L.resid_pre) has the shift as a part of its own, "steer", where it enters.
         dla reads the final stream at one position, qk a block's input, circuit its senders."""
-        cfg, dk = self.config, self.config.d_k
+        from .model import attn_out_bias, head_out_matrix
+
+        cfg = self.config
         last = cfg.n_layer if layer is None else layer
         entry = int(steer.site.split(".")[1]) if steer is not None else None
 
@@ -88,13 +90,13 @@ class Trace:
                 parts.append(np.broadcast_to(steer.shift, shape))
             if i == last:
                 break
-            w_o = params[f"h.{i}.attn.c_proj.weight"].astype(np.float64)  # [d, d]
+            w_o = head_out_matrix(params, cfg, i).astype(np.float64)  # [H, d_k, d]
             z = np.moveaxis(self.get(f"layers.{i}.z").astype(np.float64), -3, 0)  # [H, ..., d_k]
             for h in range(cfg.n_head):
                 labels.append(f"L{i}H{h}")
-                parts.append(at(z[h]) @ w_o[h * dk:(h + 1) * dk])
+                parts.append(at(z[h]) @ w_o[h])
             labels += [f"L{i}.attn_bias", f"L{i}.mlp"]
-            parts += [np.broadcast_to(params[f"h.{i}.attn.c_proj.bias"], shape),
+            parts += [np.broadcast_to(attn_out_bias(params, i), shape),
                       at(self.get(f"layers.{i}.mlp_out"))]
         return labels, np.stack([np.asarray(p, dtype=np.float64) for p in parts])
 

@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .config import Config, load_config
 from .errors import InputError, WeightsError
+from .families import family
+from .families.gpt2 import PREFIX  # noqa: F401  (GPT-2 files' own prefix, for callers)
 from .files import write_atomically
-from .schema import PARAMS, param_shapes
+from .schema import PARAMS
 
 if TYPE_CHECKING:  # NumPy is imported by the functions that use it: `encode` needs none
     import numpy as np
-
-PREFIX = "transformer."
-
 
 def _shipped_folder() -> Path:
     """Installed wheels carry the weights inside the package; a source checkout has weights/."""
@@ -54,7 +53,7 @@ def header_limit(config: Config) -> int:
     """The most header bytes a GPT-2 model of these sizes can need: every tensor and the old
     attention buffers, a generous 512 bytes each (an entry is about 100), and some metadata.
     A header of a million made-up entries is refused before it is parsed."""
-    per_block = sum(1 for n, _, _ in PARAMS if n.startswith("h.L.")) + len(IGNORED)
+    per_block = sum(1 for n, _, _ in PARAMS if n.startswith("layers.L.")) + len(IGNORED)
     return header_bytes(len(PARAMS) + 1 + per_block * config.n_layer)
 
 
@@ -157,11 +156,12 @@ def _no_duplicates(pairs):
     return seen
 
 
-def _short_names(infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
-    """Names without the `transformer.` prefix; the ignored buffers dropped."""
+def _short_names(infos: dict[str, TensorInfo], prefix: str) -> dict[str, TensorInfo]:
+    """Names without the family's prefix (GPT-2's `transformer.`); the ignored buffers
+    dropped."""
     out: dict[str, TensorInfo] = {}
     for name, info in infos.items():
-        short = name[len(PREFIX):] if name.startswith(PREFIX) else name
+        short = name.removeprefix(prefix)
         if short.endswith(IGNORED):
             continue
         if short in out:
@@ -177,50 +177,52 @@ def check_header(infos: dict[str, TensorInfo], config: Config) -> None:
     The count comes first, from the config's numbers alone, so that a config claiming a
     million blocks is refused without building a million blocks' worth of names.
     """
-    short = _short_names(infos)
+    fam = family(config.model_type)
+    short = _short_names(infos, fam.PREFIX)
     head = short.pop("lm_head.weight", None)
-    per_block = sum(1 for n, _, _ in PARAMS if n.startswith("h.L."))
-    outside = sum(1 for n, _, _ in PARAMS if not n.startswith("h.L."))
+    per_block = sum(1 for n, _, _ in PARAMS if n.startswith("layers.L."))
+    outside = sum(1 for n, _, _ in PARAMS if not n.startswith("layers.L."))
     want = outside + per_block * config.n_layer
     if abs(len(short) - want) >= per_block:  # a block or more apart: the sizes disagree
         blocks = max(len(short) - outside, 0) / per_block
         raise WeightsError(
             f"config.json says n_layer {config.n_layer:,} ({want:,} tensors) but the weights "
             f"file holds {len(short):,} tensors ({blocks:g} blocks' worth)")
-    expected = param_shapes(config)
+    expected = fam.file_shapes(config)
     missing = [n for n in expected if n not in short]
     if missing:
         raise WeightsError(
-            f"tensor {PREFIX}{missing[0]} is missing ({len(missing)} missing in all)"
+            f"tensor {fam.PREFIX}{missing[0]} is missing ({len(missing)} missing in all)"
         )
     extra = [n for n in short if n not in expected]
     if extra:
-        raise WeightsError(f"unexpected tensor {extra[0]!r}: not part of a GPT-2 model "
+        raise WeightsError(f"unexpected tensor {extra[0]!r}: not part of a {fam.LABEL} model "
                            f"with the config's {config.n_layer} blocks")
     if head is not None:
-        expected = {**expected, "lm_head.weight": expected["wte.weight"]}
+        expected = {**expected, "lm_head.weight": expected[fam.file_name("embed.W_E")]}
         short["lm_head.weight"] = head
     for name, shape in expected.items():
         info = short[name]
         if info.shape != shape:
             raise WeightsError(
-                f"tensor {_shown(name)} has shape {list(info.shape)}, expected {list(shape)}"
+                f"tensor {_shown(name, fam)} has shape {list(info.shape)}, expected {list(shape)}"
             )
         if info.dtype not in FLOAT_DTYPES:
             numpy_name = {"I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64",
                           "U8": "uint8", "BOOL": "bool"}.get(info.dtype, info.dtype)
             raise WeightsError(
-                f"tensor {_shown(name)} has dtype {info.dtype} ({numpy_name}), expected a float "
-                "type tinygpt can use: F32, or F16 / F64 (converted to float32)"
+                f"tensor {_shown(name, fam)} has dtype {info.dtype} ({numpy_name}), expected a "
+                "float type tinygpt can use: F32, or F16 / F64 (converted to float32)"
             )
 
 
-def _shown(name: str) -> str:
-    return name if name == "lm_head.weight" else PREFIX + name
+def _shown(name: str, fam) -> str:
+    return name if name == "lm_head.weight" else fam.PREFIX + name
 
 
 def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
-    """Check names, shapes, dtypes and finiteness; return float32 params without the prefix.
+    """Check names, shapes, dtypes and finiteness; return float32 params by their canonical
+    names (the family's converter, families/).
 
     A head (`lm_head.weight`) may be present, as `transformers` can save one: it must be
     finite and equal to the token table, because this model ties the two.
@@ -229,22 +231,21 @@ def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str,
 
     infos = {n: TensorInfo(n, _dtype_name(a.dtype), tuple(a.shape)) for n, a in tensors.items()}
     check_header(infos, config)
-    short = {name[len(PREFIX):] if name.startswith(PREFIX) else name: a
-             for name, a in tensors.items()}
-    out = {}
-    for name in param_shapes(config):
-        out[name] = _finite_float32(name, short[name])
+    fam = family(config.model_type)
+    short = {name.removeprefix(fam.PREFIX): a for name, a in tensors.items()}
+    out = {name: _finite_float32(name, short[name], fam) for name in fam.file_shapes(config)}
+    table = fam.file_name("embed.W_E")
     if "lm_head.weight" in short:
-        head = _finite_float32("lm_head.weight", short["lm_head.weight"])
-        if not np.array_equal(head, out["wte.weight"]):
+        head = _finite_float32("lm_head.weight", short["lm_head.weight"], fam)
+        if not np.array_equal(head, out[table]):
             raise WeightsError(
-                "tensor lm_head.weight differs from transformer.wte.weight: tinygpt ties the "
+                f"tensor lm_head.weight differs from {fam.PREFIX}{table}: tinygpt ties the "
                 "output head to the token embedding table, so it cannot use a separate head"
             )
-    return out
+    return fam.params_from_file(out, config)
 
 
-def _finite_float32(name: str, arr: np.ndarray) -> np.ndarray:
+def _finite_float32(name: str, arr: np.ndarray, fam) -> np.ndarray:
     """float32 first, then the check: a float64 value beyond float32's range becomes inf."""
     import numpy as np
 
@@ -256,7 +257,7 @@ def _finite_float32(name: str, arr: np.ndarray) -> np.ndarray:
         flat = out.reshape(-1)
         if np.isfinite(np.dot(flat, flat)) or np.isfinite(out).all():
             return out
-    raise WeightsError(f"tensor {_shown(name)} holds NaN or infinite values")
+    raise WeightsError(f"tensor {_shown(name, fam)} holds NaN or infinite values")
 
 
 def _dtype_name(dtype: np.dtype) -> str:
@@ -362,7 +363,8 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
     """load_params after its header check: `infos` is checked_header(path, config)."""
     from safetensors import SafetensorError, safe_open
 
-    wanted = [n for n in infos if not (n.removeprefix(PREFIX)).endswith(IGNORED)]
+    prefix = family(config.model_type).PREFIX
+    wanted = [n for n in infos if not (n.removeprefix(prefix)).endswith(IGNORED)]
     try:
         mapped = map_safetensors(path)
         if mapped is not None:
@@ -376,11 +378,13 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
         return validate_params(tensors, config)
 
 
-def save_params(params: dict[str, np.ndarray], path: str | Path) -> None:
-    """Float32, Hugging Face GPT-2 names, tied head omitted."""
+def save_params(params: dict[str, np.ndarray], path: str | Path, config: Config) -> None:
+    """Float32, in the family's own file layout (GPT-2: Hugging Face names, tied head
+    omitted), so that `transformers` loads the folder."""
     import numpy as np
 
-    tensors = {PREFIX + n: np.ascontiguousarray(a, dtype=np.float32) for n, a in params.items()}
+    tensors = {n: np.ascontiguousarray(a, dtype=np.float32)
+               for n, a in family(config.model_type).params_to_file(params, config).items()}
     write_atomically(Path(path), safetensors_bytes(tensors, {"format": "pt"}))
 
 

@@ -53,7 +53,19 @@ from .. import ops
 from ..config import Config
 from ..errors import InputError
 from ..hooks import Chain, Record, Replace
-from ..model import backward, forward
+from ..model import (
+    _identity,
+    attn_out_bias,
+    backward,
+    feed_forward,
+    forward,
+    head_out_matrix,
+    head_qkv,
+    norm_weights,
+    position_table,
+    token_table,
+    unembed_rows,
+)
 from ..schema import head_name, mlp_name
 from ..trace import Trace
 from ..words import count
@@ -126,12 +138,7 @@ def mlp_index(config: Config, i: int) -> int:
 def head_weights(params, config: Config, i: int) -> tuple[np.ndarray, ...]:
     """Block i's attention per head: W_q, W_k, W_v [H, d, d_k], their biases [H, d_k], and
     W_O [H, d_k, d]."""
-    p, d, n = f"h.{i}.attn.", config.n_embd, config.n_head
-    w, b = params[p + "c_attn.weight"], params[p + "c_attn.bias"]
-    split = [w[:, j * d:(j + 1) * d].reshape(d, n, -1).transpose(1, 0, 2) for j in range(3)]
-    bias = [b[j * d:(j + 1) * d].reshape(n, -1) for j in range(3)]
-    wo = params[p + "c_proj.weight"].reshape(n, -1, d)
-    return (*split, *bias, wo)
+    return (*head_qkv(params, config, i), head_out_matrix(params, config, i))
 
 
 def sender_outputs(params, config: Config, values: dict[str, np.ndarray]) -> np.ndarray:
@@ -157,17 +164,17 @@ def receiver_gradients(params, config: Config, values, grads) -> np.ndarray:
     gradient is dq_h W_q[h]^T taken back through ln1 at the run's stream."""
     out = []
     for i in range(config.n_layer):
-        L, g = f"layers.{i}.", params[f"h.{i}.ln_1.weight"]
+        L, g = f"layers.{i}.", norm_weights(params, f"layers.{i}.ln1")[0]
         wq, wk, wv = head_weights(params, config, i)[:3]
         for h in range(config.n_head):
             for part, w in zip("qkv", (wq, wk, wv), strict=True):
                 dx = grads[L + part][..., h, :, :] @ w[h].T  # [*batch, T, d]
                 out.append(_norm_backward(dx, values, L + "resid_pre", L + "ln1", g))
         out.append(_norm_backward(grads[L + "ln2.out"], values, L + "resid_mid", L + "ln2",
-                                  params[f"h.{i}.ln_2.weight"]))
+                                  norm_weights(params, L + "ln2")[0]))
     last = f"layers.{config.n_layer - 1}.resid_post"
     out.append(_norm_backward(grads["ln_final.out"], values, last, "ln_final",
-                              params["ln_f.weight"]))
+                              norm_weights(params, "ln_final")[0]))
     return np.stack(out)
 
 
@@ -200,22 +207,22 @@ def _heads(params, config: Config, i: int, x: np.ndarray, last_only: bool = Fals
     output z_h W_O[h]: [B, H, T, d] (last_only: the last query alone, [B, H, 1, d])."""
     eps = config.layer_norm_epsilon
     wq, wk, wv, bq, bk, bv, wo = head_weights(params, config, i)
-    g, b = params[f"h.{i}.ln_1.weight"], params[f"h.{i}.ln_1.bias"]
+    g, b = norm_weights(params, f"layers.{i}.ln1")
     xq = x[:, :, 0, -1:] if last_only else x[:, :, 0]
     q = _layer_norm(xq, g, b, eps) @ wq + bq[:, None, :]  # [B, H, T, d] @ [H, d, d_k]
     n = _layer_norm(x[:, :, 1:], g, b, eps)
     k = n[:, :, 0] @ wk + bk[:, None, :]
     v = n[:, :, 1] @ wv + bv[:, None, :]
-    z = ops.softmax(ops.attention_scores(q, k, 0)) @ v  # [B, H, T, d_k]; 1 query: no mask
+    if last_only:  # one query, the last: it sees every key, no mask
+        z = ops.softmax(ops.attention_scores(q, k)) @ v  # [B, H, 1, d_k]
+    else:
+        z = ops.attention(q, k, v)[0]  # [B, H, T, d_k], the pass's own steps
     return z @ wo  # [B, H, T, d]
 
 
 def _mlp(params, config: Config, i: int, x: np.ndarray) -> np.ndarray:
-    p = f"h.{i}."
-    n = _layer_norm(x, params[p + "ln_2.weight"], params[p + "ln_2.bias"],
-                    config.layer_norm_epsilon)
-    hidden = ops.gelu(ops.linear(n, params[p + "mlp.c_fc.weight"], params[p + "mlp.c_fc.bias"]))
-    return ops.linear(hidden, params[p + "mlp.c_proj.weight"], params[p + "mlp.c_proj.bias"])
+    n = _layer_norm(x, *norm_weights(params, f"layers.{i}.ln2"), config.layer_norm_epsilon)
+    return feed_forward(params, i, n, _identity)  # the model's own MLP step
 
 
 def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live: np.ndarray,
@@ -243,13 +250,13 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
     base = np.einsum("rs,std->rtd", graph.adjacency().T.astype(np.float64), fixed)
     for i in range(config.n_layer):
         later = graph.receiver_stage > 2 * i + 1
-        base[later] += params[f"h.{i}.attn.c_proj.bias"]
+        base[later] += attn_out_bias(params, i)
     if steer is not None:
         entry = int(steer.site.split(".")[1])
         base[graph.receiver_stage >= 2 * entry + 1] += np.asarray(steer.shift, np.float64)
     diff = np.zeros((b, s_count, t, config.n_embd))  # run[u] - fixed[u], stage by stage
     if start == 0:
-        diff[:, 0] = params["wte.weight"][ids] + params["wpe.weight"][:t] - fixed[0]
+        diff[:, 0] = token_table(params)[ids] + position_table(params)[:t] - fixed[0]
     else:
         s0 = head_index(config, start, 0) if start < config.n_layer else s_count
         diff[:, :s0] = known[:s0] - fixed[:s0]
@@ -268,8 +275,8 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
         ).reshape(b, -1, config.n_embd)
         diff[:, m, keep] = _mlp(params, config, i, x_mlp) - fixed[m, keep]
     x = base[-1][-1] + (coef[:, -1, None, :] @ diff[:, :, -1])[:, 0]
-    u = _layer_norm(x, params["ln_f.weight"], params["ln_f.bias"], config.layer_norm_epsilon)
-    return u @ params["wte.weight"][list(rows)].T
+    u = _layer_norm(x, *norm_weights(params, "ln_final"), config.layer_norm_epsilon)
+    return u @ unembed_rows(params, list(rows)).T
 
 
 def edge_metric(params, config, graph, ids, live, fixed, target, vs, position, start=0,
@@ -339,7 +346,7 @@ def prepare(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int
 
 def _embeddings(pair: Pair, ids: np.ndarray) -> np.ndarray:
     t = len(ids)
-    return pair.params["wte.weight"][ids] + pair.params["wpe.weight"][:t]
+    return token_table(pair.params)[ids] + position_table(pair.params)[:t]
 
 
 def edge_products(pair: Pair, gradients: np.ndarray) -> np.ndarray:

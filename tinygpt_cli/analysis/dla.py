@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Config
+from ..model import neuron_out_rows, norm_weights, unembed_rows
 from ..trace import Trace
 
 BIAS_ROW = "ln_final.bias"
@@ -28,9 +29,9 @@ def head_label(layer: int, head: int) -> str:
 
 
 def unembed_direction(params: dict[str, np.ndarray], target: int, vs: int | None) -> np.ndarray:
-    """W_E[target] (- W_E[vs]): the direction whose dot with ln_final.out is the score. [d]"""
-    w = params["wte.weight"].astype(np.float64)
-    return w[target] - (w[vs] if vs is not None else 0.0)
+    """W_U[target] (- W_U[vs]): the direction whose dot with ln_final.out is the score. [d]"""
+    rows = unembed_rows(params, [target] if vs is None else [target, vs]).astype(np.float64)
+    return rows[0] - (rows[1] if vs is not None else 0.0)
 
 
 def attribute_parts(parts: np.ndarray, scale: float, gain: np.ndarray,
@@ -64,11 +65,11 @@ def direct_logit_attribution(trace: Trace, params: dict[str, np.ndarray], config
     keeps the `neurons` largest by size; the MLP rows stay whole, so the rows still add up.
     """
     direction = unembed_direction(params, target, vs)
-    gain = params["ln_f.weight"]
+    gain, shift = norm_weights(params, "ln_final")
     scale = float(trace.get("ln_final.std")[position, 0])
     labels, parts = trace.residual_parts(params, position, steer)  # the stream, in parts
     values = attribute_parts(parts, scale, gain, direction)
-    bias = float(np.asarray(params["ln_f.bias"], np.float64) @ direction)
+    bias = float(np.asarray(shift, np.float64) @ direction)
     logits = trace.get("logits")[position].astype(np.float64)
     score = logits[target] - (logits[vs] if vs is not None else 0.0)
     heads = np.array([[values[labels.index(head_label(i, h))] for h in range(config.n_head)]
@@ -84,7 +85,7 @@ def neuron_values(trace: Trace, params, config: Config, layer: int, position: in
 
     Their sum plus the bias b_2's share is the layer's MLP row.
     """
-    w2 = params[f"h.{layer}.mlp.c_proj.weight"].astype(np.float64)  # [ff, d]
+    w2 = neuron_out_rows(params, layer).astype(np.float64)  # [ff, d]
     post = trace.get(f"layers.{layer}.mlp_post")[position].astype(np.float64)  # [ff]
     read = attribute_parts(w2, scale, gain, direction)  # [ff]: one unit of each neuron
     return post * read

@@ -182,16 +182,18 @@ class ValueHistory:
 
 def value_over_training(snapshots: list[Snapshot], config: Config, ids, tokens,
                         path: str, hooks=None) -> ValueHistory:
-    """A parameter (h.0.attn.c_attn.weight) read from each snapshot, or a value of the
-    forward pass (layers.0.heads.1.weights, logits[-1]) on the text under each snapshot."""
+    """A parameter, by its canonical name (layers.0.attn.W_QKV) or its family's file name
+    (h.0.attn.c_attn.weight), read from each snapshot, or a value of the forward pass
+    (layers.0.heads.1.weights, logits[-1]) on the text under each snapshot."""
+    from ..families import family
     from ..schema import param_shapes, resolve
     from ..trace import Trace
-    from ..weights import PREFIX
 
-    name = path[len(PREFIX):] if path.startswith(PREFIX) else path
-    if name in param_shapes(config):
-        values = [s.params[name] for s in snapshots]
-        shown = name
+    fam = family(config.model_type)
+    param = path if path in param_shapes(config) else fam.canonical_name(path)
+    if param is not None:
+        values = [s.params[param] for s in snapshots]
+        shown = path.removeprefix(fam.PREFIX)
     else:
         canonical, rows = resolve(path, config)
         shown = canonical + "".join(f"[{i}]" for i in rows)
@@ -199,8 +201,7 @@ def value_over_training(snapshots: list[Snapshot], config: Config, ids, tokens,
                         tokens=tokens).get(path) for s in snapshots]
     rows = snapshot_rows(snapshots, **{k: [summary(v)[k] for v in values]
                                        for k in ("norm", "mean", "std")})
-    return ValueHistory(shown, values, rows,
-                        shown.endswith("weights") and not name.endswith(".weight"))
+    return ValueHistory(shown, values, rows, param is None and shown.endswith("weights"))
 
 
 def heads_over_training(snapshots: list[Snapshot], config: Config, ids,

@@ -19,12 +19,14 @@ class ModelInfo:
 
 
 def model_info(model) -> ModelInfo:
+    from ..families import family
     from ..files import sha256
 
     cfg = model.config
+    fam = family(cfg.model_type)
     groups: dict[str, int] = {}
-    for name, arr in model.params.items():
-        group = re.sub(r"^h\.\d+\.", "h.*.", name).rsplit(".", 1)[0]
+    for name, arr in model.params.items():  # by the names the family's file gives them
+        group = re.sub(r"^h\.\d+\.", "h.*.", fam.file_name(name)).rsplit(".", 1)[0]
         groups[group] = groups.get(group, 0) + arr.size
     facts: dict = {
         "n_embd": cfg.n_embd, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "d_k": cfg.d_k,

@@ -8,15 +8,15 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
+from ..model import read_out
 from ..sampling import probabilities
 from ..trace import Trace
 
 
 def lens_logits(h: np.ndarray, params: dict[str, np.ndarray], config: Config) -> np.ndarray:
-    """ln_final(h) W_E^T: the next-token scores the model would give if it stopped at h."""
-    u, _, _ = ops.layer_norm(h, params["ln_f.weight"], params["ln_f.bias"],
-                             config.layer_norm_epsilon)
-    return ops.unembed(u, params["wte.weight"])
+    """ln_final(h) W_U: the next-token scores the model would give if it stopped at h (the
+    model's own final norm and head, so the last stage is the logits bit for bit)."""
+    return read_out(params, config, h)
 
 
 def block_summary(trace: Trace, params, config: Config, position: int = -1) -> list[dict]:
@@ -103,10 +103,12 @@ class Lens:
 
 
 def logit_lens(trace: Trace, params: dict[str, np.ndarray], config: Config) -> Lens:
-    """Every stage of the stream through ln_final (statistics recomputed) and W_E^T."""
+    """Every stage of the stream through ln_final (statistics recomputed) and W_U. Each
+    stage on its own, in the shape the pass had it: one product for all stages would round
+    some logits differently from the pass's own, and the last stage must be them exactly."""
     stages = trace.stages(mid=True)
-    hs = np.stack([h for _, h in stages])  # [S, T, d]
-    return Lens([name for name, _ in stages], lens_logits(hs, params, config))
+    return Lens([name for name, _ in stages],
+                np.stack([lens_logits(h, params, config) for _, h in stages]))
 
 
 @dataclass

@@ -2,7 +2,7 @@
 a corpus make one fire most.
 
 A neuron n of block L writes mlp_post[n] * W_out[n] into the residual stream (W_out is
-`h.L.mlp.c_proj.weight`, [ff, d]). Read straight through the tied unembedding, W_out[n] W_E^T
+`layers.L.mlp.W_out`, [ff, d]). Read straight through the tied unembedding, W_out[n] W_E^T
 says which next tokens it makes likelier; `through_norm` first multiplies by the final
 LayerNorm's weight (the scale every direction gets on its way to the logits; the per-token
 1/std and the centring are left out, so this is a direction, not exact logits).
@@ -16,15 +16,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Config
-from ..model import record
+from ..model import neuron_out_rows, norm_weights, record, token_table
 
 
 def output_logits(params, layer: int, neurons, *, through_norm: bool = True) -> np.ndarray:
-    """W_out[n] (* ln_f.weight) @ W_E^T for each neuron.  -> [len(neurons), V]"""
-    w_out = params[f"h.{layer}.mlp.c_proj.weight"][np.asarray(neurons)]  # [k, d]
+    """W_out[n] (* ln_final.w) W_U for each neuron.  -> [len(neurons), V]"""
+    w_out = neuron_out_rows(params, layer)[np.asarray(neurons)]  # [k, d]
     if through_norm:
-        w_out = w_out * params["ln_f.weight"]
-    return w_out @ params["wte.weight"].T
+        w_out = w_out * norm_weights(params, "ln_final")[0]
+    return w_out @ token_table(params).T
 
 
 def top_ids(row: np.ndarray, k: int) -> np.ndarray:

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import InputError
+from ..model import mlp_out_bias, norm_weights
 from ..trace import Trace
 from .circuit import head_weights
 
@@ -60,7 +61,7 @@ def stream_parts(params, config: Config, values: dict[str, np.ndarray], layer: i
             bias = bias + part.reshape(-1, config.n_embd)[0]
             continue
         if label.endswith(".mlp"):
-            b_mlp = params[f"h.{label[1:-4]}.mlp.c_proj.bias"]
+            b_mlp = mlp_out_bias(params, int(label[1:-4]))
             bias, part = bias + b_mlp, part - b_mlp
         names.append(_qk_name(label))
         kept.append(part)
@@ -88,8 +89,7 @@ def qk_attribution(params, config: Config, values: dict[str, np.ndarray], layer:
     """The scores of head `head` of block `layer` at query position `query`, split by part
     (the values of a run steered by `steer`, when given, whose vector is a part)."""
     names, parts = stream_parts(params, config, values, layer, steer)
-    p = f"h.{layer}."
-    g, b = (np.asarray(params[p + n], np.float64) for n in ("ln_1.weight", "ln_1.bias"))
+    g, b = (np.asarray(a, np.float64) for a in norm_weights(params, f"layers.{layer}.ln1"))
     wq, wk, _, bq, bk, _, _ = (np.asarray(a, np.float64)
                                for a in head_weights(params, config, layer))
     std = np.asarray(values[f"layers.{layer}.ln1.std"], np.float64)  # [T, 1]

@@ -442,9 +442,11 @@ class FeatureReport:
 
 
 def direct_logits(sae: SAE, params, latent: int) -> np.ndarray:
-    """W_dec[latent] * ln_final.weight @ W_E^T: the tokens the latent's direction pushes
+    """W_dec[latent] * ln_final.w @ W_U: the tokens the latent's direction pushes
     (the final norm's centring and per-token 1/std left out).  -> [V]"""
-    return (sae.W_dec[latent] * params["ln_f.weight"]) @ params["wte.weight"].T
+    from ..model import norm_weights, token_table
+
+    return (sae.W_dec[latent] * norm_weights(params, "ln_final")[0]) @ token_table(params).T
 
 
 def feature_report(sae: SAE, params, ids: np.ndarray, idx: np.ndarray, val: np.ndarray,

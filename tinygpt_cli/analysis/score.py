@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import ahead, ops
 from ..config import Config
-from ..model import all_finite, final_norm, record
+from ..model import all_finite, final_norm, record, token_table
 
 LN2 = math.log(2.0)
 
@@ -198,7 +198,7 @@ def score_parts(
             tgt.append(np.asarray(sequences[i])[t])
         rows_a, cols_a = np.concatenate(rows), np.concatenate(cols)
         s = unembed_and_score(u[rows_a, cols_a], np.concatenate(tgt).astype(np.int64),
-                              params["wte.weight"])
+                              token_table(params))
         offset = 0
         for (i, w), t in zip(chunk, tgt, strict=True):
             n = len(t)

@@ -47,29 +47,37 @@ K_TABLE = 16  # the embedding table's dense part: 256 numbers
 K_VECTOR = 8  # a LayerNorm's gain and bias together
 K_POSITION = 16  # u_t and m_t at each position
 PROJECTION_SEED = 0
+TABLE, POSITIONS = "embed.W_E", "embed.W_pos"  # the two tables' sites, by parameter name
 FIT_WINDOWS = 64  # windows whose gradients choose the projections' directions
 
 
 def linear_sites(config: Config) -> list[tuple[str, str, str]]:
-    """(parameter prefix, input value, output-gradient value) of every y = x W + b."""
+    """(weight W, input value, output-gradient value) of every y = x W + b; the bias b is
+    bias_of(W)."""
     out = []
     for i in range(config.n_layer):
-        p, L = f"h.{i}.", f"layers.{i}."
-        out += [(p + "attn.c_attn", L + "ln1.out", L + "qkv"),
-                (p + "attn.c_proj", L + "z", L + "attn_out"),
-                (p + "mlp.c_fc", L + "ln2.out", L + "mlp_pre"),
-                (p + "mlp.c_proj", L + "mlp_post", L + "mlp_out")]
+        L = f"layers.{i}."
+        out += [(L + "attn.W_QKV", L + "ln1.out", L + "qkv"),
+                (L + "attn.W_O", L + "z", L + "attn_out"),
+                (L + "mlp.W_in", L + "ln2.out", L + "mlp_pre"),
+                (L + "mlp.W_out", L + "mlp_post", L + "mlp_out")]
     return out
 
 
+def bias_of(weight: str) -> str:
+    """layers.0.attn.W_QKV -> layers.0.attn.b_QKV: the bias added after that product."""
+    return weight.replace(".W_", ".b_")
+
+
 def norm_sites(config: Config) -> list[tuple[str, str, str]]:
-    """(parameter prefix, input value, trace name) of every LayerNorm."""
+    """(norm, input value, trace name) of every LayerNorm; its parameters are norm.w and
+    norm.b, as its values are named."""
     out = []
     for i in range(config.n_layer):
-        out += [(f"h.{i}.ln_1", f"layers.{i}.resid_pre", f"layers.{i}.ln1"),
-                (f"h.{i}.ln_2", f"layers.{i}.resid_mid", f"layers.{i}.ln2")]
+        out += [(f"layers.{i}.ln1", f"layers.{i}.resid_pre", f"layers.{i}.ln1"),
+                (f"layers.{i}.ln2", f"layers.{i}.resid_mid", f"layers.{i}.ln2")]
     last = f"layers.{config.n_layer - 1}.resid_post"
-    return out + [("ln_f", last, "ln_final")]
+    return out + [("ln_final", last, "ln_final")]
 
 
 # ------------------------------------------------------------------ values and their gradients
@@ -146,7 +154,7 @@ def softmax_part(dlogits: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Projection:
-    """The directions, by name: `left`/`right` pairs for matrices (`wte` is the table's
+    """The directions, by name: `left`/`right` pairs for matrices (TABLE is the table's
     dense part), `left` alone for the norms, and `u`, `m` for the per-position values."""
 
     left: dict[str, np.ndarray]
@@ -174,14 +182,14 @@ class Projection:
             right[prefix] = top_eigenvectors(weighted_gram(dv[outp], a), K_MATRIX)
         u, demb = v["ln_final.out"], dv["embeddings"]
         s = softmax_part(dlogits, y)
-        left["wte"] = top_eigenvectors_of_product(
+        left[TABLE] = top_eigenvectors_of_product(
             s.reshape(-1, s.shape[-1]).astype(np.float64),
             np.square(u.reshape(-1, u.shape[-1]).astype(np.float64)).sum(-1), K_TABLE, rng)
-        right["wte"] = top_eigenvectors(weighted_gram(u, s), K_TABLE)
+        right[TABLE] = top_eigenvectors(weighted_gram(u, s), K_TABLE)
         # every position carries about the same energy: random directions spread over all
-        left["wpe"] = (rng.standard_normal((config.n_positions, K_MATRIX))
+        left[POSITIONS] = (rng.standard_normal((config.n_positions, K_MATRIX))
                        / np.sqrt(K_MATRIX)).astype(np.float32)
-        right["wpe"] = top_eigenvectors(weighted_gram(demb, np.ones_like(demb[..., :1])),
+        right[POSITIONS] = top_eigenvectors(weighted_gram(demb, np.ones_like(demb[..., :1])),
                                         K_MATRIX)
         for prefix, inp, name in norm_sites(config):
             gb = norm_gradients(v, dv, inp, name)
@@ -233,10 +241,10 @@ def window_gradients(params, config: Config, x: np.ndarray, y: np.ndarray,
         a = with_ones(v[inp]) @ p.left[prefix]
         parts.append(np.einsum("btk,btl->bkl", a, dv[outp] @ p.right[prefix]).reshape(b, -1))
     u, demb = v["ln_final.out"], dv["embeddings"]
-    dense = softmax_part(dlogits, y) @ p.left["wte"]
-    parts.append(np.einsum("btk,btl->bkl", dense, u @ p.right["wte"]).reshape(b, -1))
-    pos = p.left["wpe"][: x.shape[1]]
-    parts.append(np.einsum("tk,btl->bkl", pos, demb @ p.right["wpe"]).reshape(b, -1))
+    dense = softmax_part(dlogits, y) @ p.left[TABLE]
+    parts.append(np.einsum("btk,btl->bkl", dense, u @ p.right[TABLE]).reshape(b, -1))
+    pos = p.left[POSITIONS][: x.shape[1]]
+    parts.append(np.einsum("tk,btl->bkl", pos, demb @ p.right[POSITIONS]).reshape(b, -1))
     for prefix, inp, name in norm_sites(config):
         parts.append(norm_gradients(v, dv, inp, name) @ p.left[prefix])
     return WindowGradients(np.concatenate(parts, axis=1).astype(np.float32),
@@ -318,12 +326,12 @@ def projected_gradient(config: Config, grads: dict[str, np.ndarray],
     """One full gradient (by parameter name) in the windows' projected terms.  -> [dim]"""
     parts = []
     for prefix, _, _ in linear_sites(config):
-        w = np.concatenate([grads[prefix + ".weight"], grads[prefix + ".bias"][None]])
+        w = np.concatenate([grads[prefix], grads[bias_of(prefix)][None]])
         parts.append((p.left[prefix].T @ w @ p.right[prefix]).ravel())
-    for name in ("wte", "wpe"):
-        parts.append((p.left[name].T @ grads[name + ".weight"] @ p.right[name]).ravel())
+    for name in (TABLE, POSITIONS):
+        parts.append((p.left[name].T @ grads[name] @ p.right[name]).ravel())
     for prefix, _, _ in norm_sites(config):
-        gb = np.concatenate([grads[prefix + ".weight"], grads[prefix + ".bias"]])
+        gb = np.concatenate([grads[prefix + ".w"], grads[prefix + ".b"]])
         parts.append(gb @ p.left[prefix])
     return np.concatenate(parts).astype(np.float32)
 

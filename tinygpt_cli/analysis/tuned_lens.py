@@ -23,7 +23,7 @@ from ..config import Config
 from ..errors import InputError, WeightsError
 from ..files import write_atomically
 from ..hooks import RecordOnly, chained
-from ..model import forward
+from ..model import forward, norm_weights, read_out, token_table
 from .sae import Adam
 
 
@@ -51,9 +51,7 @@ def translate(h: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def readout(h: np.ndarray, params, config: Config) -> np.ndarray:
     """ln_final(h) W_E^T, the norm's statistics from h itself.  [..., d] -> [..., V]"""
-    u, _, _ = ops.layer_norm(h, params["ln_f.weight"], params["ln_f.bias"],
-                             config.layer_norm_epsilon)
-    return ops.unembed(u, params["wte.weight"])
+    return read_out(params, config, h)
 
 
 def kl_divergence(logp_ref: np.ndarray, logp: np.ndarray) -> np.ndarray:
@@ -69,14 +67,14 @@ def kl_and_grads(h: np.ndarray, a: np.ndarray, b: np.ndarray, logp_final: np.nda
     """Mean KL(p_final || lens(h)) over tokens h [N, d], and its gradient for A and b."""
     n = h.shape[0]
     t = translate(h, a, b)
-    u, mean, std = ops.layer_norm(t, params["ln_f.weight"], params["ln_f.bias"],
-                                  config.layer_norm_epsilon)
-    logits = ops.unembed(u, params["wte.weight"]).astype(np.float64)
+    gain, bias = norm_weights(params, "ln_final")
+    u, mean, std = ops.layer_norm(t, gain, bias, config.layer_norm_epsilon)
+    logits = ops.unembed(u, token_table(params)).astype(np.float64)
     logp = ops.log_softmax(logits)
     kl = float(kl_divergence(logp_final, logp).mean())
     dlogits = ((np.exp(logp) - np.exp(logp_final)) / n).astype(np.float32)  # [N, V]
-    du = dlogits @ params["wte.weight"]  # the tied head's backward: [N, d]
-    dt = ops.layer_norm_backward(du, t, params["ln_f.weight"], mean, std)[0]
+    du = dlogits @ token_table(params)  # the tied head's backward: [N, d]
+    dt = ops.layer_norm_backward(du, t, gain, mean, std)[0]
     return kl, h.T @ dt, dt.sum(axis=0)
 
 

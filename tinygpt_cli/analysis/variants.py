@@ -15,7 +15,7 @@ import numpy as np
 
 from ..config import Config
 from ..hooks import Chain, Replace
-from ..model import forward
+from ..model import forward, token_table, unembed_rows
 
 Edit = Callable[[np.ndarray], np.ndarray]
 Variant = Mapping[str, Edit]
@@ -66,12 +66,12 @@ def run_variants(params: dict[str, np.ndarray], config: Config, ids: Sequence[in
     ids = ids[: position + 1]
     first = None
     if rows is not None:
-        x = params["wte.weight"][ids]
+        x = token_table(params)[ids]
         params = cut_head(params, rows)
         first = Replace({"token_embeddings": lambda _: x})
         ids = np.zeros_like(ids)
     width = config.vocab_size if rows is None else len(rows)
-    out = np.zeros((len(variants), width), dtype=params["wte.weight"].dtype)
+    out = np.zeros((len(variants), width), dtype=token_table(params).dtype)
     streams = None if hooks is not None else streams
     groups: dict[int | None, list[int]] = {}
     for k, variant in enumerate(variants):
@@ -109,11 +109,11 @@ def forward_from(params: dict[str, np.ndarray], config: Config, layer: int, h: n
                  hooks) -> np.ndarray:
     """Blocks layer .. n_layer-1 on the stream h entering block `layer`, then the final norm and
     the head at the last position only.  [B, T, d] -> [B, 1, V]"""
-    from ..model import block, layer_norm, unembed
+    from ..model import block, layer_norm, norm_weights, unembed
 
     for i in range(layer, config.n_layer):
         h = block(params, config, i, h, hooks, None, 0, None)
-    u = layer_norm(h[..., -1:, :], params["ln_f.weight"], params["ln_f.bias"],
+    u = layer_norm(h[..., -1:, :], *norm_weights(params, "ln_final"),
                    config.layer_norm_epsilon, "ln_final", hooks)
     return unembed(params, u, hooks)
 
@@ -141,9 +141,9 @@ def widen(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def cut_head(params: dict[str, np.ndarray], rows: Sequence[int]) -> dict[str, np.ndarray]:
     """The parameters with the tied head cut to the given vocabulary rows.
 
-    A score such as logit[target] - logit[vs] reads two rows of W_E^T; with the table cut to
+    A score such as logit[target] - logit[vs] reads two rows of W_U; with the table cut to
     them the head costs [T, d] x [d, 2] instead of [T, d] x [d, V] in every forward and
     backward pass. The cut table no longer serves as the embedding: callers supply the token
     embeddings through a hook (and pass ids 0, which index the cut table harmlessly).
     """
-    return dict(params, **{"wte.weight": params["wte.weight"][list(rows)]})
+    return dict(params, **{"embed.W_E": unembed_rows(params, list(rows))})

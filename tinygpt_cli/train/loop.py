@@ -149,11 +149,14 @@ def snapshot_name(step: int) -> str:
     return f"step-{step:06d}.safetensors"
 
 
-def save_snapshot(out: Path, params, step: int, lr: float) -> None:
-    """Float16 weights for `tinygpt history`, with the step and learning rate (for TracIn)."""
-    from ..weights import PREFIX, safetensors_bytes
+def save_snapshot(out: Path, params, config: Config, step: int, lr: float) -> None:
+    """Float16 weights for `tinygpt history`, with the step and learning rate (for TracIn),
+    in the family's own file layout, as model.safetensors."""
+    from ..families import family
+    from ..weights import safetensors_bytes
 
-    tensors = {PREFIX + n: np.ascontiguousarray(a, dtype=np.float16) for n, a in params.items()}
+    tensors = {n: np.ascontiguousarray(a, dtype=np.float16)
+               for n, a in family(config.model_type).params_to_file(params, config).items()}
     meta = {"format": "pt", "step": str(step), "lr": repr(float(lr))}
     if (out / HISTORY).is_symlink():  # a planted link would aim the snapshots anywhere
         raise WriteError(f"cannot write {out / HISTORY}: it is a symbolic link, which tinygpt "
@@ -481,7 +484,7 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
             note(f"extending the run from step {start} to {settings.steps}: a new warm-up "
                  f"of {settings.warmup} steps to --lr {settings.lr:g}, then cosine decay")
             if settings.snapshots:  # the weights the new cycle starts from
-                save_snapshot(out, run.shipped, start, final_lr(stored))
+                save_snapshot(out, run.shipped, config, start, final_lr(stored))
         keep_at = {s for s in keep_at if s > start}
     elif log_path.exists() or log_path.is_symlink():
         log_path.unlink()  # --resume without a checkpoint: the run never got far enough
@@ -613,7 +616,7 @@ def _loop(run: _Run, start: int, elapsed_before: float, keep_at: set[int], on_st
             ema_update(run.average, params, ema_decay_at(step, settings.ema))
         done = step + 1
         if done in keep_at:
-            save_snapshot(run.out, run.shipped, done, lr)
+            save_snapshot(run.out, run.shipped, run.config, done, lr)
         run_time = time.perf_counter() - t0
         elapsed = elapsed_before + run_time  # wall time over all resumed pieces of the run
         tps = (done - start) * tokens_per_step / max(run_time, 1e-9)
@@ -643,7 +646,7 @@ def _loop(run: _Run, start: int, elapsed_before: float, keep_at: set[int], on_st
 
 def export(out: Path, params, config: Config, tokenizer: Tokenizer) -> None:
     """A complete weights folder: model.safetensors, config.json, tokenizer.json."""
-    save_params(params, out / "model.safetensors")
+    save_params(params, out / "model.safetensors", config)
     save_config(config, out / "config.json")
     if not (out / "tokenizer.json").is_file():
         save_tokenizer(tokenizer, out / "tokenizer.json")

@@ -9,8 +9,7 @@ import numpy as np
 
 def decays(name: str) -> bool:
     """Weight decay on the matrices and the embedding table; none on biases, norms, positions."""
-    return name.endswith(".weight") and not name.startswith("wpe") and ".ln_" not in name \
-        and not name.startswith("ln_f")
+    return name.rsplit(".", 1)[-1].startswith("W_") and name != "embed.W_pos"
 
 
 def lr_at(step: int, peak: float, warmup: int, total: int, floor: float = 0.1) -> float:
