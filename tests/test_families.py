@@ -1,0 +1,117 @@
+"""The seam between a family's files and the canonical model: the GPT-2 converter's names
+both ways, the knobs a config cannot yet take, and a model_type with no converter."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from cli_helpers import TEXT, assert_one_error_line, file_tensors, random_params
+from safetensors.numpy import load_file
+
+from tinygpt_cli.config import Config
+from tinygpt_cli.families import KNOWN, family, gpt2
+from tinygpt_cli.schema import PARAMS, param_shapes
+
+CONFIG = Config(n_embd=8, n_layer=3, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
+
+
+def test_every_canonical_parameter_has_one_gpt2_file_name_and_back():
+    names = list(param_shapes(CONFIG))
+    files = [gpt2.file_name(n) for n in names]
+    assert len(set(files)) == len(names)
+    assert [gpt2.canonical_name(f) for f in files] == names
+    assert [gpt2.canonical_name("transformer." + f) for f in files] == names
+    # the file's own order, as GPT2LMHeadModel.save_pretrained lists its state
+    assert files[:6] == ["wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.ln_1.bias",
+                         "h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias"]
+    assert gpt2.file_name("layers.2.mlp.W_out") == "h.2.mlp.c_proj.weight"
+    assert gpt2.file_name("layers.2.attn.W_O") == "h.2.attn.c_proj.weight"
+
+
+@pytest.mark.parametrize("name", ["h.x.ln_1.weight", "h.0.ln_3.weight", "lm_head.weight",
+                                  "wte", "", "transformer.", "h..attn.c_attn.weight"])
+def test_names_that_are_no_gpt2_parameter_have_no_canonical_name(name):
+    assert gpt2.canonical_name(name) is None
+
+
+def test_file_shapes_are_the_canonical_shapes_under_the_files_names():
+    shapes = gpt2.file_shapes(CONFIG)
+    assert shapes == {gpt2.file_name(n): s for n, s in param_shapes(CONFIG).items()}
+    assert shapes["h.1.attn.c_attn.weight"] == (8, 24)  # (in, out), q k v side by side
+    assert len(shapes) == 2 + 12 * CONFIG.n_layer + 2 == len(PARAMS) + 12 * 2
+
+
+def test_gpt2_tensors_are_the_same_arrays_both_ways():
+    params = random_params(CONFIG, seed=1)
+    tensors = gpt2.params_to_file(params, CONFIG)
+    assert all(name.startswith("transformer.") for name in tensors)
+    back = gpt2.params_from_file({k.removeprefix("transformer."): v for k, v in tensors.items()},
+                                 CONFIG)
+    assert back.keys() == params.keys()
+    assert all(back[n] is params[n] for n in params)  # a rename: nothing copied
+
+
+def test_a_saved_folder_holds_exactly_the_files_tensors(tmp_path):
+    from tinygpt_cli.weights import load_params, save_params
+
+    params = random_params(CONFIG, seed=2)
+    save_params(params, tmp_path / "model.safetensors", CONFIG)
+    raw = load_file(str(tmp_path / "model.safetensors"))
+    want = file_tensors(params)
+    assert raw.keys() == want.keys()
+    for name in want:
+        np.testing.assert_array_equal(raw[name], want[name], err_msg=name)
+    loaded = load_params(tmp_path / "model.safetensors", CONFIG)
+    assert list(loaded) == list(param_shapes(CONFIG))
+
+
+def test_the_config_names_its_family_and_writes_it_back():
+    assert CONFIG.model_type == "gpt2"
+    d = CONFIG.to_hf_dict()
+    assert d["model_type"] == "gpt2" and d["architectures"] == ["GPT2LMHeadModel"]
+    assert Config.from_dict(d) == CONFIG
+    no_type = {k: v for k, v in d.items() if k != "model_type"}  # older GPT-2 files
+    assert Config.from_dict(no_type) == CONFIG
+
+
+@pytest.mark.parametrize(("knob", "value"), [("norm", "rms"), ("positions", "rotary"),
+                                             ("mlp", "gated"), ("tied", False),
+                                             ("parallel", True)])
+def test_a_knob_with_no_step_yet_is_refused_by_name(knob, value):
+    with pytest.raises(ValueError) as e:
+        Config(**{knob: value})
+    assert str(e.value).startswith(f"config: {knob} {value!r} is not implemented (only ")
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt_neox", 5, None])
+def test_a_model_type_without_a_converter_is_refused_by_name(model_type):
+    with pytest.raises(ValueError) as e:
+        Config.from_dict({**CONFIG.to_hf_dict(), "model_type": model_type})
+    shown = model_type if isinstance(model_type, str) else type(model_type).__name__
+    assert str(e.value) == (f"config: model_type {shown!r} is not a family tinygpt reads "
+                            f"({', '.join(sorted(KNOWN))})")
+
+
+def test_a_llama_folder_is_refused_for_its_family_not_its_tensor_count(tmp_path, tiny, cli):
+    """Issue 29's first symptom: a 3-block Llama folder was taken for a 4-block GPT-2 and
+    refused for its tensor count; now its model_type is read first."""
+    folder = tmp_path / "llama"
+    shutil.copytree(tiny.folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    (folder / "config.json").write_text(json.dumps(config))
+    r = cli("embed", TEXT, "--weights", folder)
+    assert_one_error_line(r, 1, "config.json", "model_type 'llama' is not a family tinygpt "
+                          "reads (gpt2)")
+
+
+def test_every_known_family_has_the_converters_functions():
+    for model_type in KNOWN:
+        fam = family(model_type)
+        assert fam.MODEL_TYPE == model_type
+        for name in ("config_from_hf", "config_to_hf", "file_shapes", "params_from_file",
+                     "params_to_file", "file_name", "canonical_name"):
+            assert callable(getattr(fam, name)), (model_type, name)
