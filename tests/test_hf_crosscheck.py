@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cli_helpers import file_tensors
 
 from tinygpt_cli.model import trace
 from tinygpt_cli.weights import load_model
@@ -53,8 +54,8 @@ def test_logits_and_attentions_match_transformers(both):
 def test_transformers_reads_our_tensors_and_ties_the_head(both, tiny_folder):
     hf, _, _ = both
     state = {k: v.numpy() for k, v in hf.state_dict().items()}
-    for name, value in tiny_folder.params.items():
-        np.testing.assert_array_equal(state["transformer." + name], value.astype(np.float32))
+    for name, value in file_tensors(tiny_folder.params).items():
+        np.testing.assert_array_equal(state[name], value.astype(np.float32))
     np.testing.assert_array_equal(state["lm_head.weight"], state["transformer.wte.weight"])
 
 

@@ -81,8 +81,10 @@ class Trace:
         def at(x):  # the row of `position` (before any product: dla's numbers are its own)
             return x if position is None else x[..., position, :]
 
-        labels = ["token_embedding", "position_embedding"]
-        parts = [at(self.get("token_embeddings")), at(self.get("position_embeddings"))]
+        labels, parts = ["token_embedding"], [at(self.get("token_embeddings"))]
+        if cfg.positions == "learned":  # a rotary model's positions are in q and k instead
+            labels.append("position_embedding")
+            parts.append(at(self.get("position_embeddings")))
         shape = parts[0].shape
         for i in range(last + 1):
             if i == entry:
@@ -96,7 +98,7 @@ class Trace:
                 labels.append(f"L{i}H{h}")
                 parts.append(at(z[h]) @ w_o[h])
             labels += [f"L{i}.attn_bias", f"L{i}.mlp"]
-            parts += [np.broadcast_to(attn_out_bias(params, i), shape),
+            parts += [np.broadcast_to(attn_out_bias(params, cfg, i), shape),
                       at(self.get(f"layers.{i}.mlp_out"))]
         return labels, np.stack([np.asarray(p, dtype=np.float64) for p in parts])
 

@@ -33,10 +33,9 @@ SHIPPED = _shipped_folder()
 
 
 # Tensors the loader reads, with the NumPy type each safetensors dtype becomes. The model
-# computes in float32; F16 and F64 files are converted. BF16, F8 and integers are refused:
-# NumPy has no bf16 or f8, and an integer tensor is not a weight.
-FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "F64": "float64"}
-IGNORED = (".attn.bias", ".attn.masked_bias")  # old transformers buffers, not parameters
+# computes in float32; F16, BF16 (widened exactly: NumPy has none) and F64 files are
+# converted. F8 and integers are refused: an integer tensor is not a weight.
+FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "F64": "float64", "BF16": "bfloat16"}
 MAX_HEADER_BYTES = 100 << 20
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
                "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
@@ -53,7 +52,7 @@ def header_limit(config: Config) -> int:
     """The most header bytes a GPT-2 model of these sizes can need: every tensor and the old
     attention buffers, a generous 512 bytes each (an entry is about 100), and some metadata.
     A header of a million made-up entries is refused before it is parsed."""
-    per_block = sum(1 for n, _, _ in PARAMS if n.startswith("layers.L.")) + len(IGNORED)
+    per_block = sum(1 for row in PARAMS if row[0].startswith("layers.L.")) + 3  # + buffers
     return header_bytes(len(PARAMS) + 1 + per_block * config.n_layer)
 
 
@@ -156,13 +155,13 @@ def _no_duplicates(pairs):
     return seen
 
 
-def _short_names(infos: dict[str, TensorInfo], prefix: str) -> dict[str, TensorInfo]:
+def _short_names(infos: dict[str, TensorInfo], fam) -> dict[str, TensorInfo]:
     """Names without the family's prefix (GPT-2's `transformer.`); the ignored buffers
     dropped."""
     out: dict[str, TensorInfo] = {}
     for name, info in infos.items():
-        short = name.removeprefix(prefix)
-        if short.endswith(IGNORED):
+        short = name.removeprefix(fam.PREFIX)
+        if short.endswith(fam.IGNORED):
             continue
         if short in out:
             raise WeightsError(f"tensor {short} appears twice, as {out[short].name} and {name}: "
@@ -178,17 +177,17 @@ def check_header(infos: dict[str, TensorInfo], config: Config) -> None:
     million blocks is refused without building a million blocks' worth of names.
     """
     fam = family(config.model_type)
-    short = _short_names(infos, fam.PREFIX)
-    head = short.pop("lm_head.weight", None)
-    per_block = sum(1 for n, _, _ in PARAMS if n.startswith("layers.L."))
-    outside = sum(1 for n, _, _ in PARAMS if not n.startswith("layers.L."))
+    short = _short_names(infos, fam)
+    expected = fam.file_shapes(config)
+    head = short.pop("lm_head.weight", None) if "lm_head.weight" not in expected else None
+    per_block = sum(1 for n in expected if fam.block_of(n) == 0)
+    outside = sum(1 for n in expected if fam.block_of(n) is None)
     want = outside + per_block * config.n_layer
     if abs(len(short) - want) >= per_block:  # a block or more apart: the sizes disagree
         blocks = max(len(short) - outside, 0) / per_block
         raise WeightsError(
             f"config.json says n_layer {config.n_layer:,} ({want:,} tensors) but the weights "
             f"file holds {len(short):,} tensors ({blocks:g} blocks' worth)")
-    expected = fam.file_shapes(config)
     missing = [n for n in expected if n not in short]
     if missing:
         raise WeightsError(
@@ -212,7 +211,7 @@ def check_header(infos: dict[str, TensorInfo], config: Config) -> None:
                           "U8": "uint8", "BOOL": "bool"}.get(info.dtype, info.dtype)
             raise WeightsError(
                 f"tensor {_shown(name, fam)} has dtype {info.dtype} ({numpy_name}), expected a "
-                "float type tinygpt can use: F32, or F16 / F64 (converted to float32)"
+                "float type tinygpt can use: F32, or F16 / BF16 / F64 (converted to float32)"
             )
 
 
@@ -233,9 +232,10 @@ def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str,
     check_header(infos, config)
     fam = family(config.model_type)
     short = {name.removeprefix(fam.PREFIX): a for name, a in tensors.items()}
-    out = {name: _finite_float32(name, short[name], fam) for name in fam.file_shapes(config)}
+    expected = fam.file_shapes(config)
+    out = {name: _finite_float32(name, short[name], fam) for name in expected}
     table = fam.file_name("embed.W_E")
-    if "lm_head.weight" in short:
+    if "lm_head.weight" in short and "lm_head.weight" not in expected:
         head = _finite_float32("lm_head.weight", short["lm_head.weight"], fam)
         if not np.array_equal(head, out[table]):
             raise WeightsError(
@@ -263,7 +263,7 @@ def _finite_float32(name: str, arr: np.ndarray, fam) -> np.ndarray:
 def _dtype_name(dtype: np.dtype) -> str:
     import numpy as np
 
-    names = {np.dtype(t): n for n, t in FLOAT_DTYPES.items()}
+    names = {np.dtype(t): n for n, t in FLOAT_DTYPES.items() if n != "BF16"}
     return names.get(np.dtype(dtype), str(np.dtype(dtype)))
 
 
@@ -313,7 +313,8 @@ def map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
         if name == "__metadata__":
             continue
         try:
-            dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
+            bf16 = info["dtype"] == "BF16"  # NumPy has no bfloat16: its bits, widened below
+            dtype = np.dtype("<u2" if bf16 else _SAFETENSORS_DTYPES[info["dtype"]])
             shape = tuple(int(d) for d in info["shape"])
             begin, end = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError):
@@ -322,7 +323,17 @@ def map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
         if not 0 <= begin <= end <= data_size or end - begin != count * dtype.itemsize:
             return None
         tensors[name] = np.frombuffer(buf, dtype, count, 8 + n + begin).reshape(shape)
+        if bf16:
+            tensors[name] = widen_bfloat16(tensors[name])
     return tensors
+
+
+def widen_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 numbers, given as their uint16 bits, as float32: the same sign, exponent and
+    the top 7 bits of the fraction, the rest zeros. Exact: every bfloat16 is a float32."""
+    import numpy as np
+
+    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def checked_header(path: Path, config: Config) -> dict[str, TensorInfo]:
@@ -363,8 +374,8 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
     """load_params after its header check: `infos` is checked_header(path, config)."""
     from safetensors import SafetensorError, safe_open
 
-    prefix = family(config.model_type).PREFIX
-    wanted = [n for n in infos if not (n.removeprefix(prefix)).endswith(IGNORED)]
+    fam = family(config.model_type)
+    wanted = [n for n in infos if not (n.removeprefix(fam.PREFIX)).endswith(fam.IGNORED)]
     try:
         mapped = map_safetensors(path)
         if mapped is not None:

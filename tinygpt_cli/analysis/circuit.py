@@ -57,6 +57,7 @@ from ..model import (
     _identity,
     attn_out_bias,
     backward,
+    cut_head,
     feed_forward,
     forward,
     head_out_matrix,
@@ -70,7 +71,7 @@ from ..schema import head_name, mlp_name
 from ..trace import Trace
 from ..words import count
 from .patch import check_gap, logit_difference
-from .variants import cut_head, widen
+from .variants import widen
 
 METHODS = ("eap", "eap-ig", "exact", "exact-noising", "exact-mean")
 EDGE_TOKENS = 1024  # edge-patched runs x tokens computed together: [B, senders, T, d] stays
@@ -222,7 +223,7 @@ def _heads(params, config: Config, i: int, x: np.ndarray, last_only: bool = Fals
 
 def _mlp(params, config: Config, i: int, x: np.ndarray) -> np.ndarray:
     n = _layer_norm(x, *norm_weights(params, f"layers.{i}.ln2"), config.layer_norm_epsilon)
-    return feed_forward(params, i, n, _identity)  # the model's own MLP step
+    return feed_forward(params, config, i, n, _identity)  # the model's own MLP step
 
 
 def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live: np.ndarray,
@@ -250,7 +251,7 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
     base = np.einsum("rs,std->rtd", graph.adjacency().T.astype(np.float64), fixed)
     for i in range(config.n_layer):
         later = graph.receiver_stage > 2 * i + 1
-        base[later] += attn_out_bias(params, i)
+        base[later] += attn_out_bias(params, config, i)
     if steer is not None:
         entry = int(steer.site.split(".")[1])
         base[graph.receiver_stage >= 2 * entry + 1] += np.asarray(steer.shift, np.float64)

@@ -61,7 +61,7 @@ def stream_parts(params, config: Config, values: dict[str, np.ndarray], layer: i
             bias = bias + part.reshape(-1, config.n_embd)[0]
             continue
         if label.endswith(".mlp"):
-            b_mlp = mlp_out_bias(params, int(label[1:-4]))
+            b_mlp = mlp_out_bias(params, config, int(label[1:-4]))
             bias, part = bias + b_mlp, part - b_mlp
         names.append(_qk_name(label))
         kept.append(part)
