@@ -156,11 +156,21 @@ def config_from_hf(d: dict) -> Config:
         n_positions=d.get("max_position_embeddings", 2048),
         layer_norm_epsilon=d.get("rms_norm_eps", 1e-6), **ids,
         model_type=kind, norm="rms", positions="rotary", mlp="gated", act="silu",
-        tied=d.get("tie_word_embeddings", False) is True, head_dim=d.get("head_dim") or 0,
-        n_kv_head=d.get("num_key_value_heads") or 0, rotary_base=float(base),
+        tied=d.get("tie_word_embeddings", False) is True,
+        head_dim=_unless(d.get("head_dim"), n_embd // n_head if _whole(n_embd, n_head) else 0),
+        n_kv_head=_unless(d.get("num_key_value_heads"), n_head), rotary_base=float(base),
         qk_norm=kind == "qwen3", qkv_bias=kind == "qwen2", out_bias=False, mlp_bias=False,
         unused=unused,
     )
+
+
+def _unless(value, default):
+    """0 (the default: Config works it out) for a value equal to its default."""
+    return 0 if value is None or value == default else value
+
+
+def _whole(*xs) -> bool:
+    return all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in xs)
 
 
 def config_to_hf(config: Config) -> dict:
