@@ -637,10 +637,12 @@ def softmax_backward(dout: np.ndarray, p: np.ndarray) -> np.ndarray:
     return p * (dout - (dout * p).sum(axis=-1, keepdims=True))
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int = 0):
-    """softmax(Q K^T / sqrt(d_k) + M) V, queries at positions start.. against every key.
-    Returns (out, scores, weights): the steps the model runs (model.attention hooks each)."""
-    scores = attention_scores(q, k, start)
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int = 0, scale: float = 0.0,
+              window: int = 0):
+    """softmax(Q K^T * scale + M) V, queries at positions start.. against every key (scale 0:
+    1 / sqrt(d_k); `window`: see attention_scores). Returns (out, scores, weights): the steps
+    the model runs (model.attention hooks each)."""
+    scores = attention_scores(q, k, start, scale, window)
     weights = attention_weights(scores, start)
     return attention_mix(weights, v, start), scores, weights
 

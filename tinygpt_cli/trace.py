@@ -58,7 +58,9 @@ class Trace:
     def stages(self, mid: bool = False) -> list[tuple[str, np.ndarray]]:
         """The residual stream, (name, [T, d]): the embeddings, then after each block (with
         `mid`, each block's resid_mid before its resid_post, the logit lens's stages)."""
-        kinds = ("resid_mid", "resid_post") if mid else ("resid_post",)
+        # a parallel block (NeoX) has no stream between its attention and its MLP
+        kinds = ("resid_mid", "resid_post") if mid and not self.config.parallel \
+            else ("resid_post",)
         return [("embeddings", self.get("embeddings"))] + [
             (f"layers.{i}.{k}", self.get(f"layers.{i}.{k}"))
             for i in range(self.config.n_layer) for k in kinds]

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ops
-from ..config import Config
+from ..config import Config, require
 from ..errors import InputError
 from ..hooks import Chain, Record, Replace
 from ..model import (
@@ -214,10 +214,11 @@ def _heads(params, config: Config, i: int, x: np.ndarray, last_only: bool = Fals
     n = _layer_norm(x[:, :, 1:], g, b, eps)
     k = n[:, :, 0] @ wk + bk[:, None, :]
     v = n[:, :, 1] @ wv + bv[:, None, :]
-    if last_only:  # one query, the last: it sees every key, no mask
-        z = ops.softmax(ops.attention_scores(q, k)) @ v  # [B, H, 1, d_k]
-    else:
-        z = ops.attention(q, k, v)[0]  # [B, H, T, d_k], the pass's own steps
+    scale, window = config.attn_scale, config.window(i)
+    if last_only:  # one query, the last: it sees every key in its window
+        z = ops.softmax(ops.attention_scores(q, k, k.shape[-2] - 1, scale, window)) @ v
+    else:  # [B, H, T, d_k], the pass's own steps
+        z = ops.attention(q, k, v, scale=scale, window=window)[0]
     return z @ wo  # [B, H, T, d]
 
 
@@ -327,6 +328,9 @@ def _run(params, config: Config, ids: np.ndarray, steer=None):
 
 def prepare(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
             position: int = -1, graph: Graph | None = None, steer=None) -> Pair:
+    # edges are summed into each receiver's LayerNorm'd input, positions from the table
+    require(config, "circuit", {"norm": "layer", "positions": "learned", "mlp": "gelu",
+                                "parallel": False})
     if len(clean_ids) != len(corrupt_ids):
         raise InputError(f"the clean text is {count(len(clean_ids), 'token')} and the "
                          f"corrupt text {len(corrupt_ids)}: edges are patched position by "

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import Config
+from ..config import Config, require
 from ..errors import InputError
 from ..model import mlp_out_bias, norm_weights
 from ..trace import Trace
@@ -88,14 +88,18 @@ def qk_attribution(params, config: Config, values: dict[str, np.ndarray], layer:
                    head: int, query: int, steer=None) -> QK:
     """The scores of head `head` of block `layer` at query position `query`, split by part
     (the values of a run steered by `steer`, when given, whose vector is a part)."""
+    # the split of a score into parts goes through the LayerNorm's centring and the
+    # unturned q and k: an RMSNorm's or a rotary model's score needs terms of its own
+    require(config, "qk", {"norm": "layer", "positions": "learned"}, grouped=True)
     names, parts = stream_parts(params, config, values, layer, steer)
     g, b = (np.asarray(a, np.float64) for a in norm_weights(params, f"layers.{layer}.ln1"))
+    kv = head // (config.n_head // config.kv_heads)  # the key head this query head reads
     wq, wk, _, bq, bk, _, _ = (np.asarray(a, np.float64)
                                for a in head_weights(params, config, layer))
     std = np.asarray(values[f"layers.{layer}.ln1.std"], np.float64)  # [T, 1]
     q = side_terms(parts[:, query:query + 1], std[query:query + 1], g, b, wq[head], bq[head])
-    k = side_terms(parts[:, :query + 1], std[:query + 1], g, b, wk[head], bk[head])
-    terms = np.einsum("ad,bjd->abj", q[:, 0], k) / np.sqrt(wq.shape[-1])
+    k = side_terms(parts[:, :query + 1], std[:query + 1], g, b, wk[kv], bk[kv])
+    terms = np.einsum("ad,bjd->abj", q[:, 0], k) * config.scale
     path = f"layers.{layer}.heads.{head}."
     return QK(layer, head, query, [*names, "norm bias"], terms,
               np.asarray(values[path + "scores"][query, :query + 1], np.float64),

@@ -91,8 +91,13 @@ def pos(
 def _norm(r: Run, prefix: str, as_json: bool, full: bool, save=None, force=False):
     from rich.text import Text
 
-    from ..render.cards import NORM_NOTE
+    from ..render.cards import NORM_NOTE, RMS_NOTE
 
+    if r.model.config.norm == "rms":  # an RMSNorm divides by each token's rms alone
+        rms = r.trace.get(prefix + ".rms")[:, 0]
+        show(r, prefix + ".out", as_json, full, extra={"rms": rms}, save=save, force=force,
+             below=[Text(RMS_NOTE, style="dim")])
+        return
     mean = r.trace.get(prefix + ".mean")[:, 0]
     std = r.trace.get(prefix + ".std")[:, 0]
     show(r, prefix + ".out", as_json, full, extra={"mean": mean, "std": std}, save=save,

@@ -12,6 +12,8 @@ from .text import show_text, show_token
 
 NORM_NOTE = ("mean and std are each token's own, taken before the norm; "
              "out = (x - mean) / std * weight + bias")
+RMS_NOTE = ("rms is each token's own, sqrt(mean(x^2) + eps), taken before the norm; "
+            "out = x / rms * weight (an RMSNorm: no centring, no bias)")
 
 
 def value_view(path: str, value, tokens, full: bool, below=()) -> Group:
