@@ -117,3 +117,74 @@ def test_every_known_family_has_the_converters_functions():
         for name in ("config_from_hf", "config_to_hf", "file_shapes", "params_from_file",
                      "params_to_file", "file_name", "canonical_name"):
             assert callable(getattr(fam, name)), (model_type, name)
+
+
+# ------------------------------------------------------------------ sharded and refused files
+
+
+def _sharded(folder, tiny_folder, shards: int = 3):
+    """The tiny folder's weights cut into shards with an index, as save_pretrained writes a
+    model larger than its max_shard_size."""
+    from safetensors.numpy import save_file
+
+    shutil.copytree(tiny_folder.folder, folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    names = sorted(tensors)
+    weight_map = {}
+    for k in range(shards):
+        file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[k::shards]}
+        save_file(part, str(folder / file))
+        weight_map.update({n: file for n in part})
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    return folder
+
+
+def test_a_sharded_folder_loads_the_same_weights(tmp_path, tiny_folder):
+    from tinygpt_cli.weights import load_model
+
+    folder = _sharded(tmp_path / "sharded", tiny_folder)
+    sharded, whole = load_model(folder), load_model(tiny_folder.folder)
+    assert sharded.weights_file.name == "model.safetensors.index.json"
+    assert sharded.params.keys() == whole.params.keys()
+    for name in whole.params:
+        np.testing.assert_array_equal(sharded.params[name], whole.params[name], err_msg=name)
+
+
+@pytest.mark.parametrize(("where", "needle"), [
+    ("../elsewhere.safetensors", "not a .safetensors file beside the index"),
+    ("model-00009-of-00003.safetensors", "names model-00009-of-00003.safetensors, which "
+                                         "does not exist beside it"),
+])
+def test_an_index_naming_a_file_elsewhere_or_missing_is_refused(tmp_path, tiny_folder,
+                                                                where, needle):
+    from tinygpt_cli.errors import WeightsError
+    from tinygpt_cli.weights import load_model
+
+    folder = _sharded(tmp_path / "sharded", tiny_folder)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    first = next(iter(index["weight_map"]))
+    index["weight_map"][first] = where
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(WeightsError) as e:
+        load_model(folder)
+    assert needle in str(e.value)
+
+
+def test_a_pytorch_bin_alone_is_refused_in_one_line(tmp_path, tiny, cli):
+    folder = tmp_path / "bin"
+    shutil.copytree(tiny.folder, folder)
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    r = cli("embed", TEXT, "--weights", folder)
+    assert_one_error_line(r, 1, "pytorch_model.bin", "only safetensors",
+                          "safe_serialization=True")
+
+
+def test_bfloat16_bits_widen_exactly():
+    from tinygpt_cli.weights import widen_bfloat16
+
+    want = np.array([1.0, -2.5, 3.140625, 2.0 ** -100, -np.inf, 65280.0], np.float32)
+    bits = (want.view(np.uint32) >> 16).astype(np.uint16)  # each is a bfloat16 exactly
+    np.testing.assert_array_equal(widen_bfloat16(bits), want)

@@ -47,11 +47,12 @@ class Config:
     unused: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.windows, list):  # as a JSON record (a checkpoint's) gives it back
+            object.__setattr__(self, "windows", tuple(self.windows))
         for name, allowed in ARCHITECTURES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"config: {name} {shown(getattr(self, name))} is not "
                                  f"implemented (only {', '.join(map(repr, allowed))})")
-        self._check_architecture()
         for name, most in LIMITS.items():
             value = getattr(self, name)
             if not is_int(value) or value <= 0:
@@ -70,6 +71,7 @@ class Config:
             if not is_int(value) or not 0 <= value < self.vocab_size:
                 raise ValueError(f"config: {name} must be a token id from 0 to "
                                  f"{self.vocab_size - 1}, got {value!r}")
+        self._check_architecture()  # after the sizes: it divides them
 
     def _check_architecture(self) -> None:
         for name in ("head_dim", "n_kv_head", "rotary_dim"):
@@ -221,6 +223,33 @@ def save_config(config: Config, path: str | Path) -> None:
 
     text = json.dumps(config.to_hf_dict(), indent=2, sort_keys=True) + "\n"
     write_atomically(Path(path), text.encode("utf-8"))
+
+
+def arch_config(arch: str, **sizes) -> Config:
+    """A new model of one family's block (`tinygpt train --arch`): GPT-2's; GPT-Neo's
+    (unscaled scores, every other block local, seeing the last n_positions / 2 keys);
+    GPT-NeoX's (rotary on a quarter of each head, parallel blocks, exact GELU, untied head, as
+    Pythia); Llama's (RMSNorm, rotary, SwiGLU, half as many key/value heads, no biases,
+    tied as SmolLM2)."""
+    n_layer, n_head = sizes.get("n_layer", 4), sizes.get("n_head", 4)
+    d_k = sizes.get("n_embd", 128) // n_head if n_head else 0
+    knobs = {
+        "gpt2": {},
+        "neo": dict(model_type="gpt_neo", attn_scale=1.0, qkv_bias=False,
+                    windows=tuple((sizes.get("n_positions", 128) // 2) * (i % 2)
+                                  for i in range(n_layer))),
+        "neox": dict(model_type="gpt_neox", positions="rotary", rotary_dim=max(2, d_k // 4),
+                     act="gelu", parallel=True, tied=False),
+        "llama": dict(model_type="llama", norm="rms", positions="rotary", mlp="gated",
+                      act="silu", n_kv_head=n_head // 2 if n_head % 2 == 0 else 0,
+                      qkv_bias=False, out_bias=False, mlp_bias=False),
+    }
+    if arch not in knobs:
+        raise ValueError(f"--arch must be one of {', '.join(knobs)}, not {shown(arch)}")
+    return Config(**sizes, **knobs[arch])
+
+
+ARCHES = ("gpt2", "neo", "neox", "llama")
 
 
 # GPT-2's block as the analyses written for it before the other families need it

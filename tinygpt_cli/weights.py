@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -46,6 +47,7 @@ class TensorInfo(NamedTuple):  # not a frozen dataclass: built on every start-up
     name: str  # as in the file
     dtype: str  # safetensors spelling: F32, F16, BF16, I64, ...
     shape: tuple[int, ...]
+    shard: str = ""  # a sharded model's file holding it (model-00001-of-00002.safetensors)
 
 
 def header_limit(config: Config) -> int:
@@ -337,17 +339,74 @@ def widen_bfloat16(bits: np.ndarray) -> np.ndarray:
 
 
 def checked_header(path: Path, config: Config) -> dict[str, TensorInfo]:
-    """The safetensors header of the weights file, checked against the config (names,
-    shapes, dtypes): reads a few kilobytes, needs no NumPy."""
+    """The safetensors header of the weights file (or of every shard an index names),
+    checked against the config (names, shapes, dtypes): reads a few kilobytes, needs no
+    NumPy."""
     if not path.is_file():
         raise WeightsError(f"weights file {path} does not exist")
+    limit = min(MAX_HEADER_BYTES, header_limit(config))
     try:
-        infos = read_header(path, min(MAX_HEADER_BYTES, header_limit(config)))
+        if path.name != INDEX:
+            infos = read_header(path, limit)
+        else:
+            infos = {}
+            for shard, names in shards_of(path).items():
+                if not (path.parent / shard).is_file():
+                    raise WeightsError(f"{path} names {shard}, which does not exist beside it")
+                found = read_header(path.parent / shard, limit)
+                if set(found) != names:
+                    odd = sorted(set(found) ^ names)[0]
+                    raise WeightsError(f"{path}: its weight_map and {shard} disagree about "
+                                       f"tensor {odd!r}")
+                infos.update({n: i._replace(shard=shard) for n, i in found.items()})
     except OSError as e:
         raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
     with _naming(path):
         check_header(infos, config)
     return infos
+
+
+INDEX = "model.safetensors.index.json"  # a sharded model's map of tensor -> file
+SHARD = re.compile(r"[\w.-]+\.safetensors")
+
+
+def shards_of(index: Path) -> dict[str, set[str]]:
+    """A sharded model's index (model.safetensors.index.json, as save_pretrained writes it):
+    each shard's file name and the tensors in it. Shards are plain file names beside the
+    index, never a path elsewhere."""
+    with open(index, "rb") as f:
+        raw = f.read(MAX_HEADER_BYTES + 1)
+    try:
+        if len(raw) > MAX_HEADER_BYTES:
+            raise ValueError(f"larger than {MAX_HEADER_BYTES:,} bytes")
+        weight_map = json.loads(raw.decode("utf-8"))["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError("weight_map is not an object")
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        raise WeightsError(f"{index} is not a safetensors index ({e})") from None
+    shards: dict[str, set[str]] = {}
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or not SHARD.fullmatch(file) or file.startswith("."):
+            raise WeightsError(f"{index}: tensor {name!r} is in {file!r}, not a .safetensors "
+                               "file beside the index")
+        shards.setdefault(file, set()).add(name)
+    return shards
+
+
+def weights_path(root: Path) -> Path:
+    """The folder's weights: model.safetensors, else a sharded model's index. A folder with
+    only pytorch_model.bin is refused: tinygpt reads safetensors alone (a pickle can run code
+    as it loads)."""
+    single = root / "model.safetensors"
+    if single.exists() or single.is_symlink() or not (root / INDEX).is_file():
+        if not single.exists() and not single.is_symlink() and \
+                any(root.glob("pytorch_model*.bin")):
+            raise WeightsError(
+                f"weights folder {root} holds pytorch_model.bin, which tinygpt does not read: "
+                "only safetensors files (save it again with transformers: from_pretrained, "
+                "then save_pretrained(folder, safe_serialization=True))")
+        return single
+    return root / INDEX
 
 
 @contextlib.contextmanager
@@ -376,15 +435,20 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
 
     fam = family(config.model_type)
     wanted = [n for n in infos if not (n.removeprefix(fam.PREFIX)).endswith(fam.IGNORED)]
-    try:
-        mapped = map_safetensors(path)
-        if mapped is not None:
-            tensors = {n: mapped[n] for n in wanted}
-        else:  # anything map_safetensors does not take on: the library reads or reports it
-            with safe_open(str(path), framework="numpy") as f:
-                tensors = {n: f.get_tensor(n) for n in wanted}
-    except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:
-        raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
+    files: dict[Path, list[str]] = {}
+    for n in wanted:  # one file, or each shard of a sharded model
+        files.setdefault(path.parent / infos[n].shard if infos[n].shard else path, []).append(n)
+    tensors = {}
+    for file, names in files.items():
+        try:
+            mapped = map_safetensors(file)
+            if mapped is not None:
+                tensors.update({n: mapped[n] for n in names})
+            else:  # anything map_safetensors does not take on: the library reads or reports it
+                with safe_open(str(file), framework="numpy") as f:
+                    tensors.update({n: f.get_tensor(n) for n in names})
+        except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:
+            raise WeightsError(f"{file} is not a readable safetensors file ({e})") from None
     with _naming(path):
         return validate_params(tensors, config)
 
@@ -433,7 +497,8 @@ class Model:
 
     @property
     def weights_file(self) -> Path:
-        return self.folder / "model.safetensors"
+        """model.safetensors, or a sharded model's index (its sha256 names the model)."""
+        return weights_path(self.folder)
 
 
 def resolve_folder(folder: str | Path | None) -> tuple[Path, bool]:
@@ -507,7 +572,8 @@ def _open_folder(folder: str | Path | None) -> Folder:
         if named and not root.exists() and not root.is_symlink():
             raise InputError(f"weights folder {root} does not exist")
         raise WeightsError(f"weights folder {root} " + _not_a_folder(root))
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+    weights = weights_path(root)
+    for name in ("config.json", weights.name, "tokenizer.json"):
         path = root / name
         if not path.is_file():
             raise WeightsError(f"weights folder {root} has no {name}" if not path.exists()
@@ -518,7 +584,7 @@ def _open_folder(folder: str | Path | None) -> Folder:
         raise WeightsError(f"{root / 'config.json'}: {e}") from None
     # the weights' header too, though text <-> ids never reads them: a broken folder is
     # reported by every command alike
-    header = checked_header(root / "model.safetensors", config)
+    header = checked_header(weights, config)
     tokenizer = read_tokenizer(root / "tokenizer.json", config)
     check_vocabulary(tokenizer, config, root)
     return Folder(root, config, tokenizer, header)
@@ -545,8 +611,8 @@ def load_model(folder: str | Path | None = None) -> Model:
 
 def _load_model(folder: str | Path | None) -> Model:
     f = open_folder(folder)
-    return Model(f.folder, f.config, map_params(f.folder / "model.safetensors", f.config,
-                                                f.header), f.tokenizer)
+    return Model(f.folder, f.config, map_params(weights_path(f.folder), f.config, f.header),
+                 f.tokenizer)
 
 
 MAX_TOKENIZER_BYTES = 16 << 20  # GPT-2's own, 50,257 tokens with their merges: 1.4 MB

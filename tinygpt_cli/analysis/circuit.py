@@ -9,7 +9,7 @@ block l's MLP and everything later, MLP l feeds every later block and the logits
 Every receiver's input is a sum of sender outputs (plus the attention biases b_O of the
 blocks before it, and in a steered run the steering vector from the block it is added before:
 constants, the same in every run), so one edge can be patched on its own:
-v's input is normed by v's own LayerNorm (ln1 for q/k/v, ln2 for an MLP, ln_f for the logits)
+v's input is normed by v's own LayerNorm (ln1 for q/k/v, ln2 for an MLP, ln_final for the logits)
 after the sum. `edge_forward` runs the model that way.
 
 Scores of edge u -> v, on the metric m = logit[target] - logit[vs] at one position:
