@@ -188,3 +188,25 @@ def test_bfloat16_bits_widen_exactly():
     want = np.array([1.0, -2.5, 3.140625, 2.0 ** -100, -np.inf, 65280.0], np.float32)
     bits = (want.view(np.uint32) >> 16).astype(np.uint16)  # each is a bfloat16 exactly
     np.testing.assert_array_equal(widen_bfloat16(bits), want)
+
+
+def test_the_rotary_angles_the_pos_card_shows_are_the_turn_of_each_pair():
+    """Turning a head vector with a 1 at i (and 0 at i + r) by ops.rotary at position t
+    leaves (cos a, sin a) in (i, i + r): a is the angle `rotary_angles` lists."""
+    from tinygpt_cli import ops
+    from tinygpt_cli.model import trace
+
+    config = Config(n_embd=16, n_layer=1, n_head=2, n_inner=8, vocab_size=11, n_positions=9,
+                    positions="rotary", rotary_dim=4, rotary_base=100.0, norm="rms",
+                    model_type="llama", mlp="gated", act="silu", mlp_bias=False)
+    params = random_params(config, seed=3)
+    angles = trace(params, config, np.arange(9) % 11)["rotary_angles"]  # [T, r]
+    assert angles.shape == (9, 2)
+    for i in range(2):
+        x = np.zeros((9, 8))
+        x[:, i] = 1.0
+        turned = ops.rotary(x, 0, 4, 100.0)
+        np.testing.assert_allclose(np.cos(angles[:, i]), turned[:, i], atol=1e-12)
+        np.testing.assert_allclose(np.sin(angles[:, i]), turned[:, i + 2], atol=1e-12)
+        np.testing.assert_array_equal(turned[:, 4:], 0.0)  # past the rotary part: unturned
+    np.testing.assert_allclose(angles[5], 5 * 100.0 ** (-np.arange(2) / 2))

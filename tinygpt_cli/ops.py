@@ -344,13 +344,17 @@ def gated_backward(dout, gate, up, act: str):
 def rotary_angles(positions: tuple[int, int], rot: int, base: float, dtype) -> tuple:
     """cos and sin [T, rot] of positions start .. end-1, each frequency twice (the halves
     of the rotated part turn together, as transformers' rotate_half pairs them)."""
-    start, end = positions
-    inv = 1.0 / (base ** (np.arange(0, rot, 2, dtype=np.float64) / rot))  # [rot / 2]
-    angles = np.arange(start, end, dtype=np.float64)[:, None] * inv  # [T, rot / 2]
+    angles = rotary_frequencies(positions[1], rot, base)[positions[0]:]  # [T, rot / 2]
     angles = np.concatenate([angles, angles], axis=-1)
     cos, sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
     cos.flags.writeable = sin.flags.writeable = False
     return cos, sin
+
+
+def rotary_frequencies(t: int, rot: int, base: float) -> np.ndarray:
+    """The angle position p turns pair i by: p base^(-2i / rot), radians.  [t, rot / 2]"""
+    inv = 1.0 / (base ** (np.arange(0, rot, 2, dtype=np.float64) / rot))
+    return np.arange(t, dtype=np.float64)[:, None] * inv
 
 
 def _rotate_half(x: np.ndarray) -> np.ndarray:

@@ -39,6 +39,9 @@ VALUES: list[Value] = [
           "hook_embed", "tokenEmbeddings"),
     Value("position_embeddings", "T d", 3, "W_P[0..T-1], each position's row",
           "hook_pos_embed", "positionEmbeddings", needs="learned"),
+    Value("rotary_angles", "T r", 3, "the angle (radians) position t turns each pair (i, "
+          "i + r) of every head's q and k by: t base^(-2i / 2r)", kind="derived",
+          needs="rotary"),
     Value("embeddings", "T d", 3, "token_embeddings + position_embeddings (rotary models: "
           "token_embeddings; their positions turn q and k)", seed="embeddings"),
     Value("layers.L.resid_pre", "T d", 4, "the residual stream entering block L",
@@ -137,6 +140,7 @@ NEEDS = {
     "layer": lambda c: c.norm == "layer",
     "rms": lambda c: c.norm == "rms",
     "learned": lambda c: c.positions == "learned",
+    "rotary": lambda c: c.positions == "rotary",
     "sequential": lambda c: not c.parallel,
     "gated": lambda c: c.mlp == "gated",
     "qkv_bias": lambda c: c.qkv_bias,
@@ -160,7 +164,8 @@ def sizes(config: Config, t: int | None = None) -> dict[str, int]:
     d, dk = config.n_embd, config.d_k
     out = {"d": d, "H": config.n_head, "H_kv": config.kv_heads, "d_k": dk,
            "Hd_k": config.n_head * dk, "qkv": (config.n_head + 2 * config.kv_heads) * dk,
-           "ff": config.n_inner, "V": config.vocab_size, "n_ctx": config.n_positions, "1": 1}
+           "ff": config.n_inner, "V": config.vocab_size, "n_ctx": config.n_positions, "1": 1,
+           "r": config.rotary // 2}
     if t is not None:
         out["T"] = t
     return out
@@ -327,7 +332,10 @@ def _name(parts: list[str], config: Config) -> str | None:
 WITHOUT = {
     "layer": "its norms are RMSNorms (x / rms * w: see .rms), with no mean or std",
     "rms": "its norms are LayerNorms (mean and std), with no rms",
-    "learned": "its positions turn q and k (rotary), with no position table",
+    "learned": "its positions turn q and k (rotary), with no position table: see "
+               "rotary_angles",
+    "rotary": "its positions are a learned table added to the embeddings, with no rotary "
+              "angles",
     "sequential": "its attention and MLP both read resid_pre (a parallel block), so there is "
                   "no resid_mid",
     "gated": "its MLP is not gated: mlp_pre goes through the activation alone",

@@ -130,6 +130,11 @@ class Trace:
             from .sampling import probabilities
 
             return probabilities(self.values["logits"], 1.0)
+        if name == "rotary_angles":
+            from . import ops
+
+            cfg, t = self.config, np.asarray(self.values["ids"]).shape[-1]
+            return ops.rotary_frequencies(t, cfg.rotary, cfg.rotary_base)
         if name not in self.values:
             raise PathError(name, f"{name} was not recorded in this run")
         return self.values[name]
