@@ -13,7 +13,7 @@ from safetensors.numpy import load_file
 
 from tinygpt_cli.config import Config
 from tinygpt_cli.families import KNOWN, family, gpt2
-from tinygpt_cli.schema import PARAMS, param_shapes
+from tinygpt_cli.schema import NEEDS, PARAMS, param_shapes
 
 CONFIG = Config(n_embd=8, n_layer=3, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
 
@@ -41,7 +41,8 @@ def test_file_shapes_are_the_canonical_shapes_under_the_files_names():
     shapes = gpt2.file_shapes(CONFIG)
     assert shapes == {gpt2.file_name(n): s for n, s in param_shapes(CONFIG).items()}
     assert shapes["h.1.attn.c_attn.weight"] == (8, 24)  # (in, out), q k v side by side
-    assert len(shapes) == 2 + 12 * CONFIG.n_layer + 2 == len(PARAMS) + 12 * 2
+    assert len(shapes) == 2 + 12 * CONFIG.n_layer + 2  # GPT-2's 16 kinds of tensor
+    assert set(row[3] for row in PARAMS) <= set(NEEDS)
 
 
 def test_gpt2_tensors_are_the_same_arrays_both_ways():
@@ -77,16 +78,16 @@ def test_the_config_names_its_family_and_writes_it_back():
     assert Config.from_dict(no_type) == CONFIG
 
 
-@pytest.mark.parametrize(("knob", "value"), [("norm", "rms"), ("positions", "rotary"),
-                                             ("mlp", "gated"), ("tied", False),
-                                             ("parallel", True)])
+@pytest.mark.parametrize(("knob", "value"), [("norm", "batch"), ("positions", "alibi"),
+                                             ("mlp", "moe"), ("act", "relu"),
+                                             ("parallel", 2)])
 def test_a_knob_with_no_step_yet_is_refused_by_name(knob, value):
     with pytest.raises(ValueError) as e:
         Config(**{knob: value})
     assert str(e.value).startswith(f"config: {knob} {value!r} is not implemented (only ")
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gpt_neox", 5, None])
+@pytest.mark.parametrize("model_type", ["mistral", "gemma2", 5, None])
 def test_a_model_type_without_a_converter_is_refused_by_name(model_type):
     with pytest.raises(ValueError) as e:
         Config.from_dict({**CONFIG.to_hf_dict(), "model_type": model_type})
@@ -95,23 +96,117 @@ def test_a_model_type_without_a_converter_is_refused_by_name(model_type):
                             f"({', '.join(sorted(KNOWN))})")
 
 
-def test_a_llama_folder_is_refused_for_its_family_not_its_tensor_count(tmp_path, tiny, cli):
+def test_a_folder_of_another_family_is_refused_for_its_family_not_its_tensor_count(
+        tmp_path, tiny, cli):
     """Issue 29's first symptom: a 3-block Llama folder was taken for a 4-block GPT-2 and
     refused for its tensor count; now its model_type is read first."""
-    folder = tmp_path / "llama"
+    folder = tmp_path / "mistral"
     shutil.copytree(tiny.folder, folder)
     config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    config.update(model_type="mistral", architectures=["MistralForCausalLM"])
     (folder / "config.json").write_text(json.dumps(config))
     r = cli("embed", TEXT, "--weights", folder)
-    assert_one_error_line(r, 1, "config.json", "model_type 'llama' is not a family tinygpt "
-                          "reads (gpt2)")
+    assert_one_error_line(r, 1, "config.json", "model_type 'mistral' is not a family tinygpt "
+                          "reads (gpt2, gpt_neo, gpt_neox, llama, qwen2, qwen3)")
 
 
 def test_every_known_family_has_the_converters_functions():
     for model_type in KNOWN:
         fam = family(model_type)
-        assert fam.MODEL_TYPE == model_type
+        assert fam.MODEL_TYPE == KNOWN[model_type]  # qwen2 and qwen3 are read as llama
         for name in ("config_from_hf", "config_to_hf", "file_shapes", "params_from_file",
                      "params_to_file", "file_name", "canonical_name"):
             assert callable(getattr(fam, name)), (model_type, name)
+
+
+# ------------------------------------------------------------------ sharded and refused files
+
+
+def _sharded(folder, tiny_folder, shards: int = 3):
+    """The tiny folder's weights cut into shards with an index, as save_pretrained writes a
+    model larger than its max_shard_size."""
+    from safetensors.numpy import save_file
+
+    shutil.copytree(tiny_folder.folder, folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    names = sorted(tensors)
+    weight_map = {}
+    for k in range(shards):
+        file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[k::shards]}
+        save_file(part, str(folder / file))
+        weight_map.update({n: file for n in part})
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    return folder
+
+
+def test_a_sharded_folder_loads_the_same_weights(tmp_path, tiny_folder):
+    from tinygpt_cli.weights import load_model
+
+    folder = _sharded(tmp_path / "sharded", tiny_folder)
+    sharded, whole = load_model(folder), load_model(tiny_folder.folder)
+    assert sharded.weights_file.name == "model.safetensors.index.json"
+    assert sharded.params.keys() == whole.params.keys()
+    for name in whole.params:
+        np.testing.assert_array_equal(sharded.params[name], whole.params[name], err_msg=name)
+
+
+@pytest.mark.parametrize(("where", "needle"), [
+    ("../elsewhere.safetensors", "not a .safetensors file beside the index"),
+    ("model-00009-of-00003.safetensors", "names model-00009-of-00003.safetensors, which "
+                                         "does not exist beside it"),
+])
+def test_an_index_naming_a_file_elsewhere_or_missing_is_refused(tmp_path, tiny_folder,
+                                                                where, needle):
+    from tinygpt_cli.errors import WeightsError
+    from tinygpt_cli.weights import load_model
+
+    folder = _sharded(tmp_path / "sharded", tiny_folder)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    first = next(iter(index["weight_map"]))
+    index["weight_map"][first] = where
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(WeightsError) as e:
+        load_model(folder)
+    assert needle in str(e.value)
+
+
+def test_a_pytorch_bin_alone_is_refused_in_one_line(tmp_path, tiny, cli):
+    folder = tmp_path / "bin"
+    shutil.copytree(tiny.folder, folder)
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    r = cli("embed", TEXT, "--weights", folder)
+    assert_one_error_line(r, 1, "pytorch_model.bin", "only safetensors",
+                          "safe_serialization=True")
+
+
+def test_bfloat16_bits_widen_exactly():
+    from tinygpt_cli.weights import widen_bfloat16
+
+    want = np.array([1.0, -2.5, 3.140625, 2.0 ** -100, -np.inf, 65280.0], np.float32)
+    bits = (want.view(np.uint32) >> 16).astype(np.uint16)  # each is a bfloat16 exactly
+    np.testing.assert_array_equal(widen_bfloat16(bits), want)
+
+
+def test_the_rotary_angles_the_pos_card_shows_are_the_turn_of_each_pair():
+    """Turning a head vector with a 1 at i (and 0 at i + r) by ops.rotary at position t
+    leaves (cos a, sin a) in (i, i + r): a is the angle `rotary_angles` lists."""
+    from tinygpt_cli import ops
+    from tinygpt_cli.model import trace
+
+    config = Config(n_embd=16, n_layer=1, n_head=2, n_inner=8, vocab_size=11, n_positions=9,
+                    positions="rotary", rotary_dim=4, rotary_base=100.0, norm="rms",
+                    model_type="llama", mlp="gated", act="silu", mlp_bias=False)
+    params = random_params(config, seed=3)
+    angles = trace(params, config, np.arange(9) % 11)["rotary_angles"]  # [T, r]
+    assert angles.shape == (9, 2)
+    for i in range(2):
+        x = np.zeros((9, 8))
+        x[:, i] = 1.0
+        turned = ops.rotary(x, 0, 4, 100.0)
+        np.testing.assert_allclose(np.cos(angles[:, i]), turned[:, i], atol=1e-12)
+        np.testing.assert_allclose(np.sin(angles[:, i]), turned[:, i + 2], atol=1e-12)
+        np.testing.assert_array_equal(turned[:, 4:], 0.0)  # past the rotary part: unturned
+    np.testing.assert_allclose(angles[5], 5 * 100.0 ** (-np.arange(2) / 2))

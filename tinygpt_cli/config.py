@@ -24,19 +24,31 @@ class Config:
     bos_token_id: int = 0
     eos_token_id: int = 0
     # The architecture: which converter reads and writes the family's files, and the knobs
-    # model.py dispatches on. GPT-2's values are the ones implemented; any other is refused
-    # by name (ARCHITECTURES), never computed the GPT-2 way.
+    # model.py dispatches on (ARCHITECTURES lists the values each knob takes).
     model_type: str = "gpt2"
     norm: str = "layer"  # layer: (x - mean) / std * w + b; rms: x / rms * w
     positions: str = "learned"  # learned: W_pos rows added to the embeddings; rotary: q, k turned
-    mlp: str = "gelu"  # gelu: GELU(x W_in + b_in) W_out + b_out; gated: act(x W_gate) * x W_in
-    tied: bool = True  # the output head is W_E transposed; untied: its own W_U
+    mlp: str = "gelu"  # gelu: act(x W_in + b_in) W_out + b_out; gated: act(x W_gate) * x W_in
+    act: str = "gelu_new"  # gelu_new: GELU's tanh form; gelu: erf's; silu: x sigmoid(x)
+    tied: bool = True  # the output head is W_E; untied: its own rows, unembed.W_U
     parallel: bool = False  # attention and MLP both read resid_pre (GPT-NeoX), or in turn
+    head_dim: int = 0  # numbers per head; 0: n_embd / n_head
+    n_kv_head: int = 0  # heads of keys and values, shared by groups of queries; 0: n_head
+    rotary_dim: int = 0  # numbers of each head turned by the rotary positions; 0: all
+    rotary_base: float = 10000.0
+    attn_scale: float = 0.0  # scores = q k * attn_scale; 0: 1 / sqrt(d_k); GPT-Neo: 1
+    windows: tuple[int, ...] = ()  # per block, the keys a query sees (0: all); (): all, everywhere
+    qk_norm: bool = False  # an RMSNorm on each head's q and k (Qwen3)
+    qkv_bias: bool = True  # biases on q, k, v
+    out_bias: bool = True  # a bias on the attention output
+    mlp_bias: bool = True  # biases on the MLP's products
     # What the config file said that tinygpt reads past (a special token id outside the
     # vocabulary, as transformers' default GPT2Config has), one line each, for `info`.
     unused: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.windows, list):  # as a JSON record (a checkpoint's) gives it back
+            object.__setattr__(self, "windows", tuple(self.windows))
         for name, allowed in ARCHITECTURES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"config: {name} {shown(getattr(self, name))} is not "
@@ -50,7 +62,7 @@ class Config:
         eps = self.layer_norm_epsilon
         if not is_number(eps) or not 0 < eps <= 1:  # NaN fails both comparisons
             raise ValueError(f"config: layer_norm_epsilon must be a number in (0, 1], got {eps!r}")
-        if self.n_embd % self.n_head:
+        if self.n_embd % self.n_head and not self.head_dim:
             raise ValueError(
                 f"config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
             )
@@ -59,16 +71,63 @@ class Config:
             if not is_int(value) or not 0 <= value < self.vocab_size:
                 raise ValueError(f"config: {name} must be a token id from 0 to "
                                  f"{self.vocab_size - 1}, got {value!r}")
+        self._check_architecture()  # after the sizes: it divides them
+
+    def _check_architecture(self) -> None:
+        for name in ("head_dim", "n_kv_head", "rotary_dim"):
+            value = getattr(self, name)
+            if not is_int(value) or not 0 <= value <= 1 << 16:
+                raise ValueError(f"config: {name} must be a whole number from 0, got "
+                                 f"{shown(value)}")
+        kv = self.kv_heads
+        if not is_int(self.n_head) or self.n_head % kv:
+            raise ValueError(f"config: n_head ({self.n_head}) must be a multiple of the "
+                             f"key/value heads ({kv})")
+        rot = self.rotary_dim or self.d_k
+        if self.positions == "rotary" and (rot % 2 or rot > self.d_k):
+            raise ValueError(f"config: the rotary part of a head ({rot}) must be even and at "
+                             f"most the head's {self.d_k} numbers")
+        for name in ("rotary_base", "attn_scale"):
+            value = getattr(self, name)
+            if not is_number(value) or not 0 <= value < 1e30:
+                raise ValueError(f"config: {name} must be a finite number, got {shown(value)}")
+        if self.rotary_base <= 0 and self.positions == "rotary":
+            raise ValueError(f"config: rotary_base must be positive, got {self.rotary_base}")
+        if self.windows and (len(self.windows) != self.n_layer
+                             or not all(is_int(w) and w >= 0 for w in self.windows)):
+            raise ValueError(f"config: windows must give one whole number per block "
+                             f"({self.n_layer}), got {shown(self.windows)}")
+        if self.mlp == "gated" and self.mlp_bias:
+            raise ValueError("config: a gated MLP with biases is not implemented")
 
     @property
     def d_k(self) -> int:
         """Numbers per head."""
-        return self.n_embd // self.n_head
+        return self.head_dim or self.n_embd // self.n_head
 
     @property
-    def n_kv_head(self) -> int:
-        """Heads of keys and values (grouped-query attention shares them; GPT-2: all)."""
-        return self.n_head
+    def kv_heads(self) -> int:
+        """Heads of keys and values (grouped-query attention shares each among n_head /
+        kv_heads queries; GPT-2: every head its own)."""
+        return self.n_kv_head or self.n_head
+
+    @property
+    def rotary(self) -> int:
+        """Numbers of each head that the rotary positions turn (0: learned positions)."""
+        return (self.rotary_dim or self.d_k) if self.positions == "rotary" else 0
+
+    @property
+    def scale(self) -> float:
+        """What q k is multiplied by to make a score."""
+        return self.attn_scale or 1.0 / self.d_k ** 0.5
+
+    def lacks(self, **needs) -> list[str]:
+        """What of `needs` (knob=value) this architecture has otherwise, as "norm rms"."""
+        return [f"{k} {getattr(self, k)!r}" for k, v in needs.items() if getattr(self, k) != v]
+
+    def window(self, layer: int) -> int:
+        """How many keys back a query of block `layer` sees, itself included (0: all)."""
+        return self.windows[layer] if self.windows else 0
 
     def to_hf_dict(self) -> dict:
         """The config.json of this model's family, as `transformers` reads it."""
@@ -89,8 +148,11 @@ class Config:
 
 
 # The values of each architecture knob that model.py implements.
-ARCHITECTURES = {"norm": ("layer",), "positions": ("learned",), "mlp": ("gelu",),
-                 "tied": (True,), "parallel": (False,)}
+ARCHITECTURES = {"norm": ("layer", "rms"), "positions": ("learned", "rotary"),
+                 "mlp": ("gelu", "gated"), "act": ("gelu_new", "gelu", "silu"),
+                 "tied": (True, False), "parallel": (False, True),
+                 "qk_norm": (False, True), "qkv_bias": (True, False), "out_bias": (True, False),
+                 "mlp_bias": (True, False)}
 
 # The largest size the loader accepts: far above GPT-2 XL (48 blocks of 1,600 numbers, 50,257
 # tokens, 1,024 positions), far below what would exhaust memory before a file could say no.
@@ -161,6 +223,55 @@ def save_config(config: Config, path: str | Path) -> None:
 
     text = json.dumps(config.to_hf_dict(), indent=2, sort_keys=True) + "\n"
     write_atomically(Path(path), text.encode("utf-8"))
+
+
+def arch_config(arch: str, **sizes) -> Config:
+    """A new model of one family's block (`tinygpt train --arch`): GPT-2's; GPT-Neo's
+    (unscaled scores, every other block local, seeing the last n_positions / 2 keys);
+    GPT-NeoX's (rotary on a quarter of each head, parallel blocks, exact GELU, untied head, as
+    Pythia); Llama's (RMSNorm, rotary, SwiGLU, half as many key/value heads, no biases,
+    tied as SmolLM2)."""
+    n_layer, n_head = sizes.get("n_layer", 4), sizes.get("n_head", 4)
+    d_k = sizes.get("n_embd", 128) // n_head if n_head else 0
+    knobs = {
+        "gpt2": {},
+        "neo": dict(model_type="gpt_neo", attn_scale=1.0, qkv_bias=False,
+                    windows=tuple((sizes.get("n_positions", 128) // 2) * (i % 2)
+                                  for i in range(n_layer))),
+        "neox": dict(model_type="gpt_neox", positions="rotary", rotary_dim=max(2, d_k // 4),
+                     act="gelu", parallel=True, tied=False),
+        "llama": dict(model_type="llama", norm="rms", positions="rotary", mlp="gated",
+                      act="silu", n_kv_head=n_head // 2 if n_head % 2 == 0 else 0,
+                      qkv_bias=False, out_bias=False, mlp_bias=False),
+    }
+    if arch not in knobs:
+        raise ValueError(f"--arch must be one of {', '.join(knobs)}, not {shown(arch)}")
+    return Config(**sizes, **knobs[arch])
+
+
+ARCHES = ("gpt2", "neo", "neox", "llama")
+
+
+# GPT-2's block as the analyses written for it before the other families need it
+GPT2_BLOCK = {"norm": "layer", "positions": "learned", "mlp": "gelu", "parallel": False,
+              "tied": True}
+
+
+def require(config: Config, what: str, needs: dict | None = None,
+            grouped: bool = False) -> None:
+    """InputError (exit 2) naming what `what` cannot take of this model's architecture: an
+    analysis written for GPT-2's block says so in one line, never computes another's as if
+    it were GPT-2's. `needs`: knob -> value (default GPT2_BLOCK); `grouped`: it takes
+    grouped keys and values."""
+    from .errors import InputError
+
+    lacking = config.lacks(**(GPT2_BLOCK if needs is None else needs))
+    if not grouped and config.kv_heads != config.n_head:
+        lacking.append(f"{config.kv_heads} key/value heads for {config.n_head} query heads")
+    if lacking:
+        raise InputError(f"{what} is not available for this {config.model_type} model yet: "
+                         f"it is written for GPT-2's block, and this one has "
+                         f"{', '.join(lacking)}")
 
 
 def check_vocab_size(vocab_size: int) -> None:

@@ -91,7 +91,8 @@ class Dropout:
 class KVCache:
     """Each block's keys and values for positions 0 .. length-1, in preallocated buffers.
 
-    k[i], v[i]: [*batch, H, n_ctx, d_k]. forward(..., cache=c, start=c.length) writes the new
+    k[i], v[i]: [*batch, H_kv, n_ctx, d_k] (the keys already turned by their positions).
+    forward(..., cache=c, start=c.length) writes the new
     positions' keys and values and attends over everything cached so far.
     """
 
@@ -103,7 +104,7 @@ class KVCache:
     def empty(cls, config: Config, batch: tuple[int, ...] = (), dtype=np.float32) -> KVCache:
         # One buffer, not zeroed: only positions below `length` are ever read, and each is
         # written first; untouched, its pages are never made (fresh_pages).
-        buf = fresh_pages((config.n_layer, 2, *batch, config.n_head, config.n_positions,
+        buf = fresh_pages((config.n_layer, 2, *batch, config.kv_heads, config.n_positions,
                            config.d_k), dtype)
         return cls([buf[i, 0] for i in range(config.n_layer)],
                    [buf[i, 1] for i in range(config.n_layer)])
@@ -134,8 +135,11 @@ def fresh_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
 
 
 def embed(params, ids: np.ndarray, start: int, hooks: Hook) -> np.ndarray:
-    """Cards 1-3: ids -> their rows of W_E, plus the rows of W_P for their positions."""
+    """Cards 1-3: ids -> their rows of W_E, plus the rows of W_P for their positions (a
+    rotary model has no W_P: its positions turn q and k in attention)."""
     tok = hooks("token_embeddings", ops.embedding(params["embed.W_E"], ids))  # [T, d]
+    if "embed.W_pos" not in params:
+        return hooks("embeddings", tok)
     pos = hooks("position_embeddings",
                 ops.position_embedding(params["embed.W_pos"], ids.shape[-1], start))  # [T, d]
     return hooks("embeddings", tok + pos)
@@ -146,13 +150,32 @@ def embed_backward(g: Gradients, dh: np.ndarray) -> None:
     demb = g.undrop("embeddings", dh)
     g.keep("embeddings", demb)
     g.keep("token_embeddings", demb)
-    g.keep("position_embeddings", demb.reshape(-1, *demb.shape[-2:]).sum(axis=0)
-           if demb.ndim == 3 else demb)
+    learned = "embed.W_pos" in g.params
+    if learned:
+        g.keep("position_embeddings", demb.reshape(-1, *demb.shape[-2:]).sum(axis=0)
+               if demb.ndim == 3 else demb)
     if not g.weights:
         return
-    g.grads["embed.W_pos"] = ops.position_embedding_backward(demb, g.params["embed.W_pos"])
-    g.grads["embed.W_E"] += ops.embedding_backward(demb, g.params["embed.W_E"],
-                                                   g.values["ids"])
+    if learned:
+        g.grads["embed.W_pos"] = ops.position_embedding_backward(demb, g.params["embed.W_pos"])
+    g.grads["embed.W_E"] = g.grads.get("embed.W_E", 0) + ops.embedding_backward(
+        demb, g.params["embed.W_E"], g.values["ids"])
+
+
+def norm(params, config: Config, x: np.ndarray, name: str, hooks: Hook) -> np.ndarray:
+    """Card 4 (and 8): the norm `name` (layers.L.ln1, layers.L.ln2, ln_final), a LayerNorm
+    or an RMSNorm as the architecture has it; its parameters are name.w (and name.b)."""
+    if config.norm == "rms":
+        return rms_norm(x, params[name + ".w"], config.layer_norm_epsilon, name, hooks)
+    return layer_norm(x, params[name + ".w"], params[name + ".b"], config.layer_norm_epsilon,
+                      name, hooks)
+
+
+def norm_backward(g: Gradients, d: np.ndarray, x: np.ndarray, name: str) -> np.ndarray:
+    """Card 4 (and 8) in reverse: dx of the norm `name` whose input was x."""
+    if g.config.norm == "rms":
+        return rms_norm_backward(g, d, x, name)
+    return layer_norm_backward(g, d, x, name, name)
 
 
 def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.ndarray:
@@ -175,11 +198,25 @@ def layer_norm_backward(g: Gradients, d: np.ndarray, x: np.ndarray, param: str,
                         name: str) -> np.ndarray:
     """Card 4 (and 8) in reverse: dx of the norm `name` with weight and bias `param`; the
     gradients of its hooked mean and std kept as values."""
-    dx, g.grads[param + ".w"], g.grads[param + ".b"], dmean, dstd = \
+    dx, dw, db, dmean, dstd = \
         ops.layer_norm_backward_parts(d, x, g.params[param + ".w"],
                                       g.values[name + ".mean"], g.values[name + ".std"])
+    g.grads[param + ".w"], g.grads[param + ".b"] = dw, db
     g.keep(name + ".mean", dmean)
     g.keep(name + ".std", dstd)
+    return dx
+
+
+def rms_norm(x: np.ndarray, w, eps: float, name: str, hooks: Hook) -> np.ndarray:
+    """Card 4 (and 8) of Llama-style models: ops.rms_norm, its rms passing through the hooks."""
+    rms = hooks(name + ".rms", ops.rms_of(x, eps))  # [T, 1]
+    return hooks(name + ".out", ops.rms_scale(x, rms, w))
+
+
+def rms_norm_backward(g: Gradients, d: np.ndarray, x: np.ndarray, name: str) -> np.ndarray:
+    dx, g.grads[name + ".w"], drms = ops.rms_norm_backward(d, x, g.params[name + ".w"],
+                                                           g.values[name + ".rms"])
+    g.keep(name + ".rms", drms)
     return dx
 
 
@@ -190,22 +227,40 @@ def _head_paths(prefix: str, name: str, n_head: int) -> tuple[str, ...]:
 
 def _heads(name: str, x: np.ndarray, prefix: str, hooks: Hook, n_head: int) -> None:
     """Pass each head's slice of x [.., H, ...] through the hooks as its own value; a hook
-    that returns a new array for a head has it written into that head's slice."""
+    that returns a new array for a head has it written into that head's slice. With fewer
+    heads in x than queries (grouped keys and values), head h's is its group's, h // group."""
+    group = n_head // x.shape[-3]
     # one text ([H, T, ..]): the heads as the first axis iterates them, the cheapest views
-    parts = x if x.ndim == 3 else (x[..., h, :, :] for h in range(n_head))
+    parts = (x if x.ndim == 3 and group == 1
+             else (x[..., h // group, :, :] for h in range(n_head)))
     for path, part in zip(_head_paths(prefix, name, n_head), parts, strict=True):
         out = hooks(path, part)
         if out is not part:
             part[...] = out
 
 
+def queries_keys_values(params, config: Config, i: int, x: np.ndarray, start: int,
+                        per_text: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Block i's q [H, T, d_k] and k, v [H_kv, T, d_k] from its normed input x: one product
+    by W_QKV, each head's q and k RMS-normed (Qwen3) and turned by its positions (rotary)."""
+    p = f"layers.{i}.attn."
+    qkv = ops.linear(x, params[p + "W_QKV"], params.get(p + "b_QKV"), per_text)
+    q, k, v = ops.split_qkv(qkv, config.n_head, config.kv_heads)
+    if config.qk_norm:
+        eps = config.layer_norm_epsilon
+        q = ops.rms_norm(q, params[p + "q_norm.w"], eps)[0]
+        k = ops.rms_norm(k, params[p + "k_norm.w"], eps)[0]
+    if config.rotary:
+        q = ops.rotary(q, start, config.rotary, config.rotary_base)
+        k = ops.rotary(k, start, config.rotary, config.rotary_base)
+    return q, k, v
+
+
 def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
               cache: KVCache | None, start: int, per_text: bool = False) -> np.ndarray:
     """Card 5: masked multi-head attention of block i.  [T, d] -> [T, d]"""
     p, L = f"layers.{i}.attn.", f"layers.{i}."
-    qkv = ops.linear(x, params[p + "W_QKV"], params[p + "b_QKV"],
-                     per_text)  # [T, 3d]
-    q, k, v = ops.split_qkv(qkv, config.n_head)  # [H, T, d_k] each
+    q, k, v = queries_keys_values(params, config, i, x, start, per_text)
     if hooks is not None:
         q, k, v = hooks(L + "q", q), hooks(L + "k", k), hooks(L + "v", v)
         for name, a in (("q", q), ("k", k), ("v", v)):
@@ -215,7 +270,9 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
         cache.k[i][..., start:end, :] = k
         cache.v[i][..., start:end, :] = v
         k, v = cache.k[i][..., :end, :], cache.v[i][..., :end, :]
-    scores = ops.attention_scores(q, k, start)  # [H, T, S]
+    group = config.n_head // config.kv_heads
+    k, v = ops.repeat_kv(k, group), ops.repeat_kv(v, group)
+    scores = ops.attention_scores(q, k, start, config.attn_scale, config.window(i))  # [H, T, S]
     if hooks is not None:
         scores = hooks(L + "scores", scores)
         _heads("scores", scores, L, hooks, config.n_head)
@@ -230,54 +287,103 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
     if hooks is not None:
         z = hooks(L + "z", z)
         _heads("out", z, L, hooks, config.n_head)
-    out = ops.linear(ops.merge_heads(z), params[p + "W_O"], params[p + "b_O"], per_text)
+    out = ops.linear(ops.merge_heads(z), params[p + "W_O"], params.get(p + "b_O"), per_text)
     return out if hooks is None else hooks(L + "attn_out", out)  # [T, d]
 
 
 def attention_backward(g: Gradients, i: int, dattn: np.ndarray) -> np.ndarray:
     """Card 5 in reverse: from d attn_out to d ln1.out, through W_O, the weighted sum of
-    the values, the softmax, the scores and W_QKV."""
-    p, L, values = f"layers.{i}.attn.", f"layers.{i}.", g.values
+    the values, the softmax, the scores, the positions' turn, the q/k norms and W_QKV."""
+    p, L, values, cfg = f"layers.{i}.attn.", f"layers.{i}.", g.values, g.config
+    group = cfg.n_head // cfg.kv_heads
     g.keep(L + "attn_out", dattn)
-    dz, g.grads[p + "W_O"], g.grads[p + "b_O"] = ops.linear_backward(
+    dz, g.grads[p + "W_O"], db = ops.linear_backward(
         dattn, ops.merge_heads(values[L + "z"]), g.params[p + "W_O"], weights=g.weights)
-    dz = ops.split_heads(dz, g.config.n_head)
+    g.bias(p + "b_O", db)
+    dz = ops.split_heads(dz, cfg.n_head)
+    k, v = ops.repeat_kv(values[L + "k"], group), ops.repeat_kv(values[L + "v"], group)
     dq, dk, dvv, dweights, dscores = ops.attention_backward_parts(
-        dz, values[L + "q"], values[L + "k"], values[L + "v"], values[L + "weights"])
+        dz, values[L + "q"], k, v, values[L + "weights"], cfg.attn_scale)
+    dk, dvv = ops.repeat_kv_backward(dk, group), ops.repeat_kv_backward(dvv, group)
     for name, path, d in (("out", "z", dz), ("weights", "weights", dweights),
                           ("scores", "scores", dscores), ("q", "q", dq), ("k", "k", dk),
                           ("v", "v", dvv)):
         g.keep(L + path, d)
         g.keep_heads(name, d, L)
+    if cfg.rotary:
+        dq = ops.rotary_backward(dq, 0, cfg.rotary, cfg.rotary_base)
+        dk = ops.rotary_backward(dk, 0, cfg.rotary, cfg.rotary_base)
+    if cfg.qk_norm:
+        dq, dk = _qk_norm_backward(g, i, dq, dk)
     dqkv = np.concatenate(
         [ops.merge_heads(dq), ops.merge_heads(dk), ops.merge_heads(dvv)], axis=-1)
-    dx, g.grads[p + "W_QKV"], g.grads[p + "b_QKV"] = ops.linear_backward(
+    dx, g.grads[p + "W_QKV"], db = ops.linear_backward(
         dqkv, values[L + "ln1.out"], g.params[p + "W_QKV"], weights=g.weights)
+    g.bias(p + "b_QKV", db)
     g.keep(L + "ln1.out", dx)
     return dx
 
 
-def feed_forward(params, i: int, x: np.ndarray, hooks: Hook, per_text: bool = False
-                 ) -> np.ndarray:
-    """Card 6: GELU(x W_1 + b_1) W_2 + b_2.  [T, d] -> [T, ff] -> [T, d]"""
+def _qk_norm_backward(g: Gradients, i: int, dq: np.ndarray, dk: np.ndarray):
+    """Through each head's RMSNorm of q and k, whose inputs are made again from ln1.out (the
+    same product as the pass's; not a value of the trace)."""
+    p, cfg = f"layers.{i}.attn.", g.config
+    qkv = ops.linear(g.values[f"layers.{i}.ln1.out"], g.params[p + "W_QKV"],
+                     g.params.get(p + "b_QKV"))
+    q, k, _ = ops.split_qkv(qkv, cfg.n_head, cfg.kv_heads)
+    out = []
+    for name, x, d in (("q_norm", q, dq), ("k_norm", k, dk)):
+        w = g.params[p + name + ".w"]
+        dx, dw, _ = ops.rms_norm_backward(d, x, w, ops.rms_of(x, cfg.layer_norm_epsilon))
+        g.grads[p + name + ".w"] = dw
+        out.append(dx)
+    return out
+
+
+def feed_forward(params, config: Config, i: int, x: np.ndarray, hooks: Hook,
+                 per_text: bool = False) -> np.ndarray:
+    """Card 6: act(x W_1 + b_1) W_2 + b_2, or gated: (act(x W_gate) * x W_in) W_out.
+    [T, d] -> [T, ff] -> [T, d]"""
     p, L = f"layers.{i}.mlp.", f"layers.{i}."
-    pre = hooks(L + "mlp_pre", ops.linear(x, params[p + "W_in"], params[p + "b_in"], per_text))
-    post = hooks(L + "mlp_post", ops.gelu(pre))
-    return hooks(L + "mlp_out", ops.linear(post, params[p + "W_out"], params[p + "b_out"],
+    act = config.act
+    pre = hooks(L + "mlp_pre", ops.linear(x, params[p + "W_gate"] if p + "W_gate" in params
+                                          else params[p + "W_in"], params.get(p + "b_in"),
+                                          per_text))
+    if p + "W_gate" in params:
+        up = hooks(L + "mlp_up", ops.linear(x, params[p + "W_in"], None, per_text))
+        post = hooks(L + "mlp_post", ops.gated(pre, up, act))
+    else:
+        post = hooks(L + "mlp_post", ops.gelu(pre) if act == "gelu_new"
+                     else ops.ACTIVATIONS[act][0](pre))
+    return hooks(L + "mlp_out", ops.linear(post, params[p + "W_out"], params.get(p + "b_out"),
                                            per_text))
 
 
 def feed_forward_backward(g: Gradients, i: int, dmlp_out: np.ndarray) -> np.ndarray:
-    """Card 6 in reverse: from d mlp_out to d ln2.out, through W_out, GELU and W_in."""
-    p, L, values = f"layers.{i}.mlp.", f"layers.{i}.", g.values
+    """Card 6 in reverse: from d mlp_out to d ln2.out, through W_out, the activation (and
+    the gate) and W_in."""
+    p, L, values, act = f"layers.{i}.mlp.", f"layers.{i}.", g.values, g.config.act
     g.keep(L + "mlp_out", dmlp_out)
-    dpost, g.grads[p + "W_out"], g.grads[p + "b_out"] = ops.linear_backward(
+    dpost, g.grads[p + "W_out"], db = ops.linear_backward(
         dmlp_out, values[L + "mlp_post"], g.params[p + "W_out"], weights=g.weights)
+    g.bias(p + "b_out", db)
     g.keep(L + "mlp_post", dpost)
-    dpre = ops.gelu_backward(dpost, values[L + "mlp_pre"])
-    g.keep(L + "mlp_pre", dpre)
-    dx, g.grads[p + "W_in"], g.grads[p + "b_in"] = ops.linear_backward(
-        dpre, values[L + "ln2.out"], g.params[p + "W_in"], weights=g.weights)
+    x = values[L + "ln2.out"]
+    if p + "W_gate" in g.params:
+        dpre, dup = ops.gated_backward(dpost, values[L + "mlp_pre"], values[L + "mlp_up"], act)
+        g.keep(L + "mlp_pre", dpre)
+        g.keep(L + "mlp_up", dup)
+        dx_up, g.grads[p + "W_in"], _ = ops.linear_backward(dup, x, g.params[p + "W_in"],
+                                                            weights=g.weights)
+        dx, g.grads[p + "W_gate"], _ = ops.linear_backward(dpre, x, g.params[p + "W_gate"],
+                                                           weights=g.weights)
+        dx += dx_up
+    else:
+        dpre = ops.ACTIVATIONS[act][1](dpost, values[L + "mlp_pre"])
+        g.keep(L + "mlp_pre", dpre)
+        dx, g.grads[p + "W_in"], db = ops.linear_backward(
+            dpre, x, g.params[p + "W_in"], weights=g.weights)
+        g.bias(p + "b_in", db)
     g.keep(L + "ln2.out", dx)
     return dx
 
@@ -285,17 +391,22 @@ def feed_forward_backward(g: Gradients, i: int, dmlp_out: np.ndarray) -> np.ndar
 def block(params, config: Config, i: int, h: np.ndarray, hooks: Hook | None,
           cache: KVCache | None, start: int, drop: Dropout | None, per_text: bool = False
           ) -> np.ndarray:
-    """Card 7: one pre-norm block: h + attn(ln1(h)), then + mlp(ln2(.)).  [T, d] -> [T, d]
+    """Card 7: one pre-norm block: h + attn(ln1(h)), then + mlp(ln2(.)); a parallel block
+    (GPT-NeoX) adds both to h, each reading h itself.  [T, d] -> [T, d]
     (`per_text`: a batch's products text by text, see ops.linear)"""
     L = f"layers.{i}."
     hk = hooks or _no_hooks
-    eps = config.layer_norm_epsilon
     h = hk(L + "resid_pre", h)
-    x = layer_norm(h, params[L + "ln1.w"], params[L + "ln1.b"], eps, L + "ln1", hk)
+    x = norm(params, config, h, L + "ln1", hk)
     a = attention(params, config, i, x, hooks, cache, start, per_text)
-    h = hk(L + "resid_mid", h + (drop(L + "attn_out", a) if drop else a))
-    x = layer_norm(h, params[L + "ln2.w"], params[L + "ln2.b"], eps, L + "ln2", hk)
-    m = feed_forward(params, i, x, hk, per_text)
+    a = drop(L + "attn_out", a) if drop else a
+    if config.parallel:
+        x = norm(params, config, h, L + "ln2", hk)
+        m = feed_forward(params, config, i, x, hk, per_text)
+        return hk(L + "resid_post", h + (drop(L + "mlp_out", m) if drop else m) + a)
+    h = hk(L + "resid_mid", h + a)
+    x = norm(params, config, h, L + "ln2", hk)
+    m = feed_forward(params, config, i, x, hk, per_text)
     return hk(L + "resid_post", h + (drop(L + "mlp_out", m) if drop else m))
 
 
@@ -305,28 +416,40 @@ def block_backward(g: Gradients, i: int, dh: np.ndarray) -> np.ndarray:
     L = f"layers.{i}."
     g.keep(L + "resid_post", dh)
     dx = feed_forward_backward(g, i, g.undrop(L + "mlp_out", dh))
-    dh = dh + layer_norm_backward(g, dx, g.values[L + "resid_mid"], L + "ln2", L + "ln2")
+    if g.config.parallel:  # both branches read resid_pre
+        dmlp = norm_backward(g, dx, g.values[L + "resid_pre"], L + "ln2")
+        dx = attention_backward(g, i, g.undrop(L + "attn_out", dh))
+        dh = dh + dmlp + norm_backward(g, dx, g.values[L + "resid_pre"], L + "ln1")
+        g.keep(L + "resid_pre", dh)
+        return dh
+    dh = dh + norm_backward(g, dx, g.values[L + "resid_mid"], L + "ln2")
     g.keep(L + "resid_mid", dh)
     dx = attention_backward(g, i, g.undrop(L + "attn_out", dh))
-    dh = dh + layer_norm_backward(g, dx, g.values[L + "resid_pre"], L + "ln1", L + "ln1")
+    dh = dh + norm_backward(g, dx, g.values[L + "resid_pre"], L + "ln1")
     g.keep(L + "resid_pre", dh)
     return dh
 
 
+def head_table(params) -> str:
+    """The name of the output head's rows [V, d]: W_E itself when tied, else unembed.W_U."""
+    return "unembed.W_U" if "unembed.W_U" in params else "embed.W_E"
+
+
 def unembed(params, u: np.ndarray, hooks: Hook) -> np.ndarray:
-    """Card 9: logits = u W_E^T, the head tied to the embedding table.  [T, d] -> [T, V]"""
-    return hooks("logits", ops.unembed(u, params["embed.W_E"]))
+    """Card 9: logits = u W_U, the head's rows (W_E's when tied).  [T, d] -> [T, V]"""
+    return hooks("logits", ops.unembed(u, params[head_table(params)]))
 
 
 def unembed_backward(g: Gradients, dlogits: np.ndarray) -> np.ndarray:
     """Cards 8-9 in reverse: from d logits (the cross-entropy's, ops.cross_entropy_with_grad,
-    or any other score's) through the tied head and the final norm to the last block."""
+    or any other score's) through the head and the final norm to the last block."""
     g.keep("logits", dlogits)
-    du, g.grads["embed.W_E"] = ops.unembed_backward(dlogits, g.values["ln_final.out"],
-                                                    g.params["embed.W_E"], weights=g.weights)
+    table = head_table(g.params)
+    du, g.grads[table] = ops.unembed_backward(dlogits, g.values["ln_final.out"],
+                                              g.params[table], weights=g.weights)
     g.keep("ln_final.out", du)
     last = g.values[f"layers.{g.config.n_layer - 1}.resid_post"]
-    return layer_norm_backward(g, du, last, "ln_final", "ln_final")
+    return norm_backward(g, du, last, "ln_final")
 
 
 def forward(
@@ -368,8 +491,7 @@ def forward(
                 h = block(params, config, i, h, hooks, cache, start, dropout)
             if last_only:
                 h = h[..., -1:, :]
-            u = layer_norm(h, params["ln_final.w"], params["ln_final.b"],
-                           config.layer_norm_epsilon, "ln_final", hk)
+            u = norm(params, config, h, "ln_final", hk)
             logits = unembed(params, u, hk)
         except Stop as e:
             last = e.args[1] if len(e.args) > 1 else None
@@ -403,8 +525,7 @@ def final_norm(params, config: Config, ids, per_text: bool = True) -> np.ndarray
         h = embed(params, ids, 0, _no_hooks)  # [B, T, d]
         for i in range(config.n_layer):
             h = block(params, config, i, h, None, None, 0, None, per_text=per_text)
-        return layer_norm(h, params["ln_final.w"], params["ln_final.b"],
-                          config.layer_norm_epsilon, "ln_final", _no_hooks)
+        return norm(params, config, h, "ln_final", _no_hooks)
 
 
 def logits_of(params, u: np.ndarray) -> np.ndarray:
@@ -517,7 +638,16 @@ def position_table(params) -> np.ndarray:
 def unembed_rows(params, rows) -> np.ndarray:
     """The output head's rows for these tokens, [len(rows), d] (tied: W_E's rows): the
     direction whose dot with ln_final.out is each token's logit."""
-    return params["embed.W_E"][rows]
+    return params[head_table(params)][rows]
+
+
+def cut_head(params, rows) -> dict[str, np.ndarray]:
+    """The parameters with the output head cut to these vocabulary rows. A score such as
+    logit[target] - logit[vs] reads two rows of W_U; with the head cut to them it costs
+    [T, d] x [d, 2] instead of [T, d] x [d, V] in every forward and backward pass. A tied
+    head is W_E itself, which then no longer serves as the embedding: callers supply the
+    token embeddings through a hook (and pass ids 0, which index the cut table harmlessly)."""
+    return dict(params, **{head_table(params): unembed_rows(params, list(rows))})
 
 
 def head_out_matrix(params, config: Config, layer: int) -> np.ndarray:
@@ -525,21 +655,25 @@ def head_out_matrix(params, config: Config, layer: int) -> np.ndarray:
     return params[f"layers.{layer}.attn.W_O"].reshape(config.n_head, config.d_k, -1)
 
 
-def attn_out_bias(params, layer: int) -> np.ndarray:
-    """b_O [d], added once to the merged heads' output."""
-    return params[f"layers.{layer}.attn.b_O"]
+def attn_out_bias(params, config: Config, layer: int) -> np.ndarray:
+    """b_O [d], added once to the merged heads' output (zeros for a family without one)."""
+    b = params.get(f"layers.{layer}.attn.b_O")
+    return np.zeros(config.n_embd, params["embed.W_E"].dtype) if b is None else b
 
 
 def head_qkv(params, config: Config, layer: int) -> tuple[np.ndarray, ...]:
-    """Block `layer`'s W_Q, W_K, W_V [H, d, d_k] and b_Q, b_K, b_V [H, d_k], views of the
-    W_QKV and b_QKV the pass multiplies by at once."""
-    d, n = config.n_embd, config.n_head
+    """Block `layer`'s W_Q [H, d, d_k], W_K and W_V [H_kv, d, d_k] and their biases b_Q
+    [H, d_k], b_K and b_V [H_kv, d_k] (zeros for a family without them), views of the W_QKV
+    and b_QKV the pass multiplies by at once."""
+    d, dk = config.n_embd, config.d_k
     w = params[f"layers.{layer}.attn.W_QKV"]
-    b = params[f"layers.{layer}.attn.b_QKV"]
-    size = n * config.d_k
-    weights = [w[:, j * size:(j + 1) * size].reshape(d, n, -1).transpose(1, 0, 2)
-               for j in range(3)]
-    biases = [b[j * size:(j + 1) * size].reshape(n, -1) for j in range(3)]
+    b = params.get(f"layers.{layer}.attn.b_QKV")
+    b = np.zeros(w.shape[-1], w.dtype) if b is None else b
+    heads = (config.n_head, config.kv_heads, config.kv_heads)
+    edges = np.cumsum((0,) + tuple(n * dk for n in heads))
+    weights = [w[:, a:e].reshape(d, n, dk).transpose(1, 0, 2)
+               for a, e, n in zip(edges, edges[1:], heads, strict=False)]
+    biases = [b[a:e].reshape(n, dk) for a, e, n in zip(edges, edges[1:], heads, strict=False)]
     return (*weights, *biases)
 
 
@@ -548,14 +682,16 @@ def neuron_out_rows(params, layer: int) -> np.ndarray:
     return params[f"layers.{layer}.mlp.W_out"]
 
 
-def mlp_out_bias(params, layer: int) -> np.ndarray:
-    """b_out [d] of block `layer`'s MLP."""
-    return params[f"layers.{layer}.mlp.b_out"]
+def mlp_out_bias(params, config: Config, layer: int) -> np.ndarray:
+    """b_out [d] of block `layer`'s MLP (zeros for a family without one)."""
+    b = params.get(f"layers.{layer}.mlp.b_out")
+    return np.zeros(config.n_embd, params["embed.W_E"].dtype) if b is None else b
 
 
-def norm_weights(params, norm: str) -> tuple[np.ndarray, np.ndarray]:
-    """(scale w, shift b) of a norm: `layers.L.ln1`, `layers.L.ln2` or `ln_final`."""
-    return params[norm + ".w"], params[norm + ".b"]
+def norm_weights(params, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(scale w, shift b) of a norm: `layers.L.ln1`, `layers.L.ln2` or `ln_final` (b None
+    for an RMSNorm, which has no shift)."""
+    return params[name + ".w"], params.get(name + ".b")
 
 
 def _identity(path: str, x: np.ndarray) -> np.ndarray:
@@ -567,9 +703,7 @@ def read_out(params, config: Config, h: np.ndarray) -> np.ndarray:
     statistics of h itself, then the head; the same steps as a traced pass's, so h =
     the last resid_post gives its logits bit for bit (the logit lens's last stage)."""
     with np.errstate(all="ignore"):
-        w, b = norm_weights(params, "ln_final")
-        u = layer_norm(h, w, b, config.layer_norm_epsilon, "ln_final", _identity)
-        return unembed(params, u, _identity)
+        return unembed(params, norm(params, config, h, "ln_final", _identity), _identity)
 
 
 # ------------------------------------------------------------------ the backward pass
@@ -596,9 +730,17 @@ class Gradients:
             self.dv[path] = d
 
     def keep_heads(self, name: str, d: np.ndarray, prefix: str) -> None:
+        """Each head's slice as its own value; with grouped keys and values, head h's k and v
+        are its group's (the gradient of the shared value)."""
         if self.wrt_values:
+            group = self.config.n_head // d.shape[-3]
             for h in range(self.config.n_head):
-                self.dv[f"{prefix}heads.{h}.{name}"] = d[..., h, :, :]
+                self.dv[f"{prefix}heads.{h}.{name}"] = d[..., h // group, :, :]
+
+    def bias(self, name: str, d) -> None:
+        """A bias's gradient, kept when the family has that bias."""
+        if name in self.params and d is not None:
+            self.grads[name] = d
 
     def undrop(self, path: str, d: np.ndarray) -> np.ndarray:
         return d * self.masks[path] if path in self.masks else d

@@ -142,11 +142,49 @@ def layer_norm_backward_parts(dout, x, g, mean, std):
     return dx, dg, db, dmean, dstd
 
 
+# ---------------------------------------------------------------- RMSNorm (Llama's cards 4, 8)
+
+
+def rms_norm(x: np.ndarray, g: np.ndarray, eps: float):
+    """x / rms * g with rms = sqrt(mean(x^2) + eps), each token on its own: LayerNorm without
+    the centring and the shift.  Returns (out, rms).  [..., d] -> [..., d], [..., 1]"""
+    rms = rms_of(x, eps)
+    return rms_scale(x, rms, g), rms
+
+
+def rms_of(x: np.ndarray, eps: float) -> np.ndarray:
+    """sqrt(mean(x^2) + eps), each token's.  [..., d] -> [..., 1]"""
+    return np.sqrt(mean_last(x * x) + eps)
+
+
+def rms_scale(x: np.ndarray, rms, g) -> np.ndarray:
+    """x / rms * g"""
+    out = x / rms
+    if out.dtype == np.result_type(out, g):
+        out *= g
+        return out
+    return out * g
+
+
+def rms_norm_backward(dout, x, g, rms):
+    """Returns (dx, dg, drms), drms the gradient of the hooked rms as a value of its own;
+    dx is the total, through rms = sqrt(mean(x^2) + eps)."""
+    n = x.shape[-1]
+    lead = tuple(range(x.ndim - 1))
+    xhat = x / rms
+    dg = (dout * xhat).sum(axis=lead)
+    dxhat = dout * g
+    drms = -(dxhat * xhat).sum(axis=-1, keepdims=True) / rms
+    dx = dxhat / rms + drms * x / (n * rms)
+    return dx, dg, drms
+
+
 # ---------------------------------------------------------------- linear (W_QKV, W_O, W_in, W_out)
 
 
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, per_text: bool = False) -> np.ndarray:
-    """x W + b with W stored (in, out), as GPT-2's Conv1D.  [..., in] -> [..., out]
+    """x W + b with W stored (in, out), as GPT-2's Conv1D (b None: no bias).
+    [..., in] -> [..., out]
 
     `per_text`: a batch [B, T, in] as B products of [T, in], each the very product of that
     text's own pass (BLAS rounds a row of a larger product differently, in the last bits)."""
@@ -158,7 +196,9 @@ def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray, per_text: bool = False) 
         out = np.matmul(x, w)
     else:
         out = x.reshape(-1, x.shape[-1]) @ w
-    if out.dtype == b.dtype or out.dtype == np.result_type(out, b):
+    if b is None:  # a family without this bias (Llama)
+        pass
+    elif out.dtype == b.dtype or out.dtype == np.result_type(out, b):
         out += b  # in place: one array, not two
     else:
         out = out + b
@@ -173,7 +213,8 @@ def _rows_times(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def linear_backward(dout, x, w, *, weights: bool = True):
     """Returns (dx, dw, db); without `weights`, (dx, None, None): a third of a backward
-    pass's products saved when only the values' gradients are wanted."""
+    pass's products saved when only the values' gradients are wanted (db is computed for a
+    product without a bias too: the caller keeps it only where the bias is a parameter)."""
     x2 = x.reshape(-1, x.shape[-1])
     d2 = dout.reshape(-1, dout.shape[-1])
     # dx as one [B*T, out] product too: `dout @ w.T` on [B, T, out] is one BLAS call per text
@@ -239,6 +280,109 @@ def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
     return t
 
 
+def gelu_exact(x: np.ndarray) -> np.ndarray:
+    """GELU by erf (transformers' "gelu", GPT-NeoX's): x Phi(x) = 0.5 x (1 + erf(x / sqrt 2))."""
+    x = x if x.dtype.kind == "f" else x.astype(np.float64)
+    return 0.5 * x * (1.0 + erf(x * _SQRT_HALF))
+
+
+def gelu_exact_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dout (Phi(x) + x phi(x))"""
+    x = x if x.dtype.kind == "f" else x.astype(np.float64)
+    phi = np.exp(-0.5 * x * x) * _INV_SQRT_2PI
+    return dout * (0.5 * (1.0 + erf(x * _SQRT_HALF)) + x * phi)
+
+
+_SQRT_HALF = float(np.sqrt(0.5))
+_INV_SQRT_2PI = float(1.0 / np.sqrt(2.0 * np.pi))
+# erf(x) = 1 - (a1 t + ... + a5 t^5) exp(-x^2), t = 1 / (1 + p x) for x >= 0: Abramowitz and
+# Stegun 7.1.26, absolute error below 1.5e-7 (float32's step near 1 is 6e-8); NumPy has no erf.
+_ERF = (0.3275911, 0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    p, a1, a2, a3, a4, a5 = _ERF
+    z = np.abs(x)
+    t = 1.0 / (1.0 + p * z)
+    poly = t * (a1 + t * (a2 + t * (a3 + t * (a4 + t * a5))))
+    return np.sign(x) * (1.0 - poly * np.exp(-z * z))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x sigmoid(x) (Llama's MLP gate)."""
+    x = x if x.dtype.kind == "f" else x.astype(np.float64)
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-x))
+
+
+def silu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """dout s (1 + x (1 - s)), s = sigmoid(x)"""
+    x = x if x.dtype.kind == "f" else x.astype(np.float64)
+    with np.errstate(over="ignore"):
+        s = 1.0 / (1.0 + np.exp(-x))
+    return dout * s * (1.0 + x * (1.0 - s))
+
+
+ACTIVATIONS = {"gelu_new": (lambda x: gelu(x), lambda d, x: gelu_backward(d, x)),
+               "gelu": (gelu_exact, gelu_exact_backward), "silu": (silu, silu_backward)}
+
+
+def gated(gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
+    """act(gate) * up, the gated MLP's hidden neurons (SwiGLU with silu)."""
+    return ACTIVATIONS[act][0](gate) * up
+
+
+def gated_backward(dout, gate, up, act: str):
+    """Returns (dgate, dup)."""
+    return ACTIVATIONS[act][1](dout * up, gate), dout * ACTIVATIONS[act][0](gate)
+
+
+# ---------------------------------------------------------------- rotary positions (Llama, NeoX)
+
+
+@functools.lru_cache(maxsize=32)
+def rotary_angles(positions: tuple[int, int], rot: int, base: float, dtype) -> tuple:
+    """cos and sin [T, rot] of positions start .. end-1, each frequency twice (the halves
+    of the rotated part turn together, as transformers' rotate_half pairs them)."""
+    angles = rotary_frequencies(positions[1], rot, base)[positions[0]:]  # [T, rot / 2]
+    angles = np.concatenate([angles, angles], axis=-1)
+    cos, sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    cos.flags.writeable = sin.flags.writeable = False
+    return cos, sin
+
+
+def rotary_frequencies(t: int, rot: int, base: float) -> np.ndarray:
+    """The angle position p turns pair i by: p base^(-2i / rot), radians.  [t, rot / 2]"""
+    inv = 1.0 / (base ** (np.arange(0, rot, 2, dtype=np.float64) / rot))
+    return np.arange(t, dtype=np.float64)[:, None] * inv
+
+
+def _rotate_half(x: np.ndarray) -> np.ndarray:
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def rotary(x: np.ndarray, start: int, rot: int, base: float) -> np.ndarray:
+    """x [.., T, d_k] with its first `rot` numbers turned by position start + t: each pair
+    (x_i, x_{i + rot/2}) by the angle t base^(-2i / rot).  The rest pass unchanged."""
+    cos, sin = rotary_angles((start, start + x.shape[-2]), rot, base, x.dtype)
+    part = x[..., :rot]
+    turned = part * cos + _rotate_half(part) * sin
+    if rot == x.shape[-1]:
+        return turned
+    return np.concatenate([turned, x[..., rot:]], axis=-1)
+
+
+def rotary_backward(dout: np.ndarray, start: int, rot: int, base: float) -> np.ndarray:
+    """The rotation's transpose: each pair turned back by its angle."""
+    cos, sin = rotary_angles((start, start + dout.shape[-2]), rot, base, dout.dtype)
+    part = dout[..., :rot]
+    back = part * cos - _rotate_half(part) * sin
+    if rot == dout.shape[-1]:
+        return back
+    return np.concatenate([back, dout[..., rot:]], axis=-1)
+
+
 # ---------------------------------------------------------------- masked attention (card 5)
 
 
@@ -248,13 +392,36 @@ def split_heads(x: np.ndarray, n_head: int) -> np.ndarray:
     return x.reshape(*lead, t, n_head, d // n_head).swapaxes(-3, -2)
 
 
-def split_qkv(qkv: np.ndarray, n_head: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x W_QKV [B, T, 3d] (q, then k, then v) -> q, k, v [B, H, T, d_k], views."""
-    *lead, t, three_d = qkv.shape
+def split_qkv(qkv: np.ndarray, n_head: int, n_kv: int | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x W_QKV [B, T, (H + 2 H_kv) d_k] (q, then k, then v) -> q [B, H, T, d_k] and k, v
+    [B, H_kv, T, d_k], views."""
+    *lead, t, width = qkv.shape
+    n_kv = n_head if n_kv is None else n_kv
     n = len(lead)
-    parts = qkv.reshape(*lead, t, 3, n_head, three_d // (3 * n_head))  # [B, T, 3, H, d_k]
-    q, k, v = parts.transpose(n + 1, *range(n), n + 2, n, n + 3)  # [3, B, H, T, d_k]
+    dk = width // (n_head + 2 * n_kv)
+    if n_kv == n_head:
+        parts = qkv.reshape(*lead, t, 3, n_head, dk)  # [B, T, 3, H, d_k]
+        q, k, v = parts.transpose(n + 1, *range(n), n + 2, n, n + 3)  # [3, B, H, T, d_k]
+        return q, k, v
+    q = qkv[..., : n_head * dk].reshape(*lead, t, n_head, dk).swapaxes(-3, -2)
+    k = qkv[..., n_head * dk: (n_head + n_kv) * dk].reshape(*lead, t, n_kv, dk).swapaxes(-3, -2)
+    v = qkv[..., (n_head + n_kv) * dk:].reshape(*lead, t, n_kv, dk).swapaxes(-3, -2)
     return q, k, v
+
+
+def repeat_kv(x: np.ndarray, group: int) -> np.ndarray:
+    """[.., H_kv, T, d_k] -> [.., H_kv * group, T, d_k]: each key/value head for each of the
+    `group` query heads that share it (grouped-query attention)."""
+    return x if group == 1 else np.repeat(x, group, axis=-3)
+
+
+def repeat_kv_backward(dout: np.ndarray, group: int) -> np.ndarray:
+    """The group's gradients summed back onto the head they share."""
+    if group == 1:
+        return dout
+    *lead, h, t, dk = dout.shape
+    return dout.reshape(*lead, h // group, group, t, dk).sum(axis=-3)
 
 
 def merge_heads(x: np.ndarray) -> np.ndarray:
@@ -287,16 +454,33 @@ def causal_blocks(t: int) -> list[tuple[int, int]]:
     return [(r, min(t, r + CAUSAL_BLOCK)) for r in range(0, t, CAUSAL_BLOCK)]
 
 
-def attention_scores(q: np.ndarray, k: np.ndarray, start: int = 0) -> np.ndarray:
-    """Q K^T / sqrt(d_k) + M, with M = -inf where a key comes after its query.  -> [H, T, S]"""
+def attention_scores(q: np.ndarray, k: np.ndarray, start: int = 0, scale: float = 0.0,
+                     window: int = 0) -> np.ndarray:
+    """Q K^T * scale + M, with M = -inf where a key comes after its query (and, with a
+    `window`, where it is `window` or more positions before it).  scale 0: 1 / sqrt(d_k).
+    -> [H, T, S]"""
     t = q.shape[-2]
-    if start == 0 and t == k.shape[-2] and len(blocks := causal_blocks(t)) > 1:
+    if (start == 0 and t == k.shape[-2] and not scale and not window
+            and len(blocks := causal_blocks(t)) > 1):
         return _causal_scores(q, k, blocks)
     scores = q @ k.swapaxes(-1, -2)
-    scores *= _inverse_sqrt(q.shape[-1], q.dtype)
+    scores *= np.asarray(scale, q.dtype) if scale else _inverse_sqrt(q.shape[-1], q.dtype)
     if q.shape[-2] > 1:  # one new query may look at every key: nothing to mask
         scores += causal_mask(q.shape[-2], np.dtype(q.dtype).type, start)
+    if window and k.shape[-2] > window:
+        scores += window_mask(t, start, window, np.dtype(q.dtype).type)
     return scores
+
+
+@functools.lru_cache(maxsize=64)
+def window_mask(t: int, start: int, window: int, dtype=np.float32) -> np.ndarray:
+    """-inf where key j is `window` or more positions before query start + i, else 0:
+    local attention (GPT-Neo's local blocks).  [t, start + t]"""
+    i = np.arange(start, start + t)[:, None]
+    j = np.arange(start + t)[None, :]
+    m = np.where(j <= i - window, -np.inf, 0.0).astype(dtype)
+    m.flags.writeable = False
+    return m
 
 
 def _causal_scores(q: np.ndarray, k: np.ndarray, blocks) -> np.ndarray:
@@ -406,11 +590,11 @@ def _inverse_sqrt(n: int, dtype: np.dtype) -> np.ndarray:
     return np.asarray(1.0 / np.sqrt(n), dtype=dtype)
 
 
-def attention_scores_backward(dscores, q, k):
-    """Returns (dq, dk) for scores = Q K^T / sqrt(d_k) + M."""
-    # the 1/sqrt(d_k) applied to the [.., T, d_k] products, not to the larger [.., T, T] input
+def attention_scores_backward(dscores, q, k, scale: float = 0.0):
+    """Returns (dq, dk) for scores = Q K^T * scale + M (scale 0: 1 / sqrt(d_k))."""
+    # the scale applied to the [.., T, d_k] products, not to the larger [.., T, T] input
     wide = np.result_type(dscores, q, k)
-    scale = np.asarray(1.0 / np.sqrt(q.shape[-1]), dtype=wide)
+    scale = np.asarray(scale or 1.0 / np.sqrt(q.shape[-1]), dtype=wide)
     dq = np.matmul(dscores, k, dtype=wide)
     dk = np.matmul(dscores.swapaxes(-1, -2), q, dtype=wide)
     dq *= scale
@@ -457,10 +641,12 @@ def softmax_backward(dout: np.ndarray, p: np.ndarray) -> np.ndarray:
     return p * (dout - (dout * p).sum(axis=-1, keepdims=True))
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int = 0):
-    """softmax(Q K^T / sqrt(d_k) + M) V, queries at positions start.. against every key.
-    Returns (out, scores, weights): the steps the model runs (model.attention hooks each)."""
-    scores = attention_scores(q, k, start)
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int = 0, scale: float = 0.0,
+              window: int = 0):
+    """softmax(Q K^T * scale + M) V, queries at positions start.. against every key (scale 0:
+    1 / sqrt(d_k); `window`: see attention_scores). Returns (out, scores, weights): the steps
+    the model runs (model.attention hooks each)."""
+    scores = attention_scores(q, k, start, scale, window)
     weights = attention_weights(scores, start)
     return attention_mix(weights, v, start), scores, weights
 
@@ -485,12 +671,12 @@ def attention_backward(dout, q, k, v, weights):
     return attention_backward_parts(dout, q, k, v, weights)[:3]
 
 
-def attention_backward_parts(dout, q, k, v, weights):
+def attention_backward_parts(dout, q, k, v, weights, scale: float = 0.0):
     """attention_backward that also returns the gradients of the weights and of the (masked,
     scaled) scores, values the forward pass hooks: (dq, dk, dv, dweights, dscores)."""
     dweights = dout @ v.swapaxes(-1, -2)
     dscores = softmax_backward(dweights, weights)
-    dq, dk = attention_scores_backward(dscores, q, k)
+    dq, dk = attention_scores_backward(dscores, q, k, scale)
     return dq, dk, weights.swapaxes(-1, -2) @ dout, dweights, dscores
 
 

@@ -29,6 +29,7 @@ class Value(NamedTuple):  # not a frozen dataclass: built on every command's sta
     seed: str | None = None  # the seed page's spelling
     kind: str = "hooked"  # hooked: passes through hooks in forward; derived: computed on read
     also: tuple[str, ...] = ()  # other spellings that resolve here
+    needs: str = ""  # the architecture that has it (NEEDS); "": every model
 
 
 VALUES: list[Value] = [
@@ -37,18 +38,25 @@ VALUES: list[Value] = [
     Value("token_embeddings", "T d", 2, "W_E[ids], each id's row of the embedding table",
           "hook_embed", "tokenEmbeddings"),
     Value("position_embeddings", "T d", 3, "W_P[0..T-1], each position's row",
-          "hook_pos_embed", "positionEmbeddings"),
-    Value("embeddings", "T d", 3, "token_embeddings + position_embeddings", seed="embeddings"),
+          "hook_pos_embed", "positionEmbeddings", needs="learned"),
+    Value("rotary_angles", "T r", 3, "the angle (radians) position t turns each pair (i, "
+          "i + r) of every head's q and k by: t base^(-2i / 2r)", kind="derived",
+          needs="rotary"),
+    Value("embeddings", "T d", 3, "token_embeddings + position_embeddings (rotary models: "
+          "token_embeddings; their positions turn q and k)", seed="embeddings"),
     Value("layers.L.resid_pre", "T d", 4, "the residual stream entering block L",
           "blocks.L.hook_resid_pre"),
-    Value("layers.L.ln1.mean", "T 1", 4, "each token's mean, removed by ln1"),
+    Value("layers.L.ln1.mean", "T 1", 4, "each token's mean, removed by ln1", needs="layer"),
     Value("layers.L.ln1.std", "T 1", 4, "each token's sqrt(var + eps), divided out by ln1",
-          "blocks.L.ln1.hook_scale"),
+          "blocks.L.ln1.hook_scale", needs="layer"),
+    Value("layers.L.ln1.rms", "T 1", 4, "each token's sqrt(mean(x^2) + eps), divided out by "
+          "ln1 (RMSNorm)", needs="rms"),
     Value("layers.L.ln1.out", "T d", 4, "LayerNorm before attention",
           "blocks.L.ln1.hook_normalized", "layers[L].ln1.out", also=("layers.L.ln_1.out",)),
     Value("layers.L.q", "H T d_k", 5, "queries, every head", "blocks.L.attn.hook_q"),
-    Value("layers.L.k", "H T d_k", 5, "keys, every head", "blocks.L.attn.hook_k"),
-    Value("layers.L.v", "H T d_k", 5, "values, every head", "blocks.L.attn.hook_v"),
+    Value("layers.L.k", "H_kv T d_k", 5, "keys, every key/value head", "blocks.L.attn.hook_k"),
+    Value("layers.L.v", "H_kv T d_k", 5, "values, every key/value head",
+          "blocks.L.attn.hook_v"),
     Value("layers.L.heads.H.q", "T d_k", 5, "head H's queries"),
     Value("layers.L.heads.H.k", "T d_k", 5, "head H's keys"),
     Value("layers.L.heads.H.v", "T d_k", 5, "head H's values"),
@@ -66,24 +74,31 @@ VALUES: list[Value] = [
     Value("layers.L.attn_out", "T d", 5, "all heads merged and projected by c_proj",
           "blocks.L.hook_attn_out"),
     Value("layers.L.resid_mid", "T d", 4, "resid_pre + attn_out (add)",
-          "blocks.L.hook_resid_mid"),
-    Value("layers.L.ln2.mean", "T 1", 4, "each token's mean, removed by ln2"),
+          "blocks.L.hook_resid_mid", needs="sequential"),
+    Value("layers.L.ln2.mean", "T 1", 4, "each token's mean, removed by ln2", needs="layer"),
     Value("layers.L.ln2.std", "T 1", 4, "each token's sqrt(var + eps), divided out by ln2",
-          "blocks.L.ln2.hook_scale"),
+          "blocks.L.ln2.hook_scale", needs="layer"),
+    Value("layers.L.ln2.rms", "T 1", 4, "each token's sqrt(mean(x^2) + eps), divided out by "
+          "ln2 (RMSNorm)", needs="rms"),
     Value("layers.L.ln2.out", "T d", 4, "LayerNorm before the feed-forward layer",
           "blocks.L.ln2.hook_normalized", also=("layers.L.ln_2.out",)),
     Value("layers.L.mlp_pre", "T ff", 6, "x W_1 + b_1, the hidden layer before GELU",
           "blocks.L.mlp.hook_pre"),
-    Value("layers.L.mlp_post", "T ff", 6, "GELU(mlp_pre), the hidden neurons",
-          "blocks.L.mlp.hook_post"),
+    Value("layers.L.mlp_up", "T ff", 6, "x W_in, the gated MLP's linear half",
+          "blocks.L.mlp.hook_pre_linear", needs="gated"),
+    Value("layers.L.mlp_post", "T ff", 6, "GELU(mlp_pre), the hidden neurons (gated: "
+          "act(mlp_pre) * mlp_up)", "blocks.L.mlp.hook_post"),
     Value("layers.L.mlp_out", "T d", 6, "mlp_post W_2 + b_2", "blocks.L.hook_mlp_out",
           "layers[L].mlpOut"),
     Value("layers.L.resid_post", "T d", 7, "resid_mid + mlp_out, the block's output",
           "blocks.L.hook_resid_post"),
     Value("layers.length", "", 7, "how many blocks", seed="layers.length", kind="derived"),
-    Value("ln_final.mean", "T 1", 8, "each token's mean, removed by the final norm"),
+    Value("ln_final.mean", "T 1", 8, "each token's mean, removed by the final norm",
+          needs="layer"),
     Value("ln_final.std", "T 1", 8, "each token's sqrt(var + eps), divided out by the final norm",
-          "ln_final.hook_scale"),
+          "ln_final.hook_scale", needs="layer"),
+    Value("ln_final.rms", "T 1", 8, "each token's sqrt(mean(x^2) + eps), divided out by the "
+          "final norm (RMSNorm)", needs="rms"),
     Value("ln_final.out", "T d", 8, "the final LayerNorm", "ln_final.hook_normalized",
           "lnFinal.out", also=("ln_f.out",)),
     Value("logits", "T V", 9, "ln_final.out W_E^T, a score for every vocabulary token",
@@ -96,33 +111,61 @@ VALUES: list[Value] = [
 # families/, maps its file's names to these), in (in, out) orientation; W_QKV holds W_Q, W_K
 # and W_V side by side, each split into heads of d_k (model.W_Q and the others are those
 # views, [H, d, d_k]).
-PARAMS: list[tuple[str, str, str]] = [
-    ("embed.W_E", "V d", "W_E, the token embedding table; also the output head"),
-    ("embed.W_pos", "n_ctx d", "W_P, the position table"),
-    ("layers.L.ln1.w", "d", "ln1's scale"),
-    ("layers.L.ln1.b", "d", "ln1's shift"),
-    ("layers.L.attn.W_QKV", "d 3d", "W_Q, W_K, W_V side by side, each split into heads"),
-    ("layers.L.attn.b_QKV", "3d", "their biases"),
-    ("layers.L.attn.W_O", "d d", "W_O: merged heads back into the stream"),
-    ("layers.L.attn.b_O", "d", "its bias"),
-    ("layers.L.ln2.w", "d", "ln2's scale"),
-    ("layers.L.ln2.b", "d", "ln2's shift"),
-    ("layers.L.mlp.W_in", "d ff", "W_1"),
-    ("layers.L.mlp.b_in", "ff", "b_1"),
-    ("layers.L.mlp.W_out", "ff d", "W_2"),
-    ("layers.L.mlp.b_out", "d", "b_2"),
-    ("ln_final.w", "d", "the final norm's scale"),
-    ("ln_final.b", "d", "the final norm's shift"),
+PARAMS: list[tuple[str, str, str, str]] = [
+    ("embed.W_E", "V d", "W_E, the token embedding table; also the output head (tied)", ""),
+    ("embed.W_pos", "n_ctx d", "W_P, the position table", "learned"),
+    ("layers.L.ln1.w", "d", "ln1's scale", ""),
+    ("layers.L.ln1.b", "d", "ln1's shift", "layer"),
+    ("layers.L.attn.W_QKV", "d qkv", "W_Q, W_K, W_V side by side, each split into heads", ""),
+    ("layers.L.attn.b_QKV", "qkv", "their biases", "qkv_bias"),
+    ("layers.L.attn.q_norm.w", "d_k", "the scale of each head's RMSNorm of q", "qk_norm"),
+    ("layers.L.attn.k_norm.w", "d_k", "the scale of each head's RMSNorm of k", "qk_norm"),
+    ("layers.L.attn.W_O", "Hd_k d", "W_O: merged heads back into the stream", ""),
+    ("layers.L.attn.b_O", "d", "its bias", "out_bias"),
+    ("layers.L.ln2.w", "d", "ln2's scale", ""),
+    ("layers.L.ln2.b", "d", "ln2's shift", "layer"),
+    ("layers.L.mlp.W_gate", "d ff", "W_gate, the gated MLP's gate", "gated"),
+    ("layers.L.mlp.W_in", "d ff", "W_1", ""),
+    ("layers.L.mlp.b_in", "ff", "b_1", "mlp_bias"),
+    ("layers.L.mlp.W_out", "ff d", "W_2", ""),
+    ("layers.L.mlp.b_out", "d", "b_2", "mlp_bias"),
+    ("ln_final.w", "d", "the final norm's scale", ""),
+    ("ln_final.b", "d", "the final norm's shift", "layer"),
+    ("unembed.W_U", "V d", "the output head's rows, when not tied to W_E", "untied"),
 ]
+
+# What each `needs` above asks of the architecture.
+NEEDS = {
+    "": lambda c: True,
+    "layer": lambda c: c.norm == "layer",
+    "rms": lambda c: c.norm == "rms",
+    "learned": lambda c: c.positions == "learned",
+    "rotary": lambda c: c.positions == "rotary",
+    "sequential": lambda c: not c.parallel,
+    "gated": lambda c: c.mlp == "gated",
+    "qkv_bias": lambda c: c.qkv_bias,
+    "out_bias": lambda c: c.out_bias,
+    "mlp_bias": lambda c: c.mlp_bias,
+    "qk_norm": lambda c: c.qk_norm,
+    "untied": lambda c: not c.tied,
+}
+
+
+def has(value: Value, config: Config) -> bool:
+    """Whether this model computes the value (an RMSNorm model has no ln1.mean)."""
+    return NEEDS[value.needs](config)
+
 
 BY_PATH: dict[str, Value] = {v.path: v for v in VALUES}
 
 
 def sizes(config: Config, t: int | None = None) -> dict[str, int]:
     """What each shape symbol stands for in this model (T only when a text is given)."""
-    d = config.n_embd
-    out = {"d": d, "3d": 3 * d, "H": config.n_head, "d_k": config.d_k, "ff": config.n_inner,
-           "V": config.vocab_size, "n_ctx": config.n_positions, "1": 1}
+    d, dk = config.n_embd, config.d_k
+    out = {"d": d, "H": config.n_head, "H_kv": config.kv_heads, "d_k": dk,
+           "Hd_k": config.n_head * dk, "qkv": (config.n_head + 2 * config.kv_heads) * dk,
+           "ff": config.n_inner, "V": config.vocab_size, "n_ctx": config.n_positions, "1": 1,
+           "r": config.rotary // 2}
     if t is not None:
         out["T"] = t
     return out
@@ -136,8 +179,9 @@ def shape_of(symbols: str, config: Config, t: int | None = None) -> tuple[int, .
 def param_shapes(config: Config) -> dict[str, tuple[int, ...]]:
     """Every parameter's name and shape, in file order."""
     out: dict[str, tuple[int, ...]] = {}
-    blocks = [(n, s) for n, s, _ in PARAMS if n.startswith("layers.L.")]
-    for n, s, _ in PARAMS:
+    kept = [(n, s) for n, s, _, needs in PARAMS if NEEDS[needs](config)]
+    blocks = [(n, s) for n, s in kept if n.startswith("layers.L.")]
+    for n, s in kept:
         if n.startswith("layers.L."):
             if n == blocks[0][0]:
                 for i in range(config.n_layer):
@@ -177,10 +221,9 @@ def pattern_of(path: str) -> str:
 def expand(config: Config, kinds: tuple[str, ...] = ("hooked", "derived")) -> list[str]:
     """Every concrete path, in forward order: per-block values block by block."""
     out: list[str] = []
-    per_block = [v for v in VALUES if v.path.startswith("layers.L.") and v.kind in kinds]
-    for v in VALUES:
-        if v.kind not in kinds:
-            continue
+    values = [v for v in VALUES if v.kind in kinds and has(v, config)]
+    per_block = [v for v in values if v.path.startswith("layers.L.")]
+    for v in values:
         if v.path.startswith("layers.L."):
             if v is per_block[0]:
                 for i in range(config.n_layer):
@@ -278,7 +321,25 @@ def _name(parts: list[str], config: Config) -> str | None:
         return None
     if ("layers.L." in pattern and "L" not in idx) or ("heads.H." in pattern and "H" not in idx):
         return None  # the placeholder itself was typed, not an index
-    return fill(pattern, idx.get("L"), idx.get("H"))
+    name = fill(pattern, idx.get("L"), idx.get("H"))
+    if not has(BY_PATH[pattern], config):
+        raise PathError(name, f"{name} is not a value of this model: "
+                        f"{WITHOUT[BY_PATH[pattern].needs]}")
+    return name
+
+
+# Why a model lacks a value that needs its architecture to be otherwise.
+WITHOUT = {
+    "layer": "its norms are RMSNorms (x / rms * w: see .rms), with no mean or std",
+    "rms": "its norms are LayerNorms (mean and std), with no rms",
+    "learned": "its positions turn q and k (rotary), with no position table: see "
+               "rotary_angles",
+    "rotary": "its positions are a learned table added to the embeddings, with no rotary "
+              "angles",
+    "sequential": "its attention and MLP both read resid_pre (a parallel block), so there is "
+                  "no resid_mid",
+    "gated": "its MLP is not gated: mlp_pre goes through the activation alone",
+}
 
 
 MAX_PATH = 200  # characters; the longest path with indices is under 40

@@ -58,7 +58,9 @@ class Trace:
     def stages(self, mid: bool = False) -> list[tuple[str, np.ndarray]]:
         """The residual stream, (name, [T, d]): the embeddings, then after each block (with
         `mid`, each block's resid_mid before its resid_post, the logit lens's stages)."""
-        kinds = ("resid_mid", "resid_post") if mid else ("resid_post",)
+        # a parallel block (NeoX) has no stream between its attention and its MLP
+        kinds = ("resid_mid", "resid_post") if mid and not self.config.parallel \
+            else ("resid_post",)
         return [("embeddings", self.get("embeddings"))] + [
             (f"layers.{i}.{k}", self.get(f"layers.{i}.{k}"))
             for i in range(self.config.n_layer) for k in kinds]
@@ -81,8 +83,10 @@ class Trace:
         def at(x):  # the row of `position` (before any product: dla's numbers are its own)
             return x if position is None else x[..., position, :]
 
-        labels = ["token_embedding", "position_embedding"]
-        parts = [at(self.get("token_embeddings")), at(self.get("position_embeddings"))]
+        labels, parts = ["token_embedding"], [at(self.get("token_embeddings"))]
+        if cfg.positions == "learned":  # a rotary model's positions are in q and k instead
+            labels.append("position_embedding")
+            parts.append(at(self.get("position_embeddings")))
         shape = parts[0].shape
         for i in range(last + 1):
             if i == entry:
@@ -96,7 +100,7 @@ class Trace:
                 labels.append(f"L{i}H{h}")
                 parts.append(at(z[h]) @ w_o[h])
             labels += [f"L{i}.attn_bias", f"L{i}.mlp"]
-            parts += [np.broadcast_to(attn_out_bias(params, i), shape),
+            parts += [np.broadcast_to(attn_out_bias(params, cfg, i), shape),
                       at(self.get(f"layers.{i}.mlp_out"))]
         return labels, np.stack([np.asarray(p, dtype=np.float64) for p in parts])
 
@@ -126,6 +130,11 @@ class Trace:
             from .sampling import probabilities
 
             return probabilities(self.values["logits"], 1.0)
+        if name == "rotary_angles":
+            from . import ops
+
+            cfg, t = self.config, np.asarray(self.values["ids"]).shape[-1]
+            return ops.rotary_frequencies(t, cfg.rotary, cfg.rotary_base)
         if name not in self.values:
             raise PathError(name, f"{name} was not recorded in this run")
         return self.values[name]

@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -33,10 +34,9 @@ SHIPPED = _shipped_folder()
 
 
 # Tensors the loader reads, with the NumPy type each safetensors dtype becomes. The model
-# computes in float32; F16 and F64 files are converted. BF16, F8 and integers are refused:
-# NumPy has no bf16 or f8, and an integer tensor is not a weight.
-FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "F64": "float64"}
-IGNORED = (".attn.bias", ".attn.masked_bias")  # old transformers buffers, not parameters
+# computes in float32; F16, BF16 (widened exactly: NumPy has none) and F64 files are
+# converted. F8 and integers are refused: an integer tensor is not a weight.
+FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "F64": "float64", "BF16": "bfloat16"}
 MAX_HEADER_BYTES = 100 << 20
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
                "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
@@ -47,13 +47,14 @@ class TensorInfo(NamedTuple):  # not a frozen dataclass: built on every start-up
     name: str  # as in the file
     dtype: str  # safetensors spelling: F32, F16, BF16, I64, ...
     shape: tuple[int, ...]
+    shard: str = ""  # a sharded model's file holding it (model-00001-of-00002.safetensors)
 
 
 def header_limit(config: Config) -> int:
     """The most header bytes a GPT-2 model of these sizes can need: every tensor and the old
     attention buffers, a generous 512 bytes each (an entry is about 100), and some metadata.
     A header of a million made-up entries is refused before it is parsed."""
-    per_block = sum(1 for n, _, _ in PARAMS if n.startswith("layers.L.")) + len(IGNORED)
+    per_block = sum(1 for row in PARAMS if row[0].startswith("layers.L.")) + 3  # + buffers
     return header_bytes(len(PARAMS) + 1 + per_block * config.n_layer)
 
 
@@ -156,13 +157,13 @@ def _no_duplicates(pairs):
     return seen
 
 
-def _short_names(infos: dict[str, TensorInfo], prefix: str) -> dict[str, TensorInfo]:
+def _short_names(infos: dict[str, TensorInfo], fam) -> dict[str, TensorInfo]:
     """Names without the family's prefix (GPT-2's `transformer.`); the ignored buffers
     dropped."""
     out: dict[str, TensorInfo] = {}
     for name, info in infos.items():
-        short = name.removeprefix(prefix)
-        if short.endswith(IGNORED):
+        short = name.removeprefix(fam.PREFIX)
+        if short.endswith(fam.IGNORED):
             continue
         if short in out:
             raise WeightsError(f"tensor {short} appears twice, as {out[short].name} and {name}: "
@@ -178,17 +179,17 @@ def check_header(infos: dict[str, TensorInfo], config: Config) -> None:
     million blocks is refused without building a million blocks' worth of names.
     """
     fam = family(config.model_type)
-    short = _short_names(infos, fam.PREFIX)
-    head = short.pop("lm_head.weight", None)
-    per_block = sum(1 for n, _, _ in PARAMS if n.startswith("layers.L."))
-    outside = sum(1 for n, _, _ in PARAMS if not n.startswith("layers.L."))
+    short = _short_names(infos, fam)
+    expected = fam.file_shapes(config)
+    head = short.pop("lm_head.weight", None) if "lm_head.weight" not in expected else None
+    per_block = sum(1 for n in expected if fam.block_of(n) == 0)
+    outside = sum(1 for n in expected if fam.block_of(n) is None)
     want = outside + per_block * config.n_layer
     if abs(len(short) - want) >= per_block:  # a block or more apart: the sizes disagree
         blocks = max(len(short) - outside, 0) / per_block
         raise WeightsError(
             f"config.json says n_layer {config.n_layer:,} ({want:,} tensors) but the weights "
             f"file holds {len(short):,} tensors ({blocks:g} blocks' worth)")
-    expected = fam.file_shapes(config)
     missing = [n for n in expected if n not in short]
     if missing:
         raise WeightsError(
@@ -212,7 +213,7 @@ def check_header(infos: dict[str, TensorInfo], config: Config) -> None:
                           "U8": "uint8", "BOOL": "bool"}.get(info.dtype, info.dtype)
             raise WeightsError(
                 f"tensor {_shown(name, fam)} has dtype {info.dtype} ({numpy_name}), expected a "
-                "float type tinygpt can use: F32, or F16 / F64 (converted to float32)"
+                "float type tinygpt can use: F32, or F16 / BF16 / F64 (converted to float32)"
             )
 
 
@@ -233,9 +234,10 @@ def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str,
     check_header(infos, config)
     fam = family(config.model_type)
     short = {name.removeprefix(fam.PREFIX): a for name, a in tensors.items()}
-    out = {name: _finite_float32(name, short[name], fam) for name in fam.file_shapes(config)}
+    expected = fam.file_shapes(config)
+    out = {name: _finite_float32(name, short[name], fam) for name in expected}
     table = fam.file_name("embed.W_E")
-    if "lm_head.weight" in short:
+    if "lm_head.weight" in short and "lm_head.weight" not in expected:
         head = _finite_float32("lm_head.weight", short["lm_head.weight"], fam)
         if not np.array_equal(head, out[table]):
             raise WeightsError(
@@ -263,7 +265,7 @@ def _finite_float32(name: str, arr: np.ndarray, fam) -> np.ndarray:
 def _dtype_name(dtype: np.dtype) -> str:
     import numpy as np
 
-    names = {np.dtype(t): n for n, t in FLOAT_DTYPES.items()}
+    names = {np.dtype(t): n for n, t in FLOAT_DTYPES.items() if n != "BF16"}
     return names.get(np.dtype(dtype), str(np.dtype(dtype)))
 
 
@@ -313,7 +315,8 @@ def map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
         if name == "__metadata__":
             continue
         try:
-            dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
+            bf16 = info["dtype"] == "BF16"  # NumPy has no bfloat16: its bits, widened below
+            dtype = np.dtype("<u2" if bf16 else _SAFETENSORS_DTYPES[info["dtype"]])
             shape = tuple(int(d) for d in info["shape"])
             begin, end = (int(o) for o in info["data_offsets"])
         except (KeyError, TypeError, ValueError):
@@ -322,21 +325,88 @@ def map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
         if not 0 <= begin <= end <= data_size or end - begin != count * dtype.itemsize:
             return None
         tensors[name] = np.frombuffer(buf, dtype, count, 8 + n + begin).reshape(shape)
+        if bf16:
+            tensors[name] = widen_bfloat16(tensors[name])
     return tensors
 
 
+def widen_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 numbers, given as their uint16 bits, as float32: the same sign, exponent and
+    the top 7 bits of the fraction, the rest zeros. Exact: every bfloat16 is a float32."""
+    import numpy as np
+
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
 def checked_header(path: Path, config: Config) -> dict[str, TensorInfo]:
-    """The safetensors header of the weights file, checked against the config (names,
-    shapes, dtypes): reads a few kilobytes, needs no NumPy."""
+    """The safetensors header of the weights file (or of every shard an index names),
+    checked against the config (names, shapes, dtypes): reads a few kilobytes, needs no
+    NumPy."""
     if not path.is_file():
         raise WeightsError(f"weights file {path} does not exist")
+    limit = min(MAX_HEADER_BYTES, header_limit(config))
     try:
-        infos = read_header(path, min(MAX_HEADER_BYTES, header_limit(config)))
+        if path.name != INDEX:
+            infos = read_header(path, limit)
+        else:
+            infos = {}
+            for shard, names in shards_of(path).items():
+                if not (path.parent / shard).is_file():
+                    raise WeightsError(f"{path} names {shard}, which does not exist beside it")
+                found = read_header(path.parent / shard, limit)
+                if set(found) != names:
+                    odd = sorted(set(found) ^ names)[0]
+                    raise WeightsError(f"{path}: its weight_map and {shard} disagree about "
+                                       f"tensor {odd!r}")
+                infos.update({n: i._replace(shard=shard) for n, i in found.items()})
     except OSError as e:
         raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
     with _naming(path):
         check_header(infos, config)
     return infos
+
+
+INDEX = "model.safetensors.index.json"  # a sharded model's map of tensor -> file
+SHARD = re.compile(r"[\w.-]+\.safetensors")
+
+
+def shards_of(index: Path) -> dict[str, set[str]]:
+    """A sharded model's index (model.safetensors.index.json, as save_pretrained writes it):
+    each shard's file name and the tensors in it. Shards are plain file names beside the
+    index, never a path elsewhere."""
+    with open(index, "rb") as f:
+        raw = f.read(MAX_HEADER_BYTES + 1)
+    try:
+        if len(raw) > MAX_HEADER_BYTES:
+            raise ValueError(f"larger than {MAX_HEADER_BYTES:,} bytes")
+        weight_map = json.loads(raw.decode("utf-8"))["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError("weight_map is not an object")
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        raise WeightsError(f"{index} is not a safetensors index ({e})") from None
+    shards: dict[str, set[str]] = {}
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or not SHARD.fullmatch(file) or file.startswith("."):
+            raise WeightsError(f"{index}: tensor {name!r} is in {file!r}, not a .safetensors "
+                               "file beside the index")
+        shards.setdefault(file, set()).add(name)
+    return shards
+
+
+def weights_path(root: Path) -> Path:
+    """The folder's weights: model.safetensors, else a sharded model's index. A folder with
+    only pytorch_model.bin is refused: tinygpt reads safetensors alone (a pickle can run code
+    as it loads)."""
+    single = root / "model.safetensors"
+    if single.exists() or single.is_symlink() or not (root / INDEX).is_file():
+        if not single.exists() and not single.is_symlink() and \
+                any(root.glob("pytorch_model*.bin")):
+            raise WeightsError(
+                f"weights folder {root} holds pytorch_model.bin, which tinygpt does not read: "
+                "only safetensors files (save it again with transformers: from_pretrained, "
+                "then save_pretrained(folder, safe_serialization=True))")
+        return single
+    return root / INDEX
 
 
 @contextlib.contextmanager
@@ -363,17 +433,22 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
     """load_params after its header check: `infos` is checked_header(path, config)."""
     from safetensors import SafetensorError, safe_open
 
-    prefix = family(config.model_type).PREFIX
-    wanted = [n for n in infos if not (n.removeprefix(prefix)).endswith(IGNORED)]
-    try:
-        mapped = map_safetensors(path)
-        if mapped is not None:
-            tensors = {n: mapped[n] for n in wanted}
-        else:  # anything map_safetensors does not take on: the library reads or reports it
-            with safe_open(str(path), framework="numpy") as f:
-                tensors = {n: f.get_tensor(n) for n in wanted}
-    except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:
-        raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
+    fam = family(config.model_type)
+    wanted = [n for n in infos if not (n.removeprefix(fam.PREFIX)).endswith(fam.IGNORED)]
+    files: dict[Path, list[str]] = {}
+    for n in wanted:  # one file, or each shard of a sharded model
+        files.setdefault(path.parent / infos[n].shard if infos[n].shard else path, []).append(n)
+    tensors = {}
+    for file, names in files.items():
+        try:
+            mapped = map_safetensors(file)
+            if mapped is not None:
+                tensors.update({n: mapped[n] for n in names})
+            else:  # anything map_safetensors does not take on: the library reads or reports it
+                with safe_open(str(file), framework="numpy") as f:
+                    tensors.update({n: f.get_tensor(n) for n in names})
+        except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:
+            raise WeightsError(f"{file} is not a readable safetensors file ({e})") from None
     with _naming(path):
         return validate_params(tensors, config)
 
@@ -422,7 +497,8 @@ class Model:
 
     @property
     def weights_file(self) -> Path:
-        return self.folder / "model.safetensors"
+        """model.safetensors, or a sharded model's index (its sha256 names the model)."""
+        return weights_path(self.folder)
 
 
 def resolve_folder(folder: str | Path | None) -> tuple[Path, bool]:
@@ -496,7 +572,8 @@ def _open_folder(folder: str | Path | None) -> Folder:
         if named and not root.exists() and not root.is_symlink():
             raise InputError(f"weights folder {root} does not exist")
         raise WeightsError(f"weights folder {root} " + _not_a_folder(root))
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+    weights = weights_path(root)
+    for name in ("config.json", weights.name, "tokenizer.json"):
         path = root / name
         if not path.is_file():
             raise WeightsError(f"weights folder {root} has no {name}" if not path.exists()
@@ -507,7 +584,7 @@ def _open_folder(folder: str | Path | None) -> Folder:
         raise WeightsError(f"{root / 'config.json'}: {e}") from None
     # the weights' header too, though text <-> ids never reads them: a broken folder is
     # reported by every command alike
-    header = checked_header(root / "model.safetensors", config)
+    header = checked_header(weights, config)
     tokenizer = read_tokenizer(root / "tokenizer.json", config)
     check_vocabulary(tokenizer, config, root)
     return Folder(root, config, tokenizer, header)
@@ -534,8 +611,8 @@ def load_model(folder: str | Path | None = None) -> Model:
 
 def _load_model(folder: str | Path | None) -> Model:
     f = open_folder(folder)
-    return Model(f.folder, f.config, map_params(f.folder / "model.safetensors", f.config,
-                                                f.header), f.tokenizer)
+    return Model(f.folder, f.config, map_params(weights_path(f.folder), f.config, f.header),
+                 f.tokenizer)
 
 
 MAX_TOKENIZER_BYTES = 16 << 20  # GPT-2's own, 50,257 tokens with their merges: 1.4 MB

@@ -1,9 +1,9 @@
 """Ablation: take one component out of the forward pass and see what the prediction loses.
 
-A component is one head's output (`layers.L.heads.H.out`, before c_proj) or one block's MLP
+A component is one head's output (`layers.L.heads.H.out`, before W_O) or one block's MLP
 output (`layers.L.mlp_out`). Its value is replaced by
 
-- zero: as if the head's rows of c_proj (or the whole MLP) were cut out; the bias stays;
+- zero: as if the head's rows of W_O (or the whole MLP) were cut out; the bias stays;
 - mean: its average over a reference text, the same vector at every position;
 - resample: its value at the same positions in the run of another text.
 

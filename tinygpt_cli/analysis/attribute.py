@@ -23,10 +23,9 @@ import numpy as np
 from ..config import Config
 from ..errors import InputError
 from ..hooks import Replace
-from ..model import backward, record, token_table
+from ..model import backward, cut_head, record, token_table
 from ..words import count
 from .dla import steering
-from .variants import cut_head
 
 STEP_TOKENS = 2048  # integrated gradients: tokens per batched pass
 

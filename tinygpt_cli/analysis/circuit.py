@@ -9,7 +9,7 @@ block l's MLP and everything later, MLP l feeds every later block and the logits
 Every receiver's input is a sum of sender outputs (plus the attention biases b_O of the
 blocks before it, and in a steered run the steering vector from the block it is added before:
 constants, the same in every run), so one edge can be patched on its own:
-v's input is normed by v's own LayerNorm (ln1 for q/k/v, ln2 for an MLP, ln_f for the logits)
+v's input is normed by v's own LayerNorm (ln1 for q/k/v, ln2 for an MLP, ln_final for the logits)
 after the sum. `edge_forward` runs the model that way.
 
 Scores of edge u -> v, on the metric m = logit[target] - logit[vs] at one position:
@@ -50,13 +50,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ops
-from ..config import Config
+from ..config import Config, require
 from ..errors import InputError
 from ..hooks import Chain, Record, Replace
 from ..model import (
     _identity,
     attn_out_bias,
     backward,
+    cut_head,
     feed_forward,
     forward,
     head_out_matrix,
@@ -70,7 +71,7 @@ from ..schema import head_name, mlp_name
 from ..trace import Trace
 from ..words import count
 from .patch import check_gap, logit_difference
-from .variants import cut_head, widen
+from .variants import widen
 
 METHODS = ("eap", "eap-ig", "exact", "exact-noising", "exact-mean")
 EDGE_TOKENS = 1024  # edge-patched runs x tokens computed together: [B, senders, T, d] stays
@@ -213,16 +214,17 @@ def _heads(params, config: Config, i: int, x: np.ndarray, last_only: bool = Fals
     n = _layer_norm(x[:, :, 1:], g, b, eps)
     k = n[:, :, 0] @ wk + bk[:, None, :]
     v = n[:, :, 1] @ wv + bv[:, None, :]
-    if last_only:  # one query, the last: it sees every key, no mask
-        z = ops.softmax(ops.attention_scores(q, k)) @ v  # [B, H, 1, d_k]
-    else:
-        z = ops.attention(q, k, v)[0]  # [B, H, T, d_k], the pass's own steps
+    scale, window = config.attn_scale, config.window(i)
+    if last_only:  # one query, the last: it sees every key in its window
+        z = ops.softmax(ops.attention_scores(q, k, k.shape[-2] - 1, scale, window)) @ v
+    else:  # [B, H, T, d_k], the pass's own steps
+        z = ops.attention(q, k, v, scale=scale, window=window)[0]
     return z @ wo  # [B, H, T, d]
 
 
 def _mlp(params, config: Config, i: int, x: np.ndarray) -> np.ndarray:
     n = _layer_norm(x, *norm_weights(params, f"layers.{i}.ln2"), config.layer_norm_epsilon)
-    return feed_forward(params, i, n, _identity)  # the model's own MLP step
+    return feed_forward(params, config, i, n, _identity)  # the model's own MLP step
 
 
 def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live: np.ndarray,
@@ -250,7 +252,7 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
     base = np.einsum("rs,std->rtd", graph.adjacency().T.astype(np.float64), fixed)
     for i in range(config.n_layer):
         later = graph.receiver_stage > 2 * i + 1
-        base[later] += attn_out_bias(params, i)
+        base[later] += attn_out_bias(params, config, i)
     if steer is not None:
         entry = int(steer.site.split(".")[1])
         base[graph.receiver_stage >= 2 * entry + 1] += np.asarray(steer.shift, np.float64)
@@ -326,6 +328,9 @@ def _run(params, config: Config, ids: np.ndarray, steer=None):
 
 def prepare(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
             position: int = -1, graph: Graph | None = None, steer=None) -> Pair:
+    # edges are summed into each receiver's LayerNorm'd input, positions from the table
+    require(config, "circuit", {"norm": "layer", "positions": "learned", "mlp": "gelu",
+                                "parallel": False})
     if len(clean_ids) != len(corrupt_ids):
         raise InputError(f"the clean text is {count(len(clean_ids), 'token')} and the "
                          f"corrupt text {len(corrupt_ids)}: edges are patched position by "

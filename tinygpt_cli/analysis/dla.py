@@ -35,16 +35,16 @@ def unembed_direction(params: dict[str, np.ndarray], target: int, vs: int | None
 
 
 def attribute_parts(parts: np.ndarray, scale: float, gain: np.ndarray,
-                    direction: np.ndarray) -> np.ndarray:
-    """Each part centred, divided by the final norm's std, dotted with g * direction.
-    [P, d] -> [P]"""
-    centred = parts - parts.mean(axis=-1, keepdims=True)
+                    direction: np.ndarray, centre: bool = True) -> np.ndarray:
+    """Each part centred (LayerNorm; an RMSNorm does not centre), divided by the final
+    norm's std (or rms), dotted with g * direction.  [P, d] -> [P]"""
+    centred = parts - parts.mean(axis=-1, keepdims=True) if centre else parts
     return centred @ (np.asarray(gain, np.float64) * direction) / float(scale)
 
 
 @dataclass
 class DLA:
-    labels: list[str]  # one per row; the last is the final norm's bias
+    labels: list[str]  # one per row; the last is the final norm's bias (LayerNorm models)
     values: np.ndarray  # [P]: each row's share of the score, float64
     score: float  # the real logit (or logit difference) at the position
     heads: np.ndarray  # [n_layer, n_head], the head rows as a grid
@@ -66,16 +66,19 @@ def direct_logit_attribution(trace: Trace, params: dict[str, np.ndarray], config
     """
     direction = unembed_direction(params, target, vs)
     gain, shift = norm_weights(params, "ln_final")
-    scale = float(trace.get("ln_final.std")[position, 0])
+    centre = config.norm == "layer"  # an RMSNorm divides by the rms alone: no mean, no bias
+    scale = float(trace.get("ln_final.std" if centre else "ln_final.rms")[position, 0])
     labels, parts = trace.residual_parts(params, position, steer)  # the stream, in parts
-    values = attribute_parts(parts, scale, gain, direction)
-    bias = float(np.asarray(shift, np.float64) @ direction)
+    values = attribute_parts(parts, scale, gain, direction, centre)
     logits = trace.get("logits")[position].astype(np.float64)
     score = logits[target] - (logits[vs] if vs is not None else 0.0)
     heads = np.array([[values[labels.index(head_label(i, h))] for h in range(config.n_head)]
                       for i in range(config.n_layer)])
     top = neuron_attribution(trace, params, config, position, scale, gain, direction, neurons) \
         if neurons else []
+    if shift is None:
+        return DLA(labels, values, float(score), heads, top)
+    bias = float(np.asarray(shift, np.float64) @ direction)
     return DLA(labels + [BIAS_ROW], np.append(values, bias), float(score), heads, top)
 
 
@@ -87,7 +90,8 @@ def neuron_values(trace: Trace, params, config: Config, layer: int, position: in
     """
     w2 = neuron_out_rows(params, layer).astype(np.float64)  # [ff, d]
     post = trace.get(f"layers.{layer}.mlp_post")[position].astype(np.float64)  # [ff]
-    read = attribute_parts(w2, scale, gain, direction)  # [ff]: one unit of each neuron
+    read = attribute_parts(w2, scale, gain, direction,  # [ff]: one unit of each neuron
+                           config.norm == "layer")
     return post * read
 
 

@@ -22,8 +22,7 @@ import numpy as np
 
 from ..config import Config
 from ..hooks import Chain, Replace
-from ..model import forward, token_table
-from .variants import cut_head
+from ..model import cut_head, forward, token_table
 
 RANDOM_ORDERS = 20
 

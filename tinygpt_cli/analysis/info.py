@@ -18,6 +18,25 @@ class ModelInfo:
     tokenizer: dict  # vocab_size, special_tokens
 
 
+def architecture(cfg) -> dict:
+    """The knobs in which a model's blocks differ from GPT-2's, by name."""
+    out = {"norm": cfg.norm, "positions": cfg.positions, "mlp": cfg.mlp,
+           "parallel_block": cfg.parallel}
+    if cfg.kv_heads != cfg.n_head:
+        out["n_kv_head"] = cfg.kv_heads
+    if cfg.rotary:
+        out.update(rotary_dim=cfg.rotary, rotary_base=cfg.rotary_base)
+    if cfg.attn_scale:
+        out["attn_scale"] = cfg.attn_scale
+    if cfg.windows:
+        out["windows"] = list(cfg.windows)
+    if cfg.qk_norm:
+        out["qk_norm"] = True
+    out["biases"] = ", ".join(n for n, on in (("qkv", cfg.qkv_bias), ("out", cfg.out_bias),
+                                               ("mlp", cfg.mlp_bias)) if on) or "none"
+    return out
+
+
 def model_info(model) -> ModelInfo:
     from ..families import family
     from ..files import sha256
@@ -26,14 +45,17 @@ def model_info(model) -> ModelInfo:
     fam = family(cfg.model_type)
     groups: dict[str, int] = {}
     for name, arr in model.params.items():  # by the names the family's file gives them
-        group = re.sub(r"^h\.\d+\.", "h.*.", fam.file_name(name)).rsplit(".", 1)[0]
+        group = re.sub(r"(^|\.)(h|layers)\.\d+\.", r"\1\2.*.", fam.file_name(name))
+        group = group.rsplit(".", 1)[0]
         groups[group] = groups.get(group, 0) + arr.size
     facts: dict = {
         "n_embd": cfg.n_embd, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "d_k": cfg.d_k,
         "n_inner": cfg.n_inner, "vocab_size": cfg.vocab_size, "n_positions": cfg.n_positions,
-        "layer_norm_epsilon": cfg.layer_norm_epsilon, "activation_function": "gelu_new",
-        "tie_word_embeddings": True,
+        "layer_norm_epsilon": cfg.layer_norm_epsilon, "activation_function": cfg.act,
+        "tie_word_embeddings": cfg.tied,
     }
+    if cfg.model_type != "gpt2":  # what differs from GPT-2's block, knob by knob
+        facts = {"model_type": cfg.model_type, **facts, **architecture(cfg)}
     if cfg.unused:  # read past, as transformers does: shown so nobody wonders where they went
         facts["unused"] = list(cfg.unused)
     weights_file = model.weights_file.resolve()

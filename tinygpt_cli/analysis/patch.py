@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import Config
+from ..config import Config, require
 from ..errors import InputError
 from ..model import backward, record
 from .variants import Variant, run_variants, set_all, set_row, widen
@@ -221,6 +221,8 @@ def patch_question(clean, corrupt, position: int, target: str | None, vs: str | 
 def patch_report(clean, corrupt, q, method: str, progress=None) -> PatchReport:
     """Activation patching of every cell, and with method 'atp' its one-backward-pass
     estimate as well (the estimate is the result; its correlation with the real one kept)."""
+    # the grid has a resid_mid row, which a parallel block (NeoX) does not have
+    require(clean.config, "patch", {"parallel": False}, grouped=True)
     args = (clean.params, clean.config, clean.ids, corrupt.ids, q.target, q.vs, q.position)
     real = activation_patching(*args, progress, hooks=clean.hooks)
     if method != "atp":

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import Config
+from .. import ops
+from ..config import Config, require
 from ..errors import InputError
 from ..model import mlp_out_bias, norm_weights
 from ..trace import Trace
@@ -61,7 +62,7 @@ def stream_parts(params, config: Config, values: dict[str, np.ndarray], layer: i
             bias = bias + part.reshape(-1, config.n_embd)[0]
             continue
         if label.endswith(".mlp"):
-            b_mlp = mlp_out_bias(params, int(label[1:-4]))
+            b_mlp = mlp_out_bias(params, config, int(label[1:-4]))
             bias, part = bias + b_mlp, part - b_mlp
         names.append(_qk_name(label))
         kept.append(part)
@@ -74,29 +75,41 @@ def _qk_name(label: str) -> str:
     return {"token_embedding": "token", "position_embedding": "position"}.get(label, label)
 
 
-def side_terms(parts: np.ndarray, std: np.ndarray, g: np.ndarray, b: np.ndarray,
+def side_terms(parts: np.ndarray, std: np.ndarray, g: np.ndarray, b: np.ndarray | None,
                w: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """One head's query (or key) split by part through the frozen norm: [P + 1, T, d_k],
-    the last row the constant b W + bias."""
-    centred = parts - parts.mean(axis=-1, keepdims=True)
+    the last row the constant b W + bias. A LayerNorm centres each part and divides by the
+    run's std; an RMSNorm (b None) divides by the run's rms alone."""
+    centred = parts - parts.mean(axis=-1, keepdims=True) if b is not None else parts
     through = (centred / std * g) @ w  # [P, T, d_k]
-    constant = np.broadcast_to(b @ w + bias, through.shape[1:])
+    shift = b @ w if b is not None else 0.0
+    constant = np.broadcast_to(shift + bias, through.shape[1:])
     return np.concatenate([through, constant[None]])
 
 
 def qk_attribution(params, config: Config, values: dict[str, np.ndarray], layer: int,
                    head: int, query: int, steer=None) -> QK:
     """The scores of head `head` of block `layer` at query position `query`, split by part
-    (the values of a run steered by `steer`, when given, whose vector is a part)."""
+    (the values of a run steered by `steer`, when given, whose vector is a part). With rotary
+    positions each part's q and k terms are turned by their positions, as the pass turns the
+    whole q and k: the turn is linear, so the terms still sum to the score."""
+    # a per-head norm of q and k (Qwen3) divides by each head's own rms: not linear in parts
+    require(config, "qk", {"qk_norm": False}, grouped=True)
     names, parts = stream_parts(params, config, values, layer, steer)
-    g, b = (np.asarray(a, np.float64) for a in norm_weights(params, f"layers.{layer}.ln1"))
+    g, b = (None if a is None else np.asarray(a, np.float64)
+            for a in norm_weights(params, f"layers.{layer}.ln1"))
+    kv = head // (config.n_head // config.kv_heads)  # the key head this query head reads
     wq, wk, _, bq, bk, _, _ = (np.asarray(a, np.float64)
                                for a in head_weights(params, config, layer))
-    std = np.asarray(values[f"layers.{layer}.ln1.std"], np.float64)  # [T, 1]
+    scale = "std" if b is not None else "rms"
+    std = np.asarray(values[f"layers.{layer}.ln1.{scale}"], np.float64)  # [T, 1]
     q = side_terms(parts[:, query:query + 1], std[query:query + 1], g, b, wq[head], bq[head])
-    k = side_terms(parts[:, :query + 1], std[:query + 1], g, b, wk[head], bk[head])
-    terms = np.einsum("ad,bjd->abj", q[:, 0], k) / np.sqrt(wq.shape[-1])
+    k = side_terms(parts[:, :query + 1], std[:query + 1], g, b, wk[kv], bk[kv])
+    if config.rotary:
+        q = ops.rotary(q, query, config.rotary, config.rotary_base)
+        k = ops.rotary(k, 0, config.rotary, config.rotary_base)
+    terms = np.einsum("ad,bjd->abj", q[:, 0], k) * config.scale
     path = f"layers.{layer}.heads.{head}."
-    return QK(layer, head, query, [*names, "norm bias"], terms,
+    return QK(layer, head, query, [*names, "norm bias" if b is not None else "bias"], terms,
               np.asarray(values[path + "scores"][query, :query + 1], np.float64),
               np.asarray(values[path + "weights"][query, :query + 1], np.float64))

@@ -23,7 +23,7 @@ from ..config import Config
 from ..errors import InputError, WeightsError
 from ..files import write_atomically
 from ..hooks import RecordOnly, chained
-from ..model import forward, norm_weights, read_out, token_table
+from ..model import forward, head_table, norm_weights, read_out
 from .sae import Adam
 
 
@@ -68,13 +68,18 @@ def kl_and_grads(h: np.ndarray, a: np.ndarray, b: np.ndarray, logp_final: np.nda
     n = h.shape[0]
     t = translate(h, a, b)
     gain, bias = norm_weights(params, "ln_final")
-    u, mean, std = ops.layer_norm(t, gain, bias, config.layer_norm_epsilon)
-    logits = ops.unembed(u, token_table(params)).astype(np.float64)
+    eps, head = config.layer_norm_epsilon, params[head_table(params)]
+    if bias is None:  # an RMSNorm
+        u, rms = ops.rms_norm(t, gain, eps)
+    else:
+        u, mean, std = ops.layer_norm(t, gain, bias, eps)
+    logits = ops.unembed(u, head).astype(np.float64)
     logp = ops.log_softmax(logits)
     kl = float(kl_divergence(logp_final, logp).mean())
     dlogits = ((np.exp(logp) - np.exp(logp_final)) / n).astype(np.float32)  # [N, V]
-    du = dlogits @ token_table(params)  # the tied head's backward: [N, d]
-    dt = ops.layer_norm_backward(du, t, gain, mean, std)[0]
+    du = dlogits @ head  # the head's backward: [N, d]
+    dt = (ops.rms_norm_backward(du, t, gain, rms) if bias is None
+          else ops.layer_norm_backward(du, t, gain, mean, std))[0]
     return kl, h.T @ dt, dt.sum(axis=0)
 
 

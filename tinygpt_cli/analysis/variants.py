@@ -15,7 +15,7 @@ import numpy as np
 
 from ..config import Config
 from ..hooks import Chain, Replace
-from ..model import forward, token_table, unembed_rows
+from ..model import cut_head, forward, token_table
 
 Edit = Callable[[np.ndarray], np.ndarray]
 Variant = Mapping[str, Edit]
@@ -109,12 +109,11 @@ def forward_from(params: dict[str, np.ndarray], config: Config, layer: int, h: n
                  hooks) -> np.ndarray:
     """Blocks layer .. n_layer-1 on the stream h entering block `layer`, then the final norm and
     the head at the last position only.  [B, T, d] -> [B, 1, V]"""
-    from ..model import block, layer_norm, norm_weights, unembed
+    from ..model import block, norm, unembed
 
     for i in range(layer, config.n_layer):
         h = block(params, config, i, h, hooks, None, 0, None)
-    u = layer_norm(h[..., -1:, :], *norm_weights(params, "ln_final"),
-                   config.layer_norm_epsilon, "ln_final", hooks)
+    u = norm(params, config, h[..., -1:, :], "ln_final", hooks)
     return unembed(params, u, hooks)
 
 
@@ -138,12 +137,3 @@ def widen(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, np.float64) for k, v in params.items()}
 
 
-def cut_head(params: dict[str, np.ndarray], rows: Sequence[int]) -> dict[str, np.ndarray]:
-    """The parameters with the tied head cut to the given vocabulary rows.
-
-    A score such as logit[target] - logit[vs] reads two rows of W_U; with the table cut to
-    them the head costs [T, d] x [d, 2] instead of [T, d] x [d, V] in every forward and
-    backward pass. The cut table no longer serves as the embedding: callers supply the token
-    embeddings through a hook (and pass ids 0, which index the cut table harmlessly).
-    """
-    return dict(params, **{"embed.W_E": unembed_rows(params, list(rows))})

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import ops
-from ..config import Config
+from ..config import Config, require
 from ..corpus import TrainingDataError, eval_windows
 from ..hooks import Chain, Record
 from ..model import backward, forward, loss_and_grads
@@ -410,6 +410,8 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     from .why_index import open_index
 
     config = model.config
+    # TracIn's projected gradients are written site by site for GPT-2's block
+    require(config, "why")
     logits = forward(model.params, config, np.asarray(ids), hooks=hooks)
     target_id = token_id(model, target) if target is not None else hist.next_token(logits)[0]
     index = load_index(files, model.tokenizer, model.folder / "tokenizer.json")

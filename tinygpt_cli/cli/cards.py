@@ -81,18 +81,28 @@ def pos(
     save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Card 3: each position's row of W_P, added to the token rows (--sum shows the result).
+    A rotary model has no W_P: its positions turn q and k, by the angles shown.
 
     Example: tinygpt pos "Lily wanted to play with her" --sum
     """
-    path = "embeddings" if total else "position_embeddings"
-    show(run(weights, text, ablate), path, as_json, full, save=save, force=force)
+    from ..render.cards import rotary_note
+
+    r = run(weights, text, ablate)
+    rotary = r.model.config.positions == "rotary" and not total
+    path = "embeddings" if total else "rotary_angles" if rotary else "position_embeddings"
+    show(r, path, as_json, full, save=save, force=force, below=rotary_note(rotary))
 
 
 def _norm(r: Run, prefix: str, as_json: bool, full: bool, save=None, force=False):
     from rich.text import Text
 
-    from ..render.cards import NORM_NOTE
+    from ..render.cards import NORM_NOTE, RMS_NOTE
 
+    if r.model.config.norm == "rms":  # an RMSNorm divides by each token's rms alone
+        rms = r.trace.get(prefix + ".rms")[:, 0]
+        show(r, prefix + ".out", as_json, full, extra={"rms": rms}, save=save, force=force,
+             below=[Text(RMS_NOTE, style="dim")])
+        return
     mean = r.trace.get(prefix + ".mean")[:, 0]
     std = r.trace.get(prefix + ".std")[:, 0]
     show(r, prefix + ".out", as_json, full, extra={"mean": mean, "std": std}, save=save,

@@ -76,6 +76,8 @@ def train_cmd(
     n_inner: int = typer.Option(512, "--n-inner"),
     vocab_size: int = VOCAB_SIZE,
     n_positions: int = typer.Option(128, "--n-positions"),
+    arch: str = typer.Option("gpt2", "--arch", help="The block's family: gpt2, neo (GPT-Neo), "
+                             "neox (GPT-NeoX, Pythia) or llama (Llama, SmolLM2)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.npz. "
                                 "A finished run given more --steps starts a new warm-up and "
                                 "cosine cycle from its last step."),
@@ -89,7 +91,7 @@ def train_cmd(
 
     Example: tinygpt train --data ../shared/data/tinystories --out runs/a --steps 3000
     """
-    from ..config import Config, check_training_memory, check_vocab_size
+    from ..config import arch_config, check_training_memory, check_vocab_size
     from ..corpus import split_data
     from ..render.training import TrainingProgress
     from ..train.loop import Settings, train
@@ -99,8 +101,8 @@ def train_cmd(
     check_vocab_size(vocab_size)
     try:
         train_files, val_files = split_data(data, val)
-        config = Config(n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_inner=n_inner,
-                        vocab_size=vocab_size, n_positions=n_positions)
+        config = arch_config(arch, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+                             n_inner=n_inner, vocab_size=vocab_size, n_positions=n_positions)
         settings = Settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
                             weight_decay=weight_decay, dropout=dropout, seed=seed,
                             eval_every=eval_every, checkpoint_every=checkpoint_every,

@@ -21,7 +21,8 @@ from __future__ import annotations
 from types import ModuleType
 
 # model_type -> module; imported when first asked for (start-up reads one config)
-KNOWN = {"gpt2": "gpt2"}
+KNOWN = {"gpt2": "gpt2", "gpt_neo": "gpt_neo", "gpt_neox": "gpt_neox", "llama": "llama",
+         "qwen2": "llama", "qwen3": "llama"}
 
 
 def family(model_type: str) -> ModuleType:

@@ -13,6 +13,7 @@ from ..config import Config, is_int, shown, token_id
 MODEL_TYPE = "gpt2"
 LABEL = "GPT-2"  # as messages name the family
 PREFIX = "transformer."
+IGNORED = (".attn.bias", ".attn.masked_bias")  # old transformers buffers, not parameters
 
 # canonical pattern -> the file's name (without PREFIX), in the file's order
 NAMES: dict[str, str] = {
@@ -43,6 +44,12 @@ def file_name(canonical: str) -> str:
         i, _, rest = rest.partition(".")
         return NAMES[f"layers.L.{rest}"].replace("h.L.", f"h.{i}.")
     return NAMES[canonical]
+
+
+def block_of(name: str) -> int | None:
+    """The block a tensor of the file belongs to (h.3.ln_1.weight: 3), or None."""
+    parts = name.removeprefix(PREFIX).split(".")
+    return int(parts[1]) if parts[0] == "h" and len(parts) > 1 and parts[1].isdigit() else None
 
 
 def canonical_name(name: str) -> str | None:

@@ -12,6 +12,17 @@ from .text import show_text, show_token
 
 NORM_NOTE = ("mean and std are each token's own, taken before the norm; "
              "out = (x - mean) / std * weight + bias")
+ROTARY_NOTE = ("no position table: position t turns each pair of numbers (i, i + r) of every "
+               "head's q and k by this angle before q . k, so a score depends on how far apart "
+               "the two tokens are; --sum shows the embeddings, which are the tokens' rows alone")
+def rotary_note(rotary: bool) -> list:
+    from rich.text import Text
+
+    return [Text(ROTARY_NOTE, style="dim")] if rotary else []
+
+
+RMS_NOTE = ("rms is each token's own, sqrt(mean(x^2) + eps), taken before the norm; "
+            "out = x / rms * weight (an RMSNorm: no centring, no bias)")
 
 
 def value_view(path: str, value, tokens, full: bool, below=()) -> Group:

@@ -1,0 +1,232 @@
+"""Every family against transformers: small random models that transformers makes and saves
+(odd sizes: 6 query heads on 2 key/value heads, rotary on a quarter of each head, a local
+window shorter than the text, Qwen3's q/k norm, tied and untied heads, a bfloat16 file),
+loaded by tinygpt: logits and every block's input, gradients of a logit against torch
+autograd, greedy generation, and the folder tinygpt saves loading back in transformers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from tinygpt_cli.generate import generate
+from tinygpt_cli.model import backward, forward, record
+from tinygpt_cli.weights import SHIPPED, load_model, save_params
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+IDS = [5, 300, 17, 900, 42, 8, 1000, 77, 3, 64, 5, 300]  # longer than GPT-Neo's window of 3
+TOL = 1e-5  # relative to the largest value compared
+
+
+def _config(kind: str, tied: bool):
+    common = dict(vocab_size=4096, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
+                  max_position_embeddings=64, tie_word_embeddings=tied)
+    if kind in ("llama", "qwen2", "qwen3"):
+        cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+               "qwen3": transformers.Qwen3Config}[kind]
+        extra = {"head_dim": 8} if kind == "qwen3" else {}
+        return cls(num_attention_heads=6, num_key_value_heads=2, **common, **extra)
+    if kind == "gpt_neox":
+        return transformers.GPTNeoXConfig(num_attention_heads=3, rotary_pct=0.25, **common)
+    common["num_layers"] = common.pop("num_hidden_layers")
+    return transformers.GPTNeoConfig(num_heads=3, attention_types=[[["global", "local"], 1]],
+                                     window_size=3, bos_token_id=0, eos_token_id=0, **common)
+
+
+CASES = {  # name: (family, tied head, file dtype)
+    "gpt_neo": ("gpt_neo", True, torch.float32 if torch else None),
+    "gpt_neox": ("gpt_neox", False, torch.float32 if torch else None),
+    "llama-untied": ("llama", False, torch.float32 if torch else None),
+    "llama-tied-bf16": ("llama", True, torch.bfloat16 if torch else None),
+    "qwen2": ("qwen2", True, torch.float32 if torch else None),
+    "qwen3": ("qwen3", False, torch.float32 if torch else None),
+}
+
+
+def _widened(model, seed: int):
+    """Weights far from initialisation, so attention is far from uniform: norms' scales
+    1 +- 0.2, everything else N(0, 0.15)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or ".ln_" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p)) if name.endswith("weight") \
+                    else p.normal_(0.0, 0.1)
+            else:
+                p.normal_(0.0, 0.15)
+    return model
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def pair(request, tmp_path_factory):
+    """(name, transformers' model in float32, tinygpt's model of the folder it saved)."""
+    kind, tied, dtype = CASES[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    model = transformers.AutoModelForCausalLM.from_config(
+        _config(kind, tied), attn_implementation="eager")
+    _widened(model.eval(), seed=len(request.param))
+    model.to(dtype).save_pretrained(folder)
+    shutil.copyfile(SHIPPED / "tokenizer.json", folder / "tokenizer.json")
+    # the reference reads the file back in float32: a bf16 file's numbers widened, as
+    # tinygpt computes with them (a model cast back with .float() would keep its rotary
+    # frequencies rounded to bfloat16)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager").eval()
+    return request.param, model, load_model(folder)
+
+
+def _close(got, want, what):
+    want = np.asarray(want, np.float64)
+    err = np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max()
+    assert err <= TOL, f"{what}: {err:.2e}"
+
+
+def test_logits_and_every_blocks_input_match_transformers(pair):
+    name, hf, ours = pair
+    with torch.no_grad():
+        out = hf(torch.tensor([IDS]), output_hidden_states=True)
+    logits, values = record(ours.params, ours.config, np.array(IDS))
+    _close(logits, out.logits[0], f"{name} logits")
+    for i in range(ours.config.n_layer):
+        _close(values[f"layers.{i}.resid_pre"], out.hidden_states[i][0], f"{name} block {i}")
+    assert ours.config.model_type == hf.config.model_type
+
+
+def test_gradients_of_a_logit_match_torch_autograd(pair):
+    from tinygpt_cli.families import family
+
+    name, hf, ours = pair
+    position, target = 7, 123
+    hf.zero_grad()
+    out = hf(torch.tensor([IDS]), output_hidden_states=True)
+    out.hidden_states[1].retain_grad()
+    out.logits[0, position, target].backward()
+    rec_logits, values = record(ours.params, ours.config, np.array(IDS))
+    dlogits = np.zeros_like(rec_logits)
+    dlogits[position, target] = 1.0
+    grads, dv = backward(ours.params, ours.config, values, dlogits, wrt_values=True)
+    _close(dv["layers.1.resid_pre"], out.hidden_states[1].grad[0], f"{name} d resid_pre")
+    by_file = family(ours.config.model_type).params_to_file(grads, ours.config)
+    # GPTNeoXForCausalLM's module is lm_head, though its file calls the tensor embed_out
+    theirs = {("embed_out.weight" if n == "lm_head.weight" and "embed_out.weight" in by_file
+               else n): p.grad for n, p in hf.named_parameters()}
+    assert set(by_file) == set(theirs)
+    for file_name, g in by_file.items():
+        want = theirs[file_name].numpy()
+        if np.abs(want).max() == 0:
+            assert np.abs(g).max() == 0, file_name
+            continue
+        err = np.abs(g - want).max() / np.abs(want).max()
+        assert err <= 1e-4, f"{name} {file_name}: {err:.2e}"
+
+
+def test_greedy_generation_gives_transformers_tokens(pair):
+    name, hf, ours = pair
+    prompt = IDS[:5]
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
+                             pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+    steps = generate(ours.params, ours.config, prompt, 20, temperature=0.0,
+                     rng=np.random.default_rng(0))
+    assert [s.id for s in steps] == theirs, name
+
+
+def test_a_folder_tinygpt_saves_loads_in_transformers_with_the_same_logits(pair, tmp_path):
+    from tinygpt_cli.config import save_config
+
+    name, _, ours = pair
+    folder = tmp_path / "saved"
+    save_params(ours.params, folder / "model.safetensors", ours.config)
+    save_config(ours.config, folder / "config.json")
+    shutil.copyfile(SHIPPED / "tokenizer.json", folder / "tokenizer.json")
+    back = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        theirs = back(torch.tensor([IDS])).logits[0].numpy()
+    _close(forward(ours.params, ours.config, np.array(IDS)), theirs, f"{name} saved")
+    assert load_model(folder).config == ours.config
+    assert json.loads((folder / "config.json").read_text())["model_type"] == \
+        ours.config.model_type
+
+
+# ------------------------------------------------------------------ every command, every family
+
+TEXT, OTHER = "Lily wanted to play with her", "Tom wanted to play with his"
+COMMANDS = [
+    ("encode", TEXT), ("embed", TEXT), ("attn", TEXT, "--all-heads"), ("mlp", TEXT),
+    ("norm", TEXT), ("final-norm", TEXT), ("blocks", TEXT), ("logits", TEXT), ("probs", TEXT),
+    ("sample", TEXT, "--seed", "1"), ("generate", "Lily", "--max-new-tokens", "3"),
+    ("trace", TEXT, "--list"), ("trace", TEXT, "layers.1.q"), ("review", TEXT), ("map", TEXT),
+    ("lens", TEXT), ("dla", TEXT), ("ablate", TEXT, "--layer", "0", "--head", "1"),
+    ("attribute", TEXT), ("score", TEXT), ("heads", TEXT), ("neurons", TEXT),
+    ("diff", TEXT, OTHER), ("info",), ("qk", TEXT, "--layer", "1", "--head", "2"),
+    ("patch", TEXT, OTHER), ("circuit", TEXT, OTHER), ("pos", TEXT),
+    ("generate", "Lily", "--max-new-tokens", "3", "--ablate", "layers.0.mlp_out"),
+]
+# what a family's block cannot answer yet (each says so in one line, exit 2)
+NOT_YET = {
+    "gpt_neox": {"patch", "circuit"},
+    "llama": {"circuit"}, "qwen2": {"circuit"}, "qwen3": {"qk", "circuit"},
+}
+
+
+def test_every_command_runs_on_every_family_or_says_why_not_in_one_line(pair, capsys,
+                                                                         monkeypatch):
+    from cli_helpers import Runner, clean_env
+
+    name, _, ours = pair
+    clean_env(monkeypatch)
+    monkeypatch.setenv("TINYGPT_WEIGHTS", str(ours.folder))
+    cli = Runner(capsys, monkeypatch)
+    for args in COMMANDS:
+        r = cli(*args)
+        if args[0] in NOT_YET.get(ours.config.model_type, ()):
+            assert r.code == 2 and r.out == "" and len(r.err.splitlines()) == 1, (args, r)
+            assert r.err.startswith("error: ") and "Traceback" not in r.err, (args, r)
+        else:
+            assert r.code == 0, (name, args, r.err[-2000:])
+
+
+def test_qk_terms_sum_to_the_scores_on_every_family_but_qwen3(pair):
+    """The score split by part, each part's q and k through the frozen norm and turned by
+    its position: the terms add up to the pass's own scores (Qwen3's per-head norm of q and
+    k is not linear in the parts: refused)."""
+    from tinygpt_cli.analysis.qk import qk_attribution
+    from tinygpt_cli.errors import InputError
+
+    name, _, ours = pair
+    _, values = record(ours.params, ours.config, np.array(IDS))
+    if ours.config.qk_norm:
+        with pytest.raises(InputError, match="qk_norm True"):
+            qk_attribution(ours.params, ours.config, values, 1, 2, 9)
+        return
+    r = qk_attribution(ours.params, ours.config, values, 1, 2, 9)
+    seen = np.isfinite(r.scores)  # GPT-Neo's local block masks the keys past its window
+    assert seen.sum() == (3 if ours.config.window(1) == 3 else 10)
+    np.testing.assert_allclose(r.terms.sum(axis=(0, 1))[seen], r.scores[seen], rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_direct_logit_attribution_rows_sum_to_the_logit_on_every_family(pair):
+    """RMSNorm models divide each part by the run's rms with no centring and no bias row;
+    every family's rows still add up to the logit."""
+    from tinygpt_cli.analysis.dla import direct_logit_attribution
+    from tinygpt_cli.model import trace
+
+    name, _, ours = pair
+    tr = trace(ours.params, ours.config, np.array(IDS))
+    r = direct_logit_attribution(tr, ours.params, ours.config, 5, 123, vs=77)
+    assert r.total == pytest.approx(r.score, abs=1e-5 * max(1.0, abs(r.score))), name
+    assert (r.labels[-1] == "ln_final.bias") == (ours.config.norm == "layer")
+    if ours.config.norm == "rms":  # by hand: one part through the final RMSNorm
+        labels, parts = tr.residual_parts(ours.params, 5)
+        w = ours.params["ln_final.w"].astype(np.float64)
+        rows = ours.params["unembed.W_U" if not ours.config.tied else "embed.W_E"]
+        d = rows[123].astype(np.float64) - rows[77]
+        k = labels.index("L1.mlp")
+        by_hand = parts[k] / tr["ln_final.rms"][5, 0] @ (w * d)
+        assert r.values[r.labels.index("L1.mlp")] == pytest.approx(by_hand, rel=1e-9)

@@ -1,0 +1,114 @@
+"""What the converters share: a family's file as a table of tensors, each the canonical
+parameter itself, its transpose (nn.Linear keeps (out, in)), or one of the pieces a fused
+canonical parameter is cut into (q, k and v of W_QKV); and the config keys most families
+spell alike."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..config import Config, is_int, shown, token_id
+
+
+class Piece:
+    """A file tensor that is rows `part` of n parts of a fused canonical parameter, or the
+    whole of one (n = 1); `transposed`: the file keeps it (out, in)."""
+
+    def __init__(self, file: str, canonical: str, transposed: bool = False,
+                 part: int = 0, parts: tuple[str, ...] = ()):
+        self.file, self.canonical, self.transposed = file, canonical, transposed
+        self.part, self.parts = part, parts
+
+
+def block_index(name: str, pattern: re.Pattern) -> int | None:
+    m = pattern.match(name)
+    return int(m[1]) if m else None
+
+
+def fuse(pieces: list[tuple[Piece, np.ndarray]]) -> np.ndarray:
+    """The canonical (in, out) array from its file pieces, in order: side by side along
+    the out axis (q, then k, then v)."""
+    arrays = [a.T if p.transposed else a for p, a in pieces]
+    if len(arrays) == 1:
+        return np.ascontiguousarray(arrays[0])
+    return np.concatenate(arrays, axis=-1)
+
+
+def cut(value: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+    """fuse's inverse along the out axis."""
+    edges = np.cumsum([0, *sizes])
+    return [value[..., a:b] for a, b in zip(edges, edges[1:], strict=False)]
+
+
+def first_id(x, vocab: int) -> tuple[int | None, str | None]:
+    """A special token id as tinygpt keeps it: a list's first (Llama 3 lists several end
+    tokens), with a note of the rest; out of the vocabulary: None."""
+    note = None
+    if isinstance(x, list) and x and all(is_int(i) for i in x):
+        note = f"{len(x)} ids, the first used: {shown(x)}" if len(x) > 1 else None
+        x = x[0]
+    return token_id(x, vocab), note
+
+
+def specials(d: dict, vocab: int) -> tuple[dict, tuple[str, ...]]:
+    out, unused = {}, []
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value, note = first_id(d.get(name), vocab)
+        if value is None and d.get(name) is not None:
+            unused.append(f"{name} {shown(d[name])}")
+        elif name != "pad_token_id" and value is not None:
+            out[name] = value
+        if note:
+            unused.append(f"{name}: {note}")
+    return out, tuple(unused)
+
+
+def rope(d: dict, theta_key: str = "rope_theta", pct_key: str | None = None
+         ) -> tuple[float, float]:
+    """(base, fraction of each head turned) from either spelling: transformers 5's
+    rope_parameters, or the keys hub files still have (rope_theta, rotary_emb_base,
+    rotary_pct). A scaled rope (rope_scaling, or a rope_type other than default) is refused
+    by name: it changes the angles in a way not implemented."""
+    params = d.get("rope_parameters") or {}
+    scaling = d.get("rope_scaling")
+    kind = params.get("rope_type", "default") if isinstance(params, dict) else "default"
+    if scaling not in (None, {}) or kind != "default":
+        said = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else kind
+        raise ValueError(f"config: rope scaling {shown(said)} is not implemented (only "
+                         "unscaled rotary positions)")
+    base = params.get("rope_theta", d.get(theta_key, 10000.0)) if isinstance(params, dict) \
+        else d.get(theta_key, 10000.0)
+    fraction = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+    if fraction is None:
+        fraction = d.get(pct_key, 1.0) if pct_key else 1.0
+    return base, fraction
+
+
+def refuse(d: dict, settings: dict) -> None:
+    """Settings that change the computation in a way not implemented: refused by name,
+    never run approximately. `settings`: key -> the value tinygpt computes with."""
+    for key, standard in settings.items():
+        if key in d and d[key] not in (standard, None) and d[key] != standard:
+            raise ValueError(f"config: {key} {shown(d[key])} is not implemented "
+                             f"(only {standard!r})")
+
+
+def whole(d: dict, key: str, default=None):
+    value = d.get(key, default)
+    if value is None:
+        raise ValueError(f"config: {key} is missing")
+    return value
+
+
+def rotary_numbers(head: int, fraction) -> int:
+    """Numbers of a head that rotary turns, as transformers counts them (rounded down)."""
+    if not isinstance(fraction, int | float) or isinstance(fraction, bool) \
+            or not 0 < fraction <= 1:
+        raise ValueError(f"config: the rotary fraction must be in (0, 1], got {shown(fraction)}")
+    return int(head * fraction)
+
+
+__all__ = ["Config", "Piece", "block_index", "cut", "fuse", "refuse", "rope", "rotary_numbers",
+           "specials", "whole"]
