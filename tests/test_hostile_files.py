@@ -10,6 +10,7 @@ import json
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 import test_hostile as hostile
 from cli_helpers import TEXT, TINY, random_params
@@ -43,6 +44,46 @@ def loop(ctx: Ctx) -> None:
     (ctx.broken / "history").symlink_to(ctx.broken / "history")
 
 
+OTHER = "ab" * 32  # the sha256 of weights that are not these
+SAE = "sae/layers.1.resid_post.safetensors"
+
+
+def sae_file(name: str = SAE, site: str = "layers.1.resid_post", made_for: str | None = None):
+    """An SAE of the tiny model's sizes at {broken}/name, its metadata naming `site` and the
+    weights `made_for` (None: no claim; "these": the broken folder's own weights)."""
+    def setup(ctx: Ctx) -> None:
+        from test_sae import random_sae
+
+        from tinygpt_cli.analysis.sae import save_sae
+        from tinygpt_cli.files import sha256
+
+        meta = {} if made_for is None else {"weights_sha256": sha256(
+            ctx.broken / "model.safetensors") if made_for == "these" else made_for}
+        sae = random_sae(TINY.n_embd, 8, 2, seed=1, dtype=np.float32)
+        sae.site = site
+        (ctx.broken / name).parent.mkdir(parents=True, exist_ok=True)
+        save_sae(ctx.broken / name, sae, meta)
+    return setup
+
+
+def lens_file(made_for: str | None):
+    def setup(ctx: Ctx) -> None:
+        t = {f"{n}.{i}": np.zeros((16, 16) if n == "A" else 16, np.float32)
+             for n in "Ab" for i in range(TINY.n_layer)}
+        (ctx.broken / "lens").mkdir(exist_ok=True)
+        save_file(t, str(ctx.broken / "lens" / "tuned.safetensors"),
+                  metadata={} if made_for is None else {"weights_sha256": made_for})
+    return setup
+
+
+def vector_file(ctx: Ctx) -> None:
+    from tinygpt_cli.analysis.steer import direction_file
+
+    (ctx.tmp / "v.safetensors").write_bytes(direction_file(
+        np.ones(16, np.float32), "layers.0.resid_pre", "steer", {},
+        meta={"weights_sha256": OTHER}))
+
+
 # (id, setup, argv, exit code, words the error line must hold)
 CASES = [
     # -------------------------------------------------- 1. snapshots' step and lr
@@ -65,6 +106,29 @@ CASES = [
                                 "maximum recursion depth"]),
     ("history-symlink-loop", loop, ["history", TEXT, *W], 1,
      ["history is not a folder (a symbolic link that leads nowhere or to itself"]),
+    # -------------------------------------------------- 2. the weights a file was made for
+    ("sae-for-other-weights", sae_file(made_for=OTHER),
+     ["trace", TEXT, "sae.layers.1.resid_post", *W], 2,
+     [f"{SAE}: the SAE was made for other weights (weights_sha256 abababababababab...",
+      "train one for them with `tinygpt sae train --site layers.1.resid_post`"]),
+    ("sae-for-no-weights", sae_file(), ["trace", TEXT, "sae.layers.1.resid_post", *W], 1,
+     [f"{SAE}: its metadata does not say which weights the SAE was made for (weights_sha256)"]),
+    ("sae-site-against-name", sae_file(site="layers.0.resid_post", made_for="these"),
+     ["trace", TEXT, "sae.layers.1.resid_post", *W], 1,
+     [f"{SAE}: its metadata says it reads layers.0.resid_post, its file name says "
+      "layers.1.resid_post"]),
+    ("sae-given-for-other-weights", sae_file("mine.safetensors", made_for=OTHER),
+     ["sae", "feature", "0", "--text", TEXT, "--sae", "{broken}/mine.safetensors", *W], 2,
+     ["mine.safetensors: the SAE was made for other weights"]),
+    ("lens-for-other-weights", lens_file(OTHER), ["lens", TEXT, "--kind", "tuned", *W], 2,
+     ["lens/tuned.safetensors: the tuned lens was made for other weights",
+      "fit one for them with `tinygpt lens --fit`"]),
+    ("lens-for-no-weights", lens_file(None), ["lens", TEXT, "--kind", "tuned", *W], 1,
+     ["tuned.safetensors: its metadata does not say which weights the tuned lens was made"]),
+    ("steer-vector-for-other-weights", vector_file,
+     ["generate", TEXT, "--steer-vector", "{tmp}/v.safetensors", *W], 2,
+     ["--steer-vector ", "/v.safetensors: the vector was made for other weights",
+      "find it again on these weights (tinygpt steer --out)"]),
 ]
 
 
@@ -99,3 +163,17 @@ def test_good_snapshots_still_give_their_rows(ctx):
     rows = json.loads(r.out)["snapshots"]
     assert [(x["label"], x["lr"]) for x in rows] == [("step 10", 0.001), ("step 20", 0.002),
                                                      ("final", None)]
+
+
+def test_a_saved_direction_names_its_weights_and_other_weights_refuse_it(ctx):
+    """steer --out records the weights it was found on; the run folder's weights (the same
+    residual width, other numbers) refuse it, its own take it."""
+    examples = Path(__file__).parent.parent / "examples"
+    out = ctx.tmp / "happy.safetensors"
+    r = run(ctx, "steer", "--pos", examples / "happy.txt", "--neg", examples / "sad.txt",
+            "--layer", "1", "--out", out, *W)
+    assert r.code == 0, r.err
+    r = run(ctx, "generate", TEXT, "-n", "2", "--steer-vector", out, *W)
+    assert r.code == 0, r.err
+    r = run(ctx, "generate", "a", "-n", "2", "--steer-vector", out, "--weights", "{run}")
+    assert_error(r, 2, "happy.safetensors: the vector was made for other weights")

@@ -27,6 +27,7 @@ from ..config import Config
 from ..errors import InputError, WeightsError
 from ..files import write_atomically
 from ..hooks import Chain, RecordOnly, Replace, StopAfter, chained
+from ..madefor import check_made_for
 from ..model import forward
 from ..schema import resolve
 
@@ -250,8 +251,9 @@ def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> 
     write_atomically(Path(path), save(sae_tensors(sae), metadata=info))
 
 
-def load_sae(path: str | Path, config: Config) -> SAE:
-    """An SAE file, checked: the four tensors with agreeing shapes, finite, a known site, k."""
+def load_sae(path: str | Path, config: Config, weights_file: Path) -> SAE:
+    """An SAE file, checked: the four tensors with agreeing shapes, finite, a known site (the
+    one its file name says, when the name is a site), k, made for `weights_file`."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -264,7 +266,10 @@ def load_sae(path: str | Path, config: Config) -> SAE:
             t = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - no iter
     except Exception as e:  # noqa: BLE001 - safetensors' own error type is not importable
         raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
-    return check_sae(path, t, meta, config)
+    sae = check_sae(path, t, meta, config)
+    check_made_for(path, meta, weights_file, "the SAE", f"train one for them with `tinygpt sae "
+                   f"train --site {sae.site}`")
+    return sae
 
 
 def check_sae(path: Path, t: dict[str, np.ndarray], meta: dict, config: Config) -> SAE:
@@ -289,10 +294,22 @@ def check_sae(path: Path, t: dict[str, np.ndarray], meta: dict, config: Config) 
                            f"k={meta.get('k')!r}") from None
     if not 1 <= k <= m:
         raise WeightsError(f"{path}: k = {k} is not between 1 and the {m} latents")
+    named = _site_of_name(path, config)
+    if named is not None and named != site:
+        raise WeightsError(f"{path}: its metadata says it reads {site}, its file name says "
+                           f"{named}")
     if not np.allclose(np.linalg.norm(t["W_dec"], axis=1), 1, atol=1e-3):
         raise WeightsError(f"{path}: the rows of W_dec are not unit vectors")
     f32 = {n: np.asarray(a, dtype=np.float32) for n, a in t.items()}
     return SAE(f32["W_enc"], f32["b_enc"], f32["W_dec"], f32["b_dec"], site, k)
+
+
+def _site_of_name(path: Path, config: Config) -> str | None:
+    """The site a file name like layers.1.resid_post.safetensors names, or None."""
+    try:
+        return check_site(path.name.removesuffix(".safetensors"), config)
+    except InputError:
+        return None
 
 
 # ------------------------------------------------------------------ the site's values
@@ -528,7 +545,7 @@ def latents_of(weights_file: Path, trace, path: str):
     from ..session import check_index
 
     site, latent = parse_latent_path(path, trace.config)
-    sae = load_sae(sae_file(weights_file, None, site), trace.config)
+    sae = load_sae(sae_file(weights_file, None, site), trace.config, weights_file)
     z = encode(sae, trace.get(site))  # [T, m]
     if latent is not None:
         return site, sae, z[:, check_index(latent, sae.n_latents, "latent")], None
@@ -568,7 +585,7 @@ def latent_ablation(weights_file: Path, config: Config, paths: list[str]) -> Rep
         by_site.setdefault(site, []).append(latent)
     fns = {}
     for site, latents in by_site.items():
-        sae = load_sae(sae_file(weights_file, None, site), config)
+        sae = load_sae(sae_file(weights_file, None, site), config, weights_file)
         fns[site] = without_latents(sae, [check_index(j, sae.n_latents, "latent")
                                           for j in latents])
     return Replace(fns)

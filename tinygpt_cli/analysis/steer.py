@@ -285,10 +285,13 @@ def layer_of_site(path: str | None, n_layer: int) -> int | None:
     return layer if parts[2] in ("resid_pre", "resid_post") and layer < n_layer else None
 
 
-def read_direction(spec: str, d: int, n_layer: int) -> Direction:
+def read_direction(spec: str, d: int, n_layer: int, weights_file) -> Direction:
     """The vector named by --steer-vector FILE or FILE#N: InputError for a file that is not
-    one of the forms above (exit 2), WeightsError for one that cannot be read (exit 1)."""
+    one of the forms above (exit 2), WeightsError for one that cannot be read (exit 1). A
+    file whose metadata names the weights it was made for (madefor) must name these."""
     from pathlib import Path
+
+    from ..madefor import check_made_for
 
     path, _, row = spec.rpartition("#") if "#" in spec else (spec, "", "")
     if row and not row.isdigit():
@@ -296,6 +299,8 @@ def read_direction(spec: str, d: int, n_layer: int) -> Direction:
     if not Path(path).is_file():
         raise InputError(f"--steer-vector {path}: no such file")
     tensors, meta = _read_tensors(Path(path))
+    check_made_for(f"--steer-vector {path}", meta, weights_file, "the vector",
+                   "find it again on these weights (tinygpt steer --out)", required=False)
     vector = _pick(tensors, int(row) if row else None, spec)
     if vector.shape != (d,):
         raise InputError(f"--steer-vector {spec}: the vector has shape {list(vector.shape)}; "
@@ -357,7 +362,7 @@ def steering_direction(model, toward: str | None, away: str | None, vector_file:
     if vector_file is not None:
         if toward is not None or away is not None:
             raise InputError("give --steer-vector or --steer/--steer-away, not both")
-        d = read_direction(vector_file, config.n_embd, config.n_layer)
+        d = read_direction(vector_file, config.n_embd, config.n_layer, model.weights_file)
         layer = layer if layer is not None else d.layer
         if layer is None:
             raise InputError(f"--steer-vector {vector_file}: the file does not say which "

@@ -195,8 +195,12 @@ def save_translators(path: str | Path, tr: Translators, meta: dict[str, str]) ->
     write_atomically(Path(path), save(t, metadata=metadata_strings(meta)))
 
 
-def load_translators(path: str | Path, config: Config) -> Translators:
+def load_translators(path: str | Path, config: Config, weights_file: Path) -> Translators:
+    """The translators of a tuned lens file, checked: every stage's A [d, d] and b [d],
+    finite, made for `weights_file` (madefor)."""
     from safetensors import safe_open
+
+    from ..madefor import check_made_for
 
     path = Path(path)
     if not path.is_file():
@@ -204,6 +208,7 @@ def load_translators(path: str | Path, config: Config) -> Translators:
     try:
         with safe_open(str(path), framework="numpy") as f:
             t = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - no iter
+            meta = dict(f.metadata() or {})
     except Exception as e:  # noqa: BLE001 - safetensors' own error type is not importable
         raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
     d = config.n_embd
@@ -217,6 +222,8 @@ def load_translators(path: str | Path, config: Config) -> Translators:
                 raise WeightsError(f"{path}: {name} must be {list(shape)} finite floats "
                                    f"({got})")
             into.append(np.asarray(x, np.float32))
+    check_made_for(path, meta, weights_file, "the tuned lens",
+                   "fit one for them with `tinygpt lens --fit`")
     return out
 
 
@@ -246,7 +253,7 @@ def tuned_reader(session, given: Path | None):
 
     def read(trace):
         path = lens_file(session.model.weights_file, given)
-        translators = load_translators(path, session.config)
+        translators = load_translators(path, session.config, session.model.weights_file)
         return Lens(*tuned_stage_logits(trace, translators, session.params, session.config))
 
     return read
@@ -257,14 +264,14 @@ def fit_and_save(model, windows: np.ndarray, path: Path, bar, hooks=None,
     """Fit the translators on the windows' stages (of runs through `hooks`, when given) and
     write them to `path` with `meta` added to their metadata; the tokens used.
     bar(total, description) is the progress bar's context manager."""
-    from ..files import sha256
+    from ..madefor import made_for
 
     cfg = model.config
     with bar(len(windows), "values of the stages") as advance:
         stages, last = stage_values(model.params, cfg, windows, progress=advance, hooks=hooks)
     with bar(FIT_STEPS * cfg.n_layer, "fitting the tuned lens") as advance:
         translators, _ = fit(stages, last, model.params, cfg, steps=FIT_STEPS, progress=advance)
-    save_translators(path, translators, {"weights_sha256": sha256(model.weights_file),
+    save_translators(path, translators, {**made_for(model.weights_file),
                                          "tokens": str(len(last)), "steps": str(FIT_STEPS),
                                          **(meta or {})})
     return len(last)
