@@ -70,9 +70,12 @@ def lens_file(made_for: str | None):
     def setup(ctx: Ctx) -> None:
         t = {f"{n}.{i}": np.zeros((16, 16) if n == "A" else 16, np.float32)
              for n in "Ab" for i in range(TINY.n_layer)}
+        from tinygpt_cli.files import sha256
+
+        claim = sha256(ctx.broken / "model.safetensors") if made_for == "these" else made_for
         (ctx.broken / "lens").mkdir(exist_ok=True)
         save_file(t, str(ctx.broken / "lens" / "tuned.safetensors"),
-                  metadata={} if made_for is None else {"weights_sha256": made_for})
+                  metadata={} if claim is None else {"weights_sha256": claim})
     return setup
 
 
@@ -82,6 +85,46 @@ def vector_file(ctx: Ctx) -> None:
     (ctx.tmp / "v.safetensors").write_bytes(direction_file(
         np.ones(16, np.float32), "layers.0.resid_pre", "steer", {},
         meta={"weights_sha256": OTHER}))
+
+
+def scaled_weights(name: str, factor: float):
+    def setup(ctx: Ctx) -> None:
+        t = {PREFIX + n: a.astype(np.float32) for n, a in random_params(TINY, seed=3).items()}
+        t[PREFIX + name] = t[PREFIX + name] * np.float32(factor)
+        save_file(t, str(ctx.broken / "model.safetensors"))
+    return setup
+
+
+def huge(make, name: str):
+    """`make`'s file with tensor `name` filled with 3e38 (finite, and past any use)."""
+    def setup(ctx: Ctx) -> None:
+        make(ctx)
+        path = next(p for p in ctx.broken.rglob("*.safetensors") if p.name != "model.safetensors")
+        from safetensors import safe_open
+        from safetensors.numpy import load_file
+
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata()
+        t = load_file(str(path))
+        t[name] = np.full_like(t[name], 3e38)
+        save_file(t, str(path), metadata=meta)
+    return setup
+
+
+def config_value(**changes):
+    def setup(ctx: Ctx) -> None:
+        d = json.loads((ctx.broken / "config.json").read_text())
+        (ctx.broken / "config.json").write_text(json.dumps({**d, **changes}))
+    return setup
+
+
+def means_file(ctx: Ctx) -> None:
+    from tinygpt_cli.analysis.means import mean_paths, mean_size
+    from tinygpt_cli.files import sha256
+
+    t = {p: np.zeros(mean_size(p, TINY), np.float32) for p in mean_paths(TINY)}
+    save_file(t, str(ctx.broken / "means.safetensors"),
+              metadata={"weights_sha256": sha256(ctx.broken / "model.safetensors")})
 
 
 # (id, setup, argv, exit code, words the error line must hold)
@@ -129,6 +172,28 @@ CASES = [
      ["generate", TEXT, "--steer-vector", "{tmp}/v.safetensors", *W], 2,
      ["--steer-vector ", "/v.safetensors: the vector was made for other weights",
       "find it again on these weights (tinygpt steer --out)"]),
+    # -------------------------------------------------- 3. finite values whose use overflows
+    ("weights-norm-squares-overflow", scaled_weights("wte.weight", 1e21),
+     ["probs", TEXT, *W], 1, ["the forward pass overflowed: layers.0.ln1.std is the first "
+                              "value holding infinite or NaN numbers"]),
+    ("weights-norm-squares-overflow-generate", scaled_weights("wte.weight", 1e21),
+     ["generate", TEXT, "-n", "2", *W], 1, ["layers.0.ln1.std is the first value"]),
+    ("sae-encoder-3e38", huge(sae_file(made_for="these"), "W_enc"),
+     ["trace", TEXT, "sae.layers.1.resid_post", *W], 1,
+     [f"{SAE}: its latents overflow float32 on these values (W_enc or b_enc too large"]),
+    ("sae-encoder-3e38-ablated", huge(sae_file(made_for="these"), "W_enc"),
+     ["trace", TEXT, "logits", "--ablate", "sae.layers.1.resid_post.3", *W], 1,
+     [f"{SAE}: its latents overflow float32"]),
+    ("lens-3e38", huge(lens_file("these"), "A.0"), ["lens", TEXT, "--kind", "tuned", *W], 1,
+     ["lens/tuned.safetensors: stage 0's translator (A.0, b.0) overflows float32 on this text"]),
+    ("means-3e38", huge(means_file, "layers.0.heads.0.out"),
+     ["ablate", TEXT, "--all", "--mode", "mean", *W], 1,
+     ["means.safetensors: the mean of layers.0.heads.0.out is too large for a value of a "
+      "float32 run (its sum of squares overflows)"]),
+    ("config-epsilon-0-in-float32", config_value(layer_norm_epsilon=1e-300),
+     ["embed", TEXT, *W], 1,
+     ["config: layer_norm_epsilon 1e-300 is 0 in float32, the precision the model computes "
+      "in: give a number from 1.2e-38 to 1"]),
 ]
 
 

@@ -10,6 +10,7 @@ Parameters are a flat dict named as in the Hugging Face GPT-2 file without the
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -163,6 +164,14 @@ def _mean_last(x: np.ndarray) -> np.ndarray:
     return total
 
 
+def _poison_overflow(out: np.ndarray, std) -> None:
+    """A token whose sum of squares overflowed float32 has std inf, and centred / inf reads
+    0: finite, and wrong (wte x 1e21 gave one token 100% at every position). Its output is
+    made NaN, so the pass's one check at the end finds it and names the norm's std."""
+    if isinstance(std, np.ndarray) and not all_finite(std):
+        out[np.broadcast_to(~np.isfinite(std), out.shape)] = np.nan
+
+
 def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.ndarray:
     """Card 4 (and 8): (x - mean) / std * g + b, each token on its own; mean and std hooked."""
     if hooks is _no_hooks and x.dtype == g.dtype == b.dtype:
@@ -171,7 +180,10 @@ def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.nd
         n = x.shape[-1]
         if x.shape == (1, n):  # one position (generation): as a vector, in half the time
             centred = x[0] - np.add.reduce(x[0]) / n
-            out = centred / np.sqrt(np.dot(centred, centred) / n + eps)
+            square = np.dot(centred, centred)
+            out = centred / np.sqrt(square / n + eps)
+            if not math.isfinite(square):
+                out[...] = np.nan  # _poison_overflow's rule
             out *= g
             out += b
             return out[None]
@@ -180,6 +192,7 @@ def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.nd
         var = _mean_last(out * out)
         var += eps
         out /= np.sqrt(var, out=var)
+        _poison_overflow(out, var)
         out *= g
         out += b
         return out
@@ -193,6 +206,7 @@ def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.nd
         out /= std
     else:
         out = centred / std
+    _poison_overflow(out, std)
     if out.dtype == g.dtype == b.dtype or out.dtype == np.result_type(out, g, b):
         # in place, the same numbers with fewer arrays
         out *= g

@@ -61,6 +61,7 @@ class SAE:
     b_dec: np.ndarray  # [d]
     site: str
     k: int
+    path: str = "the SAE"  # the file it was read from, for errors
 
     @property
     def n_latents(self) -> int:
@@ -87,8 +88,16 @@ def top_k_relu(a: np.ndarray, k: int) -> np.ndarray:
 
 
 def encode(sae: SAE, x: np.ndarray) -> np.ndarray:
-    """The latents z [..., m] of values x [..., d]."""
-    return top_k_relu(pre_activations(sae, x), sae.k)
+    """The latents z [..., m] of values x [..., d]; they must stay finite (an encoder of
+    3e38 made every latent inf): WeightsError naming the file otherwise."""
+    from ..model import all_finite
+
+    with np.errstate(all="ignore"):
+        z = top_k_relu(pre_activations(sae, x), sae.k)
+    if not all_finite(z):
+        raise WeightsError(f"{sae.path}: its latents overflow float32 on these values (W_enc "
+                           "or b_enc too large to compute with)")
+    return z
 
 
 def decode(sae: SAE, z: np.ndarray) -> np.ndarray:
@@ -301,7 +310,7 @@ def check_sae(path: Path, t: dict[str, np.ndarray], meta: dict, config: Config) 
     if not np.allclose(np.linalg.norm(t["W_dec"], axis=1), 1, atol=1e-3):
         raise WeightsError(f"{path}: the rows of W_dec are not unit vectors")
     f32 = {n: np.asarray(a, dtype=np.float32) for n, a in t.items()}
-    return SAE(f32["W_enc"], f32["b_enc"], f32["W_dec"], f32["b_dec"], site, k)
+    return SAE(f32["W_enc"], f32["b_enc"], f32["W_dec"], f32["b_dec"], site, k, str(path))
 
 
 def _site_of_name(path: Path, config: Config) -> str | None:
@@ -426,10 +435,14 @@ def sparse_codes(sae: SAE, x: np.ndarray, batch: int = 4096) -> tuple[np.ndarray
     idx = np.empty((len(x), sae.k), np.int16)
     val = np.empty((len(x), sae.k), np.float32)
     for b in range(0, len(x), batch):
-        a = np.maximum(pre_activations(sae, x[b:b + batch]), 0)
+        with np.errstate(all="ignore"):
+            a = np.maximum(pre_activations(sae, x[b:b + batch]), 0)
         top = np.argpartition(-a, sae.k - 1, axis=-1)[:, :sae.k]
         idx[b:b + batch] = top
         val[b:b + batch] = np.take_along_axis(a, top, axis=-1)
+    if not np.isfinite(val).all():  # encode's rule
+        raise WeightsError(f"{sae.path}: its latents overflow float32 on these values (W_enc "
+                           "or b_enc too large to compute with)")
     return idx, val
 
 

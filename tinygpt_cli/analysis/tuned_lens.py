@@ -36,6 +36,7 @@ def stage_paths(config: Config) -> list[str]:
 class Translators:
     A: list[np.ndarray]  # noqa: N815 per stage [d, d]
     b: list[np.ndarray]  # per stage [d]
+    path: str = "the tuned lens"  # the file they were read from, for errors
 
 
 def zero_translators(config: Config) -> Translators:
@@ -47,6 +48,18 @@ def zero_translators(config: Config) -> Translators:
 def translate(h: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """h + h A + b.  [..., d] -> [..., d]"""
     return h + h @ a + b
+
+
+def translated(h: np.ndarray, tr: Translators, i: int) -> np.ndarray:
+    """translate(h) by stage i's translator, whose use must stay finite: a value or a sum of
+    squares (the final norm's statistics) past float32 is WeightsError naming the file."""
+    with np.errstate(all="ignore"):
+        t = translate(h, tr.A[i], tr.b[i])
+        ok = np.isfinite(np.einsum("...d,...d->...", t, t)).all()
+    if not ok:
+        raise WeightsError(f"{tr.path}: stage {i}'s translator (A.{i}, b.{i}) overflows "
+                           "float32 on this text: its numbers are too large to compute with")
+    return t
 
 
 def readout(h: np.ndarray, params, config: Config) -> np.ndarray:
@@ -153,7 +166,7 @@ def evaluate(stages: list[np.ndarray], h_last: np.ndarray, tr: Translators, para
         best = logp_final.argmax(axis=-1)
         for i, h in enumerate(stages):
             hb = h[b0:b0 + batch]
-            for j, x in enumerate((hb, translate(hb, tr.A[i], tr.b[i]))):
+            for j, x in enumerate((hb, translated(hb, tr, i))):
                 logp = ops.log_softmax(readout(x, params, config).astype(np.float64))
                 kl[j, i] += kl_divergence(logp_final, logp).sum()
                 top1[j, i] += (logp.argmax(axis=-1) == best).sum()
@@ -180,7 +193,7 @@ def tuned_stage_logits(trace, tr: Translators, params, config: Config
     """The tuned lens of one text: each stage's logits [S, T, V], then the model's own (named
     for the stream they are read from, the last block's resid_post)."""
     names = stage_paths(config)
-    hs = [translate(trace.get(p), tr.A[i], tr.b[i]) for i, p in enumerate(names)]
+    hs = [translated(trace.get(p), tr, i) for i, p in enumerate(names)]
     logits = [readout(h, params, config) for h in hs] + [np.asarray(trace.get("logits"))]
     return [*names, f"layers.{config.n_layer - 1}.resid_post"], np.stack(logits)
 
@@ -212,7 +225,7 @@ def load_translators(path: str | Path, config: Config, weights_file: Path) -> Tr
     except Exception as e:  # noqa: BLE001 - safetensors' own error type is not importable
         raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
     d = config.n_embd
-    out = Translators([], [])
+    out = Translators([], [], str(path))
     for i in range(config.n_layer):
         for name, shape, into in ((f"A.{i}", (d, d), out.A), (f"b.{i}", (d,), out.b)):
             x = t.get(name)
