@@ -7,6 +7,7 @@ broken file), nothing on stdout, one `error:` line naming the file, no catch-all
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 
@@ -127,6 +128,37 @@ def means_file(ctx: Ctx) -> None:
               metadata={"weights_sha256": sha256(ctx.broken / "model.safetensors")})
 
 
+def recorded_text(edit=None, **record):
+    """{run}'s data.json pointing at a copy of the training parts in {tmp}/d, `edit(the
+    folder)` run on the copy, and `record` changed."""
+    def setup(ctx: Ctx) -> None:
+        shutil.copytree(ctx.data, ctx.tmp / "d")
+        if edit is not None:
+            edit(ctx.tmp / "d")
+        path = ctx.run / "data.json"
+        d = json.loads(path.read_text())
+        path.write_text(json.dumps({**d, "folder": str(ctx.tmp / "d"), "folder_absolute": None,
+                                    **record}))
+    return setup
+
+
+def appended(folder: Path) -> None:
+    with open(folder / "part-000.txt", "a") as f:
+        f.write("A story added after training.\n")
+
+
+def replaced_same_size(folder: Path) -> None:
+    p = folder / "part-000.txt"
+    text = p.read_text()
+    p.write_text(text.replace("cat", "dog", 1) if "cat" in text else "x" + text[1:])
+
+
+def data_json(text: str):
+    def setup(ctx: Ctx) -> None:
+        (ctx.run / "data.json").write_text(text)
+    return setup
+
+
 # (id, setup, argv, exit code, words the error line must hold)
 CASES = [
     # -------------------------------------------------- 1. snapshots' step and lr
@@ -194,6 +226,29 @@ CASES = [
      ["embed", TEXT, *W], 1,
      ["config: layer_norm_epsilon 1e-300 is 0 in float32, the precision the model computes "
       "in: give a number from 1.2e-38 to 1"]),
+    # -------------------------------------------------- 4. data.json: the text edited since
+    ("recorded-text-grown", recorded_text(appended), ["why", "Lily", "--weights", "{run}"], 2,
+     ["the training text recorded in", "data.json has changed since training:",
+      "part-000.txt differs from the record (", "give --data the text the model was trained"]),
+    ("recorded-text-same-size", recorded_text(replaced_same_size),
+     ["why", "Lily", "--weights", "{run}"], 2,
+     ["part-000.txt differs from the record (its sha256 is not the recorded one)"]),
+    ("recorded-validation-edited", recorded_text(lambda d: (d / "part-002.txt").write_text(
+        "Edited.\n")), ["means", "--weights", "{run}", "--out", "{tmp}/m.safetensors"], 2,
+     ["the validation text recorded in", "has changed since training: ",
+      "part-002.txt differs from the record"]),
+    # -------------------------------------------------- 6. data.json's types and depth
+    ("data-json-folder-a-number", recorded_text(folder=5), ["why", "Lily", "--weights", "{run}"],
+     1, ["data.json is not a readable data record (folder must be a path or null, not 5)"]),
+    ("data-json-absolute-a-list", recorded_text(folder=None, folder_absolute=["x"]),
+     ["why", "Lily", "--weights", "{run}"], 1,
+     ["data.json is not a readable data record (folder_absolute must be a path or null, "
+      "not ['x'])"]),
+    ("data-json-nested-deep", data_json("[" * 100_000 + "]" * 100_000),
+     ["why", "Lily", "--weights", "{run}"], 1,
+     ["data.json is not a readable data record (it is nested too deep)"]),
+    ("data-json-a-list", data_json("[1, 2]"), ["why", "Lily", "--weights", "{run}"], 1,
+     ["data.json is not a readable data record (it is not a JSON object)"]),
 ]
 
 
