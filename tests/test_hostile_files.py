@@ -159,6 +159,21 @@ def data_json(text: str):
     return setup
 
 
+def npy(name: str, array=None, header: dict | None = None):
+    """{tmp}/name: `array` saved as .npy, or a header (`header`) over 64 bytes of zeros."""
+    def setup(ctx: Ctx) -> None:
+        path = ctx.tmp / name
+        if header is None:
+            np.save(path, array)
+            return
+        import io
+
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buf, header)
+        path.write_bytes(buf.getvalue() + bytes(64))
+    return setup
+
+
 # (id, setup, argv, exit code, words the error line must hold)
 CASES = [
     # -------------------------------------------------- 1. snapshots' step and lr
@@ -249,6 +264,24 @@ CASES = [
      ["data.json is not a readable data record (it is nested too deep)"]),
     ("data-json-a-list", data_json("[1, 2]"), ["why", "Lily", "--weights", "{run}"], 1,
      ["data.json is not a readable data record (it is not a JSON object)"]),
+    # -------------------------------------------------- 6. --steer-vector .npy files
+    ("steer-npy-claims-10-12-floats", npy("big.npy", header={
+        "descr": "<f4", "fortran_order": False, "shape": (10**12,)}),
+     ["generate", TEXT, "--steer-vector", "{tmp}/big.npy", "--steer-layer", "0", *W], 1,
+     ["big.npy: its header claims 1,000,000,000,000 numbers (4,000,000,000,000 bytes) and "
+      "the file holds 64 bytes after it"]),
+    ("steer-npy-strings", npy("s.npy", np.array(["a"] * 16)),
+     ["generate", TEXT, "--steer-vector", "{tmp}/s.npy", "--steer-layer", "0", *W], 2,
+     ["s.npy: the file holds str32 values (dtype '<U1'); a vector is real floating-point"]),
+    ("steer-npy-complex", npy("c.npy", np.ones(16, np.complex64) * 1j),
+     ["generate", TEXT, "--steer-vector", "{tmp}/c.npy", "--steer-layer", "0", *W], 2,
+     ["c.npy: the file holds complex64 values (dtype '<c8')"]),
+    ("steer-npy-integers", npy("i.npy", np.ones(16, np.int64)),
+     ["generate", TEXT, "--steer-vector", "{tmp}/i.npy", "--steer-layer", "0", *W], 2,
+     ["i.npy: the file holds int64 values"]),
+    ("steer-npy-junk", lambda c: (c.tmp / "j.npy").write_bytes(b"\x93NUMPY\x01\x00junk"),
+     ["generate", TEXT, "--steer-vector", "{tmp}/j.npy", "--steer-layer", "0", *W], 1,
+     ["j.npy: not a readable .npy file"]),
 ]
 
 

@@ -302,6 +302,9 @@ def read_direction(spec: str, d: int, n_layer: int, weights_file) -> Direction:
     check_made_for(f"--steer-vector {path}", meta, weights_file, "the vector",
                    "find it again on these weights (tinygpt steer --out)", required=False)
     vector = _pick(tensors, int(row) if row else None, spec)
+    if vector.dtype.kind != "f":
+        raise InputError(f"--steer-vector {spec}: the vector holds {vector.dtype.name} values; "
+                         "a vector is real floating-point numbers")
     if vector.shape != (d,):
         raise InputError(f"--steer-vector {spec}: the vector has shape {list(vector.shape)}; "
                          f"this model's residual stream has {d} numbers")
@@ -310,12 +313,35 @@ def read_direction(spec: str, d: int, n_layer: int, weights_file) -> Direction:
     return Direction(vector.astype(np.float32), layer_of_site(meta.get("site"), n_layer), spec)
 
 
+def _read_npy(path) -> np.ndarray:
+    """A .npy file's array, its header checked before anything is allocated: real floating
+    point numbers (not strings, objects or complex numbers, whose imaginary part would be
+    dropped: InputError, exit 2), and as many as the file holds (WeightsError, exit 1)."""
+    fmt = np.lib.format
+    try:
+        with open(path, "rb") as f:
+            version = fmt.read_magic(f)
+            shape, _, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0)
+                               else fmt.read_array_header_2_0(f))
+            start = f.tell()
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as e:
+        raise WeightsError(f"--steer-vector {path}: not a readable .npy file "
+                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    if dtype.kind != "f" or dtype.fields is not None:
+        raise InputError(f"--steer-vector {path}: the file holds {dtype.name} values "
+                         f"(dtype {dtype.str!r}); a vector is real floating-point numbers")
+    count = int(np.prod(shape, dtype=object))
+    size = path.stat().st_size - start
+    if count * dtype.itemsize != size:
+        raise WeightsError(f"--steer-vector {path}: its header claims {count:,} numbers "
+                         f"({count * dtype.itemsize:,} bytes) and the file holds {size:,} "
+                         "bytes after it")
+    return np.load(path, allow_pickle=False)
+
+
 def _read_tensors(path) -> tuple[dict[str, np.ndarray], dict]:
     if path.suffix == ".npy":
-        try:
-            return {"direction": np.load(path, allow_pickle=False)}, {}
-        except (ValueError, OSError, EOFError) as e:
-            raise WeightsError(f"--steer-vector {path}: not a readable .npy file ({e})") from None
+        return {"direction": _read_npy(path)}, {}
     try:
         from safetensors import safe_open
 
