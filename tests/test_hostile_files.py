@@ -330,3 +330,69 @@ def test_a_saved_direction_names_its_weights_and_other_weights_refuse_it(ctx):
     assert r.code == 0, r.err
     r = run(ctx, "generate", "a", "-n", "2", "--steer-vector", out, "--weights", "{run}")
     assert_error(r, 2, "happy.safetensors: the vector was made for other weights")
+
+
+# ------------------------------------------------------------------ 7. bounded stdin reads
+
+
+def _child(argv, stdin, tiny_folder):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"}
+    return subprocess.Popen([sys.executable, "-m", "tinygpt_cli", *argv, "--weights",
+                             str(tiny_folder)], stdin=stdin, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+
+
+def test_an_endless_stdin_is_refused_after_a_bounded_prefix(ctx):
+    """/dev/zero never ends: the text is refused once more bytes came than 128 tokens of
+    the tiny vocabulary's longest token can hold (it was read whole: MemoryError)."""
+    from tinygpt_cli.tokenizer import Tokenizer
+
+    longest = Tokenizer.from_file(ctx.tiny / "tokenizer.json").longest_token_bytes
+    with open("/dev/zero", "rb") as zero:
+        proc = _child(["embed", "-"], zero, ctx.tiny)
+        out, err = proc.communicate(timeout=60)
+    most = TINY.n_positions * longest
+    assert (proc.returncode, out) == (2, b""), err
+    assert err.decode() == (f"error: the text on stdin is more than {2 * most + 2:,} bytes long "
+                            f"(read no further); this model reads at most 128 tokens (128 "
+                            f"tokens never hold more than {most:,} characters)\n")
+
+
+def test_each_line_streams_an_endless_stdin_with_bounded_memory(ctx):
+    """`yes | tinygpt encode --each-line -`: results come while the stream goes on (it
+    printed nothing as its memory passed 6 GB), and the process stays small."""
+    import subprocess
+
+    yes = subprocess.Popen(["yes", "Lily"], stdout=subprocess.PIPE)
+    proc = _child(["encode", "--each-line", "-", "--json"], yes.stdout, ctx.tiny)
+    yes.stdout.close()  # the child holds it now
+    try:
+        first = [proc.stdout.readline() for _ in range(3)]
+        sizes = []
+        for _ in range(3):
+            for _ in range(3000):  # lines flowing, thousands past what it computes ahead
+                proc.stdout.readline()
+            with open(f"/proc/{proc.pid}/status") as f:
+                sizes.append(next(int(x.split()[1]) for x in f if x.startswith("VmRSS")))
+    finally:
+        proc.kill()
+        yes.kill()
+        proc.communicate()
+        yes.wait()
+    assert [json.loads(x)["line"] for x in first] == [1, 2, 3]
+    assert sizes[-1] - sizes[0] < 20_000, sizes  # kB: flat, not growing with the stream
+
+
+def test_each_line_of_a_stream_checks_utf8_and_blank_streams(ctx):
+    from io import BytesIO, TextIOWrapper
+
+    cases = [(b"Lily\n\xff\n", 2, "error: stdin is not UTF-8 text (byte 0xff at offset 5)"),
+             (b"\n  \n", 2, "error: --each-line stdin has no lines with text")]
+    for data, code, want in cases:
+        stdin = TextIOWrapper(BytesIO(data), encoding="utf-8")
+        r = hostile._run_main(["encode", "--each-line", "-", "--weights", ctx.tiny], stdin)
+        assert r.code == code and r.err.splitlines()[-1].startswith(want), r.err
