@@ -5,6 +5,7 @@ against naive loops and finite differences."""
 from __future__ import annotations
 
 import io
+import json
 import re
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -531,6 +532,76 @@ def test_a_worker_that_cannot_start_ends_the_build_with_one_error(tmp_path):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _why_process(run: Path, cache: Path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**{k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"},
+           "TINYGPT_CACHE": str(cache)}
+    return subprocess.Popen([sys.executable, "-m", "tinygpt_cli", "why", "Tom saw a dog. The dog",
+                             "--json", "--weights", str(run)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+
+
+def test_builds_killed_at_random_moments_then_started_in_pairs_leave_one_index(run, tmp_path):
+    """Builds into one cache killed with SIGKILL at seeded random moments (a write cut
+    anywhere), then two started together: they end with one complete index, the same answer
+    from both, and nothing else in the folder (no temporary, chunk, stream or second index).
+    The moments are random, what is asserted holds whatever they are."""
+    import random
+    import time
+
+    cache = tmp_path / "cache"
+    rng = random.Random(34)
+    for _ in range(3):
+        proc = _why_process(run, cache)
+        time.sleep(rng.uniform(1.0, 4.0))  # start-up is ~1 s: killed while building
+        proc.kill()
+        proc.communicate()
+    pair = [_why_process(run, cache), _why_process(run, cache)]
+    done = [p.communicate(timeout=300) for p in pair]
+    assert [p.returncode for p in pair] == [0, 0], [e.decode()[-500:] for _, e in done]
+    first, second = (json.loads(out)["top_windows"] for out, _ in done)
+    assert first == second
+    (index,) = (cache / "why-tracin").iterdir()
+    names = sorted(p.name for p in index.iterdir())
+    snapshots = json.loads((index / "index.json").read_text())["snapshots"]
+    assert names == sorted(["index.json", *(
+        f"{n}-{s}.{kind}{check}" for s in range(snapshots)
+        for n, kind in (("projection", "npz"), ("rows", "npy"), ("u", "npy"), ("m", "npy"))
+        for check in ("", ".sha256"))])
+    leftovers = [p for p in cache.rglob("*") if p.name.startswith(".") or "tmp" in p.name]
+    assert leftovers == []
+
+
+def test_a_write_killed_at_random_moments_leaves_no_temporary_after_the_next(tmp_path):
+    """A writer killed inside write_atomically leaves its .NAME.PID.XXXXXXXX.tmp; the next
+    write into the folder removes it (its writer is gone), and the target is always whole."""
+    import random
+    import subprocess
+    import sys
+    import time
+
+    from tinygpt_cli.files import write_atomically
+
+    target = tmp_path / "picture.svg"
+    script = ("import sys; from tinygpt_cli.files import write_atomically as w\n"
+              "i = 0\n"
+              "while True:\n"
+              "    w(sys.argv[1], bytes([65 + i % 2]) * 4_000_000); i += 1\n")
+    rng = random.Random(8)
+    for _ in range(6):
+        proc = subprocess.Popen([sys.executable, "-c", script, str(target)])
+        time.sleep(rng.uniform(0.3, 0.8))
+        proc.kill()
+        proc.wait()
+        if target.exists():
+            assert target.read_bytes() in (b"A" * 4_000_000, b"B" * 4_000_000)
+    write_atomically(tmp_path / "other.txt", b"next")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.txt", "picture.svg"]
 
 
 def test_why_with_an_unwritable_cache_says_where_its_index_must_go(cli, tmp_path,

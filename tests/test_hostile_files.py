@@ -396,3 +396,23 @@ def test_each_line_of_a_stream_checks_utf8_and_blank_streams(ctx):
         stdin = TextIOWrapper(BytesIO(data), encoding="utf-8")
         r = hostile._run_main(["encode", "--each-line", "-", "--weights", ctx.tiny], stdin)
         assert r.code == code and r.err.splitlines()[-1].startswith(want), r.err
+
+
+# ------------------------------------------------------------------ 8. no temporaries left
+
+
+def test_a_killed_writers_temporary_is_removed_by_the_next_save(ctx):
+    """A `.NAME.PID.XXXXXXXX.tmp` whose writer is gone (a kill inside write_atomically) is
+    removed by the next write into its folder; a live writer's (this process's) is kept."""
+    import os
+
+    stale = ctx.tmp / "out" / ".attn.svg.999999999.abcdefgh.tmp"
+    live = ctx.tmp / "out" / f".other.svg.{os.getpid()}.abcdefgh.tmp"
+    stale.parent.mkdir()
+    stale.write_bytes(b"half a picture")
+    live.write_bytes(b"being written")
+    (ctx.tmp / "out" / ".hidden.tmp").write_bytes(b"not ours")  # not our pattern: left
+    r = run(ctx, "attn", TEXT, "--save", "{tmp}/out/attn.svg", *W)
+    assert r.code == 0, r.err
+    assert sorted(p.name for p in (ctx.tmp / "out").iterdir()) == \
+        sorted([".hidden.tmp", live.name, "attn.svg"])
