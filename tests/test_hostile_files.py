@@ -16,7 +16,7 @@ import pytest
 import test_hostile as hostile
 from cli_helpers import TEXT, TINY, random_params
 from safetensors.numpy import save_file
-from test_hostile import Ctx, assert_error, run, snapshot
+from test_hostile import Ctx, assert_error, nothing, run, snapshot
 
 from tinygpt_cli.weights import PREFIX
 
@@ -282,6 +282,20 @@ CASES = [
     ("steer-npy-junk", lambda c: (c.tmp / "j.npy").write_bytes(b"\x93NUMPY\x01\x00junk"),
      ["generate", TEXT, "--steer-vector", "{tmp}/j.npy", "--steer-layer", "0", *W], 1,
      ["j.npy: not a readable .npy file"]),
+    # -------------------------------------------------- 9. options that cannot hold together
+    ("weights-before-and-after", nothing, ["--weights", "{tmp}/nowhere", "probs", TEXT, *W], 2,
+     ["--weights is given twice (--weights ", "/nowhere and --weights ", "/broken): give it "
+      "once"]),
+    ("weights-twice-after", nothing, ["probs", TEXT, "--weights={tiny}", *W], 2,
+     ["--weights is given twice"]),
+    ("attn-all-heads-and-head", nothing, ["attn", TEXT, "--all-heads", "--head", "3", *W], 2,
+     ["--all-heads shows every head and --head 3 picks one: give one of them"]),
+    ("attn-all-heads-and-head-0", nothing, ["attn", TEXT, "--all-heads", "-H", "0", *W], 2,
+     ["--all-heads shows every head and --head 0 picks one"]),
+    ("train-resume-and-init", nothing, ["train", "--data", "{data}", "--out", "{run}",
+                                        "--resume", "--init", "{tiny}"], 2,
+     ["--resume continues the run in ", "and --init ", "would start it from other weights: "
+      "give one of them"]),
 ]
 
 

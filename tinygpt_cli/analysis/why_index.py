@@ -394,6 +394,34 @@ def _run_all(phases: list[list[tuple]], stream_file: str, config: Config,
         pool.join()
 
 
+def index_folder(data_key: str, snapshot_files: list[Path], config: Config) -> Path:
+    from ..cache import entry
+
+    return entry("why-tracin", index_key(data_key, snapshot_files, config), suffix="")
+
+
+def cannot_keep(folder: Path, e: OSError):
+    from ..errors import WriteError
+
+    return WriteError(f"cannot write the gradient index {folder}: {e.strerror or e}; why keeps "
+                      "it in the cache folder (set TINYGPT_CACHE to a writable one)")
+
+
+def writable_index(folder: Path) -> None:
+    """A complete index is only read; one still to build needs its folder writable: else
+    WriteError (exit 1), one line saying where the index goes."""
+    import errno
+
+    if (folder / "index.json").is_file():
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except OSError as e:
+        raise cannot_keep(folder, e) from None
+
+
 def open_index(data_key: str, snapshot_files: list[Path], config: Config,
                n_windows: int) -> TracinIndex:
     from ..cache import entry
