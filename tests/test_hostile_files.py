@@ -294,8 +294,7 @@ CASES = [
      ["--all-heads shows every head and --head 0 picks one"]),
     ("train-resume-and-init", nothing, ["train", "--data", "{data}", "--out", "{run}",
                                         "--resume", "--init", "{tiny}"], 2,
-     ["--resume continues the run in ", "and --init ", "would start it from other weights: "
-      "give one of them"]),
+     ["--resume continues ", "/run, --init ", " starts from other weights: give one of them"]),
 ]
 
 

@@ -93,6 +93,19 @@ def command_word(group, args: list[str]) -> str | None:
     return None
 
 
+def check_once(options: list[str], name: str) -> None:
+    """An option of one value given twice (`--weights A probs --weights B`: click keeps the
+    last without a word, even when the first names no folder) is refused, naming both."""
+    values = [a[len(name) + 1:] if a.startswith(name + "=") else nxt
+              for a, nxt in zip(options, [*options[1:], None], strict=True)
+              if a == name or a.startswith(name + "=")]
+    if len(values) > 1:
+        shown = " and ".join(f"{name} {v}" for v in values[:2])
+        from .errors import InputError
+
+        raise InputError(f"{name} is given twice ({shown}): give it once")
+
+
 def _text_like(args: list[str]) -> str | None:
     """The first word that click read as options but looks like a text: `-hello`,
     `-5 degrees` (a mistyped single letter such as `-x` is only an unknown option)."""

@@ -34,12 +34,6 @@ def check_text(text: str) -> str:
     return text
 
 
-def text_limit(model: Model):
-    """streams.read_text's limit for a text this model must read whole: () -> (its context
-    in tokens, the most bytes one token stands for), looked up only when stdin is read."""
-    return lambda: (model.config.n_positions, model.tokenizer.longest_token_bytes)
-
-
 def encode_checked(model: Model, text: str) -> list[int]:
     """The text's ids, within the model's context; the errors say how long it was."""
     limit = model.config.n_positions

@@ -133,18 +133,19 @@ def finish(code: int) -> None:
 # ------------------------------------------------------------------ the text of a command
 
 
-def read_text(text: str | None, limit=None) -> str:
+def read_text(text: str | None, model=None) -> str:
     """The argument, or stdin when the argument is '-' or missing and stdin is not a terminal.
 
-    `limit()`, when given, is (the most tokens the command reads, the most bytes one token
-    stands for): stdin is then read no further than a text of that many tokens can reach,
-    and a longer one is refused there (`embed - < /dev/zero` never ends)."""
+    With `model`, whose context the text must fit, stdin is read no further than a text of
+    that many tokens can reach, and a longer one is refused there (`embed - < /dev/zero`
+    never ends)."""
     if text is None or text == "-":
         if sys.stdin is None:  # `<&-`
             raise InputError("no text: stdin is closed; give the text as an argument")
         if sys.stdin.isatty():
             raise InputError("no text: give it as an argument, or pipe it on stdin with '-'")
-        text = _read_stdin(limit() if limit is not None else None)
+        text = _read_stdin(None if model is None else (model.config.n_positions,
+                                                       model.tokenizer.longest_token_bytes))
         if text.endswith("\n"):
             text = text[:-1]  # the newline `echo` adds is not part of the text
     else:

@@ -580,6 +580,11 @@ def active_latents(z: np.ndarray) -> list[list[tuple[int, float]]]:
 SHIPPED_SITE = "layers.1.resid_post"
 
 
+def model_sae(model, given: Path | None = None) -> SAE:
+    """The SAE at --sae FILE, or the weights folder's shipped one, checked for this model."""
+    return load_sae(sae_file(model.weights_file, given), model.config, model.weights_file)
+
+
 def sae_file(weights_file: Path, sae: Path | None, site: str = SHIPPED_SITE) -> Path:
     """--sae, or the weights folder's sae/SITE.safetensors."""
     return sae if sae is not None else Path(weights_file).parent / "sae" / f"{site}.safetensors"

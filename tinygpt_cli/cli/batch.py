@@ -23,8 +23,10 @@ TEXT_PARAMS = ("text", "text_a")
 def main(command, args: list[str]):
     """command.main(args), or once per line when args hold --each-line FILE."""
     options = args[: args.index("--")] if "--" in args else args  # after '--' all is text
-    check_once(options, "--weights")
+    from ..entry import check_once
     from .common import set_changed
+
+    check_once(options, "--weights")
 
     set_changed(None)  # a note of an earlier command in this process is not this one's
     if not any(a == OPTION or a.startswith(OPTION + "=") for a in options):
@@ -78,17 +80,6 @@ def _each_line(command, rest: list[str], name: str, sub, lines) -> int:
         if code:
             return code
     return code
-
-
-def check_once(options: list[str], name: str) -> None:
-    """An option of one value given twice (`--weights A probs --weights B`: click keeps the
-    last without a word, even when the first names no folder) is refused, naming both."""
-    values = [a[len(name) + 1:] if a.startswith(name + "=") else nxt
-              for a, nxt in zip(options, [*options[1:], None], strict=True)
-              if a == name or a.startswith(name + "=")]
-    if len(values) > 1:
-        shown = " and ".join(f"{name} {v}" for v in values[:2])
-        raise InputError(f"{name} is given twice ({shown}): give it once")
 
 
 def split_arguments(command, args: list[str]) -> tuple[list[str], list[str], list[str]]:

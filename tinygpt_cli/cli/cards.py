@@ -28,7 +28,6 @@ from .common import (
     InputError,
     check_index,
     figures,
-    given,
     present,
     run,
     save_figure,
@@ -151,7 +150,7 @@ def attn(
     """
     from ..render.heads import head_view, heads_view  # no Rich where nothing is styled
 
-    if all_heads and given(ctx, "head"):
+    if all_heads and ctx.get_parameter_source("head").name == "COMMANDLINE":
         raise InputError(f"--all-heads shows every head and --head {head} picks one: give "
                          "one of them")
     r = run(weights, text, ablate)

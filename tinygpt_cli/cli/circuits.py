@@ -29,7 +29,6 @@ from .common import (
     progress,
     read_text,
     stderr,
-    text_limit,
 )
 
 STEPS = typer.Option(20, "--steps", min=1, max=1000, help="eap-ig: points on the path from "
@@ -82,7 +81,7 @@ def circuit(
     pairing.check_options(method, stable, pairs)
     more = None if pairs is None else pairing.read_pairs(pairs)  # a bad file fails first
     s = open_session(weights, clean)
-    c = s.reopen(read_text(corrupt, text_limit(s.model)))
+    c = s.reopen(read_text(corrupt, s.model))
     pair, note = pairing.prepare_pair(s, c, position, target, vs)
     if note:
         stderr().print(note, style="dim", soft_wrap=True)

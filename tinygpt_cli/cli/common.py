@@ -33,31 +33,15 @@ if TYPE_CHECKING:
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
 __all__ = ["FORCE", "InputError", "QUIET", "SAVE", "at_least", "bar", "check_index",
-           "check_out", "check_save", "encode_checked", "figures", "given", "load",
-           "open_folder",
+           "check_out", "check_save", "encode_checked", "figures", "load", "open_folder",
            "open_session", "present", "progress", "progress_report", "read_text", "run",
-           "save_figure", "set_default_weights", "show_view", "stderr", "stdout", "text_limit",
-           "wide"]
+           "save_figure", "set_default_weights", "show_view", "stderr", "stdout", "wide"]
 
 
 def encode_checked(model, text: str) -> list[int]:
     from ..session import encode_checked as encode
 
     return encode(model, text)
-
-
-def given(ctx, name: str) -> bool:
-    """Whether the command's parameter `name` was given on the command line, not left at
-    its default (ctx: the command's typer.Context): for options that cannot hold together."""
-    source = ctx.get_parameter_source(name)
-    return source is not None and source.name == "COMMANDLINE"
-
-
-def text_limit(model):
-    """read_text's limit for a text the model reads whole (session.text_limit)."""
-    from ..session import text_limit as limit
-
-    return limit(model)
 
 
 # Options, declared once so every command spells and documents them the same way.
@@ -193,7 +177,7 @@ def open_session(weights: Path | None, text: str | None, *, model=None,
 
     model = model if model is not None else load(weights)
     hook, steered = steering(model)
-    s = Session.open(read_text(text, text_limit(model)), model=model, steering=hook)
+    s = Session.open(read_text(text, model), model=model, steering=hook)
     ablated = []
     if ablate:  # the analyses load only for a changed run: inspection stays light
         from ..analysis.ablate import zeroing

@@ -34,7 +34,6 @@ from .common import (
     read_text,
     stderr,
     steered,
-    text_limit,
 )
 
 # NumPy and the model are imported inside the commands
@@ -250,7 +249,7 @@ def patch(
 
     patching.check_method(method)
     s = open_session(weights, clean)
-    c = s.reopen(read_text(corrupt, text_limit(s.model)))
+    c = s.reopen(read_text(corrupt, s.model))
     q, note = patching.patch_question(s, c, s.position(position), target, vs)
     if note:
         stderr().print(note, style="dim")

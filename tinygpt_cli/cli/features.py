@@ -123,8 +123,7 @@ def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
     from ..render import features as view
 
     model = load(weights)
-    found = S.load_sae(S.sae_file(model.weights_file, sae), model.config,
-                       model.weights_file)
+    found = S.model_sae(model, sae)
     hooks, changes = steered(model)
     with bar(as_json)(4, "evaluating") as advance:
         result, names = S.evaluate_held_out(model, found, data, windows, advance, hooks)
@@ -186,9 +185,7 @@ def _feature_on_text(weights, sae, latent: int, text: str, as_json: bool, save, 
     from .common import run
 
     r = run(weights, text)
-    found = S.load_sae(S.sae_file(r.model.weights_file, sae), r.model.config,
-                       r.model.weights_file)
-    tok = r.model.tokenizer
+    found, tok = S.model_sae(r.model, sae), r.model.tokenizer
     result = S.latent_on_text(found, r.model.params, r.trace.get(found.site), latent)
     path = f"sae.{found.site}.{result.latent}"  # as `trace TEXT sae.SITE.N` names it
     present(as_json, lambda: session_document(r, path, result.acts,

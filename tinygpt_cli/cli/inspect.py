@@ -26,7 +26,6 @@ from .common import (
     run,
     stderr,
     stdout,
-    text_limit,
     wide,
 )
 
@@ -121,7 +120,7 @@ def generate(
 
         ablated, zeroed = zeroing(model, list(ablate))
     hooks = steered_hooks(model, zeroed)
-    prompt = read_text(text, text_limit(model))
+    prompt = read_text(text, model)
     ids = encode_checked(model, prompt)
     chosen, seed = seed, fresh_seed() if seed is None else seed
     tok = model.tokenizer
