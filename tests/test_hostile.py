@@ -452,8 +452,9 @@ CASES = [
     ("token-not-utf8", nothing, ["embed", "\udce9", *W], 2, ["not valid UTF-8"]),
     ("stdin-not-utf8", stdin_bytes(b"Lily \xff\xfe wanted"), ["embed", "-", *W], 2,
      ["stdin is not UTF-8", "0xff", "offset 5"]),
-    ("each-line-stdin-not-utf8", stdin_bytes(b"Lily\nab\xff\n"),
-     ["encode", "--each-line", "-", *W], 2, ["stdin is not UTF-8", "0xff", "offset 7"]),
+    # (the lines of stdin are run as they come: a bad byte on line 1, before any output)
+    ("each-line-stdin-not-utf8", stdin_bytes(b"ab\xff\nLily\n"),
+     ["encode", "--each-line", "-", *W], 2, ["stdin is not UTF-8", "0xff", "offset 2"]),
     ("stdin-utf16", stdin_bytes("Lily".encode("utf-16")), ["logits", "-", *W], 2,
      ["stdin is not UTF-8"]),
     ("temperature-subnormal", nothing, ["sample", TEXT, "--temperature", "1e-320", *W], 2,
@@ -624,7 +625,8 @@ CASES = [
     ("train-lock-planted-link", planted_lock, [*TRAIN, *DATA, "--out", "{run}", "--resume"], 1,
      ["cannot write", ".train.lock", "symbolic link, which tinygpt never writes through"]),
     ("embed-5-mb", stdin_bytes(b"Lily wanted to play. " * 250_000), ["embed", "-", *W], 2,
-     ["the text is 5,250,000 characters long", "at most 128 tokens"]),
+     ["the text on stdin is more than", "bytes long (read no further); this model reads at "
+      "most 128 tokens"]),
     # -------------------------------------------------- the analysis commands: exit 2
     ("lens-target-not-a-token", nothing, ["lens", TEXT, "--target", "nosuchtokenxyz", *W], 2,
      ["'nosuchtokenxyz' is not a single token", "it is"]),

@@ -429,3 +429,33 @@ def test_a_killed_writers_temporary_is_removed_by_the_next_save(ctx):
     assert r.code == 0, r.err
     assert sorted(p.name for p in (ctx.tmp / "out").iterdir()) == \
         sorted([".hidden.tmp", live.name, "attn.svg"])
+
+
+# ------------------------------------------------------------------ 5. cache entries' checksums
+
+
+def test_a_cache_entry_is_read_only_when_its_checksum_holds(tmp_path):
+    """keep writes the entry and its sha256; an entry edited in place (a value changed, the
+    file still well formed), without its checksum, or with another one, is computed again."""
+    from tinygpt_cli import cache
+
+    path = tmp_path / "means" / "k.safetensors"
+    computed = []
+
+    def compute():
+        computed.append(1)
+        return b"fresh"
+
+    def get():
+        return cache.load_or_compute(path, lambda p: p.read_bytes(), compute, cache.keep)
+
+    assert get() == b"fresh" and len(computed) == 1
+    assert get() == b"fresh" and len(computed) == 1  # read back, its checksum holds
+    for damage in (lambda: path.write_bytes(b"frish"),  # same size, a value changed
+                   lambda: (path.parent / "k.safetensors.sha256").unlink(),
+                   lambda: (path.parent / "k.safetensors.sha256").write_text("0" * 64)):
+        damage()
+        assert get() == b"fresh"
+    assert len(computed) == 4
+    assert sorted(p.name for p in path.parent.iterdir()) == ["k.safetensors",
+                                                           "k.safetensors.sha256"]

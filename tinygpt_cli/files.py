@@ -122,6 +122,40 @@ def write_text(path: str | Path, text: str) -> None:
     write_atomically(path, text.encode("utf-8"))
 
 
+# A file that must be verified when read (a cache entry, a piece of the why index) is written
+# with its checksum beside it, NAME.sha256, written right after it.
+
+SUM = ".sha256"
+
+
+def sum_file(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + SUM)
+
+
+def write_checked(path: str | Path, data: bytes) -> None:
+    """write_atomically, then the checksum beside it: a file whose checksum is missing or
+    disagrees with its bytes (a kill between the two, an edit in place) is never trusted."""
+    import hashlib
+
+    write_atomically(path, data)
+    write_atomically(sum_file(path), (hashlib.sha256(data).hexdigest() + "\n").encode())
+
+
+def verified(path: str | Path) -> bool:
+    """Whether a file's bytes match the checksum written with it (write_checked)."""
+    try:
+        return Path(path).is_file() and sha256(path) == sum_file(path).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def discard(path: str | Path) -> None:
+    """Remove a file and its checksum."""
+    Path(path).unlink(missing_ok=True)
+    sum_file(path).unlink(missing_ok=True)
+
+
 def sha256(path: str | Path) -> str:
     import hashlib  # here, not at import: OpenSSL takes a while to load
 

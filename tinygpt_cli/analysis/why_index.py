@@ -34,6 +34,7 @@ import numpy as np
 
 from ..config import Config
 from ..corpus import eval_windows
+from ..files import discard, verified, write_checked
 from . import tracin
 
 VERSION = "tracin-v3"  # v3: bfloat16 arrays (v2: float16)
@@ -61,39 +62,6 @@ def _npz_bytes(**arrays) -> bytes:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return buf.getvalue()
-
-
-SUM = ".sha256"  # a piece's checksum file: NAME.sha256 beside NAME
-
-
-def _sum_file(path: Path) -> Path:
-    return path.with_name(path.name + SUM)
-
-
-def write_piece(path: Path, data: bytes) -> None:
-    """Write a piece, then its checksum beside it (each atomically): a piece whose checksum
-    is missing or disagrees with its bytes is never trusted."""
-    import hashlib
-
-    from ..files import write_atomically
-
-    write_atomically(path, data)
-    write_atomically(_sum_file(path), (hashlib.sha256(data).hexdigest() + "\n").encode())
-
-
-def verified(path: Path) -> bool:
-    """Whether a piece's bytes match the checksum written with it."""
-    from ..files import sha256
-
-    try:
-        return path.is_file() and sha256(path) == _sum_file(path).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return False
-
-
-def discard(path: Path) -> None:
-    path.unlink(missing_ok=True)
-    _sum_file(path).unlink(missing_ok=True)
 
 
 def _stamp(path: Path) -> list[int]:
@@ -159,7 +127,7 @@ def run_task(task: tuple) -> tuple:
         _, s, weights, out = task
         sample = fit_windows(len(x))
         p = tracin.Projection.fit(_params(weights), config, x[sample], y[sample])
-        write_piece(Path(out), _npz_bytes(**p.arrays()))
+        write_checked(Path(out), _npz_bytes(**p.arrays()))
         return task[0], s, 0
     _, s, c, chunk, weights, projection_file, out = task
     params = _params(weights)
@@ -171,7 +139,7 @@ def run_task(task: tuple) -> tuple:
     part = slice(c * chunk, min((c + 1) * chunk, len(x)))
     batches = [slice(i, min(i + BATCH, part.stop)) for i in range(part.start, part.stop, BATCH)]
     pieces = [tracin.window_gradients(params, config, x[b], y[b], p) for b in batches]
-    write_piece(Path(out), _npz_bytes(**{
+    write_checked(Path(out), _npz_bytes(**{
         name: tracin.to_bfloat16(np.concatenate([getattr(g, name) for g in pieces]))
         for name in ARRAYS}))
     return task[0], s, part.stop - part.start
@@ -224,7 +192,7 @@ class TracinIndex:
         remove_temporaries(self.folder)  # under the lock, every one is a killed build's
         stream_file = self.folder / "stream.npy"
         if not verified(stream_file):
-            write_piece(stream_file, _npy_bytes(np.asarray(stream, np.uint16)))
+            write_checked(stream_file, _npy_bytes(np.asarray(stream, np.uint16)))
         n_chunks = -(-self.n_windows // chunk)
         S = len(self.snapshot_files)
         total = S * self.n_windows
@@ -304,7 +272,7 @@ class TracinIndex:
             with np.load(self.folder / f"chunk-{s}-{c}.npz") as z:
                 parts.append({k: z[k] for k in ARRAYS})
         for name in ARRAYS:
-            write_piece(self.folder / f"{name}-{s}.npy",
+            write_checked(self.folder / f"{name}-{s}.npy",
                         _npy_bytes(np.concatenate([p[name] for p in parts])))
         for c in range(n_chunks):
             discard(self.folder / f"chunk-{s}-{c}.npz")
