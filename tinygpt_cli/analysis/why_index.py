@@ -273,7 +273,7 @@ class TracinIndex:
                 parts.append({k: z[k] for k in ARRAYS})
         for name in ARRAYS:
             write_checked(self.folder / f"{name}-{s}.npy",
-                        _npy_bytes(np.concatenate([p[name] for p in parts])))
+                          _npy_bytes(np.concatenate([p[name] for p in parts])))
         for c in range(n_chunks):
             discard(self.folder / f"chunk-{s}-{c}.npz")
 
