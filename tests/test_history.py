@@ -5,6 +5,7 @@ against naive loops and finite differences."""
 from __future__ import annotations
 
 import io
+import json
 import re
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -437,20 +438,186 @@ def test_damaged_why_caches_are_rebuilt_not_failed_on(cli, run, tmp_path):
     assert set(np.load(tokens).files) == set(good) and grads.is_file()
 
 
+def _overwrite(path: Path, offset: int, data: bytes) -> None:
+    """Bytes written into a file in place, as a stray program (or a bad disk) would."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def test_why_index_values_overwritten_in_place_are_found_and_rebuilt(cli, run, tmp_path):
+    """The header stays good; the values change (NaN, or exponent bits flipped): their
+    checksum no longer holds, so the arrays are computed again and the answer is the first
+    one, never null scores or scores of 1e32."""
+    text = "Tom saw a dog. The dog"
+    first = cli("why", text, "--json")
+    assert first.code == 0, first.err
+    (grads,) = (tmp_path / "cache" / "why-tracin").glob("*/index.json")
+    rows, u = grads.parent / "rows-0.npy", grads.parent / "u-1.npy"
+    nan = np.array([0x7FC0] * 64, "<u2").tobytes()  # bfloat16 NaN
+    flipped = bytes(b ^ 0x70 for b in u.read_bytes()[-4000:])  # exponent bits of 2,000 numbers
+    for damage in (lambda: _overwrite(rows, rows.stat().st_size - 128, nan),
+                   lambda: _overwrite(u, u.stat().st_size - 4000, flipped)):
+        damage()
+        again = cli("why", text, "--json")
+        assert again.code == 0, again.err
+        assert again.json()["top_windows"] == first.json()["top_windows"]
+        assert again.json()["index"]["computed_now"] > 0  # rebuilt, not read as it was
+    listed = sorted(p.name for p in grads.parent.iterdir())
+    assert listed == sorted(["index.json"] + [f"{n}-{s}{e}" for s in range(len(listed) // 8)
+                                              for n in ("projection", "rows", "u", "m")
+                                              for e in ((".npz" if n == "projection" else
+                                                         ".npy"), (".npz.sha256" if n ==
+                                                         "projection" else ".npy.sha256"))])
+
+
+def test_an_unfinished_why_index_trusts_no_unverified_piece(run, tmp_path, monkeypatch):
+    """An interrupted build whose chunk, projection and stream files were then damaged
+    (junk, or cut short): the next build computes them again (no catch-all, no worker dying
+    in its start, respawned for ever) and gives the index one build gives."""
+    from tinygpt_cli.analysis import history as hist
+    from tinygpt_cli.analysis.why_index import open_index
+
+    model = load_model(run)
+    config = model.config
+    index = why.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
+                           run / "tokenizer.json")
+    n = len(why.windows(index.stream, config.n_positions)[0])
+    files = [s.path for s in hist.timeline(model, hist.find_snapshots(run / HISTORY))
+             if s.lr is not None][:2]
+
+    def stop_after_some(done, total):
+        if done >= 8:
+            raise KeyboardInterrupt
+
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "a"))
+    first = open_index(index.key, files, config, n)
+    with pytest.raises(KeyboardInterrupt):
+        first.build(index.stream, config, workers=1, progress=stop_after_some, chunk=4)
+    (chunk, *_) = sorted(first.folder.glob("chunk-*.npz"))
+    chunk.write_bytes(b"PK junk")
+    (first.folder / "projection-0.npz").write_bytes(b"junk")
+    stream = first.folder / "stream.npy"
+    stream.write_bytes(stream.read_bytes()[:200])
+    (first.folder / ".rows-0.npy.999999999.abcdefgh.tmp").write_bytes(b"a killed write")
+    first.build(index.stream, config, workers=1, chunk=4)
+    assert first.complete
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "b"))
+    second = open_index(index.key, files, config, n)
+    second.build(index.stream, config, workers=1, chunk=4)
+    for name in ("rows-0.npy", "u-1.npy", "m-0.npy", "rows-1.npy", "projection-0.npz"):
+        assert (first.folder / name).read_bytes() == (second.folder / name).read_bytes()
+    assert sorted(p.name for p in first.folder.iterdir()) == \
+        sorted(p.name for p in second.folder.iterdir())
+    assert not [p for p in first.folder.iterdir() if p.name.startswith((".", "chunk", "stream"))]
+
+
+def test_a_worker_that_cannot_start_ends_the_build_with_one_error(tmp_path):
+    """The pool's initializer keeps its failure instead of raising (a pool respawns a worker
+    whose initializer raises, for ever); the first task raises it, and the build ends."""
+    import signal
+
+    from tinygpt_cli.analysis import why_index
+    from tinygpt_cli.errors import WeightsError
+
+    config = Config(n_embd=8, n_layer=1, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
+    (tmp_path / "stream.npy").write_bytes(b"\x93NUMPY short")
+    previous = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError()))
+    signal.alarm(60)
+    try:
+        with pytest.raises(WeightsError, match=r"a worker of the gradient index could not "
+                                               r"start: .*stream\.npy: "):
+            list(why_index._run_all([[("fit", 0, "w", "p")]], str(tmp_path / "stream.npy"),
+                                    config, 1))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _why_process(run: Path, cache: Path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**{k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"},
+           "TINYGPT_CACHE": str(cache)}
+    return subprocess.Popen([sys.executable, "-m", "tinygpt_cli", "why", "Tom saw a dog. The dog",
+                             "--json", "--weights", str(run)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+
+
+def test_builds_killed_at_random_moments_then_started_in_pairs_leave_one_index(run, tmp_path):
+    """Builds into one cache killed with SIGKILL at seeded random moments (a write cut
+    anywhere), then two started together: they end with one complete index, the same answer
+    from both, and nothing else in the folder (no temporary, chunk, stream or second index).
+    The moments are random, what is asserted holds whatever they are."""
+    import random
+    import time
+
+    cache = tmp_path / "cache"
+    rng = random.Random(34)
+    for _ in range(3):
+        proc = _why_process(run, cache)
+        time.sleep(rng.uniform(1.0, 4.0))  # start-up is ~1 s: killed while building
+        proc.kill()
+        proc.communicate()
+    pair = [_why_process(run, cache), _why_process(run, cache)]
+    done = [p.communicate(timeout=300) for p in pair]
+    assert [p.returncode for p in pair] == [0, 0], [e.decode()[-500:] for _, e in done]
+    first, second = (json.loads(out)["top_windows"] for out, _ in done)
+    assert first == second
+    (index,) = (cache / "why-tracin").iterdir()
+    names = sorted(p.name for p in index.iterdir())
+    snapshots = json.loads((index / "index.json").read_text())["snapshots"]
+    assert names == sorted(["index.json", *(
+        f"{n}-{s}.{kind}{check}" for s in range(snapshots)
+        for n, kind in (("projection", "npz"), ("rows", "npy"), ("u", "npy"), ("m", "npy"))
+        for check in ("", ".sha256"))])
+    leftovers = [p for p in cache.rglob("*") if p.name.startswith(".") or "tmp" in p.name]
+    assert leftovers == []
+
+
+def test_a_write_killed_at_random_moments_leaves_no_temporary_after_the_next(tmp_path):
+    """A writer killed inside write_atomically leaves its .NAME.PID.XXXXXXXX.tmp; the next
+    write into the folder removes it (its writer is gone), and the target is always whole."""
+    import random
+    import subprocess
+    import sys
+    import time
+
+    from tinygpt_cli.files import write_atomically
+
+    target = tmp_path / "picture.svg"
+    script = ("import sys; from tinygpt_cli.files import write_atomically as w\n"
+              "i = 0\n"
+              "while True:\n"
+              "    w(sys.argv[1], bytes([65 + i % 2]) * 4_000_000); i += 1\n")
+    rng = random.Random(8)
+    for _ in range(6):
+        proc = subprocess.Popen([sys.executable, "-c", script, str(target)])
+        time.sleep(rng.uniform(0.3, 0.8))
+        proc.kill()
+        proc.wait()
+        if target.exists():
+            assert target.read_bytes() in (b"A" * 4_000_000, b"B" * 4_000_000)
+    write_atomically(tmp_path / "other.txt", b"next")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.txt", "picture.svg"]
+
+
 def test_why_with_an_unwritable_cache_says_where_its_index_must_go(cli, tmp_path,
                                                                    monkeypatch):
-    """The token index is only a cache (a note); the gradient index is files every query
-    reads back, so without a writable cache why ends with one line saying where it goes."""
+    """The gradient index is files every query reads back, so without a writable cache why
+    ends with one line saying where it goes, before anything else is tried (the token
+    index's note that it is not kept made it two lines)."""
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "a-file" / "cache"))
     r = cli("why", "Tom saw a dog. The dog")
     assert (r.code, r.out) == (1, "")
-    lines = r.err.splitlines()
-    assert lines[0].startswith("note: cannot write") and "not kept for the next run" in lines[0]
-    assert lines[-1].startswith("error: cannot write the gradient index ")
-    assert lines[-1].endswith("why keeps it in the cache folder (set TINYGPT_CACHE to a "
-                              "writable one)"), r.err
-    assert sum(ln.startswith("error:") for ln in lines) == 1
+    (line,) = r.err.splitlines()
+    assert line.startswith(f"error: cannot write the gradient index {tmp_path}/a-file/cache/"
+                           "why-tracin/")
+    assert line.endswith(": Not a directory; why keeps it in the cache folder (set "
+                         "TINYGPT_CACHE to a writable one)"), r.err
 
 
 def test_query_gradient_matches_finite_differences(make_params):

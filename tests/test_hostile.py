@@ -461,8 +461,9 @@ CASES = [
     ("token-not-utf8", nothing, ["embed", "\udce9", *W], 2, ["not valid UTF-8"]),
     ("stdin-not-utf8", stdin_bytes(b"Lily \xff\xfe wanted"), ["embed", "-", *W], 2,
      ["stdin is not UTF-8", "0xff", "offset 5"]),
-    ("each-line-stdin-not-utf8", stdin_bytes(b"Lily\nab\xff\n"),
-     ["encode", "--each-line", "-", *W], 2, ["stdin is not UTF-8", "0xff", "offset 7"]),
+    # (the lines of stdin are run as they come: a bad byte on line 1, before any output)
+    ("each-line-stdin-not-utf8", stdin_bytes(b"ab\xff\nLily\n"),
+     ["encode", "--each-line", "-", *W], 2, ["stdin is not UTF-8", "0xff", "offset 2"]),
     ("stdin-utf16", stdin_bytes("Lily".encode("utf-16")), ["logits", "-", *W], 2,
      ["stdin is not UTF-8"]),
     ("temperature-subnormal", nothing, ["sample", TEXT, "--temperature", "1e-320", *W], 2,
@@ -551,7 +552,6 @@ CASES = [
      ["layer_norm_epsilon"]),
     ("n-head-not-dividing", lambda c: config_json(c, n_head=3), ["info", *W], 1,
      ["divisible by n_head (3)"]),
-    ("dtype-bf16", with_raw_dtype("BF16"), ["info", *W], 1, ["ln_f.bias", "BF16"]),
     ("dtype-f8", with_raw_dtype("F8_E4M3"), ["info", *W], 1, ["ln_f.bias", "F8_E4M3"]),
     ("header-shape-lies", claimed_shape, ["info", *W], 1,
      ["wte.weight", "bytes for shape [1000000000000, 16]"]),
@@ -633,7 +633,8 @@ CASES = [
     ("train-lock-planted-link", planted_lock, [*TRAIN, *DATA, "--out", "{run}", "--resume"], 1,
      ["cannot write", ".train.lock", "symbolic link, which tinygpt never writes through"]),
     ("embed-5-mb", stdin_bytes(b"Lily wanted to play. " * 250_000), ["embed", "-", *W], 2,
-     ["the text is 5,250,000 characters long", "at most 128 tokens"]),
+     ["the text on stdin is more than", "bytes long (read no further); this model reads at "
+      "most 128 tokens"]),
     # -------------------------------------------------- the analysis commands: exit 2
     ("lens-target-not-a-token", nothing, ["lens", TEXT, "--target", "nosuchtokenxyz", *W], 2,
      ["'nosuchtokenxyz' is not a single token", "it is"]),
@@ -685,7 +686,7 @@ CASES = [
      ["--steps", "4096"]),
     # -------------------------------------------------- damaged side files: exit 1, named
     ("history-header-not-json", snapshot(header_not_json), ["history", TEXT, *W], 1,
-     ["step-000010.safetensors", "header is not JSON"]),
+     ["step-000010.safetensors is not a readable safetensors file (header: Expecting"]),
     ("history-step-not-a-number", snapshot(step_not_a_number), ["history", TEXT, *W], 1,
      ["step-000010.safetensors", "'ten'", "not a number"]),
     ("history-fifo", snapshot(os.mkfifo), ["history", TEXT, *W], 1,
@@ -1100,10 +1101,11 @@ def test_a_file_name_that_is_not_utf8_is_shown_by_its_bytes(ctx):
 
 
 def test_huge_finite_weights_give_an_infinite_perplexity_not_an_error(ctx):
-    """The forward pass stays finite (the norms rescale), the loss is ~1e20 nats a token: its
-    perplexity is inf (e**1e20), printed as such, not a catch-all OverflowError."""
+    """The forward pass stays finite (the norms rescale; their sums of squares, ~1e35, fit
+    float32), the loss is ~1e17 nats a token: its perplexity is inf (e**1e17), printed as
+    such, not a catch-all OverflowError. (At 1e19 the squares overflow: test_hostile_files.)"""
     def bigger(t):
-        t[PREFIX + "wte.weight"] = t[PREFIX + "wte.weight"] * np.float32(1e19)
+        t[PREFIX + "wte.weight"] = t[PREFIX + "wte.weight"] * np.float32(1e17)
 
     tensors(ctx, bigger)
     r = run(ctx, "score", TEXT, "--json", "--weights", "{broken}")

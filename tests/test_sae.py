@@ -10,6 +10,7 @@ from cli_helpers import assert_one_error_line, file_names
 
 from tinygpt_cli.analysis import sae as S
 from tinygpt_cli.hooks import Replace
+from tinygpt_cli.madefor import made_for
 from tinygpt_cli.weights import load_model
 
 SITE = "layers.0.resid_post"
@@ -171,19 +172,20 @@ def test_the_loss_with_the_sae_equals_transformers_with_a_forward_hook(model_and
 def test_a_file_round_trips_and_a_damaged_one_is_refused(tmp_path, tiny_folder):
     cfg = tiny_folder.config
     sae = random_sae(cfg.n_embd, 20, 4, dtype=np.float32)
-    S.save_sae(tmp_path / "s.safetensors", sae)
-    back = S.load_sae(tmp_path / "s.safetensors", cfg)
+    weights = tiny_folder.folder / "model.safetensors"
+    S.save_sae(tmp_path / "s.safetensors", sae, made_for(weights))
+    back = S.load_sae(tmp_path / "s.safetensors", cfg, weights)
     assert (back.site, back.k) == (SITE, 4)
     np.testing.assert_array_equal(back.W_dec, sae.W_dec)
     from tinygpt_cli.errors import WeightsError
 
     (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")
     with pytest.raises(WeightsError, match="not a readable safetensors file"):
-        S.load_sae(tmp_path / "bad.safetensors", cfg)
+        S.load_sae(tmp_path / "bad.safetensors", cfg, weights)
     sae.W_dec = sae.W_dec * 2
-    S.save_sae(tmp_path / "long.safetensors", sae)
+    S.save_sae(tmp_path / "long.safetensors", sae, made_for(weights))
     with pytest.raises(WeightsError, match="rows of W_dec are not unit vectors"):
-        S.load_sae(tmp_path / "long.safetensors", cfg)
+        S.load_sae(tmp_path / "long.safetensors", cfg, weights)
 
 
 # ------------------------------------------------------------------ the command
@@ -245,7 +247,8 @@ def test_trace_lists_active_latents_and_ablate_zeroes_one(cli, tiny):
 
     cfg = tiny.model.config
     sae = random_sae(cfg.n_embd, 24, 3, seed=11, dtype=np.float32)
-    S.save_sae(tiny.folder / "sae" / f"{SITE}.safetensors", sae)
+    S.save_sae(tiny.folder / "sae" / f"{SITE}.safetensors", sae,
+               made_for(tiny.model.weights_file))
     text = "Lily wanted to play with her"
     ids = np.asarray(tiny.model.tokenizer.encode(text))
     rec = Record()
@@ -283,7 +286,7 @@ def test_the_shipped_sae_reads_the_shipped_model():
     if not path.is_file():
         pytest.skip("no shipped SAE")
     model = load_model(SHIPPED)
-    sae = S.load_sae(path, model.config)
+    sae = S.load_sae(path, model.config, model.weights_file)
     assert (sae.site, sae.k, sae.n_latents) == ("layers.1.resid_post", 16, 1024)
     from safetensors import safe_open
 
@@ -315,7 +318,8 @@ def test_feature_over_a_text_draws_the_latent_a_numpy_encoding_gives(cli, tiny, 
 
     cfg = tiny.model.config
     path = tmp_path / "s.safetensors"
-    S.save_sae(path, random_sae(cfg.n_embd, 24, 3, seed=5, dtype=np.float32))
+    S.save_sae(path, random_sae(cfg.n_embd, 24, 3, seed=5, dtype=np.float32),
+               made_for(tiny.model.weights_file))
     t = load_file(str(path))
     text = "Lily wanted to play with her <b>ball</b>."
     ids = np.asarray(tiny.model.tokenizer.encode(text))
@@ -364,7 +368,8 @@ def test_a_latent_over_a_steered_text_and_data(cli, tiny, tmp_path, monkeypatch)
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
     cfg = tiny.model.config
     path = tmp_path / "s.safetensors"
-    S.save_sae(path, random_sae(cfg.n_embd, 24, 3, seed=5, dtype=np.float32))
+    S.save_sae(path, random_sae(cfg.n_embd, 24, 3, seed=5, dtype=np.float32),
+               made_for(tiny.model.weights_file))
     t = load_file(str(path))
     text = "Lily wanted to play with her ball."
     steer = ["--steer", "Lily was happy", "--steer-away", "Lily was sad", "--steer-layer", "0",

@@ -17,6 +17,7 @@ from safetensors.numpy import load_file, save_file
 from test_steer import STEER, hf_model, hf_steering, hf_vector
 
 from tinygpt_cli.corpus import data_windows, encode_stories, eval_windows, read_stories
+from tinygpt_cli.madefor import made_for
 
 SCALE = 3.0
 STEERED = [*STEER, "--steer-scale", str(SCALE)]  # layers.1.resid_pre + 3 v
@@ -160,7 +161,7 @@ def test_sae_eval_splices_the_sae_into_the_steered_run(cli, tiny, hf, data, tmp_
     torch, model, v = hf
     sae = random_sae(tiny.model.config.n_embd, 24, 3, seed=4, dtype=np.float32)
     sae.site = "layers.1.resid_post"
-    S.save_sae(tmp_path / "s.safetensors", sae)
+    S.save_sae(tmp_path / "s.safetensors", sae, made_for(tiny.model.weights_file))
     r = cli("sae", "eval", "--sae", tmp_path / "s.safetensors", "--data", data, "--windows",
             "2", *STEERED, "--json")
     assert r.code == 0, r.err
@@ -223,7 +224,7 @@ def test_lens_evaluate_reads_the_steered_stream(cli, tiny, hf, data, tmp_path, m
                for i in range(cfg.n_layer)},
             **{f"b.{i}": rng.normal(0, 0.1, cfg.n_embd).astype(np.float32)
                for i in range(cfg.n_layer)}}
-    save_file(lens, str(tmp_path / "t.safetensors"))
+    save_file(lens, str(tmp_path / "t.safetensors"), made_for(tiny.model.weights_file))
     r = cli("lens", "--evaluate", "--lens", tmp_path / "t.safetensors", "--data", data,
             *STEERED, "--json")
     assert r.code == 0, r.err
@@ -365,7 +366,7 @@ def inputs(tiny, data, tmp_path, monkeypatch):
     for name, value in (("FIT_STEPS", 2), ("FIT_WINDOWS", 2), ("EVAL_WINDOWS", 2)):
         monkeypatch.setattr(tl, name, value)
     sae = random_sae(tiny.model.config.n_embd, 8, 2, seed=1, dtype=np.float32)
-    S.save_sae(tmp_path / "s.safetensors", sae)
+    S.save_sae(tmp_path / "s.safetensors", sae, made_for(tiny.model.weights_file))
     (tmp_path / "pos.txt").write_text("\n".join(POS) + "\n")
     (tmp_path / "neg.txt").write_text("\n".join(NEG) + "\n")
     words = ["Lily", "Tom", "ball", "park", "dog", "ran", "saw", "big"]

@@ -109,7 +109,7 @@ def test_the_shipped_tuned_lens_fits_the_shipped_model():
     if not path.is_file():
         pytest.skip("no shipped tuned lens")
     model = load_model(SHIPPED)
-    tr = tl.load_translators(path, model.config)
+    tr = tl.load_translators(path, model.config, model.weights_file)
     assert len(tr.A) == model.config.n_layer
     assert any(np.abs(a).max() > 0 for a in tr.A)  # fitted, not the zero start
 

@@ -16,6 +16,7 @@ errors and notes stay its own.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -32,8 +33,8 @@ class Ahead:
     """The texts of a run, the one being run now, and the final-norm outputs made ahead,
     by (line, form: how the pass's ids are made from the line's, see _form)."""
 
-    def __init__(self, texts: list[str]):
-        self.texts = texts
+    def __init__(self, lines):
+        self.lines = lines  # get(i): the i-th (number, text), None past the end
         self.now = 0
         self.ids: dict[int, list[int] | None] = {}  # the ids of lines from now on, as asked
         self.tokenizer = None
@@ -42,15 +43,20 @@ class Ahead:
         self.start: dict[tuple, int] = {}
         self.end: dict[tuple, int] = {}
 
-    def run(self, lines: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+    def run(self) -> Iterator[tuple[int, str]]:
         """The lines, each marked as the one being run while it is."""
-        for self.now, line in enumerate(lines):
+        for now, line in enumerate(self.lines):
+            self.now = now
             yield line
-        self.now = len(lines)
+        self.now = -1  # all run
+
+    def _text(self, n: int) -> str | None:
+        line = self.lines.get(n)
+        return None if line is None else line[1]
 
     def final_norm(self, params, config, ids) -> np.ndarray | None:
         model = opened_model(params)
-        if model is None or not 0 <= self.now < len(self.texts):
+        if model is None or self.now < 0 or self._text(self.now) is None:
             return None
         if model.tokenizer is not self.tokenizer:  # the first request (or another model's)
             self.tokenizer, self.made, self.start, self.end = model.tokenizer, {}, {}, {}
@@ -71,7 +77,8 @@ class Ahead:
         not yet; the lines gone by are forgotten, so only a chunk's ids are ever held."""
         if n not in self.ids:
             self.ids = {k: v for k, v in self.ids.items() if k >= self.now}
-            block = self.texts[n : n + ENCODED_AT_ONCE]
+            block = list(itertools.takewhile(lambda t: t is not None, map(
+                self._text, range(n, n + ENCODED_AT_ONCE))))
             self.ids.update(enumerate(_encoded(self.tokenizer, block, config.n_positions), n))
         return self.ids[n]
 
@@ -80,7 +87,7 @@ class Ahead:
         of them, in batches of lines of one length."""
         by_length = defaultdict(list)
         n, tokens = self.now, 0
-        while n < len(self.texts) and tokens < CHUNK_TOKENS:
+        while tokens < CHUNK_TOKENS and self._text(n) is not None:
             ids = _in_form(self._ids(n, config), form)
             if ids and len(ids) <= config.n_positions:
                 by_length[len(ids)].append((n, ids))
@@ -123,19 +130,33 @@ def _encoded(tokenizer, texts: list[str], limit: int) -> list[list[int] | None]:
     return [next(found) if len(t) <= most else None for t in texts]
 
 
+class _Listed:
+    """A list of (number, text) with streams.StreamLines' get(i)."""
+
+    def __init__(self, lines: list[tuple[int, str]]):
+        self.lines = lines
+
+    def get(self, i: int) -> tuple[int, str] | None:
+        return self.lines[i] if 0 <= i < len(self.lines) else None
+
+    def __iter__(self):
+        return iter(self.lines)
+
+
 _ahead: Ahead | None = None
 
 
 @contextlib.contextmanager
-def lines_ahead(lines: list[tuple[int, str]]) -> Iterator[Iterator[tuple[int, str]]]:
+def lines_ahead(lines) -> Iterator[Iterator[tuple[int, str]]]:
     """Within this block each weights folder is opened and loaded once (weights.opened_once)
-    and the forward passes over the texts of `lines` ((number, text) each) come from
-    batches, while the lines are run in the order the iterator it gives yields them."""
+    and the forward passes over the texts of `lines` ((number, text) each: a list, or
+    streams.StreamLines, read as they are run) come from batches, while the lines are run in
+    the order the iterator it gives yields them."""
     global _ahead
-    outer, _ahead = _ahead, Ahead([text for _, text in lines])
+    outer, _ahead = _ahead, Ahead(lines if hasattr(lines, "get") else _Listed(lines))
     try:
         with opened_once():
-            yield _ahead.run(lines)
+            yield _ahead.run()
     finally:
         _ahead = outer
 

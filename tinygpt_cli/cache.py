@@ -48,8 +48,12 @@ def load_or_compute(path: Path, load: Callable[[Path], T], compute: Callable[[],
     """The one way to use an entry: read it with `load`, or, when it is missing, damaged
     (`load` raises) or not what `valid` accepts (other keys, shapes or ranges: a stale format,
     a file put there by hand), `compute` it and `store` it (atomically) so the next run reads
-    it. A bad entry is replaced, never reported: it is only a cache."""
-    if path.is_file():
+    it. An entry is read only when its bytes match the checksum written with it (keep), so
+    an entry edited in place is computed again too. A bad entry is replaced, never
+    reported: it is only a cache."""
+    from .files import verified
+
+    if verified(path):
         try:
             value = load(path)
             if valid(value):
@@ -83,12 +87,13 @@ def store_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def keep(path: Path, data: bytes) -> None:
-    """Write an entry's bytes atomically; an unwritable cache is one note, not an error."""
+    """Write an entry's bytes atomically, with its checksum beside it (files.write_checked);
+    an unwritable cache is one note, not an error."""
     from .errors import WriteError
-    from .files import write_atomically
+    from .files import write_checked
 
     try:
-        write_atomically(path, data)
+        write_checked(path, data)
     except WriteError as e:
         _note_once(f"note: {e}; the result is not kept for the next run (set TINYGPT_CACHE "
                    "to a writable folder)")

@@ -12,6 +12,9 @@ MIN_VOCAB = 257  # the 256 bytes of the byte-level alphabet and <|endoftext|>
 MAX_VOCAB = 65535  # training keeps token ids as uint16
 
 
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
+
+
 @dataclass(frozen=True)
 class Config:
     n_embd: int = 128  # d, numbers per token
@@ -62,6 +65,9 @@ class Config:
         eps = self.layer_norm_epsilon
         if not is_number(eps) or not 0 < eps <= 1:  # NaN fails both comparisons
             raise ValueError(f"config: layer_norm_epsilon must be a number in (0, 1], got {eps!r}")
+        if eps < FLOAT32_TINY:  # it would be 0 (or lose its digits) in float32
+            raise ValueError(f"config: layer_norm_epsilon {eps!r} is 0 in float32, the precision "
+                             "the model computes in: give a number from 1.2e-38 to 1")
         if self.n_embd % self.n_head and not self.head_dim:
             raise ValueError(
                 f"config: n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"

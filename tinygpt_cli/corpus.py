@@ -182,12 +182,20 @@ def read_data_record(weights: Path) -> dict | None:
         if not path.is_file() or path.stat().st_size > 1 << 20:
             raise ValueError("not a small regular file")
         record = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(record, dict):
+            raise ValueError("it is not a JSON object")
+        for key in ("folder", "folder_absolute"):
+            if not isinstance(record.get(key), str | None):
+                raise ValueError(f"{key} must be a path or null, not {record.get(key)!r:.40}")
         files = record["train"] + record["validation"]
         if not all(isinstance(f["name"], str) and isinstance(f["bytes"], int)
                    and isinstance(f["sha256"], str) for f in files):
             raise ValueError("a file entry lacks its name, bytes or sha256")
         if "/" in "".join(f["name"] for f in files) or not record["train"]:
             raise ValueError("file names must be plain names, and there must be training files")
+    except RecursionError:
+        raise WeightsError(f"{path} is not a readable data record (it is nested too deep): "
+                           "remove it, or retrain") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise WeightsError(f"{path} is not a readable data record ({e}): remove it, or "
                            "retrain") from None
@@ -254,7 +262,13 @@ def training_text(weights: Path, data: list[Path] | None, *, any_data: bool = Fa
             raise Refused(f"the training text recorded in {shown} is not reachable (looked in "
                           f"{Path(weights) / record['folder']} and $TINYGPT_DATA): give --data "
                           "its folder, or set TINYGPT_DATA to it")
-        return TrainingText([folder / f["name"] for f in record["train"]])
+        files = [folder / f["name"] for f in record["train"]]
+        why = None if any_data else differs_from_record(files, record)
+        if why is not None:
+            raise Refused(f"the training text recorded in {shown} has changed since training: "
+                          f"{why}; give --data the text the model was trained on, or pass "
+                          "--any-data to use it anyway")
+        return TrainingText(files)
     missing = [p for p in data if not Path(p).exists()]
     if missing:
         raise Refused(f"training data {missing[0]} does not exist: give --data the folder of "
@@ -323,7 +337,12 @@ def validation_text(weights: Path, data: Path | None) -> list[Path]:
                 "records a text that is not reachable, or no validation file"
             raise Refused(f"give --data the folder of part-*.txt files (its last part is the "
                           f"validation text), or set TINYGPT_DATA to it: {weights} {why}")
-        return [folder / f["name"] for f in record["validation"]]
+        files = [folder / f["name"] for f in record["validation"]]
+        why = unrecorded(files, record, ("validation",))
+        if why is not None:
+            raise Refused(f"the validation text recorded in {Path(weights) / DATA_RECORD} has "
+                          f"changed since training: {why}; give --data the held-out text")
+        return files
     if Path(data).is_file():
         return [Path(data)]  # the reference text itself
     try:

@@ -93,6 +93,20 @@ def command_word(group, args: list[str]) -> str | None:
     return None
 
 
+def check_once(options: list[str], name: str) -> None:
+    """An option of one value given twice (`--weights A probs --weights B`: click keeps the
+    last without a word, even when the first names no folder) is refused, naming both."""
+    values = [a[len(name) + 1:] if a.startswith(name + "=") else
+              (options[i + 1] if i + 1 < len(options) else None)
+              for i, a in enumerate(options) if a == name or a.startswith(name + "=")]
+    values = [v for v in values if v is not None]  # a value missing is click's to say
+    if len(values) > 1:
+        shown = " and ".join(f"{name} {v}" for v in values[:2])
+        from .errors import InputError
+
+        raise InputError(f"{name} is given twice ({shown}): give it once")
+
+
 def _text_like(args: list[str]) -> str | None:
     """The first word that click read as options but looks like a text: `-hello`,
     `-5 degrees` (a mistyped single letter such as `-x` is only an unknown option)."""

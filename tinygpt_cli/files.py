@@ -26,14 +26,17 @@ def write_atomically(path: str | Path, data: bytes, *, mode: int = 0o644) -> Non
 
     A reader (or a run killed with SIGKILL) sees the old file or the new one, never half.
     The rename replaces a symlink at `path` with the file itself: the link's target, which a
-    downloaded folder could aim anywhere, is never written.
+    downloaded folder could aim anywhere, is never written. The temporary, `.NAME.PID.XXXXXXXX
+    .tmp`, names its writer: one that a killed writer left is removed by the next write into
+    the folder (remove_temporaries).
     """
     import tempfile  # here, not at the top: commands that write nothing start 2 ms sooner
 
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp",
+                                   dir=path.parent)
     except OSError as e:
         raise cannot_write(path, e) from None
     try:
@@ -43,12 +46,51 @@ def write_atomically(path: str | Path, data: bytes, *, mode: int = 0o644) -> Non
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        remove_temporaries(path.parent, only_dead=True)
     except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(e, OSError):
             raise cannot_write(path, e) from None
         raise
+
+
+_TEMPORARY = None  # the compiled pattern of write_atomically's temporaries
+
+
+def remove_temporaries(folder: str | Path, *, only_dead: bool = False) -> None:
+    """Remove write_atomically's temporaries from `folder`: those whose writer process is
+    gone (`only_dead`), or every one (the caller holds the folder: no one else writes there).
+    Nothing else is touched, and a file that cannot be removed is left."""
+    import re
+
+    global _TEMPORARY
+    if _TEMPORARY is None:
+        _TEMPORARY = re.compile(r"\.(.+)\.(\d+)\.[a-z0-9_]{8}\.tmp")
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        m = _TEMPORARY.fullmatch(name) if name.endswith(".tmp") else None
+        if m is None or (only_dead and _alive(int(m.group(2)))):
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+        except OSError:
+            pass  # gone already (a concurrent clean-up), or not ours to remove
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # another user's process (or a number no process has: left alone)
+    return True
 
 
 def append_line(path: str | Path, line: str) -> None:
@@ -78,6 +120,40 @@ def append_line(path: str | Path, line: str) -> None:
 
 def write_text(path: str | Path, text: str) -> None:
     write_atomically(path, text.encode("utf-8"))
+
+
+# A file that must be verified when read (a cache entry, a piece of the why index) is written
+# with its checksum beside it, NAME.sha256, written right after it.
+
+SUM = ".sha256"
+
+
+def sum_file(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + SUM)
+
+
+def write_checked(path: str | Path, data: bytes) -> None:
+    """write_atomically, then the checksum beside it: a file whose checksum is missing or
+    disagrees with its bytes (a kill between the two, an edit in place) is never trusted."""
+    import hashlib
+
+    write_atomically(path, data)
+    write_atomically(sum_file(path), (hashlib.sha256(data).hexdigest() + "\n").encode())
+
+
+def verified(path: str | Path) -> bool:
+    """Whether a file's bytes match the checksum written with it (write_checked)."""
+    try:
+        return Path(path).is_file() and sha256(path) == sum_file(path).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def discard(path: str | Path) -> None:
+    """Remove a file and its checksum."""
+    Path(path).unlink(missing_ok=True)
+    sum_file(path).unlink(missing_ok=True)
 
 
 def sha256(path: str | Path) -> str:

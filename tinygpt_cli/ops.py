@@ -75,6 +75,7 @@ def layer_norm_scale(centred: np.ndarray, std, g, b, in_place: bool = False) -> 
         out /= std
     else:
         out = centred / std
+    poison_overflow(out, std)
     if out.dtype == g.dtype == b.dtype or out.dtype == np.result_type(out, g, b):
         out *= g  # in place, the same numbers with fewer arrays
         out += b
@@ -88,7 +89,10 @@ def layer_norm_out(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> n
     n = x.shape[-1]
     if x.shape == (1, n):
         centred = x[0] - np.add.reduce(x[0]) / n
-        out = centred / np.sqrt(np.dot(centred, centred) / n + eps)
+        square = np.dot(centred, centred)
+        out = centred / np.sqrt(square / n + eps)
+        if not math.isfinite(square):
+            out[...] = np.nan  # poison_overflow's rule
         out *= g
         out += b
         return out[None]
@@ -96,9 +100,22 @@ def layer_norm_out(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> n
     var = mean_last(out * out)
     var += eps
     out /= np.sqrt(var, out=var)
+    poison_overflow(out, var)
     out *= g
     out += b
     return out
+
+
+def poison_overflow(out: np.ndarray, std) -> None:
+    """A token whose sum of squares overflowed float32 has std (or rms) inf, and x / inf reads
+    0: finite, and wrong (wte x 1e21 gave one token 100% at every position). Its output is
+    made NaN, so the pass's one check at the end finds it and names the norm's std."""
+    if isinstance(std, np.ndarray):
+        flat = std.reshape(-1)
+        with np.errstate(all="ignore"):
+            if np.isfinite(np.dot(flat, flat)) or np.isfinite(std).all():
+                return
+        out[np.broadcast_to(~np.isfinite(std), out.shape)] = np.nan
 
 
 def mean_last(x: np.ndarray) -> np.ndarray:
@@ -160,6 +177,7 @@ def rms_of(x: np.ndarray, eps: float) -> np.ndarray:
 def rms_scale(x: np.ndarray, rms, g) -> np.ndarray:
     """x / rms * g"""
     out = x / rms
+    poison_overflow(out, rms)
     if out.dtype == np.result_type(out, g):
         out *= g
         return out

@@ -133,14 +133,19 @@ def finish(code: int) -> None:
 # ------------------------------------------------------------------ the text of a command
 
 
-def read_text(text: str | None) -> str:
-    """The argument, or stdin when the argument is '-' or missing and stdin is not a terminal."""
+def read_text(text: str | None, model=None) -> str:
+    """The argument, or stdin when the argument is '-' or missing and stdin is not a terminal.
+
+    With `model`, whose context the text must fit, stdin is read no further than a text of
+    that many tokens can reach, and a longer one is refused there (`embed - < /dev/zero`
+    never ends)."""
     if text is None or text == "-":
         if sys.stdin is None:  # `<&-`
             raise InputError("no text: stdin is closed; give the text as an argument")
         if sys.stdin.isatty():
             raise InputError("no text: give it as an argument, or pipe it on stdin with '-'")
-        text = _read_stdin()
+        text = _read_stdin(None if model is None else (model.config.n_positions,
+                                                       model.tokenizer.longest_token_bytes))
         if text.endswith("\n"):
             text = text[:-1]  # the newline `echo` adds is not part of the text
     else:
@@ -150,20 +155,27 @@ def read_text(text: str | None) -> str:
     return text
 
 
-def _read_stdin() -> str:
-    """stdin as UTF-8 whatever the locale says, universal newlines as Python's text mode."""
-    return _stdin_text().replace("\r\n", "\n").replace("\r", "\n")
+def _read_stdin(limit: tuple[int, int] | None = None) -> str:
+    """stdin as UTF-8 whatever the locale says, universal newlines as Python's text mode;
+    with `limit`, read no further than _stdin_text says."""
+    return _stdin_text(limit).replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _stdin_text() -> str:
+def _stdin_text(limit: tuple[int, int] | None = None) -> str:
     """stdin's bytes as UTF-8 whatever the locale says; InputError naming the first byte
-    that is not."""
+    that is not. With `limit` (the most tokens, the most bytes a token stands for), stdin is
+    read no further than twice what so many tokens can hold (a \r\n becomes one \n), and a
+    text that reaches that is refused: it is surely longer than the limit."""
     buffer = getattr(sys.stdin, "buffer", None)
-    if buffer is None:  # a StringIO in tests: already text
-        text = sys.stdin.read()
-        check_utf8(text, "stdin")
-        return text
-    data = buffer.read()
+    stream = sys.stdin if buffer is None else buffer  # a StringIO in tests: already text
+    cap = None if limit is None else 2 * limit[0] * limit[1] + 3
+    data = stream.read() if cap is None else stream.read(cap)
+    if cap is not None and len(data) >= cap:
+        raise InputError(f"the text on stdin is more than {cap - 1:,} bytes long (read no "
+                         f"further); this model reads at most {limit[0]} tokens ({limit[0]} "
+                         f"tokens never hold more than {limit[0] * limit[1]:,} characters)")
+    if buffer is None:
+        return check_utf8(data, "stdin")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -172,13 +184,14 @@ def _stdin_text() -> str:
     return text
 
 
-def text_lines(source: str, option: str) -> list[tuple[int, str]]:
+def text_lines(source: str, option: str):
     """(line number from 1, line) for each line with something besides whitespace of the file
-    `source` ('-': stdin), given with `option`; the errors name it."""
+    `source` ('-': stdin), given with `option`; the errors name it. A file gives a list; stdin
+    and a pipe give StreamLines, read as the lines are run."""
     if source == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise InputError(f"{option} -: pipe the texts on stdin, one per line")
-        text = _stdin_text()  # its lines end as a file's do (below)
+        return StreamLines(getattr(sys.stdin, "buffer", None) or sys.stdin, "stdin", option)
     else:
         path = Path(source)
         if path.is_dir():
@@ -187,6 +200,8 @@ def text_lines(source: str, option: str) -> list[tuple[int, str]]:
             raise InputError(f"{option} {source}: no such file")
         if not (path.is_file() or path.is_fifo()):  # a device such as /dev/zero never ends
             raise InputError(f"{option} {source} is neither a file nor a pipe")
+        if path.is_fifo():  # <(command), /dev/stdin: read as the lines are run
+            return StreamLines(open(path, "rb"), source, option)  # noqa: SIM115 - read to the end
         try:  # a pipe such as <(command) or /dev/stdin is read as a file is
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
@@ -199,3 +214,68 @@ def text_lines(source: str, option: str) -> list[tuple[int, str]]:
     if not found:
         raise InputError(f"{option} {source} has no lines with text")
     return found
+
+
+MAX_LINE = 1 << 24  # bytes of one line of a stream (16 MiB): a stream with no newline ends
+
+
+class StreamLines:
+    """The lines with text of a stream (stdin, a pipe) as text_lines gives a file's, read as
+    they are asked for and forgotten once run: `yes | tinygpt encode --each-line -` holds a
+    few thousand lines at a time (what --each-line computes ahead), never the stream.
+    get(i) is the i-th such line (None past the end); iterating runs them in order."""
+
+    def __init__(self, stream, source: str, option: str):
+        self.stream, self.source, self.option = stream, source, option
+        self.kept: list[tuple[int, str]] = []  # lines base, base + 1, ...
+        self.base = 0
+        self.number = 0  # lines read, empty ones too
+        self.offset = 0  # bytes read
+        self.ended = False
+
+    def get(self, i: int) -> tuple[int, str] | None:
+        while i >= self.base + len(self.kept):
+            if self.ended or not self._read_one():
+                return None
+        return self.kept[i - self.base] if i >= self.base else None
+
+    def __iter__(self):
+        i = 0
+        while (line := self.get(i)) is not None:
+            del self.kept[: i - self.base]  # the lines run before this one
+            self.base = i
+            yield line
+            i += 1
+
+    def _read_one(self) -> bool:
+        """Read up to the next line with text and keep it; False at the end."""
+        while True:
+            raw = self.stream.readline(MAX_LINE + 1)
+            if not raw:
+                self.ended = True
+                if self.base + len(self.kept) == 0:
+                    raise InputError(f"{self.option} {self.source} has no lines with text")
+                return False
+            self.number += 1
+            if len(raw) > MAX_LINE:
+                raise InputError(f"{self.option} {self.source}: line {self.number} is longer "
+                                 f"than {MAX_LINE:,} bytes")
+            line = self._text(raw).removesuffix("\n").removesuffix("\r")
+            self.offset += len(raw)
+            if line.strip():
+                self.kept.append((self.number, line))
+                return True
+
+    def _text(self, raw) -> str:
+        if isinstance(raw, str):  # a text stream (tests)
+            return check_utf8(raw, self.source)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            at = self.offset + e.start
+            if self.source == "stdin":
+                raise InputError(f"stdin is not UTF-8 text (byte 0x{raw[e.start]:02x} at "
+                                 f"offset {at}); convert it first, e.g. with iconv -t UTF-8"
+                                 ) from None
+            raise InputError(f"{self.option} {self.source} is not UTF-8 text ({e.reason} at "
+                             f"byte {at})") from None

@@ -11,7 +11,7 @@ score is the mean attention on the induction stripe of a repeated random token s
 
 from __future__ import annotations
 
-import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,44 +44,62 @@ def history_folder(model: Model) -> Path:
 
 
 def _metadata(path: Path) -> dict:
-    """The safetensors header's __metadata__, read without loading the tensors."""
+    """The safetensors header's __metadata__, read without loading the tensors (by the one
+    header reader, weights.header_json: its limits, its one line for a header that is not
+    JSON or nested too deep)."""
+    from ..weights import header_json
+
     if not path.is_file():  # a FIFO or a device would block the read, a folder fail it
         raise WeightsError(f"{path} is not a regular file")
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        if n <= 0 or n > 100_000_000:
-            raise WeightsError(f"{path} is not a safetensors file")
-        try:
-            header = json.loads(f.read(n))
-        except (ValueError, UnicodeDecodeError):
-            raise WeightsError(f"{path} is not a safetensors file: its header is not "
-                               "JSON") from None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    meta = header_json(path)[0].get("__metadata__")
     return meta if isinstance(meta, dict) else {}
 
 
 def find_snapshots(folder: Path) -> list[Snapshot]:
-    """The snapshots in `folder`, in step order; InputError (exit 2) when there are none."""
+    """The snapshots in `folder`, in step order; InputError (exit 2) when there are none.
+    Each one's metadata is checked (snapshot_of): a broken snapshot is exit 1, never a row."""
     hint = ("train with --snapshots N (tinygpt train ... --snapshots 8) or pass --weights "
             "a folder whose history/ holds step-NNNNNN.safetensors files")
     if not folder.is_dir():
+        if folder.is_symlink() or folder.exists():  # a link loop, a file: a broken folder
+            raise WeightsError(f"{folder} is not a folder (a symbolic link that leads nowhere "
+                               "or to itself, or a file): the training history cannot be read")
         raise InputError(f"no training history: {folder} does not exist; {hint}")
-    found = []
-    for path in folder.glob("*.safetensors"):
-        meta = _metadata(path)
-        m = _STEP.fullmatch(path.name)
-        try:
-            step = int(meta["step"]) if "step" in meta else int(m.group(1)) if m else None
-            lr = float(meta["lr"]) if "lr" in meta else None
-        except (TypeError, ValueError):
-            raise WeightsError(f"{path}: its metadata's step {meta.get('step')!r} or "
-                               f"learning rate {meta.get('lr')!r} is not a number") from None
-        if step is None:
-            raise WeightsError(f"{path}: no step in its metadata or its name (step-NNNNNN)")
-        found.append(Snapshot(f"step {step}", step, lr, path))
+    found = [snapshot_of(path) for path in folder.glob("*.safetensors")]
     if not found:
         raise InputError(f"no training history: {folder} holds no .safetensors files; {hint}")
+    steps = [s.step for s in found]
+    twice = next((s for s in found if steps.count(s.step) > 1), None)
+    if twice is not None:
+        raise WeightsError(f"{folder}: two snapshots say they are step {twice.step}")
     return sorted(found, key=lambda s: s.step)
+
+
+def snapshot_of(path: Path) -> Snapshot:
+    """A snapshot's step and learning rate from its metadata, checked: a whole number of
+    steps agreeing with its name (step-NNNNNN), and a finite, positive learning rate (TracIn
+    weighs the snapshot's gradients by it). WeightsError (exit 1) otherwise."""
+    meta = _metadata(path)
+    m = _STEP.fullmatch(path.name)
+    step, lr = meta.get("step"), meta.get("lr")
+    if step is None and m is None:
+        raise WeightsError(f"{path}: no step in its metadata or its name (step-NNNNNN)")
+    if step is not None and not (isinstance(step, str) and step.isascii() and step.isdigit()):
+        raise WeightsError(f"{path}: its metadata's step {step!r} is not a number (a whole "
+                               "number of steps)")
+    if step is not None and m is not None and int(step) != int(m.group(1)):
+        raise WeightsError(f"{path}: its metadata says step {int(step)} but its name says "
+                           f"step {int(m.group(1))}")
+    step = int(step) if step is not None else int(m.group(1))
+    if lr is not None:
+        try:
+            lr = float(lr) if isinstance(lr, str) else None
+        except ValueError:
+            lr = None
+        if lr is None or not math.isfinite(lr) or lr <= 0:
+            raise WeightsError(f"{path}: its metadata's learning rate {meta.get('lr')!r} is "
+                               "not a finite positive number")
+    return Snapshot(f"step {step}", step, lr, path)
 
 
 def timeline(model: Model, snapshots: list[Snapshot]) -> list[Snapshot]:

@@ -104,6 +104,11 @@ def load_means(path: str | Path, config: Config,
         if m.shape != (mean_size(p, config),) or not np.isfinite(m).all():
             raise WeightsError(f"{path}: the mean of {p} is not {mean_size(p, config)} finite "
                                f"numbers (shape {list(m.shape)}): {hint}")
+        with np.errstate(all="ignore"):  # a mean of a float32 run's values is one such
+            square = np.dot(m.astype(np.float32), m.astype(np.float32))  # value: a norm squares it
+        if not np.isfinite(square):
+            raise WeightsError(f"{path}: the mean of {p} is too large for a value of a float32 "
+                               f"run (its sum of squares overflows): {hint}")
     return means, meta
 
 

@@ -27,6 +27,7 @@ from ..config import Config
 from ..errors import InputError, WeightsError
 from ..files import write_atomically
 from ..hooks import Chain, RecordOnly, Replace, StopAfter, chained
+from ..madefor import check_made_for
 from ..model import forward
 from ..schema import resolve
 
@@ -60,6 +61,7 @@ class SAE:
     b_dec: np.ndarray  # [d]
     site: str
     k: int
+    path: str = "the SAE"  # the file it was read from, for errors
 
     @property
     def n_latents(self) -> int:
@@ -86,8 +88,16 @@ def top_k_relu(a: np.ndarray, k: int) -> np.ndarray:
 
 
 def encode(sae: SAE, x: np.ndarray) -> np.ndarray:
-    """The latents z [..., m] of values x [..., d]."""
-    return top_k_relu(pre_activations(sae, x), sae.k)
+    """The latents z [..., m] of values x [..., d]; they must stay finite (an encoder of
+    3e38 made every latent inf): WeightsError naming the file otherwise."""
+    from ..model import all_finite
+
+    with np.errstate(all="ignore"):
+        z = top_k_relu(pre_activations(sae, x), sae.k)
+    if not all_finite(z):
+        raise WeightsError(f"{sae.path}: its latents overflow float32 on these values (W_enc "
+                           "or b_enc too large to compute with)")
+    return z
 
 
 def decode(sae: SAE, z: np.ndarray) -> np.ndarray:
@@ -250,8 +260,9 @@ def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> 
     write_atomically(Path(path), save(sae_tensors(sae), metadata=info))
 
 
-def load_sae(path: str | Path, config: Config) -> SAE:
-    """An SAE file, checked: the four tensors with agreeing shapes, finite, a known site, k."""
+def load_sae(path: str | Path, config: Config, weights_file: Path) -> SAE:
+    """An SAE file, checked: the four tensors with agreeing shapes, finite, a known site (the
+    one its file name says, when the name is a site), k, made for `weights_file`."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -264,7 +275,10 @@ def load_sae(path: str | Path, config: Config) -> SAE:
             t = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - no iter
     except Exception as e:  # noqa: BLE001 - safetensors' own error type is not importable
         raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
-    return check_sae(path, t, meta, config)
+    sae = check_sae(path, t, meta, config)
+    check_made_for(path, meta, weights_file, "the SAE", f"train one for them with `tinygpt sae "
+                   f"train --site {sae.site}`")
+    return sae
 
 
 def check_sae(path: Path, t: dict[str, np.ndarray], meta: dict, config: Config) -> SAE:
@@ -289,10 +303,22 @@ def check_sae(path: Path, t: dict[str, np.ndarray], meta: dict, config: Config) 
                            f"k={meta.get('k')!r}") from None
     if not 1 <= k <= m:
         raise WeightsError(f"{path}: k = {k} is not between 1 and the {m} latents")
+    named = _site_of_name(path, config)
+    if named is not None and named != site:
+        raise WeightsError(f"{path}: its metadata says it reads {site}, its file name says "
+                           f"{named}")
     if not np.allclose(np.linalg.norm(t["W_dec"], axis=1), 1, atol=1e-3):
         raise WeightsError(f"{path}: the rows of W_dec are not unit vectors")
     f32 = {n: np.asarray(a, dtype=np.float32) for n, a in t.items()}
-    return SAE(f32["W_enc"], f32["b_enc"], f32["W_dec"], f32["b_dec"], site, k)
+    return SAE(f32["W_enc"], f32["b_enc"], f32["W_dec"], f32["b_dec"], site, k, str(path))
+
+
+def _site_of_name(path: Path, config: Config) -> str | None:
+    """The site a file name like layers.1.resid_post.safetensors names, or None."""
+    try:
+        return check_site(path.name.removesuffix(".safetensors"), config)
+    except InputError:
+        return None
 
 
 # ------------------------------------------------------------------ the site's values
@@ -409,10 +435,14 @@ def sparse_codes(sae: SAE, x: np.ndarray, batch: int = 4096) -> tuple[np.ndarray
     idx = np.empty((len(x), sae.k), np.int16)
     val = np.empty((len(x), sae.k), np.float32)
     for b in range(0, len(x), batch):
-        a = np.maximum(pre_activations(sae, x[b:b + batch]), 0)
+        with np.errstate(all="ignore"):
+            a = np.maximum(pre_activations(sae, x[b:b + batch]), 0)
         top = np.argpartition(-a, sae.k - 1, axis=-1)[:, :sae.k]
         idx[b:b + batch] = top
         val[b:b + batch] = np.take_along_axis(a, top, axis=-1)
+    if not np.isfinite(val).all():  # encode's rule
+        raise WeightsError(f"{sae.path}: its latents overflow float32 on these values (W_enc "
+                           "or b_enc too large to compute with)")
     return idx, val
 
 
@@ -530,7 +560,7 @@ def latents_of(weights_file: Path, trace, path: str):
     from ..session import check_index
 
     site, latent = parse_latent_path(path, trace.config)
-    sae = load_sae(sae_file(weights_file, None, site), trace.config)
+    sae = load_sae(sae_file(weights_file, None, site), trace.config, weights_file)
     z = encode(sae, trace.get(site))  # [T, m]
     if latent is not None:
         return site, sae, z[:, check_index(latent, sae.n_latents, "latent")], None
@@ -552,6 +582,11 @@ def active_latents(z: np.ndarray) -> list[list[tuple[int, float]]]:
 SHIPPED_SITE = "layers.1.resid_post"
 
 
+def model_sae(model, given: Path | None = None) -> SAE:
+    """The SAE at --sae FILE, or the weights folder's shipped one, checked for this model."""
+    return load_sae(sae_file(model.weights_file, given), model.config, model.weights_file)
+
+
 def sae_file(weights_file: Path, sae: Path | None, site: str = SHIPPED_SITE) -> Path:
     """--sae, or the weights folder's sae/SITE.safetensors."""
     return sae if sae is not None else Path(weights_file).parent / "sae" / f"{site}.safetensors"
@@ -570,7 +605,7 @@ def latent_ablation(weights_file: Path, config: Config, paths: list[str]) -> Rep
         by_site.setdefault(site, []).append(latent)
     fns = {}
     for site, latents in by_site.items():
-        sae = load_sae(sae_file(weights_file, None, site), config)
+        sae = load_sae(sae_file(weights_file, None, site), config, weights_file)
         fns[site] = without_latents(sae, [check_index(j, sae.n_latents, "latent")
                                           for j in latents])
     return Replace(fns)

@@ -285,10 +285,13 @@ def layer_of_site(path: str | None, n_layer: int) -> int | None:
     return layer if parts[2] in ("resid_pre", "resid_post") and layer < n_layer else None
 
 
-def read_direction(spec: str, d: int, n_layer: int) -> Direction:
+def read_direction(spec: str, d: int, n_layer: int, weights_file) -> Direction:
     """The vector named by --steer-vector FILE or FILE#N: InputError for a file that is not
-    one of the forms above (exit 2), WeightsError for one that cannot be read (exit 1)."""
+    one of the forms above (exit 2), WeightsError for one that cannot be read (exit 1). A
+    file whose metadata names the weights it was made for (madefor) must name these."""
     from pathlib import Path
+
+    from ..madefor import check_made_for
 
     path, _, row = spec.rpartition("#") if "#" in spec else (spec, "", "")
     if row and not row.isdigit():
@@ -296,7 +299,12 @@ def read_direction(spec: str, d: int, n_layer: int) -> Direction:
     if not Path(path).is_file():
         raise InputError(f"--steer-vector {path}: no such file")
     tensors, meta = _read_tensors(Path(path))
+    check_made_for(f"--steer-vector {path}", meta, weights_file, "the vector",
+                   "find it again on these weights (tinygpt steer --out)", required=False)
     vector = _pick(tensors, int(row) if row else None, spec)
+    if vector.dtype.kind != "f":
+        raise InputError(f"--steer-vector {spec}: the vector holds {vector.dtype.name} values; "
+                         "a vector is real floating-point numbers")
     if vector.shape != (d,):
         raise InputError(f"--steer-vector {spec}: the vector has shape {list(vector.shape)}; "
                          f"this model's residual stream has {d} numbers")
@@ -305,12 +313,35 @@ def read_direction(spec: str, d: int, n_layer: int) -> Direction:
     return Direction(vector.astype(np.float32), layer_of_site(meta.get("site"), n_layer), spec)
 
 
+def _read_npy(path) -> np.ndarray:
+    """A .npy file's array, its header checked before anything is allocated: real floating
+    point numbers (not strings, objects or complex numbers, whose imaginary part would be
+    dropped: InputError, exit 2), and as many as the file holds (WeightsError, exit 1)."""
+    fmt = np.lib.format
+    try:
+        with open(path, "rb") as f:
+            version = fmt.read_magic(f)
+            shape, _, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0)
+                               else fmt.read_array_header_2_0(f))
+            start = f.tell()
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as e:
+        raise WeightsError(f"--steer-vector {path}: not a readable .npy file "
+                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    if dtype.kind != "f" or dtype.fields is not None:
+        raise InputError(f"--steer-vector {path}: the file holds {dtype.name} values "
+                         f"(dtype {dtype.str!r}); a vector is real floating-point numbers")
+    count = int(np.prod(shape, dtype=object))
+    size = path.stat().st_size - start
+    if count * dtype.itemsize != size:
+        raise WeightsError(f"--steer-vector {path}: its header claims {count:,} numbers "
+                         f"({count * dtype.itemsize:,} bytes) and the file holds {size:,} "
+                         "bytes after it")
+    return np.load(path, allow_pickle=False)
+
+
 def _read_tensors(path) -> tuple[dict[str, np.ndarray], dict]:
     if path.suffix == ".npy":
-        try:
-            return {"direction": np.load(path, allow_pickle=False)}, {}
-        except (ValueError, OSError, EOFError) as e:
-            raise WeightsError(f"--steer-vector {path}: not a readable .npy file ({e})") from None
+        return {"direction": _read_npy(path)}, {}
     try:
         from safetensors import safe_open
 
@@ -357,7 +388,7 @@ def steering_direction(model, toward: str | None, away: str | None, vector_file:
     if vector_file is not None:
         if toward is not None or away is not None:
             raise InputError("give --steer-vector or --steer/--steer-away, not both")
-        d = read_direction(vector_file, config.n_embd, config.n_layer)
+        d = read_direction(vector_file, config.n_embd, config.n_layer, model.weights_file)
         layer = layer if layer is not None else d.layer
         if layer is None:
             raise InputError(f"--steer-vector {vector_file}: the file does not say which "

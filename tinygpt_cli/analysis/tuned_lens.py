@@ -36,6 +36,7 @@ def stage_paths(config: Config) -> list[str]:
 class Translators:
     A: list[np.ndarray]  # noqa: N815 per stage [d, d]
     b: list[np.ndarray]  # per stage [d]
+    path: str = "the tuned lens"  # the file they were read from, for errors
 
 
 def zero_translators(config: Config) -> Translators:
@@ -47,6 +48,18 @@ def zero_translators(config: Config) -> Translators:
 def translate(h: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """h + h A + b.  [..., d] -> [..., d]"""
     return h + h @ a + b
+
+
+def translated(h: np.ndarray, tr: Translators, i: int) -> np.ndarray:
+    """translate(h) by stage i's translator, whose use must stay finite: a value or a sum of
+    squares (the final norm's statistics) past float32 is WeightsError naming the file."""
+    with np.errstate(all="ignore"):
+        t = translate(h, tr.A[i], tr.b[i])
+        ok = np.isfinite(np.einsum("...d,...d->...", t, t)).all()
+    if not ok:
+        raise WeightsError(f"{tr.path}: stage {i}'s translator (A.{i}, b.{i}) overflows "
+                           "float32 on this text: its numbers are too large to compute with")
+    return t
 
 
 def readout(h: np.ndarray, params, config: Config) -> np.ndarray:
@@ -156,7 +169,7 @@ def evaluate(stages: list[np.ndarray], h_last: np.ndarray, tr: Translators, para
         best = logp_final.argmax(axis=-1)
         for i, h in enumerate(stages):
             hb = h[b0:b0 + batch]
-            for j, x in enumerate((hb, translate(hb, tr.A[i], tr.b[i]))):
+            for j, x in enumerate((hb, translated(hb, tr, i))):
                 logp = ops.log_softmax(readout(x, params, config).astype(np.float64))
                 kl[j, i] += kl_divergence(logp_final, logp).sum()
                 top1[j, i] += (logp.argmax(axis=-1) == best).sum()
@@ -183,7 +196,7 @@ def tuned_stage_logits(trace, tr: Translators, params, config: Config
     """The tuned lens of one text: each stage's logits [S, T, V], then the model's own (named
     for the stream they are read from, the last block's resid_post)."""
     names = stage_paths(config)
-    hs = [translate(trace.get(p), tr.A[i], tr.b[i]) for i, p in enumerate(names)]
+    hs = [translated(trace.get(p), tr, i) for i, p in enumerate(names)]
     logits = [readout(h, params, config) for h in hs] + [np.asarray(trace.get("logits"))]
     return [*names, f"layers.{config.n_layer - 1}.resid_post"], np.stack(logits)
 
@@ -198,8 +211,12 @@ def save_translators(path: str | Path, tr: Translators, meta: dict[str, str]) ->
     write_atomically(Path(path), save(t, metadata=metadata_strings(meta)))
 
 
-def load_translators(path: str | Path, config: Config) -> Translators:
+def load_translators(path: str | Path, config: Config, weights_file: Path) -> Translators:
+    """The translators of a tuned lens file, checked: every stage's A [d, d] and b [d],
+    finite, made for `weights_file` (madefor)."""
     from safetensors import safe_open
+
+    from ..madefor import check_made_for
 
     path = Path(path)
     if not path.is_file():
@@ -207,10 +224,11 @@ def load_translators(path: str | Path, config: Config) -> Translators:
     try:
         with safe_open(str(path), framework="numpy") as f:
             t = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - no iter
+            meta = dict(f.metadata() or {})
     except Exception as e:  # noqa: BLE001 - safetensors' own error type is not importable
         raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
     d = config.n_embd
-    out = Translators([], [])
+    out = Translators([], [], str(path))
     for i in range(config.n_layer):
         for name, shape, into in ((f"A.{i}", (d, d), out.A), (f"b.{i}", (d,), out.b)):
             x = t.get(name)
@@ -220,6 +238,8 @@ def load_translators(path: str | Path, config: Config) -> Translators:
                 raise WeightsError(f"{path}: {name} must be {list(shape)} finite floats "
                                    f"({got})")
             into.append(np.asarray(x, np.float32))
+    check_made_for(path, meta, weights_file, "the tuned lens",
+                   "fit one for them with `tinygpt lens --fit`")
     return out
 
 
@@ -249,7 +269,7 @@ def tuned_reader(session, given: Path | None):
 
     def read(trace):
         path = lens_file(session.model.weights_file, given)
-        translators = load_translators(path, session.config)
+        translators = load_translators(path, session.config, session.model.weights_file)
         return Lens(*tuned_stage_logits(trace, translators, session.params, session.config))
 
     return read
@@ -260,14 +280,14 @@ def fit_and_save(model, windows: np.ndarray, path: Path, bar, hooks=None,
     """Fit the translators on the windows' stages (of runs through `hooks`, when given) and
     write them to `path` with `meta` added to their metadata; the tokens used.
     bar(total, description) is the progress bar's context manager."""
-    from ..files import sha256
+    from ..madefor import made_for
 
     cfg = model.config
     with bar(len(windows), "values of the stages") as advance:
         stages, last = stage_values(model.params, cfg, windows, progress=advance, hooks=hooks)
     with bar(FIT_STEPS * cfg.n_layer, "fitting the tuned lens") as advance:
         translators, _ = fit(stages, last, model.params, cfg, steps=FIT_STEPS, progress=advance)
-    save_translators(path, translators, {"weights_sha256": sha256(model.weights_file),
+    save_translators(path, translators, {**made_for(model.weights_file),
                                          "tokens": str(len(last)), "steps": str(FIT_STEPS),
                                          **(meta or {})})
     return len(last)

@@ -407,33 +407,33 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     from ..errors import InputError
     from ..session import token_id
     from . import history as hist
-    from .why_index import open_index
+    from .why_index import cannot_keep, index_folder, open_index, writable_index
 
     config = model.config
     # TracIn's projected gradients are written site by site for GPT-2's block
     require(config, "why")
     logits = forward(model.params, config, np.asarray(ids), hooks=hooks)
     target_id = token_id(model, target) if target is not None else hist.next_token(logits)[0]
+    snapshots = hist.find_snapshots(hist.history_folder(model))
+    timeline = [s for s in hist.timeline(model, snapshots) if s.lr is not None]
+    if not timeline:
+        raise InputError(f"the snapshots in {hist.history_folder(model)} carry no learning rate "
+                         "(metadata 'lr'), which TracIn weighs them by; retrain with --snapshots")
+    # an index still to build needs a writable cache: said first, the one line (before the
+    # token index's note that it is not kept)
+    writable_index(index_folder(data_key(files, model.folder / "tokenizer.json"),
+                                [s.path for s in timeline], config))
     index = load_index(files, model.tokenizer, model.folder / "tokenizer.json")
     x, _ = windows(index.stream, config.n_positions)
     if len(x) == 0:
         raise TrainingDataError(f"the training text is {len(index.stream)} tokens: too short "
                                 f"for one window of {config.n_positions} (and the token after "
                                 "it), so there is nothing to rank")
-    snapshots = hist.find_snapshots(hist.history_folder(model))
-    timeline = [s for s in hist.timeline(model, snapshots) if s.lr is not None]
-    if not timeline:
-        raise InputError(f"the snapshots in {hist.history_folder(model)} carry no learning rate "
-                         "(metadata 'lr'), which TracIn weighs them by; retrain with --snapshots")
     grads = open_index(index.key, [s.path for s in timeline], config, len(x))
     try:
         grads.build(index.stream, config, workers, report)
     except OSError as e:  # the gradient index is files on disk, read back by every query
-        from ..errors import WriteError
-
-        raise WriteError(f"cannot write the gradient index {grads.folder}: {e.strerror or e}; "
-                         "why keeps it in the cache folder (set TINYGPT_CACHE to a writable "
-                         "one)") from None
+        raise cannot_keep(grads.folder, e) from None
     return Why(target_id, model.tokenizer.token_str(target_id), len(index.stream),
                longest_seen(index.stream, index.sa, ids),
                longest_seen(index.stream, index.sa, ids, target_id),

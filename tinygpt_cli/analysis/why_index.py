@@ -7,10 +7,17 @@ the window length and the method's version):
     projection-S.npz        the directions fitted at snapshot S
     chunk-S-C.npz           windows C*CHUNK .. of snapshot S (while building)
     rows-S.npy, u-S.npy, m-S.npy      snapshot S, whole (once its chunks are in), bfloat16
-    index.json              written last: the index is complete
+    NAME.sha256             beside every piece: its sha256, written right after it
+    index.json              written last: the index is complete (and each piece's size,
+                            inode and mtime when its checksum was last verified)
 
 Every file is written whole by files.write_atomically, so a build killed at any moment
-(Ctrl-C, a full disk, SIGKILL) leaves only finished pieces, and the next build starts from them.
+(Ctrl-C, a full disk, SIGKILL) leaves only finished pieces, and the next build starts from
+them; a piece is trusted only when its bytes match the checksum written with it (a damaged
+one is computed again). A complete index's pieces are verified again whenever their size,
+inode or mtime differ from those index.json recorded (an edit in place, a copy). One build
+at a time holds the folder (a lock on it); under the lock, temporaries left by a killed
+build are removed.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import io
 import json
 import os
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +34,7 @@ import numpy as np
 
 from ..config import Config
 from ..corpus import eval_windows
+from ..files import discard, verified, write_checked
 from . import tracin
 
 VERSION = "tracin-v3"  # v3: bfloat16 arrays (v2: float16)
@@ -55,6 +64,11 @@ def _npz_bytes(**arrays) -> bytes:
     return buf.getvalue()
 
 
+def _stamp(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_ino, st.st_mtime_ns]
+
+
 def fit_windows(n_windows: int, seed: int = tracin.PROJECTION_SEED) -> np.ndarray:
     """The windows whose gradients choose the directions: a fixed seeded sample."""
     rng = np.random.default_rng(seed)
@@ -67,17 +81,24 @@ _WORKER: dict = {}  # per process: the snapshot whose weights are loaded, and th
 
 
 def _init_worker(stream_file: str, config: dict) -> None:
+    """A worker's start. It never raises: a pool respawns a worker whose initializer fails,
+    forever; the failure is kept instead, and the worker's first task raises it, which ends
+    the build with one error line."""
     import signal
 
     from ..threads import use
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    # One BLAS thread a process: NumPy is loaded already (this module imports it), so the
-    # environment set at spawn may come too late; two processes each spinning a pool of two
-    # on two cores ran four times slower than this.
-    use(1)
-    _WORKER["stream"] = np.load(stream_file, mmap_mode="r")
-    _WORKER["config"] = Config(**config)
+    try:
+        # One BLAS thread a process: NumPy is loaded already (this module imports it), so the
+        # environment set at spawn may come too late; two processes each spinning a pool of
+        # two on two cores ran four times slower than this.
+        use(1)
+        _WORKER["stream"] = np.load(stream_file, mmap_mode="r")
+        _WORKER["config"] = Config(**config)
+    except Exception as e:  # noqa: BLE001 - whatever a damaged stream raises
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        _WORKER["failed"] = f"{stream_file}: {reason}"
 
 
 def _params(path: str) -> dict:
@@ -95,15 +116,18 @@ def _params(path: str) -> dict:
 def run_task(task: tuple) -> tuple:
     """One piece of the build: ("fit", s, weights, out) or
     ("chunk", s, c, chunk size, weights, projection file, out)."""
-    from ..files import write_atomically
+    from ..errors import WeightsError
 
+    if "failed" in _WORKER:
+        raise WeightsError(f"a worker of the gradient index could not start: "
+                           f"{_WORKER['failed']}")
     config, stream = _WORKER["config"], _WORKER["stream"]
     x, y = eval_windows(stream, config.n_positions)
     if task[0] == "fit":
         _, s, weights, out = task
         sample = fit_windows(len(x))
         p = tracin.Projection.fit(_params(weights), config, x[sample], y[sample])
-        write_atomically(Path(out), _npz_bytes(**p.arrays()))
+        write_checked(Path(out), _npz_bytes(**p.arrays()))
         return task[0], s, 0
     _, s, c, chunk, weights, projection_file, out = task
     params = _params(weights)
@@ -115,7 +139,7 @@ def run_task(task: tuple) -> tuple:
     part = slice(c * chunk, min((c + 1) * chunk, len(x)))
     batches = [slice(i, min(i + BATCH, part.stop)) for i in range(part.start, part.stop, BATCH)]
     pieces = [tracin.window_gradients(params, config, x[b], y[b], p) for b in batches]
-    write_atomically(Path(out), _npz_bytes(**{
+    write_checked(Path(out), _npz_bytes(**{
         name: tracin.to_bfloat16(np.concatenate([getattr(g, name) for g in pieces]))
         for name in ARRAYS}))
     return task[0], s, part.stop - part.start
@@ -152,36 +176,41 @@ class TracinIndex:
     def build(self, stream: np.ndarray, config: Config, workers: int | None = None,
               progress: Callable[[int, int], None] | None = None, chunk: int = CHUNK) -> None:
         """Compute what is missing, with `workers` processes (default: every core).
-        progress(done, total) is called as pieces finish (units: window gradients)."""
-        from ..files import write_atomically
-
+        progress(done, total) is called as pieces finish (units: window gradients). One
+        build at a time: a second one waits for the first, then finds the index complete."""
         if self.complete:
             return
         prune_other_versions(self.folder.parent)
         self.folder.mkdir(parents=True, exist_ok=True)
+        with holding(self.folder):
+            if not self.complete:  # another build may have finished it meanwhile
+                self._build(stream, config, workers, progress, chunk)
+
+    def _build(self, stream, config, workers, progress, chunk) -> None:
+        from ..files import remove_temporaries
+
+        remove_temporaries(self.folder)  # under the lock, every one is a killed build's
         stream_file = self.folder / "stream.npy"
-        if not stream_file.is_file():
-            write_atomically(stream_file, _npy_bytes(np.asarray(stream, np.uint16)))
+        if not verified(stream_file):
+            write_checked(stream_file, _npy_bytes(np.asarray(stream, np.uint16)))
         n_chunks = -(-self.n_windows // chunk)
         S = len(self.snapshot_files)
         total = S * self.n_windows
-        done = sum(self.n_windows for s in range(S) if self._whole(s))
+        whole = {s for s in range(S) if all(verified(f) for f in self._files(s)[1:])}
+        done = len(whole) * self.n_windows
         chunks_left = []
-        for s in range(S):
-            if self._whole(s):
-                continue
+        for s in sorted(set(range(S)) - whole):
             for c in range(n_chunks):
-                if (self.folder / f"chunk-{s}-{c}.npz").is_file():
+                if verified(self.folder / f"chunk-{s}-{c}.npz"):
                     done += min(chunk, self.n_windows - c * chunk)
                 else:
+                    discard(self.folder / f"chunk-{s}-{c}.npz")
                     chunks_left.append((s, c))
         if progress:
             progress(done, total)
-        fits = [("fit", s, str(self.snapshot_files[s]), str(self.folder / f"projection-{s}.npz"))
-                for s in range(S) if not (self.folder / f"projection-{s}.npz").is_file()
-                and not self._whole(s)]
-        tasks = [("chunk", s, c, chunk, str(self.snapshot_files[s]),
-                  str(self.folder / f"projection-{s}.npz"),
+        fits = [("fit", s, str(self.snapshot_files[s]), str(self._files(s)[0]))
+                for s in range(S) if not verified(self._files(s)[0])]
+        tasks = [("chunk", s, c, chunk, str(self.snapshot_files[s]), str(self._files(s)[0]),
                   str(self.folder / f"chunk-{s}-{c}.npz")) for s, c in chunks_left]
         before = done
         for kind, _, n in _run_all([fits, tasks], str(stream_file), config, workers):
@@ -190,59 +219,63 @@ class TracinIndex:
                 if progress:
                     progress(done, total)
         self.built_now = done - before
-        for s in range(S):
+        for s in sorted(set(range(S)) - whole):
             self._join(s, n_chunks)
+        self._finish()
+        discard(stream_file)
+
+    def _finish(self) -> None:
+        """index.json, written last: the index is complete; with each piece's stamp."""
+        from ..files import write_atomically
+
+        S = len(self.snapshot_files)
+        stamps = {f.name: _stamp(f) for s in range(S) for f in self._files(s)}
         write_atomically(self.folder / "index.json", (json.dumps(
-            {"version": VERSION, "windows": self.n_windows, "snapshots": S}) + "\n").encode())
-        stream_file.unlink(missing_ok=True)
+            {"version": VERSION, "windows": self.n_windows, "snapshots": S,
+             "stamps": stamps}) + "\n").encode())
 
     def drop_damaged(self) -> None:
-        """Files of a built index that no longer read as written (truncated, replaced by
-        hand, another shape) are removed with index.json, so build() computes just them
-        again: a damaged cache entry is rebuilt, never a failure on every later query."""
+        """A built index's pieces, each checked against the checksum written with it when its
+        size, inode or mtime are not those index.json recorded (an edit in place, a copy:
+        then recorded anew); the damaged ones are removed with index.json, so build()
+        computes just them again: never a failure, nor a wrong score, on a later query."""
+        from ..errors import WriteError
+
         if not self.complete:
             return
-        bad = [f for s in range(len(self.snapshot_files)) for f in self._files(s)
-               if not self._reads(f)]
+        try:
+            stamps = json.loads((self.folder / "index.json").read_text()).get("stamps")
+        except (OSError, ValueError, AttributeError, RecursionError):
+            stamps = None
+        stamps = stamps if isinstance(stamps, dict) else {}
+        files = [f for s in range(len(self.snapshot_files)) for f in self._files(s)]
+        seen = {f: f.is_file() and stamps.get(f.name) == _stamp(f) for f in files}
+        bad = [f for f, fresh in seen.items() if not fresh and not verified(f)]
         if bad:
             (self.folder / "index.json").unlink(missing_ok=True)
             for f in bad:
-                f.unlink(missing_ok=True)
+                discard(f)
+        elif not all(seen.values()):
+            try:
+                self._finish()
+            except WriteError:
+                pass  # a read-only cache: verified again next time
 
     def _files(self, s: int) -> list[Path]:
         return [self.folder / f"projection-{s}.npz",
                 *(self.folder / f"{n}-{s}.npy" for n in ARRAYS)]
 
-    def _reads(self, f: Path) -> bool:
-        """Only the headers are read: a query reads the arrays whole anyway."""
-        try:
-            if f.suffix == ".npz":
-                with np.load(f) as z:
-                    return any(k.startswith("left/") for k in z.files)
-            a = np.load(f, mmap_mode="r")
-            return a.dtype == np.uint16 and a.ndim >= 1 and a.shape[0] == self.n_windows
-        except Exception:  # noqa: BLE001 - whatever a damaged file raises
-            return False
-
-    def _whole(self, s: int) -> bool:
-        return all((self.folder / f"{n}-{s}.npy").is_file()
-                   for n in ARRAYS)
-
     def _join(self, s: int, n_chunks: int) -> None:
         """Snapshot s's chunks, joined into one file per array (then the chunks go)."""
-        from ..files import write_atomically
-
-        if self._whole(s):
-            return
         parts = []
         for c in range(n_chunks):
             with np.load(self.folder / f"chunk-{s}-{c}.npz") as z:
                 parts.append({k: z[k] for k in ARRAYS})
         for name in ARRAYS:
-            write_atomically(self.folder / f"{name}-{s}.npy",
-                             _npy_bytes(np.concatenate([p[name] for p in parts])))
+            write_checked(self.folder / f"{name}-{s}.npy",
+                          _npy_bytes(np.concatenate([p[name] for p in parts])))
         for c in range(n_chunks):
-            (self.folder / f"chunk-{s}-{c}.npz").unlink(missing_ok=True)
+            discard(self.folder / f"chunk-{s}-{c}.npz")
 
     def scores(self, params_list: list[dict], config: Config, x: np.ndarray, y: np.ndarray,
                ids: list[int], target: int, hooks=None, workers: int | None = None
@@ -261,6 +294,20 @@ class TracinIndex:
 
         return np.stack(map_on_cores(one, range(len(params_list)), workers)) \
             if params_list else np.zeros((0, len(x)))
+
+
+@contextmanager
+def holding(folder: Path):
+    """An exclusive lock on the index folder while a build writes into it (flock on the
+    folder itself: no lock file to leave behind); released when the process ends."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def prune_other_versions(parent: Path) -> None:
@@ -313,6 +360,34 @@ def _run_all(phases: list[list[tuple]], stream_file: str, config: Config,
         raise
     finally:
         pool.join()
+
+
+def index_folder(data_key: str, snapshot_files: list[Path], config: Config) -> Path:
+    from ..cache import entry
+
+    return entry("why-tracin", index_key(data_key, snapshot_files, config), suffix="")
+
+
+def cannot_keep(folder: Path, e: OSError):
+    from ..errors import WriteError
+
+    return WriteError(f"cannot write the gradient index {folder}: {e.strerror or e}; why keeps "
+                      "it in the cache folder (set TINYGPT_CACHE to a writable one)")
+
+
+def writable_index(folder: Path) -> None:
+    """A complete index is only read; one still to build needs its folder writable: else
+    WriteError (exit 1), one line saying where the index goes."""
+    import errno
+
+    if (folder / "index.json").is_file():
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except OSError as e:
+        raise cannot_keep(folder, e) from None
 
 
 def open_index(data_key: str, snapshot_files: list[Path], config: Config,

@@ -23,7 +23,10 @@ TEXT_PARAMS = ("text", "text_a")
 def main(command, args: list[str]):
     """command.main(args), or once per line when args hold --each-line FILE."""
     options = args[: args.index("--")] if "--" in args else args  # after '--' all is text
+    from ..entry import check_once
     from .common import set_changed
+
+    check_once(options, "--weights")
 
     set_changed(None)  # a note of an earlier command in this process is not this one's
     if not any(a == OPTION or a.startswith(OPTION + "=") for a in options):

@@ -145,7 +145,7 @@ def final_norm(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = AB
 
 @app.command()
 def attn(
-    text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+    ctx: typer.Context, text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     layer: int = LAYER, head: int = HEAD,
     all_heads: bool = typer.Option(False, "--all-heads", help="Show every head side by side."),
     scores: bool = typer.Option(False, "--scores", help="Show the masked, scaled scores "
@@ -160,6 +160,9 @@ def attn(
     """
     from ..render.heads import head_view, heads_view  # no Rich where nothing is styled
 
+    if all_heads and ctx.get_parameter_source("head").name == "COMMANDLINE":
+        raise InputError(f"--all-heads shows every head and --head {head} picks one: give "
+                         "one of them")
     r = run(weights, text, ablate)
     cfg = r.model.config
     layer = check_index(layer, cfg.n_layer, "layer")

@@ -81,7 +81,7 @@ def circuit(
     pairing.check_options(method, stable, pairs)
     more = None if pairs is None else pairing.read_pairs(pairs)  # a bad file fails first
     s = open_session(weights, clean)
-    c = s.reopen(read_text(corrupt))
+    c = s.reopen(read_text(corrupt, s.model))
     pair, note = pairing.prepare_pair(s, c, position, target, vs)
     if note:
         stderr().print(note, style="dim", soft_wrap=True)

@@ -177,7 +177,7 @@ def open_session(weights: Path | None, text: str | None, *, model=None,
 
     model = model if model is not None else load(weights)
     hook, steered = steering(model)
-    s = Session.open(read_text(text), model=model, steering=hook)
+    s = Session.open(read_text(text, model), model=model, steering=hook)
     ablated = []
     if ablate:  # the analyses load only for a changed run: inspection stays light
         from ..analysis.ablate import zeroing

@@ -66,6 +66,7 @@ def steer(
     from ..analysis import steer as st
     from ..corpus import held_out_stories
     from ..files import write_atomically
+    from ..madefor import made_for
     from ..render import jsonout
     from ..render.directions import steer_view
     from ..render.documents import steer_document
@@ -87,7 +88,7 @@ def steer(
         source = {"pos": str(pos), "neg": str(neg), "seed": seed, "held_out": held_out,
                   "train_pairs": r.train_pairs}
         write_atomically(out, st.direction_file(r.vector, st.site(layer), "steer", source,
-                                                meta=changes))
+                                                meta={**made_for(model.weights_file), **changes}))
     if as_json:
         jsonout.emit({**steer_document(r, model.tokenizer), **changes})
         return
@@ -123,6 +124,7 @@ def probe(
     from ..analysis import steer as st
     from ..corpus import read_user_file
     from ..files import write_atomically
+    from ..madefor import made_for
     from ..render import jsonout
     from ..render.directions import probe_view
     from ..render.documents import probe_document
@@ -137,7 +139,7 @@ def probe(
     if out is not None:
         source = {"labels": str(labels), "classes": r.classes, "seed": seed, "l2": l2}
         write_atomically(out, st.direction_file(r.direction, name, "probe", source, rows=r.W,
-                                                meta=changes))
+                                                meta={**made_for(model.weights_file), **changes}))
     if as_json:
         jsonout.emit({**probe_document(r), **changes})
         return

@@ -249,7 +249,7 @@ def patch(
 
     patching.check_method(method)
     s = open_session(weights, clean)
-    c = s.reopen(read_text(corrupt))
+    c = s.reopen(read_text(corrupt, s.model))
     q, note = patching.patch_question(s, c, s.position(position), target, vs)
     if note:
         stderr().print(note, style="dim")

@@ -123,7 +123,7 @@ def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
     from ..render import features as view
 
     model = load(weights)
-    found = S.load_sae(S.sae_file(model.weights_file, sae), model.config)
+    found = S.model_sae(model, sae)
     hooks, changes = steered(model)
     with bar(as_json)(4, "evaluating") as advance:
         result, names = S.evaluate_held_out(model, found, data, windows, advance, hooks)
@@ -165,7 +165,7 @@ def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
         return _feature_on_text(weights, sae, latent, text, as_json, save, force)
     model = load(weights)
     path = S.sae_file(model.weights_file, sae)
-    found = S.load_sae(path, model.config)
+    found = S.load_sae(path, model.config, model.weights_file)
     latent = check_index(latent, found.n_latents, "latent")
     files = given_or(data, training_files)
     hooks, changes = steered(model)
@@ -185,8 +185,7 @@ def _feature_on_text(weights, sae, latent: int, text: str, as_json: bool, save, 
     from .common import run
 
     r = run(weights, text)
-    found, tok = S.load_sae(S.sae_file(r.model.weights_file, sae), r.model.config), \
-        r.model.tokenizer
+    found, tok = S.model_sae(r.model, sae), r.model.tokenizer
     result = S.latent_on_text(found, r.model.params, r.trace.get(found.site), latent)
     path = f"sae.{found.site}.{result.latent}"  # as `trace TEXT sae.SITE.N` names it
     present(as_json, lambda: session_document(r, path, result.acts,
@@ -216,8 +215,8 @@ def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: 
             doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": tokens, **changes}
             present(as_json, lambda: doc, lambda: view.lens_fit_view(doc))
             return
-    result, names = tl.evaluate_held_out(model, data, tl.load_translators(path, cfg),
-                                         bar(as_json), hooks)
+    translators = tl.load_translators(path, cfg, model.weights_file)
+    result, names = tl.evaluate_held_out(model, data, translators, bar(as_json), hooks)
     present(as_json, lambda: {**view.lens_eval_doc(result, names), **changes},
             lambda: view.lens_eval_view(result, names))
 

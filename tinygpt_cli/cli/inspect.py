@@ -120,7 +120,7 @@ def generate(
 
         ablated, zeroed = zeroing(model, list(ablate))
     hooks = steered_hooks(model, zeroed)
-    prompt = read_text(text)
+    prompt = read_text(text, model)
     ids = encode_checked(model, prompt)
     chosen, seed = seed, fresh_seed() if seed is None else seed
     tok = model.tokenizer

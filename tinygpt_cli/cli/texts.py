@@ -244,6 +244,6 @@ def diff(
     if text_a is None or text_b is None:
         raise InputError("diff needs two texts, or one text and --weights-b DIR")
     a = open_session(None, text_a, model=model)
-    d = diffs.text_diff(a, a.reopen(read_text(text_b)))
+    d = diffs.text_diff(a, a.reopen(read_text(text_b, model)))
     present(as_json, lambda: text_diff_document(d), lambda: view.text_diff_view(d),
             console=lambda v: wide(v.renderables[-1]))  # as wide as the side-by-side table

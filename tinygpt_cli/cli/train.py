@@ -98,6 +98,9 @@ def train_cmd(
 
     if resume and force:
         raise InputError("--resume and --force contradict each other: choose one")
+    if resume and init is not None:
+        raise InputError(f"--resume continues {out}, --init {init} starts from other weights: "
+                         "give one of them")
     check_vocab_size(vocab_size)
     try:
         train_files, val_files = split_data(data, val)
