@@ -276,6 +276,7 @@ class ScoreReport:
     worst: list[tuple[float, int, int, int, float]]
     shown: list[TokenScores] | None
     drawn: list[TokenScores]
+    drawn_tokens: int = DRAWN_TOKENS  # the most a picture draws (render cuts `drawn` to it)
 
 
 def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.ndarray, *,

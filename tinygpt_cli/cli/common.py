@@ -177,7 +177,9 @@ def open_session(weights: Path | None, text: str | None, *, model=None,
 
     model = model if model is not None else load(weights)
     hook, steered = steering(model)
-    s = Session.open(read_text(text), model=model, steering=hook)
+    from ..ahead import final_norm
+
+    s = Session.open(read_text(text), model=model, steering=hook, ahead=final_norm)
     ablated = []
     if ablate:  # the analyses load only for a changed run: inspection stays light
         from ..analysis.ablate import zeroing
