@@ -35,16 +35,18 @@ from .common import (
     stdout,
     wide,
 )
+from .steering import steerable
 
 if TYPE_CHECKING:
+    from ..context import RunContext
     from ..session import Run
 
 # NumPy, Rich and the model are imported inside the commands: registering them (and
 # `tinygpt --help`) stays cheap, and each command loads only what it shows.
 
 
-def show(r: Run, path: str, as_json: bool, full: bool, *, extra=None, below=(), save=None,
-         force=False, figure=None):
+def show(context: RunContext, r: Run, path: str, as_json: bool, full: bool, *, extra=None,
+         below=(), save=None, force=False, figure=None):
     """Print one traced value: JSON document (with `extra`), or header + token-labelled table
     (+ `below`); with --save, write its picture first (`figure`, default the value as a
     heatmap)."""
@@ -52,29 +54,35 @@ def show(r: Run, path: str, as_json: bool, full: bool, *, extra=None, below=(), 
     from ..render.documents import session_document
 
     value = r.trace.get(path)
-    present(as_json, lambda: session_document(r, path, value, **(extra or {})),
+    present(context, as_json, lambda: session_document(r, path, value, **(extra or {})),
             lambda: value_view(path, value, r.tokens, full, below),
             figure=figure or (lambda: figures("figure").value_figure(path, value, r.tokens)),
             save=save, force=force,  # --full: as wide as the table
-            console=lambda view: wide(view.renderables[0]) if full else stdout())
+            console=lambda view: wide(context, view.renderables[0]) if full
+            else stdout(context))
 
 
 # ------------------------------------------------------------------ cards 2-4, 8
 
 
 @app.command()
-def embed(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+@steerable
+def embed(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+          ablate: list[str] = ABLATE,
           as_json: bool = JSON, full: bool = FULL,
           save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 2: each token id picks its row of the embedding table W_E.
 
     Example: tinygpt embed "Lily wanted to play with her"
     """
-    show(run(weights, text, ablate), "token_embeddings", as_json, full, save=save, force=force)
+    show(context, run(context, weights, text, ablate), "token_embeddings", as_json, full,
+         save=save, force=force)
 
 
 @app.command()
+@steerable
 def pos(
+    context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     as_json: bool = JSON, full: bool = FULL,
     total: bool = typer.Option(False, "--sum", help="Show embeddings = tokens + positions."),
@@ -85,22 +93,26 @@ def pos(
     Example: tinygpt pos "Lily wanted to play with her" --sum
     """
     path = "embeddings" if total else "position_embeddings"
-    show(run(weights, text, ablate), path, as_json, full, save=save, force=force)
+    show(context, run(context, weights, text, ablate), path, as_json, full, save=save,
+         force=force)
 
 
-def _norm(r: Run, prefix: str, as_json: bool, full: bool, save=None, force=False):
+def _norm(context: RunContext, r: Run, prefix: str, as_json: bool, full: bool, save=None,
+          force=False):
     from rich.text import Text
 
     from ..render.cards import NORM_NOTE
 
     mean = r.trace.get(prefix + ".mean")[:, 0]
     std = r.trace.get(prefix + ".std")[:, 0]
-    show(r, prefix + ".out", as_json, full, extra={"mean": mean, "std": std}, save=save,
+    show(context, r, prefix + ".out", as_json, full, extra={"mean": mean, "std": std}, save=save,
          force=force, below=[Text(NORM_NOTE, style="dim")])
 
 
 @app.command()
+@steerable
 def norm(
+    context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     layer: int = LAYER,
     which: str = typer.Option("ln1", "--which", help="ln1 (before attention) or ln2 (before "
@@ -114,27 +126,31 @@ def norm(
     """
     if which not in ("ln1", "ln2"):
         raise InputError(f"--which must be ln1 or ln2, not {which!r}")
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     layer = check_index(layer, r.model.config.n_layer, "layer")
-    _norm(r, f"layers.{layer}.{which}", as_json, full, save, force)
+    _norm(context, r, f"layers.{layer}.{which}", as_json, full, save, force)
 
 
 @app.command("final-norm")
-def final_norm(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+@steerable
+def final_norm(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+               ablate: list[str] = ABLATE,
                as_json: bool = JSON, full: bool = FULL,
                save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 8: the final LayerNorm after the last block.
 
     Example: tinygpt final-norm "Lily wanted to play with her"
     """
-    _norm(run(weights, text, ablate), "ln_final", as_json, full, save, force)
+    _norm(context, run(context, weights, text, ablate), "ln_final", as_json, full, save, force)
 
 
 # ------------------------------------------------------------------ card 5
 
 
 @app.command()
+@steerable
 def attn(
+    context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     layer: int = LAYER, head: int = HEAD,
     all_heads: bool = typer.Option(False, "--all-heads", help="Show every head side by side."),
@@ -150,7 +166,7 @@ def attn(
     """
     from ..render.heads import head_view, heads_view  # no Rich where nothing is styled
 
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     cfg = r.model.config
     layer = check_index(layer, cfg.n_layer, "layer")
     field = "scores" if scores else "weights"
@@ -163,7 +179,7 @@ def attn(
     if save is not None:  # the picture module loads only for a picture
         from ..render.figure import attention_figure
 
-        save_figure(attention_figure(path, grids, r.tokens, scores=scores), save, force)
+        save_figure(context, attention_figure(path, grids, r.tokens, scores=scores), save, force)
     if as_json:  # the JSON writer loads only for JSON
         from ..render import jsonout
         from ..render.documents import session_document
@@ -171,14 +187,16 @@ def attn(
         jsonout.emit(session_document(r, path, grids))
         return
     view, maps = grid_view(path, grids, r.tokens, scores, full)
-    show_view(view, full, maps)
+    show_view(context, view, full, maps)
 
 
 # ------------------------------------------------------------------ card 6
 
 
 @app.command()
+@steerable
 def mlp(
+    context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE, layer: int = LAYER,
     top: int = typer.Option(5, "--top", "-n", min=1, help="How many hidden neurons to list "
                             "(capped at the feed-forward width)."),
@@ -192,12 +210,12 @@ def mlp(
     from ..analysis.lens import top_neurons
     from ..render.cards import neurons_below
 
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     layer = check_index(layer, r.model.config.n_layer, "layer")
     post = r.trace.get(f"layers.{layer}.mlp_post")
     neurons = top_neurons(post, min(top, post.shape[1]))
     path = f"layers.{layer}.mlp_out"
-    show(r, path, as_json, full, extra={"top_neurons": neurons}, save=save, force=force,
+    show(context, r, path, as_json, full, extra={"top_neurons": neurons}, save=save, force=force,
          below=() if as_json else neurons_below(layer, post.shape[1], neurons, r.tokens, full),
          figure=lambda: figures("pictures").neurons_figure(path, r.trace.get(path), r.tokens,
                                                            layer, neurons))
@@ -207,7 +225,9 @@ def mlp(
 
 
 @app.command()
-def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+@steerable
+def blocks(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+           ablate: list[str] = ABLATE,
            as_json: bool = JSON, full: bool = FULL,
            position: int = POSITION, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 7: the residual stream after each block, what each block changed, the top guess.
@@ -221,22 +241,25 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     from ..render.documents import blocks_document
     from ..render.tables import blocks_view
 
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     p = check_index(position, r.T, "position")
     rows = block_summary(r.trace, r.model.params, r.model.config, position=p)
     tok = r.model.tokenizer.token_str
     norms = np.stack([row["norm"] for row in rows])  # [n_layer + 1, T]
-    present(as_json, lambda: blocks_document(r, rows, norms, tok, p),
+    present(context, as_json, lambda: blocks_document(r, rows, norms, tok, p),
             lambda: blocks_view(rows, tok, p, r.tokens, norms, full),
             figure=lambda: figures("pictures").blocks_figure(rows, tok, p, r.tokens), save=save,
-            force=force, console=lambda view: wide(view) if full else stdout())  # --full: wide
+            force=force,  # --full: wide
+            console=lambda view: wide(context, view) if full else stdout(context))
 
 
 # ------------------------------------------------------------------ cards 9-11
 
 
 @app.command()
-def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+@steerable
+def logits(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+           ablate: list[str] = ABLATE,
            position: int = POSITION, top: int = TOP,
            as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 9: one score per vocabulary token at a position; lists the highest.
@@ -247,19 +270,21 @@ def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     from ..render.cards import logits_view
     from ..render.documents import session_document
 
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     p = check_index(position, r.T, "position")
     row = r.session.logits()[p]
     path = f"logits[{p}]"
     rows = top_entries(row, top, r.model.tokenizer.token_str, "logit")
-    present(as_json, lambda: session_document(r, path, row, position=p, top=rows),
+    present(context, as_json, lambda: session_document(r, path, row, position=p, top=rows),
             lambda: logits_view(path, row, rows, r.T),
             figure=lambda: figures("pictures").top_figure(path, rows, "logit", r.tokens),
             save=save, force=force)
 
 
 @app.command()
-def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+@steerable
+def probs(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+          ablate: list[str] = ABLATE,
           position: int = POSITION,
           temperature: float = TEMPERATURE, top: int = TOP, as_json: bool = JSON,
           save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
@@ -273,23 +298,26 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     from ..render.documents import session_document
     from ..sampling import probabilities
 
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     p = check_index(position, r.T, "position")
     pr = probabilities(r.session.logits()[p], temperature)
     # At temperature 1 these are the trace's own probs; otherwise a formula, not a path.
     path = f"probs[{p}]" if temperature == 1 else f"softmax(logits[{p}] / {temperature:g})"
     rows = top_entries(pr, top, r.model.tokenizer.token_str, "chance")
-    save_figure(pictures.top_figure(path, rows, "chance", r.tokens, percent=True), save, force)
+    save_figure(context, pictures.top_figure(path, rows, "chance", r.tokens, percent=True),
+                save, force)
     if as_json:
         formula = {} if temperature == 1 else {"formula": path}
         jsonout.emit(session_document(r, path if temperature == 1 else None, pr, **formula,
                                       position=p, temperature=temperature, top=rows))
         return
-    stdout().print(probs_view(path, pr, rows))
+    stdout(context).print(probs_view(path, pr, rows))
 
 
 @app.command("sample")
-def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+@steerable
+def sample_cmd(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+               ablate: list[str] = ABLATE,
                seed: int = SEED,
                temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P,
                as_json: bool = JSON):
@@ -303,7 +331,7 @@ def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = AB
     from ..sampling import check_top_p, create_rng, next_token_distribution, sample
 
     check_top_p(top_p)
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     dist = next_token_distribution(r.session.logits()[-1], temperature, top_k, top_p)
     token_id = sample(dist, create_rng(seed))
     token = r.model.tokenizer.token_str(token_id)
@@ -311,6 +339,6 @@ def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = AB
         jsonout.emit(sample_document(r, token_id, token, float(dist[token_id]), seed,
                                      temperature, top_k, top_p))
         return
-    stdout().print(sample_view(token, token_id, float(dist[token_id]), seed))
-    stdout().print(continued_text(r.text, r.model.tokenizer.decode([token_id])),
+    stdout(context).print(sample_view(token, token_id, float(dist[token_id]), seed))
+    stdout(context).print(continued_text(r.text, r.model.tokenizer.decode([token_id])),
                    soft_wrap=True)  # the text as it is, not wrapped by Rich

@@ -4,6 +4,7 @@ vector, judged on held-out pairs) and probe (a logistic regression beside a cont
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -22,6 +23,10 @@ from .common import (
     stdout,
     steered,
 )
+from .steering import steerable
+
+if TYPE_CHECKING:
+    from ..context import RunContext
 
 OUT = typer.Option(None, "--out", metavar="FILE", show_default=False,
                    help="Save the direction to FILE (safetensors; --steer-vector reads it).")
@@ -35,7 +40,9 @@ DATA = typer.Option(None, "--data", metavar="DIR", show_default=False,
 
 
 @app.command()
+@steerable
 def steer(
+    context: RunContext,
     pos: Path = typer.Option(..., "--pos", metavar="FILE", help="Texts to steer toward: one "
                              "a line, or JSON lines (a string or {\"text\": ...})."),
     neg: Path = typer.Option(..., "--neg", metavar="FILE", help="Texts to steer away from; "
@@ -75,9 +82,9 @@ def steer(
     if not 0 < scale < float("inf"):  # also refuses NaN
         raise InputError(f"--scale must be a number above 0, got {scale!r}")
     pos_texts, neg_texts = st.read_pairs(pos, neg)
-    model = load(weights)
+    model = load(context, weights)
     layer = check_index(layer, model.config.n_layer, "layer")
-    hooks, changes = steered(model)
+    hooks, changes = steered(context, model)
     r = st.steer_report(model.params, model.config, encode_lines(model, pos_texts, "--pos"),
                         encode_lines(model, neg_texts, "--neg"), layer=layer, scale=scale,
                         held_out=held_out, seed=seed, hooks=hooks,
@@ -91,13 +98,15 @@ def steer(
     if as_json:
         jsonout.emit({**steer_document(r, model.tokenizer), **changes})
         return
-    stdout().print(steer_view(r, model.tokenizer, top=top))
+    stdout(context).print(steer_view(r, model.tokenizer, top=top))
     if out is not None:
         stderr().print(f"saved the vector to {out}", style="dim")
 
 
 @app.command()
+@steerable
 def probe(
+    context: RunContext,
     site: str = typer.Option(..., "--site", metavar="PATH", help="The value probed, one row "
                              "per token: layers.1.resid_post, layers.0.mlp_out, ..."),
     labels: Path = typer.Option(..., "--labels", metavar="FILE", help="Texts with [label] "
@@ -129,9 +138,9 @@ def probe(
 
     check_out(out, force)
     lines = pr.parse_labels(read_user_file(labels, "--labels"))
-    model = load(weights)
+    model = load(context, weights)
     name = pr.check_site(site, model.config, model.params)
-    hooks, changes = steered(model)
+    hooks, changes = steered(context, model)
     ids, marks, feats = pr.probe_inputs(model, lines, name, default, hooks)
     r = pr.probe_report(feats, marks, ids, name, held_out=held_out, seed=seed, l2=l2)
     if out is not None:
@@ -141,6 +150,6 @@ def probe(
     if as_json:
         jsonout.emit({**probe_document(r), **changes})
         return
-    stdout().print(probe_view(r))
+    stdout(context).print(probe_view(r))
     if out is not None:
         stderr().print(f"saved the probe's direction to {out}", style="dim")
