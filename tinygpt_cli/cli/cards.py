@@ -341,4 +341,4 @@ def sample_cmd(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
         return
     stdout(context).print(sample_view(token, token_id, float(dist[token_id]), seed))
     stdout(context).print(continued_text(r.text, r.model.tokenizer.decode([token_id])),
-                   soft_wrap=True)  # the text as it is, not wrapped by Rich
+                          soft_wrap=True)  # the text as it is, not wrapped by Rich

@@ -60,7 +60,7 @@ def encode(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, as_js
     rows = kept_rows(len(ids), ENCODE_ROWS)
     tokens = {i: model.tokenizer.token_str(ids[i]) for i in rows if i is not None}
     stdout(context).print(encode_view(ids, rows, tokens, model.tokenizer.byte_starts(ids),
-                               model.config))
+                                      model.config))
 
 
 @app.command()
