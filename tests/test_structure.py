@@ -241,6 +241,113 @@ def test_a_planted_violation_of_each_rule_is_caught(tmp_path, planted):
     assert all(module in v for v in found), found  # nothing but the plant, and what reaches it
 
 
+# ------------------------------------------------------------------ one exit
+
+# generate writes its tokens as they are made (and --json a line each): a stream, not one
+# result; the training commands' results are files, their progress and notes go to stderr.
+OWN_EXIT = {"cli/inspect.py generate", "cli/train.py train_cmd",
+            "cli/train.py train_tokenizer_cmd", "cli/train.py model_card_cmd"}
+
+
+def _writes_out(node) -> list:
+    """The calls under `node` that write a result on stdout: jsonout.emit, print,
+    sys.stdout.write, stdout(...).print."""
+    found = []
+    for call in ast.walk(node):
+        if not isinstance(call, ast.Call):
+            continue
+        f, name = call.func, ast.unparse(call.func)
+        if name in ("print", "sys.stdout.write") or name.endswith("jsonout.emit") \
+                or (isinstance(f, ast.Attribute) and f.attr == "print"
+                    and isinstance(f.value, ast.Call) and ast.unparse(f.value.func) == "stdout"):
+            found.append(call)
+    return found
+
+
+def exits(source: str, where: str = "") -> dict[str, str]:
+    """command -> how its result does not go out through present() (render.output.present,
+    the one exit of every command): it writes it itself, or never calls present. The module's
+    functions a command calls (cards.show, cards._norm) are read as its own; a write inside
+    what it hands to present as `show=` (a lambda, or a function of its own) is present's."""
+    tree = ast.parse(source)
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    wrong = {}
+    for node in functions.values():
+        if not _is_command(node) or f"{where} {node.name}" in OWN_EXIT:
+            continue
+        reached, todo = {node.name}, [node]
+        for f in todo:
+            for c in ast.walk(f):
+                name = ast.unparse(c.func) if isinstance(c, ast.Call) else None
+                if name in functions and name not in reached:
+                    reached.add(name)
+                    todo.append(functions[name])
+        calls = [c for f in todo for c in ast.walk(f) if isinstance(c, ast.Call)]
+        presents = [c for c in calls if ast.unparse(c.func) == "present"]
+        shown = [kw.value for c in presents for kw in c.keywords if kw.arg == "show"]
+        handed = {id(w) for v in shown for w in _writes_out(v)}
+        handed |= {id(w) for f in todo for d in ast.walk(f) if isinstance(d, ast.FunctionDef)
+                   and any(ast.unparse(v) == d.name for v in shown) for w in _writes_out(d)}
+        own = sorted({ast.unparse(w.func) for f in todo for w in _writes_out(f)
+                      if id(w) not in handed})
+        if own:
+            wrong[node.name] = f"writes its result itself: {own}"
+        elif not presents:
+            wrong[node.name] = "never calls present()"
+    return wrong
+
+
+def test_present_is_the_one_exit_of_every_command():
+    wrong = {}
+    for path in sorted((PACKAGE / "cli").glob("*.py")):
+        where = str(path.relative_to(PACKAGE))
+        wrong.update({f"{where} {k}": v for k, v in
+                      exits(path.read_text(encoding="utf-8"), where).items()})
+    assert wrong == {}
+
+
+def test_a_command_that_prints_its_own_result_is_caught():
+    planted = '''
+@app.command()
+def one(context, as_json: bool = JSON):
+    if as_json:
+        jsonout.emit({"a": 1})
+        return
+    stdout(context).print("a")
+
+
+@app.command()
+def two(context, as_json: bool = JSON):
+    present(context, as_json, lambda: {"a": 1}, lambda: "a")
+
+
+@app.command()
+def three(context, text: str = TEXT):
+    sys.stdout.write(text)
+
+
+@app.command()
+def five(context, as_json: bool = JSON):
+    return _helper(context)
+
+
+def _helper(context):
+    print("five")
+
+
+@app.command()
+def four(context, as_json: bool = JSON):
+    def show(v):
+        stdout(context).print(v)
+
+    present(context, as_json, lambda: {"a": 1}, lambda: "a", show=show)
+'''
+    assert exits(planted) == {"one": "writes its result itself: ['jsonout.emit', "
+                                     "'stdout(context).print']",
+                              "three": "writes its result itself: ['sys.stdout.write']",
+                              "five": "writes its result itself: ['print']"}
+
+
 def test_entry_and_app_do_not_import_each_other():
     app_source = (PACKAGE / "cli" / "app.py").read_text(encoding="utf-8")
     assert "entry" not in {n.module for n in ast.walk(ast.parse(app_source))

@@ -30,7 +30,6 @@ from .common import (
     figures,
     present,
     run,
-    save_figure,
     show_view,
     stdout,
     wide,
@@ -176,18 +175,18 @@ def attn(
         head = check_index(head, cfg.n_head, "head")
         path, grid_view = f"layers.{layer}.heads.{head}.{field}", head_view
     grids = r.trace.get(path)
-    if save is not None:  # the picture module loads only for a picture
-        from ..render.figure import attention_figure
 
-        save_figure(context, attention_figure(path, grids, r.tokens, scores=scores), save, force)
-    if as_json:  # the JSON writer loads only for JSON
-        from ..render import jsonout
+    def document():  # the JSON writer loads only for JSON
         from ..render.documents import session_document
 
-        jsonout.emit(session_document(r, path, grids))
-        return
-    view, maps = grid_view(path, grids, r.tokens, scores, full)
-    show_view(context, view, full, maps)
+        return session_document(r, path, grids)
+
+    present(context, as_json, document,
+            lambda: grid_view(path, grids, r.tokens, scores, full),  # (view, what to measure)
+            figure=lambda: figures("figure").attention_figure(path, grids, r.tokens,
+                                                              scores=scores),
+            save=save, force=force,
+            show=lambda shown: show_view(context, shown[0], full, measured=shown[1]))
 
 
 # ------------------------------------------------------------------ card 6
@@ -293,7 +292,6 @@ def probs(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     Example: tinygpt probs "Lily wanted to play with her" --temperature 1 --top 10
     """
     from ..analysis.lens import top_entries
-    from ..render import jsonout, pictures
     from ..render.cards import probs_view
     from ..render.documents import session_document
     from ..sampling import probabilities
@@ -304,14 +302,14 @@ def probs(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     # At temperature 1 these are the trace's own probs; otherwise a formula, not a path.
     path = f"probs[{p}]" if temperature == 1 else f"softmax(logits[{p}] / {temperature:g})"
     rows = top_entries(pr, top, r.model.tokenizer.token_str, "chance")
-    save_figure(context, pictures.top_figure(path, rows, "chance", r.tokens, percent=True),
-                save, force)
-    if as_json:
-        formula = {} if temperature == 1 else {"formula": path}
-        jsonout.emit(session_document(r, path if temperature == 1 else None, pr, **formula,
-                                      position=p, temperature=temperature, top=rows))
-        return
-    stdout(context).print(probs_view(path, pr, rows))
+    formula = {} if temperature == 1 else {"formula": path}
+    present(context, as_json, lambda: session_document(
+                r, path if temperature == 1 else None, pr, **formula, position=p,
+                temperature=temperature, top=rows),
+            lambda: probs_view(path, pr, rows),
+            figure=lambda: figures("pictures").top_figure(path, rows, "chance", r.tokens,
+                                                          percent=True),
+            save=save, force=force)
 
 
 @app.command("sample")
@@ -325,7 +323,6 @@ def sample_cmd(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
 
     Example: tinygpt sample "Lily wanted to play with her" --seed 1
     """
-    from ..render import jsonout
     from ..render.cards import continued_text, sample_view
     from ..render.documents import sample_document
     from ..sampling import check_top_p, create_rng, next_token_distribution, sample
@@ -334,11 +331,13 @@ def sample_cmd(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     r = run(context, weights, text, ablate)
     dist = next_token_distribution(r.session.logits()[-1], temperature, top_k, top_p)
     token_id = sample(dist, create_rng(seed))
-    token = r.model.tokenizer.token_str(token_id)
-    if as_json:
-        jsonout.emit(sample_document(r, token_id, token, float(dist[token_id]), seed,
-                                     temperature, top_k, top_p))
-        return
-    stdout(context).print(sample_view(token, token_id, float(dist[token_id]), seed))
-    stdout(context).print(continued_text(r.text, r.model.tokenizer.decode([token_id])),
-                          soft_wrap=True)  # the text as it is, not wrapped by Rich
+    token, chance = r.model.tokenizer.token_str(token_id), float(dist[token_id])
+
+    def show(views) -> None:  # the text as it is, not wrapped by Rich
+        stdout(context).print(views[0])
+        stdout(context).print(views[1], soft_wrap=True)
+
+    present(context, as_json, lambda: sample_document(r, token_id, token, chance, seed,
+                                                      temperature, top_k, top_p),
+            lambda: (sample_view(token, token_id, chance, seed),
+                     continued_text(r.text, r.model.tokenizer.decode([token_id]))), show=show)

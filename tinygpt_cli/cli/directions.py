@@ -19,8 +19,8 @@ from .common import (
     check_index,
     check_out,
     load,
+    present,
     stderr,
-    stdout,
     steered,
 )
 from .steering import steerable
@@ -73,7 +73,6 @@ def steer(
     from ..analysis import steer as st
     from ..corpus import held_out_stories
     from ..files import write_atomically
-    from ..render import jsonout
     from ..render.directions import steer_view
     from ..render.documents import steer_document
     from ..session import encode_lines
@@ -95,11 +94,9 @@ def steer(
                   "train_pairs": r.train_pairs}
         write_atomically(out, st.direction_file(r.vector, st.site(layer), "steer", source,
                                                 meta=changes))
-    if as_json:
-        jsonout.emit({**steer_document(r, model.tokenizer), **changes})
-        return
-    stdout(context).print(steer_view(r, model.tokenizer, top=top))
-    if out is not None:
+    present(context, as_json, lambda: {**steer_document(r, model.tokenizer), **changes},
+            lambda: steer_view(r, model.tokenizer, top=top))
+    if out is not None and not as_json:
         stderr().print(f"saved the vector to {out}", style="dim")
 
 
@@ -132,7 +129,6 @@ def probe(
     from ..analysis import steer as st
     from ..corpus import read_user_file
     from ..files import write_atomically
-    from ..render import jsonout
     from ..render.directions import probe_view
     from ..render.documents import probe_document
 
@@ -147,9 +143,7 @@ def probe(
         source = {"labels": str(labels), "classes": r.classes, "seed": seed, "l2": l2}
         write_atomically(out, st.direction_file(r.direction, name, "probe", source, rows=r.W,
                                                 meta=changes))
-    if as_json:
-        jsonout.emit({**probe_document(r), **changes})
-        return
-    stdout(context).print(probe_view(r))
-    if out is not None:
+    present(context, as_json, lambda: {**probe_document(r), **changes},
+            lambda: probe_view(r))
+    if out is not None and not as_json:
         stderr().print(f"saved the probe's direction to {out}", style="dim")

@@ -22,7 +22,6 @@ from .common import (
     progress,
     progress_report,
     stderr,
-    stdout,
 )
 from .steering import steerable
 
@@ -113,7 +112,6 @@ def why(
     from ..analysis import why as whys
     from ..corpus import training_text
     from ..render import history as view
-    from ..render import jsonout
     from ..render.text import escape_line
 
     t0 = time.perf_counter()
@@ -125,10 +123,14 @@ def why(
                              hooks=session.hooks)
     if found.note:  # once the answer stands: an error is then the only line
         stderr().print(escape_line(found.note), soft_wrap=True)
-    if as_json:
+
+    def document():
         from ..render.documents import why_document
 
-        jsonout.emit(why_document(session, result, round(time.perf_counter() - t0, 2)))
-        return
-    stdout(context).print(view.why_view(result, model.tokenizer.token_str))
-    stderr().print(f"({time.perf_counter() - t0:.1f} s; {result.index_note()})", style="dim")
+        return why_document(session, result, round(time.perf_counter() - t0, 2))
+
+    present(context, as_json, document,
+            lambda: view.why_view(result, model.tokenizer.token_str))
+    if not as_json:
+        stderr().print(f"({time.perf_counter() - t0:.1f} s; {result.index_note()})",
+                       style="dim")

@@ -48,19 +48,21 @@ def encode(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, as_js
     model = open_folder(context, weights)
     text = read_text(text)
     ids = model.tokenizer.encode(text)
-    if as_json:
-        from ..render import jsonout
+
+    def document():
         from ..render.documents import encode_document
 
-        jsonout.emit(encode_document(ids, model.tokenizer, model.config))
-        return
-    from ..render.tables import ENCODE_ROWS, encode_view, kept_rows
+        return encode_document(ids, model.tokenizer, model.config)
 
-    # a person reads the first and last rows of a long text; --json has every token
-    rows = kept_rows(len(ids), ENCODE_ROWS)
-    tokens = {i: model.tokenizer.token_str(ids[i]) for i in rows if i is not None}
-    stdout(context).print(encode_view(ids, rows, tokens, model.tokenizer.byte_starts(ids),
-                                      model.config))
+    def view():
+        from ..render.tables import ENCODE_ROWS, encode_view, kept_rows
+
+        # a person reads the first and last rows of a long text; --json has every token
+        rows = kept_rows(len(ids), ENCODE_ROWS)
+        tokens = {i: model.tokenizer.token_str(ids[i]) for i in rows if i is not None}
+        return encode_view(ids, rows, tokens, model.tokenizer.byte_starts(ids), model.config)
+
+    present(context, as_json, document, view)
 
 
 @app.command()
@@ -82,14 +84,18 @@ def decode(
     id_list = parse_ids(ids if ids and ids != ["-"] else [read_text(None)],
                         model.tokenizer.vocab_size)
     text = model.tokenizer.decode(id_list)
-    if as_json:
+
+    def document():
         from ..render import jsonout
 
-        jsonout.emit(jsonout.document(None, text, id_list,
-                                      [model.tokenizer.token_str(i) for i in id_list]))
-        return
-    sys.stdout.write(show_text(text) if sys.stdout.isatty() else text)
-    sys.stdout.write("\n")
+        return jsonout.document(None, text, id_list,
+                                [model.tokenizer.token_str(i) for i in id_list])
+
+    def show(text: str) -> None:  # the text itself, escaped only for a terminal
+        sys.stdout.write(show_text(text) if sys.stdout.isatty() else text)
+        sys.stdout.write("\n")
+
+    present(context, as_json, document, lambda: text, show=show)
 
 
 @app.command()

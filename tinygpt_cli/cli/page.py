@@ -18,7 +18,6 @@ from .common import (
     figures,
     present,
     run,
-    save_figure,
     stdout,
 )
 from .steering import steerable
@@ -40,19 +39,19 @@ def review(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     Example: tinygpt review "Lily wanted to play with her"
     """
     from ..page import CARDS
-    from ..render import jsonout
     from ..render.documents import review_document
 
     r = run(context, weights, text, ablate)
     values = page_values(r)
-    save_figure(context, review_figure(r, values), save, force)
-    if as_json:
-        jsonout.emit(review_document(r, values, CARDS))
-        return
-    from ..render.page import page_view
 
-    console = stdout(context)
-    console.print(page_view(r, values, min(console.width, 100)))
+    def show(values: dict) -> None:  # as wide as the terminal, at most 100 columns
+        from ..render.page import page_view
+
+        console = stdout(context)
+        console.print(page_view(r, values, min(console.width, 100)))
+
+    present(context, as_json, lambda: review_document(r, values, CARDS), lambda: values,
+            figure=lambda: review_figure(r, values), save=save, force=force, show=show)
 
 
 def review_figure(r: Run, values: dict):

@@ -206,12 +206,14 @@ def at_least(context: RunContext, width: int):
 
 
 def present(context: RunContext, as_json: bool, document, view, *, figure=None,
-            save: Path | None = None, force: bool = False, console=None) -> None:
-    """A command's result, out: its picture first (--save: a refusal is then the only
-    output), then one JSON document on stdout, or the terminal view. `document`, `view` and
-    `figure` are functions of nothing, called only for the output asked for, so a view's
-    Rich and a picture's modules load only then. `console(view)`: the console a view that
-    may be wide is printed on (default: stdout(context))."""
+            save: Path | None = None, force: bool = False, console=None, show=None) -> None:
+    """A command's result, out, the one exit of every command: its picture first (--save: a
+    refusal is then the only output), then one JSON document on stdout, or the terminal
+    view. `document`, `view` and `figure` are functions of nothing, called only for the
+    output asked for, so a view's Rich and a picture's modules load only then.
+    `console(view)`: the console a view that may be wide is printed on (default:
+    stdout(context)); `show(view)`, instead, prints what `view()` made itself (a view with
+    plain lines, several parts, raw text)."""
     if save is not None and figure is not None:
         save_figure(context, figure(), save, force)
     if as_json:
@@ -220,4 +222,7 @@ def present(context: RunContext, as_json: bool, document, view, *, figure=None,
         emit(document())
         return
     shown = view()
+    if show is not None:
+        show(shown)
+        return
     (console(shown) if console is not None else stdout(context)).print(shown)
