@@ -11,6 +11,8 @@ commands with contexts of its own:
     from tinygpt_cli.context import RunContext
     from tinygpt_cli.entry import run
     run(["probs", "Lily wanted to", "--json"], context=RunContext(weights="my-weights"))
+
+(`run` ends with SystemExit and the exit code, as the command line does.)
 """
 
 from __future__ import annotations

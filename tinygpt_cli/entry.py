@@ -174,8 +174,8 @@ def run(argv: list[str] | None = None, context=None) -> None:
     except (OSError, ValueError, AttributeError):
         before = None
     try:
+        # the command, or once per line with --each-line
         code = batch.main(command, args, context if context is not None else RunContext())
-        # (the command, or once per line with --each-line)
         if code == INTERRUPTED:  # typer turns Ctrl-C into exit 130 itself
             fresh_line()
     except SystemExit:
