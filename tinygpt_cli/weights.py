@@ -505,11 +505,10 @@ def _not_a_file(path: Path) -> str:
 
 def load_model(folder: str | Path | None = None, opened: dict | None = None) -> Model:
     """open_folder, then the weights its header check let through."""
-    return _once("model", folder, lambda f: _load_model(f, opened), opened)
+    return _once("model", folder, lambda f: _load_model(open_folder(f, opened)), opened)
 
 
-def _load_model(folder: str | Path | None, opened: dict | None = None) -> Model:
-    f = open_folder(folder, opened)
+def _load_model(f: Folder) -> Model:
     return Model(f.folder, f.config, map_params(f.folder / "model.safetensors", f.config,
                                                 f.header), f.tokenizer)
 
