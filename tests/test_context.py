@@ -104,3 +104,18 @@ def test_a_picture_is_the_same_whatever_was_drawn_before_it(run, tiny, tmp_path)
     assert pictures[:2] == pictures[2:]
     for page in pictures[:2]:
         assert 'id="scale0"' in page and 'url(#scale0)' in page and 'id="scale2"' not in page
+
+
+def test_an_entry_the_cache_cannot_keep_is_noted_every_time(tmp_path, capsys):
+    """Each command that computes an entry it cannot keep says so (the note of the first was
+    once kept for the whole process, so a second command in it was silent)."""
+    from tinygpt_cli import cache
+
+    (tmp_path / "a-file").write_text("")
+    entry = tmp_path / "a-file" / "neurons" / "key.npz"  # under a file: never written
+    for _ in range(2):
+        cache.keep(entry, b"numbers")
+        err = capsys.readouterr().err
+        assert err.startswith(f"note: cannot write {tmp_path}/a-file/neurons/key.npz: ")
+        assert err.endswith("; the result is not kept for the next run (set TINYGPT_CACHE to "
+                            "a writable folder)\n") and err.count("\n") == 1
