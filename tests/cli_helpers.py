@@ -126,11 +126,12 @@ class Runner:
     def __init__(self, capsys, monkeypatch):
         self.capsys, self.monkeypatch = capsys, monkeypatch
 
-    def __call__(self, *args, stdin: str | None = None) -> Result:
+    def __call__(self, *args, stdin: str | None = None, context=None) -> Result:
+        """`context`: the run context (tinygpt_cli.context.RunContext) to run with."""
         self.monkeypatch.setattr(sys, "stdin", Terminal() if stdin is None else io.StringIO(stdin))
         self.capsys.readouterr()
         with pytest.raises(SystemExit) as exit_info:
-            main([str(a) for a in args])
+            main([str(a) for a in args], context=context)
         out, err = self.capsys.readouterr()
         code = exit_info.value.code
         return Result(0 if code is None else code, out, err)

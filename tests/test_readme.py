@@ -44,3 +44,41 @@ def test_when_something_goes_wrong_lists_the_messages():
     for message in ("no text", "the text is empty", "out of range", "no value at path",
                     "unknown token id", "goes after '--'", "weights folder", "--debug"):
         assert message in section, message
+
+
+def layout_modules(readme: str) -> set[str]:
+    """The modules the Layout section lists, as paths under tinygpt_cli/: a name at two
+    spaces is the package's own, a folder (`analysis/`) at two spaces holds the names at
+    four spaces below it; description lines are indented further."""
+    section = readme[readme.index("## Layout"):]
+    block = section[section.index("```\n") + 4:]
+    block = block[:block.index("```")]
+    listed, folder = set(), None
+    for line in block.splitlines()[1:]:  # the first line is tinygpt_cli/ itself
+        m = re.match(r"( {2}| {4})(?! )(\S+)", line)
+        if not line.startswith(" "):
+            break  # weights/, benchmarks/, tests/: outside the package
+        if not m:
+            continue
+        name = m[2]
+        if len(m[1]) == 2:
+            folder = name if name.endswith("/") else None
+            if folder is None:
+                listed.add(name)
+        elif folder is not None:
+            listed.add(folder + name)
+    return listed
+
+
+def test_the_layout_lists_every_module():
+    package = ROOT / "tinygpt_cli"
+    on_disk = {str(p.relative_to(package)) for p in package.rglob("*.py")
+               if p.name != "__init__.py"}  # a package's own file is its folder's line
+    assert layout_modules(README) == on_disk
+
+
+def test_the_layout_check_reads_the_sections_lines():
+    readme = "## Layout\n\n```\ntinygpt_cli/\n  a.py       one\n                 more\n" \
+             "  sub/       a folder\n    b.py     two\n    c.py     three\n  d.py  four\n" \
+             "weights/  not the package\n  e.py\n```\n"
+    assert layout_modules(readme) == {"a.py", "sub/b.py", "sub/c.py", "d.py"}

@@ -33,14 +33,35 @@ def log_softmax(z):
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
-@pytest.mark.parametrize("command", ["lens", "dla", "ablate", "patch", "attribute", "score",
-                                     "heads", "neurons", "diff", "history", "why", "qk",
-                                     "circuit"])
-def test_the_commands_that_run_a_text_take_the_steering_options(cli, command):
-    out = cli(command, "--help").out
+def _table() -> dict[str, bool]:
+    """Every command of the real table (cli.app, all registered, `sae train` as two words):
+    is it declared @steerable?"""
+    from tinygpt_cli.cli.app import _register, app
+    from tinygpt_cli.cli.typer_tricks import command_name
+
+    _register()
+    found = {command_name(c): c.callback for c in app.registered_commands}
+    found.update({f"{g.name} {command_name(c)}": c.callback for g in app.registered_groups
+                  for c in g.typer_instance.registered_commands})
+    return {name: getattr(f.__wrapped__, "steerable", False) for name, f in found.items()}
+
+
+TABLE = _table()
+# the commands that never run the model: they read or write text, files, a configuration
+NEVER_RUN = {"encode", "decode", "info", "train-tokenizer", "train", "model-card"}
+
+
+def test_every_command_that_runs_the_model_is_steerable():
+    assert {name for name, steers in TABLE.items() if not steers} == NEVER_RUN
+    assert len(TABLE) > 30
+
+
+@pytest.mark.parametrize("command", sorted(TABLE))
+def test_the_steerable_commands_and_only_they_take_the_steering_options(cli, command):
+    out = cli(*command.split(), "--help").out
     for option in ("--steer ", "--steer-away", "--steer-vector", "--steer-layer",
                    "--steer-scale"):
-        assert option in out, (command, option)
+        assert (option in out) == TABLE[command], (command, option)
 
 
 def test_lens_reads_the_steered_run(cli, tiny, hf):

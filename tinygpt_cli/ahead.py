@@ -3,9 +3,10 @@
 `--each-line` runs a command once per line; the commands that need only the model's output
 (probs, logits, sample, score) make one pass over their line. Those passes batch: lines of
 one length go through the model together (model.final_norm), each product still made text
-by text, so every line's numbers are bit for bit those of its own pass. A command asks
-`final_norm(params, config, ids)` before it would run the model; while `lines_ahead(lines)`
-is active and `ids` are made from the line being run (alone or after one id such as score's
+by text, so every line's numbers are bit for bit those of its own pass. cli/batch.py makes
+one Ahead for the lines and puts it in the run context (with the folders it opens once); a
+session asks its `final_norm(params, config, ids)` before it would run the model; when `ids`
+are made from the line being run (alone or after one id such as score's
 separator, whole or but its last id: see _form), the answer comes from a batch made on the
 first such request for the next lines (CHUNK_TOKENS tokens of them). Anything else (another
 text, a steered or ablated run, a line too long for the context, numbers that overflowed, a
@@ -15,7 +16,6 @@ errors and notes stay its own.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections import defaultdict
 from collections.abc import Iterator
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from .model import final_norm as final_norm_of
-from .weights import opened_model, opened_once
+from .weights import Model
 
 CHUNK_TOKENS = 16_384  # tokens of lines computed ahead at a time: 8 MB at 128 numbers
 BATCH = 64  # lines of one length in one pass
@@ -31,10 +31,14 @@ BATCH = 64  # lines of one length in one pass
 
 class Ahead:
     """The texts of a run, the one being run now, and the final-norm outputs made ahead,
-    by (line, form: how the pass's ids are made from the line's, see _form)."""
+    by (line, form: how the pass's ids are made from the line's, see _form). `opened`: the
+    run context's folders opened once (folder -> Folder or Model), where the model whose
+    parameters a pass is asked for is found (its tokenizer reads the lines)."""
 
-    def __init__(self, lines):
-        self.lines = lines  # get(i): the i-th (number, text), None past the end
+    def __init__(self, lines, opened: dict):
+        # get(i): the i-th (number, text), None past the end (a list: see listed)
+        self.lines = lines if hasattr(lines, "get") else _Listed(lines)
+        self.opened = opened
         self.now = 0
         self.ids: dict[int, list[int] | None] = {}  # the ids of lines from now on, as asked
         self.tokenizer = None
@@ -55,7 +59,10 @@ class Ahead:
         return None if line is None else line[1]
 
     def final_norm(self, params, config, ids) -> np.ndarray | None:
-        model = opened_model(params)
+        """ln_final.out [T, d] of ids [T] made ahead in a batch, or None (the caller runs
+        the model itself)."""
+        model = next((m for m in self.opened.values()
+                      if isinstance(m, Model) and m.params is params), None)
         if model is None or self.now < 0 or self._text(self.now) is None:
             return None
         if model.tokenizer is not self.tokenizer:  # the first request (or another model's)
@@ -143,35 +150,12 @@ class _Listed:
         return iter(self.lines)
 
 
-_ahead: Ahead | None = None
-
-
-@contextlib.contextmanager
-def lines_ahead(lines) -> Iterator[Iterator[tuple[int, str]]]:
-    """Within this block each weights folder is opened and loaded once (weights.opened_once)
-    and the forward passes over the texts of `lines` ((number, text) each: a list, or
-    streams.StreamLines, read as they are run) come from batches, while the lines are run in
-    the order the iterator it gives yields them."""
-    global _ahead
-    outer, _ahead = _ahead, Ahead(lines if hasattr(lines, "get") else _Listed(lines))
-    try:
-        with opened_once():
-            yield _ahead.run()
-    finally:
-        _ahead = outer
-
-
-def final_norm(params, config, ids) -> np.ndarray | None:
-    """ln_final.out [T, d] of ids [T] from the batches of lines_ahead, or None (the caller
-    runs the model itself)."""
-    return None if _ahead is None else _ahead.final_norm(params, config, ids)
-
-
-def clean_final_norm(params, config, ids) -> np.ndarray:
+def clean_final_norm(params, config, ids, ahead: Ahead | None = None) -> np.ndarray:
     """ln_final.out [T, d] of a clean run of one text, ids [T], with nothing recorded: made
-    ahead in a batch with the next lines (--each-line), or as the text's own pass makes it.
-    Non-finite values are the caller's to check (the recorded pass names the first)."""
+    ahead in a batch with the next lines (`ahead`, under --each-line), or as the text's own
+    pass makes it. Non-finite values are the caller's to check (the recorded pass names the
+    first)."""
     from .model import final_norm as own_pass  # not final_norm_of: that one makes batches
 
-    u = final_norm(params, config, ids)
+    u = None if ahead is None else ahead.final_norm(params, config, ids)
     return own_pass(params, config, ids)[0] if u is None else u

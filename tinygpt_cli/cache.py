@@ -95,21 +95,17 @@ def keep(path: Path, data: bytes) -> None:
     try:
         write_checked(path, data)
     except WriteError as e:
-        _note_once(f"note: {e}; the result is not kept for the next run (set TINYGPT_CACHE "
-                   "to a writable folder)")
+        _note(f"note: {e}; the result is not kept for the next run (set TINYGPT_CACHE to a "
+              "writable folder)")
 
 
-_noted: set[str] = set()
-
-
-def _note_once(message: str) -> None:
+def _note(message: str) -> None:
+    """On stderr, each time an entry is not kept (a command keeps an entry once; a second
+    command in the same process, or the next --each-line line, is told again)."""
     import sys
 
     from .render.text import escape_line
 
-    if message in _noted:
-        return
-    _noted.add(message)
     try:
         sys.stderr.write(escape_line(message) + "\n")
         sys.stderr.flush()

@@ -148,10 +148,13 @@ def _completing() -> bool:
     return any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ)
 
 
-def run(argv: list[str] | None = None) -> None:
+def run(argv: list[str] | None = None, context=None) -> None:
     """Run one command line in this process (cli.main): bad input ends with one `error: ...`
-    line and exit 2, faults with exit 1, a reader gone (`| head`) quietly."""
+    line and exit 2, faults with exit 1, a reader gone (`| head`) quietly. `context`: the
+    run context it runs with (context.RunContext; a fresh one by default), all the state a
+    command reads besides its arguments."""
     from . import streams
+    from .context import RunContext
 
     streams.guard_streams()
     args = list(sys.argv[1:] if argv is None else argv)
@@ -185,7 +188,8 @@ def run(argv: list[str] | None = None) -> None:
     except (OSError, ValueError, AttributeError):
         before = None
     try:
-        code = batch.main(command, args)  # the command, or once per line with --each-line
+        # the command, or once per line with --each-line
+        code = batch.main(command, args, context if context is not None else RunContext())
         if code == INTERRUPTED:  # typer turns Ctrl-C into exit 130 itself
             fresh_line()
     except SystemExit:

@@ -781,3 +781,16 @@ def cross_entropy_with_grad(logits: np.ndarray, targets: np.ndarray) -> tuple[fl
     flat = probs.reshape(-1, probs.shape[-1])
     flat[np.arange(flat.shape[0]), targets.reshape(-1)] -= 1.0 / n
     return loss, probs
+
+
+def probabilities(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Card 10: p_t = exp(z_t / T) / sum_s exp(z_s / T), in float64 so the chances sum to 1.
+    Temperature 0 is the limit: all the chance on the highest score (ties share it). The
+    trace's `probs` (T = 1) and sampling.probabilities (which checks T first) are this."""
+    z = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        top = z == z.max(axis=-1, keepdims=True)
+        return top / top.sum(axis=-1, keepdims=True)
+    z = z / temperature
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)

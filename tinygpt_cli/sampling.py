@@ -29,18 +29,11 @@ def check_top_p(top_p: float) -> None:
 
 
 def probabilities(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    """p_t = exp(z_t / T) / sum_s exp(z_s / T), in float64 so the chances sum to 1.
+    """ops.probabilities, the temperature checked first (InputError)."""
+    from .ops import probabilities as chances
 
-    Temperature 0 is the limit: all the chance on the highest score (ties share it).
-    """
-    z = np.asarray(logits, dtype=np.float64)
     check_temperature(temperature)
-    if temperature == 0:
-        top = z == z.max(axis=-1, keepdims=True)
-        return top / top.sum(axis=-1, keepdims=True)
-    z = z / temperature
-    e = np.exp(z - z.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    return chances(logits, temperature)
 
 
 def top_k_filter(probs: np.ndarray, k: int | None) -> np.ndarray:

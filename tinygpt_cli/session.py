@@ -14,7 +14,7 @@ Errors are InputError (bad text, index or path: exit 2 in the CLI) or WeightsErr
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from .errors import InputError, check_index, check_utf8
 from .hooks import Chain, Hook, ablation
-from .model import all_finite, forward, logits_of, record, trace
+from .model import all_finite, final_norm, forward, logits_of, record, trace
 from .trace import Trace
 from .weights import Model, load_model
 from .words import count
@@ -71,7 +71,9 @@ class Session:
     """A model, a text, its ids and token strings. `steering` (a hook, hooks.add_vector)
     applies to every run of the session, before any other intervention; `interventions`
     (ablations) after it. `changes` says what they change, for views and documents:
-    {"steered": {site, scale, norm, ...}, "ablated": [paths]}, empty for a clean run."""
+    {"steered": {site, scale, norm, ...}, "ablated": [paths]}, empty for a clean run.
+    `ahead`: where a clean run's ln_final.out may come from ready-made, (params, config, ids)
+    -> [T, d] or None (--each-line's batches, ahead.Ahead.final_norm); None: made here."""
 
     model: Model
     text: str
@@ -80,20 +82,23 @@ class Session:
     steering: Hook | None = None
     interventions: Hook | None = None
     changes: dict = field(default_factory=dict)
+    ahead: Callable | None = None
 
     @classmethod
     def open(cls, text: str, weights: str | Path | None = None,
              model: Model | None = None, steering: Hook | None = None,
-             interventions: Hook | None = None, changes: dict | None = None) -> Session:
+             interventions: Hook | None = None, changes: dict | None = None,
+             ahead: Callable | None = None) -> Session:
         model = model if model is not None else load_model(weights)
         ids = encode_checked(model, text)
         return cls(model, text, ids, [model.tokenizer.token_str(i) for i in ids], steering,
-                   interventions, dict(changes or {}))
+                   interventions, dict(changes or {}), ahead)
 
     def reopen(self, text: str) -> Session:
         """Another text, run as this one is: the same model, steering and interventions."""
         return Session.open(text, model=self.model, steering=self.steering,
-                            interventions=self.interventions, changes=self.changes)
+                            interventions=self.interventions, changes=self.changes,
+                            ahead=self.ahead)
 
     @property
     def hooks(self) -> Hook | None:
@@ -145,12 +150,13 @@ class Session:
     def logits(self) -> np.ndarray:
         """The logits [T, V] of the session's run, the very numbers its trace holds, with
         nothing else recorded; a clean run's made in a batch with the next lines when
-        --each-line runs (ahead.py)."""
+        --each-line runs (`ahead`)."""
         if self.hooks is not None:
             return self.run()
-        from .ahead import clean_final_norm
-
-        logits = logits_of(self.params, clean_final_norm(self.params, self.config, self.ids))
+        u = None if self.ahead is None else self.ahead(self.params, self.config, self.ids)
+        if u is None:
+            u = final_norm(self.params, self.config, self.ids)[0]
+        logits = logits_of(self.params, u)
         if not all_finite(logits):
             return self.run()  # which names the first value that overflowed
         return logits

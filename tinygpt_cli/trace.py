@@ -127,7 +127,7 @@ class Trace:
                 raise PathError(name, "this trace has no token strings")
             return self.tokens
         if name == "probs":
-            from .sampling import probabilities
+            from .ops import probabilities  # not sampling's: trace never imports sampling
 
             return probabilities(self.values["logits"], 1.0)
         if name == "rotary_angles":

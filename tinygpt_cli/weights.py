@@ -527,43 +527,23 @@ class Folder:
     header: dict[str, TensorInfo]  # model.safetensors' header, checked against the config
 
 
-_opened: dict | None = None  # folder -> Folder or Model, while opened_once() is active
-
-
-@contextlib.contextmanager
-def opened_once():
-    """Within this block each weights folder is opened and loaded once: `--each-line` runs a
-    command per line, and reopening the folder (tokenizer, header, weights) took most of
-    each line's time."""
-    global _opened
-    outer = _opened
-    _opened = {} if outer is None else outer
-    try:
-        yield
-    finally:
-        _opened = outer
-
-
-def opened_model(params) -> Model | None:
-    """The model loaded within this opened_once() block whose parameters these are (ahead.py
-    finds the tokenizer of a pass's weights so), or None."""
-    return next((m for m in (_opened or {}).values()
-                 if isinstance(m, Model) and m.params is params), None)
-
-
-def _once(kind: str, folder, make):
-    if _opened is None:
+def _once(kind: str, folder, make, opened: dict | None):
+    """make(folder), or what it made before when `opened` (the run context's folders opened
+    once: `--each-line` runs a command per line, and reopening the folder (tokenizer,
+    header, weights) took most of each line's time) holds it."""
+    if opened is None:
         return make(folder)
     key = (kind, resolve_folder(folder)[0])
-    if key not in _opened:
-        _opened[key] = make(folder)
-    return _opened[key]
+    if key not in opened:
+        opened[key] = make(folder)
+    return opened[key]
 
 
-def open_folder(folder: str | Path | None = None) -> Folder:
+def open_folder(folder: str | Path | None = None, opened: dict | None = None) -> Folder:
     """A missing folder the user named is bad input (InputError, exit 2); a folder that
-    exists but cannot be used, or a missing shipped model, is a WeightsError (exit 1)."""
-    return _once("folder", folder, _open_folder)
+    exists but cannot be used, or a missing shipped model, is a WeightsError (exit 1).
+    `opened`: folder -> Folder or Model, each opened once (see _once)."""
+    return _once("folder", folder, _open_folder, opened)
 
 
 def _open_folder(folder: str | Path | None) -> Folder:
@@ -604,13 +584,12 @@ def _not_a_file(path: Path) -> str:
     return "is not a regular file (a pipe or a device?)"
 
 
-def load_model(folder: str | Path | None = None) -> Model:
+def load_model(folder: str | Path | None = None, opened: dict | None = None) -> Model:
     """open_folder, then the weights its header check let through."""
-    return _once("model", folder, _load_model)
+    return _once("model", folder, lambda f: _load_model(open_folder(f, opened)), opened)
 
 
-def _load_model(folder: str | Path | None) -> Model:
-    f = open_folder(folder)
+def _load_model(f: Folder) -> Model:
     return Model(f.folder, f.config, map_params(weights_path(f.folder), f.config, f.header),
                  f.tokenizer)
 

@@ -143,14 +143,11 @@ def induction_test(params, config: Config, n: int, batch: int, seed: int,
     return InductionTest(ids, n, induction_stripe(grids, n), float(first), float(second))
 
 
-KIND_LABELS = {"previous_token": "previous token", "duplicate_token": "duplicate token",
-               "induction": "induction", "induction_random": "induction (random)"}
-
-
 @dataclass
 class HeadsReport:
-    """Every head's score for each kind ([L, H], by KIND_LABELS' keys) over the texts, and
-    the repeated-random-tokens test (`repeat`: its length, batch, seed and losses)."""
+    """Every head's score for each kind ([L, H] by previous_token, duplicate_token, induction
+    and induction_random) over the texts, and the repeated-random-tokens test (`repeat`: its
+    length, batch, seed and losses)."""
 
     table: dict[str, np.ndarray]
     texts: int

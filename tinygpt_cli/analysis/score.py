@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ahead, ops
+from .. import ops
+from ..ahead import clean_final_norm
 from ..config import Config
 from ..model import all_finite, final_norm, record, token_table
 
@@ -112,13 +113,14 @@ def concat(scores: list[TokenScores]) -> TokenScores:
                        first=scores[0].first)
 
 
-def final_hidden(params, config: Config, ids: np.ndarray, hooks=None) -> np.ndarray:
+def final_hidden(params, config: Config, ids: np.ndarray, hooks=None, ahead=None
+                 ) -> np.ndarray:
     """ln_final.out for a batch [B, T] -> [B, T, d], without the unembedding (the caller
-    unembeds only the positions it scores)."""
+    unembeds only the positions it scores). `ahead`: --each-line's batch (ahead.Ahead)."""
     if hooks is None:
         # a clean run: the same numbers without recording (one window as its own pass, or
         # made ahead with the next lines under --each-line; windows as the batch's pass)
-        u = ahead.clean_final_norm(params, config, ids[0])[None] if len(ids) == 1 else \
+        u = clean_final_norm(params, config, ids[0], ahead)[None] if len(ids) == 1 else \
             final_norm(params, config, ids, per_text=False)
         if all_finite(u):  # else the recorded pass names the value that overflowed
             return u
@@ -146,7 +148,7 @@ def score_sequences(
 def score_parts(
     params, config: Config, sequences: list[np.ndarray], *, stride: int | None = None,
     batch_size: int = 8, full_only: bool = False,
-    progress: Callable[[int], None] | None = None, hooks=None,
+    progress: Callable[[int], None] | None = None, hooks=None, ahead=None,
 ) -> Iterator[tuple[int, TokenScores, bool]]:
     """(index, scores of the next targets of that sequence, whether they are its last): the
     sequences in order, each one's targets in order, a window's as soon as the windows
@@ -155,7 +157,7 @@ def score_parts(
     Windows of every sequence are batched together, longest first (right-padded: a causal
     model's earlier positions never see the padding); a sequence's windows are never longer
     than the ones before them, so they are done in order. `progress(k)` is called with the
-    windows done.
+    windows done. `ahead`: the passes --each-line makes ahead (final_hidden).
     """
     context = config.n_positions
     stride = context if stride is None else stride
@@ -188,7 +190,7 @@ def score_parts(
         x = np.zeros((len(chunk), width), dtype=np.int64)
         for r, (i, w) in enumerate(chunk):
             x[r, : w.end - w.start] = sequences[i][w.start : w.end]
-        u = final_hidden(params, config, x, hooks)  # [B, width, d]
+        u = final_hidden(params, config, x, hooks, ahead)  # [B, width, d]
         rows, cols, tgt = [], [], []
         for r, (i, w) in enumerate(chunk):
             # target t is predicted at window position t - 1 - start
@@ -276,27 +278,30 @@ class ScoreReport:
     worst: list[tuple[float, int, int, int, float]]
     shown: list[TokenScores] | None
     drawn: list[TokenScores]
+    drawn_tokens: int = DRAWN_TOKENS  # the most a picture draws (render cuts `drawn` to it)
 
 
 def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.ndarray, *,
                 stride: int, stream: bool, offset: int, top: int, keep: bool, draw: bool,
                 stream_bpt: float | None = None,
                 on_scores: Callable[[int, TokenScores], None] | None = None,
-                progress: Callable[[int], None] | None = None, hooks=None) -> ScoreReport:
+                progress: Callable[[int], None] | None = None, hooks=None,
+                ahead=None) -> ScoreReport:
     """Score every text (`score_parts`), adding up the totals as the scores come, so a
     whole file or text never has to be held: only the `top` most surprising tokens, each
     text's surprisals until it is summed (as one array, as it always was), the texts' scores
     when `keep`, and the first texts' when `draw`. `on_scores(i, s)` sees each part of a
     text's scores as it is done (the --json lines stream from it; s.first says where in the
     text it starts). `stream_bpt`: the bytes per token of a whole stream (--stream), counted
-    instead of the tokens' own bytes, as the card does. `hooks` (steering) go into every run."""
+    instead of the tokens' own bytes, as the card does. `hooks` (steering) go into every run;
+    `ahead`: the passes --each-line makes ahead (final_hidden)."""
     total = Totals(0, 0, 0.0)
     worst: list[tuple] = []
     kept: list[TokenScores] = []
     drawn: list[TokenScores] = []
     parts: list[TokenScores] = []  # the current text's, for the sums (and the views)
     for i, s, last in score_parts(params, config, sequences, stride=stride, full_only=stream,
-                                  progress=progress, hooks=hooks):
+                                  progress=progress, hooks=hooks, ahead=ahead):
         total.tokens += len(s.targets)
         total.bytes += int(nbytes[s.targets].sum())
         if on_scores is not None:

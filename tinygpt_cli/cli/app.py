@@ -3,7 +3,6 @@ order `tinygpt --help` lists them (entry.run runs a command line through it)."""
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import typer
@@ -32,6 +31,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     weights: Path = typer.Option(None, "--weights", help="Weights folder for the command "
                                  "(also accepted after it).", show_default=False),
     debug: bool = typer.Option(False, "--debug", help="Show the traceback of an unexpected "
@@ -47,11 +47,14 @@ def _root(
     Every value one forward pass computes can be printed by name, as a table for a person or
     with --json for programs.
     """
-    from .. import threads as pools
-    from ..errors import InputError
-    from .common import set_default_weights
+    from dataclasses import replace
 
-    set_default_weights(weights)
+    from .. import threads as pools
+    from ..context import RunContext
+    from ..errors import InputError
+
+    line = ctx.obj if ctx.obj is not None else RunContext()  # the entry point's
+    ctx.obj = replace(line, weights=weights) if weights is not None else line
     try:
         n = pools.chosen(threads)
     except ValueError as e:
@@ -82,14 +85,17 @@ def _register(name: str | None = None) -> None:
         return ORDER.index(name) if name in ORDER else len(ORDER)
 
     app.registered_commands.sort(key=rank)
-    from .steering import STEERED, steerable
+    from .steering import with_context
 
+    for group in app.registered_groups:  # `tinygpt sae train`: a group's commands (built
+        for command in group.typer_instance.registered_commands:  # with any command)
+            command.callback = with_context(command.callback,
+                                            f"{group.name} {_command_name(command)}")
     for command in app.registered_commands:
         if name and _command_name(command) != name:
             continue
-        if command.callback and ("ablate" in inspect.signature(command.callback).parameters
-                                 or _command_name(command) in STEERED):
-            command.callback = steerable(command.callback)  # what runs a text can be steered
+        if command.callback:  # its run context first, and the steering options if it steers
+            command.callback = with_context(command.callback, _command_name(command))
         # Each "Example:" line of a docstring becomes a line of its own in --help (click
         # would otherwise join and rewrap them mid-command).
         doc = command.help or (command.callback.__doc__ if command.callback else None)

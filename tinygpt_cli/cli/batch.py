@@ -13,24 +13,28 @@ from __future__ import annotations
 
 import contextlib
 import io
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..errors import InputError
+
+if TYPE_CHECKING:
+    from ..context import RunContext
 
 OPTION = "--each-line"
 TEXT_PARAMS = ("text", "text_a")
 
 
-def main(command, args: list[str]):
-    """command.main(args), or once per line when args hold --each-line FILE."""
+def main(command, args: list[str], context: RunContext):
+    """command.main(args) with the run context, or once per line when args hold --each-line
+    FILE (the context then opens each folder once and makes the lines' passes ahead)."""
     options = args[: args.index("--")] if "--" in args else args  # after '--' all is text
     from ..entry import check_once
-    from .common import set_changed
 
     check_once(options, "--weights")
-
-    set_changed(None)  # a note of an earlier command in this process is not this one's
     if not any(a == OPTION or a.startswith(OPTION + "=") for a in options):
-        return command.main(args=args, prog_name="tinygpt", standalone_mode=False)
+        return command.main(args=args, prog_name="tinygpt", standalone_mode=False,
+                            obj=context)
     source, rest = take_option(args)
     from ..entry import command_word
 
@@ -42,14 +46,17 @@ def main(command, args: list[str]):
         raise InputError(f"{OPTION} runs a command that reads a text once per line; "
                          f"{name or 'no command'} does not read one. Commands that do: "
                          + ", ".join(readers))
-    from ..ahead import lines_ahead
+    from ..ahead import Ahead
     from ..streams import text_lines
 
-    with lines_ahead(text_lines(source, OPTION)) as lines:  # weights once, passes in batches
-        return _each_line(command, rest, name, sub, lines)
+    opened = {} if context.opened is None else context.opened  # weights once
+    # the passes in batches, over the lines as they are read (streams.StreamLines)
+    ahead = Ahead(text_lines(source, OPTION), opened)
+    each = replace(context, opened=opened, ahead=ahead)
+    return _each_line(command, rest, name, sub, ahead.run(), each)
 
 
-def _each_line(command, rest: list[str], name: str, sub, lines) -> int:
+def _each_line(command, rest: list[str], name: str, sub, lines, context: RunContext) -> int:
     from rich.text import Text
 
     from ..render.jsonout import emit_record
@@ -68,13 +75,15 @@ def _each_line(command, rest: list[str], name: str, sub, lines) -> int:
             if as_json:
                 buf = io.StringIO()
                 with contextlib.redirect_stdout(buf):
-                    code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False)
+                    code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False,
+                                        obj=context)
                 emit_record(number, line, [x for x in buf.getvalue().splitlines() if x.strip()])
             else:
-                print_line(stdout(), Text(f"line {number}: ", style="bold magenta")
+                print_line(stdout(context), Text(f"line {number}: ", style="bold magenta")
                            + Text(show_text(line)[:80]))
-                code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False)
-                print_line(stdout(), Text(""))
+                code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False,
+                                    obj=context)
+                print_line(stdout(context), Text(""))
         except InputError as e:
             raise InputError(f"line {number}: {e}") from None
         if code:

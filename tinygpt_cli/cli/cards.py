@@ -30,21 +30,22 @@ from .common import (
     figures,
     present,
     run,
-    save_figure,
     show_view,
     stdout,
     wide,
 )
+from .steering import steerable
 
 if TYPE_CHECKING:
+    from ..context import RunContext
     from ..session import Run
 
 # NumPy, Rich and the model are imported inside the commands: registering them (and
 # `tinygpt --help`) stays cheap, and each command loads only what it shows.
 
 
-def show(r: Run, path: str, as_json: bool, full: bool, *, extra=None, below=(), save=None,
-         force=False, figure=None):
+def show(context: RunContext, r: Run, path: str, as_json: bool, full: bool, *, extra=None,
+         below=(), save=None, force=False, figure=None):
     """Print one traced value: JSON document (with `extra`), or header + token-labelled table
     (+ `below`); with --save, write its picture first (`figure`, default the value as a
     heatmap)."""
@@ -52,29 +53,35 @@ def show(r: Run, path: str, as_json: bool, full: bool, *, extra=None, below=(), 
     from ..render.documents import session_document
 
     value = r.trace.get(path)
-    present(as_json, lambda: session_document(r, path, value, **(extra or {})),
+    present(context, as_json, lambda: session_document(r, path, value, **(extra or {})),
             lambda: value_view(path, value, r.tokens, full, below),
             figure=figure or (lambda: figures("figure").value_figure(path, value, r.tokens)),
             save=save, force=force,  # --full: as wide as the table
-            console=lambda view: wide(view.renderables[0]) if full else stdout())
+            console=lambda view: wide(context, view.renderables[0]) if full
+            else stdout(context))
 
 
 # ------------------------------------------------------------------ cards 2-4, 8
 
 
 @app.command()
-def embed(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+@steerable
+def embed(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+          ablate: list[str] = ABLATE,
           as_json: bool = JSON, full: bool = FULL,
           save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 2: each token id picks its row of the embedding table W_E.
 
     Example: tinygpt embed "Lily wanted to play with her"
     """
-    show(run(weights, text, ablate), "token_embeddings", as_json, full, save=save, force=force)
+    show(context, run(context, weights, text, ablate), "token_embeddings", as_json, full,
+         save=save, force=force)
 
 
 @app.command()
+@steerable
 def pos(
+    context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     as_json: bool = JSON, full: bool = FULL,
     total: bool = typer.Option(False, "--sum", help="Show embeddings = tokens + positions."),
@@ -87,13 +94,14 @@ def pos(
     """
     from ..render.cards import rotary_note
 
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     rotary = r.model.config.positions == "rotary" and not total
     path = "embeddings" if total else "rotary_angles" if rotary else "position_embeddings"
-    show(r, path, as_json, full, save=save, force=force, below=rotary_note(rotary))
+    show(context, r, path, as_json, full, save=save, force=force, below=rotary_note(rotary))
 
 
-def _norm(r: Run, prefix: str, as_json: bool, full: bool, save=None, force=False):
+def _norm(context: RunContext, r: Run, prefix: str, as_json: bool, full: bool, save=None,
+          force=False):
     from rich.text import Text
 
     from ..render.cards import NORM_NOTE, RMS_NOTE
@@ -105,12 +113,14 @@ def _norm(r: Run, prefix: str, as_json: bool, full: bool, save=None, force=False
         return
     mean = r.trace.get(prefix + ".mean")[:, 0]
     std = r.trace.get(prefix + ".std")[:, 0]
-    show(r, prefix + ".out", as_json, full, extra={"mean": mean, "std": std}, save=save,
+    show(context, r, prefix + ".out", as_json, full, extra={"mean": mean, "std": std}, save=save,
          force=force, below=[Text(NORM_NOTE, style="dim")])
 
 
 @app.command()
+@steerable
 def norm(
+    context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     layer: int = LAYER,
     which: str = typer.Option("ln1", "--which", help="ln1 (before attention) or ln2 (before "
@@ -124,28 +134,32 @@ def norm(
     """
     if which not in ("ln1", "ln2"):
         raise InputError(f"--which must be ln1 or ln2, not {which!r}")
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     layer = check_index(layer, r.model.config.n_layer, "layer")
-    _norm(r, f"layers.{layer}.{which}", as_json, full, save, force)
+    _norm(context, r, f"layers.{layer}.{which}", as_json, full, save, force)
 
 
 @app.command("final-norm")
-def final_norm(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+@steerable
+def final_norm(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+               ablate: list[str] = ABLATE,
                as_json: bool = JSON, full: bool = FULL,
                save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 8: the final LayerNorm after the last block.
 
     Example: tinygpt final-norm "Lily wanted to play with her"
     """
-    _norm(run(weights, text, ablate), "ln_final", as_json, full, save, force)
+    _norm(context, run(context, weights, text, ablate), "ln_final", as_json, full, save, force)
 
 
 # ------------------------------------------------------------------ card 5
 
 
 @app.command()
+@steerable
 def attn(
-    ctx: typer.Context, text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+    context: RunContext,
+    text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     layer: int = LAYER, head: int = HEAD,
     all_heads: bool = typer.Option(False, "--all-heads", help="Show every head side by side."),
     scores: bool = typer.Option(False, "--scores", help="Show the masked, scaled scores "
@@ -160,10 +174,10 @@ def attn(
     """
     from ..render.heads import head_view, heads_view  # no Rich where nothing is styled
 
-    if all_heads and ctx.get_parameter_source("head").name == "COMMANDLINE":
+    if all_heads and "head" in context.given:
         raise InputError(f"--all-heads shows every head and --head {head} picks one: give "
                          "one of them")
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     cfg = r.model.config
     layer = check_index(layer, cfg.n_layer, "layer")
     field = "scores" if scores else "weights"
@@ -173,25 +187,27 @@ def attn(
         head = check_index(head, cfg.n_head, "head")
         path, grid_view = f"layers.{layer}.heads.{head}.{field}", head_view
     grids = r.trace.get(path)
-    if save is not None:  # the picture module loads only for a picture
-        from ..render.figure import attention_figure
 
-        save_figure(attention_figure(path, grids, r.tokens, scores=scores), save, force)
-    if as_json:  # the JSON writer loads only for JSON
-        from ..render import jsonout
+    def document():  # the JSON writer loads only for JSON
         from ..render.documents import session_document
 
-        jsonout.emit(session_document(r, path, grids))
-        return
-    view, maps = grid_view(path, grids, r.tokens, scores, full)
-    show_view(view, full, maps)
+        return session_document(r, path, grids)
+
+    present(context, as_json, document,
+            lambda: grid_view(path, grids, r.tokens, scores, full),  # (view, what to measure)
+            figure=lambda: figures("figure").attention_figure(path, grids, r.tokens,
+                                                              scores=scores),
+            save=save, force=force,
+            show=lambda shown: show_view(context, shown[0], full, measured=shown[1]))
 
 
 # ------------------------------------------------------------------ card 6
 
 
 @app.command()
+@steerable
 def mlp(
+    context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE, layer: int = LAYER,
     top: int = typer.Option(5, "--top", "-n", min=1, help="How many hidden neurons to list "
                             "(capped at the feed-forward width)."),
@@ -205,12 +221,12 @@ def mlp(
     from ..analysis.lens import top_neurons
     from ..render.cards import neurons_below
 
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     layer = check_index(layer, r.model.config.n_layer, "layer")
     post = r.trace.get(f"layers.{layer}.mlp_post")
     neurons = top_neurons(post, min(top, post.shape[1]))
     path = f"layers.{layer}.mlp_out"
-    show(r, path, as_json, full, extra={"top_neurons": neurons}, save=save, force=force,
+    show(context, r, path, as_json, full, extra={"top_neurons": neurons}, save=save, force=force,
          below=() if as_json else neurons_below(layer, post.shape[1], neurons, r.tokens, full),
          figure=lambda: figures("pictures").neurons_figure(path, r.trace.get(path), r.tokens,
                                                            layer, neurons))
@@ -220,7 +236,9 @@ def mlp(
 
 
 @app.command()
-def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+@steerable
+def blocks(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+           ablate: list[str] = ABLATE,
            as_json: bool = JSON, full: bool = FULL,
            position: int = POSITION, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 7: the residual stream after each block, what each block changed, the top guess.
@@ -234,22 +252,25 @@ def blocks(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     from ..render.documents import blocks_document
     from ..render.tables import blocks_view
 
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     p = check_index(position, r.T, "position")
     rows = block_summary(r.trace, r.model.params, r.model.config, position=p)
     tok = r.model.tokenizer.token_str
     norms = np.stack([row["norm"] for row in rows])  # [n_layer + 1, T]
-    present(as_json, lambda: blocks_document(r, rows, norms, tok, p),
+    present(context, as_json, lambda: blocks_document(r, rows, norms, tok, p),
             lambda: blocks_view(rows, tok, p, r.tokens, norms, full),
             figure=lambda: figures("pictures").blocks_figure(rows, tok, p, r.tokens), save=save,
-            force=force, console=lambda view: wide(view) if full else stdout())  # --full: wide
+            force=force,  # --full: wide
+            console=lambda view: wide(context, view) if full else stdout(context))
 
 
 # ------------------------------------------------------------------ cards 9-11
 
 
 @app.command()
-def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+@steerable
+def logits(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+           ablate: list[str] = ABLATE,
            position: int = POSITION, top: int = TOP,
            as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 9: one score per vocabulary token at a position; lists the highest.
@@ -260,19 +281,21 @@ def logits(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE
     from ..render.cards import logits_view
     from ..render.documents import session_document
 
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     p = check_index(position, r.T, "position")
     row = r.session.logits()[p]
     path = f"logits[{p}]"
     rows = top_entries(row, top, r.model.tokenizer.token_str, "logit")
-    present(as_json, lambda: session_document(r, path, row, position=p, top=rows),
+    present(context, as_json, lambda: session_document(r, path, row, position=p, top=rows),
             lambda: logits_view(path, row, rows, r.T),
             figure=lambda: figures("pictures").top_figure(path, rows, "logit", r.tokens),
             save=save, force=force)
 
 
 @app.command()
-def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+@steerable
+def probs(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+          ablate: list[str] = ABLATE,
           position: int = POSITION,
           temperature: float = TEMPERATURE, top: int = TOP, as_json: bool = JSON,
           save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
@@ -281,28 +304,30 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     Example: tinygpt probs "Lily wanted to play with her" --temperature 1 --top 10
     """
     from ..analysis.lens import top_entries
-    from ..render import jsonout, pictures
     from ..render.cards import probs_view
     from ..render.documents import session_document
     from ..sampling import probabilities
 
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     p = check_index(position, r.T, "position")
     pr = probabilities(r.session.logits()[p], temperature)
     # At temperature 1 these are the trace's own probs; otherwise a formula, not a path.
     path = f"probs[{p}]" if temperature == 1 else f"softmax(logits[{p}] / {temperature:g})"
     rows = top_entries(pr, top, r.model.tokenizer.token_str, "chance")
-    save_figure(pictures.top_figure(path, rows, "chance", r.tokens, percent=True), save, force)
-    if as_json:
-        formula = {} if temperature == 1 else {"formula": path}
-        jsonout.emit(session_document(r, path if temperature == 1 else None, pr, **formula,
-                                      position=p, temperature=temperature, top=rows))
-        return
-    stdout().print(probs_view(path, pr, rows))
+    formula = {} if temperature == 1 else {"formula": path}
+    present(context, as_json, lambda: session_document(
+                r, path if temperature == 1 else None, pr, **formula, position=p,
+                temperature=temperature, top=rows),
+            lambda: probs_view(path, pr, rows),
+            figure=lambda: figures("pictures").top_figure(path, rows, "chance", r.tokens,
+                                                          percent=True),
+            save=save, force=force)
 
 
 @app.command("sample")
-def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+@steerable
+def sample_cmd(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+               ablate: list[str] = ABLATE,
                seed: int = SEED,
                temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P,
                as_json: bool = JSON):
@@ -310,20 +335,21 @@ def sample_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = AB
 
     Example: tinygpt sample "Lily wanted to play with her" --seed 1
     """
-    from ..render import jsonout
     from ..render.cards import continued_text, sample_view
     from ..render.documents import sample_document
     from ..sampling import check_top_p, create_rng, next_token_distribution, sample
 
     check_top_p(top_p)
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     dist = next_token_distribution(r.session.logits()[-1], temperature, top_k, top_p)
     token_id = sample(dist, create_rng(seed))
-    token = r.model.tokenizer.token_str(token_id)
-    if as_json:
-        jsonout.emit(sample_document(r, token_id, token, float(dist[token_id]), seed,
-                                     temperature, top_k, top_p))
-        return
-    stdout().print(sample_view(token, token_id, float(dist[token_id]), seed))
-    stdout().print(continued_text(r.text, r.model.tokenizer.decode([token_id])),
-                   soft_wrap=True)  # the text as it is, not wrapped by Rich
+    token, chance = r.model.tokenizer.token_str(token_id), float(dist[token_id])
+
+    def show(views) -> None:  # the text as it is, not wrapped by Rich
+        stdout(context).print(views[0])
+        stdout(context).print(views[1], soft_wrap=True)
+
+    present(context, as_json, lambda: sample_document(r, token_id, token, chance, seed,
+                                                      temperature, top_k, top_p),
+            lambda: (sample_view(token, token_id, chance, seed),
+                     continued_text(r.text, r.model.tokenizer.decode([token_id]))), show=show)

@@ -8,6 +8,7 @@ hands the result to render.circuits (or prints one JSON document).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -30,13 +31,19 @@ from .common import (
     read_text,
     stderr,
 )
+from .steering import steerable
+
+if TYPE_CHECKING:
+    from ..context import RunContext
 
 STEPS = typer.Option(20, "--steps", min=1, max=1000, help="eap-ig: points on the path from "
                      "the corrupt to the clean embeddings (one backward pass each); 1 is eap.")
 
 
 @app.command()
+@steerable
 def circuit(
+    context: RunContext,
     clean: str = typer.Argument(..., metavar="CLEAN", help="The text whose edges are kept.",
                                 show_default=False),
     corrupt: str = typer.Argument(..., metavar="CORRUPT", help="The text whose sender outputs "
@@ -80,7 +87,7 @@ def circuit(
 
     pairing.check_options(method, stable, pairs)
     more = None if pairs is None else pairing.read_pairs(pairs)  # a bad file fails first
-    s = open_session(weights, clean)
+    s = open_session(context, weights, clean)
     c = s.reopen(read_text(corrupt, s.model))
     pair, note = pairing.prepare_pair(s, c, position, target, vs)
     if note:
@@ -92,7 +99,7 @@ def circuit(
     stab = None if more is None else pairing.stability_over(
         s, more, pair, method, steps, r.smallest or top, target, vs, position)
     what = pairing.describe(s.model.tokenizer.token_str, pair.target, pair.vs)
-    present(as_json, lambda: circuit_document(s, c, pair, r, stab, {
+    present(context, as_json, lambda: circuit_document(s, c, pair, r, stab, {
         "target": target, "vs": vs, "position": position, "method": method,
         "steps": steps if method == "eap-ig" else None, "seed": seed}),
         lambda: view.circuit_view(r, what, pair.position, s.tokens[pair.position],
@@ -101,7 +108,9 @@ def circuit(
 
 
 @app.command()
+@steerable
 def qk(
+    context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS, layer: int = LAYER, head: int = HEAD,
     query: int = typer.Option(-1, "--query", help="The query position; -1 is the last."),
     key: int = typer.Option(None, "--key", help="The key position whose score is split "
@@ -123,10 +132,10 @@ def qk(
     from ..render import circuits as view
     from ..render.documents import qk_document
 
-    s = open_session(weights, text)
+    s = open_session(context, weights, text)
     i, h, p = s.layer(layer), s.head(head), s.position(query)
     r = attribution.qk_attribution(s.params, s.config, s.trace().values, i, h, p, s.steering)
     k = attribution.key_position(r, key)
-    present(as_json, lambda: qk_document(s, r, i, h, p, k, {"layer": layer, "head": head,
+    present(context, as_json, lambda: qk_document(s, r, i, h, p, k, {"layer": layer, "head": head,
                                                             "query": query, "key": key}),
             lambda: view.qk_view(r, s.tokens, k, top))

@@ -16,7 +16,6 @@ from ..render.output import (
     present,
     save_figure,
     set_changed,
-    set_quiet,
     show_view,
     stderr,
     stdout,
@@ -26,6 +25,7 @@ from ..render.progress import progress, progress_report
 from ..streams import read_text
 
 if TYPE_CHECKING:
+    from ..context import RunContext
     from ..session import Run, Session
     from ..weights import Model
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["FORCE", "InputError", "QUIET", "SAVE", "at_least", "bar", "check_index",
            "check_out", "check_save", "encode_checked", "figures", "load", "open_folder",
            "open_session", "present", "progress", "progress_report", "read_text", "run",
-           "save_figure", "set_default_weights", "show_view", "stderr", "stdout", "wide"]
+           "save_figure", "show_view", "stderr", "stdout", "wide"]
 
 
 def encode_checked(model, text: str) -> list[int]:
@@ -106,21 +106,13 @@ STEER_OPTIONS = {
 
 
 # --save, --force, --quiet: every command that draws something takes all three
-# (render/output.py writes the pictures and keeps --quiet).
-
-
-def _set_quiet(ctx: typer.Context, value: bool) -> bool:
-    if value:
-        set_quiet(True)
-        ctx.call_on_close(lambda: set_quiet(False))  # in-process callers (tests): loud again
-    return value
-
+# (render/output.py writes the pictures; --quiet is held in the command's run context).
 
 SAVE = typer.Option(None, "--save", callback=checked_save, show_default=False, metavar="FILE",
                     help="Also write the picture to FILE: .svg (a vector drawing) or .html "
                     "(one self-contained web page), by the extension.")
 FORCE = typer.Option(False, "--force", help="Let --save overwrite an existing file.")
-QUIET = typer.Option(False, "--quiet", "-q", callback=_set_quiet,
+QUIET = typer.Option(False, "--quiet", "-q",
                      help="Print no terminal view (with --save: only write the file).")
 
 
@@ -142,68 +134,63 @@ def figures(module: str = "analysis_pictures"):
     return importlib.import_module(f"..render.{module}", __package__)
 
 
-_default_weights: Path | None = None
-
-
-def set_default_weights(weights: Path | None) -> None:
-    """`tinygpt --weights DIR COMMAND`: the folder given before the command, used when the
-    command is not given one itself."""
-    global _default_weights
-    _default_weights = weights
-
-
-def load(weights: Path | None) -> Model:
-    """The weights folder's Model (weights.Model)."""
+def load(context: RunContext, weights: Path | None) -> Model:
+    """The weights folder's Model (weights.Model): the command's --weights, else the one
+    given before the command (`tinygpt --weights DIR COMMAND`)."""
     from ..weights import load_model
 
-    return load_model(weights if weights is not None else _default_weights)
+    return load_model(weights if weights is not None else context.weights,
+                      opened=context.opened)
 
 
-def open_folder(weights: Path | None):
+def open_folder(context: RunContext, weights: Path | None):
     """The weights folder's sizes and tokenizer only (weights.Folder), for text <-> ids."""
     from ..weights import open_folder as open_
 
-    return open_(weights if weights is not None else _default_weights)
+    return open_(weights if weights is not None else context.weights, opened=context.opened)
 
 
-def open_session(weights: Path | None, text: str | None, *, model=None,
+def open_session(context: RunContext, weights: Path | None, text: str | None, *, model=None,
                  ablate: list[str] | None = None) -> Session:
     """The one way a command opens its session: the weights folder's model (or `model`, for
     a second text), the text (read_text), steered by the command's --steer options and with
     the values named by --ablate zeroed, in every run of the session. A terminal view of a
-    changed run starts with a line saying what was changed (set_changed)."""
+    changed run starts with a line saying what was changed (set_changed); under --each-line
+    a clean run's pass comes from the batch made ahead (context.ahead)."""
     from ..session import Session
     from .steering import steering
 
-    model = model if model is not None else load(weights)
-    hook, steered = steering(model)
-    s = Session.open(read_text(text, model), model=model, steering=hook)
+    model = model if model is not None else load(context, weights)
+    hook, steered = steering(context, model)
+    ahead = context.ahead.final_norm if context.ahead is not None else None
+    s = Session.open(read_text(text, model), model=model, steering=hook, ahead=ahead)
     ablated = []
     if ablate:  # the analyses load only for a changed run: inspection stays light
         from ..analysis.ablate import zeroing
 
         ablated, s.interventions = zeroing(model, list(ablate))
     s.changes = {k: v for k, v in (("steered", steered), ("ablated", ablated)) if v}
-    set_changed(s.changes)
+    set_changed(context, s.changes)
     return s
 
 
-def steered(model) -> tuple[object | None, dict]:
+def steered(context: RunContext, model) -> tuple[object | None, dict]:
     """(the steering hook, {"steered": its description} or {}) for a command whose analysis
     runs the model on its own (many texts, windows of a file): it passes the hook on, and
     its view starts with what was steered, as open_session's do."""
     from .steering import steering
 
-    hook, described = steering(model)
+    hook, described = steering(context, model)
     changes = {"steered": described} if described else {}
-    set_changed(changes)
+    set_changed(context, changes)
     return hook, changes
 
 
-def run(weights: Path | None, text: str | None, ablate: list[str] | None = None) -> Run:
+def run(context: RunContext, weights: Path | None, text: str | None,
+        ablate: list[str] | None = None) -> Run:
     """open_session, and (when asked for) the trace of its forward pass (session.Run)."""
     from ..session import Run
 
-    return Run(open_session(weights, text, ablate=ablate))
+    return Run(open_session(context, weights, text, ablate=ablate))
 
 

@@ -4,6 +4,7 @@ vector, judged on held-out pairs) and probe (a logistic regression beside a cont
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -18,10 +19,14 @@ from .common import (
     check_index,
     check_out,
     load,
+    present,
     stderr,
-    stdout,
     steered,
 )
+from .steering import steerable
+
+if TYPE_CHECKING:
+    from ..context import RunContext
 
 OUT = typer.Option(None, "--out", metavar="FILE", show_default=False,
                    help="Save the direction to FILE (safetensors; --steer-vector reads it).")
@@ -35,7 +40,9 @@ DATA = typer.Option(None, "--data", metavar="DIR", show_default=False,
 
 
 @app.command()
+@steerable
 def steer(
+    context: RunContext,
     pos: Path = typer.Option(..., "--pos", metavar="FILE", help="Texts to steer toward: one "
                              "a line, or JSON lines (a string or {\"text\": ...})."),
     neg: Path = typer.Option(..., "--neg", metavar="FILE", help="Texts to steer away from; "
@@ -67,7 +74,6 @@ def steer(
     from ..corpus import held_out_stories
     from ..files import write_atomically
     from ..madefor import made_for
-    from ..render import jsonout
     from ..render.directions import steer_view
     from ..render.documents import steer_document
     from ..session import encode_lines
@@ -76,9 +82,9 @@ def steer(
     if not 0 < scale < float("inf"):  # also refuses NaN
         raise InputError(f"--scale must be a number above 0, got {scale!r}")
     pos_texts, neg_texts = st.read_pairs(pos, neg)
-    model = load(weights)
+    model = load(context, weights)
     layer = check_index(layer, model.config.n_layer, "layer")
-    hooks, changes = steered(model)
+    hooks, changes = steered(context, model)
     r = st.steer_report(model.params, model.config, encode_lines(model, pos_texts, "--pos"),
                         encode_lines(model, neg_texts, "--neg"), layer=layer, scale=scale,
                         held_out=held_out, seed=seed, hooks=hooks,
@@ -89,16 +95,16 @@ def steer(
                   "train_pairs": r.train_pairs}
         write_atomically(out, st.direction_file(r.vector, st.site(layer), "steer", source,
                                                 meta={**made_for(model.weights_file), **changes}))
-    if as_json:
-        jsonout.emit({**steer_document(r, model.tokenizer), **changes})
-        return
-    stdout().print(steer_view(r, model.tokenizer, top=top))
-    if out is not None:
+    present(context, as_json, lambda: {**steer_document(r, model.tokenizer), **changes},
+            lambda: steer_view(r, model.tokenizer, top=top))
+    if out is not None and not as_json:
         stderr().print(f"saved the vector to {out}", style="dim")
 
 
 @app.command()
+@steerable
 def probe(
+    context: RunContext,
     site: str = typer.Option(..., "--site", metavar="PATH", help="The value probed, one row "
                              "per token: layers.1.resid_post, layers.0.mlp_out, ..."),
     labels: Path = typer.Option(..., "--labels", metavar="FILE", help="Texts with [label] "
@@ -125,24 +131,21 @@ def probe(
     from ..corpus import read_user_file
     from ..files import write_atomically
     from ..madefor import made_for
-    from ..render import jsonout
     from ..render.directions import probe_view
     from ..render.documents import probe_document
 
     check_out(out, force)
     lines = pr.parse_labels(read_user_file(labels, "--labels"))
-    model = load(weights)
+    model = load(context, weights)
     name = pr.check_site(site, model.config, model.params)
-    hooks, changes = steered(model)
+    hooks, changes = steered(context, model)
     ids, marks, feats = pr.probe_inputs(model, lines, name, default, hooks)
     r = pr.probe_report(feats, marks, ids, name, held_out=held_out, seed=seed, l2=l2)
     if out is not None:
         source = {"labels": str(labels), "classes": r.classes, "seed": seed, "l2": l2}
         write_atomically(out, st.direction_file(r.direction, name, "probe", source, rows=r.W,
                                                 meta={**made_for(model.weights_file), **changes}))
-    if as_json:
-        jsonout.emit({**probe_document(r), **changes})
-        return
-    stdout().print(probe_view(r))
-    if out is not None:
+    present(context, as_json, lambda: {**probe_document(r), **changes},
+            lambda: probe_view(r))
+    if out is not None and not as_json:
         stderr().print(f"saved the probe's direction to {out}", style="dim")

@@ -7,6 +7,7 @@ renders the result (render.explain) or prints one JSON document with the options
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -35,6 +36,10 @@ from .common import (
     stderr,
     steered,
 )
+from .steering import steerable
+
+if TYPE_CHECKING:
+    from ..context import RunContext
 
 # NumPy and the model are imported inside the commands
 
@@ -56,7 +61,8 @@ LENS_DATA = typer.Option(None, "--data", help="Stories for --fit (all parts but 
 
 
 @app.command()
-def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
+@steerable
+def lens(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
          position: int = POSITION, as_json: bool = JSON, save: Path = SAVE,
          force: bool = FORCE, quiet: bool = QUIET, kind: str = LENS_KIND,
          fit: bool = LENS_FIT, evaluate: bool = LENS_EVALUATE, lens_file: Path = LENS_FILE,
@@ -81,11 +87,11 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     from .features import tuned_lens_work
 
     if fit or evaluate:
-        return tuned_lens_work(weights, fit, evaluate, lens_file, data, as_json)
-    s = open_session(weights, text)
+        return tuned_lens_work(context, weights, fit, evaluate, lens_file, data, as_json)
+    s = open_session(context, weights, text)
     tuned = tl.check_kind(kind) == "tuned"
     r = lens_report(s, position, target, tl.tuned_reader(s, lens_file) if tuned else None)
-    present(as_json, lambda: lens_document(s, r, {"target": target, "position": position}),
+    present(context, as_json, lambda: lens_document(s, r, {"target": target, "position": position}),
             lambda: view.lens_view(r),  # the grid drops middle stages behind `…` to fit
             figure=lambda: figures().lens_figure(r), save=save, force=force)
 
@@ -94,7 +100,9 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
 
 
 @app.command()
-def dla(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, vs: str = VS,
+@steerable
+def dla(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
+        vs: str = VS,
         position: int = POSITION, neurons: bool = typer.Option(
             False, "--neurons", help=f"Also list the {NEURONS} single MLP neurons with the "
             "largest shares."),
@@ -114,9 +122,9 @@ def dla(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, vs: str
     from ..render import explain as view
     from ..render.documents import dla_document
 
-    s = open_session(weights, text)
+    s = open_session(context, weights, text)
     r = dla_report(s, position, target, vs, NEURONS if neurons else 0)
-    present(as_json, lambda: dla_document(s, r, {"target": target, "vs": vs,
+    present(context, as_json, lambda: dla_document(s, r, {"target": target, "vs": vs,
                                                  "position": position, "neurons": neurons}),
             lambda: view.dla_view(r, top), figure=lambda: figures().dla_figure(r, top),
             save=save, force=force)
@@ -126,7 +134,9 @@ def dla(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, vs: str
 
 
 @app.command()
+@steerable
 def ablate(
+    context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, position: int = POSITION,
     layer: int = typer.Option(None, "--layer", "-l", help="The block of the component.",
                               show_default=False),
@@ -156,7 +166,7 @@ def ablate(
     from ..render import explain as view
     from ..render.documents import ablation_document
 
-    s = open_session(weights, text)
+    s = open_session(context, weights, text)
     p = s.position(position)
     components = ablation.components(s, layer, head, mlp, every)
     edit = ablation.replacements(s, components, mode, source, data is not None,
@@ -165,13 +175,16 @@ def ablate(
     options = {"target": target, "position": position, "layer": layer, "head": head,
                "mlp": mlp, "all": every, "mode": mode, "from": source,
                "data": str(data) if data else None}
-    present(as_json, lambda: ablation_document(s, r, options), lambda: view.ablation_view(r),
+    present(context, as_json, lambda: ablation_document(s, r, options),
+            lambda: view.ablation_view(r),
             figure=lambda: figures().ablation_figure(r, s.config.n_layer, s.config.n_head),
             save=save, force=force)
 
 
 @app.command()
+@steerable
 def means(
+    context: RunContext,
     data: Path = typer.Option(None, "--data", help="A folder of part-*.txt files, whose last "
                               "one (the validation text) is averaged over, or one text file. "
                               "Default: the validation file WEIGHTS/data.json records.",
@@ -200,21 +213,22 @@ def means(
     from ..render.output import check_out
     from .steering import keep_default_file
 
-    keep_default_file(out, f"the weights folder's {mean_stats.FILE}")
+    keep_default_file(context, out, f"the weights folder's {mean_stats.FILE}")
     check_out(out, force=True, example="--out means.safetensors", folder_made=True)
-    model = load(weights)
+    model = load(context, weights)
     note = None  # means written beside the weights are of the text they record
     if data is not None:
         note = check_data(model.folder, validation_text(model.folder, data), any_data=any_data,
                           kinds=("validation",))
-    hooks, changes = steered(model)
+    hooks, changes = steered(context, model)
     values, meta = mean_stats.means_over(model, data, sha256(model.weights_file), bar(as_json),
                                          hooks)
     if note:  # once the means stand: an error is then the only line
         stderr().print(escape_line(note), soft_wrap=True)
     target = out if out is not None else model.folder / mean_stats.FILE
     mean_stats.save_means(target, values, {**meta, **changes})
-    present(as_json, lambda: {"path": str(target), **meta, "values": sorted(values), **changes},
+    present(context, as_json,
+            lambda: {"path": str(target), **meta, "values": sorted(values), **changes},
             lambda: means_written(target, len(values), meta))
 
 
@@ -222,7 +236,9 @@ def means(
 
 
 @app.command()
+@steerable
 def patch(
+    context: RunContext,
     clean: str = typer.Argument(..., metavar="CLEAN", help="The text whose values are copied "
                                 "in.", show_default=False),
     corrupt: str = typer.Argument(..., metavar="CORRUPT", help="The text they are copied "
@@ -248,7 +264,7 @@ def patch(
     from ..render.documents import patch_document
 
     patching.check_method(method)
-    s = open_session(weights, clean)
+    s = open_session(context, weights, clean)
     c = s.reopen(read_text(corrupt, s.model))
     q, note = patching.patch_question(s, c, s.position(position), target, vs)
     if note:
@@ -256,18 +272,21 @@ def patch(
     runs = patching.patch_count(s.config, q.position)
     with progress(runs, f"patching ({runs} runs)", enabled=not as_json and runs > 500) as step:
         r = patching.patch_report(s, c, q, method, step)
-    present(as_json, lambda: patch_document(s, c, r, list(patching.STREAM), {
+    present(context, as_json, lambda: patch_document(s, c, r, list(patching.STREAM), {
                 "target": target, "vs": vs, "position": position, "method": method}),
             lambda: view.patch_view(r), figure=lambda: figures().patch_figure(r), save=save,
             force=force,  # the grids flow onto as many lines as the width needs: one fits
-            console=lambda _: at_least(view.patch_width(s.config.n_layer, s.config.n_head)))
+            console=lambda _: at_least(context, view.patch_width(s.config.n_layer,
+                                                                 s.config.n_head)))
 
 
 # ------------------------------------------------------------------ input attribution
 
 
 @app.command()
+@steerable
 def attribute(
+    context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET, vs: str = VS,
     position: int = POSITION,
     method: str = typer.Option("grad-x-input", "--method", help="grad, grad-x-input, "
@@ -300,7 +319,7 @@ def attribute(
     from ..render.documents import attribution_document
 
     attribution.check_method(method, baseline)
-    s = open_session(weights, text)
+    s = open_session(context, weights, text)
     report = attribution.attribution_report(s, position, target, vs, method, steps, baseline)
     r, q = report.attribution, report.q
     if faithfulness:  # the curves of this attribution's ranking
@@ -310,14 +329,15 @@ def attribute(
         from ..render.documents import erasure_document
 
         e, scores = erasure_of(s, r, q.position, q.target, q.vs, baseline)
-        return present(as_json, lambda: erasure_document(s, e, scores, q.position, q.target, q.vs, {
-            "position": q.position, "method": r.method, "baseline": baseline}),
+        return present(context, as_json, lambda: erasure_document(
+            s, e, scores, q.position, q.target, q.vs,
+            {"position": q.position, "method": r.method, "baseline": baseline}),
             lambda: erasure_view(e, s.tokens, describe(s.model.tokenizer.token_str, q.target,
                                                        q.vs), q.position))
     # attention-x-grad: one grid per layer, side by side as the width allows; never narrower
     # than one whole grid, whose heads would otherwise fall off the edge unmarked
     grid = view.grid_width(s.tokens, s.config.n_head) if r.scores.ndim == 3 else 0
-    present(as_json, lambda: attribution_document(s, report, {
+    present(context, as_json, lambda: attribution_document(s, report, {
         "target": target, "vs": vs, "position": position, "method": method,
         "steps": steps if method == "integrated-gradients" else None, "baseline": baseline}),
-        lambda: view.attribute_view(report), console=lambda _: at_least(grid))
+        lambda: view.attribute_view(report), console=lambda _: at_least(context, grid))

@@ -4,6 +4,7 @@ tuned lens (`tinygpt lens --kind tuned|--fit|--evaluate`, whose options live on 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -24,6 +25,9 @@ from .common import (
     steered,
 )
 from .steering import keep_default_file, steerable
+
+if TYPE_CHECKING:
+    from ..context import RunContext
 
 
 def _sae() -> None:
@@ -46,6 +50,7 @@ SAE_FILE = typer.Option(None, "--sae", help="The SAE file (default: the weights 
 @sae_app.command("train")
 @steerable  # the site's values of the steered run: --steer needs --out
 def sae_train(
+    context: RunContext,
     site: str = typer.Option(..., "--site", help="The value: layers.N.resid_pre, resid_mid, "
                              "resid_post or mlp_out."),
     weights: Path = WEIGHTS,
@@ -80,11 +85,11 @@ def sae_train(
     from ..files import sha256
     from ..render import features as view
 
-    keep_default_file(out, "the weights folder's sae/SITE.safetensors")
+    keep_default_file(context, out, "the weights folder's sae/SITE.safetensors")
     check_out(out, force=True, example="--out sae.safetensors", folder_made=True)
-    model = load(weights)
+    model = load(context, weights)
     site = S.check_site(site, model.config)
-    hooks, changes = steered(model)
+    hooks, changes = steered(context, model)
     if k > latents:
         raise InputError(f"--k {k} is more than the {latents} latents")
     out = S.sae_file(model.weights_file, out, site)
@@ -97,12 +102,12 @@ def sae_train(
     state = S.train_resumably(x, out, settings, sha256(model.weights_file), bar(as_json),
                               changes)
     doc = {**view.trained_doc(out, state, len(x)), **changes}
-    present(as_json, lambda: doc, lambda: view.trained_view(doc))
+    present(context, as_json, lambda: doc, lambda: view.trained_view(doc))
 
 
 @sae_app.command("eval")
 @steerable  # every loss is the steered run's; the SAE is spliced into the steered run
-def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
+def sae_eval(context: RunContext, weights: Path = WEIGHTS, sae: Path = SAE_FILE,
              data: Path = typer.Option(None, "--data", help="Held-out stories (default: the "
                                        "project's part-005.txt).", show_default=False),
              windows: int = typer.Option(64, "--windows", min=1, help="Windows of the "
@@ -122,18 +127,18 @@ def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
     from ..analysis import sae as S
     from ..render import features as view
 
-    model = load(weights)
+    model = load(context, weights)
     found = S.model_sae(model, sae)
-    hooks, changes = steered(model)
+    hooks, changes = steered(context, model)
     with bar(as_json)(4, "evaluating") as advance:
         result, names = S.evaluate_held_out(model, found, data, windows, advance, hooks)
-    present(as_json, lambda: {**view.eval_doc(result, names), **changes},
+    present(context, as_json, lambda: {**view.eval_doc(result, names), **changes},
             lambda: view.eval_view(result, names))
 
 
 @sae_app.command("feature")
 @steerable  # its data search and --text run steered, like every command that runs a text
-def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
+def sae_feature(context: RunContext, latent: int = typer.Argument(..., help="The latent's index."),
                 weights: Path = WEIGHTS, sae: Path = SAE_FILE,
                 data: Path = typer.Option(None, "--data", help="Stories to search (default: "
                                           "the project's training parts).", show_default=False),
@@ -162,33 +167,34 @@ def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
 
     check_save(save, force)
     if text is not None:
-        return _feature_on_text(weights, sae, latent, text, as_json, save, force)
-    model = load(weights)
+        return _feature_on_text(context, weights, sae, latent, text, as_json, save, force)
+    model = load(context, weights)
     path = S.sae_file(model.weights_file, sae)
     found = S.load_sae(path, model.config, model.weights_file)
     latent = check_index(latent, found.n_latents, "latent")
     files = given_or(data, training_files)
-    hooks, changes = steered(model)
+    hooks, changes = steered(context, model)
     codes = S.data_codes(model, found, path, files, windows, bar(as_json), hooks)
     result = S.feature_report(found, model.params, codes["ids"], codes["idx"], codes["val"],
                               latent, top)
-    present(as_json, lambda: {**view.feature_doc(result, model.tokenizer), **changes},
+    present(context, as_json, lambda: {**view.feature_doc(result, model.tokenizer), **changes},
             lambda: view.feature_view(result, model.tokenizer),
             figure=lambda: view.feature_figure(result, model.tokenizer), save=save, force=force)
 
 
-def _feature_on_text(weights, sae, latent: int, text: str, as_json: bool, save, force) -> None:
+def _feature_on_text(context: RunContext, weights, sae, latent: int, text: str, as_json: bool,
+                     save, force) -> None:
     """`sae feature N --text TEXT`: the latent at each token of the text."""
     from ..analysis import sae as S
     from ..render import features as view
     from ..render.documents import session_document
     from .common import run
 
-    r = run(weights, text)
+    r = run(context, weights, text)
     found, tok = S.model_sae(r.model, sae), r.model.tokenizer
     result = S.latent_on_text(found, r.model.params, r.trace.get(found.site), latent)
     path = f"sae.{found.site}.{result.latent}"  # as `trace TEXT sae.SITE.N` names it
-    present(as_json, lambda: session_document(r, path, result.acts,
+    present(context, as_json, lambda: session_document(r, path, result.acts,
                                               **view.text_fields(result, tok)),
             lambda: view.text_view(result, r.tokens, tok),
             figure=lambda: view.text_figure(result, r.tokens, tok), save=save, force=force)
@@ -196,44 +202,46 @@ def _feature_on_text(weights, sae, latent: int, text: str, as_json: bool, save, 
 
 # ------------------------------------------------------------------ the tuned lens (`lens`)
 
-def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: Path | None,
-                    data: Path | None, as_json: bool) -> None:
+def tuned_lens_work(context: RunContext, weights: Path | None, fit: bool, evaluate: bool,
+                    lens_file: Path | None, data: Path | None, as_json: bool) -> None:
     """`lens --fit` (then --evaluate, when both are given) or `lens --evaluate`."""
     from ..analysis import tuned_lens as tl
     from ..render import features as view
 
     if fit:
-        keep_default_file(lens_file, "the weights folder's lens/tuned.safetensors", "--lens")
+        keep_default_file(context, lens_file, "the weights folder's lens/tuned.safetensors",
+                          "--lens")
         check_out(lens_file, force=True, example="--lens tuned.safetensors", folder_made=True,
                   option="--lens")
-    model = load(weights)
+    model = load(context, weights)
     cfg, path = model.config, tl.lens_file(model.weights_file, lens_file)
-    hooks, changes = steered(model)
+    hooks, changes = steered(context, model)
     if fit:
         tokens = tl.fit_on_training_text(model, data, path, bar(as_json), hooks, changes)
         if not evaluate:
             doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": tokens, **changes}
-            present(as_json, lambda: doc, lambda: view.lens_fit_view(doc))
+            present(context, as_json, lambda: doc, lambda: view.lens_fit_view(doc))
             return
     translators = tl.load_translators(path, cfg, model.weights_file)
     result, names = tl.evaluate_held_out(model, data, translators, bar(as_json), hooks)
-    present(as_json, lambda: {**view.lens_eval_doc(result, names), **changes},
+    present(context, as_json, lambda: {**view.lens_eval_doc(result, names), **changes},
             lambda: view.lens_eval_view(result, names))
 
 
 # ------------------------------------------------------------------ latents in trace and --ablate
 
 
-def trace_latents(weights, text, path: str, ablate, as_json: bool) -> None:
+def trace_latents(context: RunContext, weights, text, path: str, ablate, as_json: bool) -> None:
     """`trace TEXT sae.SITE`: the SAE's active latents at each token (after any --ablate)."""
     from ..analysis import sae as S
     from ..render import features as view
     from ..render.documents import session_document
     from .common import run
 
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     site, sae, z, active = S.latents_of(r.model.weights_file, r.trace, path)
-    present(as_json, lambda: session_document(r, path, z, site=site, k=sae.k, active=active),
+    present(context, as_json,
+            lambda: session_document(r, path, z, site=site, k=sae.k, active=active),
             lambda: view.latents_view(path, r.tokens, z, active))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -21,14 +22,19 @@ from .common import (
     progress,
     progress_report,
     stderr,
-    stdout,
 )
+from .steering import steerable
+
+if TYPE_CHECKING:
+    from ..context import RunContext
 
 # NumPy and the model are imported inside the commands
 
 
 @app.command()
+@steerable
 def history(
+    context: RunContext,
     text: str = TEXT,
     path: str = typer.Argument(None, help="A value (layers.0.heads.1.weights, logits[-1]) or a "
                                "parameter (h.0.attn.c_attn.weight) to follow.",
@@ -52,7 +58,7 @@ def history(
     from ..render import documents as docs
     from ..render import history as view
 
-    s = open_session(weights, text)
+    s = open_session(context, weights, text)
     if path is not None and heads:
         raise InputError("give a PATH or --heads, not both")
     p = check_index(position, s.T, "position")  # out of range is refused, used or not
@@ -61,23 +67,26 @@ def history(
     if heads:  # grids and tables fit the terminal
         with progress(len(timeline), "head scores", enabled=not as_json) as advance:
             scores = hist.heads_over_training(timeline, s.config, s.ids, advance, s.hooks)
-        return present(as_json, lambda: docs.heads_history_document(
+        return present(context, as_json, lambda: docs.heads_history_document(
             s, scores, hist.snapshot_rows(timeline), length),
             lambda: view.heads_view(scores, labels, length))
     if path is not None:
         h = hist.value_over_training(timeline, s.config, s.ids, s.tokens, path, s.hooks)
-        return present(as_json, lambda: docs.value_history_document(s, h),
+        return present(context, as_json, lambda: docs.value_history_document(s, h),
                        lambda: view.value_view(h, labels, s.tokens, p))
     rows = hist.loss_over_training(timeline, s.config, s.ids, s.model.tokenizer.token_str,
                                    s.hooks)
-    present(as_json, lambda: docs.loss_history_document(s, rows), lambda: view.loss_view(rows))
+    present(context, as_json, lambda: docs.loss_history_document(s, rows),
+            lambda: view.loss_view(rows))
 
 
 # ------------------------------------------------------------------ why
 
 
 @app.command()
+@steerable
 def why(
+    context: RunContext,
     text: str = TEXT,
     target: str = typer.Option(None, "--target", help="The next token to explain, as text "
                                "(' ball') or id; default: the model's likeliest.",
@@ -103,11 +112,10 @@ def why(
     from ..analysis import why as whys
     from ..corpus import training_text
     from ..render import history as view
-    from ..render import jsonout
     from ..render.text import escape_line
 
     t0 = time.perf_counter()
-    session = open_session(weights, text)
+    session = open_session(context, weights, text)
     model = session.model
     found = training_text(model.folder, data, any_data=any_data)
     with progress_report("indexing every window's gradient") as report:
@@ -115,10 +123,14 @@ def why(
                              hooks=session.hooks)
     if found.note:  # once the answer stands: an error is then the only line
         stderr().print(escape_line(found.note), soft_wrap=True)
-    if as_json:
+
+    def document():
         from ..render.documents import why_document
 
-        jsonout.emit(why_document(session, result, round(time.perf_counter() - t0, 2)))
-        return
-    stdout().print(view.why_view(result, model.tokenizer.token_str))
-    stderr().print(f"({time.perf_counter() - t0:.1f} s; {result.index_note()})", style="dim")
+        return why_document(session, result, round(time.perf_counter() - t0, 2))
+
+    present(context, as_json, document,
+            lambda: view.why_view(result, model.tokenizer.token_str))
+    if not as_json:
+        stderr().print(f"({time.perf_counter() - t0:.1f} s; {result.index_note()})",
+                       style="dim")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -28,38 +29,45 @@ from .common import (
     stdout,
     wide,
 )
+from .steering import steerable
+
+if TYPE_CHECKING:
+    from ..context import RunContext
 
 # NumPy, Rich and the model are imported inside the commands: registering them (and
 # `tinygpt --help`) stays cheap, and `encode` never loads the forward pass.
 
 
 @app.command()
-def encode(text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
+def encode(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
     """Card 1: split the text into tokens; each token is an id from the vocabulary.
 
     Shows each token's id, its text and its byte offsets in the UTF-8 text.
     Example: tinygpt encode "Lily wanted to play with her"
     """
-    model = open_folder(weights)
+    model = open_folder(context, weights)
     text = read_text(text)
     ids = model.tokenizer.encode(text)
-    if as_json:
-        from ..render import jsonout
+
+    def document():
         from ..render.documents import encode_document
 
-        jsonout.emit(encode_document(ids, model.tokenizer, model.config))
-        return
-    from ..render.tables import ENCODE_ROWS, encode_view, kept_rows
+        return encode_document(ids, model.tokenizer, model.config)
 
-    # a person reads the first and last rows of a long text; --json has every token
-    rows = kept_rows(len(ids), ENCODE_ROWS)
-    tokens = {i: model.tokenizer.token_str(ids[i]) for i in rows if i is not None}
-    stdout().print(encode_view(ids, rows, tokens, model.tokenizer.byte_starts(ids),
-                               model.config))
+    def view():
+        from ..render.tables import ENCODE_ROWS, encode_view, kept_rows
+
+        # a person reads the first and last rows of a long text; --json has every token
+        rows = kept_rows(len(ids), ENCODE_ROWS)
+        tokens = {i: model.tokenizer.token_str(ids[i]) for i in rows if i is not None}
+        return encode_view(ids, rows, tokens, model.tokenizer.byte_starts(ids), model.config)
+
+    present(context, as_json, document, view)
 
 
 @app.command()
 def decode(
+    context: RunContext,
     ids: list[str] = typer.Argument(None, metavar="IDS", help="Token ids (spaces or commas); "
                                     "'-' or nothing "
                                     "reads them from stdin.", show_default=False),
@@ -72,22 +80,28 @@ def decode(
     from ..render.text import show_text
     from ..tokenizer import parse_ids
 
-    model = open_folder(weights)
+    model = open_folder(context, weights)
     id_list = parse_ids(ids if ids and ids != ["-"] else [read_text(None)],
                         model.tokenizer.vocab_size)
     text = model.tokenizer.decode(id_list)
-    if as_json:
+
+    def document():
         from ..render import jsonout
 
-        jsonout.emit(jsonout.document(None, text, id_list,
-                                      [model.tokenizer.token_str(i) for i in id_list]))
-        return
-    sys.stdout.write(show_text(text) if sys.stdout.isatty() else text)
-    sys.stdout.write("\n")
+        return jsonout.document(None, text, id_list,
+                                [model.tokenizer.token_str(i) for i in id_list])
+
+    def show(text: str) -> None:  # the text itself, escaped only for a terminal
+        sys.stdout.write(show_text(text) if sys.stdout.isatty() else text)
+        sys.stdout.write("\n")
+
+    present(context, as_json, document, lambda: text, show=show)
 
 
 @app.command()
+@steerable
 def generate(
+    context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS,
     max_new_tokens: int = typer.Option(120, "--max-new-tokens", "-n", min=1,
                                        help="At most this many new tokens."),
@@ -113,13 +127,13 @@ def generate(
 
     check_top_p(top_p)
     check_temperature(temperature)  # before the seed line: an error is the only line
-    model = load(weights)
+    model = load(context, weights)
     ablated, zeroed = [], None
     if ablate:  # loaded only then: generation starts light
         from ..analysis.ablate import zeroing
 
         ablated, zeroed = zeroing(model, list(ablate))
-    hooks = steered_hooks(model, zeroed)
+    hooks = steered_hooks(context, model, zeroed)
     prompt = read_text(text, model)
     ids = encode_checked(model, prompt)
     chosen, seed = seed, fresh_seed() if seed is None else seed
@@ -134,12 +148,14 @@ def generate(
     if as_json:
         generation.write_json(tok, prompt, ids, steps, seed, no_stop, ablated)
         return
-    generation.say_stopped(*generation.write_text(stdout(), tok, prompt, steps, no_stop),
+    generation.say_stopped(*generation.write_text(stdout(context), tok, prompt, steps, no_stop),
                            max_new_tokens, ablated)
 
 
 @app.command("trace")
+@steerable
 def trace_cmd(
+    context: RunContext,
     text: str = TEXT,
     path: str = typer.Argument(None, help="Which value: e.g. layers.0.heads.0.weights, "
                                "lnFinal.out, logits[-1].", show_default=False),
@@ -160,23 +176,24 @@ def trace_cmd(
         raise InputError("give a PATH to print, or --list to see every path")
     if path is not None and path.startswith("sae."):  # an SAE's latents: cli/features.py
         from .features import trace_latents
-        return trace_latents(weights, text, path, ablate, as_json)
-    r = run(weights, text, ablate)
+        return trace_latents(context, weights, text, path, ablate, as_json)
+    r = run(context, weights, text, ablate)
     if list_paths:
         entries = r.trace.entries()
-        return present(as_json, lambda: session_document(
+        return present(context, as_json, lambda: session_document(
             r, None, np.asarray([e["path"] for e in entries]), name="paths", entries=entries),
                        lambda: paths_table(entries))
     value = r.trace.get(path)
     name, rows = r.trace.canonical(path)
     shown = name + "".join(f"[{i}]" for i in rows)
-    present(as_json, lambda: traced_document(r, shown, value),
+    present(context, as_json, lambda: traced_document(r, shown, value),
             lambda: traced_view(shown, value, rows, r.tokens, full),
-            console=lambda view: wide(view) if full and isinstance(value, np.ndarray) else stdout())
+            console=lambda view: wide(context, view)
+            if full and isinstance(value, np.ndarray) else stdout(context))
 
 
 @app.command()
-def info(weights: Path = WEIGHTS, as_json: bool = JSON):
+def info(context: RunContext, weights: Path = WEIGHTS, as_json: bool = JSON):
     """The model's configuration, parameter counts, weights file and tokenizer.
 
     Example: tinygpt info
@@ -185,5 +202,5 @@ def info(weights: Path = WEIGHTS, as_json: bool = JSON):
     from ..render.documents import info_document
     from ..render.tables import info_view
 
-    info = model_info(load(weights))
-    present(as_json, lambda: info_document(info), lambda: info_view(info))
+    info = model_info(load(context, weights))
+    present(context, as_json, lambda: info_document(info), lambda: info_view(info))

@@ -18,37 +18,40 @@ from .common import (
     figures,
     present,
     run,
-    save_figure,
     stdout,
 )
+from .steering import steerable
 
 if TYPE_CHECKING:
+    from ..context import RunContext
     from ..session import Run
 
 # NumPy and Rich are imported inside the functions: registering the commands stays cheap.
 
 
 @app.command()
-def review(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+@steerable
+def review(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+           ablate: list[str] = ABLATE,
            as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """The whole "Quick review" page for a text: the facts, then all 11 cards with real values.
 
     Example: tinygpt review "Lily wanted to play with her"
     """
     from ..page import CARDS
-    from ..render import jsonout
     from ..render.documents import review_document
 
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     values = page_values(r)
-    save_figure(review_figure(r, values), save, force)
-    if as_json:
-        jsonout.emit(review_document(r, values, CARDS))
-        return
-    from ..render.page import page_view
 
-    console = stdout()
-    console.print(page_view(r, values, min(console.width, 100)))
+    def show(values: dict) -> None:  # as wide as the terminal, at most 100 columns
+        from ..render.page import page_view
+
+        console = stdout(context)
+        console.print(page_view(r, values, min(console.width, 100)))
+
+    present(context, as_json, lambda: review_document(r, values, CARDS), lambda: values,
+            figure=lambda: review_figure(r, values), save=save, force=force, show=show)
 
 
 def review_figure(r: Run, values: dict):
@@ -66,7 +69,9 @@ def review_figure(r: Run, values: dict):
 
 
 @app.command("map")
-def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
+@steerable
+def map_cmd(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+            ablate: list[str] = ABLATE,
             as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """The model as a diagram, every arrow labelled with its shape for this text.
 
@@ -75,9 +80,9 @@ def map_cmd(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLAT
     from ..render import page as page_view
     from ..render.documents import map_document
 
-    r = run(weights, text, ablate)
+    r = run(context, weights, text, ablate)
     stages = map_stages(r)
-    present(as_json, lambda: map_document(r, stages, r.model.config.n_layer),
+    present(context, as_json, lambda: map_document(r, stages, r.model.config.n_layer),
             lambda: page_view.map_view(r, stages, next_token(r)[1]),
             figure=lambda: figures("pictures").map_figure(
                 r.text, stages, r.model.config.n_layer,

@@ -1,19 +1,24 @@
-"""--steer, --steer-away, --steer-vector, --steer-layer, --steer-scale on every command that
-runs the model: on a text, or over data (means, steer, probe, sae train|eval, lens --fit).
+"""How a command runs: with its run context, and (when it runs the model) steered.
 
-The options are declared once (common.STEER_OPTIONS). `steerable` adds them to a command's
-signature when the app is built (app._register wraps every command that takes --ablate, and
-those of STEERED), and keeps their values for the length of the command; `steering(model)`
-turns them into the hook the command's session runs with (common.open_session; the commands
-whose analyses run the model themselves pass `steering(model)[0]` on as their hooks).
+Every command is written `def name(context: RunContext, ...options)`: `with_context` turns it
+into the Typer callback, which takes the run context the entry point made (click's `obj`, a
+fresh RunContext when there is none) and gives the command its own copy (for_command). A
+command marked @steerable also takes --steer, --steer-away, --steer-vector, --steer-layer and
+--steer-scale (declared once: common.STEER_OPTIONS), held in its context; `steering(context,
+model)` turns them into the hook its session runs with (common.open_session; the commands
+whose analyses run the model themselves pass `steering(context, model)[0]` on as their
+hooks), and once the command has done its work each steering made is said on stderr.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from typing import NamedTuple, Optional
+from typing import Optional
 
+import typer
+
+from ..context import RunContext, SteerOptions
 from ..errors import InputError
 from ..render.output import say_steered
 from .common import STEER_OPTIONS
@@ -22,66 +27,71 @@ from .common import STEER_OPTIONS
 _TYPES = {"steer": Optional[str], "steer_away": Optional[str],  # noqa: UP045 - typer needs it
           "steer_vector": Optional[str], "steer_layer": Optional[int],  # noqa: UP045
           "steer_scale": float}
-
-
-class SteerOptions(NamedTuple):  # not a frozen dataclass: 0.5 ms less of every start-up
-    steer: str | None = None
-    steer_away: str | None = None
-    steer_vector: str | None = None
-    steer_layer: int | None = None
-    steer_scale: float = 1.0
-
-
-# Commands without --ablate that run the model take them too (sae's are marked @steerable).
-STEERED = {"lens", "dla", "ablate", "patch", "attribute", "score", "heads", "neurons", "diff",
-           "history", "why", "qk", "circuit", "means", "steer", "probe"}
-
-_chosen = SteerOptions()  # the running command's options
-_made: dict = {}  # (id(model), options) -> steering(model): once a command, one stderr line
-_said: list = []  # the steering line, said once the command has done its work
+_CLICK = "_click_context"  # the parameter typer fills with click's context
 
 
 def steerable(fn):
-    """fn with the steering options added to its signature (once), held while it runs."""
-    if getattr(fn, "_steerable", False):
+    """Mark a command as one that runs the model: it takes the steering options."""
+    fn.steerable = True
+    return fn
+
+
+def with_context(fn, name: str):
+    """The Typer callback of command `fn(context, **options)` named `name`: its first
+    parameter, the RunContext, is made from the one the command line runs with; the others
+    are its options (and the steering options, when it is @steerable)."""
+    if getattr(fn, "_with_context", False):
         return fn
     sig = inspect.signature(fn)
+    steers = getattr(fn, "steerable", False)
 
     @functools.wraps(fn)
-    def command(*args, **kwargs):
-        global _chosen
-        _chosen = SteerOptions(**{name: kwargs.pop(name) for name in STEER_OPTIONS})
-        try:
-            result = fn(*args, **kwargs)
-            for d in _said:  # after the work: an error stays the only line
-                say_steered(d)
-            return result
-        finally:
-            _chosen = SteerOptions()
-            _made.clear()
-            _said.clear()
+    def command(**kwargs):
+        click_context = kwargs.pop(_CLICK)
+        line = click_context.find_root().obj
+        steer = SteerOptions(**{n: kwargs.pop(n) for n in STEER_OPTIONS}) if steers else None
+        context = (line if line is not None else RunContext()).for_command(
+            name, steer, bool(kwargs.get("quiet", False)))
+        sources = {n: click_context.get_parameter_source(n) for n in kwargs}
+        context.given = frozenset(  # the options the user typed, not left at their default
+            n for n, source in sources.items() if source is not None
+            and source.name == "COMMANDLINE")
+        result = fn(context, **kwargs)
+        for d in context.said:  # after the work: an error stays the only line
+            say_steered(d)
+        return result
 
-    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
-                               annotation=_TYPES[name]) for name, option in STEER_OPTIONS.items()]
-    kept = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-            if p.kind == inspect.Parameter.VAR_KEYWORD else p for p in sig.parameters.values()]
-    command.__signature__ = sig.replace(parameters=[*kept, *extra])
-    command.__annotations__ = {**getattr(fn, "__annotations__", {}), **_TYPES}
-    command._steerable = True
+    kind = inspect.Parameter.KEYWORD_ONLY
+    extra = [inspect.Parameter(n, kind, default=option, annotation=_TYPES[n])
+             for n, option in STEER_OPTIONS.items()] if steers else []
+    own = [p.replace(kind=kind) for p in list(sig.parameters.values())[1:]]  # 0: context
+    command.__signature__ = sig.replace(parameters=[
+        inspect.Parameter(_CLICK, kind, annotation=typer.Context), *own, *extra])
+    command.__annotations__ = {**{k: v for k, v in getattr(fn, "__annotations__", {}).items()
+                                  if k != next(iter(sig.parameters))},
+                               _CLICK: typer.Context, **(_TYPES if steers else {})}
+    command._with_context = True
     return command
 
 
-def steering(model) -> tuple[object | None, dict | None]:
-    """(the hook that steers every run, a description for views) from the running command's
-    options; (None, None) when it is not steered. Made once per command and model."""
-    key = (id(model), _chosen)
-    if key not in _made:
-        _made[key] = (model, _steering(model))  # the model is kept so its id stays its own
-    return _made[key][1]
+def _options(context: RunContext) -> SteerOptions:
+    if context.steer is None:  # a command that runs the model, not marked: a bug, not input
+        raise RuntimeError(f"command {context.command!r} runs the model but is not "
+                           "@steerable (cli/steering.py)")
+    return context.steer
 
 
-def _steering(model) -> tuple[object | None, dict | None]:
-    o = _chosen
+def steering(context: RunContext, model) -> tuple[object | None, dict | None]:
+    """(the hook that steers every run, a description for views) from the command's options;
+    (None, None) when it is not steered. Made once per command and model."""
+    key = (id(model), _options(context))
+    if key not in context.steerings:  # the model is kept so its id stays its own
+        context.steerings[key] = (model, _steering(context, model))
+    return context.steerings[key][1]
+
+
+def _steering(context: RunContext, model) -> tuple[object | None, dict | None]:
+    o = _options(context)
     if o.steer is None and o.steer_away is None and o.steer_vector is None:
         if o.steer_layer is not None or o.steer_scale != 1.0:
             raise InputError("--steer-layer and --steer-scale need a direction: --steer TEXT "
@@ -91,19 +101,19 @@ def _steering(model) -> tuple[object | None, dict | None]:
 
     hook, described = steering_hook(model, o.steer, o.steer_away, o.steer_vector, o.steer_layer,
                                     o.steer_scale)
-    _said.append(described)
+    context.said.append(described)
     return hook, described
 
 
-def steered_hooks(model, hooks=None):
-    """`hooks` with the running command's steering before them (generate's hook set)."""
+def steered_hooks(context: RunContext, model, hooks=None):
+    """`hooks` with the command's steering before them (generate's hook set)."""
     from ..hooks import chained
 
-    return chained(steering(model)[0], hooks)
+    return chained(steering(context, model)[0], hooks)
 
 
-def keep_default_file(given, default: str, option: str = "--out") -> None:
+def keep_default_file(context: RunContext, given, default: str, option: str = "--out") -> None:
     """InputError (before any work) when a steered run would write over the default file."""
-    if given is None and (_chosen.steer, _chosen.steer_away, _chosen.steer_vector) != (None,) * 3:
+    if given is None and _options(context).given:
         raise InputError(f"a steered run does not write over {default}: give {option} FILE "
                          "(its metadata records the steering)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -31,13 +32,19 @@ from .common import (
     steered,
     wide,
 )
+from .steering import steerable
+
+if TYPE_CHECKING:
+    from ..context import RunContext
 
 # NumPy and the model are imported inside the commands
 
 # ------------------------------------------------------------------ score
 
 @app.command()
+@steerable
 def score(
+    context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS,
     file: Path = typer.Option(None, "--file", "-f", help="Score a file of stories separated "
                               "by <|endoftext|> lines, each from a fresh start.",
@@ -70,9 +77,9 @@ def score(
     from ..render import jsonout
     from ..render.texts import score_view
 
-    model = load(weights)
+    model = load(context, weights)
     tok, cfg = model.tokenizer, model.config
-    hooks, changes = steered(model)
+    hooks, changes = steered(context, model)
     check_save(save, force)  # before a long text is read and tokenised, and lines stream
     sequences, offset, stream_bpt = sc.score_inputs(model, text, read_text, file, stride,
                                                     stream, bos)
@@ -88,8 +95,8 @@ def score(
             model.params, cfg, sequences, sc.byte_lengths(tok), stride=stride, stream=stream,
             offset=offset, top=top if not as_json or save is not None else 0,
             keep=shown and not as_json, draw=save is not None, stream_bpt=stream_bpt,
-            on_scores=lines, progress=advance, hooks=hooks)
-    present(as_json, lambda: jsonout.jsonable({**report.summary, **changes}),
+            on_scores=lines, progress=advance, hooks=hooks, ahead=context.ahead)
+    present(context, as_json, lambda: jsonout.jsonable({**report.summary, **changes}),
             lambda: score_view(report, token_str, tok),
             figure=lambda: figures().score_figure(report, token_str), save=save, force=force)
 
@@ -98,7 +105,9 @@ def score(
 
 
 @app.command()
+@steerable
 def heads(
+    context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS,
     text_opt: str = typer.Option(None, "--text", help="The text (same as the argument).",
                                  show_default=False),
@@ -131,18 +140,19 @@ def heads(
     from ..render import texts as view
     from ..render.documents import heads_document
 
-    model = load(weights)
+    model = load(context, weights)
     if text is not None and text_opt is not None:
         raise InputError("give the text once: as the argument or with --text")
     ids, source = detect.texts_for_heads(model.tokenizer, model.config.n_positions,
                                          text if text is not None else text_opt, read_text,
                                          file, stories)
-    hooks, changes = steered(model)
+    hooks, changes = steered(context, model)
     r = detect.heads_report(model.params, model.config, ids, source, length=length,
                             batch=batch, seed=seed, separator=model.tokenizer.eot_id,
                             exclude_first=exclude_first, exclude_current=exclude_current,
                             hooks=hooks)
-    present(as_json, lambda: heads_document(r, ids, exclude_first, exclude_current, changes),
+    present(context, as_json,
+            lambda: heads_document(r, ids, exclude_first, exclude_current, changes),
             lambda: view.heads_view(r), figure=lambda: figures().heads_figure(r), save=save,
             force=force)
 
@@ -150,7 +160,9 @@ def heads(
 # ------------------------------------------------------------------ neurons
 
 @app.command()
+@steerable
 def neurons(
+    context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS, layer: int = LAYER,
     neuron: int = typer.Option(None, "--neuron", help="One neuron: list the windows of "
                                "--data where it fires most.", show_default=False),
@@ -180,27 +192,27 @@ def neurons(
     from ..render.documents import neuron_examples_document, text_neurons_document
     from ..render.text import escape_line
 
-    model = load(weights)
+    model = load(context, weights)
     cfg, tok = model.config, model.tokenizer
     layer = check_index(layer, cfg.n_layer, "layer")
     if neuron is None:
         if data is not None:
             raise InputError("--data is searched for one neuron: give --neuron N too")
-        s = open_session(None, text, model=model)
+        s = open_session(context, None, text, model=model)
         tn = nrn.neurons_on_text(s, layer, top, raw=raw)
-        return present(as_json, lambda: text_neurons_document(tn, s, layer),
+        return present(context, as_json, lambda: text_neurons_document(tn, s, layer),
                        lambda: view.text_neurons_view(tn, s.tokens))
     neuron = check_index(neuron, cfg.n_inner, "neuron")
     if text is not None:
         raise InputError("--neuron searches --data, not a text: leave the text out")
     files, note = search_files(data, model.folder, any_data=any_data)
-    hooks, changes = steered(model)
+    hooks, changes = steered(context, model)
     maxima = nrn.cached_maxima(model, files, bar(as_json), hooks)
     if note:  # once the maxima stand: an error is then the only line
         stderr().print(escape_line(note), soft_wrap=True)
     ex = nrn.neuron_examples(model.params, cfg, maxima, maxima["stream"], layer, neuron, top,
                              tok.token_str, hooks)
-    present(as_json, lambda: neuron_examples_document(ex, tok.token_str, files, changes),
+    present(context, as_json, lambda: neuron_examples_document(ex, tok.token_str, files, changes),
             lambda: view.neuron_examples_view(ex, tok.token_str, [f.name for f in files]))
 
 
@@ -208,7 +220,9 @@ def neurons(
 
 
 @app.command()
+@steerable
 def diff(
+    context: RunContext,
     text_a: str = typer.Argument(None, help="The first text ('-': stdin).", show_default=False),
     text_b: str = typer.Argument(None, help="The second text (not with --weights-b).",
                                  show_default=False),
@@ -230,20 +244,20 @@ def diff(
     from ..render import texts as view
     from ..render.documents import models_diff_document, text_diff_document
 
-    model = load(weights)
+    model = load(context, weights)
     if weights_b is not None:
         if text_b is not None:
             raise InputError("--weights-b compares two models on one text: give one text")
         from .steering import steering
 
-        model_b = load(weights_b)
-        d = diffs.models_diff(open_session(None, text_a, model=model), model_b,
-                              steering(model_b)[0])
-        return present(as_json, lambda: models_diff_document(d, model.folder),
+        model_b = load(context, weights_b)
+        d = diffs.models_diff(open_session(context, None, text_a, model=model), model_b,
+                              steering(context, model_b)[0])
+        return present(context, as_json, lambda: models_diff_document(d, model.folder),
                        lambda: view.models_diff_view(d))
     if text_a is None or text_b is None:
         raise InputError("diff needs two texts, or one text and --weights-b DIR")
-    a = open_session(None, text_a, model=model)
+    a = open_session(context, None, text_a, model=model)
     d = diffs.text_diff(a, a.reopen(read_text(text_b, model)))
-    present(as_json, lambda: text_diff_document(d), lambda: view.text_diff_view(d),
-            console=lambda v: wide(v.renderables[-1]))  # as wide as the side-by-side table
+    present(context, as_json, lambda: text_diff_document(d), lambda: view.text_diff_view(d),
+            console=lambda v: wide(context, v.renderables[-1]))  # as wide as the side-by-side table

@@ -6,6 +6,7 @@ import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -14,12 +15,16 @@ from ..render.text import escape_line
 from .app import app
 from .common import InputError
 
+if TYPE_CHECKING:
+    from ..context import RunContext
+
 VOCAB_SIZE = typer.Option(4096, "--vocab-size", help=f"Tokens in the vocabulary: {MIN_VOCAB} "
                           f"(the 256 bytes and <|endoftext|>) to {MAX_VOCAB:,}.")
 
 
 @app.command("train-tokenizer")
 def train_tokenizer_cmd(
+    context: RunContext,
     data: list[Path] = typer.Option(..., "--data", metavar="PATH",
                                     help="Folder of part-*.txt files, or files."),
     out: Path = typer.Option(Path("weights/tokenizer.json"), "--out", help="Where to write it."),
@@ -47,6 +52,7 @@ def train_tokenizer_cmd(
 
 @app.command("train")
 def train_cmd(
+    context: RunContext,
     data: list[Path] = typer.Option(
         ..., "--data", metavar="PATH",
         help="Folder of part-*.txt (the last part is held out), or files."
@@ -125,6 +131,7 @@ def train_cmd(
 
 @app.command("model-card")
 def model_card_cmd(
+    context: RunContext,
     run: Path = typer.Argument(..., help="A weights folder written by `tinygpt train`."),
     data: list[Path] = typer.Option(..., "--data", metavar="PATH",
                                     help="The data it was trained on."),

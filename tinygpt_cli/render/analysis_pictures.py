@@ -178,11 +178,11 @@ def patch_figure(r) -> Figure:
 
 def score_figure(report, token_str: list[str]) -> Figure:
     """The totals of a ScoreReport (analysis.score), each drawn text's tokens coloured by
-    surprisal (bits; one row a text, cut to DRAWN_TOKENS in all: one --stream text can be a
+    surprisal (bits; one row a text, cut to report.drawn_tokens in all: one --stream text can be a
     whole file), and the most surprising tokens."""
-    from ..analysis.score import DRAWN_TOKENS, LN2
+    from .text import LN2
 
-    summary, budget, drawn = report.summary, DRAWN_TOKENS, []
+    summary, budget, drawn = report.summary, report.drawn_tokens, []
     for d in report.drawn:
         drawn.append(([token_str[int(x)] for x in d.targets[:budget]], d.bits[:budget]))
         budget -= len(drawn[-1][1])
@@ -215,7 +215,7 @@ def score_figure(report, token_str: list[str]) -> Figure:
 def heads_figure(r) -> Figure:
     """A HeadsReport (analysis.heads): one layer × head heatmap of each detector's score
     (0..1)."""
-    from ..analysis.heads import KIND_LABELS as names
+    from .text import HEAD_KINDS as names
 
     table, texts, source, repeat = r.table, r.texts, r.source, r.repeat
     n_layer, n_head = next(iter(table.values())).shape

@@ -5,21 +5,22 @@ A command builds a Figure from plain numbers and display strings; `svg.document`
 terminal, no math here: labels are display strings (`token_labels` makes them from tokens),
 values are already computed and keep their dtype (the hover text shows float32 digits).
 
-A command that draws something takes the three options and makes one call, before it prints
-anything (so that a refused --save is the only output):
+A command that draws something takes the three options and hands the figure to present,
+which writes it before it prints anything (so that a refused --save is the only output):
 
     from ..render.figure import Bars, Figure, Heatmap, Note, Row, Table, token_labels
-    from .common import FORCE, QUIET, SAVE, save_figure
+    from .common import FORCE, QUIET, SAVE, present
 
-    def lens(..., save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
+    def lens(context: RunContext, ..., save: Path = SAVE, force: bool = FORCE,
+             quiet: bool = QUIET):
         ...
-        labels = token_labels(r.tokens)
-        save_figure(Figure("logit lens", [Heatmap(probs, stage_names, labels, path="lens",
-                                                  lo=0.0, hi=1.0)]), save, force)
-        if as_json: ...
-        stdout().print(...)  # prints nothing under --quiet; --json is not affected
+        figure = lambda: Figure("logit lens", [Heatmap(probs, stage_names,
+                                                       token_labels(r.tokens), path="lens",
+                                                       lo=0.0, hi=1.0)])
+        present(context, as_json, document, view, figure=figure, save=save, force=force)
 
-`save_figure(figure, None, force)` does nothing, so the call needs no `if save`.
+The figure is made only when --save asks for it; --quiet prints no view, --json is not
+affected.
 """
 
 from __future__ import annotations

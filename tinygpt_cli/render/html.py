@@ -12,7 +12,7 @@ import numpy as np
 from .. import __version__
 from . import svg
 from .figure import Bars, Facts, Figure, Flow, Heatmap, Highlight, Note, Row, Section, Table
-from .svg import cell_text, esc, exact
+from .svg import cell_text, esc, exact, numbered
 
 CSS = """
 :root { --ink: #1f2328; --dim: #656d76; --line: #d0d7de; --bg: #ffffff; --card: #f6f8fa; }
@@ -125,7 +125,7 @@ def table(t: Table) -> str:
 
 
 def document(figure: Figure) -> str:
-    body = "\n".join(part(p) for p in figure.parts)
+    body = numbered("\n".join(part(p) for p in figure.parts))
     sub = f'<p class="sub">{esc(figure.subtitle)}</p>' if figure.subtitle else ""
     return f"""<!DOCTYPE html>
 <html lang="en">

@@ -1,6 +1,7 @@
 """Where a command's output goes: stdout and stderr consoles (markup off, widths that suit a
 terminal or a pipe), --save pictures written atomically, --quiet, and the line that starts
-every view and picture of a changed (steered or ablated) run.
+every view and picture of a changed (steered or ablated) run. --quiet and that line are the
+command's run context's (context.RunContext: `quiet`, `changed`), passed to each function.
 
 Imported when the commands are registered: Rich and the SVG/HTML writers load inside the
 functions that use them.
@@ -19,8 +20,8 @@ from ..files import write_atomically
 if TYPE_CHECKING:
     from rich.console import Console
 
-_quiet = False  # set by --quiet for the one command being run; stdout() then prints nothing
-_changed: str | None = None  # what --steer/--ablate changed in the run about to be shown
+    from ..context import RunContext
+
 PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
 MIN_WIDTH, TERMINAL_WIDTH = 20, 80  # a narrower stated width is a mistake: use the classic one
 
@@ -47,7 +48,7 @@ def picture_format(path: Path) -> str:
     return kind
 
 
-def save_figure(figure, path: Path | None, force: bool = False) -> None:
+def save_figure(context: RunContext, figure, path: Path | None, force: bool = False) -> None:
     """Write `figure` (render.figure.Figure) to the --save path, if one was given: SVG or HTML
     by the extension, atomically, never over an existing file without --force. Call it before
     printing the terminal view, so a refusal is the only output."""
@@ -58,16 +59,16 @@ def save_figure(figure, path: Path | None, force: bool = False) -> None:
     check_save(path, force)
     from . import html, svg
 
-    if _changed:  # a picture of a changed run says so first, as the terminal view does
+    if context.changed:  # a picture of a changed run says so first, as its view does
         from dataclasses import replace
 
         from .figure import Note
 
-        figure = replace(figure, parts=[*(Note(line) for line in _changed.splitlines()),
+        figure = replace(figure, parts=[*(Note(line) for line in context.changed.splitlines()),
                                         *figure.parts])
     data = (svg.document if kind == "svg" else html.document)(figure)
     write_atomically(path, data.encode("utf-8"))
-    if not _quiet:  # where the picture went, as a note on stderr (--quiet: nothing)
+    if not context.quiet:  # where the picture went, as a note on stderr (--quiet: nothing)
         from .text import escape_line
 
         stderr().print(f"wrote {escape_line(str(path))}", style="dim", soft_wrap=True)
@@ -98,19 +99,19 @@ def check_out(out: Path | None, force: bool, *, example: str = "--out FILE.safet
         raise InputError(f"{option} {out}: the file exists; add --force to overwrite it")
 
 
-def stdout(width: int | None = None) -> Console:
+def stdout(context: RunContext, width: int | None = None) -> Console:
     """Markup and highlighting off: text from the user or the model is shown literally.
-    The width is the terminal's, or $COLUMNS, or PIPE_WIDTH for a pipe."""
+    The width is the terminal's, or $COLUMNS, or PIPE_WIDTH for a pipe. Nothing is printed
+    under --quiet; the first console of a changed run prints what was changed."""
     from .quick_table import QuickConsole as Console  # a view in a pipe laid out directly
 
-    global _changed
     console = Console(markup=False, highlight=False, emoji=False, soft_wrap=False, width=width,
-                      quiet=_quiet)
-    if _changed:  # the view of a changed run says so first, whatever view it is
+                      quiet=context.quiet)
+    if context.changed:  # the view of a changed run says so first, whatever view it is
         from rich.text import Text
 
-        note, _changed = _changed, None
-        stdout(width).print(Text(note, style="bold magenta"))
+        note, context.changed = context.changed, None
+        stdout(context, width).print(Text(note, style="bold magenta"))
     # the width set on the console made (as if it were made with it: one Console, not two,
     # for each view of --each-line's thousands)
     if width is None and not console.is_terminal and not _columns():
@@ -125,14 +126,14 @@ def _columns() -> int | None:
     return int(value) if value.isdigit() and int(value) >= MIN_WIDTH else None
 
 
-def wide(*renderables) -> Console:
+def wide(context: RunContext, *renderables) -> Console:
     """stdout, widened to the natural width of the renderables, so that a table of numbers
     (--full, a heatmap of a long text) is never cut at the edge: a terminal wraps the long
     lines and a pipe keeps them whole."""
-    console = stdout()
+    console = stdout(context)
     options = console.options.update_width(10**5)
     need = max(console.measure(r, options=options).maximum for r in renderables)
-    return stdout(width=need) if need > console.width else console
+    return stdout(context, width=need) if need > console.width else console
 
 
 def stderr():
@@ -145,13 +146,13 @@ def stderr():
     return console
 
 
-def set_changed(changes: dict | None) -> None:
+def set_changed(context: RunContext, changes: dict | None) -> None:
     """What a terminal view (and a saved picture) of a changed run starts with; nothing for a
     clean run. JSON documents say it in their "steered" and "ablated" fields instead."""
-    global _changed
     from .text import changed_note
 
-    _changed = changed_note(changes) if changes else None
+    context.changed = changed_note(changes) if changes else None
+
 
 def say_steered(d: dict) -> None:
     """Every steered run is announced by this line on stderr (its views and JSON say it too):
@@ -161,13 +162,7 @@ def say_steered(d: dict) -> None:
     stderr().print(f"steered: {steering_text(d)}", style="bold yellow", soft_wrap=True)
 
 
-def set_quiet(value: bool) -> None:
-    """--quiet for the command being run: stdout() prints nothing, save_figure no note."""
-    global _quiet
-    _quiet = value
-
-
-def show_view(view, full: bool = False, measured=None) -> None:
+def show_view(context: RunContext, view, full: bool = False, measured=None) -> None:
     """Print a view on stdout; with `full` (every column) as wide as the renderables
     `measured` (default: the view) need, which a terminal wraps and a pipe keeps whole.
 
@@ -175,22 +170,22 @@ def show_view(view, full: bool = False, measured=None) -> None:
     lines where nothing is styled and it can lay them out, without loading Rich; anywhere
     else its renderables are printed."""
     if hasattr(view, "lines"):
-        width = plain_width()
+        width = plain_width(context)
         lines = view.lines(width) if width is not None else None
         if lines is not None:
-            if not _quiet:
+            if not context.quiet:
                 sys.stdout.write("".join(line + "\n" for line in lines))
                 sys.stdout.flush()
             return
         view, measured = view.renderables()
-    (wide(*(measured or [view])) if full else stdout()).print(view)
+    (wide(context, *(measured or [view])) if full else stdout(context)).print(view)
 
 
-def plain_width() -> int | None:
+def plain_width(context: RunContext) -> int | None:
     """The width stdout() would have where it would show no styles (a pipe or a file, as Rich
     decides it: no FORCE_COLOR or TTY_COMPATIBLE, not a terminal, not a notebook), with no
     changed run's note to show first; else None."""
-    if _changed or any(v in os.environ for v in ("FORCE_COLOR", "TTY_COMPATIBLE")):
+    if context.changed or any(v in os.environ for v in ("FORCE_COLOR", "TTY_COMPATIBLE")):
         return None
     if "IPython" in sys.modules:  # a notebook's console is Rich's own kind
         return None
@@ -202,27 +197,32 @@ def plain_width() -> int | None:
     return _columns() or PIPE_WIDTH
 
 
-def at_least(width: int):
+def at_least(context: RunContext, width: int):
     """stdout, widened to `width` columns when the view needs more (a grid of many stages or
     heads). The width is counted from the grid's shape: measuring a large Rich table first
     costs as much as printing it."""
-    out = stdout()
-    return stdout(width=width) if width > out.width else out
+    out = stdout(context)
+    return stdout(context, width=width) if width > out.width else out
 
 
-def present(as_json: bool, document, view, *, figure=None, save: Path | None = None,
-            force: bool = False, console=None) -> None:
-    """A command's result, out: its picture first (--save: a refusal is then the only
-    output), then one JSON document on stdout, or the terminal view. `document`, `view` and
-    `figure` are functions of nothing, called only for the output asked for, so a view's
-    Rich and a picture's modules load only then. `console(view)`: the console a view that
-    may be wide is printed on (default: stdout())."""
+def present(context: RunContext, as_json: bool, document, view, *, figure=None,
+            save: Path | None = None, force: bool = False, console=None, show=None) -> None:
+    """A command's result, out, the one exit of every command: its picture first (--save: a
+    refusal is then the only output), then one JSON document on stdout, or the terminal
+    view. `document`, `view` and `figure` are functions of nothing, called only for the
+    output asked for, so a view's Rich and a picture's modules load only then.
+    `console(view)`: the console a view that may be wide is printed on (default:
+    stdout(context)); `show(view)`, instead, prints what `view()` made itself (a view with
+    plain lines, several parts, raw text)."""
     if save is not None and figure is not None:
-        save_figure(figure(), save, force)
+        save_figure(context, figure(), save, force)
     if as_json:
         from .jsonout import emit
 
         emit(document())
         return
     shown = view()
-    (console(shown) if console is not None else stdout()).print(shown)
+    if show is not None:
+        show(shown)
+        return
+    (console(shown) if console is not None else stdout(context)).print(shown)

@@ -139,7 +139,19 @@ class Block:
     h: float
 
 
-_ids = itertools.count()
+_ids = itertools.count()  # unique in a process; each document numbers its own (numbered)
+
+
+def numbered(markup: str) -> str:
+    """The legends' gradient ids renumbered from 0 in the order they appear: still unique in
+    a page, and a picture's bytes never depend on the pictures drawn before it in the same
+    process (a second command, a second --each-line line)."""
+    seen: dict[str, int] = {}
+
+    def one(m: re.Match) -> str:
+        return f"{m[1]}scale{seen.setdefault(m[2], len(seen))}{m[3]}"
+
+    return re.sub(r'(id="|url\(#)scale(\d+)([")])', one, markup)
 
 
 # ------------------------------------------------------------------ heatmaps
@@ -498,4 +510,5 @@ def document(figure: Figure) -> str:
         head.append(Note(figure.subtitle, "dim"))
     b = stack(head + list(figure.parts))
     title = figure.title + (f" — {figure.subtitle}" if figure.subtitle else "")
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + _svg(b, title, standalone=True) + "\n"
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + numbered(_svg(b, title, standalone=True)) \
+        + "\n"

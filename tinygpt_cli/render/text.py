@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import errno
+import math
+
+# Shared by the views and pictures of analyses, which render never imports (they run the
+# model): bits = nats / LN2, as analysis.score counts them; the labels of heads' kinds.
+LN2 = math.log(2.0)
+HEAD_KINDS = {"previous_token": "previous token", "duplicate_token": "duplicate token",
+              "induction": "induction", "induction_random": "induction (random)"}
 
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 # Bidirectional embeddings, overrides and isolates: invisible, yet they make a terminal show

@@ -205,7 +205,7 @@ def decoded_pieces(tok, ids) -> list[str]:
 def score_view(report, token_str: list[str], tok) -> Group:
     """score's terminal view of a ScoreReport (analysis.score): the totals, the text coloured
     by surprisal when it is shown, and the most surprising tokens with their context."""
-    from ..analysis.score import LN2
+    from .text import LN2
 
     summary, offset = report.summary, report.offset
     parts: list = [totals_line(summary),
@@ -301,7 +301,7 @@ def models_diff_view(d) -> Group:
 def heads_view(r) -> Group:
     """A HeadsReport (analysis.heads): every head's score of each kind, the best of each,
     and the repeated random tokens' losses."""
-    from ..analysis.heads import KIND_LABELS
+    from .text import HEAD_KINDS as KIND_LABELS
     from .text import escape_line
 
     table, rep = r.table, r.repeat
