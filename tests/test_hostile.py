@@ -841,7 +841,7 @@ def test_a_planted_history_link_is_refused(ctx, tmp_path):
 
 def test_model_card_never_writes_through_planted_links(ctx, victim):
     plant(ctx.run, ["MODEL_CARD.md", "loss_curve.svg"], victim)
-    r = _run_main(["model-card", ctx.run, "--data", ctx.data])
+    r = _run_main(["model-card", ctx.run, "--data", ctx.data, "--force"])
     assert r.code == 0, r.err
     assert victim.read_text() == "precious\n"
     assert (ctx.run / "MODEL_CARD.md").read_text().startswith("# tinygpt model card")

@@ -48,6 +48,8 @@ LENS_EVALUATE = typer.Option(False, "--evaluate", help="KL to the final distribu
                              "the steered run).")
 LENS_FILE = typer.Option(None, "--lens", help="The tuned lens file (default: the weights "
                          "folder's lens/tuned.safetensors).", show_default=False)
+LENS_FORCE = typer.Option(False, "--force", help="Let --save, and --fit's --lens, overwrite "
+                          "an existing file (--fit's default is the shipped tuned lens).")
 LENS_DATA = typer.Option(None, "--data", help="Stories for --fit (all parts but the last) or "
                          "--evaluate (the last part, or this file).", show_default=False)
 
@@ -58,7 +60,7 @@ LENS_DATA = typer.Option(None, "--data", help="Stories for --fit (all parts but 
 @app.command()
 def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
          position: int = POSITION, as_json: bool = JSON, save: Path = SAVE,
-         force: bool = FORCE, quiet: bool = QUIET, kind: str = LENS_KIND,
+         force: bool = LENS_FORCE, quiet: bool = QUIET, kind: str = LENS_KIND,
          fit: bool = LENS_FIT, evaluate: bool = LENS_EVALUATE, lens_file: Path = LENS_FILE,
          data: Path = LENS_DATA):
     """Logit lens: the likeliest next token at every position after every stage.
@@ -72,6 +74,7 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     Example: tinygpt lens "Lily wanted to play with her" --target " toys"
     Example: tinygpt lens "Lily wanted to play with her" --kind tuned
     Example: tinygpt lens --evaluate
+    Example: tinygpt lens --fit --lens mine.safetensors
     Example: tinygpt lens --evaluate --steer happy --steer-away sad --steer-layer 1
     """
     from ..analysis import tuned_lens as tl
@@ -81,7 +84,7 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     from .features import tuned_lens_work
 
     if fit or evaluate:
-        return tuned_lens_work(weights, fit, evaluate, lens_file, data, as_json)
+        return tuned_lens_work(weights, fit, evaluate, lens_file, data, as_json, force)
     s = open_session(weights, text)
     tuned = tl.check_kind(kind) == "tuned"
     r = lens_report(s, position, target, tl.tuned_reader(s, lens_file) if tuned else None)
@@ -180,6 +183,8 @@ def means(
     weights: Path = WEIGHTS,
     out: Path = typer.Option(None, "--out", help="Where to write (default: means.safetensors "
                              "in the weights folder).", show_default=False),
+    force: bool = typer.Option(False, "--force", help="Overwrite the means file if it exists "
+                               "(by default the shipped weights' means.safetensors)."),
     as_json: bool = JSON,
 ):
     """Store each head's and MLP's mean output over the validation text, for --mode mean.
@@ -190,19 +195,22 @@ def means(
     the means of the steered run, written only to --out FILE, whose metadata says so.
 
     \b
-    Example: tinygpt means --data ../shared/data/tinystories
+    Example: tinygpt means --data ../shared/data/tinystories --force
     Example: tinygpt means --steer happy --steer-away sad --steer-layer 1 --out m.safetensors
     """
     from ..analysis import means as mean_stats
     from ..corpus import check_data, validation_text
     from ..files import sha256
     from ..render.explain import means_written
-    from ..render.output import check_out
+    from ..render.output import check_default_out, check_out
     from .steering import keep_default_file
 
     keep_default_file(out, f"the weights folder's {mean_stats.FILE}")
-    check_out(out, force=True, example="--out means.safetensors", folder_made=True)
+    check_out(out, force, example="--out means.safetensors", folder_made=True)
     model = load(weights)
+    target = out if out is not None else model.folder / mean_stats.FILE
+    if out is None:
+        check_default_out(target, force)
     note = None  # means written beside the weights are of the text they record
     if data is not None:
         note = check_data(model.folder, validation_text(model.folder, data), any_data=any_data,
@@ -212,7 +220,6 @@ def means(
                                          hooks)
     if note:  # once the means stand: an error is then the only line
         stderr().print(escape_line(note), soft_wrap=True)
-    target = out if out is not None else model.folder / mean_stats.FILE
     mean_stats.save_means(target, values, {**meta, **changes})
     present(as_json, lambda: {"path": str(target), **meta, "values": sorted(values), **changes},
             lambda: means_written(target, len(values), meta))

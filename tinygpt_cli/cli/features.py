@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from ..errors import InputError
+from ..render.output import check_default_out
 from ..render.text import examples_block
 from .app import app
 from .common import (
@@ -29,7 +30,7 @@ from .steering import keep_default_file, steerable
 def _sae() -> None:
     """Sparse autoencoders: train one on a site, evaluate it on held-out text, show a latent.
 
-    Example: tinygpt sae train --site layers.1.resid_post
+    Example: tinygpt sae train --site layers.2.mlp_out
     Example: tinygpt sae eval
     Example: tinygpt sae feature 300
     """
@@ -62,6 +63,8 @@ def sae_train(
                                 "whose values are the training set."),
     seed: int = typer.Option(0, "--seed", "-s", help="Seed of the initialisation and the "
                              "batches."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the SAE file if it exists "
+                               "(by default, sae/layers.1.resid_post is the shipped SAE)."),
     as_json: bool = JSON,
 ):
     """Train a TopK sparse autoencoder on a site's values over the training text.
@@ -71,8 +74,8 @@ def sae_train(
     written atomically every 100 steps and picked up by the same command. Steered: trained
     on the steered run's values, written only to --out FILE, whose metadata says so.
 
-    Example: tinygpt sae train --site layers.1.resid_post
-    Example: tinygpt sae train --site layers.2.mlp_out --latents 2048 --k 32
+    Example: tinygpt sae train --site layers.2.mlp_out
+    Example: tinygpt sae train --site layers.1.resid_post --out mine.safetensors --k 32
     Example: tinygpt sae train --site layers.1.mlp_out --steer-vector h.safetensors --out hs.sae
     """
     from ..analysis import sae as S
@@ -81,13 +84,15 @@ def sae_train(
     from ..render import features as view
 
     keep_default_file(out, "the weights folder's sae/SITE.safetensors")
-    check_out(out, force=True, example="--out sae.safetensors", folder_made=True)
+    check_out(out, force, example="--out sae.safetensors", folder_made=True)
     model = load(weights)
     site = S.check_site(site, model.config)
     hooks, changes = steered(model)
     if k > latents:
         raise InputError(f"--k {k} is more than the {latents} latents")
-    out = S.sae_file(model.weights_file, out, site)
+    if out is None:
+        out = S.sae_file(model.weights_file, out, site)
+        check_default_out(out, force)
     x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
                            windows)
     with bar(as_json)(len(x_in), f"values of {site}") as advance:
@@ -198,17 +203,19 @@ def _feature_on_text(weights, sae, latent: int, text: str, as_json: bool, save, 
 # ------------------------------------------------------------------ the tuned lens (`lens`)
 
 def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: Path | None,
-                    data: Path | None, as_json: bool) -> None:
+                    data: Path | None, as_json: bool, force: bool = False) -> None:
     """`lens --fit` (then --evaluate, when both are given) or `lens --evaluate`."""
     from ..analysis import tuned_lens as tl
     from ..render import features as view
 
     if fit:
         keep_default_file(lens_file, "the weights folder's lens/tuned.safetensors", "--lens")
-        check_out(lens_file, force=True, example="--lens tuned.safetensors", folder_made=True,
+        check_out(lens_file, force, example="--lens tuned.safetensors", folder_made=True,
                   option="--lens")
     model = load(weights)
     cfg, path = model.config, tl.lens_file(model.weights_file, lens_file)
+    if fit and lens_file is None:
+        check_default_out(path, force, "--lens")
     hooks, changes = steered(model)
     if fit:
         tokens = tl.fit_on_training_text(model, data, path, bar(as_json), hooks, changes)

@@ -123,6 +123,8 @@ def model_card_cmd(
     run: Path = typer.Argument(..., help="A weights folder written by `tinygpt train`."),
     data: list[Path] = typer.Option(..., "--data", metavar="PATH",
                                     help="The data it was trained on."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a card the folder has (the "
+                               "shipped weights have theirs)."),
 ) -> None:
     """Write MODEL_CARD.md and loss_curve.svg for a trained weights folder.
 
@@ -134,6 +136,10 @@ def model_card_cmd(
     if not run.is_dir():
         raise InputError(f"run folder {run} does not exist" if not run.exists()
                          else f"{run} is not a folder")
+    for name in ("MODEL_CARD.md", "loss_curve.svg"):
+        if ((run / name).exists() or (run / name).is_symlink()) and not force:
+            raise InputError(f"{escape_line(str(run / name))} exists: add --force to "
+                             "overwrite it")
     try:
         write_card(run, data, progress=progress, on_note=lambda s: sys.stderr.write(s + "\n"))
     except ValueError as e:  # the data: missing, not UTF-8 (a broken run is a RunError)

@@ -98,6 +98,16 @@ def check_out(out: Path | None, force: bool, *, example: str = "--out FILE.safet
         raise InputError(f"{option} {out}: the file exists; add --force to overwrite it")
 
 
+def check_default_out(path: Path, force: bool, option: str = "--out") -> None:
+    """The file a command writes when `option` is not given (the weights folder's sae/,
+    lens/, means, the model card): never overwritten without --force, before any work."""
+    from .text import escape_line
+
+    if (path.exists() or path.is_symlink()) and not force:
+        raise InputError(f"{escape_line(str(path))} exists (the default {option}): add --force "
+                         f"to overwrite it, or {option} FILE for another file")
+
+
 def stdout(width: int | None = None) -> Console:
     """Markup and highlighting off: text from the user or the model is shown literally.
     The width is the terminal's, or $COLUMNS, or PIPE_WIDTH for a pipe."""
