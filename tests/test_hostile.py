@@ -1316,7 +1316,7 @@ def test_patch_chooses_vs_when_both_runs_guess_the_same_token(cli, tiny):
     assert " ".join(r.err.split()) == (  # a note on stderr, wrapped to the width
         f"both runs' top guess is {tok.token_str(t)!r}: --vs is the corrupt run's next best, "
         f"{tok.token_str(int(second))!r} (give --vs to choose)")
-    r = cli("patch", TEXT, corrupt, "--vs", str(t))
+    r = cli("patch", TEXT, corrupt, "--vs", f"#{t}")
     assert r.code == 2 and "give --target and --vs that differ" in r.err
 
 

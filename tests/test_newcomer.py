@@ -85,3 +85,43 @@ def test_sae_train_with_force_replaces_the_default_file(cli, folder, data, tmp_p
     from tinygpt_cli.weights import load_model
 
     assert load_sae(written, load_model(folder).config).n_latents == 8  # the new SAE
+
+
+# ------------------------------------------------------------------ a token: its text, or #ID
+
+
+def test_a_target_is_its_text_and_an_id_is_written_with_a_hash(cli):
+    """'5' is the digit (id 21 in the shipped vocabulary), '#5' is id 5 ('%'), and ' 5', which
+    is no token, is refused rather than read as id 5."""
+    def target(*argv):
+        r = cli("lens", "Lily had 4 apples and", *argv, "--json")
+        assert r.code == 0, r.err
+        return r.json()["target"]
+
+    assert target("--target", "5") == {"id": 21, "token": "5"}
+    assert target("--target", "#5") == {"id": 5, "token": "%"}
+    assert target("--target", "#") == {"id": 3, "token": "#"}  # '#' alone is the text
+    r = cli("lens", "Lily had 4 apples and", "--target", " 5")
+    assert r.err == ("error: ' 5' is not a single token of the vocabulary; it is 2 tokens: ' ' "
+                     "'5'; for the token with id 5, write #5\n") and r.code == 2
+    r = cli("dla", "Lily had 4 apples and", "--vs", "1234")
+    assert r.err == ("error: '1234' is not a single token of the vocabulary; it is 4 tokens: "
+                     "'1' '2' '3' '4'; for the token with id 1234, write #1234\n") and r.code == 2
+    assert_one_error_line(cli("dla", "Lily had 4 apples and", "--vs", "#4096"), 2,
+                          "unknown token id 4096: ids run from 0 to 4095")
+
+
+def test_the_token_rule_is_in_every_help_that_takes_a_token(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # one line each
+    for command in ("lens", "dla", "ablate", "patch", "attribute", "circuit", "why"):
+        out = cli(command, "--help").out
+        assert "or #ID for an id" in out, command
+        assert "or its id" not in out and "or id" not in out, command
+
+
+def test_from_python_an_int_is_an_id_and_a_str_is_text(tiny):
+    from tinygpt_cli.session import token_id
+
+    assert token_id(tiny.model, 5) == 5
+    assert token_id(tiny.model, "5") == 21
+

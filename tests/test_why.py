@@ -544,7 +544,7 @@ def test_attribute_errors(cli):
     assert_one_error_line(cli("attribute", TEXT, "--method", "saliency"), 2, "unknown --method")
     assert_one_error_line(cli("attribute", TEXT, "--method", "integrated-gradients",
                               "--baseline", "Tom"), 2, "same number of tokens")
-    assert_one_error_line(cli("attribute", TEXT, "--target", "99999"), 2, "unknown token id")
+    assert_one_error_line(cli("attribute", TEXT, "--target", "#99999"), 2, "unknown token id")
 
 
 @pytest.mark.parametrize("command", ["lens", "dla", "ablate", "patch", "attribute", "means"])

@@ -102,7 +102,7 @@ def test_top_larger_than_what_exists_is_capped(cli):
 def test_patch_grids_flow_to_fit_the_width(cli, monkeypatch, width):
     """The five position x layer grids stand side by side only when there is room."""
     monkeypatch.setenv("COLUMNS", str(width))
-    r = cli("patch", TEXT, "Lily wanted to read with her", "--target", "1", "--vs", "2")
+    r = cli("patch", TEXT, "Lily wanted to read with her", "--target", "#1", "--vs", "#2")
     assert r.code == 0, r.err
     check_fits(r.out, width, ["patch"])
     titles = [ln for ln in r.out.splitlines() if "resid_pre" in ln and "resid_mid" in ln]

@@ -125,7 +125,7 @@ class Session:
         return check_index(i, self.T, "position")
 
     def token_id(self, token: str) -> int:
-        """A token given as its text (' toys'), or as an id ('1234')."""
+        """A token given as its text (' toys'), or as an id ('#1234'): session.token_id."""
         return token_id(self.model, token)
 
     # ---------------------------------------------------------------- running
@@ -188,19 +188,29 @@ class Run:
     T = property(lambda self: self.session.T)  # noqa: N815  (the seed page's name)
 
 
-def token_id(model: Model, token: str) -> int:
-    """A token by its exact text (' toys', with its space) or by its id; else InputError."""
+def token_id(model: Model, token: str | int) -> int:
+    """A token by its exact text (' toys', with its space), or by its id written `#1234` (an
+    int from Python is an id); else InputError. The one rule for --target and --vs: digits
+    are text ('5' is the digit, id 21 in the shipped vocabulary), never taken for an id."""
     tok = model.tokenizer
+    if isinstance(token, (int, np.integer)) and not isinstance(token, bool):
+        return _known_id(int(token), tok.vocab_size)
     token = check_utf8(token, "the token")
-    if token.strip().lstrip("-").isdigit():
-        i = int(token)
-        if not 0 <= i < tok.vocab_size:
-            raise InputError(f"unknown token id {i}: ids run from 0 to {tok.vocab_size - 1}")
-        return i
+    if token.startswith("#") and token[1:].isdigit() and token.isascii():
+        return _known_id(int(token[1:]), tok.vocab_size)
     found = tok.token_to_id(token)
     if found is None:
         ids = tok.encode(token)
         hint = (f"; it is {len(ids)} tokens: " + " ".join(repr(tok.token_str(i)) for i in ids)
                 if len(ids) > 1 else "")
+        number = token.strip()
+        if number.isdigit() and number.isascii():  # meant an id? say how to write one
+            hint += f"; for the token with id {number}, write #{number}"
         raise InputError(f"{token!r} is not a single token of the vocabulary{hint}")
     return found
+
+
+def _known_id(i: int, vocab_size: int) -> int:
+    if not 0 <= i < vocab_size:
+        raise InputError(f"unknown token id {i}: ids run from 0 to {vocab_size - 1}")
+    return i
