@@ -125,3 +125,88 @@ def test_from_python_an_int_is_an_id_and_a_str_is_text(tiny):
     assert token_id(tiny.model, 5) == 5
     assert token_id(tiny.model, "5") == 21
 
+
+# ------------------------------------------------------------------ hooks and traces from Python
+
+
+@pytest.fixture
+def session(tiny):
+    from tinygpt_cli.session import Session
+
+    return Session.open("Lily wanted to play with her", model=tiny.model)
+
+
+def test_a_hook_takes_a_transformerlens_name_as_the_cli_does(session, tiny):
+    import numpy as np
+
+    from tinygpt_cli.hooks import Replace
+    from tinygpt_cli.model import forward
+
+    def double(x):
+        return 2 * x
+
+    by_lens = session.run(hooks=Replace({"blocks.0.hook_mlp_out": double}))
+    # the same change by hand: the canonical name handed to the forward pass itself
+    by_hand = forward(tiny.model.params, tiny.model.config, np.asarray(session.ids),
+                      hooks=Replace({"layers.0.mlp_out": double}))
+    np.testing.assert_array_equal(by_lens, by_hand)
+    assert not np.array_equal(by_lens, session.run())
+    _, kept = session.record({"blocks.1.hook_resid_post", "layers[-1].mlp_out"})
+    plain = session.trace()
+    assert sorted(kept) == ["blocks.1.hook_resid_post", "layers[-1].mlp_out"]  # as asked
+    np.testing.assert_array_equal(kept["blocks.1.hook_resid_post"],
+                                  plain.values["layers.1.resid_post"])
+    np.testing.assert_array_equal(kept["layers[-1].mlp_out"], plain.values["layers.1.mlp_out"])
+
+
+def test_a_hook_naming_no_value_raises_with_the_clis_suggestion(session, cli):
+    from tinygpt_cli.hooks import Replace
+    from tinygpt_cli.schema import PathError
+
+    with pytest.raises(PathError) as raised:
+        session.run(hooks=Replace({"layers.0.mlp_outt": lambda x: x}))
+    on_cli = cli("trace", "Lily wanted to play with her", "layers.0.mlp_outt")
+    assert on_cli.err == f"error: {raised.value}\n"
+    assert str(raised.value) == ("no value at path 'layers.0.mlp_outt'; did you mean "
+                                 "layers.0.mlp_out or layers.1.mlp_out?")
+    with pytest.raises(PathError, match="did you mean layers.1.resid_post"):
+        session.record({"layers.1.resid_postt"})
+    with pytest.raises(PathError, match="^Replace takes a whole value, not rows of one: "):
+        session.trace(hooks=Replace({"logits[-1]": lambda x: x}))
+    with pytest.raises(PathError, match="^probs is not computed by the forward pass"):
+        session.record({"probs"})
+
+
+def test_a_value_the_run_never_reaches_raises(session):
+    from tinygpt_cli.hooks import Chain, Replace, StopAfter
+    from tinygpt_cli.schema import PathError
+
+    with pytest.raises(PathError) as raised:
+        session.record({"blocks.1.hook_resid_post"}, stop_after="layers.0.resid_post")
+    assert str(raised.value) == ("record names layers.1.resid_post, which this run never "
+                                 "reached (it stopped after layers.0.resid_post)")
+    late = Replace({"layers.1.mlp_out": lambda x: x})
+    with pytest.raises(PathError, match="^Replace names layers.1.mlp_out, which this run never "
+                       "reached"):
+        session.run(hooks=Chain(StopAfter("layers.0.resid_post"), late))
+
+
+def test_a_trace_is_a_read_only_mapping_with_a_short_repr(session):
+    from collections.abc import Mapping
+
+    import numpy as np
+
+    from tinygpt_cli.schema import expand
+
+    t = session.trace()
+    assert isinstance(t, Mapping)
+    assert "logits" in t and "blocks.0.attn.hook_pattern" in t and "layers[-1].mlp_out" in t
+    assert "layers.9.mlp_out" not in t and "logitz" not in t and 5 not in t
+    assert list(t) == expand(session.config) == list(t.keys())  # every value, forward order
+    assert len(t) == len(t.values) + 3  # and the derived tokens, probs and layers.length
+    assert t.get("logitz", None) is None
+    np.testing.assert_array_equal(dict(t.items())["logits"], t["logits"])
+    assert repr(t) == f"<Trace: 6 tokens, {len(t)} values (t.keys() lists them)>"
+    with pytest.raises(TypeError):
+        t["logits"] = 0  # read-only
+

@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError, check_index, check_utf8
-from .hooks import Chain, Hook, ablation
+from .hooks import Chain, Hook, ablation, bind, check_reached, hooked_path
 from .model import all_finite, forward, logits_of, record, trace
+from .schema import PathError
 from .trace import Trace
 from .weights import Model, load_model
 from .words import count
@@ -138,9 +139,14 @@ class Session:
                      ablation(ablate, self.config) if ablate else None, hooks)
 
     def run(self, hooks: Hook | None = None, ablate: Sequence[str] = ()) -> np.ndarray | None:
-        """The logits [T, V], with the hooks called on every value."""
-        return forward(self.params, self.config, np.asarray(self.ids),
-                       hooks=self.hooks_for(ablate, hooks))
+        """The logits [T, V], with the hooks called on every value. The paths the hook sets
+        name may be any spelling the CLI takes; one that names no value, or that the run never
+        reaches, raises PathError (hooks.bind, hooks.check_reached)."""
+        bind(hooks, self.config)
+        logits = forward(self.params, self.config, np.asarray(self.ids),
+                         hooks=self.hooks_for(ablate, hooks))
+        check_reached(hooks)
+        return logits
 
     def logits(self) -> np.ndarray:
         """The logits [T, V] of the session's run, the very numbers its trace holds, with
@@ -158,14 +164,34 @@ class Session:
     def record(self, paths: Iterable[str] | None = None, hooks: Hook | None = None,
                ablate: Sequence[str] = (), stop_after: str | None = None
                ) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
-        """(logits, {path: value}) of every value, or only of `paths` (model.record)."""
-        return record(self.params, self.config, self.ids, paths,
-                      hooks=self.hooks_for(ablate, hooks), stop_after=stop_after)
+        """(logits, {path: value}) of every value, or only of `paths`, under the names given
+        (any spelling the CLI takes: `blocks.3.hook_resid_post`). A path that names no value,
+        or that the run never reaches (after `stop_after`), raises PathError."""
+        bind(hooks, self.config)
+        names = None if paths is None else {p: hooked_path(p, self.config, "record")
+                                            for p in paths}
+        stop = None if stop_after is None else hooked_path(stop_after, self.config,
+                                                           "stop_after")
+        logits, values = record(self.params, self.config, self.ids,
+                                None if names is None else set(names.values()),
+                                hooks=self.hooks_for(ablate, hooks), stop_after=stop)
+        check_reached(hooks, stop)
+        if names is None:
+            return logits, values
+        for p, name in names.items():
+            if name not in values:
+                why = f" (it stopped after {stop})" if stop else ""
+                raise PathError(p, f"record names {name}, which this run never reached{why}")
+        return logits, {p: values[name] for p, name in names.items()}
 
     def trace(self, hooks: Hook | None = None, ablate: Sequence[str] = ()) -> Trace:
-        """Every value of the forward pass, after any interventions."""
-        return trace(self.params, self.config, np.asarray(self.ids),
-                     hooks=self.hooks_for(ablate, hooks), tokens=self.tokens)
+        """Every value of the forward pass, after any interventions (the hooks' paths as
+        `run` takes them)."""
+        bind(hooks, self.config)
+        t = trace(self.params, self.config, np.asarray(self.ids),
+                  hooks=self.hooks_for(ablate, hooks), tokens=self.tokens)
+        check_reached(hooks)
+        return t
 
 
 @dataclass
