@@ -210,3 +210,31 @@ def test_a_trace_is_a_read_only_mapping_with_a_short_repr(session):
     with pytest.raises(TypeError):
         t["logits"] = 0  # read-only
 
+
+# ------------------------------------------------------------------ lens --kind tuned says so
+
+
+def test_the_tuned_lens_says_so_in_its_view_picture_and_json(cli, tiny, tmp_path):
+    from tinygpt_cli.analysis import tuned_lens as tl
+
+    lens = tmp_path / "zero.safetensors"  # the start of a fit: every translator 0
+    tl.save_translators(lens, tl.zero_translators(tiny.model.config), {})
+    text = "Lily wanted to play"
+    for kind, first in (("tuned", "tuned lens  "), ("logit", "logit lens  ")):
+        given = ["--kind", kind, "--lens", lens]
+        doc = cli("lens", text, *given, "--json").json()
+        assert doc["options"] == {"target": None, "position": -1, "kind": kind}
+        view = cli("lens", text, *given).out.splitlines()
+        assert view[0].startswith(first)
+        assert view[1] == tl_note(kind)
+        picture = tmp_path / f"{kind}.svg"
+        assert cli("lens", text, *given, "--save", picture, "-q").code == 0
+        assert f"{kind} lens" in picture.read_text()
+        assert ("logit lens" if kind == "tuned" else "tuned lens") not in picture.read_text()
+
+
+def tl_note(kind: str) -> str:
+    return {"tuned": "the tuned lens: each block's input through its learned translator, "
+                     "ln_final(h + h A + b), then the tied head",
+            "logit": "each stage through the final norm (its statistics recomputed) and the "
+                     "tied head"}[kind]

@@ -121,6 +121,7 @@ class LensReport:
     top_tokens: list[list[str]]  # [T][S]
     target_probs: np.ndarray
     target_ranks: np.ndarray
+    kind: str = "logit"  # or "tuned": which lens read the stages, for every view to say
 
 
 def lens_report(session, position: int, target: str | None, reader=None) -> LensReport:
@@ -135,4 +136,5 @@ def lens_report(session, position: int, target: str | None, reader=None) -> Lens
     top_ids, top_probs = result.top()  # [S, T]
     probs, ranks = result.target(q.target, p)
     top_tokens = [[q.token_str(int(i)) for i in row] for row in top_ids.T]
-    return LensReport(q, result.stages, top_ids, top_probs, top_tokens, probs, ranks)
+    return LensReport(q, result.stages, top_ids, top_probs, top_tokens, probs, ranks,
+                      "tuned" if reader else "logit")

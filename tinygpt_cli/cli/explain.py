@@ -88,7 +88,8 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     s = open_session(weights, text)
     tuned = tl.check_kind(kind) == "tuned"
     r = lens_report(s, position, target, tl.tuned_reader(s, lens_file) if tuned else None)
-    present(as_json, lambda: lens_document(s, r, {"target": target, "position": position}),
+    present(as_json, lambda: lens_document(s, r, {"target": target, "position": position,
+                                                  "kind": r.kind}),
             lambda: view.lens_view(r),  # the grid drops middle stages behind `…` to fit
             figure=lambda: figures().lens_figure(r), save=save, force=force)
 
