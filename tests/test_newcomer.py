@@ -238,3 +238,20 @@ def tl_note(kind: str) -> str:
                      "ln_final(h + h A + b), then the tied head",
             "logit": "each stage through the final norm (its statistics recomputed) and the "
                      "tied head"}[kind]
+
+
+# ------------------------------------------------------------------ the suite's own writes
+
+
+def test_the_suite_keeps_the_tools_cache_in_a_temporary_folder():
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from tinygpt_cli.cache import cache_dir
+
+    where = cache_dir()
+    assert where == Path(os.environ["TINYGPT_CACHE"])
+    assert where.is_relative_to(tempfile.gettempdir()) and where.name.startswith(
+        "tinygpt-tests-cache-")
+    assert not where.is_relative_to(Path.home() / ".cache")
