@@ -255,3 +255,20 @@ def test_the_suite_keeps_the_tools_cache_in_a_temporary_folder():
     assert where.is_relative_to(tempfile.gettempdir()) and where.name.startswith(
         "tinygpt-tests-cache-")
     assert not where.is_relative_to(Path.home() / ".cache")
+
+
+# ------------------------------------------------------------------ --each-line and usage hints
+
+
+def test_each_line_says_a_bad_line_and_runs_the_rest(cli, tiny, tmp_path):
+    f = tmp_path / "lines.txt"
+    f.write_text("Lily\n" + "dog " * 200 + "\nTom ran\n", encoding="utf-8")
+    r = cli("probs", "--each-line", f, "--top", "1")
+    assert r.code == 2
+    n = len(tiny.model.tokenizer.encode("dog " * 200))
+    assert r.err == (f"error: line 2: the text is {n} tokens long; this model reads at most 128 "
+                     "tokens\n")
+    headings = [ln for ln in r.out.splitlines() if ln.startswith("line ")]
+    assert [h.split(":")[0] for h in headings] == ["line 1", "line 2", "line 3"]
+    assert r.out.endswith(cli("probs", "Tom ran", "--top", "1").out + "\n")  # line 3 ran whole
+

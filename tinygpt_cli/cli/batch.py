@@ -5,8 +5,9 @@ argument, in that argument's place among the others (`trace LINE PATH`; `diff TE
 after `--` so a line starting with '-' stays text. A person gets each result under
 a `line N:` heading; with --json every line's result is one JSON object on one line,
 {"line": N, "text": ..., "result": document (or the list of documents a streaming command
-printed)}, so the output is NDJSON with one record per input line. The first line that fails
-ends the run with that line's error, prefixed by its line number.
+printed)}, so the output is NDJSON with one record per input line. A line that is bad input
+(too long, a token it does not hold) gets one `error: line N: ...` line on stderr and no
+record, and the run goes on with the next; it then exits 2. A broken file ends it at once.
 """
 
 from __future__ import annotations
@@ -49,13 +50,14 @@ def main(command, args: list[str]):
 def _each_line(command, rest: list[str], name: str, sub, lines) -> int:
     from rich.text import Text
 
+    from ..exits import USAGE, error
     from ..render.jsonout import emit_record
     from ..render.quick_table import print_line
     from ..render.text import show_text
     from .common import stdout
 
     as_json = "--json" in rest
-    code = 0
+    code, bad = 0, 0
     at = rest.index(name) + 1
     options, before, after = split_arguments(sub, rest[at:])
     for number, line in lines:
@@ -72,11 +74,13 @@ def _each_line(command, rest: list[str], name: str, sub, lines) -> int:
                            + Text(show_text(line)[:80]))
                 code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False)
                 print_line(stdout(), Text(""))
-        except InputError as e:
-            raise InputError(f"line {number}: {e}") from None
+        except InputError as e:  # this line's fault: said, and the next line runs
+            error(f"line {number}: {e}", USAGE)
+            bad += 1
+            continue
         if code:
             return code
-    return code
+    return USAGE if bad else code
 
 
 def split_arguments(command, args: list[str]) -> tuple[list[str], list[str], list[str]]:
