@@ -272,3 +272,11 @@ def test_each_line_says_a_bad_line_and_runs_the_rest(cli, tiny, tmp_path):
     assert [h.split(":")[0] for h in headings] == ["line 1", "line 2", "line 3"]
     assert r.out.endswith(cli("probs", "Tom ran", "--top", "1").out + "\n")  # line 3 ran whole
 
+
+def test_the_hint_for_a_text_starting_with_a_dash_keeps_the_other_options(cli):
+    r = cli("probs", "-5 apples", "--top", "2")
+    assert r.err == ("error: No such option: -5 (see 'tinygpt probs --help'; a text that starts "
+                     "with '-' goes after '--': tinygpt probs --top 2 -- '-5 apples')\n")
+    assert r.code == 2
+    hinted = cli("probs", "--top", "2", "--", "-5 apples")  # the hint, as given, runs
+    assert hinted.code == 0 and hinted.out.count("\n") > 2
