@@ -280,3 +280,26 @@ def test_the_hint_for_a_text_starting_with_a_dash_keeps_the_other_options(cli):
     assert r.code == 2
     hinted = cli("probs", "--top", "2", "--", "-5 apples")  # the hint, as given, runs
     assert hinted.code == 0 and hinted.out.count("\n") > 2
+
+
+# ------------------------------------------------------------------ generate past the window
+
+
+def test_generate_continues_a_long_prompt_from_its_last_tokens_with_a_note(cli, tiny):
+    import numpy as np
+
+    from tinygpt_cli.model import forward
+
+    prompt = "Lily went to the park. " * 40
+    ids = tiny.model.tokenizer.encode(prompt)
+    assert len(ids) > 128
+    r = cli("generate", prompt, "--temperature", "0", "-n", "1", "--json")
+    assert r.code == 0, r.err
+    assert r.err.splitlines()[0] == (f"note: the prompt is {len(ids)} tokens; this model reads "
+                                     "at most 128, so it continues from the prompt's last 128 "
+                                     "tokens")
+    token = next(d for d in r.ndjson() if d.get("event") == "token")["id"]
+    logits = forward(tiny.model.params, tiny.model.config, np.asarray(ids[-128:]))
+    assert token == int(np.argmax(logits[-1]))  # the greedy pick of the last 128 tokens
+    short = cli("generate", "Lily went to the park.", "--temperature", "0", "-n", "1")
+    assert "note:" not in short.err

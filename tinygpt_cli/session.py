@@ -56,6 +56,22 @@ def encode_checked(model: Model, text: str) -> list[int]:
     return ids
 
 
+def encode_tail(model: Model, text: str) -> tuple[list[int], int | None]:
+    """generate's prompt: the ids of the text's last n_positions tokens, and how many tokens
+    the whole text is when it is longer (None when it fits; 0 when only its end was read, a
+    text of many thousand characters: the last `most` characters then hold more than
+    n_positions tokens, so the window is theirs, bar a cut through one word of hundreds)."""
+    limit = model.config.n_positions
+    most = limit * model.tokenizer.longest_token_bytes if len(text) > limit else limit
+    tail = len(text) > 2 * most
+    ids = model.tokenizer.encode(check_text(text[-2 * most:] if tail else text))
+    if not ids:
+        raise InputError("the text is empty: give at least one character")
+    if len(ids) <= limit:
+        return ids, None
+    return ids[-limit:], 0 if tail else len(ids)
+
+
 def encode_lines(model: Model, texts: list[str], option: str) -> list[list[int]]:
     """Each line's ids (encode_checked); the error names the option and the line."""
     out = []

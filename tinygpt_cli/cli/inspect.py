@@ -18,7 +18,6 @@ from .common import (
     TOP_P,
     WEIGHTS,
     InputError,
-    encode_checked,
     load,
     open_folder,
     present,
@@ -109,6 +108,7 @@ def generate(
     from ..generate import generate as generate_tokens
     from ..render import generation
     from ..sampling import check_temperature, check_top_p, create_rng, fresh_seed
+    from ..session import encode_tail
     from .steering import steered_hooks
 
     check_top_p(top_p)
@@ -121,7 +121,10 @@ def generate(
         ablated, zeroed = zeroing(model, list(ablate))
     hooks = steered_hooks(model, zeroed)
     prompt = read_text(text)
-    ids = encode_checked(model, prompt)
+    ids, whole = encode_tail(model, prompt)  # a long prompt: the model reads its end
+    if whole is not None:
+        stderr().print(generation.window_note(whole, model.config.n_positions), style="dim",
+                       soft_wrap=True)
     chosen, seed = seed, fresh_seed() if seed is None else seed
     tok = model.tokenizer
     steps = generate_tokens(model.params, model.config, ids, max_new_tokens,

@@ -39,6 +39,14 @@ def write_json(tok, prompt: str, ids: list[int], steps, seed: int, no_stop: bool
                                   stop="endoftext" if stopped else "max_new_tokens"))
 
 
+def window_note(whole: int, limit: int) -> str:
+    """generate's note for a prompt longer than the model reads (`whole` tokens, 0: longer
+    than was counted)."""
+    size = f"{whole:,} tokens" if whole else "many thousand tokens"
+    return (f"note: the prompt is {size}; this model reads at most {limit}, so it continues "
+            f"from the prompt's last {limit} tokens")
+
+
 def say_stopped(new: int, stopped: bool, max_new_tokens: int, ablated: list[str] = ()) -> None:
     """generate's closing notes on stderr: how many new tokens, and what stopped them; then
     what --ablate zeroed (no view header to say it in: said last, as the steering line is)."""
