@@ -303,3 +303,18 @@ def test_generate_continues_a_long_prompt_from_its_last_tokens_with_a_note(cli, 
     assert token == int(np.argmax(logits[-1]))  # the greedy pick of the last 128 tokens
     short = cli("generate", "Lily went to the park.", "--temperature", "0", "-n", "1")
     assert "note:" not in short.err
+
+
+# ------------------------------------------------------------------ the smaller items
+
+
+def test_decode_with_no_ids_asks_for_ids_not_characters(cli):
+    for stdin in ("", "\n", " , \n"):
+        r = cli("decode", stdin=stdin)
+        assert r.err == ("error: no token ids given: give at least one, e.g. tinygpt decode 608 "
+                         "429\n") and r.code == 2
+    r = cli("decode")  # stdin a terminal
+    assert r.err == ("error: no token ids: give them as arguments, or pipe them on stdin with "
+                     "'-'\n") and r.code == 2
+    assert cli("encode").err == ("error: no text: give it as an argument, or pipe it on stdin "
+                                 "with '-'\n")

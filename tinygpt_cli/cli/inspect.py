@@ -72,7 +72,7 @@ def decode(
     from ..tokenizer import parse_ids
 
     model = open_folder(weights)
-    id_list = parse_ids(ids if ids and ids != ["-"] else [read_text(None)],
+    id_list = parse_ids(ids if ids and ids != ["-"] else [read_text(None, "token ids")],
                         model.tokenizer.vocab_size)
     text = model.tokenizer.decode(id_list)
     if as_json:
