@@ -318,3 +318,11 @@ def test_decode_with_no_ids_asks_for_ids_not_characters(cli):
                      "'-'\n") and r.code == 2
     assert cli("encode").err == ("error: no text: give it as an argument, or pipe it on stdin "
                                  "with '-'\n")
+
+
+def test_one_token_holds_and_several_hold(cli):
+    one = cli("probs", "Lily wanted", "--top", "1")
+    share = cli("probs", "Lily wanted", "--top", "1", "--json").json()["top"][0]
+    assert one.out.splitlines()[-1] == f"this one holds {share['chance']:.1%} of the chance"
+    assert cli("probs", "Lily wanted", "--top", "2").out.splitlines()[-1].startswith(
+        "these 2 hold ")

@@ -7,6 +7,7 @@ import numpy as np
 from rich.console import Group
 from rich.text import Text
 
+from ..words import held
 from .tables import header, heatmap, matrix, tensor_view, token_rows, top_table
 from .text import show_text, show_token
 
@@ -45,7 +46,7 @@ def logits_view(path: str, row: np.ndarray, rows: list[dict], T: int) -> Group: 
 def probs_view(path: str, probs: np.ndarray, rows: list[dict]) -> Group:
     shown = sum(x["chance"] for x in rows)
     return Group(header(path, probs), top_table(rows, "chance", bar_of="chance"),
-                 Text(f"these {len(rows)} hold {shown:.1%} of the chance", style="dim"))
+                 Text(held(len(rows), shown), style="dim"))
 
 
 def sample_view(token: str, token_id: int, chance: float, seed: int) -> Text:

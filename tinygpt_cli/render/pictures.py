@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..words import held
 from .figure import (
     Bars,
     Facts,
@@ -118,7 +119,7 @@ def _small(number: int, value, tokens: list[str], ids: list[int], tok):
         shown = sum(r["chance"] for r in rows)
         return [top_bars("probabilities(logits[T-1], 1)", rows, "chance", percent=True,
                          title="the likeliest next tokens",
-                         note=f"these {len(rows)} hold {shown:.1%} of the chance")]
+                         note=held(len(rows), shown))]
     return []
 
 
