@@ -326,3 +326,11 @@ def test_one_token_holds_and_several_hold(cli):
     assert one.out.splitlines()[-1] == f"this one holds {share['chance']:.1%} of the chance"
     assert cli("probs", "Lily wanted", "--top", "2").out.splitlines()[-1].startswith(
         "these 2 hold ")
+
+
+def test_probs_at_temperature_0_names_the_greedy_pick_not_a_division_by_0(cli):
+    r = cli("probs", "Lily wanted", "-t", "0", "--top", "1")
+    assert r.out.startswith("one_hot(argmax(logits[1]))  4096  float64  min 0.000 ")
+    doc = cli("probs", "Lily wanted", "-t", "0", "--json").json()
+    assert doc["formula"] == "one_hot(argmax(logits[1]))" and "/ 0" not in r.out
+    assert sorted(doc["data"])[-2:] == [0.0, 1.0]

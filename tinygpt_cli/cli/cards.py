@@ -276,8 +276,10 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
     pr = probabilities(r.session.logits()[p], temperature)
-    # At temperature 1 these are the trace's own probs; otherwise a formula, not a path.
-    path = f"probs[{p}]" if temperature == 1 else f"softmax(logits[{p}] / {temperature:g})"
+    # At temperature 1 these are the trace's own probs; otherwise a formula, not a path (at 0,
+    # greedy, all the chance on the top token: no division by 0).
+    path = f"probs[{p}]" if temperature == 1 else f"softmax(logits[{p}] / {temperature:g})" \
+        if temperature > 0 else f"one_hot(argmax(logits[{p}]))"
     rows = top_entries(pr, top, r.model.tokenizer.token_str, "chance")
     save_figure(pictures.top_figure(path, rows, "chance", r.tokens, percent=True), save, force)
     if as_json:
