@@ -5,9 +5,8 @@ argument, in that argument's place among the others (`trace LINE PATH`; `diff TE
 after `--` so a line starting with '-' stays text. A person gets each result under
 a `line N:` heading; with --json every line's result is one JSON object on one line,
 {"line": N, "text": ..., "result": document (or the list of documents a streaming command
-printed)}, so the output is NDJSON with one record per input line. A line that is bad input
-(too long, a token it does not hold) gets one `error: line N: ...` line on stderr and no
-record, and the run goes on with the next; it then exits 2. A broken file ends it at once.
+printed)}, so the output is NDJSON with one record per input line. A bad line gets one
+`error: line N: ...` line and no record, the rest still run, and the exit code is then 2.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ def _each_line(command, rest: list[str], name: str, sub, lines) -> int:
     from .common import stdout
 
     as_json = "--json" in rest
-    code, bad = 0, 0
+    code = bad = 0
     at = rest.index(name) + 1
     options, before, after = split_arguments(sub, rest[at:])
     for number, line in lines:
@@ -75,12 +74,11 @@ def _each_line(command, rest: list[str], name: str, sub, lines) -> int:
                 code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False)
                 print_line(stdout(), Text(""))
         except InputError as e:  # this line's fault: said, and the next line runs
-            error(f"line {number}: {e}", USAGE)
-            bad += 1
+            bad = error(f"line {number}: {e}", USAGE)
             continue
         if code:
             return code
-    return USAGE if bad else code
+    return bad or code
 
 
 def split_arguments(command, args: list[str]) -> tuple[list[str], list[str], list[str]]:

@@ -269,17 +269,14 @@ def probs(text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     """
     from ..analysis.lens import top_entries
     from ..render import jsonout, pictures
-    from ..render.cards import probs_view
+    from ..render.cards import probs_path, probs_view
     from ..render.documents import session_document
     from ..sampling import probabilities
 
     r = run(weights, text, ablate)
     p = check_index(position, r.T, "position")
     pr = probabilities(r.session.logits()[p], temperature)
-    # At temperature 1 these are the trace's own probs; otherwise a formula, not a path (at 0,
-    # greedy, all the chance on the top token: no division by 0).
-    path = f"probs[{p}]" if temperature == 1 else f"softmax(logits[{p}] / {temperature:g})" \
-        if temperature > 0 else f"one_hot(argmax(logits[{p}]))"
+    path = probs_path(p, temperature)  # the trace's own probs at 1, else a formula
     rows = top_entries(pr, top, r.model.tokenizer.token_str, "chance")
     save_figure(pictures.top_figure(path, rows, "chance", r.tokens, percent=True), save, force)
     if as_json:

@@ -15,6 +15,7 @@ from .app import app
 from .common import (
     ANY_DATA,
     FORCE,
+    FORCE_FILE,
     JSON,
     POSITION,
     QUIET,
@@ -48,8 +49,6 @@ LENS_EVALUATE = typer.Option(False, "--evaluate", help="KL to the final distribu
                              "the steered run).")
 LENS_FILE = typer.Option(None, "--lens", help="The tuned lens file (default: the weights "
                          "folder's lens/tuned.safetensors).", show_default=False)
-LENS_FORCE = typer.Option(False, "--force", help="Let --save, and --fit's --lens, overwrite "
-                          "an existing file (--fit's default is the shipped tuned lens).")
 LENS_DATA = typer.Option(None, "--data", help="Stories for --fit (all parts but the last) or "
                          "--evaluate (the last part, or this file).", show_default=False)
 
@@ -60,7 +59,7 @@ LENS_DATA = typer.Option(None, "--data", help="Stories for --fit (all parts but 
 @app.command()
 def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
          position: int = POSITION, as_json: bool = JSON, save: Path = SAVE,
-         force: bool = LENS_FORCE, quiet: bool = QUIET, kind: str = LENS_KIND,
+         force: bool = FORCE_FILE, quiet: bool = QUIET, kind: str = LENS_KIND,
          fit: bool = LENS_FIT, evaluate: bool = LENS_EVALUATE, lens_file: Path = LENS_FILE,
          data: Path = LENS_DATA):
     """Logit lens: the likeliest next token at every position after every stage.
@@ -74,7 +73,6 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     Example: tinygpt lens "Lily wanted to play with her" --target " toys"
     Example: tinygpt lens "Lily wanted to play with her" --kind tuned
     Example: tinygpt lens --evaluate
-    Example: tinygpt lens --fit --lens mine.safetensors
     Example: tinygpt lens --evaluate --steer happy --steer-away sad --steer-layer 1
     """
     from ..analysis import tuned_lens as tl
@@ -88,8 +86,7 @@ def lens(text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
     s = open_session(weights, text)
     tuned = tl.check_kind(kind) == "tuned"
     r = lens_report(s, position, target, tl.tuned_reader(s, lens_file) if tuned else None)
-    present(as_json, lambda: lens_document(s, r, {"target": target, "position": position,
-                                                  "kind": r.kind}),
+    present(as_json, lambda: lens_document(s, r, {"target": target, "position": position}),
             lambda: view.lens_view(r),  # the grid drops middle stages behind `…` to fit
             figure=lambda: figures().lens_figure(r), save=save, force=force)
 
@@ -184,8 +181,7 @@ def means(
     weights: Path = WEIGHTS,
     out: Path = typer.Option(None, "--out", help="Where to write (default: means.safetensors "
                              "in the weights folder).", show_default=False),
-    force: bool = typer.Option(False, "--force", help="Overwrite the means file if it exists "
-                               "(by default the shipped weights' means.safetensors)."),
+    force: bool = FORCE_FILE,
     as_json: bool = JSON,
 ):
     """Store each head's and MLP's mean output over the validation text, for --mode mean.
@@ -203,15 +199,13 @@ def means(
     from ..corpus import check_data, validation_text
     from ..files import sha256
     from ..render.explain import means_written
-    from ..render.output import check_default_out, check_out
+    from ..render.output import check_out
     from .steering import keep_default_file
 
     keep_default_file(out, f"the weights folder's {mean_stats.FILE}")
-    check_out(out, force, example="--out means.safetensors", folder_made=True)
     model = load(weights)
     target = out if out is not None else model.folder / mean_stats.FILE
-    if out is None:
-        check_default_out(target, force)
+    check_out(out, force, example="--out means.safetensors", folder_made=True, default=target)
     note = None  # means written beside the weights are of the text they record
     if data is not None:
         note = check_data(model.folder, validation_text(model.folder, data), any_data=any_data,

@@ -8,11 +8,11 @@ from pathlib import Path
 import typer
 
 from ..errors import InputError
-from ..render.output import check_default_out
 from ..render.text import examples_block
 from .app import app
 from .common import (
     FORCE,
+    FORCE_FILE,
     JSON,
     QUIET,
     SAVE,
@@ -63,8 +63,7 @@ def sae_train(
                                 "whose values are the training set."),
     seed: int = typer.Option(0, "--seed", "-s", help="Seed of the initialisation and the "
                              "batches."),
-    force: bool = typer.Option(False, "--force", help="Overwrite the SAE file if it exists "
-                               "(by default, sae/layers.1.resid_post is the shipped SAE)."),
+    force: bool = FORCE_FILE,
     as_json: bool = JSON,
 ):
     """Train a TopK sparse autoencoder on a site's values over the training text.
@@ -84,15 +83,14 @@ def sae_train(
     from ..render import features as view
 
     keep_default_file(out, "the weights folder's sae/SITE.safetensors")
-    check_out(out, force, example="--out sae.safetensors", folder_made=True)
     model = load(weights)
     site = S.check_site(site, model.config)
+    check_out(out, force, example="--out sae.safetensors", folder_made=True,
+              default=S.sae_file(model.weights_file, None, site))
     hooks, changes = steered(model)
     if k > latents:
         raise InputError(f"--k {k} is more than the {latents} latents")
-    if out is None:
-        out = S.sae_file(model.weights_file, out, site)
-        check_default_out(out, force)
+    out = S.sae_file(model.weights_file, out, site)
     x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
                            windows)
     with bar(as_json)(len(x_in), f"values of {site}") as advance:
@@ -210,14 +208,12 @@ def tuned_lens_work(weights: Path | None, fit: bool, evaluate: bool, lens_file: 
 
     if fit:
         keep_default_file(lens_file, "the weights folder's lens/tuned.safetensors", "--lens")
-        check_out(lens_file, force, example="--lens tuned.safetensors", folder_made=True,
-                  option="--lens")
     model = load(weights)
     cfg, path = model.config, tl.lens_file(model.weights_file, lens_file)
-    if fit and lens_file is None:
-        check_default_out(path, force, "--lens")
     hooks, changes = steered(model)
     if fit:
+        check_out(lens_file, force, example="--lens tuned.safetensors", folder_made=True,
+                  option="--lens", default=path)
         tokens = tl.fit_on_training_text(model, data, path, bar(as_json), hooks, changes)
         if not evaluate:
             doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": tokens, **changes}

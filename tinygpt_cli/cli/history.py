@@ -79,9 +79,8 @@ def history(
 @app.command()
 def why(
     text: str = TEXT,
-    target: str = typer.Option(None, "--target", help="The next token to explain: its exact "
-                               "text (' ball'), or #ID for an id; default: the model's "
-                               "likeliest.",
+    target: str = typer.Option(None, "--target", help="The next token to explain: its text "
+                               "(' ball'), or #ID for an id; default: the likeliest.",
                                show_default=False),
     data: list[Path] = typer.Option(None, "--data", help="The training text: a folder of "
                                     "part-*.txt (the last part, held out, is skipped), or "

@@ -122,9 +122,7 @@ def generate(
     hooks = steered_hooks(model, zeroed)
     prompt = read_text(text)
     ids, whole = encode_tail(model, prompt)  # a long prompt: the model reads its end
-    if whole is not None:
-        stderr().print(generation.window_note(whole, model.config.n_positions), style="dim",
-                       soft_wrap=True)
+    generation.say_window(whole, model.config.n_positions)
     chosen, seed = seed, fresh_seed() if seed is None else seed
     tok = model.tokenizer
     steps = generate_tokens(model.params, model.config, ids, max_new_tokens,

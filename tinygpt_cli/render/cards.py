@@ -43,6 +43,15 @@ def logits_view(path: str, row: np.ndarray, rows: list[dict], T: int) -> Group: 
     return Group(header(path, row, f"(logits is {T} × {row.shape[0]})"), top_table(rows, "logit"))
 
 
+def probs_path(p: int, temperature: float) -> str:
+    """What probs shows: the trace's probs[P] at temperature 1, else the formula (at 0,
+    greedy, all the chance on the top token: no division by 0)."""
+    if temperature == 1:
+        return f"probs[{p}]"
+    return f"softmax(logits[{p}] / {temperature:g})" if temperature > 0 else \
+        f"one_hot(argmax(logits[{p}]))"
+
+
 def probs_view(path: str, probs: np.ndarray, rows: list[dict]) -> Group:
     shown = sum(x["chance"] for x in rows)
     return Group(header(path, probs), top_table(rows, "chance", bar_of="chance"),

@@ -134,8 +134,9 @@ def map_document(s, stages: list[tuple[str, str, str]], n_layer: int) -> dict:
 
 
 def lens_document(s, r, options: dict) -> dict:
-    """analysis.lens.LensReport."""
-    return session_document(s, "lens", r.top_probs.T, options=options, stages=r.stages,
+    """analysis.lens.LensReport; options.kind says which lens, logit or tuned."""
+    return session_document(s, "lens", r.top_probs.T, options={**options, "kind": r.kind},
+                            stages=r.stages,
                             top_ids=r.top_ids.T, top_tokens=r.top_tokens,
                             position=r.q.position, target=r.q.token_doc(r.q.target),
                             target_probs=r.target_probs, target_ranks=r.target_ranks)

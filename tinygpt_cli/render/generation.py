@@ -39,12 +39,17 @@ def write_json(tok, prompt: str, ids: list[int], steps, seed: int, no_stop: bool
                                   stop="endoftext" if stopped else "max_new_tokens"))
 
 
-def window_note(whole: int, limit: int) -> str:
-    """generate's note for a prompt longer than the model reads (`whole` tokens, 0: longer
-    than was counted)."""
+def say_window(whole: int | None, limit: int) -> None:
+    """generate's note on stderr for a prompt longer than the model reads (`whole` tokens;
+    0: longer than was counted; None: it fits, nothing to say)."""
+    from .output import stderr
+
+    if whole is None:
+        return
     size = f"{whole:,} tokens" if whole else "many thousand tokens"
-    return (f"note: the prompt is {size}; this model reads at most {limit}, so it continues "
-            f"from the prompt's last {limit} tokens")
+    stderr().print(f"note: the prompt is {size}; this model reads at most {limit}, so it "
+                   f"continues from the prompt's last {limit} tokens", style="dim",
+                   soft_wrap=True)
 
 
 def say_stopped(new: int, stopped: bool, max_new_tokens: int, ablated: list[str] = ()) -> None:
