@@ -334,3 +334,12 @@ def test_probs_at_temperature_0_names_the_greedy_pick_not_a_division_by_0(cli):
     doc = cli("probs", "Lily wanted", "-t", "0", "--json").json()
     assert doc["formula"] == "one_hot(argmax(logits[1]))" and "/ 0" not in r.out
     assert sorted(doc["data"])[-2:] == [0.0, 1.0]
+
+
+def test_sae_feature_help_keeps_its_sentences_whole_and_names_its_argument(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    out = cli("sae", "feature", "--help").out
+    assert out.splitlines()[0] == "Usage: tinygpt sae feature [OPTIONS] {LATENT}"
+    about = out.split("\n\n", 1)[1].split("  Examples:")[0]
+    for paragraph in about.strip().split("\n\n"):  # none stops mid-sentence
+        assert paragraph.rstrip().endswith((".", ")")), paragraph

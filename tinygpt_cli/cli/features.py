@@ -136,7 +136,7 @@ def sae_eval(weights: Path = WEIGHTS, sae: Path = SAE_FILE,
 
 @sae_app.command("feature")
 @steerable  # its data search and --text run steered, like every command that runs a text
-def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
+def sae_feature(latent: int = typer.Argument(..., metavar="LATENT", help="The latent's index."),
                 weights: Path = WEIGHTS, sae: Path = SAE_FILE,
                 data: Path = typer.Option(None, "--data", help="Stories to search (default: "
                                           "the project's training parts).", show_default=False),
@@ -147,12 +147,12 @@ def sae_feature(latent: int = typer.Argument(..., help="The latent's index."),
                                          "latent at each token of this text instead ('-': stdin)."),
                 as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
                 quiet: bool = QUIET):
-    """One latent: its top activating contexts, the tokens it promotes and suppresses, its
-    activation histogram; or, with --text, its value at each token of a text.
+    """One latent: its top contexts, the tokens it promotes and suppresses, its histogram.
 
-    Promotes/suppresses: W_dec[latent] * ln_final.weight @ W_E^T, the direct path to the
-    logits (the final norm's centring and per-token scale left out). The latents of the data
-    are computed once per (weights, SAE, data) and cached.
+    With --text: its value at each token of that text instead. Promotes/suppresses:
+    W_dec[latent] * ln_final.weight @ W_E^T, the direct path to the logits (the final norm's
+    centring and per-token scale left out). The latents of the data are computed once per
+    (weights, SAE, data) and cached.
 
     Example: tinygpt sae feature 17
     Example: tinygpt sae feature 17 --save latent17.html
