@@ -343,3 +343,22 @@ def test_sae_feature_help_keeps_its_sentences_whole_and_names_its_argument(cli, 
     about = out.split("\n\n", 1)[1].split("  Examples:")[0]
     for paragraph in about.strip().split("\n\n"):  # none stops mid-sentence
         assert paragraph.rstrip().endswith((".", ")")), paragraph
+
+
+def test_train_says_it_trains_a_tokenizer_and_that_snapshots_do_not_fit(tmp_path):
+    from test_hostile import RUN_SIZES, _run_main, write_parts
+
+    data = write_parts(tmp_path / "stories")
+    out = tmp_path / "run"
+    r = _run_main(["train", "--data", data, "--out", out, "--steps", "4", "--snapshots", "3",
+                   *RUN_SIZES])
+    assert r.code == 0, r.err
+    def bare(s):  # stderr's notes are wrapped to its width, even inside a long path
+        return "".join(s.split())
+
+    assert bare(f"no {out / 'tokenizer.json'}: training a tokenizer of 257 tokens on the "
+                "training text first (tinygpt train-tokenizer makes one beforehand)") in bare(r.err)
+    assert [p.name for p in (out / "history").iterdir()] == ["step-000004.safetensors"]
+    again = _run_main(["train", "--data", data, "--out", out, "--steps", "6", "--resume",
+                       *RUN_SIZES])
+    assert again.code == 0 and "training a tokenizer" not in again.err  # it has one now

@@ -161,9 +161,11 @@ def save_snapshot(out: Path, params, step: int, lr: float) -> None:
     write_atomically(out / HISTORY / snapshot_name(step), safetensors_bytes(tensors, meta))
 
 
-def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int) -> Tokenizer:
+def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int,
+                      note=lambda s: None) -> Tokenizer:
     """OUT/tokenizer.json if there is one (a tokenizer trained beforehand, or the resumed
-    run's), else one trained on the training files. Its size must be the model's."""
+    run's), else one trained on the training files, which `note` says. Its size must be the
+    model's."""
     path = out / "tokenizer.json"
     if path.is_file():
         try:
@@ -175,6 +177,8 @@ def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int) -> To
                 f"{path} has {tok.vocab_size:,} tokens but --vocab-size is {vocab_size:,}: "
                 f"pass --vocab-size {tok.vocab_size}, or remove that file to train a new one")
         return tok
+    note(f"no {path}: training a tokenizer of {vocab_size:,} tokens on the training text "
+         "first (tinygpt train-tokenizer makes one beforehand)")
     tok = train_tokenizer(read_stories(train_files), vocab_size)
     if tok.vocab_size != vocab_size:
         raise TrainingDataError(
@@ -529,7 +533,7 @@ def _resumed_settings(ckpt: Path, stored: dict, config: Config, settings: Settin
 def _training_data(out: Path, train_files, val_files, config: Config, note):
     """(tokenizer, config with its separator ids, training stream, validation stream or
     None), each stream long enough for a window; the data record written beside them."""
-    tokenizer = prepare_tokenizer(out, train_files, config.vocab_size)
+    tokenizer = prepare_tokenizer(out, train_files, config.vocab_size, note)
     config = Config(**{**asdict(config), "bos_token_id": tokenizer.eot_id,
                        "eos_token_id": tokenizer.eot_id})
     train_data = encode_stories(read_stories(train_files), tokenizer)
