@@ -358,6 +358,8 @@ def test_train_says_it_trains_a_tokenizer_and_that_snapshots_do_not_fit(tmp_path
 
     assert bare(f"no {out / 'tokenizer.json'}: training a tokenizer of 257 tokens on the "
                 "training text first (tinygpt train-tokenizer makes one beforehand)") in bare(r.err)
+    assert bare("--snapshots 3 keeps 1: snapshots are log-spaced in steps from step 50 to the "
+                "last, and 4 steps have room for only 1") in bare(r.err)
     assert [p.name for p in (out / "history").iterdir()] == ["step-000004.safetensors"]
     again = _run_main(["train", "--data", data, "--out", out, "--steps", "6", "--resume",
                        *RUN_SIZES])

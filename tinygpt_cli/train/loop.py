@@ -26,6 +26,7 @@ from ..files import append_line, write_atomically
 from ..model import forward, init_params, loss_and_grads
 from ..tokenizer import Tokenizer, save_tokenizer, train_tokenizer
 from ..weights import save_params
+from ..words import count
 from .data import (
     TokenStream,
     TrainingDataError,
@@ -474,6 +475,10 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
     run = _Run(out, settings, config, tokenizer, train_data, val_data, params,
                AdamW(params, weight_decay=settings.weight_decay), rng, average)
     keep_at = set(snapshot_steps(settings.steps, settings.snapshots))
+    if 0 < len(keep_at) < settings.snapshots:
+        note(f"--snapshots {settings.snapshots} keeps {len(keep_at)}: snapshots are log-spaced "
+             f"in steps from step 50 to the last, and {count(settings.steps, 'step')} have room "
+             f"for only {len(keep_at)}")
     start, elapsed_before = 0, 0.0
     if stored is not None:
         start, run.best_val, elapsed_before = _load_checkpoint(ckpt, params, run.opt, rng,
