@@ -1012,8 +1012,8 @@ def _neurons(ctx, *extra):
 
 def _no_record(ctx) -> str:
     """The one line neurons --data prints for the test's weights, which record no text."""
-    return (f"note: {ctx.tiny} has no record of its training text (it was trained before "
-            "tinygpt kept one): using --data as given\n")
+    return (f"note: {ctx.tiny} has no record of its training text (data.json, which tinygpt "
+            "train writes): using --data as given\n")
 
 
 def test_a_cache_entry_of_the_wrong_shape_is_rebuilt(ctx, monkeypatch):

@@ -364,3 +364,19 @@ def test_train_says_it_trains_a_tokenizer_and_that_snapshots_do_not_fit(tmp_path
     again = _run_main(["train", "--data", data, "--out", out, "--steps", "6", "--resume",
                        *RUN_SIZES])
     assert again.code == 0 and "training a tokenizer" not in again.err  # it has one now
+
+
+def test_a_folder_from_the_hub_is_told_what_it_lacks(cli, tiny, tmp_path):
+    """No history/ and no data.json, as a transformers folder has: why names the history it
+    needs first, and the note of means no longer says the model is older than the record."""
+    r = cli("why", "Lily wanted", "--weights", tiny.folder)
+    assert_one_error_line(r, 2, f"no training history: {tiny.folder / 'history'} does not exist")
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        (data / f"part-00{i}.txt").write_text("\n<|endoftext|>\n".join(SENTENCES * 4) + "\n")
+    r = cli("means", "--weights", tiny.folder, "--data", data, "--out", tmp_path / "m.st")
+    assert r.code == 0, r.err
+    assert (f"note: {tiny.folder} has no record of its training text (data.json, which "
+            "tinygpt train writes): using --data as given") in " ".join(r.err.split())
+    assert "trained before" not in r.err

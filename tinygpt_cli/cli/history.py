@@ -101,7 +101,6 @@ def why(
     Example: tinygpt why "Once upon a time, there was a little" --target " girl"
     """
     from ..analysis import why as whys
-    from ..corpus import training_text
     from ..render import history as view
     from ..render import jsonout
     from ..render.text import escape_line
@@ -109,7 +108,7 @@ def why(
     t0 = time.perf_counter()
     session = open_session(weights, text)
     model = session.model
-    found = training_text(model.folder, data, any_data=any_data)
+    found = whys.training_text(model, data, any_data)
     with progress_report("indexing every window's gradient") as report:
         result = whys.answer(model, session.ids, target, found.files, top, report,
                              hooks=session.hooks)
