@@ -380,3 +380,20 @@ def test_a_folder_from_the_hub_is_told_what_it_lacks(cli, tiny, tmp_path):
     assert (f"note: {tiny.folder} has no record of its training text (data.json, which "
             "tinygpt train writes): using --data as given") in " ".join(r.err.split())
     assert "trained before" not in r.err
+
+
+def test_circuit_warns_when_the_gap_is_too_small_to_share_out(cli):
+    from types import SimpleNamespace
+
+    from tinygpt_cli.render.circuits import small_gap_warning
+
+    (line,) = small_gap_warning(SimpleNamespace(clean=0.512, corrupt=0.520))
+    assert line.plain == ("warning: the gap is only -0.008 (under 0.1): clean and corrupt "
+                          "barely differ, so each share of it and f are mostly noise; choose "
+                          "texts whose predictions differ")
+    assert small_gap_warning(SimpleNamespace(clean=1.5, corrupt=0.2)) == []
+    argv = ["circuit", "Lily wanted to play with her", "Lily wanted to read with her",
+            "--target", " toys", "--vs", " mom", "--method", "eap"]
+    doc = cli(*argv, "--json").json()
+    small = abs(doc["clean"] - doc["corrupt"]) < 0.1
+    assert ("warning: the gap is only" in cli(*argv).out) == small
