@@ -178,9 +178,10 @@ def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int,
                 f"{path} has {tok.vocab_size:,} tokens but --vocab-size is {vocab_size:,}: "
                 f"pass --vocab-size {tok.vocab_size}, or remove that file to train a new one")
         return tok
+    stories = read_stories(train_files)  # a file that is not text is refused before the note
     note(f"no {path}: training a tokenizer of {vocab_size:,} tokens on the training text "
          "first (tinygpt train-tokenizer makes one beforehand)")
-    tok = train_tokenizer(read_stories(train_files), vocab_size)
+    tok = train_tokenizer(stories, vocab_size)
     if tok.vocab_size != vocab_size:
         raise TrainingDataError(
             f"the training text gives a tokenizer of only {tok.vocab_size:,} tokens, not the "
