@@ -397,3 +397,32 @@ def test_circuit_warns_when_the_gap_is_too_small_to_share_out(cli):
     doc = cli(*argv, "--json").json()
     small = abs(doc["clean"] - doc["corrupt"]) < 0.1
     assert ("warning: the gap is only" in cli(*argv).out) == small
+
+
+def test_a_probability_is_a_chance_in_every_document_the_old_names_beside_it(cli, tmp_path):
+    from tinygpt_cli.schema import OLD_KEYS
+
+    def keys(x, found):  # every key of every object in a document
+        if isinstance(x, dict):
+            for k, v in x.items():
+                found.setdefault(k, []).append(v)
+                keys(v, found)
+        elif isinstance(x, list):
+            for v in x:
+                keys(v, found)
+        return found
+
+    f = tmp_path / "texts.txt"
+    f.write_text("Lily wanted\n<|endoftext|>\nTom ran to the park\n")
+    docs = [*cli("score", "--file", f, "--json").ndjson(),
+            cli("ablate", "Lily wanted to play", "--layer", "0", "--head", "0", "--json").json(),
+            cli("lens", "Lily wanted to play", "--json").json(),
+            cli("blocks", "Lily wanted to play", "--json").json()]
+    found = {}
+    for d in docs:
+        keys(d, found)
+    for new, old in OLD_KEYS.items():
+        assert found.get(new, []) == found.get(old, []), (new, old)  # same values, both there
+    for new in ("chance", "top_chance", "target_chances", "text_index"):
+        assert new in found, new
+    assert sorted({v for v in found["text_index"]}) == [0, 1]

@@ -9,6 +9,7 @@ import numpy as np
 from .. import ops
 from ..config import Config
 from ..sampling import probabilities
+from ..schema import with_old_keys
 from ..trace import Trace
 
 
@@ -31,7 +32,8 @@ def block_summary(trace: Trace, params, config: Config, position: int = -1) -> l
         probs = probabilities(lens_logits(h[position], params, config))
         top = int(np.argmax(probs))
         norms = np.linalg.norm(h, axis=-1)
-        row = {"stage": name, "norm": norms, "top_id": top, "top_prob": float(probs[top])}
+        row = with_old_keys({"stage": name, "norm": norms, "top_id": top,
+                             "top_chance": float(probs[top])})
         if prev is not None:
             row["change"] = np.linalg.norm(h - prev, axis=-1) / np.linalg.norm(prev, axis=-1)
             i = stage - 1  # the block that made this stage

@@ -131,7 +131,7 @@ def ablate_figure(label: str, mode: str, target: tuple[int, str], position: int,
     t_id, t_str = target
 
     def bars(rows: list[dict], title: str) -> Bars:
-        return Bars([show_token(d["token"]) for d in rows], [float(d["prob"]) for d in rows],
+        return Bars([show_token(d["token"]) for d in rows], [float(d["chance"]) for d in rows],
                     ids=[int(d["id"]) for d in rows], percent=True, value_name="chance",
                     title=title)
 

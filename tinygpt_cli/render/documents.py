@@ -8,6 +8,7 @@ and never touches the writer. No Rich here: a --json run never imports it.
 
 from __future__ import annotations
 
+from ..schema import with_old_keys
 from . import jsonout
 
 
@@ -139,7 +140,8 @@ def lens_document(s, r, options: dict) -> dict:
                             stages=r.stages,
                             top_ids=r.top_ids.T, top_tokens=r.top_tokens,
                             position=r.q.position, target=r.q.token_doc(r.q.target),
-                            target_probs=r.target_probs, target_ranks=r.target_ranks)
+                            **with_old_keys({"target_chances": r.target_probs}),
+                            target_ranks=r.target_ranks)
 
 
 def dla_document(s, r, options: dict) -> dict:

@@ -240,12 +240,12 @@ def ablation_view(r) -> Group:
     target, position, first = r.q.target_pair, r.q.position, r.rows[0]
     if r.every:
         return ablate_all_view(
-            [row | {"top": row["top_after"][0]["token"], "top_prob": row["top_after"][0]["prob"]}
+            [row | {"top": row["top_after"][0]["token"], "top_prob": row["top_after"][0]["chance"]}
              for row in r.rows], r.mode, target, position, first["logp_before"])
     return ablate_view(first["label"], r.mode, target, position, first["logp_before"],
                        first["logp_after"], first["kl"],
-                       [(d["token"], d["prob"]) for d in r.top_before],
-                       [(d["token"], d["prob"]) for d in first["top_after"]])
+                       [(d["token"], d["chance"]) for d in r.top_before],
+                       [(d["token"], d["chance"]) for d in first["top_after"]])
 
 
 def ablate_view(label: str, mode: str, target: tuple[int, str], position: int,

@@ -62,7 +62,7 @@ def block_table(summary: list[dict], tok, position: int, tokens: list[str]) -> T
                      float(row["attn_norm"][position]) if has else "",
                      float(row["mlp_norm"][position]) if has else "",
                      f"{row['change'][position]:.0%}" if has else "",
-                     show_token(tok(row["top_id"])), f"{row['top_prob']:.1%}"])
+                     show_token(tok(row["top_id"])), f"{row['top_chance']:.1%}"])
     return Table(["stage", "‖h‖ mean", "‖h‖ at pos", "‖attn_out‖", "‖mlp_out‖", "change",
                   "top guess", "chance"], rows,
                  title=f"residual stream at position {position} "
