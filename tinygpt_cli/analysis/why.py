@@ -400,13 +400,15 @@ class Why:
 
 
 def training_text(model, data: list[Path] | None, any_data: bool = False):
-    """The training text `why` ranks (corpus.training_text), once the weights are known to
-    have the snapshots TracIn needs: a folder with no history/ (one from the hub, say) is
-    told that first, not that it has no record of its text."""
+    """The training text `why` ranks (corpus.training_text). Without --data, the weights
+    must first have the snapshots TracIn needs: a folder with no history/ (one from the hub,
+    say) is told that, not that it has no record of its text; a --data given is checked
+    first, as the user's own input."""
     from ..corpus import training_text as recorded
     from . import history as hist
 
-    hist.find_snapshots(hist.history_folder(model))
+    if not data:
+        hist.find_snapshots(hist.history_folder(model))
     return recorded(model.folder, data, any_data=any_data)
 
 
