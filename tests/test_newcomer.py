@@ -426,3 +426,23 @@ def test_a_probability_is_a_chance_in_every_document_the_old_names_beside_it(cli
     for new in ("chance", "top_chance", "target_chances", "text_index"):
         assert new in found, new
     assert sorted({v for v in found["text_index"]}) == [0, 1]
+
+
+# ------------------------------------------------------------------ views in a pipe
+
+
+@pytest.mark.parametrize("argv", [
+    ["trace", "Lily wanted to play with her", "--list"],
+    ["probs", "Lily wanted to play with her", "--top", "3"],
+    ["attn", "Lily wanted to play", "--layer", "0", "--head", "0"],
+    ["attn", "Lily wanted to play", "--layer", "0", "--all-heads"],
+    ["lens", "Lily wanted to play with her"],
+    ["dla", "Lily wanted to play with her"],
+    ["review", "Lily wanted"],
+    ["embed", "Lily wanted", "--full"],
+])
+def test_no_line_of_a_piped_view_ends_in_spaces(cli, argv):
+    r = cli(*argv)
+    assert r.code == 0, r.err
+    padded = [line for line in r.out.splitlines() if line.endswith(" ")]
+    assert padded == [], padded[:3]

@@ -192,7 +192,7 @@ def show_view(view, full: bool = False, measured=None) -> None:
         lines = view.lines(width) if width is not None else None
         if lines is not None:
             if not _quiet:
-                sys.stdout.write("".join(line + "\n" for line in lines))
+                sys.stdout.write("".join(line.rstrip(" ") + "\n" for line in lines))
                 sys.stdout.flush()
             return
         view, measured = view.renderables()
