@@ -446,3 +446,20 @@ def test_no_line_of_a_piped_view_ends_in_spaces(cli, argv):
     assert r.code == 0, r.err
     padded = [line for line in r.out.splitlines() if line.endswith(" ")]
     assert padded == [], padded[:3]
+
+
+def test_score_over_several_texts_says_which_text_each_surprise_is_in(cli, tiny, tmp_path):
+    texts = ["Lily wanted to play.", "Tom ran to the big park."]
+    f = tmp_path / "texts.txt"
+    f.write_text("\n<|endoftext|>\n".join(texts) + "\n")
+    out = cli("score", "--file", f).out.splitlines()
+    head = next(i for i, ln in enumerate(out) if ln.split()[:2] == ["text", "pos"])
+    tok = tiny.model.tokenizer  # each text's tokens, then the <|endoftext|> that ends it
+    tokens = {n: [tok.token_str(i) for i in tok.encode(t)] + ["<|endoftext|>"]
+              for n, t in enumerate(texts)}
+    rows = [ln.split() for ln in out[head + 1:] if ln.strip()]
+    assert rows
+    for text, pos, token, *_ in rows:  # each row's token is at that position of that text
+        assert token.replace("␣", " ") == tokens[int(text)][int(pos)]
+    single = cli("score", "Lily wanted to play.").out
+    assert "text  pos" not in single and " pos " in single
