@@ -463,3 +463,28 @@ def test_score_over_several_texts_says_which_text_each_surprise_is_in(cli, tiny,
         assert token.replace("␣", " ") == tokens[int(text)][int(pos)]
     single = cli("score", "Lily wanted to play.").out
     assert "text  pos" not in single and " pos " in single
+
+
+def test_generate_on_a_terminal_breaks_lines_between_words(tiny):
+    import io
+    import re
+
+    import numpy as np
+    from rich.console import Console
+
+    from tinygpt_cli.generate import Step
+    from tinygpt_cli.render.generation import write_text
+
+    tok = tiny.model.tokenizer
+    story = " Lily was a sleepy bear who liked honey and long naps in the warm sun every day."
+    steps = [Step(i, 1.0) for i in tok.encode(story)]  # the new tokens, word pieces and all
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=24, color_system=None)
+    write_text(console, tok, "Once upon a time", iter(steps), False)
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+    lines = shown.rstrip("\n").split("\n")
+    assert all(len(line) < 24 for line in lines), lines
+    assert " ".join(line.strip() for line in lines) == ("Once upon a time" + story).strip()
+    words = set(("Once upon a time" + story).split())
+    assert all(w in words for line in lines for w in line.split())  # none cut in two
+    assert np.sum([len(ln) for ln in lines]) > 24  # it did wrap
