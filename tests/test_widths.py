@@ -90,7 +90,7 @@ def test_top_larger_than_what_exists_is_capped(cli):
     doc = cli("logits", TEXT, "--top", "100000", "--json").json()
     assert len(doc["top"]) == 4096
     out = cli("probs", TEXT, "--top", "100000").out
-    assert "these 4096 hold 100.0% of the chance" in out
+    assert "these 4,096 hold 100.0% of the chance" in out
     doc = cli("mlp", TEXT, "--top", "100000", "--json").json()
     assert len(doc["top_neurons"]) == 24  # the feed-forward width of the tiny model
     out = cli("mlp", TEXT, "--top", "100000").out
