@@ -386,7 +386,7 @@ def test_lens_json_last_stage_is_the_models_guess(cli, tiny, tr):
     assert doc["target_ranks"][-1] == 1
     p = np.exp(logp(tr["logits"][-1]))
     assert doc["target_probs"][-1] == pytest.approx(p.max(), rel=1e-5)
-    assert doc["options"] == {"target": None, "position": -1}
+    assert doc["options"] == {"target": None, "position": -1, "kind": "logit"}
 
 
 def test_lens_view_is_labelled_by_tokens_and_stages(cli):
