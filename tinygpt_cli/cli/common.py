@@ -120,7 +120,7 @@ SAVE = typer.Option(None, "--save", callback=checked_save, show_default=False, m
                     help="Also write the picture to FILE: .svg (a vector drawing) or .html "
                     "(one self-contained web page), by the extension.")
 FORCE = typer.Option(False, "--force", help="Let --save overwrite an existing file.")
-FORCE_FILE = typer.Option(False, "--force", help="Overwrite any file that exists (a shipped one).")
+FORCE_FILE = typer.Option(False, "--force", help="Overwrite a file that exists, a shipped one too.")
 QUIET = typer.Option(False, "--quiet", "-q", callback=_set_quiet,
                      help="Print no terminal view (with --save: only write the file).")
 
