@@ -488,3 +488,15 @@ def test_generate_on_a_terminal_breaks_lines_between_words(tiny):
     words = set(("Once upon a time" + story).split())
     assert all(w in words for line in lines for w in line.split())  # none cut in two
     assert np.sum([len(ln) for ln in lines]) > 24  # it did wrap
+
+
+def test_the_circuit_picture_writes_f_as_the_terminal_does(cli, tmp_path):
+    import re
+
+    picture = tmp_path / "c.html"
+    argv = ["circuit", "Lily wanted to play with her", "Lily wanted to read with her",
+            "--target", " toys", "--vs", " mom", "--method", "eap"]
+    assert cli(*argv, "--save", picture, "-q").code == 0
+    table = picture.read_text().split("faithfulness", 1)[1]
+    assert not re.search(r"\de-\d\d", table)  # no -3.66e-16 for the f of no edge kept
+    assert ">0.000<" in table and ">1.000<" in table

@@ -172,8 +172,8 @@ def circuit_figure(r, what: str, top: int) -> Figure:
                      "receiver (column)", signed=True),
              Bars([names[e] for e in shown], [float(r.scores[e]) for e in shown],
                   title=f"top {len(shown)} edges", value_name="score"),
-             FigureTable(["edges kept", "f"], [[n, r.f_at(n)] for n in points],
-                         title="faithfulness")]
+             FigureTable(["edges kept", "f"], [[n, _f(r.f_at(n))] for n in points],
+                         title="faithfulness")]  # f as the terminal shows it: 0.000, not -3.66e-16
     return Figure("circuit", parts)
 
 
