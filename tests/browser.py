@@ -65,10 +65,15 @@ class Browser:
             os.dup2(hi_r, 3)
             os.dup2(hi_w, 4)
 
+        # its home is the profile too: Chromium writes ~/.config/chromium/Crash Reports and
+        # dconf ~/.cache/dconf even with a --user-data-dir, and the suite writes nowhere but
+        # its temporary folders
+        home = {"HOME": self.profile, "XDG_CONFIG_HOME": os.path.join(self.profile, "config"),
+                "XDG_CACHE_HOME": os.path.join(self.profile, "cache")}
         self.proc = subprocess.Popen(
             [executable, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=wire, pass_fds=(3, 4, hi_r, hi_w))
+            preexec_fn=wire, pass_fds=(3, 4, hi_r, hi_w), env={**os.environ, **home})
         os.close(hi_r)
         os.close(hi_w)
         self._next = 0

@@ -26,6 +26,28 @@ settings.register_profile("dev", deadline=None, max_examples=300)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
                       or ("ci" if os.environ.get("CI", "").lower() == "true" else "dev"))
 
+# The suite writes nowhere but its temporary folders: the tool's cache (means, score and
+# neuron maxima, the why index) is one temporary folder for the whole run, set before any
+# test (and every child process, which inherits it) reads it, removed at the end; a test may
+# still point TINYGPT_CACHE elsewhere with monkeypatch.
+_CACHE = None
+
+
+def pytest_configure(config):  # noqa: ARG001 - pytest's hook signature
+    import tempfile
+
+    global _CACHE
+    _CACHE = tempfile.mkdtemp(prefix="tinygpt-tests-cache-")
+    os.environ["TINYGPT_CACHE"] = _CACHE
+
+
+def pytest_unconfigure(config):  # noqa: ARG001
+    import shutil
+
+    if _CACHE is not None:
+        shutil.rmtree(_CACHE, ignore_errors=True)
+
+
 
 SENTENCES = [
     "Once upon a time, there was a little girl named Lily.",

@@ -163,14 +163,16 @@ def test_small_chunks_and_batches_change_nothing(cli, tmp_path, args, small_batc
     assert (passes == []) == ("--ablate" in args)  # a changed run makes its own pass
 
 
-def test_a_line_too_long_ends_the_run_after_the_lines_before_it(cli, tmp_path):
+def test_a_line_too_long_is_said_and_the_lines_after_it_run(cli, tmp_path):
     f = tmp_path / "lines.txt"
     f.write_text("\n".join(["Lily", "Tom saw", TOO_LONG, "Lily"]) + "\n", encoding="utf-8")
     r = cli("probs", "--each-line", f, "--json")
     assert r.code == 2 and r.err.startswith("error: line 3: the text is ")
+    assert len(r.err.splitlines()) == 1
     records = r.ndjson()
+    assert [x["line"] for x in records] == [1, 2, 4]
     assert [x["result"] for x in records] == [cli("probs", "--json", t).json()
-                                              for t in ("Lily", "Tom saw")]
+                                              for t in ("Lily", "Tom saw", "Lily")]
 
 
 @settings(max_examples=200, deadline=None)

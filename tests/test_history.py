@@ -651,7 +651,7 @@ def test_why_ranks_the_windows_holding_the_planted_fact_first(cli, run):
     model = load_model(run)
     tok = model.tokenizer
     (name,), (target,) = tok.encode(" Quixby"), tok.encode(" zooms")  # one token each
-    result = cli("why", "The frog Quixby", "--target", str(target), "--data",
+    result = cli("why", "The frog Quixby", "--target", f"#{target}", "--data",
                  run.parent / "data", "--json")
     assert result.code == 0, result.err
     doc = result.json()
@@ -676,7 +676,7 @@ def test_why_ranks_the_windows_holding_the_planted_fact_first(cli, run):
     assert top["ids"][j - 1 : j + 1] == [name, target]
     assert top["exact_score"] == pytest.approx(c.sum())
     # a second question on the same data reads every window from the index
-    again = cli("why", "The frog Quixby", "--target", str(target), "--data",
+    again = cli("why", "The frog Quixby", "--target", f"#{target}", "--data",
                 run.parent / "data", "--json").json()
     n_snapshots = len(doc["snapshots"])
     assert doc["windows_scored"] == doc["windows"] == len(why.windows(index_stream,

@@ -851,7 +851,7 @@ def test_a_planted_history_link_is_refused(ctx, tmp_path):
 
 def test_model_card_never_writes_through_planted_links(ctx, victim):
     plant(ctx.run, ["MODEL_CARD.md", "loss_curve.svg"], victim)
-    r = _run_main(["model-card", ctx.run, "--data", ctx.data])
+    r = _run_main(["model-card", ctx.run, "--data", ctx.data, "--force"])
     assert r.code == 0, r.err
     assert victim.read_text() == "precious\n"
     assert (ctx.run / "MODEL_CARD.md").read_text().startswith("# tinygpt model card")
@@ -1022,8 +1022,8 @@ def _neurons(ctx, *extra):
 
 def _no_record(ctx) -> str:
     """The one line neurons --data prints for the test's weights, which record no text."""
-    return (f"note: {ctx.tiny} has no record of its training text (it was trained before "
-            "tinygpt kept one): using --data as given\n")
+    return (f"note: {ctx.tiny} has no record of its training text (data.json, which tinygpt "
+            "train writes): using --data as given\n")
 
 
 def test_a_cache_entry_of_the_wrong_shape_is_rebuilt(ctx, monkeypatch):
@@ -1327,7 +1327,7 @@ def test_patch_chooses_vs_when_both_runs_guess_the_same_token(cli, tiny):
     assert " ".join(r.err.split()) == (  # a note on stderr, wrapped to the width
         f"both runs' top guess is {tok.token_str(t)!r}: --vs is the corrupt run's next best, "
         f"{tok.token_str(int(second))!r} (give --vs to choose)")
-    r = cli("patch", TEXT, corrupt, "--vs", str(t))
+    r = cli("patch", TEXT, corrupt, "--vs", f"#{t}")
     assert r.code == 2 and "give --target and --vs that differ" in r.err
 
 

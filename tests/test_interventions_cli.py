@@ -91,11 +91,11 @@ def test_session_checks_indices_and_tokens_with_one_wording(tiny):
     with pytest.raises(InputError, match=r"layer 2 is out of range: valid layers are 0\.\.1"):
         s.layer(2)
     assert s.token_id(" toys") == tiny.model.tokenizer.encode(" toys")[0]
-    assert s.token_id("17") == 17
+    assert s.token_id("#17") == 17 and s.token_id("5") == 21  # digits are text
     with pytest.raises(InputError, match="not a single token"):
         s.token_id(" toys and more")
     with pytest.raises(InputError, match="unknown token id 9999"):
-        s.token_id("9999")
+        s.token_id("#9999")
     with pytest.raises(InputError, match="reads at most 128 tokens"):
         Session.open("Lily " * 200, model=tiny.model)
 

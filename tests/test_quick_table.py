@@ -118,7 +118,7 @@ _words = st.text(st.sampled_from("ab é 🙂 中文 ...,\n-\u00a0\u200b\tx"), ma
 @given(st.lists(_words, min_size=1, max_size=6), st.integers(8, 130), st.booleans())
 def test_quick_console_prints_a_view_as_rich_does(texts, width, styled):
     """Texts (one line, wrapped, with line breaks), Fields, ranked tables and Groups of them:
-    the same characters as Rich's Console, at any width."""
+    the same characters as Rich's Console, at any width, less the spaces ending a line."""
     from rich.console import Console, Group
     from rich.text import Text
 
@@ -131,4 +131,8 @@ def test_quick_console_prints_a_view_as_rich_does(texts, width, styled):
     for view in (*parts, fields, top_table(rows, "chance", bar_of="chance"),
                  Group(fields, *parts, WhenStyled(Text("legend"))),
                  Group(Text(""), top_table(rows, "chance"))):
-        assert _printed(QuickConsole, view, width) == _printed(Console, view, width)
+        # the same characters, but for the spaces Rich pads a line's end with (QuickConsole
+        # drops them where nothing is styled, by either of its layouts)
+        rich = "".join(line.rstrip(" ") + "\n" for line in
+                       _printed(Console, view, width).splitlines())
+        assert _printed(QuickConsole, view, width) == rich

@@ -403,7 +403,8 @@ def test_scale_zero_is_the_unsteered_run_bit_for_bit(cli, inputs, name):
 @pytest.mark.parametrize("name", ["means", "sae train", "sae eval", "lens", "probe", "steer"])
 def test_every_view_of_a_steered_run_says_so(cli, inputs, name):
     data, tmp = inputs
-    r = cli(*commands(data, tmp, tmp)[name], *STEERED)
+    (tmp / "views").mkdir()  # sae train never writes over the SAE that sae eval reads
+    r = cli(*commands(data, tmp, tmp / "views")[name], *STEERED)
     assert r.code == 0, r.err
     assert r.out.startswith("steered before this view: layers.1.resid_pre + 3 * v, v = 'Lily "
                             "was happy' - 'Lily was sad'"), r.out[:200]

@@ -388,7 +388,7 @@ def test_each_line_errors_name_the_line(cli, tmp_path):
     r = cli("probs", "--each-line", f, "--json")
     assert r.code == 2 and r.err.startswith("error: line 2: the text is ")
     assert "tokens long" in r.err
-    assert len(r.out.splitlines()) == 1  # line 1's result came before the error
+    assert len(r.out.splitlines()) == 1  # line 1's result; line 2 has none
     assert_one_error_line(cli("info", "--each-line", f), 2, "info does not read one")
     assert_one_error_line(cli("probs", "--each-line", tmp_path / "nope"), 2, "no such file")
 

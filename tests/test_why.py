@@ -400,7 +400,7 @@ def test_lens_json_last_stage_is_the_models_guess(cli, tiny, tr):
     assert doc["target_ranks"][-1] == 1
     p = np.exp(logp(tr["logits"][-1]))
     assert doc["target_probs"][-1] == pytest.approx(p.max(), rel=1e-5)
-    assert doc["options"] == {"target": None, "position": -1}
+    assert doc["options"] == {"target": None, "position": -1, "kind": "logit"}
 
 
 def test_lens_view_is_labelled_by_tokens_and_stages(cli):
@@ -558,7 +558,7 @@ def test_attribute_errors(cli):
     assert_one_error_line(cli("attribute", TEXT, "--method", "saliency"), 2, "unknown --method")
     assert_one_error_line(cli("attribute", TEXT, "--method", "integrated-gradients",
                               "--baseline", "Tom"), 2, "same number of tokens")
-    assert_one_error_line(cli("attribute", TEXT, "--target", "99999"), 2, "unknown token id")
+    assert_one_error_line(cli("attribute", TEXT, "--target", "#99999"), 2, "unknown token id")
 
 
 @pytest.mark.parametrize("command", ["lens", "dla", "ablate", "patch", "attribute", "means"])

@@ -90,7 +90,7 @@ def test_top_larger_than_what_exists_is_capped(cli):
     doc = cli("logits", TEXT, "--top", "100000", "--json").json()
     assert len(doc["top"]) == 4096
     out = cli("probs", TEXT, "--top", "100000").out
-    assert "these 4096 hold 100.0% of the chance" in out
+    assert "these 4,096 hold 100.0% of the chance" in out
     doc = cli("mlp", TEXT, "--top", "100000", "--json").json()
     assert len(doc["top_neurons"]) == 24  # the feed-forward width of the tiny model
     out = cli("mlp", TEXT, "--top", "100000").out
@@ -102,7 +102,7 @@ def test_top_larger_than_what_exists_is_capped(cli):
 def test_patch_grids_flow_to_fit_the_width(cli, monkeypatch, width):
     """The five position x layer grids stand side by side only when there is room."""
     monkeypatch.setenv("COLUMNS", str(width))
-    r = cli("patch", TEXT, "Lily wanted to read with her", "--target", "1", "--vs", "2")
+    r = cli("patch", TEXT, "Lily wanted to read with her", "--target", "#1", "--vs", "#2")
     assert r.code == 0, r.err
     check_fits(r.out, width, ["patch"])
     titles = [ln for ln in r.out.splitlines() if "resid_pre" in ln and "resid_mid" in ln]

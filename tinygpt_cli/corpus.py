@@ -312,8 +312,8 @@ def check_data(weights: Path, files: list[Path], *, any_data: bool = False,
 
     record = read_data_record(weights)
     if record is None:
-        return (f"note: {weights} has no record of its training text (it was trained before "
-                "tinygpt kept one): using --data as given")
+        return (f"note: {weights} has no record of its training text ({DATA_RECORD}, which "
+                "tinygpt train writes): using --data as given")
     why = None if any_data else \
         differs_from_record(files, record) if whole else unrecorded(files, record, kinds)
     if why is not None:

@@ -131,9 +131,20 @@ def _hint(e, args: list[str] = ()) -> str:
         # (`--layr` is a misspelt option: click's "Possible options" is the help it needs.)
         import shlex
 
-        shown = f"{command or 'tinygpt COMMAND'} -- {shlex.quote(text)}"
+        shown = "tinygpt " + shlex.join(_text_last(list(args), text))
         return f" ({see}; a text that starts with '-' goes after '--': {shown})"
     return f" ({see})"
+
+
+def _text_last(args: list[str], text: str) -> list[str]:
+    """The user's words with `text` moved after '--' and every other word kept where it was:
+    `probs '-5 apples' --top 2` -> `probs --top 2 -- '-5 apples'`."""
+    rest = list(args)
+    rest.remove(text)
+    if "--" in rest:  # texts already there: this one goes first among them
+        at = rest.index("--") + 1
+        return [*rest[:at], text, *rest[at:]]
+    return [*rest, "--", text]
 
 
 def _names(ctx) -> list[str]:

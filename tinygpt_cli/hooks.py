@@ -45,9 +45,17 @@ class Record:
 class RecordOnly(Record):
     """Keep only the values at these concrete canonical paths."""
 
+    who = "record"
+
     def __init__(self, paths: Iterable[str]) -> None:
         super().__init__()
         self.paths = frozenset(paths)
+
+    def bind(self, config: Config) -> None:
+        self.paths = frozenset(hooked_path(p, config, "record") for p in self.paths)
+
+    def unreached(self) -> list[str]:
+        return sorted(self.paths - set(self.values))
 
     def __call__(self, path: str, x: np.ndarray) -> np.ndarray:
         if path in self.paths:
@@ -60,11 +68,22 @@ class Replace:
 
     def __init__(self, fns: Mapping[str, Callable[[np.ndarray], np.ndarray]]) -> None:
         self.fns = dict(fns)
+        self.seen: set[str] = set()
+
+    def bind(self, config: Config) -> None:
+        fns = {}
+        for p, fn in self.fns.items():
+            fns[hooked_path(p, config, "Replace")] = fn
+        self.fns, self.seen = fns, set()
+
+    def unreached(self) -> list[str]:
+        return sorted(set(self.fns) - self.seen)
 
     def __call__(self, path: str, x: np.ndarray) -> np.ndarray:
         fn = self.fns.get(path)
         if fn is None:
             return x
+        self.seen.add(path)
         out = np.asarray(fn(x), dtype=x.dtype)
         if out.shape != x.shape:  # a scalar or a row: spread it over the value, writable
             out = np.broadcast_to(out, x.shape).copy()
@@ -76,6 +95,9 @@ class StopAfter:
 
     def __init__(self, path: str) -> None:
         self.path = path
+
+    def bind(self, config: Config) -> None:
+        self.path = hooked_path(self.path, config, "StopAfter")
 
     def __call__(self, path: str, x: np.ndarray) -> np.ndarray:
         if path == self.path:
@@ -100,6 +122,55 @@ def chained(*hooks: Hook | None) -> Hook | None:
     keeps the forward pass's fast paths, so an unsteered run is the plain run bit for bit."""
     given = [h for h in hooks if h is not None]
     return None if not given else given[0] if len(given) == 1 else Chain(*given)
+
+
+# ------------------------------------------------------------------ hooks named from Python
+# A Session binds the hook sets it is given before it runs them: each user name (a
+# TransformerLens or seed spelling, a negative index) becomes the path the forward pass uses,
+# a name of no value raises PathError with the CLI's suggestions, and after the run a name the
+# run never reached raises too, where a hook set would otherwise do nothing in silence.
+
+
+def hooked_path(path: str, config: Config, who: str) -> str:
+    """The canonical path of a value the forward pass computes, for a hook set `who`."""
+    from .schema import BY_PATH, PathError, pattern_of
+
+    name, rows = resolve(path, config)
+    if rows:
+        raise PathError(path, f"{who} takes a whole value, not rows of one: {path!r}")
+    if BY_PATH[pattern_of(name)].kind != "hooked":
+        raise PathError(path, f"{name} is not computed by the forward pass, so no hook sees "
+                        "it; try logits, a head's weights (layers.0.heads.0.weights) or "
+                        "layers.0.mlp_out")
+    return name
+
+
+def _sets(hooks) -> list:
+    """The hook sets of a hook (a Chain's, in turn)."""
+    if isinstance(hooks, Chain):
+        return [s for h in hooks.hooks for s in _sets(h)]
+    return [] if hooks is None else [hooks]
+
+
+def bind(hooks, config: Config) -> None:
+    """Resolve every path the hook sets name (PathError, with suggestions, for none)."""
+    for h in _sets(hooks):
+        if hasattr(h, "bind"):
+            h.bind(config)
+
+
+def check_reached(hooks, stopped: str | None = None) -> None:
+    """PathError for a value a hook set names that the run never reached (a Replace that
+    changed nothing, a record that kept nothing)."""
+    from .schema import PathError
+
+    for h in _sets(hooks):
+        missed = h.unreached() if hasattr(h, "unreached") else []
+        if missed:
+            why = f" (it stopped after {stopped})" if stopped else ""
+            who = getattr(h, "who", type(h).__name__)
+            raise PathError(missed[0], f"{who} names {missed[0]}, which this run never "
+                            f"reached{why}")
 
 
 def zero(x: np.ndarray) -> np.ndarray:

@@ -408,3 +408,16 @@ def markdown_table() -> str:
         lens = f"`{v.lens}`" if v.lens else ""
         rows.append(f"| `{v.path}` | {shape} | {v.card or ''} | {v.about} | {lens} |")
     return "\n".join(rows)
+
+
+# One word for a probability in every JSON document: "chance", as the views say it (probs,
+# generate and diff's documents did already). The names other documents used before are kept
+# beside the new ones for one release, then dropped; a text's index is "text_index".
+CHANCE = "chance"
+OLD_KEYS = {"chance": "prob", "top_chance": "top_prob", "top_chances": "top_probs",
+            "target_chances": "target_probs", "text_index": "sequence"}
+
+
+def with_old_keys(d: dict) -> dict:
+    """`d` with each renamed key's old name beside it, the same value (OLD_KEYS)."""
+    return {**d, **{OLD_KEYS[k]: v for k, v in d.items() if k in OLD_KEYS}}

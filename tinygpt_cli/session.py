@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError, check_index, check_utf8
-from .hooks import Chain, Hook, ablation
+from .hooks import Chain, Hook, ablation, bind, check_reached, hooked_path
 from .model import all_finite, final_norm, forward, logits_of, record, trace
+from .schema import PathError
 from .trace import Trace
 from .weights import Model, load_model
 from .words import count
@@ -53,6 +54,22 @@ def encode_checked(model: Model, text: str) -> list[int]:
             f"{count(limit, 'token')}"
         )
     return ids
+
+
+def encode_tail(model: Model, text: str) -> tuple[list[int], int | None]:
+    """generate's prompt: the ids of the text's last n_positions tokens, and how many tokens
+    the whole text is when it is longer (None when it fits; 0 when only its end was read, a
+    text of many thousand characters: the last `most` characters then hold more than
+    n_positions tokens, so the window is theirs, bar a cut through one word of hundreds)."""
+    limit = model.config.n_positions
+    most = limit * model.tokenizer.longest_token_bytes if len(text) > limit else limit
+    tail = len(text) > 2 * most
+    ids = model.tokenizer.encode(check_text(text[-2 * most:] if tail else text))
+    if not ids:
+        raise InputError("the text is empty: give at least one character")
+    if len(ids) <= limit:
+        return ids, None
+    return ids[-limit:], 0 if tail else len(ids)
 
 
 def encode_lines(model: Model, texts: list[str], option: str) -> list[list[int]]:
@@ -130,7 +147,7 @@ class Session:
         return check_index(i, self.T, "position")
 
     def token_id(self, token: str) -> int:
-        """A token given as its text (' toys'), or as an id ('1234')."""
+        """A token given as its text (' toys'), or as an id ('#1234'): session.token_id."""
         return token_id(self.model, token)
 
     # ---------------------------------------------------------------- running
@@ -143,9 +160,14 @@ class Session:
                      ablation(ablate, self.config) if ablate else None, hooks)
 
     def run(self, hooks: Hook | None = None, ablate: Sequence[str] = ()) -> np.ndarray | None:
-        """The logits [T, V], with the hooks called on every value."""
-        return forward(self.params, self.config, np.asarray(self.ids),
-                       hooks=self.hooks_for(ablate, hooks))
+        """The logits [T, V], with the hooks called on every value. The paths the hook sets
+        name may be any spelling the CLI takes; one that names no value, or that the run never
+        reaches, raises PathError (hooks.bind, hooks.check_reached)."""
+        bind(hooks, self.config)
+        logits = forward(self.params, self.config, np.asarray(self.ids),
+                         hooks=self.hooks_for(ablate, hooks))
+        check_reached(hooks)
+        return logits
 
     def logits(self) -> np.ndarray:
         """The logits [T, V] of the session's run, the very numbers its trace holds, with
@@ -164,14 +186,34 @@ class Session:
     def record(self, paths: Iterable[str] | None = None, hooks: Hook | None = None,
                ablate: Sequence[str] = (), stop_after: str | None = None
                ) -> tuple[np.ndarray | None, dict[str, np.ndarray]]:
-        """(logits, {path: value}) of every value, or only of `paths` (model.record)."""
-        return record(self.params, self.config, self.ids, paths,
-                      hooks=self.hooks_for(ablate, hooks), stop_after=stop_after)
+        """(logits, {path: value}) of every value, or only of `paths`, under the names given
+        (any spelling the CLI takes: `blocks.3.hook_resid_post`). A path that names no value,
+        or that the run never reaches (after `stop_after`), raises PathError."""
+        bind(hooks, self.config)
+        names = None if paths is None else {p: hooked_path(p, self.config, "record")
+                                            for p in paths}
+        stop = None if stop_after is None else hooked_path(stop_after, self.config,
+                                                           "stop_after")
+        logits, values = record(self.params, self.config, self.ids,
+                                None if names is None else set(names.values()),
+                                hooks=self.hooks_for(ablate, hooks), stop_after=stop)
+        check_reached(hooks, stop)
+        if names is None:
+            return logits, values
+        for p, name in names.items():
+            if name not in values:
+                why = f" (it stopped after {stop})" if stop else ""
+                raise PathError(p, f"record names {name}, which this run never reached{why}")
+        return logits, {p: values[name] for p, name in names.items()}
 
     def trace(self, hooks: Hook | None = None, ablate: Sequence[str] = ()) -> Trace:
-        """Every value of the forward pass, after any interventions."""
-        return trace(self.params, self.config, np.asarray(self.ids),
-                     hooks=self.hooks_for(ablate, hooks), tokens=self.tokens)
+        """Every value of the forward pass, after any interventions (the hooks' paths as
+        `run` takes them)."""
+        bind(hooks, self.config)
+        t = trace(self.params, self.config, np.asarray(self.ids),
+                  hooks=self.hooks_for(ablate, hooks), tokens=self.tokens)
+        check_reached(hooks)
+        return t
 
 
 @dataclass
@@ -194,19 +236,29 @@ class Run:
     T = property(lambda self: self.session.T)  # noqa: N815  (the seed page's name)
 
 
-def token_id(model: Model, token: str) -> int:
-    """A token by its exact text (' toys', with its space) or by its id; else InputError."""
+def token_id(model: Model, token: str | int) -> int:
+    """A token by its exact text (' toys', with its space), or by its id written `#1234` (an
+    int from Python is an id); else InputError. The one rule for --target and --vs: digits
+    are text ('5' is the digit, id 21 in the shipped vocabulary), never taken for an id."""
     tok = model.tokenizer
+    if isinstance(token, (int, np.integer)) and not isinstance(token, bool):
+        return _known_id(int(token), tok.vocab_size)
     token = check_utf8(token, "the token")
-    if token.strip().lstrip("-").isdigit():
-        i = int(token)
-        if not 0 <= i < tok.vocab_size:
-            raise InputError(f"unknown token id {i}: ids run from 0 to {tok.vocab_size - 1}")
-        return i
+    if token.startswith("#") and token[1:].isdigit() and token.isascii():
+        return _known_id(int(token[1:]), tok.vocab_size)
     found = tok.token_to_id(token)
     if found is None:
         ids = tok.encode(token)
         hint = (f"; it is {len(ids)} tokens: " + " ".join(repr(tok.token_str(i)) for i in ids)
                 if len(ids) > 1 else "")
+        number = token.strip()
+        if number.isdigit() and number.isascii():  # meant an id? say how to write one
+            hint += f"; for the token with id {number}, write #{number}"
         raise InputError(f"{token!r} is not a single token of the vocabulary{hint}")
     return found
+
+
+def _known_id(i: int, vocab_size: int) -> int:
+    if not 0 <= i < vocab_size:
+        raise InputError(f"unknown token id {i}: ids run from 0 to {vocab_size - 1}")
+    return i

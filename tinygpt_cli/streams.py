@@ -133,24 +133,27 @@ def finish(code: int) -> None:
 # ------------------------------------------------------------------ the text of a command
 
 
-def read_text(text: str | None, model=None) -> str:
+def read_text(text: str | None, model=None, what: str = "text") -> str:
     """The argument, or stdin when the argument is '-' or missing and stdin is not a terminal.
+    `what` is what the command reads ("token ids" for decode, which says an empty one).
 
     With `model`, whose context the text must fit, stdin is read no further than a text of
     that many tokens can reach, and a longer one is refused there (`embed - < /dev/zero`
     never ends)."""
     if text is None or text == "-":
         if sys.stdin is None:  # `<&-`
-            raise InputError("no text: stdin is closed; give the text as an argument")
+            raise InputError(f"no {what}: stdin is closed; give the {what} as an argument")
         if sys.stdin.isatty():
-            raise InputError("no text: give it as an argument, or pipe it on stdin with '-'")
+            them = "them as arguments" if what.endswith("s") else "it as an argument"
+            raise InputError(f"no {what}: give {them}, or pipe {them.split()[0]} on stdin "
+                             "with '-'")
         text = _read_stdin(None if model is None else (model.config.n_positions,
                                                        model.tokenizer.longest_token_bytes))
         if text.endswith("\n"):
             text = text[:-1]  # the newline `echo` adds is not part of the text
     else:
         text = check_utf8(text, "the text argument")
-    if text == "":
+    if text == "" and what == "text":
         raise InputError("the text is empty: give at least one character")
     return text
 

@@ -260,7 +260,7 @@ def parse_ids(words: list[str], vocab_size: int) -> list[int]:
                 raise InputError(f"{part!r} is not a token id: ids are whole numbers")
             ids.append(int(part))
     if not ids:
-        raise InputError("no token ids given")
+        raise InputError("no token ids given: give at least one, e.g. tinygpt decode 608 429")
     for i in ids:
         if not 0 <= i < vocab_size:
             raise InputError(f"unknown token id {i}: ids run from 0 to {vocab_size - 1}")

@@ -9,6 +9,7 @@ list of names is `schema.VALUES`.
 
 from __future__ import annotations
 
+from collections.abc import ItemsView, KeysView, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,9 +20,16 @@ from .schema import PathError, expand, resolve, suggest
 __all__ = ["PathError", "Trace"]
 
 
-@dataclass
+_MISSING = object()
+
+
+@dataclass(repr=False)
 class Trace:
-    """Every value of one forward pass, by canonical path ([B, ...] for a batch)."""
+    """Every value of one forward pass, by canonical path ([B, ...] for a batch).
+
+    A read-only mapping: `t[path]` and `path in t` take any spelling (`blocks.0.hook_pattern`,
+    `layers[-1].mlp_out`); keys, iteration and len are the canonical paths it holds, in
+    forward order. `t.values` is the dict of recorded arrays itself, not a method."""
 
     values: dict[str, np.ndarray]
     config: Config
@@ -33,6 +41,37 @@ class Trace:
 
     def __getitem__(self, path: str):
         return self.get(path)
+
+    def __contains__(self, path) -> bool:
+        if not isinstance(path, str):
+            return False
+        try:
+            self.get(path)
+        except PathError:
+            return False
+        return True
+
+    def __iter__(self):
+        return iter(self._held())
+
+    def __len__(self) -> int:
+        return len(self._held())
+
+    def keys(self) -> KeysView:
+        return KeysView(self)
+
+    def items(self) -> ItemsView:
+        return ItemsView(self)
+
+    def _held(self) -> list[str]:
+        """The canonical paths this trace answers, in forward order."""
+        derived = {"layers.length": True, "tokens": self.tokens is not None,
+                   "probs": "logits" in self.values}
+        return [p for p in self.paths() if derived.get(p, p in self.values)]
+
+    def __repr__(self) -> str:
+        shape = " × ".join(str(n) for n in np.shape(self.values.get("ids", ())))
+        return f"<Trace: {shape or 'no'} tokens, {len(self)} values (t.keys() lists them)>"
 
     def paths(self) -> list[str]:
         """Every concrete path, per-block and per-head paths expanded, in forward order."""
@@ -104,8 +143,11 @@ class Trace:
                       at(self.get(f"layers.{i}.mlp_out"))]
         return labels, np.stack([np.asarray(p, dtype=np.float64) for p in parts])
 
-    def get(self, path: str):
-        """The value at `path`: an array, the token strings, or layers.length (an int)."""
+    def get(self, path: str, default=_MISSING):
+        """The value at `path`: an array, the token strings, or layers.length (an int). A path
+        of no value raises PathError (with suggestions), unless a `default` is given."""
+        if default is not _MISSING:
+            return self[path] if path in self else default
         name, rows = self.canonical(path)
         value = self._value(name)
         for r in rows:
@@ -138,3 +180,6 @@ class Trace:
         if name not in self.values:
             raise PathError(name, f"{name} was not recorded in this run")
         return self.values[name]
+
+
+Mapping.register(Trace)  # a dataclass field named `values` rules out Mapping's mixins

@@ -22,7 +22,7 @@ from .. import ops
 from ..config import Config
 from ..errors import InputError
 from ..model import record
-from ..schema import head_name, mlp_name
+from ..schema import head_name, mlp_name, with_old_keys
 from ..words import count
 from .variants import Edit, run_variants, set_all, widen
 
@@ -148,11 +148,12 @@ def ablation_report(session, components: list[str], edit: Mapping[str, Edit], po
     rows = [{"component": e.paths[0], "label": component_label(e.paths[0]),
              "delta": e.delta, "kl": e.kl, "logp_before": e.logp_before,
              "logp_after": e.logp_after,
-             "top_after": [{"id": i, "token": tok(i), "prob": p}
+             "top_after": [with_old_keys({"id": i, "token": tok(i), "chance": p})
                            for i, p in top_tokens(e.logits, top)]} for e in found]
     if every:
         rows.sort(key=lambda r: -abs(r["delta"]))
-    top_before = [{"id": i, "token": tok(i), "prob": p} for i, p in top_tokens(before, top)]
+    top_before = [with_old_keys({"id": i, "token": tok(i), "chance": p})
+                  for i, p in top_tokens(before, top)]
     return AblationReport(q, mode, every, rows, top_before)
 
 

@@ -22,6 +22,7 @@ from .. import ops
 from ..config import Config
 from ..errors import InputError
 from ..model import record
+from ..schema import with_old_keys
 from ..weights import Model, WeightsError, load_params
 
 HISTORY = "history"  # the folder name train.loop writes (train.loop.HISTORY)
@@ -184,7 +185,7 @@ def loss_over_training(snapshots: list[Snapshot], config: Config, ids,
     tops = [next_token(z) for z in logits]
     return snapshot_rows(snapshots, loss=losses, top_id=[t[0] for t in tops],
                          top_token=[token_str(t[0]) for t in tops],
-                         top_prob=[t[1] for t in tops])
+                         **with_old_keys({"top_chance": [t[1] for t in tops]}))
 
 
 @dataclass

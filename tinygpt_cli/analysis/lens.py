@@ -10,6 +10,7 @@ from .. import ops
 from ..config import Config
 from ..model import read_out
 from ..sampling import probabilities
+from ..schema import with_old_keys
 from ..trace import Trace
 
 
@@ -31,7 +32,8 @@ def block_summary(trace: Trace, params, config: Config, position: int = -1) -> l
         probs = probabilities(lens_logits(h[position], params, config))
         top = int(np.argmax(probs))
         norms = np.linalg.norm(h, axis=-1)
-        row = {"stage": name, "norm": norms, "top_id": top, "top_prob": float(probs[top])}
+        row = with_old_keys({"stage": name, "norm": norms, "top_id": top,
+                             "top_chance": float(probs[top])})
         if prev is not None:
             row["change"] = np.linalg.norm(h - prev, axis=-1) / np.linalg.norm(prev, axis=-1)
             i = stage - 1  # the block that made this stage
@@ -123,6 +125,7 @@ class LensReport:
     top_tokens: list[list[str]]  # [T][S]
     target_probs: np.ndarray
     target_ranks: np.ndarray
+    kind: str = "logit"  # or "tuned": which lens read the stages, for every view to say
 
 
 def lens_report(session, position: int, target: str | None, reader=None) -> LensReport:
@@ -137,4 +140,5 @@ def lens_report(session, position: int, target: str | None, reader=None) -> Lens
     top_ids, top_probs = result.top()  # [S, T]
     probs, ranks = result.target(q.target, p)
     top_tokens = [[q.token_str(int(i)) for i in row] for row in top_ids.T]
-    return LensReport(q, result.stages, top_ids, top_probs, top_tokens, probs, ranks)
+    return LensReport(q, result.stages, top_ids, top_probs, top_tokens, probs, ranks,
+                      "tuned" if reader else "logit")

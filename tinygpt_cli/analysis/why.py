@@ -399,6 +399,19 @@ class Why:
                 "the rest kept from an interrupted build)")
 
 
+def training_text(model, data: list[Path] | None, any_data: bool = False):
+    """The training text `why` ranks (corpus.training_text). Without --data, the weights
+    must first have the snapshots TracIn needs: a folder with no history/ (one from the hub,
+    say) is told that, not that it has no record of its text; a --data given is checked
+    first, as the user's own input."""
+    from ..corpus import training_text as recorded
+    from . import history as hist
+
+    if not data:
+        hist.find_snapshots(hist.history_folder(model))
+    return recorded(model.folder, data, any_data=any_data)
+
+
 def answer(model, ids: list[int], target: str | int | None, files: list, top: int,
            report=None, workers: int | None = None, hooks=None) -> Why:
     """`why` end to end: the training text's index, the exact matches, the snapshots, the

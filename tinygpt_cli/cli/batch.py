@@ -5,8 +5,8 @@ argument, in that argument's place among the others (`trace LINE PATH`; `diff TE
 after `--` so a line starting with '-' stays text. A person gets each result under
 a `line N:` heading; with --json every line's result is one JSON object on one line,
 {"line": N, "text": ..., "result": document (or the list of documents a streaming command
-printed)}, so the output is NDJSON with one record per input line. The first line that fails
-ends the run with that line's error, prefixed by its line number.
+printed)}, so the output is NDJSON with one record per input line. A bad line gets one
+`error: line N: ...` line and no record, the rest still run, and the exit code is then 2.
 """
 
 from __future__ import annotations
@@ -59,13 +59,14 @@ def main(command, args: list[str], context: RunContext):
 def _each_line(command, rest: list[str], name: str, sub, lines, context: RunContext) -> int:
     from rich.text import Text
 
+    from ..exits import USAGE, error
     from ..render.jsonout import emit_record
     from ..render.quick_table import print_line
     from ..render.text import show_text
     from .common import stdout
 
     as_json = "--json" in rest
-    code = 0
+    code = bad = 0
     at = rest.index(name) + 1
     options, before, after = split_arguments(sub, rest[at:])
     for number, line in lines:
@@ -84,11 +85,12 @@ def _each_line(command, rest: list[str], name: str, sub, lines, context: RunCont
                 code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False,
                                     obj=context)
                 print_line(stdout(context), Text(""))
-        except InputError as e:
-            raise InputError(f"line {number}: {e}") from None
+        except InputError as e:  # this line's fault: said, and the next line runs
+            bad = error(f"line {number}: {e}", USAGE)
+            continue
         if code:
             return code
-    return code
+    return bad or code
 
 
 def split_arguments(command, args: list[str]) -> tuple[list[str], list[str], list[str]]:

@@ -304,15 +304,14 @@ def probs(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     Example: tinygpt probs "Lily wanted to play with her" --temperature 1 --top 10
     """
     from ..analysis.lens import top_entries
-    from ..render.cards import probs_view
+    from ..render.cards import probs_path, probs_view
     from ..render.documents import session_document
     from ..sampling import probabilities
 
     r = run(context, weights, text, ablate)
     p = check_index(position, r.T, "position")
     pr = probabilities(r.session.logits()[p], temperature)
-    # At temperature 1 these are the trace's own probs; otherwise a formula, not a path.
-    path = f"probs[{p}]" if temperature == 1 else f"softmax(logits[{p}] / {temperature:g})"
+    path = probs_path(p, temperature)  # the trace's own probs at 1, else a formula
     rows = top_entries(pr, top, r.model.tokenizer.token_str, "chance")
     formula = {} if temperature == 1 else {"formula": path}
     present(context, as_json, lambda: session_document(

@@ -77,14 +77,14 @@ TOP_P = typer.Option(1.0, "--top-p", "-P", min=0.0, max=1.0,
                      help="Keep the likeliest tokens whose chances add up to p (1: all).")
 
 # Where a prediction is scored ("why this token"): which token, and against which.
-TARGET = typer.Option(None, "--target", help="The token whose score is explained: its text "
-                      "(' toys', with its space) or its id (default: the model's top guess).",
-                      show_default=False)
+TARGET = typer.Option(None, "--target", help="The token whose score is explained: its exact "
+                      "text (' toys', with its space; '5' is the digit), or #ID for an id "
+                      "(#1234). Default: the model's top guess.", show_default=False)
 # A --data that is not the text the weights folder records is refused without this.
 ANY_DATA = typer.Option(False, "--any-data", help="Use --data even where it is not the text "
                         "WEIGHTS/data.json records.")
 VS = typer.Option(None, "--vs", help="Explain logit[target] - logit[vs] instead of the target's "
-                  "logit alone (a token's text or id).", show_default=False)
+                  "logit alone (a token's exact text, or #ID for an id).", show_default=False)
 
 # Steering: every command that runs the model on a text takes these (cli/steering.py adds
 # them to each command that takes --ablate; declared here once).
@@ -112,6 +112,7 @@ SAVE = typer.Option(None, "--save", callback=checked_save, show_default=False, m
                     help="Also write the picture to FILE: .svg (a vector drawing) or .html "
                     "(one self-contained web page), by the extension.")
 FORCE = typer.Option(False, "--force", help="Let --save overwrite an existing file.")
+FORCE_FILE = typer.Option(False, "--force", help="Overwrite a file that exists, a shipped one too.")
 QUIET = typer.Option(False, "--quiet", "-q",
                      help="Print no terminal view (with --save: only write the file).")
 

@@ -16,6 +16,7 @@ from .app import app
 from .common import (
     ANY_DATA,
     FORCE,
+    FORCE_FILE,
     JSON,
     POSITION,
     QUIET,
@@ -64,7 +65,7 @@ LENS_DATA = typer.Option(None, "--data", help="Stories for --fit (all parts but 
 @steerable
 def lens(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, target: str = TARGET,
          position: int = POSITION, as_json: bool = JSON, save: Path = SAVE,
-         force: bool = FORCE, quiet: bool = QUIET, kind: str = LENS_KIND,
+         force: bool = FORCE_FILE, quiet: bool = QUIET, kind: str = LENS_KIND,
          fit: bool = LENS_FIT, evaluate: bool = LENS_EVALUATE, lens_file: Path = LENS_FILE,
          data: Path = LENS_DATA):
     """Logit lens: the likeliest next token at every position after every stage.
@@ -87,7 +88,7 @@ def lens(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, target:
     from .features import tuned_lens_work
 
     if fit or evaluate:
-        return tuned_lens_work(context, weights, fit, evaluate, lens_file, data, as_json)
+        return tuned_lens_work(context, weights, fit, evaluate, lens_file, data, as_json, force)
     s = open_session(context, weights, text)
     tuned = tl.check_kind(kind) == "tuned"
     r = lens_report(s, position, target, tl.tuned_reader(s, lens_file) if tuned else None)
@@ -193,6 +194,7 @@ def means(
     weights: Path = WEIGHTS,
     out: Path = typer.Option(None, "--out", help="Where to write (default: means.safetensors "
                              "in the weights folder).", show_default=False),
+    force: bool = FORCE_FILE,
     as_json: bool = JSON,
 ):
     """Store each head's and MLP's mean output over the validation text, for --mode mean.
@@ -203,7 +205,7 @@ def means(
     the means of the steered run, written only to --out FILE, whose metadata says so.
 
     \b
-    Example: tinygpt means --data ../shared/data/tinystories
+    Example: tinygpt means --data ../shared/data/tinystories --force
     Example: tinygpt means --steer happy --steer-away sad --steer-layer 1 --out m.safetensors
     """
     from ..analysis import means as mean_stats
@@ -214,8 +216,9 @@ def means(
     from .steering import keep_default_file
 
     keep_default_file(context, out, f"the weights folder's {mean_stats.FILE}")
-    check_out(out, force=True, example="--out means.safetensors", folder_made=True)
     model = load(context, weights)
+    target = out if out is not None else model.folder / mean_stats.FILE
+    check_out(out, force, example="--out means.safetensors", folder_made=True, default=target)
     note = None  # means written beside the weights are of the text they record
     if data is not None:
         note = check_data(model.folder, validation_text(model.folder, data), any_data=any_data,
@@ -225,7 +228,6 @@ def means(
                                          hooks)
     if note:  # once the means stand: an error is then the only line
         stderr().print(escape_line(note), soft_wrap=True)
-    target = out if out is not None else model.folder / mean_stats.FILE
     mean_stats.save_means(target, values, {**meta, **changes})
     present(context, as_json,
             lambda: {"path": str(target), **meta, "values": sorted(values), **changes},

@@ -13,6 +13,7 @@ from ..render.text import examples_block
 from .app import app
 from .common import (
     FORCE,
+    FORCE_FILE,
     JSON,
     QUIET,
     SAVE,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 def _sae() -> None:
     """Sparse autoencoders: train one on a site, evaluate it on held-out text, show a latent.
 
-    Example: tinygpt sae train --site layers.1.resid_post
+    Example: tinygpt sae train --site layers.2.mlp_out
     Example: tinygpt sae eval
     Example: tinygpt sae feature 300
     """
@@ -67,6 +68,7 @@ def sae_train(
                                 "whose values are the training set."),
     seed: int = typer.Option(0, "--seed", "-s", help="Seed of the initialisation and the "
                              "batches."),
+    force: bool = FORCE_FILE,
     as_json: bool = JSON,
 ):
     """Train a TopK sparse autoencoder on a site's values over the training text.
@@ -76,8 +78,8 @@ def sae_train(
     written atomically every 100 steps and picked up by the same command. Steered: trained
     on the steered run's values, written only to --out FILE, whose metadata says so.
 
-    Example: tinygpt sae train --site layers.1.resid_post
-    Example: tinygpt sae train --site layers.2.mlp_out --latents 2048 --k 32
+    Example: tinygpt sae train --site layers.2.mlp_out
+    Example: tinygpt sae train --site layers.1.resid_post --out mine.safetensors --k 32
     Example: tinygpt sae train --site layers.1.mlp_out --steer-vector h.safetensors --out hs.sae
     """
     from ..analysis import sae as S
@@ -86,9 +88,10 @@ def sae_train(
     from ..render import features as view
 
     keep_default_file(context, out, "the weights folder's sae/SITE.safetensors")
-    check_out(out, force=True, example="--out sae.safetensors", folder_made=True)
     model = load(context, weights)
     site = S.check_site(site, model.config)
+    check_out(out, force, example="--out sae.safetensors", folder_made=True,
+              default=S.sae_file(model.weights_file, None, site))
     hooks, changes = steered(context, model)
     if k > latents:
         raise InputError(f"--k {k} is more than the {latents} latents")
@@ -138,7 +141,8 @@ def sae_eval(context: RunContext, weights: Path = WEIGHTS, sae: Path = SAE_FILE,
 
 @sae_app.command("feature")
 @steerable  # its data search and --text run steered, like every command that runs a text
-def sae_feature(context: RunContext, latent: int = typer.Argument(..., help="The latent's index."),
+def sae_feature(context: RunContext,
+                latent: int = typer.Argument(..., metavar="LATENT", help="The latent's index."),
                 weights: Path = WEIGHTS, sae: Path = SAE_FILE,
                 data: Path = typer.Option(None, "--data", help="Stories to search (default: "
                                           "the project's training parts).", show_default=False),
@@ -149,12 +153,12 @@ def sae_feature(context: RunContext, latent: int = typer.Argument(..., help="The
                                          "latent at each token of this text instead ('-': stdin)."),
                 as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
                 quiet: bool = QUIET):
-    """One latent: its top activating contexts, the tokens it promotes and suppresses, its
-    activation histogram; or, with --text, its value at each token of a text.
+    """One latent: its top contexts, the tokens it promotes and suppresses, its histogram.
 
-    Promotes/suppresses: W_dec[latent] * ln_final.weight @ W_E^T, the direct path to the
-    logits (the final norm's centring and per-token scale left out). The latents of the data
-    are computed once per (weights, SAE, data) and cached.
+    With --text: its value at each token of that text instead. Promotes/suppresses:
+    W_dec[latent] * ln_final.weight @ W_E^T, the direct path to the logits (the final norm's
+    centring and per-token scale left out). The latents of the data are computed once per
+    (weights, SAE, data) and cached.
 
     Example: tinygpt sae feature 17
     Example: tinygpt sae feature 17 --save latent17.html
@@ -203,7 +207,8 @@ def _feature_on_text(context: RunContext, weights, sae, latent: int, text: str, 
 # ------------------------------------------------------------------ the tuned lens (`lens`)
 
 def tuned_lens_work(context: RunContext, weights: Path | None, fit: bool, evaluate: bool,
-                    lens_file: Path | None, data: Path | None, as_json: bool) -> None:
+                    lens_file: Path | None, data: Path | None, as_json: bool,
+                    force: bool = False) -> None:
     """`lens --fit` (then --evaluate, when both are given) or `lens --evaluate`."""
     from ..analysis import tuned_lens as tl
     from ..render import features as view
@@ -211,12 +216,12 @@ def tuned_lens_work(context: RunContext, weights: Path | None, fit: bool, evalua
     if fit:
         keep_default_file(context, lens_file, "the weights folder's lens/tuned.safetensors",
                           "--lens")
-        check_out(lens_file, force=True, example="--lens tuned.safetensors", folder_made=True,
-                  option="--lens")
     model = load(context, weights)
     cfg, path = model.config, tl.lens_file(model.weights_file, lens_file)
     hooks, changes = steered(context, model)
     if fit:
+        check_out(lens_file, force, example="--lens tuned.safetensors", folder_made=True,
+                  option="--lens", default=path)
         tokens = tl.fit_on_training_text(model, data, path, bar(as_json), hooks, changes)
         if not evaluate:
             doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": tokens, **changes}

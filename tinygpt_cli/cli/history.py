@@ -88,8 +88,8 @@ def history(
 def why(
     context: RunContext,
     text: str = TEXT,
-    target: str = typer.Option(None, "--target", help="The next token to explain, as text "
-                               "(' ball') or id; default: the model's likeliest.",
+    target: str = typer.Option(None, "--target", help="The next token to explain: its text "
+                               "(' ball'), or #ID for an id; default: the likeliest.",
                                show_default=False),
     data: list[Path] = typer.Option(None, "--data", help="The training text: a folder of "
                                     "part-*.txt (the last part, held out, is skipped), or "
@@ -110,14 +110,13 @@ def why(
     Example: tinygpt why "Once upon a time, there was a little" --target " girl"
     """
     from ..analysis import why as whys
-    from ..corpus import training_text
     from ..render import history as view
     from ..render.text import escape_line
 
     t0 = time.perf_counter()
     session = open_session(context, weights, text)
     model = session.model
-    found = training_text(model.folder, data, any_data=any_data)
+    found = whys.training_text(model, data, any_data)
     with progress_report("indexing every window's gradient") as report:
         result = whys.answer(model, session.ids, target, found.files, top, report,
                              hooks=session.hooks)

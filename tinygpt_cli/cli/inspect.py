@@ -19,7 +19,6 @@ from .common import (
     TOP_P,
     WEIGHTS,
     InputError,
-    encode_checked,
     load,
     open_folder,
     present,
@@ -81,7 +80,7 @@ def decode(
     from ..tokenizer import parse_ids
 
     model = open_folder(context, weights)
-    id_list = parse_ids(ids if ids and ids != ["-"] else [read_text(None)],
+    id_list = parse_ids(ids if ids and ids != ["-"] else [read_text(None, what="token ids")],
                         model.tokenizer.vocab_size)
     text = model.tokenizer.decode(id_list)
 
@@ -123,6 +122,7 @@ def generate(
     from ..generate import generate as generate_tokens
     from ..render import generation
     from ..sampling import check_temperature, check_top_p, create_rng, fresh_seed
+    from ..session import encode_tail
     from .steering import steered_hooks
 
     check_top_p(top_p)
@@ -134,8 +134,9 @@ def generate(
 
         ablated, zeroed = zeroing(model, list(ablate))
     hooks = steered_hooks(context, model, zeroed)
-    prompt = read_text(text, model)
-    ids = encode_checked(model, prompt)
+    prompt = read_text(text)  # a long prompt is read whole: the model reads its end
+    ids, whole = encode_tail(model, prompt)
+    generation.say_window(whole, model.config.n_positions)
     chosen, seed = seed, fresh_seed() if seed is None else seed
     tok = model.tokenizer
     steps = generate_tokens(model.params, model.config, ids, max_new_tokens,

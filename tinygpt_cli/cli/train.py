@@ -135,17 +135,21 @@ def model_card_cmd(
     run: Path = typer.Argument(..., help="A weights folder written by `tinygpt train`."),
     data: list[Path] = typer.Option(..., "--data", metavar="PATH",
                                     help="The data it was trained on."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the folder's card."),
 ) -> None:
     """Write MODEL_CARD.md and loss_curve.svg for a trained weights folder.
 
     Example: tinygpt model-card runs/a --data ../shared/data/tinystories
     """
+    from ..render.output import check_default
     from ..train.card import write_card
     from .common import progress
 
     if not run.is_dir():
         raise InputError(f"run folder {run} does not exist" if not run.exists()
                          else f"{run} is not a folder")
+    for name in ("MODEL_CARD.md", "loss_curve.svg"):
+        check_default(run / name, force, None)
     try:
         write_card(run, data, progress=progress, on_note=lambda s: sys.stderr.write(s + "\n"))
     except ValueError as e:  # the data: missing, not UTF-8 (a broken run is a RunError)

@@ -37,11 +37,12 @@ def lens_figure(r) -> Figure:
     target_probs, target_ranks = r.target_probs, r.target_ranks
     labels = token_labels(tokens)
     t_id, t_str = target
-    return Figure("lens", [
+    from .explain import LENS_NOTES
+
+    return Figure(f"{r.kind} lens", [
         Heatmap(top_probs, list(stages), labels, path="lens", lo=0.0, hi=1.0,
                 title="the likeliest next token's chance, after each stage",
-                note="each stage through the final norm (its statistics recomputed) and the "
-                     "tied head"),
+                note=LENS_NOTES[r.kind]),
         Table(["stage"] + labels,
               [[stage] + [show_token(row[s]) for row in top_tokens]
                for s, stage in enumerate(stages)],
@@ -130,7 +131,7 @@ def ablate_figure(label: str, mode: str, target: tuple[int, str], position: int,
     t_id, t_str = target
 
     def bars(rows: list[dict], title: str) -> Bars:
-        return Bars([show_token(d["token"]) for d in rows], [float(d["prob"]) for d in rows],
+        return Bars([show_token(d["token"]) for d in rows], [float(d["chance"]) for d in rows],
                     ids=[int(d["id"]) for d in rows], percent=True, value_name="chance",
                     title=title)
 

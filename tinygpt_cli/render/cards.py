@@ -7,6 +7,7 @@ import numpy as np
 from rich.console import Group
 from rich.text import Text
 
+from ..words import held
 from .tables import header, heatmap, matrix, tensor_view, token_rows, top_table
 from .text import show_text, show_token
 
@@ -53,10 +54,19 @@ def logits_view(path: str, row: np.ndarray, rows: list[dict], T: int) -> Group: 
     return Group(header(path, row, f"(logits is {T} × {row.shape[0]})"), top_table(rows, "logit"))
 
 
+def probs_path(p: int, temperature: float) -> str:
+    """What probs shows: the trace's probs[P] at temperature 1, else the formula (at 0,
+    greedy, all the chance on the top token: no division by 0)."""
+    if temperature == 1:
+        return f"probs[{p}]"
+    return f"softmax(logits[{p}] / {temperature:g})" if temperature > 0 else \
+        f"one_hot(argmax(logits[{p}]))"
+
+
 def probs_view(path: str, probs: np.ndarray, rows: list[dict]) -> Group:
     shown = sum(x["chance"] for x in rows)
     return Group(header(path, probs), top_table(rows, "chance", bar_of="chance"),
-                 Text(f"these {len(rows)} hold {shown:.1%} of the chance", style="dim"))
+                 Text(held(len(rows), shown), style="dim"))
 
 
 def sample_view(token: str, token_id: int, chance: float, seed: int) -> Text:

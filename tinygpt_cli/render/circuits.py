@@ -106,6 +106,20 @@ def summary_lines(r, total: int) -> list[Text]:
     return lines
 
 
+SMALL_GAP = 0.1  # a logit difference the texts barely change: its shares are mostly noise
+
+
+def small_gap_warning(r) -> list[Text]:
+    """A line when clean and corrupt barely differ (a random model, two near-equal texts):
+    every "% of gap" and f divides by that small number."""
+    gap = r.clean - r.corrupt
+    if abs(gap) >= SMALL_GAP:
+        return []
+    return [Text(f"warning: the gap is only {fmt(gap)} (under {SMALL_GAP}): clean and corrupt "
+                 "barely differ, so each share of it and f are mostly noise; choose texts "
+                 "whose predictions differ", style="bold yellow")]
+
+
 def circuit_view(r, what: str, position: int, token: str, n_layer: int, n_head: int,
                  top: int, stability=None) -> Group:
     total = len(r.order)
@@ -115,7 +129,7 @@ def circuit_view(r, what: str, position: int, token: str, n_layer: int, n_head: 
         Text(f"circuit ({_method(r)}), {total} edges: {what} at position {position} "
              f"({show_token(token)})", style="bold"),
         note(f"clean {fmt(r.clean)}, corrupt {fmt(r.corrupt)}, gap {fmt(r.clean - r.corrupt)}; "
-             "score: what the edge adds"),
+             "score: what the edge adds"), *small_gap_warning(r),
         Text(""), Text("edges, by |score|", style="bold"), edge_table(r, top),
         Text(""), Text(f"top {kept} edges{which}: edges into each node",
                        style="bold"),
@@ -158,8 +172,8 @@ def circuit_figure(r, what: str, top: int) -> Figure:
                      "receiver (column)", signed=True),
              Bars([names[e] for e in shown], [float(r.scores[e]) for e in shown],
                   title=f"top {len(shown)} edges", value_name="score"),
-             FigureTable(["edges kept", "f"], [[n, r.f_at(n)] for n in points],
-                         title="faithfulness")]
+             FigureTable(["edges kept", "f"], [[n, _f(r.f_at(n))] for n in points],
+                         title="faithfulness")]  # f as the terminal shows it: 0.000, not -3.66e-16
     return Figure("circuit", parts)
 
 

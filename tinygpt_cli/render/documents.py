@@ -8,6 +8,7 @@ and never touches the writer. No Rich here: a --json run never imports it.
 
 from __future__ import annotations
 
+from ..schema import with_old_keys
 from . import jsonout
 
 
@@ -134,11 +135,13 @@ def map_document(s, stages: list[tuple[str, str, str]], n_layer: int) -> dict:
 
 
 def lens_document(s, r, options: dict) -> dict:
-    """analysis.lens.LensReport."""
-    return session_document(s, "lens", r.top_probs.T, options=options, stages=r.stages,
+    """analysis.lens.LensReport; options.kind says which lens, logit or tuned."""
+    return session_document(s, "lens", r.top_probs.T, options={**options, "kind": r.kind},
+                            stages=r.stages,
                             top_ids=r.top_ids.T, top_tokens=r.top_tokens,
                             position=r.q.position, target=r.q.token_doc(r.q.target),
-                            target_probs=r.target_probs, target_ranks=r.target_ranks)
+                            **with_old_keys({"target_chances": r.target_probs}),
+                            target_ranks=r.target_ranks)
 
 
 def dla_document(s, r, options: dict) -> dict:

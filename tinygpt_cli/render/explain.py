@@ -153,12 +153,19 @@ def stage_grid(probs: np.ndarray, rows: list[str], labels: list[str],
     return Fit(build, probs.shape[1])
 
 
+LENS_NOTES = {  # what each lens does to a stage, in the view and the picture
+    "logit": "each stage through the final norm (its statistics recomputed) and the tied head",
+    "tuned": "the tuned lens: each block's input through its learned translator, "
+             "ln_final(h + h A + b), then the tied head",
+}
+
+
 def lens_view(r) -> Group:
     """A LensReport (analysis.lens): each position's likeliest next token per stage, and the
     target's chance and rank after each stage."""
     stages, tokens, top_tokens, top_probs = r.stages, r.q.tokens, r.top_tokens, r.top_probs.T
     target, position = r.q.target_pair, r.q.position
-    target_probs, target_ranks = r.target_probs, r.target_ranks
+    target_probs, target_ranks, kind = r.target_probs, r.target_ranks, r.kind
     labels = [stage_label(s) for s in stages]
     shown = [[show_token(t) for t in row] for row in top_tokens]
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
@@ -169,9 +176,8 @@ def lens_view(r) -> Group:
     for name, p, r in zip(stages, target_probs, target_ranks, strict=True):
         table.add_row(name, f"{p:.2%}", str(int(r)), Text("█" * round(p * 30), style="green"))
     return Group(
-        header("lens", top_probs, "(top token's chance, position × stage)"),
-        note("each stage through the final norm (its statistics recomputed) and the tied "
-             "head"),
+        header(f"{kind} lens", top_probs, "(top token's chance, position × stage)"),
+        note(LENS_NOTES[kind]),
         WhenStyled(note("colour: that token's chance"), in_colour=True),
         stage_grid(top_probs, token_rows(tokens), labels, shown),
         Text(""),
@@ -234,12 +240,12 @@ def ablation_view(r) -> Group:
     target, position, first = r.q.target_pair, r.q.position, r.rows[0]
     if r.every:
         return ablate_all_view(
-            [row | {"top": row["top_after"][0]["token"], "top_prob": row["top_after"][0]["prob"]}
+            [row | {"top": row["top_after"][0]["token"], "top_prob": row["top_after"][0]["chance"]}
              for row in r.rows], r.mode, target, position, first["logp_before"])
     return ablate_view(first["label"], r.mode, target, position, first["logp_before"],
                        first["logp_after"], first["kl"],
-                       [(d["token"], d["prob"]) for d in r.top_before],
-                       [(d["token"], d["prob"]) for d in first["top_after"]])
+                       [(d["token"], d["chance"]) for d in r.top_before],
+                       [(d["token"], d["chance"]) for d in first["top_after"]])
 
 
 def ablate_view(label: str, mode: str, target: tuple[int, str], position: int,

@@ -39,6 +39,19 @@ def write_json(tok, prompt: str, ids: list[int], steps, seed: int, no_stop: bool
                                   stop="endoftext" if stopped else "max_new_tokens"))
 
 
+def say_window(whole: int | None, limit: int) -> None:
+    """generate's note on stderr for a prompt longer than the model reads (`whole` tokens;
+    0: longer than was counted; None: it fits, nothing to say)."""
+    from .output import stderr
+
+    if whole is None:
+        return
+    size = f"{whole:,} tokens" if whole else "many thousand tokens"
+    stderr().print(f"note: the prompt is {size}; this model reads at most {limit}, so it "
+                   f"continues from the prompt's last {limit} tokens", style="dim",
+                   soft_wrap=True)
+
+
 def say_stopped(new: int, stopped: bool, max_new_tokens: int, ablated: list[str] = ()) -> None:
     """generate's closing notes on stderr: how many new tokens, and what stopped them; then
     what --ablate zeroed (no view header to say it in: said last, as the steering line is)."""
@@ -51,13 +64,50 @@ def say_stopped(new: int, stopped: bool, max_new_tokens: int, ablated: list[str]
         stderr().print(ablated_line(ablated), style="bold yellow", soft_wrap=True)
 
 
+class WordWrap:
+    """A terminal's stream of text pieces, broken into lines at spaces, never inside a word
+    (the terminal itself would cut 'sleepy b|ear' at its edge): a word is written once it is
+    whole (the next space or line break ends it), on the next line when it would not fit."""
+
+    def __init__(self, width: int, column: int = 0) -> None:
+        self.width, self.column, self.word = width, column, ""
+
+    def feed(self, piece: str) -> str:
+        """What to write now for `piece`."""
+        out = []
+        for ch in piece:
+            if ch == "\n":
+                out.append(self._placed() + ch)
+                self.column = 0
+            elif ch == " ":
+                out.append(self._placed() + ch)
+                self.column += 1
+            else:
+                self.word += ch
+        return "".join(out)
+
+    def _placed(self) -> str:
+        word, self.word = self.word, ""
+        if self.column + len(word) >= self.width and self.column > 0:  # the last column free
+            self.column = len(word)
+            return "\n" + word
+        self.column += len(word)
+        return word
+
+    def end(self) -> str:
+        return self._placed()
+
+
 def write_text(out, tok, prompt: str, steps, no_stop: bool) -> tuple[int, bool]:
-    """The prompt, then each new piece of text as soon as it is whole; (how many new tokens,
-    whether <|endoftext|> stopped it)."""
+    """The prompt, then each new piece of text as soon as it is whole (on a terminal, each
+    word: WordWrap); (how many new tokens, whether <|endoftext|> stopped it)."""
     eot = tok.eot_id
+    wrap = None
     if out.is_terminal:
-        # soft_wrap: the text goes out as it is; only a terminal wraps it, never Rich.
-        out.print(Text(show_text(prompt), style="bold"), end="", soft_wrap=True)
+        # soft_wrap: the text goes out as it is, broken only between words (WordWrap).
+        shown_prompt = show_text(prompt)
+        out.print(Text(shown_prompt, style="bold"), end="", soft_wrap=True)
+        wrap = WordWrap(out.width, len(shown_prompt.rsplit("\n", 1)[-1]) % out.width)
     else:
         out.file.write(show_text(prompt))  # a pipe gets the text byte for byte
     new: list[int] = []
@@ -71,9 +121,10 @@ def write_text(out, tok, prompt: str, steps, no_stop: bool) -> tuple[int, bool]:
         if full.endswith("\ufffd"):
             continue
         piece, shown = full[len(shown):], full
-        out.file.write(show_text(piece))  # plain text, written as is: tabs stay tabs
+        piece = show_text(piece)  # plain text, written as is: tabs stay tabs
+        out.file.write(wrap.feed(piece) if wrap else piece)
         out.file.flush()
-    rest = tok.decode([t for t in new if t != eot or no_stop])[len(shown):]
-    out.file.write(show_text(rest) + "\n")
+    rest = show_text(tok.decode([t for t in new if t != eot or no_stop])[len(shown):])
+    out.file.write((wrap.feed(rest) + wrap.end() if wrap else rest) + "\n")
     out.file.flush()
     return len(new), _stopped(new, eot, no_stop)

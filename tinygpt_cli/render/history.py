@@ -30,7 +30,7 @@ def loss_table(rows: list[dict]) -> Table:
     for r in rows:
         loss = "-" if r["loss"] is None else fmt(r["loss"])
         t.add_row(r["label"], _lr(r["lr"]), loss, Text(show_token(r["top_token"]), style="bold"),
-                  fmt(r["top_prob"]), Text("█" * round(r["top_prob"] * 30), style="green"))
+                  fmt(r["top_chance"]), Text("█" * round(r["top_chance"] * 30), style="green"))
     return t
 
 

@@ -120,10 +120,11 @@ def token_records(out, i: int, s, token_json: list[str], stream: bool, offset: i
     """score --json: one NDJSON line per token of TokenScores `s` (text `i`), formatted
     directly (json.dumps per record is most of the time of a --json run over a whole file);
     the token strings come JSON-encoded already; s.first: where in text i `s` starts."""
-    head = "{" if stream else f'{{"sequence": {i}, '
+    head = "{" if stream else f'{{"text_index": {i}, "sequence": {i}, '
     start = s.first + 1 - offset
     lines = [f'{head}"position": {j + start}, "id": {t}, "token": {token_json[t]}, '
-             f'"nats": {n!r}, "bits": {b!r}, "prob": {p!r}, "rank": {r}, "entropy": {e!r}}}'
+             f'"nats": {n!r}, "bits": {b!r}, "chance": {p!r}, "prob": {p!r}, "rank": {r}, '
+             f'"entropy": {e!r}}}'
              for j, (t, n, b, p, r, e) in enumerate(zip(
                  s.targets.tolist(), s.nats.tolist(), s.bits.tolist(), s.prob.tolist(),
                  s.rank.tolist(), s.entropy.tolist(), strict=True))]

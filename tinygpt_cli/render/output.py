@@ -82,14 +82,15 @@ def check_save(path: Path | None, force: bool) -> None:
 
 
 def check_out(out: Path | None, force: bool, *, example: str = "--out FILE.safetensors",
-              folder_made: bool = False, option: str = "--out") -> None:
+              folder_made: bool = False, option: str = "--out",
+              default: Path | None = None) -> None:
     """--out FILE (means, steer, probe), before any work: refuse a folder ('' is '.', one
     too), a folder that is not there (unless the command makes it: `folder_made`), or an
-    existing file without --force."""
+    existing file without --force; with no --out, the `default` file too (check_default)."""
     from .text import escape_line
 
     if out is None:
-        return
+        return None if default is None else check_default(default, force, option)
     if out.is_dir() or str(out) in ("", "."):
         raise InputError(f"{option} {escape_line(str(out))}: that is a folder; give a file "
                          f"name, e.g. {example}")
@@ -97,6 +98,18 @@ def check_out(out: Path | None, force: bool, *, example: str = "--out FILE.safet
         raise InputError(f"{option} {out}: the folder {out.parent} does not exist")
     if out.exists() and not force:
         raise InputError(f"{option} {out}: the file exists; add --force to overwrite it")
+
+
+def check_default(path: Path, force: bool, option: str | None = "--out") -> None:
+    """The file a command writes when `option` is not given (the weights folder's sae/,
+    lens/, means; the model card, which has no option): never overwritten without --force."""
+    from .text import escape_line
+
+    if (path.exists() or path.is_symlink()) and not force:
+        raise InputError(f"{escape_line(str(path))} exists: add --force to overwrite it"
+                         if option is None else f"{escape_line(str(path))} exists (the "
+                         f"default {option}): add --force to overwrite it, or {option} FILE "
+                         "for another file")
 
 
 def stdout(context: RunContext, width: int | None = None) -> Console:
@@ -174,7 +187,7 @@ def show_view(context: RunContext, view, full: bool = False, measured=None) -> N
         lines = view.lines(width) if width is not None else None
         if lines is not None:
             if not context.quiet:
-                sys.stdout.write("".join(line + "\n" for line in lines))
+                sys.stdout.write("".join(line.rstrip(" ") + "\n" for line in lines))
                 sys.stdout.flush()
             return
         view, measured = view.renderables()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..words import held
 from .figure import (
     Bars,
     Facts,
@@ -61,7 +62,7 @@ def block_table(summary: list[dict], tok, position: int, tokens: list[str]) -> T
                      float(row["attn_norm"][position]) if has else "",
                      float(row["mlp_norm"][position]) if has else "",
                      f"{row['change'][position]:.0%}" if has else "",
-                     show_token(tok(row["top_id"])), f"{row['top_prob']:.1%}"])
+                     show_token(tok(row["top_id"])), f"{row['top_chance']:.1%}"])
     return Table(["stage", "‖h‖ mean", "‖h‖ at pos", "‖attn_out‖", "‖mlp_out‖", "change",
                   "top guess", "chance"], rows,
                  title=f"residual stream at position {position} "
@@ -118,7 +119,7 @@ def _small(number: int, value, tokens: list[str], ids: list[int], tok):
         shown = sum(r["chance"] for r in rows)
         return [top_bars("probabilities(logits[T-1], 1)", rows, "chance", percent=True,
                          title="the likeliest next tokens",
-                         note=f"these {len(rows)} hold {shown:.1%} of the chance")]
+                         note=held(len(rows), shown))]
     return []
 
 

@@ -12,6 +12,8 @@ break, options this does not lay out) it is an ordinary `rich.table.Table`.
 
 from __future__ import annotations
 
+import re
+
 from rich.cells import cell_len
 from rich.console import Console, Group
 from rich.measure import Measurement
@@ -165,15 +167,23 @@ def _longest_word(text: str) -> int:
 class QuickConsole(Console):
     """A Console whose print of one view, where nothing is styled, writes the lines Rich
     would write, laid out directly (plain_lines) when every part of the view is of a kind
-    laid out here; anything else, and any print with options, is Rich's own."""
+    laid out here; anything else, and any print with options, is Rich's own. Where nothing
+    is styled (a pipe, a file) no line ends in spaces: a table's last column is not padded."""
 
     def print(self, *objects, **kwargs) -> None:
         if len(objects) == 1 and not kwargs and _plain_console(self):
             lines = plain_lines(self, objects[0], self.width)
             if lines is not None:
-                _write(self, "".join(line + "\n" for line in lines))
+                _write(self, "".join(line.rstrip(" ") + "\n" for line in lines))
                 return
         super().print(*objects, **kwargs)
+
+    def _render_buffer(self, buffer) -> str:  # Rich's own layout, on its way to the file
+        text = super()._render_buffer(buffer)
+        return _TRAILING.sub("\n", text) if self.color_system is None else text
+
+
+_TRAILING = re.compile(r" +\n")
 
 
 def _plain_console(console) -> bool:

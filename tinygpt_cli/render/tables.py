@@ -402,7 +402,7 @@ def blocks_view(rows: list[dict], tok, p: int, tokens: list[str], norms,
                       fmt(row["mlp_norm"][p]) if has else "",
                       f"{row['change'][p]:.0%}" if has else "",
                       Text(show_token(tok(row["top_id"])), style="bold"),
-                      f"{row['top_prob']:.1%}"])
+                      f"{row['top_chance']:.1%}"])
 
     def build(keep: list[int | None]) -> Table:  # middle columns give way to the width
         t = Table(box=None, header_style="bold dim", pad_edge=False)

@@ -51,17 +51,22 @@ def _last(s: str, n: int) -> str:
     return s if len(s) <= n else "…" + s[len(s) - n + 1:]
 
 
-def surprising_table(rows: list[dict]) -> Table:
-    """rows: position, token, bits, prob, rank, entropy, top (the model's guess)."""
+def surprising_table(rows: list[dict], texts: int = 1) -> Table:
+    """rows: text (its index), position, token, bits, chance, rank, entropy, top (the model's
+    guess); a column of the text each row is in when there are several `texts`."""
     t = QuickTable(box=None, pad_edge=False, header_style="bold dim")
+    several = texts > 1
+    if several:
+        t.add_column("text", justify="right", no_wrap=True, min_width=5)
     # The numbers never give way to a narrow terminal: the context column does, behind "…".
     for name, just in (("pos", "right"), ("token", "left"), ("bits", "right"),
                        ("chance", "right"), ("rank", "right"), ("entropy", "right")):
         t.add_column(name, justify=just, no_wrap=True, min_width=len(name) + 1)
     t.add_column("context", justify="left", no_wrap=True, overflow="ellipsis", max_width=24)
     for r in rows:
-        t.add_row(str(r["position"]), Text(show_token(r["token"]), style="bold"),
-                  f"{r['bits']:.2f}", f"{r['prob']:.2%}", str(r["rank"]),
+        t.add_row(*([str(r["text"])] if several else []), str(r["position"]),
+                  Text(show_token(r["token"]), style="bold"),
+                  f"{r['bits']:.2f}", f"{r['chance']:.2%}", str(r["rank"]),
                   f"{r['entropy_bits']:.2f}", Text(_last(show_token(r["context"]), 24),
                                                    style="dim"))
     return t
@@ -226,12 +231,12 @@ def score_view(report, token_str: list[str], tok) -> Group:
         rows = []
         for nats, i, p, rank, entropy in report.worst:
             seq = report.sequences[i][offset:]
-            rows.append({"position": p, "token": token_str[int(seq[p])], "bits": nats / LN2,
-                         "prob": float(np.exp(-nats)), "rank": rank,
+            rows.append({"text": i, "position": p, "token": token_str[int(seq[p])],
+                         "bits": nats / LN2, "chance": float(np.exp(-nats)), "rank": rank,
                          "entropy_bits": entropy / LN2,
                          "context": decoded_context(tok, seq[max(0, p - 6):p])})
         parts += [Text(""), Text("most surprising tokens", style="bold"),
-                  surprising_table(rows)]
+                  surprising_table(rows, len(report.sequences))]
     return Group(*parts)
 
 
@@ -306,7 +311,7 @@ def heads_view(r) -> Group:
 
     table, rep = r.table, r.repeat
     best = {k: np.unravel_index(np.argmax(v), v.shape) for k, v in table.items()}
-    notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} {b[0]}.{b[1]} ({table[k][b]:.2f})"
+    notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} L{b[0]}H{b[1]} ({table[k][b]:.2f})"
                                       for k, b in best.items()), style="dim")
     return Group(
         Text(f"heads  {r.n_layer} layers × {r.n_head} heads  on {count(r.texts, 'text')} from "

@@ -26,6 +26,7 @@ from ..files import append_line, write_atomically
 from ..model import forward, init_params, loss_and_grads
 from ..tokenizer import Tokenizer, save_tokenizer, train_tokenizer
 from ..weights import save_params
+from ..words import count
 from .data import (
     TokenStream,
     TrainingDataError,
@@ -164,9 +165,11 @@ def save_snapshot(out: Path, params, config: Config, step: int, lr: float) -> No
     write_atomically(out / HISTORY / snapshot_name(step), safetensors_bytes(tensors, meta))
 
 
-def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int) -> Tokenizer:
+def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int,
+                      note=lambda s: None) -> Tokenizer:
     """OUT/tokenizer.json if there is one (a tokenizer trained beforehand, or the resumed
-    run's), else one trained on the training files. Its size must be the model's."""
+    run's), else one trained on the training files, which `note` says. Its size must be the
+    model's."""
     path = out / "tokenizer.json"
     if path.is_file():
         try:
@@ -178,7 +181,10 @@ def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int) -> To
                 f"{path} has {tok.vocab_size:,} tokens but --vocab-size is {vocab_size:,}: "
                 f"pass --vocab-size {tok.vocab_size}, or remove that file to train a new one")
         return tok
-    tok = train_tokenizer(read_stories(train_files), vocab_size)
+    stories = read_stories(train_files)  # a file that is not text is refused before the note
+    note(f"no {path}: training a tokenizer of {vocab_size:,} tokens on the training text "
+         "first (tinygpt train-tokenizer makes one beforehand)")
+    tok = train_tokenizer(stories, vocab_size)
     if tok.vocab_size != vocab_size:
         raise TrainingDataError(
             f"the training text gives a tokenizer of only {tok.vocab_size:,} tokens, not the "
@@ -473,6 +479,10 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
     run = _Run(out, settings, config, tokenizer, train_data, val_data, params,
                AdamW(params, weight_decay=settings.weight_decay), rng, average)
     keep_at = set(snapshot_steps(settings.steps, settings.snapshots))
+    if 0 < len(keep_at) < settings.snapshots:
+        note(f"--snapshots {settings.snapshots} keeps {len(keep_at)}: snapshots are log-spaced "
+             f"in steps from step 50 to the last, and {count(settings.steps, 'step')} have room "
+             f"for only {len(keep_at)}")
     start, elapsed_before = 0, 0.0
     if stored is not None:
         start, run.best_val, elapsed_before = _load_checkpoint(ckpt, params, run.opt, rng,
@@ -532,7 +542,7 @@ def _resumed_settings(ckpt: Path, stored: dict, config: Config, settings: Settin
 def _training_data(out: Path, train_files, val_files, config: Config, note):
     """(tokenizer, config with its separator ids, training stream, validation stream or
     None), each stream long enough for a window; the data record written beside them."""
-    tokenizer = prepare_tokenizer(out, train_files, config.vocab_size)
+    tokenizer = prepare_tokenizer(out, train_files, config.vocab_size, note)
     config = Config(**{**asdict(config), "bos_token_id": tokenizer.eot_id,
                        "eos_token_id": tokenizer.eot_id})
     train_data = encode_stories(read_stories(train_files), tokenizer)
