@@ -42,8 +42,7 @@ VALUES: list[Value] = [
     Value("rotary_angles", "T r", 3, "the angle (radians) position t turns each pair (i, "
           "i + r) of every head's q and k by: t base^(-2i / 2r)", kind="derived",
           needs="rotary"),
-    Value("embeddings", "T d", 3, "token_embeddings + position_embeddings (rotary models: "
-          "token_embeddings; their positions turn q and k)", seed="embeddings"),
+    Value("embeddings", "T d", 3, "token_embeddings + position_embeddings", seed="embeddings"),
     Value("layers.L.resid_pre", "T d", 4, "the residual stream entering block L",
           "blocks.L.hook_resid_pre"),
     Value("layers.L.ln1.mean", "T 1", 4, "each token's mean, removed by ln1", needs="layer"),
