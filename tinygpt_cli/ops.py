@@ -684,14 +684,10 @@ def attention_mix(weights: np.ndarray, v: np.ndarray, start: int = 0,
     return causal_mix(weights, v) if masked and start == 0 else weights @ v
 
 
-def attention_backward(dout, q, k, v, weights):
-    """Returns (dq, dk, dv). Masked weights are exactly 0, so their scores get no gradient."""
-    return attention_backward_parts(dout, q, k, v, weights)[:3]
-
-
 def attention_backward_parts(dout, q, k, v, weights, scale: float = 0.0):
-    """attention_backward that also returns the gradients of the weights and of the (masked,
-    scaled) scores, values the forward pass hooks: (dq, dk, dv, dweights, dscores)."""
+    """attention's backward: (dq, dk, dv), and the gradients of the weights and of the
+    (masked, scaled) scores, values the forward pass hooks: (dq, dk, dv, dweights, dscores).
+    Masked weights are exactly 0, so their scores get no gradient."""
     dweights = dout @ v.swapaxes(-1, -2)
     dscores = softmax_backward(dweights, weights)
     dq, dk = attention_scores_backward(dscores, q, k, scale)
