@@ -1,4 +1,4 @@
-"""--each-line's passes made ahead in batches (ahead.py, model.final_norm): every number the
+"""--each-line's passes made ahead in batches (ahead.py, model.run_to_final_norm): every number the
 same, bit for bit, as the line's own run.
 
 The batched pass is checked against the recorded pass (`trace`, `record`) of each text alone,
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tinygpt_cli import ahead
 from tinygpt_cli.hooks import ablation
-from tinygpt_cli.model import final_norm, forward, record, trace
+from tinygpt_cli.model import forward, record, run_to_final_norm, trace
 from tinygpt_cli.session import Session
 from tinygpt_cli.weights import SHIPPED, load_model
 
@@ -40,7 +40,7 @@ def recorded_final_norm(params, config, ids) -> np.ndarray:
 def test_a_batch_of_texts_gives_each_texts_own_numbers(model, length):
     rng = np.random.default_rng(length)
     batch = rng.integers(0, model.config.vocab_size, (5, length))
-    u = final_norm(model.params, model.config, batch)
+    u = run_to_final_norm(model.params, model.config, batch)
     assert u.shape == (5, length, model.config.n_embd)
     for ids, row in zip(batch, u, strict=True):
         np.testing.assert_array_equal(row, recorded_final_norm(model.params, model.config, ids))
@@ -55,7 +55,7 @@ def test_a_batch_of_texts_gives_each_texts_own_numbers(model, length):
 def test_any_texts_batched_by_length_equal_their_own_passes(model, texts):
     for length in {len(t) for t in texts}:
         same = [t for t in texts if len(t) == length]
-        u = final_norm(model.params, model.config, np.asarray(same))
+        u = run_to_final_norm(model.params, model.config, np.asarray(same))
         for ids, row in zip(same, u, strict=True):
             np.testing.assert_array_equal(
                 row, recorded_final_norm(model.params, model.config, ids))
@@ -65,7 +65,7 @@ def test_float64_batches_too(tiny_params, tiny_config):
     rng = np.random.default_rng(0)
     for length in (1, 5, tiny_config.n_positions):
         batch = rng.integers(0, tiny_config.vocab_size, (3, length))
-        u = final_norm(tiny_params, tiny_config, batch)
+        u = run_to_final_norm(tiny_params, tiny_config, batch)
         for ids, row in zip(batch, u, strict=True):
             np.testing.assert_array_equal(row, recorded_final_norm(tiny_params, tiny_config, ids))
 

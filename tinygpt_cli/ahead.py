@@ -2,7 +2,7 @@
 
 `--each-line` runs a command once per line; the commands that need only the model's output
 (probs, logits, sample, score) make one pass over their line. Those passes batch: lines of
-one length go through the model together (model.final_norm), each product still made text
+one length go through the model together (model.run_to_final_norm), each product still made text
 by text, so every line's numbers are bit for bit those of its own pass. cli/batch.py makes
 one Ahead for the lines and puts it in the run context (with the folders it opens once); a
 session asks its `final_norm(params, config, ids)` before it would run the model; when `ids`
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .model import final_norm as final_norm_of
+from .model import run_to_final_norm as final_norm_of
 from .weights import Model
 
 CHUNK_TOKENS = 16_384  # tokens of lines computed ahead at a time: 8 MB at 128 numbers
@@ -155,7 +155,7 @@ def clean_final_norm(params, config, ids, ahead: Ahead | None = None) -> np.ndar
     ahead in a batch with the next lines (`ahead`, under --each-line), or as the text's own
     pass makes it. Non-finite values are the caller's to check (the recorded pass names the
     first)."""
-    from .model import final_norm as own_pass  # not final_norm_of: that one makes batches
+    from .model import run_to_final_norm as own_pass  # not final_norm_of: that one makes batches
 
     u = None if ahead is None else ahead.final_norm(params, config, ids)
     return own_pass(params, config, ids)[0] if u is None else u

@@ -21,7 +21,7 @@ from .errors import NonFiniteError
 from .hooks import Hook, Record, RecordOnly, Stop
 from .schema import is_bias, is_norm_weight, param_shapes
 
-__all__ = ["Dropout", "KVCache", "backward", "decode_step", "final_norm", "forward",
+__all__ = ["Dropout", "KVCache", "backward", "decode_step", "forward", "run_to_final_norm",
            "init_params", "logits_of", "loss_and_grads",
            "param_shapes", "trace"]
 
@@ -506,7 +506,7 @@ def forward(
     return logits
 
 
-def final_norm(params, config: Config, ids, per_text: bool = True) -> np.ndarray:
+def run_to_final_norm(params, config: Config, ids, per_text: bool = True) -> np.ndarray:
     """ln_final.out [B, T, d] of texts of one length, ids [B, T] ([T]: a batch of one), with
     no hooks and no unembedding, for callers that unembed only what they need or run many
     texts together (ahead.py). Each text's numbers are bit for bit those its own recorded

@@ -22,7 +22,7 @@ import numpy as np
 
 from .errors import InputError, check_index, check_utf8
 from .hooks import Chain, Hook, ablation, bind, check_reached, hooked_path
-from .model import all_finite, final_norm, forward, logits_of, record, trace
+from .model import all_finite, forward, logits_of, record, run_to_final_norm, trace
 from .schema import PathError
 from .trace import Trace
 from .weights import Model, load_model
@@ -177,7 +177,7 @@ class Session:
             return self.run()
         u = None if self.ahead is None else self.ahead(self.params, self.config, self.ids)
         if u is None:
-            u = final_norm(self.params, self.config, self.ids)[0]
+            u = run_to_final_norm(self.params, self.config, self.ids)[0]
         logits = logits_of(self.params, u)
         if not all_finite(logits):
             return self.run()  # which names the first value that overflowed

@@ -21,7 +21,7 @@ import numpy as np
 from .. import ops
 from ..ahead import clean_final_norm
 from ..config import Config
-from ..model import all_finite, final_norm, record, token_table
+from ..model import all_finite, record, run_to_final_norm, token_table
 
 LN2 = math.log(2.0)
 
@@ -121,7 +121,7 @@ def final_hidden(params, config: Config, ids: np.ndarray, hooks=None, ahead=None
         # a clean run: the same numbers without recording (one window as its own pass, or
         # made ahead with the next lines under --each-line; windows as the batch's pass)
         u = clean_final_norm(params, config, ids[0], ahead)[None] if len(ids) == 1 else \
-            final_norm(params, config, ids, per_text=False)
+            run_to_final_norm(params, config, ids, per_text=False)
         if all_finite(u):  # else the recorded pass names the value that overflowed
             return u
     return record(params, config, ids, {"ln_final.out"}, hooks=hooks,
