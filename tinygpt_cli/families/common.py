@@ -1,43 +1,17 @@
-"""What the converters share: a family's file as a table of tensors, each the canonical
-parameter itself, its transpose (nn.Linear keeps (out, in)), or one of the pieces a fused
-canonical parameter is cut into (q, k and v of W_QKV); and the config keys most families
-spell alike."""
+"""What the converters share: cutting a fused canonical parameter (W_QKV) into the pieces a
+file keeps apart, the config keys most families spell alike, and the refusal of settings
+that would change the computation."""
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
-from ..config import Config, is_int, shown, token_id
-
-
-class Piece:
-    """A file tensor that is rows `part` of n parts of a fused canonical parameter, or the
-    whole of one (n = 1); `transposed`: the file keeps it (out, in)."""
-
-    def __init__(self, file: str, canonical: str, transposed: bool = False,
-                 part: int = 0, parts: tuple[str, ...] = ()):
-        self.file, self.canonical, self.transposed = file, canonical, transposed
-        self.part, self.parts = part, parts
-
-
-def block_index(name: str, pattern: re.Pattern) -> int | None:
-    m = pattern.match(name)
-    return int(m[1]) if m else None
-
-
-def fuse(pieces: list[tuple[Piece, np.ndarray]]) -> np.ndarray:
-    """The canonical (in, out) array from its file pieces, in order: side by side along
-    the out axis (q, then k, then v)."""
-    arrays = [a.T if p.transposed else a for p, a in pieces]
-    if len(arrays) == 1:
-        return np.ascontiguousarray(arrays[0])
-    return np.concatenate(arrays, axis=-1)
+from ..config import is_int, shown, token_id
 
 
 def cut(value: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
-    """fuse's inverse along the out axis."""
+    """A fused (in, out) parameter's pieces of these sizes along the out axis (W_QKV into
+    q, k and v), as views."""
     edges = np.cumsum([0, *sizes])
     return [value[..., a:b] for a, b in zip(edges, edges[1:], strict=False)]
 
@@ -110,5 +84,4 @@ def rotary_numbers(head: int, fraction) -> int:
     return int(head * fraction)
 
 
-__all__ = ["Config", "Piece", "block_index", "cut", "fuse", "refuse", "rope", "rotary_numbers",
-           "specials", "whole"]
+__all__ = ["cut", "refuse", "rope", "rotary_numbers", "specials", "whole"]
