@@ -4,9 +4,37 @@ that would change the computation."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from ..config import is_int, shown, token_id
+
+
+def pattern_of(canonical: str) -> tuple[str, int | None]:
+    """layers.3.mlp.W_in -> ("layers.L.mlp.W_in", 3); embed.W_E -> ("embed.W_E", None)."""
+    m = re.match(r"layers\.(\d+)\.(.*)", canonical)
+    return (f"layers.L.{m[2]}", int(m[1])) if m else (canonical, None)
+
+
+def filled(pattern: str, i: int | None) -> str:
+    """A file pattern's block: model.layers.L.mlp.up_proj.weight, 3 -> model.layers.3...."""
+    return pattern.replace(".L.", f".{i}.") if i is not None else pattern
+
+
+def block_index(name: str, block: re.Pattern) -> int | None:
+    """The block a file tensor belongs to, by the family's pattern of a block's names."""
+    m = block.match(name)
+    return int(m[1]) if m else None
+
+
+def canonical_of(names: dict[str, tuple[str, bool]], name: str, i: int | None) -> str | None:
+    """A file tensor that is one canonical parameter (the family's table: canonical pattern
+    -> (file pattern, transposed)) -> its canonical name, or None."""
+    for canonical, (file, _) in names.items():
+        if filled(file, i) == name:
+            return canonical.replace("layers.L.", f"layers.{i}.") if i is not None else canonical
+    return None
 
 
 def cut(value: np.ndarray, sizes: list[int]) -> list[np.ndarray]:

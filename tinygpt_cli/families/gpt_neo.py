@@ -13,7 +13,7 @@ import re
 import numpy as np
 
 from ..config import Config, shown
-from .common import cut, refuse, specials, whole
+from .common import block_index, canonical_of, cut, filled, pattern_of, refuse, specials, whole
 
 MODEL_TYPE = "gpt_neo"
 LABEL = "GPT-Neo"
@@ -40,35 +40,26 @@ NAMES: dict[str, tuple[str, bool]] = {
 QKV = ("q_proj", "k_proj", "v_proj")
 
 
-def _pattern(canonical: str) -> tuple[str, int | None]:
-    m = re.match(r"layers\.(\d+)\.(.*)", canonical)
-    return (f"layers.L.{m[2]}", int(m[1])) if m else (canonical, None)
-
 
 def _qkv_files(i: int) -> list[str]:
     return [f"h.{i}.attn.attention.{p}.weight" for p in QKV]
 
 
 def file_name(canonical: str) -> str:
-    pattern, i = _pattern(canonical)
+    pattern, i = pattern_of(canonical)
     if pattern == "layers.L.attn.W_QKV":
         return f"h.{i}.attn.attention.{{q,k,v}}_proj.weight"
-    file = NAMES[pattern][0]
-    return file.replace(".L.", f".{i}.") if i is not None else file
+    return filled(NAMES[pattern][0], i)
 
 
 def block_of(name: str) -> int | None:
-    m = _BLOCK.match(name)
-    return int(m[1]) if m else None
+    return block_index(name, _BLOCK)
 
 
 def canonical_name(name: str) -> str | None:
     name = name.removeprefix(PREFIX)
     i = block_of(name)
-    for canonical, (file, _) in NAMES.items():
-        if (file.replace(".L.", f".{i}.") if i is not None else file) == name:
-            return canonical.replace("layers.L.", f"layers.{i}.") if i is not None else canonical
-    return None
+    return canonical_of(NAMES, name, i)
 
 
 def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
@@ -76,7 +67,7 @@ def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
 
     out: dict[str, tuple[int, ...]] = {}
     for name, shape in param_shapes(config).items():
-        pattern, i = _pattern(name)
+        pattern, i = pattern_of(name)
         if pattern == "layers.L.attn.W_QKV":
             for file in _qkv_files(i):
                 out[file] = (config.n_embd, config.n_embd)
@@ -90,7 +81,7 @@ def params_from_file(tensors: dict, config: Config) -> dict:
 
     out = {}
     for name in param_shapes(config):
-        pattern, i = _pattern(name)
+        pattern, i = pattern_of(name)
         if pattern == "layers.L.attn.W_QKV":
             out[name] = np.concatenate([tensors[f].T for f in _qkv_files(i)], axis=-1)
             continue
@@ -102,7 +93,7 @@ def params_from_file(tensors: dict, config: Config) -> dict:
 def params_to_file(params: dict, config: Config) -> dict:
     out = {}
     for name, a in params.items():
-        pattern, i = _pattern(name)
+        pattern, i = pattern_of(name)
         if pattern == "layers.L.attn.W_QKV":
             for file, piece in zip(_qkv_files(i), cut(a, [config.n_embd] * 3), strict=True):
                 out[PREFIX + file] = np.ascontiguousarray(piece.T)

@@ -13,7 +13,17 @@ import re
 import numpy as np
 
 from ..config import Config
-from .common import refuse, rope, rotary_numbers, specials, whole
+from .common import (
+    block_index,
+    canonical_of,
+    filled,
+    pattern_of,
+    refuse,
+    rope,
+    rotary_numbers,
+    specials,
+    whole,
+)
 
 MODEL_TYPE = "gpt_neox"
 LABEL = "GPT-NeoX"
@@ -41,34 +51,25 @@ NAMES: dict[str, tuple[str, bool]] = {
 }
 
 
-def _pattern(canonical: str) -> tuple[str, int | None]:
-    m = re.match(r"layers\.(\d+)\.(.*)", canonical)
-    return (f"layers.L.{m[2]}", int(m[1])) if m else (canonical, None)
-
 
 def file_name(canonical: str) -> str:
-    pattern, i = _pattern(canonical)
-    file = NAMES[pattern][0]
-    return file.replace(".L.", f".{i}.") if i is not None else file
+    pattern, i = pattern_of(canonical)
+    return filled(NAMES[pattern][0], i)
 
 
 def block_of(name: str) -> int | None:
-    m = _BLOCK.match(name)
-    return int(m[1]) if m else None
+    return block_index(name, _BLOCK)
 
 
 def canonical_name(name: str) -> str | None:
     i = block_of(name)
-    for canonical, (file, _) in NAMES.items():
-        if (file.replace(".L.", f".{i}.") if i is not None else file) == name:
-            return canonical.replace("layers.L.", f"layers.{i}.") if i is not None else canonical
-    return None
+    return canonical_of(NAMES, name, i)
 
 
 def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
     from ..schema import param_shapes
 
-    return {file_name(n): tuple(reversed(s)) if NAMES[_pattern(n)[0]][1] else s
+    return {file_name(n): tuple(reversed(s)) if NAMES[pattern_of(n)[0]][1] else s
             for n, s in param_shapes(config).items()}
 
 
@@ -86,7 +87,7 @@ def params_from_file(tensors: dict, config: Config) -> dict:
     out = {}
     for name in param_shapes(config):
         a = tensors[file_name(name)]
-        a = np.ascontiguousarray(a.T) if NAMES[_pattern(name)[0]][1] else a
+        a = np.ascontiguousarray(a.T) if NAMES[pattern_of(name)[0]][1] else a
         out[name] = _grouped(a, config) if name.endswith("_QKV") else a
     return out
 
@@ -95,7 +96,7 @@ def params_to_file(params: dict, config: Config) -> dict:
     out = {}
     for name, a in params.items():
         a = _grouped(a, config, back=True) if name.endswith("_QKV") else a
-        out[file_name(name)] = np.ascontiguousarray(a.T) if NAMES[_pattern(name)[0]][1] else a
+        out[file_name(name)] = np.ascontiguousarray(a.T) if NAMES[pattern_of(name)[0]][1] else a
     return out
 
 

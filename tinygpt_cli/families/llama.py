@@ -15,7 +15,14 @@ import re
 import numpy as np
 
 from ..config import Config
-from .common import cut, refuse, rope, specials, whole
+from .common import (
+    block_index,
+    cut,
+    refuse,
+    rope,
+    specials,
+    whole,
+)
 
 MODEL_TYPE = "llama"
 LABEL = "Llama"
@@ -40,10 +47,6 @@ NAMES: dict[str, tuple[str, bool]] = {
 QKV = ("q_proj", "k_proj", "v_proj")  # W_QKV's three pieces in the file, in order
 
 
-def _layer(pattern: str, i: int) -> str:
-    return pattern.replace(".L.", f".{i}.")
-
-
 def _qkv_files(i: int, kind: str) -> list[str]:
     return [f"model.layers.{i}.self_attn.{p}.{kind}" for p in QKV]
 
@@ -51,28 +54,21 @@ def _qkv_files(i: int, kind: str) -> list[str]:
 def file_name(canonical: str) -> str:
     """layers.3.mlp.W_in -> model.layers.3.mlp.up_proj.weight; W_QKV and b_QKV, three
     tensors in the file, by the q one's name with {q,k,v}."""
-    m = re.match(r"layers\.(\d+)\.(.*)", canonical)
-    pattern, i = (f"layers.L.{m[2]}", int(m[1])) if m else (canonical, None)
+    pattern, i = pattern_of(canonical)
     if pattern in ("layers.L.attn.W_QKV", "layers.L.attn.b_QKV"):
         kind = "weight" if pattern.endswith("W_QKV") else "bias"
         return f"model.layers.{i}.self_attn.{{q,k,v}}_proj.{kind}"
-    file = NAMES[pattern][0]
-    return _layer(file, i) if i is not None else file
+    return filled(NAMES[pattern][0], i)
 
 
 def canonical_name(name: str) -> str | None:
     """A file tensor that is one canonical parameter -> its name (q, k and v are pieces of
     W_QKV: None)."""
-    i = block_of(name)
-    for canonical, (file, _) in NAMES.items():
-        if (_layer(file, i) if i is not None else file) == name:
-            return canonical.replace("layers.L.", f"layers.{i}.") if i is not None else canonical
-    return None
+    return canonical_of(NAMES, name, block_of(name))
 
 
 def block_of(name: str) -> int | None:
-    m = _BLOCK.match(name)
-    return int(m[1]) if m else None
+    return block_index(name, _BLOCK)
 
 
 def _sizes(config: Config) -> list[int]:
