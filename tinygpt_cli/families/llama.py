@@ -17,7 +17,10 @@ import numpy as np
 from ..config import Config
 from .common import (
     block_index,
+    canonical_of,
     cut,
+    filled,
+    pattern_of,
     refuse,
     rope,
     specials,
