@@ -108,8 +108,8 @@ def _norm(context: RunContext, r: Run, prefix: str, as_json: bool, full: bool, s
 
     if r.model.config.norm == "rms":  # an RMSNorm divides by each token's rms alone
         rms = r.trace.get(prefix + ".rms")[:, 0]
-        show(r, prefix + ".out", as_json, full, extra={"rms": rms}, save=save, force=force,
-             below=[Text(RMS_NOTE, style="dim")])
+        show(context, r, prefix + ".out", as_json, full, extra={"rms": rms}, save=save,
+             force=force, below=[Text(RMS_NOTE, style="dim")])
         return
     mean = r.trace.get(prefix + ".mean")[:, 0]
     std = r.trace.get(prefix + ".std")[:, 0]
@@ -227,7 +227,8 @@ def mlp(
     neurons = top_neurons(post, min(top, post.shape[1]))
     path = f"layers.{layer}.mlp_out"
     show(context, r, path, as_json, full, extra={"top_neurons": neurons}, save=save, force=force,
-         below=() if as_json else neurons_below(layer, post.shape[1], neurons, r.tokens, full),
+         below=() if as_json else neurons_below(layer, post.shape[1], neurons, r.tokens, full,
+                                                r.model.config),
          figure=lambda: figures("pictures").neurons_figure(path, r.trace.get(path), r.tokens,
                                                            layer, neurons))
 

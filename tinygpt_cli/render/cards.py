@@ -41,13 +41,20 @@ def heads_view(path: str, grids: np.ndarray, tokens, scores: bool, full: bool):
     return Group(header(path, grids), Columns(maps, padding=(1, 3))), maps
 
 
-def neurons_below(layer: int, width: int, neurons: list[dict], tokens, full: bool) -> list:
+# what a hidden neuron is, by the MLP's activation (config.act) and whether it is gated
+NEURON_OF = {"gelu_new": "GELU", "gelu": "GELU (erf)", "silu": "SiLU"}
+
+
+def neurons_below(layer: int, width: int, neurons: list[dict], tokens, full: bool,
+                  config) -> list:
     """Under mlp_out: the most active hidden neurons' activations at every token."""
+    act = NEURON_OF[config.act]
+    what = f"{act}(gate) * up" if config.mlp == "gated" else act
     acts = np.stack([n["activations"] for n in neurons], axis=1)
     table = matrix(acts, token_rows(tokens), full=full, edge=None,
                    col_labels=[f"n{n['neuron']}" for n in neurons])
     return [Text(""), Text(f"most active hidden neurons of layers.{layer}.mlp_post "
-                           f"(GELU of {width}), by peak activation:", style="bold"), table]
+                           f"({what} of {width}), by peak activation:", style="bold"), table]
 
 
 def logits_view(path: str, row: np.ndarray, rows: list[dict], T: int) -> Group:  # noqa: N803
