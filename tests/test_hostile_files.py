@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import test_hostile as hostile
-from cli_helpers import TEXT, TINY, random_params
+from cli_helpers import TEXT, TINY, file_tensors, random_params
 from safetensors.numpy import save_file
 from test_hostile import Ctx, assert_error, nothing, run, snapshot
 
@@ -27,7 +27,7 @@ ctx, data, trained = hostile.ctx, hostile.data, hostile.trained  # its fixtures
 def snapshot_meta(**meta):
     """A snapshot of the tiny model's sizes with `meta` as its metadata."""
     def write(path: Path) -> None:
-        t = {PREFIX + n: a for n, a in random_params(TINY, seed=3).items()}
+        t = file_tensors(random_params(TINY, seed=3))
         save_file(t, str(path), metadata=meta)
     return write
 
@@ -88,9 +88,22 @@ def vector_file(ctx: Ctx) -> None:
         meta={"weights_sha256": OTHER}))
 
 
+def with_history(setup):
+    """`setup`, and {run} given a history/ of one snapshot (its own weights at step 10), so
+    that why reaches its training text (a folder without one is refused for that first)."""
+    def both(ctx: Ctx) -> None:
+        from tinygpt_cli.train.loop import save_snapshot
+        from tinygpt_cli.weights import load_model
+
+        setup(ctx)
+        model = load_model(ctx.run)
+        save_snapshot(ctx.run, model.params, model.config, 10, 1e-3)
+    return both
+
+
 def scaled_weights(name: str, factor: float):
     def setup(ctx: Ctx) -> None:
-        t = {PREFIX + n: a.astype(np.float32) for n, a in random_params(TINY, seed=3).items()}
+        t = {n: a.astype(np.float32) for n, a in file_tensors(random_params(TINY, seed=3)).items()}
         t[PREFIX + name] = t[PREFIX + name] * np.float32(factor)
         save_file(t, str(ctx.broken / "model.safetensors"))
     return setup
@@ -242,10 +255,11 @@ CASES = [
      ["config: layer_norm_epsilon 1e-300 is 0 in float32, the precision the model computes "
       "in: give a number from 1.2e-38 to 1"]),
     # -------------------------------------------------- 4. data.json: the text edited since
-    ("recorded-text-grown", recorded_text(appended), ["why", "Lily", "--weights", "{run}"], 2,
+    ("recorded-text-grown", with_history(recorded_text(appended)), ["why", "Lily", "--weights",
+                                                                      "{run}"], 2,
      ["the training text recorded in", "data.json has changed since training:",
       "part-000.txt differs from the record (", "give --data the text the model was trained"]),
-    ("recorded-text-same-size", recorded_text(replaced_same_size),
+    ("recorded-text-same-size", with_history(recorded_text(replaced_same_size)),
      ["why", "Lily", "--weights", "{run}"], 2,
      ["part-000.txt differs from the record (its sha256 is not the recorded one)"]),
     ("recorded-validation-edited", recorded_text(lambda d: (d / "part-002.txt").write_text(
@@ -253,16 +267,16 @@ CASES = [
      ["the validation text recorded in", "has changed since training: ",
       "part-002.txt differs from the record"]),
     # -------------------------------------------------- 6. data.json's types and depth
-    ("data-json-folder-a-number", recorded_text(folder=5), ["why", "Lily", "--weights", "{run}"],
+    ("data-json-folder-a-number", recorded_text(folder=5), ["means", "--weights", "{run}", "--out", "{tmp}/m.safetensors"],
      1, ["data.json is not a readable data record (folder must be a path or null, not 5)"]),
     ("data-json-absolute-a-list", recorded_text(folder=None, folder_absolute=["x"]),
-     ["why", "Lily", "--weights", "{run}"], 1,
+     ["means", "--weights", "{run}", "--out", "{tmp}/m.safetensors"], 1,
      ["data.json is not a readable data record (folder_absolute must be a path or null, "
       "not ['x'])"]),
     ("data-json-nested-deep", data_json("[" * 100_000 + "]" * 100_000),
-     ["why", "Lily", "--weights", "{run}"], 1,
+     ["means", "--weights", "{run}", "--out", "{tmp}/m.safetensors"], 1,
      ["data.json is not a readable data record (it is nested too deep)"]),
-    ("data-json-a-list", data_json("[1, 2]"), ["why", "Lily", "--weights", "{run}"], 1,
+    ("data-json-a-list", data_json("[1, 2]"), ["means", "--weights", "{run}", "--out", "{tmp}/m.safetensors"], 1,
      ["data.json is not a readable data record (it is not a JSON object)"]),
     # -------------------------------------------------- 6. --steer-vector .npy files
     ("steer-npy-claims-10-12-floats", npy("big.npy", header={

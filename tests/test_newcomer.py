@@ -84,7 +84,8 @@ def test_sae_train_with_force_replaces_the_default_file(cli, folder, data, tmp_p
     from tinygpt_cli.analysis.sae import load_sae
     from tinygpt_cli.weights import load_model
 
-    assert load_sae(written, load_model(folder).config).n_latents == 8  # the new SAE
+    model = load_model(folder)
+    assert load_sae(written, model.config, model.weights_file).n_latents == 8  # the new SAE
 
 
 # ------------------------------------------------------------------ a token: its text, or #ID
@@ -218,7 +219,10 @@ def test_the_tuned_lens_says_so_in_its_view_picture_and_json(cli, tiny, tmp_path
     from tinygpt_cli.analysis import tuned_lens as tl
 
     lens = tmp_path / "zero.safetensors"  # the start of a fit: every translator 0
-    tl.save_translators(lens, tl.zero_translators(tiny.model.config), {})
+    from tinygpt_cli.madefor import made_for
+
+    tl.save_translators(lens, tl.zero_translators(tiny.model.config),
+                        made_for(tiny.model.weights_file))
     text = "Lily wanted to play"
     for kind, first in (("tuned", "tuned lens  "), ("logit", "logit lens  ")):
         given = ["--kind", kind, "--lens", lens]

@@ -68,11 +68,13 @@ def test_offsets_past_the_end_are_left_to_the_library(tmp_path):
     assert map_safetensors(path) is None
 
 
-def test_bfloat16_is_left_to_the_library(tmp_path):
+def test_bfloat16_is_mapped_and_widened_exactly(tmp_path):
     header = json.dumps({"a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}).encode()
     path = tmp_path / "bf16.safetensors"
-    path.write_bytes(len(header).to_bytes(8, "little") + header + b"\x00" * 4)
-    assert map_safetensors(path) is None
+    # 1.0 and -2.5 as bfloat16: the top 16 bits of their float32 forms
+    path.write_bytes(len(header).to_bytes(8, "little") + header + b"\x80\x3f\x20\xc0")
+    a = map_safetensors(path)["a"]
+    assert a.dtype == np.float32 and a.tolist() == [1.0, -2.5]
 
 
 def imported_by(args: list[str]) -> set[str]:

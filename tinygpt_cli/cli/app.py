@@ -92,10 +92,13 @@ def _register(name: str | None = None) -> None:
             command.callback = with_context(command.callback,
                                             f"{group.name} {_command_name(command)}")
     for command in app.registered_commands:
-        if name and _command_name(command) != name:
-            continue
+        # every registered command takes its run context: typer builds all of them, so one a
+        # module imported by an earlier command line of this process registered, left
+        # unwrapped, breaks this one (with_context is idempotent)
         if command.callback:  # its run context first, and the steering options if it steers
             command.callback = with_context(command.callback, _command_name(command))
+        if name and _command_name(command) != name:
+            continue
         # Each "Example:" line of a docstring becomes a line of its own in --help (click
         # would otherwise join and rewrap them mid-command).
         doc = command.help or (command.callback.__doc__ if command.callback else None)

@@ -88,6 +88,7 @@ def pos(
     save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Card 3: each position's row of W_P, added to the token rows (--sum shows the result).
+
     A rotary model has no W_P: its positions turn q and k, by the angles shown.
 
     Example: tinygpt pos "Lily wanted to play with her" --sum
