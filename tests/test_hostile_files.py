@@ -88,6 +88,9 @@ def vector_file(ctx: Ctx) -> None:
         meta={"weights_sha256": OTHER}))
 
 
+MEANS_OF_RUN = ["means", "--weights", "{run}", "--out", "{tmp}/m.safetensors"]  # reads data.json
+
+
 def with_history(setup):
     """`setup`, and {run} given a history/ of one snapshot (its own weights at step 10), so
     that why reaches its training text (a folder without one is refused for that first)."""
@@ -263,20 +266,20 @@ CASES = [
      ["why", "Lily", "--weights", "{run}"], 2,
      ["part-000.txt differs from the record (its sha256 is not the recorded one)"]),
     ("recorded-validation-edited", recorded_text(lambda d: (d / "part-002.txt").write_text(
-        "Edited.\n")), ["means", "--weights", "{run}", "--out", "{tmp}/m.safetensors"], 2,
+        "Edited.\n")), MEANS_OF_RUN, 2,
      ["the validation text recorded in", "has changed since training: ",
       "part-002.txt differs from the record"]),
     # -------------------------------------------------- 6. data.json's types and depth
-    ("data-json-folder-a-number", recorded_text(folder=5), ["means", "--weights", "{run}", "--out", "{tmp}/m.safetensors"],
+    ("data-json-folder-a-number", recorded_text(folder=5), MEANS_OF_RUN,
      1, ["data.json is not a readable data record (folder must be a path or null, not 5)"]),
     ("data-json-absolute-a-list", recorded_text(folder=None, folder_absolute=["x"]),
-     ["means", "--weights", "{run}", "--out", "{tmp}/m.safetensors"], 1,
+     MEANS_OF_RUN, 1,
      ["data.json is not a readable data record (folder_absolute must be a path or null, "
       "not ['x'])"]),
     ("data-json-nested-deep", data_json("[" * 100_000 + "]" * 100_000),
-     ["means", "--weights", "{run}", "--out", "{tmp}/m.safetensors"], 1,
+     MEANS_OF_RUN, 1,
      ["data.json is not a readable data record (it is nested too deep)"]),
-    ("data-json-a-list", data_json("[1, 2]"), ["means", "--weights", "{run}", "--out", "{tmp}/m.safetensors"], 1,
+    ("data-json-a-list", data_json("[1, 2]"), MEANS_OF_RUN, 1,
      ["data.json is not a readable data record (it is not a JSON object)"]),
     # -------------------------------------------------- 6. --steer-vector .npy files
     ("steer-npy-claims-10-12-floats", npy("big.npy", header={
