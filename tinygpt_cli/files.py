@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from pathlib import Path
 
@@ -55,24 +56,25 @@ def write_atomically(path: str | Path, data: bytes, *, mode: int = 0o644) -> Non
         raise
 
 
-_TEMPORARY = None  # the compiled pattern of write_atomically's temporaries
+@functools.cache
+def _temporary():
+    """The compiled pattern of write_atomically's temporaries (made when first needed: re is
+    not imported on every command's start-up)."""
+    import re
+
+    return re.compile(r"\.(.+)\.(\d+)\.[a-z0-9_]{8}\.tmp")
 
 
 def remove_temporaries(folder: str | Path, *, only_dead: bool = False) -> None:
     """Remove write_atomically's temporaries from `folder`: those whose writer process is
     gone (`only_dead`), or every one (the caller holds the folder: no one else writes there).
     Nothing else is touched, and a file that cannot be removed is left."""
-    import re
-
-    global _TEMPORARY
-    if _TEMPORARY is None:
-        _TEMPORARY = re.compile(r"\.(.+)\.(\d+)\.[a-z0-9_]{8}\.tmp")
     try:
         names = os.listdir(folder)
     except OSError:
         return
     for name in names:
-        m = _TEMPORARY.fullmatch(name) if name.endswith(".tmp") else None
+        m = _temporary().fullmatch(name) if name.endswith(".tmp") else None
         if m is None or (only_dead and _alive(int(m.group(2)))):
             continue
         try:
