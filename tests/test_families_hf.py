@@ -23,8 +23,8 @@ IDS = [5, 300, 17, 900, 42, 8, 1000, 77, 3, 64, 5, 300]  # longer than GPT-Neo's
 TOL = 1e-5  # relative to the largest value compared
 
 
-def _config(kind: str, tied: bool):
-    common = dict(vocab_size=4096, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
+def _config(kind: str, tied: bool, vocab: int = 4096):
+    common = dict(vocab_size=vocab, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
                   max_position_embeddings=64, tie_word_embeddings=tied)
     if kind in ("llama", "qwen2", "qwen3"):
         cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
@@ -45,6 +45,9 @@ CASES = {  # name: (family, tied head, file dtype)
     "llama-tied-bf16": ("llama", True, torch.bfloat16 if torch else None),
     "qwen2": ("qwen2", True, torch.float32 if torch else None),
     "qwen3": ("qwen3", False, torch.float32 if torch else None),
+    # Pythia's and Qwen's vocabularies are padded past their tokenizers' last token: here
+    # 4,130 rows for the shipped tokenizer's 4,096 tokens
+    "gpt_neox-padded": ("gpt_neox", False, torch.float32 if torch else None, 4130),
 }
 
 
@@ -65,10 +68,10 @@ def _widened(model, seed: int):
 @pytest.fixture(scope="module", params=list(CASES))
 def pair(request, tmp_path_factory):
     """(name, transformers' model in float32, tinygpt's model of the folder it saved)."""
-    kind, tied, dtype = CASES[request.param]
+    kind, tied, dtype, *vocab = CASES[request.param]
     folder = tmp_path_factory.mktemp(request.param)
     model = transformers.AutoModelForCausalLM.from_config(
-        _config(kind, tied), attn_implementation="eager")
+        _config(kind, tied, *vocab), attn_implementation="eager")
     _widened(model.eval(), seed=len(request.param))
     model.to(dtype).save_pretrained(folder)
     shutil.copyfile(SHIPPED / "tokenizer.json", folder / "tokenizer.json")
@@ -209,6 +212,21 @@ def test_qk_terms_sum_to_the_scores_on_every_family_but_qwen3(pair):
     assert seen.sum() == (3 if ours.config.window(1) == 3 else 10)
     np.testing.assert_allclose(r.terms.sum(axis=(0, 1))[seen], r.scores[seen], rtol=1e-4,
                                atol=1e-5)
+
+
+def test_a_padded_vocabulary_keeps_its_rows_and_names_them_as_rows(pair):
+    """The rows past the tokenizer's last token are the model's (its logits, argmax over
+    them): they have no text, and say so where a view names a token."""
+    name, _, ours = pair
+    tok = ours.tokenizer
+    if ours.config.vocab_size == tok.vocab_size:
+        assert tok.n_rows == tok.vocab_size
+        return
+    assert tok.n_rows == ours.config.vocab_size == 4130 and tok.vocab_size == 4096
+    assert tok.token_str(4100) == "<row 4100>" and tok.token_bytes(4100) == b""
+    assert len(tok.token_strs) == 4130
+    logits = forward(ours.params, ours.config, np.array(IDS))
+    assert logits.shape[-1] == 4130
 
 
 def test_direct_logit_attribution_rows_sum_to_the_logit_on_every_family(pair):

@@ -76,6 +76,9 @@ class Tokenizer:
         self._tok = tok
         self._byte_of = _byte_decoder()
         self._strs: dict[int, str] = {}  # token_str of each id asked for (--each-line asks again)
+        # the model's rows, when it has more than the tokenizer has tokens (Pythia and Qwen pad
+        # their vocabularies): the rows past the last token have no text (weights.open_folder)
+        self.rows: int | None = None
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
@@ -119,6 +122,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def n_rows(self) -> int:
+        """The ids a model may predict: every token, and its padding rows past them."""
+        return max(self.vocab_size, self.rows or 0)
+
     @cached_property
     def eot_id(self) -> int:
         i = self._tok.token_to_id(END_OF_TEXT)
@@ -141,7 +149,7 @@ class Tokenizer:
     def token_strs(self) -> list[str]:
         """token_str of every id, made once: views that label the whole vocabulary (score,
         and every line of --each-line after the first) take it from here."""
-        return [self.token_str(i) for i in range(self.vocab_size)]
+        return [self.token_str(i) for i in range(self.n_rows)]
 
     def ids_are_0_to(self, last: int) -> bool:
         """Whether the token ids are exactly 0, 1, ..., last (about 1 ms for 4,096)."""
@@ -174,6 +182,8 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         """The exact bytes one token stands for."""
         piece = self._tok.id_to_token(int(token_id))
+        if piece is None and self.vocab_size <= int(token_id) < self.n_rows:
+            return b""  # a padding row of the model: no text
         if piece is None:
             raise ValueError(
                 f"token id {token_id} is not in the vocabulary (0..{self.vocab_size - 1})"
@@ -193,6 +203,8 @@ class Tokenizer:
     def token_str(self, token_id: int) -> str:
         """One token as text; bytes that are part of a longer UTF-8 character show as \\xNN."""
         found = self._strs.get(token_id)
+        if found is None and self.vocab_size <= int(token_id) < self.n_rows:
+            found = self._strs[token_id] = f"<row {int(token_id)}>"  # padding: no token
         if found is None:
             found = self._strs[token_id] = self.token_bytes(token_id).decode(
                 "utf-8", errors="backslashreplace")

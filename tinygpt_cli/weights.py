@@ -622,15 +622,20 @@ def read_tokenizer(path: Path, config: Config):
 
 
 def check_vocabulary(tokenizer, config: Config, root: Path) -> None:
-    """The tokenizer and the model must agree on the vocabulary: a smaller tokenizer leaves
-    rows the model can predict but no text can name; a larger one yields ids the model has no
-    row for."""
-    if tokenizer.vocab_size != config.vocab_size:
+    """The tokenizer and the model must agree on the vocabulary: a larger tokenizer yields ids
+    the model has no row for. A smaller one is another family's padding (Pythia's 50,277
+    tokens on 50,304 rows, Qwen's): the rows past its last token are kept as rows no text
+    names (tokenizer.rows); GPT-2's own files have none, and a GPT-2 folder with them is
+    refused as before."""
+    padded = tokenizer.vocab_size < config.vocab_size and config.model_type != "gpt2"
+    if tokenizer.vocab_size != config.vocab_size and not padded:
         raise WeightsError(
             f"tokenizer has {tokenizer.vocab_size:,} tokens but the model "
             f"{config.vocab_size:,} (vocab_size in config.json): {root / 'tokenizer.json'} "
             "does not belong to these weights")
-    last = config.vocab_size - 1
+    if padded:
+        tokenizer.rows = config.vocab_size
+    last = tokenizer.vocab_size - 1
     if not tokenizer.ids_are_0_to(last):  # each id names a row of the model
         raise WeightsError(f"{root / 'tokenizer.json'}: its token ids are not 0 to {last:,} "
                            f"(the model's rows): it does not belong to these weights")

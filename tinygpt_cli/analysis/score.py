@@ -251,7 +251,7 @@ def byte_lengths(tokenizer) -> np.ndarray:
     """The UTF-8 bytes each vocabulary token stands for, [V] (read-only); the separator
     counts as one byte (the newline it stands for in the data files), as the model card
     counts."""
-    out = np.asarray([len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)],
+    out = np.asarray([len(tokenizer.token_bytes(i)) for i in range(tokenizer.n_rows)],
                      dtype=np.int64)
     out[tokenizer.eot_id] = 1
     out.flags.writeable = False
