@@ -96,23 +96,37 @@ def page_values(r) -> dict:
 
 
 def map_stages(r) -> list[tuple[str, str, str]]:
-    """The map's stages for this text: (name, operation, shape of what comes out)."""
+    """The map's stages for this text: (name, operation, shape of what comes out); 3 before
+    the blocks, 6 in a block, the rest after, each as the model's family computes it."""
     cfg = r.model.config
     T, d, H, dk, ff, V = r.T, cfg.n_embd, cfg.n_head, cfg.d_k, cfg.n_inner, cfg.vocab_size
     td = f"{T} × {d}"
+    kv = cfg.kv_heads
+    qkv = (f"q, k, v {H} × {T} × {dk}" if kv == H
+           else f"q {H} × {T} × {dk}, k, v {kv} × {T} × {dk}")
     return [
         ("1 Inputs", "tokenizer.encode(text)", f"{T} ids"),
         ("2 Embedding", "W_E[ids]", td),
-        ("3 Position", "+ W_P[0..T-1]", td),
-        ("4 Norm", "ln1", td),
-        ("5 Masked attention", f"{H} heads: q, k, v {H} × {T} × {dk}; weights {H} × {T} × {T}",
-         td),
-        ("4 Add", "resid_mid = h + attn_out", td),
-        ("4 Norm", "ln2", td),
-        ("6 Feed forward", f"{td} → {T} × {ff} → GELU → {td}", td),
-        ("4 Add", "resid_post = resid_mid + mlp_out", td),
-        ("8 Final norm", "ln_final", td),
-        ("9 Linear", "u W_E^T", f"{T} × {V:,}"),
+        ("3 Position", "+ W_P[0..T-1]" if not cfg.rotary
+         else f"none added: q and k turned by position ({cfg.rotary} of {dk} each)", td),
+        ("4 Norm", "ln1" if cfg.norm == "layer" else "ln1 (RMSNorm)", td),
+        ("5 Masked attention", f"{H} heads: {qkv}; weights {H} × {T} × {T}", td),
+        ("4 Add", "resid_mid = h + attn_out" if not cfg.parallel
+         else "none: attention and MLP both read resid_pre", td),
+        ("4 Norm", "ln2" if cfg.norm == "layer" else "ln2 (RMSNorm)", td),
+        ("6 Feed forward", f"{td} → {T} × {ff} → GELU → {td}" if cfg.mlp == "gelu"
+         and cfg.act == "gelu_new" else _ff_stage(cfg, td, T), td),
+        ("4 Add", "resid_post = resid_mid + mlp_out" if not cfg.parallel
+         else "resid_post = resid_pre + attn_out + mlp_out", td),
+        ("8 Final norm", "ln_final" if cfg.norm == "layer" else "ln_final (RMSNorm)", td),
+        ("9 Linear", "u W_E^T" if cfg.tied else "u W_U", f"{T} × {V:,}"),
         ("10 Softmax", "probs[-1] = softmax(logits[-1])", f"{V:,}"),
         ("11 Output", "sample(probs[-1], rng)", "1 id"),
     ]
+
+
+def _ff_stage(cfg, td: str, T: int) -> str:
+    act = {"gelu_new": "GELU", "gelu": "GELU (erf)", "silu": "SiLU"}[cfg.act]
+    if cfg.mlp == "gated":
+        return f"{td} → gate, up {T} × {cfg.n_inner} → {act}(gate) * up → {td}"
+    return f"{td} → {T} × {cfg.n_inner} → {act} → {td}"
