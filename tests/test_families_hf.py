@@ -26,10 +26,15 @@ TOL = 1e-5  # relative to the largest value compared
 def _config(kind: str, tied: bool, vocab: int = 4096):
     common = dict(vocab_size=vocab, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
                   max_position_embeddings=64, tie_word_embeddings=tied)
-    if kind in ("llama", "qwen2", "qwen3"):
-        cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-               "qwen3": transformers.Qwen3Config}[kind]
+    if kind in ("llama", "llama3", "qwen2", "qwen3"):
+        cls = {"llama": transformers.LlamaConfig, "llama3": transformers.LlamaConfig,
+               "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[kind]
         extra = {"head_dim": 8} if kind == "qwen3" else {}
+        if kind == "llama3":  # Llama 3.2's scaled rope, its context cut to the text's scale
+            extra = {"rope_parameters": {
+                "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16}}
         return cls(num_attention_heads=6, num_key_value_heads=2, **common, **extra)
     if kind == "gpt_neox":
         return transformers.GPTNeoXConfig(num_attention_heads=3, rotary_pct=0.25, **common)
@@ -45,6 +50,7 @@ CASES = {  # name: (family, tied head, file dtype)
     "llama-tied-bf16": ("llama", True, torch.bfloat16 if torch else None),
     "qwen2": ("qwen2", True, torch.float32 if torch else None),
     "qwen3": ("qwen3", False, torch.float32 if torch else None),
+    "llama3-rope": ("llama3", True, torch.float32 if torch else None),
     # Pythia's and Qwen's vocabularies are padded past their tokenizers' last token: here
     # 4,130 rows for the shipped tokenizer's 4,096 tokens
     "gpt_neox-padded": ("gpt_neox", False, torch.float32 if torch else None, 4130),

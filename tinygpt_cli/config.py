@@ -39,6 +39,9 @@ class Config:
     n_kv_head: int = 0  # heads of keys and values, shared by groups of queries; 0: n_head
     rotary_dim: int = 0  # numbers of each head turned by the rotary positions; 0: all
     rotary_base: float = 10000.0
+    # Llama 3's rope scaling: (factor, low_freq_factor, high_freq_factor, original context);
+    # (): none
+    rope_scaling: tuple = ()
     attn_scale: float = 0.0  # scores = q k * attn_scale; 0: 1 / sqrt(d_k); GPT-Neo: 1
     windows: tuple[int, ...] = ()  # per block, the keys a query sees (0: all); (): all, everywhere
     qk_norm: bool = False  # an RMSNorm on each head's q and k (Qwen3)
@@ -50,8 +53,9 @@ class Config:
     unused: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.windows, list):  # as a JSON record (a checkpoint's) gives it back
-            object.__setattr__(self, "windows", tuple(self.windows))
+        for name in ("windows", "rope_scaling"):  # as a JSON record (a checkpoint's) gives them
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         for name, allowed in ARCHITECTURES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"config: {name} {shown(getattr(self, name))} is not "

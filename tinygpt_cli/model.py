@@ -251,8 +251,8 @@ def queries_keys_values(params, config: Config, i: int, x: np.ndarray, start: in
         q = ops.rms_norm(q, params[p + "q_norm.w"], eps)[0]
         k = ops.rms_norm(k, params[p + "k_norm.w"], eps)[0]
     if config.rotary:
-        q = ops.rotary(q, start, config.rotary, config.rotary_base)
-        k = ops.rotary(k, start, config.rotary, config.rotary_base)
+        rope = (config.rotary, config.rotary_base, config.rope_scaling)
+        q, k = ops.rotary(q, start, *rope), ops.rotary(k, start, *rope)
     return q, k, v
 
 
@@ -311,8 +311,8 @@ def attention_backward(g: Gradients, i: int, dattn: np.ndarray) -> np.ndarray:
         g.keep(L + path, d)
         g.keep_heads(name, d, L)
     if cfg.rotary:
-        dq = ops.rotary_backward(dq, 0, cfg.rotary, cfg.rotary_base)
-        dk = ops.rotary_backward(dk, 0, cfg.rotary, cfg.rotary_base)
+        rope = (cfg.rotary, cfg.rotary_base, cfg.rope_scaling)
+        dq, dk = ops.rotary_backward(dq, 0, *rope), ops.rotary_backward(dk, 0, *rope)
     if cfg.qk_norm:
         dq, dk = _qk_norm_backward(g, i, dq, dk)
     dqkv = np.concatenate(

@@ -359,20 +359,37 @@ def gated_backward(dout, gate, up, act: str):
 
 
 @functools.lru_cache(maxsize=32)
-def rotary_angles(positions: tuple[int, int], rot: int, base: float, dtype) -> tuple:
+def rotary_angles(positions: tuple[int, int], rot: int, base: float, dtype,
+                  scaling: tuple = ()) -> tuple:
     """cos and sin [T, rot] of positions start .. end-1, each frequency twice (the halves
     of the rotated part turn together, as transformers' rotate_half pairs them)."""
-    angles = rotary_frequencies(positions[1], rot, base)[positions[0]:]  # [T, rot / 2]
+    angles = rotary_frequencies(positions[1], rot, base, scaling)[positions[0]:]  # [T, rot / 2]
     angles = np.concatenate([angles, angles], axis=-1)
     cos, sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
     cos.flags.writeable = sin.flags.writeable = False
     return cos, sin
 
 
-def rotary_frequencies(t: int, rot: int, base: float) -> np.ndarray:
-    """The angle position p turns pair i by: p base^(-2i / rot), radians.  [t, rot / 2]"""
+def rotary_frequencies(t: int, rot: int, base: float, scaling: tuple = ()) -> np.ndarray:
+    """The angle position p turns pair i by: p base^(-2i / rot), radians; `scaling`, Llama
+    3's (factor, low_freq_factor, high_freq_factor, original context): the slow pairs' rates
+    divided by factor, the middle ones blended.  [t, rot / 2]"""
     inv = 1.0 / (base ** (np.arange(0, rot, 2, dtype=np.float64) / rot))
+    if scaling:
+        inv = llama3_rates(inv, *scaling)
     return np.arange(t, dtype=np.float64)[:, None] * inv
+
+
+def llama3_rates(inv: np.ndarray, factor: float, low: float, high: float,
+                 context: int) -> np.ndarray:
+    """Llama 3's rope scaling of the turn rates: wavelengths past context / low are slowed
+    by `factor`, those under context / high kept, those between blended smoothly."""
+    wavelength = 2 * math.pi / inv
+    slowed = np.where(wavelength > context / low, inv / factor, inv)
+    smooth = (context / wavelength - low) / (high - low)
+    blended = (1 - smooth) * slowed / factor + smooth * slowed
+    middle = ~(wavelength < context / high) & ~(wavelength > context / low)
+    return np.where(middle, blended, slowed)
 
 
 def _rotate_half(x: np.ndarray) -> np.ndarray:
@@ -380,10 +397,10 @@ def _rotate_half(x: np.ndarray) -> np.ndarray:
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
-def rotary(x: np.ndarray, start: int, rot: int, base: float) -> np.ndarray:
+def rotary(x: np.ndarray, start: int, rot: int, base: float, scaling: tuple = ()) -> np.ndarray:
     """x [.., T, d_k] with its first `rot` numbers turned by position start + t: each pair
     (x_i, x_{i + rot/2}) by the angle t base^(-2i / rot).  The rest pass unchanged."""
-    cos, sin = rotary_angles((start, start + x.shape[-2]), rot, base, x.dtype)
+    cos, sin = rotary_angles((start, start + x.shape[-2]), rot, base, x.dtype, scaling)
     part = x[..., :rot]
     turned = part * cos + _rotate_half(part) * sin
     if rot == x.shape[-1]:
@@ -391,9 +408,10 @@ def rotary(x: np.ndarray, start: int, rot: int, base: float) -> np.ndarray:
     return np.concatenate([turned, x[..., rot:]], axis=-1)
 
 
-def rotary_backward(dout: np.ndarray, start: int, rot: int, base: float) -> np.ndarray:
+def rotary_backward(dout: np.ndarray, start: int, rot: int, base: float,
+                    scaling: tuple = ()) -> np.ndarray:
     """The rotation's transpose: each pair turned back by its angle."""
-    cos, sin = rotary_angles((start, start + dout.shape[-2]), rot, base, dout.dtype)
+    cos, sin = rotary_angles((start, start + dout.shape[-2]), rot, base, dout.dtype, scaling)
     part = dout[..., :rot]
     back = part * cos - _rotate_half(part) * sin
     if rot == dout.shape[-1]:

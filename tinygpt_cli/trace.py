@@ -176,7 +176,7 @@ class Trace:
             from . import ops
 
             cfg, t = self.config, np.asarray(self.values["ids"]).shape[-1]
-            return ops.rotary_frequencies(t, cfg.rotary, cfg.rotary_base)
+            return ops.rotary_frequencies(t, cfg.rotary, cfg.rotary_base, cfg.rope_scaling)
         if name not in self.values:
             raise PathError(name, f"{name} was not recorded in this run")
         return self.values[name]

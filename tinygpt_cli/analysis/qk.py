@@ -106,8 +106,8 @@ def qk_attribution(params, config: Config, values: dict[str, np.ndarray], layer:
     q = side_terms(parts[:, query:query + 1], std[query:query + 1], g, b, wq[head], bq[head])
     k = side_terms(parts[:, :query + 1], std[:query + 1], g, b, wk[kv], bk[kv])
     if config.rotary:
-        q = ops.rotary(q, query, config.rotary, config.rotary_base)
-        k = ops.rotary(k, 0, config.rotary, config.rotary_base)
+        rope = (config.rotary, config.rotary_base, config.rope_scaling)
+        q, k = ops.rotary(q, query, *rope), ops.rotary(k, 0, *rope)
     terms = np.einsum("ad,bjd->abj", q[:, 0], k) * config.scale
     path = f"layers.{layer}.heads.{head}."
     return QK(layer, head, query, [*names, "norm bias" if b is not None else "bias"], terms,

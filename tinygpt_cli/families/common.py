@@ -68,24 +68,33 @@ def specials(d: dict, vocab: int) -> tuple[dict, tuple[str, ...]]:
 
 
 def rope(d: dict, theta_key: str = "rope_theta", pct_key: str | None = None
-         ) -> tuple[float, float]:
-    """(base, fraction of each head turned) from either spelling: transformers 5's
-    rope_parameters, or the keys hub files still have (rope_theta, rotary_emb_base,
-    rotary_pct). A scaled rope (rope_scaling, or a rope_type other than default) is refused
-    by name: it changes the angles in a way not implemented."""
+         ) -> tuple[float, float, tuple]:
+    """(base, fraction of each head turned, Llama 3's scaling or ()) from either spelling:
+    transformers 5's rope_parameters, or the keys hub files still have (rope_theta,
+    rotary_emb_base, rotary_pct, rope_scaling). Another scaled rope (linear, dynamic, yarn,
+    ...) is refused by name: it changes the angles in a way not implemented."""
     params = d.get("rope_parameters") or {}
-    scaling = d.get("rope_scaling")
-    kind = params.get("rope_type", "default") if isinstance(params, dict) else "default"
-    if scaling not in (None, {}) or kind != "default":
-        said = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else kind
-        raise ValueError(f"config: rope scaling {shown(said)} is not implemented (only "
-                         "unscaled rotary positions)")
-    base = params.get("rope_theta", d.get(theta_key, 10000.0)) if isinstance(params, dict) \
-        else d.get(theta_key, 10000.0)
-    fraction = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+    params = params if isinstance(params, dict) else {}
+    scaling = d.get("rope_scaling") or {}
+    scaling = scaling if isinstance(scaling, dict) else {"rope_type": scaling}
+    settings = {**scaling, **params}
+    kind = settings.get("rope_type", settings.get("type", "default"))
+    if kind not in ("default", "llama3"):
+        raise ValueError(f"config: rope scaling {shown(kind)} is not implemented (only "
+                         "unscaled rotary positions, or llama3's)")
+    base = params.get("rope_theta", d.get(theta_key, 10000.0))
+    fraction = params.get("partial_rotary_factor")
     if fraction is None:
         fraction = d.get(pct_key, 1.0) if pct_key else 1.0
-    return base, fraction
+    if kind == "default":
+        return base, fraction, ()
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    values = tuple(settings.get(k) for k in keys)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in values) \
+            or values[1] >= values[2]:
+        raise ValueError(f"config: llama3 rope scaling needs positive {', '.join(keys)} "
+                         f"(low below high), got {shown(values)}")
+    return base, fraction, values
 
 
 def refuse(d: dict, settings: dict) -> None:

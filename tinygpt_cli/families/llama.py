@@ -144,7 +144,7 @@ def config_from_hf(d: dict) -> Config:
         refuse(d, {"attention_bias": False})
     vocab = d.get("vocab_size", 32000)
     ids, unused = specials(d, vocab)
-    base, fraction = rope(d)
+    base, fraction, scaling = rope(d)
     if fraction != 1.0:
         raise ValueError(f"config: partial_rotary_factor {fraction!r} is not implemented "
                          "for llama (every number of a head turns)")
@@ -158,9 +158,19 @@ def config_from_hf(d: dict) -> Config:
         tied=d.get("tie_word_embeddings", False) is True,
         head_dim=_unless(d.get("head_dim"), n_embd // n_head if _whole(n_embd, n_head) else 0),
         n_kv_head=_unless(d.get("num_key_value_heads"), n_head), rotary_base=float(base),
+        rope_scaling=scaling,
         qk_norm=kind == "qwen3", qkv_bias=kind == "qwen2", out_bias=False, mlp_bias=False,
         unused=unused,
     )
+
+
+def _rope_parameters(config: Config) -> dict:
+    if not config.rope_scaling:
+        return {"rope_type": "default", "rope_theta": config.rotary_base}
+    factor, low, high, context = config.rope_scaling
+    return {"rope_type": "llama3", "rope_theta": config.rotary_base, "factor": factor,
+            "low_freq_factor": low, "high_freq_factor": high,
+            "original_max_position_embeddings": context}
 
 
 def _unless(value, default):
@@ -184,7 +194,7 @@ def config_to_hf(config: Config) -> dict:
         max_position_embeddings=config.n_positions, rms_norm_eps=config.layer_norm_epsilon,
         tie_word_embeddings=config.tied, attention_bias=config.qkv_bias, mlp_bias=False,
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-        rope_parameters={"rope_type": "default", "rope_theta": config.rotary_base},
+        rope_parameters=_rope_parameters(config),
         rope_theta=config.rotary_base, use_cache=True, attention_dropout=0.0,
     )
     if config.model_type != "llama":
