@@ -226,16 +226,19 @@ def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str,
     names (the family's converter, families/).
 
     A head (`lm_head.weight`) may be present, as `transformers` can save one: it must be
-    finite and equal to the token table, because this model ties the two.
+    finite and equal to the token table, because this model ties the two. `tensors` is
+    emptied as it is read, and the converter lets go of each file tensor once its canonical
+    copy is made: a bf16 file's widened tensors and their transposes are never all held at
+    once.
     """
     import numpy as np
 
     infos = {n: TensorInfo(n, _dtype_name(a.dtype), tuple(a.shape)) for n, a in tensors.items()}
     check_header(infos, config)
     fam = family(config.model_type)
-    short = {name.removeprefix(fam.PREFIX): a for name, a in tensors.items()}
+    short = {name.removeprefix(fam.PREFIX): tensors.pop(name) for name in list(tensors)}
     expected = fam.file_shapes(config)
-    out = {name: _finite_float32(name, short[name], fam) for name in expected}
+    out = {name: _finite_float32(name, short.pop(name), fam) for name in expected}
     table = fam.file_name("embed.W_E")
     if "lm_head.weight" in short and "lm_head.weight" not in expected:
         head = _finite_float32("lm_head.weight", short["lm_head.weight"], fam)
@@ -244,6 +247,7 @@ def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str,
                 f"tensor lm_head.weight differs from {fam.PREFIX}{table}: tinygpt ties the "
                 "output head to the token embedding table, so it cannot use a separate head"
             )
+    del short
     return fam.params_from_file(out, config)
 
 
@@ -443,7 +447,8 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
         try:
             mapped = map_safetensors(file)
             if mapped is not None:
-                tensors.update({n: mapped[n] for n in names})
+                tensors.update({n: mapped.pop(n) for n in names})  # held once: see below
+                del mapped
             else:  # anything map_safetensors does not take on: the library reads or reports it
                 with safe_open(str(file), framework="numpy") as f:
                     tensors.update({n: f.get_tensor(n) for n in names})

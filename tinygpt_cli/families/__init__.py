@@ -8,7 +8,8 @@ A converter module has:
 - config_from_hf(d) -> Config and config_to_hf(config) -> dict, the config both ways;
 - file_shapes(config) -> {file name: shape}, what the header check expects, before any
   tensor is read;
-- params_from_file(tensors, config) -> canonical params, and params_to_file(params, config)
+- params_from_file(tensors, config) -> canonical params (it may empty `tensors` as it goes,
+  so that a converted copy never sits beside all the originals), and params_to_file(params, config)
   -> the family's tensors, so that a folder tinygpt saves loads in `transformers`;
 - file_name(canonical) -> the family's name of a parameter, and canonical_name(file name)
   -> the canonical one or None, for the commands that take a parameter's name.

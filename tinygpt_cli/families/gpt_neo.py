@@ -83,9 +83,9 @@ def params_from_file(tensors: dict, config: Config) -> dict:
     for name in param_shapes(config):
         pattern, i = pattern_of(name)
         if pattern == "layers.L.attn.W_QKV":
-            out[name] = np.concatenate([tensors[f].T for f in _qkv_files(i)], axis=-1)
+            out[name] = np.concatenate([tensors.pop(f).T for f in _qkv_files(i)], axis=-1)
             continue
-        a = tensors[file_name(name)]
+        a = tensors.pop(file_name(name))  # let go of the file's copy once ours is made
         out[name] = np.ascontiguousarray(a.T) if NAMES[pattern][1] else a
     return out
 

@@ -86,7 +86,7 @@ def params_from_file(tensors: dict, config: Config) -> dict:
 
     out = {}
     for name in param_shapes(config):
-        a = tensors[file_name(name)]
+        a = tensors.pop(file_name(name))  # let go of the file's copy once ours is made
         a = np.ascontiguousarray(a.T) if NAMES[pattern_of(name)[0]][1] else a
         out[name] = _grouped(a, config) if name.endswith("_QKV") else a
     return out

@@ -110,11 +110,11 @@ def params_from_file(tensors: dict, config: Config) -> dict:
         m = re.match(r"layers\.(\d+)\.attn\.([Wb])_QKV$", name)
         if m:
             kind = "weight" if m[2] == "W" else "bias"
-            pieces = [tensors[f] for f in _qkv_files(int(m[1]), kind)]
+            pieces = [tensors.pop(f) for f in _qkv_files(int(m[1]), kind)]
             out[name] = np.concatenate([p.T for p in pieces] if kind == "weight" else pieces,
                                        axis=-1)
             continue
-        a = tensors[file_name(name)]
+        a = tensors.pop(file_name(name))  # let go of the file's copy once ours is made
         out[name] = np.ascontiguousarray(a.T) if _transposed(name) else a
     return out
 
