@@ -377,9 +377,10 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def test_an_interrupted_build_resumes_to_the_same_index(run, tmp_path, monkeypatch):
-    """Ctrl-C mid-build keeps the finished chunks; the next build computes only the rest,
-    and the index equals one built in one go."""
+def _interrupted_build(run, tmp_path, monkeypatch):
+    """A why index of part-000 over the run's first two snapshots, its build stopped by
+    Ctrl-C after 8 windows (chunks of 4) in a cache under tmp_path/a: (index, snapshot files,
+    config, windows, the unfinished why_index)."""
     from tinygpt_cli.analysis import history as hist
     from tinygpt_cli.analysis.why_index import open_index
 
@@ -399,6 +400,15 @@ def test_an_interrupted_build_resumes_to_the_same_index(run, tmp_path, monkeypat
     first = open_index(index.key, files, config, n)
     with pytest.raises(KeyboardInterrupt):
         first.build(index.stream, config, workers=1, progress=stop_after_some, chunk=4)
+    return index, files, config, n, first
+
+
+def test_an_interrupted_build_resumes_to_the_same_index(run, tmp_path, monkeypatch):
+    """Ctrl-C mid-build keeps the finished chunks; the next build computes only the rest,
+    and the index equals one built in one go."""
+    from tinygpt_cli.analysis.why_index import open_index
+
+    index, files, config, n, first = _interrupted_build(run, tmp_path, monkeypatch)
     assert not first.complete and list(first.folder.glob("chunk-*.npz"))
     first.build(index.stream, config, workers=1, chunk=4)
     assert first.complete and 0 < first.built_now < 2 * n
@@ -475,25 +485,9 @@ def test_an_unfinished_why_index_trusts_no_unverified_piece(run, tmp_path, monke
     """An interrupted build whose chunk, projection and stream files were then damaged
     (junk, or cut short): the next build computes them again (no catch-all, no worker dying
     in its start, respawned for ever) and gives the index one build gives."""
-    from tinygpt_cli.analysis import history as hist
     from tinygpt_cli.analysis.why_index import open_index
 
-    model = load_model(run)
-    config = model.config
-    index = why.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
-                           run / "tokenizer.json")
-    n = len(why.windows(index.stream, config.n_positions)[0])
-    files = [s.path for s in hist.timeline(model, hist.find_snapshots(run / HISTORY))
-             if s.lr is not None][:2]
-
-    def stop_after_some(done, total):
-        if done >= 8:
-            raise KeyboardInterrupt
-
-    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "a"))
-    first = open_index(index.key, files, config, n)
-    with pytest.raises(KeyboardInterrupt):
-        first.build(index.stream, config, workers=1, progress=stop_after_some, chunk=4)
+    index, files, config, n, first = _interrupted_build(run, tmp_path, monkeypatch)
     (chunk, *_) = sorted(first.folder.glob("chunk-*.npz"))
     chunk.write_bytes(b"PK junk")
     (first.folder / "projection-0.npz").write_bytes(b"junk")

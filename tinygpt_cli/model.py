@@ -345,16 +345,14 @@ def feed_forward(params, config: Config, i: int, x: np.ndarray, hooks: Hook,
     """Card 6: act(x W_1 + b_1) W_2 + b_2, or gated: (act(x W_gate) * x W_in) W_out.
     [T, d] -> [T, ff] -> [T, d]"""
     p, L = f"layers.{i}.mlp.", f"layers.{i}."
-    act = config.act
-    pre = hooks(L + "mlp_pre", ops.linear(x, params[p + "W_gate"] if p + "W_gate" in params
-                                          else params[p + "W_in"], params.get(p + "b_in"),
-                                          per_text))
-    if p + "W_gate" in params:
+    if config.mlp == "gated":  # no biases: the config refuses a gated MLP with them
+        pre = hooks(L + "mlp_pre", ops.linear(x, params[p + "W_gate"], None, per_text))
         up = hooks(L + "mlp_up", ops.linear(x, params[p + "W_in"], None, per_text))
-        post = hooks(L + "mlp_post", ops.gated(pre, up, act))
+        post = hooks(L + "mlp_post", ops.gated(pre, up, config.act))
     else:
-        post = hooks(L + "mlp_post", ops.gelu(pre) if act == "gelu_new"
-                     else ops.ACTIVATIONS[act][0](pre))
+        pre = hooks(L + "mlp_pre", ops.linear(x, params[p + "W_in"], params.get(p + "b_in"),
+                                              per_text))
+        post = hooks(L + "mlp_post", ops.ACTIVATIONS[config.act][0](pre))
     return hooks(L + "mlp_out", ops.linear(post, params[p + "W_out"], params.get(p + "b_out"),
                                            per_text))
 
@@ -369,7 +367,7 @@ def feed_forward_backward(g: Gradients, i: int, dmlp_out: np.ndarray) -> np.ndar
     g.bias(p + "b_out", db)
     g.keep(L + "mlp_post", dpost)
     x = values[L + "ln2.out"]
-    if p + "W_gate" in g.params:
+    if g.config.mlp == "gated":
         dpre, dup = ops.gated_backward(dpost, values[L + "mlp_pre"], values[L + "mlp_up"], act)
         g.keep(L + "mlp_pre", dpre)
         g.keep(L + "mlp_up", dup)

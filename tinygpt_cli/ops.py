@@ -341,8 +341,8 @@ def silu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
     return dout * s * (1.0 + x * (1.0 - s))
 
 
-ACTIVATIONS = {"gelu_new": (lambda x: gelu(x), lambda d, x: gelu_backward(d, x)),
-               "gelu": (gelu_exact, gelu_exact_backward), "silu": (silu, silu_backward)}
+ACTIVATIONS = {"gelu_new": (gelu, gelu_backward), "gelu": (gelu_exact, gelu_exact_backward),
+               "silu": (silu, silu_backward)}  # config.act -> (forward, backward)
 
 
 def gated(gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
