@@ -491,6 +491,18 @@ def safetensors_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str] |
     return len(text).to_bytes(8, "little") + text + b"".join(chunks)
 
 
+def with_metadata(path: Path, extra: dict[str, str]) -> bytes:
+    """The safetensors file at `path` with `extra` merged into its metadata: the tensors' bytes
+    as they were (a snapshot stamped with the weights its run ended with stays the same
+    float16 weights)."""
+    header, _, _ = header_json(path)
+    tensors = map_safetensors(path)
+    if tensors is None:
+        raise WeightsError(f"{path} is not a readable safetensors file")
+    meta = header.get("__metadata__")
+    return safetensors_bytes(tensors, {**(meta if isinstance(meta, dict) else {}), **extra})
+
+
 @dataclass
 class Model:
     """Everything one weights folder holds, loaded and checked."""
