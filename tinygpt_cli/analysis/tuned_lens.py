@@ -24,7 +24,7 @@ from ..errors import InputError, WeightsError
 from ..files import write_atomically
 from ..hooks import RecordOnly, chained
 from ..model import forward, head_table, norm_weights, read_out
-from .sae import Adam
+from ..optim import SAE_BETAS, AdamW
 
 
 def stage_paths(config: Config) -> list[str]:
@@ -109,7 +109,7 @@ def fit(stages: list[np.ndarray], h_last: np.ndarray, params, config: Config, *,
     losses = []
     for i, h in enumerate(stages):
         params_i = {"A": tr.A[i], "b": tr.b[i]}
-        adam = Adam(lr)
+        adam = AdamW(params_i, betas=SAE_BETAS, weight_decay=0.0)
         for step in range(steps):
             rows = np.random.default_rng([seed, i, step]).integers(0, len(h), size=batch)
             logp_final = final_log_probs(h_last[rows], params, config)

@@ -24,6 +24,7 @@ from ..corpus import write_data_record
 from ..errors import InputError, RunError, WriteError
 from ..files import append_line, write_atomically
 from ..model import forward, init_params, loss_and_grads
+from ..optim import AdamW, clip_by_global_norm, lr_at
 from ..tokenizer import Tokenizer, save_tokenizer, train_tokenizer
 from ..weights import save_params
 from ..words import count
@@ -35,7 +36,6 @@ from .data import (
     random_windows,
     read_stories,
 )
-from .optim import AdamW, clip_by_global_norm, lr_at
 
 CHECKPOINT = "checkpoint.npz"
 LOG = "log.jsonl"
