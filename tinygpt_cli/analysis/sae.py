@@ -230,29 +230,23 @@ def sae_tensors(sae: SAE) -> dict[str, np.ndarray]:
 
 
 def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> None:
-    from safetensors.numpy import save
-
+    from ..weights import safetensors_bytes
     from .steer import metadata_strings
 
     info = {"site": sae.site, "k": str(sae.k), **metadata_strings(meta or {})}
-    write_atomically(Path(path), save(sae_tensors(sae), metadata=info))
+    write_atomically(Path(path), safetensors_bytes(sae_tensors(sae), info))
 
 
 def load_sae(path: str | Path, config: Config, weights_file: Path) -> SAE:
     """An SAE file, checked: the four tensors with agreeing shapes, finite, a known site (the
     one its file name says, when the name is a site), k, made for `weights_file`."""
-    from safetensors import safe_open
+    from ..weights import read_safetensors
 
     path = Path(path)
     if not path.is_file():
         raise InputError(f"no SAE file at {path}: train one with `tinygpt sae train --site "
                          "layers.1.resid_post`")
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = dict(f.metadata() or {})
-            t = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - no iter
-    except Exception as e:  # noqa: BLE001 - safetensors' own error type is not importable
-        raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
+    t, meta = read_safetensors(path)
     sae = check_sae(path, t, meta, config)
     check_made_for(path, meta, weights_file, "the SAE", f"train one for them with `tinygpt sae "
                    f"train --site {sae.site}`")

@@ -202,31 +202,24 @@ def tuned_stage_logits(trace, tr: Translators, params, config: Config
 
 
 def save_translators(path: str | Path, tr: Translators, meta: dict[str, str]) -> None:
-    from safetensors.numpy import save
-
+    from ..weights import safetensors_bytes
     from .steer import metadata_strings
 
     t = {f"A.{i}": np.ascontiguousarray(a, np.float32) for i, a in enumerate(tr.A)}
     t.update({f"b.{i}": np.ascontiguousarray(b, np.float32) for i, b in enumerate(tr.b)})
-    write_atomically(Path(path), save(t, metadata=metadata_strings(meta)))
+    write_atomically(Path(path), safetensors_bytes(t, metadata_strings(meta)))
 
 
 def load_translators(path: str | Path, config: Config, weights_file: Path) -> Translators:
     """The translators of a tuned lens file, checked: every stage's A [d, d] and b [d],
     finite, made for `weights_file` (madefor)."""
-    from safetensors import safe_open
-
     from ..madefor import check_made_for
+    from ..weights import read_safetensors
 
     path = Path(path)
     if not path.is_file():
         raise InputError(f"no tuned lens at {path}: fit one with `tinygpt lens --fit`")
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            t = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - no iter
-            meta = dict(f.metadata() or {})
-    except Exception as e:  # noqa: BLE001 - safetensors' own error type is not importable
-        raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
+    t, meta = read_safetensors(path)
     d = config.n_embd
     out = Translators([], [], str(path))
     for i in range(config.n_layer):
