@@ -8,6 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..schema import head_name
 from ..words import count
 from .quick_table import QuickTable
 from .tables import Fields, WhenStyled, colour, fmt
@@ -95,7 +96,7 @@ def layer_head_table(scores: dict[str, np.ndarray], labels: dict[str, str]) -> T
         t.add_column(labels.get(name, name), justify="right", no_wrap=True)
     for layer in range(n_layer):
         for h in range(n_head):
-            cells = [f"L{layer}H{h}"]  # the head's one short name (schema.head_name)
+            cells = [head_name(layer, h)]
             for arr in scores.values():
                 x = float(arr[layer, h])
                 level = min(max(x, 0.0), 1.0)
