@@ -312,7 +312,7 @@ def heads_view(r) -> Group:
 
     table, rep = r.table, r.repeat
     best = {k: np.unravel_index(np.argmax(v), v.shape) for k, v in table.items()}
-    notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} L{b[0]}H{b[1]} ({table[k][b]:.2f})"
+    notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} {head_name(*b)} ({table[k][b]:.2f})"
                                       for k, b in best.items()), style="dim")
     return Group(
         Text(f"heads  {r.n_layer} layers × {r.n_head} heads  on {count(r.texts, 'text')} from "
