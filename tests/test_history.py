@@ -143,7 +143,7 @@ def test_history_follows_a_value_and_a_parameter(cli, run):
 
 
 def test_history_heads_scores_match_a_naive_loop(cli, run):
-    from tinygpt_cli.model import trace
+    from tinygpt_cli.model import run_traced
 
     doc = cli("history", "The cat sat on the mat.", "--heads", "--json").json()
     prev, induction = np.asarray(doc["previous_token"]), np.asarray(doc["data"])
@@ -152,11 +152,11 @@ def test_history_heads_scores_match_a_naive_loop(cli, run):
     params = load_params(run / HISTORY / f"step-{snapshot_steps(STEPS, SNAPSHOTS)[0]:06d}"
                          ".safetensors", CFG(run))
     ids = np.asarray(doc["ids"])
-    grids = trace(params, CFG(run), ids)
+    grids = run_traced(params, CFG(run), ids)
     n = doc["induction_length"]
     repeated = heads.repeated_random_tokens(np.random.default_rng(doc["induction_seed"]),
                                             cfg.vocab_size, n, 4, cfg.bos_token_id)
-    rgrids = trace(params, CFG(run), repeated)
+    rgrids = run_traced(params, CFG(run), repeated)
     for layer in range(CFG(run).n_layer):
         for h in range(CFG(run).n_head):
             a = grids[f"layers.{layer}.heads.{h}.weights"]
