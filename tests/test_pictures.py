@@ -145,13 +145,53 @@ def test_an_existing_file_needs_force(cli, tmp_path):
 
 @pytest.mark.parametrize("name, needle", [
     ("nowhere/p.svg", "does not exist"),
-    ("p.png", "unknown extension '.png'"),
+    ("p.jpg", "unknown extension '.jpg'"),
     ("p", "unknown extension '(none)'"),
 ])
 def test_bad_save_paths_are_one_line_errors(cli, tmp_path, name, needle):
     r = cli("attn", TEXT, "--save", tmp_path / name)
     assert_one_error_line(r, 2, "--save", needle)
     assert list(tmp_path.iterdir()) == [] or name == "nowhere/p.svg"
+
+
+def test_png_is_the_svg_drawing_rasterised(cli, tmp_path):
+    """--save x.png draws what x.svg describes: its size in pixels, and every cell of the
+    attention grid filled, at its centre, with the colour the SVG gives it."""
+    pytest.importorskip("resvg_py")
+    r = cli("attn", TEXT, "--layer", 1, "--head", 1, "--save", tmp_path / "a.svg", "--quiet")
+    assert r.code == 0, r.err
+    r = cli("attn", TEXT, "--layer", 1, "--head", 1, "--save", tmp_path / "a.png", "--quiet")
+    assert r.code == 0, r.err
+    root = parse(tmp_path / "a.svg")
+    image = decode_png((tmp_path / "a.png").read_bytes())
+    assert image.shape[:2] == (round(float(root.get("height"))), round(float(root.get("width"))))
+    found = cells(root)
+    assert len(found) == TRIANGLE
+    parent = {child: node for node in root.iter() for child in node}
+    for cell in found:
+        x = float(cell.get("x")) + float(cell.get("width")) / 2
+        y = float(cell.get("y")) + float(cell.get("height")) / 2
+        node = cell
+        while node in parent:  # the groups' translate(dx dy) add up to the page position
+            node = parent[node]
+            m = re.fullmatch(r"translate\(([-\d.]+) ([-\d.]+)\)", node.get("transform", ""))
+            if m:
+                x, y = x + float(m[1]), y + float(m[2])
+        fill = cell.get("fill")
+        want = [int(fill[i:i + 2], 16) for i in (1, 3, 5)]
+        assert list(image[int(y), int(x), :3]) == want, (tip(cell), fill)
+
+
+def test_png_without_its_renderer_says_what_to_install(cli, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "resvg_py" else real(name, *a))
+    r = cli("attn", TEXT, "--save", tmp_path / "a.png")
+    assert_one_error_line(r, 2, "a PNG needs resvg, the png extra",
+                          'pip install "tinygpt-cli[png]"')
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_pictures_are_written_atomically(cli, tmp_path, monkeypatch):
