@@ -4,6 +4,8 @@ the perfect reconstruction, resuming, and the command's errors."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line, file_names
@@ -226,6 +228,19 @@ def test_sae_train_eval_and_feature_on_a_tiny_model(cli, data, tmp_path, monkeyp
     r = cli("sae", "feature", "3", "--sae", out, "--data", data, "--windows", "4", "--save",
             picture, "-q")
     assert r.code == 0 and r.out == "" and "latent 3" in picture.read_text()
+    # each top context is highlighted text (no heatmap row), its hover values the JSON's
+    svg = picture.read_text()
+    drawn = re.findall(r"<title>position (\d+) (\S*) = ([-\d.e]+)</title>", svg)
+    want = [(c["position"], c["acts"]) for c in doc["contexts"]]
+    at = 0
+    for peak, acts in want:
+        lo, hi = max(0, peak - 10), peak + 11
+        shown = drawn[at:at + len(acts[lo:hi])]
+        assert [int(i) for i, _, _ in shown] == list(range(lo, lo + len(shown)))
+        np.testing.assert_allclose([float(v) for *_, v in shown], acts[lo:hi], rtol=1e-5,
+                                   atol=1e-6)
+        at += len(shown)
+    assert at == len(drawn) and " · column " not in svg  # no heatmap cell
 
 
 def test_sae_errors(cli, tmp_path):

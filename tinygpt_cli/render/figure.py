@@ -59,7 +59,8 @@ class Highlight:
     """A text in reading order, each token on a background as strong as its value (0 or
     less: none; `hi`, default the largest: the full colour), its exact value on hover; lines
     wrap between tokens. `tokens` are the model's token strings (a picture of the text, so
-    spaces are drawn as spaces)."""
+    spaces are drawn as spaces). `start`: the position of the first token (an excerpt of a
+    longer text names its tokens' positions in that text)."""
 
     tokens: list[str]
     values: np.ndarray
@@ -67,6 +68,7 @@ class Highlight:
     path: str = ""
     hi: float | None = None
     note: str = ""
+    start: int = 0
 
 
 @dataclass(frozen=True)

@@ -266,7 +266,7 @@ def highlight(h: Highlight, max_width: float = 720) -> Block:
         cw = width_of(shown) + 2 * pad
         if x > 0 and x + cw > max_width:
             x, y = 0.0, y + LINE + 4
-        tip = esc(f"position {i} {show_token(token)} = {exact_vals[i]}")
+        tip = esc(f"position {h.start + i} {show_token(token)} = {exact_vals[i]}")
         out.append(f'<rect class="cell" x="{num(x)}" y="{num(y)}" width="{num(cw)}" '
                    f'height="{LINE}" fill="{fills[i]}"><title>{tip}</title></rect>')
         out.append(text(x + pad, y + 13, shown, extra=' xml:space="preserve"'))
