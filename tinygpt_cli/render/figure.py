@@ -87,6 +87,24 @@ class Bars:
 
 
 @dataclass(frozen=True)
+class Curve:
+    """y against x as a line through the computed points (each with its exact value on
+    hover), a dashed line at each of `levels` (y, label), and `marks` (x, y, label) drawn as
+    rings: a circuit's faithfulness f(N) over the edges kept, say. `shown` spells a point's
+    y as the terminal does (default: tables.fmt)."""
+
+    x: list[float]
+    y: list[float]
+    title: str = ""
+    path: str = ""
+    x_name: str = "x"
+    y_name: str = "y"
+    levels: list[tuple[float, str]] = ()
+    marks: list[tuple[float, float, str]] = ()
+    shown: object = None
+
+
+@dataclass(frozen=True)
 class Table:
     """A table of strings and numbers; numbers are shown rounded, their exact value on hover."""
 

@@ -18,6 +18,7 @@ import numpy as np
 from ..words import count
 from .figure import (
     Bars,
+    Curve,
     Facts,
     Figure,
     Flow,
@@ -324,6 +325,61 @@ def bars(b: Bars) -> Block:
     return Block("\n".join(out), w, h)
 
 
+def curve(c: Curve, width: float = 440, height: float = 200) -> Block:
+    """The points joined by a line in a framed plot, y from min(0, y) to max(1, y) so that a
+    fraction reads against its 0 and 1; x from its least to its largest value."""
+    xs, ys = np.asarray(c.x, np.float64), np.asarray(c.y, np.float64)
+    show = c.shown or fmt
+
+    def _x(x: float) -> str:  # a count (edges kept) as a whole number
+        return str(int(x)) if float(x).is_integer() else fmt(x)
+
+    lo, hi = min(0.0, float(ys.min(initial=0.0))), max(1.0, float(ys.max(initial=1.0)))
+    x_lo, x_hi = float(xs.min(initial=0.0)), float(xs.max(initial=1.0))
+    info = f"{c.path + '  ' if c.path else ''}{c.y_name} against {c.x_name}, " \
+           f"{count(len(xs), 'point')}"
+    out, top = heading(c.title, info, after=22)
+    left = max(width_of(show(lo)), width_of(show(hi))) + 10
+
+    def px(x: float) -> float:
+        return left + (x - x_lo) / ((x_hi - x_lo) or 1.0) * width
+
+    def py(y: float) -> float:
+        return top + height - (y - lo) / ((hi - lo) or 1.0) * height
+
+    out.append(f'<rect x="{num(left)}" y="{num(top)}" width="{num(width)}" '
+               f'height="{num(height)}" fill="none" stroke="#d0d7de"/>')
+    for y in sorted({lo, 0.0, 1.0, hi}):  # lo <= 0 and 1 <= hi
+        out.append(text(left - 6, py(y) + 4, show(y), fill=DIM, anchor="end", size=11))
+    for x in (x_lo, x_hi):
+        out.append(text(px(x), top + height + 14, _x(x), fill=DIM, anchor="middle", size=11))
+    out.append(text(left + width / 2, top + height + 30, c.x_name, fill=DIM, anchor="middle",
+                    size=11))
+    label_w = 0.0
+    for y, label in c.levels:
+        out.append(f'<line x1="{num(left)}" x2="{num(left + width)}" y1="{num(py(y))}" '
+                   f'y2="{num(py(y))}" stroke="{DIM}" stroke-width="0.8" stroke-dasharray="4 3"/>')
+        out.append(text(left + width + 6, py(y) + 4, label, fill=DIM, size=11))
+        label_w = max(label_w, width_of(label, 11) + 6)
+    line = " ".join(f"{num(px(x))},{num(py(y))}" for x, y in zip(xs, ys, strict=True))
+    out.append(f'<polyline points="{line}" fill="none" stroke="#2f81f7" stroke-width="1.5"/>')
+    for x, y in zip(xs, ys, strict=True):
+        tip = esc(f"{c.x_name} {_x(x)}: {c.y_name} = {show(y)}")
+        out.append(f'<circle class="point" cx="{num(px(x))}" cy="{num(py(y))}" r="2.5" '
+                   f'fill="#2f81f7"><title>{tip}</title></circle>')
+    for k, (x, y, label) in enumerate(c.marks):
+        out.append(f'<circle class="mark" cx="{num(px(x))}" cy="{num(py(y))}" r="6" '
+                   f'fill="none" stroke="#cf222e" stroke-width="1.5"><title>'
+                   f'{esc(f"{label}: {c.x_name} {_x(x)}, {c.y_name} = {show(y)}")}</title>'
+                   '</circle>')
+        out.append(text(left, top + height + 48 + 16 * k, f"◯ {label}: {c.x_name} {_x(x)}, "
+                        f"{c.y_name} {show(y)}", fill="#cf222e", size=11))
+    h = top + height + 38 + 16 * len(c.marks) + (10 if c.marks else 0)
+    marks_w = max((width_of(f"◯ {lb}: {c.x_name} {_x(x)}, {c.y_name} {show(y)}", 11)
+                   for x, y, lb in c.marks), default=0.0)
+    return Block("\n".join(out), max(left + width + label_w, width_of(info, 11), marks_w), h)
+
+
 def cell_text(v) -> str:
     if isinstance(v, bool | str) or v is None:
         return "" if v is None else str(v)
@@ -442,6 +498,8 @@ def block(part) -> Block:
         return bars(part)
     if isinstance(part, Highlight):
         return highlight(part)
+    if isinstance(part, Curve):
+        return curve(part)
     if isinstance(part, Table):
         return table(part)
     if isinstance(part, Note):
