@@ -154,6 +154,48 @@ def test_bad_save_paths_are_one_line_errors(cli, tmp_path, name, needle):
     assert list(tmp_path.iterdir()) == [] or name == "nowhere/p.svg"
 
 
+def test_a_long_texts_grid_stays_readable(cli, tiny, tmp_path):
+    """128 tokens: labels of at least 9 px that do not overlap, the last token labelled, every
+    token on hover, a page that fits 1,200 px, and a scale under which a weight of 2/T does
+    not look like one of 1/T (sqrt: the legend says so)."""
+    from tinygpt_cli.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_file(Path(tiny.folder) / "tokenizer.json")
+    text = tok.decode(tok.encode(" ".join(["Lily wanted to play with her ball."] * 30))[:128])
+    assert len(tok.encode(text)) == 128
+    out = tmp_path / "long.svg"
+    r = cli("attn", text, "--layer", 0, "--head", 0, "--save", out, "--quiet")
+    assert r.code == 0, r.err
+    root = parse(out)
+    assert float(root.get("width")) <= 1200
+    for cls, axis in (("row", "y"), ("col", "x")):
+        shown = [e for e in root.iter(NS + "text") if e.get("class") == cls]
+        sizes = {float(e.get("font-size")) for e in shown}
+        assert min(sizes) >= 9, sizes
+        at = [float(e.get(axis)) for e in shown]
+        assert min(np.diff(at)) >= min(sizes), "labels overlap"
+        assert len(shown) >= 128 // 2
+    found = cells(root)
+    assert len(found) == 128 * 129 // 2
+    ends = [tip(c) for c in found if tip(c)[0] == 127]
+    assert [e[2] for e in ends] == list(range(128)) and all(e[1] for e in ends)
+    assert labels(root, "row")[-1] == ends[0][1]  # the last token has its label
+    info = " ".join(e.text for e in root.iter(NS + "text"))
+    assert "colour ∝ value^0.5" in info
+    by_value = {}
+    for c in found:
+        by_value.setdefault(round(float(tip(c)[4]), 2), c.get("fill"))
+    small = sorted(v for v in by_value if v > 0)
+    assert len({by_value[v] for v in small[:5]}) == 5  # the smallest weights differ in colour
+
+
+def test_all_heads_wrap_to_fit_1200_px(cli, tmp_path):
+    text = " ".join(["Lily wanted to play with her ball."] * 6)
+    out = tmp_path / "heads.svg"
+    assert cli("attn", text, "--all-heads", "--save", out, "--quiet").code == 0
+    assert float(parse(out).get("width")) <= 1200
+
+
 def test_png_is_the_svg_drawing_rasterised(cli, tmp_path):
     """--save x.png draws what x.svg describes: its size in pixels, and every cell of the
     attention grid filled, at its centre, with the colour the SVG gives it."""

@@ -40,7 +40,8 @@ class Heatmap:
     The colour scale runs from lo to hi (default: the finite range); when the values have both
     signs and no bounds are given, or `signed` is set (a signed quantity, such as a share of a
     logit, whose 0 must look neutral even when every value has one sign), it is diverging and
-    centred on 0."""
+    centred on 0. `gamma` < 1 bends a one-signed scale so that small values separate: the
+    colour of v is ((v - lo) / (hi - lo)) ** gamma (the legend says so)."""
 
     grid: np.ndarray
     row_labels: list[str]
@@ -52,6 +53,7 @@ class Heatmap:
     masked: np.ndarray | None = None
     note: str = ""
     signed: bool = False
+    gamma: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,9 @@ def value_figure(path: str, value, tokens: list[str], title: str = "", note: str
                   + " ".join(token_labels(tokens)))
 
 
+LONG_GRID = 32  # tokens: from here an attention grid's colours follow sqrt(weight)
+
+
 def attention_figure(path: str, grids: np.ndarray, tokens: list[str], *,
                      scores: bool = False) -> Figure:
     """Attention grids, T × T (one head) or H × T × T (every head of a block, side by side):
@@ -224,11 +229,13 @@ def attention_figure(path: str, grids: np.ndarray, tokens: list[str], *,
     labels = token_labels(tokens)
     lo, hi = (None, None) if scores else (0.0, 1.0)
     mask = causal_mask(len(labels))
+    # a long text's weights are mostly near 1/T: on a linear scale every cell looks alike
+    gamma = 0.5 if not scores and len(labels) > LONG_GRID else 1.0
     if grids.ndim == 2:
-        body = Heatmap(grids, labels, labels, path=path, lo=lo, hi=hi, masked=mask)
+        body = Heatmap(grids, labels, labels, path=path, lo=lo, hi=hi, masked=mask, gamma=gamma)
     else:
         body = Row([Heatmap(g, labels, labels, title=f"head {h}", path=f"{path}[{h}]", lo=lo,
-                            hi=hi, masked=mask) for h, g in enumerate(grids)])
+                            hi=hi, masked=mask, gamma=gamma) for h, g in enumerate(grids)])
     note = ("masked, scaled scores QK^T/sqrt(d_k); blank above the diagonal (-inf)" if scores
             else "rows: the token looking; columns: the tokens it looks at; each row sums to 1")
     return Figure(path, [body, Note(note, "dim")], subtitle=f"{shape_text(grids.shape)} for "
