@@ -33,7 +33,9 @@ def run(command: str) -> str:
     """What a terminal shows for the command: stdout and stderr interleaved as written (the
     `error:` lines included), at 100 columns, from the repository root, so paths print
     relative to it and nothing of this machine's layout reaches the README."""
-    env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}
+    # a terminal's progress bar vanishes when the work ends: no progress lines, as it shows
+    env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb",
+           "TINYGPT_PROGRESS": "0"}
     env.pop("TINYGPT_WEIGHTS", None)
     out = subprocess.run(["bash", "-o", "pipefail", "-c", command], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, env=env, check=False,
