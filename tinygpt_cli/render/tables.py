@@ -397,7 +397,9 @@ def info_view(info):
                          for k, v in info.tokenizer["special_tokens"].items())
     return Group(
         Text("configuration", style="bold underline"), t, Text(""), p, Text(""),
-        Text(f"weights   {escape_line(typed_path(info.weights_file))}"),
+        # the shipped model said so, not where pip put it (--json has the path)
+        Text("weights   the shipped model.safetensors (--json: its path)" if info.shipped
+             else f"weights   {escape_line(typed_path(info.weights_file))}"),
         Text(f"sha256    {info.sha256}"),
         Text(f"tokenizer {info.tokenizer['vocab_size']:,} tokens; special: {specials}"),
     )
