@@ -145,7 +145,10 @@ main(["info"])
 def with_pty_stderr(argv: list[str], env: dict, *, interrupt_after_output: bool = False):
     """Run with stderr on a pseudo-terminal (so the fresh line is due) and stdout a pipe."""
     leader, follower = pty.openpty()
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=follower, env=env)
+    # Ctrl-C as in a foreground terminal: a shell runs a background job (`pytest ... &`) with
+    # SIGINT ignored, which its children would inherit and, as they should, keep
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=follower, env=env,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(follower)
     if interrupt_after_output:
         assert p.stdout.read(1)  # the command is running: past start-up
