@@ -295,6 +295,7 @@ def shipped_pair(model, clean: str, corrupt: str) -> C.Pair:
     return C.prepare(model.params, model.config, a, b, t, v)
 
 
+@pytest.mark.slow
 @shipped
 def test_eap_follows_exact_and_eap_ig_the_mean_of_both_oracles():
     """Spearman correlation of each method's 479 edge scores with the exact oracles, per pair,
@@ -541,6 +542,7 @@ def test_erasure_ranks_only_tokens_up_to_the_position(tiny_params, tiny_config):
                                 abs=1e-10)
 
 
+@pytest.mark.slow
 @shipped
 def test_integrated_gradients_beat_random_orders_on_the_shipped_model():
     """On every text, erasing IG's top tokens lowers the score more than random orders do

@@ -27,6 +27,7 @@ def shipped():
     return load_model()
 
 
+@pytest.mark.slow
 def test_greedy_cached_equals_uncached_over_300_tokens_on_the_shipped_model(shipped):
     # 6 + 300 tokens: the window slides 178 times past the 128-token context.
     p, c = shipped.params, shipped.config

@@ -150,6 +150,7 @@ def test_score_bad_input(cli, args, needle):
     assert_one_error_line(cli("score", *args), 2, needle)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(DATA is None, reason="no TinyStories data beside the checkout")
 def test_score_stream_reproduces_the_training_codes_validation_loss(capsys, monkeypatch):
     """The model card's figure is train.loop.evaluate on part-005; score --stream must give it."""
