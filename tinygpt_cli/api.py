@@ -10,7 +10,8 @@
 
 Every command of `tinygpt --help` is a method of the model, named as the command (`final-norm`
 is `final_norm`, `sae feature` is `sae_feature`), taking the command's arguments by position
-and its options by their Python names (`--all-heads` is `all_heads=True`): it runs the command
+and its options by their words (`--all-heads` is `all_heads=True`, `--sum` is `sum=True`; the
+Python names of the command's function work too): it runs the command
 itself (calls.argv spells the command line; nothing here knows one command from another) and
 returns a Result, whose `.document` is what the command's --json prints and which a notebook
 shows as the picture its --save writes (`_repr_svg_`, `_repr_html_`; no network).
@@ -32,10 +33,19 @@ from .errors import InputError
 from .trace import Trace
 
 
-def load(weights: str | Path | None = None) -> HookedModel:
+def load(weights: str | Path | None = None, threads: int | None = None) -> HookedModel:
     """The model of a weights folder, as `--weights` names it (None: $TINYGPT_WEIGHTS, then
-    the shipped model), loaded once; its commands reuse it."""
+    the shipped model), loaded once; its commands reuse it. The math runs on `threads`
+    threads, as the command line's does (default: one, or $TINYGPT_THREADS; the BLAS
+    variables when set), so that its numbers are the command line's bit for bit."""
+    import os
+
+    from . import threads as pools
     from .weights import load_model
+
+    n = pools.chosen(threads)
+    if n is not None or not any(v in os.environ for v in pools.BLAS_VARS):
+        pools.use(n or pools.DEFAULT)
 
     opened: dict = {}
     return HookedModel(load_model(weights, opened=opened), weights, opened)
@@ -141,7 +151,9 @@ class HookedModel:
         if len(arguments) > len(positional):
             raise InputError(f"{name} takes {len(positional)} arguments "
                              f"({', '.join(positional)}), not {len(arguments)}")
-        given = {**dict(zip(positional, arguments, strict=False)), **options}
+        words = {p.word: p.name for p in params}  # --sum's word or its Python name (total)
+        given = {**dict(zip(positional, arguments, strict=False)),
+                 **{words.get(k, k): v for k, v in options.items()}}
         args = calls.argv(name, params, given)
         context = RunContext(weights=self.weights, opened=self.opened, presented=[])
         _run(args, context)

@@ -34,6 +34,12 @@ class Param:
     minimum: float | None = None
     maximum: float | None = None
 
+    @property
+    def word(self) -> str:
+        """The name as --help spells it: the option's word (--all-heads: all_heads, --from:
+        from), an argument's own name (text)."""
+        return self.name if self.option is None else self.option[2:].replace("-", "_")
+
 
 @functools.cache
 def group():
