@@ -221,9 +221,10 @@ class Picture:
         return self.svg()
 
     def _repr_html_(self) -> str:
-        height = _svg_height(self.svg()) + 140  # the page's heading and footer
-        return (f'<iframe srcdoc="{html_text.escape(self.html(), quote=True)}" '
-                f'style="width: 100%; height: {height}px; border: 0" '
+        height = _svg_height(self.svg()) + 200  # the page's heading and footer, until the
+        fit = "this.style.height = this.contentDocument.documentElement.scrollHeight + 'px'"
+        return (f'<iframe srcdoc="{html_text.escape(self.html(), quote=True)}" '  # page's known
+                f'style="width: 100%; height: {height}px; border: 0" onload="{fit}" '
                 f'title="{html_text.escape(self.figure.title, quote=True)}"></iframe>')
 
     def save(self, path: str | Path, force: bool = False) -> None:
