@@ -151,6 +151,18 @@ def test_results_are_kept_not_printed_and_pictures_only_where_drawn(models, caps
     assert "n_layer" in capsys.readouterr().out
 
 
+def test_a_result_saves_what_it_shows_and_never_over_a_file_unasked(models, tmp_path):
+    result = models["neox"].lens(TEXT)
+    result.save(tmp_path / "lens.svg")
+    assert (tmp_path / "lens.svg").read_text(encoding="utf-8") == result._repr_svg_()
+    with pytest.raises(InputError, match=r"lens.svg: the file exists; add --force to "
+                                         r"overwrite it$"):
+        result.save(tmp_path / "lens.svg")
+    result.save(tmp_path / "lens.svg", force=True)
+    with pytest.raises(InputError, match="^info draws no picture$"):
+        models["neox"].info().save(tmp_path / "info.svg")
+
+
 def test_bad_input_raises_the_command_lines_message(models, folders):
     with pytest.raises(InputError) as e:
         models["gpt2"].attn(TEXT, layer=9)

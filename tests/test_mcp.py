@@ -56,7 +56,8 @@ def served(tiny):
         results = [await client.call_tool(tool, args) for tool, args, _ in CALLS]
         bad = await client.call_tool("attn", {"text": TEXT, "layer": 9})
         left = await client.call_tool("why", {"text": TEXT})
-        return listed, results, bad, left
+        no_text = await client.call_tool("attn", {})  # no stdin to read it from
+        return listed, results, bad, left, no_text
 
     return session(tiny.folder, work)
 
@@ -94,9 +95,10 @@ def test_a_tools_result_is_the_command_lines_json(served, tiny, i):
 
 
 def test_bad_input_is_the_command_lines_error_line(served, tiny):
-    bad, left = served[2], served[3]
+    bad, left, no_text = served[2], served[3], served[4]
     out = run_cli(tiny.folder, "attn", TEXT, "--layer", "9")
     assert bad.is_error and bad.content[0].text + "\n" == out.stderr
+    assert no_text.is_error and no_text.content[0].text.startswith("error: the text is empty")
     assert left.is_error
     assert left.content[0].text.startswith("error: why is not a tool here: it builds a gradient "
                                            "index of every training window")

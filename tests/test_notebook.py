@@ -103,6 +103,13 @@ def test_a_cells_picture_and_numbers_are_the_command_lines(cells, tmp_path, line
         assert json.loads(text) == printed(document)
 
 
+def test_the_notebook_is_what_its_script_writes(tmp_path):
+    written = tmp_path / "tour.ipynb"
+    subprocess.run([sys.executable, str(TOUR.parent / "make_tour.py"), str(written)],
+                   check=True, timeout=60)
+    assert written.read_bytes() == TOUR.read_bytes()
+
+
 def test_the_inputs_and_the_sample_are_the_command_lines(cells):
     encoded = json.loads(tinygpt("encode", TEXT, "--json"))
     cell = _cell(cells, "encoded = model.encode(text)")

@@ -300,5 +300,7 @@ class Result:
                 show=p.show)
 
     def __repr__(self) -> str:
-        drawn = "; shows its picture" if self.presented.figure is not None else ""
-        return f"<tinygpt {self.command}: a document of {', '.join(self.keys())}{drawn}>"
+        keys = list(self.keys())
+        shown = ", ".join(keys[:6]) + (f", ... ({len(keys)} fields)" if len(keys) > 6 else "")
+        drawn = "; shown as its picture" if self.presented.figure is not None else ""
+        return f"<tinygpt {self.command} result: {shown}{drawn}>"
