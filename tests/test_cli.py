@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from tinygpt_cli.cli import app
 from tinygpt_cli.cli.app import _register
 from tinygpt_cli.config import Config, load_config
-from tinygpt_cli.model import trace
+from tinygpt_cli.model import run_traced
 from tinygpt_cli.render.text import show_text, show_token
 from tinygpt_cli.sampling import create_rng, probabilities, sample
 from tinygpt_cli.weights import SHIPPED, load_model
@@ -331,6 +331,7 @@ def test_weights_option_wins_over_the_environment(cli, tiny, monkeypatch, tmp_pa
     monkeypatch.setenv("TINYGPT_WEIGHTS", str(tmp_path / "nowhere"))
     doc = ok_json(cli("info", "--weights", tiny.folder, "--json"))
     assert doc["weights_file"] == str((tiny.folder / "model.safetensors").resolve())
+    assert doc["shipped"] is False
     r = cli("info")
     assert r.code == 2 and "nowhere" in r.err
 
@@ -803,6 +804,10 @@ def test_shipped_tokenizer_and_model(on_shipped, shipped_model):
     assert info["config"]["n_embd"] == cfg.n_embd and info["config"]["n_layer"] == cfg.n_layer
     assert info["tokenizer"]["vocab_size"] == cfg.vocab_size
     assert info["weights_file"] == str((SHIPPED / "model.safetensors").resolve())
+    assert info["shipped"] is True
+    # the view names the shipped model, never where it was installed (the README's block is
+    # the same on every machine)
+    assert "weights   the shipped model.safetensors (--json: its path)\n" in on_shipped("info").out
     facts = ok_json(on_shipped("review", TEXT, "--json"))["facts"]
     assert facts == {"T": 6, "d": cfg.n_embd, "L": cfg.n_layer, "heads": cfg.n_head,
                      "d_k": cfg.d_k, "ffn": cfg.n_inner, "vocab": cfg.vocab_size,
@@ -820,7 +825,7 @@ def test_shipped_values_are_well_formed(on_shipped, shipped_model):
     np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
     assert np.allclose(np.triu(w, 1), 0)
     doc = ok_json(on_shipped("trace", TEXT, "logits[-1]", "--json"))
-    tr = trace(shipped_model.params, cfg, np.asarray(TEXT_IDS))
+    tr = run_traced(shipped_model.params, cfg, np.asarray(TEXT_IDS))
     np.testing.assert_array_equal(np.asarray(doc["data"], np.float32), tr.get("logits")[-1])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -194,13 +195,13 @@ def test_the_rotary_angles_the_pos_card_shows_are_the_turn_of_each_pair():
     """Turning a head vector with a 1 at i (and 0 at i + r) by ops.rotary at position t
     leaves (cos a, sin a) in (i, i + r): a is the angle `rotary_angles` lists."""
     from tinygpt_cli import ops
-    from tinygpt_cli.model import trace
+    from tinygpt_cli.model import run_traced
 
     config = Config(n_embd=16, n_layer=1, n_head=2, n_inner=8, vocab_size=11, n_positions=9,
                     positions="rotary", rotary_dim=4, rotary_base=100.0, norm="rms",
                     model_type="llama", mlp="gated", act="silu", mlp_bias=False)
     params = random_params(config, seed=3)
-    angles = trace(params, config, np.arange(9) % 11)["rotary_angles"]  # [T, r]
+    angles = run_traced(params, config, np.arange(9) % 11)["rotary_angles"]  # [T, r]
     assert angles.shape == (9, 2)
     for i in range(2):
         x = np.zeros((9, 8))
@@ -210,3 +211,28 @@ def test_the_rotary_angles_the_pos_card_shows_are_the_turn_of_each_pair():
         np.testing.assert_allclose(np.sin(angles[:, i]), turned[:, i + 2], atol=1e-12)
         np.testing.assert_array_equal(turned[:, 4:], 0.0)  # past the rotary part: unturned
     np.testing.assert_allclose(angles[5], 5 * 100.0 ** (-np.arange(2) / 2))
+
+
+def test_the_review_page_says_what_each_family_computes(cli):
+    """The page's cards follow the block: GPT-2's are the seed page's own; the rotary,
+    parallel NeoX lesson model and the RMSNorm, gated, rotary Llama one say what they do
+    instead, each card's path holding a value of that model."""
+    from tinygpt_cli.page import CARDS
+
+    root = Path(__file__).resolve().parent.parent / "weights"
+    cards = {}
+    for name in ("", "neox", "llama"):
+        doc = cli("review", "Lily wanted to play", "--weights", root / name, "--json").json()
+        cards[name] = {c["number"]: c for c in doc["cards"]}
+    assert [(c["formula"], c["path"]) for c in cards[""].values()] == \
+        [(c.formula, c.path) for c in CARDS]
+    neox, llama = cards["neox"], cards["llama"]
+    assert neox[3]["path"] == llama[3]["path"] == "rotary_angles"
+    assert neox[3]["shape"] == [4, 3] and llama[3]["shape"] == [4, 12]  # pairs turned
+    assert neox[4]["formula"] == "x + Attn(LayerNorm(x)) + MLP(LayerNorm(x))"
+    assert llama[4]["formula"] == "x + Sublayer(RMSNorm(x))"
+    assert llama[6]["formula"] == "(SiLU(x W_gate) * (x W_in)) W_out"
+    assert neox[6]["formula"] == "GELU(x W_1 + b_1) W_2 + b_2"  # the erf form: its detail
+    assert llama[8]["formula"] == "u = RMSNorm(h^(L))" and neox[8]["formula"] == \
+        "u = LayerNorm(h^(L))"
+    assert neox[9]["formula"] == "z = u W_U^T" and llama[9]["formula"] == "z = u W_E^T"

@@ -109,8 +109,9 @@ STEER_OPTIONS = {
 # (render/output.py writes the pictures; --quiet is held in the command's run context).
 
 SAVE = typer.Option(None, "--save", callback=checked_save, show_default=False, metavar="FILE",
-                    help="Also write the picture to FILE: .svg (a vector drawing) or .html "
-                    "(one self-contained web page), by the extension.")
+                    help="Also write the picture to FILE: .svg (a vector drawing), .html "
+                    "(one self-contained web page) or .png (an image; the png extra), by the "
+                    "extension.")
 FORCE = typer.Option(False, "--force", help="Let --save overwrite an existing file.")
 FORCE_FILE = typer.Option(False, "--force", help="Overwrite a file that exists, a shipped one too.")
 QUIET = typer.Option(False, "--quiet", "-q",
@@ -118,13 +119,14 @@ QUIET = typer.Option(False, "--quiet", "-q",
 
 
 def bar(as_json: bool):
-    """bar(total, description): the progress bars the analyses' slow steps ask for; none
-    with --json; where stderr is not a terminal, a line every 5 s once a step has run that
-    long (quick steps print nothing)."""
+    """bar(total, description): the progress bars the analyses' slow steps ask for, on
+    stderr (with --json too: stdout keeps the one document); where stderr is not a
+    terminal, a line once a step has run a second, then every 5 s (steps under a second
+    print nothing)."""
     from ..render.text import escape_line
 
     return lambda total, description: progress(total, escape_line(description),
-                                               enabled=not as_json, pipe_every=5)
+                                               pipe_every=5)
 
 
 def figures(module: str = "analysis_pictures"):
