@@ -99,7 +99,8 @@ def test_a_cells_picture_and_numbers_are_the_command_lines(cells, tmp_path, line
         == page.read_text(encoding="utf-8")
     assert "<script src" not in data["text/html"] and "https://" not in data["text/html"]
     if printed is not None:
-        text = "".join(o.text for o in cell.outputs if o.output_type == "stream")
+        text = "".join(o.text for o in cell.outputs if o.output_type == "stream"
+                       and o.name == "stdout")
         assert json.loads(text) == printed(document)
 
 
