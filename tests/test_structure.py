@@ -7,6 +7,7 @@ have their limits.)"""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import pkgutil
 from pathlib import Path
@@ -145,6 +146,8 @@ def _imported(root: Path, path: Path, modules: set[str]) -> set[str]:
             for alias in node.names:
                 if f"{where}.{alias.name}" in modules:
                     add(f"{where}.{alias.name}")
+                elif alias.name in _lazy(root, where):  # tinygpt_cli.load: api's
+                    add(f"{where}.{_lazy(root, where)[alias.name]}")
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(
                 node.func, "id", None)) == "import_module" and node.args \
                 and isinstance(node.args[0], ast.Constant):
@@ -152,6 +155,19 @@ def _imported(root: Path, path: Path, modules: set[str]) -> set[str]:
             dots = len(target) - len(target.lstrip("."))
             add(".".join(relative(dots, target[dots:] or None)) if dots else target)
     return found & modules
+
+
+@functools.cache
+def _lazy(root: Path, package: str) -> dict[str, str]:
+    """A package's LAZY table (name -> the module of it that defines it, imported when the
+    name is first asked for: tinygpt_cli/__init__.py), read from its __init__.py."""
+    init = root.parent.joinpath(*package.split("."), "__init__.py")
+    if not init.is_file():
+        return {}
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["LAZY"]:
+            return ast.literal_eval(node.value)
+    return {}
 
 
 def layer_violations(root: Path) -> set[str]:
@@ -216,6 +232,8 @@ PLANTED = [
     ("render/texts.py", "def _f():\n    from ..analysis.score import DRAWN_TOKENS\n"
      "    return DRAWN_TOKENS", "render", "model"),  # a constant of what runs the model
     ("render/cards.py", "from .. import session", "render", "session"),
+    ("render/svg.py", "def _f():\n    from .. import load\n    return load", "render",
+     "session"),  # the package's lazy name: its module (api) opens sessions
     ("render/heads.py", "import importlib\n_m = importlib.import_module('..ahead', "
      "__package__)", "render", "ahead"),
     ("session.py", "def _f():\n    from .ahead import Ahead\n    return Ahead", "session",

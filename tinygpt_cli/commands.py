@@ -73,6 +73,8 @@ LISTED: dict[str, tuple[str, str]] = {
     "train": ("train", "Train the model in NumPy; OUT becomes a weights folder holding the best "
                        "checkpoint."),
     "model-card": ("train", "Write MODEL_CARD.md and loss_curve.svg for a trained weights folder."),
+    "mcp": ("agents", "Serve the commands to an agent as MCP tools over stdio (the mcp "
+                      "extra)."),
     "sae": ("features", "Sparse autoencoders: train one on a site, evaluate it on held-out text, "
                         "show a latent."),
 }

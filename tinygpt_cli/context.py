@@ -12,7 +12,9 @@ commands with contexts of its own:
     from tinygpt_cli.entry import run
     run(["probs", "Lily wanted to", "--json"], context=RunContext(weights="my-weights"))
 
-(`run` ends with SystemExit and the exit code, as the command line does.)
+(`run` ends with SystemExit and the exit code, as the command line does.) With `presented=[]`
+a command prints nothing: its result is kept there (render.output.Presented), which is how
+`tinygpt_cli.api` gives the commands to Python as functions.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ class RunContext:
     steerings: dict = field(default_factory=dict)
     said: list = field(default_factory=list)
     given: frozenset = frozenset()  # the command's options given on the command line
+    # a list: present() (render/output.py) appends each result there instead of printing it
+    # (the notebook API, tinygpt_cli/api.py, runs the commands with one)
+    presented: list | None = None
 
     def for_command(self, command: str | None, steer: SteerOptions | None,
                     quiet: bool = False) -> RunContext:

@@ -13,6 +13,7 @@ whatever it raises turned into the output contract's one `error: ...` line and e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -189,7 +190,8 @@ def run(argv: list[str] | None = None, context=None) -> None:
         command = click_command(app, name, listing=SUMMARIES if listing else None)
         if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, signal.default_int_handler):
             # From here a Ctrl-C is a KeyboardInterrupt again, so that `finally` blocks run.
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            with contextlib.suppress(ValueError):  # not the main thread (mcp_server's calls),
+                signal.signal(signal.SIGINT, signal.default_int_handler)  # whose handler stays
     except KeyboardInterrupt:
         fresh_line()
         sys.exit(INTERRUPTED)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import InputError
 from ..files import write_atomically
@@ -65,13 +66,7 @@ def save_figure(context: RunContext, figure, path: Path | None, force: bool = Fa
     check_save(path, force)
     from . import html, svg
 
-    if context.changed:  # a picture of a changed run says so first, as its view does
-        from dataclasses import replace
-
-        from .figure import Note
-
-        figure = replace(figure, parts=[*(Note(line) for line in context.changed.splitlines()),
-                                        *figure.parts])
+    figure = noted(context, figure)
     if kind == "png":
         from .png import png_bytes
 
@@ -83,6 +78,19 @@ def save_figure(context: RunContext, figure, path: Path | None, force: bool = Fa
         from .text import escape_line
 
         stderr().print(f"wrote {escape_line(str(path))}", style="dim", soft_wrap=True)
+
+
+def noted(context: RunContext, figure):
+    """The figure, headed by what was changed (steered, ablated) when the run was changed: a
+    picture of a changed run says so first, as its view does."""
+    if not context.changed:
+        return figure
+    from dataclasses import replace
+
+    from .figure import Note
+
+    return replace(figure, parts=[*(Note(line) for line in context.changed.splitlines()),
+                                  *figure.parts])
 
 
 def check_save(path: Path | None, force: bool) -> None:
@@ -229,6 +237,20 @@ def at_least(context: RunContext, width: int):
     return stdout(context, width=width) if width > out.width else out
 
 
+class Presented(NamedTuple):
+    """What a command handed to present(), kept (context.presented) instead of printed: the
+    functions that make its JSON document, its terminal view and its picture (None: it has
+    none), how the view is printed (present's `console` and `show`), and the note a changed
+    run's view and picture start with."""
+
+    document: Callable
+    view: Callable
+    figure: Callable | None
+    console: Callable | None
+    show: Callable | None
+    changed: str | None
+
+
 def present(context: RunContext, as_json: bool, document, view, *, figure=None,
             save: Path | None = None, force: bool = False, console=None, show=None) -> None:
     """A command's result, out, the one exit of every command: its picture first (--save: a
@@ -240,6 +262,11 @@ def present(context: RunContext, as_json: bool, document, view, *, figure=None,
     plain lines, several parts, raw text)."""
     if save is not None and figure is not None:
         save_figure(context, figure(), save, force)
+    if context.presented is not None:  # kept for a program (tinygpt_cli.api), not printed
+        context.presented.append(Presented(document, view, figure, console, show,
+                                           context.changed))
+        context.changed = None
+        return
     if as_json:
         from .jsonout import emit
 
