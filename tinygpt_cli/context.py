@@ -59,10 +59,11 @@ class RunContext:
     steerings: dict = field(default_factory=dict)
     said: list = field(default_factory=list)
     given: frozenset = frozenset()  # the command's options given on the command line
+    saes: tuple = ()  # a command's --sae SAEs, for latents sae.SITE.N in --ablate and trace
 
     def for_command(self, command: str | None, steer: SteerOptions | None,
                     quiet: bool = False) -> RunContext:
         """A fresh copy for one run of a command: what lasts the whole line (weights, the
         folders opened, the passes made ahead) kept, the command's own state new."""
         return replace(self, command=command, steer=steer, quiet=quiet, changed=None,
-                       steerings={}, said=[], given=frozenset())
+                       steerings={}, said=[], given=frozenset(), saes=())

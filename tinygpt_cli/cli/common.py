@@ -86,6 +86,13 @@ ANY_DATA = typer.Option(False, "--any-data", help="Use --data even where it is n
 VS = typer.Option(None, "--vs", help="Explain logit[target] - logit[vs] instead of the target's "
                   "logit alone (a token's exact text, or #ID for an id).", show_default=False)
 
+# The SAEs whose latents --ablate sae.SITE.N and `trace TEXT sae.SITE` name: every command that
+# takes --ablate also takes this (cli/steering.py adds it, as it adds the steering options).
+SAES = typer.Option(None, "--sae", metavar="SAE", show_default=False,
+                    help="An SAE for the latents sae.SITE.N name (repeatable; default: the "
+                    "weights folder's sae/SITE.safetensors): a tinygpt SAE file, or a SAELens "
+                    "folder (cfg.json + sae_weights.safetensors).")
+
 # Steering: every command that runs the model on a text takes these (cli/steering.py adds
 # them to each command that takes --ablate; declared here once).
 STEER_OPTIONS = {
@@ -169,7 +176,7 @@ def open_session(context: RunContext, weights: Path | None, text: str | None, *,
     if ablate:  # the analyses load only for a changed run: inspection stays light
         from ..analysis.ablate import zeroing
 
-        ablated, s.interventions = zeroing(model, list(ablate))
+        ablated, s.interventions = zeroing(model, list(ablate), context.saes)
     s.changes = {k: v for k, v in (("steered", steered), ("ablated", ablated)) if v}
     set_changed(context, s.changes)
     return s
