@@ -115,11 +115,11 @@ def test_offline_and_not_cached_is_one_error_line(hub, cli, monkeypatch):
     cache = hub[0]
     monkeypatch.delenv("TINYGPT_WEIGHTS", raising=False)
     got = cli("probs", TEXT, "--weights", "org/absent")
-    assert_one_error_line(got, 2, "org/absent is not in the hub cache", str(cache),
-                          "HF_HUB_OFFLINE is set",
+    assert_one_error_line(got, 2, "org/absent is not a folder here nor in the hub cache",
+                          str(cache), "HF_HUB_OFFLINE is set",
                           "fetch it once with the hub reachable (HF_HUB_OFFLINE unset)")
     got = cli("probs", TEXT, "--weights", "org/tiny@v9")  # no such ref cached
-    assert_one_error_line(got, 2, "org/tiny@v9 is not in the hub cache")
+    assert_one_error_line(got, 2, "org/tiny@v9 is not a folder here nor in the hub cache")
 
 
 def test_a_snapshot_missing_a_file_names_it(hub, cli, monkeypatch):

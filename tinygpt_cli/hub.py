@@ -87,9 +87,9 @@ def _snapshot(name: str, repo: str, revision: str | None, cache: str, local_only
                          f"no model {repo} (a private one needs a token: hf auth login, or "
                          "HF_TOKEN)") from None
     except (hub_utils.LocalEntryNotFoundError, hub_utils.OfflineModeIsEnabled):
-        raise InputError(f"{name} is not in the hub cache ({cache}) and the hub was not "
-                         f"reached{' (HF_HUB_OFFLINE is set)' if local_only else ''}: "
-                         f"{how}") from None
+        why = " (HF_HUB_OFFLINE is set)" if local_only else ""
+        raise InputError(f"{name} is not a folder here nor in the hub cache ({cache}), and "
+                         f"the hub was not reached{why}: {how}") from None
     except hub_utils.HfHubHTTPError as e:
         raise WeightsError(f"cannot fetch {name} from the hub: {str(e).splitlines()[0]}") \
             from None

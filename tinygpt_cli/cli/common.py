@@ -50,8 +50,9 @@ TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin. 
                       show_default=False)
 # The name is passed on as typed (parser=str), so that an empty --weights "" stays empty and
 # is refused by load_model instead of becoming Path("") == Path("."), the current folder.
-WEIGHTS = typer.Option(None, "--weights", help="Weights folder (default: $TINYGPT_WEIGHTS, "
-                       "then the shipped model).", show_default=False, parser=str,
+WEIGHTS = typer.Option(None, "--weights", help="Weights folder, or a hub id ORG/NAME[@REV] "
+                       "(default: $TINYGPT_WEIGHTS, then the shipped model).",
+                       show_default=False, parser=str,
                        metavar="DIR")
 JSON = typer.Option(False, "--json", help="Print one JSON document on stdout.")
 FULL = typer.Option(False, "--full", help="Show every column instead of the first and last.")
