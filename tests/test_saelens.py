@@ -311,3 +311,57 @@ def test_broken_weights_are_refused(cli, tmp_path):
     (garbled / "sae_weights.safetensors").unlink()
     assert_one_error_line(cli("trace", TEXT, f"sae.{SITE}", "--sae", garbled), 1,
                           "has cfg.json but no sae_weights.safetensors")
+
+
+def test_saelens_itself_reads_the_export_and_writes_what_tinygpt_reads(tmp_path):
+    """Where SAELens is installed (it is not in CI: it brings PyTorch and TransformerLens):
+    its own SAE.load_from_disk of the shipped SAE's export, and SAEs of each architecture
+    made and saved by SAELens, give tinygpt's latents and reconstructions."""
+    torch = pytest.importorskip("torch")
+    sae_lens = pytest.importorskip("sae_lens")
+    from sae_lens.saes.sae import SAEMetadata
+
+    from tinygpt_cli.analysis import sae as S
+    from tinygpt_cli.analysis.saelens import export_saelens
+    from tinygpt_cli.madefor import made_for
+    from tinygpt_cli.model import trace
+    from tinygpt_cli.weights import load_model
+
+    model = load_model(SHIPPED)
+    ids = np.asarray(model.tokenizer.encode("Tom waved at the bird. The bird flew away."))
+    x = trace(model.params, model.config, ids).get(SITE)
+    shipped = S.load_sae(SHIPPED / "sae" / f"{SITE}.safetensors", model.config,
+                         model.weights_file)
+    export_saelens(shipped, tmp_path / "exported", model.config,
+                   made_for(model.weights_file), "weights")
+    made = [(sae_lens.SAE.load_from_disk(str(tmp_path / "exported"), device="cpu"),
+             tmp_path / "exported")]
+    torch.manual_seed(0)
+    for i, (cls, cfg_cls, extra) in enumerate([
+            (sae_lens.StandardSAE, sae_lens.StandardSAEConfig, {}),
+            (sae_lens.TopKSAE, sae_lens.TopKSAEConfig,
+             {"k": 7, "rescale_acts_by_decoder_norm": True}),
+            (sae_lens.JumpReLUSAE, sae_lens.JumpReLUSAEConfig, {}),
+            (sae_lens.StandardSAE, sae_lens.StandardSAEConfig,
+             {"normalize_activations": "layer_norm"}),
+            (sae_lens.TopKSAE, sae_lens.TopKSAEConfig,
+             {"k": 9, "normalize_activations": "constant_norm_rescale"}),
+            (sae_lens.JumpReLUSAE, sae_lens.JumpReLUSAEConfig,
+             {"apply_b_dec_to_input": False})]):
+        theirs = cls(cfg_cls(d_in=128, d_sae=96, metadata=SAEMetadata(hook_name=HOOK), **extra))
+        with torch.no_grad():
+            for p in theirs.parameters():
+                p.copy_(torch.randn_like(p) * 0.3)
+            if hasattr(theirs, "threshold"):
+                theirs.threshold.copy_(torch.rand_like(theirs.threshold) * 0.5)
+        theirs.save_model(str(tmp_path / f"sl{i}"))
+        made.append((theirs, tmp_path / f"sl{i}"))
+    for theirs, folder in made:
+        ours = S.load_sae(folder, model.config, model.weights_file)
+        with torch.no_grad():
+            z_ref = theirs.encode(torch.tensor(x)).numpy()
+            x_ref = theirs(torch.tensor(x)).numpy()
+        z = S.encode(ours, x)
+        np.testing.assert_array_equal(z > 0, z_ref > 0)
+        np.testing.assert_allclose(z, z_ref, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(S.reconstruct(ours, x), x_ref, rtol=1e-5, atol=1e-4)
