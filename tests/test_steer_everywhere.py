@@ -48,7 +48,7 @@ def _table() -> dict[str, bool]:
 
 TABLE = _table()
 # the commands that never run the model: they read or write text, files, a configuration
-NEVER_RUN = {"encode", "decode", "info", "train-tokenizer", "train", "model-card"}
+NEVER_RUN = {"encode", "decode", "info", "train-tokenizer", "train", "model-card", "sae export"}
 
 
 def test_every_command_that_runs_the_model_is_steerable():
