@@ -49,7 +49,8 @@ def _table() -> dict[str, bool]:
 TABLE = _table()
 # the commands that never run the model: they read or write text, files, a configuration
 # (mcp serves the others: each tool call is its command's own run, steerable as it is)
-NEVER_RUN = {"encode", "decode", "info", "train-tokenizer", "train", "model-card", "mcp"}
+NEVER_RUN = {"encode", "decode", "info", "train-tokenizer", "train", "model-card", "mcp",
+             "sae export"}
 
 
 def test_every_command_that_runs_the_model_is_steerable():

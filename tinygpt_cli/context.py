@@ -64,10 +64,11 @@ class RunContext:
     # a list: present() (render/output.py) appends each result there instead of printing it
     # (the notebook API, tinygpt_cli/api.py, runs the commands with one)
     presented: list | None = None
+    saes: tuple = ()  # a command's --sae SAEs, for latents sae.SITE.N in --ablate and trace
 
     def for_command(self, command: str | None, steer: SteerOptions | None,
                     quiet: bool = False) -> RunContext:
         """A fresh copy for one run of a command: what lasts the whole line (weights, the
         folders opened, the passes made ahead) kept, the command's own state new."""
         return replace(self, command=command, steer=steer, quiet=quiet, changed=None,
-                       steerings={}, said=[], given=frozenset())
+                       steerings={}, said=[], given=frozenset(), saes=())

@@ -543,16 +543,30 @@ class Model:
 
 def resolve_folder(folder: str | Path | None) -> tuple[Path, bool]:
     """--weights DIR, then $TINYGPT_WEIGHTS, then the weights shipped with the package; and
-    whether the user named it. An empty name is refused, never taken as the current folder."""
+    whether the user named it. An empty name is refused, never taken as the current folder.
+    A name that is no folder here but a hub id (ORG/NAME[@REVISION]) is the hub cache's
+    snapshot of that model, fetched when needed (hub.py)."""
     if folder is not None:
         if str(folder) == "":
             raise InputError("--weights is empty: name a weights folder, or leave the option "
                              "out for the shipped model")
-        return Path(folder).expanduser(), True
+        return _local_or_hub(folder), True
     env = os.environ.get("TINYGPT_WEIGHTS")
     if env:
-        return Path(env).expanduser(), True
+        return _local_or_hub(env), True
     return SHIPPED, False
+
+
+def _local_or_hub(name: str | Path) -> Path:
+    """The folder `name`, or, when there is none of that name and it is a hub id, the hub
+    cache's snapshot of it: a local folder always wins."""
+    path = Path(name).expanduser()
+    if path.exists() or path.is_symlink():
+        return path
+    from .hub import hub_id, snapshot
+
+    found = hub_id(str(name))
+    return path if found is None else snapshot(str(name), *found)
 
 
 @dataclass

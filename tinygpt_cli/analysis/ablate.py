@@ -197,9 +197,10 @@ def replacements(session, paths: list[str], mode: str, source: str | None, data:
     return {p: replacement(mode, p, means=found, source=values) for p in paths}
 
 
-def zeroing(model, paths: list[str]):
+def zeroing(model, paths: list[str], saes: tuple = ()):
     """--ablate: (the canonical names of the values, the hook that zeroes them in every run)
-    or ([], None); sae.SITE.N names one latent of the SAE of SITE (sae.latent_ablation)."""
+    or ([], None); sae.SITE.N names one latent of the SAE of SITE (sae.latent_ablation: one
+    of the --sae `saes` given, else the weights folder's)."""
     if not paths:
         return [], None
     from ..hooks import Chain, ablation
@@ -211,6 +212,6 @@ def zeroing(model, paths: list[str]):
     if latents:
         from .sae import latent_ablation
 
-        hooks = latent_ablation(model.weights_file, model.config, latents)
+        hooks = latent_ablation(model.weights_file, model.config, latents, tuple(saes))
     names = [resolve(p, model.config)[0] for p in values] + latents
     return names, Chain(ablation(values, model.config) if values else None, hooks)

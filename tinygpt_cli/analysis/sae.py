@@ -56,13 +56,29 @@ def check_site(path: str, config: Config) -> str:
 
 @dataclass
 class SAE:
+    """tinygpt's own SAEs are TopK ones with the defaults below; a SAELens dictionary
+    (saelens.py) may be any of SAELens' three inference architectures, with its settings:
+
+        topk       z = TopK_k(ReLU(a)), a * ||W_dec[j]|| first when `rescale`
+        standard   z = ReLU(a)
+        jumprelu   z = ReLU(a) where a > threshold, else 0
+    where a = (x' - b_dec) W_enc + b_enc (x' without "- b_dec" when not `b_dec_in`), x' the
+    value x normalised per token as `normalize` says (none; constant_norm_rescale:
+    x sqrt(d) / ||x||; layer_norm: (x - mean) / (std + 1e-5)), undone on the reconstruction.
+    """
+
     W_enc: np.ndarray  # noqa: N815 [d, m]
     b_enc: np.ndarray  # [m]
-    W_dec: np.ndarray  # noqa: N815 [m, d], rows unit norm
+    W_dec: np.ndarray  # noqa: N815 [m, d], rows unit norm (tinygpt's own)
     b_dec: np.ndarray  # [d]
     site: str
-    k: int
+    k: int | None  # TopK's k; None for the other architectures
     path: str = "the SAE"  # the file it was read from, for errors
+    architecture: str = "topk"
+    threshold: np.ndarray | None = None  # jumprelu's [m]
+    b_dec_in: bool = True  # SAELens' apply_b_dec_to_input
+    normalize: str = "none"  # SAELens' normalize_activations
+    rescale: bool = False  # SAELens' rescale_acts_by_decoder_norm (topk)
 
     @property
     def n_latents(self) -> int:
@@ -73,8 +89,41 @@ class SAE:
 
 
 def pre_activations(sae: SAE, x: np.ndarray) -> np.ndarray:
-    """(x - b_dec) W_enc + b_enc.  [..., d] -> [..., m]"""
-    return (x - sae.b_dec) @ sae.W_enc + sae.b_enc
+    """(x - b_dec) W_enc + b_enc, of x normalised as the SAE says.  [..., d] -> [..., m]"""
+    if sae.normalize != "none":
+        x = _normalised(sae, x)
+    return (x - sae.b_dec if sae.b_dec_in else x) @ sae.W_enc + sae.b_enc
+
+
+def _normalised(sae: SAE, x: np.ndarray) -> np.ndarray:
+    """SAELens' run-time normalisation of the input, per token."""
+    if sae.normalize == "constant_norm_rescale":
+        return x * (np.sqrt(x.shape[-1]) / np.linalg.norm(x, axis=-1, keepdims=True))
+    centred = x - x.mean(axis=-1, keepdims=True)  # layer_norm: torch's std is unbiased
+    return centred / (centred.std(axis=-1, ddof=1, keepdims=True) + 1e-5)
+
+
+def _scale_out(sae: SAE, x: np.ndarray) -> tuple[np.ndarray | float, np.ndarray | float]:
+    """(s, c) such that the reconstruction in x's units is y s + c (the normalisation of x,
+    undone as SAELens undoes it)."""
+    if sae.normalize == "constant_norm_rescale":
+        return np.linalg.norm(x, axis=-1, keepdims=True) / np.sqrt(x.shape[-1]), 0.0
+    if sae.normalize == "layer_norm":
+        mean = x.mean(axis=-1, keepdims=True)
+        return (x - mean).std(axis=-1, ddof=1, keepdims=True), mean
+    return 1.0, 0.0
+
+
+def decoder_norms(sae: SAE) -> np.ndarray:
+    return np.linalg.norm(sae.W_dec, axis=1)  # [m]
+
+
+def activate(sae: SAE, a: np.ndarray) -> np.ndarray:
+    """The latents of pre-activations a [..., m], by the SAE's architecture."""
+    if sae.architecture == "topk":
+        return top_k_relu(a * decoder_norms(sae) if sae.rescale else a, sae.k)
+    z = np.maximum(a, 0)
+    return z * (a > sae.threshold) if sae.architecture == "jumprelu" else z
 
 
 def top_k_relu(a: np.ndarray, k: int) -> np.ndarray:
@@ -94,20 +143,35 @@ def encode(sae: SAE, x: np.ndarray) -> np.ndarray:
     from ..model import all_finite
 
     with np.errstate(all="ignore"):
-        z = top_k_relu(pre_activations(sae, x), sae.k)
+        z = activate(sae, pre_activations(sae, x))
     if not all_finite(z):
         raise WeightsError(f"{sae.path}: its latents overflow float32 on these values (W_enc "
                            "or b_enc too large to compute with)")
     return z
 
 
-def decode(sae: SAE, z: np.ndarray) -> np.ndarray:
-    """z W_dec + b_dec.  [..., m] -> [..., d]"""
-    return z @ sae.W_dec + sae.b_dec
+def decode(sae: SAE, z: np.ndarray, x: np.ndarray | None = None) -> np.ndarray:
+    """z W_dec + b_dec, in the units of the values x that z encodes (needed only when the
+    SAE normalises its input).  [..., m] -> [..., d]"""
+    y = (z / decoder_norms(sae) if sae.rescale else z) @ sae.W_dec + sae.b_dec
+    if sae.normalize == "none":
+        return y
+    scale, shift = _scale_out(sae, x)
+    return y * scale + shift
 
 
 def reconstruct(sae: SAE, x: np.ndarray) -> np.ndarray:
-    return decode(sae, encode(sae, x))
+    return decode(sae, encode(sae, x), x)
+
+
+def latent_share(sae: SAE, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """What the latents `rows` add to the reconstruction of x: z_rows W_dec[rows] in x's
+    units.  [..., d] -> [..., d]"""
+    z = encode(sae, x)[..., rows]  # [..., n]
+    if sae.rescale:
+        z = z / decoder_norms(sae)[rows]
+    share = z @ sae.W_dec[rows]
+    return share if sae.normalize == "none" else share * _scale_out(sae, x)[0]
 
 
 def init_sae(x: np.ndarray, n_latents: int, k: int, site: str, seed: int) -> SAE:
@@ -239,10 +303,15 @@ def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> 
 
 def load_sae(path: str | Path, config: Config, weights_file: Path) -> SAE:
     """An SAE file, checked: the four tensors with agreeing shapes, finite, a known site (the
-    one its file name says, when the name is a site), k, made for `weights_file`."""
+    one its file name says, when the name is a site), k, made for `weights_file`. A folder
+    is a SAELens dictionary (saelens.py)."""
     from ..weights import read_safetensors
 
     path = Path(path)
+    if path.is_dir():
+        from .saelens import load_saelens
+
+        return load_saelens(path, config, weights_file)
     if not path.is_file():
         raise InputError(f"no SAE file at {path}: train one with `tinygpt sae train --site "
                          "layers.1.resid_post`")
@@ -384,7 +453,7 @@ def evaluate(params, config: Config, sae: SAE, inputs: np.ndarray, targets: np.n
     """
     x = site_values(params, config, inputs, sae.site, hooks=hooks)
     z = encode(sae, x)
-    x_hat = decode(sae, z)
+    x_hat = decode(sae, z, x)
     ev = 1 - float(((x - x_hat) ** 2).sum()) / float(((x - x.mean(axis=0)) ** 2).sum())
     fired = (z > 0).sum(axis=0)
     mean = x.mean(axis=0)
@@ -403,15 +472,25 @@ def evaluate(params, config: Config, sae: SAE, inputs: np.ndarray, targets: np.n
 
 
 def sparse_codes(sae: SAE, x: np.ndarray, batch: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-    """The k active latents of every token and their values: (idx [N, k] int16, val [N, k])."""
-    idx = np.empty((len(x), sae.k), np.int16)
-    val = np.empty((len(x), sae.k), np.float32)
+    """The active latents of every token and their values: (idx [N, w], val [N, w]), w = k
+    for a TopK SAE, else the most latents any token has active (the rest of a row: value 0).
+    idx is int16 where the latents fit, else int32."""
+    idx, val = [], []
     for b in range(0, len(x), batch):
         with np.errstate(all="ignore"):
-            a = np.maximum(pre_activations(sae, x[b:b + batch]), 0)
-        top = np.argpartition(-a, sae.k - 1, axis=-1)[:, :sae.k]
-        idx[b:b + batch] = top
-        val[b:b + batch] = np.take_along_axis(a, top, axis=-1)
+            a = pre_activations(sae, x[b:b + batch])
+            z = np.maximum(a, 0) if sae.architecture == "topk" and not sae.rescale else \
+                activate(sae, a)
+        w = sae.k if sae.k is not None else max(1, int((z > 0).sum(axis=-1).max(initial=0)))
+        top = np.argpartition(-z, min(w, z.shape[-1]) - 1, axis=-1)[:, :w]
+        idx.append(top)
+        val.append(np.take_along_axis(z, top, axis=-1).astype(np.float32))
+    width = max((v.shape[1] for v in val), default=sae.k or 1)
+    dtype = np.int16 if sae.n_latents <= np.iinfo(np.int16).max else np.int32
+    idx = np.concatenate([np.pad(i, ((0, 0), (0, width - i.shape[1]))) for i in idx]).astype(
+        dtype) if idx else np.zeros((0, width), dtype)
+    val = np.concatenate([np.pad(v, ((0, 0), (0, width - v.shape[1]))) for v in val]) \
+        if val else np.zeros((0, width), np.float32)
     if not np.isfinite(val).all():  # encode's rule
         raise WeightsError(f"{sae.path}: its latents overflow float32 on these values (W_enc "
                            "or b_enc too large to compute with)")
@@ -423,9 +502,11 @@ def valid_codes(e: dict, sae: SAE, config, windows: int) -> bool:
     if set(e) != {"ids", "idx", "val"}:
         return False
     ids, idx, val = e["ids"], e["idx"], e["val"]
+    width = sae.k if sae.k is not None else (idx.shape[1] if idx.ndim == 2 else -1)
+    int_type = np.int16 if sae.n_latents <= np.iinfo(np.int16).max else np.int32
     return (ids.dtype == np.uint16 and ids.ndim == 2 and 0 < len(ids) <= windows
-            and ids.shape[1] == config.n_positions and idx.dtype == np.int16
-            and idx.shape == val.shape == (ids.size, sae.k) and val.dtype == np.float32
+            and ids.shape[1] == config.n_positions and idx.dtype == int_type and width >= 1
+            and idx.shape == val.shape == (ids.size, width) and val.dtype == np.float32
             and int(ids.max()) < config.vocab_size and 0 <= int(idx.min())
             and int(idx.max()) < sae.n_latents and bool(np.isfinite(val).all()))
 
@@ -520,19 +601,18 @@ def without_latents(sae: SAE, latents: list[int]) -> Callable[[np.ndarray], np.n
     rows = np.asarray(latents)
 
     def fn(x: np.ndarray) -> np.ndarray:
-        z = encode(sae, x)[..., rows]  # [..., n]
-        return x - z @ sae.W_dec[rows]
+        return x - latent_share(sae, x, rows)
 
     return fn
 
 
-def latents_of(weights_file: Path, trace, path: str):
+def latents_of(weights_file: Path, trace, path: str, given: tuple[Path, ...] = ()):
     """`sae.SITE` (every latent) or `sae.SITE.N` (one) of a traced run: (the site, its SAE
-    from the weights folder, z [T, m] or [T], per token its active latents or None)."""
+    (site_sae), z [T, m] or [T], per token its active latents or None)."""
     from ..session import check_index
 
     site, latent = parse_latent_path(path, trace.config)
-    sae = load_sae(sae_file(weights_file, None, site), trace.config, weights_file)
+    sae = site_sae(weights_file, trace.config, site, given)
     z = encode(sae, trace.get(site))  # [T, m]
     if latent is not None:
         return site, sae, z[:, check_index(latent, sae.n_latents, "latent")], None
@@ -564,9 +644,20 @@ def sae_file(weights_file: Path, sae: Path | None, site: str = SHIPPED_SITE) -> 
     return sae if sae is not None else Path(weights_file).parent / "sae" / f"{site}.safetensors"
 
 
-def latent_ablation(weights_file: Path, config: Config, paths: list[str]) -> Replace:
-    """A Replace hook zeroing each `sae.SITE.N` latent, its SAE read from the weights folder's
-    sae/SITE.safetensors; the reconstruction error stays in the stream."""
+def site_sae(weights_file: Path, config: Config, site: str, given: tuple[Path, ...] = ()) -> SAE:
+    """The SAE of a site: the first of the --sae SAEs given (files or SAELens folders) that
+    reads it, else the weights folder's sae/SITE.safetensors."""
+    for path in given:
+        sae = load_sae(path, config, weights_file)
+        if sae.site == site:
+            return sae
+    return load_sae(sae_file(weights_file, None, site), config, weights_file)
+
+
+def latent_ablation(weights_file: Path, config: Config, paths: list[str],
+                    given: tuple[Path, ...] = ()) -> Replace:
+    """A Replace hook zeroing each `sae.SITE.N` latent, its SAE the site's (site_sae); the
+    reconstruction error stays in the stream."""
     from ..session import check_index
 
     by_site: dict[str, list[int]] = {}
@@ -577,7 +668,7 @@ def latent_ablation(weights_file: Path, config: Config, paths: list[str]) -> Rep
         by_site.setdefault(site, []).append(latent)
     fns = {}
     for site, latents in by_site.items():
-        sae = load_sae(sae_file(weights_file, None, site), config, weights_file)
+        sae = site_sae(weights_file, config, site, given)
         fns[site] = without_latents(sae, [check_index(j, sae.n_latents, "latent")
                                           for j in latents])
     return Replace(fns)
@@ -637,7 +728,10 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
         idx, val = sparse_codes(sae, x)
         return {"ids": x_in.astype(np.uint16), "idx": idx, "val": val}
 
-    key = cache.key_of("sae-codes-v1", sha256(model.weights_file), sha256(path),
+    files_of_sae = [Path(path) / "cfg.json", Path(path) / "sae_weights.safetensors"] \
+        if Path(path).is_dir() else [Path(path)]  # a SAELens folder: its two files
+    key = cache.key_of("sae-codes-v1", sha256(model.weights_file),
+                       *(sha256(f) for f in files_of_sae),
                        *(sha256(f) for f in files), str(windows),
                        *([] if steer is None else steer.key()))
     return cache.load_or_compute(cache.entry("sae", key), cache.load_arrays, compute,

@@ -278,10 +278,11 @@ def layer_of_site(path: str | None, n_layer: int) -> int | None:
     return layer if parts[2] in ("resid_pre", "resid_post") and layer < n_layer else None
 
 
-def read_direction(spec: str, d: int, n_layer: int, weights_file) -> Direction:
+def read_direction(spec: str, d: int, n_layer: int, weights_file, config=None) -> Direction:
     """The vector named by --steer-vector FILE or FILE#N: InputError for a file that is not
     one of the forms above (exit 2), WeightsError for one that cannot be read (exit 1). A
-    file whose metadata names the weights it was made for (madefor) must name these."""
+    file whose metadata names the weights it was made for (madefor) must name these. A
+    folder is a SAELens SAE (read for the model of `config`): DIR#N is its W_dec row N."""
     from pathlib import Path
 
     from ..madefor import check_made_for
@@ -289,6 +290,15 @@ def read_direction(spec: str, d: int, n_layer: int, weights_file) -> Direction:
     path, _, row = spec.rpartition("#") if "#" in spec else (spec, "", "")
     if row and not row.isdigit():
         raise InputError(f"--steer-vector {spec}: after '#' give a row number, not {row!r}")
+    if Path(path).is_dir() and config is not None:
+        from .saelens import load_saelens
+
+        sae = load_saelens(Path(path), config, weights_file)  # checked as every SAE is
+        if not row:
+            raise InputError(f"--steer-vector {spec}: a SAELens folder holds {sae.n_latents} "
+                             f"directions (W_dec's rows); pick one with {path}#N")
+        vector = _pick({"W_dec": sae.W_dec}, int(row), spec)
+        return Direction(vector, layer_of_site(sae.site, n_layer), spec)
     if not Path(path).is_file():
         raise InputError(f"--steer-vector {path}: no such file")
     tensors, meta = _read_tensors(Path(path))
@@ -375,7 +385,8 @@ def steering_direction(model, toward: str | None, away: str | None, vector_file:
     if vector_file is not None:
         if toward is not None or away is not None:
             raise InputError("give --steer-vector or --steer/--steer-away, not both")
-        d = read_direction(vector_file, config.n_embd, config.n_layer, model.weights_file)
+        d = read_direction(vector_file, config.n_embd, config.n_layer, model.weights_file,
+                           config)
         layer = layer if layer is not None else d.layer
         if layer is None:
             raise InputError(f"--steer-vector {vector_file}: the file does not say which "

@@ -32,8 +32,9 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     ctx: typer.Context,
-    weights: Path = typer.Option(None, "--weights", help="Weights folder for the command "
-                                 "(also accepted after it).", show_default=False),
+    weights: Path = typer.Option(None, "--weights", help="Weights folder (or hub id "
+                                 "ORG/NAME[@REV]) for the command (also accepted after it).",
+                                 show_default=False),
     debug: bool = typer.Option(False, "--debug", help="Show the traceback of an unexpected "
                                "error (accepted anywhere on the line; or TINYGPT_DEBUG=1)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,

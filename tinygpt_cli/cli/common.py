@@ -50,8 +50,9 @@ TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin. 
                       show_default=False)
 # The name is passed on as typed (parser=str), so that an empty --weights "" stays empty and
 # is refused by load_model instead of becoming Path("") == Path("."), the current folder.
-WEIGHTS = typer.Option(None, "--weights", help="Weights folder (default: $TINYGPT_WEIGHTS, "
-                       "then the shipped model).", show_default=False, parser=str,
+WEIGHTS = typer.Option(None, "--weights", help="Weights folder, or a hub id ORG/NAME[@REV] "
+                       "(default: $TINYGPT_WEIGHTS, then the shipped model).",
+                       show_default=False, parser=str,
                        metavar="DIR")
 JSON = typer.Option(False, "--json", help="Print one JSON document on stdout.")
 FULL = typer.Option(False, "--full", help="Show every column instead of the first and last.")
@@ -85,6 +86,13 @@ ANY_DATA = typer.Option(False, "--any-data", help="Use --data even where it is n
                         "WEIGHTS/data.json records.")
 VS = typer.Option(None, "--vs", help="Explain logit[target] - logit[vs] instead of the target's "
                   "logit alone (a token's exact text, or #ID for an id).", show_default=False)
+
+# The SAEs whose latents --ablate sae.SITE.N and `trace TEXT sae.SITE` name: every command that
+# takes --ablate also takes this (cli/steering.py adds it, as it adds the steering options).
+SAES = typer.Option(None, "--sae", metavar="SAE", show_default=False,
+                    help="An SAE for the latents sae.SITE.N name (repeatable; default: the "
+                    "weights folder's sae/SITE.safetensors): a tinygpt SAE file, or a SAELens "
+                    "folder (cfg.json + sae_weights.safetensors).")
 
 # Steering: every command that runs the model on a text takes these (cli/steering.py adds
 # them to each command that takes --ablate; declared here once).
@@ -171,7 +179,7 @@ def open_session(context: RunContext, weights: Path | None, text: str | None, *,
     if ablate:  # the analyses load only for a changed run: inspection stays light
         from ..analysis.ablate import zeroing
 
-        ablated, s.interventions = zeroing(model, list(ablate))
+        ablated, s.interventions = zeroing(model, list(ablate), context.saes)
     s.changes = {k: v for k, v in (("steered", steered), ("ablated", ablated)) if v}
     set_changed(context, s.changes)
     return s

@@ -44,7 +44,8 @@ sae_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
 sae_app.callback(help=examples_block(_sae.__doc__))(_sae)
 app.add_typer(sae_app, name="sae")
 
-SAE_FILE = typer.Option(None, "--sae", help="The SAE file (default: the weights folder's "
+SAE_FILE = typer.Option(None, "--sae", help="The SAE: a tinygpt SAE file, or a SAELens folder "
+                        "(cfg.json + sae_weights.safetensors; default: the weights folder's "
                         "sae/layers.1.resid_post.safetensors).", show_default=False)
 
 
@@ -204,6 +205,44 @@ def _feature_on_text(context: RunContext, weights, sae, latent: int, text: str, 
             figure=lambda: view.text_figure(result, r.tokens, tok), save=save, force=force)
 
 
+@sae_app.command("export")
+def sae_export(context: RunContext, weights: Path = WEIGHTS, sae: Path = SAE_FILE,
+               out: Path = typer.Option(..., "--out", help="The folder to write: cfg.json and "
+                                        "sae_weights.safetensors."),
+               fmt: str = typer.Option("saelens", "--format", help="saelens: the folder "
+                                       "SAELens' SAE.load_from_disk reads (the only format)."),
+               force: bool = FORCE_FILE, as_json: bool = JSON):
+    """Write an SAE in another library's format: SAELens' folder (cfg.json and
+    sae_weights.safetensors, hook_name in TransformerLens' spelling).
+
+    The folder also names the weights the SAE was made for (metadata.weights_sha256), so
+    tinygpt's --sae DIR checks it as it checks its own files.
+
+    Example: tinygpt sae export --out sae-saelens
+    Example: tinygpt sae export --sae mine.safetensors --out mine-saelens --force
+    """
+    from ..analysis import sae as S
+    from ..analysis.saelens import CFG, export_saelens, hook_name
+    from ..madefor import made_for
+    from ..render import features as view
+
+    if fmt != "saelens":
+        raise InputError(f"--format {fmt!r}: the one format sae export writes is saelens")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: that is a file; give a folder for the SAELens files")
+    if (out / CFG).exists() and not force:
+        raise InputError(f"--out {out}: it holds an SAE already ({CFG}); add --force to "
+                         "overwrite it")
+    model = load(context, weights)
+    found = S.model_sae(model, sae)
+    files = export_saelens(found, out, model.config, made_for(model.weights_file),
+                           model.folder.name)
+    doc = {"format": "saelens", "path": str(out), "files": [str(f) for f in files],
+           "site": found.site, "hook_name": hook_name(found.site), "k": found.k,
+           "latents": found.n_latents}
+    present(context, as_json, lambda: doc, lambda: view.exported_view(doc))
+
+
 # ------------------------------------------------------------------ the tuned lens (`lens`)
 
 def tuned_lens_work(context: RunContext, weights: Path | None, fit: bool, evaluate: bool,
@@ -244,7 +283,7 @@ def trace_latents(context: RunContext, weights, text, path: str, ablate, as_json
     from .common import run
 
     r = run(context, weights, text, ablate)
-    site, sae, z, active = S.latents_of(r.model.weights_file, r.trace, path)
+    site, sae, z, active = S.latents_of(r.model.weights_file, r.trace, path, context.saes)
     present(context, as_json,
             lambda: session_document(r, path, z, site=site, k=sae.k, active=active),
             lambda: view.latents_view(path, r.tokens, z, active))

@@ -132,7 +132,7 @@ def generate(
     if ablate:  # loaded only then: generation starts light
         from ..analysis.ablate import zeroing
 
-        ablated, zeroed = zeroing(model, list(ablate))
+        ablated, zeroed = zeroing(model, list(ablate), context.saes)
     hooks = steered_hooks(context, model, zeroed)
     prompt = read_text(text)  # a long prompt is read whole: the model reads its end
     ids, whole = encode_tail(model, prompt)

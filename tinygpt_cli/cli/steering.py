@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -21,12 +22,13 @@ import typer
 from ..context import RunContext, SteerOptions
 from ..errors import InputError
 from ..render.output import say_steered
-from .common import STEER_OPTIONS
+from .common import SAES, STEER_OPTIONS
 
 # typer reads the real types of the added parameters from here (the modules' own are strings)
 _TYPES = {"steer": Optional[str], "steer_away": Optional[str],  # noqa: UP045 - typer needs it
           "steer_vector": Optional[str], "steer_layer": Optional[int],  # noqa: UP045
           "steer_scale": float}
+_SAES_TYPE = Optional[list[Path]]  # noqa: UP045
 _CLICK = "_click_context"  # the parameter typer fills with click's context
 
 
@@ -44,14 +46,19 @@ def with_context(fn, name: str):
         return fn
     sig = inspect.signature(fn)
     steers = getattr(fn, "steerable", False)
+    # --ablate may name SAE latents: a command that takes it takes --sae too (unless it has
+    # an --sae of its own)
+    saes = "ablate" in sig.parameters and "sae" not in sig.parameters
 
     @functools.wraps(fn)
     def command(**kwargs):
         click_context = kwargs.pop(_CLICK)
         line = click_context.find_root().obj
         steer = SteerOptions(**{n: kwargs.pop(n) for n in STEER_OPTIONS}) if steers else None
+        given_saes = tuple(kwargs.pop("sae", None) or ()) if saes else ()
         context = (line if line is not None else RunContext()).for_command(
             name, steer, bool(kwargs.get("quiet", False)))
+        context.saes = given_saes
         sources = {n: click_context.get_parameter_source(n) for n in kwargs}
         context.given = frozenset(  # the options the user typed, not left at their default
             n for n, source in sources.items() if source is not None
@@ -64,12 +71,15 @@ def with_context(fn, name: str):
     kind = inspect.Parameter.KEYWORD_ONLY
     extra = [inspect.Parameter(n, kind, default=option, annotation=_TYPES[n])
              for n, option in STEER_OPTIONS.items()] if steers else []
+    if saes:
+        extra.append(inspect.Parameter("sae", kind, default=SAES, annotation=_SAES_TYPE))
     own = [p.replace(kind=kind) for p in list(sig.parameters.values())[1:]]  # 0: context
     command.__signature__ = sig.replace(parameters=[
         inspect.Parameter(_CLICK, kind, annotation=typer.Context), *own, *extra])
     command.__annotations__ = {**{k: v for k, v in getattr(fn, "__annotations__", {}).items()
                                   if k != next(iter(sig.parameters))},
-                               _CLICK: typer.Context, **(_TYPES if steers else {})}
+                               _CLICK: typer.Context, **(_TYPES if steers else {}),
+                               **({"sae": _SAES_TYPE} if saes else {})}
     command._with_context = True
     return command
 

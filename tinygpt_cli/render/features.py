@@ -29,6 +29,20 @@ def trained_view(doc: dict) -> Text:
                 f"final loss {doc['final_loss']:.4f} (squared error / the data's variance)")
 
 
+def exported_view(doc: dict) -> Text:
+    from pathlib import Path
+
+    names = ", ".join(Path(f).name for f in doc["files"])
+    return Text(f"wrote {escape_line(doc['path'])}: {escape_line(names)} (SAELens)\n"
+                f"{doc['latents']} latents, k = {doc['k']}, on {doc['site']} "
+                f"(hook_name {doc['hook_name']})")
+
+
+def _k(k: int | None) -> str:
+    """k = 16, or what an SAE without a fixed k (SAELens' standard, jumprelu) has."""
+    return f"k = {k}" if k is not None else "no fixed k"
+
+
 def eval_doc(r, files: list[str]) -> dict:
     return jsonout.jsonable({
         "site": r.site, "k": r.k, "latents": r.n_latents, "data": files, "tokens": r.tokens,
@@ -44,7 +58,7 @@ def eval_view(r, files: list[str]) -> Group:
     t.add_column(style="bold")
     t.add_column(justify="right")
     t.add_column(style="dim")
-    rows = [("L0", f"{r.l0:.2f}", f"latents active per token (k = {r.k})"),
+    rows = [("L0", f"{r.l0:.2f}", f"latents active per token ({_k(r.k)})"),
             ("explained variance", f"{r.explained_variance:.4f}", "1 - SSE / total variance"),
             ("loss recovered vs zero", f"{r.recovered_vs_zero:.4f}", "site zeroed = 0"),
             ("loss recovered vs mean", f"{r.recovered_vs_mean:.4f}", "site at its mean = 0"),
@@ -54,7 +68,7 @@ def eval_view(r, files: list[str]) -> Group:
         t.add_row(*row)
     losses = Text(f"loss (nats): clean {r.loss_clean:.4f}, SAE {r.loss_sae:.4f}, "
                   f"zeroed {r.loss_zero:.4f}, mean {r.loss_mean:.4f}", style="dim")
-    head = Text(f"SAE on {r.site}, {r.n_latents} latents, k = {r.k}\n{r.tokens:,} held-out "
+    head = Text(f"SAE on {r.site}, {r.n_latents} latents, {_k(r.k)}\n{r.tokens:,} held-out "
                 f"tokens of {escape_line(', '.join(files))}", style="bold cyan")
     return (Group(head, t, losses))
 
@@ -224,7 +238,7 @@ def text_figure(r, tokens: list[str], tokenizer):
     on = [int(i) for i in np.argsort(-acts, kind="stable") if acts[i] > 0]
     labels = token_labels(tokens)
     path = f"sae.{r.site}.{r.latent}"
-    parts: list = [Facts([("site", r.site), ("k", str(r.k)),
+    parts: list = [Facts([("site", r.site), ("k", str(r.k) if r.k is not None else "none"),
                           ("fires on", f"{len(on)} of {count(len(tokens), 'token')}")]),
                    Highlight(tokens, acts, title="its value at each token", path=path)]
     if on:

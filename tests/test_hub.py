@@ -1,0 +1,156 @@
+"""`--weights ORG/NAME[@REVISION]`: a hub id, read from a hub cache laid out exactly as
+huggingface_hub lays it out (models--ORG--NAME/refs/REF, snapshots/COMMIT/FILE -> a symbolic
+link to ../../blobs/HASH), always in offline mode: there is no network here."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_helpers import TEXT, assert_one_error_line, random_params, write_folder
+
+from tinygpt_cli.weights import load_model
+
+pytest.importorskip("huggingface_hub")
+
+COMMIT_A = "a" * 40  # what refs/main names
+COMMIT_B = "b" * 40  # another commit, named by the tag v2
+
+
+def cache_model(cache: Path, repo: str, commit: str, source: Path, refs=("main",),
+                skip: tuple[str, ...] = ()) -> Path:
+    """The files of `source` as huggingface_hub caches a snapshot of `repo` at `commit`:
+    each file a blob named by its hash, the snapshot's entry a relative symbolic link to it,
+    and each ref a file holding the commit. Returns the snapshot folder."""
+    storage = cache / ("models--" + repo.replace("/", "--"))
+    snap = storage / "snapshots" / commit
+    (storage / "blobs").mkdir(parents=True, exist_ok=True)
+    snap.mkdir(parents=True)
+    for file in sorted(source.iterdir()):
+        if file.name in skip:
+            continue
+        data = file.read_bytes()
+        blob = storage / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snap / file.name).symlink_to(Path("..", "..", "blobs", blob.name))
+    (storage / "refs").mkdir(exist_ok=True)
+    for ref in refs:
+        (storage / "refs" / ref).write_text(commit)  # no newline, as the library writes it
+    return snap
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """HF_HOME with a cache holding org/tiny at two commits (main: A, tag v2: B, other
+    weights), offline; the working folder an empty one. Returns (cache, snapshot A, B, the
+    source folders A and B)."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("TINYGPT_WEIGHTS", raising=False)
+    a = write_folder(tmp_path / "src-a", random_params(_tiny(), seed=11), _tiny())
+    b = write_folder(tmp_path / "src-b", random_params(_tiny(), seed=12), _tiny())
+    cache = tmp_path / "hf" / "hub"
+    snap_a = cache_model(cache, "org/tiny", COMMIT_A, a)
+    snap_b = cache_model(cache, "org/tiny", COMMIT_B, b, refs=("v2",))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return cache, snap_a, snap_b, a, b
+
+
+def _tiny():
+    from cli_helpers import TINY
+
+    return TINY
+
+
+def test_a_hub_id_is_the_cached_snapshot_of_main(hub):
+    cache, snap_a, _, a, _ = hub
+    model = load_model("org/tiny")
+    assert model.folder == snap_a
+    assert model.weights_file == snap_a / "model.safetensors"
+    assert model.weights_file.resolve().parent == cache / "models--org--tiny" / "blobs"
+    direct = load_model(a)
+    for name, value in direct.params.items():
+        np.testing.assert_array_equal(model.params[name], value)
+
+
+def test_a_revision_picks_its_snapshot(hub):
+    _, snap_a, snap_b, _, b = hub
+    assert load_model("org/tiny@v2").folder == snap_b  # a tag, through refs/v2
+    assert load_model(f"org/tiny@{COMMIT_B}").folder == snap_b  # a commit, no ref needed
+    assert load_model("org/tiny@main").folder == snap_a
+    np.testing.assert_array_equal(load_model("org/tiny@v2").params["embed.W_E"],
+                                  load_model(b).params["embed.W_E"])
+
+
+def test_the_cli_reads_the_snapshot_through_weights_and_the_environment(hub, cli, monkeypatch):
+    _, _, _, a, b = hub
+    monkeypatch.delenv("TINYGPT_WEIGHTS", raising=False)
+    for given, source in (("org/tiny", a), ("org/tiny@v2", b)):
+        got = cli("probs", TEXT, "--weights", given, "--json")
+        assert got.code == 0, got.err
+        assert got.json() == cli("probs", TEXT, "--weights", source, "--json").json()
+    monkeypatch.setenv("TINYGPT_WEIGHTS", "org/tiny@v2")
+    assert cli("probs", TEXT, "--json").json() == \
+        cli("probs", TEXT, "--weights", b, "--json").json()
+    assert cli("--weights", "org/tiny", "probs", TEXT, "--json").json() == \
+        cli("probs", TEXT, "--weights", a, "--json").json()
+
+
+def test_a_local_folder_of_that_name_wins(hub, cli, monkeypatch):
+    _, _, _, _, b = hub
+    monkeypatch.delenv("TINYGPT_WEIGHTS", raising=False)
+    local = write_folder(Path("org") / "tiny", random_params(_tiny(), seed=13), _tiny())
+    model = load_model("org/tiny")
+    assert model.folder == local
+    assert not np.array_equal(model.params["embed.W_E"], load_model(b).params["embed.W_E"])
+
+
+def test_offline_and_not_cached_is_one_error_line(hub, cli, monkeypatch):
+    cache = hub[0]
+    monkeypatch.delenv("TINYGPT_WEIGHTS", raising=False)
+    got = cli("probs", TEXT, "--weights", "org/absent")
+    assert_one_error_line(got, 2, "org/absent is not a folder here nor in the hub cache",
+                          str(cache), "HF_HUB_OFFLINE is set",
+                          "fetch it once with the hub reachable (HF_HUB_OFFLINE unset)")
+    got = cli("probs", TEXT, "--weights", "org/tiny@v9")  # no such ref cached
+    assert_one_error_line(got, 2, "org/tiny@v9 is not a folder here nor in the hub cache")
+
+
+def test_a_snapshot_missing_a_file_names_it(hub, cli, monkeypatch):
+    cache, _, _, a, _ = hub
+    monkeypatch.delenv("TINYGPT_WEIGHTS", raising=False)
+    snap = cache_model(cache, "org/partial", COMMIT_A, a, skip=("tokenizer.json",))
+    got = cli("encode", TEXT, "--weights", "org/partial")
+    assert_one_error_line(got, 2, f"the hub cache's snapshot of org/partial ({snap}) has no "
+                          "tokenizer.json and HF_HUB_OFFLINE is set")
+
+
+def test_hf_hub_cache_overrides_hf_home(hub, monkeypatch, tmp_path):
+    cache_model(tmp_path / "elsewhere", "org/tiny", COMMIT_B, hub[4])
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "elsewhere"))
+    assert load_model("org/tiny").folder == tmp_path / "elsewhere" / "models--org--tiny" / \
+        "snapshots" / COMMIT_B
+
+
+def test_without_the_hub_extra_the_error_says_what_to_install(hub, cli, monkeypatch):
+    monkeypatch.delenv("TINYGPT_WEIGHTS", raising=False)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import fails
+    got = cli("probs", TEXT, "--weights", "org/tiny")
+    assert_one_error_line(got, 2, "weights folder org/tiny does not exist; to fetch org/tiny "
+                          "from the Hugging Face hub, install the hub extra: "
+                          'pip install "tinygpt-cli[hub]"')
+
+
+@pytest.mark.parametrize("name", ["nowhere", "a/b/c", "/abs/path", "org/..", "org/x--y",
+                                  "-org/x", "org/x@"])
+def test_names_that_are_not_hub_ids_stay_folders(hub, cli, monkeypatch, name):
+    monkeypatch.delenv("TINYGPT_WEIGHTS", raising=False)
+    got = cli("probs", TEXT, "--weights", name)
+    assert_one_error_line(got, 2, f"weights folder {name} does not exist")
+    assert "hub" not in got.err
