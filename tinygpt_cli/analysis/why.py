@@ -340,18 +340,22 @@ def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
 
 
 def influence(index: Index, snapshots: list, config: Config, ids: list[int], target: int,
-              top: int, grads: TracinIndex, hooks=None, workers: int | None = None) -> dict:
-    """TracIn end to end over every window: score them all from the index, then explain the
-    top ones exactly, the snapshots on `workers` threads (default: every core).
-    `snapshots` are analysis.history.Snapshot objects with a learning rate, in the index's
-    order."""
-    x, y = windows(index.stream, config.n_positions)
-    per_snapshot = grads.scores([s.params for s in snapshots], config, x, y, ids, target, hooks,
-                                workers)
-    per_snapshot *= np.asarray([s.lr for s in snapshots])[:, None]
-    queries = [query_gradient(s.params, config, ids, target, hooks) for s in snapshots]
-    rows = top_windows(index.stream, config, np.arange(len(x)), per_snapshot,
-                       [(s.params, s.lr, q) for s, q in zip(snapshots, queries, strict=True)],
+              top: int, grads: TracinIndex, hooks=None, workers: int | None = None,
+              engine=None, progress=None) -> dict:
+    """TracIn end to end over every window: score them all from the index where its shards
+    lie (on `engine`: default this machine; each shard keeps its POOL * top best), then
+    explain the best of those exactly, the snapshots on `workers` threads (default: every
+    core). `snapshots` are analysis.history.Snapshot objects with a learning rate, in the
+    index's order; progress(done, total) follows the shards scored."""
+    from ..cluster import Here
+
+    x, _ = windows(index.stream, config.n_positions)
+    queries = grads.queries([s.params for s in snapshots], config, ids, target, hooks, workers)
+    chosen, per_snapshot = grads.best(queries, np.asarray([s.lr for s in snapshots]),
+                                      POOL * top, config, engine or Here(workers), progress)
+    gradients = [query_gradient(s.params, config, ids, target, hooks) for s in snapshots]
+    rows = top_windows(index.stream, config, chosen, per_snapshot,
+                       [(s.params, s.lr, q) for s, q in zip(snapshots, gradients, strict=True)],
                        ids, target, top, workers)
     return {"windows": len(x), "windows_scored": len(x), "index": grads.describe(),
             "top_windows": rows}
@@ -413,9 +417,11 @@ def training_text(model, data: list[Path] | None, any_data: bool = False):
 
 
 def answer(model, ids: list[int], target: str | int | None, files: list, top: int,
-           report=None, workers: int | None = None, hooks=None) -> Why:
+           report=None, workers: int | None = None, hooks=None, engine=None,
+           query_report=None) -> Why:
     """`why` end to end: the training text's index, the exact matches, the snapshots, the
-    window-gradient index (built when missing; report(done, total) follows it) and TracIn;
+    window-gradient index (built when missing, on `engine`: default this machine;
+    report(done, total) follows it) and TracIn (query_report(done, total) follows its shards);
     the text (never the training windows) runs through `hooks`, its steering."""
     from ..errors import InputError
     from ..session import token_id
@@ -444,7 +450,7 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
                                 "it), so there is nothing to rank")
     grads = open_index(index.key, [s.path for s in timeline], config, len(x))
     try:
-        grads.build(index.stream, config, workers, report)
+        grads.build(index.stream, config, workers, report, engine=engine)
     except OSError as e:  # the gradient index is files on disk, read back by every query
         raise cannot_keep(grads.folder, e) from None
     return Why(target_id, model.tokenizer.token_str(target_id), len(index.stream),
@@ -452,7 +458,8 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
                longest_seen(index.stream, index.sa, ids, target_id),
                exact_matches(index.stream, index.sa, ids, target_id), timeline,
                tokens_named(influence(index, timeline, config, ids, target_id, top, grads,
-                                      hooks, workers), model.tokenizer, index), grads)
+                                      hooks, workers, engine, query_report), model.tokenizer,
+                            index), grads)
 
 
 def tokens_named(found: dict, tokenizer, index: Index) -> dict:

@@ -1,0 +1,248 @@
+"""Where the corpus-wide work runs: on this machine (the default, the reference), or on a Dask
+cluster (`tinygpt --cluster ADDRESS`, or $TINYGPT_CLUSTER; `--cluster local` starts one of
+this machine's cores).
+
+A job is a list of tasks, each a pure function of one shard of windows: `fn(task, shared)`,
+where `task` carries the shard (its window range and its tokens) and `shared` what every task
+of the job reads (the weights, the config, the query), sent once to each worker. Both engines
+run the same functions on the same shards, so their answers are equal bit for bit; only where
+the tasks run differs:
+
+    Here     this machine: in this process ("here"), on threads ("threads"), or in a pool of
+             processes ("processes": spawned, one BLAS thread each), as before the cluster
+    Cluster  a dask.distributed Client: `shared` is scattered to every worker once, the tasks
+             are mapped over the workers, their results gathered as each finishes
+
+Every worker process uses one BLAS thread (several workers spinning pools against each other
+on the same cores ran four times slower). A task's own error (a damaged file) reaches the
+caller as it was raised; a worker lost mid-task is the scheduler's to rerun elsewhere, and a
+job that cannot finish ends with one error line. Dask is an optional extra: without it,
+--cluster says in one line what to install.
+
+Importing this module imports nothing heavy (Dask only when a cluster is asked for).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+ENV = "TINYGPT_CLUSTER"
+LOCAL = "local"
+INSTALL = 'pip install "tinygpt-cli[cluster]"'
+CONNECT_SECONDS = 10
+
+Task = Callable[[Any, Any], Any]  # fn(task, shared) -> result: a top-level function
+
+
+def chosen(option: str | None, environ=os.environ) -> str | None:
+    """The cluster asked for: --cluster, else $TINYGPT_CLUSTER, else None (this machine)."""
+    value = option if option is not None else environ.get(ENV)
+    value = (value or "").strip()
+    return value or None
+
+
+# ------------------------------------------------------------------ inside a worker
+
+_SHARED: dict = {}  # a pool process's `shared`, set once by its initializer
+
+
+def one_thread() -> None:
+    """One BLAS thread in this worker process, set once (later calls cost nothing)."""
+    if not _SHARED.get("one thread"):
+        from .threads import use
+
+        use(1)
+        _SHARED["one thread"] = True
+
+
+def _pool_start(shared: Any) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    one_thread()
+    _SHARED["shared"] = shared
+
+
+def _pool_call(item: tuple) -> tuple:
+    i, fn, task = item
+    return i, fn(task, _SHARED["shared"])
+
+
+def _dask_call(i: int, fn: Task, task: Any, shared: Any) -> tuple:
+    one_thread()
+    return i, fn(task, shared)
+
+
+# ------------------------------------------------------------------ this machine
+
+
+class Here:
+    """This machine's cores, with no scheduler: the default, and the reference."""
+
+    name = "this machine"
+
+    def __init__(self, workers: int | None = None):
+        from .threads import cores
+
+        self.workers = workers or cores()
+
+    @contextmanager
+    def job(self, shared: Any = None, spread: str = "here"):
+        """A runner for one job's tasks: run(fn, tasks) yields (task index, result) as each
+        finishes. spread: "here" (this process, in order), "threads" (NumPy releases the GIL:
+        for tasks that are each large), "processes" (a spawned pool, started once for the
+        job however many runs it makes)."""
+        if spread == "processes":
+            with _process_pool(shared, self.workers) as run:
+                yield run
+            return
+
+        def run(fn: Task, tasks: list) -> Iterator[tuple[int, Any]]:
+            if spread == "threads":
+                from .threads import map_on_cores
+
+                yield from enumerate(map_on_cores(lambda t: fn(t, shared), tasks,
+                                                  self.workers))
+                return
+            for i, task in enumerate(tasks):
+                yield i, fn(task, shared)
+
+        yield run
+
+
+@contextmanager
+def _process_pool(shared: Any, workers: int):
+    """A spawned pool of `workers` processes, each with one BLAS thread and `shared`;
+    Ctrl-C (or any error) stops them at once."""
+    import multiprocessing as mp
+
+    from .threads import BLAS_VARS
+
+    saved = {k: os.environ.get(k) for k in BLAS_VARS}
+    os.environ.update({k: "1" for k in saved})  # read by each worker's BLAS as it starts
+    try:
+        pool = mp.get_context("spawn").Pool(workers, _pool_start, (shared,))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    def run(fn: Task, tasks: list) -> Iterator[tuple[int, Any]]:
+        yield from pool.imap_unordered(_pool_call, [(i, fn, t) for i, t in enumerate(tasks)])
+
+    try:
+        yield run
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+
+
+# ------------------------------------------------------------------ a Dask cluster
+
+
+class Cluster:
+    """A dask.distributed cluster: its scheduler at `address`, or a LocalCluster started here
+    (`local`: this machine's cores, one single-threaded worker process each, no dashboard)."""
+
+    def __init__(self, address: str, workers: int | None = None):
+        from .errors import InputError
+
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise InputError(f"--cluster needs Dask, which is not installed: {INSTALL}") \
+                from None
+        self.local = None
+        try:
+            if address == LOCAL:
+                from .threads import cores
+
+                self.local = LocalCluster(n_workers=workers or cores(), threads_per_worker=1,
+                                          processes=True, dashboard_address=None,
+                                          host="127.0.0.1")
+                self.client = Client(self.local)
+            else:
+                self.client = Client(address, timeout=CONNECT_SECONDS)
+        except (OSError, TimeoutError, ValueError) as e:
+            self.close()
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise InputError(f"cannot reach the Dask scheduler at {address!r}: {reason} "
+                             "(start one with `dask scheduler`, or give --cluster local)") \
+                from None
+        self.name = f"the cluster at {self.client.scheduler.address}"
+        self.workers = max(sum(w.get("nthreads", 1) for w in
+                               self.client.scheduler_info()["workers"].values()), 1)
+
+    def close(self) -> None:
+        for part in (getattr(self, "client", None), self.local):
+            if part is not None:
+                part.close()
+
+    @contextmanager
+    def job(self, shared: Any = None, spread: str = "here"):
+        """As Here.job; `spread` is this machine's business (every task goes to a worker)."""
+        from distributed import as_completed
+
+        from .errors import WeightsError
+
+        where = self.client.scatter(shared, broadcast=True, hash=False) \
+            if shared is not None else None
+        futures: list = []
+
+        def run(fn: Task, tasks: list) -> Iterator[tuple[int, Any]]:
+            batch = self.client.map(_dask_call, range(len(tasks)), [fn] * len(tasks), tasks,
+                                    shared=where, pure=False)
+            futures.extend(batch)
+            for future in as_completed(batch):
+                try:
+                    yield future.result()
+                except Exception as e:
+                    if type(e).__name__ == "KilledWorker":  # workers lost again and again
+                        raise WeightsError(f"{self.name} lost the workers running a task "
+                                           f"({e}); run again to finish the rest") from None
+                    raise
+
+        try:
+            yield run
+        finally:
+            self.client.cancel([f for f in futures if not f.done()])
+            if where is not None:
+                self.client.cancel(where)
+
+
+@contextmanager
+def engine(address: str | None = None, workers: int | None = None):
+    """The engine for `address` (chosen()'s answer): this machine when None, else the Dask
+    cluster there (`local`: one started for the command and stopped after it)."""
+    if address is None:
+        yield Here(workers)
+        return
+    found = Cluster(address, workers)
+    try:
+        yield found
+    finally:
+        found.close()
+
+
+def in_order(results: Iterator[tuple[int, Any]], n: int,
+             progress: Callable[[Any], None] | None = None) -> list:
+    """The results of a run, in the tasks' order; progress(result) as each arrives."""
+    out: list = [None] * n
+    for i, result in results:
+        out[i] = result
+        if progress:
+            progress(result)
+    return out
+
+
+def spans(n: int, size: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges of `size` covering range(n): the shards of n windows."""
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
