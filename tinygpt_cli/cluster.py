@@ -71,6 +71,13 @@ def _pool_call(item: tuple) -> tuple:
     return i, fn(task, _SHARED["shared"])
 
 
+LOST = ("KilledWorker", "FutureCancelledError", "CancelledError", "CommClosedError")
+
+
+def _shared(shared: Any) -> Any:
+    return shared
+
+
 def _dask_call(i: int, fn: Task, task: Any, shared: Any) -> tuple:
     one_thread()
     return i, fn(task, shared)
@@ -188,14 +195,16 @@ class Cluster:
 
     @contextmanager
     def job(self, shared: Any = None, spread: str = "here"):
-        """As Here.job; `spread` is this machine's business (every task goes to a worker)."""
+        """As Here.job; `spread` is this machine's business (every task goes to a worker).
+        `shared` is a task of its own (not scattered data, which a lost worker takes with it
+        for good): the scheduler holds it, each worker fetches it once, and it is made again
+        when the worker holding it is lost."""
         from distributed import as_completed
 
         from .errors import WeightsError
 
-        where = self.client.scatter(shared, broadcast=True, hash=False) \
-            if shared is not None else None
-        futures: list = []
+        where = self.client.submit(_shared, shared, pure=False)
+        futures: list = [where]
 
         def run(fn: Task, tasks: list) -> Iterator[tuple[int, Any]]:
             batch = self.client.map(_dask_call, range(len(tasks)), [fn] * len(tasks), tasks,
@@ -205,27 +214,51 @@ class Cluster:
                 try:
                     yield future.result()
                 except Exception as e:
-                    if type(e).__name__ == "KilledWorker":  # workers lost again and again
+                    if type(e).__name__ in LOST:  # a worker lost again and again, a cut link
                         raise WeightsError(f"{self.name} lost the workers running a task "
-                                           f"({e}); run again to finish the rest") from None
+                                           f"({type(e).__name__}); what they finished is kept: "
+                                           "run again to finish the rest") from None
                     raise
 
         try:
             yield run
         finally:
-            self.client.cancel([f for f in futures if not f.done()])
-            if where is not None:
-                self.client.cancel(where)
+            self.client.cancel(futures)
+
+
+class Engine:
+    """The engine for `address` (chosen()'s answer: None for this machine), connected on its
+    first job (an answer found in the cache needs no cluster) and closed by engine()."""
+
+    def __init__(self, address: str | None = None, workers: int | None = None):
+        self.address, self._workers, self._open = address, workers, None
+        self.name = ("this machine" if address is None else "a LocalCluster of this "
+                     "machine's cores" if address == LOCAL else f"the Dask cluster at {address}")
+
+    def opened(self) -> Here | Cluster:
+        if self._open is None:
+            self._open = Here(self._workers) if self.address is None else \
+                Cluster(self.address, self._workers)
+        return self._open
+
+    @property
+    def workers(self) -> int:
+        return self.opened().workers
+
+    def job(self, shared: Any = None, spread: str = "here"):
+        return self.opened().job(shared, spread)
+
+    def close(self) -> None:
+        if isinstance(self._open, Cluster):
+            self._open.close()
+        self._open = None
 
 
 @contextmanager
 def engine(address: str | None = None, workers: int | None = None):
-    """The engine for `address` (chosen()'s answer): this machine when None, else the Dask
-    cluster there (`local`: one started for the command and stopped after it)."""
-    if address is None:
-        yield Here(workers)
-        return
-    found = Cluster(address, workers)
+    """The Engine for `address`: this machine when None, else the Dask cluster there
+    (`local`: one started for the command, when it first has work, and stopped after it)."""
+    found = Engine(address, workers)
     try:
         yield found
     finally:
@@ -233,14 +266,28 @@ def engine(address: str | None = None, workers: int | None = None):
 
 
 def in_order(results: Iterator[tuple[int, Any]], n: int,
-             progress: Callable[[Any], None] | None = None) -> list:
-    """The results of a run, in the tasks' order; progress(result) as each arrives."""
+             progress: Callable[[int, Any], None] | None = None) -> list:
+    """The results of a run, in the tasks' order; progress(i, result) as each arrives."""
     out: list = [None] * n
     for i, result in results:
         out[i] = result
         if progress:
-            progress(result)
+            progress(i, result)
     return out
+
+
+SHARD = 256  # windows per task of an activation pass: a multiple of every pass's batch
+
+
+def over_windows(engine, fn: Task, windows, shared: Any, *,
+                 progress: Callable[[int], None] | None = None, shard: int = SHARD) -> list:
+    """fn((first, windows[first : first + shard]), shared) for each shard of `windows`
+    [W, T], on `engine` (None: this process, one shard after another), the results in window
+    order; progress(windows) as each shard finishes."""
+    tasks = [(a, windows[a:b]) for a, b in spans(len(windows), shard)]
+    with (engine or Here(1)).job(shared) as run:
+        return in_order(run(fn, tasks), len(tasks),
+                        progress and (lambda i, _: progress(len(tasks[i][1]))))
 
 
 def spans(n: int, size: int) -> list[tuple[int, int]]:

@@ -367,7 +367,7 @@ class TracinIndex:
                  for c, (a, _) in enumerate(self.spans())]
         done = [0]
 
-        def step(_) -> None:
+        def step(*_) -> None:
             done[0] += 1
             if progress:
                 progress(done[0], len(tasks))

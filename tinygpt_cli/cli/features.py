@@ -21,6 +21,7 @@ from .common import (
     bar,
     check_out,
     check_save,
+    engine,
     load,
     present,
     steered,
@@ -98,8 +99,9 @@ def sae_train(
     out = S.sae_file(model.weights_file, out, site)
     x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
                            windows)
-    with bar(as_json)(len(x_in), f"values of {site}") as advance:
-        x = S.site_values(model.params, model.config, x_in, site, progress=advance, hooks=hooks)
+    with bar(as_json)(len(x_in), f"values of {site}") as advance, engine(context) as where:
+        x = S.site_values_on(where, model.params, model.config, x_in, site, progress=advance,
+                             hooks=hooks)
     settings = {"site": site, "latents": latents, "k": k, "steps": steps, "batch": batch,
                 "lr": lr, "windows": windows, "seed": seed}
     state = S.train_resumably(x, out, settings, sha256(model.weights_file), bar(as_json),

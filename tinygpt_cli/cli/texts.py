@@ -22,6 +22,7 @@ from .common import (
     bar,
     check_index,
     check_save,
+    engine,
     figures,
     load,
     open_session,
@@ -207,7 +208,8 @@ def neurons(
         raise InputError("--neuron searches --data, not a text: leave the text out")
     files, note = search_files(data, model.folder, any_data=any_data)
     hooks, changes = steered(context, model)
-    maxima = nrn.cached_maxima(model, files, bar(as_json), hooks)
+    with engine(context) as where:
+        maxima = nrn.cached_maxima(model, files, bar(as_json), hooks, where)
     if note:  # once the maxima stand: an error is then the only line
         stderr().print(escape_line(note), soft_wrap=True)
     ex = nrn.neuron_examples(model.params, cfg, maxima, maxima["stream"], layer, neuron, top,
