@@ -19,7 +19,7 @@ from test_history import index_files, run  # noqa: F401 - run: the trained folde
 from tinygpt_cli import cluster
 from tinygpt_cli.analysis import history as hist
 from tinygpt_cli.analysis import neurons as nrn
-from tinygpt_cli.analysis import why
+from tinygpt_cli.analysis import why, why_index
 from tinygpt_cli.analysis.why_index import open_index
 from tinygpt_cli.weights import load_model
 
@@ -32,7 +32,7 @@ TEXT = "Tom saw a dog. The dog"
 def address():
     """A LocalCluster for the module: 2 worker processes of one thread, on 127.0.0.1."""
     local = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                     dashboard_address=None, host="127.0.0.1")
+                                     host="127.0.0.1", **cluster.NO_DASHBOARD)
     yield local.scheduler_address
     local.close()
 
@@ -91,9 +91,9 @@ def _index(run, tmp_path, monkeypatch, name: str):  # noqa: F811
 
 def test_the_sharded_query_keeps_the_best_of_every_window(run, tmp_path, monkeypatch,  # noqa: F811
                                                           on_cluster):
-    """Each shard keeps its own best 3 (shards of 4 windows); merged, they hold the best 3 of
-    the whole score matrix (scored window by window here), with the same numbers, on the
-    cluster as on this machine."""
+    """Each shard keeps its own best 3 (shards of 4 windows), each task the best 3 of its
+    shards'; merged, they hold the best 3 of the whole score matrix, with its numbers, on the
+    cluster as on this machine; progress counts the shards scored."""
     index, timeline, config, grads = _index(run, tmp_path, monkeypatch, "a")
     grads.build(index.stream, config, workers=1, chunk=4)
     ids, target = load_model(run).tokenizer.encode("The cat sat on the"), 5
@@ -103,17 +103,24 @@ def test_the_sharded_query_keeps_the_best_of_every_window(run, tmp_path, monkeyp
     whole = grads.scores(params, config, x, y, ids, target) * lrs[:, None]  # [S, W]
     queries = grads.queries(params, config, ids, target)
     seen = []
-    here = grads.best(queries, lrs, 3, config, cluster.Here(1))
-    there = grads.best(queries, lrs, 3, config, on_cluster, lambda d, t: seen.append((d, t)))
-    for a, b in zip(here, there, strict=True):
-        np.testing.assert_array_equal(a, b)
-    chosen, per = here
-    assert list(chosen) == sorted(chosen) and len(chosen) == 3 * len(grads.spans())
-    np.testing.assert_array_equal(per, whole[:, chosen])
-    best3 = np.argsort(-whole.sum(0), kind="stable")[:3]
-    assert set(best3) <= set(chosen.tolist())
+    best3 = np.sort(np.argsort(-whole.sum(0), kind="stable")[:3])
     shards = len(grads.spans())
-    assert sorted(seen) == [(d, shards) for d in range(1, shards + 1)]
+    assert shards > 4
+
+    def top3(found):  # the best 3 of a query's candidates
+        w, per = found
+        assert list(w) == sorted(w) and 3 <= len(w) <= 3 * shards
+        np.testing.assert_array_equal(per, whole[:, w])  # the numbers of the whole matrix
+        keep = np.sort(np.argsort(-per.sum(0), kind="stable")[:3])
+        return w[keep].tolist()
+
+    assert top3(grads.best(queries, lrs, 3, config, cluster.Here(1))) == best3.tolist()
+    assert top3(grads.best(queries, lrs, 3, config, on_cluster,
+                           lambda d, t: seen.append((d, t)))) == best3.tolist()
+    assert seen[-1] == (shards, shards) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+    monkeypatch.setattr(why_index, "TASKS_PER_WORKER", 1)  # several shards a task: one
+    few = grads.best(queries, lrs, 3, config, on_cluster)  # best 3 of each of the 2 tasks
+    assert top3(few) == best3.tolist() and len(few[0]) == 3 * on_cluster.workers
 
 
 def test_a_worker_killed_during_a_build_loses_only_the_shards_in_flight(

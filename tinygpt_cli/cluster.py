@@ -33,6 +33,10 @@ ENV = "TINYGPT_CLUSTER"
 LOCAL = "local"
 INSTALL = 'pip install "tinygpt-cli[cluster]"'
 CONNECT_SECONDS = 10
+# A LocalCluster without its dashboard, and its scheduler's HTTP routes on a free loopback port
+# (by default they take 8787, or warn that another cluster has it)
+NO_DASHBOARD = {"dashboard_address": None,
+                "scheduler_kwargs": {"dashboard": False, "dashboard_address": "127.0.0.1:0"}}
 
 Task = Callable[[Any, Any], Any]  # fn(task, shared) -> result: a top-level function
 
@@ -173,8 +177,8 @@ class Cluster:
                 from .threads import cores
 
                 self.local = LocalCluster(n_workers=workers or cores(), threads_per_worker=1,
-                                          processes=True, dashboard_address=None,
-                                          host="127.0.0.1")
+                                          processes=True, host="127.0.0.1",
+                                          **NO_DASHBOARD)
                 self.client = Client(self.local)
             else:
                 self.client = Client(address, timeout=CONNECT_SECONDS)

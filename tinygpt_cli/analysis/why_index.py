@@ -157,12 +157,21 @@ def build_task(task: tuple, config: dict) -> tuple:
     return task[0], s, len(x)
 
 
-def score_task(task: tuple, shared: tuple) -> tuple:
-    """One window range's scores, where its shards lie: task (c, first window, the shard file
-    of each snapshot), shared (the query of each snapshot, their learning rates or None, how
-    many windows to keep or None, T) -> (c, windows [k], per snapshot [S, k]): the `keep`
-    best by the sum over snapshots (every window when keep is None), in window order."""
-    c, first, files = task
+def score_task(task: list, shared: tuple) -> tuple:
+    """A run of window ranges' scores, read where their shards lie: task [(c, first window,
+    the shard file of each snapshot)], shared (the query of each snapshot, their learning
+    rates or None, how many windows to keep or None, T) -> (windows [k], per snapshot [S, k]):
+    the `keep` best by the sum over snapshots (every window when keep is None), in window
+    order, ties to the earlier window."""
+    found = [_shard_scores(item, shared) for item in task]
+    windows = np.concatenate([w for w, _ in found])
+    per = np.concatenate([p for _, p in found], axis=1)
+    return _best(windows, per, shared[2])
+
+
+def _shard_scores(item: tuple, shared: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """One window range: its windows' scores at each snapshot, its own `keep` best."""
+    _, first, files = item
     queries, lrs, keep, t = shared
     per = []
     tokens = None
@@ -174,11 +183,19 @@ def score_task(task: tuple, shared: tuple) -> tuple:
     per = np.stack(per)  # [S, w]
     if lrs is not None:
         per *= np.asarray(lrs)[:, None]
-    windows = np.arange(first, first + per.shape[1])
-    if keep is not None and keep < len(windows):
-        best = np.sort(np.argsort(-per.sum(axis=0), kind="stable")[:keep])
-        return c, windows[best], per[:, best]
-    return c, windows, per
+    return _best(np.arange(first, first + per.shape[1]), per, keep)
+
+
+def _best(windows: np.ndarray, per: np.ndarray, keep: int | None):
+    """The `keep` columns of the highest sum over snapshots (a stable sort: ties to the
+    earlier column, so to the earlier window), in window order."""
+    if keep is None or keep >= len(windows):
+        return windows, per
+    best = np.sort(np.argsort(-per.sum(axis=0), kind="stable")[:keep])
+    return windows[best], per[:, best]
+
+
+TASKS_PER_WORKER = 4  # a query's tasks: enough to balance, few enough to schedule quickly
 
 
 # ------------------------------------------------------------------ building and reading
@@ -360,17 +377,21 @@ class TracinIndex:
 
     def _score(self, queries: list, lrs, keep: int | None, config: Config, engine,
                progress=None) -> list[tuple]:
-        """score_task on every window range, where it lies: a task per range."""
+        """score_task on every window range, where its shards lie: the ranges in runs, about
+        TASKS_PER_WORKER tasks a worker (one range a task on a small index); progress(ranges
+        done, ranges) as the tasks finish."""
         from ..cluster import in_order
 
-        tasks = [(c, a, [str(self.shard(s, c)) for s in range(len(queries))])
-                 for c, (a, _) in enumerate(self.spans())]
+        ranges = [(c, a, [str(self.shard(s, c)) for s in range(len(queries))])
+                  for c, (a, _) in enumerate(self.spans())]
+        size = -(-len(ranges) // (TASKS_PER_WORKER * engine.workers))
+        tasks = [ranges[i : i + size] for i in range(0, len(ranges), size)]
         done = [0]
 
-        def step(*_) -> None:
-            done[0] += 1
+        def step(i: int, _) -> None:
+            done[0] += len(tasks[i])
             if progress:
-                progress(done[0], len(tasks))
+                progress(done[0], len(ranges))
 
         with engine.job((queries, lrs, keep, config.n_positions), spread="threads") as run:
             return in_order(run(score_task, tasks), len(tasks), step)
@@ -387,17 +408,18 @@ class TracinIndex:
             return np.zeros((0, len(x)))
         queries = self.queries(params_list, config, ids, target, hooks, workers)
         found = self._score(queries, None, None, config, engine or Here(workers))
-        return np.concatenate([per for _, _, per in found], axis=1)
+        return np.concatenate([per for _, per in found], axis=1)
 
     def best(self, queries: list, lrs: np.ndarray, keep: int, config: Config, engine,
              progress=None) -> tuple[np.ndarray, np.ndarray]:
         """The `keep` best windows by the learning-rate-weighted sum of their scores over the
-        snapshots: each window range keeps its own best where it lies, only those cross the
-        network, and the best of them are the best of all (ties to the earlier window).
-        -> (windows [n], per snapshot [S, n]), in window order, n >= keep (or every window)."""
+        snapshots: each window range keeps its own best where it lies, each task the best of
+        its ranges', only those cross the network, and the best of them are the best of all
+        (ties to the earlier window). -> (windows [n], per snapshot [S, n]), in window order,
+        n >= keep (or every window)."""
         found = self._score(queries, lrs, keep, config, engine, progress)
-        return (np.concatenate([w for _, w, _ in found]),
-                np.concatenate([per for _, _, per in found], axis=1))
+        return (np.concatenate([w for w, _ in found]),
+                np.concatenate([per for _, per in found], axis=1))
 
 
 @contextmanager
