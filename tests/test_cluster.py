@@ -184,10 +184,10 @@ def test_neurons_examples_on_the_cluster_are_this_machines(cli, run, tmp_path,  
     assert a.json() == b.json()
 
 
-def test_means_and_sae_train_on_the_cluster_write_this_machines_files(cli, run, tmp_path,  # noqa: F811
-                                                                       monkeypatch, address):
-    """means and sae train with their passes in shards of 4 windows on two workers: the
-    files they write equal the one-machine files byte for byte."""
+def test_means_sae_train_and_lens_fit_on_the_cluster_write_this_machines_files(
+        cli, run, tmp_path, monkeypatch, address):  # noqa: F811
+    """means, sae train and lens --fit with their passes in shards of 4 windows on two
+    workers: the files they write equal the one-machine files byte for byte."""
     monkeypatch.setattr(cluster, "SHARD", 4)
     data = run.parent / "data"
     for where, extra in (("here", ()), ("there", ("--cluster", address))):
@@ -198,7 +198,10 @@ def test_means_and_sae_train_on_the_cluster_write_this_machines_files(cli, run, 
                 "--latents", "16", "--k", "4", "--steps", "30", "--batch", "64",
                 "--windows", "20", "--out", tmp_path / where / "s.safetensors")
         assert s.code == 0, s.err
-    for name in ("m.safetensors", "s.safetensors"):
+        lens = cli(*extra, "lens", "--fit", "--data", data, "--lens",
+                   tmp_path / where / "l.safetensors")
+        assert lens.code == 0, lens.err
+    for name in ("m.safetensors", "s.safetensors", "l.safetensors"):
         assert (tmp_path / "here" / name).read_bytes() == (tmp_path / "there" / name).read_bytes()
 
 

@@ -224,13 +224,17 @@ def tuned_lens_work(context: RunContext, weights: Path | None, fit: bool, evalua
     if fit:
         check_out(lens_file, force, example="--lens tuned.safetensors", folder_made=True,
                   option="--lens", default=path)
-        tokens = tl.fit_on_training_text(model, data, path, bar(as_json), hooks, changes)
+        with engine(context) as where:
+            tokens = tl.fit_on_training_text(model, data, path, bar(as_json), hooks, changes,
+                                             where)
         if not evaluate:
             doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": tokens, **changes}
             present(context, as_json, lambda: doc, lambda: view.lens_fit_view(doc))
             return
     translators = tl.load_translators(path, cfg, model.weights_file)
-    result, names = tl.evaluate_held_out(model, data, translators, bar(as_json), hooks)
+    with engine(context) as where:
+        result, names = tl.evaluate_held_out(model, data, translators, bar(as_json), hooks,
+                                             where)
     present(context, as_json, lambda: {**view.lens_eval_doc(result, names), **changes},
             lambda: view.lens_eval_view(result, names))
 
