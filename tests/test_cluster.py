@@ -37,6 +37,17 @@ def address():
     local.close()
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """This process's BLAS at one thread, as every command starts it (threads.use_default,
+    before NumPy loads; here NumPy was loaded by the test run with its own default): the
+    one-machine reference, which a pool of several threads may round differently."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        yield
+
+
 @pytest.fixture
 def on_cluster(address):
     with cluster.engine(address) as e:
@@ -296,3 +307,18 @@ def test_the_build_tasks_are_the_same_on_both_engines(run, tmp_path, monkeypatch
     assert outs[0].read_bytes() == outs[1].read_bytes() == \
         (grads.folder / json.loads((grads.folder / "index.json").read_text())
          ["shards"][0]["file"]).read_bytes()
+
+
+def test_score_of_a_file_on_the_cluster_is_this_machines(cli, run, monkeypatch,  # noqa: F811
+                                                         address):
+    """score --file (every story, its JSON lines in order) and --stream, their batches
+    tasks of two workers (two batches a task): the same output, byte for byte."""
+    from tinygpt_cli.analysis import score
+
+    monkeypatch.setattr(score, "BATCHES_PER_TASK", 2)
+    data = run.parent / "data" / "part-000.txt"
+    for args in (("score", "--file", data, "--json"), ("score", "--file", data, "--stream",
+                                                       "--json")):
+        here, there = cli(*args), cli("--cluster", address, *args)
+        assert here.code == there.code == 0, (here.err, there.err)
+        assert len(here.out.splitlines()) > 100 and there.out == here.out

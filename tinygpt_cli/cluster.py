@@ -211,6 +211,7 @@ class Cluster:
         futures: list = [where]
 
         def run(fn: Task, tasks: list) -> Iterator[tuple[int, Any]]:
+            tasks = list(tasks)
             batch = self.client.map(_dask_call, range(len(tasks)), [fn] * len(tasks), tasks,
                                     shared=where, pure=False)
             futures.extend(batch)
@@ -249,6 +250,11 @@ class Engine:
     def workers(self) -> int:
         return self.opened().workers
 
+    @property
+    def remote(self) -> bool:
+        """Is the work to go to a cluster (not this machine)?"""
+        return self.address is not None
+
     def job(self, shared: Any = None, spread: str = "here"):
         return self.opened().job(shared, spread)
 
@@ -278,6 +284,17 @@ def in_order(results: Iterator[tuple[int, Any]], n: int,
         if progress:
             progress(i, result)
     return out
+
+
+def in_turn(results: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
+    """The results of a run in the tasks' order, each as soon as those before it are in."""
+    early: dict = {}
+    turn = 0
+    for i, result in results:
+        early[i] = result
+        while turn in early:
+            yield turn, early.pop(turn)
+            turn += 1
 
 
 SHARD = 256  # windows per task of an activation pass: a multiple of every pass's batch
