@@ -10,8 +10,10 @@ the tasks run differs:
 
     Here     this machine: in this process ("here"), on threads ("threads"), or in a pool of
              processes ("processes": spawned, one BLAS thread each), as before the cluster
-    Cluster  a dask.distributed Client: `shared` is scattered to every worker once, the tasks
-             are mapped over the workers, their results gathered as each finishes
+    Cluster  a dask.distributed Client: `shared` is a task of its own that each worker
+             fetches once, the tasks are submitted IN_FLIGHT a worker ahead (the rest and
+             their data wait here: a corpus never crosses the network at once), their
+             results gathered as each finishes
 
 Every worker process uses one BLAS thread (several workers spinning pools against each other
 on the same cores ran four times slower). A task's own error (a damaged file) reaches the
@@ -33,6 +35,7 @@ ENV = "TINYGPT_CLUSTER"
 LOCAL = "local"
 INSTALL = 'pip install "tinygpt-cli[cluster]"'
 CONNECT_SECONDS = 10
+IN_FLIGHT = 4  # tasks submitted a worker ahead: the rest (and their data) wait here
 # A LocalCluster without its dashboard, and its scheduler's HTTP routes on a free loopback port
 # (by default they take 8787, or warn that another cluster has it)
 NO_DASHBOARD = {"dashboard_address": None,
@@ -208,27 +211,39 @@ class Cluster:
         from .errors import WeightsError
 
         where = self.client.submit(_shared, shared, pure=False)
-        futures: list = [where]
+        pending: set = {where}
 
-        def run(fn: Task, tasks: list) -> Iterator[tuple[int, Any]]:
-            tasks = list(tasks)
-            batch = self.client.map(_dask_call, range(len(tasks)), [fn] * len(tasks), tasks,
-                                    shared=where, pure=False)
-            futures.extend(batch)
-            for future in as_completed(batch):
+        def run(fn: Task, tasks) -> Iterator[tuple[int, Any]]:
+            todo = iter(enumerate(tasks))
+            done = as_completed()
+
+            def submit() -> None:  # the next task, if any: its data leaves only now
+                for i, task in todo:
+                    future = self.client.submit(_dask_call, i, fn, task, shared=where,
+                                                pure=False)
+                    pending.add(future)
+                    done.add(future)
+                    return
+
+            for _ in range(IN_FLIGHT * self.workers):
+                submit()
+            for future in done:
+                pending.discard(future)
                 try:
-                    yield future.result()
+                    result = future.result()
                 except Exception as e:
                     if type(e).__name__ in LOST:  # a worker lost again and again, a cut link
                         raise WeightsError(f"{self.name} lost the workers running a task "
                                            f"({type(e).__name__}); what they finished is kept: "
                                            "run again to finish the rest") from None
                     raise
+                submit()
+                yield result
 
         try:
             yield run
         finally:
-            self.client.cancel(futures)
+            self.client.cancel(list(pending))
 
 
 class Engine:

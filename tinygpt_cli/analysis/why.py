@@ -349,7 +349,7 @@ def influence(index: Index, snapshots: list, config: Config, ids: list[int], tar
     index's order; progress(done, total) follows the shards scored."""
     from ..cluster import Here
 
-    x, _ = windows(index.stream, config.n_positions)
+    n = (len(index.stream) - 1) // config.n_positions  # windows (never all in memory at once)
     queries = grads.queries([s.params for s in snapshots], config, ids, target, hooks, workers)
     chosen, per_snapshot = grads.best(queries, np.asarray([s.lr for s in snapshots]),
                                       POOL * top, config, engine or Here(workers), progress)
@@ -357,8 +357,7 @@ def influence(index: Index, snapshots: list, config: Config, ids: list[int], tar
     rows = top_windows(index.stream, config, chosen, per_snapshot,
                        [(s.params, s.lr, q) for s, q in zip(snapshots, gradients, strict=True)],
                        ids, target, top, workers)
-    return {"windows": len(x), "windows_scored": len(x), "index": grads.describe(),
-            "top_windows": rows}
+    return {"windows": n, "windows_scored": n, "index": grads.describe(), "top_windows": rows}
 
 
 # ------------------------------------------------------------------ the whole answer
@@ -443,12 +442,12 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     writable_index(index_folder(data_key(files, model.folder / "tokenizer.json"),
                                 [s.path for s in timeline], config))
     index = load_index(files, model.tokenizer, model.folder / "tokenizer.json")
-    x, _ = windows(index.stream, config.n_positions)
-    if len(x) == 0:
+    n = (len(index.stream) - 1) // config.n_positions
+    if n == 0:
         raise TrainingDataError(f"the training text is {len(index.stream)} tokens: too short "
                                 f"for one window of {config.n_positions} (and the token after "
                                 "it), so there is nothing to rank")
-    grads = open_index(index.key, [s.path for s in timeline], config, len(x))
+    grads = open_index(index.key, [s.path for s in timeline], config, n)
     try:
         grads.build(index.stream, config, workers, report, engine=engine)
     except OSError as e:  # the gradient index is files on disk, read back by every query

@@ -274,10 +274,10 @@ class TracinIndex:
                     left.append((s, c, a, b))
         if progress:
             progress(done, total)
-        x, y = eval_windows(stream, t)
-        sample = fit_windows(len(x))
-        fits = [("fit", s, str(self.snapshot_files[s]), str(self._projection(s)),
-                 x[sample].astype(np.uint16), y[sample].astype(np.uint16))
+        sample = fit_windows(self.n_windows)  # their tokens alone (not every window's copy)
+        x = np.stack([stream[w * t : w * t + t] for w in sample]).astype(np.uint16)
+        y = np.stack([stream[w * t + 1 : w * t + t + 1] for w in sample]).astype(np.uint16)
+        fits = [("fit", s, str(self.snapshot_files[s]), str(self._projection(s)), x, y)
                 for s in range(S) if not verified(self._projection(s))]
         tasks = [("shard", s, c, str(self.snapshot_files[s]), str(self._projection(s)),
                   str(self.shard(s, c)), np.asarray(stream[a * t : b * t + 1], np.uint16))
