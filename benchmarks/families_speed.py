@@ -50,7 +50,7 @@ def smol_folder(folder: Path):
 def rows(runs: int, folder: Path, hf) -> list:
     import torch
 
-    from tinygpt_cli.model import forward, trace
+    from tinygpt_cli.model import forward, run_traced
     from tinygpt_cli.weights import load_model
 
     Row = bench.Row
@@ -98,7 +98,7 @@ def rows(runs: int, folder: Path, hf) -> list:
         with torch.inference_mode():
             hf(xt, output_attentions=True, output_hidden_states=True)
 
-    t, tr = bench.paired_median_seconds([lambda: trace(ours.params, ours.config, ids),
+    t, tr = bench.paired_median_seconds([lambda: run_traced(ours.params, ours.config, ids),
                                          ref_traced], runs)
     out.append(Row("SmolLM2-135M shape: forward pass, every value recorded, T=512",
                    f"{t * 1000:.0f} ms", f"{tr * 1000:.0f} ms", t / tr, "<= 1x the time",

@@ -274,7 +274,7 @@ def generation(runs: int, ref) -> list[Row]:
 
 
 def traced(runs: int, ref_eager) -> list[Row]:
-    from tinygpt_cli.model import trace
+    from tinygpt_cli.model import run_traced
 
     model = load_tinygpt()
     rows = []
@@ -292,7 +292,7 @@ def traced(runs: int, ref_eager) -> list[Row]:
                     ref_eager(x, output_attentions=True, output_hidden_states=True)
 
         t, tr = paired_median_seconds(
-            [lambda ids=ids: trace(model.params, model.config, ids), reference], runs)
+            [lambda ids=ids: run_traced(model.params, model.config, ids), reference], runs)
         row = Row(f"forward pass, every value recorded, T={t_len}", f"{t * 1000:.2f} ms",
                   goal=f"<= {goal}x the time")
         if tr is not None:
@@ -328,11 +328,11 @@ def matmul_floor(model, ids: np.ndarray, runs: int, reference: float | None,
             mlp @ p[f"h.{i}.mlp.c_proj.weight"]
         x @ head
 
-    from tinygpt_cli.model import trace
+    from tinygpt_cli.model import run_traced
 
     # the pass again, in turns with its products: a drift of this machine's speed then moves
     # both alike (the ratio is the pass over its own floor)
-    traced, t = paired_median_seconds([lambda: trace(p, c, ids), products], max(runs, 9))
+    traced, t = paired_median_seconds([lambda: run_traced(p, c, ids), products], max(runs, 9))
     n, d, f = len(ids), c.n_embd, c.n_inner
     flops = 2 * (c.n_layer * (n * d * 3 * d + 2 * n * n * d + n * d * d + 2 * n * d * f)
                  + n * d * c.vocab_size)
@@ -350,7 +350,7 @@ def matmul_floor(model, ids: np.ndarray, runs: int, reference: float | None,
 
 def foundation(runs: int) -> list[Row]:
     """The traced forward pass against the one before the refactor (commit cccc9d4)."""
-    from tinygpt_cli.model import trace
+    from tinygpt_cli.model import run_traced
 
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", "cccc9d4", "tinygpt_cli"],
@@ -367,7 +367,7 @@ def foundation(runs: int) -> list[Row]:
             sys.path.remove(tmp)
         model = load_tinygpt()
         ids = text_ids(model, 128)
-        t, told = paired_median_seconds([lambda: trace(model.params, model.config, ids),
+        t, told = paired_median_seconds([lambda: run_traced(model.params, model.config, ids),
                                          lambda: old_forward(model.params, model.config, ids)],
                                         runs)
     return [Row("forward pass, every value recorded, T=128, vs commit cccc9d4",
@@ -486,7 +486,7 @@ def gpt2_small(runs: int, folder: Path, hf) -> list[Row]:
     12 x 768 GPT-2 folder (gpt2_small_folder), against transformers on the same folder."""
     import torch
 
-    from tinygpt_cli.model import forward, trace
+    from tinygpt_cli.model import forward, run_traced
     from tinygpt_cli.weights import load_model
 
     ours = load_model(folder)
@@ -546,7 +546,7 @@ def gpt2_small(runs: int, folder: Path, hf) -> list[Row]:
         with torch.inference_mode():
             hf(xt, output_attentions=True, output_hidden_states=True)
 
-    t, tr = paired_median_seconds([lambda: trace(ours.params, ours.config, ids),
+    t, tr = paired_median_seconds([lambda: run_traced(ours.params, ours.config, ids),
                                    ref_traced], runs)
     rows.append(Row("12 x 768: forward pass, every value recorded, T=512",
                     f"{t * 1000:.0f} ms", f"{tr * 1000:.0f} ms", t / tr, "<= 1x the time",

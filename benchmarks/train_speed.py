@@ -87,8 +87,8 @@ def numpy_trainer(config, args, stream, seed: int):
     import numpy as np
 
     from tinygpt_cli.model import init_params, loss_and_grads
+    from tinygpt_cli.optim import AdamW, clip_by_global_norm
     from tinygpt_cli.train.data import random_windows
-    from tinygpt_cli.train.optim import AdamW, clip_by_global_norm
 
     rng = np.random.default_rng(seed)
     params = init_params(config, rng)
@@ -177,8 +177,8 @@ def torch_trainer(config, args, stream, seed: int):
     import torch
     import torch.nn.functional as F
 
+    from tinygpt_cli.optim import decays
     from tinygpt_cli.train.data import random_windows
-    from tinygpt_cli.train.optim import decays
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(seed)

@@ -111,8 +111,8 @@ def main(argv=None) -> int:
     index = why.load_index(files, model.tokenizer, model.folder / "tokenizer.json")
     config = model.config
     x, y = why.windows(index.stream, config.n_positions)
-    timeline = [s for s in hist.timeline(model, hist.find_snapshots(model.folder / "history"))
-                if s.lr is not None]
+    found = hist.find_snapshots(model.folder / "history", model.weights_file)
+    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
     grads = open_index(index.key, [s.path for s in timeline], config, len(x))
     stream_file = Path(cache) / "stream-for-recall.npy"
     np.save(stream_file, index.stream)

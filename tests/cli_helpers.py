@@ -18,7 +18,7 @@ import pytest
 from tinygpt_cli.cli import main
 from tinygpt_cli.config import Config, save_config
 from tinygpt_cli.families import gpt2
-from tinygpt_cli.model import init_params, trace
+from tinygpt_cli.model import init_params, run_traced
 from tinygpt_cli.schema import is_bias, is_norm_weight
 from tinygpt_cli.weights import SHIPPED, Model, load_model, save_params
 
@@ -92,7 +92,7 @@ class Tiny:
         return f"Tiny({str(self.folder)!r})"
 
     def trace(self, ids):
-        return trace(self.model.params, self.model.config, np.asarray(ids))
+        return run_traced(self.model.params, self.model.config, np.asarray(ids))
 
 
 def make_tiny(folder: Path, params: dict[str, np.ndarray] | None = None) -> Tiny:

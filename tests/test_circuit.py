@@ -432,6 +432,18 @@ def test_circuit_view_and_picture(cli, tiny, tmp_path, monkeypatch):
     assert len(edges) == 5 and all(u in g.senders and v in g.receivers for u, v in edges)
     svg = (tmp_path / "c.svg").read_text()
     assert "<svg" in svg and "edge scores" in svg and "L0H1.q" in svg and "faithfulness" in svg
+    # the faithfulness curve: a point at every N computed, its hover f the JSON's, to 3 places
+    doc = ok_json(cli("circuit", TEXT, CORRUPT, *TOKENS, "--method", "eap", "--json"))
+    points = re.findall(r'<circle class="point"[^>]*><title>edges kept (\d+): f = ([-\d.]+)'
+                        r"</title>", svg)
+    assert [int(n) for n, _ in points] == doc["sizes"]
+    np.testing.assert_allclose([float(f) for _, f in points], doc["faithfulness"], atol=5e-4)
+    assert "f = -0.000" not in svg and "f = 0.8" in svg
+    rings = re.findall(r'<circle class="mark"[^>]*><title>([^<]*)</title>', svg)
+    if doc["smallest"] is not None:
+        assert rings[0].startswith("the smallest circuit with f &gt;= 0.8: edges kept "
+                                   f"{doc['smallest']}, f = ")
+        assert f"{np.median(doc['random_f']):.3f}" in rings[1]
 
 
 def test_circuit_stability_over_pairs(cli, tmp_path):

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from tinygpt_cli.cli import app
 from tinygpt_cli.cli.app import _register
 from tinygpt_cli.config import Config, load_config
-from tinygpt_cli.model import trace
+from tinygpt_cli.model import run_traced
 from tinygpt_cli.render.text import show_text, show_token
 from tinygpt_cli.sampling import create_rng, probabilities, sample
 from tinygpt_cli.weights import SHIPPED, load_model
@@ -820,7 +820,7 @@ def test_shipped_values_are_well_formed(on_shipped, shipped_model):
     np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
     assert np.allclose(np.triu(w, 1), 0)
     doc = ok_json(on_shipped("trace", TEXT, "logits[-1]", "--json"))
-    tr = trace(shipped_model.params, cfg, np.asarray(TEXT_IDS))
+    tr = run_traced(shipped_model.params, cfg, np.asarray(TEXT_IDS))
     np.testing.assert_array_equal(np.asarray(doc["data"], np.float32), tr.get("logits")[-1])
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tinygpt_cli import ahead
 from tinygpt_cli.hooks import ablation
-from tinygpt_cli.model import forward, record, run_to_final_norm, trace
+from tinygpt_cli.model import forward, record, run_to_final_norm, run_traced
 from tinygpt_cli.session import Session
 from tinygpt_cli.weights import SHIPPED, load_model
 
@@ -44,7 +44,7 @@ def test_a_batch_of_texts_gives_each_texts_own_numbers(model, length):
     assert u.shape == (5, length, model.config.n_embd)
     for ids, row in zip(batch, u, strict=True):
         np.testing.assert_array_equal(row, recorded_final_norm(model.params, model.config, ids))
-        traced = trace(model.params, model.config, ids)
+        traced = run_traced(model.params, model.config, ids)
         np.testing.assert_array_equal(row, traced.values["ln_final.out"])
 
 

@@ -194,13 +194,13 @@ def test_the_rotary_angles_the_pos_card_shows_are_the_turn_of_each_pair():
     """Turning a head vector with a 1 at i (and 0 at i + r) by ops.rotary at position t
     leaves (cos a, sin a) in (i, i + r): a is the angle `rotary_angles` lists."""
     from tinygpt_cli import ops
-    from tinygpt_cli.model import trace
+    from tinygpt_cli.model import run_traced
 
     config = Config(n_embd=16, n_layer=1, n_head=2, n_inner=8, vocab_size=11, n_positions=9,
                     positions="rotary", rotary_dim=4, rotary_base=100.0, norm="rms",
                     model_type="llama", mlp="gated", act="silu", mlp_bias=False)
     params = random_params(config, seed=3)
-    angles = trace(params, config, np.arange(9) % 11)["rotary_angles"]  # [T, r]
+    angles = run_traced(params, config, np.arange(9) % 11)["rotary_angles"]  # [T, r]
     assert angles.shape == (9, 2)
     for i in range(2):
         x = np.zeros((9, 8))

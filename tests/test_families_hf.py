@@ -239,10 +239,10 @@ def test_direct_logit_attribution_rows_sum_to_the_logit_on_every_family(pair):
     """RMSNorm models divide each part by the run's rms with no centring and no bias row;
     every family's rows still add up to the logit."""
     from tinygpt_cli.analysis.dla import direct_logit_attribution
-    from tinygpt_cli.model import trace
+    from tinygpt_cli.model import run_traced
 
     name, _, ours = pair
-    tr = trace(ours.params, ours.config, np.array(IDS))
+    tr = run_traced(ours.params, ours.config, np.array(IDS))
     r = direct_logit_attribution(tr, ours.params, ours.config, 5, 123, vs=77)
     assert r.total == pytest.approx(r.score, abs=1e-5 * max(1.0, abs(r.score))), name
     assert (r.labels[-1] == "ln_final.bias") == (ours.config.norm == "layer")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from cli_helpers import file_tensors
 
-from tinygpt_cli.model import trace
+from tinygpt_cli.model import run_traced
 from tinygpt_cli.weights import load_model
 
 torch = pytest.importorskip("torch")
@@ -33,7 +33,7 @@ def test_logits_and_attentions_match_transformers(both):
     hf, ours, ids = both
     with torch.no_grad():
         out = hf(torch.tensor(ids[None, :]), output_attentions=True, output_hidden_states=True)
-    traced = trace(ours.params, ours.config, ids)
+    traced = run_traced(ours.params, ours.config, ids)
     np.testing.assert_allclose(out.logits[0].numpy(), traced.get("logits"), **TOL)
     assert len(out.attentions) == ours.config.n_layer
     for layer, pattern in enumerate(out.attentions):

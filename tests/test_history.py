@@ -123,7 +123,7 @@ def test_timeline_ends_with_the_final_weights_when_they_are_not_a_snapshot(run):
 
     model = load_model(run)
     changed = dataclasses.replace(model, params={n: a + 0.01 for n, a in model.params.items()})
-    found = hist.find_snapshots(run / HISTORY)
+    found = hist.find_snapshots(run / HISTORY, run / "model.safetensors")
     timeline = hist.timeline(changed, found)
     assert [s.label for s in timeline] == [s.label for s in found] + ["final"]
     assert timeline[-1].lr is None and timeline[-1].params is changed.params
@@ -144,7 +144,7 @@ def test_history_follows_a_value_and_a_parameter(cli, run):
 
 
 def test_history_heads_scores_match_a_naive_loop(cli, run):
-    from tinygpt_cli.model import trace
+    from tinygpt_cli.model import run_traced
 
     doc = cli("history", "The cat sat on the mat.", "--heads", "--json").json()
     prev, induction = np.asarray(doc["previous_token"]), np.asarray(doc["data"])
@@ -153,11 +153,11 @@ def test_history_heads_scores_match_a_naive_loop(cli, run):
     params = load_params(run / HISTORY / f"step-{snapshot_steps(STEPS, SNAPSHOTS)[0]:06d}"
                          ".safetensors", CFG(run))
     ids = np.asarray(doc["ids"])
-    grids = trace(params, CFG(run), ids)
+    grids = run_traced(params, CFG(run), ids)
     n = doc["induction_length"]
     repeated = heads.repeated_random_tokens(np.random.default_rng(doc["induction_seed"]),
                                             cfg.vocab_size, n, 4, cfg.bos_token_id)
-    rgrids = trace(params, CFG(run), repeated)
+    rgrids = run_traced(params, CFG(run), repeated)
     for layer in range(CFG(run).n_layer):
         for h in range(CFG(run).n_head):
             a = grids[f"layers.{layer}.heads.{h}.weights"]
@@ -199,6 +199,27 @@ def test_history_errors_when_the_folder_has_no_history(cli, tmp_path, run):
     assert_one_error_line(result, 2, "training data", "does not exist")
     assert_one_error_line(cli("why", "The cat", "--data", run.parent / "data", "--weights",
                               bare), 2, "no training history")
+
+
+def test_a_run_stamps_its_snapshots_and_history_refuses_another_runs(cli, tmp_path, run):
+    """Each snapshot's metadata names the sha256 of the weights its run ended with (checked
+    here with hashlib); the history of this run beside other weights is refused."""
+    import hashlib
+    import shutil
+
+    final = hashlib.sha256((run / "model.safetensors").read_bytes()).hexdigest()
+    snaps = sorted((run / HISTORY).glob("*.safetensors"))
+    assert len(snaps) == SNAPSHOTS
+    assert all(hist._metadata(p)["weights_sha256"] == final for p in snaps)
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    params = load_params(run / "model.safetensors", CFG(run))
+    from tinygpt_cli.weights import save_params
+
+    save_params({n: a * 1.01 for n, a in params.items()}, other / "model.safetensors", CFG(run))
+    result = cli("history", "The cat", "--weights", other)
+    assert_one_error_line(result, 2, "the snapshot was made for other weights",
+                          f"weights_sha256 {final[:16]}...")
 
 
 # --- why: exact matches ---------------------------------------------------------------------
@@ -338,8 +359,8 @@ def test_the_index_ranks_every_window_as_exact_tracin_does(run, tmp_path, monkey
     config, tok = model.config, model.tokenizer
     index = why.load_index([run.parent / "data" / "part-000.txt"], tok, run / "tokenizer.json")
     x, y = why.windows(index.stream, config.n_positions)
-    timeline = [s for s in hist.timeline(model, hist.find_snapshots(run / HISTORY))
-                if s.lr is not None]
+    found = hist.find_snapshots(run / HISTORY, run / "model.safetensors")
+    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
     grads = open_index(index.key, [s.path for s in timeline], config, len(x))
     seen = []
     grads.build(index.stream, config, workers=2, progress=lambda d, t: seen.append((d, t)),
@@ -390,8 +411,8 @@ def _interrupted_build(run, tmp_path, monkeypatch):
     index = why.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
                            run / "tokenizer.json")
     n = len(why.windows(index.stream, config.n_positions)[0])
-    files = [s.path for s in hist.timeline(model, hist.find_snapshots(run / HISTORY))
-             if s.lr is not None][:2]
+    found = hist.find_snapshots(run / HISTORY, run / "model.safetensors")
+    files = [s.path for s in hist.timeline(model, found) if s.lr is not None][:2]
 
     def stop_after_some(done, total):
         if done >= 8:

@@ -14,7 +14,7 @@ from cli_helpers import file_names, without_head
 from tinygpt_cli import ops
 from tinygpt_cli.config import Config
 from tinygpt_cli.hooks import Chain, Record, RecordOnly, Replace, StopAfter, ablation
-from tinygpt_cli.model import KVCache, backward, forward, trace
+from tinygpt_cli.model import KVCache, backward, forward, run_traced
 from tinygpt_cli.schema import BY_PATH, PathError, expand, pattern_of, shape_of
 
 IDS = np.array([3, 17, 5, 9, 22, 1])
@@ -188,7 +188,8 @@ def test_last_only_gives_the_last_row_of_the_logits(tiny_params, tiny_config):
 
 
 def test_trace_records_the_intervened_run(tiny_params, tiny_config):
-    t = trace(tiny_params, tiny_config, IDS, hooks=ablation(["layers.0.attn_out"], tiny_config))
+    hooks = ablation(["layers.0.attn_out"], tiny_config)
+    t = run_traced(tiny_params, tiny_config, IDS, hooks=hooks)
     assert not t.get("layers.0.attn_out").any()
     np.testing.assert_array_equal(t.get("layers.0.resid_mid"), t.get("layers.0.resid_pre"))
 

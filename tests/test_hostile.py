@@ -313,10 +313,31 @@ def step_not_a_number(path: Path) -> None:
     save_file(t, str(path), metadata={"step": "ten", "lr": "0.001"})
 
 
+def stamped(path: Path, weights: Path | None = None) -> dict:
+    """The claim a finished run writes into its snapshots: the weights beside history/."""
+    from tinygpt_cli.madefor import made_for
+
+    return made_for(weights or path.parent.parent / "model.safetensors")
+
+
 def snapshot_with_nan(path: Path) -> None:
     t = file_tensors(random_params(TINY, seed=3))
     t[PREFIX + "wpe.weight"][0, 0] = np.nan
-    save_file(t, str(path), metadata={"step": "10", "lr": "0.001"})
+    save_file(t, str(path), metadata={"step": "10", "lr": "0.001", **stamped(path)})
+
+
+def snapshot_unstamped(path: Path) -> None:
+    save_file(file_tensors(random_params(TINY, seed=3)), str(path),
+              metadata={"step": "10", "lr": "0.001"})
+
+
+def snapshot_of_other_weights(path: Path) -> None:
+    other = path.parent / "other.bin"
+    other.write_bytes(b"the weights of another run")
+    claim = stamped(path, other)
+    other.unlink()
+    save_file(file_tensors(random_params(TINY, seed=3)), str(path),
+              metadata={"step": "10", "lr": "0.001", **claim})
 
 
 def data_with(name: str, make):
@@ -669,6 +690,10 @@ CASES = [
     ("diff-weights-b-missing", nothing, ["diff", TEXT, "--weights-b", "{tmp}/nowhere", *W], 2,
      ["nowhere", "does not exist"]),
     ("history-missing", nothing, ["history", TEXT, *W], 2, ["history"]),
+    ("history-snapshot-of-other-weights", snapshot(snapshot_of_other_weights),
+     ["history", TEXT, *W], 2,
+     ["step-000010.safetensors: the snapshot was made for other weights (weights_sha256 ",
+      "this model's is "]),
     ("history-position-out-of-range", snapshot(step_not_a_number),
      ["history", TEXT, "--position", "-129", *W], 2, ["position -129 is out of range"]),
     ("why-data-missing", nothing, ["why", TEXT, "--data", "{tmp}/nowhere", *W], 2,
@@ -693,6 +718,11 @@ CASES = [
      ["step-000010.safetensors is not a regular file"]),
     ("history-snapshot-nan", snapshot(snapshot_with_nan), ["history", TEXT, *W], 1,
      ["step-000010.safetensors: tensor transformer.wpe.weight holds NaN"]),
+    ("history-snapshot-unstamped", snapshot(snapshot_unstamped), ["history", TEXT, *W], 1,
+     ["step-000010.safetensors: its metadata does not say which weights the snapshot was "
+      "made for (weights_sha256); history/ holds the snapshots of the run that ended in the "
+      "model beside it (a run stamps them when it ends: tinygpt train --resume finishes an "
+      "interrupted one)"]),
     ("means-file-damaged", lambda c: (c.broken / "means.safetensors").write_bytes(b"\xff" * 64),
      ["ablate", TEXT, "--all", "--mode", "mean", *W], 1,
      ["means.safetensors is not a readable safetensors file"]),

@@ -25,10 +25,14 @@ ctx, data, trained = hostile.ctx, hostile.data, hostile.trained  # its fixtures
 
 
 def snapshot_meta(**meta):
-    """A snapshot of the tiny model's sizes with `meta` as its metadata."""
+    """A snapshot of the tiny model's sizes with `meta` as its metadata, stamped with the
+    weights beside its history/ as a finished run stamps it."""
     def write(path: Path) -> None:
+        from tinygpt_cli.madefor import made_for
+
         t = file_tensors(random_params(TINY, seed=3))
-        save_file(t, str(path), metadata=meta)
+        save_file(t, str(path), metadata={**meta,
+                                          **made_for(path.parent.parent / "model.safetensors")})
     return write
 
 
@@ -95,12 +99,13 @@ def with_history(setup):
     """`setup`, and {run} given a history/ of one snapshot (its own weights at step 10), so
     that why reaches its training text (a folder without one is refused for that first)."""
     def both(ctx: Ctx) -> None:
-        from tinygpt_cli.train.loop import save_snapshot
+        from tinygpt_cli.train.loop import save_snapshot, stamp_snapshots
         from tinygpt_cli.weights import load_model
 
         setup(ctx)
         model = load_model(ctx.run)
         save_snapshot(ctx.run, model.params, model.config, 10, 1e-3)
+        stamp_snapshots(ctx.run)
     return both
 
 

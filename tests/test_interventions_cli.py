@@ -15,7 +15,7 @@ from cli_helpers import TEXT, TEXT_IDS, assert_one_error_line, file_names, witho
 
 from tinygpt_cli import ops
 from tinygpt_cli.errors import InputError
-from tinygpt_cli.model import forward, trace
+from tinygpt_cli.model import forward, run_traced
 from tinygpt_cli.schema import VALUES, expand, markdown_table
 from tinygpt_cli.session import Session
 
@@ -103,7 +103,7 @@ def test_session_checks_indices_and_tokens_with_one_wording(tiny):
 def test_session_trace_equals_the_model_trace(tiny):
     s = Session.open(TEXT, model=tiny.model)
     a = s.trace()
-    b = trace(tiny.model.params, tiny.model.config, np.asarray(TEXT_IDS))
+    b = run_traced(tiny.model.params, tiny.model.config, np.asarray(TEXT_IDS))
     for path in expand(tiny.model.config, kinds=("hooked",)):
         np.testing.assert_array_equal(a.get(path), b.get(path))
     assert a.get("tokens") == s.tokens

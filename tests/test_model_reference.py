@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from cli_helpers import file_names
 
-from tinygpt_cli.model import forward
-from tinygpt_cli.model import trace as run_traced
+from tinygpt_cli.model import forward, run_traced
 from tinygpt_cli.trace import PathError
 
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -145,13 +145,95 @@ def test_an_existing_file_needs_force(cli, tmp_path):
 
 @pytest.mark.parametrize("name, needle", [
     ("nowhere/p.svg", "does not exist"),
-    ("p.png", "unknown extension '.png'"),
+    ("p.jpg", "unknown extension '.jpg'"),
     ("p", "unknown extension '(none)'"),
 ])
 def test_bad_save_paths_are_one_line_errors(cli, tmp_path, name, needle):
     r = cli("attn", TEXT, "--save", tmp_path / name)
     assert_one_error_line(r, 2, "--save", needle)
     assert list(tmp_path.iterdir()) == [] or name == "nowhere/p.svg"
+
+
+def test_a_long_texts_grid_stays_readable(cli, tiny, tmp_path):
+    """128 tokens: labels of at least 9 px that do not overlap, the last token labelled, every
+    token on hover, a page that fits 1,200 px, and a scale under which a weight of 2/T does
+    not look like one of 1/T (sqrt: the legend says so)."""
+    from tinygpt_cli.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_file(Path(tiny.folder) / "tokenizer.json")
+    text = tok.decode(tok.encode(" ".join(["Lily wanted to play with her ball."] * 30))[:128])
+    assert len(tok.encode(text)) == 128
+    out = tmp_path / "long.svg"
+    r = cli("attn", text, "--layer", 0, "--head", 0, "--save", out, "--quiet")
+    assert r.code == 0, r.err
+    root = parse(out)
+    assert float(root.get("width")) <= 1200
+    for cls, axis in (("row", "y"), ("col", "x")):
+        shown = [e for e in root.iter(NS + "text") if e.get("class") == cls]
+        sizes = {float(e.get("font-size")) for e in shown}
+        assert min(sizes) >= 9, sizes
+        at = [float(e.get(axis)) for e in shown]
+        assert min(np.diff(at)) >= min(sizes), "labels overlap"
+        assert len(shown) >= 128 // 2
+    found = cells(root)
+    assert len(found) == 128 * 129 // 2
+    ends = [tip(c) for c in found if tip(c)[0] == 127]
+    assert [e[2] for e in ends] == list(range(128)) and all(e[1] for e in ends)
+    assert labels(root, "row")[-1] == ends[0][1]  # the last token has its label
+    info = " ".join(e.text for e in root.iter(NS + "text"))
+    assert "colour ∝ value^0.5" in info
+    by_value = {}
+    for c in found:
+        by_value.setdefault(round(float(tip(c)[4]), 2), c.get("fill"))
+    small = sorted(v for v in by_value if v > 0)
+    assert len({by_value[v] for v in small[:5]}) == 5  # the smallest weights differ in colour
+
+
+def test_all_heads_wrap_to_fit_1200_px(cli, tmp_path):
+    text = " ".join(["Lily wanted to play with her ball."] * 6)
+    out = tmp_path / "heads.svg"
+    assert cli("attn", text, "--all-heads", "--save", out, "--quiet").code == 0
+    assert float(parse(out).get("width")) <= 1200
+
+
+def test_png_is_the_svg_drawing_rasterised(cli, tmp_path):
+    """--save x.png draws what x.svg describes: its size in pixels, and every cell of the
+    attention grid filled, at its centre, with the colour the SVG gives it."""
+    pytest.importorskip("resvg_py")
+    r = cli("attn", TEXT, "--layer", 1, "--head", 1, "--save", tmp_path / "a.svg", "--quiet")
+    assert r.code == 0, r.err
+    r = cli("attn", TEXT, "--layer", 1, "--head", 1, "--save", tmp_path / "a.png", "--quiet")
+    assert r.code == 0, r.err
+    root = parse(tmp_path / "a.svg")
+    image = decode_png((tmp_path / "a.png").read_bytes())
+    assert image.shape[:2] == (round(float(root.get("height"))), round(float(root.get("width"))))
+    found = cells(root)
+    assert len(found) == TRIANGLE
+    parent = {child: node for node in root.iter() for child in node}
+    for cell in found:
+        x = float(cell.get("x")) + float(cell.get("width")) / 2
+        y = float(cell.get("y")) + float(cell.get("height")) / 2
+        node = cell
+        while node in parent:  # the groups' translate(dx dy) add up to the page position
+            node = parent[node]
+            m = re.fullmatch(r"translate\(([-\d.]+) ([-\d.]+)\)", node.get("transform", ""))
+            if m:
+                x, y = x + float(m[1]), y + float(m[2])
+        fill = cell.get("fill")
+        want = [int(fill[i:i + 2], 16) for i in (1, 3, 5)]
+        assert list(image[int(y), int(x), :3]) == want, (tip(cell), fill)
+
+
+def test_png_without_its_renderer_says_what_to_install(cli, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "resvg_py" else real(name, *a))
+    r = cli("attn", TEXT, "--save", tmp_path / "a.png")
+    assert_one_error_line(r, 2, "a PNG needs resvg, the png extra",
+                          'pip install "tinygpt-cli[png]"')
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_pictures_are_written_atomically(cli, tmp_path, monkeypatch):

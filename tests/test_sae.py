@@ -4,6 +4,8 @@ the perfect reconstruction, resuming, and the command's errors."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line, file_names
@@ -226,6 +228,19 @@ def test_sae_train_eval_and_feature_on_a_tiny_model(cli, data, tmp_path, monkeyp
     r = cli("sae", "feature", "3", "--sae", out, "--data", data, "--windows", "4", "--save",
             picture, "-q")
     assert r.code == 0 and r.out == "" and "latent 3" in picture.read_text()
+    # each top context is highlighted text (no heatmap row), its hover values the JSON's
+    svg = picture.read_text()
+    drawn = re.findall(r"<title>position (\d+) (\S*) = ([-\d.e]+)</title>", svg)
+    want = [(c["position"], c["acts"]) for c in doc["contexts"]]
+    at = 0
+    for peak, acts in want:
+        lo, hi = max(0, peak - 10), peak + 11
+        shown = drawn[at:at + len(acts[lo:hi])]
+        assert [int(i) for i, _, _ in shown] == list(range(lo, lo + len(shown)))
+        np.testing.assert_allclose([float(v) for *_, v in shown], acts[lo:hi], rtol=1e-5,
+                                   atol=1e-6)
+        at += len(shown)
+    assert at == len(drawn) and " · column " not in svg  # no heatmap cell
 
 
 def test_sae_errors(cli, tmp_path):
@@ -297,7 +312,7 @@ def test_the_shipped_sae_reads_the_shipped_model():
     if trained_on != sha256(model.weights_file):  # a branch whose model comes at the merge
         pytest.skip("the shipped SAE was trained on other weights than weights/ holds")
     ids = np.asarray(model.tokenizer.encode("Lily wanted to play with her"))
-    from tinygpt_cli.model import trace as run_trace
+    from tinygpt_cli.model import run_traced as run_trace
 
     x = run_trace(model.params, model.config, ids).get(sae.site)
     z = S.encode(sae, x)
@@ -314,7 +329,7 @@ def test_feature_over_a_text_draws_the_latent_a_numpy_encoding_gives(cli, tiny, 
 
     from safetensors.numpy import load_file
 
-    from tinygpt_cli.model import trace as run_trace
+    from tinygpt_cli.model import run_traced as run_trace
 
     cfg = tiny.model.config
     path = tmp_path / "s.safetensors"

@@ -243,13 +243,13 @@ def test_the_trace_holds_the_stream_by_stage_and_by_part(tiny):
     """Trace.stages and Trace.residual_parts, which lens, dla and diff read: the parts of a
     steered run (its shift one of them) add up to its last resid_post at every position."""
     from tinygpt_cli.hooks import add_vector
-    from tinygpt_cli.model import trace
+    from tinygpt_cli.model import run_traced
 
     m = tiny.model
     ids = m.tokenizer.encode(TEXT)
     shift = np.random.default_rng(2).normal(size=m.config.n_embd)
     steer = add_vector("layers.1.resid_pre", shift, 1.5)
-    tr = trace(m.params, m.config, ids, hooks=steer)
+    tr = run_traced(m.params, m.config, ids, hooks=steer)
     names = [n for n, _ in tr.stages(mid=True)]
     assert names == ["embeddings", "layers.0.resid_mid", "layers.0.resid_post",
                      "layers.1.resid_mid", "layers.1.resid_post"]

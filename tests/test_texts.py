@@ -17,7 +17,7 @@ from tinygpt_cli.analysis import diff as diffs
 from tinygpt_cli.analysis import heads as detect
 from tinygpt_cli.analysis import neurons as nrn
 from tinygpt_cli.analysis import score as sc
-from tinygpt_cli.model import forward, trace
+from tinygpt_cli.model import forward, run_traced
 from tinygpt_cli.weights import load_model
 
 DATA = next((p / "shared" / "data" / "tinystories" for p in Path(__file__).resolve().parents
@@ -215,7 +215,7 @@ def test_head_scores_on_texts_equal_a_loop_over_each_heads_grid(tiny_config, tin
     for kind in detect.KINDS:
         want = np.zeros((tiny_config.n_layer, tiny_config.n_head))
         for ids in texts:
-            tr = trace(tiny_params, tiny_config, np.asarray(ids))
+            tr = run_traced(tiny_params, tiny_config, np.asarray(ids))
             for layer in range(tiny_config.n_layer):
                 for h in range(tiny_config.n_head):
                     a = tr.get(f"layers.{layer}.heads.{h}.weights")

@@ -23,6 +23,7 @@ import pytest
 from tinygpt_cli.config import Config, load_config
 from tinygpt_cli.errors import InputError
 from tinygpt_cli.model import param_shapes
+from tinygpt_cli.optim import AdamW, clip_by_global_norm, decays, lr_at
 from tinygpt_cli.tokenizer import END_OF_TEXT, Tokenizer, train_tokenizer
 from tinygpt_cli.train.data import (
     encode_stories,
@@ -32,7 +33,6 @@ from tinygpt_cli.train.data import (
     split_data,
 )
 from tinygpt_cli.train.loop import CHECKPOINT, LOG, Settings, evaluate, train
-from tinygpt_cli.train.optim import AdamW, clip_by_global_norm, decays, lr_at
 from tinygpt_cli.weights import load_params
 
 TINY = Config(n_embd=16, n_layer=2, n_head=2, n_inner=32, n_positions=16, vocab_size=300)

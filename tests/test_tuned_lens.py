@@ -9,12 +9,12 @@ from cli_helpers import assert_one_error_line
 
 from tinygpt_cli.analysis import tuned_lens as tl
 from tinygpt_cli.analysis.lens import lens_logits
-from tinygpt_cli.model import trace
+from tinygpt_cli.model import run_traced
 
 
 def test_zero_translators_are_the_logit_lens_exactly(tiny_config, tiny_params):
     ids = np.array([1, 5, 7, 2, 9, 3])
-    tr = trace(tiny_params, tiny_config, ids)
+    tr = run_traced(tiny_params, tiny_config, ids)
     names, logits = tl.tuned_stage_logits(tr, tl.zero_translators(tiny_config), tiny_params,
                                           tiny_config)
     assert names == ["layers.0.resid_pre", "layers.1.resid_pre", "layers.1.resid_post"]

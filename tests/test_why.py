@@ -17,7 +17,7 @@ from tinygpt_cli.analysis.dla import direct_logit_attribution
 from tinygpt_cli.analysis.lens import logit_lens
 from tinygpt_cli.analysis.variants import run_variants
 from tinygpt_cli.hooks import Replace, ablation
-from tinygpt_cli.model import forward, trace
+from tinygpt_cli.model import forward, run_traced
 
 IDS = np.array([3, 17, 5, 9, 22, 1])
 OTHER = np.array([4, 17, 8, 9, 2, 1])  # same length, three tokens changed
@@ -31,7 +31,7 @@ def logp(logits):
 
 
 def test_the_last_lens_stage_is_the_models_own_logits(tiny_params, tiny_config):
-    tr = trace(tiny_params, tiny_config, IDS)
+    tr = run_traced(tiny_params, tiny_config, IDS)
     lens = logit_lens(tr, tiny_params, tiny_config)
     assert lens.stages == ["embeddings", "layers.0.resid_mid", "layers.0.resid_post",
                            "layers.1.resid_mid", "layers.1.resid_post"]
@@ -46,7 +46,7 @@ def test_the_last_lens_stage_is_the_logits_bit_for_bit_in_float32():
     model = load_model()
     for text in ("Lily wanted to play with her", "Once"):
         ids = model.tokenizer.encode(text)
-        tr = trace(model.params, model.config, ids)
+        tr = run_traced(model.params, model.config, ids)
         lens = logit_lens(tr, model.params, model.config)
         assert lens.logits.dtype == np.float32
         assert (lens.logits[-1] == tr["logits"]).all(), text
@@ -55,7 +55,7 @@ def test_the_last_lens_stage_is_the_logits_bit_for_bit_in_float32():
 def test_a_lens_stage_recomputes_the_final_norm_on_its_own_stream(tiny_params, tiny_config):
     """The stage after block 1's attention reads the same as the model with block 1's MLP
     taken out: both are ln_final(resid_mid) W_E^T, the norm's statistics from resid_mid."""
-    tr = trace(tiny_params, tiny_config, IDS)
+    tr = run_traced(tiny_params, tiny_config, IDS)
     lens = logit_lens(tr, tiny_params, tiny_config)
     without_mlp = forward(tiny_params, tiny_config, IDS,
                           hooks=ablation(["layers.1.mlp_out"], tiny_config))
@@ -63,7 +63,7 @@ def test_a_lens_stage_recomputes_the_final_norm_on_its_own_stream(tiny_params, t
 
 
 def test_the_lens_targets_chance_and_rank_per_stage(tiny_params, tiny_config):
-    lens = logit_lens(trace(tiny_params, tiny_config, IDS), tiny_params, tiny_config)
+    lens = logit_lens(run_traced(tiny_params, tiny_config, IDS), tiny_params, tiny_config)
     for token in (0, 7, 22):
         probs, ranks = lens.target(token, 2)
         for s in range(len(lens.stages)):
@@ -81,7 +81,7 @@ def test_the_lens_targets_chance_and_rank_per_stage(tiny_params, tiny_config):
 @pytest.mark.parametrize("position, target, vs", [(5, 4, None), (2, 11, 19), (0, 0, 1)])
 def test_dla_rows_add_up_to_the_logit_or_the_difference(tiny_params, tiny_config, position,
                                                         target, vs):
-    tr = trace(tiny_params, tiny_config, IDS)
+    tr = run_traced(tiny_params, tiny_config, IDS)
     r = direct_logit_attribution(tr, tiny_params, tiny_config, position, target, vs,
                                  neurons=5)
     z = tr["logits"][position]
@@ -95,7 +95,7 @@ def test_dla_rows_add_up_to_the_logit_or_the_difference(tiny_params, tiny_config
 def test_dla_parts_are_the_final_stream_and_heads_share_the_attention_output(
         tiny_params, tiny_config):
     cfg = tiny_config
-    tr = trace(tiny_params, cfg, IDS)
+    tr = run_traced(tiny_params, cfg, IDS)
     labels, parts = tr.residual_parts(tiny_params, 4)
     np.testing.assert_allclose(parts.sum(0), tr["layers.1.resid_post"][4], atol=1e-12)
     # The heads and the bias of block 0 together are its attention output, seen by the final
@@ -113,7 +113,7 @@ def test_dla_parts_are_the_final_stream_and_heads_share_the_attention_output(
 
 def test_dla_neurons_add_up_to_their_mlp_row(tiny_params, tiny_config):
     cfg = tiny_config
-    tr = trace(tiny_params, cfg, IDS)
+    tr = run_traced(tiny_params, cfg, IDS)
     every = cfg.n_layer * cfg.n_inner
     r = direct_logit_attribution(tr, tiny_params, cfg, 5, 3, 8, neurons=every)
     assert len(r.neurons) == every
@@ -138,7 +138,7 @@ def test_ablating_nothing_changes_nothing(tiny_params, tiny_config):
 
 
 def test_resampling_from_the_text_itself_changes_nothing(tiny_params, tiny_config):
-    tr = trace(tiny_params, tiny_config, IDS)
+    tr = run_traced(tiny_params, tiny_config, IDS)
     comps = ab.all_components(tiny_config)
     edit = {p: ab.replacement("resample", p, source=tr.values) for p in comps}
     _, found = ab.ablate(tiny_params, tiny_config, IDS, [[p] for p in comps], edit, 5, 4)
@@ -178,7 +178,7 @@ def test_value_means_are_the_average_over_every_position_of_every_window(
     means = ms.value_means(tiny_params, tiny_config, windows, batch=2)
     assert sorted(means) == sorted(ms.mean_paths(tiny_config))
     for path in ("layers.1.heads.0.out", "layers.0.mlp_out", "layers.1.attn_out"):
-        rows = [trace(tiny_params, tiny_config, w)[path] for w in windows]
+        rows = [run_traced(tiny_params, tiny_config, w)[path] for w in windows]
         naive = sum(r.sum(axis=0) for r in rows) / (len(windows) * len(IDS))
         np.testing.assert_allclose(means[path], naive, atol=1e-12)
 
@@ -193,7 +193,7 @@ def test_patching_the_last_stream_restores_all_and_patching_nothing_none(
     last = f"layers.{cfg.n_layer - 1}"
     assert r.stream["resid_post"][-1, 5] == pytest.approx(1.0, abs=1e-9)
     # every position of the last block's output at once: the clean run itself
-    clean = trace(tiny_params, cfg, IDS)
+    clean = run_traced(tiny_params, cfg, IDS)
     post = clean[last + ".resid_post"]
     nothing, everything = run_variants(tiny_params, cfg, OTHER,
                                        [{}, {last + ".resid_post": lambda x: post}])
@@ -212,7 +212,7 @@ def test_patching_the_last_stream_restores_all_and_patching_nothing_none(
 def test_patching_a_heads_output_equals_the_hand_made_run(tiny_params, tiny_config):
     cfg = tiny_config
     r = pa.activation_patching(tiny_params, cfg, IDS, OTHER, 4, 7)
-    clean = trace(tiny_params, cfg, IDS)
+    clean = run_traced(tiny_params, cfg, IDS)
     z = clean["layers.1.heads.0.out"].copy()
     by_hand = forward(tiny_params, cfg, OTHER, hooks=Replace({"layers.1.heads.0.out":
                                                               lambda x: z}))[5]
@@ -225,7 +225,7 @@ def test_patching_a_blocks_output_at_one_position_equals_the_hand_made_run(
     """resid_post of block 0 is block 1's resid_pre, and is filled from it: check it by hand."""
     cfg = tiny_config
     r = pa.activation_patching(tiny_params, cfg, IDS, OTHER, 4, 7)
-    row = trace(tiny_params, cfg, IDS)["layers.0.resid_post"][3].copy()
+    row = run_traced(tiny_params, cfg, IDS)["layers.0.resid_post"][3].copy()
 
     def fn(x):
         x = x.copy()
@@ -248,7 +248,7 @@ def test_variants_with_a_cut_head_give_the_same_rows_of_the_logits(tiny_params, 
 
 def test_variants_started_at_their_first_block_match_full_runs(tiny_params, tiny_config):
     cfg = tiny_config
-    tr = trace(tiny_params, cfg, IDS)
+    tr = run_traced(tiny_params, cfg, IDS)
     streams = [tr[f"layers.{i}.resid_pre"] for i in range(cfg.n_layer)] + \
         [tr[f"layers.{cfg.n_layer - 1}.resid_post"]]
     edits = [{}, {"layers.1.mlp_out": np.zeros_like}, {"layers.0.resid_mid": lambda x: x * 2},
@@ -259,7 +259,7 @@ def test_variants_started_at_their_first_block_match_full_runs(tiny_params, tiny
 
 
 def test_patch_count_is_the_number_of_patched_runs(tiny_params, tiny_config):
-    clean = trace(tiny_params, tiny_config, IDS).values
+    clean = run_traced(tiny_params, tiny_config, IDS).values
     for position in (0, 3, 5):
         variants, _ = pa.patch_variants(clean, tiny_config, position)
         assert pa.patch_count(tiny_config, position) == len(variants)
@@ -280,7 +280,7 @@ def test_attribution_patching_is_the_directional_derivative(tiny_params, tiny_co
     central finite difference of the real metric."""
     cfg = tiny_config
     atp = pa.attribution_patching(tiny_params, cfg, IDS, OTHER, 4, 7)
-    clean, corrupt = trace(tiny_params, cfg, IDS), trace(tiny_params, cfg, OTHER)
+    clean, corrupt = run_traced(tiny_params, cfg, IDS), run_traced(tiny_params, cfg, OTHER)
     path = f"layers.{layer}.{kind}"
     step = clean[path][t] - corrupt[path][t]
 
@@ -360,7 +360,7 @@ def test_attention_x_grad_is_attention_times_its_finite_difference_gradient(
     cfg = tiny_config
     r = at.attention_x_grad(tiny_params, cfg, IDS, 4, 5, 2)
     assert r.scores.shape == (cfg.n_layer, cfg.n_head, len(IDS))
-    a = trace(tiny_params, cfg, IDS)["layers.1.heads.1.weights"]
+    a = run_traced(tiny_params, cfg, IDS)["layers.1.heads.1.weights"]
     eps = 1e-6
     total = np.zeros(len(IDS))
     for q in range(len(IDS)):

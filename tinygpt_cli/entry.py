@@ -50,9 +50,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def exit_now(e: SystemExit) -> None:
     """End the process with e's code without tearing the interpreter down: freeing every
-    module and object of NumPy, Rich and Typer one by one takes 20-25 ms of CPU, more than
-    most of what a short command does (measured: `python -c "import numpy, typer, rich,
-    tokenizers, safetensors"` 142 ms, 118 ms ending so). What the shutdown does that
+    module and object of NumPy, Rich and Typer one by one costs more CPU than most of what a
+    short command does (benchmarks/results.md). What the shutdown does that
     anyone sees is done first: the atexit functions, and the flush of stdout and stderr (a
     flush that fails ends with 120, as Python's own does). While another thread still runs
     (which the shutdown would wait for), or with a code that is not a number, e goes on to

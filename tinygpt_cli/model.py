@@ -23,7 +23,7 @@ from .schema import is_bias, is_norm_weight, param_shapes
 
 __all__ = ["Dropout", "KVCache", "backward", "decode_step", "forward", "run_to_final_norm",
            "init_params", "logits_of", "loss_and_grads",
-           "param_shapes", "trace"]
+           "param_shapes", "run_traced"]
 
 
 def init_params(
@@ -53,14 +53,10 @@ def _no_hooks(path: str, x: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def keep_freed_memory() -> bool:
-    """Ask glibc's malloc to keep freed memory for reuse instead of handing it back to the
-    system at once. A traced pass keeps every value (8 MB at T = 128, 500 MB for a 12 x 768
-    model at T = 512), so with the defaults each pass got fresh pages from the kernel, and
-    zeroing them took as long as half the arithmetic. Up to 1 GB freed at the top of the heap
-    stays: with 64 MB, a pass of that 12 x 768 model made 35,000-40,000 new pages each time
-    another large pass (transformers', in the benchmark) had freed its memory in between,
-    1.3 s a pass instead of 1.1. The peak memory is unchanged; it is only reused. No-op
-    elsewhere."""
+    """Ask glibc's malloc to keep up to 1 GB of freed memory for reuse instead of handing it
+    back to the system at once: a traced pass keeps every value, and fresh pages from the
+    kernel must be zeroed (benchmarks/results.md, "Why the code is as it is"). The peak memory
+    is unchanged; it is only reused. No-op elsewhere."""
     try:
         import ctypes
 
@@ -112,11 +108,9 @@ class KVCache:
 
 def fresh_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
     """np.empty(shape, dtype), on memory whose pages are made 4 kB at a time as they are
-    first written. With Linux's transparent huge pages a large np.empty is made 2 MB at a
-    time instead: the prompt's few positions, written at the start of every head's stretch of
-    a 1,024-position 12 x 768 model's cache (75 MB), zeroed nearly all of it, 10 to 180 ms
-    before the first token. (Laying the cache out position first touched fewer pages, but
-    made every step's attention read keys spread across the buffer, 5% slower per token.)"""
+    first written: with Linux's transparent huge pages a large np.empty is made 2 MB at a
+    time, and the prompt's few positions at the start of every head's stretch of the cache
+    would zero nearly all of it before the first token (benchmarks/results.md)."""
     import mmap
 
     size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -178,12 +172,12 @@ def norm_backward(g: Gradients, d: np.ndarray, x: np.ndarray, name: str) -> np.n
     return layer_norm_backward(g, d, x, name, name)
 
 
-def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.ndarray:
+def layer_norm(x: np.ndarray, w, b, eps: float, name: str, hooks: Hook) -> np.ndarray:
     """Card 4 (and 8): ops.layer_norm, its mean and std passing through the hooks."""
-    if hooks is _no_hooks and x.dtype == g.dtype == b.dtype:
+    if hooks is _no_hooks and x.dtype == w.dtype == b.dtype:
         # nothing to show or change (generation): the same arithmetic without the checks,
         # which cost more than the arithmetic on one position
-        return ops.layer_norm_out(x, g, b, eps)
+        return ops.layer_norm_out(x, w, b, eps)
     mean = hooks(name + ".mean", ops.layer_norm_mean(x))  # [T, 1]
     centred = x - mean
     computed = ops.layer_norm_std(centred, eps)
@@ -191,7 +185,7 @@ def layer_norm(x: np.ndarray, g, b, eps: float, name: str, hooks: Hook) -> np.nd
     # centred is ours alone: scaled in place when the hook kept the std's shape and dtype
     mine = (isinstance(std, np.ndarray) and std.shape == computed.shape
             and std.dtype == centred.dtype)
-    return hooks(name + ".out", ops.layer_norm_scale(centred, std, g, b, in_place=mine))
+    return hooks(name + ".out", ops.layer_norm_scale(centred, std, w, b, in_place=mine))
 
 
 def layer_norm_backward(g: Gradients, d: np.ndarray, x: np.ndarray, param: str,
@@ -608,7 +602,7 @@ def record(params, config: Config, ids, paths=None, *, hooks: Hook | None = None
     return logits, rec.values
 
 
-def trace(params, config: Config, ids, *, hooks: Hook | None = None, tokens=None):
+def run_traced(params, config: Config, ids, *, hooks: Hook | None = None, tokens=None):
     """Run the model and record every value: the Trace of one forward pass.
 
     `hooks` run before the recording, so an intervention shows in the values recorded.

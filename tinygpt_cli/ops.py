@@ -44,8 +44,8 @@ def position_embedding_backward(dout: np.ndarray, positions: np.ndarray) -> np.n
 # ---------------------------------------------------------------- layer norm (cards 4, 8)
 
 
-def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float):
-    """Rescale each token's numbers to mean 0, std 1, then scale by g and shift by b.
+def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float):
+    """Rescale each token's numbers to mean 0, std 1, then scale by w and shift by b.
 
     Returns (out, mean, std); std already includes eps, as the model divides by it. The
     steps the model runs (model.layer_norm hooks the mean and the std between them), so an
@@ -55,7 +55,7 @@ def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float):
     mean = layer_norm_mean(x)
     centred = x - mean
     std = layer_norm_std(centred, eps)
-    return layer_norm_scale(centred, std, g, b, in_place=True), mean, std
+    return layer_norm_scale(centred, std, w, b, in_place=True), mean, std
 
 
 def layer_norm_mean(x: np.ndarray) -> np.ndarray:
@@ -68,23 +68,23 @@ def layer_norm_std(centred: np.ndarray, eps: float) -> np.ndarray:
     return np.sqrt(mean_last(centred * centred) + eps)
 
 
-def layer_norm_scale(centred: np.ndarray, std, g, b, in_place: bool = False) -> np.ndarray:
-    """centred / std * g + b; `in_place` writes into centred where the dtypes allow."""
+def layer_norm_scale(centred: np.ndarray, std, w, b, in_place: bool = False) -> np.ndarray:
+    """centred / std * w + b; `in_place` writes into centred where the dtypes allow."""
     if in_place:
         out = centred
         out /= std
     else:
         out = centred / std
     poison_overflow(out, std)
-    if out.dtype == g.dtype == b.dtype or out.dtype == np.result_type(out, g, b):
-        out *= g  # in place, the same numbers with fewer arrays
+    if out.dtype == w.dtype == b.dtype or out.dtype == np.result_type(out, w, b):
+        out *= w  # in place, the same numbers with fewer arrays
         out += b
         return out
-    return out * g + b
+    return out * w + b
 
 
-def layer_norm_out(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    """layer_norm's output alone, x, g, b of one dtype: the same arithmetic in fewer arrays
+def layer_norm_out(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """layer_norm's output alone, x, w, b of one dtype: the same arithmetic in fewer arrays
     (generation's path), one position as a vector, in half the time."""
     n = x.shape[-1]
     if x.shape == (1, n):
@@ -93,7 +93,7 @@ def layer_norm_out(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> n
         out = centred / np.sqrt(square / n + eps)
         if not math.isfinite(square):
             out[...] = np.nan  # poison_overflow's rule
-        out *= g
+        out *= w
         out += b
         return out[None]
     out = x - mean_last(x)
@@ -101,7 +101,7 @@ def layer_norm_out(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> n
     var += eps
     out /= np.sqrt(var, out=var)
     poison_overflow(out, var)
-    out *= g
+    out *= w
     out += b
     return out
 
@@ -127,14 +127,14 @@ def mean_last(x: np.ndarray) -> np.ndarray:
     return total
 
 
-def layer_norm_backward(dout, x, g, mean, std):
+def layer_norm_backward(dout, x, w, mean, std):
     """Returns (dx, dg, db)."""
-    return layer_norm_backward_parts(dout, x, g, mean, std)[:3]
+    return layer_norm_backward_parts(dout, x, w, mean, std)[:3]
 
 
-def layer_norm_backward_parts(dout, x, g, mean, std):
+def layer_norm_backward_parts(dout, x, w, mean, std):
     """layer_norm_backward that also returns the gradients of its mean and std as values of
-    their own (the forward pass hooks them), through out = (x - mean) / std * g + b with
+    their own (the forward pass hooks them), through out = (x - mean) / std * w + b with
     std = sqrt(mean((x - mean)^2) + eps).  Returns (dx, dg, db, dmean, dstd); dx is the total.
     """
     # Three [.., d] arrays (xhat, a product buffer, dx) instead of a dozen: on a training batch
@@ -142,13 +142,13 @@ def layer_norm_backward_parts(dout, x, g, mean, std):
     # dcentred = dxhat / std + dstd * xhat / d.
     n = x.shape[-1]
     lead = tuple(range(x.ndim - 1))
-    wide = np.result_type(dout, x, g, mean, std)  # in place, every array needs the widest dtype
+    wide = np.result_type(dout, x, w, mean, std)  # in place, every array needs the widest dtype
     xhat = np.subtract(x, mean, dtype=wide)
     xhat /= std
     prod = np.multiply(dout, xhat, dtype=wide)
     dg = prod.sum(axis=lead)
     db = dout.sum(axis=lead)
-    dx = np.multiply(dout, g, dtype=wide)  # d xhat; dx below
+    dx = np.multiply(dout, w, dtype=wide)  # d xhat; dx below
     np.multiply(dx, xhat, out=prod)
     dstd = -prod.sum(axis=-1, keepdims=True) / std
     dx /= std
@@ -162,11 +162,11 @@ def layer_norm_backward_parts(dout, x, g, mean, std):
 # ---------------------------------------------------------------- RMSNorm (Llama's cards 4, 8)
 
 
-def rms_norm(x: np.ndarray, g: np.ndarray, eps: float):
-    """x / rms * g with rms = sqrt(mean(x^2) + eps), each token on its own: LayerNorm without
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float):
+    """x / rms * w with rms = sqrt(mean(x^2) + eps), each token on its own: LayerNorm without
     the centring and the shift.  Returns (out, rms).  [..., d] -> [..., d], [..., 1]"""
     rms = rms_of(x, eps)
-    return rms_scale(x, rms, g), rms
+    return rms_scale(x, rms, w), rms
 
 
 def rms_of(x: np.ndarray, eps: float) -> np.ndarray:
@@ -174,24 +174,24 @@ def rms_of(x: np.ndarray, eps: float) -> np.ndarray:
     return np.sqrt(mean_last(x * x) + eps)
 
 
-def rms_scale(x: np.ndarray, rms, g) -> np.ndarray:
-    """x / rms * g"""
+def rms_scale(x: np.ndarray, rms, w) -> np.ndarray:
+    """x / rms * w"""
     out = x / rms
     poison_overflow(out, rms)
-    if out.dtype == np.result_type(out, g):
-        out *= g
+    if out.dtype == np.result_type(out, w):
+        out *= w
         return out
-    return out * g
+    return out * w
 
 
-def rms_norm_backward(dout, x, g, rms):
+def rms_norm_backward(dout, x, w, rms):
     """Returns (dx, dg, drms), drms the gradient of the hooked rms as a value of its own;
     dx is the total, through rms = sqrt(mean(x^2) + eps)."""
     n = x.shape[-1]
     lead = tuple(range(x.ndim - 1))
     xhat = x / rms
     dg = (dout * xhat).sum(axis=lead)
-    dxhat = dout * g
+    dxhat = dout * w
     drms = -(dxhat * xhat).sum(axis=-1, keepdims=True) / rms
     dx = dxhat / rms + drms * x / (n * rms)
     return dx, dg, drms

@@ -22,7 +22,7 @@ import numpy as np
 
 from .errors import InputError, check_index, check_utf8
 from .hooks import Chain, Hook, ablation, bind, check_reached, hooked_path
-from .model import all_finite, forward, logits_of, record, run_to_final_norm, trace
+from .model import all_finite, forward, logits_of, record, run_to_final_norm, run_traced
 from .schema import PathError
 from .trace import Trace
 from .weights import Model, load_model
@@ -210,7 +210,7 @@ class Session:
         """Every value of the forward pass, after any interventions (the hooks' paths as
         `run` takes them)."""
         bind(hooks, self.config)
-        t = trace(self.params, self.config, np.asarray(self.ids),
+        t = run_traced(self.params, self.config, np.asarray(self.ids),
                   hooks=self.hooks_for(ablate, hooks), tokens=self.tokens)
         check_reached(hooks)
         return t

@@ -3,10 +3,9 @@
 OpenBLAS starts one thread per core and, between products, its threads spin waiting for the
 next one. The products of this tool are small (one position while decoding, 128 x 128 blocks
 of a traced pass), so on a machine whose cores are busy with other work the spinning threads
-fight that work and each other: measured five to ten times slower than one thread
-(issue 19). One thread is never far from the best on such products, and it cannot collapse,
-so it is the default for every command, training included (on a 2-core machine with one
-core taken, two threads trained slower than one).
+fight that work and each other. One thread is never far from the best on such products, and
+it cannot collapse, so it is the default for every command, training included (the figures:
+benchmarks/results.md).
 
 A user chooses more with `tinygpt --threads N COMMAND` or TINYGPT_THREADS=N (in that order of
 precedence); without either, the usual variables (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import Config
-from .schema import PathError, expand, resolve, suggest
+from .schema import PathError, expand, head_name, mlp_name, resolve, suggest
 
 __all__ = ["PathError", "Trace"]
 
@@ -136,9 +136,9 @@ class Trace:
             w_o = head_out_matrix(params, cfg, i).astype(np.float64)  # [H, d_k, d]
             z = np.moveaxis(self.get(f"layers.{i}.z").astype(np.float64), -3, 0)  # [H, ..., d_k]
             for h in range(cfg.n_head):
-                labels.append(f"L{i}H{h}")
+                labels.append(head_name(i, h))
                 parts.append(at(z[h]) @ w_o[h])
-            labels += [f"L{i}.attn_bias", f"L{i}.mlp"]
+            labels += [f"L{i}.attn_bias", mlp_name(i)]
             parts += [np.broadcast_to(attn_out_bias(params, cfg, i), shape),
                       at(self.get(f"layers.{i}.mlp_out"))]
         return labels, np.stack([np.asarray(p, dtype=np.float64) for p in parts])

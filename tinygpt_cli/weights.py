@@ -334,6 +334,40 @@ def map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
     return tensors
 
 
+def read_safetensors(path: Path, names=None, *, limit: int = MAX_HEADER_BYTES,
+                     label: str | None = None, hint: str | None = None
+                     ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The one reader of a safetensors file: its tensors (`names`, or all) and metadata.
+    Mapped read-only where map_safetensors can (nothing copied until used), else read by the
+    library; whatever either finds wrong is one WeightsError (exit 1): "LABEL is not a
+    readable safetensors file (why)", then "; HINT" when given. LABEL defaults to the path."""
+    from safetensors import SafetensorError, safe_open
+
+    label = label or str(path)
+    try:
+        header, _, _ = header_json(path, limit)
+        meta = header.get("__metadata__")
+        meta = dict(meta) if isinstance(meta, dict) else {}
+        mapped = map_safetensors(path)
+        if mapped is not None:
+            wanted = list(mapped) if names is None else names
+            tensors = {n: mapped.pop(n) for n in wanted}  # held once: map_params frees as it goes
+            del mapped
+            return tensors, meta
+        with safe_open(str(path), framework="numpy") as f:  # what the mapping does not take on
+            wanted = list(f.keys()) if names is None else names
+            return {n: f.get_tensor(n) for n in wanted}, dict(f.metadata() or {})
+    except WeightsError as e:
+        if label == str(path) and not hint:
+            raise
+        raise WeightsError(str(e).replace(str(path), label, 1)
+                           + (f"; {hint}" if hint else "")) from None
+    except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise WeightsError(f"{label} is not a readable safetensors file ({why})"
+                           + (f"; {hint}" if hint else "")) from None
+
+
 def widen_bfloat16(bits: np.ndarray) -> np.ndarray:
     """bfloat16 numbers, given as their uint16 bits, as float32: the same sign, exponent and
     the top 7 bits of the fraction, the rest zeros. Exact: every bfloat16 is a float32."""
@@ -435,8 +469,6 @@ def load_params(path: str | Path, config: Config) -> dict[str, np.ndarray]:
 
 def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict[str, np.ndarray]:
     """load_params after its header check: `infos` is checked_header(path, config)."""
-    from safetensors import SafetensorError, safe_open
-
     fam = family(config.model_type)
     wanted = [n for n in infos if not (n.removeprefix(fam.PREFIX)).endswith(fam.IGNORED)]
     files: dict[Path, list[str]] = {}
@@ -444,16 +476,7 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
         files.setdefault(path.parent / infos[n].shard if infos[n].shard else path, []).append(n)
     tensors = {}
     for file, names in files.items():
-        try:
-            mapped = map_safetensors(file)
-            if mapped is not None:
-                tensors.update({n: mapped.pop(n) for n in names})  # held once: see below
-                del mapped
-            else:  # anything map_safetensors does not take on: the library reads or reports it
-                with safe_open(str(file), framework="numpy") as f:
-                    tensors.update({n: f.get_tensor(n) for n in names})
-        except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:
-            raise WeightsError(f"{file} is not a readable safetensors file ({e})") from None
+        tensors.update(read_safetensors(file, names)[0])
     with _naming(path):
         return validate_params(tensors, config)
 
@@ -489,6 +512,18 @@ def safetensors_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str] |
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)
     return len(text).to_bytes(8, "little") + text + b"".join(chunks)
+
+
+def with_metadata(path: Path, extra: dict[str, str]) -> bytes:
+    """The safetensors file at `path` with `extra` merged into its metadata: the tensors' bytes
+    as they were (a snapshot stamped with the weights its run ended with stays the same
+    float16 weights)."""
+    header, _, _ = header_json(path)
+    tensors = map_safetensors(path)
+    if tensors is None:
+        raise WeightsError(f"{path} is not a readable safetensors file")
+    meta = header.get("__metadata__")
+    return safetensors_bytes(tensors, {**(meta if isinstance(meta, dict) else {}), **extra})
 
 
 @dataclass

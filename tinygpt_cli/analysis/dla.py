@@ -19,13 +19,10 @@ import numpy as np
 
 from ..config import Config
 from ..model import neuron_out_rows, norm_weights, unembed_rows
+from ..schema import head_name
 from ..trace import Trace
 
 BIAS_ROW = "ln_final.bias"
-
-
-def head_label(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"  # as Trace.residual_parts labels the heads
 
 
 def unembed_direction(params: dict[str, np.ndarray], target: int, vs: int | None) -> np.ndarray:
@@ -72,7 +69,7 @@ def direct_logit_attribution(trace: Trace, params: dict[str, np.ndarray], config
     values = attribute_parts(parts, scale, gain, direction, centre)
     logits = trace.get("logits")[position].astype(np.float64)
     score = logits[target] - (logits[vs] if vs is not None else 0.0)
-    heads = np.array([[values[labels.index(head_label(i, h))] for h in range(config.n_head)]
+    heads = np.array([[values[labels.index(head_name(i, h))] for h in range(config.n_head)]
                       for i in range(config.n_layer)])
     top = neuron_attribution(trace, params, config, position, scale, gain, direction, neurons) \
         if neurons else []

@@ -56,9 +56,10 @@ def _metadata(path: Path) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def find_snapshots(folder: Path) -> list[Snapshot]:
-    """The snapshots in `folder`, in step order; InputError (exit 2) when there are none.
-    Each one's metadata is checked (snapshot_of): a broken snapshot is exit 1, never a row."""
+def find_snapshots(folder: Path, weights_file: Path) -> list[Snapshot]:
+    """The snapshots in `folder` of the run that ended in `weights_file`, in step order;
+    InputError (exit 2) when there are none. Each one's metadata is checked (snapshot_of): a
+    broken snapshot is exit 1, one of other weights exit 2, never a row."""
     hint = ("train with --snapshots N (tinygpt train ... --snapshots 8) or pass --weights "
             "a folder whose history/ holds step-NNNNNN.safetensors files")
     if not folder.is_dir():
@@ -66,7 +67,7 @@ def find_snapshots(folder: Path) -> list[Snapshot]:
             raise WeightsError(f"{folder} is not a folder (a symbolic link that leads nowhere "
                                "or to itself, or a file): the training history cannot be read")
         raise InputError(f"no training history: {folder} does not exist; {hint}")
-    found = [snapshot_of(path) for path in folder.glob("*.safetensors")]
+    found = [snapshot_of(path, weights_file) for path in folder.glob("*.safetensors")]
     if not found:
         raise InputError(f"no training history: {folder} holds no .safetensors files; {hint}")
     steps = [s.step for s in found]
@@ -76,10 +77,14 @@ def find_snapshots(folder: Path) -> list[Snapshot]:
     return sorted(found, key=lambda s: s.step)
 
 
-def snapshot_of(path: Path) -> Snapshot:
-    """A snapshot's step and learning rate from its metadata, checked: a whole number of
+def snapshot_of(path: Path, weights_file: Path) -> Snapshot:
+    """A snapshot's step and learning rate from its metadata, checked: made for these weights
+    (madefor: a run stamps its snapshots with the weights it ended with), a whole number of
     steps agreeing with its name (step-NNNNNN), and a finite, positive learning rate (TracIn
-    weighs the snapshot's gradients by it). WeightsError (exit 1) otherwise."""
+    weighs the snapshot's gradients by it). WeightsError (exit 1) otherwise, InputError
+    (exit 2) for a snapshot of other weights."""
+    from ..madefor import check_made_for
+
     meta = _metadata(path)
     m = _STEP.fullmatch(path.name)
     step, lr = meta.get("step"), meta.get("lr")
@@ -100,6 +105,10 @@ def snapshot_of(path: Path) -> Snapshot:
         if lr is None or not math.isfinite(lr) or lr <= 0:
             raise WeightsError(f"{path}: its metadata's learning rate {meta.get('lr')!r} is "
                                "not a finite positive number")
+    check_made_for(path, meta, weights_file, "the snapshot",
+                   "history/ holds the snapshots of the run that ended in the model beside it "
+                   "(a run stamps them when it ends: tinygpt train --resume finishes an "
+                   "interrupted one)")
     return Snapshot(f"step {step}", step, lr, path)
 
 

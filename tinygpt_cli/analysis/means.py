@@ -101,21 +101,13 @@ def header_limit(config: Config) -> int:
 def load_means(path: str | Path, config: Config,
                weights_sha256: str) -> tuple[dict[str, np.ndarray], dict]:
     """The stored means and their metadata, refused when they belong to other weights."""
-    from safetensors import safe_open
-
-    from ..weights import header_json
+    from ..weights import read_safetensors
 
     path = Path(path)
     hint = "compute them with `tinygpt means --data DIR` or give --data DIR"
     if not path.is_file():
         raise InputError(f"no mean statistics at {path}: {hint}")
-    header_json(path, header_limit(config))  # its own error: a header too big to read
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = dict(f.metadata() or {})
-            means = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - no iter
-    except Exception as e:  # noqa: BLE001 - safetensors' own error type is not importable
-        raise WeightsError(f"{path} is not a readable safetensors file ({e}): {hint}") from None
+    means, meta = read_safetensors(path, limit=header_limit(config), hint=hint)
     if meta.get("weights_sha256") != weights_sha256:
         raise InputError(f"the mean statistics at {path} were computed for other weights: {hint}")
     for p in mean_paths(config):

@@ -29,6 +29,7 @@ from ..files import write_atomically
 from ..hooks import Chain, RecordOnly, Replace, StopAfter, chained
 from ..madefor import check_made_for
 from ..model import forward
+from ..optim import SAE_BETAS, AdamW
 from ..schema import resolve
 
 SITE_KINDS = ("resid_pre", "resid_mid", "resid_post", "mlp_out")
@@ -170,36 +171,12 @@ def normalise_rows(w_dec: np.ndarray) -> None:
 
 
 @dataclass
-class Adam:
-    lr: float
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    t: int = 0
-    m: dict[str, np.ndarray] = field(default_factory=dict)
-    v: dict[str, np.ndarray] = field(default_factory=dict)
-
-    def step(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray],
-             lr: float) -> None:
-        self.t += 1
-        c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
-        for name, p in params.items():
-            g = grads[name]
-            m = self.m.setdefault(name, np.zeros_like(p))
-            v = self.v.setdefault(name, np.zeros_like(p))
-            m *= self.b1
-            m += (1 - self.b1) * g
-            v *= self.b2
-            v += (1 - self.b2) * g * g
-            p -= (lr / c1) * m / (np.sqrt(v / c2) + self.eps)
-
-
-@dataclass
 class TrainState:
     """Everything a resumed run needs: the SAE, Adam's moments, the step, the dead-latent clock."""
 
     sae: SAE
-    adam: Adam
+    adam: AdamW
+    lr: float  # the peak learning rate, decayed over the last 20% of the steps
     step: int
     since_fired: np.ndarray  # [m] tokens since each latent last fired
     losses: list[float] = field(default_factory=list)
@@ -208,7 +185,8 @@ class TrainState:
 def new_state(x: np.ndarray, n_latents: int, k: int, site: str, seed: int,
               lr: float) -> TrainState:
     sae = init_sae(x, n_latents, k, site, seed)
-    return TrainState(sae, Adam(lr), 0, np.zeros(n_latents, np.int64))
+    adam = AdamW(sae.params(), betas=SAE_BETAS, weight_decay=0.0)
+    return TrainState(sae, adam, lr, 0, np.zeros(n_latents, np.int64))
 
 
 def data_scale(x: np.ndarray) -> float:
@@ -228,7 +206,7 @@ def train_steps(state: TrainState, x: np.ndarray, steps: int, *, batch: int = 10
     while state.step < steps:
         rng = np.random.default_rng([seed, state.step])
         xb = x[rng.integers(0, len(x), size=batch)]
-        lr = state.adam.lr * min(1.0, 5 * (steps - state.step) / steps)  # decay over the last 20%
+        lr = state.lr * min(1.0, 5 * (steps - state.step) / steps)  # decay over the last 20%
         dead = state.since_fired > dead_after
         loss, grads, z = loss_and_grads(sae, xb, scale, dead, k_aux)
         grads["W_dec"] = remove_parallel(grads["W_dec"], sae.W_dec)
@@ -255,7 +233,6 @@ def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> 
     from ..weights import safetensors_bytes
     from .steer import metadata_strings
 
-    # the same bytes for the same SAE (the library writes its metadata in a random order)
     info = {"site": sae.site, "k": str(sae.k), **metadata_strings(meta or {})}
     write_atomically(Path(path), safetensors_bytes(sae_tensors(sae), info))
 
@@ -263,18 +240,13 @@ def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> 
 def load_sae(path: str | Path, config: Config, weights_file: Path) -> SAE:
     """An SAE file, checked: the four tensors with agreeing shapes, finite, a known site (the
     one its file name says, when the name is a site), k, made for `weights_file`."""
-    from safetensors import safe_open
+    from ..weights import read_safetensors
 
     path = Path(path)
     if not path.is_file():
         raise InputError(f"no SAE file at {path}: train one with `tinygpt sae train --site "
                          "layers.1.resid_post`")
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = dict(f.metadata() or {})
-            t = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - no iter
-    except Exception as e:  # noqa: BLE001 - safetensors' own error type is not importable
-        raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
+    t, meta = read_safetensors(path)
     sae = check_sae(path, t, meta, config)
     check_made_for(path, meta, weights_file, "the SAE", f"train one for them with `tinygpt sae "
                    f"train --site {sae.site}`")
@@ -654,11 +626,11 @@ def load_checkpoint(path: Path, settings: dict) -> TrainState | None:
                 raise InputError(f"{path} is a checkpoint of a run with other settings: "
                                  "delete it or give the same options")
             p = {n: z[f"p/{n}"].copy() for n in ("W_enc", "b_enc", "W_dec", "b_dec")}
-            adam = Adam(settings["lr"], t=int(z["t"]), m={n: z[f"m/{n}"].copy() for n in p},
-                        v={n: z[f"v/{n}"].copy() for n in p})
             sae = SAE(**p, site=settings["site"], k=settings["k"])
-            return TrainState(sae, adam, int(z["step"]), z["since_fired"].copy(),
-                              list(z["losses"]))
+            adam = AdamW(sae.params(), betas=SAE_BETAS, weight_decay=0.0)
+            adam.load_state(z)
+            return TrainState(sae, adam, settings["lr"], int(z["step"]),
+                              z["since_fired"].copy(), list(z["losses"]))
     except (OSError, ValueError, KeyError) as e:
         raise WeightsError(f"{path} is not a readable checkpoint ({e}): delete it to start "
                            "over") from None

@@ -249,24 +249,17 @@ ROWS = ("W_dec", "directions")
 
 def direction_file(vector: np.ndarray, site_path: str, kind: str, source: dict,
                    rows: np.ndarray | None = None, meta: dict[str, str] | None = None) -> bytes:
-    """The safetensors bytes, written here rather than by safetensors.numpy.save, whose
-    header order varies from run to run: the same vector must give the same bytes. `meta`
-    is more metadata (metadata_strings: the steering of the run it was found in)."""
+    """The safetensors bytes (weights.safetensors_bytes: the same vector gives the same
+    bytes). `meta` is more metadata (metadata_strings: the steering of the run it was found
+    in)."""
+    from ..weights import safetensors_bytes
+
     tensors = {"direction": np.ascontiguousarray(vector, dtype="<f4")}
     if rows is not None:
         tensors["directions"] = np.ascontiguousarray(rows, dtype="<f4")
-    header: dict = {"__metadata__": {"site": site_path, "kind": kind,
-                                     "source": json.dumps(source, sort_keys=True),
-                                     **metadata_strings(meta or {})}}
-    offset = 0
-    for name, t in tensors.items():
-        header[name] = {"dtype": "F32", "shape": list(t.shape),
-                        "data_offsets": [offset, offset + t.nbytes]}
-        offset += t.nbytes
-    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-len(text) % 8)  # the format pads the header to a multiple of 8
-    return len(text).to_bytes(8, "little") + text + b"".join(t.tobytes() for t in
-                                                           tensors.values())
+    return safetensors_bytes(tensors, {"site": site_path, "kind": kind,
+                                       "source": json.dumps(source, sort_keys=True),
+                                       **metadata_strings(meta or {})})
 
 
 @dataclass
@@ -342,15 +335,9 @@ def _read_npy(path) -> np.ndarray:
 def _read_tensors(path) -> tuple[dict[str, np.ndarray], dict]:
     if path.suffix == ".npy":
         return {"direction": _read_npy(path)}, {}
-    try:
-        from safetensors import safe_open
+    from ..weights import read_safetensors
 
-        with safe_open(str(path), framework="numpy") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
-    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
-        raise WeightsError(f"--steer-vector {path}: not a readable safetensors file "
-                           f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-                           ) from None
+    return read_safetensors(path, label=f"--steer-vector {path}")
 
 
 def _pick(tensors: dict[str, np.ndarray], row: int | None, spec: str) -> np.ndarray:

@@ -24,7 +24,7 @@ from ..errors import InputError, WeightsError
 from ..files import write_atomically
 from ..hooks import RecordOnly, chained
 from ..model import forward, head_table, norm_weights, read_out
-from .sae import Adam
+from ..optim import SAE_BETAS, AdamW
 
 
 def stage_paths(config: Config) -> list[str]:
@@ -109,7 +109,7 @@ def fit(stages: list[np.ndarray], h_last: np.ndarray, params, config: Config, *,
     losses = []
     for i, h in enumerate(stages):
         params_i = {"A": tr.A[i], "b": tr.b[i]}
-        adam = Adam(lr)
+        adam = AdamW(params_i, betas=SAE_BETAS, weight_decay=0.0)
         for step in range(steps):
             rows = np.random.default_rng([seed, i, step]).integers(0, len(h), size=batch)
             logp_final = final_log_probs(h_last[rows], params, config)
@@ -229,26 +229,19 @@ def save_translators(path: str | Path, tr: Translators, meta: dict[str, str]) ->
 
     t = {f"A.{i}": np.ascontiguousarray(a, np.float32) for i, a in enumerate(tr.A)}
     t.update({f"b.{i}": np.ascontiguousarray(b, np.float32) for i, b in enumerate(tr.b)})
-    # the same bytes for the same lens (the library writes its metadata in a random order)
     write_atomically(Path(path), safetensors_bytes(t, metadata_strings(meta)))
 
 
 def load_translators(path: str | Path, config: Config, weights_file: Path) -> Translators:
     """The translators of a tuned lens file, checked: every stage's A [d, d] and b [d],
     finite, made for `weights_file` (madefor)."""
-    from safetensors import safe_open
-
     from ..madefor import check_made_for
+    from ..weights import read_safetensors
 
     path = Path(path)
     if not path.is_file():
         raise InputError(f"no tuned lens at {path}: fit one with `tinygpt lens --fit`")
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            t = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - no iter
-            meta = dict(f.metadata() or {})
-    except Exception as e:  # noqa: BLE001 - safetensors' own error type is not importable
-        raise WeightsError(f"{path} is not a readable safetensors file ({e})") from None
+    t, meta = read_safetensors(path)
     d = config.n_embd
     out = Translators([], [], str(path))
     for i in range(config.n_layer):

@@ -411,7 +411,7 @@ def training_text(model, data: list[Path] | None, any_data: bool = False):
     from . import history as hist
 
     if not data:
-        hist.find_snapshots(hist.history_folder(model))
+        hist.find_snapshots(hist.history_folder(model), model.weights_file)
     return recorded(model.folder, data, any_data=any_data)
 
 
@@ -432,7 +432,7 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     require(config, "why")
     logits = forward(model.params, config, np.asarray(ids), hooks=hooks)
     target_id = token_id(model, target) if target is not None else hist.next_token(logits)[0]
-    snapshots = hist.find_snapshots(hist.history_folder(model))
+    snapshots = hist.find_snapshots(hist.history_folder(model), model.weights_file)
     timeline = [s for s in hist.timeline(model, snapshots) if s.lr is not None]
     if not timeline:
         raise InputError(f"the snapshots in {hist.history_folder(model)} carry no learning rate "

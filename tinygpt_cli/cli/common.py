@@ -109,8 +109,9 @@ STEER_OPTIONS = {
 # (render/output.py writes the pictures; --quiet is held in the command's run context).
 
 SAVE = typer.Option(None, "--save", callback=checked_save, show_default=False, metavar="FILE",
-                    help="Also write the picture to FILE: .svg (a vector drawing) or .html "
-                    "(one self-contained web page), by the extension.")
+                    help="Also write the picture to FILE: .svg (a vector drawing), .html "
+                    "(one self-contained web page) or .png (an image; the png extra), by the "
+                    "extension.")
 FORCE = typer.Option(False, "--force", help="Let --save overwrite an existing file.")
 FORCE_FILE = typer.Option(False, "--force", help="Overwrite a file that exists, a shipped one too.")
 QUIET = typer.Option(False, "--quiet", "-q",

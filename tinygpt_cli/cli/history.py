@@ -63,7 +63,8 @@ def history(
     if path is not None and heads:
         raise InputError("give a PATH or --heads, not both")
     p = check_index(position, s.T, "position")  # out of range is refused, used or not
-    timeline = hist.timeline(s.model, hist.find_snapshots(hist.history_folder(s.model)))
+    snapshots = hist.find_snapshots(hist.history_folder(s.model), s.model.weights_file)
+    timeline = hist.timeline(s.model, snapshots)
     labels, length = [t.label for t in timeline], hist.induction_length(s.config)
     if heads:  # grids and tables fit the terminal
         with progress(len(timeline), "head scores", enabled=not as_json) as advance:

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from ..schema import head_name, mlp_name
 from .explain import Bar, note
-from .figure import Bars, Figure, Heatmap, Note
+from .figure import Bars, Curve, Figure, Heatmap, Note
 from .figure import Table as FigureTable
 from .tables import fmt
 from .text import show_token
@@ -172,9 +172,25 @@ def circuit_figure(r, what: str, top: int) -> Figure:
                      "receiver (column)", signed=True),
              Bars([names[e] for e in shown], [float(r.scores[e]) for e in shown],
                   title=f"top {len(shown)} edges", value_name="score"),
+             _faithfulness_curve(r),
              FigureTable(["edges kept", "f"], [[n, _f(r.f_at(n))] for n in points],
                          title="faithfulness")]  # f as the terminal shows it: 0.000, not -3.66e-16
     return Figure("circuit", parts)
+
+
+def _faithfulness_curve(r) -> Curve:
+    """f(N) at every N computed, the 0.8 it must reach, the smallest circuit that does and,
+    beside it, the median of random circuits of that size."""
+    marks = []
+    if r.smallest is not None:
+        marks.append((r.smallest, r.f_at(r.smallest), "the smallest circuit with f >= 0.8"))
+        if r.random is not None and len(r.random):
+            marks.append((r.smallest, float(np.median(r.random)),
+                          f"the median of {len(r.random)} random circuits of that size"))
+    return Curve([int(n) for n in r.sizes], [float(f) for f in r.f],
+                 title="faithfulness f(N) = (circuit − corrupt) / (clean − corrupt)",
+                 x_name="edges kept", y_name="f", levels=[(0.8, "f = 0.8")], marks=marks,
+                 shown=_f)
 
 
 # ------------------------------------------------------------------ QK attribution

@@ -143,9 +143,9 @@ def latents_view(path: str, tokens: list[str], z: np.ndarray, active) -> Group:
 
 
 def feature_figure(r, tokenizer, radius: int = 10):
-    """The latent over its top contexts (one heatmap row each, around the peak), the tokens it
-    promotes and suppresses, and its activation histogram."""
-    from .figure import Bars, Facts, Figure, Heatmap, token_labels
+    """The latent over its top contexts (each as highlighted text around the peak, on one
+    colour scale), the tokens it promotes and suppresses, and its activation histogram."""
+    from .figure import Bars, Facts, Figure, Highlight
 
     tok = tokenizer.token_str
     parts: list = [Facts([("site", r.site), ("fires on", f"{r.fired:,} of {r.tokens:,} tokens")])]
@@ -153,9 +153,9 @@ def feature_figure(r, tokenizer, radius: int = 10):
     for c in r.contexts:
         lo_, hi_ = max(0, c["position"] - radius), c["position"] + radius + 1
         tokens = [tok(int(i)) for i in c["ids"][lo_:hi_]]
-        parts.append(Heatmap(np.asarray(c["acts"][lo_:hi_])[None, :], [f"{c['value']:.2f}"],
-                             token_labels(tokens), lo=0.0, hi=hi,
-                             title=f"window {c['window']}, position {c['position']}"))
+        title = f"window {c['window']}, position {c['position']}: {c['value']:.2f}"
+        parts.append(Highlight(tokens, np.asarray(c["acts"][lo_:hi_]), hi=hi, title=title,
+                               path=f"sae.{r.site}.{r.latent}", start=lo_))
     for title, pairs in (("promotes", r.promotes), ("suppresses", r.suppresses)):
         parts.append(Bars([show_token(tok(i)) for i, _ in pairs], [v for _, v in pairs],
                           title=title, value_name="logit", ids=[i for i, _ in pairs],

@@ -40,7 +40,8 @@ class Heatmap:
     The colour scale runs from lo to hi (default: the finite range); when the values have both
     signs and no bounds are given, or `signed` is set (a signed quantity, such as a share of a
     logit, whose 0 must look neutral even when every value has one sign), it is diverging and
-    centred on 0."""
+    centred on 0. `gamma` < 1 bends a one-signed scale so that small values separate: the
+    colour of v is ((v - lo) / (hi - lo)) ** gamma (the legend says so)."""
 
     grid: np.ndarray
     row_labels: list[str]
@@ -52,6 +53,7 @@ class Heatmap:
     masked: np.ndarray | None = None
     note: str = ""
     signed: bool = False
+    gamma: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,8 @@ class Highlight:
     """A text in reading order, each token on a background as strong as its value (0 or
     less: none; `hi`, default the largest: the full colour), its exact value on hover; lines
     wrap between tokens. `tokens` are the model's token strings (a picture of the text, so
-    spaces are drawn as spaces)."""
+    spaces are drawn as spaces). `start`: the position of the first token (an excerpt of a
+    longer text names its tokens' positions in that text)."""
 
     tokens: list[str]
     values: np.ndarray
@@ -67,6 +70,7 @@ class Highlight:
     path: str = ""
     hi: float | None = None
     note: str = ""
+    start: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,24 @@ class Bars:
     ids: list[int] | None = None  # token ids, shown beside the labels when given
     percent: bool = False
     note: str = ""
+
+
+@dataclass(frozen=True)
+class Curve:
+    """y against x as a line through the computed points (each with its exact value on
+    hover), a dashed line at each of `levels` (y, label), and `marks` (x, y, label) drawn as
+    rings: a circuit's faithfulness f(N) over the edges kept, say. `shown` spells a point's
+    y as the terminal does (default: tables.fmt)."""
+
+    x: list[float]
+    y: list[float]
+    title: str = ""
+    path: str = ""
+    x_name: str = "x"
+    y_name: str = "y"
+    levels: list[tuple[float, str]] = ()
+    marks: list[tuple[float, float, str]] = ()
+    shown: object = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +218,9 @@ def value_figure(path: str, value, tokens: list[str], title: str = "", note: str
                   + " ".join(token_labels(tokens)))
 
 
+LONG_GRID = 32  # tokens: from here an attention grid's colours follow sqrt(weight)
+
+
 def attention_figure(path: str, grids: np.ndarray, tokens: list[str], *,
                      scores: bool = False) -> Figure:
     """Attention grids, T × T (one head) or H × T × T (every head of a block, side by side):
@@ -204,11 +229,13 @@ def attention_figure(path: str, grids: np.ndarray, tokens: list[str], *,
     labels = token_labels(tokens)
     lo, hi = (None, None) if scores else (0.0, 1.0)
     mask = causal_mask(len(labels))
+    # a long text's weights are mostly near 1/T: on a linear scale every cell looks alike
+    gamma = 0.5 if not scores and len(labels) > LONG_GRID else 1.0
     if grids.ndim == 2:
-        body = Heatmap(grids, labels, labels, path=path, lo=lo, hi=hi, masked=mask)
+        body = Heatmap(grids, labels, labels, path=path, lo=lo, hi=hi, masked=mask, gamma=gamma)
     else:
         body = Row([Heatmap(g, labels, labels, title=f"head {h}", path=f"{path}[{h}]", lo=lo,
-                            hi=hi, masked=mask) for h, g in enumerate(grids)])
+                            hi=hi, masked=mask, gamma=gamma) for h, g in enumerate(grids)])
     note = ("masked, scaled scores QK^T/sqrt(d_k); blank above the diagonal (-inf)" if scores
             else "rows: the token looking; columns: the tokens it looks at; each row sums to 1")
     return Figure(path, [body, Note(note, "dim")], subtitle=f"{shape_text(grids.shape)} for "

@@ -11,7 +11,19 @@ import numpy as np
 
 from .. import __version__
 from . import svg
-from .figure import Bars, Facts, Figure, Flow, Heatmap, Highlight, Note, Row, Section, Table
+from .figure import (
+    Bars,
+    Curve,
+    Facts,
+    Figure,
+    Flow,
+    Heatmap,
+    Highlight,
+    Note,
+    Row,
+    Section,
+    Table,
+)
 from .svg import cell_text, esc, exact, numbered
 
 CSS = """
@@ -78,7 +90,7 @@ SCRIPT = """
 
 
 def part(p) -> str:
-    if isinstance(p, Heatmap | Highlight | Bars | Flow):
+    if isinstance(p, Heatmap | Highlight | Bars | Flow | Curve):
         return f'<figure class="pic">{svg.element(p)}</figure>'
     if isinstance(p, Table):
         return table(p)

@@ -34,17 +34,23 @@ def checked_save(path: Path | None) -> Path | None:
 
 
 def picture_format(path: Path) -> str:
-    """'svg' or 'html' from the extension of a --save path, checked before anything runs."""
-    kind = {".svg": "svg", ".html": "html", ".htm": "html"}.get(path.suffix.lower())
+    """'svg', 'html' or 'png' from the extension of a --save path, checked before anything
+    runs (a PNG's renderer too)."""
+    kind = {".svg": "svg", ".html": "html", ".htm": "html", ".png": "png"}.get(
+        path.suffix.lower())
     if kind is None:
         raise InputError(f"--save {path}: unknown extension {path.suffix or '(none)'!r}; use "
-                         ".svg (a vector drawing) or .html (a web page)")
+                         ".svg (a vector drawing), .html (a web page) or .png (an image)")
     if not path.parent.is_dir():
         raise InputError(f"--save {path}: the folder {path.parent} "
                          + ("is a file" if path.parent.exists() else "does not exist"))
     if path.is_dir():
-        raise InputError(f"--save {path}: that is a folder; give a file name ending .svg or "
-                         ".html")
+        raise InputError(f"--save {path}: that is a folder; give a file name ending .svg, "
+                         ".html or .png")
+    if kind == "png":
+        from .png import check_available
+
+        check_available(path)
     return kind
 
 
@@ -66,8 +72,13 @@ def save_figure(context: RunContext, figure, path: Path | None, force: bool = Fa
 
         figure = replace(figure, parts=[*(Note(line) for line in context.changed.splitlines()),
                                         *figure.parts])
-    data = (svg.document if kind == "svg" else html.document)(figure)
-    write_atomically(path, data.encode("utf-8"))
+    if kind == "png":
+        from .png import png_bytes
+
+        data = png_bytes(svg.document(figure))
+    else:
+        data = (svg.document if kind == "svg" else html.document)(figure).encode("utf-8")
+    write_atomically(path, data)
     if not context.quiet:  # where the picture went, as a note on stderr (--quiet: nothing)
         from .text import escape_line
 

@@ -1,8 +1,8 @@
 """A Rich table that lays itself out directly where nothing is styled.
 
 Rich measures and renders every cell of a Table through several layers (padding, text
-wrapping, justification, cropping): about 8 ms for a ten-row ranking, most of the time of a
-`probs --each-line` run over thousands of lines written to a file. Where the output carries no
+wrapping, justification, cropping): most of the time of a `probs --each-line` run over
+thousands of lines written to a file (benchmarks/results.md). Where the output carries no
 styles (a pipe, a file, TERM=dumb: the console has no colour system) and the table is a plain
 one that fits the width, `QuickTable` writes the same characters Rich would, computed here in
 one pass: each column as wide as its widest cell plus its padding, each cell justified in it.

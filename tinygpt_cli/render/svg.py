@@ -18,6 +18,7 @@ import numpy as np
 from ..words import count
 from .figure import (
     Bars,
+    Curve,
     Facts,
     Figure,
     Flow,
@@ -34,6 +35,7 @@ from .text import show_token
 
 FONT = "ui-monospace, 'DejaVu Sans Mono', Menlo, Consolas, monospace"
 SIZE = 12  # font size of labels, px
+MIN_LABEL = 9  # px: no label is drawn smaller (a dense grid labels every k-th row instead)
 CHAR = 0.62  # width of a monospace character, in font sizes
 LINE = 17
 GAP = 14
@@ -180,28 +182,20 @@ def heatmap(h: Heatmap) -> Block:
     square = n == m and list(h.row_labels) == list(h.col_labels)
     cw = min(max(480 / m, 8 if square else 3), 30)
     ch = cw if square else min(max(cw, 14), 30)
-    fs = min(SIZE, max(ch - 2, 6))
-    # Column labels: every one, written upwards, when there are few; else numbered ticks.
-    every = 1 if m <= 48 else max(1, int(np.ceil(40 / cw / 8)) * 8)
-    upright = every > 1
+    fs = max(MIN_LABEL, min(SIZE, ch - 2))
+    bent = h.gamma != 1.0 and stops is not _DIVERGING
     rw = max((width_of(s, fs) for s in h.row_labels), default=0) + 8
     info = (f"{h.path + '  ' if h.path else ''}{shape_text(raw.shape)}  "
-            f"range [{fmt(lo)}, {fmt(hi)}]")
+            f"range [{fmt(lo)}, {fmt(hi)}]" + (f"  colour ∝ value^{h.gamma:g}" if bent else ""))
     out, top = heading(h.title, info)
-    ch_h = 16 if upright else max((width_of(s, fs) for s in h.col_labels), default=0) + 8
+    ch_h = max((width_of(s, fs) for s in h.col_labels), default=0) + 8
     gx, gy = rw, top + ch_h
-    for j, label in enumerate(h.col_labels):
-        if j % every:
-            continue
+    for j in labelled(m, cw, fs):  # written upwards; every one that has room (all on hover)
         cx = gx + (j + 0.5) * cw
-        if upright:
-            out.append(text(gx + j * cw, gy - 5, label, size=fs, fill=DIM, cls="col"))
-        else:
-            out.append(text(cx + fs * 0.35, gy - 5, label, size=fs, fill=DIM, cls="col",
-                            extra=f' transform="rotate(-90 {num(cx + fs * 0.35)} '
-                                  f'{num(gy - 5)})"'))
-    for i, label in enumerate(h.row_labels):
-        out.append(text(gx - 6, gy + (i + 0.5) * ch + fs * 0.35, label, size=fs,
+        out.append(text(cx + fs * 0.35, gy - 5, h.col_labels[j], size=fs, fill=DIM, cls="col",
+                        extra=f' transform="rotate(-90 {num(cx + fs * 0.35)} {num(gy - 5)})"'))
+    for i in labelled(n, ch, fs):
+        out.append(text(gx - 6, gy + (i + 0.5) * ch + fs * 0.35, h.row_labels[i], size=fs,
                         anchor="end", cls="row"))
     out.append(f'<rect x="{num(gx)}" y="{num(gy)}" width="{num(m * cw)}" '
                f'height="{num(n * ch)}" fill="{GRID_BG}"/>')
@@ -210,7 +204,10 @@ def heatmap(h: Heatmap) -> Block:
     cols = [esc(f"column {j}" if numbered else f"column {j} {label}")
             for j, label in enumerate(h.col_labels)]
     # Up to 128 × 128 cells a grid, a dozen grids a page: everything per cell is precomputed.
-    fills = ramps(stops, (grid - lo) / span).tolist()
+    where = (grid - lo) / span
+    if bent:
+        where = np.clip(where, 0.0, None) ** h.gamma
+    fills = ramps(stops, where).tolist()
     values = exacts(raw.reshape(n, m)).tolist()
     xs = [num(gx + j * cw) for j in range(m)]
     ys = [num(gy + i * ch) for i in range(n)]
@@ -219,7 +216,8 @@ def heatmap(h: Heatmap) -> Block:
         out.append(f'<rect class="cell" x="{xs[j]}" y="{ys[i]}" {size} fill="{fills[i][j]}">'
                    f"<title>{rows[i]}{cols[j]} = {values[i][j]}</title></rect>")
     bottom = gy + n * ch
-    legend, lh = _legend(lo, hi, stops, masked=bool((~drawn).any()))
+    legend, lh = _legend(lo, hi, stops, masked=bool((~drawn).any()),
+                         gamma=h.gamma if bent else 1.0)
     out.append(f'<g transform="translate({num(gx)} {num(bottom + 10)})">{legend}</g>')
     w = max(gx + m * cw, gx + 260, width_of(info, 11), width_of(h.title, 14))
     hgt = bottom + 10 + lh
@@ -230,7 +228,21 @@ def heatmap(h: Heatmap) -> Block:
     return Block("\n".join(out), w, hgt)
 
 
-def _legend(lo: float, hi: float, stops, masked: bool) -> tuple[str, float]:
+def labelled(count: int, cell: float, size: float) -> list[int]:
+    """The rows (or columns) of cells `cell` px apart that get a label of `size` px: every
+    k-th, k as small as keeps labels from overlapping, and always the last."""
+    k = max(1, int(np.ceil((size + 1) / cell)))
+    idx = list(range(0, count, k))
+    if idx and idx[-1] != count - 1:
+        if (count - 1 - idx[-1]) * cell >= size + 1:
+            idx.append(count - 1)
+        else:
+            idx[-1] = count - 1
+    return idx
+
+
+def _legend(lo: float, hi: float, stops, masked: bool, gamma: float = 1.0
+            ) -> tuple[str, float]:
     gid = f"scale{next(_ids)}"
     width = 160
     at = [k / (len(stops) - 1) for k in range(len(stops))]
@@ -238,7 +250,8 @@ def _legend(lo: float, hi: float, stops, masked: bool) -> tuple[str, float]:
     out = [f'<defs><linearGradient id="{gid}">{grad}</linearGradient></defs>',
            f'<rect class="legend" width="{width}" height="10" fill="url(#{gid})"/>',
            text(0, 24, fmt(lo), size=10, fill=DIM),
-           text(width / 2, 24, fmt((lo + hi) / 2), size=10, fill=DIM, anchor="middle"),
+           text(width / 2, 24, fmt(lo + (hi - lo) * 0.5 ** (1 / gamma)), size=10, fill=DIM,
+                anchor="middle"),
            text(width, 24, fmt(hi), size=10, fill=DIM, anchor="end")]
     if masked:
         out += [f'<rect x="{width + 16}" width="10" height="10" fill="{GRID_BG}" '
@@ -266,7 +279,7 @@ def highlight(h: Highlight, max_width: float = 720) -> Block:
         cw = width_of(shown) + 2 * pad
         if x > 0 and x + cw > max_width:
             x, y = 0.0, y + LINE + 4
-        tip = esc(f"position {i} {show_token(token)} = {exact_vals[i]}")
+        tip = esc(f"position {h.start + i} {show_token(token)} = {exact_vals[i]}")
         out.append(f'<rect class="cell" x="{num(x)}" y="{num(y)}" width="{num(cw)}" '
                    f'height="{LINE}" fill="{fills[i]}"><title>{tip}</title></rect>')
         out.append(text(x + pad, y + 13, shown, extra=' xml:space="preserve"'))
@@ -322,6 +335,61 @@ def bars(b: Bars) -> Block:
         out.append(text(0, h + 12, b.note, size=11, fill=DIM))
         w, h = max(w, width_of(b.note, 11)), h + 18
     return Block("\n".join(out), w, h)
+
+
+def curve(c: Curve, width: float = 440, height: float = 200) -> Block:
+    """The points joined by a line in a framed plot, y from min(0, y) to max(1, y) so that a
+    fraction reads against its 0 and 1; x from its least to its largest value."""
+    xs, ys = np.asarray(c.x, np.float64), np.asarray(c.y, np.float64)
+    show = c.shown or fmt
+
+    def _x(x: float) -> str:  # a count (edges kept) as a whole number
+        return str(int(x)) if float(x).is_integer() else fmt(x)
+
+    lo, hi = min(0.0, float(ys.min(initial=0.0))), max(1.0, float(ys.max(initial=1.0)))
+    x_lo, x_hi = float(xs.min(initial=0.0)), float(xs.max(initial=1.0))
+    info = f"{c.path + '  ' if c.path else ''}{c.y_name} against {c.x_name}, " \
+           f"{count(len(xs), 'point')}"
+    out, top = heading(c.title, info, after=22)
+    left = max(width_of(show(lo)), width_of(show(hi))) + 10
+
+    def px(x: float) -> float:
+        return left + (x - x_lo) / ((x_hi - x_lo) or 1.0) * width
+
+    def py(y: float) -> float:
+        return top + height - (y - lo) / ((hi - lo) or 1.0) * height
+
+    out.append(f'<rect x="{num(left)}" y="{num(top)}" width="{num(width)}" '
+               f'height="{num(height)}" fill="none" stroke="#d0d7de"/>')
+    for y in sorted({lo, 0.0, 1.0, hi}):  # lo <= 0 and 1 <= hi
+        out.append(text(left - 6, py(y) + 4, show(y), fill=DIM, anchor="end", size=11))
+    for x in (x_lo, x_hi):
+        out.append(text(px(x), top + height + 14, _x(x), fill=DIM, anchor="middle", size=11))
+    out.append(text(left + width / 2, top + height + 30, c.x_name, fill=DIM, anchor="middle",
+                    size=11))
+    label_w = 0.0
+    for y, label in c.levels:
+        out.append(f'<line x1="{num(left)}" x2="{num(left + width)}" y1="{num(py(y))}" '
+                   f'y2="{num(py(y))}" stroke="{DIM}" stroke-width="0.8" stroke-dasharray="4 3"/>')
+        out.append(text(left + width + 6, py(y) + 4, label, fill=DIM, size=11))
+        label_w = max(label_w, width_of(label, 11) + 6)
+    line = " ".join(f"{num(px(x))},{num(py(y))}" for x, y in zip(xs, ys, strict=True))
+    out.append(f'<polyline points="{line}" fill="none" stroke="#2f81f7" stroke-width="1.5"/>')
+    for x, y in zip(xs, ys, strict=True):
+        tip = esc(f"{c.x_name} {_x(x)}: {c.y_name} = {show(y)}")
+        out.append(f'<circle class="point" cx="{num(px(x))}" cy="{num(py(y))}" r="2.5" '
+                   f'fill="#2f81f7"><title>{tip}</title></circle>')
+    for k, (x, y, label) in enumerate(c.marks):
+        out.append(f'<circle class="mark" cx="{num(px(x))}" cy="{num(py(y))}" r="6" '
+                   f'fill="none" stroke="#cf222e" stroke-width="1.5"><title>'
+                   f'{esc(f"{label}: {c.x_name} {_x(x)}, {c.y_name} = {show(y)}")}</title>'
+                   '</circle>')
+        out.append(text(left, top + height + 48 + 16 * k, f"◯ {label}: {c.x_name} {_x(x)}, "
+                        f"{c.y_name} {show(y)}", fill="#cf222e", size=11))
+    h = top + height + 38 + 16 * len(c.marks) + (10 if c.marks else 0)
+    marks_w = max((width_of(f"◯ {lb}: {c.x_name} {_x(x)}, {c.y_name} {show(y)}", 11)
+                   for x, y, lb in c.marks), default=0.0)
+    return Block("\n".join(out), max(left + width + label_w, width_of(info, 11), marks_w), h)
 
 
 def cell_text(v) -> str:
@@ -442,6 +510,8 @@ def block(part) -> Block:
         return bars(part)
     if isinstance(part, Highlight):
         return highlight(part)
+    if isinstance(part, Curve):
+        return curve(part)
     if isinstance(part, Table):
         return table(part)
     if isinstance(part, Note):
@@ -474,7 +544,7 @@ def stack(parts: list, gap: float = GAP) -> Block:
     return Block("\n".join(out), w, max(y - gap, 0))
 
 
-def row(parts: list, max_width: float = 1600) -> Block:
+def row(parts: list, max_width: float = 1200) -> Block:
     """Side by side, wrapping onto a new line past max_width."""
     out, x, y, line_h, w = [], 0.0, 0.0, 0.0, 0.0
     for part in parts:

@@ -8,6 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..schema import head_name
 from ..words import count
 from .quick_table import QuickTable
 from .tables import Fields, WhenStyled, colour, fmt
@@ -95,7 +96,7 @@ def layer_head_table(scores: dict[str, np.ndarray], labels: dict[str, str]) -> T
         t.add_column(labels.get(name, name), justify="right", no_wrap=True)
     for layer in range(n_layer):
         for h in range(n_head):
-            cells = [f"L{layer}H{h}"]  # the head's one short name (schema.head_name)
+            cells = [head_name(layer, h)]
             for arr in scores.values():
                 x = float(arr[layer, h])
                 level = min(max(x, 0.0), 1.0)
@@ -311,7 +312,7 @@ def heads_view(r) -> Group:
 
     table, rep = r.table, r.repeat
     best = {k: np.unravel_index(np.argmax(v), v.shape) for k, v in table.items()}
-    notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} L{b[0]}H{b[1]} ({table[k][b]:.2f})"
+    notes = Text("best: " + ", ".join(f"{KIND_LABELS[k]} {head_name(*b)} ({table[k][b]:.2f})"
                                       for k, b in best.items()), style="dim")
     return Group(
         Text(f"heads  {r.n_layer} layers × {r.n_head} heads  on {count(r.texts, 'text')} from "

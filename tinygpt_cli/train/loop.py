@@ -24,6 +24,7 @@ from ..corpus import write_data_record
 from ..errors import InputError, RunError, WriteError
 from ..files import append_line, write_atomically
 from ..model import forward, init_params, loss_and_grads
+from ..optim import AdamW, clip_by_global_norm, lr_at
 from ..tokenizer import Tokenizer, save_tokenizer, train_tokenizer
 from ..weights import save_params
 from ..words import count
@@ -35,7 +36,6 @@ from .data import (
     random_windows,
     read_stories,
 )
-from .optim import AdamW, clip_by_global_norm, lr_at
 
 CHECKPOINT = "checkpoint.npz"
 LOG = "log.jsonl"
@@ -163,6 +163,21 @@ def save_snapshot(out: Path, params, config: Config, step: int, lr: float) -> No
         raise WriteError(f"cannot write {out / HISTORY}: it is a symbolic link, which tinygpt "
                          "never writes through")
     write_atomically(out / HISTORY / snapshot_name(step), safetensors_bytes(tensors, meta))
+
+
+def stamp_snapshots(out: Path) -> None:
+    """Name in each snapshot's metadata the weights its run ended with (madefor's one rule):
+    history/ then reads only the snapshots of the model beside it. Done when a run ends, as
+    the folder's model.safetensors changes at every better validation."""
+    from ..madefor import made_for
+    from ..weights import with_metadata
+
+    weights = out / "model.safetensors"
+    if not weights.is_file() or not (out / HISTORY).is_dir():
+        return
+    claim = made_for(weights)
+    for path in sorted((out / HISTORY).glob("step-*.safetensors")):
+        write_atomically(path, with_metadata(path, claim))
 
 
 def prepare_tokenizer(out: Path, train_files: list[Path], vocab_size: int,
@@ -506,6 +521,7 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
     step = _loop(run, start, elapsed_before, keep_at, on_step, note)
     if val_data is None:
         export(out, run.shipped, config, tokenizer)
+    stamp_snapshots(out)
     result = {
         "steps": step + 1 if settings.steps > start else start,
         "best_val_loss": run.best_val,

@@ -1,4 +1,5 @@
-"""AdamW with decoupled weight decay, the learning-rate schedule and gradient clipping."""
+"""The one optimizer: AdamW with decoupled weight decay (Adam when the decay is 0), the
+learning-rate schedule and gradient clipping. Training, SAEs and the tuned lens all step it."""
 
 from __future__ import annotations
 
@@ -31,12 +32,17 @@ def clip_by_global_norm(grads: dict[str, np.ndarray], max_norm: float) -> float:
 
 
 class AdamW:
-    def __init__(self, params, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
+    """Adam's moments per parameter, made at the first step of a parameter not given; decay
+    only on the names `decays` picks (the model's matrices; an SAE or a lens asks none)."""
+
+    def __init__(self, params=None, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                 decays=decays):
         self.b1, self.b2 = betas
         self.eps = eps
         self.weight_decay = weight_decay
-        self.m = {n: np.zeros_like(p) for n, p in params.items()}
-        self.v = {n: np.zeros_like(p) for n, p in params.items()}
+        self.decays = decays
+        self.m = {n: np.zeros_like(p) for n, p in (params or {}).items()}
+        self.v = {n: np.zeros_like(p) for n, p in (params or {}).items()}
         self.t = 0
 
     def step(self, params, grads, lr: float) -> None:
@@ -45,12 +51,14 @@ class AdamW:
         c1 = 1 - self.b1**self.t
         c2 = 1 - self.b2**self.t
         for n, p in params.items():
-            g, m, v = grads[n], self.m[n], self.v[n]
+            g = grads[n]
+            m = self.m.setdefault(n, np.zeros_like(p))
+            v = self.v.setdefault(n, np.zeros_like(p))
             m *= self.b1
             m += (1 - self.b1) * g
             v *= self.b2
             v += (1 - self.b2) * (g * g)
-            if self.weight_decay and decays(n):
+            if self.weight_decay and self.decays(n):
                 p *= 1 - lr * self.weight_decay
             p -= (lr / c1) * m / (np.sqrt(v / c2) + self.eps)
 
@@ -65,3 +73,6 @@ class AdamW:
             self.m[n][...] = state[f"m/{n}"]
             self.v[n][...] = state[f"v/{n}"]
         self.t = int(state["t"])
+
+
+SAE_BETAS = (0.9, 0.999)  # Adam's own defaults: what the SAE and the tuned lens are fitted with
