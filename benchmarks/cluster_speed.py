@@ -88,8 +88,8 @@ def main(argv=None) -> int:
 
     load = os.getloadavg()[0]
     model = load_model(None)
-    timeline = [s for s in hist.timeline(model, hist.find_snapshots(model.folder / "history"))
-                if s.lr is not None]
+    found = hist.find_snapshots(model.folder / "history", model.weights_file)
+    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
     cache = Path(tempfile.mkdtemp(prefix="tinygpt-cluster-bench-"))
     stream = text_of(model, args.windows)
     S = len(timeline)

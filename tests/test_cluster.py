@@ -94,8 +94,8 @@ def _index(run, tmp_path, monkeypatch, name: str):  # noqa: F811
     index = why.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
                            run / "tokenizer.json")
     n = len(why.windows(index.stream, config.n_positions)[0])
-    timeline = [s for s in hist.timeline(model, hist.find_snapshots(run / "history"))
-                if s.lr is not None]
+    found = hist.find_snapshots(run / "history", model.weights_file)
+    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
     _in(monkeypatch, tmp_path / name)
     return index, timeline, config, open_index(index.key, [s.path for s in timeline], config, n)
 
