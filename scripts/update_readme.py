@@ -14,10 +14,16 @@ Markdown that shows it; the command is run and the file rewritten, the Markdown 
     ![every head of layer 0](docs/a.svg)
 
 Run from the repository root, with `tinygpt` on PATH: python scripts/update_readme.py
+
+`--check` rewrites nothing: it runs every example and lists the blocks whose output differs
+from the README's (exit 1 if any), as a fresh install is checked: with the `tinygpt` of PATH,
+whichever install that is. A duration (`1.3 s`) is the one thing allowed to differ. `--quick`
+leaves out the examples that build an index first (why: minutes on an empty cache).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import subprocess
@@ -33,7 +39,9 @@ def run(command: str) -> str:
     """What a terminal shows for the command: stdout and stderr interleaved as written (the
     `error:` lines included), at 100 columns, from the repository root, so paths print
     relative to it and nothing of this machine's layout reaches the README."""
-    env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}
+    # a terminal's progress bar vanishes when the work ends: no progress lines, as it shows
+    env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb",
+           "TINYGPT_PROGRESS": "0"}
     env.pop("TINYGPT_WEIGHTS", None)
     out = subprocess.run(["bash", "-o", "pipefail", "-c", command], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, env=env, check=False,
@@ -77,6 +85,38 @@ def refresh(readme: str) -> str:
     return "\n".join(out)
 
 
+DURATION = re.compile(r"\b\d+(?:\.\d+)? (?:ms|s|min|h)\b")
+SLOW = ("tinygpt why ",)  # their first run builds an index: left out by --quick
+
+
+def blocks(readme: str):
+    """(command, the README's output lines) of every example."""
+    lines = readme.split("\n")
+    for i, line in enumerate(lines):
+        m = MARKER.match(line)
+        if not m or i + 2 >= len(lines) or not lines[i + 1].startswith("```"):
+            continue
+        end = next(j for j in range(i + 2, len(lines)) if lines[j].startswith("```"))
+        yield m[1], lines[i + 3:end]  # past the fence and the "$ command" line
+
+
+def check(readme: str, quick: bool) -> int:
+    """The number of examples whose output differs from the README's, each shown as a diff."""
+    differ = checked = 0
+    for command, want in blocks(readme):
+        if quick and command.startswith(SLOW):
+            continue
+        checked += 1
+        got = run(command).split("\n")
+        if [DURATION.sub("<time>", x) for x in got] != [DURATION.sub("<time>", x) for x in want]:
+            differ += 1
+            sys.stdout.write(f"--- {command}\n" + "".join(
+                difflib.unified_diff([x + "\n" for x in want], [x + "\n" for x in got],
+                                     "README.md", "now", n=1)))
+    sys.stdout.write(f"{checked} examples run, {differ} differ from the README\n")
+    return differ
+
+
 TABLE = re.compile(r"(<!-- schema:values -->\n)(?:.*?\n)?(<!-- /schema:values -->)", re.S)
 
 
@@ -89,4 +129,6 @@ def refresh_table(readme: str) -> str:
 
 if __name__ == "__main__":
     path = ROOT / "README.md"
+    if "--check" in sys.argv[1:]:
+        sys.exit(1 if check(path.read_text(), quick="--quick" in sys.argv[1:]) else 0)
     path.write_text(refresh_table(refresh(path.read_text())))

@@ -331,6 +331,7 @@ def test_weights_option_wins_over_the_environment(cli, tiny, monkeypatch, tmp_pa
     monkeypatch.setenv("TINYGPT_WEIGHTS", str(tmp_path / "nowhere"))
     doc = ok_json(cli("info", "--weights", tiny.folder, "--json"))
     assert doc["weights_file"] == str((tiny.folder / "model.safetensors").resolve())
+    assert doc["shipped"] is False
     r = cli("info")
     assert r.code == 2 and "nowhere" in r.err
 
@@ -803,6 +804,10 @@ def test_shipped_tokenizer_and_model(on_shipped, shipped_model):
     assert info["config"]["n_embd"] == cfg.n_embd and info["config"]["n_layer"] == cfg.n_layer
     assert info["tokenizer"]["vocab_size"] == cfg.vocab_size
     assert info["weights_file"] == str((SHIPPED / "model.safetensors").resolve())
+    assert info["shipped"] is True
+    # the view names the shipped model, never where it was installed (the README's block is
+    # the same on every machine)
+    assert "weights   the shipped model.safetensors (--json: its path)\n" in on_shipped("info").out
     facts = ok_json(on_shipped("review", TEXT, "--json"))["facts"]
     assert facts == {"T": 6, "d": cfg.n_embd, "L": cfg.n_layer, "heads": cfg.n_head,
                      "d_k": cfg.d_k, "ffn": cfg.n_inner, "vocab": cfg.vocab_size,

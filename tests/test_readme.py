@@ -82,3 +82,19 @@ def test_the_layout_check_reads_the_sections_lines():
              "  sub/       a folder\n    b.py     two\n    c.py     three\n  d.py  four\n" \
              "weights/  not the package\n  e.py\n```\n"
     assert layout_modules(readme) == {"a.py", "sub/b.py", "sub/c.py", "d.py"}
+
+
+def test_the_check_lists_each_example_whose_output_differs(capsys):
+    """--check runs every example and shows what differs; a duration may differ, nothing else
+    (not even trailing text); --quick leaves out why, which builds an index first."""
+    readme = "\n".join([
+        "<!-- run: echo hello -->", "```text", "$ echo hello", "hello", "```",
+        "<!-- run: echo took 1.5 s -->", "```text", "$ echo took 1.5 s", "took 20 s", "```",
+        "<!-- run: echo bye -->", "```text", "$ echo bye", "bye bye", "```",
+        "<!-- run: tinygpt why x -->", "```text", "$ tinygpt why x", "never run", "```"])
+    check = update_readme().check
+    assert check(readme, quick=True) == 1
+    out = capsys.readouterr().out
+    assert "--- echo bye\n" in out and "-bye bye\n+bye\n" in out
+    assert "echo hello" not in out and "took" not in out and "why" not in out
+    assert out.endswith("3 examples run, 1 differ from the README\n")

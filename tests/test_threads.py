@@ -163,6 +163,7 @@ def test_the_progress_report_bar_draws_on_a_terminal_before_and_after_a_report(r
 
     from tinygpt_cli.render import progress as pg
 
+    monkeypatch.delenv("TINYGPT_PROGRESS")
     out = io.StringIO()
     real = Console
 

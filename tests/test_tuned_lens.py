@@ -157,30 +157,39 @@ def test_lens_evaluate_reports_its_progress(cli, tiny, data, tmp_path, monkeypat
     monkeypatch.setattr(common, "progress", spy)
     out = tmp_path / "tuned.safetensors"
     assert cli("lens", "--fit", "--evaluate", "--data", data, "--lens", out).code == 0
-    assert [d for d, _, _ in seen] == ["values of the stages", "fitting the tuned lens",
+    assert [d for d, _, _ in seen] == ["reading the text", "values of the stages",
+                                       "fitting the tuned lens", "reading the text",
                                        "evaluating both lenses"]
     assert all(total == done[0] for _, total, done in seen)
     assert seen[-1][1] == 2 * 3 * tiny.model.config.n_positions  # two passes, 3 windows
 
 
-def test_progress_in_a_pipe_prints_lines_only_for_long_work(capsys, monkeypatch):
+def test_progress_in_a_pipe_prints_lines_from_its_first_second(capsys, monkeypatch):
     import time
 
     from tinygpt_cli.render.progress import progress
 
+    monkeypatch.delenv("TINYGPT_PROGRESS")
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     with progress(4, "fitting", pipe_every=5) as advance:
         for _ in range(4):
-            clock[0] += 1.0  # 4 s in all: a quick run says nothing
+            clock[0] += 0.2  # 0.8 s in all: a quick run says nothing
             advance()
     assert capsys.readouterr().err == ""
-    with progress(4, "fitting", pipe_every=5) as advance:
-        for _ in range(4):
-            clock[0] += 3.0
+    with progress(8, "fitting", pipe_every=5) as advance:
+        for _ in range(8):
+            clock[0] += 1.5  # a line at 1.5 s (past the first second), then every 5 s
             advance()
     assert capsys.readouterr().err.splitlines() == [
-        "fitting: 2/4 (50%), about 6 s left", "fitting: 4/4 (100%)"]
+        "fitting: 1/8 (12%), about 10 s left", "fitting: 5/8 (62%), about 4 s left",
+        "fitting: 8/8 (100%)"]
+    monkeypatch.setenv("TINYGPT_PROGRESS", "0")  # never, however long
+    with progress(4, "fitting", pipe_every=5) as advance:
+        clock[0] += 60
+        advance(4)
+    assert capsys.readouterr().err == ""
+    monkeypatch.delenv("TINYGPT_PROGRESS")
     with progress(4, "fitting") as advance:  # without pipe_every: the bar only, never lines
         clock[0] += 60
         advance(4)

@@ -50,7 +50,25 @@ def numbers(text: str) -> list[str]:
     return NUMBER.findall(text)
 
 
-@pytest.mark.parametrize("argv", [["embed", TEXT], ["blocks", TEXT], ["attn", LONG]])
+def test_blocks_and_lens_at_80_columns_shrink_or_wrap_and_hide_nothing(cli, monkeypatch):
+    """blocks shortens its stage names (layers.2.resid_post -> 2.post), lens goes on below in
+    bands of stages: every number of the wide view is there, in the same order, at 80."""
+    for argv in (["blocks", TEXT], ["lens", TEXT]):
+        monkeypatch.setenv("COLUMNS", "200")
+        wide = cli(*argv).out
+        monkeypatch.setenv("COLUMNS", "80")
+        narrow = cli(*argv).out
+        check_fits(narrow, 80, argv)
+        assert "…" not in narrow.replace("…)", "")
+        assert sorted(numbers(narrow)) == sorted(numbers(wide)), argv
+    assert "1.post" in cli("blocks", TEXT).out
+    stages = cli("lens", TEXT, "--json").json()["stages"]
+    out = cli("lens", TEXT).out
+    assert all(f"{s.split('.')[1]}.{s.split('.')[2].removeprefix('resid_')}" in out
+               for s in stages if s != "embeddings")
+
+
+@pytest.mark.parametrize("argv", [["embed", TEXT], ["attn", LONG]])
 def test_a_narrow_view_keeps_the_first_and_last_columns_whole(cli, monkeypatch, argv):
     monkeypatch.setenv("COLUMNS", "200")
     wide = cli(*argv, *(["--full"] if argv[0] in ("embed", "attn", "mlp") else [])).out
@@ -131,12 +149,13 @@ def cli_at(cli, monkeypatch, columns: str, argv):
     return cli(*argv)
 
 
-def test_a_hidden_column_shows_an_ellipsis_not_the_masked_dot(cli, monkeypatch):
-    """`·` means a masked cell (attn's future tokens); a column left out for width is `…`."""
-    monkeypatch.setenv("COLUMNS", "40")  # the tiny model's 5 stages need more
+def test_a_narrow_lens_goes_on_in_bands_with_no_masked_dot(cli, monkeypatch):
+    """`·` means a masked cell (attn's future tokens); the lens has none, and at 40 columns
+    its 5 stages go on below in bands: each position's row once per band."""
+    monkeypatch.setenv("COLUMNS", "40")
     out = cli("lens", LONG).out
-    rows = [ln for ln in out.splitlines() if re.match(r"\s+\d+ ", ln)]
-    assert rows and all("…" in ln.split() for ln in rows) and "·" not in out
+    rows = [ln for ln in out.splitlines() if re.match(r"\s+0 ", ln)]
+    assert len(rows) >= 2 and "·" not in out and "…" not in out.replace("…)", "")
 
 
 def test_blocks_full_shows_every_column_at_any_width(cli, monkeypatch):
@@ -144,7 +163,7 @@ def test_blocks_full_shows_every_column_at_any_width(cli, monkeypatch):
     cut, full = cli("blocks", TEXT).out, cli("blocks", TEXT, "--full").out
     names = ("‖h‖ mean", "‖h‖ at pos", "‖attn_out‖", "‖mlp_out‖", "change", "top guess",
              "chance")
-    assert not all(n in cut for n in names)  # 40 columns hide some
+    assert all(n in cut for n in names)  # 40 columns: in bands, none hidden
     assert all(n in full for n in names) and "…" not in full.split("change =")[1]
 
 

@@ -101,14 +101,23 @@ class TokenStream:
         return self.n_bytes / max(len(self.ids), 1)
 
 
-def encode_stories(stories: list[str], tokenizer: Tokenizer) -> TokenStream:
+def encode_stories(stories: list[str], tokenizer: Tokenizer, progress=None) -> TokenStream:
+    """The stories' ids, each followed by <|endoftext|>; progress(n) after each batch of
+    stories encoded."""
     eot = tokenizer.eot_id
     out: list[int] = []
-    for ids in tokenizer.encode_batch(stories):
-        out += ids
-        out.append(eot)
+    for start in range(0, len(stories), STORIES_PER_BATCH):
+        batch = stories[start:start + STORIES_PER_BATCH]
+        for ids in tokenizer.encode_batch(batch):
+            out += ids
+            out.append(eot)
+        if progress is not None:
+            progress(len(batch))
     n_bytes = sum(len(s.encode("utf-8")) + 1 for s in stories)
     return TokenStream(np.asarray(out, dtype=np.uint16), n_bytes)
+
+
+STORIES_PER_BATCH = 512  # a fraction of a second of encoding: the progress moves often
 
 
 def random_windows(stream: np.ndarray, batch: int, t: int, rng: np.random.Generator):
@@ -452,10 +461,17 @@ def search_files(data: Path | None, weights: Path, *, any_data: bool = False
     return files, check_data(weights, files, any_data=any_data)
 
 
-def data_windows(files: list[Path], tokenizer: Tokenizer, context: int, count: int | None
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs, targets) [W, T]: `count` windows spread evenly over the files' token stream."""
-    stream = encode_stories(read_stories(files), tokenizer)
+def data_windows(files: list[Path], tokenizer: Tokenizer, context: int, count: int | None,
+                 bar=None) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) [W, T]: `count` windows spread evenly over the files' token stream.
+    bar(total, description): a progress bar over the encoding (seconds for the shipped
+    text), so that a long job shows it is moving from its start."""
+    stories = read_stories(files)
+    if bar is None:
+        stream = encode_stories(stories, tokenizer)
+    else:
+        with bar(len(stories), "reading the text") as advance:
+            stream = encode_stories(stories, tokenizer, advance)
     x, y = eval_windows(stream.ids, context)
     if len(x) == 0:
         raise InputError(f"the data has {len(stream.ids)} tokens, less than one window of "

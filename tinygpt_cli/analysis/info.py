@@ -16,6 +16,7 @@ class ModelInfo:
     weights_file: Path  # resolved
     sha256: str
     tokenizer: dict  # vocab_size, special_tokens
+    shipped: bool = False  # the model that comes with tinygpt (wherever it was installed)
 
 
 def architecture(cfg) -> dict:
@@ -40,6 +41,7 @@ def architecture(cfg) -> dict:
 def model_info(model) -> ModelInfo:
     from ..families import family
     from ..files import sha256
+    from ..weights import SHIPPED
 
     cfg = model.config
     fam = family(cfg.model_type)
@@ -61,4 +63,5 @@ def model_info(model) -> ModelInfo:
     weights_file = model.weights_file.resolve()
     return ModelInfo(facts, groups, sum(a.size for a in model.params.values()), weights_file,
                      sha256(weights_file), {"vocab_size": model.tokenizer.vocab_size,
-                                            "special_tokens": model.tokenizer.special_tokens})
+                                            "special_tokens": model.tokenizer.special_tokens},
+                     weights_file.parent == SHIPPED.resolve())

@@ -647,7 +647,7 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
     from ..files import sha256
 
     def compute():
-        x_in, _ = data_windows(files, model.tokenizer, model.config.n_positions, windows)
+        x_in, _ = data_windows(files, model.tokenizer, model.config.n_positions, windows, bar)
         with bar(len(x_in), "latents of the data") as advance:
             x = site_values(model.params, model.config, x_in, sae.site, progress=advance,
                             hooks=steer)

@@ -315,7 +315,7 @@ def fit_on_training_text(model, data, path, bar, hooks=None, changes=None, engin
     from ..corpus import data_windows, training_files
 
     x, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
-                        FIT_WINDOWS)
+                        FIT_WINDOWS, bar)
     return fit_and_save(model, x, path, bar, hooks, changes, engine)
 
 
@@ -325,7 +325,7 @@ def evaluate_held_out(model, data, translators, bar, hooks=None, engine=None):
     from ..corpus import data_windows, given_or, held_out_files
 
     files = given_or(data, held_out_files)
-    x, _ = data_windows(files, model.tokenizer, model.config.n_positions, EVAL_WINDOWS)
+    x, _ = data_windows(files, model.tokenizer, model.config.n_positions, EVAL_WINDOWS, bar)
     with bar(2 * x.size, "evaluating both lenses") as advance:
         result = evaluate_windows(model.params, model.config, x, translators, advance, hooks,
                                   engine)

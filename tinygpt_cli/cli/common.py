@@ -119,13 +119,14 @@ QUIET = typer.Option(False, "--quiet", "-q",
 
 
 def bar(as_json: bool):
-    """bar(total, description): the progress bars the analyses' slow steps ask for; none
-    with --json; where stderr is not a terminal, a line every 5 s once a step has run that
-    long (quick steps print nothing)."""
+    """bar(total, description): the progress bars the analyses' slow steps ask for, on
+    stderr (with --json too: stdout keeps the one document); where stderr is not a
+    terminal, a line once a step has run a second, then every 5 s (steps under a second
+    print nothing)."""
     from ..render.text import escape_line
 
     return lambda total, description: progress(total, escape_line(description),
-                                               enabled=not as_json, pipe_every=5)
+                                               pipe_every=5)
 
 
 def engine(context: RunContext):

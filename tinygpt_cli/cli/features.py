@@ -98,7 +98,7 @@ def sae_train(
         raise InputError(f"--k {k} is more than the {latents} latents")
     out = S.sae_file(model.weights_file, out, site)
     x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
-                           windows)
+                           windows, bar(as_json))
     with bar(as_json)(len(x_in), f"values of {site}") as advance, engine(context) as where:
         x = S.site_values_on(where, model.params, model.config, x_in, site, progress=advance,
                              hooks=hooks)

@@ -106,8 +106,9 @@ def why(
     Exact matches: how often the text's last 1 to 8 tokens are followed by the target in the
     training text. Influential windows: every training window ranked by how much its
     gradient raised the target's chance (TracIn over the snapshots in WEIGHTS/history, with
-    each snapshot's learning rate), from an index built once per model and text (minutes, on
-    every core; Ctrl-C keeps what is done), then the top ones re-scored exactly.
+    each snapshot's learning rate), from an index built once per model and text (for the
+    shipped model 15 minutes on an idle 2-core machine, 45 on a busy one, on every core;
+    Ctrl-C keeps what is done), then the top ones re-scored exactly.
 
     Example: tinygpt why "Once upon a time, there was a little" --target " girl"
     """

@@ -259,8 +259,8 @@ def info_document(info) -> dict:
     return jsonout.document(None, np.int64(info.total), None, None, name="parameters",
                             config=info.config,
                             parameters={"total": info.total, "groups": info.groups},
-                            weights_file=str(info.weights_file), sha256=info.sha256,
-                            tokenizer=info.tokenizer)
+                            weights_file=str(info.weights_file), shipped=info.shipped,
+                            sha256=info.sha256, tokenizer=info.tokenizer)
 
 
 def traced_document(r, shown: str, value) -> dict:

@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .tables import Fields, Fit, WhenStyled, colour, fmt, header, token_rows
+from .tables import Fields, Fit, WhenStyled, colour, fmt, header, short_stage, token_rows
 from .text import escape_line, show_token
 
 # ------------------------------------------------------------------ a general labelled heatmap
@@ -131,18 +131,10 @@ def token_line(label: str, token_id: int, token: str) -> Text:
 # ------------------------------------------------------------------ lens
 
 
-def stage_label(name: str) -> str:
-    """embeddings -> emb; layers.2.resid_mid -> 2.mid."""
-    if name == "embeddings":
-        return "emb"
-    _, i, kind = name.split(".")
-    return f"{i}.{kind.removeprefix('resid_')}"
-
-
 def stage_grid(probs: np.ndarray, rows: list[str], labels: list[str],
                shown: list[list[str]]) -> Fit:
-    """The lens grid [T, S]: the middle stages give way behind one `…` column when the width
-    is short, as every wide table does; a token is never cut."""
+    """The lens grid [T, S]: where the width is short, the stages go on below in bands, every
+    one shown; a token is never cut."""
     def build(keep: list[int | None]):
         cols = [probs[:, j] if j is not None else np.full(len(rows), np.nan) for j in keep]
         text = [[row[j] if j is not None else "" for j in keep] for row in shown]
@@ -150,7 +142,7 @@ def stage_grid(probs: np.ndarray, rows: list[str], labels: list[str],
                                                    for j in keep],
                     signed=False, text=text, width=7, lo=0.0, hi=1.0)
 
-    return Fit(build, probs.shape[1])
+    return Fit(build, probs.shape[1], bands=True)
 
 
 LENS_NOTES = {  # what each lens does to a stage, in the view and the picture
@@ -166,7 +158,7 @@ def lens_view(r) -> Group:
     stages, tokens, top_tokens, top_probs = r.stages, r.q.tokens, r.top_tokens, r.top_probs.T
     target, position = r.q.target_pair, r.q.position
     target_probs, target_ranks, kind = r.target_probs, r.target_ranks, r.kind
-    labels = [stage_label(s) for s in stages]
+    labels = [short_stage(s) for s in stages]
     shown = [[show_token(t) for t in row] for row in top_tokens]
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
     table.add_column("stage", no_wrap=True)

@@ -1,7 +1,20 @@
 """A progress bar on stderr for work that takes over about a second. Rich is imported only
-when one is shown, so the commands that offer one still start fast."""
+when one is shown, so the commands that offer one still start fast.
+
+TINYGPT_PROGRESS=0 shows none, neither bar nor lines: for output that must be the same
+bytes on every machine (the README's examples, the test suite), as a terminal's vanished bar
+leaves it."""
 
 from __future__ import annotations
+
+import os
+
+ENV = "TINYGPT_PROGRESS"
+FIRST = 1.0  # s: in a pipe, the first line once the work has run this long
+
+
+def shown() -> bool:
+    return os.environ.get(ENV, "1").strip() != "0"
 
 
 def progress(total: int | None, description: str, *, enabled: bool = True,
@@ -13,16 +26,17 @@ def progress(total: int | None, description: str, *, enabled: bool = True,
             for ...: advance(1)
 
     `pipe_every`: for work that can run for minutes (training, evaluating over a data set),
-    where stderr is a pipe or a file, a line every that many seconds once the work has run
-    that long (and one at the end), so a log shows it moving; quick runs print nothing.
+    where stderr is a pipe or a file, a line once it has run a second (FIRST), then every
+    that many seconds, and one at the end, so a log shows it moving from the start; runs
+    under a second print nothing.
     """
     import contextlib
 
+    if not enabled or not shown():
+        return contextlib.nullcontext(lambda n=1: None)
     from rich.console import Console
 
     err = Console(stderr=True)
-    if not enabled:
-        return contextlib.nullcontext(lambda n=1: None)
     if not err.is_terminal:
         if pipe_every is None or total is None:
             return contextlib.nullcontext(lambda n=1: None)
@@ -65,6 +79,8 @@ def progress_report(description: str, *, every: float = 5.0, at_once: bool = Tru
     work moving. Never on stdout. Use as a context manager yielding report(done, total)."""
     import contextlib
 
+    if not shown():
+        return contextlib.nullcontext(lambda done, total: None)
     from rich.console import Console
 
     err = Console(stderr=True)
@@ -87,7 +103,7 @@ def progress_report(description: str, *, every: float = 5.0, at_once: bool = Tru
 
 def _lines(description: str, every: float, *, at_once: bool):
     """report(done, total) as a line on stderr every `every` seconds (the first at once, or
-    after `every` seconds), and the last state at the end when the work took that long."""
+    after FIRST seconds), and the last state at the end when the work took that long."""
     import contextlib
     import sys
     import time
@@ -95,7 +111,10 @@ def _lines(description: str, every: float, *, at_once: bool):
     @contextlib.contextmanager
     def lines():
         t0 = time.monotonic()
-        state = {"shown": -1e9 if at_once else t0, "first": None, "last": None, "said": None}
+        # the first line after FIRST seconds: the next `every` after it
+        # the rate from the start (0 done at t0): an ETA from the first line on
+        state = {"shown": -1e9 if at_once else t0 - every + FIRST,
+                 "first": None if at_once else (0, t0), "last": None, "said": None}
 
         def say(done: int, total: int) -> None:
             state["said"] = (done, total)
@@ -119,7 +138,7 @@ def _lines(description: str, every: float, *, at_once: bool):
                 say(done, total)
 
         yield report
-        if state["last"] not in (None, state["said"]) and time.monotonic() - t0 >= every:
+        if state["last"] not in (None, state["said"]) and time.monotonic() - t0 >= FIRST:
             say(*state["last"])
 
     return lines()

@@ -123,41 +123,68 @@ def _header(path: str, shape, dtype: str, s: dict, integer: bool, note: str) -> 
 
 
 class Fit:
-    """A table whose middle columns give way, behind one `…` column, until it fits the width
-    it is printed at: a number or a name is never cut. `build(keep)` makes the table for the
-    kept column indices (None: the `…` column); `most` caps how many show even when there is
-    room (the first and last EDGE of a wide tensor); full shows every column."""
+    """A table that fits the width it is printed at, a number or a name never cut. Too wide,
+    it first takes its `narrow` form (shorter labels, the same columns), then, with `bands`,
+    goes on below in bands of columns that each fit (every column shown); else its middle
+    columns give way behind one `…` column. `build(keep)` makes the table for the kept column
+    indices (None: the `…` column); `most` caps how many show even when there is room (the
+    first and last EDGE of a wide tensor); full shows every column."""
 
-    def __init__(self, build, n: int, *, most: int | None = None, full: bool = False):
+    def __init__(self, build, n: int, *, most: int | None = None, full: bool = False,
+                 narrow=None, bands: bool = False):
         self.build, self.n, self.most, self.full = build, n, most, full
+        self.narrow, self.bands = narrow, bands
 
-    def table(self, console, width: int) -> Table:
+    def tables(self, console, width: int) -> list[Table]:
         from rich.measure import Measurement
 
         if self.full:
-            return self.build(list(range(self.n)))
+            return [self.build(list(range(self.n)))]
         top = self.n if self.most is None or self.n <= self.most + 1 else self.most
         options = console.options.update_width(10**6)
 
-        def fits(m: int) -> bool:
-            table = self.build(_keep(self.n, m))
-            return Measurement.get(console, options, table).maximum <= width
+        def fits(build, keep) -> bool:
+            return Measurement.get(console, options, build(keep)).maximum <= width
 
-        if fits(top):
-            return self.build(_keep(self.n, top))
+        for build in (self.build, self.narrow):
+            if build is not None and fits(build, _keep(self.n, top)):
+                return [build(_keep(self.n, top))]
+        build = self.narrow or self.build
+        if self.bands and top == self.n:
+            return [build(band) for band in _bands(self.n, lambda keep: fits(build, keep))]
         lo, hi = min(2, top), top  # the largest m in [lo, hi) that fits: widths grow with m
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        return self.build(_keep(self.n, lo))
+            lo, hi = (mid, hi) if fits(build, _keep(self.n, mid)) else (lo, mid)
+        return [build(_keep(self.n, lo))]
+
+    def table(self, console, width: int) -> Table:
+        return self.tables(console, width)[0]
 
     def __rich_console__(self, console, options):
-        yield self.table(console, options.max_width)
+        for k, table in enumerate(self.tables(console, options.max_width)):
+            if k:
+                yield Text("")
+            yield table
 
     def __rich_measure__(self, console, options):
         from rich.measure import Measurement
 
-        return Measurement.get(console, options, self.table(console, options.max_width))
+        shown = [Measurement.get(console, options, t)
+                 for t in self.tables(console, options.max_width)]
+        return Measurement(max(m.minimum for m in shown), max(m.maximum for m in shown))
+
+
+def _bands(n: int, fits) -> list[list[int]]:
+    """0..n-1 cut into runs, each as long as fits(run) allows (at least one column)."""
+    out, start = [], 0
+    while start < n:
+        end = start + 1
+        while end < n and fits(list(range(start, end + 1))):
+            end += 1
+        out.append(list(range(start, end)))
+        start = end
+    return out
 
 
 def _columns(n: int, full: bool) -> list[int | None]:
@@ -370,7 +397,9 @@ def info_view(info):
                          for k, v in info.tokenizer["special_tokens"].items())
     return Group(
         Text("configuration", style="bold underline"), t, Text(""), p, Text(""),
-        Text(f"weights   {escape_line(typed_path(info.weights_file))}"),
+        # the shipped model said so, not where pip put it (--json has the path)
+        Text("weights   the shipped model.safetensors (--json: its path)" if info.shipped
+             else f"weights   {escape_line(typed_path(info.weights_file))}"),
         Text(f"sha256    {info.sha256}"),
         Text(f"tokenizer {info.tokenizer['vocab_size']:,} tokens; special: {specials}"),
     )
@@ -404,20 +433,32 @@ def blocks_view(rows: list[dict], tok, p: int, tokens: list[str], norms,
                       Text(show_token(tok(row["top_id"])), style="bold"),
                       f"{row['top_chance']:.1%}"])
 
-    def build(keep: list[int | None]) -> Table:  # middle columns give way to the width
+    def build(keep: list[int | None], short: bool = False) -> Table:
         t = Table(box=None, header_style="bold dim", pad_edge=False)
         t.add_column("stage", no_wrap=True)
         for k in keep:
             name, just = ("…", "center") if k is None else names[k]
             t.add_column(name, justify=just, no_wrap=True)
         for row, line in zip(rows, cells, strict=True):
-            t.add_row(row["stage"], *("…" if k is None else line[k] for k in keep))
+            stage = short_stage(row["stage"]) if short else row["stage"]
+            t.add_row(stage, *("…" if k is None else line[k] for k in keep))
         return t
 
     return Group(
         header("blocks.norm", norms, "(‖h‖ of every token at every stage)"),
         Text(f"residual stream at position {p} ({show_token(tokens[p])}); change = "
-             "‖after − before‖ / ‖before‖", style="dim"), Fit(build, len(names), full=full))
+             "‖after − before‖ / ‖before‖", style="dim"),
+        Fit(build, len(names), full=full, narrow=lambda keep: build(keep, short=True),
+            bands=True))
+
+
+def short_stage(name: str) -> str:
+    """A stage as the lens's columns name it where the width is short: embeddings -> emb,
+    layers.2.resid_post -> 2.post."""
+    if name == "embeddings":
+        return "emb"
+    _, i, kind = name.split(".")
+    return f"{i}.{kind.removeprefix('resid_')}"
 
 
 ENCODE_ROWS = 200  # rows of the encode table: the first and last hundred of a longer text
