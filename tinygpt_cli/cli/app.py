@@ -43,9 +43,10 @@ def _root(
                                 "see README, Threads)."),
     cluster: str = typer.Option(None, "--cluster", metavar="ADDRESS", show_default=False,
                                 help="Run the corpus-wide work (why's index and query, neurons "
-                                "--data, means, sae train) on the Dask scheduler at ADDRESS, "
-                                "or on a LocalCluster of this machine's cores with 'local' "
-                                "(or $TINYGPT_CLUSTER; see README, Past one machine)."),
+                                "--data, means, sae train, lens --fit/--evaluate, score --file) "
+                                "on the Dask scheduler at ADDRESS, or on a LocalCluster of "
+                                "this machine's cores with 'local' (or $TINYGPT_CLUSTER; see "
+                                "README, Past one machine)."),
 ) -> None:
     """A command-line microscope for a small GPT-2-style language model.
 
