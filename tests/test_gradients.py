@@ -333,16 +333,16 @@ def test_cross_entropy_gradient_of_logits_in_fortran_order():
     np.testing.assert_allclose(got, want, atol=1e-15)
 
 
-@pytest.mark.parametrize("wide", ["dout", "x", "g", "mean", "std"])
+@pytest.mark.parametrize("wide", ["dout", "x", "w", "mean", "std"])
 def test_layer_norm_backward_keeps_the_widest_dtype(rng, wide):
     # Recorded values share one dtype in the model, but an intervened run can mix them; in-place
     # arithmetic must not round a float64 input's contribution to float32.
     x = rng.normal(size=(3, 6))
-    g = rng.normal(size=6)
+    w = rng.normal(size=6)
     dout = rng.normal(size=x.shape)
     mean = x.mean(axis=-1, keepdims=True)
     std = np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + 1e-5)
-    args = {"dout": dout, "x": x, "g": g, "mean": mean, "std": std}
+    args = {"dout": dout, "x": x, "w": w, "mean": mean, "std": std}
     exact = ops.layer_norm_backward_parts(**args)
     mixed = {k: (v if k == wide else v.astype(np.float32)) for k, v in args.items()}
     names = ("dx", "dg", "db", "dmean", "dstd")

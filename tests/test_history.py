@@ -697,7 +697,8 @@ def fact_windows(stream: np.ndarray, name: int, target: int, t: int) -> set[int]
     return {w for w in range(len(x)) if ((x[w] == name) & (y[w] == target)).any()}
 
 
-def test_why_ranks_the_windows_holding_the_planted_fact_first(cli, run):
+def test_why_ranks_the_windows_holding_the_planted_fact_first(cli, run, monkeypatch):
+    monkeypatch.delenv("TINYGPT_PROGRESS", raising=False)  # the build's lines are checked
     model = load_model(run)
     tok = model.tokenizer
     (name,), (target,) = tok.encode(" Quixby"), tok.encode(" zooms")  # one token each
