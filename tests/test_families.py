@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -210,3 +211,28 @@ def test_the_rotary_angles_the_pos_card_shows_are_the_turn_of_each_pair():
         np.testing.assert_allclose(np.sin(angles[:, i]), turned[:, i + 2], atol=1e-12)
         np.testing.assert_array_equal(turned[:, 4:], 0.0)  # past the rotary part: unturned
     np.testing.assert_allclose(angles[5], 5 * 100.0 ** (-np.arange(2) / 2))
+
+
+def test_the_review_page_says_what_each_family_computes(cli):
+    """The page's cards follow the block: GPT-2's are the seed page's own; the rotary,
+    parallel NeoX lesson model and the RMSNorm, gated, rotary Llama one say what they do
+    instead, each card's path holding a value of that model."""
+    from tinygpt_cli.page import CARDS
+
+    root = Path(__file__).resolve().parent.parent / "weights"
+    cards = {}
+    for name in ("", "neox", "llama"):
+        doc = cli("review", "Lily wanted to play", "--weights", root / name, "--json").json()
+        cards[name] = {c["number"]: c for c in doc["cards"]}
+    assert [(c["formula"], c["path"]) for c in cards[""].values()] == \
+        [(c.formula, c.path) for c in CARDS]
+    neox, llama = cards["neox"], cards["llama"]
+    assert neox[3]["path"] == llama[3]["path"] == "rotary_angles"
+    assert neox[3]["shape"] == [4, 3] and llama[3]["shape"] == [4, 12]  # pairs turned
+    assert neox[4]["formula"] == "x + Attn(LayerNorm(x)) + MLP(LayerNorm(x))"
+    assert llama[4]["formula"] == "x + Sublayer(RMSNorm(x))"
+    assert llama[6]["formula"] == "(SiLU(x W_gate) * (x W_in)) W_out"
+    assert neox[6]["formula"] == "GELU(x W_1 + b_1) W_2 + b_2"  # the erf form: its detail
+    assert llama[8]["formula"] == "u = RMSNorm(h^(L))" and neox[8]["formula"] == \
+        "u = LayerNorm(h^(L))"
+    assert neox[9]["formula"] == "z = u W_U^T" and llama[9]["formula"] == "z = u W_E^T"

@@ -345,7 +345,7 @@ def test_layer_norm_backward_keeps_the_widest_dtype(rng, wide):
     args = {"dout": dout, "x": x, "w": w, "mean": mean, "std": std}
     exact = ops.layer_norm_backward_parts(**args)
     mixed = {k: (v if k == wide else v.astype(np.float32)) for k, v in args.items()}
-    names = ("dx", "dg", "db", "dmean", "dstd")
+    names = ("dx", "dw", "db", "dmean", "dstd")
     for name, got, want in zip(names, ops.layer_norm_backward_parts(**mixed), exact, strict=True):
         # db = the sum of dout: it depends on nothing else
         assert got.dtype == (mixed["dout"].dtype if name == "db" else np.float64), name

@@ -698,7 +698,7 @@ def fact_windows(stream: np.ndarray, name: int, target: int, t: int) -> set[int]
 
 
 def test_why_ranks_the_windows_holding_the_planted_fact_first(cli, run, monkeypatch):
-    monkeypatch.delenv("TINYGPT_PROGRESS", raising=False)  # the build's lines are checked
+    monkeypatch.delenv("TINYGPT_PROGRESS")  # the build's lines are part of what is checked
     model = load_model(run)
     tok = model.tokenizer
     (name,), (target,) = tok.encode(" Quixby"), tok.encode(" zooms")  # one token each

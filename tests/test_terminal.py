@@ -150,7 +150,12 @@ def with_pty_stderr(argv: list[str], env: dict, *, interrupt_after_output: bool 
     if interrupt_after_output:
         assert p.stdout.read(1)  # the command is running: past start-up
         p.send_signal(signal.SIGINT)
-    p.stdout.read()
+    try:  # a child that ignored the signal fails the test instead of hanging the suite
+        p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise AssertionError("the command went on for 120 s after Ctrl-C") from None
     code = p.wait(timeout=120)
     err = b""
     while True:

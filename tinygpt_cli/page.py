@@ -67,6 +67,56 @@ CARDS = [
 ]
 
 
+def cards_for(config) -> list[Card]:
+    """The cards as this model's family computes them: GPT-2's are the seed page's; a rotary,
+    RMSNorm, gated or untied model's cards 3, 4, 6, 8 and 9 say what it does instead (the
+    same card numbers, paths that hold its values)."""
+    from dataclasses import replace
+
+    act = {"gelu_new": "GELU", "gelu": "GELU (erf)", "silu": "SiLU"}.get(config.act,
+                                                                      config.act)
+    norm = "LayerNorm" if config.norm == "layer" else "RMSNorm"
+    changed = {}
+    if config.rotary:
+        changed[3] = dict(
+            what="Nothing is added for the position: each head turns its queries and keys by "
+                 "an angle that grows with the position, so a score depends on how far apart "
+                 "two tokens are.",
+            formula="q_i, k_i turned by angle i * base^(-2j/r) in each pair j (rotary)",
+            path="rotary_angles", command="tinygpt pos TEXT",
+            detail=f"Rotary positions turn {config.rotary} of each head's {{d_k}} numbers, "
+                   f"base {config.rotary_base:g}; there is no table of positions.")
+    if config.norm == "rms" or config.parallel:
+        changed[4] = dict(
+            formula=("x + Attn(Norm(x)) + MLP(Norm(x))" if config.parallel
+                     else "x + Sublayer(Norm(x))").replace("Norm", norm),
+            path="layers.0.ln1.out",
+            detail="Each token's {d} numbers are handled on their own. "
+                   + ("RMSNorm divides by their root mean square (no mean taken out, no "
+                      "bias). " if config.norm == "rms" else "")
+                   + ("Attention and the feed-forward layer both read the block's input and "
+                      "add to it at once." if config.parallel
+                      else "The norm comes at the start of each step."))
+    if config.mlp == "gated" or config.act != "gelu_new":
+        gated, name = config.mlp == "gated", act.split(" ")[0]
+        changed[6] = dict(
+            formula=(f"({name}(x W_gate) * (x W_in)) W_out" if gated
+                     else f"{name}(x W_1 + b_1) W_2 + b_2"),
+            detail=(f"{{d}} numbers grow to {{ffn}} twice: one through {act} gates the "
+                    "other, then they shrink back to {d}." if gated
+                    else f"{{d}} numbers grow to {{ffn}}, pass through {act}, and shrink "
+                    "back to {d}."))
+    if config.norm == "rms":
+        changed[8] = dict(formula="u = RMSNorm(h^(L))",
+                          detail="The {T} rows of {d} numbers, rescaled by their root mean "
+                                 "square.")
+    if not config.tied:
+        changed[9] = dict(what="Turns each token's numbers into one score for every "
+                               "vocabulary token, with a table of its own.",
+                          formula="z = u W_U^T")
+    return [replace(c, **changed[c.number]) if c.number in changed else c for c in CARDS]
+
+
 # ------------------------------------------------------------------ the page of one text
 # `r`: a traced text (session.Run): its trace, model, text, ids, tokens and T.
 
@@ -84,7 +134,7 @@ def page_values(r) -> dict:
     """Every value the page shows, by card number, from one trace (and the header facts)."""
     cfg = r.model.config
     probs, picked = next_token(r)
-    values: dict = {c.number: r.trace.get(c.path) for c in CARDS if c.number <= 9}
+    values: dict = {c.number: r.trace.get(c.path) for c in cards_for(cfg) if c.number <= 9}
     values.update({
         10: probs,
         11: picked,

@@ -38,7 +38,7 @@ def review(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
 
     Example: tinygpt review "Lily wanted to play with her"
     """
-    from ..page import CARDS
+    from ..page import cards_for
     from ..render.documents import review_document
 
     r = run(context, weights, text, ablate)
@@ -50,19 +50,20 @@ def review(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
         console = stdout(context)
         console.print(page_view(r, values, min(console.width, 100)))
 
-    present(context, as_json, lambda: review_document(r, values, CARDS), lambda: values,
+    present(context, as_json, lambda: review_document(r, values, cards_for(r.model.config)),
+            lambda: values,
             figure=lambda: review_figure(r, values), save=save, force=force, show=show)
 
 
 def review_figure(r: Run, values: dict):
     """The page as a picture (--save page.html): every card with its values, every head."""
     from ..analysis.lens import block_summary
-    from ..page import CARDS
+    from ..page import cards_for
     from ..render import pictures
 
     cfg = r.model.config
     return pictures.review_figure(
-        r.text, r.tokens, list(r.ids), values["header"], CARDS, values,
+        r.text, r.tokens, list(r.ids), values["header"], cards_for(cfg), values,
         [r.trace.get(f"layers.{i}.weights") for i in range(cfg.n_layer)],
         block_summary(r.trace, r.model.params, cfg, position=r.T - 1),
         r.model.tokenizer.token_str, r.model.tokenizer.decode, map_stages(r))

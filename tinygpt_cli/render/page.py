@@ -65,7 +65,7 @@ def card_shape(number: int, value) -> str:
 
 def page_view(r, values: dict, width: int):
     """The page for a terminal: the facts, then every card in a panel `width` wide."""
-    from ..page import CARDS
+    from ..page import cards_for
 
     facts = values["header"]
     label = {"T": "Tokens in the text", "d": "Numbers per token", "L": "Blocks",
@@ -79,7 +79,7 @@ def page_view(r, values: dict, width: int):
         top.append(f"  {name:<22}", style="dim")
         top.append(f"{k} = {facts[k]:,}{unit}\n", style="bold")
     parts = [top]
-    for c in CARDS:
+    for c in cards_for(r.model.config):
         v = values[c.number]
         detail = c.detail.format(vocab_max=facts["vocab"] - 1, **facts)
         body = [Text(c.what), Text(detail, style="italic"),
