@@ -39,6 +39,7 @@ def pytest_configure(config):  # noqa: ARG001 - pytest's hook signature
     global _CACHE
     _CACHE = tempfile.mkdtemp(prefix="tinygpt-tests-cache-")
     os.environ["TINYGPT_CACHE"] = _CACHE
+    os.environ.pop("TINYGPT_CLUSTER", None)  # this machine, unless a test names a cluster
     # No progress on stderr: a step over a second on a busy machine would add a line where a
     # test reads stderr exactly (the tests of progress itself unset it)
     os.environ["TINYGPT_PROGRESS"] = "0"

@@ -4,6 +4,7 @@ against naive loops and finite differences."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -424,22 +425,39 @@ def _interrupted_build(run, tmp_path, monkeypatch):
     return index, files, config, n, first
 
 
+def index_files(folder: Path) -> dict:
+    """Every file of a gradient index, by name: its bytes, and index.json's manifest
+    without the stamps (inode and mtime differ between copies)."""
+    files = {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "index.json"}
+    manifest = json.loads((folder / "index.json").read_text())
+    del manifest["stamps"]
+    return {**files, "index.json": manifest}
+
+
 def test_an_interrupted_build_resumes_to_the_same_index(run, tmp_path, monkeypatch):
-    """Ctrl-C mid-build keeps the finished chunks; the next build computes only the rest,
-    and the index equals one built in one go."""
+    """Ctrl-C mid-build keeps the finished shards; the next build computes only the rest,
+    and the index equals one built in one go, file for file."""
     from tinygpt_cli.analysis.why_index import open_index
 
     index, files, config, n, first = _interrupted_build(run, tmp_path, monkeypatch)
-    assert not first.complete and list(first.folder.glob("chunk-*.npz"))
+    assert not first.complete and list(first.folder.glob("shard-*.npz"))
     first.build(index.stream, config, workers=1, chunk=4)
     assert first.complete and 0 < first.built_now < 2 * n
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "b"))
     second = open_index(index.key, files, config, n)
     second.build(index.stream, config, workers=2, chunk=4)
-    for name in ("rows-0.npy", "u-1.npy", "m-0.npy", "rows-1.npy"):
-        np.testing.assert_array_equal(np.load(first.folder / name),
-                                      np.load(second.folder / name))
-    assert not list(first.folder.glob("chunk-*"))
+    assert index_files(first.folder) == index_files(second.folder)
+    manifest = json.loads((first.folder / "index.json").read_text())
+    spans = [(a, min(a + 4, n)) for a in range(0, n, 4)]
+    assert [(r["snapshot"], r["windows"], r["rows"]) for r in manifest["shards"]] == \
+        [(s, [a, b], b - a) for s in range(2) for a, b in spans]
+    for r in manifest["shards"]:  # each shard: its windows' tokens, and its sha256
+        with np.load(first.folder / r["file"]) as z:
+            a, b = r["windows"]
+            t = config.n_positions
+            assert np.array_equal(z["tokens"], index.stream[a * t : b * t + 1])
+            assert len(z["rows"]) == len(z["u"]) == b - a
+        assert r["sha256"] == hashlib.sha256((first.folder / r["file"]).read_bytes()).hexdigest()
 
 
 def test_damaged_why_caches_are_rebuilt_not_failed_on(cli, run, tmp_path):
@@ -452,13 +470,13 @@ def test_damaged_why_caches_are_rebuilt_not_failed_on(cli, run, tmp_path):
     (tokens,) = (tmp_path / "cache" / "why-index").glob("*.npz")
     (grads,) = (tmp_path / "cache" / "why-tracin").glob("*/index.json")
     good = dict(np.load(tokens))
-    rows = grads.parent / "rows-0.npy"
+    (rows, *_) = sorted(grads.parent.glob("shard-0-*.npz"))
     for damage in (lambda: tokens.write_bytes(tokens.read_bytes()[:200]),
                    lambda: np.savez(tokens, **{k: v for k, v in good.items() if k != "sa"}),
                    lambda: np.savez(tokens, **{**good, "sa": good["sa"] + 7}),
                    lambda: np.savez(tokens, **{**good, "sa": good["sa"][::-1]}),  # in range
                    lambda: rows.write_bytes(rows.read_bytes()[:300]),
-                   lambda: np.save(rows, np.load(rows)[:-1])):
+                   lambda: np.savez(rows, **{k: v[:-1] for k, v in np.load(rows).items()})):
         damage()
         again = cli("why", text, "--json")
         assert again.code == 0, again.err
@@ -476,6 +494,24 @@ def _overwrite(path: Path, offset: int, data: bytes) -> None:
         f.write(data)
 
 
+def _values_of(path: Path, name: str) -> tuple[int, int]:
+    """Where the numbers of array `name` lie in an uncompressed .npz: (offset, bytes), past
+    the zip entry's header and the .npy header (so that the zip and .npy stay readable)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(f"{name}.npy")
+        with z.open(info) as f:
+            np.lib.format.read_magic(f)
+            np.lib.format.read_array_header_1_0(f)
+            npy_header = f.tell()
+    with open(path, "rb") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = np.frombuffer(f.read(4), "<u2")
+    start = info.header_offset + 30 + int(name_len) + int(extra_len) + npy_header
+    return start, info.file_size - npy_header
+
+
 def test_why_index_values_overwritten_in_place_are_found_and_rebuilt(cli, run, tmp_path):
     """The header stays good; the values change (NaN, or exponent bits flipped): their
     checksum no longer holds, so the arrays are computed again and the answer is the first
@@ -484,22 +520,23 @@ def test_why_index_values_overwritten_in_place_are_found_and_rebuilt(cli, run, t
     first = cli("why", text, "--json")
     assert first.code == 0, first.err
     (grads,) = (tmp_path / "cache" / "why-tracin").glob("*/index.json")
-    rows, u = grads.parent / "rows-0.npy", grads.parent / "u-1.npy"
+    (rows, *_), (*_, u) = sorted(grads.parent.glob("shard-0-*.npz")), \
+        sorted(grads.parent.glob("shard-1-*.npz"))
     nan = np.array([0x7FC0] * 64, "<u2").tobytes()  # bfloat16 NaN
-    flipped = bytes(b ^ 0x70 for b in u.read_bytes()[-4000:])  # exponent bits of 2,000 numbers
-    for damage in (lambda: _overwrite(rows, rows.stat().st_size - 128, nan),
-                   lambda: _overwrite(u, u.stat().st_size - 4000, flipped)):
+    (r0, r_size), (u0, u_size) = _values_of(rows, "rows"), _values_of(u, "u")
+    flipped = bytes(b ^ 0x70 for b in u.read_bytes()[u0 + u_size - 4000 : u0 + u_size])
+    for damage in (lambda: _overwrite(rows, r0 + r_size - 128, nan),  # 2,000 numbers' exponents
+                   lambda: _overwrite(u, u0 + u_size - 4000, flipped)):
         damage()
         again = cli("why", text, "--json")
         assert again.code == 0, again.err
         assert again.json()["top_windows"] == first.json()["top_windows"]
         assert again.json()["index"]["computed_now"] > 0  # rebuilt, not read as it was
-    listed = sorted(p.name for p in grads.parent.iterdir())
-    assert listed == sorted(["index.json"] + [f"{n}-{s}{e}" for s in range(len(listed) // 8)
-                                              for n in ("projection", "rows", "u", "m")
-                                              for e in ((".npz" if n == "projection" else
-                                                         ".npy"), (".npz.sha256" if n ==
-                                                         "projection" else ".npy.sha256"))])
+    manifest = json.loads(grads.read_text())  # the folder holds what it lists, and only that
+    pieces = [r["file"] for r in manifest["shards"]] + \
+        [w["projection"] for w in manifest["weights"]]
+    assert sorted(p.name for p in grads.parent.iterdir()) == \
+        sorted(["index.json"] + [f + e for f in pieces for e in ("", ".sha256")])
 
 
 def test_an_unfinished_why_index_trusts_no_unverified_piece(run, tmp_path, monkeypatch):
@@ -509,41 +546,39 @@ def test_an_unfinished_why_index_trusts_no_unverified_piece(run, tmp_path, monke
     from tinygpt_cli.analysis.why_index import open_index
 
     index, files, config, n, first = _interrupted_build(run, tmp_path, monkeypatch)
-    (chunk, *_) = sorted(first.folder.glob("chunk-*.npz"))
-    chunk.write_bytes(b"PK junk")
+    (shard, *_) = sorted(first.folder.glob("shard-*.npz"))
+    shard.write_bytes(b"PK junk")
     (first.folder / "projection-0.npz").write_bytes(b"junk")
-    stream = first.folder / "stream.npy"
-    stream.write_bytes(stream.read_bytes()[:200])
-    (first.folder / ".rows-0.npy.999999999.abcdefgh.tmp").write_bytes(b"a killed write")
+    (first.folder / ".shard-0-0-4.npz.999999999.abcdefgh.tmp").write_bytes(b"a killed write")
     first.build(index.stream, config, workers=1, chunk=4)
     assert first.complete
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "b"))
     second = open_index(index.key, files, config, n)
     second.build(index.stream, config, workers=1, chunk=4)
-    for name in ("rows-0.npy", "u-1.npy", "m-0.npy", "rows-1.npy", "projection-0.npz"):
-        assert (first.folder / name).read_bytes() == (second.folder / name).read_bytes()
-    assert sorted(p.name for p in first.folder.iterdir()) == \
-        sorted(p.name for p in second.folder.iterdir())
-    assert not [p for p in first.folder.iterdir() if p.name.startswith((".", "chunk", "stream"))]
+    assert index_files(first.folder) == index_files(second.folder)
+    assert not [p for p in first.folder.iterdir() if p.name.startswith(".")]
 
 
-def test_a_worker_that_cannot_start_ends_the_build_with_one_error(tmp_path):
-    """The pool's initializer keeps its failure instead of raising (a pool respawns a worker
-    whose initializer raises, for ever); the first task raises it, and the build ends."""
+def test_a_task_that_fails_in_a_worker_ends_the_build_with_its_error(tmp_path):
+    """A snapshot file damaged after the index was keyed: the worker process's task raises,
+    and the build ends with that error (never a pool waiting for ever)."""
     import signal
+    from dataclasses import asdict
 
     from tinygpt_cli.analysis import why_index
+    from tinygpt_cli.cluster import Here
     from tinygpt_cli.errors import WeightsError
 
     config = Config(n_embd=8, n_layer=1, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
-    (tmp_path / "stream.npy").write_bytes(b"\x93NUMPY short")
+    (tmp_path / "w.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00short")
+    x = np.zeros((2, 6), np.uint16)
     previous = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError()))
     signal.alarm(60)
     try:
-        with pytest.raises(WeightsError, match=r"a worker of the gradient index could not "
-                                               r"start: .*stream\.npy: "):
-            list(why_index._run_all([[("fit", 0, "w", "p")]], str(tmp_path / "stream.npy"),
-                                    config, 1))
+        with pytest.raises(WeightsError, match=r"w\.safetensors"), \
+                Here(1).job(asdict(config), spread="processes") as run:
+            list(run(why_index.build_task, [("fit", 0, str(tmp_path / "w.safetensors"),
+                                             str(tmp_path / "p.npz"), x, x)]))
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
@@ -583,11 +618,11 @@ def test_builds_killed_at_random_moments_then_started_in_pairs_leave_one_index(r
     assert first == second
     (index,) = (cache / "why-tracin").iterdir()
     names = sorted(p.name for p in index.iterdir())
-    snapshots = json.loads((index / "index.json").read_text())["snapshots"]
-    assert names == sorted(["index.json", *(
-        f"{n}-{s}.{kind}{check}" for s in range(snapshots)
-        for n, kind in (("projection", "npz"), ("rows", "npy"), ("u", "npy"), ("m", "npy"))
-        for check in ("", ".sha256"))])
+    manifest = json.loads((index / "index.json").read_text())
+    pieces = [r["file"] for r in manifest["shards"]] + \
+        [w["projection"] for w in manifest["weights"]]
+    assert len(manifest["weights"]) == manifest["snapshots"]
+    assert names == sorted(["index.json", *(f + e for f in pieces for e in ("", ".sha256"))])
     leftovers = [p for p in cache.rglob("*") if p.name.startswith(".") or "tmp" in p.name]
     assert leftovers == []
 

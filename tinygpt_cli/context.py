@@ -42,9 +42,10 @@ class SteerOptions(NamedTuple):  # not a frozen dataclass: 0.5 ms less of every 
 @dataclass
 class RunContext:
     """`weights`: the folder given before the command (`tinygpt --weights DIR probs`), used
-    when the command is given none. `opened`: folder -> Folder or Model, each opened once
-    while it is a dict (--each-line). `ahead`: the --each-line batch (ahead.Ahead) whose
-    final_norm the sessions take their clean passes from.
+    when the command is given none; `cluster`, the --cluster given before it. `opened`:
+    folder -> Folder or Model, each opened once while it is a dict (--each-line). `ahead`:
+    the --each-line batch (ahead.Ahead) whose final_norm the sessions take their clean
+    passes from.
 
     Of one command's run (for_command): `command` its name, `steer` its steering options
     (None: the command is not @steerable, and asking for steering is a bug), `quiet`,
@@ -52,6 +53,7 @@ class RunContext:
     once per model) and `said` (the steering lines said once the command has done its work)."""
 
     weights: str | Path | None = None
+    cluster: str | None = None  # --cluster as given (cluster.chosen adds $TINYGPT_CLUSTER)
     opened: dict | None = None
     ahead: Any = None
     command: str | None = None

@@ -35,26 +35,47 @@ def mean_paths(config: Config) -> list[str]:
 
 
 def value_means(params: dict[str, np.ndarray], config: Config, windows: np.ndarray,
-                batch: int = 16, hooks=None) -> dict[str, np.ndarray]:
+                batch: int = 16, hooks=None, engine=None) -> dict[str, np.ndarray]:
     """The mean over windows [N, T] and positions of every path of mean_paths, float64, of
-    runs through `hooks` (steering) when given.
+    runs through `hooks` (steering) when given, the shards of windows on `engine` (default:
+    this process). Each batch's sums are added in window order, wherever they were made:
+    the same numbers on any engine.
 
     The pass stops after the last block's mlp_out: the head over the vocabulary is not needed.
     """
+    from ..cluster import over_windows
+
     paths = mean_paths(config)
     sums = {p: 0.0 for p in paths}
     count = 0
-    stop = f"layers.{config.n_layer - 1}.mlp_out"
-    for start in range(0, len(windows), batch):
-        ids = windows[start : start + batch]
-        _, values = record(params, config, ids, paths, hooks=hooks, stop_after=stop)
-        for p in paths:
-            v = values[p].astype(np.float64)
-            sums[p] = sums[p] + v.reshape(-1, v.shape[-1]).sum(axis=0)
-        count += ids.shape[0] * ids.shape[1]
+    for part in over_windows(engine, batch_sums, windows, (params, config, batch, hooks)):
+        for n, found in part:
+            for p in paths:
+                sums[p] = sums[p] + found[p]
+            count += n
     if count == 0:
         raise InputError("the reference text has no complete window of tokens to average")
     return {p: s / count for p, s in sums.items()}
+
+
+def batch_sums(task: tuple, shared: tuple) -> list[tuple[int, dict[str, np.ndarray]]]:
+    """One shard's part of value_means: for each batch, (positions, the sum over them of every
+    path's value, float64). task (first window, windows [w, T]); shared (params, config,
+    batch, hooks)."""
+    _, windows = task
+    params, config, batch, hooks = shared
+    paths = mean_paths(config)
+    stop = f"layers.{config.n_layer - 1}.mlp_out"
+    out = []
+    for start in range(0, len(windows), batch):
+        ids = windows[start : start + batch]
+        _, values = record(params, config, ids, paths, hooks=hooks, stop_after=stop)
+        sums = {}
+        for p in paths:
+            v = values[p].astype(np.float64)
+            sums[p] = v.reshape(-1, v.shape[-1]).sum(axis=0)
+        out.append((ids.shape[0] * ids.shape[1], sums))
+    return out
 
 
 def means_bytes(means: dict[str, np.ndarray], meta: dict) -> bytes:
@@ -105,10 +126,10 @@ def load_means(path: str | Path, config: Config,
 
 
 
-def means_over(model, data: Path | None, weights_sha: str, bar, steer=None):
+def means_over(model, data: Path | None, weights_sha: str, bar, steer=None, engine=None):
     """(values, meta) over the validation file of `data` (or the one the weights record), of
-    runs steered by `steer` (hooks.Steering) when given, cached by the weights' and data's
-    sha256 and the steering. bar(total, description) is the progress bar."""
+    runs steered by `steer` (hooks.Steering) when given, on `engine`, cached by the weights'
+    and data's sha256 and the steering. bar(total, description) is the progress bar."""
     from .. import cache
     from ..corpus import encode_stories, eval_windows, read_stories, validation_text
     from ..files import sha256
@@ -120,7 +141,8 @@ def means_over(model, data: Path | None, weights_sha: str, bar, steer=None):
         stream = encode_stories(read_stories(val), model.tokenizer)
         windows, _ = eval_windows(stream.ids, model.config.n_positions)
         with bar(None, f"averaging over {val[0].name}"):
-            values = value_means(model.params, model.config, windows, hooks=steer)
+            values = value_means(model.params, model.config, windows, hooks=steer,
+                                 engine=engine)
         return values, {**meta, "tokens": str(windows.size)}
 
     key = cache.key_of(weights_sha, meta["data_sha256"], *([] if steer is None else steer.key()))

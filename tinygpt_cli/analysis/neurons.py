@@ -104,14 +104,29 @@ NEURON_TOP = 64  # examples kept per neuron by corpus_maxima; --top is capped by
 
 
 def corpus_maxima(params, config: Config, windows: np.ndarray, keep: int = NEURON_TOP,
-                  progress: Callable[[int], None] | None = None, hooks=None
+                  progress: Callable[[int], None] | None = None, hooks=None, engine=None
                   ) -> dict[str, np.ndarray]:
-    """The `keep` windows where each neuron of each block peaks highest, best first:
-    window [L, ff, k] (its index), value [L, ff, k] (the peak), position [L, ff, k]."""
-    top, where = window_maxima(params, config, windows, progress=progress, hooks=hooks)
-    k = min(keep, len(windows))
-    best = np.argsort(-top, axis=1, kind="stable")[:, :k, :]  # [L, k, ff]
-    return {"window": best.transpose(0, 2, 1).astype(np.int32),
+    """The `keep` windows where each neuron of each block peaks highest, best first (ties:
+    the earlier window): window [L, ff, k] (its index), value [L, ff, k] (the peak), position
+    [L, ff, k]. Each shard of windows keeps its own best (on `engine`: default this process),
+    and the best of those are the best of all."""
+    from ..cluster import over_windows
+
+    parts = over_windows(engine, shard_maxima, windows, (params, config, keep, hooks),
+                         progress=progress)
+    found = {name: np.concatenate([p[name] for p in parts], axis=2) for name in parts[0]}
+    best = np.argsort(-found["value"], axis=2, kind="stable")[:, :, :min(keep, len(windows))]
+    return {name: np.take_along_axis(a, best, axis=2) for name, a in found.items()}
+
+
+def shard_maxima(task: tuple, shared: tuple) -> dict[str, np.ndarray]:
+    """corpus_maxima of one shard: task (its first window, windows [w, T]), shared (params,
+    config, keep, hooks); window indices are the corpus's."""
+    first, windows = task
+    params, config, keep, hooks = shared
+    top, where = window_maxima(params, config, windows, hooks=hooks)
+    best = np.argsort(-top, axis=1, kind="stable")[:, : min(keep, len(windows)), :]  # [L, k, ff]
+    return {"window": (best + first).transpose(0, 2, 1).astype(np.int32),
             "value": np.take_along_axis(top, best, axis=1).transpose(0, 2, 1),
             "position": np.take_along_axis(where, best, axis=1).transpose(0, 2, 1)}
 
@@ -146,11 +161,11 @@ def neuron_examples(params, config: Config, maxima: dict[str, np.ndarray], strea
                           rows, len(stream) // ctx)
 
 
-def cached_maxima(model, files: list, bar, hooks=None) -> dict[str, np.ndarray]:
+def cached_maxima(model, files: list, bar, hooks=None, engine=None) -> dict[str, np.ndarray]:
     """corpus_maxima of every neuron over the files and their token stream ("stream"),
-    computed once per (weights, data, steering) and kept in the cache folder (hooks other
-    than one steering vector are computed afresh and not kept). bar(total, description) is
-    the progress bar."""
+    computed once per (weights, data, steering) on `engine` and kept in the cache folder
+    (hooks other than one steering vector are computed afresh and not kept).
+    bar(total, description) is the progress bar."""
     from .. import cache
     from ..corpus import encode_stories, eval_windows, read_stories
     from ..errors import InputError
@@ -165,7 +180,8 @@ def cached_maxima(model, files: list, bar, hooks=None) -> dict[str, np.ndarray]:
             raise InputError(f"the data has {len(stream.ids)} tokens, less than one window of "
                              f"{cfg.n_positions}")
         with bar(len(x), "neuron maxima") as advance:
-            maxima = corpus_maxima(model.params, cfg, x, progress=advance, hooks=hooks)
+            maxima = corpus_maxima(model.params, cfg, x, progress=advance, hooks=hooks,
+                                   engine=engine)
         return {"stream": stream.ids.astype(np.uint16), **maxima}
 
     steered = []  # a steered search is kept under its own key: the site and the vector

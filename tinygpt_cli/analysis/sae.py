@@ -368,7 +368,8 @@ def _site_of_name(path: Path, config: Config) -> str | None:
 def site_values(params, config: Config, windows: np.ndarray, site: str, *, batch: int = 16,
                 progress: Callable[[int], None] | None = None, hooks=None) -> np.ndarray:
     """The site's value at every position of windows [W, T] -> [W * T, d] float32, of runs
-    through `hooks` (steering) when given; the pass stops at the site."""
+    through `hooks` (steering) when given; the pass stops at the site. (site_values_on runs
+    it shard by shard, on a cluster too.)"""
     out = []
     for b in range(0, len(windows), batch):
         rec = RecordOnly({site})
@@ -378,6 +379,22 @@ def site_values(params, config: Config, windows: np.ndarray, site: str, *, batch
         if progress:
             progress(len(windows[b:b + batch]))
     return np.concatenate(out) if out else np.zeros((0, config.n_embd), np.float32)
+
+
+def site_values_on(engine, params, config: Config, windows: np.ndarray, site: str, *,
+                   progress: Callable[[int], None] | None = None, hooks=None) -> np.ndarray:
+    """site_values, each shard of windows a task on `engine` (None: this process), joined in
+    window order: the same numbers as one pass (the shards hold whole batches)."""
+    from ..cluster import over_windows
+
+    parts = over_windows(engine, shard_site_values, windows, (params, config, site, hooks),
+                         progress=progress)
+    return np.concatenate(parts) if parts else np.zeros((0, config.n_embd), np.float32)
+
+
+def shard_site_values(task: tuple, shared: tuple) -> np.ndarray:
+    params, config, site, hooks = shared
+    return site_values(params, config, task[1], site, hooks=hooks)
 
 
 # ------------------------------------------------------------------ evaluation

@@ -145,10 +145,25 @@ def score_sequences(
             parts = []
 
 
+def batch_scores(task: list, shared: tuple) -> list[TokenScores]:
+    """The scores of a run of batches, a pure function of their windows: task [(x [B, width],
+    rows, cols: where each target is predicted, targets)], shared (params, config, hooks,
+    ahead)."""
+    params, config, hooks, ahead = shared
+    out = []
+    for x, rows, cols, targets in task:
+        u = final_hidden(params, config, np.asarray(x, np.int64), hooks, ahead)  # [B, width, d]
+        out.append(unembed_and_score(u[rows, cols], targets, token_table(params)))
+    return out
+
+
+BATCHES_PER_TASK = 16  # on a cluster: 128 windows a task
+
+
 def score_parts(
     params, config: Config, sequences: list[np.ndarray], *, stride: int | None = None,
     batch_size: int = 8, full_only: bool = False,
-    progress: Callable[[int], None] | None = None, hooks=None, ahead=None,
+    progress: Callable[[int], None] | None = None, hooks=None, ahead=None, engine=None,
 ) -> Iterator[tuple[int, TokenScores, bool]]:
     """(index, scores of the next targets of that sequence, whether they are its last): the
     sequences in order, each one's targets in order, a window's as soon as the windows
@@ -157,8 +172,13 @@ def score_parts(
     Windows of every sequence are batched together, longest first (right-padded: a causal
     model's earlier positions never see the padding); a sequence's windows are never longer
     than the ones before them, so they are done in order. `progress(k)` is called with the
-    windows done. `ahead`: the passes --each-line makes ahead (final_hidden).
+    windows done. `ahead`: the passes --each-line makes ahead (final_hidden). On a cluster
+    (`engine`) the batches are its tasks, BATCHES_PER_TASK a task, their scores taken in
+    order as they come; without one they are made here, one after another, as they are
+    needed (a long text is never held whole).
     """
+    from ..cluster import in_turn
+
     context = config.n_positions
     stride = context if stride is None else stride
     jobs = [(i, w) for i, seq in enumerate(sequences)
@@ -184,26 +204,47 @@ def score_parts(
                 yield next_out, concat([]), True
             next_out += 1
 
-    for b in range(0, len(jobs), batch_size):
-        chunk = jobs[b : b + batch_size]
-        width = max(w.end - w.start for _, w in chunk)
-        x = np.zeros((len(chunk), width), dtype=np.int64)
-        for r, (i, w) in enumerate(chunk):
-            x[r, : w.end - w.start] = sequences[i][w.start : w.end]
-        u = final_hidden(params, config, x, hooks, ahead)  # [B, width, d]
-        rows, cols, tgt = [], [], []
-        for r, (i, w) in enumerate(chunk):
-            # target t is predicted at window position t - 1 - start
-            t = np.arange(w.first, w.end + 1)
-            rows.append(np.full(len(t), r))
-            cols.append(t - 1 - w.start)
-            tgt.append(np.asarray(sequences[i])[t])
-        rows_a, cols_a = np.concatenate(rows), np.concatenate(cols)
-        s = unembed_and_score(u[rows_a, cols_a], np.concatenate(tgt).astype(np.int64),
-                              token_table(params))
+    def batches() -> Iterator[tuple]:  # (the windows of a batch, its task)
+        for b in range(0, len(jobs), batch_size):
+            chunk = jobs[b : b + batch_size]
+            width = max(w.end - w.start for _, w in chunk)
+            x = np.zeros((len(chunk), width), dtype=np.int32 if engine else np.int64)
+            rows, cols, tgt = [], [], []
+            for r, (i, w) in enumerate(chunk):
+                x[r, : w.end - w.start] = sequences[i][w.start : w.end]
+                # target t is predicted at window position t - 1 - start
+                t = np.arange(w.first, w.end + 1)
+                rows.append(np.full(len(t), r))
+                cols.append(t - 1 - w.start)
+                tgt.append(np.asarray(sequences[i])[t])
+            yield chunk, (x, np.concatenate(rows), np.concatenate(cols),
+                          np.concatenate(tgt).astype(np.int64))
+
+    if engine is None:  # here: each batch when it is needed
+        yield from _collected(((chunk, batch_scores([task], (params, config, hooks, ahead))[0])
+                               for chunk, task in batches()), waiting, remaining, ready,
+                              progress)
+        return
+    chunks, tasks = [], []
+    for chunk, task in batches():
+        if not tasks or len(tasks[-1]) == BATCHES_PER_TASK:
+            chunks.append([])
+            tasks.append([])
+        chunks[-1].append(chunk)
+        tasks[-1].append(task)
+    with engine.job((params, config, hooks, None)) as run:
+        scored = ((chunk, s) for i, found in in_turn(run(batch_scores, tasks))
+                  for chunk, s in zip(chunks[i], found, strict=True))
+        yield from _collected(scored, waiting, remaining, ready, progress)
+
+
+def _collected(scored, waiting: dict, remaining: dict, ready, progress):
+    """Each batch's scores split by window into its text's waiting parts; what is ready
+    yielded at once."""
+    for chunk, s in scored:
         offset = 0
-        for (i, w), t in zip(chunk, tgt, strict=True):
-            n = len(t)
+        for i, w in chunk:
+            n = w.end + 1 - w.first
             waiting.setdefault(i, []).append(TokenScores(
                 s.targets[offset : offset + n], s.nats[offset : offset + n],
                 s.prob[offset : offset + n], s.rank[offset : offset + n],
@@ -286,7 +327,7 @@ def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.
                 stream_bpt: float | None = None,
                 on_scores: Callable[[int, TokenScores], None] | None = None,
                 progress: Callable[[int], None] | None = None, hooks=None,
-                ahead=None) -> ScoreReport:
+                ahead=None, engine=None) -> ScoreReport:
     """Score every text (`score_parts`), adding up the totals as the scores come, so a
     whole file or text never has to be held: only the `top` most surprising tokens, each
     text's surprisals until it is summed (as one array, as it always was), the texts' scores
@@ -294,14 +335,16 @@ def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.
     text's scores as it is done (the --json lines stream from it; s.first says where in the
     text it starts). `stream_bpt`: the bytes per token of a whole stream (--stream), counted
     instead of the tokens' own bytes, as the card does. `hooks` (steering) go into every run;
-    `ahead`: the passes --each-line makes ahead (final_hidden)."""
+    `ahead`: the passes --each-line makes ahead (final_hidden); `engine`: a cluster whose
+    workers score the batches (score_parts)."""
     total = Totals(0, 0, 0.0)
     worst: list[tuple] = []
     kept: list[TokenScores] = []
     drawn: list[TokenScores] = []
     parts: list[TokenScores] = []  # the current text's, for the sums (and the views)
     for i, s, last in score_parts(params, config, sequences, stride=stride, full_only=stream,
-                                  progress=progress, hooks=hooks, ahead=ahead):
+                                  progress=progress, hooks=hooks, ahead=ahead,
+                                  engine=engine):
         total.tokens += len(s.targets)
         total.bytes += int(nbytes[s.targets].sum())
         if on_scores is not None:

@@ -123,11 +123,32 @@ def fit(stages: list[np.ndarray], h_last: np.ndarray, params, config: Config, *,
 
 
 def stage_values(params, config: Config, windows: np.ndarray, batch: int = 16,
-                 progress: Callable[[int], None] | None = None, hooks=None
+                 progress: Callable[[int], None] | None = None, hooks=None, engine=None
                  ) -> tuple[list[np.ndarray], np.ndarray]:
     """Each stage's stream [W*T, d], and the stream entering ln_final, over windows [W, T],
     of runs through `hooks` (steering: a steered stage is read with its vector added) when
-    given. `progress(n)` is called with the windows done."""
+    given, each shard of windows a task on `engine` (default: this process), joined in window
+    order (the same numbers: a shard holds whole batches). `progress(n)` is called with the
+    windows done."""
+    from ..cluster import over_windows
+
+    parts = over_windows(engine, shard_stage_values, windows, (params, config, batch, hooks),
+                         progress=progress)
+    if not parts:
+        return one_pass_stages(params, config, windows, batch, hooks=hooks)
+    return ([np.concatenate([p[0][i] for p in parts]) for i in range(len(parts[0][0]))],
+            np.concatenate([p[1] for p in parts]))
+
+
+def shard_stage_values(task: tuple, shared: tuple) -> tuple[list[np.ndarray], np.ndarray]:
+    params, config, batch, hooks = shared
+    return one_pass_stages(params, config, task[1], batch, hooks=hooks)
+
+
+def one_pass_stages(params, config: Config, windows: np.ndarray, batch: int = 16,
+                    progress: Callable[[int], None] | None = None, hooks=None
+                    ) -> tuple[list[np.ndarray], np.ndarray]:
+    """stage_values in this process, batch after batch."""
     paths = stage_paths(config)
     last = f"layers.{config.n_layer - 1}.resid_post"
     got: dict[str, list] = {p: [] for p in [*paths, last]}
@@ -180,14 +201,15 @@ def evaluate(stages: list[np.ndarray], h_last: np.ndarray, tr: Translators, para
 
 
 def evaluate_windows(params, config: Config, windows: np.ndarray, tr: Translators,
-                     progress: Callable[[int], None] | None = None, hooks=None) -> LensEval:
+                     progress: Callable[[int], None] | None = None, hooks=None,
+                     engine=None) -> LensEval:
     """`evaluate` over the tokens of windows [W, T]: their stage values (of runs through
     `hooks` when given: the steered model), then both lenses.
     `progress(n)` is called with the tokens done, 2 W T in all."""
     per_window = windows.shape[1]
     stages, last = stage_values(params, config, windows,
                                 progress=progress and (lambda n: progress(n * per_window)),
-                                hooks=hooks)
+                                hooks=hooks, engine=engine)
     return evaluate(stages, last, tr, params, config, progress=progress)
 
 
@@ -269,15 +291,16 @@ def tuned_reader(session, given: Path | None):
 
 
 def fit_and_save(model, windows: np.ndarray, path: Path, bar, hooks=None,
-                 meta: dict | None = None) -> int:
-    """Fit the translators on the windows' stages (of runs through `hooks`, when given) and
-    write them to `path` with `meta` added to their metadata; the tokens used.
+                 meta: dict | None = None, engine=None) -> int:
+    """Fit the translators on the windows' stages (of runs through `hooks`, when given, on
+    `engine`) and write them to `path` with `meta` added to their metadata; the tokens used.
     bar(total, description) is the progress bar's context manager."""
     from ..madefor import made_for
 
     cfg = model.config
     with bar(len(windows), "values of the stages") as advance:
-        stages, last = stage_values(model.params, cfg, windows, progress=advance, hooks=hooks)
+        stages, last = stage_values(model.params, cfg, windows, progress=advance, hooks=hooks,
+                                    engine=engine)
     with bar(FIT_STEPS * cfg.n_layer, "fitting the tuned lens") as advance:
         translators, _ = fit(stages, last, model.params, cfg, steps=FIT_STEPS, progress=advance)
     save_translators(path, translators, {**made_for(model.weights_file),
@@ -286,17 +309,17 @@ def fit_and_save(model, windows: np.ndarray, path: Path, bar, hooks=None,
     return len(last)
 
 
-def fit_on_training_text(model, data, path, bar, hooks=None, changes=None) -> int:
+def fit_on_training_text(model, data, path, bar, hooks=None, changes=None, engine=None) -> int:
     """`lens --fit`: translators fitted on FIT_WINDOWS windows of the training text (--data's
     parts but the last, or the project's) and saved to `path`; the number of tokens."""
     from ..corpus import data_windows, training_files
 
     x, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
                         FIT_WINDOWS, bar)
-    return fit_and_save(model, x, path, bar, hooks, changes)
+    return fit_and_save(model, x, path, bar, hooks, changes, engine)
 
 
-def evaluate_held_out(model, data, translators, bar, hooks=None):
+def evaluate_held_out(model, data, translators, bar, hooks=None, engine=None):
     """`lens --evaluate`: both lenses over EVAL_WINDOWS windows of the held-out text (--data's
     last part, or part-005); (the LensEval, the files' names)."""
     from ..corpus import data_windows, given_or, held_out_files
@@ -304,5 +327,6 @@ def evaluate_held_out(model, data, translators, bar, hooks=None):
     files = given_or(data, held_out_files)
     x, _ = data_windows(files, model.tokenizer, model.config.n_positions, EVAL_WINDOWS, bar)
     with bar(2 * x.size, "evaluating both lenses") as advance:
-        result = evaluate_windows(model.params, model.config, x, translators, advance, hooks)
+        result = evaluate_windows(model.params, model.config, x, translators, advance, hooks,
+                                  engine)
     return result, [f.name for f in files]

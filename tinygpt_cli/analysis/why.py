@@ -340,21 +340,24 @@ def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
 
 
 def influence(index: Index, snapshots: list, config: Config, ids: list[int], target: int,
-              top: int, grads: TracinIndex, hooks=None, workers: int | None = None) -> dict:
-    """TracIn end to end over every window: score them all from the index, then explain the
-    top ones exactly, the snapshots on `workers` threads (default: every core).
-    `snapshots` are analysis.history.Snapshot objects with a learning rate, in the index's
-    order."""
-    x, y = windows(index.stream, config.n_positions)
-    per_snapshot = grads.scores([s.params for s in snapshots], config, x, y, ids, target, hooks,
-                                workers)
-    per_snapshot *= np.asarray([s.lr for s in snapshots])[:, None]
-    queries = [query_gradient(s.params, config, ids, target, hooks) for s in snapshots]
-    rows = top_windows(index.stream, config, np.arange(len(x)), per_snapshot,
-                       [(s.params, s.lr, q) for s, q in zip(snapshots, queries, strict=True)],
+              top: int, grads: TracinIndex, hooks=None, workers: int | None = None,
+              engine=None, progress=None) -> dict:
+    """TracIn end to end over every window: score them all from the index where its shards
+    lie (on `engine`: default this machine; each shard keeps its POOL * top best), then
+    explain the best of those exactly, the snapshots on `workers` threads (default: every
+    core). `snapshots` are analysis.history.Snapshot objects with a learning rate, in the
+    index's order; progress(done, total) follows the shards scored."""
+    from ..cluster import Here
+
+    n = (len(index.stream) - 1) // config.n_positions  # windows (never all in memory at once)
+    queries = grads.queries([s.params for s in snapshots], config, ids, target, hooks, workers)
+    chosen, per_snapshot = grads.best(queries, np.asarray([s.lr for s in snapshots]),
+                                      POOL * top, config, engine or Here(workers), progress)
+    gradients = [query_gradient(s.params, config, ids, target, hooks) for s in snapshots]
+    rows = top_windows(index.stream, config, chosen, per_snapshot,
+                       [(s.params, s.lr, q) for s, q in zip(snapshots, gradients, strict=True)],
                        ids, target, top, workers)
-    return {"windows": len(x), "windows_scored": len(x), "index": grads.describe(),
-            "top_windows": rows}
+    return {"windows": n, "windows_scored": n, "index": grads.describe(), "top_windows": rows}
 
 
 # ------------------------------------------------------------------ the whole answer
@@ -413,9 +416,11 @@ def training_text(model, data: list[Path] | None, any_data: bool = False):
 
 
 def answer(model, ids: list[int], target: str | int | None, files: list, top: int,
-           report=None, workers: int | None = None, hooks=None) -> Why:
+           report=None, workers: int | None = None, hooks=None, engine=None,
+           query_report=None) -> Why:
     """`why` end to end: the training text's index, the exact matches, the snapshots, the
-    window-gradient index (built when missing; report(done, total) follows it) and TracIn;
+    window-gradient index (built when missing, on `engine`: default this machine;
+    report(done, total) follows it) and TracIn (query_report(done, total) follows its shards);
     the text (never the training windows) runs through `hooks`, its steering."""
     from ..errors import InputError
     from ..session import token_id
@@ -437,14 +442,14 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     writable_index(index_folder(data_key(files, model.folder / "tokenizer.json"),
                                 [s.path for s in timeline], config))
     index = load_index(files, model.tokenizer, model.folder / "tokenizer.json")
-    x, _ = windows(index.stream, config.n_positions)
-    if len(x) == 0:
+    n = (len(index.stream) - 1) // config.n_positions
+    if n == 0:
         raise TrainingDataError(f"the training text is {len(index.stream)} tokens: too short "
                                 f"for one window of {config.n_positions} (and the token after "
                                 "it), so there is nothing to rank")
-    grads = open_index(index.key, [s.path for s in timeline], config, len(x))
+    grads = open_index(index.key, [s.path for s in timeline], config, n)
     try:
-        grads.build(index.stream, config, workers, report)
+        grads.build(index.stream, config, workers, report, engine=engine)
     except OSError as e:  # the gradient index is files on disk, read back by every query
         raise cannot_keep(grads.folder, e) from None
     return Why(target_id, model.tokenizer.token_str(target_id), len(index.stream),
@@ -452,7 +457,8 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
                longest_seen(index.stream, index.sa, ids, target_id),
                exact_matches(index.stream, index.sa, ids, target_id), timeline,
                tokens_named(influence(index, timeline, config, ids, target_id, top, grads,
-                                      hooks, workers), model.tokenizer, index), grads)
+                                      hooks, workers, engine, query_report), model.tokenizer,
+                            index), grads)
 
 
 def tokens_named(found: dict, tokenizer, index: Index) -> dict:

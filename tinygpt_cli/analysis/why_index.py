@@ -1,22 +1,32 @@
 """The on-disk index of every training window's gradient at every snapshot (analysis.tracin),
-built once per (weights history, training text), on every core, resumable.
+built once per (weights history, training text), resumable, as shards that any worker of a
+cluster can write and any query can read where they lie (tinygpt_cli.cluster).
 
 Layout, in the cache folder `why-tracin/KEY/` (KEY: the data's and the snapshots' sha256,
-the window length and the method's version):
+the window length and the method's version), which may be shared storage:
 
     projection-S.npz        the directions fitted at snapshot S
-    chunk-S-C.npz           windows C*CHUNK .. of snapshot S (while building)
-    rows-S.npy, u-S.npy, m-S.npy      snapshot S, whole (once its chunks are in), bfloat16
+    shard-S-A-B.npz         windows A .. B (CHUNK of them) of snapshot S: their gradients
+                            (rows, u, m: bfloat16) and their tokens (uint16), one shard
     NAME.sha256             beside every piece: its sha256, written right after it
-    index.json              written last: the index is complete (and each piece's size,
-                            inode and mtime when its checksum was last verified)
+    index.json              written last: the index is complete. The manifest: the data's key,
+                            each snapshot's file and projection, each shard's window range,
+                            rows and sha256, the arrays' dtypes and shapes, and each piece's
+                            size, inode and mtime when its checksum was last verified
+
+The shards are uncompressed .npz files of .npy arrays: NumPy's own format, no new dependency,
+each shard one file written whole and checked by one sha256 (the project's rule for every
+cached piece), readable from any shared folder with plain file reads. A shard is small (a few
+MB: a query task reads it whole), so neither memory-mapping nor Zarr's chunked stores (a
+dependency, and checksums of their own kind) earn their place. The shards are never joined:
+at the full TinyStories' 280 GB a join would be one machine copying the whole index.
 
 Every file is written whole by files.write_atomically, so a build killed at any moment
-(Ctrl-C, a full disk, SIGKILL) leaves only finished pieces, and the next build starts from
-them; a piece is trusted only when its bytes match the checksum written with it (a damaged
-one is computed again). A complete index's pieces are verified again whenever their size,
-inode or mtime differ from those index.json recorded (an edit in place, a copy). One build
-at a time holds the folder (a lock on it); under the lock, temporaries left by a killed
+(Ctrl-C, a full disk, SIGKILL, a lost worker) leaves only finished shards, and the next build
+starts from them; a piece is trusted only when its bytes match the checksum written with it (a
+damaged one is computed again). A complete index's pieces are verified again whenever their
+size, inode or mtime differ from those index.json recorded (an edit in place, a copy). One
+build at a time holds the folder (a lock on it); under the lock, temporaries left by a killed
 build are removed.
 """
 
@@ -37,9 +47,9 @@ from ..corpus import eval_windows
 from ..files import discard, verified, write_checked
 from . import tracin
 
-VERSION = "tracin-v3"  # v3: bfloat16 arrays (v2: float16)
+VERSION = "tracin-v4"  # v4: shards kept with their tokens (v3: joined; v2: float16)
 ARRAYS = ("rows", "u", "m")  # tracin.WindowGradients' fields, stored per snapshot
-CHUNK = 256  # windows per task: a few seconds of work, the most a Ctrl-C loses per process
+CHUNK = 256  # windows per shard: a few seconds of work, the most a Ctrl-C loses per worker
 BATCH = 32  # windows per forward and backward pass
 
 
@@ -59,8 +69,16 @@ def _npy_bytes(a: np.ndarray) -> bytes:
 
 
 def _npz_bytes(**arrays) -> bytes:
+    """np.savez's layout (an uncompressed zip of .npy files), without the time of writing
+    in each entry: the same arrays give the same bytes, so the same sha256, on any worker."""
+    import zipfile
+
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        for name, a in arrays.items():
+            with z.open(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), "w",
+                        force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asarray(a), allow_pickle=False)
     return buf.getvalue()
 
 
@@ -75,74 +93,109 @@ def fit_windows(n_windows: int, seed: int = tracin.PROJECTION_SEED) -> np.ndarra
     return np.sort(rng.permutation(n_windows)[: min(tracin.FIT_WINDOWS, n_windows)])
 
 
-# ------------------------------------------------------------------ the work, in a process
+# ------------------------------------------------------------------ the work, in a worker
+#
+# Each task is a pure function of its windows' tokens (carried in the task) and of the files it
+# names (the snapshot it reads, the piece it writes): this machine's pool and a Dask cluster's
+# workers run the same ones. A worker keeps the last weights and projections it read.
 
-_WORKER: dict = {}  # per process: the snapshot whose weights are loaded, and the stream
-
-
-def _init_worker(stream_file: str, config: dict) -> None:
-    """A worker's start. It never raises: a pool respawns a worker whose initializer fails,
-    forever; the failure is kept instead, and the worker's first task raises it, which ends
-    the build with one error line."""
-    import signal
-
-    from ..threads import use
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    try:
-        # One BLAS thread a process: NumPy is loaded already (this module imports it), so the
-        # environment set at spawn may come too late; two processes each spinning a pool of
-        # two on two cores ran four times slower than this.
-        use(1)
-        _WORKER["stream"] = np.load(stream_file, mmap_mode="r")
-        _WORKER["config"] = Config(**config)
-    except Exception as e:  # noqa: BLE001 - whatever a damaged stream raises
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        _WORKER["failed"] = f"{stream_file}: {reason}"
+_KEPT: dict = {}  # (kind, path, size, mtime) -> the loaded weights or projection
+_KEEP = 4
 
 
-def _params(path: str) -> dict:
+def _kept(kind: str, path: str, make: Callable):
+    import threading
+
+    lock = _KEPT.setdefault("lock", threading.Lock())
+    st = os.stat(path)
+    key = (kind, path, st.st_size, st.st_mtime_ns)
+    with lock:
+        if key in _KEPT:
+            return _KEPT[key]
+    value = make()
+    with lock:
+        _KEPT[key] = value
+        while len(_KEPT) > _KEEP + 1:  # the lock stays
+            _KEPT.pop(next(k for k in _KEPT if k != "lock"))
+    return value
+
+
+def _params(path: str, config: Config) -> dict:
     from ..weights import load_params
 
-    if _WORKER.get("path") != path:
-        config = _WORKER["config"]
-        _WORKER["params"] = {n: np.asarray(a, np.float32)
-                             for n, a in load_params(Path(path), config).items()}
-        _WORKER["path"] = path
-        _WORKER.pop("projection", None)
-    return _WORKER["params"]
+    return _kept("weights", path, lambda: {n: np.asarray(a, np.float32) for n, a in
+                                           load_params(Path(path), config).items()})
 
 
-def run_task(task: tuple) -> tuple:
-    """One piece of the build: ("fit", s, weights, out) or
-    ("chunk", s, c, chunk size, weights, projection file, out)."""
-    from ..errors import WeightsError
+def _projection(path: str) -> tracin.Projection:
+    def load():
+        with np.load(path) as z:
+            return tracin.Projection.from_arrays(dict(z))
 
-    if "failed" in _WORKER:
-        raise WeightsError(f"a worker of the gradient index could not start: "
-                           f"{_WORKER['failed']}")
-    config, stream = _WORKER["config"], _WORKER["stream"]
-    x, y = eval_windows(stream, config.n_positions)
+    return _kept("projection", path, load)
+
+
+def build_task(task: tuple, config: dict) -> tuple:
+    """One piece of the build: ("fit", s, weights, out, x, y) fits snapshot s's directions on
+    the sample windows x, y; ("shard", s, c, weights, projection file, out, tokens) writes
+    shard c of snapshot s: its windows' gradients and their tokens [w * T + 1]."""
+    config = Config(**config)
     if task[0] == "fit":
-        _, s, weights, out = task
-        sample = fit_windows(len(x))
-        p = tracin.Projection.fit(_params(weights), config, x[sample], y[sample])
+        _, s, weights, out, x, y = task
+        p = tracin.Projection.fit(_params(weights, config), config, x.astype(np.int64),
+                                  y.astype(np.int64))
         write_checked(Path(out), _npz_bytes(**p.arrays()))
         return task[0], s, 0
-    _, s, c, chunk, weights, projection_file, out = task
-    params = _params(weights)
-    if _WORKER.get("projection_file") != projection_file or "projection" not in _WORKER:
-        with np.load(projection_file) as z:
-            _WORKER["projection"] = tracin.Projection.from_arrays(dict(z))
-        _WORKER["projection_file"] = projection_file
-    p = _WORKER["projection"]
-    part = slice(c * chunk, min((c + 1) * chunk, len(x)))
-    batches = [slice(i, min(i + BATCH, part.stop)) for i in range(part.start, part.stop, BATCH)]
-    pieces = [tracin.window_gradients(params, config, x[b], y[b], p) for b in batches]
-    write_checked(Path(out), _npz_bytes(**{
+    _, s, c, weights, projection_file, out, tokens = task
+    params, p = _params(weights, config), _projection(projection_file)
+    x, y = eval_windows(tokens, config.n_positions)
+    pieces = [tracin.window_gradients(params, config, x[i : i + BATCH], y[i : i + BATCH], p)
+              for i in range(0, len(x), BATCH)]
+    write_checked(Path(out), _npz_bytes(tokens=np.asarray(tokens, np.uint16), **{
         name: tracin.to_bfloat16(np.concatenate([getattr(g, name) for g in pieces]))
         for name in ARRAYS}))
-    return task[0], s, part.stop - part.start
+    return task[0], s, len(x)
+
+
+def score_task(task: list, shared: tuple) -> tuple:
+    """A run of window ranges' scores, read where their shards lie: task [(c, first window,
+    the shard file of each snapshot)], shared (the query of each snapshot, their learning
+    rates or None, how many windows to keep or None, T) -> (windows [k], per snapshot [S, k]):
+    the `keep` best by the sum over snapshots (every window when keep is None), in window
+    order, ties to the earlier window."""
+    found = [_shard_scores(item, shared) for item in task]
+    windows = np.concatenate([w for w, _ in found])
+    per = np.concatenate([p for _, p in found], axis=1)
+    return _best(windows, per, shared[2])
+
+
+def _shard_scores(item: tuple, shared: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """One window range: its windows' scores at each snapshot, its own `keep` best."""
+    _, first, files = item
+    queries, lrs, keep, t = shared
+    per = []
+    tokens = None
+    for f, q in zip(files, queries, strict=True):
+        with np.load(f) as z:
+            tokens = z["tokens"] if tokens is None else tokens
+            x, y = eval_windows(tokens, t)
+            per.append(tracin.scores(z["rows"], z["u"], z["m"], x, y, q))
+    per = np.stack(per)  # [S, w]
+    if lrs is not None:
+        per *= np.asarray(lrs)[:, None]
+    return _best(np.arange(first, first + per.shape[1]), per, keep)
+
+
+def _best(windows: np.ndarray, per: np.ndarray, keep: int | None):
+    """The `keep` columns of the highest sum over snapshots (a stable sort: ties to the
+    earlier column, so to the earlier window), in window order."""
+    if keep is None or keep >= len(windows):
+        return windows, per
+    best = np.sort(np.argsort(-per.sum(axis=0), kind="stable")[:keep])
+    return windows[best], per[:, best]
+
+
+TASKS_PER_WORKER = 4  # a query's tasks: enough to balance, few enough to schedule quickly
 
 
 # ------------------------------------------------------------------ building and reading
@@ -153,6 +206,8 @@ class TracinIndex:
     folder: Path
     n_windows: int
     snapshot_files: list[Path]
+    data_key: str = ""
+    shard_windows: int = CHUNK  # windows per shard
     built_now: int = 0  # windows x snapshots computed by this process's build
     _loaded: list = field(default_factory=list, repr=False)
 
@@ -173,66 +228,103 @@ class TracinIndex:
         with np.load(f) as z:
             return tracin.Projection.from_arrays(dict(z)).dim
 
+    def spans(self) -> list[tuple[int, int]]:
+        from ..cluster import spans
+
+        return spans(self.n_windows, self.shard_windows)
+
+    def shard(self, s: int, c: int) -> Path:
+        """Snapshot s's shard of the c-th window range, named by that range (so a build
+        resumed with other shard sizes never takes one range's shard for another's)."""
+        a, b = self.spans()[c]
+        return self.folder / f"shard-{s}-{a}-{b}.npz"
+
     def build(self, stream: np.ndarray, config: Config, workers: int | None = None,
-              progress: Callable[[int, int], None] | None = None, chunk: int = CHUNK) -> None:
-        """Compute what is missing, with `workers` processes (default: every core).
-        progress(done, total) is called as pieces finish (units: window gradients). One
-        build at a time: a second one waits for the first, then finds the index complete."""
+              progress: Callable[[int, int], None] | None = None, chunk: int | None = None,
+              engine=None) -> None:
+        """Compute what is missing, on `engine` (default: this machine's `workers` processes,
+        every core). progress(done, total) is called as pieces finish (units: window
+        gradients). One build at a time: a second one waits for the first, then finds the
+        index complete."""
+        from ..cluster import Here
+
+        self.shard_windows = chunk or self.shard_windows
         if self.complete:
             return
         prune_other_versions(self.folder.parent)
         self.folder.mkdir(parents=True, exist_ok=True)
         with holding(self.folder):
             if not self.complete:  # another build may have finished it meanwhile
-                self._build(stream, config, workers, progress, chunk)
+                self._build(stream, config, progress, engine or Here(workers))
 
-    def _build(self, stream, config, workers, progress, chunk) -> None:
+    def _build(self, stream, config, progress, engine) -> None:
+        from dataclasses import asdict
+
         from ..files import remove_temporaries
 
         remove_temporaries(self.folder)  # under the lock, every one is a killed build's
-        stream_file = self.folder / "stream.npy"
-        if not verified(stream_file):
-            write_checked(stream_file, _npy_bytes(np.asarray(stream, np.uint16)))
-        n_chunks = -(-self.n_windows // chunk)
-        S = len(self.snapshot_files)
-        total = S * self.n_windows
-        whole = {s for s in range(S) if all(verified(f) for f in self._files(s)[1:])}
-        done = len(whole) * self.n_windows
-        chunks_left = []
-        for s in sorted(set(range(S)) - whole):
-            for c in range(n_chunks):
-                if verified(self.folder / f"chunk-{s}-{c}.npz"):
-                    done += min(chunk, self.n_windows - c * chunk)
+        t, S = config.n_positions, len(self.snapshot_files)
+        total, done, left = S * self.n_windows, 0, []
+        for s in range(S):
+            for c, (a, b) in enumerate(self.spans()):
+                if verified(self.shard(s, c)):
+                    done += b - a
                 else:
-                    discard(self.folder / f"chunk-{s}-{c}.npz")
-                    chunks_left.append((s, c))
+                    discard(self.shard(s, c))
+                    left.append((s, c, a, b))
         if progress:
             progress(done, total)
-        fits = [("fit", s, str(self.snapshot_files[s]), str(self._files(s)[0]))
-                for s in range(S) if not verified(self._files(s)[0])]
-        tasks = [("chunk", s, c, chunk, str(self.snapshot_files[s]), str(self._files(s)[0]),
-                  str(self.folder / f"chunk-{s}-{c}.npz")) for s, c in chunks_left]
+        sample = fit_windows(self.n_windows)  # their tokens alone (not every window's copy)
+        x = np.stack([stream[w * t : w * t + t] for w in sample]).astype(np.uint16)
+        y = np.stack([stream[w * t + 1 : w * t + t + 1] for w in sample]).astype(np.uint16)
+        fits = [("fit", s, str(self.snapshot_files[s]), str(self._projection(s)), x, y)
+                for s in range(S) if not verified(self._projection(s))]
+        tasks = [("shard", s, c, str(self.snapshot_files[s]), str(self._projection(s)),
+                  str(self.shard(s, c)), np.asarray(stream[a * t : b * t + 1], np.uint16))
+                 for s, c, a, b in left]
         before = done
-        for kind, _, n in _run_all([fits, tasks], str(stream_file), config, workers):
-            if kind == "chunk":
-                done += n
-                if progress:
-                    progress(done, total)
+        with engine.job(asdict(config), spread="processes") as run:
+            for phase in (fits, tasks):
+                for _, (kind, _, n) in run(build_task, phase) if phase else ():
+                    if kind == "shard":
+                        done += n
+                        if progress:
+                            progress(done, total)
         self.built_now = done - before
-        for s in sorted(set(range(S)) - whole):
-            self._join(s, n_chunks)
-        self._finish()
-        discard(stream_file)
+        self._finish(config)
+        keep = {f.name for s in range(S) for f in self._files(s)}
+        for f in self.folder.glob("shard-*.npz"):  # an interrupted build's of other sizes
+            if f.name not in keep:
+                discard(f)
 
-    def _finish(self) -> None:
-        """index.json, written last: the index is complete; with each piece's stamp."""
-        from ..files import write_atomically
+    def _finish(self, config: Config | None = None) -> None:
+        """index.json, written last: the index is complete. Its manifest: what the index was
+        computed from (the data's key, each snapshot's file and sha256), each shard's window
+        range, rows, arrays and sha256, and each piece's stamp."""
+        from ..files import sum_file, write_atomically
 
-        S = len(self.snapshot_files)
-        stamps = {f.name: _stamp(f) for s in range(S) for f in self._files(s)}
-        write_atomically(self.folder / "index.json", (json.dumps(
-            {"version": VERSION, "windows": self.n_windows, "snapshots": S,
-             "stamps": stamps}) + "\n").encode())
+        def checksum(f: Path) -> str:
+            return sum_file(f).read_text().strip()
+
+        S, spans = len(self.snapshot_files), self.spans()
+        manifest = {"version": VERSION, "windows": self.n_windows, "snapshots": S,
+                    "data": self.data_key, "shard_windows": self.shard_windows,
+                    "format": {"file": "uncompressed .npz of .npy arrays, one per snapshot and "
+                               "window range", "rows": "[windows, numbers_per_window] bfloat16",
+                               "u": "[windows, T, position_directions] bfloat16",
+                               "m": "[windows, T, position_directions] bfloat16",
+                               "tokens": "[windows * T + 1] uint16", "bfloat16": "stored as "
+                               "uint16: the high half of float32"}}
+        if config is not None:
+            manifest["window_tokens"] = config.n_positions
+        manifest["weights"] = [{"file": str(f), "projection": self._projection(s).name,
+                                "projection_sha256": checksum(self._projection(s))}
+                               for s, f in enumerate(self.snapshot_files)]
+        manifest["shards"] = [{"file": self.shard(s, c).name, "snapshot": s, "windows": [a, b],
+                               "rows": b - a, "sha256": checksum(self.shard(s, c))}
+                              for s in range(S) for c, (a, b) in enumerate(spans)]
+        manifest["stamps"] = {f.name: _stamp(f) for s in range(S) for f in self._files(s)}
+        write_atomically(self.folder / "index.json", (json.dumps(manifest) + "\n").encode())
 
     def drop_damaged(self) -> None:
         """A built index's pieces, each checked against the checksum written with it when its
@@ -244,8 +336,10 @@ class TracinIndex:
         if not self.complete:
             return
         try:
-            stamps = json.loads((self.folder / "index.json").read_text()).get("stamps")
-        except (OSError, ValueError, AttributeError, RecursionError):
+            recorded = json.loads((self.folder / "index.json").read_text())
+            stamps = recorded.get("stamps")
+            self.shard_windows = int(recorded.get("shard_windows", self.shard_windows)) or 1
+        except (OSError, ValueError, AttributeError, RecursionError, TypeError):
             stamps = None
         stamps = stamps if isinstance(stamps, dict) else {}
         files = [f for s in range(len(self.snapshot_files)) for f in self._files(s)]
@@ -261,39 +355,71 @@ class TracinIndex:
             except WriteError:
                 pass  # a read-only cache: verified again next time
 
+    def _projection(self, s: int) -> Path:
+        return self.folder / f"projection-{s}.npz"
+
     def _files(self, s: int) -> list[Path]:
-        return [self.folder / f"projection-{s}.npz",
-                *(self.folder / f"{n}-{s}.npy" for n in ARRAYS)]
+        return [self._projection(s), *(self.shard(s, c) for c in range(len(self.spans())))]
 
-    def _join(self, s: int, n_chunks: int) -> None:
-        """Snapshot s's chunks, joined into one file per array (then the chunks go)."""
-        parts = []
-        for c in range(n_chunks):
-            with np.load(self.folder / f"chunk-{s}-{c}.npz") as z:
-                parts.append({k: z[k] for k in ARRAYS})
-        for name in ARRAYS:
-            write_checked(self.folder / f"{name}-{s}.npy",
-                          _npy_bytes(np.concatenate([p[name] for p in parts])))
-        for c in range(n_chunks):
-            discard(self.folder / f"chunk-{s}-{c}.npz")
-
-    def scores(self, params_list: list[dict], config: Config, x: np.ndarray, y: np.ndarray,
-               ids: list[int], target: int, hooks=None, workers: int | None = None
-               ) -> np.ndarray:
-        """Every window's approximate <window gradient, query gradient>, per snapshot, the
-        text run through `hooks`, the snapshots on every core.  -> [S, W] (not yet weighted
-        by the learning rates)"""
+    def queries(self, params_list: list[dict], config: Config, ids: list[int], target: int,
+                hooks=None, workers: int | None = None) -> list:
+        """The query's gradient in each snapshot's terms (tracin.query), the text run through
+        `hooks`, the snapshots on every core."""
         from ..threads import map_on_cores
 
-        def one(s: int) -> np.ndarray:
-            with np.load(self.folder / f"projection-{s}.npz") as z:
+        def one(s: int):
+            with np.load(self._projection(s)) as z:
                 p = tracin.Projection.from_arrays(dict(z))
-            q = tracin.query(params_list[s], config, p, ids, target, config.n_positions, hooks)
-            arrays = {n: np.load(self.folder / f"{n}-{s}.npy", mmap_mode="r") for n in ARRAYS}
-            return tracin.scores(arrays["rows"], arrays["u"], arrays["m"], x, y, q)
+            return tracin.query(params_list[s], config, p, ids, target, config.n_positions,
+                                hooks)
 
-        return np.stack(map_on_cores(one, range(len(params_list)), workers)) \
-            if params_list else np.zeros((0, len(x)))
+        return map_on_cores(one, range(len(params_list)), workers)
+
+    def _score(self, queries: list, lrs, keep: int | None, config: Config, engine,
+               progress=None) -> list[tuple]:
+        """score_task on every window range, where its shards lie: the ranges in runs, about
+        TASKS_PER_WORKER tasks a worker (one range a task on a small index); progress(ranges
+        done, ranges) as the tasks finish."""
+        from ..cluster import in_order
+
+        ranges = [(c, a, [str(self.shard(s, c)) for s in range(len(queries))])
+                  for c, (a, _) in enumerate(self.spans())]
+        size = -(-len(ranges) // (TASKS_PER_WORKER * engine.workers))
+        tasks = [ranges[i : i + size] for i in range(0, len(ranges), size)]
+        done = [0]
+
+        def step(i: int, _) -> None:
+            done[0] += len(tasks[i])
+            if progress:
+                progress(done[0], len(ranges))
+
+        with engine.job((queries, lrs, keep, config.n_positions), spread="threads") as run:
+            return in_order(run(score_task, tasks), len(tasks), step)
+
+    def scores(self, params_list: list[dict], config: Config, x: np.ndarray, y: np.ndarray,
+               ids: list[int], target: int, hooks=None, workers: int | None = None,
+               engine=None) -> np.ndarray:
+        """Every window's approximate <window gradient, query gradient>, per snapshot, the
+        text run through `hooks`, on `engine` (default: this machine, every core).  -> [S, W]
+        (not yet weighted by the learning rates)"""
+        from ..cluster import Here
+
+        if not params_list:
+            return np.zeros((0, len(x)))
+        queries = self.queries(params_list, config, ids, target, hooks, workers)
+        found = self._score(queries, None, None, config, engine or Here(workers))
+        return np.concatenate([per for _, per in found], axis=1)
+
+    def best(self, queries: list, lrs: np.ndarray, keep: int, config: Config, engine,
+             progress=None) -> tuple[np.ndarray, np.ndarray]:
+        """The `keep` best windows by the learning-rate-weighted sum of their scores over the
+        snapshots: each window range keeps its own best where it lies, each task the best of
+        its ranges', only those cross the network, and the best of them are the best of all
+        (ties to the earlier window). -> (windows [n], per snapshot [S, n]), in window order,
+        n >= keep (or every window)."""
+        found = self._score(queries, lrs, keep, config, engine, progress)
+        return (np.concatenate([w for w, _ in found]),
+                np.concatenate([per for _, per in found], axis=1))
 
 
 @contextmanager
@@ -322,44 +448,6 @@ def prune_other_versions(parent: Path) -> None:
             continue  # not ours to judge
         if version != VERSION:
             shutil.rmtree(index_file.parent, ignore_errors=True)
-
-
-def _run_all(phases: list[list[tuple]], stream_file: str, config: Config,
-             workers: int | None):
-    """Run each phase's tasks to the end before the next, in worker processes that each use
-    one BLAS thread (two processes on two cores beat one with two threads: the batches are
-    small products); yields each result as it finishes. Ctrl-C stops the workers at once."""
-    import multiprocessing as mp
-    from dataclasses import asdict
-
-    from ..threads import cores
-
-    workers = workers or cores()
-    todo = [p for p in phases if p]
-    if not todo:
-        return
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                            "MKL_NUM_THREADS")}
-    os.environ.update({k: "1" for k in saved})  # read by each worker's BLAS as it starts
-    try:
-        pool = mp.get_context("spawn").Pool(
-            min(workers, max(len(p) for p in todo)), _init_worker,
-            (stream_file, asdict(config)))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    try:
-        for phase in todo:
-            yield from pool.imap_unordered(run_task, phase)
-        pool.close()
-    except BaseException:
-        pool.terminate()
-        raise
-    finally:
-        pool.join()
 
 
 def index_folder(data_key: str, snapshot_files: list[Path], config: Config) -> Path:
@@ -395,6 +483,7 @@ def open_index(data_key: str, snapshot_files: list[Path], config: Config,
     from ..cache import entry
 
     key = index_key(data_key, snapshot_files, config)
-    index = TracinIndex(entry("why-tracin", key, suffix=""), n_windows, list(snapshot_files))
+    index = TracinIndex(entry("why-tracin", key, suffix=""), n_windows, list(snapshot_files),
+                        data_key)
     index.drop_damaged()
     return index

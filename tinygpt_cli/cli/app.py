@@ -42,6 +42,12 @@ def _root(
     threads: int = typer.Option(None, "--threads", min=1, max=1024, show_default=False,
                                 help="Threads for the math (default 1, or $TINYGPT_THREADS; "
                                 "see README, Threads)."),
+    cluster: str = typer.Option(None, "--cluster", metavar="ADDRESS", show_default=False,
+                                help="Run the corpus-wide work (why's index and query, neurons "
+                                "--data, means, sae train, lens --fit/--evaluate, score --file) "
+                                "on the Dask scheduler at ADDRESS, or on a LocalCluster of "
+                                "this machine's cores with 'local' (or $TINYGPT_CLUSTER; see "
+                                "README, Past one machine)."),
 ) -> None:
     """A command-line microscope for a small GPT-2-style language model.
 
@@ -56,6 +62,8 @@ def _root(
 
     line = ctx.obj if ctx.obj is not None else RunContext()  # the entry point's
     ctx.obj = replace(line, weights=weights) if weights is not None else line
+    if cluster is not None:
+        ctx.obj = replace(ctx.obj, cluster=cluster)
     try:
         n = pools.chosen(threads)
     except ValueError as e:

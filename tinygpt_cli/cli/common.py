@@ -137,6 +137,14 @@ def bar(as_json: bool):
                                                pipe_every=5)
 
 
+def engine(context: RunContext):
+    """Where the corpus-wide work runs (a context manager): this machine, or the Dask cluster
+    --cluster or $TINYGPT_CLUSTER names (tinygpt_cli.cluster)."""
+    from .. import cluster
+
+    return cluster.engine(cluster.chosen(context.cluster))
+
+
 def figures(module: str = "analysis_pictures"):
     """A picture module of render/ (figure, pictures, analysis_pictures), imported only when
     --save asks for a picture (present's figure= calls it)."""

@@ -28,6 +28,7 @@ from .common import (
     WEIGHTS,
     at_least,
     bar,
+    engine,
     figures,
     load,
     open_session,
@@ -224,8 +225,9 @@ def means(
         note = check_data(model.folder, validation_text(model.folder, data), any_data=any_data,
                           kinds=("validation",))
     hooks, changes = steered(context, model)
-    values, meta = mean_stats.means_over(model, data, sha256(model.weights_file), bar(as_json),
-                                         hooks)
+    with engine(context) as where:
+        values, meta = mean_stats.means_over(model, data, sha256(model.weights_file),
+                                             bar(as_json), hooks, where)
     if note:  # once the means stand: an error is then the only line
         stderr().print(escape_line(note), soft_wrap=True)
     mean_stats.save_means(target, values, {**meta, **changes})

@@ -21,6 +21,7 @@ from .common import (
     bar,
     check_out,
     check_save,
+    engine,
     load,
     present,
     steered,
@@ -99,8 +100,9 @@ def sae_train(
     out = S.sae_file(model.weights_file, out, site)
     x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
                            windows, bar(as_json))
-    with bar(as_json)(len(x_in), f"values of {site}") as advance:
-        x = S.site_values(model.params, model.config, x_in, site, progress=advance, hooks=hooks)
+    with bar(as_json)(len(x_in), f"values of {site}") as advance, engine(context) as where:
+        x = S.site_values_on(where, model.params, model.config, x_in, site, progress=advance,
+                             hooks=hooks)
     settings = {"site": site, "latents": latents, "k": k, "steps": steps, "batch": batch,
                 "lr": lr, "windows": windows, "seed": seed}
     state = S.train_resumably(x, out, settings, sha256(model.weights_file), bar(as_json),
@@ -261,13 +263,17 @@ def tuned_lens_work(context: RunContext, weights: Path | None, fit: bool, evalua
     if fit:
         check_out(lens_file, force, example="--lens tuned.safetensors", folder_made=True,
                   option="--lens", default=path)
-        tokens = tl.fit_on_training_text(model, data, path, bar(as_json), hooks, changes)
+        with engine(context) as where:
+            tokens = tl.fit_on_training_text(model, data, path, bar(as_json), hooks, changes,
+                                             where)
         if not evaluate:
             doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": tokens, **changes}
             present(context, as_json, lambda: doc, lambda: view.lens_fit_view(doc))
             return
     translators = tl.load_translators(path, cfg, model.weights_file)
-    result, names = tl.evaluate_held_out(model, data, translators, bar(as_json), hooks)
+    with engine(context) as where:
+        result, names = tl.evaluate_held_out(model, data, translators, bar(as_json), hooks,
+                                             where)
     present(context, as_json, lambda: {**view.lens_eval_doc(result, names), **changes},
             lambda: view.lens_eval_view(result, names))
 

@@ -17,6 +17,7 @@ from .common import (
     WEIGHTS,
     InputError,
     check_index,
+    engine,
     open_session,
     present,
     progress,
@@ -119,9 +120,11 @@ def why(
     session = open_session(context, weights, text)
     model = session.model
     found = whys.training_text(model, data, any_data)
-    with progress_report("indexing every window's gradient") as report:
+    with engine(context) as where, progress_report("indexing every window's gradient") as \
+            report, progress_report(f"scoring the index's shards on {escape_line(where.name)}",
+                                    at_once=False) as scored:
         result = whys.answer(model, session.ids, target, found.files, top, report,
-                             hooks=session.hooks)
+                             hooks=session.hooks, engine=where, query_report=scored)
     if found.note:  # once the answer stands: an error is then the only line
         stderr().print(escape_line(found.note), soft_wrap=True)
 

@@ -22,6 +22,7 @@ from .common import (
     bar,
     check_index,
     check_save,
+    engine,
     figures,
     load,
     open_session,
@@ -90,12 +91,14 @@ def score(
     lines = None if not as_json else \
         lambda i, s: jsonout.token_records(sys.stdout, i, s, token_json, stream, offset)
     n_windows = sc.count_windows(map(len, sequences), cfg.n_positions, stride, full_only=stream)
-    with progress(n_windows, "scoring", enabled=not as_json, pipe_every=5) as advance:
+    with progress(n_windows, "scoring", enabled=not as_json, pipe_every=5) as advance, \
+            engine(context) as where:
         report = sc.score_texts(
             model.params, cfg, sequences, sc.byte_lengths(tok), stride=stride, stream=stream,
             offset=offset, top=top if not as_json or save is not None else 0,
             keep=shown and not as_json, draw=save is not None, stream_bpt=stream_bpt,
-            on_scores=lines, progress=advance, hooks=hooks, ahead=context.ahead)
+            on_scores=lines, progress=advance, hooks=hooks, ahead=context.ahead,
+            engine=where if where.remote else None)
     present(context, as_json, lambda: jsonout.jsonable({**report.summary, **changes}),
             lambda: score_view(report, token_str, tok),
             figure=lambda: figures().score_figure(report, token_str), save=save, force=force)
@@ -207,7 +210,8 @@ def neurons(
         raise InputError("--neuron searches --data, not a text: leave the text out")
     files, note = search_files(data, model.folder, any_data=any_data)
     hooks, changes = steered(context, model)
-    maxima = nrn.cached_maxima(model, files, bar(as_json), hooks)
+    with engine(context) as where:
+        maxima = nrn.cached_maxima(model, files, bar(as_json), hooks, where)
     if note:  # once the maxima stand: an error is then the only line
         stderr().print(escape_line(note), soft_wrap=True)
     ex = nrn.neuron_examples(model.params, cfg, maxima, maxima["stream"], layer, neuron, top,

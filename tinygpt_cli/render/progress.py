@@ -72,11 +72,11 @@ def _counted(reporter, total: int):
     return counting()
 
 
-def progress_report(description: str, *, every: float = 5.0):
+def progress_report(description: str, *, every: float = 5.0, at_once: bool = True):
     """For long work that reports (done, total): a bar with an ETA on a terminal; where
-    stderr is a pipe or a file, a line every `every` seconds and one at the end, so a log
-    shows the work moving. Never on stdout. Use as a context manager yielding report(done,
-    total)."""
+    stderr is a pipe or a file, a line every `every` seconds (the first at once, unless
+    at_once is False: then quick work says nothing) and one at the end, so a log shows the
+    work moving. Never on stdout. Use as a context manager yielding report(done, total)."""
     import contextlib
 
     if not shown():
@@ -98,7 +98,7 @@ def progress_report(description: str, *, every: float = 5.0):
             yield lambda done, total: p.update(task, completed=done, total=total,
                                                count=f"{done:,}/{total:,}")
 
-    return bar() if err.is_terminal else _lines(description, every, at_once=True)
+    return bar() if err.is_terminal else _lines(description, every, at_once=at_once)
 
 
 def _lines(description: str, every: float, *, at_once: bool):
