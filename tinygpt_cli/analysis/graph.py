@@ -1,0 +1,360 @@
+"""The attribution graph of one prediction, through the linearised replacement model.
+
+Every block's MLP is replaced by its transcoder (analysis/transcoder.py) plus an error node,
+the real mlp_out minus the transcoder's prediction, a fixed vector. Every attention pattern
+and every norm's scale (1/std, or 1/rms) is frozen at the real run's. What is left is linear
+in the residual stream: a value at one position reaches later ones only through the frozen
+patterns' value-output paths (centred and scaled by the frozen norms). Then
+
+    nodes    active transcoder features (layer, position, latent), error nodes (layer,
+             position), embeddings (position: token plus learned position rows), one bias
+             node (every constant: the model's and the transcoders' biases, norm shifts),
+             and the logits of the top tokens at the position (plus the target)
+    edge     s -> t: a_s times the derivative of t's pre-activation along s's decoder
+             vector d_s through the frozen model; d_s = W_dec[j] for a feature, the error
+             vector for an error node (a = 1), the embedding for a position (a = 1).
+             The bias node's edge into t is t's value with every other source at zero.
+
+so every target's pre-activation (a feature's (x - b_in) W_enc[:, j] + b_enc[j], a logit)
+is exactly the sum of its incoming edges. Edges are computed one target batch at a time by a
+backward pass through the frozen model (the derivative at every residual point), and the
+direct effect excludes paths through other features: the features' activations are the
+graph's nodes, not functions of the stream (circuit-tracer's stop-gradients).
+
+Pruning follows circuit-tracer (Ameisen et al. 2025): the adjacency's absolute values, each
+row normalised to sum 1, give every node's influence on the target (the sum over all paths);
+features are kept in order of influence until `node_threshold` of the total, then edges in
+order of (normalised weight x the influence of their target) until `edge_threshold`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..config import Config
+from ..model import head_out_matrix, head_qkv, norm_weights, record, unembed_rows
+from . import sae as S
+
+NODE_THRESHOLD = 0.8
+EDGE_THRESHOLD = 0.98
+N_LOGITS = 5
+BATCH = 256
+
+
+# ------------------------------------------------------------------ the frozen model
+
+
+@dataclass
+class Frozen:
+    """The real run's attention patterns and norm scales, and the weights the linear model
+    reads, in float64."""
+
+    config: Config
+    weights: list[np.ndarray]  # per block: attention weights [H, T, T]
+    scales: dict[str, np.ndarray]  # norm name -> [T, 1]: 1/std (LayerNorm) or 1/rms
+    norms: dict[str, tuple[np.ndarray, np.ndarray | None]]  # name -> (w, b)
+    W_V: list[np.ndarray]  # noqa: N815 [H_kv, d, d_k]
+    b_V: list[np.ndarray]  # noqa: N815 [H_kv, d_k]
+    W_O: list[np.ndarray]  # noqa: N815 [H, d_k, d]
+    b_O: list[np.ndarray]  # noqa: N815 [d]
+
+
+def freeze(params, config: Config, values: dict) -> Frozen:
+    f64 = lambda a: None if a is None else np.asarray(a, np.float64)  # noqa: E731
+    names = [f"layers.{i}.{n}" for i in range(config.n_layer) for n in ("ln1", "ln2")]
+    names.append("ln_final")
+    stat = ".rms" if config.norm == "rms" else ".std"
+    scales = {n: 1.0 / f64(values[n + stat]) for n in names}
+    norms = {n: tuple(f64(a) for a in norm_weights(params, n)) for n in names}
+    qkv = [head_qkv(params, config, i) for i in range(config.n_layer)]
+    b_o = [params.get(f"layers.{i}.attn.b_O") for i in range(config.n_layer)]
+    return Frozen(config, [f64(values[f"layers.{i}.weights"]) for i in range(config.n_layer)],
+                  scales, norms, [f64(q[2]) for q in qkv], [f64(q[5]) for q in qkv],
+                  [f64(head_out_matrix(params, config, i)) for i in range(config.n_layer)],
+                  [np.zeros(config.n_embd) if b is None else f64(b) for b in b_o])
+
+
+def norm_forward(fz: Frozen, name: str, h: np.ndarray) -> np.ndarray:
+    """The norm with its real run's scale: (h - mean) s w + b, or h s w.  [T, d]"""
+    w, b = fz.norms[name]
+    s = fz.scales[name][: h.shape[-2]]
+    if fz.config.norm == "rms":
+        return h * s * w
+    return (h - h.mean(axis=-1, keepdims=True)) * s * w + b
+
+
+def norm_backward(fz: Frozen, name: str, g: np.ndarray) -> np.ndarray:
+    """The frozen norm's derivative applied to g [..., T, d] (the mean's is a centring)."""
+    w, _ = fz.norms[name]
+    gw = g * w * fz.scales[name][: g.shape[-2]]
+    return gw if fz.config.norm == "rms" else gw - gw.mean(axis=-1, keepdims=True)
+
+
+def attention_forward(fz: Frozen, i: int, h: np.ndarray) -> np.ndarray:
+    """Block i's attention with frozen patterns and norm: linear in h [T, d] (plus biases)."""
+    x = norm_forward(fz, f"layers.{i}.ln1", h)
+    t = h.shape[-2]
+    v = np.einsum("td,hdk->htk", x, fz.W_V[i]) + fz.b_V[i][:, None, :]  # [H_kv, T, d_k]
+    v = np.repeat(v, fz.config.n_head // v.shape[0], axis=0)
+    z = fz.weights[i][:, :t, :t] @ v  # [H, T, d_k]
+    return np.einsum("htk,hkd->td", z, fz.W_O[i]) + fz.b_O[i]
+
+
+def attention_backward(fz: Frozen, i: int, g: np.ndarray) -> np.ndarray:
+    """The derivative of block i's frozen attention output, g [B, T, d] -> d resid [B, T, d]."""
+    t = g.shape[-2]
+    gz = np.einsum("btd,hkd->bhtk", g, fz.W_O[i], optimize=True)
+    gv = np.einsum("hts,bhtk->bhsk", fz.weights[i][:, :t, :t], gz)  # [B, H, T, d_k]
+    kv = fz.W_V[i].shape[0]
+    gv = gv.reshape(g.shape[0], kv, -1, t, gv.shape[-1]).sum(axis=2)  # each group's heads
+    gx = np.einsum("bhsk,hdk->bsd", gv, fz.W_V[i], optimize=True)
+    return norm_backward(fz, f"layers.{i}.ln1", gx)
+
+
+def frozen_forward(fz: Frozen, emb: np.ndarray, mlp_outs: list[np.ndarray]
+                   ) -> tuple[list[np.ndarray], np.ndarray]:
+    """The frozen model from embeddings [T, d], each block's MLP output given ([T, d]):
+    (each block's transcoder input ln2.out, the final norm's output)."""
+    h, reads = emb, []
+    for i in range(fz.config.n_layer):
+        a = attention_forward(fz, i, h)
+        if fz.config.parallel:
+            reads.append(norm_forward(fz, f"layers.{i}.ln2", h))
+            h = h + a + mlp_outs[i]
+        else:
+            h = h + a
+            reads.append(norm_forward(fz, f"layers.{i}.ln2", h))
+            h = h + mlp_outs[i]
+    return reads, norm_forward(fz, "ln_final", h)
+
+
+def frozen_backward(fz: Frozen, g: np.ndarray, layer: int) -> tuple[list, np.ndarray]:
+    """Derivatives at every residual point of targets that read g [B, T, d] at block
+    `layer`'s transcoder input (the stream ln2 normalises; `layer` = n_layer: the final
+    norm's input): (per block l < layer, at resid_post[l] [B, T, d], or None; at the
+    embeddings). No path through an MLP: its output is the graph's sources."""
+    post: list = [None] * fz.config.n_layer
+    if layer < fz.config.n_layer and not fz.config.parallel:
+        g = g + attention_backward(fz, layer, g)  # ln2 reads resid_mid: back through attn
+    for i in reversed(range(layer)):
+        post[i] = g
+        g = g + attention_backward(fz, i, g)
+    return post, g
+
+
+# ------------------------------------------------------------------ the graph
+
+
+@dataclass
+class Graph:
+    ids: list[int]
+    position: int
+    kinds: list[str]  # per node: feature, error, embedding, bias, logit
+    layer: np.ndarray  # per node (embedding -1, logit n_layer, bias -1)
+    pos: np.ndarray  # per node (bias -1)
+    feature: np.ndarray  # per node: the latent (-1 when not a feature)
+    activation: np.ndarray  # per node: a feature's activation, a logit's value, else 1
+    tokens_of_logits: list[int]  # the logit nodes' token ids (-1: target minus vs)
+    adjacency: np.ndarray  # [targets = features + logits, sources = every node] edge weights
+    target: int  # the node index of the target logit
+    target_token: int
+    vs: int | None
+    target_value: float
+    influence: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    node_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    edge_mask: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), bool))
+    explained: float = 0.0
+    explained_unpruned: float = 0.0
+    real_logits: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def n_features(self) -> int:
+        return int((self.feature >= 0).sum())
+
+    @property
+    def incoming_total(self) -> float:
+        return float(self.adjacency[self.row(self.target)].sum())
+
+    def row(self, node: int) -> int:
+        """The adjacency row of a target node (a feature or a logit)."""
+        f = self.n_features
+        return node if node < f else node - (len(self.kinds) - len(self.tokens_of_logits)) + f
+
+
+def transcoder_features(transcoders: list[S.SAE], values: dict, n_layer: int):
+    """Per block the active features of the real run: (layer, pos, latent, act) arrays sorted
+    by (layer, position, latent), and each block's error vectors [T, d]."""
+    cols, errors = [], []
+    for i in range(n_layer):
+        tc = transcoders[i]
+        z = S.encode(tc, values[f"layers.{i}.ln2.out"])
+        pos, lat = np.nonzero(z)
+        cols.append((np.full(len(pos), i), pos, lat, z[pos, lat].astype(np.float64)))
+        recon = np.asarray(S.decode(tc, z), np.float64)
+        errors.append(np.asarray(values[f"layers.{i}.mlp_out"], np.float64) - recon)
+    layer, pos, lat, act = (np.concatenate(c) for c in zip(*cols, strict=True))
+    return layer, pos, lat, act, errors
+
+
+def logit_nodes(logits: np.ndarray, target: int | None, vs: int | None, n: int) -> list[int]:
+    """The top n tokens at the position, the target (default: the top) among them; with vs,
+    a last node for logit[target] - logit[vs] (token -1)."""
+    top = [int(i) for i in np.argsort(-logits, kind="stable")[:n]]
+    target = top[0] if target is None else target
+    if target not in top:
+        top.append(target)
+    return top + ([-1] if vs is not None else [])
+
+
+def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
+          target: int | None = None, vs: int | None = None, n_logits: int = N_LOGITS,
+          batch: int = BATCH) -> Graph:
+    """The unpruned graph of the prediction after the last token of `ids`."""
+    real, values = record(params, config, np.asarray(ids))
+    fz = freeze(params, config, values)
+    t = len(ids)
+    f_layer, f_pos, f_lat, f_act, errors = transcoder_features(transcoders, values,
+                                                               config.n_layer)
+    last = np.asarray(real[-1], np.float64)
+    tokens = logit_nodes(last, target, vs, n_logits)
+    target = tokens[0] if target is None else target
+    nf, nl, n = len(f_lat), config.n_layer, config.n_layer * t
+    kinds = (["feature"] * nf + ["error"] * n + ["embedding"] * t + ["bias"]
+             + ["logit"] * len(tokens))
+    layer = np.concatenate([f_layer, np.repeat(np.arange(nl), t), np.full(t + 1, -1),
+                            np.full(len(tokens), nl)]).astype(int)
+    pos = np.concatenate([f_pos, np.tile(np.arange(t), nl), np.arange(t), [-1],
+                          np.full(len(tokens), t - 1)]).astype(int)
+    feature = np.concatenate([f_lat, np.full(len(kinds) - nf, -1)]).astype(int)
+    head_rows = unembed_rows(params, [i for i in tokens if i >= 0]).astype(np.float64)
+    reads = [r for r in head_rows] + ([head_rows[tokens.index(target)]
+                                       - unembed_rows(params, [vs])[0]] if vs is not None else [])
+    logit_values = [float(last[i]) for i in tokens if i >= 0]
+    if vs is not None:
+        logit_values.append(float(last[target] - last[vs]))
+    activation = np.concatenate([f_act, np.ones(n + t + 1), logit_values])
+    emb = np.asarray(values["embeddings"], np.float64)
+    adj = np.zeros((nf + len(tokens), len(kinds)))
+    sources = (f_layer, f_pos, f_lat, f_act, errors, emb)
+    for rows, lay, read_vecs, read_pos in _target_batches(transcoders, f_layer, f_pos, f_lat,
+                                                          reads, t, nl, batch):
+        g = np.zeros((len(rows), t, config.n_embd))
+        g[np.arange(len(rows)), read_pos] = read_vecs
+        name = "ln_final" if lay == nl else f"layers.{lay}.ln2"
+        post, pre0 = frozen_backward(fz, norm_backward(fz, name, g), lay)
+        _fill_rows(adj, rows, post, pre0, sources, transcoders, nf, t)
+    adj[:, nf + n + t] = _bias_edges(fz, transcoders, f_layer, f_pos, f_lat, reads, t)
+    tnode = len(kinds) - len(tokens) + (len(tokens) - 1 if vs is not None
+                                        else tokens.index(target))
+    return Graph(list(ids), t - 1, kinds, layer, pos, feature, activation, tokens, adj, tnode,
+                 target, vs, float(activation[tnode]), real_logits=last)
+
+
+def _target_batches(transcoders, f_layer, f_pos, f_lat, logit_reads, t, nl, batch):
+    """(adjacency rows, the block they read, their read vectors, positions), a batch of
+    targets of one block at a time; the logits' batch reads the final norm (block nl)."""
+    for lay in range(nl):
+        on = np.flatnonzero(f_layer == lay)
+        w = transcoders[lay].W_enc.astype(np.float64)
+        for b in range(0, len(on), batch):
+            rows = on[b:b + batch]
+            yield rows, lay, w[:, f_lat[rows]].T, f_pos[rows]
+    nf = len(f_lat)
+    yield (np.arange(nf, nf + len(logit_reads)), nl, np.asarray(logit_reads),
+           np.full(len(logit_reads), t - 1))
+
+
+def _fill_rows(adj, rows, post, pre0, sources, transcoders, nf, t):
+    """Each source's edge into the targets `rows`: a_s (derivative at s's write point . d_s)."""
+    f_layer, f_pos, f_lat, f_act, errors, emb = sources
+    for lay, g in enumerate(post):
+        if g is None:
+            continue
+        on = np.flatnonzero(f_layer == lay)
+        dec = transcoders[lay].W_dec.astype(np.float64)
+        for p in np.unique(f_pos[on]):
+            cols = on[f_pos[on] == p]
+            adj[rows[:, None], cols] = (g[:, p] @ dec[f_lat[cols]].T) * f_act[cols]
+        adj[rows, nf + lay * t: nf + (lay + 1) * t] = np.einsum("btd,td->bt", g, errors[lay])
+    n_err = len(errors) * t
+    adj[rows, nf + n_err: nf + n_err + t] = np.einsum("btd,td->bt", pre0, emb)
+
+
+def _bias_edges(fz: Frozen, transcoders, f_layer, f_pos, f_lat, logit_reads, t) -> np.ndarray:
+    """Each target's value in the frozen model with every source at zero (embeddings,
+    features, errors): what the constants alone give it."""
+    d = fz.config.n_embd
+    outs = [np.broadcast_to(tc.b_dec.astype(np.float64), (t, d)) for tc in transcoders]
+    reads, u = frozen_forward(fz, np.zeros((t, d)), outs)
+    out = []
+    for lay, x in enumerate(reads):
+        tc = transcoders[lay]
+        on = np.flatnonzero(f_layer == lay)
+        pre = (x[f_pos[on]] - tc.b_in) @ tc.W_enc.astype(np.float64) + tc.b_enc
+        out.append(pre[np.arange(len(on)), f_lat[on]])
+    out.append(np.asarray(logit_reads) @ u[t - 1])
+    return np.concatenate(out)
+
+
+# ------------------------------------------------------------------ influence and pruning
+
+
+def normalised(adj: np.ndarray) -> np.ndarray:
+    a = np.abs(adj)
+    s = a.sum(axis=1, keepdims=True)
+    return np.divide(a, s, out=np.zeros_like(a), where=s > 0)
+
+
+def influence_on(graph: Graph, a: np.ndarray) -> np.ndarray:
+    """Every node's influence on the target through the row-normalised |adjacency| a (rows:
+    the feature and logit targets), summed over all paths: the target gives 1 to its sources
+    in proportion to a's row, each feature passes on what it received the same way."""
+    nf = graph.n_features
+    total = np.zeros(len(graph.kinds))
+    x = np.zeros(len(graph.kinds))
+    x[graph.target] = 1.0
+    while x.any():
+        rows = np.concatenate([x[:nf], x[len(graph.kinds) - len(graph.tokens_of_logits):]])
+        x = rows @ a
+        total += x
+    return total
+
+
+def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
+          edge_threshold: float = EDGE_THRESHOLD) -> Graph:
+    """Keep the features carrying `node_threshold` of the influence on the target, then the
+    edges carrying `edge_threshold` of what flows among the kept nodes (circuit-tracer's
+    rule); every embedding, error, bias and logit node stays. Sets influence, the masks and
+    the explained fractions."""
+    nf = graph.n_features
+    a = normalised(graph.adjacency)
+    inf = influence_on(graph, a)
+    keep = np.ones(len(graph.kinds), bool)
+    order = np.argsort(-inf[:nf], kind="stable")
+    cum = np.cumsum(inf[:nf][order]) / max(inf[:nf].sum(), 1e-300)
+    keep[:nf] = False
+    keep[order[: int(np.searchsorted(cum, node_threshold) + 1)]] = True
+    rows_kept = np.concatenate([keep[:nf], np.ones(len(graph.tokens_of_logits), bool)])
+    a_kept = a * rows_kept[:, None] * keep[None, :]
+    inf_kept = influence_on(graph, a_kept)
+    row_inf = np.concatenate([inf_kept[:nf], np.zeros(len(graph.tokens_of_logits))])
+    row_inf[graph.row(graph.target)] = 1.0
+    score = a_kept * row_inf[:, None]
+    flat = np.sort(score.ravel())[::-1]
+    cum = np.cumsum(flat) / max(flat.sum(), 1e-300)
+    cut = flat[min(int(np.searchsorted(cum, edge_threshold)), len(flat) - 1)]
+    edges = (score >= cut) & (score > 0)
+    graph.influence, graph.node_mask, graph.edge_mask = inf, keep, edges
+    graph.explained = explained(graph, a * edges)
+    graph.explained_unpruned = explained(graph, a)
+    return graph
+
+
+def explained(graph: Graph, a: np.ndarray) -> float:
+    """The share of the target's influence that reaches the embeddings and the bias node
+    through the edges of `a`: 1 minus what goes to the error nodes or is cut by pruning."""
+    inf = influence_on(graph, a)
+    leaves = np.array([k in ("embedding", "bias") for k in graph.kinds])
+    return float(inf[leaves].sum())

@@ -1,0 +1,213 @@
+"""Transcoders (`tinygpt transcoder train|eval`) and the attribution graph of a prediction
+(`tinygpt graph TEXT`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from ..errors import InputError
+from ..render.text import escape_line, examples_block
+from .app import app
+from .common import (
+    FORCE,
+    FORCE_FILE,
+    JSON,
+    POSITION,
+    QUIET,
+    SAVE,
+    TARGET,
+    TEXT,
+    TOP,
+    VS,
+    WEIGHTS,
+    bar,
+    check_index,
+    check_save,
+    encode_checked,
+    load,
+    present,
+    read_text,
+)
+
+if TYPE_CHECKING:
+    from ..context import RunContext
+
+
+def _transcoder() -> None:
+    """Transcoders: one sparse dictionary per block's MLP, from ln2.out to mlp_out.
+
+    Example: tinygpt transcoder train
+    Example: tinygpt transcoder eval --json
+    """
+
+
+transcoder_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
+transcoder_app.callback(help=examples_block(_transcoder.__doc__))(_transcoder)
+app.add_typer(transcoder_app, name="transcoder")
+
+TRANSCODERS = typer.Option(None, "--transcoders", metavar="DIR", show_default=False,
+                           help="The folder of transcoders, layers.L.safetensors (default: the "
+                           "weights folder's transcoders/).")
+
+
+@transcoder_app.command("train")
+def transcoder_train(
+    context: RunContext,
+    weights: Path = WEIGHTS,
+    data: Path = typer.Option(None, "--data", help="Stories: a folder of part-*.txt, all but "
+                              "the last used (default: the project's data).", show_default=False),
+    out: Path = TRANSCODERS,
+    latents: int = typer.Option(1024, "--latents", min=1, help="Latents per block."),
+    k: int = typer.Option(32, "--k", min=1, help="Latents active per token (TopK's k)."),
+    steps: int = typer.Option(4000, "--steps", min=1, help="Adam steps per block."),
+    batch: int = typer.Option(1024, "--batch", min=1, help="Tokens per step."),
+    lr: float = typer.Option(2e-3, "--lr", min=0.0, help="Adam's learning rate."),
+    windows: int = typer.Option(800, "--windows", min=1, help="Windows of training text "
+                                "whose values are the training set."),
+    seed: int = typer.Option(0, "--seed", "-s", help="Seed of the initialisation and the "
+                             "batches."),
+    force: bool = FORCE_FILE,
+    as_json: bool = JSON,
+):
+    """Train one TopK transcoder per block: z = TopK(ReLU((x - b_in) W_enc + b_enc)) of the
+    block's ln2.out, y_hat = z W_dec + b_dec predicting its mlp_out.
+
+    Adam on the squared error plus the AuxK loss (the SAE's trainer). TopK, not JumpReLU: k
+    fixes L0 exactly and there is no threshold to learn. Resumable: each block's checkpoint
+    DIR/layers.L.safetensors.checkpoint.npz is written every 100 steps and picked up by the
+    same command; a block whose file exists is kept unless --force.
+
+    Example: tinygpt transcoder train
+    Example: tinygpt transcoder train --transcoders mine --latents 2048 --k 16
+    """
+    from ..analysis import transcoder as T
+    from ..corpus import data_windows, training_files
+    from ..files import sha256
+
+    model = load(context, weights)
+    folder = T.folder_of(model.weights_file, out)
+    if k > latents:
+        raise InputError(f"--k {k} is more than the {latents} latents")
+    todo = [i for i in range(model.config.n_layer)
+            if force or not T.file_of(folder, i).exists()]
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--transcoders {escape_line(str(folder))}: that is a file; give a "
+                         "folder (it is made when it is not there)")
+    x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
+                           windows)
+    with bar(as_json)(len(x_in), "the MLPs' inputs and outputs") as advance:
+        values = T.mlp_values(model.params, model.config, x_in, progress=advance)
+    settings = {"latents": latents, "k": k, "steps": steps, "batch": batch, "lr": lr,
+                "windows": windows, "seed": seed}
+    trained = []
+    for i in todo:
+        state = T.train_layer(*values[i], T.file_of(folder, i), i, settings,
+                              sha256(model.weights_file), bar(as_json))
+        trained.append({"layer": i, "path": str(T.file_of(folder, i)), "steps": state.step,
+                        "final_loss": sum(state.losses[-50:]) / len(state.losses[-50:])})
+    doc = {"folder": str(folder), "latents": latents, "k": k, "tokens": len(values[0][0]),
+           "trained": trained}
+    present(context, as_json, lambda: doc, lambda: _trained_view(doc))
+
+
+def _trained_view(doc: dict):
+    from rich.text import Text
+
+    lines = [f"transcoders in {escape_line(doc['folder'])}: {doc['latents']} latents, "
+             f"k = {doc['k']}, over {doc['tokens']:,} tokens"]
+    lines += [f"  block {t['layer']}: {t['steps']} steps, final loss {t['final_loss']:.4f} "
+              "(squared error / the data's variance)" for t in doc["trained"]]
+    if not doc["trained"]:
+        lines.append("  every block's file exists already (--force trains them again)")
+    return Text("\n".join(lines))
+
+
+@transcoder_app.command("eval")
+def transcoder_eval(context: RunContext, weights: Path = WEIGHTS,
+                    transcoders: Path = TRANSCODERS,
+                    data: Path = typer.Option(None, "--data", help="Held-out stories: a file, "
+                                              "or a folder whose last part is read (default: "
+                                              "the project's part-005.txt).",
+                                              show_default=False),
+                    windows: int = typer.Option(64, "--windows", min=1, help="Windows of the "
+                                                "held-out text to evaluate on."),
+                    as_json: bool = JSON):
+    """Evaluate the transcoders on held-out text: L0, variance explained, loss recovered, dead.
+
+    loss_recovered = (L_mean - L_replaced) / (L_mean - L_clean): L_replaced with every MLP
+    replaced by its transcoder at once, L_mean with every MLP's output at its mean over the
+    same tokens. variance_explained: of each block's mlp_out, from the real run's ln2.out.
+
+    Example: tinygpt transcoder eval
+    Example: tinygpt transcoder eval --data story.txt --json
+    """
+    from ..analysis import transcoder as T
+    from ..render import graph as view
+
+    model = load(context, weights)
+    found = T.load_transcoders(T.folder_of(model.weights_file, transcoders), model.config,
+                               model.weights_file)
+    with bar(as_json)(4, "evaluating") as advance:
+        result, names = T.evaluate_held_out(model, found, data, windows, advance)
+    present(context, as_json, lambda: view.eval_doc(result, names),
+            lambda: view.eval_view(result, names))
+
+
+# ------------------------------------------------------------------ the attribution graph
+
+
+@app.command()
+def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+          transcoders: Path = TRANSCODERS, target: str = TARGET, vs: str = VS,
+          position: int = POSITION,
+          node_threshold: float = typer.Option(0.8, "--node-threshold", min=0.0, max=1.0,
+                                               help="Keep the features carrying this share "
+                                               "of the influence on the target."),
+          edge_threshold: float = typer.Option(0.98, "--edge-threshold", min=0.0, max=1.0,
+                                               help="Then keep the edges carrying this share "
+                                               "of what flows among the kept nodes."),
+          logits: int = typer.Option(5, "--logits", min=1, help="Logit nodes: the top tokens "
+                                     "at the position (and the target)."),
+          top: int = TOP, as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
+          quiet: bool = QUIET):
+    """Attribution graph: the transcoder features, tokens and errors behind a prediction.
+
+    Every MLP is replaced by its transcoder plus an error node, every attention pattern and
+    norm scale frozen at the real run: the model is then linear, and an edge's weight is the
+    source's activation times the derivative of the target's pre-activation along the
+    source's decoder vector. Each node's value (and the target logit) is exactly the sum of
+    its incoming edges, biases a node of their own. Pruned by influence on the target
+    (circuit-tracer's rule); explained: the share of that influence the pruned graph still
+    traces to the tokens and biases rather than to error nodes or cut edges.
+
+    Example: tinygpt graph "Lily wanted to play with her"
+    Example: tinygpt graph "Lily wanted to play with her" --target " ball" --vs " mom" --json
+    Example: tinygpt graph "Lily wanted to play with her" --save graph.html
+    """
+    from ..analysis import graph as G
+    from ..analysis import transcoder as T
+    from ..render import graph as view
+    from ..session import token_id
+
+    check_save(save, force)
+    model = load(context, weights)
+    ids = encode_checked(model, read_text(text, model))
+    position = check_index(position, len(ids), "position")
+    found = T.load_transcoders(T.folder_of(model.weights_file, transcoders), model.config,
+                               model.weights_file)
+    want = None if target is None else token_id(model, target)
+    other = None if vs is None else token_id(model, vs)
+    g = G.prune(G.build(model.params, model.config, ids[:position + 1], found, target=want,
+                        vs=other, n_logits=logits), node_threshold, edge_threshold)
+    options = {"target": target, "vs": vs, "position": position, "logits": logits,
+               "node_threshold": node_threshold, "edge_threshold": edge_threshold}
+    doc = view.graph_doc(g, model.tokenizer, options=options)
+    present(context, as_json, lambda: doc, lambda: view.graph_view(doc, top),
+            figure=lambda: view.graph_figure(doc), save=save, force=force)
+
+
+for _command in transcoder_app.registered_commands:  # each Example: line on a line of its own
+    _command.help = examples_block(_command.callback.__doc__)
