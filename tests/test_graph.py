@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cli_helpers import assert_one_error_line
 from conftest import random_params
 
 from tinygpt_cli.analysis import graph as G
@@ -176,3 +177,140 @@ def test_pruning_keeps_the_target_and_explains_less_than_the_whole():
     assert g2.node_mask[g2.target]
     assert g2.node_mask[: g2.n_features].sum() < g2.n_features
     assert 0 < g2.explained < g2.explained_unpruned <= 1
+
+
+# ------------------------------------------------------------------ the commands
+
+
+STORY = "Lily wanted to play with her ball. Tom was happy and they ran to the park.\n\n"
+
+
+@pytest.fixture
+def trained(cli, tmp_path):
+    """Transcoders trained by the command on a tiny model and a two-part data folder."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for part in ("part-000.txt", "part-001.txt"):
+        (data / part).write_text(STORY * 30, encoding="utf-8")
+    folder = tmp_path / "tc"
+    r = cli("transcoder", "train", "--data", data, "--transcoders", folder, "--latents", "24",
+            "--k", "4", "--steps", "40", "--batch", "64", "--windows", "6", "--json")
+    assert r.code == 0, r.err
+    return folder, data, r.json()
+
+
+def test_transcoder_train_writes_one_checked_file_per_block(trained, tiny):
+    from safetensors import safe_open
+
+    from tinygpt_cli.analysis import transcoder as T
+
+    folder, _, doc = trained
+    n = tiny.model.config.n_layer
+    assert [t["layer"] for t in doc["trained"]] == list(range(n))
+    assert sorted(p.name for p in folder.iterdir()) == [f"layers.{i}.safetensors"
+                                                        for i in range(n)]
+    with safe_open(str(folder / "layers.0.safetensors"), framework="numpy") as f:
+        meta = f.metadata()
+        assert sorted(f.keys()) == ["W_dec", "W_enc", "b_dec", "b_enc", "b_in"]
+    assert (meta["kind"], meta["layer"], meta["k"], meta["reads"]) == (
+        "transcoder", "0", "4", "layers.0.ln2.out")
+    tcs = T.load_transcoders(folder, tiny.model.config, tiny.model.weights_file)
+    assert [tc.n_latents for tc in tcs] == [24] * n
+
+
+def test_transcoder_eval_loss_recovered_against_an_independent_replacement(cli, trained,
+                                                                          tiny):
+    """The replaced loss recomputed here: each MLP's output by hand from its transcoder's
+    tensors (TopK of ReLU, decoder), on the eval's own windows."""
+    from safetensors.numpy import load_file
+
+    from tinygpt_cli import ops
+    from tinygpt_cli.corpus import data_windows
+
+    folder, data, _ = trained
+    r = cli("transcoder", "eval", "--transcoders", folder, "--data", data / "part-001.txt",
+            "--windows", "3", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    m, cfg = tiny.model, tiny.model.config
+    files = [load_file(folder / f"layers.{i}.safetensors") for i in range(cfg.n_layer)]
+    x, y = data_windows([data / "part-001.txt"], m.tokenizer, cfg.n_positions, 3)
+
+    def by_hand(path, v, seen={}):  # noqa: B006 - the run's ln2.out, kept per block
+        if path.endswith("ln2.out"):
+            seen[path] = v
+            return v
+        if path.endswith("mlp_out"):
+            t = files[int(path.split(".")[1])]
+            a = np.maximum((seen[path.replace("mlp_out", "ln2.out")] - t["b_in"]) @ t["W_enc"]
+                           + t["b_enc"], 0)
+            kth = -np.sort(-a, axis=-1)[..., 3:4]
+            return (np.where(a >= kth, a, 0) @ t["W_dec"] + t["b_dec"]).astype(v.dtype)
+        return v
+
+    def loss(hooks=None):
+        logp = ops.log_softmax(forward(m.params, cfg, x, hooks=hooks).astype(np.float64))
+        return float(-np.take_along_axis(logp, y[..., None], axis=-1).mean())
+
+    assert doc["loss_replaced"] == pytest.approx(loss(by_hand), rel=1e-5)
+    assert doc["loss_clean"] == pytest.approx(loss(), rel=1e-6)
+    want = (doc["loss_mean_ablated"] - doc["loss_replaced"]) / (
+        doc["loss_mean_ablated"] - doc["loss_clean"])
+    assert doc["loss_recovered"] == pytest.approx(want, rel=1e-9)
+    assert 0 < doc["l0"] <= 4 and doc["dead"] == sum(e["dead"] for e in doc["layers"])
+    assert set(doc) >= {"l0", "variance_explained", "loss_recovered", "dead"}
+
+
+def test_graph_json_sums_to_the_real_logit(cli, trained, tiny):
+    folder, _, _ = trained
+    text = "Lily wanted to play with her"
+    r = cli("graph", text, "--transcoders", folder, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    ids = doc["ids"]
+    real = forward(tiny.model.params, tiny.model.config, np.asarray(ids))[-1]
+    tl = doc["target_logit"]
+    assert tl["id"] == int(real.argmax())
+    assert tl["value"] == pytest.approx(float(real.max()), abs=1e-5)
+    assert tl["incoming_total"] == pytest.approx(tl["value"], abs=1e-4)
+    kinds = {n["kind"] for n in doc["nodes"]}
+    assert kinds <= {"feature", "error", "embedding", "bias", "logit"} and "logit" in kinds
+    names = {n["id"] for n in doc["nodes"]}
+    assert doc["edges"] and all(e["source"] in names and e["target"] in names
+                                for e in doc["edges"])
+    assert [n["is_target"] for n in doc["nodes"] if n["kind"] == "logit"].count(True) == 1
+    assert 0 <= doc["explained"] <= doc["explained_unpruned"] <= 1
+    assert doc["tokens"] == [tiny.model.tokenizer.token_str(i) for i in ids]
+    vs = cli("graph", text, "--transcoders", folder, "--target", "#5", "--vs", "#7", "--json")
+    t = vs.json()["target_logit"]
+    assert t["value"] == pytest.approx(float(real[5] - real[7]), abs=1e-5)
+    assert t["incoming_total"] == pytest.approx(t["value"], abs=1e-4)
+    cut = cli("graph", text, "--transcoders", folder, "--position", "2", "--json").json()
+    assert cut["ids"] == ids[:3] and cut["position"] == 2
+
+
+def test_transcoder_files_are_checked(cli, trained, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder, _, _ = trained
+    assert_one_error_line(cli("graph", "Lily", "--transcoders", tmp_path / "none"), 2,
+                          "no transcoders at", "tinygpt transcoder train")
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in folder.iterdir():
+        other.joinpath(f.name).write_bytes(f.read_bytes())
+    path = other / "layers.1.safetensors"
+    t = load_file(path)
+    save_file(t, path, metadata={"kind": "transcoder", "layer": "1", "k": "4",
+                                 "weights_sha256": "0" * 64})
+    assert_one_error_line(cli("transcoder", "eval", "--transcoders", other), 2,
+                          "made for other weights")
+    t["W_enc"][0, 0] = np.nan  # a planted broken tensor
+    save_file(t, path, metadata={"kind": "transcoder", "layer": "1", "k": "4"})
+    assert_one_error_line(cli("graph", "Lily", "--transcoders", other), 1,
+                          "W_enc is not all finite")
+    t["W_enc"][0, 0] = 0.5
+    save_file({k: v for k, v in t.items() if k != "b_in"}, path,
+              metadata={"kind": "transcoder", "layer": "1", "k": "4"})
+    assert_one_error_line(cli("graph", "Lily", "--transcoders", other), 1,
+                          "not a transcoder file: it has no b_in tensor")
