@@ -314,3 +314,83 @@ def test_transcoder_files_are_checked(cli, trained, tmp_path):
               metadata={"kind": "transcoder", "layer": "1", "k": "4"})
     assert_one_error_line(cli("graph", "Lily", "--transcoders", other), 1,
                           "not a transcoder file: it has no b_in tensor")
+
+
+# ------------------------------------------------------------------ the viewer, in Chromium
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from browser import Browser, find_chromium
+
+    exe = find_chromium()
+    if exe is None:
+        pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run installs it)")
+    b = Browser(exe)
+    yield b
+    b.close()
+
+
+def test_the_viewer_in_chromium(cli, trained, browser, tmp_path):
+    """Offline (nothing asked for but the file), a node per node of the JSON, hover shows a
+    feature's label, top windows and edges, click pins a path that reaches the target, and
+    a text that looks like markup stays text."""
+    import re
+
+    folder, data, _ = trained
+    text = "Lily </script><b>wanted</b> to play with her"
+    common = ("graph", text, "--transcoders", folder, "--data", data, "--windows", "4")
+    doc = cli(*common, "--json").json()
+    page = tmp_path / "graph.html"
+    r = cli(*common, "--save", page, "--quiet")
+    assert (r.code, r.out, r.err) == (0, "", "")
+    html = page.read_text(encoding="utf-8")
+    assert not re.search(r"https?:|\bsrc=|\bhref=|@import|url\(", html, re.I)
+    assert html.count("</script>") == 2  # the data's own "</script>" is escaped
+    for width in (390, 1280):
+        load = browser.open(page, width=width, height=900)
+        assert load.errors == [] and load.failed == []
+        assert load.requests == [page.resolve().as_uri()]
+    got = browser.evaluate("""(() => {
+        const q = s => Array.from(document.querySelectorAll(s));
+        const nodes = q(".node").map(n => n.getAttribute("data-id"));
+        const f = q(".node").find(n => /^\\d+_\\d+_\\d+$/.test(n.getAttribute("data-id")));
+        f.dispatchEvent(new MouseEvent("mouseenter"));
+        const side = document.getElementById("side").textContent;
+        f.dispatchEvent(new MouseEvent("click", {bubbles: true}));
+        return {nodes, id: f.getAttribute("data-id"), side, bold: q("b").length,
+                path: q(".node.path").map(n => n.getAttribute("data-id")),
+                pinned: document.getElementById("pinned").textContent,
+                title: document.querySelector("h1").textContent};
+    })()""")
+    assert sorted(got["nodes"]) == sorted(n["id"] for n in doc["nodes"])
+    node = next(n for n in doc["nodes"] if n["id"] == got["id"])
+    assert node["label"] in got["side"] and "not an explanation" in got["side"]
+    for ex in node["examples"]:
+        assert ex["token"] in got["side"]
+    assert "strongest inputs" in got["side"]
+    target = next(n["id"] for n in doc["nodes"] if n.get("is_target"))
+    assert got["id"] in got["path"] and target in got["path"]
+    assert got["pinned"].startswith("pinned: feature")
+    assert got["bold"] == sum(len(n.get("examples", [])) for n in [node])  # only the peaks
+
+
+def test_top_windows_and_labels_say_what_the_examples_share():
+    from tinygpt_cli.analysis import transcoder as T
+
+    ids = np.array([[1, 2, 3, 4], [5, 2, 3, 6], [7, 8, 9, 3]], np.uint16)  # 3 windows, T = 4
+    idx = np.zeros((12, 2), np.int16)
+    val = np.zeros((12, 2), np.float32)
+    # latent 1 fires at (0, 2) 3.0, (1, 2) 2.0, (2, 3) 1.0 and weakly at (0, 1)
+    for (w, p), v in {(0, 2): 3.0, (1, 2): 2.0, (2, 3): 1.0, (0, 1): 0.5}.items():
+        idx[w * 4 + p, 1], val[w * 4 + p, 1] = 1, v
+    codes = {"ids": ids, "idx": idx, "val": val}
+    ex = T.top_windows(codes, 1, n=3, before=1, after=1)
+    assert ex == [{"ids": [2, 3, 4], "peak": 1, "value": 3.0},
+                  {"ids": [2, 3, 6], "peak": 1, "value": 2.0},
+                  {"ids": [9, 3], "peak": 1, "value": 1.0}]
+    name = {2: "a", 3: "b", 9: "c"}.get
+    assert T.label_of(ex, name) == "on b after a"  # 3 of 3 on b, 2 of 3 after a
+    assert T.label_of(ex[2:], name) == "on b after c"
+    assert T.label_of([], name) == "no example in the searched text"
+    assert T.top_windows(codes, 0) == []  # never fires

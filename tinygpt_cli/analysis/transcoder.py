@@ -214,3 +214,57 @@ def evaluate_held_out(model, transcoders: list[S.SAE], data, windows: int, progr
     x, y = data_windows(files, model.tokenizer, model.config.n_positions, windows)
     return (evaluate(model.params, model.config, transcoders, x, y, progress),
             [f.name for f in files])
+
+
+# ------------------------------------------------------------------ features over the training text
+
+
+def data_codes(model, transcoders: list[S.SAE], folder: Path, layer: int, files: list[Path],
+               windows: int, bar) -> dict[str, np.ndarray]:
+    """Block `layer`'s transcoder codes at every token of `windows` windows of the files,
+    computed once per (weights, transcoder file, data) and cached (sae.data_codes, reading
+    the transcoder's input ln2.out)."""
+    from dataclasses import replace
+
+    tc = replace(transcoders[layer], site=input_path(layer))
+    return S.data_codes(model, tc, file_of(folder, layer), files, windows, bar)
+
+
+def top_windows(codes: dict[str, np.ndarray], latent: int, n: int = 3, before: int = 8,
+                after: int = 2) -> list[dict]:
+    """The latent's n strongest windows: ids around each window's peak, best first:
+    {ids [before+1+after at most], peak (its index there), value}."""
+    ids = codes["ids"]
+    w, t = ids.shape
+    acts = np.where(codes["idx"] == latent, codes["val"], 0).max(axis=1).reshape(w, t)
+    peak = acts.max(axis=1)
+    out = []
+    for i in np.argsort(-peak, kind="stable")[:n]:
+        if peak[i] <= 0:
+            break
+        p = int(acts[i].argmax())
+        lo = max(0, p - before)
+        out.append({"ids": [int(x) for x in ids[i, lo:p + after + 1]], "peak": p - lo,
+                    "value": float(peak[i])})
+    return out
+
+
+def label_of(examples: list[dict], show) -> str:
+    """A short label from a feature's top windows: the token it fires on and the one before
+    it, when most of the windows share them. A summary of examples, not an explanation."""
+    from collections import Counter
+
+    if not examples:
+        return "no example in the searched text"
+    on = Counter(show(e["ids"][e["peak"]]) for e in examples)
+    prev = Counter(show(e["ids"][e["peak"] - 1]) for e in examples if e["peak"] > 0)
+    most = len(examples) / 2
+    tok, count = on.most_common(1)[0]
+    p, pc = prev.most_common(1)[0] if prev else ("", 0)
+    if count > most and pc > most:
+        return f"on {tok} after {p}"
+    if count > most:
+        return f"on {tok}"
+    if pc > most:
+        return f"after {p}"
+    return "on " + ", ".join(t for t, _ in on.most_common(3)) + " (mixed)"

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import typer
 
 from ..errors import InputError
-from ..render.text import escape_line, examples_block
+from ..render.output import picture_format, save_page
+from ..render.text import escape_line, examples_block, show_token
 from .app import app
 from .common import (
     FORCE,
@@ -171,6 +172,11 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                                                "of what flows among the kept nodes."),
           logits: int = typer.Option(5, "--logits", min=1, help="Logit nodes: the top tokens "
                                      "at the position (and the target)."),
+          data: Path = typer.Option(None, "--data", show_default=False, help="Stories searched "
+                                    "for each feature's top windows and label (default: the "
+                                    "project's training parts; cached)."),
+          windows: int = typer.Option(100, "--windows", min=1, help="Windows of --data "
+                                      "searched (0 features labelled without data)."),
           top: int = TOP, as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
           quiet: bool = QUIET):
     """Attribution graph: the transcoder features, tokens and errors behind a prediction.
@@ -193,20 +199,48 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     from ..session import token_id
 
     check_save(save, force)
+    if save is not None and picture_format(save) != "html":
+        raise InputError(f"--save {save}: the graph is an interactive page; give a .html file")
     model = load(context, weights)
     ids = encode_checked(model, read_text(text, model))
     position = check_index(position, len(ids), "position")
-    found = T.load_transcoders(T.folder_of(model.weights_file, transcoders), model.config,
-                               model.weights_file)
+    folder = T.folder_of(model.weights_file, transcoders)
+    found = T.load_transcoders(folder, model.config, model.weights_file)
     want = None if target is None else token_id(model, target)
     other = None if vs is None else token_id(model, vs)
     g = G.prune(G.build(model.params, model.config, ids[:position + 1], found, target=want,
                         vs=other, n_logits=logits), node_threshold, edge_threshold)
     options = {"target": target, "vs": vs, "position": position, "logits": logits,
                "node_threshold": node_threshold, "edge_threshold": edge_threshold}
-    doc = view.graph_doc(g, model.tokenizer, options=options)
-    present(context, as_json, lambda: doc, lambda: view.graph_view(doc, top),
-            figure=lambda: view.graph_figure(doc), save=save, force=force)
+    examples = _examples(model, found, folder, g, data, windows, as_json)
+    doc = view.graph_doc(g, model.tokenizer, examples, options=options)
+    if save is not None:
+        from ..render.graph_page import page
+
+        save_page(context, page(doc, model.config.n_layer), save)
+    present(context, as_json, lambda: doc, lambda: view.graph_view(doc, top))
+
+
+def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool) -> dict:
+    """(layer, latent) -> {"examples", "label"} of the pruned graph's features, from their
+    top windows of the training text ({} when there is no data to search)."""
+    from ..analysis import transcoder as T
+    from ..corpus import find_data, given_or, training_files
+    from ..render.graph import kept_nodes
+
+    if data is None and find_data() is None:
+        return {}
+    files = given_or(data, training_files)
+    tok = model.tokenizer.token_str
+    out = {}
+    for i in kept_nodes(g):
+        if g.kinds[i] != "feature":
+            continue
+        lay, lat = int(g.layer[i]), int(g.feature[i])
+        codes = T.data_codes(model, transcoders, folder, lay, files, windows, bar(as_json))
+        ex = T.top_windows(codes, lat)
+        out[lay, lat] = {"examples": ex, "label": T.label_of(ex, lambda t: show_token(tok(t)))}
+    return out
 
 
 for _command in transcoder_app.registered_commands:  # each Example: line on a line of its own

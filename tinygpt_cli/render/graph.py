@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import jsonout
-from .text import escape_line
+from .text import escape_line, show_token
 
 
 def eval_doc(r, files: list[str]) -> dict:
@@ -70,8 +70,9 @@ def kept_nodes(g) -> list[int]:
     return [i for i in range(len(g.kinds)) if g.node_mask[i] and touched[i]]
 
 
-def graph_doc(g, tokenizer, labels: dict | None = None, options: dict | None = None) -> dict:
-    """The pruned graph in the documented schema (README, Attribution graphs)."""
+def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None = None) -> dict:
+    """The pruned graph in the documented schema (README, Attribution graphs); `examples`:
+    (layer, latent) -> {"examples": top windows, "label"} of features (analysis.transcoder)."""
     tok = tokenizer.token_str
     nf = g.n_features
     first_logit = len(g.kinds) - len(g.tokens_of_logits)
@@ -82,8 +83,10 @@ def graph_doc(g, tokenizer, labels: dict | None = None, options: dict | None = N
                 "position": int(g.pos[i]), "influence": float(g.influence[i])}
         if g.kinds[i] == "feature":
             node.update(feature=int(g.feature[i]), activation=float(g.activation[i]))
-            if labels:
-                node["label"] = labels.get((int(g.layer[i]), int(g.feature[i])), "")
+            found = (examples or {}).get((int(g.layer[i]), int(g.feature[i])))
+            if found is not None:
+                node["label"] = found["label"]
+                node["examples"] = [_example(e, tok) for e in found["examples"]]
         elif g.kinds[i] == "embedding":
             node["token"] = tok(g.ids[int(g.pos[i])])
         elif g.kinds[i] == "logit":
@@ -112,6 +115,13 @@ def graph_doc(g, tokenizer, labels: dict | None = None, options: dict | None = N
         "nodes": nodes, "edges": edges})
 
 
+def _example(e: dict, tok) -> dict:
+    """A top window as text: before the peak, the token at it, the two after; its value."""
+    ids, p = e["ids"], e["peak"]
+    return {"before": "".join(tok(i) for i in ids[:p]), "token": tok(ids[p]),
+            "after": "".join(tok(i) for i in ids[p + 1:]), "value": e["value"]}
+
+
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max())
     return e / e.sum()
@@ -120,28 +130,32 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 def graph_view(doc: dict, top: int) -> Group:
     """The header, the explained fraction, and the nodes of most influence."""
     tl = doc["target_logit"]
-    what = repr(tl["token"]) if tl["vs"] is None else f"{tl['token']!r} - {tl['vs']!r}"
+    what = show_token(tl["token"]) + ("" if tl["vs"] is None else " - " + show_token(tl["vs"]))
     c = doc["counts"]
     pos = doc["position"]
-    head = Text(f"attribution graph of the prediction after {doc['tokens'][pos]!r} "
-                f"(position {pos}): logit {escape_line(what)}", style="bold cyan")
+    head = Text(f"attribution graph of the prediction after {show_token(doc['tokens'][pos])} "
+                f"(position {pos}): logit {what}", style="bold cyan")
     sums = Text(f"logit {tl['value']:.4f} = the sum of its incoming edges "
-                f"{tl['incoming_total']:.4f} (features, errors, embeddings and biases)\n"
+                f"{tl['incoming_total']:.4f}\n"
                 f"{c['active_features']:,} active features, {c['kept_features']:,} kept, "
-                f"{c['edges']:,} of {c['edges_unpruned']:,} edges; explained "
-                f"{doc['explained']:.3f} of the target's influence (unpruned "
-                f"{doc['explained_unpruned']:.3f}; the rest reaches error nodes)")
-    t = Table(box=None, pad_edge=False)
-    for name, just in (("node", "left"), ("kind", "left"), ("layer", "right"),
-                       ("pos", "right"), ("token", "left"), ("act", "right"),
-                       ("influence", "right"), ("label", "left")):
+                f"{c['edges']:,} of {c['edges_unpruned']:,} edges\n"
+                f"explained {doc['explained']:.3f} of the target's influence (unpruned "
+                f"{doc['explained_unpruned']:.3f}; the rest: error nodes, cut edges)")
+    leaves = {}
+    for n in doc["nodes"]:
+        if n["kind"] in ("embedding", "error", "bias"):
+            leaves[n["kind"]] = leaves.get(n["kind"], 0.0) + n["influence"]
+    shares = Text("influence reaching " + ", ".join(
+        f"{k} nodes {v:.3f}" for k, v in sorted(leaves.items())), style="dim")
+    t = Table(box=None, pad_edge=False, title="features of most influence", title_justify="left")
+    for name, just in (("node", "left"), ("layer", "right"), ("pos", "right"),
+                       ("token", "left"), ("act", "right"), ("influence", "right"),
+                       ("label", "left")):
         t.add_column(name, justify=just)
-    shown = sorted((n for n in doc["nodes"] if n["kind"] != "logit"),
+    shown = sorted((n for n in doc["nodes"] if n["kind"] == "feature"),
                    key=lambda n: -n["influence"])[:top]
     for n in shown:
-        at = doc["tokens"][n["position"]] if n["position"] >= 0 else ""
-        t.add_row(n["id"], n["kind"], str(n["layer"]), str(n["position"]),
-                  escape_line(repr(at)) if at else "",
-                  f"{n['activation']:.2f}" if "activation" in n else "",
+        t.add_row(n["id"], str(n["layer"]), str(n["position"]),
+                  show_token(doc["tokens"][n["position"]]), f"{n['activation']:.2f}",
                   f"{n['influence']:.3f}", escape_line(n.get("label", "")))
-    return Group(head, sums, t)
+    return Group(head, sums, shares, t)
