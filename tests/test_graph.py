@@ -394,3 +394,75 @@ def test_top_windows_and_labels_say_what_the_examples_share():
     assert T.label_of(ex[2:], name) == "on b after c"
     assert T.label_of([], name) == "no example in the searched text"
     assert T.top_windows(codes, 0) == []  # never fires
+
+
+def test_the_graphs_predicted_change_is_the_linear_replacement_models(case):
+    """Predicted: the torch replacement model of the first test, with each active feature
+    recomputed from the stream (its active set frozen) except the intervened one."""
+    import torch
+
+    config, params, tcs = case
+    g = G.build(params, config, IDS, tcs, n_logits=2)
+    _, values = record(params, config, np.asarray(IDS))
+    nf, t, nl = g.n_features, len(IDS), config.n_layer
+    node = int(np.flatnonzero(g.layer[:nf] == 0)[0])  # a first-block feature: paths onward
+    new = 2.5
+    z = torch.tensor(np.stack([S.encode(tc, values[f"layers.{i}.ln2.out"])
+                               for i, tc in enumerate(tcs)]))
+    lay, pos, lat = (torch.tensor(g.layer[:nf]), torch.tensor(g.pos[:nf]),
+                     torch.tensor(g.feature[:nf]))
+    ones_err, ones_emb = torch.ones(nl, t, dtype=torch.float64), torch.ones(t, dtype=torch.float64)
+    before = torch_targets(params, config, values, tcs, g, z, ones_err, ones_emb)
+    for _ in range(nl + 1):  # each pass settles one more block
+        z[lay[node], pos[node], lat[node]] = new
+        out = torch_targets(params, config, values, tcs, g, z, ones_err, ones_emb)
+        z[lay, pos, lat] = out[:nf]
+    z[lay[node], pos[node], lat[node]] = new
+    after = torch_targets(params, config, values, tcs, g, z, ones_err, ones_emb)
+    row = g.row(g.target)
+    assert G.predicted_change(g, {node: new}) == pytest.approx(
+        float(after[row] - before[row]), abs=1e-9)
+    assert G.predicted_change(g, {node: float(g.activation[node])}) == pytest.approx(0, abs=1e-12)
+
+
+def test_the_real_change_of_a_last_block_feature_is_the_read_out_of_the_moved_stream(case):
+    config, params, tcs = case
+    g = G.build(params, config, IDS, tcs, n_logits=2)
+    _, values = record(params, config, np.asarray(IDS))
+    nf, last = g.n_features, config.n_layer - 1
+    node = int(np.flatnonzero((g.layer[:nf] == last) & (g.pos[:nf] == len(IDS) - 1))[0])
+    h = values[f"layers.{last}.resid_post"][-1] - g.activation[node] * tcs[last].W_dec[
+        g.feature[node]]  # the feature's contribution taken out
+    w, b = params["ln_final.w"], params.get("ln_final.b")
+    if config.norm == "rms":
+        u = h / np.sqrt((h * h).mean() + config.layer_norm_epsilon) * w
+    else:
+        c = h - h.mean()
+        u = c / np.sqrt((c * c).mean() + config.layer_norm_epsilon) * w + b
+    w_u = params.get("unembed.W_U", params["embed.W_E"])
+    want = float(u @ w_u[g.target_token]) - g.target_value
+    assert G.real_change(params, config, IDS, tcs, g, {node: 0.0}) == pytest.approx(want,
+                                                                                   abs=1e-9)
+    # the graph's prediction for it: its one edge into the target, taken away
+    assert G.predicted_change(g, {node: 0.0}) == pytest.approx(
+        -g.adjacency[g.row(g.target), node], abs=1e-12)
+
+
+def test_graph_ablate_and_steer_print_both_changes(cli, trained):
+    folder, _, _ = trained
+    text = "Lily wanted to play with her"
+    doc = cli("graph", text, "--transcoders", folder, "--json").json()
+    feat = next(n for n in doc["nodes"] if n["kind"] == "feature")
+    r = cli("graph", text, "--transcoders", folder, "--ablate", feat["id"], "--json")
+    iv = r.json()["intervention"]
+    assert iv["features"] == [{"id": feat["id"], "from": pytest.approx(feat["activation"]),
+                               "to": 0.0}]
+    assert set(iv) == {"features", "predicted_change", "real_change"}
+    view = cli("graph", text, "--transcoders", folder, "--steer", f"{feat['id']}=1.5").out
+    assert f"intervention {feat['id']}" in view and "in the real model" in view
+    assert_one_error_line(cli("graph", text, "--transcoders", folder, "--ablate", "9_9_99"), 2,
+                          "feature 9_9_99 is not active in this text")
+    assert_one_error_line(cli("graph", text, "--transcoders", folder, "--steer",
+                              f"{feat['id']}=big"), 2, "--steer takes FEATURE=VALUE")
+    assert_one_error_line(cli("graph", text, "--transcoders", folder, "--ablate", "L1"), 2,
+                          "LAYER_FEATURE_POSITION")

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import Config
-from ..model import head_out_matrix, head_qkv, norm_weights, record, unembed_rows
+from ..model import forward, head_out_matrix, head_qkv, norm_weights, record, unembed_rows
 from . import sae as S
 
 NODE_THRESHOLD = 0.8
@@ -358,3 +358,69 @@ def explained(graph: Graph, a: np.ndarray) -> float:
     inf = influence_on(graph, a)
     leaves = np.array([k in ("embedding", "bias") for k in graph.kinds])
     return float(inf[leaves].sum())
+
+
+# ------------------------------------------------------------------ interventions on features
+
+
+def feature_node(graph: Graph, spec: str) -> int:
+    """The node of a feature named as the JSON names it, LAYER_FEATURE_POSITION (0_314_5)."""
+    from ..errors import InputError
+
+    parts = spec.split("_")
+    if len(parts) != 3 or not all(p.lstrip("-").isdigit() for p in parts):
+        raise InputError(f"a feature is named LAYER_FEATURE_POSITION, as the graph's JSON "
+                         f"names it (e.g. 0_314_5), not {spec!r}")
+    lay, lat, pos = (int(p) for p in parts)
+    nf = graph.n_features
+    hit = np.flatnonzero((graph.layer[:nf] == lay) & (graph.feature[:nf] == lat)
+                         & (graph.pos[:nf] == pos))
+    if not len(hit):
+        raise InputError(f"feature {spec} is not active in this text (the graph's features "
+                         "are its active ones; see graph --json)")
+    return int(hit[0])
+
+
+def predicted_change(graph: Graph, changes: dict[int, float]) -> float:
+    """The target's change the graph predicts when feature nodes take new activations
+    {node: value}: each change spreads along the edges, a feature's pre-activation moving
+    by the sum of its sources' changes times edge / source activation, and moving its
+    activation as much while it stays active (the linear replacement model's answer)."""
+    nf = graph.n_features
+    delta = np.zeros(len(graph.kinds))
+    for node, value in changes.items():
+        delta[node] = value - graph.activation[node]
+    per_unit = graph.adjacency[:, :nf] / graph.activation[:nf]  # [rows, feature sources]
+    order = np.lexsort((graph.pos[:nf], graph.layer[:nf]))  # sources before their targets
+    for n in order:
+        if n in changes:
+            continue
+        delta[n] = per_unit[n] @ delta[:nf]
+    return float(per_unit[graph.row(graph.target)] @ delta[:nf])
+
+
+def real_change(params, config: Config, ids: list[int], transcoders: list[S.SAE],
+                graph: Graph, changes: dict[int, float]) -> float:
+    """The target's change in the real model when each feature's decoder contribution is
+    moved to its new activation (mlp_out + (new - old) W_dec[j] at its position; the rest
+    of the MLP as it was), downstream features free to change as the model computes."""
+    from ..hooks import Replace
+
+    fns: dict[str, list] = {}
+    for node, value in changes.items():
+        lay, lat, pos = int(graph.layer[node]), int(graph.feature[node]), int(graph.pos[node])
+        shift = (value - graph.activation[node]) * transcoders[lay].W_dec[lat]
+        fns.setdefault(f"layers.{lay}.mlp_out", []).append((pos, shift))
+
+    def adder(items):
+        def fn(v):
+            v = v.copy()
+            for pos, shift in items:
+                v[pos] += shift
+            return v
+        return fn
+
+    logits = forward(params, config, np.asarray(ids),
+                     hooks=Replace({p: adder(items) for p, items in fns.items()}))[-1]
+    value = logits[graph.target_token] - (0 if graph.vs is None else logits[graph.vs])
+    return float(value - graph.target_value)

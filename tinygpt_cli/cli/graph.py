@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import typer
 
 from ..errors import InputError
@@ -177,6 +178,14 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                                     "project's training parts; cached)."),
           windows: int = typer.Option(100, "--windows", min=1, help="Windows of --data "
                                       "searched (0 features labelled without data)."),
+          ablate: list[str] = typer.Option(None, "--ablate", metavar="FEATURE",
+                                           show_default=False, help="Set this feature "
+                                           "(LAYER_FEATURE_POSITION, as the JSON names it) "
+                                           "to 0; print the graph's and the real change of "
+                                           "the target logit (repeatable)."),
+          steer: list[str] = typer.Option(None, "--steer", metavar="FEATURE=VALUE",
+                                          show_default=False, help="Set this feature to "
+                                          "VALUE instead (repeatable)."),
           top: int = TOP, as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
           quiet: bool = QUIET):
     """Attribution graph: the transcoder features, tokens and errors behind a prediction.
@@ -214,11 +223,37 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                "node_threshold": node_threshold, "edge_threshold": edge_threshold}
     examples = _examples(model, found, folder, g, data, windows, as_json)
     doc = view.graph_doc(g, model.tokenizer, examples, options=options)
+    if ablate or steer:
+        doc["intervention"] = _intervene(model, ids[:position + 1], found, g, ablate, steer)
     if save is not None:
         from ..render.graph_page import page
 
         save_page(context, page(doc, model.config.n_layer), save)
     present(context, as_json, lambda: doc, lambda: view.graph_view(doc, top))
+
+
+def _intervene(model, ids, transcoders, g, ablate, steer) -> dict:
+    """--ablate / --steer: the features' new values, and the target's change as the graph
+    predicts it and as the real model gives it."""
+    from ..analysis import graph as G
+
+    changes = {G.feature_node(g, f): 0.0 for f in ablate or []}
+    for item in steer or []:
+        name, eq, value = item.partition("=")
+        try:
+            changes[G.feature_node(g, name)] = float(value) if eq else float("nan")
+        except ValueError:
+            raise InputError(f"--steer takes FEATURE=VALUE, e.g. 0_314_5=2.5, not "
+                             f"{escape_line(item)!r}") from None
+        if not np.isfinite(changes[G.feature_node(g, name)]):
+            raise InputError(f"--steer {escape_line(item)}: the value must be a finite number")
+    from ..render.graph import node_id
+
+    return {"features": [{"id": node_id(g, n), "from": float(g.activation[n]), "to": v}
+                         for n, v in changes.items()],
+            "predicted_change": G.predicted_change(g, changes),
+            "real_change": G.real_change(model.params, model.config, ids, transcoders, g,
+                                         changes)}
 
 
 def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool) -> dict:

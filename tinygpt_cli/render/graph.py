@@ -158,4 +158,12 @@ def graph_view(doc: dict, top: int) -> Group:
         t.add_row(n["id"], str(n["layer"]), str(n["position"]),
                   show_token(doc["tokens"][n["position"]]), f"{n['activation']:.2f}",
                   f"{n['influence']:.3f}", escape_line(n.get("label", "")))
-    return Group(head, sums, shares, t)
+    parts = [head, sums, shares, t]
+    if "intervention" in doc:
+        iv = doc["intervention"]
+        what = ", ".join(f"{f['id']} {f['from']:.3f} -> {f['to']:.3f}" for f in iv["features"])
+        parts.append(Text(f"intervention {what}: the target changes by "
+                          f"{iv['predicted_change']:+.4f} in the graph (linear, features "
+                          f"staying active) and {iv['real_change']:+.4f} in the real model",
+                          style="bold"))
+    return Group(*parts)
