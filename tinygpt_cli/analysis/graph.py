@@ -41,6 +41,7 @@ NODE_THRESHOLD = 0.8
 EDGE_THRESHOLD = 0.98
 N_LOGITS = 5
 BATCH = 256
+ADJACENCY_F64_MB = 256
 
 
 # ------------------------------------------------------------------ the frozen model
@@ -236,7 +237,7 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
         logit_values.append(float(last[target] - last[vs]))
     activation = np.concatenate([f_act, np.ones(n + t + 1), logit_values])
     emb = np.asarray(values["embeddings"], np.float64)
-    adj = np.zeros((nf + len(tokens), len(kinds)))
+    adj = np.zeros((nf + len(tokens), len(kinds)), adjacency_dtype(nf + len(tokens), len(kinds)))
     sources = (f_layer, f_pos, f_lat, f_act, errors, emb)
     for rows, lay, read_vecs, read_pos in _target_batches(transcoders, f_layer, f_pos, f_lat,
                                                           reads, t, nl, batch):
@@ -250,6 +251,13 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
                                         else tokens.index(target))
     return Graph(list(ids), t - 1, kinds, layer, pos, feature, activation, tokens, adj, tnode,
                  target, vs, float(activation[tnode]), real_logits=last)
+
+
+def adjacency_dtype(rows: int, cols: int) -> type:
+    """float64, unless the matrix would pass ADJACENCY_F64_MB (about 45 tokens of the shipped
+    model): then float32, each batch still computed in float64 (the sums then exact to
+    float32's rounding, 1e-7 of the largest edge)."""
+    return np.float64 if rows * cols * 8 <= ADJACENCY_F64_MB << 20 else np.float32
 
 
 def _target_batches(transcoders, f_layer, f_pos, f_lat, logit_reads, t, nl, batch):
@@ -302,9 +310,11 @@ def _bias_edges(fz: Frozen, transcoders, f_layer, f_pos, f_lat, logit_reads, t) 
 
 
 def normalised(adj: np.ndarray) -> np.ndarray:
+    """|adj| with each row divided by its sum (rows of zeros stay zero): a new array."""
     a = np.abs(adj)
-    s = a.sum(axis=1, keepdims=True)
-    return np.divide(a, s, out=np.zeros_like(a), where=s > 0)
+    s = a.sum(axis=1, keepdims=True, dtype=np.float64)
+    a *= np.divide(1.0, s, out=np.zeros_like(s), where=s > 0).astype(a.dtype)
+    return a
 
 
 def influence_on(graph: Graph, a: np.ndarray) -> np.ndarray:
@@ -312,12 +322,13 @@ def influence_on(graph: Graph, a: np.ndarray) -> np.ndarray:
     the feature and logit targets), summed over all paths: the target gives 1 to its sources
     in proportion to a's row, each feature passes on what it received the same way."""
     nf = graph.n_features
+    first_logit = len(graph.kinds) - len(graph.tokens_of_logits)
     total = np.zeros(len(graph.kinds))
     x = np.zeros(len(graph.kinds))
     x[graph.target] = 1.0
     while x.any():
-        rows = np.concatenate([x[:nf], x[len(graph.kinds) - len(graph.tokens_of_logits):]])
-        x = rows @ a
+        rows = np.concatenate([x[:nf], x[first_logit:]]).astype(a.dtype)
+        x = (rows @ a).astype(np.float64)
         total += x
     return total
 
@@ -327,37 +338,34 @@ def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
     """Keep the features carrying `node_threshold` of the influence on the target, then the
     edges carrying `edge_threshold` of what flows among the kept nodes (circuit-tracer's
     rule); every embedding, error, bias and logit node stays. Sets influence, the masks and
-    the explained fractions."""
+    the explained fractions. Works in place on one normalised copy of the adjacency."""
     nf = graph.n_features
     a = normalised(graph.adjacency)
     inf = influence_on(graph, a)
+    leaves = np.array([k in ("embedding", "bias") for k in graph.kinds])
+    graph.explained_unpruned = float(inf[leaves].sum())
     keep = np.ones(len(graph.kinds), bool)
     order = np.argsort(-inf[:nf], kind="stable")
     cum = np.cumsum(inf[:nf][order]) / max(inf[:nf].sum(), 1e-300)
     keep[:nf] = False
     keep[order[: int(np.searchsorted(cum, node_threshold) + 1)]] = True
-    rows_kept = np.concatenate([keep[:nf], np.ones(len(graph.tokens_of_logits), bool)])
-    a_kept = a * rows_kept[:, None] * keep[None, :]
-    inf_kept = influence_on(graph, a_kept)
+    a[:nf][~keep[:nf]] = 0  # the dropped features' rows and columns: a_kept
+    a[:, ~keep] = 0
+    inf_kept = influence_on(graph, a)
     row_inf = np.concatenate([inf_kept[:nf], np.zeros(len(graph.tokens_of_logits))])
     row_inf[graph.row(graph.target)] = 1.0
-    score = a_kept * row_inf[:, None]
-    flat = np.sort(score.ravel())[::-1]
-    cum = np.cumsum(flat) / max(flat.sum(), 1e-300)
-    cut = flat[min(int(np.searchsorted(cum, edge_threshold)), len(flat) - 1)]
-    edges = (score >= cut) & (score > 0)
+    a *= row_inf[:, None].astype(a.dtype)  # now each edge's score
+    on = a[a > 0]
+    on[::-1].sort()
+    cum = np.cumsum(on, dtype=np.float64) / max(float(on.sum(dtype=np.float64)), 1e-300)
+    cut = on[min(int(np.searchsorted(cum, edge_threshold)), len(on) - 1)] if len(on) else 1
+    edges = a >= cut
+    del on, cum
+    a /= np.where(row_inf > 0, row_inf, 1)[:, None].astype(a.dtype)  # back to a_kept
+    a *= edges
     graph.influence, graph.node_mask, graph.edge_mask = inf, keep, edges
-    graph.explained = explained(graph, a * edges)
-    graph.explained_unpruned = explained(graph, a)
+    graph.explained = float(influence_on(graph, a)[leaves].sum())
     return graph
-
-
-def explained(graph: Graph, a: np.ndarray) -> float:
-    """The share of the target's influence that reaches the embeddings and the bias node
-    through the edges of `a`: 1 minus what goes to the error nodes or is cut by pruning."""
-    inf = influence_on(graph, a)
-    leaves = np.array([k in ("embedding", "bias") for k in graph.kinds])
-    return float(inf[leaves].sum())
 
 
 # ------------------------------------------------------------------ interventions on features
