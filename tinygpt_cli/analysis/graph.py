@@ -89,8 +89,10 @@ def norm_forward(fz: Frozen, name: str, h: np.ndarray) -> np.ndarray:
 def norm_backward(fz: Frozen, name: str, g: np.ndarray) -> np.ndarray:
     """The frozen norm's derivative applied to g [..., T, d] (the mean's is a centring)."""
     w, _ = fz.norms[name]
-    gw = g * w * fz.scales[name][: g.shape[-2]]
-    return gw if fz.config.norm == "rms" else gw - gw.mean(axis=-1, keepdims=True)
+    gw = g * (w * fz.scales[name][: g.shape[-2]])  # one [T, d] factor, one pass over g
+    if fz.config.norm != "rms":
+        gw -= gw.mean(axis=-1, keepdims=True)
+    return gw
 
 
 def attention_forward(fz: Frozen, i: int, h: np.ndarray) -> np.ndarray:
@@ -104,14 +106,19 @@ def attention_forward(fz: Frozen, i: int, h: np.ndarray) -> np.ndarray:
 
 
 def attention_backward(fz: Frozen, i: int, g: np.ndarray) -> np.ndarray:
-    """The derivative of block i's frozen attention output, g [B, T, d] -> d resid [B, T, d]."""
-    t = g.shape[-2]
-    gz = np.einsum("btd,hkd->bhtk", g, fz.W_O[i], optimize=True)
-    gv = np.einsum("hts,bhtk->bhsk", fz.weights[i][:, :t, :t], gz)  # [B, H, T, d_k]
+    """The derivative of block i's frozen attention output, g [B, T, d] -> d resid [B, T, d]:
+    through W_O, each head's pattern transposed (to the keys' positions) and W_V, three
+    products (each group's heads summed into its key/value head by the last)."""
+    b, t, d = g.shape
+    h, dk = fz.config.n_head, fz.config.d_k
     kv = fz.W_V[i].shape[0]
-    gv = gv.reshape(g.shape[0], kv, -1, t, gv.shape[-1]).sum(axis=2)  # each group's heads
-    gx = np.einsum("bhsk,hdk->bsd", gv, fz.W_V[i], optimize=True)
-    return norm_backward(fz, f"layers.{i}.ln1", gx)
+    gz = (g.reshape(b * t, d) @ fz.W_O[i].reshape(h * dk, d).T).reshape(b, t, h, dk)
+    gz = np.ascontiguousarray(gz.transpose(2, 1, 0, 3)).reshape(h, t, b * dk)  # [H, T, B dk]
+    gv = np.swapaxes(fz.weights[i][:, :t, :t], -1, -2) @ gz  # one product a head
+    gv = gv.reshape(kv, h // kv, t, b, dk).sum(axis=1)  # [H_kv, T, B, d_k]
+    gv = np.ascontiguousarray(gv.transpose(2, 1, 0, 3)).reshape(b * t, kv * dk)
+    w_v = fz.W_V[i].transpose(0, 2, 1).reshape(kv * dk, d)  # row (head, k): W_V[head, :, k]
+    return norm_backward(fz, f"layers.{i}.ln1", (gv @ w_v).reshape(b, t, d))
 
 
 def frozen_forward(fz: Frozen, emb: np.ndarray, mlp_outs: list[np.ndarray]
@@ -275,19 +282,25 @@ def _target_batches(transcoders, f_layer, f_pos, f_lat, logit_reads, t, nl, batc
 
 
 def _fill_rows(adj, rows, post, pre0, sources, transcoders, nf, t):
-    """Each source's edge into the targets `rows`: a_s (derivative at s's write point . d_s)."""
+    """Each source's edge into the targets `rows` (a contiguous range): a_s times (the
+    derivative at s's write point . d_s). A block's features at one position are one
+    contiguous run of columns (sorted by layer, then position)."""
     f_layer, f_pos, f_lat, f_act, errors, emb = sources
+    r = slice(int(rows[0]), int(rows[-1]) + 1)
     for lay, g in enumerate(post):
         if g is None:
             continue
         on = np.flatnonzero(f_layer == lay)
-        dec = transcoders[lay].W_dec.astype(np.float64)
-        for p in np.unique(f_pos[on]):
-            cols = on[f_pos[on] == p]
-            adj[rows[:, None], cols] = (g[:, p] @ dec[f_lat[cols]].T) * f_act[cols]
-        adj[rows, nf + lay * t: nf + (lay + 1) * t] = np.einsum("btd,td->bt", g, errors[lay])
+        if len(on):
+            scaled = transcoders[lay].W_dec[f_lat[on]].astype(np.float64) * f_act[on, None]
+            starts = np.searchsorted(f_pos[on], np.arange(t + 1))
+            for p in range(t):
+                a, e = starts[p], starts[p + 1]
+                if e > a:
+                    adj[r, on[0] + a:on[0] + e] = g[:, p] @ scaled[a:e].T
+        adj[r, nf + lay * t: nf + (lay + 1) * t] = (g * errors[lay]).sum(axis=-1)
     n_err = len(errors) * t
-    adj[rows, nf + n_err: nf + n_err + t] = np.einsum("btd,td->bt", pre0, emb)
+    adj[r, nf + n_err: nf + n_err + t] = (pre0 * emb).sum(axis=-1)
 
 
 def _bias_edges(fz: Frozen, transcoders, f_layer, f_pos, f_lat, logit_reads, t) -> np.ndarray:
