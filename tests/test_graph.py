@@ -466,3 +466,35 @@ def test_graph_ablate_and_steer_print_both_changes(cli, trained):
                               f"{feat['id']}=big"), 2, "--steer takes FEATURE=VALUE")
     assert_one_error_line(cli("graph", text, "--transcoders", folder, "--ablate", "L1"), 2,
                           "LAYER_FEATURE_POSITION")
+
+
+def test_supernodes_group_by_position_and_keep_the_explained_fraction_checkable():
+    config = FAMILIES["gpt2"]
+    g = G.prune(G.build(random_params(config, seed=3), config, IDS, random_transcoders(config)),
+                0.9, 0.95)
+    assert G.grouped_explained(g, []) == pytest.approx(g.explained, abs=1e-9)
+    assert G.group(g, similarity=1.01) == []  # nothing is that similar
+    everything = G.group(g, similarity=-1.0)  # each position's features one supernode
+    nf = g.n_features
+    kept = set(np.flatnonzero(g.node_mask[:nf] & (g.edge_mask[:, :nf].any(axis=0)
+                                                  | g.edge_mask[:nf].any(axis=1))).tolist())
+    assert set().union(*map(set, everything)) <= kept
+    for members in everything:
+        assert len({int(g.pos[n]) for n in members}) == 1
+    by_pos = {}
+    for n in kept:
+        by_pos.setdefault(int(g.pos[n]), []).append(n)
+    assert len(everything) == sum(len(v) > 1 for v in by_pos.values())
+    assert 0 <= G.grouped_explained(g, everything) <= 1
+
+
+def test_graph_group_json(cli, trained):
+    folder, data, _ = trained
+    doc = cli("graph", "Lily wanted to play with her", "--transcoders", folder, "--data", data,
+              "--windows", "4", "--group", "--json").json()
+    ids = {n["id"] for n in doc["nodes"]}
+    for s in doc["supernodes"]:
+        assert len(s["members"]) > 1 and set(s["members"]) <= ids
+    gr = doc["grouped"]
+    assert gr["ungrouped"] == doc["explained"]
+    assert gr["within_tolerance"] == (abs(gr["explained"] - gr["ungrouped"]) <= gr["tolerance"])

@@ -445,3 +445,98 @@ def real_change(params, config: Config, ids: list[int], transcoders: list[S.SAE]
                      hooks=Replace({p: adder(items) for p, items in fns.items()}))[-1]
     value = logits[graph.target_token] - (0 if graph.vs is None else logits[graph.vs])
     return float(value - graph.target_value)
+
+
+# ------------------------------------------------------------------ supernodes
+
+
+GROUP_SIMILARITY = 0.6
+GROUP_TOLERANCE = 0.05
+
+
+def profiles(graph: Graph, nodes: np.ndarray) -> np.ndarray:
+    """Each feature's attribution profile in the pruned graph: its kept incoming and
+    outgoing edges, each side scaled to unit length.  -> [len(nodes), rows + cols]"""
+    a = np.where(graph.edge_mask, graph.adjacency, 0)
+    out_edges = a[:, nodes].T  # [n, rows]: into each target
+    in_edges = a[nodes]  # [n, cols]: from each source (feature rows are their node index)
+    parts = []
+    for m in (out_edges, in_edges):
+        norm = np.linalg.norm(m, axis=1, keepdims=True)
+        parts.append(np.divide(m, norm, out=np.zeros(m.shape), where=norm > 0))
+    return np.concatenate(parts, axis=1)
+
+
+def group(graph: Graph, peaks: dict[int, set] | None = None,
+          similarity: float = GROUP_SIMILARITY) -> list[list[int]]:
+    """Supernodes: the pruned graph's features at each position merged, average linkage,
+    while the mean similarity of two groups is at least `similarity`; two features' similarity
+    is the mean of the cosine of their attribution profiles (what they read and what they
+    feed) and, when `peaks` (node -> the tokens at its top windows' peaks) is given, the
+    overlap (Jaccard) of those tokens. Position first: a supernode stands for one place in
+    the text, as the viewer draws it. Returns the groups (node lists) of two or more."""
+    nf = graph.n_features
+    kept = np.flatnonzero(graph.node_mask[:nf] & (graph.edge_mask[:, :nf].any(axis=0)
+                                                  | graph.edge_mask[:nf].any(axis=1)))
+    groups = []
+    for p in np.unique(graph.pos[kept]):
+        nodes = kept[graph.pos[kept] == p]
+        if len(nodes) < 2:
+            continue
+        prof = profiles(graph, nodes)
+        sim = prof @ prof.T / 2  # two unit halves: the mean of the two cosines
+        if peaks is not None:
+            for i, a in enumerate(nodes):
+                for j, b in enumerate(nodes):
+                    pa, pb = peaks.get(int(a), set()), peaks.get(int(b), set())
+                    jac = len(pa & pb) / len(pa | pb) if pa | pb else 0.0
+                    sim[i, j] = (sim[i, j] + jac) / 2
+        groups += [[int(nodes[i]) for i in g] for g in _average_linkage(sim, similarity)
+                   if len(g) > 1]
+    return groups
+
+
+def _average_linkage(sim: np.ndarray, threshold: float) -> list[list[int]]:
+    clusters = [[i] for i in range(len(sim))]
+    while len(clusters) > 1:
+        best, pair = -np.inf, None
+        for i in range(len(clusters)):
+            for j in range(i + 1, len(clusters)):
+                s = sim[np.ix_(clusters[i], clusters[j])].mean()
+                if s > best:
+                    best, pair = s, (i, j)
+        if best < threshold:
+            break
+        i, j = pair
+        clusters[i] += clusters.pop(j)
+    return clusters
+
+
+def grouped_explained(graph: Graph, groups: list[list[int]]) -> float:
+    """`explained` with each group one node: its members' edges summed (in and out, signed,
+    edges among members dropped), normalised over every incoming edge as prune does, an
+    edge kept where any member's was; then the same influence from the target."""
+    full = _merged(graph, groups, graph.adjacency.astype(np.float64))
+    kept = _merged(graph, groups, graph.edge_mask.astype(np.float64)) > 0
+    inf = influence_on(graph, normalised(full) * kept)
+    leaves = np.array([k in ("embedding", "bias") for k in graph.kinds])
+    return float(inf[leaves].sum())
+
+
+def _merged(graph: Graph, groups: list[list[int]], a: np.ndarray) -> np.ndarray:
+    """a [rows, nodes] with each group's members' rows and columns added into its first
+    member's, the others' zero."""
+    n, nf = len(graph.kinds), graph.n_features
+    of = np.arange(n)
+    for g in groups:
+        of[g] = g[0]
+    cols = np.zeros((a.shape[0], n))
+    np.add.at(cols.T, of, a.T)
+    rows = cols.copy()
+    rows[:nf] = 0
+    np.add.at(rows, of[:nf], cols[:nf])
+    for g in groups:
+        rows[g[1:]] = 0
+        rows[:, g[1:]] = 0
+        rows[g[0], g[0]] = 0  # edges among a group's members are inside it now
+    return rows

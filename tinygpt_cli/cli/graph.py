@@ -186,6 +186,9 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
           steer: list[str] = typer.Option(None, "--steer", metavar="FEATURE=VALUE",
                                           show_default=False, help="Set this feature to "
                                           "VALUE instead (repeatable)."),
+          group: bool = typer.Option(False, "--group", help="Also merge the kept features "
+                                     "into supernodes (by attribution profile and top "
+                                     "windows, per position) and say what they keep."),
           top: int = TOP, as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
           quiet: bool = QUIET):
     """Attribution graph: the transcoder features, tokens and errors behind a prediction.
@@ -223,6 +226,8 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                "node_threshold": node_threshold, "edge_threshold": edge_threshold}
     examples = _examples(model, found, folder, g, data, windows, as_json)
     doc = view.graph_doc(g, model.tokenizer, examples, options=options)
+    if group:
+        doc["supernodes"], doc["grouped"] = _supernodes(g, examples, model.tokenizer)
     if ablate or steer:
         doc["intervention"] = _intervene(model, ids[:position + 1], found, g, ablate, steer)
     if save is not None:
@@ -254,6 +259,34 @@ def _intervene(model, ids, transcoders, g, ablate, steer) -> dict:
             "predicted_change": G.predicted_change(g, changes),
             "real_change": G.real_change(model.params, model.config, ids, transcoders, g,
                                          changes)}
+
+
+def _supernodes(g, examples: dict, tokenizer) -> tuple[list, dict]:
+    """--group: the supernodes (members, position, layers, their labels) and the grouped
+    graph's explained fraction beside the ungrouped one's, within GROUP_TOLERANCE or not."""
+    from ..analysis import graph as G
+    from ..render.graph import node_id
+
+    peaks = {}
+    for n in range(g.n_features):
+        found = examples.get((int(g.layer[n]), int(g.feature[n])))
+        if found is not None:
+            peaks[n] = {e["ids"][e["peak"]] for e in found["examples"]}
+    groups = G.group(g, peaks if peaks else None)
+    nodes = [{"id": f"S{i}", "members": [node_id(g, n) for n in members],
+              "position": int(g.pos[members[0]]),
+              "layers": sorted({int(g.layer[n]) for n in members}),
+              "labels": sorted({examples[int(g.layer[n]), int(g.feature[n])]["label"]
+                                for n in members if (int(g.layer[n]), int(g.feature[n]))
+                                in examples})}
+             for i, members in enumerate(groups)]
+    grouped = G.grouped_explained(g, groups)
+    return nodes, {"explained": grouped, "ungrouped": g.explained,
+                   "tolerance": G.GROUP_TOLERANCE,
+                   "within_tolerance": abs(grouped - g.explained) <= G.GROUP_TOLERANCE,
+                   "method": "average linkage per position on the mean of the attribution "
+                             "profiles' cosine and the top-window peak tokens' overlap, "
+                             f"merged down to {G.GROUP_SIMILARITY}"}
 
 
 def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool) -> dict:

@@ -159,6 +159,14 @@ def graph_view(doc: dict, top: int) -> Group:
                   show_token(doc["tokens"][n["position"]]), f"{n['activation']:.2f}",
                   f"{n['influence']:.3f}", escape_line(n.get("label", "")))
     parts = [head, sums, shares, t]
+    if "supernodes" in doc:
+        gr = doc["grouped"]
+        parts.append(Text(f"{len(doc['supernodes'])} supernodes of "
+                          f"{sum(len(s['members']) for s in doc['supernodes'])} features; "
+                          f"the grouped graph explains {gr['explained']:.3f} (ungrouped "
+                          f"{gr['ungrouped']:.3f}, "
+                          + ("within" if gr["within_tolerance"] else "OUTSIDE")
+                          + f" the tolerance {gr['tolerance']})"))
     if "intervention" in doc:
         iv = doc["intervention"]
         what = ", ".join(f"{f['id']} {f['from']:.3f} -> {f['to']:.3f}" for f in iv["features"])
