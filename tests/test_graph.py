@@ -339,7 +339,8 @@ def test_the_viewer_in_chromium(cli, trained, browser, tmp_path):
 
     folder, data, _ = trained
     text = "Lily </script><b>wanted</b> to play with her"
-    common = ("graph", text, "--transcoders", folder, "--data", data, "--windows", "4")
+    common = ("graph", text, "--transcoders", folder, "--data", data, "--windows", "4",
+              "--group")
     doc = cli(*common, "--json").json()
     page = tmp_path / "graph.html"
     r = cli(*common, "--save", page, "--quiet")
@@ -359,11 +360,13 @@ def test_the_viewer_in_chromium(cli, trained, browser, tmp_path):
         const side = document.getElementById("side").textContent;
         f.dispatchEvent(new MouseEvent("click", {bubbles: true}));
         return {nodes, id: f.getAttribute("data-id"), side, bold: q("b").length,
+                supers: q("rect.super").length,
                 path: q(".node.path").map(n => n.getAttribute("data-id")),
                 pinned: document.getElementById("pinned").textContent,
                 title: document.querySelector("h1").textContent};
     })()""")
     assert sorted(got["nodes"]) == sorted(n["id"] for n in doc["nodes"])
+    assert got["supers"] == len(doc["supernodes"])
     node = next(n for n in doc["nodes"] if n["id"] == got["id"])
     assert node["label"] in got["side"] and "not an explanation" in got["side"]
     for ex in node["examples"]:

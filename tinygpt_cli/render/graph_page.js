@@ -35,6 +35,17 @@ shownEdges.forEach(e => { const s = byId[e.source], t = byId[e.target];
     stroke: e.weight >= 0 ? "#1f6feb" : "#cf222e",
     "stroke-width": (0.4 + 3.6 * Math.abs(e.weight) / maxW).toFixed(2),
     "stroke-opacity": (0.15 + 0.6 * Math.abs(e.weight) / maxW).toFixed(2)}, gEdges); });
+const groupOf = {};
+(doc.supernodes || []).forEach(sn => {
+  const ms = sn.members.map(id => byId[id]).filter(Boolean);
+  if (!ms.length) return;
+  ms.forEach(m => { groupOf[m.id] = sn; });
+  const xs = ms.map(m => m.x), ys = ms.map(m => m.y);
+  const box = el("rect", {class: "super", x: Math.min(...xs) - 7, y: Math.min(...ys) - 7,
+    width: Math.max(...xs) - Math.min(...xs) + 14, height: Math.max(...ys) - Math.min(...ys) + 14,
+    rx: 6, fill: "#8250df22", stroke: "#8250df", "stroke-dasharray": "3 2"});
+  el("title", {}, box).textContent = `${sn.id}: ${ms.length} features`;
+});
 const colour = {feature: "#8250df", error: "#9a6700", embedding: "#1a7f37", bias: "#57606a", logit: "#0969da"};
 nodes.forEach(n => {
   const a = {class: "node", fill: colour[n.kind], "data-id": n.id};
@@ -62,6 +73,8 @@ function show(n) {
   if (n.activation !== undefined) facts.push(`activation ${n.activation.toFixed(4)}`);
   if (n.value !== undefined) facts.push(`value ${n.value.toFixed(4)}`);
   add(side, "p", facts.join(" · "), "dim");
+  const sn = groupOf[n.id];
+  if (sn) add(side, "p", `supernode ${sn.id}: ${sn.members.length} features (${sn.labels.join("; ")})`);
   if (n.label) add(side, "p", "label: " + n.label + " (a summary of its top windows, not an explanation)");
   if (n.examples && n.examples.length) {
     add(side, "p", "top windows of the training text:", "dim");
