@@ -501,3 +501,13 @@ def test_graph_group_json(cli, trained):
     gr = doc["grouped"]
     assert gr["ungrouped"] == doc["explained"]
     assert gr["within_tolerance"] == (abs(gr["explained"] - gr["ungrouped"]) <= gr["tolerance"])
+
+
+def test_the_edge_threshold_is_circuit_tracers_cumulative_cut_in_chunks():
+    rng = np.random.default_rng(0)
+    scores = rng.random(5000) ** 3
+    for share in (0.0, 0.5, 0.98, 1.0):
+        srt = np.sort(scores)[::-1]
+        cum = np.cumsum(srt) / srt.sum()
+        want = srt[min(int(np.searchsorted(cum, share)), len(srt) - 1)]
+        assert G.threshold_of(scores.copy(), share, chunk=7) == pytest.approx(want, rel=1e-12)

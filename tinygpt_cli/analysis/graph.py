@@ -322,6 +322,24 @@ def _bias_edges(fz: Frozen, transcoders, f_layer, f_pos, f_lat, logit_reads, t) 
 # ------------------------------------------------------------------ influence and pruning
 
 
+def threshold_of(scores: np.ndarray, share: float, chunk: int = 1 << 20) -> float:
+    """The smallest score among the largest ones that together make `share` of the total
+    (circuit-tracer's find_threshold), `scores` sorted in place; the running sum is taken a
+    chunk at a time, so no second array of their size is made."""
+    if not len(scores):
+        return 1.0
+    scores.sort()
+    top = scores[::-1]
+    want = share * float(scores.sum(dtype=np.float64))
+    running = 0.0
+    for start in range(0, len(top), chunk):
+        cum = np.cumsum(top[start:start + chunk], dtype=np.float64) + running
+        if cum[-1] >= want:
+            return float(top[start + int(np.searchsorted(cum, want))])
+        running = float(cum[-1])
+    return float(top[-1])
+
+
 def normalised(adj: np.ndarray) -> np.ndarray:
     """|adj| with each row divided by its sum (rows of zeros stay zero): a new array."""
     a = np.abs(adj)
@@ -368,12 +386,7 @@ def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
     row_inf = np.concatenate([inf_kept[:nf], np.zeros(len(graph.tokens_of_logits))])
     row_inf[graph.row(graph.target)] = 1.0
     a *= row_inf[:, None].astype(a.dtype)  # now each edge's score
-    on = a[a > 0]
-    on[::-1].sort()
-    cum = np.cumsum(on, dtype=np.float64) / max(float(on.sum(dtype=np.float64)), 1e-300)
-    cut = on[min(int(np.searchsorted(cum, edge_threshold)), len(on) - 1)] if len(on) else 1
-    edges = a >= cut
-    del on, cum
+    edges = a >= threshold_of(a[a > 0], edge_threshold)
     a /= np.where(row_inf > 0, row_inf, 1)[:, None].astype(a.dtype)  # back to a_kept
     a *= edges
     graph.influence, graph.node_mask, graph.edge_mask = inf, keep, edges
