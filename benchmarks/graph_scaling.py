@@ -46,6 +46,12 @@ def main(lengths: list[int]) -> None:
                              text=True, check=True, cwd=ROOT, env=env)
         rows.append(json.loads(out.stdout.splitlines()[-1]) | {"load": os.getloadavg()[0]})
         print(rows[-1], file=sys.stderr)
+        write(rows)  # after each length: a long one cut short leaves the shorter ones
+
+
+def write(rows: list[dict]) -> None:
+    from tinygpt_cli.files import write_text
+
     lines = ["# Attribution graph: time and memory against the text's length", "",
              "Written by `python benchmarks/graph_scaling.py` on the shipped model and its",
              "shipped transcoders (4 blocks x 1,024 latents, k = 32), one thread, each length a",
@@ -57,8 +63,6 @@ def main(lengths: list[int]) -> None:
     lines += [f"| {r['tokens']} | {r['features']:,} | {r['seconds']:.1f} | "
               f"{r['adjacency_mb']:.0f} | {r['peak_mb']:.0f} | {r['explained']:.3f} | "
               f"{r['load']:.1f} |" for r in rows]
-    from tinygpt_cli.files import write_text
-
     write_text(ROOT / "benchmarks" / "graph_scaling.md", "\n".join(lines) + "\n")
 
 
