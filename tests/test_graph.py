@@ -461,12 +461,12 @@ def test_graph_ablate_and_steer_print_both_changes(cli, trained):
     assert iv["features"] == [{"id": feat["id"], "from": pytest.approx(feat["activation"]),
                                "to": 0.0}]
     assert set(iv) == {"features", "predicted_change", "real_change"}
-    view = cli("graph", text, "--transcoders", folder, "--steer", f"{feat['id']}=1.5").out
+    view = cli("graph", text, "--transcoders", folder, "--set", f"{feat['id']}=1.5").out
     assert f"intervention {feat['id']}" in view and "in the real model" in view
     assert_one_error_line(cli("graph", text, "--transcoders", folder, "--ablate", "9_9_99"), 2,
                           "feature 9_9_99 is not active in this text")
-    assert_one_error_line(cli("graph", text, "--transcoders", folder, "--steer",
-                              f"{feat['id']}=big"), 2, "--steer takes FEATURE=VALUE")
+    assert_one_error_line(cli("graph", text, "--transcoders", folder, "--set",
+                              f"{feat['id']}=big"), 2, "--set takes FEATURE=VALUE")
     assert_one_error_line(cli("graph", text, "--transcoders", folder, "--ablate", "L1"), 2,
                           "LAYER_FEATURE_POSITION")
 
@@ -511,3 +511,20 @@ def test_the_edge_threshold_is_circuit_tracers_cumulative_cut_in_chunks():
         cum = np.cumsum(srt) / srt.sum()
         want = srt[min(int(np.searchsorted(cum, share)), len(srt) - 1)]
         assert G.threshold_of(scores.copy(), share, chunk=7) == pytest.approx(want, rel=1e-12)
+
+
+def test_a_steered_graph_sums_to_the_steered_logit(cli, trained, tiny):
+    from tinygpt_cli.hooks import add_vector
+
+    folder, _, _ = trained
+    text = "Lily wanted to play with her"
+    v = np.linspace(-1, 1, tiny.model.config.n_embd)
+    np.save(folder.parent / "v.npy", v)
+    doc = cli("graph", text, "--transcoders", folder, "--steer-vector", folder.parent / "v.npy",
+              "--steer-layer", "1", "--steer-scale", "2", "--json").json()
+    hook = add_vector("layers.1.resid_pre", v, 2.0)
+    real = forward(tiny.model.params, tiny.model.config, np.asarray(doc["ids"]), hooks=hook)[-1]
+    tl = doc["target_logit"]
+    assert tl["value"] == pytest.approx(float(real[tl["id"]]), abs=1e-5)
+    assert tl["incoming_total"] == pytest.approx(tl["value"], abs=1e-4)
+    assert doc["steered"]

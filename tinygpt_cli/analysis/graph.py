@@ -60,9 +60,10 @@ class Frozen:
     b_V: list[np.ndarray]  # noqa: N815 [H_kv, d_k]
     W_O: list[np.ndarray]  # noqa: N815 [H, d_k, d]
     b_O: list[np.ndarray]  # noqa: N815 [d]
+    shift: tuple[int, np.ndarray] | None = None  # steering: (block, vector added to its input)
 
 
-def freeze(params, config: Config, values: dict) -> Frozen:
+def freeze(params, config: Config, values: dict, steering=None) -> Frozen:
     f64 = lambda a: None if a is None else np.asarray(a, np.float64)  # noqa: E731
     names = [f"layers.{i}.{n}" for i in range(config.n_layer) for n in ("ln1", "ln2")]
     names.append("ln_final")
@@ -74,7 +75,16 @@ def freeze(params, config: Config, values: dict) -> Frozen:
     return Frozen(config, [f64(values[f"layers.{i}.weights"]) for i in range(config.n_layer)],
                   scales, norms, [f64(q[2]) for q in qkv], [f64(q[5]) for q in qkv],
                   [f64(head_out_matrix(params, config, i)) for i in range(config.n_layer)],
-                  [np.zeros(config.n_embd) if b is None else f64(b) for b in b_o])
+                  [np.zeros(config.n_embd) if b is None else f64(b) for b in b_o],
+                  _shift_of(steering))
+
+
+def _shift_of(steering) -> tuple[int, np.ndarray] | None:
+    """A Steering hook on layers.L.resid_pre as (L, its vector): a constant of the linear
+    model, part of the bias node."""
+    if steering is None:
+        return None
+    return int(steering.site.split(".")[1]), np.asarray(steering.shift, np.float64)
 
 
 def norm_forward(fz: Frozen, name: str, h: np.ndarray) -> np.ndarray:
@@ -127,6 +137,8 @@ def frozen_forward(fz: Frozen, emb: np.ndarray, mlp_outs: list[np.ndarray]
     (each block's transcoder input ln2.out, the final norm's output)."""
     h, reads = emb, []
     for i in range(fz.config.n_layer):
+        if fz.shift is not None and fz.shift[0] == i:
+            h = h + fz.shift[1]
         a = attention_forward(fz, i, h)
         if fz.config.parallel:
             reads.append(norm_forward(fz, f"layers.{i}.ln2", h))
@@ -218,10 +230,12 @@ def logit_nodes(logits: np.ndarray, target: int | None, vs: int | None, n: int) 
 
 def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
           target: int | None = None, vs: int | None = None, n_logits: int = N_LOGITS,
-          batch: int = BATCH) -> Graph:
-    """The unpruned graph of the prediction after the last token of `ids`."""
-    real, values = record(params, config, np.asarray(ids))
-    fz = freeze(params, config, values)
+          batch: int = BATCH, steering=None) -> Graph:
+    """The unpruned graph of the prediction after the last token of `ids` (of the run
+    steered by `steering`, a hooks.Steering on a block's resid_pre, when given: its vector
+    is a constant of the frozen model, in the bias node)."""
+    real, values = record(params, config, np.asarray(ids), hooks=steering)
+    fz = freeze(params, config, values, steering)
     t = len(ids)
     f_layer, f_pos, f_lat, f_act, errors = transcoder_features(transcoders, values,
                                                                config.n_layer)
@@ -434,7 +448,7 @@ def predicted_change(graph: Graph, changes: dict[int, float]) -> float:
 
 
 def real_change(params, config: Config, ids: list[int], transcoders: list[S.SAE],
-                graph: Graph, changes: dict[int, float]) -> float:
+                graph: Graph, changes: dict[int, float], steering=None) -> float:
     """The target's change in the real model when each feature's decoder contribution is
     moved to its new activation (mlp_out + (new - old) W_dec[j] at its position; the rest
     of the MLP as it was), downstream features free to change as the model computes."""
@@ -454,8 +468,11 @@ def real_change(params, config: Config, ids: list[int], transcoders: list[S.SAE]
             return v
         return fn
 
+    from ..hooks import chained
+
     logits = forward(params, config, np.asarray(ids),
-                     hooks=Replace({p: adder(items) for p, items in fns.items()}))[-1]
+                     hooks=chained(steering, Replace({p: adder(items)
+                                                      for p, items in fns.items()})))[-1]
     value = logits[graph.target_token] - (0 if graph.vs is None else logits[graph.vs])
     return float(value - graph.target_value)
 

@@ -116,10 +116,11 @@ def load_transcoder(path: Path, config: Config, weights_file: Path, layer: int) 
 
 
 def train_layer(x: np.ndarray, y: np.ndarray, out: Path, layer: int, settings: dict,
-                weights_sha256: str, bar) -> S.TrainState:
-    """Block `layer`'s transcoder on (x, y) [N, d], resumably (sae.train_resumably)."""
+                weights_sha256: str, bar, changes: dict | None = None) -> S.TrainState:
+    """Block `layer`'s transcoder on (x, y) [N, d], resumably (sae.train_resumably);
+    `changes` ({"steered": ...}) into its metadata and settings."""
     settings = {**settings, "site": output_path(layer), "layer": layer}
-    return S.train_resumably(x, out, settings, weights_sha256, bar, y=y,
+    return S.train_resumably(x, out, settings, weights_sha256, bar, changes, y=y,
                              meta={"kind": "transcoder", "layer": str(layer),
                                    "reads": input_path(layer)})
 
@@ -206,13 +207,14 @@ def evaluate(params, config: Config, transcoders: list[S.SAE], inputs: np.ndarra
     return TranscoderEval(int(targets.size), layers, *losses)
 
 
-def evaluate_held_out(model, transcoders: list[S.SAE], data, windows: int, progress=None):
+def evaluate_held_out(model, transcoders: list[S.SAE], data, windows: int, progress=None,
+                      hooks=None):
     """`transcoder eval`: on `windows` windows of --data (a file, or a folder's last part)."""
     from ..corpus import data_windows, given_or, held_out_files
 
     files = given_or(data, held_out_files)
     x, y = data_windows(files, model.tokenizer, model.config.n_positions, windows)
-    return (evaluate(model.params, model.config, transcoders, x, y, progress),
+    return (evaluate(model.params, model.config, transcoders, x, y, progress, hooks),
             [f.name for f in files])
 
 

@@ -32,7 +32,9 @@ from .common import (
     load,
     present,
     read_text,
+    steered,
 )
+from .steering import keep_default_file, steerable
 
 if TYPE_CHECKING:
     from ..context import RunContext
@@ -56,6 +58,7 @@ TRANSCODERS = typer.Option(None, "--transcoders", metavar="DIR", show_default=Fa
 
 
 @transcoder_app.command("train")
+@steerable  # on the steered run's values: --steer needs --transcoders DIR
 def transcoder_train(
     context: RunContext,
     weights: Path = WEIGHTS,
@@ -89,8 +92,10 @@ def transcoder_train(
     from ..corpus import data_windows, training_files
     from ..files import sha256
 
+    keep_default_file(context, out, "the weights folder's transcoders/", "--transcoders")
     model = load(context, weights)
     folder = T.folder_of(model.weights_file, out)
+    hooks, changes = steered(context, model)
     if k > latents:
         raise InputError(f"--k {k} is more than the {latents} latents")
     todo = [i for i in range(model.config.n_layer)
@@ -101,17 +106,17 @@ def transcoder_train(
     x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
                            windows)
     with bar(as_json)(len(x_in), "the MLPs' inputs and outputs") as advance:
-        values = T.mlp_values(model.params, model.config, x_in, progress=advance)
+        values = T.mlp_values(model.params, model.config, x_in, progress=advance, hooks=hooks)
     settings = {"latents": latents, "k": k, "steps": steps, "batch": batch, "lr": lr,
                 "windows": windows, "seed": seed}
     trained = []
     for i in todo:
         state = T.train_layer(*values[i], T.file_of(folder, i), i, settings,
-                              sha256(model.weights_file), bar(as_json))
+                              sha256(model.weights_file), bar(as_json), changes)
         trained.append({"layer": i, "path": str(T.file_of(folder, i)), "steps": state.step,
                         "final_loss": sum(state.losses[-50:]) / len(state.losses[-50:])})
     doc = {"folder": str(folder), "latents": latents, "k": k, "tokens": len(values[0][0]),
-           "trained": trained}
+           "trained": trained, **changes}
     present(context, as_json, lambda: doc, lambda: _trained_view(doc))
 
 
@@ -128,6 +133,7 @@ def _trained_view(doc: dict):
 
 
 @transcoder_app.command("eval")
+@steerable  # every run the steered one; the transcoders replace its MLPs
 def transcoder_eval(context: RunContext, weights: Path = WEIGHTS,
                     transcoders: Path = TRANSCODERS,
                     data: Path = typer.Option(None, "--data", help="Held-out stories: a file, "
@@ -152,9 +158,10 @@ def transcoder_eval(context: RunContext, weights: Path = WEIGHTS,
     model = load(context, weights)
     found = T.load_transcoders(T.folder_of(model.weights_file, transcoders), model.config,
                                model.weights_file)
+    hooks, changes = steered(context, model)
     with bar(as_json)(4, "evaluating") as advance:
-        result, names = T.evaluate_held_out(model, found, data, windows, advance)
-    present(context, as_json, lambda: view.eval_doc(result, names),
+        result, names = T.evaluate_held_out(model, found, data, windows, advance, hooks)
+    present(context, as_json, lambda: {**view.eval_doc(result, names), **changes},
             lambda: view.eval_view(result, names))
 
 
@@ -162,6 +169,7 @@ def transcoder_eval(context: RunContext, weights: Path = WEIGHTS,
 
 
 @app.command()
+@steerable  # the real run steered: its vector a constant of the frozen model (the bias node)
 def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
           transcoders: Path = TRANSCODERS, target: str = TARGET, vs: str = VS,
           position: int = POSITION,
@@ -183,9 +191,10 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                                            "(LAYER_FEATURE_POSITION, as the JSON names it) "
                                            "to 0; print the graph's and the real change of "
                                            "the target logit (repeatable)."),
-          steer: list[str] = typer.Option(None, "--steer", metavar="FEATURE=VALUE",
-                                          show_default=False, help="Set this feature to "
-                                          "VALUE instead (repeatable)."),
+          set_to: list[str] = typer.Option(None, "--set", metavar="FEATURE=VALUE",
+                                           show_default=False, help="Set this feature to "
+                                           "VALUE instead (repeatable; --steer is the "
+                                           "residual-stream steering of every command)."),
           group: bool = typer.Option(False, "--group", help="Also merge the kept features "
                                      "into supernodes (by attribution profile and top "
                                      "windows, per position) and say what they keep."),
@@ -220,16 +229,19 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     found = T.load_transcoders(folder, model.config, model.weights_file)
     want = None if target is None else token_id(model, target)
     other = None if vs is None else token_id(model, vs)
+    hooks, changes = steered(context, model)
     g = G.prune(G.build(model.params, model.config, ids[:position + 1], found, target=want,
-                        vs=other, n_logits=logits), node_threshold, edge_threshold)
+                        vs=other, n_logits=logits, steering=hooks), node_threshold,
+                edge_threshold)
     options = {"target": target, "vs": vs, "position": position, "logits": logits,
                "node_threshold": node_threshold, "edge_threshold": edge_threshold}
     examples = _examples(model, found, folder, g, data, windows, as_json)
-    doc = view.graph_doc(g, model.tokenizer, examples, options=options)
+    doc = {**view.graph_doc(g, model.tokenizer, examples, options=options), **changes}
     if group:
         doc["supernodes"], doc["grouped"] = _supernodes(g, examples, model.tokenizer)
-    if ablate or steer:
-        doc["intervention"] = _intervene(model, ids[:position + 1], found, g, ablate, steer)
+    if ablate or set_to:
+        doc["intervention"] = _intervene(model, ids[:position + 1], found, g, ablate, set_to,
+                                         hooks)
     if save is not None:
         from ..render.graph_page import page
 
@@ -237,28 +249,28 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     present(context, as_json, lambda: doc, lambda: view.graph_view(doc, top))
 
 
-def _intervene(model, ids, transcoders, g, ablate, steer) -> dict:
-    """--ablate / --steer: the features' new values, and the target's change as the graph
+def _intervene(model, ids, transcoders, g, ablate, set_to, steering) -> dict:
+    """--ablate / --set: the features' new values, and the target's change as the graph
     predicts it and as the real model gives it."""
     from ..analysis import graph as G
 
     changes = {G.feature_node(g, f): 0.0 for f in ablate or []}
-    for item in steer or []:
+    for item in set_to or []:
         name, eq, value = item.partition("=")
         try:
             changes[G.feature_node(g, name)] = float(value) if eq else float("nan")
         except ValueError:
-            raise InputError(f"--steer takes FEATURE=VALUE, e.g. 0_314_5=2.5, not "
+            raise InputError(f"--set takes FEATURE=VALUE, e.g. 0_314_5=2.5, not "
                              f"{escape_line(item)!r}") from None
         if not np.isfinite(changes[G.feature_node(g, name)]):
-            raise InputError(f"--steer {escape_line(item)}: the value must be a finite number")
+            raise InputError(f"--set {escape_line(item)}: the value must be a finite number")
     from ..render.graph import node_id
 
     return {"features": [{"id": node_id(g, n), "from": float(g.activation[n]), "to": v}
                          for n, v in changes.items()],
             "predicted_change": G.predicted_change(g, changes),
             "real_change": G.real_change(model.params, model.config, ids, transcoders, g,
-                                         changes)}
+                                         changes, steering)}
 
 
 def _supernodes(g, examples: dict, tokenizer) -> tuple[list, dict]:
