@@ -48,6 +48,8 @@ LISTED: dict[str, tuple[str, str]] = {
                              "by the backward pass."),
     "means": ("explain", "Store each head's and MLP's mean output over the validation text, for "
                          "--mode mean."),
+    "graph": ("graph", "Attribution graph: the transcoder features, tokens and errors behind a "
+                       "prediction."),
     "circuit": ("circuits", "Edge attribution: which connections between components carry the "
                             "prediction."),
     "qk": ("circuits", "QK attribution: one head's attention scores split by where the query and "
@@ -73,6 +75,8 @@ LISTED: dict[str, tuple[str, str]] = {
     "train": ("train", "Train the model in NumPy; OUT becomes a weights folder holding the best "
                        "checkpoint."),
     "model-card": ("train", "Write MODEL_CARD.md and loss_curve.svg for a trained weights folder."),
+    "transcoder": ("graph", "Transcoders: one sparse dictionary per block's MLP, from ln2.out to "
+                            "mlp_out."),
     "mcp": ("agents", "Serve the commands to an agent as MCP tools over stdio (the mcp "
                       "extra)."),
     "sae": ("features", "Sparse autoencoders: train one on a site, evaluate it on held-out text, "

@@ -9,6 +9,10 @@ component along each row removed first, and an auxiliary loss (AuxK) lets latent
 fired for a while reconstruct what the live ones miss, so few stay dead. Adam with an explicit
 backward pass; the tokens come in as arrays (the caller reads the text), never from files here.
 
+A transcoder (analysis/transcoder.py) is the same dictionary reading one value and predicting
+another: `b_in` (fixed, the input's mean) centres the input in place of b_dec, and the loss
+compares the reconstruction with the target `y` instead of x; everything else is shared.
+
 Evaluation follows SAELens' metrics on held-out text: L0, explained variance, dead latents, and
 the loss with the reconstruction spliced into the forward pass, against zero *and* mean
 ablation of the same site (loss recovered = (L_ablated - L_sae) / (L_ablated - L_clean)).
@@ -79,6 +83,7 @@ class SAE:
     b_dec_in: bool = True  # SAELens' apply_b_dec_to_input
     normalize: str = "none"  # SAELens' normalize_activations
     rescale: bool = False  # SAELens' rescale_acts_by_decoder_norm (topk)
+    b_in: np.ndarray | None = None  # [d] a transcoder's fixed input centre; None: b_dec
 
     @property
     def n_latents(self) -> int:
@@ -89,10 +94,16 @@ class SAE:
 
 
 def pre_activations(sae: SAE, x: np.ndarray) -> np.ndarray:
-    """(x - b_dec) W_enc + b_enc, of x normalised as the SAE says.  [..., d] -> [..., m]"""
+    """(x - b_dec) W_enc + b_enc (a transcoder's: x - b_in), of x normalised as the SAE
+    says.  [..., d] -> [..., m]"""
     if sae.normalize != "none":
         x = _normalised(sae, x)
-    return (x - sae.b_dec if sae.b_dec_in else x) @ sae.W_enc + sae.b_enc
+    return (x - centre(sae) if sae.b_dec_in else x) @ sae.W_enc + sae.b_enc
+
+
+def centre(sae: SAE) -> np.ndarray:
+    """What the encoder subtracts from its input: b_dec, or a transcoder's b_in."""
+    return sae.b_dec if sae.b_in is None else sae.b_in
 
 
 def _normalised(sae: SAE, x: np.ndarray) -> np.ndarray:
@@ -174,34 +185,45 @@ def latent_share(sae: SAE, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return share if sae.normalize == "none" else share * _scale_out(sae, x)[0]
 
 
-def init_sae(x: np.ndarray, n_latents: int, k: int, site: str, seed: int) -> SAE:
-    """Random unit decoder rows, W_enc = W_dec^T, b_enc = 0, b_dec = the data mean."""
+def init_sae(x: np.ndarray, n_latents: int, k: int, site: str, seed: int,
+             y: np.ndarray | None = None) -> SAE:
+    """Random unit decoder rows, W_enc = W_dec^T, b_enc = 0, b_dec = the data mean. A
+    transcoder's (target y): b_dec the mean of y, b_in the mean of x, and W_enc scaled by
+    half the ratio of their spreads, so that the first predictions have the target's size
+    (unscaled, ln2.out 4x the size of mlp_out, the first thousand steps only shrank them)."""
     rng = np.random.default_rng(seed)
     d = x.shape[-1]
     w_dec = rng.standard_normal((n_latents, d)).astype(np.float32)
     w_dec /= np.linalg.norm(w_dec, axis=1, keepdims=True)
-    return SAE(np.ascontiguousarray(w_dec.T), np.zeros(n_latents, np.float32), w_dec,
-               x.reshape(-1, d).mean(axis=0).astype(np.float32), site, k)
+    mean = x.reshape(-1, d).mean(axis=0).astype(np.float32)
+    if y is None:
+        return SAE(np.ascontiguousarray(w_dec.T), np.zeros(n_latents, np.float32), w_dec,
+                   mean, site, k)
+    target = y.reshape(-1, d).mean(axis=0).astype(np.float32)
+    ratio = 0.5 * np.sqrt(data_scale(y) / max(data_scale(x), 1e-30))
+    return SAE(np.ascontiguousarray(w_dec.T * np.float32(ratio)),
+               np.zeros(n_latents, np.float32), w_dec, target, site, k, b_in=mean)
 
 
 # ------------------------------------------------------------------ the loss and its gradient
 
 
 def loss_and_grads(sae: SAE, x: np.ndarray, scale: float,
-                   dead: np.ndarray | None = None, k_aux: int = 0
+                   dead: np.ndarray | None = None, k_aux: int = 0, y: np.ndarray | None = None
                    ) -> tuple[float, dict[str, np.ndarray], np.ndarray]:
     """The training loss, its gradient for each parameter, and the latents z.
 
     loss = sum ||x_hat - x||^2 / (N scale)                      (scale: the data's variance
          + AUX_SCALE sum ||e_hat - e||^2 / (N scale)             summed over d, so 1 = mean)
     where e = x - x_hat (held constant) and e_hat = z_aux W_dec, z_aux the top k_aux of the
-    pre-activations of the dead latents only (Gao et al.'s AuxK). x: [N, d].
+    pre-activations of the dead latents only (Gao et al.'s AuxK). x: [N, d]; a transcoder's
+    target y [N, d] in place of x in both errors.
     """
     n = x.shape[0]
-    xc = x - sae.b_dec  # [N, d]
+    xc = x - centre(sae)  # [N, d]
     a = xc @ sae.W_enc + sae.b_enc  # [N, m]
     z = top_k_relu(a, sae.k)
-    r = z @ sae.W_dec + sae.b_dec - x  # x_hat - x
+    r = z @ sae.W_dec + sae.b_dec - (x if y is None else y)  # x_hat - x
     loss = float(np.vdot(r, r)) / (n * scale)
     g = (2.0 / (n * scale)) * r  # d loss / d x_hat
     dw_dec = z.T @ g
@@ -217,7 +239,8 @@ def loss_and_grads(sae: SAE, x: np.ndarray, scale: float,
         da += (g_aux @ sae.W_dec.T) * (z_aux > 0)
     dw_enc = xc.T @ da
     db_enc = da.sum(axis=0)
-    db_dec -= da.sum(axis=0) @ sae.W_enc.T
+    if sae.b_in is None:  # b_dec is also the input's centre
+        db_dec -= da.sum(axis=0) @ sae.W_enc.T
     return loss, {"W_enc": dw_enc, "b_enc": db_enc, "W_dec": dw_dec, "b_dec": db_dec}, z
 
 
@@ -247,8 +270,8 @@ class TrainState:
 
 
 def new_state(x: np.ndarray, n_latents: int, k: int, site: str, seed: int,
-              lr: float) -> TrainState:
-    sae = init_sae(x, n_latents, k, site, seed)
+              lr: float, y: np.ndarray | None = None) -> TrainState:
+    sae = init_sae(x, n_latents, k, site, seed, y)
     adam = AdamW(sae.params(), betas=SAE_BETAS, weight_decay=0.0)
     return TrainState(sae, adam, lr, 0, np.zeros(n_latents, np.int64))
 
@@ -260,19 +283,22 @@ def data_scale(x: np.ndarray) -> float:
 
 def train_steps(state: TrainState, x: np.ndarray, steps: int, *, batch: int = 1024,
                 seed: int = 0, k_aux: int | None = None, dead_after: int = 20_000,
-                progress: Callable[[TrainState], None] | None = None) -> TrainState:
+                progress: Callable[[TrainState], None] | None = None,
+                y: np.ndarray | None = None) -> TrainState:
     """Run until state.step == steps. Batch b is drawn by a generator seeded (seed, step), so
-    a resumed run draws what the uninterrupted run would have. x: [N, d] float32."""
+    a resumed run draws what the uninterrupted run would have. x: [N, d] float32 (and a
+    transcoder's targets y [N, d])."""
     sae = state.sae
-    scale = data_scale(x)
+    scale = data_scale(x if y is None else y)
     k_aux = k_aux if k_aux is not None else min(2 * x.shape[1], sae.n_latents // 2)
     params = sae.params()
     while state.step < steps:
         rng = np.random.default_rng([seed, state.step])
-        xb = x[rng.integers(0, len(x), size=batch)]
+        pick = rng.integers(0, len(x), size=batch)
+        xb, yb = x[pick], None if y is None else y[pick]
         lr = state.lr * min(1.0, 5 * (steps - state.step) / steps)  # decay over the last 20%
         dead = state.since_fired > dead_after
-        loss, grads, z = loss_and_grads(sae, xb, scale, dead, k_aux)
+        loss, grads, z = loss_and_grads(sae, xb, scale, dead, k_aux, yb)
         grads["W_dec"] = remove_parallel(grads["W_dec"], sae.W_dec)
         state.adam.step(params, grads, lr)
         normalise_rows(sae.W_dec)
@@ -290,7 +316,9 @@ def train_steps(state: TrainState, x: np.ndarray, steps: int, *, batch: int = 10
 
 
 def sae_tensors(sae: SAE) -> dict[str, np.ndarray]:
-    return {n: np.ascontiguousarray(p, dtype=np.float32) for n, p in sae.params().items()}
+    fixed = {} if sae.b_in is None else {"b_in": sae.b_in}
+    return {n: np.ascontiguousarray(p, dtype=np.float32)
+            for n, p in {**sae.params(), **fixed}.items()}
 
 
 def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> None:
@@ -322,19 +350,28 @@ def load_sae(path: str | Path, config: Config, weights_file: Path) -> SAE:
     return sae
 
 
-def check_sae(path: Path, t: dict[str, np.ndarray], meta: dict, config: Config) -> SAE:
+def check_tensors(path: Path, t: dict[str, np.ndarray], config: Config, what: str = "an SAE",
+                  names: tuple[str, ...] = ("W_enc", "b_enc", "W_dec", "b_dec")) -> int:
+    """The dictionary's tensors present, finite floats, of agreeing shapes: its latents m."""
     d = config.n_embd
-    for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+    for name in names:
         if name not in t:
-            raise WeightsError(f"{path} is not an SAE file: it has no {name} tensor")
+            raise WeightsError(f"{path} is not {what} file: it has no {name} tensor")
         if not np.issubdtype(t[name].dtype, np.floating) or not np.isfinite(t[name]).all():
             raise WeightsError(f"{path}: {name} is not all finite floating-point numbers")
     m = t["b_enc"].shape[0] if t["b_enc"].ndim == 1 else -1
-    want = {"W_enc": (d, m), "b_enc": (m,), "W_dec": (m, d), "b_dec": (d,)}
-    for name, shape in want.items():
-        if t[name].shape != shape or m < 1:
+    want = {"W_enc": (d, m), "b_enc": (m,), "W_dec": (m, d), "b_dec": (d,), "b_in": (d,)}
+    for name in names:
+        if t[name].shape != want[name] or m < 1:
             raise WeightsError(f"{path}: {name} has shape {list(t[name].shape)}, expected "
-                               f"{list(shape)} for {m} latents of a {d}-number value")
+                               f"{list(want[name])} for {m} latents of a {d}-number value")
+    if not np.allclose(np.linalg.norm(t["W_dec"], axis=1), 1, atol=1e-3):
+        raise WeightsError(f"{path}: the rows of W_dec are not unit vectors")
+    return m
+
+
+def check_sae(path: Path, t: dict[str, np.ndarray], meta: dict, config: Config) -> SAE:
+    m = check_tensors(path, t, config)
     try:
         k = int(meta.get("k", ""))
         site = check_site(meta.get("site", ""), config)
@@ -348,8 +385,6 @@ def check_sae(path: Path, t: dict[str, np.ndarray], meta: dict, config: Config) 
     if named is not None and named != site:
         raise WeightsError(f"{path}: its metadata says it reads {site}, its file name says "
                            f"{named}")
-    if not np.allclose(np.linalg.norm(t["W_dec"], axis=1), 1, atol=1e-3):
-        raise WeightsError(f"{path}: the rows of W_dec are not unit vectors")
     f32 = {n: np.asarray(a, dtype=np.float32) for n, a in t.items()}
     return SAE(f32["W_enc"], f32["b_enc"], f32["W_dec"], f32["b_dec"], site, k, str(path))
 
@@ -696,7 +731,7 @@ def save_checkpoint(path: Path, state: TrainState, settings: dict) -> None:
     import io
     import json
 
-    arrays = {f"p/{n}": a for n, a in state.sae.params().items()}
+    arrays = {f"p/{n}": a for n, a in sae_tensors(state.sae).items()}
     arrays.update({f"m/{n}": a for n, a in state.adam.m.items()})
     arrays.update({f"v/{n}": a for n, a in state.adam.v.items()})
     buf = io.BytesIO()
@@ -717,7 +752,8 @@ def load_checkpoint(path: Path, settings: dict) -> TrainState | None:
                 raise InputError(f"{path} is a checkpoint of a run with other settings: "
                                  "delete it or give the same options")
             p = {n: z[f"p/{n}"].copy() for n in ("W_enc", "b_enc", "W_dec", "b_dec")}
-            sae = SAE(**p, site=settings["site"], k=settings["k"])
+            b_in = z["p/b_in"].copy() if "p/b_in" in z else None
+            sae = SAE(**p, site=settings["site"], k=settings["k"], b_in=b_in)
             adam = AdamW(sae.params(), betas=SAE_BETAS, weight_decay=0.0)
             adam.load_state(z)
             return TrainState(sae, adam, settings["lr"], int(z["step"]),
@@ -757,17 +793,19 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
 
 
 def train_resumably(x: np.ndarray, out: Path, settings: dict, weights_sha256: str,
-                    bar, changes: dict | None = None) -> TrainState:
+                    bar, changes: dict | None = None, y: np.ndarray | None = None,
+                    meta: dict | None = None) -> TrainState:
     """`sae train`: a TopK SAE trained on x [N, d] as `settings` ask (site, latents, k, steps,
     batch, lr, windows, seed), resuming from OUT.checkpoint.npz when it holds a run with
     these settings and checkpointing to it every 100 steps; the SAE is saved to `out` and
     the checkpoint removed. bar(total, description): a progress bar. `changes` ({"steered":
-    ...} for a steered run's values) go into the file's metadata, and the settings."""
+    ...} for a steered run's values) go into the file's metadata, and the settings. A
+    transcoder's targets y and its metadata (`meta`) come through the same way."""
     settings = {**settings, **(changes or {})}  # resumed only under the same steering
     ckpt = out.with_name(out.name + ".checkpoint.npz")
     steps, seed = settings["steps"], settings["seed"]
     state = load_checkpoint(ckpt, settings) or new_state(
-        x, settings["latents"], settings["k"], settings["site"], seed, settings["lr"])
+        x, settings["latents"], settings["k"], settings["site"], seed, settings["lr"], y)
     with bar(steps, "training") as advance:
         advance(state.step)
 
@@ -776,8 +814,9 @@ def train_resumably(x: np.ndarray, out: Path, settings: dict, weights_sha256: st
             if st.step % 100 == 0 or st.step == steps:
                 save_checkpoint(ckpt, st, settings)
 
-        train_steps(state, x, steps, batch=settings["batch"], seed=seed, progress=each)
+        train_steps(state, x, steps, batch=settings["batch"], seed=seed, progress=each, y=y)
     save_sae(out, state.sae, {"steps": str(steps), "tokens": str(len(x)),
-                              "weights_sha256": weights_sha256, **(changes or {})})
+                              "weights_sha256": weights_sha256, **(changes or {}),
+                              **(meta or {})})
     ckpt.unlink(missing_ok=True)
     return state

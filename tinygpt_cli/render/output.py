@@ -277,3 +277,13 @@ def present(context: RunContext, as_json: bool, document, view, *, figure=None,
         show(shown)
         return
     (console(shown) if console is not None else stdout(context)).print(shown)
+
+
+def save_page(context: RunContext, html: str, path: Path) -> None:
+    """Write a page made whole by its command (graph's viewer) to --save, atomically, and say
+    where it went (as save_figure does; --force was checked before any work)."""
+    write_atomically(Path(path), html.encode("utf-8"))
+    if not context.quiet:
+        from .text import escape_line
+
+        stderr().print(f"wrote {escape_line(str(path))}", style="dim", soft_wrap=True)

@@ -1,0 +1,530 @@
+"""Attribution graphs: every edge weight against torch autograd on an independent
+implementation of the frozen replacement model (written here, from the canonical parameters
+and the real run's patterns and norm scales), on GPT-2-, Llama- and NeoX-shaped random models
+with random transcoders; every node the sum of its incoming edges; the replacement with its
+error nodes reproducing the real logits; pruning's invariants; and the command's document."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cli_helpers import assert_one_error_line
+from conftest import random_params
+
+from tinygpt_cli.analysis import graph as G
+from tinygpt_cli.analysis import sae as S
+from tinygpt_cli.config import Config
+from tinygpt_cli.model import forward, record
+
+FAMILIES = {
+    "gpt2": Config(n_embd=12, n_layer=3, n_head=2, n_inner=20, vocab_size=23, n_positions=8),
+    "llama": Config(n_embd=16, n_layer=2, n_head=4, n_kv_head=2, n_inner=20, vocab_size=23,
+                    n_positions=8, model_type="llama", norm="rms", positions="rotary",
+                    mlp="gated", act="silu", tied=False, qkv_bias=False, out_bias=False,
+                    mlp_bias=False),
+    "neox": Config(n_embd=12, n_layer=2, n_head=2, n_inner=20, vocab_size=23, n_positions=8,
+                   model_type="gpt_neox", parallel=True, positions="rotary", rotary_dim=4,
+                   tied=False),
+}
+IDS = [3, 17, 5, 5, 9, 2, 11]
+
+
+def random_transcoders(config: Config, m: int = 10, k: int = 3, seed: int = 0) -> list[S.SAE]:
+    rng = np.random.default_rng(seed)
+    d, out = config.n_embd, []
+    for i in range(config.n_layer):
+        w_dec = rng.normal(size=(m, d))
+        w_dec /= np.linalg.norm(w_dec, axis=1, keepdims=True)
+        out.append(S.SAE(rng.normal(size=(d, m)), rng.normal(0.5, 0.3, m), w_dec,
+                         rng.normal(0, 0.3, d), f"layers.{i}.mlp_out", k,
+                         b_in=rng.normal(0, 0.3, d)))
+    return out
+
+
+def torch_targets(params, config, values, tcs, graph, z, err_scale, emb_scale):
+    """The frozen replacement model in torch: each block's MLP output is z W_dec + b_dec +
+    err_scale * (the real output minus the transcoder's); returns the graph's target values
+    (its features' pre-activations, then its logits) as one vector."""
+    import torch
+
+    P = {n: torch.tensor(np.asarray(a, np.float64)) for n, a in params.items()}  # noqa: N806
+    H, dk, kv = config.n_head, config.d_k, config.kv_heads  # noqa: N806
+    stat = ".rms" if config.norm == "rms" else ".std"
+
+    def norm(name, h):
+        s = torch.tensor(values[name + stat])
+        if config.norm == "rms":
+            return h / s * P[name + ".w"]
+        return (h - h.mean(-1, keepdim=True)) / s * P[name + ".w"] + P[name + ".b"]
+
+    def attn(i, h):
+        x = norm(f"layers.{i}.ln1", h)
+        w = P[f"layers.{i}.attn.W_QKV"][:, (H + kv) * dk:]
+        v = x @ w
+        if f"layers.{i}.attn.b_QKV" in P:
+            v = v + P[f"layers.{i}.attn.b_QKV"][(H + kv) * dk:]
+        v = v.reshape(len(IDS), kv, dk)
+        pattern = torch.tensor(values[f"layers.{i}.weights"])
+        z_heads = [pattern[hd] @ v[:, hd // (H // kv)] for hd in range(H)]
+        out = torch.cat(z_heads, dim=-1) @ P[f"layers.{i}.attn.W_O"]
+        return out + P[f"layers.{i}.attn.b_O"] if f"layers.{i}.attn.b_O" in P else out
+
+    h = emb_scale[:, None] * torch.tensor(values["embeddings"])
+    reads = []
+    for i in range(config.n_layer):
+        tc = tcs[i]
+        real = torch.tensor(values[f"layers.{i}.mlp_out"])
+        z_real = torch.tensor(S.encode(tc, values[f"layers.{i}.ln2.out"]))
+        w_dec, b_dec = torch.tensor(tc.W_dec), torch.tensor(tc.b_dec)
+        mlp = z[i] @ w_dec + b_dec + err_scale[i][:, None] * (real - (z_real @ w_dec + b_dec))
+        a = attn(i, h)
+        if config.parallel:
+            reads.append(norm(f"layers.{i}.ln2", h))
+            h = h + a + mlp
+        else:
+            h = h + a
+            reads.append(norm(f"layers.{i}.ln2", h))
+            h = h + mlp
+    u = norm("ln_final", h)[-1]
+    w_u = P.get("unembed.W_U", P["embed.W_E"])
+    out = []
+    for n in range(graph.n_features):
+        i, p, j = int(graph.layer[n]), int(graph.pos[n]), int(graph.feature[n])
+        tc = tcs[i]
+        out.append((reads[i][p] - torch.tensor(tc.b_in)) @ torch.tensor(tc.W_enc[:, j])
+                   + float(tc.b_enc[j]))
+    for t in graph.tokens_of_logits:
+        row = w_u[t] if t >= 0 else w_u[graph.target_token] - w_u[graph.vs]
+        out.append(u @ row)
+    return torch.stack(out)
+
+
+@pytest.fixture(params=list(FAMILIES))
+def case(request):
+    config = FAMILIES[request.param]
+    params = random_params(config, seed=3)
+    tcs = random_transcoders(config)
+    return config, params, tcs
+
+
+def test_every_edge_is_torch_autograd_on_an_independent_frozen_replacement(case):
+    import torch
+
+    config, params, tcs = case
+    g = G.build(params, config, IDS, tcs, vs=4, n_logits=3)
+    _, values = record(params, config, np.asarray(IDS))
+    z_np = [S.encode(tc, values[f"layers.{i}.ln2.out"]) for i, tc in enumerate(tcs)]
+    t, nl = len(IDS), config.n_layer
+    z = torch.tensor(np.stack(z_np))
+    ones_err, ones_emb = torch.ones(nl, t, dtype=torch.float64), torch.ones(t, dtype=torch.float64)
+
+    def f(z_, e_, m_):
+        return torch_targets(params, config, values, tcs, g, z_, e_, m_)
+
+    jz, je, jm = torch.autograd.functional.jacobian(f, (z, ones_err, ones_emb))
+    nf = g.n_features
+    assert nf > 0 and g.adjacency.shape == (nf + len(g.tokens_of_logits), len(g.kinds))
+    want = np.zeros_like(g.adjacency)
+    for n in range(nf):  # a feature source: its activation times the derivative
+        i, p, j = int(g.layer[n]), int(g.pos[n]), int(g.feature[n])
+        want[:, n] = jz[:, i, p, j].numpy() * z_np[i][p, j]
+    want[:, nf:nf + nl * t] = je.reshape(len(want), nl * t).numpy()
+    want[:, nf + nl * t:nf + nl * t + t] = jm.numpy()
+    zero = f(torch.zeros_like(z), torch.zeros_like(ones_err), torch.zeros_like(ones_emb))
+    want[:, nf + nl * t + t] = zero.numpy()
+    np.testing.assert_allclose(g.adjacency, want, atol=1e-10, rtol=1e-8)
+    # an edge into a feature only from an earlier block's features: the direct effect
+    assert np.abs(want[:nf, :nf][g.layer[:nf, None] <= g.layer[None, :nf]]).max() == 0
+    # every target is the sum of its incoming edges; each feature's is its activation
+    values_now = f(z, ones_err, ones_emb).numpy()
+    np.testing.assert_allclose(g.adjacency.sum(axis=1), values_now, atol=1e-10)
+    np.testing.assert_allclose(values_now[:nf], g.activation[:nf], atol=1e-10)
+
+
+def test_with_error_nodes_the_replacement_reproduces_the_real_logits(case):
+    config, params, tcs = case
+    g = G.build(params, config, IDS, tcs, n_logits=4)
+    real = forward(params, config, np.asarray(IDS))[-1]
+    logit_rows = g.adjacency[g.n_features:]
+    np.testing.assert_allclose(logit_rows.sum(axis=1), real[g.tokens_of_logits], atol=1e-10)
+    assert g.target_value == pytest.approx(real.max(), abs=1e-12)
+    assert g.incoming_total == pytest.approx(g.target_value, abs=1e-10)
+    # and the frozen model run forward with every source as it was gives every logit
+    _, values = record(params, config, np.asarray(IDS))
+    fz = G.freeze(params, config, values)
+    outs = [values[f"layers.{i}.mlp_out"] for i in range(config.n_layer)]
+    _, u = G.frozen_forward(fz, values["embeddings"], outs)
+    w_u = params.get("unembed.W_U", params["embed.W_E"])
+    np.testing.assert_allclose(u @ w_u.T, forward(params, config, np.asarray(IDS)),
+                               atol=1e-10)
+
+
+def test_pruning_keeps_the_target_and_explains_less_than_the_whole():
+    config = FAMILIES["gpt2"]
+    g = G.build(random_params(config, seed=3), config, IDS, random_transcoders(config))
+    full = G.prune(g, 1.0, 1.0)
+    nf = g.n_features
+    # every feature with any influence kept; the last block's features before the last
+    # position reach nothing that reads the target's position
+    assert (full.node_mask[:nf] == (full.influence[:nf] > 0)).all()
+    assert not full.node_mask[:nf][(g.layer[:nf] == 2) & (g.pos[:nf] < 6)].any()
+    # the whole graph's influence on the target reaches its leaves entirely
+    leaves = np.array([k in ("embedding", "bias", "error") for k in g.kinds])
+    assert full.influence[leaves].sum() == pytest.approx(1.0, abs=1e-9)
+    assert full.explained == pytest.approx(full.explained_unpruned, abs=1e-9)
+    g2 = G.prune(G.build(random_params(config, seed=3), config, IDS,
+                         random_transcoders(config)), 0.5, 0.9)
+    assert g2.node_mask[g2.target]
+    assert g2.node_mask[: g2.n_features].sum() < g2.n_features
+    assert 0 < g2.explained < g2.explained_unpruned <= 1
+
+
+# ------------------------------------------------------------------ the commands
+
+
+STORY = "Lily wanted to play with her ball. Tom was happy and they ran to the park.\n\n"
+
+
+@pytest.fixture
+def trained(cli, tmp_path):
+    """Transcoders trained by the command on a tiny model and a two-part data folder."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for part in ("part-000.txt", "part-001.txt"):
+        (data / part).write_text(STORY * 30, encoding="utf-8")
+    folder = tmp_path / "tc"
+    r = cli("transcoder", "train", "--data", data, "--transcoders", folder, "--latents", "24",
+            "--k", "4", "--steps", "40", "--batch", "64", "--windows", "6", "--json")
+    assert r.code == 0, r.err
+    return folder, data, r.json()
+
+
+def test_transcoder_train_writes_one_checked_file_per_block(trained, tiny):
+    from safetensors import safe_open
+
+    from tinygpt_cli.analysis import transcoder as T
+
+    folder, _, doc = trained
+    n = tiny.model.config.n_layer
+    assert [t["layer"] for t in doc["trained"]] == list(range(n))
+    assert sorted(p.name for p in folder.iterdir()) == [f"layers.{i}.safetensors"
+                                                        for i in range(n)]
+    with safe_open(str(folder / "layers.0.safetensors"), framework="numpy") as f:
+        meta = f.metadata()
+        assert sorted(f.keys()) == ["W_dec", "W_enc", "b_dec", "b_enc", "b_in"]
+    assert (meta["kind"], meta["layer"], meta["k"], meta["reads"]) == (
+        "transcoder", "0", "4", "layers.0.ln2.out")
+    tcs = T.load_transcoders(folder, tiny.model.config, tiny.model.weights_file)
+    assert [tc.n_latents for tc in tcs] == [24] * n
+
+
+def test_transcoder_eval_loss_recovered_against_an_independent_replacement(cli, trained,
+                                                                          tiny):
+    """The replaced loss recomputed here: each MLP's output by hand from its transcoder's
+    tensors (TopK of ReLU, decoder), on the eval's own windows."""
+    from safetensors.numpy import load_file
+
+    from tinygpt_cli import ops
+    from tinygpt_cli.corpus import data_windows
+
+    folder, data, _ = trained
+    r = cli("transcoder", "eval", "--transcoders", folder, "--data", data / "part-001.txt",
+            "--windows", "3", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    m, cfg = tiny.model, tiny.model.config
+    files = [load_file(folder / f"layers.{i}.safetensors") for i in range(cfg.n_layer)]
+    x, y = data_windows([data / "part-001.txt"], m.tokenizer, cfg.n_positions, 3)
+
+    def by_hand(path, v, seen={}):  # noqa: B006 - the run's ln2.out, kept per block
+        if path.endswith("ln2.out"):
+            seen[path] = v
+            return v
+        if path.endswith("mlp_out"):
+            t = files[int(path.split(".")[1])]
+            a = np.maximum((seen[path.replace("mlp_out", "ln2.out")] - t["b_in"]) @ t["W_enc"]
+                           + t["b_enc"], 0)
+            kth = -np.sort(-a, axis=-1)[..., 3:4]
+            return (np.where(a >= kth, a, 0) @ t["W_dec"] + t["b_dec"]).astype(v.dtype)
+        return v
+
+    def loss(hooks=None):
+        logp = ops.log_softmax(forward(m.params, cfg, x, hooks=hooks).astype(np.float64))
+        return float(-np.take_along_axis(logp, y[..., None], axis=-1).mean())
+
+    assert doc["loss_replaced"] == pytest.approx(loss(by_hand), rel=1e-5)
+    assert doc["loss_clean"] == pytest.approx(loss(), rel=1e-6)
+    want = (doc["loss_mean_ablated"] - doc["loss_replaced"]) / (
+        doc["loss_mean_ablated"] - doc["loss_clean"])
+    assert doc["loss_recovered"] == pytest.approx(want, rel=1e-9)
+    assert 0 < doc["l0"] <= 4 and doc["dead"] == sum(e["dead"] for e in doc["layers"])
+    assert set(doc) >= {"l0", "variance_explained", "loss_recovered", "dead"}
+
+
+def test_graph_json_sums_to_the_real_logit(cli, trained, tiny):
+    folder, _, _ = trained
+    text = "Lily wanted to play with her"
+    r = cli("graph", text, "--transcoders", folder, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    ids = doc["ids"]
+    real = forward(tiny.model.params, tiny.model.config, np.asarray(ids))[-1]
+    tl = doc["target_logit"]
+    assert tl["id"] == int(real.argmax())
+    assert tl["value"] == pytest.approx(float(real.max()), abs=1e-5)
+    assert tl["incoming_total"] == pytest.approx(tl["value"], abs=1e-4)
+    kinds = {n["kind"] for n in doc["nodes"]}
+    assert kinds <= {"feature", "error", "embedding", "bias", "logit"} and "logit" in kinds
+    names = {n["id"] for n in doc["nodes"]}
+    assert doc["edges"] and all(e["source"] in names and e["target"] in names
+                                for e in doc["edges"])
+    assert [n["is_target"] for n in doc["nodes"] if n["kind"] == "logit"].count(True) == 1
+    assert 0 <= doc["explained"] <= doc["explained_unpruned"] <= 1
+    assert doc["tokens"] == [tiny.model.tokenizer.token_str(i) for i in ids]
+    vs = cli("graph", text, "--transcoders", folder, "--target", "#5", "--vs", "#7", "--json")
+    t = vs.json()["target_logit"]
+    assert t["value"] == pytest.approx(float(real[5] - real[7]), abs=1e-5)
+    assert t["incoming_total"] == pytest.approx(t["value"], abs=1e-4)
+    cut = cli("graph", text, "--transcoders", folder, "--position", "2", "--json").json()
+    assert cut["ids"] == ids[:3] and cut["position"] == 2
+
+
+def test_transcoder_files_are_checked(cli, trained, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder, _, _ = trained
+    assert_one_error_line(cli("graph", "Lily", "--transcoders", tmp_path / "none"), 2,
+                          "no transcoders at", "tinygpt transcoder train")
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in folder.iterdir():
+        other.joinpath(f.name).write_bytes(f.read_bytes())
+    path = other / "layers.1.safetensors"
+    t = load_file(path)
+    save_file(t, path, metadata={"kind": "transcoder", "layer": "1", "k": "4",
+                                 "weights_sha256": "0" * 64})
+    assert_one_error_line(cli("transcoder", "eval", "--transcoders", other), 2,
+                          "made for other weights")
+    t["W_enc"][0, 0] = np.nan  # a planted broken tensor
+    save_file(t, path, metadata={"kind": "transcoder", "layer": "1", "k": "4"})
+    assert_one_error_line(cli("graph", "Lily", "--transcoders", other), 1,
+                          "W_enc is not all finite")
+    t["W_enc"][0, 0] = 0.5
+    save_file({k: v for k, v in t.items() if k != "b_in"}, path,
+              metadata={"kind": "transcoder", "layer": "1", "k": "4"})
+    assert_one_error_line(cli("graph", "Lily", "--transcoders", other), 1,
+                          "not a transcoder file: it has no b_in tensor")
+
+
+# ------------------------------------------------------------------ the viewer, in Chromium
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from browser import Browser, find_chromium
+
+    exe = find_chromium()
+    if exe is None:
+        pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run installs it)")
+    b = Browser(exe)
+    yield b
+    b.close()
+
+
+def test_the_viewer_in_chromium(cli, trained, browser, tmp_path):
+    """Offline (nothing asked for but the file), a node per node of the JSON, hover shows a
+    feature's label, top windows and edges, click pins a path that reaches the target, and
+    a text that looks like markup stays text."""
+    import re
+
+    folder, data, _ = trained
+    text = "Lily </script><b>wanted</b> to play with her"
+    common = ("graph", text, "--transcoders", folder, "--data", data, "--windows", "4",
+              "--group")
+    doc = cli(*common, "--json").json()
+    page = tmp_path / "graph.html"
+    r = cli(*common, "--save", page, "--quiet")
+    assert (r.code, r.out, r.err) == (0, "", "")
+    html = page.read_text(encoding="utf-8")
+    assert not re.search(r"https?:|\bsrc=|\bhref=|@import|url\(", html, re.I)
+    assert html.count("</script>") == 2  # the data's own "</script>" is escaped
+    for width in (390, 1280):
+        load = browser.open(page, width=width, height=900)
+        assert load.errors == [] and load.failed == []
+        assert load.requests == [page.resolve().as_uri()]
+    got = browser.evaluate("""(() => {
+        const q = s => Array.from(document.querySelectorAll(s));
+        const nodes = q(".node").map(n => n.getAttribute("data-id"));
+        const f = q(".node").find(n => /^\\d+_\\d+_\\d+$/.test(n.getAttribute("data-id")));
+        f.dispatchEvent(new MouseEvent("mouseenter"));
+        const side = document.getElementById("side").textContent;
+        f.dispatchEvent(new MouseEvent("click", {bubbles: true}));
+        return {nodes, id: f.getAttribute("data-id"), side, bold: q("b").length,
+                supers: q("rect.super").length,
+                path: q(".node.path").map(n => n.getAttribute("data-id")),
+                pinned: document.getElementById("pinned").textContent,
+                title: document.querySelector("h1").textContent};
+    })()""")
+    assert sorted(got["nodes"]) == sorted(n["id"] for n in doc["nodes"])
+    assert got["supers"] == len(doc["supernodes"])
+    node = next(n for n in doc["nodes"] if n["id"] == got["id"])
+    assert node["label"] in got["side"] and "not an explanation" in got["side"]
+    for ex in node["examples"]:
+        assert ex["token"] in got["side"]
+    assert "strongest inputs" in got["side"]
+    target = next(n["id"] for n in doc["nodes"] if n.get("is_target"))
+    assert got["id"] in got["path"] and target in got["path"]
+    assert got["pinned"].startswith("pinned: feature")
+    assert got["bold"] == sum(len(n.get("examples", [])) for n in [node])  # only the peaks
+
+
+def test_top_windows_and_labels_say_what_the_examples_share():
+    from tinygpt_cli.analysis import transcoder as T
+
+    ids = np.array([[1, 2, 3, 4], [5, 2, 3, 6], [7, 8, 9, 3]], np.uint16)  # 3 windows, T = 4
+    idx = np.zeros((12, 2), np.int16)
+    val = np.zeros((12, 2), np.float32)
+    # latent 1 fires at (0, 2) 3.0, (1, 2) 2.0, (2, 3) 1.0 and weakly at (0, 1)
+    for (w, p), v in {(0, 2): 3.0, (1, 2): 2.0, (2, 3): 1.0, (0, 1): 0.5}.items():
+        idx[w * 4 + p, 1], val[w * 4 + p, 1] = 1, v
+    codes = {"ids": ids, "idx": idx, "val": val}
+    ex = T.top_windows(codes, 1, n=3, before=1, after=1)
+    assert ex == [{"ids": [2, 3, 4], "peak": 1, "value": 3.0},
+                  {"ids": [2, 3, 6], "peak": 1, "value": 2.0},
+                  {"ids": [9, 3], "peak": 1, "value": 1.0}]
+    name = {2: "a", 3: "b", 9: "c"}.get
+    assert T.label_of(ex, name) == "on b after a"  # 3 of 3 on b, 2 of 3 after a
+    assert T.label_of(ex[2:], name) == "on b after c"
+    assert T.label_of([], name) == "no example in the searched text"
+    assert T.top_windows(codes, 0) == []  # never fires
+
+
+def test_the_graphs_predicted_change_is_the_linear_replacement_models(case):
+    """Predicted: the torch replacement model of the first test, with each active feature
+    recomputed from the stream (its active set frozen) except the intervened one."""
+    import torch
+
+    config, params, tcs = case
+    g = G.build(params, config, IDS, tcs, n_logits=2)
+    _, values = record(params, config, np.asarray(IDS))
+    nf, t, nl = g.n_features, len(IDS), config.n_layer
+    node = int(np.flatnonzero(g.layer[:nf] == 0)[0])  # a first-block feature: paths onward
+    new = 2.5
+    z = torch.tensor(np.stack([S.encode(tc, values[f"layers.{i}.ln2.out"])
+                               for i, tc in enumerate(tcs)]))
+    lay, pos, lat = (torch.tensor(g.layer[:nf]), torch.tensor(g.pos[:nf]),
+                     torch.tensor(g.feature[:nf]))
+    ones_err, ones_emb = torch.ones(nl, t, dtype=torch.float64), torch.ones(t, dtype=torch.float64)
+    before = torch_targets(params, config, values, tcs, g, z, ones_err, ones_emb)
+    for _ in range(nl + 1):  # each pass settles one more block
+        z[lay[node], pos[node], lat[node]] = new
+        out = torch_targets(params, config, values, tcs, g, z, ones_err, ones_emb)
+        z[lay, pos, lat] = out[:nf]
+    z[lay[node], pos[node], lat[node]] = new
+    after = torch_targets(params, config, values, tcs, g, z, ones_err, ones_emb)
+    row = g.row(g.target)
+    assert G.predicted_change(g, {node: new}) == pytest.approx(
+        float(after[row] - before[row]), abs=1e-9)
+    assert G.predicted_change(g, {node: float(g.activation[node])}) == pytest.approx(0, abs=1e-12)
+
+
+def test_the_real_change_of_a_last_block_feature_is_the_read_out_of_the_moved_stream(case):
+    config, params, tcs = case
+    g = G.build(params, config, IDS, tcs, n_logits=2)
+    _, values = record(params, config, np.asarray(IDS))
+    nf, last = g.n_features, config.n_layer - 1
+    node = int(np.flatnonzero((g.layer[:nf] == last) & (g.pos[:nf] == len(IDS) - 1))[0])
+    h = values[f"layers.{last}.resid_post"][-1] - g.activation[node] * tcs[last].W_dec[
+        g.feature[node]]  # the feature's contribution taken out
+    w, b = params["ln_final.w"], params.get("ln_final.b")
+    if config.norm == "rms":
+        u = h / np.sqrt((h * h).mean() + config.layer_norm_epsilon) * w
+    else:
+        c = h - h.mean()
+        u = c / np.sqrt((c * c).mean() + config.layer_norm_epsilon) * w + b
+    w_u = params.get("unembed.W_U", params["embed.W_E"])
+    want = float(u @ w_u[g.target_token]) - g.target_value
+    assert G.real_change(params, config, IDS, tcs, g, {node: 0.0}) == pytest.approx(want,
+                                                                                   abs=1e-9)
+    # the graph's prediction for it: its one edge into the target, taken away
+    assert G.predicted_change(g, {node: 0.0}) == pytest.approx(
+        -g.adjacency[g.row(g.target), node], abs=1e-12)
+
+
+def test_graph_ablate_and_steer_print_both_changes(cli, trained):
+    folder, _, _ = trained
+    text = "Lily wanted to play with her"
+    doc = cli("graph", text, "--transcoders", folder, "--json").json()
+    feat = next(n for n in doc["nodes"] if n["kind"] == "feature")
+    r = cli("graph", text, "--transcoders", folder, "--ablate", feat["id"], "--json")
+    iv = r.json()["intervention"]
+    assert iv["features"] == [{"id": feat["id"], "from": pytest.approx(feat["activation"]),
+                               "to": 0.0}]
+    assert set(iv) == {"features", "predicted_change", "real_change"}
+    view = cli("graph", text, "--transcoders", folder, "--set", f"{feat['id']}=1.5").out
+    assert f"intervention {feat['id']}" in view and "in the real model" in view
+    assert_one_error_line(cli("graph", text, "--transcoders", folder, "--ablate", "9_9_99"), 2,
+                          "feature 9_9_99 is not active in this text")
+    assert_one_error_line(cli("graph", text, "--transcoders", folder, "--set",
+                              f"{feat['id']}=big"), 2, "--set takes FEATURE=VALUE")
+    assert_one_error_line(cli("graph", text, "--transcoders", folder, "--ablate", "L1"), 2,
+                          "LAYER_FEATURE_POSITION")
+
+
+def test_supernodes_group_by_position_and_keep_the_explained_fraction_checkable():
+    config = FAMILIES["gpt2"]
+    g = G.prune(G.build(random_params(config, seed=3), config, IDS, random_transcoders(config)),
+                0.9, 0.95)
+    assert G.grouped_explained(g, []) == pytest.approx(g.explained, abs=1e-9)
+    assert G.group(g, similarity=1.01) == []  # nothing is that similar
+    everything = G.group(g, similarity=-1.0)  # each position's features one supernode
+    nf = g.n_features
+    kept = set(np.flatnonzero(g.node_mask[:nf] & (g.edge_mask[:, :nf].any(axis=0)
+                                                  | g.edge_mask[:nf].any(axis=1))).tolist())
+    assert set().union(*map(set, everything)) <= kept
+    for members in everything:
+        assert len({int(g.pos[n]) for n in members}) == 1
+    by_pos = {}
+    for n in kept:
+        by_pos.setdefault(int(g.pos[n]), []).append(n)
+    assert len(everything) == sum(len(v) > 1 for v in by_pos.values())
+    assert 0 <= G.grouped_explained(g, everything) <= 1
+
+
+def test_graph_group_json(cli, trained):
+    folder, data, _ = trained
+    doc = cli("graph", "Lily wanted to play with her", "--transcoders", folder, "--data", data,
+              "--windows", "4", "--group", "--json").json()
+    ids = {n["id"] for n in doc["nodes"]}
+    for s in doc["supernodes"]:
+        assert len(s["members"]) > 1 and set(s["members"]) <= ids
+    gr = doc["grouped"]
+    assert gr["ungrouped"] == doc["explained"]
+    assert gr["within_tolerance"] == (abs(gr["explained"] - gr["ungrouped"]) <= gr["tolerance"])
+
+
+def test_the_edge_threshold_is_circuit_tracers_cumulative_cut_in_chunks():
+    rng = np.random.default_rng(0)
+    scores = rng.random(5000) ** 3
+    for share in (0.0, 0.5, 0.98, 1.0):
+        srt = np.sort(scores)[::-1]
+        cum = np.cumsum(srt) / srt.sum()
+        want = srt[min(int(np.searchsorted(cum, share)), len(srt) - 1)]
+        assert G.threshold_of(scores.copy(), share, chunk=7) == pytest.approx(want, rel=1e-12)
+
+
+def test_a_steered_graph_sums_to_the_steered_logit(cli, trained, tiny):
+    from tinygpt_cli.hooks import add_vector
+
+    folder, _, _ = trained
+    text = "Lily wanted to play with her"
+    v = np.linspace(-1, 1, tiny.model.config.n_embd)
+    np.save(folder.parent / "v.npy", v)
+    doc = cli("graph", text, "--transcoders", folder, "--steer-vector", folder.parent / "v.npy",
+              "--steer-layer", "1", "--steer-scale", "2", "--json").json()
+    hook = add_vector("layers.1.resid_pre", v, 2.0)
+    real = forward(tiny.model.params, tiny.model.config, np.asarray(doc["ids"]), hooks=hook)[-1]
+    tl = doc["target_logit"]
+    assert tl["value"] == pytest.approx(float(real[tl["id"]]), abs=1e-5)
+    assert tl["incoming_total"] == pytest.approx(tl["value"], abs=1e-4)
+    assert doc["steered"]

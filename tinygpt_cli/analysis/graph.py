@@ -1,0 +1,572 @@
+"""The attribution graph of one prediction, through the linearised replacement model.
+
+Every block's MLP is replaced by its transcoder (analysis/transcoder.py) plus an error node,
+the real mlp_out minus the transcoder's prediction, a fixed vector. Every attention pattern
+and every norm's scale (1/std, or 1/rms) is frozen at the real run's. What is left is linear
+in the residual stream: a value at one position reaches later ones only through the frozen
+patterns' value-output paths (centred and scaled by the frozen norms). Then
+
+    nodes    active transcoder features (layer, position, latent), error nodes (layer,
+             position), embeddings (position: token plus learned position rows), one bias
+             node (every constant: the model's and the transcoders' biases, norm shifts),
+             and the logits of the top tokens at the position (plus the target)
+    edge     s -> t: a_s times the derivative of t's pre-activation along s's decoder
+             vector d_s through the frozen model; d_s = W_dec[j] for a feature, the error
+             vector for an error node (a = 1), the embedding for a position (a = 1).
+             The bias node's edge into t is t's value with every other source at zero.
+
+so every target's pre-activation (a feature's (x - b_in) W_enc[:, j] + b_enc[j], a logit)
+is exactly the sum of its incoming edges. Edges are computed one target batch at a time by a
+backward pass through the frozen model (the derivative at every residual point), and the
+direct effect excludes paths through other features: the features' activations are the
+graph's nodes, not functions of the stream (circuit-tracer's stop-gradients).
+
+Pruning follows circuit-tracer (Ameisen et al. 2025): the adjacency's absolute values, each
+row normalised to sum 1, give every node's influence on the target (the sum over all paths);
+features are kept in order of influence until `node_threshold` of the total, then edges in
+order of (normalised weight x the influence of their target) until `edge_threshold`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..config import Config
+from ..model import forward, head_out_matrix, head_qkv, norm_weights, record, unembed_rows
+from . import sae as S
+
+NODE_THRESHOLD = 0.8
+EDGE_THRESHOLD = 0.98
+N_LOGITS = 5
+BATCH = 256
+ADJACENCY_F64_MB = 256
+
+
+# ------------------------------------------------------------------ the frozen model
+
+
+@dataclass
+class Frozen:
+    """The real run's attention patterns and norm scales, and the weights the linear model
+    reads, in float64."""
+
+    config: Config
+    weights: list[np.ndarray]  # per block: attention weights [H, T, T]
+    scales: dict[str, np.ndarray]  # norm name -> [T, 1]: 1/std (LayerNorm) or 1/rms
+    norms: dict[str, tuple[np.ndarray, np.ndarray | None]]  # name -> (w, b)
+    W_V: list[np.ndarray]  # noqa: N815 [H_kv, d, d_k]
+    b_V: list[np.ndarray]  # noqa: N815 [H_kv, d_k]
+    W_O: list[np.ndarray]  # noqa: N815 [H, d_k, d]
+    b_O: list[np.ndarray]  # noqa: N815 [d]
+    shift: tuple[int, np.ndarray] | None = None  # steering: (block, vector added to its input)
+
+
+def freeze(params, config: Config, values: dict, steering=None) -> Frozen:
+    f64 = lambda a: None if a is None else np.asarray(a, np.float64)  # noqa: E731
+    names = [f"layers.{i}.{n}" for i in range(config.n_layer) for n in ("ln1", "ln2")]
+    names.append("ln_final")
+    stat = ".rms" if config.norm == "rms" else ".std"
+    scales = {n: 1.0 / f64(values[n + stat]) for n in names}
+    norms = {n: tuple(f64(a) for a in norm_weights(params, n)) for n in names}
+    qkv = [head_qkv(params, config, i) for i in range(config.n_layer)]
+    b_o = [params.get(f"layers.{i}.attn.b_O") for i in range(config.n_layer)]
+    return Frozen(config, [f64(values[f"layers.{i}.weights"]) for i in range(config.n_layer)],
+                  scales, norms, [f64(q[2]) for q in qkv], [f64(q[5]) for q in qkv],
+                  [f64(head_out_matrix(params, config, i)) for i in range(config.n_layer)],
+                  [np.zeros(config.n_embd) if b is None else f64(b) for b in b_o],
+                  _shift_of(steering))
+
+
+def _shift_of(steering) -> tuple[int, np.ndarray] | None:
+    """A Steering hook on layers.L.resid_pre as (L, its vector): a constant of the linear
+    model, part of the bias node."""
+    if steering is None:
+        return None
+    return int(steering.site.split(".")[1]), np.asarray(steering.shift, np.float64)
+
+
+def norm_forward(fz: Frozen, name: str, h: np.ndarray) -> np.ndarray:
+    """The norm with its real run's scale: (h - mean) s w + b, or h s w.  [T, d]"""
+    w, b = fz.norms[name]
+    s = fz.scales[name][: h.shape[-2]]
+    if fz.config.norm == "rms":
+        return h * s * w
+    return (h - h.mean(axis=-1, keepdims=True)) * s * w + b
+
+
+def norm_backward(fz: Frozen, name: str, g: np.ndarray) -> np.ndarray:
+    """The frozen norm's derivative applied to g [..., T, d] (the mean's is a centring)."""
+    w, _ = fz.norms[name]
+    gw = g * (w * fz.scales[name][: g.shape[-2]])  # one [T, d] factor, one pass over g
+    if fz.config.norm != "rms":
+        gw -= gw.mean(axis=-1, keepdims=True)
+    return gw
+
+
+def attention_forward(fz: Frozen, i: int, h: np.ndarray) -> np.ndarray:
+    """Block i's attention with frozen patterns and norm: linear in h [T, d] (plus biases)."""
+    x = norm_forward(fz, f"layers.{i}.ln1", h)
+    t = h.shape[-2]
+    v = np.einsum("td,hdk->htk", x, fz.W_V[i]) + fz.b_V[i][:, None, :]  # [H_kv, T, d_k]
+    v = np.repeat(v, fz.config.n_head // v.shape[0], axis=0)
+    z = fz.weights[i][:, :t, :t] @ v  # [H, T, d_k]
+    return np.einsum("htk,hkd->td", z, fz.W_O[i]) + fz.b_O[i]
+
+
+def attention_backward(fz: Frozen, i: int, g: np.ndarray) -> np.ndarray:
+    """The derivative of block i's frozen attention output, g [B, T, d] -> d resid [B, T, d]:
+    through W_O, each head's pattern transposed (to the keys' positions) and W_V, three
+    products (each group's heads summed into its key/value head by the last)."""
+    b, t, d = g.shape
+    h, dk = fz.config.n_head, fz.config.d_k
+    kv = fz.W_V[i].shape[0]
+    gz = (g.reshape(b * t, d) @ fz.W_O[i].reshape(h * dk, d).T).reshape(b, t, h, dk)
+    gz = np.ascontiguousarray(gz.transpose(2, 1, 0, 3)).reshape(h, t, b * dk)  # [H, T, B dk]
+    gv = np.swapaxes(fz.weights[i][:, :t, :t], -1, -2) @ gz  # one product a head
+    gv = gv.reshape(kv, h // kv, t, b, dk).sum(axis=1)  # [H_kv, T, B, d_k]
+    gv = np.ascontiguousarray(gv.transpose(2, 1, 0, 3)).reshape(b * t, kv * dk)
+    w_v = fz.W_V[i].transpose(0, 2, 1).reshape(kv * dk, d)  # row (head, k): W_V[head, :, k]
+    return norm_backward(fz, f"layers.{i}.ln1", (gv @ w_v).reshape(b, t, d))
+
+
+def frozen_forward(fz: Frozen, emb: np.ndarray, mlp_outs: list[np.ndarray]
+                   ) -> tuple[list[np.ndarray], np.ndarray]:
+    """The frozen model from embeddings [T, d], each block's MLP output given ([T, d]):
+    (each block's transcoder input ln2.out, the final norm's output)."""
+    h, reads = emb, []
+    for i in range(fz.config.n_layer):
+        if fz.shift is not None and fz.shift[0] == i:
+            h = h + fz.shift[1]
+        a = attention_forward(fz, i, h)
+        if fz.config.parallel:
+            reads.append(norm_forward(fz, f"layers.{i}.ln2", h))
+            h = h + a + mlp_outs[i]
+        else:
+            h = h + a
+            reads.append(norm_forward(fz, f"layers.{i}.ln2", h))
+            h = h + mlp_outs[i]
+    return reads, norm_forward(fz, "ln_final", h)
+
+
+def frozen_backward(fz: Frozen, g: np.ndarray, layer: int) -> tuple[list, np.ndarray]:
+    """Derivatives at every residual point of targets that read g [B, T, d] at block
+    `layer`'s transcoder input (the stream ln2 normalises; `layer` = n_layer: the final
+    norm's input): (per block l < layer, at resid_post[l] [B, T, d], or None; at the
+    embeddings). No path through an MLP: its output is the graph's sources."""
+    post: list = [None] * fz.config.n_layer
+    if layer < fz.config.n_layer and not fz.config.parallel:
+        g = g + attention_backward(fz, layer, g)  # ln2 reads resid_mid: back through attn
+    for i in reversed(range(layer)):
+        post[i] = g
+        g = g + attention_backward(fz, i, g)
+    return post, g
+
+
+# ------------------------------------------------------------------ the graph
+
+
+@dataclass
+class Graph:
+    ids: list[int]
+    position: int
+    kinds: list[str]  # per node: feature, error, embedding, bias, logit
+    layer: np.ndarray  # per node (embedding -1, logit n_layer, bias -1)
+    pos: np.ndarray  # per node (bias -1)
+    feature: np.ndarray  # per node: the latent (-1 when not a feature)
+    activation: np.ndarray  # per node: a feature's activation, a logit's value, else 1
+    tokens_of_logits: list[int]  # the logit nodes' token ids (-1: target minus vs)
+    adjacency: np.ndarray  # [targets = features + logits, sources = every node] edge weights
+    target: int  # the node index of the target logit
+    target_token: int
+    vs: int | None
+    target_value: float
+    influence: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    node_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    edge_mask: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), bool))
+    explained: float = 0.0
+    explained_unpruned: float = 0.0
+    real_logits: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def n_features(self) -> int:
+        return int((self.feature >= 0).sum())
+
+    @property
+    def incoming_total(self) -> float:
+        return float(self.adjacency[self.row(self.target)].sum())
+
+    def row(self, node: int) -> int:
+        """The adjacency row of a target node (a feature or a logit)."""
+        f = self.n_features
+        return node if node < f else node - (len(self.kinds) - len(self.tokens_of_logits)) + f
+
+
+def transcoder_features(transcoders: list[S.SAE], values: dict, n_layer: int):
+    """Per block the active features of the real run: (layer, pos, latent, act) arrays sorted
+    by (layer, position, latent), and each block's error vectors [T, d]."""
+    cols, errors = [], []
+    for i in range(n_layer):
+        tc = transcoders[i]
+        z = S.encode(tc, values[f"layers.{i}.ln2.out"])
+        pos, lat = np.nonzero(z)
+        cols.append((np.full(len(pos), i), pos, lat, z[pos, lat].astype(np.float64)))
+        recon = np.asarray(S.decode(tc, z), np.float64)
+        errors.append(np.asarray(values[f"layers.{i}.mlp_out"], np.float64) - recon)
+    layer, pos, lat, act = (np.concatenate(c) for c in zip(*cols, strict=True))
+    return layer, pos, lat, act, errors
+
+
+def logit_nodes(logits: np.ndarray, target: int | None, vs: int | None, n: int) -> list[int]:
+    """The top n tokens at the position, the target (default: the top) among them; with vs,
+    a last node for logit[target] - logit[vs] (token -1)."""
+    top = [int(i) for i in np.argsort(-logits, kind="stable")[:n]]
+    target = top[0] if target is None else target
+    if target not in top:
+        top.append(target)
+    return top + ([-1] if vs is not None else [])
+
+
+def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
+          target: int | None = None, vs: int | None = None, n_logits: int = N_LOGITS,
+          batch: int = BATCH, steering=None) -> Graph:
+    """The unpruned graph of the prediction after the last token of `ids` (of the run
+    steered by `steering`, a hooks.Steering on a block's resid_pre, when given: its vector
+    is a constant of the frozen model, in the bias node)."""
+    real, values = record(params, config, np.asarray(ids), hooks=steering)
+    fz = freeze(params, config, values, steering)
+    t = len(ids)
+    f_layer, f_pos, f_lat, f_act, errors = transcoder_features(transcoders, values,
+                                                               config.n_layer)
+    last = np.asarray(real[-1], np.float64)
+    tokens = logit_nodes(last, target, vs, n_logits)
+    target = tokens[0] if target is None else target
+    nf, nl, n = len(f_lat), config.n_layer, config.n_layer * t
+    kinds = (["feature"] * nf + ["error"] * n + ["embedding"] * t + ["bias"]
+             + ["logit"] * len(tokens))
+    layer = np.concatenate([f_layer, np.repeat(np.arange(nl), t), np.full(t + 1, -1),
+                            np.full(len(tokens), nl)]).astype(int)
+    pos = np.concatenate([f_pos, np.tile(np.arange(t), nl), np.arange(t), [-1],
+                          np.full(len(tokens), t - 1)]).astype(int)
+    feature = np.concatenate([f_lat, np.full(len(kinds) - nf, -1)]).astype(int)
+    head_rows = unembed_rows(params, [i for i in tokens if i >= 0]).astype(np.float64)
+    reads = [r for r in head_rows] + ([head_rows[tokens.index(target)]
+                                       - unembed_rows(params, [vs])[0]] if vs is not None else [])
+    logit_values = [float(last[i]) for i in tokens if i >= 0]
+    if vs is not None:
+        logit_values.append(float(last[target] - last[vs]))
+    activation = np.concatenate([f_act, np.ones(n + t + 1), logit_values])
+    emb = np.asarray(values["embeddings"], np.float64)
+    adj = np.zeros((nf + len(tokens), len(kinds)), adjacency_dtype(nf + len(tokens), len(kinds)))
+    sources = (f_layer, f_pos, f_lat, f_act, errors, emb)
+    for rows, lay, read_vecs, read_pos in _target_batches(transcoders, f_layer, f_pos, f_lat,
+                                                          reads, t, nl, batch):
+        g = np.zeros((len(rows), t, config.n_embd))
+        g[np.arange(len(rows)), read_pos] = read_vecs
+        name = "ln_final" if lay == nl else f"layers.{lay}.ln2"
+        post, pre0 = frozen_backward(fz, norm_backward(fz, name, g), lay)
+        _fill_rows(adj, rows, post, pre0, sources, transcoders, nf, t)
+    adj[:, nf + n + t] = _bias_edges(fz, transcoders, f_layer, f_pos, f_lat, reads, t)
+    tnode = len(kinds) - len(tokens) + (len(tokens) - 1 if vs is not None
+                                        else tokens.index(target))
+    return Graph(list(ids), t - 1, kinds, layer, pos, feature, activation, tokens, adj, tnode,
+                 target, vs, float(activation[tnode]), real_logits=last)
+
+
+def adjacency_dtype(rows: int, cols: int) -> type:
+    """float64, unless the matrix would pass ADJACENCY_F64_MB (about 45 tokens of the shipped
+    model): then float32, each batch still computed in float64 (the sums then exact to
+    float32's rounding, 1e-7 of the largest edge)."""
+    return np.float64 if rows * cols * 8 <= ADJACENCY_F64_MB << 20 else np.float32
+
+
+def _target_batches(transcoders, f_layer, f_pos, f_lat, logit_reads, t, nl, batch):
+    """(adjacency rows, the block they read, their read vectors, positions), a batch of
+    targets of one block at a time; the logits' batch reads the final norm (block nl)."""
+    for lay in range(nl):
+        on = np.flatnonzero(f_layer == lay)
+        w = transcoders[lay].W_enc.astype(np.float64)
+        for b in range(0, len(on), batch):
+            rows = on[b:b + batch]
+            yield rows, lay, w[:, f_lat[rows]].T, f_pos[rows]
+    nf = len(f_lat)
+    yield (np.arange(nf, nf + len(logit_reads)), nl, np.asarray(logit_reads),
+           np.full(len(logit_reads), t - 1))
+
+
+def _fill_rows(adj, rows, post, pre0, sources, transcoders, nf, t):
+    """Each source's edge into the targets `rows` (a contiguous range): a_s times (the
+    derivative at s's write point . d_s). A block's features at one position are one
+    contiguous run of columns (sorted by layer, then position)."""
+    f_layer, f_pos, f_lat, f_act, errors, emb = sources
+    r = slice(int(rows[0]), int(rows[-1]) + 1)
+    for lay, g in enumerate(post):
+        if g is None:
+            continue
+        on = np.flatnonzero(f_layer == lay)
+        if len(on):
+            scaled = transcoders[lay].W_dec[f_lat[on]].astype(np.float64) * f_act[on, None]
+            starts = np.searchsorted(f_pos[on], np.arange(t + 1))
+            for p in range(t):
+                a, e = starts[p], starts[p + 1]
+                if e > a:
+                    adj[r, on[0] + a:on[0] + e] = g[:, p] @ scaled[a:e].T
+        adj[r, nf + lay * t: nf + (lay + 1) * t] = (g * errors[lay]).sum(axis=-1)
+    n_err = len(errors) * t
+    adj[r, nf + n_err: nf + n_err + t] = (pre0 * emb).sum(axis=-1)
+
+
+def _bias_edges(fz: Frozen, transcoders, f_layer, f_pos, f_lat, logit_reads, t) -> np.ndarray:
+    """Each target's value in the frozen model with every source at zero (embeddings,
+    features, errors): what the constants alone give it."""
+    d = fz.config.n_embd
+    outs = [np.broadcast_to(tc.b_dec.astype(np.float64), (t, d)) for tc in transcoders]
+    reads, u = frozen_forward(fz, np.zeros((t, d)), outs)
+    out = []
+    for lay, x in enumerate(reads):
+        tc = transcoders[lay]
+        on = np.flatnonzero(f_layer == lay)
+        pre = (x[f_pos[on]] - tc.b_in) @ tc.W_enc.astype(np.float64) + tc.b_enc
+        out.append(pre[np.arange(len(on)), f_lat[on]])
+    out.append(np.asarray(logit_reads) @ u[t - 1])
+    return np.concatenate(out)
+
+
+# ------------------------------------------------------------------ influence and pruning
+
+
+def threshold_of(scores: np.ndarray, share: float, chunk: int = 1 << 20) -> float:
+    """The smallest score among the largest ones that together make `share` of the total
+    (circuit-tracer's find_threshold), `scores` sorted in place; the running sum is taken a
+    chunk at a time, so no second array of their size is made."""
+    if not len(scores):
+        return 1.0
+    scores.sort()
+    top = scores[::-1]
+    want = share * float(scores.sum(dtype=np.float64))
+    running = 0.0
+    for start in range(0, len(top), chunk):
+        cum = np.cumsum(top[start:start + chunk], dtype=np.float64) + running
+        if cum[-1] >= want:
+            return float(top[start + int(np.searchsorted(cum, want))])
+        running = float(cum[-1])
+    return float(top[-1])
+
+
+def normalised(adj: np.ndarray) -> np.ndarray:
+    """|adj| with each row divided by its sum (rows of zeros stay zero): a new array."""
+    a = np.abs(adj)
+    s = a.sum(axis=1, keepdims=True, dtype=np.float64)
+    a *= np.divide(1.0, s, out=np.zeros_like(s), where=s > 0).astype(a.dtype)
+    return a
+
+
+def influence_on(graph: Graph, a: np.ndarray) -> np.ndarray:
+    """Every node's influence on the target through the row-normalised |adjacency| a (rows:
+    the feature and logit targets), summed over all paths: the target gives 1 to its sources
+    in proportion to a's row, each feature passes on what it received the same way."""
+    nf = graph.n_features
+    first_logit = len(graph.kinds) - len(graph.tokens_of_logits)
+    total = np.zeros(len(graph.kinds))
+    x = np.zeros(len(graph.kinds))
+    x[graph.target] = 1.0
+    while x.any():
+        rows = np.concatenate([x[:nf], x[first_logit:]]).astype(a.dtype)
+        x = (rows @ a).astype(np.float64)
+        total += x
+    return total
+
+
+def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
+          edge_threshold: float = EDGE_THRESHOLD) -> Graph:
+    """Keep the features carrying `node_threshold` of the influence on the target, then the
+    edges carrying `edge_threshold` of what flows among the kept nodes (circuit-tracer's
+    rule); every embedding, error, bias and logit node stays. Sets influence, the masks and
+    the explained fractions. Works in place on one normalised copy of the adjacency."""
+    nf = graph.n_features
+    a = normalised(graph.adjacency)
+    inf = influence_on(graph, a)
+    leaves = np.array([k in ("embedding", "bias") for k in graph.kinds])
+    graph.explained_unpruned = float(inf[leaves].sum())
+    keep = np.ones(len(graph.kinds), bool)
+    order = np.argsort(-inf[:nf], kind="stable")
+    cum = np.cumsum(inf[:nf][order]) / max(inf[:nf].sum(), 1e-300)
+    keep[:nf] = False
+    keep[order[: int(np.searchsorted(cum, node_threshold) + 1)]] = True
+    a[:nf][~keep[:nf]] = 0  # the dropped features' rows and columns: a_kept
+    a[:, ~keep] = 0
+    inf_kept = influence_on(graph, a)
+    row_inf = np.concatenate([inf_kept[:nf], np.zeros(len(graph.tokens_of_logits))])
+    row_inf[graph.row(graph.target)] = 1.0
+    a *= row_inf[:, None].astype(a.dtype)  # now each edge's score
+    edges = a >= threshold_of(a[a > 0], edge_threshold)
+    a /= np.where(row_inf > 0, row_inf, 1)[:, None].astype(a.dtype)  # back to a_kept
+    a *= edges
+    graph.influence, graph.node_mask, graph.edge_mask = inf, keep, edges
+    graph.explained = float(influence_on(graph, a)[leaves].sum())
+    return graph
+
+
+# ------------------------------------------------------------------ interventions on features
+
+
+def feature_node(graph: Graph, spec: str) -> int:
+    """The node of a feature named as the JSON names it, LAYER_FEATURE_POSITION (0_314_5)."""
+    from ..errors import InputError
+
+    parts = spec.split("_")
+    if len(parts) != 3 or not all(p.lstrip("-").isdigit() for p in parts):
+        raise InputError(f"a feature is named LAYER_FEATURE_POSITION, as the graph's JSON "
+                         f"names it (e.g. 0_314_5), not {spec!r}")
+    lay, lat, pos = (int(p) for p in parts)
+    nf = graph.n_features
+    hit = np.flatnonzero((graph.layer[:nf] == lay) & (graph.feature[:nf] == lat)
+                         & (graph.pos[:nf] == pos))
+    if not len(hit):
+        raise InputError(f"feature {spec} is not active in this text (the graph's features "
+                         "are its active ones; see graph --json)")
+    return int(hit[0])
+
+
+def predicted_change(graph: Graph, changes: dict[int, float]) -> float:
+    """The target's change the graph predicts when feature nodes take new activations
+    {node: value}: each change spreads along the edges, a feature's pre-activation moving
+    by the sum of its sources' changes times edge / source activation, and moving its
+    activation as much while it stays active (the linear replacement model's answer)."""
+    nf = graph.n_features
+    delta = np.zeros(len(graph.kinds))
+    for node, value in changes.items():
+        delta[node] = value - graph.activation[node]
+    per_unit = graph.adjacency[:, :nf] / graph.activation[:nf]  # [rows, feature sources]
+    order = np.lexsort((graph.pos[:nf], graph.layer[:nf]))  # sources before their targets
+    for n in order:
+        if n in changes:
+            continue
+        delta[n] = per_unit[n] @ delta[:nf]
+    return float(per_unit[graph.row(graph.target)] @ delta[:nf])
+
+
+def real_change(params, config: Config, ids: list[int], transcoders: list[S.SAE],
+                graph: Graph, changes: dict[int, float], steering=None) -> float:
+    """The target's change in the real model when each feature's decoder contribution is
+    moved to its new activation (mlp_out + (new - old) W_dec[j] at its position; the rest
+    of the MLP as it was), downstream features free to change as the model computes."""
+    from ..hooks import Replace
+
+    fns: dict[str, list] = {}
+    for node, value in changes.items():
+        lay, lat, pos = int(graph.layer[node]), int(graph.feature[node]), int(graph.pos[node])
+        shift = (value - graph.activation[node]) * transcoders[lay].W_dec[lat]
+        fns.setdefault(f"layers.{lay}.mlp_out", []).append((pos, shift))
+
+    def adder(items):
+        def fn(v):
+            v = v.copy()
+            for pos, shift in items:
+                v[pos] += shift
+            return v
+        return fn
+
+    from ..hooks import chained
+
+    logits = forward(params, config, np.asarray(ids),
+                     hooks=chained(steering, Replace({p: adder(items)
+                                                      for p, items in fns.items()})))[-1]
+    value = logits[graph.target_token] - (0 if graph.vs is None else logits[graph.vs])
+    return float(value - graph.target_value)
+
+
+# ------------------------------------------------------------------ supernodes
+
+
+GROUP_SIMILARITY = 0.6
+GROUP_TOLERANCE = 0.05
+
+
+def profiles(graph: Graph, nodes: np.ndarray) -> np.ndarray:
+    """Each feature's attribution profile in the pruned graph: its kept incoming and
+    outgoing edges, each side scaled to unit length.  -> [len(nodes), rows + cols]"""
+    a = np.where(graph.edge_mask, graph.adjacency, 0)
+    out_edges = a[:, nodes].T  # [n, rows]: into each target
+    in_edges = a[nodes]  # [n, cols]: from each source (feature rows are their node index)
+    parts = []
+    for m in (out_edges, in_edges):
+        norm = np.linalg.norm(m, axis=1, keepdims=True)
+        parts.append(np.divide(m, norm, out=np.zeros(m.shape), where=norm > 0))
+    return np.concatenate(parts, axis=1)
+
+
+def group(graph: Graph, peaks: dict[int, set] | None = None,
+          similarity: float = GROUP_SIMILARITY) -> list[list[int]]:
+    """Supernodes: the pruned graph's features at each position merged, average linkage,
+    while the mean similarity of two groups is at least `similarity`; two features' similarity
+    is the mean of the cosine of their attribution profiles (what they read and what they
+    feed) and, when `peaks` (node -> the tokens at its top windows' peaks) is given, the
+    overlap (Jaccard) of those tokens. Position first: a supernode stands for one place in
+    the text, as the viewer draws it. Returns the groups (node lists) of two or more."""
+    nf = graph.n_features
+    kept = np.flatnonzero(graph.node_mask[:nf] & (graph.edge_mask[:, :nf].any(axis=0)
+                                                  | graph.edge_mask[:nf].any(axis=1)))
+    groups = []
+    for p in np.unique(graph.pos[kept]):
+        nodes = kept[graph.pos[kept] == p]
+        if len(nodes) < 2:
+            continue
+        prof = profiles(graph, nodes)
+        sim = prof @ prof.T / 2  # two unit halves: the mean of the two cosines
+        if peaks is not None:
+            for i, a in enumerate(nodes):
+                for j, b in enumerate(nodes):
+                    pa, pb = peaks.get(int(a), set()), peaks.get(int(b), set())
+                    jac = len(pa & pb) / len(pa | pb) if pa | pb else 0.0
+                    sim[i, j] = (sim[i, j] + jac) / 2
+        groups += [[int(nodes[i]) for i in g] for g in _average_linkage(sim, similarity)
+                   if len(g) > 1]
+    return groups
+
+
+def _average_linkage(sim: np.ndarray, threshold: float) -> list[list[int]]:
+    clusters = [[i] for i in range(len(sim))]
+    while len(clusters) > 1:
+        best, pair = -np.inf, None
+        for i in range(len(clusters)):
+            for j in range(i + 1, len(clusters)):
+                s = sim[np.ix_(clusters[i], clusters[j])].mean()
+                if s > best:
+                    best, pair = s, (i, j)
+        if best < threshold:
+            break
+        i, j = pair
+        clusters[i] += clusters.pop(j)
+    return clusters
+
+
+def grouped_explained(graph: Graph, groups: list[list[int]]) -> float:
+    """`explained` with each group one node: its members' edges summed (in and out, signed,
+    edges among members dropped), normalised over every incoming edge as prune does, an
+    edge kept where any member's was; then the same influence from the target."""
+    full = _merged(graph, groups, graph.adjacency.astype(np.float64))
+    kept = _merged(graph, groups, graph.edge_mask.astype(np.float64)) > 0
+    inf = influence_on(graph, normalised(full) * kept)
+    leaves = np.array([k in ("embedding", "bias") for k in graph.kinds])
+    return float(inf[leaves].sum())
+
+
+def _merged(graph: Graph, groups: list[list[int]], a: np.ndarray) -> np.ndarray:
+    """a [rows, nodes] with each group's members' rows and columns added into its first
+    member's, the others' zero."""
+    n, nf = len(graph.kinds), graph.n_features
+    of = np.arange(n)
+    for g in groups:
+        of[g] = g[0]
+    cols = np.zeros((a.shape[0], n))
+    np.add.at(cols.T, of, a.T)
+    rows = cols.copy()
+    rows[:nf] = 0
+    np.add.at(rows, of[:nf], cols[:nf])
+    for g in groups:
+        rows[g[1:]] = 0
+        rows[:, g[1:]] = 0
+        rows[g[0], g[0]] = 0  # edges among a group's members are inside it now
+    return rows

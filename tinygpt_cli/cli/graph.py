@@ -1,0 +1,327 @@
+"""Transcoders (`tinygpt transcoder train|eval`) and the attribution graph of a prediction
+(`tinygpt graph TEXT`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import typer
+
+from ..errors import InputError
+from ..render.output import picture_format, save_page
+from ..render.text import escape_line, examples_block, show_token
+from .app import app
+from .common import (
+    FORCE,
+    FORCE_FILE,
+    JSON,
+    POSITION,
+    QUIET,
+    SAVE,
+    TARGET,
+    TEXT,
+    TOP,
+    VS,
+    WEIGHTS,
+    bar,
+    check_index,
+    check_save,
+    encode_checked,
+    load,
+    present,
+    read_text,
+    steered,
+)
+from .steering import keep_default_file, steerable
+
+if TYPE_CHECKING:
+    from ..context import RunContext
+
+
+def _transcoder() -> None:
+    """Transcoders: one sparse dictionary per block's MLP, from ln2.out to mlp_out.
+
+    Example: tinygpt transcoder train
+    Example: tinygpt transcoder eval --json
+    """
+
+
+transcoder_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)
+transcoder_app.callback(help=examples_block(_transcoder.__doc__))(_transcoder)
+app.add_typer(transcoder_app, name="transcoder")
+
+TRANSCODERS = typer.Option(None, "--transcoders", metavar="DIR", show_default=False,
+                           help="The folder of transcoders, layers.L.safetensors (default: the "
+                           "weights folder's transcoders/).")
+
+
+@transcoder_app.command("train")
+@steerable  # on the steered run's values: --steer needs --transcoders DIR
+def transcoder_train(
+    context: RunContext,
+    weights: Path = WEIGHTS,
+    data: Path = typer.Option(None, "--data", help="Stories: a folder of part-*.txt, all but "
+                              "the last used (default: the project's data).", show_default=False),
+    out: Path = TRANSCODERS,
+    latents: int = typer.Option(1024, "--latents", min=1, help="Latents per block."),
+    k: int = typer.Option(32, "--k", min=1, help="Latents active per token (TopK's k)."),
+    steps: int = typer.Option(4000, "--steps", min=1, help="Adam steps per block."),
+    batch: int = typer.Option(1024, "--batch", min=1, help="Tokens per step."),
+    lr: float = typer.Option(2e-3, "--lr", min=0.0, help="Adam's learning rate."),
+    windows: int = typer.Option(800, "--windows", min=1, help="Windows of training text "
+                                "whose values are the training set."),
+    seed: int = typer.Option(0, "--seed", "-s", help="Seed of the initialisation and the "
+                             "batches."),
+    force: bool = FORCE_FILE,
+    as_json: bool = JSON,
+):
+    """Train one TopK transcoder per block: z = TopK(ReLU((x - b_in) W_enc + b_enc)) of the
+    block's ln2.out, y_hat = z W_dec + b_dec predicting its mlp_out.
+
+    Adam on the squared error plus the AuxK loss (the SAE's trainer). TopK, not JumpReLU: k
+    fixes L0 exactly and there is no threshold to learn. Resumable: each block's checkpoint
+    DIR/layers.L.safetensors.checkpoint.npz is written every 100 steps and picked up by the
+    same command; a block whose file exists is kept unless --force.
+
+    Example: tinygpt transcoder train
+    Example: tinygpt transcoder train --transcoders mine --latents 2048 --k 16
+    """
+    from ..analysis import transcoder as T
+    from ..corpus import data_windows, training_files
+    from ..files import sha256
+
+    keep_default_file(context, out, "the weights folder's transcoders/", "--transcoders")
+    model = load(context, weights)
+    folder = T.folder_of(model.weights_file, out)
+    hooks, changes = steered(context, model)
+    if k > latents:
+        raise InputError(f"--k {k} is more than the {latents} latents")
+    todo = [i for i in range(model.config.n_layer)
+            if force or not T.file_of(folder, i).exists()]
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--transcoders {escape_line(str(folder))}: that is a file; give a "
+                         "folder (it is made when it is not there)")
+    x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
+                           windows)
+    with bar(as_json)(len(x_in), "the MLPs' inputs and outputs") as advance:
+        values = T.mlp_values(model.params, model.config, x_in, progress=advance, hooks=hooks)
+    settings = {"latents": latents, "k": k, "steps": steps, "batch": batch, "lr": lr,
+                "windows": windows, "seed": seed}
+    trained = []
+    for i in todo:
+        state = T.train_layer(*values[i], T.file_of(folder, i), i, settings,
+                              sha256(model.weights_file), bar(as_json), changes)
+        trained.append({"layer": i, "path": str(T.file_of(folder, i)), "steps": state.step,
+                        "final_loss": sum(state.losses[-50:]) / len(state.losses[-50:])})
+    doc = {"folder": str(folder), "latents": latents, "k": k, "tokens": len(values[0][0]),
+           "trained": trained, **changes}
+    present(context, as_json, lambda: doc, lambda: _trained_view(doc))
+
+
+def _trained_view(doc: dict):
+    from rich.text import Text
+
+    lines = [f"transcoders in {escape_line(doc['folder'])}: {doc['latents']} latents, "
+             f"k = {doc['k']}, over {doc['tokens']:,} tokens"]
+    lines += [f"  block {t['layer']}: {t['steps']} steps, final loss {t['final_loss']:.4f} "
+              "(squared error / the data's variance)" for t in doc["trained"]]
+    if not doc["trained"]:
+        lines.append("  every block's file exists already (--force trains them again)")
+    return Text("\n".join(lines))
+
+
+@transcoder_app.command("eval")
+@steerable  # every run the steered one; the transcoders replace its MLPs
+def transcoder_eval(context: RunContext, weights: Path = WEIGHTS,
+                    transcoders: Path = TRANSCODERS,
+                    data: Path = typer.Option(None, "--data", help="Held-out stories: a file, "
+                                              "or a folder whose last part is read (default: "
+                                              "the project's part-005.txt).",
+                                              show_default=False),
+                    windows: int = typer.Option(64, "--windows", min=1, help="Windows of the "
+                                                "held-out text to evaluate on."),
+                    as_json: bool = JSON):
+    """Evaluate the transcoders on held-out text: L0, variance explained, loss recovered, dead.
+
+    loss_recovered = (L_mean - L_replaced) / (L_mean - L_clean): L_replaced with every MLP
+    replaced by its transcoder at once, L_mean with every MLP's output at its mean over the
+    same tokens. variance_explained: of each block's mlp_out, from the real run's ln2.out.
+
+    Example: tinygpt transcoder eval
+    Example: tinygpt transcoder eval --data story.txt --json
+    """
+    from ..analysis import transcoder as T
+    from ..render import graph as view
+
+    model = load(context, weights)
+    found = T.load_transcoders(T.folder_of(model.weights_file, transcoders), model.config,
+                               model.weights_file)
+    hooks, changes = steered(context, model)
+    with bar(as_json)(4, "evaluating") as advance:
+        result, names = T.evaluate_held_out(model, found, data, windows, advance, hooks)
+    present(context, as_json, lambda: {**view.eval_doc(result, names), **changes},
+            lambda: view.eval_view(result, names))
+
+
+# ------------------------------------------------------------------ the attribution graph
+
+
+@app.command()
+@steerable  # the real run steered: its vector a constant of the frozen model (the bias node)
+def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
+          transcoders: Path = TRANSCODERS, target: str = TARGET, vs: str = VS,
+          position: int = POSITION,
+          node_threshold: float = typer.Option(0.8, "--node-threshold", min=0.0, max=1.0,
+                                               help="Keep the features carrying this share "
+                                               "of the influence on the target."),
+          edge_threshold: float = typer.Option(0.98, "--edge-threshold", min=0.0, max=1.0,
+                                               help="Then keep the edges carrying this share "
+                                               "of what flows among the kept nodes."),
+          logits: int = typer.Option(5, "--logits", min=1, help="Logit nodes: the top tokens "
+                                     "at the position (and the target)."),
+          data: Path = typer.Option(None, "--data", show_default=False, help="Stories searched "
+                                    "for each feature's top windows and label (default: the "
+                                    "project's training parts; cached)."),
+          windows: int = typer.Option(100, "--windows", min=1, help="Windows of --data "
+                                      "searched (0 features labelled without data)."),
+          ablate: list[str] = typer.Option(None, "--ablate", metavar="FEATURE",
+                                           show_default=False, help="Set this feature "
+                                           "(LAYER_FEATURE_POSITION, as the JSON names it) "
+                                           "to 0; print the graph's and the real change of "
+                                           "the target logit (repeatable)."),
+          set_to: list[str] = typer.Option(None, "--set", metavar="FEATURE=VALUE",
+                                           show_default=False, help="Set this feature to "
+                                           "VALUE instead (repeatable; --steer is the "
+                                           "residual-stream steering of every command)."),
+          group: bool = typer.Option(False, "--group", help="Also merge the kept features "
+                                     "into supernodes (by attribution profile and top "
+                                     "windows, per position) and say what they keep."),
+          top: int = TOP, as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
+          quiet: bool = QUIET):
+    """Attribution graph: the transcoder features, tokens and errors behind a prediction.
+
+    Every MLP is replaced by its transcoder plus an error node, every attention pattern and
+    norm scale frozen at the real run: the model is then linear, and an edge's weight is the
+    source's activation times the derivative of the target's pre-activation along the
+    source's decoder vector. Each node's value (and the target logit) is exactly the sum of
+    its incoming edges, biases a node of their own. Pruned by influence on the target
+    (circuit-tracer's rule); explained: the share of that influence the pruned graph still
+    traces to the tokens and biases rather than to error nodes or cut edges.
+
+    Example: tinygpt graph "Lily wanted to play with her"
+    Example: tinygpt graph "Lily wanted to play with her" --target " ball" --vs " mom" --json
+    Example: tinygpt graph "Lily wanted to play with her" --save graph.html
+    """
+    from ..analysis import graph as G
+    from ..analysis import transcoder as T
+    from ..render import graph as view
+    from ..session import token_id
+
+    check_save(save, force)
+    if save is not None and picture_format(save) != "html":
+        raise InputError(f"--save {save}: the graph is an interactive page; give a .html file")
+    model = load(context, weights)
+    ids = encode_checked(model, read_text(text, model))
+    position = check_index(position, len(ids), "position")
+    folder = T.folder_of(model.weights_file, transcoders)
+    found = T.load_transcoders(folder, model.config, model.weights_file)
+    want = None if target is None else token_id(model, target)
+    other = None if vs is None else token_id(model, vs)
+    hooks, changes = steered(context, model)
+    g = G.prune(G.build(model.params, model.config, ids[:position + 1], found, target=want,
+                        vs=other, n_logits=logits, steering=hooks), node_threshold,
+                edge_threshold)
+    options = {"target": target, "vs": vs, "position": position, "logits": logits,
+               "node_threshold": node_threshold, "edge_threshold": edge_threshold}
+    examples = _examples(model, found, folder, g, data, windows, as_json)
+    doc = {**view.graph_doc(g, model.tokenizer, examples, options=options), **changes}
+    if group:
+        doc["supernodes"], doc["grouped"] = _supernodes(g, examples, model.tokenizer)
+    if ablate or set_to:
+        doc["intervention"] = _intervene(model, ids[:position + 1], found, g, ablate, set_to,
+                                         hooks)
+    if save is not None:
+        from ..render.graph_page import page
+
+        save_page(context, page(doc, model.config.n_layer), save)
+    present(context, as_json, lambda: doc, lambda: view.graph_view(doc, top))
+
+
+def _intervene(model, ids, transcoders, g, ablate, set_to, steering) -> dict:
+    """--ablate / --set: the features' new values, and the target's change as the graph
+    predicts it and as the real model gives it."""
+    from ..analysis import graph as G
+
+    changes = {G.feature_node(g, f): 0.0 for f in ablate or []}
+    for item in set_to or []:
+        name, eq, value = item.partition("=")
+        try:
+            changes[G.feature_node(g, name)] = float(value) if eq else float("nan")
+        except ValueError:
+            raise InputError(f"--set takes FEATURE=VALUE, e.g. 0_314_5=2.5, not "
+                             f"{escape_line(item)!r}") from None
+        if not np.isfinite(changes[G.feature_node(g, name)]):
+            raise InputError(f"--set {escape_line(item)}: the value must be a finite number")
+    from ..render.graph import node_id
+
+    return {"features": [{"id": node_id(g, n), "from": float(g.activation[n]), "to": v}
+                         for n, v in changes.items()],
+            "predicted_change": G.predicted_change(g, changes),
+            "real_change": G.real_change(model.params, model.config, ids, transcoders, g,
+                                         changes, steering)}
+
+
+def _supernodes(g, examples: dict, tokenizer) -> tuple[list, dict]:
+    """--group: the supernodes (members, position, layers, their labels) and the grouped
+    graph's explained fraction beside the ungrouped one's, within GROUP_TOLERANCE or not."""
+    from ..analysis import graph as G
+    from ..render.graph import node_id
+
+    peaks = {}
+    for n in range(g.n_features):
+        found = examples.get((int(g.layer[n]), int(g.feature[n])))
+        if found is not None:
+            peaks[n] = {e["ids"][e["peak"]] for e in found["examples"]}
+    groups = G.group(g, peaks if peaks else None)
+    nodes = [{"id": f"S{i}", "members": [node_id(g, n) for n in members],
+              "position": int(g.pos[members[0]]),
+              "layers": sorted({int(g.layer[n]) for n in members}),
+              "labels": sorted({examples[int(g.layer[n]), int(g.feature[n])]["label"]
+                                for n in members if (int(g.layer[n]), int(g.feature[n]))
+                                in examples})}
+             for i, members in enumerate(groups)]
+    grouped = G.grouped_explained(g, groups)
+    return nodes, {"explained": grouped, "ungrouped": g.explained,
+                   "tolerance": G.GROUP_TOLERANCE,
+                   "within_tolerance": abs(grouped - g.explained) <= G.GROUP_TOLERANCE,
+                   "method": "average linkage per position on the mean of the attribution "
+                             "profiles' cosine and the top-window peak tokens' overlap, "
+                             f"merged down to {G.GROUP_SIMILARITY}"}
+
+
+def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool) -> dict:
+    """(layer, latent) -> {"examples", "label"} of the pruned graph's features, from their
+    top windows of the training text ({} when there is no data to search)."""
+    from ..analysis import transcoder as T
+    from ..corpus import find_data, given_or, training_files
+    from ..render.graph import kept_nodes
+
+    if data is None and find_data() is None:
+        return {}
+    files = given_or(data, training_files)
+    tok = model.tokenizer.token_str
+    out = {}
+    for i in kept_nodes(g):
+        if g.kinds[i] != "feature":
+            continue
+        lay, lat = int(g.layer[i]), int(g.feature[i])
+        codes = T.data_codes(model, transcoders, folder, lay, files, windows, bar(as_json))
+        ex = T.top_windows(codes, lat)
+        out[lay, lat] = {"examples": ex, "label": T.label_of(ex, lambda t: show_token(tok(t)))}
+    return out
+
+
+for _command in transcoder_app.registered_commands:  # each Example: line on a line of its own
+    _command.help = examples_block(_command.callback.__doc__)
