@@ -75,10 +75,10 @@ LISTED: dict[str, tuple[str, str]] = {
     "train": ("train", "Train the model in NumPy; OUT becomes a weights folder holding the best "
                        "checkpoint."),
     "model-card": ("train", "Write MODEL_CARD.md and loss_curve.svg for a trained weights folder."),
-    "transcoder": ("graph", "Transcoders: one sparse dictionary per block's MLP, from ln2.out to "
-                            "mlp_out."),
     "mcp": ("agents", "Serve the commands to an agent as MCP tools over stdio (the mcp "
                       "extra)."),
+    "transcoder": ("graph", "Transcoders: one sparse dictionary per block's MLP, from ln2.out to "
+                            "mlp_out."),
     "sae": ("features", "Sparse autoencoders: train one on a site, evaluate it on held-out text, "
                         "show a latent."),
 }
