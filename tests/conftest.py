@@ -31,7 +31,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
 # test (and every child process, which inherits it) reads it, removed at the end; a test may
 # still point TINYGPT_CACHE elsewhere with monkeypatch.
 _CACHE = None
-_ONE_THREAD = None  # held: the limits last as long as the run
 
 
 def pytest_configure(config):  # noqa: ARG001 - pytest's hook signature
@@ -44,13 +43,6 @@ def pytest_configure(config):  # noqa: ARG001 - pytest's hook signature
     # No progress on stderr: a step over a second on a busy machine would add a line where a
     # test reads stderr exactly (the tests of progress itself unset it)
     os.environ["TINYGPT_PROGRESS"] = "0"
-    # The test process's math on one BLAS thread, as every command's (threads.use_default):
-    # numbers compared bit for bit with a command line's must not depend on which test
-    # changed the pool last (test_api after test_cluster's fixture differed in the 8th digit)
-    from threadpoolctl import threadpool_limits
-
-    global _ONE_THREAD
-    _ONE_THREAD = threadpool_limits(1)
 
 
 def pytest_unconfigure(config):  # noqa: ARG001

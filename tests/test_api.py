@@ -38,6 +38,17 @@ def models(folders):
     return {k: tg.load(str(v)) for k, v in folders.items()}
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """This process's BLAS at one thread, as every command's (threads.use_default): the
+    numbers are compared bit for bit with a command line's, and must not depend on which
+    test changed the pool last (after test_cluster's fixture they differed in the 8th digit)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        yield
+
+
 def cli_json(*args) -> tuple[str, str]:
     """(stdout, stderr) of `python -m tinygpt_cli ARGS` in a child process."""
     out = subprocess.run([sys.executable, "-m", "tinygpt_cli", *map(str, args)],
