@@ -126,7 +126,7 @@ QUIET = typer.Option(False, "--quiet", "-q",
                      help="Print no terminal view (with --save: only write the file).")
 
 
-def bar(as_json: bool):
+def bar():
     """bar(total, description): the progress bars the analyses' slow steps ask for, on
     stderr (with --json too: stdout keeps the one document); where stderr is not a
     terminal, a line once a step has run a second, then every 5 s (steps under a second

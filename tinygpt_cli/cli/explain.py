@@ -172,7 +172,7 @@ def ablate(
     p = s.position(position)
     components = ablation.components(s, layer, head, mlp, every)
     edit = ablation.replacements(s, components, mode, source, data is not None,
-                                 lambda: ablation_means(s.model, data, bar(as_json), s.steering))
+                                 lambda: ablation_means(s.model, data, bar(), s.steering))
     r = ablation.ablation_report(s, components, edit, p, target, top, mode=mode, every=every)
     options = {"target": target, "position": position, "layer": layer, "head": head,
                "mlp": mlp, "all": every, "mode": mode, "from": source,
@@ -227,7 +227,7 @@ def means(
     hooks, changes = steered(context, model)
     with engine(context) as where:
         values, meta = mean_stats.means_over(model, data, sha256(model.weights_file),
-                                             bar(as_json), hooks, where)
+                                             bar(), hooks, where)
     if note:  # once the means stand: an error is then the only line
         stderr().print(escape_line(note), soft_wrap=True)
     mean_stats.save_means(target, values, {**meta, **changes})

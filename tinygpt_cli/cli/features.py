@@ -99,13 +99,13 @@ def sae_train(
         raise InputError(f"--k {k} is more than the {latents} latents")
     out = S.sae_file(model.weights_file, out, site)
     x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
-                           windows, bar(as_json))
-    with bar(as_json)(len(x_in), f"values of {site}") as advance, engine(context) as where:
+                           windows, bar())
+    with bar()(len(x_in), f"values of {site}") as advance, engine(context) as where:
         x = S.site_values_on(where, model.params, model.config, x_in, site, progress=advance,
                              hooks=hooks)
     settings = {"site": site, "latents": latents, "k": k, "steps": steps, "batch": batch,
                 "lr": lr, "windows": windows, "seed": seed}
-    state = S.train_resumably(x, out, settings, sha256(model.weights_file), bar(as_json),
+    state = S.train_resumably(x, out, settings, sha256(model.weights_file), bar(),
                               changes)
     doc = {**view.trained_doc(out, state, len(x)), **changes}
     present(context, as_json, lambda: doc, lambda: view.trained_view(doc))
@@ -136,7 +136,7 @@ def sae_eval(context: RunContext, weights: Path = WEIGHTS, sae: Path = SAE_FILE,
     model = load(context, weights)
     found = S.model_sae(model, sae)
     hooks, changes = steered(context, model)
-    with bar(as_json)(4, "evaluating") as advance:
+    with bar()(4, "evaluating") as advance:
         result, names = S.evaluate_held_out(model, found, data, windows, advance, hooks)
     present(context, as_json, lambda: {**view.eval_doc(result, names), **changes},
             lambda: view.eval_view(result, names))
@@ -181,7 +181,7 @@ def sae_feature(context: RunContext,
     latent = check_index(latent, found.n_latents, "latent")
     files = given_or(data, training_files)
     hooks, changes = steered(context, model)
-    codes = S.data_codes(model, found, path, files, windows, bar(as_json), hooks)
+    codes = S.data_codes(model, found, path, files, windows, bar(), hooks)
     result = S.feature_report(found, model.params, codes["ids"], codes["idx"], codes["val"],
                               latent, top)
     present(context, as_json, lambda: {**view.feature_doc(result, model.tokenizer), **changes},
@@ -264,7 +264,7 @@ def tuned_lens_work(context: RunContext, weights: Path | None, fit: bool, evalua
         check_out(lens_file, force, example="--lens tuned.safetensors", folder_made=True,
                   option="--lens", default=path)
         with engine(context) as where:
-            tokens = tl.fit_on_training_text(model, data, path, bar(as_json), hooks, changes,
+            tokens = tl.fit_on_training_text(model, data, path, bar(), hooks, changes,
                                              where)
         if not evaluate:
             doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": tokens, **changes}
@@ -272,7 +272,7 @@ def tuned_lens_work(context: RunContext, weights: Path | None, fit: bool, evalua
             return
     translators = tl.load_translators(path, cfg, model.weights_file)
     with engine(context) as where:
-        result, names = tl.evaluate_held_out(model, data, translators, bar(as_json), hooks,
+        result, names = tl.evaluate_held_out(model, data, translators, bar(), hooks,
                                              where)
     present(context, as_json, lambda: {**view.lens_eval_doc(result, names), **changes},
             lambda: view.lens_eval_view(result, names))

@@ -105,14 +105,14 @@ def transcoder_train(
                          "folder (it is made when it is not there)")
     x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
                            windows)
-    with bar(as_json)(len(x_in), "the MLPs' inputs and outputs") as advance:
+    with bar()(len(x_in), "the MLPs' inputs and outputs") as advance:
         values = T.mlp_values(model.params, model.config, x_in, progress=advance, hooks=hooks)
     settings = {"latents": latents, "k": k, "steps": steps, "batch": batch, "lr": lr,
                 "windows": windows, "seed": seed}
     trained = []
     for i in todo:
         state = T.train_layer(*values[i], T.file_of(folder, i), i, settings,
-                              sha256(model.weights_file), bar(as_json), changes)
+                              sha256(model.weights_file), bar(), changes)
         trained.append({"layer": i, "path": str(T.file_of(folder, i)), "steps": state.step,
                         "final_loss": sum(state.losses[-50:]) / len(state.losses[-50:])})
     doc = {"folder": str(folder), "latents": latents, "k": k, "tokens": len(values[0][0]),
@@ -159,7 +159,7 @@ def transcoder_eval(context: RunContext, weights: Path = WEIGHTS,
     found = T.load_transcoders(T.folder_of(model.weights_file, transcoders), model.config,
                                model.weights_file)
     hooks, changes = steered(context, model)
-    with bar(as_json)(4, "evaluating") as advance:
+    with bar()(4, "evaluating") as advance:
         result, names = T.evaluate_held_out(model, found, data, windows, advance, hooks)
     present(context, as_json, lambda: {**view.eval_doc(result, names), **changes},
             lambda: view.eval_view(result, names))
@@ -317,7 +317,7 @@ def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool) 
         if g.kinds[i] != "feature":
             continue
         lay, lat = int(g.layer[i]), int(g.feature[i])
-        codes = T.data_codes(model, transcoders, folder, lay, files, windows, bar(as_json))
+        codes = T.data_codes(model, transcoders, folder, lay, files, windows, bar())
         ex = T.top_windows(codes, lat)
         out[lay, lat] = {"examples": ex, "label": T.label_of(ex, lambda t: show_token(tok(t)))}
     return out

@@ -211,7 +211,7 @@ def neurons(
     files, note = search_files(data, model.folder, any_data=any_data)
     hooks, changes = steered(context, model)
     with engine(context) as where:
-        maxima = nrn.cached_maxima(model, files, bar(as_json), hooks, where)
+        maxima = nrn.cached_maxima(model, files, bar(), hooks, where)
     if note:  # once the maxima stand: an error is then the only line
         stderr().print(escape_line(note), soft_wrap=True)
     ex = nrn.neuron_examples(model.params, cfg, maxima, maxima["stream"], layer, neuron, top,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import __version__
+from .html import page_head
 from .svg import esc
 from .text import show_token
 
@@ -60,16 +60,7 @@ def page(doc: dict, n_layers: int) -> str:
     what = show_token(tl["token"]) + ("" if tl["vs"] is None else " − " + show_token(tl["vs"]))
     title = f"Attribution graph: {what} after {show_token(doc['tokens'][doc['position']])}"
     c = doc["counts"]
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="tinygpt {esc(__version__)}">
-<title>{esc(title)}</title>
-<style>{CSS}</style>
-</head>
-<body>
+    return page_head(title, CSS) + f"""<body>
 <h1>{esc(title)}</h1>
 <p>logit {tl['value']:.4f} = the sum of its incoming edges {tl['incoming_total']:.4f};
 {c['kept_features']:,} of {c['active_features']:,} active features and {c['edges']:,} edges

@@ -136,19 +136,24 @@ def table(t: Table) -> str:
     return "".join(out)
 
 
-def document(figure: Figure) -> str:
-    body = numbered("\n".join(part(p) for p in figure.parts))
-    sub = f'<p class="sub">{esc(figure.subtitle)}</p>' if figure.subtitle else ""
+def page_head(title: str, css: str) -> str:
+    """The start of every page tinygpt writes, up to <body>: one self-contained file."""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="generator" content="tinygpt {esc(__version__)}">
-<title>{esc(figure.title)}</title>
-<style>{CSS}</style>
+<title>{esc(title)}</title>
+<style>{css}</style>
 </head>
-<body>
+"""
+
+
+def document(figure: Figure) -> str:
+    body = numbered("\n".join(part(p) for p in figure.parts))
+    sub = f'<p class="sub">{esc(figure.subtitle)}</p>' if figure.subtitle else ""
+    return page_head(figure.title, CSS) + f"""<body>
 <header><h1>{esc(figure.title)}</h1>{sub}</header>
 <main>
 {body}
