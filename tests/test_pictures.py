@@ -411,3 +411,31 @@ def test_save_says_where_the_picture_went(cli, tmp_path):
     r = cli("attn", TEXT, "--save", out)
     assert r.code == 0 and r.err == f"wrote {out}\n" and out.is_file()
     assert cli("attn", TEXT, "--save", out, "--force", "--quiet").err == ""
+
+
+def test_an_emoji_split_over_byte_tokens_is_labelled_by_the_character(cli, tiny, tmp_path):
+    """'🐻' is several byte tokens, none a character alone: a picture names each by the
+    character they make and its piece number, where the terminal shows the bytes (\\xNN)."""
+    text = "a 🐻 bear"
+    ids = tiny.model.tokenizer.encode(text)
+    raw = [tiny.model.tokenizer.token_str(i) for i in ids]
+    pieces = [t for t in raw if "\\x" in t]
+    assert len(pieces) >= 2  # the premise: the bear is split into stray bytes
+    out = tmp_path / "attn.svg"
+    assert cli("attn", text, "--layer", 0, "--head", 0, "--save", out).code == 0
+    shown = labels(parse(out), "row")
+    assert len(shown) == len(ids) and not any("\\x" in s for s in shown)
+    named = [s for s in shown if "🐻" in s]
+    assert len(named) == len(pieces)
+    assert [s[-1] for s in named] == list("₁₂₃₄"[: len(named)])
+    # the bytes the pieces stand for are the bear's own
+    assert b"".join(tiny.model.tokenizer.token_bytes(i) for i in ids
+                    if "\\x" in tiny.model.tokenizer.token_str(i)).decode().strip() == "🐻"
+
+
+def test_bytes_no_neighbour_completes_stay_escaped():
+    from tinygpt_cli.render.text import whole_characters
+
+    lone = ["\\xbb", "x", " \\xf0"]  # a continuation byte first, a lead byte last
+    assert whole_characters(lone) == lone
+    assert whole_characters(["\\xf0\\x9f", "\\x90\\xbb", "!"]) == ["🐻₁", "🐻₂", "!"]

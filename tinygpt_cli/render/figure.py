@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .text import show_token
+from .text import show_token, whole_characters
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def causal_mask(n: int) -> np.ndarray:
 
 
 def token_labels(tokens: list[str]) -> list[str]:
-    return [show_token(t) for t in tokens]
+    return [show_token(t) for t in whole_characters(tokens)]
 
 
 def shape_text(shape) -> str:

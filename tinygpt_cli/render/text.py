@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import math
+import re
 
 # Shared by the views and pictures of analyses, which render never imports (they run the
 # model): bits = nats / LN2, as analysis.score counts them; the labels of heads' kinds.
@@ -39,6 +40,45 @@ def show_token(token: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+# A byte that is only part of a UTF-8 character, as Tokenizer.token_str writes it.
+_STRAY_BYTE = re.compile(r"\\x([0-9a-f]{2})")
+_PIECE = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
+
+
+def _token_bytes(token: str) -> bytes | None:
+    """The bytes of a token whose stray bytes show as \\xNN, or None when it has none."""
+    if "\\x" not in token:
+        return None
+    parts = _STRAY_BYTE.split(token)  # text, hex, text, hex, ..., text
+    return b"".join(bytes([int(p, 16)]) if i % 2 else p.encode("utf-8")
+                    for i, p in enumerate(parts))
+
+
+def whole_characters(tokens: list[str]) -> list[str]:
+    """Tokens that each hold part of one character (an emoji is two to four byte tokens)
+    named by the text they make together and which piece each is: ['\\xf0\\x9f',
+    '\\x90\\xbb'] -> ['🐻₁', '🐻₂']. A picture's 9-pixel label cannot show eight escapes;
+    bytes no neighbour completes stay escaped, and other tokens are unchanged."""
+    out = list(tokens)
+    i = 0
+    while i < len(tokens):
+        joined = _token_bytes(tokens[i])
+        end = i + 1
+        while joined is not None and end - i <= 4:
+            try:
+                text = joined.decode("utf-8")
+            except UnicodeDecodeError:
+                more = _token_bytes(tokens[end]) if end < len(tokens) else None
+                joined = None if more is None else joined + more
+                end += 1
+                continue
+            if end - i > 1:
+                out[i:end] = [text + str(k + 1).translate(_PIECE) for k in range(end - i)]
+            break
+        i = end if joined is not None and end - i > 1 else i + 1
+    return out
 
 
 def show_text(text: str) -> str:
