@@ -130,15 +130,20 @@ class Here:
 @contextmanager
 def _process_pool(shared: Any, workers: int):
     """A spawned pool of `workers` processes, each with one BLAS thread and `shared`;
-    Ctrl-C (or any error) stops them at once."""
+    Ctrl-C (or any error) stops them at once. A worker that dies mid-task (killed, out of
+    memory) ends the job with one error line: concurrent.futures notices a lost worker, where
+    multiprocessing.Pool waits for its task forever."""
     import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
 
+    from .errors import WeightsError
     from .threads import BLAS_VARS
 
     saved = {k: os.environ.get(k) for k in BLAS_VARS}
     os.environ.update({k: "1" for k in saved})  # read by each worker's BLAS as it starts
     try:
-        pool = mp.get_context("spawn").Pool(workers, _pool_start, (shared,))
+        pool = ProcessPoolExecutor(workers, mp.get_context("spawn"), _pool_start, (shared,))
     finally:
         for k, v in saved.items():
             if v is None:
@@ -147,16 +152,37 @@ def _process_pool(shared: Any, workers: int):
                 os.environ[k] = v
 
     def run(fn: Task, tasks: list) -> Iterator[tuple[int, Any]]:
-        yield from pool.imap_unordered(_pool_call, [(i, fn, t) for i, t in enumerate(tasks)])
+        todo = iter(enumerate(tasks))
+        pending: set = set()
+
+        def submit() -> None:  # the next task, if any: a few a worker ahead, as on a cluster
+            for item in todo:
+                pending.add(pool.submit(_pool_call, (item[0], fn, item[1])))
+                return
+
+        for _ in range(IN_FLIGHT * workers):
+            submit()
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                pending.discard(future)
+                try:
+                    result = future.result()
+                except BrokenProcessPool:
+                    raise WeightsError("a worker process of this machine's pool died (killed, "
+                                       "or out of memory); what it finished is kept: run "
+                                       "again to finish the rest") from None
+                submit()
+                yield result
 
     try:
         yield run
-        pool.close()
     except BaseException:
-        pool.terminate()
+        for process in list((pool._processes or {}).values()):  # no public way to stop them
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
         raise
-    finally:
-        pool.join()
+    pool.shutdown(wait=True)
 
 
 # ------------------------------------------------------------------ a Dask cluster
