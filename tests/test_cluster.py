@@ -195,12 +195,14 @@ def test_neurons_examples_on_the_cluster_are_this_machines(cli, run, tmp_path,  
     assert a.json() == b.json()
 
 
-def test_means_sae_train_and_lens_fit_on_the_cluster_write_this_machines_files(
+def test_means_sae_train_eval_and_lens_fit_on_the_cluster_are_this_machines(
         cli, run, tmp_path, monkeypatch, address):  # noqa: F811
     """means, sae train and lens --fit with their passes in shards of 4 windows on two
-    workers: the files they write equal the one-machine files byte for byte."""
+    workers: the files they write equal the one-machine files byte for byte, and sae eval
+    of the trained SAE says the same."""
     monkeypatch.setattr(cluster, "SHARD", 4)
     data = run.parent / "data"
+    evals = []
     for where, extra in (("here", ()), ("there", ("--cluster", address))):
         _in(monkeypatch, tmp_path / where / "cache")
         m = cli(*extra, "means", "--data", data, "--out", tmp_path / where / "m.safetensors")
@@ -212,6 +214,11 @@ def test_means_sae_train_and_lens_fit_on_the_cluster_write_this_machines_files(
         lens = cli(*extra, "lens", "--fit", "--data", data, "--lens",
                    tmp_path / where / "l.safetensors")
         assert lens.code == 0, lens.err
+        ev = cli(*extra, "sae", "eval", "--sae", tmp_path / where / "s.safetensors", "--data",
+                 data, "--windows", "10", "--json")
+        assert ev.code == 0, ev.err
+        evals.append(ev.json())
+    assert evals[0] == evals[1]  # sae eval's five passes, shard by shard on the workers
     for name in ("m.safetensors", "s.safetensors", "l.safetensors"):
         assert (tmp_path / "here" / name).read_bytes() == (tmp_path / "there" / name).read_bytes()
 

@@ -425,3 +425,22 @@ def test_a_latent_over_a_steered_text_and_data(cli, tiny, tmp_path, monkeypatch)
     assert cli(*search, *steer).out == steered.out and len(calls) == 1
     plain = cli(*search)
     assert len(calls) == 2 and "steered" not in plain.json() and "steered" in steered.json()
+
+
+def test_eval_in_shards_of_one_window_gives_the_losses_of_one_pass(model_and_windows,
+                                                                    monkeypatch):
+    """sae eval's passes run a task per shard of windows (on a cluster too): the summed
+    shards are the loss of one pass over every window, here against transformers' hook above
+    by way of mean_loss."""
+    from tinygpt_cli import cluster
+
+    model, x, y = model_and_windows
+    sae = random_sae(model.config.n_embd, 40, 5, seed=10, dtype=np.float32)
+    whole = S.evaluate(model.params, model.config, sae, x, y)
+    monkeypatch.setattr(cluster, "SHARD", 1)  # 3 shards of one window
+    sharded = S.evaluate(model.params, model.config, sae, x, y)
+    for name in ("loss_clean", "loss_sae", "loss_zero", "loss_mean"):
+        assert getattr(sharded, name) == pytest.approx(getattr(whole, name), rel=1e-12)
+    mean = S.site_values(model.params, model.config, x, SITE).mean(axis=0)
+    want = S.mean_loss(model.params, model.config, x, y, Replace({SITE: lambda v: mean}))
+    assert sharded.loss_mean == pytest.approx(want, rel=1e-12)

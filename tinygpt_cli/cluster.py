@@ -342,11 +342,12 @@ SHARD = 256  # windows per task of an activation pass: a multiple of every pass'
 
 
 def over_windows(engine, fn: Task, windows, shared: Any, *,
-                 progress: Callable[[int], None] | None = None, shard: int = SHARD) -> list:
+                 progress: Callable[[int], None] | None = None, shard: int | None = None
+                 ) -> list:
     """fn((first, windows[first : first + shard]), shared) for each shard of `windows`
     [W, T], on `engine` (None: this process, one shard after another), the results in window
     order; progress(windows) as each shard finishes."""
-    tasks = [(a, windows[a:b]) for a, b in spans(len(windows), shard)]
+    tasks = [(a, windows[a:b]) for a, b in spans(len(windows), shard or SHARD)]
     with (engine or Here(1)).job(shared) as run:
         return in_order(run(fn, tasks), len(tasks),
                         progress and (lambda i, _: progress(len(tasks[i][1]))))

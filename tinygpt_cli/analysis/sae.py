@@ -468,51 +468,79 @@ def recovered(clean: float, spliced: float, ablated: float) -> float:
     return (ablated - spliced) / (ablated - clean)
 
 
-def mean_loss(params, config: Config, inputs: np.ndarray, targets: np.ndarray,
-              hooks=None, batch: int = 16) -> float:
-    """Mean next-token cross-entropy (nats) over windows [W, T], with optional hooks."""
+def summed_loss(params, config: Config, inputs: np.ndarray, targets: np.ndarray,
+                hooks=None, batch: int = 16) -> float:
+    """Next-token cross-entropy (nats) summed over windows [W, T], with optional hooks."""
     total = 0.0
     for b in range(0, len(inputs), batch):
         logits = forward(params, config, inputs[b:b + batch], hooks=hooks)
         logp = ops.log_softmax(logits.astype(np.float64))
         y = targets[b:b + batch]
         total += float(-np.take_along_axis(logp, y[..., None], axis=-1).sum())
-    return total / targets.size
+    return total
+
+
+def mean_loss(params, config: Config, inputs: np.ndarray, targets: np.ndarray,
+              hooks=None, batch: int = 16) -> float:
+    """Mean next-token cross-entropy (nats) over windows [W, T], with optional hooks."""
+    return summed_loss(params, config, inputs, targets, hooks, batch) / targets.size
 
 
 def splice(sae: SAE, x: np.ndarray) -> np.ndarray:
     return reconstruct(sae, x).astype(x.dtype)
 
 
-def evaluate_held_out(model, sae: SAE, data, windows: int, progress=None, hooks=None):
+def _constant(value: np.ndarray, x: np.ndarray) -> np.ndarray:
+    return value
+
+
+def shard_loss(task: tuple, shared: tuple) -> float:
+    """The summed loss of one shard of windows [w, 2, T] (inputs, next tokens) with the site
+    replaced by `replace` (None: the run itself): a task of engine.job."""
+    params, config, site, replace, hooks = shared
+    run = chained(hooks, None if replace is None else Replace({site: replace}))
+    return summed_loss(params, config, task[1][:, 0], task[1][:, 1], run)
+
+
+def evaluate_held_out(model, sae: SAE, data, windows: int, progress=None, hooks=None,
+                      engine=None):
     """`sae eval`: evaluate over `windows` windows of the held-out text (--data's last part,
-    or part-005), never training text; (the evaluation, the files' names)."""
+    or part-005), never training text, on `engine` (None: this process); (the evaluation,
+    the files' names)."""
     from ..corpus import data_windows, held_out_files
 
     files = held_out_files(data)
     x, y = data_windows(files, model.tokenizer, model.config.n_positions, windows)
-    return (evaluate(model.params, model.config, sae, x, y, progress, hooks),
+    return (evaluate(model.params, model.config, sae, x, y, progress, hooks, engine),
             [f.name for f in files])
 
 
 def evaluate(params, config: Config, sae: SAE, inputs: np.ndarray, targets: np.ndarray,
-             progress: Callable[[int], None] | None = None, hooks=None) -> SAEEval:
-    """SAELens' metrics on windows [W, T] of held-out text (inputs and their next tokens).
+             progress: Callable[[int], None] | None = None, hooks=None,
+             engine=None) -> SAEEval:
+    """SAELens' metrics on windows [W, T] of held-out text (inputs and their next tokens),
+    each pass a task per shard of windows on `engine` (None: this process).
 
     Mean ablation replaces the site by its mean over these same tokens (every position alike).
     With `hooks` (steering) every run is the steered one: the clean loss is the steered run's,
     and the SAE, the zero and the mean replace the site of the steered run.
     """
-    x = site_values(params, config, inputs, sae.site, hooks=hooks)
+    from functools import partial
+
+    from ..cluster import over_windows
+
+    x = site_values_on(engine, params, config, inputs, sae.site, hooks=hooks)
     z = encode(sae, x)
     x_hat = decode(sae, z, x)
     ev = 1 - float(((x - x_hat) ** 2).sum()) / float(((x - x.mean(axis=0)) ** 2).sum())
     fired = (z > 0).sum(axis=0)
     mean = x.mean(axis=0)
+    pairs = np.stack([inputs, targets], axis=1)  # a shard slices both alike
     losses = []
-    for fn in (None, lambda v: splice(sae, v), np.zeros_like, lambda v: mean):
-        run = chained(hooks, None if fn is None else Replace({sae.site: fn}))
-        losses.append(mean_loss(params, config, inputs, targets, run))
+    for replace in (None, partial(splice, sae), np.zeros_like, partial(_constant, mean)):
+        parts = over_windows(engine, shard_loss, pairs, (params, config, sae.site, replace,
+                                                          hooks))
+        losses.append(sum(parts) / targets.size)
         if progress:
             progress(1)
     return SAEEval(sae.site, sae.k, sae.n_latents, int(targets.size),

@@ -136,8 +136,9 @@ def sae_eval(context: RunContext, weights: Path = WEIGHTS, sae: Path = SAE_FILE,
     model = load(context, weights)
     found = S.model_sae(model, sae)
     hooks, changes = steered(context, model)
-    with bar()(4, "evaluating") as advance:
-        result, names = S.evaluate_held_out(model, found, data, windows, advance, hooks)
+    with bar()(4, "evaluating") as advance, engine(context) as where:
+        result, names = S.evaluate_held_out(model, found, data, windows, advance, hooks,
+                                            where)
     present(context, as_json, lambda: {**view.eval_doc(result, names), **changes},
             lambda: view.eval_view(result, names))
 
