@@ -56,7 +56,8 @@ def fitted(model, timeline, stream, folder: Path) -> float:
     the seconds it took. Every build below starts from copies of them, so that it times the
     part that grows with the text: the shards."""
     from tinygpt_cli.analysis import tracin
-    from tinygpt_cli.analysis.why_index import _npz_bytes, fit_windows
+    from tinygpt_cli.analysis.why_index import fit_windows
+    from tinygpt_cli.cache import npz_bytes
     from tinygpt_cli.files import write_checked
 
     t = model.config.n_positions
@@ -67,7 +68,7 @@ def fitted(model, timeline, stream, folder: Path) -> float:
     t0 = time.perf_counter()
     for s, snapshot in enumerate(timeline):
         p = tracin.Projection.fit(snapshot.params, model.config, x, y)
-        write_checked(folder / f"projection-{s}.npz", _npz_bytes(**p.arrays()))
+        write_checked(folder / f"projection-{s}.npz", npz_bytes(**p.arrays()))
     return time.perf_counter() - t0
 
 

@@ -218,7 +218,16 @@ def test_means_sae_train_eval_and_lens_fit_on_the_cluster_are_this_machines(
                  data, "--windows", "10", "--json")
         assert ev.code == 0, ev.err
         evals.append(ev.json())
-    assert evals[0] == evals[1]  # sae eval's five passes, shard by shard on the workers
+        feat = cli(*extra, "sae", "feature", "3", "--sae", tmp_path / where / "s.safetensors",
+                   "--data", data, "--windows", "10", "--json")
+        assert feat.code == 0, feat.err
+        evals.append(feat.json())
+    assert evals[0] == evals[2]  # sae eval's five passes, shard by shard on the workers
+    assert evals[1] == evals[3]  # sae feature's codes, a task per shard
+    codes = [sorted((tmp_path / w / "cache" / "sae-codes").glob("*/*")) for w in ("here", "there")]
+    assert len(codes[0]) == 2 * 3 + 2  # 3 shards of 4 windows and the manifest, each checked
+    assert [f.name for f in codes[0]] == [f.name for f in codes[1]]
+    assert all(a.read_bytes() == b.read_bytes() for a, b in zip(*codes, strict=True))
     for name in ("m.safetensors", "s.safetensors", "l.safetensors"):
         assert (tmp_path / "here" / name).read_bytes() == (tmp_path / "there" / name).read_bytes()
 

@@ -73,16 +73,27 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files}
 
 
-def store_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Keep an entry for later runs. A cache that cannot be written (read-only, a full disk)
-    loses only that: one note on stderr, and the result just computed is still shown."""
+def npz_bytes(**arrays) -> bytes:
+    """np.savez's layout (an uncompressed zip of .npy files), without the time of writing
+    in each entry: the same arrays give the same bytes, so the same sha256, on any worker."""
     import io
+    import zipfile
 
     import numpy as np
 
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    keep(path, buf.getvalue())
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        for name, a in arrays.items():
+            with z.open(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), "w",
+                        force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asarray(a), allow_pickle=False)
+    return buf.getvalue()
+
+
+def store_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Keep an entry for later runs. A cache that cannot be written (read-only, a full disk)
+    loses only that: one note on stderr, and the result just computed is still shown."""
+    keep(path, npz_bytes(**arrays))
 
 
 

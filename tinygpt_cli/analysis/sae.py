@@ -792,32 +792,62 @@ def load_checkpoint(path: Path, settings: dict) -> TrainState | None:
 
 
 def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
-               bar, steer=None) -> dict[str, np.ndarray]:
+               bar, steer=None, engine=None) -> dict[str, np.ndarray]:
     """The SAE's sparse codes (ids, indices, values) at every token of `windows` windows of
     the files, of runs steered by `steer` (hooks.Steering) when given, computed once per
-    (weights, SAE, data, steering) and kept in the cache folder. bar(total, description) is
-    the progress bar's context manager."""
-    from .. import cache
+    (weights, SAE, data, steering) as a task per shard of windows on `engine` (None: this
+    process) and kept in the cache folder as shards with a manifest (tinygpt_cli.shards): a
+    pass cut short keeps its finished shards. bar(total, description) is the progress bar's
+    context manager."""
+    from .. import cache, shards
     from ..corpus import data_windows
     from ..files import sha256
 
-    def compute():
-        x_in, _ = data_windows(files, model.tokenizer, model.config.n_positions, windows, bar)
-        with bar(len(x_in), "latents of the data") as advance:
-            x = site_values(model.params, model.config, x_in, sae.site, progress=advance,
-                            hooks=steer)
-        idx, val = sparse_codes(sae, x)
-        return {"ids": x_in.astype(np.uint16), "idx": idx, "val": val}
-
     files_of_sae = [Path(path) / "cfg.json", Path(path) / "sae_weights.safetensors"] \
         if Path(path).is_dir() else [Path(path)]  # a SAELens folder: its two files
-    key = cache.key_of("sae-codes-v1", sha256(model.weights_file),
+    key = cache.key_of("sae-codes-v2", sha256(model.weights_file),
                        *(sha256(f) for f in files_of_sae),
                        *(sha256(f) for f in files), str(windows),
                        *([] if steer is None else steer.key()))
-    return cache.load_or_compute(cache.entry("sae", key), cache.load_arrays, compute,
-                                 cache.store_arrays,
-                                 lambda e: valid_codes(e, sae, model.config, windows))
+    folder = cache.entry("sae-codes", key, suffix="")
+
+    def valid(e: dict, n: int) -> bool:
+        return valid_codes(e, sae, model.config, n) and len(e["ids"]) == n
+
+    found = shards.read_complete(folder, key, valid)
+    if found is None:
+        x_in, _ = data_windows(files, model.tokenizer, model.config.n_positions, windows, bar)
+        with bar(len(x_in), "latents of the data") as advance:
+            found = shards.computed(folder, key, x_in, shard_codes,
+                                    (model.params, model.config, sae, steer), valid,
+                                    engine=engine, progress=advance)
+    return joined_codes(found, sae, model.config)
+
+
+def shard_codes(task: tuple, shared: tuple) -> dict[str, np.ndarray]:
+    """One shard's codes: a task of engine.job."""
+    params, config, sae, steer = shared
+    x = site_values(params, config, task[1], sae.site, hooks=steer)
+    idx, val = sparse_codes(sae, x)
+    return {"ids": np.asarray(task[1]).astype(np.uint16), "idx": idx, "val": val}
+
+
+def joined_codes(parts: list[dict], sae: SAE, config: Config) -> dict[str, np.ndarray]:
+    """The shards' codes in window order, as one pass gives them: rows padded to the widest
+    shard (a ReLU SAE's width is the most latents a token of the shard has active)."""
+    if not parts:
+        width = sae.k or 1
+        dtype = np.int16 if sae.n_latents <= np.iinfo(np.int16).max else np.int32
+        return {"ids": np.zeros((0, config.n_positions), np.uint16),
+                "idx": np.zeros((0, width), dtype), "val": np.zeros((0, width), np.float32)}
+    width = max(p["idx"].shape[1] for p in parts)
+
+    def wide(a: np.ndarray) -> np.ndarray:
+        return np.pad(a, ((0, 0), (0, width - a.shape[1])))
+
+    return {"ids": np.concatenate([p["ids"] for p in parts]),
+            "idx": np.concatenate([wide(p["idx"]) for p in parts]),
+            "val": np.concatenate([wide(p["val"]) for p in parts])}
 
 
 def train_resumably(x: np.ndarray, out: Path, settings: dict, weights_sha256: str,

@@ -217,14 +217,14 @@ def evaluate_held_out(model, transcoders: list[S.SAE], data, windows: int, progr
 
 
 def data_codes(model, transcoders: list[S.SAE], folder: Path, layer: int, files: list[Path],
-               windows: int, bar) -> dict[str, np.ndarray]:
+               windows: int, bar, engine=None) -> dict[str, np.ndarray]:
     """Block `layer`'s transcoder codes at every token of `windows` windows of the files,
-    computed once per (weights, transcoder file, data) and cached (sae.data_codes, reading
-    the transcoder's input ln2.out)."""
+    computed once per (weights, transcoder file, data) on `engine` and cached
+    (sae.data_codes, reading the transcoder's input ln2.out)."""
     from dataclasses import replace
 
     tc = replace(transcoders[layer], site=input_path(layer))
-    return S.data_codes(model, tc, file_of(folder, layer), files, windows, bar)
+    return S.data_codes(model, tc, file_of(folder, layer), files, windows, bar, engine=engine)
 
 
 def top_windows(codes: dict[str, np.ndarray], latent: int, n: int = 3, before: int = 8,

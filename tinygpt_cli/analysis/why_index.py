@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cache import npz_bytes
 from ..config import Config
 from ..corpus import eval_windows
 from ..files import discard, verified, write_checked
@@ -65,20 +66,6 @@ def index_key(data_key: str, snapshot_files: list[Path], config: Config) -> str:
 def _npy_bytes(a: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, a, allow_pickle=False)
-    return buf.getvalue()
-
-
-def _npz_bytes(**arrays) -> bytes:
-    """np.savez's layout (an uncompressed zip of .npy files), without the time of writing
-    in each entry: the same arrays give the same bytes, so the same sha256, on any worker."""
-    import zipfile
-
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
-        for name, a in arrays.items():
-            with z.open(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), "w",
-                        force_zip64=True) as f:
-                np.lib.format.write_array(f, np.asarray(a), allow_pickle=False)
     return buf.getvalue()
 
 
@@ -144,14 +131,14 @@ def build_task(task: tuple, config: dict) -> tuple:
         _, s, weights, out, x, y = task
         p = tracin.Projection.fit(_params(weights, config), config, x.astype(np.int64),
                                   y.astype(np.int64))
-        write_checked(Path(out), _npz_bytes(**p.arrays()))
+        write_checked(Path(out), npz_bytes(**p.arrays()))
         return task[0], s, 0
     _, s, c, weights, projection_file, out, tokens = task
     params, p = _params(weights, config), _projection(projection_file)
     x, y = eval_windows(tokens, config.n_positions)
     pieces = [tracin.window_gradients(params, config, x[i : i + BATCH], y[i : i + BATCH], p)
               for i in range(0, len(x), BATCH)]
-    write_checked(Path(out), _npz_bytes(tokens=np.asarray(tokens, np.uint16), **{
+    write_checked(Path(out), npz_bytes(tokens=np.asarray(tokens, np.uint16), **{
         name: tracin.to_bfloat16(np.concatenate([getattr(g, name) for g in pieces]))
         for name in ARRAYS}))
     return task[0], s, len(x)

@@ -182,7 +182,8 @@ def sae_feature(context: RunContext,
     latent = check_index(latent, found.n_latents, "latent")
     files = given_or(data, training_files)
     hooks, changes = steered(context, model)
-    codes = S.data_codes(model, found, path, files, windows, bar(), hooks)
+    with engine(context) as where:
+        codes = S.data_codes(model, found, path, files, windows, bar(), hooks, where)
     result = S.feature_report(found, model.params, codes["ids"], codes["idx"], codes["val"],
                               latent, top)
     present(context, as_json, lambda: {**view.feature_doc(result, model.tokenizer), **changes},
