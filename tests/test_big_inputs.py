@@ -103,7 +103,8 @@ def test_a_long_text_is_scored_and_given_out_window_by_window(tiny_params, tiny_
         np.concatenate([whole[i].nats for i in range(3)]).mean(), rel=1e-12)
     # the most surprising tokens name their place in the text, whichever part they were in
     for nats, i, position, _, _ in report.worst:
-        assert whole[i].nats[position - 1] == nats
+        # (batched against one by one: equal up to the rounding of products of other sizes)
+        assert whole[i].nats[position - 1] == pytest.approx(nats, rel=1e-12)
 
 
 def test_score_json_positions_run_on_across_windows(cli):

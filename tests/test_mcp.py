@@ -5,6 +5,7 @@ byte. Skipped without the `mcp` extra, except the one error line that says to in
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -37,7 +38,10 @@ def session(folder, work):
     from mcp import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    server = StdioServerParameters(command=sys.executable,
+    # the test's own environment, as run_cli's children have it (the SDK's default keeps only
+    # HOME, PATH and a few more: without OPENBLAS_CORETYPE, say, the BLAS picks other kernels
+    # and the last bit of a float32 can differ from the command line's)
+    server = StdioServerParameters(command=sys.executable, env=dict(os.environ),
                                    args=["-m", "tinygpt_cli", "mcp", "--weights", str(folder)])
 
     async def main():

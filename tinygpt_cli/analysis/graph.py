@@ -394,6 +394,7 @@ def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
     cum = np.cumsum(inf[:nf][order]) / max(inf[:nf].sum(), 1e-300)
     keep[:nf] = False
     keep[order[: int(np.searchsorted(cum, node_threshold) + 1)]] = True
+    keep[:nf] &= inf[:nf] > 0  # none without influence: cum may end a rounding short of 1
     a[:nf][~keep[:nf]] = 0  # the dropped features' rows and columns: a_kept
     a[:, ~keep] = 0
     inf_kept = influence_on(graph, a)
