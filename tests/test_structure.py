@@ -119,9 +119,17 @@ def _imported(root: Path, path: Path, modules: set[str]) -> set[str]:
     `from .. import model`, `from ..model import f`), at the top or inside a function, and
     importlib.import_module("..x", __package__) with a literal name. Imports under
     `if TYPE_CHECKING:` are left out (names for annotations import nothing)."""
-    name = _module_name(root, path)
-    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    lazy = tuple((m, tuple(sorted(_lazy(root, m).items()))) for m in sorted(modules))
+    return _imported_from(_module_name(root, path), path.name == "__init__.py",
+                          path.read_text(encoding="utf-8"), frozenset(modules), lazy)
+
+
+@functools.cache  # a copy of the package with one line planted parses that one file again
+def _imported_from(name: str, is_init: bool, text: str, modules: frozenset,
+                   lazy: tuple) -> set[str]:
+    lazy_of = dict((m, dict(table)) for m, table in lazy)
+    package = name.split(".") if is_init else name.split(".")[:-1]
+    tree = ast.parse(text)
     typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
                    and "TYPE_CHECKING" in ast.unparse(block.test) for n in ast.walk(block)}
     found: set[str] = set()
@@ -146,15 +154,15 @@ def _imported(root: Path, path: Path, modules: set[str]) -> set[str]:
             for alias in node.names:
                 if f"{where}.{alias.name}" in modules:
                     add(f"{where}.{alias.name}")
-                elif alias.name in _lazy(root, where):  # tinygpt_cli.load: api's
-                    add(f"{where}.{_lazy(root, where)[alias.name]}")
+                elif alias.name in lazy_of.get(where, {}):  # tinygpt_cli.load: api's
+                    add(f"{where}.{lazy_of[where][alias.name]}")
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(
                 node.func, "id", None)) == "import_module" and node.args \
                 and isinstance(node.args[0], ast.Constant):
             target = node.args[0].value
             dots = len(target) - len(target.lstrip("."))
             add(".".join(relative(dots, target[dots:] or None)) if dots else target)
-    return found & modules
+    return frozenset(found & modules)
 
 
 @functools.cache

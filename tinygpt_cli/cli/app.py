@@ -94,6 +94,9 @@ def _register(name: str | None = None) -> None:
         return ORDER.index(name) if name in ORDER else len(ORDER)
 
     app.registered_commands.sort(key=rank)
+    # groups too: in the table's order, not that of the modules this process imported first
+    app.registered_groups.sort(key=lambda group: ORDER.index(group.name)
+                               if group.name in ORDER else len(ORDER))
     from .steering import with_context
 
     for group in app.registered_groups:  # `tinygpt sae train`: a group's commands (built
