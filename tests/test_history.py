@@ -596,6 +596,7 @@ def _why_process(run: Path, cache: Path):
                             stderr=subprocess.PIPE, env=env)
 
 
+@pytest.mark.slow  # 10 builds killed and resumed: 10 s
 def test_builds_killed_at_random_moments_then_started_in_pairs_leave_one_index(run, tmp_path):
     """Builds into one cache killed with SIGKILL at seeded random moments (a write cut
     anywhere), then two started together: they end with one complete index, the same answer

@@ -69,6 +69,7 @@ def all_argvs() -> list[list[str]]:
 # ------------------------------------------------------------------ a reader that goes away
 
 
+@pytest.mark.slow  # every command in a child process: 20-30 s
 def test_every_command_ends_quietly_when_the_reader_is_gone(tiny):
     argvs = all_argvs()
     results = forked(tiny, [{"argv": a, "stdout": "broken"} for a in argvs])
@@ -76,6 +77,7 @@ def test_every_command_ends_quietly_when_the_reader_is_gone(tiny):
         assert (r["code"], r["err"]) == (0, ""), (argv, r)
 
 
+@pytest.mark.slow  # every command in a child process: 20-30 s
 def test_the_same_commands_print_normally_to_a_file(tiny):
     """The pipe test above means something: each of those commands writes to stdout."""
     argvs = all_argvs()
@@ -210,6 +212,7 @@ ASCII_ARGVS = [["encode", TEXT], ["encode", "héllo\twörld…"], ["map", TEXT],
                ["mlp", TEXT, "--top", "3"], ["logits", TEXT]]
 
 
+@pytest.mark.slow  # every command in a child process, twice: 20 s
 @pytest.mark.parametrize("env", [{"PYTHONIOENCODING": "ascii"},
                                  {"LANG": "C", "LC_ALL": "C", "PYTHONIOENCODING": ""}])
 def test_ascii_only_output_degrades_instead_of_crashing(tiny, env):
