@@ -316,16 +316,16 @@ def matmul_floor(model, ids: np.ndarray, runs: int, reference: float | None,
     p, c = model.params, model.config
     x = np.ones((len(ids), c.n_embd), np.float32)
     q = np.ones((c.n_head, len(ids), c.d_k), np.float32)
-    head = np.ascontiguousarray(p["wte.weight"].T)
+    head = np.ascontiguousarray(p["embed.W_E"].T)
     mlp = np.ones((len(ids), c.n_inner), np.float32)
 
     def products():
         for i in range(c.n_layer):
-            x @ p[f"h.{i}.attn.c_attn.weight"]
+            x @ p[f"layers.{i}.attn.W_QKV"]
             q @ q.swapaxes(-1, -2) @ q  # Q K^T, then weights V
-            x @ p[f"h.{i}.attn.c_proj.weight"]
-            x @ p[f"h.{i}.mlp.c_fc.weight"]
-            mlp @ p[f"h.{i}.mlp.c_proj.weight"]
+            x @ p[f"layers.{i}.attn.W_O"]
+            x @ p[f"layers.{i}.mlp.W_in"]
+            mlp @ p[f"layers.{i}.mlp.W_out"]
         x @ head
 
     from tinygpt_cli.model import run_traced
@@ -563,19 +563,19 @@ def generation_floor(model, prompt_len: int, reference: float, runs: int) -> Row
     import numpy as np
 
     p, c = model.params, model.config
-    mats = [p[f"h.{i}.{name}.weight"] for i in range(c.n_layer)
-            for name in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+    mats = [p[f"layers.{i}.{name}"] for i in range(c.n_layer)  # the canonical parameters
+            for name in ("attn.W_QKV", "attn.W_O", "mlp.W_in", "mlp.W_out")]
     rows = np.ones((prompt_len, c.n_inner), np.float32)
 
     def prompt():
         for w in mats:
             rows[:, :w.shape[0]] @ w
-        p["wte.weight"] @ rows[-1, :c.n_embd]
+        p["embed.W_E"] @ rows[-1, :c.n_embd]
 
     def token():
         for w in mats:
             rows[0, :w.shape[0]] @ w
-        p["wte.weight"] @ rows[0, :c.n_embd]
+        p["embed.W_E"] @ rows[0, :c.n_embd]
 
     first, each = paired_median_seconds([prompt, token], runs)
     floor = [sys.executable, "-c", "import numpy, tokenizers, safetensors"]
