@@ -63,11 +63,12 @@ def time_numpy(file: Path, stride: int | None) -> tuple[float, dict]:
 
 
 def torch_forward(params, config):
-    """The model as one torch function of a batch of ids -> ln_final output [B, T, d]."""
+    """The model as one torch function of a batch of ids -> ln_final output [B, T, d], from
+    the tensors of a GPT-2 file (its own names, as transformers reads them)."""
     import torch
     import torch.nn.functional as F
 
-    p = {k: torch.from_numpy(v) for k, v in params.items()}
+    p = {k: torch.tensor(v) for k, v in params.items()}  # a copy: the file is mapped read-only
     d, h, eps = config.n_embd, config.n_head, config.layer_norm_epsilon
 
     def run(ids):
@@ -111,7 +112,11 @@ def time_torch(file: Path, stride: int | None, threads: int) -> tuple[float, dic
     ctx = cfg.n_positions
     jobs = [(i, w) for i, s in enumerate(seqs) for w in windows(len(s), ctx, stride or ctx)]
     jobs.sort(key=lambda j: -(j[1].end - j[1].start))
-    run, wte = torch_forward(model.params, cfg)
+    from tinygpt_cli.weights import read_safetensors
+
+    tensors, _ = read_safetensors(model.weights_file)  # the file's GPT-2 names
+    run, wte = torch_forward({k.removeprefix("transformer."): v for k, v in tensors.items()},
+                             cfg)
     total, count, records = 0.0, 0, []
     with torch.inference_mode():
         for b in range(0, len(jobs), 32):
