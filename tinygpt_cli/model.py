@@ -19,6 +19,7 @@ from . import ops
 from .config import Config
 from .errors import NonFiniteError
 from .hooks import Hook, Record, RecordOnly, Stop
+from .pages import fresh_pages
 from .schema import is_bias, is_norm_weight, param_shapes
 
 __all__ = ["Dropout", "KVCache", "backward", "decode_step", "forward", "run_to_final_norm",
@@ -99,30 +100,13 @@ class KVCache:
     @classmethod
     def empty(cls, config: Config, batch: tuple[int, ...] = (), dtype=np.float32) -> KVCache:
         # One buffer, not zeroed: only positions below `length` are ever read, and each is
-        # written first; untouched, its pages are never made (fresh_pages).
+        # written first; untouched, its pages are never made (pages.fresh_pages: the
+        # prompt's few positions at the start of every head's stretch would otherwise make
+        # nearly all of it, 2 MB at a time, before the first token).
         buf = fresh_pages((config.n_layer, 2, *batch, config.kv_heads, config.n_positions,
                            config.d_k), dtype)
         return cls([buf[i, 0] for i in range(config.n_layer)],
                    [buf[i, 1] for i in range(config.n_layer)])
-
-
-def fresh_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """np.empty(shape, dtype), on memory whose pages are made 4 kB at a time as they are
-    first written: with Linux's transparent huge pages a large np.empty is made 2 MB at a
-    time, and the prompt's few positions at the start of every head's stretch of the cache
-    would zero nearly all of it before the first token (benchmarks/results.md)."""
-    import mmap
-
-    size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
-    if advice is None or size < 4 << 20:  # not Linux, or too small for huge pages to matter
-        return np.empty(shape, dtype)
-    pages = mmap.mmap(-1, size)
-    try:
-        pages.madvise(advice)
-    except OSError:  # a kernel without the advice: the pages are as np.empty's would be
-        pass
-    return np.frombuffer(pages, dtype).reshape(shape)
 
 
 # ------------------------------------------------------------------ the forward pass, by card
