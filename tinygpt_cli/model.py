@@ -651,9 +651,10 @@ class Decoder:
         return h + self._mlp(b, self._norm(h, b["ln2.w"], b["ln2.b"]))
 
     def _attention(self, b: dict, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
-        """attention() and queries_keys_values() with no hooks, for one position."""
+        """attention() and queries_keys_values() with no hooks, for one position: the steps
+        of ops.attention_scores, attention_weights and attention_mix that one query takes."""
         c, i = self.config, b["i"]
-        q, k, v = ops.split_qkv(ops.linear(x, b["attn.W_QKV"], b["attn.b_QKV"]), c.n_head,
+        q, k, v = ops.split_qkv(_row_times(x, b["attn.W_QKV"], b["attn.b_QKV"]), c.n_head,
                                 c.kv_heads)
         if c.qk_norm:
             eps = c.layer_norm_epsilon
@@ -667,19 +668,41 @@ class Decoder:
         group = c.n_head // c.kv_heads
         k = ops.repeat_kv(cache.k[i][..., :end, :], group)
         v = ops.repeat_kv(cache.v[i][..., :end, :], group)
-        scores = ops.attention_scores(q, k, start, c.attn_scale, b["window"])
-        z = ops.attention_mix(ops.attention_weights(scores, start), v, start)
-        return ops.linear(ops.merge_heads(z), b["attn.W_O"], b["attn.b_O"])
+        scores = q @ k.swapaxes(-1, -2)  # [H, 1, end]: one query sees every key but ...
+        scores *= (np.asarray(c.attn_scale, q.dtype) if c.attn_scale
+                   else ops._inverse_sqrt(q.shape[-1], q.dtype))
+        if b["window"] and end > b["window"]:  # ... those a local block's window leaves out
+            scores += ops.window_mask(1, start, b["window"], np.dtype(q.dtype).type)
+        e = np.exp(scores)  # attention_softmax: unshifted while every row's sum allows it
+        total = ops.row_sums(e)
+        e /= total
+        low, high = ops.SUMS_WITHOUT_SHIFT
+        flat = total.reshape(-1)
+        if not (np.minimum.reduce(flat) >= low and np.maximum.reduce(flat) <= high):
+            e = ops.softmax(scores)
+        z = e @ v  # [H, 1, d_k], merged as ops.merge_heads does
+        return _row_times(z.swapaxes(-3, -2).reshape(1, -1), b["attn.W_O"], b["attn.b_O"])
 
     def _mlp(self, b: dict, x: np.ndarray) -> np.ndarray:
         """feed_forward() with no hooks."""
         act = self.config.act
         if self.config.mlp == "gated":
-            post = ops.gated(ops.linear(x, b["mlp.W_gate"], None),
-                             ops.linear(x, b["mlp.W_in"], None), act)
+            post = ops.gated(_row_times(x, b["mlp.W_gate"], None),
+                             _row_times(x, b["mlp.W_in"], None), act)
         else:
-            post = ops.ACTIVATIONS[act][0](ops.linear(x, b["mlp.W_in"], b["mlp.b_in"]))
-        return ops.linear(post, b["mlp.W_out"], b["mlp.b_out"])
+            post = ops.ACTIVATIONS[act][0](_row_times(x, b["mlp.W_in"], b["mlp.b_in"]))
+        return _row_times(post, b["mlp.W_out"], b["mlp.b_out"])
+
+
+def _row_times(x: np.ndarray, w: np.ndarray, b) -> np.ndarray:
+    """ops.linear of one row [1, in]: the vector times w, then the bias added as it adds it."""
+    out = (x[0] @ w)[None]
+    if b is None:
+        return out
+    if out.dtype == b.dtype or out.dtype == np.result_type(out, b):
+        out += b
+        return out
+    return out + b
 
 
 def record(params, config: Config, ids, paths=None, *, hooks: Hook | None = None,
