@@ -764,6 +764,7 @@ def check_vocabulary(tokenizer, config: Config, root: Path) -> None:
     if not tokenizer.ids_are_0_to(last):  # each id names a row of the model
         raise WeightsError(f"{root / 'tokenizer.json'}: its token ids are not 0 to {last:,} "
                            f"(the model's rows): it does not belong to these weights")
+    tokenizer.ends_with(config.eos_token_id)
     try:
         _ = tokenizer.eot_id  # generation and training stop on it
     except ValueError as e:
