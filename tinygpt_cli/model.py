@@ -598,8 +598,8 @@ class Decoder:
         """ops.rotary(x, start, ...) for one position, its angles a row of one table."""
         c = self.config
         made = self.turns.get(x.dtype)
-        if made is None or start >= len(made[0]):  # twice as many positions as now asked
-            # for (Llama 3.2's context, 131,072 positions, would be 128 MB at once)
+        if made is None or start >= len(made[0]):  # twice the positions asked for so far
+            # (all of Llama 3.2's 131,072 at once would be 128 MB)
             n = min(c.n_positions, max(256, 2 * (start + 1)))
             made = self.turns[x.dtype] = ops.rotary_angles((0, n), c.rotary, c.rotary_base,
                                                            x.dtype, c.rope_scaling)
