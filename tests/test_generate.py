@@ -152,3 +152,62 @@ def test_decode_step_refuses_a_position_past_the_context(make_params):
         decode_step(params, config, token, cache)
     with pytest.raises(ValueError, match="5 tokens is more than the model's limit of 4"):
         decode_step(params, config, 5, cache)
+
+
+def _family_configs():
+    from tinygpt_cli.config import arch_config
+    from tinygpt_cli.families import llama
+
+    sizes = dict(n_embd=24, n_layer=2, n_head=6, n_inner=20, vocab_size=23, n_positions=12)
+    out = {arch: arch_config(arch, **sizes) for arch in ("gpt2", "neo", "neox", "llama")}
+    hf = llama.config_to_hf(out["llama"])
+    out["qwen2"] = llama.config_from_hf({**hf, "model_type": "qwen2", "attention_bias": True})
+    out["qwen3"] = llama.config_from_hf({**hf, "model_type": "qwen3"})
+    return out
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "neo", "neox", "llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_decode_steps_are_the_general_passes_numbers_bit_for_bit(arch, dtype):
+    """decode_step without hooks (model.Decoder) against forward's own pass over the same
+    cache, position by position to the end of the context, on every family's block: a local
+    window shorter than the text (neo), parallel blocks and a quarter of each head turned
+    (neox), 3 key/value heads for 6 queries, q/k/v biases (qwen2), q/k norms (qwen3)."""
+    from tinygpt_cli.model import KVCache, decode_step, forward, init_params
+
+    config = _family_configs()[arch]
+    params = init_params(config, np.random.default_rng(7), dtype)
+    params = {n: a + 0.1 if n.endswith(".b_QKV") else a for n, a in params.items()}
+    ours, theirs = KVCache.empty(config, dtype=dtype), KVCache.empty(config, dtype=dtype)
+    forward(params, config, np.asarray([3]), cache=ours, start=0, last_only=True)
+    forward(params, config, np.asarray([3]), cache=theirs, start=0, last_only=True)
+    for token in [5, 1, 22, 7, 7, 0, 9, 4, 13, 2, 8]:
+        start = theirs.length
+        want = forward(params, config, np.asarray([token]), cache=theirs, start=start,
+                       last_only=True)[-1]
+        got = decode_step(params, config, token, ours)
+        assert ours.decoder is not None and ours.length == theirs.length == start + 1
+        np.testing.assert_array_equal(got, want)
+        for i in range(config.n_layer):
+            np.testing.assert_array_equal(ours.k[i][..., :start + 1, :],
+                                          theirs.k[i][..., :start + 1, :])
+    with pytest.raises(ValueError, match="13 tokens is more than the model's limit of 12"):
+        decode_step(params, config, 5, ours)
+
+
+def test_a_decode_step_that_overflows_names_the_first_value_as_the_general_pass_does(
+        make_params):
+    from tinygpt_cli.errors import NonFiniteError
+    from tinygpt_cli.model import KVCache, decode_step, forward
+
+    config = Config(n_embd=12, n_layer=2, n_head=2, n_inner=20, vocab_size=23, n_positions=8)
+    params = {n: a.astype(np.float32) for n, a in make_params(config, seed=2).items()}
+    cache = KVCache.empty(config)
+    decode_step(params, config, 1, cache)
+    params = {**params, "layers.1.mlp.W_out": params["layers.1.mlp.W_out"] * np.float32(1e38)}
+    with pytest.raises(NonFiniteError) as general:
+        forward(params, config, np.asarray([1, 2]))
+    assert "ln_final.std is the first value" in str(general.value)
+    with pytest.raises(NonFiniteError) as step:
+        decode_step(params, config, 2, cache)
+    assert str(step.value) == str(general.value)

@@ -237,3 +237,19 @@ def test_sample_returns_a_possible_token(probs, seed):
     assert 0 <= i < probs.size
     assert probs[i] > 0
     assert i == sample(probs, create_rng(seed))
+
+
+@pytest.mark.parametrize("logits", [
+    [0.5, 2.0, -1.0, 2.0, 1.9],  # two tokens tie for the highest score
+    [3.0, 3.0, 3.0],
+    [-7.25],
+    list(np.random.default_rng(4).normal(size=4096).astype(np.float32)),
+])
+def test_greedy_is_temperature_0s_token_and_chance(logits):
+    from tinygpt_cli.sampling import greedy, next_token_distribution
+
+    z = np.asarray(logits, np.float32)
+    dist = next_token_distribution(z, 0.0)
+    want = int(np.argmax(dist))
+    assert greedy(z) == (want, float(dist[want]))
+    assert want == int(np.flatnonzero(z == z.max())[0])  # the first of the highest, by hand

@@ -11,7 +11,7 @@ import numpy as np
 from .config import Config
 from .hooks import Hook
 from .model import KVCache, decode_step, forward, token_table
-from .sampling import check_temperature, next_token_distribution, sample
+from .sampling import check_temperature, greedy, next_token_distribution, sample
 
 
 @dataclass
@@ -96,10 +96,15 @@ def _steps(params, config, ids, max_new_tokens, temperature, top_k, top_p, rng, 
     cached = context is not None
     text = list(ids)
     last = context.logits if cached else next_logits_uncached(params, config, text, hooks)
+    plain_greedy = temperature == 0 and not top_k and top_p in (None, 1.0)
     for n in range(max_new_tokens):
-        dist = next_token_distribution(last, temperature, top_k, top_p)
-        token = sample(dist, rng) if temperature > 0 else int(np.argmax(dist))
-        yield Step(token, float(dist[token]))
+        if plain_greedy:  # the same token and chance, without an array of chances
+            token, chance = greedy(last)
+        else:
+            dist = next_token_distribution(last, temperature, top_k, top_p)
+            token = sample(dist, rng) if temperature > 0 else int(np.argmax(dist))
+            chance = float(dist[token])
+        yield Step(token, chance)
         if token == stop_id or n == max_new_tokens - 1:
             return
         text.append(token)

@@ -19,6 +19,7 @@ from . import ops
 from .config import Config
 from .errors import NonFiniteError
 from .hooks import Hook, Record, RecordOnly, Stop
+from .pages import fresh_pages
 from .schema import is_bias, is_norm_weight, param_shapes
 
 __all__ = ["Dropout", "KVCache", "backward", "decode_step", "forward", "run_to_final_norm",
@@ -95,34 +96,18 @@ class KVCache:
     k: list[np.ndarray]
     v: list[np.ndarray]
     length: int = 0
+    decoder: Decoder | None = None  # decode_step's, made at its first step
 
     @classmethod
     def empty(cls, config: Config, batch: tuple[int, ...] = (), dtype=np.float32) -> KVCache:
         # One buffer, not zeroed: only positions below `length` are ever read, and each is
-        # written first; untouched, its pages are never made (fresh_pages).
+        # written first; untouched, its pages are never made (pages.fresh_pages: the
+        # prompt's few positions at the start of every head's stretch would otherwise make
+        # nearly all of it, 2 MB at a time, before the first token).
         buf = fresh_pages((config.n_layer, 2, *batch, config.kv_heads, config.n_positions,
                            config.d_k), dtype)
         return cls([buf[i, 0] for i in range(config.n_layer)],
                    [buf[i, 1] for i in range(config.n_layer)])
-
-
-def fresh_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """np.empty(shape, dtype), on memory whose pages are made 4 kB at a time as they are
-    first written: with Linux's transparent huge pages a large np.empty is made 2 MB at a
-    time, and the prompt's few positions at the start of every head's stretch of the cache
-    would zero nearly all of it before the first token (benchmarks/results.md)."""
-    import mmap
-
-    size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
-    if advice is None or size < 4 << 20:  # not Linux, or too small for huge pages to matter
-        return np.empty(shape, dtype)
-    pages = mmap.mmap(-1, size)
-    try:
-        pages.madvise(advice)
-    except OSError:  # a kernel without the advice: the pages are as np.empty's would be
-        pass
-    return np.frombuffer(pages, dtype).reshape(shape)
 
 
 # ------------------------------------------------------------------ the forward pass, by card
@@ -580,11 +565,144 @@ def _name_first_non_finite(params, config, ids, hooks, cache, start, last_only,
 def decode_step(params, config: Config, token: int, cache: KVCache,
                 hooks: Hook | None = None) -> np.ndarray:
     """One new position for generation: the logits [V] after `token`, whose keys and values
-    join the cache. The same card functions as every other pass, on a text of one token
-    starting at position cache.length."""
+    join the cache: forward on a text of one token starting at position cache.length; with
+    no hooks, the same steps by a Decoder (its numbers are forward's, bit for bit)."""
+    if hooks is None:
+        if cache.decoder is None or not cache.decoder.made_for(params, config):
+            cache.decoder = Decoder(params, config)
+        return cache.decoder.step(token, cache)
     ids = np.asarray([token])
     return forward(params, config, ids, hooks=hooks, cache=cache, start=cache.length,
                    last_only=True)[-1]
+
+
+class Decoder:
+    """forward(params, config, [token], cache=cache, start=cache.length, last_only=True)
+    with no hooks, for generation's steps: the same ops on the same arrays in the same order,
+    so the same numbers bit for bit (tests), without the per-step work of the general pass
+    (each block's parameters looked up by name, the hooks' calls, the checks of what a hook
+    may have changed), which is most of a step of a small model (the shipped one) and a
+    tenth of a large one's. Made once per cache (decode_step); the rotary angles are rows of
+    one table, made as the positions come (a row is the same in a table of any length)."""
+
+    def __init__(self, params, config: Config) -> None:
+        self.params, self.config = params, config
+        self.blocks = [self._block_params(i) for i in range(config.n_layer)]
+        self.head = params[head_table(params)]
+        self.turns: dict = {}  # dtype -> (cos, sin) of positions 0 .. n-1
+
+    def made_for(self, params, config: Config) -> bool:
+        return params is self.params and (config is self.config or config == self.config)
+
+    def _turned(self, x: np.ndarray, start: int) -> np.ndarray:
+        """ops.rotary(x, start, ...) for one position, its angles a row of one table."""
+        c = self.config
+        made = self.turns.get(x.dtype)
+        if made is None or start >= len(made[0]):  # twice the positions asked for so far
+            # (all of Llama 3.2's 131,072 at once would be 128 MB)
+            n = min(c.n_positions, max(256, 2 * (start + 1)))
+            made = self.turns[x.dtype] = ops.rotary_angles((0, n), c.rotary, c.rotary_base,
+                                                           x.dtype, c.rope_scaling)
+        cos, sin = (t[start:start + 1] for t in made)
+        return ops.rotary_by(x, cos, sin)
+
+    def _block_params(self, i: int) -> dict:
+        p, c = self.params, self.config
+        get = lambda name: p.get(f"layers.{i}.{name}")  # noqa: E731
+        return {name: get(name) for name in (
+            "ln1.w", "ln1.b", "ln2.w", "ln2.b", "attn.W_QKV", "attn.b_QKV", "attn.q_norm.w",
+            "attn.k_norm.w", "attn.W_O", "attn.b_O", "mlp.W_in", "mlp.b_in", "mlp.W_gate",
+            "mlp.W_out", "mlp.b_out")} | {"window": c.window(i), "i": i}
+
+    def step(self, token: int, cache: KVCache) -> np.ndarray:
+        """The logits [V] after `token` at position cache.length, its keys and values cached."""
+        p, c, start = self.params, self.config, cache.length
+        if start + 1 > c.n_positions:
+            raise ValueError(f"{start + 1} tokens is more than the model's limit of "
+                             f"{c.n_positions}")
+        ids = np.asarray([token])
+        with np.errstate(all="ignore"):
+            h = ops.embedding(p["embed.W_E"], ids)
+            if "embed.W_pos" in p:
+                h = h + ops.position_embedding(p["embed.W_pos"], 1, start)
+            for b in self.blocks:
+                h = self._block(b, h, cache, start)
+            logits = ops.unembed(self._norm(h, p["ln_final.w"], p.get("ln_final.b")),
+                                 self.head)
+        if not all_finite(logits):  # the general pass names the first value gone wrong
+            return forward(p, c, ids, cache=cache, start=start, last_only=True)[-1]
+        cache.length = start + 1
+        return logits[-1]
+
+    def _norm(self, x: np.ndarray, w, b) -> np.ndarray:
+        eps = self.config.layer_norm_epsilon
+        if self.config.norm == "rms":
+            return ops.rms_scale(x, ops.rms_of(x, eps), w)
+        if x.dtype == w.dtype == b.dtype:
+            return ops.layer_norm_out(x, w, b, eps)
+        return layer_norm(x, w, b, eps, "", _no_hooks)
+
+    def _block(self, b: dict, h: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
+        """block(): attention, then the MLP, each added to the stream (or both to h)."""
+        a = self._attention(b, self._norm(h, b["ln1.w"], b["ln1.b"]), cache, start)
+        if self.config.parallel:
+            return h + self._mlp(b, self._norm(h, b["ln2.w"], b["ln2.b"])) + a
+        h = h + a
+        return h + self._mlp(b, self._norm(h, b["ln2.w"], b["ln2.b"]))
+
+    def _attention(self, b: dict, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
+        """attention() and queries_keys_values() with no hooks, for one position: the steps
+        of ops.attention_scores, attention_weights and attention_mix that one query takes."""
+        c, i = self.config, b["i"]
+        q, k, v = ops.split_qkv(_row_times(x, b["attn.W_QKV"], b["attn.b_QKV"]), c.n_head,
+                                c.kv_heads)
+        if c.qk_norm:
+            eps = c.layer_norm_epsilon
+            q = ops.rms_norm(q, b["attn.q_norm.w"], eps)[0]
+            k = ops.rms_norm(k, b["attn.k_norm.w"], eps)[0]
+        if c.rotary:
+            q, k = self._turned(q, start), self._turned(k, start)
+        end = start + 1
+        cache.k[i][..., start:end, :] = k
+        cache.v[i][..., start:end, :] = v
+        group = c.n_head // c.kv_heads
+        k = ops.repeat_kv(cache.k[i][..., :end, :], group)
+        v = ops.repeat_kv(cache.v[i][..., :end, :], group)
+        scores = q @ k.swapaxes(-1, -2)  # [H, 1, end]: one query sees every key but ...
+        scores *= (np.asarray(c.attn_scale, q.dtype) if c.attn_scale
+                   else ops._inverse_sqrt(q.shape[-1], q.dtype))
+        if b["window"] and end > b["window"]:  # ... those a local block's window leaves out
+            scores += ops.window_mask(1, start, b["window"], np.dtype(q.dtype).type)
+        e = np.exp(scores)  # attention_softmax: unshifted while every row's sum allows it
+        total = ops.row_sums(e)
+        e /= total
+        low, high = ops.SUMS_WITHOUT_SHIFT
+        flat = total.reshape(-1)
+        if not (np.minimum.reduce(flat) >= low and np.maximum.reduce(flat) <= high):
+            e = ops.softmax(scores)
+        z = e @ v  # [H, 1, d_k], merged as ops.merge_heads does
+        return _row_times(z.swapaxes(-3, -2).reshape(1, -1), b["attn.W_O"], b["attn.b_O"])
+
+    def _mlp(self, b: dict, x: np.ndarray) -> np.ndarray:
+        """feed_forward() with no hooks."""
+        act = self.config.act
+        if self.config.mlp == "gated":
+            post = ops.gated(_row_times(x, b["mlp.W_gate"], None),
+                             _row_times(x, b["mlp.W_in"], None), act)
+        else:
+            post = ops.ACTIVATIONS[act][0](_row_times(x, b["mlp.W_in"], b["mlp.b_in"]))
+        return _row_times(post, b["mlp.W_out"], b["mlp.b_out"])
+
+
+def _row_times(x: np.ndarray, w: np.ndarray, b) -> np.ndarray:
+    """ops.linear of one row [1, in]: the vector times w, then the bias added as it adds it."""
+    out = (x[0] @ w)[None]
+    if b is None:
+        return out
+    if out.dtype == b.dtype or out.dtype == np.result_type(out, b):
+        out += b
+        return out
+    return out + b
 
 
 def record(params, config: Config, ids, paths=None, *, hooks: Hook | None = None,

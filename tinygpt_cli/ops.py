@@ -401,6 +401,13 @@ def rotary(x: np.ndarray, start: int, rot: int, base: float, scaling: tuple = ()
     """x [.., T, d_k] with its first `rot` numbers turned by position start + t: each pair
     (x_i, x_{i + rot/2}) by the angle t base^(-2i / rot).  The rest pass unchanged."""
     cos, sin = rotary_angles((start, start + x.shape[-2]), rot, base, x.dtype, scaling)
+    return rotary_by(x, cos, sin)
+
+
+def rotary_by(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """rotary with its angles' cos and sin [T, rot] given (rows of rotary_angles' table:
+    a position's row is the same in a table of any length)."""
+    rot = cos.shape[-1]
     part = x[..., :rot]
     turned = part * cos + _rotate_half(part) * sin
     if rot == x.shape[-1]:

@@ -50,6 +50,58 @@ def _parts(pre) -> list:
     return out
 
 
+def _state(part) -> dict:
+    """A normalizer's or a pre-tokenizer's settings, as its JSON in tokenizer.json."""
+    import json
+
+    try:
+        return json.loads(part.__getstate__())
+    except (AttributeError, TypeError, ValueError):
+        return {}
+
+
+# The word patterns tokenizer.json files write out in a Split before a ByteLevel that does not
+# split by its own (use_regex false): GPT-2's own, Llama 3's (numbers of up to 3 digits) and
+# Qwen2's (one digit). Each starts a new word at _BOUNDARY, as GPT-2's does (long texts are
+# encoded in pieces cut there).
+WORD_PATTERNS = {
+    "GPT-2": r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+    "Llama 3": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}"
+               r"\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "Qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+             r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+
+
+def _pre_tokenizer_kind(parts: list) -> str | None:
+    """None for ByteLevel pre-tokenizers that split words by GPT-2's regex (their own, or
+    one of WORD_PATTERNS in a Split, Isolated, before them), with Digits beside them
+    (SmolLM2's: each digit its own word) at most; else what is wrong, for the error. Each
+    of these only splits further, so the words never cross a _BOUNDARY; and no ByteLevel
+    adds a space before the text (its tokens would not be the text's bytes)."""
+    names = [type(p).__name__ for p in parts]
+    if "ByteLevel" not in names:
+        return "its pre-tokenizer is not ByteLevel"
+    others = sorted(set(names) - {"ByteLevel", "Split", "Digits"})
+    if others:
+        return f"its pre-tokenizer has {', '.join(others)}"
+    words = False
+    for part, name in zip(parts, names, strict=True):
+        state = _state(part)
+        if name == "ByteLevel":
+            if state.get("add_prefix_space"):
+                return "its ByteLevel pre-tokenizer adds a space before the text"
+            words = words or state.get("use_regex", True) is not False
+        elif name == "Split":
+            pattern = (state.get("pattern") or {}).get("Regex")
+            if pattern not in WORD_PATTERNS.values() or state.get("behavior") != "Isolated" \
+                    or state.get("invert"):
+                return ("its pre-tokenizer splits words by a pattern tinygpt does not know "
+                        f"(it knows {', '.join(WORD_PATTERNS)}'s, isolated)")
+            words = True
+    return None if words else "its pre-tokenizer does not split the text into words"
+
+
 CHUNK = 1 << 16  # characters: texts longer than this are encoded in pieces
 
 
@@ -79,6 +131,7 @@ class Tokenizer:
         # the model's rows, when it has more than the tokenizer has tokens (Pythia and Qwen pad
         # their vocabularies): the rows past the last token have no text (weights.open_folder)
         self.rows: int | None = None
+        self.end: int | None = None  # the config's end token, when there is no <|endoftext|>
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
@@ -98,21 +151,22 @@ class Tokenizer:
             return cls.from_str(raw.decode("utf-8"))
 
     def kind(self) -> str | None:
-        """None for a byte-level BPE (GPT-2's kind); else what it is instead, for the error."""
+        """None for a byte-level BPE (GPT-2's kind, and Llama 3's, Qwen's and Pythia's, whose
+        words are split by a regex written out and whose text may be NFC-normalised first);
+        else what it is instead, for the error."""
         model = type(self._tok.model).__name__
         if model != "BPE":
             return f"its model is {model}"
-        parts = [type(p).__name__ for p in _parts(self._tok.pre_tokenizer)]
-        if "ByteLevel" not in parts:
-            return "its pre-tokenizer is not ByteLevel"
-        if set(parts) - {"ByteLevel", "Split"}:  # Split: GPT-2's own pattern, written out
-            return f"its pre-tokenizer has {', '.join(sorted(set(parts) - {'ByteLevel', 'Split'}))}"
+        wrong = _pre_tokenizer_kind(_parts(self._tok.pre_tokenizer))
+        if wrong:
+            return wrong
         decoder = self._tok.decoder
         if type(decoder).__name__ != "ByteLevel":  # what turns the tokens back into text
             return "it has no decoder" if decoder is None else \
                 f"its decoder is {type(decoder).__name__}, not ByteLevel"
-        if self._tok.normalizer is not None:  # it would change the text before it is split
-            return f"it has a normalizer, {type(self._tok.normalizer).__name__}"
+        norm = self._tok.normalizer  # it changes the text before it is split: only NFC,
+        if norm is not None and _state(norm) != {"type": "NFC"}:  # which is the same text
+            return f"it has a normalizer, {type(norm).__name__}"
         missing = sum(self._tok.token_to_id(c) is None for c in _bytes_to_unicode().values())
         if missing:  # such a byte has no token: it would become an unknown token, or vanish
             return f"{missing} of the 256 bytes {'has' if missing == 1 else 'have'} no token"
@@ -129,10 +183,21 @@ class Tokenizer:
 
     @cached_property
     def eot_id(self) -> int:
+        """<|endoftext|>'s id, or the end token the model's config names when the tokenizer
+        has none of that name (Llama 3's <|end_of_text|>: `ends_with`)."""
         i = self._tok.token_to_id(END_OF_TEXT)
+        if i is None and self.end is not None:
+            return self.end
         if i is None:
             raise ValueError(f"tokenizer has no {END_OF_TEXT} token")
         return i
+
+    def ends_with(self, token_id: int | None) -> None:
+        """The model's own end token (its config's eos_token_id), used as eot_id when the
+        tokenizer has no <|endoftext|>: a special token of the tokenizer, or nothing."""
+        name = self._tok.id_to_token(token_id) if token_id is not None else None
+        if name is not None and name in self.special_tokens:
+            self.end = token_id
 
     @cached_property
     def special_tokens(self) -> dict[str, int]:

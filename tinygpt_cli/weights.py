@@ -242,7 +242,8 @@ def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str,
     table = fam.file_name("embed.W_E")
     if "lm_head.weight" in short and "lm_head.weight" not in expected:
         head = _finite_float32("lm_head.weight", short["lm_head.weight"], fam)
-        if not np.array_equal(head, out[table]):
+        if not np.array_equal(*(a.widen() if isinstance(a, Bfloat16) else a
+                                for a in (head, out[table]))):
             raise WeightsError(
                 f"tensor lm_head.weight differs from {fam.PREFIX}{table}: tinygpt ties the "
                 "output head to the token embedding table, so it cannot use a separate head"
@@ -255,6 +256,10 @@ def _finite_float32(name: str, arr: np.ndarray, fam) -> np.ndarray:
     """float32 first, then the check: a float64 value beyond float32's range becomes inf."""
     import numpy as np
 
+    if isinstance(arr, Bfloat16):  # widened by the converter, where it is to live
+        if arr.finite():
+            return arr
+        raise WeightsError(f"tensor {_shown(name, fam)} holds NaN or infinite values")
     with np.errstate(over="ignore", invalid="ignore"):
         out = np.ascontiguousarray(arr, dtype=np.float32)
         # A NaN or an infinity makes the sum of squares NaN or infinite, so a finite one
@@ -292,7 +297,7 @@ def _map_read_only(fd: int):
     return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
 
 
-def map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
+def map_safetensors(path: Path, lazy_bf16: bool = False) -> dict[str, np.ndarray] | None:
     """The tensors of a safetensors file as arrays over the file mapped into memory: nothing
     is read or copied until used, and pages are shared with the page cache (start-up and
     memory). The arrays are read-only, so the file cannot be changed through them, and the
@@ -330,13 +335,72 @@ def map_safetensors(path: Path) -> dict[str, np.ndarray] | None:
             return None
         tensors[name] = np.frombuffer(buf, dtype, count, 8 + n + begin).reshape(shape)
         if bf16:
-            tensors[name] = widen_bfloat16(tensors[name])
+            bits = Bfloat16(tensors[name], buf, 8 + n + begin, 8 + n + end)
+            tensors[name] = bits if lazy_bf16 else bits.widen()
     return tensors
 
 
+class Bfloat16:
+    """A bfloat16 tensor of a mapped file as its uint16 bits, not yet widened: a family's
+    converter widens it straight into the place its float32 copy is to live (transposed, or
+    one piece of a fused matrix: families/common.py), with no float32 copy in the file's
+    layout made first, and the file's pages of it are then let go of (_let_go)."""
+
+    def __init__(self, bits: np.ndarray, buf, begin: int, end: int) -> None:
+        self.bits, self._buf, self._span = bits, buf, (begin, end)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.bits.shape
+
+    @property
+    def dtype(self):
+        """What it becomes (the header check has seen BF16 already)."""
+        import numpy as np
+
+        return np.dtype(np.float32)
+
+    def widen(self, out: np.ndarray | None = None, transposed: bool = False) -> np.ndarray:
+        """The float32 numbers (transposed: of the matrix's transpose), written into `out`
+        (a float32 array of that shape, a view into a larger one, say) or a new array."""
+        out = widen_bfloat16(self.bits.T if transposed else self.bits, out)
+        _let_go(self._buf, *self._span)
+        return out
+
+    def finite(self) -> bool:
+        """No infinity and no NaN (an exponent of all ones), read a million at a time."""
+        import numpy as np
+
+        flat = self.bits.reshape(-1)
+        part = np.empty(min(flat.size, 1 << 20), np.uint16)
+        for i in range(0, flat.size, part.size):
+            chunk = part[: min(part.size, flat.size - i)]
+            np.bitwise_and(flat[i: i + chunk.size], 0x7F80, out=chunk)
+            if (chunk == 0x7F80).any():
+                return False
+        return True
+
+
+def _let_go(buf, begin: int, end: int) -> None:
+    """Drop the mapped file's pages that lie wholly within bytes begin .. end from this
+    process (they stay in the page cache; read again, they are mapped again): a bfloat16
+    tensor, once widened, is never read from the file again, and its mapped pages would
+    count in the process's memory beside the float32 copy (269 MB for a 135M-parameter
+    model)."""
+    import mmap
+
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    page = mmap.PAGESIZE
+    first, last = -(-begin // page) * page, end // page * page
+    if advice is None or last <= first:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        buf.madvise(advice, first, last - first)
+
+
 def read_safetensors(path: Path, names=None, *, limit: int = MAX_HEADER_BYTES,
-                     label: str | None = None, hint: str | None = None
-                     ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+                     label: str | None = None, hint: str | None = None,
+                     lazy_bf16: bool = False) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The one reader of a safetensors file: its tensors (`names`, or all) and metadata.
     Mapped read-only where map_safetensors can (nothing copied until used), else read by the
     library; whatever either finds wrong is one WeightsError (exit 1): "LABEL is not a
@@ -348,7 +412,7 @@ def read_safetensors(path: Path, names=None, *, limit: int = MAX_HEADER_BYTES,
         header, _, _ = header_json(path, limit)
         meta = header.get("__metadata__")
         meta = dict(meta) if isinstance(meta, dict) else {}
-        mapped = map_safetensors(path)
+        mapped = map_safetensors(path, lazy_bf16)
         if mapped is not None:
             wanted = list(mapped) if names is None else names
             tensors = {n: mapped.pop(n) for n in wanted}  # held once: map_params frees as it goes
@@ -368,12 +432,18 @@ def read_safetensors(path: Path, names=None, *, limit: int = MAX_HEADER_BYTES,
                            + (f"; {hint}" if hint else "")) from None
 
 
-def widen_bfloat16(bits: np.ndarray) -> np.ndarray:
+def widen_bfloat16(bits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """bfloat16 numbers, given as their uint16 bits, as float32: the same sign, exponent and
-    the top 7 bits of the fraction, the rest zeros. Exact: every bfloat16 is a float32."""
+    the top 7 bits of the fraction, the rest zeros. Exact: every bfloat16 is a float32.
+    Written into `out` (float32, bits' shape) when given, else into a new array."""
     import numpy as np
 
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    from .pages import fresh_pages
+
+    # one pass into small pages (pages.py), no uint32 copy of the bits made first
+    out = fresh_pages(bits.shape, np.float32) if out is None else out
+    np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
+    return out
 
 
 def checked_header(path: Path, config: Config) -> dict[str, TensorInfo]:
@@ -475,8 +545,9 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
     for n in wanted:  # one file, or each shard of a sharded model
         files.setdefault(path.parent / infos[n].shard if infos[n].shard else path, []).append(n)
     tensors = {}
+    lazy = getattr(fam, "PLACES_BFLOAT16", False)  # its converter widens bf16 in place
     for file, names in files.items():
-        tensors.update(read_safetensors(file, names)[0])
+        tensors.update(read_safetensors(file, names, lazy_bf16=lazy)[0])
     with _naming(path):
         return validate_params(tensors, config)
 
@@ -693,6 +764,7 @@ def check_vocabulary(tokenizer, config: Config, root: Path) -> None:
     if not tokenizer.ids_are_0_to(last):  # each id names a row of the model
         raise WeightsError(f"{root / 'tokenizer.json'}: its token ids are not 0 to {last:,} "
                            f"(the model's rows): it does not belong to these weights")
+    tokenizer.ends_with(config.eos_token_id)
     try:
         _ = tokenizer.eot_id  # generation and training stop on it
     except ValueError as e:

@@ -46,11 +46,14 @@ def check_site(path: str, config: Config) -> str:
 
     try:
         name, rows = resolve(path, config)
-    except PathError:
-        name, rows = None, None
+    except PathError as e:
+        if "is not a value of this model" in e.message and path.split(".")[-1] in SITE_KINDS:
+            raise InputError(e.message) from None  # a site this family has not (resid_mid
+        name, rows = None, None  # of a parallel block, GPT-NeoX's), with why
     parts = (name or "").split(".")
-    if rows or len(parts) != 3 or parts[0] != "layers" or parts[2] not in SITE_KINDS:
-        raise InputError(f"an SAE reads layers.N.resid_pre, resid_mid, resid_post or mlp_out "
+    kinds = [k for k in SITE_KINDS if k != "resid_mid" or not config.parallel]
+    if rows or len(parts) != 3 or parts[0] != "layers" or parts[2] not in kinds:
+        raise InputError(f"an SAE reads layers.N.{', '.join(kinds[:-1])} or {kinds[-1]} "
                          f"(N = 0..{config.n_layer - 1}), not {path!r}")
     return name
 

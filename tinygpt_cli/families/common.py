@@ -44,6 +44,44 @@ def cut(value: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
     return [value[..., a:b] for a, b in zip(edges, edges[1:], strict=False)]
 
 
+def floats(a) -> np.ndarray:
+    """A file tensor as the float32 array it is: a bfloat16 one (weights.Bfloat16, the
+    converters that set PLACES_BFLOAT16) widened now."""
+    return a.widen() if hasattr(a, "widen") else a
+
+
+def transposed(a) -> np.ndarray:
+    """A file matrix (out, in) as the canonical (in, out), a C-ordered copy (BLAS multiplies
+    a vector by it faster than by the transposed view), on small pages (pages.py); a
+    bfloat16 one widened straight into it."""
+    from ..pages import fresh_pages
+
+    out = fresh_pages(a.shape[::-1], np.float32 if hasattr(a, "widen") else a.dtype)
+    _place(out, a)
+    return out
+
+
+def side_by_side(pieces: list) -> np.ndarray:
+    """File matrices (out_i, in) as one canonical (in, sum out_i): q, k and v into W_QKV,
+    each piece (bfloat16 ones widened) written straight into its columns."""
+    from ..pages import fresh_pages
+
+    kinds = {np.float32 if hasattr(p, "widen") else p.dtype for p in pieces}
+    out = fresh_pages((pieces[0].shape[1], sum(p.shape[0] for p in pieces)),
+                      np.result_type(*kinds))
+    for part, p in zip(cut(out, [p.shape[0] for p in pieces]), pieces, strict=True):
+        _place(part, p)
+    return out
+
+
+def _place(out: np.ndarray, a) -> None:
+    """out[...] = a.T, widening a bfloat16 a on the way."""
+    if hasattr(a, "widen"):
+        a.widen(out, transposed=True)
+    else:
+        out[...] = a.T
+
+
 def first_id(x, vocab: int) -> tuple[int | None, str | None]:
     """A special token id as tinygpt keeps it: a list's first (Llama 3 lists several end
     tokens), with a note of the rest; out of the vocabulary: None."""
@@ -121,4 +159,5 @@ def rotary_numbers(head: int, fraction) -> int:
     return int(head * fraction)
 
 
-__all__ = ["cut", "refuse", "rope", "rotary_numbers", "specials", "whole"]
+__all__ = ["cut", "floats", "refuse", "rope", "rotary_numbers", "side_by_side", "specials",
+           "transposed", "whole"]

@@ -20,10 +20,13 @@ from .common import (
     canonical_of,
     cut,
     filled,
+    floats,
     pattern_of,
     refuse,
     rope,
+    side_by_side,
     specials,
+    transposed,
     whole,
 )
 
@@ -31,6 +34,9 @@ MODEL_TYPE = "llama"
 LABEL = "Llama"
 PREFIX = ""  # the file's names are whole: model.layers.0..., lm_head.weight
 IGNORED = (".rotary_emb.inv_freq",)  # an old buffer, not a parameter
+# a bfloat16 file's tensors come unwidened (weights.Bfloat16): params_from_file widens each
+# straight into its canonical place
+PLACES_BFLOAT16 = True
 
 _BLOCK = re.compile(r"^model\.layers\.(\d+)\.")
 # canonical pattern -> (file pattern, transposed)
@@ -111,11 +117,11 @@ def params_from_file(tensors: dict, config: Config) -> dict:
         if m:
             kind = "weight" if m[2] == "W" else "bias"
             pieces = [tensors.pop(f) for f in _qkv_files(int(m[1]), kind)]
-            out[name] = np.concatenate([p.T for p in pieces] if kind == "weight" else pieces,
-                                       axis=-1)
+            out[name] = side_by_side(pieces) if kind == "weight" else \
+                np.concatenate([floats(p) for p in pieces])
             continue
         a = tensors.pop(file_name(name))  # let go of the file's copy once ours is made
-        out[name] = np.ascontiguousarray(a.T) if _transposed(name) else a
+        out[name] = transposed(a) if _transposed(name) else floats(a)
     return out
 
 

@@ -1,0 +1,215 @@
+"""Tokenizers as Llama 3 and Qwen2 ship them: byte-level BPE whose words are split by a regex
+written out in a `Split` (Llama 3's, Qwen2's), before a ByteLevel that no longer splits
+(use_regex false), and Qwen's NFC normaliser. Built here with the `tokenizers` library (no
+download), then used by a random Llama / Qwen2 folder: exact round trips (Qwen's: of the
+NFC form), long texts in pieces to the same ids, Llama 3's <|end_of_text|> as the end token
+its config names, the text's control characters escaped on the terminal, and the refusals
+(a byte without a token, a pattern or normaliser tinygpt does not know)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import unicodedata
+
+import numpy as np
+import pytest
+from cli_helpers import assert_one_error_line
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HFTokenizer
+
+from tinygpt_cli.config import arch_config, save_config
+from tinygpt_cli.families import llama
+from tinygpt_cli.model import init_params
+from tinygpt_cli.tokenizer import CHUNK, WORD_PATTERNS, Tokenizer
+from tinygpt_cli.weights import load_model, save_params
+
+SPECIALS = {"llama3": ["<|begin_of_text|>", "<|end_of_text|>"],
+            "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}
+STORIES = ["Once upon a time, Lily wanted to play with her ball. She was 3 years old!",
+           "Tom's dog ran 1234 metres.\nThey didn't stop; it's fun.\n\n  Mama said: \"Yes\".",
+           "Café crème, naïve façade, 東京, 🐻 and 🙂 — the end."]
+
+
+def built(kind: str) -> HFTokenizer:
+    """A byte-level BPE in the hub's layout for `kind`, trained on a few stories."""
+    pattern = WORD_PATTERNS["Llama 3" if kind == "llama3" else "Qwen2"]
+    tok = HFTokenizer(models.BPE())
+    if kind == "qwen2":
+        tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=SPECIALS[kind],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(STORIES * 30, trainer)
+    return tok
+
+
+def folder_with(tmp_path, kind: str, tokenizer_json: str):
+    """A random Llama (Qwen2) folder: 5 padding rows past the tokenizer's last token, as
+    Qwen pads; the end token its config names is the tokenizer's own."""
+    n = HFTokenizer.from_str(tokenizer_json).get_vocab_size(with_added_tokens=True)
+    config = arch_config("llama", n_embd=16, n_layer=2, n_head=4, n_inner=24,
+                         vocab_size=n + 5, n_positions=64)
+    end = SPECIALS[kind].index("<|end_of_text|>" if kind == "llama3" else "<|endoftext|>")
+    hf = {**llama.config_to_hf(config), "model_type": kind.removesuffix("3"),
+          "eos_token_id": end, "bos_token_id": 0}
+    if kind == "qwen2":
+        hf["attention_bias"] = True
+    config = llama.config_from_hf(hf)
+    save_params(init_params(config, np.random.default_rng(1)), tmp_path / "model.safetensors",
+                config)
+    save_config(config, tmp_path / "config.json")
+    (tmp_path / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+    return tmp_path
+
+
+@pytest.fixture(scope="module", params=["llama3", "qwen2"])
+def family(request, tmp_path_factory):
+    kind = request.param
+    folder = folder_with(tmp_path_factory.mktemp(kind), kind, built(kind).to_str())
+    return kind, folder, load_model(folder)
+
+
+def _form(kind: str, text: str) -> str:  # what the tokens stand for: Qwen's NFC form
+    return unicodedata.normalize("NFC", text) if kind == "qwen2" else text
+
+
+def test_the_folder_loads_with_its_tokenizer_and_its_end_token(family):
+    kind, _, model = family
+    tok = model.tokenizer
+    assert tok.kind() is None and tok.n_rows == tok.vocab_size + 5
+    end = "<|end_of_text|>" if kind == "llama3" else "<|endoftext|>"
+    assert tok.token_str(tok.eot_id) == end and tok.encode(end) == [tok.eot_id]
+    assert model.config.model_type == ("llama" if kind == "llama3" else "qwen2")
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text())
+def test_decode_encode_round_trip_and_the_tokens_are_the_texts_bytes(family, text):
+    kind, _, model = family
+    tok = model.tokenizer
+    ids = tok.encode(text)
+    assert all(0 <= i < tok.vocab_size for i in ids)
+    assert tok.decode(ids) == _form(kind, text)
+    assert b"".join(tok.token_bytes(i) for i in ids) == _form(kind, text).encode("utf-8")
+    starts = tok.byte_starts(ids)
+    assert starts[-1] == len(_form(kind, text).encode("utf-8"))
+
+
+def test_qwens_nfc_makes_a_decomposed_accent_the_composed_one(family):
+    kind, _, model = family
+    tok = model.tokenizer
+    decomposed, composed = "Cafe\u0301 cre\u0300me", "Caf\u00e9 cr\u00e8me"
+    if kind == "qwen2":
+        assert tok.encode(decomposed) == tok.encode(composed)
+        assert tok.decode(tok.encode(decomposed)) == composed
+    else:  # no normaliser: the combining accents are bytes of their own
+        assert tok.decode(tok.encode(decomposed)) == decomposed != composed
+
+
+def test_a_long_text_is_encoded_in_pieces_to_the_ids_of_one_call(family):
+    """Cut where GPT-2's pattern always starts a word: Llama 3's and Qwen2's do too."""
+    _, _, model = family
+    tok = model.tokenizer
+    rng = random.Random(3)
+    words = ["Lily", "wanted", "1234567", "!", "'s", "DON'T", "caf\u00e9", "e\u0301",
+             "\u00a0", "\u3000", "<|im_end|>", "\t", "\r\n", "\n", "\n\n", " ", "  ", ".\n",
+             "\U0001f600", "\u202e"]
+    text = "".join(rng.choice(words) + rng.choice(["", " ", "  ", "\n", " \n "])
+                   for _ in range(40_000))
+    assert len(text) > 2 * CHUNK
+    assert tok.encode(text) == tok._tok.encode(text, add_special_tokens=False).ids
+
+
+def test_the_texts_control_characters_are_escaped_on_the_terminal(family, cli):
+    _, folder, _ = family
+    text = "[bold]x[/bold] and \x1b[31mred \u202e"
+    for argv in (["encode", text], ["generate", text, "-n", "3", "-t", "0", "--no-stop"],
+                 ["attn", text]):
+        r = cli(*argv, "--weights", folder)
+        assert r.code == 0, r.err
+        assert "\x1b" not in r.out and "\u202e" not in r.out, argv
+        assert "\\x1b" in r.out, argv
+        if argv[0] == "generate":  # the text itself, whole: markup shown as it is
+            assert r.out.startswith("[bold]x[/bold] and \\x1b[31mred \\u202e"), r.out
+
+
+def _edited(kind: str, edit) -> str:
+    doc = json.loads(built(kind).to_str())
+    edit(doc)
+    return json.dumps(doc)
+
+
+def _no_token_for_byte_0(doc) -> None:
+    vocab = doc["model"]["vocab"]
+    vocab["\u0100-renamed"] = vocab.pop("\u0100")
+
+
+def _unknown_pattern(doc) -> None:
+    doc["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\w+|\W"
+
+
+def _prefix_space(doc) -> None:
+    doc["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = True
+
+
+def _no_split(doc) -> None:  # a ByteLevel told not to split, and nothing else that does
+    doc["pre_tokenizer"] = doc["pre_tokenizer"]["pretokenizers"][1]
+
+
+def _nfkc(doc) -> None:
+    doc["normalizer"] = {"type": "NFKC"}
+
+
+@pytest.mark.parametrize(("edit", "why"), [
+    (_no_token_for_byte_0, "1 of the 256 bytes has no token"),
+    (_unknown_pattern, "splits words by a pattern tinygpt does not know"),
+    (_prefix_space, "adds a space before the text"),
+    (_no_split, "does not split the text into words"),
+    (_nfkc, "it has a normalizer, NFKC"),
+])
+@pytest.mark.parametrize("kind", ["llama3", "qwen2"])
+def test_a_tokenizer_tinygpt_cannot_keep_its_guarantees_with_is_refused(
+        tmp_path, cli, kind, edit, why):
+    folder = folder_with(tmp_path, kind, _edited(kind, edit))
+    r = cli("encode", "Lily", "--weights", folder)
+    assert_one_error_line(r, 1, "not a byte-level BPE tokenizer", why)
+
+
+def test_the_refusal_names_the_patterns_it_knows():
+    tok = Tokenizer.from_str(_edited("llama3", _unknown_pattern))
+    assert re.search(r"it knows GPT-2, Llama 3, Qwen2's", tok.kind())
+
+
+def test_gpt2s_pattern_written_out_and_smollm2s_digits_are_gpt2s_kind(tmp_path):
+    """GPT-2's pattern in a Split is its ByteLevel's own; SmolLM2 puts each digit apart first
+    (Digits) before GPT-2's ByteLevel: both only split further, and both are accepted."""
+    from tinygpt_cli.weights import SHIPPED
+
+    doc = json.loads((SHIPPED / "tokenizer.json").read_text())
+    shipped = HFTokenizer.from_str(json.dumps(doc))
+    text = "Lily's 1234 toys, café!\n\n  Then 56."
+    doc["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": WORD_PATTERNS["GPT-2"]}, "behavior": "Isolated",
+         "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+         "use_regex": False}]}
+    written = Tokenizer.from_str(json.dumps(doc))
+    assert written.kind() is None
+    assert written.encode(text) == shipped.encode(text, add_special_tokens=False).ids
+    doc["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+         "use_regex": True}]}
+    smol = Tokenizer.from_str(json.dumps(doc))
+    assert smol.kind() is None
+    assert [smol.token_str(i) for i in smol.encode("1234")] == ["1", "2", "3", "4"]
+    shutil.rmtree(tmp_path)
