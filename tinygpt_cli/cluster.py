@@ -170,8 +170,9 @@ def _process_pool(shared: Any, workers: int):
                     result = future.result()
                 except BrokenProcessPool:
                     raise WeightsError("a worker process of this machine's pool died (killed, "
-                                       "or out of memory); what it finished is kept: run "
-                                       "again to finish the rest") from None
+                                       "out of memory, or it could not start); what it "
+                                       "finished is kept: run again to finish the rest") \
+                        from None
                 submit()
                 yield result
 
