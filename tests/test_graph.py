@@ -179,6 +179,39 @@ def test_pruning_keeps_the_target_and_explains_less_than_the_whole():
     assert 0 < g2.explained < g2.explained_unpruned <= 1
 
 
+
+def test_a_feature_cap_visits_by_influence_and_computes_the_same_rows(case):
+    """max_features below the active features: the logits' rows first, then the features of
+    most influence on the target; each visited row is the uncapped graph's row, every logit
+    still the sum of its edges; with the cap at the features of any influence, the pruned
+    graph is the uncapped one."""
+    config, params, tcs = case
+    full = G.build(params, config, IDS, tcs, vs=4, n_logits=3)
+    nf = full.n_features
+    a = np.abs(full.adjacency[full.row(full.target), :nf])
+    g = G.build(params, config, IDS, tcs, vs=4, n_logits=3, max_features=5, batch=2)
+    assert g.visited == 5 and len(g.targets) == 5 + len(full.tokens_of_logits)
+    first = set(np.argsort(-a, kind="stable")[:2].tolist())  # the target's strongest inputs
+    assert set(g.targets[:2].tolist()) == first
+    for r, node in enumerate(g.targets):
+        np.testing.assert_allclose(g.adjacency[r], full.adjacency[full.row(node)], atol=1e-12)
+    assert g.incoming_total == pytest.approx(g.target_value, abs=1e-10)
+    G.prune(full, 0.8, 0.98)
+    capped = G.prune(g, 0.8, 0.98)
+    assert capped.explained_unpruned <= full.explained_unpruned + 1e-12  # fewer paths
+    reach = int((full.influence[:nf] > 0).sum())
+    assert reach < nf  # the last block's earlier features reach nothing
+    same = G.prune(G.build(params, config, IDS, tcs, vs=4, n_logits=3, max_features=reach,
+                           batch=4), 0.8, 0.98)
+    assert same.visited == reach
+    np.testing.assert_array_equal(same.node_mask, full.node_mask)
+    np.testing.assert_allclose(same.influence, full.influence, atol=1e-12)
+    assert same.explained == pytest.approx(full.explained, abs=1e-12)
+    kept = {(int(same.targets[r]), c) for r, c in zip(*np.nonzero(same.edge_mask), strict=True)}
+    assert kept == {(int(full.targets[r]), c) for r, c in zip(*np.nonzero(full.edge_mask),
+                                                               strict=True)}
+
+
 # ------------------------------------------------------------------ the commands
 
 

@@ -60,12 +60,7 @@ def node_id(g, i: int) -> str:
 def kept_nodes(g) -> list[int]:
     """The pruned graph's nodes: kept features, and every error, embedding, bias and logit
     node that has an edge left (the target always)."""
-    nf = g.n_features
-    targets = np.concatenate([np.arange(nf), np.arange(len(g.kinds) - len(g.tokens_of_logits),
-                                                        len(g.kinds))])
-    touched = np.zeros(len(g.kinds), bool)
-    touched[g.edge_mask.any(axis=0)] = True
-    touched[targets[g.edge_mask.any(axis=1)]] = True
+    touched = g.has_edges()
     touched[g.target] = True
     return [i for i in range(len(g.kinds)) if g.node_mask[i] and touched[i]]
 
@@ -97,7 +92,7 @@ def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None =
                 node["probability"] = float(_softmax(g.real_logits)[t])
         nodes.append(node)
     ids = {i: node_id(g, i) for i in keep}
-    targets = list(range(nf)) + list(range(first_logit, len(g.kinds)))
+    targets = [int(x) for x in g.targets]
     rows, cols = np.nonzero(g.edge_mask)
     edges = [{"source": ids[int(c)], "target": ids[targets[int(r)]],
               "weight": float(g.adjacency[r, c])}
@@ -109,7 +104,8 @@ def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None =
                          "vs": None if g.vs is None else tok(g.vs),
                          "value": g.target_value, "incoming_total": g.incoming_total},
         "explained": g.explained, "explained_unpruned": g.explained_unpruned,
-        "counts": {"active_features": nf, "kept_features": int(g.node_mask[:nf].sum()),
+        "counts": {"active_features": nf, "visited_features": g.visited,
+                   "kept_features": int(g.node_mask[:nf].sum()),
                    "edges_unpruned": int(np.count_nonzero(g.adjacency)),
                    "edges": len(edges)},
         "nodes": nodes, "edges": edges})
