@@ -107,10 +107,11 @@ def case(request):
     return config, params, tcs
 
 
-def test_every_edge_is_torch_autograd_on_an_independent_frozen_replacement(case):
+def test_every_edge_is_torch_autograd_on_an_independent_frozen_replacement(case, monkeypatch):
     import torch
 
     config, params, tcs = case
+    monkeypatch.setattr(G, "KEY_BLOCK", 3)  # the causal pattern's products in three blocks
     g = G.build(params, config, IDS, tcs, vs=4, n_logits=3)
     _, values = record(params, config, np.asarray(IDS))
     z_np = [S.encode(tc, values[f"layers.{i}.ln2.out"]) for i, tc in enumerate(tcs)]

@@ -43,6 +43,8 @@ N_LOGITS = 5
 BATCH = 256
 MAX_FEATURES = 4096
 ADJACENCY_F64_MB = 256
+KEY_BLOCK = 256
+CHUNK = 64
 
 
 # ------------------------------------------------------------------ the frozen model
@@ -125,11 +127,36 @@ def attention_backward(fz: Frozen, i: int, g: np.ndarray) -> np.ndarray:
     kv = fz.W_V[i].shape[0]
     gz = (g.reshape(b * t, d) @ fz.W_O[i].reshape(h * dk, d).T).reshape(b, t, h, dk)
     gz = np.ascontiguousarray(gz.transpose(2, 1, 0, 3)).reshape(h, t, b * dk)  # [H, T, B dk]
-    gv = np.swapaxes(fz.weights[i][:, :t, :t], -1, -2) @ gz  # one product a head
+    gv = _keys_side(fz.weights[i], gz, t)
     gv = gv.reshape(kv, h // kv, t, b, dk).sum(axis=1)  # [H_kv, T, B, d_k]
     gv = np.ascontiguousarray(gv.transpose(2, 1, 0, 3)).reshape(b * t, kv * dk)
     w_v = fz.W_V[i].transpose(0, 2, 1).reshape(kv * dk, d)  # row (head, k): W_V[head, :, k]
     return norm_backward(fz, f"layers.{i}.ln1", (gv @ w_v).reshape(b, t, d))
+
+
+def _keys_side(pattern: np.ndarray, gz: np.ndarray, t: int) -> np.ndarray:
+    """pattern[:, :t, :t] transposed times gz [H, T, X], a block of keys at a time against
+    the queries at or after it only: the pattern is causal, so the rest is zeros (half the
+    products of one whole matrix product)."""
+    out = np.empty_like(gz)
+    for k0 in range(0, t, KEY_BLOCK):
+        k1 = min(k0 + KEY_BLOCK, t)
+        out[:, k0:k1] = np.swapaxes(pattern[:, k0:t, k0:k1], -1, -2) @ gz[:, k0:t]
+    return out
+
+
+def attention_backward_at(fz: Frozen, i: int, g: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """attention_backward of a g [B, T, d] that is zero but at one position per row, at[b]:
+    each head sends row b's derivative back to the keys along its pattern's row at[b], an
+    outer product (B T H d products, where the whole pattern's would be B T^2 H d_k)."""
+    b, t, d = g.shape
+    h, dk = fz.config.n_head, fz.config.d_k
+    kv = fz.W_V[i].shape[0]
+    gz = (g[np.arange(b), at] @ fz.W_O[i].reshape(h * dk, d).T).reshape(b, h, dk)
+    w_v = np.repeat(fz.W_V[i], h // kv, axis=0)  # [H, d, d_k]: each head's value head
+    u = np.einsum("bhk,hdk->bhd", gz, w_v)  # [B, H, d]
+    rows = np.ascontiguousarray(fz.weights[i][:, at, :t].transpose(1, 2, 0))  # [B, T, H]
+    return norm_backward(fz, f"layers.{i}.ln1", rows @ u)
 
 
 def frozen_forward(fz: Frozen, emb: np.ndarray, mlp_outs: list[np.ndarray]
@@ -151,17 +178,28 @@ def frozen_forward(fz: Frozen, emb: np.ndarray, mlp_outs: list[np.ndarray]
     return reads, norm_forward(fz, "ln_final", h)
 
 
-def frozen_backward(fz: Frozen, g: np.ndarray, layer: int) -> tuple[list, np.ndarray]:
+def frozen_backward(fz: Frozen, g: np.ndarray, layer: int, at: np.ndarray | None = None
+                    ) -> tuple[list, np.ndarray]:
     """Derivatives at every residual point of targets that read g [B, T, d] at block
     `layer`'s transcoder input (the stream ln2 normalises; `layer` = n_layer: the final
     norm's input): (per block l < layer, at resid_post[l] [B, T, d], or None; at the
-    embeddings). No path through an MLP: its output is the graph's sources."""
+    embeddings). No path through an MLP: its output is the graph's sources. With `at`, g
+    is zero but at row b's position at[b], and the first attention is passed that way."""
     post: list = [None] * fz.config.n_layer
+
+    def back(i, g, first):
+        if first and at is not None:
+            return attention_backward_at(fz, i, g, at)
+        return attention_backward(fz, i, g)
+
+    first = True
     if layer < fz.config.n_layer and not fz.config.parallel:
-        g = g + attention_backward(fz, layer, g)  # ln2 reads resid_mid: back through attn
+        g = g + back(layer, g, first)  # ln2 reads resid_mid: back through attn
+        first = False
     for i in reversed(range(layer)):
         post[i] = g
-        g = g + attention_backward(fz, i, g)
+        g = g + back(i, g, first)
+        first = False
     return post, g
 
 
@@ -353,11 +391,13 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
         take = np.sort(todo[np.argsort(-inf[todo], kind="stable")][:min(batch, cap - done)])
         seen[take] = True
         for lay in np.unique(src.f_layer[take]):  # node order: by block, then position
-            nodes = take[src.f_layer[take] == lay]
-            _fill(src, adj, done, nodes, t)
-            targets[done:done + len(nodes)] = nodes
-            a[done:done + len(nodes)] = normalised(adj[done:done + len(nodes)])
-            done += len(nodes)
+            on = take[src.f_layer[take] == lay]
+            for c in range(0, len(on), CHUNK):  # each pass up to its own last position
+                nodes = on[c:c + CHUNK]
+                _fill(src, adj, done, nodes, t)
+                targets[done:done + len(nodes)] = nodes
+                a[done:done + len(nodes)] = normalised(adj[done:done + len(nodes)])
+                done += len(nodes)
     del a
     if done < cap:  # every feature of any influence visited: the unused rows go
         keep = np.r_[0:done, rows - nl:rows]
@@ -382,7 +422,7 @@ def _fill(src: Sources, adj: np.ndarray, r0: int, nodes: np.ndarray | None, t: i
     g = np.zeros((len(vecs), tp, fz.config.n_embd))
     g[np.arange(len(vecs)), at] = vecs
     name = "ln_final" if lay == nl else f"layers.{lay}.ln2"
-    post, pre0 = frozen_backward(fz, norm_backward(fz, name, g), lay)
+    post, pre0 = frozen_backward(fz, norm_backward(fz, name, g), lay, at)
     r = slice(r0, r0 + len(vecs))
     for i, gi in enumerate(post):
         if gi is None:

@@ -181,6 +181,10 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                                                "of what flows among the kept nodes."),
           logits: int = typer.Option(5, "--logits", min=1, help="Logit nodes: the top tokens "
                                      "at the position (and the target)."),
+          max_features: int = typer.Option(4096, "--max-features", min=1, help="Compute the "
+                                           "incoming edges of at most this many features, "
+                                           "those of most influence first (time and memory "
+                                           "then grow linearly with the text)."),
           data: Path = typer.Option(None, "--data", show_default=False, help="Stories searched "
                                     "for each feature's top windows and label (default: the "
                                     "project's training parts; cached)."),
@@ -208,7 +212,9 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     source's decoder vector. Each node's value (and the target logit) is exactly the sum of
     its incoming edges, biases a node of their own. Pruned by influence on the target
     (circuit-tracer's rule); explained: the share of that influence the pruned graph still
-    traces to the tokens and biases rather than to error nodes or cut edges.
+    traces to the tokens and biases rather than to error nodes or cut edges. Past
+    --max-features active features, only the most influential ones' inputs are computed
+    (circuit-tracer's order); the others stay nodes, their edges out exact, their inputs not.
 
     Example: tinygpt graph "Lily wanted to play with her"
     Example: tinygpt graph "Lily wanted to play with her" --target " ball" --vs " mom" --json
@@ -231,10 +237,12 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     other = None if vs is None else token_id(model, vs)
     hooks, changes = steered(context, model)
     g = G.prune(G.build(model.params, model.config, ids[:position + 1], found, target=want,
-                        vs=other, n_logits=logits, steering=hooks), node_threshold,
+                        vs=other, n_logits=logits, steering=hooks,
+                        max_features=max_features), node_threshold,
                 edge_threshold)
     options = {"target": target, "vs": vs, "position": position, "logits": logits,
-               "node_threshold": node_threshold, "edge_threshold": edge_threshold}
+               "node_threshold": node_threshold, "edge_threshold": edge_threshold,
+               "max_features": max_features}
     examples = _examples(model, found, folder, g, data, windows, as_json)
     doc = {**view.graph_doc(g, model.tokenizer, examples, options=options), **changes}
     if group:
