@@ -321,6 +321,12 @@ def test_graph_json_sums_to_the_real_logit(cli, trained, tiny):
     assert t["incoming_total"] == pytest.approx(t["value"], abs=1e-4)
     cut = cli("graph", text, "--transcoders", folder, "--position", "2", "--json").json()
     assert cut["ids"] == ids[:3] and cut["position"] == 2
+    assert doc["counts"]["visited_features"] == doc["counts"]["active_features"]
+    capped = cli("graph", text, "--transcoders", folder, "--max-features", "3", "--json").json()
+    assert capped["counts"]["visited_features"] == 3 and capped["options"]["max_features"] == 3
+    assert capped["target_logit"]["incoming_total"] == pytest.approx(tl["value"], abs=1e-4)
+    view = cli("graph", text, "--transcoders", folder, "--max-features", "3").out
+    assert "(3 of most influence visited: their inputs computed)" in view
 
 
 def test_transcoder_files_are_checked(cli, trained, tmp_path):

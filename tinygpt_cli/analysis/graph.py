@@ -52,8 +52,8 @@ CHUNK = 64
 
 @dataclass
 class Frozen:
-    """The real run's attention patterns and norm scales, and the weights the linear model
-    reads, in float64."""
+    """The real run's attention patterns (as recorded) and norm scales, and the weights the
+    linear model reads, in float64."""
 
     config: Config
     weights: list[np.ndarray]  # per block: attention weights [H, T, T]
@@ -75,7 +75,9 @@ def freeze(params, config: Config, values: dict, steering=None) -> Frozen:
     norms = {n: tuple(f64(a) for a in norm_weights(params, n)) for n in names}
     qkv = [head_qkv(params, config, i) for i in range(config.n_layer)]
     b_o = [params.get(f"layers.{i}.attn.b_O") for i in range(config.n_layer)]
-    return Frozen(config, [f64(values[f"layers.{i}.weights"]) for i in range(config.n_layer)],
+    # the patterns as recorded (float32 for float32 weights): a float64 copy would add
+    # nothing but [H, T, T] x 8 bytes a block; each product casts the block it reads
+    return Frozen(config, [values[f"layers.{i}.weights"] for i in range(config.n_layer)],
                   scales, norms, [f64(q[2]) for q in qkv], [f64(q[5]) for q in qkv],
                   [f64(head_out_matrix(params, config, i)) for i in range(config.n_layer)],
                   [np.zeros(config.n_embd) if b is None else f64(b) for b in b_o],

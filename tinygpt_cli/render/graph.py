@@ -133,7 +133,11 @@ def graph_view(doc: dict, top: int) -> Group:
                 f"(position {pos}): logit {what}", style="bold cyan")
     sums = Text(f"logit {tl['value']:.4f} = the sum of its incoming edges "
                 f"{tl['incoming_total']:.4f}\n"
-                f"{c['active_features']:,} active features, {c['kept_features']:,} kept, "
+                f"{c['active_features']:,} active features"
+                + ("" if c["visited_features"] == c["active_features"] else
+                   f" ({c['visited_features']:,} of most influence visited: their inputs "
+                   "computed)")
+                + f", {c['kept_features']:,} kept, "
                 f"{c['edges']:,} of {c['edges_unpruned']:,} edges\n"
                 f"explained {doc['explained']:.3f} of the target's influence (unpruned "
                 f"{doc['explained_unpruned']:.3f}; the rest: error nodes, cut edges)")
