@@ -568,3 +568,31 @@ def test_a_steered_graph_sums_to_the_steered_logit(cli, trained, tiny):
     assert tl["value"] == pytest.approx(float(real[tl["id"]]), abs=1e-5)
     assert tl["incoming_total"] == pytest.approx(tl["value"], abs=1e-4)
     assert doc["steered"]
+
+
+def test_graph_qk_splits_each_attention_edges_score_into_terms_that_sum_to_it(case):
+    """Both splits (by the query's parts, by the key's) add up to the score the model's own
+    forward pass recorded; the parts at a position add up to the recorded stream."""
+    from tinygpt_cli.analysis import graph_qk as Q
+
+    config, params, tcs = case
+    g = G.build(params, config, IDS, tcs, vs=4, n_logits=3)
+    _, values = record(params, config, np.asarray(IDS))
+    rows, cols = np.nonzero(g.adjacency)
+    found = Q.edge_qk(params, config, g, tcs, rows=rows, cols=cols)
+    assert found
+    heads = set()
+    for e in found:
+        t_node = int(g.targets[e.row])
+        assert g.pos[e.col] == e.key < e.query == g.pos[t_node]
+        assert g.layer[e.col] < e.layer <= min(g.layer[t_node], config.n_layer - 1)
+        want = values[f"layers.{e.layer}.heads.{e.head}.scores"][e.query, e.key]
+        assert e.query_terms.sum() == pytest.approx(want, abs=1e-9)
+        assert e.key_terms.sum() == pytest.approx(want, abs=1e-9)
+        assert len(e.query_parts) == len(e.query_terms) and len(e.key_parts) == len(e.key_terms)
+        heads.add((e.layer, e.head))
+    assert len(heads) > 1
+    parts, vecs = Q.stream_parts(g, values, tcs, 1, 5, None)
+    np.testing.assert_allclose(vecs.sum(axis=0), values["layers.1.resid_pre"][5], atol=1e-10)
+    assert {g.kinds[p] for p in parts if isinstance(p, int)} == {"feature", "error",
+                                                                "embedding"}
