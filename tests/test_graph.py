@@ -6,6 +6,8 @@ error nodes reproducing the real logits; pruning's invariants; and the command's
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line
@@ -380,7 +382,7 @@ def test_the_viewer_in_chromium(cli, trained, browser, tmp_path):
     folder, data, _ = trained
     text = "Lily </script><b>wanted</b> to play with her"
     common = ("graph", text, "--transcoders", folder, "--data", data, "--windows", "4",
-              "--group")
+              "--group", "--qk")
     doc = cli(*common, "--json").json()
     page = tmp_path / "graph.html"
     r = cli(*common, "--save", page, "--quiet")
@@ -416,6 +418,42 @@ def test_the_viewer_in_chromium(cli, trained, browser, tmp_path):
     assert got["id"] in got["path"] and target in got["path"]
     assert got["pinned"].startswith("pinned: feature")
     assert got["bold"] == sum(len(n.get("examples", [])) for n in [node])  # only the peaks
+    # --qk: a node with an attention edge among its six strongest inputs shows its split
+    ins = {}
+    for e in doc["edges"]:
+        ins.setdefault(e["target"], []).append(e)
+    shown = next(e for es in ins.values()
+                 for e in sorted(es, key=lambda e: -abs(e["weight"]))[:6] if "qk" in e)
+    wanted = json.dumps(shown["target"])
+    side = browser.evaluate("(() => { const n = Array.from(document.querySelectorAll('.node'))"
+                            f".find(m => m.getAttribute('data-id') === {wanted});"
+                            " n.dispatchEvent(new MouseEvent('mouseenter'));"
+                            " return document.getElementById('side').textContent; })()")
+    q = shown["qk"]
+    assert (f"via head {q['head']} (attention {q['attention']:.3f}, score {q['score']:.3f})"
+            in side)
+
+
+def test_graph_qk_json(cli, trained, tiny):
+    folder, _, _ = trained
+    doc = cli("graph", "Lily wanted to play with her", "--transcoders", folder, "--qk",
+              "--json").json()
+    nodes = {n["id"]: n for n in doc["nodes"]}
+    split = [e for e in doc["edges"] if "qk" in e]
+    assert split and all(nodes[e["source"]]["position"] < nodes[e["target"]]["position"]
+                         for e in split)
+    assert not any("qk" in e for e in doc["edges"]
+                   if nodes[e["source"]]["position"] >= nodes[e["target"]]["position"])
+    _, values = record(tiny.model.params, tiny.model.config, np.asarray(doc["ids"]))
+    for e in split:
+        q = e["qk"]
+        assert (q["key_position"], q["query_position"]) == (
+            nodes[e["source"]]["position"], nodes[e["target"]]["position"])
+        want = values[f"layers.{q['layer']}.heads.{q['head_index']}.scores"][
+            q["query_position"], q["key_position"]]
+        for side in ("query", "key"):
+            total = sum(t["term"] for t in q[side + "_terms"]) + q[side + "_rest"]
+            assert total == pytest.approx(float(want), abs=1e-4)
 
 
 def test_top_windows_and_labels_say_what_the_examples_share():

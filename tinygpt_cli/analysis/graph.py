@@ -81,10 +81,10 @@ def freeze(params, config: Config, values: dict, steering=None) -> Frozen:
                   scales, norms, [f64(q[2]) for q in qkv], [f64(q[5]) for q in qkv],
                   [f64(head_out_matrix(params, config, i)) for i in range(config.n_layer)],
                   [np.zeros(config.n_embd) if b is None else f64(b) for b in b_o],
-                  _shift_of(steering))
+                  shift_of(steering))
 
 
-def _shift_of(steering) -> tuple[int, np.ndarray] | None:
+def shift_of(steering) -> tuple[int, np.ndarray] | None:
     """A Steering hook on layers.L.resid_pre as (L, its vector): a constant of the linear
     model, part of the bias node."""
     if steering is None:

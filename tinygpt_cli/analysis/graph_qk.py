@@ -104,11 +104,14 @@ def side(config: Config, params, values: dict, parts: np.ndarray, layer: int, po
 
 
 def edge_qk(params, config: Config, graph: Graph, transcoders: list[S.SAE], steering=None,
-            shift=None, rows: np.ndarray | None = None, cols: np.ndarray | None = None
-            ) -> list[EdgeQK]:
+            rows: np.ndarray | None = None, cols: np.ndarray | None = None) -> list[EdgeQK]:
     """The split score of every kept edge (graph.edge_mask, or the edges rows x cols given)
-    whose source is at an earlier position than its target."""
+    whose source is at an earlier position than its target (of the run steered by
+    `steering`, as graph.build's: its vector a part of "biases" from its block on)."""
+    from .graph import shift_of
+
     require(config, "graph --qk", {"qk_norm": False}, grouped=True)
+    shift = shift_of(steering)
     _, values = record(params, config, np.asarray(graph.ids), hooks=steering)
     if rows is None:
         rows, cols = np.nonzero(graph.edge_mask)

@@ -65,9 +65,11 @@ def kept_nodes(g) -> list[int]:
     return [i for i in range(len(g.kinds)) if g.node_mask[i] and touched[i]]
 
 
-def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None = None) -> dict:
+def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None = None,
+              qk: list | None = None) -> dict:
     """The pruned graph in the documented schema (README, Attribution graphs); `examples`:
-    (layer, latent) -> {"examples": top windows, "label"} of features (analysis.transcoder)."""
+    (layer, latent) -> {"examples": top windows, "label"} of features (analysis.transcoder);
+    `qk`: graph_qk.EdgeQK of edges, each put on its edge as "qk"."""
     tok = tokenizer.token_str
     nf = g.n_features
     first_logit = len(g.kinds) - len(g.tokens_of_logits)
@@ -94,8 +96,10 @@ def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None =
     ids = {i: node_id(g, i) for i in keep}
     targets = [int(x) for x in g.targets]
     rows, cols = np.nonzero(g.edge_mask)
+    split = {(e.row, e.col): e for e in qk or []}
     edges = [{"source": ids[int(c)], "target": ids[targets[int(r)]],
               "weight": float(g.adjacency[r, c])}
+             | ({"qk": qk_entry(g, split[int(r), int(c)])} if (int(r), int(c)) in split else {})
              for r, c in zip(rows, cols, strict=True) if int(c) in ids and targets[int(r)] in ids]
     return jsonout.jsonable({
         "ids": g.ids, "tokens": [tok(i) for i in g.ids], "positions": list(range(len(g.ids))),
@@ -109,6 +113,21 @@ def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None =
                    "edges_unpruned": int(np.count_nonzero(g.adjacency)),
                    "edges": len(edges)},
         "nodes": nodes, "edges": edges})
+
+
+def qk_entry(g, e, top: int = 5) -> dict:
+    """An edge's split score: the head, its score and weight there, the one-hop share, and
+    each side's largest terms (parts named as the nodes are) with the rest summed."""
+    out = {"head": f"L{e.layer}H{e.head}", "layer": e.layer, "head_index": e.head,
+           "query_position": e.query, "key_position": e.key, "score": e.score,
+           "attention": e.weight, "one_hop": e.one_hop}
+    for side, parts, terms in (("query", e.query_parts, e.query_terms),
+                               ("key", e.key_parts, e.key_terms)):
+        order = np.argsort(-np.abs(terms), kind="stable")
+        out[side + "_terms"] = [{"part": node_id(g, parts[i]) if isinstance(parts[i], int)
+                                 else parts[i], "term": float(terms[i])} for i in order[:top]]
+        out[side + "_rest"] = float(terms[order[top:]].sum())
+    return out
 
 
 def _example(e: dict, tok) -> dict:
