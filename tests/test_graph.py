@@ -454,6 +454,11 @@ def test_graph_qk_json(cli, trained, tiny):
         for side in ("query", "key"):
             total = sum(t["term"] for t in q[side + "_terms"]) + q[side + "_rest"]
             assert total == pytest.approx(float(want), abs=1e-4)
+    out = cli("graph", "Lily wanted to play with her", "--transcoders", folder, "--qk",
+              "-n", "2").out
+    first = max(split, key=lambda e: abs(e["weight"]))
+    assert f"attention edges of most weight (2 of {len(split)};" in out
+    assert f"{first['source']} -> {first['target']}" in out and first["qk"]["head"] in out
 
 
 def test_top_windows_and_labels_say_what_the_examples_share():

@@ -130,6 +130,27 @@ def qk_entry(g, e, top: int = 5) -> dict:
     return out
 
 
+def _qk_table(edges: list[dict], total: int) -> Table:
+    """--qk: the strongest edges between positions, the head behind each and the largest
+    term of its score on each side that is not a constant (the JSON has them all)."""
+    t = Table(box=None, pad_edge=False, title_justify="left",
+              title=f"attention edges of most weight ({len(edges)} of {total}; each side's "
+                    "largest term of the head's score but the constants)")
+    for name, just in (("edge", "left"), ("weight", "right"), ("head", "left"),
+                       ("attn", "right"), ("score", "right"), ("query side", "left"),
+                       ("key side", "left")):
+        t.add_column(name, justify=just)
+    for e in edges:
+        q = e["qk"]
+        top = []
+        for terms in (q["query_terms"], q["key_terms"]):
+            part = [x for x in terms if x["part"] not in ("constant", "biases")][:1]
+            top.append(f"{escape_line(part[0]['part'])} {part[0]['term']:+.2f}" if part else "")
+        t.add_row(f"{e['source']} -> {e['target']}", f"{e['weight']:+.3f}", q["head"],
+                  f"{q['attention']:.2f}", f"{q['score']:.2f}", *top)
+    return t
+
+
 def _example(e: dict, tok) -> dict:
     """A top window as text: before the peak, the token at it, the two after; its value."""
     ids, p = e["ids"], e["peak"]
@@ -178,6 +199,9 @@ def graph_view(doc: dict, top: int) -> Group:
                   show_token(doc["tokens"][n["position"]]), f"{n['activation']:.2f}",
                   f"{n['influence']:.3f}", escape_line(n.get("label", "")))
     parts = [head, sums, shares, t]
+    split = sorted((e for e in doc["edges"] if "qk" in e), key=lambda e: -abs(e["weight"]))
+    if split:
+        parts.append(_qk_table(split[:top], len(split)))
     if "supernodes" in doc:
         gr = doc["grouped"]
         parts.append(Text(f"{len(doc['supernodes'])} supernodes of "
