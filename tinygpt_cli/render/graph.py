@@ -130,25 +130,40 @@ def qk_entry(g, e, top: int = 5) -> dict:
     return out
 
 
-def _qk_table(edges: list[dict], total: int) -> Table:
+def fitted(columns, rows: list[list[str]]):
+    """A table of these (name, justify) columns that fits the width: too wide, it goes on
+    below in bands of columns, each band led by the first column (no cell is ever cut)."""
+    from .tables import Fit
+
+    def build(keep) -> Table:
+        t = Table(box=None, pad_edge=False)
+        cols = [0] + [1 + i for i in keep if i is not None]
+        for c in cols:
+            t.add_column(columns[c][0], justify=columns[c][1], no_wrap=True)
+        for row in rows:
+            t.add_row(*(row[c] for c in cols))
+        return t
+
+    return Fit(build, len(columns) - 1, bands=True)
+
+
+def _qk_table(edges: list[dict], total: int) -> list:
     """--qk: the strongest edges between positions, the head behind each and the largest
     term of its score on each side that is not a constant (the JSON has them all)."""
-    t = Table(box=None, pad_edge=False, title_justify="left",
-              title=f"attention edges of most weight ({len(edges)} of {total}; each side's "
-                    "largest term of the head's score but the constants)")
-    for name, just in (("edge", "left"), ("weight", "right"), ("head", "left"),
-                       ("attn", "right"), ("score", "right"), ("query side", "left"),
-                       ("key side", "left")):
-        t.add_column(name, justify=just)
+    rows = []
     for e in edges:
         q = e["qk"]
         top = []
         for terms in (q["query_terms"], q["key_terms"]):
             part = [x for x in terms if x["part"] not in ("constant", "biases")][:1]
             top.append(f"{escape_line(part[0]['part'])} {part[0]['term']:+.2f}" if part else "")
-        t.add_row(f"{e['source']} -> {e['target']}", f"{e['weight']:+.3f}", q["head"],
-                  f"{q['attention']:.2f}", f"{q['score']:.2f}", *top)
-    return t
+        rows.append([f"{e['source']} -> {e['target']}", f"{e['weight']:+.3f}", q["head"],
+                     f"{q['attention']:.2f}", f"{q['score']:.2f}", *top])
+    return [Text(f"attention edges of most weight ({len(edges)} of {total}; each side's "
+                 "largest term of the head's score but the constants)"),
+            fitted((("edge", "left"), ("weight", "right"), ("head", "left"),
+                    ("attn", "right"), ("score", "right"), ("query side", "left"),
+                    ("key side", "left")), rows)]
 
 
 def _example(e: dict, tok) -> dict:
@@ -187,21 +202,17 @@ def graph_view(doc: dict, top: int) -> Group:
             leaves[n["kind"]] = leaves.get(n["kind"], 0.0) + n["influence"]
     shares = Text("influence reaching " + ", ".join(
         f"{k} nodes {v:.3f}" for k, v in sorted(leaves.items())), style="dim")
-    t = Table(box=None, pad_edge=False, title="features of most influence", title_justify="left")
-    for name, just in (("node", "left"), ("layer", "right"), ("pos", "right"),
-                       ("token", "left"), ("act", "right"), ("influence", "right"),
-                       ("label", "left")):
-        t.add_column(name, justify=just)
     shown = sorted((n for n in doc["nodes"] if n["kind"] == "feature"),
                    key=lambda n: -n["influence"])[:top]
-    for n in shown:
-        t.add_row(n["id"], str(n["layer"]), str(n["position"]),
-                  show_token(doc["tokens"][n["position"]]), f"{n['activation']:.2f}",
-                  f"{n['influence']:.3f}", escape_line(n.get("label", "")))
-    parts = [head, sums, shares, t]
+    t = fitted((("node", "left"), ("layer", "right"), ("pos", "right"), ("token", "left"),
+                ("act", "right"), ("influence", "right"), ("label", "left")),
+               [[n["id"], str(n["layer"]), str(n["position"]),
+                 show_token(doc["tokens"][n["position"]]), f"{n['activation']:.2f}",
+                 f"{n['influence']:.3f}", escape_line(n.get("label", ""))] for n in shown])
+    parts = [head, sums, shares, Text("features of most influence"), t]
     split = sorted((e for e in doc["edges"] if "qk" in e), key=lambda e: -abs(e["weight"]))
     if split:
-        parts.append(_qk_table(split[:top], len(split)))
+        parts += _qk_table(split[:top], len(split))
     if "supernodes" in doc:
         gr = doc["grouped"]
         parts.append(Text(f"{len(doc['supernodes'])} supernodes of "
