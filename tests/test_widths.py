@@ -230,10 +230,14 @@ def tiny_transcoders(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("width", [40, 80])
-def test_graph_fits_the_width_without_cutting(cli, monkeypatch, tiny_transcoders, width):
+def test_graph_fits_the_width_without_cutting(cli, monkeypatch, tiny_transcoders, width,
+                                              tmp_path):
     monkeypatch.setenv("COLUMNS", str(width))
-    for extra in ([], ["--qk", "--group", "--windows", "2"]):
-        argv = ["graph", LONG, "--transcoders", str(tiny_transcoders), "-n", "6", *extra]
+    data = tmp_path / "stories.txt"  # labels from a small text, not the project's data
+    data.write_text((LONG + ".\n\n" + TEXT + ".\n\n") * 12, encoding="utf-8")
+    for extra in ([], ["--qk", "--group"]):
+        argv = ["graph", LONG, "--transcoders", str(tiny_transcoders), "-n", "6", "--data",
+                str(data), "--windows", "2", *extra]
         r = cli(*argv)
         assert r.code == 0, r.err
         assert "features of most influence" in r.out
