@@ -499,14 +499,19 @@ def influence_on(graph: Graph, a: np.ndarray) -> np.ndarray:
 
 
 def _influence(a: np.ndarray, targets: np.ndarray, n_nodes: int, start: int) -> np.ndarray:
-    """influence_on over rows `a` whose nodes are `targets` (-1: a row not filled yet)."""
+    """influence_on over rows `a` whose nodes are `targets` (-1: a row not filled yet: the
+    filled ones are a leading run and the logits' last rows, each multiplied as a view)."""
     total = np.zeros(n_nodes)
     x = np.zeros(n_nodes)
     x[start] = 1.0
-    filled = targets >= 0
+    filled = np.flatnonzero(targets >= 0)
+    runs = np.split(filled, np.flatnonzero(np.diff(filled) > 1) + 1)
     while x.any():
-        rows = np.where(filled, x[targets], 0.0).astype(a.dtype)
-        x = (rows @ a).astype(np.float64)
+        y = np.zeros(n_nodes, a.dtype)
+        for run in runs:
+            r = slice(int(run[0]), int(run[-1]) + 1)
+            y += x[targets[r]].astype(a.dtype) @ a[r]
+        x = y.astype(np.float64)
         total += x
     return total
 
