@@ -45,6 +45,7 @@ MAX_FEATURES = 4096
 ADJACENCY_F64_MB = 256
 KEY_BLOCK = 256
 CHUNK = 64
+PASS_MB = 16  # a pass's [rows, T, d] arrays kept below this: larger ones cost page faults
 
 
 # ------------------------------------------------------------------ the frozen model
@@ -371,6 +372,10 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
     unvisited feature has any influence left (then the graph prunes as the uncapped one)."""
     nf, nl = src.nf, len(src.logit_reads)
     rows = min(nf, cap) + nl
+    # rows a pass: each [rows, T, d] float64 array of a pass under PASS_MB (past about 32 MB
+    # malloc hands out fresh pages every time, and their faults made 2,000 tokens cost 3x
+    # 1,000 where the arithmetic is 2x)
+    fit = int(max(8, (PASS_MB << 20) // (t * src.fz.config.n_embd * 8)))
     adj = np.zeros((rows, n_nodes), adjacency_dtype(rows, n_nodes))
     targets = np.full(rows, -1)
     targets[rows - nl:] = np.arange(n_nodes - nl, n_nodes)
@@ -378,8 +383,9 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
     if nf <= cap:
         for lay in range(src.fz.config.n_layer):
             on = np.flatnonzero(src.f_layer == lay)
-            for b in range(0, len(on), batch):
-                _fill(src, adj, int(on[b]), on[b:b + batch], t)
+            per = min(batch, fit)
+            for b in range(0, len(on), per):
+                _fill(src, adj, int(on[b]), on[b:b + per], t)
         targets[:nf] = np.arange(nf)
         return adj, targets
     a = np.zeros_like(adj)  # the rows normalised as prune does, for the influence so far
@@ -394,8 +400,9 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
         seen[take] = True
         for lay in np.unique(src.f_layer[take]):  # node order: by block, then position
             on = take[src.f_layer[take] == lay]
-            for c in range(0, len(on), CHUNK):  # each pass up to its own last position
-                nodes = on[c:c + CHUNK]
+            step = min(CHUNK, fit)
+            for c in range(0, len(on), step):  # each pass up to its own last position
+                nodes = on[c:c + step]
                 _fill(src, adj, done, nodes, t)
                 targets[done:done + len(nodes)] = nodes
                 a[done:done + len(nodes)] = normalised(adj[done:done + len(nodes)])
