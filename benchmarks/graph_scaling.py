@@ -70,20 +70,23 @@ position; the first attention after a target's read is an outer product along on
 queries only. Those deeper products and the frozen patterns themselves ([H, T, T] a block in
 float32, as the model's own forward pass makes them: 128 MB of the 2,000-token run's peak) are
 the parts that still grow with the square of the text: under cProfile, `long4` at 2,000
-tokens spent 4.6 s of its 24 s in those products (`_keys_side`), against 5.8 s in the visiting
-order's influence passes and 10.5 s in the rest of the backward passes, both linear; so past a
-few thousand tokens the square will show. The peak is about twice the adjacency: the visiting
-order keeps a row-normalised copy of it.
+tokens spent 4.0 s of its 15.1 s in those products (`_keys_side`), against 3.1 s in the
+visiting order's influence passes, 3.4 s in the rest of the backward passes and 2.9 s in
+pruning, all linear; so past a few thousand tokens the square will show. Each pass keeps its
+[rows, T, d] arrays under 16 MB (fewer rows a pass as the text grows): above about 32 MB
+malloc maps fresh pages for every temporary, and their faults had made 2,000 tokens cost 3x
+1,000. The peak is about twice the adjacency: the visiting order keeps a row-normalised copy.
 
 Before (the same benchmark on the code where every feature was a row of one dense adjacency,
 2026-12-01, load about 10): 32 tokens 35.3 s / 432 MB, 64 tokens 155.9 s / 805 MB, 128 tokens
 stopped after 12 min at 2.3 GB. What the cap costs: with every feature visited
-(`max_features=None`, now 10.0 s / 739 MB at 64 tokens and 21.9 s / 2,723 MB at 128), the
+(`max_features=None`: 10.0 s / 739 MB at 64 tokens and 21.9 s / 2,723 MB at 128, before the
+last two speed-ups), the
 shipped model's graphs explain 0.697 (64 tokens) and 0.711 (128), against 0.695 and 0.702
 capped; with no more active features than the cap (32 tokens) the graph is the uncapped one.
 Wall times on the shared 2-core machine vary with its load, and so, less, does the CPU time
-(the process's own): at load 8 a doubling's ratio moved between 1.7 and 3.0 from run to run,
-at load 4 between 1.6 and 2.4.
+(the process's own): from run to run a doubling's ratio moved by as much as 0.6 (the 2-block
+Llama's 1,000 -> 2,000 tokens: 1.9 in one run, 2.5 in the one above).
 """
 
 
