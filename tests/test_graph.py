@@ -6,6 +6,8 @@ error nodes reproducing the real logits; pruning's invariants; and the command's
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line
@@ -107,10 +109,11 @@ def case(request):
     return config, params, tcs
 
 
-def test_every_edge_is_torch_autograd_on_an_independent_frozen_replacement(case):
+def test_every_edge_is_torch_autograd_on_an_independent_frozen_replacement(case, monkeypatch):
     import torch
 
     config, params, tcs = case
+    monkeypatch.setattr(G, "KEY_BLOCK", 3)  # the causal pattern's products in three blocks
     g = G.build(params, config, IDS, tcs, vs=4, n_logits=3)
     _, values = record(params, config, np.asarray(IDS))
     z_np = [S.encode(tc, values[f"layers.{i}.ln2.out"]) for i, tc in enumerate(tcs)]
@@ -177,6 +180,39 @@ def test_pruning_keeps_the_target_and_explains_less_than_the_whole():
     assert g2.node_mask[g2.target]
     assert g2.node_mask[: g2.n_features].sum() < g2.n_features
     assert 0 < g2.explained < g2.explained_unpruned <= 1
+
+
+
+def test_a_feature_cap_visits_by_influence_and_computes_the_same_rows(case):
+    """max_features below the active features: the logits' rows first, then the features of
+    most influence on the target; each visited row is the uncapped graph's row, every logit
+    still the sum of its edges; with the cap at the features of any influence, the pruned
+    graph is the uncapped one."""
+    config, params, tcs = case
+    full = G.build(params, config, IDS, tcs, vs=4, n_logits=3)
+    nf = full.n_features
+    a = np.abs(full.adjacency[full.row(full.target), :nf])
+    g = G.build(params, config, IDS, tcs, vs=4, n_logits=3, max_features=5, batch=2)
+    assert g.visited == 5 and len(g.targets) == 5 + len(full.tokens_of_logits)
+    first = set(np.argsort(-a, kind="stable")[:2].tolist())  # the target's strongest inputs
+    assert set(g.targets[:2].tolist()) == first
+    for r, node in enumerate(g.targets):
+        np.testing.assert_allclose(g.adjacency[r], full.adjacency[full.row(node)], atol=1e-12)
+    assert g.incoming_total == pytest.approx(g.target_value, abs=1e-10)
+    G.prune(full, 0.8, 0.98)
+    capped = G.prune(g, 0.8, 0.98)
+    assert capped.explained_unpruned <= full.explained_unpruned + 1e-12  # fewer paths
+    reach = int((full.influence[:nf] > 0).sum())
+    assert reach < nf  # the last block's earlier features reach nothing
+    same = G.prune(G.build(params, config, IDS, tcs, vs=4, n_logits=3, max_features=reach,
+                           batch=4), 0.8, 0.98)
+    assert same.visited == reach
+    np.testing.assert_array_equal(same.node_mask, full.node_mask)
+    np.testing.assert_allclose(same.influence, full.influence, atol=1e-12)
+    assert same.explained == pytest.approx(full.explained, abs=1e-12)
+    kept = {(int(same.targets[r]), c) for r, c in zip(*np.nonzero(same.edge_mask), strict=True)}
+    assert kept == {(int(full.targets[r]), c) for r, c in zip(*np.nonzero(full.edge_mask),
+                                                               strict=True)}
 
 
 # ------------------------------------------------------------------ the commands
@@ -287,6 +323,12 @@ def test_graph_json_sums_to_the_real_logit(cli, trained, tiny):
     assert t["incoming_total"] == pytest.approx(t["value"], abs=1e-4)
     cut = cli("graph", text, "--transcoders", folder, "--position", "2", "--json").json()
     assert cut["ids"] == ids[:3] and cut["position"] == 2
+    assert doc["counts"]["visited_features"] == doc["counts"]["active_features"]
+    capped = cli("graph", text, "--transcoders", folder, "--max-features", "3", "--json").json()
+    assert capped["counts"]["visited_features"] == 3 and capped["options"]["max_features"] == 3
+    assert capped["target_logit"]["incoming_total"] == pytest.approx(tl["value"], abs=1e-4)
+    view = cli("graph", text, "--transcoders", folder, "--max-features", "3").out
+    assert "(3 of most influence visited: their inputs computed)" in view
 
 
 def test_transcoder_files_are_checked(cli, trained, tmp_path):
@@ -340,7 +382,7 @@ def test_the_viewer_in_chromium(cli, trained, browser, tmp_path):
     folder, data, _ = trained
     text = "Lily </script><b>wanted</b> to play with her"
     common = ("graph", text, "--transcoders", folder, "--data", data, "--windows", "4",
-              "--group")
+              "--group", "--qk")
     doc = cli(*common, "--json").json()
     page = tmp_path / "graph.html"
     r = cli(*common, "--save", page, "--quiet")
@@ -376,6 +418,47 @@ def test_the_viewer_in_chromium(cli, trained, browser, tmp_path):
     assert got["id"] in got["path"] and target in got["path"]
     assert got["pinned"].startswith("pinned: feature")
     assert got["bold"] == sum(len(n.get("examples", [])) for n in [node])  # only the peaks
+    # --qk: a node with an attention edge among its six strongest inputs shows its split
+    ins = {}
+    for e in doc["edges"]:
+        ins.setdefault(e["target"], []).append(e)
+    shown = next(e for es in ins.values()
+                 for e in sorted(es, key=lambda e: -abs(e["weight"]))[:6] if "qk" in e)
+    wanted = json.dumps(shown["target"])
+    side = browser.evaluate("(() => { const n = Array.from(document.querySelectorAll('.node'))"
+                            f".find(m => m.getAttribute('data-id') === {wanted});"
+                            " n.dispatchEvent(new MouseEvent('mouseenter'));"
+                            " return document.getElementById('side').textContent; })()")
+    q = shown["qk"]
+    assert (f"via head {q['head']} (attention {q['attention']:.3f}, score {q['score']:.3f})"
+            in side)
+
+
+def test_graph_qk_json(cli, trained, tiny):
+    folder, _, _ = trained
+    doc = cli("graph", "Lily wanted to play with her", "--transcoders", folder, "--qk",
+              "--json").json()
+    nodes = {n["id"]: n for n in doc["nodes"]}
+    split = [e for e in doc["edges"] if "qk" in e]
+    assert split and all(nodes[e["source"]]["position"] < nodes[e["target"]]["position"]
+                         for e in split)
+    assert not any("qk" in e for e in doc["edges"]
+                   if nodes[e["source"]]["position"] >= nodes[e["target"]]["position"])
+    _, values = record(tiny.model.params, tiny.model.config, np.asarray(doc["ids"]))
+    for e in split:
+        q = e["qk"]
+        assert (q["key_position"], q["query_position"]) == (
+            nodes[e["source"]]["position"], nodes[e["target"]]["position"])
+        want = values[f"layers.{q['layer']}.heads.{q['head_index']}.scores"][
+            q["query_position"], q["key_position"]]
+        for side in ("query", "key"):
+            total = sum(t["term"] for t in q[side + "_terms"]) + q[side + "_rest"]
+            assert total == pytest.approx(float(want), abs=1e-4)
+    out = cli("graph", "Lily wanted to play with her", "--transcoders", folder, "--qk",
+              "-n", "2").out
+    first = max(split, key=lambda e: abs(e["weight"]))
+    assert f"attention edges of most weight (2 of {len(split)};" in out
+    assert f"{first['source']} -> {first['target']}" in out and first["qk"]["head"] in out
 
 
 def test_top_windows_and_labels_say_what_the_examples_share():
@@ -528,3 +611,41 @@ def test_a_steered_graph_sums_to_the_steered_logit(cli, trained, tiny):
     assert tl["value"] == pytest.approx(float(real[tl["id"]]), abs=1e-5)
     assert tl["incoming_total"] == pytest.approx(tl["value"], abs=1e-4)
     assert doc["steered"]
+
+
+def test_graph_qk_splits_each_attention_edges_score_into_terms_that_sum_to_it(case):
+    """Both splits (by the query's parts, by the key's) add up to the score the model's own
+    forward pass recorded; the parts at a position add up to the recorded stream."""
+    from tinygpt_cli.analysis import graph_qk as Q
+
+    config, params, tcs = case
+    g = G.build(params, config, IDS, tcs, vs=4, n_logits=3)
+    _, values = record(params, config, np.asarray(IDS))
+    rows, cols = np.nonzero(g.adjacency)
+    found = Q.edge_qk(params, config, g, tcs, rows=rows, cols=cols)
+    assert found
+    heads = set()
+    for e in found:
+        t_node = int(g.targets[e.row])
+        assert g.pos[e.col] == e.key < e.query == g.pos[t_node]
+        assert g.layer[e.col] < e.layer <= min(g.layer[t_node], config.n_layer - 1)
+        want = values[f"layers.{e.layer}.heads.{e.head}.scores"][e.query, e.key]
+        assert e.query_terms.sum() == pytest.approx(want, abs=1e-9)
+        assert e.key_terms.sum() == pytest.approx(want, abs=1e-9)
+        assert len(e.query_parts) == len(e.query_terms) and len(e.key_parts) == len(e.key_terms)
+        heads.add((e.layer, e.head))
+    assert len(heads) > 1
+    parts, vecs = Q.stream_parts(g, values, tcs, 1, 5, None)
+    np.testing.assert_allclose(vecs.sum(axis=0), values["layers.1.resid_pre"][5], atol=1e-10)
+    # each side's per-part vectors add up to the q and k the forward pass recorded
+    from tinygpt_cli.model import head_qkv
+
+    wq, wk, _, bq, bk, _ = head_qkv(params, config, 1)
+    q = Q.side(config, params, values, vecs, 1, 5, wq[1], bq[1])
+    np.testing.assert_allclose(q.sum(axis=0), values["layers.1.heads.1.q"][5], atol=1e-10)
+    kv = 1 // (config.n_head // config.kv_heads)
+    _, kvecs = Q.stream_parts(g, values, tcs, 1, 2, None)
+    k = Q.side(config, params, values, kvecs, 1, 2, wk[kv], bk[kv])
+    np.testing.assert_allclose(k.sum(axis=0), values["layers.1.heads.1.k"][2], atol=1e-10)
+    assert {g.kinds[p] for p in parts if isinstance(p, int)} == {"feature", "error",
+                                                                "embedding"}

@@ -204,3 +204,43 @@ def test_one_ablated_component_wraps_its_values_instead_of_cutting_them(cli, mon
     for entry in entries:  # every token of both lists, with its chance, whole
         shown = f"{entry['token'].replace(' ', chr(0x2423))} {entry['prob']:.1%}"
         assert shown in flat, shown
+
+
+@pytest.fixture
+def tiny_transcoders(tiny, tmp_path):
+    """Random transcoders for the tiny model (12 latents, k = 3), made for its weights."""
+    import numpy as np
+
+    from tinygpt_cli.analysis import sae as S
+    from tinygpt_cli.files import sha256
+
+    rng = np.random.default_rng(0)
+    d, m = tiny.model.config.n_embd, 12
+    for i in range(tiny.model.config.n_layer):
+        w_dec = rng.normal(size=(m, d)).astype(np.float32)
+        w_dec /= np.linalg.norm(w_dec, axis=1, keepdims=True)
+        tc = S.SAE(rng.normal(size=(d, m)).astype(np.float32),
+                   rng.normal(0.5, 0.3, m).astype(np.float32), w_dec,
+                   np.zeros(d, np.float32), f"layers.{i}.mlp_out", 3,
+                   b_in=np.zeros(d, np.float32))
+        S.save_sae(tmp_path / "tc" / f"layers.{i}.safetensors", tc,
+                   {"kind": "transcoder", "layer": str(i), "k": "3",
+                    "weights_sha256": sha256(tiny.model.weights_file)})
+    return tmp_path / "tc"
+
+
+@pytest.mark.parametrize("width", [40, 80])
+def test_graph_fits_the_width_without_cutting(cli, monkeypatch, tiny_transcoders, width,
+                                              tmp_path):
+    monkeypatch.setenv("COLUMNS", str(width))
+    data = tmp_path / "stories.txt"  # labels from a small text, not the project's data
+    data.write_text((LONG + ".\n\n" + TEXT + ".\n\n") * 12, encoding="utf-8")
+    for extra in ([], ["--qk", "--group"]):
+        argv = ["graph", LONG, "--transcoders", str(tiny_transcoders), "-n", "6", "--data",
+                str(data), "--windows", "2", *extra]
+        r = cli(*argv)
+        assert r.code == 0, r.err
+        assert "features of most influence" in r.out
+        check_fits(r.out, width, argv)
+        if extra:
+            assert "attention edges of most weight" in r.out

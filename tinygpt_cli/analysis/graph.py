@@ -41,7 +41,11 @@ NODE_THRESHOLD = 0.8
 EDGE_THRESHOLD = 0.98
 N_LOGITS = 5
 BATCH = 256
+MAX_FEATURES = 4096
 ADJACENCY_F64_MB = 256
+KEY_BLOCK = 256
+CHUNK = 64
+PASS_MB = 16  # a pass's [rows, T, d] arrays kept below this: larger ones cost page faults
 
 
 # ------------------------------------------------------------------ the frozen model
@@ -49,8 +53,8 @@ ADJACENCY_F64_MB = 256
 
 @dataclass
 class Frozen:
-    """The real run's attention patterns and norm scales, and the weights the linear model
-    reads, in float64."""
+    """The real run's attention patterns (as recorded) and norm scales, and the weights the
+    linear model reads, in float64."""
 
     config: Config
     weights: list[np.ndarray]  # per block: attention weights [H, T, T]
@@ -72,14 +76,16 @@ def freeze(params, config: Config, values: dict, steering=None) -> Frozen:
     norms = {n: tuple(f64(a) for a in norm_weights(params, n)) for n in names}
     qkv = [head_qkv(params, config, i) for i in range(config.n_layer)]
     b_o = [params.get(f"layers.{i}.attn.b_O") for i in range(config.n_layer)]
-    return Frozen(config, [f64(values[f"layers.{i}.weights"]) for i in range(config.n_layer)],
+    # the patterns as recorded (float32 for float32 weights): a float64 copy would add
+    # nothing but [H, T, T] x 8 bytes a block; each product casts the block it reads
+    return Frozen(config, [values[f"layers.{i}.weights"] for i in range(config.n_layer)],
                   scales, norms, [f64(q[2]) for q in qkv], [f64(q[5]) for q in qkv],
                   [f64(head_out_matrix(params, config, i)) for i in range(config.n_layer)],
                   [np.zeros(config.n_embd) if b is None else f64(b) for b in b_o],
-                  _shift_of(steering))
+                  shift_of(steering))
 
 
-def _shift_of(steering) -> tuple[int, np.ndarray] | None:
+def shift_of(steering) -> tuple[int, np.ndarray] | None:
     """A Steering hook on layers.L.resid_pre as (L, its vector): a constant of the linear
     model, part of the bias node."""
     if steering is None:
@@ -124,11 +130,36 @@ def attention_backward(fz: Frozen, i: int, g: np.ndarray) -> np.ndarray:
     kv = fz.W_V[i].shape[0]
     gz = (g.reshape(b * t, d) @ fz.W_O[i].reshape(h * dk, d).T).reshape(b, t, h, dk)
     gz = np.ascontiguousarray(gz.transpose(2, 1, 0, 3)).reshape(h, t, b * dk)  # [H, T, B dk]
-    gv = np.swapaxes(fz.weights[i][:, :t, :t], -1, -2) @ gz  # one product a head
+    gv = _keys_side(fz.weights[i], gz, t)
     gv = gv.reshape(kv, h // kv, t, b, dk).sum(axis=1)  # [H_kv, T, B, d_k]
     gv = np.ascontiguousarray(gv.transpose(2, 1, 0, 3)).reshape(b * t, kv * dk)
     w_v = fz.W_V[i].transpose(0, 2, 1).reshape(kv * dk, d)  # row (head, k): W_V[head, :, k]
     return norm_backward(fz, f"layers.{i}.ln1", (gv @ w_v).reshape(b, t, d))
+
+
+def _keys_side(pattern: np.ndarray, gz: np.ndarray, t: int) -> np.ndarray:
+    """pattern[:, :t, :t] transposed times gz [H, T, X], a block of keys at a time against
+    the queries at or after it only: the pattern is causal, so the rest is zeros (half the
+    products of one whole matrix product)."""
+    out = np.empty_like(gz)
+    for k0 in range(0, t, KEY_BLOCK):
+        k1 = min(k0 + KEY_BLOCK, t)
+        out[:, k0:k1] = np.swapaxes(pattern[:, k0:t, k0:k1], -1, -2) @ gz[:, k0:t]
+    return out
+
+
+def attention_backward_at(fz: Frozen, i: int, g: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """attention_backward of a g [B, T, d] that is zero but at one position per row, at[b]:
+    each head sends row b's derivative back to the keys along its pattern's row at[b], an
+    outer product (B T H d products, where the whole pattern's would be B T^2 H d_k)."""
+    b, t, d = g.shape
+    h, dk = fz.config.n_head, fz.config.d_k
+    kv = fz.W_V[i].shape[0]
+    gz = (g[np.arange(b), at] @ fz.W_O[i].reshape(h * dk, d).T).reshape(b, h, dk)
+    w_v = np.repeat(fz.W_V[i], h // kv, axis=0)  # [H, d, d_k]: each head's value head
+    u = np.einsum("bhk,hdk->bhd", gz, w_v)  # [B, H, d]
+    rows = np.ascontiguousarray(fz.weights[i][:, at, :t].transpose(1, 2, 0))  # [B, T, H]
+    return norm_backward(fz, f"layers.{i}.ln1", rows @ u)
 
 
 def frozen_forward(fz: Frozen, emb: np.ndarray, mlp_outs: list[np.ndarray]
@@ -150,17 +181,28 @@ def frozen_forward(fz: Frozen, emb: np.ndarray, mlp_outs: list[np.ndarray]
     return reads, norm_forward(fz, "ln_final", h)
 
 
-def frozen_backward(fz: Frozen, g: np.ndarray, layer: int) -> tuple[list, np.ndarray]:
+def frozen_backward(fz: Frozen, g: np.ndarray, layer: int, at: np.ndarray | None = None
+                    ) -> tuple[list, np.ndarray]:
     """Derivatives at every residual point of targets that read g [B, T, d] at block
     `layer`'s transcoder input (the stream ln2 normalises; `layer` = n_layer: the final
     norm's input): (per block l < layer, at resid_post[l] [B, T, d], or None; at the
-    embeddings). No path through an MLP: its output is the graph's sources."""
+    embeddings). No path through an MLP: its output is the graph's sources. With `at`, g
+    is zero but at row b's position at[b], and the first attention is passed that way."""
     post: list = [None] * fz.config.n_layer
+
+    def back(i, g, first):
+        if first and at is not None:
+            return attention_backward_at(fz, i, g, at)
+        return attention_backward(fz, i, g)
+
+    first = True
     if layer < fz.config.n_layer and not fz.config.parallel:
-        g = g + attention_backward(fz, layer, g)  # ln2 reads resid_mid: back through attn
+        g = g + back(layer, g, first)  # ln2 reads resid_mid: back through attn
+        first = False
     for i in reversed(range(layer)):
         post[i] = g
-        g = g + attention_backward(fz, i, g)
+        g = g + back(i, g, first)
+        first = False
     return post, g
 
 
@@ -177,7 +219,8 @@ class Graph:
     feature: np.ndarray  # per node: the latent (-1 when not a feature)
     activation: np.ndarray  # per node: a feature's activation, a logit's value, else 1
     tokens_of_logits: list[int]  # the logit nodes' token ids (-1: target minus vs)
-    adjacency: np.ndarray  # [targets = features + logits, sources = every node] edge weights
+    adjacency: np.ndarray  # [rows: the computed targets, sources = every node] edge weights
+    targets: np.ndarray  # per adjacency row its node: the visited features, then the logits
     target: int  # the node index of the target logit
     target_token: int
     vs: int | None
@@ -188,19 +231,34 @@ class Graph:
     explained: float = 0.0
     explained_unpruned: float = 0.0
     real_logits: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    row_of: np.ndarray = field(init=False)  # per node: its adjacency row, -1 when it has none
+
+    def __post_init__(self):
+        self.row_of = np.full(len(self.kinds), -1)
+        self.row_of[self.targets] = np.arange(len(self.targets))
 
     @property
     def n_features(self) -> int:
         return int((self.feature >= 0).sum())
 
     @property
+    def visited(self) -> int:
+        """The features whose incoming edges were computed (every one, up to max_features)."""
+        return len(self.targets) - len(self.tokens_of_logits)
+
+    @property
     def incoming_total(self) -> float:
         return float(self.adjacency[self.row(self.target)].sum())
 
     def row(self, node: int) -> int:
-        """The adjacency row of a target node (a feature or a logit)."""
-        f = self.n_features
-        return node if node < f else node - (len(self.kinds) - len(self.tokens_of_logits)) + f
+        """The adjacency row of a target node (a visited feature or a logit), else -1."""
+        return int(self.row_of[node])
+
+    def has_edges(self) -> np.ndarray:
+        """Per node: whether a kept edge (edge_mask) goes into it or out of it."""
+        touched = self.edge_mask.any(axis=0)
+        touched[self.targets[self.edge_mask.any(axis=1)]] = True
+        return touched
 
 
 def transcoder_features(transcoders: list[S.SAE], values: dict, n_layer: int):
@@ -228,12 +286,43 @@ def logit_nodes(logits: np.ndarray, target: int | None, vs: int | None, n: int) 
     return top + ([-1] if vs is not None else [])
 
 
+@dataclass
+class Sources:
+    """What a batch of rows reads: the frozen model, the transcoders, the active features
+    (layer, position, latent, activation, sorted), the error vectors and the embeddings, the
+    logits' read vectors, and every target's bias edge (features in node order, logits)."""
+
+    fz: Frozen
+    transcoders: list
+    f_layer: np.ndarray
+    f_pos: np.ndarray
+    f_lat: np.ndarray
+    f_act: np.ndarray
+    errors: list[np.ndarray]
+    emb: np.ndarray
+    logit_reads: np.ndarray
+    bias: np.ndarray = field(init=False)
+    scaled: list = field(init=False)  # per block: its features' a_s W_dec[j]  [n_on, d]
+
+    def __post_init__(self):
+        self.scaled = [self.transcoders[i].W_dec[self.f_lat[self.f_layer == i]].astype(
+            np.float64) * self.f_act[self.f_layer == i, None] for i in range(len(self.errors))]
+        self.bias = _bias_edges(self, len(self.emb))
+
+    @property
+    def nf(self) -> int:
+        return len(self.f_lat)
+
+
 def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
           target: int | None = None, vs: int | None = None, n_logits: int = N_LOGITS,
-          batch: int = BATCH, steering=None) -> Graph:
+          batch: int = BATCH, steering=None, max_features: int | None = MAX_FEATURES) -> Graph:
     """The unpruned graph of the prediction after the last token of `ids` (of the run
     steered by `steering`, a hooks.Steering on a block's resid_pre, when given: its vector
-    is a constant of the frozen model, in the bias node)."""
+    is a constant of the frozen model, in the bias node). Every active feature is a node;
+    the incoming edges of at most `max_features` of them are computed (None: all), those of
+    most influence on the target first (`visit`), so time and memory grow linearly with the
+    text once it has more active features than that."""
     real, values = record(params, config, np.asarray(ids), hooks=steering)
     fz = freeze(params, config, values, steering)
     t = len(ids)
@@ -257,79 +346,125 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     if vs is not None:
         logit_values.append(float(last[target] - last[vs]))
     activation = np.concatenate([f_act, np.ones(n + t + 1), logit_values])
-    emb = np.asarray(values["embeddings"], np.float64)
-    adj = np.zeros((nf + len(tokens), len(kinds)), adjacency_dtype(nf + len(tokens), len(kinds)))
-    sources = (f_layer, f_pos, f_lat, f_act, errors, emb)
-    for rows, lay, read_vecs, read_pos in _target_batches(transcoders, f_layer, f_pos, f_lat,
-                                                          reads, t, nl, batch):
-        g = np.zeros((len(rows), t, config.n_embd))
-        g[np.arange(len(rows)), read_pos] = read_vecs
-        name = "ln_final" if lay == nl else f"layers.{lay}.ln2"
-        post, pre0 = frozen_backward(fz, norm_backward(fz, name, g), lay)
-        _fill_rows(adj, rows, post, pre0, sources, transcoders, nf, t)
-    adj[:, nf + n + t] = _bias_edges(fz, transcoders, f_layer, f_pos, f_lat, reads, t)
+    src = Sources(fz, transcoders, f_layer, f_pos, f_lat, f_act, errors,
+                  np.asarray(values["embeddings"], np.float64), np.asarray(reads))
     tnode = len(kinds) - len(tokens) + (len(tokens) - 1 if vs is not None
                                         else tokens.index(target))
-    return Graph(list(ids), t - 1, kinds, layer, pos, feature, activation, tokens, adj, tnode,
-                 target, vs, float(activation[tnode]), real_logits=last)
+    adj, targets = visit(src, len(kinds), tnode, t, batch,
+                         nf if max_features is None else max_features)
+    return Graph(list(ids), t - 1, kinds, layer, pos, feature, activation, tokens, adj,
+                 targets, tnode, target, vs, float(activation[tnode]), real_logits=last)
 
 
 def adjacency_dtype(rows: int, cols: int) -> type:
     """float64, unless the matrix would pass ADJACENCY_F64_MB (about 45 tokens of the shipped
-    model): then float32, each batch still computed in float64 (the sums then exact to
-    float32's rounding, 1e-7 of the largest edge)."""
+    model, every feature visited): then float32, each batch still computed in float64 (the
+    sums then exact to float32's rounding, 1e-7 of the largest edge)."""
     return np.float64 if rows * cols * 8 <= ADJACENCY_F64_MB << 20 else np.float32
 
 
-def _target_batches(transcoders, f_layer, f_pos, f_lat, logit_reads, t, nl, batch):
-    """(adjacency rows, the block they read, their read vectors, positions), a batch of
-    targets of one block at a time; the logits' batch reads the final norm (block nl)."""
-    for lay in range(nl):
-        on = np.flatnonzero(f_layer == lay)
-        w = transcoders[lay].W_enc.astype(np.float64)
-        for b in range(0, len(on), batch):
-            rows = on[b:b + batch]
-            yield rows, lay, w[:, f_lat[rows]].T, f_pos[rows]
-    nf = len(f_lat)
-    yield (np.arange(nf, nf + len(logit_reads)), nl, np.asarray(logit_reads),
-           np.full(len(logit_reads), t - 1))
+def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """The adjacency rows and their nodes: the logits' rows first, then the features'. With
+    no more than `cap` features, every one, a block's at a time in position order. With more,
+    circuit-tracer's order: the features of most influence on the target (through the rows
+    computed so far, as `prune` reckons it) `batch` at a time, until `cap` are visited or no
+    unvisited feature has any influence left (then the graph prunes as the uncapped one)."""
+    nf, nl = src.nf, len(src.logit_reads)
+    rows = min(nf, cap) + nl
+    # rows a pass: each [rows, T, d] float64 array of a pass under PASS_MB (past about 32 MB
+    # malloc hands out fresh pages every time, and their faults made 2,000 tokens cost 3x
+    # 1,000 where the arithmetic is 2x)
+    fit = int(max(8, (PASS_MB << 20) // (t * src.fz.config.n_embd * 8)))
+    adj = np.zeros((rows, n_nodes), adjacency_dtype(rows, n_nodes))
+    targets = np.full(rows, -1)
+    targets[rows - nl:] = np.arange(n_nodes - nl, n_nodes)
+    _fill(src, adj, rows - nl, None, t)
+    if nf <= cap:
+        for lay in range(src.fz.config.n_layer):
+            on = np.flatnonzero(src.f_layer == lay)
+            per = min(batch, fit)
+            for b in range(0, len(on), per):
+                _fill(src, adj, int(on[b]), on[b:b + per], t)
+        targets[:nf] = np.arange(nf)
+        return adj, targets
+    a = np.zeros_like(adj)  # the rows normalised as prune does, for the influence so far
+    a[rows - nl:] = normalised(adj[rows - nl:])
+    seen, done = np.zeros(nf, bool), 0
+    while done < cap:
+        inf = _influence(a, targets, n_nodes, tnode)[:nf]
+        todo = np.flatnonzero(~seen & (inf > 0))
+        if not len(todo):
+            break
+        take = np.sort(todo[np.argsort(-inf[todo], kind="stable")][:min(batch, cap - done)])
+        seen[take] = True
+        for lay in np.unique(src.f_layer[take]):  # node order: by block, then position
+            on = take[src.f_layer[take] == lay]
+            step = min(CHUNK, fit)
+            for c in range(0, len(on), step):  # each pass up to its own last position
+                nodes = on[c:c + step]
+                _fill(src, adj, done, nodes, t)
+                targets[done:done + len(nodes)] = nodes
+                a[done:done + len(nodes)] = normalised(adj[done:done + len(nodes)])
+                done += len(nodes)
+    del a
+    if done < cap:  # every feature of any influence visited: the unused rows go
+        keep = np.r_[0:done, rows - nl:rows]
+        adj, targets = adj[keep], targets[keep]
+    return adj, targets
 
 
-def _fill_rows(adj, rows, post, pre0, sources, transcoders, nf, t):
-    """Each source's edge into the targets `rows` (a contiguous range): a_s times (the
-    derivative at s's write point . d_s). A block's features at one position are one
-    contiguous run of columns (sorted by layer, then position)."""
-    f_layer, f_pos, f_lat, f_act, errors, emb = sources
-    r = slice(int(rows[0]), int(rows[-1]) + 1)
-    for lay, g in enumerate(post):
-        if g is None:
+def _fill(src: Sources, adj: np.ndarray, r0: int, nodes: np.ndarray | None, t: int) -> None:
+    """Rows r0.. of adj: the incoming edges of the feature nodes `nodes` (one block's, in
+    position order) or, None, of the logits. One backward pass through the frozen model,
+    over the positions up to the last target's only (nothing later reaches it)."""
+    fz, nl = src.fz, src.fz.config.n_layer
+    if nodes is None:
+        lay, vecs = nl, src.logit_reads
+        at = np.full(len(vecs), t - 1)
+        bias = src.bias[src.nf:]
+    else:
+        lay = int(src.f_layer[nodes[0]])
+        vecs = src.transcoders[lay].W_enc.astype(np.float64)[:, src.f_lat[nodes]].T
+        at, bias = src.f_pos[nodes], src.bias[nodes]
+    tp = int(at.max()) + 1
+    g = np.zeros((len(vecs), tp, fz.config.n_embd))
+    g[np.arange(len(vecs)), at] = vecs
+    name = "ln_final" if lay == nl else f"layers.{lay}.ln2"
+    post, pre0 = frozen_backward(fz, norm_backward(fz, name, g), lay, at)
+    r = slice(r0, r0 + len(vecs))
+    for i, gi in enumerate(post):
+        if gi is None:
             continue
-        on = np.flatnonzero(f_layer == lay)
+        on = np.flatnonzero(src.f_layer == i)
         if len(on):
-            scaled = transcoders[lay].W_dec[f_lat[on]].astype(np.float64) * f_act[on, None]
-            starts = np.searchsorted(f_pos[on], np.arange(t + 1))
-            for p in range(t):
+            scaled = src.scaled[i]
+            starts = np.searchsorted(src.f_pos[on], np.arange(tp + 1))
+            for p in range(tp):
                 a, e = starts[p], starts[p + 1]
                 if e > a:
-                    adj[r, on[0] + a:on[0] + e] = g[:, p] @ scaled[a:e].T
-        adj[r, nf + lay * t: nf + (lay + 1) * t] = (g * errors[lay]).sum(axis=-1)
-    n_err = len(errors) * t
-    adj[r, nf + n_err: nf + n_err + t] = (pre0 * emb).sum(axis=-1)
+                    adj[r, on[0] + a:on[0] + e] = gi[:, p] @ scaled[a:e].T
+        c = src.nf + i * t
+        adj[r, c:c + tp] = (gi * src.errors[i][:tp]).sum(axis=-1)
+    c = src.nf + nl * t
+    adj[r, c:c + tp] = (pre0 * src.emb[:tp]).sum(axis=-1)
+    adj[r, c + t] = bias
 
 
-def _bias_edges(fz: Frozen, transcoders, f_layer, f_pos, f_lat, logit_reads, t) -> np.ndarray:
+def _bias_edges(src: Sources, t: int) -> np.ndarray:
     """Each target's value in the frozen model with every source at zero (embeddings,
-    features, errors): what the constants alone give it."""
+    features, errors): what the constants alone give it (features in node order, logits)."""
+    fz = src.fz
     d = fz.config.n_embd
-    outs = [np.broadcast_to(tc.b_dec.astype(np.float64), (t, d)) for tc in transcoders]
+    outs = [np.broadcast_to(tc.b_dec.astype(np.float64), (t, d)) for tc in src.transcoders]
     reads, u = frozen_forward(fz, np.zeros((t, d)), outs)
     out = []
     for lay, x in enumerate(reads):
-        tc = transcoders[lay]
-        on = np.flatnonzero(f_layer == lay)
-        pre = (x[f_pos[on]] - tc.b_in) @ tc.W_enc.astype(np.float64) + tc.b_enc
-        out.append(pre[np.arange(len(on)), f_lat[on]])
-    out.append(np.asarray(logit_reads) @ u[t - 1])
+        tc = src.transcoders[lay]
+        on = np.flatnonzero(src.f_layer == lay)
+        w = tc.W_enc.astype(np.float64)[:, src.f_lat[on]].T  # each feature's own column
+        out.append(((x[src.f_pos[on]] - tc.b_in) * w).sum(axis=1) + tc.b_enc[src.f_lat[on]])
+    out.append(src.logit_reads @ u[t - 1])
     return np.concatenate(out)
 
 
@@ -364,16 +499,26 @@ def normalised(adj: np.ndarray) -> np.ndarray:
 
 def influence_on(graph: Graph, a: np.ndarray) -> np.ndarray:
     """Every node's influence on the target through the row-normalised |adjacency| a (rows:
-    the feature and logit targets), summed over all paths: the target gives 1 to its sources
-    in proportion to a's row, each feature passes on what it received the same way."""
-    nf = graph.n_features
-    first_logit = len(graph.kinds) - len(graph.tokens_of_logits)
-    total = np.zeros(len(graph.kinds))
-    x = np.zeros(len(graph.kinds))
-    x[graph.target] = 1.0
+    the visited features' and the logits'), summed over all paths: the target gives 1 to its
+    sources in proportion to a's row, each feature passes on what it received the same way
+    (a feature without a row, not visited, passes nothing on)."""
+    return _influence(a, graph.targets, len(graph.kinds), graph.target)
+
+
+def _influence(a: np.ndarray, targets: np.ndarray, n_nodes: int, start: int) -> np.ndarray:
+    """influence_on over rows `a` whose nodes are `targets` (-1: a row not filled yet: the
+    filled ones are a leading run and the logits' last rows, each multiplied as a view)."""
+    total = np.zeros(n_nodes)
+    x = np.zeros(n_nodes)
+    x[start] = 1.0
+    filled = np.flatnonzero(targets >= 0)
+    runs = np.split(filled, np.flatnonzero(np.diff(filled) > 1) + 1)
     while x.any():
-        rows = np.concatenate([x[:nf], x[first_logit:]]).astype(a.dtype)
-        x = (rows @ a).astype(np.float64)
+        y = np.zeros(n_nodes, a.dtype)
+        for run in runs:
+            r = slice(int(run[0]), int(run[-1]) + 1)
+            y += x[targets[r]].astype(a.dtype) @ a[r]
+        x = y.astype(np.float64)
         total += x
     return total
 
@@ -394,11 +539,11 @@ def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
     cum = np.cumsum(inf[:nf][order]) / max(inf[:nf].sum(), 1e-300)
     keep[:nf] = False
     keep[order[: int(np.searchsorted(cum, node_threshold) + 1)]] = True
-    keep[:nf] &= inf[:nf] > 0  # none without influence: cum may end a rounding short of 1
-    a[:nf][~keep[:nf]] = 0  # the dropped features' rows and columns: a_kept
+    keep[:nf] &= inf[:nf] > 0  # a rounded cumulative sum short of 1 must not take the zeros
+    a[~keep[graph.targets]] = 0  # the dropped features' rows and columns: a_kept
     a[:, ~keep] = 0
     inf_kept = influence_on(graph, a)
-    row_inf = np.concatenate([inf_kept[:nf], np.zeros(len(graph.tokens_of_logits))])
+    row_inf = inf_kept[graph.targets]  # a logit's is 0: nothing reads a logit
     row_inf[graph.row(graph.target)] = 1.0
     a *= row_inf[:, None].astype(a.dtype)  # now each edge's score
     edges = a >= threshold_of(a[a > 0], edge_threshold)
@@ -434,7 +579,8 @@ def predicted_change(graph: Graph, changes: dict[int, float]) -> float:
     """The target's change the graph predicts when feature nodes take new activations
     {node: value}: each change spreads along the edges, a feature's pre-activation moving
     by the sum of its sources' changes times edge / source activation, and moving its
-    activation as much while it stays active (the linear replacement model's answer)."""
+    activation as much while it stays active (the linear replacement model's answer; a
+    feature whose incoming edges were not computed, past max_features, stays as it was)."""
     nf = graph.n_features
     delta = np.zeros(len(graph.kinds))
     for node, value in changes.items():
@@ -442,9 +588,9 @@ def predicted_change(graph: Graph, changes: dict[int, float]) -> float:
     per_unit = graph.adjacency[:, :nf] / graph.activation[:nf]  # [rows, feature sources]
     order = np.lexsort((graph.pos[:nf], graph.layer[:nf]))  # sources before their targets
     for n in order:
-        if n in changes:
+        if n in changes or graph.row_of[n] < 0:  # not visited: its inputs are not known
             continue
-        delta[n] = per_unit[n] @ delta[:nf]
+        delta[n] = per_unit[graph.row_of[n]] @ delta[:nf]
     return float(per_unit[graph.row(graph.target)] @ delta[:nf])
 
 
@@ -490,7 +636,8 @@ def profiles(graph: Graph, nodes: np.ndarray) -> np.ndarray:
     outgoing edges, each side scaled to unit length.  -> [len(nodes), rows + cols]"""
     a = np.where(graph.edge_mask, graph.adjacency, 0)
     out_edges = a[:, nodes].T  # [n, rows]: into each target
-    in_edges = a[nodes]  # [n, cols]: from each source (feature rows are their node index)
+    rows = graph.row_of[nodes]
+    in_edges = np.where((rows >= 0)[:, None], a[rows], 0)  # [n, cols]: from each source
     parts = []
     for m in (out_edges, in_edges):
         norm = np.linalg.norm(m, axis=1, keepdims=True)
@@ -507,8 +654,7 @@ def group(graph: Graph, peaks: dict[int, set] | None = None,
     overlap (Jaccard) of those tokens. Position first: a supernode stands for one place in
     the text, as the viewer draws it. Returns the groups (node lists) of two or more."""
     nf = graph.n_features
-    kept = np.flatnonzero(graph.node_mask[:nf] & (graph.edge_mask[:, :nf].any(axis=0)
-                                                  | graph.edge_mask[:nf].any(axis=1)))
+    kept = np.flatnonzero(graph.node_mask[:nf] & graph.has_edges()[:nf])
     groups = []
     for p in np.unique(graph.pos[kept]):
         nodes = kept[graph.pos[kept] == p]
@@ -555,19 +701,19 @@ def grouped_explained(graph: Graph, groups: list[list[int]]) -> float:
 
 
 def _merged(graph: Graph, groups: list[list[int]], a: np.ndarray) -> np.ndarray:
-    """a [rows, nodes] with each group's members' rows and columns added into its first
-    member's, the others' zero."""
-    n, nf = len(graph.kinds), graph.n_features
+    """a [rows, nodes] with each group's members' columns added into one member's (the
+    first with a row), their rows into its row, the others' zero."""
+    n = len(graph.kinds)
     of = np.arange(n)
+    reps = []
     for g in groups:
-        of[g] = g[0]
+        reps.append(next((m for m in g if graph.row_of[m] >= 0), g[0]))
+        of[g] = reps[-1]
     cols = np.zeros((a.shape[0], n))
     np.add.at(cols.T, of, a.T)
-    rows = cols.copy()
-    rows[:nf] = 0
-    np.add.at(rows, of[:nf], cols[:nf])
-    for g in groups:
-        rows[g[1:]] = 0
-        rows[:, g[1:]] = 0
-        rows[g[0], g[0]] = 0  # edges among a group's members are inside it now
+    rows = np.zeros_like(cols)
+    np.add.at(rows, graph.row_of[of[graph.targets]], cols)
+    for rep in reps:
+        if graph.row_of[rep] >= 0:
+            rows[graph.row_of[rep], rep] = 0  # edges among a group's members are inside it
     return rows

@@ -181,6 +181,10 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                                                "of what flows among the kept nodes."),
           logits: int = typer.Option(5, "--logits", min=1, help="Logit nodes: the top tokens "
                                      "at the position (and the target)."),
+          max_features: int = typer.Option(4096, "--max-features", min=1, help="Compute the "
+                                           "incoming edges of at most this many features, "
+                                           "those of most influence first (time and memory "
+                                           "then grow linearly with the text)."),
           data: Path = typer.Option(None, "--data", show_default=False, help="Stories searched "
                                     "for each feature's top windows and label (default: the "
                                     "project's training parts; cached)."),
@@ -198,6 +202,10 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
           group: bool = typer.Option(False, "--group", help="Also merge the kept features "
                                      "into supernodes (by attribution profile and top "
                                      "windows, per position) and say what they keep."),
+          qk: bool = typer.Option(False, "--qk", help="Split the attention score behind each "
+                                  "kept edge between positions into its query-side and "
+                                  "key-side terms (features, errors, embeddings; the JSON's "
+                                  "edges' qk, the viewer's hover)."),
           top: int = TOP, as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
           quiet: bool = QUIET):
     """Attribution graph: the transcoder features, tokens and errors behind a prediction.
@@ -208,7 +216,9 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     source's decoder vector. Each node's value (and the target logit) is exactly the sum of
     its incoming edges, biases a node of their own. Pruned by influence on the target
     (circuit-tracer's rule); explained: the share of that influence the pruned graph still
-    traces to the tokens and biases rather than to error nodes or cut edges.
+    traces to the tokens and biases rather than to error nodes or cut edges. Past
+    --max-features active features, only the most influential ones' inputs are computed
+    (circuit-tracer's order); the others stay nodes, their edges out exact, their inputs not.
 
     Example: tinygpt graph "Lily wanted to play with her"
     Example: tinygpt graph "Lily wanted to play with her" --target " ball" --vs " mom" --json
@@ -230,13 +240,15 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     want = None if target is None else token_id(model, target)
     other = None if vs is None else token_id(model, vs)
     hooks, changes = steered(context, model)
-    g = G.prune(G.build(model.params, model.config, ids[:position + 1], found, target=want,
-                        vs=other, n_logits=logits, steering=hooks), node_threshold,
-                edge_threshold)
     options = {"target": target, "vs": vs, "position": position, "logits": logits,
-               "node_threshold": node_threshold, "edge_threshold": edge_threshold}
+               "node_threshold": node_threshold, "edge_threshold": edge_threshold,
+               "max_features": max_features}
+    g = G.prune(G.build(model.params, model.config, ids[:position + 1], found, target=want,
+                        vs=other, n_logits=logits, steering=hooks,
+                        max_features=max_features), node_threshold, edge_threshold)
     examples = _examples(model, found, folder, g, data, windows, as_json)
-    doc = {**view.graph_doc(g, model.tokenizer, examples, options=options), **changes}
+    doc = {**view.graph_doc(g, model.tokenizer, examples, options=options,
+                            qk=_qk(model, g, found, hooks) if qk else None), **changes}
     if group:
         doc["supernodes"], doc["grouped"] = _supernodes(g, examples, model.tokenizer)
     if ablate or set_to:
@@ -247,6 +259,13 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
 
         save_page(context, page(doc, model.config.n_layer), save)
     present(context, as_json, lambda: doc, lambda: view.graph_view(doc, top))
+
+
+def _qk(model, g, transcoders, steering) -> list:
+    """--qk: the split score of every kept edge between positions."""
+    from ..analysis import graph_qk
+
+    return graph_qk.edge_qk(model.params, model.config, g, transcoders, steering)
 
 
 def _intervene(model, ids, transcoders, g, ablate, set_to, steering) -> dict:

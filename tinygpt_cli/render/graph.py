@@ -60,19 +60,16 @@ def node_id(g, i: int) -> str:
 def kept_nodes(g) -> list[int]:
     """The pruned graph's nodes: kept features, and every error, embedding, bias and logit
     node that has an edge left (the target always)."""
-    nf = g.n_features
-    targets = np.concatenate([np.arange(nf), np.arange(len(g.kinds) - len(g.tokens_of_logits),
-                                                        len(g.kinds))])
-    touched = np.zeros(len(g.kinds), bool)
-    touched[g.edge_mask.any(axis=0)] = True
-    touched[targets[g.edge_mask.any(axis=1)]] = True
+    touched = g.has_edges()
     touched[g.target] = True
     return [i for i in range(len(g.kinds)) if g.node_mask[i] and touched[i]]
 
 
-def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None = None) -> dict:
+def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None = None,
+              qk: list | None = None) -> dict:
     """The pruned graph in the documented schema (README, Attribution graphs); `examples`:
-    (layer, latent) -> {"examples": top windows, "label"} of features (analysis.transcoder)."""
+    (layer, latent) -> {"examples": top windows, "label"} of features (analysis.transcoder);
+    `qk`: graph_qk.EdgeQK of edges, each put on its edge as "qk"."""
     tok = tokenizer.token_str
     nf = g.n_features
     first_logit = len(g.kinds) - len(g.tokens_of_logits)
@@ -97,10 +94,12 @@ def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None =
                 node["probability"] = float(_softmax(g.real_logits)[t])
         nodes.append(node)
     ids = {i: node_id(g, i) for i in keep}
-    targets = list(range(nf)) + list(range(first_logit, len(g.kinds)))
+    targets = [int(x) for x in g.targets]
     rows, cols = np.nonzero(g.edge_mask)
+    split = {(e.row, e.col): e for e in qk or []}
     edges = [{"source": ids[int(c)], "target": ids[targets[int(r)]],
               "weight": float(g.adjacency[r, c])}
+             | ({"qk": qk_entry(g, split[int(r), int(c)])} if (int(r), int(c)) in split else {})
              for r, c in zip(rows, cols, strict=True) if int(c) in ids and targets[int(r)] in ids]
     return jsonout.jsonable({
         "ids": g.ids, "tokens": [tok(i) for i in g.ids], "positions": list(range(len(g.ids))),
@@ -109,10 +108,62 @@ def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None =
                          "vs": None if g.vs is None else tok(g.vs),
                          "value": g.target_value, "incoming_total": g.incoming_total},
         "explained": g.explained, "explained_unpruned": g.explained_unpruned,
-        "counts": {"active_features": nf, "kept_features": int(g.node_mask[:nf].sum()),
+        "counts": {"active_features": nf, "visited_features": g.visited,
+                   "kept_features": int(g.node_mask[:nf].sum()),
                    "edges_unpruned": int(np.count_nonzero(g.adjacency)),
                    "edges": len(edges)},
         "nodes": nodes, "edges": edges})
+
+
+def qk_entry(g, e, top: int = 5) -> dict:
+    """An edge's split score: the head, its score and weight there, the one-hop share, and
+    each side's largest terms (parts named as the nodes are) with the rest summed."""
+    out = {"head": f"L{e.layer}H{e.head}", "layer": e.layer, "head_index": e.head,
+           "query_position": e.query, "key_position": e.key, "score": e.score,
+           "attention": e.weight, "one_hop": e.one_hop}
+    for side, parts, terms in (("query", e.query_parts, e.query_terms),
+                               ("key", e.key_parts, e.key_terms)):
+        order = np.argsort(-np.abs(terms), kind="stable")
+        out[side + "_terms"] = [{"part": node_id(g, parts[i]) if isinstance(parts[i], int)
+                                 else parts[i], "term": float(terms[i])} for i in order[:top]]
+        out[side + "_rest"] = float(terms[order[top:]].sum())
+    return out
+
+
+def fitted(columns, rows: list[list[str]]):
+    """A table of these (name, justify) columns that fits the width: too wide, it goes on
+    below in bands of columns, each band led by the first column (no cell is ever cut)."""
+    from .tables import Fit
+
+    def build(keep) -> Table:
+        t = Table(box=None, pad_edge=False)
+        cols = [0] + [1 + i for i in keep if i is not None]
+        for c in cols:
+            t.add_column(columns[c][0], justify=columns[c][1], no_wrap=True)
+        for row in rows:
+            t.add_row(*(row[c] for c in cols))
+        return t
+
+    return Fit(build, len(columns) - 1, bands=True)
+
+
+def _qk_table(edges: list[dict], total: int) -> list:
+    """--qk: the strongest edges between positions, the head behind each and the largest
+    term of its score on each side that is not a constant (the JSON has them all)."""
+    rows = []
+    for e in edges:
+        q = e["qk"]
+        top = []
+        for terms in (q["query_terms"], q["key_terms"]):
+            part = [x for x in terms if x["part"] not in ("constant", "biases")][:1]
+            top.append(f"{escape_line(part[0]['part'])} {part[0]['term']:+.2f}" if part else "")
+        rows.append([f"{e['source']} -> {e['target']}", f"{e['weight']:+.3f}", q["head"],
+                     f"{q['attention']:.2f}", f"{q['score']:.2f}", *top])
+    return [Text(f"attention edges of most weight ({len(edges)} of {total}; each side's "
+                 "largest term of the head's score but the constants)"),
+            fitted((("edge", "left"), ("weight", "right"), ("head", "left"),
+                    ("attn", "right"), ("score", "right"), ("query side", "left"),
+                    ("key side", "left")), rows)]
 
 
 def _example(e: dict, tok) -> dict:
@@ -137,7 +188,11 @@ def graph_view(doc: dict, top: int) -> Group:
                 f"(position {pos}): logit {what}", style="bold cyan")
     sums = Text(f"logit {tl['value']:.4f} = the sum of its incoming edges "
                 f"{tl['incoming_total']:.4f}\n"
-                f"{c['active_features']:,} active features, {c['kept_features']:,} kept, "
+                f"{c['active_features']:,} active features"
+                + ("" if c["visited_features"] == c["active_features"] else
+                   f" ({c['visited_features']:,} of most influence visited: their inputs "
+                   "computed)")
+                + f", {c['kept_features']:,} kept, "
                 f"{c['edges']:,} of {c['edges_unpruned']:,} edges\n"
                 f"explained {doc['explained']:.3f} of the target's influence (unpruned "
                 f"{doc['explained_unpruned']:.3f}; the rest: error nodes, cut edges)")
@@ -147,18 +202,17 @@ def graph_view(doc: dict, top: int) -> Group:
             leaves[n["kind"]] = leaves.get(n["kind"], 0.0) + n["influence"]
     shares = Text("influence reaching " + ", ".join(
         f"{k} nodes {v:.3f}" for k, v in sorted(leaves.items())), style="dim")
-    t = Table(box=None, pad_edge=False, title="features of most influence", title_justify="left")
-    for name, just in (("node", "left"), ("layer", "right"), ("pos", "right"),
-                       ("token", "left"), ("act", "right"), ("influence", "right"),
-                       ("label", "left")):
-        t.add_column(name, justify=just)
     shown = sorted((n for n in doc["nodes"] if n["kind"] == "feature"),
                    key=lambda n: -n["influence"])[:top]
-    for n in shown:
-        t.add_row(n["id"], str(n["layer"]), str(n["position"]),
-                  show_token(doc["tokens"][n["position"]]), f"{n['activation']:.2f}",
-                  f"{n['influence']:.3f}", escape_line(n.get("label", "")))
-    parts = [head, sums, shares, t]
+    t = fitted((("node", "left"), ("layer", "right"), ("pos", "right"), ("token", "left"),
+                ("act", "right"), ("influence", "right"), ("label", "left")),
+               [[n["id"], str(n["layer"]), str(n["position"]),
+                 show_token(doc["tokens"][n["position"]]), f"{n['activation']:.2f}",
+                 f"{n['influence']:.3f}", escape_line(n.get("label", ""))] for n in shown])
+    parts = [head, sums, shares, Text("features of most influence"), t]
+    split = sorted((e for e in doc["edges"] if "qk" in e), key=lambda e: -abs(e["weight"]))
+    if split:
+        parts += _qk_table(split[:top], len(split))
     if "supernodes" in doc:
         gr = doc["grouped"]
         parts.append(Text(f"{len(doc['supernodes'])} supernodes of "

@@ -88,9 +88,15 @@ function show(n) {
     add(side, "p", what + ":", "dim");
     const ol = add(side, "ol");
     list.slice().sort((a, b) => Math.abs(b.weight) - Math.abs(a.weight)).slice(0, 6).forEach(
-      e => add(ol, "li", `${e.weight >= 0 ? "+" : ""}${e.weight.toFixed(4)}  ${name(byId[e[key]])}`));
+      e => { const li = add(ol, "li", `${e.weight >= 0 ? "+" : ""}${e.weight.toFixed(4)}  ${name(byId[e[key]])}`);
+        if (e.qk) add(li, "div", qkText(e.qk), "dim qk"); });
   }
   nodes.forEach(m => m.el.classList.toggle("on", m === n));
+}
+function partName(p) { return byId[p] ? name(byId[p]) : p; }
+function qkText(q) {
+  const terms = list => list.slice(0, 3).map(t => `${partName(t.part)} ${t.term >= 0 ? "+" : ""}${t.term.toFixed(3)}`).join(", ");
+  return `via head ${q.head} (attention ${q.attention.toFixed(3)}, score ${q.score.toFixed(3)}): query side ${terms(q.query_terms)}; key side ${terms(q.key_terms)}`;
 }
 let pinned = null;
 function strongest(list, key) { let best = null;
