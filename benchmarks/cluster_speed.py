@@ -201,8 +201,9 @@ def report(rows, started, load, end_load, args, fit: float, snapshots: int,
              "| where | workers | windows | shards a snapshot | build | window gradients/s | "
              "vs 1 worker | vs this machine | index | query |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for what, workers, n, shards, build, rate, query, mb in rows:
-        lines.append(f"| {what} | {workers} | {n:,} | {shards} | {build:.1f} s | {rate:.1f} | "
+    for what, workers, n, shards, build, per_second, query, mb in rows:
+        lines.append(f"| {what} | {workers} | {n:,} | {shards} | {build:.1f} s | "
+                     f"{per_second:.1f} | "
                      f"{one / build * n / rows[0][2]:.2f}x | "
                      f"{base / build * n / rows[0][2]:.2f}x | {mb:.0f} MB | {query:.2f} s |")
     lines += ["", "Speed-ups are per window (a row of a larger text is scaled by its size). "
