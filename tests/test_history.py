@@ -770,6 +770,42 @@ def test_token_contributions_add_up_to_the_gradient_dot_product(make_params):
                                rtol=1e-9)
 
 
+def test_exact_pass_equals_explicit_window_gradients_over_two_snapshots(make_params):
+    """why --exact's pass (no window's gradient formed: per-position terms of one batched
+    forward and backward pass) against TracIn by its definition, one full gradient per
+    window: every window, three queries sharing the pass (one steered, one repeating a
+    token, one with the window's length), two snapshots with their learning rates, batches
+    cutting the windows unevenly, on two threads: equal in float64."""
+    from tinygpt_cli.analysis import exact_tracin as ex
+    from tinygpt_cli.hooks import add_vector
+
+    config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
+    snapshots = [(make_params(config, seed=8), 0.5), (make_params(config, seed=9), 2.0)]
+    stream = np.random.default_rng(9).integers(0, 13, 6 * 7 + 1)
+    x, y = why.windows(stream, 6)
+    shift = np.random.default_rng(1).normal(size=8)
+    steer = add_vector("layers.0.resid_pre", shift, 1.0)
+    asked = [([4, 2, 9, 4], 3, None), ([1, 2], 5, steer), ([7, 0, 7, 1, 12, 3], 0, None)]
+    assert ex.covered(config, snapshots[0][0]) == set(snapshots[0][0])  # no parameter left out
+    got = ex.scores_over_stream(
+        [(p, lr, [ex.next_token_query(p, config, ids, t, h) for ids, t, h in asked])
+         for p, lr in snapshots], config, stream, batch=3, workers=2)
+    assert got.shape == (3, 2, len(x))
+    names = sorted(snapshots[0][0])
+    for k, (ids, t, h) in enumerate(asked):
+        for s, (p, lr) in enumerate(snapshots):
+            q = why.flatten(why.query_gradient(p, config, ids, t, h), names)
+            naive = [lr * why.flatten(why.window_gradient(p, config, x[w], y[w]), names) @ q
+                     for w in range(len(x))]
+            np.testing.assert_allclose(got[k, s], naive, rtol=1e-10, atol=1e-12)
+    # a chosen set of windows gets the same numbers, in its own order
+    some = np.array([5, 0, 3])
+    part = ex.scores_over_stream(
+        [(p, lr, [ex.next_token_query(p, config, ids, t, h) for ids, t, h in asked])
+         for p, lr in snapshots], config, stream, windows=some, batch=2, workers=1)
+    np.testing.assert_allclose(part, got[:, :, some], rtol=1e-12)
+
+
 @pytest.mark.parametrize("width", [40, 80, 120])
 def test_head_scores_of_16_heads_flow_to_fit_the_width(width):
     """history --heads: one small grid per layer, side by side when they fit, never wider

@@ -99,11 +99,17 @@ def values_and_gradients(params, config: Config, x: np.ndarray, dlogits_of):
     v = rec.values
     dlogits = dlogits_of(logits)
     _, dv = backward(params, config, v, dlogits, wrt_values=True, param_grads=False)
+    merged(config, v, dv)
+    return v, dv, dlogits
+
+
+def merged(config: Config, v: dict, dv: dict) -> None:
+    """The attention's inputs and output-gradients merged over heads, in place: `z` as W_O
+    reads it, `qkv` as W_QKV writes it."""
     for i in range(config.n_layer):
         L = f"layers.{i}."
         v[L + "z"] = ops.merge_heads(v[L + "z"])
         dv[L + "qkv"] = np.concatenate([ops.merge_heads(dv[L + n]) for n in "qkv"], axis=-1)
-    return v, dv, dlogits
 
 
 def with_ones(x: np.ndarray) -> np.ndarray:
