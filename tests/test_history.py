@@ -746,6 +746,75 @@ def test_why_ranks_the_windows_holding_the_planted_fact_first(cli, run, monkeypa
     assert f"all {n:,} windows scored from the index" in view.err
 
 
+def test_why_exact_scores_every_window_by_the_definition_and_finds_the_fact(cli, run,
+                                                                           monkeypatch, tmp_path):
+    """why --exact: the planted fact's windows first, each row's score TracIn by its
+    definition (explicit window gradients), found by the exact pass, and no gradient index
+    built; --check reports the index's recall and rank correlation against the exact scores,
+    computed here from both rankings; under --each-line the lines share one exact pass and
+    each gets the answer it gets alone."""
+    from tinygpt_cli.analysis import exact_tracin as ex
+
+    passes = []
+    real = ex.scores_over_stream
+    monkeypatch.setattr(ex, "scores_over_stream",
+                        lambda q, *a, **k: passes.append(len(q[0][2])) or real(q, *a, **k))
+    model = load_model(run)
+    tok, config = model.tokenizer, model.config
+    (name,), (target,) = tok.encode(" Quixby"), tok.encode(" zooms")
+    data = ["--data", run.parent / "data"]
+    got = cli("why", "The frog Quixby", "--target", f"#{target}", *data, "--exact", "--json")
+    assert got.code == 0, got.err
+    doc = got.json()
+    assert passes == [1]
+    assert not (tmp_path / "cache" / "why-tracin").exists()
+    stream = why.load_index([run.parent / "data" / "part-000.txt"], tok,
+                            run / "tokenizer.json").stream
+    x, y = why.windows(stream, config.n_positions)
+    found = hist.find_snapshots(run / HISTORY, run / "model.safetensors")
+    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
+    ids = tok.encode("The frog Quixby")
+    naive = why.exact_tracin([(s.params, s.lr) for s in timeline], config, x, y, ids, target)
+    rows = doc["top_windows"]
+    planted = fact_windows(stream, name, target, config.n_positions)
+    assert {r["window"] for r in rows[: len(planted)]} == planted
+    assert [r["window"] for r in rows] == list(np.argsort(-naive, kind="stable")[: len(rows)])
+    for r in rows:
+        assert r["found_by"] == "exact"
+        assert r["score"] == pytest.approx(naive[r["window"]], rel=1e-4, abs=1e-6)
+        assert r["exact_score"] == pytest.approx(r["score"], rel=1e-2, abs=1e-4)
+    assert doc["index"]["method"].startswith("exact")
+    # --check: the index's answer, and its agreement with the exact ranking
+    checked = cli("why", "The frog Quixby", "--target", f"#{target}", *data, "--check",
+                  "--json").json()
+    assert all(r["found_by"] == "index" for r in checked["top_windows"])
+    c = checked["check"]
+    assert c["exact_top_10"] == list(np.argsort(-naive, kind="stable")[:10])
+    approx_top = set(c["index_top_10"])
+    assert c["recall_at_10"] == len(approx_top & set(c["exact_top_10"])) / 10
+    assert 0.9 <= c["spearman"] <= 1 and c["windows"] == len(x)
+    view = cli("why", "The frog Quixby", "--target", f"#{target}", *data, "--check")
+    assert "the index against exact TracIn over all" in view.out
+    assert f"{round(10 * c['recall_at_10'])} of the exact top 10" in view.out
+    # --each-line: two texts, one pass, each line's own answer
+    lines = tmp_path / "lines.txt"
+    lines.write_text("The frog Quixby\nThe cat sat on the\n")
+    passes.clear()
+    both = cli("why", "--each-line", lines, "--target", f"#{target}", *data, "--exact",
+               "--json")
+    assert both.code == 0, both.err
+    assert passes == [2]  # one pass, both texts' queries
+    records = [json.loads(line) for line in both.out.splitlines()]
+    alone = cli("why", "The cat sat on the", "--target", f"#{target}", *data, "--exact",
+                "--json").json()
+    for shared, own in ((records[0]["result"], doc), (records[1]["result"], alone)):
+        # the same windows; the scores to float32's rounding (the products' sizes differ)
+        assert [r["window"] for r in shared["top_windows"]] == \
+            [r["window"] for r in own["top_windows"]]
+        np.testing.assert_allclose([r["score"] for r in shared["top_windows"]],
+                                   [r["score"] for r in own["top_windows"]], rtol=1e-5)
+
+
 def test_token_contributions_add_up_to_the_gradient_dot_product(make_params):
     config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
     params = make_params(config, seed=6)

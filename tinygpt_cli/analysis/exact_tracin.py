@@ -225,8 +225,11 @@ def scores_over_stream(snapshots: list[tuple[dict, float, list[dict]]], config: 
     query: `snapshots` are (params, lr, [the queries at those params: Query]) triples.
     advance(n) after each batch of n windows at one snapshot; batches on `workers` threads
     (default every core).  -> [Q, S, W] (weighted by each snapshot's lr)"""
+    import threading
+
     from ..threads import map_on_cores
 
+    lock = threading.Lock()
     t = config.n_positions
     x, y = eval_windows(stream, t)
     chosen = np.arange(len(x)) if windows is None else np.asarray(windows)
@@ -240,7 +243,8 @@ def scores_over_stream(snapshots: list[tuple[dict, float, list[dict]]], config: 
         got = lr * window_scores(params, config, x[w].astype(np.int64),
                                  y[w].astype(np.int64), stacked[s])
         if advance:
-            advance(len(w))
+            with lock:  # the bar's count is no thread's alone
+                advance(len(w))
         return got
 
     found = map_on_cores(one, jobs, workers)
