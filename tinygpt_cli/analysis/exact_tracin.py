@@ -201,6 +201,12 @@ def window_scores(params, config: Config, x: np.ndarray, y: np.ndarray,
     forward and backward pass.  x, y [B, T] -> [Q, B] (float64)"""
     v, dv, dlogits = values_and_gradients(params, config, x,
                                           lambda z: mean_loss_gradient(z, y))
+    return scores_from(config, v, dv, dlogits, x, q)
+
+
+def scores_from(config: Config, v: dict, dv: dict, dlogits: np.ndarray, x: np.ndarray,
+                q: Stacked) -> np.ndarray:
+    """window_scores from the windows' pass: its values, value-gradients and d loss/d logits."""
     n, b = q.n, len(x)
     out = np.zeros((n, b))
     for prefix, inp, outp in linear_sites(config):

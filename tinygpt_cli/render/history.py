@@ -187,14 +187,15 @@ def why_view(result, tokens_of) -> Group:
             f"text, the last {result.longest_then} followed by the target")
     if result.matches and result.longest > result.matches[-1]["n"]:  # the table is capped
         note += f" (the table stops at {result.matches[-1]['n']})"
-    how = "exactly" if result.index is None else "from the index, the top re-scored exactly"
+    exact = str(found.get("index", {}).get("method", "")).startswith("exact")
+    how = "exactly" if exact else "from the index, the top re-scored exactly"
     parts = [Text("exact matches in the training text", style="bold"),
              Text(note, style="dim"),
              matches_table(result.matches, tokens_of),
              Text(f"\ntraining windows that most raised the target's chance (TracIn over "
                   f"{len(result.snapshots)} snapshots; all {found['windows']:,} windows "
                   f"scored {how})", style="bold"),
-             windows_table(found["top_windows"], exact=result.index is None)]
+             windows_table(found["top_windows"], exact=exact)]
     if "check" in found:
         parts.append(check_text(found["check"]))
     return Group(*parts)
