@@ -746,6 +746,49 @@ def test_why_ranks_the_windows_holding_the_planted_fact_first(cli, run, monkeypa
     assert f"all {n:,} windows scored from the index" in view.err
 
 
+def test_an_attention_weights_gradient_and_its_exact_scores(make_params):
+    """why --value's query for an attention weight: its gradient from the block's pattern
+    down (model.backward_from_attention) against finite differences of the weight itself,
+    zero for what it does not read; and the exact pass with that query against the naive
+    loop of explicit window gradients."""
+    from tinygpt_cli.analysis import exact_tracin as ex
+    from tinygpt_cli.model import run_traced
+
+    config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
+    params = make_params(config, seed=3)
+    ids = [4, 2, 9, 4, 1]
+
+    def seed(w):
+        d = np.zeros_like(w)
+        d[1, 3, 1] = -1.0  # the gradient of minus the weight: TracIn raises the value
+        return d
+
+    q = ex.query(params, config, ids, hooks=None, attention=(1, seed))
+
+    def weight(p):
+        return run_traced(p, config, np.asarray(ids)).values["layers.1.weights"][1, 3, 1]
+
+    for name, idx in (("embed.W_E", (4, 2)), ("layers.0.attn.W_QKV", (1, 5)),
+                      ("layers.1.attn.W_QKV", (2, 3)), ("layers.1.ln1.w", (0,)),
+                      ("layers.0.mlp.W_out", (3, 1)), ("embed.W_pos", (1, 1))):
+        up = {k: v.copy() for k, v in params.items()}
+        down = {k: v.copy() for k, v in params.items()}
+        up[name][idx] += 1e-6
+        down[name][idx] -= 1e-6
+        assert -q.grads[name][idx] == pytest.approx((weight(up) - weight(down)) / 2e-6,
+                                                    rel=1e-5, abs=1e-9), name
+    for name in ("layers.1.attn.W_O", "layers.1.mlp.W_in", "ln_final.w"):
+        assert not q.grads[name].any()
+    stream = np.random.default_rng(2).integers(0, 13, 6 * 5 + 1)
+    x, y = why.windows(stream, 6)
+    got = ex.scores_over_stream([(params, 0.5, [q])], config, stream, batch=2, workers=1)
+    names = sorted(params)
+    flat = why.flatten(q.grads, names)
+    naive = [0.5 * why.flatten(why.window_gradient(params, config, x[w], y[w]), names) @ flat
+             for w in range(len(x))]
+    np.testing.assert_allclose(got[0, 0], naive, rtol=1e-10, atol=1e-12)
+
+
 def test_why_exact_scores_every_window_by_the_definition_and_finds_the_fact(cli, run,
                                                                            monkeypatch, tmp_path):
     """why --exact: the planted fact's windows first, each row's score TracIn by its
@@ -813,6 +856,83 @@ def test_why_exact_scores_every_window_by_the_definition_and_finds_the_fact(cli,
             [r["window"] for r in own["top_windows"]]
         np.testing.assert_allclose([r["score"] for r in shared["top_windows"]],
                                    [r["score"] for r in own["top_windows"]], rtol=1e-5)
+
+
+def _raised_by_each_window(run, value_of_params) -> np.ndarray:
+    """TracIn of a scalar by its definition, independently of any backward pass from it: for
+    each window and snapshot, how fast the scalar rises along minus the window's explicit
+    loss gradient (a central difference in float64), times the snapshot's lr, summed."""
+    model = load_model(run)
+    config = model.config
+    stream = why.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
+                            run / "tokenizer.json").stream
+    x, y = why.windows(stream, config.n_positions)
+    found = hist.find_snapshots(run / HISTORY, run / "model.safetensors")
+    total = np.zeros(len(x))
+    for s in [s for s in hist.timeline(model, found) if s.lr is not None]:
+        p = {k: np.asarray(a, np.float64) for k, a in s.params.items()}
+        for w in range(len(x)):
+            g = why.window_gradient(p, config, x[w], y[w])
+            eps = 1e-4 / np.sqrt(sum(np.sum(np.square(a)) for a in g.values()))
+            down = value_of_params({k: p[k] - eps * g[k] for k in p})
+            up = value_of_params({k: p[k] + eps * g[k] for k in p})
+            total[w] += s.lr * (down - up) / (2 * eps)
+    return total
+
+
+def test_why_value_ranks_windows_by_how_much_they_raised_that_scalar(cli, run):
+    """why --value (an attention weight, a head's detector score) and --vs (a logit
+    difference): every window's exact score is the rise of that scalar along the window's
+    training step, computed by central differences; for the planted fact a window
+    holding it raises logit[' zooms'] - logit[' sat'] most."""
+    from tinygpt_cli.analysis import heads
+    from tinygpt_cli.model import run_traced
+
+    model = load_model(run)
+    tok, config = model.tokenizer, model.config
+    data = ["--data", run.parent / "data"]
+    ids = tok.encode("The frog Quixby sat. The frog Quixby")
+    n_windows = len(why.windows(why.load_index([run.parent / "data" / "part-000.txt"], tok,
+                                               run / "tokenizer.json").stream,
+                                config.n_positions)[0])
+
+    def weight(p):
+        return run_traced(p, config, np.asarray(ids)).values["layers.1.weights"][0, -1, 2]
+
+    def induction(p):
+        w = run_traced(p, config, np.asarray(ids)).values["layers.1.weights"][1]
+        return float(heads.detection_score(w, heads.pattern("induction", ids)))
+
+    for value, of in (("layers.1.heads.0.weights[-1,2]", weight), ("induction:L1H1",
+                                                                      induction)):
+        got = cli("why", "The frog Quixby sat. The frog Quixby", "--value", value, *data,
+                  "--top", str(n_windows), "--json")
+        assert got.code == 0, got.err
+        doc = got.json()
+        assert doc["explained"]["name"] == value
+        assert doc["explained"]["value"] == pytest.approx(of(model.params), rel=1e-5)
+        naive = _raised_by_each_window(run, of)
+        rows = doc["top_windows"]
+        assert len(rows) == n_windows and all(r["found_by"] == "exact" for r in rows)
+        np.testing.assert_allclose([r["score"] for r in rows],
+                                   naive[[r["window"] for r in rows]], rtol=1e-3,
+                                   atol=1e-4 * np.abs(naive).max())
+    (name,), (target,), (the,) = tok.encode(" Quixby"), tok.encode(" zooms"), tok.encode(" sat")
+    doc = cli("why", "The frog Quixby", "--target", " zooms", "--vs", " sat", *data,
+              "--json").json()
+    stream = why.load_index([run.parent / "data" / "part-000.txt"], tok,
+                            run / "tokenizer.json").stream
+    planted = fact_windows(stream, name, target, config.n_positions)
+    assert doc["top_windows"][0]["window"] in planted  # by twice the next window's score
+    assert doc["top_windows"][0]["score"] > 1.5 * doc["top_windows"][1]["score"] > 0
+    assert doc["explained"]["name"] == f"logit[{target}] - logit[{the}]"
+    q = tok.encode("The frog Quixby")
+    z = forward(model.params, config, np.asarray(q))[-1]
+    assert doc["explained"]["value"] == pytest.approx(float(z[target] - z[the]), rel=1e-5)
+    bad = cli("why", "The frog Quixby", "--value", "layers.1.heads.0.weights[1,2]", *data)
+    assert bad.code == 2 and "the column at most the row" in bad.err
+    assert cli("why", "The frog Quixby", "--value", "logits[3]", *data).code == 2
+    assert cli("why", "The frog Quixby", "--vs", " the", "--check", *data).code == 2
 
 
 def test_token_contributions_add_up_to_the_gradient_dot_product(make_params):

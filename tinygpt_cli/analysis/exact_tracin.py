@@ -69,25 +69,39 @@ class Query:
     rows: np.ndarray  # [n, d]
 
 
-def query(params, config: Config, ids: list[int], dlogits_of, hooks=None) -> Query:
-    """The gradient of the scalar whose d / d logits is dlogits_of(logits [T, V]), for the
-    text `ids` run through `hooks` (steering)."""
+def query(params, config: Config, ids: list[int], dlogits_of=None, hooks=None,
+          attention: tuple | None = None) -> Query:
+    """The gradient of a scalar of the text `ids` run through `hooks` (steering): one of its
+    logits, d scalar / d logits = dlogits_of(logits [T, V]); or, with attention = (layer,
+    dweights_of), one of block `layer`'s attention weights, d scalar / d weights =
+    dweights_of(weights [H, T, T])."""
     from ..hooks import Chain, Record
-    from ..model import backward, forward
+    from ..model import backward, backward_from_attention, forward
 
     rec = Record()
     x = np.asarray(ids)
     logits = forward(params, config, x, hooks=Chain(hooks, rec))
-    dlogits = dlogits_of(logits)
     v = rec.values
-    grads, dv = backward(params, config, v, dlogits, wrt_values=True)
+    if attention is None:
+        dlogits = dlogits_of(logits)
+        grads, dv = backward(params, config, v, dlogits, wrt_values=True)
+    else:
+        layer, dweights_of = attention
+        dlogits = np.zeros_like(logits)
+        grads, dv = backward_from_attention(params, config, v, layer,
+                                            dweights_of(v[f"layers.{layer}.weights"]))
+    for i in range(config.n_layer):  # above what the scalar reads: no gradient
+        for n in "qkv":
+            dv.setdefault(f"layers.{i}.{n}", np.zeros_like(v[f"layers.{i}.{n}"]))
+    for prefix, _, outp in linear_sites(config):
+        dv.setdefault(outp, np.zeros((len(x), params[prefix].shape[1]), logits.dtype))
     merged(config, v, dv)
     sites = {p: (with_ones(v[inp]), dv[outp]) for p, inp, outp in linear_sites(config)}
     read = np.flatnonzero(np.any(dlogits != 0, axis=-1))
     tokens, where = np.unique(x, return_inverse=True)
     rows = np.zeros((len(tokens), config.n_embd), dv["embeddings"].dtype)
     np.add.at(rows, where, dv["embeddings"])
-    return Query(grads, sites, dlogits[read].T, rec.values["ln_final.out"][read], tokens, rows)
+    return Query(grads, sites, dlogits[read].T, v["ln_final.out"][read], tokens, rows)
 
 
 def next_token_query(params, config: Config, ids: list[int], target: int,

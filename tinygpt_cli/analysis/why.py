@@ -366,33 +366,108 @@ EXACT_METHOD = {"method": "exact: per-position terms of one forward and backward
                           "batch of windows (analysis/exact_tracin.py)", "computed_now": 0}
 
 
-def exact_scores(index: Index, snapshots: list, config: Config, asks: list[tuple[list, int]],
-                 hooks=None, workers: int | None = None, bar=_no_bar) -> np.ndarray:
-    """Exact TracIn of every window for each (ids, target) asked, in one pass over the
-    windows per snapshot (analysis.exact_tracin).  -> [asks, snapshots, windows], each
-    snapshot's part weighted by its learning rate"""
+def exact_scores(index: Index, snapshots: list, config: Config, makers: list,
+                 workers: int | None = None, bar=_no_bar) -> np.ndarray:
+    """Exact TracIn of every window for each query asked (makers: params -> its
+    exact_tracin.Query), in one pass over the windows per snapshot.  -> [asks, snapshots,
+    windows], each snapshot's part weighted by its learning rate"""
     from . import exact_tracin as ex
 
     n = (len(index.stream) - 1) // config.n_positions
-    queries = [(s.params, s.lr, [ex.next_token_query(s.params, config, ids, t, hooks)
-                                 for ids, t in asks]) for s in snapshots]
-    label = "scoring every window exactly" + (f" for {len(asks)} texts" if len(asks) > 1
+    queries = [(s.params, s.lr, [make(s.params) for make in makers]) for s in snapshots]
+    label = "scoring every window exactly" + (f" for {len(makers)} texts" if len(makers) > 1
                                               else "")
     with bar(n * len(snapshots), label) as advance:
         return ex.scores_over_stream(queries, config, index.stream, advance, workers)
 
 
-def exact_influence(index: Index, snapshots: list, config: Config, ids: list[int],
-                    target: int, per_snapshot: np.ndarray, top: int, hooks=None,
+def exact_influence(index: Index, snapshots: list, config: Config, make, ids: list[int],
+                    target: int, per_snapshot: np.ndarray, top: int,
                     workers: int | None = None) -> dict:
     """The `top` windows by their exact scores (per_snapshot [S, W] from exact_scores),
     each split over the tokens it predicts, as influence() gives the index's."""
     n = per_snapshot.shape[1]
-    gradients = [query_gradient(s.params, config, ids, target, hooks) for s in snapshots]
     rows = top_windows(index.stream, config, np.arange(n), per_snapshot,
-                       [(s.params, s.lr, q) for s, q in zip(snapshots, gradients, strict=True)],
+                       [(s.params, s.lr, make(s.params).grads) for s in snapshots],
                        ids, target, top, workers, found_by="exact")
     return {"windows": n, "windows_scored": n, "index": dict(EXACT_METHOD), "top_windows": rows}
+
+
+# ------------------------------------------------------------------ --value: any scalar
+
+HEAD_WEIGHT = r"layers\.(\d+)\.heads\.(\d+)\.weights\[\s*(-?\d+)\s*,\s*(-?\d+)\s*\]"
+DETECTOR = r"(previous_token|duplicate_token|induction):L(\d+)H(\d+)"
+
+
+@dataclass
+class Value:
+    """A scalar of the text's forward pass that `why --value` explains: what it is, its
+    value on the text (final weights), and its query at any weights (the gradient of minus
+    it, so that a window's positive score means its training step raised the value)."""
+
+    name: str
+    amount: float
+    make: Callable
+
+
+def value_of(model, ids: list[int], value: str | None, target: int, vs: int | None,
+             hooks=None) -> Value:
+    """--value PATH (an attention weight layers.L.heads.H.weights[i,j], or a head's detector
+    score KIND:LxHy on the text), or the logit difference logit[target] - logit[vs]: as a
+    Value. A path it cannot read is an InputError naming the forms it takes."""
+    import re
+
+    from ..errors import InputError
+    from ..model import run_traced
+    from . import exact_tracin as ex
+    from . import heads
+
+    config, t = model.config, len(ids)
+    if value is None:
+        def dlogits_of(z):
+            d = np.zeros_like(z)
+            d[-1, vs], d[-1, target] = 1.0, -1.0
+            return d
+
+        z = forward(model.params, config, np.asarray(ids), hooks=hooks)[-1]
+        name = f"logit[{target}] - logit[{vs}]"
+        return Value(name, float(z[target] - z[vs]),
+                     lambda p: ex.query(p, config, ids, dlogits_of, hooks))
+    weight, detector = re.fullmatch(HEAD_WEIGHT, value), re.fullmatch(DETECTOR, value)
+    if weight:
+        layer, head, i, j = (int(g) for g in weight.groups())
+        i, j = i % t if -t <= i < t else -1, j % t if -t <= j < t else -1
+        if min(i, j) < 0 or j > i:
+            raise InputError(f"--value {value}: row and column must be positions of the "
+                             f"text's {t} tokens, the column at most the row (a later one "
+                             "is masked)")
+
+        def seed(w):
+            d = np.zeros_like(w)
+            d[head, i, j] = -1.0
+            return d
+    elif detector:
+        kind, layer, head = detector.group(1), int(detector.group(2)), int(detector.group(3))
+        pat = heads.pattern(kind, ids)
+
+        def seed(w):  # score = sum(A P) / sum(A): minus its gradient
+            a = w[head].astype(np.float64)
+            d = np.zeros_like(w)
+            d[head] = -(pat - (a * pat).sum() / a.sum()) / a.sum()
+            return d
+    else:
+        raise InputError(f"--value {value!r}: give an attention weight "
+                         "layers.L.heads.H.weights[ROW,COL] or a head's score on the text "
+                         "KIND:LxHy (KIND previous_token, duplicate_token or induction)")
+    if not (0 <= layer < config.n_layer and 0 <= head < config.n_head):
+        raise InputError(f"--value {value}: this model has {config.n_layer} layers of "
+                         f"{config.n_head} heads")
+    w = run_traced(model.params, config, np.asarray(ids), hooks=hooks).values[
+        f"layers.{layer}.weights"]
+    amount = -float((seed(w) * w).sum()) if weight else float(
+        heads.detection_score(w[head], pat))
+    return Value(value, amount, lambda p: ex.query(p, config, ids, None, hooks,
+                                                   attention=(layer, seed)))
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -479,22 +554,33 @@ def training_text(model, data: list[Path] | None, any_data: bool = False):
 def answer(model, ids: list[int], target: str | int | None, files: list, top: int,
            report=None, workers: int | None = None, hooks=None, engine=None,
            query_report=None, exact: bool = False, check: bool = False,
-           more: tuple = (), bar=_no_bar) -> Why:
+           more: tuple = (), bar=_no_bar, value: str | None = None,
+           vs: str | int | None = None) -> Why:
     """`why` end to end: the training text's index, the exact matches, the snapshots, the
     window-gradient index (built when missing, on `engine`: default this machine;
     report(done, total) follows it) and TracIn (query_report(done, total) follows its shards);
     the text (never the training windows) runs through `hooks`, its steering. `exact`: every
     window scored exactly instead (no index: analysis.exact_tracin), with `more` texts' ids
     sharing the pass (their answers in .more); `check`: the index's answer, and how well
-    its ranking agrees with the exact one (agreement)."""
+    its ranking agrees with the exact one (agreement). `value` (value_of's forms) or `vs`
+    (logit[target] - logit[vs]): that scalar explained instead of the next token, exactly."""
     from ..errors import InputError
+    from . import exact_tracin as ex
     from . import history as hist
     from .why_index import cannot_keep, index_folder, open_index, writable_index
 
     config = model.config
     # TracIn's projected gradients are written site by site for GPT-2's block
     require(config, "why")
+    from ..session import token_id
+
     asks = [(q, _target_of(model, q, target, hooks)) for q in [ids, *more]]
+    exact = exact or value is not None or vs is not None
+    values = [value_of(model, q, value, t, None if vs is None else token_id(model, vs), hooks)
+              if value is not None or vs is not None else None for q, t in asks]
+    makers = [v.make if v is not None else
+              (lambda p, q=q, t=t: ex.next_token_query(p, config, q, t, hooks))
+              for v, (q, t) in zip(values, asks, strict=True)]
     snapshots = hist.find_snapshots(hist.history_folder(model), model.weights_file)
     timeline = [s for s in hist.timeline(model, snapshots) if s.lr is not None]
     if not timeline:
@@ -518,13 +604,15 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
             grads.build(index.stream, config, workers, report, engine=engine)
         except OSError as e:  # the gradient index is files on disk, read back by every query
             raise cannot_keep(grads.folder, e) from None
-    scored = exact_scores(index, timeline, config, asks if exact else asks[:1], hooks,
-                          workers, bar) if exact or check else None
+    scored = exact_scores(index, timeline, config, makers if exact else makers[:1], workers,
+                          bar) if exact or check else None
     answers = []
     for k, (q, t) in enumerate(asks if exact else asks[:1]):
         if exact:
-            found = exact_influence(index, timeline, config, q, t, scored[k], top, hooks,
+            found = exact_influence(index, timeline, config, makers[k], q, t, scored[k], top,
                                     workers)
+            if values[k] is not None:
+                found["explained"] = {"name": values[k].name, "value": values[k].amount}
         else:
             found = influence(index, timeline, config, q, t, top, grads, hooks, workers,
                               engine, query_report)

@@ -108,6 +108,14 @@ def why(
     check: bool = typer.Option(False, "--check", help="Also score every window exactly and "
                                "say how far the index's ranking agrees: its recall of the exact "
                                "top 10 and top 50, and the rank correlation (minutes)."),
+    value: str = typer.Option(None, "--value", metavar="PATH", help="Explain this scalar of "
+                              "the text's forward pass instead of the next token, exactly: an "
+                              "attention weight layers.L.heads.H.weights[ROW,COL], or a head's "
+                              "score on the text induction:L1H2 (previous_token:, "
+                              "duplicate_token:).", show_default=False),
+    vs: str = typer.Option(None, "--vs", help="Explain logit[target] - logit[vs] at the last "
+                           "position instead of the target's chance, exactly.",
+                           show_default=False),
     top: int = TOP, weights: Path = WEIGHTS, as_json: bool = JSON,
 ):
     """Where the model learned a prediction: exact matches, and the most influential windows.
@@ -121,6 +129,7 @@ def why(
 
     Example: tinygpt why "Once upon a time, there was a little" --target " girl"
     Example: tinygpt why "Lily wanted to play with her" --exact
+    Example: tinygpt why "Lily saw a cat. Lily saw a" --value induction:L1H2
     """
     from ..analysis import why as whys
     from ..render import history as view
@@ -130,9 +139,11 @@ def why(
     session = open_session(context, weights, text)
     model = session.model
     found = whys.training_text(model, data, any_data)
-    if exact and check:
-        raise InputError("give --exact or --check, not both (--check runs both rankings)")
-    key = ("why", target, tuple(map(str, found.files)), top)
+    if check and (exact or value or vs):
+        raise InputError("--check compares the index with the exact pass: give it alone, "
+                         "without --exact, --value or --vs")
+    exact = exact or value is not None or vs is not None
+    key = ("why", target, value, vs, tuple(map(str, found.files)), top)
     result, more = _kept_answer(context, key, text, model) if exact else (None, [])
     if result is None:
         with engine(context) as where, progress_report("indexing every window's gradient") \
@@ -140,7 +151,8 @@ def why(
                                            f"{escape_line(where.name)}", at_once=False) as scored:
             result = whys.answer(model, session.ids, target, found.files, top, report,
                                  hooks=session.hooks, engine=where, query_report=scored,
-                                 exact=exact, check=check, more=more, bar=bar())
+                                 exact=exact, check=check, more=more, bar=bar(),
+                                 value=value, vs=vs)
         _keep_answers(context, key, result)
     if found.note:  # once the answer stands: an error is then the only line
         stderr().print(escape_line(found.note), soft_wrap=True)

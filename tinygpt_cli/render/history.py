@@ -192,13 +192,23 @@ def why_view(result, tokens_of) -> Group:
     parts = [Text("exact matches in the training text", style="bold"),
              Text(note, style="dim"),
              matches_table(result.matches, tokens_of),
-             Text(f"\ntraining windows that most raised the target's chance (TracIn over "
+             Text(f"\ntraining windows that most raised {raised(found)} (TracIn over "
                   f"{len(result.snapshots)} snapshots; all {found['windows']:,} windows "
                   f"scored {how})", style="bold"),
              windows_table(found["top_windows"], exact=exact)]
     if "check" in found:
         parts.append(check_text(found["check"]))
     return Group(*parts)
+
+
+def raised(found: dict) -> str:
+    """What the windows raised: the target's chance, or the --value / --vs scalar."""
+    from ..render.text import show_text
+
+    v = found.get("explained")
+    if v is None:
+        return "the target's chance"
+    return f"{show_text(v['name'])} (on the text: {v['value']:.4g})"
 
 
 def check_text(c: dict) -> Text:
