@@ -44,7 +44,9 @@ PROMPTS = ["Once upon a time, there was a little", "Lily wanted to play with her
 VARIANTS = [("default (8/16/8/16)", {}),
             ("position 32", {"position": 32}),
             ("matrix 16", {"matrix": 16}),
-            ("matrix 16, table 32, position 32", {"matrix": 16, "table": 32, "position": 32})]
+            ("matrix 16, table 32, position 32", {"matrix": 16, "table": 32, "position": 32}),
+            ("fitted on 256 windows", {"fit": 256}),
+            ("matrix 16, fitted on 256 windows", {"matrix": 16, "fit": 256})]
 
 
 def setup(windows: int, n_queries: int, seed: int = 0):
@@ -67,7 +69,12 @@ def setup(windows: int, n_queries: int, seed: int = 0):
     return model, index, timeline, n, sample, asks
 
 
-def measure(model, index, timeline, n, sample, asks, workers=None):
+def fit_sample(n: int, size: int, seed: int = 0) -> np.ndarray:
+    """As why_index.fit_windows, with another number of windows."""
+    return np.sort(np.random.default_rng(seed).permutation(n)[: min(size, n)])
+
+
+def measure(model, index, timeline, n, sample, asks, variants, workers=None):
     """-> exact [Q, W], {variant: [Q, W]} (lr-weighted sums over the snapshots)."""
     from tinygpt_cli.analysis import exact_tracin as ex
     from tinygpt_cli.analysis import tracin
@@ -79,14 +86,18 @@ def measure(model, index, timeline, n, sample, asks, workers=None):
     x_all, y_all = eval_windows(index.stream, config.n_positions)
     fit = fit_windows(n)
     exact = np.zeros((len(asks), len(sample)))
-    approx = {label: np.zeros((len(asks), len(sample))) for label, _ in VARIANTS}
+    approx = {label: np.zeros((len(asks), len(sample))) for label, _ in variants}
     for s, snap in enumerate(timeline):
         t0 = time.perf_counter()
         params = {k: np.asarray(v, np.float32) for k, v in snap.params.items()}
         stacked = ex.stack([ex.next_token_query(params, config, ids, t) for ids, t in asks],
                            config, params)
-        projections = {label: tracin.Projection.fit(params, config, x_all[fit], y_all[fit],
-                                                    sizes=sizes) for label, sizes in VARIANTS}
+        projections = {}
+        for label, sizes in variants:
+            f = fit if "fit" not in sizes else fit_sample(n, sizes["fit"])
+            projections[label] = tracin.Projection.fit(
+                params, config, x_all[f], y_all[f],
+                sizes={k: v for k, v in sizes.items() if k != "fit"})
         queries = {label: [tracin.query(params, config, p, ids, t, config.n_positions)
                            for ids, t in asks] for label, p in projections.items()}
 
@@ -117,7 +128,7 @@ def measure(model, index, timeline, n, sample, asks, workers=None):
 def size_gb(config, sizes: dict, n_windows: int, n_snapshots: int) -> float:
     from tinygpt_cli.analysis import tracin
 
-    k = {**tracin.SIZES, **sizes}
+    k = {**tracin.SIZES, **{n: v for n, v in sizes.items() if n != "fit"}}
     linear = 4 * config.n_layer * k["matrix"] ** 2
     per_window = (linear + k["table"] ** 2 + k["matrix"] ** 2
                   + (2 * config.n_layer + 1) * k["vector"]
@@ -125,13 +136,13 @@ def size_gb(config, sizes: dict, n_windows: int, n_snapshots: int) -> float:
     return per_window * 2 * n_windows * n_snapshots / 1e9
 
 
-def table(exact, approx, config, n, n_snapshots) -> list[str]:
+def table(exact, approx, config, n, n_snapshots, variants) -> list[str]:
     from tinygpt_cli.analysis.why import recall, spearman
 
     lines = ["| index (matrix/table/norm/position sizes) | size on the whole text | "
              "recall@10 | recall@50 | Spearman | recall@10, top 20 re-scored | "
              "recall@10, top 50 re-scored |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for label, sizes in VARIANTS:
+    for label, sizes in variants:
         a = approx[label]
         r10 = np.mean([recall(a[q], exact[q], 10) for q in range(len(a))])
         r50 = np.mean([recall(a[q], exact[q], 50) for q in range(len(a))])
@@ -149,17 +160,21 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=1024)
     ap.add_argument("--queries", type=int, default=12)
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--variants", default="all", help="comma-separated labels of VARIANTS, "
+                    "or 'all'")
     args = ap.parse_args()
+    variants = VARIANTS if args.variants == "all" else [
+        v for v in VARIANTS if v[0] in args.variants.split(",")]
     t0 = time.perf_counter()
     model, index, timeline, n, sample, asks = setup(args.windows, args.queries)
-    exact, approx = measure(model, index, timeline, n, sample, asks)
-    lines = table(exact, approx, model.config, n, len(timeline))
+    exact, approx = measure(model, index, timeline, n, sample, asks, variants)
+    lines = table(exact, approx, model.config, n, len(timeline), variants)
     took = time.perf_counter() - t0
     head = (f"{len(asks)} queries, a seeded sample of {len(sample):,} of the {n:,} windows, "
             f"{len(timeline)} snapshots; exact TracIn from the exact pass; {took / 60:.1f} min")
     print(head)
     print("\n".join(lines))
-    np.savez(Path("/tmp") / "why_quality.npz", exact=exact, sample=sample,
+    np.savez(Path("/tmp") / f"why_quality-{len(sample)}.npz", exact=exact, sample=sample,
              **{label: a for label, a in approx.items()})
     if args.write:
         write_results(head, lines)
