@@ -160,11 +160,11 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=1024)
     ap.add_argument("--queries", type=int, default=12)
     ap.add_argument("--write", action="store_true")
-    ap.add_argument("--variants", default="all", help="comma-separated labels of VARIANTS, "
+    ap.add_argument("--variants", default="all", help="labels of VARIANTS separated by ';', "
                     "or 'all'")
     args = ap.parse_args()
     variants = VARIANTS if args.variants == "all" else [
-        v for v in VARIANTS if v[0] in args.variants.split(",")]
+        v for v in VARIANTS if v[0] in args.variants.split(";")]
     t0 = time.perf_counter()
     model, index, timeline, n, sample, asks = setup(args.windows, args.queries)
     exact, approx = measure(model, index, timeline, n, sample, asks, variants)
