@@ -789,6 +789,65 @@ def test_an_attention_weights_gradient_and_its_exact_scores(make_params):
     np.testing.assert_allclose(got[0, 0], naive, rtol=1e-10, atol=1e-12)
 
 
+def test_an_sae_latents_gradient_and_its_exact_scores(make_params, monkeypatch):
+    """why --value sae.SITE.N[P]: the query starts at the residual stream
+    (model.backward_from_stream) with the latent's encoder column; against finite differences
+    of the latent itself, and its exact scores against the naive loop."""
+    from types import SimpleNamespace
+
+    from tinygpt_cli.analysis import sae as sae_mod
+    from tinygpt_cli.model import run_traced
+
+    config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
+    params = make_params(config, seed=5)
+    rng = np.random.default_rng(4)
+    m = 6
+    sae = sae_mod.SAE(rng.normal(size=(8, m)), rng.normal(size=m) + 2.0,
+                      rng.normal(size=(m, 8)), rng.normal(size=8) * 0.1,
+                      "layers.0.resid_post", k=m)
+    monkeypatch.setattr(sae_mod, "site_sae", lambda *a, **k: sae)
+    ids = [4, 2, 9, 4, 1]
+    z = sae_mod.encode(sae, run_traced(params, config, np.asarray(ids)).values[
+        "layers.0.resid_post"])
+    latent = int(np.argmax(z[2]))
+    model = SimpleNamespace(config=config, params=params, weights_file=Path("w"))
+    v = why.value_of(model, ids, f"sae.layers.0.resid_post.{latent}[2]", 0, None)
+    assert v.amount == pytest.approx(z[2, latent])
+    q = v.make(params)
+
+    def latent_of(p):
+        h = run_traced(p, config, np.asarray(ids)).values["layers.0.resid_post"]
+        return sae_mod.encode(sae, h)[2, latent]
+
+    for name, idx in (("embed.W_E", (9, 2)), ("layers.0.attn.W_QKV", (1, 5)),
+                      ("layers.0.mlp.W_in", (2, 3)), ("embed.W_pos", (2, 1))):
+        up = {k: a.copy() for k, a in params.items()}
+        down = {k: a.copy() for k, a in params.items()}
+        up[name][idx] += 1e-6
+        down[name][idx] -= 1e-6
+        assert -q.grads[name][idx] == pytest.approx((latent_of(up) - latent_of(down)) / 2e-6,
+                                                    rel=1e-5, abs=1e-9), name
+    assert not q.grads["layers.1.attn.W_QKV"].any() and not q.grads["ln_final.w"].any()
+    from tinygpt_cli.analysis import exact_tracin as ex
+
+    stream = np.random.default_rng(2).integers(0, 13, 6 * 4 + 1)
+    x, y = why.windows(stream, 6)
+    got = ex.scores_over_stream([(params, 2.0, [q])], config, stream, batch=3, workers=1)
+    names = sorted(params)
+    flat = why.flatten(q.grads, names)
+    naive = [2.0 * why.flatten(why.window_gradient(params, config, x[w], y[w]), names) @ flat
+             for w in range(len(x))]
+    np.testing.assert_allclose(got[0, 0], naive, rtol=1e-10, atol=1e-12)
+    from tinygpt_cli.errors import InputError
+
+    off = int(np.flatnonzero(z[2] == 0)[0]) if (z[2] == 0).any() else None
+    if off is not None:
+        with pytest.raises(InputError, match="not active"):
+            why.value_of(model, ids, f"sae.layers.0.resid_post.{off}[2]", 0, None)
+    with pytest.raises(InputError, match="residual stream"):
+        why.value_of(model, ids, "sae.layers.0.mlp_out.1", 0, None)
+
+
 def test_why_exact_scores_every_window_by_the_definition_and_finds_the_fact(cli, run,
                                                                            monkeypatch, tmp_path):
     """why --exact: the planted fact's windows first, each row's score TracIn by its

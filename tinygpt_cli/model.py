@@ -806,6 +806,19 @@ def backward_from_attention(params: dict[str, np.ndarray], config: Config,
     return {n: g.grads.get(n, np.zeros_like(a)) for n, a in params.items()}, g.dv
 
 
+def backward_from_stream(params: dict[str, np.ndarray], config: Config,
+                         values: dict[str, np.ndarray], layer: int, dh: np.ndarray,
+                         ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Gradients of a scalar of the residual stream after block `layer` (d scalar /
+    d layers.{layer}.resid_post [T, d]; layer -1: the embeddings), for every parameter (zero
+    above it) and every recorded value below it."""
+    g = Gradients(params, config, values, None, wrt_values=True)
+    for i in reversed(range(layer + 1)):
+        dh = block_backward(g, i, dh)
+    embed_backward(g, dh)
+    return {n: g.grads.get(n, np.zeros_like(a)) for n, a in params.items()}, g.dv
+
+
 def loss_and_grads(params, config, ids, targets, *, dropout=0.0, rng=None):
     """One training step's worth of math: mean cross-entropy and its gradients."""
     rec = Record()

@@ -70,19 +70,25 @@ class Query:
 
 
 def query(params, config: Config, ids: list[int], dlogits_of=None, hooks=None,
-          attention: tuple | None = None) -> Query:
+          attention: tuple | None = None, stream: tuple | None = None) -> Query:
     """The gradient of a scalar of the text `ids` run through `hooks` (steering): one of its
     logits, d scalar / d logits = dlogits_of(logits [T, V]); or, with attention = (layer,
     dweights_of), one of block `layer`'s attention weights, d scalar / d weights =
-    dweights_of(weights [H, T, T])."""
+    dweights_of(weights [H, T, T]); or, with stream = (layer, dh_of), one of the residual
+    stream after block `layer` (-1: the embeddings), d scalar / d it = dh_of(it [T, d])."""
     from ..hooks import Chain, Record
-    from ..model import backward, backward_from_attention, forward
+    from ..model import backward, backward_from_attention, backward_from_stream, forward
 
     rec = Record()
     x = np.asarray(ids)
     logits = forward(params, config, x, hooks=Chain(hooks, rec))
     v = rec.values
-    if attention is None:
+    if stream is not None:
+        layer, dh_of = stream
+        dlogits = np.zeros_like(logits)
+        at = f"layers.{layer}.resid_post" if layer >= 0 else "embeddings"
+        grads, dv = backward_from_stream(params, config, v, layer, dh_of(v[at]))
+    elif attention is None:
         dlogits = dlogits_of(logits)
         grads, dv = backward(params, config, v, dlogits, wrt_values=True)
     else:

@@ -410,6 +410,55 @@ class Value:
     make: Callable
 
 
+LATENT = r"(sae\.[\w.]+?)(?:\[\s*(-?\d+)\s*\])?"
+
+
+def _latent_value(model, ids: list[int], value: str, hooks=None) -> Value:
+    """`sae.SITE.N[P]`: latent N of the weights folder's SAE at SITE (a residual stream,
+    layers.L.resid_pre or resid_post), at position P (default the last). Its gradient at
+    the stream is its encoder column where it is active (a TopK, ReLU or JumpReLU SAE that
+    does not normalise its input)."""
+    import re
+
+    from ..errors import InputError
+    from ..model import run_traced
+    from . import exact_tracin as ex
+    from .sae import encode, parse_latent_path, site_sae
+
+    config, t = model.config, len(ids)
+    found = re.fullmatch(LATENT, value)
+    site, latent = parse_latent_path(found.group(1) if found else value, config)
+    p = int(found.group(2)) if found and found.group(2) is not None else -1
+    kind = re.fullmatch(r"layers\.(\d+)\.(resid_pre|resid_post)", site)
+    if latent is None or kind is None or not -t <= p < t:
+        raise InputError(f"--value {value}: give an SAE latent as sae.SITE.N[POSITION] at a "
+                         "residual stream (layers.L.resid_pre or resid_post), the position one "
+                         f"of the text's {t} tokens")
+    layer = int(kind.group(1)) - (kind.group(2) == "resid_pre")
+    sae = site_sae(model.weights_file, config, site)
+    if sae.normalize != "none" or not 0 <= latent < sae.n_latents:
+        raise InputError(f"--value {value}: {sae.path} has latents 0 to {sae.n_latents - 1}"
+                         + (" and normalises its input, which --value cannot follow yet"
+                            if sae.normalize != "none" else ""))
+    x = run_traced(model.params, config, np.asarray(ids), hooks=hooks).values[site]
+    z = float(encode(sae, x)[p, latent])
+    if z == 0:
+        raise InputError(f"--value {value}: latent {latent} is 0 at position {p % t} (not "
+                         "active), so no training step moved it; pick an active one "
+                         f"(tinygpt trace TEXT {site and 'sae.' + site})")
+    column = sae.W_enc[:, latent] * (float(np.linalg.norm(sae.W_dec[latent]))
+                                     if sae.rescale else 1.0)
+
+    def seed(h):  # minus the latent's gradient, where it is active at these weights
+        d = np.zeros_like(h)
+        if encode(sae, h[p])[latent] > 0:
+            d[p] = -column
+        return d
+
+    return Value(value, z, lambda q: ex.query(q, config, ids, None, hooks,
+                                              stream=(layer, seed)))
+
+
 def value_of(model, ids: list[int], value: str | None, target: int, vs: int | None,
              hooks=None) -> Value:
     """--value PATH (an attention weight layers.L.heads.H.weights[i,j], or a head's detector
@@ -433,6 +482,8 @@ def value_of(model, ids: list[int], value: str | None, target: int, vs: int | No
         name = f"logit[{target}] - logit[{vs}]"
         return Value(name, float(z[target] - z[vs]),
                      lambda p: ex.query(p, config, ids, dlogits_of, hooks))
+    if value.startswith("sae."):
+        return _latent_value(model, ids, value, hooks)
     weight, detector = re.fullmatch(HEAD_WEIGHT, value), re.fullmatch(DETECTOR, value)
     if weight:
         layer, head, i, j = (int(g) for g in weight.groups())
@@ -458,7 +509,8 @@ def value_of(model, ids: list[int], value: str | None, target: int, vs: int | No
     else:
         raise InputError(f"--value {value!r}: give an attention weight "
                          "layers.L.heads.H.weights[ROW,COL] or a head's score on the text "
-                         "KIND:LxHy (KIND previous_token, duplicate_token or induction)")
+                         "KIND:LxHy (KIND previous_token, duplicate_token or induction), or an "
+                         "SAE latent sae.SITE.N[POSITION]")
     if not (0 <= layer < config.n_layer and 0 <= head < config.n_head):
         raise InputError(f"--value {value}: this model has {config.n_layer} layers of "
                          f"{config.n_head} heads")
