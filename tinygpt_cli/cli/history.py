@@ -110,9 +110,11 @@ def why(
                                "top 10 and top 50, and the rank correlation (minutes)."),
     value: str = typer.Option(None, "--value", metavar="PATH", help="Explain this scalar of "
                               "the text's forward pass instead of the next token, exactly: an "
-                              "attention weight layers.L.heads.H.weights[ROW,COL], or a head's "
+                              "attention weight layers.L.heads.H.weights[ROW,COL], a head's "
                               "score on the text induction:L1H2 (previous_token:, "
-                              "duplicate_token:).", show_default=False),
+                              "duplicate_token:), or an SAE latent sae.SITE.N[POSITION] (the "
+                              "weights folder's SAE; default the last position).",
+                              show_default=False),
     vs: str = typer.Option(None, "--vs", help="Explain logit[target] - logit[vs] at the last "
                            "position instead of the target's chance, exactly.",
                            show_default=False),
