@@ -992,6 +992,8 @@ def test_why_value_ranks_windows_by_how_much_they_raised_that_scalar(cli, run):
     assert bad.code == 2 and "the column at most the row" in bad.err
     assert cli("why", "The frog Quixby", "--value", "logits[3]", *data).code == 2
     assert cli("why", "The frog Quixby", "--vs", " the", "--check", *data).code == 2
+    same = cli("why", "The frog Quixby", "--target", " zooms", "--vs", " zooms", *data)
+    assert same.code == 2 and "the target itself" in same.err
 
 
 def test_token_contributions_add_up_to_the_gradient_dot_product(make_params):

@@ -473,6 +473,10 @@ def value_of(model, ids: list[int], value: str | None, target: int, vs: int | No
 
     config, t = model.config, len(ids)
     if value is None:
+        if vs == target:
+            raise InputError(f"--vs is the target itself (id {target}): logit[target] - "
+                             "logit[vs] is 0 whatever the weights; give another token")
+
         def dlogits_of(z):
             d = np.zeros_like(z)
             d[-1, vs], d[-1, target] = 1.0, -1.0
@@ -617,6 +621,7 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     its ranking agrees with the exact one (agreement). `value` (value_of's forms) or `vs`
     (logit[target] - logit[vs]): that scalar explained instead of the next token, exactly."""
     from ..errors import InputError
+    from ..session import token_id
     from . import exact_tracin as ex
     from . import history as hist
     from .why_index import cannot_keep, index_folder, open_index, writable_index
@@ -624,8 +629,6 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     config = model.config
     # TracIn's projected gradients are written site by site for GPT-2's block
     require(config, "why")
-    from ..session import token_id
-
     asks = [(q, _target_of(model, q, target, hooks)) for q in [ids, *more]]
     exact = exact or value is not None or vs is not None
     values = [value_of(model, q, value, t, None if vs is None else token_id(model, vs), hooks)
