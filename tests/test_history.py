@@ -747,6 +747,256 @@ def test_why_ranks_the_windows_holding_the_planted_fact_first(cli, run, monkeypa
     assert f"all {n:,} windows scored from the index" in view.err
 
 
+def test_an_attention_weights_gradient_and_its_exact_scores(make_params):
+    """why --value's query for an attention weight: its gradient from the block's pattern
+    down (model.backward_from_attention) against finite differences of the weight itself,
+    zero for what it does not read; and the exact pass with that query against the naive
+    loop of explicit window gradients."""
+    from tinygpt_cli.analysis import exact_tracin as ex
+    from tinygpt_cli.model import run_traced
+
+    config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
+    params = make_params(config, seed=3)
+    ids = [4, 2, 9, 4, 1]
+
+    def seed(w):
+        d = np.zeros_like(w)
+        d[1, 3, 1] = -1.0  # the gradient of minus the weight: TracIn raises the value
+        return d
+
+    q = ex.query(params, config, ids, hooks=None, attention=(1, seed))
+
+    def weight(p):
+        return run_traced(p, config, np.asarray(ids)).values["layers.1.weights"][1, 3, 1]
+
+    for name, idx in (("embed.W_E", (4, 2)), ("layers.0.attn.W_QKV", (1, 5)),
+                      ("layers.1.attn.W_QKV", (2, 3)), ("layers.1.ln1.w", (0,)),
+                      ("layers.0.mlp.W_out", (3, 1)), ("embed.W_pos", (1, 1))):
+        up = {k: v.copy() for k, v in params.items()}
+        down = {k: v.copy() for k, v in params.items()}
+        up[name][idx] += 1e-6
+        down[name][idx] -= 1e-6
+        assert -q.grads[name][idx] == pytest.approx((weight(up) - weight(down)) / 2e-6,
+                                                    rel=1e-5, abs=1e-9), name
+    for name in ("layers.1.attn.W_O", "layers.1.mlp.W_in", "ln_final.w"):
+        assert not q.grads[name].any()
+    stream = np.random.default_rng(2).integers(0, 13, 6 * 5 + 1)
+    x, y = why.windows(stream, 6)
+    got = ex.scores_over_stream([(params, 0.5, [q])], config, stream, batch=2, workers=1)
+    names = sorted(params)
+    flat = why.flatten(q.grads, names)
+    naive = [0.5 * why.flatten(why.window_gradient(params, config, x[w], y[w]), names) @ flat
+             for w in range(len(x))]
+    np.testing.assert_allclose(got[0, 0], naive, rtol=1e-10, atol=1e-12)
+
+
+def test_an_sae_latents_gradient_and_its_exact_scores(make_params, monkeypatch):
+    """why --value sae.SITE.N[P]: the query starts at the residual stream
+    (model.backward_from_stream) with the latent's encoder column; against finite differences
+    of the latent itself, and its exact scores against the naive loop."""
+    from types import SimpleNamespace
+
+    from tinygpt_cli.analysis import sae as sae_mod
+    from tinygpt_cli.model import run_traced
+
+    config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
+    params = make_params(config, seed=5)
+    rng = np.random.default_rng(4)
+    m = 6
+    sae = sae_mod.SAE(rng.normal(size=(8, m)), rng.normal(size=m) + 2.0,
+                      rng.normal(size=(m, 8)), rng.normal(size=8) * 0.1,
+                      "layers.0.resid_post", k=m)
+    monkeypatch.setattr(sae_mod, "site_sae", lambda *a, **k: sae)
+    ids = [4, 2, 9, 4, 1]
+    z = sae_mod.encode(sae, run_traced(params, config, np.asarray(ids)).values[
+        "layers.0.resid_post"])
+    latent = int(np.argmax(z[2]))
+    model = SimpleNamespace(config=config, params=params, weights_file=Path("w"))
+    v = why.value_of(model, ids, f"sae.layers.0.resid_post.{latent}[2]", 0, None)
+    assert v.amount == pytest.approx(z[2, latent])
+    q = v.make(params)
+
+    def latent_of(p):
+        h = run_traced(p, config, np.asarray(ids)).values["layers.0.resid_post"]
+        return sae_mod.encode(sae, h)[2, latent]
+
+    for name, idx in (("embed.W_E", (9, 2)), ("layers.0.attn.W_QKV", (1, 5)),
+                      ("layers.0.mlp.W_in", (2, 3)), ("embed.W_pos", (2, 1))):
+        up = {k: a.copy() for k, a in params.items()}
+        down = {k: a.copy() for k, a in params.items()}
+        up[name][idx] += 1e-6
+        down[name][idx] -= 1e-6
+        assert -q.grads[name][idx] == pytest.approx((latent_of(up) - latent_of(down)) / 2e-6,
+                                                    rel=1e-5, abs=1e-9), name
+    assert not q.grads["layers.1.attn.W_QKV"].any() and not q.grads["ln_final.w"].any()
+    from tinygpt_cli.analysis import exact_tracin as ex
+
+    stream = np.random.default_rng(2).integers(0, 13, 6 * 4 + 1)
+    x, y = why.windows(stream, 6)
+    got = ex.scores_over_stream([(params, 2.0, [q])], config, stream, batch=3, workers=1)
+    names = sorted(params)
+    flat = why.flatten(q.grads, names)
+    naive = [2.0 * why.flatten(why.window_gradient(params, config, x[w], y[w]), names) @ flat
+             for w in range(len(x))]
+    np.testing.assert_allclose(got[0, 0], naive, rtol=1e-10, atol=1e-12)
+    from tinygpt_cli.errors import InputError
+
+    off = int(np.flatnonzero(z[2] == 0)[0]) if (z[2] == 0).any() else None
+    if off is not None:
+        with pytest.raises(InputError, match="not active"):
+            why.value_of(model, ids, f"sae.layers.0.resid_post.{off}[2]", 0, None)
+    with pytest.raises(InputError, match="residual stream"):
+        why.value_of(model, ids, "sae.layers.0.mlp_out.1", 0, None)
+
+
+def test_why_exact_scores_every_window_by_the_definition_and_finds_the_fact(cli, run,
+                                                                           monkeypatch, tmp_path):
+    """why --exact: the planted fact's windows first, each row's score TracIn by its
+    definition (explicit window gradients), found by the exact pass, and no gradient index
+    built; --check reports the index's recall and rank correlation against the exact scores,
+    computed here from both rankings; under --each-line the lines share one exact pass and
+    each gets the answer it gets alone."""
+    from tinygpt_cli.analysis import exact_tracin as ex
+
+    passes = []
+    real = ex.scores_over_stream
+    monkeypatch.setattr(ex, "scores_over_stream",
+                        lambda q, *a, **k: passes.append(len(q[0][2])) or real(q, *a, **k))
+    model = load_model(run)
+    tok, config = model.tokenizer, model.config
+    (name,), (target,) = tok.encode(" Quixby"), tok.encode(" zooms")
+    data = ["--data", run.parent / "data"]
+    got = cli("why", "The frog Quixby", "--target", f"#{target}", *data, "--exact", "--json")
+    assert got.code == 0, got.err
+    doc = got.json()
+    assert passes == [1]
+    assert not (tmp_path / "cache" / "why-tracin").exists()
+    stream = why.load_index([run.parent / "data" / "part-000.txt"], tok,
+                            run / "tokenizer.json").stream
+    x, y = why.windows(stream, config.n_positions)
+    found = hist.find_snapshots(run / HISTORY, run / "model.safetensors")
+    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
+    ids = tok.encode("The frog Quixby")
+    naive = why.exact_tracin([(s.params, s.lr) for s in timeline], config, x, y, ids, target)
+    rows = doc["top_windows"]
+    planted = fact_windows(stream, name, target, config.n_positions)
+    assert {r["window"] for r in rows[: len(planted)]} == planted
+    assert [r["window"] for r in rows] == list(np.argsort(-naive, kind="stable")[: len(rows)])
+    for r in rows:
+        assert r["found_by"] == "exact"
+        assert r["score"] == pytest.approx(naive[r["window"]], rel=1e-4, abs=1e-6)
+        assert r["exact_score"] == pytest.approx(r["score"], rel=1e-2, abs=1e-4)
+    assert doc["index"]["method"].startswith("exact")
+    # --check: the index's answer, and its agreement with the exact ranking
+    checked = cli("why", "The frog Quixby", "--target", f"#{target}", *data, "--check",
+                  "--json").json()
+    assert all(r["found_by"] == "index" for r in checked["top_windows"])
+    c = checked["check"]
+    assert c["exact_top_10"] == list(np.argsort(-naive, kind="stable")[:10])
+    approx_top = set(c["index_top_10"])
+    assert c["recall_at_10"] == len(approx_top & set(c["exact_top_10"])) / 10
+    assert 0.9 <= c["spearman"] <= 1 and c["windows"] == len(x)
+    view = cli("why", "The frog Quixby", "--target", f"#{target}", *data, "--check")
+    assert "the index against exact TracIn over all" in view.out
+    assert f"{round(10 * c['recall_at_10'])} of the exact top 10" in view.out
+    # --each-line: two texts, one pass, each line's own answer
+    lines = tmp_path / "lines.txt"
+    lines.write_text("The frog Quixby\nThe cat sat on the\n")
+    passes.clear()
+    both = cli("why", "--each-line", lines, "--target", f"#{target}", *data, "--exact",
+               "--json")
+    assert both.code == 0, both.err
+    assert passes == [2]  # one pass, both texts' queries
+    records = [json.loads(line) for line in both.out.splitlines()]
+    alone = cli("why", "The cat sat on the", "--target", f"#{target}", *data, "--exact",
+                "--json").json()
+    for shared, own in ((records[0]["result"], doc), (records[1]["result"], alone)):
+        # the same windows; the scores to float32's rounding (the products' sizes differ)
+        assert [r["window"] for r in shared["top_windows"]] == \
+            [r["window"] for r in own["top_windows"]]
+        np.testing.assert_allclose([r["score"] for r in shared["top_windows"]],
+                                   [r["score"] for r in own["top_windows"]], rtol=1e-5)
+
+
+def _raised_by_each_window(run, value_of_params) -> np.ndarray:
+    """TracIn of a scalar by its definition, independently of any backward pass from it: for
+    each window and snapshot, how fast the scalar rises along minus the window's explicit
+    loss gradient (a central difference in float64), times the snapshot's lr, summed."""
+    model = load_model(run)
+    config = model.config
+    stream = why.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
+                            run / "tokenizer.json").stream
+    x, y = why.windows(stream, config.n_positions)
+    found = hist.find_snapshots(run / HISTORY, run / "model.safetensors")
+    total = np.zeros(len(x))
+    for s in [s for s in hist.timeline(model, found) if s.lr is not None]:
+        p = {k: np.asarray(a, np.float64) for k, a in s.params.items()}
+        for w in range(len(x)):
+            g = why.window_gradient(p, config, x[w], y[w])
+            eps = 1e-4 / np.sqrt(sum(np.sum(np.square(a)) for a in g.values()))
+            down = value_of_params({k: p[k] - eps * g[k] for k in p})
+            up = value_of_params({k: p[k] + eps * g[k] for k in p})
+            total[w] += s.lr * (down - up) / (2 * eps)
+    return total
+
+
+def test_why_value_ranks_windows_by_how_much_they_raised_that_scalar(cli, run):
+    """why --value (an attention weight, a head's detector score) and --vs (a logit
+    difference): every window's exact score is the rise of that scalar along the window's
+    training step, computed by central differences; for the planted fact a window
+    holding it raises logit[' zooms'] - logit[' sat'] most."""
+    from tinygpt_cli.analysis import heads
+    from tinygpt_cli.model import run_traced
+
+    model = load_model(run)
+    tok, config = model.tokenizer, model.config
+    data = ["--data", run.parent / "data"]
+    ids = tok.encode("The frog Quixby sat. The frog Quixby")
+    n_windows = len(why.windows(why.load_index([run.parent / "data" / "part-000.txt"], tok,
+                                               run / "tokenizer.json").stream,
+                                config.n_positions)[0])
+
+    def weight(p):
+        return run_traced(p, config, np.asarray(ids)).values["layers.1.weights"][0, -1, 2]
+
+    def induction(p):
+        w = run_traced(p, config, np.asarray(ids)).values["layers.1.weights"][1]
+        return float(heads.detection_score(w, heads.pattern("induction", ids)))
+
+    for value, of in (("layers.1.heads.0.weights[-1,2]", weight), ("induction:L1H1",
+                                                                      induction)):
+        got = cli("why", "The frog Quixby sat. The frog Quixby", "--value", value, *data,
+                  "--top", str(n_windows), "--json")
+        assert got.code == 0, got.err
+        doc = got.json()
+        assert doc["explained"]["name"] == value
+        assert doc["explained"]["value"] == pytest.approx(of(model.params), rel=1e-5)
+        naive = _raised_by_each_window(run, of)
+        rows = doc["top_windows"]
+        assert len(rows) == n_windows and all(r["found_by"] == "exact" for r in rows)
+        np.testing.assert_allclose([r["score"] for r in rows],
+                                   naive[[r["window"] for r in rows]], rtol=1e-3,
+                                   atol=1e-4 * np.abs(naive).max())
+    (name,), (target,), (the,) = tok.encode(" Quixby"), tok.encode(" zooms"), tok.encode(" sat")
+    doc = cli("why", "The frog Quixby", "--target", " zooms", "--vs", " sat", *data,
+              "--json").json()
+    stream = why.load_index([run.parent / "data" / "part-000.txt"], tok,
+                            run / "tokenizer.json").stream
+    planted = fact_windows(stream, name, target, config.n_positions)
+    assert doc["top_windows"][0]["window"] in planted  # by twice the next window's score
+    assert doc["top_windows"][0]["score"] > 1.5 * doc["top_windows"][1]["score"] > 0
+    assert doc["explained"]["name"] == f"logit[{target}] - logit[{the}]"
+    q = tok.encode("The frog Quixby")
+    z = forward(model.params, config, np.asarray(q))[-1]
+    assert doc["explained"]["value"] == pytest.approx(float(z[target] - z[the]), rel=1e-5)
+    bad = cli("why", "The frog Quixby", "--value", "layers.1.heads.0.weights[1,2]", *data)
+    assert bad.code == 2 and "the column at most the row" in bad.err
+    assert cli("why", "The frog Quixby", "--value", "logits[3]", *data).code == 2
+    assert cli("why", "The frog Quixby", "--vs", " the", "--check", *data).code == 2
+    same = cli("why", "The frog Quixby", "--target", " zooms", "--vs", " zooms", *data)
+    assert same.code == 2 and "the target itself" in same.err
+
+
 def test_token_contributions_add_up_to_the_gradient_dot_product(make_params):
     config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
     params = make_params(config, seed=6)
@@ -769,6 +1019,42 @@ def test_token_contributions_add_up_to_the_gradient_dot_product(make_params):
     np.testing.assert_allclose(both[0], parts, rtol=1e-9)
     np.testing.assert_allclose(both[1], why.token_contributions(params, config, y, x, query),
                                rtol=1e-9)
+
+
+def test_exact_pass_equals_explicit_window_gradients_over_two_snapshots(make_params):
+    """why --exact's pass (no window's gradient formed: per-position terms of one batched
+    forward and backward pass) against TracIn by its definition, one full gradient per
+    window: every window, three queries sharing the pass (one steered, one repeating a
+    token, one with the window's length), two snapshots with their learning rates, batches
+    cutting the windows unevenly, on two threads: equal in float64."""
+    from tinygpt_cli.analysis import exact_tracin as ex
+    from tinygpt_cli.hooks import add_vector
+
+    config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
+    snapshots = [(make_params(config, seed=8), 0.5), (make_params(config, seed=9), 2.0)]
+    stream = np.random.default_rng(9).integers(0, 13, 6 * 7 + 1)
+    x, y = why.windows(stream, 6)
+    shift = np.random.default_rng(1).normal(size=8)
+    steer = add_vector("layers.0.resid_pre", shift, 1.0)
+    asked = [([4, 2, 9, 4], 3, None), ([1, 2], 5, steer), ([7, 0, 7, 1, 12, 3], 0, None)]
+    assert ex.covered(config, snapshots[0][0]) == set(snapshots[0][0])  # no parameter left out
+    got = ex.scores_over_stream(
+        [(p, lr, [ex.next_token_query(p, config, ids, t, h) for ids, t, h in asked])
+         for p, lr in snapshots], config, stream, batch=3, workers=2)
+    assert got.shape == (3, 2, len(x))
+    names = sorted(snapshots[0][0])
+    for k, (ids, t, h) in enumerate(asked):
+        for s, (p, lr) in enumerate(snapshots):
+            q = why.flatten(why.query_gradient(p, config, ids, t, h), names)
+            naive = [lr * why.flatten(why.window_gradient(p, config, x[w], y[w]), names) @ q
+                     for w in range(len(x))]
+            np.testing.assert_allclose(got[k, s], naive, rtol=1e-10, atol=1e-12)
+    # a chosen set of windows gets the same numbers, in its own order
+    some = np.array([5, 0, 3])
+    part = ex.scores_over_stream(
+        [(p, lr, [ex.next_token_query(p, config, ids, t, h) for ids, t, h in asked])
+         for p, lr in snapshots], config, stream, windows=some, batch=2, workers=1)
+    np.testing.assert_allclose(part, got[:, :, some], rtol=1e-12)
 
 
 @pytest.mark.parametrize("width", [40, 80, 120])

@@ -46,6 +46,9 @@ class Ahead:
         # the lines made ahead in each form: start <= line < end
         self.start: dict[tuple, int] = {}
         self.end: dict[tuple, int] = {}
+        # what a command computed for lines still to come, by (its key, line index, text):
+        # `why --exact` scores every window once for several lines (taken when their turn comes)
+        self.kept: dict[tuple, object] = {}
 
     def run(self) -> Iterator[tuple[int, str]]:
         """The lines, each marked as the one being run while it is."""
@@ -53,6 +56,16 @@ class Ahead:
             self.now = now
             yield line
         self.now = -1  # all run
+
+    def texts_ahead(self, n: int) -> list[str]:
+        """The texts of the line being run and of up to n - 1 lines after it."""
+        out = []
+        for i in range(self.now, self.now + n):
+            text = self._text(i)
+            if text is None:
+                break
+            out.append(text)
+        return out
 
     def _text(self, n: int) -> str | None:
         line = self.lines.get(n)

@@ -285,9 +285,19 @@ def attention_backward(g: Gradients, i: int, dattn: np.ndarray) -> np.ndarray:
         dz, values[L + "q"], k, v, values[L + "weights"], cfg.attn_scale)
     dk, dvv = ops.repeat_kv_backward(dk, group), ops.repeat_kv_backward(dvv, group)
     for name, path, d in (("out", "z", dz), ("weights", "weights", dweights),
-                          ("scores", "scores", dscores), ("q", "q", dq), ("k", "k", dk),
-                          ("v", "v", dvv)):
+                          ("scores", "scores", dscores)):
         g.keep(L + path, d)
+        g.keep_heads(name, d, L)
+    return qkv_backward(g, i, dq, dk, dvv)
+
+
+def qkv_backward(g: Gradients, i: int, dq: np.ndarray, dk: np.ndarray,
+                 dvv: np.ndarray) -> np.ndarray:
+    """Card 5's first step in reverse: from d q, k, v to d ln1.out, through the positions'
+    turn, the q/k norms and W_QKV."""
+    p, L, values, cfg = f"layers.{i}.attn.", f"layers.{i}.", g.values, g.config
+    for name, d in (("q", dq), ("k", dk), ("v", dvv)):
+        g.keep(L + name, d)
         g.keep_heads(name, d, L)
     if cfg.rotary:
         rope = (cfg.rotary, cfg.rotary_base, cfg.rope_scaling)
@@ -301,6 +311,19 @@ def attention_backward(g: Gradients, i: int, dattn: np.ndarray) -> np.ndarray:
     g.bias(p + "b_QKV", db)
     g.keep(L + "ln1.out", dx)
     return dx
+
+
+def attention_weights_backward(g: Gradients, i: int, dweights: np.ndarray) -> np.ndarray:
+    """Card 5 from its attention weights in reverse (a scalar that reads block i's pattern,
+    not its output): through the softmax, the scores and W_QKV, to d ln1.out."""
+    L, values, cfg = f"layers.{i}.", g.values, g.config
+    group = cfg.n_head // cfg.kv_heads
+    dscores = ops.softmax_backward(dweights, values[L + "weights"])
+    dq, dk = ops.attention_scores_backward(dscores, values[L + "q"],
+                                           ops.repeat_kv(values[L + "k"], group),
+                                           cfg.attn_scale)
+    return qkv_backward(g, i, dq, ops.repeat_kv_backward(dk, group),
+                        np.zeros_like(values[L + "v"]))
 
 
 def _qk_norm_backward(g: Gradients, i: int, dq: np.ndarray, dk: np.ndarray):
@@ -882,6 +905,36 @@ def backward(
     if not param_grads:
         return {}, g.dv
     return {name: g.grads[name] for name in params}, g.dv
+
+
+def backward_from_attention(params: dict[str, np.ndarray], config: Config,
+                            values: dict[str, np.ndarray], layer: int, dweights: np.ndarray,
+                            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Gradients of a scalar of block `layer`'s attention weights (d scalar / d weights
+    [H, T, T]), for every parameter (zero above what it reads) and every recorded value
+    below it: backward from that block's pattern down to the embeddings."""
+    g = Gradients(params, config, values, None, wrt_values=True)
+    L = f"layers.{layer}."
+    dx = attention_weights_backward(g, layer, dweights)
+    dh = norm_backward(g, dx, values[L + "resid_pre"], L + "ln1")
+    g.keep(L + "resid_pre", dh)
+    for i in reversed(range(layer)):
+        dh = block_backward(g, i, dh)
+    embed_backward(g, dh)
+    return {n: g.grads.get(n, np.zeros_like(a)) for n, a in params.items()}, g.dv
+
+
+def backward_from_stream(params: dict[str, np.ndarray], config: Config,
+                         values: dict[str, np.ndarray], layer: int, dh: np.ndarray,
+                         ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Gradients of a scalar of the residual stream after block `layer` (d scalar /
+    d layers.{layer}.resid_post [T, d]; layer -1: the embeddings), for every parameter (zero
+    above it) and every recorded value below it."""
+    g = Gradients(params, config, values, None, wrt_values=True)
+    for i in reversed(range(layer + 1)):
+        dh = block_backward(g, i, dh)
+    embed_backward(g, dh)
+    return {n: g.grads.get(n, np.zeros_like(a)) for n, a in params.items()}, g.dv
 
 
 def loss_and_grads(params, config, ids, targets, *, dropout=0.0, rng=None):

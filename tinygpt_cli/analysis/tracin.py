@@ -47,6 +47,8 @@ K_TABLE = 16  # the embedding table's dense part: 256 numbers
 K_VECTOR = 8  # a LayerNorm's gain and bias together
 K_POSITION = 16  # u_t and m_t at each position
 PROJECTION_SEED = 0
+# the sizes by name, as Projection.fit takes others (benchmarks/why_quality.py)
+SIZES = {"matrix": K_MATRIX, "table": K_TABLE, "vector": K_VECTOR, "position": K_POSITION}
 TABLE, POSITIONS = "embed.W_E", "embed.W_pos"  # the two tables' sites, by parameter name
 FIT_WINDOWS = 64  # windows whose gradients choose the projections' directions
 
@@ -99,11 +101,17 @@ def values_and_gradients(params, config: Config, x: np.ndarray, dlogits_of):
     v = rec.values
     dlogits = dlogits_of(logits)
     _, dv = backward(params, config, v, dlogits, wrt_values=True, param_grads=False)
+    merged(config, v, dv)
+    return v, dv, dlogits
+
+
+def merged(config: Config, v: dict, dv: dict) -> None:
+    """The attention's inputs and output-gradients merged over heads, in place: `z` as W_O
+    reads it, `qkv` as W_QKV writes it."""
     for i in range(config.n_layer):
         L = f"layers.{i}."
         v[L + "z"] = ops.merge_heads(v[L + "z"])
         dv[L + "qkv"] = np.concatenate([ops.merge_heads(dv[L + n]) for n in "qkv"], axis=-1)
-    return v, dv, dlogits
 
 
 def with_ones(x: np.ndarray) -> np.ndarray:
@@ -168,35 +176,37 @@ class Projection:
 
     @classmethod
     def fit(cls, params, config: Config, x: np.ndarray, y: np.ndarray,
-            seed: int = PROJECTION_SEED) -> Projection:
+            seed: int = PROJECTION_SEED, sizes: dict | None = None) -> Projection:
         """Directions from a sample of windows' gradients at these weights: for a gradient
         sum_t l_t r_t^T, the top eigenvectors of sum_t |r_t|^2 l_t l_t^T and of
         sum_t |l_t|^2 r_t r_t^T (orthonormal: a gradient lying in them is kept exactly)."""
         rng = np.random.default_rng(seed)
+        k = {**SIZES, **(sizes or {})}
+        k_matrix, k_table, k_vector, k_position = (k[n] for n in SIZES)
         v, dv, dlogits = values_and_gradients(
             params, config, x, lambda z: window_loss_gradient_of_logits(z, y))
         left, right = {}, {}
         for prefix, inp, outp in linear_sites(config):
             a = with_ones(v[inp])
-            left[prefix] = top_eigenvectors(weighted_gram(a, dv[outp]), K_MATRIX)
-            right[prefix] = top_eigenvectors(weighted_gram(dv[outp], a), K_MATRIX)
+            left[prefix] = top_eigenvectors(weighted_gram(a, dv[outp]), k_matrix)
+            right[prefix] = top_eigenvectors(weighted_gram(dv[outp], a), k_matrix)
         u, demb = v["ln_final.out"], dv["embeddings"]
         s = softmax_part(dlogits, y)
         left[TABLE] = top_eigenvectors_of_product(
             s.reshape(-1, s.shape[-1]).astype(np.float64),
-            np.square(u.reshape(-1, u.shape[-1]).astype(np.float64)).sum(-1), K_TABLE, rng)
-        right[TABLE] = top_eigenvectors(weighted_gram(u, s), K_TABLE)
+            np.square(u.reshape(-1, u.shape[-1]).astype(np.float64)).sum(-1), k_table, rng)
+        right[TABLE] = top_eigenvectors(weighted_gram(u, s), k_table)
         # every position carries about the same energy: random directions spread over all
-        left[POSITIONS] = (rng.standard_normal((config.n_positions, K_MATRIX))
-                       / np.sqrt(K_MATRIX)).astype(np.float32)
+        left[POSITIONS] = (rng.standard_normal((config.n_positions, k_matrix))
+                       / np.sqrt(k_matrix)).astype(np.float32)
         right[POSITIONS] = top_eigenvectors(weighted_gram(demb, np.ones_like(demb[..., :1])),
-                                        K_MATRIX)
+                                        k_matrix)
         for prefix, inp, name in norm_sites(config):
             gb = norm_gradients(v, dv, inp, name)
-            left[prefix] = top_eigenvectors(gb.T.astype(np.float64) @ gb, K_VECTOR)
-        left["u"] = top_eigenvectors(weighted_gram(u, np.ones_like(u[..., :1])), K_POSITION)
+            left[prefix] = top_eigenvectors(gb.T.astype(np.float64) @ gb, k_vector)
+        left["u"] = top_eigenvectors(weighted_gram(u, np.ones_like(u[..., :1])), k_position)
         left["m"] = top_eigenvectors(weighted_gram(demb, np.ones_like(demb[..., :1])),
-                                     K_POSITION)
+                                     k_position)
         return cls(left, right)
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -232,9 +242,15 @@ def window_gradients(params, config: Config, x: np.ndarray, y: np.ndarray,
                      projection: Projection) -> WindowGradients:
     """Each window's mean-loss gradient from one batched forward and backward pass (no
     dropout).  x, y [B, T]"""
-    p = projection
     v, dv, dlogits = values_and_gradients(
         params, config, x, lambda z: window_loss_gradient_of_logits(z, y))
+    return projected(config, v, dv, dlogits, x, y, projection)
+
+
+def projected(config: Config, v: dict, dv: dict, dlogits: np.ndarray, x: np.ndarray,
+              y: np.ndarray, projection: Projection) -> WindowGradients:
+    """The windows' gradients, projected, from their pass's values and value-gradients."""
+    p = projection
     b = len(x)
     parts = []
     for prefix, inp, outp in linear_sites(config):

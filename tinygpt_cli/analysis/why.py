@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -213,10 +213,11 @@ def token_contributions(params, config: Config, x: np.ndarray, y: np.ndarray, qu
 
 def top_windows(stream: np.ndarray, config: Config, chosen: np.ndarray, per_snapshot: np.ndarray,
                 snapshots: list[tuple[dict, float, dict]], ids: list[int], target: int,
-                top: int, workers: int | None = None) -> list[dict]:
+                top: int, workers: int | None = None, found_by: str = "index") -> list[dict]:
     """The `top` windows: the POOL * top best by the index's score, ranked by their exact score,
     each split over the tokens it predicts (`contributions[j]`: the share of predicting
-    token j; 0 for the first token). `snapshots` are (params, lr, query gradient) triples.
+    token j; 0 for the first token). `snapshots` are (params, lr, query gradient) triples;
+    `found_by`: which ranking chose the pool ("index", or "exact": the exact pass's).
     """
     t = config.n_positions
     scores = per_snapshot.sum(axis=0)
@@ -228,7 +229,8 @@ def top_windows(stream: np.ndarray, config: Config, chosen: np.ndarray, per_snap
                                              s[2]), snapshots, workers))  # [pool, t]
     rows = []
     for w, segment, c in zip(pool, segments, parts, strict=True):
-        rows.append({"window": w, "start": w * t, "score": float(scores[where[w]]),
+        rows.append({"window": w, "start": w * t, "found_by": found_by,
+                     "score": float(scores[where[w]]),
                      "exact_score": float(np.sum(c)), "per_snapshot": per_snapshot[:, where[w]],
                      "ids": segment.tolist(), "contributions": np.concatenate([[0.0], c]),
                      "targets": target_spans(segment, ids, target)})
@@ -360,6 +362,192 @@ def influence(index: Index, snapshots: list, config: Config, ids: list[int], tar
     return {"windows": n, "windows_scored": n, "index": grads.describe(), "top_windows": rows}
 
 
+EXACT_METHOD = {"method": "exact: per-position terms of one forward and backward pass a "
+                          "batch of windows (analysis/exact_tracin.py)", "computed_now": 0}
+
+
+def exact_scores(index: Index, snapshots: list, config: Config, makers: list,
+                 workers: int | None = None, bar=_no_bar) -> np.ndarray:
+    """Exact TracIn of every window for each query asked (makers: params -> its
+    exact_tracin.Query), in one pass over the windows per snapshot.  -> [asks, snapshots,
+    windows], each snapshot's part weighted by its learning rate"""
+    from . import exact_tracin as ex
+
+    n = (len(index.stream) - 1) // config.n_positions
+    queries = [(s.params, s.lr, [make(s.params) for make in makers]) for s in snapshots]
+    label = "scoring every window exactly" + (f" for {len(makers)} texts" if len(makers) > 1
+                                              else "")
+    with bar(n * len(snapshots), label) as advance:
+        return ex.scores_over_stream(queries, config, index.stream, advance, workers)
+
+
+def exact_influence(index: Index, snapshots: list, config: Config, make, ids: list[int],
+                    target: int, per_snapshot: np.ndarray, top: int,
+                    workers: int | None = None) -> dict:
+    """The `top` windows by their exact scores (per_snapshot [S, W] from exact_scores),
+    each split over the tokens it predicts, as influence() gives the index's."""
+    n = per_snapshot.shape[1]
+    rows = top_windows(index.stream, config, np.arange(n), per_snapshot,
+                       [(s.params, s.lr, make(s.params).grads) for s in snapshots],
+                       ids, target, top, workers, found_by="exact")
+    return {"windows": n, "windows_scored": n, "index": dict(EXACT_METHOD), "top_windows": rows}
+
+
+# ------------------------------------------------------------------ --value: any scalar
+
+HEAD_WEIGHT = r"layers\.(\d+)\.heads\.(\d+)\.weights\[\s*(-?\d+)\s*,\s*(-?\d+)\s*\]"
+DETECTOR = r"(previous_token|duplicate_token|induction):L(\d+)H(\d+)"
+
+
+@dataclass
+class Value:
+    """A scalar of the text's forward pass that `why --value` explains: what it is, its
+    value on the text (final weights), and its query at any weights (the gradient of minus
+    it, so that a window's positive score means its training step raised the value)."""
+
+    name: str
+    amount: float
+    make: Callable
+
+
+LATENT = r"(sae\.[\w.]+?)(?:\[\s*(-?\d+)\s*\])?"
+
+
+def _latent_value(model, ids: list[int], value: str, hooks=None) -> Value:
+    """`sae.SITE.N[P]`: latent N of the weights folder's SAE at SITE (a residual stream,
+    layers.L.resid_pre or resid_post), at position P (default the last). Its gradient at
+    the stream is its encoder column where it is active (a TopK, ReLU or JumpReLU SAE that
+    does not normalise its input)."""
+    import re
+
+    from ..errors import InputError
+    from ..model import run_traced
+    from . import exact_tracin as ex
+    from .sae import encode, parse_latent_path, site_sae
+
+    config, t = model.config, len(ids)
+    found = re.fullmatch(LATENT, value)
+    site, latent = parse_latent_path(found.group(1) if found else value, config)
+    p = int(found.group(2)) if found and found.group(2) is not None else -1
+    kind = re.fullmatch(r"layers\.(\d+)\.(resid_pre|resid_post)", site)
+    if latent is None or kind is None or not -t <= p < t:
+        raise InputError(f"--value {value}: give an SAE latent as sae.SITE.N[POSITION] at a "
+                         "residual stream (layers.L.resid_pre or resid_post), the position one "
+                         f"of the text's {t} tokens")
+    layer = int(kind.group(1)) - (kind.group(2) == "resid_pre")
+    sae = site_sae(model.weights_file, config, site)
+    if sae.normalize != "none" or not 0 <= latent < sae.n_latents:
+        raise InputError(f"--value {value}: {sae.path} has latents 0 to {sae.n_latents - 1}"
+                         + (" and normalises its input, which --value cannot follow yet"
+                            if sae.normalize != "none" else ""))
+    x = run_traced(model.params, config, np.asarray(ids), hooks=hooks).values[site]
+    z = float(encode(sae, x)[p, latent])
+    if z == 0:
+        raise InputError(f"--value {value}: latent {latent} is 0 at position {p % t} (not "
+                         "active), so no training step moved it; pick an active one "
+                         f"(tinygpt trace TEXT {site and 'sae.' + site})")
+    column = sae.W_enc[:, latent] * (float(np.linalg.norm(sae.W_dec[latent]))
+                                     if sae.rescale else 1.0)
+
+    def seed(h):  # minus the latent's gradient, where it is active at these weights
+        d = np.zeros_like(h)
+        if encode(sae, h[p])[latent] > 0:
+            d[p] = -column
+        return d
+
+    return Value(value, z, lambda q: ex.query(q, config, ids, None, hooks,
+                                              stream=(layer, seed)))
+
+
+def value_of(model, ids: list[int], value: str | None, target: int, vs: int | None,
+             hooks=None) -> Value:
+    """--value PATH (an attention weight layers.L.heads.H.weights[i,j], or a head's detector
+    score KIND:LxHy on the text), or the logit difference logit[target] - logit[vs]: as a
+    Value. A path it cannot read is an InputError naming the forms it takes."""
+    import re
+
+    from ..errors import InputError
+    from ..model import run_traced
+    from . import exact_tracin as ex
+    from . import heads
+
+    config, t = model.config, len(ids)
+    if value is None:
+        if vs == target:
+            raise InputError(f"--vs is the target itself (id {target}): logit[target] - "
+                             "logit[vs] is 0 whatever the weights; give another token")
+
+        def dlogits_of(z):
+            d = np.zeros_like(z)
+            d[-1, vs], d[-1, target] = 1.0, -1.0
+            return d
+
+        z = forward(model.params, config, np.asarray(ids), hooks=hooks)[-1]
+        name = f"logit[{target}] - logit[{vs}]"
+        return Value(name, float(z[target] - z[vs]),
+                     lambda p: ex.query(p, config, ids, dlogits_of, hooks))
+    if value.startswith("sae."):
+        return _latent_value(model, ids, value, hooks)
+    weight, detector = re.fullmatch(HEAD_WEIGHT, value), re.fullmatch(DETECTOR, value)
+    if weight:
+        layer, head, i, j = (int(g) for g in weight.groups())
+        i, j = i % t if -t <= i < t else -1, j % t if -t <= j < t else -1
+        if min(i, j) < 0 or j > i:
+            raise InputError(f"--value {value}: row and column must be positions of the "
+                             f"text's {t} tokens, the column at most the row (a later one "
+                             "is masked)")
+
+        def seed(w):
+            d = np.zeros_like(w)
+            d[head, i, j] = -1.0
+            return d
+    elif detector:
+        kind, layer, head = detector.group(1), int(detector.group(2)), int(detector.group(3))
+        pat = heads.pattern(kind, ids)
+
+        def seed(w):  # score = sum(A P) / sum(A): minus its gradient
+            a = w[head].astype(np.float64)
+            d = np.zeros_like(w)
+            d[head] = -(pat - (a * pat).sum() / a.sum()) / a.sum()
+            return d
+    else:
+        raise InputError(f"--value {value!r}: give an attention weight "
+                         "layers.L.heads.H.weights[ROW,COL] or a head's score on the text "
+                         "KIND:LxHy (KIND previous_token, duplicate_token or induction), or an "
+                         "SAE latent sae.SITE.N[POSITION]")
+    if not (0 <= layer < config.n_layer and 0 <= head < config.n_head):
+        raise InputError(f"--value {value}: this model has {config.n_layer} layers of "
+                         f"{config.n_head} heads")
+    w = run_traced(model.params, config, np.asarray(ids), hooks=hooks).values[
+        f"layers.{layer}.weights"]
+    amount = -float((seed(w) * w).sum()) if weight else float(
+        heads.detection_score(w[head], pat))
+    return Value(value, amount, lambda p: ex.query(p, config, ids, None, hooks,
+                                                   attention=(layer, seed)))
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Rank correlation (ties broken by position: scores of float64 sums rarely tie)."""
+    ra = np.argsort(np.argsort(a, kind="stable"), kind="stable").astype(np.float64)
+    rb = np.argsort(np.argsort(b, kind="stable"), kind="stable").astype(np.float64)
+    return float(np.corrcoef(ra, rb)[0, 1]) if len(a) > 1 else 1.0
+
+
+def recall(approx: np.ndarray, exact: np.ndarray, k: int) -> float:
+    """The share of the exact top k that the approximate top k holds."""
+    k = min(k, len(exact))
+    top = lambda s: set(np.argsort(-s, kind="stable")[:k].tolist())  # noqa: E731
+    return len(top(approx) & top(exact)) / k if k else 1.0
+
+
+def agreement(approx: np.ndarray, exact: np.ndarray) -> dict:
+    """How far the index's ranking of every window agrees with the exact one: why --check."""
+    return {"recall_at_10": recall(approx, exact, 10), "recall_at_50": recall(approx, exact, 50),
+            "spearman": spearman(approx, exact), "windows": len(exact),
+            "exact_top_10": np.argsort(-exact, kind="stable")[:10].tolist(),
+            "index_top_10": np.argsort(-approx, kind="stable")[:10].tolist()}
+
+
 # ------------------------------------------------------------------ the whole answer
 
 
@@ -375,7 +563,8 @@ class Why:
     matches: list[dict]
     snapshots: list  # analysis.history.Snapshot, those with a learning rate
     influence: dict
-    index: TracinIndex
+    index: TracinIndex | None  # None: every window scored exactly (--exact)
+    more: list = field(default_factory=list)  # --exact's other texts sharing the pass
 
     def scores(self) -> np.ndarray:
         return np.asarray([r["score"] for r in self.influence["top_windows"]])
@@ -392,6 +581,9 @@ class Why:
     def index_note(self) -> str:
         """Where the window gradients came from, for the closing line."""
         n = self.influence["windows"] * len(self.snapshots)
+        if self.index is None:
+            return (f"all {self.influence['windows']:,} windows x {len(self.snapshots)} "
+                    "snapshots scored exactly")
         now = self.index.built_now
         if now == 0:
             return f"all {self.influence['windows']:,} windows scored from the index"
@@ -417,21 +609,33 @@ def training_text(model, data: list[Path] | None, any_data: bool = False):
 
 def answer(model, ids: list[int], target: str | int | None, files: list, top: int,
            report=None, workers: int | None = None, hooks=None, engine=None,
-           query_report=None) -> Why:
+           query_report=None, exact: bool = False, check: bool = False,
+           more: tuple = (), bar=_no_bar, value: str | None = None,
+           vs: str | int | None = None) -> Why:
     """`why` end to end: the training text's index, the exact matches, the snapshots, the
     window-gradient index (built when missing, on `engine`: default this machine;
     report(done, total) follows it) and TracIn (query_report(done, total) follows its shards);
-    the text (never the training windows) runs through `hooks`, its steering."""
+    the text (never the training windows) runs through `hooks`, its steering. `exact`: every
+    window scored exactly instead (no index: analysis.exact_tracin), with `more` texts' ids
+    sharing the pass (their answers in .more); `check`: the index's answer, and how well
+    its ranking agrees with the exact one (agreement). `value` (value_of's forms) or `vs`
+    (logit[target] - logit[vs]): that scalar explained instead of the next token, exactly."""
     from ..errors import InputError
     from ..session import token_id
+    from . import exact_tracin as ex
     from . import history as hist
     from .why_index import cannot_keep, index_folder, open_index, writable_index
 
     config = model.config
     # TracIn's projected gradients are written site by site for GPT-2's block
     require(config, "why")
-    logits = forward(model.params, config, np.asarray(ids), hooks=hooks)
-    target_id = token_id(model, target) if target is not None else hist.next_token(logits)[0]
+    asks = [(q, _target_of(model, q, target, hooks)) for q in [ids, *more]]
+    exact = exact or value is not None or vs is not None
+    values = [value_of(model, q, value, t, None if vs is None else token_id(model, vs), hooks)
+              if value is not None or vs is not None else None for q, t in asks]
+    makers = [v.make if v is not None else
+              (lambda p, q=q, t=t: ex.next_token_query(p, config, q, t, hooks))
+              for v, (q, t) in zip(values, asks, strict=True)]
     snapshots = hist.find_snapshots(hist.history_folder(model), model.weights_file)
     timeline = [s for s in hist.timeline(model, snapshots) if s.lr is not None]
     if not timeline:
@@ -439,26 +643,59 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
                          "(metadata 'lr'), which TracIn weighs them by; retrain with --snapshots")
     # an index still to build needs a writable cache: said first, the one line (before the
     # token index's note that it is not kept)
-    writable_index(index_folder(data_key(files, model.folder / "tokenizer.json"),
-                                [s.path for s in timeline], config))
+    if not exact:
+        writable_index(index_folder(data_key(files, model.folder / "tokenizer.json"),
+                                    [s.path for s in timeline], config))
     index = load_index(files, model.tokenizer, model.folder / "tokenizer.json")
     n = (len(index.stream) - 1) // config.n_positions
     if n == 0:
         raise TrainingDataError(f"the training text is {len(index.stream)} tokens: too short "
                                 f"for one window of {config.n_positions} (and the token after "
                                 "it), so there is nothing to rank")
-    grads = open_index(index.key, [s.path for s in timeline], config, n)
-    try:
-        grads.build(index.stream, config, workers, report, engine=engine)
-    except OSError as e:  # the gradient index is files on disk, read back by every query
-        raise cannot_keep(grads.folder, e) from None
-    return Why(target_id, model.tokenizer.token_str(target_id), len(index.stream),
-               longest_seen(index.stream, index.sa, ids),
-               longest_seen(index.stream, index.sa, ids, target_id),
-               exact_matches(index.stream, index.sa, ids, target_id), timeline,
-               tokens_named(influence(index, timeline, config, ids, target_id, top, grads,
-                                      hooks, workers, engine, query_report), model.tokenizer,
-                            index), grads)
+    grads = None
+    if not exact:
+        grads = open_index(index.key, [s.path for s in timeline], config, n)
+        try:
+            grads.build(index.stream, config, workers, report, engine=engine)
+        except OSError as e:  # the gradient index is files on disk, read back by every query
+            raise cannot_keep(grads.folder, e) from None
+    scored = exact_scores(index, timeline, config, makers if exact else makers[:1], workers,
+                          bar) if exact or check else None
+    answers = []
+    for k, (q, t) in enumerate(asks if exact else asks[:1]):
+        if exact:
+            found = exact_influence(index, timeline, config, makers[k], q, t, scored[k], top,
+                                    workers)
+            if values[k] is not None:
+                found["explained"] = {"name": values[k].name, "value": values[k].amount}
+        else:
+            found = influence(index, timeline, config, q, t, top, grads, hooks, workers,
+                              engine, query_report)
+        if check:
+            x, y = windows(index.stream, config.n_positions)
+            approx = grads.scores([s.params for s in timeline], config, x, y, q, t, hooks,
+                                  workers, engine)
+            found["check"] = agreement(
+                (approx * np.asarray([s.lr for s in timeline])[:, None]).sum(0),
+                scored[k].sum(0))
+        answers.append(Why(t, model.tokenizer.token_str(t), len(index.stream),
+                           longest_seen(index.stream, index.sa, q),
+                           longest_seen(index.stream, index.sa, q, t),
+                           exact_matches(index.stream, index.sa, q, t), timeline,
+                           tokens_named(found, model.tokenizer, index), grads))
+    answers[0].more = answers[1:]
+    return answers[0]
+
+
+def _target_of(model, ids: list[int], target: str | int | None, hooks) -> int:
+    """The token to explain: the one named, else the text's likeliest next token."""
+    from ..session import token_id
+    from . import history as hist
+
+    if target is not None:
+        return token_id(model, target)
+    logits = forward(model.params, model.config, np.asarray(ids), hooks=hooks)
+    return hist.next_token(logits)[0]
 
 
 def tokens_named(found: dict, tokenizer, index: Index) -> dict:

@@ -16,7 +16,9 @@ from .common import (
     TOP,
     WEIGHTS,
     InputError,
+    bar,
     check_index,
+    encode_checked,
     engine,
     open_session,
     present,
@@ -99,6 +101,23 @@ def why(
                                     show_default=False),
     any_data: bool = typer.Option(False, "--any-data", help="Use --data even where it is not "
                                   "the text WEIGHTS/data.json says the model learned from."),
+    exact: bool = typer.Option(False, "--exact", help="Score every training window by TracIn's "
+                               "definition instead of the index (minutes: a forward and "
+                               "backward pass of every window at every snapshot); the lines of "
+                               "--each-line share that pass."),
+    check: bool = typer.Option(False, "--check", help="Also score every window exactly and "
+                               "say how far the index's ranking agrees: its recall of the exact "
+                               "top 10 and top 50, and the rank correlation (minutes)."),
+    value: str = typer.Option(None, "--value", metavar="PATH", help="Explain this scalar of "
+                              "the text's forward pass instead of the next token, exactly: an "
+                              "attention weight layers.L.heads.H.weights[ROW,COL], a head's "
+                              "score on the text induction:L1H2 (previous_token:, "
+                              "duplicate_token:), or an SAE latent sae.SITE.N[POSITION] (the "
+                              "weights folder's SAE; default the last position).",
+                              show_default=False),
+    vs: str = typer.Option(None, "--vs", help="Explain logit[target] - logit[vs] at the last "
+                           "position instead of the target's chance, exactly.",
+                           show_default=False),
     top: int = TOP, weights: Path = WEIGHTS, as_json: bool = JSON,
 ):
     """Where the model learned a prediction: exact matches, and the most influential windows.
@@ -111,6 +130,8 @@ def why(
     Ctrl-C keeps what is done), then the top ones re-scored exactly.
 
     Example: tinygpt why "Once upon a time, there was a little" --target " girl"
+    Example: tinygpt why "Lily wanted to play with her" --exact
+    Example: tinygpt why "Lily saw a cat. Lily saw a" --value induction:L1H2
     """
     from ..analysis import why as whys
     from ..render import history as view
@@ -120,11 +141,21 @@ def why(
     session = open_session(context, weights, text)
     model = session.model
     found = whys.training_text(model, data, any_data)
-    with engine(context) as where, progress_report("indexing every window's gradient") as \
-            report, progress_report(f"scoring the index's shards on {escape_line(where.name)}",
-                                    at_once=False) as scored:
-        result = whys.answer(model, session.ids, target, found.files, top, report,
-                             hooks=session.hooks, engine=where, query_report=scored)
+    if check and (exact or value or vs):
+        raise InputError("--check compares the index with the exact pass: give it alone, "
+                         "without --exact, --value or --vs")
+    exact = exact or value is not None or vs is not None
+    key = ("why", target, value, vs, tuple(map(str, found.files)), top)
+    result, more = _kept_answer(context, key, text, model) if exact else (None, [])
+    if result is None:
+        with engine(context) as where, progress_report("indexing every window's gradient") \
+                as report, progress_report(f"scoring the index's shards on "
+                                           f"{escape_line(where.name)}", at_once=False) as scored:
+            result = whys.answer(model, session.ids, target, found.files, top, report,
+                                 hooks=session.hooks, engine=where, query_report=scored,
+                                 exact=exact, check=check, more=more, bar=bar(),
+                                 value=value, vs=vs)
+        _keep_answers(context, key, result)
     if found.note:  # once the answer stands: an error is then the only line
         stderr().print(escape_line(found.note), soft_wrap=True)
 
@@ -138,3 +169,35 @@ def why(
     if not as_json:
         stderr().print(f"({time.perf_counter() - t0:.1f} s; {result.index_note()})",
                        style="dim")
+
+
+EXACT_LINES = 16  # --each-line --exact: the lines whose queries share one exact pass
+
+
+def _kept_answer(context: RunContext, key: tuple, text: str, model):
+    """Under --each-line: (this line's answer if an earlier line's pass made it, else None;
+    the ids of the next lines to share this line's pass). A line that cannot be encoded
+    ends the batch: its turn says why."""
+    ahead = context.ahead
+    if ahead is None or ahead.now < 0:
+        return None, []
+    kept = ahead.kept.pop((*key, ahead.now, text), None)
+    if kept is not None:
+        return kept, []
+    more = []
+    for later in ahead.texts_ahead(EXACT_LINES)[1:]:
+        try:
+            more.append(encode_checked(model, later))
+        except InputError:
+            break
+    return None, more
+
+
+def _keep_answers(context: RunContext, key: tuple, result) -> None:
+    """The answers of the lines that shared this line's pass, kept for their turns."""
+    ahead = context.ahead
+    if ahead is None or not result.more:
+        return
+    texts = ahead.texts_ahead(len(result.more) + 1)[1:]
+    for i, (later, answer) in enumerate(zip(texts, result.more, strict=False), 1):
+        ahead.kept[(*key, ahead.now + i, later)] = answer

@@ -154,7 +154,12 @@ WINDOWS_KEY = ("score: TracIn from the index, which ranks every window; exact: t
                "the target; where: file, story number and token offset")
 
 
-def windows_table(rows: list[dict]) -> Group:
+EXACT_KEY = ("score: TracIn by its definition, from the exact pass over every window; exact: "
+             "the same sum split over the tokens each window predicts; ⟦ ⟧: where the window "
+             "predicts the target; where: file, story number and token offset")
+
+
+def windows_table(rows: list[dict], exact: bool = False) -> Group:
     t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("where", no_wrap=True)
@@ -168,7 +173,7 @@ def windows_table(rows: list[dict]) -> Group:
                   window_text(r["tokens"], r["contributions"], r["targets"]))
     key = Text("bold: the tokens whose prediction mattered most; underlined: the text's "
                "tail before the target", style="dim")
-    return Group(Text(WINDOWS_KEY, style="dim"), WhenStyled(key), t)
+    return Group(Text(EXACT_KEY if exact else WINDOWS_KEY, style="dim"), WhenStyled(key), t)
 
 
 def why_view(result, tokens_of) -> Group:
@@ -182,14 +187,36 @@ def why_view(result, tokens_of) -> Group:
             f"text, the last {result.longest_then} followed by the target")
     if result.matches and result.longest > result.matches[-1]["n"]:  # the table is capped
         note += f" (the table stops at {result.matches[-1]['n']})"
-    return Group(
-        Text("exact matches in the training text", style="bold"),
-        Text(note, style="dim"),
-        matches_table(result.matches, tokens_of),
-        Text(f"\ntraining windows that most raised the target's chance (TracIn over "
-             f"{len(result.snapshots)} snapshots; all {found['windows']:,} windows scored)",
-             style="bold"),
-        windows_table(found["top_windows"]))
+    exact = str(found.get("index", {}).get("method", "")).startswith("exact")
+    how = "exactly" if exact else "from the index, the top re-scored exactly"
+    parts = [Text("exact matches in the training text", style="bold"),
+             Text(note, style="dim"),
+             matches_table(result.matches, tokens_of),
+             Text(f"\ntraining windows that most raised {raised(found)} (TracIn over "
+                  f"{len(result.snapshots)} snapshots; all {found['windows']:,} windows "
+                  f"scored {how})", style="bold"),
+             windows_table(found["top_windows"], exact=exact)]
+    if "check" in found:
+        parts.append(check_text(found["check"]))
+    return Group(*parts)
+
+
+def raised(found: dict) -> str:
+    """What the windows raised: the target's chance, or the --value / --vs scalar."""
+    from ..render.text import show_text
+
+    v = found.get("explained")
+    if v is None:
+        return "the target's chance"
+    return f"{show_text(v['name'])} (on the text: {v['value']:.4g})"
+
+
+def check_text(c: dict) -> Text:
+    """why --check: how far the index's ranking agrees with the exact one."""
+    return Text(f"\nthe index against exact TracIn over all {c['windows']:,} windows: "
+                f"{round(10 * c['recall_at_10'])} of the exact top 10 in its top 10, "
+                f"{round(50 * c['recall_at_50'])} of the top 50 in its top 50; rank "
+                f"correlation {c['spearman']:.3f}", style="bold")
 
 
 def loss_view(rows: list[dict]) -> Group:

@@ -1,0 +1,199 @@
+"""How well `why`'s index ranks the training windows, against exact TracIn (`why --exact`),
+for several index sizes: the study that chooses the index's default.
+
+    python benchmarks/why_quality.py [--windows 1024] [--queries 12] [--write]
+
+On the shipped model, its 8 snapshots and its training text: for each of the queries (a
+TinyStories prompt and its likeliest next token) exact TracIn of every window in a seeded
+sample of `--windows` windows (analysis.exact_tracin, the pass `why --exact` makes), and the
+index's score of the same windows for each variant of the projection's sizes
+(analysis.tracin.Projection.fit's `sizes`: each side of a weight matrix's projection, the
+table's dense part, a norm's, and the per-position u_t and m_t), fitted as the index fits
+them (the same 64 windows, the same seed) and stored as it stores them (bfloat16). One
+forward and backward pass per batch of windows serves the exact scores and every variant.
+
+Printed per variant, averaged over the queries: recall@10 and recall@50 (the share of the
+exact top k in the index's top k), the rank correlation (Spearman) over the sample, the
+recall@10 once the index's top 20 / 50 are re-scored exactly (what `why` reports: the top
+POOL * top re-scored), and the index's size on the whole text (numbers per window, bfloat16,
+every window at every snapshot). The sample is a subset of the 12,524 windows, so the
+figures are of ranking within it (a top 10 of 1,024 windows, not of 12,524): say so beside
+them. --write puts the table into benchmarks/results.md (its "why_quality" section).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPTS = ["Once upon a time, there was a little", "Lily wanted to play with her",
+           "The dog barked at the", "Tom and Sam went to the", "She was very happy and",
+           "One day, a big", "The sun was shining and the birds were",
+           "Mom said, \"You can have", "He looked at the sky and saw a",
+           "They played all day in the", "The little bird could not",
+           "Ben had a red ball. He threw the"]
+
+# (label, sizes): Projection.fit's sizes; {} is the shipped default
+VARIANTS = [("default (8/16/8/16)", {}),
+            ("position 32", {"position": 32}),
+            ("matrix 16", {"matrix": 16}),
+            ("matrix 16, table 32, position 32", {"matrix": 16, "table": 32, "position": 32}),
+            ("fitted on 256 windows", {"fit": 256}),
+            ("matrix 16, fitted on 256 windows", {"matrix": 16, "fit": 256})]
+
+
+def setup(windows: int, n_queries: int, seed: int = 0):
+    from tinygpt_cli.analysis import history as hist
+    from tinygpt_cli.analysis import why
+    from tinygpt_cli.weights import load_model
+
+    model = load_model(ROOT / "weights")
+    found = why.training_text(model, None)
+    index = why.load_index(found.files, model.tokenizer, model.folder / "tokenizer.json")
+    snaps = hist.find_snapshots(hist.history_folder(model), model.weights_file)
+    timeline = [s for s in hist.timeline(model, snaps) if s.lr is not None]
+    n = (len(index.stream) - 1) // model.config.n_positions
+    rng = np.random.default_rng(seed)
+    sample = np.sort(rng.choice(n, size=min(windows, n), replace=False))
+    asks = []
+    for text in PROMPTS[:n_queries]:
+        ids = model.tokenizer.encode(text)
+        asks.append((ids, why._target_of(model, ids, None, None)))
+    return model, index, timeline, n, sample, asks
+
+
+def fit_sample(n: int, size: int, seed: int = 0) -> np.ndarray:
+    """As why_index.fit_windows, with another number of windows."""
+    return np.sort(np.random.default_rng(seed).permutation(n)[: min(size, n)])
+
+
+def measure(model, index, timeline, n, sample, asks, variants, workers=None):
+    """-> exact [Q, W], {variant: [Q, W]} (lr-weighted sums over the snapshots)."""
+    from tinygpt_cli.analysis import exact_tracin as ex
+    from tinygpt_cli.analysis import tracin
+    from tinygpt_cli.analysis.why_index import fit_windows
+    from tinygpt_cli.corpus import eval_windows
+    from tinygpt_cli.threads import map_on_cores
+
+    config = model.config
+    x_all, y_all = eval_windows(index.stream, config.n_positions)
+    fit = fit_windows(n)
+    exact = np.zeros((len(asks), len(sample)))
+    approx = {label: np.zeros((len(asks), len(sample))) for label, _ in variants}
+    for s, snap in enumerate(timeline):
+        t0 = time.perf_counter()
+        params = {k: np.asarray(v, np.float32) for k, v in snap.params.items()}
+        stacked = ex.stack([ex.next_token_query(params, config, ids, t) for ids, t in asks],
+                           config, params)
+        projections = {}
+        for label, sizes in variants:
+            f = fit if "fit" not in sizes else fit_sample(n, sizes["fit"])
+            projections[label] = tracin.Projection.fit(
+                params, config, x_all[f], y_all[f],
+                sizes={k: v for k, v in sizes.items() if k != "fit"})
+        queries = {label: [tracin.query(params, config, p, ids, t, config.n_positions)
+                           for ids, t in asks] for label, p in projections.items()}
+
+        def one(i: int, params=params, stacked=stacked, projections=projections,
+                queries=queries):
+            w = sample[i : i + ex.BATCH]
+            x, y = x_all[w], y_all[w]
+            v, dv, dl = tracin.values_and_gradients(
+                params, config, x, lambda z, y=y: ex.mean_loss_gradient(z, y))
+            got = {"exact": ex.scores_from(config, v, dv, dl, x, stacked)}
+            for label, p in projections.items():
+                g = tracin.projected(config, v, dv, dl, x, y, p)
+                rows, u, m = (tracin.to_bfloat16(a) for a in (g.rows, g.u, g.m))
+                got[label] = np.stack([tracin.scores(rows, u, m, x, y, q)
+                                       for q in queries[label]])
+            return i, got
+
+        for i, got in map_on_cores(one, range(0, len(sample), ex.BATCH), workers):
+            j = slice(i, i + got["exact"].shape[1])
+            exact[:, j] += snap.lr * got["exact"]
+            for label in approx:
+                approx[label][:, j] += snap.lr * got[label]
+        print(f"  snapshot {s + 1}/{len(timeline)}: {time.perf_counter() - t0:.0f} s",
+              file=sys.stderr, flush=True)
+    return exact, approx
+
+
+def size_gb(config, sizes: dict, n_windows: int, n_snapshots: int) -> float:
+    from tinygpt_cli.analysis import tracin
+
+    k = {**tracin.SIZES, **{n: v for n, v in sizes.items() if n != "fit"}}
+    linear = 4 * config.n_layer * k["matrix"] ** 2
+    per_window = (linear + k["table"] ** 2 + k["matrix"] ** 2
+                  + (2 * config.n_layer + 1) * k["vector"]
+                  + 2 * config.n_positions * k["position"])
+    return per_window * 2 * n_windows * n_snapshots / 1e9
+
+
+def table(exact, approx, config, n, n_snapshots, variants) -> list[str]:
+    from tinygpt_cli.analysis.why import recall, spearman
+
+    lines = ["| index (matrix/table/norm/position sizes) | size on the whole text | "
+             "recall@10 | recall@50 | Spearman | recall@10, top 20 re-scored | "
+             "recall@10, top 50 re-scored |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for label, sizes in variants:
+        a = approx[label]
+        r10 = np.mean([recall(a[q], exact[q], 10) for q in range(len(a))])
+        r50 = np.mean([recall(a[q], exact[q], 50) for q in range(len(a))])
+        rho = np.mean([spearman(a[q], exact[q]) for q in range(len(a))])
+        pools = [np.mean([len(set(np.argsort(-a[q])[:k]) & set(np.argsort(-exact[q])[:10]))
+                          / 10 for q in range(len(a))]) for k in (20, 50)]
+        lines.append(f"| {label} | {size_gb(config, sizes, n, n_snapshots):.2f} GB | "
+                     f"{10 * r10:.1f}/10 | {50 * r50:.1f}/50 | {rho:.3f} | "
+                     f"{10 * pools[0]:.1f}/10 | {10 * pools[1]:.1f}/10 |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--windows", type=int, default=1024)
+    ap.add_argument("--queries", type=int, default=12)
+    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--variants", default="all", help="labels of VARIANTS separated by ';', "
+                    "or 'all'")
+    args = ap.parse_args()
+    variants = VARIANTS if args.variants == "all" else [
+        v for v in VARIANTS if v[0] in args.variants.split(";")]
+    t0 = time.perf_counter()
+    model, index, timeline, n, sample, asks = setup(args.windows, args.queries)
+    exact, approx = measure(model, index, timeline, n, sample, asks, variants)
+    lines = table(exact, approx, model.config, n, len(timeline), variants)
+    took = time.perf_counter() - t0
+    head = (f"{len(asks)} queries, a seeded sample of {len(sample):,} of the {n:,} windows, "
+            f"{len(timeline)} snapshots; exact TracIn from the exact pass; {took / 60:.1f} min")
+    print(head)
+    print("\n".join(lines))
+    np.savez(Path("/tmp") / f"why_quality-{len(sample)}.npz", exact=exact, sample=sample,
+             **{label: a for label, a in approx.items()})
+    if args.write:
+        write_results(head, lines)
+
+
+def write_results(head: str, lines: list[str]) -> None:
+    from tinygpt_cli.files import write_atomically
+
+    path = ROOT / "benchmarks" / "results.md"
+    text = path.read_text()
+    begin, end = "<!-- why_quality -->", "<!-- /why_quality -->"
+    section = "\n".join([begin, "## why: the index against exact TracIn "
+                         "(benchmarks/why_quality.py)", "", head, "", *lines, end])
+    if begin in text:
+        text = text[: text.index(begin)] + section + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    write_atomically(path, text.encode())
+
+
+if __name__ == "__main__":
+    main()
