@@ -747,6 +747,34 @@ def test_why_ranks_the_windows_holding_the_planted_fact_first(cli, run, monkeypa
     assert f"all {n:,} windows scored from the index" in view.err
 
 
+def assert_query_is_the_values_gradient(q, params, value, entries) -> None:
+    """A --value query's gradient is minus the value's (TracIn raises the value), checked by
+    central differences at each (parameter, index) of `entries`."""
+    for name, idx in entries:
+        up = {k: v.copy() for k, v in params.items()}
+        down = {k: v.copy() for k, v in params.items()}
+        up[name][idx] += 1e-6
+        down[name][idx] -= 1e-6
+        assert -q.grads[name][idx] == pytest.approx((value(up) - value(down)) / 2e-6,
+                                                    rel=1e-5, abs=1e-9), name
+
+
+def assert_exact_scores_are_the_naive_loops(q, params, config, lr, windows, batch) -> None:
+    """The exact pass with query q over a random stream of `windows` windows equals lr times
+    the dot product of q with each window's explicit gradient."""
+    from tinygpt_cli.analysis import exact_tracin as ex
+
+    stream = np.random.default_rng(2).integers(0, config.vocab_size,
+                                               config.n_positions * windows + 1)
+    x, y = why.windows(stream, config.n_positions)
+    got = ex.scores_over_stream([(params, lr, [q])], config, stream, batch=batch, workers=1)
+    names = sorted(params)
+    flat = why.flatten(q.grads, names)
+    naive = [lr * why.flatten(why.window_gradient(params, config, x[w], y[w]), names) @ flat
+             for w in range(len(x))]
+    np.testing.assert_allclose(got[0, 0], naive, rtol=1e-10, atol=1e-12)
+
+
 def test_an_attention_weights_gradient_and_its_exact_scores(make_params):
     """why --value's query for an attention weight: its gradient from the block's pattern
     down (model.backward_from_attention) against finite differences of the weight itself,
@@ -769,25 +797,12 @@ def test_an_attention_weights_gradient_and_its_exact_scores(make_params):
     def weight(p):
         return run_traced(p, config, np.asarray(ids)).values["layers.1.weights"][1, 3, 1]
 
-    for name, idx in (("embed.W_E", (4, 2)), ("layers.0.attn.W_QKV", (1, 5)),
-                      ("layers.1.attn.W_QKV", (2, 3)), ("layers.1.ln1.w", (0,)),
-                      ("layers.0.mlp.W_out", (3, 1)), ("embed.W_pos", (1, 1))):
-        up = {k: v.copy() for k, v in params.items()}
-        down = {k: v.copy() for k, v in params.items()}
-        up[name][idx] += 1e-6
-        down[name][idx] -= 1e-6
-        assert -q.grads[name][idx] == pytest.approx((weight(up) - weight(down)) / 2e-6,
-                                                    rel=1e-5, abs=1e-9), name
+    assert_query_is_the_values_gradient(q, params, weight, (
+        ("embed.W_E", (4, 2)), ("layers.0.attn.W_QKV", (1, 5)), ("layers.1.attn.W_QKV", (2, 3)),
+        ("layers.1.ln1.w", (0,)), ("layers.0.mlp.W_out", (3, 1)), ("embed.W_pos", (1, 1))))
     for name in ("layers.1.attn.W_O", "layers.1.mlp.W_in", "ln_final.w"):
         assert not q.grads[name].any()
-    stream = np.random.default_rng(2).integers(0, 13, 6 * 5 + 1)
-    x, y = why.windows(stream, 6)
-    got = ex.scores_over_stream([(params, 0.5, [q])], config, stream, batch=2, workers=1)
-    names = sorted(params)
-    flat = why.flatten(q.grads, names)
-    naive = [0.5 * why.flatten(why.window_gradient(params, config, x[w], y[w]), names) @ flat
-             for w in range(len(x))]
-    np.testing.assert_allclose(got[0, 0], naive, rtol=1e-10, atol=1e-12)
+    assert_exact_scores_are_the_naive_loops(q, params, config, 0.5, windows=5, batch=2)
 
 
 def test_an_sae_latents_gradient_and_its_exact_scores(make_params, monkeypatch):
@@ -820,25 +835,11 @@ def test_an_sae_latents_gradient_and_its_exact_scores(make_params, monkeypatch):
         h = run_traced(p, config, np.asarray(ids)).values["layers.0.resid_post"]
         return sae_mod.encode(sae, h)[2, latent]
 
-    for name, idx in (("embed.W_E", (9, 2)), ("layers.0.attn.W_QKV", (1, 5)),
-                      ("layers.0.mlp.W_in", (2, 3)), ("embed.W_pos", (2, 1))):
-        up = {k: a.copy() for k, a in params.items()}
-        down = {k: a.copy() for k, a in params.items()}
-        up[name][idx] += 1e-6
-        down[name][idx] -= 1e-6
-        assert -q.grads[name][idx] == pytest.approx((latent_of(up) - latent_of(down)) / 2e-6,
-                                                    rel=1e-5, abs=1e-9), name
+    assert_query_is_the_values_gradient(q, params, latent_of, (
+        ("embed.W_E", (9, 2)), ("layers.0.attn.W_QKV", (1, 5)), ("layers.0.mlp.W_in", (2, 3)),
+        ("embed.W_pos", (2, 1))))
     assert not q.grads["layers.1.attn.W_QKV"].any() and not q.grads["ln_final.w"].any()
-    from tinygpt_cli.analysis import exact_tracin as ex
-
-    stream = np.random.default_rng(2).integers(0, 13, 6 * 4 + 1)
-    x, y = why.windows(stream, 6)
-    got = ex.scores_over_stream([(params, 2.0, [q])], config, stream, batch=3, workers=1)
-    names = sorted(params)
-    flat = why.flatten(q.grads, names)
-    naive = [2.0 * why.flatten(why.window_gradient(params, config, x[w], y[w]), names) @ flat
-             for w in range(len(x))]
-    np.testing.assert_allclose(got[0, 0], naive, rtol=1e-10, atol=1e-12)
+    assert_exact_scores_are_the_naive_loops(q, params, config, 2.0, windows=4, batch=3)
     from tinygpt_cli.errors import InputError
 
     off = int(np.flatnonzero(z[2] == 0)[0]) if (z[2] == 0).any() else None
