@@ -77,6 +77,12 @@ TOP_K = typer.Option(0, "--top-k", "-k", min=0,
 TOP_P = typer.Option(1.0, "--top-p", "-P", min=0.0, max=1.0,
                      help="Keep the likeliest tokens whose chances add up to p (1: all).")
 
+# What a dictionary (an SAE, a transcoder) is trained on, and from which seed.
+TRAINING_TEXT = typer.Option(None, "--data", help="Stories: a folder of part-*.txt, all but "
+                             "the last used (default: the project's data).", show_default=False)
+TRAINING_SEED = typer.Option(0, "--seed", "-s", help="Seed of the initialisation and the "
+                             "batches.")
+
 # Where a prediction is scored ("why this token"): which token, and against which.
 TARGET = typer.Option(None, "--target", help="The token whose score is explained: its exact "
                       "text (' toys', with its space; '5' is the digit), or #ID for an id "

@@ -17,6 +17,8 @@ from .common import (
     JSON,
     QUIET,
     SAVE,
+    TRAINING_SEED,
+    TRAINING_TEXT,
     WEIGHTS,
     bar,
     check_out,
@@ -57,8 +59,7 @@ def sae_train(
     site: str = typer.Option(..., "--site", help="The value: layers.N.resid_pre, resid_mid, "
                              "resid_post or mlp_out."),
     weights: Path = WEIGHTS,
-    data: Path = typer.Option(None, "--data", help="Stories: a folder of part-*.txt, all but "
-                              "the last used (default: the project's data).", show_default=False),
+    data: Path = TRAINING_TEXT,
     out: Path = typer.Option(None, "--out", help="Where to write the SAE (default: the weights "
                              "folder's sae/SITE.safetensors).", show_default=False),
     latents: int = typer.Option(1024, "--latents", min=1, help="Number of latents."),
@@ -68,8 +69,7 @@ def sae_train(
     lr: float = typer.Option(8e-4, "--lr", min=0.0, help="Adam's learning rate."),
     windows: int = typer.Option(1000, "--windows", min=1, help="Windows of training text "
                                 "whose values are the training set."),
-    seed: int = typer.Option(0, "--seed", "-s", help="Seed of the initialisation and the "
-                             "batches."),
+    seed: int = TRAINING_SEED,
     force: bool = FORCE_FILE,
     as_json: bool = JSON,
 ):

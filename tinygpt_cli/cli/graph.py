@@ -23,6 +23,8 @@ from .common import (
     TARGET,
     TEXT,
     TOP,
+    TRAINING_SEED,
+    TRAINING_TEXT,
     VS,
     WEIGHTS,
     bar,
@@ -62,8 +64,7 @@ TRANSCODERS = typer.Option(None, "--transcoders", metavar="DIR", show_default=Fa
 def transcoder_train(
     context: RunContext,
     weights: Path = WEIGHTS,
-    data: Path = typer.Option(None, "--data", help="Stories: a folder of part-*.txt, all but "
-                              "the last used (default: the project's data).", show_default=False),
+    data: Path = TRAINING_TEXT,
     out: Path = TRANSCODERS,
     latents: int = typer.Option(1024, "--latents", min=1, help="Latents per block."),
     k: int = typer.Option(32, "--k", min=1, help="Latents active per token (TopK's k)."),
@@ -72,8 +73,7 @@ def transcoder_train(
     lr: float = typer.Option(2e-3, "--lr", min=0.0, help="Adam's learning rate."),
     windows: int = typer.Option(800, "--windows", min=1, help="Windows of training text "
                                 "whose values are the training set."),
-    seed: int = typer.Option(0, "--seed", "-s", help="Seed of the initialisation and the "
-                             "batches."),
+    seed: int = TRAINING_SEED,
     force: bool = FORCE_FILE,
     as_json: bool = JSON,
 ):
