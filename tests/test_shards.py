@@ -94,3 +94,15 @@ def test_a_complete_cache_is_read_and_a_cut_pass_computes_only_the_rest(setup, t
     assert sorted(ran) == [2, 6]
     assert all(np.array_equal(first[k], third[k]) for k in first)
     assert shards.read_complete(folder, folder.name, lambda e, n: True) is not None
+
+
+def test_an_unwritable_cache_is_one_note_and_the_codes_still_come(setup, tmp_path, capsys,
+                                                                   monkeypatch):
+    first = codes(setup)
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("TINYGPT_CACHE", str(blocked))
+    again = codes(setup)
+    assert all(np.array_equal(first[k], again[k]) for k in first)
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "not kept for the next run" in notes[0]

@@ -97,9 +97,9 @@ def store_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 
-def keep(path: Path, data: bytes) -> None:
+def keep(path: Path, data: bytes) -> bool:
     """Write an entry's bytes atomically, with its checksum beside it (files.write_checked);
-    an unwritable cache is one note, not an error."""
+    an unwritable cache is one note, not an error. Whether the entry was kept."""
     from .errors import WriteError
     from .files import write_checked
 
@@ -108,6 +108,8 @@ def keep(path: Path, data: bytes) -> None:
     except WriteError as e:
         _note(f"note: {e}; the result is not kept for the next run (set TINYGPT_CACHE to a "
               "writable folder)")
+        return False
+    return True
 
 
 def _note(message: str) -> None:

@@ -95,11 +95,12 @@ def computed(folder: Path, key: str, windows: np.ndarray, fn, shared: Any, valid
                 progress(b - a)
     todo = [i for i in range(len(parts)) if i not in found]
     entries: dict[int, dict] = {}
+    writable = [True]  # an unwritable cache: one note (keep's), not one a shard
 
     def arrived(j: int, arrays: dict) -> None:
         a, b = parts[todo[j]]
-        data = npz_bytes(**arrays)
-        keep(folder / shard_name(a, b), data)  # an unwritable cache: one note, no error
+        if writable[0]:
+            writable[0] = keep(folder / shard_name(a, b), npz_bytes(**arrays))
         entries[todo[j]] = arrays
         if progress:
             progress(b - a)
@@ -111,8 +112,9 @@ def computed(folder: Path, key: str, windows: np.ndarray, fn, shared: Any, valid
         with (engine or Here(1)).job(shared) as run:
             in_order(run(fn, tasks), len(tasks), arrived)
     shards = [found.get(i, entries.get(i)) for i in range(len(parts))]
-    keep(folder / MANIFEST, json.dumps(_manifest(folder, key, parts, shards), indent=1)
-         .encode())
+    if writable[0]:
+        keep(folder / MANIFEST, json.dumps(_manifest(folder, key, parts, shards), indent=1)
+             .encode())
     return shards
 
 
