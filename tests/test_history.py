@@ -992,8 +992,10 @@ def test_why_value_ranks_windows_by_how_much_they_raised_that_scalar(cli, run):
     assert doc["explained"]["value"] == pytest.approx(float(z[target] - z[the]), rel=1e-5)
     bad = cli("why", "The frog Quixby", "--value", "layers.1.heads.0.weights[1,2]", *data)
     assert bad.code == 2 and "the column at most the row" in bad.err
-    assert cli("why", "The frog Quixby", "--value", "logits[3]", *data).code == 2
-    assert cli("why", "The frog Quixby", "--vs", " the", "--check", *data).code == 2
+    assert_one_error_line(cli("why", "The frog Quixby", "--value", "logits[3]", *data), 2,
+                          "--value 'logits[3]': give an attention weight")
+    assert_one_error_line(cli("why", "The frog Quixby", "--vs", " the", "--check", *data), 2,
+                          "--check compares the index with the exact pass: give it alone")
     same = cli("why", "The frog Quixby", "--target", " zooms", "--vs", " zooms", *data)
     assert same.code == 2 and "the target itself" in same.err
 
