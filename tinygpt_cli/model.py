@@ -274,12 +274,17 @@ def attention_backward(g: Gradients, i: int, dattn: np.ndarray) -> np.ndarray:
     """Card 5 in reverse: from d attn_out to d ln1.out, through W_O, the weighted sum of
     the values, the softmax, the scores, the positions' turn, the q/k norms and W_QKV."""
     p, L, values, cfg = f"layers.{i}.attn.", f"layers.{i}.", g.values, g.config
-    group = cfg.n_head // cfg.kv_heads
     g.keep(L + "attn_out", dattn)
     dz, g.grads[p + "W_O"], db = ops.linear_backward(
         dattn, ops.merge_heads(values[L + "z"]), g.params[p + "W_O"], weights=g.weights)
     g.bias(p + "b_O", db)
-    dz = ops.split_heads(dz, cfg.n_head)
+    return heads_backward(g, i, ops.split_heads(dz, cfg.n_head))
+
+
+def heads_backward(g: Gradients, i: int, dz: np.ndarray) -> np.ndarray:
+    """Card 5 from the heads' outputs z [H, T, d_k] in reverse, to d ln1.out."""
+    L, values, cfg = f"layers.{i}.", g.values, g.config
+    group = cfg.n_head // cfg.kv_heads
     k, v = ops.repeat_kv(values[L + "k"], group), ops.repeat_kv(values[L + "v"], group)
     dq, dk, dvv, dweights, dscores = ops.attention_backward_parts(
         dz, values[L + "q"], k, v, values[L + "weights"], cfg.attn_scale)
@@ -932,6 +937,35 @@ def backward_from_stream(params: dict[str, np.ndarray], config: Config,
     above it) and every recorded value below it."""
     g = Gradients(params, config, values, None, wrt_values=True)
     for i in reversed(range(layer + 1)):
+        dh = block_backward(g, i, dh)
+    embed_backward(g, dh)
+    return {n: g.grads.get(n, np.zeros_like(a)) for n, a in params.items()}, g.dv
+
+
+def backward_from_part(params: dict[str, np.ndarray], config: Config,
+                       values: dict[str, np.ndarray], layer: int, part: int | str,
+                       d: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Gradients of a scalar of one part block `layer` writes to the stream (d scalar /
+    d part [T, d]): its MLP's output (part "mlp"), or head `part`'s z_h W_O[h] without the
+    shared bias b_O; for every parameter (zero above it) and every recorded value below it."""
+    g = Gradients(params, config, values, None, wrt_values=True)
+    L = f"layers.{layer}."
+    if part == "mlp":  # mlp_out = mlp(ln2(resid_mid)): through the MLP, then the block's start
+        dx = feed_forward_backward(g, layer, d)
+        dh = norm_backward(g, dx, values[L + "resid_mid"], L + "ln2")
+        g.keep(L + "resid_mid", dh)
+        dx = attention_backward(g, layer, dh)
+        dh = dh + norm_backward(g, dx, values[L + "resid_pre"], L + "ln1")
+    else:  # head h writes z_h W_O[h]: its rows of W_O, and its z alone
+        dk, p = config.d_k, f"layers.{layer}.attn.W_O"
+        z = values[L + "z"]  # [H, T, d_k]
+        dz = np.zeros_like(z)
+        dz[part] = d @ head_out_matrix(params, config, layer)[part].T
+        g.grads[p] = np.zeros_like(params[p])
+        g.grads[p][part * dk:(part + 1) * dk] = z[part].T @ d
+        dh = norm_backward(g, heads_backward(g, layer, dz), values[L + "resid_pre"], L + "ln1")
+    g.keep(L + "resid_pre", dh)
+    for i in reversed(range(layer)):
         dh = block_backward(g, i, dh)
     embed_backward(g, dh)
     return {n: g.grads.get(n, np.zeros_like(a)) for n, a in params.items()}, g.dv

@@ -96,18 +96,51 @@ def query(params, config: Config, ids: list[int], dlogits_of=None, hooks=None,
         dlogits = np.zeros_like(logits)
         grads, dv = backward_from_attention(params, config, v, layer,
                                             dweights_of(v[f"layers.{layer}.weights"]))
+    return from_pass(params, config, x, v, dv, grads, dlogits)
+
+
+def from_pass(params, config: Config, ids: np.ndarray, values: dict, dv: dict, grads: dict,
+              dlogits: np.ndarray | None = None, sites: dict | None = None) -> Query:
+    """A query from one backward pass over the text `ids`: its recorded values, their
+    gradients `dv` (what the pass did not reach: zero), the parameters' `grads`, and
+    d scalar / d logits (None: the scalar does not read them); `sites` overrides some
+    products' ([x_t, 1], dy_t) where the pass's own values are not what the scalar's
+    gradient pairs (analysis.why_edge)."""
+    v, dv = dict(values), dict(dv)  # merged() below replaces entries: the callers' stay
+    x = np.asarray(ids)
     for i in range(config.n_layer):  # above what the scalar reads: no gradient
         for n in "qkv":
             dv.setdefault(f"layers.{i}.{n}", np.zeros_like(v[f"layers.{i}.{n}"]))
     for prefix, _, outp in linear_sites(config):
-        dv.setdefault(outp, np.zeros((len(x), params[prefix].shape[1]), logits.dtype))
+        dv.setdefault(outp, np.zeros((len(x), params[prefix].shape[1]),
+                                     v["embeddings"].dtype))
     merged(config, v, dv)
-    sites = {p: (with_ones(v[inp]), dv[outp]) for p, inp, outp in linear_sites(config)}
-    read = np.flatnonzero(np.any(dlogits != 0, axis=-1))
+    own = {p: (with_ones(v[inp]), dv[outp]) for p, inp, outp in linear_sites(config)}
+    own.update(sites or {})
     tokens, where = np.unique(x, return_inverse=True)
     rows = np.zeros((len(tokens), config.n_embd), dv["embeddings"].dtype)
     np.add.at(rows, where, dv["embeddings"])
-    return Query(grads, sites, dlogits[read].T, v["ln_final.out"][read], tokens, rows)
+    if dlogits is None:
+        left = np.zeros((config.vocab_size, 0), rows.dtype)
+        return Query(grads, own, left, np.zeros((0, config.n_embd), rows.dtype), tokens, rows)
+    read = np.flatnonzero(np.any(dlogits != 0, axis=-1))
+    return Query(grads, own, dlogits[read].T, v["ln_final.out"][read], tokens, rows)
+
+
+def combine(parts: list[Query]) -> Query:
+    """The query of a scalar whose gradient is the sum of several passes' (several runs of
+    the model, as an edge's score takes): the gradients summed, each product's positions and
+    the head's factors side by side, the rows read summed by token. The exact pass's score
+    is linear in the query, so it scores the sum."""
+    grads = {n: sum(q.grads[n] for q in parts) for n in parts[0].grads}
+    sites = {p: (np.concatenate([q.sites[p][0] for q in parts]),
+                 np.concatenate([q.sites[p][1] for q in parts])) for p in parts[0].sites}
+    tokens = np.unique(np.concatenate([q.tokens for q in parts]))
+    rows = np.zeros((len(tokens), parts[0].rows.shape[1]), parts[0].rows.dtype)
+    for q in parts:
+        np.add.at(rows, np.searchsorted(tokens, q.tokens), q.rows)
+    return Query(grads, sites, np.concatenate([q.left for q in parts], axis=1),
+                 np.concatenate([q.right for q in parts]), tokens, rows)
 
 
 def next_token_query(params, config: Config, ids: list[int], target: int,

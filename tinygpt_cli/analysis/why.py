@@ -459,11 +459,41 @@ def _latent_value(model, ids: list[int], value: str, hooks=None) -> Value:
                                               stream=(layer, seed)))
 
 
+def _edge_value(model, ids: list[int], value: str, target: int, vs: int | None,
+                corrupt: list[int] | None, hooks=None) -> Value:
+    """`edge:SENDER->RECEIVER`: that edge's exact score from `tinygpt circuit` (the text the
+    clean one, `corrupt` the corrupt one; analysis.why_edge)."""
+    from ..errors import InputError
+    from ..words import count
+    from . import why_edge as we
+    from .circuit import build_graph
+
+    config = model.config
+    we.parse_edge(value, build_graph(config), config)
+    if corrupt is None:
+        raise InputError(f"--value {value}: an edge's score compares the text with a corrupt "
+                         "one, as tinygpt circuit CLEAN CORRUPT does: give --corrupt TEXT, "
+                         "as many tokens as the text")
+    if len(corrupt) != len(ids):
+        raise InputError(f"the text is {count(len(ids), 'token')} and the --corrupt text "
+                         f"{len(corrupt)}: an edge is patched position by position, so they "
+                         "must have the same number of tokens")
+    target, vs = we.edge_tokens(model.params, config, ids, corrupt, target, vs, hooks)
+    if vs == target:
+        raise InputError(f"--vs is the target itself (id {target}): logit[target] - "
+                         "logit[vs] is 0 whatever the weights; give another token")
+    amount, _ = we.edge_score(model.params, config, ids, corrupt, value, target, vs, hooks,
+                              want_query=False)
+    return Value(value, amount, lambda p: we.edge_score(p, config, ids, corrupt, value,
+                                                        target, vs, hooks)[1])
+
+
 def value_of(model, ids: list[int], value: str | None, target: int, vs: int | None,
-             hooks=None) -> Value:
-    """--value PATH (an attention weight layers.L.heads.H.weights[i,j], or a head's detector
-    score KIND:LxHy on the text), or the logit difference logit[target] - logit[vs]: as a
-    Value. A path it cannot read is an InputError naming the forms it takes."""
+             hooks=None, corrupt: list[int] | None = None) -> Value:
+    """--value PATH (an attention weight layers.L.heads.H.weights[i,j], a head's detector
+    score KIND:LxHy on the text, an SAE latent, or an edge's score from `circuit` against the
+    `corrupt` text), or the logit difference logit[target] - logit[vs]: as a Value. A path it
+    cannot read is an InputError naming the forms it takes."""
     import re
 
     from ..errors import InputError
@@ -472,6 +502,8 @@ def value_of(model, ids: list[int], value: str | None, target: int, vs: int | No
     from . import heads
 
     config, t = model.config, len(ids)
+    if value is not None and value.startswith("edge:"):
+        return _edge_value(model, ids, value, target, vs, corrupt, hooks)
     if value is None:
         if vs == target:
             raise InputError(f"--vs is the target itself (id {target}): logit[target] - "
@@ -513,8 +545,9 @@ def value_of(model, ids: list[int], value: str | None, target: int, vs: int | No
     else:
         raise InputError(f"--value {value!r}: give an attention weight "
                          "layers.L.heads.H.weights[ROW,COL] or a head's score on the text "
-                         "KIND:LxHy (KIND previous_token, duplicate_token or induction), or an "
-                         "SAE latent sae.SITE.N[POSITION]")
+                         "KIND:LxHy (KIND previous_token, duplicate_token or induction), an "
+                         "SAE latent sae.SITE.N[POSITION], or an edge's score from tinygpt "
+                         "circuit edge:SENDER->RECEIVER (with --corrupt TEXT)")
     if not (0 <= layer < config.n_layer and 0 <= head < config.n_head):
         raise InputError(f"--value {value}: this model has {config.n_layer} layers of "
                          f"{config.n_head} heads")
@@ -611,7 +644,7 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
            report=None, workers: int | None = None, hooks=None, engine=None,
            query_report=None, exact: bool = False, check: bool = False,
            more: tuple = (), bar=_no_bar, value: str | None = None,
-           vs: str | int | None = None) -> Why:
+           vs: str | int | None = None, corrupt: list[int] | None = None) -> Why:
     """`why` end to end: the training text's index, the exact matches, the snapshots, the
     window-gradient index (built when missing, on `engine`: default this machine;
     report(done, total) follows it) and TracIn (query_report(done, total) follows its shards);
@@ -619,7 +652,8 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     window scored exactly instead (no index: analysis.exact_tracin), with `more` texts' ids
     sharing the pass (their answers in .more); `check`: the index's answer, and how well
     its ranking agrees with the exact one (agreement). `value` (value_of's forms) or `vs`
-    (logit[target] - logit[vs]): that scalar explained instead of the next token, exactly."""
+    (logit[target] - logit[vs]): that scalar explained instead of the next token, exactly;
+    `corrupt`: the ids of an edge's corrupt text."""
     from ..errors import InputError
     from ..session import token_id
     from . import exact_tracin as ex
@@ -631,7 +665,8 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     require(config, "why")
     asks = [(q, _target_of(model, q, target, hooks)) for q in [ids, *more]]
     exact = exact or value is not None or vs is not None
-    values = [value_of(model, q, value, t, None if vs is None else token_id(model, vs), hooks)
+    values = [value_of(model, q, value, t, None if vs is None else token_id(model, vs), hooks,
+                       corrupt)
               if value is not None or vs is not None else None for q, t in asks]
     makers = [v.make if v is not None else
               (lambda p, q=q, t=t: ex.next_token_query(p, config, q, t, hooks))

@@ -113,8 +113,15 @@ def why(
                               "attention weight layers.L.heads.H.weights[ROW,COL], a head's "
                               "score on the text induction:L1H2 (previous_token:, "
                               "duplicate_token:), or an SAE latent sae.SITE.N[POSITION] (the "
-                              "weights folder's SAE; default the last position).",
+                              "weights folder's SAE; default the last position), or an "
+                              "edge's exact score from tinygpt circuit edge:SENDER->RECEIVER "
+                              "(edge:L0H1->L2H3.q, edge:embed->L1.mlp, edge:L3.mlp->logits; "
+                              "with --corrupt, on logit[target] - logit[vs] at the last "
+                              "position, vs by default the corrupt text's top guess).",
                               show_default=False),
+    corrupt: str = typer.Option(None, "--corrupt", metavar="TEXT", help="With --value edge:..: "
+                                "the corrupt text the edge's score patches into (as many "
+                                "tokens as the text).", show_default=False),
     vs: str = typer.Option(None, "--vs", help="Explain logit[target] - logit[vs] at the last "
                            "position instead of the target's chance, exactly.",
                            show_default=False),
@@ -132,6 +139,7 @@ def why(
     Example: tinygpt why "Once upon a time, there was a little" --target " girl"
     Example: tinygpt why "Lily wanted to play with her" --exact
     Example: tinygpt why "Lily saw a cat. Lily saw a" --value induction:L1H2
+    Example: tinygpt why "Ben saw a dog. It" --value edge:L3H0->logits --corrupt "Ben saw a cat. It"
     """
     from ..analysis import why as whys
     from ..render import history as view
@@ -144,8 +152,12 @@ def why(
     if check and (exact or value or vs):
         raise InputError("--check compares the index with the exact pass: give it alone, "
                          "without --exact, --value or --vs")
+    if corrupt is not None and not (value or "").startswith("edge:"):
+        raise InputError("--corrupt is the corrupt text of an edge's score: give it with "
+                         "--value edge:SENDER->RECEIVER")
+    corrupt_ids = None if corrupt is None else encode_checked(model, corrupt)
     exact = exact or value is not None or vs is not None
-    key = ("why", target, value, vs, tuple(map(str, found.files)), top)
+    key = ("why", target, value, vs, corrupt, tuple(map(str, found.files)), top)
     result, more = _kept_answer(context, key, text, model) if exact else (None, [])
     if result is None:
         with engine(context) as where, progress_report("indexing every window's gradient") \
@@ -154,7 +166,7 @@ def why(
             result = whys.answer(model, session.ids, target, found.files, top, report,
                                  hooks=session.hooks, engine=where, query_report=scored,
                                  exact=exact, check=check, more=more, bar=bar(),
-                                 value=value, vs=vs)
+                                 value=value, vs=vs, corrupt=corrupt_ids)
         _keep_answers(context, key, result)
     if found.note:  # once the answer stands: an error is then the only line
         stderr().print(escape_line(found.note), soft_wrap=True)
