@@ -850,6 +850,52 @@ def test_an_sae_latents_gradient_and_its_exact_scores(make_params, monkeypatch):
         why.value_of(model, ids, "sae.layers.0.mlp_out.1", 0, None)
 
 
+def test_an_edges_gradient_and_its_exact_scores(make_params):
+    """why --value edge:U->V: the query is minus the gradient of circuit's exact edge score
+    (the patched corrupt run's metric minus the corrupt run's), against central differences
+    of circuit.exact_scores itself, for a receiver of every kind (a head's q, k and v, an
+    MLP, the logits) and a sender of every kind; the exact pass with the combined query
+    against the naive loop; a malformed or backward edge, or one without --corrupt, is
+    refused naming the forms."""
+    from types import SimpleNamespace
+
+    from tinygpt_cli.analysis import circuit
+    from tinygpt_cli.errors import InputError
+
+    config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
+    params = make_params(config, seed=3)
+    clean, corrupt, target, vs = [4, 2, 9, 4, 1], [4, 7, 9, 3, 6], 5, 8
+    model = SimpleNamespace(config=config, params=params, weights_file=Path("w"))
+    names = circuit.build_graph(config).edge_names()
+    for k, edge in enumerate(("embed -> L1H0.k", "L0H1 -> L1H1.q", "L0H1 -> L1H0.v",
+                              "L0.mlp -> logits", "L0H0 -> L0.mlp", "L1H1 -> L1.mlp")):
+        def score(p, e=names.index(edge)):
+            pair = circuit.prepare(p, config, clean, corrupt, target, vs)
+            return circuit.exact_scores(pair)[e]
+
+        v = why.value_of(model, clean, "edge:" + edge.replace(" ", "", k % 2), target, vs,
+                         corrupt=corrupt)  # with and without circuit's spaces
+        assert v.amount == pytest.approx(score(params), rel=1e-9, abs=1e-12)
+        assert abs(v.amount) > 1e-3  # a real edge: its gradient is not trivially zero
+        q = v.make(params)
+        assert_query_is_the_values_gradient(q, params, score, (
+            ("embed.W_E", (4, 2)), ("embed.W_E", (7, 1)), ("embed.W_pos", (1, 3)),
+            ("layers.0.attn.W_QKV", (1, 5)), ("layers.0.attn.W_O", (3, 2)),
+            ("layers.0.ln1.w", (2,)), ("layers.1.ln1.w", (4,)), ("layers.1.attn.W_QKV", (2, 9)),
+            ("layers.1.attn.W_QKV", (6, 20)), ("layers.0.mlp.W_in", (3, 7)),
+            ("layers.1.mlp.W_out", (5, 1)), ("ln_final.w", (3,)), ("ln_final.b", (1,))))
+        if k < 2:  # the combined query's products, rows and factors, in the exact pass
+            assert_exact_scores_are_the_naive_loops(q, params, config, 0.5, windows=4, batch=3)
+    for bad in ("edge:L0H1->L0H1.q", "edge:L1.mlp->L1H0.q", "edge:L2H0->logits",
+                "edge:L0H1", "edge:L0H1->L1H1.z"):
+        with pytest.raises(InputError, match="give an edge as tinygpt circuit names it"):
+            why.value_of(model, clean, bad, target, vs, corrupt=corrupt)
+    with pytest.raises(InputError, match="give --corrupt TEXT"):
+        why.value_of(model, clean, "edge:L0H1->logits", target, vs)
+    with pytest.raises(InputError, match="same number of tokens"):
+        why.value_of(model, clean, "edge:L0H1->logits", target, vs, corrupt=corrupt[:4])
+
+
 def test_why_exact_scores_every_window_by_the_definition_and_finds_the_fact(cli, run,
                                                                            monkeypatch, tmp_path):
     """why --exact: the planted fact's windows first, each row's score TracIn by its
@@ -994,6 +1040,13 @@ def test_why_value_ranks_windows_by_how_much_they_raised_that_scalar(cli, run):
     assert bad.code == 2 and "the column at most the row" in bad.err
     assert_one_error_line(cli("why", "The frog Quixby", "--value", "logits[3]", *data), 2,
                           "--value 'logits[3]': give an attention weight")
+    assert_one_error_line(cli("why", "The frog Quixby", "--value", "edge:L0H0->L0H1.q",
+                              "--corrupt", "The cat Quixby", *data), 2,
+                          "--value 'edge:L0H0->L0H1.q': give an edge as tinygpt circuit")
+    assert_one_error_line(cli("why", "The frog Quixby", "--value", "edge:embed->logits",
+                              *data), 2, "--value edge:embed->logits: an edge's score")
+    assert_one_error_line(cli("why", "The frog Quixby", "--corrupt", "The cat", *data), 2,
+                          "--corrupt is the corrupt text of an edge's score")
     assert_one_error_line(cli("why", "The frog Quixby", "--vs", " the", "--check", *data), 2,
                           "--check compares the index with the exact pass: give it alone")
     same = cli("why", "The frog Quixby", "--target", " zooms", "--vs", " zooms", *data)
