@@ -155,6 +155,173 @@ def table(exact, approx, config, n, n_snapshots, variants) -> list[str]:
     return lines
 
 
+# ------------------------------------------------------------------ --lds: does attribution
+# predict retraining? (the linear datamodeling score, Park et al. 2023 / dattri)
+
+LDS_DATA = ROOT.parent / "shared" / "data" / "tinystories"  # ../shared from the checkout
+LDS_CONFIG = {"n_embd": 32, "n_layer": 2, "n_head": 2, "n_inner": 128, "n_positions": 32}
+LDS_VOCAB = 512
+LDS_PEAK, LDS_WARMUP, LDS_BATCH, LDS_SNAPSHOTS = 3e-3, 20, 16, 8
+
+
+def lds_setup(windows: int, n_queries: int, seed: int = 0):
+    """A small text (the first stories of part-000 whose windows fill `windows`), a tokenizer
+    trained on it, held-out queries (a prefix of a part-005 story and its real next token),
+    and the small model's config."""
+    from dataclasses import replace
+
+    from tinygpt_cli.config import Config
+    from tinygpt_cli.corpus import encode_stories, eval_windows, read_stories
+    from tinygpt_cli.tokenizer import train_tokenizer
+
+    stories = read_stories([LDS_DATA / "part-000.txt"])
+    t = LDS_CONFIG["n_positions"]
+    need = windows * t + 1
+    tok = train_tokenizer(stories[:2000], LDS_VOCAB)
+    kept, total = [], 0
+    for story in stories:
+        kept.append(story)
+        total += len(tok.encode(story)) + 1
+        if total >= need:
+            break
+    stream = np.asarray(encode_stories(kept, tok).ids[:need], np.int64)
+    x, y = eval_windows(stream, t)
+    held = read_stories([LDS_DATA / "part-005.txt"])
+    rng = np.random.default_rng(seed)
+    queries = []
+    for story in rng.permutation(len(held)):
+        ids = tok.encode(held[story])
+        if len(ids) < 12:
+            continue
+        cut = int(rng.integers(6, min(len(ids) - 1, t)))
+        queries.append((ids[:cut], ids[cut]))
+        if len(queries) == n_queries:
+            break
+    config = replace(Config(**LDS_CONFIG), vocab_size=tok.vocab_size)
+    return config, stream, x, y, queries
+
+
+def lds_train(config, x, y, chosen: np.ndarray, steps: int, seed: int, snapshots: int = 0):
+    """The project's training step (loss_and_grads, global-norm clip 1, AdamW, warm-up and
+    cosine decay) on batches drawn from the windows `chosen`, from the same initial weights
+    (seed 0) every time; `seed` draws the batches. -> params, [(params, lr)] at `snapshots`
+    evenly spaced steps (TracIn's checkpoints)."""
+    from tinygpt_cli.model import init_params, loss_and_grads
+    from tinygpt_cli.optim import AdamW, clip_by_global_norm, lr_at
+
+    params = init_params(config, np.random.default_rng(0))
+    opt, rng = AdamW(params, weight_decay=0.1), np.random.default_rng(seed)
+    keep = set(np.linspace(steps / snapshots, steps, snapshots).astype(int) - 1) \
+        if snapshots else set()
+    kept = []
+    for step in range(steps):
+        lr = lr_at(step, LDS_PEAK, LDS_WARMUP, steps)
+        b = rng.choice(chosen, LDS_BATCH)
+        if step in keep:  # the weights the step starts from, with its learning rate
+            kept.append(({k: v.copy() for k, v in params.items()}, lr))
+        _, g = loss_and_grads(params, config, x[b], y[b])
+        clip_by_global_norm(g, 1.0)
+        opt.step(params, g, lr)
+    return params, kept
+
+
+def query_log_probs(params, config, queries) -> np.ndarray:
+    """log p(target | text) of each query under these weights.  -> [Q]"""
+    from tinygpt_cli import ops
+    from tinygpt_cli.model import forward
+
+    out = []
+    for ids, target in queries:
+        z = forward(params, config, np.asarray(ids))[-1].astype(np.float64)
+        out.append(float(ops.log_softmax(z)[target]))
+    return np.asarray(out)
+
+
+def lds_attributions(config, stream, x, y, snapshots, queries, workers=None):
+    """TracIn of every window for every query, exact (analysis.exact_tracin) and from the
+    index at its default sizes (analysis.tracin, fitted on 64 windows, bfloat16, as `why`
+    stores it).  -> exact [Q, W], index [Q, W]"""
+    from tinygpt_cli.analysis import exact_tracin as ex
+    from tinygpt_cli.analysis import tracin
+    from tinygpt_cli.analysis.why_index import fit_windows
+
+    exact = np.zeros((len(queries), len(x)))
+    index = np.zeros_like(exact)
+    fit = fit_windows(len(x))
+    for params, lr in snapshots:
+        stacked = ex.stack([ex.next_token_query(params, config, q, t) for q, t in queries],
+                           config, params)
+        proj = tracin.Projection.fit(params, config, x[fit], y[fit])
+        qs = [tracin.query(params, config, proj, q, t, config.n_positions)
+              for q, t in queries]
+        for i in range(0, len(x), ex.BATCH):
+            xb, yb = x[i:i + ex.BATCH], y[i:i + ex.BATCH]
+            v, dv, dl = tracin.values_and_gradients(
+                params, config, xb, lambda z, yb=yb: ex.mean_loss_gradient(z, yb))
+            exact[:, i:i + len(xb)] += lr * ex.scores_from(config, v, dv, dl, xb, stacked)
+            g = tracin.projected(config, v, dv, dl, xb, yb, proj)
+            rows, u, m = (tracin.to_bfloat16(a) for a in (g.rows, g.u, g.m))
+            index[:, i:i + len(xb)] += lr * np.stack([tracin.scores(rows, u, m, xb, yb, q)
+                                                      for q in qs])
+    return exact, index
+
+
+def lds(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Per query, the rank correlation over the subsets between the predicted change (the sum
+    of the subset's windows' scores) and the retrained model's log p(target).
+    predicted, measured [M, Q] -> [Q]"""
+    from tinygpt_cli.analysis.why import spearman
+
+    return np.asarray([spearman(predicted[:, q], measured[:, q])
+                       for q in range(predicted.shape[1])])
+
+
+def run_lds(windows: int, n_queries: int, retrains: int, steps: int) -> tuple[str, list[str]]:
+    from tinygpt_cli.analysis.why import spearman
+
+    t0 = time.perf_counter()
+    config, stream, x, y, queries = lds_setup(windows, n_queries)
+    full, snaps = lds_train(config, x, y, np.arange(len(x)), steps, seed=0,
+                            snapshots=LDS_SNAPSHOTS)
+    exact, index = lds_attributions(config, stream, x, y, snaps, queries)
+    print(f"  full model and attributions: {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+          flush=True)
+    rng = np.random.default_rng(1)
+    masks = np.zeros((retrains, len(x)), bool)
+    measured = np.zeros((retrains, len(queries)))
+    for m in range(retrains):
+        masks[m, rng.permutation(len(x))[: len(x) // 2]] = True
+        params, _ = lds_train(config, x, y, np.flatnonzero(masks[m]), steps, seed=1 + m)
+        measured[m] = query_log_probs(params, config, queries)
+        if (m + 1) % 10 == 0:
+            print(f"  retrain {m + 1}/{retrains}: {time.perf_counter() - t0:.0f} s",
+                  file=sys.stderr, flush=True)
+    rows = []
+    for label, scores in (("exact TracIn (`why --exact`)", exact),
+                          ("the index, default sizes (`why`)", index)):
+        per_query = lds(masks.astype(np.float64) @ scores.T, measured)
+        half = np.sqrt(np.var(per_query) / len(per_query))
+        rows.append(f"| {label} | {per_query.mean():.3f} +- {half:.3f} | "
+                    f"{np.median(per_query):.3f} | {np.mean(per_query > 0):.2f} |")
+    agree = np.mean([spearman(index[q], exact[q]) for q in range(len(queries))])
+    took = time.perf_counter() - t0
+    spread = measured.std(axis=0).mean()
+    head = (f"`python benchmarks/why_quality.py --lds --lds-windows {windows} --lds-queries "
+            f"{n_queries} --retrains {retrains} --steps {steps}`: a {config.n_layer}-block, "
+            f"d {config.n_embd}, context {config.n_positions} model ({LDS_VOCAB}-token BPE) "
+            f"trained in the benchmark by the project's step (AdamW, peak lr {LDS_PEAK}, "
+            f"batch {LDS_BATCH}, {steps} steps) on {len(x)} windows of part-000.txt; TracIn "
+            f"from {LDS_SNAPSHOTS} evenly spaced snapshots of the full-data run; {retrains} "
+            f"retrains on random halves (same initial weights, their own batch order); "
+            f"{len(queries)} held-out queries (a prefix of a part-005 story and its real next "
+            f"token), the measured output log p(target). Spread of that output over the "
+            f"retrains: {spread:.3f} nats (mean over queries). The index's rank correlation "
+            f"with exact TracIn over the windows: {agree:.3f}. {took / 60:.1f} min")
+    lines = ["| attribution | LDS (mean over queries +- s.e.) | median | share of queries > 0 |",
+             "|---|---:|---:|---:|", *rows]
+    return head, lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--windows", type=int, default=1024)
@@ -162,7 +329,17 @@ def main() -> None:
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--variants", default="all", help="labels of VARIANTS separated by ';', "
                     "or 'all'")
+    ap.add_argument("--lds", action="store_true", help="the linear datamodeling score instead")
+    ap.add_argument("--lds-windows", type=int, default=1024)
+    ap.add_argument("--lds-queries", type=int, default=50)
+    ap.add_argument("--retrains", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=500)
     args = ap.parse_args()
+    if args.lds:
+        head, lines = run_lds(args.lds_windows, args.lds_queries, args.retrains, args.steps)
+        print(head)
+        print("\n".join(lines))
+        return
     variants = VARIANTS if args.variants == "all" else [
         v for v in VARIANTS if v[0] in args.variants.split(";")]
     t0 = time.perf_counter()
