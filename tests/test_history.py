@@ -890,6 +890,8 @@ def test_an_edges_gradient_and_its_exact_scores(make_params):
                 "edge:L0H1", "edge:L0H1->L1H1.z"):
         with pytest.raises(InputError, match="give an edge as tinygpt circuit names it"):
             why.value_of(model, clean, bad, target, vs, corrupt=corrupt)
+    with pytest.raises(InputError, match="quote it, or the shell reads its > as a"):
+        why.value_of(model, clean, "edge:L0H1-", target, vs, corrupt=corrupt)  # `> logits`
     with pytest.raises(InputError, match="give --corrupt TEXT"):
         why.value_of(model, clean, "edge:L0H1->logits", target, vs)
     with pytest.raises(InputError, match="same number of tokens"):

@@ -52,7 +52,8 @@ def parse_edge(value: str, graph: Graph, config: Config) -> tuple[int, int]:
             "edge:SENDER->RECEIVER, SENDER embed, LxHy or Lx.mlp, RECEIVER LxHy.q, .k or .v, "
             "Lx.mlp or logits, the sender computed before the receiver reads the stream "
             f"(this model: blocks L0 to L{config.n_layer - 1}, heads H0 to "
-            f"H{config.n_head - 1})")
+            f"H{config.n_head - 1})" + ("; quote it, or the shell reads its > as a "
+                                        "redirection" if value.endswith("-") else ""))
     return u, r
 
 

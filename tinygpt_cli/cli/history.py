@@ -139,7 +139,7 @@ def why(
     Example: tinygpt why "Once upon a time, there was a little" --target " girl"
     Example: tinygpt why "Lily wanted to play with her" --exact
     Example: tinygpt why "Lily saw a cat. Lily saw a" --value induction:L1H2
-    Example: tinygpt why "Ben saw a dog. It" --value edge:L3H3->logits --corrupt "Ben saw a cat. It"
+    Example: tinygpt why "Ben saw a dog." --value "edge:L3H3->logits" --corrupt "Ben saw a cat."
     """
     from ..analysis import why as whys
     from ..render import history as view
