@@ -149,13 +149,7 @@ def why(
     session = open_session(context, weights, text)
     model = session.model
     found = whys.training_text(model, data, any_data)
-    if check and (exact or value or vs):
-        raise InputError("--check compares the index with the exact pass: give it alone, "
-                         "without --exact, --value or --vs")
-    if corrupt is not None and not (value or "").startswith("edge:"):
-        raise InputError("--corrupt is the corrupt text of an edge's score: give it with "
-                         "--value edge:SENDER->RECEIVER")
-    corrupt_ids = None if corrupt is None else encode_checked(model, corrupt)
+    corrupt_ids = _checked_options(model, check, exact, value, vs, corrupt)
     exact = exact or value is not None or vs is not None
     key = ("why", target, value, vs, corrupt, tuple(map(str, found.files)), top)
     result, more = _kept_answer(context, key, text, model) if exact else (None, [])
@@ -181,6 +175,18 @@ def why(
     if not as_json:
         stderr().print(f"({time.perf_counter() - t0:.1f} s; {result.index_note()})",
                        style="dim")
+
+
+def _checked_options(model, check: bool, exact: bool, value: str | None, vs: str | None,
+                     corrupt: str | None) -> list[int] | None:
+    """why's options that go together, checked; the ids of --corrupt (None without it)."""
+    if check and (exact or value or vs):
+        raise InputError("--check compares the index with the exact pass: give it alone, "
+                         "without --exact, --value or --vs")
+    if corrupt is not None and not (value or "").startswith("edge:"):
+        raise InputError("--corrupt is the corrupt text of an edge's score: give it with "
+                         "--value edge:SENDER->RECEIVER")
+    return None if corrupt is None else encode_checked(model, corrupt)
 
 
 EXACT_LINES = 16  # --each-line --exact: the lines whose queries share one exact pass
