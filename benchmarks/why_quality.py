@@ -19,6 +19,15 @@ POOL * top re-scored), and the index's size on the whole text (numbers per windo
 every window at every snapshot). The sample is a subset of the 12,524 windows, so the
 figures are of ranking within it (a top 10 of 1,024 windows, not of 12,524): say so beside
 them. --write puts the table into benchmarks/results.md (its "why_quality" section).
+
+    python benchmarks/why_quality.py --lds [--retrains 100] [--steps 500] [--write]
+
+The linear datamodeling score instead (not in CI: minutes to an hour): a small model trained
+here by the project's own step on the first windows of part-000.txt, TracIn of every window
+for held-out queries (exact, and from the index at its default sizes) from evenly spaced
+snapshots of the full-data run, then `--retrains` models trained the same way on random
+halves of the windows; per query, the rank correlation over the halves between the sum of
+the half's scores and the retrained model's log p(target). --write: the "why_lds" section.
 """
 
 from __future__ import annotations
@@ -339,6 +348,9 @@ def main() -> None:
         head, lines = run_lds(args.lds_windows, args.lds_queries, args.retrains, args.steps)
         print(head)
         print("\n".join(lines))
+        if args.write:
+            write_results(head, lines, "why_lds", "## why: does attribution predict "
+                          "retraining? (`benchmarks/why_quality.py --lds`, issue 31)")
         return
     variants = VARIANTS if args.variants == "all" else [
         v for v in VARIANTS if v[0] in args.variants.split(";")]
@@ -357,14 +369,16 @@ def main() -> None:
         write_results(head, lines)
 
 
-def write_results(head: str, lines: list[str]) -> None:
+def write_results(head: str, lines: list[str], marker: str = "why_quality",
+                  title: str = "## why: the index against exact TracIn "
+                               "(benchmarks/why_quality.py)") -> None:
+    """The section between results.md's <!-- marker --> lines, replaced (or added)."""
     from tinygpt_cli.files import write_atomically
 
     path = ROOT / "benchmarks" / "results.md"
     text = path.read_text()
-    begin, end = "<!-- why_quality -->", "<!-- /why_quality -->"
-    section = "\n".join([begin, "## why: the index against exact TracIn "
-                         "(benchmarks/why_quality.py)", "", head, "", *lines, end])
+    begin, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+    section = "\n".join([begin, title, "", head, "", *lines, end])
     if begin in text:
         text = text[: text.index(begin)] + section + text[text.index(end) + len(end):]
     else:
