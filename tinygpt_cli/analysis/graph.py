@@ -117,34 +117,47 @@ def attention_forward(fz: Frozen, i: int, h: np.ndarray) -> np.ndarray:
     t = h.shape[-2]
     v = np.einsum("td,hdk->htk", x, fz.W_V[i]) + fz.b_V[i][:, None, :]  # [H_kv, T, d_k]
     v = np.repeat(v, fz.config.n_head // v.shape[0], axis=0)
-    z = fz.weights[i][:, :t, :t] @ v  # [H, T, d_k]
+    z = np.empty(v.shape)  # [H, T, d_k]
+    for q0 in range(0, t, KEY_BLOCK):  # causal: a block of queries reads the keys before it
+        q1 = min(q0 + KEY_BLOCK, t)
+        z[:, q0:q1] = fz.weights[i][:, q0:q1, :q1] @ v[:, :q1]
     return np.einsum("htk,hkd->td", z, fz.W_O[i]) + fz.b_O[i]
 
 
-def attention_backward(fz: Frozen, i: int, g: np.ndarray) -> np.ndarray:
+def attention_backward(fz: Frozen, i: int, g: np.ndarray, ends: np.ndarray | None = None
+                       ) -> np.ndarray:
     """The derivative of block i's frozen attention output, g [B, T, d] -> d resid [B, T, d]:
     through W_O, each head's pattern transposed (to the keys' positions) and W_V, three
-    products (each group's heads summed into its key/value head by the last)."""
+    products (each group's heads summed into its key/value head by the last). ends[b]: the
+    last position where row b can be non-zero (its target's), None: anywhere."""
     b, t, d = g.shape
     h, dk = fz.config.n_head, fz.config.d_k
     kv = fz.W_V[i].shape[0]
     gz = (g.reshape(b * t, d) @ fz.W_O[i].reshape(h * dk, d).T).reshape(b, t, h, dk)
     gz = np.ascontiguousarray(gz.transpose(2, 1, 0, 3)).reshape(h, t, b * dk)  # [H, T, B dk]
-    gv = _keys_side(fz.weights[i], gz, t)
+    gv = _keys_side(fz.weights[i], gz, t, None if ends is None else np.repeat(ends, dk))
     gv = gv.reshape(kv, h // kv, t, b, dk).sum(axis=1)  # [H_kv, T, B, d_k]
     gv = np.ascontiguousarray(gv.transpose(2, 1, 0, 3)).reshape(b * t, kv * dk)
     w_v = fz.W_V[i].transpose(0, 2, 1).reshape(kv * dk, d)  # row (head, k): W_V[head, :, k]
     return norm_backward(fz, f"layers.{i}.ln1", (gv @ w_v).reshape(b, t, d))
 
 
-def _keys_side(pattern: np.ndarray, gz: np.ndarray, t: int) -> np.ndarray:
-    """pattern[:, :t, :t] transposed times gz [H, T, X], a block of keys at a time against
-    the queries at or after it only: the pattern is causal, so the rest is zeros (half the
-    products of one whole matrix product)."""
-    out = np.empty_like(gz)
-    for k0 in range(0, t, KEY_BLOCK):
-        k1 = min(k0 + KEY_BLOCK, t)
-        out[:, k0:k1] = np.swapaxes(pattern[:, k0:t, k0:k1], -1, -2) @ gz[:, k0:t]
+def _keys_side(pattern: np.ndarray, gz: np.ndarray, t: int, ends: np.ndarray | None = None
+               ) -> np.ndarray:
+    """pattern[:, :t, :t] transposed times gz [H, T, X]: a block of queries at a time against
+    the keys at or before it only (the pattern is causal), and only the columns x still alive
+    there: column x of gz is zero past ends[x] (its row's target's position), so the blocks
+    of queries past it are skipped for it. With the columns in order of their ends, a row's
+    product costs the square of its own position, not of the text's: rows of early targets
+    no longer pay for the whole text."""
+    out = np.zeros_like(gz)
+    for q0 in range(0, t, KEY_BLOCK):
+        q1 = min(q0 + KEY_BLOCK, t)
+        live = np.arange(gz.shape[-1]) if ends is None else np.flatnonzero(ends >= q0)
+        if not len(live):
+            break
+        c = slice(int(live[0]), gz.shape[-1])  # from the first column alive on (a view)
+        out[:, :q1, c] += np.swapaxes(pattern[:, q0:q1, :q1], -1, -2) @ gz[:, q0:q1, c]
     return out
 
 
@@ -193,7 +206,7 @@ def frozen_backward(fz: Frozen, g: np.ndarray, layer: int, at: np.ndarray | None
     def back(i, g, first):
         if first and at is not None:
             return attention_backward_at(fz, i, g, at)
-        return attention_backward(fz, i, g)
+        return attention_backward(fz, i, g, at)
 
     first = True
     if layer < fz.config.n_layer and not fz.config.parallel:
@@ -302,12 +315,22 @@ class Sources:
     emb: np.ndarray
     logit_reads: np.ndarray
     bias: np.ndarray = field(init=False)
-    scaled: list = field(init=False)  # per block: its features' a_s W_dec[j]  [n_on, d]
+    slots: list = field(init=False)  # per block: its features' a_s W_dec[j]  [T, slots, d]
+    filled: list = field(init=False)  # per block: which slots hold a feature  [T, slots]
 
     def __post_init__(self):
-        self.scaled = [self.transcoders[i].W_dec[self.f_lat[self.f_layer == i]].astype(
-            np.float64) * self.f_act[self.f_layer == i, None] for i in range(len(self.errors))]
-        self.bias = _bias_edges(self, len(self.emb))
+        self.slots, self.filled = [], []
+        t, d = self.emb.shape
+        for i in range(len(self.errors)):
+            on = self.f_layer == i
+            pos = self.f_pos[on]  # in order, each position's features in latent order
+            count = np.bincount(pos, minlength=t)
+            slot = np.arange(len(pos)) - np.searchsorted(pos, pos)  # its rank at its position
+            vecs = np.zeros((t, max(int(count.max(initial=0)), 1), d))
+            vecs[pos, slot] = self.transcoders[i].W_dec[self.f_lat[on]] * self.f_act[on, None]
+            self.slots.append(vecs)
+            self.filled.append(np.arange(vecs.shape[1]) < count[:, None])
+        self.bias = _bias_edges(self, t)
 
     @property
     def nf(self) -> int:
@@ -437,17 +460,15 @@ def _fill(src: Sources, adj: np.ndarray, r0: int, nodes: np.ndarray | None, t: i
         if gi is None:
             continue
         on = np.flatnonzero(src.f_layer == i)
-        if len(on):
-            scaled = src.scaled[i]
-            starts = np.searchsorted(src.f_pos[on], np.arange(tp + 1))
-            for p in range(tp):
-                a, e = starts[p], starts[p + 1]
-                if e > a:
-                    adj[r, on[0] + a:on[0] + e] = gi[:, p] @ scaled[a:e].T
+        if len(on):  # every position's features at once: [tp, B, d] @ [tp, d, slots]
+            per = np.matmul(gi.transpose(1, 0, 2), src.slots[i][:tp].transpose(0, 2, 1))
+            got = src.filled[i][:tp].ravel()  # the slots in node order: position, latent
+            adj[r, on[0]:on[0] + int(got.sum())] = per.transpose(1, 0, 2).reshape(
+                len(vecs), -1)[:, got]
         c = src.nf + i * t
-        adj[r, c:c + tp] = (gi * src.errors[i][:tp]).sum(axis=-1)
+        adj[r, c:c + tp] = np.einsum("btd,td->bt", gi, src.errors[i][:tp])
     c = src.nf + nl * t
-    adj[r, c:c + tp] = (pre0 * src.emb[:tp]).sum(axis=-1)
+    adj[r, c:c + tp] = np.einsum("btd,td->bt", pre0, src.emb[:tp])
     adj[r, c + t] = bias
 
 
