@@ -132,10 +132,31 @@ def attention_backward(fz: Frozen, i: int, g: np.ndarray, ends: np.ndarray | Non
     last position where row b can be non-zero (its target's), None: anywhere."""
     b, t, d = g.shape
     h, dk = fz.config.n_head, fz.config.d_k
-    kv = fz.W_V[i].shape[0]
     gz = (g.reshape(b * t, d) @ fz.W_O[i].reshape(h * dk, d).T).reshape(b, t, h, dk)
     gz = np.ascontiguousarray(gz.transpose(2, 1, 0, 3)).reshape(h, t, b * dk)  # [H, T, B dk]
     gv = _keys_side(fz.weights[i], gz, t, None if ends is None else np.repeat(ends, dk))
+    return _values_side(fz, i, gv.reshape(h, t, b, dk))
+
+
+def attention_backward_factored(fz: Frozen, i: int, prof: np.ndarray, vecs: np.ndarray,
+                                ends: np.ndarray) -> np.ndarray:
+    """attention_backward of g[b, q] = sum_r prof[b, r, q] vecs[b, r] (prof [B, R, T], vecs
+    [B, R, d]): the causal pattern's product is taken with each row's R position profiles,
+    not with its d_k columns a head, and each head's result then meets the profiles' vectors
+    through W_O (linear in the text). The same sum, in R / d_k of the quadratic products."""
+    b, r, t = prof.shape
+    c = np.einsum("brd,hkd->hbrk", vecs, fz.W_O[i])  # [H, B, R, d_k]
+    cols = np.ascontiguousarray(prof.transpose(2, 0, 1)).reshape(1, t, b * r)
+    m = _keys_side(fz.weights[i], cols, t, np.repeat(ends, r))  # [H, T, B R]
+    m = m.reshape(-1, t, b, r).transpose(0, 2, 1, 3)  # [H, B, T, R]
+    return _values_side(fz, i, (m @ c).transpose(0, 2, 1, 3))
+
+
+def _values_side(fz: Frozen, i: int, gv: np.ndarray) -> np.ndarray:
+    """The derivative at the values' positions, gv [H, T, B, d_k], through W_V (each group's
+    heads summed into its key/value head) and the frozen ln1: -> [B, T, d]."""
+    h, t, b, dk = gv.shape
+    kv, d = fz.W_V[i].shape[0], fz.config.n_embd
     gv = gv.reshape(kv, h // kv, t, b, dk).sum(axis=1)  # [H_kv, T, B, d_k]
     gv = np.ascontiguousarray(gv.transpose(2, 1, 0, 3)).reshape(b * t, kv * dk)
     w_v = fz.W_V[i].transpose(0, 2, 1).reshape(kv * dk, d)  # row (head, k): W_V[head, :, k]
@@ -144,13 +165,12 @@ def attention_backward(fz: Frozen, i: int, g: np.ndarray, ends: np.ndarray | Non
 
 def _keys_side(pattern: np.ndarray, gz: np.ndarray, t: int, ends: np.ndarray | None = None
                ) -> np.ndarray:
-    """pattern[:, :t, :t] transposed times gz [H, T, X]: a block of queries at a time against
-    the keys at or before it only (the pattern is causal), and only the columns x still alive
-    there: column x of gz is zero past ends[x] (its row's target's position), so the blocks
-    of queries past it are skipped for it. With the columns in order of their ends, a row's
-    product costs the square of its own position, not of the text's: rows of early targets
-    no longer pay for the whole text."""
-    out = np.zeros_like(gz)
+    """pattern[:, :t, :t] transposed times gz [H or 1, T, X]: a block of queries at a time
+    against the keys at or before it only (the pattern is causal), and only the columns x
+    still alive there: column x of gz is zero past ends[x] (its row's target's position), so
+    the blocks of queries past it are skipped for it. With the columns in order of their
+    ends, a row's product costs the square of its own position, not of the pass's last."""
+    out = np.zeros((pattern.shape[0], *gz.shape[1:]))
     for q0 in range(0, t, KEY_BLOCK):
         q1 = min(q0 + KEY_BLOCK, t)
         live = np.arange(gz.shape[-1]) if ends is None else np.flatnonzero(ends >= q0)
@@ -161,18 +181,26 @@ def _keys_side(pattern: np.ndarray, gz: np.ndarray, t: int, ends: np.ndarray | N
     return out
 
 
-def attention_backward_at(fz: Frozen, i: int, g: np.ndarray, at: np.ndarray) -> np.ndarray:
+def attention_backward_at(fz: Frozen, i: int, g: np.ndarray, at: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray]:
     """attention_backward of a g [B, T, d] that is zero but at one position per row, at[b]:
     each head sends row b's derivative back to the keys along its pattern's row at[b], an
-    outer product (B T H d products, where the whole pattern's would be B T^2 H d_k)."""
+    outer product (B T H d products, where the whole pattern's would be B T^2 H d_k). As
+    factors: the derivative at q is sum_h prof[b, h, q] vecs[b, h] (prof [B, H, T]: the
+    pattern's row times the frozen ln1's scale at q; vecs [B, H, d])."""
     b, t, d = g.shape
     h, dk = fz.config.n_head, fz.config.d_k
     kv = fz.W_V[i].shape[0]
     gz = (g[np.arange(b), at] @ fz.W_O[i].reshape(h * dk, d).T).reshape(b, h, dk)
     w_v = np.repeat(fz.W_V[i], h // kv, axis=0)  # [H, d, d_k]: each head's value head
     u = np.einsum("bhk,hdk->bhd", gz, w_v)  # [B, H, d]
-    rows = np.ascontiguousarray(fz.weights[i][:, at, :t].transpose(1, 2, 0))  # [B, T, H]
-    return norm_backward(fz, f"layers.{i}.ln1", rows @ u)
+    name = f"layers.{i}.ln1"
+    prof = fz.weights[i][:, at, :t].transpose(1, 0, 2) * fz.scales[name][:t, 0]  # [B, H, T]
+    w, _ = fz.norms[name]
+    vecs = u * w  # the norm's derivative at a scale of 1 (the scale is in prof)
+    if fz.config.norm != "rms":
+        vecs -= vecs.mean(axis=-1, keepdims=True)
+    return prof, vecs
 
 
 def frozen_forward(fz: Frozen, emb: np.ndarray, mlp_outs: list[np.ndarray]
@@ -202,10 +230,22 @@ def frozen_backward(fz: Frozen, g: np.ndarray, layer: int, at: np.ndarray | None
     embeddings). No path through an MLP: its output is the graph's sources. With `at`, g
     is zero but at row b's position at[b], and the first attention is passed that way."""
     post: list = [None] * fz.config.n_layer
+    factors = None  # g as position profiles times vectors, while that is the cheaper form
 
     def back(i, g, first):
+        nonlocal factors
         if first and at is not None:
-            return attention_backward_at(fz, i, g, at)
+            prof, vecs = attention_backward_at(fz, i, g, at)
+            if 1 + fz.config.n_head < fz.config.d_k:  # g's own part at `at`, then the heads'
+                rows = np.arange(len(at))
+                delta = np.zeros((len(at), 1, g.shape[1]))
+                delta[rows, 0, at] = 1.0
+                factors = (np.concatenate([delta, prof], axis=1),
+                           np.concatenate([g[rows, at][:, None], vecs], axis=1))
+            return prof.transpose(0, 2, 1) @ vecs
+        if factors is not None:  # the first attention after: profiles, not d_k columns
+            out, factors = attention_backward_factored(fz, i, *factors, at), None
+            return out
         return attention_backward(fz, i, g, at)
 
     first = True
