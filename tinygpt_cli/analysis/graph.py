@@ -85,6 +85,16 @@ def freeze(params, config: Config, values: dict, steering=None) -> Frozen:
                   shift_of(steering))
 
 
+def read_paths(config: Config) -> list[str]:
+    """The real run's values the graph reads (freeze, the features, the embeddings): only
+    these are kept, not every block's [H, T, T] scores beside the patterns."""
+    stat = ".rms" if config.norm == "rms" else ".std"
+    blocks = range(config.n_layer)
+    return ([f"layers.{i}.{n}{stat}" for i in blocks for n in ("ln1", "ln2")]
+            + [f"ln_final{stat}", "embeddings"]
+            + [f"layers.{i}.{v}" for i in blocks for v in ("weights", "ln2.out", "mlp_out")])
+
+
 def shift_of(steering) -> tuple[int, np.ndarray] | None:
     """A Steering hook on layers.L.resid_pre as (L, its vector): a constant of the linear
     model, part of the bias node."""
@@ -284,6 +294,9 @@ class Graph:
     explained: float = 0.0
     explained_unpruned: float = 0.0
     real_logits: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # memory of the adjacency's shape and dtype that prune may overwrite (visit's normalised
+    # copy, already touched): prune's own copy then costs no fresh pages
+    scratch: np.ndarray | None = field(default=None, repr=False)
     row_of: np.ndarray = field(init=False)  # per node: its adjacency row, -1 when it has none
 
     def __post_init__(self):
@@ -386,7 +399,7 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     the incoming edges of at most `max_features` of them are computed (None: all), those of
     most influence on the target first (`visit`), so time and memory grow linearly with the
     text once it has more active features than that."""
-    real, values = record(params, config, np.asarray(ids), hooks=steering)
+    real, values = record(params, config, np.asarray(ids), read_paths(config), hooks=steering)
     fz = freeze(params, config, values, steering)
     t = len(ids)
     f_layer, f_pos, f_lat, f_act, errors = transcoder_features(transcoders, values,
@@ -413,10 +426,11 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
                   np.asarray(values["embeddings"], np.float64), np.asarray(reads))
     tnode = len(kinds) - len(tokens) + (len(tokens) - 1 if vs is not None
                                         else tokens.index(target))
-    adj, targets = visit(src, len(kinds), tnode, t, batch,
-                         nf if max_features is None else max_features)
+    adj, targets, scratch = visit(src, len(kinds), tnode, t, batch,
+                                  nf if max_features is None else max_features)
     return Graph(list(ids), t - 1, kinds, layer, pos, feature, activation, tokens, adj,
-                 targets, tnode, target, vs, float(activation[tnode]), real_logits=last)
+                 targets, tnode, target, vs, float(activation[tnode]), real_logits=last,
+                 scratch=scratch)
 
 
 def adjacency_dtype(rows: int, cols: int) -> type:
@@ -427,8 +441,9 @@ def adjacency_dtype(rows: int, cols: int) -> type:
 
 
 def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
-          ) -> tuple[np.ndarray, np.ndarray]:
-    """The adjacency rows and their nodes: the logits' rows first, then the features'. With
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The adjacency rows and their nodes: the logits' rows first, then the features' (and
+    the memory of the rows' normalised copy, for prune to reuse, or None). With
     no more than `cap` features, every one, a block's at a time in position order. With more,
     circuit-tracer's order: the features of most influence on the target (through the rows
     computed so far, as `prune` reckons it) `batch` at a time, until `cap` are visited or no
@@ -450,7 +465,7 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
             for b in range(0, len(on), per):
                 _fill(src, adj, int(on[b]), on[b:b + per], t)
         targets[:nf] = np.arange(nf)
-        return adj, targets
+        return adj, targets, None
     a = np.zeros_like(adj)  # the rows normalised as prune does, for the influence so far
     a[rows - nl:] = normalised(adj[rows - nl:])
     seen, done = np.zeros(nf, bool), 0
@@ -470,11 +485,10 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
                 targets[done:done + len(nodes)] = nodes
                 a[done:done + len(nodes)] = normalised(adj[done:done + len(nodes)])
                 done += len(nodes)
-    del a
     if done < cap:  # every feature of any influence visited: the unused rows go
         keep = np.r_[0:done, rows - nl:rows]
-        adj, targets = adj[keep], targets[keep]
-    return adj, targets
+        adj, targets, a = adj[keep], targets[keep], None
+    return adj, targets, a
 
 
 def _fill(src: Sources, adj: np.ndarray, r0: int, nodes: np.ndarray | None, t: int) -> None:
@@ -550,9 +564,10 @@ def threshold_of(scores: np.ndarray, share: float, chunk: int = 1 << 20) -> floa
     return float(top[-1])
 
 
-def normalised(adj: np.ndarray) -> np.ndarray:
-    """|adj| with each row divided by its sum (rows of zeros stay zero): a new array."""
-    a = np.abs(adj)
+def normalised(adj: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """|adj| with each row divided by its sum (rows of zeros stay zero): a new array, or
+    `out` (of adj's shape and dtype) overwritten."""
+    a = np.abs(adj, out=out)
     s = a.sum(axis=1, keepdims=True, dtype=np.float64)
     a *= np.divide(1.0, s, out=np.zeros_like(s), where=s > 0).astype(a.dtype)
     return a
@@ -591,7 +606,8 @@ def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
     rule); every embedding, error, bias and logit node stays. Sets influence, the masks and
     the explained fractions. Works in place on one normalised copy of the adjacency."""
     nf = graph.n_features
-    a = normalised(graph.adjacency)
+    a = normalised(graph.adjacency, graph.scratch)
+    graph.scratch = None  # a is it now, and goes with this call
     inf = influence_on(graph, a)
     leaves = np.array([k in ("embedding", "bias") for k in graph.kinds])
     graph.explained_unpruned = float(inf[leaves].sum())
