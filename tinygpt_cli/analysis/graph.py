@@ -466,8 +466,8 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
                 _fill(src, adj, int(on[b]), on[b:b + per], t)
         targets[:nf] = np.arange(nf)
         return adj, targets, None
-    a = np.zeros_like(adj)  # the rows normalised as prune does, for the influence so far
-    a[rows - nl:] = normalised(adj[rows - nl:])
+    a = np.empty_like(adj)  # the filled rows normalised as prune does (only they are read)
+    normalised(adj[rows - nl:], out=a[rows - nl:])
     seen, done = np.zeros(nf, bool), 0
     while done < cap:
         inf = _influence(a, targets, n_nodes, tnode)[:nf]
@@ -483,7 +483,7 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
                 nodes = on[c:c + step]
                 _fill(src, adj, done, nodes, t)
                 targets[done:done + len(nodes)] = nodes
-                a[done:done + len(nodes)] = normalised(adj[done:done + len(nodes)])
+                normalised(adj[done:done + len(nodes)], out=a[done:done + len(nodes)])
                 done += len(nodes)
     if done < cap:  # every feature of any influence visited: the unused rows go
         keep = np.r_[0:done, rows - nl:rows]
