@@ -3,7 +3,7 @@
 Each length runs in a fresh process (its peak resident size is the memory figure): the first
 N tokens of the held-out text, `graph.build` then `graph.prune` with the defaults (at most
 4,096 features visited), wall and CPU time of the two, one thread, the run of least CPU time of
-three (the machine is shared, so the load average is recorded beside it). The models:
+five (the machine is shared, so the load average is recorded beside it). The models:
 
 - the shipped one and its shipped transcoders, at 32, 64 and 128 tokens (its context);
 - `long` and `long4`: a random Llama folder with a 2,048-token context made here by
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LONG = ROOT / "benchmarks" / ".graph_long"  # made once, ignored by git
 LENGTHS = {"shipped": [32, 64, 128], "long": [512, 1000, 2000], "long4": [512, 1000, 2000]}
 BLOCKS = {"long": 2, "long4": 4}
-REPEAT = 3
+REPEAT = 5
 LONG_CONFIG = dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                    tie_word_embeddings=True, rms_norm_eps=1e-5, initializer_range=0.1)
@@ -177,7 +177,7 @@ def write(rows: list[dict]) -> None:
              "Written by `python benchmarks/graph_scaling.py`: `graph.build` + `graph.prune`",
              "with the defaults (node threshold 0.8, edge threshold 0.98, at most 4,096",
              "features visited), one thread, each length a fresh process, the run of least",
-             "CPU time of three; memory is the",
+             "CPU time of five; memory is the",
              "process's peak resident size (model and transcoders included). `shipped`: the",
              "shipped model and transcoders (4 blocks x 1,024 latents, k = 32); `long`,",
              "`long4`: a random 2- or 4-block Llama (d = 64, context 2,048) with transcoders",

@@ -238,7 +238,9 @@ def frozen_backward(fz: Frozen, g: np.ndarray, layer: int, at: np.ndarray | None
     `layer`'s transcoder input (the stream ln2 normalises; `layer` = n_layer: the final
     norm's input): (per block l < layer, at resid_post[l] [B, T, d], or None; at the
     embeddings). No path through an MLP: its output is the graph's sources. With `at`, g
-    is zero but at row b's position at[b], and the first attention is passed that way."""
+    is zero but at row b's position at[b]: the first attention is passed as an outer
+    product, the next with the 1 + H position profiles that leaves (when fewer than d_k), and
+    every deeper one only up to each row's own position."""
     post: list = [None] * fz.config.n_layer
     factors = None  # g as position profiles times vectors, while that is the cheaper form
 
