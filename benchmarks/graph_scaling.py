@@ -3,7 +3,7 @@
 Each length runs in a fresh process (its peak resident size is the memory figure): the first
 N tokens of the held-out text, `graph.build` then `graph.prune` with the defaults (at most
 4,096 features visited), wall and CPU time of the two, one thread, the run of least CPU time of
-three (the machine is shared, so the load average is recorded beside it). The models:
+five (the machine is shared, so the load average is recorded beside it). The models:
 
 - the shipped one and its shipped transcoders, at 32, 64 and 128 tokens (its context);
 - `long` and `long4`: a random Llama folder with a 2,048-token context made here by
@@ -32,12 +32,12 @@ ROOT = Path(__file__).resolve().parent.parent
 LONG = ROOT / "benchmarks" / ".graph_long"  # made once, ignored by git
 LENGTHS = {"shipped": [32, 64, 128], "long": [512, 1000, 2000], "long4": [512, 1000, 2000]}
 BLOCKS = {"long": 2, "long4": 4}
-REPEAT = 3
+REPEAT = 5
 LONG_CONFIG = dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                    tie_word_embeddings=True, rms_norm_eps=1e-5, initializer_range=0.1)
 CHILD = """
-import json, resource, sys, time
+import json, os, resource, sys, time
 import numpy as np
 from tinygpt_cli.weights import load_model
 from tinygpt_cli.corpus import held_out_files, read_stories
@@ -47,15 +47,17 @@ m = load_model(folder)
 tcs = T.load_transcoders(T.folder_of(m.weights_file), m.config, m.weights_file)
 text = " ".join(read_stories(held_out_files(None))[:400])
 ids = m.tokenizer.encode(text)[:n]
-t0, cpu0 = time.perf_counter(), time.process_time()
+t0, cpu0, times0 = time.perf_counter(), time.process_time(), os.times()
 g = G.build(m.params, m.config, ids, tcs)
 built = time.perf_counter() - t0
 G.prune(g)
 wall = time.perf_counter() - t0
+times = os.times()
 print(json.dumps({"tokens": len(ids), "seconds": wall, "build": built,
                   "features": g.n_features, "visited": g.visited,
                   "adjacency_mb": g.adjacency.nbytes / 2**20, "explained": g.explained,
-                  "cpu": time.process_time() - cpu0,
+                  "cpu": time.process_time() - cpu0, "system": times.system - times0.system,
+                  "user": times.user - times0.user,
                   "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -66,27 +68,46 @@ every other active feature stays a node, its edges out exact, its own inputs not
 adjacency is then [4,096 + logits, every node]: its columns, and every backward pass's
 positions, grow with the text, its rows do not. Each pass stops at its own last target's
 position; the first attention after a target's read is an outer product along one pattern row
-(linear), the deeper ones a product with the causal pattern, a block of keys against the later
-queries only. Those deeper products and the frozen patterns themselves ([H, T, T] a block in
-float32, as the model's own forward pass makes them: 128 MB of the 2,000-token run's peak) are
-the parts that still grow with the square of the text: under cProfile, `long4` at 2,000
-tokens spent 4.0 s of its 15.1 s in those products (`_keys_side`), against 3.1 s in the
-visiting order's influence passes, 3.4 s in the rest of the backward passes and 2.9 s in
-pruning, all linear; so past a few thousand tokens the square will show. Each pass keeps its
-[rows, T, d] arrays under 16 MB (fewer rows a pass as the text grows): above about 32 MB
-malloc maps fresh pages for every temporary, and their faults had made 2,000 tokens cost 3x
-1,000. The peak is about twice the adjacency: the visiting order keeps a row-normalised copy.
+(linear); a pass's edges into every position's features are one batched product (no loop over
+positions). The attention products deeper than that, with the causal pattern, are what still
+grows with the square of the text, and they are kept as small as exact derivatives allow: a
+block of queries at a time against the keys before it only, and each row only over the blocks
+up to its own target's position (its derivative is zero past it), so a row pays the square of
+its own position, not of the text's; the first of them is taken with each row's 1 + H
+position profiles (its own vector at its position, and each head's pattern row times the
+norm's scale) instead of d_k columns a head. Under cProfile, `long4` spends 1.4 s of its
+10.4 s at 2,000 tokens in them (`_keys_side`) and 0.4 s of 6.4 s at 1,000 (before: 3.9 s of
+23.2 s and 1.1 s of 10.4 s): the square's share at 2,000 tokens is about 14% with 4 blocks and
+under 3% with 2, which alone makes a doubling about 2.15x and 2.03x; past a few thousand tokens
+it will show more. The patterns themselves are kept as the model makes them, [H, T, T] float32 a
+block (64 MB a block at 2,000 tokens), and nothing else of that size: the real run keeps only
+the values the graph reads (not the scores).
 
-Before (the same benchmark on the code where every feature was a row of one dense adjacency,
-2026-12-01, load about 10): 32 tokens 35.3 s / 432 MB, 64 tokens 155.9 s / 805 MB, 128 tokens
-stopped after 12 min at 2.3 GB. What the cap costs: with every feature visited
+The `of it kernel` column is the kernel's share of the CPU time, mostly handing the process
+fresh pages: on this virtual machine about 1 s a GB touched for the first time, more when the
+machine's memory is busy, and it moves from run to run by a second or more (the code before
+these changes on 1,000 tokens of `long`: 1.9 s in one run, 0.4 s in another). The user
+CPU's growth is beside it.
+Each pass keeps its [rows, T, d] arrays under 16 MB (fewer rows a pass as the text grows):
+above about 32 MB malloc maps fresh pages for every temporary. prune normalises into the
+visiting order's copy of the adjacency instead of a new one; the peak is about 2.5 times the
+adjacency.
+
+Before and after the changes above, run alternately in one session (load 5-7, each the least
+CPU time of three, 1,000 -> 2,000 tokens): `long` 1.69 -> 4.34 s (2.58x; user CPU 1.94x)
+before, 1.33 -> 3.38 s (2.54x; user CPU 2.12x) after; `long4` 5.02 -> 13.81 s (2.75x; user
+CPU 2.66x) before, 4.12 -> 8.41 s (2.04x; user CPU 2.25x) after; peak memory at 2,000 tokens
+1.65 -> 1.51 GB and 3.10 -> 2.88 GB.
+
+Before the cap (the same benchmark on the code where every feature was a row of one dense
+adjacency, 2026-12-01, load about 10): 32 tokens 35.3 s / 432 MB, 64 tokens 155.9 s / 805 MB,
+128 tokens stopped after 12 min at 2.3 GB. What the cap costs: with every feature visited
 (`max_features=None`: 10.0 s / 739 MB at 64 tokens and 21.9 s / 2,723 MB at 128, before the
-last two speed-ups), the
-shipped model's graphs explain 0.697 (64 tokens) and 0.711 (128), against 0.695 and 0.702
-capped; with no more active features than the cap (32 tokens) the graph is the uncapped one.
-Wall times on the shared 2-core machine vary with its load, and so, less, does the CPU time
-(the process's own): from run to run a doubling's ratio moved by as much as 0.6 (the 2-block
-Llama's 1,000 -> 2,000 tokens: 1.9 in one run, 2.5 in the one above).
+later speed-ups), the shipped model's graphs explain 0.697 (64 tokens) and 0.711 (128),
+against 0.695 and 0.702 capped; with no more active features than the cap (32 tokens) the
+graph is the uncapped one. Wall times on the shared 2-core machine vary with its load, and so,
+less, does the CPU time (the process's own): from run to run a doubling's ratio moves by as
+much as 0.6.
 """
 
 
@@ -156,7 +177,7 @@ def write(rows: list[dict]) -> None:
              "Written by `python benchmarks/graph_scaling.py`: `graph.build` + `graph.prune`",
              "with the defaults (node threshold 0.8, edge threshold 0.98, at most 4,096",
              "features visited), one thread, each length a fresh process, the run of least",
-             "CPU time of three; memory is the",
+             "CPU time of five; memory is the",
              "process's peak resident size (model and transcoders included). `shipped`: the",
              "shipped model and transcoders (4 blocks x 1,024 latents, k = 32); `long`,",
              "`long4`: a random 2- or 4-block Llama (d = 64, context 2,048) with transcoders",
@@ -164,13 +185,16 @@ def write(rows: list[dict]) -> None:
              "memory's) ratio to the row before, per doubling of the text.", "",
              f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
              "| model | tokens | active features | visited | wall (s) | CPU (s) | x per doubling"
-             " | adjacency (MB) | peak memory (MB) | x per doubling | explained | load |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             " | of it kernel (s) | user CPU x per doubling | adjacency (MB) | peak memory (MB)"
+             " | x per doubling | explained | load |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+             " --- |"]
     for i, r in enumerate(rows):
         prev = rows[i - 1] if i and rows[i - 1]["model"] == r["model"] else None
         lines.append(f"| {r['model']} | {r['tokens']:,} | {r['features']:,} | "
                      f"{r['visited']:,} | {r['seconds']:.1f} | {r['cpu']:.1f} | "
-                     f"{_per(prev, r, 'cpu')} | {r['adjacency_mb']:.0f} | {r['peak_mb']:.0f} | "
+                     f"{_per(prev, r, 'cpu')} | {r['system']:.1f} | {_per(prev, r, 'user')} | "
+                     f"{r['adjacency_mb']:.0f} | {r['peak_mb']:.0f} | "
                      f"{_per(prev, r, 'peak_mb')} | {r['explained']:.3f} | {r['load']:.1f} |")
     write_text(ROOT / "benchmarks" / "graph_scaling.md", "\n".join(lines + ["", NOTES]))
 

@@ -682,8 +682,11 @@ class Decoder:
         """attention() and queries_keys_values() with no hooks, for one position: the steps
         of ops.attention_scores, attention_weights and attention_mix that one query takes."""
         c, i = self.config, b["i"]
-        q, k, v = ops.split_qkv(_row_times(x, b["attn.W_QKV"], b["attn.b_QKV"]), c.n_head,
-                                c.kv_heads)
+        qkv = _row_times(x, b["attn.W_QKV"], b["attn.b_QKV"])
+        if c.kv_heads == c.n_head:  # split_qkv's views for one position, by one reshape
+            q, k, v = qkv.reshape(3, c.n_head, 1, c.d_k)
+        else:
+            q, k, v = ops.split_qkv(qkv, c.n_head, c.kv_heads)
         if c.qk_norm:
             eps = c.layer_norm_epsilon
             q = ops.rms_norm(q, b["attn.q_norm.w"], eps)[0]
@@ -705,8 +708,9 @@ class Decoder:
         total = ops.row_sums(e)
         e /= total
         low, high = ops.SUMS_WITHOUT_SHIFT
-        flat = total.reshape(-1)
-        if not (np.minimum.reduce(flat) >= low and np.maximum.reduce(flat) <= high):
+        # a head's sum each: compared as Python floats (a NaN fails both), a fifth of the
+        # time of two reduces
+        if not all(low <= s <= high for s in total.reshape(-1).tolist()):
             e = ops.softmax(scores)
         z = e @ v  # [H, 1, d_k], merged as ops.merge_heads does
         return _row_times(z.swapaxes(-3, -2).reshape(1, -1), b["attn.W_O"], b["attn.b_O"])

@@ -85,6 +85,16 @@ def freeze(params, config: Config, values: dict, steering=None) -> Frozen:
                   shift_of(steering))
 
 
+def read_paths(config: Config) -> list[str]:
+    """The real run's values the graph reads (freeze, the features, the embeddings): only
+    these are kept, not every block's [H, T, T] scores beside the patterns."""
+    stat = ".rms" if config.norm == "rms" else ".std"
+    blocks = range(config.n_layer)
+    return ([f"layers.{i}.{n}{stat}" for i in blocks for n in ("ln1", "ln2")]
+            + [f"ln_final{stat}", "embeddings"]
+            + [f"layers.{i}.{v}" for i in blocks for v in ("weights", "ln2.out", "mlp_out")])
+
+
 def shift_of(steering) -> tuple[int, np.ndarray] | None:
     """A Steering hook on layers.L.resid_pre as (L, its vector): a constant of the linear
     model, part of the bias node."""
@@ -117,49 +127,90 @@ def attention_forward(fz: Frozen, i: int, h: np.ndarray) -> np.ndarray:
     t = h.shape[-2]
     v = np.einsum("td,hdk->htk", x, fz.W_V[i]) + fz.b_V[i][:, None, :]  # [H_kv, T, d_k]
     v = np.repeat(v, fz.config.n_head // v.shape[0], axis=0)
-    z = fz.weights[i][:, :t, :t] @ v  # [H, T, d_k]
+    z = np.empty(v.shape)  # [H, T, d_k]
+    for q0 in range(0, t, KEY_BLOCK):  # causal: a block of queries reads the keys before it
+        q1 = min(q0 + KEY_BLOCK, t)
+        z[:, q0:q1] = fz.weights[i][:, q0:q1, :q1] @ v[:, :q1]
     return np.einsum("htk,hkd->td", z, fz.W_O[i]) + fz.b_O[i]
 
 
-def attention_backward(fz: Frozen, i: int, g: np.ndarray) -> np.ndarray:
+def attention_backward(fz: Frozen, i: int, g: np.ndarray, ends: np.ndarray | None = None
+                       ) -> np.ndarray:
     """The derivative of block i's frozen attention output, g [B, T, d] -> d resid [B, T, d]:
     through W_O, each head's pattern transposed (to the keys' positions) and W_V, three
-    products (each group's heads summed into its key/value head by the last)."""
+    products (each group's heads summed into its key/value head by the last). ends[b]: the
+    last position where row b can be non-zero (its target's), None: anywhere."""
     b, t, d = g.shape
     h, dk = fz.config.n_head, fz.config.d_k
-    kv = fz.W_V[i].shape[0]
     gz = (g.reshape(b * t, d) @ fz.W_O[i].reshape(h * dk, d).T).reshape(b, t, h, dk)
     gz = np.ascontiguousarray(gz.transpose(2, 1, 0, 3)).reshape(h, t, b * dk)  # [H, T, B dk]
-    gv = _keys_side(fz.weights[i], gz, t)
+    gv = _keys_side(fz.weights[i], gz, t, None if ends is None else np.repeat(ends, dk))
+    return _values_side(fz, i, gv.reshape(h, t, b, dk))
+
+
+def attention_backward_factored(fz: Frozen, i: int, prof: np.ndarray, vecs: np.ndarray,
+                                ends: np.ndarray) -> np.ndarray:
+    """attention_backward of g[b, q] = sum_r prof[b, r, q] vecs[b, r] (prof [B, R, T], vecs
+    [B, R, d]): the causal pattern's product is taken with each row's R position profiles,
+    not with its d_k columns a head, and each head's result then meets the profiles' vectors
+    through W_O (linear in the text). The same sum, in R / d_k of the quadratic products."""
+    b, r, t = prof.shape
+    c = np.einsum("brd,hkd->hbrk", vecs, fz.W_O[i])  # [H, B, R, d_k]
+    cols = np.ascontiguousarray(prof.transpose(2, 0, 1)).reshape(1, t, b * r)
+    m = _keys_side(fz.weights[i], cols, t, np.repeat(ends, r))  # [H, T, B R]
+    m = m.reshape(-1, t, b, r).transpose(0, 2, 1, 3)  # [H, B, T, R]
+    return _values_side(fz, i, (m @ c).transpose(0, 2, 1, 3))
+
+
+def _values_side(fz: Frozen, i: int, gv: np.ndarray) -> np.ndarray:
+    """The derivative at the values' positions, gv [H, T, B, d_k], through W_V (each group's
+    heads summed into its key/value head) and the frozen ln1: -> [B, T, d]."""
+    h, t, b, dk = gv.shape
+    kv, d = fz.W_V[i].shape[0], fz.config.n_embd
     gv = gv.reshape(kv, h // kv, t, b, dk).sum(axis=1)  # [H_kv, T, B, d_k]
     gv = np.ascontiguousarray(gv.transpose(2, 1, 0, 3)).reshape(b * t, kv * dk)
     w_v = fz.W_V[i].transpose(0, 2, 1).reshape(kv * dk, d)  # row (head, k): W_V[head, :, k]
     return norm_backward(fz, f"layers.{i}.ln1", (gv @ w_v).reshape(b, t, d))
 
 
-def _keys_side(pattern: np.ndarray, gz: np.ndarray, t: int) -> np.ndarray:
-    """pattern[:, :t, :t] transposed times gz [H, T, X], a block of keys at a time against
-    the queries at or after it only: the pattern is causal, so the rest is zeros (half the
-    products of one whole matrix product)."""
-    out = np.empty_like(gz)
-    for k0 in range(0, t, KEY_BLOCK):
-        k1 = min(k0 + KEY_BLOCK, t)
-        out[:, k0:k1] = np.swapaxes(pattern[:, k0:t, k0:k1], -1, -2) @ gz[:, k0:t]
+def _keys_side(pattern: np.ndarray, gz: np.ndarray, t: int, ends: np.ndarray | None = None
+               ) -> np.ndarray:
+    """pattern[:, :t, :t] transposed times gz [H or 1, T, X]: a block of queries at a time
+    against the keys at or before it only (the pattern is causal), and only the columns x
+    still alive there: column x of gz is zero past ends[x] (its row's target's position), so
+    the blocks of queries past it are skipped for it. With the columns in order of their
+    ends, a row's product costs the square of its own position, not of the pass's last."""
+    out = np.zeros((pattern.shape[0], *gz.shape[1:]))
+    for q0 in range(0, t, KEY_BLOCK):
+        q1 = min(q0 + KEY_BLOCK, t)
+        live = np.arange(gz.shape[-1]) if ends is None else np.flatnonzero(ends >= q0)
+        if not len(live):
+            break
+        c = slice(int(live[0]), gz.shape[-1])  # from the first column alive on (a view)
+        out[:, :q1, c] += np.swapaxes(pattern[:, q0:q1, :q1], -1, -2) @ gz[:, q0:q1, c]
     return out
 
 
-def attention_backward_at(fz: Frozen, i: int, g: np.ndarray, at: np.ndarray) -> np.ndarray:
+def attention_backward_at(fz: Frozen, i: int, g: np.ndarray, at: np.ndarray
+                          ) -> tuple[np.ndarray, np.ndarray]:
     """attention_backward of a g [B, T, d] that is zero but at one position per row, at[b]:
     each head sends row b's derivative back to the keys along its pattern's row at[b], an
-    outer product (B T H d products, where the whole pattern's would be B T^2 H d_k)."""
+    outer product (B T H d products, where the whole pattern's would be B T^2 H d_k). As
+    factors: the derivative at q is sum_h prof[b, h, q] vecs[b, h] (prof [B, H, T]: the
+    pattern's row times the frozen ln1's scale at q; vecs [B, H, d])."""
     b, t, d = g.shape
     h, dk = fz.config.n_head, fz.config.d_k
     kv = fz.W_V[i].shape[0]
     gz = (g[np.arange(b), at] @ fz.W_O[i].reshape(h * dk, d).T).reshape(b, h, dk)
     w_v = np.repeat(fz.W_V[i], h // kv, axis=0)  # [H, d, d_k]: each head's value head
     u = np.einsum("bhk,hdk->bhd", gz, w_v)  # [B, H, d]
-    rows = np.ascontiguousarray(fz.weights[i][:, at, :t].transpose(1, 2, 0))  # [B, T, H]
-    return norm_backward(fz, f"layers.{i}.ln1", rows @ u)
+    name = f"layers.{i}.ln1"
+    prof = fz.weights[i][:, at, :t].transpose(1, 0, 2) * fz.scales[name][:t, 0]  # [B, H, T]
+    w, _ = fz.norms[name]
+    vecs = u * w  # the norm's derivative at a scale of 1 (the scale is in prof)
+    if fz.config.norm != "rms":
+        vecs -= vecs.mean(axis=-1, keepdims=True)
+    return prof, vecs
 
 
 def frozen_forward(fz: Frozen, emb: np.ndarray, mlp_outs: list[np.ndarray]
@@ -187,13 +238,27 @@ def frozen_backward(fz: Frozen, g: np.ndarray, layer: int, at: np.ndarray | None
     `layer`'s transcoder input (the stream ln2 normalises; `layer` = n_layer: the final
     norm's input): (per block l < layer, at resid_post[l] [B, T, d], or None; at the
     embeddings). No path through an MLP: its output is the graph's sources. With `at`, g
-    is zero but at row b's position at[b], and the first attention is passed that way."""
+    is zero but at row b's position at[b]: the first attention is passed as an outer
+    product, the next with the 1 + H position profiles that leaves (when fewer than d_k), and
+    every deeper one only up to each row's own position."""
     post: list = [None] * fz.config.n_layer
+    factors = None  # g as position profiles times vectors, while that is the cheaper form
 
     def back(i, g, first):
+        nonlocal factors
         if first and at is not None:
-            return attention_backward_at(fz, i, g, at)
-        return attention_backward(fz, i, g)
+            prof, vecs = attention_backward_at(fz, i, g, at)
+            if 1 + fz.config.n_head < fz.config.d_k:  # g's own part at `at`, then the heads'
+                rows = np.arange(len(at))
+                delta = np.zeros((len(at), 1, g.shape[1]))
+                delta[rows, 0, at] = 1.0
+                factors = (np.concatenate([delta, prof], axis=1),
+                           np.concatenate([g[rows, at][:, None], vecs], axis=1))
+            return prof.transpose(0, 2, 1) @ vecs
+        if factors is not None:  # the first attention after: profiles, not d_k columns
+            out, factors = attention_backward_factored(fz, i, *factors, at), None
+            return out
+        return attention_backward(fz, i, g, at)
 
     first = True
     if layer < fz.config.n_layer and not fz.config.parallel:
@@ -231,6 +296,9 @@ class Graph:
     explained: float = 0.0
     explained_unpruned: float = 0.0
     real_logits: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # memory of the adjacency's shape and dtype that prune may overwrite (visit's normalised
+    # copy, already touched): prune's own copy then costs no fresh pages
+    scratch: np.ndarray | None = field(default=None, repr=False)
     row_of: np.ndarray = field(init=False)  # per node: its adjacency row, -1 when it has none
 
     def __post_init__(self):
@@ -302,12 +370,22 @@ class Sources:
     emb: np.ndarray
     logit_reads: np.ndarray
     bias: np.ndarray = field(init=False)
-    scaled: list = field(init=False)  # per block: its features' a_s W_dec[j]  [n_on, d]
+    slots: list = field(init=False)  # per block: its features' a_s W_dec[j]  [T, slots, d]
+    filled: list = field(init=False)  # per block: which slots hold a feature  [T, slots]
 
     def __post_init__(self):
-        self.scaled = [self.transcoders[i].W_dec[self.f_lat[self.f_layer == i]].astype(
-            np.float64) * self.f_act[self.f_layer == i, None] for i in range(len(self.errors))]
-        self.bias = _bias_edges(self, len(self.emb))
+        self.slots, self.filled = [], []
+        t, d = self.emb.shape
+        for i in range(len(self.errors)):
+            on = self.f_layer == i
+            pos = self.f_pos[on]  # in order, each position's features in latent order
+            count = np.bincount(pos, minlength=t)
+            slot = np.arange(len(pos)) - np.searchsorted(pos, pos)  # its rank at its position
+            vecs = np.zeros((t, max(int(count.max(initial=0)), 1), d))
+            vecs[pos, slot] = self.transcoders[i].W_dec[self.f_lat[on]] * self.f_act[on, None]
+            self.slots.append(vecs)
+            self.filled.append(np.arange(vecs.shape[1]) < count[:, None])
+        self.bias = _bias_edges(self, t)
 
     @property
     def nf(self) -> int:
@@ -323,7 +401,7 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     the incoming edges of at most `max_features` of them are computed (None: all), those of
     most influence on the target first (`visit`), so time and memory grow linearly with the
     text once it has more active features than that."""
-    real, values = record(params, config, np.asarray(ids), hooks=steering)
+    real, values = record(params, config, np.asarray(ids), read_paths(config), hooks=steering)
     fz = freeze(params, config, values, steering)
     t = len(ids)
     f_layer, f_pos, f_lat, f_act, errors = transcoder_features(transcoders, values,
@@ -350,10 +428,11 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
                   np.asarray(values["embeddings"], np.float64), np.asarray(reads))
     tnode = len(kinds) - len(tokens) + (len(tokens) - 1 if vs is not None
                                         else tokens.index(target))
-    adj, targets = visit(src, len(kinds), tnode, t, batch,
-                         nf if max_features is None else max_features)
+    adj, targets, scratch = visit(src, len(kinds), tnode, t, batch,
+                                  nf if max_features is None else max_features)
     return Graph(list(ids), t - 1, kinds, layer, pos, feature, activation, tokens, adj,
-                 targets, tnode, target, vs, float(activation[tnode]), real_logits=last)
+                 targets, tnode, target, vs, float(activation[tnode]), real_logits=last,
+                 scratch=scratch)
 
 
 def adjacency_dtype(rows: int, cols: int) -> type:
@@ -364,8 +443,9 @@ def adjacency_dtype(rows: int, cols: int) -> type:
 
 
 def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
-          ) -> tuple[np.ndarray, np.ndarray]:
-    """The adjacency rows and their nodes: the logits' rows first, then the features'. With
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The adjacency rows and their nodes: the logits' rows first, then the features' (and
+    the memory of the rows' normalised copy, for prune to reuse, or None). With
     no more than `cap` features, every one, a block's at a time in position order. With more,
     circuit-tracer's order: the features of most influence on the target (through the rows
     computed so far, as `prune` reckons it) `batch` at a time, until `cap` are visited or no
@@ -387,9 +467,9 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
             for b in range(0, len(on), per):
                 _fill(src, adj, int(on[b]), on[b:b + per], t)
         targets[:nf] = np.arange(nf)
-        return adj, targets
-    a = np.zeros_like(adj)  # the rows normalised as prune does, for the influence so far
-    a[rows - nl:] = normalised(adj[rows - nl:])
+        return adj, targets, None
+    a = np.empty_like(adj)  # the filled rows normalised as prune does (only they are read)
+    normalised(adj[rows - nl:], out=a[rows - nl:])
     seen, done = np.zeros(nf, bool), 0
     while done < cap:
         inf = _influence(a, targets, n_nodes, tnode)[:nf]
@@ -405,13 +485,12 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
                 nodes = on[c:c + step]
                 _fill(src, adj, done, nodes, t)
                 targets[done:done + len(nodes)] = nodes
-                a[done:done + len(nodes)] = normalised(adj[done:done + len(nodes)])
+                normalised(adj[done:done + len(nodes)], out=a[done:done + len(nodes)])
                 done += len(nodes)
-    del a
     if done < cap:  # every feature of any influence visited: the unused rows go
         keep = np.r_[0:done, rows - nl:rows]
-        adj, targets = adj[keep], targets[keep]
-    return adj, targets
+        adj, targets, a = adj[keep], targets[keep], None
+    return adj, targets, a
 
 
 def _fill(src: Sources, adj: np.ndarray, r0: int, nodes: np.ndarray | None, t: int) -> None:
@@ -437,17 +516,15 @@ def _fill(src: Sources, adj: np.ndarray, r0: int, nodes: np.ndarray | None, t: i
         if gi is None:
             continue
         on = np.flatnonzero(src.f_layer == i)
-        if len(on):
-            scaled = src.scaled[i]
-            starts = np.searchsorted(src.f_pos[on], np.arange(tp + 1))
-            for p in range(tp):
-                a, e = starts[p], starts[p + 1]
-                if e > a:
-                    adj[r, on[0] + a:on[0] + e] = gi[:, p] @ scaled[a:e].T
+        if len(on):  # every position's features at once: [tp, B, d] @ [tp, d, slots]
+            per = np.matmul(gi.transpose(1, 0, 2), src.slots[i][:tp].transpose(0, 2, 1))
+            got = src.filled[i][:tp].ravel()  # the slots in node order: position, latent
+            adj[r, on[0]:on[0] + int(got.sum())] = per.transpose(1, 0, 2).reshape(
+                len(vecs), -1)[:, got]
         c = src.nf + i * t
-        adj[r, c:c + tp] = (gi * src.errors[i][:tp]).sum(axis=-1)
+        adj[r, c:c + tp] = np.einsum("btd,td->bt", gi, src.errors[i][:tp])
     c = src.nf + nl * t
-    adj[r, c:c + tp] = (pre0 * src.emb[:tp]).sum(axis=-1)
+    adj[r, c:c + tp] = np.einsum("btd,td->bt", pre0, src.emb[:tp])
     adj[r, c + t] = bias
 
 
@@ -489,9 +566,10 @@ def threshold_of(scores: np.ndarray, share: float, chunk: int = 1 << 20) -> floa
     return float(top[-1])
 
 
-def normalised(adj: np.ndarray) -> np.ndarray:
-    """|adj| with each row divided by its sum (rows of zeros stay zero): a new array."""
-    a = np.abs(adj)
+def normalised(adj: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """|adj| with each row divided by its sum (rows of zeros stay zero): a new array, or
+    `out` (of adj's shape and dtype) overwritten."""
+    a = np.abs(adj, out=out)
     s = a.sum(axis=1, keepdims=True, dtype=np.float64)
     a *= np.divide(1.0, s, out=np.zeros_like(s), where=s > 0).astype(a.dtype)
     return a
@@ -530,7 +608,8 @@ def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
     rule); every embedding, error, bias and logit node stays. Sets influence, the masks and
     the explained fractions. Works in place on one normalised copy of the adjacency."""
     nf = graph.n_features
-    a = normalised(graph.adjacency)
+    a = normalised(graph.adjacency, graph.scratch)
+    graph.scratch = None  # a is it now, and goes with this call
     inf = influence_on(graph, a)
     leaves = np.array([k in ("embedding", "bias") for k in graph.kinds])
     graph.explained_unpruned = float(inf[leaves].sum())
