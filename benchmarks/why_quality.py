@@ -285,7 +285,14 @@ def lds(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
                        for q in range(predicted.shape[1])])
 
 
-def run_lds(windows: int, n_queries: int, retrains: int, steps: int) -> tuple[str, list[str]]:
+def _retrain(job) -> np.ndarray:
+    config, x, y, chosen, steps, seed, queries = job
+    params, _ = lds_train(config, x, y, chosen, steps, seed)
+    return query_log_probs(params, config, queries)
+
+
+def run_lds(windows: int, n_queries: int, retrains: int, steps: int,
+            workers: int = 1) -> tuple[str, list[str]]:
     from tinygpt_cli.analysis.why import spearman
 
     t0 = time.perf_counter()
@@ -295,16 +302,21 @@ def run_lds(windows: int, n_queries: int, retrains: int, steps: int) -> tuple[st
     exact, index = lds_attributions(config, stream, x, y, snaps, queries)
     print(f"  full model and attributions: {time.perf_counter() - t0:.0f} s", file=sys.stderr,
           flush=True)
+    from concurrent.futures import ProcessPoolExecutor
+
     rng = np.random.default_rng(1)
     masks = np.zeros((retrains, len(x)), bool)
-    measured = np.zeros((retrains, len(queries)))
     for m in range(retrains):
         masks[m, rng.permutation(len(x))[: len(x) // 2]] = True
-        params, _ = lds_train(config, x, y, np.flatnonzero(masks[m]), steps, seed=1 + m)
-        measured[m] = query_log_probs(params, config, queries)
-        if (m + 1) % 10 == 0:
-            print(f"  retrain {m + 1}/{retrains}: {time.perf_counter() - t0:.0f} s",
-                  file=sys.stderr, flush=True)
+    measured = np.zeros((retrains, len(queries)))
+    jobs = [(config, x, y, np.flatnonzero(masks[m]), steps, 1 + m, queries)
+            for m in range(retrains)]
+    with ProcessPoolExecutor(workers) as pool:  # each retrain its own process
+        for m, got in enumerate(pool.map(_retrain, jobs)):
+            measured[m] = got
+            if (m + 1) % 10 == 0:
+                print(f"  retrain {m + 1}/{retrains}: {time.perf_counter() - t0:.0f} s",
+                      file=sys.stderr, flush=True)
     rows = []
     for label, scores in (("exact TracIn (`why --exact`)", exact),
                           ("the index, default sizes (`why`)", index)):
@@ -343,9 +355,11 @@ def main() -> None:
     ap.add_argument("--lds-queries", type=int, default=50)
     ap.add_argument("--retrains", type=int, default=100)
     ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--jobs", type=int, default=1, help="--lds: retrains at once")
     args = ap.parse_args()
     if args.lds:
-        head, lines = run_lds(args.lds_windows, args.lds_queries, args.retrains, args.steps)
+        head, lines = run_lds(args.lds_windows, args.lds_queries, args.retrains, args.steps,
+                              args.jobs)
         print(head)
         print("\n".join(lines))
         if args.write:
