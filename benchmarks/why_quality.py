@@ -318,8 +318,10 @@ def run_lds(windows: int, n_queries: int, retrains: int, steps: int,
                 print(f"  retrain {m + 1}/{retrains}: {time.perf_counter() - t0:.0f} s",
                       file=sys.stderr, flush=True)
     rows = []
+    noise = np.random.default_rng(2).normal(size=exact.shape)  # a baseline that knows nothing
     for label, scores in (("exact TracIn (`why --exact`)", exact),
-                          ("the index, default sizes (`why`)", index)):
+                          ("the index, default sizes (`why`)", index),
+                          ("random scores (baseline)", noise)):
         per_query = lds(masks.astype(np.float64) @ scores.T, measured)
         half = np.sqrt(np.var(per_query) / len(per_query))
         rows.append(f"| {label} | {per_query.mean():.3f} +- {half:.3f} | "
@@ -328,7 +330,8 @@ def run_lds(windows: int, n_queries: int, retrains: int, steps: int,
     took = time.perf_counter() - t0
     spread = measured.std(axis=0).mean()
     head = (f"`python benchmarks/why_quality.py --lds --lds-windows {windows} --lds-queries "
-            f"{n_queries} --retrains {retrains} --steps {steps}`: a {config.n_layer}-block, "
+            f"{n_queries} --retrains {retrains} --steps {steps} --jobs {workers}`: a "
+            f"{config.n_layer}-block, "
             f"d {config.n_embd}, context {config.n_positions} model ({LDS_VOCAB}-token BPE) "
             f"trained in the benchmark by the project's step (AdamW, peak lr {LDS_PEAK}, "
             f"batch {LDS_BATCH}, {steps} steps) on {len(x)} windows of part-000.txt; TracIn "
