@@ -169,11 +169,12 @@ def table(exact, approx, config, n, n_snapshots, variants) -> list[str]:
 
 LDS_DATA = ROOT.parent / "shared" / "data" / "tinystories"  # ../shared from the checkout
 LDS_CONFIG = {"n_embd": 32, "n_layer": 2, "n_head": 2, "n_inner": 128, "n_positions": 32}
+LDS_WIDER = {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 256, "n_positions": 64}
 LDS_VOCAB = 512
 LDS_PEAK, LDS_WARMUP, LDS_BATCH, LDS_SNAPSHOTS = 3e-3, 20, 16, 8
 
 
-def lds_setup(windows: int, n_queries: int, seed: int = 0):
+def lds_setup(windows: int, n_queries: int, seed: int = 0, sizes: dict = LDS_CONFIG):
     """A small text (the first stories of part-000 whose windows fill `windows`), a tokenizer
     trained on it, held-out queries (a prefix of a part-005 story and its real next token),
     and the small model's config."""
@@ -184,7 +185,7 @@ def lds_setup(windows: int, n_queries: int, seed: int = 0):
     from tinygpt_cli.tokenizer import train_tokenizer
 
     stories = read_stories([LDS_DATA / "part-000.txt"])
-    t = LDS_CONFIG["n_positions"]
+    t = sizes["n_positions"]
     need = windows * t + 1
     tok = train_tokenizer(stories[:2000], LDS_VOCAB)
     kept, total = [], 0
@@ -206,7 +207,7 @@ def lds_setup(windows: int, n_queries: int, seed: int = 0):
         queries.append((ids[:cut], ids[cut]))
         if len(queries) == n_queries:
             break
-    config = replace(Config(**LDS_CONFIG), vocab_size=tok.vocab_size)
+    config = replace(Config(**sizes), vocab_size=tok.vocab_size)
     return config, stream, x, y, queries
 
 
@@ -292,11 +293,12 @@ def _retrain(job) -> np.ndarray:
 
 
 def run_lds(windows: int, n_queries: int, retrains: int, steps: int,
-            workers: int = 1) -> tuple[str, list[str]]:
+            workers: int = 1, wider: bool = False) -> tuple[str, list[str]]:
     from tinygpt_cli.analysis.why import spearman
 
     t0 = time.perf_counter()
-    config, stream, x, y, queries = lds_setup(windows, n_queries)
+    config, stream, x, y, queries = lds_setup(windows, n_queries,
+                                              sizes=LDS_WIDER if wider else LDS_CONFIG)
     full, snaps = lds_train(config, x, y, np.arange(len(x)), steps, seed=0,
                             snapshots=LDS_SNAPSHOTS)
     exact, index = lds_attributions(config, stream, x, y, snaps, queries)
@@ -330,7 +332,8 @@ def run_lds(windows: int, n_queries: int, retrains: int, steps: int,
     took = time.perf_counter() - t0
     spread = measured.std(axis=0).mean()
     head = (f"`python benchmarks/why_quality.py --lds --lds-windows {windows} --lds-queries "
-            f"{n_queries} --retrains {retrains} --steps {steps} --jobs {workers}`: a "
+            f"{n_queries} --retrains {retrains} --steps {steps} --jobs {workers}"
+            f"{' --lds-wider' if wider else ''}`: a "
             f"{config.n_layer}-block, "
             f"d {config.n_embd}, context {config.n_positions} model ({LDS_VOCAB}-token BPE) "
             f"trained in the benchmark by the project's step (AdamW, peak lr {LDS_PEAK}, "
@@ -359,10 +362,11 @@ def main() -> None:
     ap.add_argument("--retrains", type=int, default=100)
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--jobs", type=int, default=1, help="--lds: retrains at once")
+    ap.add_argument("--lds-wider", action="store_true", help="--lds: d 64, 4 heads, context 64")
     args = ap.parse_args()
     if args.lds:
         head, lines = run_lds(args.lds_windows, args.lds_queries, args.retrains, args.steps,
-                              args.jobs)
+                              args.jobs, args.lds_wider)
         print(head)
         print("\n".join(lines))
         if args.write:
