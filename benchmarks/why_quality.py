@@ -28,6 +28,8 @@ for held-out queries (exact, and from the index at its default sizes) from evenl
 snapshots of the full-data run, then `--retrains` models trained the same way on random
 halves of the windows; per query, the rank correlation over the halves between the sum of
 the half's scores and the retrained model's log p(target). --write: the "why_lds" section.
+Run it with OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1: with BLAS's own threads on the 2-core
+machine each of these tiny steps took about 40 times as long (0.19 s against 5 ms).
 """
 
 from __future__ import annotations
