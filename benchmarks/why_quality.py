@@ -28,18 +28,23 @@ for held-out queries (exact, and from the index at its default sizes) from evenl
 snapshots of the full-data run, then `--retrains` models trained the same way on random
 halves of the windows; per query, the rank correlation over the halves between the sum of
 the half's scores and the retrained model's log p(target). --write: the "why_lds" section.
-Run it with OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1: with BLAS's own threads on the 2-core
-machine each of these tiny steps took about 40 times as long (0.19 s against 5 ms).
+BLAS is held to one thread here, before NumPy loads (a thread setting given in the
+environment wins): with its own threads on the 2-core machine each of these tiny steps took
+about 40 times as long (0.19 s against 5 ms).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # before NumPy loads, and inherited by --jobs' workers
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
