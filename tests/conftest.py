@@ -62,6 +62,15 @@ SENTENCES = [
 ]
 
 
+def story_parts(folder: Path, copies=(4, 4, 4)) -> Path:
+    """A --data folder as the TinyStories one is laid out: part-000.txt ... , part i holding
+    SENTENCES copies[i] times, one per line between <|endoftext|> markers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, n in enumerate(copies):
+        (folder / f"part-00{i}.txt").write_text("\n<|endoftext|>\n".join(SENTENCES * n) + "\n")
+    return folder
+
+
 def random_params(config: Config, seed: int = 0, dtype=np.float64) -> dict[str, np.ndarray]:
     """GPT-2 shaped parameters with every entry perturbed, so nothing is 0 or 1 by accident.
 

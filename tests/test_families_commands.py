@@ -37,13 +37,9 @@ def folder(request, tmp_path_factory):
 
 @pytest.fixture
 def data(tmp_path):
-    from conftest import SENTENCES
+    from conftest import story_parts
 
-    out = tmp_path / "data"
-    out.mkdir()
-    for i in range(3):
-        (out / f"part-00{i}.txt").write_text("\n<|endoftext|>\n".join(SENTENCES * (4 + i)))
-    return out
+    return story_parts(tmp_path / "data", (4, 5, 6))
 
 
 def test_sae_trains_and_evaluates_on_the_familys_values(cli, folder, data, tmp_path,

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 from cli_helpers import assert_one_error_line
-from conftest import SENTENCES
+from conftest import story_parts
 
 OLD = b"written before\n"
 
@@ -27,11 +27,7 @@ def folder(tmp_path, tiny):
 
 @pytest.fixture
 def data(tmp_path):
-    out = tmp_path / "data"
-    out.mkdir()
-    for i in range(3):
-        (out / f"part-00{i}.txt").write_text("\n<|endoftext|>\n".join(SENTENCES * 4) + "\n")
-    return out
+    return story_parts(tmp_path / "data")
 
 
 @pytest.mark.parametrize("argv, name, option", [
@@ -375,10 +371,7 @@ def test_a_folder_from_the_hub_is_told_what_it_lacks(cli, tiny, tmp_path):
     needs first, and the note of means no longer says the model is older than the record."""
     r = cli("why", "Lily wanted", "--weights", tiny.folder)
     assert_one_error_line(r, 2, f"no training history: {tiny.folder / 'history'} does not exist")
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(3):
-        (data / f"part-00{i}.txt").write_text("\n<|endoftext|>\n".join(SENTENCES * 4) + "\n")
+    data = story_parts(tmp_path / "data")
     r = cli("means", "--weights", tiny.folder, "--data", data, "--out", tmp_path / "m.st")
     assert r.code == 0, r.err
     assert (f"note: {tiny.folder} has no record of its training text (data.json, which "

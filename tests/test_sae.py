@@ -195,14 +195,9 @@ def test_a_file_round_trips_and_a_damaged_one_is_refused(tmp_path, tiny_folder):
 
 @pytest.fixture
 def data(tmp_path):
-    from conftest import SENTENCES
+    from conftest import story_parts
 
-    folder = tmp_path / "data"
-    folder.mkdir()
-    for i in range(3):
-        (folder / f"part-00{i}.txt").write_text(
-            "\n<|endoftext|>\n".join(SENTENCES * (4 + i)) + "\n")
-    return folder
+    return story_parts(tmp_path / "data", (4, 5, 6))
 
 
 def test_sae_train_eval_and_feature_on_a_tiny_model(cli, data, tmp_path, monkeypatch):

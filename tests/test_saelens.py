@@ -176,13 +176,10 @@ def test_steering_by_a_latent_of_a_saelens_folder_is_its_decoder_row(cli, tmp_pa
 
 
 def test_feature_and_eval_read_a_saelens_folder(cli, tmp_path, monkeypatch):
-    from conftest import SENTENCES
+    from conftest import story_parts
 
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
-    data = tmp_path / "data"
-    data.mkdir()
-    for i in range(3):
-        (data / f"part-00{i}.txt").write_text("\n<|endoftext|>\n".join(SENTENCES * 4) + "\n")
+    data = story_parts(tmp_path / "data")
     folder = write_saelens(tmp_path / "sae", "jumprelu", seed=3)
     x = np.asarray(cli("trace", TEXT, SITE, "--json").json()["data"], dtype=np.float32)
     want = saelens_encode(folder, x)

@@ -63,14 +63,9 @@ def test_fitting_beats_the_logit_lens_on_held_out_windows(tiny_config, tiny_para
 
 @pytest.fixture
 def data(tmp_path):
-    from conftest import SENTENCES
+    from conftest import story_parts
 
-    folder = tmp_path / "data"
-    folder.mkdir()
-    for i in range(3):
-        (folder / f"part-00{i}.txt").write_text(
-            "\n<|endoftext|>\n".join(SENTENCES * (4 + i)) + "\n")
-    return folder
+    return story_parts(tmp_path / "data", (4, 5, 6))
 
 
 def test_lens_fit_kind_tuned_and_evaluate(cli, data, tmp_path, monkeypatch):
