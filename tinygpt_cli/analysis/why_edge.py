@@ -28,7 +28,14 @@ from .. import ops
 from ..config import Config
 from ..errors import InputError
 from ..hooks import Chain, Record
-from ..model import backward, backward_from_part, backward_from_stream, forward, head_qkv
+from ..model import (
+    backward,
+    backward_from_part,
+    backward_from_stream,
+    forward,
+    head_qkv,
+    norm_weights,
+)
 from . import exact_tracin as ex
 from .circuit import Graph, build_graph, default_tokens, sender_outputs
 
@@ -90,9 +97,10 @@ def _patched(params, config: Config, ids: np.ndarray, receiver: str, delta: np.n
             seen["x"] = x
         if head and path == f"layers.{head.group(1)}.{head.group(3)}":
             i, h, part = int(head.group(1)), int(head.group(2)), "qkv".index(head.group(3))
-            w, b = head_qkv(params, config, i)[part], head_qkv(params, config, i)[3 + part]
-            normed = ops.layer_norm(seen["x"] + delta, params[f"layers.{i}.ln1.w"],
-                                    params[f"layers.{i}.ln1.b"], config.layer_norm_epsilon)[0]
+            qkv = head_qkv(params, config, i)
+            w, b = qkv[part], qkv[3 + part]
+            normed = ops.layer_norm(seen["x"] + delta, *norm_weights(params, f"layers.{i}.ln1"),
+                                    config.layer_norm_epsilon)[0]
             x = x.copy()
             x[h] = normed @ w[h] + b[h]
             return x
@@ -122,9 +130,8 @@ def _patched_parts(params, config: Config, ids: np.ndarray, receiver: str, delta
     L, d, dk = f"layers.{i}.", config.n_embd, config.d_k
     dpart = dv[L + head.group(3)][h]  # [T, d_k]
     e = dpart @ head_qkv(params, config, i)[part][h].T  # d m / d (normed input) of the head
-    x, gain = v[L + "resid_pre"], params[L + "ln1.w"]
-    normed, mean, std = ops.layer_norm(x + delta, gain, params[L + "ln1.b"],
-                                       config.layer_norm_epsilon)
+    x, (gain, shift) = v[L + "resid_pre"], norm_weights(params, L + "ln1")
+    normed, mean, std = ops.layer_norm(x + delta, gain, shift, config.layer_norm_epsilon)
     dx_read, dgain_read, _ = ops.layer_norm_backward(e, x + delta, gain, mean, std)
     dx_pass, dgain_pass, _ = ops.layer_norm_backward(e, x, gain, v[L + "ln1.mean"],
                                                      v[L + "ln1.std"])
