@@ -877,6 +877,7 @@ def test_an_edges_gradient_and_its_exact_scores(make_params):
                          corrupt=corrupt)  # with and without circuit's spaces
         assert v.amount == pytest.approx(score(params), rel=1e-9, abs=1e-12)
         assert abs(v.amount) > 1e-3  # a real edge: its gradient is not trivially zero
+        assert v.name.endswith(f", logit[{target}] - logit[{vs}]")  # what it compares
         q = v.make(params)
         assert_query_is_the_values_gradient(q, params, score, (
             ("embed.W_E", (4, 2)), ("embed.W_E", (7, 1)), ("embed.W_pos", (1, 3)),

@@ -484,8 +484,10 @@ def _edge_value(model, ids: list[int], value: str, target: int, vs: int | None,
                          "logit[vs] is 0 whatever the weights; give another token")
     amount, _ = we.edge_score(model.params, config, ids, corrupt, value, target, vs, hooks,
                               want_query=False)
-    return Value(value, amount, lambda p: we.edge_score(p, config, ids, corrupt, value,
-                                                        target, vs, hooks)[1])
+    # the tokens the score compares are named, as --vs's are: vs may be circuit's default
+    return Value(f"{value}, logit[{target}] - logit[{vs}]", amount,
+                 lambda p: we.edge_score(p, config, ids, corrupt, value, target, vs,
+                                         hooks)[1])
 
 
 def value_of(model, ids: list[int], value: str | None, target: int, vs: int | None,
