@@ -56,13 +56,14 @@ PROMPTS = ["Once upon a time, there was a little", "Lily wanted to play with her
            "They played all day in the", "The little bird could not",
            "Ben had a red ball. He threw the"]
 
-# (label, sizes): Projection.fit's sizes; {} is the shipped default
-VARIANTS = [("default (8/16/8/16)", {}),
-            ("position 32", {"position": 32}),
-            ("matrix 16", {"matrix": 16}),
-            ("matrix 16, table 32, position 32", {"matrix": 16, "table": 32, "position": 32}),
-            ("fitted on 256 windows", {"fit": 256}),
-            ("matrix 16, fitted on 256 windows", {"matrix": 16, "fit": 256})]
+# (label, sizes): Projection.fit's sizes; {} is the shipped default (tracin.SIZES)
+VARIANTS = [("default (u 16, m 4, top 4, 4 steps)", {}),
+            ("m 8", {"m": 8}),
+            ("u 8", {"u": 8}),
+            ("u 32", {"u": 32}),
+            ("top 2", {"top": 2}),
+            ("top 8", {"top": 8}),
+            ("8 power steps", {"steps": 8})]
 
 
 def setup(windows: int, n_queries: int, seed: int = 0):
@@ -106,16 +107,16 @@ def measure(model, index, timeline, n, sample, asks, variants, workers=None):
     for s, snap in enumerate(timeline):
         t0 = time.perf_counter()
         params = {k: np.asarray(v, np.float32) for k, v in snap.params.items()}
-        stacked = ex.stack([ex.next_token_query(params, config, ids, t) for ids, t in asks],
-                           config, params)
+        exact_queries = [ex.next_token_query(params, config, ids, t) for ids, t in asks]
+        stacked = ex.stack(exact_queries, config, params)
         projections = {}
         for label, sizes in variants:
             f = fit if "fit" not in sizes else fit_sample(n, sizes["fit"])
             projections[label] = tracin.Projection.fit(
                 params, config, x_all[f], y_all[f],
                 sizes={k: v for k, v in sizes.items() if k != "fit"})
-        queries = {label: [tracin.query(params, config, p, ids, t, config.n_positions)
-                           for ids, t in asks] for label, p in projections.items()}
+        queries = {label: [tracin.query(q, config, p) for q in exact_queries]
+                   for label, p in projections.items()}
 
         def one(i: int, params=params, stacked=stacked, projections=projections,
                 queries=queries):
@@ -126,8 +127,8 @@ def measure(model, index, timeline, n, sample, asks, variants, workers=None):
             got = {"exact": ex.scores_from(config, v, dv, dl, x, stacked)}
             for label, p in projections.items():
                 g = tracin.projected(config, v, dv, dl, x, y, p)
-                rows, u, m = (tracin.to_bfloat16(a) for a in (g.rows, g.u, g.m))
-                got[label] = np.stack([tracin.scores(rows, u, m, x, y, q)
+                stored = tracin.stored([g])  # as a shard keeps them
+                got[label] = np.stack([tracin.scores(stored, x, y, q)
                                        for q in queries[label]])
             return i, got
 
@@ -142,20 +143,23 @@ def measure(model, index, timeline, n, sample, asks, variants, workers=None):
 
 
 def size_gb(config, sizes: dict, n_windows: int, n_snapshots: int) -> float:
+    """The index's size on the whole text: every window at every snapshot, 2 bytes a number
+    (bfloat16, and uint16 token ids)."""
     from tinygpt_cli.analysis import tracin
 
     k = {**tracin.SIZES, **{n: v for n, v in sizes.items() if n != "fit"}}
-    linear = 4 * config.n_layer * k["matrix"] ** 2
-    per_window = (linear + k["table"] ** 2 + k["matrix"] ** 2
-                  + (2 * config.n_layer + 1) * k["vector"]
-                  + 2 * config.n_positions * k["position"])
+    d, ff = config.n_embd, config.n_inner
+    rank1 = config.n_layer * ((d + 1 + 3 * d) + (d + 1 + d) + (d + 1 + ff) + (ff + 1 + d))
+    rows = k["positions"] ** 2 + (2 * config.n_layer + 1) * k["vector"]
+    per_position = k["u"] + k["m"] + 2 * k["top"]  # u_t, m_t, the top ids and chances
+    per_window = rank1 + rows + config.n_positions * per_position
     return per_window * 2 * n_windows * n_snapshots / 1e9
 
 
 def table(exact, approx, config, n, n_snapshots, variants) -> list[str]:
     from tinygpt_cli.analysis.why import recall, spearman
 
-    lines = ["| index (matrix/table/norm/position sizes) | size on the whole text | "
+    lines = ["| index | size on the whole text | "
              "recall@10 | recall@50 | Spearman | recall@10, top 20 re-scored | "
              "recall@10, top 50 re-scored |", "|---|---:|---:|---:|---:|---:|---:|"]
     for label, sizes in variants:
@@ -266,19 +270,18 @@ def lds_attributions(config, stream, x, y, snapshots, queries, workers=None):
     index = np.zeros_like(exact)
     fit = fit_windows(len(x))
     for params, lr in snapshots:
-        stacked = ex.stack([ex.next_token_query(params, config, q, t) for q, t in queries],
-                           config, params)
+        exact_queries = [ex.next_token_query(params, config, q, t) for q, t in queries]
+        stacked = ex.stack(exact_queries, config, params)
         proj = tracin.Projection.fit(params, config, x[fit], y[fit])
-        qs = [tracin.query(params, config, proj, q, t, config.n_positions)
-              for q, t in queries]
+        qs = [tracin.query(q, config, proj) for q in exact_queries]
         for i in range(0, len(x), ex.BATCH):
             xb, yb = x[i:i + ex.BATCH], y[i:i + ex.BATCH]
             v, dv, dl = tracin.values_and_gradients(
                 params, config, xb, lambda z, yb=yb: ex.mean_loss_gradient(z, yb))
             exact[:, i:i + len(xb)] += lr * ex.scores_from(config, v, dv, dl, xb, stacked)
             g = tracin.projected(config, v, dv, dl, xb, yb, proj)
-            rows, u, m = (tracin.to_bfloat16(a) for a in (g.rows, g.u, g.m))
-            index[:, i:i + len(xb)] += lr * np.stack([tracin.scores(rows, u, m, xb, yb, q)
+            stored = tracin.stored([g])
+            index[:, i:i + len(xb)] += lr * np.stack([tracin.scores(stored, xb, yb, q)
                                                       for q in qs])
     return exact, index
 

@@ -251,31 +251,28 @@ def test_exact_matches_count_the_texts_tail_and_the_target():
 # --- why: TracIn --------------------------------------------------------------------------------
 
 
-def full_projection(config: Config):
-    """A projection that keeps every direction (identity bases): the index's scores are
-    then the exact dot products, whatever the decomposition into parts does."""
+def full_projection(config: Config, steps: int = 200):
+    """A projection that keeps every direction (identity bases) and every chance: the
+    index's scores are then exact but for each weight matrix, kept as its top rank-one
+    part (found by `steps` power steps)."""
     from tinygpt_cli.analysis import tracin
 
-    d, ff, v, n = config.n_embd, config.n_inner, config.vocab_size, config.n_positions
+    d, n = config.n_embd, config.n_positions
     eye = lambda k: np.eye(k, dtype=np.float32)  # noqa: E731
-    left, right = {}, {}
-    sizes = {"attn.W_QKV": (d + 1, 3 * d), "attn.W_O": (d + 1, d),
-             "mlp.W_in": (d + 1, ff), "mlp.W_out": (ff + 1, d)}
-    for prefix, _, _ in tracin.linear_sites(config):
-        rows, cols = sizes[prefix.split(".", 2)[2]]
-        left[prefix], right[prefix] = eye(rows), eye(cols)
-    left[tracin.TABLE], right[tracin.TABLE] = eye(v), eye(d)
-    left[tracin.POSITIONS], right[tracin.POSITIONS] = eye(n), eye(d)
+    left = {tracin.POSITIONS: eye(n), "u": eye(d), "m": eye(d)}
     for prefix, _, _ in tracin.norm_sites(config):
         left[prefix] = eye(2 * d)
-    left["u"], left["m"] = eye(d), eye(d)
-    return tracin.Projection(left, right)
+    return tracin.Projection(left, {tracin.POSITIONS: eye(d)}, top=config.vocab_size,
+                             steps=steps)
 
 
-def test_window_gradients_in_full_give_the_exact_dot_products(make_params):
-    """With nothing projected away, the index's parts (the table's sparse rows per position,
-    the rest per window) add up to <grad mean loss(window), grad -log p(target)> exactly:
-    checked against one full backward pass per window."""
+def test_window_gradients_in_full_give_the_exact_dot_products_but_for_rank_one(make_params):
+    """With nothing projected away, the index's parts (the head's and the rows read per
+    position, each matrix's rank-one pair, the rest per window) add up to
+    <grad mean loss(window), grad -log p(target)> from one full backward pass per window,
+    once each matrix's gradient G is swapped for its top singular part s_1 u_1 v_1^T by
+    NumPy's SVD: the power steps find that part, and every other term is exact."""
+    from tinygpt_cli.analysis import exact_tracin as ex
     from tinygpt_cli.analysis import tracin
 
     config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
@@ -285,19 +282,65 @@ def test_window_gradients_in_full_give_the_exact_dot_products(make_params):
     ids, target = [4, 2, 9, 4], 3
     p = full_projection(config)
     g = tracin.window_gradients(params, config, x, y, p)
-    q = tracin.query(params, config, p, ids, target, config.n_positions)
-    got = tracin.scores(g.rows, g.u, g.m, x, y, q)
+    exact_query = ex.next_token_query(params, config, ids, target)
+    q = tracin.query(exact_query, config, p)
+    got = tracin.scores(vars(g), x, y, q)
     exact = why.exact_tracin([(params, 1.0)], config, x, y, ids, target)
-    np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-6 * np.abs(exact).max())
-    # the stored bfloat16 numbers are each within 2**-8 of their own size, so each window's
-    # score moves by at most 2**-8 times the sum of its terms' magnitudes
-    stored = [tracin.to_bfloat16(a) for a in (g.rows, g.u, g.m)]
-    quantised = tracin.scores(*stored, x, y, q)
-    size = np.abs(g.rows) @ np.abs(q.rows) \
-        + np.einsum("wtk,wtk->w", np.abs(g.u), np.abs(q.by_next_token.dense()[y])) \
-        + np.einsum("wtk,wtk->w", np.abs(g.m), np.abs(q.by_input_token.dense()[x]))
-    assert np.all(np.abs(quantised - got) <= 2.0**-8 * size * (1 + 1e-5))
+    v, dv, _ = tracin.values_and_gradients(
+        params, config, x, lambda z: tracin.window_loss_gradient_of_logits(z, y))
+    for prefix, inp, outp in tracin.linear_sites(config):
+        a, d = exact_query.sites[prefix]
+        g_q = a.T.astype(np.float64) @ d
+        for w in range(len(x)):
+            full = tracin.with_ones(v[inp][w]).T.astype(np.float64) @ dv[outp][w]
+            left, s, right = np.linalg.svd(full)
+            exact[w] += ((s[0] * np.outer(left[:, 0], right[0]) - full) * g_q).sum()
+    np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-5 * np.abs(exact).max())
+    # and the rank-one part is not the whole: the matrices' other directions count here
+    assert np.abs(got - why.exact_tracin([(params, 1.0)], config, x, y, ids, target)).max() \
+        > 1e-2 * np.abs(exact).max()
+    # stored as the index stores them (bfloat16), the scores move by little
+    quantised = tracin.scores(tracin.stored([g]), x, y, q)
+    np.testing.assert_allclose(quantised, got, rtol=0.05, atol=0.02 * np.abs(got).max())
     assert np.any(quantised != got)
+
+
+def test_the_power_steps_find_the_top_singular_vector():
+    """top_singular_pair's u against NumPy's SVD of G = A^T D, for windows whose G has a
+    clear gap (to sign), and v = G^T u."""
+    from tinygpt_cli.analysis import tracin
+
+    rng = np.random.default_rng(4)
+    a, d = rng.standard_normal((3, 7, 5)), rng.standard_normal((3, 7, 4))
+    d[:, 0] *= 20  # one position leads: a gap between the first two singular values
+    u, v = tracin.top_singular_pair(a, d, 30)
+    for w in range(3):
+        g = a[w].T @ d[w]
+        left, s, _ = np.linalg.svd(g)
+        assert s[0] > 2 * s[1]
+        assert abs(abs(u[w] @ left[:, 0]) - 1) < 1e-8
+        np.testing.assert_allclose(v[w], g.T @ u[w], rtol=1e-10)
+
+
+def test_top_chances_are_the_likeliest_in_order():
+    """From d loss / d logits = (s - e_y) / T, each position's k likeliest tokens by s (the
+    next token y among them when it is likely), against a sort of s itself; ties to the
+    lower id."""
+    from tinygpt_cli.analysis import tracin
+
+    rng = np.random.default_rng(5)
+    s = rng.dirichlet(np.full(9, 0.3), size=(3, 4))
+    s[0, 0] = [0.1, 0.4, 0.05, 0.2, 0.05, 0.2, 0, 0, 0]  # a tie: the lower id first
+    y = rng.integers(0, 9, (3, 4))
+    y[1, :] = s[1].argmax(-1)  # the next token is the likeliest: it must be kept
+    dlogits = s.copy()
+    np.put_along_axis(dlogits, y[..., None], np.take_along_axis(s, y[..., None], -1) - 1, -1)
+    ids, chances = tracin.top_chances((dlogits / 4).astype(np.float32), y, 3)
+    for i in np.ndindex(3, 4):
+        naive = sorted(range(9), key=lambda j, i=i: (-s[i][j], j))[:3]
+        assert ids[i].tolist() == naive, i
+        np.testing.assert_allclose(chances[i], s[i][naive], atol=1e-6)
+    assert ids[0, 0].tolist() == [1, 3, 5]
 
 
 def test_bfloat16_rounds_to_the_nearest_of_its_two_neighbours():
@@ -336,21 +379,23 @@ def test_a_fitted_projection_is_orthonormal_and_keeps_its_sample(make_params):
     params = make_params(config, seed=2)
     rng = np.random.default_rng(3)
     x, y = rng.integers(0, 13, (6, 6)), rng.integers(0, 13, (6, 6))
-    p = tracin.Projection.fit(params, config, x, y)
+    p = tracin.Projection.fit(params, config, x, y, sizes={"top": 3, "steps": 5})
     for name, a in p.left.items():
         if name != tracin.POSITIONS:  # the position side is random: every position alike
             np.testing.assert_allclose(a.T @ a, np.eye(a.shape[1]), atol=1e-5)
-    assert p.dim == sum(a.shape[1] * p.right[n].shape[1] if n in p.right else a.shape[1]
-                        for n, a in p.left.items() if n not in ("u", "m"))
+    assert p.dim == tracin.K_POSITIONS ** 2 + 3 * tracin.K_VECTOR
+    assert (p.left["u"].shape, p.left["m"].shape) == ((8, min(8, tracin.K_U)), (8, tracin.K_M))
     again = tracin.Projection.from_arrays(p.arrays())
-    assert again.dim == p.dim and all(np.array_equal(again.left[n], p.left[n]) for n in p.left)
+    assert (again.dim, again.top, again.steps) == (p.dim, 3, 5)
+    assert all(np.array_equal(again.left[n], p.left[n]) for n in p.left)
 
 
 def test_the_index_ranks_every_window_as_exact_tracin_does(run, tmp_path, monkeypatch):
     """The whole index (fitted projections, worker processes, stored bfloat16 numbers) against
-    TracIn computed window by window from full gradients, over every window: rank
-    correlation at least 0.9 for each of several questions. Scoring the snapshots on two
-    threads gives the one-thread numbers exactly."""
+    TracIn computed window by window from full gradients, over every window (20 here): rank
+    correlation at least 0.95 on average over several questions, and 0.85 for each (a
+    one-token text, whose query gradient is rank one per matrix, is the hardest). Scoring
+    the snapshots on two threads gives the one-thread numbers exactly."""
     from tinygpt_cli.analysis import history as hist
     from tinygpt_cli.analysis.why_index import open_index
 
@@ -369,6 +414,7 @@ def test_the_index_ranks_every_window_as_exact_tracin_does(run, tmp_path, monkey
     assert grads.complete and seen[0] == (0, total) and seen[-1] == (total, total)
     assert grads.built_now == total
     lrs = np.asarray([s.lr for s in timeline])
+    rhos = []
     for text, target in (("The frog Quixby", " zooms"), ("The cat sat on the", " mat"),
                          ("Tom threw the", " ball"), ("Lily", " sings")):
         ids, t = tok.encode(text), tok.encode(target)[0]
@@ -378,7 +424,9 @@ def test_the_index_ranks_every_window_as_exact_tracin_does(run, tmp_path, monkey
             grads.scores([s.params for s in timeline], config, x, y, ids, t, workers=1))
         got = (per_snapshot * lrs[:, None]).sum(0)
         exact = why.exact_tracin([(s.params, s.lr) for s in timeline], config, x, y, ids, t)
-        assert spearman(got, exact) >= 0.9, (text, spearman(got, exact))
+        rhos.append(spearman(got, exact))
+        assert rhos[-1] >= 0.85, (text, rhos[-1])
+    assert np.mean(rhos) >= 0.95, rhos
 
 
 def test_a_stream_position_is_named_by_file_story_and_offset():

@@ -1,32 +1,30 @@
 """Every training window's loss gradient, kept small, for TracIn over the whole text.
 
 A window's gradient has 1.3 million numbers; the training text has about 12,500 windows and
-the history 8 snapshots, so gradients are never stored whole. What is stored splits in two,
-because one part of the gradient dominates the dot products TracIn takes and is sparse:
+the history 7 snapshots, so gradients are never stored whole. What is stored follows the
+parts exact TracIn splits into (analysis.exact_tracin), each kept in the form that ranks it
+best for its size (benchmarks/why_anatomy.py measured each part's share and how well each
+form ranks it; benchmarks/why_quality.py chose the sizes):
 
-1. The embedding table's rows (tied: it is also the unembedding). For a window,
-
-       G = (1/T) sum_t (s_t - e_{y_t}) u_t^T  +  sum_t e_{x_t} m_t^T            [V, d]
-
-   (s_t the predicted distribution, y_t the next token, u_t = ln_final.out, x_t the input
-   token, m_t the gradient at the embeddings). The query's gradient is a b^T + sum_q e_{x_q}
-   m_q^T (a = softmax - onehot(target) at the text's last position, b its u). Its dot
-   product with the *sparse* terms (the e_y and e_x rows) needs only u_t and m_t per
-   position: these are stored, projected on their leading principal directions (K_POSITION
-   numbers each), and the dot product is taken exactly in that subspace at query time. On the
-   shipped model these terms carry most of the score (their spread is 10 times any other
-   parameter's), and a random projection of the whole table lost them entirely (correlation
-   with the exact score about 0: a query's rows are a handful of 4,096).
-2. Everything else (every weight matrix and bias, the dense softmax part of the table, the
-   position table, the norms), projected per window with a Kronecker pair of matrices (LoGra,
-   Choe et al. 2024): for y = x W + b over the window's positions,
-
-       P_in^T [dW; db] P_out = ([x, 1] P_in)^T (dy P_out)                    [k_in, k_out]
-
-   so a window's projection costs two thin products of values that one batched forward and
-   backward pass already has, never the gradient itself. P_in and P_out are the leading
-   eigenvectors of each side's gradient energy over a sample of windows (LoGra's PCA
-   initialisation); a norm's gain and bias take a dense projection.
+1. Each weight matrix's gradient G = sum_t [x_t, 1] dy_t^T (bias included) as its best
+   rank-one part u v^T: u its top left singular vector, found by power steps in factor form
+   (G G^T u = A^T (D (D^T (A u))) with A = [x, 1] and D = dy per position, never G itself),
+   and v = G^T u. Against a query's G_q = A_q^T D_q the score u^T G_q v is read in the same
+   factor form: sum over the query's positions of (A_q u)_t' (D_q v)_t'. A window's gradient
+   of one matrix is dominated by a few directions (a few positions carry most of the loss),
+   so one pair keeps most of each dot product; two fitted projections per side (LoGra's
+   Kronecker pair, the index's form before) kept much less of the window-specific part.
+2. The tied table's head part, sum_t (s_t - e_{y_t}) u_t^T / T (s_t the predicted
+   distribution, y_t the next token, u_t = ln_final.out): from each position's TOP chances
+   (their token ids and values) and its one next token, with u_t on K_U fitted directions.
+   The query's table gradient is a b^T (+ the rows its text read), so each pair (token j,
+   weight w) scores w (a_j (b . u_t) + row_j . u_t): the softmax mass is in its top few
+   tokens, and this part carries most of the score's variance.
+3. The table rows the window read, sum_t e_{x_t} m_t^T (m_t the gradient at the
+   embeddings): m_t on K_M fitted directions, scored the same way.
+4. The position table and the norms (a small share of any score): projected as before, the
+   position table by a Kronecker pair (left random: every position alike) and each norm's
+   gain and bias by fitted directions.
 
 Scores from these are an approximation that ranks; `why` re-scores its top windows exactly.
 """
@@ -39,17 +37,20 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
-from ..hooks import Chain, Record
+from ..hooks import Record
 from ..model import backward, forward
 
-K_MATRIX = 8  # each side of a weight matrix's projection: k_in x k_out = 64 numbers
-K_TABLE = 16  # the embedding table's dense part: 256 numbers
+K_U = 16  # u_t (ln_final.out) at each position, for the head's part
+K_M = 4  # m_t (the embeddings' gradient) at each position, for the rows read
+K_POSITIONS = 8  # each side of the position table's projection: 64 numbers
 K_VECTOR = 8  # a LayerNorm's gain and bias together
-K_POSITION = 16  # u_t and m_t at each position
+TOP = 4  # each position's likeliest next tokens kept, with their chances
+POWER_STEPS = 4  # for each matrix's top singular vector
 PROJECTION_SEED = 0
 # the sizes by name, as Projection.fit takes others (benchmarks/why_quality.py)
-SIZES = {"matrix": K_MATRIX, "table": K_TABLE, "vector": K_VECTOR, "position": K_POSITION}
-TABLE, POSITIONS = "embed.W_E", "embed.W_pos"  # the two tables' sites, by parameter name
+SIZES = {"u": K_U, "m": K_M, "positions": K_POSITIONS, "vector": K_VECTOR, "top": TOP,
+         "steps": POWER_STEPS}
+POSITIONS = "embed.W_pos"  # the position table's site, by parameter name
 FIT_WINDOWS = 64  # windows whose gradients choose the projections' directions
 
 
@@ -136,22 +137,6 @@ def top_eigenvectors(gram: np.ndarray, k: int) -> np.ndarray:
     return np.ascontiguousarray(vectors[:, ::-1][:, :k], dtype=np.float32)
 
 
-def top_eigenvectors_of_product(a: np.ndarray, w: np.ndarray, k: int, rng,
-                                iterations: int = 4) -> np.ndarray:
-    """The k leading eigenvectors of a^T diag(w) a by subspace iteration: for the
-    vocabulary side the [V, V] matrix costs 30 times more to form than to use."""
-    k = min(k, a.shape[1])
-
-    def apply(y: np.ndarray) -> np.ndarray:
-        return a.T @ (w[:, None] * (a @ y))
-
-    q = np.linalg.qr(apply(rng.standard_normal((a.shape[1], k + 8))))[0]
-    for _ in range(iterations):
-        q = np.linalg.qr(apply(q))[0]
-    _, vectors = np.linalg.eigh(q.T @ apply(q))
-    return np.ascontiguousarray(q @ vectors[:, ::-1][:, :k], dtype=np.float32)
-
-
 def softmax_part(dlogits: np.ndarray, y: np.ndarray) -> np.ndarray:
     """s_t / T from (s_t - e_{y_t}) / T: the dense part of the unembedding's gradient."""
     s = dlogits.copy()
@@ -162,15 +147,18 @@ def softmax_part(dlogits: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Projection:
-    """The directions, by name: `left`/`right` pairs for matrices (TABLE is the table's
-    dense part), `left` alone for the norms, and `u`, `m` for the per-position values."""
+    """The fitted directions, by name: the position table's `left`/`right` pair, `left`
+    alone for the norms and for the per-position `u`, `m`; and how many chances (`top`) and
+    power steps (`steps`) each window keeps and takes."""
 
     left: dict[str, np.ndarray]
     right: dict[str, np.ndarray]
+    top: int = TOP
+    steps: int = POWER_STEPS
 
     @property
     def dim(self) -> int:
-        """Numbers per window."""
+        """Projected numbers per window (the position table's and the norms')."""
         return sum(a.shape[1] * self.right[n].shape[1] if n in self.right else a.shape[1]
                    for n, a in self.left.items() if n not in ("u", "m"))
 
@@ -178,45 +166,36 @@ class Projection:
     def fit(cls, params, config: Config, x: np.ndarray, y: np.ndarray,
             seed: int = PROJECTION_SEED, sizes: dict | None = None) -> Projection:
         """Directions from a sample of windows' gradients at these weights: for a gradient
-        sum_t l_t r_t^T, the top eigenvectors of sum_t |r_t|^2 l_t l_t^T and of
-        sum_t |l_t|^2 r_t r_t^T (orthonormal: a gradient lying in them is kept exactly)."""
+        sum_t l_t r_t^T, the top eigenvectors of sum_t |l_t|^2 r_t r_t^T (orthonormal: a
+        gradient lying in them is kept exactly)."""
         rng = np.random.default_rng(seed)
         k = {**SIZES, **(sizes or {})}
-        k_matrix, k_table, k_vector, k_position = (k[n] for n in SIZES)
-        v, dv, dlogits = values_and_gradients(
+        v, dv, _ = values_and_gradients(
             params, config, x, lambda z: window_loss_gradient_of_logits(z, y))
-        left, right = {}, {}
-        for prefix, inp, outp in linear_sites(config):
-            a = with_ones(v[inp])
-            left[prefix] = top_eigenvectors(weighted_gram(a, dv[outp]), k_matrix)
-            right[prefix] = top_eigenvectors(weighted_gram(dv[outp], a), k_matrix)
         u, demb = v["ln_final.out"], dv["embeddings"]
-        s = softmax_part(dlogits, y)
-        left[TABLE] = top_eigenvectors_of_product(
-            s.reshape(-1, s.shape[-1]).astype(np.float64),
-            np.square(u.reshape(-1, u.shape[-1]).astype(np.float64)).sum(-1), k_table, rng)
-        right[TABLE] = top_eigenvectors(weighted_gram(u, s), k_table)
-        # every position carries about the same energy: random directions spread over all
-        left[POSITIONS] = (rng.standard_normal((config.n_positions, k_matrix))
-                       / np.sqrt(k_matrix)).astype(np.float32)
-        right[POSITIONS] = top_eigenvectors(weighted_gram(demb, np.ones_like(demb[..., :1])),
-                                        k_matrix)
+        left, right = {}, {}
+        if POSITIONS in params:  # every position carries about the same energy: random
+            left[POSITIONS] = (rng.standard_normal((config.n_positions, k["positions"]))
+                               / np.sqrt(k["positions"])).astype(np.float32)
+            right[POSITIONS] = top_eigenvectors(
+                weighted_gram(demb, np.ones_like(demb[..., :1])), k["positions"])
         for prefix, inp, name in norm_sites(config):
             gb = norm_gradients(v, dv, inp, name)
-            left[prefix] = top_eigenvectors(gb.T.astype(np.float64) @ gb, k_vector)
-        left["u"] = top_eigenvectors(weighted_gram(u, np.ones_like(u[..., :1])), k_position)
-        left["m"] = top_eigenvectors(weighted_gram(demb, np.ones_like(demb[..., :1])),
-                                     k_position)
-        return cls(left, right)
+            left[prefix] = top_eigenvectors(gb.T.astype(np.float64) @ gb, k["vector"])
+        left["u"] = top_eigenvectors(weighted_gram(u, np.ones_like(u[..., :1])), k["u"])
+        left["m"] = top_eigenvectors(weighted_gram(demb, np.ones_like(demb[..., :1])), k["m"])
+        return cls(left, right, int(k["top"]), int(k["steps"]))
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {**{f"left/{n}": a for n, a in self.left.items()},
-                **{f"right/{n}": a for n, a in self.right.items()}}
+                **{f"right/{n}": a for n, a in self.right.items()},
+                "top": np.asarray(self.top), "steps": np.asarray(self.steps)}
 
     @classmethod
     def from_arrays(cls, arrays) -> Projection:
         return cls({k[5:]: np.asarray(arrays[k]) for k in arrays if k.startswith("left/")},
-                   {k[6:]: np.asarray(arrays[k]) for k in arrays if k.startswith("right/")})
+                   {k[6:]: np.asarray(arrays[k]) for k in arrays if k.startswith("right/")},
+                   int(arrays["top"]), int(arrays["steps"]))
 
 
 def norm_gradients(v, dv, inp: str, name: str) -> np.ndarray:
@@ -226,6 +205,51 @@ def norm_gradients(v, dv, inp: str, name: str) -> np.ndarray:
     return np.concatenate([(dout * xhat).sum(axis=-2), dout.sum(axis=-2)], axis=-1)
 
 
+def top_singular_pair(a: np.ndarray, d: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each window's G = A^T D (A [T, n], D [T, m]): u, G's top left singular vector by
+    `steps` power steps on G G^T in factor form, and v = G^T u, so that u v^T is G's best
+    rank-one part. Started from sum_t |d_t| a_t (the positions with the largest output
+    gradient lead).  a [B, T, n], d [B, T, m] -> u [B, n] (unit), v [B, m]"""
+    def gt(u: np.ndarray) -> np.ndarray:  # G^T u = D^T (A u)
+        return (np.matmul(a, u[..., None]).transpose(0, 2, 1) @ d)[:, 0]
+
+    def g(w: np.ndarray) -> np.ndarray:  # G w = A^T (D w)
+        return (np.matmul(d, w[..., None]).transpose(0, 2, 1) @ a)[:, 0]
+
+    u = (np.linalg.norm(d, axis=-1)[:, None] @ a)[:, 0]
+    for _ in range(steps):
+        u /= np.linalg.norm(u, axis=-1, keepdims=True) + np.float32(1e-30)
+        u = g(gt(u))
+    u /= np.linalg.norm(u, axis=-1, keepdims=True) + np.float32(1e-30)
+    return u, gt(u)
+
+
+def top_chances(dlogits: np.ndarray, y: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each position's k likeliest tokens and their chances s, the likeliest first (ties to
+    the lower id), from d loss / d logits = (s - e_y) / T: y's entry is the row's least, so
+    the k largest entries are the likeliest tokens but y, and y is the one more candidate.
+    k passes of argmax, several times faster in NumPy than a partition of each row.
+    [..., V], y [...] -> ids [..., k] int64, chances [..., k] float32"""
+    v = dlogits.shape[-1]
+    k = min(k, v)
+    t = y.shape[-1]
+    flat, yf = dlogits.reshape(-1, v), y.reshape(-1)
+    rows = np.arange(len(flat))
+    work = flat.copy()
+    ids = np.empty((len(flat), k + 1), np.int64)
+    for j in range(k):
+        ids[:, j] = work.argmax(axis=-1)
+        work[rows, ids[:, j]] = -np.inf
+    ids[:, k] = yf
+    chances = np.take_along_axis(flat, ids, -1).astype(np.float32) * t
+    chances[:, k] += 1.0
+    chances[:, :k][ids[:, :k] == yf[:, None]] = -np.inf  # y once, with its own chance
+    order = np.lexsort((ids, -chances), axis=-1)[:, :k]
+    shape = (*dlogits.shape[:-1], k)
+    return (np.take_along_axis(ids, order, -1).reshape(shape),
+            np.take_along_axis(chances, order, -1).reshape(shape))
+
+
 # ------------------------------------------------------------------ windows
 
 
@@ -233,9 +257,20 @@ def norm_gradients(v, dv, inp: str, name: str) -> np.ndarray:
 class WindowGradients:
     """A batch of windows' gradients, kept small."""
 
-    rows: np.ndarray  # [B, dim]: every parameter but the table's sparse rows, projected
-    u: np.ndarray  # [B, T, K_POSITION]: ln_final.out at each position, projected
-    m: np.ndarray  # [B, T, K_POSITION]: the gradient at the embeddings, projected
+    rank1: np.ndarray  # [B, R]: each weight matrix's u then v, site after site
+    rows: np.ndarray  # [B, dim]: the position table and the norms, projected
+    u: np.ndarray  # [B, T, K_U]: ln_final.out at each position, projected
+    m: np.ndarray  # [B, T, K_M]: the gradient at the embeddings, projected
+    top_ids: np.ndarray  # [B, T, TOP]: each position's likeliest next tokens
+    top_p: np.ndarray  # [B, T, TOP]: their chances
+
+
+def stored(pieces: list[WindowGradients]) -> dict[str, np.ndarray]:
+    """Batches of windows' gradients joined, as the index keeps them: bfloat16 bits, the
+    token ids as uint16."""
+    joined = {name: np.concatenate([getattr(g, name) for g in pieces]) for name in vars(pieces[0])}
+    return {name: a.astype(np.uint16) if name == "top_ids" else to_bfloat16(a)
+            for name, a in joined.items()}
 
 
 def window_gradients(params, config: Config, x: np.ndarray, y: np.ndarray,
@@ -249,135 +284,129 @@ def window_gradients(params, config: Config, x: np.ndarray, y: np.ndarray,
 
 def projected(config: Config, v: dict, dv: dict, dlogits: np.ndarray, x: np.ndarray,
               y: np.ndarray, projection: Projection) -> WindowGradients:
-    """The windows' gradients, projected, from their pass's values and value-gradients."""
+    """The windows' gradients, kept small, from their pass's values and value-gradients."""
     p = projection
-    b = len(x)
-    parts = []
-    for prefix, inp, outp in linear_sites(config):
-        a = with_ones(v[inp]) @ p.left[prefix]
-        parts.append(np.einsum("btk,btl->bkl", a, dv[outp] @ p.right[prefix]).reshape(b, -1))
+    pairs = []
+    for _, inp, outp in linear_sites(config):
+        pairs += top_singular_pair(with_ones(v[inp]), dv[outp], p.steps)
     u, demb = v["ln_final.out"], dv["embeddings"]
-    dense = softmax_part(dlogits, y) @ p.left[TABLE]
-    parts.append(np.einsum("btk,btl->bkl", dense, u @ p.right[TABLE]).reshape(b, -1))
-    pos = p.left[POSITIONS][: x.shape[1]]
-    parts.append(np.einsum("tk,btl->bkl", pos, demb @ p.right[POSITIONS]).reshape(b, -1))
+    ids, chances = top_chances(dlogits, y, p.top)
+    rows = []
+    if POSITIONS in p.left:
+        pos = p.left[POSITIONS][: x.shape[1]]
+        rows.append(np.einsum("tk,btl->bkl", pos, demb @ p.right[POSITIONS]).reshape(len(x), -1))
     for prefix, inp, name in norm_sites(config):
-        parts.append(norm_gradients(v, dv, inp, name) @ p.left[prefix])
-    return WindowGradients(np.concatenate(parts, axis=1).astype(np.float32),
+        rows.append(norm_gradients(v, dv, inp, name) @ p.left[prefix])
+    return WindowGradients(np.concatenate(pairs, axis=1).astype(np.float32),
+                           np.concatenate(rows, axis=1).astype(np.float32),
                            (u @ p.left["u"]).astype(np.float32),
-                           (demb @ p.left["m"]).astype(np.float32))
+                           (demb @ p.left["m"]).astype(np.float32),
+                           ids.astype(np.uint16), chances.astype(np.float32))
 
 
 # ------------------------------------------------------------------ the query
 
 
 @dataclass
-class TokenTable:
-    """A [V, K] table, row v = weight[v] * direction + (row of `rows` for v, if v is listed):
-    what a window position with token v contributes per unit of its u or m. The query's
-    softmax makes every row nonzero, but only along one direction; its own tokens add a
-    handful of full rows. Kept in that form, scoring a window is one product with the
-    direction and a few rows, not a gather of V rows."""
-
-    weight: np.ndarray  # [V]
-    direction: np.ndarray  # [K]
-    tokens: np.ndarray  # [n] distinct token ids with a row of their own
-    rows: np.ndarray  # [n, K]
-
-    def dense(self) -> np.ndarray:
-        """The whole [V, K] table (for checks)."""
-        table = np.outer(self.weight, self.direction)
-        table[self.tokens] += self.rows
-        return table
-
-
-@dataclass
 class Query:
-    """The query's gradient in the same terms: `rows` for the projected part; for the
-    table's sparse rows, a table per side (next token for u, input token for m)."""
+    """A query's gradient (analysis.exact_tracin.Query) in the index's terms: for each weight
+    matrix, what u^T G_q v is read from (its factors A_q^T [n, P], D_q^T [m, P] when the
+    query has few positions, else G_q itself, with D = None); the projected rows; and the
+    table, as the head's factors a [V, r] and b on u's and m's directions, plus the rows the
+    query's text read, at `tokens`, on each."""
 
+    matrices: list[tuple[np.ndarray, np.ndarray | None]]
     rows: np.ndarray  # [dim]
-    by_next_token: TokenTable
-    by_input_token: TokenTable
+    a: np.ndarray  # [V, r]
+    b_u: np.ndarray  # [r, K_U]
+    b_m: np.ndarray  # [r, K_M]
+    tokens: np.ndarray  # [n] distinct
+    rows_u: np.ndarray  # [n, K_U]
+    rows_m: np.ndarray  # [n, K_M]
 
 
-def token_table(weight: np.ndarray, direction: np.ndarray, tokens: np.ndarray,
-                rows: np.ndarray) -> TokenTable:
-    """Rows of repeated tokens summed, so each listed token appears once."""
-    distinct, where = np.unique(tokens, return_inverse=True)
-    summed = np.zeros((len(distinct), rows.shape[1]))
-    np.add.at(summed, where, rows)
-    return TokenTable(weight.astype(np.float32), direction.astype(np.float32), distinct,
-                      summed.astype(np.float32))
-
-
-def query(params, config: Config, projection: Projection, ids: list[int], target: int,
-          t_window: int, hooks=None) -> Query:
-    """d -log p(target | text) / d params, in the index's terms (windows of t_window), of
-    the text's run through `hooks` (steering)."""
+def query(exact, config: Config, projection: Projection) -> Query:
+    """The index's terms of an exact_tracin.Query (its gradient's factors and rows)."""
     p = projection
-    x = np.asarray(ids)[None]
-
-    def dlogits_of(z: np.ndarray) -> np.ndarray:
-        d = np.zeros_like(z)
-        d[0, -1] = ops.softmax(z[0, -1])  # d(-log p_y)/dz = softmax(z) - onehot(y)
-        d[0, -1, target] -= 1.0
-        return d
-
-    rec = Record()
-    forward(params, config, x, hooks=Chain(hooks, rec))
-    v = rec.values
-    grads, dv = backward(params, config, v, dlogits_of(v["logits"]), wrt_values=True)
-    a = dlogits_of(v["logits"])[0, -1].astype(np.float64)  # [V]
-    b = v["ln_final.out"][0, -1].astype(np.float64)  # [d]
-    e = dv["embeddings"][0].astype(np.float64)  # [Tq, d]
-    # The window's sparse rows: -(1/T) e_{y_t} u_t^T and e_{x_t} m_t^T, against a b^T + E.
-    return Query(projected_gradient(config, grads, p),
-                 token_table(-a / t_window, b @ p.left["u"], x[0], -(e @ p.left["u"]) / t_window),
-                 token_table(a, b @ p.left["m"], x[0], e @ p.left["m"]))
-
-
-def projected_gradient(config: Config, grads: dict[str, np.ndarray],
-                       p: Projection) -> np.ndarray:
-    """One full gradient (by parameter name) in the windows' projected terms.  -> [dim]"""
-    parts = []
+    matrices = []
     for prefix, _, _ in linear_sites(config):
-        w = np.concatenate([grads[prefix], grads[bias_of(prefix)][None]])
-        parts.append((p.left[prefix].T @ w @ p.right[prefix]).ravel())
-    for name in (TABLE, POSITIONS):
-        parts.append((p.left[name].T @ grads[name] @ p.right[name]).ravel())
+        a, d = (np.asarray(f, np.float32) for f in exact.sites[prefix])
+        n, m = a.shape[1], d.shape[1]
+        matrices.append((a.T.copy(), d.T.copy()) if len(a) * (n + m) < n * m
+                        else (a.T @ d, None))
+    rows = []
+    if POSITIONS in p.left:
+        rows.append((p.left[POSITIONS].T @ exact.grads[POSITIONS] @ p.right[POSITIONS]).ravel())
     for prefix, _, _ in norm_sites(config):
-        gb = np.concatenate([grads[prefix + ".w"], grads[prefix + ".b"]])
-        parts.append(gb @ p.left[prefix])
-    return np.concatenate(parts).astype(np.float32)
+        gb = np.concatenate([exact.grads[prefix + ".w"], exact.grads[prefix + ".b"]])
+        rows.append(gb @ p.left[prefix])
+    right = np.asarray(exact.right, np.float64)
+    e = np.asarray(exact.rows, np.float64)
+    f32 = lambda z: np.ascontiguousarray(z, np.float32)  # noqa: E731
+    return Query(matrices, f32(np.concatenate(rows)), f32(exact.left), f32(right @ p.left["u"]),
+                 f32(right @ p.left["m"]), np.asarray(exact.tokens), f32(e @ p.left["u"]),
+                 f32(e @ p.left["m"]))
 
 
-def scores(rows: np.ndarray, u: np.ndarray, m: np.ndarray, x: np.ndarray, y: np.ndarray,
-           q: Query, chunk: int = 2048) -> np.ndarray:
-    """<window gradient, query gradient> for every window of one snapshot.
-    rows [W, dim], u, m [W, T, K] (bfloat16 bits, or floats), x, y [W, T] -> [W]"""
-    out = np.empty(len(rows), np.float64)
-    for i in range(0, len(rows), chunk):
-        j = slice(i, i + chunk)
-        out[j] = (as_float32(rows[j]) @ q.rows) + table_scores(u[j], y[j], q.by_next_token) \
-            + table_scores(m[j], x[j], q.by_input_token)
+def matrix_scores(rank1: np.ndarray, q: Query) -> np.ndarray:
+    """sum over the weight matrices of u^T G_q v.  rank1 [W, R] float32 -> [W] float64"""
+    out = np.zeros(len(rank1))
+    at = 0
+    for first, second in q.matrices:
+        n = first.shape[0]
+        m = first.shape[1] if second is None else second.shape[0]
+        u, v = rank1[:, at : at + n], rank1[:, at + n : at + n + m]
+        at += n + m
+        if second is None:
+            out += np.einsum("wm,wm->w", u @ first, v, dtype=np.float64)
+        else:
+            out += np.einsum("wp,wp->w", u @ first, v @ second, dtype=np.float64)
     return out
 
 
-def table_scores(values: np.ndarray, tokens: np.ndarray, table: TokenTable) -> np.ndarray:
-    """sum_t values[w, t] . table[tokens[w, t]] for each window w.
-    values [W, T, K] (bfloat16 bits, or floats), tokens [W, T] -> [W]"""
-    w, t, k = values.shape
-    flat = as_float32(values).reshape(w * t, k)
-    along = (flat @ table.direction).reshape(w, t)
-    out = (along * table.weight[tokens]).sum(axis=1, dtype=np.float64)
-    listed = np.zeros(len(table.weight), bool)
-    listed[table.tokens] = True
-    hit = np.flatnonzero(listed[tokens])  # the few positions with a row of their own
+def token_scores(values: np.ndarray, ids: np.ndarray, weights: np.ndarray, a: np.ndarray,
+                 b: np.ndarray, tokens: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """sum_t sum_j weights[w, t, j] (a[ids_j] . (b values_t) + row[ids_j] . values_t): the
+    table's part of the score for terms e_{ids_j} (values_t)^T of a window's table gradient,
+    against the query's a b^T + its rows (at `tokens`, zero elsewhere).
+    values [W, T, K], ids, weights [W, T, J] -> [W]"""
+    w, t, j = ids.shape
+    out = np.zeros(w)
+    if a.shape[1]:
+        c = values @ b.T  # [W, T, r]
+        along = a[ids] @ c[..., None] if a.shape[1] > 1 else a[ids, 0] * c
+        out += np.einsum("wtj,wtj->w", weights, along.reshape(w, t, j), dtype=np.float64)
+    where = np.full(len(a), -1)
+    where[tokens] = np.arange(len(tokens))
+    k = where[ids]
+    hit = np.flatnonzero(k >= 0)  # the few pairs whose token the query's text read
     if len(hit):
-        rows = table.rows[np.searchsorted(table.tokens, tokens.ravel()[hit])]
-        own = np.einsum("pk,pk->p", flat[hit], rows)
-        out += np.bincount(hit // t, weights=own, minlength=w)
+        at = hit // j
+        own = np.einsum("pk,pk->p", values.reshape(w * t, -1)[at], rows[k.ravel()[hit]])
+        out += np.bincount(at // t, weights=own * weights.ravel()[hit], minlength=w)
+    return out
+
+
+def scores(window: dict, x: np.ndarray, y: np.ndarray, q: Query,
+           chunk: int = 256) -> np.ndarray:
+    """<window gradient, query gradient> for every window of one snapshot: `window` holds
+    WindowGradients' arrays by name (bfloat16 bits, or floats; top_ids as integers).
+    x, y [W, T] -> [W]"""
+    t = x.shape[1]
+    out = np.empty(len(x), np.float64)
+    for i in range(0, len(x), chunk):
+        j = slice(i, i + chunk)
+        n = len(x[j])
+        head_ids = np.concatenate([np.asarray(window["top_ids"][j], np.int64),
+                                   y[j, :, None]], axis=-1)
+        head_w = np.concatenate([as_float32(window["top_p"][j]),
+                                 np.full((n, t, 1), -1.0, np.float32)], axis=-1) / t
+        out[j] = matrix_scores(as_float32(window["rank1"][j]), q) \
+            + as_float32(window["rows"][j]) @ q.rows \
+            + token_scores(as_float32(window["u"][j]), head_ids, head_w, q.a, q.b_u,
+                           q.tokens, q.rows_u) \
+            + token_scores(as_float32(window["m"][j]), x[j, :, None],
+                           np.ones((n, t, 1), np.float32), q.a, q.b_m, q.tokens, q.rows_m)
     return out
 
 

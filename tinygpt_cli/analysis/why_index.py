@@ -48,8 +48,8 @@ from ..corpus import eval_windows
 from ..files import discard, verified, write_checked
 from . import tracin
 
-VERSION = "tracin-v4"  # v4: shards kept with their tokens (v3: joined; v2: float16)
-ARRAYS = ("rows", "u", "m")  # tracin.WindowGradients' fields, stored per snapshot
+VERSION = "tracin-v5"  # v5: rank-one matrices and top chances (v4: Kronecker projections)
+ARRAYS = ("rank1", "rows", "u", "m", "top_ids", "top_p")  # tracin.WindowGradients' fields
 CHUNK = 256  # windows per shard: a few seconds of work, the most a Ctrl-C loses per worker
 BATCH = 32  # windows per forward and backward pass
 
@@ -59,8 +59,8 @@ def index_key(data_key: str, snapshot_files: list[Path], config: Config) -> str:
     from ..files import sha256
 
     return key_of(VERSION, data_key, *(sha256(f) for f in snapshot_files), str(config),
-                  str((tracin.K_MATRIX, tracin.K_TABLE, tracin.K_VECTOR, tracin.K_POSITION,
-                       tracin.FIT_WINDOWS, tracin.PROJECTION_SEED)))
+                  str((sorted(tracin.SIZES.items()), tracin.FIT_WINDOWS,
+                       tracin.PROJECTION_SEED)))
 
 
 def _npy_bytes(a: np.ndarray) -> bytes:
@@ -138,9 +138,8 @@ def build_task(task: tuple, config: dict) -> tuple:
     x, y = eval_windows(tokens, config.n_positions)
     pieces = [tracin.window_gradients(params, config, x[i : i + BATCH], y[i : i + BATCH], p)
               for i in range(0, len(x), BATCH)]
-    write_checked(Path(out), npz_bytes(tokens=np.asarray(tokens, np.uint16), **{
-        name: tracin.to_bfloat16(np.concatenate([getattr(g, name) for g in pieces]))
-        for name in ARRAYS}))
+    write_checked(Path(out), npz_bytes(tokens=np.asarray(tokens, np.uint16),
+                                       **tracin.stored(pieces)))
     return task[0], s, len(x)
 
 
@@ -166,7 +165,7 @@ def _shard_scores(item: tuple, shared: tuple) -> tuple[np.ndarray, np.ndarray]:
         with np.load(f) as z:
             tokens = z["tokens"] if tokens is None else tokens
             x, y = eval_windows(tokens, t)
-            per.append(tracin.scores(z["rows"], z["u"], z["m"], x, y, q))
+            per.append(tracin.scores({name: z[name] for name in ARRAYS}, x, y, q))
     per = np.stack(per)  # [S, w]
     if lrs is not None:
         per *= np.asarray(lrs)[:, None]
@@ -203,17 +202,21 @@ class TracinIndex:
         return (self.folder / "index.json").is_file()
 
     def describe(self) -> dict:
-        return {"method": "projected per-window gradients (analysis/tracin.py)",
-                "version": VERSION, "numbers_per_window": self._dim(),
-                "position_directions": tracin.K_POSITION,
-                "computed_now": self.built_now}
+        return {"method": "each weight matrix's gradient as its top rank-one part, the head's "
+                          "from each position's top chances, the rest projected "
+                          "(analysis/tracin.py)",
+                "version": VERSION, "numbers_per_window": self._numbers(),
+                "top_chances": tracin.TOP, "u_directions": tracin.K_U,
+                "m_directions": tracin.K_M, "computed_now": self.built_now}
 
-    def _dim(self) -> int | None:
-        f = self.folder / "projection-0.npz"
-        if not f.is_file():
+    def _numbers(self) -> int | None:
+        """Numbers stored per window (every array of a shard but its tokens), from the
+        first shard."""
+        f = self.shard(0, 0) if self.n_windows else None
+        if f is None or not f.is_file():
             return None
         with np.load(f) as z:
-            return tracin.Projection.from_arrays(dict(z)).dim
+            return sum(z[n][0].size for n in ARRAYS)
 
     def spans(self) -> list[tuple[int, int]]:
         from ..cluster import spans
@@ -297,9 +300,15 @@ class TracinIndex:
         manifest = {"version": VERSION, "windows": self.n_windows, "snapshots": S,
                     "data": self.data_key, "shard_windows": self.shard_windows,
                     "format": {"file": "uncompressed .npz of .npy arrays, one per snapshot and "
-                               "window range", "rows": "[windows, numbers_per_window] bfloat16",
-                               "u": "[windows, T, position_directions] bfloat16",
-                               "m": "[windows, T, position_directions] bfloat16",
+                               "window range",
+                               "rank1": "[windows, R] bfloat16: each weight matrix's u, then "
+                               "v = G^T u, in the order of tracin.linear_sites",
+                               "rows": "[windows, projected numbers] bfloat16: the position "
+                               "table's, then each norm's",
+                               "u": "[windows, T, u_directions] bfloat16",
+                               "m": "[windows, T, m_directions] bfloat16",
+                               "top_ids": "[windows, T, top_chances] uint16",
+                               "top_p": "[windows, T, top_chances] bfloat16",
                                "tokens": "[windows * T + 1] uint16", "bfloat16": "stored as "
                                "uint16: the high half of float32"}}
         if config is not None:
@@ -353,12 +362,13 @@ class TracinIndex:
         """The query's gradient in each snapshot's terms (tracin.query), the text run through
         `hooks`, the snapshots on every core."""
         from ..threads import map_on_cores
+        from .exact_tracin import next_token_query
 
         def one(s: int):
             with np.load(self._projection(s)) as z:
                 p = tracin.Projection.from_arrays(dict(z))
-            return tracin.query(params_list[s], config, p, ids, target, config.n_positions,
-                                hooks)
+            return tracin.query(next_token_query(params_list[s], config, ids, target, hooks),
+                                config, p)
 
         return map_on_cores(one, range(len(params_list)), workers)
 
