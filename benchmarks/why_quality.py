@@ -175,6 +175,58 @@ def table(exact, approx, config, n, n_snapshots, variants) -> list[str]:
     return lines
 
 
+# ------------------------------------------------------------------ --all-windows: the index
+# as built, against --exact over every window
+
+
+def all_windows(n_queries: int, workers=None) -> tuple[str, list[str]]:
+    """The index `why` builds (in the cache: built here if missing) and the exact pass over
+    every window, for each query: recall@10 and @50, Spearman over all windows, and the
+    recall@10 of what `why` reports (the index's best POOL * 10 ranked by their exact
+    scores)."""
+    from tinygpt_cli.analysis import exact_tracin as ex
+    from tinygpt_cli.analysis.why import POOL, recall, spearman
+    from tinygpt_cli.analysis.why_index import open_index
+    from tinygpt_cli.corpus import eval_windows
+
+    t0 = time.perf_counter()
+    model, index, timeline, n, _, asks = setup(1, n_queries)
+    config = model.config
+    grads = open_index(index.key, [s.path for s in timeline], config, n)
+    grads.build(index.stream, config, workers)
+    built = time.perf_counter() - t0
+    x, y = eval_windows(index.stream, config.n_positions)
+    lrs = np.asarray([s.lr for s in timeline])
+    params = [s.params for s in timeline]
+    makers = [lambda p, q=q, t=t: ex.next_token_query(p, config, q, t) for q, t in asks]
+    queries = [(s.params, s.lr, [make(s.params) for make in makers]) for s in timeline]
+    exact = ex.scores_over_stream(queries, config, index.stream, workers=workers).sum(1)
+    took = time.perf_counter() - t0 - built
+    rows = []
+    for k, (ids, t) in enumerate(asks):
+        approx = (grads.scores(params, config, x, y, ids, t, workers=workers)
+                  * lrs[:, None]).sum(0)
+        pool = np.argsort(-approx, kind="stable")[: POOL * 10]
+        reported = pool[np.argsort(-exact[k][pool], kind="stable")[:10]]
+        truth = set(np.argsort(-exact[k], kind="stable")[:10].tolist())
+        rows.append((recall(approx, exact[k], 10), recall(approx, exact[k], 50),
+                     spearman(approx, exact[k]), len(truth & set(reported.tolist())) / 10))
+    lines = ["| query | recall@10 | recall@50 | Spearman | recall@10 of why's reported top 10 |",
+             "|---|---:|---:|---:|---:|"]
+    for (ids, t), (r10, r50, rho, rep) in zip(asks, rows, strict=True):
+        text = model.tokenizer.decode(ids).replace("|", "\\|")
+        lines.append(f"| {text} -> {model.tokenizer.token_str(t)!r} | {10 * r10:.0f}/10 | "
+                     f"{50 * r50:.0f}/50 | {rho:.3f} | {10 * rep:.0f}/10 |")
+    mean = np.mean(rows, axis=0)
+    lines.append(f"| **mean** | **{10 * mean[0]:.1f}/10** | **{50 * mean[1]:.1f}/50** | "
+                 f"**{mean[2]:.3f}** | **{10 * mean[3]:.1f}/10** |")
+    head = (f"{len(asks)} queries, every one of the {n:,} windows, {len(timeline)} snapshots: "
+            f"the index `why` builds ({grads.describe()['version']}) against the exact pass "
+            f"(`why --exact`, all queries sharing it: {took / 60:.1f} min"
+            + (f"; the index built in {built / 60:.1f} min" if grads.built_now else "") + ")")
+    return head, lines
+
+
 # ------------------------------------------------------------------ --lds: does attribution
 # predict retraining? (the linear datamodeling score, Park et al. 2023 / dattri)
 
@@ -367,6 +419,8 @@ def main() -> None:
     ap.add_argument("--variants", default="all", help="labels of VARIANTS separated by ';', "
                     "or 'all'")
     ap.add_argument("--lds", action="store_true", help="the linear datamodeling score instead")
+    ap.add_argument("--all-windows", action="store_true", help="the index as built against "
+                    "the exact pass over every window instead")
     ap.add_argument("--lds-windows", type=int, default=1024)
     ap.add_argument("--lds-queries", type=int, default=50)
     ap.add_argument("--retrains", type=int, default=100)
@@ -382,6 +436,15 @@ def main() -> None:
         if args.write:
             write_results(head, lines, "why_lds", "## why: does attribution predict "
                           "retraining? (`benchmarks/why_quality.py --lds`, issue 31)")
+        return
+    if args.all_windows:
+        head, lines = all_windows(args.queries)
+        print(head)
+        print("\n".join(lines))
+        if args.write:
+            write_results(head, lines, "why_all_windows", "## why: the index as built against "
+                          "exact TracIn over every window (`benchmarks/why_quality.py "
+                          "--all-windows`, issue 31)")
         return
     variants = VARIANTS if args.variants == "all" else [
         v for v in VARIANTS if v[0] in args.variants.split(";")]
