@@ -3,22 +3,27 @@ for several index sizes: the study that chooses the index's default.
 
     python benchmarks/why_quality.py [--windows 1024] [--queries 12] [--write]
 
-On the shipped model, its 8 snapshots and its training text: for each of the queries (a
+On the shipped model, its 7 snapshots and its training text: for each of the queries (a
 TinyStories prompt and its likeliest next token) exact TracIn of every window in a seeded
 sample of `--windows` windows (analysis.exact_tracin, the pass `why --exact` makes), and the
-index's score of the same windows for each variant of the projection's sizes
-(analysis.tracin.Projection.fit's `sizes`: each side of a weight matrix's projection, the
-table's dense part, a norm's, and the per-position u_t and m_t), fitted as the index fits
+index's score of the same windows for each variant of its sizes (analysis.tracin.SIZES:
+u_t's and m_t's directions, the top chances kept, the power steps), fitted as the index fits
 them (the same 64 windows, the same seed) and stored as it stores them (bfloat16). One
 forward and backward pass per batch of windows serves the exact scores and every variant.
 
 Printed per variant, averaged over the queries: recall@10 and recall@50 (the share of the
 exact top k in the index's top k), the rank correlation (Spearman) over the sample, the
 recall@10 once the index's top 20 / 50 are re-scored exactly (what `why` reports: the top
-POOL * top re-scored), and the index's size on the whole text (numbers per window, bfloat16,
-every window at every snapshot). The sample is a subset of the 12,524 windows, so the
-figures are of ranking within it (a top 10 of 1,024 windows, not of 12,524): say so beside
-them. --write puts the table into benchmarks/results.md (its "why_quality" section).
+POOL * top re-scored), and the index's size on the whole text (every window at every
+snapshot, 2 bytes a number). The sample is a subset of the 12,524 windows, so the figures
+are of ranking within it (a top 10 of 1,024 windows, not of 12,524): say so beside them.
+--write puts the table into benchmarks/results.md (its "why_quality" section).
+
+    python benchmarks/why_quality.py --all-windows [--queries 10] [--write]
+
+The index as `why` builds it (in the cache; built first if missing) against the exact pass
+over every window, query by query: the claim on the whole text, not a sample (the exact
+pass of 10 queries together takes about as long as the index's build).
 
     python benchmarks/why_quality.py --lds [--retrains 100] [--steps 500] [--write]
 
@@ -179,11 +184,14 @@ def table(exact, approx, config, n, n_snapshots, variants) -> list[str]:
 # as built, against --exact over every window
 
 
+RE_SCORED = (1, 2, 3, 5)  # pools (times the top 10) re-scored exactly, as why.POOL
+
+
 def all_windows(n_queries: int, workers=None) -> tuple[str, list[str]]:
     """The index `why` builds (in the cache: built here if missing) and the exact pass over
     every window, for each query: recall@10 and @50, Spearman over all windows, and the
     recall@10 of what `why` reports (the index's best POOL * 10 ranked by their exact
-    scores)."""
+    scores) and of other pools (RE_SCORED)."""
     from tinygpt_cli.analysis import exact_tracin as ex
     from tinygpt_cli.analysis.why import POOL, recall, spearman
     from tinygpt_cli.analysis.why_index import open_index
@@ -202,24 +210,33 @@ def all_windows(n_queries: int, workers=None) -> tuple[str, list[str]]:
     queries = [(s.params, s.lr, [make(s.params) for make in makers]) for s in timeline]
     exact = ex.scores_over_stream(queries, config, index.stream, workers=workers).sum(1)
     took = time.perf_counter() - t0 - built
-    rows = []
+    rows, kept = [], {"exact": exact}
     for k, (ids, t) in enumerate(asks):
         approx = (grads.scores(params, config, x, y, ids, t, workers=workers)
                   * lrs[:, None]).sum(0)
-        pool = np.argsort(-approx, kind="stable")[: POOL * 10]
-        reported = pool[np.argsort(-exact[k][pool], kind="stable")[:10]]
+        kept[f"index {k}"] = approx
         truth = set(np.argsort(-exact[k], kind="stable")[:10].tolist())
+        reported = []
+        for pool in RE_SCORED:  # the index's best pool * 10, ranked by their exact scores
+            best = np.argsort(-approx, kind="stable")[: pool * 10]
+            top = best[np.argsort(-exact[k][best], kind="stable")[:10]]
+            reported.append(len(truth & set(top.tolist())) / 10)
         rows.append((recall(approx, exact[k], 10), recall(approx, exact[k], 50),
-                     spearman(approx, exact[k]), len(truth & set(reported.tolist())) / 10))
-    lines = ["| query | recall@10 | recall@50 | Spearman | recall@10 of why's reported top 10 |",
-             "|---|---:|---:|---:|---:|"]
-    for (ids, t), (r10, r50, rho, rep) in zip(asks, rows, strict=True):
+                     spearman(approx, exact[k]), *reported))
+    np.savez(Path("/tmp") / "why_quality-all-windows.npz", **kept)
+    pools = " | ".join(f"top {10 * p} re-scored" + (" (why's)" if p == POOL else "")
+                       for p in RE_SCORED)
+    lines = [f"| query | recall@10 | recall@50 | Spearman | {pools} |",
+             "|---|---:|---:|---:|" + "---:|" * len(RE_SCORED)]
+    for (ids, t), (r10, r50, rho, *rep) in zip(asks, rows, strict=True):
         text = model.tokenizer.decode(ids).replace("|", "\\|")
         lines.append(f"| {text} -> {model.tokenizer.token_str(t)!r} | {10 * r10:.0f}/10 | "
-                     f"{50 * r50:.0f}/50 | {rho:.3f} | {10 * rep:.0f}/10 |")
+                     f"{50 * r50:.0f}/50 | {rho:.3f} | "
+                     + " | ".join(f"{10 * r:.0f}/10" for r in rep) + " |")
     mean = np.mean(rows, axis=0)
     lines.append(f"| **mean** | **{10 * mean[0]:.1f}/10** | **{50 * mean[1]:.1f}/50** | "
-                 f"**{mean[2]:.3f}** | **{10 * mean[3]:.1f}/10** |")
+                 f"**{mean[2]:.3f}** | " + " | ".join(f"**{10 * r:.1f}/10**" for r in mean[3:])
+                 + " |")
     head = (f"{len(asks)} queries, every one of the {n:,} windows, {len(timeline)} snapshots: "
             f"the index `why` builds ({grads.describe()['version']}) against the exact pass "
             f"(`why --exact`, all queries sharing it: {took / 60:.1f} min"

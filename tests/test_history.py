@@ -343,6 +343,30 @@ def test_top_chances_are_the_likeliest_in_order():
     assert ids[0, 0].tolist() == [1, 3, 5]
 
 
+def test_a_shard_mapped_in_place_holds_what_np_load_reads(tmp_path):
+    """mapped_arrays (the query's reader) against np.load, array by array, for a shard as the
+    index writes it (uncompressed; an empty array among them) and for a compressed .npz,
+    which it reads by np.load; the mapping is read-only."""
+    from tinygpt_cli.analysis.why_index import mapped_arrays
+    from tinygpt_cli.cache import npz_bytes
+
+    rng = np.random.default_rng(0)
+    arrays = {"rank1": rng.integers(0, 2**16, (5, 7)).astype(np.uint16),
+              "top_ids": rng.integers(0, 300, (5, 3, 2)).astype(np.uint16),
+              "tokens": np.arange(11, dtype=np.uint16), "empty": np.zeros((0, 4), np.float32),
+              "scale": rng.standard_normal(3)}
+    (tmp_path / "a.npz").write_bytes(npz_bytes(**arrays))
+    np.savez_compressed(tmp_path / "b.npz", **arrays)
+    for name in ("a.npz", "b.npz"):
+        got = mapped_arrays(tmp_path / name)
+        assert sorted(got) == sorted(arrays)
+        for k, a in arrays.items():
+            assert got[k].dtype == a.dtype and got[k].shape == a.shape
+            np.testing.assert_array_equal(got[k], a)
+    with pytest.raises(ValueError):
+        mapped_arrays(tmp_path / "a.npz")["rank1"][0, 0] = 1
+
+
 def test_bfloat16_rounds_to_the_nearest_of_its_two_neighbours():
     """to_bfloat16 keeps float32's top 16 bits, rounded to nearest (ties to even): checked
     against the two candidates, truncated and one step up, in float64."""
