@@ -350,14 +350,17 @@ def influence(index: Index, snapshots: list, config: Config, ids: list[int], tar
     core). `snapshots` are analysis.history.Snapshot objects with a learning rate, in the
     index's order; progress(done, total) follows the shards scored."""
     from ..cluster import Here
+    from .exact_tracin import next_token_query
 
     n = (len(index.stream) - 1) // config.n_positions  # windows (never all in memory at once)
-    queries = grads.queries([s.params for s in snapshots], config, ids, target, hooks, workers)
+    # one backward pass a snapshot: the index's query and the exact re-scoring's gradient
+    exact = map_on_cores(lambda s: next_token_query(s.params, config, ids, target, hooks),
+                         snapshots, workers)
+    queries = grads.in_index_terms(exact, config, workers)
     chosen, per_snapshot = grads.best(queries, np.asarray([s.lr for s in snapshots]),
                                       POOL * top, config, engine or Here(workers), progress)
-    gradients = [query_gradient(s.params, config, ids, target, hooks) for s in snapshots]
     rows = top_windows(index.stream, config, chosen, per_snapshot,
-                       [(s.params, s.lr, q) for s, q in zip(snapshots, gradients, strict=True)],
+                       [(s.params, s.lr, q.grads) for s, q in zip(snapshots, exact, strict=True)],
                        ids, target, top, workers)
     return {"windows": n, "windows_scored": n, "index": grads.describe(), "top_windows": rows}
 
