@@ -92,6 +92,26 @@ def random_params(config: Config, seed: int = 0, dtype=np.float64) -> dict[str, 
     return out
 
 
+FAMILIES = ("gpt2", "neo", "neox", "llama", "qwen2", "qwen3")
+
+
+def family_configs(**sizes) -> dict[str, Config]:
+    """A small config of every family's block, by name: GPT-Neo's local window (on every
+    other block), NeoX's parallel blocks and quarter-turned heads with an untied head,
+    Llama's grouped keys and values (6 query heads on 3 by default), Qwen2's q/k/v biases,
+    Qwen3's q/k norms."""
+    from tinygpt_cli.config import arch_config
+    from tinygpt_cli.families import llama
+
+    sizes = dict(n_embd=24, n_layer=2, n_head=6, n_inner=20, vocab_size=23, n_positions=12) \
+        | sizes
+    out = {arch: arch_config(arch, **sizes) for arch in ("gpt2", "neo", "neox", "llama")}
+    hf = llama.config_to_hf(out["llama"])
+    out["qwen2"] = llama.config_from_hf({**hf, "model_type": "qwen2", "attention_bias": True})
+    out["qwen3"] = llama.config_from_hf({**hf, "model_type": "qwen3"})
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_config() -> Config:
     # n_inner is deliberately not 4 * n_embd, so a swapped size shows up.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import FAMILIES, family_configs
 
 from tinygpt_cli.config import Config
 from tinygpt_cli.generate import CachedContext, generate, next_logits_uncached
@@ -154,19 +155,7 @@ def test_decode_step_refuses_a_position_past_the_context(make_params):
         decode_step(params, config, 5, cache)
 
 
-def _family_configs():
-    from tinygpt_cli.config import arch_config
-    from tinygpt_cli.families import llama
-
-    sizes = dict(n_embd=24, n_layer=2, n_head=6, n_inner=20, vocab_size=23, n_positions=12)
-    out = {arch: arch_config(arch, **sizes) for arch in ("gpt2", "neo", "neox", "llama")}
-    hf = llama.config_to_hf(out["llama"])
-    out["qwen2"] = llama.config_from_hf({**hf, "model_type": "qwen2", "attention_bias": True})
-    out["qwen3"] = llama.config_from_hf({**hf, "model_type": "qwen3"})
-    return out
-
-
-@pytest.mark.parametrize("arch", ["gpt2", "neo", "neox", "llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", FAMILIES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_decode_steps_are_the_general_passes_numbers_bit_for_bit(arch, dtype):
     """decode_step without hooks (model.Decoder) against forward's own pass over the same
@@ -175,7 +164,7 @@ def test_decode_steps_are_the_general_passes_numbers_bit_for_bit(arch, dtype):
     (neox), 3 key/value heads for 6 queries, q/k/v biases (qwen2), q/k norms (qwen3)."""
     from tinygpt_cli.model import KVCache, decode_step, forward, init_params
 
-    config = _family_configs()[arch]
+    config = family_configs()[arch]
     params = init_params(config, np.random.default_rng(7), dtype)
     params = {n: a + 0.1 if n.endswith(".b_QKV") else a for n, a in params.items()}
     ours, theirs = KVCache.empty(config, dtype=dtype), KVCache.empty(config, dtype=dtype)

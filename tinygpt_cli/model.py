@@ -311,6 +311,9 @@ def qkv_backward(g: Gradients, i: int, dq: np.ndarray, dk: np.ndarray,
         dq, dk = _qk_norm_backward(g, i, dq, dk)
     dqkv = np.concatenate(
         [ops.merge_heads(dq), ops.merge_heads(dk), ops.merge_heads(dvv)], axis=-1)
+    # the product's own output gradient, before the turn and the norms (TracIn's W_QKV term
+    # pairs it with ln1.out; q, k above are the turned, normed values' gradients)
+    g.keep(L + "qkv", dqkv)
     dx, g.grads[p + "W_QKV"], db = ops.linear_backward(
         dqkv, values[L + "ln1.out"], g.params[p + "W_QKV"], weights=g.weights)
     g.bias(p + "b_QKV", db)
@@ -341,8 +344,11 @@ def _qk_norm_backward(g: Gradients, i: int, dq: np.ndarray, dk: np.ndarray):
     out = []
     for name, x, d in (("q_norm", q, dq), ("k_norm", k, dk)):
         w = g.params[p + name + ".w"]
-        dx, dw, _ = ops.rms_norm_backward(d, x, w, ops.rms_of(x, cfg.layer_norm_epsilon))
+        rms = ops.rms_of(x, cfg.layer_norm_epsilon)
+        dx, dw, _ = ops.rms_norm_backward(d, x, w, rms)
         g.grads[p + name + ".w"] = dw
+        if g.wrt_values:  # each head's and position's part of dw, summed per window by TracIn
+            g.keep(p + name + ".dw", d * (x / rms))
         out.append(dx)
     return out
 

@@ -36,9 +36,11 @@ from ..corpus import eval_windows
 from ..model import head_table
 from .tracin import (
     bias_of,
+    has_bias,
     linear_sites,
     merged,
     norm_gradients,
+    norm_params,
     norm_sites,
     values_and_gradients,
     with_ones,
@@ -115,7 +117,8 @@ def from_pass(params, config: Config, ids: np.ndarray, values: dict, dv: dict, g
         dv.setdefault(outp, np.zeros((len(x), params[prefix].shape[1]),
                                      v["embeddings"].dtype))
     merged(config, v, dv)
-    own = {p: (with_ones(v[inp]), dv[outp]) for p, inp, outp in linear_sites(config)}
+    own = {p: (with_ones(v[inp], has_bias(config, p)), dv[outp])
+           for p, inp, outp in linear_sites(config)}
     own.update(sites or {})
     tokens, where = np.unique(x, return_inverse=True)
     rows = np.zeros((len(tokens), config.n_embd), dv["embeddings"].dtype)
@@ -175,22 +178,22 @@ class Stacked:
     rows: np.ndarray  # [Q * J, d]
     positions: np.ndarray | None
     norms: dict[str, np.ndarray]
+    tied: bool = True  # the head is the table: its part meets the query's rows read too
 
 
 def covered(config: Config, params: dict) -> set[str]:
-    """The parameter names the exact pass takes a term for (every one, for GPT-2)."""
-    names = {"embed.W_E"} | ({"embed.W_pos"} & set(params))
+    """The parameter names the exact pass takes a term for (every one, of every family)."""
+    names = {"embed.W_E", head_table(params)} | ({"embed.W_pos"} & set(params))
     for prefix, _, _ in linear_sites(config):
-        names |= {prefix, bias_of(prefix)}
+        names |= {prefix} | ({bias_of(prefix)} if has_bias(config, prefix) else set())
     for prefix, _, _ in norm_sites(config):
-        names |= {prefix + ".w", prefix + ".b"}
+        names |= set(norm_params(config, prefix))
     return names
 
 
 def stack(queries: list[Query], config: Config, params: dict) -> Stacked:
-    """The queries in the pass's layout (a head tied to the table, as GPT-2's)."""
-    if head_table(params) != "embed.W_E":
-        raise ValueError("the exact pass is written for a head tied to the embedding table")
+    """The queries in the pass's layout: the head's factors are the tied table's part or,
+    untied, all of W_U's gradient; `table` is W_E's whole gradient either way."""
     grads = [q.grads for q in queries]
 
     def side(name: str) -> np.ndarray:  # [n, m] each -> [n, Q * m]
@@ -204,7 +207,8 @@ def stack(queries: list[Query], config: Config, params: dict) -> Stacked:
                 for p, _, _ in linear_sites(config)}
     at = np.concatenate([np.full(len(q.sites[linear_sites(config)[0][0]][0]), i)
                          for i, q in enumerate(queries)])
-    norms = {p: np.stack([np.concatenate([g[p + ".w"], g[p + ".b"]]) for g in grads])
+    norms = {p: np.stack([np.concatenate([g[n] for n in norm_params(config, p)])
+                          for g in grads])
              for p, _, _ in norm_sites(config)}
     positions = np.stack([g["embed.W_pos"] for g in grads]) if "embed.W_pos" in params \
         else None
@@ -217,7 +221,7 @@ def stack(queries: list[Query], config: Config, params: dict) -> Stacked:
     return Stacked(len(grads), matrices, one_hot(at), side("embed.W_E"),
                    np.concatenate([q.left for q in queries], axis=1),
                    np.concatenate([q.right for q in queries]), owner, tokens,
-                   rows.reshape(-1, config.n_embd), positions, norms)
+                   rows.reshape(-1, config.n_embd), positions, norms, config.tied)
 
 
 def _pairs(x: np.ndarray, dy: np.ndarray, a: np.ndarray, d: np.ndarray,
@@ -243,6 +247,8 @@ def head_scores(dlogits: np.ndarray, u: np.ndarray, q: Stacked) -> np.ndarray:
     flat, uf = dlogits.reshape(b * t, -1), u.reshape(b * t, -1)
     low = (flat @ q.left) * (uf @ q.right.T)  # [BT, C]
     out = per_position_sum((low @ q.owner).reshape(b, t, q.n))
+    if not q.tied:  # W_U's gradient is the factors alone; the rows read are W_E's
+        return out
     picked = flat[:, q.tokens]  # [BT, J]
     read = (uf @ q.rows.T).reshape(b * t, q.n, len(q.tokens))  # u_t . row_j of each query
     return out + per_position_sum(np.einsum("pqj,pj->pq", read, picked).reshape(b, t, q.n))

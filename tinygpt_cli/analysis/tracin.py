@@ -55,14 +55,19 @@ FIT_WINDOWS = 64  # windows whose gradients choose the projections' directions
 
 
 def linear_sites(config: Config) -> list[tuple[str, str, str]]:
-    """(weight W, input value, output-gradient value) of every y = x W + b; the bias b is
-    bias_of(W)."""
+    """(weight W, input value, output-gradient value) of every y = x W (+ b, when
+    has_bias): the attention's fused W_QKV (its output gradient taken before any turn or
+    q/k norm), W_O, and the MLP's products (a gated MLP's W_gate and W_in both read ln2.out).
+    The untied head is not among them: it is the head's part, as the tied table's."""
     out = []
     for i in range(config.n_layer):
         L = f"layers.{i}."
+        mlp = ([(L + "mlp.W_gate", L + "ln2.out", L + "mlp_pre"),
+                (L + "mlp.W_in", L + "ln2.out", L + "mlp_up")] if config.mlp == "gated"
+               else [(L + "mlp.W_in", L + "ln2.out", L + "mlp_pre")])
         out += [(L + "attn.W_QKV", L + "ln1.out", L + "qkv"),
                 (L + "attn.W_O", L + "z", L + "attn_out"),
-                (L + "mlp.W_in", L + "ln2.out", L + "mlp_pre"),
+                *mlp,
                 (L + "mlp.W_out", L + "mlp_post", L + "mlp_out")]
     return out
 
@@ -72,15 +77,37 @@ def bias_of(weight: str) -> str:
     return weight.replace(".W_", ".b_")
 
 
-def norm_sites(config: Config) -> list[tuple[str, str, str]]:
-    """(norm, input value, trace name) of every LayerNorm; its parameters are norm.w and
-    norm.b, as its values are named."""
+def has_bias(config: Config, weight: str) -> bool:
+    """Whether this family adds a bias after that product (GPT-Neo's q, k, v have none,
+    Llama's products none at all)."""
+    if ".attn.W_QKV" in weight:
+        return config.qkv_bias
+    if ".attn.W_O" in weight:
+        return config.out_bias
+    return config.mlp_bias
+
+
+def norm_sites(config: Config) -> list[tuple[str, str | None, str]]:
+    """(norm, input value, trace name) of every norm with parameters; its parameters are
+    norm_params(config, norm). A parallel block's ln2 reads resid_pre; Qwen3's per-head q/k
+    norms have input None (their gain's terms are a value the backward pass keeps)."""
     out = []
     for i in range(config.n_layer):
-        out += [(f"layers.{i}.ln1", f"layers.{i}.resid_pre", f"layers.{i}.ln1"),
-                (f"layers.{i}.ln2", f"layers.{i}.resid_mid", f"layers.{i}.ln2")]
+        L = f"layers.{i}."
+        out += [(L + "ln1", L + "resid_pre", L + "ln1"),
+                (L + "ln2", L + ("resid_pre" if config.parallel else "resid_mid"), L + "ln2")]
+        if config.qk_norm:
+            out += [(L + "attn.q_norm", None, L + "attn.q_norm"),
+                    (L + "attn.k_norm", None, L + "attn.k_norm")]
     last = f"layers.{config.n_layer - 1}.resid_post"
     return out + [("ln_final", last, "ln_final")]
+
+
+def norm_params(config: Config, norm: str) -> list[str]:
+    """A norm's parameters, gain first: a LayerNorm's gain and bias, an RMSNorm's gain."""
+    if config.norm == "layer" and not norm.endswith(("q_norm", "k_norm")):
+        return [norm + ".w", norm + ".b"]
+    return [norm + ".w"]
 
 
 # ------------------------------------------------------------------ values and their gradients
@@ -108,16 +135,22 @@ def values_and_gradients(params, config: Config, x: np.ndarray, dlogits_of):
 
 def merged(config: Config, v: dict, dv: dict) -> None:
     """The attention's inputs and output-gradients merged over heads, in place: `z` as W_O
-    reads it, `qkv` as W_QKV writes it."""
+    reads it, `qkv` as W_QKV writes it (kept so by the backward pass, before the turn and
+    the q/k norms; from q, k, v when the pass did not reach the block: zeros)."""
     for i in range(config.n_layer):
         L = f"layers.{i}."
         v[L + "z"] = ops.merge_heads(v[L + "z"])
-        dv[L + "qkv"] = np.concatenate([ops.merge_heads(dv[L + n]) for n in "qkv"], axis=-1)
+        if L + "qkv" not in dv:
+            dv[L + "qkv"] = np.concatenate([ops.merge_heads(dv[L + n]) for n in "qkv"],
+                                           axis=-1)
 
 
-def with_ones(x: np.ndarray) -> np.ndarray:
-    """[..., n] -> [..., n + 1]: the bias is a weight on a constant input."""
-    return np.concatenate([x, np.ones((*x.shape[:-1], 1), x.dtype)], axis=-1)
+def with_ones(x: np.ndarray, bias: bool = True) -> np.ndarray:
+    """[..., n] -> [..., n + 1]: the bias is a weight on a constant input; a product
+    without one gets a 0 there, so that every site has the same layout and the
+    missing bias adds nothing to a score."""
+    return np.concatenate([x, np.full((*x.shape[:-1], 1), 1 if bias else 0, x.dtype)],
+                          axis=-1)
 
 
 # ------------------------------------------------------------------ the projection
@@ -198,10 +231,16 @@ class Projection:
                    int(arrays["top"]), int(arrays["steps"]))
 
 
-def norm_gradients(v, dv, inp: str, name: str) -> np.ndarray:
-    """Per window, a LayerNorm's [d gain, d bias] gradient.  -> [B, 2d]"""
-    xhat = (v[inp] - v[name + ".mean"]) / v[name + ".std"]
+def norm_gradients(v, dv, inp: str | None, name: str) -> np.ndarray:
+    """Per window, a norm's gradient as norm_params orders it: a LayerNorm's [d gain,
+    d bias], an RMSNorm's [d gain]; a q/k norm's (inp None) summed over heads too.
+    -> [B, 2d], [B, d] or [B, d_k]"""
+    if inp is None:
+        return dv[name + ".dw"].sum(axis=(-3, -2))
     dout = dv[name + ".out"]
+    if name + ".rms" in v:
+        return (dout * (v[inp] / v[name + ".rms"])).sum(axis=-2)
+    xhat = (v[inp] - v[name + ".mean"]) / v[name + ".std"]
     return np.concatenate([(dout * xhat).sum(axis=-2), dout.sum(axis=-2)], axis=-1)
 
 
@@ -287,8 +326,8 @@ def projected(config: Config, v: dict, dv: dict, dlogits: np.ndarray, x: np.ndar
     """The windows' gradients, kept small, from their pass's values and value-gradients."""
     p = projection
     pairs = []
-    for _, inp, outp in linear_sites(config):
-        pairs += top_singular_pair(with_ones(v[inp]), dv[outp], p.steps)
+    for w, inp, outp in linear_sites(config):
+        pairs += top_singular_pair(with_ones(v[inp], has_bias(config, w)), dv[outp], p.steps)
     u, demb = v["ln_final.out"], dv["embeddings"]
     ids, chances = top_chances(dlogits, y, p.top)
     rows = []
@@ -327,7 +366,8 @@ class Query:
 
 
 def query(exact, config: Config, projection: Projection) -> Query:
-    """The index's terms of an exact_tracin.Query (its gradient's factors and rows)."""
+    """The index's terms of an exact_tracin.Query (its gradient's factors and rows); the
+    head's factors are W_U's gradient when the head is untied."""
     p = projection
     matrices = []
     for prefix, _, _ in linear_sites(config):
@@ -339,7 +379,7 @@ def query(exact, config: Config, projection: Projection) -> Query:
     if POSITIONS in p.left:
         rows.append((p.left[POSITIONS].T @ exact.grads[POSITIONS] @ p.right[POSITIONS]).ravel())
     for prefix, _, _ in norm_sites(config):
-        gb = np.concatenate([exact.grads[prefix + ".w"], exact.grads[prefix + ".b"]])
+        gb = np.concatenate([exact.grads[n] for n in norm_params(config, prefix)])
         rows.append(gb @ p.left[prefix])
     right = np.asarray(exact.right, np.float64)
     e = np.asarray(exact.rows, np.float64)
@@ -348,8 +388,13 @@ def query(exact, config: Config, projection: Projection) -> Query:
     slot = np.full(len(exact.left), n)
     slot[np.asarray(exact.tokens)] = np.arange(n)
     e = np.concatenate([e, np.zeros((1, e.shape[1]))])
+    # tied, the head's gradient and the rows read are one table's, so each window's part of
+    # either meets both of the query's; untied, the head (a b^T) and the table (its rows)
+    # are two parameters, and each part meets its own only
+    tied = float(config.tied)
     return Query(matrices, f32(np.concatenate(rows)), f32(exact.left), f32(right @ p.left["u"]),
-                 f32(right @ p.left["m"]), slot, f32(e @ p.left["u"]), f32(e @ p.left["m"]))
+                 f32(tied * (right @ p.left["m"])), slot, f32(tied * (e @ p.left["u"])),
+                 f32(e @ p.left["m"]))
 
 
 def matrix_scores(rank1: np.ndarray, q: Query) -> np.ndarray:
