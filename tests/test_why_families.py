@@ -80,3 +80,83 @@ def test_the_index_is_exact_but_for_rank_one_on_every_family(arch):
             left, s, right = np.linalg.svd(full)
             want[w] += ((s[0] * np.outer(left[:, 0], right[0]) - full) * g_q).sum()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.fixture(scope="module", params=["llama", "neox"])
+def trained(request, tmp_path_factory):
+    """A tiny model of the family trained here by the project's own loop, with snapshots,
+    on test_history's stories with its planted fact (a rare name always followed by one
+    word); its data folder beside it."""
+    from dataclasses import asdict, replace
+
+    from test_history import FACT, STORIES, VAL, write_stories
+
+    from tinygpt_cli.config import arch_config
+    from tinygpt_cli.tokenizer import save_tokenizer, train_tokenizer
+    from tinygpt_cli.train.data import read_stories
+    from tinygpt_cli.train.loop import Settings, train
+
+    root = tmp_path_factory.mktemp(request.param)
+    (root / "data").mkdir()
+    rng = np.random.default_rng(0)
+    stories = STORIES * 6 + FACT
+    train_file = write_stories(root / "data" / "part-000.txt",
+                               [stories[i] for i in rng.permutation(len(stories))])
+    val_file = write_stories(root / "data" / "part-001.txt", VAL)
+    out = root / "weights"
+    tok = train_tokenizer(read_stories([train_file]), 512)
+    save_tokenizer(tok, out / "tokenizer.json")
+    config = replace(arch_config(request.param, n_embd=16, n_layer=2, n_head=4, n_inner=32,
+                                 n_positions=32, vocab_size=512), vocab_size=tok.vocab_size)
+    train([train_file], [val_file], out,
+          Settings(steps=120, batch_size=8, lr=1e-2, warmup=10, dropout=0.0, eval_every=120,
+                   checkpoint_every=120, seed=0, snapshots=4, config=asdict(config)))
+    return out
+
+
+def test_why_on_a_trained_family_model_ranks_by_exact_tracin(trained, tmp_path, monkeypatch,
+                                                             capsys):
+    """`why --exact` on a Llama and a NeoX model trained here: its windows are TracIn's top
+    by the definition (explicit window gradients at every snapshot), a window of the
+    planted fact first; the index's answer (`why`) re-scores its top exactly and
+    --check measures its agreement with the exact ranking."""
+    from cli_helpers import Runner, clean_env
+    from test_history import fact_windows
+
+    from tinygpt_cli.analysis import history as hist
+    from tinygpt_cli.weights import load_model
+
+    clean_env(monkeypatch)
+    monkeypatch.setenv("TINYGPT_WEIGHTS", str(trained))
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
+    cli = Runner(capsys, monkeypatch)
+    model = load_model(trained)
+    tok, config = model.tokenizer, model.config
+    (name,), (target,) = tok.encode(" Quixby"), tok.encode(" zooms")
+    data = ["--data", trained.parent / "data"]
+    got = cli("why", "The frog Quixby", "--target", f"#{target}", *data, "--exact", "--json")
+    assert got.code == 0, got.err
+    rows = got.json()["top_windows"]
+    stream = why.load_index([trained.parent / "data" / "part-000.txt"], tok,
+                            trained / "tokenizer.json").stream
+    x, y = why.windows(stream, config.n_positions)
+    found = hist.find_snapshots(trained / hist.HISTORY, trained / "model.safetensors")
+    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
+    naive = why.exact_tracin([(s.params, s.lr) for s in timeline], config, x, y,
+                             tok.encode("The frog Quixby"), target)
+    assert [r["window"] for r in rows] == list(np.argsort(-naive, kind="stable")[: len(rows)])
+    for r in rows:
+        assert r["score"] == pytest.approx(naive[r["window"]], rel=1e-4, abs=1e-6)
+    planted = fact_windows(stream, name, target, config.n_positions)
+    # the first window teaches the fact (on the NeoX model the other one is fifth: windows
+    # with many of the query's words score high too, TracIn's known bias)
+    assert rows[0]["window"] in planted
+    checked = cli("why", "The frog Quixby", "--target", f"#{target}", *data, "--check",
+                  "--json")
+    assert checked.code == 0, checked.err
+    doc = checked.json()
+    assert all(r["found_by"] == "index" for r in doc["top_windows"])
+    for r in doc["top_windows"]:  # re-scored exactly
+        assert r["exact_score"] == pytest.approx(naive[r["window"]], rel=1e-2, abs=1e-4)
+    assert doc["check"]["exact_top_10"] == list(np.argsort(-naive, kind="stable")[:10])
+    assert doc["check"]["spearman"] >= 0.9

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import ops
-from ..config import Config, require
+from ..config import Config
 from ..corpus import TrainingDataError, eval_windows
 from ..hooks import Chain, Record
 from ..model import backward, forward, loss_and_grads
@@ -666,8 +666,6 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     from .why_index import cannot_keep, index_folder, open_index, writable_index
 
     config = model.config
-    # TracIn's projected gradients are written site by site for GPT-2's block
-    require(config, "why")
     asks = [(q, _target_of(model, q, target, hooks)) for q in [ids, *more]]
     exact = exact or value is not None or vs is not None
     values = [value_of(model, q, value, t, None if vs is None else token_id(model, vs), hooks,

@@ -25,7 +25,7 @@ import re
 import numpy as np
 
 from .. import ops
-from ..config import Config
+from ..config import Config, require
 from ..errors import InputError
 from ..hooks import Chain, Record
 from ..model import (
@@ -176,6 +176,8 @@ def _sender_part(params, config: Config, ids: np.ndarray, values: dict, sender: 
 def edge_score(params, config: Config, clean: list[int], corrupt: list[int], edge: str,
                target: int, vs: int, hooks=None, want_query: bool = True):
     """(S, its query: minus its gradient, or None) for the edge at these weights."""
+    # the patched head's input is carried back through a LayerNorm and resid_mid above
+    require(config, "why --value edge:")
     graph = build_graph(config)
     u, r = parse_edge(edge, graph, config)
     sender, receiver = graph.senders[u], graph.receivers[r]
