@@ -13,8 +13,10 @@ that one batched forward and backward pass over the windows already has. Site by
   logits = u W_E^T so dW_E = sum_t dlogits_t u_t^T and the term is sum_t dlogits_t . (G_E u_t),
   with the query's G_E = dlogits'^T u' (rank one for a next token) + its few rows read:
   never a product of the logits' size;
+- an untied head W_U: the same head part against W_U's gradient, and W_E only the rows read;
 - the position table: sum_t G_pos[t] . m_t;
-- each LayerNorm's gain and bias: (sum_t dout_t * xhat_t) . G_w + (sum_t dout_t) . G_b.
+- each LayerNorm's gain and bias: (sum_t dout_t * xhat_t) . G_w + (sum_t dout_t) . G_b; an
+  RMSNorm's gain alone (xhat_t = x_t / rms_t), Qwen3's q/k norms summed over heads too.
 
 Several queries share the pass: their positions are stacked side by side, so a batch of
 queries costs little more than the pass itself (on the shipped model ten queries take the
