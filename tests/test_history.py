@@ -251,60 +251,6 @@ def test_exact_matches_count_the_texts_tail_and_the_target():
 # --- why: TracIn --------------------------------------------------------------------------------
 
 
-def full_projection(config: Config, steps: int = 200):
-    """A projection that keeps every direction (identity bases) and every chance: the
-    index's scores are then exact but for each weight matrix, kept as its top rank-one
-    part (found by `steps` power steps)."""
-    from tinygpt_cli.analysis import tracin
-
-    d, n = config.n_embd, config.n_positions
-    eye = lambda k: np.eye(k, dtype=np.float32)  # noqa: E731
-    left = {tracin.POSITIONS: eye(n), "u": eye(d), "m": eye(d)}
-    for prefix, _, _ in tracin.norm_sites(config):
-        left[prefix] = eye(2 * d)
-    return tracin.Projection(left, {tracin.POSITIONS: eye(d)}, top=config.vocab_size,
-                             steps=steps)
-
-
-def test_window_gradients_in_full_give_the_exact_dot_products_but_for_rank_one(make_params):
-    """With nothing projected away, the index's parts (the head's and the rows read per
-    position, each matrix's rank-one pair, the rest per window) add up to
-    <grad mean loss(window), grad -log p(target)> from one full backward pass per window,
-    once each matrix's gradient G is swapped for its top singular part s_1 u_1 v_1^T by
-    NumPy's SVD: the power steps find that part, and every other term is exact."""
-    from tinygpt_cli.analysis import exact_tracin as ex
-    from tinygpt_cli.analysis import tracin
-
-    config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
-    params = make_params(config, seed=8)
-    rng = np.random.default_rng(9)
-    x, y = rng.integers(0, 13, (5, 6)), rng.integers(0, 13, (5, 6))
-    ids, target = [4, 2, 9, 4], 3
-    p = full_projection(config)
-    g = tracin.window_gradients(params, config, x, y, p)
-    exact_query = ex.next_token_query(params, config, ids, target)
-    q = tracin.query(exact_query, config, p)
-    got = tracin.scores(vars(g), x, y, q)
-    exact = why.exact_tracin([(params, 1.0)], config, x, y, ids, target)
-    v, dv, _ = tracin.values_and_gradients(
-        params, config, x, lambda z: tracin.window_loss_gradient_of_logits(z, y))
-    for prefix, inp, outp in tracin.linear_sites(config):
-        a, d = exact_query.sites[prefix]
-        g_q = a.T.astype(np.float64) @ d
-        for w in range(len(x)):
-            full = tracin.with_ones(v[inp][w]).T.astype(np.float64) @ dv[outp][w]
-            left, s, right = np.linalg.svd(full)
-            exact[w] += ((s[0] * np.outer(left[:, 0], right[0]) - full) * g_q).sum()
-    np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-5 * np.abs(exact).max())
-    # and the rank-one part is not the whole: the matrices' other directions count here
-    assert np.abs(got - why.exact_tracin([(params, 1.0)], config, x, y, ids, target)).max() \
-        > 1e-2 * np.abs(exact).max()
-    # stored as the index stores them (bfloat16), the scores move by little
-    quantised = tracin.scores(tracin.stored([g]), x, y, q)
-    np.testing.assert_allclose(quantised, got, rtol=0.05, atol=0.02 * np.abs(got).max())
-    assert np.any(quantised != got)
-
-
 def test_the_power_steps_find_the_top_singular_vector():
     """top_singular_pair's u against NumPy's SVD of G = A^T D, for windows whose G has a
     clear gap (to sign), and v = G^T u."""
@@ -764,6 +710,19 @@ def test_query_gradient_matches_finite_differences(make_params):
                                                  abs=1e-8)
 
 
+def definition_scores(run: Path, text: str, target: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the training stream of run's data/part-000.txt, TracIn of each of its windows by the
+    definition: one full gradient per window at every snapshot of run's history)."""
+    model = load_model(run)
+    stream = why.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
+                            run / "tokenizer.json").stream
+    x, y = why.windows(stream, model.config.n_positions)
+    found = hist.find_snapshots(run / HISTORY, run / "model.safetensors")
+    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
+    return stream, why.exact_tracin([(s.params, s.lr) for s in timeline], model.config, x, y,
+                                    model.tokenizer.encode(text), target)
+
+
 def fact_windows(stream: np.ndarray, name: int, target: int, t: int) -> set[int]:
     """Windows that train the fact: some input is the name and its next token the target."""
     x, y = why.windows(stream, t)
@@ -993,13 +952,8 @@ def test_why_exact_scores_every_window_by_the_definition_and_finds_the_fact(cli,
     doc = got.json()
     assert passes == [1]
     assert not (tmp_path / "cache" / "why-tracin").exists()
-    stream = why.load_index([run.parent / "data" / "part-000.txt"], tok,
-                            run / "tokenizer.json").stream
-    x, y = why.windows(stream, config.n_positions)
-    found = hist.find_snapshots(run / HISTORY, run / "model.safetensors")
-    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
-    ids = tok.encode("The frog Quixby")
-    naive = why.exact_tracin([(s.params, s.lr) for s in timeline], config, x, y, ids, target)
+    stream, naive = definition_scores(run, "The frog Quixby", target)
+    x, _ = why.windows(stream, config.n_positions)
     rows = doc["top_windows"]
     planted = fact_windows(stream, name, target, config.n_positions)
     assert {r["window"] for r in rows[: len(planted)]} == planted

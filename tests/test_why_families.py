@@ -55,8 +55,10 @@ def _full_projection(config, params, steps: int = 500) -> tracin.Projection:
 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_the_index_is_exact_but_for_rank_one_on_every_family(arch):
-    """With nothing projected away, the index's parts add up to TracIn by its definition
-    once each matrix's gradient is swapped for its top singular part (NumPy's SVD): the
+    """With nothing projected away, the index's parts (the head's and the rows read per
+    position, each matrix's rank-one pair, the rest per window) add up to TracIn by its
+    definition once each matrix's gradient is swapped for its top singular part (NumPy's
+    SVD: the power steps find that part, and every other term is exact): the
     head's part (the tied table's, or W_U's), the rows read, the norms (LayerNorm, RMSNorm,
     q/k norms), with or without biases and a position table."""
     config = _small(arch)
@@ -80,6 +82,13 @@ def test_the_index_is_exact_but_for_rank_one_on_every_family(arch):
             left, s, right = np.linalg.svd(full)
             want[w] += ((s[0] * np.outer(left[:, 0], right[0]) - full) * g_q).sum()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    # and the rank-one part is not the whole: the matrices' other directions count here
+    assert np.abs(got - why.exact_tracin([(params, 1.0)], config, x, y, ids, target)).max() \
+        > 1e-2 * np.abs(want).max()
+    # stored as the index stores them (bfloat16), the scores move by little
+    quantised = tracin.scores(tracin.stored([g]), x, y, tracin.query(exact_query, config, p))
+    np.testing.assert_allclose(quantised, got, rtol=0.05, atol=0.02 * np.abs(got).max())
+    assert np.any(quantised != got)
 
 
 @pytest.fixture(scope="module", params=["llama", "neox"])
@@ -121,9 +130,8 @@ def test_why_on_a_trained_family_model_ranks_by_exact_tracin(trained, tmp_path, 
     planted fact first; the index's answer (`why`) re-scores its top exactly and
     --check measures its agreement with the exact ranking."""
     from cli_helpers import Runner, clean_env
-    from test_history import fact_windows
+    from test_history import definition_scores, fact_windows
 
-    from tinygpt_cli.analysis import history as hist
     from tinygpt_cli.weights import load_model
 
     clean_env(monkeypatch)
@@ -137,13 +145,7 @@ def test_why_on_a_trained_family_model_ranks_by_exact_tracin(trained, tmp_path, 
     got = cli("why", "The frog Quixby", "--target", f"#{target}", *data, "--exact", "--json")
     assert got.code == 0, got.err
     rows = got.json()["top_windows"]
-    stream = why.load_index([trained.parent / "data" / "part-000.txt"], tok,
-                            trained / "tokenizer.json").stream
-    x, y = why.windows(stream, config.n_positions)
-    found = hist.find_snapshots(trained / hist.HISTORY, trained / "model.safetensors")
-    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
-    naive = why.exact_tracin([(s.params, s.lr) for s in timeline], config, x, y,
-                             tok.encode("The frog Quixby"), target)
+    stream, naive = definition_scores(trained, "The frog Quixby", target)
     assert [r["window"] for r in rows] == list(np.argsort(-naive, kind="stable")[: len(rows)])
     for r in rows:
         assert r["score"] == pytest.approx(naive[r["window"]], rel=1e-4, abs=1e-6)
