@@ -245,9 +245,8 @@ def test_a_key_groups_eap_is_the_shared_keys(fam):
     forward(params, config, IDS, hooks=clean)
     delta = (naive_senders(params, config, clean.values)["L0H1"]
              - naive_senders(params, config, rec.values)["L0H1"])
+    L, eps = "layers.1.", 1e-5
     for part in "kv":
-        L, eps = "layers.1.", 1e-5
-
         def moved(s, part=part):
             x = naive_norm(rec.values[L + "resid_pre"] + s * delta, params, L + "ln1", config)
             y = naive_projection(x, params, config, 1, part, group)  # head `group`: kv head 1
@@ -269,3 +268,44 @@ def test_circuit_finds_a_faithful_circuit_on_every_family(fam):
     r = C.find_circuit(pair, "exact", random_count=5)
     np.testing.assert_array_equal(r.scores, exact)
     assert r.f[0] == pytest.approx(0, abs=1e-9) and r.f[-1] == pytest.approx(1, abs=1e-9)
+
+
+def test_a_steered_pair_decomposes_the_steered_run(fam):
+    """A vector added before block 1 in both runs: every edge live is the steered forward
+    pass (a parallel block's MLP reads the shifted block input too), and f(all) = 1."""
+    from tinygpt_cli.hooks import add_vector
+
+    config, params, _, _, _ = fam
+    steer = add_vector("layers.1.resid_pre",
+                       np.random.default_rng(4).normal(0, 0.5, config.n_embd), 2.0)
+    pair = C.prepare(params, config, IDS, OTHER, TARGET, VS, steer=steer)
+    e = len(pair.graph.edges)
+    fixed = np.random.default_rng(0).normal(size=pair.clean_out.shape)
+    got = C.edge_forward(pair.params, pair.config, pair.graph, IDS, np.ones((1, e)), fixed,
+                         [TARGET, VS], 5, steer=steer)[0]
+    np.testing.assert_allclose(got, forward(params, config, IDS, hooks=steer)[5, [TARGET, VS]],
+                               atol=1e-12, rtol=0)
+    f = C.faithfulness(pair, np.stack([np.ones(e), np.zeros(e)]))
+    assert abs(f[0] - 1) < 1e-9 and abs(f[1]) < 1e-9
+
+
+def test_a_senders_outgoing_eap_scores_add_up_to_attribution_patching(fam):
+    """`patch --method atp`'s score of a head's output, an MLP's output or the embeddings
+    (summed over positions, as a share of the gap) is the sum of its edges' EAP scores
+    (NeoX: `patch` takes no parallel block)."""
+    from tinygpt_cli.analysis import patch as pa
+
+    config, params, pair, _, _ = fam
+    if config.parallel:
+        pytest.skip("patch refuses parallel blocks")
+    atp = pa.attribution_patching(params, config, IDS, OTHER, TARGET, VS)
+    out = np.zeros(len(pair.graph.senders))
+    for (u, _), x in zip(pair.graph.edges, C.eap_scores(pair), strict=True):
+        out[u] += x
+    out /= pair.clean - pair.corrupt
+    assert out[0] == pytest.approx(atp.stream["resid_pre"][0].sum(), abs=1e-9)
+    for i in range(config.n_layer):
+        assert out[C.mlp_index(config, i)] == pytest.approx(atp.stream["mlp_out"][i].sum(),
+                                                            abs=1e-9)
+        for h in range(config.n_head):
+            assert out[C.head_index(config, i, h)] == pytest.approx(atp.heads[i, h], abs=1e-9)

@@ -1,16 +1,22 @@
 """Circuits: which connections between components carry a behaviour.
 
-The graph. Senders are the embeddings (token + position, one node), every head (its output
-z_h W_O[h], without the shared bias b_O) and every MLP (mlp_out). Receivers are each head's
-q, k and v inputs apart, each MLP's input and the logits. Sender u feeds receiver v when u is
-computed before v reads the stream: the embeddings feed everything, the heads of block l feed
-block l's MLP and everything later, MLP l feeds every later block and the logits.
+The graph. Senders are the embeddings (token + position, one node; a rotary model's are the
+token rows alone), every head (its output z_h W_O[h], without the shared bias b_O) and every
+MLP (mlp_out). Receivers are each head's q, k and v inputs apart, each MLP's input and the
+logits. Sender u feeds receiver v when u is computed before v reads the stream: the
+embeddings feed everything, the heads of block l feed block l's MLP and everything later, MLP
+l feeds every later block and the logits. A parallel block's MLP (GPT-NeoX) reads the
+block's input, as its heads do: its own block's heads do not feed it.
 
 Every receiver's input is a sum of sender outputs (plus the attention biases b_O of the
 blocks before it, and in a steered run the steering vector from the block it is added before:
-constants, the same in every run), so one edge can be patched on its own:
-v's input is normed by v's own LayerNorm (ln1 for q/k/v, ln2 for an MLP, ln_final for the logits)
-after the sum. `edge_forward` runs the model that way.
+constants, the same in every run), so one edge can be patched on its own: v's input is
+normed by v's own norm (ln1 for q/k/v, ln2 for an MLP, ln_final for the logits; LayerNorm or
+RMSNorm) after the sum, and the rest of v is the family's own step: the head's projection,
+then its q/k norm (Qwen3) and rotation by the query's or key's position (rotary), or the
+MLP (GELU or gated). `edge_forward` runs the model that way, with the model's own functions.
+Grouped key/value heads (Llama, Qwen) are ungrouped first: each query head reads its own
+copy of its group's keys and values, so its k and v inputs are receivers of its own.
 
 Scores of edge u -> v, on the metric m = logit[target] - logit[vs] at one position:
 
