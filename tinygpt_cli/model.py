@@ -225,14 +225,33 @@ def queries_keys_values(params, config: Config, i: int, x: np.ndarray, start: in
     p = f"layers.{i}.attn."
     qkv = ops.linear(x, params[p + "W_QKV"], params.get(p + "b_QKV"), per_text)
     q, k, v = ops.split_qkv(qkv, config.n_head, config.kv_heads)
+    return turned(params, config, i, "q", q, start), turned(params, config, i, "k", k, start), v
+
+
+def turned(params, config: Config, i: int, part: str, x: np.ndarray, start: int) -> np.ndarray:
+    """Block i's projected queries (part "q") or keys ("k") [.., T, d_k] as attention reads
+    them: each head's RMS-normed (Qwen3), then turned by its positions start .. (rotary);
+    unchanged for GPT-2's block. Head by head, so a caller may give one head's alone
+    (analysis.circuit, whose heads each read their own input)."""
     if config.qk_norm:
-        eps = config.layer_norm_epsilon
-        q = ops.rms_norm(q, params[p + "q_norm.w"], eps)[0]
-        k = ops.rms_norm(k, params[p + "k_norm.w"], eps)[0]
+        w = params[f"layers.{i}.attn.{part}_norm.w"]
+        x = ops.rms_norm(x, w, config.layer_norm_epsilon)[0]
     if config.rotary:
-        rope = (config.rotary, config.rotary_base, config.rope_scaling)
-        q, k = ops.rotary(q, start, *rope), ops.rotary(k, start, *rope)
-    return q, k, v
+        x = ops.rotary(x, start, config.rotary, config.rotary_base, config.rope_scaling)
+    return x
+
+
+def turned_backward(g: Gradients, i: int, dq: np.ndarray, dk: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """turned() of a whole text (start 0) in reverse, q and k together: from d q, d k as
+    attention read them to d of the projections W_QKV made."""
+    cfg = g.config
+    if cfg.rotary:
+        rope = (cfg.rotary, cfg.rotary_base, cfg.rope_scaling)
+        dq, dk = ops.rotary_backward(dq, 0, *rope), ops.rotary_backward(dk, 0, *rope)
+    if cfg.qk_norm:
+        dq, dk = _qk_norm_backward(g, i, dq, dk)
+    return dq, dk
 
 
 def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
@@ -300,15 +319,11 @@ def qkv_backward(g: Gradients, i: int, dq: np.ndarray, dk: np.ndarray,
                  dvv: np.ndarray) -> np.ndarray:
     """Card 5's first step in reverse: from d q, k, v to d ln1.out, through the positions'
     turn, the q/k norms and W_QKV."""
-    p, L, values, cfg = f"layers.{i}.attn.", f"layers.{i}.", g.values, g.config
+    p, L, values = f"layers.{i}.attn.", f"layers.{i}.", g.values
     for name, d in (("q", dq), ("k", dk), ("v", dvv)):
         g.keep(L + name, d)
         g.keep_heads(name, d, L)
-    if cfg.rotary:
-        rope = (cfg.rotary, cfg.rotary_base, cfg.rope_scaling)
-        dq, dk = ops.rotary_backward(dq, 0, *rope), ops.rotary_backward(dk, 0, *rope)
-    if cfg.qk_norm:
-        dq, dk = _qk_norm_backward(g, i, dq, dk)
+    dq, dk = turned_backward(g, i, dq, dk)
     dqkv = np.concatenate(
         [ops.merge_heads(dq), ops.merge_heads(dk), ops.merge_heads(dvv)], axis=-1)
     # the product's own output gradient, before the turn and the norms (TracIn's W_QKV term

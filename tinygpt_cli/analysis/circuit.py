@@ -1,16 +1,22 @@
 """Circuits: which connections between components carry a behaviour.
 
-The graph. Senders are the embeddings (token + position, one node), every head (its output
-z_h W_O[h], without the shared bias b_O) and every MLP (mlp_out). Receivers are each head's
-q, k and v inputs apart, each MLP's input and the logits. Sender u feeds receiver v when u is
-computed before v reads the stream: the embeddings feed everything, the heads of block l feed
-block l's MLP and everything later, MLP l feeds every later block and the logits.
+The graph. Senders are the embeddings (token + position, one node; a rotary model's are the
+token rows alone), every head (its output z_h W_O[h], without the shared bias b_O) and every
+MLP (mlp_out). Receivers are each head's q, k and v inputs apart, each MLP's input and the
+logits. Sender u feeds receiver v when u is computed before v reads the stream: the
+embeddings feed everything, the heads of block l feed block l's MLP and everything later, MLP
+l feeds every later block and the logits. A parallel block's MLP (GPT-NeoX) reads the
+block's input, as its heads do: its own block's heads do not feed it.
 
 Every receiver's input is a sum of sender outputs (plus the attention biases b_O of the
 blocks before it, and in a steered run the steering vector from the block it is added before:
-constants, the same in every run), so one edge can be patched on its own:
-v's input is normed by v's own LayerNorm (ln1 for q/k/v, ln2 for an MLP, ln_final for the logits)
-after the sum. `edge_forward` runs the model that way.
+constants, the same in every run), so one edge can be patched on its own: v's input is
+normed by v's own norm (ln1 for q/k/v, ln2 for an MLP, ln_final for the logits; LayerNorm or
+RMSNorm) after the sum, and the rest of v is the family's own step: the head's projection,
+then its q/k norm (Qwen3) and rotation by the query's or key's position (rotary), or the
+MLP (GELU or gated). `edge_forward` runs the model that way, with the model's own functions.
+Grouped key/value heads (Llama, Qwen) are ungrouped first: each query head reads its own
+copy of its group's keys and values, so its k and v inputs are receivers of its own.
 
 Scores of edge u -> v, on the metric m = logit[target] - logit[vs] at one position:
 
@@ -45,26 +51,29 @@ outside the circuit its sender's corrupt output; f = (circuit - corrupt) / (clea
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .. import ops
-from ..config import Config, require
+from ..config import Config
 from ..errors import InputError
 from ..hooks import Chain, Record, Replace
 from ..model import (
+    Gradients,
     _identity,
     attn_out_bias,
     backward,
     cut_head,
+    embed,
     feed_forward,
     forward,
     head_out_matrix,
     head_qkv,
-    norm_weights,
-    position_table,
-    token_table,
+    norm,
+    norm_backward,
+    turned,
+    turned_backward,
     unembed_rows,
 )
 from ..schema import head_name, mlp_name
@@ -86,7 +95,9 @@ STEP_TOKENS = 2048  # eap-ig: tokens per batched forward and backward pass
 @dataclass(frozen=True)
 class Graph:
     """Nodes and edges. A node's stage orders the computation: the embeddings 0, the heads
-    of block l 2l+1, MLP l 2l+2, the logits 2 n_layer + 1; u feeds v when stage u < stage v."""
+    of block l 2l+1, MLP l 2l+2, the logits 2 n_layer + 1; u feeds v when stage u < stage v.
+    A parallel block's MLP (GPT-NeoX) reads the block's input as its heads do: as a receiver
+    its stage is theirs, 2l+1, so its own block's heads do not feed it."""
 
     senders: list[str]
     receivers: list[str]
@@ -116,7 +127,7 @@ def build_graph(config: Config) -> Graph:
         senders.append(mlp_name(i))
         s_stage.append(2 * i + 2)
         receivers.append(mlp_name(i))
-        r_stage.append(2 * i + 2)
+        r_stage.append(2 * i + 1 if config.parallel else 2 * i + 2)
     receivers.append("logits")
     r_stage.append(2 * config.n_layer + 1)
     ss, rs = np.array(s_stage), np.array(r_stage)
@@ -152,30 +163,32 @@ def sender_outputs(params, config: Config, values: dict[str, np.ndarray]) -> np.
     return np.stack([np.asarray(values["embeddings"], np.float64), *senders])
 
 
-def _norm_backward(d: np.ndarray, values, stream: str, norm: str, g: np.ndarray) -> np.ndarray:
-    dx, _, _ = ops.layer_norm_backward(d, values[stream], g, values[norm + ".mean"],
-                                       values[norm + ".std"])
-    return dx
+def mlp_stream(config: Config, i: int) -> str:
+    """The stream block i's MLP reads: resid_mid, or a parallel block's own input."""
+    return f"layers.{i}." + ("resid_pre" if config.parallel else "resid_mid")
 
 
 def receiver_gradients(params, config: Config, values, grads) -> np.ndarray:
     """d metric / d (input of each receiver), from one backward pass: [R, *batch, T, d].
 
-    Head h's q input reaches the metric only through q_h = ln1(input) W_q[h] + b_q[h], so its
-    gradient is dq_h W_q[h]^T taken back through ln1 at the run's stream."""
+    Head h's q input reaches the metric only through q_h = turned(ln1(input) W_q[h] + b_q[h])
+    (turned: the family's q/k norm and rotation, model.turned), so its gradient is d q_h taken
+    back through the turn, then times W_q[h]^T, then back through ln1 at the run's stream,
+    each step the model's own backward (an ungrouped model: every head its own k and v)."""
+    g = Gradients(params, config, values, None, wrt_values=False)
     out = []
     for i in range(config.n_layer):
-        L, g = f"layers.{i}.", norm_weights(params, f"layers.{i}.ln1")[0]
+        L = f"layers.{i}."
         wq, wk, wv = head_weights(params, config, i)[:3]
+        dq, dk = turned_backward(g, i, grads[L + "q"], grads[L + "k"])
         for h in range(config.n_head):
-            for part, w in zip("qkv", (wq, wk, wv), strict=True):
-                dx = grads[L + part][..., h, :, :] @ w[h].T  # [*batch, T, d]
-                out.append(_norm_backward(dx, values, L + "resid_pre", L + "ln1", g))
-        out.append(_norm_backward(grads[L + "ln2.out"], values, L + "resid_mid", L + "ln2",
-                                  norm_weights(params, L + "ln2")[0]))
+            for d, w in zip((dq, dk, grads[L + "v"]), (wq, wk, wv), strict=True):
+                dx = d[..., h, :, :] @ w[h].T  # [*batch, T, d]
+                out.append(norm_backward(g, dx, values[L + "resid_pre"], L + "ln1"))
+        out.append(norm_backward(g, grads[L + "ln2.out"], values[mlp_stream(config, i)],
+                                 L + "ln2"))
     last = f"layers.{config.n_layer - 1}.resid_post"
-    out.append(_norm_backward(grads["ln_final.out"], values, last, "ln_final",
-                              norm_weights(params, "ln_final")[0]))
+    out.append(norm_backward(g, grads["ln_final.out"], values[last], "ln_final"))
     return np.stack(out)
 
 
@@ -198,22 +211,21 @@ def metric_gradients(params, config: Config, embeddings: np.ndarray, target: int
 # ------------------------------------------------------------------ the edge-decomposed forward
 
 
-def _layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    return ops.layer_norm(x, g, b, eps)[0]
-
-
 def _heads(params, config: Config, i: int, x: np.ndarray, last_only: bool = False
            ) -> np.ndarray:
     """Block i's heads on their own inputs x [B, H, 3, T, d] (q, k, v apart) -> each head's
-    output z_h W_O[h]: [B, H, T, d] (last_only: the last query alone, [B, H, 1, d])."""
-    eps = config.layer_norm_epsilon
+    output z_h W_O[h]: [B, H, T, d] (last_only: the last query alone, [B, H, 1, d]). Each
+    input goes through the block's own norm, its head's projection and the family's turn
+    of q and k (model.norm, model.turned), then the block's attention step."""
     wq, wk, wv, bq, bk, bv, wo = head_weights(params, config, i)
-    g, b = norm_weights(params, f"layers.{i}.ln1")
+    ln1, t = f"layers.{i}.ln1", x.shape[-2]
     xq = x[:, :, 0, -1:] if last_only else x[:, :, 0]
-    q = _layer_norm(xq, g, b, eps) @ wq + bq[:, None, :]  # [B, H, T, d] @ [H, d, d_k]
-    n = _layer_norm(x[:, :, 1:], g, b, eps)
+    q = norm(params, config, xq, ln1, _identity) @ wq + bq[:, None, :]  # [B, H, T, d_k]
+    n = norm(params, config, x[:, :, 1:], ln1, _identity)
     k = n[:, :, 0] @ wk + bk[:, None, :]
     v = n[:, :, 1] @ wv + bv[:, None, :]
+    q = turned(params, config, i, "q", q, t - 1 if last_only else 0)  # at the query's place
+    k = turned(params, config, i, "k", k, 0)
     scale, window = config.attn_scale, config.window(i)
     if last_only:  # one query, the last: it sees every key in its window
         z = ops.softmax(ops.attention_scores(q, k, k.shape[-2] - 1, scale, window)) @ v
@@ -223,8 +235,10 @@ def _heads(params, config: Config, i: int, x: np.ndarray, last_only: bool = Fals
 
 
 def _mlp(params, config: Config, i: int, x: np.ndarray) -> np.ndarray:
-    n = _layer_norm(x, *norm_weights(params, f"layers.{i}.ln2"), config.layer_norm_epsilon)
-    return feed_forward(params, config, i, n, _identity)  # the model's own MLP step
+    """Block i's MLP on its input x: the block's own norm and feed-forward step (GELU or
+    gated, as the family has it)."""
+    n = norm(params, config, x, f"layers.{i}.ln2", _identity)
+    return feed_forward(params, config, i, n, _identity)
 
 
 def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live: np.ndarray,
@@ -258,7 +272,7 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
         base[graph.receiver_stage >= 2 * entry + 1] += np.asarray(steer.shift, np.float64)
     diff = np.zeros((b, s_count, t, config.n_embd))  # run[u] - fixed[u], stage by stage
     if start == 0:
-        diff[:, 0] = token_table(params)[ids] + position_table(params)[:t] - fixed[0]
+        diff[:, 0] = embed(params, ids, 0, _identity) - fixed[0]
     else:
         s0 = head_index(config, start, 0) if start < config.n_layer else s_count
         diff[:, :s0] = known[:s0] - fixed[:s0]
@@ -277,7 +291,7 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
         ).reshape(b, -1, config.n_embd)
         diff[:, m, keep] = _mlp(params, config, i, x_mlp) - fixed[m, keep]
     x = base[-1][-1] + (coef[:, -1, None, :] @ diff[:, :, -1])[:, 0]
-    u = _layer_norm(x, *norm_weights(params, "ln_final"), config.layer_norm_epsilon)
+    u = norm(params, config, x, "ln_final", _identity)
     return u @ unembed_rows(params, list(rows)).T
 
 
@@ -326,17 +340,36 @@ def _run(params, config: Config, ids: np.ndarray, steer=None):
     return logits, rec.values
 
 
+def ungrouped(params, config: Config) -> tuple[dict[str, np.ndarray], Config]:
+    """The same model with every query head given its own copy of its group's key and value
+    weights (grouped-query attention, Llama and Qwen): the same function, each head now with
+    k and v inputs of its own, so that an edge into head h's k is read by head h alone, as
+    in GPT-2. (For EAP the k or v scores of a group's heads add up to those of the shared
+    key or value.) A model without groups is returned as it is."""
+    group = config.n_head // config.kv_heads
+    if group == 1:
+        return params, config
+    out = dict(params)
+    for i in range(config.n_layer):
+        wq, wk, wv, bq, bk, bv = head_qkv(params, config, i)
+        w = np.concatenate([wq, np.repeat(wk, group, 0), np.repeat(wv, group, 0)])  # [3H, d, d_k]
+        out[f"layers.{i}.attn.W_QKV"] = w.transpose(1, 0, 2).reshape(config.n_embd, -1)
+        if f"layers.{i}.attn.b_QKV" in params:  # [3H, d_k] -> [3 H d_k], as W_QKV's columns
+            b = np.concatenate([bq, np.repeat(bk, group, 0), np.repeat(bv, group, 0)])
+            out[f"layers.{i}.attn.b_QKV"] = b.reshape(-1)
+    return out, replace(config, n_kv_head=0)
+
+
 def prepare(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
             position: int = -1, graph: Graph | None = None, steer=None) -> Pair:
-    # edges are summed into each receiver's LayerNorm'd input, positions from the table
-    require(config, "circuit", {"norm": "layer", "positions": "learned", "mlp": "gelu",
-                                "parallel": False})
+    """The two runs of an edge attribution on any family: grouped key/value heads ungrouped
+    first (ungrouped), everything in float64."""
     if len(clean_ids) != len(corrupt_ids):
         raise InputError(f"the clean text is {count(len(clean_ids), 'token')} and the "
                          f"corrupt text {len(corrupt_ids)}: edges are patched position by "
                          "position, so they must have the same number of tokens")
     position = position % len(clean_ids)
-    params = widen(params)
+    params, config = ungrouped(widen(params), config)
     clean_ids = np.asarray(clean_ids)[: position + 1]
     corrupt_ids = np.asarray(corrupt_ids)[: position + 1]
     clean_logits, clean = _run(params, config, clean_ids, steer)
@@ -350,8 +383,8 @@ def prepare(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int
 
 
 def _embeddings(pair: Pair, ids: np.ndarray) -> np.ndarray:
-    t = len(ids)
-    return token_table(pair.params)[ids] + position_table(pair.params)[:t]
+    """The embeddings as the model makes them (a rotary model's: the token rows alone)."""
+    return embed(pair.params, ids, 0, _identity)
 
 
 def edge_products(pair: Pair, gradients: np.ndarray) -> np.ndarray:

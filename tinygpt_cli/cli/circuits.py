@@ -77,6 +77,10 @@ def circuit(
     printed as a curve, with the smallest N reaching 0.8 and random circuits of that size as
     a baseline.
 
+    Every family: a rotary model's embeddings are its token rows (positions turn each head's
+    q and k), a parallel block's MLP (GPT-NeoX) is not fed by its own heads, and grouped
+    key/value heads give each query head k and v inputs of its own.
+
     Example: tinygpt circuit "Ben had a ball. He liked his" "Ben had a car. He liked his"
     Example: tinygpt circuit "Tom had a ball. He saw his" "Tom had a car. He saw his" --method exact
     """
