@@ -43,6 +43,7 @@ from ..model import (
 )
 from . import sae as S
 from .graph import Graph
+from .qk import through_head_norm
 
 TOP_TERMS = 5
 
@@ -110,8 +111,7 @@ def side(config: Config, params, values: dict, parts: np.ndarray, layer: int, po
     centred = parts if b is None else parts - parts.mean(axis=-1, keepdims=True)
     terms = np.concatenate([(centred / s * g) @ w, [(0.0 if b is None else b @ w) + bias]])
     if head_norm is not None:
-        rms, scale = head_norm
-        terms = terms / rms * scale  # linear, the rms frozen: the terms still sum to q
+        terms = through_head_norm(terms, *head_norm)
     if config.rotary:
         rope = (config.rotary, config.rotary_base, config.rope_scaling)
         terms = ops.rotary(terms[:, None, :], position, *rope)[:, 0]
