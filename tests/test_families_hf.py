@@ -177,7 +177,7 @@ COMMANDS = [
     ("generate", "Lily", "--max-new-tokens", "3", "--ablate", "layers.0.mlp_out"),
 ]
 # what a family's block cannot answer yet (each says so in one line, exit 2)
-NOT_YET = {"gpt_neox": {"patch"}, "qwen3": {"qk"}}
+NOT_YET: dict[str, set[str]] = {}
 
 
 def test_every_command_runs_on_every_family_or_says_why_not_in_one_line(pair, capsys,
@@ -197,19 +197,14 @@ def test_every_command_runs_on_every_family_or_says_why_not_in_one_line(pair, ca
             assert r.code == 0, (name, args, r.err[-2000:])
 
 
-def test_qk_terms_sum_to_the_scores_on_every_family_but_qwen3(pair):
-    """The score split by part, each part's q and k through the frozen norm and turned by
-    its position: the terms add up to the pass's own scores (Qwen3's per-head norm of q and
-    k is not linear in the parts: refused)."""
+def test_qk_terms_sum_to_the_scores_on_every_family(pair):
+    """The score split by part, each part's q and k through the frozen norm (and Qwen3's
+    frozen per-head norm of q and k) and turned by its position: the terms add up to the
+    pass's own scores."""
     from tinygpt_cli.analysis.qk import qk_attribution
-    from tinygpt_cli.errors import InputError
 
     name, _, ours = pair
     _, values = record(ours.params, ours.config, np.array(IDS))
-    if ours.config.qk_norm:
-        with pytest.raises(InputError, match="qk_norm True"):
-            qk_attribution(ours.params, ours.config, values, 1, 2, 9)
-        return
     r = qk_attribution(ours.params, ours.config, values, 1, 2, 9)
     seen = np.isfinite(r.scores)  # GPT-Neo's local block masks the keys past its window
     assert seen.sum() == (3 if ours.config.window(1) == 3 else 10)

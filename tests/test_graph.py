@@ -1,7 +1,7 @@
 """Attribution graphs: every edge weight against torch autograd on an independent
 implementation of the frozen replacement model (written here, from the canonical parameters
-and the real run's patterns and norm scales), on GPT-2-, Llama- and NeoX-shaped random models
-with random transcoders; every node the sum of its incoming edges; the replacement with its
+and the real run's patterns and norm scales), on GPT-2-, Llama-, NeoX- and Qwen3-shaped random
+models with random transcoders; every node the sum of its incoming edges; the replacement with its
 error nodes reproducing the real logits; pruning's invariants; and the command's document."""
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ FAMILIES = {
     "neox": Config(n_embd=12, n_layer=2, n_head=2, n_inner=20, vocab_size=23, n_positions=8,
                    model_type="gpt_neox", parallel=True, positions="rotary", rotary_dim=4,
                    tied=False),
+    # Qwen3: each head's q and k RMS-normed, heads of 6 numbers though d / H is 4
+    "qwen3": Config(n_embd=16, n_layer=2, n_head=4, n_kv_head=2, head_dim=6, n_inner=20,
+                    vocab_size=23, n_positions=8, model_type="qwen3", norm="rms",
+                    positions="rotary", mlp="gated", act="silu", tied=False, qk_norm=True,
+                    qkv_bias=False, out_bias=False, mlp_bias=False),
 }
 IDS = [3, 17, 5, 5, 9, 2, 11]
 
@@ -638,14 +643,16 @@ def test_graph_qk_splits_each_attention_edges_score_into_terms_that_sum_to_it(ca
     parts, vecs = Q.stream_parts(g, values, tcs, 1, 5, None)
     np.testing.assert_allclose(vecs.sum(axis=0), values["layers.1.resid_pre"][5], atol=1e-10)
     # each side's per-part vectors add up to the q and k the forward pass recorded
-    from tinygpt_cli.model import head_qkv
+    from tinygpt_cli.model import head_qkv, qk_norm_rms
 
     wq, wk, _, bq, bk, _ = head_qkv(params, config, 1)
-    q = Q.side(config, params, values, vecs, 1, 5, wq[1], bq[1])
+    rms = qk_norm_rms(params, config, values, 1) if config.qk_norm else None
+    norm_q, norm_k = Q.head_norms(params, config, rms, 1, 1, 5, 2)
+    q = Q.side(config, params, values, vecs, 1, 5, wq[1], bq[1], norm_q)
     np.testing.assert_allclose(q.sum(axis=0), values["layers.1.heads.1.q"][5], atol=1e-10)
     kv = 1 // (config.n_head // config.kv_heads)
     _, kvecs = Q.stream_parts(g, values, tcs, 1, 2, None)
-    k = Q.side(config, params, values, kvecs, 1, 2, wk[kv], bk[kv])
+    k = Q.side(config, params, values, kvecs, 1, 2, wk[kv], bk[kv], norm_k)
     np.testing.assert_allclose(k.sum(axis=0), values["layers.1.heads.1.k"][2], atol=1e-10)
     assert {g.kinds[p] for p in parts if isinstance(p, int)} == {"feature", "error",
                                                                 "embedding"}

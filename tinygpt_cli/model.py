@@ -353,9 +353,7 @@ def _qk_norm_backward(g: Gradients, i: int, dq: np.ndarray, dk: np.ndarray):
     """Through each head's RMSNorm of q and k, whose inputs are made again from ln1.out (the
     same product as the pass's; not a value of the trace)."""
     p, cfg = f"layers.{i}.attn.", g.config
-    qkv = ops.linear(g.values[f"layers.{i}.ln1.out"], g.params[p + "W_QKV"],
-                     g.params.get(p + "b_QKV"))
-    q, k, _ = ops.split_qkv(qkv, cfg.n_head, cfg.kv_heads)
+    q, k = _queries_keys_before_norm(g.params, cfg, i, g.values[f"layers.{i}.ln1.out"])
     out = []
     for name, x, d in (("q_norm", q, dq), ("k_norm", k, dk)):
         w = g.params[p + name + ".w"]
@@ -366,6 +364,30 @@ def _qk_norm_backward(g: Gradients, i: int, dq: np.ndarray, dk: np.ndarray):
             g.keep(p + name + ".dw", d * (x / rms))
         out.append(dx)
     return out
+
+
+def _queries_keys_before_norm(params, config: Config, i: int, x: np.ndarray):
+    """Block i's q [H, T, d_k] and k [H_kv, T, d_k] from its normed input x, before Qwen3's
+    per-head norms and the positions' turn (the pass's own product, made again)."""
+    p = f"layers.{i}.attn."
+    qkv = ops.linear(x, params[p + "W_QKV"], params.get(p + "b_QKV"))
+    q, k, _ = ops.split_qkv(qkv, config.n_head, config.kv_heads)
+    return q, k
+
+
+def qk_norm_rms(params, config: Config, values, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rms Qwen3's norms divided each head's q [H, T, 1] and k [H_kv, T, 1] of block i
+    by in the run of `values`: sqrt(mean(x^2) + eps) of the unnormed vectors, made again
+    from ln1.out (they are not values of the trace)."""
+    q, k = _queries_keys_before_norm(params, config, i, values[f"layers.{i}.ln1.out"])
+    eps = config.layer_norm_epsilon
+    return ops.rms_of(q, eps), ops.rms_of(k, eps)
+
+
+def qk_norm_weights(params, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """The scales [d_k] of Qwen3's per-head norms of block i's q and of its k."""
+    p = f"layers.{i}.attn."
+    return params[p + "q_norm.w"], params[p + "k_norm.w"]
 
 
 def feed_forward(params, config: Config, i: int, x: np.ndarray, hooks: Hook,

@@ -10,7 +10,9 @@ that block, at p and at k:
              node, their attention output) + the transcoders' b_dec (and a steering vector)
     q      = sum over parts (part, through the frozen ln1) W_Q[h]  +  (ln1's shift W_Q[h] + b_Q)
 
-(turned by the query's position for rotary models: the turn is linear). So the score splits
+(with Qwen3's per-head norm of q and k, each term divided by the run's rms of the head's q, or
+k, and multiplied by the norm's scale, the rms frozen as ln1's scale is; then turned by the
+position for rotary models: the turn is linear). So the score splits
 two ways, each exact: by query part, q_a . k * scale summed over a (the key whole), and by key
 part, q . k_b * scale summed over b (the query whole). Those are qk.py's terms with the parts
 the graph's nodes: features, error nodes, embeddings; an earlier block's attention output (not
@@ -29,10 +31,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ops
-from ..config import Config, require
-from ..model import head_out_matrix, head_qkv, norm_weights, record, unembed_rows
+from ..config import Config
+from ..model import (
+    head_out_matrix,
+    head_qkv,
+    norm_weights,
+    qk_norm_rms,
+    qk_norm_weights,
+    record,
+    unembed_rows,
+)
 from . import sae as S
 from .graph import Graph
+from .qk import through_head_norm
 
 TOP_TERMS = 5
 
@@ -88,15 +99,19 @@ def stream_parts(graph: Graph, values: dict, transcoders: list[S.SAE], layer: in
 
 
 def side(config: Config, params, values: dict, parts: np.ndarray, layer: int, position: int,
-         w: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """Each part's term of q (or k) at `position` through the frozen ln1, turned by the
-    position when rotary, and a last row, the constant: [P + 1, d_k]."""
+         w: np.ndarray, bias: np.ndarray, head_norm: tuple | None = None) -> np.ndarray:
+    """Each part's term of q (or k) at `position` through the frozen ln1, then (`head_norm`,
+    Qwen3's: the run's rms of this head's q or k here, and the norm's scale) through the
+    head's frozen norm, turned by the position when rotary, and a last row, the constant:
+    [P + 1, d_k]."""
     g, b = (None if a is None else np.asarray(a, np.float64)
             for a in norm_weights(params, f"layers.{layer}.ln1"))
     stat = "rms" if b is None else "std"
     s = float(np.asarray(values[f"layers.{layer}.ln1.{stat}"], np.float64)[position, 0])
     centred = parts if b is None else parts - parts.mean(axis=-1, keepdims=True)
     terms = np.concatenate([(centred / s * g) @ w, [(0.0 if b is None else b @ w) + bias]])
+    if head_norm is not None:
+        terms = through_head_norm(terms, *head_norm)
     if config.rotary:
         rope = (config.rotary, config.rotary_base, config.rope_scaling)
         terms = ops.rotary(terms[:, None, :], position, *rope)[:, 0]
@@ -110,7 +125,6 @@ def edge_qk(params, config: Config, graph: Graph, transcoders: list[S.SAE], stee
     `steering`, as graph.build's: its vector a part of "biases" from its block on)."""
     from .graph import shift_of
 
-    require(config, "graph --qk", {"qk_norm": False}, grouped=True)
     shift = shift_of(steering)
     _, values = record(params, config, np.asarray(graph.ids), hooks=steering)
     if rows is None:
@@ -140,8 +154,11 @@ def _split(params, config, graph, values, transcoders, shift, cache, edge) -> Ed
         kv = head // (config.n_head // config.kv_heads)
         qp, qv = stream_parts(graph, values, transcoders, lay, p, shift)
         kp, kvec = stream_parts(graph, values, transcoders, lay, k, shift)
-        q = side(config, params, values, qv, lay, p, wq[head], bq[head])
-        kk = side(config, params, values, kvec, lay, k, wk[kv], bk[kv])
+        if config.qk_norm and ("rms", lay) not in cache:  # one product per block, not per edge
+            cache["rms", lay] = qk_norm_rms(params, config, values, lay)
+        norm_q, norm_k = head_norms(params, config, cache.get(("rms", lay)), lay, head, p, k)
+        q = side(config, params, values, qv, lay, p, wq[head], bq[head], norm_q)
+        kk = side(config, params, values, kvec, lay, k, wk[kv], bk[kv], norm_k)
         path = f"layers.{lay}.heads.{head}."
         cache[key] = (float(values[path + "scores"][p, k]),
                       float(values[path + "weights"][p, k]),
@@ -149,6 +166,19 @@ def _split(params, config, graph, values, transcoders, shift, cache, edge) -> Ed
                       [*kp, "constant"], kk @ q.sum(axis=0) * config.scale)
     score, weight, qp, qt, kp, kt = cache[key]
     return EdgeQK(r, c, lay, head, p, k, score, weight, hop, qp, qt, kp, kt)
+
+
+def head_norms(params, config: Config, rms: tuple | None, layer: int, head: int, query: int,
+               key: int) -> tuple:
+    """side's head_norm for the query at `query` and the key at `key` of head `head` of
+    block `layer`: (the run's rms of that q or k, the norm's scale [d_k]) each, from `rms`,
+    model.qk_norm_rms of the block; (None, None) without Qwen3's norms of q and k."""
+    if not config.qk_norm:
+        return None, None
+    rms_q, rms_k = rms
+    w_q, w_k = (np.asarray(a, np.float64) for a in qk_norm_weights(params, layer))
+    kv = head // (config.n_head // config.kv_heads)
+    return ((float(rms_q[head, query, 0]), w_q), (float(rms_k[kv, key, 0]), w_k))
 
 
 def _reads(params, graph: Graph, transcoders) -> dict:

@@ -2,7 +2,8 @@
 
 Two texts of the same token length differ in a detail that changes the prediction. For each
 value (a block's resid_pre, resid_mid, resid_post, attn_out, mlp_out at one position, or a
-head's output at every position) the corrupt run is repeated with that value copied from the
+head's output at every position; a parallel block, GPT-NeoX's, has no resid_mid: both its
+sublayers read resid_pre) the corrupt run is repeated with that value copied from the
 clean run, and the metric
 
     (patched - corrupt) / (clean - corrupt),   of the logit difference  logit[target] - logit[vs]
@@ -19,12 +20,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import Config, require
+from ..config import Config
 from ..errors import InputError
 from ..model import backward, record
 from .variants import Variant, run_variants, set_all, set_row, widen
 
 STREAM = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+
+
+def stream_kinds(config: Config) -> tuple[str, ...]:
+    """The values of the stream patched at one position, the grids' rows: STREAM, without
+    resid_mid for a parallel block (its attention and MLP both read resid_pre, so there is no
+    value between them)."""
+    return tuple(k for k in STREAM if k != "resid_mid" or not config.parallel)
 
 
 def logit_difference(logits: np.ndarray, target: int, vs: int) -> np.ndarray:
@@ -47,7 +55,8 @@ def restored(patched, clean: float, corrupt: float):
 
 @dataclass
 class Patching:
-    """Fractions restored: stream[kind] is [n_layer, T]; heads is [n_layer, n_head]."""
+    """Fractions restored: stream[kind] is [n_layer, T], for each kind of stream_kinds;
+    heads is [n_layer, n_head]."""
 
     stream: dict[str, np.ndarray]
     heads: np.ndarray
@@ -64,7 +73,7 @@ def patch_variants(clean: dict[str, np.ndarray], config: Config, position: int
     so is resid_post of every block but the last, which is the next block's resid_pre.
     """
     variants, keys = [], []
-    for kind in STREAM:
+    for kind in stream_kinds(config):
         for i in range(config.n_layer):
             if kind == "resid_post" and i < config.n_layer - 1:
                 continue
@@ -81,8 +90,10 @@ def patch_variants(clean: dict[str, np.ndarray], config: Config, position: int
 
 
 def patch_count(config: Config, position: int) -> int:
-    """How many patched runs activation_patching makes (for a progress bar)."""
-    return (4 * config.n_layer + 1) * (position + 1) + config.n_layer * config.n_head
+    """How many patched runs activation_patching makes (for a progress bar): resid_post of
+    the last block only, every other kind of every block, at each position; then the heads."""
+    per_position = (len(stream_kinds(config)) - 1) * config.n_layer + 1
+    return per_position * (position + 1) + config.n_layer * config.n_head
 
 
 def _both_runs(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
@@ -121,7 +132,7 @@ def activation_patching(params, config: Config, clean_ids, corrupt_ids, target: 
 
 def _grids(keys, scores, config: Config, t: int, clean: float, corrupt: float,
            position: int) -> Patching:
-    stream = {kind: np.zeros((config.n_layer, t)) for kind in STREAM}
+    stream = {kind: np.zeros((config.n_layer, t)) for kind in stream_kinds(config)}
     heads = np.zeros((config.n_layer, config.n_head))
     for (kind, i, j), s in zip(keys, scores, strict=True):
         (heads if kind == "heads" else stream[kind])[i, j] = s
@@ -150,17 +161,18 @@ def attribution_patching(params, config: Config, clean_ids, corrupt_ids, target:
 
     gap = c - r
     stream = {kind: np.stack([estimate(f"layers.{i}.{kind}") for i in range(config.n_layer)])
-              / gap for kind in STREAM}
+              / gap for kind in stream_kinds(config)}
     heads = np.array([[estimate(f"layers.{i}.heads.{h}.out").sum() for h in range(config.n_head)]
                       for i in range(config.n_layer)]) / gap
     return Patching(stream, heads, c, r, position)
 
 
 def correlation(a: Patching, b: Patching) -> float:
-    """Pearson correlation of two patchings over every cell up to the scored position."""
-    x = np.concatenate([a.stream[k][:, : a.position + 1].ravel() for k in STREAM]
+    """Pearson correlation of two patchings (of one model: the same grids) over every cell
+    up to the scored position."""
+    x = np.concatenate([a.stream[k][:, : a.position + 1].ravel() for k in a.stream]
                        + [a.heads.ravel()])
-    y = np.concatenate([b.stream[k][:, : b.position + 1].ravel() for k in STREAM]
+    y = np.concatenate([b.stream[k][:, : b.position + 1].ravel() for k in a.stream]
                        + [b.heads.ravel()])
     if x.std() == 0 or y.std() == 0:
         return float("nan")
@@ -221,8 +233,6 @@ def patch_question(clean, corrupt, position: int, target: str | None, vs: str | 
 def patch_report(clean, corrupt, q, method: str, progress=None) -> PatchReport:
     """Activation patching of every cell, and with method 'atp' its one-backward-pass
     estimate as well (the estimate is the result; its correlation with the real one kept)."""
-    # the grid has a resid_mid row, which a parallel block (NeoX) does not have
-    require(clean.config, "patch", {"parallel": False}, grouped=True)
     args = (clean.params, clean.config, clean.ids, corrupt.ids, q.target, q.vs, q.position)
     real = activation_patching(*args, progress, hooks=clean.hooks)
     if method != "atp":

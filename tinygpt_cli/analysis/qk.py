@@ -10,7 +10,15 @@ plus a constant (ln1's bias through W_q, and b_q; the same for keys):
     q = sum_a (centre(part_a) / std) * g W_q[h]  +  (b W_q[h] + b_q[h])
 
 and the score q_P . k_j / sqrt(d_k) is the sum over every (query part, key part) pair. The
-terms add up to the recorded score (tests/test_circuit_qk.py checks it to 1e-5).
+terms add up to the recorded score (tests/test_circuit.py and, on every family,
+tests/test_families_analyses.py check it).
+
+Other families: an RMSNorm divides by the run's rms alone (no centring, no shift). Qwen3 then
+norms each head's q and k on their own, q / rms_q * w_q: with rms_q frozen at the run's (as
+ln1's scale is) that is linear too, so each term of q is divided by the query's rms_q and
+multiplied by w_q (each term of k by its key's rms_k and w_k). With rotary positions each
+term is then turned by its position, as the pass turns the whole q and k: the turn is linear,
+so the terms of the rotated vectors still sum to the score.
 """
 
 from __future__ import annotations
@@ -20,9 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ops
-from ..config import Config, require
+from ..config import Config
 from ..errors import InputError
-from ..model import mlp_out_bias, norm_weights
+from ..model import mlp_out_bias, norm_weights, qk_norm_rms, qk_norm_weights
 from ..trace import Trace
 from .circuit import head_weights
 
@@ -87,14 +95,21 @@ def side_terms(parts: np.ndarray, std: np.ndarray, g: np.ndarray, b: np.ndarray 
     return np.concatenate([through, constant[None]])
 
 
+def through_head_norm(terms: np.ndarray, rms: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Qwen3's per-head RMSNorm of q (or k) applied to each of its terms, the rms frozen at
+    the run's: term / rms * w, linear, so the terms still sum to the normed vector.
+    [P + 1, T, d_k] / [T, 1] * [d_k] -> [P + 1, T, d_k]"""
+    return terms / rms * w
+
+
 def qk_attribution(params, config: Config, values: dict[str, np.ndarray], layer: int,
                    head: int, query: int, steer=None) -> QK:
     """The scores of head `head` of block `layer` at query position `query`, split by part
     (the values of a run steered by `steer`, when given, whose vector is a part). With rotary
     positions each part's q and k terms are turned by their positions, as the pass turns the
-    whole q and k: the turn is linear, so the terms still sum to the score."""
-    # a per-head norm of q and k (Qwen3) divides by each head's own rms: not linear in parts
-    require(config, "qk", {"qk_norm": False}, grouped=True)
+    whole q and k: the turn is linear, so the terms still sum to the score. With Qwen3's
+    norms of q and k each term is first divided by the run's rms of its head's q (or k) and
+    multiplied by the norm's scale (through_head_norm)."""
     names, parts = stream_parts(params, config, values, layer, steer)
     g, b = (None if a is None else np.asarray(a, np.float64)
             for a in norm_weights(params, f"layers.{layer}.ln1"))
@@ -105,6 +120,12 @@ def qk_attribution(params, config: Config, values: dict[str, np.ndarray], layer:
     std = np.asarray(values[f"layers.{layer}.ln1.{scale}"], np.float64)  # [T, 1]
     q = side_terms(parts[:, query:query + 1], std[query:query + 1], g, b, wq[head], bq[head])
     k = side_terms(parts[:, :query + 1], std[:query + 1], g, b, wk[kv], bk[kv])
+    if config.qk_norm:
+        rms_q, rms_k = (np.asarray(a, np.float64) for a in qk_norm_rms(params, config, values,
+                                                                      layer))
+        w_q, w_k = (np.asarray(a, np.float64) for a in qk_norm_weights(params, layer))
+        q = through_head_norm(q, rms_q[head, query:query + 1], w_q)
+        k = through_head_norm(k, rms_k[kv, :query + 1], w_k)
     if config.rotary:
         rope = (config.rotary, config.rotary_base, config.rope_scaling)
         q, k = ops.rotary(q, query, *rope), ops.rotary(k, 0, *rope)

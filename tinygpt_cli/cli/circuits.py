@@ -129,6 +129,13 @@ def qk(
     at this run's, each part gives a term of the query and of the key, and each score is the
     sum of one term per (query part, key part) pair, printed with the largest terms.
 
+    Other families: an RMSNorm divides each part by the run's rms (no centring). Qwen3's
+    norm of each head's q and k divides each term by the run's rms of that q (or k), frozen
+    like the block norm's, and multiplies it by the norm's scale. With rotary positions
+    (NeoX, Llama, Qwen) there is no position part: each term is then turned by its position,
+    the query's by the query's and the key's by the key's, so the terms are those of the
+    rotated q and k, and still add up exactly to the score.
+
     Example: tinygpt qk "Ben had a ball. He liked his" --layer 3 --head 3
     Example: tinygpt qk "Ben had a ball. He liked his" --layer 3 --head 3 --key 3 --json
     """

@@ -255,7 +255,8 @@ def patch(
     """Activation patching: how much of the clean prediction each clean value restores.
 
     For every block and position, resid_pre, resid_mid, resid_post, attn_out and mlp_out are
-    copied from the clean run into the corrupt one, then each head's output at every position;
+    copied from the clean run into the corrupt one (a parallel block, GPT-NeoX's, has no
+    resid_mid: its grids are the others), then each head's output at every position;
     each cell is (patched − corrupt) / (clean − corrupt) of logit[target] − logit[vs] (default:
     the clean run's top guess against the corrupt run's). --method atp estimates every cell
     from one backward pass and prints its correlation with the real patching.
@@ -276,7 +277,7 @@ def patch(
     runs = patching.patch_count(s.config, q.position)
     with progress(runs, f"patching ({runs} runs)", enabled=not as_json and runs > 500) as step:
         r = patching.patch_report(s, c, q, method, step)
-    present(context, as_json, lambda: patch_document(s, c, r, list(patching.STREAM), {
+    present(context, as_json, lambda: patch_document(s, c, r, list(r.result.stream), {
                 "target": target, "vs": vs, "position": position, "method": method}),
             lambda: view.patch_view(r), figure=lambda: figures().patch_figure(r), save=save,
             force=force,  # the grids flow onto as many lines as the width needs: one fits

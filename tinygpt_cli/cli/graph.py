@@ -205,7 +205,8 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
           qk: bool = typer.Option(False, "--qk", help="Split the attention score behind each "
                                   "kept edge between positions into its query-side and "
                                   "key-side terms (features, errors, embeddings; the JSON's "
-                                  "edges' qk, the viewer's hover)."),
+                                  "edges' qk, the viewer's hover); norms and rotary as in "
+                                  "qk --help."),
           top: int = TOP, as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
           quiet: bool = QUIET):
     """Attribution graph: the transcoder features, tokens and errors behind a prediction.
