@@ -291,13 +291,10 @@ def test_a_steered_pair_decomposes_the_steered_run(fam):
 
 def test_a_senders_outgoing_eap_scores_add_up_to_attribution_patching(fam):
     """`patch --method atp`'s score of a head's output, an MLP's output or the embeddings
-    (summed over positions, as a share of the gap) is the sum of its edges' EAP scores
-    (NeoX: `patch` takes no parallel block)."""
+    (summed over positions, as a share of the gap) is the sum of its edges' EAP scores."""
     from tinygpt_cli.analysis import patch as pa
 
     config, params, pair, _, _ = fam
-    if config.parallel:
-        pytest.skip("patch refuses parallel blocks")
     atp = pa.attribution_patching(params, config, IDS, OTHER, TARGET, VS)
     out = np.zeros(len(pair.graph.senders))
     for (u, _), x in zip(pair.graph.edges, C.eap_scores(pair), strict=True):
