@@ -162,3 +162,50 @@ def test_why_on_a_trained_family_model_ranks_by_exact_tracin(trained, tmp_path, 
         assert r["exact_score"] == pytest.approx(naive[r["window"]], rel=1e-2, abs=1e-4)
     assert doc["check"]["exact_top_10"] == list(np.argsort(-naive, kind="stable")[:10])
     assert doc["check"]["spearman"] >= 0.9
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_an_edges_gradient_on_every_family(arch):
+    """why --value edge:U->V on every family: the query is minus the gradient of circuit's
+    exact edge score, against central differences of circuit.exact_scores itself (which
+    runs the family's own steps) at entries of every parameter, for a receiver of every
+    kind (a head's q, k and v, read through the family's norm, projection and turn; an MLP,
+    a parallel block's through its own ln2; the logits); grouped key/value heads summed
+    back from their copies; and the exact pass with the query against the naive loop."""
+    from types import SimpleNamespace
+
+    from test_history import assert_exact_scores_are_the_naive_loops
+
+    from tinygpt_cli.analysis import circuit
+
+    config = family_configs(n_embd=8, n_head=2, n_inner=12, vocab_size=13,
+                            n_positions=6)[arch]
+    params = random_params(config, seed=3)
+    clean, corrupt, target, vs = [4, 2, 9, 4, 1], [4, 7, 9, 3, 6], 5, 8
+    model = SimpleNamespace(config=config, params=params, weights_file=None)
+    names = circuit.build_graph(config).edge_names()
+    rng = np.random.default_rng(0)
+    # GELU by erf (NeoX) is computed with Abramowitz and Stegun's erf (error 1.5e-7) and
+    # differentiated by the exact formula: its gradients are that far from its own slope
+    near = 1e-6 if config.act == "gelu" else 1e-8
+    for k, edge in enumerate(("embed -> L1H0.k", "L0H1 -> L1H1.q", "L0H1 -> L1H0.v",
+                              "L0.mlp -> logits", "embed -> L0.mlp", "L0H0 -> L1.mlp")):
+        def score(p, e=names.index(edge)):
+            pair = circuit.prepare(p, config, clean, corrupt, target, vs)
+            return circuit.exact_scores(pair)[e]
+
+        v = why.value_of(model, clean, "edge:" + edge, target, vs, corrupt=corrupt)
+        assert v.amount == pytest.approx(score(params), rel=1e-9, abs=1e-12)
+        assert abs(v.amount) > 1e-4, edge  # a real edge: its gradient is not trivially zero
+        q = v.make(params)
+        for name in sorted(params):  # two entries of every parameter
+            for _ in range(2):
+                idx = tuple(int(rng.integers(0, n)) for n in params[name].shape)
+                up = {n: a.copy() for n, a in params.items()}
+                down = {n: a.copy() for n, a in params.items()}
+                up[name][idx] += 1e-6
+                down[name][idx] -= 1e-6
+                assert -q.grads[name][idx] == pytest.approx(
+                    (score(up) - score(down)) / 2e-6, rel=1e-5, abs=near), (edge, name, idx)
+        if k in (0, 1, 4):  # the combined query's products, rows and factors, in the pass
+            assert_exact_scores_are_the_naive_loops(q, params, config, 0.5, windows=4, batch=3)

@@ -997,7 +997,10 @@ def backward_from_part(params: dict[str, np.ndarray], config: Config,
     shared bias b_O; for every parameter (zero above it) and every recorded value below it."""
     g = Gradients(params, config, values, None, wrt_values=True)
     L = f"layers.{layer}."
-    if part == "mlp":  # mlp_out = mlp(ln2(resid_mid)): through the MLP, then the block's start
+    if part == "mlp" and config.parallel:  # mlp(ln2(resid_pre)): the heads are beside it
+        dh = norm_backward(g, feed_forward_backward(g, layer, d), values[L + "resid_pre"],
+                           L + "ln2")
+    elif part == "mlp":  # mlp_out = mlp(ln2(resid_mid)): through the MLP, then the block's start
         dx = feed_forward_backward(g, layer, d)
         dh = norm_backward(g, dx, values[L + "resid_mid"], L + "ln2")
         g.keep(L + "resid_mid", dh)

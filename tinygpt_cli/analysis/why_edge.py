@@ -13,9 +13,13 @@ both functions of the weights, so
 
 and J_delta^T g is a backward pass from u's output with g in the clean run, minus one in the
 corrupt run. A head's q, k or v input is read by that head alone, through the block's
-LayerNorm: the patched head norms x + delta where the pass's backward norms x, so a fifth
-pass carries the difference down from the block's input. Each pass is a part of the query
-(exact_tracin.combine), their positions side by side.
+norm (LayerNorm or RMSNorm), its projection and the family's q/k norm and turn, and a
+parallel block's MLP reads its input through ln2 apart from the heads: the patched receiver
+reads x + delta where the pass's backward went through x, so its parameters' gradients on
+that way are mended (the read's minus the pass's) and a fifth pass carries the difference
+down from the block's input. Each pass is a part of the query (exact_tracin.combine), their
+positions side by side. Every family: grouped key/value heads are ungrouped as circuit
+ungroups them, and the query regrouped at the end.
 """
 
 from __future__ import annotations
@@ -25,19 +29,25 @@ import re
 import numpy as np
 
 from .. import ops
-from ..config import Config, require
+from ..config import Config
 from ..errors import InputError
 from ..hooks import Chain, Record
 from ..model import (
+    Gradients,
+    _identity,
     backward,
     backward_from_part,
     backward_from_stream,
     forward,
     head_qkv,
-    norm_weights,
+    norm,
+    norm_backward,
+    turned,
+    turned_backward,
 )
 from . import exact_tracin as ex
-from .circuit import Graph, build_graph, default_tokens, sender_outputs
+from .circuit import Graph, build_graph, default_tokens, sender_outputs, ungrouped
+from .tracin import has_bias
 
 EDGE = r"edge:\s*(\S+?)\s*->\s*(\S+)"
 RECEIVER_HEAD = r"L(\d+)H(\d+)\.([qkv])"
@@ -77,34 +87,63 @@ def _run(params, config: Config, ids: np.ndarray, hooks):
     return logits, rec.values
 
 
+def _read(receiver: str, config: Config) -> tuple[int, str, int | None, str | None] | None:
+    """A receiver that reads the stream through a norm of its own, apart from the rest of
+    its block: (block, norm, head, part) for a head's q, k or v (ln1), (block, ln2, None,
+    None) for a parallel block's MLP, whose input is the block's own; None for the logits
+    and a sequential MLP, whose input is a value of the stream (moved by shifting it)."""
+    head, mlp = re.fullmatch(RECEIVER_HEAD, receiver), re.fullmatch(MLP, receiver)
+    if head:
+        return int(head.group(1)), "ln1", int(head.group(2)), head.group(3)
+    if mlp and config.parallel:
+        return int(mlp.group(1)), "ln2", None, None
+    return None
+
+
+def _projected(params, config: Config, i: int, h: int, part: str, normed: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Head h's q, k or v of block i from its normed input: (before, after) the family's
+    q/k norm and turn (model.turned; v is not turned).  [T, d] -> [T, d_k] each"""
+    qkv = head_qkv(params, config, i)
+    p = "qkv".index(part)
+    y = normed @ qkv[p][h] + qkv[3 + p][h]
+    return y, (y if part == "v" else turned(params, config, i, part, y[None], 0)[0])
+
+
 def _patched(params, config: Config, ids: np.ndarray, receiver: str, delta: np.ndarray,
              hooks):
-    """The run on `ids` with `receiver`'s input alone moved by delta [T, d]: (logits, values)."""
+    """The run on `ids` with `receiver`'s input alone moved by delta [T, d]: (logits, values).
+    A head reads x + delta through ln1, its projection and the family's turn of q and k; a
+    parallel block's MLP reads it through ln2; the others' input is the stream itself."""
     n = config.n_layer
-    head = re.fullmatch(RECEIVER_HEAD, receiver)
     mlp = re.fullmatch(MLP, receiver)
+    read = _read(receiver, config)
     if receiver == "logits":
         shifts = {f"layers.{n - 1}.resid_post": delta}
-    elif mlp:  # the MLP reads resid_mid + delta; the stream past it goes on without delta
-        L = f"layers.{mlp.group(1)}."
+    elif mlp and read is None:  # the MLP reads resid_mid + delta; the stream past it goes on
+        L = f"layers.{mlp.group(1)}."  # without delta
         shifts = {L + "resid_mid": delta, L + "resid_post": -delta}
     else:
         shifts = {}
     seen = {}
 
     def shift(path: str, x: np.ndarray) -> np.ndarray:
-        if head and path == f"layers.{head.group(1)}.resid_pre":
+        if read is None:
+            return x + shifts[path].astype(x.dtype) if path in shifts else x
+        i, ln, h, part = read
+        L = f"layers.{i}."
+        if path == L + "resid_pre":
             seen["x"] = x
-        if head and path == f"layers.{head.group(1)}.{head.group(3)}":
-            i, h, part = int(head.group(1)), int(head.group(2)), "qkv".index(head.group(3))
-            qkv = head_qkv(params, config, i)
-            w, b = qkv[part], qkv[3 + part]
-            normed = ops.layer_norm(seen["x"] + delta, *norm_weights(params, f"layers.{i}.ln1"),
-                                    config.layer_norm_epsilon)[0]
-            x = x.copy()
-            x[h] = normed @ w[h] + b[h]
             return x
-        return x + shifts[path].astype(x.dtype) if path in shifts else x
+        normed = lambda: norm(params, config, seen["x"] + delta, L + ln, _identity)  # noqa: E731
+        if h is None and path == L + "ln2.out":
+            return normed().astype(x.dtype)
+        if h is not None and path == L + part:
+            x = x.copy()
+            x[h // (config.n_head // x.shape[0])] = _projected(params, config, i, h, part,
+                                                               normed())[1]
+            return x
+        return x
 
     return _run(params, config, ids, Chain(hooks, shift))
 
@@ -117,40 +156,75 @@ def _patched_parts(params, config: Config, ids: np.ndarray, receiver: str, delta
     dlogits = _dlogits(logits, target, vs, -1.0)
     grads, dv = backward(params, config, v, dlogits, wrt_values=True)
     n = config.n_layer
-    head, mlp = re.fullmatch(RECEIVER_HEAD, receiver), re.fullmatch(MLP, receiver)
+    mlp, read = re.fullmatch(MLP, receiver), _read(receiver, config)
+    whole = ex.from_pass(params, config, ids, v, dv, grads, dlogits)
     if receiver == "logits":
-        return [ex.from_pass(params, config, ids, v, dv, grads, dlogits)], \
-            dv[f"layers.{n - 1}.resid_post"]
-    if mlp:  # d/d resid_mid holds the stream's own path on; the MLP's input is the rest
+        return [whole], dv[f"layers.{n - 1}.resid_post"]
+    if read is None:  # d/d resid_mid holds the stream's own path on; the MLP's input is the rest
         L = f"layers.{mlp.group(1)}."
-        return [ex.from_pass(params, config, ids, v, dv, grads, dlogits)], \
-            dv[L + "resid_mid"] - dv[L + "resid_post"]
-    # the head: the pass took its d q (k, v) back through ln1 at x, the head read x + delta
-    i, h, part = int(head.group(1)), int(head.group(2)), "qkv".index(head.group(3))
-    L, d, dk = f"layers.{i}.", config.n_embd, config.d_k
-    dpart = dv[L + head.group(3)][h]  # [T, d_k]
-    e = dpart @ head_qkv(params, config, i)[part][h].T  # d m / d (normed input) of the head
-    x, (gain, shift) = v[L + "resid_pre"], norm_weights(params, L + "ln1")
-    normed, mean, std = ops.layer_norm(x + delta, gain, shift, config.layer_norm_epsilon)
-    dx_read, dgain_read, _ = ops.layer_norm_backward(e, x + delta, gain, mean, std)
-    dx_pass, dgain_pass, _ = ops.layer_norm_backward(e, x, gain, v[L + "ln1.mean"],
-                                                     v[L + "ln1.std"])
-    cols = slice(part * d + h * dk, part * d + (h + 1) * dk)
-    dy = np.zeros((len(ids), 3 * d), dpart.dtype)
-    dy[:, cols] = dpart
-    inp = np.concatenate([normed - v[L + "ln1.out"], np.zeros((len(ids), 1), normed.dtype)],
-                         axis=1)
+        return [whole], dv[L + "resid_mid"] - dv[L + "resid_post"]
+    # The receiver read x + delta through its norm (and a head its projection and turn), where
+    # the pass took the gradient back at x: what it found for the parameters on that way, and
+    # for the stream below, is mended by the read's own minus the pass's.
+    i, ln, h, part = read
+    L, name = f"layers.{i}.", f"layers.{i}.{ln}"
+    x = v[L + "resid_pre"]
+    rec = Record()
+    normed = norm(params, config, x + delta, name, rec)
+    at_read = Gradients(params, config, {**rec.values, name + ".out": normed}, None, False)
+    at_pass = Gradients(params, config, v, None, False)
     fix = {k: np.zeros_like(a) for k, a in params.items()}
-    fix[L + "attn.W_QKV"] = inp[:, :-1].T @ dy
-    fix[L + "ln1.w"] = dgain_read - dgain_pass
-    zero_sites = {p: (np.zeros_like(x_), np.zeros_like(y_)) for p, (x_, y_)
-                  in ex.from_pass(params, config, ids, v, dv, grads).sites.items()}
-    zero_sites[L + "attn.W_QKV"] = (inp, dy)
-    fix_part = ex.Query(fix, zero_sites, np.zeros((config.vocab_size, 0)),
-                        np.zeros((0, d)), np.zeros(0, np.int64), np.zeros((0, d)))
+    # two rows a position (the read's product, then minus the pass's) at every product, as
+    # the exact pass takes a query's positions alike at each
+    sites = {p: (np.zeros((2 * len(a), a.shape[1]), a.dtype),
+                 np.zeros((2 * len(d), d.shape[1]), d.dtype)) for p, (a, d) in whole.sites.items()}
+    if h is None:  # a parallel block's MLP: d ln2.out is the same either way
+        e_read = e_pass = dv[name + ".out"]
+    else:
+        e_read, e_pass, dy = _head_read_back(params, config, v, dv, read, at_read, at_pass)
+        w = L + "attn.W_QKV"
+        ones = np.full((len(ids), 1), 1.0 if has_bias(config, w) else 0.0, normed.dtype)
+        sites[w] = (np.concatenate([np.concatenate([normed, ones], 1),
+                                    np.concatenate([v[L + "ln1.out"], ones], 1)]),
+                    np.concatenate(dy))
+        fix[w] = normed.T @ dy[0] + v[L + "ln1.out"].T @ dy[1]
+        if has_bias(config, w):
+            fix[L + "attn.b_QKV"] = dy[0].sum(0) + dy[1].sum(0)
+    dx_read = norm_backward(at_read, e_read, x + delta, name)
+    dx_pass = norm_backward(at_pass, e_pass, x, name)
+    for k in set(at_read.grads) | set(at_pass.grads):
+        if k in fix:
+            fix[k] = fix[k] + at_read.grads.get(k, 0) - at_pass.grads.get(k, 0)
+    fix_part = ex.Query(fix, sites, np.zeros((config.vocab_size, 0)), np.zeros((0, x.shape[1])),
+                        np.zeros(0, np.int64), np.zeros((0, x.shape[1])))
     below, dv_below = backward_from_stream(params, config, v, i - 1, dx_read - dx_pass)
-    return [ex.from_pass(params, config, ids, v, dv, grads, dlogits), fix_part,
-            ex.from_pass(params, config, ids, v, dv_below, below)], dx_read
+    return [whole, fix_part, ex.from_pass(params, config, ids, v, dv_below, below)], dx_read
+
+
+def _head_read_back(params, config: Config, v: dict, dv: dict, read, at_read: Gradients,
+                    at_pass: Gradients):
+    """Head h's d m / d (its normed input), read (from its own projection of x + delta) and
+    as the pass took it (from the block's), and d m / d W_QKV's output in h's columns, the
+    read's and minus the pass's: each back through the family's turn at its own q or k
+    (turned_backward; at_read and at_pass gather the q/k norms' scales' gradients)."""
+    i, _, h, part = read
+    L, dk = f"layers.{i}.", config.d_k
+    p = "qkv".index(part)
+    w = head_qkv(params, config, i)[p][h]  # [d, d_k]
+    d_post = dv[L + part][h]  # [T, d_k]: the pass's gradient at what the head read
+    cols = p * config.n_head * dk + h * dk
+    out = []
+    for g in (at_read, at_pass):
+        d = d_post
+        if part != "v":  # back through the q/k norm (at this run's q or k) and the turn
+            full = np.zeros_like(dv[L + "q"]), np.zeros_like(dv[L + "k"])
+            full["qk".index(part)][h] = d_post
+            d = turned_backward(g, i, *full)["qk".index(part)][h]
+        dy = np.zeros((len(d), 3 * config.n_head * dk), d.dtype)
+        dy[:, cols:cols + dk] = d
+        out.append((d @ w.T, dy))
+    (e_read, dy_read), (e_pass, dy_pass) = out
+    return e_read, e_pass, (dy_read, -dy_pass)
 
 
 def _sender_part(params, config: Config, ids: np.ndarray, values: dict, sender: str,
@@ -175,9 +249,12 @@ def _sender_part(params, config: Config, ids: np.ndarray, values: dict, sender: 
 
 def edge_score(params, config: Config, clean: list[int], corrupt: list[int], edge: str,
                target: int, vs: int, hooks=None, want_query: bool = True):
-    """(S, its query: minus its gradient, or None) for the edge at these weights."""
-    # the patched head's input is carried back through a LayerNorm and resid_mid above
-    require(config, "why --value edge:")
+    """(S, its query: minus its gradient, or None) for the edge at these weights. Grouped
+    key/value heads are ungrouped first, as circuit takes them (each query head its own
+    copy of its group's keys and values, so a head's k or v input is its own); the query
+    is then taken back to the grouped model's parameters (regrouped)."""
+    grouped = config
+    params, config = ungrouped(params, config)
     graph = build_graph(config)
     u, r = parse_edge(edge, graph, config)
     sender, receiver = graph.senders[u], graph.receivers[r]
@@ -198,7 +275,32 @@ def edge_score(params, config: Config, clean: list[int], corrupt: list[int], edg
     parts += [ex.from_pass(params, config, k, corrupt_values, dv, grads, dlogits),
               _sender_part(params, config, c, clean_values, sender, g),
               _sender_part(params, config, k, corrupt_values, sender, -g)]
-    return score, ex.combine(parts)
+    return score, regrouped(ex.combine(parts), grouped)
+
+
+def regrouped(q: ex.Query, config: Config) -> ex.Query:
+    """A query on the ungrouped model (circuit.ungrouped) as one on the grouped model of
+    `config`: the copies' columns of W_QKV's keys and values summed into their group's (the
+    chain rule through the copying), in its gradient, its bias's and its products' output
+    gradients."""
+    group = config.n_head // config.kv_heads
+    if group == 1:
+        return q
+
+    def summed(a: np.ndarray) -> np.ndarray:  # [..., 3 H d_k] -> [..., (H + 2 H_kv) d_k]
+        qs, ks, vs = np.split(a, 3, axis=-1)
+        fold = lambda x: x.reshape(*x.shape[:-1], config.kv_heads, group, config.d_k) \
+            .sum(-2).reshape(*x.shape[:-1], -1)  # noqa: E731
+        return np.concatenate([qs, fold(ks), fold(vs)], axis=-1)
+
+    grads, sites = dict(q.grads), dict(q.sites)
+    for i in range(config.n_layer):
+        w, b = f"layers.{i}.attn.W_QKV", f"layers.{i}.attn.b_QKV"
+        grads[w] = summed(grads[w])
+        if b in grads:
+            grads[b] = summed(grads[b])
+        sites[w] = (sites[w][0], summed(sites[w][1]))
+    return ex.Query(grads, sites, q.left, q.right, q.tokens, q.rows)
 
 
 def edge_tokens(params, config: Config, clean: list[int], corrupt: list[int], target: int,
