@@ -209,3 +209,29 @@ def test_an_edges_gradient_on_every_family(arch):
                     (score(up) - score(down)) / 2e-6, rel=1e-5, abs=near), (edge, name, idx)
         if k in (0, 1, 4):  # the combined query's products, rows and factors, in the pass
             assert_exact_scores_are_the_naive_loops(q, params, config, 0.5, windows=4, batch=3)
+
+
+def test_history_on_a_trained_family_model_is_each_snapshots_loss(trained, tmp_path,
+                                                                    monkeypatch, capsys):
+    """`history` on a Llama and a NeoX model trained here: each snapshot's loss on the text
+    is the cross-entropy of that snapshot's own forward pass, and it falls."""
+    from cli_helpers import Runner, clean_env
+
+    from tinygpt_cli.analysis import history as hist
+    from tinygpt_cli.model import forward
+    from tinygpt_cli.weights import load_model
+
+    clean_env(monkeypatch)
+    monkeypatch.setenv("TINYGPT_WEIGHTS", str(trained))
+    doc = Runner(capsys, monkeypatch)("history", "The cat sat on the mat.", "--json").json()
+    model = load_model(trained)
+    timeline = hist.timeline(model, hist.find_snapshots(trained / hist.HISTORY,
+                                                        trained / "model.safetensors"))
+    ids = np.asarray(doc["ids"])
+    assert len(doc["snapshots"]) == len(timeline) == 4
+    for row, snap in zip(doc["snapshots"], timeline, strict=True):
+        logits = forward(snap.params, model.config, ids).astype(np.float64)
+        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        assert row["loss"] == pytest.approx(-np.mean(logp[np.arange(len(ids) - 1), ids[1:]]),
+                                            rel=1e-5)
+    assert doc["data"][-1] < doc["data"][0] - 0.5
