@@ -6,42 +6,50 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line
+from conftest import FAMILIES, family_configs, random_params
 
 from tinygpt_cli.analysis import tuned_lens as tl
 from tinygpt_cli.analysis.lens import lens_logits
 from tinygpt_cli.model import run_traced
 
 
-def test_zero_translators_are_the_logit_lens_exactly(tiny_config, tiny_params):
+def _family(arch: str):
+    """A small model of the family's block (parallel, untied, RMSNorm, q/k norms...)."""
+    config = family_configs(n_embd=8, n_head=2, n_inner=12, vocab_size=13, n_positions=8)[arch]
+    return config, random_params(config, seed=0)
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_zero_translators_are_the_logit_lens_exactly(arch):
+    config, params = _family(arch)
     ids = np.array([1, 5, 7, 2, 9, 3])
-    tr = run_traced(tiny_params, tiny_config, ids)
-    names, logits = tl.tuned_stage_logits(tr, tl.zero_translators(tiny_config), tiny_params,
-                                          tiny_config)
+    tr = run_traced(params, config, ids)
+    names, logits = tl.tuned_stage_logits(tr, tl.zero_translators(config), params, config)
     assert names == ["layers.0.resid_pre", "layers.1.resid_pre", "layers.1.resid_post"]
     for i, name in enumerate(names[:-1]):
-        np.testing.assert_array_equal(logits[i], lens_logits(tr.get(name), tiny_params,
-                                                             tiny_config))
-    np.testing.assert_array_equal(logits[0], lens_logits(tr.get("embeddings"), tiny_params,
-                                                         tiny_config))
+        np.testing.assert_array_equal(logits[i], lens_logits(tr.get(name), params, config))
+    np.testing.assert_array_equal(logits[0], lens_logits(tr.get("embeddings"), params, config))
     np.testing.assert_array_equal(logits[-1], tr.get("logits"))
 
 
-def test_kl_gradient_matches_finite_differences(tiny_config, tiny_params):
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_kl_gradient_matches_finite_differences(arch):
+    config, params = _family(arch)
     rng = np.random.default_rng(0)
-    d = tiny_config.n_embd
+    d = config.n_embd
     h = rng.normal(size=(5, d))
     a, b = rng.normal(0, 0.2, (d, d)), rng.normal(0, 0.2, d)
-    logp_final = tl.final_log_probs(rng.normal(size=(5, d)), tiny_params, tiny_config)
-    _, da, db = tl.kl_and_grads(h, a, b, logp_final, tiny_params, tiny_config)
+    logp_final = tl.final_log_probs(rng.normal(size=(5, d)), params, config)
+    _, da, db = tl.kl_and_grads(h, a, b, logp_final, params, config)
     eps = 1e-6
     for p, g in ((a, da), (b, db)):
         num = np.zeros_like(p)
         for i in np.ndindex(p.shape):
             old = p[i]
             p[i] = old + eps
-            up = tl.kl_and_grads(h, a, b, logp_final, tiny_params, tiny_config)[0]
+            up = tl.kl_and_grads(h, a, b, logp_final, params, config)[0]
             p[i] = old - eps
-            down = tl.kl_and_grads(h, a, b, logp_final, tiny_params, tiny_config)[0]
+            down = tl.kl_and_grads(h, a, b, logp_final, params, config)[0]
             p[i] = old
             num[i] = (up - down) / (2 * eps)
         np.testing.assert_allclose(g, num, rtol=1e-5, atol=1e-8)
