@@ -126,8 +126,16 @@ def grads(tiny_params, tiny_config):
 
 
 def test_every_recorded_value_but_the_ids_has_a_gradient(grads, tiny_config):
+    """... and nothing else but the inner gradients the model names (W_QKV's output)."""
+    from tinygpt_cli.model import inner_gradients
+
     _, values, dvalues = grads
-    assert set(dvalues) == set(values) - {"ids"}
+    inner = inner_gradients(tiny_config)
+    assert set(dvalues) == set(values) - {"ids"} | inner
+    assert inner == {"layers.0.qkv", "layers.1.qkv"}
+    for path in inner:
+        assert dvalues[path].shape == (len(IDS), 3 * tiny_config.n_embd)
+    dvalues = {p: d for p, d in dvalues.items() if p not in inner}
     for path, d in dvalues.items():
         assert d.shape == values[path].shape, path
 

@@ -894,10 +894,24 @@ def read_out(params, config: Config, h: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------ the backward pass
 
 
+def inner_gradients(config: Config) -> set[str]:
+    """What a backward pass with `wrt_values` keeps beside the recorded values' gradients:
+    each block's `layers.L.qkv`, the gradient of W_QKV's own output (before the turn and the
+    q/k norms, which the recorded q and k are after), and with Qwen3's norms of q and k each
+    position's and head's part of their scales' gradients, `layers.L.attn.q_norm.dw` and
+    `.k_norm.dw`: the terms TracIn pairs per window (analysis.tracin)."""
+    out = set()
+    for i in range(config.n_layer):
+        out.add(f"layers.{i}.qkv")
+        if config.qk_norm:
+            out |= {f"layers.{i}.attn.q_norm.dw", f"layers.{i}.attn.k_norm.dw"}
+    return out
+
+
 class Gradients:
     """What every backward step shares: the values the forward pass recorded, the gradients
     of the parameters as they are found, the dropout masks, and (with `wrt_values`) the
-    gradient of every recorded value by its path."""
+    gradient of every recorded value by its path, and the inner_gradients."""
 
     def __init__(self, params, config: Config, values, masks, wrt_values: bool,
                  param_grads: bool = True):
