@@ -176,3 +176,26 @@ def cli(capsys, monkeypatch, tiny):
     clean_env(monkeypatch)
     monkeypatch.setenv("TINYGPT_WEIGHTS", str(tiny.folder))
     return Runner(capsys, monkeypatch)
+
+
+def patched_slope(params, config: Config, clean_ids, corrupt_ids, path: str, t: int,
+                  target: int, vs: int, position: int = -1) -> float:
+    """d (logit[target] - logit[vs] at `position`) along value `path`'s row t moving from
+    the corrupt run's to the clean run's, at the corrupt run: a central finite difference
+    of the real metric through a Replace hook (what an AtP cell times the gap estimates)."""
+    from tinygpt_cli.hooks import Replace
+    from tinygpt_cli.model import forward, run_traced
+
+    clean, corrupt = run_traced(params, config, clean_ids), run_traced(params, config, corrupt_ids)
+    step = clean[path][t] - corrupt[path][t]
+
+    def metric(eps: float) -> float:
+        def edit(x):
+            x = x.copy()
+            x[t] = corrupt[path][t] + eps * step
+            return x
+        z = forward(params, config, corrupt_ids, hooks=Replace({path: edit}))[position]
+        return z[target] - z[vs]
+
+    eps = 1e-5
+    return (metric(eps) - metric(-eps)) / (2 * eps)

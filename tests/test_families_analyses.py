@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from cli_helpers import TOKENIZER
+from conftest import patched_slope
 
 from tinygpt_cli.analysis import patch as pa
 from tinygpt_cli.analysis.qk import qk_attribution
@@ -80,20 +81,8 @@ def test_attribution_patching_a_parallel_block_is_the_directional_derivative(neo
     config, params = neox
     atp = pa.attribution_patching(params, config, IDS, OTHER, TARGET, VS)
     assert list(atp.stream) == ["resid_pre", "resid_post", "attn_out", "mlp_out"]
-    clean, corrupt = run_traced(params, config, IDS), run_traced(params, config, OTHER)
-    path = f"layers.{layer}.{kind}"
-    step = clean[path][t] - corrupt[path][t]
-
-    def metric(eps):
-        def edit(x):
-            x = x.copy()
-            x[t] = corrupt[path][t] + eps * step
-            return x
-        z = forward(params, config, OTHER, hooks=Replace({path: edit}))[-1]
-        return z[TARGET] - z[VS]
-
-    eps = 1e-5
-    fd = (metric(eps) - metric(-eps)) / (2 * eps) / (atp.clean - atp.corrupt)
+    fd = patched_slope(params, config, IDS, OTHER, f"layers.{layer}.{kind}", t, TARGET, VS) \
+        / (atp.clean - atp.corrupt)
     assert atp.stream[kind][layer, t] == pytest.approx(fd, rel=1e-5, abs=1e-8)
     # the estimate follows the real patching as on GPT-2's block (this model's: 0.82)
     real = pa.activation_patching(params, config, IDS, OTHER, TARGET, VS)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cli_helpers import TEXT, TEXT_IDS, assert_one_error_line, make_tiny, without_head
+from conftest import patched_slope
 
 from tinygpt_cli import ops
 from tinygpt_cli.analysis import ablate as ab
@@ -280,20 +281,8 @@ def test_attribution_patching_is_the_directional_derivative(tiny_params, tiny_co
     central finite difference of the real metric."""
     cfg = tiny_config
     atp = pa.attribution_patching(tiny_params, cfg, IDS, OTHER, 4, 7)
-    clean, corrupt = run_traced(tiny_params, cfg, IDS), run_traced(tiny_params, cfg, OTHER)
-    path = f"layers.{layer}.{kind}"
-    step = clean[path][t] - corrupt[path][t]
-
-    def metric(eps):
-        def fn(x):
-            x = x.copy()
-            x[t] = corrupt[path][t] + eps * step
-            return x
-        z = forward(tiny_params, cfg, OTHER, hooks=Replace({path: fn}))[5]
-        return z[4] - z[7]
-
-    eps = 1e-5
-    fd = (metric(eps) - metric(-eps)) / (2 * eps) / (atp.clean - atp.corrupt)
+    fd = patched_slope(tiny_params, cfg, IDS, OTHER, f"layers.{layer}.{kind}", t, 4, 7, 5) \
+        / (atp.clean - atp.corrupt)
     assert atp.stream[kind][layer, t] == pytest.approx(fd, rel=1e-5, abs=1e-8)
 
 
