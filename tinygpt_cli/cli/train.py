@@ -68,7 +68,8 @@ def train_cmd(
     weight_decay: float = typer.Option(0.1, "--weight-decay"),
     optimizer: str = typer.Option("adamw", "--optimizer", help="adamw, or sgd: plain "
                                   "gradient descent (no momentum), under which `why`'s TracIn "
-                                  "scores are first-order exact, given dense --snapshots."),
+                                  "scores are each step's first-order change (up to the "
+                                  "snapshots' spacing)."),
     dropout: float = typer.Option(0.1, "--dropout", min=0.0, max=0.9),
     seed: int = typer.Option(0, "--seed", "-s", min=0),
     ema: float = typer.Option(0.0, "--ema", min=0.0, max=0.99999,
