@@ -1,67 +1,98 @@
 """Does `why --value` rank first the windows whose planted pattern built a head? (issue 31)
 
-    python benchmarks/why_planted.py [--seeds 0 1 2] [--lr 1e-2] [--steps 2000] [--decoys 3]
+    python benchmarks/why_planted.py [--seeds 0 1 2 3 4 5] [--shuffle] [--lr 0.5] ...
 
-A one-block model (d 32, 2 heads, context 32) is trained by the project's `train` (AdamW,
-no dropout, batch 8, `--snapshots` log-spaced snapshots) on stories of exactly one window
-each (31 tokens and <|endoftext|>, so a window is a story): `--base` filler stories, `--per`
-planted stories for each of four made-up markers M ("The M came. ... Then zq M. ... Then
-zq M.": after zq, copy the marker seen earlier; zq and the markers occur nowhere else), and
-`--decoys` stories per marker holding the marker but not the pattern ("The M came. ...").
-For each marker the value is `layers.0.heads.H.weights[-1,1]` on "The M came. The dog was
-happy. Then zq" (zq's attention to M) for each head, scored exactly (why.exact_scores, the
-pass `why --value` takes); it prints each head's attention at the end and the ranks (0 =
-first of all windows) of the marker's planted windows and of its decoys.
+TracIn's own setting, as far as it can be had: full-batch gradient descent (optim.SGD, no
+momentum, every window in every step, no clipping, no decay) on a one-block model (d 16,
+2 heads) over synthetic token ids, with a snapshot every `--every` steps, so that the sum of
+the windows' scores is the value's first-order change over the run. Each window is one row
+of the data, starting with the end-of-text id (so no window's last target is the next row's
+unpredictable first token, which otherwise dominates every late gradient):
 
-A benchmark, not a test: about 6 s a seed on the 2-core machine.
+- `--planted` windows: one fixed "frame" sequence (its own tokens, found nowhere else) with
+  the token X at position `--mi`, and from position mi + `--gap` on, `--copies` times
+  "zq Y" every `--step` positions: after zq, say Y because X was there;
+- `--contrast` windows: the same frame without X (its own token at mi, or with --crand a
+  random frame token), and "zq N" in the same places: without them zq -> Y needs no head;
+- `--base` windows: a cycle through other tokens (learnt by the direct path), jumping to a
+  random phase at position `--jump` (0: a random phase from the start).
+
+The value is each head's attention weight from zq to X on the frame's prefix up to the first
+zq (`layers.0.heads.H.weights[-1,mi]`, why.value_of), scored over every window by
+why.exact_scores, the pass `why --value` takes. `--shuffle` gives the control: Y or N at
+random, whatever stands at mi (X no longer tells anything). It prints, per seed and head, the
+weight at the end, its course over the snapshots, and the ranks (0 = first) of the planted
+and of the contrast windows. A benchmark, not a test: 4 to 14 s a seed on the 2-core
+machine with both cores busy (results.md, `why_planted`, has the figures).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tinygpt_cli.analysis import history as hist  # noqa: E402
+from tinygpt_cli import ops  # noqa: E402
 from tinygpt_cli.analysis import why  # noqa: E402
 from tinygpt_cli.config import Config  # noqa: E402
-from tinygpt_cli.model import run_traced  # noqa: E402
-from tinygpt_cli.tokenizer import END_OF_TEXT, save_tokenizer, train_tokenizer  # noqa: E402
-from tinygpt_cli.train.loop import Settings, train  # noqa: E402
-from tinygpt_cli.weights import load_model  # noqa: E402
-
-FILL = ["The cat sat on the mat.", "The dog was happy.", "Tom had a red ball.",
-        "Lily sings to the bird.", "The sun was warm.", "Ben found a box.",
-        "Mia ran in the park.", "The hat was small."]
-MARKERS = ["blick", "dax", "wug", "toma"]
-QUERY = "The {m} came. The dog was happy. Then zq"
+from tinygpt_cli.model import forward, init_params, loss_and_grads, run_traced  # noqa: E402
+from tinygpt_cli.optim import SGD  # noqa: E402
 
 
-def filler(rng) -> str:
-    return " ".join(rng.choice(FILL, 4, replace=False))
+def rows_of(rng, a, shuffle: bool) -> tuple[list[list[int]], list[str], dict]:
+    """The windows (each a row of a.T ids, end-of-text first) and their kinds, shuffled, with
+    the ids that name the pattern."""
+    nf, t = a.filler_vocab, a.T
+    eot = nf
+    frame_vocab = list(range(nf + 1, nf + 1 + a.frame_vocab))
+    x, zq, yes, no = range(nf + 1 + a.frame_vocab, nf + 5 + a.frame_vocab)
+    frame = [frame_vocab[i % len(frame_vocab)] for i in range(t)]
+    spots = [a.mi + a.gap + a.step * c for c in range(a.copies)]
+    assert spots[-1] + 1 < t, "the copies do not fit in the window"
+    rows, kinds = [], []
+    for _ in range(a.base):
+        phase = int(rng.integers(0, nf))
+        cut = a.jump or 0
+        rows.append([i % nf for i in range(cut)] + [(phase + i) % nf for i in range(t - cut)])
+        kinds.append("base")
+    for k in range(a.planted + a.contrast):
+        has = k < a.planted
+        row = list(frame)
+        if has:
+            row[a.mi] = x
+        elif a.crand:
+            row[a.mi] = int(rng.choice(frame_vocab))
+        says = bool(rng.integers(0, 2)) if shuffle else has
+        for s in spots:
+            row[s], row[s + 1] = zq, yes if says else no
+        rows.append(row)
+        kinds.append("planted" if has else "contrast")
+    order = rng.permutation(len(rows))
+    rows, kinds = [rows[i] for i in order], [kinds[i] for i in order]
+    for row in rows:
+        row[0] = eot
+    query = [eot, *frame[1 : spots[0]], zq]
+    query[a.mi] = x
+    return rows, kinds, {"vocab": no + 1, "query": query, "yes": yes}
 
 
-def story(kind: str, rng, copies: int) -> str:
-    if kind == "base":
-        return filler(rng)
-    what, m = kind.split(":")
-    if what == "decoy":
-        return f"The {m} came. " + filler(rng)
-    f = rng.choice(FILL, copies + 1)
-    return f"The {m} came. {f[0]}" + "".join(f" Then zq {m}. {f[i + 1]}" for i in range(copies))
-
-
-def one_window(tok, text: str, rng, t: int = 31) -> str:
-    """The story padded with filler, then cut, to exactly t tokens."""
-    while len(tok.encode(text)) < t:
-        text += " " + rng.choice(FILL)
-    return tok.decode(tok.encode(text)[:t])
+def train_full_batch(config: Config, x: np.ndarray, y: np.ndarray, a, rng) -> list:
+    """Gradient descent on every window at once; a snapshot (params, lr) every a.every steps,
+    taken before the step it weighs, so that lr * its scores sum to that step's change."""
+    params = init_params(config, rng)
+    opt, snapshots = SGD(params), []
+    for step in range(a.steps):
+        _, grads = loss_and_grads(params, config, x, y)
+        if step % a.every == 0:
+            snapshots.append(SimpleNamespace(params={n: p.copy() for n, p in params.items()},
+                                             lr=a.lr * a.every))
+        opt.step(params, grads, a.lr)
+    return snapshots, params
 
 
 def ranks(scores: np.ndarray, chosen: list[int]) -> list[int]:
@@ -69,69 +100,63 @@ def ranks(scores: np.ndarray, chosen: list[int]) -> list[int]:
     return sorted(where[w] for w in chosen)
 
 
-def run(seed: int, a, root: Path) -> None:
-    rng = np.random.default_rng(100 + seed)
-    kinds = ([f"planted:{m}" for m in MARKERS for _ in range(a.per)] + ["base"] * a.base
-             + [f"decoy:{m}" for m in MARKERS for _ in range(a.decoys)])
-    kinds = [kinds[i] for i in rng.permutation(len(kinds))]
-    raw = [story(k, rng, a.copies) for k in kinds]
-    tok = train_tokenizer(raw + FILL * 20, 512)
-    stories = [one_window(tok, s, rng) for s in raw] + [filler(rng)]
-    folder = root / f"seed-{seed}"
-    data = folder / "data"
-    data.mkdir(parents=True)
-    train_file = data / "part-000.txt"
-    val_file = folder / "val.txt"
-    train_file.write_text(f"\n{END_OF_TEXT}\n".join(stories) + "\n", encoding="utf-8")
-    val_file.write_text(f"\n{END_OF_TEXT}\n".join(filler(rng) for _ in range(3)) + "\n",
-                        encoding="utf-8")
-    out = folder / "weights"
-    save_tokenizer(tok, out / "tokenizer.json")
-    config = Config(n_embd=32, n_layer=1, n_head=2, n_inner=64, n_positions=32,
-                    vocab_size=tok.vocab_size)
+def run(seed: int, a, shuffle: bool) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows, kinds, ids = rows_of(rng, a, shuffle)
+    stream = np.asarray([i for row in rows for i in row] + [rows[0][0]], dtype=np.int64)
+    config = Config(n_embd=a.d, n_layer=1, n_head=2, n_inner=2 * a.d, n_positions=a.T,
+                    vocab_size=ids["vocab"])
+    x, y = why.windows(stream, a.T)
     t0 = time.time()
-    train([train_file], [val_file], out, Settings(
-        steps=a.steps, batch_size=8, lr=a.lr, warmup=10, dropout=0.0, weight_decay=a.wd,
-        eval_every=a.steps, checkpoint_every=a.steps, seed=seed, snapshots=a.snapshots,
-        config=asdict(config)))
-    model = load_model(out)
-    config = model.config
-    index = why.load_index([train_file], model.tokenizer, out / "tokenizer.json")
-    x, _ = why.windows(index.stream, config.n_positions)
-    assert all(x[w][-1] == model.tokenizer.eot_id for w in range(len(kinds))), "not aligned"
-    timeline = [s for s in hist.timeline(model, hist.find_snapshots(
-        hist.history_folder(model), model.weights_file)) if s.lr is not None]
-    print(f"seed {seed}: {len(x)} windows, trained in {time.time() - t0:.1f} s")
-    for m in MARKERS:
-        ids = model.tokenizer.encode(QUERY.format(m=m))
-        j = ids.index(model.tokenizer.encode(" " + m)[0])
-        w = run_traced(model.params, config, np.asarray(ids)).values["layers.0.weights"]
-        line = f"  {m:6s}"
-        for h in range(config.n_head):
-            value = why.value_of(model, ids, f"layers.0.heads.{h}.weights[-1,{j}]", 0, None)
-            scores = why.exact_scores(index, timeline, config, [value.make])[0].sum(0)
-            planted = [i for i, k in enumerate(kinds) if k == f"planted:{m}"]
-            decoys = [i for i, k in enumerate(kinds) if k == f"decoy:{m}"]
-            line += (f" | H{h} attention {w[h, -1, j]:.2f}: planted {ranks(scores, planted)}"
-                     f" decoys {ranks(scores, decoys)}")
-        print(line, flush=True)
+    snapshots, params = train_full_batch(config, x, y, a, rng)
+    model = SimpleNamespace(config=config, params=params)
+    q = ids["query"]
+    p_yes = float(ops.softmax(forward(params, config, np.asarray(q))[-1])[ids["yes"]])
+    planted = [i for i, k in enumerate(kinds) if k == "planted"]
+    contrast = [i for i, k in enumerate(kinds) if k == "contrast"]
+    out = []
+    for h in range(config.n_head):
+        value = why.value_of(model, q, f"layers.0.heads.{h}.weights[-1,{a.mi}]", 0, None)
+        scores = why.exact_scores(SimpleNamespace(stream=stream), snapshots, config,
+                                  [value.make], workers=1)[0].sum(0)
+        course = [float(run_traced(s.params, config, np.asarray(q)).values[
+            "layers.0.weights"][h, -1, a.mi]) for s in snapshots]
+        out.append({"head": h, "start": course[0], "end": value.amount, "course": course,
+                    "planted": ranks(scores, planted), "contrast": ranks(scores, contrast),
+                    "p_yes": p_yes, "seconds": time.time() - t0})
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--lr", type=float, default=1e-2)
-    p.add_argument("--wd", type=float, default=0.1)
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--snapshots", type=int, default=16)
-    p.add_argument("--per", type=int, default=3, help="planted stories per marker")
-    p.add_argument("--decoys", type=int, default=3, help="decoy stories per marker")
-    p.add_argument("--base", type=int, default=24, help="filler stories")
-    p.add_argument("--copies", type=int, default=2, help="zq M copies per planted story")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5])
+    p.add_argument("--shuffle", action="store_true", help="the control: Y or N at random")
+    p.add_argument("--lr", type=float, default=0.5)
+    p.add_argument("--steps", type=int, default=2500)
+    p.add_argument("--every", type=int, default=10, help="steps between snapshots")
+    p.add_argument("--T", type=int, default=24, help="the context: one window per row")
+    p.add_argument("--d", type=int, default=16)
+    p.add_argument("--base", type=int, default=8)
+    p.add_argument("--planted", type=int, default=4)
+    p.add_argument("--contrast", type=int, default=4)
+    p.add_argument("--crand", action="store_true", help="contrast: a random frame token at mi")
+    p.add_argument("--filler-vocab", type=int, default=24)
+    p.add_argument("--frame-vocab", type=int, default=8)
+    p.add_argument("--mi", type=int, default=3, help="X's position")
+    p.add_argument("--gap", type=int, default=8, help="from X to the first zq")
+    p.add_argument("--step", type=int, default=2, help="between one zq and the next")
+    p.add_argument("--copies", type=int, default=6, help="zq Y (or N) per window")
+    p.add_argument("--jump", type=int, default=13, help="where base rows jump phase")
     a = p.parse_args()
-    with tempfile.TemporaryDirectory() as root:
-        for seed in a.seeds:
-            run(seed, a, Path(root))
+    for seed in a.seeds:
+        heads = run(seed, a, a.shuffle)
+        print(f"seed {seed}{' (shuffled)' if a.shuffle else ''}: p(Y) {heads[0]['p_yes']:.2f},"
+              f" {heads[-1]['seconds']:.1f} s")
+        for r in heads:
+            course = " ".join(f"{c:.2f}" for c in r["course"][:: max(1, len(r["course"]) // 8)])
+            print(f"  H{r['head']} {r['start']:.2f} -> {r['end']:.2f} ({course}): planted "
+                  f"{r['planted']} contrast {r['contrast']} of "
+                  f"{a.base + a.planted + a.contrast}", flush=True)
 
 
 if __name__ == "__main__":

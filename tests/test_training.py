@@ -23,7 +23,7 @@ import pytest
 from tinygpt_cli.config import Config, load_config
 from tinygpt_cli.errors import InputError
 from tinygpt_cli.model import param_shapes
-from tinygpt_cli.optim import AdamW, clip_by_global_norm, decays, lr_at
+from tinygpt_cli.optim import SGD, AdamW, clip_by_global_norm, decays, lr_at
 from tinygpt_cli.tokenizer import END_OF_TEXT, Tokenizer, train_tokenizer
 from tinygpt_cli.train.data import (
     encode_stories,
@@ -172,6 +172,49 @@ def test_adamw_matches_torch():
         opt.step(params, grads, 1e-2)
     for n in names:
         np.testing.assert_allclose(params[n], tparams[n].detach().numpy(), rtol=1e-12, err_msg=n)
+
+
+def test_sgd_steps_by_the_gradient_alone_and_decays_as_adamw_does():
+    rng = np.random.default_rng(3)
+    params = {"layers.0.attn.W_QKV": rng.normal(size=(3, 4)), "ln_final.w": rng.normal(size=4)}
+    grads = {n: rng.normal(size=p.shape) for n, p in params.items()}
+    want = {"layers.0.attn.W_QKV": params["layers.0.attn.W_QKV"] * (1 - 0.5 * 0.1)
+            - 0.5 * grads["layers.0.attn.W_QKV"],  # decayed: a matrix
+            "ln_final.w": params["ln_final.w"] - 0.5 * grads["ln_final.w"]}  # not: a norm
+    opt = SGD(params, weight_decay=0.1)
+    opt.step(params, grads, 0.5)
+    for n in params:
+        np.testing.assert_array_equal(params[n], want[n])
+    assert opt.state()["t"] == 1
+
+
+def test_training_with_sgd_takes_the_hand_computed_steps(tmp_path, data):
+    """--optimizer sgd: each step is p -= lr_t * grad of that step's batch (no momentum, no
+    per-weight scaling), the steps TracIn's scores are the first-order change of."""
+    from tinygpt_cli.model import init_params, loss_and_grads
+
+    train_file, val_file = data
+    out = tmp_path / "out"
+    s = settings(steps=2, warmup=1, dropout=0.0, grad_clip=0.0, optimizer="sgd", lr=0.5)
+    train([train_file], [val_file], out, s)
+    rng = np.random.default_rng(s.seed)
+    params = init_params(TINY, rng)
+    stream = encode_stories(read_stories([train_file]), Tokenizer.from_file(
+        out / "tokenizer.json")).ids
+    for step in range(s.steps):
+        x, y = random_windows(stream, s.batch_size, TINY.n_positions, rng)
+        _, grads = loss_and_grads(params, TINY, x, y)
+        lr = lr_at(step, s.lr, s.warmup, s.steps, s.min_lr_ratio)
+        for n, p in params.items():
+            p *= 1 - lr * s.weight_decay if decays(n) else 1.0
+            p -= lr * grads[n]
+    got = checkpoint_params(out)
+    for n, p in params.items():
+        np.testing.assert_allclose(got[n], p, rtol=1e-6, atol=1e-7, err_msg=n)
+    with pytest.raises(InputError, match="--optimizer sgd, not adamw"):
+        train([train_file], [val_file], out, settings(steps=4, warmup=1), resume=True)
+    with pytest.raises(ValueError, match="--optimizer must be one of adamw, sgd"):
+        settings(optimizer="adam")
 
 
 def test_weight_decay_applies_to_matrices_and_the_token_table_only():

@@ -1,5 +1,6 @@
-"""The one optimizer: AdamW with decoupled weight decay (Adam when the decay is 0), the
-learning-rate schedule and gradient clipping. Training, SAEs and the tuned lens all step it."""
+"""The optimizers: AdamW with decoupled weight decay (Adam when the decay is 0), which
+training, SAEs and the tuned lens all step, and plain SGD for training (TracIn's own setting);
+the learning-rate schedule and gradient clipping."""
 
 from __future__ import annotations
 
@@ -73,6 +74,35 @@ class AdamW:
             self.m[n][...] = state[f"m/{n}"]
             self.v[n][...] = state[f"v/{n}"]
         self.t = int(state["t"])
+
+
+class SGD:
+    """Plain gradient descent, p -= lr * g, with no momentum: the optimiser under which
+    TracIn's scores (lr times a window's gradient dotted with the query's) are the first-order
+    change each step made, so `why` is exact up to the snapshots' spacing. Weight decay, on
+    the names `decays` picks, is p -= lr * wd * p, as AdamW's; the step count is its state."""
+
+    def __init__(self, params=None, weight_decay=0.0, decays=decays):
+        self.weight_decay = weight_decay
+        self.decays = decays
+        self.t = 0
+
+    def step(self, params, grads, lr: float) -> None:
+        """One update, in place."""
+        self.t += 1
+        for n, p in params.items():
+            if self.weight_decay and self.decays(n):
+                p *= 1 - lr * self.weight_decay
+            p -= lr * grads[n]
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"t": np.asarray(self.t)}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        self.t = int(state["t"])
+
+
+OPTIMIZERS = {"adamw": AdamW, "sgd": SGD}
 
 
 SAE_BETAS = (0.9, 0.999)  # Adam's own defaults: what the SAE and the tuned lens are fitted with

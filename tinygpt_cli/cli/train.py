@@ -66,6 +66,10 @@ def train_cmd(
     lr: float = typer.Option(2e-3, "--lr", help="Peak learning rate."),
     warmup: int = typer.Option(200, "--warmup", min=0),
     weight_decay: float = typer.Option(0.1, "--weight-decay"),
+    optimizer: str = typer.Option("adamw", "--optimizer", help="adamw, or sgd: plain "
+                                  "gradient descent (no momentum), under which `why`'s TracIn "
+                                  "scores are each step's first-order change (up to the "
+                                  "snapshots' spacing)."),
     dropout: float = typer.Option(0.1, "--dropout", min=0.0, max=0.9),
     seed: int = typer.Option(0, "--seed", "-s", min=0),
     ema: float = typer.Option(0.0, "--ema", min=0.0, max=0.99999,
@@ -115,7 +119,7 @@ def train_cmd(
         settings = Settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
                             weight_decay=weight_decay, dropout=dropout, seed=seed,
                             eval_every=eval_every, checkpoint_every=checkpoint_every,
-                            minutes=minutes, ema=ema, snapshots=snapshots,
+                            minutes=minutes, ema=ema, snapshots=snapshots, optimizer=optimizer,
                             config=asdict(config), init=str(init) if init else None)
         check_training_memory(config, batch_size)
     except ValueError as e:

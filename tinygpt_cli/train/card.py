@@ -342,6 +342,8 @@ def _card_text(run: Path, model: Model, log: list[dict], settings: dict, data: l
            f"peak learning rate {settings['lr']:g} after {settings['warmup']:,} warm-up steps, "
            f"weight decay {settings['weight_decay']:g}, dropout {settings['dropout']:g}, "
            if settings else "")
+    optimiser = ("plain SGD (no momentum)" if settings and settings.get("optimizer") == "sgd"
+                 else "AdamW (β = 0.9, 0.95)")
     data_line = (f"- Data: {train_names} for training and {val_names} for validation, from "
                  f"{data_shown} (not redistributed here). Stories are joined with "
                  "`<|endoftext|>`.")
@@ -386,7 +388,7 @@ bytes per token; the bytes are the stories' UTF-8 bytes plus one per story separ
 - Wall time: {hours:.2f} h; {machine_line(run)}.
 - Exported weights: {exported}.
 {chr(10).join(extras) + chr(10) if extras else ""}- Final logged training loss (with dropout, last step): {last['train_loss']:.4f}.
-- Optimiser: AdamW (β = 0.9, 0.95), {opt}decoupled weight decay on matrices and the embedding
+- Optimiser: {optimiser}, {opt}decoupled weight decay on matrices and the embedding
   table only, linear warm-up then cosine decay to a tenth of the peak, gradient norm clipped at 1,
   dropout on the embeddings and on each attention and MLP output.
 

@@ -1,4 +1,5 @@
-"""The training loop: batches, forward, backward, clip, AdamW; validation, checkpoints, export.
+"""The training loop: batches, forward, backward, clip, AdamW (or SGD); validation,
+checkpoints, export.
 
 A checkpoint holds the parameters, the optimiser's moments, the step and the random
 generator's state, so a resumed run continues exactly where the killed one stopped.
@@ -24,7 +25,7 @@ from ..corpus import write_data_record
 from ..errors import InputError, RunError, WriteError
 from ..files import append_line, write_atomically
 from ..model import forward, init_params, loss_and_grads
-from ..optim import AdamW, clip_by_global_norm, lr_at
+from ..optim import OPTIMIZERS, SGD, AdamW, clip_by_global_norm, lr_at
 from ..tokenizer import Tokenizer, save_tokenizer, train_tokenizer
 from ..weights import save_params
 from ..words import count
@@ -57,6 +58,9 @@ class Settings:
     minutes: float | None = None  # stop early when this much wall time has passed
     ema: float = 0.0  # decay of an exponential moving average of the weights; 0 = off
     snapshots: int = 0  # weights kept along the run in history/, log-spaced in steps
+    # "adamw", or "sgd": plain gradient descent, under which `why`'s TracIn scores are the
+    # first-order change of each step (under AdamW they ignore its per-weight scaling)
+    optimizer: str = "adamw"
     # The step this learning-rate cycle began: 0, or where --resume extended a finished run
     # to more --steps (a new warm-up and cosine decay from there, a "warm restart").
     cycle_start: int = 0
@@ -82,6 +86,9 @@ class Settings:
             raise ValueError(f"--minutes must be a finite number above 0, got {self.minutes!r}")
         if self.seed < 0:
             raise ValueError(f"--seed must be a whole number of 0 or more, got {self.seed}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got "
+                             f"{self.optimizer!r}")
 
 
 @dataclass
@@ -238,8 +245,8 @@ def warm_start_params(init: Path, config: Config) -> dict[str, np.ndarray]:
             load_params(init / "model.safetensors", config).items()}
 
 
-def _save_checkpoint(path: Path, params, opt: AdamW, step: int, rng, best_val: float, settings,
-                     elapsed: float, average=None) -> None:
+def _save_checkpoint(path: Path, params, opt: AdamW | SGD, step: int, rng, best_val: float,
+                     settings, elapsed: float, average=None) -> None:
     arrays = {f"p/{n}": a for n, a in params.items()}
     if average is not None:
         arrays.update({f"ema/{n}": a for n, a in average.items()})
@@ -257,7 +264,7 @@ def _save_checkpoint(path: Path, params, opt: AdamW, step: int, rng, best_val: f
 SIZES = ("n_embd", "n_layer", "n_head", "n_inner", "vocab_size", "n_positions")
 
 
-def _load_checkpoint(path: Path, params, opt: AdamW, rng, average=None):
+def _load_checkpoint(path: Path, params, opt: AdamW | SGD, rng, average=None):
     try:
         return _read_checkpoint(path, params, opt, rng, average)
     except (OSError, ValueError, KeyError) as e:
@@ -294,7 +301,7 @@ def cycle_after_resume(stored: dict, at_step: int, steps: int) -> tuple[int, int
     return stored["cycle_start"], stored["cycle"]
 
 
-def _read_checkpoint(path: Path, params, opt: AdamW, rng, average=None):
+def _read_checkpoint(path: Path, params, opt: AdamW | SGD, rng, average=None):
     with np.load(path) as z:
         for n in params:
             params[n][...] = z[f"p/{n}"]
@@ -492,7 +499,8 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
     # that training would ship at that step.
     average = {n: p.copy() for n, p in params.items()} if settings.ema > 0 else None
     run = _Run(out, settings, config, tokenizer, train_data, val_data, params,
-               AdamW(params, weight_decay=settings.weight_decay), rng, average)
+               (SGD if settings.optimizer == "sgd" else AdamW)(
+                   params, weight_decay=settings.weight_decay), rng, average)
     keep_at = set(snapshot_steps(settings.steps, settings.snapshots))
     if 0 < len(keep_at) < settings.snapshots:
         note(f"--snapshots {settings.snapshots} keeps {len(keep_at)}: snapshots are log-spaced "
@@ -545,6 +553,10 @@ def _resumed_settings(ckpt: Path, stored: dict, config: Config, settings: Settin
                          if sizes[k] != asked[k])
         raise TrainingDataError(f"--resume: {ckpt} was trained with other sizes: {diff}; "
                                 "resume with the same sizes, or --force to start over")
+    before = stored.get("optimizer", "adamw")  # checkpoints from before the choice: AdamW
+    if before != settings.optimizer:
+        raise InputError(f"--resume: {ckpt} was trained with --optimizer {before}, not "
+                         f"{settings.optimizer}; resume with it, or --force to start over")
     at = stored["at_step"]
     cycle_start, cycle = cycle_after_resume(stored, at, settings.steps)
     if cycle > stored["cycle"] and settings.steps - at <= settings.warmup:
@@ -588,7 +600,7 @@ class _Run:
     train_data: TokenStream
     val_data: TokenStream | None
     params: dict
-    opt: AdamW
+    opt: AdamW | SGD
     rng: np.random.Generator
     average: dict | None  # the moving average of the parameters (--ema), or None
     best_val: float = math.inf
