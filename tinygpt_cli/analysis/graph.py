@@ -57,7 +57,7 @@ class Frozen:
     linear model reads, in float64."""
 
     config: Config
-    weights: list[np.ndarray]  # per block: attention weights [H, T, T]
+    weights: list[list[np.ndarray]]  # per block: its pattern's row blocks (`pattern_blocks`)
     scales: dict[str, np.ndarray]  # norm name -> [T, 1]: 1/std (LayerNorm) or 1/rms
     norms: dict[str, tuple[np.ndarray, np.ndarray | None]]  # name -> (w, b)
     W_V: list[np.ndarray]  # noqa: N815 [H_kv, d, d_k]
@@ -76,13 +76,33 @@ def freeze(params, config: Config, values: dict, steering=None) -> Frozen:
     norms = {n: tuple(f64(a) for a in norm_weights(params, n)) for n in names}
     qkv = [head_qkv(params, config, i) for i in range(config.n_layer)]
     b_o = [params.get(f"layers.{i}.attn.b_O") for i in range(config.n_layer)]
-    # the patterns as recorded (float32 for float32 weights): a float64 copy would add
-    # nothing but [H, T, T] x 8 bytes a block; each product casts the block it reads
-    return Frozen(config, [values[f"layers.{i}.weights"] for i in range(config.n_layer)],
+    return Frozen(config, [pattern_blocks(values[f"layers.{i}.weights"])
+                           for i in range(config.n_layer)],
                   scales, norms, [f64(q[2]) for q in qkv], [f64(q[5]) for q in qkv],
                   [f64(head_out_matrix(params, config, i)) for i in range(config.n_layer)],
                   [np.zeros(config.n_embd) if b is None else f64(b) for b in b_o],
                   shift_of(steering))
+
+
+def pattern_blocks(weights: np.ndarray) -> list[np.ndarray]:
+    """A causal pattern [H, T, T] as float64 blocks of KEY_BLOCK queries against the keys at
+    or before their last, [H, q1 - q0, q1]: no more memory than the float32 square (the
+    upper triangle is not kept), and no product casts it again."""
+    t = weights.shape[-1]
+    return [np.asarray(weights[:, q0:q0 + KEY_BLOCK, :min(q0 + KEY_BLOCK, t)], np.float64)
+            for q0 in range(0, t, KEY_BLOCK)]
+
+
+def pattern_rows(blocks: list[np.ndarray], at: np.ndarray, t: int) -> np.ndarray:
+    """Rows `at` of the pattern the blocks hold, over the first t keys: [H, len(at), t]."""
+    kb = blocks[0].shape[1]
+    out = np.zeros((blocks[0].shape[0], len(at), t))
+    for j, blk in enumerate(blocks):
+        sel = np.flatnonzero(at // kb == j)
+        if len(sel):
+            w = min(blk.shape[2], t)
+            out[:, sel, :w] = blk[:, at[sel] - j * kb, :w]
+    return out
 
 
 def read_paths(config: Config) -> list[str]:
@@ -128,9 +148,13 @@ def attention_forward(fz: Frozen, i: int, h: np.ndarray) -> np.ndarray:
     v = np.einsum("td,hdk->htk", x, fz.W_V[i]) + fz.b_V[i][:, None, :]  # [H_kv, T, d_k]
     v = np.repeat(v, fz.config.n_head // v.shape[0], axis=0)
     z = np.empty(v.shape)  # [H, T, d_k]
-    for q0 in range(0, t, KEY_BLOCK):  # causal: a block of queries reads the keys before it
-        q1 = min(q0 + KEY_BLOCK, t)
-        z[:, q0:q1] = fz.weights[i][:, q0:q1, :q1] @ v[:, :q1]
+    q0 = 0
+    for blk in fz.weights[i]:  # causal: a block of queries reads the keys before it
+        q1 = min(q0 + blk.shape[1], t)
+        if q1 <= q0:
+            break
+        z[:, q0:q1] = blk[:, :q1 - q0, :q1] @ v[:, :q1]
+        q0 = q1
     return np.einsum("htk,hkd->td", z, fz.W_O[i]) + fz.b_O[i]
 
 
@@ -153,12 +177,19 @@ def attention_backward_factored(fz: Frozen, i: int, prof: np.ndarray, vecs: np.n
     """attention_backward of g[b, q] = sum_r prof[b, r, q] vecs[b, r] (prof [B, R, T], vecs
     [B, R, d]): the causal pattern's product is taken with each row's R position profiles,
     not with its d_k columns a head, and each head's result then meets the profiles' vectors
-    through W_O (linear in the text). The same sum, in R / d_k of the quadratic products."""
+    through W_O (linear in the text). The same sum, in R / d_k of the quadratic products.
+    Profile 0 of every row is a one at its own position (ends[b]): the pattern transposed
+    takes it to that row of the pattern, read, not multiplied; the others depend on the row's
+    position only (its first attention's pattern rows), so rows at one position share them."""
     b, r, t = prof.shape
     c = np.einsum("brd,hkd->hbrk", vecs, fz.W_O[i])  # [H, B, R, d_k]
-    cols = np.ascontiguousarray(prof.transpose(2, 0, 1)).reshape(1, t, b * r)
-    m = _keys_side(fz.weights[i], cols, t, np.repeat(ends, r))  # [H, T, B R]
-    m = m.reshape(-1, t, b, r).transpose(0, 2, 1, 3)  # [H, B, T, R]
+    pos, first, inverse = np.unique(ends, return_index=True, return_inverse=True)
+    cols = np.ascontiguousarray(prof[first, 1:].transpose(2, 0, 1)).reshape(1, t, -1)
+    m_u = _keys_side(fz.weights[i], cols, t, np.repeat(pos, r - 1))  # [H, T, U (R - 1)]
+    m_u = m_u.reshape(-1, t, len(pos), r - 1)
+    m = np.empty((m_u.shape[0], b, t, r))  # [H, B, T, R]
+    m[:, :, :, 0] = pattern_rows(fz.weights[i], ends, t)  # the own-position profile
+    m[:, :, :, 1:] = m_u[:, :, inverse].transpose(0, 2, 1, 3)
     return _values_side(fz, i, (m @ c).transpose(0, 2, 1, 3))
 
 
@@ -173,21 +204,26 @@ def _values_side(fz: Frozen, i: int, gv: np.ndarray) -> np.ndarray:
     return norm_backward(fz, f"layers.{i}.ln1", (gv @ w_v).reshape(b, t, d))
 
 
-def _keys_side(pattern: np.ndarray, gz: np.ndarray, t: int, ends: np.ndarray | None = None
-               ) -> np.ndarray:
-    """pattern[:, :t, :t] transposed times gz [H or 1, T, X]: a block of queries at a time
-    against the keys at or before it only (the pattern is causal), and only the columns x
-    still alive there: column x of gz is zero past ends[x] (its row's target's position), so
-    the blocks of queries past it are skipped for it. With the columns in order of their
-    ends, a row's product costs the square of its own position, not of the pass's last."""
-    out = np.zeros((pattern.shape[0], *gz.shape[1:]))
-    for q0 in range(0, t, KEY_BLOCK):
-        q1 = min(q0 + KEY_BLOCK, t)
+def _keys_side(blocks: list[np.ndarray], gz: np.ndarray, t: int,
+               ends: np.ndarray | None = None) -> np.ndarray:
+    """The pattern (`pattern_blocks`) over its first t positions, transposed, times gz
+    [H or 1, T, X]: a block of queries at a time against the keys at or before it only (the
+    pattern is causal), and only the columns x still alive there: column x of gz is zero past
+    ends[x] (its row's target's position), so the blocks of queries past it are skipped for
+    it. With the columns in order of their ends, a row's product costs the square of its own
+    position, not of the pass's last."""
+    out = np.zeros((blocks[0].shape[0], *gz.shape[1:]))
+    q0 = 0
+    for blk in blocks:
+        q1 = min(q0 + blk.shape[1], t)
+        if q1 <= q0:
+            break
         live = np.arange(gz.shape[-1]) if ends is None else np.flatnonzero(ends >= q0)
         if not len(live):
             break
         c = slice(int(live[0]), gz.shape[-1])  # from the first column alive on (a view)
-        out[:, :q1, c] += np.swapaxes(pattern[:, q0:q1, :q1], -1, -2) @ gz[:, q0:q1, c]
+        out[:, :q1, c] += np.swapaxes(blk[:, :q1 - q0, :q1], -1, -2) @ gz[:, q0:q1, c]
+        q0 = q1
     return out
 
 
@@ -205,7 +241,7 @@ def attention_backward_at(fz: Frozen, i: int, g: np.ndarray, at: np.ndarray
     w_v = np.repeat(fz.W_V[i], h // kv, axis=0)  # [H, d, d_k]: each head's value head
     u = np.einsum("bhk,hdk->bhd", gz, w_v)  # [B, H, d]
     name = f"layers.{i}.ln1"
-    prof = fz.weights[i][:, at, :t].transpose(1, 0, 2) * fz.scales[name][:t, 0]  # [B, H, T]
+    prof = pattern_rows(fz.weights[i], at, t).transpose(1, 0, 2) * fz.scales[name][:t, 0]
     w, _ = fz.norms[name]
     vecs = u * w  # the norm's derivative at a scale of 1 (the scale is in prof)
     if fz.config.norm != "rms":
@@ -403,6 +439,8 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     text once it has more active features than that."""
     real, values = record(params, config, np.asarray(ids), read_paths(config), hooks=steering)
     fz = freeze(params, config, values, steering)
+    for i in range(config.n_layer):  # fz holds them now, in float64 blocks
+        del values[f"layers.{i}.weights"]
     t = len(ids)
     f_layer, f_pos, f_lat, f_act, errors = transcoder_features(transcoders, values,
                                                                config.n_layer)
