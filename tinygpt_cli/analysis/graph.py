@@ -509,8 +509,11 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
     a = np.empty_like(adj)  # the filled rows normalised as prune does (only they are read)
     normalised(adj[rows - nl:], out=a[rows - nl:])
     seen, done = np.zeros(nf, bool), 0
+    cols = source_columns(src.f_layer, src.fz.config.n_layer, t)
+    row_layer = np.full(rows, -1)
+    row_layer[rows - nl:] = src.fz.config.n_layer
     while done < cap:
-        inf = _influence(a, targets, n_nodes, tnode)[:nf]
+        inf = _influence(a, targets, n_nodes, tnode, row_layer, cols)[:nf]
         todo = np.flatnonzero(~seen & (inf > 0))
         if not len(todo):
             break
@@ -523,6 +526,7 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
                 nodes = on[c:c + step]
                 _fill(src, adj, done, nodes, t)
                 targets[done:done + len(nodes)] = nodes
+                row_layer[done:done + len(nodes)] = lay
                 normalised(adj[done:done + len(nodes)], out=a[done:done + len(nodes)])
                 done += len(nodes)
     if done < cap:  # every feature of any influence visited: the unused rows go
@@ -613,27 +617,54 @@ def normalised(adj: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return a
 
 
-def influence_on(graph: Graph, a: np.ndarray) -> np.ndarray:
+def influence_on(graph: Graph, a: np.ndarray, structured: bool = True) -> np.ndarray:
     """Every node's influence on the target through the row-normalised |adjacency| a (rows:
     the visited features' and the logits'), summed over all paths: the target gives 1 to its
     sources in proportion to a's row, each feature passes on what it received the same way
-    (a feature without a row, not visited, passes nothing on)."""
-    return _influence(a, graph.targets, len(graph.kinds), graph.target)
+    (a feature without a row, not visited, passes nothing on). structured: a has the
+    adjacency's zeros (`source_columns`), whose columns are then not read."""
+    nl = int(graph.layer[graph.target])
+    cols = (source_columns(graph.layer[:graph.n_features], nl, len(graph.ids))
+            if structured else None)
+    return _influence(a, graph.targets, len(graph.kinds), graph.target,
+                      np.where(graph.targets >= 0, graph.layer[graph.targets], -1), cols)
 
 
-def _influence(a: np.ndarray, targets: np.ndarray, n_nodes: int, start: int) -> np.ndarray:
-    """influence_on over rows `a` whose nodes are `targets` (-1: a row not filled yet: the
-    filled ones are a leading run and the logits' last rows, each multiplied as a view)."""
+def source_columns(f_layer: np.ndarray, nl: int, t: int) -> list[list[slice]]:
+    """Per target layer L (nl: the logits), the columns where its row of the adjacency can
+    be non-zero: a direct effect comes from the features and errors of the blocks before L,
+    the embeddings and the bias, never from L's own features or later ones."""
+    nf = len(f_layer)
+    start = np.searchsorted(f_layer, np.arange(nl + 1))
+    emb = nf + nl * t
+    return [[c for c in (slice(0, int(start[lay])), slice(nf, nf + lay * t),
+                         slice(emb, emb + t + 1)) if c.stop > c.start]
+            for lay in range(nl + 1)]
+
+
+def _influence(a: np.ndarray, targets: np.ndarray, n_nodes: int, start: int,
+               row_layer: np.ndarray | None = None, cols: list | None = None) -> np.ndarray:
+    """influence_on over rows `a` whose nodes are `targets` (-1: a row not filled yet),
+    each run of filled rows multiplied as a view. With each row's target layer and
+    `source_columns`, a run is the rows of one layer, multiplied over its columns only, and
+    only while some of its targets have influence to pass on."""
     total = np.zeros(n_nodes)
     x = np.zeros(n_nodes)
     x[start] = 1.0
     filled = np.flatnonzero(targets >= 0)
-    runs = np.split(filled, np.flatnonzero(np.diff(filled) > 1) + 1)
+    key = targets[filled] * 0 if cols is None else row_layer[filled]
+    breaks = np.flatnonzero((np.diff(filled) > 1) | (np.diff(key) != 0)) + 1
+    runs = [(slice(int(r[0]), int(r[-1]) + 1), [slice(None)] if cols is None
+             else cols[int(row_layer[r[0]])]) for r in np.split(filled, breaks) if len(r)]
     while x.any():
         y = np.zeros(n_nodes, a.dtype)
-        for run in runs:
-            r = slice(int(run[0]), int(run[-1]) + 1)
-            y += x[targets[r]].astype(a.dtype) @ a[r]
+        for r, cs in runs:
+            xr = x[targets[r]]
+            if not xr.any():
+                continue
+            xr = xr.astype(a.dtype)
+            for c in cs:
+                y[c] += xr @ a[r, c]
         x = y.astype(np.float64)
         total += x
     return total
@@ -812,7 +843,7 @@ def grouped_explained(graph: Graph, groups: list[list[int]]) -> float:
     edge kept where any member's was; then the same influence from the target."""
     full = _merged(graph, groups, graph.adjacency.astype(np.float64))
     kept = _merged(graph, groups, graph.edge_mask.astype(np.float64)) > 0
-    inf = influence_on(graph, normalised(full) * kept)
+    inf = influence_on(graph, normalised(full) * kept, structured=False)
     leaves = np.array([k in ("embedding", "bias") for k in graph.kinds])
     return float(inf[leaves].sum())
 
