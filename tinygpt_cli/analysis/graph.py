@@ -528,14 +528,16 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
                 _fill(src, adj, int(on[b]), on[b:b + per], t)
         targets[:nf] = np.arange(nf)
         return adj, targets, None
-    a = np.empty_like(adj)  # the filled rows normalised as prune does (only they are read)
-    normalised(adj[rows - nl:], out=a[rows - nl:])
-    seen, done = np.zeros(nf, bool), 0
+    # the filled rows normalised as prune does, over the columns they can have edges from
+    # (only they are read; the rest of the copy is never written)
+    a = np.empty_like(adj)
     cols = source_columns(src.f_layer, src.fz.config.n_layer, t)
     row_layer = np.full(rows, -1)
     row_layer[rows - nl:] = src.fz.config.n_layer
+    normalise_runs(adj, a, [(slice(rows - nl, rows), cols[-1])])
+    seen, done = np.zeros(nf, bool), 0
     while done < cap:
-        inf = _influence(a, targets, n_nodes, tnode, row_layer, cols)[:nf]
+        inf = _influence(a, targets, n_nodes, tnode, runs_of(targets, row_layer, cols))[:nf]
         todo = np.flatnonzero(~seen & (inf > 0))
         if not len(todo):
             break
@@ -549,7 +551,7 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
                 _fill(src, adj, done, nodes, t)
                 targets[done:done + len(nodes)] = nodes
                 row_layer[done:done + len(nodes)] = lay
-                normalised(adj[done:done + len(nodes)], out=a[done:done + len(nodes)])
+                normalise_runs(adj, a, [(slice(done, done + len(nodes)), cols[lay])])
                 done += len(nodes)
     if done < cap:  # every feature of any influence visited: the unused rows go
         keep = np.r_[0:done, rows - nl:rows]
@@ -639,17 +641,14 @@ def normalised(adj: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return a
 
 
-def influence_on(graph: Graph, a: np.ndarray, structured: bool = True) -> np.ndarray:
-    """Every node's influence on the target through the row-normalised |adjacency| a (rows:
-    the visited features' and the logits'), summed over all paths: the target gives 1 to its
-    sources in proportion to a's row, each feature passes on what it received the same way
-    (a feature without a row, not visited, passes nothing on). structured: a has the
-    adjacency's zeros (`source_columns`), whose columns are then not read."""
-    nl = int(graph.layer[graph.target])
-    cols = (source_columns(graph.layer[:graph.n_features], nl, len(graph.ids))
-            if structured else None)
-    return _influence(a, graph.targets, len(graph.kinds), graph.target,
-                      np.where(graph.targets >= 0, graph.layer[graph.targets], -1), cols)
+def normalise_runs(adj: np.ndarray, out: np.ndarray, runs: list) -> None:
+    """`normalised` of adj into out over the runs' rows and columns only (`runs_of`): what
+    lies outside them is zero in adj and is neither read nor written."""
+    for r, cs in runs:
+        s = sum(np.abs(adj[r, c], out=out[r, c]).sum(axis=1, dtype=np.float64) for c in cs)
+        inv = np.divide(1.0, s, out=np.zeros_like(s), where=s > 0).astype(out.dtype)[:, None]
+        for c in cs:
+            out[r, c] *= inv
 
 
 def source_columns(f_layer: np.ndarray, nl: int, t: int) -> list[list[slice]]:
@@ -664,20 +663,44 @@ def source_columns(f_layer: np.ndarray, nl: int, t: int) -> list[list[slice]]:
             for lay in range(nl + 1)]
 
 
-def _influence(a: np.ndarray, targets: np.ndarray, n_nodes: int, start: int,
-               row_layer: np.ndarray | None = None, cols: list | None = None) -> np.ndarray:
-    """influence_on over rows `a` whose nodes are `targets` (-1: a row not filled yet),
-    each run of filled rows multiplied as a view. With each row's target layer and
-    `source_columns`, a run is the rows of one layer, multiplied over its columns only, and
-    only while some of its targets have influence to pass on."""
+def runs_of(targets: np.ndarray, row_layer: np.ndarray, cols: list | None) -> list:
+    """The filled rows (targets >= 0) as runs of consecutive rows of one target layer, each
+    with the column slices its rows can be non-zero in (`source_columns`; None: every
+    column, the runs then only split where rows are not filled): [(rows, [columns])]."""
+    filled = np.flatnonzero(targets >= 0)
+    key = np.zeros(len(filled), int) if cols is None else row_layer[filled]
+    breaks = np.flatnonzero((np.diff(filled) > 1) | (np.diff(key) != 0)) + 1
+    return [(slice(int(r[0]), int(r[-1]) + 1),
+             [slice(None)] if cols is None else cols[int(row_layer[r[0]])])
+            for r in np.split(filled, breaks) if len(r)]
+
+
+def graph_runs(graph: Graph, structured: bool = True) -> list:
+    """`runs_of` the graph's adjacency rows."""
+    nl = int(graph.layer[graph.target])
+    cols = (source_columns(graph.layer[:graph.n_features], nl, len(graph.ids))
+            if structured else None)
+    return runs_of(graph.targets, graph.layer[graph.targets], cols)
+
+
+def influence_on(graph: Graph, a: np.ndarray, structured: bool = True,
+                 runs: list | None = None) -> np.ndarray:
+    """Every node's influence on the target through the row-normalised |adjacency| a (rows:
+    the visited features' and the logits'), summed over all paths: the target gives 1 to its
+    sources in proportion to a's row, each feature passes on what it received the same way
+    (a feature without a row, not visited, passes nothing on). structured: a has the
+    adjacency's zeros (`source_columns`), whose columns are then not read."""
+    return _influence(a, graph.targets, len(graph.kinds), graph.target,
+                      graph_runs(graph, structured) if runs is None else runs)
+
+
+def _influence(a: np.ndarray, targets: np.ndarray, n_nodes: int, start: int, runs: list
+               ) -> np.ndarray:
+    """influence_on over rows `a` whose nodes are `targets`, a run of rows (`runs_of`) at
+    a time over its columns, and only while some of its targets have influence to pass on."""
     total = np.zeros(n_nodes)
     x = np.zeros(n_nodes)
     x[start] = 1.0
-    filled = np.flatnonzero(targets >= 0)
-    key = targets[filled] * 0 if cols is None else row_layer[filled]
-    breaks = np.flatnonzero((np.diff(filled) > 1) | (np.diff(key) != 0)) + 1
-    runs = [(slice(int(r[0]), int(r[-1]) + 1), [slice(None)] if cols is None
-             else cols[int(row_layer[r[0]])]) for r in np.split(filled, breaks) if len(r)]
     while x.any():
         y = np.zeros(n_nodes, a.dtype)
         for r, cs in runs:
@@ -698,11 +721,15 @@ def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
     """Keep the features carrying `node_threshold` of the influence on the target, then the
     edges carrying `edge_threshold` of what flows among the kept nodes (circuit-tracer's
     rule); every embedding, error, bias and logit node stays. Sets influence, the masks and
-    the explained fractions. Works in place on one normalised copy of the adjacency."""
+    the explained fractions. Works in place on one normalised copy of the adjacency, and
+    on the columns each row can have edges from only (`source_columns`: the others are
+    zero), so the adjacency's never-written zeros are not read and the copy's not written."""
     nf = graph.n_features
-    a = normalised(graph.adjacency, graph.scratch)
+    runs = graph_runs(graph)
+    a = np.empty_like(graph.adjacency) if graph.scratch is None else graph.scratch
     graph.scratch = None  # a is it now, and goes with this call
-    inf = influence_on(graph, a)
+    normalise_runs(graph.adjacency, a, runs)
+    inf = influence_on(graph, a, runs=runs)
     leaves = np.array([k in ("embedding", "bias") for k in graph.kinds])
     graph.explained_unpruned = float(inf[leaves].sum())
     keep = np.ones(len(graph.kinds), bool)
@@ -711,17 +738,35 @@ def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
     keep[:nf] = False
     keep[order[: int(np.searchsorted(cum, node_threshold) + 1)]] = True
     keep[:nf] &= inf[:nf] > 0  # a rounded cumulative sum short of 1 must not take the zeros
-    a[~keep[graph.targets]] = 0  # the dropped features' rows and columns: a_kept
-    a[:, ~keep] = 0
-    inf_kept = influence_on(graph, a)
+    dropped = ~keep[graph.targets]
+    for r, cs in runs:  # the dropped features' rows and columns: a_kept
+        for c in cs:
+            blk = a[r, c]
+            blk[dropped[r]] = 0
+            blk[:, ~keep[c]] = 0
+    inf_kept = influence_on(graph, a, runs=runs)
     row_inf = inf_kept[graph.targets]  # a logit's is 0: nothing reads a logit
     row_inf[graph.row(graph.target)] = 1.0
-    a *= row_inf[:, None].astype(a.dtype)  # now each edge's score
-    edges = a >= threshold_of(a[a > 0], edge_threshold)
-    a /= np.where(row_inf > 0, row_inf, 1)[:, None].astype(a.dtype)  # back to a_kept
-    a *= edges
+    scale = row_inf[:, None].astype(a.dtype)
+    back = np.where(row_inf > 0, row_inf, 1)[:, None].astype(a.dtype)
+    scores = []
+    for r, cs in runs:  # each edge's score
+        for c in cs:
+            blk = a[r, c]
+            blk *= scale[r]
+            scores.append(blk[blk > 0])
+    threshold = threshold_of(np.concatenate(scores) if scores else np.zeros(0), edge_threshold)
+    del scores
+    edges = np.zeros(a.shape, bool)
+    for r, cs in runs:
+        for c in cs:
+            blk = a[r, c]
+            e = edges[r, c]
+            np.greater_equal(blk, threshold, out=e)
+            blk /= back[r]  # back to a_kept
+            blk *= e
     graph.influence, graph.node_mask, graph.edge_mask = inf, keep, edges
-    graph.explained = float(influence_on(graph, a)[leaves].sum())
+    graph.explained = float(influence_on(graph, a, runs=runs)[leaves].sum())
     return graph
 
 
