@@ -616,20 +616,53 @@ def _bias_edges(src: Sources, t: int) -> np.ndarray:
 
 def threshold_of(scores: np.ndarray, share: float, chunk: int = 1 << 20) -> float:
     """The smallest score among the largest ones that together make `share` of the total
-    (circuit-tracer's find_threshold), `scores` sorted in place; the running sum is taken a
-    chunk at a time, so no second array of their size is made."""
+    (circuit-tracer's find_threshold); the running sum is taken a chunk at a time, so no
+    second array of their size is made. Only the scores above a bound are sorted when their
+    sum already reaches the share (`_top_part`; the sort of every score was the one part of
+    prune that grew faster than the scores), else all of them, in place."""
     if not len(scores):
         return 1.0
+    want = share * float(scores.sum(dtype=np.float64))
+    top = _top_part(scores, want)
+    if top is not None:
+        found = _crossing(top, want, chunk)
+        if found is not None:
+            return found
+    found = _crossing(scores, want, chunk)
+    return float(scores[0]) if found is None else found  # never reached: the smallest
+
+
+def _crossing(scores: np.ndarray, want: float, chunk: int) -> float | None:
+    """scores sorted in place, then the largest first summed until `want`: the score that
+    reaches it (None: they never do)."""
     scores.sort()
     top = scores[::-1]
-    want = share * float(scores.sum(dtype=np.float64))
     running = 0.0
     for start in range(0, len(top), chunk):
         cum = np.cumsum(top[start:start + chunk], dtype=np.float64) + running
         if cum[-1] >= want:
             return float(top[start + int(np.searchsorted(cum, want))])
         running = float(cum[-1])
-    return float(top[-1])
+    return None
+
+
+def _top_part(scores: np.ndarray, want: float, sample: int = 1 << 14) -> np.ndarray | None:
+    """Every score at or above a bound, a new array, when their sum reaches `want`: then the
+    largest scores' running sum crosses it among them, at the same score as over them all.
+    The bound: the score below which a fixed sample puts most of what the largest may leave
+    out (the total less `want`; 0.8 of it; the small scores' sum, unlike the few largest, a sample
+    estimates well). None when the scores are few or their top part falls short."""
+    n = len(scores)
+    if n <= 4 * sample:
+        return None
+    total = float(scores.sum(dtype=np.float64))
+    part = np.sort(scores[np.random.default_rng(0).integers(0, n, sample)])
+    below = np.cumsum(part, dtype=np.float64) * (n / sample)  # the sum under each score
+    j = int(np.searchsorted(below, (total - want) * 0.8))
+    if j == 0:
+        return None
+    top = scores[scores >= part[j - 1]]
+    return top if float(top.sum(dtype=np.float64)) >= want else None
 
 
 def normalised(adj: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
