@@ -93,7 +93,10 @@ What still grows with the square of the text, and why:
   held as float64 causal blocks (no cast in every product, no more memory than the float32
   square); the columns each product's short side; each block's own keys in two bands. How
   many rows go that deep is the graph's own: with `long4` at 2,000 tokens 180 rows reach a
-  third attention layer, against 115 at 1,000. With 2 blocks none does.
+  third attention layer, against 115 at 1,000. With 2 blocks none does. They run at 18-22
+  GF/s of useful multiply-adds, where this core's BLAS reaches 35-40 on wide products: these
+  are narrow (a median of 54-72 columns, the rows of one block in one visiting round);
+  merging a round's rows of every block at each attention layer would widen them (not done).
 - the model's own forward pass: attention scores and softmax, [H, T, T] a block, and the
   patterns kept for the backward passes (75 MB a block at 2,000 tokens).
 
@@ -110,9 +113,13 @@ tokens:
 (Before these changes, the same profile: 9.6 s at 1,000 tokens and 18.1 s at 2,000, of which
 the deeper products 0.67 and 2.56 s; the influence passes 2.1 and 4.1 s, the normalised copy
 1.8 and 3.2 s, prune 2.2 and 3.8 s, much of it the kernel's fresh pages.) cProfile's overhead
-makes the ratios larger than the table's; the deeper products and the forward's attention
-are the only parts that grow faster than the text, and with them the whole grows 2.0-2.1x a
-doubling from 1,000 to 2,000 tokens in the table's runs and the comparison's below.
+inflates the small calls; the deeper products and the forward's attention are the only parts
+that grow faster than the text: the rest 1.84x, the whole about 2.3x with them at 4 blocks.
+With 2 blocks the deeper products are 0.03 s at 2,000 tokens, and the forward's attention and
+its fresh pages alone put `long` at 1.85-2.1x. The least CPU time of five moves between runs
+of the benchmark the same hour (load 1.3-3.5): 1,000 -> 2,000 tokens `long4` 2.02x and 2.61x,
+`long` 2.10x and 2.06x; 512 -> 1,000 `long4` 1.29x and 1.20x, `long` 2.04x and 1.80x; shipped
+64 -> 128 tokens 1.91x and 1.70x.
 
 The `of it kernel` column is the kernel's share of the CPU time, mostly handing the process
 fresh pages: on this virtual machine 0.5-2 s a GB touched for the first time, and it moves from
