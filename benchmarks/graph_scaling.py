@@ -116,10 +116,10 @@ the deeper products 0.67 and 2.56 s; the influence passes 2.1 and 4.1 s, the nor
 inflates the small calls; the deeper products and the forward's attention are the only parts
 that grow faster than the text: the rest 1.84x, the whole about 2.3x with them at 4 blocks.
 With 2 blocks the deeper products are 0.03 s at 2,000 tokens, and the forward's attention and
-its fresh pages alone put `long` at 1.85-2.1x. The least CPU time of five moves between runs
-of the benchmark the same hour (load 1.3-3.5): 1,000 -> 2,000 tokens `long4` 2.02x and 2.61x,
-`long` 2.10x and 2.06x; 512 -> 1,000 `long4` 1.29x and 1.20x, `long` 2.04x and 1.80x; shipped
-64 -> 128 tokens 1.91x and 1.70x.
+its fresh pages alone put `long` at 1.85-2.2x. The least CPU time of five moves between runs:
+two runs of the benchmark earlier the same hour (load 1.3-3.5) gave, 1,000 -> 2,000 tokens,
+`long4` 2.02x and 2.61x, `long` 2.10x and 2.06x; 512 -> 1,000 `long4` 1.29x and 1.20x, `long`
+2.04x and 1.80x; shipped 64 -> 128 tokens 1.91x and 1.70x.
 
 The `of it kernel` column is the kernel's share of the CPU time, mostly handing the process
 fresh pages: on this virtual machine 0.5-2 s a GB touched for the first time, and it moves from
