@@ -68,36 +68,76 @@ every other active feature stays a node, its edges out exact, its own inputs not
 adjacency is then [4,096 + logits, every node]: its columns, and every backward pass's
 positions, grow with the text, its rows do not. Each pass stops at its own last target's
 position; the first attention after a target's read is an outer product along one pattern row
-(linear); a pass's edges into every position's features are one batched product (no loop over
-positions). The attention products deeper than that, with the causal pattern, are what still
-grows with the square of the text, and they are kept as small as exact derivatives allow: a
-block of queries at a time against the keys before it only, and each row only over the blocks
-up to its own target's position (its derivative is zero past it), so a row pays the square of
-its own position, not of the text's; the first of them is taken with each row's 1 + H
-position profiles (its own vector at its position, and each head's pattern row times the
-norm's scale) instead of d_k columns a head. Under cProfile, `long4` spends 1.4 s of its
-10.4 s at 2,000 tokens in them (`_keys_side`) and 0.4 s of 6.4 s at 1,000 (before: 3.9 s of
-23.2 s and 1.1 s of 10.4 s): the square's share at 2,000 tokens is about 14% with 4 blocks and
-under 3% with 2, which alone makes a doubling about 2.15x and 2.03x; past a few thousand tokens
-it will show more. The patterns themselves are kept as the model makes them, [H, T, T] float32 a
-block (64 MB a block at 2,000 tokens), and nothing else of that size: the real run keeps only
-the values the graph reads (not the scores).
+(linear); a pass's edges into every position's features are one batched product.
+
+The adjacency is mostly zeros that are never written: a row has edges only from the blocks
+before its own (features, errors), the embeddings and the bias, and only from positions up to
+its own. The influence passes that order the visit, the normalised copy and `prune` read and
+write each run of rows of one block over those columns only (`graph.source_columns`), and
+`build` and `prune` run without NumPy's 2 MB page advice, under which a write mapped the 2 MB
+around it: the untouched zeros cost neither time nor memory. prune's edge threshold sorts only
+the scores above a sampled bound when those alone reach the share (the same threshold; sorting
+every score grew faster than the scores).
+
+What still grows with the square of the text, and why:
+
+- the attention products deeper than a target's first. The exact derivative of a target at
+  position p through two attention layers needs, at every key position k <= p, the sum over
+  the queries between them of the pattern's column times what came back to those queries: a
+  p-long vector times a p x p softmax pattern for every row and head (d_k columns a head), p^2
+  multiply-adds that no exact rearrangement avoids for a dense pattern (only rows at the same
+  position could share them, and they are shared where that holds). They are kept as small
+  as that allows: each row only over the queries up to its own position; the first of them
+  with 1 + H position profiles instead of d_k columns a head, the profile at the row's own
+  position read off the pattern, the others shared by the rows at one position; the patterns
+  held as float64 causal blocks (no cast in every product, no more memory than the float32
+  square); the columns each product's short side; each block's own keys in two bands. How
+  many rows go that deep is the graph's own: with `long4` at 2,000 tokens 180 rows reach a
+  third attention layer, against 115 at 1,000. With 2 blocks none does. They run at 18-22
+  GF/s of useful multiply-adds, where this core's BLAS reaches 35-40 on wide products: these
+  are narrow (a median of 54-72 columns, the rows of one block in one visiting round);
+  merging a round's rows of every block at each attention layer would widen them (not done).
+- the model's own forward pass: attention scores and softmax, [H, T, T] a block, and the
+  patterns kept for the backward passes (75 MB a block at 2,000 tokens).
+
+Under cProfile (process time, the lower of two runs, 2026-12-03), `long4` from 1,000 to 2,000
+tokens:
+
+| part | 1,000 tokens (s) | 2,000 tokens (s) | x |
+| --- | --- | --- | --- |
+| the attention products deeper than a target's first (`_keys_side`) | 0.37 | 1.49 | 4.0 |
+| the forward pass's attention (scores, softmax, mix) | 0.09 | 0.47 | 5.2 |
+| the rest | 1.78 | 3.28 | 1.84 |
+| total | 2.25 | 5.24 | 2.33 |
+
+(Before these changes, the same profile: 9.6 s at 1,000 tokens and 18.1 s at 2,000, of which
+the deeper products 0.67 and 2.56 s; the influence passes 2.1 and 4.1 s, the normalised copy
+1.8 and 3.2 s, prune 2.2 and 3.8 s, much of it the kernel's fresh pages.) cProfile's overhead
+inflates the small calls; the deeper products and the forward's attention are the only parts
+that grow faster than the text: the rest 1.84x, the whole about 2.3x with them at 4 blocks.
+With 2 blocks the deeper products are 0.03 s at 2,000 tokens, and the forward's attention and
+its fresh pages alone put `long` at 1.85-2.2x. The least CPU time of five moves between runs:
+two runs of the benchmark earlier the same hour (load 1.3-3.5) gave, 1,000 -> 2,000 tokens,
+`long4` 2.02x and 2.61x, `long` 2.10x and 2.06x; 512 -> 1,000 `long4` 1.29x and 1.20x, `long`
+2.04x and 1.80x; shipped 64 -> 128 tokens 1.91x and 1.70x.
 
 The `of it kernel` column is the kernel's share of the CPU time, mostly handing the process
-fresh pages: on this virtual machine about 1 s a GB touched for the first time, more when the
-machine's memory is busy, and it moves from run to run by a second or more (the code before
-these changes on 1,000 tokens of `long`: 1.9 s in one run, 0.4 s in another). The user
-CPU's growth is beside it.
-Each pass keeps its [rows, T, d] arrays under 16 MB (fewer rows a pass as the text grows):
-above about 32 MB malloc maps fresh pages for every temporary. prune normalises into the
-visiting order's copy of the adjacency instead of a new one; the peak is about 2.5 times the
-adjacency.
+fresh pages: on this virtual machine 0.5-2 s a GB touched for the first time, and it moves from
+run to run (the code before these changes on 2,000 tokens of `long4`: 3.2-9.0 s in runs of the
+same hour). Peak memory: the adjacency's written part, its normalised copy's, the edge mask
+(a byte an entry) and the patterns.
 
-Before and after the changes above, run alternately in one session (load 5-7, each the least
-CPU time of three, 1,000 -> 2,000 tokens): `long` 1.69 -> 4.34 s (2.58x; user CPU 1.94x)
-before, 1.33 -> 3.38 s (2.54x; user CPU 2.12x) after; `long4` 5.02 -> 13.81 s (2.75x; user
-CPU 2.66x) before, 4.12 -> 8.41 s (2.04x; user CPU 2.25x) after; peak memory at 2,000 tokens
-1.65 -> 1.51 GB and 3.10 -> 2.88 GB.
+Before and after these changes, alternating in one session (the code of `main` at 4989ca0 and
+of this table, the least CPU time of three, load 2.4-3.0):
+
+| model | tokens | before: CPU s (kernel) | x | peak MB | x | after: CPU (kernel) | x | MB | x |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| long | 512 | 2.17 (0.93) |  | 433 |  | 0.66 (0.06) |  | 186 |  |
+| long | 1,000 | 4.55 (2.25) | 2.15 | 836 | 1.97 | 1.21 (0.09) | 1.87 | 244 | 1.33 |
+| long | 2,000 | 9.00 (4.05) | 1.98 | 1,515 | 1.81 | 2.24 (0.40) | 1.85 | 411 | 1.68 |
+| long4 | 512 | 4.34 (1.27) |  | 776 |  | 1.65 (0.18) |  | 312 |  |
+| long4 | 1,000 | 8.83 (3.85) | 2.09 | 1,543 | 2.04 | 2.19 (0.23) | 1.34 | 385 | 1.24 |
+| long4 | 2,000 | 18.17 (7.35) | 2.06 | 2,871 | 1.86 | 4.64 (0.65) | 2.12 | 717 | 1.86 |
 
 Before the cap (the same benchmark on the code where every feature was a row of one dense
 adjacency, 2026-12-01, load about 10): 32 tokens 35.3 s / 432 MB, 64 tokens 155.9 s / 805 MB,
@@ -107,7 +147,7 @@ later speed-ups), the shipped model's graphs explain 0.697 (64 tokens) and 0.711
 against 0.695 and 0.702 capped; with no more active features than the cap (32 tokens) the
 graph is the uncapped one. Wall times on the shared 2-core machine vary with its load, and so,
 less, does the CPU time (the process's own): from run to run a doubling's ratio moves by as
-much as 0.6.
+much as 0.3.
 """
 
 
@@ -182,7 +222,8 @@ def write(rows: list[dict]) -> None:
              "shipped model and transcoders (4 blocks x 1,024 latents, k = 32); `long`,",
              "`long4`: a random 2- or 4-block Llama (d = 64, context 2,048) with transcoders",
              "trained here (256 latents, k = 8). x per doubling: the CPU time's (or the peak",
-             "memory's) ratio to the row before, per doubling of the text.", "",
+             "memory's) ratio to the row before, per doubling of the text. adjacency: its",
+             "size as allocated, most of it zeros never written (not resident).", "",
              f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
              "| model | tokens | active features | visited | wall (s) | CPU (s) | x per doubling"
              " | of it kernel (s) | user CPU x per doubling | adjacency (MB) | peak memory (MB)"

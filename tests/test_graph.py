@@ -599,6 +599,15 @@ def test_the_edge_threshold_is_circuit_tracers_cumulative_cut_in_chunks():
         cum = np.cumsum(srt) / srt.sum()
         want = srt[min(int(np.searchsorted(cum, share)), len(srt) - 1)]
         assert G.threshold_of(scores.copy(), share, chunk=7) == pytest.approx(want, rel=1e-12)
+    # past 65,536 scores only those above a sampled bound are sorted: the same threshold,
+    # heavy-tailed (a few scores most of the sum) or not, float32 like the adjacency's
+    for scores in (rng.random(300_000).astype(np.float32),
+                   (rng.pareto(1.2, 300_000) * rng.random(300_000) ** 4).astype(np.float32)):
+        srt = np.sort(scores)[::-1]
+        cum = np.cumsum(srt, dtype=np.float64)
+        for share in (0.5, 0.9, 0.98, 0.999):
+            want = srt[int(np.searchsorted(cum, share * float(scores.sum(dtype=np.float64))))]
+            assert G.threshold_of(scores.copy(), share) == want
 
 
 def test_a_steered_graph_sums_to_the_steered_logit(cli, trained, tiny):

@@ -29,6 +29,7 @@ order of (normalised weight x the influence of their target) until `edge_thresho
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,6 +49,26 @@ CHUNK = 64
 PASS_MB = 16  # a pass's [rows, T, d] arrays kept below this: larger ones cost page faults
 
 
+def small_pages(fn):
+    """fn with NumPy's request for 2 MB pages (madvise, for arrays of 4 MB and more) turned
+    off, and back as it was after. The adjacency is mostly zeros never written (a row has no
+    edges from its own block's features or later ones, nor from positions past its own): with
+    2 MB pages a write maps the 2 MB around it, with 4 KB pages only the 4 KB. On this
+    machine fresh pages also cost about twice the kernel time in 2 MB ones (long4, 2,000
+    tokens: peak 2,854 -> 1,776 MB, kernel time 6.0-6.5 -> 2.5-3.4 s)."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        core = getattr(np, "_core", None) or np.core
+        setter = getattr(core.multiarray, "_set_madvise_hugepage", None)
+        was = setter(False) if setter else None
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if setter:
+                setter(was)
+    return wrapped
+
+
 # ------------------------------------------------------------------ the frozen model
 
 
@@ -57,7 +78,7 @@ class Frozen:
     linear model reads, in float64."""
 
     config: Config
-    weights: list[np.ndarray]  # per block: attention weights [H, T, T]
+    weights: list[list[np.ndarray]]  # per block: its pattern's row blocks (`pattern_blocks`)
     scales: dict[str, np.ndarray]  # norm name -> [T, 1]: 1/std (LayerNorm) or 1/rms
     norms: dict[str, tuple[np.ndarray, np.ndarray | None]]  # name -> (w, b)
     W_V: list[np.ndarray]  # noqa: N815 [H_kv, d, d_k]
@@ -76,13 +97,33 @@ def freeze(params, config: Config, values: dict, steering=None) -> Frozen:
     norms = {n: tuple(f64(a) for a in norm_weights(params, n)) for n in names}
     qkv = [head_qkv(params, config, i) for i in range(config.n_layer)]
     b_o = [params.get(f"layers.{i}.attn.b_O") for i in range(config.n_layer)]
-    # the patterns as recorded (float32 for float32 weights): a float64 copy would add
-    # nothing but [H, T, T] x 8 bytes a block; each product casts the block it reads
-    return Frozen(config, [values[f"layers.{i}.weights"] for i in range(config.n_layer)],
+    return Frozen(config, [pattern_blocks(values[f"layers.{i}.weights"])
+                           for i in range(config.n_layer)],
                   scales, norms, [f64(q[2]) for q in qkv], [f64(q[5]) for q in qkv],
                   [f64(head_out_matrix(params, config, i)) for i in range(config.n_layer)],
                   [np.zeros(config.n_embd) if b is None else f64(b) for b in b_o],
                   shift_of(steering))
+
+
+def pattern_blocks(weights: np.ndarray) -> list[np.ndarray]:
+    """A causal pattern [H, T, T] as float64 blocks of KEY_BLOCK queries against the keys at
+    or before their last, [H, q1 - q0, q1]: no more memory than the float32 square (the
+    upper triangle is not kept), and no product casts it again."""
+    t = weights.shape[-1]
+    return [np.asarray(weights[:, q0:q0 + KEY_BLOCK, :min(q0 + KEY_BLOCK, t)], np.float64)
+            for q0 in range(0, t, KEY_BLOCK)]
+
+
+def pattern_rows(blocks: list[np.ndarray], at: np.ndarray, t: int) -> np.ndarray:
+    """Rows `at` of the pattern the blocks hold, over the first t keys: [H, len(at), t]."""
+    kb = blocks[0].shape[1]
+    out = np.zeros((blocks[0].shape[0], len(at), t))
+    for j, blk in enumerate(blocks):
+        sel = np.flatnonzero(at // kb == j)
+        if len(sel):
+            w = min(blk.shape[2], t)
+            out[:, sel, :w] = blk[:, at[sel] - j * kb, :w]
+    return out
 
 
 def read_paths(config: Config) -> list[str]:
@@ -128,9 +169,13 @@ def attention_forward(fz: Frozen, i: int, h: np.ndarray) -> np.ndarray:
     v = np.einsum("td,hdk->htk", x, fz.W_V[i]) + fz.b_V[i][:, None, :]  # [H_kv, T, d_k]
     v = np.repeat(v, fz.config.n_head // v.shape[0], axis=0)
     z = np.empty(v.shape)  # [H, T, d_k]
-    for q0 in range(0, t, KEY_BLOCK):  # causal: a block of queries reads the keys before it
-        q1 = min(q0 + KEY_BLOCK, t)
-        z[:, q0:q1] = fz.weights[i][:, q0:q1, :q1] @ v[:, :q1]
+    q0 = 0
+    for blk in fz.weights[i]:  # causal: a block of queries reads the keys before it
+        q1 = min(q0 + blk.shape[1], t)
+        if q1 <= q0:
+            break
+        z[:, q0:q1] = blk[:, :q1 - q0, :q1] @ v[:, :q1]
+        q0 = q1
     return np.einsum("htk,hkd->td", z, fz.W_O[i]) + fz.b_O[i]
 
 
@@ -143,9 +188,9 @@ def attention_backward(fz: Frozen, i: int, g: np.ndarray, ends: np.ndarray | Non
     b, t, d = g.shape
     h, dk = fz.config.n_head, fz.config.d_k
     gz = (g.reshape(b * t, d) @ fz.W_O[i].reshape(h * dk, d).T).reshape(b, t, h, dk)
-    gz = np.ascontiguousarray(gz.transpose(2, 1, 0, 3)).reshape(h, t, b * dk)  # [H, T, B dk]
+    gz = np.ascontiguousarray(gz.transpose(2, 0, 3, 1)).reshape(h, b * dk, t)  # [H, B dk, T]
     gv = _keys_side(fz.weights[i], gz, t, None if ends is None else np.repeat(ends, dk))
-    return _values_side(fz, i, gv.reshape(h, t, b, dk))
+    return _values_side(fz, i, gv.reshape(h, b, dk, t).transpose(0, 3, 1, 2))
 
 
 def attention_backward_factored(fz: Frozen, i: int, prof: np.ndarray, vecs: np.ndarray,
@@ -153,12 +198,19 @@ def attention_backward_factored(fz: Frozen, i: int, prof: np.ndarray, vecs: np.n
     """attention_backward of g[b, q] = sum_r prof[b, r, q] vecs[b, r] (prof [B, R, T], vecs
     [B, R, d]): the causal pattern's product is taken with each row's R position profiles,
     not with its d_k columns a head, and each head's result then meets the profiles' vectors
-    through W_O (linear in the text). The same sum, in R / d_k of the quadratic products."""
+    through W_O (linear in the text). The same sum, in R / d_k of the quadratic products.
+    Profile 0 of every row is a one at its own position (ends[b]): the pattern transposed
+    takes it to that row of the pattern, read, not multiplied; the others depend on the row's
+    position only (its first attention's pattern rows), so rows at one position share them."""
     b, r, t = prof.shape
     c = np.einsum("brd,hkd->hbrk", vecs, fz.W_O[i])  # [H, B, R, d_k]
-    cols = np.ascontiguousarray(prof.transpose(2, 0, 1)).reshape(1, t, b * r)
-    m = _keys_side(fz.weights[i], cols, t, np.repeat(ends, r))  # [H, T, B R]
-    m = m.reshape(-1, t, b, r).transpose(0, 2, 1, 3)  # [H, B, T, R]
+    pos, first, inverse = np.unique(ends, return_index=True, return_inverse=True)
+    cols = prof[first, 1:].reshape(1, -1, t)  # [1, U (R - 1), T]
+    m_u = _keys_side(fz.weights[i], cols, t, np.repeat(pos, r - 1))  # [H, U (R - 1), T]
+    m_u = m_u.reshape(-1, len(pos), r - 1, t)
+    m = np.empty((m_u.shape[0], b, t, r))  # [H, B, T, R]
+    m[:, :, :, 0] = pattern_rows(fz.weights[i], ends, t)  # the own-position profile
+    m[:, :, :, 1:] = m_u[:, inverse].transpose(0, 1, 3, 2)
     return _values_side(fz, i, (m @ c).transpose(0, 2, 1, 3))
 
 
@@ -173,21 +225,36 @@ def _values_side(fz: Frozen, i: int, gv: np.ndarray) -> np.ndarray:
     return norm_backward(fz, f"layers.{i}.ln1", (gv @ w_v).reshape(b, t, d))
 
 
-def _keys_side(pattern: np.ndarray, gz: np.ndarray, t: int, ends: np.ndarray | None = None
-               ) -> np.ndarray:
-    """pattern[:, :t, :t] transposed times gz [H or 1, T, X]: a block of queries at a time
-    against the keys at or before it only (the pattern is causal), and only the columns x
-    still alive there: column x of gz is zero past ends[x] (its row's target's position), so
-    the blocks of queries past it are skipped for it. With the columns in order of their
-    ends, a row's product costs the square of its own position, not of the pass's last."""
-    out = np.zeros((pattern.shape[0], *gz.shape[1:]))
-    for q0 in range(0, t, KEY_BLOCK):
-        q1 = min(q0 + KEY_BLOCK, t)
-        live = np.arange(gz.shape[-1]) if ends is None else np.flatnonzero(ends >= q0)
+def _keys_side(blocks: list[np.ndarray], gz: np.ndarray, t: int,
+               ends: np.ndarray | None = None) -> np.ndarray:
+    """gz [H or 1, X, T] times the pattern (`pattern_blocks`) over its first t positions:
+    each column x's derivative at the queries taken to the keys, [H, X, T]. A block of
+    queries at a time against the keys at or before it only (the pattern is causal): the
+    keys before the block as one rectangle, the block's own keys, a triangle, in two bands
+    each against the keys up to its own last. Only the columns still alive there: column x
+    of gz is zero past ends[x] (its row's target's position), so the blocks of queries past
+    it are skipped for it and no block reads a query past every live column's end. With the
+    columns in order of their ends, a row's product costs the square of its own position,
+    not of the pass's last. The columns are the products' short side (X a row of gz, the
+    pattern's rows read as they are stored): narrow products run faster this way round."""
+    out = np.zeros((blocks[0].shape[0], *gz.shape[1:]))
+    q0 = 0
+    for blk in blocks:
+        q1 = min(q0 + blk.shape[1], t)
+        if q1 <= q0:
+            break
+        live = np.arange(gz.shape[1]) if ends is None else np.flatnonzero(ends >= q0)
         if not len(live):
             break
-        c = slice(int(live[0]), gz.shape[-1])  # from the first column alive on (a view)
-        out[:, :q1, c] += np.swapaxes(pattern[:, q0:q1, :q1], -1, -2) @ gz[:, q0:q1, c]
+        c = slice(int(live[0]), gz.shape[1])  # from the first column alive on (a view)
+        qe = q1 if ends is None else min(q1, int(ends[c].max()) + 1)
+        if q0:  # the keys before the block
+            out[:, c, :q0] += gz[:, c, q0:qe] @ blk[:, :qe - q0, :q0]
+        half = -(-(qe - q0) // 2)
+        for s0 in range(q0, qe, half):  # the block's own keys, up to each band's last
+            s1 = min(s0 + half, qe)
+            out[:, c, q0:s1] += gz[:, c, s0:s1] @ blk[:, s0 - q0:s1 - q0, q0:s1]
+        q0 = q1
     return out
 
 
@@ -205,7 +272,7 @@ def attention_backward_at(fz: Frozen, i: int, g: np.ndarray, at: np.ndarray
     w_v = np.repeat(fz.W_V[i], h // kv, axis=0)  # [H, d, d_k]: each head's value head
     u = np.einsum("bhk,hdk->bhd", gz, w_v)  # [B, H, d]
     name = f"layers.{i}.ln1"
-    prof = fz.weights[i][:, at, :t].transpose(1, 0, 2) * fz.scales[name][:t, 0]  # [B, H, T]
+    prof = pattern_rows(fz.weights[i], at, t).transpose(1, 0, 2) * fz.scales[name][:t, 0]
     w, _ = fz.norms[name]
     vecs = u * w  # the norm's derivative at a scale of 1 (the scale is in prof)
     if fz.config.norm != "rms":
@@ -392,6 +459,7 @@ class Sources:
         return len(self.f_lat)
 
 
+@small_pages
 def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
           target: int | None = None, vs: int | None = None, n_logits: int = N_LOGITS,
           batch: int = BATCH, steering=None, max_features: int | None = MAX_FEATURES) -> Graph:
@@ -403,6 +471,8 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     text once it has more active features than that."""
     real, values = record(params, config, np.asarray(ids), read_paths(config), hooks=steering)
     fz = freeze(params, config, values, steering)
+    for i in range(config.n_layer):  # fz holds them now, in float64 blocks
+        del values[f"layers.{i}.weights"]
     t = len(ids)
     f_layer, f_pos, f_lat, f_act, errors = transcoder_features(transcoders, values,
                                                                config.n_layer)
@@ -468,11 +538,16 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
                 _fill(src, adj, int(on[b]), on[b:b + per], t)
         targets[:nf] = np.arange(nf)
         return adj, targets, None
-    a = np.empty_like(adj)  # the filled rows normalised as prune does (only they are read)
-    normalised(adj[rows - nl:], out=a[rows - nl:])
+    # the filled rows normalised as prune does, over the columns they can have edges from
+    # (only they are read; the rest of the copy is never written)
+    a = np.empty_like(adj)
+    cols = source_columns(src.f_layer, src.fz.config.n_layer, t)
+    row_layer = np.full(rows, -1)
+    row_layer[rows - nl:] = src.fz.config.n_layer
+    normalise_runs(adj, a, [(slice(rows - nl, rows), cols[-1])])
     seen, done = np.zeros(nf, bool), 0
     while done < cap:
-        inf = _influence(a, targets, n_nodes, tnode)[:nf]
+        inf = _influence(a, targets, n_nodes, tnode, runs_of(targets, row_layer, cols))[:nf]
         todo = np.flatnonzero(~seen & (inf > 0))
         if not len(todo):
             break
@@ -485,7 +560,8 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
                 nodes = on[c:c + step]
                 _fill(src, adj, done, nodes, t)
                 targets[done:done + len(nodes)] = nodes
-                normalised(adj[done:done + len(nodes)], out=a[done:done + len(nodes)])
+                row_layer[done:done + len(nodes)] = lay
+                normalise_runs(adj, a, [(slice(done, done + len(nodes)), cols[lay])])
                 done += len(nodes)
     if done < cap:  # every feature of any influence visited: the unused rows go
         keep = np.r_[0:done, rows - nl:rows]
@@ -550,20 +626,53 @@ def _bias_edges(src: Sources, t: int) -> np.ndarray:
 
 def threshold_of(scores: np.ndarray, share: float, chunk: int = 1 << 20) -> float:
     """The smallest score among the largest ones that together make `share` of the total
-    (circuit-tracer's find_threshold), `scores` sorted in place; the running sum is taken a
-    chunk at a time, so no second array of their size is made."""
+    (circuit-tracer's find_threshold); the running sum is taken a chunk at a time, so no
+    second array of their size is made. Only the scores above a bound are sorted when their
+    sum already reaches the share (`_top_part`; the sort of every score was the one part of
+    prune that grew faster than the scores), else all of them, in place."""
     if not len(scores):
         return 1.0
+    want = share * float(scores.sum(dtype=np.float64))
+    top = _top_part(scores, want)
+    if top is not None:
+        found = _crossing(top, want, chunk)
+        if found is not None:
+            return found
+    found = _crossing(scores, want, chunk)
+    return float(scores[0]) if found is None else found  # never reached: the smallest
+
+
+def _crossing(scores: np.ndarray, want: float, chunk: int) -> float | None:
+    """scores sorted in place, then the largest first summed until `want`: the score that
+    reaches it (None: they never do)."""
     scores.sort()
     top = scores[::-1]
-    want = share * float(scores.sum(dtype=np.float64))
     running = 0.0
     for start in range(0, len(top), chunk):
         cum = np.cumsum(top[start:start + chunk], dtype=np.float64) + running
         if cum[-1] >= want:
             return float(top[start + int(np.searchsorted(cum, want))])
         running = float(cum[-1])
-    return float(top[-1])
+    return None
+
+
+def _top_part(scores: np.ndarray, want: float, sample: int = 1 << 14) -> np.ndarray | None:
+    """Every score at or above a bound, a new array, when their sum reaches `want`: then the
+    largest scores' running sum crosses it among them, at the same score as over them all.
+    The bound: the score below which a fixed sample puts most of what the largest may leave
+    out (the total less `want`; 0.8 of it; the small scores' sum, unlike the few largest, a sample
+    estimates well). None when the scores are few or their top part falls short."""
+    n = len(scores)
+    if n <= 4 * sample:
+        return None
+    total = float(scores.sum(dtype=np.float64))
+    part = np.sort(scores[np.random.default_rng(0).integers(0, n, sample)])
+    below = np.cumsum(part, dtype=np.float64) * (n / sample)  # the sum under each score
+    j = int(np.searchsorted(below, (total - want) * 0.8))
+    if j == 0:
+        return None
+    top = scores[scores >= part[j - 1]]
+    return top if float(top.sum(dtype=np.float64)) >= want else None
 
 
 def normalised(adj: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -575,42 +684,95 @@ def normalised(adj: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return a
 
 
-def influence_on(graph: Graph, a: np.ndarray) -> np.ndarray:
+def normalise_runs(adj: np.ndarray, out: np.ndarray, runs: list) -> None:
+    """`normalised` of adj into out over the runs' rows and columns only (`runs_of`): what
+    lies outside them is zero in adj and is neither read nor written."""
+    for r, cs in runs:
+        s = sum(np.abs(adj[r, c], out=out[r, c]).sum(axis=1, dtype=np.float64) for c in cs)
+        inv = np.divide(1.0, s, out=np.zeros_like(s), where=s > 0).astype(out.dtype)[:, None]
+        for c in cs:
+            out[r, c] *= inv
+
+
+def source_columns(f_layer: np.ndarray, nl: int, t: int) -> list[list[slice]]:
+    """Per target layer L (nl: the logits), the columns where its row of the adjacency can
+    be non-zero: a direct effect comes from the features and errors of the blocks before L,
+    the embeddings and the bias, never from L's own features or later ones."""
+    nf = len(f_layer)
+    start = np.searchsorted(f_layer, np.arange(nl + 1))
+    emb = nf + nl * t
+    return [[c for c in (slice(0, int(start[lay])), slice(nf, nf + lay * t),
+                         slice(emb, emb + t + 1)) if c.stop > c.start]
+            for lay in range(nl + 1)]
+
+
+def runs_of(targets: np.ndarray, row_layer: np.ndarray, cols: list | None) -> list:
+    """The filled rows (targets >= 0) as runs of consecutive rows of one target layer, each
+    with the column slices its rows can be non-zero in (`source_columns`; None: every
+    column, the runs then only split where rows are not filled): [(rows, [columns])]."""
+    filled = np.flatnonzero(targets >= 0)
+    key = np.zeros(len(filled), int) if cols is None else row_layer[filled]
+    breaks = np.flatnonzero((np.diff(filled) > 1) | (np.diff(key) != 0)) + 1
+    return [(slice(int(r[0]), int(r[-1]) + 1),
+             [slice(None)] if cols is None else cols[int(row_layer[r[0]])])
+            for r in np.split(filled, breaks) if len(r)]
+
+
+def graph_runs(graph: Graph, structured: bool = True) -> list:
+    """`runs_of` the graph's adjacency rows."""
+    nl = int(graph.layer[graph.target])
+    cols = (source_columns(graph.layer[:graph.n_features], nl, len(graph.ids))
+            if structured else None)
+    return runs_of(graph.targets, graph.layer[graph.targets], cols)
+
+
+def influence_on(graph: Graph, a: np.ndarray, structured: bool = True,
+                 runs: list | None = None) -> np.ndarray:
     """Every node's influence on the target through the row-normalised |adjacency| a (rows:
     the visited features' and the logits'), summed over all paths: the target gives 1 to its
     sources in proportion to a's row, each feature passes on what it received the same way
-    (a feature without a row, not visited, passes nothing on)."""
-    return _influence(a, graph.targets, len(graph.kinds), graph.target)
+    (a feature without a row, not visited, passes nothing on). structured: a has the
+    adjacency's zeros (`source_columns`), whose columns are then not read."""
+    return _influence(a, graph.targets, len(graph.kinds), graph.target,
+                      graph_runs(graph, structured) if runs is None else runs)
 
 
-def _influence(a: np.ndarray, targets: np.ndarray, n_nodes: int, start: int) -> np.ndarray:
-    """influence_on over rows `a` whose nodes are `targets` (-1: a row not filled yet: the
-    filled ones are a leading run and the logits' last rows, each multiplied as a view)."""
+def _influence(a: np.ndarray, targets: np.ndarray, n_nodes: int, start: int, runs: list
+               ) -> np.ndarray:
+    """influence_on over rows `a` whose nodes are `targets`, a run of rows (`runs_of`) at
+    a time over its columns, and only while some of its targets have influence to pass on."""
     total = np.zeros(n_nodes)
     x = np.zeros(n_nodes)
     x[start] = 1.0
-    filled = np.flatnonzero(targets >= 0)
-    runs = np.split(filled, np.flatnonzero(np.diff(filled) > 1) + 1)
     while x.any():
         y = np.zeros(n_nodes, a.dtype)
-        for run in runs:
-            r = slice(int(run[0]), int(run[-1]) + 1)
-            y += x[targets[r]].astype(a.dtype) @ a[r]
+        for r, cs in runs:
+            xr = x[targets[r]]
+            if not xr.any():
+                continue
+            xr = xr.astype(a.dtype)
+            for c in cs:
+                y[c] += xr @ a[r, c]
         x = y.astype(np.float64)
         total += x
     return total
 
 
+@small_pages
 def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
           edge_threshold: float = EDGE_THRESHOLD) -> Graph:
     """Keep the features carrying `node_threshold` of the influence on the target, then the
     edges carrying `edge_threshold` of what flows among the kept nodes (circuit-tracer's
     rule); every embedding, error, bias and logit node stays. Sets influence, the masks and
-    the explained fractions. Works in place on one normalised copy of the adjacency."""
+    the explained fractions. Works in place on one normalised copy of the adjacency, and
+    on the columns each row can have edges from only (`source_columns`: the others are
+    zero), so the adjacency's never-written zeros are not read and the copy's not written."""
     nf = graph.n_features
-    a = normalised(graph.adjacency, graph.scratch)
+    runs = graph_runs(graph)
+    a = np.empty_like(graph.adjacency) if graph.scratch is None else graph.scratch
     graph.scratch = None  # a is it now, and goes with this call
-    inf = influence_on(graph, a)
+    normalise_runs(graph.adjacency, a, runs)
+    inf = influence_on(graph, a, runs=runs)
     leaves = np.array([k in ("embedding", "bias") for k in graph.kinds])
     graph.explained_unpruned = float(inf[leaves].sum())
     keep = np.ones(len(graph.kinds), bool)
@@ -619,17 +781,35 @@ def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
     keep[:nf] = False
     keep[order[: int(np.searchsorted(cum, node_threshold) + 1)]] = True
     keep[:nf] &= inf[:nf] > 0  # a rounded cumulative sum short of 1 must not take the zeros
-    a[~keep[graph.targets]] = 0  # the dropped features' rows and columns: a_kept
-    a[:, ~keep] = 0
-    inf_kept = influence_on(graph, a)
+    dropped = ~keep[graph.targets]
+    for r, cs in runs:  # the dropped features' rows and columns: a_kept
+        for c in cs:
+            blk = a[r, c]
+            blk[dropped[r]] = 0
+            blk[:, ~keep[c]] = 0
+    inf_kept = influence_on(graph, a, runs=runs)
     row_inf = inf_kept[graph.targets]  # a logit's is 0: nothing reads a logit
     row_inf[graph.row(graph.target)] = 1.0
-    a *= row_inf[:, None].astype(a.dtype)  # now each edge's score
-    edges = a >= threshold_of(a[a > 0], edge_threshold)
-    a /= np.where(row_inf > 0, row_inf, 1)[:, None].astype(a.dtype)  # back to a_kept
-    a *= edges
+    scale = row_inf[:, None].astype(a.dtype)
+    back = np.where(row_inf > 0, row_inf, 1)[:, None].astype(a.dtype)
+    scores = []
+    for r, cs in runs:  # each edge's score
+        for c in cs:
+            blk = a[r, c]
+            blk *= scale[r]
+            scores.append(blk[blk > 0])
+    threshold = threshold_of(np.concatenate(scores) if scores else np.zeros(0), edge_threshold)
+    del scores
+    edges = np.zeros(a.shape, bool)
+    for r, cs in runs:
+        for c in cs:
+            blk = a[r, c]
+            e = edges[r, c]
+            np.greater_equal(blk, threshold, out=e)
+            blk /= back[r]  # back to a_kept
+            blk *= e
     graph.influence, graph.node_mask, graph.edge_mask = inf, keep, edges
-    graph.explained = float(influence_on(graph, a)[leaves].sum())
+    graph.explained = float(influence_on(graph, a, runs=runs)[leaves].sum())
     return graph
 
 
@@ -774,7 +954,7 @@ def grouped_explained(graph: Graph, groups: list[list[int]]) -> float:
     edge kept where any member's was; then the same influence from the target."""
     full = _merged(graph, groups, graph.adjacency.astype(np.float64))
     kept = _merged(graph, groups, graph.edge_mask.astype(np.float64)) > 0
-    inf = influence_on(graph, normalised(full) * kept)
+    inf = influence_on(graph, normalised(full) * kept, structured=False)
     leaves = np.array([k in ("embedding", "bias") for k in graph.kinds])
     return float(inf[leaves].sum())
 
