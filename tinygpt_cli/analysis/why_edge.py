@@ -101,13 +101,13 @@ def _read(receiver: str, config: Config) -> tuple[int, str, int | None, str | No
 
 
 def _projected(params, config: Config, i: int, h: int, part: str, normed: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """Head h's q, k or v of block i from its normed input: (before, after) the family's
-    q/k norm and turn (model.turned; v is not turned).  [T, d] -> [T, d_k] each"""
+               ) -> np.ndarray:
+    """Head h's q, k or v of block i from its normed input, as attention reads it: after
+    the family's q/k norm and turn (model.turned; v is not turned).  [T, d] -> [T, d_k]"""
     qkv = head_qkv(params, config, i)
     p = "qkv".index(part)
     y = normed @ qkv[p][h] + qkv[3 + p][h]
-    return y, (y if part == "v" else turned(params, config, i, part, y[None], 0)[0])
+    return y if part == "v" else turned(params, config, i, part, y[None], 0)[0]
 
 
 def _patched(params, config: Config, ids: np.ndarray, receiver: str, delta: np.ndarray,
@@ -141,7 +141,7 @@ def _patched(params, config: Config, ids: np.ndarray, receiver: str, delta: np.n
         if h is not None and path == L + part:
             x = x.copy()
             x[h // (config.n_head // x.shape[0])] = _projected(params, config, i, h, part,
-                                                               normed())[1]
+                                                               normed())
             return x
         return x
 
