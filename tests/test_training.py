@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import assert_one_error_line
 
 from tinygpt_cli.config import Config, load_config
 from tinygpt_cli.errors import InputError
@@ -484,6 +485,14 @@ def test_train_with_bad_data_exits_2_with_one_error_line(tmp_path, make_bad):
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
+def test_train_with_an_unknown_optimizer_exits_2_with_one_error_line(tmp_path, data):
+    train_file, _ = data
+    proc = tinygpt("train", "--data", str(train_file), "--out", str(tmp_path / "out"),
+                   "--optimizer", "adam", cwd=tmp_path)
+    assert_one_error_line(proc, 2, "--optimizer must be one of adamw, sgd, got 'adam'")
+    assert not (tmp_path / "out").exists()
+
+
 def test_train_with_a_missing_validation_file_exits_2(tmp_path, data):
     train_file, _ = data
     proc = tinygpt("train", "--data", str(train_file), "--val", str(tmp_path / "nope.txt"),
@@ -547,7 +556,7 @@ def test_with_ema_the_exported_weights_are_the_average_of_the_steps(tmp_path, da
             super().step(params, grads, lr)
             seen.append({n: p.astype(np.float64) for n, p in params.items()})
 
-    monkeypatch.setattr(loop, "AdamW", RecordingAdamW)
+    monkeypatch.setitem(loop.OPTIMIZERS, "adamw", RecordingAdamW)
     train_file, _ = data
     out = tmp_path / "out"
     train([train_file], [], out, settings(steps=12, ema=0.8))

@@ -100,6 +100,7 @@ def train_cmd(
     """Train the model in NumPy; OUT becomes a weights folder holding the best checkpoint.
 
     Example: tinygpt train --data ../shared/data/tinystories --out runs/a --steps 3000
+    Example: tinygpt train --data ../shared/data/tinystories --out runs/b --optimizer sgd --lr 0.3
     """
     from ..config import arch_config, check_training_memory, check_vocab_size
     from ..corpus import split_data

@@ -499,8 +499,8 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
     # that training would ship at that step.
     average = {n: p.copy() for n, p in params.items()} if settings.ema > 0 else None
     run = _Run(out, settings, config, tokenizer, train_data, val_data, params,
-               (SGD if settings.optimizer == "sgd" else AdamW)(
-                   params, weight_decay=settings.weight_decay), rng, average)
+               OPTIMIZERS[settings.optimizer](params, weight_decay=settings.weight_decay),
+               rng, average)
     keep_at = set(snapshot_steps(settings.steps, settings.snapshots))
     if 0 < len(keep_at) < settings.snapshots:
         note(f"--snapshots {settings.snapshots} keeps {len(keep_at)}: snapshots are log-spaced "
