@@ -112,13 +112,10 @@ def from_pass(params, config: Config, ids: np.ndarray, values: dict, dv: dict, g
     gradient pairs (analysis.why_edge)."""
     v, dv = dict(values), dict(dv)  # merged() below replaces entries: the callers' stay
     x = np.asarray(ids)
-    for i in range(config.n_layer):  # above what the scalar reads: no gradient
-        for n in "qkv":
-            dv.setdefault(f"layers.{i}.{n}", np.zeros_like(v[f"layers.{i}.{n}"]))
-    for prefix, _, outp in linear_sites(config):
+    for prefix, _, outp in linear_sites(config):  # above what the scalar reads: no gradient
         dv.setdefault(outp, np.zeros((len(x), params[prefix].shape[1]),
                                      v["embeddings"].dtype))
-    merged(config, v, dv)
+    merged(config, v)
     own = {p: (with_ones(v[inp], has_bias(config, p)), dv[outp])
            for p, inp, outp in linear_sites(config)}
     own.update(sites or {})

@@ -123,26 +123,21 @@ def window_loss_gradient_of_logits(logits: np.ndarray, y: np.ndarray) -> np.ndar
 
 def values_and_gradients(params, config: Config, x: np.ndarray, dlogits_of):
     """Every recorded value and its gradient, for d loss / d logits = dlogits_of(logits);
-    with the attention's inputs and output-gradients merged over heads (`qkv`, `z`)."""
+    with the heads' outputs merged (`z`)."""
     rec = Record()
     logits = forward(params, config, x, hooks=rec)
     v = rec.values
     dlogits = dlogits_of(logits)
     _, dv = backward(params, config, v, dlogits, wrt_values=True, param_grads=False)
-    merged(config, v, dv)
+    merged(config, v)
     return v, dv, dlogits
 
 
-def merged(config: Config, v: dict, dv: dict) -> None:
-    """The attention's inputs and output-gradients merged over heads, in place: `z` as W_O
-    reads it, `qkv` as W_QKV writes it (kept so by the backward pass, before the turn and
-    the q/k norms; from q, k, v when the pass did not reach the block: zeros)."""
+def merged(config: Config, v: dict) -> None:
+    """The heads' outputs merged, in place: `z` as W_O reads it. (W_QKV's output gradient,
+    `qkv`, the backward pass keeps merged, before the turn and the q/k norms.)"""
     for i in range(config.n_layer):
-        L = f"layers.{i}."
-        v[L + "z"] = ops.merge_heads(v[L + "z"])
-        if L + "qkv" not in dv:
-            dv[L + "qkv"] = np.concatenate([ops.merge_heads(dv[L + n]) for n in "qkv"],
-                                           axis=-1)
+        v[f"layers.{i}.z"] = ops.merge_heads(v[f"layers.{i}.z"])
 
 
 def with_ones(x: np.ndarray, bias: bool = True) -> np.ndarray:
