@@ -140,8 +140,7 @@ def _patched(params, config: Config, ids: np.ndarray, receiver: str, delta: np.n
             return normed().astype(x.dtype)
         if h is not None and path == L + part:
             x = x.copy()
-            x[h // (config.n_head // x.shape[0])] = _projected(params, config, i, h, part,
-                                                               normed())
+            x[h] = _projected(params, config, i, h, part, normed())  # ungrouped: head h's own
             return x
         return x
 
@@ -171,7 +170,7 @@ def _patched_parts(params, config: Config, ids: np.ndarray, receiver: str, delta
     x = v[L + "resid_pre"]
     rec = Record()
     normed = norm(params, config, x + delta, name, rec)
-    at_read = Gradients(params, config, {**rec.values, name + ".out": normed}, None, False)
+    at_read = Gradients(params, config, rec.values, None, False)  # the read's norm values
     at_pass = Gradients(params, config, v, None, False)
     fix = {k: np.zeros_like(a) for k, a in params.items()}
     # two rows a position (the read's product, then minus the pass's) at every product, as
@@ -184,12 +183,12 @@ def _patched_parts(params, config: Config, ids: np.ndarray, receiver: str, delta
         e_read, e_pass, dy = _head_read_back(params, config, v, dv, read, at_read, at_pass)
         w = L + "attn.W_QKV"
         ones = np.full((len(ids), 1), 1.0 if has_bias(config, w) else 0.0, normed.dtype)
-        sites[w] = (np.concatenate([np.concatenate([normed, ones], 1),
-                                    np.concatenate([v[L + "ln1.out"], ones], 1)]),
-                    np.concatenate(dy))
-        fix[w] = normed.T @ dy[0] + v[L + "ln1.out"].T @ dy[1]
+        a, d = sites[w] = (np.concatenate([np.concatenate([normed, ones], 1),
+                                           np.concatenate([v[L + "ln1.out"], ones], 1)]),
+                           np.concatenate(dy))
+        fix[w] = a[:, :-1].T @ d  # the product the site stands for, as the pass's term reads it
         if has_bias(config, w):
-            fix[L + "attn.b_QKV"] = dy[0].sum(0) + dy[1].sum(0)
+            fix[L + "attn.b_QKV"] = d.sum(0)
     dx_read = norm_backward(at_read, e_read, x + delta, name)
     dx_pass = norm_backward(at_pass, e_pass, x, name)
     for k in set(at_read.grads) | set(at_pass.grads):
