@@ -360,6 +360,20 @@ def ungrouped(params, config: Config) -> tuple[dict[str, np.ndarray], Config]:
     return out, replace(config, n_kv_head=0)
 
 
+def grouped_columns(a: np.ndarray, config: Config) -> np.ndarray:
+    """ungrouped in reverse for a gradient: W_QKV's columns (or its bias's) of the ungrouped
+    model, [..., 3 H d_k], as the grouped model's, [..., (H + 2 H_kv) d_k]: each group's
+    copies of a key or value head summed (the chain rule through the copying)."""
+    group = config.n_head // config.kv_heads
+    if group == 1:
+        return a
+    lead = a.shape[:-1]
+    qs, ks, vs = np.split(a, 3, axis=-1)
+    fold = lambda x: x.reshape(*lead, config.kv_heads, group, config.d_k).sum(-2) \
+        .reshape(*lead, -1)  # noqa: E731
+    return np.concatenate([qs, fold(ks), fold(vs)], axis=-1)
+
+
 def prepare(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int,
             position: int = -1, graph: Graph | None = None, steer=None) -> Pair:
     """The two runs of an edge attribution on any family: grouped key/value heads ungrouped

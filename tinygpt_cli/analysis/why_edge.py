@@ -46,7 +46,14 @@ from ..model import (
     turned_backward,
 )
 from . import exact_tracin as ex
-from .circuit import Graph, build_graph, default_tokens, sender_outputs, ungrouped
+from .circuit import (
+    Graph,
+    build_graph,
+    default_tokens,
+    grouped_columns,
+    sender_outputs,
+    ungrouped,
+)
 from .tracin import has_bias
 
 EDGE = r"edge:\s*(\S+?)\s*->\s*(\S+)"
@@ -279,26 +286,17 @@ def edge_score(params, config: Config, clean: list[int], corrupt: list[int], edg
 
 def regrouped(q: ex.Query, config: Config) -> ex.Query:
     """A query on the ungrouped model (circuit.ungrouped) as one on the grouped model of
-    `config`: the copies' columns of W_QKV's keys and values summed into their group's (the
-    chain rule through the copying), in its gradient, its bias's and its products' output
-    gradients."""
-    group = config.n_head // config.kv_heads
-    if group == 1:
+    `config`: W_QKV's and its bias's gradients, and its products' output gradients, taken
+    back to the grouped columns (circuit.grouped_columns)."""
+    if config.n_head == config.kv_heads:
         return q
-
-    def summed(a: np.ndarray) -> np.ndarray:  # [..., 3 H d_k] -> [..., (H + 2 H_kv) d_k]
-        qs, ks, vs = np.split(a, 3, axis=-1)
-        fold = lambda x: x.reshape(*x.shape[:-1], config.kv_heads, group, config.d_k) \
-            .sum(-2).reshape(*x.shape[:-1], -1)  # noqa: E731
-        return np.concatenate([qs, fold(ks), fold(vs)], axis=-1)
-
     grads, sites = dict(q.grads), dict(q.sites)
     for i in range(config.n_layer):
         w, b = f"layers.{i}.attn.W_QKV", f"layers.{i}.attn.b_QKV"
-        grads[w] = summed(grads[w])
+        grads[w] = grouped_columns(grads[w], config)
         if b in grads:
-            grads[b] = summed(grads[b])
-        sites[w] = (sites[w][0], summed(sites[w][1]))
+            grads[b] = grouped_columns(grads[b], config)
+        sites[w] = (sites[w][0], grouped_columns(sites[w][1], config))
     return ex.Query(grads, sites, q.left, q.right, q.tokens, q.rows)
 
 
