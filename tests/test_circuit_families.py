@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import random_params
+from conftest import FAMILIES, random_params
 
 from tinygpt_cli.analysis import circuit as C
 from tinygpt_cli.config import Config, arch_config
@@ -41,9 +41,6 @@ def family_config(name: str) -> Config:
         return Config(**{**llama.__dict__, "model_type": "qwen3", "qk_norm": True,
                          "head_dim": 6})
     return llama
-
-
-FAMILIES = ["gpt2", "neo", "neox", "llama", "qwen2", "qwen3"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
