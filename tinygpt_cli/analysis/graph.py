@@ -189,7 +189,8 @@ def _attention_of_real_run(params, config: Config, i: int, x: np.ndarray, square
     q, k, v = queries_keys_values(params, config, i, x, 0)
     group = config.n_head // config.kv_heads
     if not square:
-        square.append(np.zeros((config.n_head, *q.shape[-2:-1] * 2), np.result_type(q, k)))
+        t = q.shape[-2]
+        square.append(np.zeros((config.n_head, t, t), np.result_type(q, k)))
     z, blocks = blocked_attention(q, ops.repeat_kv(k, group), ops.repeat_kv(v, group),
                                   square[0])
     if z is None:
