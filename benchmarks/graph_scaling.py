@@ -93,51 +93,77 @@ What still grows with the square of the text, and why:
   held as float64 causal blocks (no cast in every product, no more memory than the float32
   square); the columns each product's short side; each block's own keys in two bands. How
   many rows go that deep is the graph's own: with `long4` at 2,000 tokens 180 rows reach a
-  third attention layer, against 115 at 1,000. With 2 blocks none does. They run at 18-22
-  GF/s of useful multiply-adds, where this core's BLAS reaches 35-40 on wide products: these
-  are narrow (a median of 54-72 columns, the rows of one block in one visiting round);
-  merging a round's rows of every block at each attention layer would widen them (not done).
-- the model's own forward pass: attention scores and softmax, [H, T, T] a block, and the
-  patterns kept for the backward passes (75 MB a block at 2,000 tokens).
+  third attention layer, against 115 at 1,000, so these products grow 3.5-4x a doubling
+  (0.42 -> 1.47 s below) and alone hold `long4` above 2x. With 2 blocks none does. At 2,000
+  tokens of `long4` they multiply 37.6 GF (31.2 of it not zeros): those of a third layer on
+  (d_k columns a head, the rows of one pass, 80-256 columns) at 33 GF/s, near this core's
+  BLAS on wide products (35-40); those of a second (the profiles, 4-64 columns) at 17 GF/s.
+  Tried and not kept, each within the 5-10% that runs move by: merging a visiting round's
+  second-layer products (its passes share no position: 38 -> 56 columns a product on
+  average, no faster; over the whole graph, 27% of their columns repeat and merged they
+  would take 0.29 s instead of 0.51, but they are known only round by round, or kept at
+  100-200 MB); blocks of 128 or 512 queries; the keys in 256-wide strips (no large
+  temporary to add); the columns that end inside a block in bands of their own.
+- the real run's attention (`graph.real_run`, record's numbers bit for bit): scores, exp
+  and each row's sum over a whole row, T^2 a block, and the patterns written into their
+  float64 causal blocks (75 MB a block at 2,000 tokens), fresh pages. Past one block of
+  128 queries the graph runs the model itself with one float32 [H, T, T] square for every
+  block; the model's own pass made two a block (scores, pattern: 64 MB each at 2,000 tokens
+  of `long4`, past malloc's 32 MB and so fresh pages every time), and `freeze` then copied
+  the patterns: kernel time at 2,000 tokens 0.70-0.80 -> 0.38-0.46 s. The square stays: a
+  BLAS matrix-vector product rounds a row's sum by where it falls among the rows (kernels of
+  4 rows, the threads' shares), so only the model's one product over the whole square gives
+  its bits (a block's own sums differed at 257, 385 and 513 tokens).
 
 Under cProfile (process time, the lower of two runs, 2026-12-03), `long4` from 1,000 to 2,000
 tokens:
 
 | part | 1,000 tokens (s) | 2,000 tokens (s) | x |
 | --- | --- | --- | --- |
-| the attention products deeper than a target's first (`_keys_side`) | 0.37 | 1.49 | 4.0 |
-| the forward pass's attention (scores, softmax, mix) | 0.09 | 0.47 | 5.2 |
-| the rest | 1.78 | 3.28 | 1.84 |
-| total | 2.25 | 5.24 | 2.33 |
+| the attention products deeper than a target's first (`_keys_side`) | 0.42 | 1.47 | 3.5 |
+| the real run's attention (`blocked_attention`) | 0.06 | 0.20 | 3.4 |
+| the rest | 1.74 | 2.85 | 1.64 |
+| total | 2.22 | 4.52 | 2.04 |
 
-(Before these changes, the same profile: 9.6 s at 1,000 tokens and 18.1 s at 2,000, of which
-the deeper products 0.67 and 2.56 s; the influence passes 2.1 and 4.1 s, the normalised copy
-1.8 and 3.2 s, prune 2.2 and 3.8 s, much of it the kernel's fresh pages.) cProfile's overhead
-inflates the small calls; the deeper products and the forward's attention are the only parts
-that grow faster than the text: the rest 1.84x, the whole about 2.3x with them at 4 blocks.
-With 2 blocks the deeper products are 0.03 s at 2,000 tokens, and the forward's attention and
-its fresh pages alone put `long` at 1.85-2.2x. The least CPU time of five moves between runs:
-two runs of the benchmark earlier the same hour (load 1.3-3.5) gave, 1,000 -> 2,000 tokens,
-`long4` 2.02x and 2.61x, `long` 2.10x and 2.06x; 512 -> 1,000 `long4` 1.29x and 1.20x, `long`
-2.04x and 1.80x; shipped 64 -> 128 tokens 1.91x and 1.70x.
+(On a14c925, before the graph's own real run: 2.25 s at 1,000 tokens and 5.24 s at 2,000, of
+which the deeper products 0.37 and 1.49 s, the model's attention 0.09 and 0.47 s, and in the
+rest `freeze`'s float64 copy of the patterns, 0.89 s at 2,000 tokens, most of it fresh pages.
+Earlier still, 9.6 s and 18.1 s, of which the deeper products 0.67 and 2.56 s; the influence
+passes 2.1 and 4.1 s, the normalised copy 1.8 and 3.2 s, prune 2.2 and 3.8 s, much of it the
+kernel's fresh pages.) cProfile's overhead inflates the small calls; the deeper products and
+the real run's attention are the only parts that grow faster than the text, the rest 1.6-1.8x.
+With 2 blocks the deeper products are 0.02 s at 2,000 tokens. The least CPU time of five or
+of three moves between runs by as much as a tenth: in three alternating sessions the same
+afternoon (the least of three, two and five runs, load 2.0-3.0) the code of this table gave,
+1,000 -> 2,000 tokens, `long4` 2.19x, 2.25x and 2.32x and `long` 1.84x, 1.89x and 1.81x; the
+code before it (a14c925) `long4` 2.04x, 2.26x and 2.42x and `long` 2.13x, 2.07x and 2.17x. In
+the session of five the medians at 2,000 tokens of `long4` were the same (5.07 and 5.06 s):
+what the graph's own real run saves is mostly the kernel's fresh pages (0.71 -> 0.35 s), and
+the user time's noise can hide it.
 
 The `of it kernel` column is the kernel's share of the CPU time, mostly handing the process
-fresh pages: on this virtual machine 0.5-2 s a GB touched for the first time, and it moves from
-run to run (the code before these changes on 2,000 tokens of `long4`: 3.2-9.0 s in runs of the
-same hour). Peak memory: the adjacency's written part, its normalised copy's, the edge mask
-(a byte an entry) and the patterns.
+fresh pages: on this virtual machine 0.5-3 s a GB touched for the first time, and it moves from
+run to run (at 2,000 tokens of `long4`, the model's pass and `freeze` alone took 0.4-1.7 s of
+it in runs of the same hour on a14c925). Peak memory: the adjacency's written part, its
+normalised copy's, the edge mask (a byte an entry) and the patterns.
 
-Before and after these changes, alternating in one session (the code of `main` at 4989ca0 and
-of this table, the least CPU time of three, load 2.4-3.0):
+Before and after the graph's own real run, alternating in one session (the code of `main` at
+a14c925 and of this table, the least CPU time of three, load 2.8-3.0; the medians at 2,000
+tokens of `long4` 5.37 and 4.69 s):
 
 | model | tokens | before: CPU s (kernel) | x | peak MB | x | after: CPU (kernel) | x | MB | x |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| long | 512 | 2.17 (0.93) |  | 433 |  | 0.66 (0.06) |  | 186 |  |
-| long | 1,000 | 4.55 (2.25) | 2.15 | 836 | 1.97 | 1.21 (0.09) | 1.87 | 244 | 1.33 |
-| long | 2,000 | 9.00 (4.05) | 1.98 | 1,515 | 1.81 | 2.24 (0.40) | 1.85 | 411 | 1.68 |
-| long4 | 512 | 4.34 (1.27) |  | 776 |  | 1.65 (0.18) |  | 312 |  |
-| long4 | 1,000 | 8.83 (3.85) | 2.09 | 1,543 | 2.04 | 2.19 (0.23) | 1.34 | 385 | 1.24 |
-| long4 | 2,000 | 18.17 (7.35) | 2.06 | 2,871 | 1.86 | 4.64 (0.65) | 2.12 | 717 | 1.86 |
+| long | 512 | 0.54 (0.04) |  | 185 |  | 0.52 (0.07) |  | 183 |  |
+| long | 1,000 | 1.03 (0.12) | 1.95 | 243 | 1.33 | 1.04 (0.14) | 2.05 | 244 | 1.35 |
+| long | 2,000 | 2.19 (0.33) | 2.13 | 410 | 1.69 | 1.91 (0.24) | 1.84 | 411 | 1.68 |
+| long4 | 512 | 1.84 (0.13) |  | 312 |  | 1.79 (0.15) |  | 308 |  |
+| long4 | 1,000 | 2.18 (0.21) | 1.19 | 385 | 1.24 | 2.09 (0.18) | 1.17 | 381 | 1.25 |
+| long4 | 2,000 | 4.44 (0.70) | 2.04 | 716 | 1.86 | 4.58 (0.40) | 2.19 | 715 | 1.88 |
+
+512 -> 2,000 tokens (the issue's two measuring points, 3.9x the text): `long` 4.06x before,
+3.67x after; `long4` 2.41x and 2.56x. (Earlier, the code of `main` at 4989ca0 against the
+code then: `long4` 2,000 tokens 18.17 s / 2,871 MB -> 4.64 s / 717 MB, `long` 9.00 s / 1,515
+MB -> 2.24 s / 411 MB.)
 
 Before the cap (the same benchmark on the code where every feature was a row of one dense
 adjacency, 2026-12-01, load about 10): 32 tokens 35.3 s / 432 MB, 64 tokens 155.9 s / 805 MB,
