@@ -167,39 +167,6 @@ def test_with_error_nodes_the_replacement_reproduces_the_real_logits(case):
                                atol=1e-10)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_the_graphs_own_real_run_is_records_bit_for_bit(family, monkeypatch):
-    """Past one causal block of queries the graph runs the model itself, the patterns
-    straight into their float64 blocks (graph.real_run): every value, every pattern and the
-    logits are record's own bits, with a last block of one query (257) or many, and with
-    a steering hook (record itself)."""
-    import dataclasses
-
-    from tinygpt_cli.hooks import Steering
-
-    config = dataclasses.replace(FAMILIES[family], n_positions=640)
-    params = random_params(config, seed=3)
-    ids = np.random.default_rng(0).integers(0, config.vocab_size, 640)
-    steer = Steering("layers.1.resid_pre", np.ones(config.n_embd, np.float32))
-    recorded = G._recorded_run
-    for t, steering in ((257, None), (600, None), (300, steer)):
-        with monkeypatch.context() as m:  # unsteered: its own pass, not record's
-            if steering is None:
-                m.setattr(G, "_recorded_run", None)
-            logits, values, patterns = G.real_run(params, config, list(ids[:t]), steering)
-        assert G._recorded_run is recorded
-        want_logits, want = record(params, config, ids[:t], G.read_paths(config),
-                                   hooks=steering)
-        np.testing.assert_array_equal(logits, want_logits)
-        for i in range(config.n_layer):
-            for got, blk in zip(patterns[i], G.pattern_blocks(want.pop(f"layers.{i}.weights")),
-                                strict=True):
-                np.testing.assert_array_equal(got, blk)
-        assert sorted(values) == sorted(want)
-        for path, value in want.items():
-            np.testing.assert_array_equal(values[path], value)
-
-
 def test_pruning_keeps_the_target_and_explains_less_than_the_whole():
     config = FAMILIES["gpt2"]
     g = G.build(random_params(config, seed=3), config, IDS, random_transcoders(config))

@@ -34,24 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import ops
 from ..config import Config
-from ..hooks import RecordOnly
-from ..model import (
-    all_finite,
-    embed,
-    feed_forward,
-    forward,
-    head_out_matrix,
-    head_qkv,
-    keep_freed_memory,
-    norm,
-    norm_weights,
-    queries_keys_values,
-    record,
-    unembed,
-    unembed_rows,
-)
+from ..model import forward, head_out_matrix, head_qkv, norm_weights, record, unembed_rows
 from . import sae as S
 
 NODE_THRESHOLD = 0.8
@@ -104,8 +88,7 @@ class Frozen:
     shift: tuple[int, np.ndarray] | None = None  # steering: (block, vector added to its input)
 
 
-def freeze(params, config: Config, values: dict, steering=None,
-           patterns: list[list[np.ndarray]] | None = None) -> Frozen:
+def freeze(params, config: Config, values: dict, steering=None) -> Frozen:
     f64 = lambda a: None if a is None else np.asarray(a, np.float64)  # noqa: E731
     names = [f"layers.{i}.{n}" for i in range(config.n_layer) for n in ("ln1", "ln2")]
     names.append("ln_final")
@@ -114,9 +97,8 @@ def freeze(params, config: Config, values: dict, steering=None,
     norms = {n: tuple(f64(a) for a in norm_weights(params, n)) for n in names}
     qkv = [head_qkv(params, config, i) for i in range(config.n_layer)]
     b_o = [params.get(f"layers.{i}.attn.b_O") for i in range(config.n_layer)]
-    if patterns is None:
-        patterns = [pattern_blocks(values[f"layers.{i}.weights"]) for i in range(config.n_layer)]
-    return Frozen(config, patterns,
+    return Frozen(config, [pattern_blocks(values[f"layers.{i}.weights"])
+                           for i in range(config.n_layer)],
                   scales, norms, [f64(q[2]) for q in qkv], [f64(q[5]) for q in qkv],
                   [f64(head_out_matrix(params, config, i)) for i in range(config.n_layer)],
                   [np.zeros(config.n_embd) if b is None else f64(b) for b in b_o],
@@ -130,117 +112,6 @@ def pattern_blocks(weights: np.ndarray) -> list[np.ndarray]:
     t = weights.shape[-1]
     return [np.asarray(weights[:, q0:q0 + KEY_BLOCK, :min(q0 + KEY_BLOCK, t)], np.float64)
             for q0 in range(0, t, KEY_BLOCK)]
-
-
-def real_run(params, config: Config, ids: list[int], steering=None
-             ) -> tuple[np.ndarray, dict, list[list[np.ndarray]]]:
-    """The real run the graph freezes: (logits, the values of `read_paths` but the patterns,
-    each block's pattern as `pattern_blocks`). `record`'s own numbers, bit for bit; for a
-    whole text long enough to be attended block by block (ops.causal_blocks), with no hook
-    and the model's own scale and no window, a pass of its own that makes one [H, T, T]
-    square for every block, where the model makes two a block (scores, pattern: 64 MB each
-    at 2,000 tokens of `long4`, fresh pages from the kernel every time, past malloc's 32 MB),
-    and writes each block of queries' pattern into its float64 causal block at once
-    (`blocked_attention`)."""
-    ids = np.asarray(ids)
-    t = len(ids)
-    if (steering is not None or len(ops.causal_blocks(t)) < 2 or t > config.n_positions
-            or config.attn_scale or any(config.window(i) for i in range(config.n_layer))
-            or KEY_BLOCK % ops.CAUSAL_BLOCK):
-        return _recorded_run(params, config, ids, steering)
-    keep_freed_memory()  # as model.forward: freed memory reused, not fresh pages again
-    rec = RecordOnly([p for p in read_paths(config) if not p.endswith(".weights")])
-    patterns, square = [], []  # the [H, T, T] buffer every block's attention reuses
-    with np.errstate(all="ignore"):  # as model.forward: a non-finite logit is found below
-        h = embed(params, ids, 0, rec)
-        for i in range(config.n_layer):  # model.block's sums, in its order
-            x = norm(params, config, h, f"layers.{i}.ln1", rec)
-            a, blocks = _attention_of_real_run(params, config, i, x, square)
-            if blocks is None:  # a row's sum out of the unshifted softmax's range
-                return _recorded_run(params, config, ids, steering)
-            patterns.append(blocks)
-            if config.parallel:
-                x = norm(params, config, h, f"layers.{i}.ln2", rec)
-                h = h + feed_forward(params, config, i, x, rec) + a
-            else:
-                h = h + a
-                x = norm(params, config, h, f"layers.{i}.ln2", rec)
-                h = h + feed_forward(params, config, i, x, rec)
-        logits = unembed(params, norm(params, config, h, "ln_final", rec), rec)
-    if not all_finite(logits):  # model.forward names the first non-finite value
-        return _recorded_run(params, config, ids, steering)
-    return logits, rec.values, patterns
-
-
-def _recorded_run(params, config: Config, ids: np.ndarray, steering
-                  ) -> tuple[np.ndarray, dict, list[list[np.ndarray]]]:
-    """real_run through `record`: the patterns recorded whole, then cut into causal blocks."""
-    logits, values = record(params, config, ids, read_paths(config), hooks=steering)
-    return logits, values, [pattern_blocks(values.pop(f"layers.{i}.weights"))
-                            for i in range(config.n_layer)]
-
-
-def _attention_of_real_run(params, config: Config, i: int, x: np.ndarray, square: list
-                           ) -> tuple[np.ndarray, list[np.ndarray] | None]:
-    """model.attention of a whole text (start 0, no hook), its pattern as float64 causal
-    blocks: (attn_out [T, d], the blocks), or (None, None) when the unshifted softmax does
-    not hold (`blocked_attention`). square: [] or [its [H, T, T] buffer], made at the first
-    block (zeros: past each block's last key they stay so)."""
-    q, k, v = queries_keys_values(params, config, i, x, 0)
-    group = config.n_head // config.kv_heads
-    if not square:
-        t = q.shape[-2]
-        square.append(np.zeros((config.n_head, t, t), np.result_type(q, k)))
-    z, blocks = blocked_attention(q, ops.repeat_kv(k, group), ops.repeat_kv(v, group),
-                                  square[0])
-    if z is None:
-        return None, None
-    p = f"layers.{i}.attn."
-    return ops.linear(ops.merge_heads(z), params[p + "W_O"], params.get(p + "b_O")), blocks
-
-
-def blocked_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, e: np.ndarray
-                      ) -> tuple[np.ndarray | None, list[np.ndarray] | None]:
-    """softmax(q k^T / sqrt(d_k) + causal mask) v of a whole text, [H, T, d_k] each, block of
-    queries by block as ops.causal_blocks cuts them, and the pattern as `pattern_blocks`
-    holds it. Every number is the model's (ops._causal_scores, causal_softmax, causal_mix):
-    the same products on the same operands laid out the same way, and the rows' sums one
-    product over the whole square, as the model's: a BLAS matrix-vector product rounds a
-    row by where it falls among the rows (kernels of 4 rows, threads' shares), so only
-    the same call gives the same bits. The square is `e` [H, T, T] (the zeros past each
-    block's last key in place), one buffer for every block of the model: one square's
-    fresh pages, not two a block. (None, None) when some row's sum leaves the range where
-    the model keeps the softmax unshifted (ops.SUMS_WITHOUT_SHIFT): the model then takes the
-    whole text again, shifted."""
-    h, t, dk = q.shape[0], q.shape[1], v.shape[-1]
-    scale = np.asarray(1.0 / np.sqrt(q.shape[-1]), q.dtype)  # ops._inverse_sqrt's
-    mask = ops.causal_mask(t, e.dtype.type)
-    kt = k.swapaxes(-1, -2)
-    blocks = ops.causal_blocks(t)
-    for r0, r1 in blocks:
-        part = e[:, r0:r1, :r1]
-        np.matmul(q[:, r0:r1], kt[:, :, :r1], out=part)
-        part *= scale
-        part += mask[r0:r1, :r1]
-        np.exp(part, out=part)
-    total = ops.row_sums(e)
-    low, high = ops.SUMS_WITHOUT_SHIFT
-    if not (total.min() >= low and total.max() <= high):
-        return None, None
-    z = np.empty((h, t, dk), np.result_type(e, v))
-    pattern = []
-    for r0, r1 in blocks:
-        part = e[:, r0:r1, :r1]
-        part /= total[:, r0:r1]
-        np.matmul(part, v[:, :r1], out=z[:, r0:r1])
-        q0 = r0 - r0 % KEY_BLOCK
-        if q0 == r0:  # a new causal block of the pattern: [H, its queries, keys to its last]
-            q1 = min(q0 + KEY_BLOCK, t)
-            pattern.append(np.empty((h, q1 - q0, q1)))
-        blk = pattern[-1]
-        blk[:, r0 - q0:r1 - q0, :r1] = part
-        blk[:, r0 - q0:r1 - q0, r1:] = 0.0
-    return z, pattern
 
 
 def pattern_rows(blocks: list[np.ndarray], at: np.ndarray, t: int) -> np.ndarray:
@@ -598,8 +469,10 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     the incoming edges of at most `max_features` of them are computed (None: all), those of
     most influence on the target first (`visit`), so time and memory grow linearly with the
     text once it has more active features than that."""
-    real, values, patterns = real_run(params, config, ids, steering)
-    fz = freeze(params, config, values, steering, patterns)
+    real, values = record(params, config, np.asarray(ids), read_paths(config), hooks=steering)
+    fz = freeze(params, config, values, steering)
+    for i in range(config.n_layer):  # fz holds them now, in float64 blocks
+        del values[f"layers.{i}.weights"]
     t = len(ids)
     f_layer, f_pos, f_lat, f_act, errors = transcoder_features(transcoders, values,
                                                                config.n_layer)
