@@ -104,42 +104,43 @@ What still grows with the square of the text, and why:
   would take 0.29 s instead of 0.51, but they are known only round by round, or kept at
   100-200 MB); blocks of 128 or 512 queries; the keys in 256-wide strips (no large
   temporary to add); the columns that end inside a block in bands of their own.
-- the real run's attention (`graph.real_run`, record's numbers bit for bit): scores, exp
-  and each row's sum over a whole row, T^2 a block, and the patterns written into their
-  float64 causal blocks (75 MB a block at 2,000 tokens), fresh pages. Past one block of
-  128 queries the graph runs the model itself with one float32 [H, T, T] square for every
-  block; the model's own pass made two a block (scores, pattern: 64 MB each at 2,000 tokens
-  of `long4`, past malloc's 32 MB and so fresh pages every time), and `freeze` then copied
-  the patterns: kernel time at 2,000 tokens 0.70-0.80 -> 0.38-0.46 s. The square stays: a
-  BLAS matrix-vector product rounds a row's sum by where it falls among the rows (kernels of
-  4 rows, the threads' shares), so only the model's one product over the whole square gives
-  its bits (a block's own sums differed at 257, 385 and 513 tokens).
+- the model's own forward pass: attention scores and softmax, [H, T, T] a block, and the
+  patterns kept for the backward passes (float64 causal blocks, 75 MB a block at 2,000
+  tokens), fresh pages. Tried and not kept: a real run of the graph's own (record's numbers
+  bit for bit) with one [H, T, T] square for every block, where the model makes two a block,
+  and each block of queries' pattern written straight into its causal block. It cut the
+  kernel's time at 2,000 tokens of `long4` from 0.70-0.80 s to 0.38-0.46 s, but the median
+  CPU time was the same (5.07 and 5.06 s in five alternating runs) and the doubling's ratio
+  did not move: a second copy of the block's sums is not worth a gain the runs cannot show.
+
+Over the issue's two measuring points, 512 and 2,000 tokens (3.9x the text), the least CPU
+time grew 2.4-3.3x for `long4` and 3.2-4.1x for `long` in the runs of 2026-12-03 (2,000 is
+as long as a text gets: their context is 2,048 tokens); a doubling from 1,000 to 2,000 costs
+`long4` 2.0-2.7x (2.7x in the table above, with a 20-second test running beside it), which
+is not linear.
 
 Under cProfile (process time, the lower of two runs, 2026-12-03), `long4` from 1,000 to 2,000
 tokens:
 
 | part | 1,000 tokens (s) | 2,000 tokens (s) | x |
 | --- | --- | --- | --- |
-| the attention products deeper than a target's first (`_keys_side`) | 0.42 | 1.47 | 3.5 |
-| the real run's attention (`blocked_attention`) | 0.06 | 0.20 | 3.4 |
-| the rest | 1.74 | 2.85 | 1.64 |
-| total | 2.22 | 4.52 | 2.04 |
+| the attention products deeper than a target's first (`_keys_side`) | 0.37 | 1.49 | 4.0 |
+| the forward pass's attention (scores, softmax, mix) | 0.09 | 0.47 | 5.2 |
+| the rest (`freeze`'s float64 copy of the patterns 0.89 s at 2,000 tokens) | 1.78 | 3.28 | 1.84 |
+| total | 2.25 | 5.24 | 2.33 |
 
-(On a14c925, before the graph's own real run: 2.25 s at 1,000 tokens and 5.24 s at 2,000, of
-which the deeper products 0.37 and 1.49 s, the model's attention 0.09 and 0.47 s, and in the
-rest `freeze`'s float64 copy of the patterns, 0.89 s at 2,000 tokens, most of it fresh pages.
-Earlier still, 9.6 s and 18.1 s, of which the deeper products 0.67 and 2.56 s; the influence
+(With the graph's own real run, not kept: 2.22 and 4.52 s, the deeper products 0.42 and 1.47
+s, its attention 0.06 and 0.20 s. Before the changes of 2026-12-03's morning, 9.6 s and
+18.1 s, of which the deeper products 0.67 and 2.56 s; the influence
 passes 2.1 and 4.1 s, the normalised copy 1.8 and 3.2 s, prune 2.2 and 3.8 s, much of it the
 kernel's fresh pages.) cProfile's overhead inflates the small calls; the deeper products and
-the real run's attention are the only parts that grow faster than the text, the rest 1.6-1.8x.
+the forward pass's attention are the only parts that grow faster than the text.
 With 2 blocks the deeper products are 0.02 s at 2,000 tokens. The least CPU time of five or
 of three moves between runs by as much as a tenth: in three alternating sessions the same
-afternoon (the least of three, two and five runs, load 2.0-3.0) the code of this table gave,
-1,000 -> 2,000 tokens, `long4` 2.19x, 2.25x and 2.32x and `long` 1.84x, 1.89x and 1.81x; the
-code before it (a14c925) `long4` 2.04x, 2.26x and 2.42x and `long` 2.13x, 2.07x and 2.17x. In
-the session of five the medians at 2,000 tokens of `long4` were the same (5.07 and 5.06 s):
-what the graph's own real run saves is mostly the kernel's fresh pages (0.71 -> 0.35 s), and
-the user time's noise can hide it.
+afternoon (the least of three, two and five runs, load 2.0-3.0) the code of this table
+(a14c925's graph) gave, 1,000 -> 2,000 tokens, `long4` 2.04x, 2.26x and 2.42x and `long`
+2.13x, 2.07x and 2.17x; with the graph's own real run `long4` 2.19x, 2.25x and 2.32x and
+`long` 1.84x, 1.89x and 1.81x.
 
 The `of it kernel` column is the kernel's share of the CPU time, mostly handing the process
 fresh pages: on this virtual machine 0.5-3 s a GB touched for the first time, and it moves from
@@ -147,11 +148,11 @@ run to run (at 2,000 tokens of `long4`, the model's pass and `freeze` alone took
 it in runs of the same hour on a14c925). Peak memory: the adjacency's written part, its
 normalised copy's, the edge mask (a byte an entry) and the patterns.
 
-Before and after the graph's own real run, alternating in one session (the code of `main` at
-a14c925 and of this table, the least CPU time of three, load 2.8-3.0; the medians at 2,000
+Without and with the graph's own real run (not kept), alternating in one session (the code
+of this table and a branch, the least CPU time of three, load 2.8-3.0; the medians at 2,000
 tokens of `long4` 5.37 and 4.69 s):
 
-| model | tokens | before: CPU s (kernel) | x | peak MB | x | after: CPU (kernel) | x | MB | x |
+| model | tokens | without: CPU s (kernel) | x | peak MB | x | with: CPU (kernel) | x | MB | x |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
 | long | 512 | 0.54 (0.04) |  | 185 |  | 0.52 (0.07) |  | 183 |  |
 | long | 1,000 | 1.03 (0.12) | 1.95 | 243 | 1.33 | 1.04 (0.14) | 2.05 | 244 | 1.35 |
@@ -160,8 +161,8 @@ tokens of `long4` 5.37 and 4.69 s):
 | long4 | 1,000 | 2.18 (0.21) | 1.19 | 385 | 1.24 | 2.09 (0.18) | 1.17 | 381 | 1.25 |
 | long4 | 2,000 | 4.44 (0.70) | 2.04 | 716 | 1.86 | 4.58 (0.40) | 2.19 | 715 | 1.88 |
 
-512 -> 2,000 tokens (the issue's two measuring points, 3.9x the text): `long` 4.06x before,
-3.67x after; `long4` 2.41x and 2.56x. (Earlier, the code of `main` at 4989ca0 against the
+512 -> 2,000 tokens (the issue's two measuring points, 3.9x the text): `long` 4.06x without,
+3.67x with; `long4` 2.41x and 2.56x. (Earlier, the code of `main` at 4989ca0 against the
 code then: `long4` 2,000 tokens 18.17 s / 2,871 MB -> 4.64 s / 717 MB, `long` 9.00 s / 1,515
 MB -> 2.24 s / 411 MB.)
 
