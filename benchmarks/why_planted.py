@@ -1,5 +1,9 @@
 """Does `why --value` rank first the windows whose planted pattern built a head? (issue 31)
 
+The third attempt's setup, kept for its figures in results.md (why_planted). The setup that
+holds is the test's, tests/test_why_planted.py: a marker no window holds, an untied head and
+rotary positions, so that no window's own embedding row speaks for the value.
+
     python benchmarks/why_planted.py [--seeds 0 1 2 3 4 5] [--shuffle] [--lr 0.5] ...
 
 TracIn's own setting, as far as it can be had: full-batch gradient descent (optim.SGD, no
