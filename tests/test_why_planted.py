@@ -96,7 +96,7 @@ def planted(tmp_path_factory):
         opt.step(params, grads, LR)
     export(out, params, config, tok)
     stamp_snapshots(out)
-    return SimpleNamespace(weights=out, data=data, kinds=np.asarray(kinds), config=config)
+    return SimpleNamespace(weights=out, data=data, kinds=np.asarray(kinds))
 
 
 def test_why_value_ranks_the_windows_that_built_the_head_first(planted, tmp_path,
