@@ -487,6 +487,44 @@ def test_top_windows_and_labels_say_what_the_examples_share():
     assert T.top_windows(codes, 0) == []  # never fires
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_every_latents_top_windows_from_one_pass_are_each_latents_own(seed):
+    """top_windows_of (one pass over the codes for every latent a graph labels) against a
+    loop per latent and per window: peaks, ties (values drawn from a few levels, so windows
+    and positions tie) and latents that never fire."""
+    from tinygpt_cli.analysis import transcoder as T
+
+    rng = np.random.default_rng(seed)
+    w, t, k, latents = 7, 6, 3, 9
+    ids = rng.integers(0, 50, (w, t)).astype(np.uint16)
+    idx = np.stack([rng.choice(latents, k, replace=False) for _ in range(w * t)]).astype(np.int16)
+    val = rng.choice([0.0, 0.5, 1.0, 2.0], (w * t, k)).astype(np.float32)
+    codes = {"ids": ids, "idx": idx, "val": val}
+
+    def naive(latent, n=3, before=8, after=2):
+        peaks = []
+        for win in range(w):
+            best, at = 0.0, None
+            for p in range(t):
+                for s in range(k):
+                    if idx[win * t + p, s] == latent and val[win * t + p, s] > best:
+                        best, at = float(val[win * t + p, s]), p
+            if at is not None:
+                peaks.append((-best, win, at))
+        out = []
+        for neg, win, p in sorted(peaks)[:n]:
+            lo = max(0, p - before)
+            out.append({"ids": [int(x) for x in ids[win, lo:p + after + 1]], "peak": p - lo,
+                        "value": -neg})
+        return out
+
+    got = T.top_windows_of(codes, [8, 0, 3, 3, 11])
+    assert sorted(got) == [0, 3, 8, 11]
+    for latent in got:
+        assert got[latent] == naive(latent)
+    assert got[11] == []
+
+
 def test_the_graphs_predicted_change_is_the_linear_replacement_models(case):
     """Predicted: the torch replacement model of the first test, with each active feature
     recomputed from the stream (its active set frozen) except the intervened one."""

@@ -231,18 +231,41 @@ def top_windows(codes: dict[str, np.ndarray], latent: int, n: int = 3, before: i
                 after: int = 2) -> list[dict]:
     """The latent's n strongest windows: ids around each window's peak, best first:
     {ids [before+1+after at most], peak (its index there), value}."""
+    return top_windows_of(codes, [latent], n, before, after)[latent]
+
+
+def top_windows_of(codes: dict[str, np.ndarray], latents, n: int = 3, before: int = 8,
+                   after: int = 2) -> dict[int, list[dict]]:
+    """top_windows of each latent, from one pass over the codes (a graph labels thousands:
+    one scan of the text's codes a latent took most of `graph`'s time). A window's peak is
+    the latent's largest value in it, at its first position; ties between windows go to the
+    first window."""
     ids = codes["ids"]
     w, t = ids.shape
-    acts = np.where(codes["idx"] == latent, codes["val"], 0).max(axis=1).reshape(w, t)
-    peak = acts.max(axis=1)
-    out = []
-    for i in np.argsort(-peak, kind="stable")[:n]:
-        if peak[i] <= 0:
-            break
-        p = int(acts[i].argmax())
-        lo = max(0, p - before)
-        out.append({"ids": [int(x) for x in ids[i, lo:p + after + 1]], "peak": p - lo,
-                    "value": float(peak[i])})
+    wanted = np.unique(np.asarray(latents, np.int64))
+    token, slot = np.nonzero(np.isin(codes["idx"], wanted) & (codes["val"] > 0))
+    lat = codes["idx"][token, slot].astype(np.int64)
+    val = codes["val"][token, slot]
+    window, pos = token // t, token % t
+    # each (latent, window)'s peak: its largest value, the first position of it
+    order = np.lexsort((pos, -val, window, lat))
+    lat, val, window, pos = lat[order], val[order], window[order], pos[order]
+    first = np.ones(len(lat), bool)
+    first[1:] = (lat[1:] != lat[:-1]) | (window[1:] != window[:-1])
+    lat, val, window, pos = lat[first], val[first], window[first], pos[first]
+    # each latent's windows, strongest first, the first window among equals
+    order = np.lexsort((window, -val, lat))
+    lat, val, window, pos = lat[order], val[order], window[order], pos[order]
+    starts = np.searchsorted(lat, wanted)
+    ends = np.searchsorted(lat, wanted, side="right")
+    out = {}
+    for latent, a, b in zip(wanted.tolist(), starts, ends, strict=True):
+        found = []
+        for i in range(a, min(b, a + n)):
+            p, lo = int(pos[i]), max(0, int(pos[i]) - before)
+            found.append({"ids": [int(x) for x in ids[window[i], lo:p + after + 1]],
+                          "peak": p - lo, "value": float(val[i])})
+        out[latent] = found
     return out
 
 

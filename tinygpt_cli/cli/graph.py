@@ -332,14 +332,16 @@ def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool) 
         return {}
     files = given_or(data, training_files)
     tok = model.tokenizer.token_str
-    out = {}
+    latents: dict[int, set[int]] = {}  # per block, its features the pruned graph keeps
     for i in kept_nodes(g):
-        if g.kinds[i] != "feature":
-            continue
-        lay, lat = int(g.layer[i]), int(g.feature[i])
+        if g.kinds[i] == "feature":
+            latents.setdefault(int(g.layer[i]), set()).add(int(g.feature[i]))
+    out = {}
+    for lay, wanted in sorted(latents.items()):  # a block's codes read once for all of them
         codes = T.data_codes(model, transcoders, folder, lay, files, windows, bar())
-        ex = T.top_windows(codes, lat)
-        out[lay, lat] = {"examples": ex, "label": T.label_of(ex, lambda t: show_token(tok(t)))}
+        for lat, ex in T.top_windows_of(codes, sorted(wanted)).items():
+            out[lay, lat] = {"examples": ex,
+                             "label": T.label_of(ex, lambda t: show_token(tok(t)))}
     return out
 
 
