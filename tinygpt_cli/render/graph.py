@@ -97,10 +97,13 @@ def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None =
     targets = [int(x) for x in g.targets]
     rows, cols = np.nonzero(g.edge_mask)
     split = {(e.row, e.col): e for e in qk or []}
-    edges = [{"source": ids[int(c)], "target": ids[targets[int(r)]],
-              "weight": float(g.adjacency[r, c])}
-             | ({"qk": qk_entry(g, split[int(r), int(c)])} if (int(r), int(c)) in split else {})
-             for r, c in zip(rows, cols, strict=True) if int(c) in ids and targets[int(r)] in ids]
+    weights = jsonout.jsonable(g.adjacency[rows, cols])  # non-finite to null, as below
+    edges = [{"source": ids[c], "target": ids[targets[r]], "weight": w}
+             | ({"qk": jsonout.jsonable(qk_entry(g, split[r, c]))} if (r, c) in split else {})
+             for r, c, w in zip(rows.tolist(), cols.tolist(), weights, strict=True)
+             if c in ids and targets[r] in ids]
+    # the edges are plain already: jsonable's walk of every one of them (hundreds of
+    # thousands at 2,000 tokens) cost more than building them
     return jsonout.jsonable({
         "ids": g.ids, "tokens": [tok(i) for i in g.ids], "positions": list(range(len(g.ids))),
         "position": g.position, "options": options or {},
@@ -112,7 +115,7 @@ def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None =
                    "kept_features": int(g.node_mask[:nf].sum()),
                    "edges_unpruned": int(np.count_nonzero(g.adjacency)),
                    "edges": len(edges)},
-        "nodes": nodes, "edges": edges})
+        "nodes": nodes}) | {"edges": edges}
 
 
 def qk_entry(g, e, top: int = 5) -> dict:
