@@ -119,6 +119,17 @@ as long as a text gets: their context is 2,048 tokens); a doubling from 1,000 to
 `long4` 2.0-2.7x (2.7x in the table above, with a 20-second test running beside it), which
 is not linear.
 
+The whole command a user runs, `tinygpt graph TEXT --weights FOLDER --json` (default
+settings, that is one thread; the features' top windows from a warm cache; 2026-12-03, idle,
+the better of two runs): `long4` 512, 1,000 and 2,000 tokens in 5.4, 6.7 and 11.4 s wall
+(1.70x from 1,000 to 2,000), peak 576, 892 and 1,108 MB, of which the JSON document (49, 68
+and 69 MB: the pruned graph's edges) is most of what is not build and prune. At 2,000 tokens
+with two spinning processes beside it 21.7 s, with an empty page cache 12.2 s (before the
+two changes below, 14.6 s warm). Until this session the command read the training text's
+cached codes and scanned them once per kept feature to label it: 57 s at 200 tokens and 536
+s at 2,000; now once per block, every latent's windows from one pass
+(`transcoder.top_windows_of`), and the document's edges are not walked a second time.
+
 Under cProfile (process time, the lower of two runs, 2026-12-03), `long4` from 1,000 to 2,000
 tokens:
 
