@@ -127,8 +127,8 @@ and 69 MB: the pruned graph's edges) is most of what is not build and prune. At 
 with two spinning processes beside it 21.7 s, with an empty page cache 12.2 s (both
 measured before the edges stopped being walked twice: 14.6 s warm). Until this session the
 command read the training text's cached codes and scanned them once per kept feature to
-label it: 57 s at 200 tokens and 536 s at 2,000; now once per block, every latent's windows from one pass
-(`transcoder.top_windows_of`), and the document's edges are not walked a second time.
+label it: 57 s at 200 tokens and 536 s at 2,000; now once per block, every latent's windows
+from one pass (`transcoder.top_windows_of`), and the document's edges are not walked twice.
 
 Under cProfile (process time, the lower of two runs, 2026-12-03), `long4` from 1,000 to 2,000
 tokens:
