@@ -116,7 +116,7 @@ What still grows with the square of the text, and why:
 Over the issue's two measuring points, 512 and 2,000 tokens (3.9x the text), the least CPU
 time grew 2.4-3.3x for `long4` and 3.2-4.1x for `long` in the runs of 2026-12-03 (2,000 is
 as long as a text gets: their context is 2,048 tokens); a doubling from 1,000 to 2,000 costs
-`long4` 2.0-2.7x (2.7x in the table above, with a 20-second test running beside it), which
+`long4` 2.0-2.7x (2.70x in the run of 16:30 UTC, with a 20-second test beside it), which
 is not linear.
 
 The whole command a user runs, `tinygpt graph TEXT --weights FOLDER --json` (default
