@@ -133,3 +133,44 @@ def test_a_text_gets_the_same_weights_alone_and_beside_one_that_needs_the_shift(
         np.testing.assert_allclose(both, naive_softmax(scores), rtol=2e-6, atol=1e-7)
     # no text at all: nothing to check, nothing to fail
     assert ops.attention_softmax(np.zeros((0, 3, 4, 4), np.float32)).shape == (0, 3, 4, 4)
+
+
+def test_weights_written_over_the_scores_are_the_same_numbers_in_the_same_array():
+    # the model's whole-text pass, whose scores nobody keeps, writes the pattern over them
+    # (one [H, T, T] array a block, not two): the very numbers of the softmax into a new one
+    rng = np.random.default_rng(5)
+    mask = np.triu(np.full((T, T), -np.inf, np.float32), 1)
+    scores = (rng.normal(size=(2, 3, T, T)) * 3).astype(np.float32) + mask
+    want = ops.causal_softmax(scores)
+    mine = scores.copy()
+    got = ops.causal_softmax(mine, overwrite=True)
+    assert got is mine
+    np.testing.assert_array_equal(got, want)
+    # a text that needs the shifted softmax: its scores are gone, so the caller is told
+    scores[1, 2, T - 1, 0] = 120.0
+    assert ops.causal_softmax(scores.copy(), overwrite=True) is None
+
+
+def test_a_pass_whose_scores_need_the_shift_makes_them_again_and_kept_scores_stay():
+    config = Config(n_embd=8, n_layer=1, n_head=2, n_inner=12, vocab_size=11, n_positions=T)
+    from conftest import random_params
+
+    from tinygpt_cli.hooks import RecordOnly
+
+    params = random_params(config, seed=1)
+    params["layers.0.attn.W_QKV"] = params["layers.0.attn.W_QKV"] * 40  # scores past exp's range
+    ids = np.arange(T) % config.vocab_size
+    rec = Record()  # keeps the scores: they must not be overwritten
+    kept = forward(params, config, ids, hooks=rec)
+    scores = rec.values["layers.0.scores"]
+    assert np.isneginf(scores).sum() == 2 * T * (T - 1) // 2  # scores, not chances
+    assert scores[np.isfinite(scores)].max() > np.log(ops.SUMS_WITHOUT_SHIFT[1])  # shifted
+    w = rec.values["layers.0.weights"]
+    np.testing.assert_allclose(w, naive_softmax(scores), rtol=1e-9, atol=1e-12)
+    # no hook (the scores written over, then made again for the shift): the same bits
+    np.testing.assert_array_equal(forward(params, config, ids), kept)
+    # a hook that keeps one head's scores (a view of the array) keeps them intact
+    head = RecordOnly(["layers.0.heads.1.scores", "layers.0.weights"])
+    forward(params, config, ids, hooks=head)
+    np.testing.assert_array_equal(head.values["layers.0.heads.1.scores"], scores[1])
+    np.testing.assert_array_equal(head.values["layers.0.weights"], w)

@@ -204,6 +204,12 @@ def _head_paths(prefix: str, name: str, n_head: int) -> tuple[str, ...]:
     return tuple(f"{prefix}heads.{h}.{name}" for h in range(n_head))
 
 
+def _kept(hooks: Hook | None, x: np.ndarray) -> bool:
+    """Whether a recording hook keeps x or a view of it (then it must not be overwritten)."""
+    values = getattr(hooks, "values", None) or {}
+    return any(np.may_share_memory(v, x) for v in values.values())
+
+
 def _heads(name: str, x: np.ndarray, prefix: str, hooks: Hook, n_head: int) -> None:
     """Pass each head's slice of x [.., H, ...] through the hooks as its own value; a hook
     that returns a new array for a head has it written into that head's slice. With fewer
@@ -277,7 +283,11 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
     # A hook that only records leaves the masked scores -inf, as causal_softmax needs; any
     # other may have changed them (in place, even, through a head's slice).
     untouched = hooks is None or type(hooks) in (Record, RecordOnly)
-    weights = ops.attention_weights(scores, start, masked=untouched)
+    weights = ops.attention_weights(scores, start, masked=untouched,
+                                    overwrite=untouched and not _kept(hooks, scores))
+    if weights is None:  # a row out of the unshifted softmax's range, its scores overwritten
+        scores = ops.attention_scores(q, k, start, config.attn_scale, config.window(i))
+        weights = ops.attention_weights(scores, start)
     if hooks is not None:
         weights = hooks(L + "weights", weights)
         _heads("weights", weights, L, hooks, config.n_head)

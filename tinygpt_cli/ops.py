@@ -576,30 +576,41 @@ SUMS_WITHOUT_SHIFT = (1e-20, 1e30)  # of exp(score) over a row; float32 spans 1e
 
 def _shift_where_needed(e: np.ndarray, scores: np.ndarray, total: np.ndarray) -> np.ndarray:
     """e, with each text whose row sums left SUMS_WITHOUT_SHIFT (a NaN too) replaced by the
-    shifted softmax of its scores. Per text, two reduces: no array of flags for the rows."""
-    low, high = SUMS_WITHOUT_SHIFT
-    lead = total.shape[:-3]
-    flat = total.reshape(*lead, math.prod(total.shape[len(lead):]))  # 0 texts too
-    ok = (np.minimum.reduce(flat, axis=-1, initial=np.inf) >= low) & \
-        (np.maximum.reduce(flat, axis=-1, initial=-np.inf) <= high)
+    shifted softmax of its scores."""
+    ok = _sums_in_range(total)
     if ok.all():
         return e
-    if not lead:
+    if not ok.ndim:
         return softmax(scores)
     for text in zip(*np.nonzero(~ok), strict=True):
         e[text] = softmax(scores[text])
     return e
 
 
-def causal_softmax(scores: np.ndarray) -> np.ndarray:
+def _sums_in_range(total: np.ndarray) -> np.ndarray:
+    """Per text ([.., H, T, 1] sums, the leading axes texts): every row's sum within
+    SUMS_WITHOUT_SHIFT (a NaN is not). Two reduces a text, no array of flags for the rows."""
+    low, high = SUMS_WITHOUT_SHIFT
+    lead = total.shape[:-3]
+    flat = total.reshape(*lead, math.prod(total.shape[len(lead):]))  # 0 texts too
+    return (np.minimum.reduce(flat, axis=-1, initial=np.inf) >= low) & \
+        (np.maximum.reduce(flat, axis=-1, initial=-np.inf) <= high)
+
+
+def causal_softmax(scores: np.ndarray, overwrite: bool = False) -> np.ndarray | None:
     """attention_softmax of attention_scores' own output for a whole text, whose scores past
     each block's last key are -inf: their chances are exactly 0, set without an exp. The
-    rest, and every row's sum, are computed as attention_softmax computes them."""
+    rest, and every row's sum, are computed as attention_softmax computes them.
+
+    overwrite: the weights are written over the scores (the caller keeps no other reference
+    to them), the same numbers without a second [.., T, T] array: past malloc's 32 MB each is
+    fresh pages from the kernel (64 MB a block at 2,000 tokens and 4 heads). Then None when
+    some text needs the shifted softmax, whose scores are gone: the caller makes them again."""
     t = scores.shape[-1]
     blocks = causal_blocks(t)
     if len(blocks) == 1 or scores.shape[-2] != t:
         return attention_softmax(scores)
-    e = np.empty_like(scores)
+    e = scores if overwrite else np.empty_like(scores)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for r0, r1 in blocks:
             np.exp(scores[..., r0:r1, :r1], out=e[..., r0:r1, :r1])
@@ -610,6 +621,8 @@ def causal_softmax(scores: np.ndarray) -> np.ndarray:
         total = row_sums(e)
         for r0, r1 in blocks:
             e[..., r0:r1, :r1] /= total[..., r0:r1, :]
+    if overwrite:
+        return e if _sums_in_range(total).all() else None
     return _shift_where_needed(e, scores, total)
 
 
@@ -694,12 +707,14 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int = 0, scale
     return attention_mix(weights, v, start), scores, weights
 
 
-def attention_weights(scores: np.ndarray, start: int = 0, masked: bool = True) -> np.ndarray:
+def attention_weights(scores: np.ndarray, start: int = 0, masked: bool = True,
+                      overwrite: bool = False) -> np.ndarray | None:
     """Each query's softmax over its keys. `masked`: the scores are attention_scores' own,
     -inf past each query (a hook may have changed them: False), and a whole text's
-    (start 0) are then made block by block, without the exp of the masked part."""
+    (start 0) are then made block by block, without the exp of the masked part, and written
+    over the scores when `overwrite` (see causal_softmax: then None means make them again)."""
     if masked and start == 0:
-        return causal_softmax(scores)
+        return causal_softmax(scores, overwrite)
     return attention_softmax(scores, start)
 
 
