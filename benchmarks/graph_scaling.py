@@ -112,12 +112,23 @@ What still grows with the square of the text, and why:
   kernel's time at 2,000 tokens of `long4` from 0.70-0.80 s to 0.38-0.46 s, but the median
   CPU time was the same (5.07 and 5.06 s in five alternating runs) and the doubling's ratio
   did not move: a second copy of the block's sums is not worth a gain the runs cannot show.
+  Kept instead, in the model for every pass: a whole text's pattern written over its scores
+  when no hook keeps them (the same numbers, one square a block): the recorded run at 2,000
+  tokens of `long` 0.35-0.43 -> 0.27-0.29 s, its fresh pages 314 -> 192 MB.
 
-Over the issue's two measuring points, 512 and 2,000 tokens (3.9x the text), the least CPU
-time grew 2.4-3.3x for `long4` and 3.2-4.1x for `long` in the runs of 2026-12-03 (2,000 is
-as long as a text gets: their context is 2,048 tokens); a doubling from 1,000 to 2,000 costs
-`long4` 2.0-2.7x (2.70x in the run of 16:30 UTC, with a 20-second test beside it), which
-is not linear.
+Over the issue's two measuring points, 512 and 2,000 tokens (3.9x the text), the CPU time
+grows less than the text and the memory far less. In seven runs of each length interleaved
+(2026-12-03 18:05 UTC, idle, after the change just above), the least and the median CPU time
+grew 2.70x and 2.58x for `long4`, 3.65x and 3.43x for `long`; in the runs earlier that day
+2.4-3.3x and 3.2-4.1x; the peak memory 2.3x and 2.2x. (2,000 is as long as a text gets:
+their context is 2,048 tokens.) It is not linear at every length: from 1,000 to 2,000
+tokens those seven runs cost `long4` 2.43x (least) and 2.19x (median) and `long` 2.01x and
+1.97x (the run of 17:54 UTC, 1.89x and 1.70x, was a lucky one; earlier that day `long4`
+2.0-2.7x), because the two parts above grow with the square of the text. No exact graph
+avoids them: the model's own attention is quadratic, and so is the exact derivative through
+a second dense pattern. With a longer context each further doubling would cost more, toward
+4x as those parts come to dominate; up to 2,000 tokens they are a fifth to a third of the
+time.
 
 The whole command a user runs, `tinygpt graph TEXT --weights FOLDER --json` (default
 settings, that is one thread; the features' top windows from a warm cache; 2026-12-03, idle,
