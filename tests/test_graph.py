@@ -17,6 +17,7 @@ from tinygpt_cli.analysis import graph as G
 from tinygpt_cli.analysis import sae as S
 from tinygpt_cli.config import Config
 from tinygpt_cli.model import forward, record
+from tinygpt_cli.render.text import show_token
 
 FAMILIES = {
     "gpt2": Config(n_embd=12, n_layer=3, n_head=2, n_inner=20, vocab_size=23, n_positions=8),
@@ -334,6 +335,25 @@ def test_graph_json_sums_to_the_real_logit(cli, trained, tiny):
     assert capped["target_logit"]["incoming_total"] == pytest.approx(tl["value"], abs=1e-4)
     view = cli("graph", text, "--transcoders", folder, "--max-features", "3").out
     assert "(3 of most influence visited: their inputs computed)" in view
+    # every top logit is listed with its value and chance, though only the target's edges
+    # carry influence and survive the pruning
+    top = np.argsort(-real, kind="stable")[:3]
+    p = np.exp(real - real.max()) / np.exp(real - real.max()).sum()
+    three = cli("graph", text, "--transcoders", folder, "--logits", "3", "--json").json()
+    logits = [n for n in three["nodes"] if n["kind"] == "logit"]
+    assert [n["token"] for n in logits] == [tiny.model.tokenizer.token_str(int(i)) for i in top]
+    for n, i in zip(logits, top, strict=True):
+        assert n["value"] == pytest.approx(float(real[i]), abs=1e-5)
+        assert n["probability"] == pytest.approx(float(p[i]), abs=1e-6)
+    shown = cli("graph", text, "--transcoders", folder, "--logits", "3").out
+    assert "top logits " + ", ".join(
+        f"{show_token(n['token'])} {n['value']:.2f} (p {n['probability']:.2f})" for n in logits
+    ) in " ".join(shown.split())
+    # the kept features counted are the ones listed, when the edges cut leave some bare too
+    for extra in ((), ("--edge-threshold", "0")):
+        d = cli("graph", text, "--transcoders", folder, *extra, "--json").json()
+        assert d["counts"]["kept_features"] == sum(n["kind"] == "feature" for n in d["nodes"])
+    assert d["counts"]["kept_features"] < doc["counts"]["kept_features"]
 
 
 def test_transcoder_files_are_checked(cli, trained, tmp_path):
@@ -577,7 +597,9 @@ def test_the_real_change_of_a_last_block_feature_is_the_read_out_of_the_moved_st
         -g.adjacency[g.row(g.target), node], abs=1e-12)
 
 
-def test_graph_ablate_and_steer_print_both_changes(cli, trained):
+def test_graph_ablate_and_steer_print_both_changes(cli, trained, tiny):
+    from tinygpt_cli.analysis import transcoder as T
+
     folder, _, _ = trained
     text = "Lily wanted to play with her"
     doc = cli("graph", text, "--transcoders", folder, "--json").json()
@@ -589,8 +611,22 @@ def test_graph_ablate_and_steer_print_both_changes(cli, trained):
     assert set(iv) == {"features", "predicted_change", "real_change"}
     view = cli("graph", text, "--transcoders", folder, "--set", f"{feat['id']}=1.5").out
     assert f"intervention {feat['id']}" in view and "in the real model" in view
-    assert_one_error_line(cli("graph", text, "--transcoders", folder, "--ablate", "9_9_99"), 2,
-                          "feature 9_9_99 is not active in this text")
+    n_layer = tiny.model.config.n_layer
+    for bad, says in (("9_9_99", f"there is no layer 9 (the layers are 0-{n_layer - 1})"),
+                      ("0_24_0", "there is no feature 24 (the features are 0-23)"),
+                      ("0_3_6", "there is no position 6 (the positions are 0-5)"),
+                      ("0_3_-1", "there is no position -1")):
+        assert_one_error_line(cli("graph", text, "--transcoders", folder, "--ablate", bad), 2,
+                              f"feature {bad}: {says}")
+    m = tiny.model  # a latent that exists but does not fire at position 0 of block 0
+    tcs = T.load_transcoders(folder, m.config, m.weights_file)
+    g = G.build(m.params, m.config, m.tokenizer.encode(text), tcs)
+    on = set(g.feature[(g.layer == 0) & (g.pos == 0) & (g.feature >= 0)].tolist())
+    idle = f"0_{min(set(range(24)) - on)}_0"
+    assert_one_error_line(cli("graph", text, "--transcoders", folder, "--ablate", idle), 2,
+                          f"feature {idle} is not active in this text")
+    assert_one_error_line(cli("graph", text, "--transcoders", folder, "--target", " her",
+                              "--vs", " her"), 2, "the target and --vs are the same token")
     assert_one_error_line(cli("graph", text, "--transcoders", folder, "--set",
                               f"{feat['id']}=big"), 2, "--set takes FEATURE=VALUE")
     assert_one_error_line(cli("graph", text, "--transcoders", folder, "--ablate", "L1"), 2,

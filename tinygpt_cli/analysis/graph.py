@@ -479,6 +479,11 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     last = np.asarray(real[-1], np.float64)
     tokens = logit_nodes(last, target, vs, n_logits)
     target = tokens[0] if target is None else target
+    if vs == target:
+        from ..errors import InputError
+
+        raise InputError(f"the target and --vs are the same token (id {target}): their "
+                         "difference is 0 whatever the text; give --vs another token")
     nf, nl, n = len(f_lat), config.n_layer, config.n_layer * t
     kinds = (["feature"] * nf + ["error"] * n + ["embedding"] * t + ["bias"]
              + ["logit"] * len(tokens))
@@ -816,8 +821,10 @@ def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
 # ------------------------------------------------------------------ interventions on features
 
 
-def feature_node(graph: Graph, spec: str) -> int:
-    """The node of a feature named as the JSON names it, LAYER_FEATURE_POSITION (0_314_5)."""
+def feature_node(graph: Graph, spec: str, latents: int | None = None) -> int:
+    """The node of a feature named as the JSON names it, LAYER_FEATURE_POSITION (0_314_5);
+    `latents`: the transcoders' width, to tell a latent that does not exist from one that
+    is not active."""
     from ..errors import InputError
 
     parts = spec.split("_")
@@ -825,6 +832,13 @@ def feature_node(graph: Graph, spec: str) -> int:
         raise InputError(f"a feature is named LAYER_FEATURE_POSITION, as the graph's JSON "
                          f"names it (e.g. 0_314_5), not {spec!r}")
     lay, lat, pos = (int(p) for p in parts)
+    n_layer = int(graph.layer[graph.target])  # the logits' layer: after the last block
+    for what, value, end in (("layer", lay, n_layer), ("feature", lat, latents),
+                             ("position", pos, graph.position + 1)):
+        if value < 0 or (end is not None and value >= end):
+            raise InputError(f"feature {spec}: there is no {what} {value} (the {what}s are "
+                             f"0-{end - 1})" if end is not None else
+                             f"feature {spec}: there is no {what} {value}")
     nf = graph.n_features
     hit = np.flatnonzero((graph.layer[:nf] == lay) & (graph.feature[:nf] == lat)
                          & (graph.pos[:nf] == pos))

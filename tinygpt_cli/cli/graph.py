@@ -189,7 +189,7 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                                     "for each feature's top windows and label (default: the "
                                     "project's training parts; cached)."),
           windows: int = typer.Option(100, "--windows", min=1, help="Windows of --data "
-                                      "searched (0 features labelled without data)."),
+                                      "searched for the features' top windows."),
           ablate: list[str] = typer.Option(None, "--ablate", metavar="FEATURE",
                                            show_default=False, help="Set this feature "
                                            "(LAYER_FEATURE_POSITION, as the JSON names it) "
@@ -274,15 +274,17 @@ def _intervene(model, ids, transcoders, g, ablate, set_to, steering) -> dict:
     predicts it and as the real model gives it."""
     from ..analysis import graph as G
 
-    changes = {G.feature_node(g, f): 0.0 for f in ablate or []}
+    width = transcoders[0].W_enc.shape[1]
+    changes = {G.feature_node(g, f, width): 0.0 for f in ablate or []}
     for item in set_to or []:
         name, eq, value = item.partition("=")
+        node = G.feature_node(g, name, width)
         try:
-            changes[G.feature_node(g, name)] = float(value) if eq else float("nan")
+            changes[node] = float(value) if eq else float("nan")
         except ValueError:
             raise InputError(f"--set takes FEATURE=VALUE, e.g. 0_314_5=2.5, not "
                              f"{escape_line(item)!r}") from None
-        if not np.isfinite(changes[G.feature_node(g, name)]):
+        if not np.isfinite(changes[node]):
             raise InputError(f"--set {escape_line(item)}: the value must be a finite number")
     from ..render.graph import node_id
 
