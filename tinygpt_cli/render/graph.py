@@ -58,10 +58,11 @@ def node_id(g, i: int) -> str:
 
 
 def kept_nodes(g) -> list[int]:
-    """The pruned graph's nodes: kept features, and every error, embedding, bias and logit
-    node that has an edge left (the target always)."""
+    """The pruned graph's nodes: kept features, every error, embedding and bias node that
+    has an edge left, and every logit (the top tokens are listed with their values even
+    when, influencing nothing but themselves, their edges were all cut)."""
     touched = g.has_edges()
-    touched[g.target] = True
+    touched[len(g.kinds) - len(g.tokens_of_logits):] = True
     return [i for i in range(len(g.kinds)) if g.node_mask[i] and touched[i]]
 
 
@@ -112,7 +113,7 @@ def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None =
                          "value": g.target_value, "incoming_total": g.incoming_total},
         "explained": g.explained, "explained_unpruned": g.explained_unpruned,
         "counts": {"active_features": nf, "visited_features": g.visited,
-                   "kept_features": int(g.node_mask[:nf].sum()),
+                   "kept_features": sum(i < nf for i in keep),  # those listed
                    "edges_unpruned": int(np.count_nonzero(g.adjacency)),
                    "edges": len(edges)},
         "nodes": nodes}) | {"edges": edges}
@@ -205,6 +206,10 @@ def graph_view(doc: dict, top: int) -> Group:
             leaves[n["kind"]] = leaves.get(n["kind"], 0.0) + n["influence"]
     shares = Text("influence reaching " + ", ".join(
         f"{k} nodes {v:.3f}" for k, v in sorted(leaves.items())), style="dim")
+    tops = [n for n in doc["nodes"] if n["kind"] == "logit" and "probability" in n]
+    logits = Text("top logits " + ", ".join(
+        f"{show_token(n['token'])} {n['value']:.2f} (p {n['probability']:.2f})" for n in tops),
+        style="dim")
     shown = sorted((n for n in doc["nodes"] if n["kind"] == "feature"),
                    key=lambda n: -n["influence"])[:top]
     t = fitted((("node", "left"), ("layer", "right"), ("pos", "right"), ("token", "left"),
@@ -212,7 +217,7 @@ def graph_view(doc: dict, top: int) -> Group:
                [[n["id"], str(n["layer"]), str(n["position"]),
                  show_token(doc["tokens"][n["position"]]), f"{n['activation']:.2f}",
                  f"{n['influence']:.3f}", escape_line(n.get("label", ""))] for n in shown])
-    parts = [head, sums, shares, Text("features of most influence"), t]
+    parts = [head, sums, logits, shares, Text("features of most influence"), t]
     split = sorted((e for e in doc["edges"] if "qk" in e), key=lambda e: -abs(e["weight"]))
     if split:
         parts += _qk_table(split[:top], len(split))

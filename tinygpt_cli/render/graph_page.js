@@ -69,9 +69,11 @@ function name(n) {
 function show(n) {
   side.replaceChildren();
   add(side, "h2", name(n));
-  const facts = [`influence on the target ${n.influence.toFixed(4)}`];
+  // a logit reads the stream and feeds nothing: its influence is not a number to show
+  const facts = n.kind === "logit" ? [] : [`influence on the target ${n.influence.toFixed(4)}`];
   if (n.activation !== undefined) facts.push(`activation ${n.activation.toFixed(4)}`);
   if (n.value !== undefined) facts.push(`value ${n.value.toFixed(4)}`);
+  if (n.probability !== undefined) facts.push(`probability ${n.probability.toFixed(4)}`);
   add(side, "p", facts.join(" · "), "dim");
   const sn = groupOf[n.id];
   if (sn) add(side, "p", `supernode ${sn.id}: ${sn.members.length} features (${sn.labels.join("; ")})`);
