@@ -6,6 +6,7 @@ error nodes reproducing the real logits; pruning's invariants; and the command's
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -739,3 +740,31 @@ def test_graph_qk_splits_each_attention_edges_score_into_terms_that_sum_to_it(ca
     np.testing.assert_allclose(k.sum(axis=0), values["layers.1.heads.1.k"][2], atol=1e-10)
     assert {g.kinds[p] for p in parts if isinstance(p, int)} == {"feature", "error",
                                                                 "embedding"}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_graph_past_the_float64_size_is_the_float64_graph_to_float32s_rounding(
+        family, monkeypatch):
+    # past ADJACENCY_F64_MB the graph runs at the model's precision: the adjacency and the
+    # products with the (float32) patterns in float32. Three or four blocks, so that some
+    # rows go through a second and a third attention layer: those products are the float32
+    # ones, and each edge must still be the float64 graph's to float32's rounding
+    config = dataclasses.replace(FAMILIES[family], n_layer=4 if family == "llama" else 3,
+                                 n_positions=48)
+    params = random_params(config, seed=5, dtype=np.float32)
+    tcs = random_transcoders(config, seed=5)
+    ids = [int(i) for i in np.random.default_rng(5).integers(0, config.vocab_size, 40)]
+    wide = G.build(params, config, ids, tcs)
+    seen = []
+    keys_side = G._keys_side
+    monkeypatch.setattr(G, "_keys_side", lambda blocks, *a, **k: (
+        seen.append(blocks[0].dtype), keys_side(blocks, *a, **k))[1])
+    monkeypatch.setattr(G, "ADJACENCY_F64_MB", 0)
+    narrow = G.build(params, config, ids, tcs)
+    assert wide.adjacency.dtype == np.float64 and narrow.adjacency.dtype == np.float32
+    assert seen and set(seen) == {np.dtype(np.float32)}
+    np.testing.assert_array_equal(narrow.targets, wide.targets)
+    scale = np.abs(wide.adjacency).max(axis=1, keepdims=True)
+    assert (np.abs(narrow.adjacency - wide.adjacency) <= 2e-6 * scale).all()
+    assert narrow.incoming_total == pytest.approx(narrow.target_value, rel=1e-5)
+    assert narrow.target_value == wide.target_value

@@ -74,8 +74,8 @@ def small_pages(fn):
 
 @dataclass
 class Frozen:
-    """The real run's attention patterns (as recorded) and norm scales, and the weights the
-    linear model reads, in float64."""
+    """The real run's attention patterns (as recorded, in the graph's precision:
+    `adjacency_dtype`) and norm scales, and the weights the linear model reads, in float64."""
 
     config: Config
     weights: list[list[np.ndarray]]  # per block: its pattern's row blocks (`pattern_blocks`)
@@ -88,7 +88,8 @@ class Frozen:
     shift: tuple[int, np.ndarray] | None = None  # steering: (block, vector added to its input)
 
 
-def freeze(params, config: Config, values: dict, steering=None) -> Frozen:
+def freeze(params, config: Config, values: dict, steering=None, products=np.float64
+           ) -> Frozen:
     f64 = lambda a: None if a is None else np.asarray(a, np.float64)  # noqa: E731
     names = [f"layers.{i}.{n}" for i in range(config.n_layer) for n in ("ln1", "ln2")]
     names.append("ln_final")
@@ -97,7 +98,7 @@ def freeze(params, config: Config, values: dict, steering=None) -> Frozen:
     norms = {n: tuple(f64(a) for a in norm_weights(params, n)) for n in names}
     qkv = [head_qkv(params, config, i) for i in range(config.n_layer)]
     b_o = [params.get(f"layers.{i}.attn.b_O") for i in range(config.n_layer)]
-    return Frozen(config, [pattern_blocks(values[f"layers.{i}.weights"])
+    return Frozen(config, [pattern_blocks(values[f"layers.{i}.weights"], products)
                            for i in range(config.n_layer)],
                   scales, norms, [f64(q[2]) for q in qkv], [f64(q[5]) for q in qkv],
                   [f64(head_out_matrix(params, config, i)) for i in range(config.n_layer)],
@@ -105,12 +106,13 @@ def freeze(params, config: Config, values: dict, steering=None) -> Frozen:
                   shift_of(steering))
 
 
-def pattern_blocks(weights: np.ndarray) -> list[np.ndarray]:
-    """A causal pattern [H, T, T] as float64 blocks of KEY_BLOCK queries against the keys at
-    or before their last, [H, q1 - q0, q1]: no more memory than the float32 square (the
-    upper triangle is not kept), and no product casts it again."""
+def pattern_blocks(weights: np.ndarray, dtype=np.float64) -> list[np.ndarray]:
+    """A causal pattern [H, T, T] as blocks of KEY_BLOCK queries against the keys at or
+    before their last, [H, q1 - q0, q1], in dtype: float64 copies in no more memory than the
+    float32 square (the upper triangle is not kept), so that no product casts them again;
+    float32 (the recorded pattern's own): views of it, no copy."""
     t = weights.shape[-1]
-    return [np.asarray(weights[:, q0:q0 + KEY_BLOCK, :min(q0 + KEY_BLOCK, t)], np.float64)
+    return [np.asarray(weights[:, q0:q0 + KEY_BLOCK, :min(q0 + KEY_BLOCK, t)], dtype)
             for q0 in range(0, t, KEY_BLOCK)]
 
 
@@ -167,8 +169,8 @@ def attention_forward(fz: Frozen, i: int, h: np.ndarray) -> np.ndarray:
     x = norm_forward(fz, f"layers.{i}.ln1", h)
     t = h.shape[-2]
     v = np.einsum("td,hdk->htk", x, fz.W_V[i]) + fz.b_V[i][:, None, :]  # [H_kv, T, d_k]
-    v = np.repeat(v, fz.config.n_head // v.shape[0], axis=0)
-    z = np.empty(v.shape)  # [H, T, d_k]
+    v = np.repeat(v, fz.config.n_head // v.shape[0], axis=0).astype(fz.weights[i][0].dtype)
+    z = np.empty(v.shape, v.dtype)  # [H, T, d_k]
     q0 = 0
     for blk in fz.weights[i]:  # causal: a block of queries reads the keys before it
         q1 = min(q0 + blk.shape[1], t)
@@ -236,8 +238,10 @@ def _keys_side(blocks: list[np.ndarray], gz: np.ndarray, t: int,
     it are skipped for it and no block reads a query past every live column's end. With the
     columns in order of their ends, a row's product costs the square of its own position,
     not of the pass's last. The columns are the products' short side (X a row of gz, the
-    pattern's rows read as they are stored): narrow products run faster this way round."""
-    out = np.zeros((blocks[0].shape[0], *gz.shape[1:]))
+    pattern's rows read as they are stored): narrow products run faster this way round.
+    In the pattern's precision (`adjacency_dtype`): float32 products run twice as fast."""
+    gz = gz.astype(blocks[0].dtype, copy=False)
+    out = np.zeros((blocks[0].shape[0], *gz.shape[1:]), blocks[0].dtype)
     q0 = 0
     for blk in blocks:
         q1 = min(q0 + blk.shape[1], t)
@@ -470,9 +474,6 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     most influence on the target first (`visit`), so time and memory grow linearly with the
     text once it has more active features than that."""
     real, values = record(params, config, np.asarray(ids), read_paths(config), hooks=steering)
-    fz = freeze(params, config, values, steering)
-    for i in range(config.n_layer):  # fz holds them now, in float64 blocks
-        del values[f"layers.{i}.weights"]
     t = len(ids)
     f_layer, f_pos, f_lat, f_act, errors = transcoder_features(transcoders, values,
                                                                config.n_layer)
@@ -487,6 +488,11 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     nf, nl, n = len(f_lat), config.n_layer, config.n_layer * t
     kinds = (["feature"] * nf + ["error"] * n + ["embedding"] * t + ["bias"]
              + ["logit"] * len(tokens))
+    cap = nf if max_features is None else max_features
+    dtype = adjacency_dtype(min(nf, cap) + len(tokens), len(kinds))
+    fz = freeze(params, config, values, steering, dtype)
+    for i in range(config.n_layer):  # fz holds them now, in causal blocks
+        del values[f"layers.{i}.weights"]
     layer = np.concatenate([f_layer, np.repeat(np.arange(nl), t), np.full(t + 1, -1),
                             np.full(len(tokens), nl)]).astype(int)
     pos = np.concatenate([f_pos, np.tile(np.arange(t), nl), np.arange(t), [-1],
@@ -503,22 +509,24 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
                   np.asarray(values["embeddings"], np.float64), np.asarray(reads))
     tnode = len(kinds) - len(tokens) + (len(tokens) - 1 if vs is not None
                                         else tokens.index(target))
-    adj, targets, scratch = visit(src, len(kinds), tnode, t, batch,
-                                  nf if max_features is None else max_features)
+    adj, targets, scratch = visit(src, len(kinds), tnode, t, batch, cap, dtype)
     return Graph(list(ids), t - 1, kinds, layer, pos, feature, activation, tokens, adj,
                  targets, tnode, target, vs, float(activation[tnode]), real_logits=last,
                  scratch=scratch)
 
 
 def adjacency_dtype(rows: int, cols: int) -> type:
-    """float64, unless the matrix would pass ADJACENCY_F64_MB (about 45 tokens of the shipped
-    model, every feature visited): then float32, each batch still computed in float64 (the
-    sums then exact to float32's rounding, 1e-7 of the largest edge)."""
+    """The graph's precision: float64, unless the adjacency would pass ADJACENCY_F64_MB
+    (about 45 tokens of the shipped model, every feature visited). Then float32, as the
+    model runs: the adjacency, and the products with the frozen patterns (float32 numbers
+    already, the real run's), whose p^2 per row is most of a long text's time; the rest of
+    each backward pass in float64. The edges are then exact to float32's rounding of sums of
+    up to p terms, as the model's own attention is (tested against the float64 graph)."""
     return np.float64 if rows * cols * 8 <= ADJACENCY_F64_MB << 20 else np.float32
 
 
-def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int,
+          dtype=np.float64) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The adjacency rows and their nodes: the logits' rows first, then the features' (and
     the memory of the rows' normalised copy, for prune to reuse, or None). With
     no more than `cap` features, every one, a block's at a time in position order. With more,
@@ -531,7 +539,7 @@ def visit(src: Sources, n_nodes: int, tnode: int, t: int, batch: int, cap: int
     # malloc hands out fresh pages every time, and their faults made 2,000 tokens cost 3x
     # 1,000 where the arithmetic is 2x)
     fit = int(max(8, (PASS_MB << 20) // (t * src.fz.config.n_embd * 8)))
-    adj = np.zeros((rows, n_nodes), adjacency_dtype(rows, n_nodes))
+    adj = np.zeros((rows, n_nodes), dtype)
     targets = np.full(rows, -1)
     targets[rows - nl:] = np.arange(n_nodes - nl, n_nodes)
     _fill(src, adj, rows - nl, None, t)
