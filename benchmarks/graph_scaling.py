@@ -89,15 +89,20 @@ What still grows with the square of the text, and why:
   position could share them, and they are shared where that holds). They are kept as small
   as that allows: each row only over the queries up to its own position; the first of them
   with 1 + H position profiles instead of d_k columns a head, the profile at the row's own
-  position read off the pattern, the others shared by the rows at one position; the patterns
-  held as float64 causal blocks (no cast in every product, no more memory than the float32
-  square); the columns each product's short side; each block's own keys in two bands. How
+  position read off the pattern, the others shared by the rows at one position; past the
+  float64 size (every `long` and `long4` run here) in float32, the patterns' own precision,
+  read from the recorded square with no copy (below it, float64 causal blocks: no cast in
+  every product, no more memory than the float32 square); the columns each product's short
+  side; each block's own keys in two bands. How
   many rows go that deep is the graph's own: with `long4` at 2,000 tokens 180 rows reach a
   third attention layer, against 115 at 1,000, so these products grow 3.5-4x a doubling
-  (0.42 -> 1.47 s below) and alone hold `long4` above 2x. With 2 blocks none does. At 2,000
-  tokens of `long4` they multiply 37.6 GF (31.2 of it not zeros): those of a third layer on
-  (d_k columns a head, the rows of one pass, 80-256 columns) at 33 GF/s, near this core's
-  BLAS on wide products (35-40); those of a second (the profiles, 4-64 columns) at 17 GF/s.
+  (0.42 -> 1.47 s below, in float64) and held `long4` above 2x. With 2 blocks none does. At
+  2,000 tokens of `long4` they multiply 37.6 GF (31.2 of it not zeros): in float64 those of
+  a third layer on (d_k columns a head, the rows of one pass, 80-256 columns) ran at 33 GF/s,
+  near this core's BLAS on wide products (35-40), those of a second (the profiles, 4-64
+  columns) at 17 GF/s; in float32, since 2026-12-03 18:10 UTC, all of them in 0.85-0.93 s
+  (0.21-0.25 s at 1,000 tokens), each edge still the float64 graph's to about 1e-7 of its
+  row's largest (tested).
   Tried and not kept, each within the 5-10% that runs move by: merging a visiting round's
   second-layer products (its passes share no position: 38 -> 56 columns a product on
   average, no faster; over the whole graph, 27% of their columns repeat and merged they
@@ -105,8 +110,9 @@ What still grows with the square of the text, and why:
   100-200 MB); blocks of 128 or 512 queries; the keys in 256-wide strips (no large
   temporary to add); the columns that end inside a block in bands of their own.
 - the model's own forward pass: attention scores and softmax, [H, T, T] a block, and the
-  patterns kept for the backward passes (float64 causal blocks, 75 MB a block at 2,000
-  tokens), fresh pages. Tried and not kept: a real run of the graph's own (record's numbers
+  patterns kept for the backward passes (the recorded float32 square, 64 MB a block at 2,000
+  tokens; before the float32 products, float64 causal blocks of 75 MB copied from it), fresh
+  pages. Tried and not kept: a real run of the graph's own (record's numbers
   bit for bit) with one [H, T, T] square for every block, where the model makes two a block,
   and each block of queries' pattern written straight into its causal block. It cut the
   kernel's time at 2,000 tokens of `long4` from 0.70-0.80 s to 0.38-0.46 s, but the median
@@ -118,23 +124,24 @@ What still grows with the square of the text, and why:
 
 Over the issue's two measuring points, 512 and 2,000 tokens (3.9x the text), the CPU time
 grows less than the text and the memory far less. In seven runs of each length interleaved
-(2026-12-03 18:05 UTC, idle, after the change just above), the least and the median CPU time
-grew 2.70x and 2.58x for `long4`, 3.65x and 3.43x for `long`; in the runs earlier that day
-2.4-3.3x and 3.2-4.1x; the peak memory 2.3x and 2.2x. (2,000 is as long as a text gets:
-their context is 2,048 tokens.) It is not linear at every length: from 1,000 to 2,000
-tokens those seven runs cost `long4` 2.43x (least) and 2.19x (median) and `long` 2.01x and
-1.97x (the run of 17:54 UTC, 1.89x and 1.70x, was a lucky one; earlier that day `long4`
-2.0-2.7x), because the two parts above grow with the square of the text. No exact graph
-avoids them: the model's own attention is quadratic, and so is the exact derivative through
-a second dense pattern. With a longer context each further doubling would cost more, toward
-4x as those parts come to dominate; up to 2,000 tokens they are a fifth to a third of the
-time.
+(2026-12-03 18:20 UTC, idle, after the float32 products), the least and the median CPU time
+grew 2.48x and 2.38x for `long4`, 3.30x and 3.72x for `long`; the peak memory 2.3x and
+2.2x. (2,000 is as long as a text gets: their context is 2,048 tokens.) From 1,000 to 2,000
+tokens those runs cost `long4` 1.91x (least) and 1.94x (median), `long` 1.76x and 2.16x
+(its 2,000-token runs spread from 1.55 to 2.4 s). Before the float32 products, seven such
+runs (18:05 UTC) gave `long4` 2.43x and 2.19x, `long` 2.01x and 1.97x, and one whole run of
+the benchmark 1.89x and 1.70x: a doubling's ratio moves by 0.2-0.3 between runs. What grows
+with the square of the text is still there, the two parts above, and no exact graph avoids
+it: the model's own attention is quadratic, and so is the exact derivative through a second
+dense pattern. Up to 2,000 tokens they are a fifth to a third of the time; with a longer
+context each further doubling would cost more, toward 4x as they come to dominate.
 
 The whole command a user runs, `tinygpt graph TEXT --weights FOLDER --json` (default
 settings, that is one thread; the features' top windows from a warm cache; 2026-12-03, idle,
 the better of two runs): `long4` 512, 1,000 and 2,000 tokens in 5.4, 6.7 and 11.4 s wall
 (1.70x from 1,000 to 2,000), peak 576, 892 and 1,108 MB, of which the JSON document (49, 68
-and 69 MB: the pruned graph's edges) is most of what is not build and prune. At 2,000 tokens
+and 69 MB: the pruned graph's edges) is most of what is not build and prune; after the
+float32 products (18:25 UTC) 4.9, 6.2 and 8.7 s (1.40x), peak at most 845 MB. At 2,000 tokens
 with two spinning processes beside it 21.7 s, with an empty page cache 12.2 s (both
 measured before the edges stopped being walked twice: 14.6 s warm). Until this session the
 command read the training text's cached codes and scanned them once per kept feature to
