@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from cli_helpers import TEXT, assert_one_error_line, random_params, write_folder
 
+from tinygpt_cli.errors import InputError
 from tinygpt_cli.weights import load_model
 
 pytest.importorskip("huggingface_hub")
@@ -154,3 +155,20 @@ def test_names_that_are_not_hub_ids_stay_folders(hub, cli, monkeypatch, name):
     got = cli("probs", TEXT, "--weights", name)
     assert_one_error_line(got, 2, f"weights folder {name} does not exist")
     assert "hub" not in got.err
+
+
+def test_the_readmes_weights_names_reach_the_shipped_folders_from_anywhere(hub, tmp_path):
+    # the README runs `--weights weights/llama` from the repository's root; from any other
+    # folder that name is the copy shipped with the package, not a hub id "weights/llama"
+    from tinygpt_cli.weights import SHIPPED
+
+    assert load_model("weights/llama").folder == SHIPPED / "llama"
+    assert load_model("weights/llama").config.model_type == "llama"
+    # a folder of that name here still wins
+    local = write_folder(Path("weights") / "llama", random_params(_tiny(), seed=13), _tiny())
+    assert load_model("weights/llama").folder == local
+    # a name the package does not ship is looked up as a hub id, as before (offline: refused)
+    with pytest.raises(InputError, match="weights/nothing is not a folder here nor in the hub"):
+        load_model("weights/nothing")
+    with pytest.raises(InputError):  # transcoders ship there, but are no model
+        load_model("weights/transcoders")

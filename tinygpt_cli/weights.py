@@ -612,6 +612,16 @@ class Model:
         return weights_path(self.folder)
 
 
+def _shipped_named(path: Path) -> Path | None:
+    """weights/NAME, when the shipped weights hold a folder NAME (the README's names)."""
+    parts = path.parts
+    if len(parts) == 2 and parts[0] == "weights" and parts[1] not in (".", ".."):
+        inside = SHIPPED / parts[1]
+        if (inside / "config.json").is_file():
+            return inside
+    return None
+
+
 def resolve_folder(folder: str | Path | None) -> tuple[Path, bool]:
     """--weights DIR, then $TINYGPT_WEIGHTS, then the weights shipped with the package; and
     whether the user named it. An empty name is refused, never taken as the current folder.
@@ -629,11 +639,16 @@ def resolve_folder(folder: str | Path | None) -> tuple[Path, bool]:
 
 
 def _local_or_hub(name: str | Path) -> Path:
-    """The folder `name`, or, when there is none of that name and it is a hub id, the hub
-    cache's snapshot of it: a local folder always wins."""
+    """The folder `name`; when there is none of that name, a folder shipped with the package
+    that the README names from the repository's root (weights/llama: the shipped `llama`,
+    from any folder); else, when it is a hub id, the hub cache's snapshot of it. A local
+    folder always wins."""
     path = Path(name).expanduser()
     if path.exists() or path.is_symlink():
         return path
+    shipped = _shipped_named(path)
+    if shipped is not None:
+        return shipped
     from .hub import hub_id, snapshot
 
     found = hub_id(str(name))
