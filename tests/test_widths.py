@@ -158,6 +158,24 @@ def test_a_narrow_lens_goes_on_in_bands_with_no_masked_dot(cli, monkeypatch):
     assert len(rows) >= 2 and "·" not in out and "…" not in out.replace("…)", "")
 
 
+@pytest.mark.parametrize("width", ["80", "200"])
+def test_the_lens_shows_each_guess_whole(cli, monkeypatch, width):
+    # cells of 7 characters cut the shipped model's ' favorite' and ' friends' to `␣favori`
+    # and `␣friend`, the second a token of its own: the grid named a guess it did not make
+    from tinygpt_cli.render.text import show_token
+
+    monkeypatch.setenv("COLUMNS", width)
+    out = cli("lens", LONG).out
+    doc = cli("lens", LONG, "--json").json()
+    guesses = {show_token(g) for row in doc["top_tokens"] for g in row}
+    assert max(map(len, guesses)) > 7  # some guess longer than the old cells
+    grid = out.split("the target at")[0].splitlines()[3:]
+    cells = {c for line in grid for c in line.split()[2:]}  # past each row's label
+    assert guesses <= cells | {show_token(t) for t in doc["tokens"]}
+    assert {c for c in cells if c not in guesses and not c.isdigit()} <= {
+        "emb", "…"} | {c for c in cells if "." in c}  # stage names only
+
+
 def test_blocks_full_shows_every_column_at_any_width(cli, monkeypatch):
     monkeypatch.setenv("COLUMNS", "40")
     cut, full = cli("blocks", TEXT).out, cli("blocks", TEXT, "--full").out

@@ -58,6 +58,11 @@ def grid(values: np.ndarray, row_labels: list[str], col_labels: list[str], *,
         big = float(np.abs(finite).max()) if finite.size else 1.0
     lo = (float(finite.min()) if finite.size else 0.0) if lo is None else lo
     hi = (float(finite.max()) if finite.size else 1.0) if hi is None else hi
+    shown = [[(text[i][j] if text is not None else cell_text(float(x), percent))
+              if np.isfinite(x) else "" for j, x in enumerate(row)]
+             for i, row in enumerate(values)]
+    # a cell is never cut: -1067% as `-1067` or ␣favorite as `␣favori` says something else
+    width = max([width] + [len(s) for row in shown for s in row])
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim",
                   padding=(0, 1, 0, 0))
     table.add_column("", no_wrap=True, style="bold")
@@ -70,8 +75,7 @@ def grid(values: np.ndarray, row_labels: list[str], col_labels: list[str], *,
                 glyph = "…" if col_labels[j] == "…" else "·"
                 cells.append(Text(glyph.center(width), style="dim"))
                 continue
-            s = text[i][j] if text is not None else cell_text(float(x), percent)
-            s = s[:width].center(width)
+            s = shown[i][j].center(width)
             if signed:
                 level = float(x) / big if big > 0 else 0.0
                 style = f"black on {diverging(level)}"
@@ -134,7 +138,7 @@ def token_line(label: str, token_id: int, token: str) -> Text:
 def stage_grid(probs: np.ndarray, rows: list[str], labels: list[str],
                shown: list[list[str]]) -> Fit:
     """The lens grid [T, S]: where the width is short, the stages go on below in bands, every
-    one shown; a token is never cut."""
+    one shown; a token is never cut (`grid`)."""
     def build(keep: list[int | None]):
         cols = [probs[:, j] if j is not None else np.full(len(rows), np.nan) for j in keep]
         text = [[row[j] if j is not None else "" for j in keep] for row in shown]
