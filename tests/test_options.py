@@ -75,6 +75,15 @@ def test_the_hint_names_the_whole_command_and_the_text_given(cli):
     assert r.err.endswith("(see 'tinygpt probs --help'; a text that starts with '-' goes "
                           "after '--': tinygpt probs -- '-Lily wanted')\n"), r.err
     assert cli("probs", "--", "-Lily wanted").code == 0
+    # an option's value missing at the end: click has made no context of the command yet
+    for argv, help_of in ((("attn", TEXT, "--layer"), "tinygpt attn"),
+                          (("sae", "train", "--steps"), "tinygpt sae train"),
+                          (("--weights", "w", "probs", TEXT, "--top"), "tinygpt probs"),
+                          (("--weights",), "tinygpt")):
+        r = cli(*argv)
+        assert r.code == 2
+        assert r.err == (f"error: Option '{argv[-1]}' requires an argument. "
+                         f"(see '{help_of} --help')\n"), r.err
 
 
 # ------------------------------------------------------------------ one name for a head

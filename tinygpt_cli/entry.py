@@ -115,13 +115,14 @@ def _text_like(args: list[str]) -> str | None:
                  and (len(w) > 2 or " " in w)), None)
 
 
-def _hint(e, args: list[str] = ()) -> str:
+def _hint(e, args: list[str] = (), root=None) -> str:
     """What a usage error adds: where the help is, and how a text starting with '-' is
     given."""
     from .cli.typer_tricks import click_errors
 
     # the whole command path: `tinygpt sae train`, not `tinygpt train`
-    command = " ".join(["tinygpt", *_names(e.ctx)[1:]]) if e.ctx and e.ctx.parent else None
+    command = (" ".join(["tinygpt", *_names(e.ctx)[1:]]) if e.ctx and e.ctx.parent
+               else _command_in(root, list(args)))
     see = f"see '{command or 'tinygpt'} --help'"
     name = getattr(e, "option_name", "") or ""
     text = _text_like(list(args))
@@ -145,6 +146,23 @@ def _text_last(args: list[str], text: str) -> list[str]:
         at = rest.index("--") + 1
         return [*rest[:at], text, *rest[at:]]
     return [*rest, "--", text]
+
+
+def _command_in(root, args: list[str]) -> str | None:
+    """The command path the words name, for an error click raised before it made the
+    command's own context (an option's value missing at the end: `attn TEXT --layer`): the
+    first word that is a command (after the root's own options), then its subcommands."""
+    commands = getattr(root, "commands", {})
+    start = next((i for i, w in enumerate(args) if w in commands), None)
+    if start is None:
+        return None
+    group, names = root, []
+    for word in args[start:]:
+        sub = getattr(group, "commands", {}).get(word)
+        if sub is None:
+            break
+        group, names = sub, [*names, word]
+    return " ".join(["tinygpt", *names])
 
 
 def _names(ctx) -> list[str]:
@@ -215,7 +233,7 @@ def run(argv: list[str] | None = None, context=None) -> None:
     except click_errors.UsageError as e:
         if debug:
             raise
-        code = error(e.format_message() + _hint(e, args), USAGE)
+        code = error(e.format_message() + _hint(e, args, command), USAGE)
     except (typer.Abort, KeyboardInterrupt):
         fresh_line()
         code = INTERRUPTED
