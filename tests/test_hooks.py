@@ -15,7 +15,7 @@ from tinygpt_cli import ops
 from tinygpt_cli.config import Config
 from tinygpt_cli.hooks import Chain, Record, RecordOnly, Replace, StopAfter, ablation
 from tinygpt_cli.model import KVCache, backward, forward, run_traced
-from tinygpt_cli.schema import BY_PATH, PathError, expand, pattern_of, shape_of
+from tinygpt_cli.schema import BY_PATH, PathError, expand, pattern_of, resolve, shape_of
 
 IDS = np.array([3, 17, 5, 9, 22, 1])
 
@@ -105,6 +105,15 @@ def test_ablation_paths_are_checked_with_suggestions(tiny_config):
         ablation(["logits[-1]"], tiny_config)
     with pytest.raises(PathError, match="not computed by the forward pass"):
         ablation(["tokens"], tiny_config)
+    # suggested: only what --ablate takes (trace's own suggestion for 'nonsense' is tokens)
+    with pytest.raises(PathError) as e:
+        resolve("nonsense", tiny_config)
+    assert e.value.suggestions == ["tokens"]
+    with pytest.raises(PathError) as e:
+        ablation(["nonsense"], tiny_config)
+    assert e.value.suggestions == [] and "did you mean" not in str(e.value)
+    with pytest.raises(PathError, match=r"did you mean embeddings\?"):
+        ablation(["embed"], tiny_config)
     assert set(ablation(["blocks.1.hook_mlp_out"], tiny_config).fns) == {"layers.1.mlp_out"}
 
 

@@ -185,12 +185,19 @@ def ablation(paths: Iterable[str], config: Config) -> Replace:
     """
     from .schema import BY_PATH, PathError, pattern_of
 
+    def computed(name: str) -> bool:
+        return BY_PATH[pattern_of(name)].kind == "hooked" and name != "ids"
+
     fns = {}
     for p in paths:
-        name, rows = resolve(p, config)
+        try:
+            name, rows = resolve(p, config)
+        except PathError as e:  # suggest only what --ablate takes: `tokens` is no value to zero
+            e.suggestions = [s for s in e.suggestions if computed(resolve(s, config)[0])]
+            raise
         if rows:
             raise PathError(p, f"--ablate takes a whole value, not rows of one: {p!r}")
-        if BY_PATH[pattern_of(name)].kind != "hooked" or name == "ids":
+        if not computed(name):
             raise PathError(p, f"{name} is not computed by the forward pass, so it cannot be "
                             "ablated; try a head's output (layers.0.heads.0.out), "
                             "layers.0.attn_out or layers.0.mlp_out")

@@ -213,5 +213,6 @@ def zeroing(model, paths: list[str], saes: tuple = ()):
         from .sae import latent_ablation
 
         hooks = latent_ablation(model.weights_file, model.config, latents, tuple(saes))
+    zeroed = ablation(values, model.config) if values else None  # checks each path first
     names = [resolve(p, model.config)[0] for p in values] + latents
-    return names, Chain(ablation(values, model.config) if values else None, hooks)
+    return names, Chain(zeroed, hooks)
