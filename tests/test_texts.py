@@ -422,3 +422,27 @@ def test_bad_input_is_one_error_line(cli, args, needle):
 def test_each_line_after_double_dash_is_just_text(cli):
     doc = cli("encode", "--json", "--", "--each-line").json()
     assert "".join(doc["tokens"]) == "--each-line"
+
+
+@pytest.mark.parametrize("width", [30, 50, 80, 200])
+def test_a_window_line_narrows_to_fit_the_width_and_keeps_its_peak(width):
+    # sae feature's and neurons' context rows wrapped to the next line's first column when
+    # the window was wider than the terminal; they now drop tokens each side of the peak
+    from rich.console import Console
+    from rich.text import Text
+
+    from tinygpt_cli.render.texts import WindowLine, window_line
+
+    tokens = [" Jenny", " watched", " it", " and", " waved", " goodbye", ".", " She",
+              " smiled", " and", " said", ",", " happy", " and", " warm"] * 2
+    acts = np.zeros(len(tokens))
+    acts[12] = 3.0
+    console = Console(width=width, record=True, color_system=None)
+    console.print(WindowLine(Text("  3.789  "), tokens, acts, 12, radius=7))
+    lines = console.export_text().splitlines()
+    assert len(lines) == 1 and len(lines[0]) <= width and "[happy]" in lines[0]
+    # the widest window that fits: one more token each side would not
+    shown = lines[0].rstrip()
+    wider = {r: "  3.789  " + window_line(tokens, acts, 12, r).plain for r in range(8)}
+    r = next(r for r in range(7, -1, -1) if wider[r] == shown)
+    assert r == 7 or len(wider[r + 1]) > width

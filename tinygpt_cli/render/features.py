@@ -11,7 +11,7 @@ from rich.text import Text
 from ..words import count
 from . import jsonout
 from .text import escape_line, show_token
-from .texts import window_line
+from .texts import WindowLine, window_line
 
 
 def trained_doc(path, state, n_tokens: int) -> dict:
@@ -97,10 +97,9 @@ def feature_view(r, tokenizer) -> Group:
                   style="bold cyan")]
     lines.append(Text("top contexts (the strongest token underlined)", style="dim"))
     for c in r.contexts:
-        line = Text(f"{c['value']:7.3f}  ", style="bold")
-        line.append_text(window_line([tok(int(i)) for i in c["ids"]], c["acts"], c["position"],
-                                     radius=7))
-        lines.append(line)
+        lines.append(WindowLine(Text(f"{c['value']:7.3f}  ", style="bold"),
+                                [tok(int(i)) for i in c["ids"]], c["acts"], c["position"],
+                                radius=7))
     for label, pairs in (("promotes", r.promotes), ("suppresses", r.suppresses)):
         line = Text(f"{label:<11}", style="bold")
         line.append(" ".join(f"{show_token(tok(i))}({v:+.2f})" for i, v in pairs[:5]))

@@ -128,6 +128,29 @@ def window_line(tokens: list[str], acts: np.ndarray, peak: int, radius: int = 12
     return t
 
 
+class WindowLine:
+    """`lead` then window_line(...) on one line: the window narrows (fewer tokens each side
+    of the peak, down to none) until the line fits the width, rather than wrap to the next
+    line's first column."""
+
+    def __init__(self, lead: Text, tokens: list[str], acts: np.ndarray, peak: int,
+                 radius: int = 12):
+        self.lead, self.tokens, self.acts, self.peak, self.radius = lead, tokens, acts, peak, radius
+
+    def __rich_console__(self, console, options):
+        for radius in range(self.radius, -1, -1):
+            line = self.lead.copy()
+            line.append_text(window_line(self.tokens, self.acts, self.peak, radius))
+            if line.cell_len <= options.max_width or radius == 0:
+                yield line
+                return
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        return Measurement(1, options.max_width)
+
+
 def token_list(tokens: list[str], values: list[float]) -> Fields:
     """`tok 0.560  tok 0.492 ...`, wrapping between entries (never inside one) when the
     column is narrower than the list."""
@@ -250,9 +273,8 @@ def neuron_examples_view(ex, token_str, files: list[str]) -> Group:
                   f"tokens in {escape_line(', '.join(files))}", style="bold cyan")]
     for r, row in enumerate(ex.rows):
         tokens = [token_str(int(i)) for i in ex.ids[r]]
-        line = Text(f"{row['max']:7.3f}  ", style="bold")
-        line.append_text(window_line(tokens, ex.acts[r], row["position"]))
-        lines.append(line)
+        lines.append(WindowLine(Text(f"{row['max']:7.3f}  ", style="bold"), tokens,
+                                ex.acts[r], row["position"]))
     return Group(*lines)
 
 
