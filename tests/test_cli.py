@@ -634,6 +634,24 @@ def test_map_draws_the_model_with_shapes(cli):
     assert order == sorted(order)
 
 
+@pytest.mark.parametrize("width", ["60", "80"])
+def test_map_wraps_a_long_stage_under_itself_not_at_the_frame(cli, monkeypatch, width):
+    # a Llama's attention and feed-forward stages are longer than 80 columns: their rest
+    # went on at the block frame's left edge, breaking the diagram
+    monkeypatch.setenv("COLUMNS", width)
+    r = cli("map", TEXT, "--weights", "weights/llama")
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    inside = lines[next(i for i, ln in enumerate(lines) if "╭" in ln) + 1:
+                   next(i for i, ln in enumerate(lines) if "╰" in ln)]
+    assert any("SiLU" in ln for ln in inside) and all(len(ln) <= int(width) for ln in lines)
+    bodies = [ln[ln.index("│") + 1:ln.rindex("│")] for ln in inside]
+    wrapped = [b for b in bodies if "▣" not in b and not b.strip().startswith("│")]
+    assert wrapped  # the long stages do wrap at this width
+    for body in wrapped:  # and each goes on where its stage's text began
+        assert len(body) - len(body.lstrip()) >= 22, body
+
+
 # ------------------------------------------------------------------ literal text, no ANSI
 
 MARKUP = "[bold]x[/bold] and \x1b[31mred"

@@ -8,6 +8,7 @@ import numpy as np
 from rich.console import Group
 from rich.padding import Padding
 from rich.panel import Panel
+from rich.table import Table
 from rich.text import Text
 
 from ..words import count
@@ -104,13 +105,19 @@ def map_view(r, stages: list[tuple[str, str, str]], picked: int):
     cfg = r.model.config
     td = f"{r.T} × {cfg.n_embd}"
 
-    def box(stage: str, op: str) -> Text:
-        return Text.assemble(("  ▣ ", "dim"), (f"{stage:<19}", "bold"), (op, ""))
+    def box(stage: str, op: str) -> Table:
+        # the op wraps under itself, not at the frame's edge (a Llama's are long)
+        row = Table.grid()
+        row.add_column(no_wrap=True)
+        row.add_column(no_wrap=True, width=19)
+        row.add_column()
+        row.add_row(Text("  ▣ ", "dim"), Text(stage, "bold"), Text(op))
+        return row
 
     head = [Text.assemble(("  ", ""), (repr(r.text), "bold green")), _arrow(count(r.T, "token"))]
     for s, o, sh in stages[:3]:
         head += [box(s, o), _arrow(sh)]
-    inner: list[Text] = []
+    inner: list = []
     for k, (s, o, sh) in enumerate(stages[3:9]):
         inner.append(box(s, o))
         if k < 5:
