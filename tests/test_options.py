@@ -84,6 +84,9 @@ def test_the_hint_names_the_whole_command_and_the_text_given(cli):
         assert r.code == 2
         assert r.err == (f"error: Option '{argv[-1]}' requires an argument. "
                          f"(see '{help_of} --help')\n"), r.err
+    # a word that names a command elsewhere in the line is not the command: here none is
+    assert cli("foo", "attn").err == "error: No such command 'foo'. (see 'tinygpt --help')\n"
+    assert cli("--weights", "attn").err == "error: Missing command. (see 'tinygpt --help')\n"
 
 
 # ------------------------------------------------------------------ one name for a head

@@ -122,7 +122,7 @@ def _hint(e, args: list[str] = (), root=None) -> str:
 
     # the whole command path: `tinygpt sae train`, not `tinygpt train`
     command = (" ".join(["tinygpt", *_names(e.ctx)[1:]]) if e.ctx and e.ctx.parent
-               else _command_in(root, list(args)))
+               else _command_in(root, list(args)) if e.ctx is None else None)
     see = f"see '{command or 'tinygpt'} --help'"
     name = getattr(e, "option_name", "") or ""
     text = _text_like(list(args))
@@ -150,19 +150,20 @@ def _text_last(args: list[str], text: str) -> list[str]:
 
 def _command_in(root, args: list[str]) -> str | None:
     """The command path the words name, for an error click raised before it made the
-    command's own context (an option's value missing at the end: `attn TEXT --layer`): the
-    first word that is a command (after the root's own options), then its subcommands."""
-    commands = getattr(root, "commands", {})
-    start = next((i for i, w in enumerate(args) if w in commands), None)
-    if start is None:
-        return None
-    group, names = root, []
-    for word in args[start:]:
+    command's own context (an option's value missing at the end: `attn TEXT --layer`): past
+    each group's own options (and their values), words that name its commands."""
+    group, names, words = root, [], iter(args)
+    for word in words:
+        if word.startswith("-"):
+            option = next((p for p in getattr(group, "params", ()) if word in p.opts), None)
+            if option is not None and not option.is_flag and "=" not in word:
+                next(words, None)  # its value
+            continue
         sub = getattr(group, "commands", {}).get(word)
         if sub is None:
             break
         group, names = sub, [*names, word]
-    return " ".join(["tinygpt", *names])
+    return " ".join(["tinygpt", *names]) if names else None
 
 
 def _names(ctx) -> list[str]:
