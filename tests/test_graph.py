@@ -768,3 +768,21 @@ def test_a_graph_past_the_float64_size_is_the_float64_graph_to_float32s_rounding
     assert (np.abs(narrow.adjacency - wide.adjacency) <= 2e-6 * scale).all()
     assert narrow.incoming_total == pytest.approx(narrow.target_value, rel=1e-5)
     assert narrow.target_value == wide.target_value
+
+
+def test_a_feature_id_is_checked_against_its_own_blocks_transcoder():
+    # blocks may have transcoders of different widths: latent 12 exists in block 1's (14
+    # latents), not in block 0's (10)
+    from tinygpt_cli.errors import InputError
+
+    config = FAMILIES["gpt2"]
+    tcs = random_transcoders(config)
+    tcs[1] = random_transcoders(config, m=14, seed=1)[1]
+    g = G.build(random_params(config, seed=3), config, IDS, tcs)
+    widths = [tc.W_enc.shape[1] for tc in tcs]
+    with pytest.raises(InputError, match=r"there is no feature 12 \(the features are 0-9\)"):
+        G.feature_node(g, "0_12_0", widths)
+    on = np.flatnonzero((g.layer[:g.n_features] == 1) & (g.feature[:g.n_features] >= 10))
+    assert len(on)  # some latent past block 0's width fires in block 1
+    n = int(on[0])
+    assert G.feature_node(g, f"1_{g.feature[n]}_{g.pos[n]}", widths) == n

@@ -829,10 +829,10 @@ def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
 # ------------------------------------------------------------------ interventions on features
 
 
-def feature_node(graph: Graph, spec: str, latents: int | None = None) -> int:
+def feature_node(graph: Graph, spec: str, latents: list[int] | None = None) -> int:
     """The node of a feature named as the JSON names it, LAYER_FEATURE_POSITION (0_314_5);
-    `latents`: the transcoders' width, to tell a latent that does not exist from one that
-    is not active."""
+    `latents`: each block's transcoder's width, to tell a latent that does not exist from
+    one that is not active."""
     from ..errors import InputError
 
     parts = spec.split("_")
@@ -841,7 +841,8 @@ def feature_node(graph: Graph, spec: str, latents: int | None = None) -> int:
                          f"names it (e.g. 0_314_5), not {spec!r}")
     lay, lat, pos = (int(p) for p in parts)
     n_layer = int(graph.layer[graph.target])  # the logits' layer: after the last block
-    for what, value, end in (("layer", lay, n_layer), ("feature", lat, latents),
+    width = latents[lay] if latents is not None and 0 <= lay < len(latents) else None
+    for what, value, end in (("layer", lay, n_layer), ("feature", lat, width),
                              ("position", pos, graph.position + 1)):
         if value < 0 or (end is not None and value >= end):
             raise InputError(f"feature {spec}: there is no {what} {value} (the {what}s are "
