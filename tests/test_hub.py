@@ -163,7 +163,9 @@ def test_the_readmes_weights_names_reach_the_shipped_folders_from_anywhere(hub, 
     from tinygpt_cli.weights import SHIPPED
 
     assert load_model("weights/llama").folder == SHIPPED / "llama"
-    assert load_model("weights/llama").config.model_type == "llama"
+    assert load_model("weights/llama/").config.model_type == "llama"
+    with pytest.raises(InputError, match="does not exist"):  # spelt as a path: a path
+        load_model("./weights/llama")
     # a folder of that name here still wins
     local = write_folder(Path("weights") / "llama", random_params(_tiny(), seed=13), _tiny())
     assert load_model("weights/llama").folder == local

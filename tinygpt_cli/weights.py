@@ -612,11 +612,12 @@ class Model:
         return weights_path(self.folder)
 
 
-def _shipped_named(path: Path) -> Path | None:
-    """weights/NAME, when the shipped weights hold a folder NAME (the README's names)."""
-    parts = path.parts
-    if len(parts) == 2 and parts[0] == "weights" and parts[1] not in (".", ".."):
-        inside = SHIPPED / parts[1]
+def _shipped_named(name: str) -> Path | None:
+    """weights/NAME, spelt just so (the README's names), when the shipped weights hold a
+    model folder NAME. `./weights/llama` is a path and stays one."""
+    m = re.fullmatch(r"weights/([A-Za-z0-9][\w.-]*)/?", name)
+    if m:
+        inside = SHIPPED / m[1]
         if (inside / "config.json").is_file():
             return inside
     return None
@@ -646,7 +647,7 @@ def _local_or_hub(name: str | Path) -> Path:
     path = Path(name).expanduser()
     if path.exists() or path.is_symlink():
         return path
-    shipped = _shipped_named(path)
+    shipped = _shipped_named(str(name))
     if shipped is not None:
         return shipped
     from .hub import hub_id, snapshot
