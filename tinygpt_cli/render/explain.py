@@ -61,21 +61,22 @@ def grid(values: np.ndarray, row_labels: list[str], col_labels: list[str], *,
     shown = [[(text[i][j] if text is not None else cell_text(float(x), percent))
               if np.isfinite(x) else "" for j, x in enumerate(row)]
              for i, row in enumerate(values)]
-    # a cell is never cut: -1067% as `-1067` or ␣favorite as `␣favori` says something else
-    width = max([width] + [len(s) for row in shown for s in row])
+    # a cell is never cut (-1067% as `-1067`, ␣favorite as `␣favori` say something else):
+    # each column as wide as its longest
+    widths = [max([width] + [len(row[j]) for row in shown]) for j in range(values.shape[1])]
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim",
                   padding=(0, 1, 0, 0))
     table.add_column("", no_wrap=True, style="bold")
-    for label in col_labels:
-        table.add_column(label, justify="center", no_wrap=True, min_width=width)
+    for label, w in zip(col_labels, widths, strict=True):
+        table.add_column(label, justify="center", no_wrap=True, min_width=w)
     for i, row in enumerate(values):
         cells = [Text(row_labels[i])]
         for j, x in enumerate(row):
             if not np.isfinite(x):  # a hidden column says so; `·` means masked, as in attn
                 glyph = "…" if col_labels[j] == "…" else "·"
-                cells.append(Text(glyph.center(width), style="dim"))
+                cells.append(Text(glyph.center(widths[j]), style="dim"))
                 continue
-            s = shown[i][j].center(width)
+            s = shown[i][j].center(widths[j])
             if signed:
                 level = float(x) / big if big > 0 else 0.0
                 style = f"black on {diverging(level)}"
