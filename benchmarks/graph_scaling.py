@@ -101,8 +101,8 @@ What still grows with the square of the text, and why:
   a third layer on (d_k columns a head, the rows of one pass, 80-256 columns) ran at 33 GF/s,
   near this core's BLAS on wide products (35-40), those of a second (the profiles, 4-64
   columns) at 17 GF/s; in float32, since 2026-12-03 18:10 UTC, all of them in 0.85-0.93 s
-  (0.21-0.25 s at 1,000 tokens), each edge still the float64 graph's to about 1e-7 of its
-  row's largest (tested).
+  (0.21-0.25 s at 1,000 tokens), each edge still the float64 graph's to 2e-7-5e-7 of its
+  row's largest (tested to 2e-6).
   Tried and not kept, each within the 5-10% that runs move by: merging a visiting round's
   second-layer products (its passes share no position: 38 -> 56 columns a product on
   average, no faster; over the whole graph, 27% of their columns repeat and merged they
