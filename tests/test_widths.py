@@ -125,6 +125,16 @@ def test_patch_grids_flow_to_fit_the_width(cli, monkeypatch, width):
     check_fits(r.out, width, ["patch"])
     titles = [ln for ln in r.out.splitlines() if "resid_pre" in ln and "resid_mid" in ln]
     assert titles and ("mlp_out" in titles[0]) == (width == 200)
+    # the numbers of a column line up (right-aligned: 100% over 86% over 0%)
+    rows = [ln for ln in r.out.splitlines() if re.match(r"\s+\d+ \S+\s+-?\d+%", ln)]
+    bands = [[]]
+    for ln in rows:  # each band of grids starts again at position 0
+        if ln.split()[0] == "0" and bands[-1]:
+            bands.append([])
+        bands[-1].append(ln)
+    assert bands[0] and all(len(b) == len(TEXT.split()) for b in bands)
+    for band in bands:
+        assert len({tuple(m.end() for m in re.finditer("%", ln)) for ln in band}) == 1, band
 
 
 @pytest.mark.parametrize("columns", ["0", "1", "5"])

@@ -68,7 +68,8 @@ def grid(values: np.ndarray, row_labels: list[str], col_labels: list[str], *,
                   padding=(0, 1, 0, 0))
     table.add_column("", no_wrap=True, style="bold")
     for label, w in zip(col_labels, widths, strict=True):
-        table.add_column(label, justify="center", no_wrap=True, min_width=w)
+        table.add_column(label, justify="center" if text is not None else "right",
+                         no_wrap=True, min_width=w)
     for i, row in enumerate(values):
         cells = [Text(row_labels[i])]
         for j, x in enumerate(row):
@@ -76,7 +77,8 @@ def grid(values: np.ndarray, row_labels: list[str], col_labels: list[str], *,
                 glyph = "…" if col_labels[j] == "…" else "·"
                 cells.append(Text(glyph.center(widths[j]), style="dim"))
                 continue
-            s = shown[i][j].center(widths[j])
+            # numbers right-aligned (their digits line up: 100% over 86%), tokens centred
+            s = (shown[i][j].center if text is not None else shown[i][j].rjust)(widths[j])
             if signed:
                 level = float(x) / big if big > 0 else 0.0
                 style = f"black on {diverging(level)}"
