@@ -70,8 +70,10 @@ def test_the_tools_are_the_commands_with_their_options(served):
     tools = {t.name: t for t in served[0]}
     assert {"encode", "attn", "final-norm", "lens", "dla", "patch", "circuit", "info",
             "sae-feature", "generate", "trace"} <= set(tools)
-    assert not {"why", "train", "sae-train", "means", "train-tokenizer", "model-card",
-                "mcp"} & set(tools)  # long or file-writing: left out
+    assert not {"why", "train", "sae-train", "sae-export", "means", "train-tokenizer",
+                "model-card", "mcp"} & set(tools)  # long or file-writing: left out
+    for name in ("steer", "probe"):  # they run, but write no file: --out is not theirs here
+        assert "out" not in tools[name].input_schema["properties"]
     schema = tools["attn"].input_schema
     assert schema["type"] == "object" and schema["additionalProperties"] is False
     props = schema["properties"]
@@ -123,3 +125,18 @@ def test_without_the_sdk_one_error_line_says_what_to_install(cli, monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)  # import mcp... raises ImportError
     assert_one_error_line(cli("mcp"), 2, 'tinygpt mcp needs the MCP SDK, which is not '
                           'installed: pip install "tinygpt-cli[mcp]"')
+
+
+def test_a_call_takes_the_tools_arguments_only(tiny):
+    # as_json is how the server runs every call, not an argument of the tool: a client's
+    # as_json=false was taken silently; and the message missed its full stop
+    from tinygpt_cli.mcp_server import Caller
+
+    caller = Caller(weights=tiny.folder)
+    text, bad = caller.call("attn", {"text": TEXT, "as_json": False})
+    assert bad and text.startswith("error: attn takes no argument 'as_json'. It takes: text,")
+    assert "as_json" not in text.split("It takes:")[1]
+    text, bad = caller.call("steer", {"pos": "a.txt", "neg": "b.txt", "out": "v.safetensors"})
+    assert bad and text.startswith("error: steer takes no argument 'out'")
+    text, bad = caller.call("attn", {"text": TEXT, "layr": 1})
+    assert bad and "did you mean 'layer'? It takes:" in text

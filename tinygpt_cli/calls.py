@@ -120,7 +120,7 @@ def argv(name: str, params: list[Param], arguments: dict[str, Any]) -> list[str]
         import difflib
 
         close = difflib.get_close_matches(unknown[0], list(by_name), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = f"; did you mean {close[0]!r}?" if close else "."
         raise InputError(f"{name} takes no argument {unknown[0]!r}{hint} It takes: "
                          + ", ".join(by_name))
     words, positional = name.split(), []

@@ -33,11 +33,14 @@ LEFT_OUT = {
     "train": "trains a model (minutes to hours) and writes a weights folder",
     "model-card": "writes files into a weights folder",
     "sae train": "trains a sparse autoencoder (minutes) and writes it",
+    "sae export": "writes an SAELens folder",
     "mcp": "is this server",
 }
 # (command, option): why the option is not in the tool's schema
 OPTIONS_LEFT_OUT = {
     ("lens", "fit"): "lens --fit trains a tuned lens and writes it",
+    ("steer", "out"): "steer --out writes the direction to a file",
+    ("probe", "out"): "probe --out writes the direction to a file",
 }
 
 
@@ -115,6 +118,7 @@ class Caller:
         by_word = {p.word: p.name for p in params}
         given = {by_word.get(k, k): v for k, v in (arguments or {}).items()}
         try:
+            calls.argv(name, params, given)  # the tool's own arguments only (as_json is not)
             args = calls.argv(name, [*params, JSON], {**given, "as_json": True})
         except InputError as e:
             return f"error: {e}", True
