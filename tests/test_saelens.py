@@ -240,10 +240,14 @@ def test_an_exported_folder_is_refused_on_other_weights(cli, tmp_path):
     assert_one_error_line(got, 2, "the SAE was made for other weights (weights_sha256")
 
 
+GONE = object()  # a cfg.json key taken out
+
+
 def _broken(folder: Path, cfg=None, tensors=None, drop=()):
     if cfg is not None:
         old = json.loads((folder / "cfg.json").read_text())
         old.update(cfg)
+        old = {k: v for k, v in old.items() if v is not GONE}
         (folder / "cfg.json").write_text(json.dumps(old))
     if tensors is not None or drop:
         t = load_file(str(folder / "sae_weights.safetensors"))
@@ -266,6 +270,8 @@ REFUSED = [  # (what is changed, exit code, the words the one error line has)
      "it reads one head"),
     ({"d_in": 12}, 2, "the SAE reads 12 numbers (d_in) and this model's values have 16"),
     ({"d_sae": "forty"}, 1, "d_sae is 'forty', not a positive whole number"),
+    ({"d_in": GONE}, 1, "cfg.json: it has no d_in"),
+    ({"architecture": "topk", "k": GONE}, 1, "a topk SAE, it has no k"),
     ({"hook_layer": 0}, 1, "hook_layer 0 disagrees with hook_name 'blocks.1.hook_resid_post'"),
     ({"dtype": "int8"}, 1, "dtype 'int8' is not one of"),
     ({"apply_b_dec_to_input": "yes"}, 1, "apply_b_dec_to_input is 'yes', not true or false"),
@@ -279,6 +285,16 @@ def test_a_config_tinygpt_cannot_honour_is_refused_by_name(cli, tmp_path, change
     folder = _broken(write_saelens(tmp_path / "sae"), cfg=change)
     got = cli("trace", TEXT, f"sae.{SITE}", "--sae", folder)
     assert_one_error_line(got, code, str(folder / "cfg.json"), words)
+
+
+def test_a_file_of_the_folder_given_for_the_folder_is_told_so(cli, tmp_path):
+    # --sae DIR/cfg.json was read as a tinygpt SAE file: "not a readable safetensors file
+    # (its header claims 7,521,981,564,148,779,643 bytes)"
+    folder = write_saelens(tmp_path / "sae")
+    for name in ("cfg.json", "sae_weights.safetensors"):
+        got = cli("trace", TEXT, f"sae.{SITE}", "--sae", folder / name)
+        assert_one_error_line(got, 2, f"{folder / name} is a file of a SAELens folder: give the "
+                              f"folder, --sae {folder}")
 
 
 def test_broken_weights_are_refused(cli, tmp_path):

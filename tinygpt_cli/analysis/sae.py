@@ -346,6 +346,10 @@ def load_sae(path: str | Path, config: Config, weights_file: Path) -> SAE:
     if not path.is_file():
         raise InputError(f"no SAE file at {path}: train one with `tinygpt sae train --site "
                          "layers.1.resid_post`")
+    if path.name in ("cfg.json", "sae_weights.safetensors") and (path.parent / "cfg.json"
+                                                                 ).is_file():
+        raise InputError(f"{path} is a file of a SAELens folder: give the folder, "
+                         f"--sae {path.parent}")
     t, meta = read_safetensors(path)
     sae = check_sae(path, t, meta, config)
     check_made_for(path, meta, weights_file, "the SAE", f"train one for them with `tinygpt sae "

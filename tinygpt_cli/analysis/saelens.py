@@ -76,6 +76,8 @@ def settings(folder: Path, cfg: dict, config: Config) -> dict:
                           f"SAEs of a residual stream or an MLP output")
 
     for name in ("d_in", "d_sae"):
+        if name not in cfg:
+            raise broken(f"it has no {name}")
         if not isinstance(cfg.get(name), int) or isinstance(cfg.get(name), bool) or \
                 cfg[name] < 1:
             raise broken(f"{name} is {cfg.get(name)!r}, not a positive whole number")
@@ -95,6 +97,8 @@ def settings(folder: Path, cfg: dict, config: Config) -> dict:
         kwargs = cfg.get("activation_fn_kwargs") if isinstance(
             cfg.get("activation_fn_kwargs"), dict) else {}
         k = cfg.get("k", kwargs.get("k"))
+        if k is None:
+            raise broken("a topk SAE, it has no k (nor activation_fn_kwargs.k)")
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= cfg["d_sae"]:
             raise broken(f"k is {k!r}, not a whole number from 1 to d_sae ({cfg['d_sae']})")
     hook = _setting(cfg, "hook_name", _setting(cfg, "hook_point"))
