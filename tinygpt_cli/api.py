@@ -140,8 +140,8 @@ class HookedModel:
     def command(self, name: str, *arguments, **options) -> Result | None:
         """Run command `name` (as `tinygpt NAME` names it) on this model: its arguments in
         order (the text first), its options by Python name. Bad input raises InputError
-        with the command line's message; a command that streams (generate) prints as it
-        goes and returns None."""
+        with the command line's message; generate prints its text as it goes, then returns
+        its summary (the whole text as `result["data"]`, its ids and tokens, the seed)."""
         from . import calls
         from .context import RunContext
 

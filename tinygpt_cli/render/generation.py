@@ -31,12 +31,19 @@ def write_json(tok, prompt: str, ids: list[int], steps, seed: int, no_stop: bool
         jsonout.emit(jsonout.document(None, np.int64(step.id), event="token", step=i,
                                       id=step.id, token=tok.token_str(step.id),
                                       chance=step.chance))
+    jsonout.emit(summary(tok, prompt, ids, new, seed, no_stop))
+
+
+def summary(tok, prompt: str, ids: list[int], new: list[int], seed: int, no_stop: bool
+            ) -> dict:
+    """A generation's last JSON line (event "end"): the whole text, every id and token, how
+    many are new, the seed and what stopped it; also what the Python API's generate returns."""
     stopped = _stopped(new, tok.eot_id, no_stop)
     kept = new[:-1] if stopped else new
-    jsonout.emit(jsonout.document(None, prompt + tok.decode(kept), ids + new,
-                                  [tok.token_str(i) for i in ids + new], event="end",
-                                  new_tokens=len(new), seed=seed,
-                                  stop="endoftext" if stopped else "max_new_tokens"))
+    return jsonout.document(None, prompt + tok.decode(kept), ids + new,
+                            [tok.token_str(i) for i in ids + new], event="end",
+                            new_tokens=len(new), seed=seed,
+                            stop="endoftext" if stopped else "max_new_tokens")
 
 
 def say_window(whole: int | None, limit: int) -> None:
