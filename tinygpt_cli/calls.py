@@ -141,6 +141,10 @@ def argv(name: str, params: list[Param], arguments: dict[str, Any]) -> list[str]
                 words.append(p.off)
         else:
             values = list(value) if p.multiple and isinstance(value, list | tuple) else [value]
+            if p.kind == "integer" and any(isinstance(v, float) and not v.is_integer()
+                                           for v in values):  # else "unable to parse string"
+                raise InputError(f"{name}: {p.word} takes a whole number, not "
+                                 f"{next(v for v in values if isinstance(v, float))}")
             words += [f"{p.option}={_word(v)}" for v in values]
     return [*words, "--", *positional] if positional else words
 
