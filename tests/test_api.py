@@ -210,3 +210,10 @@ def test_importing_the_package_loads_no_api():
             "print('tinygpt_cli.api' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout == "False False\n"
+
+
+def test_a_pictures_text_form_names_what_it_draws(models):
+    # beside the SVG a notebook keeps a text form: it was <tinygpt_cli.api.Picture at 0x...>
+    _, cache = models["gpt2"].run_with_cache("Lily wanted")
+    assert repr(cache.picture("layers.0.heads.0.weights")) == (
+        "<tinygpt picture: layers.0.heads.0.weights>")

@@ -217,6 +217,9 @@ class Picture:
 
         return html.document(self.figure)
 
+    def __repr__(self) -> str:  # a notebook's text/plain beside the picture
+        return f"<tinygpt picture: {self.figure.title}>"
+
     def _repr_svg_(self) -> str:
         return self.svg()
 
