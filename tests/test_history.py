@@ -1426,3 +1426,13 @@ def test_why_says_where_its_table_of_exact_matches_stops():
     assert "the last 11 tokens of the text occur verbatim in the training text, the last 2 " \
            "followed by the target (the table stops at 8)" in shown(11, 8)
     assert "table stops" not in shown(5, 6)
+
+
+def test_small_window_scores_keep_three_figures():
+    # 1.447e-3, 1.205e-3 and 1.003e-3 all printed as 0.001: three windows that looked tied
+    from tinygpt_cli.render.history import score_text
+
+    assert [score_text(x) for x in (1.447e-3, 1.205e-3, 1.003e-3)] == [
+        "1.45e-03", "1.20e-03", "1.00e-03"]
+    assert [score_text(x) for x in (0.112, -0.0163, 0.0, 3.39e-4)] == [
+        "0.112", "-0.016", "0.000", "3.39e-04"]

@@ -159,6 +159,12 @@ EXACT_KEY = ("score: TracIn by its definition, from the exact pass over every wi
              "predicts the target; where: file, story number and token offset")
 
 
+def score_text(x: float) -> str:
+    """A window's score in three figures: fmt's 0.001 would show 1.4e-3, 1.2e-3 and 1.0e-3
+    as a tie."""
+    return f"{x:.2e}" if 0 < abs(x) < 0.01 else fmt(x)
+
+
 def windows_table(rows: list[dict], exact: bool = False) -> Group:
     t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
     t.add_column("#", justify="right", no_wrap=True)
@@ -169,7 +175,8 @@ def windows_table(rows: list[dict], exact: bool = False) -> Group:
     for i, r in enumerate(rows, 1):
         where = f"{r['file']} #{r['story']:,} +{r['offset']}" if "file" in r else \
             f"window {r['window']}"
-        t.add_row(str(i), Text(show_text(where)), fmt(r["score"]), fmt(r["exact_score"]),
+        t.add_row(str(i), Text(show_text(where)), score_text(r["score"]),
+                  score_text(r["exact_score"]),
                   window_text(r["tokens"], r["contributions"], r["targets"]))
     key = Text("bold: the tokens whose prediction mattered most; underlined: the text's "
                "tail before the target", style="dim")
