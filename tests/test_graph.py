@@ -779,7 +779,7 @@ def test_a_feature_id_is_checked_against_its_own_blocks_transcoder():
     tcs = random_transcoders(config)
     tcs[1] = random_transcoders(config, m=14, seed=1)[1]
     g = G.build(random_params(config, seed=3), config, IDS, tcs)
-    widths = [tc.W_enc.shape[1] for tc in tcs]
+    widths = [tc.n_latents for tc in tcs]
     with pytest.raises(InputError, match=r"there is no feature 12 \(the features are 0-9\)"):
         G.feature_node(g, "0_12_0", widths)
     on = np.flatnonzero((g.layer[:g.n_features] == 1) & (g.feature[:g.n_features] >= 10))

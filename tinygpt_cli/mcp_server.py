@@ -93,7 +93,7 @@ def left_out_text() -> str:
     return "\n".join(lines)
 
 
-JSON = calls.Param("as_json", "--json", "boolean", "")  # every call's
+JSON = "--json"  # every call's: the server returns the command's document
 
 
 class Caller:
@@ -117,11 +117,11 @@ class Caller:
         name, _, params = self.tools[tool]
         by_word = {p.word: p.name for p in params}
         given = {by_word.get(k, k): v for k, v in (arguments or {}).items()}
-        try:
-            calls.argv(name, params, given)  # the tool's own arguments only (as_json is not)
-            args = calls.argv(name, [*params, JSON], {**given, "as_json": True})
+        try:  # the tool's own arguments only: --json is how the server runs every call
+            args = calls.argv(name, params, given)
         except InputError as e:
             return f"error: {e}", True
+        args.insert(len(name.split()), JSON)  # after the command's words
         out, err = io.StringIO(), io.StringIO()
         with self.lock, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:

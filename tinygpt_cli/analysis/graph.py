@@ -844,10 +844,9 @@ def feature_node(graph: Graph, spec: str, latents: list[int] | None = None) -> i
     width = latents[lay] if latents is not None and 0 <= lay < len(latents) else None
     for what, value, end in (("layer", lay, n_layer), ("feature", lat, width),
                              ("position", pos, graph.position + 1)):
-        if value < 0 or (end is not None and value >= end):
-            raise InputError(f"feature {spec}: there is no {what} {value} (the {what}s are "
-                             f"0-{end - 1})" if end is not None else
-                             f"feature {spec}: there is no {what} {value}")
+        if value < 0 or value >= (end if end is not None else value + 1):
+            known = f" (the {what}s are 0-{end - 1})" if end is not None else ""
+            raise InputError(f"feature {spec}: there is no {what} {value}{known}")
     nf = graph.n_features
     hit = np.flatnonzero((graph.layer[:nf] == lay) & (graph.feature[:nf] == lat)
                          & (graph.pos[:nf] == pos))

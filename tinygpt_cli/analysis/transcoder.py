@@ -241,7 +241,7 @@ def top_windows_of(codes: dict[str, np.ndarray], latents, n: int = 3, before: in
     the latent's largest value in it, at its first position; ties between windows go to the
     first window."""
     ids = codes["ids"]
-    w, t = ids.shape
+    t = ids.shape[1]
     wanted = np.unique(np.asarray(latents, np.int64))
     token, slot = np.nonzero(np.isin(codes["idx"], wanted) & (codes["val"] > 0))
     lat = codes["idx"][token, slot].astype(np.int64)

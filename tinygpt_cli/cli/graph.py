@@ -274,7 +274,7 @@ def _intervene(model, ids, transcoders, g, ablate, set_to, steering) -> dict:
     predicts it and as the real model gives it."""
     from ..analysis import graph as G
 
-    width = [tc.W_enc.shape[1] for tc in transcoders]  # each block's own
+    width = [tc.n_latents for tc in transcoders]  # each block's own
     changes = {G.feature_node(g, f, width): 0.0 for f in ablate or []}
     for item in set_to or []:
         name, eq, value = item.partition("=")

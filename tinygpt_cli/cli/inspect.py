@@ -139,19 +139,18 @@ def generate(
     generation.say_window(whole, model.config.n_positions)
     chosen, seed = seed, fresh_seed() if seed is None else seed
     tok = model.tokenizer
-    made: list[int] = []  # the new ids, for a program's result (tinygpt_cli.api)
-    steps = (made.append(step.id) or step for step in generate_tokens(
-        model.params, model.config, ids, max_new_tokens, temperature=temperature,
-        top_k=top_k or None, top_p=top_p, rng=create_rng(seed),
-        stop_id=None if no_stop else tok.eot_id, hooks=hooks))
+    steps = generate_tokens(model.params, model.config, ids, max_new_tokens,
+                            temperature=temperature, top_k=top_k or None, top_p=top_p,
+                            rng=create_rng(seed), stop_id=None if no_stop else tok.eot_id,
+                            hooks=hooks)
     if chosen is None and temperature > 0:
         stderr().print(f"seed {seed} (pass --seed {seed} to get the same text again)",
                        style="dim")
     if as_json:
-        generation.write_json(tok, prompt, ids, steps, seed, no_stop, ablated)
+        made = generation.write_json(tok, prompt, ids, steps, seed, no_stop, ablated)
     else:
-        generation.say_stopped(*generation.write_text(stdout(context), tok, prompt, steps,
-                                                      no_stop), max_new_tokens, ablated)
+        made = generation.write_text(stdout(context), tok, prompt, steps, no_stop)
+        generation.say_stopped(made, tok.eot_id, no_stop, max_new_tokens, ablated)
     if context.presented is not None:  # printed as it came; a program gets the summary too
         from ..render.output import present
 

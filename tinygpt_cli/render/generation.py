@@ -19,7 +19,7 @@ def ablated_line(ablated: list[str]) -> str:
 
 
 def write_json(tok, prompt: str, ids: list[int], steps, seed: int, no_stop: bool,
-               ablated: list[str] = ()) -> None:
+               ablated: list[str] = ()) -> list[int]:
     # the context once, with what the run changed; each token line then carries only its token
     changed = {"ablated": list(ablated)} if ablated else {}
     jsonout.emit(jsonout.document(None, np.asarray(ids, dtype=np.int64), ids,
@@ -32,6 +32,7 @@ def write_json(tok, prompt: str, ids: list[int], steps, seed: int, no_stop: bool
                                       id=step.id, token=tok.token_str(step.id),
                                       chance=step.chance))
     jsonout.emit(summary(tok, prompt, ids, new, seed, no_stop))
+    return new
 
 
 def summary(tok, prompt: str, ids: list[int], new: list[int], seed: int, no_stop: bool
@@ -59,14 +60,16 @@ def say_window(whole: int | None, limit: int) -> None:
                    soft_wrap=True)
 
 
-def say_stopped(new: int, stopped: bool, max_new_tokens: int, ablated: list[str] = ()) -> None:
+def say_stopped(new: list[int], eot: int, no_stop: bool, max_new_tokens: int,
+                ablated: list[str] = ()) -> None:
     """generate's closing notes on stderr: how many new tokens, and what stopped them; then
     what --ablate zeroed (no view header to say it in: said last, as the steering line is)."""
     from ..words import count
     from .output import stderr
 
-    why = "<|endoftext|>" if stopped else f"--max-new-tokens {max_new_tokens}"
-    stderr().print(f"({count(new, 'new token')}; stopped at {why})", style="dim")
+    why = ("<|endoftext|>" if _stopped(new, eot, no_stop)
+           else f"--max-new-tokens {max_new_tokens}")
+    stderr().print(f"({count(len(new), 'new token')}; stopped at {why})", style="dim")
     if ablated:
         stderr().print(ablated_line(ablated), style="bold yellow", soft_wrap=True)
 
@@ -105,9 +108,9 @@ class WordWrap:
         return self._placed()
 
 
-def write_text(out, tok, prompt: str, steps, no_stop: bool) -> tuple[int, bool]:
+def write_text(out, tok, prompt: str, steps, no_stop: bool) -> list[int]:
     """The prompt, then each new piece of text as soon as it is whole (on a terminal, each
-    word: WordWrap); (how many new tokens, whether <|endoftext|> stopped it)."""
+    word: WordWrap); the new ids."""
     eot = tok.eot_id
     wrap = None
     if out.is_terminal:
@@ -134,4 +137,4 @@ def write_text(out, tok, prompt: str, steps, no_stop: bool) -> tuple[int, bool]:
     rest = show_text(tok.decode([t for t in new if t != eot or no_stop])[len(shown):])
     out.file.write((wrap.feed(rest) + wrap.end() if wrap else rest) + "\n")
     out.file.flush()
-    return len(new), _stopped(new, eot, no_stop)
+    return new
