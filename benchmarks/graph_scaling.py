@@ -141,7 +141,9 @@ settings, that is one thread; the features' top windows from a warm cache; 2026-
 the better of two runs): `long4` 512, 1,000 and 2,000 tokens in 5.4, 6.7 and 11.4 s wall
 (1.70x from 1,000 to 2,000), peak 576, 892 and 1,108 MB, of which the JSON document (49, 68
 and 69 MB: the pruned graph's edges) is most of what is not build and prune; after the
-float32 products (18:25 UTC) 4.9, 6.2 and 8.7 s (1.40x), peak at most 845 MB. At 2,000 tokens
+float32 products (18:25 UTC) 4.9, 6.2 and 8.7 s (1.40x), peak at most 845 MB, and at 2,000
+tokens (20:00 UTC) 8.9 s again, 13.6 s with two spinning processes beside it, 9.9 s with an
+empty page cache. Before: at 2,000 tokens
 with two spinning processes beside it 21.7 s, with an empty page cache 12.2 s (both
 measured before the edges stopped being walked twice: 14.6 s warm). Until this session the
 command read the training text's cached codes and scanned them once per kept feature to
