@@ -591,6 +591,18 @@ def test_snapshots_are_float16_weights_with_their_step_and_learning_rate(tmp_pat
     np.testing.assert_allclose(last["embed.W_E"], final["embed.W_E"], atol=2e-3)
 
 
+def test_first_snapshot_moves_the_log_spaced_grid_to_the_chance_level_steps(tmp_path, data):
+    """--first-snapshot 2: history starts where the loss is still near ln(vocabulary)."""
+    from tinygpt_cli.train.loop import HISTORY
+
+    train_file, val_file = data
+    out = tmp_path / "out"
+    train([train_file], [val_file], out,
+          settings(steps=32, snapshots=4, first_snapshot=2, eval_every=32))
+    names = sorted(p.name for p in (out / HISTORY).iterdir())
+    assert names == [f"step-{s:06d}.safetensors" for s in (2, 5, 13, 32)]
+
+
 def test_resuming_a_finished_run_with_more_steps_starts_a_new_warm_up_and_cosine(tmp_path, data):
     """--resume --steps N on a finished run: a warm restart from its last step, its own cycle."""
     from safetensors import safe_open

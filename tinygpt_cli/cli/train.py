@@ -78,6 +78,9 @@ def train_cmd(
     snapshots: int = typer.Option(0, "--snapshots", min=0,
                                   help="Keep this many float16 weights, log-spaced in steps, "
                                        "in OUT/history/ for `tinygpt history`."),
+    first_snapshot: int = typer.Option(50, "--first-snapshot", min=1,
+                                       help="The step of the first snapshot; the rest are "
+                                            "log-spaced from there to the last step."),
     eval_every: int = typer.Option(200, "--eval-every", min=1),
     checkpoint_every: int = typer.Option(100, "--checkpoint-every", min=1),
     n_embd: int = typer.Option(128, "--n-embd"),
@@ -120,7 +123,9 @@ def train_cmd(
         settings = Settings(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup,
                             weight_decay=weight_decay, dropout=dropout, seed=seed,
                             eval_every=eval_every, checkpoint_every=checkpoint_every,
-                            minutes=minutes, ema=ema, snapshots=snapshots, optimizer=optimizer,
+                            minutes=minutes, ema=ema, snapshots=snapshots,
+                            first_snapshot=first_snapshot,
+                            optimizer=optimizer,
                             config=asdict(config), init=str(init) if init else None)
         check_training_memory(config, batch_size)
     except ValueError as e:

@@ -58,6 +58,8 @@ class Settings:
     minutes: float | None = None  # stop early when this much wall time has passed
     ema: float = 0.0  # decay of an exponential moving average of the weights; 0 = off
     snapshots: int = 0  # weights kept along the run in history/, log-spaced in steps
+    # the step of the first snapshot: small enough that history sees the loss near chance
+    first_snapshot: int = 50
     # "adamw", or "sgd": plain gradient descent, under which `why`'s TracIn scores are the
     # first-order change of each step (under AdamW they ignore its per-weight scaling)
     optimizer: str = "adamw"
@@ -501,11 +503,11 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
     run = _Run(out, settings, config, tokenizer, train_data, val_data, params,
                OPTIMIZERS[settings.optimizer](params, weight_decay=settings.weight_decay),
                rng, average)
-    keep_at = set(snapshot_steps(settings.steps, settings.snapshots))
+    keep_at = set(snapshot_steps(settings.steps, settings.snapshots, settings.first_snapshot))
     if 0 < len(keep_at) < settings.snapshots:
         note(f"--snapshots {settings.snapshots} keeps {len(keep_at)}: snapshots are log-spaced "
-             f"in steps from step 50 to the last, and {count(settings.steps, 'step')} have room "
-             f"for only {len(keep_at)}")
+             f"in steps from step {settings.first_snapshot} to the last, and "
+             f"{count(settings.steps, 'step')} have room for only {len(keep_at)}")
     start, elapsed_before = 0, 0.0
     if stored is not None:
         start, run.best_val, elapsed_before = _load_checkpoint(ckpt, params, run.opt, rng,
