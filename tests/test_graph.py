@@ -54,7 +54,7 @@ def torch_targets(params, config, values, tcs, graph, z, err_scale, emb_scale):
     """The frozen replacement model in torch: each block's MLP output is z W_dec + b_dec +
     err_scale * (the real output minus the transcoder's); returns the graph's target values
     (its features' pre-activations, then its logits) as one vector."""
-    import torch
+    torch = pytest.importorskip("torch")
 
     P = {n: torch.tensor(np.asarray(a, np.float64)) for n, a in params.items()}  # noqa: N806
     H, dk, kv = config.n_head, config.d_k, config.kv_heads  # noqa: N806
@@ -117,7 +117,7 @@ def case(request):
 
 
 def test_every_edge_is_torch_autograd_on_an_independent_frozen_replacement(case, monkeypatch):
-    import torch
+    torch = pytest.importorskip("torch")
 
     config, params, tcs = case
     monkeypatch.setattr(G, "KEY_BLOCK", 3)  # the causal pattern's products in three blocks
@@ -549,7 +549,7 @@ def test_every_latents_top_windows_from_one_pass_are_each_latents_own(seed):
 def test_the_graphs_predicted_change_is_the_linear_replacement_models(case):
     """Predicted: the torch replacement model of the first test, with each active feature
     recomputed from the stream (its active set frozen) except the intervened one."""
-    import torch
+    torch = pytest.importorskip("torch")
 
     config, params, tcs = case
     g = G.build(params, config, IDS, tcs, n_logits=2)
