@@ -25,8 +25,12 @@ def front_page(readme: str) -> str:
 
 
 def from_docs(markdown: str) -> str:
-    """A page's links out of docs/ (../benchmarks/X) to the same files inside the site."""
-    return LINK.sub(lambda m: "](" + m[1].removeprefix("../") + ")", markdown)
+    """A page's links out of docs/ (../benchmarks/X) to the same files inside the site, and
+    to the README (../README.md) to the site's front page."""
+    def moved(target: str) -> str:
+        return "index.md" if target == "../README.md" else target.removeprefix("../")
+
+    return LINK.sub(lambda m: "](" + moved(m[1]) + ")", markdown)
 
 
 def on_files(files, config):

@@ -106,3 +106,23 @@ def test_the_check_lists_each_example_whose_output_differs(capsys):
     assert "--- echo bye\n" in out and "-bye bye\n+bye\n" in out
     assert "echo hello" not in out and "took" not in out and "why" not in out
     assert out.endswith("3 examples run, 1 differ from the README\n")
+
+
+def test_every_page_is_checked_by_the_refresh_script():
+    """`scripts/update_readme.py` runs the examples of the README and of every page of docs/."""
+    names = {p.name for p in update_readme().pages()}
+    assert {"README.md", "errors.md", "inspecting.md", "development.md"} <= names
+    assert names == set(PAGES)
+
+
+def test_every_relative_link_of_the_readme_and_the_pages_finds_its_file():
+    """A link (or picture) is relative to its own file: the README's `docs/errors.md`, a page's
+    `../benchmarks/results.md`, so both read on GitHub and in the site (mkdocs.yml)."""
+    link = re.compile(r"(?<!\\)\[[^\]\n]*\]\((?!https?:|#|mailto:)([^)\s#]+)(?:#[^)\s]*)?\)")
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    seen = 0
+    for page in pages:
+        for target in link.findall(page.read_text()):
+            seen += 1
+            assert (page.parent / target).exists(), (page.name, target)
+    assert seen >= 15  # the README's links to its pages, at least
