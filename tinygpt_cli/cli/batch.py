@@ -7,6 +7,8 @@ a `line N:` heading; with --json every line's result is one JSON object on one l
 {"line": N, "text": ..., "result": document (or the list of documents a streaming command
 printed)}, so the output is NDJSON with one record per input line. A bad line gets one
 `error: line N: ...` line and no record, the rest still run, and the exit code is then 2.
+`--save x.svg` writes one picture per line, x-001.svg, x-002.svg ... (numbered_save: the
+line's number, three digits at least), each atomically as any --save.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def _each_line(command, rest: list[str], name: str, sub, lines, context: RunCont
     options, before, after = split_arguments(sub, rest[at:])
     for number, line in lines:
         # the line goes where the text argument goes: last for most, first for `trace TEXT PATH`
-        argv = [*rest[:at], *options, "--", *before, line, *after]
+        argv = [*rest[:at], *numbered_save(options, number), "--", *before, line, *after]
         try:
             if as_json:
                 buf = io.StringIO()
@@ -91,6 +93,30 @@ def _each_line(command, rest: list[str], name: str, sub, lines, context: RunCont
         if code:
             return code
     return bad or code
+
+
+def numbered(path: str, number: int) -> str:
+    """The picture of line `number` of --each-line --save PATH: x.svg -> x-001.svg (the
+    number before the extension, so the format stays the one asked for; three digits at
+    least, so the first thousand lines list in order)."""
+    from pathlib import Path
+
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{number:03d}{p.suffix}"))
+
+
+def numbered_save(options: list[str], number: int) -> list[str]:
+    """The option words with --save's file numbered for this line (numbered): each line's
+    picture is a file of its own, never the last one's overwritten."""
+    out, words = [], iter(options)
+    for word in words:
+        if word == "--save":
+            out += [word, numbered(next(words, ""), number)]
+        elif word.startswith("--save="):
+            out.append("--save=" + numbered(word.split("=", 1)[1], number))
+        else:
+            out.append(word)
+    return out
 
 
 def split_arguments(command, args: list[str]) -> tuple[list[str], list[str], list[str]]:

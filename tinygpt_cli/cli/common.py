@@ -125,7 +125,8 @@ STEER_OPTIONS = {
 SAVE = typer.Option(None, "--save", callback=checked_save, show_default=False, metavar="FILE",
                     help="Also write the picture to FILE: .svg (a vector drawing), .html "
                     "(one self-contained web page) or .png (an image; the png extra), by the "
-                    "extension.")
+                    "extension. With --each-line, one file per line, numbered before the "
+                    "extension: x.svg gives x-001.svg, x-002.svg ...")
 FORCE = typer.Option(False, "--force", help="Let --save overwrite an existing file.")
 FORCE_FILE = typer.Option(False, "--force", help="Overwrite a file that exists, a shipped one too.")
 QUIET = typer.Option(False, "--quiet", "-q",
