@@ -58,6 +58,11 @@ def score(
                                 "in non-overlapping windows, as the model card counts."),
     bos: bool = typer.Option(True, "--bos/--no-bos", help="Put <|endoftext|> before each text "
                              "so its first token is scored too, as after a story separator."),
+    closing: bool = typer.Option(True, "--closing-separator/--no-closing-separator",
+                                 help="--file: score a closing <|endoftext|> after the last "
+                                 "story even where the file does not end with one, as the "
+                                 "model card counts (a note says when it is added); --no-...: "
+                                 "only the separators the file holds."),
     top: int = typer.Option(10, "--top", "-n", min=0, help="How many surprising tokens to list."),
     show: bool = typer.Option(None, "--show-text/--no-show-text", help="Print the coloured "
                               "text (default: when it is under 3,000 tokens).",
@@ -68,8 +73,9 @@ def score(
 
     Surprisal is -log p of the token that comes next (nats; bits = nats / ln 2). A file is
     split into stories at <|endoftext|>; each story is read after a separator and its closing
-    separator is scored too, so bytes count as in the model card. --json prints one line per
-    token, then a summary line.
+    separator is scored too, so bytes count as in the model card (the last story's, when the
+    file does not end with one, only with a note; --no-closing-separator leaves it out).
+    --json prints one line per token, then a summary line (closing_separator_added).
 
     Example: tinygpt score "Lily wanted to play with her ball."
     Example: tinygpt score --file ../shared/data/tinystories/part-005.txt --stream --json
@@ -82,8 +88,8 @@ def score(
     tok, cfg = model.tokenizer, model.config
     hooks, changes = steered(context, model)
     check_save(save, force)  # before a long text is read and tokenised, and lines stream
-    sequences, offset, stream_bpt = sc.score_inputs(model, text, read_text, file, stride,
-                                                    stream, bos)
+    sequences, offset, stream_bpt, added = sc.score_inputs(model, text, read_text, file,
+                                                           stride, stream, bos, closing)
     stride = stride or cfg.n_positions
     shown = show if show is not None else (sum(map(len, sequences)) < 3000 and not stream)
     token_str = tok.token_strs  # labelled once per tokenizer, even with --each-line
@@ -99,7 +105,12 @@ def score(
             keep=shown and not as_json, draw=save is not None, stream_bpt=stream_bpt,
             on_scores=lines, progress=advance, hooks=hooks, ahead=context.ahead,
             engine=where if where.remote else None)
-    present(context, as_json, lambda: jsonout.jsonable({**report.summary, **changes}),
+    if added and not context.quiet:  # a token the file does not hold is in the totals
+        stderr().print("note: scored a closing <|endoftext|> after the last story, which the "
+                       "file does not end with (--no-closing-separator leaves it out)",
+                       style="dim", soft_wrap=True)
+    summary = {**report.summary, "closing_separator_added": bool(added), **changes}
+    present(context, as_json, lambda: jsonout.jsonable(summary),
             lambda: score_view(report, token_str, tok),
             figure=lambda: figures().score_figure(report, token_str), save=save, force=force)
 
