@@ -4,7 +4,9 @@ trace --save of arrays."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from cli_helpers import TEXT, assert_one_error_line
 
 LINES = ["Lily wanted to play", "Tom saw a big dog"]
 
@@ -70,3 +72,50 @@ def test_the_end_of_a_file_is_found_past_a_long_run_of_white_space(tmp_path):
                          ("<|endoftext|>\nb", False), ("", False)]:
         f.write_text(text, encoding="utf-8")
         assert ends_with_separator(f) is closed, text[:20]
+
+
+# ------------------------------------------------------------------ --last N
+
+LONG = " ".join(["Lily wanted to play with her ball."] * 30)  # 240 tokens, the context 128
+
+
+@pytest.mark.parametrize("last", [1, 50, 128])
+def test_last_n_reads_the_texts_last_n_tokens_and_says_how_many_were_dropped(cli, tiny, last):
+    ids = tiny.model.tokenizer.encode(LONG)
+    assert len(ids) > 128
+    r = cli("trace", LONG, "logits", "--last", last, "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    assert d["ids"] == ids[-last:]
+    assert d["cut"] == {"last": last, "dropped": len(ids) - last}
+    assert f"{len(ids) - last} before them left out" in r.err
+    np.testing.assert_allclose(d["data"], tiny.trace(ids[-last:])["logits"], rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_last_serves_every_command_that_reads_one_text(cli, tiny):
+    from tinygpt_cli.cli.app import _register, app
+
+    _register()
+    import typer.main
+
+    group = typer.main.get_command(app)
+    own = {"score", "heads", "generate", "encode"}  # each reads a long text its own way
+    for name, command in group.commands.items():
+        params = {p.name for p in command.params}
+        if "text" in params:
+            assert ("last" in params) == (name not in own), name
+    tail = tiny.model.tokenizer.encode(LONG)[-20:]
+    for args in (["probs"], ["dla"], ["lens"], ["attn"], ["qk"], ["blocks"],
+                 ["ablate", "--all"], ["attribute"]):
+        r = cli(*args, LONG, "--last", 20, "--json")
+        assert r.code == 0, (args, r.err)
+        d = r.json()
+        assert d["cut"] == {"last": 20, "dropped": len(tiny.model.tokenizer.encode(LONG)) - 20}
+        assert d.get("ids", tail) == tail, args
+    # without it, the refusal names the way out; a short text is read whole, nothing said
+    assert_one_error_line(cli("dla", LONG), 2, "tokens long", "--last N")
+    r = cli("probs", TEXT, "--last", 100, "--json")
+    assert r.code == 0 and "cut" not in r.json() and r.err == ""
+    assert_one_error_line(cli("probs", LONG, "--last", 129), 2, "--last 129", "1 to 128")
+    assert cli("probs", LONG, "--last", 0).code == 2

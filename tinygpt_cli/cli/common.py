@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,10 +33,10 @@ if TYPE_CHECKING:
 # This module is imported to register every command, including for `tinygpt --help`: it
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
-__all__ = ["FORCE", "InputError", "QUIET", "SAVE", "at_least", "bar", "check_index",
-           "check_out", "check_save", "encode_checked", "figures", "load", "open_folder",
-           "open_session", "present", "progress", "progress_report", "read_text", "run",
-           "save_figure", "show_view", "stderr", "stdout", "wide"]
+__all__ = ["FORCE", "LAST", "InputError", "QUIET", "SAVE", "at_least", "bar", "check_index",
+           "check_out", "check_save", "encode_checked", "encode_text", "figures", "load",
+           "open_folder", "open_session", "present", "progress", "progress_report",
+           "read_text", "run", "save_figure", "show_view", "stderr", "stdout", "wide"]
 
 
 def encode_checked(model, text: str) -> list[int]:
@@ -82,6 +83,13 @@ TRAINING_TEXT = typer.Option(None, "--data", help="Stories: a folder of part-*.t
                              "the last used (default: the project's data).", show_default=False)
 TRAINING_SEED = typer.Option(0, "--seed", "-s", help="Seed of the initialisation and the "
                              "batches.")
+
+# Every command that reads one text through its session takes this (cli/steering.py adds it,
+# as it adds the steering options; a command that reads a long text its own way is marked
+# @own_length there).
+LAST = typer.Option(None, "--last", min=1, metavar="N", show_default=False,
+                    help="Read only the text's last N tokens (a text longer than the model's "
+                    "context is refused without it); --json says how many were dropped.")
 
 # Where a prediction is scored ("why this token"): which token, and against which.
 TARGET = typer.Option(None, "--target", help="The token whose score is explained: its exact "
@@ -189,7 +197,11 @@ def open_session(context: RunContext, weights: Path | None, text: str | None, *,
     model = model if model is not None else load(context, weights)
     hook, steered = steering(context, model)
     ahead = context.ahead.final_norm if context.ahead is not None else None
-    s = Session.open(read_text(text, model), model=model, steering=hook, ahead=ahead)
+    with offering_last(context):
+        s = Session.open(read_whole(context, text, model), model=model, steering=hook,
+                         ahead=ahead, last=context.last)
+    if s.dropped:
+        cut(context, s.dropped)
     ablated = []
     if ablate:  # the analyses load only for a changed run: inspection stays light
         from ..analysis.ablate import zeroing
@@ -198,6 +210,45 @@ def open_session(context: RunContext, weights: Path | None, text: str | None, *,
     s.changes = {k: v for k, v in (("steered", steered), ("ablated", ablated)) if v}
     set_changed(context, s.changes)
     return s
+
+
+def encode_text(context: RunContext, model, text: str | None) -> list[int]:
+    """The ids of the command's text (read_text), its last N tokens with --last N (said as
+    open_session says it), for a command that needs no session."""
+    from ..session import encode_last
+
+    with offering_last(context):
+        ids, dropped = encode_last(model, read_whole(context, text, model), context.last)
+    if dropped:
+        cut(context, dropped)
+    return ids
+
+
+def read_whole(context: RunContext, text: str | None, model) -> str:
+    """read_text: with --last stdin is read whole (without, no further than a text that
+    fits the context)."""
+    return read_text(text, model if context.last is None else None)
+
+
+@contextlib.contextmanager
+def offering_last(context: RunContext):
+    """A text too long for the context is refused with the way out, where the command
+    offers it (--last N)."""
+    from ..session import TooLong
+
+    try:
+        yield
+    except TooLong as e:
+        if not context.offers_last:
+            raise
+        raise InputError(f"{e}; --last N reads its last N tokens") from None
+
+
+def cut(context: RunContext, dropped: int) -> None:
+    """Note that --last left `dropped` tokens out: present() says it on stderr once the
+    command has done its work (an error stays the only line) and adds it to the JSON
+    document as "cut"."""
+    context.cut = {"last": context.last, "dropped": dropped}
 
 
 def steered(context: RunContext, model) -> tuple[object | None, dict]:

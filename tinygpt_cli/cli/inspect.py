@@ -28,7 +28,7 @@ from .common import (
     stdout,
     wide,
 )
-from .steering import steerable
+from .steering import own_length, steerable
 
 if TYPE_CHECKING:
     from ..context import RunContext
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 
 @app.command()
+@own_length
 def encode(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
     """Card 1: split the text into tokens; each token is an id from the vocabulary.
 
@@ -99,6 +100,7 @@ def decode(
 
 @app.command()
 @steerable
+@own_length
 def generate(
     context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS,

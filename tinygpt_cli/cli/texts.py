@@ -33,7 +33,7 @@ from .common import (
     steered,
     wide,
 )
-from .steering import steerable
+from .steering import own_length, steerable
 
 if TYPE_CHECKING:
     from ..context import RunContext
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 @app.command()
 @steerable
+@own_length
 def score(
     context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS,
@@ -120,6 +121,7 @@ def score(
 
 @app.command()
 @steerable
+@own_length
 def heads(
     context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS,

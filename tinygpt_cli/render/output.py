@@ -262,11 +262,17 @@ def present(context: RunContext, as_json: bool, document, view, *, figure=None,
     plain lines, several parts, raw text)."""
     if save is not None and figure is not None:
         save_figure(context, figure(), save, force)
+    if context.cut:  # --last cut the text: every document says so
+        document = _with_cut(document, context.cut)
     if context.presented is not None:  # kept for a program (tinygpt_cli.api), not printed
         context.presented.append(Presented(document, view, figure, console, show,
                                            context.changed))
         context.changed = None
         return
+    if context.cut and not context.quiet:
+        last, dropped = context.cut["last"], context.cut["dropped"]
+        stderr().print(f"note: --last {last}: read the text's last {last} tokens, "
+                       f"{dropped:,} before them left out", style="dim", soft_wrap=True)
     if as_json:
         from .jsonout import emit
 
@@ -277,6 +283,14 @@ def present(context: RunContext, as_json: bool, document, view, *, figure=None,
         show(shown)
         return
     (console(shown) if console is not None else stdout(context)).print(shown)
+
+
+def _with_cut(document, cut: dict):
+    """The document function, its dict carrying "cut": {"last": N, "dropped": tokens}."""
+    def made():
+        d = document()
+        return {**d, "cut": cut} if isinstance(d, dict) else d
+    return made
 
 
 def save_page(context: RunContext, html: str, path: Path) -> None:
