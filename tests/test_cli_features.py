@@ -4,6 +4,8 @@ trace --save of arrays."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from cli_helpers import TEXT, assert_one_error_line
@@ -119,3 +121,50 @@ def test_last_serves_every_command_that_reads_one_text(cli, tiny):
     assert r.code == 0 and "cut" not in r.json() and r.err == ""
     assert_one_error_line(cli("probs", LONG, "--last", 129), 2, "--last 129", "1 to 128")
     assert cli("probs", LONG, "--last", 0).code == 2
+
+
+# ------------------------------------------------------------------ trace --save
+
+
+def read_safetensors_by_hand(path) -> dict:
+    """The format read from its definition (an 8-byte little-endian header length, a JSON
+    header of dtype, shape and offsets, then the bytes), not by the project's reader."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    dtypes = {"F32": "<f4", "I64": "<i8", "F64": "<f8"}
+    return {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]],
+                             dtype=dtypes[v["dtype"]]).reshape(v["shape"])
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def test_trace_save_writes_a_value_as_npy_and_values_as_safetensors(cli, tiny, tmp_path):
+    ids = tiny.model.tokenizer.encode(TEXT)
+    ref = tiny.trace(ids)  # the forward pass run here, not by the command
+    r = cli("trace", TEXT, "logits[-1]", "--save", tmp_path / "a.npy", "--json")
+    assert r.code == 0 and json.loads(r.out)["path"] == "logits[-1]", r.err
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), ref["logits"][-1])
+    assert cli("trace", TEXT, "--save", tmp_path / "all.safetensors", "-q").code == 0
+    cache = read_safetensors_by_hand(tmp_path / "all.safetensors")
+    assert "layers.1.resid_post" in cache and "logits" in cache and "ids" in cache
+    assert not any(".heads." in k for k in cache) and "tokens" not in cache
+    for k in ("embeddings", "layers.0.weights", "layers.1.mlp_post", "ln_final.out", "logits"):
+        np.testing.assert_array_equal(cache[k], ref[k])
+    assert cache["ids"].tolist() == ids
+    # a group: the values under it; one head's pattern under its own name
+    assert cli("trace", TEXT, "layers.1", "--save", tmp_path / "l1.safetensors").code == 0
+    group = read_safetensors_by_hand(tmp_path / "l1.safetensors")
+    assert set(group) == {k for k in cache if k.startswith("layers.1.")}
+    one = tmp_path / "h.safetensors"
+    assert cli("trace", TEXT, "layers[0].heads[1].weights", "--save", one).code == 0
+    (name, value), = read_safetensors_by_hand(tmp_path / "h.safetensors").items()
+    assert name == "layers.0.heads.1.weights"
+    np.testing.assert_array_equal(value, ref["layers.0.heads.1.weights"])
+    # refusals: one line, before the run, nothing written
+    assert_one_error_line(cli("trace", TEXT, "logits", "--save", tmp_path / "a.npy"), 2,
+                          "the file exists", "--force")
+    assert_one_error_line(cli("trace", TEXT, "logits", "--save", tmp_path / "x.svg"), 2,
+                          "unknown extension", ".npy", ".safetensors")
+    assert_one_error_line(cli("trace", TEXT, "layers.0", "--save", tmp_path / "x.npy"), 2,
+                          "holds one value")
+    assert not (tmp_path / "x.npy").exists()

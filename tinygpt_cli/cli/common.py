@@ -13,6 +13,7 @@ from ..render.output import (
     at_least,
     check_out,
     check_save,
+    checked_arrays,
     checked_save,
     present,
     save_figure,
@@ -136,6 +137,13 @@ SAVE = typer.Option(None, "--save", callback=checked_save, show_default=False, m
                     "extension. With --each-line, one file per line, numbered before the "
                     "extension: x.svg gives x-001.svg, x-002.svg ...")
 FORCE = typer.Option(False, "--force", help="Let --save overwrite an existing file.")
+# trace's --save writes numbers, not a picture (render/output.py save_arrays)
+SAVE_ARRAYS = typer.Option(None, "--save", callback=checked_arrays, show_default=False,
+                           metavar="FILE", help="Also write the value to FILE.npy, or the "
+                           "values to FILE.safetensors under their trace names (without PATH: "
+                           "every value of the pass, per-head slices left out; PATH a group, "
+                           "e.g. layers.0: the values under it). With --each-line, one file "
+                           "per line: x-001.npy, x-002.npy ...")
 FORCE_FILE = typer.Option(False, "--force", help="Overwrite a file that exists, a shipped one too.")
 QUIET = typer.Option(False, "--quiet", "-q",
                      help="Print no terminal view (with --save: only write the file).")

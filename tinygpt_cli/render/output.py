@@ -55,6 +55,49 @@ def picture_format(path: Path) -> str:
     return kind
 
 
+ARRAY_FORMATS = (".npy", ".safetensors")
+
+
+def checked_arrays(path: Path | None) -> Path | None:
+    """trace's --save path, its format checked at once: .npy (one value) or .safetensors."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.suffix not in ARRAY_FORMATS:
+        raise InputError(f"--save {path}: unknown extension {path.suffix or '(none)'!r}; use "
+                         ".npy (one value) or .safetensors (values by their trace names)")
+    if path.is_dir():
+        raise InputError(f"--save {path}: that is a folder; give a file name ending .npy or "
+                         ".safetensors")
+    return path
+
+
+def save_arrays(context: RunContext, path: Path, arrays: dict, force: bool = False) -> None:
+    """Write `arrays` ({trace name: array}) to the --save path atomically: .npy holds one
+    (NumPy's format, no pickles), .safetensors any number under their names."""
+    import io
+
+    import numpy as np
+
+    check_save(path, force)
+    if path.suffix == ".npy":
+        if len(arrays) != 1:
+            raise InputError(f"--save {path}: a .npy file holds one value and these are "
+                             f"{len(arrays)}; give one PATH, or a .safetensors file")
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(next(iter(arrays.values()))), allow_pickle=False)
+        data = buf.getvalue()
+    else:
+        from ..weights import safetensors_bytes
+
+        data = safetensors_bytes({k: np.asarray(v) for k, v in arrays.items()})
+    write_atomically(path, data)
+    if not context.quiet:
+        from .text import escape_line
+
+        stderr().print(f"wrote {escape_line(str(path))}", style="dim", soft_wrap=True)
+
+
 def save_figure(context: RunContext, figure, path: Path | None, force: bool = False) -> None:
     """Write `figure` (render.figure.Figure) to the --save path, if one was given: SVG or HTML
     by the extension, atomically, never over an existing file without --force. Call it before
