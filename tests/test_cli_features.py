@@ -168,3 +168,60 @@ def test_trace_save_writes_a_value_as_npy_and_values_as_safetensors(cli, tiny, t
     assert_one_error_line(cli("trace", TEXT, "layers.0", "--save", tmp_path / "x.npy"), 2,
                           "holds one value")
     assert not (tmp_path / "x.npy").exists()
+
+
+# ------------------------------------------------------------------ diff of two shapes
+
+
+def test_diff_compares_models_of_other_shapes_that_share_the_tokenizer(cli, tiny, tmp_path):
+    from cli_helpers import TINY, random_params, write_folder
+
+    from tinygpt_cli.config import Config
+    from tinygpt_cli.model import forward
+    from tinygpt_cli.weights import load_model
+
+    shape = Config(**{**TINY.__dict__, "n_embd": 24, "n_layer": 1, "n_head": 3, "n_inner": 40,
+                      "n_positions": 64})
+    other = load_model(write_folder(tmp_path / "b", random_params(shape, seed=9), shape))
+    doc = cli("diff", TEXT, "--weights-b", other.folder, "--json").json()
+    ids = doc["ids"]
+    la = tiny.trace(ids)["logits"].astype(np.float64)
+    lb = forward(other.params, other.config, np.asarray(ids)).astype(np.float64)
+    for t in range(len(ids)):  # KL(P_a || P_b) and top-1 agreement, from the logits by hand
+        pa = la[t] - la[t].max() - np.log(np.exp(la[t] - la[t].max()).sum())
+        pb = lb[t] - lb[t].max() - np.log(np.exp(lb[t] - lb[t].max()).sum())
+        assert doc["data"][t] == pytest.approx((np.exp(pa) * (pa - pb)).sum(), rel=1e-6)
+        assert doc["same_top"][t] == (la[t].argmax() == lb[t].argmax())
+    assert doc["shapes_differ"] == {"n_layer": [2, 1], "n_embd": [16, 24], "n_head": [2, 3],
+                                    "n_inner": [24, 40], "n_positions": [128, 64]}
+    view = cli("diff", TEXT, "--weights-b", other.folder)
+    assert "differ in shape" in view.out and "only the next-token distributions" in view.out
+    # longer than the second model's context: refused in one line
+    assert_one_error_line(cli("diff", " ".join([TEXT] * 12), "--weights-b", other.folder), 2,
+                          "72 tokens long", "second model reads at most 64")
+
+
+def test_diff_refuses_tokenizers_that_would_give_other_ids(cli, tiny, tmp_path):
+    from cli_helpers import TOKENIZER
+
+    spec = json.loads(TOKENIZER.read_text(encoding="utf-8"))
+    variants = {
+        "same": spec,  # merges written "a b" instead of ["a", "b"]: the same tokenizer
+        "merges": {**spec, "model": {**spec["model"], "merges": spec["model"]["merges"][:-1]}},
+        "normaliser": {**spec, "normalizer": {"type": "NFC"}},
+        "vocabulary": {**spec, "model": {**spec["model"], "vocab": {
+            k: (v if v not in (5, 6) else 11 - v) for k, v in spec["model"]["vocab"].items()}}},
+    }
+    variants["same"] = {**spec, "model": {**spec["model"], "merges": [
+        " ".join(m) for m in spec["model"]["merges"]]}}
+    for what, variant in variants.items():
+        folder = tmp_path / what
+        folder.mkdir()
+        for name in ("model.safetensors", "config.json"):
+            (folder / name).write_bytes((tiny.folder / name).read_bytes())
+        (folder / "tokenizer.json").write_text(json.dumps(variant), encoding="utf-8")
+        r = cli("diff", TEXT, "--weights-b", folder, "--json")
+        if what == "same":
+            assert r.code == 0 and max(r.json()["data"]) == pytest.approx(0, abs=1e-9), r.err
+        else:
+            assert_one_error_line(r, 2, f"tokenizers differ ({what})")

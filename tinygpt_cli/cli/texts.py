@@ -245,7 +245,8 @@ def diff(
                                  show_default=False),
     weights: Path = WEIGHTS,
     weights_b: Path = typer.Option(None, "--weights-b", help="Compare this weights folder "
-                                   "with --weights on the one text.", show_default=False),
+                                   "with --weights on the one text: any model of the same "
+                                   "tokenizer, whatever its shape.", show_default=False),
     as_json: bool = JSON,
 ):
     """Where two runs part: two texts through the model, or one text through two models.
@@ -253,7 +254,10 @@ def diff(
     Two texts: per stage of the residual stream and per position (aligned from the start)
     the cosine similarity and relative distance ||a - b|| / ||a||, and both top predictions.
     --weights-b: per position KL(P_a || P_b), whether the top tokens agree and the change in
-    the chance of the actual next token (as llama-perplexity --kl-divergence).
+    the chance of the actual next token (as llama-perplexity --kl-divergence). The two models
+    may differ in every size and family: only their tokenizers must give the same ids (same
+    vocabulary, merges, special tokens and normalisation); the JSON's shapes_differ lists
+    what differs.
     Example: tinygpt diff "Lily wanted to play with her" "Tom wanted to play with his"
     Example: tinygpt diff "Lily wanted to play" --weights-b runs/a
     """
