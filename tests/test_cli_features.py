@@ -225,3 +225,59 @@ def test_diff_refuses_tokenizers_that_would_give_other_ids(cli, tiny, tmp_path):
             assert r.code == 0 and max(r.json()["data"]) == pytest.approx(0, abs=1e-9), r.err
         else:
             assert_one_error_line(r, 2, f"tokenizers differ ({what})")
+
+
+# ------------------------------------------------------------------ --each-line --mean
+
+MEAN_LINES = ["Lily wanted to play with her", "Tom saw a big dog", "The sun was hot and"]
+
+
+def alone(cli, *args) -> list[dict]:
+    return [cli(*args[:1], line, *args[1:], "--json").json() for line in MEAN_LINES]
+
+
+def test_each_line_mean_averages_dla_and_lens_over_the_lines(cli, tmp_path):
+    f = lines_file(tmp_path, MEAN_LINES)
+    r = cli("dla", "--each-line", f, "--mean")  # one JSON document, --json or not
+    assert r.code == 0, r.err
+    d = r.json()
+    docs = alone(cli, "dla")
+    assert (d["path"], d["command"], d["lines"]) == ("mean", "dla", 3)
+    np.testing.assert_allclose(d["mean"]["data"], np.mean([x["data"] for x in docs], axis=0))
+    np.testing.assert_allclose(d["std"]["data"], np.std([x["data"] for x in docs], axis=0))
+    assert d["mean"]["score"] == pytest.approx(np.mean([x["score"] for x in docs]))
+    assert d["mean"]["labels"] == docs[0]["labels"]  # the same on every line: kept
+    assert {"ids", "tokens", "target.id"} <= set(d["not_averaged"])  # names, not measures
+    lens = cli("lens", "--each-line", f, "--mean", "--json").json()
+    docs = alone(cli, "lens")
+    np.testing.assert_allclose(lens["mean"]["target_probs"],
+                               np.mean([x["target_probs"] for x in docs], axis=0))
+    assert "data" in lens["not_averaged"]  # per position of texts of other lengths
+
+
+def test_each_line_mean_matches_ablate_rows_by_component_and_patch_reads_pairs(cli, tmp_path):
+    r = cli("ablate", "--each-line", lines_file(tmp_path, MEAN_LINES), "--all", "--mean")
+    assert r.code == 0, r.err
+    d = r.json()
+    docs = alone(cli, "ablate", "--all")
+    for row, data in zip(d["mean"]["components"], d["mean"]["data"], strict=True):
+        each = [next(c for c in x["components"] if c["label"] == row["label"]) for x in docs]
+        assert row["delta"] == pytest.approx(np.mean([c["delta"] for c in each]))
+        assert data == pytest.approx([row["delta"], row["kl"]])  # data's rows follow
+    pairs = [("Lily wanted to play with her", "Lily wanted to read with her"),
+             ("Tom saw a big dog", "Tom saw a big cat"), ("no tab here", "")]
+    f = tmp_path / "pairs.txt"
+    f.write_text("".join(f"{a}\t{b}\n" if b else f"{a}\n" for a, b in pairs), encoding="utf-8")
+    r = cli("patch", "--each-line", f, "--mean", "--vs", " his")
+    assert r.code == 2 and "error: line 3: expected CLEAN<tab>CORRUPT" in r.err
+    d = json.loads(r.out)
+    docs = [cli("patch", a, b, "--vs", " his", "--json").json() for a, b in pairs[:2]]
+    assert d["lines"] == 2
+    np.testing.assert_allclose(d["mean"]["heads"], np.mean([x["heads"] for x in docs], axis=0))
+
+
+def test_mean_is_refused_where_it_means_nothing(cli, tmp_path):
+    f = lines_file(tmp_path, MEAN_LINES)
+    assert_one_error_line(cli("probs", "--each-line", f, "--mean"), 2, "--mean averages",
+                          "dla, lens, patch, ablate, attribute")
+    assert_one_error_line(cli("dla", TEXT, "--mean"), 2, "give --each-line")
