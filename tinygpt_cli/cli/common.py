@@ -48,7 +48,9 @@ def encode_checked(model, text: str) -> list[int]:
 
 # Options, declared once so every command spells and documents them the same way.
 TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin. "
-                      "--each-line FILE runs the command once per line of FILE ('-': stdin).",
+                      "--each-line FILE runs the command once per line of FILE ('-': stdin); "
+                      "dla, lens, ablate and attribute add --mean for one JSON document of "
+                      "their numbers averaged over the lines.",
                       show_default=False)
 # The name is passed on as typed (parser=str), so that an empty --weights "" stays empty and
 # is refused by load_model instead of becoming Path("") == Path("."), the current folder.
