@@ -168,6 +168,11 @@ def test_trace_save_writes_a_value_as_npy_and_values_as_safetensors(cli, tiny, t
     assert_one_error_line(cli("trace", TEXT, "layers.0", "--save", tmp_path / "x.npy"), 2,
                           "holds one value")
     assert not (tmp_path / "x.npy").exists()
+    assert_one_error_line(cli("trace", TEXT, "tokens", "--save", tmp_path / "t.safetensors"),
+                          2, "tokens is text", ".npy")
+    assert cli("trace", TEXT, "tokens", "--save", tmp_path / "t.npy").code == 0
+    assert np.load(tmp_path / "t.npy").tolist() == [tiny.model.tokenizer.token_str(i)
+                                                    for i in ids]
 
 
 # ------------------------------------------------------------------ diff of two shapes

@@ -90,7 +90,12 @@ def save_arrays(context: RunContext, path: Path, arrays: dict, force: bool = Fal
     else:
         from ..weights import safetensors_bytes
 
-        data = safetensors_bytes({k: np.asarray(v) for k, v in arrays.items()})
+        arrays = {k: np.asarray(v) for k, v in arrays.items()}
+        text = [k for k, v in arrays.items() if v.dtype.kind not in "biuf"]
+        if text:  # safetensors holds numbers only
+            raise InputError(f"--save {path}: {text[0]} is text, which a .safetensors file "
+                             "cannot hold; save it to a .npy file (or save ids)")
+        data = safetensors_bytes(arrays)
     write_atomically(path, data)
     if not context.quiet:
         from .text import escape_line
