@@ -85,13 +85,13 @@ LONG = " ".join(["Lily wanted to play with her ball."] * 30)  # 240 tokens, the 
 def test_last_n_reads_the_texts_last_n_tokens_and_says_how_many_were_dropped(cli, tiny, last):
     ids = tiny.model.tokenizer.encode(LONG)
     assert len(ids) > 128
-    r = cli("trace", LONG, "logits", "--last", last, "--json")
+    r = cli("trace", LONG, "ln_final.out", "--last", last, "--json")
     assert r.code == 0, r.err
     d = r.json()
     assert d["ids"] == ids[-last:]
     assert d["cut"] == {"last": last, "dropped": len(ids) - last}
     assert f"{len(ids) - last} before them left out" in r.err
-    np.testing.assert_allclose(d["data"], tiny.trace(ids[-last:])["logits"], rtol=1e-5,
+    np.testing.assert_allclose(d["data"], tiny.trace(ids[-last:])["ln_final.out"], rtol=1e-5,
                                atol=1e-5)
 
 
