@@ -67,10 +67,14 @@ class RunContext:
     # (the notebook API, tinygpt_cli/api.py, runs the commands with one)
     presented: list | None = None
     saes: tuple = ()  # a command's --sae SAEs, for latents sae.SITE.N in --ablate and trace
+    last: int | None = None  # --last N: a long text's last N tokens are read
+    offers_last: bool = False  # the command takes --last (its refusals may name it)
+    cut: dict | None = None  # what --last cut, for the JSON document (render.output.present)
 
     def for_command(self, command: str | None, steer: SteerOptions | None,
                     quiet: bool = False) -> RunContext:
         """A fresh copy for one run of a command: what lasts the whole line (weights, the
         folders opened, the passes made ahead) kept, the command's own state new."""
         return replace(self, command=command, steer=steer, quiet=quiet, changed=None,
-                       steerings={}, said=[], given=frozenset(), saes=())
+                       steerings={}, said=[], given=frozenset(), saes=(), last=None,
+                       offers_last=False, cut=None)

@@ -35,6 +35,25 @@ def check_text(text: str) -> str:
     return text
 
 
+class TooLong(InputError):
+    """A text longer than the model's context (a command that takes --last says so)."""
+
+
+def encode_last(model: Model, text: str, last: int | None) -> tuple[list[int], int]:
+    """(the ids of the text's last `last` tokens, how many tokens before them were dropped):
+    --last N. The whole text is tokenised, so the count is the text's own; None: the text
+    must fit (encode_checked)."""
+    if last is None:
+        return encode_checked(model, text), 0
+    limit = model.config.n_positions
+    if not 1 <= last <= limit:
+        raise InputError(f"--last {last}: this model reads 1 to {count(limit, 'token')}")
+    ids = model.tokenizer.encode(check_text(text))
+    if not ids:
+        raise InputError("the text is empty: give at least one character")
+    return ids[-last:], max(0, len(ids) - last)
+
+
 def encode_checked(model: Model, text: str) -> list[int]:
     """The text's ids, within the model's context; the errors say how long it was."""
     limit = model.config.n_positions
@@ -42,14 +61,14 @@ def encode_checked(model: Model, text: str) -> list[int]:
     # looked up (the whole vocabulary, 1 ms) only for a text that could be that long.
     most = limit * model.tokenizer.longest_token_bytes if len(text) > limit else limit
     if len(text) > most:
-        raise InputError(f"the text is {len(text):,} characters long; this model reads at "
+        raise TooLong(f"the text is {len(text):,} characters long; this model reads at "
                          f"most {limit} tokens ({limit} tokens never hold more than "
                          f"{most:,} characters)")
     ids = model.tokenizer.encode(check_text(text))
     if not ids:
         raise InputError("the text is empty: give at least one character")
     if len(ids) > limit:
-        raise InputError(
+        raise TooLong(
             f"the text is {len(ids)} tokens long; this model reads at most "
             f"{count(limit, 'token')}"
         )
@@ -90,7 +109,8 @@ class Session:
     (ablations) after it. `changes` says what they change, for views and documents:
     {"steered": {site, scale, norm, ...}, "ablated": [paths]}, empty for a clean run.
     `ahead`: where a clean run's ln_final.out may come from ready-made, (params, config, ids)
-    -> [T, d] or None (--each-line's batches, ahead.Ahead.final_norm); None: made here."""
+    -> [T, d] or None (--each-line's batches, ahead.Ahead.final_norm); None: made here.
+    `dropped`: how many tokens of a longer text were left out before `ids` (--last N)."""
 
     model: Model
     text: str
@@ -100,16 +120,20 @@ class Session:
     interventions: Hook | None = None
     changes: dict = field(default_factory=dict)
     ahead: Callable | None = None
+    dropped: int = 0
 
     @classmethod
     def open(cls, text: str, weights: str | Path | None = None,
              model: Model | None = None, steering: Hook | None = None,
              interventions: Hook | None = None, changes: dict | None = None,
-             ahead: Callable | None = None) -> Session:
+             ahead: Callable | None = None, last: int | None = None) -> Session:
+        """`last`: keep only the text's last `last` tokens (--last N); None: the whole text,
+        which must fit the context."""
         model = model if model is not None else load_model(weights)
-        ids = encode_checked(model, text)
+        ids, dropped = encode_last(model, text, last)
+        text = model.tokenizer.decode(ids) if dropped else text  # the part read
         return cls(model, text, ids, [model.tokenizer.token_str(i) for i in ids], steering,
-                   interventions, dict(changes or {}), ahead)
+                   interventions, dict(changes or {}), ahead, dropped)
 
     def reopen(self, text: str) -> Session:
         """Another text, run as this one is: the same model, steering and interventions."""

@@ -123,6 +123,24 @@ def _cut(text: str, at: int) -> int:
 SHORT_IDS = 1024
 
 
+def _id_rules(tok: HFTokenizer) -> dict:
+    """What decides a text's ids, from the tokenizer's JSON, by what it is called in an
+    error: merges as pairs (files write them "a b" or ["a", "b"])."""
+    import json
+
+    d = json.loads(tok.to_str())
+    model = dict(d.get("model") or {})
+    vocab, merges = model.pop("vocab", None), model.pop("merges", None) or []
+    return {
+        "vocabulary": vocab,
+        "merges": [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in merges],
+        "special tokens": sorted((t["id"], t["content"]) for t in d.get("added_tokens") or []),
+        "normaliser": d.get("normalizer"),
+        "pre-tokeniser": d.get("pre_tokenizer"),
+        "model's options": model,
+    }
+
+
 class Tokenizer:
     def __init__(self, tok: HFTokenizer):
         self._tok = tok
@@ -149,6 +167,15 @@ class Tokenizer:
             return cls(HFTokenizer.from_buffer(raw))
         except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception
             return cls.from_str(raw.decode("utf-8"))
+
+    def differs_from(self, other: Tokenizer) -> str | None:
+        """None when the two give every text the same ids: the same vocabulary, merges,
+        special tokens, normaliser and pre-tokeniser (their decoders, which only turn ids
+        back into text, may differ); else what differs first, for the error."""
+        if other is self:
+            return None
+        a, b = _id_rules(self._tok), _id_rules(other._tok)
+        return next((what for what in a if a[what] != b[what]), None)
 
     def kind(self) -> str | None:
         """None for a byte-level BPE (GPT-2's kind, and Llama 3's, Qwen's and Pythia's, whose

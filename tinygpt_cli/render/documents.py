@@ -68,7 +68,9 @@ def models_diff_document(d, weights_a) -> dict:
     return session_document(
         d.a, "diff.kl", d.diff.kl, weights_a=str(weights_a),
         weights_b=str(d.b.model.folder), same_top=d.diff.same_top, delta_p=d.diff.delta_p,
-        top_a=d.top_a, top_b=d.top_b, summary=d.diff.summary())
+        top_a=d.top_a, top_b=d.top_b, summary=d.diff.summary(),
+        compared="next-token distributions", shapes_differ={k: list(v) for k, v in
+                                                            d.differing.items()})
 
 
 def text_diff_document(d) -> dict:

@@ -323,7 +323,11 @@ def models_diff_view(d) -> Group:
              f"token {summary['same_top']:.0%}"
              + (f"; Δp of the next token: mean {summary['mean_delta_p']:+.4f}, RMS "
                 f"{summary['rms_delta_p']:.4f}" if summary["mean_delta_p"] is not None else ""),
-             style="dim"))
+             style="dim"),
+        *([Text("the models differ in shape (" + ", ".join(
+            f"{k} {escape_line(str(a))} vs {escape_line(str(b))}"
+            for k, (a, b) in d.differing.items()) + "): only the next-token distributions "
+            "are compared", style="dim")] if d.differing else []))
 
 
 def heads_view(r) -> Group:
