@@ -271,16 +271,18 @@ def test_every_exact_cut_gives_the_ids_of_the_whole(name):
 
 @pytest.mark.parametrize("name", ["shipped", "llama3", "qwen2", "llama3 ignore_merges"])
 def test_a_long_run_is_encoded_in_short_pieces_to_the_ids_of_one_call(name):
-    from tinygpt_cli.tokenizer import exact_pieces
+    from tinygpt_cli.tokenizer import added_spans, exact_pieces
 
     tok = shipped_and_built()[name]
     rng = random.Random(7)
     shortest = tok.longest_token_bytes + 1
-    for text in (awkward_text(rng, 600), "".join(rng.choice("abcdefghijklmnopqrstuvwxyz")
-                                                 for _ in range(5000)),
+    specials = list(tok.special_tokens)  # never cut: "<|endoftext|>" has "t|" inside
+    glued = "".join(rng.choice(["ab1", "xyz", "9", "Tom", ","] + specials) for _ in range(900))
+    for text in (awkward_text(rng, 600), glued,
+                 "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(5000)),
                  "".join(rng.choice("0123456789") for _ in range(5000))):
         pieces = list(exact_pieces(text, tok._joinable, tok._tok.normalizer is None,
-                                   shortest, len(text) // 4))
+                                   shortest, len(text) // 4, added_spans(text, specials)))
         assert len(pieces) >= 4 and pieces[0][0] == 0 and pieces[-1][1] == len(text)
         assert all(b == c for (_, b), (c, _) in zip(pieces, pieces[1:], strict=False))
         ids = [i for a, b in pieces for i in tok._tok.encode(text[a:b],

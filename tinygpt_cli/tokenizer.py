@@ -162,12 +162,32 @@ def _run_class(ch: str) -> int:
     return 0 if ch in _DIGITS else 1 if ch.isalpha() else 2
 
 
+def added_spans(text: str, contents: Iterable[str]) -> list[tuple[int, int]]:
+    """[start, end) of every occurrence of an added token's text (<|endoftext|>), which the
+    tokenizer matches before any word is split: no piece may cut one."""
+    spans = []
+    for content in contents:
+        at = text.find(content) if content else -1
+        while at >= 0:
+            spans.append((at, at + len(content)))
+            at = text.find(content, at + 1)
+    return sorted(spans)
+
+
 def exact_pieces(text: str, joinable, unicode_letters: bool, shortest: int = PIECE_MIN,
-                 longest: int = PIECE_MAX) -> Iterable[tuple[int, int]]:
+                 longest: int = PIECE_MAX, protected: list[tuple[int, int]] = ()
+                 ) -> Iterable[tuple[int, int]]:
     """(start, end) of pieces of `text` whose ids, each encoded alone, are the whole's: each
     at least `shortest` characters (longer than any token, so that a tokenizer that emits a
     whole word found in its vocabulary, ignore_merges, never does so for a piece) and cut at
-    the first exact_cut past that; ValueError(start) for `longest` characters with none."""
+    the first exact_cut past that outside the `protected` spans (added_spans); ValueError(start)
+    for `longest` characters with none."""
+    import bisect
+
+    def inside(i: int) -> bool:  # within a protected span, past its first character
+        k = bisect.bisect_left(protected, (i, i))  # the spans before k start before i
+        return any(a < i < b for a, b in protected[max(k - 4, 0):k])
+
     start, n = 0, len(text)
     while n - start > longest:
         run = start
@@ -177,7 +197,8 @@ def exact_pieces(text: str, joinable, unicode_letters: bool, shortest: int = PIE
             c = _run_class(text[i])
             if c != cls or c == 2:
                 run, cls = i, c
-            if i - start >= shortest and exact_cut(text, i, run, joinable, unicode_letters):
+            if i - start >= shortest and exact_cut(text, i, run, joinable, unicode_letters) \
+                    and not (protected and inside(i)):
                 cut = i
                 break
         if cut is None:
@@ -320,7 +341,8 @@ class Tokenizer:
         out: list[int] = []
         try:
             for a, b in exact_pieces(stretch, self._joinable, self._tok.normalizer is None,
-                                     shortest, max(PIECE_MAX, 4 * shortest)):
+                                     shortest, max(PIECE_MAX, 4 * shortest),
+                                     added_spans(stretch, self.special_tokens)):
                 out += self._tok.encode(stretch[a:b], add_special_tokens=False).ids
         except ValueError as e:
             at = start + e.args[0]
