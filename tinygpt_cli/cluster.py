@@ -257,7 +257,7 @@ class Cluster:
 
                     self.local = LocalCluster(n_workers=workers or cores(),
                                               threads_per_worker=1, processes=True,
-                                              host="127.0.0.1", silence_logs=logging.CRITICAL,
+                                              host="127.0.0.1", silence_logs=logging.CRITICAL + 1,
                                               **NO_DASHBOARD)
                     self.client = Client(self.local)
                 else:
