@@ -297,6 +297,8 @@ def test_one_long_word_is_encoded_in_pieces_and_a_run_with_no_exact_cut_refused(
     rng = random.Random(1)
     word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(3 * CHUNK))
     assert tok.encode(word) == tok._tok.encode(word, add_special_tokens=False).ids
+    assert tok.encode_batch(["Lily", word, "Tom"]) == [tok.encode("Lily"), tok.encode(word),
+                                                       tok.encode("Tom")]
     numbers = "".join(rng.choice("0123456789") for _ in range(3 * CHUNK))
     assert tok.encode("Lily " + numbers) == tok._tok.encode("Lily " + numbers).ids
     with pytest.raises(InputError, match=r"more than 65,536 characters from character 0 that "

@@ -371,9 +371,9 @@ class Tokenizer:
         return lambda x, y: bool(table[x, y])
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        if any(len(t) > CHUNK for t in texts):  # one long text: in pieces, as encode does
-            return [self.encode(t) for t in texts]
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+        short = [t for t in texts if len(t) <= CHUNK]  # a long one in pieces, as encode does
+        found = iter(e.ids for e in self._tok.encode_batch(short, add_special_tokens=False))
+        return [next(found) if len(t) <= CHUNK else self.encode(t) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
