@@ -122,6 +122,31 @@ def test_an_unknown_hook_name_raises_with_the_command_lines_suggestion(models):
                                    "layers.0.mlp_out")
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_hook_whose_numbers_overflow_the_pass_is_named_not_the_weights(models, family):
+    from tinygpt_cli.errors import NonFiniteError
+
+    model = models[family]
+
+    def nan(x, hook):
+        return np.full_like(x, np.nan)
+
+    def in_place(x, hook):
+        x[0] = np.inf
+
+    for fn in (nan, in_place):
+        with pytest.raises(InputError) as e:
+            model.run_with_hooks(TEXT, [("blocks.0.hook_mlp_out", fn)])
+        assert str(e.value) == ("the forward pass overflowed: the hook on blocks.0.hook_mlp_out "
+                                "put infinite or NaN numbers into layers.0.mlp_out")
+    with pytest.raises(InputError) as e:  # finite, but too large for what comes after it
+        model.run_with_hooks(TEXT, [("blocks.0.hook_resid_post", lambda x, hook: x * 1e30)])
+    assert "because of the hook on blocks.0.hook_resid_post (the same pass without it is " \
+        "finite)" in str(e.value) and "weights" not in str(e.value)
+    assert not isinstance(e.value, NonFiniteError)
+    assert np.isfinite(model(TEXT)).all()  # the weights are fine
+
+
 # ------------------------------------------------------------------ commands as functions
 
 CALLS = [  # (method, its arguments, its options by word, the command line's words)

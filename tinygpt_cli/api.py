@@ -116,7 +116,8 @@ class HookedModel:
                 return x if out is None else out
             return replaced
 
-        hooks = [Replace({name: use(fn, name)}) for name, fn in fwd_hooks]
+        hooks = [Replace({name: use(fn, name)}, who=f"the hook on {name}")
+                 for name, fn in fwd_hooks]
         return self.session(text).run(hooks=Chain(*hooks) if hooks else None)
 
     # ------------------------------------------------------------ the commands

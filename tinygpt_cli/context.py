@@ -54,6 +54,7 @@ class RunContext:
 
     weights: str | Path | None = None
     cluster: str | None = None  # --cluster as given (cluster.chosen adds $TINYGPT_CLUSTER)
+    cluster_wait: float | None = None  # --cluster-wait as given (cluster.wait_chosen)
     opened: dict | None = None
     ahead: Any = None
     command: str | None = None

@@ -167,7 +167,9 @@ def engine(context: RunContext):
     --cluster or $TINYGPT_CLUSTER names (tinygpt_cli.cluster)."""
     from .. import cluster
 
-    return cluster.engine(cluster.chosen(context.cluster))
+    address = cluster.chosen(context.cluster)
+    return cluster.engine(address, wait=cluster.wait_chosen(context.cluster_wait)
+                          if address is not None else cluster.WAIT_SECONDS)
 
 
 def figures(module: str = "analysis_pictures"):

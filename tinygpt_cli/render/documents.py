@@ -45,7 +45,8 @@ def heads_document(r, ids, exclude_bos: bool, exclude_current: bool,
     return jsonout.document("heads", np.stack(list(r.table.values())), **(changes or {}),
                             kinds=list(r.table), texts=r.texts, source=r.source,
                             text_ids=ids, exclude_bos=exclude_bos,
-                            exclude_current=exclude_current, repeat=r.repeat)
+                            exclude_current=exclude_current, skipped_texts=r.skipped,
+                            repeat=r.repeat)
 
 
 def neuron_examples_document(ex, token_str, files, changes: dict | None = None) -> dict:

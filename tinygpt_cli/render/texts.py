@@ -343,6 +343,8 @@ def heads_view(r) -> Group:
     return Group(
         Text(f"heads  {r.n_layer} layers × {r.n_head} heads  on {count(r.texts, 'text')} from "
              f"{escape_line(r.source)}", style="bold cyan"),
+        *([Text(f"{count(r.skipped, 'text')} of one token left out: the exclusions leave no "
+                "attention in them to score", style="yellow")] if r.skipped else []),
         layer_head_table(table, KIND_LABELS), notes,
         Text(f"random tokens ({rep['batch']} × {rep['length']}, seed {rep['seed']}) repeated: "
              f"loss {rep['loss_first']:.3f} nats on the first copy, {rep['loss_second']:.3f} "
