@@ -34,6 +34,7 @@ class Param:
     minimum: float | None = None
     maximum: float | None = None
     path: bool = False  # a file or folder the command reads or writes (a Path option)
+    metavar: str | None = None  # as --help shows the value (FILE[#N])
 
     @property
     def word(self) -> str:
@@ -92,6 +93,8 @@ def _is_path(param) -> bool:
     annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
     while typing.get_args(annotation):
         annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if str(getattr(param, "metavar", None) or "").startswith(("FILE", "DIR")):
+        return True  # --steer-vector FILE[#N], a str that names a file
     if annotation is None:
         return type(getattr(param, "type", None)).__name__ == "Path"
     return isinstance(annotation, type) and issubclass(annotation, Path)
@@ -118,7 +121,8 @@ def parameters(command) -> list[Param]:
             default=list(default) if isinstance(default, tuple) else default,
             required=bool(p.required), multiple=bool(getattr(p, "multiple", False)),
             off=(p.secondary_opts or [None])[0] if getattr(p, "is_flag", False) else None,
-            minimum=_bound(p, "min"), maximum=_bound(p, "max"), path=_is_path(p)))
+            minimum=_bound(p, "min"), maximum=_bound(p, "max"), path=_is_path(p),
+            metavar=getattr(p, "metavar", None)))
     return out
 
 
