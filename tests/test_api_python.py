@@ -265,3 +265,19 @@ def test_a_wrong_type_is_still_the_command_lines_input_error(gpt2):
     assert gpt2.attn(TEXT, all_heads=False)["shape"] == gpt2.attn(TEXT)["shape"]
     assert len(gpt2.attn(TEXT, all_heads=True)["shape"]) == 3
     assert gpt2.attn(TEXT, layer=1.0)["data"] == gpt2.attn(TEXT, layer=1)["data"]
+
+
+def test_a_call_never_reads_the_processs_stdin(gpt2, monkeypatch):
+    # model.attn(None), or no text, read the process's stdin as the text (in a notebook, the
+    # kernel's): a missing text is the command line's "no text" error, None a TypeError
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Tom and Lily"))
+    with pytest.raises(TypeError, match=r"^attn: text takes a str, not None$"):
+        gpt2.attn(None)
+    with pytest.raises(InputError, match=r"^no text: stdin is closed; give the text as an "
+                                         r"argument$"):
+        gpt2.attn()
+    with pytest.raises(InputError, match=r"^no text: stdin is closed"):
+        gpt2.attn("-")
+    assert sys.stdin.read() == "Tom and Lily"  # left as it was

@@ -230,14 +230,33 @@ class HookedModel:
         words = {p.word: p.name for p in params}  # --sum's word or its Python name (total)
         given = {**dict(zip(positional, arguments, strict=False)),
                  **{words.get(k, k): v for k, v in options.items()}}
+        for p in params:  # model.attn(None): as model(None), not "read stdin"
+            if p.option is None and p.name in given and given[p.name] is None:
+                takes = calls.TAKES[p.kind]
+                raise ArgumentError(f"{name}: {p.word} takes "
+                                    + (f"a list, each item {takes}" if p.multiple else takes)
+                                    + ", not None")
         args = calls.argv(name, params, given)
         context = RunContext(weights=self.weights, opened=self.opened, presented=[])
         said = io.StringIO()
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(said):
+        # and no stdin: a library call never reads the process's input for a missing text
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(said), \
+                _without_stdin():
             _run(args, context)
         if not context.presented:
             return None
         return Result(name, context.presented[-1], said.getvalue().splitlines())
+
+
+@contextlib.contextmanager
+def _without_stdin():
+    import sys
+
+    kept, sys.stdin = sys.stdin, None
+    try:
+        yield
+    finally:
+        sys.stdin = kept
 
 
 @functools.cache
