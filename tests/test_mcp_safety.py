@@ -67,14 +67,14 @@ def test_no_command_that_writes_files_or_runs_for_minutes_is_served():
         effects = EFFECTS.get(name)
         # --force without --save: the command writes over a file of its own choosing
         if "force" in params and "save" not in params:
-            assert effects is not None and (effects.writes_files or effects.writing_options), \
+            assert effects is not None and (effects.writes_files or effects.options_left_out), \
                 f"{name} has --force: declare what it writes in commands.EFFECTS"
         shut = effects is not None and (effects.writes_files or effects.long_running)
         tool = name.replace(" ", "-")
         assert (tool in served) == (not shut and "as_json" in {p.name for p in
                                                                 calls.parameters(command)}), name
         if effects is not None:
-            for word, _ in effects.writing_options:
+            for word, _ in effects.options_left_out:
                 assert word in params, f"{name} has no option {word}"
                 if tool in served:
                     assert word not in {p.word for p in served[tool][2]}
@@ -180,10 +180,18 @@ def test_a_file_inside_allow_or_the_clients_roots_is_read(tiny, folders, tmp_pat
     relative = session(tiny.folder, lambda c: c.call_tool("score", {"file": "story.txt"}),
                        roots=[inside], cwd=inside)
     assert not relative.is_error and text_of(relative) == want
-    weights = session(tiny.folder, lambda c: c.call_tool("info", {"weights": str(tiny.folder)}),
-                      roots=[inside])
-    assert weights.is_error and text_of(weights).startswith(
+    async def weights(client):
+        return [await client.call_tool("info", {"weights": w}) for w in
+                (str(tiny.folder), "openai-community/gpt2", "weights/llama")]
+
+    local, hub, shipped = session(tiny.folder, weights, roots=[inside], cwd=inside)
+    assert local.is_error and text_of(local).startswith(
         f"error: info: weights {tiny.folder.resolve()} is outside the folders")
+    assert hub.is_error and text_of(hub) == (  # a hub id would download into the hub cache
+        "error: info: weights openai-community/gpt2 is not a folder here; a hub model is not "
+        "fetched through MCP (that downloads into the hub cache): fetch it in a shell")
+    assert not shipped.is_error and json.loads(text_of(shipped))["config"]["model_type"] == \
+        "llama"  # the package's own lesson model
 
 
 def test_allow_names_a_folder(cli, tmp_path):

@@ -86,17 +86,18 @@ LISTED: dict[str, tuple[str, str]] = {
 }
 
 
-
 class Effects(NamedTuple):
     """What a command does besides answering: the MCP server serves no command that writes
-    files or runs for minutes, and no option that writes (mcp_server.served); `why` is what
-    an agent is told. tests/test_mcp_safety.py holds every command of the registry to it: a
-    command with --force (it would write over a file) but no --save declares writes_files."""
+    files or runs for minutes, and no option that does (mcp_server.tools); `why` is what an
+    agent is told (the cache of slow results, cache.py, is not a file the caller names).
+    tests/test_mcp_safety.py holds every command of the registry to it: a command with
+    --force (it would write over a file) but no --save declares what it writes."""
 
     why: str = ""
     writes_files: bool = False
     long_running: bool = False
-    writing_options: tuple[tuple[str, str], ...] = ()  # (option's word, why): left out
+    # (option's word, why): an option that writes files or runs for minutes, left out
+    options_left_out: tuple[tuple[str, str], ...] = ()
 
 
 # What each command does besides answering, by its full name (a group's command: `sae train`);
@@ -118,9 +119,11 @@ EFFECTS: dict[str, Effects] = {
                          writes_files=True, long_running=True),
     "sae export": Effects("writes an SAELens folder", writes_files=True),
     "mcp": Effects("is this server", long_running=True),
-    "lens": Effects(writing_options=(("fit", "lens --fit trains a tuned lens and writes it"),)),
-    "steer": Effects(writing_options=(("out", "steer --out writes the direction to a file"),)),
-    "probe": Effects(writing_options=(("out", "probe --out writes the direction to a file"),)),
+    "lens": Effects(options_left_out=(("fit", "lens --fit trains a tuned lens and writes it"),)),
+    "steer": Effects(options_left_out=(("out", "steer --out writes the direction to a file"),)),
+    "probe": Effects(options_left_out=(("out", "probe --out writes the direction to a file"),)),
+    "neurons": Effects(options_left_out=(("neuron", "neurons --neuron reads the whole training "
+                                          "text the first time it is asked (minutes)"),)),
 }
 
 

@@ -45,7 +45,7 @@ def options_left_out() -> dict[tuple[str, str], str]:
     """{(command, option): why} of the options that write, left out of a served command."""
     from .commands import EFFECTS
 
-    return {(name, word): why for name, e in EFFECTS.items() for word, why in e.writing_options}
+    return {(name, word): why for name, e in EFFECTS.items() for word, why in e.options_left_out}
 
 
 def tools() -> dict[str, tuple[str, Any, list[calls.Param]]]:
@@ -83,6 +83,7 @@ def input_schema(params: list[calls.Param]) -> dict:
             "additionalProperties": False}
 
 
+WEIGHTS = ("weights", "weights_b")  # a folder, a shipped model's name, or a hub id
 READ_ONLY_INSIDE = " (read only inside the client's roots or a folder of `tinygpt mcp --allow`)"
 
 
@@ -102,7 +103,7 @@ def outside(value: str, folders: list[Path]) -> Path | None:
     command reads it; links followed), when it is inside none of `folders`; None when inside."""
     import os
 
-    where = Path(os.path.realpath(Path(value).expanduser()))
+    where = Path(os.path.realpath(value))
     for folder in folders:
         root = Path(os.path.realpath(folder))
         if where == root or root in where.parents:
@@ -176,12 +177,21 @@ class Caller:
         """InputError for a path argument outside every folder: an agent's instructions may
         come from untrusted text, and a tool that reads any file would hand it over."""
         from .errors import InputError
+        from .weights import _shipped_named
 
         for p in params:
             if not p.path or p.name not in given:
                 continue
             for value in given[p.name] if p.multiple else [given[p.name]]:
                 path = value.split("#")[0] if "FILE[#" in (p.metavar or "") else value
+                if p.name in WEIGHTS:  # read as --weights reads it: ~, a shipped name, a hub id
+                    path = str(Path(path).expanduser())
+                    if not (Path(path).exists() or Path(path).is_symlink()):
+                        if _shipped_named(value) is not None:
+                            continue  # the package's own lesson models
+                        raise InputError(f"{name}: {p.word} {value} is not a folder here; a hub "
+                                         "model is not fetched through MCP (that downloads "
+                                         "into the hub cache): fetch it in a shell")
                 where = outside(path, folders)
                 if where is not None:
                     raise InputError(f"{name}: {p.word} {where} is outside the folders this "
