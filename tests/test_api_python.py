@@ -92,6 +92,7 @@ def test_a_short_key_of_no_value_is_a_path_error_and_a_bad_one_a_type_error(gpt2
     with pytest.raises(PathError):
         cache["result", 0]  # TransformerLens's per-head outputs: no such value here
     assert ("resid_post", 9) not in cache
+    assert cache.get(("result", 0), None) is None and cache.get("hook_result", 7) == 7
     with pytest.raises(TypeError, match="a cache key of a name, a layer and a part"):
         cache[0, "resid_post"]
 

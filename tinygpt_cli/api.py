@@ -284,10 +284,10 @@ class Cache(Trace):
     def __repr__(self) -> str:
         return super().__repr__().replace("<Trace", "<Cache", 1)
 
-    def get(self, path, default=Trace.get.__defaults__[0]):
+    def get(self, path, *default):
         """As Trace.get, and TransformerLens's short keys: cache["resid_post", 0],
         cache["pattern", 1], cache["scale", 0, "ln1"] (act_name spells them)."""
-        return super().get(act_name(*path) if isinstance(path, tuple) else path, default)
+        return super().get(act_name(*path) if isinstance(path, tuple) else path, *default)
 
     def __getitem__(self, path):
         return self.get(path)
@@ -543,7 +543,6 @@ class TLConfig:
     gated_mlp: bool
     parallel_attn_mlp: bool
     attn_scale: float  # the scores are q.k / attn_scale
-    original_architecture: str
 
 
 def tl_config(c, name: str) -> TLConfig:
@@ -556,7 +555,7 @@ def tl_config(c, name: str) -> TLConfig:
         rotary_dim=c.rotary or None, rotary_base=c.rotary_base,
         n_key_value_heads=c.kv_heads if c.kv_heads != c.n_head else None,
         gated_mlp=c.mlp == "gated", parallel_attn_mlp=c.parallel,
-        attn_scale=float(1 / c.scale), original_architecture=c.model_type)
+        attn_scale=float(1 / c.scale))
 
 
 def tl_weights(params, c, name: str) -> np.ndarray:
