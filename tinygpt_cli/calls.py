@@ -119,7 +119,8 @@ def parameters(command) -> list[Param]:
         out.append(Param(
             name=p.name, option=option, kind=_kind(p), help=getattr(p, "help", None) or "",
             default=list(default) if isinstance(default, tuple) else default,
-            required=bool(p.required), multiple=bool(getattr(p, "multiple", False)),
+            required=bool(p.required),
+            multiple=bool(getattr(p, "multiple", False)) or getattr(p, "nargs", 1) != 1,
             off=(p.secondary_opts or [None])[0] if getattr(p, "is_flag", False) else None,
             minimum=_bound(p, "min"), maximum=_bound(p, "max"), path=_is_path(p),
             metavar=getattr(p, "metavar", None)))
