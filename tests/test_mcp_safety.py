@@ -10,7 +10,6 @@ import json
 import os
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -142,56 +141,66 @@ def folders(tmp_path_factory):
     return inside, elsewhere
 
 
-def test_a_file_outside_every_folder_is_refused_naming_the_rule(tiny, folders):
+@pytest.fixture(scope="module")
+def files(tiny, folders):
+    """One server given --allow ALLOWED, from a client whose one root is INSIDE, started in
+    INSIDE: each file call's result."""
+    inside, elsewhere = folders
+    allowed = inside.parent / "allowed"
+    allowed.mkdir()
+    (allowed / "story.txt").write_text((inside / "story.txt").read_text(encoding="utf-8"),
+                                       encoding="utf-8")
+    calls_ = {  # name: (tool, arguments)
+        "passwd": ("score", {"file": "/etc/passwd"}),
+        "elsewhere": ("score", {"file": str(elsewhere / "secret.txt")}),
+        "root": ("score", {"file": str(inside / "story.txt")}),
+        "allowed": ("score", {"file": str(allowed / "story.txt")}),
+        "relative": ("score", {"file": "story.txt"}),  # the server's folder: INSIDE
+        "link": ("score", {"file": str(inside / "link.txt")}),
+        "up": ("score", {"file": "../elsewhere/secret.txt"}),
+        "weights": ("info", {"weights": str(tiny.folder)}),
+        "hub": ("info", {"weights": "openai-community/gpt2"}),
+        "shipped": ("info", {"weights": "weights/llama"}),
+    }
+
+    async def work(client):
+        return {k: await client.call_tool(tool, args) for k, (tool, args) in calls_.items()}
+
+    return session(tiny.folder, work, allow=[allowed], roots=[inside], cwd=inside), allowed
+
+
+def test_a_file_outside_every_folder_is_refused_naming_the_rule(files, folders, tiny):
     # score {"file": "/etc/passwd"} returned the file's tokens to the agent
+    results, allowed = files
     inside, elsewhere = folders
-
-    async def work(client):
-        return [await client.call_tool("score", {"file": f})
-                for f in ("/etc/passwd", str(elsewhere / "secret.txt"))]
-
-    for result, where in zip(session(tiny.folder, work), ("/etc/passwd",
-                                                          elsewhere / "secret.txt"),
-                             strict=True):
-        assert result.is_error
-        assert text_of(result) == (
-            f"error: score: file {Path(where).resolve()} is outside the folders this server "
-            "may read: a file argument is read only inside the client's roots or the folders "
-            "given to `tinygpt mcp --allow DIR` (here: none)")
-
-
-def test_a_file_inside_allow_or_the_clients_roots_is_read(tiny, folders, tmp_path):
-    inside, elsewhere = folders
-    from test_mcp import run_cli
-
-    want = run_cli(tiny.folder, "score", "--file", str(inside / "story.txt")).stdout
-
-    async def work(client):
-        return [await client.call_tool("score", {"file": str(inside / name)})
-                for name in ("story.txt", "link.txt")]
-
-    for kind in ("allow", "roots"):
-        given = {"allow": [inside]} if kind == "allow" else {"roots": [inside]}
-        story, link = session(tiny.folder, work, **given)
-        assert not story.is_error and text_of(story) == want, kind
-        assert link.is_error and text_of(link).startswith(
-            f"error: score: file {(elsewhere / 'secret.txt').resolve()} is outside")
-    # a relative path is the server's folder's; a weights folder is a file argument too
-    relative = session(tiny.folder, lambda c: c.call_tool("score", {"file": "story.txt"}),
-                       roots=[inside], cwd=inside)
-    assert not relative.is_error and text_of(relative) == want
-    async def weights(client):
-        return [await client.call_tool("info", {"weights": w}) for w in
-                (str(tiny.folder), "openai-community/gpt2", "weights/llama")]
-
-    local, hub, shipped = session(tiny.folder, weights, roots=[inside], cwd=inside)
-    assert local.is_error and text_of(local).startswith(
-        f"error: info: weights {tiny.folder.resolve()} is outside the folders")
-    assert hub.is_error and text_of(hub) == (  # a hub id would download into the hub cache
+    rule = ("a file argument is read only inside the client's roots or the folders given to "
+            f"`tinygpt mcp --allow DIR` (here: {inside.resolve()}, {allowed})")
+    for key, where, word in (("passwd", Path("/etc/passwd"), "file"),
+                             ("elsewhere", elsewhere / "secret.txt", "file"),
+                             ("link", elsewhere / "secret.txt", "file"),  # followed
+                             ("up", elsewhere / "secret.txt", "file"),
+                             ("weights", tiny.folder, "weights")):
+        tool = "info" if word == "weights" else "score"
+        assert results[key].is_error, key
+        assert text_of(results[key]) == (f"error: {tool}: {word} {where.resolve()} is outside "
+                                         f"the folders this server may read: {rule}"), key
+    # a hub id would download into the hub cache, outside every folder
+    assert results["hub"].is_error and text_of(results["hub"]) == (
         "error: info: weights openai-community/gpt2 is not a folder here; a hub model is not "
         "fetched through MCP (that downloads into the hub cache): fetch it in a shell")
+
+
+def test_a_file_inside_allow_or_the_clients_roots_is_read(files, folders, tiny):
+    from test_mcp import run_cli
+
+    results, _ = files
+    inside, _ = folders
+    want = run_cli(tiny.folder, "score", "--file", str(inside / "story.txt")).stdout
+    for key in ("root", "allowed", "relative"):
+        assert not results[key].is_error and text_of(results[key]) == want, key
+    shipped = results["shipped"]  # the package's own lesson model
     assert not shipped.is_error and json.loads(text_of(shipped))["config"]["model_type"] == \
-        "llama"  # the package's own lesson model
+        "llama"
 
 
 def test_allow_names_a_folder(cli, tmp_path):
@@ -226,8 +235,8 @@ SLOW = textwrap.dedent("""
 """)
 
 
-def test_a_call_whose_client_has_gone_is_stopped_and_writes_nothing(tiny, tmp_path):
-    # the server trained on and wrote the files after its client had closed the stream
+def test_a_call_its_client_cancels_is_stopped_and_writes_nothing(tiny, tmp_path):
+    # the server trained on and wrote the files after its client had gone
     anyio = pytest.importorskip("anyio")
     marks = [tmp_path / n for n in ("started", "stopped", "written")]
     script = tmp_path / "slow_server.py"
@@ -238,13 +247,13 @@ def test_a_call_whose_client_has_gone_is_stopped_and_writes_nothing(tiny, tmp_pa
             tasks.start_soon(client.call_tool, "encode", {"text": TEXT})
             while not marks[0].exists():  # the call is running
                 await anyio.sleep(0.05)
-            tasks.cancel_scope.cancel()  # and the client goes
+            tasks.cancel_scope.cancel()  # the client cancels it (notifications/cancelled)
+        for _ in range(1200):  # until the call ends, one way or the other (a bound, not a timing)
+            if marks[1].exists() or marks[2].exists():
+                break
+            await anyio.sleep(0.05)
+        # and then goes
 
     session(tiny.folder, work, args=[str(script), *map(str, marks), str(tiny.folder)])
-    for _ in range(1200):  # until the call ends, one way or the other (a bound, not a timing)
-        if marks[1].exists() or marks[2].exists():
-            break
-        time.sleep(0.05)
     assert marks[1].read_text() == "Cancelled"
-    time.sleep(0.5)
     assert not marks[2].exists()
