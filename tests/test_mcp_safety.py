@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -245,7 +246,9 @@ def test_a_call_its_client_cancels_is_stopped_and_writes_nothing(tiny, tmp_path)
     async def work(client):
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(client.call_tool, "encode", {"text": TEXT})
-            while not marks[0].exists():  # the call is running
+            for _ in range(2400):  # until the call is running (bounded)
+                if marks[0].exists():
+                    break
                 await anyio.sleep(0.05)
             tasks.cancel_scope.cancel()  # the client cancels it (notifications/cancelled)
         for _ in range(1200):  # until the call ends, one way or the other (a bound, not a timing)
@@ -255,5 +258,41 @@ def test_a_call_its_client_cancels_is_stopped_and_writes_nothing(tiny, tmp_path)
         # and then goes
 
     session(tiny.folder, work, args=[str(script), *map(str, marks), str(tiny.folder)])
+    assert marks[1].read_text() == "Cancelled"
+    assert not marks[2].exists()
+
+
+def test_a_call_whose_client_has_gone_is_stopped_and_writes_nothing(tiny, tmp_path):
+    # a client that closes its stream mid-call, with no word of cancelling (a client that
+    # died): the server ran on and wrote after it had gone. JSON-RPC by hand, as such a
+    # client speaks it, to a server whose one call takes 20 s unless stopped
+    pytest.importorskip("mcp")
+    import subprocess
+
+    marks = [tmp_path / n for n in ("started", "stopped", "written")]
+    script = tmp_path / "slow_server.py"
+    script.write_text(SLOW, encoding="utf-8")
+    server = subprocess.Popen([sys.executable, str(script), *map(str, marks),
+                               str(tiny.folder)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def send(message):
+        server.stdin.write((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
+        server.stdin.flush()
+
+    send({"id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "gone", "version": "0"}}})
+    assert json.loads(server.stdout.readline())["id"] == 1
+    send({"method": "notifications/initialized"})
+    send({"id": 2, "method": "tools/call", "params": {"name": "encode",
+                                                      "arguments": {"text": TEXT}}})
+    for _ in range(2400):  # until the call is running (bounded: a server that failed ends it)
+        if marks[0].exists() or server.poll() is not None:
+            break
+        time.sleep(0.05)
+    assert marks[0].exists(), "the call never started"
+    server.stdin.close()  # and the client goes
+    server.wait(timeout=120)  # a bound, not a timing: the slow call alone takes 20 s
     assert marks[1].read_text() == "Cancelled"
     assert not marks[2].exists()
