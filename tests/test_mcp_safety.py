@@ -162,6 +162,7 @@ def files(tiny, folders):
         "weights": ("info", {"weights": str(tiny.folder)}),
         "hub": ("info", {"weights": "openai-community/gpt2"}),
         "shipped": ("info", {"weights": "weights/llama"}),
+        "vector": ("attn", {"text": TEXT, "steer_vector": "/etc/passwd#2"}),  # FILE[#N]
     }
 
     async def work(client):
@@ -180,8 +181,9 @@ def test_a_file_outside_every_folder_is_refused_naming_the_rule(files, folders, 
                              ("elsewhere", elsewhere / "secret.txt", "file"),
                              ("link", elsewhere / "secret.txt", "file"),  # followed
                              ("up", elsewhere / "secret.txt", "file"),
-                             ("weights", tiny.folder, "weights")):
-        tool = "info" if word == "weights" else "score"
+                             ("weights", tiny.folder, "weights"),
+                             ("vector", Path("/etc/passwd"), "steer_vector")):
+        tool = {"weights": "info", "steer_vector": "attn"}.get(word, "score")
         assert results[key].is_error, key
         assert text_of(results[key]) == (f"error: {tool}: {word} {where.resolve()} is outside "
                                          f"the folders this server may read: {rule}"), key
