@@ -3,10 +3,11 @@
     import tinygpt_cli as tg
     model = tg.load()                                  # the shipped model (or a weights folder)
     logits, cache = model.run_with_cache("Lily wanted to play with her")
-    cache["layers.0.heads.0.weights"]                  # = cache["blocks.0.attn.hook_pattern"][0]
+    cache["layers.0.heads.0.weights"]                  # = cache["pattern", 0][0]
     model.run_with_hooks(text, fwd_hooks=[("blocks.0.hook_mlp_out", lambda x, hook: 0 * x)])
+    model(text, return_type="loss"), model.cfg.n_layers, model.W_Q[0]   # [n_heads, d, d_head]
     model.attn(text, layer=0, head=0)                  # every command, as a function
-    model.lens(text, target=" toys")["stages"]         # its --json document, as a dict
+    model.lens(text, target=" toys")["stages"]         # its --json document, a read-only Mapping
 
 Every command of `tinygpt --help` is a method of the model, named as the command (`final-norm`
 is `final_norm`, `sae feature` is `sae_feature`), taking the command's arguments by position
@@ -14,7 +15,9 @@ and its options by their words (`--all-heads` is `all_heads=True`, `--sum` is `s
 Python names of the command's function work too): it runs the command
 itself (calls.argv spells the command line; nothing here knows one command from another) and
 returns a Result, whose `.document` is what the command's --json prints and which a notebook
-shows as the picture its --save writes (`_repr_svg_`, `_repr_html_`; no network).
+shows as the picture its --save writes (`_repr_svg_`, `_repr_html_`; no network). A call
+prints nothing and reads no stdin; a value of the wrong type is one calls.ArgumentError (a
+TypeError) naming the argument, checked against the command's own parameters.
 """
 
 from __future__ import annotations
