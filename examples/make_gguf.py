@@ -149,8 +149,11 @@ def quantized(name: str, a: np.ndarray, kind: str):
 
 
 def write(folder: Path, out: Path, kind: str = "F32", pre: str = "gpt-2",
-          types: dict[str, str] | None = None, name: str | None = None) -> None:
-    """folder -> out.gguf; `types`: a type for some tensors by their llama.cpp name."""
+          types: dict[str, str] | None = None, name: str | None = None,
+          quantize=quantized) -> None:
+    """folder -> out.gguf; `types`: a type for some tensors by their llama.cpp name;
+    `quantize(name, array, type) -> (data, type)` (the tests give K-quant blocks of their own,
+    which gguf dequantizes but cannot make)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -167,7 +170,7 @@ def write(folder: Path, out: Path, kind: str = "F32", pre: str = "gpt-2",
     if kind not in ("F32", "F16", "BF16"):
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for tname, a in mapped.items():
-        data, qtype = quantized(tname, a, (types or {}).get(tname, kind))
+        data, qtype = quantize(tname, a, (types or {}).get(tname, kind))
         w.add_tensor(tname, data, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
