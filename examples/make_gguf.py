@@ -150,22 +150,26 @@ def quantized(name: str, a: np.ndarray, kind: str):
 
 def write(folder: Path, out: Path, kind: str = "F32", pre: str = "gpt-2",
           types: dict[str, str] | None = None, name: str | None = None,
-          quantize=quantized) -> None:
+          quantize=quantized, vocab=None) -> None:
     """folder -> out.gguf; `types`: a type for some tensors by their llama.cpp name;
     `quantize(name, array, type) -> (data, type)` (the tests give K-quant blocks of their own,
-    which gguf dequantizes but cannot make)."""
+    which gguf dequantizes but cannot make); `vocab(writer, config)`: the tokenizer's
+    metadata written otherwise (a SentencePiece one)."""
     import gguf
     from safetensors.numpy import load_file
 
     cfg = json.loads((folder / "config.json").read_text())
-    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer = json.loads((folder / "tokenizer.json").read_text()) if vocab is None else None
     tensors = {k: v.astype(np.float32) for k, v in load_file(folder / "model.safetensors").items()}
     mapped = llama_cpp_tensors(cfg, tensors)
     w = gguf.GGUFWriter(str(out), ARCH[cfg.get("model_type", "gpt2")])
     w.add_name(name or folder.resolve().name)
     w.add_string("general.source.url", f"file://{folder.resolve()}")
     metadata(w, cfg)
-    vocabulary(w, cfg, tokenizer, pre)
+    if vocab is None:
+        vocabulary(w, cfg, tokenizer, pre)
+    else:
+        vocab(w, cfg)
     w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7, "BF16": 32}.get(kind, 7))
     if kind not in ("F32", "F16", "BF16"):
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)

@@ -242,3 +242,81 @@ def test_byte_level_tokenizer_as_transformers(tmp_path, pre):
         assert model.tokenizer.encode(text) == \
             theirs(text, add_special_tokens=False).input_ids, text
         assert model.tokenizer.decode(model.tokenizer.encode(text)) == text
+
+
+def sentencepiece_vocab() -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece BPE vocabulary as llama.cpp writes one (tokenizer.ggml.model llama):
+    <unk>, <s>, </s>, the 256 byte tokens <0xNN>, then the shipped tokenizer's tokens that
+    are whole UTF-8 text, a space spelt '▁', scored by their merge order."""
+    from tinygpt_cli.tokenizer import _byte_decoder
+
+    shipped = json.loads((SHIPPED / "tokenizer.json").read_text())["model"]["vocab"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256  # UNKNOWN, CONTROL, BYTE
+    seen = set(tokens)
+    for piece, _ in sorted(shipped.items(), key=lambda kv: kv[1]):
+        try:
+            text = bytes(_byte_decoder()[c] for c in piece).decode("utf-8")
+        except (KeyError, UnicodeDecodeError):
+            continue
+        sp = text.replace(" ", "\u2581")
+        if sp and sp not in seen and sp != "<|endoftext|>":
+            seen.add(sp)
+            tokens.append(sp)
+            types.append(1)
+    scores = [0.0] * 259 + [-float(i) for i in range(len(tokens) - 259)]
+    return tokens, scores, types
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_file(tmp_path_factory):
+    """A small Llama with that vocabulary, as a GGUF."""
+    from tinygpt_cli.config import arch_config, save_config
+    from tinygpt_cli.model import init_params
+    from tinygpt_cli.weights import save_params
+
+    tokens, scores, types = sentencepiece_vocab()
+    folder = tmp_path_factory.mktemp("sp")
+    cfg = arch_config("llama", n_embd=64, n_layer=1, n_head=4, n_inner=128,
+                      vocab_size=len(tokens), bos_token_id=1, eos_token_id=2)
+    save_params(init_params(cfg, np.random.default_rng(0)), folder / "model.safetensors", cfg)
+    save_config(cfg, folder / "config.json")
+
+    def vocab(w, _):
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        w.add_add_bos_token(True)
+
+    out = folder / "file" / "sp.gguf"  # alone: transformers reads no tokenizer.json beside it
+    out.parent.mkdir()
+    make_gguf.write(folder, out, "Q8_0", vocab=vocab)
+    return out
+
+
+def test_sentencepiece_tokenizer_as_transformers(sentencepiece_file):
+    """SentencePiece's BPE with no merges in the file: the merges rebuilt from the scores,
+    the bytes no token covers as <0xNN> tokens, the first word given its '▁'."""
+    transformers = pytest.importorskip("transformers")
+    path = sentencepiece_file
+    mine = load_model(path).tokenizer
+    theirs = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    for text in HARD:
+        ids = mine.encode(text)
+        assert ids == theirs(text, add_special_tokens=False).input_ids, text
+        assert mine.decode(ids) == theirs.decode(ids), text
+    ids = mine.encode("a café 🐶")
+    assert b"".join(mine.token_bytes(i) for i in ids) == " a café 🐶".encode()
+
+
+def test_sentencepiece_tokenizer_alone(sentencepiece_file):
+    """Without transformers: bytes of each token, the byte tokens, the special tokens."""
+    tok = load_model(sentencepiece_file).tokenizer
+    assert tok.token_bytes(3 + 0x41) == b"A"
+    assert tok.special_tokens["</s>"] == 2 and tok.eot_id == 2
+    assert tok.decode(tok.encode("Once upon a time")) == "Once upon a time"
