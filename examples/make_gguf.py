@@ -150,7 +150,7 @@ def quantized(name: str, a: np.ndarray, kind: str):
 
 def write(folder: Path, out: Path, kind: str = "F32", pre: str = "gpt-2",
           types: dict[str, str] | None = None, name: str | None = None,
-          quantize=quantized, vocab=None) -> None:
+          quantize=quantized, vocab=None, source_url: str | None = None) -> None:
     """folder -> out.gguf; `types`: a type for some tensors by their llama.cpp name;
     `quantize(name, array, type) -> (data, type)` (the tests give K-quant blocks of their own,
     which gguf dequantizes but cannot make); `vocab(writer, config)`: the tokenizer's
@@ -164,13 +164,16 @@ def write(folder: Path, out: Path, kind: str = "F32", pre: str = "gpt-2",
     mapped = llama_cpp_tensors(cfg, tensors)
     w = gguf.GGUFWriter(str(out), ARCH[cfg.get("model_type", "gpt2")])
     w.add_name(name or folder.resolve().name)
-    w.add_string("general.source.url", f"file://{folder.resolve()}")
+    if source_url:
+        w.add_string("general.source.url", source_url)
     metadata(w, cfg)
     if vocab is None:
         vocabulary(w, cfg, tokenizer, pre)
     else:
         vocab(w, cfg)
-    w.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7, "BF16": 32}.get(kind, 7))
+    ftype = getattr(gguf.LlamaFileType, "ALL_F32" if kind == "F32" else f"MOSTLY_{kind}", None)
+    if ftype is not None:  # the K-quants' name a mix (Q4_K_M): the tests' files say none
+        w.add_file_type(ftype)
     if kind not in ("F32", "F16", "BF16"):
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for tname, a in mapped.items():
@@ -189,8 +192,9 @@ def main() -> None:
     p.add_argument("--type", default="Q8_0",
                    help="F32, F16, BF16, Q8_0, Q5_1, Q5_0, Q4_1, Q4_0 (what gguf quantizes)")
     p.add_argument("--pre", default="gpt-2", help="tokenizer.ggml.pre (the word splitter)")
+    p.add_argument("--source-url", help="general.source.url: where the weights came from")
     a = p.parse_args()
-    write(a.folder, a.out, a.type, a.pre)
+    write(a.folder, a.out, a.type, a.pre, source_url=a.source_url)
     print(a.out)
 
 

@@ -595,5 +595,12 @@ def description(lay: Layout, meta: dict) -> dict:
     bits = 8 * sum(t.nbytes for t in lay.tensors) / n if n else 0.0
     source = {k: v for k, v in meta.items() if k.startswith("general.")
               and isinstance(v, str | int | float) and k != "general.alignment"}
+    if isinstance(source.get("general.file_type"), int):  # 7 -> MOSTLY_Q8_0, by gguf's names
+        from gguf.constants import LlamaFileType
+
+        try:
+            source["general.file_type"] = LlamaFileType(source["general.file_type"]).name
+        except ValueError:
+            pass
     return {"format": f"GGUF version {lay.version}", "bits_per_weight": round(bits, 3),
             "types": counts, "tensors": types, "source": source}
