@@ -1,12 +1,15 @@
 """A GGUF file (llama.cpp's format) read as a model: its metadata into a Config, its tensors
 dequantized into the canonical parameters, its vocabulary into a tokenizer (gguf_vocab.py).
 
-llama.cpp's own `gguf` package (the optional extra `gguf`) reads the file and dequantizes
-every tensor, so each number is the one llama.cpp's Python tools give; nothing here decodes a
-quantized block by hand. Its reader trusts the file (it maps it and slices wherever the
-header points: a string length past the end gives a short string, an array of 2^60 elements
-a loop without end), so `layout` walks the header first with every count, length, type and
-offset checked against the file's size, and only a file that passes is handed to it.
+llama.cpp's own `gguf` package (the optional extra `gguf`) dequantizes every tensor
+(gguf.quants.dequantize, with its table of types and block sizes), so each number is the
+one llama.cpp's Python tools give; nothing here decodes a quantized block by hand. The
+header (counts, key-value metadata, the tensor table) is read here, by one walk that checks
+every count, length, type and offset against the file's size before anything is allocated:
+the package's GGUFReader trusts the file (a string length past the end gives a short
+string, an array of 2^60 elements a loop without end) and parses each array element as a
+NumPy slice of its memory map, 13 s for a 49,152-token vocabulary where this walk takes a
+fraction of a second. tests/test_gguf.py reads every file with GGUFReader too and compares.
 
 A GGUF is one more file layout of the families tinygpt knows: its tensor names
 (`blk.3.attn_q.weight`) and orientations are mapped straight to the canonical parameters
@@ -88,12 +91,12 @@ class TensorEntry:
 @dataclass
 class Layout:
     version: int
-    n_kv: int
+    meta: dict  # key -> value (a string, a number, a bool, or a list of them)
     tensors: list[TensorEntry]
     data_start: int
     size: int
     alignment: int = 32
-    keys: list[str] = field(default_factory=list)
+    buf: object = field(default=None, repr=False)  # the file mapped read-only
 
 
 # value type -> its size in bytes (8 STRING and 9 ARRAY are walked)
@@ -134,15 +137,15 @@ class _Walk:
         self.take(self.u64(what), what)
 
     def value(self, kind: int, what: str, depth: int = 0):
-        """Walks one value; returns it when it is a scalar (general.alignment is read)."""
+        """One value, read: a number, a bool, a string, or a list of them."""
+        import numpy as np
+
         if kind in _SCALARS:
             start = self.take(_SCALARS[kind], what)
-            code = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q",
-                    11: "q", 12: "d"}[kind]
-            return struct.unpack_from("<" + code, self.buf, start)[0]
+            value = struct.unpack_from("<" + _CODES[kind], self.buf, start)[0]
+            return bool(value) if kind == 7 else value
         if kind == 8:
-            self.skip_string(what)
-            return None
+            return self.string(what)
         if kind == 9:
             inner, n = self.u32(what), self.u64(what)
             if depth >= MAX_DEPTH:
@@ -154,12 +157,15 @@ class _Walk:
                 raise self.fail(f"{what} claims {n:,} elements; the file has "
                                 f"{self.size - self.at:,} bytes left")
             if inner in _SCALARS:
-                self.take(n * least, what)
-            else:
-                for _ in range(n):
-                    self.value(inner, what, depth + 1)
-            return None
+                start = self.take(n * least, what)
+                values = np.frombuffer(self.buf, "<" + _CODES[inner], n, start).tolist()
+                return [bool(v) for v in values] if inner == 7 else values
+            return [self.value(inner, what, depth + 1) for _ in range(n)]
         raise self.fail(f"{what}: unknown value type {kind}")
+
+
+_CODES = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+          12: "d"}
 
 
 def layout(path: Path) -> Layout:
@@ -176,62 +182,71 @@ def layout(path: Path) -> Layout:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as e:
         raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
-    with buf:
-        w = _Walk(buf, size, path)
-        if bytes(buf[:4]) != b"GGUF":
-            raise w.fail("it does not start with GGUF")
-        w.at = 4
-        version = w.u32("the version")
-        if version not in (2, 3):
-            swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
-            raise w.fail("a big-endian file, which tinygpt does not read" if swapped in (2, 3)
-                         else f"version {version}; tinygpt reads versions 2 and 3")
-        n_tensors, n_kv = w.u64("the tensor count"), w.u64("the metadata count")
-        # a key-value pair takes at least 13 bytes, a tensor's entry at least 33
-        if n_kv * 13 + n_tensors * 33 > size - w.at:
-            raise w.fail(f"its header claims {n_tensors:,} tensors and {n_kv:,} metadata "
-                         f"entries; the file has {size:,} bytes")
-        alignment, keys = 32, []
-        for i in range(n_kv):
-            key = w.string(f"metadata key {i}")
-            if key in keys:
-                raise w.fail(f"metadata key {shown(key)} appears twice")
-            keys.append(key)
-            value = w.value(w.u32(f"the type of {shown(key)}"), f"metadata {shown(key)}")
-            if key == "general.alignment":
-                if not isinstance(value, int) or isinstance(value, bool) or value <= 0 \
-                        or value & (value - 1) or value > 1 << 16:
-                    raise w.fail(f"general.alignment {shown(value)} is not a power of two")
-                alignment = value
-        tensors, names = [], set()
-        for i in range(n_tensors):
-            name = w.string(f"tensor name {i}")
-            if name in names:
-                raise w.fail(f"tensor {shown(name)} appears twice")
-            names.add(name)
-            n_dims = w.u32(f"tensor {shown(name)}'s dimension count")
-            if not 1 <= n_dims <= MAX_DIMS:
-                raise w.fail(f"tensor {shown(name)} has {n_dims} dimensions (1 to {MAX_DIMS})")
-            dims = tuple(w.u64(f"tensor {shown(name)}'s shape") for _ in range(n_dims))
-            raw = w.u32(f"tensor {shown(name)}'s type")
-            offset = w.u64(f"tensor {shown(name)}'s offset")
-            try:
-                kind = GGMLQuantizationType(raw)
-                block, type_size = GGML_QUANT_SIZES[kind]
-            except (ValueError, KeyError):
-                raise w.fail(f"tensor {shown(name)} has type {raw}, which the gguf package "
-                             "does not know") from None
-            count = math.prod(dims)
-            if not all(d >= 1 for d in dims) or count > MAX_ELEMENTS:
-                raise w.fail(f"tensor {shown(name)} has shape {list(dims)}")
-            if dims[0] % block:
-                raise w.fail(f"tensor {shown(name)}'s rows of {dims[0]} are not whole blocks "
-                             f"of {kind.name} ({block})")
-            tensors.append(TensorEntry(name, dims, int(kind), offset,
-                                       count // block * type_size))
-        data_start = -(-w.at // alignment) * alignment
-        _check_spans(w, tensors, data_start, alignment)
-    return Layout(version, n_kv, tensors, data_start, size, alignment, keys)
+    try:
+        return _walked(buf, size, path, GGML_QUANT_SIZES, GGMLQuantizationType)
+    except BaseException:
+        buf.close()
+        raise
+
+
+def _walked(buf, size: int, path: Path, sizes: dict, types) -> Layout:
+    """layout's walk over the mapped file (`sizes`, `types`: gguf's GGML_QUANT_SIZES and
+    GGMLQuantizationType)."""
+    w = _Walk(buf, size, path)
+    if bytes(buf[:4]) != b"GGUF":
+        raise w.fail("it does not start with GGUF")
+    w.at = 4
+    version = w.u32("the version")
+    if version not in (2, 3):
+        swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
+        raise w.fail("a big-endian file, which tinygpt does not read" if swapped in (2, 3)
+                     else f"version {version}; tinygpt reads versions 2 and 3")
+    n_tensors, n_kv = w.u64("the tensor count"), w.u64("the metadata count")
+    # a key-value pair takes at least 13 bytes, a tensor's entry at least 33
+    if n_kv * 13 + n_tensors * 33 > size - w.at:
+        raise w.fail(f"its header claims {n_tensors:,} tensors and {n_kv:,} metadata "
+                     f"entries; the file has {size:,} bytes")
+    alignment, meta = 32, {}
+    for i in range(n_kv):
+        key = w.string(f"metadata key {i}")
+        if key in meta:
+            raise w.fail(f"metadata key {shown(key)} appears twice")
+        value = meta[key] = w.value(w.u32(f"the type of {shown(key)}"),
+                                    f"metadata {shown(key)}")
+        if key == "general.alignment":
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0 \
+                    or value & (value - 1) or value > 1 << 16:
+                raise w.fail(f"general.alignment {shown(value)} is not a power of two")
+            alignment = value
+    tensors, names = [], set()
+    for i in range(n_tensors):
+        name = w.string(f"tensor name {i}")
+        if name in names:
+            raise w.fail(f"tensor {shown(name)} appears twice")
+        names.add(name)
+        n_dims = w.u32(f"tensor {shown(name)}'s dimension count")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise w.fail(f"tensor {shown(name)} has {n_dims} dimensions (1 to {MAX_DIMS})")
+        dims = tuple(w.u64(f"tensor {shown(name)}'s shape") for _ in range(n_dims))
+        raw = w.u32(f"tensor {shown(name)}'s type")
+        offset = w.u64(f"tensor {shown(name)}'s offset")
+        try:
+            kind = types(raw)
+            block, type_size = sizes[kind]
+        except (ValueError, KeyError):
+            raise w.fail(f"tensor {shown(name)} has type {raw}, which the gguf package "
+                         "does not know") from None
+        count = math.prod(dims)
+        if not all(d >= 1 for d in dims) or count > MAX_ELEMENTS:
+            raise w.fail(f"tensor {shown(name)} has shape {list(dims)}")
+        if dims[0] % block:
+            raise w.fail(f"tensor {shown(name)}'s rows of {dims[0]} are not whole blocks "
+                         f"of {kind.name} ({block})")
+        tensors.append(TensorEntry(name, dims, int(kind), offset,
+                                   count // block * type_size))
+    data_start = -(-w.at // alignment) * alignment
+    _check_spans(w, tensors, data_start, alignment)
+    return Layout(version, meta, tensors, data_start, size, alignment, buf)
 
 
 def _check_spans(w: _Walk, tensors: list[TensorEntry], data_start: int, alignment: int) -> None:
@@ -255,51 +270,10 @@ def _check_spans(w: _Walk, tensors: list[TensorEntry], data_start: int, alignmen
 # ------------------------------------------------------------------ metadata
 
 
-def open_reader(path: Path):
-    """(Layout, gguf.GGUFReader) of a file whose header `layout` has checked."""
-    gguf = require_gguf()
-    lay = layout(path)
-    try:
-        reader = gguf.GGUFReader(str(path), "r")
-    except (ValueError, KeyError, IndexError, TypeError, OSError) as e:
-        raise WeightsError(f"{path} is not a readable GGUF file ({e})") from None
-    if len(reader.tensors) != len(lay.tensors) or reader.data_offset != lay.data_start:
-        raise WeightsError(f"{path} is not a readable GGUF file (the gguf package reads "
-                           "its header otherwise than its own layout says)")
-    return lay, reader
-
-
-def metadata(reader) -> dict:
-    """The metadata as Python values (arrays as lists), by key: from each field's parts
-    (ReaderField.parts and .data, which every gguf release since 0.10 has)."""
-    out = {}
-    for key, f in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        try:
-            out[key] = _value(f)
-        except (UnicodeDecodeError, ValueError, IndexError) as e:
-            raise WeightsError(f"metadata {shown(key)} cannot be read ({e})") from None
-    return out
-
-
-def _value(f):
-    """One field: a string, a number, a bool, or a list of them."""
-    STRING, ARRAY = 8, 9  # noqa: N806 (gguf.GGUFValueType's)
-    kinds = [int(t) for t in f.types]
-    if not kinds:
-        return None
-    items = [f.parts[i] for i in f.data]
-    inner = kinds[-1]
-    if inner == STRING:
-        strings = [bytes(p).decode("utf-8") for p in items]
-        return strings if kinds[0] == ARRAY else strings[0]
-    if kinds[0] == ARRAY and len(kinds) > 2:  # an array of arrays: refused, none is needed
-        raise ValueError("an array of arrays")
-    values = [x for p in items for x in p.tolist()]
-    if inner == 7:  # BOOL
-        values = [bool(x) for x in values]
-    return values if kinds[0] == ARRAY else values[0]
+def open_layout(path: Path) -> Layout:
+    """The checked header of a GGUF file, with the gguf package at hand for its tensors."""
+    require_gguf()
+    return layout(path)
 
 
 def architecture(meta: dict, path: Path) -> str:
@@ -458,19 +432,55 @@ def _is_matrix(canonical: str) -> bool:
     return canonical.rsplit(".", 1)[-1] in ("W_QKV", "W_O", "W_gate", "W_in", "W_out")
 
 
-def dequantized(reader_tensor, rows: slice | None = None):
+def tensor_bytes(lay: Layout, e: TensorEntry):
+    """A tensor as the gguf package's dequantize takes it: its numbers (F32, F16) or its
+    blocks' bytes (one row of bytes per row of numbers), a read-only view of the mapping."""
+    import numpy as np
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import quant_shape_to_byte_shape
+
+    kind = GGMLQuantizationType(e.kind)
+    start = lay.data_start + e.offset
+    if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        dtype = np.float32 if kind == GGMLQuantizationType.F32 else np.float16
+        return np.frombuffer(lay.buf, dtype, math.prod(e.dims), start).reshape(e.shape)
+    shape = quant_shape_to_byte_shape(e.shape, kind)
+    return np.frombuffer(lay.buf, np.uint8, e.nbytes, start).reshape(shape)
+
+
+def dequantized(lay: Layout, e: TensorEntry, rows: slice | None = None):
     """gguf.quants.dequantize of a tensor's rows (all, or a slice): float32, (rows, row)."""
     import numpy as np
     from gguf.quants import dequantize
 
-    data = reader_tensor.data
+    data = tensor_bytes(lay, e)
     flat = data.reshape(-1, data.shape[-1])
     part = flat if rows is None else flat[rows]
-    out = dequantize(part, reader_tensor.tensor_type)
+    out = dequantize(part, e.kind)
     return np.asarray(out, dtype=np.float32).reshape(len(part), -1)
 
 
-def read_params(path: Path, lay: Layout, reader, config: Config,
+def check_types(lay: Layout, path: Path) -> None:
+    """Every tensor's type one the gguf package dequantizes (not an integer type, not one
+    it only names), tried on one block of zeros before any tensor is read."""
+    import numpy as np
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    for kind in sorted({t.kind for t in lay.tensors}):
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        zeros = np.zeros((1, block if kind in (0, 1) else size),
+                         np.float32 if kind == 0 else np.float16 if kind == 1 else np.uint8)
+        try:
+            dequantize(zeros, kind)
+        except (NotImplementedError, ValueError, TypeError):
+            name = next(t.name for t in lay.tensors if t.kind == kind)
+            raise WeightsError(f"{path}: tensor {name} has type {type_name(kind)}, which the "
+                               "gguf package cannot dequantize (not a weight type tinygpt "
+                               "reads)") from None
+
+
+def read_params(path: Path, lay: Layout, config: Config,
                 entries: dict[str, list[TensorEntry]]) -> dict:
     """Canonical float32 parameters, each tensor dequantized a few megabytes of rows at a
     time straight into its place (transposed, and for W_QKV into its columns): no tensor is
@@ -479,7 +489,6 @@ def read_params(path: Path, lay: Layout, reader, config: Config,
 
     from .pages import fresh_pages
 
-    tensors = {t.name: t for t in reader.tensors}
     shapes = _shapes(config)
     params = {}
     for canonical, parts in entries.items():
@@ -489,22 +498,22 @@ def read_params(path: Path, lay: Layout, reader, config: Config,
         at = 0
         for e in parts:
             rows = e.shape[0] if len(e.shape) > 1 else 1
-            width = int(np.prod(e.shape)) // rows
+            width = math.prod(e.shape) // rows
             step = max(1, CHUNK_BYTES // (4 * width))
             perm = _permutation(config, e.name)
             if perm is not None:  # whole heads at a time
                 step = max(perm, step // perm * perm)
             for r in range(0, rows, step):
-                block = dequantized(tensors[e.name], slice(r, min(rows, r + step)))
+                block = dequantized(lay, e, slice(r, min(rows, r + step)))
                 if perm is not None:
                     block = _unpermuted(block, perm)
                 _place(out, block, canonical, at + r, len(e.shape) == 1)
             at += rows if len(e.shape) > 1 else e.shape[0]
-            _let_go(reader, lay, e)
+            _let_go(lay, e)
         _check_finite(out, canonical, parts, path)
         params[canonical] = out
     if "<tied head>" in entries:
-        _same_as_table(tensors, entries["<tied head>"][0], params["embed.W_E"], path)
+        _same_as_table(lay, entries["<tied head>"][0], params["embed.W_E"], path)
     return params
 
 
@@ -553,26 +562,24 @@ def _check_finite(out, canonical: str, parts: list[TensorEntry], path: Path) -> 
     raise WeightsError(f"{path}: tensor {parts[0].name} holds NaN or infinite values")
 
 
-def _same_as_table(tensors, entry: TensorEntry, table, path: Path) -> None:
+def _same_as_table(lay: Layout, entry: TensorEntry, table, path: Path) -> None:
     import numpy as np
 
     rows = entry.shape[0]
     step = max(1, CHUNK_BYTES // (4 * entry.shape[1]))
     for r in range(0, rows, step):
-        if not np.array_equal(dequantized(tensors[entry.name], slice(r, r + step)),
+        if not np.array_equal(dequantized(lay, entry, slice(r, r + step)),
                               table[r:r + step]):
             raise WeightsError(f"{path}: tensor output.weight differs from token_embd.weight: "
                                "tinygpt ties a GPT-2 model's head to its token table")
 
 
-def _let_go(reader, lay: Layout, e: TensorEntry) -> None:
+def _let_go(lay: Layout, e: TensorEntry) -> None:
     """The file's pages of a tensor once dequantized (weights._let_go)."""
     from .weights import _let_go as let_go
 
-    buf = getattr(reader.data, "_mmap", None)
-    if buf is not None:
-        begin = lay.data_start + e.offset
-        let_go(buf, begin, begin + e.nbytes)
+    begin = lay.data_start + e.offset
+    let_go(lay.buf, begin, begin + e.nbytes)
 
 
 # ------------------------------------------------------------------ what the file is

@@ -671,7 +671,7 @@ class Folder:
     header: dict[str, TensorInfo]  # model.safetensors' header, checked against the config
     file: Path | None = None  # a GGUF file, read by gguf_file.py instead of the above
     about: dict | None = None
-    gguf: tuple = ()  # its checked layout, the gguf package's reader, the tensors' entries
+    gguf: tuple = ()  # its checked layout (the file mapped) and the tensors' entries
 
 
 def _once(kind: str, folder, make, opened: dict | None):
@@ -747,17 +747,17 @@ def _open_gguf(path: Path) -> Folder:
     from .gguf_file import (
         architecture,
         check_tensors,
+        check_types,
         description,
         hf_config,
-        metadata,
-        open_reader,
+        open_layout,
     )
     from .gguf_vocab import build
 
     if not path.is_file():
         raise WeightsError(f"{path} {_not_a_file(path)}")
-    lay, reader = open_reader(path)
-    meta = metadata(reader)
+    lay = open_layout(path)
+    meta = lay.meta
     arch = architecture(meta, path)
     tokenizer, vocab_about = build(meta, path)
     table = next((t for t in lay.tensors if t.name == "token_embd.weight"), None)
@@ -769,9 +769,10 @@ def _open_gguf(path: Path) -> Folder:
     except ValueError as e:
         raise WeightsError(f"{path}: {e}") from None
     entries = check_tensors(lay, config, path)
+    check_types(lay, path)
     _check_gguf_vocabulary(tokenizer, config, path)
     about = {**description(lay, meta), "tokenizer": vocab_about}
-    return Folder(path.parent, config, tokenizer, {}, path, about, (lay, reader, entries))
+    return Folder(path.parent, config, tokenizer, {}, path, about, (lay, entries))
 
 
 def _check_gguf_vocabulary(tokenizer, config: Config, path: Path) -> None:
@@ -788,8 +789,8 @@ def _load_model(f: Folder) -> Model:
     if f.file is not None:
         from .gguf_file import read_params
 
-        lay, reader, entries = f.gguf
-        params = read_params(f.file, lay, reader, f.config, entries)
+        lay, entries = f.gguf
+        params = read_params(f.file, lay, f.config, entries)
         return Model(f.folder, f.config, params, f.tokenizer, f.file, f.about)
     return Model(f.folder, f.config, map_params(weights_path(f.folder), f.config, f.header),
                  f.tokenizer)
