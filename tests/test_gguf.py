@@ -146,6 +146,33 @@ def wide_llama(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def qwen_folders(tmp_path_factory):
+    """Random Qwen2 (q/k/v biases, untied) and Qwen3 (q/k norms) folders saved by tinygpt."""
+    from tinygpt_cli.config import Config, save_config
+    from tinygpt_cli.model import init_params
+    from tinygpt_cli.weights import save_params
+
+    out = {}
+    for kind in ("qwen2", "qwen3"):
+        folder = tmp_path_factory.mktemp(kind)
+        cfg = Config(n_embd=64, n_layer=2, n_head=4, n_inner=128, vocab_size=4096,
+                     n_positions=64, model_type=kind, norm="rms", positions="rotary",
+                     mlp="gated", act="silu", n_kv_head=2, tied=kind == "qwen3",
+                     qk_norm=kind == "qwen3", qkv_bias=kind == "qwen2", out_bias=False,
+                     mlp_bias=False, rotary_base=1e6)
+        params = init_params(cfg, np.random.default_rng(1))
+        for name in params:  # norms and biases away from 1 and 0
+            if params[name].ndim == 1:
+                params[name] = params[name] + np.random.default_rng(2).normal(
+                    0, 0.1, params[name].shape).astype(np.float32)
+        save_params(params, folder / "model.safetensors", cfg)
+        save_config(cfg, folder / "config.json")
+        shutil.copy(SHIPPED / "tokenizer.json", folder / "tokenizer.json")
+        out[kind] = folder
+    return out
+
+
 def gguf_of(folder: Path, tmp: Path, kind: str, pre: str = "gpt-2") -> Path:
     out = tmp / f"{folder.name}-{kind}-{pre}.gguf"
     make_gguf.write(folder, out, kind, pre=pre, quantize=random_blocks)
@@ -168,6 +195,34 @@ def test_f32_file_is_the_folder(tmp_path, name):
         assert np.array_equal(a.params[key], b.params[key]), key
     for text in HARD:
         assert a.tokenizer.encode(text) == b.tokenizer.encode(text)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_f32_qwen_file_is_the_folder(qwen_folders, tmp_path, name):
+    """Qwen's q and k rows are kept in Hugging Face's order (llama.cpp reorders Llama's
+    only); Qwen2's biases and Qwen3's q/k norms land where they belong."""
+    folder = qwen_folders[name]
+    a, b = load_model(folder), load_model(gguf_of(folder, tmp_path, "F32", pre="qwen2"))
+    assert a.config == dataclasses.replace(b.config,
+                                           layer_norm_epsilon=a.config.layer_norm_epsilon)
+    for key in a.params:
+        assert np.array_equal(a.params[key], b.params[key]), key
+
+
+def test_smollm_splits_each_digit(tmp_path):
+    """tokenizer.ggml.pre smollm: each digit its own word before GPT-2's (SmolLM2's
+    tokenizer.json: Digits(individual) then ByteLevel), checked against that tokenizer built
+    with the tokenizers library from the shipped vocabulary."""
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    tok = load_model(gguf_of(SHIPPED, tmp_path, "Q8_0", pre="smollm")).tokenizer
+    ref = Tokenizer.from_file(str(SHIPPED / "tokenizer.json"))
+    ref.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    for text in HARD:
+        assert tok.encode(text) == ref.encode(text, add_special_tokens=False).ids, text
+    assert len(tok.encode("1234567")) == 7
 
 
 @pytest.mark.parametrize("kind", FLOATS + MADE)
