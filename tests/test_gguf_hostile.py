@@ -148,6 +148,12 @@ def test_metadata_that_disagrees_with_the_tensors(good, tmp_path):
     refused(patched(good, tmp_path, value, "<I", 3), 1, "unexpected tensor", "blk.3")
 
 
+def test_a_vocabulary_size_that_lies(good, tmp_path):
+    _, value = field_at(good, "llama.vocab_size")
+    refused(patched(good, tmp_path, value, "<I", 5000), 1, "vocab_size is 5000",
+            "4,096 rows")
+
+
 def test_too_many_dimensions(good, tmp_path):
     at = tensor_field(good, "blk.0.attn_norm.weight")["n_dims"]
     refused(patched(good, tmp_path, at, "<I", 9), 1, "9 dimensions")

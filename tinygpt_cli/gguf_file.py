@@ -299,6 +299,10 @@ def hf_config(arch: str, meta: dict, names: set[str], vocab: int) -> dict:
     if "rope_freqs.weight" in names:
         raise ValueError("config: per-frequency rope factors (rope_freqs.weight, Llama 3's "
                          "scaling) are not implemented for GGUF files")
+    said = m("vocab_size")
+    if said is not None and said != vocab:
+        raise ValueError(f"config: {arch}.vocab_size is {shown(said)} but the token table "
+                         f"token_embd.weight has {vocab:,} rows")
     ids = {k: meta[f"tokenizer.ggml.{g}_token_id"] for k, g in (("bos_token_id", "bos"),
                                                                 ("eos_token_id", "eos"))
            if f"tokenizer.ggml.{g}_token_id" in meta}
