@@ -37,6 +37,8 @@ PRE = {
     "smollm": (True, "GPT-2"), "starcoder": (True, "GPT-2"), "refact": (True, "GPT-2"),
 }
 
+IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe"}
+
 
 def build(meta: dict, path) -> tuple[object, dict]:
     """(tinygpt Tokenizer, what the file says about it for `info`) from the metadata."""
@@ -93,9 +95,12 @@ def _byte_level(tokens: list[str], types: list[int], meta: dict, path):
     spelt = [t if set(t) <= alphabet else
              "".join(_bytes_to_unicode()[b] for b in t.encode("utf-8")) for t in tokens]
     vocab = _vocab(spelt, path)
-    tok = Tokenizer(models.BPE(vocab, [tuple(m.split(" ")) for m in merges],
-                               fuse_unk=False, byte_fallback=False))
     digits, pattern = PRE[pre]
+    # a word that is a token is that token, merges or not: Llama 3's tokenizer.json says so
+    # (ignore_merges), and llama.cpp does the same for these pre-tokenizers
+    tok = Tokenizer(models.BPE(vocab, [tuple(m.split(" ")) for m in merges],
+                               fuse_unk=False, byte_fallback=False,
+                               ignore_merges=pre in IGNORE_MERGES))
     if pattern == "GPT-2":
         parts = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
     else:
