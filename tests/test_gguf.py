@@ -127,6 +127,7 @@ def transformers_logits(path: Path, ids) -> np.ndarray:
 FLOATS = ["F32", "F16", "BF16"]
 MADE = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]  # what gguf.quants.quantize writes
 RANDOM = list(HALVES)  # blocks of random bytes
+WIDE = ["TQ1_0", "TQ2_0", "MXFP4"]  # written by gguf too, in blocks of up to 256
 SHIPPED_FOLDERS = {"gpt2": SHIPPED, "llama": SHIPPED / "llama", "gpt_neox": SHIPPED / "neox"}
 
 
@@ -246,7 +247,7 @@ def test_other_families_bit_for_bit(tmp_path, name):
         assert np.array_equal(a, want[key].reshape(a.shape)), key
 
 
-@pytest.mark.parametrize("kind", RANDOM)
+@pytest.mark.parametrize("kind", RANDOM + WIDE)
 def test_k_quants_bit_for_bit(wide_llama, tmp_path, kind):
     path = gguf_of(wide_llama, tmp_path, kind)
     want = dequantized_file(path)
