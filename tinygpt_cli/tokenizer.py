@@ -102,6 +102,23 @@ def _pre_tokenizer_kind(parts: list) -> str | None:
     return None if words else "its pre-tokenizer does not split the text into words"
 
 
+SPACE = "\u2581"  # SentencePiece's stand-in for a space
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's token of one byte
+
+
+def _sentencepiece_kind(tok) -> str | None:
+    """None for SentencePiece's BPE as gguf_vocab builds it (bytes it has no token for
+    fall back to <0xNN> tokens, and each of the 256 has one); else what is wrong."""
+    if not getattr(tok.model, "byte_fallback", False):
+        return "its SentencePiece model has no byte fallback"
+    missing = sum(tok.token_to_id(f"<0x{b:02X}>") is None for b in range(256))
+    if missing:
+        return f"{missing} of the 256 byte tokens <0xNN> {'is' if missing == 1 else 'are'} missing"
+    if tok.normalizer is not None:
+        return f"it has a normalizer, {type(tok.normalizer).__name__}"
+    return None
+
+
 CHUNK = 1 << 16  # characters: texts longer than this are encoded in pieces
 
 
@@ -110,11 +127,14 @@ CHUNK = 1 << 16  # characters: texts longer than this are encoded in pieces
 # a run of whitespace never takes the non-space after it), and after a newline followed by a
 # non-space.
 _BOUNDARY = re.compile(r"(?<=\S)(?= \S)|(?<=\n)(?=\S)")
+_SPACED = re.compile(r"(?<=\S)(?= \S)")
 
 
-def _cut(text: str, at: int) -> int:
-    """The first such boundary at or after `at` (or the end of the text)."""
-    m = _BOUNDARY.search(text, at)
+def _cut(text: str, at: int, spaced: bool = False) -> int:
+    """The first such boundary at or after `at` (or the end of the text); `spaced`: only
+    before a space (SentencePiece gives a piece that does not start with one a space of
+    its own)."""
+    m = (_SPACED if spaced else _BOUNDARY).search(text, at)
     return m.start() if m else len(text)
 
 
@@ -275,6 +295,8 @@ class Tokenizer:
         model = type(self._tok.model).__name__
         if model != "BPE":
             return f"its model is {model}"
+        if self.sentencepiece:
+            return _sentencepiece_kind(self._tok)
         wrong = _pre_tokenizer_kind(_parts(self._tok.pre_tokenizer))
         if wrong:
             return wrong
@@ -323,9 +345,17 @@ class Tokenizer:
         return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
 
     @cached_property
+    def sentencepiece(self) -> bool:
+        """SentencePiece's BPE (a GGUF's `llama` tokenizer: gguf_vocab.py): '▁' for a
+        space, <0xNN> tokens for bytes, the first word given a space before it."""
+        return type(self._tok.pre_tokenizer).__name__ == "Metaspace"
+
+    @cached_property
     def longest_token_bytes(self) -> int:
         """The most bytes one token stands for (each character of a byte-level vocabulary
         entry is one byte): a text of more than n * this bytes is more than n tokens."""
+        if self.sentencepiece:
+            return max(len(self.token_bytes(i)) for i in range(self.vocab_size))
         return max(len(piece) for piece in self._tok.get_vocab(with_added_tokens=True))
 
     @cached_property
@@ -352,8 +382,10 @@ class Tokenizer:
         out: list[int] = []
         start = 0
         while start < len(text):
-            end = _cut(text, start + CHUNK)
-            if end - start <= 2 * CHUNK:
+            end = _cut(text, start + CHUNK, self.sentencepiece)
+            # the provably exact cuts inside a stretch are byte-level BPE's: a SentencePiece
+            # stretch is encoded whole
+            if end - start <= 2 * CHUNK or self.sentencepiece:
                 out += self._tok.encode(text[start:end], add_special_tokens=False).ids
             else:
                 out += self._encode_stretch(text, start, end)
@@ -416,12 +448,17 @@ class Tokenizer:
             )
         if piece in self.special_tokens:
             return piece.encode("utf-8")
+        if self.sentencepiece:
+            m = _BYTE_TOKEN.fullmatch(piece)
+            return bytes([int(m[1], 16)]) if m else piece.replace(SPACE, " ").encode("utf-8")
         return bytes(self._byte_of[ch] for ch in piece)
 
     def token_to_id(self, text: str) -> int | None:
         """The id of the token whose text is exactly `text` (' toys', with its space), or None."""
         if text in self.special_tokens:
             return self.special_tokens[text]
+        if self.sentencepiece:
+            return self._tok.token_to_id(text.replace(" ", SPACE))
         to_char = _bytes_to_unicode()
         piece = "".join(to_char[b] for b in text.encode("utf-8"))
         return self._tok.token_to_id(piece)

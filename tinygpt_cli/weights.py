@@ -605,11 +605,14 @@ class Model:
     config: Config
     params: dict[str, np.ndarray]
     tokenizer: object  # tinygpt_cli.tokenizer.Tokenizer
+    file: Path | None = None  # a GGUF file's path (its folder is `folder`)
+    about: dict | None = None  # what the GGUF says of itself (gguf_file.description)
 
     @property
     def weights_file(self) -> Path:
-        """model.safetensors, or a sharded model's index (its sha256 names the model)."""
-        return weights_path(self.folder)
+        """model.safetensors, a sharded model's index, or the GGUF file (its sha256 names
+        the model)."""
+        return self.file if self.file is not None else weights_path(self.folder)
 
 
 def _shipped_named(name: str) -> Path | None:
@@ -666,6 +669,9 @@ class Folder:
     config: Config
     tokenizer: object  # tinygpt_cli.tokenizer.Tokenizer
     header: dict[str, TensorInfo]  # model.safetensors' header, checked against the config
+    file: Path | None = None  # a GGUF file, read by gguf_file.py instead of the above
+    about: dict | None = None
+    gguf: tuple = ()  # its checked layout (the file mapped) and the tensors' entries
 
 
 def _once(kind: str, folder, make, opened: dict | None):
@@ -688,7 +694,12 @@ def open_folder(folder: str | Path | None = None, opened: dict | None = None) ->
 
 
 def _open_folder(folder: str | Path | None) -> Folder:
+    from .gguf_file import gguf_path
+
     root, named = resolve_folder(folder)
+    found = gguf_path(root) if root.exists() else None
+    if found is not None:
+        return _open_gguf(found)
     if not root.is_dir():
         if named and not root.exists() and not root.is_symlink():
             raise InputError(f"weights folder {root} does not exist")
@@ -730,7 +741,57 @@ def load_model(folder: str | Path | None = None, opened: dict | None = None) -> 
     return _once("model", folder, lambda f: _load_model(open_folder(f, opened)), opened)
 
 
+def _open_gguf(path: Path) -> Folder:
+    """A GGUF file: its metadata, tokenizer and tensor table checked (gguf_file.py); its
+    tensors are read by _load_model."""
+    from .gguf_file import (
+        architecture,
+        check_tensors,
+        check_types,
+        description,
+        hf_config,
+        open_layout,
+    )
+    from .gguf_vocab import build
+
+    if not path.is_file():
+        raise WeightsError(f"{path} {_not_a_file(path)}")
+    lay = open_layout(path)
+    meta = lay.meta
+    arch = architecture(meta, path)
+    tokenizer, vocab_about = build(meta, path)
+    table = next((t for t in lay.tensors if t.name == "token_embd.weight"), None)
+    if table is None or len(table.dims) != 2:
+        raise WeightsError(f"{path}: no token table (token_embd.weight of two dimensions)")
+    try:
+        config = Config.from_dict(hf_config(arch, meta, {t.name for t in lay.tensors},
+                                            table.dims[1]))
+    except ValueError as e:
+        raise WeightsError(f"{path}: {e}") from None
+    entries = check_tensors(lay, config, path)
+    check_types(lay, path)
+    _check_gguf_vocabulary(tokenizer, config, path)
+    about = {**description(lay, meta), "tokenizer": vocab_about}
+    return Folder(path.parent, config, tokenizer, {}, path, about, (lay, entries))
+
+
+def _check_gguf_vocabulary(tokenizer, config: Config, path: Path) -> None:
+    """As check_vocabulary: every token a row of the model (a file may pad the rows)."""
+    if tokenizer.vocab_size > config.vocab_size:
+        raise WeightsError(f"{path}: its tokenizer has {tokenizer.vocab_size:,} tokens but the "
+                           f"token table {config.vocab_size:,} rows")
+    if tokenizer.vocab_size < config.vocab_size:
+        tokenizer.rows = config.vocab_size
+    tokenizer.ends_with(config.eos_token_id)
+
+
 def _load_model(f: Folder) -> Model:
+    if f.file is not None:
+        from .gguf_file import read_params
+
+        lay, entries = f.gguf
+        params = read_params(f.file, lay, f.config, entries)
+        return Model(f.folder, f.config, params, f.tokenizer, f.file, f.about)
     return Model(f.folder, f.config, map_params(weights_path(f.folder), f.config, f.header),
                  f.tokenizer)
 

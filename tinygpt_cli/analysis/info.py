@@ -17,6 +17,21 @@ class ModelInfo:
     sha256: str
     tokenizer: dict  # vocab_size, special_tokens
     shipped: bool = False  # the model that comes with tinygpt (wherever it was installed)
+    # a GGUF's own account (gguf_file.description): each tensor's type, the bits per weight,
+    # where the weights came from (general.*); None for a safetensors folder
+    gguf: dict | None = None
+    # each tensor pattern (blk.*.attn_q.weight) -> its types and how many blocks have each
+    gguf_groups: dict[str, dict[str, int]] | None = None
+
+
+def tensor_groups(types: dict[str, str]) -> dict[str, dict[str, int]]:
+    """GGUF tensor name -> type, folded over the blocks: blk.*.ffn_down.weight -> {Q6_K: 4,
+    Q4_K: 26} (mixed quantizations give some blocks more bits)."""
+    out: dict[str, dict[str, int]] = {}
+    for name, kind in types.items():
+        group = out.setdefault(re.sub(r"^blk\.\d+\.", "blk.*.", name), {})
+        group[kind] = group.get(kind, 0) + 1
+    return out
 
 
 def architecture(cfg) -> dict:
@@ -61,7 +76,9 @@ def model_info(model) -> ModelInfo:
     if cfg.unused:  # read past, as transformers does: shown so nobody wonders where they went
         facts["unused"] = list(cfg.unused)
     weights_file = model.weights_file.resolve()
+    about = getattr(model, "about", None)
     return ModelInfo(facts, groups, sum(a.size for a in model.params.values()), weights_file,
                      sha256(weights_file), {"vocab_size": model.tokenizer.vocab_size,
                                             "special_tokens": model.tokenizer.special_tokens},
-                     weights_file.parent == SHIPPED.resolve())
+                     weights_file.parent == SHIPPED.resolve(), about,
+                     tensor_groups(about["tensors"]) if about else None)

@@ -263,7 +263,8 @@ def info_document(info) -> dict:
                             config=info.config,
                             parameters={"total": info.total, "groups": info.groups},
                             weights_file=str(info.weights_file), shipped=info.shipped,
-                            sha256=info.sha256, tokenizer=info.tokenizer)
+                            sha256=info.sha256, tokenizer=info.tokenizer,
+                            **({"gguf": info.gguf} if info.gguf else {}))
 
 
 def traced_document(r, shown: str, value) -> dict:

@@ -402,7 +402,33 @@ def info_view(info):
              else f"weights   {escape_line(typed_path(info.weights_file))}"),
         Text(f"sha256    {info.sha256}"),
         Text(f"tokenizer {info.tokenizer['vocab_size']:,} tokens; special: {specials}"),
+        *(_gguf_view(info) if info.gguf else ()),
     )
+
+
+def _gguf_view(info) -> list:
+    """A GGUF's quantization: the file's bits per weight, each tensor's type (folded over
+    the blocks), and where the weights came from; every string from the file escaped."""
+    g = info.gguf
+    counts = ", ".join(f"{k} ×{v}" for k, v in g["types"].items())
+    lines = [Text(""), Text("quantization", style="bold underline"),
+             Text(f"{escape_line(g['format'])}, {g['bits_per_weight']:.3g} bits per weight "
+                  f"(tensors: {counts}); computed in float32 after dequantizing")]
+    q = Table(box=None, header_style="bold dim", pad_edge=False)
+    q.add_column("tensor", style="cyan")
+    q.add_column("type")
+    for name, kinds in info.gguf_groups.items():
+        q.add_row(escape_line(name), ", ".join(k if len(kinds) == 1 else f"{k} ×{n}"
+                                               for k, n in kinds.items()))
+    lines.append(q)
+    if g["source"]:
+        s = Table(box=None, header_style="bold dim", pad_edge=False, show_header=False)
+        s.add_column(style="bold")
+        s.add_column()
+        for k, v in g["source"].items():
+            s.add_row(escape_line(k), escape_line(str(v)))
+        lines += [Text(""), Text("where the weights came from", style="bold underline"), s]
+    return lines
 
 
 def paths_table(entries: list[dict]) -> Table:
