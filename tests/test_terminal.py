@@ -302,7 +302,7 @@ def test_shell_completion_completes_commands_and_installs(tiny, tmp_path):
     r = subprocess.run([sys.executable, "-m", "tinygpt_cli"], capture_output=True, text=True,
                        env=env, timeout=120)
     assert r.returncode == 0 and r.stdout.split() == ["generate"], r
-    env.update(COMP_WORDS="tinygpt attn --la", COMP_CWORD="2")  # a command's own options too
+    env.update(COMP_WORDS="tinygpt attn --lay", COMP_CWORD="2")  # a command's own options too
     r = subprocess.run([sys.executable, "-m", "tinygpt_cli"], capture_output=True, text=True,
                        env=env, timeout=120)
     assert r.returncode == 0 and r.stdout.split() == ["--layer"], r

@@ -175,7 +175,7 @@ def check_reached(hooks, stopped: str | None = None) -> None:
         missed = h.unreached() if hasattr(h, "unreached") else []
         if missed:
             why = f" (it stopped after {stopped})" if stopped else ""
-            who = getattr(h, "who", type(h).__name__)
+            who = getattr(h, "who", None) or type(h).__name__
             raise PathError(missed[0], f"{who} names {missed[0]}, which this run never "
                             f"reached{why}")
 
