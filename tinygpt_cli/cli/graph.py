@@ -206,6 +206,18 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                                   "key-side terms (features, errors, embeddings; the JSON's "
                                   "edges' qk, the viewer's hover); norms and rotary as in "
                                   "qk --help."),
+          fmt: str = typer.Option("tinygpt", "--format", metavar="tinygpt|circuit-tracer",
+                                  help="circuit-tracer: print the graph as the JSON that "
+                                  "circuit-tracer's and Neuronpedia's viewers read (its node "
+                                  "ids; logits minus the vocabulary's mean)."),
+          open_file: Path = typer.Option(None, "--open", metavar="FILE", show_default=False,
+                                         help="Read a graph in circuit-tracer's JSON made "
+                                         "elsewhere for this model and transcoders, and "
+                                         "check its edges against the graph computed here "
+                                         "(--save x.html: show it in the viewer)."),
+          tolerance: float = typer.Option(1e-3, "--tolerance", min=0.0, help="--open: an "
+                                          "edge agrees within this share of the largest "
+                                          "edge into its target."),
           top: int = TOP, as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
           quiet: bool = QUIET):
     """Attribution graph: the transcoder features, tokens and errors behind a prediction.
@@ -223,6 +235,8 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     Example: tinygpt graph "Lily wanted to play with her"
     Example: tinygpt graph "Lily wanted to play with her" --target " ball" --vs " mom" --json
     Example: tinygpt graph "Lily wanted to play with her" --save graph.html
+    Example: tinygpt graph "Lily wanted to play with her" --format circuit-tracer > g.json
+    Example: tinygpt graph --open g.json --save g.html
     """
     from ..analysis import graph as G
     from ..analysis import transcoder as T
@@ -232,7 +246,14 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     check_save(save, force)
     if save is not None and picture_format(save) != "html":
         raise InputError(f"--save {save}: the graph is an interactive page; give a .html file")
+    if fmt not in ("tinygpt", "circuit-tracer"):
+        raise InputError(f"--format {escape_line(fmt)!r}: give tinygpt or circuit-tracer")
     model = load(context, weights)
+    if open_file is not None:
+        return _open(context, model, open_file, transcoders, tolerance, save, as_json)
+    if fmt == "circuit-tracer":
+        return _field(context, model, text, transcoders, target, vs, position, logits,
+                      (node_threshold, edge_threshold), max_features, (data, windows))
     ids = encode_text(context, model, text)
     position = check_index(position, len(ids), "position")
     folder = T.folder_of(model.weights_file, transcoders)
@@ -259,6 +280,67 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
 
         save_page(context, page(doc, model.config.n_layer), save)
     present(context, as_json, lambda: doc, lambda: view.graph_view(doc, top))
+
+
+def _field(context, model, text, transcoders, target, vs, position, n_logits, thresholds,
+           max_features, data) -> None:
+    """--format circuit-tracer: the pruned graph of the logit minus the vocabulary's mean, in
+    circuit-tracer's graph JSON on stdout."""
+    from ..analysis import graph as G
+    from ..analysis import graph_file as F
+    from ..analysis import transcoder as T
+    from ..render.graph_field import field_doc
+    from ..session import token_id
+
+    if vs is not None:
+        raise InputError("--format circuit-tracer has no --vs: its logit nodes are single "
+                         "tokens' logits minus the vocabulary's mean")
+    ids = encode_text(context, model, text)
+    position = check_index(position, len(ids), "position")
+    folder = T.folder_of(model.weights_file, transcoders)
+    found = T.load_transcoders(folder, model.config, model.weights_file)
+    want = None if target is None else token_id(model, target)
+    hooks, _ = steered(context, model)
+    g = G.prune(G.build(model.params, model.config, ids[:position + 1], found, target=want,
+                        n_logits=n_logits, steering=hooks, max_features=max_features,
+                        demean=True), *thresholds)
+    labels = _examples(model, found, folder, g, *data, True)
+    shown = model.tokenizer.decode(ids[:position + 1])
+    meta = {"slug": F.slug_of(shown), "scan": model.weights_file.parent.name,
+            "transcoder_list": [f"{folder.name}/{T.file_of(folder, i).name}"
+                                for i in range(model.config.n_layer)],
+            "node_threshold": thresholds[0], "edge_threshold": thresholds[1]}
+    doc = field_doc(g, model.tokenizer, shown, meta, F.cumulative_influence(g.influence),
+                    F.field_node_ids(g), labels)
+    present(context, True, lambda: doc, lambda: None)
+
+
+def _open(context, model, path: Path, transcoders, tolerance, save, as_json) -> None:
+    """--open FILE: a graph in circuit-tracer's JSON, checked against this model and its
+    transcoders, its edges against the whole graph computed here."""
+    from ..analysis import graph as G
+    from ..analysis import graph_file as F
+    from ..analysis import transcoder as T
+    from ..render import graph_field as view
+
+    if not path.is_file():
+        raise InputError(f"--open {escape_line(str(path))}: no such file")
+    fg = F.read_field_graph(path)
+    found = T.load_transcoders(T.folder_of(model.weights_file, transcoders), model.config,
+                               model.weights_file)
+    F.check_fits(fg, model.config.n_layer, [tc.n_latents for tc in found],
+                 model.config.vocab_size, model.tokenizer.decode)
+    logits = F.logit_tokens(fg)
+    g = G.build(model.params, model.config, fg.token_ids, found,
+                target=F.target_of(fg).latent, n_logits=len(logits), max_features=None,
+                demean=True)
+    check = F.recheck(fg, g, tolerance)
+    if save is not None:
+        from ..render.graph_page import page
+
+        save_page(context, page(view.opened_doc(fg, check), model.config.n_layer), save)
+    doc = view.recheck_doc(str(path), fg, check)
+    present(context, as_json, lambda: doc, lambda: view.recheck_view(doc))
 
 
 def _qk(model, g, transcoders, steering) -> list:
@@ -322,7 +404,8 @@ def _supernodes(g, examples: dict, tokenizer) -> tuple[list, dict]:
                              f"merged down to {G.GROUP_SIMILARITY}"}
 
 
-def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool) -> dict:
+def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool = False
+              ) -> dict:
     """(layer, latent) -> {"examples", "label"} of the pruned graph's features, from their
     top windows of the training text ({} when there is no data to search)."""
     from ..analysis import transcoder as T
