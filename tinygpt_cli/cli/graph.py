@@ -167,23 +167,34 @@ def transcoder_eval(context: RunContext, weights: Path = WEIGHTS,
 # ------------------------------------------------------------------ the attribution graph
 
 
+NODE_THRESHOLD = typer.Option(0.8, "--node-threshold", min=0.0, max=1.0, help="Keep the "
+                              "features carrying this share of the influence on the target.")
+EDGE_THRESHOLD = typer.Option(0.98, "--edge-threshold", min=0.0, max=1.0, help="Then keep the "
+                              "edges carrying this share of what flows among the kept nodes.")
+LOGITS = typer.Option(5, "--logits", min=1, help="Logit nodes: the top tokens at the position "
+                      "(and the target).")
+MAX_FEATURES = typer.Option(4096, "--max-features", min=1, help="Compute the incoming edges of "
+                            "at most this many features, those of most influence first (time "
+                            "and memory then grow linearly with the text).")
+FORMAT = typer.Option("tinygpt", "--format", metavar="tinygpt|circuit-tracer",
+                      help="circuit-tracer: print the graph as the JSON that circuit-tracer's "
+                      "and Neuronpedia's viewers read (their node ids; logits minus the "
+                      "vocabulary's mean).")
+OPEN = typer.Option(None, "--open", metavar="FILE", show_default=False, help="Read a graph in "
+                    "circuit-tracer's JSON made elsewhere for this model and transcoders, and "
+                    "check its edges against the graph computed here (--save x.html: show it "
+                    "in the viewer).")
+TOLERANCE = typer.Option(1e-3, "--tolerance", min=0.0, help="--open: an edge agrees within "
+                         "this share of the largest edge into its target.")
+
+
 @app.command()
 @steerable  # the real run steered: its vector a constant of the frozen model (the bias node)
 def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
           transcoders: Path = TRANSCODERS, target: str = TARGET, vs: str = VS,
-          position: int = POSITION,
-          node_threshold: float = typer.Option(0.8, "--node-threshold", min=0.0, max=1.0,
-                                               help="Keep the features carrying this share "
-                                               "of the influence on the target."),
-          edge_threshold: float = typer.Option(0.98, "--edge-threshold", min=0.0, max=1.0,
-                                               help="Then keep the edges carrying this share "
-                                               "of what flows among the kept nodes."),
-          logits: int = typer.Option(5, "--logits", min=1, help="Logit nodes: the top tokens "
-                                     "at the position (and the target)."),
-          max_features: int = typer.Option(4096, "--max-features", min=1, help="Compute the "
-                                           "incoming edges of at most this many features, "
-                                           "those of most influence first (time and memory "
-                                           "then grow linearly with the text)."),
+          position: int = POSITION, node_threshold: float = NODE_THRESHOLD,
+          edge_threshold: float = EDGE_THRESHOLD, logits: int = LOGITS,
+          max_features: int = MAX_FEATURES,
           data: Path = typer.Option(None, "--data", show_default=False, help="Stories searched "
                                     "for each feature's top windows and label (default: the "
                                     "project's training parts; cached)."),
@@ -206,18 +217,7 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                                   "key-side terms (features, errors, embeddings; the JSON's "
                                   "edges' qk, the viewer's hover); norms and rotary as in "
                                   "qk --help."),
-          fmt: str = typer.Option("tinygpt", "--format", metavar="tinygpt|circuit-tracer",
-                                  help="circuit-tracer: print the graph as the JSON that "
-                                  "circuit-tracer's and Neuronpedia's viewers read (its node "
-                                  "ids; logits minus the vocabulary's mean)."),
-          open_file: Path = typer.Option(None, "--open", metavar="FILE", show_default=False,
-                                         help="Read a graph in circuit-tracer's JSON made "
-                                         "elsewhere for this model and transcoders, and "
-                                         "check its edges against the graph computed here "
-                                         "(--save x.html: show it in the viewer)."),
-          tolerance: float = typer.Option(1e-3, "--tolerance", min=0.0, help="--open: an "
-                                          "edge agrees within this share of the largest "
-                                          "edge into its target."),
+          fmt: str = FORMAT, open_file: Path = OPEN, tolerance: float = TOLERANCE,
           top: int = TOP, as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
           quiet: bool = QUIET):
     """Attribution graph: the transcoder features, tokens and errors behind a prediction.
