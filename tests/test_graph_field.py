@@ -194,6 +194,8 @@ def test_a_pruned_graph_says_what_it_leaves_out(cli, trained):
                               "circuit-tracer", "--vs", "#5"), 2, "--vs")
     assert_one_error_line(cli("graph", TEXT, "--transcoders", folder, "--format", "dot"), 2,
                           "--format", "circuit-tracer")
+    assert_one_error_line(cli("graph", TEXT, "--transcoders", folder, "--format",
+                              "circuit-tracer", "--qk"), 2, "does not take --qk")
 
 
 # ------------------------------------------------------------------ graph --open
@@ -222,10 +224,15 @@ def test_open_rechecks_every_edge_and_names_the_worst(cli, trained, field_graph,
     loose = cli("graph", "--open", lying, "--transcoders", folder, "--tolerance", "0.02",
                 "--json").json()
     assert loose["agree"] == loose["links"]
+    assert_one_error_line(cli("graph", TEXT, "--open", lying, "--transcoders", folder), 2,
+                          "give no TEXT")
+    assert_one_error_line(cli("graph", "--open", lying, "--transcoders", folder, "--ablate",
+                              "0_1_2"), 2, "--open does not take --ablate")
     shown = cli("graph", "--open", lying, "--transcoders", folder,
                 "--save", tmp_path / "v.html")
     assert shown.code == 0 and "do not" in shown.out and (tmp_path / "v.html").exists()
-    assert t_node in (tmp_path / "v.html").read_text(encoding="utf-8")
+    page = (tmp_path / "v.html").read_text(encoding="utf-8")
+    assert t_node in page and f"{got['agree']:,} of its {got['links']:,} edges agree" in page
 
 
 def _edit(doc: dict, tmp_path, change) -> str:

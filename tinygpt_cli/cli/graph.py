@@ -246,8 +246,8 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     check_save(save, force)
     if save is not None and picture_format(save) != "html":
         raise InputError(f"--save {save}: the graph is an interactive page; give a .html file")
-    if fmt not in ("tinygpt", "circuit-tracer"):
-        raise InputError(f"--format {escape_line(fmt)!r}: give tinygpt or circuit-tracer")
+    _check_modes(fmt, open_file, text, {"--ablate": ablate, "--set": set_to, "--group": group,
+                                        "--qk": qk, "--vs": vs, "--target": target})
     model = load(context, weights)
     if open_file is not None:
         return _open(context, model, open_file, transcoders, tolerance, save, as_json)
@@ -280,6 +280,21 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
 
         save_page(context, page(doc, model.config.n_layer), save)
     present(context, as_json, lambda: doc, lambda: view.graph_view(doc, top))
+
+
+def _check_modes(fmt: str, open_file, text, extras: dict) -> None:
+    """--format circuit-tracer and --open leave out what tinygpt's own graph adds: refused
+    by name rather than silently dropped."""
+    if fmt not in ("tinygpt", "circuit-tracer"):
+        raise InputError(f"--format {escape_line(fmt)!r}: give tinygpt or circuit-tracer")
+    if open_file is not None and (text is not None or fmt != "tinygpt"):
+        raise InputError("--open FILE reads the text and the graph from the file: give no "
+                         "TEXT and no --format")
+    mode = "--open" if open_file is not None else "--format circuit-tracer"
+    skip = () if open_file is not None else ("--vs", "--target")  # --vs: _field says why
+    given = [k for k, v in extras.items() if v and k not in skip]
+    if (open_file is not None or fmt != "tinygpt") and given:
+        raise InputError(f"{mode} does not take {given[0]}")
 
 
 def _field(context, model, text, transcoders, target, vs, position, n_logits, thresholds,

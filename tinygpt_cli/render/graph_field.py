@@ -140,11 +140,16 @@ def opened_doc(fg, check: dict) -> dict:
     edges = [{"source": s, "target": t, "weight": w} for s, t, w in fg.links]
     target = next((n for n in fg.nodes if n.is_target), fg.nodes[-1])
     into = sum(w for _, t, w in fg.links if t == target.node_id)
-    return {"ids": fg.token_ids, "tokens": fg.prompt_tokens,
+    value = target.value if target.value is not None else into
+    summary = (f"A graph read from a file ({fg.slug}): {check['agree']:,} of its "
+               f"{check['links']:,} edges agree with the graph recomputed here (within "
+               f"{check['tolerance']:g} of the largest edge into their target). The target is "
+               f"the logit minus the vocabulary's mean, {value:.4f}; its written edges sum to "
+               f"{into:.4f} (the rest: the biases and the edges pruning cut).")
+    return {"summary": summary, "ids": fg.token_ids, "tokens": fg.prompt_tokens,
             "positions": list(range(len(fg.token_ids))), "position": len(fg.token_ids) - 1,
             "target_logit": {"token": target.token, "id": target.latent, "vs": None,
-                             "value": target.value if target.value is not None else into,
-                             "incoming_total": into},
+                             "value": value, "incoming_total": into},
             "explained": check["agree_share"], "explained_unpruned": check["agree_share"],
             "counts": {"active_features": fg.n_features, "visited_features": fg.n_features,
                        "kept_features": fg.n_features, "edges_unpruned": len(edges),
