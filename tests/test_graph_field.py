@@ -207,7 +207,8 @@ def test_open_rechecks_every_edge_and_names_the_worst(cli, trained, field_graph,
     r = cli("graph", "--open", path, "--transcoders", folder, "--json")
     assert r.code == 0, r.err
     got = r.json()
-    assert got["links"] == len(doc["links"]) == got["agree"] and got["worst"] == []
+    assert got["links"] == len(doc["links"]) == got["checked"] == got["agree"]
+    assert got["worst"] == []
     t = got["target_logit"]
     assert t["here"] == pytest.approx(t["file"], abs=1e-9)
     # one edge changed by 1% of its target's largest: the re-check finds it, and only it
@@ -232,7 +233,16 @@ def test_open_rechecks_every_edge_and_names_the_worst(cli, trained, field_graph,
                 "--save", tmp_path / "v.html")
     assert shown.code == 0 and "do not" in shown.out and (tmp_path / "v.html").exists()
     page = (tmp_path / "v.html").read_text(encoding="utf-8")
-    assert t_node in page and f"{got['agree']:,} of its {got['links']:,} edges agree" in page
+    assert t_node in page and f"{got['agree']:,} of its {got['checked']:,} edges checked agree" in page
+    # fewer rows computed here: the edges into the features left out are counted apart
+    capped = cli("graph", "--open", path, "--transcoders", folder, "--max-features", "2",
+                 "--json").json()
+    features = {n["node_id"] for n in doc["nodes"]
+                if n["feature_type"] == "cross layer transcoder"}
+    into_features = sum(e["target"] in features for e in doc["links"])
+    assert into_features > 2 and capped["checked"] < capped["links"]
+    assert capped["links"] - capped["checked"] <= into_features
+    assert capped["agree"] == capped["checked"]
 
 
 def _edit(doc: dict, tmp_path, change) -> str:

@@ -269,13 +269,15 @@ def logit_tokens(fg: FieldGraph) -> list[int]:
 
 
 def recheck(fg: FieldGraph, g, tolerance: float = TOLERANCE, worst: int = WORST) -> dict:
-    """Each of the file's edges against the same edge of `g` (the whole graph built here with
-    demean=True, every feature visited): agreed when they differ by at most `tolerance`
-    times the largest |weight| of the file's edges into the same target. An edge from or to
-    a feature not active here is counted against (its weight here is 0)."""
+    """Each of the file's edges against the same edge of `g` (the graph built here with
+    demean=True): agreed when they differ by at most `tolerance` times the largest |weight|
+    of the file's edges into the same target. An edge from or to a feature not active here
+    is counted against (its weight here is 0); one into an active feature whose inputs `g`
+    did not compute (past its max_features) is counted apart, unchecked."""
     here = _here_index(g)
     theirs = np.array([w for _, _, w in fg.links], np.float64)
     ours = np.zeros(len(fg.links))
+    checked = np.ones(len(fg.links), bool)
     scale: dict[str, float] = {}
     for _, t, w in fg.links:
         scale[t] = max(scale.get(t, 0.0), abs(w))
@@ -286,16 +288,18 @@ def recheck(fg: FieldGraph, g, tolerance: float = TOLERANCE, worst: int = WORST)
             if idx is None and fg.by_id[end].kind == "feature":
                 inactive.add(end)
         row = -1 if b is None else g.row(b)
+        checked[k] = not (b is not None and row < 0 and g.kinds[b] == "feature")
         ours[k] = 0.0 if a is None or row < 0 else float(g.adjacency[row, a])
     limit = np.array([tolerance * scale[t] for _, t, _ in fg.links])
     diff = np.abs(ours - theirs)
-    agree = diff <= limit
+    agree = (diff <= limit) & checked
     order = np.argsort(-(diff / np.maximum(limit, 1e-300)), kind="stable")
-    bad = [int(k) for k in order if not agree[k]][:worst]
+    bad = [int(k) for k in order if checked[k] and not agree[k]][:worst]
     target = target_of(fg)
     tn = here.get(target.node_id)
-    return {"links": len(fg.links), "agree": int(agree.sum()), "tolerance": tolerance,
-            "agree_share": float(agree.mean()) if len(agree) else 1.0,
+    n = int(checked.sum())
+    return {"links": len(fg.links), "checked": n, "agree": int(agree.sum()),
+            "tolerance": tolerance, "agree_share": float(agree.sum() / n) if n else 1.0,
             "features_inactive": len(inactive),
             "worst": [{"source": fg.links[k][0], "target": fg.links[k][1],
                        "file": float(theirs[k]), "here": float(ours[k])} for k in bad],

@@ -250,7 +250,8 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                                         "--qk": qk, "--vs": vs, "--target": target})
     model = load(context, weights)
     if open_file is not None:
-        return _open(context, model, open_file, transcoders, tolerance, save, as_json)
+        return _open(context, model, open_file, transcoders, (tolerance, max_features), save,
+                     as_json)
     if fmt == "circuit-tracer":
         return _field(context, model, text, transcoders, target, vs, position, logits,
                       (node_threshold, edge_threshold), max_features, (data, windows))
@@ -330,9 +331,10 @@ def _field(context, model, text, transcoders, target, vs, position, n_logits, th
     present(context, True, lambda: doc, lambda: None)
 
 
-def _open(context, model, path: Path, transcoders, tolerance, save, as_json) -> None:
+def _open(context, model, path: Path, transcoders, limits, save, as_json) -> None:
     """--open FILE: a graph in circuit-tracer's JSON, checked against this model and its
-    transcoders, its edges against the whole graph computed here."""
+    transcoders, its edges against the graph computed here (the inputs of at most
+    --max-features features, those of most influence first, as `graph` computes them)."""
     from ..analysis import graph as G
     from ..analysis import graph_file as F
     from ..analysis import transcoder as T
@@ -347,9 +349,9 @@ def _open(context, model, path: Path, transcoders, tolerance, save, as_json) -> 
                  model.config.vocab_size, model.tokenizer.decode)
     logits = F.logit_tokens(fg)
     g = G.build(model.params, model.config, fg.token_ids, found,
-                target=F.target_of(fg).latent, n_logits=len(logits), max_features=None,
+                target=F.target_of(fg).latent, n_logits=len(logits), max_features=limits[1],
                 demean=True)
-    check = F.recheck(fg, g, tolerance)
+    check = F.recheck(fg, g, limits[0])
     if save is not None:
         from ..render.graph_page import page
 

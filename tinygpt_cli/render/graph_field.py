@@ -142,7 +142,7 @@ def opened_doc(fg, check: dict) -> dict:
     into = sum(w for _, t, w in fg.links if t == target.node_id)
     value = target.value if target.value is not None else into
     summary = (f"A graph read from a file ({fg.slug}): {check['agree']:,} of its "
-               f"{check['links']:,} edges agree with the graph recomputed here (within "
+               f"{check['checked']:,} edges checked agree with the graph recomputed here (within "
                f"{check['tolerance']:g} of the largest edge into their target). The target is "
                f"the logit minus the vocabulary's mean, {value:.4f}; its written edges sum to "
                f"{into:.4f} (the rest: the biases and the edges pruning cut).")
@@ -169,11 +169,15 @@ def recheck_view(doc: dict) -> Group:
                 f"nodes over {len(doc['tokens'])} tokens "
                 f"({escape_line(''.join(doc['tokens']))[:60]})", style="bold cyan")
     tol = doc["tolerance"]
-    verdict = Text(f"{doc['agree']:,} of {doc['links']:,} edges agree with the graph "
+    verdict = Text(f"{doc['agree']:,} of {doc['checked']:,} edges agree with the graph "
                    f"recomputed here (within {tol:g} of the largest edge into their target); "
-                   f"{doc['links'] - doc['agree']:,} do not",
-                   style="bold green" if doc["agree"] == doc["links"] else "bold red")
+                   f"{doc['checked'] - doc['agree']:,} do not",
+                   style="bold green" if doc["agree"] == doc["checked"] else "bold red")
     parts = [head, verdict]
+    if doc["checked"] < doc["links"]:
+        parts.append(Text(f"{doc['links'] - doc['checked']:,} edges not checked: into "
+                          "features whose inputs were not computed here (past "
+                          "--max-features)", style="yellow"))
     if doc.get("target_logit") is not None:
         t = doc["target_logit"]
         parts.append(Text(f"target {escape_line(t['node'])}: the file's logit "
