@@ -229,11 +229,15 @@ def test_open_rechecks_every_edge_and_names_the_worst(cli, trained, field_graph,
                           "give no TEXT")
     assert_one_error_line(cli("graph", "--open", lying, "--transcoders", folder, "--ablate",
                               "0_1_2"), 2, "--open does not take --ablate")
+    assert_one_error_line(cli("graph", "--open", lying, "--transcoders", folder, "--steer",
+                              "happy", "--steer-away", "sad", "--steer-layer", "1"), 2,
+                          "no --steer")
     shown = cli("graph", "--open", lying, "--transcoders", folder,
                 "--save", tmp_path / "v.html")
     assert shown.code == 0 and "do not" in shown.out and (tmp_path / "v.html").exists()
     page = (tmp_path / "v.html").read_text(encoding="utf-8")
-    assert t_node in page and f"{got['agree']:,} of its {got['checked']:,} edges checked agree" in page
+    said = f"{got['agree']:,} of its {got['checked']:,} edges checked agree"
+    assert t_node in page and said in page
     # fewer rows computed here: the edges into the features left out are counted apart
     capped = cli("graph", "--open", path, "--transcoders", folder, "--max-features", "2",
                  "--json").json()

@@ -342,6 +342,8 @@ def _open(context, model, path: Path, transcoders, limits, save, as_json) -> Non
 
     if not path.is_file():
         raise InputError(f"--open {escape_line(str(path))}: no such file")
+    if steered(context, model)[0] is not None:
+        raise InputError("--open re-checks a graph of the model as it is: give no --steer")
     fg = F.read_field_graph(path)
     found = T.load_transcoders(T.folder_of(model.weights_file, transcoders), model.config,
                                model.weights_file)
