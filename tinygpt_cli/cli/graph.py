@@ -244,10 +244,9 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     from ..session import token_id
 
     check_save(save, force)
-    if save is not None and picture_format(save) != "html":
-        raise InputError(f"--save {save}: the graph is an interactive page; give a .html file")
-    _check_modes(fmt, open_file, text, {"--ablate": ablate, "--set": set_to, "--group": group,
-                                        "--qk": qk, "--vs": vs, "--target": target})
+    _check_modes(fmt, open_file, text, save, {"--ablate": ablate, "--set": set_to,
+                                              "--group": group, "--qk": qk, "--vs": vs,
+                                              "--target": target})
     model = load(context, weights)
     if open_file is not None:
         return _open(context, model, open_file, transcoders, (tolerance, max_features), save,
@@ -283,9 +282,11 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     present(context, as_json, lambda: doc, lambda: view.graph_view(doc, top))
 
 
-def _check_modes(fmt: str, open_file, text, extras: dict) -> None:
-    """--format circuit-tracer and --open leave out what tinygpt's own graph adds: refused
-    by name rather than silently dropped."""
+def _check_modes(fmt: str, open_file, text, save, extras: dict) -> None:
+    """--save is a page; --format circuit-tracer and --open leave out what tinygpt's own
+    graph adds: refused by name rather than silently dropped."""
+    if save is not None and picture_format(save) != "html":
+        raise InputError(f"--save {save}: the graph is an interactive page; give a .html file")
     if fmt not in ("tinygpt", "circuit-tracer"):
         raise InputError(f"--format {escape_line(fmt)!r}: give tinygpt or circuit-tracer")
     if open_file is not None and (text is not None or fmt != "tinygpt"):
