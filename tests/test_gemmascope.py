@@ -231,3 +231,64 @@ def test_saelens_reads_the_same_latents(llama, tmp_path):
     x = values(llama, TEXT, ["layers.1.resid_post"])["layers.1.resid_post"]
     want = sae.encode(torch.tensor(x, dtype=torch.float32)).detach().numpy()
     np.testing.assert_allclose(S.encode(ours, x), want, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------ cross-layer transcoders
+
+
+def write_clt(root: Path, n: int = 2, layers_in_file: int = 2, skip: bool = False):
+    """The release's clt/: per block a folder whose w_dec [m, layers, d] writes into every
+    block (circuit-tracer's load_gemma_scope_2_clt reads block L's as w_dec[:, L:])."""
+    folder = root / "clt"
+    made = []
+    for i in range(n):
+        b = f"model.layers.{i}"
+        sub = folder / f"layer_{i}_width_12_l0_medium"
+        t = write_dictionary(sub, {"architecture": "jump_relu",
+                                   "hf_hook_point_in": f"{b}.post_attention_layernorm.output",
+                                   "hf_hook_point_out": f"{b}.mlp.output",
+                                   "affine_connection": skip}, seed=20 + i, skip=skip)
+        rng = np.random.default_rng(30 + i)
+        t["w_dec"] = rng.normal(0, 0.3, (M, layers_in_file, D)).astype(np.float32)
+        save_file(t, str(sub / "params.safetensors"))
+        made.append(t)
+    return folder, made
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_cross_layer_transcoder_writes_into_every_later_block(llama, tmp_path, skip):
+    from tinygpt_cli.analysis.gemmascope import cross_layer_outputs, load_cross_layer
+
+    folder, made = write_clt(tmp_path, skip=skip)
+    model = load_model(llama)
+    clt = load_cross_layer(folder, model.config)
+    got = values(llama, TEXT, ["layers.0.ln2.out", "layers.1.ln2.out"])
+    xs = [got["layers.0.ln2.out"], got["layers.1.ln2.out"]]
+    zs = [jumprelu(made[i], xs[i]) for i in range(2)]
+    assert all((z > 0).any() for z in zs)
+    for j, y in enumerate(cross_layer_outputs(clt, xs)):  # a loop over sources, by hand
+        want = made[j]["b_dec"].astype(np.float64).copy()
+        for i in range(j + 1):
+            want = want + zs[i] @ made[i]["w_dec"][:, j]
+        if skip:
+            want = want + xs[j].astype(np.float64) @ made[j]["affine_skip_connection"]
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_cross_layer_transcoder_of_another_depth_is_refused(llama, tmp_path):
+    from tinygpt_cli.analysis.gemmascope import load_cross_layer
+    from tinygpt_cli.errors import InputError
+
+    folder, _ = write_clt(tmp_path, layers_in_file=3)
+    with pytest.raises(InputError, match="into 3 blocks; this model has 2"):
+        load_cross_layer(folder, load_model(llama).config)
+    folder, _ = write_clt(tmp_path / "b")
+    shutil.rmtree(folder / "layer_1_width_12_l0_medium")
+    with pytest.raises(InputError, match="0 cross-layer transcoders for block 1"):
+        load_cross_layer(folder, load_model(llama).config)
+
+
+def test_graph_says_a_cross_layer_transcoder_is_not_taken_yet(cli, llama, tmp_path):
+    folder, _ = write_clt(tmp_path)
+    assert_one_error_line(cli("graph", TEXT, "--transcoders", folder, "--weights", llama), 2,
+                          "cross-layer transcoder", "no command takes one yet")

@@ -17,6 +17,8 @@ _infer_gemma_3_raw_cfg_dict, and the math that of the release's own tutorial):
         and a transcoder's affine_skip_connection [d_in, d_out] where affine_connection
     z = ReLU(a) where a > threshold, else 0      a = x w_enc + b_enc (nothing subtracted)
     y = z w_dec + b_dec (+ x affine_skip_connection)
+(the skip's orientation as circuit-tracer's load_gemma_scope_2_transcoder uses it too: its
+W_skip is the transpose, applied as x W_skip^T)
 
 The hook names are the module paths of the Hugging Face model the dictionary was trained
 on. They are mapped to tinygpt's values for the families tinygpt reads (the block's output,
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -199,6 +202,10 @@ def load_gemma_scope(folder: Path, config: Config) -> tuple[SAE, str]:
         raise WeightsError(f"{where}: affine_connection is {affine!r}, not true or false")
     d = config.n_embd
     m = _width(folder / PARAMS, d)
+    if _decoder_rank(folder / PARAMS) == 3:
+        raise InputError(f"{folder} is a cross-layer transcoder (w_dec writes into every "
+                         "block): tinygpt reads its layout (gemmascope.load_cross_layer), but "
+                         "no command takes one yet")
     wants = {"w_enc": (d, m), "b_enc": (m,), "threshold": (m,), "w_dec": (m, d), "b_dec": (d,)}
     if affine:
         wants["affine_skip_connection"] = (d, d)
@@ -231,6 +238,13 @@ def _width(path: Path, d: int) -> int:
     return m
 
 
+def _decoder_rank(path: Path) -> int:
+    from ..weights import header_bytes, read_header
+
+    info = read_header(path, header_bytes(8)).get("w_dec")
+    return len(info.shape) if info is not None else 0
+
+
 def _agree_with_names(folder: Path, kind: str, what: str, layer: int) -> None:
     """The release's folder names say the layer and the site: they must agree with the
     config (a folder renamed by hand is not checked)."""
@@ -249,3 +263,86 @@ def transcoder_folders(folder: Path, layer: int) -> list[Path]:
     """A transcoder folder's layer_L_* dictionaries for block `layer`."""
     return sorted(p for p in Path(folder).iterdir() if p.is_dir()
                   and (m := NAME.fullmatch(p.name)) is not None and int(m[1]) == layer)
+
+
+# ------------------------------------------------------------------ cross-layer transcoders
+# The release's clt/ folder: one layer_L_width_W_l0_S folder per block, its hooks the block's
+# MLP input and output (SAELens' tests), its params.safetensors as for a transcoder but with
+# w_dec [m, n_layers, d]: block L's latents write into every block's MLP output, of which
+# blocks L.. are used (circuit-tracer's load_gemma_scope_2_clt stacks the files and keeps
+# w_dec[L, :, L:, :] for block L).
+
+
+@dataclass
+class CrossLayerTranscoder:
+    encoders: list[SAE]  # per block: its latents' encoder (reads ln2.out; W_dec unused)
+    w_dec: list[np.ndarray]  # per block L: [m, n - L, d], into the MLP outputs of L..n-1
+    b_dec: np.ndarray  # [n, d] each block's output bias
+    skip: list[np.ndarray] | None  # per block [d, d], or None
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.encoders)
+
+
+def load_cross_layer(folder: Path, config: Config) -> CrossLayerTranscoder:
+    """A clt/ folder of Gemma Scope 2 (one layer_L_... folder per block) for this model."""
+    n, d = config.n_layer, config.n_embd
+    encoders, decoders, biases, skips = [], [], [], []
+    for layer in range(n):
+        found = transcoder_folders(folder, layer)
+        if len(found) != 1:
+            names = ", ".join(p.name for p in found) or "none"
+            raise InputError(f"{folder}: {len(found)} cross-layer transcoders for block "
+                             f"{layer} ({names}); give a folder holding one per block")
+        cfg = raw_config(found[0])
+        where = str(found[0])
+        check_model_name(cfg.get("model_name"), config, where)
+        ins = hook_value(cfg.get("hf_hook_point_in"), config, where)
+        outs = hook_value(cfg.get("hf_hook_point_out"), config, where)
+        if ins != ("ln2.out", layer) or outs != ("mlp_out", layer):
+            raise InputError(f"{where}: block {layer}'s latents must read its MLP input; it "
+                             f"reads {cfg.get('hf_hook_point_in')!r}")
+        m = _width(found[0] / PARAMS, d)
+        wants = {"w_enc": (d, m), "b_enc": (m,), "threshold": (m,), "b_dec": (d,)}
+        if cfg.get("affine_connection", False) is True:
+            wants["affine_skip_connection"] = (d, d)
+        w_dec = _layered_decoder(found[0] / PARAMS, m, n, d)
+        t = read_params(found[0] / PARAMS, wants)
+        encoders.append(SAE(t["w_enc"], t["b_enc"], w_dec[:, 0], t["b_dec"],
+                            f"layers.{layer}.mlp_out", None, where, "jumprelu", t["threshold"],
+                            b_in=np.zeros(d, np.float32)))
+        decoders.append(w_dec[:, layer:])
+        biases.append(t["b_dec"])
+        skips.append(t.get("affine_skip_connection"))
+    has_skip = [s is not None for s in skips]
+    if any(has_skip) and not all(has_skip):
+        raise WeightsError(f"{folder}: some blocks have a skip connection and some not")
+    return CrossLayerTranscoder(encoders, decoders, np.stack(biases),
+                                skips if all(has_skip) else None)
+
+
+def _layered_decoder(path: Path, m: int, n: int, d: int) -> np.ndarray:
+    """w_dec [m, n_layers, d], its layer count this model's."""
+    from ..weights import header_bytes, read_header
+
+    info = read_header(path, header_bytes(8)).get("w_dec")
+    shape = tuple(info.shape) if info is not None else ()
+    if len(shape) == 3 and shape[0] == m and shape[2] == d and shape[1] != n:
+        raise InputError(f"{path}: its decoders write into {shape[1]} blocks; this model has "
+                         f"{n}: it was made for another model")
+    return read_params(path, {"w_dec": (m, n, d)})["w_dec"]
+
+
+def cross_layer_outputs(clt: CrossLayerTranscoder, xs: list[np.ndarray]) -> list[np.ndarray]:
+    """Each block's MLP output as the cross-layer transcoder predicts it from every block's
+    MLP input xs[L] [T, d]: y_j = sum over L <= j of z_L w_dec[L][:, j - L] + b_dec[j]
+    (+ xs[j] skip[j])."""
+    from .sae import encode
+
+    zs = [encode(tc, x) for tc, x in zip(clt.encoders, xs, strict=True)]
+    out = []
+    for j in range(clt.n_layers):
+        y = clt.b_dec[j] + sum(zs[i] @ clt.w_dec[i][:, j - i] for i in range(j + 1))
+        out.append(y + xs[j] @ clt.skip[j] if clt.skip is not None else y)
+    return out
