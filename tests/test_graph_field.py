@@ -330,3 +330,38 @@ def test_open_refuses_what_is_not_a_graph(cli, trained, field_graph, tmp_path, m
     assert_one_error_line(cli("graph", "--open", path, "--transcoders", folder), 1, "bytes")
     assert_one_error_line(cli("graph", "--open", tmp_path / "none.json", "--transcoders",
                               folder), 2, "no such file")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from browser import Browser, find_chromium
+
+    exe = find_chromium()
+    if exe is None:
+        pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run installs it)")
+    b = Browser(exe)
+    yield b
+    b.close()
+
+
+def test_an_opened_file_shows_in_the_viewer(cli, trained, field_graph, browser, tmp_path):
+    """Every node of the file drawn, offline, no script error, hover and click work."""
+    folder, _ = trained
+    doc, path = field_graph
+    page = tmp_path / "opened.html"
+    r = cli("graph", "--open", path, "--transcoders", folder, "--save", page, "--quiet")
+    assert r.code == 0, r.err
+    load = browser.open(page, width=1280, height=900)
+    assert load.errors == [] and load.failed == []
+    assert load.requests == [page.resolve().as_uri()]
+    got = browser.evaluate("""(() => {
+        const q = s => Array.from(document.querySelectorAll(s));
+        const f = q(".node").find(n => /^\\d+_\\d+_\\d+$/.test(n.getAttribute("data-id")));
+        f.dispatchEvent(new MouseEvent("mouseenter"));
+        f.dispatchEvent(new MouseEvent("click", {bubbles: true}));
+        return {nodes: q(".node").map(n => n.getAttribute("data-id")),
+                side: document.getElementById("side").textContent,
+                path: q(".node.path").length};
+    })()""")
+    assert sorted(got["nodes"]) == sorted(n["node_id"] for n in doc["nodes"])
+    assert got["side"] and got["path"] >= 1

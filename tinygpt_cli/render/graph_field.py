@@ -125,7 +125,8 @@ def opened_doc(fg, check: dict) -> dict:
              "logit": "logit"}
     nodes = []
     for n in fg.nodes:
-        node = {"id": n.node_id, "kind": kinds[n.kind], "layer": n.layer,
+        node = {"id": n.node_id, "kind": kinds[n.kind],
+                "layer": n.layer - 1 if n.kind == "logit" else n.layer,  # tinygpt's: n blocks
                 "position": n.pos, "influence": n.influence or 0.0}
         if n.kind == "feature":
             node.update(feature=n.latent, activation=n.activation or 0.0)
