@@ -249,6 +249,19 @@ def test_open_rechecks_every_edge_and_names_the_worst(cli, trained, field_graph,
     assert capped["agree"] == capped["checked"]
 
 
+def test_a_prompt_longer_than_the_model_reads_is_refused(field_graph, tiny):
+    from tinygpt_cli.analysis import graph_file
+    from tinygpt_cli.errors import InputError
+
+    _, path = field_graph
+    fg = graph_file.read_field_graph(path)
+    c = tiny.model.config
+    args = (fg, c.n_layer, [24] * c.n_layer, c.vocab_size, tiny.model.tokenizer.decode)
+    graph_file.check_fits(*args, len(fg.token_ids))
+    with pytest.raises(InputError, match=f"has {len(fg.token_ids)} tokens; this model reads"):
+        graph_file.check_fits(*args, len(fg.token_ids) - 1)
+
+
 def _edit(doc: dict, tmp_path, change) -> str:
     doc = json.loads(json.dumps(doc))
     change(doc)

@@ -146,7 +146,9 @@ def read_field_graph(path: Path) -> FieldGraph:
     by_id = {}
     for n in got:
         if n.node_id in by_id:
-            _fail(path, "nodes", f"the id {n.node_id!r} names two nodes")
+            _fail(path, "nodes", f"the id {n.node_id!r} names two nodes, so its links cannot "
+                  "be told apart (circuit-tracer's error id 0_L_P is also block 0's feature "
+                  "L at P)")
         by_id[n.node_id] = n
     edges = [_link(path, x, i, by_id) for i, x in enumerate(links)]
     ids = _token_ids(path, got, len(tokens))
@@ -226,11 +228,14 @@ def _token_ids(path: Path, nodes: list[FileNode], t: int) -> list[int]:
 
 
 def check_fits(fg: FieldGraph, n_layer: int, latents: list[int], vocab: int,
-               decode) -> None:
+               decode, n_positions: int) -> None:
     """Refuse, by what differs, a file made for another model or other transcoders: its
     tokens, blocks, positions and features must all exist here and its token ids must read
     as its prompt_tokens say."""
     t = len(fg.token_ids)
+    if not 1 <= t <= n_positions:
+        raise InputError(f"the graph file's prompt has {t:,} tokens; this model reads 1 to "
+                         f"{n_positions:,}")
     for p, (v, shown) in enumerate(zip(fg.token_ids, fg.prompt_tokens, strict=True)):
         if v >= vocab:
             raise InputError(f"the graph file's token id {v} at position {p} is past this "

@@ -349,7 +349,7 @@ def _open(context, model, path: Path, transcoders, limits, save, as_json) -> Non
     found = T.load_transcoders(T.folder_of(model.weights_file, transcoders), model.config,
                                model.weights_file)
     F.check_fits(fg, model.config.n_layer, [tc.n_latents for tc in found],
-                 model.config.vocab_size, model.tokenizer.decode)
+                 model.config.vocab_size, model.tokenizer.decode, model.config.n_positions)
     logits = F.logit_tokens(fg)
     g = G.build(model.params, model.config, fg.token_ids, found,
                 target=F.target_of(fg).latent, n_logits=len(logits), max_features=limits[1],
