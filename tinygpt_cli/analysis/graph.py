@@ -466,13 +466,16 @@ class Sources:
 @small_pages
 def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
           target: int | None = None, vs: int | None = None, n_logits: int = N_LOGITS,
-          batch: int = BATCH, steering=None, max_features: int | None = MAX_FEATURES) -> Graph:
+          batch: int = BATCH, steering=None, max_features: int | None = MAX_FEATURES,
+          demean: bool = False) -> Graph:
     """The unpruned graph of the prediction after the last token of `ids` (of the run
     steered by `steering`, a hooks.Steering on a block's resid_pre, when given: its vector
     is a constant of the frozen model, in the bias node). Every active feature is a node;
     the incoming edges of at most `max_features` of them are computed (None: all), those of
     most influence on the target first (`visit`), so time and memory grow linearly with the
-    text once it has more active features than that."""
+    text once it has more active features than that. `demean`: each logit node is the logit
+    minus the vocabulary's mean logit, as circuit-tracer's are (its read vector the head's
+    row minus the mean row: the same linear map, so every sum still adds up)."""
     real, values = record(params, config, np.asarray(ids), read_paths(config), hooks=steering)
     t = len(ids)
     f_layer, f_pos, f_lat, f_act, errors = transcoder_features(transcoders, values,
@@ -502,6 +505,10 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     reads = [r for r in head_rows] + ([head_rows[tokens.index(target)]
                                        - unembed_rows(params, [vs])[0]] if vs is not None else [])
     logit_values = [float(last[i]) for i in tokens if i >= 0]
+    if demean:  # logit - mean logit; a difference with vs is the same either way
+        mean_row = unembed_rows(params, slice(None)).mean(axis=0, dtype=np.float64)
+        reads = [r - mean_row for r in head_rows] + reads[len(head_rows):]
+        logit_values = [v - float(last.mean()) for v in logit_values]
     if vs is not None:
         logit_values.append(float(last[target] - last[vs]))
     activation = np.concatenate([f_act, np.ones(n + t + 1), logit_values])

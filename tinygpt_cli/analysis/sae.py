@@ -87,6 +87,7 @@ class SAE:
     normalize: str = "none"  # SAELens' normalize_activations
     rescale: bool = False  # SAELens' rescale_acts_by_decoder_norm (topk)
     b_in: np.ndarray | None = None  # [d] a transcoder's fixed input centre; None: b_dec
+    skip: np.ndarray | None = None  # [d, d] a transcoder's affine skip: + x skip (Gemma Scope 2)
 
     @property
     def n_latents(self) -> int:
@@ -174,8 +175,12 @@ def encode(sae: SAE, x: np.ndarray) -> np.ndarray:
 
 def decode(sae: SAE, z: np.ndarray, x: np.ndarray | None = None) -> np.ndarray:
     """z W_dec + b_dec, in the units of the values x that z encodes (needed only when the
-    SAE normalises its input).  [..., m] -> [..., d]"""
+    SAE normalises its input, or adds a skip connection x skip).  [..., m] -> [..., d]"""
     y = (z / decoder_norms(sae) if sae.rescale else z) @ sae.W_dec + sae.b_dec
+    if sae.skip is not None:
+        if x is None:
+            raise ValueError("a skip connection's output needs the input x")
+        y = y + x @ sae.skip
     if sae.normalize == "none":
         return y
     scale, shift = _scale_out(sae, x)
@@ -347,6 +352,8 @@ def load_sae(path: str | Path, config: Config, weights_file: Path) -> SAE:
     from ..weights import read_safetensors
 
     path = Path(path)
+    if path.is_dir() and (path / "params.safetensors").is_file():
+        return _gemma_scope_sae(path, config)
     if path.is_dir():
         from .saelens import load_saelens
 
@@ -362,6 +369,19 @@ def load_sae(path: str | Path, config: Config, weights_file: Path) -> SAE:
     sae = check_sae(path, t, meta, config)
     check_made_for(path, meta, weights_file, "the SAE", f"train one for them with `tinygpt sae "
                    f"train --site {sae.site}`")
+    return sae
+
+
+def _gemma_scope_sae(path: Path, config: Config) -> SAE:
+    """A Gemma Scope 2 SAE folder (gemmascope.py); a transcoder is refused here (it reads
+    another value than the one it writes: --transcoders takes it)."""
+    from .gemmascope import load_gemma_scope
+
+    sae, kind = load_gemma_scope(path, config)
+    if kind == "transcoder":
+        raise InputError(f"{path} is a transcoder (it reads {sae.site.rsplit('.', 1)[0]}"
+                         f".ln2.out and predicts {sae.site}): give its folder to "
+                         "--transcoders, not --sae")
     return sae
 
 

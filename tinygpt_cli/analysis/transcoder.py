@@ -85,8 +85,32 @@ def load_transcoders(folder: Path, config: Config, weights_file: Path) -> list[S
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"no transcoders at {folder}: {HINT}")
+    if not file_of(folder, 0).exists() and any(folder.glob("layer_*/params.safetensors")):
+        return [gemma_scope_transcoder(folder, config, i) for i in range(config.n_layer)]
     return [load_transcoder(file_of(folder, i), config, weights_file, i)
             for i in range(config.n_layer)]
+
+
+def gemma_scope_transcoder(folder: Path, config: Config, layer: int) -> S.SAE:
+    """Block `layer`'s transcoder from a folder in Gemma Scope 2's layout (one
+    layer_L_width_W_l0_S folder per block, gemmascope.py). One with a skip connection is
+    refused: the graph and the evaluation do not compute that path yet."""
+    from .gemmascope import load_gemma_scope, transcoder_folders
+
+    found = transcoder_folders(folder, layer)
+    if len(found) != 1:
+        names = ", ".join(p.name for p in found) or "none"
+        raise InputError(f"{folder}: {len(found)} transcoders for block {layer} ({names}); "
+                         "give a folder holding one layer_L_... folder per block")
+    tc, kind = load_gemma_scope(found[0], config)
+    if kind != "transcoder" or tc.site != output_path(layer):
+        raise InputError(f"{found[0]} is not block {layer}'s transcoder (it reads "
+                         f"{tc.site})")
+    if tc.skip is not None:
+        raise InputError(f"{found[0]} has a skip connection (affine_connection): tinygpt "
+                         "reads it, but the graph and transcoder eval do not compute that "
+                         "path yet; use a release without _affine")
+    return tc
 
 
 def load_transcoder(path: Path, config: Config, weights_file: Path, layer: int) -> S.SAE:
@@ -224,7 +248,10 @@ def data_codes(model, transcoders: list[S.SAE], folder: Path, layer: int, files:
     from dataclasses import replace
 
     tc = replace(transcoders[layer], site=input_path(layer))
-    return S.data_codes(model, tc, file_of(folder, layer), files, windows, bar, engine=engine)
+    source = file_of(folder, layer)
+    if not source.is_file():  # a Gemma Scope 2 folder's: the dictionary's own weights
+        source = Path(transcoders[layer].path) / "params.safetensors"
+    return S.data_codes(model, tc, source, files, windows, bar, engine=engine)
 
 
 def top_windows(codes: dict[str, np.ndarray], latent: int, n: int = 3, before: int = 8,

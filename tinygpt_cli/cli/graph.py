@@ -167,23 +167,34 @@ def transcoder_eval(context: RunContext, weights: Path = WEIGHTS,
 # ------------------------------------------------------------------ the attribution graph
 
 
+NODE_THRESHOLD = typer.Option(0.8, "--node-threshold", min=0.0, max=1.0, help="Keep the "
+                              "features carrying this share of the influence on the target.")
+EDGE_THRESHOLD = typer.Option(0.98, "--edge-threshold", min=0.0, max=1.0, help="Then keep the "
+                              "edges carrying this share of what flows among the kept nodes.")
+LOGITS = typer.Option(5, "--logits", min=1, help="Logit nodes: the top tokens at the position "
+                      "(and the target).")
+MAX_FEATURES = typer.Option(4096, "--max-features", min=1, help="Compute the incoming edges of "
+                            "at most this many features, those of most influence first (time "
+                            "and memory then grow linearly with the text).")
+FORMAT = typer.Option("tinygpt", "--format", metavar="tinygpt|circuit-tracer",
+                      help="circuit-tracer: print the graph as the JSON that circuit-tracer's "
+                      "and Neuronpedia's viewers read (their node ids; logits minus the "
+                      "vocabulary's mean).")
+OPEN = typer.Option(None, "--open", metavar="FILE", show_default=False, help="Read a graph in "
+                    "circuit-tracer's JSON made elsewhere for this model and transcoders, and "
+                    "check its edges against the graph computed here (--save x.html: show it "
+                    "in the viewer).")
+TOLERANCE = typer.Option(1e-3, "--tolerance", min=0.0, help="--open: an edge agrees within "
+                         "this share of the largest edge into its target.")
+
+
 @app.command()
 @steerable  # the real run steered: its vector a constant of the frozen model (the bias node)
 def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
           transcoders: Path = TRANSCODERS, target: str = TARGET, vs: str = VS,
-          position: int = POSITION,
-          node_threshold: float = typer.Option(0.8, "--node-threshold", min=0.0, max=1.0,
-                                               help="Keep the features carrying this share "
-                                               "of the influence on the target."),
-          edge_threshold: float = typer.Option(0.98, "--edge-threshold", min=0.0, max=1.0,
-                                               help="Then keep the edges carrying this share "
-                                               "of what flows among the kept nodes."),
-          logits: int = typer.Option(5, "--logits", min=1, help="Logit nodes: the top tokens "
-                                     "at the position (and the target)."),
-          max_features: int = typer.Option(4096, "--max-features", min=1, help="Compute the "
-                                           "incoming edges of at most this many features, "
-                                           "those of most influence first (time and memory "
-                                           "then grow linearly with the text)."),
+          position: int = POSITION, node_threshold: float = NODE_THRESHOLD,
+          edge_threshold: float = EDGE_THRESHOLD, logits: int = LOGITS,
+          max_features: int = MAX_FEATURES,
           data: Path = typer.Option(None, "--data", show_default=False, help="Stories searched "
                                     "for each feature's top windows and label (default: the "
                                     "project's training parts; cached)."),
@@ -206,6 +217,7 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                                   "key-side terms (features, errors, embeddings; the JSON's "
                                   "edges' qk, the viewer's hover); norms and rotary as in "
                                   "qk --help."),
+          fmt: str = FORMAT, open_file: Path = OPEN, tolerance: float = TOLERANCE,
           top: int = TOP, as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE,
           quiet: bool = QUIET):
     """Attribution graph: the transcoder features, tokens and errors behind a prediction.
@@ -223,6 +235,8 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     Example: tinygpt graph "Lily wanted to play with her"
     Example: tinygpt graph "Lily wanted to play with her" --target " ball" --vs " mom" --json
     Example: tinygpt graph "Lily wanted to play with her" --save graph.html
+    Example: tinygpt graph "Lily wanted to play with her" --format circuit-tracer > g.json
+    Example: tinygpt graph --open g.json --save g.html
     """
     from ..analysis import graph as G
     from ..analysis import transcoder as T
@@ -230,9 +244,16 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     from ..session import token_id
 
     check_save(save, force)
-    if save is not None and picture_format(save) != "html":
-        raise InputError(f"--save {save}: the graph is an interactive page; give a .html file")
+    _check_modes(fmt, open_file, text, save, {"--ablate": ablate, "--set": set_to,
+                                              "--group": group, "--qk": qk, "--vs": vs,
+                                              "--target": target})
     model = load(context, weights)
+    if open_file is not None:
+        return _open(context, model, open_file, transcoders, (tolerance, max_features), save,
+                     as_json)
+    if fmt == "circuit-tracer":
+        return _field(context, model, text, transcoders, target, vs, position, logits,
+                      (node_threshold, edge_threshold), max_features, (data, windows))
     ids = encode_text(context, model, text)
     position = check_index(position, len(ids), "position")
     folder = T.folder_of(model.weights_file, transcoders)
@@ -259,6 +280,87 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
 
         save_page(context, page(doc, model.config.n_layer), save)
     present(context, as_json, lambda: doc, lambda: view.graph_view(doc, top))
+
+
+def _check_modes(fmt: str, open_file, text, save, extras: dict) -> None:
+    """--save is a page; --format circuit-tracer and --open leave out what tinygpt's own
+    graph adds: refused by name rather than silently dropped."""
+    if save is not None and picture_format(save) != "html":
+        raise InputError(f"--save {save}: the graph is an interactive page; give a .html file")
+    if fmt not in ("tinygpt", "circuit-tracer"):
+        raise InputError(f"--format {escape_line(fmt)!r}: give tinygpt or circuit-tracer")
+    if open_file is not None and (text is not None or fmt != "tinygpt"):
+        raise InputError("--open FILE reads the text and the graph from the file: give no "
+                         "TEXT and no --format")
+    mode = "--open" if open_file is not None else "--format circuit-tracer"
+    skip = () if open_file is not None else ("--vs", "--target")  # --vs: _field says why
+    given = [k for k, v in extras.items() if v and k not in skip]
+    if (open_file is not None or fmt != "tinygpt") and given:
+        raise InputError(f"{mode} does not take {given[0]}")
+
+
+def _field(context, model, text, transcoders, target, vs, position, n_logits, thresholds,
+           max_features, data) -> None:
+    """--format circuit-tracer: the pruned graph of the logit minus the vocabulary's mean, in
+    circuit-tracer's graph JSON on stdout."""
+    from ..analysis import graph as G
+    from ..analysis import graph_file as F
+    from ..analysis import transcoder as T
+    from ..render.graph_field import field_doc
+    from ..session import token_id
+
+    if vs is not None:
+        raise InputError("--format circuit-tracer has no --vs: its logit nodes are single "
+                         "tokens' logits minus the vocabulary's mean")
+    ids = encode_text(context, model, text)
+    position = check_index(position, len(ids), "position")
+    folder = T.folder_of(model.weights_file, transcoders)
+    found = T.load_transcoders(folder, model.config, model.weights_file)
+    want = None if target is None else token_id(model, target)
+    hooks, _ = steered(context, model)
+    g = G.prune(G.build(model.params, model.config, ids[:position + 1], found, target=want,
+                        n_logits=n_logits, steering=hooks, max_features=max_features,
+                        demean=True), *thresholds)
+    labels = _examples(model, found, folder, g, *data, True)
+    shown = model.tokenizer.decode(ids[:position + 1])
+    meta = {"slug": F.slug_of(shown), "scan": model.weights_file.parent.name,
+            "transcoder_list": [f"{folder.name}/{T.file_of(folder, i).name}"
+                                for i in range(model.config.n_layer)],
+            "node_threshold": thresholds[0], "edge_threshold": thresholds[1]}
+    doc = field_doc(g, model.tokenizer, shown, meta, F.cumulative_influence(g.influence),
+                    F.field_node_ids(g), labels)
+    present(context, True, lambda: doc, lambda: None)
+
+
+def _open(context, model, path: Path, transcoders, limits, save, as_json) -> None:
+    """--open FILE: a graph in circuit-tracer's JSON, checked against this model and its
+    transcoders, its edges against the graph computed here (the inputs of at most
+    --max-features features, those of most influence first, as `graph` computes them)."""
+    from ..analysis import graph as G
+    from ..analysis import graph_file as F
+    from ..analysis import transcoder as T
+    from ..render import graph_field as view
+
+    if not path.is_file():
+        raise InputError(f"--open {escape_line(str(path))}: no such file")
+    if steered(context, model)[0] is not None:
+        raise InputError("--open re-checks a graph of the model as it is: give no --steer")
+    fg = F.read_field_graph(path)
+    found = T.load_transcoders(T.folder_of(model.weights_file, transcoders), model.config,
+                               model.weights_file)
+    F.check_fits(fg, model.config.n_layer, [tc.n_latents for tc in found],
+                 model.config.vocab_size, model.tokenizer.decode, model.config.n_positions)
+    logits = F.logit_tokens(fg)
+    g = G.build(model.params, model.config, fg.token_ids, found,
+                target=F.target_of(fg).latent, n_logits=len(logits), max_features=limits[1],
+                demean=True)
+    check = F.recheck(fg, g, limits[0])
+    if save is not None:
+        from ..render.graph_page import page
+
+        save_page(context, page(view.opened_doc(fg, check), model.config.n_layer), save)
+    doc = view.recheck_doc(str(path), fg, check)
+    present(context, as_json, lambda: doc, lambda: view.recheck_view(doc))
 
 
 def _qk(model, g, transcoders, steering) -> list:
@@ -322,7 +424,8 @@ def _supernodes(g, examples: dict, tokenizer) -> tuple[list, dict]:
                              f"merged down to {G.GROUP_SIMILARITY}"}
 
 
-def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool) -> dict:
+def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool = False
+              ) -> dict:
     """(layer, latent) -> {"examples", "label"} of the pruned graph's features, from their
     top windows of the training text ({} when there is no data to search)."""
     from ..analysis import transcoder as T

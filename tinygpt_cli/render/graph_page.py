@@ -60,12 +60,14 @@ def page(doc: dict, n_layers: int) -> str:
     what = show_token(tl["token"]) + ("" if tl["vs"] is None else " − " + show_token(tl["vs"]))
     title = f"Attribution graph: {what} after {show_token(doc['tokens'][doc['position']])}"
     c = doc["counts"]
-    return page_head(title, CSS) + f"""<body>
-<h1>{esc(title)}</h1>
-<p>logit {tl['value']:.4f} = the sum of its incoming edges {tl['incoming_total']:.4f};
+    summary = esc(doc["summary"]) if "summary" in doc else f"""logit {tl['value']:.4f} = \
+the sum of its incoming edges {tl['incoming_total']:.4f};
 {c['kept_features']:,} of {c['active_features']:,} active features and {c['edges']:,} edges
 kept; the pruned graph explains {doc['explained']:.3f} of the target's influence (the whole
-graph {doc['explained_unpruned']:.3f}; the rest reaches error nodes).</p>
+graph {doc['explained_unpruned']:.3f}; the rest reaches error nodes)."""
+    return page_head(title, CSS) + f"""<body>
+<h1>{esc(title)}</h1>
+<p>{summary}</p>
 <p class="dim">Nodes by position (columns) and layer (rows): features ●, error nodes and
 embeddings ■, logits on top. Blue edges add to their target, red ones take away. Hover a node
 for its top windows and strongest edges; click it to pin its strongest path.</p>
