@@ -45,7 +45,7 @@ def encode_checked(model: Model, text: str) -> list[int]:
         raise InputError(f"the text is {len(text):,} characters long; this model reads at "
                          f"most {limit} tokens ({limit} tokens never hold more than "
                          f"{most:,} characters)")
-    ids = model.tokenizer.encode(check_text(text))
+    ids = model.tokenizer.text_ids(check_text(text))
     if not ids:
         raise InputError("the text is empty: give at least one character")
     if len(ids) > limit:
@@ -64,7 +64,7 @@ def encode_tail(model: Model, text: str) -> tuple[list[int], int | None]:
     limit = model.config.n_positions
     most = limit * model.tokenizer.longest_token_bytes if len(text) > limit else limit
     tail = len(text) > 2 * most
-    ids = model.tokenizer.encode(check_text(text[-2 * most:] if tail else text))
+    ids = model.tokenizer.text_ids(check_text(text[-2 * most:] if tail else text))
     if not ids:
         raise InputError("the text is empty: give at least one character")
     if len(ids) <= limit:

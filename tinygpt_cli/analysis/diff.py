@@ -137,7 +137,7 @@ def models_diff(a, model_b, steering_b=None) -> ModelsDiff:
     if model_a.config != model_b.config:
         raise InputError("the two weights folders have different sizes; diff compares models "
                          "of one shape")
-    if model_b.tokenizer.encode(text) != a.ids:
+    if model_b.tokenizer.text_ids(text) != a.ids:
         raise InputError("the two weights folders' tokenizers split the text differently")
     b = Session.open(text, model=model_b, steering=steering_b)
     d = model_diff(a.run(), b.run(), a.ids)

@@ -46,7 +46,7 @@ def encode(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, as_js
     """
     model = open_folder(context, weights)
     text = read_text(text)
-    ids = model.tokenizer.encode(text)
+    ids = model.tokenizer.text_ids(text)
 
     def document():
         from ..render.documents import encode_document
