@@ -372,6 +372,12 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
+    def continuation(self, ids: Iterable[int]) -> str:
+        """The text the ids add after a text: their bytes, as decode gives them for a
+        byte-level BPE, but never with the space a SentencePiece decoder strips from the
+        start of a text (Llama 2's: " Paris" after "The capital is" keeps its space)."""
+        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+
     def token_bytes(self, token_id: int) -> bytes:
         """The exact bytes one token stands for."""
         piece = self._tok.id_to_token(int(token_id))
