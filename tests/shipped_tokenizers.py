@@ -149,3 +149,28 @@ def model_folder(folder: Path, tokenizer_json: str, settings: dict | None,
         (folder / "generation_config.json").write_text(json.dumps(generation),
                                                        encoding="utf-8")
     return folder
+
+
+# SmolLM2-135M-Instruct's chat template (ChatML with a default system turn)
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+# Gemma's (2 and 3, text): <bos> written by the template, roles alternating, "model" turns
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- set first_user_prefix"
+    " = messages[0]['content'] + '\n\n' -%}\n    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n    {%- set first_user_prefix = \"\" -%}\n    {%- set loop_messages = "
+    "messages -%}\n{%- endif -%}\n{%- for message in loop_messages -%}\n    {%- if (message"
+    "['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n        {{ raise_exception(\"Conversa"
+    "tion roles must alternate user/assistant/user/assistant/...\") }}\n    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n        {%- set role = message['role'] -%}\n    {%- endif -%}\n    {{ "
+    "'<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n    "
+    "{%- if message['content'] is string -%}\n        {{ message['content'] | trim }}\n    "
+    "{%- else -%}\n        {{ raise_exception(\"Invalid content type\") }}\n    {%- endif -%}"
+    "\n    {{ '<end_of_turn>\n' }}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n    "
+    "{{'<start_of_turn>model\n'}}\n{%- endif -%}\n")

@@ -67,6 +67,9 @@ class RunContext:
     # (the notebook API, tinygpt_cli/api.py, runs the commands with one)
     presented: list | None = None
     saes: tuple = ()  # a command's --sae SAEs, for latents sae.SITE.N in --ablate and trace
+    # --chat: the text is the chat template's rendering, its special tokens written in it (the
+    # folder's <bos> is not added again: cli/batch.py)
+    chat: bool = False
 
     def for_command(self, command: str | None, steer: SteerOptions | None,
                     quiet: bool = False) -> RunContext:

@@ -35,8 +35,10 @@ def check_text(text: str) -> str:
     return text
 
 
-def encode_checked(model: Model, text: str) -> list[int]:
-    """The text's ids, within the model's context; the errors say how long it was."""
+def encode_checked(model: Model, text: str, specials: bool = True) -> list[int]:
+    """The text's ids, within the model's context; the errors say how long it was.
+    `specials`: with the tokens the folder's tokenizer puts around a text (its <bos>); a
+    text rendered by the chat template (--chat) has them written in it already."""
     limit = model.config.n_positions
     # surely too long (a character is a byte or more): say so at once. The longest token is
     # looked up (the whole vocabulary, 1 ms) only for a text that could be that long.
@@ -45,7 +47,8 @@ def encode_checked(model: Model, text: str) -> list[int]:
         raise InputError(f"the text is {len(text):,} characters long; this model reads at "
                          f"most {limit} tokens ({limit} tokens never hold more than "
                          f"{most:,} characters)")
-    ids = model.tokenizer.text_ids(check_text(text))
+    tok = model.tokenizer
+    ids = (tok.text_ids if specials else tok.encode)(check_text(text))
     if not ids:
         raise InputError("the text is empty: give at least one character")
     if len(ids) > limit:
@@ -56,7 +59,8 @@ def encode_checked(model: Model, text: str) -> list[int]:
     return ids
 
 
-def encode_tail(model: Model, text: str) -> tuple[list[int], int | None]:
+def encode_tail(model: Model, text: str, specials: bool = True
+                ) -> tuple[list[int], int | None]:
     """generate's prompt: the ids of the text's last n_positions tokens, and how many tokens
     the whole text is when it is longer (None when it fits; 0 when only its end was read, a
     text of many thousand characters: the last `most` characters then hold more than
@@ -64,7 +68,9 @@ def encode_tail(model: Model, text: str) -> tuple[list[int], int | None]:
     limit = model.config.n_positions
     most = limit * model.tokenizer.longest_token_bytes if len(text) > limit else limit
     tail = len(text) > 2 * most
-    ids = model.tokenizer.text_ids(check_text(text[-2 * most:] if tail else text))
+    tok = model.tokenizer
+    ids = (tok.text_ids if specials else tok.encode)(check_text(text[-2 * most:] if tail
+                                                                else text))
     if not ids:
         raise InputError("the text is empty: give at least one character")
     if len(ids) <= limit:
@@ -100,22 +106,23 @@ class Session:
     interventions: Hook | None = None
     changes: dict = field(default_factory=dict)
     ahead: Callable | None = None
+    specials: bool = True  # the folder's <bos> added (encode_checked); not to a --chat text
 
     @classmethod
     def open(cls, text: str, weights: str | Path | None = None,
              model: Model | None = None, steering: Hook | None = None,
              interventions: Hook | None = None, changes: dict | None = None,
-             ahead: Callable | None = None) -> Session:
+             ahead: Callable | None = None, specials: bool = True) -> Session:
         model = model if model is not None else load_model(weights)
-        ids = encode_checked(model, text)
+        ids = encode_checked(model, text, specials)
         return cls(model, text, ids, [model.tokenizer.token_str(i) for i in ids], steering,
-                   interventions, dict(changes or {}), ahead)
+                   interventions, dict(changes or {}), ahead, specials)
 
     def reopen(self, text: str) -> Session:
         """Another text, run as this one is: the same model, steering and interventions."""
         return Session.open(text, model=self.model, steering=self.steering,
                             interventions=self.interventions, changes=self.changes,
-                            ahead=self.ahead)
+                            ahead=self.ahead, specials=self.specials)
 
     @property
     def hooks(self) -> Hook | None:

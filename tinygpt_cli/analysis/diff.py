@@ -137,9 +137,10 @@ def models_diff(a, model_b, steering_b=None) -> ModelsDiff:
     if model_a.config != model_b.config:
         raise InputError("the two weights folders have different sizes; diff compares models "
                          "of one shape")
-    if model_b.tokenizer.text_ids(text) != a.ids:
+    tok_b = model_b.tokenizer
+    if (tok_b.text_ids if a.specials else tok_b.encode)(text) != a.ids:
         raise InputError("the two weights folders' tokenizers split the text differently")
-    b = Session.open(text, model=model_b, steering=steering_b)
+    b = Session.open(text, model=model_b, steering=steering_b, specials=a.specials)
     d = model_diff(a.run(), b.run(), a.ids)
     tok = model_a.tokenizer
     return ModelsDiff(a, b, d, [tok.token_str(int(i)) for i in d.top_a],

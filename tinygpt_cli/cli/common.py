@@ -38,15 +38,16 @@ __all__ = ["FORCE", "InputError", "QUIET", "SAVE", "at_least", "bar", "check_ind
            "save_figure", "show_view", "stderr", "stdout", "wide"]
 
 
-def encode_checked(model, text: str) -> list[int]:
+def encode_checked(model, text: str, specials: bool = True) -> list[int]:
     from ..session import encode_checked as encode
 
-    return encode(model, text)
+    return encode(model, text, specials)
 
 
 # Options, declared once so every command spells and documents them the same way.
 TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin. "
-                      "--each-line FILE runs the command once per line of FILE ('-': stdin).",
+                      "--each-line FILE runs the command once per line of FILE ('-': stdin); "
+                      "--chat MESSAGE reads the message in the model's chat template.",
                       show_default=False)
 # The name is passed on as typed (parser=str), so that an empty --weights "" stays empty and
 # is refused by load_model instead of becoming Path("") == Path("."), the current folder.
@@ -188,7 +189,8 @@ def open_session(context: RunContext, weights: Path | None, text: str | None, *,
     model = model if model is not None else load(context, weights)
     hook, steered = steering(context, model)
     ahead = context.ahead.final_norm if context.ahead is not None else None
-    s = Session.open(read_text(text, model), model=model, steering=hook, ahead=ahead)
+    s = Session.open(read_text(text, model), model=model, steering=hook, ahead=ahead,
+                     specials=not context.chat)
     ablated = []
     if ablate:  # the analyses load only for a changed run: inspection stays light
         from ..analysis.ablate import zeroing

@@ -234,7 +234,7 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     if save is not None and picture_format(save) != "html":
         raise InputError(f"--save {save}: the graph is an interactive page; give a .html file")
     model = load(context, weights)
-    ids = encode_checked(model, read_text(text, model))
+    ids = encode_checked(model, read_text(text, model), specials=not context.chat)
     position = check_index(position, len(ids), "position")
     folder = T.folder_of(model.weights_file, transcoders)
     found = T.load_transcoders(folder, model.config, model.weights_file)

@@ -46,7 +46,7 @@ def encode(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, as_js
     """
     model = open_folder(context, weights)
     text = read_text(text)
-    ids = model.tokenizer.text_ids(text)
+    ids = (model.tokenizer.encode if context.chat else model.tokenizer.text_ids)(text)
 
     def document():
         from ..render.documents import encode_document
@@ -136,7 +136,7 @@ def generate(
         ablated, zeroed = zeroing(model, list(ablate), context.saes)
     hooks = steered_hooks(context, model, zeroed)
     prompt = read_text(text)  # a long prompt is read whole: the model reads its end
-    ids, whole = encode_tail(model, prompt)
+    ids, whole = encode_tail(model, prompt, specials=not context.chat)
     generation.say_window(whole, model.config.n_positions)
     chosen, seed = seed, fresh_seed() if seed is None else seed
     tok = model.tokenizer
