@@ -109,3 +109,11 @@ def test_a_template_that_refuses_escapes_or_breaks_is_one_line(folders, cli, tmp
     (folder / "chat_template.jinja").write_text(template, encoding="utf-8")
     r = cli("encode", "--chat", "Hi", "--weights", folder)
     assert_one_error_line(r, code, needle)
+
+
+def test_the_python_api_takes_chat_as_the_command_line_does(folders, cli):
+    pytest.importorskip("jinja2")
+    import tinygpt_cli as tg
+
+    r = cli("encode", "--chat", "Hi", "--json", "--weights", folders["gemma"])
+    assert tg.load(folders["gemma"]).encode(chat="Hi")["ids"] == json.loads(r.out)["ids"]
