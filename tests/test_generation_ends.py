@@ -93,3 +93,13 @@ def test_transformers_greedy_generate_stops_at_the_same_token(made):
                          attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                          pad_token_id=0)
     assert out[0, len(ids):].tolist() == [word, word, end]
+
+
+def test_without_generation_config_the_list_of_config_json_is_read(made, cli):
+    folder, _, word, end = made
+    root = folder("config_list", None, with_settings=False)
+    config = json.loads((root / "config.json").read_text())
+    (root / "config.json").write_text(json.dumps({**config, "eos_token_id": [0, end]}))
+    assert load_model(root).tokenizer.stop_ids == (0, end)
+    r = cli("generate", PROMPT, "-t", "0", "-n", "6", "--json", "--weights", root)
+    assert [s["id"] for s in r.ndjson()[1:-1]] == [word, word, end]

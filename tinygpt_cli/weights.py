@@ -710,8 +710,11 @@ def _open_folder(folder: str | Path | None) -> Folder:
     check_vocabulary(tokenizer, config, root)
     tokenizer.set_affix()
     settings = read_side_json(root / "tokenizer_config.json")
-    tokenizer.end_ids = end_ids(tokenizer, read_side_json(root / "generation_config.json"),
-                                settings)
+    generation = read_side_json(root / "generation_config.json") or {}
+    if "eos_token_id" not in generation:  # transformers then takes the model config's
+        generation = {"eos_token_id": (read_side_json(root / "config.json") or {}).get(
+            "eos_token_id")}
+    tokenizer.end_ids = end_ids(tokenizer, generation, settings)
     return Folder(root, config, tokenizer, header)
 
 
@@ -739,9 +742,10 @@ def read_side_json(path: Path) -> dict | None:
 
 def end_ids(tokenizer, generation: dict | None, settings: dict | None) -> tuple[int, ...]:
     """Where generation ends: every id of generation_config.json's eos_token_id (one or a
-    list, as transformers' generate stops at each), else the model's end token (eot_id),
-    and the tokenizer's own eos_token (tokenizer_config.json's) besides. Ids outside the
-    vocabulary can never be generated and are left out."""
+    list, as transformers' generate stops at each; without one, config.json's, as
+    transformers makes the generation config from it), else the model's end token
+    (eot_id), and the tokenizer's own eos_token (tokenizer_config.json's) besides. Ids
+    outside the vocabulary can never be generated and are left out."""
     from .tokenizer import special_name
 
     declared = (generation or {}).get("eos_token_id")
