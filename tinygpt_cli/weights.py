@@ -398,6 +398,27 @@ def _let_go(buf, begin: int, end: int) -> None:
         buf.madvise(advice, first, last - first)
 
 
+def let_go_of(a) -> None:
+    """Drop the mapped file's pages under array `a` (a view of a file map_safetensors
+    mapped) from this process, as _let_go does for a widened bfloat16 tensor: a converter
+    calls it once its canonical copy of `a` is made (transposed, or one piece of a fused
+    matrix), so a float32 file's pages and their copies are never all resident together
+    (the file is mapped whole at once). Anything else is left as it is."""
+    import mmap
+
+    import numpy as np
+
+    base = a
+    while isinstance(base, np.ndarray) and isinstance(base.base, np.ndarray):
+        base = base.base
+    view = getattr(base, "base", None)
+    if not isinstance(view, memoryview) or not isinstance(view.obj, mmap.mmap):
+        return
+    start = np.frombuffer(view, np.uint8, 1).ctypes.data  # where the mapping begins
+    begin = a.ctypes.data - start
+    _let_go(view.obj, begin, begin + a.nbytes)
+
+
 def read_safetensors(path: Path, names=None, *, limit: int = MAX_HEADER_BYTES,
                      label: str | None = None, hint: str | None = None,
                      lazy_bf16: bool = False) -> tuple[dict[str, np.ndarray], dict[str, str]]:
