@@ -83,3 +83,18 @@ def test_a_missing_byte_is_refused_in_one_line_by_every_text_command(folders, cl
     for argv in (["encode"], ["generate", "-n", "2", "-t", "0"], ["attn"]):
         r = cli(*argv, "Lily\x03!", "--weights", folders["smollm2"])
         assert_one_error_line(r, 2, "character 4 (U+0003, a control character) needs byte 0x03")
+
+
+def test_score_reads_a_text_after_the_bos_the_tokenizer_puts_there(folders, cli):
+    import numpy as np
+
+    from tinygpt_cli.model import forward
+    from tinygpt_cli.weights import load_model
+
+    model = load_model(folders["gemma"])
+    ids = model.tokenizer.encode("Lily ran to the ball")
+    logits = forward(model.params, model.config, np.array([2, *ids]))[0].astype(np.float64)
+    chance = np.exp(logits[ids[0]] - logits.max()) / np.exp(logits - logits.max()).sum()
+    r = cli("score", "Lily ran to the ball", "--json", "--weights", folders["gemma"])
+    first = json.loads(r.out.splitlines()[0])
+    assert first["id"] == ids[0] and first["chance"] == pytest.approx(chance, rel=1e-5)

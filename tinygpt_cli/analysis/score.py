@@ -418,8 +418,10 @@ def score_inputs(model, text: str | None, read_text: Callable[[str | None], str]
             raise InputError(f"--stream needs more than {cfg.n_positions} tokens; "
                              f"{file} has {len(ts.ids)}")
         return [ts.ids.astype(np.int64)], 0, ts.bytes_per_token
-    seq = np.asarray(([eot] if bos else []) + tok.encode(read_text(text)))
+    # before a text: the tokens the folder's tokenizer puts there (Gemma's <bos>), else eot
+    before = (list(tok.affix[0]) or [eot]) if bos else []
+    seq = np.asarray(before + tok.encode(read_text(text)))
     if len(seq) < 2:
         raise InputError("one token alone has nothing before it to predict it from; "
                          "give a longer text or leave out --no-bos")
-    return [seq], int(bos), None
+    return [seq], len(before), None

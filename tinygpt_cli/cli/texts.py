@@ -57,7 +57,9 @@ def score(
     stream: bool = typer.Option(False, "--stream", help="Score the file as one token stream "
                                 "in non-overlapping windows, as the model card counts."),
     bos: bool = typer.Option(True, "--bos/--no-bos", help="Put <|endoftext|> before each text "
-                             "so its first token is scored too, as after a story separator."),
+                             "so its first token is scored too, as after a story separator "
+                             "(a text: the folder's <bos> instead, when its tokenizer puts "
+                             "one; none before a --chat text, which holds its own)."),
     top: int = typer.Option(10, "--top", "-n", min=0, help="How many surprising tokens to list."),
     show: bool = typer.Option(None, "--show-text/--no-show-text", help="Print the coloured "
                               "text (default: when it is under 3,000 tokens).",
@@ -83,7 +85,7 @@ def score(
     hooks, changes = steered(context, model)
     check_save(save, force)  # before a long text is read and tokenised, and lines stream
     sequences, offset, stream_bpt = sc.score_inputs(model, text, read_text, file, stride,
-                                                    stream, bos)
+                                                    stream, bos and not context.chat)
     stride = stride or cfg.n_positions
     shown = show if show is not None else (sum(map(len, sequences)) < 3000 and not stream)
     token_str = tok.token_strs  # labelled once per tokenizer, even with --each-line
