@@ -1,4 +1,5 @@
-"""Refresh the README's example outputs by running each command on the shipped model.
+"""Refresh the example outputs of the README and of every page of docs/ by running each
+command on the shipped model.
 
 Each example is a marker line followed by a code block:
 
@@ -14,9 +15,11 @@ Markdown that shows it; the command is run and the file rewritten, the Markdown 
     ![every head of layer 0](docs/a.svg)
 
 Run from the repository root, with `tinygpt` on PATH: python scripts/update_readme.py
+[FILE ...] (README.md and every docs/*.md when no file is named; a picture's --save path is
+the repository's, its Markdown relative to its page).
 
 `--check` rewrites nothing: it runs every example and lists the blocks whose output differs
-from the README's (exit 1 if any), as a fresh install is checked: with the `tinygpt` of PATH,
+from the page's (exit 1 if any), as a fresh install is checked: with the `tinygpt` of PATH,
 whichever install that is. A duration (`1.3 s`) is the one thing allowed to differ. `--quick`
 leaves out the examples that build an index first (why: minutes on an empty cache).
 """
@@ -100,8 +103,8 @@ def blocks(readme: str):
         yield m[1], lines[i + 3:end]  # past the fence and the "$ command" line
 
 
-def check(readme: str, quick: bool) -> int:
-    """The number of examples whose output differs from the README's, each shown as a diff."""
+def check(readme: str, quick: bool, name: str = "README.md") -> int:
+    """The number of examples whose output differs from the page's, each shown as a diff."""
     differ = checked = 0
     for command, want in blocks(readme):
         if quick and command.startswith(SLOW):
@@ -112,8 +115,9 @@ def check(readme: str, quick: bool) -> int:
             differ += 1
             sys.stdout.write(f"--- {command}\n" + "".join(
                 difflib.unified_diff([x + "\n" for x in want], [x + "\n" for x in got],
-                                     "README.md", "now", n=1)))
-    sys.stdout.write(f"{checked} examples run, {differ} differ from the README\n")
+                                     name, "now", n=1)))
+    what = "the README" if name == "README.md" else name
+    sys.stdout.write(f"{checked} examples run, {differ} differ from {what}\n")
     return differ
 
 
@@ -127,8 +131,22 @@ def refresh_table(readme: str) -> str:
     return TABLE.sub(lambda m: m[1] + markdown_table() + "\n" + m[2], readme)
 
 
+def pages() -> list[Path]:
+    """The README and every page of the site: each one's examples are checked alike."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def main(argv: list[str]) -> int:
+    named = [Path(a).resolve() for a in argv if not a.startswith("--")]
+    paths = named or pages()
+    if "--check" in argv:
+        differ = sum(check(p.read_text(), quick="--quick" in argv,
+                           name=str(p.relative_to(ROOT))) for p in paths)
+        return 1 if differ else 0
+    for path in paths:
+        path.write_text(refresh_table(refresh(path.read_text())))
+    return 0
+
+
 if __name__ == "__main__":
-    path = ROOT / "README.md"
-    if "--check" in sys.argv[1:]:
-        sys.exit(1 if check(path.read_text(), quick="--quick" in sys.argv[1:]) else 0)
-    path.write_text(refresh_table(refresh(path.read_text())))
+    sys.exit(main(sys.argv[1:]))

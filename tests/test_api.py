@@ -122,6 +122,31 @@ def test_an_unknown_hook_name_raises_with_the_command_lines_suggestion(models):
                                    "layers.0.mlp_out")
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_hook_whose_numbers_overflow_the_pass_is_named_not_the_weights(models, family):
+    from tinygpt_cli.errors import NonFiniteError
+
+    model = models[family]
+
+    def nan(x, hook):
+        return np.full_like(x, np.nan)
+
+    def in_place(x, hook):
+        x[0] = np.inf
+
+    for fn in (nan, in_place):
+        with pytest.raises(InputError) as e:
+            model.run_with_hooks(TEXT, [("blocks.0.hook_mlp_out", fn)])
+        assert str(e.value) == ("the forward pass overflowed: the hook on blocks.0.hook_mlp_out "
+                                "put infinite or NaN numbers into layers.0.mlp_out")
+    with pytest.raises(InputError) as e:  # finite, but too large for what comes after it
+        model.run_with_hooks(TEXT, [("blocks.0.hook_resid_post", lambda x, hook: x * 1e30)])
+    assert "because of the hook on blocks.0.hook_resid_post (the same pass without it is " \
+        "finite)" in str(e.value) and "weights" not in str(e.value)
+    assert not isinstance(e.value, NonFiniteError)
+    assert np.isfinite(model(TEXT)).all()  # the weights are fine
+
+
 # ------------------------------------------------------------------ commands as functions
 
 CALLS = [  # (method, its arguments, its options by word, the command line's words)
@@ -162,18 +187,23 @@ def test_results_are_kept_not_printed_and_pictures_only_where_drawn(models, caps
     assert "n_layer" in capsys.readouterr().out
 
 
-def test_generate_prints_as_it_goes_and_returns_the_command_lines_summary(models, folders,
-                                                                          capsys):
-    # it returned None, though every other command's method returns its result
+def test_generate_prints_nothing_and_returns_the_command_lines_summary(models, folders,
+                                                                      capsys):
+    # a library call printed the story, and a seed note, on stdout and stderr
     got = models["gpt2"].generate("Lily wanted", max_new_tokens=6, seed=3)
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr()
     out, _ = cli_json("generate", "Lily wanted", "-n", "6", "--seed", "3", "--json",
                       "--weights", folders["gpt2"])
     want = json.loads(out.splitlines()[-1])
     assert got.document == want and want["event"] == "end"
-    assert printed == want["data"] + "\n"  # the text, streamed as the command line streams it
+    assert printed.out == printed.err == ""
+    assert got["data"].startswith("Lily wanted") and len(got["ids"]) == len(got["tokens"])
+    unseeded = models["gpt2"].generate("Lily wanted", max_new_tokens=2)
+    assert capsys.readouterr().out == ""
+    assert unseeded.notes[0] == (f"seed {unseeded['seed']} (pass --seed {unseeded['seed']} to "
+                                 "get the same text again)")
     lines = models["gpt2"].generate("Lily wanted", max_new_tokens=6, seed=3, as_json=True)
-    assert lines.document == want and capsys.readouterr().out == out
+    assert lines.document == want and capsys.readouterr().out == ""
 
 
 def test_a_result_saves_what_it_shows_and_never_over_a_file_unasked(models, tmp_path):

@@ -117,3 +117,34 @@ def test_the_python_api_takes_chat_as_the_command_line_does(folders, cli):
 
     r = cli("encode", "--chat", "Hi", "--json", "--weights", folders["gemma"])
     assert tg.load(folders["gemma"]).encode(chat="Hi")["ids"] == json.loads(r.out)["ids"]
+
+
+def test_last_keeps_the_folders_bos_and_cuts_the_texts_own_tokens(folders, cli):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    text = "Lily wanted to play with her ball in the park today"
+    own = HFTokenizer.from_file(str(folders["gemma"] / "tokenizer.json")).encode(
+        text, add_special_tokens=False).ids
+    r = cli("probs", text, "--last", 4, "--json", "--weights", folders["gemma"])
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert doc["ids"] == [2, *own[-3:]]  # <bos> first, counted among the 4
+    assert doc["cut"] == {"last": 4, "dropped": len(own) - 3}
+    r = cli("probs", text, "--last", 1, "--weights", folders["gemma"])
+    assert_one_error_line(r, 2, "--last 1", "<bos>", "at least 2")
+
+
+def test_last_does_not_cut_a_chat_text(folders, cli):
+    pytest.importorskip("jinja2")
+    r = cli("probs", "--chat", "Hi", "--last", 4, "--weights", folders["gemma"])
+    assert_one_error_line(r, 2, "--last cannot cut a --chat text")
+
+
+def test_diff_refuses_two_folders_that_put_different_tokens_around_a_text(folders, cli,
+                                                                           tmp_path):
+    tokenizer_json, settings = tokenizer_files("gemma")
+    bare = json.loads(tokenizer_json)
+    bare["post_processor"] = None  # the same vocabulary, no <bos> put before a text
+    other = model_folder(tmp_path / "bare", json.dumps(bare), settings)
+    r = cli("diff", "Hello there", "--weights", folders["gemma"], "--weights-b", other)
+    assert_one_error_line(r, 2, "tokens put around a text")

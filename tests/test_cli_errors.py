@@ -307,5 +307,5 @@ def test_a_text_read_as_options_is_told_about_dashdash_and_a_misspelt_option_is_
                                 "goes after '--'", "tinygpt encode -- -hello")
     assert "Possible options" not in err
     err = assert_one_error_line(cli("attn", TEXT, "--layr", "0"), 2, "No such option: --layr",
-                                "Possible options: --layer", "tinygpt attn --help")
+                                "Possible options:", "--layer", "tinygpt attn --help")
     assert "goes after" not in err

@@ -630,6 +630,11 @@ def test_graph_ablate_and_steer_print_both_changes(cli, trained, tiny):
                               "--vs", " her"), 2, "the target and --vs are the same token")
     assert_one_error_line(cli("graph", text, "--transcoders", folder, "--set",
                               f"{feat['id']}=big"), 2, "--set takes FEATURE=VALUE")
+    for huge in ("1e30", "1e38"):  # overflows later in the pass, or at once
+        line = assert_one_error_line(cli("graph", text, "--transcoders", folder, "--set",
+                                         f"{feat['id']}={huge}"), 2, "overflowed",
+                                     f"the features' new values ({feat['id']}={float(huge):g})")
+        assert "weights" not in line
     assert_one_error_line(cli("graph", text, "--transcoders", folder, "--ablate", "L1"), 2,
                           "LAYER_FEATURE_POSITION")
 

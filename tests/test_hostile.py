@@ -610,8 +610,9 @@ CASES = [
      ["overflowed", "layers.1.mlp_pre"]),
     ("steer-scale-huge", nothing, ["probs", TEXT, "--steer", "Lily was happy", "--steer-away",
                                    "Lily was sad", "--steer-layer", "1", "--steer-scale",
-                                   "1e39", *W], 1,
-     ["overflowed", "the steering vector times --steer-scale, or the weights, too large"]),
+                                   "1e39", *W], 2,
+     ["overflowed: the steering vector times --steer-scale put infinite or NaN numbers "
+      "into layers.1.resid_pre"]),
     ("tokenizer-wordpiece", wordpiece_tokenizer, ["encode", TEXT, *W], 1,
      ["tokenizer.json is not a tokenizer whose tokens are bytes", "WordPiece"]),
     ("tokenizer-padded", padded_tokenizer, ["encode", TEXT, *W], 1,

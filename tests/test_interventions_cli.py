@@ -1,4 +1,5 @@
-"""`--ablate` on the command line, the schema's README table, and the session's checks.
+"""`--ablate` on the command line, the schema's table of values (docs/inspecting.md), and the
+session's checks.
 
 The ablated runs are compared with hand computations on the tiny weights: a zeroed head is
 the same model with that head's rows of c_proj set to zero.
@@ -19,7 +20,8 @@ from tinygpt_cli.model import forward, run_traced
 from tinygpt_cli.schema import VALUES, expand, markdown_table
 from tinygpt_cli.session import Session
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+# the table of values is on the Inspecting page (docs/inspecting.md, "Any value by name")
+README = Path(__file__).resolve().parent.parent / "docs" / "inspecting.md"
 
 
 def test_logits_with_a_head_ablated_equal_the_model_without_that_head(cli, tiny):
@@ -115,7 +117,7 @@ def test_session_trace_equals_the_model_trace(tiny):
 def test_the_readme_table_of_values_is_the_schema():
     text = README.read_text(encoding="utf-8")
     m = re.search(r"<!-- schema:values -->\n(.*?)\n<!-- /schema:values -->", text, re.S)
-    assert m, "README lost its schema:values markers"
+    assert m, "docs/inspecting.md lost its schema:values markers"
     assert m[1] == markdown_table()  # refresh with python scripts/update_readme.py
     assert len(m[1].splitlines()) == len(VALUES) + 2
 

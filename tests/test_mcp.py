@@ -142,4 +142,4 @@ def test_a_call_takes_the_tools_arguments_only(tiny):
     assert bad and "did you mean 'layer'? It takes:" in text
     # a JSON number that is not whole, for an integer: not "unable to parse string"
     assert caller.call("attn", {"text": TEXT, "layer": 1.5}) == (
-        "error: attn: layer takes a whole number, not 1.5", True)
+        "error: attn: layer takes a whole number (int), not 1.5", True)

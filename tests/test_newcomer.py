@@ -267,7 +267,7 @@ def test_each_line_says_a_bad_line_and_runs_the_rest(cli, tiny, tmp_path):
     assert r.code == 2
     n = len(tiny.model.tokenizer.encode("dog " * 200))
     assert r.err == (f"error: line 2: the text is {n} tokens long; this model reads at most 128 "
-                     "tokens\n")
+                     "tokens; --last N reads its last N tokens\n")
     headings = [ln for ln in r.out.splitlines() if ln.startswith("line ")]
     assert [h.split(":")[0] for h in headings] == ["line 1", "line 2", "line 3"]
     assert r.out.endswith(cli("probs", "Tom ran", "--top", "1").out + "\n")  # line 3 ran whole

@@ -31,11 +31,13 @@ def test_every_card_path_resolves_and_the_random_pick_is_a_formula(tiny):
 
 
 def test_every_trace_path_in_the_readme_resolves():
-    """The card table's paths, `tinygpt trace TEXT PATH` commands and "path" fields."""
+    """The card table's paths, `tinygpt trace TEXT PATH` commands and "path" fields, in the
+    README and every page of docs/."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    root = Path(__file__).parent.parent
+    readme = "\n".join(p.read_text() for p in [root / "README.md", *(root / "docs").glob("*.md")])
     paths = set()
     for line in readme.splitlines():
         if re.match(r"\| \d+ [A-Z]", line):

@@ -1,4 +1,5 @@
-"""The README shows what a terminal shows: the real `error:` lines, no path of one machine."""
+"""The README and the pages of docs/ show what a terminal shows: the real `error:` lines, no
+path of one machine; the error table and the module list follow their text to its page."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
+# the README is the front door; each area's text is a page of docs/ (scripts/update_readme.py
+# checks the examples of all of them)
+PAGES = {p.name: p.read_text()
+         for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+ALL = "\n".join(PAGES.values())
 
 
 def update_readme():
@@ -25,7 +31,7 @@ def test_the_refresh_script_keeps_stderr_in_order_and_drops_the_checkout_path():
 
 
 def test_every_error_example_shows_its_error_line():
-    blocks = re.findall(r"<!-- run: (.*?) -->\n```text\n(.*?)```", README, re.S)
+    blocks = re.findall(r"<!-- run: (.*?) -->\n```text\n(.*?)```", ALL, re.S)
     errors = [(cmd, out) for cmd, out in blocks if "exit code $?" in cmd]
     assert len(errors) >= 3
     for cmd, out in errors:
@@ -35,12 +41,14 @@ def test_every_error_example_shows_its_error_line():
 
 
 def test_no_path_of_the_authors_machine():
-    for prefix in ("/work/", "/home/", "/root/", "/tmp/", "/Users/"):
-        assert prefix not in README, prefix
+    for name, text in PAGES.items():
+        for prefix in ("/work/", "/home/", "/root/", "/tmp/", "/Users/"):
+            assert prefix not in text, (name, prefix)
 
 
 def test_when_something_goes_wrong_lists_the_messages():
-    section = README[README.index("### When something goes wrong"):]
+    errors = PAGES["errors.md"]
+    section = errors[errors.index("## When something goes wrong"):]
     for message in ("no text", "the text is empty", "out of range", "no value at path",
                     "unknown token id", "goes after '--'", "weights folder", "--debug"):
         assert message in section, message
@@ -74,7 +82,7 @@ def test_the_layout_lists_every_module():
     package = ROOT / "tinygpt_cli"
     on_disk = {str(p.relative_to(package)) for p in package.rglob("*.py")
                if p.name != "__init__.py"}  # a package's own file is its folder's line
-    assert layout_modules(README) == on_disk
+    assert layout_modules(PAGES["development.md"]) == on_disk
 
 
 def test_the_layout_check_reads_the_sections_lines():
@@ -98,3 +106,23 @@ def test_the_check_lists_each_example_whose_output_differs(capsys):
     assert "--- echo bye\n" in out and "-bye bye\n+bye\n" in out
     assert "echo hello" not in out and "took" not in out and "why" not in out
     assert out.endswith("3 examples run, 1 differ from the README\n")
+
+
+def test_every_page_is_checked_by_the_refresh_script():
+    """`scripts/update_readme.py` runs the examples of the README and of every page of docs/."""
+    names = {p.name for p in update_readme().pages()}
+    assert {"README.md", "errors.md", "inspecting.md", "development.md"} <= names
+    assert names == set(PAGES)
+
+
+def test_every_relative_link_of_the_readme_and_the_pages_finds_its_file():
+    """A link (or picture) is relative to its own file: the README's `docs/errors.md`, a page's
+    `../benchmarks/results.md`, so both read on GitHub and in the site (mkdocs.yml)."""
+    link = re.compile(r"(?<!\\)\[[^\]\n]*\]\((?!https?:|#|mailto:)([^)\s#]+)(?:#[^)\s]*)?\)")
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    seen = 0
+    for page in pages:
+        for target in link.findall(page.read_text()):
+            seen += 1
+            assert (page.parent / target).exists(), (page.name, target)
+    assert seen >= 15  # the README's links to its pages, at least

@@ -273,6 +273,8 @@ REFUSED = [  # (what is changed, exit code, the words the one error line has)
     ({"d_in": GONE}, 1, "cfg.json: it has no d_in"),
     ({"architecture": "topk", "k": GONE}, 1, "a topk SAE, it has no k"),
     ({"hook_layer": 0}, 1, "hook_layer 0 disagrees with hook_name 'blocks.1.hook_resid_post'"),
+    ({"hook_name": "blocks.0.hook_resid_post"}, 1, "hook_name is 'blocks.0.hook_resid_post' "
+     "at the top level but 'blocks.1.hook_resid_post' in metadata"),
     ({"dtype": "int8"}, 1, "dtype 'int8' is not one of"),
     ({"apply_b_dec_to_input": "yes"}, 1, "apply_b_dec_to_input is 'yes', not true or false"),
     ({"metadata": {"hook_name": HOOK, "weights_sha256": "0" * 64}}, 2,
@@ -285,6 +287,52 @@ def test_a_config_tinygpt_cannot_honour_is_refused_by_name(cli, tmp_path, change
     folder = _broken(write_saelens(tmp_path / "sae"), cfg=change)
     got = cli("trace", TEXT, f"sae.{SITE}", "--sae", folder)
     assert_one_error_line(got, code, str(folder / "cfg.json"), words)
+
+
+def test_a_dead_latent_under_rescaling_and_a_zero_value_under_constant_norm_are_named(
+        cli, tmp_path):
+    # SAELens divides each latent by its decoder row's norm (rescale_acts_by_decoder_norm)
+    # and scales each value by sqrt(d) / its norm (constant_norm_rescale): 0/0 and 0 * inf,
+    # NaN, which ended in "W_enc or b_enc too large" or the forward pass's "weights too large"
+    dead = write_saelens(tmp_path / "dead", **VARIANTS["topk rescaled by decoder norms"])
+    w_dec = load_file(str(dead / "sae_weights.safetensors"))["W_dec"]
+    w_dec[[3, 17]] = 0
+    _broken(dead, tensors={"W_dec": w_dec})
+    x = np.asarray(cli("trace", TEXT, SITE, "--json").json()["data"], dtype=np.float32)
+    j = int(np.argmax((saelens_encode(dead, x) > 0).sum(axis=0)))
+    for args in (("trace", TEXT, f"sae.{SITE}"), ("trace", TEXT, SITE, "--ablate",
+                                                  f"sae.{SITE}.{j}")):
+        line = assert_one_error_line(cli(*args, "--sae", dead), 1,
+                                     str(dead / "sae_weights.safetensors"),
+                                     "W_dec has 2 rows of norm 0 (latents 3, 17)",
+                                     "rescale_acts_by_decoder_norm")
+        assert "too large" not in line
+    w_dec[[3, 17]] = 1e-3  # small but not zero: computed as SAELens does
+    _broken(dead, tensors={"W_dec": w_dec})
+    got = cli("trace", TEXT, SITE, "--ablate", f"sae.{SITE}.{j}", "--sae", dead, "--json")
+    assert got.code == 0, got.err
+    np.testing.assert_allclose(got.json()["data"], x - saelens_share(dead, x, j), rtol=1e-4,
+                               atol=1e-4)
+
+    constant = write_saelens(tmp_path / "constant", hook_name="blocks.0.hook_mlp_out",
+                             **VARIANTS["topk, constant_norm_rescale"])
+    zeroed = cli("trace", TEXT, "sae.layers.0.mlp_out", "--sae", constant, "--ablate",
+                 "layers.0.mlp_out")
+    line = assert_one_error_line(zeroed, 2, str(constant), "constant_norm_rescale",
+                                 "layers.0.mlp_out at token 0 is all zeros")
+    assert "too large" not in line
+    from tinygpt_cli.analysis import sae as S
+    from tinygpt_cli.analysis.saelens import load_saelens
+    from tinygpt_cli.errors import InputError
+
+    sae = load_saelens(constant, TINY, tmp_path / "none")
+    values = np.ones((4, D), np.float32)
+    values[2] = 0
+    with pytest.raises(InputError, match="at token 2 is all zeros"):
+        S.encode(sae, values)
+    values[2] = 1e-20  # tiny but not zero: scaled as SAELens scales it
+    np.testing.assert_allclose(S.encode(sae, values)[2], saelens_encode(constant, values)[2],
+                               rtol=1e-4, atol=1e-5)
 
 
 def test_a_file_of_the_folder_given_for_the_folder_is_told_so(cli, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -248,6 +249,42 @@ def test_heads_command_json(cli, tiny):
     again = cli("heads", "--text", "Tom saw a dog. Tom saw a dog.", "--json").json()
     assert again["data"] == doc["data"]  # same seed, same text
     assert cli("heads").code == 0  # the default texts
+
+
+def test_heads_refuses_texts_the_exclusions_leave_nothing_of(cli, tiny):
+    one = tiny.model.tokenizer.decode([tiny.model.tokenizer.encode("Lily")[0]])
+    assert len(tiny.model.tokenizer.encode(one)) == 1
+    for extra in ((), ("--json",)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a NumPy warning would end in the catch-all
+            assert_one_error_line(cli("heads", one, "--exclude-bos", "--exclude-current", *extra),
+                                  2, "nothing left to score", "one token")
+    for t in range(1, 6):
+        for first in (False, True):
+            for current in (False, True):
+                naive = sum(1 for i in range(t) for j in range(i + 1)
+                            if not (first and j == 0) and not (current and i == j))
+                assert detect.cells_left(t, exclude_first=first, exclude_current=current) == naive
+
+
+def test_heads_on_a_file_skips_the_one_token_stories_and_says_how_many(cli, tiny, tmp_path):
+    one = tiny.model.tokenizer.decode([tiny.model.tokenizer.encode("Lily")[0]])
+    stories = ["Tom saw a dog. Tom saw a dog.", one, "Lily had a red ball and a ball."]
+    mixed, clean = tmp_path / "mixed.txt", tmp_path / "clean.txt"
+    mixed.write_text("\n<|endoftext|>\n".join(stories), encoding="utf-8")
+    clean.write_text("\n<|endoftext|>\n".join([stories[0], stories[2]]), encoding="utf-8")
+    flags = ("--exclude-bos", "--exclude-current", "--json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = cli("heads", "--file", mixed, *flags)
+    assert got.code == 0, got.err
+    doc, want = got.json(), cli("heads", "--file", clean, *flags).json()
+    assert doc["skipped_texts"] == 1 and doc["texts"] == 2 and want["skipped_texts"] == 0
+    data = np.asarray(doc["data"], dtype=float)
+    assert np.isfinite(data).all()  # not one null: the short story is out of the mean
+    np.testing.assert_allclose(data, np.asarray(want["data"], dtype=float), rtol=1e-12)
+    shown = cli("heads", "--file", mixed, "--exclude-bos", "--exclude-current")
+    assert shown.code == 0 and "1 text of one token left out" in shown.out
 
 
 # ------------------------------------------------------------------ neurons

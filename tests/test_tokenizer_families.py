@@ -221,3 +221,112 @@ def test_gpt2s_pattern_written_out_and_smollm2s_digits_are_gpt2s_kind(tmp_path):
     assert smol.kind() is None
     assert [smol.token_str(i) for i in smol.encode("1234")] == ["1", "2", "3", "4"]
     shutil.rmtree(tmp_path)
+
+
+# ------------------------------------------------------------------ one long word in pieces
+
+
+AWKWARD = ["Lily", "wanted", "a", "zq", "xj", "1234567", "12", "9", "!", "!!", "'s", "'re",
+           "'ll", "DON'T", "don't", "caf\u00e9", "e\u0301", "\u6771\u4eac", "\U0001f600",
+           ",", ".", "_", "-", "(", "\"", " ", "\n", "\t", "e", "s", "re", "t"]
+
+
+def awkward_text(rng: random.Random, n: int) -> str:
+    """Long runs with no space: words, numbers and symbols glued together, contractions,
+    accents composed and not, CJK, emoji: where exact_cut has to tell the places apart."""
+    return "".join(rng.choice(AWKWARD) * rng.choice([1, 1, 1, 3, 17]) for _ in range(n))
+
+
+def shipped_and_built():
+    from tinygpt_cli.weights import SHIPPED
+
+    out = {"shipped": Tokenizer.from_file(SHIPPED / "tokenizer.json")}
+    for kind in ("llama3", "qwen2"):
+        out[kind] = Tokenizer.from_str(built(kind).to_str())
+    ignoring = json.loads(built("llama3").to_str())  # Llama 3's own: a word in the vocabulary
+    ignoring["model"]["ignore_merges"] = True  # is one token, its merges ignored
+    out["llama3 ignore_merges"] = Tokenizer.from_str(json.dumps(ignoring))
+    return out
+
+
+@pytest.mark.parametrize("name", ["shipped", "llama3", "qwen2", "llama3 ignore_merges"])
+def test_every_exact_cut_gives_the_ids_of_the_whole(name):
+    """Where exact_cut allows a cut, the two parts encoded alone are the whole's ids: every
+    allowed place of texts made to be awkward, each checked against one encode call."""
+    from tinygpt_cli.tokenizer import _run_class, exact_cut
+
+    tok = shipped_and_built()[name]
+    whole = tok._tok.normalizer is None
+    margin = tok.longest_token_bytes + 1 if "ignore" in name else 1
+    rng = random.Random(len(name))
+    checked = 0
+    for _ in range(12):
+        text = awkward_text(rng, 40)
+        ids = tok._tok.encode(text, add_special_tokens=False).ids
+        run, cls = 0, _run_class(text[0])
+        for i in range(1, len(text)):
+            c = _run_class(text[i])
+            if c != cls or c == 2:
+                run, cls = i, c
+            if margin <= i <= len(text) - margin and exact_cut(text, i, run, tok._joinable,
+                                                               whole):
+                left = tok._tok.encode(text[:i], add_special_tokens=False).ids
+                right = tok._tok.encode(text[i:], add_special_tokens=False).ids
+                assert left + right == ids, (name, text[max(0, i - 8):i], text[i:i + 8])
+                checked += 1
+    assert checked > 100  # the places are many, of both kinds
+
+
+@pytest.mark.parametrize("name", ["shipped", "llama3", "qwen2", "llama3 ignore_merges"])
+def test_a_long_run_is_encoded_in_short_pieces_to_the_ids_of_one_call(name):
+    from tinygpt_cli.tokenizer import added_spans, exact_pieces
+
+    tok = shipped_and_built()[name]
+    rng = random.Random(7)
+    shortest = tok.longest_token_bytes + 1
+    specials = list(tok.special_tokens)  # never cut: "<|endoftext|>" has "t|" inside
+    glued = "".join(rng.choice(["ab1", "xyz", "9", "Tom", ","] + specials) for _ in range(900))
+    for text in (awkward_text(rng, 600), glued,
+                 "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(5000)),
+                 "".join(rng.choice("0123456789") for _ in range(5000))):
+        pieces = list(exact_pieces(text, tok._joinable, tok._tok.normalizer is None,
+                                   shortest, len(text) // 4, added_spans(text, specials)))
+        assert len(pieces) >= 4 and pieces[0][0] == 0 and pieces[-1][1] == len(text)
+        assert all(b == c for (_, b), (c, _) in zip(pieces, pieces[1:], strict=False))
+        ids = [i for a, b in pieces for i in tok._tok.encode(text[a:b],
+                                                              add_special_tokens=False).ids]
+        assert ids == tok._tok.encode(text, add_special_tokens=False).ids
+
+
+def test_one_long_word_is_encoded_in_pieces_and_a_run_with_no_exact_cut_refused(cli):
+    from tinygpt_cli.errors import InputError
+
+    tok = shipped_and_built()["shipped"]
+    rng = random.Random(1)
+    word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(3 * CHUNK))
+    assert tok.encode(word) == tok._tok.encode(word, add_special_tokens=False).ids
+    assert tok.encode_batch(["Lily", word, "Tom"]) == [tok.encode("Lily"), tok.encode(word),
+                                                       tok.encode("Tom")]
+    numbers = "".join(rng.choice("0123456789") for _ in range(3 * CHUNK))
+    assert tok.encode("Lily " + numbers) == tok._tok.encode("Lily " + numbers).ids
+    with pytest.raises(InputError, match=r"more than 65,536 characters from character 0 that "
+                                         r"cannot be encoded in pieces exactly"):
+        tok.encode("Lily " + "!" * (3 * CHUNK))
+    assert_one_error_line(cli("encode", "-", stdin="Lily " + "!" * (3 * CHUNK)), 2,
+                          "cannot be encoded in pieces exactly")
+
+
+@pytest.mark.slow
+def test_encoding_one_4_mb_word_adds_under_100_bytes_a_byte():
+    """The peak resident memory encoding adds, measured in a fresh process (the library's Rust
+    allocations count): one word of random letters cost about 210 bytes a byte before."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "encode_memory.py"
+    spec = importlib.util.spec_from_file_location("encode_memory", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for kind in ("word", "digits"):
+        r = bench.measure(4_000_000, kind)
+        assert r["bytes_per_byte"] < 100, r

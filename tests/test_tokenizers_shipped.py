@@ -98,3 +98,12 @@ def test_score_reads_a_text_after_the_bos_the_tokenizer_puts_there(folders, cli)
     r = cli("score", "Lily ran to the ball", "--json", "--weights", folders["gemma"])
     first = json.loads(r.out.splitlines()[0])
     assert first["id"] == ids[0] and first["chance"] == pytest.approx(chance, rel=1e-5)
+
+
+def test_each_line_blames_the_line_with_the_missing_byte_alone(folders, cli, tmp_path):
+    lines = tmp_path / "lines.txt"
+    lines.write_text("Hello there\nsecond line\nbad \x01 line\nfourth\n", encoding="utf-8")
+    r = cli("probs", "--each-line", lines, "--json", "--weights", folders["smollm2"])
+    assert r.code == 2
+    assert [json.loads(x)["line"] for x in r.out.splitlines()] == [1, 2, 4]
+    assert r.err.count("error:") == 1 and "error: line 3:" in r.err and "0x01" in r.err

@@ -99,6 +99,9 @@ def planted(tmp_path_factory):
     return SimpleNamespace(weights=out, data=data, kinds=np.asarray(kinds))
 
 
+# 600 full-batch steps and 60 snapshots: 80-90 s of a busy 2-core machine, a third of the
+# default suite's budget on its own
+@pytest.mark.slow
 def test_why_value_ranks_the_windows_that_built_the_head_first(planted, tmp_path,
                                                                 monkeypatch, capsys):
     from cli_helpers import Runner, clean_env

@@ -18,7 +18,10 @@ the tasks run differs:
 Every worker process uses one BLAS thread (several workers spinning pools against each other
 on the same cores ran four times slower). A task's own error (a damaged file) reaches the
 caller as it was raised; a worker lost mid-task is the scheduler's to rerun elsewhere, and a
-job that cannot finish ends with one error line. Dask is an optional extra: without it,
+job that cannot finish ends with one error line. No wait is unbounded: a scheduler with no
+workers, a lost scheduler, or a job whose next result does not come within the wait
+(--cluster-wait SECONDS, $TINYGPT_CLUSTER_WAIT, default WAIT_SECONDS) ends with one line, and
+Dask's own logging is kept off the terminal. Dask is an optional extra: without it,
 --cluster says in one line what to install.
 
 Importing this module imports nothing heavy (Dask only when a cluster is asked for).
@@ -35,6 +38,8 @@ ENV = "TINYGPT_CLUSTER"
 LOCAL = "local"
 INSTALL = 'pip install "tinygpt-cli[cluster]"'
 CONNECT_SECONDS = 10
+WAIT_ENV = "TINYGPT_CLUSTER_WAIT"
+WAIT_SECONDS = 300.0  # the longest wait for a cluster's workers, or for a job's next result
 IN_FLIGHT = 4  # tasks submitted a worker ahead: the rest (and their data) wait here
 # A LocalCluster without its dashboard, and its scheduler's HTTP routes on a free loopback port
 # (by default they take 8787, or warn that another cluster has it)
@@ -49,6 +54,43 @@ def chosen(option: str | None, environ=os.environ) -> str | None:
     value = option if option is not None else environ.get(ENV)
     value = (value or "").strip()
     return value or None
+
+
+def wait_chosen(option: float | None, environ=os.environ) -> float:
+    """The longest wait, in seconds: --cluster-wait, else $TINYGPT_CLUSTER_WAIT, else
+    WAIT_SECONDS; InputError for what is not a positive number of seconds."""
+    import math
+
+    from .errors import InputError
+
+    value = option if option is not None else environ.get(WAIT_ENV) or WAIT_SECONDS
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        said = "--cluster-wait" if option is not None else f"${WAIT_ENV}"
+        raise InputError(f"{said} {str(value)[:40]!r} is not a positive number of seconds")
+    return seconds
+
+
+def quiet_dask() -> None:
+    """Dask's own log lines (a lost scheduler's "Failed to reconnect", a closed comm's
+    traceback from asyncio) stay off the user's terminal: the command says what happened
+    in its one error line."""
+    import logging
+
+    # Dask gives its loggers levels of their own and a handler on "distributed", which the
+    # records of distributed.client reach whatever the parent's level: every one is muted
+    names = ("distributed", "tornado", "asyncio")
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith(names)] + \
+            list(names):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.CRITICAL + 1)
+        if name in names:
+            logger.handlers.clear()
+            logger.addHandler(logging.NullHandler())
+            logger.propagate = False
 
 
 # ------------------------------------------------------------------ inside a worker
@@ -193,7 +235,11 @@ class Cluster:
     """A dask.distributed cluster: its scheduler at `address`, or a LocalCluster started here
     (`local`: this machine's cores, one single-threaded worker process each, no dashboard)."""
 
-    def __init__(self, address: str, workers: int | None = None):
+    def __init__(self, address: str, workers: int | None = None,
+                 wait: float = WAIT_SECONDS):
+        import logging
+        import warnings
+
         from .errors import InputError
 
         try:
@@ -201,31 +247,62 @@ class Cluster:
         except ImportError:
             raise InputError(f"--cluster needs Dask, which is not installed: {INSTALL}") \
                 from None
-        self.local = None
+        quiet_dask()
+        self.local, self.wait = None, wait
         try:
-            if address == LOCAL:
-                from .threads import cores
+            with warnings.catch_warnings():  # a version mismatch, a port in use: Dask's words
+                warnings.simplefilter("ignore")
+                if address == LOCAL:
+                    from .threads import cores
 
-                self.local = LocalCluster(n_workers=workers or cores(), threads_per_worker=1,
-                                          processes=True, host="127.0.0.1",
-                                          **NO_DASHBOARD)
-                self.client = Client(self.local)
-            else:
-                self.client = Client(address, timeout=CONNECT_SECONDS)
-        except (OSError, TimeoutError, ValueError) as e:
+                    self.local = LocalCluster(n_workers=workers or cores(),
+                                              threads_per_worker=1, processes=True,
+                                              host="127.0.0.1", silence_logs=logging.CRITICAL + 1,
+                                              **NO_DASHBOARD)
+                    self.client = Client(self.local)
+                else:
+                    self.client = Client(address, timeout=CONNECT_SECONDS)
+        except Exception as e:  # noqa: BLE001 - whatever connecting raises (an address scheme
+            # this Dask cannot use raises TypeError, ImportError, ValueError...): not reached
             self.close()
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise InputError(f"cannot reach the Dask scheduler at {address!r}: {reason} "
+            raise InputError(f"cannot reach the Dask scheduler at {address!r}: {reason[:200]} "
                              "(start one with `dask scheduler`, or give --cluster local)") \
                 from None
         self.name = f"the cluster at {self.client.scheduler.address}"
+        try:
+            self.client.wait_for_workers(1, timeout=wait)
+        except Exception:  # noqa: BLE001 - dask's TimeoutError, or the scheduler gone meanwhile
+            self.close()
+            raise InputError(f"the Dask scheduler at {address!r} has no workers (waited "
+                             f"{wait:g} s, --cluster-wait): start some with `dask worker "
+                             f"{address}`, or give --cluster local") from None
         self.workers = max(sum(w.get("nthreads", 1) for w in
                                self.client.scheduler_info()["workers"].values()), 1)
 
     def close(self) -> None:
         for part in (getattr(self, "client", None), self.local):
             if part is not None:
-                part.close()
+                try:
+                    part.close(timeout=CONNECT_SECONDS)
+                except Exception:  # noqa: BLE001, S110 - a scheduler already gone: nothing to close
+                    pass
+
+    def _stuck(self) -> Exception:
+        """The error for a job whose next result did not come within the wait."""
+        from .errors import WeightsError
+
+        workers = None
+        if self.client.status == "running":
+            try:
+                workers = self.client.scheduler_info()["workers"]
+            except Exception:  # noqa: BLE001, S110 - the scheduler gone as we ask
+                pass
+        why = "lost its scheduler" if workers is None else \
+            f"has had no workers for {self.wait:g} s (--cluster-wait)" if not workers else \
+            f"finished no task in {self.wait:g} s (--cluster-wait)"
+        return WeightsError(f"{self.name} {why}; what it finished is kept: run again to "
+                            "finish the rest")
 
     @contextmanager
     def job(self, shared: Any = None, spread: str = "here"):
@@ -233,7 +310,7 @@ class Cluster:
         `shared` is a task of its own (not scattered data, which a lost worker takes with it
         for good): the scheduler holds it, each worker fetches it once, and it is made again
         when the worker holding it is lost."""
-        from distributed import as_completed
+        from distributed import wait
 
         from .errors import WeightsError
 
@@ -242,50 +319,62 @@ class Cluster:
 
         def run(fn: Task, tasks) -> Iterator[tuple[int, Any]]:
             todo = iter(enumerate(tasks))
-            done = as_completed()
+            running: set = set()
 
             def submit() -> None:  # the next task, if any: its data leaves only now
                 for i, task in todo:
                     future = self.client.submit(_dask_call, i, fn, task, shared=where,
                                                 pure=False)
                     pending.add(future)
-                    done.add(future)
+                    running.add(future)
                     return
 
             for _ in range(IN_FLIGHT * self.workers):
                 submit()
-            for future in done:
-                pending.discard(future)
-                try:
-                    result = future.result()
-                except Exception as e:
-                    if type(e).__name__ in LOST:  # a worker lost again and again, a cut link
-                        raise WeightsError(f"{self.name} lost the workers running a task "
-                                           f"({type(e).__name__}); what they finished is kept: "
-                                           "run again to finish the rest") from None
-                    raise
-                submit()
-                yield result
+            while running:
+                try:  # each result within the wait, or the job is stuck
+                    done, _ = wait(running, timeout=self.wait, return_when="FIRST_COMPLETED")
+                except Exception as e:  # noqa: BLE001 - dask's TimeoutError, or a lost comm
+                    raise self._stuck() from e
+                for future in done:
+                    running.discard(future)
+                    pending.discard(future)
+                    try:
+                        result = future.result()
+                    except Exception as e:
+                        if type(e).__name__ in LOST and self.client.status != "running":
+                            raise self._stuck() from None  # the scheduler lost
+                        if type(e).__name__ in LOST:  # a worker lost again and again, a cut link
+                            raise WeightsError(f"{self.name} lost the workers running a task "
+                                               f"({type(e).__name__}); what they finished is "
+                                               "kept: run again to finish the rest") from None
+                        raise
+                    submit()
+                    yield result
 
         try:
             yield run
         finally:
-            self.client.cancel(list(pending))
+            try:
+                self.client.cancel(list(pending))
+            except Exception:  # noqa: BLE001, S110 - a scheduler gone takes its tasks with it
+                pass
 
 
 class Engine:
     """The engine for `address` (chosen()'s answer: None for this machine), connected on its
     first job (an answer found in the cache needs no cluster) and closed by engine()."""
 
-    def __init__(self, address: str | None = None, workers: int | None = None):
-        self.address, self._workers, self._open = address, workers, None
+    def __init__(self, address: str | None = None, workers: int | None = None,
+                 wait: float = WAIT_SECONDS):
+        self.address, self._workers, self._open, self.wait = address, workers, None, wait
         self.name = ("this machine" if address is None else "a LocalCluster of this "
                      "machine's cores" if address == LOCAL else f"the Dask cluster at {address}")
 
     def opened(self) -> Here | Cluster:
         if self._open is None:
             self._open = Here(self._workers) if self.address is None else \
-                Cluster(self.address, self._workers)
+                Cluster(self.address, self._workers, self.wait)
         return self._open
 
     @property
@@ -307,10 +396,12 @@ class Engine:
 
 
 @contextmanager
-def engine(address: str | None = None, workers: int | None = None):
+def engine(address: str | None = None, workers: int | None = None,
+           wait: float = WAIT_SECONDS):
     """The Engine for `address`: this machine when None, else the Dask cluster there
-    (`local`: one started for the command, when it first has work, and stopped after it)."""
-    found = Engine(address, workers)
+    (`local`: one started for the command, when it first has work, and stopped after it);
+    `wait`, the longest wait for its workers or a job's next result."""
+    found = Engine(address, workers, wait)
     try:
         yield found
     finally:

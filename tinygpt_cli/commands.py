@@ -9,6 +9,8 @@ their order in the listing, and the listing itself at several widths).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 # name: (module of cli/ that defines it, the first line of its docstring), in the order
 # `tinygpt --help` lists them: the seed page's cards, then the whole page, the analyses and
 # training; a group of commands (`tinygpt sae ...`) last, where Typer lists groups.
@@ -82,6 +84,48 @@ LISTED: dict[str, tuple[str, str]] = {
     "sae": ("features", "Sparse autoencoders: train one on a site, evaluate it on held-out text, "
                         "show a latent."),
 }
+
+
+class Effects(NamedTuple):
+    """What a command does besides answering: the MCP server serves no command that writes
+    files or runs for minutes, and no option that does (mcp_server.tools); `why` is what an
+    agent is told (the cache of slow results, cache.py, is not a file the caller names).
+    tests/test_mcp_safety.py holds every command of the registry to it: a command with
+    --force (it would write over a file) but no --save declares what it writes."""
+
+    why: str = ""
+    writes_files: bool = False
+    long_running: bool = False
+    # (option's word, why): an option that writes files or runs for minutes, left out
+    options_left_out: tuple[tuple[str, str], ...] = ()
+
+
+# What each command does besides answering, by its full name (a group's command: `sae train`);
+# a command not named here only reads and answers within seconds.
+EFFECTS: dict[str, Effects] = {
+    "why": Effects("builds a gradient index of every training window the first time it is "
+                   "asked (minutes, on every core); run it in a shell", long_running=True,
+                   writes_files=True),
+    "means": Effects("averages over the whole validation text and writes a file",
+                     writes_files=True, long_running=True),
+    "train-tokenizer": Effects("trains a tokenizer and writes it", writes_files=True,
+                               long_running=True),
+    "train": Effects("trains a model (minutes to hours) and writes a weights folder",
+                     writes_files=True, long_running=True),
+    "model-card": Effects("writes files into a weights folder", writes_files=True),
+    "transcoder train": Effects("trains transcoders (minutes) and writes them",
+                                writes_files=True, long_running=True),
+    "sae train": Effects("trains a sparse autoencoder (minutes) and writes it",
+                         writes_files=True, long_running=True),
+    "sae export": Effects("writes an SAELens folder", writes_files=True),
+    "mcp": Effects("is this server", long_running=True),
+    "lens": Effects(options_left_out=(("fit", "lens --fit trains a tuned lens and writes it"),)),
+    "steer": Effects(options_left_out=(("out", "steer --out writes the direction to a file"),)),
+    "probe": Effects(options_left_out=(("out", "probe --out writes the direction to a file"),)),
+    "neurons": Effects(options_left_out=(("neuron", "neurons --neuron reads the whole training "
+                                          "text the first time it is asked (minutes)"),)),
+}
+
 
 # The group's options that may come before the command without being about the group
 # (`tinygpt --weights DIR probs`), each with its value (--debug, allowed anywhere, is taken out

@@ -39,8 +39,8 @@ class Config:
     n_kv_head: int = 0  # heads of keys and values, shared by groups of queries; 0: n_head
     rotary_dim: int = 0  # numbers of each head turned by the rotary positions; 0: all
     rotary_base: float = 10000.0
-    # Llama 3's rope scaling: (factor, low_freq_factor, high_freq_factor, original context);
-    # (): none
+    # rope scaling: (factor,) linear (every rate divided by factor); Llama 3's (factor,
+    # low_freq_factor, high_freq_factor, original context); (): none
     rope_scaling: tuple = ()
     attn_scale: float = 0.0  # scores = q k * attn_scale; 0: 1 / sqrt(d_k); GPT-Neo: 1
     windows: tuple[int, ...] = ()  # per block, the keys a query sees (0: all); (): all, everywhere
@@ -107,6 +107,10 @@ class Config:
                              or not all(is_int(w) and w >= 0 for w in self.windows)):
             raise ValueError(f"config: windows must give one whole number per block "
                              f"({self.n_layer}), got {shown(self.windows)}")
+        if len(self.rope_scaling) not in (0, 1, 4) or not all(
+                is_number(v) and v > 0 for v in self.rope_scaling):
+            raise ValueError(f"config: rope_scaling must be (), (factor,) or llama3's four "
+                             f"positive numbers, got {shown(self.rope_scaling)}")
         if self.mlp == "gated" and self.mlp_bias:
             raise ValueError("config: a gated MLP with biases is not implemented")
 

@@ -54,6 +54,7 @@ class RunContext:
 
     weights: str | Path | None = None
     cluster: str | None = None  # --cluster as given (cluster.chosen adds $TINYGPT_CLUSTER)
+    cluster_wait: float | None = None  # --cluster-wait as given (cluster.wait_chosen)
     opened: dict | None = None
     ahead: Any = None
     command: str | None = None
@@ -70,10 +71,14 @@ class RunContext:
     # --chat: the text is the chat template's rendering, its special tokens written in it (the
     # folder's <bos> is not added again: cli/batch.py)
     chat: bool = False
+    last: int | None = None  # --last N: a long text's last N tokens are read
+    offers_last: bool = False  # the command takes --last (its refusals may name it)
+    cut: dict | None = None  # what --last cut, for the JSON document (render.output.present)
 
     def for_command(self, command: str | None, steer: SteerOptions | None,
                     quiet: bool = False) -> RunContext:
         """A fresh copy for one run of a command: what lasts the whole line (weights, the
         folders opened, the passes made ahead) kept, the command's own state new."""
         return replace(self, command=command, steer=steer, quiet=quiet, changed=None,
-                       steerings={}, said=[], given=frozenset(), saes=())
+                       steerings={}, said=[], given=frozenset(), saes=(), last=None,
+                       offers_last=False, cut=None)

@@ -60,6 +60,20 @@ def read_stories(files: list[Path]) -> list[str]:
     return stories
 
 
+def ends_with_separator(path: Path) -> bool:
+    """Does the file's text end with `<|endoftext|>` (then only white space)? Read from its end:
+    a file's last story is closed by a separator in the file, or only by one a reader adds."""
+    size = Path(path).stat().st_size
+    tail = 4096
+    with open(path, "rb") as f:
+        while True:
+            f.seek(max(0, size - tail))
+            end = f.read().rstrip()
+            if end or tail >= size:  # white space all the way back: read further back
+                return end.endswith(END_OF_TEXT.encode())
+            tail *= 16
+
+
 def split_data(paths: list[Path], val: Path | None = None) -> tuple[list[Path], list[Path]]:
     """A folder's part-*.txt files (or any *.txt); the last is held out unless `val` is given."""
     files: list[Path] = []

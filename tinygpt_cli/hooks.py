@@ -64,11 +64,18 @@ class RecordOnly(Record):
 
 
 class Replace:
-    """Use fn(x) in place of the value at each path: {canonical path: fn}."""
+    """Use fn(x) in place of the value at each path: {canonical path: fn}. `who` says what
+    change the user asked for, to name it when its numbers overflow the pass (None: a change
+    an analysis makes itself, part of its computation)."""
 
-    def __init__(self, fns: Mapping[str, Callable[[np.ndarray], np.ndarray]]) -> None:
+    def __init__(self, fns: Mapping[str, Callable[[np.ndarray], np.ndarray]],
+                 who: str | None = None) -> None:
         self.fns = dict(fns)
         self.seen: set[str] = set()
+        self.who = who
+
+    def blame(self, path: str) -> str | None:
+        return self.who
 
     def bind(self, config: Config) -> None:
         fns = {}
@@ -145,16 +152,16 @@ def hooked_path(path: str, config: Config, who: str) -> str:
     return name
 
 
-def _sets(hooks) -> list:
+def sets_of(hooks) -> list:
     """The hook sets of a hook (a Chain's, in turn)."""
     if isinstance(hooks, Chain):
-        return [s for h in hooks.hooks for s in _sets(h)]
+        return [s for h in hooks.hooks for s in sets_of(h)]
     return [] if hooks is None else [hooks]
 
 
 def bind(hooks, config: Config) -> None:
     """Resolve every path the hook sets name (PathError, with suggestions, for none)."""
-    for h in _sets(hooks):
+    for h in sets_of(hooks):
         if hasattr(h, "bind"):
             h.bind(config)
 
@@ -164,7 +171,7 @@ def check_reached(hooks, stopped: str | None = None) -> None:
     changed nothing, a record that kept nothing)."""
     from .schema import PathError
 
-    for h in _sets(hooks):
+    for h in sets_of(hooks):
         missed = h.unreached() if hasattr(h, "unreached") else []
         if missed:
             why = f" (it stopped after {stopped})" if stopped else ""
@@ -210,7 +217,8 @@ class Steering(Replace):
     a run into parts (dla, attribute) read the two to give the steering a part of its own."""
 
     def __init__(self, site: str, shift: np.ndarray) -> None:
-        super().__init__({site: lambda x: x + shift.astype(x.dtype)})
+        super().__init__({site: lambda x: x + shift.astype(x.dtype)},
+                         who="the steering vector times --steer-scale")
         self.site, self.shift = site, shift
 
     def key(self) -> list[str]:

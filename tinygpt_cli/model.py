@@ -527,8 +527,10 @@ def forward(
     With `cache`, ids are the tokens at positions start .. start+T-1 and attend to the cached
     keys and values before them. `last_only` computes the logits of the last position only
     ([1, V]). Returns None when a StopAfter hook ended the pass. An infinite or NaN value
-    (weights too large for float32) raises NonFiniteError naming the first one, unless
-    `check_finite` is False (training, which reports a diverging loss itself).
+    raises NonFiniteError naming the first one (weights too large for float32), or
+    InputError naming the hook at fault (one that returned such numbers, or changed a value
+    into one too large for the rest of the pass), unless `check_finite` is False (training,
+    which reports a diverging loss itself).
     """
     keep_freed_memory()
     ids = np.asarray(ids)
@@ -611,36 +613,94 @@ def _finite(path: str, x) -> bool:
     return bool(np.isfinite(x).all())
 
 
-def _overflowed(path: str, steered: bool = False) -> NonFiniteError:
-    cause = ("the steering vector times --steer-scale, or the weights, too large" if steered
-             else "weights too large")
+def _overflowed(path: str) -> NonFiniteError:
     return NonFiniteError(f"the forward pass overflowed: {path} is the first value holding "
-                          f"infinite or NaN numbers ({cause} to compute with in float32)")
+                          "infinite or NaN numbers (weights too large to compute with in "
+                          "float32)")
 
 
-def _steers(hooks) -> bool:
-    """Whether a run's hooks add a steering vector (which, scaled up, can overflow it)."""
-    from .hooks import Steering
+class _Bad(Exception):
+    """The rerun's first non-finite value: its path and, when a hook set made it so, who."""
 
-    return isinstance(hooks, Steering) or any(_steers(h) for h in getattr(hooks, "hooks", []))
+
+def _blame(hook_set, path: str) -> str | None:
+    """A hook set's own words for the change it makes at `path`: what the user asked for
+    (hooks.Replace's `who`: steering, a hook of the API, a value set by hand); None for the
+    changes the analyses make themselves, which are part of the computation."""
+    blame = getattr(hook_set, "blame", None)
+    return blame(path) if blame is not None else None
+
+
+def _watched(hook_set, changed: list) -> Hook:
+    """The hook set, its input and output checked: _Bad at a value that arrives non-finite
+    (computed so) or leaves it non-finite (the hook set's doing); the values it changed are
+    listed in `changed` as (who, path) when the user asked for them."""
+    def run(path: str, x: np.ndarray) -> np.ndarray:
+        if not _finite(path, x):
+            raise _Bad(path, None)
+        before = np.array(x, copy=True)  # the hook may change x in place
+        out = hook_set(path, x)
+        who = _blame(hook_set, path)
+        if not _finite(path, out):
+            raise _Bad(path, who)
+        if who is not None and not np.array_equal(before, out):
+            changed.append((who, path))
+        return out
+    return run
 
 
 def _name_first_non_finite(params, config, ids, hooks, cache, start, last_only,
                            last: str) -> None:
-    """Run the pass again, checking every value as it is made, and raise NonFiniteError for
-    the first bad one (`last`, the value found bad, if none before it is)."""
-    from .hooks import Chain
+    """Run the pass again, checking every value as it is made, and raise for the first bad
+    one (`last`, the value found bad, if none before it is): InputError when the hooks are at
+    fault (one returned infinite or NaN numbers, or a value one changed overflowed further on
+    where the same pass without hooks stays finite), NonFiniteError (the weights) otherwise."""
+    from .errors import InputError
+    from .hooks import Chain, sets_of
 
-    steered = _steers(hooks)
+    changed: list = []
+    watched = Chain(*(_watched(h, changed) for h in sets_of(hooks))) if hooks else None
 
     def guard(path: str, x: np.ndarray) -> np.ndarray:  # ends the pass at the first bad value
         if not _finite(path, x):
-            raise _overflowed(path, steered)
+            raise _Bad(path, None)
         return x
 
-    forward(params, config, ids, hooks=Chain(hooks, guard) if hooks else guard, cache=cache,
-            start=start, last_only=last_only, check_finite=False)
-    raise _overflowed(last, steered)
+    try:
+        forward(params, config, ids, hooks=Chain(watched, guard) if watched else guard,
+                cache=cache, start=start, last_only=last_only, check_finite=False)
+        path, who = last, None
+    except _Bad as e:
+        path, who = e.args
+    if who is not None:
+        raise InputError(f"the forward pass overflowed: {who} put infinite or NaN numbers "
+                         f"into {path}")
+    if changed and path in _finite_without_hooks(params, config, ids, cache, start, last_only):
+        whos = list(dict.fromkeys(w for w, _ in changed))
+        raise InputError(f"the forward pass overflowed: {path} holds infinite or NaN numbers "
+                         f"because of {' and '.join(whos)} (the same pass without "
+                         f"{'it' if len(whos) == 1 else 'them'} is finite): too large to "
+                         "compute with in float32")
+    raise _overflowed(path)
+
+
+def _finite_without_hooks(params, config, ids, cache, start, last_only) -> set[str]:
+    """The paths of the plain pass (no hooks) that hold finite numbers, up to its first bad
+    value."""
+    seen: set[str] = set()
+
+    def note(path: str, x: np.ndarray) -> np.ndarray:
+        if not _finite(path, x):
+            raise _Bad(path, None)
+        seen.add(path)
+        return x
+
+    try:
+        forward(params, config, ids, hooks=note, cache=cache, start=start,
+                last_only=last_only, check_finite=False)
+    except _Bad:
+        pass
+    return seen
 
 
 def decode_step(params, config: Config, token: int, cache: KVCache,

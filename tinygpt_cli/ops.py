@@ -371,11 +371,14 @@ def rotary_angles(positions: tuple[int, int], rot: int, base: float, dtype,
 
 
 def rotary_frequencies(t: int, rot: int, base: float, scaling: tuple = ()) -> np.ndarray:
-    """The angle position p turns pair i by: p base^(-2i / rot), radians; `scaling`, Llama
-    3's (factor, low_freq_factor, high_freq_factor, original context): the slow pairs' rates
-    divided by factor, the middle ones blended.  [t, rot / 2]"""
+    """The angle position p turns pair i by: p base^(-2i / rot), radians; `scaling`: linear
+    (factor,), every rate divided by factor, or Llama 3's (factor, low_freq_factor,
+    high_freq_factor, original context): the slow pairs' rates divided by factor, the middle
+    ones blended.  [t, rot / 2]"""
     inv = 1.0 / (base ** (np.arange(0, rot, 2, dtype=np.float64) / rot))
-    if scaling:
+    if len(scaling) == 1:
+        inv = inv / scaling[0]
+    elif scaling:
         inv = llama3_rates(inv, *scaling)
     return np.arange(t, dtype=np.float64)[:, None] * inv
 

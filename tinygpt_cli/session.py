@@ -35,6 +35,37 @@ def check_text(text: str) -> str:
     return text
 
 
+class TooLong(InputError):
+    """A text longer than the model's context (a command that takes --last says so)."""
+
+
+def encode_last(model: Model, text: str, last: int | None, specials: bool = True
+                ) -> tuple[list[int], int]:
+    """(the ids of the text's last `last` tokens, how many tokens before them were dropped):
+    --last N. The whole text is tokenised, so the count is the text's own; None: the text
+    must fit (encode_checked). `specials` (encode_checked): the tokens the folder's tokenizer
+    puts around a text (Gemma's <bos>) are kept and counted among the N, and the text's own
+    tokens are cut, so the model still reads its <bos> first."""
+    if last is None:
+        return encode_checked(model, text, specials), 0
+    limit = model.config.n_positions
+    if not 1 <= last <= limit:
+        raise InputError(f"--last {last}: this model reads 1 to {count(limit, 'token')}")
+    tok = model.tokenizer
+    before, after = tok.affix if specials else ([], [])
+    room = last - len(before) - len(after)
+    if room < 1:
+        around = " ".join(tok.token_str(i) for i in [*before, *after])
+        raise InputError(f"--last {last}: this model's tokenizer puts "
+                         f"{count(len(before) + len(after), 'token')} around a text ({around}), "
+                         f"so at least {len(before) + len(after) + 1} are needed for one of "
+                         "the text's own")
+    ids = tok.encode(check_text(text))
+    if not ids:
+        raise InputError("the text is empty: give at least one character")
+    return [*before, *ids[-room:], *after], max(0, len(ids) - room)
+
+
 def encode_checked(model: Model, text: str, specials: bool = True) -> list[int]:
     """The text's ids, within the model's context; the errors say how long it was.
     `specials`: with the tokens the folder's tokenizer puts around a text (its <bos>); a
@@ -44,7 +75,7 @@ def encode_checked(model: Model, text: str, specials: bool = True) -> list[int]:
     # looked up (the whole vocabulary, 1 ms) only for a text that could be that long.
     most = limit * model.tokenizer.longest_token_bytes if len(text) > limit else limit
     if len(text) > most:
-        raise InputError(f"the text is {len(text):,} characters long; this model reads at "
+        raise TooLong(f"the text is {len(text):,} characters long; this model reads at "
                          f"most {limit} tokens ({limit} tokens never hold more than "
                          f"{most:,} characters)")
     tok = model.tokenizer
@@ -52,7 +83,7 @@ def encode_checked(model: Model, text: str, specials: bool = True) -> list[int]:
     if not ids:
         raise InputError("the text is empty: give at least one character")
     if len(ids) > limit:
-        raise InputError(
+        raise TooLong(
             f"the text is {len(ids)} tokens long; this model reads at most "
             f"{count(limit, 'token')}"
         )
@@ -96,7 +127,8 @@ class Session:
     (ablations) after it. `changes` says what they change, for views and documents:
     {"steered": {site, scale, norm, ...}, "ablated": [paths]}, empty for a clean run.
     `ahead`: where a clean run's ln_final.out may come from ready-made, (params, config, ids)
-    -> [T, d] or None (--each-line's batches, ahead.Ahead.final_norm); None: made here."""
+    -> [T, d] or None (--each-line's batches, ahead.Ahead.final_norm); None: made here.
+    `dropped`: how many tokens of a longer text were left out before `ids` (--last N)."""
 
     model: Model
     text: str
@@ -107,16 +139,23 @@ class Session:
     changes: dict = field(default_factory=dict)
     ahead: Callable | None = None
     specials: bool = True  # the folder's <bos> added (encode_checked); not to a --chat text
+    dropped: int = 0
 
     @classmethod
     def open(cls, text: str, weights: str | Path | None = None,
              model: Model | None = None, steering: Hook | None = None,
              interventions: Hook | None = None, changes: dict | None = None,
-             ahead: Callable | None = None, specials: bool = True) -> Session:
+             ahead: Callable | None = None, last: int | None = None,
+             specials: bool = True) -> Session:
+        """`last`: keep only the text's last `last` tokens (--last N), the folder's <bos>
+        kept before them (encode_last); None: the whole text, which must fit the context."""
         model = model if model is not None else load_model(weights)
-        ids = encode_checked(model, text, specials)
+        ids, dropped = encode_last(model, text, last, specials)
+        if dropped:  # the part read: the text's own tokens kept, without the <bos>
+            before, after = model.tokenizer.affix if specials else ([], [])
+            text = model.tokenizer.decode(ids[len(before):len(ids) - len(after)])
         return cls(model, text, ids, [model.tokenizer.token_str(i) for i in ids], steering,
-                   interventions, dict(changes or {}), ahead, specials)
+                   interventions, dict(changes or {}), ahead, specials, dropped)
 
     def reopen(self, text: str) -> Session:
         """Another text, run as this one is: the same model, steering and interventions."""

@@ -170,9 +170,118 @@ def _cut(text: str, at: int) -> int:
     return m.start() if m else len(text)
 
 
+# A stretch with no such boundary (one long word, number, or run of symbols) is encoded in
+# pieces of PIECE_MIN to PIECE_MAX characters, cut where the ids provably stay those of the
+# whole: the library's bookkeeping costs about 200 bytes a character of one encode call.
+# PIECE_MAX characters with no such cut are refused (the text, not its longest word, bounds
+# the memory).
+PIECE_MIN, PIECE_MAX = 1 << 12, 1 << 16
+_PUNCT = frozenset("!\"#$%&()*+,-./:;<=>?@[\\]^_`{|}~")  # ASCII symbols but the apostrophe
+_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+_DIGITS = frozenset("0123456789")
+
+
+def exact_cut(text: str, i: int, run: int, joinable, unicode_letters: bool) -> bool:
+    """Whether `text` may be cut before character i (the run of one class it is in started
+    at `run`) with the ids of the two parts, each encoded alone, those of the whole, for each
+    pre-tokenizer _pre_tokenizer_kind accepts. Two kinds of cut:
+
+    - an ASCII letter or digit, then an ASCII symbol other than the apostrophe: every word
+      pattern ends a word there and starts the next at the symbol, reading neither side
+      differently alone (no pattern looks behind; contractions start with the apostrophe),
+      and BPE never merges across words;
+    - inside a run of letters (ASCII, or any when the text is not normalised) at least 3
+      characters in (a contraction's letters are behind), or of ASCII digits a multiple of 3
+      in (Llama 3 groups digits by 3 from the run's start), where no merge of the vocabulary
+      joins a token ending in the left byte to one starting with the right (`joinable`): the
+      word's BPE then never merges across the cut, and each part's merges are those of the
+      whole, in the same order.
+    """
+    a, b = text[i - 1], text[i]
+    if a in _ALNUM and b in _PUNCT:
+        return True
+    if b in _DIGITS:
+        if a not in _DIGITS or (i - run) % 3:
+            return False
+    elif not (a.isalpha() and b.isalpha() and (unicode_letters or (a in _ALNUM and b in _ALNUM))
+              and i - run >= 3):
+        return False
+    return not joinable(a.encode("utf-8")[-1], b.encode("utf-8")[0])
+
+
+def _run_class(ch: str) -> int:
+    """0 for a digit, 1 for a letter, 2 for anything else (runs of one class)."""
+    return 0 if ch in _DIGITS else 1 if ch.isalpha() else 2
+
+
+def added_spans(text: str, contents: Iterable[str]) -> list[tuple[int, int]]:
+    """[start, end) of every occurrence of an added token's text (<|endoftext|>), which the
+    tokenizer matches before any word is split: no piece may cut one."""
+    spans = []
+    for content in contents:
+        at = text.find(content) if content else -1
+        while at >= 0:
+            spans.append((at, at + len(content)))
+            at = text.find(content, at + 1)
+    return sorted(spans)
+
+
+def exact_pieces(text: str, joinable, unicode_letters: bool, shortest: int = PIECE_MIN,
+                 longest: int = PIECE_MAX, protected: list[tuple[int, int]] = ()
+                 ) -> Iterable[tuple[int, int]]:
+    """(start, end) of pieces of `text` whose ids, each encoded alone, are the whole's: each
+    at least `shortest` characters (longer than any token, so that a tokenizer that emits a
+    whole word found in its vocabulary, ignore_merges, never does so for a piece) and cut at
+    the first exact_cut past that outside the `protected` spans (added_spans); ValueError(start)
+    for `longest` characters with none."""
+    import bisect
+
+    def inside(i: int) -> bool:  # within a protected span, past its first character
+        k = bisect.bisect_left(protected, (i, i))  # the spans before k start before i
+        return any(a < i < b for a, b in protected[max(k - 4, 0):k])
+
+    start, n = 0, len(text)
+    while n - start > longest:
+        run = start
+        cls = _run_class(text[start])
+        cut = None
+        for i in range(start + 1, start + longest + 1):
+            c = _run_class(text[i])
+            if c != cls or c == 2:
+                run, cls = i, c
+            if i - start >= shortest and exact_cut(text, i, run, joinable, unicode_letters) \
+                    and not (protected and inside(i)):
+                cut = i
+                break
+        if cut is None:
+            raise ValueError(start)
+        yield start, cut
+        start = cut
+    if start < n:
+        yield start, n
+
+
 # Fewer ids than this are measured one by one in byte_starts (the table of every token's
 # length costs as much as about 4,000 such lookups).
 SHORT_IDS = 1024
+
+
+def _id_rules(tok: HFTokenizer) -> dict:
+    """What decides a text's ids, from the tokenizer's JSON, by what it is called in an
+    error: merges as pairs (files write them "a b" or ["a", "b"])."""
+    import json
+
+    d = json.loads(tok.to_str())
+    model = dict(d.get("model") or {})
+    vocab, merges = model.pop("vocab", None), model.pop("merges", None) or []
+    return {
+        "vocabulary": vocab,
+        "merges": [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in merges],
+        "special tokens": sorted((t["id"], t["content"]) for t in d.get("added_tokens") or []),
+        "normaliser": d.get("normalizer"),
+        "pre-tokeniser": d.get("pre_tokenizer"),
+        "model's options": model,
+    }
 
 
 class Tokenizer:
@@ -204,6 +313,17 @@ class Tokenizer:
             return cls(HFTokenizer.from_buffer(raw))
         except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception
             return cls.from_str(raw.decode("utf-8"))
+
+    def differs_from(self, other: Tokenizer) -> str | None:
+        """None when the two give every text the same ids: the same vocabulary, merges,
+        special tokens, normaliser, pre-tokeniser and tokens put around a text (the folder's
+        <bos>: affix); their decoders, which only turn ids back into text, may differ. Else
+        what differs first, for the error."""
+        if other is self:
+            return None
+        a, b = _id_rules(self._tok), _id_rules(other._tok)
+        a["tokens put around a text"], b["tokens put around a text"] = self.affix, other.affix
+        return next((what for what in a if a[what] != b[what]), None)
 
     def kind(self) -> str | None:
         """None for a tokenizer whose tokens are bytes: a byte-level BPE (GPT-2's kind, and
@@ -355,19 +475,64 @@ class Tokenizer:
         """A long text in pieces cut where the byte-level pre-tokenizer always starts a new
         piece (_BOUNDARY; no token spans two), so the ids are the same as in one piece, while
         the library's per-token bookkeeping (about 600 bytes a token) is held for one piece
-        at a time instead of for millions of tokens."""
+        at a time instead of for millions of tokens. A stretch of more than 2 CHUNK with no
+        such boundary is cut further by exact_pieces; InputError where it cannot be."""
         out: list[int] = []
         start = 0
         while start < len(text):
             end = _cut(text, start + CHUNK)
-            out += self._tok.encode(text[start:end], add_special_tokens=False).ids
+            if end - start <= 2 * CHUNK:
+                out += self._tok.encode(text[start:end], add_special_tokens=False).ids
+            else:
+                out += self._encode_stretch(text, start, end)
             start = end
         return out
+
+    def _encode_stretch(self, text: str, start: int, end: int) -> list[int]:
+        from .errors import InputError
+
+        stretch = text[start:end]
+        shortest = max(PIECE_MIN, self.longest_token_bytes + 1)
+        out: list[int] = []
+        try:
+            for a, b in exact_pieces(stretch, self._joinable, self._tok.normalizer is None,
+                                     shortest, max(PIECE_MAX, 4 * shortest),
+                                     added_spans(stretch, self.special_tokens)):
+                out += self._tok.encode(stretch[a:b], add_special_tokens=False).ids
+        except ValueError as e:
+            at = start + e.args[0]
+            raise InputError(f"the text has more than {max(PIECE_MAX, 4 * shortest):,} "
+                             f"characters from character {at:,} that cannot be encoded in "
+                             "pieces exactly (one word, number or run of symbols, which "
+                             "byte-level BPE may merge across anywhere): give shorter runs "
+                             "of one kind of character") from None
+        return out
+
+    @cached_property
+    def _joinable(self):
+        """joinable(x, y): whether some merge of the vocabulary joins a token ending in byte x
+        to one starting with byte y (a character outside the byte alphabet: any byte)."""
+        import json
+
+        import numpy as np
+
+        table = np.zeros((256, 256), dtype=bool)
+        merges = json.loads(self._tok.to_str()).get("model", {}).get("merges") or []
+        for m in merges:
+            left, right = m.split(" ", 1) if isinstance(m, str) else m
+            x = self._byte_of.get(left[-1]) if left else None
+            y = self._byte_of.get(right[0]) if right else None
+            table[slice(None) if x is None else x, slice(None) if y is None else y] = True
+        return lambda x, y: bool(table[x, y])
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         for text in texts:
             self.check_bytes(text)
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+        # a long one in pieces, as encode does (not a byte-fallback one: encode takes it whole)
+        whole = [t for t in texts if len(t) <= CHUNK or self.byte_fallback]
+        found = iter(e.ids for e in self._tok.encode_batch(whole, add_special_tokens=False))
+        return [next(found) if len(t) <= CHUNK or self.byte_fallback else self.encode(t)
+                for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)

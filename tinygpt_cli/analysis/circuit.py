@@ -41,7 +41,7 @@ M_e + sum_f M_ef / 2, the mean of the two oracles, off `exact` by sum_(f != e) M
 edge's interactions with all the others. So EAP ranks edges as `exact` does and EAP-IG as
 `exact-mean` does. (The EAP-IG paper's EAP takes the gradient at the clean run and its exact
 score is the noising one, the mirror image; the integral is the same.) The figures over 24
-TinyStories pairs on the shipped model are in README's circuit section.
+TinyStories pairs on the shipped model are in docs/circuits.md.
 
 All sums run over every position: an edge is a connection between components, not positions.
 A circuit (a set of edges) is scored as MIB does: run the clean text, and give every edge

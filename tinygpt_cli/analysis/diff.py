@@ -12,7 +12,7 @@ next.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -118,30 +118,57 @@ def text_diff(a, b) -> TextDiff:
 
 @dataclass
 class ModelsDiff:
-    """One text through two models (sessions a and b): `diff`, and each one's top tokens."""
+    """One text through two models (sessions a and b): `diff`, and each one's top tokens.
+    `differing`: {config field: (a's, b's)} where the two models' shapes or architectures
+    differ; only the next-token distributions are compared then, as always (they need only
+    the one vocabulary)."""
 
     a: object  # Session
     b: object
     diff: ModelDiff
     top_a: list[str]
     top_b: list[str]
+    differing: dict = field(default_factory=dict)
+
+
+SHAPE_FIELDS = ("model_type", "n_layer", "n_embd", "n_head", "head_dim", "n_kv_head", "n_inner",
+                "n_positions", "vocab_size", "norm", "positions", "mlp", "act", "tied",
+                "parallel")
+
+
+def config_differences(a, b) -> dict:
+    """{field: (a's, b's)} of the configs' sizes and architecture knobs that differ."""
+    return {f: (getattr(a, f), getattr(b, f)) for f in SHAPE_FIELDS
+            if getattr(a, f) != getattr(b, f)}
 
 
 def models_diff(a, model_b, steering_b=None) -> ModelsDiff:
-    """Session a's text through its model and through model_b (steered by `steering_b`):
-    sizes and the tokenizers' split must agree."""
+    """Session a's ids through its model and through model_b (steered by `steering_b`). The
+    models may differ in every size but the vocabulary: their tokenizers must give every
+    text the same ids, with the same tokens put around it (Tokenizer.differs_from: the
+    folder's <bos>); a vocabulary padded to more rows in one model is compared over the
+    tokenizer's tokens."""
     from ..errors import InputError
     from ..session import Session
 
-    model_a, text = a.model, a.text
-    if model_a.config != model_b.config:
-        raise InputError("the two weights folders have different sizes; diff compares models "
-                         "of one shape")
-    tok_b = model_b.tokenizer
-    if (tok_b.text_ids if a.specials else tok_b.encode)(text) != a.ids:
-        raise InputError("the two weights folders' tokenizers split the text differently")
-    b = Session.open(text, model=model_b, steering=steering_b, specials=a.specials)
-    d = model_diff(a.run(), b.run(), a.ids)
+    model_a = a.model
+    why = model_a.tokenizer.differs_from(model_b.tokenizer)
+    if why is not None:
+        raise InputError(f"the two weights folders' tokenizers differ ({why}): diff compares "
+                         "next-token distributions, which needs one vocabulary")
+    limit = model_b.config.n_positions
+    if a.T > limit:
+        raise InputError(f"the text is {a.T} tokens long; the second model reads at most "
+                         f"{limit}")
+    # a's ids as they are: the folder's <bos> (a.specials) or a --chat text's own
+    b = Session(model_b, a.text, list(a.ids), list(a.tokens), steering_b,
+                specials=a.specials, dropped=a.dropped)
+    la, lb = a.run(), b.run()
+    if la.shape[-1] != lb.shape[-1]:  # padded rows are no token: the tokenizer's alone
+        n = min(model_a.tokenizer.vocab_size, la.shape[-1], lb.shape[-1])
+        la, lb = la[:, :n], lb[:, :n]
+    d = model_diff(la, lb, a.ids)
     tok = model_a.tokenizer
     return ModelsDiff(a, b, d, [tok.token_str(int(i)) for i in d.top_a],
-                      [tok.token_str(int(i)) for i in d.top_b])
+                      [tok.token_str(int(i)) for i in d.top_b],
+                      config_differences(model_a.config, model_b.config))

@@ -883,10 +883,12 @@ def real_change(params, config: Config, ids: list[int], transcoders: list[S.SAE]
     from ..hooks import Replace
 
     fns: dict[str, list] = {}
+    named = []
     for node, value in changes.items():
         lay, lat, pos = int(graph.layer[node]), int(graph.feature[node]), int(graph.pos[node])
         shift = (value - graph.activation[node]) * transcoders[lay].W_dec[lat]
         fns.setdefault(f"layers.{lay}.mlp_out", []).append((pos, shift))
+        named.append(f"{lay}_{lat}_{pos}={value:g}")
 
     def adder(items):
         def fn(v):
@@ -899,8 +901,9 @@ def real_change(params, config: Config, ids: list[int], transcoders: list[S.SAE]
     from ..hooks import chained
 
     logits = forward(params, config, np.asarray(ids),
-                     hooks=chained(steering, Replace({p: adder(items)
-                                                      for p, items in fns.items()})))[-1]
+                     hooks=chained(steering, Replace(
+                         {p: adder(items) for p, items in fns.items()},
+                         who=f"the features' new values ({', '.join(named)})")))[-1]
     value = logits[graph.target_token] - (0 if graph.vs is None else logits[graph.vs])
     return float(value - graph.target_value)
 

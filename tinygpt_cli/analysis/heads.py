@@ -13,7 +13,9 @@ A head's score is sum(A * P) / sum(A) over the whole grid, rows taken together (
 of per-row fractions), as TransformerLens' `detect_head` with error_measure="mul". With
 exclude_first (TransformerLens: exclude_bos) column 0 of A is zeroed first, in numerator and
 denominator alike; exclude_current zeroes A's diagonal. Over several texts the score is the
-mean of each text's score, as detect_head does for a list of strings.
+mean of each text's score, as detect_head does for a list of strings. With both exclusions a
+text of one token after the separator keeps no attention at all (0/0): such texts are left out
+of the mean and counted, and when none is left there is nothing to score.
 """
 
 from __future__ import annotations
@@ -67,6 +69,13 @@ def detection_score(attn: np.ndarray, pat: np.ndarray, *, exclude_first: bool = 
         idx = np.arange(a.shape[-1])
         a[..., idx, idx] = 0.0
     return (a * pat).sum(axis=(-2, -1)) / a.sum(axis=(-2, -1))
+
+
+def cells_left(t: int, *, exclude_first: bool = False, exclude_current: bool = False) -> int:
+    """How many cells of a causal T x T grid the exclusions leave (cell 0,0 is both column 0
+    and the diagonal)."""
+    return (t * (t + 1) // 2 - t * exclude_first - t * exclude_current
+            + (exclude_first and exclude_current))
 
 
 def attention_grids(params, config: Config, ids: np.ndarray, hooks=None) -> np.ndarray:
@@ -155,14 +164,23 @@ class HeadsReport:
     repeat: dict
     n_layer: int
     n_head: int
+    skipped: int = 0  # texts with no attention left to score after the exclusions
 
 
 def heads_report(params, config: Config, ids: list[list[int]], source: str, *, length: int,
                  batch: int, seed: int, separator: int, exclude_first: bool = False,
                  exclude_current: bool = False, hooks=None) -> HeadsReport:
     """text_scores over the texts, and induction_test on `batch` sequences of `length`
-    random tokens (0: as many as fit twice in the context, at most 50)."""
-    scores = text_scores(params, config, ids, exclude_first=exclude_first,
+    random tokens (0: as many as fit twice in the context, at most 50). Texts the exclusions
+    leave nothing of are left out and counted in `skipped`; none left is the user's error."""
+    kept = [t for t in ids if cells_left(len(t), exclude_first=exclude_first,
+                                         exclude_current=exclude_current) > 0]
+    if not kept:
+        raise InputError(f"nothing left to score: with --exclude-bos and --exclude-current "
+                         f"{'the text has' if len(ids) == 1 else 'every text has'} one token, "
+                         "whose only attention (to the separator and to itself) is left out; "
+                         "give texts of two tokens or more, or drop one of the two options")
+    scores = text_scores(params, config, kept, exclude_first=exclude_first,
                          exclude_current=exclude_current, hooks=hooks)
     n = length or min(50, (config.n_positions - 1) // 2)
     if 1 + 2 * n > config.n_positions or n < 2:
@@ -172,8 +190,8 @@ def heads_report(params, config: Config, ids: list[list[int]], source: str, *, l
     test = induction_test(params, config, n, batch, seed, separator, hooks)
     repeat = {"length": n, "batch": batch, "seed": seed, "loss_first": test.loss_first,
               "loss_second": test.loss_second, "loss_drop": test.loss_drop}
-    return HeadsReport(dict(scores) | {"induction_random": test.score}, len(ids), source,
-                       repeat, config.n_layer, config.n_head)
+    return HeadsReport(dict(scores) | {"induction_random": test.score}, len(kept), source,
+                       repeat, config.n_layer, config.n_head, len(ids) - len(kept))
 
 
 def texts_for_heads(tokenizer, context: int, text: str | None, read_text, file, stories: int

@@ -110,9 +110,17 @@ def centre(sae: SAE) -> np.ndarray:
 
 
 def _normalised(sae: SAE, x: np.ndarray) -> np.ndarray:
-    """SAELens' run-time normalisation of the input, per token."""
+    """SAELens' run-time normalisation of the input, per token. A value of all zeros has no
+    norm to scale to sqrt(d) (SAELens computes 0 * inf, NaN): InputError naming it."""
     if sae.normalize == "constant_norm_rescale":
-        return x * (np.sqrt(x.shape[-1]) / np.linalg.norm(x, axis=-1, keepdims=True))
+        norms = np.linalg.norm(x, axis=-1, keepdims=True)
+        if not norms.all():
+            where = np.argwhere(norms[..., 0] == 0)[0]
+            at = f" at token {where[-1]}" if len(where) else ""
+            raise InputError(f"{sae.path}: the SAE scales each value to norm sqrt(d_in) "
+                             f"(normalize_activations constant_norm_rescale), and {sae.site}"
+                             f"{at} is all zeros, which has no norm to scale")
+        return x * (np.sqrt(x.shape[-1]) / norms)
     centred = x - x.mean(axis=-1, keepdims=True)  # layer_norm: torch's std is unbiased
     return centred / (centred.std(axis=-1, ddof=1, keepdims=True) + 1e-5)
 

@@ -58,8 +58,12 @@ def read_cfg(folder: Path) -> dict:
 
 
 def _setting(cfg: dict, name: str, default=None):
-    """A setting at the top level, else in metadata (hook_name moved there in SAELens 6)."""
+    """A setting at the top level, else in metadata (hook_name moved there in SAELens 6).
+    Both, with different values, is a config that contradicts itself: ValueError."""
     meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+    if name in cfg and name in meta and cfg[name] != meta[name]:
+        raise ValueError(f"{name} is {cfg[name]!r} at the top level but {meta[name]!r} in "
+                         "metadata: which value the SAE reads is not clear")
     return cfg[name] if name in cfg else meta.get(name, default)
 
 
@@ -70,6 +74,13 @@ def settings(folder: Path, cfg: dict, config: Config) -> dict:
 
     def broken(why: str) -> WeightsError:
         return WeightsError(f"{path}: {why}")
+
+    for name in ("hook_name", "hook_point", "hook_layer", "hook_head_index", "activation_fn",
+                 "activation_fn_str"):
+        try:
+            _setting(cfg, name)
+        except ValueError as e:
+            raise broken(str(e)) from None
 
     def refuse(why: str) -> InputError:
         return InputError(f"{path}: {why}; tinygpt reads SAELens' standard, topk and jumprelu "
@@ -185,9 +196,24 @@ def load_saelens(folder: Path, config: Config, weights_file: Path) -> SAE:
     check_made_for(folder / CFG, meta, weights_file, "the SAE", "export one made for them "
                    "with `tinygpt sae export --format saelens`", required=False)
     t = read_tensors(folder / WEIGHTS, config.n_embd, s["d_sae"], s["architecture"])
+    if s["rescale"]:
+        check_decoder_norms(folder / WEIGHTS, t["W_dec"])
     return SAE(t["W_enc"], t["b_enc"], t["W_dec"], t["b_dec"], s["site"], s["k"],
                str(folder), s["architecture"], t.get("threshold"), s["b_dec_in"],
                s["normalize"], s["rescale"])
+
+
+def check_decoder_norms(path: Path, w_dec: np.ndarray) -> None:
+    """rescale_acts_by_decoder_norm divides each latent by its decoder row's norm on the way
+    out: a row of norm 0 (a dead latent zeroed) makes every reconstruction 0/0, NaN, in
+    SAELens as here; WeightsError naming the rows."""
+    zero = np.flatnonzero(np.linalg.norm(w_dec, axis=1) == 0)  # the norms sae.decode divides by
+    if len(zero):
+        shown = ", ".join(map(str, zero[:5])) + (", ..." if len(zero) > 5 else "")
+        raise WeightsError(f"{path}: W_dec has {len(zero)} row{'s' if len(zero) > 1 else ''} "
+                           f"of norm 0 (latent{'s' if len(zero) > 1 else ''} {shown}), and "
+                           "rescale_acts_by_decoder_norm divides by that norm: every "
+                           "reconstruction would be NaN (0/0), in SAELens as well")
 
 
 # ------------------------------------------------------------------ writing

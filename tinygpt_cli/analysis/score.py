@@ -15,6 +15,7 @@ import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -385,13 +386,31 @@ def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.
 # ------------------------------------------------------------------ what is scored
 
 
+class Inputs(NamedTuple):
+    """What score_inputs gives `score_texts`: the id sequences, how many ids were put before
+    each text (the separator), the stream's bytes per token (--stream), and how many closing
+    separators are scored that the file does not hold (its last story's, 0 or 1)."""
+
+    sequences: list[np.ndarray]
+    offset: int
+    stream_bpt: float | None
+    added: int = 0
+
+
 def score_inputs(model, text: str | None, read_text: Callable[[str | None], str], file,
-                 stride: int | None, stream: bool, bos: bool
-                 ) -> tuple[list[np.ndarray], int, float | None]:
-    """(the id sequences to score, how many ids were put before each text, the stream's bytes
-    per token with --stream), after checking the options; `read_text(text)` gives the text
-    when no --file is given (called last: an option error comes before stdin is read)."""
-    from ..corpus import encode_stories, read_data_record, stories_of, validation_text
+                 stride: int | None, stream: bool, bos: bool, closing: bool = True) -> Inputs:
+    """The ids to score (Inputs), after checking the options; `read_text(text)` gives the text
+    when no --file is given (called last: an option error comes before stdin is read). A
+    file's stories are each closed by a separator, as the training stream has them; the last
+    one's is scored only when `closing` or the file ends with one (Inputs.added says when it
+    was not in the file)."""
+    from ..corpus import (
+        encode_stories,
+        ends_with_separator,
+        read_data_record,
+        stories_of,
+        validation_text,
+    )
     from ..errors import InputError
 
     tok, cfg = model.tokenizer, model.config
@@ -411,17 +430,27 @@ def score_inputs(model, text: str | None, read_text: Callable[[str | None], str]
         raise InputError("give a text or --file, not both")
     if file is not None:
         stories = stories_of(file)
+        invented = not ends_with_separator(file)  # the last story's separator
+        cut, added = (int(invented and not closing), int(invented and closing))
         if not stream:
-            return [np.asarray([eot] + ids + [eot]) for ids in tok.encode_batch(stories)], 1, None
+            seqs = [np.asarray([eot] + ids + [eot]) for ids in tok.encode_batch(stories)]
+            seqs[-1] = seqs[-1][:len(seqs[-1]) - cut]
+            if len(seqs[-1]) < 2:
+                raise InputError(f"{file}'s last story is one token: with "
+                                 "--no-closing-separator nothing is left to predict")
+            return Inputs(seqs, 1, None, added)
         ts = encode_stories(stories, tok)
-        if len(ts.ids) <= cfg.n_positions:
+        ids, n_bytes = ts.ids[:len(ts.ids) - cut], ts.n_bytes - cut  # a separator is a byte
+        if len(ids) <= cfg.n_positions:
             raise InputError(f"--stream needs more than {cfg.n_positions} tokens; "
-                             f"{file} has {len(ts.ids)}")
-        return [ts.ids.astype(np.int64)], 0, ts.bytes_per_token
+                             f"{file} has {len(ids)}")
+        # whole windows only: the last token is scored when the last window ends on it
+        scored = (len(ids) - 1) % cfg.n_positions == 0
+        return Inputs([ids.astype(np.int64)], 0, n_bytes / len(ids), added * scored)
     # before a text: the tokens the folder's tokenizer puts there (Gemma's <bos>), else eot
     before = (list(tok.affix[0]) or [eot]) if bos else []
     seq = np.asarray(before + tok.encode(read_text(text)))
     if len(seq) < 2:
         raise InputError("one token alone has nothing before it to predict it from; "
                          "give a longer text or leave out --no-bos")
-    return [seq], len(before), None
+    return Inputs([seq], len(before), None)

@@ -20,15 +20,20 @@ INSTALL = 'pip install "tinygpt-cli[mcp]"'
 def mcp(context: RunContext, weights: Path = WEIGHTS,
         list_tools: bool = typer.Option(False, "--list", help="List the tools, and the "
                                         "commands left out with the reason, and exit."),
+        allow: list[Path] = typer.Option(None, "--allow", metavar="DIR", help="A folder whose "
+                                         "files a tool may read, beside the client's roots "
+                                         "(repeat for more)."),
         as_json: bool = JSON):
     """Serve the commands to an agent as MCP tools over stdio (the mcp extra).
 
     Each tool is a command (its input schema: the command's text, layer, head, ... options);
     its result is the command's --json document. The commands that run for minutes or write
-    files (why, train, sae train, ...) are left out; --list says which and why. WEIGHTS is
-    the default model of every call.
+    files (why, train, sae train, ...) are left out; --list says which and why. A file
+    argument (score's file, a weights folder, ...) is read only inside the roots the client
+    declares or a folder given to --allow. WEIGHTS is the default model of every call.
 
     Example: tinygpt mcp
+    Example: tinygpt mcp --allow ~/texts
     Example: tinygpt mcp --list
     """
     from .. import mcp_server
@@ -44,4 +49,7 @@ def mcp(context: RunContext, weights: Path = WEIGHTS,
     except ImportError:
         raise InputError(f"tinygpt mcp needs the MCP SDK, which is not installed: {INSTALL}") \
             from None
-    mcp_server.serve(weights if weights is not None else context.weights)
+    for folder in allow or ():
+        if not folder.is_dir():
+            raise InputError(f"--allow {folder}: not a folder")
+    mcp_server.serve(weights if weights is not None else context.weights, list(allow or ()))

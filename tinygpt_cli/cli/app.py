@@ -48,6 +48,11 @@ def _root(
                                 "on the Dask scheduler at ADDRESS, or on a LocalCluster of "
                                 "this machine's cores with 'local' (or $TINYGPT_CLUSTER; see "
                                 "README, Past one machine)."),
+    cluster_wait: float = typer.Option(None, "--cluster-wait", metavar="SECONDS",
+                                       show_default=False, help="The longest wait for the "
+                                       "cluster's workers or a job's next result before the "
+                                       "command ends with one error line (default 300, or "
+                                       "$TINYGPT_CLUSTER_WAIT)."),
 ) -> None:
     """A command-line microscope for a small GPT-2-style language model.
 
@@ -64,6 +69,8 @@ def _root(
     ctx.obj = replace(line, weights=weights) if weights is not None else line
     if cluster is not None:
         ctx.obj = replace(ctx.obj, cluster=cluster)
+    if cluster_wait is not None:
+        ctx.obj = replace(ctx.obj, cluster_wait=cluster_wait)
     try:
         n = pools.chosen(threads)
     except ValueError as e:

@@ -7,12 +7,18 @@ a `line N:` heading; with --json every line's result is one JSON object on one l
 {"line": N, "text": ..., "result": document (or the list of documents a streaming command
 printed)}, so the output is NDJSON with one record per input line. A bad line gets one
 `error: line N: ...` line and no record, the rest still run, and the exit code is then 2.
+A command of two texts (patch, circuit) reads a pair a line, CLEAN<TAB>CORRUPT. With --mean,
+dla, lens, patch, ablate and attribute print one JSON document instead, each of their numbers
+averaged over the lines (render.jsonout.mean_document).
+`--save x.svg` writes one picture per line, x-001.svg, x-002.svg ... (numbered_save: the
+line's number, three digits at least), each atomically as any --save.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -24,6 +30,12 @@ if TYPE_CHECKING:
 OPTION = "--each-line"
 CHAT = "--chat"
 TEXT_PARAMS = ("text", "text_a")
+PAIR_PARAMS = ("clean", "corrupt")  # a line gives both: CLEAN<TAB>CORRUPT (as --pairs)
+MEAN = "--mean"
+# The commands whose JSON numbers measure the same thing on every line (a target's logit
+# parts, a lens's stages, a patch's grid, an ablation's effect, an attribution's score),
+# so that their mean over lines means something (render.jsonout.mean_document)
+MEANS = ("dla", "lens", "patch", "ablate", "attribute")
 
 
 def main(command, args: list[str], context: RunContext):
@@ -34,6 +46,10 @@ def main(command, args: list[str], context: RunContext):
 
     check_once(options, "--weights")
     each = any(a == OPTION or a.startswith(OPTION + "=") for a in options)
+    mean = MEAN in options
+    if mean and not each:
+        raise InputError(f"{MEAN} averages a command's numbers over the lines of "
+                         f"{OPTION} FILE: give {OPTION} too")
     if any(a == CHAT or a.startswith(CHAT + "=") for a in options):
         if each:
             raise InputError(f"{CHAT} gives the command one message; {OPTION} one text a "
@@ -43,8 +59,14 @@ def main(command, args: list[str], context: RunContext):
         return command.main(args=args, prog_name="tinygpt", standalone_mode=False,
                             obj=context)
     source, rest = take_option(args)
-    name, sub = _text_command(command, rest, f"{OPTION} runs a command that reads a text "
-                              "once per line")
+    name, sub = _text_command(command, rest, reads_lines, f"{OPTION} runs a command that "
+                              "reads a text once per line")
+    if mean:
+        if name not in MEANS:
+            raise InputError(f"{MEAN} averages the JSON numbers of {', '.join(MEANS)} over "
+                             f"the lines; {name}'s do not measure one thing from line to line")
+        at = rest.index("--") if "--" in rest else len(rest)
+        rest = [a for a in rest[:at] if a != MEAN] + rest[at:]
     from ..ahead import Ahead
     from ..streams import text_lines
 
@@ -52,19 +74,40 @@ def main(command, args: list[str], context: RunContext):
     # the passes in batches, over the lines as they are read (streams.StreamLines)
     ahead = Ahead(text_lines(source, OPTION), opened)
     each = replace(context, opened=opened, ahead=ahead)
-    return _each_line(command, rest, name, sub, ahead.run(), each)
+    return _each_line(command, rest, name, sub, ahead.run(), each, mean)
 
 
-def _text_command(command, rest: list[str], what: str):
-    """(name, click command) of the command in `rest`, which must read a text; else
-    InputError saying `what` and naming those that do."""
+def reads_lines(command) -> bool:
+    """Does the command read a text (or a clean and corrupt pair) that a line can give?"""
+    names = {p.name for p in command.params}
+    return bool(names & set(TEXT_PARAMS)) or set(PAIR_PARAMS) <= names
+
+
+def reads_text(command) -> bool:
+    """Does the command read one text (the place --chat puts its message)?"""
+    return any(p.name in TEXT_PARAMS for p in command.params)
+
+
+def line_texts(command, line: str) -> list[str]:
+    """The text argument(s) a line gives: itself, or CLEAN and CORRUPT split at its tab."""
+    if any(p.name in TEXT_PARAMS for p in command.params):
+        return [line]
+    parts = line.split("\t")
+    if len(parts) != 2 or not all(p.strip() for p in parts):
+        raise InputError("expected CLEAN<tab>CORRUPT, the two texts of a pair")
+    return parts
+
+
+def _text_command(command, rest: list[str], reads, what: str):
+    """(name, click command) of the command in `rest`, which must read what `reads(command)`
+    asks (a text: reads_text; a text or a pair: reads_lines); else InputError saying `what`
+    and naming those that do."""
     from ..entry import command_word
 
     name = command_word(command, rest)
     sub = getattr(command, "commands", {}).get(name) if name else None
-    if sub is None or not any(p.name in TEXT_PARAMS for p in sub.params):
-        readers = sorted(n for n, c in getattr(command, "commands", {}).items()
-                         if any(p.name in TEXT_PARAMS for p in c.params))
+    if sub is None or not reads(sub):
+        readers = sorted(n for n, c in getattr(command, "commands", {}).items() if reads(c))
         raise InputError(f"{what}; {name or 'no command'} does not read one"
                          + (". Commands that do: " + ", ".join(readers) if readers else ""))
     return name, sub
@@ -80,10 +123,13 @@ def _chat(command, args: list[str], context: RunContext) -> int:
     if message.startswith("--"):  # `--chat --weights DIR`: the message was left out
         raise InputError(f"{CHAT} needs the user's message, not {message}; a message that "
                          f"starts with '--' is written {CHAT}=MESSAGE")
-    name, sub = _text_command(command, rest, f"{CHAT} gives its message to a command that "
-                              "reads a text")
+    name, sub = _text_command(command, rest, reads_text, f"{CHAT} gives its message to a "
+                              "command that reads a text")
     at = rest.index(name) + 1
     options, before, after = split_arguments(sub, rest[at:])
+    if _value(options, "--last") is not None:  # its cut would drop the template's opening
+        raise InputError(f"--last cannot cut a {CHAT} text: it would drop the chat template's "
+                         "opening (its <bos>, the turn's header); give a shorter message")
     others = [p for p in sub.params if p.param_type_name == "argument"]
     if len(before) + len(after) >= len(others):  # the text given too: it would be one more
         raise InputError(f"give the text once: as the argument, or as {CHAT}'s message")
@@ -104,29 +150,39 @@ def _value(options: list[str], name: str) -> str | None:
     return None
 
 
-def _each_line(command, rest: list[str], name: str, sub, lines, context: RunContext) -> int:
+def _each_line(command, rest: list[str], name: str, sub, lines, context: RunContext,
+               mean: bool = False) -> int:
     from rich.text import Text
 
     from ..exits import USAGE, error
-    from ..render.jsonout import emit_record
+    from ..render.jsonout import emit, emit_record, mean_document
     from ..render.quick_table import print_line
     from ..render.text import show_text
     from .common import stdout
 
-    as_json = "--json" in rest
+    as_json = "--json" in rest or mean  # --mean: the lines' documents, averaged
     code = bad = 0
     at = rest.index(name) + 1
     options, before, after = split_arguments(sub, rest[at:])
+    if mean and "--json" not in options:
+        options.append("--json")
+    documents = []
     for number, line in lines:
-        # the line goes where the text argument goes: last for most, first for `trace TEXT PATH`
-        argv = [*rest[:at], *options, "--", *before, line, *after]
         try:
+            # the line goes where the text argument goes: last for most, first for
+            # `trace TEXT PATH`; both of a pair's texts for patch
+            argv = [*rest[:at], *numbered_save(options, number), "--", *before,
+                    *line_texts(sub, line), *after]
             if as_json:
                 buf = io.StringIO()
                 with contextlib.redirect_stdout(buf):
                     code = command.main(args=argv, prog_name="tinygpt", standalone_mode=False,
                                         obj=context)
-                emit_record(number, line, [x for x in buf.getvalue().splitlines() if x.strip()])
+                printed = [x for x in buf.getvalue().splitlines() if x.strip()]
+                if mean:
+                    documents += [json.loads(x) for x in printed]
+                else:
+                    emit_record(number, line, printed)
             else:
                 print_line(stdout(context), Text(f"line {number}: ", style="bold magenta")
                            + Text(show_text(line)[:80]))
@@ -138,7 +194,33 @@ def _each_line(command, rest: list[str], name: str, sub, lines, context: RunCont
             continue
         if code:
             return code
+    if mean and documents:
+        emit(mean_document(name, documents))
     return bad or code
+
+
+def numbered(path: str, number: int) -> str:
+    """The picture of line `number` of --each-line --save PATH: x.svg -> x-001.svg (the
+    number before the extension, so the format stays the one asked for; three digits at
+    least, so the first thousand lines list in order)."""
+    from pathlib import Path
+
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{number:03d}{p.suffix}"))
+
+
+def numbered_save(options: list[str], number: int) -> list[str]:
+    """The option words with --save's file numbered for this line (numbered): each line's
+    picture is a file of its own, never the last one's overwritten."""
+    out, words = [], iter(options)
+    for word in words:
+        if word == "--save":
+            out += [word, numbered(next(words, ""), number)]
+        elif word.startswith("--save="):
+            out.append("--save=" + numbered(word.split("=", 1)[1], number))
+        else:
+            out.append(word)
+    return out
 
 
 def split_arguments(command, args: list[str]) -> tuple[list[str], list[str], list[str]]:
@@ -165,7 +247,7 @@ def split_arguments(command, args: list[str]) -> tuple[list[str], list[str], lis
     arguments = [p.name for p in command.params if p.param_type_name == "argument"]
     # the last text argument: diff's TEXT_B, so `diff TEXT --each-line F` compares TEXT with
     # each line; trace's only one, before PATH
-    place = max(i for i, n in enumerate(arguments) if n in (*TEXT_PARAMS, "text_b"))
+    place = max(i for i, n in enumerate(arguments) if n in (*TEXT_PARAMS, "text_b", "clean"))
     return options, positional[:place], positional[place:]
 
 

@@ -44,7 +44,8 @@ STEPS = typer.Option(20, "--steps", min=1, max=1000, help="eap-ig: points on the
 @steerable
 def circuit(
     context: RunContext,
-    clean: str = typer.Argument(..., metavar="CLEAN", help="The text whose edges are kept.",
+    clean: str = typer.Argument(..., metavar="CLEAN", help="The text whose edges are kept. "
+                                "--each-line FILE: a pair a line, CLEAN<TAB>CORRUPT.",
                                 show_default=False),
     corrupt: str = typer.Argument(..., metavar="CORRUPT", help="The text whose sender outputs "
                                   "the other edges carry (same number of tokens).",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ from ..render.output import (
     at_least,
     check_out,
     check_save,
+    checked_arrays,
     checked_save,
     present,
     save_figure,
@@ -32,10 +34,10 @@ if TYPE_CHECKING:
 # This module is imported to register every command, including for `tinygpt --help`: it
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
-__all__ = ["FORCE", "InputError", "QUIET", "SAVE", "at_least", "bar", "check_index",
-           "check_out", "check_save", "encode_checked", "figures", "load", "open_folder",
-           "open_session", "present", "progress", "progress_report", "read_text", "run",
-           "save_figure", "show_view", "stderr", "stdout", "wide"]
+__all__ = ["FORCE", "LAST", "InputError", "QUIET", "SAVE", "at_least", "bar", "check_index",
+           "check_out", "check_save", "encode_checked", "encode_text", "figures", "load",
+           "open_folder", "open_session", "present", "progress", "progress_report",
+           "read_text", "run", "save_figure", "show_view", "stderr", "stdout", "wide"]
 
 
 def encode_checked(model, text: str, specials: bool = True) -> list[int]:
@@ -47,6 +49,8 @@ def encode_checked(model, text: str, specials: bool = True) -> list[int]:
 # Options, declared once so every command spells and documents them the same way.
 TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin. "
                       "--each-line FILE runs the command once per line of FILE ('-': stdin); "
+                      "dla, lens, ablate and attribute add --mean for one JSON document of "
+                      "their numbers averaged over the lines; "
                       "--chat MESSAGE reads the message in the model's chat template.",
                       show_default=False)
 # The name is passed on as typed (parser=str), so that an empty --weights "" stays empty and
@@ -83,6 +87,13 @@ TRAINING_TEXT = typer.Option(None, "--data", help="Stories: a folder of part-*.t
                              "the last used (default: the project's data).", show_default=False)
 TRAINING_SEED = typer.Option(0, "--seed", "-s", help="Seed of the initialisation and the "
                              "batches.")
+
+# Every command that reads one text through its session takes this (cli/steering.py adds it,
+# as it adds the steering options; a command that reads a long text its own way is marked
+# @own_length there).
+LAST = typer.Option(None, "--last", min=1, metavar="N", show_default=False,
+                    help="Read only the text's last N tokens (a text longer than the model's "
+                    "context is refused without it); --json says how many were dropped.")
 
 # Where a prediction is scored ("why this token"): which token, and against which.
 TARGET = typer.Option(None, "--target", help="The token whose score is explained: its exact "
@@ -126,8 +137,16 @@ STEER_OPTIONS = {
 SAVE = typer.Option(None, "--save", callback=checked_save, show_default=False, metavar="FILE",
                     help="Also write the picture to FILE: .svg (a vector drawing), .html "
                     "(one self-contained web page) or .png (an image; the png extra), by the "
-                    "extension.")
+                    "extension. With --each-line, one file per line, numbered before the "
+                    "extension: x.svg gives x-001.svg, x-002.svg ...")
 FORCE = typer.Option(False, "--force", help="Let --save overwrite an existing file.")
+# trace's --save writes numbers, not a picture (render/output.py save_arrays)
+SAVE_ARRAYS = typer.Option(None, "--save", callback=checked_arrays, show_default=False,
+                           metavar="FILE", help="Also write the value to FILE.npy, or the "
+                           "values to FILE.safetensors under their trace names (without PATH: "
+                           "every value of the pass, per-head slices left out; PATH a group, "
+                           "e.g. layers.0: the values under it). With --each-line, one file "
+                           "per line: x-001.npy, x-002.npy ...")
 FORCE_FILE = typer.Option(False, "--force", help="Overwrite a file that exists, a shipped one too.")
 QUIET = typer.Option(False, "--quiet", "-q",
                      help="Print no terminal view (with --save: only write the file).")
@@ -149,7 +168,9 @@ def engine(context: RunContext):
     --cluster or $TINYGPT_CLUSTER names (tinygpt_cli.cluster)."""
     from .. import cluster
 
-    return cluster.engine(cluster.chosen(context.cluster))
+    address = cluster.chosen(context.cluster)
+    return cluster.engine(address, wait=cluster.wait_chosen(context.cluster_wait)
+                          if address is not None else cluster.WAIT_SECONDS)
 
 
 def figures(module: str = "analysis_pictures"):
@@ -189,8 +210,11 @@ def open_session(context: RunContext, weights: Path | None, text: str | None, *,
     model = model if model is not None else load(context, weights)
     hook, steered = steering(context, model)
     ahead = context.ahead.final_norm if context.ahead is not None else None
-    s = Session.open(read_text(text, model), model=model, steering=hook, ahead=ahead,
-                     specials=not context.chat)
+    with offering_last(context):
+        s = Session.open(read_whole(context, text, model), model=model, steering=hook,
+                         ahead=ahead, last=context.last, specials=not context.chat)
+    if s.dropped:
+        cut(context, s.dropped)
     ablated = []
     if ablate:  # the analyses load only for a changed run: inspection stays light
         from ..analysis.ablate import zeroing
@@ -199,6 +223,46 @@ def open_session(context: RunContext, weights: Path | None, text: str | None, *,
     s.changes = {k: v for k, v in (("steered", steered), ("ablated", ablated)) if v}
     set_changed(context, s.changes)
     return s
+
+
+def encode_text(context: RunContext, model, text: str | None) -> list[int]:
+    """The ids of the command's text (read_text), its last N tokens with --last N (said as
+    open_session says it), for a command that needs no session."""
+    from ..session import encode_last
+
+    with offering_last(context):
+        ids, dropped = encode_last(model, read_whole(context, text, model), context.last,
+                                   specials=not context.chat)
+    if dropped:
+        cut(context, dropped)
+    return ids
+
+
+def read_whole(context: RunContext, text: str | None, model) -> str:
+    """read_text: with --last stdin is read whole (without, no further than a text that
+    fits the context)."""
+    return read_text(text, model if context.last is None else None)
+
+
+@contextlib.contextmanager
+def offering_last(context: RunContext):
+    """A text too long for the context is refused with the way out, where the command
+    offers it (--last N)."""
+    from ..session import TooLong
+
+    try:
+        yield
+    except TooLong as e:
+        if not context.offers_last:
+            raise
+        raise InputError(f"{e}; --last N reads its last N tokens") from None
+
+
+def cut(context: RunContext, dropped: int) -> None:
+    """Note that --last left `dropped` tokens out: present() says it on stderr once the
+    command has done its work (an error stays the only line) and adds it to the JSON
+    document as "cut"."""
+    context.cut = {"last": context.last, "dropped": dropped}
 
 
 def steered(context: RunContext, model) -> tuple[object | None, dict]:

@@ -244,7 +244,8 @@ def means(
 def patch(
     context: RunContext,
     clean: str = typer.Argument(..., metavar="CLEAN", help="The text whose values are copied "
-                                "in.", show_default=False),
+                                "in. --each-line FILE: a pair a line, CLEAN<TAB>CORRUPT "
+                                "(--mean: one JSON document, averaged).", show_default=False),
     corrupt: str = typer.Argument(..., metavar="CORRUPT", help="The text they are copied "
                                   "into (same number of tokens).", show_default=False),
     weights: Path = WEIGHTS, target: str = TARGET, vs: str = VS, position: int = POSITION,

@@ -30,10 +30,9 @@ from .common import (
     bar,
     check_index,
     check_save,
-    encode_checked,
+    encode_text,
     load,
     present,
-    read_text,
     steered,
 )
 from .steering import keep_default_file, steerable
@@ -234,7 +233,7 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     if save is not None and picture_format(save) != "html":
         raise InputError(f"--save {save}: the graph is an interactive page; give a .html file")
     model = load(context, weights)
-    ids = encode_checked(model, read_text(text, model), specials=not context.chat)
+    ids = encode_text(context, model, text)
     position = check_index(position, len(ids), "position")
     folder = T.folder_of(model.weights_file, transcoders)
     found = T.load_transcoders(folder, model.config, model.weights_file)

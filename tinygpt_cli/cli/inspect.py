@@ -11,14 +11,18 @@ import typer
 from .app import app
 from .common import (
     ABLATE,
+    FORCE,
     FULL,
     JSON,
+    QUIET,
+    SAVE_ARRAYS,
     TEMPERATURE,
     TEXT,
     TOP_K,
     TOP_P,
     WEIGHTS,
     InputError,
+    check_save,
     load,
     open_folder,
     present,
@@ -28,7 +32,7 @@ from .common import (
     stdout,
     wide,
 )
-from .steering import steerable
+from .steering import own_length, steerable
 
 if TYPE_CHECKING:
     from ..context import RunContext
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
 
 
 @app.command()
+@own_length
 def encode(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, as_json: bool = JSON):
     """Card 1: split the text into tokens; each token is an id from the vocabulary.
 
@@ -99,6 +104,7 @@ def decode(
 
 @app.command()
 @steerable
+@own_length
 def generate(
     context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS,
@@ -168,25 +174,38 @@ def trace_cmd(
                                "lnFinal.out, logits[-1].", show_default=False),
     list_paths: bool = typer.Option(False, "--list", help="List every path with its shape."),
     weights: Path = WEIGHTS, ablate: list[str] = ABLATE, as_json: bool = JSON, full: bool = FULL,
+    save: Path = SAVE_ARRAYS, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """Print any value of the forward pass by its path, or --list them all.
 
+    --save writes the value as .npy, or values (a group, or the whole pass) as .safetensors.
+
     Example: tinygpt trace "Lily wanted to play with her" layers.0.heads.0.weights
     Example: tinygpt trace "Lily wanted to play with her" --list
+    Example: tinygpt trace "Lily wanted to play with her" --save cache.safetensors
     """
     import numpy as np
 
     from ..render.documents import session_document, traced_document
+    from ..render.output import save_arrays
     from ..render.tables import paths_table, traced_view
 
-    if path is None and not list_paths:
+    if path is None and not list_paths and save is None:
         raise InputError("give a PATH to print, or --list to see every path")
     if path is not None and path.startswith("sae."):  # an SAE's latents: cli/features.py
+        if save is not None:
+            raise InputError("--save writes values of the forward pass; an SAE's latents "
+                             "are printed only")
         from .features import trace_latents
         return trace_latents(context, weights, text, path, ablate, as_json)
+    check_save(save, force)  # before the run
     r = run(context, weights, text, ablate)
+    if save is not None:
+        saved = values_to_save(r.trace, path)
+        save_arrays(context, save, saved, force)
+        list_paths = list_paths or len(saved) > 1  # what was written, listed
     if list_paths:
-        entries = r.trace.entries()
+        entries = [e for e in r.trace.entries() if save is None or e["path"] in saved]
         return present(context, as_json, lambda: session_document(
             r, None, np.asarray([e["path"] for e in entries]), name="paths", entries=entries),
                        lambda: paths_table(entries))
@@ -197,6 +216,32 @@ def trace_cmd(
             lambda: traced_view(shown, value, rows, r.tokens, full),
             console=lambda view: wide(context, view)
             if full and isinstance(value, np.ndarray) else stdout(context))
+
+
+def values_to_save(trace, path: str | None) -> dict:
+    """{trace name: array} that trace --save writes: the value PATH names (under its name as
+    printed), the values under a group PATH (layers.0), or without PATH every value of the
+    pass; per-head slices (heads.H.*, views of the block's q, k, v, scores, weights, z) and
+    the token strings are left out of a group, as a cache holds them."""
+    import numpy as np
+
+    from ..schema import PathError
+
+    def whole(e) -> bool:
+        return ".heads." not in e["path"] and e["path"] != "tokens"
+
+    if path is not None:
+        try:
+            value = trace.get(path)
+        except PathError:
+            group = [e["path"] for e in trace.entries()
+                     if e["path"].startswith(path.rstrip(".") + ".") and whole(e)]
+            if not group:
+                raise
+            return {p: np.asarray(trace.get(p)) for p in group}
+        name, rows = trace.canonical(path)
+        return {name + "".join(f"[{i}]" for i in rows): np.asarray(value)}
+    return {e["path"]: np.asarray(trace.get(e["path"])) for e in trace.entries() if whole(e)}
 
 
 @app.command()

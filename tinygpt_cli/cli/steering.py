@@ -22,19 +22,27 @@ import typer
 from ..context import RunContext, SteerOptions
 from ..errors import InputError
 from ..render.output import say_steered
-from .common import SAES, STEER_OPTIONS
+from .common import LAST, SAES, STEER_OPTIONS
 
 # typer reads the real types of the added parameters from here (the modules' own are strings)
 _TYPES = {"steer": Optional[str], "steer_away": Optional[str],  # noqa: UP045 - typer needs it
           "steer_vector": Optional[str], "steer_layer": Optional[int],  # noqa: UP045
           "steer_scale": float}
 _SAES_TYPE = Optional[list[Path]]  # noqa: UP045
+_LAST_TYPE = Optional[int]  # noqa: UP045
 _CLICK = "_click_context"  # the parameter typer fills with click's context
 
 
 def steerable(fn):
     """Mark a command as one that runs the model: it takes the steering options."""
     fn.steerable = True
+    return fn
+
+
+def own_length(fn):
+    """Mark a command that reads a long text its own way (score's windows, generate's end,
+    heads' stories, encode's whole text): it takes no --last."""
+    fn.own_length = True
     return fn
 
 
@@ -49,6 +57,8 @@ def with_context(fn, name: str):
     # --ablate may name SAE latents: a command that takes it takes --sae too (unless it has
     # an --sae of its own)
     saes = "ablate" in sig.parameters and "sae" not in sig.parameters
+    # a command that reads one text (the argument TEXT) through its session takes --last N
+    lasts = "text" in sig.parameters and not getattr(fn, "own_length", False)
 
     @functools.wraps(fn)
     def command(**kwargs):
@@ -59,6 +69,7 @@ def with_context(fn, name: str):
         context = (line if line is not None else RunContext()).for_command(
             name, steer, bool(kwargs.get("quiet", False)))
         context.saes = given_saes
+        context.last, context.offers_last = (kwargs.pop("last"), True) if lasts else (None, False)
         sources = {n: click_context.get_parameter_source(n) for n in kwargs}
         context.given = frozenset(  # the options the user typed, not left at their default
             n for n, source in sources.items() if source is not None
@@ -73,13 +84,16 @@ def with_context(fn, name: str):
              for n, option in STEER_OPTIONS.items()] if steers else []
     if saes:
         extra.append(inspect.Parameter("sae", kind, default=SAES, annotation=_SAES_TYPE))
+    if lasts:
+        extra.append(inspect.Parameter("last", kind, default=LAST, annotation=_LAST_TYPE))
     own = [p.replace(kind=kind) for p in list(sig.parameters.values())[1:]]  # 0: context
     command.__signature__ = sig.replace(parameters=[
         inspect.Parameter(_CLICK, kind, annotation=typer.Context), *own, *extra])
     command.__annotations__ = {**{k: v for k, v in getattr(fn, "__annotations__", {}).items()
                                   if k != next(iter(sig.parameters))},
                                _CLICK: typer.Context, **(_TYPES if steers else {}),
-                               **({"sae": _SAES_TYPE} if saes else {})}
+                               **({"sae": _SAES_TYPE} if saes else {}),
+                               **({"last": _LAST_TYPE} if lasts else {})}
     command._with_context = True
     return command
 

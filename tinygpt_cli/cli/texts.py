@@ -33,7 +33,7 @@ from .common import (
     steered,
     wide,
 )
-from .steering import steerable
+from .steering import own_length, steerable
 
 if TYPE_CHECKING:
     from ..context import RunContext
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 @app.command()
 @steerable
+@own_length
 def score(
     context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS,
@@ -60,6 +61,11 @@ def score(
                              "so its first token is scored too, as after a story separator "
                              "(a text: the folder's <bos> instead, when its tokenizer puts "
                              "one; none before a --chat text, which holds its own)."),
+    closing: bool = typer.Option(True, "--closing-separator/--no-closing-separator",
+                                 help="--file: score a closing <|endoftext|> after the last "
+                                 "story even where the file does not end with one, as the "
+                                 "model card counts (a note says when it is added); --no-...: "
+                                 "only the separators the file holds."),
     top: int = typer.Option(10, "--top", "-n", min=0, help="How many surprising tokens to list."),
     show: bool = typer.Option(None, "--show-text/--no-show-text", help="Print the coloured "
                               "text (default: when it is under 3,000 tokens).",
@@ -70,8 +76,9 @@ def score(
 
     Surprisal is -log p of the token that comes next (nats; bits = nats / ln 2). A file is
     split into stories at <|endoftext|>; each story is read after a separator and its closing
-    separator is scored too, so bytes count as in the model card. --json prints one line per
-    token, then a summary line.
+    separator is scored too, so bytes count as in the model card (the last story's, when the
+    file does not end with one, only with a note; --no-closing-separator leaves it out).
+    --json prints one line per token, then a summary line (closing_separator_added).
 
     Example: tinygpt score "Lily wanted to play with her ball."
     Example: tinygpt score --file ../shared/data/tinystories/part-005.txt --stream --json
@@ -84,8 +91,10 @@ def score(
     tok, cfg = model.tokenizer, model.config
     hooks, changes = steered(context, model)
     check_save(save, force)  # before a long text is read and tokenised, and lines stream
-    sequences, offset, stream_bpt = sc.score_inputs(model, text, read_text, file, stride,
-                                                    stream, bos and not context.chat)
+    # a --chat text holds its own <bos>: nothing is put before it
+    sequences, offset, stream_bpt, added = sc.score_inputs(model, text, read_text, file,
+                                                           stride, stream,
+                                                           bos and not context.chat, closing)
     stride = stride or cfg.n_positions
     shown = show if show is not None else (sum(map(len, sequences)) < 3000 and not stream)
     token_str = tok.token_strs  # labelled once per tokenizer, even with --each-line
@@ -101,7 +110,12 @@ def score(
             keep=shown and not as_json, draw=save is not None, stream_bpt=stream_bpt,
             on_scores=lines, progress=advance, hooks=hooks, ahead=context.ahead,
             engine=where if where.remote else None)
-    present(context, as_json, lambda: jsonout.jsonable({**report.summary, **changes}),
+    if added and not context.quiet:  # a token the file does not hold is in the totals
+        stderr().print("note: scored a closing <|endoftext|> after the last story, which the "
+                       "file does not end with (--no-closing-separator leaves it out)",
+                       style="dim", soft_wrap=True)
+    summary = {**report.summary, "closing_separator_added": bool(added), **changes}
+    present(context, as_json, lambda: jsonout.jsonable(summary),
             lambda: score_view(report, token_str, tok),
             figure=lambda: figures().score_figure(report, token_str), save=save, force=force)
 
@@ -111,6 +125,7 @@ def score(
 
 @app.command()
 @steerable
+@own_length
 def heads(
     context: RunContext,
     text: str = TEXT, weights: Path = WEIGHTS,
@@ -234,7 +249,8 @@ def diff(
                                  show_default=False),
     weights: Path = WEIGHTS,
     weights_b: Path = typer.Option(None, "--weights-b", help="Compare this weights folder "
-                                   "with --weights on the one text.", show_default=False),
+                                   "with --weights on the one text: any model of the same "
+                                   "tokenizer, whatever its shape.", show_default=False),
     as_json: bool = JSON,
 ):
     """Where two runs part: two texts through the model, or one text through two models.
@@ -242,7 +258,10 @@ def diff(
     Two texts: per stage of the residual stream and per position (aligned from the start)
     the cosine similarity and relative distance ||a - b|| / ||a||, and both top predictions.
     --weights-b: per position KL(P_a || P_b), whether the top tokens agree and the change in
-    the chance of the actual next token (as llama-perplexity --kl-divergence).
+    the chance of the actual next token (as llama-perplexity --kl-divergence). The two models
+    may differ in every size and family: only their tokenizers must give the same ids (same
+    vocabulary, merges, special tokens and normalisation); the JSON's shapes_differ lists
+    what differs.
     Example: tinygpt diff "Lily wanted to play with her" "Tom wanted to play with his"
     Example: tinygpt diff "Lily wanted to play" --weights-b runs/a
     """

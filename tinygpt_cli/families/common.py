@@ -110,33 +110,39 @@ def specials(d: dict, vocab: int) -> tuple[dict, tuple[str, ...]]:
     return out, tuple(unused)
 
 
-def rope(d: dict, theta_key: str = "rope_theta", pct_key: str | None = None
-         ) -> tuple[float, float, tuple]:
-    """(base, fraction of each head turned, Llama 3's scaling or ()) from either spelling:
-    transformers 5's rope_parameters, or the keys hub files still have (rope_theta,
-    rotary_emb_base, rotary_pct, rope_scaling). Another scaled rope (linear, dynamic, yarn,
-    ...) is refused by name: it changes the angles in a way not implemented."""
-    params = d.get("rope_parameters") or {}
-    params = params if isinstance(params, dict) else {}
-    scaling = d.get("rope_scaling") or {}
-    scaling = scaling if isinstance(scaling, dict) else {"rope_type": scaling}
-    settings = {**scaling, **params}
-    kind = settings.get("rope_type", settings.get("type", "default"))
-    if kind not in ("default", "llama3"):
+def rope(d: dict, theta_key: str = "rope_theta", pct_key: str = "partial_rotary_factor",
+         pct_default: float | None = None) -> tuple[float, float, tuple]:
+    """(base, fraction of each head turned, the scaling: () none, (factor,) linear, or Llama
+    3's (factor, low_freq_factor, high_freq_factor, original context)), read as transformers
+    5 reads them: rope_scaling, when given, replaces rope_parameters whole (its rope_theta
+    with it); the top-level `theta_key` and `pct_key` (rope_theta and partial_rotary_factor;
+    GPT-NeoX: rotary_emb_base and rotary_pct, default 0.25) fill in what the dict leaves out;
+    llama3's original context defaults to max_position_embeddings. Another scaled rope (yarn,
+    dynamic, longrope, ...) is refused by name: it changes the angles, or scales the cos and
+    sin, in a way not implemented."""
+    scaling = d.get("rope_scaling")
+    params = scaling or d.get("rope_parameters") or {}
+    params = dict(params) if isinstance(params, dict) else {"rope_type": params}
+    params.setdefault("rope_theta", d.get(theta_key, 10000.0))
+    if d.get(pct_key, pct_default) is not None:
+        params.setdefault("partial_rotary_factor", d.get(pct_key, pct_default))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ("default", "linear", "llama3"):
         raise ValueError(f"config: rope scaling {shown(kind)} is not implemented (only "
-                         "unscaled rotary positions, or llama3's)")
-    base = params.get("rope_theta", d.get(theta_key, 10000.0))
-    fraction = params.get("partial_rotary_factor")
-    if fraction is None:
-        fraction = d.get(pct_key, 1.0) if pct_key else 1.0
+                         "unscaled rotary positions, linear or llama3's)")
+    base, fraction = params["rope_theta"], params.get("partial_rotary_factor", 1.0)
     if kind == "default":
         return base, fraction, ()
-    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    values = tuple(settings.get(k) for k in keys)
+    keys = ("factor",) if kind == "linear" else (
+        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    if kind == "llama3":
+        params.setdefault("original_max_position_embeddings", d.get("max_position_embeddings"))
+    values = tuple(params.get(k) for k in keys)
     if not all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in values) \
-            or values[1] >= values[2]:
-        raise ValueError(f"config: llama3 rope scaling needs positive {', '.join(keys)} "
-                         f"(low below high), got {shown(values)}")
+            or (kind == "llama3" and values[1] >= values[2]):
+        raise ValueError(f"config: {kind} rope scaling needs positive {', '.join(keys)}"
+                         f"{' (low below high)' if kind == 'llama3' else ''}, got "
+                         f"{shown(values if len(values) > 1 else values[0])}")
     return base, fraction, values
 
 

@@ -95,7 +95,8 @@ def config_from_hf(d: dict) -> Config:
     # refused rather than silently computed the standard way
     for key, standard in (("scale_attn_weights", True),
                           ("scale_attn_by_inverse_layer_idx", False),
-                          ("add_cross_attention", False)):
+                          ("add_cross_attention", False),
+                          ("tie_word_embeddings", True)):
         if key in d and d[key] is not standard:
             raise ValueError(f"config: {key} {d[key]!r} is not supported ({standard} only)")
     n_embd = d.get("n_embd", 128)

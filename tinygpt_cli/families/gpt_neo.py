@@ -119,7 +119,7 @@ def windows_of(d: dict, n_layer: int) -> tuple[int, ...]:
 
 
 def config_from_hf(d: dict) -> Config:
-    refuse(d, {"activation_function": "gelu_new"})
+    refuse(d, {"activation_function": "gelu_new", "tie_word_embeddings": True})
     vocab = d.get("vocab_size", 50257)
     ids, unused = specials(d, vocab)
     n_embd, n_layer = whole(d, "hidden_size"), whole(d, "num_layers")

@@ -105,9 +105,10 @@ def config_from_hf(d: dict) -> Config:
     vocab = d.get("vocab_size", 50432)
     ids, unused = specials(d, vocab)
     n_embd, n_head = whole(d, "hidden_size"), whole(d, "num_attention_heads")
-    base, fraction, scaling = rope(d, "rotary_emb_base", "rotary_pct")
+    base, fraction, scaling = rope(d, "rotary_emb_base", "rotary_pct", 0.25)
     if scaling:
-        raise ValueError("config: llama3 rope scaling is not implemented for gpt_neox")
+        raise ValueError(f"config: {'linear' if len(scaling) == 1 else 'llama3'} rope scaling "
+                         "is not implemented for gpt_neox")
     d_k = n_embd // n_head if isinstance(n_embd, int) and isinstance(n_head, int) and n_head else 0
     return Config(
         n_embd=n_embd, n_layer=whole(d, "num_hidden_layers"), n_head=n_head,

@@ -162,7 +162,10 @@ def config_from_hf(d: dict) -> Config:
         layer_norm_epsilon=d.get("rms_norm_eps", 1e-6), **ids,
         model_type=kind, norm="rms", positions="rotary", mlp="gated", act="silu",
         tied=d.get("tie_word_embeddings", False) is True,
-        head_dim=_unless(d.get("head_dim"), n_embd // n_head if _whole(n_embd, n_head) else 0),
+        # transformers' Qwen3Config has head_dim 128 when the file names none; the others
+        # hidden_size / num_attention_heads
+        head_dim=_unless(d.get("head_dim", 128 if kind == "qwen3" else None),
+                         n_embd // n_head if _whole(n_embd, n_head) else 0),
         n_kv_head=_unless(d.get("num_key_value_heads"), n_head), rotary_base=float(base),
         rope_scaling=scaling,
         qk_norm=kind == "qwen3", qkv_bias=kind == "qwen2", out_bias=False, mlp_bias=False,
@@ -173,6 +176,9 @@ def config_from_hf(d: dict) -> Config:
 def _rope_parameters(config: Config) -> dict:
     if not config.rope_scaling:
         return {"rope_type": "default", "rope_theta": config.rotary_base}
+    if len(config.rope_scaling) == 1:
+        return {"rope_type": "linear", "rope_theta": config.rotary_base,
+                "factor": config.rope_scaling[0]}
     factor, low, high, context = config.rope_scaling
     return {"rope_type": "llama3", "rope_theta": config.rotary_base, "factor": factor,
             "low_freq_factor": low, "high_freq_factor": high,

@@ -45,7 +45,8 @@ def heads_document(r, ids, exclude_bos: bool, exclude_current: bool,
     return jsonout.document("heads", np.stack(list(r.table.values())), **(changes or {}),
                             kinds=list(r.table), texts=r.texts, source=r.source,
                             text_ids=ids, exclude_bos=exclude_bos,
-                            exclude_current=exclude_current, repeat=r.repeat)
+                            exclude_current=exclude_current, skipped_texts=r.skipped,
+                            repeat=r.repeat)
 
 
 def neuron_examples_document(ex, token_str, files, changes: dict | None = None) -> dict:
@@ -68,7 +69,9 @@ def models_diff_document(d, weights_a) -> dict:
     return session_document(
         d.a, "diff.kl", d.diff.kl, weights_a=str(weights_a),
         weights_b=str(d.b.model.folder), same_top=d.diff.same_top, delta_p=d.diff.delta_p,
-        top_a=d.top_a, top_b=d.top_b, summary=d.diff.summary())
+        top_a=d.top_a, top_b=d.top_b, summary=d.diff.summary(),
+        compared="next-token distributions", shapes_differ={k: list(v) for k, v in
+                                                            d.differing.items()})
 
 
 def text_diff_document(d) -> dict:

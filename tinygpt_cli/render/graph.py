@@ -68,7 +68,7 @@ def kept_nodes(g) -> list[int]:
 
 def graph_doc(g, tokenizer, examples: dict | None = None, options: dict | None = None,
               qk: list | None = None) -> dict:
-    """The pruned graph in the documented schema (README, Attribution graphs); `examples`:
+    """The pruned graph in the documented schema (docs/graphs.md); `examples`:
     (layer, latent) -> {"examples": top windows, "label"} of features (analysis.transcoder);
     `qk`: graph_qk.EdgeQK of edges, each put on its edge as "qk"."""
     tok = tokenizer.token_str

@@ -148,3 +148,118 @@ def emit_record(number: int, line: str, docs: list[str]) -> None:
     head = dumps({"line": number, "text": line})
     out.write(f'{head[:-1]}, "result": {result}}}\n')
     out.flush()
+
+
+# ------------------------------------------------------------------ --each-line --mean
+
+# Numbers that name something (a token, a position) rather than measure it: never averaged,
+# kept only where every line has the same one.
+NAMES = frozenset({"ids", "id", "top_ids", "position", "shape", "line"})
+_LEFT_OUT = object()
+
+
+def mean_document(command: str, docs: list[dict]) -> dict:
+    """--each-line --mean: the lines' documents as one, {"path": "mean", "command", "lines":
+    how many were averaged, "mean": the documents' common structure with every measured
+    number the mean over the lines, "std": their standard deviation (population, the same
+    structure, measured numbers only), "not_averaged": the fields whose structure or names
+    differ from line to line (a value per position of texts of other lengths, the tokens)}.
+    A value every line has the same (labels, options, the path) is kept as it is."""
+    left_out: list[str] = []
+    mean, std = _mean(docs, "", left_out, named=False)
+    return {"path": "mean", "command": command, "lines": len(docs), "mean": mean,
+            "std": _pruned(std), "not_averaged": left_out}
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _mean(values: list, where: str, left_out: list[str], named: bool):
+    """(mean, std) of one field over the lines; std None where nothing was averaged."""
+    first = values[0]
+    if isinstance(first, dict) and all(isinstance(v, dict) for v in values):
+        values = [_in_first_order(v, first) for v in values]
+        first = values[0]
+        mean, std = {}, {}
+        for k in first:
+            at = f"{where}.{k}" if where else k
+            if not all(k in v for v in values):
+                left_out.append(at)
+                continue
+            m, s = _mean([v[k] for v in values], at, left_out, named or k in NAMES)
+            if m is not _LEFT_OUT:
+                mean[k], std[k] = m, s
+        return (mean, std) if mean or not first else (_LEFT_OUT, None)
+    if all(v == first for v in values):
+        return first, None  # the same on every line: kept, nothing averaged
+    if named:
+        left_out.append(where)
+        return _LEFT_OUT, None
+    if isinstance(first, list) and all(isinstance(v, list) and len(v) == len(first)
+                                       for v in values):
+        if not _same_names(values):
+            left_out.append(where)  # rows of other things on each line: nothing to average
+            return _LEFT_OUT, None
+        inner: list[str] = []
+        pairs = [_mean([v[i] for v in values], f"{where}[*]", inner, named)
+                 for i in range(len(values[0]))]
+        if any(m is _LEFT_OUT for m, _ in pairs) and not all(isinstance(x, dict) for x in
+                                                              values[0]):
+            left_out.append(where)  # a list of numbers is kept whole or not at all
+            return _LEFT_OUT, None
+        left_out += [w for w in dict.fromkeys(inner) if w not in left_out]
+        return [m for m, _ in pairs], [s for _, s in pairs]
+    if all(_is_number(v) for v in values):
+        a = np.asarray(values, dtype=np.float64)
+        return float(a.mean()), float(a.std())
+    left_out.append(where)
+    return _LEFT_OUT, None
+
+
+ROW_KEYS = ("component", "label", "name")  # what a row of a list of dicts is about
+
+
+def _in_first_order(doc: dict, first: dict) -> dict:
+    """`doc` with its rows in the order of `first`'s, where a list of rows names what each
+    is about (ablate --all's components, sorted by effect on each line): that list and every
+    list of the same length beside it (the rows of `data`) put in the first line's order.
+    Unchanged when the rows are not the same set of things (they are then not averaged)."""
+    for k, rows in first.items():
+        theirs = doc.get(k)
+        if not (isinstance(rows, list) and rows and isinstance(theirs, list)
+                and len(theirs) == len(rows)
+                and all(isinstance(r, dict) for r in [*rows, *theirs])):
+            continue
+        key = next((c for c in ROW_KEYS if all(c in r for r in [*rows, *theirs])), None)
+        if key is None:
+            continue
+        where = {str(r[key]): i for i, r in enumerate(theirs)}
+        order = [where.get(str(r[key])) for r in rows]
+        if None in order or len(where) != len(rows) or order == list(range(len(rows))):
+            continue
+        return {name: [v[i] for i in order] if isinstance(v, list) and len(v) == len(rows)
+                else v for name, v in doc.items()}
+    return doc
+
+
+def _same_names(values: list[list]) -> bool:
+    """Do rows at one place name the same thing on every line (their strings and ids)?"""
+    for i, row in enumerate(values[0]):
+        if isinstance(row, dict):
+            for k, x in row.items():
+                if (isinstance(x, str) or k in NAMES) and any(v[i].get(k) != x
+                                                               for v in values):
+                    return False
+    return True
+
+
+def _pruned(std):
+    """The std tree without the fields that were not averaged."""
+    if isinstance(std, dict):
+        out = {k: _pruned(v) for k, v in std.items()}
+        return {k: v for k, v in out.items() if v is not None} or None
+    if isinstance(std, list):
+        out = [_pruned(v) for v in std]
+        return out if any(v is not None for v in out) else None
+    return std

@@ -55,6 +55,54 @@ def picture_format(path: Path) -> str:
     return kind
 
 
+ARRAY_FORMATS = (".npy", ".safetensors")
+
+
+def checked_arrays(path: Path | None) -> Path | None:
+    """trace's --save path, its format checked at once: .npy (one value) or .safetensors."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.suffix not in ARRAY_FORMATS:
+        raise InputError(f"--save {path}: unknown extension {path.suffix or '(none)'!r}; use "
+                         ".npy (one value) or .safetensors (values by their trace names)")
+    if path.is_dir():
+        raise InputError(f"--save {path}: that is a folder; give a file name ending .npy or "
+                         ".safetensors")
+    return path
+
+
+def save_arrays(context: RunContext, path: Path, arrays: dict, force: bool = False) -> None:
+    """Write `arrays` ({trace name: array}) to the --save path atomically: .npy holds one
+    (NumPy's format, no pickles), .safetensors any number under their names."""
+    import io
+
+    import numpy as np
+
+    check_save(path, force)
+    if path.suffix == ".npy":
+        if len(arrays) != 1:
+            raise InputError(f"--save {path}: a .npy file holds one value and these are "
+                             f"{len(arrays)}; give one PATH, or a .safetensors file")
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(next(iter(arrays.values()))), allow_pickle=False)
+        data = buf.getvalue()
+    else:
+        from ..weights import safetensors_bytes
+
+        arrays = {k: np.asarray(v) for k, v in arrays.items()}
+        text = [k for k, v in arrays.items() if v.dtype.kind not in "biuf"]
+        if text:  # safetensors holds numbers only
+            raise InputError(f"--save {path}: {text[0]} is text, which a .safetensors file "
+                             "cannot hold; save it to a .npy file (or save ids)")
+        data = safetensors_bytes(arrays)
+    write_atomically(path, data)
+    if not context.quiet:
+        from .text import escape_line
+
+        stderr().print(f"wrote {escape_line(str(path))}", style="dim", soft_wrap=True)
+
+
 def save_figure(context: RunContext, figure, path: Path | None, force: bool = False) -> None:
     """Write `figure` (render.figure.Figure) to the --save path, if one was given: SVG or HTML
     by the extension, atomically, never over an existing file without --force. Call it before
@@ -262,11 +310,17 @@ def present(context: RunContext, as_json: bool, document, view, *, figure=None,
     plain lines, several parts, raw text)."""
     if save is not None and figure is not None:
         save_figure(context, figure(), save, force)
+    if context.cut:  # --last cut the text: every document says so
+        document = _with_cut(document, context.cut)
     if context.presented is not None:  # kept for a program (tinygpt_cli.api), not printed
         context.presented.append(Presented(document, view, figure, console, show,
                                            context.changed))
         context.changed = None
         return
+    if context.cut and not context.quiet:
+        last, dropped = context.cut["last"], context.cut["dropped"]
+        stderr().print(f"note: --last {last}: read the text's last {last} tokens, "
+                       f"{dropped:,} before them left out", style="dim", soft_wrap=True)
     if as_json:
         from .jsonout import emit
 
@@ -277,6 +331,14 @@ def present(context: RunContext, as_json: bool, document, view, *, figure=None,
         show(shown)
         return
     (console(shown) if console is not None else stdout(context)).print(shown)
+
+
+def _with_cut(document, cut: dict):
+    """The document function, its dict carrying "cut": {"last": N, "dropped": tokens}."""
+    def made():
+        d = document()
+        return {**d, "cut": cut} if isinstance(d, dict) else d
+    return made
 
 
 def save_page(context: RunContext, html: str, path: Path) -> None:

@@ -323,7 +323,11 @@ def models_diff_view(d) -> Group:
              f"token {summary['same_top']:.0%}"
              + (f"; Δp of the next token: mean {summary['mean_delta_p']:+.4f}, RMS "
                 f"{summary['rms_delta_p']:.4f}" if summary["mean_delta_p"] is not None else ""),
-             style="dim"))
+             style="dim"),
+        *([Text("the models differ in shape (" + ", ".join(
+            f"{k} {escape_line(str(a))} vs {escape_line(str(b))}"
+            for k, (a, b) in d.differing.items()) + "): only the next-token distributions "
+            "are compared", style="dim")] if d.differing else []))
 
 
 def heads_view(r) -> Group:
@@ -339,6 +343,8 @@ def heads_view(r) -> Group:
     return Group(
         Text(f"heads  {r.n_layer} layers × {r.n_head} heads  on {count(r.texts, 'text')} from "
              f"{escape_line(r.source)}", style="bold cyan"),
+        *([Text(f"{count(r.skipped, 'text')} of one token left out: the exclusions leave no "
+                "attention in them to score", style="yellow")] if r.skipped else []),
         layer_head_table(table, KIND_LABELS), notes,
         Text(f"random tokens ({rep['batch']} × {rep['length']}, seed {rep['seed']}) repeated: "
              f"loss {rep['loss_first']:.3f} nats on the first copy, {rep['loss_second']:.3f} "
