@@ -170,7 +170,6 @@ def _nfkc(doc) -> None:
 
 
 @pytest.mark.parametrize(("edit", "why"), [
-    (_no_token_for_byte_0, "1 of the 256 bytes has no token"),
     (_unknown_pattern, "splits words by a pattern tinygpt does not know"),
     (_prefix_space, "adds a space before the text"),
     (_no_split, "does not split the text into words"),
@@ -181,7 +180,16 @@ def test_a_tokenizer_tinygpt_cannot_keep_its_guarantees_with_is_refused(
         tmp_path, cli, kind, edit, why):
     folder = folder_with(tmp_path, kind, _edited(kind, edit))
     r = cli("encode", "Lily", "--weights", folder)
-    assert_one_error_line(r, 1, "not a byte-level BPE tokenizer", why)
+    assert_one_error_line(r, 1, "is not a tokenizer whose tokens are bytes", why)
+
+
+@pytest.mark.parametrize("kind", ["llama3", "qwen2"])
+def test_a_vocabulary_lacking_a_byte_is_read_and_a_text_needing_it_refused(tmp_path, cli, kind):
+    folder = folder_with(tmp_path, kind, _edited(kind, _no_token_for_byte_0))
+    r = cli("encode", "Lily", "--weights", folder)
+    assert r.code == 0, r.err
+    r = cli("encode", "Lily \x00", "--weights", folder)
+    assert_one_error_line(r, 2, "character 5 (U+0000, a control character) needs byte 0x00")
 
 
 def test_the_refusal_names_the_patterns_it_knows():

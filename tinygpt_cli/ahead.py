@@ -144,10 +144,23 @@ ENCODED_AT_ONCE = 512  # texts tokenised together: the library keeps ~600 bytes 
 
 def _encoded(tokenizer, texts: list[str], limit: int) -> list[list[int] | None]:
     """Each text's ids; None for a text surely longer than the context (it is never batched,
-    and a huge line is not tokenised in one piece here)."""
+    and a huge line is not tokenised in one piece here), or one needing a byte the vocabulary
+    lacks (its own pass refuses it: another line's refusal is not this one's)."""
     most = limit * tokenizer.longest_token_bytes
-    found = iter(tokenizer.encode_batch([t for t in texts if len(t) <= most]))
-    return [next(found) if len(t) <= most else None for t in texts]
+    ok = [len(t) <= most and _readable(tokenizer, t) for t in texts]
+    found = iter(tokenizer.encode_batch([t for t, k in zip(texts, ok, strict=True) if k]))
+    return [next(found) if k else None for k in ok]
+
+
+def _readable(tokenizer, text: str) -> bool:
+    """Whether the tokenizer has a token for every byte of the text (Tokenizer.check_bytes)."""
+    from .errors import InputError
+
+    try:
+        tokenizer.check_bytes(text)
+    except InputError:
+        return False
+    return True
 
 
 class _Listed:

@@ -271,12 +271,14 @@ def _commands() -> dict:
 
 
 def _run(args: list[str], context) -> None:
-    """The command line, run by the CLI's own group; a usage error becomes InputError."""
+    """The command line, run by the CLI's own group as the shell's is (batch.main: --chat);
+    a usage error becomes InputError."""
     from . import calls
+    from .cli import batch
     from .cli.typer_tricks import click_errors
 
     try:
-        calls.group().main(args=args, prog_name="tinygpt", standalone_mode=False, obj=context)
+        batch.main(calls.group(), args, context)
     except click_errors.UsageError as e:
         raise InputError(e.format_message()) from None
 

@@ -124,6 +124,12 @@ def parameters(command) -> list[Param]:
             off=(p.secondary_opts or [None])[0] if getattr(p, "is_flag", False) else None,
             minimum=_bound(p, "min"), maximum=_bound(p, "max"), path=_is_path(p),
             metavar=getattr(p, "metavar", None)))
+    from .cli.batch import CHAT, TEXT_PARAMS
+
+    if any(p.name in TEXT_PARAMS for p in command.params):  # batch.py's, on every such command
+        out.append(Param(name="chat", option=CHAT, kind="string", help=(
+            "A user's message, put in the model's chat template (its assistant turn opened) "
+            "as the text.")))
     return out
 
 

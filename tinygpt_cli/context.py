@@ -68,6 +68,9 @@ class RunContext:
     # (the notebook API, tinygpt_cli/api.py, runs the commands with one)
     presented: list | None = None
     saes: tuple = ()  # a command's --sae SAEs, for latents sae.SITE.N in --ablate and trace
+    # --chat: the text is the chat template's rendering, its special tokens written in it (the
+    # folder's <bos> is not added again: cli/batch.py)
+    chat: bool = False
     last: int | None = None  # --last N: a long text's last N tokens are read
     offers_last: bool = False  # the command takes --last (its refusals may name it)
     cut: dict | None = None  # what --last cut, for the JSON document (render.output.present)

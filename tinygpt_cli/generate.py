@@ -3,7 +3,7 @@ with a key/value cache so each step computes one new position instead of the who
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,10 +70,11 @@ class CachedContext:
 def generate(
     params: dict[str, np.ndarray], config: Config, ids: list[int], max_new_tokens: int, *,
     temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-    rng: np.random.Generator, stop_id: int | None = None, hooks: Hook | None = None,
+    rng: np.random.Generator, stop_ids: Collection[int] = (), hooks: Hook | None = None,
     cached: bool = True,
 ) -> Iterator[Step]:
-    """Yield new tokens one at a time; stop after `stop_id` (yielded) or max_new_tokens.
+    """Yield new tokens one at a time; stop after any of `stop_ids` (yielded: the model's
+    end tokens) or max_new_tokens.
 
     When the text outgrows the model's window, the model sees the last n_positions tokens
     (see CachedContext for how the cache follows). `hooks` (an ablation, say) apply to every
@@ -86,10 +87,10 @@ def generate(
     context = CachedContext(params, config, ids, hooks) if cached and max_new_tokens > 0 \
         else None
     return _steps(params, config, list(ids), max_new_tokens, temperature, top_k, top_p, rng,
-                  stop_id, hooks, context)
+                  frozenset(stop_ids), hooks, context)
 
 
-def _steps(params, config, ids, max_new_tokens, temperature, top_k, top_p, rng, stop_id,
+def _steps(params, config, ids, max_new_tokens, temperature, top_k, top_p, rng, stop_ids,
            hooks, context: CachedContext | None) -> Iterator[Step]:
     if max_new_tokens <= 0:
         return
@@ -105,7 +106,7 @@ def _steps(params, config, ids, max_new_tokens, temperature, top_k, top_p, rng, 
             token = sample(dist, rng) if temperature > 0 else int(np.argmax(dist))
             chance = float(dist[token])
         yield Step(token, chance)
-        if token == stop_id or n == max_new_tokens - 1:
+        if token in stop_ids or n == max_new_tokens - 1:
             return
         text.append(token)
         last = context.append(token) if cached else next_logits_uncached(params, config, text,

@@ -24,7 +24,10 @@ from .errors import InputError, WeightsError
 HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})"
                     r"(?:@(?P<revision>[\w][\w./-]{0,199}))?")
 FILES = ["config.json", "tokenizer.json", "model.safetensors", "model.safetensors.index.json",
-         "model-*-of-*.safetensors"]
+         "model-*-of-*.safetensors",
+         # read when there: the end tokens, the tokenizer's named tokens, the chat template
+         "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
+         "chat_template.jinja"]
 INSTALL = 'pip install "tinygpt-cli[hub]"'
 
 

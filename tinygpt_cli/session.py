@@ -39,23 +39,37 @@ class TooLong(InputError):
     """A text longer than the model's context (a command that takes --last says so)."""
 
 
-def encode_last(model: Model, text: str, last: int | None) -> tuple[list[int], int]:
+def encode_last(model: Model, text: str, last: int | None, specials: bool = True
+                ) -> tuple[list[int], int]:
     """(the ids of the text's last `last` tokens, how many tokens before them were dropped):
     --last N. The whole text is tokenised, so the count is the text's own; None: the text
-    must fit (encode_checked)."""
+    must fit (encode_checked). `specials` (encode_checked): the tokens the folder's tokenizer
+    puts around a text (Gemma's <bos>) are kept and counted among the N, and the text's own
+    tokens are cut, so the model still reads its <bos> first."""
     if last is None:
-        return encode_checked(model, text), 0
+        return encode_checked(model, text, specials), 0
     limit = model.config.n_positions
     if not 1 <= last <= limit:
         raise InputError(f"--last {last}: this model reads 1 to {count(limit, 'token')}")
-    ids = model.tokenizer.encode(check_text(text))
+    tok = model.tokenizer
+    before, after = tok.affix if specials else ([], [])
+    room = last - len(before) - len(after)
+    if room < 1:
+        around = " ".join(tok.token_str(i) for i in [*before, *after])
+        raise InputError(f"--last {last}: this model's tokenizer puts "
+                         f"{count(len(before) + len(after), 'token')} around a text ({around}), "
+                         f"so at least {len(before) + len(after) + 1} are needed for one of "
+                         "the text's own")
+    ids = tok.encode(check_text(text))
     if not ids:
         raise InputError("the text is empty: give at least one character")
-    return ids[-last:], max(0, len(ids) - last)
+    return [*before, *ids[-room:], *after], max(0, len(ids) - room)
 
 
-def encode_checked(model: Model, text: str) -> list[int]:
-    """The text's ids, within the model's context; the errors say how long it was."""
+def encode_checked(model: Model, text: str, specials: bool = True) -> list[int]:
+    """The text's ids, within the model's context; the errors say how long it was.
+    `specials`: with the tokens the folder's tokenizer puts around a text (its <bos>); a
+    text rendered by the chat template (--chat) has them written in it already."""
     limit = model.config.n_positions
     # surely too long (a character is a byte or more): say so at once. The longest token is
     # looked up (the whole vocabulary, 1 ms) only for a text that could be that long.
@@ -64,7 +78,8 @@ def encode_checked(model: Model, text: str) -> list[int]:
         raise TooLong(f"the text is {len(text):,} characters long; this model reads at "
                          f"most {limit} tokens ({limit} tokens never hold more than "
                          f"{most:,} characters)")
-    ids = model.tokenizer.encode(check_text(text))
+    tok = model.tokenizer
+    ids = (tok.text_ids if specials else tok.encode)(check_text(text))
     if not ids:
         raise InputError("the text is empty: give at least one character")
     if len(ids) > limit:
@@ -75,7 +90,8 @@ def encode_checked(model: Model, text: str) -> list[int]:
     return ids
 
 
-def encode_tail(model: Model, text: str) -> tuple[list[int], int | None]:
+def encode_tail(model: Model, text: str, specials: bool = True
+                ) -> tuple[list[int], int | None]:
     """generate's prompt: the ids of the text's last n_positions tokens, and how many tokens
     the whole text is when it is longer (None when it fits; 0 when only its end was read, a
     text of many thousand characters: the last `most` characters then hold more than
@@ -83,7 +99,9 @@ def encode_tail(model: Model, text: str) -> tuple[list[int], int | None]:
     limit = model.config.n_positions
     most = limit * model.tokenizer.longest_token_bytes if len(text) > limit else limit
     tail = len(text) > 2 * most
-    ids = model.tokenizer.encode(check_text(text[-2 * most:] if tail else text))
+    tok = model.tokenizer
+    ids = (tok.text_ids if specials else tok.encode)(check_text(text[-2 * most:] if tail
+                                                                else text))
     if not ids:
         raise InputError("the text is empty: give at least one character")
     if len(ids) <= limit:
@@ -120,26 +138,30 @@ class Session:
     interventions: Hook | None = None
     changes: dict = field(default_factory=dict)
     ahead: Callable | None = None
+    specials: bool = True  # the folder's <bos> added (encode_checked); not to a --chat text
     dropped: int = 0
 
     @classmethod
     def open(cls, text: str, weights: str | Path | None = None,
              model: Model | None = None, steering: Hook | None = None,
              interventions: Hook | None = None, changes: dict | None = None,
-             ahead: Callable | None = None, last: int | None = None) -> Session:
-        """`last`: keep only the text's last `last` tokens (--last N); None: the whole text,
-        which must fit the context."""
+             ahead: Callable | None = None, last: int | None = None,
+             specials: bool = True) -> Session:
+        """`last`: keep only the text's last `last` tokens (--last N), the folder's <bos>
+        kept before them (encode_last); None: the whole text, which must fit the context."""
         model = model if model is not None else load_model(weights)
-        ids, dropped = encode_last(model, text, last)
-        text = model.tokenizer.decode(ids) if dropped else text  # the part read
+        ids, dropped = encode_last(model, text, last, specials)
+        if dropped:  # the part read: the text's own tokens kept, without the <bos>
+            before, after = model.tokenizer.affix if specials else ([], [])
+            text = model.tokenizer.decode(ids[len(before):len(ids) - len(after)])
         return cls(model, text, ids, [model.tokenizer.token_str(i) for i in ids], steering,
-                   interventions, dict(changes or {}), ahead, dropped)
+                   interventions, dict(changes or {}), ahead, specials, dropped)
 
     def reopen(self, text: str) -> Session:
         """Another text, run as this one is: the same model, steering and interventions."""
         return Session.open(text, model=self.model, steering=self.steering,
                             interventions=self.interventions, changes=self.changes,
-                            ahead=self.ahead)
+                            ahead=self.ahead, specials=self.specials)
 
     @property
     def hooks(self) -> Hook | None:

@@ -1,4 +1,6 @@
-"""A thin wrapper over a byte-level BPE `tokenizers.Tokenizer`, and the recipe that trains it."""
+"""A thin wrapper over a `tokenizers.Tokenizer` whose tokens are bytes: a byte-level BPE
+(GPT-2's kind), or a SentencePiece-style BPE with byte fallback (Llama 2's, Gemma's: `▁` for a
+space, `<0xNN>` for a byte no piece holds); and the recipe that trains the first kind."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from .config import MAX_VOCAB, MIN_VOCAB  # noqa: F401
 
 END_OF_TEXT = "<|endoftext|>"
+SPACE = "\u2581"  # SentencePiece's stand-in for a space
+NEVER_IN_UTF8 = frozenset({0xC0, 0xC1, *range(0xF5, 0x100)})
 
 
 @functools.cache  # one table for every tokenizer, which only reads it
@@ -102,21 +106,52 @@ def _pre_tokenizer_kind(parts: list) -> str | None:
     return None if words else "its pre-tokenizer does not split the text into words"
 
 
-SPACE = "\u2581"  # SentencePiece's stand-in for a space
-_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's token of one byte
+def _replaces_spaces(state: dict) -> bool:
+    return state.get("type") == "Replace" and state.get("pattern") == {"String": " "} \
+        and state.get("content") == SPACE
 
 
-def _sentencepiece_kind(tok) -> str | None:
-    """None for SentencePiece's BPE as gguf_vocab builds it (bytes it has no token for
-    fall back to <0xNN> tokens, and each of the 256 has one); else what is wrong."""
-    if not getattr(tok.model, "byte_fallback", False):
-        return "its SentencePiece model has no byte fallback"
-    missing = sum(tok.token_to_id(f"<0x{b:02X}>") is None for b in range(256))
-    if missing:
-        return f"{missing} of the 256 byte tokens <0xNN> {'is' if missing == 1 else 'are'} missing"
-    if tok.normalizer is not None:
-        return f"it has a normalizer, {type(tok.normalizer).__name__}"
-    return None
+def _sentencepiece_kind(tok: HFTokenizer, byte_ids: dict) -> str | None:
+    """None for a BPE with byte fallback whose spaces become `▁` (Gemma's normalizer, alone or
+    after Llama 2's Prepend of one; or a Metaspace pre-tokenizer, as transformers writes
+    Llama 2's), with all 256 <0xNN> tokens and a decoder; else what is wrong, for the error."""
+    if len(byte_ids) < 256:
+        return f"it falls back to bytes but {256 - len(byte_ids)} of the 256 <0xNN> tokens " \
+            "are missing"
+    norm = _state(tok.normalizer) if tok.normalizer is not None else None
+    steps = norm.get("normalizers", []) if norm and norm.get("type") == "Sequence" else \
+        [norm] if norm else []
+    prepend = {"type": "Prepend", "prepend": SPACE}
+    if steps and not (_replaces_spaces(steps[-1]) and all(x == prepend for x in steps[:-1])):
+        return f"its normalizer does more than write spaces as {SPACE}"
+    replaced = bool(steps)
+    for part in _parts(tok.pre_tokenizer) if tok.pre_tokenizer is not None else []:
+        state = _state(part)
+        if state.get("type") == "Metaspace" and state.get("replacement") == SPACE \
+                and not replaced:
+            replaced = True
+        elif not (replaced and state.get("type") == "Split"
+                  and state.get("pattern") == {"String": " "}):  # Gemma's: no space is left
+            return f"its pre-tokenizer has {state.get('type', type(part).__name__)}"
+    if not replaced:
+        return f"it does not write spaces as {SPACE}"
+    return None if tok.decoder is not None else "it has no decoder"
+
+
+def special_name(value) -> str | None:
+    """A special token as tokenizer_config.json names it: a string, or an AddedToken's
+    {"content": ...}; None when it names none."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def _named(ch: str) -> str:
+    """A character as an error names it: U+0007, never the character itself."""
+    import unicodedata
+
+    return f"U+{ord(ch):04X} {unicodedata.name(ch, '')}".rstrip() if ch.isprintable() else \
+        f"U+{ord(ch):04X}, a control character"
 
 
 CHUNK = 1 << 16  # characters: texts longer than this are encoded in pieces
@@ -127,14 +162,11 @@ CHUNK = 1 << 16  # characters: texts longer than this are encoded in pieces
 # a run of whitespace never takes the non-space after it), and after a newline followed by a
 # non-space.
 _BOUNDARY = re.compile(r"(?<=\S)(?= \S)|(?<=\n)(?=\S)")
-_SPACED = re.compile(r"(?<=\S)(?= \S)")
 
 
-def _cut(text: str, at: int, spaced: bool = False) -> int:
-    """The first such boundary at or after `at` (or the end of the text); `spaced`: only
-    before a space (SentencePiece gives a piece that does not start with one a space of
-    its own)."""
-    m = (_SPACED if spaced else _BOUNDARY).search(text, at)
+def _cut(text: str, at: int) -> int:
+    """The first such boundary at or after `at` (or the end of the text)."""
+    m = _BOUNDARY.search(text, at)
     return m.start() if m else len(text)
 
 
@@ -261,6 +293,9 @@ class Tokenizer:
         # their vocabularies): the rows past the last token have no text (weights.open_folder)
         self.rows: int | None = None
         self.end: int | None = None  # the config's end token, when there is no <|endoftext|>
+        # the tokens put before and after a text (text_ids): set from the folder (set_affix)
+        self.affix: tuple[list[int], list[int]] = ([], [])
+        self.end_ids: tuple[int, ...] = ()  # where generation ends (weights.end_ids)
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
@@ -281,22 +316,27 @@ class Tokenizer:
 
     def differs_from(self, other: Tokenizer) -> str | None:
         """None when the two give every text the same ids: the same vocabulary, merges,
-        special tokens, normaliser and pre-tokeniser (their decoders, which only turn ids
-        back into text, may differ); else what differs first, for the error."""
+        special tokens, normaliser, pre-tokeniser and tokens put around a text (the folder's
+        <bos>: affix); their decoders, which only turn ids back into text, may differ. Else
+        what differs first, for the error."""
         if other is self:
             return None
         a, b = _id_rules(self._tok), _id_rules(other._tok)
+        a["tokens put around a text"], b["tokens put around a text"] = self.affix, other.affix
         return next((what for what in a if a[what] != b[what]), None)
 
     def kind(self) -> str | None:
-        """None for a byte-level BPE (GPT-2's kind, and Llama 3's, Qwen's and Pythia's, whose
-        words are split by a regex written out and whose text may be NFC-normalised first);
-        else what it is instead, for the error."""
+        """None for a tokenizer whose tokens are bytes: a byte-level BPE (GPT-2's kind, and
+        Llama 3's, Qwen's and Pythia's, whose words are split by a regex written out and whose
+        text may be NFC-normalised first), or a SentencePiece-style BPE with byte fallback;
+        else what it is instead, for the error. A byte-level BPE may lack bytes (SmolLM2's
+        lacks 0xC0, 0xC1, 0xF5-0xFF, which no UTF-8 text holds, and six control characters):
+        a text that needs one is refused when it is encoded (`missing_bytes`)."""
         model = type(self._tok.model).__name__
         if model != "BPE":
             return f"its model is {model}"
-        if self.sentencepiece:
-            return _sentencepiece_kind(self._tok)
+        if self.byte_fallback:
+            return _sentencepiece_kind(self._tok, self._byte_ids)
         wrong = _pre_tokenizer_kind(_parts(self._tok.pre_tokenizer))
         if wrong:
             return wrong
@@ -307,10 +347,49 @@ class Tokenizer:
         norm = self._tok.normalizer  # it changes the text before it is split: only NFC,
         if norm is not None and _state(norm) != {"type": "NFC"}:  # which is the same text
             return f"it has a normalizer, {type(norm).__name__}"
-        missing = sum(self._tok.token_to_id(c) is None for c in _bytes_to_unicode().values())
-        if missing:  # such a byte has no token: it would become an unknown token, or vanish
-            return f"{missing} of the 256 bytes {'has' if missing == 1 else 'have'} no token"
         return None
+
+    @cached_property
+    def byte_fallback(self) -> bool:
+        """A SentencePiece-style BPE: a character no piece holds is spelt by <0xNN> tokens."""
+        return bool(getattr(self._tok.model, "byte_fallback", False))
+
+    @cached_property
+    def _byte_ids(self) -> dict[int, int]:
+        """id -> byte of the <0xNN> tokens of a byte-fallback vocabulary (none otherwise)."""
+        if not self.byte_fallback:
+            return {}
+        found = {self._tok.token_to_id(f"<0x{b:02X}>"): b for b in range(256)}
+        return {i: b for i, b in found.items() if i is not None}
+
+    @cached_property
+    def missing_bytes(self) -> bytes:
+        """The bytes a byte-level vocabulary has no token for, those UTF-8 text can hold
+        (0xC0, 0xC1 and 0xF5-0xFF never occur in it): the library would drop them silently."""
+        if self.byte_fallback:
+            return b""
+        return bytes(b for b, ch in _bytes_to_unicode().items()
+                     if self._tok.token_to_id(ch) is None and b not in NEVER_IN_UTF8)
+
+    def check_bytes(self, text: str) -> None:
+        """InputError naming the first byte of the text this tokenizer has no token for."""
+        missing = self.missing_bytes
+        if not missing:
+            return
+        if missing.isascii():  # control characters: look for the characters themselves
+            m = re.search("[" + re.escape(missing.decode("ascii")) + "]", text)
+            at = m.start() if m else None
+        else:
+            at = next((i for i, ch in enumerate(text)
+                       if any(b in missing for b in ch.encode("utf-8"))), None)
+        if at is None:
+            return
+        from .errors import InputError
+
+        byte = next(b for b in text[at].encode("utf-8") if b in missing)
+        raise InputError(f"the text's character {at} ({_named(text[at])}) needs byte "
+                         f"0x{byte:02x}, which this model's tokenizer has no token for: the "
+                         "model cannot read it; leave it out")
 
     @property
     def vocab_size(self) -> int:
@@ -332,6 +411,11 @@ class Tokenizer:
             raise ValueError(f"tokenizer has no {END_OF_TEXT} token")
         return i
 
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The ids generation ends at: the folder's end tokens, else eot_id."""
+        return self.end_ids or (self.eot_id,)
+
     def ends_with(self, token_id: int | None) -> None:
         """The model's own end token (its config's eos_token_id), used as eot_id when the
         tokenizer has no <|endoftext|>: a special token of the tokenizer, or nothing."""
@@ -345,16 +429,10 @@ class Tokenizer:
         return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
 
     @cached_property
-    def sentencepiece(self) -> bool:
-        """SentencePiece's BPE (a GGUF's `llama` tokenizer: gguf_vocab.py): '▁' for a
-        space, <0xNN> tokens for bytes, the first word given a space before it."""
-        return type(self._tok.pre_tokenizer).__name__ == "Metaspace"
-
-    @cached_property
     def longest_token_bytes(self) -> int:
         """The most bytes one token stands for (each character of a byte-level vocabulary
         entry is one byte): a text of more than n * this bytes is more than n tokens."""
-        if self.sentencepiece:
+        if self.byte_fallback:  # '▁' is one character of three bytes
             return max(len(self.token_bytes(i)) for i in range(self.vocab_size))
         return max(len(piece) for piece in self._tok.get_vocab(with_added_tokens=True))
 
@@ -369,9 +447,31 @@ class Tokenizer:
         return set(self._tok.get_vocab(with_added_tokens=True).values()) == set(range(last + 1))
 
     def encode(self, text: str) -> list[int]:
-        if len(text) > CHUNK:
+        """The text's tokens, without the special tokens the folder's tokenizer puts around a
+        text (text_ids adds them); InputError for a byte the vocabulary has no token for."""
+        self.check_bytes(text)
+        if len(text) > CHUNK and not self.byte_fallback:  # byte-level words never span a cut
             return self._encode_long(text)
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def text_ids(self, text: str) -> list[int]:
+        """A text's ids as the folder's tokenizer hands them to the model: encode(text) with
+        the tokens its post-processor puts before and after a text (set_affix), as
+        transformers' tokenizer(text) does: Gemma's <bos>, Llama 2's <s>."""
+        before, after = self.affix
+        return [*before, *self.encode(text), *after]
+
+    def set_affix(self) -> None:
+        """The tokens around a text (affix), as transformers 5 puts them: tokenizer.json's
+        post-processor decides (the library's own, on a probe text). tokenizer_config.json's
+        add_bos_token is not read: transformers 5 drops it whenever there is a tokenizer.json
+        (transformers 4's Llama and Gemma classes let it rebuild the post-processor; the hub's
+        Gemma and Llama 2 files say the same in both places)."""
+        probe = self._tok.encode("a", add_special_tokens=True)
+        mask = probe.special_tokens_mask
+        first = mask.index(0) if 0 in mask else len(mask)
+        last = len(mask) - mask[::-1].index(0) if 0 in mask else len(mask)
+        self.affix = (probe.ids[:first], probe.ids[last:])
 
     def _encode_long(self, text: str) -> list[int]:
         """A long text in pieces cut where the byte-level pre-tokenizer always starts a new
@@ -382,10 +482,8 @@ class Tokenizer:
         out: list[int] = []
         start = 0
         while start < len(text):
-            end = _cut(text, start + CHUNK, self.sentencepiece)
-            # the provably exact cuts inside a stretch are byte-level BPE's: a SentencePiece
-            # stretch is encoded whole
-            if end - start <= 2 * CHUNK or self.sentencepiece:
+            end = _cut(text, start + CHUNK)
+            if end - start <= 2 * CHUNK:
                 out += self._tok.encode(text[start:end], add_special_tokens=False).ids
             else:
                 out += self._encode_stretch(text, start, end)
@@ -430,12 +528,22 @@ class Tokenizer:
         return lambda x, y: bool(table[x, y])
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        short = [t for t in texts if len(t) <= CHUNK]  # a long one in pieces, as encode does
-        found = iter(e.ids for e in self._tok.encode_batch(short, add_special_tokens=False))
-        return [next(found) if len(t) <= CHUNK else self.encode(t) for t in texts]
+        for text in texts:
+            self.check_bytes(text)
+        # a long one in pieces, as encode does (not a byte-fallback one: encode takes it whole)
+        whole = [t for t in texts if len(t) <= CHUNK or self.byte_fallback]
+        found = iter(e.ids for e in self._tok.encode_batch(whole, add_special_tokens=False))
+        return [next(found) if len(t) <= CHUNK or self.byte_fallback else self.encode(t)
+                for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def continuation(self, ids: Iterable[int]) -> str:
+        """The text the ids add after a text: their bytes, as decode gives them for a
+        byte-level BPE, but never with the space a SentencePiece decoder strips from the
+        start of a text (Llama 2's: " Paris" after "The capital is" keeps its space)."""
+        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
 
     def token_bytes(self, token_id: int) -> bytes:
         """The exact bytes one token stands for."""
@@ -446,19 +554,25 @@ class Tokenizer:
             raise ValueError(
                 f"token id {token_id} is not in the vocabulary (0..{self.vocab_size - 1})"
             )
+        byte = self._byte_ids.get(int(token_id))
+        if byte is not None:  # <0xNN>: the byte it falls back to
+            return bytes((byte,))
         if piece in self.special_tokens:
             return piece.encode("utf-8")
-        if self.sentencepiece:
-            m = _BYTE_TOKEN.fullmatch(piece)
-            return bytes([int(m[1], 16)]) if m else piece.replace(SPACE, " ").encode("utf-8")
+        if self.byte_fallback:
+            return piece.replace(SPACE, " ").encode("utf-8")
         return bytes(self._byte_of[ch] for ch in piece)
 
     def token_to_id(self, text: str) -> int | None:
         """The id of the token whose text is exactly `text` (' toys', with its space), or None."""
         if text in self.special_tokens:
             return self.special_tokens[text]
-        if self.sentencepiece:
-            return self._tok.token_to_id(text.replace(" ", SPACE))
+        if self.byte_fallback:  # the piece, else the byte's own <0xNN> token
+            found = self._tok.token_to_id(text.replace(" ", SPACE))
+            if found is not None and found not in self._byte_ids:
+                return found
+            raw = text.encode("utf-8")
+            return self._tok.token_to_id(f"<0x{raw[0]:02X}>") if len(raw) == 1 else None
         to_char = _bytes_to_unicode()
         piece = "".join(to_char[b] for b in text.encode("utf-8"))
         return self._tok.token_to_id(piece)

@@ -398,6 +398,27 @@ def _let_go(buf, begin: int, end: int) -> None:
         buf.madvise(advice, first, last - first)
 
 
+def let_go_of(a) -> None:
+    """Drop the mapped file's pages under array `a` (a view of a file map_safetensors
+    mapped) from this process, as _let_go does for a widened bfloat16 tensor: a converter
+    calls it once its canonical copy of `a` is made (transposed, or one piece of a fused
+    matrix), so a float32 file's pages and their copies are never all resident together
+    (the file is mapped whole at once). Anything else is left as it is."""
+    import mmap
+
+    import numpy as np
+
+    base = a
+    while isinstance(base, np.ndarray) and isinstance(base.base, np.ndarray):
+        base = base.base
+    view = getattr(base, "base", None)
+    if not isinstance(view, memoryview) or not isinstance(view.obj, mmap.mmap):
+        return
+    start = np.frombuffer(view, np.uint8, 1).ctypes.data  # where the mapping begins
+    begin = a.ctypes.data - start
+    _let_go(view.obj, begin, begin + a.nbytes)
+
+
 def read_safetensors(path: Path, names=None, *, limit: int = MAX_HEADER_BYTES,
                      label: str | None = None, hint: str | None = None,
                      lazy_bf16: bool = False) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -719,7 +740,53 @@ def _open_folder(folder: str | Path | None) -> Folder:
     header = checked_header(weights, config)
     tokenizer = read_tokenizer(root / "tokenizer.json", config)
     check_vocabulary(tokenizer, config, root)
+    tokenizer.set_affix()
+    settings = read_side_json(root / "tokenizer_config.json")
+    generation = read_side_json(root / "generation_config.json") or {}
+    if "eos_token_id" not in generation:  # transformers then takes the model config's
+        generation = {"eos_token_id": (read_side_json(root / "config.json") or {}).get(
+            "eos_token_id")}
+    tokenizer.end_ids = end_ids(tokenizer, generation, settings)
     return Folder(root, config, tokenizer, header)
+
+
+def read_side_json(path: Path) -> dict | None:
+    """A folder's optional JSON side file (tokenizer_config.json, generation_config.json), as
+    a dict; None when the folder has none. Capped in size as tokenizer.json is: Gemma's
+    tokenizer_config.json lists its 6,000 added tokens (1.2 MB)."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TOKENIZER_BYTES + 1)
+    except OSError as e:
+        raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(raw) > MAX_TOKENIZER_BYTES:
+        raise WeightsError(f"{path} is larger than {MAX_TOKENIZER_BYTES:,} bytes")
+    try:
+        found = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise WeightsError(f"{path} is not valid JSON ({str(e).splitlines()[0][:200]})") from None
+    if not isinstance(found, dict):
+        raise WeightsError(f"{path} is not a JSON object")
+    return found
+
+
+def end_ids(tokenizer, generation: dict | None, settings: dict | None) -> tuple[int, ...]:
+    """Where generation ends: every id of generation_config.json's eos_token_id (one or a
+    list, as transformers' generate stops at each; without one, config.json's, as
+    transformers makes the generation config from it), else the model's end token
+    (eot_id), and the tokenizer's own eos_token (tokenizer_config.json's) besides. Ids
+    outside the vocabulary can never be generated and are left out."""
+    from .tokenizer import special_name
+
+    declared = (generation or {}).get("eos_token_id")
+    declared = declared if isinstance(declared, list) else [declared]
+    found = [i for i in declared if isinstance(i, int) and not isinstance(i, bool)
+             and 0 <= i < tokenizer.n_rows] or [tokenizer.eot_id]
+    name = special_name((settings or {}).get("eos_token"))
+    named = tokenizer.special_tokens.get(name) if name is not None else None
+    return tuple(dict.fromkeys([*found, *([named] if named is not None else [])]))
 
 
 def _not_a_folder(path: Path) -> str:
@@ -800,8 +867,8 @@ MAX_TOKENIZER_BYTES = 16 << 20  # GPT-2's own, 50,257 tokens with their merges: 
 
 
 def read_tokenizer(path: Path, config: Config):
-    """tokenizer.json, capped in size like config.json, and refused unless it is a byte-level
-    BPE (the only kind whose tokens are bytes, which every view and the model's ids assume)."""
+    """tokenizer.json, capped in size like config.json, and refused unless its tokens are
+    bytes (a byte-level BPE, or a BPE with byte fallback), which every view assumes."""
     from .tokenizer import Tokenizer
 
     try:
@@ -818,8 +885,9 @@ def read_tokenizer(path: Path, config: Config):
         raise WeightsError(f"{path} is not a tokenizers file ({e})") from None
     kind = tokenizer.kind()
     if kind is not None:
-        raise WeightsError(f"{path} is not a byte-level BPE tokenizer ({kind}); tinygpt reads "
-                           "only GPT-2's kind, whose tokens are bytes")
+        raise WeightsError(f"{path} is not a tokenizer whose tokens are bytes ({kind}); tinygpt "
+                           "reads byte-level BPE (GPT-2's kind) and SentencePiece-style BPE with "
+                           "byte fallback (Llama 2's, Gemma's)")
     return tokenizer
 
 

@@ -145,8 +145,9 @@ def config_differences(a, b) -> dict:
 def models_diff(a, model_b, steering_b=None) -> ModelsDiff:
     """Session a's ids through its model and through model_b (steered by `steering_b`). The
     models may differ in every size but the vocabulary: their tokenizers must give every
-    text the same ids (Tokenizer.differs_from); a vocabulary padded to more rows in one
-    model is compared over the tokenizer's tokens."""
+    text the same ids, with the same tokens put around it (Tokenizer.differs_from: the
+    folder's <bos>); a vocabulary padded to more rows in one model is compared over the
+    tokenizer's tokens."""
     from ..errors import InputError
     from ..session import Session
 
@@ -159,7 +160,9 @@ def models_diff(a, model_b, steering_b=None) -> ModelsDiff:
     if a.T > limit:
         raise InputError(f"the text is {a.T} tokens long; the second model reads at most "
                          f"{limit}")
-    b = Session(model_b, a.text, list(a.ids), list(a.tokens), steering_b)
+    # a's ids as they are: the folder's <bos> (a.specials) or a --chat text's own
+    b = Session(model_b, a.text, list(a.ids), list(a.tokens), steering_b,
+                specials=a.specials, dropped=a.dropped)
     la, lb = a.run(), b.run()
     if la.shape[-1] != lb.shape[-1]:  # padded rows are no token: the tokenizer's alone
         n = min(model_a.tokenizer.vocab_size, la.shape[-1], lb.shape[-1])

@@ -447,8 +447,10 @@ def score_inputs(model, text: str | None, read_text: Callable[[str | None], str]
         # whole windows only: the last token is scored when the last window ends on it
         scored = (len(ids) - 1) % cfg.n_positions == 0
         return Inputs([ids.astype(np.int64)], 0, n_bytes / len(ids), added * scored)
-    seq = np.asarray(([eot] if bos else []) + tok.encode(read_text(text)))
+    # before a text: the tokens the folder's tokenizer puts there (Gemma's <bos>), else eot
+    before = (list(tok.affix[0]) or [eot]) if bos else []
+    seq = np.asarray(before + tok.encode(read_text(text)))
     if len(seq) < 2:
         raise InputError("one token alone has nothing before it to predict it from; "
                          "give a longer text or leave out --no-bos")
-    return Inputs([seq], int(bos), None)
+    return Inputs([seq], len(before), None)

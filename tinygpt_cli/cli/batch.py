@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ..context import RunContext
 
 OPTION = "--each-line"
+CHAT = "--chat"
 TEXT_PARAMS = ("text", "text_a")
 PAIR_PARAMS = ("clean", "corrupt")  # a line gives both: CLEAN<TAB>CORRUPT (as --pairs)
 MEAN = "--mean"
@@ -49,20 +50,17 @@ def main(command, args: list[str], context: RunContext):
     if mean and not each:
         raise InputError(f"{MEAN} averages a command's numbers over the lines of "
                          f"{OPTION} FILE: give {OPTION} too")
+    if any(a == CHAT or a.startswith(CHAT + "=") for a in options):
+        if each:
+            raise InputError(f"{CHAT} gives the command one message; {OPTION} one text a "
+                             "line: give one of them")
+        return _chat(command, args, context)
     if not each:
         return command.main(args=args, prog_name="tinygpt", standalone_mode=False,
                             obj=context)
     source, rest = take_option(args)
-    from ..entry import command_word
-
-    name = command_word(command, rest)
-    sub = getattr(command, "commands", {}).get(name) if name else None
-    if sub is None or not reads_lines(sub):
-        readers = sorted(n for n, c in getattr(command, "commands", {}).items()
-                         if reads_lines(c))
-        raise InputError(f"{OPTION} runs a command that reads a text once per line; "
-                         f"{name or 'no command'} does not read one. Commands that do: "
-                         + ", ".join(readers))
+    name, sub = _text_command(command, rest, reads_lines, f"{OPTION} runs a command that "
+                              "reads a text once per line")
     if mean:
         if name not in MEANS:
             raise InputError(f"{MEAN} averages the JSON numbers of {', '.join(MEANS)} over "
@@ -85,6 +83,11 @@ def reads_lines(command) -> bool:
     return bool(names & set(TEXT_PARAMS)) or set(PAIR_PARAMS) <= names
 
 
+def reads_text(command) -> bool:
+    """Does the command read one text (the place --chat puts its message)?"""
+    return any(p.name in TEXT_PARAMS for p in command.params)
+
+
 def line_texts(command, line: str) -> list[str]:
     """The text argument(s) a line gives: itself, or CLEAN and CORRUPT split at its tab."""
     if any(p.name in TEXT_PARAMS for p in command.params):
@@ -93,6 +96,58 @@ def line_texts(command, line: str) -> list[str]:
     if len(parts) != 2 or not all(p.strip() for p in parts):
         raise InputError("expected CLEAN<tab>CORRUPT, the two texts of a pair")
     return parts
+
+
+def _text_command(command, rest: list[str], reads, what: str):
+    """(name, click command) of the command in `rest`, which must read what `reads(command)`
+    asks (a text: reads_text; a text or a pair: reads_lines); else InputError saying `what`
+    and naming those that do."""
+    from ..entry import command_word
+
+    name = command_word(command, rest)
+    sub = getattr(command, "commands", {}).get(name) if name else None
+    if sub is None or not reads(sub):
+        readers = sorted(n for n, c in getattr(command, "commands", {}).items() if reads(c))
+        raise InputError(f"{what}; {name or 'no command'} does not read one"
+                         + (". Commands that do: " + ", ".join(readers) if readers else ""))
+    return name, sub
+
+
+def _chat(command, args: list[str], context: RunContext) -> int:
+    """--chat MESSAGE: the message rendered in the folder's chat template (chat.py) is the
+    command's text, in the text argument's place as --each-line puts a line; the run's
+    context says so, and the folder's <bos> is not added to it again."""
+    from ..chat import prompt
+
+    message, rest = take_option(args, CHAT, "the user's message, e.g. --chat \"Hi!\"")
+    if message.startswith("--"):  # `--chat --weights DIR`: the message was left out
+        raise InputError(f"{CHAT} needs the user's message, not {message}; a message that "
+                         f"starts with '--' is written {CHAT}=MESSAGE")
+    name, sub = _text_command(command, rest, reads_text, f"{CHAT} gives its message to a "
+                              "command that reads a text")
+    at = rest.index(name) + 1
+    options, before, after = split_arguments(sub, rest[at:])
+    if _value(options, "--last") is not None:  # its cut would drop the template's opening
+        raise InputError(f"--last cannot cut a {CHAT} text: it would drop the chat template's "
+                         "opening (its <bos>, the turn's header); give a shorter message")
+    others = [p for p in sub.params if p.param_type_name == "argument"]
+    if len(before) + len(after) >= len(others):  # the text given too: it would be one more
+        raise InputError(f"give the text once: as the argument, or as {CHAT}'s message")
+    weights = _value(options, "--weights") or _value(rest[:at], "--weights") or context.weights
+    text = prompt(weights, message, context.opened)
+    return command.main(args=[*rest[:at], *options, "--", *before, text, *after],
+                        prog_name="tinygpt", standalone_mode=False,
+                        obj=replace(context, chat=True))
+
+
+def _value(options: list[str], name: str) -> str | None:
+    """The value of option `name` among the option words, as given; None if absent."""
+    for i, a in enumerate(options):
+        if a == name and i + 1 < len(options):
+            return options[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
 
 
 def _each_line(command, rest: list[str], name: str, sub, lines, context: RunContext,
@@ -196,8 +251,11 @@ def split_arguments(command, args: list[str]) -> tuple[list[str], list[str], lis
     return options, positional[:place], positional[place:]
 
 
-def take_option(args: list[str]) -> tuple[str, list[str]]:
-    """(FILE, the other arguments) from `--each-line FILE` or `--each-line=FILE`."""
+def take_option(args: list[str], option: str = OPTION,
+                needs: str = "a file of texts, one per line ('-': stdin)"
+                ) -> tuple[str, list[str]]:
+    """(FILE, the other arguments) from `--each-line FILE` or `--each-line=FILE` (or another
+    option's value: --chat MESSAGE)."""
     rest, source = [], None
     it = iter(range(len(args)))
     for i in it:
@@ -205,15 +263,15 @@ def take_option(args: list[str]) -> tuple[str, list[str]]:
         if a == "--":  # the rest is text, given as is
             rest += args[i:]
             break
-        if a == OPTION:
+        if a == option:
             if i + 1 >= len(args):
-                raise InputError(f"{OPTION} needs a file of texts, one per line ('-': stdin)")
+                raise InputError(f"{option} needs {needs}")
             source = args[i + 1]
             next(it, None)
-        elif a.startswith(OPTION + "="):
+        elif a.startswith(option + "="):
             source = a.split("=", 1)[1]
         else:
             rest.append(a)
     if not source:
-        raise InputError(f"{OPTION} needs a file of texts, one per line ('-': stdin)")
+        raise InputError(f"{option} needs {needs}")
     return source, rest

@@ -40,17 +40,18 @@ __all__ = ["FORCE", "LAST", "InputError", "QUIET", "SAVE", "at_least", "bar", "c
            "read_text", "run", "save_figure", "show_view", "stderr", "stdout", "wide"]
 
 
-def encode_checked(model, text: str) -> list[int]:
+def encode_checked(model, text: str, specials: bool = True) -> list[int]:
     from ..session import encode_checked as encode
 
-    return encode(model, text)
+    return encode(model, text, specials)
 
 
 # Options, declared once so every command spells and documents them the same way.
 TEXT = typer.Argument(None, help="The text; '-' or nothing reads it from stdin. "
                       "--each-line FILE runs the command once per line of FILE ('-': stdin); "
                       "dla, lens, ablate and attribute add --mean for one JSON document of "
-                      "their numbers averaged over the lines.",
+                      "their numbers averaged over the lines; "
+                      "--chat MESSAGE reads the message in the model's chat template.",
                       show_default=False)
 # The name is passed on as typed (parser=str), so that an empty --weights "" stays empty and
 # is refused by load_model instead of becoming Path("") == Path("."), the current folder.
@@ -211,7 +212,7 @@ def open_session(context: RunContext, weights: Path | None, text: str | None, *,
     ahead = context.ahead.final_norm if context.ahead is not None else None
     with offering_last(context):
         s = Session.open(read_whole(context, text, model), model=model, steering=hook,
-                         ahead=ahead, last=context.last)
+                         ahead=ahead, last=context.last, specials=not context.chat)
     if s.dropped:
         cut(context, s.dropped)
     ablated = []
@@ -230,7 +231,8 @@ def encode_text(context: RunContext, model, text: str | None) -> list[int]:
     from ..session import encode_last
 
     with offering_last(context):
-        ids, dropped = encode_last(model, read_whole(context, text, model), context.last)
+        ids, dropped = encode_last(model, read_whole(context, text, model), context.last,
+                                   specials=not context.chat)
     if dropped:
         cut(context, dropped)
     return ids

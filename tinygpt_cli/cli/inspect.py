@@ -51,7 +51,7 @@ def encode(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, as_js
     """
     model = open_folder(context, weights)
     text = read_text(text)
-    ids = model.tokenizer.encode(text)
+    ids = (model.tokenizer.encode if context.chat else model.tokenizer.text_ids)(text)
 
     def document():
         from ..render.documents import encode_document
@@ -115,7 +115,8 @@ def generate(
     seed: int = typer.Option(None, "--seed", "-s", help="Seed for the random picks; the same "
                              "seed gives the same text. Default: a new one, printed on stderr.",
                              show_default=False),
-    no_stop: bool = typer.Option(False, "--no-stop", help="Go on past <|endoftext|>."),
+    no_stop: bool = typer.Option(False, "--no-stop", help="Go on past the model's end tokens "
+                                 "(<|endoftext|>, or generation_config.json's eos_token_id)."),
     ablate: list[str] = ABLATE,
     as_json: bool = typer.Option(False, "--json", help="One JSON object a line: each token, "
                                  "then a summary."),
@@ -141,13 +142,13 @@ def generate(
         ablated, zeroed = zeroing(model, list(ablate), context.saes)
     hooks = steered_hooks(context, model, zeroed)
     prompt = read_text(text)  # a long prompt is read whole: the model reads its end
-    ids, whole = encode_tail(model, prompt)
+    ids, whole = encode_tail(model, prompt, specials=not context.chat)
     generation.say_window(whole, model.config.n_positions)
     chosen, seed = seed, fresh_seed() if seed is None else seed
     tok = model.tokenizer
     steps = generate_tokens(model.params, model.config, ids, max_new_tokens,
                             temperature=temperature, top_k=top_k or None, top_p=top_p,
-                            rng=create_rng(seed), stop_id=None if no_stop else tok.eot_id,
+                            rng=create_rng(seed), stop_ids=() if no_stop else tok.stop_ids,
                             hooks=hooks)
     if chosen is None and temperature > 0:
         stderr().print(f"seed {seed} (pass --seed {seed} to get the same text again)",
@@ -156,7 +157,7 @@ def generate(
         made = generation.write_json(tok, prompt, ids, steps, seed, no_stop, ablated)
     else:
         made = generation.write_text(stdout(context), tok, prompt, steps, no_stop)
-        generation.say_stopped(made, tok.eot_id, no_stop, max_new_tokens, ablated)
+        generation.say_stopped(made, tok, no_stop, max_new_tokens, ablated)
     if context.presented is not None:  # printed as it came; a program gets the summary too
         from ..render.output import present
 

@@ -58,7 +58,9 @@ def score(
     stream: bool = typer.Option(False, "--stream", help="Score the file as one token stream "
                                 "in non-overlapping windows, as the model card counts."),
     bos: bool = typer.Option(True, "--bos/--no-bos", help="Put <|endoftext|> before each text "
-                             "so its first token is scored too, as after a story separator."),
+                             "so its first token is scored too, as after a story separator "
+                             "(a text: the folder's <bos> instead, when its tokenizer puts "
+                             "one; none before a --chat text, which holds its own)."),
     closing: bool = typer.Option(True, "--closing-separator/--no-closing-separator",
                                  help="--file: score a closing <|endoftext|> after the last "
                                  "story even where the file does not end with one, as the "
@@ -89,8 +91,10 @@ def score(
     tok, cfg = model.tokenizer, model.config
     hooks, changes = steered(context, model)
     check_save(save, force)  # before a long text is read and tokenised, and lines stream
+    # a --chat text holds its own <bos>: nothing is put before it
     sequences, offset, stream_bpt, added = sc.score_inputs(model, text, read_text, file,
-                                                           stride, stream, bos, closing)
+                                                           stride, stream,
+                                                           bos and not context.chat, closing)
     stride = stride or cfg.n_positions
     shown = show if show is not None else (sum(map(len, sequences)) < 3000 and not stream)
     token_str = tok.token_strs  # labelled once per tokenizer, even with --each-line

@@ -75,11 +75,16 @@ def side_by_side(pieces: list) -> np.ndarray:
 
 
 def _place(out: np.ndarray, a) -> None:
-    """out[...] = a.T, widening a bfloat16 a on the way."""
+    """out[...] = a.T, widening a bfloat16 a on the way; the file's pages of `a` are let go
+    of then (weights.let_go_of: never read again)."""
     if hasattr(a, "widen"):
         a.widen(out, transposed=True)
     else:
+        from ..weights import let_go_of
+
         out[...] = a.T
+        if a.flags.c_contiguous:  # a whole tensor of the file, not a piece of one
+            let_go_of(a)
 
 
 def first_id(x, vocab: int) -> tuple[int | None, str | None]:

@@ -10,8 +10,8 @@ from . import jsonout
 from .text import escape_line, show_text
 
 
-def _stopped(new: list[int], eot: int, no_stop: bool) -> bool:
-    return bool(new) and new[-1] == eot and not no_stop
+def _stopped(new: list[int], ends: tuple[int, ...], no_stop: bool) -> bool:
+    return bool(new) and new[-1] in ends and not no_stop
 
 
 def ablated_line(ablated: list[str]) -> str:
@@ -39,12 +39,14 @@ def summary(tok, prompt: str, ids: list[int], new: list[int], seed: int, no_stop
             ) -> dict:
     """A generation's last JSON line (event "end"): the whole text, every id and token, how
     many are new, the seed and what stopped it; also what the Python API's generate returns."""
-    stopped = _stopped(new, tok.eot_id, no_stop)
+    stopped = _stopped(new, tok.stop_ids, no_stop)
     kept = new[:-1] if stopped else new
-    return jsonout.document(None, prompt + tok.decode(kept), ids + new,
+    # "endoftext": one of the model's end tokens, named by stop_token
+    end = {"stop": "endoftext", "stop_token": tok.token_str(new[-1])} if stopped else \
+        {"stop": "max_new_tokens"}
+    return jsonout.document(None, prompt + tok.continuation(kept), ids + new,
                             [tok.token_str(i) for i in ids + new], event="end",
-                            new_tokens=len(new), seed=seed,
-                            stop="endoftext" if stopped else "max_new_tokens")
+                            new_tokens=len(new), seed=seed, **end)
 
 
 def say_window(whole: int | None, limit: int) -> None:
@@ -60,14 +62,15 @@ def say_window(whole: int | None, limit: int) -> None:
                    soft_wrap=True)
 
 
-def say_stopped(new: list[int], eot: int, no_stop: bool, max_new_tokens: int,
+def say_stopped(new: list[int], tok, no_stop: bool, max_new_tokens: int,
                 ablated: list[str] = ()) -> None:
-    """generate's closing notes on stderr: how many new tokens, and what stopped them; then
-    what --ablate zeroed (no view header to say it in: said last, as the steering line is)."""
+    """generate's closing notes on stderr: how many new tokens, and what stopped them (the
+    end token it met, by name); then what --ablate zeroed (no view header to say it in:
+    said last, as the steering line is)."""
     from ..words import count
     from .output import stderr
 
-    why = ("<|endoftext|>" if _stopped(new, eot, no_stop)
+    why = (escape_line(tok.token_str(new[-1])) if _stopped(new, tok.stop_ids, no_stop)
            else f"--max-new-tokens {max_new_tokens}")
     stderr().print(f"({count(len(new), 'new token')}; stopped at {why})", style="dim")
     if ablated:
@@ -111,7 +114,7 @@ class WordWrap:
 def write_text(out, tok, prompt: str, steps, no_stop: bool) -> list[int]:
     """The prompt, then each new piece of text as soon as it is whole (on a terminal, each
     word: WordWrap); the new ids."""
-    eot = tok.eot_id
+    ends = () if no_stop else tok.stop_ids
     wrap = None
     if out.is_terminal:
         # soft_wrap: the text goes out as it is, broken only between words (WordWrap).
@@ -124,17 +127,17 @@ def write_text(out, tok, prompt: str, steps, no_stop: bool) -> list[int]:
     shown = ""
     for step in steps:
         new.append(step.id)
-        if step.id == eot and not no_stop:
+        if step.id in ends:
             break
         # Decode everything so far: a character split over two tokens appears whole.
-        full = tok.decode([t for t in new if t != eot or no_stop])
+        full = tok.continuation(new)
         if full.endswith("\ufffd"):
             continue
         piece, shown = full[len(shown):], full
         piece = show_text(piece)  # plain text, written as is: tabs stay tabs
         out.file.write(wrap.feed(piece) if wrap else piece)
         out.file.flush()
-    rest = show_text(tok.decode([t for t in new if t != eot or no_stop])[len(shown):])
+    rest = show_text(tok.continuation([t for t in new if t not in ends])[len(shown):])
     out.file.write((wrap.feed(rest) + wrap.end() if wrap else rest) + "\n")
     out.file.flush()
     return new

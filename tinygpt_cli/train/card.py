@@ -109,7 +109,7 @@ def samples(model: Model, prompt: str, *, temperature: float, seed: int, n: int 
     tok = model.tokenizer
     ids = tok.encode(prompt)
     new = [s.id for s in generate(model.params, model.config, ids, n, temperature=temperature,
-                                  rng=create_rng(seed), stop_id=tok.eot_id)]
+                                  rng=create_rng(seed), stop_ids=(tok.eot_id,))]
     if new and new[-1] == tok.eot_id:
         new = new[:-1]
     return prompt + tok.decode(new)

@@ -1,0 +1,109 @@
+"""Tokenizers as real models ship them (shipped_tokenizers.py builds them): the ids equal
+transformers' AutoTokenizer's on hard texts for every family, the <bos> its post-processor
+adds included; a byte-level BPE lacking bytes is read, and a text needing one is refused in
+one line; a SentencePiece-style BPE's tokens are the bytes of the text they stand for."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_helpers import assert_one_error_line
+from shipped_tokenizers import FAMILIES, HARD, model_folder, tokenizer_files
+
+from tinygpt_cli.errors import InputError
+from tinygpt_cli.weights import open_folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shipped")
+    return {kind: model_folder(root / kind, *tokenizer_files(kind)) for kind in FAMILIES}
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_ids_equal_transformers_on_hard_texts(folders, kind):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(folders[kind]))
+    tok = open_folder(folders[kind]).tokenizer
+    for text in HARD:
+        assert tok.text_ids(text) == hf(text)["input_ids"], (kind, text)
+    bos = {"gemma": "<bos>", "gemma_no_bos": "<bos>", "llama2": "<s>"}.get(kind)
+    first = tok.text_ids("Hi")[0]
+    assert (hf.convert_ids_to_tokens(first) == bos) if bos else tok.affix == ([], [])
+
+
+def test_a_text_needing_a_byte_smollm2_lacks_is_refused_where_transformers_drops_it(folders):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(folders["smollm2"]))
+    text = "ab\x01c"
+    assert hf.decode(hf(text)["input_ids"]) == "abc"  # silently read without the byte
+    with pytest.raises(InputError, match=r"character 2 \(U\+0001, a control character\) "
+                       r"needs byte 0x01"):
+        open_folder(folders["smollm2"]).tokenizer.text_ids(text)
+
+
+def test_smollm2s_vocabulary_lacking_19_bytes_is_read(folders):
+    tok = open_folder(folders["smollm2"]).tokenizer
+    assert tok.kind() is None and tok.missing_bytes == bytes(range(6))  # the rest: not UTF-8
+    text = "Tab\there, ÿ and 🙂 \x7f"
+    ids = tok.text_ids(text)
+    assert b"".join(tok.token_bytes(i) for i in ids) == text.encode("utf-8")
+
+
+@pytest.mark.parametrize("kind", ["gemma", "llama2"])
+def test_sentencepiece_tokens_stand_for_the_texts_bytes(folders, kind):
+    tok = open_folder(folders[kind]).tokenizer
+    assert tok.byte_fallback and tok.kind() is None
+    text = "Lily  ran 🐻 東京\n\tx ſ"
+    ids = tok.encode(text)
+    made = b"".join(tok.token_bytes(i) for i in ids)
+    # Llama 2's Metaspace writes a space before the text (prepend "first"): its first token
+    # stands for it too; Gemma's normaliser only turns spaces into ▁
+    assert made == (" " if kind == "llama2" else "").encode() + text.encode("utf-8")
+    assert tok.decode(ids) == text
+    fox = [tok.token_str(i) for i in tok.encode("🦊")]  # no piece: 4 <0xNN> tokens
+    assert fox[-4:] == ["\\xf0", "\\x9f", "\\xa6", "\\x8a"]
+    for i in tok.encode("Lily ran to the ball"):  # a token's text names it back
+        assert tok.token_to_id(tok.token_str(i)) == i
+    assert tok.token_bytes(tok.token_to_id("\x07")) == b"\x07"  # only its <0x07> token
+
+
+def test_encode_shows_the_bos_the_post_processor_adds(folders, cli):
+    r = cli("encode", "Hi there", "--json", "--weights", folders["gemma"])
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert doc["tokens"][0] == "<bos>" and doc["ids"][0] == 2 and "".join(
+        doc["tokens"][1:]) == "Hi there"
+    r = cli("encode", "Hi there", "--json", "--weights", folders["smollm2"])
+    assert "".join(json.loads(r.out)["tokens"]) == "Hi there"  # no BOS: none added
+
+
+def test_a_missing_byte_is_refused_in_one_line_by_every_text_command(folders, cli):
+    for argv in (["encode"], ["generate", "-n", "2", "-t", "0"], ["attn"]):
+        r = cli(*argv, "Lily\x03!", "--weights", folders["smollm2"])
+        assert_one_error_line(r, 2, "character 4 (U+0003, a control character) needs byte 0x03")
+
+
+def test_score_reads_a_text_after_the_bos_the_tokenizer_puts_there(folders, cli):
+    import numpy as np
+
+    from tinygpt_cli.model import forward
+    from tinygpt_cli.weights import load_model
+
+    model = load_model(folders["gemma"])
+    ids = model.tokenizer.encode("Lily ran to the ball")
+    logits = forward(model.params, model.config, np.array([2, *ids]))[0].astype(np.float64)
+    chance = np.exp(logits[ids[0]] - logits.max()) / np.exp(logits - logits.max()).sum()
+    r = cli("score", "Lily ran to the ball", "--json", "--weights", folders["gemma"])
+    first = json.loads(r.out.splitlines()[0])
+    assert first["id"] == ids[0] and first["chance"] == pytest.approx(chance, rel=1e-5)
+
+
+def test_each_line_blames_the_line_with_the_missing_byte_alone(folders, cli, tmp_path):
+    lines = tmp_path / "lines.txt"
+    lines.write_text("Hello there\nsecond line\nbad \x01 line\nfourth\n", encoding="utf-8")
+    r = cli("probs", "--each-line", lines, "--json", "--weights", folders["smollm2"])
+    assert r.code == 2
+    assert [json.loads(x)["line"] for x in r.out.splitlines()] == [1, 2, 4]
+    assert r.err.count("error:") == 1 and "error: line 3:" in r.err and "0x01" in r.err
