@@ -178,7 +178,8 @@ def sae_feature(context: RunContext,
         return _feature_on_text(context, weights, sae, latent, text, as_json, save, force)
     model = load(context, weights)
     path = S.sae_file(model.weights_file, sae)
-    found = S.load_sae(path, model.config, model.weights_file)
+    found = S.load_sae(path, model.config, model.weights_file,
+                       default_site=S.SHIPPED_SITE if sae is None else None)
     latent = check_index(latent, found.n_latents, "latent")
     files = given_or(data, training_files)
     hooks, changes = steered(context, model)

@@ -10,7 +10,7 @@ import numpy as np
 import typer
 
 from ..errors import InputError
-from ..render.output import picture_format, save_page
+from ..render.output import picture_format, refuse_inside_package, save_page
 from ..render.text import escape_line, examples_block, show_token
 from .app import app
 from .common import (
@@ -95,6 +95,8 @@ def transcoder_train(
     keep_default_file(context, out, "the weights folder's transcoders/", "--transcoders")
     model = load(context, weights)
     folder = T.folder_of(model.weights_file, out)
+    if out is None:
+        refuse_inside_package(folder, "--transcoders")
     hooks, changes = steered(context, model)
     if k > latents:
         raise InputError(f"--k {k} is more than the {latents} latents")
