@@ -68,7 +68,7 @@ def test_installed_hints_name_the_weights_and_write_outside_the_package(cli, ins
     hints = [
         assert_one_error_line(cli("sae", "eval", "--weights", w), 2, "no SAE file at",
                               f"--weights {w} --out layers.1.resid_post.safetensors",
-                              "give it as `--sae layers.1.resid_post.safetensors`"),
+                              "then give `--sae layers.1.resid_post.safetensors`"),
         assert_one_error_line(cli("trace", TEXT, "sae.layers.0.resid_post", "--weights", w), 2,
                               "--site layers.0.resid_post", "--out layers.0.resid_post"),
         assert_one_error_line(cli("graph", TEXT, "--weights", w), 2, "no transcoders at",

@@ -104,7 +104,7 @@ def remake_hint(verb: str, command: str, weights_file: str | Path, default: str 
     if not inside_package(default):
         return f"{verb} with `{line}`"
     if use is not None:
-        return (f"{verb} with `{line} {out} {name}` and give it as `{use} {name}` (the "
+        return (f"{verb} with `{line} {out} {name}`, then give `{use} {name}` (the "
                 "installed package's folder is not written)")
     copy = shlex.quote(folder.name)
     return (f"{verb} in a copy of the weights outside the installed package: `cp -r "

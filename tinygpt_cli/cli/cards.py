@@ -245,7 +245,7 @@ def blocks(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
            position: int = POSITION, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 7: the residual stream after each block, what each block changed, the top guess.
 
-    The guess reads the stream through the final norm and the tied head (the "logit lens").
+    The guess reads the stream through the final norm and the output head (the "logit lens").
     Example: tinygpt blocks "Lily wanted to play with her"
     """
     import numpy as np

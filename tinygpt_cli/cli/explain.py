@@ -72,7 +72,7 @@ def lens(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, target:
     """Logit lens: the likeliest next token at every position after every stage.
 
     Each stage (the embeddings, each block's resid_mid and resid_post) goes through the final
-    LayerNorm with its mean and std recomputed from that stage, then the tied head. Also shows
+    norm with its statistics recomputed from that stage, then the output head. Also shows
     the target's chance and rank at --position after every stage. --kind tuned reads the
     stream entering each block through its learned translator first: ln_final(h + h A + b).
 

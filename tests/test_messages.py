@@ -1,0 +1,36 @@
+"""What the tool says, true to the model and the command (issue 51's smaller defects): the
+head named as the model has it, no rows of zeros by construction, fix-its that fit."""
+
+from __future__ import annotations
+
+import numpy as np
+from cli_helpers import assert_one_error_line  # noqa: F401
+
+from tinygpt_cli.weights import SHIPPED
+
+TEXT = "Lily wanted to play with her"
+
+
+def test_the_lens_names_the_head_as_the_model_has_it(cli, tmp_path):
+    untied = cli("lens", TEXT, "--weights", SHIPPED / "neox")
+    assert untied.code == 0, untied.err
+    assert "the output head (W_U, untied)" in untied.out and "tied head" not in untied.out
+    picture = tmp_path / "neox.svg"
+    assert cli("lens", TEXT, "--weights", SHIPPED / "neox", "--save", picture, "-q").code == 0
+    assert "untied" in picture.read_text() and "the tied head" not in picture.read_text()
+    tied = cli("lens", TEXT)  # the tiny GPT-2 model: its head is the embedding table
+    assert "and the tied head" in tied.out
+
+
+def test_qk_shows_no_bias_rows_a_model_has_not(cli):
+    llama = cli("qk", TEXT, "--layer", "1", "--head", "0", "--weights", SHIPPED / "llama",
+                "--json").json()
+    # Llama: RMSNorm, no q/k biases, no output biases: no constant row, no "biases" part
+    assert not {"bias", "biases", "norm bias"} & set(llama["sources"])
+    terms = np.asarray(llama["data"])  # [query part, key part, key position]
+    assert np.allclose(terms.sum(axis=(0, 1)), llama["scores"], atol=1e-4)
+    view = cli("qk", TEXT, "--layer", "1", "--head", "0", "--weights", SHIPPED / "llama").out
+    assert "norm bias" not in view and "bias" not in view.split("\n\n")[-1]
+    neox = cli("qk", TEXT, "--layer", "1", "--head", "0", "--weights", SHIPPED / "neox",
+               "--json").json()
+    assert neox["sources"][-2:] == ["biases", "norm bias"]  # LayerNorm with a bias: kept
