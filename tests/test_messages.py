@@ -4,7 +4,7 @@ head named as the model has it, no rows of zeros by construction, fix-its that f
 from __future__ import annotations
 
 import numpy as np
-from cli_helpers import assert_one_error_line  # noqa: F401
+from cli_helpers import assert_one_error_line
 
 from tinygpt_cli.weights import SHIPPED
 
@@ -34,3 +34,27 @@ def test_qk_shows_no_bias_rows_a_model_has_not(cli):
     neox = cli("qk", TEXT, "--layer", "1", "--head", "0", "--weights", SHIPPED / "neox",
                "--json").json()
     assert neox["sources"][-2:] == ["biases", "norm bias"]  # LayerNorm with a bias: kept
+
+
+def test_a_negative_latent_is_an_argument_not_an_option(cli):
+    """The range message offers -1024..-1; click read `-1` as an unknown option."""
+    w = ("--weights", SHIPPED)
+    last = cli("sae", "feature", "-1", "--text", TEXT, *w, "--json")
+    assert last.code == 0, last.err
+    assert last.json() == cli("sae", "feature", "--text", TEXT, "1023", *w, "--json").json()
+    assert cli("sae", "feature", "--json", "-2", "--text", TEXT, *w).json() == \
+        cli("sae", "feature", "1022", "--text", TEXT, "--json", *w).json()
+    assert_one_error_line(cli("sae", "feature", "-1025", "--text", TEXT, *w), 2,
+                          "latent -1025 is out of range")
+    assert_one_error_line(cli("sae", "feature", "--bogus", "3", *w), 2, "No such option: --bogus")
+
+
+def test_options_keep_their_negative_values_when_arguments_move():
+    from tinygpt_cli.cli.typer_tricks import arguments_last
+
+    valued = {"--layer", "-n", "--text"}
+    assert arguments_last(["3", "--layer", "-1"], valued) == ["3", "--layer", "-1"]
+    assert arguments_last(["-1", "--layer", "-2", "--json", "x"], valued) == \
+        ["--layer", "-2", "--json", "--", "-1", "x"]
+    assert arguments_last(["a", "-n", "-3", "-.5", "--", "-b"], valued) == \
+        ["-n", "-3", "--", "a", "-.5", "-b"]
