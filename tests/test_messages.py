@@ -4,6 +4,7 @@ head named as the model has it, no rows of zeros by construction, fix-its that f
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from cli_helpers import assert_one_error_line
 
 from tinygpt_cli.weights import SHIPPED
@@ -58,3 +59,17 @@ def test_options_keep_their_negative_values_when_arguments_move():
         ["--layer", "-2", "--json", "--", "-1", "x"]
     assert arguments_last(["a", "-n", "-3", "-.5", "--", "-b"], valued) == \
         ["-n", "-3", "--", "a", "-.5", "-b"]
+
+
+@pytest.mark.slow  # the shipped model over 64 held-out stories, twice
+def test_steers_help_example_steers_without_ruining_the_loss(cli):
+    """It was --scale 8 at layer 0: +5.1 nats on part-005, a broken model, as the example."""
+    import shlex
+
+    from tinygpt_cli.cli.directions import steer
+
+    (line,) = [x.split("Example: tinygpt ", 1)[1] for x in steer.__doc__.splitlines()
+               if "Example:" in x and "--scale" in x]
+    doc = cli(*shlex.split(line), "--weights", SHIPPED).json()
+    assert doc["wrong_way"] == 0 and doc["mean_slope"] > 0.5
+    assert doc["loss_increase"] < 0.75  # nats: 2.01 -> 2.48 for the shipped model
