@@ -3,6 +3,8 @@ head named as the model has it, no rows of zeros by construction, fix-its that f
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line
@@ -73,3 +75,15 @@ def test_steers_help_example_steers_without_ruining_the_loss(cli):
     doc = cli(*shlex.split(line), "--weights", SHIPPED).json()
     assert doc["wrong_way"] == 0 and doc["mean_slope"] > 0.5
     assert doc["loss_increase"] < 0.75  # nats: 2.01 -> 2.48 for the shipped model
+
+
+def test_sample_picks_a_new_seed_as_generate_does_and_says_it(cli):
+    """sample was always seed 1 while generate picks a new one: both now pick a new seed,
+    shown, and --seed gives the same pick again."""
+    seeds = {cli("sample", TEXT, "--json").json()["seed"] for _ in range(3)}
+    assert len(seeds) == 3  # 1 in 2**31 of a false alarm per pair
+    first = cli("sample", TEXT, "--temperature", "3", "--json").json()
+    again = cli("sample", TEXT, "--temperature", "3", "--seed", first["seed"], "--json").json()
+    assert again["data"] == first["data"] and again["seed"] == first["seed"]
+    shown = cli("sample", TEXT)
+    assert re.search(r"seed \d+$", shown.out.splitlines()[0]) and shown.err == ""
