@@ -87,3 +87,9 @@ def test_sample_picks_a_new_seed_as_generate_does_and_says_it(cli):
     assert again["data"] == first["data"] and again["seed"] == first["seed"]
     shown = cli("sample", TEXT)
     assert re.search(r"seed \d+$", shown.out.splitlines()[0]) and shown.err == ""
+
+
+def test_a_mistyped_ablation_mode_is_said_first(cli):
+    """It said 'say what to take out' first, and only then, given a target, the bad mode."""
+    assert_one_error_line(cli("ablate", TEXT, "--mode", "zeroo"), 2,
+                          "unknown --mode 'zeroo': use zero, mean or resample")

@@ -168,6 +168,7 @@ def ablate(
     from ..render import explain as view
     from ..render.documents import ablation_document
 
+    ablation.check_mode(mode)
     s = open_session(context, weights, text)
     p = s.position(position)
     components = ablation.components(s, layer, head, mlp, every)
