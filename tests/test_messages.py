@@ -93,3 +93,18 @@ def test_a_mistyped_ablation_mode_is_said_first(cli):
     """It said 'say what to take out' first, and only then, given a target, the bad mode."""
     assert_one_error_line(cli("ablate", TEXT, "--mode", "zeroo"), 2,
                           "unknown --mode 'zeroo': use zero, mean or resample")
+
+
+def test_a_card_named_by_its_title_points_to_its_command(cli):
+    """Card 10 is "Softmax"; `tinygpt softmax` said only 'No such command'."""
+    from tinygpt_cli.page import CARDS
+
+    assert_one_error_line(cli("softmax", TEXT), 2, "No such command 'softmax'",
+                          "card 10, Softmax, is `tinygpt probs TEXT`")
+    assert_one_error_line(cli("Feed-Forward", TEXT), 2, "card 6, Feed forward, is `tinygpt mlp")
+    for card in CARDS:  # every title that is not a command itself points to its command
+        word = card.title.lower().replace(" ", "-")
+        if word != "final-norm":
+            line = assert_one_error_line(cli(word, TEXT), 2, f"card {card.number},")
+            assert f"`{card.command}`" in line
+    assert "card" not in cli("bogus", TEXT).err
