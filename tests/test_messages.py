@@ -108,3 +108,21 @@ def test_a_card_named_by_its_title_points_to_its_command(cli):
             line = assert_one_error_line(cli(word, TEXT), 2, f"card {card.number},")
             assert f"`{card.command}`" in line
     assert "card" not in cli("bogus", TEXT).err
+
+
+def test_reviews_title_has_single_spaces(cli):
+    assert cli("review", "Lily wanted").out.splitlines()[0] == "Quick review of 'Lily wanted'"
+
+
+def test_every_commands_help_opens_with_one_whole_sentence():
+    """`transcoder train --help` broke its first sentence into two paragraphs (click makes
+    the docstring's first line a paragraph of its own)."""
+    from tinygpt_cli.cli.app import _register, app
+
+    _register()
+    callbacks = [c.callback for c in app.registered_commands]
+    callbacks += [c.callback for g in app.registered_groups
+                  for c in g.typer_instance.registered_commands]
+    for f in callbacks:
+        first = (f.__doc__ or "").strip().split("\n\n")[0]
+        assert "\n" not in first and first.endswith((".", ")")), (f.__name__, first)

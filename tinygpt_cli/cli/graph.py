@@ -77,13 +77,13 @@ def transcoder_train(
     force: bool = FORCE_FILE,
     as_json: bool = JSON,
 ):
-    """Train one TopK transcoder per block: z = TopK(ReLU((x - b_in) W_enc + b_enc)) of the
-    block's ln2.out, y_hat = z W_dec + b_dec predicting its mlp_out.
+    """Train one TopK transcoder per block, from its MLP's input to its output.
 
-    Adam on the squared error plus the AuxK loss (the SAE's trainer). TopK, not JumpReLU: k
-    fixes L0 exactly and there is no threshold to learn. Resumable: each block's checkpoint
-    DIR/layers.L.safetensors.checkpoint.npz is written every 100 steps and picked up by the
-    same command; a block whose file exists is kept unless --force.
+    z = TopK(ReLU((x - b_in) W_enc + b_enc)) of the block's ln2.out, y_hat = z W_dec + b_dec
+    predicting its mlp_out. Adam on the squared error plus the AuxK loss (the SAE's trainer).
+    TopK, not JumpReLU: k fixes L0 exactly and there is no threshold to learn. Resumable:
+    each block's checkpoint DIR/layers.L.safetensors.checkpoint.npz is written every 100
+    steps and picked up by the same command; a block whose file exists is kept unless --force.
 
     Example: tinygpt transcoder train
     Example: tinygpt transcoder train --transcoders mine --latents 2048 --k 16
