@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line
 
@@ -21,8 +22,9 @@ TEXT = "Lily wanted to play with her"
 def test_the_lesson_models_refusals_name_their_weights(cli, lesson):
     w = SHIPPED / lesson
     named = f"--weights weights/{lesson}`"
-    assert_one_error_line(cli("sae", "eval", "--weights", w), 2, "no SAE file at",
-                          f"`tinygpt sae train --site layers.1.resid_post {named}")
+    assert_one_error_line(cli("trace", TEXT, "sae.layers.2.resid_post", "--weights", w), 2,
+                          "no SAE file at", f"`tinygpt sae train --site layers.2.resid_post "
+                          f"{named}")
     assert_one_error_line(cli("graph", TEXT, "--weights", w), 2, "no transcoders at",
                           f"`tinygpt transcoder train {named}")
     assert_one_error_line(cli("lens", TEXT, "--kind", "tuned", "--weights", w), 2,
@@ -30,17 +32,22 @@ def test_the_lesson_models_refusals_name_their_weights(cli, lesson):
 
 
 @pytest.mark.parametrize("lesson", ["llama", "neox"])
-def test_the_lesson_models_ship_their_means(cli, lesson):
+def test_the_lesson_models_ship_their_means_and_an_sae(cli, lesson):
     from safetensors import safe_open
 
     from tinygpt_cli.files import sha256
 
     w = SHIPPED / lesson
-    with safe_open(w / "means.safetensors", "np") as f:
-        assert f.metadata()["weights_sha256"] == sha256(w / "model.safetensors")
+    for made in (w / "means.safetensors", w / "sae" / "layers.1.resid_post.safetensors"):
+        with safe_open(made, "np") as f:
+            assert f.metadata()["weights_sha256"] == sha256(w / "model.safetensors"), made
     done = cli("ablate", TEXT, "--layer", "1", "--head", "0", "--mode", "mean", "--weights", w,
                "--json")
     assert done.code == 0, done.err
+    latents = cli("trace", TEXT, "sae.layers.1.resid_post", "--weights", w, "--json")
+    assert latents.code == 0, latents.err
+    active = np.count_nonzero(latents.json()["data"], axis=1)
+    assert ((active > 0) & (active <= 16)).all()  # at most k = 16 a token
 
 
 @pytest.fixture
