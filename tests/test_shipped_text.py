@@ -113,3 +113,11 @@ def test_a_damaged_shipped_file_is_one_error_line_exit_1(cli, installed, monkeyp
     line = assert_one_error_line(cli("heads"), 1, "part-003.txt.xz is damaged", "reinstall",
                                  "TINYGPT_DATA")
     assert len(line) < 400
+
+
+def test_an_unwritable_cache_says_where_to_unpack_instead(cli, installed, monkeypatch):
+    blocked = installed / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("TINYGPT_CACHE", str(blocked))
+    assert_one_error_line(cli("heads"), 1, "cannot write", "set TINYGPT_CACHE to a writable "
+                          "folder, or TINYGPT_DATA")

@@ -427,6 +427,7 @@ def shipped_text() -> Path | None:
     are not there yet; None when the package ships no text. A damaged compressed file or
     manifest is a broken installation (WeightsError, exit 1)."""
     from . import cache
+    from .errors import WriteError
     from .files import sha256, write_atomically
 
     packed = shipped_text_folder()
@@ -440,7 +441,12 @@ def shipped_text() -> Path | None:
         if target.is_file() and target.stat().st_size == f["bytes"] and \
                 sha256(target) == f["sha256"]:
             continue
-        write_atomically(target, unpacked(packed / f"{f['name']}.xz", f))
+        try:
+            write_atomically(target, unpacked(packed / f"{f['name']}.xz", f))
+        except WriteError as e:
+            raise WriteError(f"{e}: the shipped text is unpacked into the cache once; set "
+                             "TINYGPT_CACHE to a writable folder, or TINYGPT_DATA to a folder "
+                             "of part-*.txt") from None
     return folder
 
 
