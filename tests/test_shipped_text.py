@@ -121,3 +121,14 @@ def test_an_unwritable_cache_says_where_to_unpack_instead(cli, installed, monkey
     monkeypatch.setenv("TINYGPT_CACHE", str(blocked))
     assert_one_error_line(cli("heads"), 1, "cannot write", "set TINYGPT_CACHE to a writable "
                           "folder, or TINYGPT_DATA")
+
+
+def test_the_help_examples_of_commands_that_read_text_need_no_checkout():
+    """After pip install there is no ../shared: the examples of the commands that find the
+    shipped text by themselves do not name it (training a model of one's own still does)."""
+    from tinygpt_cli.cli.app import _register, app
+
+    _register()
+    for c in app.registered_commands:
+        if c.callback.__name__ not in ("train_cmd", "train_tokenizer_cmd", "model_card_cmd"):
+            assert "../shared" not in (c.callback.__doc__ or ""), c.callback.__name__

@@ -207,7 +207,7 @@ def means(
     the means of the steered run, written only to --out FILE, whose metadata says so.
 
     \b
-    Example: tinygpt means --data ../shared/data/tinystories --force
+    Example: tinygpt means --out means.safetensors
     Example: tinygpt means --steer happy --steer-away sad --steer-layer 1 --out m.safetensors
     """
     from ..analysis import means as mean_stats
