@@ -244,8 +244,9 @@ def test_sae_errors(cli, tmp_path):
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"not a safetensors file at all")
     assert_one_error_line(cli("sae", "eval", "--sae", bad), 1, "not a readable safetensors")
+    # a mistyped --sae is that, not a file to train (it said "no SAE file at ...: train one")
     assert_one_error_line(cli("sae", "feature", "0", "--sae", tmp_path / "none.safetensors"),
-                          2, "no SAE file at")
+                          2, f"--sae {tmp_path / 'none.safetensors'} does not exist")
 
 
 # ------------------------------------------------------------------ latents in trace and --ablate

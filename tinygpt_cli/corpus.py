@@ -396,18 +396,114 @@ HELD_OUT_PART = "part-005.txt"
 
 def find_data() -> Path | None:
     """$TINYGPT_DATA, else shared/data/tinystories beside an ancestor of this package or of
-    the working directory (the project's layout: the data lives next to the checkout)."""
+    the working directory (the project's layout: the data lives next to the checkout), else
+    the text shipped with the model, unpacked (an installed package has no checkout)."""
     import os
 
     env = os.environ.get("TINYGPT_DATA")
     if env:
         return Path(env).expanduser()
+    return beside_checkout() or shipped_text()
+
+
+def beside_checkout() -> Path | None:
+    """shared/data/tinystories beside an ancestor of this package or of the working
+    directory, where the project keeps it; None elsewhere (an installed package)."""
     for base in (Path(__file__).resolve(), Path.cwd().resolve()):
         for parent in base.parents:
             folder = parent / "shared" / "data" / "tinystories"
             if folder.is_dir():
                 return folder
     return None
+
+
+# ------------------------------------------------------------------ the text shipped with it
+#
+# The shipped model's training and held-out text travels inside the package, compressed
+# (weights/tinystories: part-*.txt.xz, the manifest text.json of the uncompressed files, and
+# the CDLA-Sharing-1.0 licence note and sources beside them; scripts/pack_text.py makes it).
+# The commands read files, checked against data records by size and sha256, so the text is
+# unpacked once into the cache, each file checked against the manifest as it is written and
+# again each time it is found there.
+
+SHIPPED_TEXT = "tinystories"
+TEXT_MANIFEST = "text.json"
+
+
+def shipped_text_folder() -> Path:
+    from .weights import SHIPPED
+
+    return SHIPPED / SHIPPED_TEXT
+
+
+def shipped_text() -> Path | None:
+    """The folder of the shipped text's part-*.txt files, unpacked into the cache when they
+    are not there yet; None when the package ships no text. A damaged compressed file or
+    manifest is a broken installation (WeightsError, exit 1)."""
+    from . import cache
+    from .errors import WriteError
+    from .files import sha256, write_atomically
+
+    packed = shipped_text_folder()
+    manifest = read_text_manifest(packed)
+    if manifest is None:
+        return None
+    raw = (packed / TEXT_MANIFEST).read_bytes()
+    folder = cache.cache_dir() / "text" / cache.key_of(raw)
+    for f in manifest:
+        target = folder / f["name"]
+        if target.is_file() and target.stat().st_size == f["bytes"] and \
+                sha256(target) == f["sha256"]:
+            continue
+        try:
+            write_atomically(target, unpacked(packed / f"{f['name']}.xz", f))
+        except WriteError as e:
+            raise WriteError(f"{e}: the shipped text is unpacked into the cache once; set "
+                             "TINYGPT_CACHE to a writable folder, or TINYGPT_DATA to a folder "
+                             "of part-*.txt") from None
+    return folder
+
+
+def read_text_manifest(packed: Path) -> list[dict] | None:
+    """The shipped text's files (name, bytes, sha256 of each uncompressed file), None when
+    there is no manifest."""
+    import json
+
+    from .errors import WeightsError
+
+    path = packed / TEXT_MANIFEST
+    if not path.exists():
+        return None
+    try:
+        files = json.loads(path.read_text(encoding="utf-8"))["files"]
+        if not files or not all(
+                isinstance(f["name"], str) and "/" not in f["name"] and f["name"]
+                and isinstance(f["bytes"], int) and isinstance(f["sha256"], str)
+                for f in files):
+            raise ValueError("a file entry lacks its name, bytes or sha256")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+        raise WeightsError(f"{path} is not a readable manifest of the shipped text ({e}): "
+                           "reinstall tinygpt-cli, or set TINYGPT_DATA to a folder of "
+                           "part-*.txt") from None
+    return files
+
+
+def unpacked(path: Path, entry: dict) -> bytes:
+    """One shipped file's text, checked against its manifest entry."""
+    import hashlib
+    import lzma
+
+    from .errors import WeightsError
+
+    try:
+        data = lzma.decompress(path.read_bytes(), format=lzma.FORMAT_XZ)
+        if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise ValueError("it unpacks to a text other than the one its manifest records")
+    except (OSError, lzma.LZMAError, EOFError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or "truncated"
+        raise WeightsError(f"the shipped text {path} is damaged ({reason}): reinstall "
+                           "tinygpt-cli, or set TINYGPT_DATA to a folder of part-*.txt") from None
+    return data
 
 
 def stories_of(path: Path) -> list[str]:

@@ -134,7 +134,22 @@ def _hint(e, args: list[str] = (), root=None) -> str:
 
         shown = "tinygpt " + shlex.join(_text_last(list(args), text))
         return f" ({see}; a text that starts with '-' goes after '--': {shown})"
+    card = _card_named(e)
+    if card is not None:
+        return f" (card {card.number}, {card.title}, is `{card.command}`; {see})"
     return f" ({see})"
+
+
+def _card_named(e):
+    """The seed page's card a mistyped command names by its title (`tinygpt softmax`: card 10,
+    whose command is probs), or None."""
+    m = re.match(r"No such command '(.+?)'\.", getattr(e, "message", "") or "")
+    if m is None:
+        return None
+    from .page import CARDS
+
+    word = re.sub(r"[\s_-]+", " ", m[1].strip().lower())
+    return next((c for c in CARDS if c.title.lower() == word), None)
 
 
 def _text_last(args: list[str], text: str) -> list[str]:

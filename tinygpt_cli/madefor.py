@@ -54,3 +54,58 @@ def check_made_for(path: str | Path, meta: dict, weights_file: str | Path, what:
         shown = got[:16] + "..." if isinstance(got, str) and len(got) > 16 else repr(got)
         raise InputError(f"{path}: {what} was made for other weights ({FIELD} {shown}, this "
                          f"model's is {want[:16]}...); {hint}")
+
+
+# ------------------------------------------------------------------ the hint that remakes one
+#
+# A missing or stale file made from the weights is refused with the command that makes it for
+# these weights. Its default place is beside the weights; when they are the ones installed
+# inside the package, that place is the package's own folder, which no hint ever asks anyone to
+# write into (a reinstall replaces it, and it is often not the user's to write): the command
+# then writes into the working folder, and the hint says how to read it from there.
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+def inside_package(path: str | Path) -> bool:
+    """Whether `path` lies in the installed package's own folder (site-packages/tinygpt_cli:
+    its _weights/); a checkout's weights/ sits beside the package, not in it."""
+    try:
+        return Path(os.path.abspath(path)).resolve().is_relative_to(PACKAGE)
+    except (OSError, RuntimeError):
+        return False
+
+
+def weights_option(folder: str | Path) -> str:
+    """` --weights NAME` for a hint's command line: nothing for the default model, weights/NAME
+    for a model shipped beside it (a name any folder resolves), else the folder's path."""
+    import shlex
+
+    from .weights import SHIPPED
+
+    folder = Path(folder)
+    if folder.resolve() == SHIPPED.resolve():
+        return ""
+    if folder.resolve().parent == SHIPPED.resolve():
+        return f" --weights weights/{folder.name}"
+    return f" --weights {shlex.quote(str(folder))}"
+
+
+def remake_hint(verb: str, command: str, weights_file: str | Path, default: str | Path,
+                out: str, name: str, use: str | None) -> str:
+    """`verb` (\"train one\") with the command that makes the file at `default` for these
+    weights; inside the package, the command writes `name` here with `out` (`--out`) and
+    the file is read back with `use` (`--sae`), or, for a file no option reads (`use` None),
+    the hint gives the folder a copy of the weights."""
+    import shlex
+
+    folder = Path(weights_file).parent
+    line = f"tinygpt {command}{weights_option(folder)}"
+    if not inside_package(default):
+        return f"{verb} with `{line}`"
+    if use is not None:
+        return (f"{verb} with `{line} {out} {name}`, then give `{use} {name}` (the "
+                "installed package's folder is not written)")
+    copy = shlex.quote(folder.name)
+    return (f"{verb} in a copy of the weights outside the installed package: `cp -r "
+            f"{shlex.quote(str(folder))} {copy} && tinygpt {command} --weights {copy}`")

@@ -174,13 +174,19 @@ def components(session, layer: int | None, head: int | None, mlp: bool,
     return [mlp_path(i) if mlp else head_path(i, session.head(head))]
 
 
+def check_mode(mode: str) -> str:
+    """--mode, checked before anything else is (a mistyped mode is the first thing to say)."""
+    if mode not in MODES:
+        raise InputError(f"unknown --mode {mode!r}: use zero, mean or resample")
+    return mode
+
+
 def replacements(session, paths: list[str], mode: str, source: str | None, data: bool,
                  means: Callable[[], Mapping[str, np.ndarray]]) -> dict[str, Edit]:
     """{path: its replacement} for the mode, the options checked first: zero; mean (`means()`
     is called only then: stored, or over --data); resample (the values of the run of the text
     `source`, which must be at least as long)."""
-    if mode not in MODES:
-        raise InputError(f"unknown --mode {mode!r}: use zero, mean or resample")
+    check_mode(mode)
     if (source is not None) != (mode == "resample"):
         raise InputError("--from TEXT goes with --mode resample (and resample needs it)")
     if data and mode != "mean":

@@ -126,6 +126,7 @@ class LensReport:
     target_probs: np.ndarray
     target_ranks: np.ndarray
     kind: str = "logit"  # or "tuned": which lens read the stages, for every view to say
+    tied: bool = True  # whether the output head is the embedding table (GPT-2) or its own W_U
 
 
 def lens_report(session, position: int, target: str | None, reader=None) -> LensReport:
@@ -141,4 +142,4 @@ def lens_report(session, position: int, target: str | None, reader=None) -> Lens
     probs, ranks = result.target(q.target, p)
     top_tokens = [[q.token_str(int(i)) for i in row] for row in top_ids.T]
     return LensReport(q, result.stages, top_ids, top_probs, top_tokens, probs, ranks,
-                      "tuned" if reader else "logit")
+                      "tuned" if reader else "logit", session.config.tied)

@@ -98,13 +98,23 @@ def header_limit(config: Config) -> int:
     return header_bytes(len(mean_paths(config)))
 
 
+def means_hint(path: Path) -> str:
+    """How to get the means of the weights folder that holds `path`: compute them (never into
+    the installed package: madefor.remake_hint), or give --data to compute them on the fly."""
+    from ..madefor import remake_hint
+
+    made = remake_hint("compute them", "means", Path(path).parent / "model.safetensors",
+                       path, "--out", FILE, None)
+    return f"{made}, or give --data DIR"
+
+
 def load_means(path: str | Path, config: Config,
                weights_sha256: str) -> tuple[dict[str, np.ndarray], dict]:
     """The stored means and their metadata, refused when they belong to other weights."""
     from ..weights import read_safetensors
 
     path = Path(path)
-    hint = "compute them with `tinygpt means --data DIR` or give --data DIR"
+    hint = means_hint(path)
     if not path.is_file():
         raise InputError(f"no mean statistics at {path}: {hint}")
     means, meta = read_safetensors(path, limit=header_limit(config), hint=hint)

@@ -95,6 +95,15 @@ def side_terms(parts: np.ndarray, std: np.ndarray, g: np.ndarray, b: np.ndarray 
     return np.concatenate([through, constant[None]])
 
 
+def has_part(name: str, config: Config) -> bool:
+    """Whether the family has the part at all: a model without output biases (Llama) has no
+    "biases" in its stream, one with an RMSNorm and no q/k biases no constant "bias" term;
+    rows of zeros by construction are left out, not shown."""
+    if name == "biases":
+        return config.out_bias or config.mlp_bias
+    return name != "bias" or config.qkv_bias
+
+
 def through_head_norm(terms: np.ndarray, rms: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Qwen3's per-head RMSNorm of q (or k) applied to each of its terms, the rms frozen at
     the run's: term / rms * w, linear, so the terms still sum to the normed vector.
@@ -129,8 +138,10 @@ def qk_attribution(params, config: Config, values: dict[str, np.ndarray], layer:
     if config.rotary:
         rope = (config.rotary, config.rotary_base, config.rope_scaling)
         q, k = ops.rotary(q, query, *rope), ops.rotary(k, 0, *rope)
-    terms = np.einsum("ad,bjd->abj", q[:, 0], k) * config.scale
+    names = [*names, "norm bias" if b is not None else "bias"]
+    keep = [i for i, name in enumerate(names) if has_part(name, config)]
+    terms = np.einsum("ad,bjd->abj", q[keep, 0], k[keep]) * config.scale
     path = f"layers.{layer}.heads.{head}."
-    return QK(layer, head, query, [*names, "norm bias" if b is not None else "bias"], terms,
+    return QK(layer, head, query, [names[i] for i in keep], terms,
               np.asarray(values[path + "scores"][query, :query + 1], np.float64),
               np.asarray(values[path + "weights"][query, :query + 1], np.float64))

@@ -345,10 +345,12 @@ def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> 
     write_atomically(Path(path), safetensors_bytes(sae_tensors(sae), info))
 
 
-def load_sae(path: str | Path, config: Config, weights_file: Path) -> SAE:
+def load_sae(path: str | Path, config: Config, weights_file: Path, *,
+             default_site: str | None = None) -> SAE:
     """An SAE file, checked: the four tensors with agreeing shapes, finite, a known site (the
     one its file name says, when the name is a site), k, made for `weights_file`. A folder
-    is a SAELens dictionary (saelens.py)."""
+    is a SAELens dictionary (saelens.py). `default_site`: the path is the weights folder's
+    SAE of that site (sae_file), not one the user named with --sae."""
     from ..weights import read_safetensors
 
     path = Path(path)
@@ -358,17 +360,20 @@ def load_sae(path: str | Path, config: Config, weights_file: Path) -> SAE:
         from .saelens import load_saelens
 
         return load_saelens(path, config, weights_file)
+    if not path.is_file() and default_site is None:
+        raise InputError(f"--sae {path} " + ("is not a file" if path.exists() else
+                                             "does not exist") +
+                         ": give an SAE file (tinygpt sae train --out FILE) or a SAELens folder")
     if not path.is_file():
-        raise InputError(f"no SAE file at {path}: train one with `tinygpt sae train --site "
-                         "layers.1.resid_post`")
+        raise InputError(f"no SAE file at {path}: " + train_hint(weights_file, default_site))
     if path.name in ("cfg.json", "sae_weights.safetensors") and (path.parent / "cfg.json"
                                                                  ).is_file():
         raise InputError(f"{path} is a file of a SAELens folder: give the folder, "
                          f"--sae {path.parent}")
     t, meta = read_safetensors(path)
     sae = check_sae(path, t, meta, config)
-    check_made_for(path, meta, weights_file, "the SAE", f"train one for them with `tinygpt sae "
-                   f"train --site {sae.site}`")
+    check_made_for(path, meta, weights_file, "the SAE",
+                   train_hint(weights_file, sae.site, "train one for them"))
     return sae
 
 
@@ -383,6 +388,16 @@ def _gemma_scope_sae(path: Path, config: Config) -> SAE:
                          f".ln2.out and predicts {sae.site}): give its folder to "
                          "--transcoders, not --sae")
     return sae
+
+
+def train_hint(weights_file: Path, site: str, verb: str = "train one") -> str:
+    """The command that trains the SAE of `site` for these weights, never into the installed
+    package (madefor.remake_hint)."""
+    from ..madefor import remake_hint
+
+    return remake_hint(verb, f"sae train --site {site}", weights_file,
+                       sae_file(weights_file, None, site), "--out", f"{site}.safetensors",
+                       "--sae")
 
 
 def check_tensors(path: Path, t: dict[str, np.ndarray], config: Config, what: str = "an SAE",
@@ -751,7 +766,8 @@ SHIPPED_SITE = "layers.1.resid_post"
 
 def model_sae(model, given: Path | None = None) -> SAE:
     """The SAE at --sae FILE, or the weights folder's shipped one, checked for this model."""
-    return load_sae(sae_file(model.weights_file, given), model.config, model.weights_file)
+    return load_sae(sae_file(model.weights_file, given), model.config, model.weights_file,
+                    default_site=SHIPPED_SITE if given is None else None)
 
 
 def sae_file(weights_file: Path, sae: Path | None, site: str = SHIPPED_SITE) -> Path:
@@ -766,7 +782,7 @@ def site_sae(weights_file: Path, config: Config, site: str, given: tuple[Path, .
         sae = load_sae(path, config, weights_file)
         if sae.site == site:
             return sae
-    return load_sae(sae_file(weights_file, None, site), config, weights_file)
+    return load_sae(sae_file(weights_file, None, site), config, weights_file, default_site=site)
 
 
 def latent_ablation(weights_file: Path, config: Config, paths: list[str],

@@ -32,7 +32,21 @@ from ..model import forward
 from . import sae as S
 
 TENSORS = ("W_enc", "b_enc", "W_dec", "b_dec", "b_in")
-HINT = "train them for this model with `tinygpt transcoder train`"
+
+
+def train_hint(weights_file: Path, folder: Path, verb: str = "train them for this model") -> str:
+    """The command that trains the transcoders at `folder` (the weights folder's own, or the
+    --transcoders folder named) for these weights, never into the installed package."""
+    import shlex
+
+    from ..madefor import remake_hint, weights_option
+
+    default = folder_of(weights_file)
+    if Path(folder) != default:
+        return (f"{verb} with `tinygpt transcoder train{weights_option(Path(weights_file).parent)}"
+                f" --transcoders {shlex.quote(str(folder))}`")
+    return remake_hint(verb, "transcoder train", weights_file, default, "--transcoders",
+                       "transcoders", "--transcoders")
 
 
 def input_path(layer: int) -> str:
@@ -84,7 +98,7 @@ def load_transcoders(folder: Path, config: Config, weights_file: Path) -> list[S
     layer, k, made for `weights_file`)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise InputError(f"no transcoders at {folder}: {HINT}")
+        raise InputError(f"no transcoders at {folder}: {train_hint(weights_file, folder)}")
     if not file_of(folder, 0).exists() and any(folder.glob("layer_*/params.safetensors")):
         return [gemma_scope_transcoder(folder, config, i) for i in range(config.n_layer)]
     return [load_transcoder(file_of(folder, i), config, weights_file, i)
@@ -117,7 +131,8 @@ def load_transcoder(path: Path, config: Config, weights_file: Path, layer: int) 
     from ..weights import read_safetensors
 
     if not path.is_file():
-        raise InputError(f"no transcoder for block {layer} at {path}: {HINT}")
+        raise InputError(f"no transcoder for block {layer} at {path}: "
+                         f"{train_hint(weights_file, path.parent)}")
     t, meta = read_safetensors(path)
     m = S.check_tensors(path, t, config, "a transcoder", TENSORS)
     if meta.get("kind") != "transcoder" or meta.get("layer") != str(layer):
@@ -128,7 +143,8 @@ def load_transcoder(path: Path, config: Config, weights_file: Path, layer: int) 
     if not 1 <= k <= m:
         raise WeightsError(f"{path}: k = {meta.get('k')!r} is not between 1 and the {m} "
                            "latents")
-    check_made_for(path, meta, weights_file, "the transcoder", HINT)
+    check_made_for(path, meta, weights_file, "the transcoder",
+                   train_hint(weights_file, path.parent))
     f32 = {n: np.asarray(t[n], dtype=np.float32) for n in TENSORS}
     return S.SAE(f32["W_enc"], f32["b_enc"], f32["W_dec"], f32["b_dec"], output_path(layer),
                  k, str(path), b_in=f32["b_in"])

@@ -240,7 +240,7 @@ def load_translators(path: str | Path, config: Config, weights_file: Path) -> Tr
 
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"no tuned lens at {path}: fit one with `tinygpt lens --fit`")
+        raise InputError(f"no tuned lens at {path}: {fit_hint(weights_file, path)}")
     t, meta = read_safetensors(path)
     d = config.n_embd
     out = Translators([], [], str(path))
@@ -254,8 +254,23 @@ def load_translators(path: str | Path, config: Config, weights_file: Path) -> Tr
                                    f"({got})")
             into.append(np.asarray(x, np.float32))
     check_made_for(path, meta, weights_file, "the tuned lens",
-                   "fit one for them with `tinygpt lens --fit`")
+                   fit_hint(weights_file, path, "fit one for them"))
     return out
+
+
+def fit_hint(weights_file: Path, path: Path, verb: str = "fit one") -> str:
+    """The command that fits the tuned lens at `path` (the weights folder's, or the --lens
+    file named) for these weights, never into the installed package."""
+    import shlex
+
+    from ..madefor import remake_hint, weights_option
+
+    default = lens_file(weights_file, None)
+    if Path(path) != default:
+        return (f"{verb} with `tinygpt lens --fit{weights_option(Path(weights_file).parent)} "
+                f"--lens {shlex.quote(str(path))}`")
+    return remake_hint(verb, "lens --fit", weights_file, default, "--lens", "tuned.safetensors",
+                       "--lens")
 
 
 # ------------------------------------------------------------------ the lens of a weights folder

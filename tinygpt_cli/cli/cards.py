@@ -15,10 +15,10 @@ from .common import (
     HEAD,
     JSON,
     LAYER,
+    PICK_SEED,
     POSITION,
     QUIET,
     SAVE,
-    SEED,
     TEMPERATURE,
     TEXT,
     TOP,
@@ -245,7 +245,7 @@ def blocks(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
            position: int = POSITION, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
     """Card 7: the residual stream after each block, what each block changed, the top guess.
 
-    The guess reads the stream through the final norm and the tied head (the "logit lens").
+    The guess reads the stream through the final norm and the output head (the "logit lens").
     Example: tinygpt blocks "Lily wanted to play with her"
     """
     import numpy as np
@@ -329,18 +329,22 @@ def probs(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
 @steerable
 def sample_cmd(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                ablate: list[str] = ABLATE,
-               seed: int = SEED,
+               seed: int = PICK_SEED,
                temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P,
                as_json: bool = JSON):
     """Card 11: pick one next token from the chances with a seeded generator.
+
+    Each run picks with a new seed, shown beside the token, as generate does; --seed gives one
+    again.
 
     Example: tinygpt sample "Lily wanted to play with her" --seed 1
     """
     from ..render.cards import continued_text, sample_view
     from ..render.documents import sample_document
-    from ..sampling import check_top_p, create_rng, next_token_distribution, sample
+    from ..sampling import check_top_p, create_rng, fresh_seed, next_token_distribution, sample
 
     check_top_p(top_p)
+    seed = fresh_seed() if seed is None else seed
     r = run(context, weights, text, ablate)
     dist = next_token_distribution(r.session.logits()[-1], temperature, top_k, top_p)
     token_id = sample(dist, create_rng(seed))

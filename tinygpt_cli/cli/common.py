@@ -77,6 +77,10 @@ TEMPERATURE = typer.Option(1.0, "--temperature", "-t", min=0.0,
                            "(always the likeliest token).")
 
 SEED = typer.Option(1, "--seed", "-s", help="Seed of the random generator (same seed, same pick).")
+# sample and generate agree: a new seed unless one is given, shown so it can be given again
+PICK_SEED = typer.Option(None, "--seed", "-s", show_default=False,
+                         help="Seed for the random pick; the same seed gives the same token. "
+                         "Default: a new one, shown with the token (as generate does).")
 TOP_K = typer.Option(0, "--top-k", "-k", min=0,
                      help="Keep only the k likeliest tokens (0: all).")
 TOP_P = typer.Option(1.0, "--top-p", "-P", min=0.0, max=1.0,

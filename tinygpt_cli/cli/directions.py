@@ -66,7 +66,7 @@ def steer(
     --steer ...: every run (values, prompts, loss) steered first, v measured on top of it.
 
     Example: tinygpt steer --pos examples/happy.txt --neg examples/sad.txt --out h.safetensors
-    Example: tinygpt steer --pos examples/happy.txt --neg examples/sad.txt --scale 8 --json
+    Example: tinygpt steer --pos examples/happy.txt --neg examples/sad.txt -l 3 --scale 2 --json
 
     Then steer any command with it: tinygpt generate TEXT --steer-vector happy.safetensors
     """

@@ -72,7 +72,7 @@ def lens(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, target:
     """Logit lens: the likeliest next token at every position after every stage.
 
     Each stage (the embeddings, each block's resid_mid and resid_post) goes through the final
-    LayerNorm with its mean and std recomputed from that stage, then the tied head. Also shows
+    norm with its statistics recomputed from that stage, then the output head. Also shows
     the target's chance and rank at --position after every stage. --kind tuned reads the
     stream entering each block through its learned translator first: ln_final(h + h A + b).
 
@@ -168,6 +168,7 @@ def ablate(
     from ..render import explain as view
     from ..render.documents import ablation_document
 
+    ablation.check_mode(mode)
     s = open_session(context, weights, text)
     p = s.position(position)
     components = ablation.components(s, layer, head, mlp, every)
@@ -206,7 +207,7 @@ def means(
     the means of the steered run, written only to --out FILE, whose metadata says so.
 
     \b
-    Example: tinygpt means --data ../shared/data/tinystories --force
+    Example: tinygpt means --out means.safetensors
     Example: tinygpt means --steer happy --steer-away sad --steer-layer 1 --out m.safetensors
     """
     from ..analysis import means as mean_stats

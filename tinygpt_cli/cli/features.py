@@ -178,7 +178,8 @@ def sae_feature(context: RunContext,
         return _feature_on_text(context, weights, sae, latent, text, as_json, save, force)
     model = load(context, weights)
     path = S.sae_file(model.weights_file, sae)
-    found = S.load_sae(path, model.config, model.weights_file)
+    found = S.load_sae(path, model.config, model.weights_file,
+                       default_site=S.SHIPPED_SITE if sae is None else None)
     latent = check_index(latent, found.n_latents, "latent")
     files = given_or(data, training_files)
     hooks, changes = steered(context, model)
@@ -216,9 +217,9 @@ def sae_export(context: RunContext, weights: Path = WEIGHTS, sae: Path = SAE_FIL
                fmt: str = typer.Option("saelens", "--format", help="saelens: the folder "
                                        "SAELens' SAE.load_from_disk reads (the only format)."),
                force: bool = FORCE_FILE, as_json: bool = JSON):
-    """Write an SAE in another library's format: SAELens' folder (cfg.json and
-    sae_weights.safetensors, hook_name in TransformerLens' spelling).
+    """Write an SAE in another library's format: a SAELens folder.
 
+    It holds cfg.json and sae_weights.safetensors, hook_name in TransformerLens' spelling.
     The folder also names the weights the SAE was made for (metadata.weights_sha256), so
     tinygpt's --sae DIR checks it as it checks its own files.
 

@@ -10,7 +10,7 @@ import numpy as np
 import typer
 
 from ..errors import InputError
-from ..render.output import picture_format, save_page
+from ..render.output import picture_format, refuse_inside_package, save_page
 from ..render.text import escape_line, examples_block, show_token
 from .app import app
 from .common import (
@@ -76,13 +76,13 @@ def transcoder_train(
     force: bool = FORCE_FILE,
     as_json: bool = JSON,
 ):
-    """Train one TopK transcoder per block: z = TopK(ReLU((x - b_in) W_enc + b_enc)) of the
-    block's ln2.out, y_hat = z W_dec + b_dec predicting its mlp_out.
+    """Train one TopK transcoder per block, from its MLP's input to its output.
 
-    Adam on the squared error plus the AuxK loss (the SAE's trainer). TopK, not JumpReLU: k
-    fixes L0 exactly and there is no threshold to learn. Resumable: each block's checkpoint
-    DIR/layers.L.safetensors.checkpoint.npz is written every 100 steps and picked up by the
-    same command; a block whose file exists is kept unless --force.
+    z = TopK(ReLU((x - b_in) W_enc + b_enc)) of the block's ln2.out, y_hat = z W_dec + b_dec
+    predicting its mlp_out. Adam on the squared error plus the AuxK loss (the SAE's trainer).
+    TopK, not JumpReLU: k fixes L0 exactly and there is no threshold to learn. Resumable:
+    each block's checkpoint DIR/layers.L.safetensors.checkpoint.npz is written every 100
+    steps and picked up by the same command; a block whose file exists is kept unless --force.
 
     Example: tinygpt transcoder train
     Example: tinygpt transcoder train --transcoders mine --latents 2048 --k 16
@@ -94,6 +94,8 @@ def transcoder_train(
     keep_default_file(context, out, "the weights folder's transcoders/", "--transcoders")
     model = load(context, weights)
     folder = T.folder_of(model.weights_file, out)
+    if out is None:
+        refuse_inside_package(folder, "--transcoders")
     hooks, changes = steered(context, model)
     if k > latents:
         raise InputError(f"--k {k} is more than the {latents} latents")

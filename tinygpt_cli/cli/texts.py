@@ -81,7 +81,7 @@ def score(
     --json prints one line per token, then a summary line (closing_separator_added).
 
     Example: tinygpt score "Lily wanted to play with her ball."
-    Example: tinygpt score --file ../shared/data/tinystories/part-005.txt --stream --json
+    Example: tinygpt score --stream --json
     """
     from ..analysis import score as sc
     from ..render import jsonout
@@ -154,7 +154,7 @@ def heads(
     the second copy is predicted than the first.
 
     Example: tinygpt heads
-    Example: tinygpt heads --file ../shared/data/tinystories/part-005.txt --stories 16 --json
+    Example: tinygpt heads --stories 16 --json
     """
     from ..analysis import heads as detect
     from ..render import texts as view
@@ -204,7 +204,7 @@ def neurons(
     sha256), later ones are instant.
 
     Example: tinygpt neurons "Lily wanted to play with her" --layer 2
-    Example: tinygpt neurons --layer 2 --neuron 17 --data ../shared/data/tinystories
+    Example: tinygpt neurons --layer 2 --neuron 17
     """
     from ..analysis import neurons as nrn
     from ..corpus import search_files

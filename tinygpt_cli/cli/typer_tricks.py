@@ -8,6 +8,8 @@ upgrade that breaks one fails tests/test_typer_tricks.py instead of a command li
   start-up time for nothing); for `tinygpt --help`, every command as a name and a line only.
 - quick_coercion(): plainly valid option values (and those of a parser= option) converted
   without Pydantic (typer 0.2x).
+- negative_arguments(command): a negative number is an argument (`sae feature -1`), not an
+  option click does not know.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ try:  # newer typer carries its own copy of click, whose exceptions are not clic
 except ImportError:  # older typer runs on click itself
     from click import exceptions as click_errors
 
-__all__ = ["click_command", "click_errors", "command_name", "quick_coercion"]
+__all__ = ["click_command", "click_errors", "command_name", "negative_arguments",
+           "quick_coercion"]
 
 
 def command_name(command) -> str:
@@ -43,12 +46,55 @@ def click_command(app: typer.Typer, name: str | None, *,
     everything = app.registered_commands
     chosen = [c for c in everything if command_name(c) == name]
     if not chosen:
-        return typer.main.get_command(app)
+        return negative_arguments(typer.main.get_command(app))
     app.registered_commands = chosen
     try:
-        return typer.main.get_command(app)
+        return negative_arguments(typer.main.get_command(app))
     finally:
         app.registered_commands = everything
+
+
+NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)")  # no option of tinygpt is named -1 or -.5
+
+
+def negative_arguments(command):
+    """The command (a group: each of its commands, at every depth) with a negative number
+    taken as an argument, as the range messages offer (latent -1, the last): click reads
+    every word that starts with '-' as an option. When an argument is a negative number,
+    the options (with their values) move before a `--` and the arguments after it, each
+    kind in its order; a negative number that is an option's value stays that value."""
+    for sub in getattr(command, "commands", {}).values():
+        negative_arguments(sub)
+    if getattr(command, "commands", None) is not None or getattr(command, "_tinygpt_neg", 0):
+        return command
+    valued = {name for p in command.params if getattr(p, "param_type_name", "") == "option"
+              and not p.is_flag and not p.count for name in (*p.opts, *p.secondary_opts)}
+    parse = command.parse_args
+
+    def parse_args(ctx, args):
+        return parse(ctx, arguments_last(list(args), valued))
+
+    command.parse_args, command._tinygpt_neg = parse_args, True
+    return command
+
+
+def arguments_last(args: list[str], valued: set[str]) -> list[str]:
+    """args unchanged, unless one of its arguments is a negative number: then its options
+    (with the values of those in `valued`), `--`, its arguments."""
+    end = args.index("--") if "--" in args else len(args)
+    options, arguments, i = [], [], 0
+    while i < end:
+        word = args[i]
+        if word.startswith("-") and len(word) > 1 and not NUMBER.fullmatch(word):
+            takes = word in valued and i + 1 < end
+            options += args[i:i + 2] if takes else [word]
+            i += 2 if takes else 1
+            continue
+        arguments.append(word)
+        i += 1
+    if not any(NUMBER.fullmatch(a) for a in arguments):
+        return args
+    return [*options, "--", *arguments, *args[end + 1:]]
 
 
 def _listing(app: typer.Typer, lines: dict[str, str]):

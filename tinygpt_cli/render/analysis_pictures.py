@@ -37,12 +37,12 @@ def lens_figure(r) -> Figure:
     target_probs, target_ranks = r.target_probs, r.target_ranks
     labels = token_labels(tokens)
     t_id, t_str = target
-    from .explain import LENS_NOTES
+    from .explain import lens_note
 
     return Figure(f"{r.kind} lens", [
         Heatmap(top_probs, list(stages), labels, path="lens", lo=0.0, hi=1.0,
                 title="the likeliest next token's chance, after each stage",
-                note=LENS_NOTES[r.kind]),
+                note=lens_note(r.kind, r.tied)),
         Table(["stage"] + labels,
               [[stage] + [show_token(row[s]) for row in top_tokens]
                for s, stage in enumerate(stages)],

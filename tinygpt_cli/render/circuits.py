@@ -228,8 +228,10 @@ def qk_view(r, tokens: list[str], key: int, top: int) -> Group:
         Text(f"qk: {head_name(r.layer, r.head)}, query position {r.query} "
              f"({show_token(tokens[r.query])}): pre-softmax scores by where the query and "
              "the key came from", style="bold"),
-        note("parts of the stream through ln1 with its scale frozen at this run's; "
-             "'norm bias' is ln1's bias through W_q (or W_k) plus b_q (b_k)"),
+        note("parts of the stream through ln1 with its scale frozen at this run's"
+             + ("; 'norm bias' is ln1's bias through W_q (or W_k) plus b_q (b_k)"
+                if "norm bias" in r.sources else "; 'bias' is b_q (b_k)"
+                if "bias" in r.sources else "")),
         Text(""), keys, Text(""),
         Text(f"key {key} ({show_token(tokens[key])}): score {fmt(float(r.scores[key]))} = "
              f"the sum of {t.size} terms ({fmt(float(t.sum()))}); the largest:", style="bold"),

@@ -152,11 +152,13 @@ def stage_grid(probs: np.ndarray, rows: list[str], labels: list[str],
     return Fit(build, probs.shape[1], bands=True)
 
 
-LENS_NOTES = {  # what each lens does to a stage, in the view and the picture
-    "logit": "each stage through the final norm (its statistics recomputed) and the tied head",
-    "tuned": "the tuned lens: each block's input through its learned translator, "
-             "ln_final(h + h A + b), then the tied head",
-}
+def lens_note(kind: str, tied: bool) -> str:
+    """What each lens does to a stage, in the view and the picture; the head as the model
+    has it (NeoX's is its own W_U, not the embedding table)."""
+    head = "the tied head" if tied else "the output head (W_U, untied)"
+    return {"logit": f"each stage through the final norm (its statistics recomputed) and {head}",
+            "tuned": "the tuned lens: each block's input through its learned translator, "
+                     f"ln_final(h + h A + b), then {head}"}[kind]
 
 
 def lens_view(r) -> Group:
@@ -164,7 +166,7 @@ def lens_view(r) -> Group:
     target's chance and rank after each stage."""
     stages, tokens, top_tokens, top_probs = r.stages, r.q.tokens, r.top_tokens, r.top_probs.T
     target, position = r.q.target_pair, r.q.position
-    target_probs, target_ranks, kind = r.target_probs, r.target_ranks, r.kind
+    target_probs, target_ranks, kind, tied = r.target_probs, r.target_ranks, r.kind, r.tied
     labels = [short_stage(s) for s in stages]
     shown = [[show_token(t) for t in row] for row in top_tokens]
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
@@ -176,7 +178,7 @@ def lens_view(r) -> Group:
         table.add_row(name, f"{p:.2%}", str(int(r)), Text("█" * round(p * 30), style="green"))
     return Group(
         header(f"{kind} lens", top_probs, "(top token's chance, position × stage)"),
-        note(LENS_NOTES[kind]),
+        note(lens_note(kind, tied)),
         WhenStyled(note("colour: that token's chance"), in_colour=True),
         stage_grid(top_probs, token_rows(tokens), labels, shown),
         Text(""),

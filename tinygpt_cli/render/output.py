@@ -167,11 +167,25 @@ def check_out(out: Path | None, force: bool, *, example: str = "--out FILE.safet
         raise InputError(f"{option} {out}: the file exists; add --force to overwrite it")
 
 
-def check_default(path: Path, force: bool, option: str | None = "--out") -> None:
-    """The file a command writes when `option` is not given (the weights folder's sae/,
-    lens/, means; the model card, which has no option): never overwritten without --force."""
+def refuse_inside_package(path: Path, option: str | None) -> None:
+    """InputError when a command's default file is in the installed package (the weights
+    shipped inside it): a reinstall would replace it, and it is often not the user's to
+    write."""
+    from ..madefor import inside_package
     from .text import escape_line
 
+    if option is not None and inside_package(path):
+        raise InputError(f"{escape_line(str(path))} is inside the installed package, which "
+                         f"tinygpt does not write into: give {option} with a path outside it")
+
+
+def check_default(path: Path, force: bool, option: str | None = "--out") -> None:
+    """The file a command writes when `option` is not given (the weights folder's sae/,
+    lens/, means; the model card, which has no option): never overwritten without --force,
+    never written into the installed package's own folder."""
+    from .text import escape_line
+
+    refuse_inside_package(path, option)
     if (path.exists() or path.is_symlink()) and not force:
         raise InputError(f"{escape_line(str(path))} exists: add --force to overwrite it"
                          if option is None else f"{escape_line(str(path))} exists (the "

@@ -74,7 +74,7 @@ def page_view(r, values: dict, width: int):
              "vocab": "Vocabulary", "longest": "Longest text"}
     top = Text()
     top.append("Quick review", style="bold underline")
-    top.append(f"  of {r.text!r}\n", style="dim")
+    top.append(f" of {r.text!r}\n", style="dim")
     for k, name in label.items():
         unit = " tokens" if k in ("vocab", "longest") else ""
         top.append(f"  {name:<22}", style="dim")

@@ -68,7 +68,7 @@ def block_table(summary: list[dict], tok, position: int, tokens: list[str]) -> T
                  title=f"residual stream at position {position} "
                        f"({token_labels(tokens)[position]})",
                  note="change = ‖after − before‖ / ‖before‖; the guess reads the stream "
-                      "through the final norm and the tied head (the logit lens)")
+                      "through the final norm and the output head (the logit lens)")
 
 
 def blocks_figure(summary: list[dict], tok, position: int, tokens: list[str]) -> Figure:
