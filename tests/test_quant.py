@@ -180,7 +180,10 @@ def test_command_json_and_errors(llama_q8, tmp_path):
     d = json.loads(p.stdout)
     assert len(d["stages"]) == 5 and len(d["kl"]) == len(d["ids"])
     assert 0 < d["summary"]["mean_kl"] < 0.01  # Q8_0: a small change
-    assert d["tensors"][0]["restored"] is not None
+    first = d["tensors"][0]
+    assert first["restored"] is not None and first["type"] == "Q8_0"
+    assert first["file_tensor"].startswith(("blk.", "token_embd"))
+    assert np.sign(first["first_order"]) == np.sign(first["restored"])
     assert (tmp_path / "q.svg").read_text().count("quant.resid") >= 1
     p = subprocess.run(run + ["quant", "Lily", "--weights", str(gguf_path), "--against",
                               str(Path(folder).parent)], capture_output=True, text=True)

@@ -355,6 +355,7 @@ def quant(
                         position=s.position(position),
                         target=None if target is None else s.token_id(target),
                         restore=restore, hooks_q=hook)
+    qa.name_files(r, model)
     tok = model.tokenizer.token_str
     present(context, as_json, lambda: view.quant_document(r, s.tokens, tok, *names, act),
             lambda: view.quant_view(r, s.tokens, tok, *names, top, act),

@@ -38,7 +38,8 @@ def quant_document(r, tokens: list[str], token_str, quant: str, against: str,
                  "same_top": float(r.same_top.mean())},
         position=r.position, target={"id": r.target, "token": token_str(r.target)},
         logp_reference=r.logp_ref, logp_quantized=r.logp_q,
-        tensors=[{"tensor": s.label, "relative_change": s.relative,
+        tensors=[{"tensor": s.label, "file_tensor": s.file, "type": s.kind,
+                  "relative_change": s.relative,
                   "first_order": s.estimate, "restored": s.restored} for s in r.tensors],
         tensor_measure="change of log p(target) if the tensor alone were put back at full "
                        "precision: first order sum dlogp/dW * (W_ref - W_q), and for the "
@@ -77,10 +78,13 @@ def quant_view(r, tokens: list[str], token_str, quant: str, against: str, top: i
     tens = Table(title=f"tensors by their pull on log p({target})"
                        f" at position {r.position}: the change if put back at full precision",
                  title_justify="left")
-    for c in ("tensor", "||ΔW||/||W||", "first order", "restored"):
-        tens.add_column(c, justify="left" if c == "tensor" else "right")
+    named = any(s.file for s in r.tensors)
+    for c in ("tensor", *(("file's", "type") if named else ()), "||ΔW||/||W||", "first order",
+              "restored"):
+        tens.add_column(c, justify="left" if c in ("tensor", "file's", "type") else "right")
     for s in r.tensors[:top]:
-        tens.add_row(s.label, f"{s.relative:.4f}", f"{s.estimate:+.5f}",
+        tens.add_row(s.label, *((escape_line(s.file or ""), escape_line(s.kind or ""))
+                                if named else ()), f"{s.relative:.4f}", f"{s.estimate:+.5f}",
                      "" if s.restored is None else f"{s.restored:+.5f}")
     return Group(
         Text(f"quant  {escape_line(quant)}  against  {escape_line(against)}", style="bold cyan"),
@@ -105,7 +109,8 @@ def quant_figure(r, tokens: list[str], token_str, quant: str, act: list[str] | N
                 title="each head's pattern: mean total variation over the rows"),
         Heatmap(r.kl[None, :], ["KL"], labels, path="quant.kl", lo=0.0,
                 title="next-token KL(P_ref ‖ P_q), nats"),
-        Bars([s.label for s in top], [s.estimate for s in top], path="quant.tensors",
+        Bars([f"{s.file} ({s.kind})" if s.file else s.label for s in top],
+             [s.estimate for s in top], path="quant.tensors",
              value_name="Δ log p",
              title=f"restoring one tensor: first-order change of log p("
                    f"{show_token(token_str(r.target))}) at position {r.position}"),
