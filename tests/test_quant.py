@@ -148,6 +148,35 @@ def test_act_quant_rounds_rows_as_gguf_q8_0():
         qa.activation_types(cfg, k_types, tied=True)
 
 
+def test_act_quant_feeds_the_rounded_rows_into_the_products():
+    """On a GPT-2 block: the MLP's input is LayerNorm(resid_mid) rounded to Q8_0 rows, and
+    mlp_pre is that rounded input times W_in (a naive LayerNorm, gguf's own rounding)."""
+    gguf = pytest.importorskip("gguf")
+    from gguf import quants
+
+    cfg = family_configs(n_embd=64, n_head=4, n_inner=64)["gpt2"]
+    params = {k: v.astype(np.float32) for k, v in random_params(cfg, 5).items()}
+    types = {n: "Q8_0" for n in sum(qa.product_inputs(cfg, True).values(), [])}
+    hook = qa.ActQuant(qa.activation_types(cfg, types, tied=True))
+    ids = np.arange(7)
+    _, v = mdl.record(params, cfg, ids, hooks=hook)
+    h = v["layers.1.resid_mid"].astype(np.float64)
+    mean = h.mean(-1, keepdims=True)
+    x = (h - mean) / np.sqrt(((h - mean) ** 2).mean(-1, keepdims=True) + cfg.layer_norm_epsilon)
+    x = x * params["layers.1.ln2.w"] + params["layers.1.ln2.b"]
+    t = gguf.GGMLQuantizationType.Q8_0
+    want = quants.dequantize(quants.quantize(x.astype(np.float32), t), t)
+    np.testing.assert_allclose(v["layers.1.ln2.out"], want, atol=2e-3)  # a Q8_0 step is ~0.03
+    assert np.array_equal(v["layers.1.ln2.out"],
+                          quants.dequantize(quants.quantize(v["layers.1.ln2.out"], t), t))
+    _, plain = mdl.record(params, cfg, ids, ["layers.1.ln2.out"])
+    raw = plain["layers.1.ln2.out"]
+    assert not np.array_equal(raw, quants.dequantize(quants.quantize(raw, t), t))
+    np.testing.assert_allclose(v["layers.1.mlp_pre"], v["layers.1.ln2.out"].astype(np.float64)
+                               @ params["layers.1.mlp.W_in"] + params["layers.1.mlp.b_in"],
+                               rtol=1e-4, atol=1e-4)
+
+
 # ------------------------------------------------------------------ the command
 
 
@@ -192,3 +221,8 @@ def test_command_json_and_errors(llama_q8, tmp_path):
     p = subprocess.run(run + ["quant", "Lily", "--weights", str(folder), "--against",
                               str(folder), "--act-quant"], capture_output=True, text=True)
     assert p.returncode == 2 and "--act-quant" in p.stderr and "GGUF" in p.stderr
+    short = tmp_path / "short.txt"
+    short.write_text("Lily wanted to play.")
+    p = subprocess.run(run + ["quant", "--file", str(short), "--weights", str(gguf_path),
+                              "--against", str(folder)], capture_output=True, text=True)
+    assert p.returncode == 2 and "fewer than one chunk" in p.stderr, p.stderr

@@ -338,7 +338,10 @@ def quant(
     if file is not None:
         from ..corpus import read_user_file
 
-        n_ctx = min(ctx or model.config.n_positions, model.config.n_positions)
+        n_ctx = ctx or model.config.n_positions
+        if n_ctx > model.config.n_positions:
+            raise InputError(f"--ctx {n_ctx}: the model reads at most "
+                             f"{model.config.n_positions} tokens")
         stream = model.tokenizer.encode(read_user_file(file, "--file"))
         with progress(len(stream) // n_ctx, "chunks", enabled=not (as_json or quiet)) as step:
             f = qa.file_kl(ref.params, model.params, model.config, stream, n_ctx,

@@ -49,11 +49,13 @@ def quant_document(r, tokens: list[str], token_str, quant: str, against: str,
 
 def quant_view(r, tokens: list[str], token_str, quant: str, against: str, top: int,
                act: list[str] | None) -> Group:
-    stage_table = Table(title="relative change of the residual stream, ||Δh|| / ||h_ref||",
-                        title_justify="left")
+    shown = list(range(len(tokens)))[-12:]
+    last = f" (the last {len(shown)} positions; --json has all)" if len(shown) < len(tokens) \
+        else ""
+    stage_table = Table(title="relative change of the residual stream, ||Δh|| / ||h_ref||"
+                        + last, title_justify="left")
     stage_table.add_column("stage")
     stage_table.add_column("overall", justify="right")
-    shown = list(range(len(tokens)))[-12:]
     for t in shown:
         stage_table.add_column(escape_line(show_token(tokens[t])), justify="right")
     for s, name in enumerate(r.stages):
