@@ -24,13 +24,16 @@ from .common import (
     bar,
     check_index,
     check_save,
+    cut,
     engine,
     figures,
     load,
+    offering_last,
     open_session,
     present,
     progress,
     read_text,
+    read_whole,
     stderr,
     steered,
     wide,
@@ -353,7 +356,10 @@ def quant(
                        lambda: view.file_kl_view(f, *names, act))
     from ..session import Session
 
-    s = Session.open(read_text(text, model), model=model)  # no steering: two models' own runs
+    with offering_last(context):  # no steering: the two models' own runs
+        s = Session.open(read_whole(context, text, model), model=model, last=context.last)
+    if s.dropped:
+        cut(context, s.dropped)
     r = qa.quant_report(ref.params, model.params, model.config, s.ids,
                         position=s.position(position),
                         target=None if target is None else s.token_id(target),
