@@ -121,6 +121,14 @@ def test_file_scores_each_chunks_second_half():
     assert f.chunks == 3 and f.kl.size == 3 * 4
     np.testing.assert_allclose(f.kl, kls, rtol=1e-6, atol=1e-15)
     assert f.summary()["same_top"] == pytest.approx(np.mean(same))
+    # a vocabulary that adds BOS: llama.cpp puts it in each chunk's place 0 (not in the
+    # next tokens scored, which stay the stream's)
+    g = qa.file_kl(ref, quant, cfg, stream, n_ctx, bos=7)
+    ids = stream[n_ctx:2 * n_ctx].copy()
+    ids[0] = 7
+    a, b = mdl.forward(ref, cfg, ids), mdl.forward(quant, cfg, ids)
+    np.testing.assert_allclose(g.kl[4:8], naive_kl(a[5:9], b[5:9]), rtol=1e-6, atol=1e-15)
+    assert not np.allclose(g.kl, f.kl)
 
 
 def test_act_quant_rounds_rows_as_gguf_q8_0():

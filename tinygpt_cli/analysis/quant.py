@@ -396,6 +396,20 @@ def name_files(report: QuantReport, quant_model) -> None:
         s.file, s.kind = names.get(s.label, (None, None))
 
 
+def chunk_bos(quant_model) -> int | None:
+    """The token llama.cpp puts first in the stream and in each chunk's place 0: the GGUF
+    vocabulary's BOS when it adds one (tokenizer.ggml.add_bos_token; without the key,
+    llama.cpp's default: SentencePiece vocabularies add it, GPT-2's byte-level BPE does not);
+    None for a weights folder, whose tokenizer.json says what it adds itself."""
+    about = (getattr(quant_model, "about", None) or {}).get("tokenizer")
+    if not about or not isinstance(about.get("bos_token_id"), int):
+        return None
+    add = about.get("add_bos_token")
+    if add is None:
+        add = about.get("model") == "llama"
+    return int(about["bos_token_id"]) if add else None
+
+
 def act_quant_hook(quant_model) -> tuple[ActQuant, list[str]]:
     """--act-quant for a GGUF model: the hook, and the products it covers (named by their
     inputs). InputError when the weights are no GGUF or of a type it cannot imitate."""

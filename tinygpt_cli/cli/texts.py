@@ -345,9 +345,10 @@ def quant(
         if n_ctx > model.config.n_positions:
             raise InputError(f"--ctx {n_ctx}: the model reads at most "
                              f"{model.config.n_positions} tokens")
-        stream = model.tokenizer.encode(read_user_file(file, "--file"))
+        bos = qa.chunk_bos(model)
+        stream = [bos] * (bos is not None) + model.tokenizer.encode(read_user_file(file, "--file"))
         with progress(len(stream) // n_ctx, "chunks", enabled=not (as_json or quiet)) as step:
-            f = qa.file_kl(ref.params, model.params, model.config, stream, n_ctx,
+            f = qa.file_kl(ref.params, model.params, model.config, stream, n_ctx, bos=bos,
                            hooks_q=hook, progress=step)
         if not f.chunks:
             raise InputError(f"--file {file}: {len(stream)} tokens, fewer than one chunk of "
