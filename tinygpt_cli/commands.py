@@ -64,6 +64,8 @@ LISTED: dict[str, tuple[str, str]] = {
                          "up."),
     "diff": ("texts", "Where two runs part: two texts through the model, or one text through two "
                       "models."),
+    "quant": ("texts", "What quantization changed: one text through a model and its quantized "
+                       "copy."),
     "history": ("history", "How the model's answer, a value or its heads changed over training, "
                            "snapshot by snapshot."),
     "why": ("history", "Where the model learned a prediction: exact matches, and the most "

@@ -61,7 +61,8 @@ def build(meta: dict, path) -> tuple[object, dict]:
     if wrong is not None:  # what the rest of tinygpt relies on, held for this one too
         raise WeightsError(f"{path}: its tokenizer is not one tinygpt can show ({wrong})")
     about = {"model": kind, "pre": meta.get("tokenizer.ggml.pre", "default"),
-             "add_bos_token": meta.get("tokenizer.ggml.add_bos_token")}
+             "add_bos_token": meta.get("tokenizer.ggml.add_bos_token"),
+             "bos_token_id": meta.get("tokenizer.ggml.bos_token_id")}
     return out, about
 
 

@@ -1,4 +1,4 @@
-"""Commands that read whole texts: score, heads, neurons, diff."""
+"""Commands that read whole texts: score, heads, neurons, diff, quant."""
 
 from __future__ import annotations
 
@@ -14,21 +14,26 @@ from .common import (
     FORCE,
     JSON,
     LAYER,
+    POSITION,
     QUIET,
     SAVE,
+    TARGET,
     TEXT,
     WEIGHTS,
     InputError,
     bar,
     check_index,
     check_save,
+    cut,
     engine,
     figures,
     load,
+    offering_last,
     open_session,
     present,
     progress,
     read_text,
+    read_whole,
     stderr,
     steered,
     wide,
@@ -286,3 +291,87 @@ def diff(
     d = diffs.text_diff(a, a.reopen(read_text(text_b, model)))
     present(context, as_json, lambda: text_diff_document(d), lambda: view.text_diff_view(d),
             console=lambda v: wide(context, v.renderables[-1]))  # as wide as the side-by-side table
+
+
+# ------------------------------------------------------------------ quant
+
+
+@app.command()
+def quant(
+    context: RunContext,
+    text: str = TEXT, weights: Path = WEIGHTS,
+    against: Path = typer.Option(..., "--against", help="The reference: the float weights "
+                                 "folder (or GGUF file) the quantized --weights was made from; "
+                                 "the same tokenizer and shapes.", show_default=False),
+    file: Path = typer.Option(None, "--file", "-f", help="Over a text file instead: mean KL and "
+                              "top-1 agreement as llama-perplexity --kl-divergence counts them.",
+                              show_default=False),
+    ctx: int = typer.Option(None, "--ctx", min=4, help="--file: tokens per chunk (default: "
+                            "the model's context).", show_default=False),
+    position: int = POSITION, target: str = TARGET,
+    top: int = typer.Option(12, "--top", "-n", min=1, help="How many tensors to list."),
+    restore: int = typer.Option(5, "--restore", min=0, help="Check the largest this many "
+                                "first-order estimates by putting the tensor back."),
+    act_quant: bool = typer.Option(False, "--act-quant", help="Round each matrix product's "
+                                   "input as llama.cpp's CPU path does for the weight type "
+                                   "(Q8_0 blocks of 32 for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, float16 "
+                                   "for F16; K-quants' Q8_K is refused) in the quantized "
+                                   "model's passes."),
+    as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
+):
+    """What quantization changed: one text through a model and its quantized copy.
+
+    Per stage of the residual stream (embeddings, after each block) and position the relative
+    change ||h_q - h_ref|| / ||h_ref|| (and over all positions); per head the total variation
+    of its attention pattern, 1/2 sum_j |A_ref[i,j] - A_q[i,j]| (the share of a row's attention
+    that moved), averaged over the rows; per position KL(P_ref || P_q) of the next token
+    (nats) and whether the top-1 tokens agree; and the tensors ranked by the first-order
+    change of log p(target) were each put back at full precision alone, sum dlogp/dW *
+    (W_ref - W_q) with the exact gradient, the largest --restore checked by doing it.
+    --file: the stream in chunks of --ctx tokens, each chunk's second half scored, mean KL
+    and "same top p" as llama-perplexity --kl-divergence.
+    Both models compute in float32 with the dequantized weights; llama.cpp's CPU matrix
+    products also round the activations (to Q8_0 or Q8_K) first: --act-quant imitates that.
+    Example: tinygpt quant "Lily wanted to play" --weights q4_0.gguf --against weights/llama
+    """
+    from ..analysis import quant as qa
+    from ..render import quant as view
+
+    check_save(save, force)
+    model, ref = load(context, weights), load(context, against)
+    qa.check_pair(model, ref)
+    hook, act = qa.act_quant_hook(model) if act_quant else (None, None)
+    names = str(model.weights_file), str(ref.weights_file)
+    if file is not None:
+        from ..corpus import read_user_file
+
+        n_ctx = ctx or model.config.n_positions
+        if n_ctx > model.config.n_positions:
+            raise InputError(f"--ctx {n_ctx}: the model reads at most "
+                             f"{model.config.n_positions} tokens")
+        bos = qa.chunk_bos(model)
+        stream = [bos] * (bos is not None) + model.tokenizer.encode(read_user_file(file, "--file"))
+        with progress(len(stream) // n_ctx, "chunks", enabled=not (as_json or quiet)) as step:
+            f = qa.file_kl(ref.params, model.params, model.config, stream, n_ctx, bos=bos,
+                           hooks_q=hook, progress=step)
+        if not f.chunks:
+            raise InputError(f"--file {file}: {len(stream)} tokens, fewer than one chunk of "
+                             f"{n_ctx}")
+        return present(context, as_json, lambda: view.file_kl_document(f, *names, act),
+                       lambda: view.file_kl_view(f, *names, act))
+    from ..session import Session
+
+    with offering_last(context):  # no steering: the two models' own runs
+        s = Session.open(read_whole(context, text, model), model=model, last=context.last)
+    if s.dropped:
+        cut(context, s.dropped)
+    r = qa.quant_report(ref.params, model.params, model.config, s.ids,
+                        position=s.position(position),
+                        target=None if target is None else s.token_id(target),
+                        restore=restore, hooks_q=hook)
+    qa.name_files(r, model)
+    tok = model.tokenizer.token_str
+    present(context, as_json, lambda: view.quant_document(r, s.tokens, tok, *names, act),
+            lambda: view.quant_view(r, s.tokens, tok, *names, top, act),
+            figure=lambda: view.quant_figure(r, s.tokens, tok, names[0], act),
+            save=save, force=force)

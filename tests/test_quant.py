@@ -1,0 +1,236 @@
+"""quant: what quantization changed. The measures against naive loops over the two models'
+recorded values; the first-order tensor estimate against putting the tensor back for real on
+a small random model quantized to Q8_0 by the gguf package; --file's positions as
+llama-perplexity --kl-divergence scores them; --act-quant's rounding as gguf's Q8_0."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinygpt_cli import model as mdl
+from tinygpt_cli.analysis import quant as qa
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import family_configs, random_params  # noqa: E402
+
+
+def small_llama():
+    cfg = family_configs(n_embd=64, n_head=4, n_inner=64, vocab_size=40,
+                         n_positions=16)["llama"]
+    big = ("W_E", "W_QKV", "W_O", "W_in", "W_gate", "W_out")  # weights of a trained model's size
+    ref = {k: v * (0.3 if k.endswith(big) else 1.0) for k, v in random_params(cfg, 3).items()}
+    return cfg, ref
+
+
+def q8_0(name: str, a: np.ndarray) -> np.ndarray:
+    """As a GGUF holds it: a matrix's rows are its inputs (the table's rows as they are)."""
+    gguf = pytest.importorskip("gguf")
+    from gguf import quants
+
+    if a.ndim < 2:
+        return a
+    t = gguf.GGMLQuantizationType.Q8_0
+    rows = a if name.startswith("embed") else a.T
+    back = quants.dequantize(quants.quantize(np.ascontiguousarray(rows, np.float32), t), t)
+    return (back if name.startswith("embed") else back.T).astype(a.dtype)
+
+
+def naive_kl(p_logits, q_logits):
+    out = []
+    for a, b in zip(p_logits, q_logits, strict=True):
+        pa = [math.exp(x - max(a)) for x in a]
+        pb = [math.exp(x - max(b)) for x in b]
+        za, zb = sum(pa), sum(pb)
+        out.append(sum(x / za * math.log((x / za) / (y / zb)) for x, y in zip(pa, pb,
+                                                                              strict=True)))
+    return np.array(out)
+
+
+def test_measures_against_naive_loops():
+    cfg, ref = small_llama()
+    rng = np.random.default_rng(0)
+    quant = {k: v + rng.normal(0, 0.01 * np.abs(v).mean(), v.shape) for k, v in ref.items()}
+    ids = rng.integers(0, cfg.vocab_size, 11)
+    r = qa.quant_report(ref, quant, cfg, ids, restore=0)
+    l_ref, v_ref = mdl.record(ref, cfg, ids)
+    l_q, v_q = mdl.record(quant, cfg, ids)
+    stages = ["layers.0.resid_pre"] + [f"layers.{i}.resid_post" for i in range(cfg.n_layer)]
+    for s, path in enumerate(stages):
+        a, b = v_ref[path], v_q[path]
+        for t in range(len(ids)):
+            num = math.sqrt(sum((float(x) - float(y)) ** 2 for x, y in zip(a[t], b[t],
+                                                                           strict=True)))
+            den = math.sqrt(sum(float(x) ** 2 for x in a[t]))
+            assert r.resid[s, t] == pytest.approx(num / den, rel=1e-9)
+        whole = math.sqrt(sum((float(x) - float(y)) ** 2 for x, y in zip(a.ravel(), b.ravel(),
+                                                                         strict=True)))
+        assert r.resid_overall[s] == pytest.approx(whole / np.sqrt((a ** 2).sum()), rel=1e-9)
+    for i in range(cfg.n_layer):
+        A, B = v_ref[f"layers.{i}.weights"], v_q[f"layers.{i}.weights"]
+        for h in range(cfg.n_head):
+            for row in range(len(ids)):
+                tv = 0.5 * sum(abs(float(x) - float(y)) for x, y in zip(A[h, row], B[h, row],
+                                                                         strict=True))
+                assert r.pattern_tv[i, h, row] == pytest.approx(tv, rel=1e-9, abs=1e-15)
+    assert r.pattern_tv.max() > 0
+    np.testing.assert_allclose(r.kl, naive_kl(l_ref, l_q), rtol=1e-6, atol=1e-15)
+    assert list(r.same_top) == [int(np.argmax(a)) == int(np.argmax(b))
+                                for a, b in zip(l_ref, l_q, strict=True)]
+
+
+def test_first_order_matches_restoring_each_tensor():
+    """Q8_0 moves each matrix by about 0.5 %: the exact gradient's first-order estimate of
+    restoring one tensor agrees with restoring it in sign everywhere, within 5 % where the
+    change is not tiny, and ranks the tensors alike."""
+    cfg, ref = small_llama()
+    quant = {k: q8_0(k, v) for k, v in ref.items()}
+    ids = np.arange(12) % cfg.vocab_size
+    r = qa.quant_report(ref, quant, cfg, ids, restore=100)
+    assert len(r.tensors) == 3 * 2 + 4 * 2 + 1  # q, k, v, W_O, W_in, W_gate, W_out; table
+    assert {s.label for s in r.tensors} >= {"layers.0.attn.W_QKV[q]", "embed.W_E"}
+    big = max(abs(s.restored) for s in r.tensors)
+    for s in r.tensors:
+        assert np.sign(s.estimate) == np.sign(s.restored), s
+        if abs(s.restored) > 0.1 * big:
+            assert s.estimate == pytest.approx(s.restored, rel=0.05), s
+        else:
+            assert abs(s.estimate - s.restored) < 0.02 * big, s
+    by_real = sorted(r.tensors, key=lambda s: -abs(s.restored))
+    assert [s.label for s in by_real[:3]] == [s.label for s in r.tensors[:3]]
+
+
+def test_file_scores_each_chunks_second_half():
+    cfg, ref = small_llama()
+    rng = np.random.default_rng(1)
+    quant = {k: v + rng.normal(0, 0.02 * np.abs(v).mean(), v.shape) for k, v in ref.items()}
+    n_ctx = 10
+    stream = rng.integers(0, cfg.vocab_size, 3 * n_ctx + 7)  # 7 left over: dropped
+    f = qa.file_kl(ref, quant, cfg, stream, n_ctx)
+    kls, same = [], []
+    for c in range(3):
+        ids = stream[c * n_ctx:(c + 1) * n_ctx]
+        a, b = mdl.forward(ref, cfg, ids), mdl.forward(quant, cfg, ids)
+        for j in range(n_ctx // 2, n_ctx - 1):  # llama.cpp: first = n_ctx/2 .. n_ctx - 2
+            kls.append(naive_kl(a[j:j + 1], b[j:j + 1])[0])
+            same.append(int(np.argmax(a[j])) == int(np.argmax(b[j])))
+    assert f.chunks == 3 and f.kl.size == 3 * 4
+    np.testing.assert_allclose(f.kl, kls, rtol=1e-6, atol=1e-15)
+    assert f.summary()["same_top"] == pytest.approx(np.mean(same))
+    # a vocabulary that adds BOS: llama.cpp puts it in each chunk's place 0 (not in the
+    # next tokens scored, which stay the stream's)
+    g = qa.file_kl(ref, quant, cfg, stream, n_ctx, bos=7)
+    ids = stream[n_ctx:2 * n_ctx].copy()
+    ids[0] = 7
+    a, b = mdl.forward(ref, cfg, ids), mdl.forward(quant, cfg, ids)
+    np.testing.assert_allclose(g.kl[4:8], naive_kl(a[5:9], b[5:9]), rtol=1e-6, atol=1e-15)
+    assert not np.allclose(g.kl, f.kl)
+
+
+def test_act_quant_rounds_rows_as_gguf_q8_0():
+    gguf = pytest.importorskip("gguf")
+    from gguf import quants
+
+    cfg = family_configs(n_embd=64, n_head=4, n_inner=64)["llama"]
+    types = {n: "Q4_0" for n in sum(qa.product_inputs(cfg, True).values(), [])}
+    kinds = qa.activation_types(cfg, types, tied=True)
+    assert set(kinds.values()) == {"Q8_0"}
+    hook = qa.ActQuant(kinds)
+    rng = np.random.default_rng(2)
+    z = rng.normal(size=(4, 5, 16)).astype(np.float32)  # [H, T, d_k]: rows [T, 64] rounded
+    t = gguf.GGMLQuantizationType.Q8_0
+    rows = z.transpose(1, 0, 2).reshape(5, 64)
+    want = quants.dequantize(quants.quantize(rows, t), t).reshape(5, 4, 16).transpose(1, 0, 2)
+    assert np.array_equal(hook("layers.0.z", z), want)
+    assert not np.array_equal(want, z)
+    x = rng.normal(size=(5, 64)).astype(np.float32)
+    assert np.array_equal(hook("layers.1.ln2.out", x),
+                          quants.dequantize(quants.quantize(x, t), t))
+    assert hook("layers.1.resid_post", x) is x
+    k_types = dict(types, **{"blk.0.ffn_down.weight": "Q4_K"})
+    with pytest.raises(ValueError, match="Q8_K"):
+        qa.activation_types(cfg, k_types, tied=True)
+
+
+def test_act_quant_feeds_the_rounded_rows_into_the_products():
+    """On a GPT-2 block: the MLP's input is LayerNorm(resid_mid) rounded to Q8_0 rows, and
+    mlp_pre is that rounded input times W_in (a naive LayerNorm, gguf's own rounding)."""
+    gguf = pytest.importorskip("gguf")
+    from gguf import quants
+
+    cfg = family_configs(n_embd=64, n_head=4, n_inner=64)["gpt2"]
+    params = {k: v.astype(np.float32) for k, v in random_params(cfg, 5).items()}
+    types = {n: "Q8_0" for n in sum(qa.product_inputs(cfg, True).values(), [])}
+    hook = qa.ActQuant(qa.activation_types(cfg, types, tied=True))
+    ids = np.arange(7)
+    _, v = mdl.record(params, cfg, ids, hooks=hook)
+    h = v["layers.1.resid_mid"].astype(np.float64)
+    mean = h.mean(-1, keepdims=True)
+    x = (h - mean) / np.sqrt(((h - mean) ** 2).mean(-1, keepdims=True) + cfg.layer_norm_epsilon)
+    x = x * params["layers.1.ln2.w"] + params["layers.1.ln2.b"]
+    t = gguf.GGMLQuantizationType.Q8_0
+    want = quants.dequantize(quants.quantize(x.astype(np.float32), t), t)
+    np.testing.assert_allclose(v["layers.1.ln2.out"], want, atol=2e-3)  # a Q8_0 step is ~0.03
+    assert np.array_equal(v["layers.1.ln2.out"],
+                          quants.dequantize(quants.quantize(v["layers.1.ln2.out"], t), t))
+    _, plain = mdl.record(params, cfg, ids, ["layers.1.ln2.out"])
+    raw = plain["layers.1.ln2.out"]
+    assert not np.array_equal(raw, quants.dequantize(quants.quantize(raw, t), t))
+    np.testing.assert_allclose(v["layers.1.mlp_pre"], v["layers.1.ln2.out"].astype(np.float64)
+                               @ params["layers.1.mlp.W_in"] + params["layers.1.mlp.b_in"],
+                               rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ the command
+
+
+@pytest.fixture(scope="module")
+def llama_q8(tmp_path_factory):
+    pytest.importorskip("gguf")
+    import importlib.util
+
+    from tinygpt_cli.weights import SHIPPED
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("make_gguf", root / "examples" / "make_gguf.py")
+    make_gguf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_gguf)
+    out = tmp_path_factory.mktemp("gguf") / "llama-q8_0.gguf"
+    make_gguf.write(SHIPPED / "llama", out, "Q8_0")
+    return out, SHIPPED / "llama"
+
+
+def test_command_json_and_errors(llama_q8, tmp_path):
+    import json
+    import subprocess
+
+    gguf_path, folder = llama_q8
+    run = [sys.executable, "-m", "tinygpt_cli"]
+    p = subprocess.run(run + ["quant", "Lily wanted to play with her", "--weights",
+                              str(gguf_path), "--against", str(folder), "--json", "--save",
+                              str(tmp_path / "q.svg")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert len(d["stages"]) == 5 and len(d["kl"]) == len(d["ids"])
+    assert 0 < d["summary"]["mean_kl"] < 0.01  # Q8_0: a small change
+    first = d["tensors"][0]
+    assert first["restored"] is not None and first["type"] == "Q8_0"
+    assert first["file_tensor"].startswith(("blk.", "token_embd"))
+    assert np.sign(first["first_order"]) == np.sign(first["restored"])
+    assert (tmp_path / "q.svg").read_text().count("quant.resid") >= 1
+    p = subprocess.run(run + ["quant", "Lily", "--weights", str(gguf_path), "--against",
+                              str(Path(folder).parent)], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and \
+        p.stderr.count("\n") == 1, p.stderr
+    p = subprocess.run(run + ["quant", "Lily", "--weights", str(folder), "--against",
+                              str(folder), "--act-quant"], capture_output=True, text=True)
+    assert p.returncode == 2 and "--act-quant" in p.stderr and "GGUF" in p.stderr
+    short = tmp_path / "short.txt"
+    short.write_text("Lily wanted to play.")
+    p = subprocess.run(run + ["quant", "--file", str(short), "--weights", str(gguf_path),
+                              "--against", str(folder)], capture_output=True, text=True)
+    assert p.returncode == 2 and "fewer than one chunk" in p.stderr, p.stderr
