@@ -11,16 +11,18 @@ family's file to them). `ids` is
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import ops
+from . import ops, wiring
 from .config import Config
 from .errors import NonFiniteError
 from .hooks import Hook, Record, RecordOnly, Stop
 from .pages import fresh_pages
 from .schema import is_bias, is_norm_weight, param_shapes
+from .wiring import Step
 
 __all__ = ["Dropout", "KVCache", "backward", "decode_step", "forward", "run_to_final_norm",
            "init_params", "logits_of", "loss_and_grads",
@@ -449,41 +451,47 @@ def feed_forward_backward(g: Gradients, i: int, dmlp_out: np.ndarray) -> np.ndar
 def block(params, config: Config, i: int, h: np.ndarray, hooks: Hook | None,
           cache: KVCache | None, start: int, drop: Dropout | None, per_text: bool = False
           ) -> np.ndarray:
-    """Card 7: one pre-norm block: h + attn(ln1(h)), then + mlp(ln2(.)); a parallel block
-    (GPT-NeoX) adds both to h, each reading h itself.  [T, d] -> [T, d]
-    (`per_text`: a batch's products text by text, see ops.linear)"""
+    """Card 7: block i as its description has it (wiring.describe): GPT-2's pre-norm
+    h + attn(ln1(h)), then + mlp(ln2(.)); a parallel block (GPT-NeoX) adds both to h, each
+    reading h itself.  [T, d] -> [T, d]  (`per_text`: a batch's products text by text, see
+    ops.linear)"""
     L = f"layers.{i}."
     hk = hooks or _no_hooks
-    h = hk(L + "resid_pre", h)
-    x = norm(params, config, h, L + "ln1", hk)
-    a = attention(params, config, i, x, hooks, cache, start, per_text)
-    a = drop(L + "attn_out", a) if drop else a
-    if config.parallel:
-        x = norm(params, config, h, L + "ln2", hk)
-        m = feed_forward(params, config, i, x, hk, per_text)
-        return hk(L + "resid_post", h + (drop(L + "mlp_out", m) if drop else m) + a)
-    h = hk(L + "resid_mid", h + a)
-    x = norm(params, config, h, L + "ln2", hk)
-    m = feed_forward(params, config, i, x, hk, per_text)
-    return hk(L + "resid_post", h + (drop(L + "mlp_out", m) if drop else m))
+
+    def dropped(s: Step, x: np.ndarray) -> np.ndarray:
+        return drop(L + s.out, x) if drop and s.dropped else x
+
+    ops_ = {
+        "norm": lambda s, x: dropped(s, norm(params, config, x, L + s.name, hk)),
+        "attention": lambda s, x: dropped(s, attention(params, config, i, x, hooks, cache,
+                                                       start, per_text)),
+        "mlp": lambda s, x: dropped(s, feed_forward(params, config, i, x, hk, per_text)),
+        "add": lambda s, *xs: hk(L + s.out, functools.reduce(operator.add, xs)),
+    }
+    return wiring.run(wiring.describe(config, i), ops_, hk(L + "resid_pre", h))
 
 
 def block_backward(g: Gradients, i: int, dh: np.ndarray) -> np.ndarray:
-    """Card 7 in reverse: each residual sum sends its gradient both ways, into the branch
-    (MLP, then attention, each through its norm) and on down the stream."""
+    """Card 7 in reverse, wiring.run_backward over block i's steps: each residual sum sends
+    its gradient both ways, into the branch (MLP, then attention, each through its norm) and
+    on down the stream."""
     L = f"layers.{i}."
-    g.keep(L + "resid_post", dh)
-    dx = feed_forward_backward(g, i, g.undrop(L + "mlp_out", dh))
-    if g.config.parallel:  # both branches read resid_pre
-        dmlp = norm_backward(g, dx, g.values[L + "resid_pre"], L + "ln2")
-        dx = attention_backward(g, i, g.undrop(L + "attn_out", dh))
-        dh = dh + dmlp + norm_backward(g, dx, g.values[L + "resid_pre"], L + "ln1")
-        g.keep(L + "resid_pre", dh)
-        return dh
-    dh = dh + norm_backward(g, dx, g.values[L + "resid_mid"], L + "ln2")
-    g.keep(L + "resid_mid", dh)
-    dx = attention_backward(g, i, g.undrop(L + "attn_out", dh))
-    dh = dh + norm_backward(g, dx, g.values[L + "resid_pre"], L + "ln1")
+
+    def undropped(s: Step, d: np.ndarray) -> np.ndarray:
+        return g.undrop(L + s.out, d) if s.dropped else d
+
+    def add(s: Step, d: np.ndarray) -> tuple:
+        g.keep(L + s.out, d)
+        return (d,) * len(s.reads)
+
+    ops_ = {
+        "norm": lambda s, d: (norm_backward(g, undropped(s, d), g.values[L + s.reads[0]],
+                                            L + s.name),),
+        "attention": lambda s, d: (attention_backward(g, i, undropped(s, d)),),
+        "mlp": lambda s, d: (feed_forward_backward(g, i, undropped(s, d)),),
+        "add": add,
+    }
+    dh = wiring.run_backward(wiring.describe(g.config, i), ops_, dh)
     g.keep(L + "resid_pre", dh)
     return dh
 
@@ -689,11 +697,13 @@ class Decoder:
 
     def _block_params(self, i: int) -> dict:
         p, c = self.params, self.config
+        b = wiring.describe(c, i)
         get = lambda name: p.get(f"layers.{i}.{name}")  # noqa: E731
+        norms = [f"{s.name}.{w}" for s in b.steps if s.op == "norm" for w in ("w", "b")]
         return {name: get(name) for name in (
-            "ln1.w", "ln1.b", "ln2.w", "ln2.b", "attn.W_QKV", "attn.b_QKV", "attn.q_norm.w",
-            "attn.k_norm.w", "attn.W_O", "attn.b_O", "mlp.W_in", "mlp.b_in", "mlp.W_gate",
-            "mlp.W_out", "mlp.b_out")} | {"window": c.window(i), "i": i}
+            *norms, "attn.W_QKV", "attn.b_QKV", "attn.q_norm.w", "attn.k_norm.w", "attn.W_O",
+            "attn.b_O", "mlp.W_in", "mlp.b_in", "mlp.W_gate", "mlp.W_out", "mlp.b_out")
+        } | {"window": c.window(i), "i": i, "steps": b.steps}
 
     def step(self, token: int, cache: KVCache) -> np.ndarray:
         """The logits [V] after `token` at position cache.length, its keys and values cached."""
@@ -724,12 +734,25 @@ class Decoder:
         return layer_norm(x, w, b, eps, "", _no_hooks)
 
     def _block(self, b: dict, h: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
-        """block(): attention, then the MLP, each added to the stream (or both to h)."""
-        a = self._attention(b, self._norm(h, b["ln1.w"], b["ln1.b"]), cache, start)
-        if self.config.parallel:
-            return h + self._mlp(b, self._norm(h, b["ln2.w"], b["ln2.b"])) + a
-        h = h + a
-        return h + self._mlp(b, self._norm(h, b["ln2.w"], b["ln2.b"]))
+        """block(): its description's steps (wiring.describe), with this step's own ops,
+        written out rather than through wiring.run: a step of a small model is mostly such
+        calls."""
+        values = {"resid_pre": h}
+        for s in b["steps"]:
+            x = values[s.reads[0]]
+            if s.op == "norm":
+                x = self._norm(x, b[s.name + ".w"], b[s.name + ".b"])
+            elif s.op == "attention":
+                x = self._attention(b, x, cache, start)
+            elif s.op == "mlp":
+                x = self._mlp(b, x)
+            elif s.op == "add":  # in the order of its reads
+                for y in s.reads[1:]:
+                    x = x + values[y]
+            else:
+                raise ValueError(f"the Decoder has no op {s.op!r}")
+            values[s.out] = x
+        return x
 
     def _attention(self, b: dict, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
         """attention() and queries_keys_values() with no hooks, for one position: the steps

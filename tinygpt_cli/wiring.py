@@ -1,0 +1,239 @@
+"""One block's wiring, stated once: the steps of block `i` of a model, as data derived from
+its Config, which every pass composes (model.block and block_backward, the Decoder's step,
+Trace.residual_parts, the attribution graph's frozen pass, circuit's edge pass, TracIn's
+norm sites).
+
+A block is a short list of Steps over named values of the block (the stream entering it is
+`resid_pre`, what it hands on is the last step's value, `resid_post`):
+
+    norm       ln1.out   = ln1(resid_pre)          the norm before attention
+    attention  attn_out  = attention(ln1.out)      q/k norms, the turn, window, groups, scale
+    add        resid_mid = resid_pre + attn_out    the residual add
+    norm       ln2.out   = ln2(resid_mid)          the norm before the MLP
+    mlp        mlp_out   = mlp(ln2.out)            plain or gated, its activation
+    add        resid_post = resid_mid + mlp_out
+
+A parallel block (GPT-NeoX) has both norms read resid_pre and one add of both branches. A
+pass is one function per op (`norm`, `attention`, `mlp`, `add`) walked over the steps
+(`run`), and a backward pass the same in reverse (`run_backward`): a new wiring (Gemma's
+norms after attention and after the MLP, before each add) is new steps here and, for a new
+operation, its op in each pass, never a pass re-taught where the norms sit.
+
+An analysis that reads the block by its parts (DLA's heads, the graph's frozen norms) states
+which knob values it implements (`Handles`); `require` refuses any other by name (exit 2)
+rather than computing something else as if it were GPT-2's block.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .config import Config
+
+__all__ = ["Attention", "Block", "Handles", "Step", "describe", "require", "run",
+           "run_backward"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a block: `op` makes the value `out` (its path inside the block) from the
+    values `reads` (an add's first read is the stream, the others the branches it adds)."""
+
+    op: str  # norm | attention | mlp | add
+    out: str
+    reads: tuple[str, ...]
+    name: str = ""  # a norm's own name: its parameters and statistics (ln1: ln1.w, ln1.std)
+    dropped: bool = False  # training's dropout on `out`: a branch just before its add
+    what: str = ""  # the step's place in the block, as a refusal names it
+
+    @property
+    def kind(self) -> str:
+        """The step as the knob `step` names it: "norm before attention", "attention" ..."""
+        return self.what or self.op
+
+
+@dataclass(frozen=True)
+class Attention:
+    """What the attention step does beside its weights."""
+
+    qk_norm: bool  # an RMSNorm on each head's q and k, before the turn (Qwen3)
+    rotary: int  # numbers of each head turned by the positions (0: learned positions)
+    window: int  # keys a query sees, itself included (0: all)
+    groups: int  # query heads per key/value head (1: each its own)
+    scale: float  # the config's attn_scale (0: 1 / sqrt(d_k))
+
+
+@dataclass(frozen=True)
+class Block:
+    """Block i's wiring: its steps, the kind of its norms, its attention and its MLP."""
+
+    steps: tuple[Step, ...]
+    norm: str  # layer | rms
+    attention: Attention
+    mlp: str  # gelu (plain) | gated
+    act: str
+
+    @property
+    def out(self) -> str:
+        return self.steps[-1].out
+
+    def step(self, op: str) -> Step:
+        """The block's one step of op `attention` or `mlp`."""
+        return next(s for s in self.steps if s.op == op)
+
+    def input_of(self, op: str) -> str:
+        """The stream value whose norm feeds the `attention` or `mlp` step (resid_pre, or
+        resid_mid for the MLP of a sequential block)."""
+        return self.making(self.step(op).reads[0]).reads[0]
+
+    def making(self, value: str) -> Step:
+        return next(s for s in self.steps if s.out == value)
+
+    @property
+    def parallel(self) -> bool:
+        """Both branches read the block's input (GPT-NeoX), not the MLP the attention's sum."""
+        return self.input_of("mlp") == "resid_pre"
+
+    @property
+    def stream(self) -> tuple[str, ...]:
+        """The values of the residual stream inside the block, in order: resid_pre, each add's."""
+        return ("resid_pre",) + tuple(s.out for s in self.steps if s.op == "add")
+
+    def added(self) -> list[tuple[str, str]]:
+        """What each add puts on the stream, (added value, its add's out), in order."""
+        return [(r, s.out) for s in self.steps if s.op == "add" for r in s.reads[1:]]
+
+    def knobs(self) -> dict[str, tuple]:
+        """Every knob value this block has, knob -> values: what `require` checks."""
+        a = self.attention
+        return {"step": tuple(dict.fromkeys(s.kind for s in self.steps)),
+                "wiring": ("parallel" if self.parallel else "sequential",),
+                "norm": (self.norm,), "mlp": (self.mlp,), "act": (self.act,),
+                "qk_norm": (a.qk_norm,), "positions": ("rotary" if a.rotary else "learned",),
+                "window": ("local" if a.window else "all",),
+                "kv_groups": ("grouped" if a.groups > 1 else "per head",)}
+
+
+SEQUENTIAL = (
+    Step("norm", "ln1.out", ("resid_pre",), "ln1", what="norm before attention"),
+    Step("attention", "attn_out", ("ln1.out",), dropped=True, what="attention"),
+    Step("add", "resid_mid", ("resid_pre", "attn_out"), what="residual add"),
+    Step("norm", "ln2.out", ("resid_mid",), "ln2", what="norm before the MLP"),
+    Step("mlp", "mlp_out", ("ln2.out",), dropped=True, what="mlp"),
+    Step("add", "resid_post", ("resid_mid", "mlp_out"), what="residual add"),
+)
+
+# GPT-NeoX: both norms read the block's input; the MLP's output, then the attention's, added
+PARALLEL = (
+    Step("norm", "ln1.out", ("resid_pre",), "ln1", what="norm before attention"),
+    Step("attention", "attn_out", ("ln1.out",), dropped=True, what="attention"),
+    Step("norm", "ln2.out", ("resid_pre",), "ln2", what="norm before the MLP"),
+    Step("mlp", "mlp_out", ("ln2.out",), dropped=True, what="mlp"),
+    Step("add", "resid_post", ("resid_pre", "mlp_out", "attn_out"), what="residual add"),
+)
+
+
+@functools.lru_cache(maxsize=64)
+def describe(config: Config, i: int) -> Block:
+    """Block i of a model with this config: the one description every pass follows."""
+    return Block(PARALLEL if config.parallel else SEQUENTIAL, config.norm,
+                 Attention(config.qk_norm, config.rotary, config.window(i),
+                           config.n_head // config.kv_heads, config.attn_scale),
+                 config.mlp, config.act)
+
+
+def blocks(config: Config) -> list[Block]:
+    return [describe(config, i) for i in range(config.n_layer)]
+
+
+def run(block: Block, ops: Mapping[str, Callable], h):
+    """A forward pass of the block from its input h: each step by ops[step.op](step, *its
+    reads); the block's output."""
+    values = {"resid_pre": h}
+    for s in block.steps:
+        values[s.out] = ops[s.op](s, *[values[r] for r in s.reads])
+    return values[block.out]
+
+
+def run_backward(block: Block, ops: Mapping[str, Callable], d):
+    """The block in reverse from d of its output: each step by ops[step.op](step, d of its
+    out) -> d of each of its reads (None: no path back there), a value's gradient complete
+    when its own step is reached (every reader comes after it), each sum added in the order
+    of the steps walked back. d of resid_pre (None when nothing reached it)."""
+    ds = {block.out: d}
+    for s in reversed(block.steps):
+        d = ds.pop(s.out, None)
+        if d is None:
+            continue
+        for r, dr in zip(s.reads, ops[s.op](s, d), strict=True):
+            if dr is not None:
+                ds[r] = dr if r not in ds else ds[r] + dr
+    return ds.get("resid_pre")
+
+
+# ------------------------------------------------------------------ what an analysis handles
+
+
+@dataclass(frozen=True)
+class Handles:
+    """The knob values an analysis implements, knob -> values (a knob left out: all the
+    values the families have today, FAMILIES)."""
+
+    knobs: tuple[tuple[str, tuple], ...] = ()
+
+    def allowed(self, knob: str) -> tuple:
+        return dict(self.knobs).get(knob, FAMILIES[knob])
+
+
+def handles(**knobs) -> Handles:
+    """An analysis's declaration: handles(wiring=("sequential",)) takes every value the
+    families have of each other knob, and of `wiring` only those named."""
+    unknown = set(knobs) - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"no knob {', '.join(sorted(unknown))}")
+    return Handles(tuple((k, tuple(v)) for k, v in knobs.items()))
+
+
+# Every knob value of the families tinygpt reads today (GPT-2, GPT-Neo, GPT-NeoX, Llama,
+# Qwen2/3): what an analysis written for them all handles. A new family's new value (a norm
+# after attention, a new norm kind) is in no analysis's list until it says it handles it.
+FAMILIES: dict[str, tuple] = {
+    "step": ("norm before attention", "attention", "residual add", "norm before the MLP",
+             "mlp"),
+    "wiring": ("sequential", "parallel"),
+    "norm": ("layer", "rms"),
+    "mlp": ("gelu", "gated"),
+    "act": ("gelu_new", "gelu", "silu"),
+    "qk_norm": (False, True),
+    "positions": ("learned", "rotary"),
+    "window": ("all", "local"),
+    "kv_groups": ("per head", "grouped"),
+}
+
+EVERYTHING = Handles()
+
+
+def lacking(config: Config, can: Handles = EVERYTHING) -> list[tuple[str, object]]:
+    """(knob, value) of this model's blocks that `can` does not handle, in block order."""
+    out: list[tuple[str, object]] = []
+    for b in blocks(config):
+        for knob, values in b.knobs().items():
+            allowed = can.allowed(knob)
+            out += [(knob, v) for v in values if v not in allowed and (knob, v) not in out]
+    return out
+
+
+def require(config: Config, what: str, can: Handles = EVERYTHING) -> None:
+    """InputError (exit 2) naming the first knob value of this model's blocks that the
+    analysis `what` does not implement, so that it never answers for another block as if it
+    were one it knows."""
+    from .errors import InputError
+
+    missing = lacking(config, can)
+    if missing:
+        said = ", ".join(f"{k} {v!r}" if not isinstance(v, str) or k != "step" else
+                         f"a step {v!r}" for k, v in missing)
+        raise InputError(f"{what} is not available for this {config.model_type} model: its "
+                         f"block has {said}, which {what} does not implement")
