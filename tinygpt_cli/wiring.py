@@ -91,6 +91,15 @@ class Block:
     def making(self, value: str) -> Step:
         return next(s for s in self.steps if s.out == value)
 
+    def norm_of(self, op: str) -> str:
+        """The name of the norm that feeds the `attention` or `mlp` step (ln1, ln2)."""
+        return self.making(self.step(op).reads[0]).name
+
+    @property
+    def norms(self) -> tuple[str, ...]:
+        """The names of the block's norms, in order (ln1, ln2)."""
+        return tuple(s.name for s in self.steps if s.op == "norm")
+
     @property
     def parallel(self) -> bool:
         """Both branches read the block's input (GPT-NeoX), not the MLP the attention's sum."""
@@ -157,12 +166,13 @@ def run(block: Block, ops: Mapping[str, Callable], h):
     return values[block.out]
 
 
-def run_backward(block: Block, ops: Mapping[str, Callable], d):
-    """The block in reverse from d of its output: each step by ops[step.op](step, d of its
-    out) -> d of each of its reads (None: no path back there), a value's gradient complete
-    when its own step is reached (every reader comes after it), each sum added in the order
-    of the steps walked back. d of resid_pre (None when nothing reached it)."""
-    ds = {block.out: d}
+def run_backward(block: Block, ops: Mapping[str, Callable], d, start: str | None = None):
+    """The block in reverse from d of its output (or of its value `start`): each step by
+    ops[step.op](step, d of its out) -> d of each of its reads (None: no path back there), a
+    value's gradient complete when its own step is reached (every reader comes after it),
+    each sum added in the order of the steps walked back. d of resid_pre (None when nothing
+    reached it)."""
+    ds = {start or block.out: d}
     for s in reversed(block.steps):
         d = ds.pop(s.out, None)
         if d is None:
