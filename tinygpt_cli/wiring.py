@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 from .config import Config
 
-__all__ = ["Attention", "Block", "Handles", "Step", "describe", "require", "run",
-           "run_backward"]
+__all__ = ["FAMILY_BLOCKS", "FORWARD", "Attention", "Block", "Handles", "Step", "describe",
+           "require", "run", "run_backward"]
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,10 @@ def run(block: Block, ops: Mapping[str, Callable], h):
     reads); the block's output."""
     values = {"resid_pre": h}
     for s in block.steps:
-        values[s.out] = ops[s.op](s, *[values[r] for r in s.reads])
+        op = ops.get(s.op)
+        if op is None:
+            raise ValueError(f"this pass has no op for the step {s.kind!r} ({s.op})")
+        values[s.out] = op(s, *[values[r] for r in s.reads])
     return values[block.out]
 
 
@@ -177,7 +180,10 @@ def run_backward(block: Block, ops: Mapping[str, Callable], d, start: str | None
         d = ds.pop(s.out, None)
         if d is None:
             continue
-        for r, dr in zip(s.reads, ops[s.op](s, d), strict=True):
+        op = ops.get(s.op)
+        if op is None:
+            raise ValueError(f"this pass has no op for the step {s.kind!r} ({s.op})")
+        for r, dr in zip(s.reads, op(s, d), strict=True):
             if dr is not None:
                 ds[r] = dr if r not in ds else ds[r] + dr
     return ds.get("resid_pre")
@@ -186,12 +192,19 @@ def run_backward(block: Block, ops: Mapping[str, Callable], d, start: str | None
 # ------------------------------------------------------------------ what an analysis handles
 
 
+# The ops model.py's passes (forward, backward, the Decoder) implement.
+MODEL_OPS = ("norm", "attention", "mlp", "add")
+
+
 @dataclass(frozen=True)
 class Handles:
     """The knob values an analysis implements, knob -> values (a knob left out: all the
-    values the families have today, FAMILIES)."""
+    values the families have today, FAMILIES); `any_step`: every step whose op the model's
+    passes compute, wherever it sits (an analysis that only runs those passes and reads
+    their values)."""
 
     knobs: tuple[tuple[str, tuple], ...] = ()
+    any_step: bool = False
 
     def allowed(self, knob: str) -> tuple:
         return dict(self.knobs).get(knob, FAMILIES[knob])
@@ -222,20 +235,28 @@ FAMILIES: dict[str, tuple] = {
     "kv_groups": ("per head", "grouped"),
 }
 
-EVERYTHING = Handles()
+# What an analysis written for the families' blocks handles: their knob values and steps.
+FAMILY_BLOCKS = Handles()
+# What an analysis that only runs the model's passes and reads their values handles: any
+# step those passes compute, so a new wiring of known ops (a norm after attention) with it.
+FORWARD = Handles(any_step=True)
 
 
-def lacking(config: Config, can: Handles = EVERYTHING) -> list[tuple[str, object]]:
+def lacking(config: Config, can: Handles = FAMILY_BLOCKS) -> list[tuple[str, object]]:
     """(knob, value) of this model's blocks that `can` does not handle, in block order."""
     out: list[tuple[str, object]] = []
     for b in blocks(config):
         for knob, values in b.knobs().items():
-            allowed = can.allowed(knob)
+            if knob == "step" and can.any_step:
+                values = tuple(s.kind for s in b.steps if s.op not in MODEL_OPS)
+                allowed: tuple = ()
+            else:
+                allowed = can.allowed(knob)
             out += [(knob, v) for v in values if v not in allowed and (knob, v) not in out]
     return out
 
 
-def require(config: Config, what: str, can: Handles = EVERYTHING) -> None:
+def require(config: Config, what: str, can: Handles = FAMILY_BLOCKS) -> None:
     """InputError (exit 2) naming the first knob value of this model's blocks that the
     analysis `what` does not implement, so that it never answers for another block as if it
     were one it knows."""
@@ -243,7 +264,8 @@ def require(config: Config, what: str, can: Handles = EVERYTHING) -> None:
 
     missing = lacking(config, can)
     if missing:
-        said = ", ".join(f"{k} {v!r}" if not isinstance(v, str) or k != "step" else
-                         f"a step {v!r}" for k, v in missing)
+        said = ", ".join(f"a step {v!r}" if k == "step" else f"{k} {v!r}"
+                         for k, v in missing)
         raise InputError(f"{what} is not available for this {config.model_type} model: its "
                          f"block has {said}, which {what} does not implement")
+

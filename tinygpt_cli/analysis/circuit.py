@@ -78,10 +78,14 @@ from ..model import (
 )
 from ..schema import head_name, mlp_name
 from ..trace import Trace
-from ..wiring import describe
+from ..wiring import FAMILY_BLOCKS, describe, require
 from ..words import count
 from .patch import check_gap, logit_difference
 from .variants import widen
+
+# The blocks this analysis implements (wiring.require refuses others by name): every receiver's
+# input a sum of the heads' and MLPs' outputs, as the families add them.
+HANDLES = FAMILY_BLOCKS
 
 METHODS = ("eap", "eap-ig", "exact", "exact-noising", "exact-mean")
 EDGE_TOKENS = 1024  # edge-patched runs x tokens computed together: [B, senders, T, d] stays
@@ -115,6 +119,7 @@ class Graph:
 
 
 def build_graph(config: Config) -> Graph:
+    require(config, "circuit", HANDLES)  # the senders are the families' branches
     senders, s_stage = ["embed"], [0]
     receivers: list[str] = []
     r_stage: list[int] = []
@@ -258,6 +263,7 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
     `steer` (hooks.Steering at layers.L.resid_pre) adds its shift to every input from block
     L's on.
     """
+    require(config, "circuit", HANDLES)  # receivers' inputs as the families' sums
     # nothing after `position` can change it; in the last block, nothing but `position`
     position = position % len(ids)
     ids, fixed = np.asarray(ids)[: position + 1], fixed[:, : position + 1]

@@ -36,8 +36,13 @@ import numpy as np
 
 from ..config import Config
 from ..model import forward, head_out_matrix, head_qkv, norm_weights, record, unembed_rows
-from ..wiring import Block, Step, describe, run, run_backward
+from ..wiring import FAMILY_BLOCKS, Block, Step, describe, require, run, run_backward
 from . import sae as S
+
+# The blocks this analysis implements (wiring.require refuses others by name): the frozen pass has
+# ops for the families' steps only (no norm after a branch) and its sources are the MLPs' outputs
+# added to the stream.
+HANDLES = FAMILY_BLOCKS
 
 NODE_THRESHOLD = 0.8
 EDGE_THRESHOLD = 0.98
@@ -498,6 +503,7 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     the incoming edges of at most `max_features` of them are computed (None: all), those of
     most influence on the target first (`visit`), so time and memory grow linearly with the
     text once it has more active features than that."""
+    require(config, "graph", HANDLES)  # its frozen pass has the families' steps only
     real, values = record(params, config, np.asarray(ids), read_paths(config), hooks=steering)
     t = len(ids)
     f_layer, f_pos, f_lat, f_act, errors = transcoder_features(transcoders, values,

@@ -41,9 +41,14 @@ from ..model import (
     record,
     unembed_rows,
 )
+from ..wiring import FAMILY_BLOCKS
 from . import sae as S
 from .graph import Graph
 from .qk import through_head_norm
+
+# The blocks this analysis implements (wiring.require refuses others by name): the graph's frozen
+# pass, and the score split by the parts of the stream.
+HANDLES = FAMILY_BLOCKS
 
 TOP_TERMS = 5
 
