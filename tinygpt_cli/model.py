@@ -848,11 +848,6 @@ def token_table(params) -> np.ndarray:
     return params["embed.W_E"]
 
 
-def position_table(params) -> np.ndarray:
-    """W_pos [n_ctx, d], the learned position rows added to the embeddings."""
-    return params["embed.W_pos"]
-
-
 def unembed_rows(params, rows) -> np.ndarray:
     """The output head's rows for these tokens, [len(rows), d] (tied: W_E's rows): the
     direction whose dot with ln_final.out is each token's logit."""

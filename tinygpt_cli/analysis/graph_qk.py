@@ -50,8 +50,6 @@ from .qk import through_head_norm
 # pass, and the score split by the parts of the stream.
 HANDLES = FAMILY_BLOCKS
 
-TOP_TERMS = 5
-
 
 @dataclass
 class EdgeQK:
