@@ -226,8 +226,9 @@ def check_backward(params, config):
 
     want = (f(eps) - f(-eps)) / (2 * eps)
     got = sum(float((grads[k] * direction[k]).sum()) for k in params)
-    # GELU by erf: the backward is the exact erf's derivative, the forward's erf to 1.5e-7
-    assert got == pytest.approx(want, rel=1e-5 if config.act == "gelu" else 1e-6, abs=1e-7)
+    # a central difference along every parameter at once is good to about 1e-6 here; GELU
+    # by erf: the backward is the exact erf's derivative, the forward's erf to 1.5e-7
+    assert got == pytest.approx(want, rel=1e-4 if config.act == "gelu" else 1e-5, abs=1e-7)
 
 
 def check_decoder(params, config):
