@@ -97,12 +97,14 @@ class Trace:
     def stages(self, mid: bool = False) -> list[tuple[str, np.ndarray]]:
         """The residual stream, (name, [T, d]): the embeddings, then after each block (with
         `mid`, each block's resid_mid before its resid_post, the logit lens's stages)."""
-        # a parallel block (NeoX) has no stream between its attention and its MLP
-        kinds = ("resid_mid", "resid_post") if mid and not self.config.parallel \
-            else ("resid_post",)
+        from .wiring import describe
+
+        # the block's own stream values (wiring.describe): a parallel block (NeoX) has none
+        # between its attention and its MLP
         return [("embeddings", self.get("embeddings"))] + [
             (f"layers.{i}.{k}", self.get(f"layers.{i}.{k}"))
-            for i in range(self.config.n_layer) for k in kinds]
+            for i in range(self.config.n_layer)
+            for k in (describe(self.config, i).stream[1:] if mid else ("resid_post",))]
 
     def residual_parts(self, params, position: int | None = None, steer=None,
                        layer: int | None = None) -> tuple[list[str], np.ndarray]:
