@@ -181,7 +181,7 @@ def plant(monkeypatch, change_steps):
     described = wiring.describe
 
     def planted(config, i):
-        b = described.__wrapped__(config, i)
+        b = wiring._describe(config, i)
         return dataclasses.replace(b, steps=change_steps(b.steps))
 
     for name, module in list(sys.modules.items()):  # wiring's own, and each module's name

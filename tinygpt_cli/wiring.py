@@ -26,7 +26,6 @@ rather than computing something else as if it were GPT-2's block.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -144,9 +143,19 @@ PARALLEL = (
 )
 
 
-@functools.lru_cache(maxsize=64)
 def describe(config: Config, i: int) -> Block:
-    """Block i of a model with this config: the one description every pass follows."""
+    """Block i of a model with this config: the one description every pass follows. Made
+    once per Config object and kept on it (a pure function of its fields: a copy made by
+    dataclasses.replace makes its own), since every pass of every block asks for it and
+    hashing a Config for a cache costs more than a small block's norm."""
+    made = config.__dict__.get("_blocks")
+    if made is None:
+        made = tuple(_describe(config, j) for j in range(config.n_layer))
+        object.__setattr__(config, "_blocks", made)
+    return made[i]
+
+
+def _describe(config: Config, i: int) -> Block:
     return Block(PARALLEL if config.parallel else SEQUENTIAL, config.norm,
                  Attention(config.qk_norm, config.rotary, config.window(i),
                            config.n_head // config.kv_heads, config.attn_scale),
