@@ -241,11 +241,12 @@ def turned(params, config: Config, i: int, part: str, x: np.ndarray, start: int)
     them: each head's RMS-normed (Qwen3), then turned by its positions start .. (rotary);
     unchanged for GPT-2's block. Head by head, so a caller may give one head's alone
     (analysis.circuit, whose heads each read their own input)."""
-    if config.qk_norm:
+    a = wiring.describe(config, i).attention
+    if a.qk_norm:
         w = params[f"layers.{i}.attn.{part}_norm.w"]
         x = ops.rms_norm(x, w, config.layer_norm_epsilon)[0]
-    if config.rotary:
-        x = ops.rotary(x, start, config.rotary, config.rotary_base, config.rope_scaling)
+    if a.rotary:
+        x = ops.rotary(x, start, a.rotary, a.rotary_base, a.rope_scaling)
     return x
 
 
@@ -253,11 +254,11 @@ def turned_backward(g: Gradients, i: int, dq: np.ndarray, dk: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
     """turned() of a whole text (start 0) in reverse, q and k together: from d q, d k as
     attention read them to d of the projections W_QKV made."""
-    cfg = g.config
-    if cfg.rotary:
-        rope = (cfg.rotary, cfg.rotary_base, cfg.rope_scaling)
+    a = wiring.describe(g.config, i).attention
+    if a.rotary:
+        rope = (a.rotary, a.rotary_base, a.rope_scaling)
         dq, dk = ops.rotary_backward(dq, 0, *rope), ops.rotary_backward(dk, 0, *rope)
-    if cfg.qk_norm:
+    if a.qk_norm:
         dq, dk = _qk_norm_backward(g, i, dq, dk)
     return dq, dk
 
@@ -276,9 +277,9 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
         cache.k[i][..., start:end, :] = k
         cache.v[i][..., start:end, :] = v
         k, v = cache.k[i][..., :end, :], cache.v[i][..., :end, :]
-    group = config.n_head // config.kv_heads
-    k, v = ops.repeat_kv(k, group), ops.repeat_kv(v, group)
-    scores = ops.attention_scores(q, k, start, config.attn_scale, config.window(i))  # [H, T, S]
+    a = wiring.describe(config, i).attention
+    k, v = ops.repeat_kv(k, a.groups), ops.repeat_kv(v, a.groups)
+    scores = ops.attention_scores(q, k, start, a.scale, a.window)  # [H, T, S]
     if hooks is not None:
         scores = hooks(L + "scores", scores)
         _heads("scores", scores, L, hooks, config.n_head)
@@ -288,7 +289,7 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
     weights = ops.attention_weights(scores, start, masked=untouched,
                                     overwrite=untouched and not _kept(hooks, scores))
     if weights is None:  # a row out of the unshifted softmax's range, its scores overwritten
-        scores = ops.attention_scores(q, k, start, config.attn_scale, config.window(i))
+        scores = ops.attention_scores(q, k, start, a.scale, a.window)
         weights = ops.attention_weights(scores, start)
     if hooks is not None:
         weights = hooks(L + "weights", weights)
@@ -314,11 +315,11 @@ def attention_backward(g: Gradients, i: int, dattn: np.ndarray) -> np.ndarray:
 
 def heads_backward(g: Gradients, i: int, dz: np.ndarray) -> np.ndarray:
     """Card 5 from the heads' outputs z [H, T, d_k] in reverse, to d ln1.out."""
-    L, values, cfg = f"layers.{i}.", g.values, g.config
-    group = cfg.n_head // cfg.kv_heads
+    L, values, a = f"layers.{i}.", g.values, wiring.describe(g.config, i).attention
+    group = a.groups
     k, v = ops.repeat_kv(values[L + "k"], group), ops.repeat_kv(values[L + "v"], group)
     dq, dk, dvv, dweights, dscores = ops.attention_backward_parts(
-        dz, values[L + "q"], k, v, values[L + "weights"], cfg.attn_scale)
+        dz, values[L + "q"], k, v, values[L + "weights"], a.scale)
     dk, dvv = ops.repeat_kv_backward(dk, group), ops.repeat_kv_backward(dvv, group)
     for name, path, d in (("out", "z", dz), ("weights", "weights", dweights),
                           ("scores", "scores", dscores)):
@@ -351,12 +352,11 @@ def qkv_backward(g: Gradients, i: int, dq: np.ndarray, dk: np.ndarray,
 def attention_weights_backward(g: Gradients, i: int, dweights: np.ndarray) -> np.ndarray:
     """Card 5 from its attention weights in reverse (a scalar that reads block i's pattern,
     not its output): through the softmax, the scores and W_QKV, to d ln1.out."""
-    L, values, cfg = f"layers.{i}.", g.values, g.config
-    group = cfg.n_head // cfg.kv_heads
+    L, values, a = f"layers.{i}.", g.values, wiring.describe(g.config, i).attention
+    group = a.groups
     dscores = ops.softmax_backward(dweights, values[L + "weights"])
     dq, dk = ops.attention_scores_backward(dscores, values[L + "q"],
-                                           ops.repeat_kv(values[L + "k"], group),
-                                           cfg.attn_scale)
+                                           ops.repeat_kv(values[L + "k"], group), a.scale)
     return qkv_backward(g, i, dq, ops.repeat_kv_backward(dk, group),
                         np.zeros_like(values[L + "v"]))
 
@@ -678,20 +678,21 @@ class Decoder:
         self.params, self.config = params, config
         self.blocks = [self._block_params(i) for i in range(config.n_layer)]
         self.head = params[head_table(params)]
-        self.turns: dict = {}  # dtype -> (cos, sin) of positions 0 .. n-1
+        self.turns: dict = {}  # (dtype, turn) -> (cos, sin) of positions 0 .. n-1
 
     def made_for(self, params, config: Config) -> bool:
         return params is self.params and (config is self.config or config == self.config)
 
-    def _turned(self, x: np.ndarray, start: int) -> np.ndarray:
-        """ops.rotary(x, start, ...) for one position, its angles a row of one table."""
-        c = self.config
-        made = self.turns.get(x.dtype)
+    def _turned(self, x: np.ndarray, start: int, a: wiring.Attention) -> np.ndarray:
+        """ops.rotary(x, start, ...) for one position, its angles a row of one table (one per
+        dtype and turn: blocks may turn differently)."""
+        key = (x.dtype, a.rotary, a.rotary_base, a.rope_scaling)
+        made = self.turns.get(key)
         if made is None or start >= len(made[0]):  # twice the positions asked for so far
             # (all of Llama 3.2's 131,072 at once would be 128 MB)
-            n = min(c.n_positions, max(256, 2 * (start + 1)))
-            made = self.turns[x.dtype] = ops.rotary_angles((0, n), c.rotary, c.rotary_base,
-                                                           x.dtype, c.rope_scaling)
+            n = min(self.config.n_positions, max(256, 2 * (start + 1)))
+            made = self.turns[key] = ops.rotary_angles((0, n), a.rotary, a.rotary_base,
+                                                       x.dtype, a.rope_scaling)
         cos, sin = (t[start:start + 1] for t in made)
         return ops.rotary_by(x, cos, sin)
 
@@ -703,7 +704,7 @@ class Decoder:
         return {name: get(name) for name in (
             *norms, "attn.W_QKV", "attn.b_QKV", "attn.q_norm.w", "attn.k_norm.w", "attn.W_O",
             "attn.b_O", "mlp.W_in", "mlp.b_in", "mlp.W_gate", "mlp.W_out", "mlp.b_out")
-        } | {"window": c.window(i), "i": i, "steps": b.steps}
+        } | {"i": i, "steps": b.steps, "attention": b.attention}
 
     def step(self, token: int, cache: KVCache) -> np.ndarray:
         """The logits [V] after `token` at position cache.length, its keys and values cached."""
@@ -757,29 +758,28 @@ class Decoder:
     def _attention(self, b: dict, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
         """attention() and queries_keys_values() with no hooks, for one position: the steps
         of ops.attention_scores, attention_weights and attention_mix that one query takes."""
-        c, i = self.config, b["i"]
+        c, i, a = self.config, b["i"], b["attention"]
         qkv = _row_times(x, b["attn.W_QKV"], b["attn.b_QKV"])
         if c.kv_heads == c.n_head:  # split_qkv's views for one position, by one reshape
             q, k, v = qkv.reshape(3, c.n_head, 1, c.d_k)
         else:
             q, k, v = ops.split_qkv(qkv, c.n_head, c.kv_heads)
-        if c.qk_norm:
+        if a.qk_norm:
             eps = c.layer_norm_epsilon
             q = ops.rms_norm(q, b["attn.q_norm.w"], eps)[0]
             k = ops.rms_norm(k, b["attn.k_norm.w"], eps)[0]
-        if c.rotary:
-            q, k = self._turned(q, start), self._turned(k, start)
+        if a.rotary:
+            q, k = self._turned(q, start, a), self._turned(k, start, a)
         end = start + 1
         cache.k[i][..., start:end, :] = k
         cache.v[i][..., start:end, :] = v
-        group = c.n_head // c.kv_heads
-        k = ops.repeat_kv(cache.k[i][..., :end, :], group)
-        v = ops.repeat_kv(cache.v[i][..., :end, :], group)
+        k = ops.repeat_kv(cache.k[i][..., :end, :], a.groups)
+        v = ops.repeat_kv(cache.v[i][..., :end, :], a.groups)
         scores = q @ k.swapaxes(-1, -2)  # [H, 1, end]: one query sees every key but ...
-        scores *= (np.asarray(c.attn_scale, q.dtype) if c.attn_scale
+        scores *= (np.asarray(a.scale, q.dtype) if a.scale
                    else ops._inverse_sqrt(q.shape[-1], q.dtype))
-        if b["window"] and end > b["window"]:  # ... those a local block's window leaves out
-            scores += ops.window_mask(1, start, b["window"], np.dtype(q.dtype).type)
+        if a.window and end > a.window:  # ... those a local block's window leaves out
+            scores += ops.window_mask(1, start, a.window, np.dtype(q.dtype).type)
         e = np.exp(scores)  # attention_softmax: unshifted while every row's sum allows it
         total = ops.row_sums(e)
         e /= total

@@ -59,6 +59,8 @@ class Attention:
 
     qk_norm: bool  # an RMSNorm on each head's q and k, before the turn (Qwen3)
     rotary: int  # numbers of each head turned by the positions (0: learned positions)
+    rotary_base: float
+    rope_scaling: tuple  # Llama 3's, or ()
     window: int  # keys a query sees, itself included (0: all)
     groups: int  # query heads per key/value head (1: each its own)
     scale: float  # the config's attn_scale (0: 1 / sqrt(d_k))
@@ -157,7 +159,8 @@ def describe(config: Config, i: int) -> Block:
 
 def _describe(config: Config, i: int) -> Block:
     return Block(PARALLEL if config.parallel else SEQUENTIAL, config.norm,
-                 Attention(config.qk_norm, config.rotary, config.window(i),
+                 Attention(config.qk_norm, config.rotary, config.rotary_base,
+                           config.rope_scaling, config.window(i),
                            config.n_head // config.kv_heads, config.attn_scale),
                  config.mlp, config.act)
 
