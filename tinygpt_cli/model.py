@@ -700,11 +700,13 @@ class Decoder:
         p, c = self.params, self.config
         b = wiring.describe(c, i)
         get = lambda name: p.get(f"layers.{i}.{name}")  # noqa: E731
-        norms = [f"{s.name}.{w}" for s in b.steps if s.op == "norm" for w in ("w", "b")]
+        # each step as (op, what it reads, what it makes, a norm's w and b), looked up once
+        plan = tuple((s.op, s.reads[0], s.reads[1:], s.out, get(s.name + ".w"),
+                      get(s.name + ".b")) for s in b.steps)
         return {name: get(name) for name in (
-            *norms, "attn.W_QKV", "attn.b_QKV", "attn.q_norm.w", "attn.k_norm.w", "attn.W_O",
+            "attn.W_QKV", "attn.b_QKV", "attn.q_norm.w", "attn.k_norm.w", "attn.W_O",
             "attn.b_O", "mlp.W_in", "mlp.b_in", "mlp.W_gate", "mlp.W_out", "mlp.b_out")
-        } | {"i": i, "steps": b.steps, "attention": b.attention}
+        } | {"i": i, "plan": plan, "attention": b.attention}
 
     def step(self, token: int, cache: KVCache) -> np.ndarray:
         """The logits [V] after `token` at position cache.length, its keys and values cached."""
@@ -739,20 +741,20 @@ class Decoder:
         written out rather than through wiring.run: a step of a small model is mostly such
         calls."""
         values = {"resid_pre": h}
-        for s in b["steps"]:
-            x = values[s.reads[0]]
-            if s.op == "norm":
-                x = self._norm(x, b[s.name + ".w"], b[s.name + ".b"])
-            elif s.op == "attention":
+        for op, read, more, out, w, bias in b["plan"]:
+            x = values[read]
+            if op == "norm":
+                x = self._norm(x, w, bias)
+            elif op == "attention":
                 x = self._attention(b, x, cache, start)
-            elif s.op == "mlp":
+            elif op == "mlp":
                 x = self._mlp(b, x)
-            elif s.op == "add":  # in the order of its reads
-                for y in s.reads[1:]:
+            elif op == "add":  # in the order of its reads
+                for y in more:
                     x = x + values[y]
             else:
-                raise ValueError(f"the Decoder has no op {s.op!r}")
-            values[s.out] = x
+                raise ValueError(f"the Decoder has no op {op!r}")
+            values[out] = x
         return x
 
     def _attention(self, b: dict, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
