@@ -153,3 +153,20 @@ def chosen_command(args: list[str]) -> str | None:
     if any(a == "--each-line" or a.startswith("--each-line=") for a in options):
         return None
     return name if name in LISTED else None
+
+
+# The module (under tinygpt_cli/) whose HANDLES says which blocks the analysis behind a
+# command implements (cli.common.handles_of): the command refuses any other by name, exit 2, when
+# it loads its model (cli.common.load). A command not named here runs only the model's own
+# passes and reads their values (wiring.FORWARD: any step those passes compute).
+ANALYSES: dict[str, str] = {
+    "review": "page", "map": "page", "lens": "analysis.lens", "dla": "analysis.dla",
+    "ablate": "analysis.ablate", "patch": "analysis.patch", "attribute": "analysis.attribute",
+    "means": "analysis.means", "graph": "analysis.graph", "circuit": "analysis.circuit",
+    "qk": "analysis.qk", "score": "analysis.score", "heads": "analysis.heads",
+    "neurons": "analysis.neurons", "diff": "analysis.diff", "history": "analysis.history",
+    "why": "analysis.why", "steer": "analysis.steer", "probe": "analysis.probe",
+    "transcoder train": "analysis.transcoder", "transcoder eval": "analysis.transcoder",
+    "sae train": "analysis.sae", "sae eval": "analysis.sae", "sae feature": "analysis.sae",
+    "quant": "analysis.quant",
+}

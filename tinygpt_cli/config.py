@@ -135,10 +135,6 @@ class Config:
         """What q k is multiplied by to make a score."""
         return self.attn_scale or 1.0 / self.d_k ** 0.5
 
-    def lacks(self, **needs) -> list[str]:
-        """What of `needs` (knob=value) this architecture has otherwise, as "norm rms"."""
-        return [f"{k} {getattr(self, k)!r}" for k, v in needs.items() if getattr(self, k) != v]
-
     def window(self, layer: int) -> int:
         """How many keys back a query of block `layer` sees, itself included (0: all)."""
         return self.windows[layer] if self.windows else 0
@@ -261,31 +257,6 @@ def arch_config(arch: str, **sizes) -> Config:
     if arch not in knobs:
         raise ValueError(f"--arch must be one of {', '.join(knobs)}, not {shown(arch)}")
     return Config(**sizes, **knobs[arch])
-
-
-ARCHES = ("gpt2", "neo", "neox", "llama")
-
-
-# GPT-2's block as the analyses written for it before the other families need it
-GPT2_BLOCK = {"norm": "layer", "positions": "learned", "mlp": "gelu", "parallel": False,
-              "tied": True}
-
-
-def require(config: Config, what: str, needs: dict | None = None,
-            grouped: bool = False) -> None:
-    """InputError (exit 2) naming what `what` cannot take of this model's architecture: an
-    analysis written for GPT-2's block says so in one line, never computes another's as if
-    it were GPT-2's. `needs`: knob -> value (default GPT2_BLOCK); `grouped`: it takes
-    grouped keys and values."""
-    from .errors import InputError
-
-    lacking = config.lacks(**(GPT2_BLOCK if needs is None else needs))
-    if not grouped and config.kv_heads != config.n_head:
-        lacking.append(f"{config.kv_heads} key/value heads for {config.n_head} query heads")
-    if lacking:
-        raise InputError(f"{what} is not available for this {config.model_type} model yet: "
-                         f"it is written for GPT-2's block, and this one has "
-                         f"{', '.join(lacking)}")
 
 
 def check_vocab_size(vocab_size: int) -> None:

@@ -11,16 +11,18 @@ family's file to them). `ids` is
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import ops
+from . import ops, wiring
 from .config import Config
 from .errors import NonFiniteError
 from .hooks import Hook, Record, RecordOnly, Stop
 from .pages import fresh_pages
 from .schema import is_bias, is_norm_weight, param_shapes
+from .wiring import Step
 
 __all__ = ["Dropout", "KVCache", "backward", "decode_step", "forward", "run_to_final_norm",
            "init_params", "logits_of", "loss_and_grads",
@@ -239,11 +241,12 @@ def turned(params, config: Config, i: int, part: str, x: np.ndarray, start: int)
     them: each head's RMS-normed (Qwen3), then turned by its positions start .. (rotary);
     unchanged for GPT-2's block. Head by head, so a caller may give one head's alone
     (analysis.circuit, whose heads each read their own input)."""
-    if config.qk_norm:
+    a = wiring.describe(config, i).attention
+    if a.qk_norm:
         w = params[f"layers.{i}.attn.{part}_norm.w"]
         x = ops.rms_norm(x, w, config.layer_norm_epsilon)[0]
-    if config.rotary:
-        x = ops.rotary(x, start, config.rotary, config.rotary_base, config.rope_scaling)
+    if a.rotary:
+        x = ops.rotary(x, start, a.rotary, a.rotary_base, a.rope_scaling)
     return x
 
 
@@ -251,11 +254,11 @@ def turned_backward(g: Gradients, i: int, dq: np.ndarray, dk: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray]:
     """turned() of a whole text (start 0) in reverse, q and k together: from d q, d k as
     attention read them to d of the projections W_QKV made."""
-    cfg = g.config
-    if cfg.rotary:
-        rope = (cfg.rotary, cfg.rotary_base, cfg.rope_scaling)
+    a = wiring.describe(g.config, i).attention
+    if a.rotary:
+        rope = (a.rotary, a.rotary_base, a.rope_scaling)
         dq, dk = ops.rotary_backward(dq, 0, *rope), ops.rotary_backward(dk, 0, *rope)
-    if cfg.qk_norm:
+    if a.qk_norm:
         dq, dk = _qk_norm_backward(g, i, dq, dk)
     return dq, dk
 
@@ -274,9 +277,9 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
         cache.k[i][..., start:end, :] = k
         cache.v[i][..., start:end, :] = v
         k, v = cache.k[i][..., :end, :], cache.v[i][..., :end, :]
-    group = config.n_head // config.kv_heads
-    k, v = ops.repeat_kv(k, group), ops.repeat_kv(v, group)
-    scores = ops.attention_scores(q, k, start, config.attn_scale, config.window(i))  # [H, T, S]
+    a = wiring.describe(config, i).attention
+    k, v = ops.repeat_kv(k, a.groups), ops.repeat_kv(v, a.groups)
+    scores = ops.attention_scores(q, k, start, a.scale, a.window)  # [H, T, S]
     if hooks is not None:
         scores = hooks(L + "scores", scores)
         _heads("scores", scores, L, hooks, config.n_head)
@@ -286,7 +289,7 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
     weights = ops.attention_weights(scores, start, masked=untouched,
                                     overwrite=untouched and not _kept(hooks, scores))
     if weights is None:  # a row out of the unshifted softmax's range, its scores overwritten
-        scores = ops.attention_scores(q, k, start, config.attn_scale, config.window(i))
+        scores = ops.attention_scores(q, k, start, a.scale, a.window)
         weights = ops.attention_weights(scores, start)
     if hooks is not None:
         weights = hooks(L + "weights", weights)
@@ -312,11 +315,11 @@ def attention_backward(g: Gradients, i: int, dattn: np.ndarray) -> np.ndarray:
 
 def heads_backward(g: Gradients, i: int, dz: np.ndarray) -> np.ndarray:
     """Card 5 from the heads' outputs z [H, T, d_k] in reverse, to d ln1.out."""
-    L, values, cfg = f"layers.{i}.", g.values, g.config
-    group = cfg.n_head // cfg.kv_heads
+    L, values, a = f"layers.{i}.", g.values, wiring.describe(g.config, i).attention
+    group = a.groups
     k, v = ops.repeat_kv(values[L + "k"], group), ops.repeat_kv(values[L + "v"], group)
     dq, dk, dvv, dweights, dscores = ops.attention_backward_parts(
-        dz, values[L + "q"], k, v, values[L + "weights"], cfg.attn_scale)
+        dz, values[L + "q"], k, v, values[L + "weights"], a.scale)
     dk, dvv = ops.repeat_kv_backward(dk, group), ops.repeat_kv_backward(dvv, group)
     for name, path, d in (("out", "z", dz), ("weights", "weights", dweights),
                           ("scores", "scores", dscores)):
@@ -349,12 +352,11 @@ def qkv_backward(g: Gradients, i: int, dq: np.ndarray, dk: np.ndarray,
 def attention_weights_backward(g: Gradients, i: int, dweights: np.ndarray) -> np.ndarray:
     """Card 5 from its attention weights in reverse (a scalar that reads block i's pattern,
     not its output): through the softmax, the scores and W_QKV, to d ln1.out."""
-    L, values, cfg = f"layers.{i}.", g.values, g.config
-    group = cfg.n_head // cfg.kv_heads
+    L, values, a = f"layers.{i}.", g.values, wiring.describe(g.config, i).attention
+    group = a.groups
     dscores = ops.softmax_backward(dweights, values[L + "weights"])
     dq, dk = ops.attention_scores_backward(dscores, values[L + "q"],
-                                           ops.repeat_kv(values[L + "k"], group),
-                                           cfg.attn_scale)
+                                           ops.repeat_kv(values[L + "k"], group), a.scale)
     return qkv_backward(g, i, dq, ops.repeat_kv_backward(dk, group),
                         np.zeros_like(values[L + "v"]))
 
@@ -449,41 +451,47 @@ def feed_forward_backward(g: Gradients, i: int, dmlp_out: np.ndarray) -> np.ndar
 def block(params, config: Config, i: int, h: np.ndarray, hooks: Hook | None,
           cache: KVCache | None, start: int, drop: Dropout | None, per_text: bool = False
           ) -> np.ndarray:
-    """Card 7: one pre-norm block: h + attn(ln1(h)), then + mlp(ln2(.)); a parallel block
-    (GPT-NeoX) adds both to h, each reading h itself.  [T, d] -> [T, d]
-    (`per_text`: a batch's products text by text, see ops.linear)"""
+    """Card 7: block i as its description has it (wiring.describe): GPT-2's pre-norm
+    h + attn(ln1(h)), then + mlp(ln2(.)); a parallel block (GPT-NeoX) adds both to h, each
+    reading h itself.  [T, d] -> [T, d]  (`per_text`: a batch's products text by text, see
+    ops.linear)"""
     L = f"layers.{i}."
     hk = hooks or _no_hooks
-    h = hk(L + "resid_pre", h)
-    x = norm(params, config, h, L + "ln1", hk)
-    a = attention(params, config, i, x, hooks, cache, start, per_text)
-    a = drop(L + "attn_out", a) if drop else a
-    if config.parallel:
-        x = norm(params, config, h, L + "ln2", hk)
-        m = feed_forward(params, config, i, x, hk, per_text)
-        return hk(L + "resid_post", h + (drop(L + "mlp_out", m) if drop else m) + a)
-    h = hk(L + "resid_mid", h + a)
-    x = norm(params, config, h, L + "ln2", hk)
-    m = feed_forward(params, config, i, x, hk, per_text)
-    return hk(L + "resid_post", h + (drop(L + "mlp_out", m) if drop else m))
+
+    def dropped(s: Step, x: np.ndarray) -> np.ndarray:
+        return drop(L + s.out, x) if drop and s.dropped else x
+
+    ops_ = {
+        "norm": lambda s, x: dropped(s, norm(params, config, x, L + s.name, hk)),
+        "attention": lambda s, x: dropped(s, attention(params, config, i, x, hooks, cache,
+                                                       start, per_text)),
+        "mlp": lambda s, x: dropped(s, feed_forward(params, config, i, x, hk, per_text)),
+        "add": lambda s, *xs: hk(L + s.out, functools.reduce(operator.add, xs)),
+    }
+    return wiring.run(wiring.describe(config, i), ops_, hk(L + "resid_pre", h))
 
 
 def block_backward(g: Gradients, i: int, dh: np.ndarray) -> np.ndarray:
-    """Card 7 in reverse: each residual sum sends its gradient both ways, into the branch
-    (MLP, then attention, each through its norm) and on down the stream."""
+    """Card 7 in reverse, wiring.run_backward over block i's steps: each residual sum sends
+    its gradient both ways, into the branch (MLP, then attention, each through its norm) and
+    on down the stream."""
     L = f"layers.{i}."
-    g.keep(L + "resid_post", dh)
-    dx = feed_forward_backward(g, i, g.undrop(L + "mlp_out", dh))
-    if g.config.parallel:  # both branches read resid_pre
-        dmlp = norm_backward(g, dx, g.values[L + "resid_pre"], L + "ln2")
-        dx = attention_backward(g, i, g.undrop(L + "attn_out", dh))
-        dh = dh + dmlp + norm_backward(g, dx, g.values[L + "resid_pre"], L + "ln1")
-        g.keep(L + "resid_pre", dh)
-        return dh
-    dh = dh + norm_backward(g, dx, g.values[L + "resid_mid"], L + "ln2")
-    g.keep(L + "resid_mid", dh)
-    dx = attention_backward(g, i, g.undrop(L + "attn_out", dh))
-    dh = dh + norm_backward(g, dx, g.values[L + "resid_pre"], L + "ln1")
+
+    def undropped(s: Step, d: np.ndarray) -> np.ndarray:
+        return g.undrop(L + s.out, d) if s.dropped else d
+
+    def add(s: Step, d: np.ndarray) -> tuple:
+        g.keep(L + s.out, d)
+        return (d,) * len(s.reads)
+
+    ops_ = {
+        "norm": lambda s, d: (norm_backward(g, undropped(s, d), g.values[L + s.reads[0]],
+                                            L + s.name),),
+        "attention": lambda s, d: (attention_backward(g, i, undropped(s, d)),),
+        "mlp": lambda s, d: (feed_forward_backward(g, i, undropped(s, d)),),
+        "add": add,
+    }
+    dh = wiring.run_backward(wiring.describe(g.config, i), ops_, dh)
     g.keep(L + "resid_pre", dh)
     return dh
 
@@ -730,30 +738,35 @@ class Decoder:
         self.params, self.config = params, config
         self.blocks = [self._block_params(i) for i in range(config.n_layer)]
         self.head = params[head_table(params)]
-        self.turns: dict = {}  # dtype -> (cos, sin) of positions 0 .. n-1
+        self.turns: dict = {}  # (dtype, turn) -> (cos, sin) of positions 0 .. n-1
 
     def made_for(self, params, config: Config) -> bool:
         return params is self.params and (config is self.config or config == self.config)
 
-    def _turned(self, x: np.ndarray, start: int) -> np.ndarray:
-        """ops.rotary(x, start, ...) for one position, its angles a row of one table."""
-        c = self.config
-        made = self.turns.get(x.dtype)
+    def _turned(self, x: np.ndarray, start: int, a: wiring.Attention) -> np.ndarray:
+        """ops.rotary(x, start, ...) for one position, its angles a row of one table (one per
+        dtype and turn: blocks may turn differently)."""
+        key = (x.dtype, a.rotary, a.rotary_base, a.rope_scaling)
+        made = self.turns.get(key)
         if made is None or start >= len(made[0]):  # twice the positions asked for so far
             # (all of Llama 3.2's 131,072 at once would be 128 MB)
-            n = min(c.n_positions, max(256, 2 * (start + 1)))
-            made = self.turns[x.dtype] = ops.rotary_angles((0, n), c.rotary, c.rotary_base,
-                                                           x.dtype, c.rope_scaling)
+            n = min(self.config.n_positions, max(256, 2 * (start + 1)))
+            made = self.turns[key] = ops.rotary_angles((0, n), a.rotary, a.rotary_base,
+                                                       x.dtype, a.rope_scaling)
         cos, sin = (t[start:start + 1] for t in made)
         return ops.rotary_by(x, cos, sin)
 
     def _block_params(self, i: int) -> dict:
         p, c = self.params, self.config
+        b = wiring.describe(c, i)
         get = lambda name: p.get(f"layers.{i}.{name}")  # noqa: E731
+        # each step as (op, what it reads, what it makes, a norm's w and b), looked up once
+        plan = tuple((s.op, s.reads[0], s.reads[1:], s.out, get(s.name + ".w"),
+                      get(s.name + ".b")) for s in b.steps)
         return {name: get(name) for name in (
-            "ln1.w", "ln1.b", "ln2.w", "ln2.b", "attn.W_QKV", "attn.b_QKV", "attn.q_norm.w",
-            "attn.k_norm.w", "attn.W_O", "attn.b_O", "mlp.W_in", "mlp.b_in", "mlp.W_gate",
-            "mlp.W_out", "mlp.b_out")} | {"window": c.window(i), "i": i}
+            "attn.W_QKV", "attn.b_QKV", "attn.q_norm.w", "attn.k_norm.w", "attn.W_O",
+            "attn.b_O", "mlp.W_in", "mlp.b_in", "mlp.W_gate", "mlp.W_out", "mlp.b_out")
+        } | {"i": i, "plan": plan, "attention": b.attention}
 
     def step(self, token: int, cache: KVCache) -> np.ndarray:
         """The logits [V] after `token` at position cache.length, its keys and values cached."""
@@ -784,39 +797,51 @@ class Decoder:
         return layer_norm(x, w, b, eps, "", _no_hooks)
 
     def _block(self, b: dict, h: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
-        """block(): attention, then the MLP, each added to the stream (or both to h)."""
-        a = self._attention(b, self._norm(h, b["ln1.w"], b["ln1.b"]), cache, start)
-        if self.config.parallel:
-            return h + self._mlp(b, self._norm(h, b["ln2.w"], b["ln2.b"])) + a
-        h = h + a
-        return h + self._mlp(b, self._norm(h, b["ln2.w"], b["ln2.b"]))
+        """block(): its description's steps (wiring.describe), with this step's own ops,
+        written out rather than through wiring.run: a step of a small model is mostly such
+        calls."""
+        values = {"resid_pre": h}
+        for op, read, more, out, w, bias in b["plan"]:
+            x = values[read]
+            if op == "norm":
+                x = self._norm(x, w, bias)
+            elif op == "attention":
+                x = self._attention(b, x, cache, start)
+            elif op == "mlp":
+                x = self._mlp(b, x)
+            elif op == "add":  # in the order of its reads
+                for y in more:
+                    x = x + values[y]
+            else:
+                raise ValueError(f"the Decoder has no op {op!r}")
+            values[out] = x
+        return x
 
     def _attention(self, b: dict, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
         """attention() and queries_keys_values() with no hooks, for one position: the steps
         of ops.attention_scores, attention_weights and attention_mix that one query takes."""
-        c, i = self.config, b["i"]
+        c, i, a = self.config, b["i"], b["attention"]
         qkv = _row_times(x, b["attn.W_QKV"], b["attn.b_QKV"])
         if c.kv_heads == c.n_head:  # split_qkv's views for one position, by one reshape
             q, k, v = qkv.reshape(3, c.n_head, 1, c.d_k)
         else:
             q, k, v = ops.split_qkv(qkv, c.n_head, c.kv_heads)
-        if c.qk_norm:
+        if a.qk_norm:
             eps = c.layer_norm_epsilon
             q = ops.rms_norm(q, b["attn.q_norm.w"], eps)[0]
             k = ops.rms_norm(k, b["attn.k_norm.w"], eps)[0]
-        if c.rotary:
-            q, k = self._turned(q, start), self._turned(k, start)
+        if a.rotary:
+            q, k = self._turned(q, start, a), self._turned(k, start, a)
         end = start + 1
         cache.k[i][..., start:end, :] = k
         cache.v[i][..., start:end, :] = v
-        group = c.n_head // c.kv_heads
-        k = ops.repeat_kv(cache.k[i][..., :end, :], group)
-        v = ops.repeat_kv(cache.v[i][..., :end, :], group)
+        k = ops.repeat_kv(cache.k[i][..., :end, :], a.groups)
+        v = ops.repeat_kv(cache.v[i][..., :end, :], a.groups)
         scores = q @ k.swapaxes(-1, -2)  # [H, 1, end]: one query sees every key but ...
-        scores *= (np.asarray(c.attn_scale, q.dtype) if c.attn_scale
+        scores *= (np.asarray(a.scale, q.dtype) if a.scale
                    else ops._inverse_sqrt(q.shape[-1], q.dtype))
-        if b["window"] and end > b["window"]:  # ... those a local block's window leaves out
-            scores += ops.window_mask(1, start, b["window"], np.dtype(q.dtype).type)
+        if a.window and end > a.window:  # ... those a local block's window leaves out
+            scores += ops.window_mask(1, start, a.window, np.dtype(q.dtype).type)
         e = np.exp(scores)  # attention_softmax: unshifted while every row's sum allows it
         total = ops.row_sums(e)
         e /= total

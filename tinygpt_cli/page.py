@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .wiring import FAMILY_BLOCKS
+
+# The blocks this analysis implements (wiring.require refuses others by name): the diagram and the
+# page's formulas draw the families' two wirings.
+HANDLES = FAMILY_BLOCKS
+
 
 @dataclass(frozen=True)
 class Card:

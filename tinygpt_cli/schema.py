@@ -412,7 +412,6 @@ def markdown_table() -> str:
 # One word for a probability in every JSON document: "chance", as the views say it (probs,
 # generate and diff's documents did already). The names other documents used before are kept
 # beside the new ones for one release, then dropped; a text's index is "text_index".
-CHANCE = "chance"
 OLD_KEYS = {"chance": "prob", "top_chance": "top_prob", "top_chances": "top_probs",
             "target_chances": "target_probs", "text_index": "sequence"}
 

@@ -97,12 +97,14 @@ class Trace:
     def stages(self, mid: bool = False) -> list[tuple[str, np.ndarray]]:
         """The residual stream, (name, [T, d]): the embeddings, then after each block (with
         `mid`, each block's resid_mid before its resid_post, the logit lens's stages)."""
-        # a parallel block (NeoX) has no stream between its attention and its MLP
-        kinds = ("resid_mid", "resid_post") if mid and not self.config.parallel \
-            else ("resid_post",)
+        from .wiring import describe
+
+        # the block's own stream values (wiring.describe): a parallel block (NeoX) has none
+        # between its attention and its MLP
         return [("embeddings", self.get("embeddings"))] + [
             (f"layers.{i}.{k}", self.get(f"layers.{i}.{k}"))
-            for i in range(self.config.n_layer) for k in kinds]
+            for i in range(self.config.n_layer)
+            for k in (describe(self.config, i).stream[1:] if mid else ("resid_post",))]
 
     def residual_parts(self, params, position: int | None = None, steer=None,
                        layer: int | None = None) -> tuple[list[str], np.ndarray]:
@@ -114,6 +116,7 @@ class Trace:
         to layers.L.resid_pre) has the shift as a part of its own, "steer", where it enters.
         dla reads the final stream at one position, qk a block's input, circuit its senders."""
         from .model import attn_out_bias, head_out_matrix
+        from .wiring import describe
 
         cfg = self.config
         last = cfg.n_layer if layer is None else layer
@@ -127,20 +130,33 @@ class Trace:
             labels.append("position_embedding")
             parts.append(at(self.get("position_embeddings")))
         shape = parts[0].shape
+
+        def heads(i: int) -> None:  # attn_out as each head's z_h W_O[h], then the bias b_O
+            w_o = head_out_matrix(params, cfg, i).astype(np.float64)  # [H, d_k, d]
+            z = np.moveaxis(self.get(f"layers.{i}.z").astype(np.float64), -3, 0)  # [H, .., d_k]
+            for h in range(cfg.n_head):
+                labels.append(head_name(i, h))
+                parts.append(at(z[h]) @ w_o[h])
+            labels.append(f"L{i}.attn_bias")
+            parts.append(np.broadcast_to(attn_out_bias(params, cfg, i), shape))
+
         for i in range(last + 1):
             if i == entry:
                 labels.append("steer")
                 parts.append(np.broadcast_to(steer.shift, shape))
             if i == last:
                 break
-            w_o = head_out_matrix(params, cfg, i).astype(np.float64)  # [H, d_k, d]
-            z = np.moveaxis(self.get(f"layers.{i}.z").astype(np.float64), -3, 0)  # [H, ..., d_k]
-            for h in range(cfg.n_head):
-                labels.append(head_name(i, h))
-                parts.append(at(z[h]) @ w_o[h])
-            labels += [f"L{i}.attn_bias", mlp_name(i)]
-            parts += [np.broadcast_to(attn_out_bias(params, cfg, i), shape),
-                      at(self.get(f"layers.{i}.mlp_out"))]
+            b = describe(cfg, i)
+            # what the block's adds put on the stream (a branch that is not a sublayer's own
+            # output, a norm after it, has no such parts: the analyses that read them refuse
+            # that step by name first, wiring.require)
+            added = {v for v, _ in b.added()}
+            if added != {"attn_out", "mlp_out"}:
+                raise ValueError(f"block {i} adds {sorted(added)} to its stream, not the "
+                                 "attention's and the MLP's outputs: no parts to split")
+            heads(i)
+            labels.append(mlp_name(i))
+            parts.append(at(self.get(f"layers.{i}.mlp_out")))
         return labels, np.stack([np.asarray(p, dtype=np.float64) for p in parts])
 
     def get(self, path: str, default=_MISSING):

@@ -23,8 +23,13 @@ from ..config import Config
 from ..errors import InputError
 from ..model import record
 from ..schema import head_name, mlp_name, with_old_keys
+from ..wiring import FORWARD
 from ..words import count
 from .variants import Edit, run_variants, set_all, widen
+
+# The blocks this analysis implements (wiring.require refuses others by name): a value changed,
+# the model's own pass run on.
+HANDLES = FORWARD
 
 MODES = ("zero", "mean", "resample")
 

@@ -24,8 +24,13 @@ from ..config import Config
 from ..errors import InputError
 from ..hooks import Replace
 from ..model import backward, cut_head, record, token_table
+from ..wiring import FORWARD
 from ..words import count
 from .dla import steering
+
+# The blocks this analysis implements (wiring.require refuses others by name): the model's own
+# backward to the embeddings.
+HANDLES = FORWARD
 
 STEP_TOKENS = 2048  # integrated gradients: tokens per batched pass
 

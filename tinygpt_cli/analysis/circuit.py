@@ -78,9 +78,14 @@ from ..model import (
 )
 from ..schema import head_name, mlp_name
 from ..trace import Trace
+from ..wiring import FAMILY_BLOCKS, describe, require
 from ..words import count
 from .patch import check_gap, logit_difference
 from .variants import widen
+
+# The blocks this analysis implements (wiring.require refuses others by name): every receiver's
+# input a sum of the heads' and MLPs' outputs, as the families add them.
+HANDLES = FAMILY_BLOCKS
 
 METHODS = ("eap", "eap-ig", "exact", "exact-noising", "exact-mean")
 EDGE_TOKENS = 1024  # edge-patched runs x tokens computed together: [B, senders, T, d] stays
@@ -114,6 +119,7 @@ class Graph:
 
 
 def build_graph(config: Config) -> Graph:
+    require(config, "circuit", HANDLES)  # the senders are the families' branches
     senders, s_stage = ["embed"], [0]
     receivers: list[str] = []
     r_stage: list[int] = []
@@ -127,7 +133,9 @@ def build_graph(config: Config) -> Graph:
         senders.append(mlp_name(i))
         s_stage.append(2 * i + 2)
         receivers.append(mlp_name(i))
-        r_stage.append(2 * i + 1 if config.parallel else 2 * i + 2)
+        # the MLP reads the stream after its block's heads, or (parallel) the block's input
+        r_stage.append(2 * i + 1 if describe(config, i).input_of("mlp") == "resid_pre"
+                       else 2 * i + 2)
     receivers.append("logits")
     r_stage.append(2 * config.n_layer + 1)
     ss, rs = np.array(s_stage), np.array(r_stage)
@@ -165,7 +173,7 @@ def sender_outputs(params, config: Config, values: dict[str, np.ndarray]) -> np.
 
 def mlp_stream(config: Config, i: int) -> str:
     """The stream block i's MLP reads: resid_mid, or a parallel block's own input."""
-    return f"layers.{i}." + ("resid_pre" if config.parallel else "resid_mid")
+    return f"layers.{i}." + describe(config, i).input_of("mlp")
 
 
 def receiver_gradients(params, config: Config, values, grads) -> np.ndarray:
@@ -178,15 +186,16 @@ def receiver_gradients(params, config: Config, values, grads) -> np.ndarray:
     g = Gradients(params, config, values, None, wrt_values=False)
     out = []
     for i in range(config.n_layer):
-        L = f"layers.{i}."
+        L, b = f"layers.{i}.", describe(config, i)
         wq, wk, wv = head_weights(params, config, i)[:3]
         dq, dk = turned_backward(g, i, grads[L + "q"], grads[L + "k"])
         for h in range(config.n_head):
             for d, w in zip((dq, dk, grads[L + "v"]), (wq, wk, wv), strict=True):
                 dx = d[..., h, :, :] @ w[h].T  # [*batch, T, d]
-                out.append(norm_backward(g, dx, values[L + "resid_pre"], L + "ln1"))
-        out.append(norm_backward(g, grads[L + "ln2.out"], values[mlp_stream(config, i)],
-                                 L + "ln2"))
+                out.append(norm_backward(g, dx, values[L + b.input_of("attention")],
+                                         L + b.norm_of("attention")))
+        out.append(norm_backward(g, grads[L + b.step("mlp").reads[0]],
+                                 values[mlp_stream(config, i)], L + b.norm_of("mlp")))
     last = f"layers.{config.n_layer - 1}.resid_post"
     out.append(norm_backward(g, grads["ln_final.out"], values[last], "ln_final"))
     return np.stack(out)
@@ -218,7 +227,7 @@ def _heads(params, config: Config, i: int, x: np.ndarray, last_only: bool = Fals
     input goes through the block's own norm, its head's projection and the family's turn
     of q and k (model.norm, model.turned), then the block's attention step."""
     wq, wk, wv, bq, bk, bv, wo = head_weights(params, config, i)
-    ln1, t = f"layers.{i}.ln1", x.shape[-2]
+    ln1, t = f"layers.{i}.{describe(config, i).norm_of('attention')}", x.shape[-2]
     xq = x[:, :, 0, -1:] if last_only else x[:, :, 0]
     q = norm(params, config, xq, ln1, _identity) @ wq + bq[:, None, :]  # [B, H, T, d_k]
     n = norm(params, config, x[:, :, 1:], ln1, _identity)
@@ -237,7 +246,7 @@ def _heads(params, config: Config, i: int, x: np.ndarray, last_only: bool = Fals
 def _mlp(params, config: Config, i: int, x: np.ndarray) -> np.ndarray:
     """Block i's MLP on its input x: the block's own norm and feed-forward step (GELU or
     gated, as the family has it)."""
-    n = norm(params, config, x, f"layers.{i}.ln2", _identity)
+    n = norm(params, config, x, f"layers.{i}.{describe(config, i).norm_of('mlp')}", _identity)
     return feed_forward(params, config, i, n, _identity)
 
 
@@ -254,6 +263,7 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
     `steer` (hooks.Steering at layers.L.resid_pre) adds its shift to every input from block
     L's on.
     """
+    require(config, "circuit", HANDLES)  # receivers' inputs as the families' sums
     # nothing after `position` can change it; in the last block, nothing but `position`
     position = position % len(ids)
     ids, fixed = np.asarray(ids)[: position + 1], fixed[:, : position + 1]

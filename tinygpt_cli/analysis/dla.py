@@ -21,6 +21,12 @@ from ..config import Config
 from ..model import neuron_out_rows, norm_weights, unembed_rows
 from ..schema import head_name
 from ..trace import Trace
+from ..wiring import FAMILY_BLOCKS
+
+# The blocks this analysis implements (wiring.require refuses others by name): the stream split
+# into heads' and MLPs' outputs added to it as they are (Trace.residual_parts): a norm after a
+# branch is no such sum.
+HANDLES = FAMILY_BLOCKS
 
 BIAS_ROW = "ln_final.bias"
 

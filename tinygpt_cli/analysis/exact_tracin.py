@@ -36,6 +36,7 @@ from .. import ops
 from ..config import Config
 from ..corpus import eval_windows
 from ..model import head_table
+from ..wiring import FAMILY_BLOCKS
 from .tracin import (
     bias_of,
     has_bias,
@@ -47,6 +48,10 @@ from .tracin import (
     values_and_gradients,
     with_ones,
 )
+
+# The blocks this analysis implements (wiring.require refuses others by name): its per-window sums
+# are written for the families' products and norms.
+HANDLES = FAMILY_BLOCKS
 
 BATCH = 32  # windows per forward and backward pass
 

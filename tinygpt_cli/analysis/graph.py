@@ -36,7 +36,13 @@ import numpy as np
 
 from ..config import Config
 from ..model import forward, head_out_matrix, head_qkv, norm_weights, record, unembed_rows
+from ..wiring import FAMILY_BLOCKS, Block, Step, describe, require, run, run_backward
 from . import sae as S
+
+# The blocks this analysis implements (wiring.require refuses others by name): the frozen pass has
+# ops for the families' steps only (no norm after a branch) and its sources are the MLPs' outputs
+# added to the stream.
+HANDLES = FAMILY_BLOCKS
 
 NODE_THRESHOLD = 0.8
 EDGE_THRESHOLD = 0.98
@@ -91,7 +97,7 @@ class Frozen:
 def freeze(params, config: Config, values: dict, steering=None, products=np.float64
            ) -> Frozen:
     f64 = lambda a: None if a is None else np.asarray(a, np.float64)  # noqa: E731
-    names = [f"layers.{i}.{n}" for i in range(config.n_layer) for n in ("ln1", "ln2")]
+    names = [f"layers.{i}.{n}" for i in range(config.n_layer) for n in describe(config, i).norms]
     names.append("ln_final")
     stat = ".rms" if config.norm == "rms" else ".std"
     scales = {n: 1.0 / f64(values[n + stat]) for n in names}
@@ -133,7 +139,7 @@ def read_paths(config: Config) -> list[str]:
     these are kept, not every block's [H, T, T] scores beside the patterns."""
     stat = ".rms" if config.norm == "rms" else ".std"
     blocks = range(config.n_layer)
-    return ([f"layers.{i}.{n}{stat}" for i in blocks for n in ("ln1", "ln2")]
+    return ([f"layers.{i}.{n}{stat}" for i in blocks for n in describe(config, i).norms]
             + [f"ln_final{stat}", "embeddings"]
             + [f"layers.{i}.{v}" for i in blocks for v in ("weights", "ln2.out", "mlp_out")])
 
@@ -164,10 +170,10 @@ def norm_backward(fz: Frozen, name: str, g: np.ndarray) -> np.ndarray:
     return gw
 
 
-def attention_forward(fz: Frozen, i: int, h: np.ndarray) -> np.ndarray:
-    """Block i's attention with frozen patterns and norm: linear in h [T, d] (plus biases)."""
-    x = norm_forward(fz, f"layers.{i}.ln1", h)
-    t = h.shape[-2]
+def attention_forward(fz: Frozen, i: int, x: np.ndarray) -> np.ndarray:
+    """Block i's attention with frozen patterns, from its frozen norm's output x [T, d]:
+    linear in x (plus biases)."""
+    t = x.shape[-2]
     v = np.einsum("td,hdk->htk", x, fz.W_V[i]) + fz.b_V[i][:, None, :]  # [H_kv, T, d_k]
     v = np.repeat(v, fz.config.n_head // v.shape[0], axis=0).astype(fz.weights[i][0].dtype)
     z = np.empty(v.shape, v.dtype)  # [H, T, d_k]
@@ -224,7 +230,8 @@ def _values_side(fz: Frozen, i: int, gv: np.ndarray) -> np.ndarray:
     gv = gv.reshape(kv, h // kv, t, b, dk).sum(axis=1)  # [H_kv, T, B, d_k]
     gv = np.ascontiguousarray(gv.transpose(2, 1, 0, 3)).reshape(b * t, kv * dk)
     w_v = fz.W_V[i].transpose(0, 2, 1).reshape(kv * dk, d)  # row (head, k): W_V[head, :, k]
-    return norm_backward(fz, f"layers.{i}.ln1", (gv @ w_v).reshape(b, t, d))
+    name = f"layers.{i}.{describe(fz.config, i).norm_of('attention')}"
+    return norm_backward(fz, name, (gv @ w_v).reshape(b, t, d))
 
 
 def _keys_side(blocks: list[np.ndarray], gz: np.ndarray, t: int,
@@ -275,7 +282,7 @@ def attention_backward_at(fz: Frozen, i: int, g: np.ndarray, at: np.ndarray
     gz = (g[np.arange(b), at] @ fz.W_O[i].reshape(h * dk, d).T).reshape(b, h, dk)
     w_v = np.repeat(fz.W_V[i], h // kv, axis=0)  # [H, d, d_k]: each head's value head
     u = np.einsum("bhk,hdk->bhd", gz, w_v)  # [B, H, d]
-    name = f"layers.{i}.ln1"
+    name = f"layers.{i}.{describe(fz.config, i).norm_of('attention')}"
     prof = pattern_rows(fz.weights[i], at, t).transpose(1, 0, 2) * fz.scales[name][:t, 0]
     w, _ = fz.norms[name]
     vecs = u * w  # the norm's derivative at a scale of 1 (the scale is in prof)
@@ -287,19 +294,29 @@ def attention_backward_at(fz: Frozen, i: int, g: np.ndarray, at: np.ndarray
 def frozen_forward(fz: Frozen, emb: np.ndarray, mlp_outs: list[np.ndarray]
                    ) -> tuple[list[np.ndarray], np.ndarray]:
     """The frozen model from embeddings [T, d], each block's MLP output given ([T, d]):
-    (each block's transcoder input ln2.out, the final norm's output)."""
+    (each block's transcoder input ln2.out, the final norm's output). Each block's steps
+    as its description has them (wiring.describe), each add's branches summed in the order
+    their steps make them."""
     h, reads = emb, []
     for i in range(fz.config.n_layer):
         if fz.shift is not None and fz.shift[0] == i:
             h = h + fz.shift[1]
-        a = attention_forward(fz, i, h)
-        if fz.config.parallel:
-            reads.append(norm_forward(fz, f"layers.{i}.ln2", h))
-            h = h + a + mlp_outs[i]
-        else:
-            h = h + a
-            reads.append(norm_forward(fz, f"layers.{i}.ln2", h))
-            h = h + mlp_outs[i]
+        b = describe(fz.config, i)
+        order = [s.out for s in b.steps]
+
+        def add(s: Step, stream: np.ndarray, *branches: np.ndarray, order=order) -> np.ndarray:
+            for _, x in sorted(zip(s.reads[1:], branches, strict=True),
+                               key=lambda rx: order.index(rx[0])):
+                stream = stream + x
+            return stream
+
+        def mlp(s: Step, x: np.ndarray, i=i) -> np.ndarray:
+            reads.append(x)
+            return mlp_outs[i]
+
+        h = run(b, {"norm": lambda s, x, i=i: norm_forward(fz, f"layers.{i}.{s.name}", x),
+                    "attention": lambda s, x, i=i: attention_forward(fz, i, x),
+                    "mlp": mlp, "add": add}, h)
     return reads, norm_forward(fz, "ln_final", h)
 
 
@@ -308,16 +325,19 @@ def frozen_backward(fz: Frozen, g: np.ndarray, layer: int, at: np.ndarray | None
     """Derivatives at every residual point of targets that read g [B, T, d] at block
     `layer`'s transcoder input (the stream ln2 normalises; `layer` = n_layer: the final
     norm's input): (per block l < layer, at resid_post[l] [B, T, d], or None; at the
-    embeddings). No path through an MLP: its output is the graph's sources. With `at`, g
+    embeddings). Each block's steps in reverse as its description has them, with no path
+    through an MLP: its output is the graph's sources. With `at`, g
     is zero but at row b's position at[b]: the first attention is passed as an outer
     product, the next with the 1 + H position profiles that leaves (when fewer than d_k), and
     every deeper one only up to each row's own position."""
     post: list = [None] * fz.config.n_layer
     factors = None  # g as position profiles times vectors, while that is the cheaper form
+    first = True
 
-    def back(i, g, first):
-        nonlocal factors
-        if first and at is not None:
+    def back(i, g):  # through block i's attention and the norm before it (fused)
+        nonlocal factors, first
+        was_first, first = first, False
+        if was_first and at is not None:
             prof, vecs = attention_backward_at(fz, i, g, at)
             if 1 + fz.config.n_head < fz.config.d_k:  # g's own part at `at`, then the heads'
                 rows = np.arange(len(at))
@@ -331,14 +351,24 @@ def frozen_backward(fz: Frozen, g: np.ndarray, layer: int, at: np.ndarray | None
             return out
         return attention_backward(fz, i, g, at)
 
-    first = True
-    if layer < fz.config.n_layer and not fz.config.parallel:
-        g = g + back(layer, g, first)  # ln2 reads resid_mid: back through attn
-        first = False
+    def ops_of(i: int, b: Block) -> dict:
+        fused = b.norm_of("attention")
+
+        def norm(s: Step, d: np.ndarray) -> tuple:
+            if s.name != fused:
+                raise ValueError(f"the graph's frozen pass has no norm {s.name} ({s.kind})")
+            return (d,)  # attention's backward went through it already
+
+        return {"attention": lambda s, d: (back(i, d),), "mlp": lambda s, d: (None,),
+                "norm": norm, "add": lambda s, d: (d,) * len(s.reads)}
+
+    if layer < fz.config.n_layer:  # from the stream the MLP's norm reads, down its block
+        b = describe(fz.config, layer)
+        g = run_backward(b, ops_of(layer, b), g, start=b.input_of("mlp"))
     for i in reversed(range(layer)):
         post[i] = g
-        g = g + back(i, g, first)
-        first = False
+        b = describe(fz.config, i)
+        g = run_backward(b, ops_of(i, b), g)
     return post, g
 
 
@@ -476,6 +506,7 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     text once it has more active features than that. `demean`: each logit node is the logit
     minus the vocabulary's mean logit, as circuit-tracer's are (its read vector the head's
     row minus the mean row: the same linear map, so every sum still adds up)."""
+    require(config, "graph", HANDLES)  # its frozen pass has the families' steps only
     real, values = record(params, config, np.asarray(ids), read_paths(config), hooks=steering)
     t = len(ids)
     f_layer, f_pos, f_lat, f_act, errors = transcoder_features(transcoders, values,
@@ -605,7 +636,7 @@ def _fill(src: Sources, adj: np.ndarray, r0: int, nodes: np.ndarray | None, t: i
     tp = int(at.max()) + 1
     g = np.zeros((len(vecs), tp, fz.config.n_embd))
     g[np.arange(len(vecs)), at] = vecs
-    name = "ln_final" if lay == nl else f"layers.{lay}.ln2"
+    name = "ln_final" if lay == nl else f"layers.{lay}.{describe(fz.config, lay).norm_of('mlp')}"
     post, pre0 = frozen_backward(fz, norm_backward(fz, name, g), lay, at)
     r = slice(r0, r0 + len(vecs))
     for i, gi in enumerate(post):

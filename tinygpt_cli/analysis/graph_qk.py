@@ -41,11 +41,14 @@ from ..model import (
     record,
     unembed_rows,
 )
+from ..wiring import FAMILY_BLOCKS, describe
 from . import sae as S
 from .graph import Graph
 from .qk import through_head_norm
 
-TOP_TERMS = 5
+# The blocks this analysis implements (wiring.require refuses others by name): the graph's frozen
+# pass, and the score split by the parts of the stream.
+HANDLES = FAMILY_BLOCKS
 
 
 @dataclass
@@ -217,7 +220,9 @@ def _carrier(params, config, graph, values, transcoders, reads, t_node, s_node, 
     else:
         lt = int(graph.layer[t_node])
         read = np.asarray(transcoders[lt].W_enc[:, graph.feature[t_node]], np.float64)
-        name, high = f"layers.{lt}.ln2", lt if config.parallel else lt + 1
+        b = describe(config, lt)  # the MLP's norm reads resid_pre (parallel) or resid_mid
+        name = f"layers.{lt}.{b.norm_of('mlp')}"
+        high = lt if b.input_of("mlp") == "resid_pre" else lt + 1
     back = _norm_at(params, values, name, p, read)  # d target / d stream at p
     best = (-1, -1, 0.0)
     for lay in range(low, high):

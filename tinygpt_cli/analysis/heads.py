@@ -28,6 +28,11 @@ from .. import ops
 from ..config import Config
 from ..errors import InputError
 from ..model import record
+from ..wiring import FORWARD
+
+# The blocks this analysis implements (wiring.require refuses others by name): the recorded
+# attention patterns.
+HANDLES = FORWARD
 
 KINDS = ("previous_token", "duplicate_token", "induction")
 

@@ -24,6 +24,11 @@ from ..errors import InputError
 from ..model import record
 from ..schema import with_old_keys
 from ..weights import Model, WeightsError, load_params
+from ..wiring import FORWARD
+
+# The blocks this analysis implements (wiring.require refuses others by name): the model's own
+# passes on each snapshot.
+HANDLES = FORWARD
 
 HISTORY = "history"  # the folder name train.loop writes (train.loop.HISTORY)
 _STEP = re.compile(r"step-(\d+)\.safetensors")

@@ -12,6 +12,11 @@ from ..model import read_out
 from ..sampling import probabilities
 from ..schema import with_old_keys
 from ..trace import Trace
+from ..wiring import FORWARD
+
+# The blocks this analysis implements (wiring.require refuses others by name): the stream's stages
+# read by the final norm: any wiring the passes compute.
+HANDLES = FORWARD
 
 
 def lens_logits(h: np.ndarray, params: dict[str, np.ndarray], config: Config) -> np.ndarray:

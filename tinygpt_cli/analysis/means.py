@@ -17,6 +17,11 @@ from ..config import Config
 from ..errors import InputError, WeightsError
 from ..files import write_atomically
 from ..model import record
+from ..wiring import FORWARD
+
+# The blocks this analysis implements (wiring.require refuses others by name): recorded values
+# averaged.
+HANDLES = FORWARD
 
 FILE = "means.safetensors"
 

@@ -17,6 +17,11 @@ import numpy as np
 
 from ..config import Config
 from ..model import neuron_out_rows, norm_weights, record, token_table
+from ..wiring import FAMILY_BLOCKS
+
+# The blocks this analysis implements (wiring.require refuses others by name): what a neuron
+# pushes up is its W_out row read by the head, as the families add mlp_out to the stream.
+HANDLES = FAMILY_BLOCKS
 
 
 def output_logits(params, layer: int, neurons, *, through_norm: bool = True) -> np.ndarray:

@@ -23,7 +23,12 @@ import numpy as np
 from ..config import Config
 from ..errors import InputError
 from ..model import backward, record
+from ..wiring import FORWARD
 from .variants import Variant, run_variants, set_all, set_row, widen
+
+# The blocks this analysis implements (wiring.require refuses others by name): values copied
+# between runs and the model's own backward (attribution patching).
+HANDLES = FORWARD
 
 STREAM = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 

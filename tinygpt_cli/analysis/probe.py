@@ -33,6 +33,10 @@ from ..errors import InputError
 from ..hooks import Chain, RecordOnly, StopAfter
 from ..model import forward
 from ..sampling import create_rng
+from ..wiring import FORWARD
+
+# The blocks this analysis implements (wiring.require refuses others by name): recorded values read.
+HANDLES = FORWARD
 
 MARK = re.compile(r"\[([^\[\]\s]{1,40})\]")
 

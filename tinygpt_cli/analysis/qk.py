@@ -32,7 +32,12 @@ from ..config import Config
 from ..errors import InputError
 from ..model import mlp_out_bias, norm_weights, qk_norm_rms, qk_norm_weights
 from ..trace import Trace
+from ..wiring import FAMILY_BLOCKS
 from .circuit import head_weights
+
+# The blocks this analysis implements (wiring.require refuses others by name): the score split by
+# the parts of the stream (Trace.residual_parts).
+HANDLES = FAMILY_BLOCKS
 
 
 @dataclass

@@ -36,7 +36,11 @@ import numpy as np
 
 from .. import model as mdl
 from .. import ops
+from ..wiring import FORWARD
 from .diff import kl_divergence, relative_distance
+
+# the model's own forward and backward passes, whatever steps they walk
+HANDLES = FORWARD
 
 # --------------------------------------------------------------------- the measures
 

@@ -35,6 +35,11 @@ from ..madefor import check_made_for
 from ..model import forward
 from ..optim import SAE_BETAS, AdamW
 from ..schema import resolve
+from ..wiring import FORWARD
+
+# The blocks this analysis implements (wiring.require refuses others by name): a recorded value
+# encoded.
+HANDLES = FORWARD
 
 SITE_KINDS = ("resid_pre", "resid_mid", "resid_post", "mlp_out")
 AUX_SCALE = 1 / 32  # Gao et al.'s alpha for the AuxK loss

@@ -34,11 +34,6 @@ MAX_CFG_BYTES = 1 << 20
 VERSION = "6.0.0"  # the cfg.json layout written: hook_name inside metadata
 
 
-def is_saelens(path: Path) -> bool:
-    """A folder, read as SAELens' (its files are checked when it is read)."""
-    return Path(path).is_dir()
-
-
 def read_cfg(folder: Path) -> dict:
     path = folder / CFG
     if not path.is_file():

@@ -23,6 +23,11 @@ from .. import ops
 from ..ahead import clean_final_norm
 from ..config import Config
 from ..model import all_finite, record, run_to_final_norm, token_table
+from ..wiring import FORWARD
+
+# The blocks this analysis implements (wiring.require refuses others by name): the model's own
+# logits.
+HANDLES = FORWARD
 
 LN2 = math.log(2.0)
 

@@ -27,6 +27,11 @@ from ..errors import InputError, WeightsError
 from ..hooks import Chain, RecordOnly, StopAfter, add_vector, chained
 from ..model import forward
 from ..sampling import create_rng
+from ..wiring import FORWARD
+
+# The blocks this analysis implements (wiring.require refuses others by name): a vector added to
+# the stream, the model's own pass run on.
+HANDLES = FORWARD
 
 
 def site(layer: int) -> str:

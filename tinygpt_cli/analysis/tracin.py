@@ -39,6 +39,11 @@ from .. import ops
 from ..config import Config
 from ..hooks import Record
 from ..model import backward, forward
+from ..wiring import FAMILY_BLOCKS, describe
+
+# The blocks this analysis implements (wiring.require refuses others by name): its rank-one terms
+# and norm sites are the families' steps'.
+HANDLES = FAMILY_BLOCKS
 
 K_U = 16  # u_t (ln_final.out) at each position, for the head's part
 K_M = 4  # m_t (the embeddings' gradient) at each position, for the rows read
@@ -89,14 +94,14 @@ def has_bias(config: Config, weight: str) -> bool:
 
 def norm_sites(config: Config) -> list[tuple[str, str | None, str]]:
     """(norm, input value, trace name) of every norm with parameters; its parameters are
-    norm_params(config, norm). A parallel block's ln2 reads resid_pre; Qwen3's per-head q/k
-    norms have input None (their gain's terms are a value the backward pass keeps)."""
+    norm_params(config, norm). Each block's norm steps as its description has them, with the
+    value each reads (a parallel block's ln2 reads resid_pre); Qwen3's per-head q/k norms have
+    input None (their gain's terms are a value the backward pass keeps)."""
     out = []
     for i in range(config.n_layer):
-        L = f"layers.{i}."
-        out += [(L + "ln1", L + "resid_pre", L + "ln1"),
-                (L + "ln2", L + ("resid_pre" if config.parallel else "resid_mid"), L + "ln2")]
-        if config.qk_norm:
+        L, b = f"layers.{i}.", describe(config, i)
+        out += [(L + s.name, L + s.reads[0], L + s.name) for s in b.steps if s.op == "norm"]
+        if b.attention.qk_norm:
             out += [(L + "attn.q_norm", None, L + "attn.q_norm"),
                     (L + "attn.k_norm", None, L + "attn.k_norm")]
     last = f"layers.{config.n_layer - 1}.resid_post"

@@ -29,7 +29,12 @@ from ..errors import InputError, WeightsError
 from ..hooks import Replace, chained
 from ..madefor import check_made_for
 from ..model import forward
+from ..wiring import FORWARD
 from . import sae as S
+
+# The blocks this analysis implements (wiring.require refuses others by name): the MLP's recorded
+# input and output.
+HANDLES = FORWARD
 
 TENSORS = ("W_enc", "b_enc", "W_dec", "b_dec", "b_in")
 

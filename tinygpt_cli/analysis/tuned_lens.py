@@ -25,6 +25,11 @@ from ..files import write_atomically
 from ..hooks import RecordOnly, chained
 from ..model import forward, head_table, norm_weights, read_out
 from ..optim import SAE_BETAS, AdamW
+from ..wiring import FORWARD
+
+# The blocks this analysis implements (wiring.require refuses others by name): translators of the
+# stream's stages: any wiring the passes compute.
+HANDLES = FORWARD
 
 
 def stage_paths(config: Config) -> list[str]:

@@ -45,6 +45,7 @@ from ..model import (
     turned,
     turned_backward,
 )
+from ..wiring import describe
 from . import exact_tracin as ex
 from .circuit import (
     Graph,
@@ -101,9 +102,10 @@ def _read(receiver: str, config: Config) -> tuple[int, str, int | None, str | No
     and a sequential MLP, whose input is a value of the stream (moved by shifting it)."""
     head, mlp = re.fullmatch(RECEIVER_HEAD, receiver), re.fullmatch(MLP, receiver)
     if head:
-        return int(head.group(1)), "ln1", int(head.group(2)), head.group(3)
-    if mlp and config.parallel:
-        return int(mlp.group(1)), "ln2", None, None
+        i = int(head.group(1))
+        return i, describe(config, i).norm_of("attention"), int(head.group(2)), head.group(3)
+    if mlp and describe(config, i := int(mlp.group(1))).input_of("mlp") == "resid_pre":
+        return i, describe(config, i).norm_of("mlp"), None, None
     return None
 
 

@@ -32,7 +32,6 @@ build are removed.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from collections.abc import Callable
@@ -61,12 +60,6 @@ def index_key(data_key: str, snapshot_files: list[Path], config: Config) -> str:
     return key_of(VERSION, data_key, *(sha256(f) for f in snapshot_files), str(config),
                   str((sorted(tracin.SIZES.items()), tracin.FIT_WINDOWS,
                        tracin.PROJECTION_SEED)))
-
-
-def _npy_bytes(a: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, a, allow_pickle=False)
-    return buf.getvalue()
 
 
 def mapped_arrays(path: str | Path) -> dict[str, np.ndarray]:

@@ -187,11 +187,31 @@ def figures(module: str = "analysis_pictures"):
 
 def load(context: RunContext, weights: Path | None) -> Model:
     """The weights folder's Model (weights.Model): the command's --weights, else the one
-    given before the command (`tinygpt --weights DIR COMMAND`)."""
+    given before the command (`tinygpt --weights DIR COMMAND`); refused by name (exit 2)
+    when its blocks have a knob value or step the command's analysis does not implement
+    (wiring.require, with what the analysis declares: handles_of)."""
     from ..weights import load_model
+    from ..wiring import require
 
-    return load_model(weights if weights is not None else context.weights,
-                      opened=context.opened)
+    model = load_model(weights if weights is not None else context.weights,
+                       opened=context.opened)
+    require(model.config, context.command or "this command", handles_of(context.command))
+    return model
+
+
+def handles_of(command: str | None):
+    """What the analysis behind `command` declares it handles (wiring.Handles: the HANDLES of
+    its module, named in commands.ANALYSES); a command not named there runs only the model's
+    own passes (wiring.FORWARD)."""
+    import importlib
+
+    from ..commands import ANALYSES
+    from ..wiring import FORWARD
+
+    module = ANALYSES.get(command or "")
+    if module is None:
+        return FORWARD
+    return importlib.import_module(f"tinygpt_cli.{module}").HANDLES
 
 
 def open_folder(context: RunContext, weights: Path | None):

@@ -232,10 +232,6 @@ def dla_view(r, top: int) -> Group:
 # ------------------------------------------------------------------ ablation
 
 
-def top_pairs(rows: list[tuple[str, float]]) -> str:
-    return "  ".join(f"{show_token(t)} {p:.1%}" for t, p in rows)
-
-
 def ablation_view(r) -> Group:
     """An AblationReport (analysis.ablate): one component's effect, or every one ranked."""
     target, position, first = r.q.target_pair, r.q.position, r.rows[0]
