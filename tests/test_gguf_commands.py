@@ -59,12 +59,18 @@ COMMANDS = [
      "--seed", "1"],
     ["dla", TEXT], ["ablate", TEXT, "--all"], ["patch", TEXT, "Lily wanted to read with her"],
     ["lens", TEXT], ["score", TEXT], ["probs", TEXT], ["heads", "--stories", "1"],
+    ["heads", "--file", "STORIES", "--stories", "2"],
 ]
+STORIES = ("Lily wanted to play with her ball. Tom was happy and they ran to the park."
+           "<|endoftext|>Once upon a time, a dog named Max ran to the park.<|endoftext|>")
 
 
 @pytest.mark.parametrize("args", COMMANDS, ids=lambda a: a[0])
 def test_command_on_gguf_is_the_folder(run, tiny, gguf_file, args):
     """Exit 0, and the same numbers (F32: equal up to float rounding of the two loaders)."""
+    stories = gguf_file.parent / "stories.txt"
+    stories.write_text(STORIES, encoding="utf-8")
+    args = [str(stories) if a == "STORIES" else a for a in args]
     on_file = run(*args, "--json", "--weights", gguf_file)
     assert on_file.code == 0, on_file.err
     on_folder = run(*args, "--json", "--weights", tiny.folder)
