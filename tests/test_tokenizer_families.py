@@ -25,7 +25,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tinygpt_cli.config import arch_config, save_config
 from tinygpt_cli.families import llama
 from tinygpt_cli.model import init_params
-from tinygpt_cli.tokenizer import CHUNK, WORD_PATTERNS, Tokenizer
+from tinygpt_cli.tokenizer import CHUNK, PIECE_MAX, WORD_PATTERNS, Tokenizer
 from tinygpt_cli.weights import load_model, save_params
 
 SPECIALS = {"llama3": ["<|begin_of_text|>", "<|end_of_text|>"],
@@ -311,8 +311,8 @@ def test_one_long_word_is_encoded_in_pieces_and_a_run_with_no_exact_cut_refused(
     assert tok.encode("Lily " + numbers) == tok._tok.encode("Lily " + numbers).ids
     with pytest.raises(InputError, match=r"more than 65,536 characters from character 0 that "
                                          r"cannot be encoded in pieces exactly"):
-        tok.encode("Lily " + "!" * (3 * CHUNK))
-    assert_one_error_line(cli("encode", "-", stdin="Lily " + "!" * (3 * CHUNK)), 2,
+        tok.encode("Lily " + "!" * (PIECE_MAX + 10))
+    assert_one_error_line(cli("encode", "-", stdin="Lily " + "!" * (PIECE_MAX + 10)), 2,
                           "cannot be encoded in pieces exactly")
 
 

@@ -154,7 +154,10 @@ def _named(ch: str) -> str:
         f"U+{ord(ch):04X}, a control character"
 
 
-CHUNK = 1 << 16  # characters: texts longer than this are encoded in pieces
+# characters: texts longer than this are encoded in pieces. One encode call holds about 200
+# bytes a character of bookkeeping, so pieces of 4,096 keep it under a megabyte: 100 bytes a
+# byte for any text of 10 kB and more (benchmarks/encode_memory.py)
+CHUNK = 1 << 12
 
 
 # Where GPT-2's pre-tokenizer always starts a new piece: before a space that follows a
