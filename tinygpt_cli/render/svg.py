@@ -182,18 +182,21 @@ def heatmap(h: Heatmap) -> Block:
     square = n == m and list(h.row_labels) == list(h.col_labels)
     cw = min(max(480 / m, 8 if square else 3), 30)
     ch = cw if square else min(max(cw, 14), 30)
+    if h.every_label:  # a label of MIN_LABEL px fits each cell, with 1 px between two
+        cw, ch = max(cw, MIN_LABEL + 1), max(ch, MIN_LABEL + 1)
     fs = max(MIN_LABEL, min(SIZE, ch - 2))
+    fc = max(MIN_LABEL, min(fs, cw - 1)) if h.every_label else fs  # the columns' font
     bent = h.gamma != 1.0 and stops is not _DIVERGING
     rw = max((width_of(s, fs) for s in h.row_labels), default=0) + 8
     info = (f"{h.path + '  ' if h.path else ''}{shape_text(raw.shape)}  "
             f"range [{fmt(lo)}, {fmt(hi)}]" + (f"  colour ∝ value^{h.gamma:g}" if bent else ""))
     out, top = heading(h.title, info)
-    ch_h = max((width_of(s, fs) for s in h.col_labels), default=0) + 8
+    ch_h = max((width_of(s, fc) for s in h.col_labels), default=0) + 8
     gx, gy = rw, top + ch_h
-    for j in labelled(m, cw, fs):  # written upwards; every one that has room (all on hover)
+    for j in labelled(m, cw, fc):  # written upwards; every one that has room (all on hover)
         cx = gx + (j + 0.5) * cw
-        out.append(text(cx + fs * 0.35, gy - 5, h.col_labels[j], size=fs, fill=DIM, cls="col",
-                        extra=f' transform="rotate(-90 {num(cx + fs * 0.35)} {num(gy - 5)})"'))
+        out.append(text(cx + fc * 0.35, gy - 5, h.col_labels[j], size=fc, fill=DIM, cls="col",
+                        extra=f' transform="rotate(-90 {num(cx + fc * 0.35)} {num(gy - 5)})"'))
     for i in labelled(n, ch, fs):
         out.append(text(gx - 6, gy + (i + 0.5) * ch + fs * 0.35, h.row_labels[i], size=fs,
                         anchor="end", cls="row"))
