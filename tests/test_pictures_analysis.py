@@ -80,15 +80,23 @@ def test_lens(cli, tmp_path, shown):
     stages = doc["stages"]
     assert len(stages) == 1 + 2 * L
     grid = heatmaps(root)["the likeliest next token's chance, after each stage"]
-    assert grid["rows"] == stages and grid["cols"] == shown
+    # as the terminal lays it out (position × stage, its short stage names); it was transposed
+    short = ["emb"] + [f"{i}.{k}" for i in range(L) for k in ("mid", "post")]
+    assert grid["rows"] == shown and grid["cols"] == short
     assert len(grid["values"]) == len(stages) * T
-    data = doc["data"]  # [T][S]: the picture is its transpose, stage × position
-    assert all(same(v, data[t][s]) for (s, t), v in grid["values"].items())
-    # The top tokens, a table row per stage.
+    data = doc["data"]  # [T][S], as the picture
+    assert all(same(v, data[t][s]) for (t, s), v in grid["values"].items())
+    # The top tokens, a table row per position, as the terminal's.
     texts = [e.text for e in root.iter(NS + "text")]
     for t in range(T):
         assert all(show_token(doc["top_tokens"][t][s]) in texts for s in range(len(stages)))
-    # The target's chance at the position, stage by stage, with its rank.
+    # The target's chance at the position, stage by stage, with its rank, under a title that
+    # says so as the terminal's header does (it was the trace name "lens.target_probs").
+    p = doc["position"]
+    title = (f"the target at position {p} ({shown[p]}): {show_token(doc['target']['token'])} "
+             f"(id {doc['target']['id']}), its chance after each stage")
+    assert title in texts
+    assert not any("target_probs" in t for t in texts if t)
     got = bars(root)
     assert [label for label, _ in got] == [f"{s} (rank {r})" for s, r in
                                            zip(stages, doc["target_ranks"], strict=True)]
