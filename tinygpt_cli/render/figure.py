@@ -147,6 +147,9 @@ class Flow:
     start: int = 0
     stop: int = 0
     repeat: str = ""
+    # the residual stream's bypasses: (fork, join, label): the stream leaves the main line
+    # just above step `fork` and joins step `join` (an add) from the side
+    bypass: tuple[tuple[int, int, str], ...] = ()
 
 
 @dataclass(frozen=True)
