@@ -102,3 +102,78 @@ def test_map_labels_every_arrow_with_its_shape_for_the_text(cli):
                                     "5 Masked attention", "6 Feed forward", "8 Final norm",
                                     "9 Linear", "10 Softmax", "11 Output")]
     assert order == sorted(order)
+
+
+def _block_lines(out: str) -> list[str]:
+    """The lines inside map's block panel (between its top and bottom borders)."""
+    lines = out.splitlines()
+    top = next(i for i, ln in enumerate(lines) if "blocks (card 7)" in ln)
+    bottom = next(i for i in range(top + 1, len(lines)) if lines[i].lstrip().startswith("╰─"))
+    return lines[top + 1:bottom]
+
+
+def test_map_draws_the_residual_bypass_around_each_sublayer(cli):
+    """map drew no residual stream: now it forks before each sublayer (its norm) and joins
+    the sublayer's output at its add, ⊕: two forks and two adds in a serial block."""
+    inside = _block_lines(cli("map", TEXT).out)
+    marks = [("fork" if "╭─────┤" in ln else "add" if "╰─⊕" in ln else
+              "norm" if "Norm" in ln else "attn" if "Masked attention" in ln else
+              "mlp" if "Feed forward" in ln else None) for ln in inside]
+    assert [m for m in marks if m] == ["fork", "norm", "attn", "add", "fork", "norm", "mlp",
+                                       "add"]
+    # the stream's rail runs down the left of every line from a fork to its add
+    first, add = marks.index("fork"), marks.index("add")
+    body = [ln.split("│", 1)[1] for ln in inside]  # past the panel's own border
+    assert all(b.lstrip(" ")[0] in "│╭╰" for b in body[first:add + 1]), body
+    assert "resid_mid = h + attn_out" in inside[add]
+
+
+def test_map_of_a_parallel_block_joins_both_branches_at_one_add(cli):
+    inside = _block_lines(cli("map", TEXT, "--weights", "weights/neox").out)
+    text = "\n".join(inside)
+    assert text.count("⊕") == 1 and text.count("╭─────┤") == 1
+    assert "╰┴⊕" in text  # the stream and the attention's output join the MLP's at one add
+    assert "resid_post = resid_pre + attn_out + mlp_out" in \
+        next(ln for ln in inside if "⊕" in ln)
+
+
+def _svg_flow(cli, tmp_path, *args):
+    import xml.etree.ElementTree as ET
+
+    out = tmp_path / "map.svg"
+    assert cli("map", TEXT, *args, "--save", out).code == 0
+    ns = "{http://www.w3.org/2000/svg}"
+    root = ET.parse(out).getroot()
+    boxes = [float(e.get("y")) for e in root.iter(ns + "rect") if e.get("class") == "box"]
+    paths = [e.get("d") for e in root.iter(ns + "path") if e.get("class") == "bypass"]
+    joins = [float(e.get("cy")) for e in root.iter(ns + "circle") if e.get("class") == "join"]
+    return boxes, paths, joins
+
+
+def _ends(d: str) -> tuple[float, float]:
+    """A bypass path's fork y and join y (M x y H x V y H x)."""
+    import re
+
+    fork, join = re.fullmatch(r"M[\d.]+ ([\d.]+) H[\d.]+ V([\d.]+) H[\d.]+", d).groups()
+    return float(fork), float(join)
+
+
+def test_map_picture_draws_the_bypass_paths(cli, tmp_path):
+    """--save: a path from just above each sublayer's norm (boxes 3 and 6 of the map's 13,
+    counted from 0) to the side of its add (boxes 5 and 8), marked there by a ⊕."""
+    boxes, paths, joins = _svg_flow(cli, tmp_path)
+    assert len(boxes) == 13 and len(paths) == 2 and len(joins) == 2
+    height = 38  # a box's
+    for d, (fork_box, add_box) in zip(paths, ((3, 5), (6, 8)), strict=True):
+        fork, join = _ends(d)
+        assert boxes[fork_box - 1] + height < fork < boxes[fork_box]  # above the norm
+        assert join == boxes[add_box] + height / 2  # into the add's side
+    assert joins == [boxes[5] + height / 2, boxes[8] + height / 2]
+
+
+def test_map_picture_of_a_parallel_block_has_both_branches_join_one_add(cli, tmp_path):
+    boxes, paths, _ = _svg_flow(cli, tmp_path, "--weights", "weights/neox")
+    assert len(paths) == 2
+    (f1, j1), (f2, j2) = (_ends(d) for d in paths)
+    assert j1 == j2 == boxes[8] + 38 / 2  # the stream and attn_out both go to the last add
+    assert f1 < boxes[3] and boxes[4] < f2 < boxes[5]  # the block's input; the attention's out

@@ -80,15 +80,23 @@ def test_lens(cli, tmp_path, shown):
     stages = doc["stages"]
     assert len(stages) == 1 + 2 * L
     grid = heatmaps(root)["the likeliest next token's chance, after each stage"]
-    assert grid["rows"] == stages and grid["cols"] == shown
+    # as the terminal lays it out (position × stage, its short stage names); it was transposed
+    short = ["emb"] + [f"{i}.{k}" for i in range(L) for k in ("mid", "post")]
+    assert grid["rows"] == shown and grid["cols"] == short
     assert len(grid["values"]) == len(stages) * T
-    data = doc["data"]  # [T][S]: the picture is its transpose, stage × position
-    assert all(same(v, data[t][s]) for (s, t), v in grid["values"].items())
-    # The top tokens, a table row per stage.
+    data = doc["data"]  # [T][S], as the picture
+    assert all(same(v, data[t][s]) for (t, s), v in grid["values"].items())
+    # The top tokens, a table row per position, as the terminal's.
     texts = [e.text for e in root.iter(NS + "text")]
     for t in range(T):
         assert all(show_token(doc["top_tokens"][t][s]) in texts for s in range(len(stages)))
-    # The target's chance at the position, stage by stage, with its rank.
+    # The target's chance at the position, stage by stage, with its rank, under a title that
+    # says so as the terminal's header does (it was the trace name "lens.target_probs").
+    p = doc["position"]
+    title = (f"the target at position {p} ({shown[p]}): {show_token(doc['target']['token'])} "
+             f"(id {doc['target']['id']}), its chance after each stage")
+    assert title in texts
+    assert not any("target_probs" in t for t in texts if t)
     got = bars(root)
     assert [label for label, _ in got] == [f"{s} (rank {r})" for s, r in
                                            zip(stages, doc["target_ranks"], strict=True)]
@@ -262,3 +270,41 @@ def test_pages_open_cleanly_in_chromium(cli, tmp_path):
             assert b.evaluate("document.documentElement.scrollWidth") <= 390  # fits a phone
     finally:
         b.close()
+
+
+@pytest.fixture(scope="module")
+def four_by_four(tmp_path_factory):
+    """The tiny model with 4 layers of 4 heads, as the shipped one: its circuit graph has 53
+    receivers (q, k and v of 16 heads, 4 MLPs, the logits) and 21 senders."""
+    from dataclasses import replace
+
+    from cli_helpers import random_params, write_folder
+
+    config = replace(TINY, n_layer=4, n_head=4)
+    return write_folder(tmp_path_factory.mktemp("four") / "weights",
+                        random_params(config, 5), config)
+
+
+def test_circuit_labels_every_column_and_row(cli, tmp_path, four_by_four):
+    """circuit --save labelled 27 of 53 receivers (every other column, the font too big for
+    the cells): each sender and receiver of the graph now has its label, none smaller than
+    the smallest label drawn anywhere, and no two columns' labels overlap."""
+    from tinygpt_cli.render.svg import MIN_LABEL
+
+    args = ("circuit", TEXT, CORRUPT, "--weights", four_by_four)
+    root = saved(cli, tmp_path, *args)
+    doc = cli(*args, "--json").json()
+    g = heatmaps(root)["edge scores: sender (row) -> receiver (column)"]
+    receivers = [f"L{i}H{h}.{x}" for i in range(4) for h in range(4) for x in "qkv"]
+    receivers += [f"L{i}.mlp" for i in range(4)] + ["logits"]
+    senders = ["embed"] + [f"L{i}H{h}" for i in range(4) for h in range(4)] + \
+        [f"L{i}.mlp" for i in range(4)]
+    assert sorted(g["cols"]) == sorted(receivers) and len(g["cols"]) == 53
+    assert sorted(g["rows"]) == sorted(senders)
+    named = {e["receiver"] for e in doc["edges"]} | {e["sender"] for e in doc["edges"]}
+    assert named <= set(g["cols"]) | set(g["rows"])  # the JSON's names are the labels
+    cols = [e for e in root.iter(NS + "text") if e.get("class") == "col"]
+    sizes = {float(e.get("font-size")) for e in cols}
+    xs = sorted(float(e.get("x")) for e in cols)
+    assert min(sizes) >= MIN_LABEL
+    assert min(b - a for a, b in zip(xs, xs[1:], strict=False)) >= max(sizes)

@@ -272,3 +272,62 @@ def test_graph_fits_the_width_without_cutting(cli, monkeypatch, tiny_transcoders
         check_fits(r.out, width, argv)
         if extra:
             assert "attention edges of most weight" in r.out
+
+
+@pytest.fixture(scope="module")
+def four_heads(tmp_path_factory):
+    """The tiny test model with 4 heads, the shipped model's count (the 2-head one fits a
+    row at 200 columns either way)."""
+    from dataclasses import replace
+
+    from cli_helpers import TINY, random_params, write_folder
+
+    config = replace(TINY, n_head=4)
+    return write_folder(tmp_path_factory.mktemp("four") / "weights", random_params(config, 3),
+                        config)
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_all_heads_rows_are_even(cli, monkeypatch, four_heads, width):
+    """attn --all-heads at 200 columns laid out 3 heads, then 1 alone: the rows now share
+    the heads evenly (counts differ by at most one, the longer rows first), as many to a row
+    as fit, and every line fits the width."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    r = cli("attn", TEXT, "--all-heads", "--weights", four_heads)
+    assert r.code == 0, r.err
+    check_fits(r.out, width, width)
+    rows = [len(re.findall(r"\bhead \d+\b", line)) for line in r.out.splitlines()]
+    rows = [k for k in rows if k]
+    assert sum(rows) == 4, rows  # 4 heads, each once
+    assert max(rows) - min(rows) <= 1 and rows == sorted(rows, reverse=True), (width, rows)
+    # as few rows as fit: one row fewer would need a row too wide for the width
+    widest = max(len(line) for line in r.out.splitlines()[1:])
+    per_head = (widest + 3) // rows[0]
+    fewer = len(rows) - 1
+    assert not fewer or -(-4 // fewer) * per_head - 3 > width, (width, rows, widest)
+
+
+@pytest.mark.parametrize("n", range(1, 13))
+@pytest.mark.parametrize("fit", range(1, 8))
+def test_even_rows_share_any_head_count(n, fit):
+    from tinygpt_cli.render.cards import even_rows
+
+    rows = even_rows(n, fit)
+    assert sum(rows) == n and max(rows) <= fit
+    assert len(rows) == -(-n // fit)  # no more rows than filling each would take
+    assert max(rows) - min(rows) <= 1 and rows == sorted(rows, reverse=True)
+
+
+def test_trace_in_a_pipe_fits_the_pipe_width(cli, monkeypatch):
+    """trace TEXT PATH | head: with no COLUMNS and stdout not a terminal, every line fits the
+    width every other view uses for a pipe (render.output.PIPE_WIDTH)."""
+    from tinygpt_cli.render.output import PIPE_WIDTH
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    for path in ("layers.0.heads.0.weights", "layers.0.weights", "layers.0.resid_post",
+                 "tokens", "logits[-1]", "layers.0.q"):
+        r = cli("trace", LONG + " " + LONG, path)
+        assert r.code == 0, r.err
+        check_fits(r.out, PIPE_WIDTH, path)
+    r = cli("trace", LONG, "--list")
+    check_fits(r.out, PIPE_WIDTH, "--list")

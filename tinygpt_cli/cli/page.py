@@ -66,7 +66,7 @@ def review_figure(r: Run, values: dict):
         r.text, r.tokens, list(r.ids), values["header"], cards_for(cfg), values,
         [r.trace.get(f"layers.{i}.weights") for i in range(cfg.n_layer)],
         block_summary(r.trace, r.model.params, cfg, position=r.T - 1),
-        r.model.tokenizer.token_str, r.model.tokenizer.decode, map_stages(r))
+        r.model.tokenizer.token_str, r.model.tokenizer.decode, map_stages(r), cfg.parallel)
 
 
 @app.command("map")
@@ -87,4 +87,5 @@ def map_cmd(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
             lambda: page_view.map_view(r, stages, next_token(r)[1]),
             figure=lambda: figures("pictures").map_figure(
                 r.text, stages, r.model.config.n_layer,
-                r.model.tokenizer.token_str(next_token(r)[1])), save=save, force=force)
+                r.model.tokenizer.token_str(next_token(r)[1]), r.model.config.parallel),
+            save=save, force=force)

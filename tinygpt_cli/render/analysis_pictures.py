@@ -30,28 +30,32 @@ def head_labels(n: int) -> list[str]:
 
 
 def lens_figure(r) -> Figure:
-    """A LensReport (analysis.lens): the likeliest next token at every stage and position,
-    and its chance; the target's chance at its position."""
+    """A LensReport (analysis.lens): the likeliest next token at every position and stage,
+    and its chance, laid out as the terminal lays them out (a row per position, a column per
+    stage, named as its columns are); the target's chance at its position."""
     stages, tokens, top_tokens, top_probs = r.stages, r.q.tokens, r.top_tokens, r.top_probs
     target, position = r.q.target_pair, r.q.position
     target_probs, target_ranks = r.target_probs, r.target_ranks
     labels = token_labels(tokens)
     t_id, t_str = target
     from .explain import lens_note
+    from .tables import short_stage
 
+    short = [short_stage(s) for s in stages]
     return Figure(f"{r.kind} lens", [
-        Heatmap(top_probs, list(stages), labels, path="lens", lo=0.0, hi=1.0,
+        Heatmap(top_probs.T, labels, short, path="lens", lo=0.0, hi=1.0,
                 title="the likeliest next token's chance, after each stage",
                 note=lens_note(r.kind, r.tied)),
-        Table(["stage"] + labels,
-              [[stage] + [show_token(row[s]) for row in top_tokens]
-               for s, stage in enumerate(stages)],
-              title="the likeliest next token, after each stage"),
+        Table(["position"] + short,
+              [[label] + [show_token(x) for x in row]
+               for label, row in zip(labels, top_tokens, strict=True)],
+              title="the likeliest next token, after each stage",
+              note="emb: the embeddings; i.mid: block i's residual stream after its "
+                   "attention; i.post: after its MLP"),
         Bars([f"{stage} (rank {int(r)})" for stage, r in zip(stages, target_ranks, strict=True)],
              [float(p) for p in target_probs], percent=True, value_name="chance",
-             path="lens.target_probs",
-             title=f"the target {show_token(t_str)} (id {t_id}) at position {position} "
-                   f"({labels[position]})"),
+             title=f"the target at position {position} ({labels[position]}): "
+                   f"{show_token(t_str)} (id {t_id}), its chance after each stage"),
     ], subtitle=_for_text(tokens))
 
 

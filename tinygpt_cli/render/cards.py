@@ -33,12 +33,64 @@ def value_view(path: str, value, tokens, full: bool, below=()) -> Group:
 
 def heads_view(path: str, grids: np.ndarray, tokens, scores: bool, full: bool):
     """Every head's grid side by side: (the view, the heatmaps whose width it needs)."""
-    from rich.columns import Columns
-
     lo, hi = (None, None) if scores else (0.0, 1.0)
     maps = [heatmap(g, tokens, f"head {h}", lo=lo, hi=hi, full=full)
             for h, g in enumerate(grids)]
-    return Group(header(path, grids), Columns(maps, padding=(1, 3))), maps
+    return Group(header(path, grids), EvenRows(maps)), maps
+
+
+def even_rows(n: int, per_row: int) -> list[int]:
+    """How many of n equal cells go in each row when at most `per_row` fit: as few rows as
+    that allows, the cells shared out evenly among them (4 heads where 3 fit: 2 + 2, not
+    3 + 1), the longer rows first."""
+    per_row = max(1, min(per_row, n))
+    rows = -(-n // per_row)
+    return [n // rows + (1 if r < n % rows else 0) for r in range(rows)]
+
+
+class EvenRows:
+    """Equal renderables (every head's heatmap) in rows of an even count, each row as many
+    as the width allows and the rows shared out evenly (even_rows); Rich's Columns fills
+    each row before the next, leaving one head alone under three."""
+
+    GAP = 3  # spaces between two cells of a row
+
+    def __init__(self, cells: list):
+        self.cells = cells
+
+    def _rows(self, console, width: int) -> list[list]:
+        from rich.measure import Measurement
+
+        options = console.options.update_width(width)
+        widest = max(Measurement.get(console, options, c).maximum for c in self.cells)
+        counts = even_rows(len(self.cells), (width + self.GAP) // (widest + self.GAP))
+        out, start = [], 0
+        for k in counts:
+            out.append(self.cells[start:start + k])
+            start += k
+        return out
+
+    def _grid(self, row: list):
+        from rich.table import Table
+
+        grid = Table.grid(padding=(0, self.GAP, 0, 0))
+        for _ in row:
+            grid.add_column(no_wrap=True)
+        grid.add_row(*row)
+        return grid
+
+    def __rich_console__(self, console, options):
+        for k, row in enumerate(self._rows(console, options.max_width)):
+            if k:
+                yield Text("")
+            yield self._grid(row)
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        shown = [Measurement.get(console, options, self._grid(row))
+                 for row in self._rows(console, options.max_width)]
+        return Measurement(max(m.minimum for m in shown), max(m.maximum for m in shown))
 
 
 # what a hidden neuron is, by the MLP's activation (config.act) and whether it is gated

@@ -169,7 +169,7 @@ def circuit_figure(r, what: str, top: int) -> Figure:
                   f"{r.corrupt:.4g}; area under f {r.area:.3f}; smallest N with f >= 0.8: "
                   f"{r.smallest}"),
              Heatmap(grid, g.senders, g.receivers, title="edge scores: sender (row) -> "
-                     "receiver (column)", signed=True),
+                     "receiver (column)", signed=True, every_label=True),
              Bars([names[e] for e in shown], [float(r.scores[e]) for e in shown],
                   title=f"top {len(shown)} edges", value_name="score"),
              _faithfulness_curve(r),

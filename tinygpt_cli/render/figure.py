@@ -41,7 +41,9 @@ class Heatmap:
     signs and no bounds are given, or `signed` is set (a signed quantity, such as a share of a
     logit, whose 0 must look neutral even when every value has one sign), it is diverging and
     centred on 0. `gamma` < 1 bends a one-signed scale so that small values separate: the
-    colour of v is ((v - lo) / (hi - lo)) ** gamma (the legend says so)."""
+    colour of v is ((v - lo) / (hi - lo)) ** gamma (the legend says so). A dense grid labels
+    every k-th row and column, unless `every_label` (a graph's nodes, each one a name to read):
+    then its cells are made wide enough for a label each, in a thinner font if need be."""
 
     grid: np.ndarray
     row_labels: list[str]
@@ -54,6 +56,7 @@ class Heatmap:
     note: str = ""
     signed: bool = False
     gamma: float = 1.0
+    every_label: bool = False  # each row and column labelled (cells widened for it), not every k-th
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,9 @@ class Flow:
     start: int = 0
     stop: int = 0
     repeat: str = ""
+    # the residual stream's bypasses: (fork, join, label): the stream leaves the main line
+    # just above step `fork` and joins step `join` (an add) from the side
+    bypass: tuple[tuple[int, int, str], ...] = ()
 
 
 @dataclass(frozen=True)

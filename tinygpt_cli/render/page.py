@@ -95,33 +95,93 @@ def page_view(r, values: dict, width: int):
     return Group(*parts)
 
 
-def _arrow(label: str):
-    return Text.assemble(("      │ ", "dim"), (label, "magenta"))
+def _arrow(label: str, rails: str = ""):
+    return Text.assemble((rails, RAIL), (" " * (6 - len(rails)) + "│ ", "dim"),
+                         (label, "magenta"))
+
+
+RAIL = "yellow"  # the residual stream's bypass, in the text view
+# Each sublayer of a block reads the residual stream and adds its output back into it: the
+# stream forks around the sublayer (FORK) and the sublayer's output joins it at an add (JOIN).
+FORK, JOIN = "╭─────┤", "╰─⊕"
+
+
+def block_lines(stages, parallel: bool, box) -> list:
+    """The inside of the map's block panel: the six stages 4..9 with the residual stream's
+    bypass drawn beside them: in a serial block it goes around the attention to the first add
+    and around the MLP to the second; in a parallel block (GPT-NeoX) attention and MLP both
+    read the block's input, and the stream and the attention's output go down to the one add
+    the MLP's output joins too."""
+    (n1, o1, s1), (at, oa, sa), (a1, oa1, _), (n2, o2, s2), (ff, of, sf), (a2, oa2, _) = stages
+
+    def fork(label: str, rails: str = "") -> Text:
+        return Text.assemble((rails + FORK[len(rails):], RAIL), (" " + label, "dim"))
+
+    if not parallel:
+        return [fork("resid_pre goes around the attention"),
+                box(n1, o1, "│"), _arrow(s1, "│"), box(at, oa, "│"), _arrow(sa, "│"),
+                box(a1, oa1, JOIN),
+                fork("resid_mid goes around the MLP"),
+                box(n2, o2, "│"), _arrow(s2, "│"), box(ff, of, "│"), _arrow(sf, "│"),
+                box(a2, oa2, JOIN)]
+    return [fork("resid_pre goes around both branches to the add"),
+            box(n1, o1, "│"), _arrow(s1, "│"), box(at, oa, "│"),
+            Text.assemble(("│╭────┤", RAIL), (f" attn_out {sa} goes down to the add", "dim")),
+            Text.assemble(("├┼────╮", RAIL), (" resid_pre into the MLP branch (" + oa1 + ")",
+                                              "dim")),
+            box(n2, o2, "││"), _arrow(s2, "││"), box(ff, of, "││"), _arrow(sf, "││"),
+            box(a2, oa2, "╰┴⊕")]
+
+
+class Railed:
+    """A renderable with the residual stream's rails before each of its lines: `first`
+    before the first, `rest` before the others (a box whose operation wraps)."""
+
+    def __init__(self, body, first: str, rest: str):
+        self.body, self.first, self.rest = body, first, rest
+
+    def __rich_console__(self, console, options):
+        from rich.segment import Segment
+
+        width = options.max_width - len(self.first)
+        lines = console.render_lines(self.body, options.update_width(width), pad=False)
+        for k, line in enumerate(lines):
+            yield Segment(self.rest if k else self.first, console.get_style(RAIL))
+            yield from line
+            yield Segment.line()
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        m = Measurement.get(console, options.update_width(options.max_width - len(self.first)),
+                            self.body)
+        return Measurement(m.minimum + len(self.first), m.maximum + len(self.first))
 
 
 def map_view(r, stages: list[tuple[str, str, str]], picked: int):
     """`map`: the stages as boxes joined by arrows labelled with shapes, the blocks in one
-    panel, ending in the token the page's seed picks."""
+    panel with the residual stream's bypass around each sublayer (block_lines), ending in the
+    token the page's seed picks."""
     cfg = r.model.config
     td = f"{r.T} × {cfg.n_embd}"
 
-    def box(stage: str, op: str) -> Table:
+    def box(stage: str, op: str, rails: str = "") -> Railed:
         # the op wraps under itself, not at the frame's edge (a Llama's are long)
         row = Table.grid()
         row.add_column(no_wrap=True)
         row.add_column(no_wrap=True, width=19)
         row.add_column()
-        row.add_row(Text("  ▣ ", "dim"), Text(stage, "bold"), Text(op))
-        return row
+        joins = rails.endswith("⊕")
+        row.add_row(Text("⊕ " if joins else "▣ ", RAIL if joins else "dim"),
+                    Text(stage, "bold"), Text(op))
+        rails = rails[:2].ljust(2)
+        # a wrapped op's lines keep the rails that go on past the box (none past an add)
+        return Railed(row, rails, "  " if joins else rails)
 
     head = [Text.assemble(("  ", ""), (repr(r.text), "bold green")), _arrow(count(r.T, "token"))]
     for s, o, sh in stages[:3]:
         head += [box(s, o), _arrow(sh)]
-    inner: list = []
-    for k, (s, o, sh) in enumerate(stages[3:9]):
-        inner.append(box(s, o))
-        if k < 5:
-            inner.append(_arrow(sh))
+    inner = block_lines(stages[3:9], cfg.parallel, box)
     block = Panel(Group(*inner), title=f"× {cfg.n_layer} blocks (card 7)", title_align="left",
                   border_style="cyan", expand=False)
     tail = [_arrow(td)]

@@ -83,16 +83,22 @@ def blocks_figure(summary: list[dict], tok, position: int, tokens: list[str]) ->
 
 
 def model_flow(text: str, stages: list[tuple[str, str, str]], n_layer: int,
-               picked: str) -> Flow:
-    """The map's stages (name, operation, shape out) as boxes; stages 3..8 are one block."""
+               picked: str, parallel: bool = False) -> Flow:
+    """The map's stages (name, operation, shape out) as boxes; stages 3..8 are one block,
+    the residual stream going around each sublayer to its add (a parallel block's stream and
+    attention output both go to the one add its MLP's output joins)."""
+    bypass = (((3, 8, "resid_pre goes around both branches to the add"),
+               (5, 8, "attn_out goes down to the add")) if parallel else
+              ((3, 5, "resid_pre goes around the attention"),
+               (6, 8, "resid_mid goes around the MLP")))
     return Flow(stages, top=repr(text), bottom=f"▼ {show_token(picked)}  (seed 1)", start=3,
-                stop=9, repeat=f"× {n_layer} blocks (card 7)")
+                stop=9, repeat=f"× {n_layer} blocks (card 7)", bypass=bypass)
 
 
 def map_figure(text: str, stages: list[tuple[str, str, str]], n_layer: int,
-               picked: str) -> Figure:
+               picked: str, parallel: bool = False) -> Figure:
     """`map`: the model as a diagram, every arrow labelled with its shape for this text."""
-    return Figure("map", [model_flow(text, stages, n_layer, picked)],
+    return Figure("map", [model_flow(text, stages, n_layer, picked, parallel)],
                   subtitle="the model, every arrow labelled with its shape for this text")
 
 
@@ -125,7 +131,7 @@ def _small(number: int, value, tokens: list[str], ids: list[int], tok):
 
 def review_figure(text: str, tokens: list[str], ids: list[int], facts: dict, cards: list,
                   values: dict, attention: list[np.ndarray], summary: list[dict], tok, decode,
-                  map_stages: list[tuple[str, str, str]]) -> Figure:
+                  map_stages: list[tuple[str, str, str]], parallel: bool = False) -> Figure:
     """The "Quick review" page for a text: header facts, the cards in order (sentences,
     formula, shape, trace path, real values), every head's grid, and the map.
 
@@ -165,7 +171,7 @@ def review_figure(text: str, tokens: list[str], ids: list[int], facts: dict, car
         else:
             body += _small(c.number, v, tokens, ids, tok)
         parts.append(Section(f"{c.number}. {c.title}", body, anchor=f"card-{c.number}"))
-    parts.append(Section("Map", [model_flow(text, map_stages, facts["L"], tok(picked))],
+    parts.append(Section("Map", [model_flow(text, map_stages, facts["L"], tok(picked), parallel)],
                          anchor="map"))
     return Figure("Quick review", parts, subtitle=f"of {text!r}")
 

@@ -182,18 +182,21 @@ def heatmap(h: Heatmap) -> Block:
     square = n == m and list(h.row_labels) == list(h.col_labels)
     cw = min(max(480 / m, 8 if square else 3), 30)
     ch = cw if square else min(max(cw, 14), 30)
+    if h.every_label:  # a label of MIN_LABEL px fits each cell, with 1 px between two
+        cw, ch = max(cw, MIN_LABEL + 1), max(ch, MIN_LABEL + 1)
     fs = max(MIN_LABEL, min(SIZE, ch - 2))
+    fc = max(MIN_LABEL, min(fs, cw - 1)) if h.every_label else fs  # the columns' font
     bent = h.gamma != 1.0 and stops is not _DIVERGING
     rw = max((width_of(s, fs) for s in h.row_labels), default=0) + 8
     info = (f"{h.path + '  ' if h.path else ''}{shape_text(raw.shape)}  "
             f"range [{fmt(lo)}, {fmt(hi)}]" + (f"  colour ∝ value^{h.gamma:g}" if bent else ""))
     out, top = heading(h.title, info)
-    ch_h = max((width_of(s, fs) for s in h.col_labels), default=0) + 8
+    ch_h = max((width_of(s, fc) for s in h.col_labels), default=0) + 8
     gx, gy = rw, top + ch_h
-    for j in labelled(m, cw, fs):  # written upwards; every one that has room (all on hover)
+    for j in labelled(m, cw, fc):  # written upwards; every one that has room (all on hover)
         cx = gx + (j + 0.5) * cw
-        out.append(text(cx + fs * 0.35, gy - 5, h.col_labels[j], size=fs, fill=DIM, cls="col",
-                        extra=f' transform="rotate(-90 {num(cx + fs * 0.35)} {num(gy - 5)})"'))
+        out.append(text(cx + fc * 0.35, gy - 5, h.col_labels[j], size=fc, fill=DIM, cls="col",
+                        extra=f' transform="rotate(-90 {num(cx + fc * 0.35)} {num(gy - 5)})"'))
     for i in labelled(n, ch, fs):
         out.append(text(gx - 6, gy + (i + 0.5) * ch + fs * 0.35, h.row_labels[i], size=fs,
                         anchor="end", cls="row"))
@@ -465,11 +468,13 @@ def flow(f: Flow) -> Block:
         y = 20
         out.append(_arrow(x0 + 20, y, ah, ""))
         y += ah
-    frame_top = None
+    frame_top, tops = None, []
+    rails = len(f.bypass)  # each bypass has its own lane right of the boxes
     for k, (name, op, below) in enumerate(f.steps):
         if k == f.start and f.stop > f.start:
             frame_top = y
-            y += 22
+            y += 28 if rails else 22  # a bypass's first fork passes below the frame's title
+        tops.append(y)
         out.append(f'<rect class="box" x="{x0}" y="{num(y)}" width="{bw}" height="{bh}" '
                    f'rx="5" fill="#f6f8fa" stroke="#d0d7de"/>')
         out.append(text(x0 + 10, y + 16, name, weight="bold"))
@@ -477,7 +482,7 @@ def flow(f: Flow) -> Block:
         y += bh
         if k + 1 == f.stop and frame_top is not None:
             y += 8
-            out.append(f'<rect x="{x0 - 14}" y="{num(frame_top)}" width="{bw + 28}" '
+            out.append(f'<rect x="{x0 - 14}" y="{num(frame_top)}" width="{bw + 28 + 12 * rails}" '
                        f'height="{num(y - frame_top)}" rx="8" fill="none" stroke="#0969da" '
                        f'stroke-dasharray="5 3"/>')
             out.append(text(x0 - 4, frame_top + 15, f.repeat, size=12, fill="#0969da",
@@ -488,8 +493,24 @@ def flow(f: Flow) -> Block:
     if f.bottom:
         out.append(text(x0, y + 14, f.bottom, weight="bold", fill="#1a7f37"))
         y += 20
-    w = max(x0 + bw + 16, width_of(f.top) + x0, width_of(f.bottom) + x0)
+    for lane, (fork, join, label) in enumerate(f.bypass):
+        out.append(_bypass(x0 + 20, tops[fork] - 4, x0 + bw, tops[join] + bh / 2,
+                           x0 + bw + 12 * (lane + 1), label))
+    w = max(x0 + bw + 16 + 12 * rails, width_of(f.top) + x0, width_of(f.bottom) + x0)
     return Block("\n".join(out), w, y + 4)
+
+
+def _bypass(x_main, y_fork, x_box, y_join, x_lane, label) -> str:
+    """The residual stream's way around a sublayer: from the main line just above the
+    sublayer, right to its lane, down, and into the add's box from the side, where a ⊕
+    marks the sum."""
+    return (f'<path class="bypass" d="M{num(x_main)} {num(y_fork)} H{num(x_lane)} '
+            f'V{num(y_join)} H{num(x_box + 7)}" fill="none" stroke="#bf8700" '
+            f'stroke-width="1.4"><title>{esc(label)}</title></path>'
+            f'<circle class="join" cx="{num(x_box)}" cy="{num(y_join)}" r="7" fill="#fff8c5" '
+            f'stroke="#bf8700" stroke-width="1.4"/>'
+            + text(x_box, y_join + 4.5, "+", size=13, anchor="middle", fill="#bf8700",
+                   weight="bold"))
 
 
 def _arrow(x, y, h, label) -> str:
