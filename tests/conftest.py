@@ -199,3 +199,18 @@ def patched_slope(params, config: Config, clean_ids, corrupt_ids, path: str, t: 
 
     eps = 1e-5
     return (metric(eps) - metric(-eps)) / (2 * eps)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium for the tests that open a saved page (tests/browser.py); the test
+    skips where the machine has none (.ci/run installs it)."""
+    from browser import Browser, find_chromium
+
+    exe = find_chromium()
+    if exe is None:
+        pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run installs it): "
+                    "the HTML pages cannot be opened in a real browser here")
+    b = Browser(exe)
+    yield b
+    b.close()

@@ -398,17 +398,6 @@ def test_a_missing_data_path_is_the_users_error_naming_the_option(cli, trained, 
 # ------------------------------------------------------------------ the viewer, in Chromium
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from browser import Browser, find_chromium
-
-    exe = find_chromium()
-    if exe is None:
-        pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run installs it)")
-    b = Browser(exe)
-    yield b
-    b.close()
-
 
 def test_the_viewer_in_chromium(cli, trained, browser, tmp_path):
     """Offline (nothing asked for but the file), a node per node of the JSON, hover shows a

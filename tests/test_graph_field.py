@@ -345,17 +345,6 @@ def test_open_refuses_what_is_not_a_graph(cli, trained, field_graph, tmp_path, m
                               folder), 2, "no such file")
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from browser import Browser, find_chromium
-
-    exe = find_chromium()
-    if exe is None:
-        pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run installs it)")
-    b = Browser(exe)
-    yield b
-    b.close()
-
 
 def test_an_opened_file_shows_in_the_viewer(cli, trained, field_graph, browser, tmp_path):
     """Every node of the file drawn, offline, no script error, hover and click work."""

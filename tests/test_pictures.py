@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from browser import Browser, decode_png, find_chromium
+from browser import decode_png
 from cli_helpers import TEXT, TEXT_IDS, TINY, assert_one_error_line
 
 from tinygpt_cli.page import CARDS
@@ -271,16 +271,6 @@ def test_every_drawing_command_saves_svg_and_offline_html(cli, tmp_path, command
 
 # ------------------------------------------------------------------ in a real browser
 
-
-@pytest.fixture(scope="module")
-def browser():
-    exe = find_chromium()
-    if exe is None:
-        pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run installs it): "
-                    "the HTML pages cannot be opened in a real browser here")
-    b = Browser(exe)
-    yield b
-    b.close()
 
 
 def non_blank(png: bytes, width: int) -> None:

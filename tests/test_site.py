@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from browser import Browser, find_chromium
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,15 +60,6 @@ def test_a_broken_link_fails_the_build(tmp_path):
     r = build(tmp_path / "mkdocs.yml", tmp_path / "out")
     assert r.returncode != 0 and "nowhere.md" in r.stderr, r.stderr
 
-
-@pytest.fixture(scope="module")
-def browser():
-    exe = find_chromium()
-    if exe is None:
-        pytest.skip("no Chromium on PATH (apt-get install chromium; .ci/run installs it)")
-    b = Browser(exe)
-    yield b
-    b.close()
 
 
 @pytest.mark.slow

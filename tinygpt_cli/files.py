@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import json
 import os
 from pathlib import Path
 
@@ -166,3 +167,19 @@ def sha256(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def read_json_object(path: str | Path, limit: int) -> dict:
+    """The JSON object in a file of at most `limit` bytes (read no further: a lying file
+    cannot make us hold more); ValueError saying what is wrong. OSError passes through."""
+    with open(path, "rb") as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise ValueError(f"larger than {limit:,} bytes")
+    try:
+        obj = json.loads(raw.decode("utf-8"))  # JSON and UTF-8 errors are ValueErrors
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    return obj

@@ -30,7 +30,6 @@ another width, or a folder name that disagrees with the config is refused by nam
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import InputError, WeightsError
+from ..files import read_json_object
 from .sae import SAE
 
 PARAMS, CONFIG = "params.safetensors", "config.json"
@@ -73,17 +73,10 @@ def raw_config(folder: Path) -> dict:
     path = folder / CONFIG
     if not path.is_file():
         return inferred_config(folder)
-    with open(path, "rb") as f:
-        raw = f.read(MAX_CONFIG_BYTES + 1)
     try:
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ValueError(f"larger than {MAX_CONFIG_BYTES:,} bytes")
-        cfg = json.loads(raw.decode("utf-8"))
-        if not isinstance(cfg, dict):
-            raise ValueError("not a JSON object")
-    except (ValueError, RecursionError) as e:
+        return read_json_object(path, MAX_CONFIG_BYTES)
+    except ValueError as e:
         raise WeightsError(f"{path} is not a readable Gemma Scope config ({e})") from None
-    return cfg
 
 
 def inferred_config(folder: Path) -> dict:

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import InputError, WeightsError
+from ..files import read_json_object
 from .sae import SAE, check_site
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
@@ -39,17 +40,10 @@ def read_cfg(folder: Path) -> dict:
     if not path.is_file():
         raise InputError(f"{folder} is not a SAELens SAE folder: it has no {CFG} (a SAELens "
                          f"folder holds {CFG} and {WEIGHTS})")
-    with open(path, "rb") as f:
-        raw = f.read(MAX_CFG_BYTES + 1)
     try:
-        if len(raw) > MAX_CFG_BYTES:
-            raise ValueError(f"larger than {MAX_CFG_BYTES:,} bytes")
-        cfg = json.loads(raw.decode("utf-8"))
-        if not isinstance(cfg, dict):
-            raise ValueError("not a JSON object")
-    except (ValueError, RecursionError) as e:
+        return read_json_object(path, MAX_CFG_BYTES)
+    except ValueError as e:
         raise WeightsError(f"{path} is not a readable SAELens config ({e})") from None
-    return cfg
 
 
 def _setting(cfg: dict, name: str, default=None):
