@@ -756,13 +756,7 @@ def read_side_json(path: Path) -> dict | None:
     tokenizer_config.json lists its 6,000 added tokens (1.2 MB)."""
     if not path.exists() and not path.is_symlink():
         return None
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_TOKENIZER_BYTES + 1)
-    except OSError as e:
-        raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
-    if len(raw) > MAX_TOKENIZER_BYTES:
-        raise WeightsError(f"{path} is larger than {MAX_TOKENIZER_BYTES:,} bytes")
+    raw = read_capped(path, MAX_TOKENIZER_BYTES)
     try:
         found = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -866,19 +860,26 @@ def _load_model(f: Folder) -> Model:
 MAX_TOKENIZER_BYTES = 16 << 20  # GPT-2's own, 50,257 tokens with their merges: 1.4 MB
 
 
+def read_capped(path: Path, limit: int, why: str = "") -> bytes:
+    """A side file's bytes, reading no further than `limit` (a lying file cannot make us hold
+    more); WeightsError when it cannot be read or is larger (`why` says what that means)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as e:
+        raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(raw) > limit:
+        raise WeightsError(f"{path} is larger than {limit:,} bytes{why}")
+    return raw
+
+
 def read_tokenizer(path: Path, config: Config):
     """tokenizer.json, capped in size like config.json, and refused unless its tokens are
     bytes (a byte-level BPE, or a BPE with byte fallback), which every view assumes."""
     from .tokenizer import Tokenizer
 
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_TOKENIZER_BYTES + 1)
-    except OSError as e:
-        raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
-    if len(raw) > MAX_TOKENIZER_BYTES:
-        raise WeightsError(f"{path} is larger than {MAX_TOKENIZER_BYTES:,} bytes: not the "
-                           f"tokenizer of a {config.vocab_size:,}-token model")
+    raw = read_capped(path, MAX_TOKENIZER_BYTES,
+                      f": not the tokenizer of a {config.vocab_size:,}-token model")
     try:
         tokenizer = Tokenizer.from_bytes(raw)
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
