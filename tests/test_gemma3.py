@@ -216,6 +216,7 @@ REFUSED = [("dla", TEXT), ("graph", TEXT), ("circuit", TEXT, OTHER), ("neurons",
            ("map", TEXT)]
 
 
+@pytest.mark.slow
 def test_the_forward_commands_run_and_the_part_readers_refuse_by_name(pair, capsys,
                                                                         monkeypatch):
     from cli_helpers import Runner, clean_env
