@@ -210,8 +210,9 @@ RUNS = [
     ("score", TEXT), ("heads", TEXT), ("diff", TEXT, OTHER), ("info",), ("patch", TEXT, OTHER),
     ("steer", "--pos", EXAMPLES / "happy.txt", "--neg", EXAMPLES / "sad.txt", "-l", "1"),
     ("generate", "Lily", "--max-new-tokens", "3", "--ablate", "layers.0.mlp_out"),
+    ("dla", TEXT, "--neurons", "5"),
 ]
-REFUSED = [("dla", TEXT), ("graph", TEXT), ("circuit", TEXT, OTHER), ("neurons", TEXT),
+REFUSED = [("graph", TEXT), ("circuit", TEXT, OTHER), ("neurons", TEXT),
            ("qk", TEXT, "--layer", "1", "--head", "2"), ("why", TEXT), ("review", TEXT),
            ("map", TEXT)]
 
@@ -235,3 +236,28 @@ def test_the_forward_commands_run_and_the_part_readers_refuse_by_name(pair, caps
         assert r.code == 2 and r.out == "" and len(r.err.splitlines()) == 1, (args, r)
         assert r.err.startswith(f"error: {args[0]} is not available for this gemma3_text "
                                 "model: its block has a step 'norm after attention'"), r.err
+
+
+def test_direct_logit_attribution_adds_up_through_the_norms_after_each_branch(pair):
+    """Each part passes the norm after its branch with that norm's rms frozen at the run,
+    then the final norm's: the rows add up to the logit difference, one row by hand, and
+    each MLP row is its neurons' sum."""
+    from tinygpt_cli.analysis.dla import direct_logit_attribution
+    from tinygpt_cli.model import run_traced
+
+    name, _, ours = pair
+    p, c, at = ours.params, ours.config, 9
+    tr = run_traced(p, c, np.array(IDS))
+    r = direct_logit_attribution(tr, p, c, at, 123, vs=77, neurons=10_000)
+    assert r.total == pytest.approx(r.score, abs=1e-5 * max(1.0, abs(r.score))), name
+    rows = p["unembed.W_U" if not c.tied else "embed.W_E"].astype(np.float64)
+    d = rows[123] - rows[77]
+    last = c.n_layer - 1
+    mlp = tr[f"layers.{last}.mlp_out"][at].astype(np.float64)
+    post = mlp / tr[f"layers.{last}.ln2_post.rms"][at, 0] * p[f"layers.{last}.ln2_post.w"]
+    by_hand = post / tr["ln_final.rms"][at, 0] @ (p["ln_final.w"] * d)
+    assert r.values[r.labels.index(f"L{last}.mlp")] == pytest.approx(by_hand, rel=1e-9)
+    for i in range(c.n_layer):  # every neuron kept: each MLP row is their sum
+        mine = sum(n["value"] for n in r.neurons if n["layer"] == i)
+        # (the row is the recorded float32 mlp_out; the neurons float64 products)
+        assert mine == pytest.approx(r.values[r.labels.index(f"L{i}.mlp")], rel=1e-5, abs=1e-9)

@@ -342,9 +342,9 @@ def test_a_planted_norm_after_each_branch_is_computed_or_refused_by_name(knobs, 
 
 def check_refused_by_the_part_readers(params, config, values):
     """The analyses written for the families' blocks refuse a norm after a branch, never
-    answering for the families' wiring."""
-    with pytest.raises(ValueError, match="attn_out.*mlp_out|ln1_post"):
-        check_residual_parts(params, config, values)
+    answering for the families' wiring; DLA's parts take each norm frozen at the run and still
+    add up to the stream."""
+    check_residual_parts(params, config, values)
     with pytest.raises(InputError, match="'norm after attention', a step 'norm after the MLP'"):
         check_circuit(params, config)
     from tinygpt_cli.analysis import graph as G
@@ -383,6 +383,8 @@ def test_every_command_handles_the_planted_norms_or_refuses_them_by_name(command
     assert isinstance(can, wiring.Handles)
     if can.any_step:  # it runs the model's own passes only, which compute the plant
         return
+    if {"norm after attention", "norm after the MLP"} <= set(can.allowed("step")):
+        return  # dla: each norm frozen at the run (test_gemma3 runs it on Gemma's weights)
     plant(monkeypatch, post_norm_steps)
     r = cli(*command.split(), *ARGS.get(command, [TEXT]))
     assert r.code == 2, (command, r)
