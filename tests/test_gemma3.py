@@ -261,3 +261,27 @@ def test_direct_logit_attribution_adds_up_through_the_norms_after_each_branch(pa
         mine = sum(n["value"] for n in r.neurons if n["layer"] == i)
         # (the row is the recorded float32 mlp_out; the neurons float64 products)
         assert mine == pytest.approx(r.values[r.labels.index(f"L{i}.mlp")], rel=1e-5, abs=1e-9)
+
+
+def test_train_arch_gemma3_makes_a_model_transformers_reads_as_gemma3(tmp_path):
+    """`train --arch gemma3`'s config and a new model of it, saved, give transformers'
+    Gemma3ForCausalLM the same logits (its norms' w = scale - 1 = 0 at initialisation, as
+    Gemma's own)."""
+    from tinygpt_cli.config import arch_config, load_config, save_config
+    from tinygpt_cli.model import init_params
+
+    config = arch_config("gemma3", n_embd=24, n_layer=7, n_head=4, n_inner=40,
+                         vocab_size=4096, n_positions=16)
+    assert config.windows == (8,) * 5 + (0, 8)
+    params = init_params(config, np.random.default_rng(0))
+    folder = tmp_path / "new"
+    save_params(params, folder / "model.safetensors", config)
+    save_config(config, folder / "config.json")
+    assert load_config(folder / "config.json") == config
+    back = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert type(back).__name__ == "Gemma3ForCausalLM"
+    assert all(float(p.detach().abs().max()) == 0 for n, p in back.named_parameters()
+               if "norm" in n)
+    with torch.no_grad():
+        theirs = back.eval()(torch.tensor([IDS])).logits[0].numpy()
+    _close(forward(params, config, np.array(IDS)), theirs, "train --arch gemma3")

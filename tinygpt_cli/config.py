@@ -261,9 +261,14 @@ def arch_config(arch: str, **sizes) -> Config:
     (unscaled scores, every other block local, seeing the last n_positions / 2 keys);
     GPT-NeoX's (rotary on a quarter of each head, parallel blocks, exact GELU, untied head, as
     Pythia); Llama's (RMSNorm, rotary, SwiGLU, half as many key/value heads, no biases,
-    tied as SmolLM2)."""
+    tied as SmolLM2); Gemma 3's (Llama's with four norms a block, q/k norms, one key/value
+    head, GeGLU, five of six blocks local to n_positions / 2 keys with base 10,000, the rest
+    1,000,000, the embeddings times sqrt(d) in float32)."""
+    from .families.gemma3 import rounded
+
     n_layer, n_head = sizes.get("n_layer", 4), sizes.get("n_head", 4)
     d_k = sizes.get("n_embd", 128) // n_head if n_head else 0
+    full = [(i + 1) % 6 == 0 for i in range(n_layer)]
     knobs = {
         "gpt2": {},
         "neo": dict(model_type="gpt_neo", attn_scale=1.0, qkv_bias=False,
@@ -274,6 +279,14 @@ def arch_config(arch: str, **sizes) -> Config:
         "llama": dict(model_type="llama", norm="rms", positions="rotary", mlp="gated",
                       act="silu", n_kv_head=n_head // 2 if n_head % 2 == 0 else 0,
                       qkv_bias=False, out_bias=False, mlp_bias=False),
+        "gemma3": dict(model_type="gemma3_text", norm="rms", positions="rotary", mlp="gated",
+                       act="gelu_new", n_kv_head=1, qk_norm=True, post_norms=True,
+                       attn_scale=float(d_k) ** -0.5 if d_k else 0.0,
+                       windows=tuple(0 if f else max(1, sizes.get("n_positions", 128) // 2)
+                                     for f in full),
+                       rotary_base=1e6, rotary_bases=tuple(1e6 if f else 1e4 for f in full),
+                       embed_scale=rounded(sizes.get("n_embd", 128) ** 0.5, "float32"),
+                       qkv_bias=False, out_bias=False, mlp_bias=False),
     }
     if arch not in knobs:
         raise ValueError(f"--arch must be one of {', '.join(knobs)}, not {shown(arch)}")
