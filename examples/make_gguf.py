@@ -77,7 +77,7 @@ def metadata(w, cfg: dict) -> None:
         w.add_block_count(cfg["n_layer"])
         w.add_context_length(cfg.get("n_ctx", cfg.get("n_positions")))
         w.add_embedding_length(cfg["n_embd"])
-        w.add_feed_forward_length(4 * cfg["n_embd"])
+        w.add_feed_forward_length(cfg.get("n_inner") or 4 * cfg["n_embd"])  # GPT2Config's
         w.add_head_count(cfg["n_head"])
         w.add_layer_norm_eps(cfg.get("layer_norm_epsilon", 1e-5))
         return

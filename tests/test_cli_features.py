@@ -4,7 +4,9 @@ trace --save of arrays."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -121,6 +123,77 @@ def test_last_serves_every_command_that_reads_one_text(cli, tiny):
     assert r.code == 0 and "cut" not in r.json() and r.err == ""
     assert_one_error_line(cli("probs", LONG, "--last", 129), 2, "--last 129", "1 to 128")
     assert cli("probs", LONG, "--last", 0).code == 2
+
+
+class Generated(io.RawIOBase):
+    """stdin's bytes made as they are read: `size` bytes of `unit` over and over, so a long
+    input costs no memory of its own (--last N on a stream)."""
+
+    def __init__(self, unit: bytes, size: int):
+        self.unit, self.left, self.at = unit, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = min(len(b), self.left)
+        reps = self.unit * (n // len(self.unit) + 2)
+        b[:n] = reps[self.at:self.at + n]
+        self.at, self.left = (self.at + n) % len(self.unit), self.left - n
+        return n
+
+
+def stdin_of(monkeypatch, unit: bytes, size: int) -> None:
+    stream = io.TextIOWrapper(io.BufferedReader(Generated(unit, size)), encoding="utf-8")
+    stream.isatty = lambda: False
+    monkeypatch.setattr(sys, "stdin", stream)
+
+
+UNIT = "Lily wanted to play with her ball.\r\nTom said: naïve 42!  ".encode()
+
+
+def test_last_on_stdin_keeps_the_end_exactly_and_counts_what_streamed_past(cli, tiny,
+                                                                          monkeypatch):
+    """A stdin of several read pieces (a \r\n cut between two of them, a 2-byte character
+    too): --last N's ids and dropped count are those of the whole text encoded at once."""
+    from tinygpt_cli import streams
+    from tinygpt_cli.cli import main
+
+    monkeypatch.setattr(streams, "STDIN_CHUNK", 1001)  # odd: cuts through \r\n and 'ï'
+    size = 300_000 - 300_000 % len(UNIT)
+    whole = (UNIT * (size // len(UNIT))).decode().replace("\r\n", "\n")
+    ids = tiny.model.tokenizer.encode(whole)
+    stdin_of(monkeypatch, UNIT, size)
+    cli.capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["trace", "-", "ln_final.out", "--last", "9", "--json"])
+    d = json.loads(cli.capsys.readouterr().out)
+    assert d["ids"] == ids[-9:]
+    assert d["cut"] == {"last": 9, "dropped": len(ids) - 9}
+
+
+@pytest.mark.slow  # about 30 s: 12 MB of text tokenised under tracemalloc
+def test_last_on_stdin_holds_a_bounded_tail_of_an_unbounded_stream(cli, monkeypatch):
+    """probs --last 5 - on 12 MB of stdin: the Python memory at its peak is no more than on
+    a stdin of 100 kB, bar a few MB (it read stdin whole before: the text, then its
+    millions of ids, over 100 MB)."""
+    import tracemalloc
+
+    from tinygpt_cli.cli import main
+
+    def peak(size: int) -> int:
+        stdin_of(monkeypatch, UNIT, size)
+        tracemalloc.start()
+        try:
+            with pytest.raises(SystemExit) as e:
+                main(["probs", "-", "--last", "5", "--json"])
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            assert e.value.code in (0, None)
+
+    small, large = peak(100_000), peak(12 << 20)
+    assert large - small < 4 << 20, f"{small / 2**20:.1f} MiB, then {large / 2**20:.1f} MiB"
 
 
 # ------------------------------------------------------------------ trace --save

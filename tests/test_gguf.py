@@ -338,6 +338,17 @@ def sentencepiece_file(tmp_path_factory):
     save_params(init_params(cfg, np.random.default_rng(0)), folder / "model.safetensors", cfg)
     save_config(cfg, folder / "config.json")
 
+    out = folder / "file" / "sp.gguf"  # alone: transformers reads no tokenizer.json beside it
+    out.parent.mkdir()
+    make_gguf.write(folder, out, "Q8_0", vocab=sentencepiece_metadata(add_bos=True))
+    return out
+
+
+def sentencepiece_metadata(**adds):
+    """make_gguf's `vocab` writer for that vocabulary; `adds`: add_bos / add_eos keys to
+    write (a key left out is absent from the file)."""
+    tokens, scores, types = sentencepiece_vocab()
+
     def vocab(w, _):
         w.add_tokenizer_model("llama")
         w.add_tokenizer_pre("default")
@@ -347,12 +358,48 @@ def sentencepiece_file(tmp_path_factory):
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
         w.add_unk_token_id(0)
-        w.add_add_bos_token(True)
+        _flags(w, adds)
+    return vocab
 
-    out = folder / "file" / "sp.gguf"  # alone: transformers reads no tokenizer.json beside it
+
+def _flags(w, adds: dict) -> None:
+    for key, value in adds.items():
+        getattr(w, f"add_{key}_token")(value)
+
+
+def byte_level_metadata(pre: str = "gpt-2", **adds):
+    """make_gguf's own byte-level vocabulary, with add_bos / add_eos keys as `adds` says."""
+    def vocab(w, cfg):
+        make_gguf.vocabulary(w, cfg, json.loads((SHIPPED / "tokenizer.json").read_text()), pre)
+        _flags(w, adds)
+    return vocab
+
+
+ADDS = [{}, {"add_bos": True}, {"add_bos": False}, {"add_bos": True, "add_eos": True},
+        {"add_eos": True}]
+
+
+@pytest.mark.parametrize("adds", ADDS, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items())
+                         or "absent")
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_bos_as_transformers_puts_it(sentencepiece_file, tmp_path, kind, adds):
+    """The tokens around a text (text_ids, what encode-style commands feed the model) are the
+    ones transformers' GGUF tokenizer puts there, with the add_bos_token / add_eos_token
+    keys true, false or absent (SentencePiece then adds BOS, GPT-2's BPE nothing)."""
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "file" / f"{kind}.gguf"
     out.parent.mkdir()
-    make_gguf.write(folder, out, "Q8_0", vocab=vocab)
-    return out
+    if kind == "llama":
+        make_gguf.write(sentencepiece_file.parent.parent, out, "Q8_0",
+                        vocab=sentencepiece_metadata(**adds))
+    else:
+        make_gguf.write(SHIPPED, out, "Q8_0", vocab=byte_level_metadata(**adds))
+    mine = load_model(out).tokenizer
+    theirs = transformers.AutoTokenizer.from_pretrained(str(out.parent), gguf_file=out.name)
+    for text in ["Once upon a time", "a café 🐶", HARD[1]]:
+        assert mine.text_ids(text) == theirs(text)["input_ids"], text
+    if kind == "llama" and adds.get("add_bos", True):
+        assert mine.affix[0] == [1]
 
 
 def test_sentencepiece_tokenizer_as_transformers(sentencepiece_file):

@@ -384,6 +384,17 @@ def test_transcoder_files_are_checked(cli, trained, tmp_path):
                           "not a transcoder file: it has no b_in tensor")
 
 
+def test_a_missing_data_path_is_the_users_error_naming_the_option(cli, trained, tmp_path):
+    """graph (and sae feature, transcoder eval, lens --evaluate: the one given_or) said
+    'No such file or directory' and exited 1 for a --data that is not there."""
+    folder, _, _ = trained
+    missing = tmp_path / "no-such-stories"
+    assert_one_error_line(cli("graph", "Lily", "--transcoders", folder, "--data", missing), 2,
+                          f"--data {missing}: does not exist")
+    assert_one_error_line(cli("transcoder", "eval", "--transcoders", folder, "--data",
+                              missing), 2, "--data", "does not exist")
+
+
 # ------------------------------------------------------------------ the viewer, in Chromium
 
 

@@ -69,9 +69,9 @@ def served(tiny):
 def test_the_tools_are_the_commands_with_their_options(served):
     tools = {t.name: t for t in served[0]}
     assert {"encode", "attn", "final-norm", "lens", "dla", "patch", "circuit", "info",
-            "sae-feature", "generate", "trace"} <= set(tools)
+            "sae-eval", "generate", "trace"} <= set(tools)
     assert not {"why", "train", "sae-train", "sae-export", "means", "train-tokenizer",
-                "model-card", "mcp"} & set(tools)  # long or file-writing: left out
+                "model-card", "mcp", "graph", "sae-feature"} & set(tools)  # long or writing
     for name in ("steer", "probe"):  # they run, but write no file: --out is not theirs here
         assert "out" not in tools[name].input_schema["properties"]
     schema = tools["attn"].input_schema

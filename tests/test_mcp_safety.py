@@ -79,6 +79,8 @@ def test_no_command_that_writes_files_or_runs_for_minutes_is_served():
                 if tool in served:
                     assert word not in {p.word for p in served[tool][2]}
     assert "transcoder-train" not in served and "transcoder-eval" in served
+    # their first call reads the whole training text (minutes) to build a cache
+    assert "graph" not in served and "sae-feature" not in served and "sae-eval" in served
 
 
 # ------------------------------------------------------------------ the arguments' types

@@ -457,7 +457,8 @@ def test_mean_ablation_with_stored_means_and_with_data(cli, tiny, tmp_path, monk
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
     folder = make_tiny(tmp_path / "w").folder
     assert_one_error_line(cli("ablate", TEXT, "--weights", folder, "--all", "--mode", "mean"),
-                          2, "tinygpt means --data DIR")
+                          2, f"compute them with `tinygpt means --weights {folder}`, or give "
+                          "--data DIR")
     data = tmp_path / "data"
     data.mkdir()
     (data / "part-000.txt").write_text("Lily and Tom went out.\n")

@@ -126,6 +126,14 @@ EFFECTS: dict[str, Effects] = {
     "probe": Effects(options_left_out=(("out", "probe --out writes the direction to a file"),)),
     "neurons": Effects(options_left_out=(("neuron", "neurons --neuron reads the whole training "
                                           "text the first time it is asked (minutes)"),)),
+    # Left out whether or not their cache is built: the tool list is fixed when the server
+    # starts, and the cache a call needs depends on its own --data, --windows, transcoders
+    # or SAE, so no rule on the server's side could tell a quick call from a slow one.
+    "graph": Effects("reads the training text for its features' top windows the first time "
+                     "it is asked (minutes; cached); run it in a shell", long_running=True),
+    "sae feature": Effects("reads the training text for the latent's top windows the first "
+                           "time it is asked (minutes; cached); run it in a shell",
+                           long_running=True),
 }
 
 

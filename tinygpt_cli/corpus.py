@@ -548,8 +548,14 @@ def held_out_files(data: Path | None) -> list[Path]:
 
 
 def given_or(data: Path | None, folder_files) -> list[Path]:
-    """--data itself when it names one file, else `folder_files(data)` (a folder's parts)."""
-    return folder_files(data) if data is None or Path(data).is_dir() else [Path(data)]
+    """--data itself when it names one file, else `folder_files(data)` (a folder's parts);
+    InputError naming --data when it is neither (split_data's own words)."""
+    if data is None or Path(data).is_dir():
+        return folder_files(data)
+    if not Path(data).is_file():
+        raise InputError(f"--data {data}: " + ("is neither a folder nor a regular file"
+                                               if Path(data).exists() else "does not exist"))
+    return [Path(data)]
 
 
 def search_files(data: Path | None, weights: Path, *, any_data: bool = False

@@ -56,7 +56,9 @@ def build(meta: dict, path) -> tuple[object, dict]:
     else:
         raise WeightsError(f"{path}: tokenizer {shown(kind)} is not one tinygpt reads "
                            "(gpt2's byte-level BPE, llama's SentencePiece)")
+    tok.post_processor = _around(tokens, meta, kind)
     out = Tokenizer(tok)
+    out.set_affix()
     wrong = out.kind()
     if wrong is not None:  # what the rest of tinygpt relies on, held for this one too
         raise WeightsError(f"{path}: its tokenizer is not one tinygpt can show ({wrong})")
@@ -64,6 +66,33 @@ def build(meta: dict, path) -> tuple[object, dict]:
              "add_bos_token": meta.get("tokenizer.ggml.add_bos_token"),
              "bos_token_id": meta.get("tokenizer.ggml.bos_token_id")}
     return out, about
+
+
+def _around(tokens: list[str], meta: dict, kind: str):
+    """The post-processor that puts BOS (and EOS) around a text, as transformers' GGUF
+    tokenizer builds it: tokenizer.ggml.add_bos_token / add_eos_token when the file has them;
+    without the key, BOS for SentencePiece (`llama`) and none for GPT-2's byte-level BPE, EOS
+    never; nothing for a token the file names no id for. llama.cpp's own default differs in
+    one place: without the key it also adds BOS to a byte-level vocabulary with one of the
+    Llama 3 pre-tokenizers (llama3, llama-bpe, ...; its llama-vocab.cpp); we follow
+    transformers, the reference the tests hold us to."""
+    from tokenizers import processors
+
+    add_bos = meta.get("tokenizer.ggml.add_bos_token", kind == "llama") is True
+    add_eos = meta.get("tokenizer.ggml.add_eos_token", False) is True
+    bos = _token(tokens, meta, "bos") if add_bos else None
+    eos = _token(tokens, meta, "eos") if add_eos else None
+    # names of our own for the template: a byte-level vocabulary spells its tokens otherwise
+    before = [("[BOS]", bos)] if bos is not None else []
+    after = [("[EOS]", eos)] if eos is not None else []
+    return processors.TemplateProcessing(
+        single=[f"{n}:0" for n, _ in before] + ["$A:0"] + [f"{n}:0" for n, _ in after],
+        special_tokens=before + after)
+
+
+def _token(tokens: list[str], meta: dict, which: str) -> int | None:
+    i = meta.get(f"tokenizer.ggml.{which}_token_id")
+    return i if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(tokens) else None
 
 
 def _ints(values, n: int, what: str, path) -> list[int]:

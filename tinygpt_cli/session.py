@@ -39,19 +39,20 @@ class TooLong(InputError):
     """A text longer than the model's context (a command that takes --last says so)."""
 
 
-def encode_last(model: Model, text: str, last: int | None, specials: bool = True
-                ) -> tuple[list[int], int]:
+def encode_last(model: Model, text: str, last: int | None, specials: bool = True,
+                before: int = 0) -> tuple[list[int], int]:
     """(the ids of the text's last `last` tokens, how many tokens before them were dropped):
     --last N. The whole text is tokenised, so the count is the text's own; None: the text
     must fit (encode_checked). `specials` (encode_checked): the tokens the folder's tokenizer
     puts around a text (Gemma's <bos>) are kept and counted among the N, and the text's own
-    tokens are cut, so the model still reads its <bos> first."""
+    tokens are cut, so the model still reads its <bos> first. `before`: how many tokens of
+    the text came before `text`, already left out (a stream's tail, Tokenizer.tail)."""
     if last is None:
         return encode_checked(model, text, specials), 0
     limit = model.config.n_positions
     if not 1 <= last <= limit:
         raise InputError(f"--last {last}: this model reads 1 to {count(limit, 'token')}")
-    tok = model.tokenizer
+    tok, earlier = model.tokenizer, before
     before, after = tok.affix if specials else ([], [])
     room = last - len(before) - len(after)
     if room < 1:
@@ -63,7 +64,7 @@ def encode_last(model: Model, text: str, last: int | None, specials: bool = True
     ids = tok.encode(check_text(text))
     if not ids:
         raise InputError("the text is empty: give at least one character")
-    return [*before, *ids[-room:], *after], max(0, len(ids) - room)
+    return [*before, *ids[-room:], *after], earlier + max(0, len(ids) - room)
 
 
 def encode_checked(model: Model, text: str, specials: bool = True) -> list[int]:
@@ -146,11 +147,11 @@ class Session:
              model: Model | None = None, steering: Hook | None = None,
              interventions: Hook | None = None, changes: dict | None = None,
              ahead: Callable | None = None, last: int | None = None,
-             specials: bool = True) -> Session:
+             specials: bool = True, before: int = 0) -> Session:
         """`last`: keep only the text's last `last` tokens (--last N), the folder's <bos>
         kept before them (encode_last); None: the whole text, which must fit the context."""
         model = model if model is not None else load_model(weights)
-        ids, dropped = encode_last(model, text, last, specials)
+        ids, dropped = encode_last(model, text, last, specials, before)
         if dropped:  # the part read: the text's own tokens kept, without the <bos>
             before, after = model.tokenizer.affix if specials else ([], [])
             text = model.tokenizer.decode(ids[len(before):len(ids) - len(after)])

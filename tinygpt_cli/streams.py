@@ -158,6 +158,45 @@ def read_text(text: str | None, model=None, what: str = "text") -> str:
     return text
 
 
+STDIN_CHUNK = 1 << 18  # bytes read at a time by stdin_chunks (each cut encodes about as much)
+
+
+def stdin_chunks():
+    """stdin's text in pieces of about STDIN_CHUNK, decoded and its newlines made universal
+    as read_text's are (a \r at a piece's end waits for the next piece), so that a caller
+    can keep only part of an endless stream (--last N). InputError for a closed stdin, a
+    terminal, or bytes that are not UTF-8."""
+    import codecs
+
+    if sys.stdin is None:
+        raise InputError("no text: stdin is closed; give the text as an argument")
+    if sys.stdin.isatty():
+        raise InputError("no text: give it as an argument, or pipe it on stdin with '-'")
+    buffer = getattr(sys.stdin, "buffer", None)
+    stream = sys.stdin if buffer is None else buffer  # a StringIO in tests: already text
+    decode = codecs.getincrementaldecoder("utf-8")().decode
+    held, offset = "", 0
+    while True:
+        data = stream.read(STDIN_CHUNK)
+        if buffer is None:
+            text = check_utf8(data, "stdin")
+        else:
+            try:
+                text = decode(data, final=not data)
+            except UnicodeDecodeError as e:
+                raise InputError(f"stdin is not UTF-8 text (byte 0x{e.object[e.start]:02x} "
+                                 f"near offset {offset + e.start}); convert it first, e.g. "
+                                 "with iconv -t UTF-8") from None
+            offset += len(data)
+        text = held + text
+        held = text[-1:] if data and text.endswith("\r") else ""
+        text = text[:len(text) - len(held)]
+        if text:
+            yield text.replace("\r\n", "\n").replace("\r", "\n")
+        if not data:
+            return
+
+
 def _read_stdin(limit: tuple[int, int] | None = None) -> str:
     """stdin as UTF-8 whatever the locale says, universal newlines as Python's text mode;
     with `limit`, read no further than _stdin_text says."""

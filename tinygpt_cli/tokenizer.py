@@ -164,6 +164,22 @@ CHUNK = 1 << 16  # characters: texts longer than this are encoded in pieces
 _BOUNDARY = re.compile(r"(?<=\S)(?= \S)|(?<=\n)(?=\S)")
 
 
+def _last_cut(text: str, at: int) -> int:
+    """The last such boundary at or before `at` (0 when there is none): looked for in a
+    window before `at`, twice as wide each time it holds none."""
+    width = 256
+    while True:
+        lo = max(0, at - width)
+        # the lookbehind sees text before lo; +2: the lookahead's space and non-space
+        found = [m.start() for m in _BOUNDARY.finditer(text, lo, at + 2) if m.start() <= at]
+        if found or lo == 0:
+            return found[-1] if found else 0
+        width *= 2
+
+
+TAIL_MAX = 16 << 20  # characters: the most Tokenizer.tail holds of a text it cannot cut
+
+
 def _cut(text: str, at: int) -> int:
     """The first such boundary at or after `at` (or the end of the text)."""
     m = _BOUNDARY.search(text, at)
@@ -472,6 +488,33 @@ class Tokenizer:
         first = mask.index(0) if 0 in mask else len(mask)
         last = len(mask) - mask[::-1].index(0) if 0 in mask else len(mask)
         self.affix = (probe.ids[:first], probe.ids[last:])
+
+    def tail(self, pieces: Iterable[str], keep: int) -> tuple[str, int]:
+        """(the end of a text given in pieces, how many tokens of encode's come before it):
+        at least its last `keep` characters, from a place no token spans (_BOUNDARY), so
+        its tokens are the text's last ones exactly and the count is the text's own, while
+        no more than about 2 keep characters and a piece are held, however long the text
+        (--last N from an endless stdin). A tokenizer with byte fallback (SentencePiece,
+        whose text is one piece) has no such place: its text is held whole; InputError
+        past TAIL_MAX characters held, for it or for a text with no place to cut."""
+        from .errors import InputError
+
+        text, before = "", 0
+        for piece in pieces:
+            text += piece
+            if len(text) <= 2 * keep + CHUNK:
+                continue
+            at = 0 if self.byte_fallback else _last_cut(text, len(text) - keep)
+            if at > 0:
+                before += len(self.encode(text[:at]))
+                text = text[at:]
+            elif len(text) > TAIL_MAX:
+                why = ("this tokenizer (byte fallback) cannot encode a text's end alone"
+                       if self.byte_fallback else "no place in it where a token cannot span")
+                raise InputError(f"the text on stdin is more than {TAIL_MAX:,} characters "
+                                 f"long and {why}; --last reads at most that much of such a "
+                                 "text: give it shorter")
+        return text, before
 
     def _encode_long(self, text: str) -> list[int]:
         """A long text in pieces cut where the byte-level pre-tokenizer always starts a new

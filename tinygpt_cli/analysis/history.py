@@ -46,6 +46,12 @@ class Snapshot:
 
 
 def history_folder(model: Model) -> Path:
+    """WEIGHTS/history; InputError for a GGUF file, which carries no training snapshots (and
+    a history/ beside it would be some other model's)."""
+    if model.file is not None:
+        raise InputError(f"{model.file} is a GGUF file: it has no training snapshots "
+                         "(history/), which this command reads; pass --weights the float "
+                         "folder it was made from")
     return model.folder / HISTORY
 
 

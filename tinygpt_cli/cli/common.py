@@ -235,8 +235,9 @@ def open_session(context: RunContext, weights: Path | None, text: str | None, *,
     hook, steered = steering(context, model)
     ahead = context.ahead.final_norm if context.ahead is not None else None
     with offering_last(context):
-        s = Session.open(read_whole(context, text, model), model=model, steering=hook,
-                         ahead=ahead, last=context.last, specials=not context.chat)
+        whole, before = read_whole(context, text, model)
+        s = Session.open(whole, model=model, steering=hook, ahead=ahead, last=context.last,
+                         specials=not context.chat, before=before)
     if s.dropped:
         cut(context, s.dropped)
     ablated = []
@@ -255,17 +256,30 @@ def encode_text(context: RunContext, model, text: str | None) -> list[int]:
     from ..session import encode_last
 
     with offering_last(context):
-        ids, dropped = encode_last(model, read_whole(context, text, model), context.last,
-                                   specials=not context.chat)
+        whole, before = read_whole(context, text, model)
+        ids, dropped = encode_last(model, whole, context.last, specials=not context.chat,
+                                   before=before)
     if dropped:
         cut(context, dropped)
     return ids
 
 
-def read_whole(context: RunContext, text: str | None, model) -> str:
-    """read_text: with --last stdin is read whole (without, no further than a text that
-    fits the context)."""
-    return read_text(text, model if context.last is None else None)
+def read_whole(context: RunContext, text: str | None, model) -> tuple[str, int]:
+    """(read_text, how many of the text's tokens were left out before it). Without --last,
+    stdin is read no further than a text that fits the context; with --last N, all of it,
+    but only its end is kept (Tokenizer.tail: enough characters for N tokens of the longest,
+    from where no token spans), the tokens before it counted as they stream past."""
+    from ..streams import stdin_chunks
+
+    if context.last is None or (text is not None and text != "-"):
+        return read_text(text, model if context.last is None else None), 0
+    n = min(max(context.last, 1), model.config.n_positions)  # a wrong N is refused later
+    tail, before = model.tokenizer.tail(stdin_chunks(),
+                                        n * model.tokenizer.longest_token_bytes + 1)
+    tail = tail[:-1] if tail.endswith("\n") else tail  # echo's newline, as read_text drops
+    if not tail and not before:
+        raise InputError("the text is empty: give at least one character")
+    return tail, before
 
 
 @contextlib.contextmanager

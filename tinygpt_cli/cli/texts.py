@@ -362,7 +362,8 @@ def quant(
     from ..session import Session
 
     with offering_last(context):  # no steering: the two models' own runs
-        s = Session.open(read_whole(context, text, model), model=model, last=context.last)
+        whole, before = read_whole(context, text, model)
+        s = Session.open(whole, model=model, last=context.last, before=before)
     if s.dropped:
         cut(context, s.dropped)
     r = qa.quant_report(ref.params, model.params, model.config, s.ids,
