@@ -285,3 +285,31 @@ def test_train_arch_gemma3_makes_a_model_transformers_reads_as_gemma3(tmp_path):
     with torch.no_grad():
         theirs = back.eval()(torch.tensor([IDS])).logits[0].numpy()
     _close(forward(params, config, np.array(IDS)), theirs, "train --arch gemma3")
+
+
+def test_a_hub_style_config_is_read_as_transformers_reads_it():
+    """Gemma 3 270M's config.json as the hub ships it (the older keys: rope_theta,
+    rope_local_base_freq, rope_scaling null, torch_dtype bfloat16), against
+    Gemma3TextConfig's reading of the same keys."""
+    from tinygpt_cli.config import Config
+
+    d = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+         "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
+         "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+         "vocab_size": 262144, "max_position_embeddings": 32768, "rms_norm_eps": 1e-06,
+         "query_pre_attn_scalar": 256, "sliding_window": 512, "_sliding_window_pattern": 6,
+         "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": None,
+         "hidden_activation": "gelu_pytorch_tanh", "attn_logit_softcapping": None,
+         "final_logit_softcapping": None, "torch_dtype": "bfloat16", "bos_token_id": 2,
+         "eos_token_id": 1, "pad_token_id": 0, "tie_word_embeddings": True,
+         "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                         for i in range(18)]}
+    ours = Config.from_dict(d)
+    theirs = transformers.Gemma3TextConfig.from_dict(d)
+    bases = tuple(theirs.rope_parameters[k]["rope_theta"] for k in theirs.layer_types)
+    assert ours.rotary_bases == bases and sorted(set(bases)) == [10000.0, 1000000.0]
+    assert ours.windows == tuple(512 if k == "sliding_attention" else 0
+                                 for k in theirs.layer_types)
+    assert ours.embed_scale == 25.25  # sqrt(640) = 25.298 in bfloat16
+    assert ours.scale == 256 ** -0.5 and ours.d_k == 256 and ours.kv_heads == 1
+    assert Config.from_dict(ours.to_hf_dict()) == ours
