@@ -17,6 +17,7 @@ from cli_helpers import TOKENIZER, assert_one_error_line
 from safetensors.numpy import save_file
 
 from tinygpt_cli.config import arch_config, save_config
+from tinygpt_cli.errors import InputError
 from tinygpt_cli.model import init_params, record
 from tinygpt_cli.weights import load_model, save_params
 
@@ -292,3 +293,33 @@ def test_graph_says_a_cross_layer_transcoder_is_not_taken_yet(cli, llama, tmp_pa
     folder, _ = write_clt(tmp_path)
     assert_one_error_line(cli("graph", TEXT, "--transcoders", folder, "--weights", llama), 2,
                           "cross-layer transcoder", "no command takes one yet")
+
+
+def test_on_gemma_3_the_hooks_are_its_own_modules(cli, tmp_path):
+    """On a Gemma 3 model the norm before the MLP is pre_feedforward_layernorm (its
+    post_attention_layernorm is the norm after attention, never read as ln2), and the MLP's
+    output after its norm, Gemma Scope 2's mlp_out site, is refused by name for now."""
+    model = tmp_path / "gemma"
+    config = arch_config("gemma3", n_embd=D, n_layer=2, n_head=4, n_inner=24,
+                         vocab_size=4096, n_positions=64)
+    save_params(init_params(config, np.random.default_rng(4)), model / "model.safetensors",
+                config)
+    save_config(config, model / "config.json")
+    shutil.copyfile(TOKENIZER, model / "tokenizer.json")
+    gemma = {**SAE_CFG, "model_name": "google/gemma-3-270m"}
+    folder = tmp_path / "resid_post_all" / "layer_1_width_12_l0_small"
+    t = write_dictionary(folder, gemma)
+    x = values(model, TEXT, ["layers.1.resid_post"])["layers.1.resid_post"]
+    r = cli("trace", TEXT, "sae.layers.1.resid_post", "--sae", folder, "--weights", model,
+            "--json")
+    assert r.code == 0, r.err
+    np.testing.assert_allclose(np.asarray(r.json()["data"]), jumprelu(t, x), rtol=1e-4,
+                               atol=1e-5)
+    from tinygpt_cli.analysis.gemmascope import hook_value
+
+    assert hook_value("model.layers.1.pre_feedforward_layernorm.output", config, "x") == \
+        ("ln2.out", 1)
+    for hook, words in [("post_attention_layernorm.output", "not a value tinygpt maps"),
+                        ("post_feedforward_layernorm.output", "layers.0.ln2_post.out")]:
+        with pytest.raises(InputError, match=words):
+            hook_value(f"model.layers.0.{hook}", config, "x")

@@ -316,7 +316,7 @@ CASES = [
      ["--all-heads shows every head and --head 0 picks one"]),
     ("train-arch-unknown", nothing, ["train", "--data", "{data}", "--out", "{tmp}/new",
                                      "--arch", "mamba"], 2,
-     ["--arch must be one of gpt2, neo, neox, llama, not 'mamba'"]),
+     ["--arch must be one of gpt2, neo, neox, llama, gemma3, not 'mamba'"]),
     ("train-resume-and-init", nothing, ["train", "--data", "{data}", "--out", "{run}",
                                         "--resume", "--init", "{tiny}"], 2,
      ["--resume continues ", "/run, --init ", " starts from other weights: give one of them"]),

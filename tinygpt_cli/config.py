@@ -45,6 +45,10 @@ class Config:
     attn_scale: float = 0.0  # scores = q k * attn_scale; 0: 1 / sqrt(d_k); GPT-Neo: 1
     windows: tuple[int, ...] = ()  # per block, the keys a query sees (0: all); (): all, everywhere
     qk_norm: bool = False  # an RMSNorm on each head's q and k (Qwen3)
+    # a norm after attention and one after the MLP, each before its residual add (Gemma 3)
+    post_norms: bool = False
+    rotary_bases: tuple[float, ...] = ()  # per block, its rotary base; (): rotary_base, everywhere
+    embed_scale: float = 0.0  # the token embeddings times this (Gemma: sqrt(d)); 0: not scaled
     qkv_bias: bool = True  # biases on q, k, v
     out_bias: bool = True  # a bias on the attention output
     mlp_bias: bool = True  # biases on the MLP's products
@@ -53,7 +57,8 @@ class Config:
     unused: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("windows", "rope_scaling"):  # as a JSON record (a checkpoint's) gives them
+        # as a JSON record (a checkpoint's) gives them
+        for name in ("windows", "rope_scaling", "rotary_bases"):
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         for name, allowed in ARCHITECTURES.items():
@@ -107,6 +112,16 @@ class Config:
                              or not all(is_int(w) and w >= 0 for w in self.windows)):
             raise ValueError(f"config: windows must give one whole number per block "
                              f"({self.n_layer}), got {shown(self.windows)}")
+        if self.rotary_bases and (len(self.rotary_bases) != self.n_layer or not all(
+                is_number(b) and 0 < b < 1e30 for b in self.rotary_bases)):
+            raise ValueError(f"config: rotary_bases must give one positive number per block "
+                             f"({self.n_layer}), got {shown(self.rotary_bases)}")
+        if not is_number(self.embed_scale) or not 0 <= self.embed_scale < 1e30:
+            raise ValueError(f"config: embed_scale must be a finite number, got "
+                             f"{shown(self.embed_scale)}")
+        if self.post_norms and self.parallel:
+            raise ValueError("config: norms after the branches of a parallel block are not "
+                             "implemented")
         if len(self.rope_scaling) not in (0, 1, 4) or not all(
                 is_number(v) and v > 0 for v in self.rope_scaling):
             raise ValueError(f"config: rope_scaling must be (), (factor,) or llama3's four "
@@ -139,6 +154,11 @@ class Config:
         """How many keys back a query of block `layer` sees, itself included (0: all)."""
         return self.windows[layer] if self.windows else 0
 
+    def rotary_base_of(self, layer: int) -> float:
+        """The rotary base of block `layer` (Gemma 3: one for its local blocks, one for its
+        global ones)."""
+        return self.rotary_bases[layer] if self.rotary_bases else self.rotary_base
+
     def to_hf_dict(self) -> dict:
         """The config.json of this model's family, as `transformers` reads it."""
         from .families import family
@@ -161,7 +181,8 @@ class Config:
 ARCHITECTURES = {"norm": ("layer", "rms"), "positions": ("learned", "rotary"),
                  "mlp": ("gelu", "gated"), "act": ("gelu_new", "gelu", "silu"),
                  "tied": (True, False), "parallel": (False, True),
-                 "qk_norm": (False, True), "qkv_bias": (True, False), "out_bias": (True, False),
+                 "qk_norm": (False, True), "post_norms": (False, True),
+                 "qkv_bias": (True, False), "out_bias": (True, False),
                  "mlp_bias": (True, False)}
 
 # The largest size the loader accepts: far above GPT-2 XL (48 blocks of 1,600 numbers, 50,257
@@ -240,9 +261,14 @@ def arch_config(arch: str, **sizes) -> Config:
     (unscaled scores, every other block local, seeing the last n_positions / 2 keys);
     GPT-NeoX's (rotary on a quarter of each head, parallel blocks, exact GELU, untied head, as
     Pythia); Llama's (RMSNorm, rotary, SwiGLU, half as many key/value heads, no biases,
-    tied as SmolLM2)."""
+    tied as SmolLM2); Gemma 3's (Llama's with four norms a block, q/k norms, one key/value
+    head, GeGLU, five of six blocks local to n_positions / 2 keys with base 10,000, the rest
+    1,000,000, the embeddings times sqrt(d) in float32)."""
+    from .families.gemma3 import rounded
+
     n_layer, n_head = sizes.get("n_layer", 4), sizes.get("n_head", 4)
     d_k = sizes.get("n_embd", 128) // n_head if n_head else 0
+    full = [(i + 1) % 6 == 0 for i in range(n_layer)]
     knobs = {
         "gpt2": {},
         "neo": dict(model_type="gpt_neo", attn_scale=1.0, qkv_bias=False,
@@ -253,6 +279,14 @@ def arch_config(arch: str, **sizes) -> Config:
         "llama": dict(model_type="llama", norm="rms", positions="rotary", mlp="gated",
                       act="silu", n_kv_head=n_head // 2 if n_head % 2 == 0 else 0,
                       qkv_bias=False, out_bias=False, mlp_bias=False),
+        "gemma3": dict(model_type="gemma3_text", norm="rms", positions="rotary", mlp="gated",
+                       act="gelu_new", n_kv_head=1, qk_norm=True, post_norms=True,
+                       attn_scale=float(d_k) ** -0.5 if d_k else 0.0,
+                       windows=tuple(0 if f else max(1, sizes.get("n_positions", 128) // 2)
+                                     for f in full),
+                       rotary_base=1e6, rotary_bases=tuple(1e6 if f else 1e4 for f in full),
+                       embed_scale=rounded(sizes.get("n_embd", 128) ** 0.5, "float32"),
+                       qkv_bias=False, out_bias=False, mlp_bias=False),
     }
     if arch not in knobs:
         raise ValueError(f"--arch must be one of {', '.join(knobs)}, not {shown(arch)}")

@@ -115,10 +115,11 @@ class KVCache:
 # ------------------------------------------------------------------ the forward pass, by card
 
 
-def embed(params, ids: np.ndarray, start: int, hooks: Hook) -> np.ndarray:
-    """Cards 1-3: ids -> their rows of W_E, plus the rows of W_P for their positions (a
-    rotary model has no W_P: its positions turn q and k in attention)."""
-    tok = hooks("token_embeddings", ops.embedding(params["embed.W_E"], ids))  # [T, d]
+def embed(params, ids: np.ndarray, start: int, hooks: Hook, scale: float = 0.0) -> np.ndarray:
+    """Cards 1-3: ids -> their rows of W_E (times `scale`, Gemma's sqrt(d), when given),
+    plus the rows of W_P for their positions (a rotary model has no W_P: its positions turn
+    q and k in attention)."""
+    tok = hooks("token_embeddings", ops.scaled_embedding(params["embed.W_E"], ids, scale))
     if "embed.W_pos" not in params:
         return hooks("embeddings", tok)
     pos = hooks("position_embeddings",
@@ -139,8 +140,8 @@ def embed_backward(g: Gradients, dh: np.ndarray) -> None:
         return
     if learned:
         g.grads["embed.W_pos"] = ops.position_embedding_backward(demb, g.params["embed.W_pos"])
-    g.grads["embed.W_E"] = g.grads.get("embed.W_E", 0) + ops.embedding_backward(
-        demb, g.params["embed.W_E"], g.values["ids"])
+    g.grads["embed.W_E"] = g.grads.get("embed.W_E", 0) + ops.scaled_embedding_backward(
+        demb, g.params["embed.W_E"], g.values["ids"], g.config.embed_scale)
 
 
 def norm(params, config: Config, x: np.ndarray, name: str, hooks: Hook) -> np.ndarray:
@@ -552,7 +553,7 @@ def forward(
     with np.errstate(all="ignore"):
         try:
             hk("ids", ids)
-            h = embed(params, ids, start, hk)
+            h = embed(params, ids, start, hk, config.embed_scale)
             if dropout is not None:
                 h = dropout("embeddings", h)
             for i in range(config.n_layer):
@@ -590,7 +591,7 @@ def run_to_final_norm(params, config: Config, ids, per_text: bool = True) -> np.
         raise ValueError(f"{ids.shape[-1]} tokens is more than the model's limit of "
                          f"{config.n_positions}")
     with np.errstate(all="ignore"):
-        h = embed(params, ids, 0, _no_hooks)  # [B, T, d]
+        h = embed(params, ids, 0, _no_hooks, config.embed_scale)  # [B, T, d]
         for i in range(config.n_layer):
             h = block(params, config, i, h, None, None, 0, None, per_text=per_text)
         return norm(params, config, h, "ln_final", _no_hooks)
@@ -776,7 +777,7 @@ class Decoder:
                              f"{c.n_positions}")
         ids = np.asarray([token])
         with np.errstate(all="ignore"):
-            h = ops.embedding(p["embed.W_E"], ids)
+            h = ops.scaled_embedding(p["embed.W_E"], ids, c.embed_scale)
             if "embed.W_pos" in p:
                 h = h + ops.position_embedding(p["embed.W_pos"], 1, start)
             for b in self.blocks:
@@ -908,6 +909,12 @@ def run_traced(params, config: Config, ids, *, hooks: Hook | None = None, tokens
 def token_table(params) -> np.ndarray:
     """W_E [V, d]: each token's row, as the embedding reads it."""
     return params["embed.W_E"]
+
+
+def token_embeddings_of(params, config: Config, ids) -> np.ndarray:
+    """The token embeddings of ids [..., T] as the pass makes them (`token_embeddings`):
+    their rows of W_E, times Gemma's scale."""
+    return ops.scaled_embedding(params["embed.W_E"], np.asarray(ids), config.embed_scale)
 
 
 def position_table(params) -> np.ndarray:

@@ -29,6 +29,20 @@ def embedding_backward(dout: np.ndarray, table: np.ndarray, ids: np.ndarray) -> 
     return dtable
 
 
+def scaled_embedding(table: np.ndarray, ids: np.ndarray, scale: float) -> np.ndarray:
+    """x_i = W_E[t_i] * scale, multiplied in the table's precision (0: not scaled). Gemma's
+    scale is sqrt(d) as its weights' dtype holds it: transformers rounds the scalar to that
+    dtype first (in bfloat16, sqrt(640) = 25.298 becomes 25.25), and the converter gives it
+    rounded so."""
+    rows = table[ids]
+    return rows * rows.dtype.type(scale) if scale else rows
+
+
+def scaled_embedding_backward(dout: np.ndarray, table: np.ndarray, ids: np.ndarray,
+                              scale: float) -> np.ndarray:
+    return embedding_backward(dout * dout.dtype.type(scale) if scale else dout, table, ids)
+
+
 def position_embedding(positions: np.ndarray, t: int, start: int = 0) -> np.ndarray:
     """Rows start .. start+t-1 of the position table.  [n_ctx, d] -> [t, d]"""
     return positions[start : start + t]

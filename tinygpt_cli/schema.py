@@ -35,7 +35,8 @@ class Value(NamedTuple):  # not a frozen dataclass: built on every command's sta
 VALUES: list[Value] = [
     Value("ids", "T", 1, "token ids", seed="ids"),
     Value("tokens", "T", 1, "each token's text", kind="derived"),
-    Value("token_embeddings", "T d", 2, "W_E[ids], each id's row of the embedding table",
+    Value("token_embeddings", "T d", 2, "W_E[ids], each id's row of the embedding table "
+          "(Gemma: times sqrt(d))",
           "hook_embed", "tokenEmbeddings"),
     Value("position_embeddings", "T d", 3, "W_P[0..T-1], each position's row",
           "hook_pos_embed", "positionEmbeddings", needs="learned"),
@@ -72,6 +73,14 @@ VALUES: list[Value] = [
     Value("layers.L.heads.H.out", "T d_k", 5, "head H's output, weights V"),
     Value("layers.L.attn_out", "T d", 5, "all heads merged and projected by c_proj",
           "blocks.L.hook_attn_out"),
+    Value("layers.L.ln1_post.mean", "T 1", 4, "each token's mean, removed by the norm after "
+          "attention", needs="post_layer"),
+    Value("layers.L.ln1_post.std", "T 1", 4, "each token's sqrt(var + eps), divided out by "
+          "the norm after attention", needs="post_layer"),
+    Value("layers.L.ln1_post.rms", "T 1", 4, "each token's sqrt(mean(x^2) + eps), divided out "
+          "by the norm after attention (Gemma)", needs="post_rms"),
+    Value("layers.L.ln1_post.out", "T d", 4, "the norm of attn_out, added to the stream "
+          "(Gemma)", needs="post_out"),
     Value("layers.L.resid_mid", "T d", 4, "resid_pre + attn_out (add)",
           "blocks.L.hook_resid_mid", needs="sequential"),
     Value("layers.L.ln2.mean", "T 1", 4, "each token's mean, removed by ln2", needs="layer"),
@@ -89,6 +98,14 @@ VALUES: list[Value] = [
           "act(mlp_pre) * mlp_up)", "blocks.L.mlp.hook_post"),
     Value("layers.L.mlp_out", "T d", 6, "mlp_post W_2 + b_2", "blocks.L.hook_mlp_out",
           "layers[L].mlpOut"),
+    Value("layers.L.ln2_post.mean", "T 1", 6, "each token's mean, removed by the norm after "
+          "the MLP", needs="post_layer"),
+    Value("layers.L.ln2_post.std", "T 1", 6, "each token's sqrt(var + eps), divided out by "
+          "the norm after the MLP", needs="post_layer"),
+    Value("layers.L.ln2_post.rms", "T 1", 6, "each token's sqrt(mean(x^2) + eps), divided out "
+          "by the norm after the MLP (Gemma)", needs="post_rms"),
+    Value("layers.L.ln2_post.out", "T d", 6, "the norm of mlp_out, added to the stream "
+          "(Gemma)", needs="post_out"),
     Value("layers.L.resid_post", "T d", 7, "resid_mid + mlp_out, the block's output",
           "blocks.L.hook_resid_post"),
     Value("layers.length", "", 7, "how many blocks", seed="layers.length", kind="derived"),
@@ -121,6 +138,8 @@ PARAMS: list[tuple[str, str, str, str]] = [
     ("layers.L.attn.k_norm.w", "d_k", "the scale of each head's RMSNorm of k", "qk_norm"),
     ("layers.L.attn.W_O", "Hd_k d", "W_O: merged heads back into the stream", ""),
     ("layers.L.attn.b_O", "d", "its bias", "out_bias"),
+    ("layers.L.ln1_post.w", "d", "the scale of the norm after attention", "post_norms"),
+    ("layers.L.ln1_post.b", "d", "its shift", "post_shift"),
     ("layers.L.ln2.w", "d", "ln2's scale", ""),
     ("layers.L.ln2.b", "d", "ln2's shift", "layer"),
     ("layers.L.mlp.W_gate", "d ff", "W_gate, the gated MLP's gate", "gated"),
@@ -128,6 +147,8 @@ PARAMS: list[tuple[str, str, str, str]] = [
     ("layers.L.mlp.b_in", "ff", "b_1", "mlp_bias"),
     ("layers.L.mlp.W_out", "ff d", "W_2", ""),
     ("layers.L.mlp.b_out", "d", "b_2", "mlp_bias"),
+    ("layers.L.ln2_post.w", "d", "the scale of the norm after the MLP", "post_norms"),
+    ("layers.L.ln2_post.b", "d", "its shift", "post_shift"),
     ("ln_final.w", "d", "the final norm's scale", ""),
     ("ln_final.b", "d", "the final norm's shift", "layer"),
     ("unembed.W_U", "V d", "the output head's rows, when not tied to W_E", "untied"),
@@ -147,7 +168,21 @@ NEEDS = {
     "mlp_bias": lambda c: c.mlp_bias,
     "qk_norm": lambda c: c.qk_norm,
     "untied": lambda c: not c.tied,
+    # the parameters as the config has them; the values as its blocks' steps compute them
+    "post_norms": lambda c: c.post_norms,
+    "post_shift": lambda c: c.post_norms and c.norm == "layer",
+    "post_out": lambda c: _post_normed(c),
+    "post_rms": lambda c: _post_normed(c) and c.norm == "rms",
+    "post_layer": lambda c: _post_normed(c) and c.norm == "layer",
 }
+
+
+def _post_normed(config: Config) -> bool:
+    """Its blocks have a norm after a branch (Gemma's): as the wiring states the block."""
+    from . import wiring
+
+    return any(s.op == "norm" and s.reads[0] in ("attn_out", "mlp_out")
+               for s in wiring.describe(config, 0).steps)
 
 
 def has(value: Value, config: Config) -> bool:
@@ -338,6 +373,9 @@ WITHOUT = {
     "sequential": "its attention and MLP both read resid_pre (a parallel block), so there is "
                   "no resid_mid",
     "gated": "its MLP is not gated: mlp_pre goes through the activation alone",
+    "post_out": "its blocks have no norm after attention or after the MLP (Gemma's)",
+    "post_rms": "its blocks have no RMSNorm after attention or after the MLP",
+    "post_layer": "its blocks have no LayerNorm after attention or after the MLP",
 }
 
 

@@ -147,17 +147,62 @@ class Trace:
             if i == last:
                 break
             b = describe(cfg, i)
-            # what the block's adds put on the stream (a branch that is not a sublayer's own
-            # output, a norm after it, has no such parts: the analyses that read them refuse
-            # that step by name first, wiring.require)
+            # what the block's adds put on the stream: each sublayer's output, or (Gemma) a
+            # norm of it, whose scale at this run is frozen so that the parts still add up
+            post = self.post_norms(i)
             added = {v for v, _ in b.added()}
-            if added != {"attn_out", "mlp_out"}:
+            if added != {f"{post[v]}.out" if v in post else v for v in ("attn_out", "mlp_out")}:
                 raise ValueError(f"block {i} adds {sorted(added)} to its stream, not the "
                                  "attention's and the MLP's outputs: no parts to split")
+            first = len(parts)
             heads(i)
+            self._through_post_norm(params, i, "attn_out", parts, labels, first, position)
+            first = len(parts)
             labels.append(mlp_name(i))
             parts.append(at(self.get(f"layers.{i}.mlp_out")))
+            self._through_post_norm(params, i, "mlp_out", parts, labels, first, position)
         return labels, np.stack([np.asarray(p, dtype=np.float64) for p in parts])
+
+    def post_norms(self, i: int) -> dict[str, str]:
+        """Block i's norms after a branch (Gemma's), branch -> the norm's name."""
+        from .wiring import describe
+
+        return {s.reads[0]: s.name for s in describe(self.config, i).steps
+                if s.op == "norm" and s.reads[0] in ("attn_out", "mlp_out")}
+
+    def frozen_post_norm(self, params, i: int, branch: str, x, position: int | None = None):
+        """x [.., d], a part of block i's `branch` (attn_out, mlp_out), as the norm after that
+        branch passes it on with its std (rms) held at this run's: centred (LayerNorm) or
+        not, divided, times the scale; unchanged with no such norm. Linear in x, so the
+        parts of a branch through it add up to the norm's output, less its bias."""
+        from .model import norm_weights
+
+        name = self.post_norms(i).get(branch)
+        if name is None:
+            return x
+        path = f"layers.{i}.{name}"
+        w = np.asarray(norm_weights(params, path)[0], np.float64)
+        rms = self.config.norm == "rms"
+        s = np.asarray(self.get(path + (".rms" if rms else ".std")), np.float64)
+        s = s if position is None else s[..., position, :]
+        x = np.asarray(x, np.float64)
+        return (x if rms else x - x.mean(axis=-1, keepdims=True)) / s * w
+
+    def _through_post_norm(self, params, i, branch, parts, labels, first, position) -> None:
+        """parts[first:] (one branch's) through its norm, and that norm's bias a part of its
+        own."""
+        name = self.post_norms(i).get(branch)
+        if name is None:
+            return
+        from .model import norm_weights
+
+        for k in range(first, len(parts)):
+            parts[k] = self.frozen_post_norm(params, i, branch, parts[k], position)
+
+        bias = norm_weights(params, f"layers.{i}.{name}")[1]
+        if bias is not None:
+            labels.append(f"L{i}.{name}_bias")
+            parts.append(np.broadcast_to(np.asarray(bias, np.float64), parts[0].shape))
 
     def get(self, path: str, default=_MISSING):
         """The value at `path`: an array, the token strings, or layers.length (an int). A path

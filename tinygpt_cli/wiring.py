@@ -75,6 +75,7 @@ class Block:
     attention: Attention
     mlp: str  # gelu (plain) | gated
     act: str
+    embedding: str = "plain"  # plain: W_E's rows enter the stream | scaled: times a number
 
     @property
     def out(self) -> str:
@@ -123,7 +124,8 @@ class Block:
                 "norm": (self.norm,), "mlp": (self.mlp,), "act": (self.act,),
                 "qk_norm": (a.qk_norm,), "positions": ("rotary" if a.rotary else "learned",),
                 "window": ("local" if a.window else "all",),
-                "kv_groups": ("grouped" if a.groups > 1 else "per head",)}
+                "kv_groups": ("grouped" if a.groups > 1 else "per head",),
+                "embedding": (self.embedding,)}
 
 
 SEQUENTIAL = (
@@ -145,6 +147,22 @@ PARALLEL = (
 )
 
 
+# Gemma 3: a norm after attention (ln1_post) and one after the MLP (ln2_post), each on its
+# branch before the add
+POST_NORMED = (
+    Step("norm", "ln1.out", ("resid_pre",), "ln1", what="norm before attention"),
+    Step("attention", "attn_out", ("ln1.out",), what="attention"),
+    Step("norm", "ln1_post.out", ("attn_out",), "ln1_post", dropped=True,
+         what="norm after attention"),
+    Step("add", "resid_mid", ("resid_pre", "ln1_post.out"), what="residual add"),
+    Step("norm", "ln2.out", ("resid_mid",), "ln2", what="norm before the MLP"),
+    Step("mlp", "mlp_out", ("ln2.out",), what="mlp"),
+    Step("norm", "ln2_post.out", ("mlp_out",), "ln2_post", dropped=True,
+         what="norm after the MLP"),
+    Step("add", "resid_post", ("resid_mid", "ln2_post.out"), what="residual add"),
+)
+
+
 def describe(config: Config, i: int) -> Block:
     """Block i of a model with this config: the one description every pass follows. Made
     once per Config object and kept on it (a pure function of its fields: a copy made by
@@ -158,11 +176,12 @@ def describe(config: Config, i: int) -> Block:
 
 
 def _describe(config: Config, i: int) -> Block:
-    return Block(PARALLEL if config.parallel else SEQUENTIAL, config.norm,
-                 Attention(config.qk_norm, config.rotary, config.rotary_base,
+    steps = PARALLEL if config.parallel else POST_NORMED if config.post_norms else SEQUENTIAL
+    return Block(steps, config.norm,
+                 Attention(config.qk_norm, config.rotary, config.rotary_base_of(i),
                            config.rope_scaling, config.window(i),
                            config.n_head // config.kv_heads, config.attn_scale),
-                 config.mlp, config.act)
+                 config.mlp, config.act, "scaled" if config.embed_scale else "plain")
 
 
 def blocks(config: Config) -> list[Block]:
@@ -245,6 +264,7 @@ FAMILIES: dict[str, tuple] = {
     "positions": ("learned", "rotary"),
     "window": ("all", "local"),
     "kv_groups": ("per head", "grouped"),
+    "embedding": ("plain", "scaled"),
 }
 
 # What an analysis written for the families' blocks handles: their knob values and steps.

@@ -23,7 +23,7 @@ import numpy as np
 from ..config import Config
 from ..errors import InputError
 from ..hooks import Replace
-from ..model import backward, cut_head, record, token_table
+from ..model import backward, cut_head, record, token_embeddings_of
 from ..wiring import FORWARD
 from ..words import count
 from .dla import steering
@@ -47,7 +47,7 @@ def gradients(params, config: Config, ids: Sequence[int], position: int, target:
     embeddings enter through a hook, so the passes never touch the 4,096-row table. `steer`
     (hooks.Steering) adds its shift to its site, times `amounts` [N] for a batch (default 1).
     """
-    x = token_table(params)[np.asarray(ids)] if token_embeddings is None else token_embeddings
+    x = token_embeddings_of(params, config, ids) if token_embeddings is None else token_embeddings
     rows = [target] + ([vs] if vs is not None else [])
     head = cut_head(params, rows)
     zeros = np.zeros(x.shape[:-1], dtype=np.int64)
@@ -118,7 +118,7 @@ def integrated_gradients(params, config, ids, position, target, vs=None, *, step
     A steered run's steering grows along the same line, from none at the baseline to all of
     it at the input, and gets its own term: the terms add up to f(input, steered) -
     f(baseline, unsteered)."""
-    x = token_table(params)[np.asarray(ids)]  # [T, d]
+    x = token_embeddings_of(params, config, ids)  # [T, d]
     b = np.zeros_like(x) if baseline is None else np.asarray(baseline, x.dtype)
     alphas = (np.arange(steps) + 0.5) / steps
     total = np.zeros(x.shape, np.float64)
@@ -198,6 +198,6 @@ def attribution_report(session, position: int, target: str | None, vs: str | Non
             raise InputError(f"the --baseline text is {count(b.T, 'token')} and the text "
                              f"{session.T}: integrated gradients need the same number of "
                              "tokens")
-        base = token_table(session.params)[np.asarray(b.ids)]
+        base = token_embeddings_of(session.params, session.config, b.ids)
     return AttributionReport(q, integrated_gradients(*args, steps=steps, baseline=base,
                                                      steer=steer))

@@ -282,7 +282,7 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
         base[graph.receiver_stage >= 2 * entry + 1] += np.asarray(steer.shift, np.float64)
     diff = np.zeros((b, s_count, t, config.n_embd))  # run[u] - fixed[u], stage by stage
     if start == 0:
-        diff[:, 0] = embed(params, ids, 0, _identity) - fixed[0]
+        diff[:, 0] = embed(params, ids, 0, _identity, config.embed_scale) - fixed[0]
     else:
         s0 = head_index(config, start, 0) if start < config.n_layer else s_count
         diff[:, :s0] = known[:s0] - fixed[:s0]
@@ -408,7 +408,7 @@ def prepare(params, config: Config, clean_ids, corrupt_ids, target: int, vs: int
 
 def _embeddings(pair: Pair, ids: np.ndarray) -> np.ndarray:
     """The embeddings as the model makes them (a rotary model's: the token rows alone)."""
-    return embed(pair.params, ids, 0, _identity)
+    return embed(pair.params, ids, 0, _identity, pair.config.embed_scale)
 
 
 def edge_products(pair: Pair, gradients: np.ndarray) -> np.ndarray:

@@ -21,12 +21,12 @@ from ..config import Config
 from ..model import neuron_out_rows, norm_weights, unembed_rows
 from ..schema import head_name
 from ..trace import Trace
-from ..wiring import FAMILY_BLOCKS
+from ..wiring import FAMILIES, handles
 
 # The blocks this analysis implements (wiring.require refuses others by name): the stream split
-# into heads' and MLPs' outputs added to it as they are (Trace.residual_parts): a norm after a
-# branch is no such sum.
-HANDLES = FAMILY_BLOCKS
+# into heads' and MLPs' outputs (Trace.residual_parts), each through the norm after its branch
+# (Gemma's) with that norm's scale frozen at the run, so the parts still add up.
+HANDLES = handles(step=FAMILIES["step"] + ("norm after attention", "norm after the MLP"))
 
 BIAS_ROW = "ln_final.bias"
 
@@ -93,6 +93,7 @@ def neuron_values(trace: Trace, params, config: Config, layer: int, position: in
     """
     w2 = neuron_out_rows(params, layer).astype(np.float64)  # [ff, d]
     post = trace.get(f"layers.{layer}.mlp_post")[position].astype(np.float64)  # [ff]
+    w2 = trace.frozen_post_norm(params, layer, "mlp_out", w2, position)  # Gemma's, frozen
     read = attribute_parts(w2, scale, gain, direction,  # [ff]: one unit of each neuron
                            config.norm == "layer")
     return post * read

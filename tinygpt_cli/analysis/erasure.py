@@ -22,7 +22,7 @@ import numpy as np
 
 from ..config import Config
 from ..hooks import Chain, Replace
-from ..model import cut_head, forward, token_table
+from ..model import cut_head, forward, token_embeddings_of
 
 RANDOM_ORDERS = 20
 
@@ -34,7 +34,7 @@ def erased_scores(params, config: Config, ids: Sequence[int], position: int, tar
     baseline's), in one batch, each run steered by `steer` when given: [N]."""
     ids = np.asarray(ids)[: position + 1]
     keep = np.asarray(keep, bool)[:, : position + 1]
-    x = token_table(params)[ids].astype(np.float64)
+    x = token_embeddings_of(params, config, ids).astype(np.float64)
     b = np.zeros_like(x) if baseline is None else np.asarray(baseline, np.float64)[
         : position + 1]
     tokens = np.where(keep[..., None], x[None], b[None])  # [N, T, d]
@@ -84,7 +84,8 @@ def erasure_of(s, r, position: int, target: int, vs: int | None, baseline: str |
     """`attribute --faithfulness`: the curves of attribution r's ranking in session s
     (attention-x-grad's scores summed over its heads), a token erased to the token
     embedding of the `baseline` text (as many tokens) or to zeros; (curves, the scores)."""
-    base = None if baseline is None else token_table(s.params)[s.reopen(baseline).ids]
+    base = None if baseline is None else token_embeddings_of(s.params, s.config,
+                                                     s.reopen(baseline).ids)
     scores = r.scores.reshape(-1, r.scores.shape[-1]).sum(axis=0)
     return erasure(s.params, s.config, s.ids, position, target, vs, scores, r.method, base,
                    steer=s.steering), scores

@@ -54,6 +54,8 @@ MODULES = {"gpt2": ("transformer.h", "ln_2", "attn.c_proj"),
            "gpt_neo": ("transformer.h", "ln_2", "attn.attention.out_proj"),
            "gpt_neox": ("gpt_neox.layers", "post_attention_layernorm", "attention.dense"),
            "llama": ("model.layers", "post_attention_layernorm", "self_attn.o_proj"),
+           # Gemma 3's post_attention_layernorm is its norm after attention, not before the MLP
+           "gemma3_text": ("model.layers", "pre_feedforward_layernorm", "self_attn.o_proj"),
            "qwen2": ("model.layers", "post_attention_layernorm", "self_attn.o_proj"),
            "qwen3": ("model.layers", "post_attention_layernorm", "self_attn.o_proj")}
 GEMMA_MODULES = {"pre_feedforward_layernorm": "Gemma 2 and 3's norm before the MLP",
@@ -115,7 +117,12 @@ def hook_value(hook, config: Config, where: str) -> tuple[str, int]:
         raise InputError(f"{where}: {hook!r} is in block {layer}; this model has "
                          f"{config.n_layer}")
     module = rest.rsplit(".", 1)[0]
-    if module in GEMMA_MODULES:
+    gemma = config.model_type.startswith("gemma")
+    if gemma and rest == "post_feedforward_layernorm.output":
+        raise InputError(f"{where}: {hook!r} is Gemma's MLP output after its norm "
+                         f"(layers.{layer}.ln2_post.out): tinygpt's SAEs and transcoders do "
+                         "not read that site yet")
+    if module in GEMMA_MODULES and not gemma:
         raise InputError(f"{where}: {hook!r}: this {config.model_type} model has no "
                          f"{module} ({GEMMA_MODULES[module]}): the dictionary was made for "
                          "a Gemma model")

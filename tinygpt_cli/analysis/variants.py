@@ -15,7 +15,7 @@ import numpy as np
 
 from ..config import Config
 from ..hooks import Chain, Replace
-from ..model import cut_head, forward, token_table
+from ..model import cut_head, forward, token_embeddings_of, token_table
 
 Edit = Callable[[np.ndarray], np.ndarray]
 Variant = Mapping[str, Edit]
@@ -66,7 +66,7 @@ def run_variants(params: dict[str, np.ndarray], config: Config, ids: Sequence[in
     ids = ids[: position + 1]
     first = None
     if rows is not None:
-        x = token_table(params)[ids]
+        x = token_embeddings_of(params, config, ids)
         params = cut_head(params, rows)
         first = Replace({"token_embeddings": lambda _: x})
         ids = np.zeros_like(ids)

@@ -90,7 +90,8 @@ def train_cmd(
     vocab_size: int = VOCAB_SIZE,
     n_positions: int = typer.Option(128, "--n-positions"),
     arch: str = typer.Option("gpt2", "--arch", help="The block's family: gpt2, neo (GPT-Neo), "
-                             "neox (GPT-NeoX, Pythia) or llama (Llama, SmolLM2)."),
+                             "neox (GPT-NeoX, Pythia), llama (Llama, SmolLM2) or "
+                             "gemma3 (Gemma 3)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.npz. "
                                 "A finished run given more --steps starts a new warm-up and "
                                 "cosine cycle from its last step."),

@@ -23,12 +23,16 @@ from types import ModuleType
 
 # model_type -> module; imported when first asked for (start-up reads one config)
 KNOWN = {"gpt2": "gpt2", "gpt_neo": "gpt_neo", "gpt_neox": "gpt_neox", "llama": "llama",
-         "qwen2": "llama", "qwen3": "llama"}
+         "qwen2": "llama", "qwen3": "llama", "gemma3_text": "gemma3"}
 
 
 def family(model_type: str) -> ModuleType:
     import importlib
 
+    if model_type == "gemma3":
+        raise ValueError("config: model_type 'gemma3' is Gemma 3 with its vision tower "
+                         "(Gemma3ForConditionalGeneration); tinygpt reads the text model alone "
+                         "(model_type 'gemma3_text', Gemma3ForCausalLM)")
     if model_type not in KNOWN:
         shown = model_type if isinstance(model_type, str) else type(model_type).__name__
         raise ValueError(f"config: model_type {shown!r} is not a family tinygpt reads "
