@@ -331,3 +331,36 @@ def test_trace_in_a_pipe_fits_the_pipe_width(cli, monkeypatch):
         check_fits(r.out, PIPE_WIDTH, path)
     r = cli("trace", LONG, "--list")
     check_fits(r.out, PIPE_WIDTH, "--list")
+
+
+def test_a_pipe_read_at_a_terminal_fits_that_terminal(cli, monkeypatch):
+    """trace TEXT PATH | head at a 60-column terminal: stdout is a pipe, stderr still the
+    terminal it is read at, so every line fits 60 columns, not the 120 of a file."""
+    import os
+    import sys
+
+    from tinygpt_cli.render import output
+
+    class Terminal:  # the stderr of a command typed at a terminal
+        def __init__(self, stream):
+            self.stream = stream
+
+        def isatty(self):
+            return True
+
+        def fileno(self):
+            return 2
+
+        def __getattr__(self, name):
+            return getattr(self.stream, name)
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(output.os, "get_terminal_size",
+                        lambda fd=1: os.terminal_size((60, 24)))
+    assert output.pipe_width() == output.PIPE_WIDTH  # stderr captured: no terminal
+    monkeypatch.setattr(sys, "stderr", Terminal(sys.stderr))
+    assert output.pipe_width() == 60
+    for path in ("layers.0.heads.0.weights", "layers.0.resid_post", "logits[-1]"):
+        r = cli("trace", LONG + " " + LONG, path)
+        assert r.code == 0, r.err
+        check_fits(r.out, 60, path)

@@ -195,7 +195,7 @@ def check_default(path: Path, force: bool, option: str | None = "--out") -> None
 
 def stdout(context: RunContext, width: int | None = None) -> Console:
     """Markup and highlighting off: text from the user or the model is shown literally.
-    The width is the terminal's, or $COLUMNS, or PIPE_WIDTH for a pipe. Nothing is printed
+    The width is the terminal's, or $COLUMNS, or pipe_width() for a pipe. Nothing is printed
     under --quiet; the first console of a changed run prints what was changed."""
     from .quick_table import QuickConsole as Console  # a view in a pipe laid out directly
 
@@ -209,7 +209,7 @@ def stdout(context: RunContext, width: int | None = None) -> Console:
     # the width set on the console made (as if it were made with it: one Console, not two,
     # for each view of --each-line's thousands)
     if width is None and not console.is_terminal and not _columns():
-        console.width = PIPE_WIDTH
+        console.width = pipe_width()
     elif width is None and console.width < MIN_WIDTH:  # COLUMNS=0 on a terminal: no view
         console.width = TERMINAL_WIDTH
     return console
@@ -288,7 +288,19 @@ def plain_width(context: RunContext) -> int | None:
             return None
     except (AttributeError, ValueError):  # no stream, or a closed one: Rich's own handling
         return None
-    return _columns() or PIPE_WIDTH
+    return _columns() or pipe_width()
+
+
+def pipe_width() -> int:
+    """The width of a view sent into a pipe or a file: that of the terminal the command was
+    typed at, when its stderr still is one (`tinygpt trace ... | head` is read there), else
+    PIPE_WIDTH."""
+    try:
+        if sys.stderr.isatty():
+            return max(os.get_terminal_size(sys.stderr.fileno()).columns, MIN_WIDTH)
+    except (AttributeError, ValueError, OSError):  # no stream, a closed one, or no size
+        pass
+    return PIPE_WIDTH
 
 
 def at_least(context: RunContext, width: int):
