@@ -155,8 +155,8 @@ class Config:
         return self.windows[layer] if self.windows else 0
 
     def rotary_base_of(self, layer: int) -> float:
-        """The rotary base of block `layer` (Gemma 3: one for its local blocks, one for its
-        global ones)."""
+        """The rotary base of block `layer` (Gemma 3: one for its sliding-window blocks,
+        one for its full-attention blocks)."""
         return self.rotary_bases[layer] if self.rotary_bases else self.rotary_base
 
     def to_hf_dict(self) -> dict:
