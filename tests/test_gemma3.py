@@ -212,7 +212,7 @@ RUNS = [
     ("generate", "Lily", "--max-new-tokens", "3", "--ablate", "layers.0.mlp_out"),
     ("dla", TEXT, "--neurons"),
 ]
-REFUSED = [("graph", TEXT), ("circuit", TEXT, OTHER), ("neurons", TEXT),
+REFUSED = [("circuit", TEXT, OTHER), ("neurons", TEXT),
            ("qk", TEXT, "--layer", "1", "--head", "2"), ("why", TEXT), ("review", TEXT),
            ("map", TEXT)]
 

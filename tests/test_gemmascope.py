@@ -289,16 +289,33 @@ def test_a_cross_layer_transcoder_of_another_depth_is_refused(llama, tmp_path):
         load_cross_layer(folder, load_model(llama).config)
 
 
-def test_graph_says_a_cross_layer_transcoder_is_not_taken_yet(cli, llama, tmp_path):
-    folder, _ = write_clt(tmp_path)
-    assert_one_error_line(cli("graph", TEXT, "--transcoders", folder, "--weights", llama), 2,
-                          "cross-layer transcoder", "no command takes one yet")
+def test_graph_takes_a_cross_layer_transcoders_folder(cli, llama, tmp_path):
+    """graph --transcoders clt/: its latents in every block, the target logit the sum of
+    its incoming edges (the edges themselves: tests/test_graph_clt.py, against torch);
+    what does not compute a cross-layer path yet refuses it by name."""
+    folder, made = write_clt(tmp_path)
+    r = cli("graph", TEXT, "--transcoders", folder, "--weights", llama, "--json",
+            "--node-threshold", "1", "--edge-threshold", "1")
+    assert r.code == 0, r.err
+    doc = r.json()
+    tl = doc["target_logit"]
+    assert tl["incoming_total"] == pytest.approx(tl["value"], abs=1e-4)
+    x = values(llama, TEXT, ["layers.0.ln2.out", "layers.1.ln2.out"])
+    active = sum(int((jumprelu(made[i], x[f"layers.{i}.ln2.out"]) > 0).sum()) for i in (0, 1))
+    assert doc["counts"]["active_features"] == active
+    assert_one_error_line(cli("graph", TEXT, "--transcoders", folder, "--weights", llama,
+                              "--qk"), 2, "--qk", "cross-layer")
+    assert_one_error_line(cli("transcoder", "eval", "--transcoders", folder, "--weights",
+                              llama), 2, "cross-layer", "graph only")
+    one = folder / "layer_0_width_12_l0_medium"
+    assert_one_error_line(cli("trace", TEXT, "sae.layers.0.mlp_out", "--sae", one,
+                              "--weights", llama), 2, "cross-layer transcoder", "clt/")
 
 
 def test_on_gemma_3_the_hooks_are_its_own_modules(cli, tmp_path):
     """On a Gemma 3 model the norm before the MLP is pre_feedforward_layernorm (its
     post_attention_layernorm is the norm after attention, never read as ln2), and the MLP's
-    output after its norm, Gemma Scope 2's mlp_out site, is refused by name for now."""
+    output after its norm, Gemma Scope 2's mlp_out site, is its ln2_post.out."""
     model = tmp_path / "gemma"
     config = arch_config("gemma3", n_embd=D, n_layer=2, n_head=4, n_inner=24,
                          vocab_size=4096, n_positions=64)
@@ -319,7 +336,68 @@ def test_on_gemma_3_the_hooks_are_its_own_modules(cli, tmp_path):
 
     assert hook_value("model.layers.1.pre_feedforward_layernorm.output", config, "x") == \
         ("ln2.out", 1)
-    for hook, words in [("post_attention_layernorm.output", "not a value tinygpt maps"),
-                        ("post_feedforward_layernorm.output", "layers.0.ln2_post.out")]:
-        with pytest.raises(InputError, match=words):
-            hook_value(f"model.layers.0.{hook}", config, "x")
+    assert hook_value("model.layers.0.post_feedforward_layernorm.output", config, "x") == \
+        ("ln2_post.out", 0)
+    with pytest.raises(InputError, match="not a value tinygpt maps"):
+        hook_value("model.layers.0.post_attention_layernorm.output", config, "x")
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gemma")
+    config = arch_config("gemma3", n_embd=D, n_layer=2, n_head=4, n_inner=24,
+                         vocab_size=4096, n_positions=64)
+    save_params(init_params(config, np.random.default_rng(4)), path / "model.safetensors",
+                config)
+    save_config(config, path / "config.json")
+    shutil.copyfile(TOKENIZER, path / "tokenizer.json")
+    return path
+
+
+def gemma_transcoders(root: Path, cross: bool = False) -> tuple[Path, list[dict]]:
+    """transcoder_all/ (or clt/) as the release writes them for Gemma 3: each block's latents
+    read pre_feedforward_layernorm's output and predict post_feedforward_layernorm's."""
+    folder = root / ("clt" if cross else "transcoder_all")
+    made = []
+    for i in range(2):
+        b = f"model.layers.{i}"
+        sub = folder / f"layer_{i}_width_12_l0_small"
+        t = write_dictionary(sub, {
+            "architecture": "jump_relu", "model_name": "google/gemma-3-270m",
+            "hf_hook_point_in": f"{b}.pre_feedforward_layernorm.output",
+            "hf_hook_point_out": f"{b}.post_feedforward_layernorm.output",
+            "affine_connection": False}, seed=40 + i)
+        if cross:
+            t["w_dec"] = np.random.default_rng(50 + i).normal(0, 0.3, (M, 2, D)).astype(
+                np.float32)
+            save_file(t, str(sub / "params.safetensors"))
+        made.append(t)
+    return folder, made
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_a_graph_on_gemma_3_with_gemma_scope_2s_transcoders_adds_up(cli, gemma, tmp_path,
+                                                                     cross):
+    """On Gemma 3 the transcoders' outputs are the MLP's after its norm (ln2_post.out): the
+    graph's target is the sum of its incoming edges and its errors are those of that value
+    (every edge against torch: tests/test_graph_clt.py); the circuit-tracer document and
+    --open's re-check agree with it."""
+    folder, made = gemma_transcoders(tmp_path, cross)
+    r = cli("graph", TEXT, "--transcoders", folder, "--weights", gemma, "--json",
+            "--node-threshold", "1", "--edge-threshold", "1")
+    assert r.code == 0, r.err
+    doc = r.json()
+    tl = doc["target_logit"]
+    assert tl["incoming_total"] == pytest.approx(tl["value"], abs=1e-4)
+    x = values(gemma, TEXT, ["layers.0.ln2.out", "layers.1.ln2.out"])
+    zs = [jumprelu(made[i], x[f"layers.{i}.ln2.out"]) for i in (0, 1)]
+    assert doc["counts"]["active_features"] == sum(int((z > 0).sum()) for z in zs) > 0
+    out = tmp_path / "g.json"
+    r = cli("graph", TEXT, "--transcoders", folder, "--weights", gemma, "--format",
+            "circuit-tracer")
+    assert r.code == 0, r.err
+    out.write_text(r.out, encoding="utf-8")
+    r = cli("graph", "--open", out, "--transcoders", folder, "--weights", gemma, "--json")
+    assert r.code == 0, r.err
+    check = r.json()
+    assert check["agree"] == check["checked"] > 0 and not check["features_inactive"], check

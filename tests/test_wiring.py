@@ -342,17 +342,13 @@ def test_a_planted_norm_after_each_branch_is_computed_or_refused_by_name(knobs, 
 
 def check_refused_by_the_part_readers(params, config, values):
     """The analyses written for the families' blocks refuse a norm after a branch, never
-    answering for the families' wiring; DLA's parts take each norm frozen at the run and still
-    add up to the stream."""
+    answering for the families' wiring; DLA's parts and the graph's frozen pass take each
+    norm frozen at the run: the parts still add up to the stream, the frozen pass is the run
+    and its backward its derivative."""
     check_residual_parts(params, config, values)
     with pytest.raises(InputError, match="'norm after attention', a step 'norm after the MLP'"):
         check_circuit(params, config)
-    from tinygpt_cli.analysis import graph as G
-
-    with pytest.raises(InputError, match="graph is not available .* 'norm after attention'"):
-        G.build(params, config, list(IDS), [])
-    with pytest.raises(ValueError, match="frozen pass has no norm ln[12]_post"):
-        check_graph(params, config, values)
+    check_graph(params, config, values)
 
 
 def _commands() -> dict[str, bool]:
@@ -384,7 +380,7 @@ def test_every_command_handles_the_planted_norms_or_refuses_them_by_name(command
     if can.any_step:  # it runs the model's own passes only, which compute the plant
         return
     if {"norm after attention", "norm after the MLP"} <= set(can.allowed("step")):
-        return  # dla: each norm frozen at the run (test_gemma3 runs it on Gemma's weights)
+        return  # dla, graph: each norm frozen at the run (test_gemma3, test_graph_clt)
     plant(monkeypatch, post_norm_steps)
     r = cli(*command.split(), *ARGS.get(command, [TEXT]))
     assert r.code == 2, (command, r)
