@@ -401,3 +401,99 @@ def test_a_graph_on_gemma_3_with_gemma_scope_2s_transcoders_adds_up(cli, gemma, 
     assert r.code == 0, r.err
     check = r.json()
     assert check["agree"] == check["checked"] > 0 and not check["features_inactive"], check
+
+
+# ------------------------------------------------------------------ a latent in the commands
+
+
+def latent_on(folder: Path, model: Path, sub: str, hook: str, name: str, seed: int = 7):
+    """A Gemma Scope 2 SAE at `hook` and a latent of it active at the text's last token."""
+    sae = model.parent / sub
+    t = write_dictionary(sae, {**SAE_CFG, "model_name": name, "hf_hook_point_in": hook},
+                         seed=seed)
+    return sae, t
+
+
+@pytest.mark.parametrize("which", ["llama", "gemma"])
+def test_sae_feature_and_ablate_read_a_gemma_scope_latent(cli, llama, gemma, tmp_path, which):
+    """sae feature N --sae FOLDER: the latent at each token as the release's formula gives it,
+    its top contexts from stories and the tokens it promotes through the tied head; --ablate
+    sae.SITE.N --sae FOLDER: the stream less that latent's z W_dec[N], the rest kept."""
+    model = {"llama": llama, "gemma": gemma}[which]
+    name = {"llama": "meta-llama/Llama-3.2-1B", "gemma": "google/gemma-3-270m"}[which]
+    site = "layers.1.resid_post"
+    sae, t = latent_on(tmp_path, model, f"{which}-sae/resid_post/layer_1_width_12_l0_small",
+                       "model.layers.1.output", name)
+    x = values(model, TEXT, [site])[site]
+    z = jumprelu(t, x)
+    n = int(np.argmax(z[-1]))
+    assert z[-1, n] > 0
+    r = cli("sae", "feature", str(n), "--sae", sae, "--weights", model, "--text", TEXT,
+            "--json")
+    assert r.code == 0, r.err
+    np.testing.assert_allclose(np.asarray(r.json()["data"]), z[:, n], rtol=1e-4, atol=1e-5)
+    story = tmp_path / "story.txt"
+    story.write_text((TEXT + ". Tom was happy.\n\n") * 20, encoding="utf-8")
+    r = cli("sae", "feature", str(n), "--sae", sae, "--weights", model, "--data", story,
+            "--windows", "4", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["site"] == site and doc["contexts"]
+    for c in doc["contexts"]:
+        assert c["value"] == pytest.approx(max(c["acts"])) and c["value"] > 0
+    loaded = load_model(model)
+    w = loaded.params["ln_final.w"].astype(np.float64)
+    direct = (t["w_dec"][n].astype(np.float64) * w) @ loaded.params["embed.W_E"].T
+    assert doc["promotes"][0]["id"] == int(np.argmax(direct))
+    assert doc["promotes"][0]["logit"] == pytest.approx(direct.max(), rel=1e-4)
+    # --ablate: the stream less z_n w_dec[n] at every position, by a hook written here
+    from tinygpt_cli.hooks import Replace
+    from tinygpt_cli.model import forward
+
+    def minus(v):
+        return v - jumprelu(t, v)[:, n:n + 1] * t["w_dec"][n]
+
+    ids = np.asarray(loaded.tokenizer.encode(TEXT))
+    want = forward(loaded.params, loaded.config, ids, hooks=Replace({site: minus}, who="t"))
+    r = cli("logits", TEXT, "--ablate", f"sae.{site}.{n}", "--sae", sae, "--weights", model,
+            "--json")
+    assert r.code == 0, r.err
+    np.testing.assert_allclose(np.asarray(r.json()["data"]), want[-1], rtol=1e-4, atol=1e-4)
+    plain = forward(loaded.params, loaded.config, ids)
+    assert np.abs(want[-1] - plain[-1]).max() > 1e-3
+
+
+def test_why_value_of_a_gemma_scope_latent_is_its_gradient(make_params, llama, tmp_path):
+    """why --value sae.SITE.N[P] --sae FOLDER: the latent of a Gemma Scope 2 folder, read
+    as the release's formula gives it, its query the latent's gradient (central
+    differences of the latent itself); the option is why's."""
+    from types import SimpleNamespace
+
+    from test_history import assert_query_is_the_values_gradient
+
+    from tinygpt_cli.analysis import why
+    from tinygpt_cli.model import run_traced
+
+    config = arch_config("llama", n_embd=D, n_layer=2, n_head=4, n_inner=24, vocab_size=13,
+                         n_positions=8)
+    params = make_params(config, seed=5)
+    sae, t = latent_on(tmp_path, tmp_path / "w", "resid_post/layer_0_width_12_l0_small",
+                       "model.layers.0.output", "meta-llama/Llama-3.2-1B", seed=9)
+    ids = [4, 2, 9, 4, 1]
+    site = "layers.0.resid_post"
+
+    def latent_of(p, n):
+        return jumprelu(t, run_traced(p, config, np.asarray(ids)).values[site])[2, n]
+
+    z = jumprelu(t, run_traced(params, config, np.asarray(ids)).values[site])
+    n = int(np.argmax(z[2]))
+    assert z[2, n] > 0
+    model = SimpleNamespace(config=config, params=params, weights_file=tmp_path / "w" / "m")
+    v = why.value_of(model, ids, f"sae.{site}.{n}[2]", 0, None, saes=(sae,))
+    assert v.amount == pytest.approx(z[2, n], rel=1e-6)
+    q = v.make(params)
+    assert_query_is_the_values_gradient(q, params, lambda p: latent_of(p, n), (
+        ("embed.W_E", (9, 2)), ("layers.0.attn.W_QKV", (1, 5)), ("layers.0.mlp.W_in", (2, 3))))
+    assert not q.grads["layers.1.attn.W_QKV"].any()
+    with pytest.raises(InputError, match="no SAE file"):  # without --sae: the folder's own
+        why.value_of(model, ids, f"sae.{site}.{n}[2]", 0, None)

@@ -859,9 +859,13 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
     from ..corpus import data_windows
     from ..files import sha256
 
-    files_of_sae = [Path(path) / "cfg.json", Path(path) / "sae_weights.safetensors"] \
-        if Path(path).is_dir() else [Path(path)]  # a SAELens folder: its two files
-    key = cache.key_of("sae-codes-v2", sha256(model.weights_file),
+    # a folder (SAELens': cfg.json and its weights; Gemma Scope 2's: params.safetensors and
+    # config.json, or none, the site then read from its names): its files and the site
+    names = ("cfg.json", "sae_weights.safetensors", "params.safetensors", "config.json")
+    files_of_sae = [Path(path) / n for n in names if (Path(path) / n).is_file()] \
+        if Path(path).is_dir() else [Path(path)]
+    site = [sae.site] if Path(path).is_dir() and not (Path(path) / "cfg.json").is_file() else []
+    key = cache.key_of("sae-codes-v2", sha256(model.weights_file), *site,
                        *(sha256(f) for f in files_of_sae),
                        *(sha256(f) for f in files), str(windows),
                        *([] if steer is None else steer.key()))

@@ -114,7 +114,8 @@ VS = typer.Option(None, "--vs", help="Explain logit[target] - logit[vs] instead 
 SAES = typer.Option(None, "--sae", metavar="SAE", show_default=False,
                     help="An SAE for the latents sae.SITE.N name (repeatable; default: the "
                     "weights folder's sae/SITE.safetensors): a tinygpt SAE file, or a SAELens "
-                    "folder (cfg.json + sae_weights.safetensors).")
+                    "folder (cfg.json + sae_weights.safetensors), or a Gemma Scope 2 one "
+                    "(params.safetensors).")
 
 # Steering: every command that runs the model on a text takes these (cli/steering.py adds
 # them to each command that takes --ablate; declared here once).

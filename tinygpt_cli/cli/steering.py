@@ -54,9 +54,10 @@ def with_context(fn, name: str):
         return fn
     sig = inspect.signature(fn)
     steers = getattr(fn, "steerable", False)
-    # --ablate may name SAE latents: a command that takes it takes --sae too (unless it has
-    # an --sae of its own)
-    saes = "ablate" in sig.parameters and "sae" not in sig.parameters
+    # --ablate (and why's --value) may name SAE latents: a command that takes it takes --sae
+    # too (unless it has an --sae of its own)
+    saes = ("ablate" in sig.parameters or "value" in sig.parameters) \
+        and "sae" not in sig.parameters
     # a command that reads one text (the argument TEXT) through its session takes --last N
     lasts = "text" in sig.parameters and not getattr(fn, "own_length", False)
 
