@@ -38,15 +38,16 @@ def llama(tmp_path_factory):
 
 
 def write_dictionary(folder: Path, cfg: dict | None, seed: int = 0, skip: bool = False,
-                     d_in: int = D, drop: str | None = None) -> dict[str, np.ndarray]:
+                     d_in: int = D, drop: str | None = None, d_out: int = D
+                     ) -> dict[str, np.ndarray]:
     """params.safetensors (and config.json) as the release writes them: lower-case w_enc
     [d_in, m], w_dec [m, d], b_enc, b_dec, threshold, affine_skip_connection [d_in, d]."""
     rng = np.random.default_rng(seed)
     t = {"w_enc": rng.normal(0, 0.6, (d_in, M)), "b_enc": rng.normal(0, 0.2, M),
-         "threshold": np.abs(rng.normal(0.3, 0.2, M)), "w_dec": rng.normal(0, 0.3, (M, D)),
-         "b_dec": rng.normal(0, 0.1, D)}
+         "threshold": np.abs(rng.normal(0.3, 0.2, M)), "w_dec": rng.normal(0, 0.3, (M, d_out)),
+         "b_dec": rng.normal(0, 0.1, d_out)}
     if skip:
-        t["affine_skip_connection"] = rng.normal(0, 0.1, (d_in, D))
+        t["affine_skip_connection"] = rng.normal(0, 0.1, (d_in, d_out))
     t = {k: v.astype(np.float32) for k, v in t.items() if k != drop}
     folder.mkdir(parents=True)
     save_file(t, str(folder / "params.safetensors"))
@@ -174,7 +175,8 @@ def _sae(tmp_path, **change):
     ({"model_name": "google/gemma-3-1b-pt"}, 2, ("gemma-3-1b-pt", "llama model")),
     ({"hf_hook_point_in": "model.layers.7.output"}, 2, ("block 7",)),
     ({"hf_hook_point_in": "transformer.h.1.output"}, 2, ("model.layers.L",)),
-    ({"hf_hook_point_in": "model.layers.1.self_attn.o_proj.input"}, 2, ("attention-output",)),
+    ({"hf_hook_point_in": "model.layers.1.self_attn.o_proj.input"}, 1,
+     ("resid_post_all", "attn_out")),
     ({"hf_hook_point_in": "model.layers.1.mlp.down_proj.output"}, 2, ("not a value",)),
     ({"architecture": "topk"}, 2, ("jump_relu",)),
     ({"hf_hook_point_in": "model.layers.0.output"}, 1, ("layer 1", "block 0")),
@@ -497,3 +499,65 @@ def test_why_value_of_a_gemma_scope_latent_is_its_gradient(make_params, llama, t
     assert not q.grads["layers.1.attn.W_QKV"].any()
     with pytest.raises(InputError, match="no SAE file"):  # without --sae: the folder's own
         why.value_of(model, ids, f"sae.{site}.{n}[2]", 0, None)
+
+
+# ------------------------------------------------------------------ attention-output SAEs
+
+
+@pytest.fixture(scope="module")
+def wide_heads(tmp_path_factory):
+    """A Gemma 3 model whose heads are wider than d / H: 4 heads of 6, o_proj's input 24."""
+    path = tmp_path_factory.mktemp("heads")
+    config = arch_config("gemma3", n_embd=D, n_layer=2, n_head=4, head_dim=6, n_inner=24,
+                         vocab_size=4096, n_positions=64)
+    save_params(init_params(config, np.random.default_rng(6)), path / "model.safetensors",
+                config)
+    save_config(config, path / "config.json")
+    shutil.copyfile(TOKENIZER, path / "tokenizer.json")
+    return path
+
+
+def test_an_attention_output_sae_reads_the_heads_side_by_side(cli, wide_heads, tmp_path):
+    """attn_out_all/'s hook, model.layers.L.self_attn.o_proj.input: every head's output side
+    by side, head 0's six numbers first (merged here by hand from layers.L.z); trace, sae
+    feature and --ablate read it so, the latent's push on the logits through W_O; an SAE of
+    the model's width d is refused naming both widths."""
+    folder = tmp_path / "attn_out_all" / "layer_1_width_12_l0_small"
+    cfg = {"architecture": "jump_relu", "model_name": "google/gemma-3-270m",
+           "hf_hook_point_in": "model.layers.1.self_attn.o_proj.input"}
+    t = write_dictionary(folder, cfg, seed=11, d_in=24, d_out=24)
+    heads = values(wide_heads, TEXT, ["layers.1.z"])["layers.1.z"]  # [H, T, 6]
+    merged = np.concatenate([heads[h] for h in range(4)], axis=-1)
+    z = jumprelu(t, merged)
+    assert (z > 0).any() and (z == 0).any()
+    r = cli("trace", TEXT, "sae.layers.1.z", "--sae", folder, "--weights", wide_heads, "--json")
+    assert r.code == 0, r.err
+    np.testing.assert_allclose(np.asarray(r.json()["data"]), z, rtol=1e-4, atol=1e-5)
+    n = int(np.argmax(z[-1]))
+    r = cli("sae", "feature", str(n), "--sae", folder, "--weights", wide_heads, "--text", TEXT,
+            "--json")
+    assert r.code == 0, r.err
+    loaded = load_model(wide_heads)
+    p = {k: v.astype(np.float64) for k, v in loaded.params.items()}
+    push = (t["w_dec"][n] @ p["layers.1.attn.W_O"] * p["ln_final.w"]) @ p["embed.W_E"].T
+    assert r.json()["promotes"][0]["id"] == int(np.argmax(push))
+    from tinygpt_cli.hooks import Replace
+    from tinygpt_cli.model import forward
+
+    def minus(v):  # each head's slice of the latent's decoder row, taken from its output
+        v = v.copy()
+        for h in range(4):
+            v[h] -= z[:, n:n + 1] * t["w_dec"][n][6 * h:6 * h + 6]
+        return v
+
+    ids = np.asarray(loaded.tokenizer.encode(TEXT))
+    want = forward(loaded.params, loaded.config, ids,
+                   hooks=Replace({"layers.1.z": minus}, who="t"))[-1]
+    r = cli("logits", TEXT, "--ablate", f"sae.layers.1.z.{n}", "--sae", folder, "--weights",
+            wide_heads, "--json")
+    assert r.code == 0, r.err
+    np.testing.assert_allclose(np.asarray(r.json()["data"]), want, rtol=1e-4, atol=1e-4)
+    narrow = tmp_path / "b" / "attn_out_all" / "layer_1_width_12_l0_small"
+    write_dictionary(narrow, cfg, seed=11)
+    assert_one_error_line(cli("trace", TEXT, "sae.layers.1.z", "--sae", narrow, "--weights",
+                              wide_heads), 2, "reads 16 numbers", "have 24")

@@ -191,16 +191,16 @@ def load_gemma_scope(folder: Path, config: Config) -> tuple[SAE, str]:
                              "predict the same block's MLP output (a cross-layer one: its "
                              "clt/ folder, one layer_L_... folder per block)")
         what = got[0]
-    elif what not in ("resid_post", "mlp_out", "ln2_post.out"):
-        raise InputError(f"{where}: it reads {cfg['hf_hook_point_in']!r} ("
-                         + ("the heads' outputs before their projection, an attention-output "
-                            "SAE" if what == "z" else what)
-                         + "); tinygpt's SAEs read a block's output or its MLP's output")
+    elif what not in ("resid_post", "mlp_out", "ln2_post.out", "z"):
+        raise InputError(f"{where}: it reads {cfg['hf_hook_point_in']!r} ({what}); tinygpt's "
+                         "SAEs read a block's output, its MLP's output or its heads' outputs")
     _agree_with_names(folder, kind, what, layer)
     affine = cfg.get("affine_connection", False)
     if not isinstance(affine, bool):
         raise WeightsError(f"{where}: affine_connection is {affine!r}, not true or false")
-    d = config.n_embd
+    # an attention-output SAE reads o_proj's input: every head's output side by side, head
+    # 0's d_k numbers first (tinygpt's layers.L.z merged), and reconstructs it
+    d = config.n_head * config.d_k if what == "z" else config.n_embd
     m = _width(folder / PARAMS, d)
     if _decoder_rank(folder / PARAMS) == 3:
         raise InputError(f"{folder} is one block of a cross-layer transcoder (w_dec writes "

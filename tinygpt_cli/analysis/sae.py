@@ -45,8 +45,11 @@ SITE_KINDS = ("resid_pre", "resid_mid", "resid_post", "mlp_out")
 AUX_SCALE = 1 / 32  # Gao et al.'s alpha for the AuxK loss
 
 
-def check_site(path: str, config: Config) -> str:
-    """The canonical path of an SAE site: layers.N.resid_pre|resid_mid|resid_post|mlp_out."""
+def check_site(path: str, config: Config, heads: bool = False) -> str:
+    """The canonical path of an SAE site: layers.N.resid_pre|resid_mid|resid_post|mlp_out;
+    `heads`: also layers.N.z, the heads' outputs side by side (an attention-output SAE read,
+    Gemma Scope 2's; tinygpt trains none), and Gemma's ln2_post.out (the MLP's output after
+    its norm, Gemma Scope 2's mlp_out)."""
     from ..schema import PathError
 
     try:
@@ -57,6 +60,11 @@ def check_site(path: str, config: Config) -> str:
         name, rows = None, None  # of a parallel block, GPT-NeoX's), with why
     parts = (name or "").split(".")
     kinds = [k for k in SITE_KINDS if k != "resid_mid" or not config.parallel]
+    if heads:
+        kinds = [*kinds[:-1], "ln2_post.out", "z", kinds[-1]] if config.post_norms \
+            else [*kinds[:-1], "z", kinds[-1]]
+    if heads and len(parts) == 4 and parts[2:] == ["ln2_post", "out"] and config.post_norms:
+        parts = [parts[0], parts[1], "ln2_post.out"]
     if rows or len(parts) != 3 or parts[0] != "layers" or parts[2] not in kinds:
         raise InputError(f"an SAE reads layers.N.{', '.join(kinds[:-1])} or {kinds[-1]} "
                          f"(N = 0..{config.n_layer - 1}), not {path!r}")
@@ -464,11 +472,17 @@ def site_values(params, config: Config, windows: np.ndarray, site: str, *, batch
     for b in range(0, len(windows), batch):
         rec = RecordOnly({site})
         forward(params, config, windows[b:b + batch], hooks=Chain(hooks, rec, StopAfter(site)))
-        v = rec.values[site]
+        v = site_rows(site, rec.values[site])
         out.append(np.asarray(v, dtype=np.float32).reshape(-1, v.shape[-1]))
         if progress:
             progress(len(windows[b:b + batch]))
     return np.concatenate(out) if out else np.zeros((0, config.n_embd), np.float32)
+
+
+def site_rows(site: str, value: np.ndarray) -> np.ndarray:
+    """A site's value as an SAE reads it, a row a position: the heads' outputs z
+    [..., H, T, d_k] side by side, [..., T, H d_k] (o_proj's input); any other as it is."""
+    return ops.merge_heads(value) if site.endswith(".z") else value
 
 
 def site_values_on(engine, params, config: Config, windows: np.ndarray, site: str, *,
@@ -662,9 +676,12 @@ class FeatureReport:
 def direct_logits(sae: SAE, params, latent: int) -> np.ndarray:
     """W_dec[latent] * ln_final.w @ W_U: the tokens the latent's direction pushes
     (the final norm's centring and per-token 1/std left out).  -> [V]"""
-    from ..model import norm_weights, token_table
+    from ..model import norm_weights, out_matrix, token_table
 
-    return (sae.W_dec[latent] * norm_weights(params, "ln_final")[0]) @ token_table(params).T
+    row = sae.W_dec[latent]
+    if sae.site.endswith(".z"):  # the heads' outputs: through the block's W_O first
+        row = row @ out_matrix(params, int(sae.site.split(".")[1]))
+    return (row * norm_weights(params, "ln_final")[0]) @ token_table(params).T
 
 
 def feature_report(sae: SAE, params, ids: np.ndarray, idx: np.ndarray, val: np.ndarray,
@@ -712,8 +729,8 @@ def latent_on_text(sae: SAE, params, values: np.ndarray, latent: int,
 
     latent = check_index(latent, sae.n_latents, "latent")
     promotes, suppresses = pushed_tokens(direct_logits(sae, params, latent), n_tokens)
-    return LatentOnText(latent, sae.site, sae.k, encode(sae, values)[:, latent], promotes,
-                        suppresses)
+    return LatentOnText(latent, sae.site, sae.k,
+                        encode(sae, site_rows(sae.site, values))[:, latent], promotes, suppresses)
 
 
 # ------------------------------------------------------------------ latents as trace values
@@ -726,8 +743,8 @@ def parse_latent_path(path: str, config: Config) -> tuple[str, int | None]:
     rest = path[len("sae."):]
     head, _, last = rest.rpartition(".")
     if head and last.lstrip("-").isdigit():
-        return check_site(head, config), int(last)
-    return check_site(rest, config), None
+        return check_site(head, config, heads=True), int(last)
+    return check_site(rest, config, heads=True), None
 
 
 def without_latents(sae: SAE, latents: list[int]) -> Callable[[np.ndarray], np.ndarray]:
@@ -736,6 +753,10 @@ def without_latents(sae: SAE, latents: list[int]) -> Callable[[np.ndarray], np.n
     rows = np.asarray(latents)
 
     def fn(x: np.ndarray) -> np.ndarray:
+        if sae.site.endswith(".z"):  # [..., H, T, d_k]: merged, changed, split again
+            m = ops.merge_heads(x)
+            m = m - latent_share(sae, m, rows)
+            return ops.split_heads(m, x.shape[-3]).astype(x.dtype)
         return x - latent_share(sae, x, rows)
 
     return fn
@@ -748,7 +769,7 @@ def latents_of(weights_file: Path, trace, path: str, given: tuple[Path, ...] = (
 
     site, latent = parse_latent_path(path, trace.config)
     sae = site_sae(weights_file, trace.config, site, given)
-    z = encode(sae, trace.get(site))  # [T, m]
+    z = encode(sae, site_rows(site, trace.get(site)))  # [T, m]
     if latent is not None:
         return site, sae, z[:, check_index(latent, sae.n_latents, "latent")], None
     return site, sae, z, active_latents(z)
