@@ -561,3 +561,80 @@ def test_an_attention_output_sae_reads_the_heads_side_by_side(cli, wide_heads, t
     write_dictionary(narrow, cfg, seed=11)
     assert_one_error_line(cli("trace", TEXT, "sae.layers.1.z", "--sae", narrow, "--weights",
                               wide_heads), 2, "reads 16 numbers", "have 24")
+
+
+# ------------------------------------------------------------------ hub ids with a path inside
+
+
+def cache_repo(cache: Path, repo: str, commit: str, source: Path) -> None:
+    """The files under `source` (folders kept) as huggingface_hub caches a snapshot of the
+    model repository `repo` at `commit`: blobs named by their hash, the snapshot's entries
+    relative symbolic links to them, refs/main holding the commit."""
+    import hashlib
+    import os
+
+    storage = cache / ("models--" + repo.replace("/", "--"))
+    (storage / "blobs").mkdir(parents=True, exist_ok=True)
+    for file in sorted(p for p in source.rglob("*") if p.is_file()):
+        data = file.read_bytes()
+        blob = storage / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        entry = storage / "snapshots" / commit / file.relative_to(source)
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entry.symlink_to(os.path.relpath(blob, entry.parent))
+    (storage / "refs").mkdir(exist_ok=True)
+    (storage / "refs" / "main").write_text(commit)
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An offline hub cache holding org/scope: a resid_post SAE and, for each block, two
+    transcoders of two sparsities; the working folder an empty one."""
+    pytest.importorskip("huggingface_hub")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    src = tmp_path / "src"
+    made = {"sae": write_dictionary(src / "resid_post" / "layer_1_width_12_l0_small", SAE_CFG)}
+    for l0 in ("small", "big"):
+        for i in range(2):
+            b = f"model.layers.{i}"
+            made[l0, i] = write_dictionary(
+                src / "transcoder_all" / f"layer_{i}_width_12_l0_{l0}",
+                {"architecture": "jump_relu", "model_name": "meta-llama/Llama-3.2-1B",
+                 "hf_hook_point_in": f"{b}.post_attention_layernorm.output",
+                 "hf_hook_point_out": f"{b}.mlp.output"}, seed=60 + i + 5 * (l0 == "big"))
+    cache_repo(tmp_path / "hf" / "hub", "org/scope", "c" * 40, src)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return made
+
+
+def test_a_hub_id_with_the_path_inside_the_repository(cli, llama, hub_cache):
+    """--sae ORG/NAME/PATH and --transcoders ORG/NAME/PATH read the folder inside the hub
+    cache's snapshot (offline here, laid out as huggingface_hub lays it out); a pattern's last
+    part picks one transcoder a block where the release has several; a folder the snapshot
+    has not is one error line."""
+    x = values(llama, TEXT, ["layers.1.resid_post", "layers.0.ln2.out", "layers.1.ln2.out"])
+    r = cli("trace", TEXT, "sae.layers.1.resid_post", "--sae",
+            "org/scope/resid_post/layer_1_width_12_l0_small", "--weights", llama, "--json")
+    assert r.code == 0, r.err
+    np.testing.assert_allclose(np.asarray(r.json()["data"]),
+                               jumprelu(hub_cache["sae"], x["layers.1.resid_post"]),
+                               rtol=1e-4, atol=1e-5)
+    r = cli("graph", TEXT, "--transcoders", "org/scope/transcoder_all/layer_*_width_12_l0_big",
+            "--weights", llama, "--json", "--node-threshold", "1", "--edge-threshold", "1")
+    assert r.code == 0, r.err
+    active = sum(int((jumprelu(hub_cache["big", i], x[f"layers.{i}.ln2.out"]) > 0).sum())
+                 for i in (0, 1))
+    assert r.json()["counts"]["active_features"] == active
+    assert_one_error_line(cli("graph", TEXT, "--transcoders", "org/scope/transcoder_all",
+                              "--weights", llama), 2, "2 transcoders for block 0",
+                          "layer_*_width_16k_l0_small")
+    assert_one_error_line(cli("trace", TEXT, "sae.layers.1.resid_post", "--sae",
+                              "org/scope/mlp_out/layer_1_width_12_l0_small", "--weights", llama),
+                          2, "org/scope has no folder mlp_out/layer_1_width_12_l0_small")
+    assert_one_error_line(cli("trace", TEXT, "sae.layers.1.resid_post", "--sae",
+                              "org/absent/resid_post/x", "--weights", llama), 2,
+                          "org/absent/resid_post/x is not a folder here nor in the hub cache")

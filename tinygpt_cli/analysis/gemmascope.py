@@ -265,10 +265,14 @@ def _agree_with_names(folder: Path, kind: str, what: str, layer: int) -> None:
                            f"{here}")
 
 
-def transcoder_folders(folder: Path, layer: int) -> list[Path]:
-    """A transcoder folder's layer_L_* dictionaries for block `layer`."""
+def transcoder_folders(folder: Path, layer: int, pattern: str = "*") -> list[Path]:
+    """A transcoder folder's layer_L_* dictionaries for block `layer` (those whose name
+    `pattern` matches, fnmatch's: layer_*_width_16k_l0_small)."""
+    from fnmatch import fnmatchcase
+
     return sorted(p for p in Path(folder).iterdir() if p.is_dir()
-                  and (m := NAME.fullmatch(p.name)) is not None and int(m[1]) == layer)
+                  and (m := NAME.fullmatch(p.name)) is not None and int(m[1]) == layer
+                  and fnmatchcase(p.name, pattern))
 
 
 # ------------------------------------------------------------------ cross-layer transcoders
@@ -292,12 +296,13 @@ class CrossLayerTranscoder:
         return len(self.encoders)
 
 
-def load_cross_layer(folder: Path, config: Config) -> CrossLayerTranscoder:
-    """A clt/ folder of Gemma Scope 2 (one layer_L_... folder per block) for this model."""
+def load_cross_layer(folder: Path, config: Config, pattern: str = "*") -> CrossLayerTranscoder:
+    """A clt/ folder of Gemma Scope 2 (one layer_L_... folder per block, or those `pattern`
+    matches) for this model."""
     n, d = config.n_layer, config.n_embd
     encoders, decoders, biases, skips, sites = [], [], [], [], set()
     for layer in range(n):
-        found = transcoder_folders(folder, layer)
+        found = transcoder_folders(folder, layer, pattern)
         if len(found) != 1:
             names = ", ".join(p.name for p in found) or "none"
             raise InputError(f"{folder}: {len(found)} cross-layer transcoders for block "

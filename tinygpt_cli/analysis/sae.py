@@ -364,9 +364,10 @@ def load_sae(path: str | Path, config: Config, weights_file: Path, *,
     one its file name says, when the name is a site), k, made for `weights_file`. A folder
     is a SAELens dictionary (saelens.py). `default_site`: the path is the weights folder's
     SAE of that site (sae_file), not one the user named with --sae."""
+    from ..hub import dictionary
     from ..weights import read_safetensors
 
-    path = Path(path)
+    path = Path(path) if default_site is not None else dictionary(path, "--sae")
     if path.is_dir() and (path / "params.safetensors").is_file():
         return _gemma_scope_sae(path, config)
     if path.is_dir():
@@ -797,8 +798,13 @@ def model_sae(model, given: Path | None = None) -> SAE:
 
 
 def sae_file(weights_file: Path, sae: Path | None, site: str = SHIPPED_SITE) -> Path:
-    """--sae, or the weights folder's sae/SITE.safetensors."""
-    return sae if sae is not None else Path(weights_file).parent / "sae" / f"{site}.safetensors"
+    """--sae (a hub repository's folder, ORG/NAME/PATH, fetched: hub.dictionary), or the
+    weights folder's sae/SITE.safetensors."""
+    from ..hub import dictionary
+
+    if sae is not None:
+        return dictionary(sae, "--sae")
+    return Path(weights_file).parent / "sae" / f"{site}.safetensors"
 
 
 def site_sae(weights_file: Path, config: Config, site: str, given: tuple[Path, ...] = ()) -> SAE:

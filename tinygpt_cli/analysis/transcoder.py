@@ -69,8 +69,13 @@ def output_path(layer: int) -> str:
 
 
 def folder_of(weights_file: Path, given: Path | None = None) -> Path:
-    """--transcoders DIR, or the weights folder's transcoders/."""
-    return Path(given) if given is not None else Path(weights_file).parent / "transcoders"
+    """--transcoders DIR (a hub repository's folder, ORG/NAME/PATH, fetched:
+    hub.dictionary), or the weights folder's transcoders/."""
+    from ..hub import dictionary
+
+    if given is not None:
+        return dictionary(given, "--transcoders")
+    return Path(weights_file).parent / "transcoders"
 
 
 def file_of(folder: Path, layer: int) -> Path:
@@ -111,30 +116,41 @@ def load_transcoders(folder: Path, config: Config, weights_file: Path):
     layer, k, made for `weights_file`): a list of per-layer ones, or, from a Gemma Scope 2
     clt/ folder, one cross-layer transcoder (gemmascope.CrossLayerTranscoder)."""
     folder = Path(folder)
+    if "*" in folder.name and folder.parent.is_dir():  # Gemma Scope 2's: one folder a block
+        return _gemma_scope_transcoders(folder.parent, config, folder.name)
     if not folder.is_dir():
         raise InputError(f"no transcoders at {folder}: {train_hint(weights_file, folder)}")
     if not file_of(folder, 0).exists() and any(folder.glob("layer_*/params.safetensors")):
-        from .gemmascope import PARAMS, is_cross_layer, load_cross_layer, transcoder_folders
-
-        first = transcoder_folders(folder, 0)
-        if len(first) == 1 and is_cross_layer(first[0] / PARAMS):
-            return load_cross_layer(folder, config)
-        return [gemma_scope_transcoder(folder, config, i) for i in range(config.n_layer)]
+        return _gemma_scope_transcoders(folder, config)
     return [load_transcoder(file_of(folder, i), config, weights_file, i)
             for i in range(config.n_layer)]
 
 
-def gemma_scope_transcoder(folder: Path, config: Config, layer: int) -> S.SAE:
+def _gemma_scope_transcoders(folder: Path, config: Config, pattern: str = "*"):
+    """A site folder of Gemma Scope 2 (transcoder_all/, clt/), its layer_L_... folders those
+    `pattern` matches (layer_*_width_16k_l0_small: one a block, where the release has several
+    widths and sparsities): per-layer transcoders, or a cross-layer one."""
+    from .gemmascope import PARAMS, is_cross_layer, load_cross_layer, transcoder_folders
+
+    first = transcoder_folders(folder, 0, pattern)
+    if len(first) == 1 and is_cross_layer(first[0] / PARAMS):
+        return load_cross_layer(folder, config, pattern)
+    return [gemma_scope_transcoder(folder, config, i, pattern) for i in range(config.n_layer)]
+
+
+def gemma_scope_transcoder(folder: Path, config: Config, layer: int, pattern: str = "*"
+                           ) -> S.SAE:
     """Block `layer`'s transcoder from a folder in Gemma Scope 2's layout (one
     layer_L_width_W_l0_S folder per block, gemmascope.py). One with a skip connection is
     refused: the graph and the evaluation do not compute that path yet."""
     from .gemmascope import load_gemma_scope, transcoder_folders
 
-    found = transcoder_folders(folder, layer)
+    found = transcoder_folders(folder, layer, pattern)
     if len(found) != 1:
         names = ", ".join(p.name for p in found) or "none"
         raise InputError(f"{folder}: {len(found)} transcoders for block {layer} ({names}); "
-                         "give a folder holding one layer_L_... folder per block")
+                         "give a folder holding one layer_L_... folder per block, or pick "
+                         "one a block with a pattern (FOLDER/layer_*_width_16k_l0_small)")
     tc, kind = load_gemma_scope(found[0], config)
     if kind != "transcoder" or tc.site not in (output_path(layer),
                                                f"layers.{layer}.ln2_post.out"):

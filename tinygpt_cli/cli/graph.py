@@ -93,7 +93,7 @@ def transcoder_train(
 
     keep_default_file(context, out, "the weights folder's transcoders/", "--transcoders")
     model = load(context, weights)
-    folder = T.folder_of(model.weights_file, out)
+    folder = Path(out) if out is not None else T.folder_of(model.weights_file)  # made here
     if out is None:
         refuse_inside_package(folder, "--transcoders")
     hooks, changes = steered(context, model)
