@@ -638,3 +638,46 @@ def test_a_hub_id_with_the_path_inside_the_repository(cli, llama, hub_cache):
     assert_one_error_line(cli("trace", TEXT, "sae.layers.1.resid_post", "--sae",
                               "org/absent/resid_post/x", "--weights", llama), 2,
                           "org/absent/resid_post/x is not a folder here nor in the hub cache")
+
+
+def test_transcoder_eval_on_gemma_3_replaces_the_mlps_output_after_its_norm(gemma, tmp_path):
+    """Gemma Scope 2's transcoders on Gemma 3 predict ln2_post.out: the evaluation reads that
+    value (variance explained against the release's formula on the recorded values) and the
+    replacement model puts the prediction there (its loss, by a hook written here)."""
+    from tinygpt_cli.analysis import transcoder as T
+    from tinygpt_cli.hooks import Replace
+    from tinygpt_cli.model import forward
+
+    folder, made = gemma_transcoders(tmp_path)
+    model = load_model(gemma)
+    tcs = T.load_transcoders(folder, model.config, model.weights_file)
+    assert [tc.site for tc in tcs] == ["layers.0.ln2_post.out", "layers.1.ln2_post.out"]
+    ids = np.asarray([model.tokenizer.encode(TEXT)[:6], model.tokenizer.encode(TEXT)[1:7]])
+    x, y = ids[:, :-1], ids[:, 1:]
+    got = T.evaluate(model.params, model.config, tcs, x, y)
+    for i in (0, 1):
+        v = record(model.params, model.config, x, [f"layers.{i}.ln2.out",
+                                                   f"layers.{i}.ln2_post.out"])[1]
+        inp = v[f"layers.{i}.ln2.out"].reshape(-1, D)
+        out = v[f"layers.{i}.ln2_post.out"].reshape(-1, D).astype(np.float64)
+        pred = jumprelu(made[i], inp) @ made[i]["w_dec"] + made[i]["b_dec"]
+        ve = 1 - ((out - pred) ** 2).sum() / ((out - out.mean(axis=0)) ** 2).sum()
+        assert got.layers[i].variance_explained == pytest.approx(ve, rel=1e-4, abs=1e-5)
+    seen = {}
+
+    def keep(v, i):
+        seen[i] = v
+        return v
+
+    def predict(v, i):
+        return (jumprelu(made[i], seen[i]) @ made[i]["w_dec"] + made[i]["b_dec"]).astype(v.dtype)
+
+    hooks = Replace({**{f"layers.{i}.ln2.out": (lambda v, i=i: keep(v, i)) for i in (0, 1)},
+                     **{f"layers.{i}.ln2_post.out": (lambda v, i=i: predict(v, i))
+                        for i in (0, 1)}}, who="t")
+    logits = forward(model.params, model.config, x, hooks=hooks).astype(np.float64)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    want = -np.take_along_axis(logp, y[..., None], -1).mean()
+    assert got.loss_replaced == pytest.approx(want, rel=1e-4)
+    assert got.loss_replaced != pytest.approx(got.loss_clean, rel=1e-4)
