@@ -491,6 +491,9 @@ def writers_of(transcoders) -> Writers:
                        [np.asarray(b, np.float64) for b in transcoders.b_dec],
                        transcoders.site)
     sites = {tc.site.split(".", 2)[2] for tc in transcoders}
+    if any(tc.rescale or tc.normalize != "none" for tc in transcoders):
+        raise InputError("the graph's decoder vectors are W_dec's rows as they are: a "
+                         "transcoder that rescales or normalises is not computed yet")
     if len(sites) != 1 or any(tc.skip is not None for tc in transcoders):
         raise InputError("the transcoders must all predict one value of their block, without "
                          f"a skip connection (they predict {', '.join(sorted(sites))})")
