@@ -377,14 +377,68 @@ def gemma_transcoders(root: Path, cross: bool = False) -> tuple[Path, list[dict]
     return folder, made
 
 
-@pytest.mark.parametrize("cross", [False, True])
+def release_clt(root: Path, n: int = 2, affine: bool = False) -> tuple[Path, list[dict]]:
+    """The release's cross-layer transcoder: clt/width_12_l0_medium[_affine]/ holding
+    params_layer_L.safetensors, a file a block, no config (hooks inferred: Gemma 3's norm
+    before the MLP to its norm after), w_dec [m, n_layers, d]."""
+    folder = root / "clt" / ("width_12_l0_medium" + ("_affine" if affine else ""))
+    folder.mkdir(parents=True)
+    made = []
+    for i in range(n):
+        rng = np.random.default_rng(70 + i)
+        t = {"w_enc": rng.normal(0, 0.6, (D, M)), "b_enc": rng.normal(0, 0.2, M),
+             "threshold": np.abs(rng.normal(0.3, 0.2, M)),
+             "w_dec": rng.normal(0, 0.3, (M, n, D)), "b_dec": rng.normal(0, 0.1, D)}
+        if affine:
+            t["affine_skip_connection"] = rng.normal(0, 0.1, (D, D))
+        t = {k: v.astype(np.float32) for k, v in t.items()}
+        save_file(t, str(folder / f"params_layer_{i}.safetensors"))
+        made.append(t)
+    return folder, made
+
+
+def test_the_releases_cross_layer_transcoder_files_are_read(gemma, llama, tmp_path):
+    """params_layer_L.safetensors: block L's latents read its ln2.out and write ln2_post.out
+    of blocks L.. (w_dec[:, L:]); each block's output by a loop written here; a file for a
+    block the model has not, a missing one, or the layout on a Llama (no
+    pre_feedforward_layernorm) refused by name."""
+    from tinygpt_cli.analysis import transcoder as T
+    from tinygpt_cli.analysis.gemmascope import cross_layer_outputs
+
+    folder, made = release_clt(tmp_path)
+    model = load_model(gemma)
+    clt = T.load_transcoders(folder, model.config, model.weights_file)
+    assert clt.site == "ln2_post.out" and clt.skip is None
+    got = values(gemma, TEXT, ["layers.0.ln2.out", "layers.1.ln2.out"])
+    xs = [got["layers.0.ln2.out"], got["layers.1.ln2.out"]]
+    zs = [jumprelu(made[i], xs[i]) for i in range(2)]
+    for j, y in enumerate(cross_layer_outputs(clt, xs)):
+        want = made[j]["b_dec"].astype(np.float64) + sum(zs[i] @ made[i]["w_dec"][:, j]
+                                                         for i in range(j + 1))
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+    affine, _ = release_clt(tmp_path / "a", affine=True)
+    assert T.load_transcoders(affine, model.config, model.weights_file).skip is not None
+    three, _ = release_clt(tmp_path / "b", n=3)
+    with pytest.raises(InputError, match="a file for block 2; this model has 2"):
+        T.load_transcoders(three, model.config, model.weights_file)
+    (folder / "params_layer_1.safetensors").unlink()
+    with pytest.raises(InputError, match="no params_layer_1.safetensors"):
+        T.load_transcoders(folder, model.config, model.weights_file)
+    other, _ = release_clt(tmp_path / "c")
+    llama_model = load_model(llama)
+    with pytest.raises(InputError, match="pre_feedforward_layernorm"):
+        T.load_transcoders(other, llama_model.config, llama_model.weights_file)
+
+
+@pytest.mark.parametrize("cross", [False, True, "release"])
 def test_a_graph_on_gemma_3_with_gemma_scope_2s_transcoders_adds_up(cli, gemma, tmp_path,
                                                                      cross):
     """On Gemma 3 the transcoders' outputs are the MLP's after its norm (ln2_post.out): the
     graph's target is the sum of its incoming edges and its errors are those of that value
     (every edge against torch: tests/test_graph_clt.py); the circuit-tracer document and
     --open's re-check agree with it."""
-    folder, made = gemma_transcoders(tmp_path, cross)
+    folder, made = release_clt(tmp_path) if cross == "release" else \
+        gemma_transcoders(tmp_path, cross)
     r = cli("graph", TEXT, "--transcoders", folder, "--weights", gemma, "--json",
             "--node-threshold", "1", "--edge-threshold", "1")
     assert r.code == 0, r.err

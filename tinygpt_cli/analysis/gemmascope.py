@@ -296,19 +296,48 @@ class CrossLayerTranscoder:
         return len(self.encoders)
 
 
+LAYER_FILE = re.compile(r"params_layer_([0-9]+)\.safetensors")
+
+
+def layer_files(folder: Path) -> dict[int, Path]:
+    """The release's cross-layer transcoder: clt/width_W_l0_S[_affine]/params_layer_L.safetensors,
+    a file a block (as circuit-tracer's users fetch it for load_gemma_scope_2_clt)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return {}
+    return {int(m[1]): p for p in folder.iterdir()
+            if (m := LAYER_FILE.fullmatch(p.name)) is not None and p.is_file()}
+
+
 def load_cross_layer(folder: Path, config: Config, pattern: str = "*") -> CrossLayerTranscoder:
-    """A clt/ folder of Gemma Scope 2 (one layer_L_... folder per block, or those `pattern`
-    matches) for this model."""
+    """A cross-layer transcoder of Gemma Scope 2 for this model: the release's folder of
+    params_layer_L.safetensors files (its hooks, as SAELens infers them for clt/, Gemma 3's
+    norm before the MLP to its norm after; `_affine` in its name: the skip connection), or a
+    folder of one layer_L_... folder per block (or those `pattern` matches) with their
+    config.json."""
     n, d = config.n_layer, config.n_embd
+    files = layer_files(folder)
+    if files and max(files) >= n:
+        raise InputError(f"{folder}: it has a file for block {max(files)}; this model has {n} "
+                         "blocks: it was made for another model")
     encoders, decoders, biases, skips, sites = [], [], [], [], set()
     for layer in range(n):
-        found = transcoder_folders(folder, layer, pattern)
-        if len(found) != 1:
-            names = ", ".join(p.name for p in found) or "none"
-            raise InputError(f"{folder}: {len(found)} cross-layer transcoders for block "
-                             f"{layer} ({names}); give a folder holding one per block")
-        cfg = raw_config(found[0])
-        where = str(found[0])
+        if files:
+            if layer not in files:
+                raise InputError(f"{folder}: no params_layer_{layer}.safetensors for block "
+                                 f"{layer}")
+            b = f"model.layers.{layer}"
+            cfg = {"hf_hook_point_in": f"{b}.pre_feedforward_layernorm.output",
+                   "hf_hook_point_out": f"{b}.post_feedforward_layernorm.output",
+                   "affine_connection": Path(folder).name.endswith("_affine")}
+            params, where = files[layer], str(files[layer])
+        else:
+            found = transcoder_folders(folder, layer, pattern)
+            if len(found) != 1:
+                names = ", ".join(p.name for p in found) or "none"
+                raise InputError(f"{folder}: {len(found)} cross-layer transcoders for block "
+                                 f"{layer} ({names}); give a folder holding one per block")
+            cfg, params, where = raw_config(found[0]), found[0] / PARAMS, str(found[0])
         check_model_name(cfg.get("model_name"), config, where)
         ins = hook_value(cfg.get("hf_hook_point_in"), config, where)
         outs = hook_value(cfg.get("hf_hook_point_out"), config, where)
@@ -319,12 +348,12 @@ def load_cross_layer(folder: Path, config: Config, pattern: str = "*") -> CrossL
                              f"{cfg.get('hf_hook_point_in')!r} and writes "
                              f"{cfg.get('hf_hook_point_out')!r}")
         sites.add(outs[0])
-        m = _width(found[0] / PARAMS, d)
+        m = _width(params, d)
         wants = {"w_enc": (d, m), "b_enc": (m,), "threshold": (m,), "b_dec": (d,)}
         if cfg.get("affine_connection", False) is True:
             wants["affine_skip_connection"] = (d, d)
-        w_dec = _layered_decoder(found[0] / PARAMS, m, n, d)
-        t = read_params(found[0] / PARAMS, wants)
+        w_dec = _layered_decoder(params, m, n, d)
+        t = read_params(params, wants)
         encoders.append(SAE(t["w_enc"], t["b_enc"], w_dec[:, layer], t["b_dec"],
                             f"layers.{layer}.{outs[0]}", None, where, "jumprelu",
                             t["threshold"], b_in=np.zeros(d, np.float32)))

@@ -122,6 +122,10 @@ def load_transcoders(folder: Path, config: Config, weights_file: Path):
         raise InputError(f"no transcoders at {folder}: {train_hint(weights_file, folder)}")
     if not file_of(folder, 0).exists() and any(folder.glob("layer_*/params.safetensors")):
         return _gemma_scope_transcoders(folder, config)
+    from .gemmascope import layer_files, load_cross_layer
+
+    if not file_of(folder, 0).exists() and layer_files(folder):  # the release's clt/ layout
+        return load_cross_layer(folder, config)
     return [load_transcoder(file_of(folder, i), config, weights_file, i)
             for i in range(config.n_layer)]
 
@@ -309,7 +313,8 @@ def data_codes(model, transcoders: list[S.SAE], folder: Path, layer: int, files:
     tc = replace(encoders_of(transcoders)[layer], site=input_path(layer))
     source = file_of(folder, layer)
     if not source.is_file():  # a Gemma Scope 2 folder's: the dictionary's own weights
-        source = Path(encoders_of(transcoders)[layer].path) / "params.safetensors"
+        own = Path(encoders_of(transcoders)[layer].path)
+        source = own if own.is_file() else own / "params.safetensors"
     return S.data_codes(model, tc, source, files, windows, bar, engine=engine)
 
 
