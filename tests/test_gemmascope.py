@@ -156,10 +156,15 @@ def test_a_skip_connection_is_read_and_decoded_with_its_input(llama, tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_the_graph_refuses_a_skip_it_does_not_compute(cli, llama, tmp_path):
+def test_a_graph_through_skip_connections_adds_up(cli, llama, tmp_path):
+    """_affine transcoders: the skip is a path of the frozen model (every edge through it
+    against torch: tests/test_graph_clt.py); the target is still the sum of its edges."""
     folder, _ = transcoders(tmp_path, skip=True)
-    assert_one_error_line(cli("graph", TEXT, "--transcoders", folder, "--weights", llama), 2,
-                          "skip connection")
+    r = cli("graph", TEXT, "--transcoders", folder, "--weights", llama, "--json",
+            "--node-threshold", "1", "--edge-threshold", "1")
+    assert r.code == 0, r.err
+    tl = r.json()["target_logit"]
+    assert tl["incoming_total"] == pytest.approx(tl["value"], abs=1e-4)
 
 
 def _sae(tmp_path, **change):

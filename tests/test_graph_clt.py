@@ -33,26 +33,31 @@ IDS = [3, 17, 5, 5, 9, 2, 11]
 M = 10
 
 
-def raw_dictionaries(config: Config, cross: bool, seed: int = 0) -> dict:
+def raw_dictionaries(config: Config, cross: bool, seed: int = 0, skip: bool = False) -> dict:
     """Random JumpReLU dictionaries as plain arrays: enc [n, d, m], b_enc, threshold [n, m],
-    dec[L] [m, n - L, d] (per-layer: [m, 1, d]), b_dec [n, d]."""
+    dec[L] [m, n - L, d] (per-layer: [m, 1, d]), b_dec [n, d], and an affine skip [n, d, d]
+    (or None)."""
     rng = np.random.default_rng(seed)
     n, d = config.n_layer, config.n_embd
     return {"enc": rng.normal(0, 0.7, (n, d, M)), "b_enc": rng.normal(0.2, 0.3, (n, M)),
             "threshold": np.abs(rng.normal(0.2, 0.2, (n, M))),
             "dec": [rng.normal(0, 0.4, (M, n - i if cross else 1, d)) for i in range(n)],
-            "b_dec": rng.normal(0, 0.2, (n, d))}
+            "b_dec": rng.normal(0, 0.2, (n, d)),
+            "skip": rng.normal(0, 0.3, (n, d, d)) if skip else None}
 
 
 def as_tinygpt(raw: dict, site: str, cross: bool):
     """The same dictionaries as the graph takes them: a CrossLayerTranscoder, or a list of
     per-layer transcoders (sae.SAE, nothing subtracted from the input, as Gemma Scope 2's)."""
     n, d = raw["b_dec"].shape
+    skip = raw["skip"]
     encoders = [S.SAE(raw["enc"][i], raw["b_enc"][i], raw["dec"][i][:, 0], raw["b_dec"][i],
                       f"layers.{i}.{site}", None, architecture="jumprelu",
-                      threshold=raw["threshold"][i], b_in=np.zeros(d)) for i in range(n)]
+                      threshold=raw["threshold"][i], b_in=np.zeros(d),
+                      skip=None if skip is None or cross else skip[i]) for i in range(n)]
     if cross:
-        return CrossLayerTranscoder(encoders, raw["dec"], raw["b_dec"], None, site)
+        return CrossLayerTranscoder(encoders, raw["dec"], raw["b_dec"],
+                                    None if skip is None else list(skip), site)
     return encoders
 
 
@@ -63,8 +68,9 @@ def jumprelu(raw: dict, i: int, x: np.ndarray) -> np.ndarray:
 
 def torch_targets(params, config, values, raw, site, graph, z, err_scale, emb_scale):
     """The frozen replacement model in torch: block j's output at `site` is b_dec[j] plus
-    every block i <= j's z_i dec[i][:, j - i] (per-layer: i = j only), plus err_scale times
-    (the real value there minus the same from the real run's latents); Gemma's norms after
+    every block i <= j's z_i dec[i][:, j - i] (per-layer: i = j only) plus, with a skip, the
+    MLP's input (the frozen ln2 of this model's stream) times skip[j], plus err_scale times
+    (the real value there minus the same from the real run's values); Gemma's norms after
     attention and after the MLP (unless the site is after it) frozen at the run's rms.
     Returns the graph's targets' values: its features' pre-activations, then its logits."""
     torch = pytest.importorskip("torch")
@@ -107,17 +113,19 @@ def torch_targets(params, config, values, raw, site, graph, z, err_scale, emb_sc
     reads = []
     for j in range(n):
         real = torch.tensor(np.asarray(values[f"layers.{j}.{site}"], np.float64))
+        x_real = torch.tensor(np.asarray(values[f"layers.{j}.ln2.out"], np.float64))
+        a = attn(j, h)
+        if not config.parallel:
+            h = h + a
+        x = norm(f"layers.{j}.ln2", h)
+        reads.append(x)
         y = written(z, j) + err_scale[j][:, None] * (real - written(z_real, j))
+        if raw["skip"] is not None:
+            s = torch.tensor(raw["skip"][j])
+            y = y + x @ s - err_scale[j][:, None] * (x_real @ s)
         if config.post_norms and site == "mlp_out":
             y = norm(f"layers.{j}.ln2_post", y)
-        a = attn(j, h)
-        if config.parallel:
-            reads.append(norm(f"layers.{j}.ln2", h))
-            h = h + a + y
-        else:
-            h = h + a
-            reads.append(norm(f"layers.{j}.ln2", h))
-            h = h + y
+        h = h + (a + y if config.parallel else y)
     u = norm("ln_final", h)[-1]
     w_u = P.get("unembed.W_U", P["embed.W_E"])
     out = []
@@ -130,17 +138,21 @@ def torch_targets(params, config, values, raw, site, graph, z, err_scale, emb_sc
     return torch.stack(out)
 
 
-CASES = [("gpt2", "mlp_out", True), ("llama", "mlp_out", True), ("neox", "mlp_out", True),
-         ("gemma3", "ln2_post.out", True), ("gemma3", "ln2_post.out", False),
-         ("gemma3", "mlp_out", False), ("gemma3", "mlp_out", True)]
+CASES = [("gpt2", "mlp_out", True, False), ("llama", "mlp_out", True, False),
+         ("neox", "mlp_out", True, False), ("gemma3", "ln2_post.out", True, False),
+         ("gemma3", "ln2_post.out", False, False), ("gemma3", "mlp_out", False, False),
+         ("gemma3", "mlp_out", True, False), ("gpt2", "mlp_out", False, True),
+         ("neox", "mlp_out", True, True), ("gemma3", "ln2_post.out", True, True),
+         ("gemma3", "mlp_out", False, True)]
 
 
-@pytest.fixture(params=CASES, ids=["-".join(map(str, c)) for c in CASES])
+@pytest.fixture(params=CASES, ids=["-".join(map(str, c[:3])) + ("-skip" if c[3] else "")
+                                   for c in CASES])
 def case(request):
-    family, site, cross = request.param
+    family, site, cross, skip = request.param
     config = FAMILIES[family]
     params = random_params(config, seed=3)
-    raw = raw_dictionaries(config, cross)
+    raw = raw_dictionaries(config, cross, skip=skip)
     return config, params, raw, site, cross
 
 

@@ -96,10 +96,11 @@ class Frozen:
     b_O: list[np.ndarray]  # noqa: N815 [d]
     shift: tuple[int, np.ndarray] | None = None  # steering: (block, vector added to its input)
     site: str = "mlp_out"  # the value of each block the dictionaries' outputs stand for
+    skip: list[np.ndarray] | None = None  # per block [d, d]: its output also gets ln2.out skip
 
 
 def freeze(params, config: Config, values: dict, steering=None, products=np.float64,
-           site: str = "mlp_out") -> Frozen:
+           site: str = "mlp_out", skip: list | None = None) -> Frozen:
     f64 = lambda a: None if a is None else np.asarray(a, np.float64)  # noqa: E731
     names = [f"layers.{i}.{n}" for i in range(config.n_layer) for n in describe(config, i).norms]
     names.append("ln_final")
@@ -113,7 +114,7 @@ def freeze(params, config: Config, values: dict, steering=None, products=np.floa
                   scales, norms, [f64(q[2]) for q in qkv], [f64(q[5]) for q in qkv],
                   [f64(head_out_matrix(params, config, i)) for i in range(config.n_layer)],
                   [np.zeros(config.n_embd) if b is None else f64(b) for b in b_o],
-                  shift_of(steering), site)
+                  shift_of(steering), site, skip)
 
 
 def pattern_blocks(weights: np.ndarray, dtype=np.float64) -> list[np.ndarray]:
@@ -316,13 +317,16 @@ def frozen_forward(fz: Frozen, emb: np.ndarray, mlp_outs: list[np.ndarray]
                 stream = stream + x
             return stream
 
+        def written(i: int) -> np.ndarray:  # the block's output, its skip's part too
+            return mlp_outs[i] if fz.skip is None else mlp_outs[i] + reads[i] @ fz.skip[i]
+
         def mlp(s: Step, x: np.ndarray, i=i) -> np.ndarray | None:
             reads.append(x)
-            return mlp_outs[i] if s.out == fz.site else None
+            return written(i) if s.out == fz.site else None
 
         def norm(s: Step, x: np.ndarray | None, i=i) -> np.ndarray:
             if s.out == fz.site:  # the dictionary stands for the MLP and this norm after it
-                return mlp_outs[i]
+                return written(i)
             return norm_forward(fz, f"layers.{i}.{s.name}", x)
 
         h = run(b, {"norm": norm, "attention": lambda s, x, i=i: attention_forward(fz, i, x),
@@ -345,7 +349,8 @@ def frozen_backward(fz: Frozen, g: np.ndarray, layer: int, at: np.ndarray | None
     post: list = [None] * fz.config.n_layer
     factors = None  # g as position profiles times vectors, while that is the cheaper form
     first = True
-    factor = 1 + fz.config.n_head < fz.config.d_k and not fz.config.post_norms
+    factor = (1 + fz.config.n_head < fz.config.d_k and not fz.config.post_norms
+              and fz.skip is None)
 
     def back(i, g):  # through block i's attention and the norm before it (fused)
         nonlocal factors, first
@@ -368,17 +373,18 @@ def frozen_backward(fz: Frozen, g: np.ndarray, layer: int, at: np.ndarray | None
         fused = b.norm_of("attention")
 
         def norm(s: Step, d: np.ndarray) -> tuple:
-            if s.out == fz.site:  # the dictionary's output: a source, no path on
-                post[i] = d
-                return (None,)
+            if s.out == fz.site:  # the dictionary's output: a source; on only by its skip,
+                post[i] = d  # handed to the MLP's step as the derivative at ln2.out
+                return (None if fz.skip is None else d @ fz.skip[i].T,)
             if s.name == fused:
                 return (d,)  # attention's backward went through it already
-            return (norm_backward(fz, f"layers.{i}.{s.name}", d),)  # after a branch
+            return (norm_backward(fz, f"layers.{i}.{s.name}", d),)  # after a branch, or ln2
 
         def mlp(s: Step, d: np.ndarray) -> tuple:
             if s.out == fz.site:
                 post[i] = d
-            return (None,)
+                return (None if fz.skip is None else d @ fz.skip[i].T,)
+            return (d,)  # the skip's derivative at ln2.out, from the norm after the MLP
 
         return {"attention": lambda s, d: (back(i, d),), "mlp": mlp,
                 "norm": norm, "add": lambda s, d: (d,) * len(s.reads)}
@@ -463,6 +469,7 @@ class Writers:
     decoders: list[list[np.ndarray]]
     b_dec: list[np.ndarray]
     site: str = "mlp_out"
+    skip: list[np.ndarray] | None = None  # per block [d, d]: + ln2.out skip (an affine one)
 
     @property
     def widths(self) -> list[int]:
@@ -475,30 +482,33 @@ class Writers:
 
 def writers_of(transcoders) -> Writers:
     """Writers of a list of per-layer transcoders (analysis/sae.SAE each) or of a
-    gemmascope.CrossLayerTranscoder. A skip connection is refused by name: its path through
-    the MLP's input is not in the frozen model."""
+    gemmascope.CrossLayerTranscoder. A skip connection (Gemma Scope 2's affine ones) is a
+    linear path of the frozen model: the MLP's input, through the frozen ln2, times it."""
     from ..errors import InputError
 
     if isinstance(transcoders, Writers):
         return transcoders
     if hasattr(transcoders, "w_dec"):  # a cross-layer transcoder
-        if transcoders.skip is not None:
-            raise InputError("the cross-layer transcoder has skip connections: the graph does "
-                             "not compute that path yet")
         return Writers(list(transcoders.encoders),
                        [[np.asarray(w[:, k], np.float64) for k in range(w.shape[1])]
                         for w in transcoders.w_dec],
                        [np.asarray(b, np.float64) for b in transcoders.b_dec],
-                       transcoders.site)
+                       transcoders.site, _skips(transcoders.skip))
     sites = {tc.site.split(".", 2)[2] for tc in transcoders}
     if any(tc.rescale or tc.normalize != "none" for tc in transcoders):
         raise InputError("the graph's decoder vectors are W_dec's rows as they are: a "
                          "transcoder that rescales or normalises is not computed yet")
-    if len(sites) != 1 or any(tc.skip is not None for tc in transcoders):
-        raise InputError("the transcoders must all predict one value of their block, without "
-                         f"a skip connection (they predict {', '.join(sorted(sites))})")
+    skips = [tc.skip is not None for tc in transcoders]
+    if len(sites) != 1 or (any(skips) and not all(skips)):
+        raise InputError("the transcoders must all predict one value of their block, all with "
+                         f"a skip connection or none (they predict {', '.join(sorted(sites))})")
     return Writers(list(transcoders), [[np.asarray(tc.W_dec, np.float64)] for tc in transcoders],
-                   [np.asarray(tc.b_dec, np.float64) for tc in transcoders], sites.pop())
+                   [np.asarray(tc.b_dec, np.float64) for tc in transcoders], sites.pop(),
+                   _skips([tc.skip for tc in transcoders] if all(skips) else None))
+
+
+def _skips(skips) -> list[np.ndarray] | None:
+    return None if skips is None else [np.asarray(s, np.float64) for s in skips]
 
 
 def transcoder_features(writers: Writers, values: dict, n_layer: int):
@@ -513,6 +523,9 @@ def transcoder_features(writers: Writers, values: dict, n_layer: int):
         zs.append(z.astype(np.float64))
     errors = [np.asarray(values[f"layers.{j}.{writers.site}"], np.float64) - writers.b_dec[j]
               for j in range(n_layer)]
+    if writers.skip is not None:  # the skip's part of the prediction, from the real input
+        errors = [e - np.asarray(values[f"layers.{j}.ln2.out"], np.float64) @ writers.skip[j]
+                  for j, e in enumerate(errors)]
     for i, z in enumerate(zs):
         for j in writers.written(i):
             errors[j] -= z @ writers.decoders[i][j - i]
@@ -606,7 +619,7 @@ def build(params, config: Config, ids: list[int], transcoders, *,
              + ["logit"] * len(tokens))
     cap = nf if max_features is None else max_features
     dtype = adjacency_dtype(min(nf, cap) + len(tokens), len(kinds))
-    fz = freeze(params, config, values, steering, dtype, writers.site)
+    fz = freeze(params, config, values, steering, dtype, writers.site, writers.skip)
     for i in range(config.n_layer):  # fz holds them now, in causal blocks
         del values[f"layers.{i}.weights"]
     layer = np.concatenate([f_layer, np.repeat(np.arange(nl), t), np.full(t + 1, -1),

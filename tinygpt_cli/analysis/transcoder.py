@@ -145,8 +145,8 @@ def _gemma_scope_transcoders(folder: Path, config: Config, pattern: str = "*"):
 def gemma_scope_transcoder(folder: Path, config: Config, layer: int, pattern: str = "*"
                            ) -> S.SAE:
     """Block `layer`'s transcoder from a folder in Gemma Scope 2's layout (one
-    layer_L_width_W_l0_S folder per block, gemmascope.py). One with a skip connection is
-    refused: the graph and the evaluation do not compute that path yet."""
+    layer_L_width_W_l0_S folder per block, gemmascope.py), its skip connection (an _affine
+    one) with it: the evaluation decodes with it, the graph has it as a path of its own."""
     from .gemmascope import load_gemma_scope, transcoder_folders
 
     found = transcoder_folders(folder, layer, pattern)
@@ -160,10 +160,6 @@ def gemma_scope_transcoder(folder: Path, config: Config, layer: int, pattern: st
                                                f"layers.{layer}.ln2_post.out"):
         raise InputError(f"{found[0]} is not block {layer}'s transcoder (it reads "
                          f"{tc.site})")
-    if tc.skip is not None:
-        raise InputError(f"{found[0]} has a skip connection (affine_connection): tinygpt "
-                         "reads it, but the graph and transcoder eval do not compute that "
-                         "path yet; use a release without _affine")
     return tc
 
 

@@ -372,6 +372,9 @@ def _qk(model, g, transcoders, steering) -> list:
     if not isinstance(transcoders, list):
         raise InputError("--qk splits scores through per-layer transcoders; with a "
                          "cross-layer one it is not computed yet")
+    if any(tc.skip is not None for tc in transcoders):
+        raise InputError("--qk splits scores into the stream's parts; a transcoder's skip "
+                         "connection (_affine) is a part it does not split yet")
     return graph_qk.edge_qk(model.params, model.config, g, transcoders, steering)
 
 
