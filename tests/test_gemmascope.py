@@ -740,3 +740,65 @@ def test_transcoder_eval_on_gemma_3_replaces_the_mlps_output_after_its_norm(gemm
     want = -np.take_along_axis(logp, y[..., None], -1).mean()
     assert got.loss_replaced == pytest.approx(want, rel=1e-4)
     assert got.loss_replaced != pytest.approx(got.loss_clean, rel=1e-4)
+
+
+def test_saelens_own_gemma_3_loader_agrees(llama, wide_heads, hub_cache, tmp_path,
+                                           monkeypatch):
+    """Where SAELens installs (not in CI: it brings PyTorch): its own gemma_3 loader
+    (gemma_3_sae_huggingface_loader) reads the release's folders from the offline hub cache,
+    and the SAE it builds encodes and decodes as tinygpt's reading of the same folder: an
+    _affine transcoder (its W_skip the transpose of affine_skip_connection) and an
+    attention-output SAE (o_proj's input, merged as tinygpt merges layers.L.z). Only
+    get_safetensors_tensor_shapes, an HTTP range request, is answered from the file here."""
+    sae_lens = pytest.importorskip("sae_lens")
+    torch = pytest.importorskip("torch")
+    from sae_lens.loading import pretrained_sae_loaders as loaders
+    from sae_lens.registry import get_sae_class
+
+    from tinygpt_cli.analysis import sae as S
+    from tinygpt_cli.analysis.gemmascope import load_gemma_scope
+    from tinygpt_cli.weights import header_bytes, read_header
+
+    src = tmp_path / "src2"
+    affine = write_dictionary(src / "transcoder_all" / "layer_0_width_12_l0_small_affine", {
+        "architecture": "jump_relu", "model_name": "meta-llama/Llama-3.2-1B",
+        "hf_hook_point_in": "model.layers.0.post_attention_layernorm.output",
+        "hf_hook_point_out": "model.layers.0.mlp.output", "affine_connection": True},
+        seed=80, skip=True)
+    attn = write_dictionary(src / "attn_out_all" / "layer_1_width_12_l0_small", {
+        "architecture": "jump_relu", "model_name": "google/gemma-3-270m",
+        "hf_hook_point_in": "model.layers.1.self_attn.o_proj.input"}, seed=81, d_in=24,
+        d_out=24)
+    cache_repo(tmp_path / "hf" / "hub", "org/scope2", "d" * 40, src)
+
+    def shapes(repo_id, filename):  # the header, read from the cached file
+        snap = tmp_path / "hf" / "hub" / ("models--" + repo_id.replace("/", "--"))
+        path = snap / "snapshots" / ("d" * 40) / filename
+        return {k: list(v.shape) for k, v in read_header(path, header_bytes(8)).items()}
+
+    monkeypatch.setattr(loaders, "get_safetensors_tensor_shapes", shapes)
+    from huggingface_hub import constants  # read once at import: the fixture's, set again
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    x_tc = values(llama, TEXT, ["layers.0.ln2.out"])["layers.0.ln2.out"]
+    heads = values(wide_heads, TEXT, ["layers.1.z"])["layers.1.z"]
+    for sub, folder_model, x, t in [
+            ("transcoder_all/layer_0_width_12_l0_small_affine", llama, x_tc, affine),
+            ("attn_out_all/layer_1_width_12_l0_small", wide_heads, S.site_rows("layers.1.z",
+                                                                              heads), attn)]:
+        cfg, state, _ = loaders.gemma_3_sae_huggingface_loader("org/scope2", sub, "cpu")
+        cls, cfg_cls = get_sae_class(cfg["architecture"])
+        theirs = cls(cfg_cls.from_dict(cfg))
+        theirs.load_state_dict(state)
+        ours, _ = load_gemma_scope(src / sub, load_model(folder_model).config)
+        with torch.no_grad():
+            z_ref = theirs.encode(torch.tensor(x)).numpy()
+            y_ref = theirs(torch.tensor(x)).numpy()
+        z = S.encode(ours, x)
+        assert (z > 0).any()
+        np.testing.assert_array_equal(z > 0, z_ref > 0)
+        np.testing.assert_allclose(z, z_ref, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(S.decode(ours, z, x), y_ref, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(z, jumprelu(t, x), rtol=1e-4, atol=1e-5)
+    assert sae_lens.__version__
