@@ -16,10 +16,10 @@ import pytest
 from cli_helpers import TOKENIZER, assert_one_error_line
 from safetensors.numpy import save_file
 
-from tinygpt_cli.config import arch_config, save_config
 from tinygpt_cli.errors import InputError
-from tinygpt_cli.model import init_params, record
-from tinygpt_cli.weights import load_model, save_params
+from tinygpt_cli.storage.weights import load_model, save_params
+from tinygpt_cli.transformer.config import arch_config, save_config
+from tinygpt_cli.transformer.model import init_params, record
 
 TEXT = "Lily wanted to play with her ball"
 D, M = 16, 12
@@ -508,8 +508,8 @@ def test_sae_feature_and_ablate_read_a_gemma_scope_latent(cli, llama, gemma, tmp
     assert doc["promotes"][0]["id"] == int(np.argmax(direct))
     assert doc["promotes"][0]["logit"] == pytest.approx(direct.max(), rel=1e-4)
     # --ablate: the stream less z_n w_dec[n] at every position, by a hook written here
-    from tinygpt_cli.hooks import Replace
-    from tinygpt_cli.model import forward
+    from tinygpt_cli.transformer.hooks import Replace
+    from tinygpt_cli.transformer.model import forward
 
     def minus(v):
         return v - jumprelu(t, v)[:, n:n + 1] * t["w_dec"][n]
@@ -533,7 +533,7 @@ def test_why_value_of_a_gemma_scope_latent_is_its_gradient(make_params, llama, t
     from test_history import assert_query_is_the_values_gradient
 
     from tinygpt_cli.analysis import why
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.model import run_traced
 
     config = arch_config("llama", n_embd=D, n_layer=2, n_head=4, n_inner=24, vocab_size=13,
                          n_positions=8)
@@ -600,8 +600,8 @@ def test_an_attention_output_sae_reads_the_heads_side_by_side(cli, wide_heads, t
     p = {k: v.astype(np.float64) for k, v in loaded.params.items()}
     push = (t["w_dec"][n] @ p["layers.1.attn.W_O"] * p["ln_final.w"]) @ p["embed.W_E"].T
     assert r.json()["promotes"][0]["id"] == int(np.argmax(push))
-    from tinygpt_cli.hooks import Replace
-    from tinygpt_cli.model import forward
+    from tinygpt_cli.transformer.hooks import Replace
+    from tinygpt_cli.transformer.model import forward
 
     def minus(v):  # each head's slice of the latent's decoder row, taken from its output
         v = v.copy()
@@ -704,8 +704,8 @@ def test_transcoder_eval_on_gemma_3_replaces_the_mlps_output_after_its_norm(gemm
     value (variance explained against the release's formula on the recorded values) and the
     replacement model puts the prediction there (its loss, by a hook written here)."""
     from tinygpt_cli.analysis import transcoder as T
-    from tinygpt_cli.hooks import Replace
-    from tinygpt_cli.model import forward
+    from tinygpt_cli.transformer.hooks import Replace
+    from tinygpt_cli.transformer.model import forward
 
     folder, made = gemma_transcoders(tmp_path)
     model = load_model(gemma)
@@ -757,7 +757,7 @@ def test_saelens_own_gemma_3_loader_agrees(llama, wide_heads, hub_cache, tmp_pat
 
     from tinygpt_cli.analysis import sae as S
     from tinygpt_cli.analysis.gemmascope import load_gemma_scope
-    from tinygpt_cli.weights import header_bytes, read_header
+    from tinygpt_cli.storage.weights import header_bytes, read_header
 
     src = tmp_path / "src2"
     affine = write_dictionary(src / "transcoder_all" / "layer_0_width_12_l0_small_affine", {

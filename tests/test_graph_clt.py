@@ -15,8 +15,8 @@ from conftest import random_params
 from tinygpt_cli.analysis import graph as G
 from tinygpt_cli.analysis import sae as S
 from tinygpt_cli.analysis.gemmascope import CrossLayerTranscoder
-from tinygpt_cli.config import Config, arch_config
-from tinygpt_cli.model import forward, record
+from tinygpt_cli.transformer.config import Config, arch_config
+from tinygpt_cli.transformer.model import forward, record
 
 SIZES = dict(n_embd=16, n_layer=3, n_head=4, n_inner=20, vocab_size=23, n_positions=8)
 FAMILIES = {
@@ -206,7 +206,7 @@ def test_with_error_nodes_the_replacement_gives_the_real_logits(case):
 def test_a_cross_layer_feature_moved_in_the_real_model_moves_every_block_it_writes():
     """real_change: a block-0 feature set to 0 takes its decoder vectors out of every
     block's output, as a hand-made hook on each block's mlp_out does."""
-    from tinygpt_cli.hooks import Replace
+    from tinygpt_cli.transformer.hooks import Replace
 
     config = FAMILIES["gpt2"]
     params = random_params(config, seed=3)

@@ -37,9 +37,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..config import Config
-from ..model import forward, head_out_matrix, head_qkv, norm_weights, record, unembed_rows
-from ..wiring import FAMILIES, Block, Step, describe, handles, require, run, run_backward
+from ..transformer.config import Config
+from ..transformer.model import (
+    forward,
+    head_out_matrix,
+    head_qkv,
+    norm_weights,
+    record,
+    unembed_rows,
+)
+from ..transformer.wiring import (
+    FAMILIES,
+    Block,
+    Step,
+    describe,
+    handles,
+    require,
+    run,
+    run_backward,
+)
 from . import sae as S
 
 # The blocks this analysis implements (wiring.require refuses others by name): the frozen pass has
@@ -1021,7 +1037,7 @@ def real_change(params, config: Config, ids: list[int], transcoders,
     moved to its new activation (mlp_out + (new - old) W_dec[j] at its position, in every
     block a cross-layer feature writes into; the rest of the MLP as it was), downstream
     features free to change as the model computes."""
-    from ..hooks import Replace
+    from ..transformer.hooks import Replace
 
     writers = writers_of(transcoders)
     fns: dict[str, list] = {}
@@ -1041,7 +1057,7 @@ def real_change(params, config: Config, ids: list[int], transcoders,
             return v
         return fn
 
-    from ..hooks import chained
+    from ..transformer.hooks import chained
 
     logits = forward(params, config, np.asarray(ids),
                      hooks=chained(steering, Replace(

@@ -26,16 +26,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import ops
-from ..config import Config
 from ..errors import InputError, WeightsError
-from ..files import write_atomically
-from ..hooks import Chain, RecordOnly, Replace, StopAfter, chained
-from ..madefor import check_made_for
-from ..model import forward
-from ..optim import SAE_BETAS, AdamW
-from ..schema import resolve
-from ..wiring import FORWARD
+from ..storage.files import write_atomically
+from ..storage.madefor import check_made_for
+from ..transformer import ops
+from ..transformer.config import Config
+from ..transformer.hooks import Chain, RecordOnly, Replace, StopAfter, chained
+from ..transformer.model import forward
+from ..transformer.optim import SAE_BETAS, AdamW
+from ..transformer.schema import resolve
+from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): a recorded value
 # encoded.
@@ -50,7 +50,7 @@ def check_site(path: str, config: Config, heads: bool = False) -> str:
     `heads`: also layers.N.z, the heads' outputs side by side (an attention-output SAE read,
     Gemma Scope 2's; tinygpt trains none), and Gemma's ln2_post.out (the MLP's output after
     its norm, Gemma Scope 2's mlp_out)."""
-    from ..schema import PathError
+    from ..transformer.schema import PathError
 
     try:
         name, rows = resolve(path, config)
@@ -176,7 +176,7 @@ def top_k_relu(a: np.ndarray, k: int) -> np.ndarray:
 def encode(sae: SAE, x: np.ndarray) -> np.ndarray:
     """The latents z [..., m] of values x [..., d]; they must stay finite (an encoder of
     3e38 made every latent inf): WeightsError naming the file otherwise."""
-    from ..model import all_finite
+    from ..transformer.model import all_finite
 
     with np.errstate(all="ignore"):
         z = activate(sae, pre_activations(sae, x))
@@ -351,7 +351,7 @@ def sae_tensors(sae: SAE) -> dict[str, np.ndarray]:
 
 
 def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> None:
-    from ..weights import safetensors_bytes
+    from ..storage.weights import safetensors_bytes
     from .steer import metadata_strings
 
     info = {"site": sae.site, "k": str(sae.k), **metadata_strings(meta or {})}
@@ -364,8 +364,8 @@ def load_sae(path: str | Path, config: Config, weights_file: Path, *,
     one its file name says, when the name is a site), k, made for `weights_file`. A folder
     is a SAELens dictionary (saelens.py). `default_site`: the path is the weights folder's
     SAE of that site (sae_file), not one the user named with --sae."""
-    from ..hub import dictionary
-    from ..weights import read_safetensors
+    from ..storage.hub import dictionary
+    from ..storage.weights import read_safetensors
 
     path = Path(path) if default_site is not None else dictionary(path, "--sae")
     if path.is_dir() and (path / "params.safetensors").is_file():
@@ -407,7 +407,7 @@ def _gemma_scope_sae(path: Path, config: Config) -> SAE:
 def train_hint(weights_file: Path, site: str, verb: str = "train one") -> str:
     """The command that trains the SAE of `site` for these weights, never into the installed
     package (madefor.remake_hint)."""
-    from ..madefor import remake_hint
+    from ..storage.madefor import remake_hint
 
     return remake_hint(verb, f"sae train --site {site}", weights_file,
                        sae_file(weights_file, None, site), "--out", f"{site}.safetensors",
@@ -490,7 +490,7 @@ def site_values_on(engine, params, config: Config, windows: np.ndarray, site: st
                    progress: Callable[[int], None] | None = None, hooks=None) -> np.ndarray:
     """site_values, each shard of windows a task on `engine` (None: this process), joined in
     window order: the same numbers as one pass (the shards hold whole batches)."""
-    from ..cluster import over_windows
+    from ..jobs.cluster import over_windows
 
     parts = over_windows(engine, shard_site_values, windows, (params, config, site, hooks),
                          progress=progress)
@@ -577,7 +577,7 @@ def evaluate_held_out(model, sae: SAE, data, windows: int, progress=None, hooks=
     """`sae eval`: evaluate over `windows` windows of the held-out text (--data's last part,
     or part-005), never training text, on `engine` (None: this process); (the evaluation,
     the files' names)."""
-    from ..corpus import data_windows, held_out_files
+    from ..storage.corpus import data_windows, held_out_files
 
     files = held_out_files(data)
     x, y = data_windows(files, model.tokenizer, model.config.n_positions, windows)
@@ -597,7 +597,7 @@ def evaluate(params, config: Config, sae: SAE, inputs: np.ndarray, targets: np.n
     """
     from functools import partial
 
-    from ..cluster import over_windows
+    from ..jobs.cluster import over_windows
 
     x = site_values_on(engine, params, config, inputs, sae.site, hooks=hooks)
     z = encode(sae, x)
@@ -677,7 +677,7 @@ class FeatureReport:
 def direct_logits(sae: SAE, params, latent: int) -> np.ndarray:
     """W_dec[latent] * ln_final.w @ W_U: the tokens the latent's direction pushes
     (the final norm's centring and per-token 1/std left out).  -> [V]"""
-    from ..model import norm_weights, out_matrix, token_table
+    from ..transformer.model import norm_weights, out_matrix, token_table
 
     row = sae.W_dec[latent]
     if sae.site.endswith(".z"):  # the heads' outputs: through the block's W_O first
@@ -726,7 +726,7 @@ def latent_on_text(sae: SAE, params, values: np.ndarray, latent: int,
                    n_tokens: int = 10) -> LatentOnText:
     """The latent (negative: from the end) over a text whose values at the SAE's site are
     [T, d]."""
-    from ..session import check_index
+    from ..jobs.session import check_index
 
     latent = check_index(latent, sae.n_latents, "latent")
     promotes, suppresses = pushed_tokens(direct_logits(sae, params, latent), n_tokens)
@@ -766,7 +766,7 @@ def without_latents(sae: SAE, latents: list[int]) -> Callable[[np.ndarray], np.n
 def latents_of(weights_file: Path, trace, path: str, given: tuple[Path, ...] = ()):
     """`sae.SITE` (every latent) or `sae.SITE.N` (one) of a traced run: (the site, its SAE
     (site_sae), z [T, m] or [T], per token its active latents or None)."""
-    from ..session import check_index
+    from ..jobs.session import check_index
 
     site, latent = parse_latent_path(path, trace.config)
     sae = site_sae(weights_file, trace.config, site, given)
@@ -800,7 +800,7 @@ def model_sae(model, given: Path | None = None) -> SAE:
 def sae_file(weights_file: Path, sae: Path | None, site: str = SHIPPED_SITE) -> Path:
     """--sae (a hub repository's folder, ORG/NAME/PATH, fetched: hub.dictionary), or the
     weights folder's sae/SITE.safetensors."""
-    from ..hub import dictionary
+    from ..storage.hub import dictionary
 
     if sae is not None:
         return dictionary(sae, "--sae")
@@ -821,7 +821,7 @@ def latent_ablation(weights_file: Path, config: Config, paths: list[str],
                     given: tuple[Path, ...] = ()) -> Replace:
     """A Replace hook zeroing each `sae.SITE.N` latent, its SAE the site's (site_sae); the
     reconstruction error stays in the stream."""
-    from ..session import check_index
+    from ..jobs.session import check_index
 
     by_site: dict[str, list[int]] = {}
     for p in paths:
@@ -879,12 +879,13 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
     """The SAE's sparse codes (ids, indices, values) at every token of `windows` windows of
     the files, of runs steered by `steer` (hooks.Steering) when given, computed once per
     (weights, SAE, data, steering) as a task per shard of windows on `engine` (None: this
-    process) and kept in the cache folder as shards with a manifest (tinygpt_cli.shards): a
+    process) and kept in the cache folder as shards with a manifest (tinygpt_cli.jobs.shards): a
     pass cut short keeps its finished shards. bar(total, description) is the progress bar's
     context manager."""
-    from .. import cache, shards
-    from ..corpus import data_windows
-    from ..files import sha256
+    from ..jobs import shards
+    from ..storage import cache
+    from ..storage.corpus import data_windows
+    from ..storage.files import sha256
 
     # a folder (SAELens': cfg.json and its weights; Gemma Scope 2's: params.safetensors and
     # config.json, or none, the site then read from its names): its files and the site
