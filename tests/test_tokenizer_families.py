@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
+from tinygpt_cli.jobs.train.loop import arch_config
 from tinygpt_cli.storage.weights import load_model, save_params
-from tinygpt_cli.transformer.config import arch_config, save_config
-from tinygpt_cli.transformer.families import llama
+from tinygpt_cli.transformer.families import llama, save_config
 from tinygpt_cli.transformer.model import init_params
 from tinygpt_cli.transformer.tokenizer import CHUNK, PIECE_MAX, WORD_PATTERNS, Tokenizer
 
