@@ -193,3 +193,36 @@ def test_a_sentencepiece_run_with_no_exact_cut_is_refused_in_one_line(name, cli,
     folder = model_folder(tmp_path / name, *sentencepiece_files(name))
     assert_one_error_line(cli("encode", "--weights", str(folder), "-", stdin=ch * 2010), 2,
                           "cannot be encoded in pieces exactly")
+
+
+def test_an_nfc_tokenizer_reads_the_merges_on_the_composed_text():
+    """A vocabulary merging 'étuv' with 'w' (and nothing ending in 'v' with 'w'): in
+    "e\\u0301tuvw" the NFC normaliser composes é first, so BPE makes one token of 'étuvw'
+    and no cut may fall before the w, though the raw text's bytes there have no merge."""
+    from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+    from tinygpt_cli.tokenizer import _bytes_to_unicode, exact_cut
+
+    chars = list(_bytes_to_unicode().values())
+    e_acute = "".join(_bytes_to_unicode()[b] for b in "é".encode())  # 'Ã©'
+    merges = [(e_acute[0], e_acute[1]), (e_acute, "t"), (e_acute + "t", "u"),
+              (e_acute + "tu", "v"), (e_acute + "tuv", "w")]
+    vocab = {c: i for i, c in enumerate(chars)}
+    for m in merges:
+        vocab["".join(m)] = len(vocab)
+    hf = tk.HFTokenizer(models.BPE(vocab, merges))
+    hf.normalizer = normalizers.NFC()
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    tok = Tokenizer(hf)
+    assert tok.kind() is None
+    text = "abcde\u0301tuvwxyz"
+    i, run = text.index("w"), text.index("t")  # the letters after the combining mark
+    assert exact_cut(text, i, run, lambda t, k: False, False)  # a cut, but for the merges
+    assert whole(tok, text[:i]) + whole(tok, text[i:]) != whole(tok, text)
+    assert not exact_cut(text, i, run, tok._crosses, False)
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in (("CHUNK", 4), ("PIECE_MIN", 1), ("PIECE_MAX", 10**6)):
+            mp.setattr(tk, name, value)
+        long = text * 5
+        assert tok.encode(long) == whole(tok, long)
