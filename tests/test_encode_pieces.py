@@ -226,3 +226,30 @@ def test_an_nfc_tokenizer_reads_the_merges_on_the_composed_text():
             mp.setattr(tk, name, value)
         long = text * 5
         assert tok.encode(long) == whole(tok, long)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokenizer", ["gemma", "llama2"])
+def test_a_sentencepiece_long_text_adds_under_100_bytes_a_byte(tokenizer):
+    """The peak resident memory encoding adds, measured in a fresh process
+    (benchmarks/encode_memory.py): one 2 MB word and 4 MB of ordinary text. Encoded whole,
+    as before, 100 kB of one word cost about 180 bytes a byte and 1 MB of text 120."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "encode_memory.py"
+    spec = importlib.util.spec_from_file_location("encode_memory", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for n, kind in ((2_000_000, "word"), (4_000_000, "text")):
+        r = bench.measure(n, kind, tokenizer)
+        assert r["bytes_per_byte"] < 100, r
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet="<|>ab▁ ", max_size=60),
+       contents=st.lists(st.text(alphabet="<|>ab▁ ", max_size=5), max_size=8))
+def test_added_spans_are_every_occurrence_a_naive_scan_finds(text, contents):
+    naive = sorted({(i, i + len(c)) for c in contents if c for i in range(len(text))
+                    if text.startswith(c, i)})
+    assert tk.added_spans(text, contents) == naive

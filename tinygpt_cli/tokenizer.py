@@ -267,13 +267,21 @@ def _run_class(ch: str) -> int:
 
 def added_spans(text: str, contents: Iterable[str]) -> list[tuple[int, int]]:
     """[start, end) of every occurrence of an added token's text (<|endoftext|>), which the
-    tokenizer matches before any word is split: no piece may cut one."""
-    spans = []
+    tokenizer matches before any word is split: no piece may cut one. One pass over the text
+    for the tokens' first characters, however many tokens (Gemma's thousands of <unusedN>),
+    each place then looked up by the tokens' lengths."""
+    found: dict[str, set[str]] = {}
     for content in contents:
-        at = text.find(content) if content else -1
-        while at >= 0:
-            spans.append((at, at + len(content)))
-            at = text.find(content, at + 1)
+        if content:
+            found.setdefault(content[0], set()).add(content)
+    if not found:
+        return []
+    lengths = {first: sorted({len(c) for c in group}) for first, group in found.items()}
+    spans = []
+    for m in re.finditer("[" + "".join(map(re.escape, found)) + "]", text):
+        at, first = m.start(), m.group()
+        spans += [(at, at + n) for n in lengths[first]
+                  if at + n <= len(text) and text[at:at + n] in found[first]]
     return sorted(spans)
 
 
