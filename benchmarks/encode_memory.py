@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, random, resource, sys, time, tracemalloc
 sys.path.insert(0, sys.argv[5])
-from tinygpt_cli.tokenizer import Tokenizer
+from tinygpt_cli.transformer.tokenizer import Tokenizer
 
 n, kind, which, how = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 rng = random.Random(0)
@@ -41,7 +41,7 @@ elif kind == "digits":
 else:
     text = ("Lily wanted to play with her ball. Tom said: 'Yes!'\n" * (n // 50 + 1))[:n]
 if which == "shipped":
-    from tinygpt_cli.weights import SHIPPED
+    from tinygpt_cli.storage.weights import SHIPPED
     tok = Tokenizer.from_file(SHIPPED / "tokenizer.json")
 else:
     from shipped_tokenizers import sentencepiece

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from shipped_tokenizers import sentencepiece as sentencepiece_files
 from test_tokenizer_families import shipped_and_built
 
-from tinygpt_cli import tokenizer as tk
-from tinygpt_cli.tokenizer import Tokenizer
+from tinygpt_cli.transformer import tokenizer as tk
+from tinygpt_cli.transformer.tokenizer import Tokenizer
 
 FRAGMENTS = ["Lily", " wanted", " ", "  ", "\n", "\t", "the", "ing", "'s", "don't", "!", "?!",
              ",", ".", "-", "(", "1", "23", "456", "0", "café", "e\u0301", "naïve", "東京",
@@ -89,7 +89,7 @@ FAST = settings(max_examples=15, deadline=None,
 def test_every_byte_level_cut_gives_the_ids_of_the_whole(name, data):
     """Every place exact_cut allows (with _crosses reading the merges around it), the two
     parts encoded alone give the whole's ids."""
-    from tinygpt_cli.tokenizer import _run_class, exact_cut
+    from tinygpt_cli.transformer.tokenizer import _run_class, exact_cut
 
     tok = byte_level(name)
     text = data.draw(adversarial(tuple(tok.special_tokens)))
@@ -201,7 +201,7 @@ def test_an_nfc_tokenizer_reads_the_merges_on_the_composed_text():
     and no cut may fall before the w, though the raw text's bytes there have no merge."""
     from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-    from tinygpt_cli.tokenizer import _bytes_to_unicode, exact_cut
+    from tinygpt_cli.transformer.tokenizer import _bytes_to_unicode, exact_cut
 
     chars = list(_bytes_to_unicode().values())
     e_acute = "".join(_bytes_to_unicode()[b] for b in "é".encode())  # 'Ã©'
