@@ -169,6 +169,7 @@ def test_pieces_are_short_and_many_on_a_long_word_and_a_text():
             assert ids == whole(tok, t)
             assert len(sizes) > len(t) // (2 * tk.PIECE_MIN)
             assert max(sizes) <= 2 * tk.PIECE_MIN + 64, (name, max(sizes))
+        assert tok.encode_batch(["Lily", text]) == [whole(tok, "Lily"), whole(tok, text)]
 
 
 @pytest.mark.parametrize("name", ["gemma", "llama2"])
