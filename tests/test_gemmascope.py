@@ -17,8 +17,9 @@ from cli_helpers import TOKENIZER, assert_one_error_line
 from safetensors.numpy import save_file
 
 from tinygpt_cli.errors import InputError
+from tinygpt_cli.jobs.train.loop import arch_config
 from tinygpt_cli.storage.weights import load_model, save_params
-from tinygpt_cli.transformer.config import arch_config, save_config
+from tinygpt_cli.transformer.families import save_config
 from tinygpt_cli.transformer.model import init_params, record
 
 TEXT = "Lily wanted to play with her ball"
@@ -533,7 +534,7 @@ def test_why_value_of_a_gemma_scope_latent_is_its_gradient(make_params, llama, t
     from test_history import assert_query_is_the_values_gradient
 
     from tinygpt_cli.analysis import why
-    from tinygpt_cli.transformer.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     config = arch_config("llama", n_embd=D, n_layer=2, n_head=4, n_inner=24, vocab_size=13,
                          n_positions=8)
@@ -757,7 +758,7 @@ def test_saelens_own_gemma_3_loader_agrees(llama, wide_heads, hub_cache, tmp_pat
 
     from tinygpt_cli.analysis import sae as S
     from tinygpt_cli.analysis.gemmascope import load_gemma_scope
-    from tinygpt_cli.storage.weights import header_bytes, read_header
+    from tinygpt_cli.storage.safetensors import header_bytes, read_header
 
     src = tmp_path / "src2"
     affine = write_dictionary(src / "transcoder_all" / "layer_0_width_12_l0_small_affine", {

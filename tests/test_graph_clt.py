@@ -15,7 +15,8 @@ from conftest import random_params
 from tinygpt_cli.analysis import graph as G
 from tinygpt_cli.analysis import sae as S
 from tinygpt_cli.analysis.gemmascope import CrossLayerTranscoder
-from tinygpt_cli.transformer.config import Config, arch_config
+from tinygpt_cli.jobs.train.loop import arch_config
+from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.model import forward, record
 
 SIZES = dict(n_embd=16, n_layer=3, n_head=4, n_inner=20, vocab_size=23, n_positions=8)

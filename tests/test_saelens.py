@@ -386,7 +386,7 @@ def test_saelens_itself_reads_the_export_and_writes_what_tinygpt_reads(tmp_path)
     from tinygpt_cli.analysis.saelens import export_saelens
     from tinygpt_cli.storage.madefor import made_for
     from tinygpt_cli.storage.weights import load_model
-    from tinygpt_cli.transformer.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     model = load_model(SHIPPED)
     ids = np.asarray(model.tokenizer.encode("Tom waved at the bird. The bird flew away."))

@@ -430,7 +430,7 @@ def _latent_value(model, ids: list[int], value: str, hooks=None, saes: tuple = (
     import re
 
     from ..errors import InputError
-    from ..transformer.model import run_traced
+    from ..transformer.trace import run_traced
     from . import exact_tracin as ex
     from .sae import encode, parse_latent_path, site_sae
 
@@ -508,7 +508,7 @@ def value_of(model, ids: list[int], value: str | None, target: int, vs: int | No
     import re
 
     from ..errors import InputError
-    from ..transformer.model import run_traced
+    from ..transformer.trace import run_traced
     from . import exact_tracin as ex
     from . import heads
 
