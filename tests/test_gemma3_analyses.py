@@ -1,0 +1,237 @@
+"""The analyses that read Gemma 3's block by its parts (circuit, qk, neurons), on small random
+Gemma3ForCausalLM models that transformers makes: every number that claims to be exact
+against transformers' own forward pass, run in float64 and changed by torch hooks (an edge
+patched into one head's q, k or v projection, into an MLP's or the final norm's input), or
+against its weights read by hand."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from tinygpt_cli.weights import SHIPPED, load_model
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+CLEAN = np.array([5, 300, 17, 900, 42, 8, 1000, 77])
+CORRUPT = np.array([5, 301, 17, 900, 43, 8, 1000, 77])  # same length, two tokens changed
+TARGET, VS = 123, 77
+KINDS = ["sliding_attention", "full_attention", "sliding_attention"]
+THETAS = {"sliding_attention": 50.0, "full_attention": 3000.0}
+
+
+def gemma3(folder, kv: int, seed: int):
+    """transformers' model in float64 and tinygpt's of the float32 folder it saved: 3 blocks
+    (sliding, full, sliding: a window of 3 keys, each kind its own rotary base), 4 heads of
+    8 numbers in a stream of 24, `kv` key/value heads, every weight far from its start."""
+    config = transformers.Gemma3TextConfig(
+        vocab_size=4096, hidden_size=24, intermediate_size=40, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=kv, head_dim=8, query_pre_attn_scalar=11,
+        sliding_window=3, layer_types=KINDS, max_position_embeddings=64,
+        tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0,
+        rope_parameters={k: {"rope_type": "default", "rope_theta": v}
+                         for k, v in THETAS.items()})
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.3 if "norm" in name else 0.15)
+    model.save_pretrained(folder)
+    shutil.copyfile(SHIPPED / "tokenizer.json", folder / "tokenizer.json")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float64, attn_implementation="eager").eval()
+    return hf.requires_grad_(False), load_model(folder)
+
+
+@pytest.fixture(scope="module", params=[1, 4], ids=["kv1", "kv4"])
+def pair(request, tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny products: more threads only wait for each other
+    yield gemma3(tmp_path_factory.mktemp(f"kv{request.param}"), request.param, request.param)
+    torch.set_num_threads(threads)
+
+
+def _run(hf, ids, hooks=()):
+    """logits [T, V] and hidden states of transformers' run, with forward (pre-)hooks."""
+    handles = [(m.register_forward_pre_hook(f) if pre else m.register_forward_hook(f))
+               for m, f, pre in hooks]
+    try:
+        with torch.no_grad():
+            out = hf(torch.tensor([list(ids)]), output_hidden_states=True, output_attentions=True)
+    finally:
+        for h in handles:
+            h.remove()
+    return out
+
+
+def _metric(out) -> float:
+    return float(out.logits[0, -1, TARGET] - out.logits[0, -1, VS])
+
+
+# ------------------------------------------------------------------ neurons
+
+
+def test_neurons_are_transformers_down_proj_inputs_and_push_through_both_norms(pair):
+    from tinygpt_cli.analysis.neurons import output_logits
+    from tinygpt_cli.model import record
+
+    hf, ours = pair
+    seen = {}
+    layer = hf.model.layers[1]
+    hook = (layer.mlp.down_proj, lambda m, a: seen.__setitem__("post", a[0][0].numpy()), True)
+    _run(hf, CLEAN, [hook])
+    _, values = record(ours.params, ours.config, CLEAN)
+    post = values["layers.1.mlp_post"]
+    assert np.abs(post - seen["post"]).max() <= 1e-5 * np.abs(seen["post"]).max()
+    w = hf.model.layers[1].mlp.down_proj.weight.numpy()  # [d, ff]
+    g2 = 1 + layer.post_feedforward_layernorm.weight.numpy()
+    gf = 1 + hf.model.norm.weight.numpy()
+    e = hf.model.embed_tokens.weight.numpy()
+    want = (w[:, [3, 17]].T * g2 * gf) @ e.T
+    got = output_logits(ours.params, ours.config, 1, [3, 17])
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+# ------------------------------------------------------------------ qk
+
+
+def test_qk_terms_sum_to_the_score_whose_softmax_is_transformers_pattern(pair):
+    """Every head of a sliding and a full block, every query: the terms (through the frozen
+    norms after each earlier branch, ln1, the (1 + w) q/k norms and the block's own rotary
+    base) add up to the recorded score; their softmax over the keys the block sees is the
+    pattern transformers' eager attention returns."""
+    from tinygpt_cli.analysis.qk import qk_attribution
+    from tinygpt_cli.model import record
+
+    hf, ours = pair
+    out = _run(hf, CLEAN)
+    params = {k: v.astype(np.float64) for k, v in ours.params.items()}  # sums to 1e-9
+    _, values = record(params, ours.config, CLEAN)
+    for layer in (1, 2):
+        window = ours.config.window(layer) or len(CLEAN)
+        for head in range(4):
+            for query in range(len(CLEAN)):
+                r = qk_attribution(params, ours.config, values, layer, head, query)
+                seen = slice(max(0, query - window + 1), query + 1)
+                total = r.terms.sum(axis=(0, 1))[seen]
+                assert np.abs(total - r.scores[seen]).max() <= 1e-9 * np.abs(total).max()
+                p = np.exp(total - total.max())
+                want = out.attentions[layer][0, head, query].numpy()
+                assert np.abs(p / p.sum() - want[seen]).max() <= 1e-5
+                assert np.abs(want[: seen.start]).max(initial=0) == 0  # outside the window
+
+
+# ------------------------------------------------------------------ circuit
+
+
+def _senders(hf, ids) -> dict[str, np.ndarray]:
+    """Each sender's output in transformers' run on ids, as the stream receives it: the
+    scaled embeddings; head h's z_h W_O[h] divided by the rms of its block's whole attention
+    output, times the post-attention norm's (1 + w); the MLP after its post norm."""
+    seen: dict[str, torch.Tensor] = {}
+    hooks = []
+    for i, layer in enumerate(hf.model.layers):
+        hooks += [(layer.self_attn.o_proj, lambda m, a, i=i: seen.__setitem__(f"z{i}", a[0]),
+                   True),
+                  (layer.post_feedforward_layernorm,
+                   lambda m, a, o, i=i: seen.__setitem__(f"mlp{i}", o), False)]
+    out = _run(hf, ids, hooks)
+    parts = {"embed": out.hidden_states[0][0].numpy()}
+    for i, layer in enumerate(hf.model.layers):
+        z = seen[f"z{i}"][0].numpy()  # [T, H d_k]
+        w_o = layer.self_attn.o_proj.weight.numpy()  # [d, H d_k]
+        whole = z @ w_o.T
+        eps = layer.post_attention_layernorm.eps
+        scale = (1 + layer.post_attention_layernorm.weight.numpy()) / np.sqrt(
+            (whole ** 2).mean(-1, keepdims=True) + eps)
+        for h in range(4):
+            cols = slice(8 * h, 8 * h + 8)
+            parts[f"L{i}H{h}"] = z[:, cols] @ w_o[:, cols].T * scale
+        parts[f"L{i}.mlp"] = seen[f"mlp{i}"][0].numpy()
+    return parts
+
+
+def _by_hand(hf, senders, sender: str, receiver: str) -> float:
+    """The corrupt run with only `receiver`'s input moved by the sender's clean - corrupt
+    output: torch hooks recompute that receiver's projection (one head's rows of q_proj,
+    k_proj or v_proj) from the moved stream through its own norm, or move the input of the
+    MLP's norm or of the final norm."""
+    delta = torch.tensor(senders[0][sender] - senders[1][sender])[None]
+    stream = _run(hf, CORRUPT).hidden_states
+    if receiver == "logits":
+        hooks = [(hf.model.norm, lambda m, a: (a[0] + delta,), True)]
+    elif receiver.endswith(".mlp"):
+        layer = hf.model.layers[int(receiver[1:-4])]
+        hooks = [(layer.pre_feedforward_layernorm, lambda m, a: (a[0] + delta,), True)]
+    else:
+        i, h, part = int(receiver[1]), int(receiver[3]), receiver[-1]
+        layer = hf.model.layers[i]
+        proj = getattr(layer.self_attn, f"{part}_proj")
+        with torch.no_grad():
+            moved = proj(layer.input_layernorm(stream[i] + delta))
+
+        def fn(m, a, o):
+            o = o.clone()
+            o[..., 8 * h:8 * h + 8] = moved[..., 8 * h:8 * h + 8]
+            return o
+        hooks = [(proj, fn, False)]
+    return _metric(_run(hf, CORRUPT, hooks))
+
+
+EDGES = [("embed", "logits"), ("embed", "L0H1.q"), ("L0H0", "L1H1.k"), ("L0H1", "L2H0.v"),
+         ("L0.mlp", "L1H2.q"), ("L0H1", "L0.mlp"), ("L1.mlp", "logits"), ("L2H3", "logits"),
+         ("L1H0", "L2.mlp"), ("L0H2", "L2H3.k")]
+
+
+@pytest.fixture(scope="module")
+def scored(pair):
+    from tinygpt_cli.analysis import circuit as C
+
+    hf, ours = pair
+    p = C.prepare(ours.params, ours.config, CLEAN, CORRUPT, TARGET, VS)
+    return p, C.exact_scores(p)
+
+
+def test_exact_edge_scores_are_transformers_runs_patched_by_torch_hooks(pair, scored):
+    hf, ours = pair
+    p, exact = scored
+    corrupt = _metric(_run(hf, CORRUPT))
+    assert p.corrupt == pytest.approx(corrupt, abs=1e-5)
+    assert p.clean == pytest.approx(_metric(_run(hf, CLEAN)), abs=1e-5)
+    names, tol = p.graph.edge_names(), 1e-5 * max(1.0, np.abs(exact).max())
+    senders = _senders(hf, CLEAN), _senders(hf, CORRUPT)
+    for sender, receiver in EDGES:
+        if receiver[-1] in "kv" and ours.config.kv_heads < 4:
+            continue  # a shared key is not one head's to move in transformers' model
+        want = _by_hand(hf, senders, sender, receiver) - corrupt
+        assert exact[names.index(f"{sender} -> {receiver}")] == pytest.approx(want, abs=tol)
+    assert np.abs(exact).max() > 1e-2
+
+
+def test_every_edge_live_is_the_forward_pass_and_eap_its_derivative(pair, scored):
+    from tinygpt_cli.analysis import circuit as C
+    from tinygpt_cli.model import forward
+
+    hf, ours = pair
+    p, _ = scored
+    e = len(p.graph.edges)
+    fixed = np.random.default_rng(0).normal(size=p.clean_out.shape)
+    got = C.edge_forward(p.params, p.config, p.graph, CLEAN, np.ones((1, e)), fixed,
+                         [TARGET, VS], 5)[0]
+    want = forward(p.params, p.config, CLEAN)[5, [TARGET, VS]]
+    np.testing.assert_allclose(got, want, atol=1e-12, rtol=0)
+    assert got == pytest.approx(_run(hf, CLEAN).logits[0, 5, [TARGET, VS]].numpy(), abs=1e-4)
+    eap, eps = C.eap_scores(p), 1e-5
+    picks = [0, 7, e // 3, e // 2, e - 2, e - 1]
+    live = np.ones((2 * len(picks), e))
+    for row, k in enumerate(picks):
+        live[2 * row, k], live[2 * row + 1, k] = 1 - eps, 1 + eps
+    m = p.metric_of(p.corrupt_ids, live, p.clean_out)
+    for row, k in enumerate(picks):
+        fd = (m[2 * row] - m[2 * row + 1]) / (2 * eps)
+        assert eap[k] == pytest.approx(fd, rel=1e-5, abs=1e-8), p.graph.edge_names()[k]
+    f = C.faithfulness(p, np.stack([np.ones(e), np.zeros(e)]))
+    assert abs(f[0] - 1) < 1e-9 and abs(f[1]) < 1e-9
