@@ -235,3 +235,159 @@ def test_every_edge_live_is_the_forward_pass_and_eap_its_derivative(pair, scored
         assert eap[k] == pytest.approx(fd, rel=1e-5, abs=1e-8), p.graph.edge_names()[k]
     f = C.faithfulness(p, np.stack([np.ones(e), np.zeros(e)]))
     assert abs(f[0] - 1) < 1e-9 and abs(f[1]) < 1e-9
+
+
+# ------------------------------------------------------------------ the cards, review and map
+
+
+@pytest.fixture(scope="module")
+def seven(tmp_path_factory):
+    """transformers' Gemma 3 of 7 blocks in the default 5:1 pattern (block 5 full, the others
+    a window of 3 keys; each kind its own rotary base) and the folder it saved."""
+    config = transformers.Gemma3TextConfig(
+        vocab_size=4096, hidden_size=24, intermediate_size=40, num_hidden_layers=7,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=8, query_pre_attn_scalar=11,
+        sliding_window=3, max_position_embeddings=64, tie_word_embeddings=True,
+        bos_token_id=2, eos_token_id=1, pad_token_id=0,
+        rope_parameters={k: {"rope_type": "default", "rope_theta": v}
+                         for k, v in THETAS.items()})
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.3 if "norm" in name else 0.15)
+    folder = tmp_path_factory.mktemp("seven")
+    model.save_pretrained(folder)
+    shutil.copyfile(SHIPPED / "tokenizer.json", folder / "tokenizer.json")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float64, attn_implementation="eager").eval()
+    return hf.requires_grad_(False), folder
+
+
+@pytest.fixture
+def gcli(seven, capsys, monkeypatch):
+    from cli_helpers import Runner, clean_env
+
+    clean_env(monkeypatch)
+    monkeypatch.setenv("TINYGPT_WEIGHTS", str(seven[1]))
+    monkeypatch.setenv("COLUMNS", "120")
+    return Runner(capsys, monkeypatch)
+
+
+TEXT = "Lily wanted to play with her ball"
+
+
+def _hf_ids(gcli) -> list[int]:
+    import json
+
+    return json.loads(gcli("encode", TEXT, "--json").out)["ids"]
+
+
+def test_the_pos_card_shows_each_rotary_base_and_its_blocks(seven, gcli):
+    import json
+
+    hf, _ = seven
+    r = gcli("pos", TEXT, "--json")
+    kinds = hf.config.layer_types
+    want = [{"base": THETAS[k], "blocks": [i for i, x in enumerate(kinds) if x == k]}
+            for k in dict.fromkeys(kinds)]
+    assert json.loads(r.out)["rotary_bases"] == want
+    assert want[1]["blocks"] == [5]  # every sixth block full
+    r = gcli("pos", TEXT)
+    assert "two rotary bases: base 50 turns blocks 0-4, 6; base 3000 turns block 5" in r.out
+    # the other base's angles, written out: position 3 turns pair 1 by 3 * 50^(-2/8)
+    line = next(s for s in r.out.splitlines()[r.out.splitlines().index(
+        next(s for s in r.out.splitlines() if s.startswith("rotary angles at base 50"))):]
+        if s.lstrip().startswith("3 "))
+    assert float(line.split()[3]) == pytest.approx(3 * 50 ** (-2 / 8), abs=5e-4)
+
+
+def test_the_norm_card_has_the_four_norms_each_as_transformers_computes_it(seven, gcli):
+    import json
+
+    hf, _ = seven
+    layer = hf.model.layers[2]
+    names = {"ln1": layer.input_layernorm, "ln1_post": layer.post_attention_layernorm,
+             "ln2": layer.pre_feedforward_layernorm, "ln2_post": layer.post_feedforward_layernorm}
+    seen = {}
+    hooks = [(m, lambda mod, a, o, n=n: seen.__setitem__(n, o[0].numpy()), False)
+             for n, m in names.items()]
+    _run(hf, _hf_ids(gcli), hooks)
+    for name, want in seen.items():
+        doc = json.loads(gcli("norm", TEXT, "--layer", "2", "--which", name, "--json").out)
+        assert doc["norms"] == ["ln1", "ln1_post", "ln2", "ln2_post"] and doc["scale"] == "1 + w"
+        got = np.asarray(doc["data"])
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), name
+    out = gcli("norm", TEXT).out
+    assert "four norms a block, each x / rms * (1 + w)" in out and "ln2_post after the MLP" in out
+    r = gcli("norm", TEXT, "--which", "ln3")
+    assert r.code == 2 and r.err == ("error: --which must be ln1, ln1_post, ln2 or ln2_post, "
+                                     "not 'ln3'\n")
+
+
+def test_the_attn_card_draws_the_sliding_window(seven, gcli):
+    import json
+
+    hf, _ = seven
+    out = _run(hf, _hf_ids(gcli))
+    doc = json.loads(gcli("attn", TEXT, "--layer", "0", "--head", "1", "--json").out)
+    assert doc["window"] == hf.config.sliding_window == 3
+    want = out.attentions[0][0, 1].numpy()
+    assert np.abs(np.asarray(doc["data"]) - want).max() <= 1e-5
+    assert "window" not in json.loads(gcli("attn", TEXT, "--layer", "5", "--json").out)
+    rows = gcli("attn", TEXT, "--layer", "0", "--head", "1").out.splitlines()[2:2 + len(want)]
+    for i, row in enumerate(rows):  # a dash before the window, a dot after the query
+        cells = row.split()[2:]
+        assert cells == ["-"] * max(0, i - 2) + [f"{x:.2f}" for x in want[i, max(0, i - 2):i + 1]] \
+            + ["·"] * (len(want) - i - 1), row
+    assert "-: keys before the query's window (this block sees the last 3 tokens)" in \
+        gcli("attn", TEXT, "--layer", "0", "--all-heads").out.replace("\n", " ")
+
+
+def test_the_mlp_card_shows_gate_up_and_their_product_as_transformers_has_them(seven, gcli):
+    import json
+
+    hf, _ = seven
+    mlp = hf.model.layers[3].mlp
+    seen = {}
+    hooks = [(getattr(mlp, f"{p}_proj"), lambda m, a, o, p=p: seen.__setitem__(p, o[0].numpy()),
+              False) for p in ("gate", "up")]
+    _run(hf, _hf_ids(gcli), hooks)
+    doc = json.loads(gcli("mlp", TEXT, "--layer", "3", "--json").out)
+    for n in doc["top_neurons"]:
+        k = n["neuron"]
+        gate, up = seen["gate"][:, k], seen["up"][:, k]
+        assert np.asarray(n["gate"]) == pytest.approx(gate, abs=1e-5)
+        assert np.asarray(n["up"]) == pytest.approx(up, abs=1e-5)
+        gelu = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3)))
+        assert np.asarray(n["activations"]) == pytest.approx(gelu * up, abs=1e-5)
+    first = doc["top_neurons"][0]["neuron"]
+    out = gcli("mlp", TEXT, "--layer", "3").out
+    assert "gate = x W_gate (layers.3.mlp_pre), up = x W_in (layers.3.mlp_up), out = GELU(gate) " \
+        "* up" in out and f"n{first} gate" in out and f"n{first} out" in out
+
+
+def test_review_and_map_show_the_sandwich_of_four_norms(gcli):
+    import json
+
+    stages = json.loads(gcli("map", TEXT, "--json").out)["stages"]
+    ops = [s["op"] for s in stages]
+    assert ops[3] == "ln1 (RMSNorm, 1 + w)" and ops[6] == "ln2 (RMSNorm, 1 + w)"
+    assert ops[5].startswith("resid_mid = h + ln1_post(attn_out)")
+    assert ops[8].startswith("resid_post = resid_mid + ln2_post(mlp_out)")
+    assert "6 of 7 blocks see the last 3 keys" in ops[4]
+    assert ops[1] == "W_E[ids] * 4.89898"  # sqrt(24) in float32
+    shown = gcli("map", TEXT).out
+    assert "ln1_post(attn_out)" in shown and "ln2_post(mlp_out)" in shown
+    review = gcli("review", TEXT)
+    assert review.code == 0
+    page = " ".join(review.out.replace("│", " ").split())  # the cards are framed
+    for said in ("Four RMSNorms per block: before attention (ln1) and after it (ln1_post), before "
+                 "the feed-forward layer (ln2) and after it (ln2_post)", "multiplies by 1 + w",
+                 "base 50 in blocks 0-4, 6; base 3000 in block 5",
+                 "Blocks 0-4, 6 see only the last 3 tokens (a sliding window). Block 5 sees "
+                 "every token before it."):
+        assert said in page, said
+    cards = {c["number"]: c for c in json.loads(gcli("review", TEXT, "--json").out)["cards"]}
+    assert cards[4]["formula"] == "x + RMSNorm(Sublayer(RMSNorm(x)))"
+    assert cards[5]["formula"].endswith("M_ij = -inf when j > i or j <= i - w")

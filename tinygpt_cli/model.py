@@ -472,10 +472,11 @@ def block(params, config: Config, i: int, h: np.ndarray, hooks: Hook | None,
     return wiring.run(wiring.describe(config, i), ops_, hk(L + "resid_pre", h))
 
 
-def block_backward(g: Gradients, i: int, dh: np.ndarray) -> np.ndarray:
+def block_backward(g: Gradients, i: int, dh: np.ndarray, start: str | None = None
+                   ) -> np.ndarray:
     """Card 7 in reverse, wiring.run_backward over block i's steps: each residual sum sends
     its gradient both ways, into the branch (MLP, then attention, each through its norm) and
-    on down the stream."""
+    on down the stream. From d of the block's output, or of its value `start`."""
     L = f"layers.{i}."
 
     def undropped(s: Step, d: np.ndarray) -> np.ndarray:
@@ -485,14 +486,18 @@ def block_backward(g: Gradients, i: int, dh: np.ndarray) -> np.ndarray:
         g.keep(L + s.out, d)
         return (d,) * len(s.reads)
 
+    def normed(s: Step, d: np.ndarray) -> tuple:
+        d = undropped(s, d)
+        g.keep(L + s.out, d)  # a norm after a branch (Gemma 3's): TracIn reads its gain's
+        return (norm_backward(g, d, g.values[L + s.reads[0]], L + s.name),)
+
     ops_ = {
-        "norm": lambda s, d: (norm_backward(g, undropped(s, d), g.values[L + s.reads[0]],
-                                            L + s.name),),
+        "norm": normed,
         "attention": lambda s, d: (attention_backward(g, i, undropped(s, d)),),
         "mlp": lambda s, d: (feed_forward_backward(g, i, undropped(s, d)),),
         "add": add,
     }
-    dh = wiring.run_backward(wiring.describe(g.config, i), ops_, dh)
+    dh = wiring.run_backward(wiring.describe(g.config, i), ops_, dh, start)
     g.keep(L + "resid_pre", dh)
     return dh
 
@@ -1109,32 +1114,51 @@ def backward_from_part(params: dict[str, np.ndarray], config: Config,
                        values: dict[str, np.ndarray], layer: int, part: int | str,
                        d: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Gradients of a scalar of one part block `layer` writes to the stream (d scalar /
-    d part [T, d]): its MLP's output (part "mlp"), or head `part`'s z_h W_O[h] without the
-    shared bias b_O; for every parameter (zero above it) and every recorded value below it."""
+    d part [T, d]): its MLP's output (part "mlp"; Gemma 3: after the norm that follows it),
+    or head `part`'s z_h W_O[h] without the shared bias b_O (Gemma 3: divided by the rms of
+    the block's whole attention output and times the next norm's scale, as the heads' parts
+    of that norm's output); for every parameter (zero above it) and every recorded value
+    below it."""
     g = Gradients(params, config, values, None, wrt_values=True)
-    L = f"layers.{layer}."
-    if part == "mlp" and config.parallel:  # mlp(ln2(resid_pre)): the heads are beside it
-        dh = norm_backward(g, feed_forward_backward(g, layer, d), values[L + "resid_pre"],
-                           L + "ln2")
-    elif part == "mlp":  # mlp_out = mlp(ln2(resid_mid)): through the MLP, then the block's start
-        dx = feed_forward_backward(g, layer, d)
-        dh = norm_backward(g, dx, values[L + "resid_mid"], L + "ln2")
-        g.keep(L + "resid_mid", dh)
-        dx = attention_backward(g, layer, dh)
-        dh = dh + norm_backward(g, dx, values[L + "resid_pre"], L + "ln1")
+    L, b = f"layers.{layer}.", wiring.describe(config, layer)
+    post = {s.reads[0]: s for s in b.steps if s.op == "norm" and s.reads[0] in
+            ("attn_out", "mlp_out")}
+    if part == "mlp":  # back through the block's own steps from what the MLP adds
+        dh = block_backward(g, layer, d, start=post["mlp_out"].out if "mlp_out" in post
+                            else "mlp_out")
     else:  # head h writes z_h W_O[h]: its rows of W_O, and its z alone
         dk, p = config.d_k, f"layers.{layer}.attn.W_O"
         z = values[L + "z"]  # [H, T, d_k]
-        dz = np.zeros_like(z)
-        dz[part] = d @ head_out_matrix(params, config, layer)[part].T
+        w_o = head_out_matrix(params, config, layer)  # [H, d_k, d]
+        da, dz = d, np.zeros_like(z)
         g.grads[p] = np.zeros_like(params[p])
-        g.grads[p][part * dk:(part + 1) * dk] = z[part].T @ d
-        dh = norm_backward(g, heads_backward(g, layer, dz), values[L + "resid_pre"], L + "ln1")
+        if "attn_out" in post:  # the part a_h / rms(attn_out) * w: through a_h and the rms
+            name = L + post["attn_out"].name
+            da, dwhole, g.grads[name + ".w"] = _part_of_norm_backward(
+                d, z[part] @ w_o[part], values[L + "attn_out"], values[name + ".rms"],
+                params[name + ".w"])
+            g.keep(L + "attn_out", dwhole)  # W_O's product reads it (analysis.why_edge)
+            dzw, g.grads[p], db = ops.linear_backward(dwhole, ops.merge_heads(z), params[p])
+            dz += ops.split_heads(dzw, config.n_head)
+            g.bias(f"layers.{layer}.attn.b_O", db)
+        dz[part] += da @ w_o[part].T
+        g.grads[p][part * dk:(part + 1) * dk] += z[part].T @ da
+        dh = norm_backward(g, heads_backward(g, layer, dz), values[L + "resid_pre"],
+                           L + b.norm_of("attention"))
     g.keep(L + "resid_pre", dh)
     for i in reversed(range(layer)):
         dh = block_backward(g, i, dh)
     embed_backward(g, dh)
     return {n: g.grads.get(n, np.zeros_like(a)) for n, a in params.items()}, g.dv
+
+
+def _part_of_norm_backward(d: np.ndarray, a: np.ndarray, whole: np.ndarray, rms: np.ndarray,
+                           w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """a / rms(whole) * w in reverse, a a part of `whole`, rms = sqrt(mean(whole^2) + eps):
+    (d a, d whole through the rms alone, d w).  [T, d] ..., rms [T, 1]"""
+    wd = d * w
+    drms = -(a * wd).sum(axis=-1, keepdims=True) / (rms * rms)  # [T, 1]
+    return wd / rms, drms * whole / (whole.shape[-1] * rms), (a * d / rms).sum(axis=0)
 
 
 def loss_and_grads(params, config, ids, targets, *, dropout=0.0, rng=None):

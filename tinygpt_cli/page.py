@@ -164,6 +164,20 @@ def rotary_bases(config) -> str:
                      for b in sorted(set(bases)))
 
 
+def bases_by_blocks(config) -> list[tuple[float, list[int]]]:
+    """Each rotary base and the blocks that turn by it, in block order (one for a family with
+    one base; Gemma 3: its sliding blocks' and its full blocks')."""
+    bases = [config.rotary_base_of(i) for i in range(config.n_layer)]
+    return [(b, [i for i, x in enumerate(bases) if x == b]) for b in dict.fromkeys(bases)]
+
+
+def angles_of_base(config, t: int, base: float):
+    """The angles position p turns pair i by at this base, as rotary_angles: [t, r / 2]."""
+    from .ops import rotary_frequencies
+
+    return rotary_frequencies(t, config.rotary, base, config.rope_scaling)
+
+
 def windows_said(config) -> str:
     """Which blocks see a sliding window of the last w tokens and which see all of them."""
     said = []

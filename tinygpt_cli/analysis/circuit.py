@@ -124,8 +124,22 @@ class Graph:
         return self.sender_stage[:, None] < self.receiver_stage[None, :]
 
 
-def build_graph(config: Config) -> Graph:
+def require_splittable(config: Config) -> None:
+    """wiring.require for circuit, and a norm after a branch only as Gemma 3 has it: an
+    RMSNorm, with no attention output bias inside it (a LayerNorm's shift, or b_O, would be
+    a part of no sender that the run's own statistics scale)."""
     require(config, "circuit", HANDLES)  # the senders are the families' branches
+    post = any(norm_after(config, i, b) for i in range(config.n_layer)
+               for b in ("attn_out", "mlp_out"))
+    if post and (config.norm != "rms" or config.out_bias or config.mlp_bias):
+        raise InputError(f"circuit is not available for this {config.model_type} model: its "
+                         "block has a norm after a branch with a LayerNorm or biases before "
+                         "it; circuit splits an RMSNorm after a branch without biases "
+                         "(Gemma 3's) only")
+
+
+def build_graph(config: Config) -> Graph:
+    require_splittable(config)
     senders, s_stage = ["embed"], [0]
     receivers: list[str] = []
     r_stage: list[int] = []
@@ -289,7 +303,7 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
     `steer` (hooks.Steering at layers.L.resid_pre) adds its shift to every input from block
     L's on.
     """
-    require(config, "circuit", HANDLES)  # receivers' inputs as the families' sums
+    require_splittable(config)  # receivers' inputs as the families' sums
     # nothing after `position` can change it; in the last block, nothing but `position`
     position = position % len(ids)
     ids, fixed = np.asarray(ids)[: position + 1], fixed[:, : position + 1]

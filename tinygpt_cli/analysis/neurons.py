@@ -106,9 +106,9 @@ def neurons_on_text(session, layer: int, top: int, *, raw: bool = False) -> Text
     for f, row in zip(found, pushes, strict=True):
         f["pushes"] = [{"id": int(i), "token": token_str(int(i)), "logit": float(row[i])}
                        for i in top_ids(row, 8)]
-    post = norm_after(session.config, layer, "mlp_out")
+    after = norm_after(session.config, layer, "mlp_out")
     read = ("W_out[n] @ W_E^T" if raw else "W_out[n] * "
-            + (f"{post}.weight * " if post else "") + "ln_final.weight @ W_E^T")
+            + (f"{after}.weight * " if after else "") + "ln_final.weight @ W_E^T")
     return TextNeurons(path, post, found, read)
 
 

@@ -33,7 +33,7 @@ from ..errors import InputError
 from ..model import mlp_out_bias, norm_weights, qk_norm_rms, qk_norm_weights
 from ..trace import Trace
 from ..wiring import FAMILIES, describe, handles
-from .circuit import head_weights
+from .circuit import head_weights, norm_after
 
 # The blocks this analysis implements (wiring.require refuses others by name): the score split by
 # the parts of the stream (Trace.residual_parts, Gemma 3's norms after each branch frozen).
@@ -65,16 +65,17 @@ def key_position(r: QK, key: int | None) -> int:
 def stream_parts(params, config: Config, values: dict[str, np.ndarray], layer: int,
                  steer=None) -> tuple[list[str], np.ndarray]:
     """The parts that add up to the stream entering block `layer`: names, [P, T, d].
-    Trace.residual_parts' parts in qk's names (L0H1, L0.mlp; _qk_name), each MLP's output without
-    its bias, and every output bias summed into one part, "biases". `steer` (hooks.Steering,
-    adding `shift` to layers.S.resid_pre) is a part from block S on."""
+    Trace.residual_parts' parts in qk's names (L0H1, L0.mlp; _qk_name), each MLP's output
+    without its bias (unless a norm follows it), and every output bias summed into one part,
+    "biases". `steer` (hooks.Steering, adding `shift` to layers.S.resid_pre) is a part from
+    block S on."""
     labels, parts = Trace(values, config).residual_parts(params, steer=steer, layer=layer)
     names, kept, bias = [], [], np.zeros(config.n_embd)
     for label, part in zip(labels, parts, strict=True):
         if label.endswith(".attn_bias"):  # the same at every position: one vector
             bias = bias + part.reshape(-1, config.n_embd)[0]
             continue
-        if label.endswith(".mlp"):
+        if label.endswith(".mlp") and not norm_after(config, int(label[1:-4]), "mlp_out"):
             b_mlp = mlp_out_bias(params, config, int(label[1:-4]))
             bias, part = bias + b_mlp, part - b_mlp
         names.append(_qk_name(label))

@@ -278,10 +278,13 @@ def colour(x: float) -> str:
 
 
 def heatmap(grid: np.ndarray, tokens: list[str], title: str = "", *, lo=None, hi=None,
-            full: bool = False) -> Fit:
-    """A T × T attention grid: rows are queries, columns keys; masked cells show a dot. A long
-    text keeps its first and last key columns around `…` to fit the width (full: all)."""
+            full: bool = False, window: int = 0) -> Fit:
+    """A T × T attention grid: rows are queries, columns keys; masked cells show a dot, and
+    (a block with a sliding `window`) the keys before a query's window a dash. A long text
+    keeps its first and last key columns around `…` to fit the width (full: all)."""
     import numpy as np
+
+    from .heads import OUTSIDE
 
     finite = grid[np.isfinite(grid)]
     lo = float(finite.min()) if lo is None and finite.size else (lo or 0.0)
@@ -290,6 +293,8 @@ def heatmap(grid: np.ndarray, tokens: list[str], title: str = "", *, lo=None, hi
 
     def cell(i: int, j: int) -> Text:
         x = grid[i, j]
+        if window and j <= i - window:
+            return Text(OUTSIDE, style="dim")
         if j > i or not np.isfinite(x):
             return Text(MASKED, style="dim")
         level = (float(x) - lo) / span
