@@ -391,3 +391,45 @@ def test_review_and_map_show_the_sandwich_of_four_norms(gcli):
     cards = {c["number"]: c for c in json.loads(gcli("review", TEXT, "--json").out)["cards"]}
     assert cards[4]["formula"] == "x + RMSNorm(Sublayer(RMSNorm(x)))"
     assert cards[5]["formula"].endswith("M_ij = -inf when j > i or j <= i - w")
+
+
+# ------------------------------------------------------------------ generation's cache
+
+
+def test_greedy_generation_past_the_window_keeps_only_the_window_and_transformers_tokens(
+        seven):
+    """40 greedy tokens after a 5-token prompt (the window is 3 keys): transformers' own
+    tokens; each sliding block's cache holds 2 w rows however long the text, the full
+    block's one row a position."""
+    from tinygpt_cli.generate import CachedContext, generate
+
+    hf, folder = seven
+    ours = load_model(folder)
+    prompt = [5, 300, 17, 900, 42]
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False,
+                             pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+    steps = generate(ours.params, ours.config, prompt, 40, temperature=0.0,
+                     rng=np.random.default_rng(0))
+    assert [s.id for s in steps] == theirs
+    long = list(range(100, 109))  # a prompt longer than the buffer's 2 w rows
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([long]), max_new_tokens=12, do_sample=False,
+                           pad_token_id=0, eos_token_id=None)[0, len(long):].tolist()
+    assert [s.id for s in generate(ours.params, ours.config, long, 12, temperature=0.0,
+                                   rng=np.random.default_rng(0))] == want
+    c = ours.config
+    row = 2 * c.kv_heads * c.d_k * 4  # a position's keys and values, float32
+    held = []
+    for n in (10, 40):
+        context = CachedContext(ours.params, c, prompt)
+        for t in theirs[:n]:
+            context.append(t)
+        cache = context.cache
+        assert cache.length == len(prompt) + n
+        for i in range(c.n_layer):
+            w = c.window(i)
+            assert cache.k[i].shape[-2] == (2 * w if w else c.n_positions), i
+        held.append(cache.held_bytes())
+        assert held[-1] == row * (6 * 2 * 3 + cache.length)  # 6 sliding blocks, 1 full
+    assert held[1] - held[0] == row * 30  # the full block's rows alone grow

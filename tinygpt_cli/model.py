@@ -88,28 +88,91 @@ class Dropout:
 
 @dataclass
 class KVCache:
-    """Each block's keys and values for positions 0 .. length-1, in preallocated buffers.
+    """Each block's keys and values for the positions a next query can read, in buffers.
 
-    k[i], v[i]: [*batch, H_kv, n_ctx, d_k] (the keys already turned by their positions).
-    forward(..., cache=c, start=c.length) writes the new
-    positions' keys and values and attends over everything cached so far.
+    k[i], v[i]: [*batch, H_kv, rows, d_k] (the keys already turned by their positions); row r
+    holds position first[i] + r. A block that sees all keys keeps every position from 0 (one
+    preallocated buffer of n_ctx rows); a block with a sliding window of w keys (Gemma 3's,
+    GPT-Neo's local blocks) keeps only the w - 1 before the newest, in a buffer of 2 w rows
+    whose live rows move to its front when it is full, so its memory stays bounded however
+    long the text (held_bytes). forward(..., cache=c, start=c.length) writes the new
+    positions' keys and values and attends over what is kept (put).
     """
 
     k: list[np.ndarray]
     v: list[np.ndarray]
     length: int = 0
     decoder: Decoder | None = None  # decode_step's, made at its first step
+    windows: tuple[int, ...] = ()  # each block's window (0: all); () all
+    first: list[int] = field(default_factory=list)  # the position of each buffer's row 0
 
     @classmethod
     def empty(cls, config: Config, batch: tuple[int, ...] = (), dtype=np.float32) -> KVCache:
-        # One buffer, not zeroed: only positions below `length` are ever read, and each is
-        # written first; untouched, its pages are never made (pages.fresh_pages: the
-        # prompt's few positions at the start of every head's stretch would otherwise make
-        # nearly all of it, 2 MB at a time, before the first token).
-        buf = fresh_pages((config.n_layer, 2, *batch, config.kv_heads, config.n_positions,
-                           config.d_k), dtype)
-        return cls([buf[i, 0] for i in range(config.n_layer)],
-                   [buf[i, 1] for i in range(config.n_layer)])
+        # One buffer for the blocks that keep every position, not zeroed: only positions
+        # below `length` are ever read, and each is written first; untouched, its pages are
+        # never made (pages.fresh_pages: the prompt's few positions at the start of every
+        # head's stretch would otherwise make nearly all of it, 2 MB at a time, before the
+        # first token). A sliding block's is its own, of 2 w rows (smaller than the context).
+        n = config.n_positions
+        windows = tuple(w if 0 < w and 2 * w < n else 0
+                        for w in (config.window(i) for i in range(config.n_layer)))
+        full = [i for i, w in enumerate(windows) if not w]
+        buf = fresh_pages((len(full), 2, *batch, config.kv_heads, n, config.d_k), dtype)
+        k, v = [], []
+        for i, w in enumerate(windows):
+            if w:
+                pair = np.empty((2, *batch, config.kv_heads, 2 * w, config.d_k), dtype)
+            else:
+                pair = buf[full.index(i)]
+            k.append(pair[0])
+            v.append(pair[1])
+        return cls(k, v, windows=windows, first=[0] * config.n_layer)
+
+    def put(self, i: int, start: int, k: np.ndarray, v: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Block i's keys and values k, v [.., H_kv, T, d_k] of positions start .. end-1
+        written: (the keys and values the queries at those positions may read, the position
+        of the first). All from 0 for a block that sees all keys; from start - w + 1 for a
+        window of w, the rows the buffer keeps (and as many again for a prompt's pass)."""
+        end = start + k.shape[-2]
+        w = self.windows[i] if self.windows else 0
+        if not w:
+            self.k[i][..., start:end, :] = k
+            self.v[i][..., start:end, :] = v
+            return self.k[i][..., :end, :], self.v[i][..., :end, :], 0
+        lo = max(0, start - w + 1)  # the first key the first new query sees
+        base = self.first[i] if start else lo  # a pass from 0 begins afresh
+        if lo < base:
+            raise ValueError(f"block {i}'s cache holds positions from {base}, not {lo}")
+        rows = self.k[i].shape[-2]
+        if end - lo > rows or (rows > 2 * w and end - lo <= 2 * w):  # a prompt's pass, or
+            # the first step after one: a buffer of the size needed (2 w rows once it fits)
+            size = max(2 * w, end - lo)
+            for buf in (self.k, self.v):
+                old = buf[i]
+                buf[i] = np.empty((*old.shape[:-2], size, old.shape[-1]), old.dtype)
+                buf[i][..., :start - lo, :] = old[..., lo - base:start - base, :]
+            base = lo
+        elif end - base > rows:  # full: the live rows to the front
+            for buf in (self.k, self.v):
+                buf[i][..., :start - lo, :] = buf[i][..., lo - base:start - base, :].copy()
+            base = lo
+        self.first[i] = base
+        self.k[i][..., start - base:end - base, :] = k
+        self.v[i][..., start - base:end - base, :] = v
+        return (self.k[i][..., lo - base:end - base, :], self.v[i][..., lo - base:end - base, :],
+                lo)
+
+    def held_bytes(self) -> int:
+        """The bytes of keys and values the cache holds: every position so far of a block
+        that sees all keys (its buffer's pages are made as they are written), a sliding
+        block's whole buffer."""
+        total = 0
+        for i, k in enumerate(self.k):
+            w = self.windows[i] if self.windows else 0
+            rows = k.shape[-2] if w else self.length
+            total += 2 * k.itemsize * int(np.prod(k.shape[:-2])) * rows * k.shape[-1]
+        return total
 
 
 # ------------------------------------------------------------------ the forward pass, by card
@@ -273,11 +336,9 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
         q, k, v = hooks(L + "q", q), hooks(L + "k", k), hooks(L + "v", v)
         for name, a in (("q", q), ("k", k), ("v", v)):
             _heads(name, a, L, hooks, config.n_head)
-    if cache is not None:
-        end = start + x.shape[-2]
-        cache.k[i][..., start:end, :] = k
-        cache.v[i][..., start:end, :] = v
-        k, v = cache.k[i][..., :end, :], cache.v[i][..., :end, :]
+    if cache is not None:  # the keys from position `first` on: the queries' places counted
+        k, v, first = cache.put(i, start, k, v)  # from there (a sliding block keeps a window)
+        start -= first
     a = wiring.describe(config, i).attention
     k, v = ops.repeat_kv(k, a.groups), ops.repeat_kv(v, a.groups)
     scores = ops.attention_scores(q, k, start, a.scale, a.window)  # [H, T, S]
@@ -838,11 +899,9 @@ class Decoder:
             k = ops.rms_norm(k, b["attn.k_norm.w"], eps)[0]
         if a.rotary:
             q, k = self._turned(q, start, a), self._turned(k, start, a)
-        end = start + 1
-        cache.k[i][..., start:end, :] = k
-        cache.v[i][..., start:end, :] = v
-        k = ops.repeat_kv(cache.k[i][..., :end, :], a.groups)
-        v = ops.repeat_kv(cache.v[i][..., :end, :], a.groups)
+        k, v, first = cache.put(i, start, k, v)  # a sliding block's: its window alone
+        end, start = start + 1 - first, start - first
+        k, v = ops.repeat_kv(k, a.groups), ops.repeat_kv(v, a.groups)
         scores = q @ k.swapaxes(-1, -2)  # [H, 1, end]: one query sees every key but ...
         scores *= (np.asarray(a.scale, q.dtype) if a.scale
                    else ops._inverse_sqrt(q.shape[-1], q.dtype))
