@@ -41,7 +41,7 @@ def gemma_folder(folder: Path):
     import torch
     from transformers import AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
 
-    from tinygpt_cli.weights import SHIPPED
+    from tinygpt_cli.storage.weights import SHIPPED
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -61,8 +61,8 @@ def gemma_folder(folder: Path):
 def rows(runs: int, folder: Path, hf) -> list:
     import torch
 
-    from tinygpt_cli.model import forward, run_traced
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.model import forward, run_traced
 
     Row = bench.Row
     ours = load_model(folder)

@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tinygpt_cli.weights import SHIPPED, load_model
+from tinygpt_cli.storage.weights import SHIPPED, load_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -76,7 +76,7 @@ def _metric(out) -> float:
 
 def test_neurons_are_transformers_down_proj_inputs_and_push_through_both_norms(pair):
     from tinygpt_cli.analysis.neurons import output_logits
-    from tinygpt_cli.model import record
+    from tinygpt_cli.transformer.model import record
 
     hf, ours = pair
     seen = {}
@@ -104,7 +104,7 @@ def test_qk_terms_sum_to_the_score_whose_softmax_is_transformers_pattern(pair):
     base) add up to the recorded score; their softmax over the keys the block sees is the
     pattern transformers' eager attention returns."""
     from tinygpt_cli.analysis.qk import qk_attribution
-    from tinygpt_cli.model import record
+    from tinygpt_cli.transformer.model import record
 
     hf, ours = pair
     out = _run(hf, CLEAN)
@@ -213,7 +213,7 @@ def test_exact_edge_scores_are_transformers_runs_patched_by_torch_hooks(pair, sc
 
 def test_every_edge_live_is_the_forward_pass_and_eap_its_derivative(pair, scored):
     from tinygpt_cli.analysis import circuit as C
-    from tinygpt_cli.model import forward
+    from tinygpt_cli.transformer.model import forward
 
     hf, ours = pair
     p, _ = scored
@@ -401,7 +401,7 @@ def test_greedy_generation_past_the_window_keeps_only_the_window_and_transformer
     """40 greedy tokens after a 5-token prompt (the window is 3 keys): transformers' own
     tokens; each sliding block's cache holds 2 w rows however long the text, the full
     block's one row a position."""
-    from tinygpt_cli.generate import CachedContext, generate
+    from tinygpt_cli.transformer.generate import CachedContext, generate
 
     hf, folder = seven
     ours = load_model(folder)

@@ -17,15 +17,15 @@ from cli_helpers import Runner, assert_one_error_line, clean_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tinygpt_cli import ops
 from tinygpt_cli.analysis import heads, why
 from tinygpt_cli.analysis import history as hist
-from tinygpt_cli.config import Config
-from tinygpt_cli.model import forward
-from tinygpt_cli.tokenizer import END_OF_TEXT, save_tokenizer, train_tokenizer
-from tinygpt_cli.train.data import read_stories
-from tinygpt_cli.train.loop import HISTORY, Settings, snapshot_steps, train
-from tinygpt_cli.weights import load_model, load_params
+from tinygpt_cli.jobs.train.data import read_stories
+from tinygpt_cli.jobs.train.loop import HISTORY, Settings, snapshot_steps, train
+from tinygpt_cli.storage.weights import load_model, load_params
+from tinygpt_cli.transformer import ops
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.model import forward
+from tinygpt_cli.transformer.tokenizer import END_OF_TEXT, save_tokenizer, train_tokenizer
 
 TINY = Config(n_embd=16, n_layer=2, n_head=2, n_inner=32, n_positions=32, vocab_size=512)
 
@@ -144,7 +144,7 @@ def test_history_follows_a_value_and_a_parameter(cli, run):
 
 
 def test_history_heads_scores_match_a_naive_loop(cli, run):
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     doc = cli("history", "The cat sat on the mat.", "--heads", "--json").json()
     prev, induction = np.asarray(doc["previous_token"]), np.asarray(doc["data"])
@@ -184,6 +184,66 @@ def test_detector_and_induction_scores_by_hand():
     np.testing.assert_array_equal(toks[:, 1 : n + 1], toks[:, n + 1 :])
 
 
+def test_chance_level_of_previous_token_is_evenly_spread_attention():
+    for t in (1, 2, 6, 51):
+        even = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]  # row i: 1 / (i + 1)
+        naive = sum(even[i, i - 1] for i in range(1, t)) / t
+        assert heads.uniform_previous_token(t) == pytest.approx(naive, abs=1e-12)
+    assert heads.uniform_previous_token(6) == pytest.approx(0.2417, abs=1e-4)
+
+
+def _points(svg: str) -> list[tuple[float, float]]:
+    """The plotted points of a curve: (cx, cy) of each circle of class point."""
+    import re
+
+    return [(float(x), float(y)) for x, y in
+            re.findall(r'<circle class="point" cx="([-\d.]+)" cy="([-\d.]+)"', svg)]
+
+
+def test_history_save_draws_the_loss_against_the_step_on_a_log_scale(cli, run, tmp_path):
+    import math
+
+    text = "The cat sat on the mat."
+    doc = cli("history", text, "--json").json()
+    out = tmp_path / "h.svg"
+    done = cli("history", text, "--save", str(out), "-q")
+    assert done.code == 0 and done.out == "" and out.is_file()
+    svg = out.read_text()
+    points = _points(svg)
+    steps = [r["step"] for r in doc["snapshots"]]
+    assert len(points) == len(steps) == len(doc["data"])
+    # x: where log10(step) falls between the first and the last step's, along the axis
+    xs = np.array([p[0] for p in points])
+    logs = np.log10(steps)
+    expected = xs[0] + (logs - logs[0]) / (logs[-1] - logs[0]) * (xs[-1] - xs[0])
+    np.testing.assert_allclose(xs, expected, atol=0.02)
+    # y: a higher loss is drawn higher (SVG's y grows downwards), in proportion
+    ys = np.array([p[1] for p in points])
+    losses = np.array(doc["data"])
+    slope = np.polyfit(losses, ys, 1)[0]
+    assert slope < 0
+    np.testing.assert_allclose(ys, np.polyval(np.polyfit(losses, ys, 1), losses), atol=0.02)
+    assert f"ln V = {math.log(CFG(run).vocab_size):.2f}" in svg and "(log scale)" in svg
+    again = cli("history", text, "--save", str(out))
+    assert again.code == 2 and "exists" in again.err  # never overwritten without --force
+
+
+def test_history_heads_save_follows_the_head_that_rose_most(cli, run, tmp_path):
+    text = "The cat sat on the mat."
+    doc = cli("history", text, "--heads", "--json").json()
+    prev = np.asarray(doc["previous_token"])
+    assert doc["previous_token_chance"] == pytest.approx(
+        sum(1 / (i + 1) for i in range(1, len(doc["ids"]))) / len(doc["ids"]))
+    rise = prev[-1] - prev[0]
+    layer, head = np.unravel_index(int(np.argmax(rise)), rise.shape)
+    out = tmp_path / "heads.svg"
+    assert cli("history", text, "--heads", "--save", str(out), "-q").code == 0
+    svg = out.read_text()
+    assert f"layer {layer} head {head}: the previous-token score that rose most" in svg
+    assert len(_points(svg)) == len(doc["snapshots"])
+    assert f"evenly spread attention: {doc['previous_token_chance']:.3f}" in svg
+
+
 def test_history_errors_when_the_folder_has_no_history(cli, tmp_path, run):
     import shutil
 
@@ -214,7 +274,7 @@ def test_a_run_stamps_its_snapshots_and_history_refuses_another_runs(cli, tmp_pa
     other = tmp_path / "other"
     shutil.copytree(run, other)
     params = load_params(run / "model.safetensors", CFG(run))
-    from tinygpt_cli.weights import save_params
+    from tinygpt_cli.storage.weights import save_params
 
     save_params({n: a * 1.01 for n, a in params.items()}, other / "model.safetensors", CFG(run))
     result = cli("history", "The cat", "--weights", other)
@@ -294,7 +354,7 @@ def test_a_shard_mapped_in_place_holds_what_np_load_reads(tmp_path):
     index writes it (uncompressed; an empty array among them) and for a compressed .npz,
     which it reads by np.load; the mapping is read-only."""
     from tinygpt_cli.analysis.why_index import mapped_arrays
-    from tinygpt_cli.cache import npz_bytes
+    from tinygpt_cli.storage.cache import npz_bytes
 
     rng = np.random.default_rng(0)
     arrays = {"rank1": rng.integers(0, 2**16, (5, 7)).astype(np.uint16),
@@ -584,8 +644,8 @@ def test_a_task_that_fails_in_a_worker_ends_the_build_with_its_error(tmp_path):
     from dataclasses import asdict
 
     from tinygpt_cli.analysis import why_index
-    from tinygpt_cli.cluster import Here
     from tinygpt_cli.errors import WeightsError
+    from tinygpt_cli.jobs.cluster import Here
 
     config = Config(n_embd=8, n_layer=1, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
     (tmp_path / "w.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00short")
@@ -654,10 +714,10 @@ def test_a_write_killed_at_random_moments_leaves_no_temporary_after_the_next(tmp
     import sys
     import time
 
-    from tinygpt_cli.files import write_atomically
+    from tinygpt_cli.storage.files import write_atomically
 
     target = tmp_path / "picture.svg"
-    script = ("import sys; from tinygpt_cli.files import write_atomically as w\n"
+    script = ("import sys; from tinygpt_cli.storage.files import write_atomically as w\n"
               "i = 0\n"
               "while True:\n"
               "    w(sys.argv[1], bytes([65 + i % 2]) * 4_000_000); i += 1\n")
@@ -812,7 +872,7 @@ def test_an_attention_weights_gradient_and_its_exact_scores(make_params):
     zero for what it does not read; and the exact pass with that query against the naive
     loop of explicit window gradients."""
     from tinygpt_cli.analysis import exact_tracin as ex
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
     params = make_params(config, seed=3)
@@ -843,7 +903,7 @@ def test_an_sae_latents_gradient_and_its_exact_scores(make_params, monkeypatch):
     from types import SimpleNamespace
 
     from tinygpt_cli.analysis import sae as sae_mod
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
     params = make_params(config, seed=5)
@@ -1022,7 +1082,7 @@ def test_why_value_ranks_windows_by_how_much_they_raised_that_scalar(cli, run):
     training step, computed by central differences; for the planted fact a window
     holding it raises logit[' zooms'] - logit[' sat'] most."""
     from tinygpt_cli.analysis import heads
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     model = load_model(run)
     tok, config = model.tokenizer, model.config
@@ -1113,7 +1173,7 @@ def test_exact_pass_equals_explicit_window_gradients_over_two_snapshots(make_par
     token, one with the window's length), two snapshots with their learning rates, batches
     cutting the windows unevenly, on two threads: equal in float64."""
     from tinygpt_cli.analysis import exact_tracin as ex
-    from tinygpt_cli.hooks import add_vector
+    from tinygpt_cli.transformer.hooks import add_vector
 
     config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
     snapshots = [(make_params(config, seed=8), 0.5), (make_params(config, seed=9), 2.0)]
@@ -1354,7 +1414,7 @@ def test_history_and_why_run_the_steered_text(cli, run, tmp_path):
 
 
 def test_a_steered_query_gradient_matches_finite_differences(make_params):
-    from tinygpt_cli.hooks import add_vector
+    from tinygpt_cli.transformer.hooks import add_vector
 
     config = Config(n_embd=8, n_layer=1, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
     params = make_params(config, seed=4)

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinygpt_cli import model as mdl
 from tinygpt_cli.analysis import quant as qa
+from tinygpt_cli.transformer import model as mdl
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import family_configs, random_params  # noqa: E402
@@ -193,7 +193,7 @@ def llama_q8(tmp_path_factory):
     pytest.importorskip("gguf")
     import importlib.util
 
-    from tinygpt_cli.weights import SHIPPED
+    from tinygpt_cli.storage.weights import SHIPPED
 
     root = Path(__file__).resolve().parent.parent
     spec = importlib.util.spec_from_file_location("make_gguf", root / "examples" / "make_gguf.py")

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
-from ..config import Config
 from ..errors import InputError
-from ..model import record
-from ..wiring import FORWARD
+from ..transformer import ops
+from ..transformer.config import Config
+from ..transformer.model import record
+from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): the recorded
 # attention patterns.
@@ -39,6 +39,13 @@ KINDS = ("previous_token", "duplicate_token", "induction")
 
 def previous_token_pattern(t: int) -> np.ndarray:
     return np.eye(t, k=-1)
+
+
+def uniform_previous_token(t: int) -> float:
+    """The previous-token score (detection_score with previous_token_pattern) of a head that
+    spreads its attention evenly over all it may see: (1/T) sum_{i=1}^{T-1} 1/(i+1), the chance
+    level a head's score starts from before training has shaped it."""
+    return float(sum(1.0 / (i + 1) for i in range(1, t)) / t) if t > 0 else 0.0
 
 
 def duplicate_token_pattern(ids) -> np.ndarray:
@@ -206,7 +213,7 @@ def texts_for_heads(tokenizer, context: int, text: str | None, read_text, file, 
     validation stories, else the built-in sentences."""
     from pathlib import Path
 
-    from ..corpus import BUILT_IN, HELD_OUT_PART, find_data, read_stories, stories_of
+    from ..storage.corpus import BUILT_IN, HELD_OUT_PART, find_data, read_stories, stories_of
 
     if text is not None and file is not None:
         raise InputError("give a text or --file, not both")

@@ -37,8 +37,8 @@ from .common import (
 from .steering import steerable
 
 if TYPE_CHECKING:
-    from ..context import RunContext
-    from ..session import Run
+    from ..jobs.session import Run
+    from .context import RunContext
 
 # NumPy, Rich and the model are imported inside the commands: registering them (and
 # `tinygpt --help`) stays cheap, and each command loads only what it shows.
@@ -93,8 +93,8 @@ def pos(
 
     Example: tinygpt pos "Lily wanted to play with her" --sum
     """
-    from ..page import angles_of_base, bases_by_blocks
     from ..render.cards import rotary_note
+    from ..transformer.page import angles_of_base, bases_by_blocks
 
     r = run(context, weights, text, ablate)
     cfg = r.model.config
@@ -113,7 +113,7 @@ def _norm(context: RunContext, r: Run, prefix: str, as_json: bool, full: bool, s
     from rich.text import Text
 
     from ..render.cards import NORM_NOTE, RMS_NOTE, sandwich_note
-    from ..wiring import describe
+    from ..transformer.wiring import describe
 
     cfg = r.model.config
     if cfg.norm == "rms":  # an RMSNorm divides by each token's rms alone
@@ -148,7 +148,7 @@ def norm(
 
     Example: tinygpt norm "Lily wanted to play with her" --layer 0 --which ln1
     """
-    from ..wiring import describe
+    from ..transformer.wiring import describe
 
     r = run(context, weights, text, ablate)
     norms = describe(r.model.config, 0).norms  # ln1, ln2 (Gemma 3: and after each branch)
@@ -332,7 +332,7 @@ def probs(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     from ..analysis.lens import top_entries
     from ..render.cards import probs_path, probs_view
     from ..render.documents import session_document
-    from ..sampling import probabilities
+    from ..transformer.sampling import probabilities
 
     r = run(context, weights, text, ablate)
     p = check_index(position, r.T, "position")
@@ -365,7 +365,13 @@ def sample_cmd(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     """
     from ..render.cards import continued_text, sample_view
     from ..render.documents import sample_document
-    from ..sampling import check_top_p, create_rng, fresh_seed, next_token_distribution, sample
+    from ..transformer.sampling import (
+        check_top_p,
+        create_rng,
+        fresh_seed,
+        next_token_distribution,
+        sample,
+    )
 
     check_top_p(top_p)
     seed = fresh_seed() if seed is None else seed

@@ -24,7 +24,7 @@ def rotary_note(rotary: bool, base: float = 0.0, bases=(), tokens=(), full: bool
         return []
     out = [Text(ROTARY_NOTE, style="dim")]
     if len(bases) > 1:
-        from ..page import block_list
+        from ..transformer.page import block_list
 
         out += [Text(""), Text("two rotary bases: " + "; ".join(
             f"base {b:g} turns {block_list(blocks)}" for b, blocks in bases)

@@ -8,7 +8,7 @@ and never touches the writer. No Rich here: a --json run never imports it.
 
 from __future__ import annotations
 
-from ..schema import with_old_keys
+from ..transformer.schema import with_old_keys
 from . import jsonout
 
 
@@ -285,6 +285,7 @@ def heads_history_document(s, scores: dict, snapshots: list[dict], length: int) 
     """history --heads: induction and previous-token scores [snapshot, layer, head]."""
     return session_document(s, "induction", scores["induction"],
                             previous_token=scores["previous_token"], snapshots=snapshots,
+                            previous_token_chance=scores["previous_token_chance"],
                             induction_length=length, induction_seed=0,
                             axes=["snapshot", "layer", "head"])
 
