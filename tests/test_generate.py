@@ -69,7 +69,7 @@ def test_a_sliding_blocks_cache_keeps_its_window_alone_with_a_full_passs_logits(
     step's logits a full pass's, with and without an ablation (the general pass's steps)."""
     from dataclasses import replace
 
-    from tinygpt_cli.transformer.config import arch_config
+    from tinygpt_cli.jobs.train.loop import arch_config
 
     config = replace(arch_config("neo", n_embd=12, n_layer=2, n_head=2, n_inner=20,
                                  vocab_size=23, n_positions=20), windows=(3, 0))

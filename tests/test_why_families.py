@@ -20,7 +20,7 @@ WHY_FAMILIES = (*FAMILIES, "gemma3")
 def _configs(**sizes) -> dict:
     from dataclasses import replace
 
-    from tinygpt_cli.transformer.config import arch_config
+    from tinygpt_cli.jobs.train.loop import arch_config
 
     sizes = dict(n_embd=24, n_layer=2, n_head=6, n_inner=20, vocab_size=23,
                  n_positions=12) | sizes
