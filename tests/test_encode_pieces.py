@@ -196,6 +196,36 @@ def test_a_sentencepiece_run_with_no_exact_cut_is_refused_in_one_line(name, cli,
                           "cannot be encoded in pieces exactly")
 
 
+@pytest.mark.parametrize("option", [{"dropout": 0.5}, {"ignore_merges": True}])
+def test_a_sentencepiece_tokenizer_that_cannot_be_cut_refuses_past_its_size(option, cli,
+                                                                             tmp_path,
+                                                                             monkeypatch):
+    """With an option under which its BPE reads more than the cut rule knows, a byte-fallback
+    tokenizer encodes a text whole, so its memory is held to PIECE_MAX characters' worth:
+    longer is refused in one line (exit 2); up to it, the ids of one library call."""
+    from cli_helpers import assert_one_error_line
+    from shipped_tokenizers import model_folder
+
+    from tinygpt_cli.errors import InputError
+
+    doc = json.loads(sentencepiece_files("gemma")[0])
+    doc["model"].update(option)
+    files = list(sentencepiece_files("gemma"))
+    files[0] = json.dumps(doc, ensure_ascii=False)
+    tok = Tokenizer.from_str(files[0])
+    assert tok.byte_fallback and tok._merge_index is None
+    monkeypatch.setattr(tk, "PIECE_MAX", 3000)
+    fine = "Lily wanted to play with her ball. " * 85  # 2,975 characters, past CHUNK
+    monkeypatch.setattr(tk, "CHUNK", 100)
+    if "dropout" not in option:  # dropout draws its own ids each call
+        assert tok.encode(fine) == whole(tok, fine)
+    with pytest.raises(InputError, match=r"3,010 characters long.*at most 3,000 characters"):
+        tok.encode("a" * 3010)
+    folder = model_folder(tmp_path / "g", *files)
+    assert_one_error_line(cli("encode", "--weights", str(folder), "-", stdin="a" * 3010), 2,
+                          "cannot be encoded in pieces exactly")
+
+
 def test_an_nfc_tokenizer_reads_the_merges_on_the_composed_text():
     """A vocabulary merging 'étuv' with 'w' (and nothing ending in 'v' with 'w'): in
     "e\\u0301tuvw" the NFC normaliser composes é first, so BPE makes one token of 'étuvw'

@@ -538,8 +538,17 @@ class Tokenizer:
         """The text's tokens, without the special tokens the folder's tokenizer puts around a
         text (text_ids adds them); InputError for a byte the vocabulary has no token for."""
         self.check_bytes(text)
-        if len(text) > CHUNK and self.byte_fallback and self._merge_index is not None:
-            return self._encode_sentencepiece(text)
+        if len(text) > CHUNK and self.byte_fallback:
+            if self._merge_index is not None:
+                return self._encode_sentencepiece(text)
+            if len(text) > PIECE_MAX:  # read as one word: about 200 bytes a character held
+                from ..errors import InputError
+
+                raise InputError(
+                    f"the text is {len(text):,} characters long, and this tokenizer's BPE "
+                    "(byte fallback with dropout, ignore_merges or a word prefix or suffix) "
+                    "reads a text as one word, which cannot be encoded in pieces exactly: "
+                    f"give it at most {PIECE_MAX:,} characters")
         if len(text) > CHUNK and not self.byte_fallback:  # byte-level words never span a cut
             return self._encode_long(text)
         return self._tok.encode(text, add_special_tokens=False).ids
