@@ -152,8 +152,60 @@ def test_act_quant_rounds_rows_as_gguf_q8_0():
                           quants.dequantize(quants.quantize(x, t), t))
     assert hook("layers.1.resid_post", x) is x
     k_types = dict(types, **{"blk.0.ffn_down.weight": "Q4_K"})
-    with pytest.raises(ValueError, match="Q8_K"):
-        qa.activation_types(cfg, k_types, tied=True)
+    assert qa.activation_types(cfg, k_types, tied=True)["layers.0.mlp_post"] == "Q8_K"
+    with pytest.raises(ValueError, match="is Q9_9: which rounding llama.cpp gives"):
+        qa.activation_types(cfg, dict(types, **{"blk.0.ffn_down.weight": "Q9_9"}), tied=True)
+
+
+def naive_q8_k(x: np.ndarray) -> np.ndarray:
+    """ggml's quantize_row_q8_K_ref then dequantize_row_q8_K, line by line in float32 scalars,
+    with nearest_int's own trick (add 1.5 * 2^23 and read the low bits)."""
+    out = np.zeros(x.size, np.float32)
+    flat = x.astype(np.float32).reshape(-1)
+    for b in range(0, flat.size, 256):
+        amax, top = np.float32(0), np.float32(0)
+        for j in range(256):
+            ax = abs(flat[b + j])
+            if ax > amax:
+                amax, top = ax, flat[b + j]
+        if amax == 0:
+            continue
+        iscale = np.float32(-127.0) / top
+        for j in range(256):
+            f = np.float32(np.float32(iscale * flat[b + j]) + np.float32(12582912.0))
+            v = int((int(f.view(np.int32)) & 0x007FFFFF) - 0x00400000)
+            out[b + j] = np.float32(np.float32(1) / iscale) * np.float32(min(127, v))
+    return out.reshape(x.shape)
+
+
+def test_q8_k_rounding_is_ggmls():
+    """Q8_K blocks (the K-quants' activations) against a transcription of ggml's C: ties,
+    a block of zeros, a block whose largest magnitude is negative or repeated."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(3, 512)).astype(np.float32)
+    x[0, :256] = 0  # a block of zeros
+    x[1, 7] = -9.0  # its largest magnitude negative
+    x[1, 300], x[1, 301] = 5.0, -5.0  # the first of two equal magnitudes gives the sign
+    x[2, 256:] = np.round(rng.normal(size=256) * 8) / 4  # quarters
+    x[2, 256] = 127 / 2  # iscale -2: each odd quarter lands on a tie, x.5
+    got = qa.rounded_rows(x, "Q8_K")
+    assert np.array_equal(got, naive_q8_k(x))
+    assert not np.array_equal(got, x) and np.all(got[0, :256] == 0)
+    assert np.abs(got - x).max() <= np.abs(x).max() / 127  # within a step
+    ties = np.abs(x[2, 256:] * 4) % 2 == 1
+    assert ties.sum() > 20  # half to even, not away from zero: -2 * 0.25 -> 0, 0.75 -> -2
+    assert np.array_equal(got[2, 256:][ties] * -2, np.rint(x[2, 256:][ties] * -2))
+
+
+def test_bf16_rounding_is_ggmls():
+    """float32 -> bfloat16 to nearest, ties to even (GGML_FP32_TO_BF16), on exact ties."""
+    x = np.array([1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -9, -(1 + 2 ** -8)], np.float32)
+    want = np.array([1.0, 1.0, 1 + 2 ** -6, 1.0, -1.0], np.float32)
+    assert np.array_equal(qa.rounded_rows(x, "BF16"), want)
+    torch = pytest.importorskip("torch")
+    y = np.random.default_rng(3).normal(size=1000).astype(np.float32)
+    assert np.array_equal(qa.rounded_rows(y, "BF16"),
+                          torch.from_numpy(y).bfloat16().float().numpy())
 
 
 def test_act_quant_feeds_the_rounded_rows_into_the_products():
@@ -234,3 +286,46 @@ def test_command_json_and_errors(llama_q8, tmp_path):
     p = subprocess.run(run + ["quant", "--file", str(short), "--weights", str(gguf_path),
                               "--against", str(folder)], capture_output=True, text=True)
     assert p.returncode == 2 and "fewer than one chunk" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("pre,adds,bos", [
+    ("gpt-2", {}, False), ("llama-bpe", {}, True), ("llama3", {}, True),
+    ("llama-bpe", {"add_bos": False}, False), ("gpt-2", {"add_bos": True}, True),
+    ("qwen2", {}, False), ("smollm", {}, False)])
+def test_chunk_bos_as_llama_cpp_defaults_it(tmp_path, pre, adds, bos):
+    """The BOS llama-perplexity puts in each chunk's place 0: the file's add_bos_token, else
+    llama.cpp's default for the vocabulary (llama-vocab.cpp): a byte-level one adds it for
+    Llama 3's pre-tokenizers only; SentencePiece always (tests/test_gguf.py's file)."""
+    pytest.importorskip("gguf")
+    import test_gguf as tg
+
+    from tinygpt_cli.weights import SHIPPED, load_model
+
+    out = tmp_path / "m.gguf"
+    tg.make_gguf.write(SHIPPED / "llama", out, "Q8_0", vocab=tg.byte_level_metadata(pre, **adds))
+    model = load_model(out)
+    want = model.config.bos_token_id
+    assert isinstance(want, int)
+    assert qa.chunk_bos(model) == (want if bos else None)
+
+
+def test_chunk_bos_of_sentencepiece_without_the_key(tmp_path):
+    pytest.importorskip("gguf")
+    import test_gguf as tg
+
+    from tinygpt_cli.weights import load_model
+
+    folder = tmp_path / "sp"
+    folder.mkdir()
+    tokens = tg.sentencepiece_vocab()[0]
+    from tinygpt_cli.config import arch_config, save_config
+    from tinygpt_cli.model import init_params
+    from tinygpt_cli.weights import save_params
+
+    cfg = arch_config("llama", n_embd=32, n_layer=1, n_head=2, n_inner=32,
+                      vocab_size=len(tokens), bos_token_id=1, eos_token_id=2)
+    save_params(init_params(cfg, np.random.default_rng(0)), folder / "model.safetensors", cfg)
+    save_config(cfg, folder / "config.json")
+    out = tmp_path / "sp.gguf"
+    tg.make_gguf.write(folder, out, "Q8_0", vocab=tg.sentencepiece_metadata())
+    assert qa.chunk_bos(load_model(out)) == 1
