@@ -1,0 +1,208 @@
+"""tinygpt's numbers on a GGUF file against llama.cpp's own numbers on the same file (issue 49).
+
+llama.cpp runs through `llama-cpp-python`, built from source in an environment of its own
+(never a dependency of tinygpt or of its tests); this script runs that side in a subprocess
+of that environment's Python, which only imports llama_cpp and NumPy:
+
+    python3 -m venv /tmp/venv-llama && /tmp/venv-llama/bin/pip install llama-cpp-python
+    python benchmarks/gguf_llama_cpp.py --llama-python /tmp/venv-llama/bin/python
+
+The files: the shipped Llama (weights/llama) as F32, Q8_0 and Q4_0 GGUFs written by
+examples/make_gguf.py (the gguf package's quantizer), and as Q4_K_M made by llama.cpp's own
+quantizer (llama_model_quantize) from the F32 file: its 128-wide rows are not whole blocks
+of 256, so llama.cpp falls back to another type for those tensors; the file's types are
+printed. The text: the first --chunks chunks of --ctx tokens of part-005 (the validation
+stories), tokenized by tinygpt, the same ids fed to both; each chunk from a fresh start, its
+second half scored as llama-perplexity --kl-divergence scores it (positions n_ctx/2 ...
+n_ctx - 2). One thread each (llama.cpp's n_threads = 1; OMP/BLAS threads 1), llama.cpp
+with its default context settings otherwise (float16 KV cache).
+
+Figures per file: (1) the gap: KL(P_llama.cpp || P_tinygpt) on the same file, mean and
+max, top-1 agreement and the largest logit difference over the largest logit, tinygpt
+plain and with --act-quant's rounding; (2) what quantization changed, KL(P_F32 || P_Q)
+each side computes with its own F32 run, and their ratio; (3) speed: the load and the
+forward pass over a chunk (all logits), tinygpt's time over llama.cpp's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run as bench  # noqa: E402, I001  (first: it sets one thread before NumPy loads)
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TYPES = ["F32", "Q8_0", "Q4_0"]
+LLAMA_FTYPES = {"Q4_K_M": 15}  # llama.h's LLAMA_FTYPE_MOSTLY_Q4_K_M
+
+# the llama.cpp side, run by the other environment's Python: argv[1] a JSON job
+LLAMA_SIDE = r'''
+import ctypes, json, sys, time
+import numpy as np
+import llama_cpp
+job = json.loads(sys.argv[1])
+for src, dst, ftype in job.get("quantize", []):
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = 1
+    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
+    if rc != 0:
+        sys.exit(f"llama_model_quantize {dst}: {rc}")
+chunks = np.load(job["chunks"])
+out = {}
+for path in job["files"]:
+    t = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=path, n_ctx=job["ctx"], n_batch=job["ctx"],
+                          n_ubatch=job["ctx"], n_threads=1, n_threads_batch=1,
+                          logits_all=True, verbose=False)
+    load = time.perf_counter() - t
+    logits, times = [], []
+    for ids in chunks:
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval([int(i) for i in ids])
+        times.append(time.perf_counter() - t)
+        logits.append(np.array(llm.scores[:len(ids)], np.float32))
+    name = path + ".llama.npy"
+    np.save(name, np.stack(logits))
+    out[path] = {"load": load, "eval": times, "logits": name}
+    del llm
+print(json.dumps({"version": llama_cpp.__version__, "files": out}))
+'''
+
+
+def llama_side(python: str, job: dict) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    done = subprocess.run([python, "-c", LLAMA_SIDE, json.dumps(job)], capture_output=True,
+                          text=True, env=env, check=False)
+    if done.returncode != 0:
+        sys.exit(f"the llama.cpp side failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def kl_rows(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
+    """KL(P || Q) per row, in float64."""
+    a = p_logits.astype(np.float64)
+    b = q_logits.astype(np.float64)
+    la = a - a.max(-1, keepdims=True)
+    la -= np.log(np.exp(la).sum(-1, keepdims=True))
+    lb = b - b.max(-1, keepdims=True)
+    lb -= np.log(np.exp(lb).sum(-1, keepdims=True))
+    return (np.exp(la) * (la - lb)).sum(-1)
+
+
+def tinygpt_side(path: Path, chunks: np.ndarray, act_quant: bool) -> tuple[np.ndarray, float,
+                                                                                list[float]]:
+    from tinygpt_cli.analysis import quant as qa
+    from tinygpt_cli.model import forward
+    from tinygpt_cli.weights import load_model
+
+    t = time.perf_counter()
+    model = load_model(path)
+    load = time.perf_counter() - t
+    hook = qa.act_quant_hook(model)[0] if act_quant else None
+    logits, times = [], []
+    for ids in chunks:
+        t = time.perf_counter()
+        logits.append(forward(model.params, model.config, ids, hooks=hook))
+        times.append(time.perf_counter() - t)
+    return np.stack(logits).astype(np.float32), load, times
+
+
+def file_types(path: Path) -> str:
+    from tinygpt_cli.weights import open_folder
+
+    counts = open_folder(path).about["types"]
+    return ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--llama-python", required=True,
+                   help="the Python of an environment with llama-cpp-python installed")
+    p.add_argument("--chunks", type=int, default=16)
+    p.add_argument("--ctx", type=int, default=128)
+    p.add_argument("--json", type=Path, help="also write every figure here")
+    a = p.parse_args()
+
+    import importlib.util
+
+    from tinygpt_cli.weights import SHIPPED, load_model
+
+    spec = importlib.util.spec_from_file_location("make_gguf", ROOT / "examples" / "make_gguf.py")
+    make_gguf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_gguf)
+
+    tmp = Path(tempfile.mkdtemp(prefix="gguf-llama-"))
+    files = {}
+    for kind in TYPES:
+        files[kind] = tmp / f"llama-{kind}.gguf"
+        make_gguf.write(SHIPPED / "llama", files[kind], kind)
+    quantize = []
+    for kind, ftype in LLAMA_FTYPES.items():
+        files[kind] = tmp / f"llama-{kind}.gguf"
+        quantize.append([str(files["F32"]), str(files[kind]), ftype])
+
+    folder = load_model(SHIPPED / "llama")
+    text = (bench.DATA / "part-005.txt").read_text(encoding="utf-8")
+    stream = np.array(folder.tokenizer.encode(text[:400_000]))
+    n = a.chunks * a.ctx
+    if len(stream) < n:
+        sys.exit(f"part-005 gives {len(stream)} tokens, fewer than {n}")
+    chunks = stream[:n].reshape(a.chunks, a.ctx)
+    np.save(tmp / "chunks.npy", chunks)
+    keep = np.arange(a.ctx // 2, a.ctx - 1)
+
+    job = {"quantize": quantize, "chunks": str(tmp / "chunks.npy"), "ctx": a.ctx,
+           "files": [str(f) for f in files.values()]}
+    theirs = llama_side(a.llama_python, job)
+    print(f"llama-cpp-python {theirs['version']}; {a.chunks} chunks of {a.ctx} tokens, "
+          f"{a.chunks * len(keep)} positions scored; files in {tmp}")
+
+    results = {}
+    base = {}
+    for kind, path in files.items():
+        info = theirs["files"][str(path)]
+        ll = np.load(info["logits"])[:, keep]
+        mine, load, times = tinygpt_side(path, chunks, act_quant=False)
+        mine = mine[:, keep]
+        row = {"types": file_types(path), "load_s": [load, info["load"]],
+               "chunk_s": [float(np.median(times)), float(np.median(info["eval"]))]}
+        variants = {"plain": mine}
+        if kind != "F32":
+            variants["act_quant"] = tinygpt_side(path, chunks, act_quant=True)[0][:, keep]
+        for name, lg in variants.items():
+            kl = kl_rows(ll.reshape(-1, ll.shape[-1]), lg.reshape(-1, lg.shape[-1]))
+            same = (ll.argmax(-1) == lg.argmax(-1)).mean()
+            row[f"gap_{name}"] = {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+                                  "same_top": float(same),
+                                  "max_dlogit_rel": float(np.abs(ll - lg).max()
+                                                          / np.abs(ll).max())}
+        if kind == "F32":
+            base = {"llama": ll, "tinygpt": mine}
+        else:
+            flat = (-1, ll.shape[-1])
+            row["quant_kl"] = {
+                "llama.cpp": float(kl_rows(base["llama"].reshape(flat), ll.reshape(flat)).mean()),
+                "tinygpt": float(kl_rows(base["tinygpt"].reshape(flat),
+                                         mine.reshape(flat)).mean()),
+                "tinygpt_act_quant": float(kl_rows(base["tinygpt"].reshape(flat),
+                                                   variants["act_quant"].reshape(flat)).mean())}
+        results[kind] = row
+        print(kind, json.dumps(row, indent=None))
+    if a.json:
+        a.json.write_text(json.dumps({"llama_cpp_python": theirs["version"], "chunks": a.chunks,
+                                      "ctx": a.ctx, "files": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
