@@ -291,3 +291,48 @@ def _patch_u32(path: Path, key: str, value: int) -> None:
     data = bytearray(path.read_bytes())
     struct.pack_into("<I", data, at, value)
     path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q5_1"])
+def test_gemma3_dequantized_bit_for_bit(tmp_path, kind):
+    """Without torch: a Gemma 3 of tinygpt's own written as llama.cpp's converter writes it;
+    every parameter is gguf.quants.dequantize's number of its tensor (read by GGUFReader),
+    the norms' scales the file's values as they are (the 1 already in them)."""
+    import shutil
+
+    from tinygpt_cli.config import arch_config, save_config
+    from tinygpt_cli.gguf_file import _is_matrix, gguf_names
+    from tinygpt_cli.model import init_params
+    from tinygpt_cli.weights import SHIPPED, save_params
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    cfg = arch_config("gemma3", n_embd=64, n_layer=2, n_head=2, n_inner=128, n_positions=32)
+    params = init_params(cfg, np.random.default_rng(6))
+    rng = np.random.default_rng(7)
+    for name in params:  # the scales away from 1, some past 2 (where w + 1 - 1 rounds)
+        if params[name].ndim == 1:
+            params[name] = (params[name] + rng.normal(0, 0.8, params[name].shape)).astype(
+                np.float32)
+    save_params(params, folder / "model.safetensors", cfg)
+    save_config(cfg, folder / "config.json")
+    shutil.copy(SHIPPED / "tokenizer.json", folder / "tokenizer.json")
+    out = tmp_path / f"g-{kind}.gguf"
+    make_gguf.write(folder, out, kind)
+    model = load_model(out)
+    reader = gguf.GGUFReader(str(out))
+    want = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
+    assert {t.tensor_type.name for t in reader.tensors} == {kind, "F32"}
+    for canonical, files in gguf_names(model.config).items():
+        got = model.params[canonical]
+        parts = [want.pop(f) for f in files]
+        whole = np.concatenate([p.reshape(-1, p.shape[-1]) if p.ndim > 1 else p for p in parts])
+        if _is_matrix(canonical):
+            assert np.array_equal(got.T, whole), canonical
+        else:
+            assert np.array_equal(got.reshape(whole.shape), whole), canonical
+    assert not want  # every tensor of the file placed
+    folder_model = load_model(folder)
+    for name, a in folder_model.params.items():  # the scales: 1 + w, whatever the route
+        if name.endswith("norm.w") or name.startswith("ln") or ".ln" in name:
+            assert np.array_equal(a, model.params[name]), name
