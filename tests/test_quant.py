@@ -153,6 +153,12 @@ def test_act_quant_rounds_rows_as_gguf_q8_0():
     assert hook("layers.1.resid_post", x) is x
     k_types = dict(types, **{"blk.0.ffn_down.weight": "Q4_K"})
     assert qa.activation_types(cfg, k_types, tied=True)["layers.0.mlp_post"] == "Q8_K"
+    mixed = dict(types, **{"blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q4_K",
+                           "blk.0.attn_v.weight": "Q6_K"})
+    assert qa.activation_types(cfg, mixed, tied=True)["layers.0.ln1.out"] == "Q8_K"
+    with pytest.raises(ValueError, match=r"layers.0.ln1.out enters products with weights of "
+                       r"types Q4_0 \(Q8_0\), Q6_K \(Q8_K\)"):
+        qa.activation_types(cfg, dict(types, **{"blk.0.attn_v.weight": "Q6_K"}), tied=True)
     with pytest.raises(ValueError, match="is Q9_9: which rounding llama.cpp gives"):
         qa.activation_types(cfg, dict(types, **{"blk.0.ffn_down.weight": "Q9_9"}), tied=True)
 

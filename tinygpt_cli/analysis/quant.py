@@ -305,20 +305,23 @@ def product_inputs(config, tied: bool) -> dict[str, list[str]]:
 
 
 def activation_types(config, tensor_types: dict[str, str], tied: bool) -> dict[str, str | None]:
-    """Each product input's rounding (ACT_TYPE of its weights' type); ValueError naming the
-    first product whose weights' type it does not know, or whose weights disagree in
-    type."""
+    """Each product input's rounding (ACT_TYPE of its weights' type: q, k and v of Q4_K and
+    Q6_K alike take Q8_K); ValueError naming the first product whose weights' type it does
+    not know, or whose weights llama.cpp rounds the input for in two ways (one hook cannot
+    round one value twice)."""
     out = {}
     for path, tensors in product_inputs(config, tied).items():
-        kinds = {tensor_types.get(t, "F32") for t in tensors}
-        if len(kinds) > 1:
-            raise ValueError(f"{path} enters products with weights of types "
-                             f"{', '.join(sorted(kinds))}: one rounding cannot stand for both")
-        kind = kinds.pop()
-        if kind not in ACT_TYPE:
-            raise ValueError(f"{tensors[0]} is {kind}: which rounding llama.cpp gives its "
-                             "input is not known here")
-        out[path] = ACT_TYPE[kind]
+        kinds = {t: tensor_types.get(t, "F32") for t in tensors}
+        for t, kind in kinds.items():
+            if kind not in ACT_TYPE:
+                raise ValueError(f"{t} is {kind}: which rounding llama.cpp gives its input is "
+                                 "not known here")
+        rounds = {ACT_TYPE[k] for k in kinds.values()}
+        if len(rounds) > 1:
+            said = ", ".join(f"{k} ({ACT_TYPE[k] or 'none'})" for k in sorted(set(kinds.values())))
+            raise ValueError(f"{path} enters products with weights of types {said}, each "
+                             "rounding it otherwise: one rounding cannot stand for all")
+        out[path] = rounds.pop()
     return out
 
 
