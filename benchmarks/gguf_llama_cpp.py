@@ -63,7 +63,7 @@ for path in job["files"]:
     t = time.perf_counter()
     llm = llama_cpp.Llama(model_path=path, n_ctx=job["ctx"], n_batch=job["ctx"],
                           n_ubatch=job["ctx"], n_threads=1, n_threads_batch=1,
-                          logits_all=True, verbose=False)
+                          logits_all=True, verbose=False, **job.get("llama_args", {}))
     load = time.perf_counter() - t
     logits, times = [], []
     for ids in chunks:
@@ -132,6 +132,8 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=16)
     p.add_argument("--ctx", type=int, default=128)
     p.add_argument("--json", type=Path, help="also write every figure here")
+    p.add_argument("--f32-cache", action="store_true",
+                   help="llama.cpp's KV cache in float32 (type_k = type_v = F32), not float16")
     a = p.parse_args()
 
     import importlib.util
@@ -163,7 +165,8 @@ def main() -> None:
     keep = np.arange(a.ctx // 2, a.ctx - 1)
 
     job = {"quantize": quantize, "chunks": str(tmp / "chunks.npy"), "ctx": a.ctx,
-           "files": [str(f) for f in files.values()]}
+           "files": [str(f) for f in files.values()],
+           "llama_args": {"type_k": 0, "type_v": 0} if a.f32_cache else {}}  # GGML_TYPE_F32
     theirs = llama_side(a.llama_python, job)
     print(f"llama-cpp-python {theirs['version']}; {a.chunks} chunks of {a.ctx} tokens, "
           f"{a.chunks * len(keep)} positions scored; files in {tmp}")

@@ -335,3 +335,28 @@ def test_chunk_bos_of_sentencepiece_without_the_key(tmp_path):
     out = tmp_path / "sp.gguf"
     tg.make_gguf.write(folder, out, "Q8_0", vocab=tg.sentencepiece_metadata())
     assert qa.chunk_bos(load_model(out)) == 1
+
+
+def test_act_quant_keeps_the_attention_in_float16_as_llama_cpps_cache():
+    """llama.cpp's default KV cache (float16, no flash attention): k after its turn and v
+    stored as float16, q and the pattern turned to float16 for their products. Through a
+    Llama block: the recorded q, k, v and pattern are float16 numbers, the pattern is the
+    softmax of the rounded q and k, and z is the rounded pattern times the rounded v."""
+    cfg = family_configs(n_embd=64, n_head=4, n_inner=64)["llama"]
+    params = {k: v.astype(np.float32) for k, v in random_params(cfg, 6).items()}
+    kinds = qa.attention_types(cfg)
+    assert set(kinds.values()) == {"F16"} and len(kinds) == 4 * cfg.n_layer
+    _, v = mdl.record(params, cfg, np.arange(9), hooks=qa.ActQuant(kinds))
+    for part in ("q", "k", "v", "weights"):
+        a = v[f"layers.0.{part}"]
+        assert np.array_equal(a, a.astype(np.float16).astype(np.float32)), part
+    q, k, w = v["layers.0.q"], v["layers.0.k"], v["layers.0.weights"]
+    group = cfg.n_head // cfg.kv_heads
+    k_all = np.repeat(k, group, axis=0)
+    scores = q.astype(np.float64) @ np.swapaxes(k_all, -1, -2) * cfg.scale
+    scores += np.triu(np.full((9, 9), -np.inf), 1)
+    soft = np.exp(scores - scores.max(-1, keepdims=True))
+    soft /= soft.sum(-1, keepdims=True)
+    np.testing.assert_allclose(soft.astype(np.float16), w, rtol=2e-3, atol=1e-6)
+    z = w.astype(np.float64) @ np.repeat(v["layers.0.v"], group, axis=0)
+    np.testing.assert_allclose(v["layers.0.z"], z, rtol=1e-5, atol=1e-6)

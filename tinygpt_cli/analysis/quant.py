@@ -17,7 +17,7 @@ same shapes and tokenizer), value by value.
 
 Both models compute in float32 with the dequantized weights: llama.cpp's CPU products also
 round each activation row entering a matrix product (to Q8_0 or Q8_K blocks, float16 or
-bfloat16) first, which `act_quant_hook` imitates.
+bfloat16) first, and keep k and v in a float16 cache, which `act_quant_hook` imitates.
 
 Over a text file (`file_kl`), the definitions of llama.cpp's tools/perplexity/perplexity.cpp
 (`kl_divergence`, ggml-org/llama.cpp): the token stream cut into chunks of n_ctx tokens
@@ -475,5 +475,14 @@ def act_quant_hook(quant_model) -> tuple[ActQuant, list[str]]:
         kinds = activation_types(quant_model.config, about["tensors"], quant_model.config.tied)
     except ValueError as e:
         raise InputError(f"--act-quant: {e}") from None
+    kinds.update(attention_types(quant_model.config))
     covered = [f"{p} ({k})" for p, k in kinds.items() if k is not None]
     return ActQuant(kinds), covered
+
+
+def attention_types(config) -> dict[str, str]:
+    """The attention's own products as llama.cpp computes them with its default KV cache
+    (float16, no flash attention): k (after its turn) and v stored as float16, and q and the
+    pattern turned to float16 for the products with them (an F16 matrix's vec_dot_type)."""
+    return {f"layers.{i}.{part}": "F16" for i in range(config.n_layer)
+            for part in ("q", "k", "v", "weights")}
