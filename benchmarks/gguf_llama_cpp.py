@@ -21,7 +21,9 @@ Figures per file: (1) the gap: KL(P_llama.cpp || P_tinygpt) on the same file, me
 max, top-1 agreement and the largest logit difference over the largest logit, tinygpt
 plain and with --act-quant's rounding; (2) what quantization changed, KL(P_F32 || P_Q)
 each side computes with its own F32 run, and their ratio; (3) speed: the load and the
-forward pass over a chunk (all logits), tinygpt's time over llama.cpp's.
+forward pass over a chunk (all logits), tinygpt's time over llama.cpp's; (4) --act-quant's
+roundings (Q8_0, Q8_K, bfloat16) against ggml's own row quantizers, called through its C
+library on 409,600 random values.
 """
 
 from __future__ import annotations
@@ -76,7 +78,28 @@ for path in job["files"]:
     np.save(name, np.stack(logits))
     out[path] = {"load": load, "eval": times, "logits": name}
     del llm
-print(json.dumps({"version": llama_cpp.__version__, "files": out}))
+# ggml's own roundings of the activations, through its C library (the CPU backend's row
+# quantizers, as the matrix products call them)
+libdir = llama_cpp.llama_cpp._base_path
+cpu = ctypes.CDLL(str(libdir / "libggml-cpu.so"))
+base = ctypes.CDLL(str(libdir / "libggml-base.so"))
+x = np.load(job["rows"])
+ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)
+rounded = {}
+for name, block, size in (("Q8_0", 32, 34), ("Q8_K", 256, 292)):
+    raw = np.zeros(x.size // block * size, np.uint8)
+    back = np.zeros(x.size, np.float32)
+    quant = cpu.quantize_row_q8_0 if name == "Q8_0" else cpu.quantize_row_q8_K
+    deq = base.dequantize_row_q8_0 if name == "Q8_0" else base.dequantize_row_q8_K
+    quant(ptr(x), ptr(raw), ctypes.c_int64(x.size))
+    deq(ptr(raw), ptr(back), ctypes.c_int64(x.size))
+    rounded[name] = back
+halves = np.zeros(x.size, np.uint16)
+base.ggml_fp32_to_bf16_row(ptr(x), ptr(halves), ctypes.c_int64(x.size))
+rounded["BF16"] = (halves.astype(np.uint32) << 16).view(np.float32)
+np.savez(job["rows"] + ".ggml.npz", **rounded)
+print(json.dumps({"version": llama_cpp.__version__, "files": out,
+                  "rounded": job["rows"] + ".ggml.npz"}))
 '''
 
 
@@ -164,14 +187,25 @@ def main() -> None:
     np.save(tmp / "chunks.npy", chunks)
     keep = np.arange(a.ctx // 2, a.ctx - 1)
 
+    rng = np.random.default_rng(0)  # rows of many scales, a quarter of them on quarter steps
+    rows = (rng.normal(size=(400, 1024)) * rng.uniform(0.01, 100, (400, 1))).astype(np.float32)
+    rows[::4] = np.round(rows[::4] * 4) / 4
+    np.save(tmp / "rows.npy", rows.reshape(-1))
     job = {"quantize": quantize, "chunks": str(tmp / "chunks.npy"), "ctx": a.ctx,
+           "rows": str(tmp / "rows.npy"),
            "files": [str(f) for f in files.values()],
            "llama_args": {"type_k": 0, "type_v": 0} if a.f32_cache else {}}  # GGML_TYPE_F32
     theirs = llama_side(a.llama_python, job)
     print(f"llama-cpp-python {theirs['version']}; {a.chunks} chunks of {a.ctx} tokens, "
           f"{a.chunks * len(keep)} positions scored; files in {tmp}")
 
-    results = {}
+    from tinygpt_cli.analysis import quant as qa
+
+    ggml = np.load(theirs["rounded"])
+    same = {k: int((qa.rounded_rows(rows.reshape(-1), k) == ggml[k]).sum()) for k in ggml.files}
+    print(f"activation roundings equal to ggml's ({rows.size:,} values): "
+          + ", ".join(f"{k} {v:,}" for k, v in same.items()))
+    results = {"roundings_equal": same, "rounded_values": int(rows.size)}
     base = {}
     for kind, path in files.items():
         info = theirs["files"][str(path)]

@@ -131,10 +131,49 @@ def test_file_scores_each_chunks_second_half():
     assert not np.allclose(g.kl, f.kl)
 
 
-def test_act_quant_rounds_rows_as_gguf_q8_0():
+def naive_q8_0(x: np.ndarray) -> np.ndarray:
+    """ggml-cpu's x86 quantize_row_q8_0 (AVX) then dequantize_row_q8_0, one block at a time
+    in float32 scalars: d = m/127 kept as a float16, id = 127/m, q = x * id rounded to the
+    nearest, halves to even (_MM_ROUND_NEAREST)."""
+    out = np.zeros(x.size, np.float32)
+    flat = x.astype(np.float32).reshape(-1)
+    for b in range(0, flat.size, 32):
+        m = np.float32(max(abs(v) for v in flat[b:b + 32]))
+        d = np.float32(np.float16(m / np.float32(127)))
+        inv = np.float32(127) / m if m != 0 else np.float32(0)
+        for j in range(32):
+            v = np.float32(flat[b + j] * inv)
+            q = np.floor(v + np.float32(0.5))
+            if q - v == 0.5 and q % 2:  # a tie rounded up to an odd number: to even instead
+                q -= 1
+            out[b + j] = d * np.float32(q)
+    return out.reshape(x.shape)
+
+
+def test_q8_0_rounding_is_llama_cpps_x86_path():
+    """Q8_0 as llama.cpp's x86 CPU path rounds (ties to even, 127/m); gguf's reference
+    quantizer (ties away from zero, 1/(m/127)) agrees but at ties."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(6, 64)).astype(np.float32)
+    x[0, :32] = 0
+    x[1] = np.round(x[1] * 8) / 8  # eighths...
+    x[1, 0] = 127 / 8  # ...with 127/m = 8: every x * 8 a whole number...
+    x[2] = np.round(x[2] * 8) / 8
+    x[2, :32] = np.round(x[2, :32] * 4) / 4 + 1 / 8  # ...or, here, a half: ties
+    x[2, 0] = 127 / 4
+    got = qa.rounded_rows(x, "Q8_0")
+    assert np.array_equal(got, naive_q8_0(x))
+    assert np.all(got[0, :32] == 0) and not np.array_equal(got, x)
     gguf = pytest.importorskip("gguf")
     from gguf import quants
 
+    t = gguf.GGMLQuantizationType.Q8_0
+    ref = quants.dequantize(quants.quantize(x, t), t)
+    assert np.array_equal(got[3:], ref[3:])  # random rows: no ties
+    assert not np.array_equal(got[2, :32], ref[2, :32])  # ties: away from zero there
+
+
+def test_act_quant_rounds_rows_as_llama_cpp_q8_0():
     cfg = family_configs(n_embd=64, n_head=4, n_inner=64)["llama"]
     types = {n: "Q4_0" for n in sum(qa.product_inputs(cfg, True).values(), [])}
     kinds = qa.activation_types(cfg, types, tied=True)
@@ -142,14 +181,12 @@ def test_act_quant_rounds_rows_as_gguf_q8_0():
     hook = qa.ActQuant(kinds)
     rng = np.random.default_rng(2)
     z = rng.normal(size=(4, 5, 16)).astype(np.float32)  # [H, T, d_k]: rows [T, 64] rounded
-    t = gguf.GGMLQuantizationType.Q8_0
     rows = z.transpose(1, 0, 2).reshape(5, 64)
-    want = quants.dequantize(quants.quantize(rows, t), t).reshape(5, 4, 16).transpose(1, 0, 2)
+    want = naive_q8_0(rows).reshape(5, 4, 16).transpose(1, 0, 2)
     assert np.array_equal(hook("layers.0.z", z), want)
     assert not np.array_equal(want, z)
     x = rng.normal(size=(5, 64)).astype(np.float32)
-    assert np.array_equal(hook("layers.1.ln2.out", x),
-                          quants.dequantize(quants.quantize(x, t), t))
+    assert np.array_equal(hook("layers.1.ln2.out", x), naive_q8_0(x))
     assert hook("layers.1.resid_post", x) is x
     k_types = dict(types, **{"blk.0.ffn_down.weight": "Q4_K"})
     assert qa.activation_types(cfg, k_types, tied=True)["layers.0.mlp_post"] == "Q8_K"

@@ -325,6 +325,23 @@ def activation_types(config, tensor_types: dict[str, str], tied: bool) -> dict[s
     return out
 
 
+def q8_0_rounded(x: np.ndarray) -> np.ndarray:
+    """Rows of x [..., n] (n a multiple of 32) as Q8_0 blocks hold them when llama.cpp's x86
+    CPU path makes them (ggml-cpu's quantize_row_q8_0, AVX): per block of 32, m the largest
+    magnitude, the scale d = m/127 kept as a float16, q = round-half-even(x * (127/m)) in
+    float32, the value float16(d) * q. (ggml's reference quantizer, and gguf's, multiply by
+    1/d and round halves away from zero: they differ at ties.) Q8_1, Q4_1's and Q5_1's,
+    holds the same values."""
+    x32 = np.ascontiguousarray(x, np.float32)
+    blocks = x32.reshape(-1, 32)
+    m = np.abs(blocks).max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(m == 0, np.float32(0), np.float32(127) / np.where(m == 0, 1, m))
+    q = np.rint(blocks * inv.astype(np.float32)[:, None])
+    d = (m / np.float32(127)).astype(np.float16).astype(np.float32)
+    return (d[:, None] * q).astype(np.float32).reshape(x.shape).astype(x.dtype)
+
+
 def q8_k_rounded(x: np.ndarray) -> np.ndarray:
     """Rows of x [..., n] (n a multiple of 256) as Q8_K blocks hold them (ggml's
     quantize_row_q8_K_ref, which x86's CPU path calls): per block of 256, m the value of the
@@ -355,8 +372,7 @@ def bf16_rounded(x: np.ndarray) -> np.ndarray:
 
 def rounded_rows(x: np.ndarray, kind: str | None) -> np.ndarray:
     """Rows of x [..., n] as llama.cpp's CPU path hands them to the dot products: Q8_0 blocks
-    of 32 (gguf's own quantize and dequantize), Q8_K blocks of 256, float16, bfloat16, or
-    unchanged."""
+    of 32, Q8_K blocks of 256, float16, bfloat16, or unchanged."""
     if kind is None:
         return x
     if kind == "F16":
@@ -365,12 +381,9 @@ def rounded_rows(x: np.ndarray, kind: str | None) -> np.ndarray:
         return bf16_rounded(x)
     if kind == "Q8_K":
         return q8_k_rounded(x)
-    import gguf
-    from gguf import quants
-
-    qtype = gguf.GGMLQuantizationType[kind]
-    blocks = quants.quantize(np.ascontiguousarray(x, np.float32), qtype)
-    return quants.dequantize(blocks, qtype).reshape(x.shape).astype(x.dtype)
+    if kind == "Q8_0":
+        return q8_0_rounded(x)
+    raise ValueError(f"no rounding {kind}")
 
 
 class ActQuant:
