@@ -123,8 +123,8 @@ def kl_rows(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
     return (np.exp(la) * (la - lb)).sum(-1)
 
 
-def tinygpt_side(path: Path, chunks: np.ndarray, act_quant: bool) -> tuple[np.ndarray, float,
-                                                                                list[float]]:
+def tinygpt_side(path: Path, chunks: np.ndarray, act_quant: bool, f16_cache: bool = True
+                 ) -> tuple[np.ndarray, float, list[float]]:
     from tinygpt_cli.analysis import quant as qa
     from tinygpt_cli.model import forward
     from tinygpt_cli.weights import load_model
@@ -133,6 +133,9 @@ def tinygpt_side(path: Path, chunks: np.ndarray, act_quant: bool) -> tuple[np.nd
     model = load_model(path)
     load = time.perf_counter() - t
     hook = qa.act_quant_hook(model)[0] if act_quant else None
+    if hook is not None and not f16_cache:  # llama.cpp told to keep its cache in float32
+        hook = qa.ActQuant({p: k for p, k in hook.kinds.items()
+                            if p not in qa.attention_types(model.config)})
     logits, times = [], []
     for ids in chunks:
         t = time.perf_counter()
@@ -148,6 +151,26 @@ def file_types(path: Path) -> str:
     return ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
+def smol_folder(folder: Path) -> Path:
+    """A random Llama of SmolLM2-135M's shape (576 wide, 30 blocks of 9 heads on 3 key/value
+    heads, SwiGLU 1,536, 49,152 tied rows), float32, with the shipped tokenizer."""
+    import shutil
+
+    from tinygpt_cli.config import Config, save_config
+    from tinygpt_cli.model import init_params
+    from tinygpt_cli.weights import SHIPPED, save_params
+
+    cfg = Config(n_embd=576, n_layer=30, n_head=9, n_inner=1536, vocab_size=49152,
+                 n_positions=2048, model_type="llama", norm="rms", positions="rotary",
+                 mlp="gated", act="silu", n_kv_head=3, qkv_bias=False, out_bias=False,
+                 mlp_bias=False, rotary_base=100000.0, layer_norm_epsilon=1e-5)
+    folder.mkdir(parents=True)
+    save_params(init_params(cfg, np.random.default_rng(0)), folder / "model.safetensors", cfg)
+    save_config(cfg, folder / "config.json")
+    shutil.copy(SHIPPED / "tokenizer.json", folder / "tokenizer.json")
+    return folder
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--llama-python", required=True,
@@ -155,6 +178,10 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=16)
     p.add_argument("--ctx", type=int, default=128)
     p.add_argument("--json", type=Path, help="also write every figure here")
+    p.add_argument("--smol", action="store_true",
+                   help="a random Llama of SmolLM2-135M's shape (made by tinygpt, the shipped "
+                        "tokenizer) instead of the shipped one: for the speed; its KL means "
+                        "little")
     p.add_argument("--f32-cache", action="store_true",
                    help="llama.cpp's KV cache in float32 (type_k = type_v = F32), not float16")
     a = p.parse_args()
@@ -168,16 +195,17 @@ def main() -> None:
     spec.loader.exec_module(make_gguf)
 
     tmp = Path(tempfile.mkdtemp(prefix="gguf-llama-"))
+    source = smol_folder(tmp / "smol") if a.smol else SHIPPED / "llama"
     files = {}
     for kind in TYPES:
         files[kind] = tmp / f"llama-{kind}.gguf"
-        make_gguf.write(SHIPPED / "llama", files[kind], kind)
+        make_gguf.write(source, files[kind], kind)
     quantize = []
     for kind, ftype in LLAMA_FTYPES.items():
         files[kind] = tmp / f"llama-{kind}.gguf"
         quantize.append([str(files["F32"]), str(files[kind]), ftype])
 
-    folder = load_model(SHIPPED / "llama")
+    folder = load_model(source)
     text = (bench.DATA / "part-005.txt").read_text(encoding="utf-8")
     stream = np.array(folder.tokenizer.encode(text[:400_000]))
     n = a.chunks * a.ctx
@@ -214,9 +242,9 @@ def main() -> None:
         mine = mine[:, keep]
         row = {"types": file_types(path), "load_s": [load, info["load"]],
                "chunk_s": [float(np.median(times)), float(np.median(info["eval"]))]}
-        variants = {"plain": mine}
-        if kind != "F32":
-            variants["act_quant"] = tinygpt_side(path, chunks, act_quant=True)[0][:, keep]
+        variants = {"plain": mine}  # --act-quant on the F32 file: the float16 attention alone
+        variants["act_quant"] = tinygpt_side(path, chunks, act_quant=True,
+                                             f16_cache=not a.f32_cache)[0][:, keep]
         for name, lg in variants.items():
             kl = kl_rows(ll.reshape(-1, ll.shape[-1]), lg.reshape(-1, lg.shape[-1]))
             same = (ll.argmax(-1) == lg.argmax(-1)).mean()

@@ -265,3 +265,29 @@ def test_what_names_a_hub_gguf_file(name, parsed):
     from tinygpt_cli.hub import hub_file
 
     assert hub_file(name) == parsed
+
+
+@pytest.mark.parametrize("error,code,needle", [
+    ("entry", 2, "the hub model org/quants has no file model-q2.gguf"),
+    ("oserror", 1, "cannot fetch org/quants/model-q2.gguf into the hub cache"),
+    ("invalid", 2, "org/quants/model-q2.gguf is not a file here, and not a hub model's file"),
+])
+def test_a_hub_gguf_file_the_hub_refuses_is_one_error_line(hub, cli, monkeypatch, error, code,
+                                                            needle):
+    """What hf_hub_download raises when the hub answers (a file the repository lacks, a disk
+    that fails, an id it rejects), said in one line: the network is not reached here."""
+    import huggingface_hub
+    from huggingface_hub import utils as hub_utils
+
+    def fail(*args, **kwargs):
+        if error == "entry":
+            raise hub_utils.EntryNotFoundError("404: no such file")
+        if error == "oserror":
+            raise OSError(28, "No space left on device")
+        raise ValueError("Repo id must use alphanumeric chars")
+
+    monkeypatch.delenv("TINYGPT_WEIGHTS", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fail)
+    got = cli("probs", TEXT, "--weights", "org/quants/model-q2.gguf")
+    assert_one_error_line(got, code, needle)
