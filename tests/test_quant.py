@@ -1,7 +1,8 @@
 """quant: what quantization changed. The measures against naive loops over the two models'
 recorded values; the first-order tensor estimate against putting the tensor back for real on
 a small random model quantized to Q8_0 by the gguf package; --file's positions as
-llama-perplexity --kl-divergence scores them; --act-quant's rounding as gguf's Q8_0."""
+llama-perplexity --kl-divergence scores them; --act-quant's roundings as ggml's C code makes
+them (transcribed line by line)."""
 
 from __future__ import annotations
 
@@ -397,3 +398,10 @@ def test_act_quant_keeps_the_attention_in_float16_as_llama_cpps_cache():
     np.testing.assert_allclose(soft.astype(np.float16), w, rtol=2e-3, atol=1e-6)
     z = w.astype(np.float64) @ np.repeat(v["layers.0.v"], group, axis=0)
     np.testing.assert_allclose(v["layers.0.z"], z, rtol=1e-5, atol=1e-6)
+
+
+def test_what_act_quant_covers_is_said_folded_over_the_blocks():
+    kinds = {"layers.0.ln1.out": "Q8_0", "layers.1.ln1.out": "Q8_0", "layers.0.mlp_post": "Q8_0",
+             "layers.1.mlp_post": "Q8_K", "layers.0.q": "F16", "ln_final.out": None}
+    assert qa.covered(kinds) == ["layers.*.ln1.out (Q8_0)", "layers.*.mlp_post (Q8_0, Q8_K)",
+                                 "layers.*.q (F16)"]

@@ -489,8 +489,22 @@ def act_quant_hook(quant_model) -> tuple[ActQuant, list[str]]:
     except ValueError as e:
         raise InputError(f"--act-quant: {e}") from None
     kinds.update(attention_types(quant_model.config))
-    covered = [f"{p} ({k})" for p, k in kinds.items() if k is not None]
-    return ActQuant(kinds), covered
+    return ActQuant(kinds), covered(kinds)
+
+
+def covered(kinds: dict[str, str | None]) -> list[str]:
+    """The rounded values folded over the blocks, each with its roundings:
+    'layers.*.ln1.out (Q8_0)', 'layers.*.mlp_post (Q8_0, Q8_K)' where the blocks differ."""
+    import re
+
+    folded: dict[str, list[str]] = {}
+    for path, kind in kinds.items():
+        if kind is None:
+            continue
+        seen = folded.setdefault(re.sub(r"^layers\.\d+\.", "layers.*.", path), [])
+        if kind not in seen:
+            seen.append(kind)
+    return [f"{p} ({', '.join(k)})" for p, k in folded.items()]
 
 
 def attention_types(config) -> dict[str, str]:
