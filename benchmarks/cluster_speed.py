@@ -42,7 +42,7 @@ SECTION = "## Past one machine: why's index on a Dask cluster"
 def text_of(model, windows: int, copies: int = 1) -> np.ndarray:
     """The first `windows` windows of part-000's tokens; `copies` of them, copy i rolled by
     i * T / copies tokens."""
-    from tinygpt_cli.corpus import encode_stories, read_stories
+    from tinygpt_cli.storage.corpus import encode_stories, read_stories
 
     t = model.config.n_positions
     ids = encode_stories(read_stories([DATA / "part-000.txt"]), model.tokenizer).ids
@@ -57,8 +57,8 @@ def fitted(model, timeline, stream, folder: Path) -> float:
     part that grows with the text: the shards."""
     from tinygpt_cli.analysis import tracin
     from tinygpt_cli.analysis.why_index import fit_windows
-    from tinygpt_cli.cache import npz_bytes
-    from tinygpt_cli.files import write_checked
+    from tinygpt_cli.storage.cache import npz_bytes
+    from tinygpt_cli.storage.files import write_checked
 
     t = model.config.n_positions
     n = (len(stream) - 1) // t
@@ -76,7 +76,7 @@ def timed_build(model, timeline, stream, engine, cache: Path) -> tuple[float, ob
     import shutil
 
     from tinygpt_cli.analysis.why_index import TracinIndex
-    from tinygpt_cli.cache import key_of
+    from tinygpt_cli.storage.cache import key_of
 
     config = model.config
     n = (len(stream) - 1) // config.n_positions
@@ -105,7 +105,7 @@ def timed_scoring(model, timeline, grads) -> float:
     """Seconds to score every shard of the index on one core, keeping the best (the part of a
     query that grows with the index; the query's gradients are made before, apart), with the
     shards in the page cache, as they are right after the build."""
-    from tinygpt_cli import cluster
+    from tinygpt_cli.jobs import cluster
 
     ids = model.tokenizer.encode(QUERY[0])
     target = model.tokenizer.encode(QUERY[1])[0]
@@ -125,9 +125,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from distributed import LocalCluster
 
-    from tinygpt_cli import cluster
     from tinygpt_cli.analysis import history as hist
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.jobs import cluster
+    from tinygpt_cli.storage.weights import load_model
 
     load = os.getloadavg()[0]
     model = load_model(None)
@@ -223,7 +223,7 @@ def write(table: str) -> None:
         text = text[:start] + table + (text[rest:] if rest >= 0 else "")
     else:
         text = text.rstrip("\n") + "\n\n" + table
-    from tinygpt_cli.files import write_text
+    from tinygpt_cli.storage.files import write_text
 
     write_text(results, text)
 

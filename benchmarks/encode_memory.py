@@ -21,8 +21,8 @@ KINDS = ("word", "digits", "text")
 
 CHILD = r"""
 import json, random, resource, sys, time
-from tinygpt_cli.tokenizer import Tokenizer
-from tinygpt_cli.weights import SHIPPED
+from tinygpt_cli.transformer.tokenizer import Tokenizer
+from tinygpt_cli.storage.weights import SHIPPED
 
 n, kind = int(sys.argv[1]), sys.argv[2]
 rng = random.Random(0)

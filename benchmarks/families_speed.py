@@ -35,7 +35,7 @@ def smol_folder(folder: Path):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tinygpt_cli.weights import SHIPPED
+    from tinygpt_cli.storage.weights import SHIPPED
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -51,8 +51,8 @@ def smol_folder(folder: Path):
 def rows(runs: int, folder: Path, hf) -> list:
     import torch
 
-    from tinygpt_cli.model import forward, run_traced
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.model import forward, run_traced
 
     Row = bench.Row
     ours = load_model(folder)

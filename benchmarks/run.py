@@ -135,7 +135,7 @@ def tinygpt_cmd() -> list[str]:
 
 
 def load_tinygpt():
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.storage.weights import load_model
 
     return load_model()
 
@@ -145,7 +145,7 @@ def load_reference(eager: bool = False):
     import torch
     from transformers import GPT2LMHeadModel
 
-    from tinygpt_cli.weights import SHIPPED
+    from tinygpt_cli.storage.weights import SHIPPED
 
     torch.set_num_threads(1)
     kwargs = {"attn_implementation": "eager"} if eager else {}
@@ -233,8 +233,8 @@ def import_table(args: list[str], top: int = 12) -> str:
 
 
 def generation(runs: int, ref) -> list[Row]:
-    from tinygpt_cli.generate import generate
-    from tinygpt_cli.sampling import create_rng
+    from tinygpt_cli.transformer.generate import generate
+    from tinygpt_cli.transformer.sampling import create_rng
 
     model = load_tinygpt()
     ids = model.tokenizer.encode(PROMPT)
@@ -274,7 +274,7 @@ def generation(runs: int, ref) -> list[Row]:
 
 
 def traced(runs: int, ref_eager) -> list[Row]:
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.model import run_traced
 
     model = load_tinygpt()
     rows = []
@@ -328,7 +328,7 @@ def matmul_floor(model, ids: np.ndarray, runs: int, reference: float | None,
             mlp @ p[f"layers.{i}.mlp.W_out"]
         x @ head
 
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.model import run_traced
 
     # the pass again, in turns with its products: a drift of this machine's speed then moves
     # both alike (the ratio is the pass over its own floor)
@@ -350,7 +350,7 @@ def matmul_floor(model, ids: np.ndarray, runs: int, reference: float | None,
 
 def foundation(runs: int) -> list[Row]:
     """The traced forward pass against the one before the refactor (commit cccc9d4)."""
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.model import run_traced
 
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", "cccc9d4", "tinygpt_cli"],
@@ -365,7 +365,7 @@ def foundation(runs: int) -> list[Row]:
             from tinygpt_cccc9d4.model import forward as old_forward
         finally:
             sys.path.remove(tmp)
-        from tinygpt_cli.weights import read_safetensors
+        from tinygpt_cli.storage.weights import read_safetensors
 
         model = load_tinygpt()
         ids = text_ids(model, 128)
@@ -391,7 +391,7 @@ def windows_of(ids: np.ndarray, n_ctx: int) -> np.ndarray:
 def window_losses(params, config, windows: np.ndarray) -> np.ndarray:
     """The loss (nats) of every next token of a batch of windows [B, T+1] -> [B, T]; the
     logits' log-softmax is taken in place, so a batch needs one [B, T, V] array."""
-    from tinygpt_cli.model import forward
+    from tinygpt_cli.transformer.model import forward
 
     logits = forward(params, config, windows[:, :-1])  # [B, T, V]
     if not (logits.max() < 60.0 and logits.min() > -60.0):  # exp could over- or underflow
@@ -474,7 +474,7 @@ def gpt2_small_folder(folder: Path):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from tinygpt_cli.weights import SHIPPED
+    from tinygpt_cli.storage.weights import SHIPPED
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -489,8 +489,8 @@ def gpt2_small(runs: int, folder: Path, hf) -> list[Row]:
     12 x 768 GPT-2 folder (gpt2_small_folder), against transformers on the same folder."""
     import torch
 
-    from tinygpt_cli.model import forward, run_traced
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.model import forward, run_traced
 
     ours = load_model(folder)
     size_mb = (folder / "model.safetensors").stat().st_size / 2**20
@@ -881,7 +881,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += training(args.train_steps, torch_ok)
     info = machine()
     print(table(rows, markdown=False))
-    from tinygpt_cli.files import write_text
+    from tinygpt_cli.storage.files import write_text
 
     write_text(args.out, report(rows, notes, info, args))
     print(f"\nwrote {args.out}", file=sys.stderr)

@@ -100,8 +100,8 @@ def time_torch(file: Path, stride: int | None, threads: int) -> tuple[float, dic
     import torch
 
     from tinygpt_cli.analysis.score import windows
-    from tinygpt_cli.train.data import read_stories
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.jobs.train.data import read_stories
+    from tinygpt_cli.storage.weights import load_model
 
     torch.set_num_threads(threads)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -112,7 +112,7 @@ def time_torch(file: Path, stride: int | None, threads: int) -> tuple[float, dic
     ctx = cfg.n_positions
     jobs = [(i, w) for i, s in enumerate(seqs) for w in windows(len(s), ctx, stride or ctx)]
     jobs.sort(key=lambda j: -(j[1].end - j[1].start))
-    from tinygpt_cli.weights import read_safetensors
+    from tinygpt_cli.storage.weights import read_safetensors
 
     tensors, _ = read_safetensors(model.weights_file)  # the file's GPT-2 names
     run, wte = torch_forward({k.removeprefix("transformer."): v for k, v in tensors.items()},

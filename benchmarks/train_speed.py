@@ -1,10 +1,11 @@
 """Training speed: full NumPy training steps against the same step in PyTorch.
 
 One step is what `tinygpt train` does per batch: sample B windows of T tokens, forward with
-dropout, cross-entropy, backward, clip the global gradient norm to 1, AdamW. The model has the
-shipped sizes (tinygpt_cli.config.Config()). When torch can be imported, the same step runs
-in PyTorch in the same process, the two taking steps in turns, on a plain GPT-2 written below
-with the same shapes, dropout sites, tied head, weight-decay groups and thread count.
+dropout, cross-entropy, backward, clip the global gradient norm to 1, AdamW. The model has
+the shipped sizes (tinygpt_cli.transformer.config.Config()). When torch can be imported, the
+same step runs in PyTorch in the same process, the two taking steps in turns, on a plain
+GPT-2 written below with the same shapes, dropout sites, tied head, weight-decay groups and
+thread count.
 
     python benchmarks/train_speed.py --steps 20          # B=32, T=128, 2 threads
     python benchmarks/train_speed.py --steps 20 --no-torch --threads 1
@@ -86,9 +87,9 @@ def numpy_trainer(config, args, stream, seed: int):
     """One NumPy training step per call -> (seconds, loss)."""
     import numpy as np
 
-    from tinygpt_cli.model import init_params, loss_and_grads
-    from tinygpt_cli.optim import AdamW, clip_by_global_norm
-    from tinygpt_cli.train.data import random_windows
+    from tinygpt_cli.jobs.train.data import random_windows
+    from tinygpt_cli.transformer.model import init_params, loss_and_grads
+    from tinygpt_cli.transformer.optim import AdamW, clip_by_global_norm
 
     rng = np.random.default_rng(seed)
     params = init_params(config, rng)
@@ -177,8 +178,8 @@ def torch_trainer(config, args, stream, seed: int):
     import torch
     import torch.nn.functional as F
 
-    from tinygpt_cli.optim import decays
-    from tinygpt_cli.train.data import random_windows
+    from tinygpt_cli.jobs.train.data import random_windows
+    from tinygpt_cli.transformer.optim import decays
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(seed)
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from tinygpt_cli.config import Config
+    from tinygpt_cli.transformer.config import Config
 
     shipped = Config()
     config = Config(**{**shipped.__dict__, "n_positions": max(shipped.n_positions, args.seq)})

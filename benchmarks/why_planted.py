@@ -41,11 +41,11 @@ from types import SimpleNamespace
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tinygpt_cli import ops  # noqa: E402
 from tinygpt_cli.analysis import why  # noqa: E402
-from tinygpt_cli.config import Config  # noqa: E402
-from tinygpt_cli.model import forward, init_params, loss_and_grads, run_traced  # noqa: E402
-from tinygpt_cli.optim import SGD  # noqa: E402
+from tinygpt_cli.transformer import ops  # noqa: E402
+from tinygpt_cli.transformer.config import Config  # noqa: E402
+from tinygpt_cli.transformer.model import forward, init_params, loss_and_grads, run_traced  # noqa: E402
+from tinygpt_cli.transformer.optim import SGD  # noqa: E402
 
 
 def rows_of(rng, a, shuffle: bool) -> tuple[list[list[int]], list[str], dict]:

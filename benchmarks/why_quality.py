@@ -74,7 +74,7 @@ VARIANTS = [("default (u 16, m 4, top 4, 4 steps)", {}),
 def setup(windows: int, n_queries: int, seed: int = 0):
     from tinygpt_cli.analysis import history as hist
     from tinygpt_cli.analysis import why
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.storage.weights import load_model
 
     model = load_model(ROOT / "weights")
     found = why.training_text(model, None)
@@ -101,8 +101,8 @@ def measure(model, index, timeline, n, sample, asks, variants, workers=None):
     from tinygpt_cli.analysis import exact_tracin as ex
     from tinygpt_cli.analysis import tracin
     from tinygpt_cli.analysis.why_index import fit_windows
-    from tinygpt_cli.corpus import eval_windows
-    from tinygpt_cli.threads import map_on_cores
+    from tinygpt_cli.jobs.threads import map_on_cores
+    from tinygpt_cli.storage.corpus import eval_windows
 
     config = model.config
     x_all, y_all = eval_windows(index.stream, config.n_positions)
@@ -195,7 +195,7 @@ def all_windows(n_queries: int, workers=None) -> tuple[str, list[str]]:
     from tinygpt_cli.analysis import exact_tracin as ex
     from tinygpt_cli.analysis.why import POOL, recall, spearman
     from tinygpt_cli.analysis.why_index import open_index
-    from tinygpt_cli.corpus import eval_windows
+    from tinygpt_cli.storage.corpus import eval_windows
 
     t0 = time.perf_counter()
     model, index, timeline, n, _, asks = setup(1, n_queries)
@@ -260,9 +260,9 @@ def lds_setup(windows: int, n_queries: int, seed: int = 0, sizes: dict = LDS_CON
     and the small model's config."""
     from dataclasses import replace
 
-    from tinygpt_cli.config import Config
-    from tinygpt_cli.corpus import encode_stories, eval_windows, read_stories
-    from tinygpt_cli.tokenizer import train_tokenizer
+    from tinygpt_cli.storage.corpus import encode_stories, eval_windows, read_stories
+    from tinygpt_cli.transformer.config import Config
+    from tinygpt_cli.transformer.tokenizer import train_tokenizer
 
     stories = read_stories([LDS_DATA / "part-000.txt"])
     t = sizes["n_positions"]
@@ -296,8 +296,8 @@ def lds_train(config, x, y, chosen: np.ndarray, steps: int, seed: int, snapshots
     cosine decay) on batches drawn from the windows `chosen`, from the same initial weights
     (seed 0) every time; `seed` draws the batches. -> params, [(params, lr)] at `snapshots`
     evenly spaced steps (TracIn's checkpoints)."""
-    from tinygpt_cli.model import init_params, loss_and_grads
-    from tinygpt_cli.optim import AdamW, clip_by_global_norm, lr_at
+    from tinygpt_cli.transformer.model import init_params, loss_and_grads
+    from tinygpt_cli.transformer.optim import AdamW, clip_by_global_norm, lr_at
 
     params = init_params(config, np.random.default_rng(0))
     opt, rng = AdamW(params, weight_decay=0.1), np.random.default_rng(seed)
@@ -317,8 +317,8 @@ def lds_train(config, x, y, chosen: np.ndarray, steps: int, seed: int, snapshots
 
 def query_log_probs(params, config, queries) -> np.ndarray:
     """log p(target | text) of each query under these weights.  -> [Q]"""
-    from tinygpt_cli import ops
-    from tinygpt_cli.model import forward
+    from tinygpt_cli.transformer import ops
+    from tinygpt_cli.transformer.model import forward
 
     out = []
     for ids, target in queries:
@@ -484,7 +484,7 @@ def write_results(head: str, lines: list[str], marker: str = "why_quality",
                   title: str = "## why: the index against exact TracIn "
                                "(benchmarks/why_quality.py)") -> None:
     """The section between results.md's <!-- marker --> lines, replaced (or added)."""
-    from tinygpt_cli.files import write_atomically
+    from tinygpt_cli.storage.files import write_atomically
 
     path = ROOT / "benchmarks" / "results.md"
     text = path.read_text()

@@ -46,10 +46,10 @@ def run_why(text: str, target: str, env: dict, data: str | None) -> tuple[float,
 def exact_scores_part(args) -> np.ndarray:
     """Exact <grad mean loss(w), q> for windows [lo, hi) at one snapshot, by a central
     difference along q (eps 1e-2 along the unit direction, in float32)."""
-    from tinygpt_cli import ops
     from tinygpt_cli.analysis import why
-    from tinygpt_cli.model import forward
-    from tinygpt_cli.weights import load_model, load_params
+    from tinygpt_cli.storage.weights import load_model, load_params
+    from tinygpt_cli.transformer import ops
+    from tinygpt_cli.transformer.model import forward
 
     weights, path, ids, target, lo, hi, stream = args
     model = load_model(weights)
@@ -102,8 +102,8 @@ def main(argv=None) -> int:
     from tinygpt_cli.analysis import history as hist
     from tinygpt_cli.analysis import why
     from tinygpt_cli.analysis.why_index import open_index
-    from tinygpt_cli.corpus import training_text
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.storage.corpus import training_text
+    from tinygpt_cli.storage.weights import load_model
 
     os.environ["TINYGPT_CACHE"] = cache
     model = load_model(None)

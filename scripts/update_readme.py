@@ -125,8 +125,8 @@ TABLE = re.compile(r"(<!-- schema:values -->\n)(?:.*?\n)?(<!-- /schema:values --
 
 
 def refresh_table(readme: str) -> str:
-    """The table of values between the schema markers, from tinygpt_cli.schema."""
-    from tinygpt_cli.schema import markdown_table
+    """The table of values between the schema markers, from tinygpt_cli.transformer.schema."""
+    from tinygpt_cli.transformer.schema import markdown_table
 
     return TABLE.sub(lambda m: m[1] + markdown_table() + "\n" + m[2], readme)
 

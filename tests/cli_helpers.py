@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from tinygpt_cli.cli import main
-from tinygpt_cli.config import Config, save_config
-from tinygpt_cli.families import gpt2
-from tinygpt_cli.model import init_params, run_traced
-from tinygpt_cli.schema import is_bias, is_norm_weight
-from tinygpt_cli.weights import SHIPPED, Model, load_model, save_params
+from tinygpt_cli.storage.weights import SHIPPED, Model, load_model, save_params
+from tinygpt_cli.transformer.config import Config, save_config
+from tinygpt_cli.transformer.families import gpt2
+from tinygpt_cli.transformer.model import init_params, run_traced
+from tinygpt_cli.transformer.schema import is_bias, is_norm_weight
 
 TEXT = "Lily wanted to play with her"
 TEXT_IDS = [608, 429, 267, 346, 336, 314]  # the shipped tokenizer is final
@@ -127,7 +127,7 @@ class Runner:
         self.capsys, self.monkeypatch = capsys, monkeypatch
 
     def __call__(self, *args, stdin: str | None = None, context=None) -> Result:
-        """`context`: the run context (tinygpt_cli.context.RunContext) to run with."""
+        """`context`: the run context (tinygpt_cli.cli.context.RunContext) to run with."""
         self.monkeypatch.setattr(sys, "stdin", Terminal() if stdin is None else io.StringIO(stdin))
         self.capsys.readouterr()
         with pytest.raises(SystemExit) as exit_info:

@@ -35,7 +35,7 @@ def _warm_up() -> None:
 
 
 def _child(case: dict, out_path: str, err_path: str) -> None:
-    from tinygpt_cli.entry import main
+    from tinygpt_cli.cli.entry import main
 
     if case.get("stdout") == "broken":
         r, w = os.pipe()

@@ -22,11 +22,11 @@ import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from tinygpt_cli.config import arch_config, save_config
-from tinygpt_cli.families import llama
-from tinygpt_cli.model import init_params
-from tinygpt_cli.tokenizer import _bytes_to_unicode
-from tinygpt_cli.weights import SHIPPED, save_params
+from tinygpt_cli.storage.weights import SHIPPED, save_params
+from tinygpt_cli.transformer.config import arch_config, save_config
+from tinygpt_cli.transformer.families import llama
+from tinygpt_cli.transformer.model import init_params
+from tinygpt_cli.transformer.tokenizer import _bytes_to_unicode
 
 STORIES = ["Once upon a time, Lily wanted to play with her ball. She was 3 years old!",
            "Tom's dog ran 1234 metres.\nThey didn't stop; it's fun.\n\n  Mama said: \"Yes\".",

@@ -1,4 +1,4 @@
-"""The notebook API (tinygpt_cli.api): tg.load, run_with_cache, run_with_hooks, and every
+"""The notebook API (tinygpt_cli.surfaces.api): tg.load, run_with_cache, run_with_hooks, and every
 command as a method whose result is the command line's own --json document and --save picture.
 
 The cache is checked against the naive reference forward pass (test_model_reference), a hook
@@ -19,8 +19,8 @@ from test_model_reference import reference_forward
 
 import tinygpt_cli as tg
 from tinygpt_cli.errors import InputError
-from tinygpt_cli.schema import PathError
-from tinygpt_cli.weights import SHIPPED
+from tinygpt_cli.storage.weights import SHIPPED
+from tinygpt_cli.transformer.schema import PathError
 
 # the shipped lesson models of the two other families: rotary positions, RMSNorm, grouped
 # key/value heads and a gated MLP (Llama), a parallel block (GPT-NeoX)
@@ -237,13 +237,14 @@ def test_bad_input_raises_the_command_lines_message(models, folders):
 
 def test_importing_the_package_loads_no_api():
     code = ("import sys, tinygpt_cli; "
-            "print('tinygpt_cli.api' in sys.modules, 'numpy' in sys.modules)")
+            "print('tinygpt_cli.surfaces.api' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout == "False False\n"
 
 
 def test_a_pictures_text_form_names_what_it_draws(models):
-    # beside the SVG a notebook keeps a text form: it was <tinygpt_cli.api.Picture at 0x...>
+    # beside the SVG a notebook keeps a text form: it was
+    # <tinygpt_cli.surfaces.api.Picture at 0x...>
     _, cache = models["gpt2"].run_with_cache("Lily wanted")
     assert repr(cache.picture("layers.0.heads.0.weights")) == (
         "<tinygpt picture: layers.0.heads.0.weights>")

@@ -21,7 +21,7 @@ from cli_helpers import TEXT, make_tiny
 
 import tinygpt_cli as tg
 from tinygpt_cli.errors import InputError
-from tinygpt_cli.weights import SHIPPED
+from tinygpt_cli.storage.weights import SHIPPED
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_a_caches_short_keys_are_transformerlens_names(gpt2, key, name):
 
 
 def test_a_short_key_of_no_value_is_a_path_error_and_a_bad_one_a_type_error(gpt2):
-    from tinygpt_cli.schema import PathError
+    from tinygpt_cli.transformer.schema import PathError
 
     _, cache = gpt2.run_with_cache(TEXT)
     with pytest.raises(PathError):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tinygpt_cli.render import jsonout
 from tinygpt_cli.render.documents import encode_document
-from tinygpt_cli.weights import load_model
+from tinygpt_cli.storage.weights import load_model
 
 
 class Narrow(io.StringIO):
@@ -119,7 +119,7 @@ def test_score_json_positions_run_on_across_windows(cli):
 def test_score_refuses_a_save_in_the_way_before_reading_the_text(cli, tmp_path, monkeypatch):
     from cli_helpers import assert_one_error_line
 
-    from tinygpt_cli.tokenizer import Tokenizer
+    from tinygpt_cli.transformer.tokenizer import Tokenizer
 
     out = tmp_path / "s.svg"
     out.write_text("mine")

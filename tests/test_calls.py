@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tinygpt_cli import calls
 from tinygpt_cli.errors import InputError
+from tinygpt_cli.surfaces import calls
 
 # for each kind, values of every other JSON type (a whole float is an int: JSON's 2.0)
 WRONG = {"string": [1, 2.5, True, {"a": 1}, ["a"], b"a"],

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinygpt_cli import ops
-from tinygpt_cli.config import Config
-from tinygpt_cli.hooks import Chain, Record, Replace
-from tinygpt_cli.model import forward, record
+from tinygpt_cli.transformer import ops
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.hooks import Chain, Record, Replace
+from tinygpt_cli.transformer.model import forward, record
 
 T = 2 * ops.CAUSAL_BLOCK + 37  # three blocks, the last one short
 
@@ -66,7 +66,7 @@ def test_a_hook_that_changes_the_scores_gets_every_key():
 
 
 def test_the_finiteness_check_of_the_logits_reads_a_sum_but_is_exact():
-    from tinygpt_cli.model import all_finite
+    from tinygpt_cli.transformer.model import all_finite
 
     big = np.full((3, 5), np.finfo(np.float32).max, np.float32)  # its sum overflows
     assert all_finite(big)
@@ -155,7 +155,7 @@ def test_a_pass_whose_scores_need_the_shift_makes_them_again_and_kept_scores_sta
     config = Config(n_embd=8, n_layer=1, n_head=2, n_inner=12, vocab_size=11, n_positions=T)
     from conftest import random_params
 
-    from tinygpt_cli.hooks import RecordOnly
+    from tinygpt_cli.transformer.hooks import RecordOnly
 
     params = random_params(config, seed=1)
     params["layers.0.attn.W_QKV"] = params["layers.0.attn.W_QKV"] * 40  # scores past exp's range

@@ -33,7 +33,7 @@ def folders(tmp_path_factory):
 def test_the_template_renders_as_transformers_renders_it(folders, kind):
     pytest.importorskip("jinja2")
     transformers = pytest.importorskip("transformers")
-    from tinygpt_cli.chat import prompt
+    from tinygpt_cli.transformer.chat import prompt
 
     hf = transformers.AutoTokenizer.from_pretrained(str(folders[kind]))
     for message in MESSAGES:
@@ -66,7 +66,7 @@ def test_the_ids_chat_feeds_the_model_are_apply_chat_templates(folders, kind, cl
 
 def test_every_command_that_reads_a_text_takes_chat(folders, cli):
     pytest.importorskip("jinja2")
-    from tinygpt_cli.chat import prompt
+    from tinygpt_cli.transformer.chat import prompt
 
     text = prompt(folders["gemma"], "Hi")
     for argv in (["probs", "--json"], ["attn", "--json"], ["trace", "logits", "--json"]):

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line
 
-from tinygpt_cli import ops
 from tinygpt_cli.analysis import circuit as C
 from tinygpt_cli.analysis import patch as pa
 from tinygpt_cli.analysis.attribute import integrated_gradients
 from tinygpt_cli.analysis.erasure import erasure
 from tinygpt_cli.analysis.qk import qk_attribution
-from tinygpt_cli.config import Config
-from tinygpt_cli.hooks import Record, Replace
-from tinygpt_cli.model import forward
-from tinygpt_cli.weights import SHIPPED, load_model
+from tinygpt_cli.storage.weights import SHIPPED, load_model
+from tinygpt_cli.transformer import ops
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.hooks import Record, Replace
+from tinygpt_cli.transformer.model import forward
 
 IDS = np.array([3, 17, 5, 9, 22, 1])
 OTHER = np.array([4, 17, 8, 9, 2, 1])  # same length, three tokens changed
@@ -575,7 +575,7 @@ def test_a_steered_pair_decomposes_the_steered_run(tiny_params, tiny_config):
     """With a steering vector added before block 1 in both runs, the edge-decomposed forward
     with every edge live is the steered forward pass, all edges kept and none give f = 1 and
     0, and a single-edge patch equals the same patch made with hooks on the steered run."""
-    from tinygpt_cli.hooks import Chain, add_vector
+    from tinygpt_cli.transformer.hooks import Chain, add_vector
 
     v = np.random.default_rng(4).normal(0, 0.5, tiny_config.n_embd)
     steer = add_vector("layers.1.resid_pre", v, 2.0)

@@ -15,9 +15,9 @@ import pytest
 from conftest import FAMILIES, random_params
 
 from tinygpt_cli.analysis import circuit as C
-from tinygpt_cli.config import Config, arch_config
-from tinygpt_cli.hooks import Record, Replace
-from tinygpt_cli.model import forward
+from tinygpt_cli.transformer.config import Config, arch_config
+from tinygpt_cli.transformer.hooks import Record, Replace
+from tinygpt_cli.transformer.model import forward
 
 IDS = np.array([3, 17, 5, 9, 22, 1])
 OTHER = np.array([4, 17, 8, 9, 2, 1])  # same length, three tokens changed
@@ -270,7 +270,7 @@ def test_circuit_finds_a_faithful_circuit_on_every_family(fam):
 def test_a_steered_pair_decomposes_the_steered_run(fam):
     """A vector added before block 1 in both runs: every edge live is the steered forward
     pass (a parallel block's MLP reads the shifted block input too), and f(all) = 1."""
-    from tinygpt_cli.hooks import add_vector
+    from tinygpt_cli.transformer.hooks import add_vector
 
     config, params, _, _, _ = fam
     steer = add_vector("layers.1.resid_pre",

@@ -33,11 +33,11 @@ from hypothesis import strategies as st
 
 from tinygpt_cli.cli import app
 from tinygpt_cli.cli.app import _register
-from tinygpt_cli.config import Config, load_config
-from tinygpt_cli.model import run_traced
 from tinygpt_cli.render.text import show_text, show_token
-from tinygpt_cli.sampling import create_rng, probabilities, sample
-from tinygpt_cli.weights import SHIPPED, load_model
+from tinygpt_cli.storage.weights import SHIPPED, load_model
+from tinygpt_cli.transformer.config import Config, load_config
+from tinygpt_cli.transformer.model import run_traced
+from tinygpt_cli.transformer.sampling import create_rng, probabilities, sample
 
 
 @pytest.fixture(scope="module")
@@ -408,7 +408,7 @@ def test_generate_respects_max_new_tokens(cli):
 
 def test_generate_writes_each_token_as_it_is_produced(cli, monkeypatch):
     """Before the model computes token k+1, token k is already on stdout."""
-    import tinygpt_cli.generate as gen
+    import tinygpt_cli.transformer.generate as gen
 
     real = gen.generate  # the command imports it when it runs
     written = []  # length of stdout each time the CLI asks for the next token

@@ -22,8 +22,8 @@ from cli_helpers import (
 
 from tinygpt_cli.cli import main
 from tinygpt_cli.cli.common import InputError
-from tinygpt_cli.session import Session
-from tinygpt_cli.weights import PREFIX
+from tinygpt_cli.jobs.session import Session
+from tinygpt_cli.storage.weights import PREFIX
 
 
 def _text_commands() -> list[str]:

@@ -69,7 +69,7 @@ def test_score_file_says_when_it_adds_a_closing_separator_and_can_leave_it_out(c
 
 
 def test_the_end_of_a_file_is_found_past_a_long_run_of_white_space(tmp_path):
-    from tinygpt_cli.corpus import ends_with_separator
+    from tinygpt_cli.storage.corpus import ends_with_separator
 
     f = tmp_path / "s.txt"
     for text, closed in [("a\n<|endoftext|>" + " \n" * 10_000, True), ("a" + "\n" * 9000, False),
@@ -156,8 +156,7 @@ def test_last_on_stdin_keeps_the_end_exactly_and_counts_what_streamed_past(cli, 
                                                                           monkeypatch):
     """A stdin of several read pieces (a \r\n cut between two of them, a 2-byte character
     too): --last N's ids and dropped count are those of the whole text encoded at once."""
-    from tinygpt_cli import streams
-    from tinygpt_cli.cli import main
+    from tinygpt_cli.cli import main, streams
 
     monkeypatch.setattr(streams, "STDIN_CHUNK", 1001)  # odd: cuts through \r\n and 'ï'
     size = 300_000 - 300_000 % len(UNIT)
@@ -254,9 +253,9 @@ def test_trace_save_writes_a_value_as_npy_and_values_as_safetensors(cli, tiny, t
 def test_diff_compares_models_of_other_shapes_that_share_the_tokenizer(cli, tiny, tmp_path):
     from cli_helpers import TINY, random_params, write_folder
 
-    from tinygpt_cli.config import Config
-    from tinygpt_cli.model import forward
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.config import Config
+    from tinygpt_cli.transformer.model import forward
 
     shape = Config(**{**TINY.__dict__, "n_embd": 24, "n_layer": 1, "n_head": 3, "n_inner": 40,
                       "n_positions": 64})

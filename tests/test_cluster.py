@@ -16,12 +16,12 @@ import pytest
 from cli_helpers import Runner, assert_one_error_line, clean_env
 from test_history import index_files, run  # noqa: F401 - run: the trained folder's fixture
 
-from tinygpt_cli import cluster
 from tinygpt_cli.analysis import history as hist
 from tinygpt_cli.analysis import neurons as nrn
 from tinygpt_cli.analysis import why, why_index
 from tinygpt_cli.analysis.why_index import open_index
-from tinygpt_cli.weights import load_model
+from tinygpt_cli.jobs import cluster
+from tinygpt_cli.storage.weights import load_model
 
 distributed = pytest.importorskip("distributed")
 
@@ -236,7 +236,7 @@ def test_the_shards_of_a_pass_are_one_pass(run):  # noqa: F811
     """site_values and value_means shard by shard (shards of whole batches) equal one pass
     over all windows, exactly: the default path is the same as before the cluster."""
     from tinygpt_cli.analysis import means, sae
-    from tinygpt_cli.model import record
+    from tinygpt_cli.transformer.model import record
 
     model = load_model(run)
     rng = np.random.default_rng(0)

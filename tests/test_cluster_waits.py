@@ -12,8 +12,8 @@ import time
 import pytest
 from cli_helpers import Runner, assert_one_error_line, clean_env, make_tiny
 
-from tinygpt_cli import cluster
 from tinygpt_cli.errors import WeightsError
+from tinygpt_cli.jobs import cluster
 
 distributed = pytest.importorskip("distributed")
 

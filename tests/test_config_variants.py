@@ -13,9 +13,9 @@ import shutil
 import numpy as np
 import pytest
 
-from tinygpt_cli.config import Config
-from tinygpt_cli.model import forward
-from tinygpt_cli.weights import SHIPPED, load_model
+from tinygpt_cli.storage.weights import SHIPPED, load_model
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.model import forward
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

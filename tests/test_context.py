@@ -8,7 +8,7 @@ import pytest
 from cli_helpers import TEXT, TINY, Runner, clean_env, make_tiny, random_params
 from test_steer import STEER
 
-from tinygpt_cli.context import RunContext, SteerOptions
+from tinygpt_cli.cli.context import RunContext, SteerOptions
 
 STEERED_NOTE = "steered before this view: layers.1.resid_pre + 1 * v, v = 'Lily was happy' - " \
                "'Lily was sad'"
@@ -109,7 +109,7 @@ def test_a_picture_is_the_same_whatever_was_drawn_before_it(run, tiny, tmp_path)
 def test_an_entry_the_cache_cannot_keep_is_noted_every_time(tmp_path, capsys):
     """Each command that computes an entry it cannot keep says so (the note of the first was
     once kept for the whole process, so a second command in it was silent)."""
-    from tinygpt_cli import cache
+    from tinygpt_cli.storage import cache
 
     (tmp_path / "a-file").write_text("")
     entry = tmp_path / "a-file" / "neurons" / "key.npz"  # under a file: never written

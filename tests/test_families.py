@@ -12,9 +12,9 @@ import pytest
 from cli_helpers import TEXT, assert_one_error_line, file_tensors, random_params
 from safetensors.numpy import load_file
 
-from tinygpt_cli.config import Config
-from tinygpt_cli.families import KNOWN, family, gpt2
-from tinygpt_cli.schema import NEEDS, PARAMS, param_shapes
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.families import KNOWN, family, gpt2
+from tinygpt_cli.transformer.schema import NEEDS, PARAMS, param_shapes
 
 CONFIG = Config(n_embd=8, n_layer=3, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
 
@@ -57,7 +57,7 @@ def test_gpt2_tensors_are_the_same_arrays_both_ways():
 
 
 def test_a_saved_folder_holds_exactly_the_files_tensors(tmp_path):
-    from tinygpt_cli.weights import load_params, save_params
+    from tinygpt_cli.storage.weights import load_params, save_params
 
     params = random_params(CONFIG, seed=2)
     save_params(params, tmp_path / "model.safetensors", CONFIG)
@@ -145,7 +145,7 @@ def _sharded(folder, tiny_folder, shards: int = 3):
 
 
 def test_a_sharded_folder_loads_the_same_weights(tmp_path, tiny_folder):
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.storage.weights import load_model
 
     folder = _sharded(tmp_path / "sharded", tiny_folder)
     sharded, whole = load_model(folder), load_model(tiny_folder.folder)
@@ -163,7 +163,7 @@ def test_a_sharded_folder_loads_the_same_weights(tmp_path, tiny_folder):
 def test_an_index_naming_a_file_elsewhere_or_missing_is_refused(tmp_path, tiny_folder,
                                                                 where, needle):
     from tinygpt_cli.errors import WeightsError
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.storage.weights import load_model
 
     folder = _sharded(tmp_path / "sharded", tiny_folder)
     index = json.loads((folder / "model.safetensors.index.json").read_text())
@@ -185,7 +185,7 @@ def test_a_pytorch_bin_alone_is_refused_in_one_line(tmp_path, tiny, cli):
 
 
 def test_bfloat16_bits_widen_exactly():
-    from tinygpt_cli.weights import widen_bfloat16
+    from tinygpt_cli.storage.weights import widen_bfloat16
 
     want = np.array([1.0, -2.5, 3.140625, 2.0 ** -100, -np.inf, 65280.0], np.float32)
     bits = (want.view(np.uint32) >> 16).astype(np.uint16)  # each is a bfloat16 exactly
@@ -195,8 +195,8 @@ def test_bfloat16_bits_widen_exactly():
 def test_the_rotary_angles_the_pos_card_shows_are_the_turn_of_each_pair():
     """Turning a head vector with a 1 at i (and 0 at i + r) by ops.rotary at position t
     leaves (cos a, sin a) in (i, i + r): a is the angle `rotary_angles` lists."""
-    from tinygpt_cli import ops
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer import ops
+    from tinygpt_cli.transformer.model import run_traced
 
     config = Config(n_embd=16, n_layer=1, n_head=2, n_inner=8, vocab_size=11, n_positions=9,
                     positions="rotary", rotary_dim=4, rotary_base=100.0, norm="rms",
@@ -218,7 +218,7 @@ def test_the_review_page_says_what_each_family_computes(cli):
     """The page's cards follow the block: GPT-2's are the seed page's own; the rotary,
     parallel NeoX lesson model and the RMSNorm, gated, rotary Llama one say what they do
     instead, each card's path holding a value of that model."""
-    from tinygpt_cli.page import CARDS
+    from tinygpt_cli.transformer.page import CARDS
 
     root = Path(__file__).resolve().parent.parent / "weights"
     cards = {}

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from cli_helpers import TOKENIZER
 
-from tinygpt_cli.config import arch_config, save_config
 from tinygpt_cli.errors import WeightsError
-from tinygpt_cli.families import llama
-from tinygpt_cli.model import init_params
-from tinygpt_cli.weights import load_model
+from tinygpt_cli.storage.weights import load_model
+from tinygpt_cli.transformer.config import arch_config, save_config
+from tinygpt_cli.transformer.families import llama
+from tinygpt_cli.transformer.model import init_params
 
 
 def _bf16_file(path, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

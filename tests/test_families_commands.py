@@ -16,9 +16,9 @@ import pytest
 from cli_helpers import TOKENIZER, assert_one_error_line
 from safetensors.numpy import load_file
 
-from tinygpt_cli.config import arch_config, save_config
-from tinygpt_cli.model import init_params, record
-from tinygpt_cli.weights import load_model, save_params
+from tinygpt_cli.storage.weights import load_model, save_params
+from tinygpt_cli.transformer.config import arch_config, save_config
+from tinygpt_cli.transformer.model import init_params, record
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -12,9 +12,9 @@ import shutil
 import numpy as np
 import pytest
 
-from tinygpt_cli.generate import generate
-from tinygpt_cli.model import backward, forward, record
-from tinygpt_cli.weights import SHIPPED, load_model, save_params
+from tinygpt_cli.storage.weights import SHIPPED, load_model, save_params
+from tinygpt_cli.transformer.generate import generate
+from tinygpt_cli.transformer.model import backward, forward, record
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -107,7 +107,7 @@ def test_logits_and_every_blocks_input_match_transformers(pair):
 
 
 def test_gradients_of_a_logit_match_torch_autograd(pair):
-    from tinygpt_cli.families import family
+    from tinygpt_cli.transformer.families import family
 
     name, hf, ours = pair
     position, target = 7, 123
@@ -146,7 +146,7 @@ def test_greedy_generation_gives_transformers_tokens(pair):
 
 
 def test_a_folder_tinygpt_saves_loads_in_transformers_with_the_same_logits(pair, tmp_path):
-    from tinygpt_cli.config import save_config
+    from tinygpt_cli.transformer.config import save_config
 
     name, _, ours = pair
     folder = tmp_path / "saved"
@@ -231,7 +231,7 @@ def test_direct_logit_attribution_rows_sum_to_the_logit_on_every_family(pair):
     """RMSNorm models divide each part by the run's rms with no centring and no bias row;
     every family's rows still add up to the logit."""
     from tinygpt_cli.analysis.dla import direct_logit_attribution
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.model import run_traced
 
     name, _, ours = pair
     tr = run_traced(ours.params, ours.config, np.array(IDS))

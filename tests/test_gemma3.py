@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinygpt_cli.generate import generate
-from tinygpt_cli.model import backward, forward, record
-from tinygpt_cli.schema import is_norm_weight
-from tinygpt_cli.weights import SHIPPED, load_model, save_params
+from tinygpt_cli.storage.weights import SHIPPED, load_model, save_params
+from tinygpt_cli.transformer.generate import generate
+from tinygpt_cli.transformer.model import backward, forward, record
+from tinygpt_cli.transformer.schema import is_norm_weight
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -110,7 +110,7 @@ def test_logits_and_every_blocks_input_match_transformers(pair):
 
 
 def test_gradients_match_torch_autograd(pair):
-    from tinygpt_cli.families import family
+    from tinygpt_cli.transformer.families import family
 
     name, hf, ours = pair
     position, target = 7, 123
@@ -146,7 +146,7 @@ def test_greedy_generation_gives_transformers_tokens(pair):
 
 
 def test_a_folder_tinygpt_saves_loads_in_transformers_with_the_same_logits(pair, tmp_path):
-    from tinygpt_cli.config import save_config
+    from tinygpt_cli.transformer.config import save_config
 
     name, _, ours = pair
     folder = tmp_path / "saved"
@@ -166,7 +166,7 @@ def test_a_folder_tinygpt_saves_loads_in_transformers_with_the_same_logits(pair,
 
 
 def test_the_embedding_scale_is_sqrt_d_as_each_dtype_rounds_it():
-    from tinygpt_cli.families.gemma3 import rounded
+    from tinygpt_cli.transformer.families.gemma3 import rounded
 
     for d in (24, 640, 1152, 2304, 3072):
         for dtype in ("float32", "bfloat16", "float16"):
@@ -190,7 +190,7 @@ def test_the_embedding_scale_is_sqrt_d_as_each_dtype_rounds_it():
     ({"layer_types": ["sliding_attention", "chunked_attention"]}, "layer_types must name"),
 ])
 def test_what_is_not_implemented_is_refused_by_name(change, message):
-    from tinygpt_cli.config import Config
+    from tinygpt_cli.transformer.config import Config
 
     d = {"model_type": "gemma3_text", "hidden_size": 24, "num_attention_heads": 4,
          "num_hidden_layers": 2, "intermediate_size": 40, "vocab_size": 4096} | change
@@ -243,7 +243,7 @@ def test_direct_logit_attribution_adds_up_through_the_norms_after_each_branch(pa
     then the final norm's: the rows add up to the logit difference, one row by hand, and
     each MLP row is its neurons' sum."""
     from tinygpt_cli.analysis.dla import direct_logit_attribution
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.model import run_traced
 
     name, _, ours = pair
     p, c, at = ours.params, ours.config, 9
@@ -267,8 +267,8 @@ def test_train_arch_gemma3_makes_a_model_transformers_reads_as_gemma3(tmp_path):
     """`train --arch gemma3`'s config and a new model of it, saved, give transformers'
     Gemma3ForCausalLM the same logits (its norms' w = scale - 1 = 0 at initialisation, as
     Gemma's own)."""
-    from tinygpt_cli.config import arch_config, load_config, save_config
-    from tinygpt_cli.model import init_params
+    from tinygpt_cli.transformer.config import arch_config, load_config, save_config
+    from tinygpt_cli.transformer.model import init_params
 
     config = arch_config("gemma3", n_embd=24, n_layer=7, n_head=4, n_inner=40,
                          vocab_size=4096, n_positions=16)
@@ -291,7 +291,7 @@ def test_a_hub_style_config_is_read_as_transformers_reads_it():
     """Gemma 3 270M's config.json as the hub ships it (the older keys: rope_theta,
     rope_local_base_freq, rope_scaling null, torch_dtype bfloat16), against
     Gemma3TextConfig's reading of the same keys."""
-    from tinygpt_cli.config import Config
+    from tinygpt_cli.transformer.config import Config
 
     d = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
          "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from conftest import FAMILIES, family_configs
 
-from tinygpt_cli.config import Config
-from tinygpt_cli.generate import CachedContext, generate, next_logits_uncached
-from tinygpt_cli.hooks import ablation
-from tinygpt_cli.sampling import create_rng
-from tinygpt_cli.weights import SHIPPED, load_model
+from tinygpt_cli.storage.weights import SHIPPED, load_model
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.generate import CachedContext, generate, next_logits_uncached
+from tinygpt_cli.transformer.hooks import ablation
+from tinygpt_cli.transformer.sampling import create_rng
 
 PROMPT = [608, 429, 267, 346, 336, 314]  # "Lily wanted to play with her"
 
@@ -82,7 +82,7 @@ def test_generation_records_nothing(make_params, monkeypatch):
     config = Config(n_embd=12, n_layer=2, n_head=2, n_inner=20, vocab_size=23, n_positions=8)
     params = make_params(config, seed=6)
     seen = []
-    import tinygpt_cli.generate as gen
+    import tinygpt_cli.transformer.generate as gen
 
     real = gen.forward
 
@@ -129,7 +129,7 @@ def test_the_generate_command_applies_ablate_to_every_new_token(cli, tiny):
 
 
 def test_decode_step_gives_the_last_logits_of_a_full_pass_on_the_shipped_model(shipped):
-    from tinygpt_cli.model import KVCache, decode_step, forward
+    from tinygpt_cli.transformer.model import KVCache, decode_step, forward
 
     p, c = shipped.params, shipped.config
     cache = KVCache.empty(c)
@@ -144,7 +144,7 @@ def test_decode_step_gives_the_last_logits_of_a_full_pass_on_the_shipped_model(s
 
 
 def test_decode_step_refuses_a_position_past_the_context(make_params):
-    from tinygpt_cli.model import KVCache, decode_step
+    from tinygpt_cli.transformer.model import KVCache, decode_step
 
     config = Config(n_embd=12, n_layer=2, n_head=2, n_inner=20, vocab_size=23, n_positions=4)
     params = make_params(config, seed=1)
@@ -162,7 +162,7 @@ def test_decode_steps_are_the_general_passes_numbers_bit_for_bit(arch, dtype):
     cache, position by position to the end of the context, on every family's block: a local
     window shorter than the text (neo), parallel blocks and a quarter of each head turned
     (neox), 3 key/value heads for 6 queries, q/k/v biases (qwen2), q/k norms (qwen3)."""
-    from tinygpt_cli.model import KVCache, decode_step, forward, init_params
+    from tinygpt_cli.transformer.model import KVCache, decode_step, forward, init_params
 
     config = family_configs()[arch]
     params = init_params(config, np.random.default_rng(7), dtype)
@@ -187,7 +187,7 @@ def test_decode_steps_are_the_general_passes_numbers_bit_for_bit(arch, dtype):
 def test_a_decode_step_that_overflows_names_the_first_value_as_the_general_pass_does(
         make_params):
     from tinygpt_cli.errors import NonFiniteError
-    from tinygpt_cli.model import KVCache, decode_step, forward
+    from tinygpt_cli.transformer.model import KVCache, decode_step, forward
 
     config = Config(n_embd=12, n_layer=2, n_head=2, n_inner=20, vocab_size=23, n_positions=8)
     params = {n: a.astype(np.float32) for n, a in make_params(config, seed=2).items()}

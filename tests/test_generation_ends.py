@@ -14,8 +14,8 @@ import pytest
 from cli_helpers import random_params
 from shipped_tokenizers import smollm2
 
-from tinygpt_cli.config import Config, save_config
-from tinygpt_cli.weights import load_model, save_params
+from tinygpt_cli.storage.weights import load_model, save_params
+from tinygpt_cli.transformer.config import Config, save_config
 
 PROMPT = "Hi there"
 

@@ -19,9 +19,9 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from tinygpt_cli.families import family  # noqa: E402
-from tinygpt_cli.model import forward  # noqa: E402
-from tinygpt_cli.weights import SHIPPED, load_model  # noqa: E402
+from tinygpt_cli.storage.weights import SHIPPED, load_model  # noqa: E402
+from tinygpt_cli.transformer.families import family  # noqa: E402
+from tinygpt_cli.transformer.model import forward  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TOL = 1e-5  # of the largest logit
@@ -135,9 +135,9 @@ SHIPPED_FOLDERS = {"gpt2": SHIPPED, "llama": SHIPPED / "llama", "gpt_neox": SHIP
 def wide_llama(tmp_path_factory):
     """A random Llama 256 numbers wide (the K-quants' blocks are 256 long), saved by tinygpt
     in the Hugging Face layout with the shipped tokenizer."""
-    from tinygpt_cli.config import arch_config, save_config
-    from tinygpt_cli.model import init_params
-    from tinygpt_cli.weights import save_params
+    from tinygpt_cli.storage.weights import save_params
+    from tinygpt_cli.transformer.config import arch_config, save_config
+    from tinygpt_cli.transformer.model import init_params
 
     folder = tmp_path_factory.mktemp("wide")
     cfg = arch_config("llama", n_embd=256, n_layer=1, n_head=4, n_inner=512)
@@ -150,9 +150,9 @@ def wide_llama(tmp_path_factory):
 @pytest.fixture(scope="module")
 def qwen_folders(tmp_path_factory):
     """Random Qwen2 (q/k/v biases, untied) and Qwen3 (q/k norms) folders saved by tinygpt."""
-    from tinygpt_cli.config import Config, save_config
-    from tinygpt_cli.model import init_params
-    from tinygpt_cli.weights import save_params
+    from tinygpt_cli.storage.weights import save_params
+    from tinygpt_cli.transformer.config import Config, save_config
+    from tinygpt_cli.transformer.model import init_params
 
     out = {}
     for kind in ("qwen2", "qwen3"):
@@ -304,7 +304,7 @@ def sentencepiece_vocab() -> tuple[list[str], list[float], list[int]]:
     """A SentencePiece BPE vocabulary as llama.cpp writes one (tokenizer.ggml.model llama):
     <unk>, <s>, </s>, the 256 byte tokens <0xNN>, then the shipped tokenizer's tokens that
     are whole UTF-8 text, a space spelt '▁', scored by their merge order."""
-    from tinygpt_cli.tokenizer import _byte_decoder
+    from tinygpt_cli.transformer.tokenizer import _byte_decoder
 
     shipped = json.loads((SHIPPED / "tokenizer.json").read_text())["model"]["vocab"]
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
@@ -327,9 +327,9 @@ def sentencepiece_vocab() -> tuple[list[str], list[float], list[int]]:
 @pytest.fixture(scope="module")
 def sentencepiece_file(tmp_path_factory):
     """A small Llama with that vocabulary, as a GGUF."""
-    from tinygpt_cli.config import arch_config, save_config
-    from tinygpt_cli.model import init_params
-    from tinygpt_cli.weights import save_params
+    from tinygpt_cli.storage.weights import save_params
+    from tinygpt_cli.transformer.config import arch_config, save_config
+    from tinygpt_cli.transformer.model import init_params
 
     tokens, scores, types = sentencepiece_vocab()
     folder = tmp_path_factory.mktemp("sp")

@@ -52,7 +52,7 @@ def folder(request, tmp_path_factory):
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """As the console script runs (tinygpt_cli.threads): in this process NumPy is loaded
+    """As the console script runs (tinygpt_cli.jobs.threads): in this process NumPy is loaded
     already, so the pool is set through threadpoolctl, and put back afterwards."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
     with threadpoolctl.threadpool_limits(1):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from cli_helpers import file_names
 
-from tinygpt_cli import ops
-from tinygpt_cli.config import Config
-from tinygpt_cli.model import Dropout, forward, loss_and_grads, param_shapes
+from tinygpt_cli.transformer import ops
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.model import Dropout, forward, loss_and_grads, param_shapes
 
 CONFIG = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
 H = 1e-5  # central differences: error ~ H^2 f''' << 1e-6 relative

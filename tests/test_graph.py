@@ -16,9 +16,9 @@ from conftest import random_params
 
 from tinygpt_cli.analysis import graph as G
 from tinygpt_cli.analysis import sae as S
-from tinygpt_cli.config import Config
-from tinygpt_cli.model import forward, record
 from tinygpt_cli.render.text import show_token
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.model import forward, record
 
 FAMILIES = {
     "gpt2": Config(n_embd=12, n_layer=3, n_head=2, n_inner=20, vocab_size=23, n_positions=8),
@@ -267,8 +267,8 @@ def test_transcoder_eval_loss_recovered_against_an_independent_replacement(cli, 
     tensors (TopK of ReLU, decoder), on the eval's own windows."""
     from safetensors.numpy import load_file
 
-    from tinygpt_cli import ops
-    from tinygpt_cli.corpus import data_windows
+    from tinygpt_cli.storage.corpus import data_windows
+    from tinygpt_cli.transformer import ops
 
     folder, data, _ = trained
     r = cli("transcoder", "eval", "--transcoders", folder, "--data", data / "part-001.txt",
@@ -691,7 +691,7 @@ def test_the_edge_threshold_is_circuit_tracers_cumulative_cut_in_chunks():
 
 
 def test_a_steered_graph_sums_to_the_steered_logit(cli, trained, tiny):
-    from tinygpt_cli.hooks import add_vector
+    from tinygpt_cli.transformer.hooks import add_vector
 
     folder, _, _ = trained
     text = "Lily wanted to play with her"
@@ -732,7 +732,7 @@ def test_graph_qk_splits_each_attention_edges_score_into_terms_that_sum_to_it(ca
     parts, vecs = Q.stream_parts(g, values, tcs, 1, 5, None)
     np.testing.assert_allclose(vecs.sum(axis=0), values["layers.1.resid_pre"][5], atol=1e-10)
     # each side's per-part vectors add up to the q and k the forward pass recorded
-    from tinygpt_cli.model import head_qkv, qk_norm_rms
+    from tinygpt_cli.transformer.model import head_qkv, qk_norm_rms
 
     wq, wk, _, bq, bk, _ = head_qkv(params, config, 1)
     rms = qk_norm_rms(params, config, values, 1) if config.qk_norm else None

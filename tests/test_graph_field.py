@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line
 
-from tinygpt_cli.model import forward
+from tinygpt_cli.transformer.model import forward
 
 # ------------------------------------------------------------------ the schema, from the models
 # Metadata, QParams, Node, Link and Model of circuit-tracer's graph_models.py, field by field:
@@ -98,7 +98,7 @@ TEXT = "Lily wanted to play with her"
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny):
     """Transcoders trained by the command on the tiny model (the cli fixture is per test)."""
-    from tinygpt_cli.entry import main
+    from tinygpt_cli.cli.entry import main
 
     tmp = tmp_path_factory.mktemp("field")
     data = tmp / "data"

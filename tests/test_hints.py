@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line
 
-from tinygpt_cli import madefor
-from tinygpt_cli.weights import SHIPPED
+from tinygpt_cli.storage import madefor
+from tinygpt_cli.storage.weights import SHIPPED
 
 TEXT = "Lily wanted to play with her"
 
@@ -35,7 +35,7 @@ def test_the_lesson_models_refusals_name_their_weights(cli, lesson):
 def test_the_lesson_models_ship_their_means_and_an_sae(cli, lesson):
     from safetensors import safe_open
 
-    from tinygpt_cli.files import sha256
+    from tinygpt_cli.storage.files import sha256
 
     w = SHIPPED / lesson
     for made in (w / "means.safetensors", w / "sae" / "layers.1.resid_post.safetensors"):

@@ -17,15 +17,15 @@ from cli_helpers import Runner, assert_one_error_line, clean_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tinygpt_cli import ops
 from tinygpt_cli.analysis import heads, why
 from tinygpt_cli.analysis import history as hist
-from tinygpt_cli.config import Config
-from tinygpt_cli.model import forward
-from tinygpt_cli.tokenizer import END_OF_TEXT, save_tokenizer, train_tokenizer
-from tinygpt_cli.train.data import read_stories
-from tinygpt_cli.train.loop import HISTORY, Settings, snapshot_steps, train
-from tinygpt_cli.weights import load_model, load_params
+from tinygpt_cli.jobs.train.data import read_stories
+from tinygpt_cli.jobs.train.loop import HISTORY, Settings, snapshot_steps, train
+from tinygpt_cli.storage.weights import load_model, load_params
+from tinygpt_cli.transformer import ops
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.model import forward
+from tinygpt_cli.transformer.tokenizer import END_OF_TEXT, save_tokenizer, train_tokenizer
 
 TINY = Config(n_embd=16, n_layer=2, n_head=2, n_inner=32, n_positions=32, vocab_size=512)
 
@@ -144,7 +144,7 @@ def test_history_follows_a_value_and_a_parameter(cli, run):
 
 
 def test_history_heads_scores_match_a_naive_loop(cli, run):
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.model import run_traced
 
     doc = cli("history", "The cat sat on the mat.", "--heads", "--json").json()
     prev, induction = np.asarray(doc["previous_token"]), np.asarray(doc["data"])
@@ -214,7 +214,7 @@ def test_a_run_stamps_its_snapshots_and_history_refuses_another_runs(cli, tmp_pa
     other = tmp_path / "other"
     shutil.copytree(run, other)
     params = load_params(run / "model.safetensors", CFG(run))
-    from tinygpt_cli.weights import save_params
+    from tinygpt_cli.storage.weights import save_params
 
     save_params({n: a * 1.01 for n, a in params.items()}, other / "model.safetensors", CFG(run))
     result = cli("history", "The cat", "--weights", other)
@@ -294,7 +294,7 @@ def test_a_shard_mapped_in_place_holds_what_np_load_reads(tmp_path):
     index writes it (uncompressed; an empty array among them) and for a compressed .npz,
     which it reads by np.load; the mapping is read-only."""
     from tinygpt_cli.analysis.why_index import mapped_arrays
-    from tinygpt_cli.cache import npz_bytes
+    from tinygpt_cli.storage.cache import npz_bytes
 
     rng = np.random.default_rng(0)
     arrays = {"rank1": rng.integers(0, 2**16, (5, 7)).astype(np.uint16),
@@ -584,8 +584,8 @@ def test_a_task_that_fails_in_a_worker_ends_the_build_with_its_error(tmp_path):
     from dataclasses import asdict
 
     from tinygpt_cli.analysis import why_index
-    from tinygpt_cli.cluster import Here
     from tinygpt_cli.errors import WeightsError
+    from tinygpt_cli.jobs.cluster import Here
 
     config = Config(n_embd=8, n_layer=1, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
     (tmp_path / "w.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00short")
@@ -654,10 +654,10 @@ def test_a_write_killed_at_random_moments_leaves_no_temporary_after_the_next(tmp
     import sys
     import time
 
-    from tinygpt_cli.files import write_atomically
+    from tinygpt_cli.storage.files import write_atomically
 
     target = tmp_path / "picture.svg"
-    script = ("import sys; from tinygpt_cli.files import write_atomically as w\n"
+    script = ("import sys; from tinygpt_cli.storage.files import write_atomically as w\n"
               "i = 0\n"
               "while True:\n"
               "    w(sys.argv[1], bytes([65 + i % 2]) * 4_000_000); i += 1\n")
@@ -812,7 +812,7 @@ def test_an_attention_weights_gradient_and_its_exact_scores(make_params):
     zero for what it does not read; and the exact pass with that query against the naive
     loop of explicit window gradients."""
     from tinygpt_cli.analysis import exact_tracin as ex
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.model import run_traced
 
     config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
     params = make_params(config, seed=3)
@@ -843,7 +843,7 @@ def test_an_sae_latents_gradient_and_its_exact_scores(make_params, monkeypatch):
     from types import SimpleNamespace
 
     from tinygpt_cli.analysis import sae as sae_mod
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.model import run_traced
 
     config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
     params = make_params(config, seed=5)
@@ -1022,7 +1022,7 @@ def test_why_value_ranks_windows_by_how_much_they_raised_that_scalar(cli, run):
     training step, computed by central differences; for the planted fact a window
     holding it raises logit[' zooms'] - logit[' sat'] most."""
     from tinygpt_cli.analysis import heads
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.model import run_traced
 
     model = load_model(run)
     tok, config = model.tokenizer, model.config
@@ -1113,7 +1113,7 @@ def test_exact_pass_equals_explicit_window_gradients_over_two_snapshots(make_par
     token, one with the window's length), two snapshots with their learning rates, batches
     cutting the windows unevenly, on two threads: equal in float64."""
     from tinygpt_cli.analysis import exact_tracin as ex
-    from tinygpt_cli.hooks import add_vector
+    from tinygpt_cli.transformer.hooks import add_vector
 
     config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
     snapshots = [(make_params(config, seed=8), 0.5), (make_params(config, seed=9), 2.0)]
@@ -1354,7 +1354,7 @@ def test_history_and_why_run_the_steered_text(cli, run, tmp_path):
 
 
 def test_a_steered_query_gradient_matches_finite_differences(make_params):
-    from tinygpt_cli.hooks import add_vector
+    from tinygpt_cli.transformer.hooks import add_vector
 
     config = Config(n_embd=8, n_layer=1, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
     params = make_params(config, seed=4)

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from cli_helpers import file_names, without_head
 
-from tinygpt_cli import ops
-from tinygpt_cli.config import Config
-from tinygpt_cli.hooks import Chain, Record, RecordOnly, Replace, StopAfter, ablation
-from tinygpt_cli.model import KVCache, backward, forward, run_traced
-from tinygpt_cli.schema import BY_PATH, PathError, expand, pattern_of, resolve, shape_of
+from tinygpt_cli.transformer import ops
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.hooks import Chain, Record, RecordOnly, Replace, StopAfter, ablation
+from tinygpt_cli.transformer.model import KVCache, backward, forward, run_traced
+from tinygpt_cli.transformer.schema import BY_PATH, PathError, expand, pattern_of, resolve, shape_of
 
 IDS = np.array([3, 17, 5, 9, 22, 1])
 
@@ -136,7 +136,7 @@ def grads(tiny_params, tiny_config):
 
 def test_every_recorded_value_but_the_ids_has_a_gradient(grads, tiny_config):
     """... and nothing else but the inner gradients the model names (W_QKV's output)."""
-    from tinygpt_cli.model import inner_gradients
+    from tinygpt_cli.transformer.model import inner_gradients
 
     _, values, dvalues = grads
     inner = inner_gradients(tiny_config)
@@ -219,7 +219,7 @@ def test_trace_records_the_intervened_run(tiny_params, tiny_config):
 def test_a_hooked_std_of_another_kind_is_divided_by_as_the_formula_says(replace):
     # layer_norm divides its own `centred` in place when it can; a hook's replacement std of
     # another dtype or shape must take the plain (x - mean) / std * g + b path instead.
-    from tinygpt_cli.model import layer_norm
+    from tinygpt_cli.transformer.model import layer_norm
 
     rng = np.random.default_rng(5)
     x = rng.normal(size=(3, 8)).astype(np.float32)

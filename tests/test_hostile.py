@@ -37,8 +37,8 @@ from cli_helpers import (
 from safetensors.numpy import save_file
 
 from tinygpt_cli.cli import main
-from tinygpt_cli.config import Config
-from tinygpt_cli.weights import PREFIX
+from tinygpt_cli.storage.weights import PREFIX
+from tinygpt_cli.transformer.config import Config
 
 CATCH_ALL = re.compile(r"^error: [A-Z]\w*(Error|Exception): |run again with --debug")
 
@@ -254,8 +254,8 @@ def tokenizer_out(ctx: Ctx) -> None:
 def run_tokenizer_of(size: int):
     """A fresh OUT holding only a tokenizer of another size than asked."""
     def setup(ctx: Ctx) -> None:
-        from tinygpt_cli.tokenizer import save_tokenizer, train_tokenizer
-        from tinygpt_cli.train.data import read_stories
+        from tinygpt_cli.jobs.train.data import read_stories
+        from tinygpt_cli.transformer.tokenizer import save_tokenizer, train_tokenizer
 
         (ctx.tmp / "fresh").mkdir()
         tok = train_tokenizer(read_stories(sorted(ctx.data.glob("*.txt"))[:2]), size)
@@ -315,7 +315,7 @@ def step_not_a_number(path: Path) -> None:
 
 def stamped(path: Path, weights: Path | None = None) -> dict:
     """The claim a finished run writes into its snapshots: the weights beside history/."""
-    from tinygpt_cli.madefor import made_for
+    from tinygpt_cli.storage.madefor import made_for
 
     return made_for(weights or path.parent.parent / "model.safetensors")
 
@@ -892,7 +892,7 @@ def test_model_card_never_writes_through_planted_links(ctx, victim):
 
 def test_append_line_refuses_a_link_and_a_hard_link(tmp_path, victim):
     from tinygpt_cli.errors import WriteError
-    from tinygpt_cli.files import append_line
+    from tinygpt_cli.storage.files import append_line
 
     (tmp_path / "soft").symlink_to(victim)
     with pytest.raises(WriteError, match="symbolic link"):
@@ -910,7 +910,7 @@ def test_append_line_refuses_a_link_and_a_hard_link(tmp_path, victim):
 
 
 def test_a_diverging_loss_stops_with_exit_1_and_strict_json(ctx, monkeypatch):
-    import tinygpt_cli.train.loop as loop
+    import tinygpt_cli.jobs.train.loop as loop
 
     real = loop.loss_and_grads
     calls = []
@@ -1248,7 +1248,7 @@ def test_help_examples_name_files_that_exist_from_the_readme_folder():
 def test_written_safetensors_are_the_same_bytes_every_time(ctx, tmp_path):
     from safetensors import safe_open
 
-    from tinygpt_cli.weights import safetensors_bytes
+    from tinygpt_cli.storage.weights import safetensors_bytes
 
     rng = np.random.default_rng(0)
     tensors = {"b": rng.normal(size=(3, 2)).astype(np.float32),
@@ -1294,7 +1294,7 @@ def test_heads_reads_stdin_only_for_a_dash(ctx):
 @pytest.mark.parametrize("argv", [["encode"], ["probs"], ["score"], ["trace", "logits[-1]"]],
                          ids=lambda a: a[0])
 def test_each_line_opens_the_weights_folder_once(ctx, monkeypatch, argv):
-    import tinygpt_cli.weights as weights
+    import tinygpt_cli.storage.weights as weights
 
     opened, loaded = [], []
     real_open, real_load = weights._open_folder, weights._load_model

@@ -18,7 +18,7 @@ from cli_helpers import TEXT, TINY, file_tensors, random_params
 from safetensors.numpy import save_file
 from test_hostile import Ctx, assert_error, nothing, run, snapshot
 
-from tinygpt_cli.weights import PREFIX
+from tinygpt_cli.storage.weights import PREFIX
 
 W = ["--weights", "{broken}"]
 ctx, data, trained = hostile.ctx, hostile.data, hostile.trained  # its fixtures
@@ -28,7 +28,7 @@ def snapshot_meta(**meta):
     """A snapshot of the tiny model's sizes with `meta` as its metadata, stamped with the
     weights beside its history/ as a finished run stamps it."""
     def write(path: Path) -> None:
-        from tinygpt_cli.madefor import made_for
+        from tinygpt_cli.storage.madefor import made_for
 
         t = file_tensors(random_params(TINY, seed=3))
         save_file(t, str(path), metadata={**meta,
@@ -60,7 +60,7 @@ def sae_file(name: str = SAE, site: str = "layers.1.resid_post", made_for: str |
         from test_sae import random_sae
 
         from tinygpt_cli.analysis.sae import save_sae
-        from tinygpt_cli.files import sha256
+        from tinygpt_cli.storage.files import sha256
 
         meta = {} if made_for is None else {"weights_sha256": sha256(
             ctx.broken / "model.safetensors") if made_for == "these" else made_for}
@@ -75,7 +75,7 @@ def lens_file(made_for: str | None):
     def setup(ctx: Ctx) -> None:
         t = {f"{n}.{i}": np.zeros((16, 16) if n == "A" else 16, np.float32)
              for n in "Ab" for i in range(TINY.n_layer)}
-        from tinygpt_cli.files import sha256
+        from tinygpt_cli.storage.files import sha256
 
         claim = sha256(ctx.broken / "model.safetensors") if made_for == "these" else made_for
         (ctx.broken / "lens").mkdir(exist_ok=True)
@@ -99,8 +99,8 @@ def with_history(setup):
     """`setup`, and {run} given a history/ of one snapshot (its own weights at step 10), so
     that why reaches its training text (a folder without one is refused for that first)."""
     def both(ctx: Ctx) -> None:
-        from tinygpt_cli.train.loop import save_snapshot, stamp_snapshots
-        from tinygpt_cli.weights import load_model
+        from tinygpt_cli.jobs.train.loop import save_snapshot, stamp_snapshots
+        from tinygpt_cli.storage.weights import load_model
 
         setup(ctx)
         model = load_model(ctx.run)
@@ -142,7 +142,7 @@ def config_value(**changes):
 
 def means_file(ctx: Ctx) -> None:
     from tinygpt_cli.analysis.means import mean_paths, mean_size
-    from tinygpt_cli.files import sha256
+    from tinygpt_cli.storage.files import sha256
 
     t = {p: np.zeros(mean_size(p, TINY), np.float32) for p in mean_paths(TINY)}
     save_file(t, str(ctx.broken / "means.safetensors"),
@@ -387,7 +387,7 @@ def _child(argv, stdin, tiny_folder):
 def test_an_endless_stdin_is_refused_after_a_bounded_prefix(ctx):
     """/dev/zero never ends: the text is refused once more bytes came than 128 tokens of
     the tiny vocabulary's longest token can hold (it was read whole: MemoryError)."""
-    from tinygpt_cli.tokenizer import Tokenizer
+    from tinygpt_cli.transformer.tokenizer import Tokenizer
 
     longest = Tokenizer.from_file(ctx.tiny / "tokenizer.json").longest_token_bytes
     with open("/dev/zero", "rb") as zero:
@@ -462,7 +462,7 @@ def test_a_killed_writers_temporary_is_removed_by_the_next_save(ctx):
 def test_a_cache_entry_is_read_only_when_its_checksum_holds(tmp_path):
     """keep writes the entry and its sha256; an entry edited in place (a value changed, the
     file still well formed), without its checksum, or with another one, is computed again."""
-    from tinygpt_cli import cache
+    from tinygpt_cli.storage import cache
 
     path = tmp_path / "means" / "k.safetensors"
     computed = []

@@ -130,7 +130,7 @@ def test_without_the_sdk_one_error_line_says_what_to_install(cli, monkeypatch):
 def test_a_call_takes_the_tools_arguments_only(tiny):
     # as_json is how the server runs every call, not an argument of the tool: a client's
     # as_json=false was taken silently; and the message missed its full stop
-    from tinygpt_cli.mcp_server import Caller
+    from tinygpt_cli.surfaces.mcp_server import Caller
 
     caller = Caller(weights=tiny.folder)
     text, bad = caller.call("attn", {"text": TEXT, "as_json": False})

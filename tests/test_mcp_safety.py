@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import TEXT
 
-from tinygpt_cli import calls
+from tinygpt_cli.surfaces import calls
 
 
 def session(folder, work, *, allow=(), roots=None, cwd=None, args=None):
@@ -56,8 +56,8 @@ def text_of(result) -> str:
 def test_no_command_that_writes_files_or_runs_for_minutes_is_served():
     # transcoder-train was served (it trains for minutes and writes four files): the hand
     # list of commands left out had missed it
-    from tinygpt_cli.commands import EFFECTS
-    from tinygpt_cli.mcp_server import tools
+    from tinygpt_cli.surfaces.commands import EFFECTS
+    from tinygpt_cli.surfaces.mcp_server import tools
 
     every = calls.commands()
     served = tools()
@@ -221,7 +221,8 @@ def test_allow_names_a_folder(cli, tmp_path):
 SLOW = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from tinygpt_cli import entry, mcp_server
+    from tinygpt_cli.cli import entry
+    from tinygpt_cli.surfaces import mcp_server
 
     started, stopped, written = (Path(a) for a in sys.argv[1:4])
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line
 
-from tinygpt_cli.weights import SHIPPED
+from tinygpt_cli.storage.weights import SHIPPED
 
 TEXT = "Lily wanted to play with her"
 
@@ -97,7 +97,7 @@ def test_a_mistyped_ablation_mode_is_said_first(cli):
 
 def test_a_card_named_by_its_title_points_to_its_command(cli):
     """Card 10 is "Softmax"; `tinygpt softmax` said only 'No such command'."""
-    from tinygpt_cli.page import CARDS
+    from tinygpt_cli.transformer.page import CARDS
 
     assert_one_error_line(cli("softmax", TEXT), 2, "No such command 'softmax'",
                           "card 10, Softmax, is `tinygpt probs TEXT`")

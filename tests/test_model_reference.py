@@ -1,7 +1,7 @@
 """The forward pass against a deliberately naive reference written here from the GPT-2 math.
 
 The reference uses Python lists, loops over tokens, heads and positions, math.tanh and
-math.exp, and nothing from tinygpt_cli.ops, so a shared mistake is unlikely.
+math.exp, and nothing from tinygpt_cli.transformer.ops, so a shared mistake is unlikely.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from cli_helpers import file_names
 
-from tinygpt_cli.model import forward, run_traced
-from tinygpt_cli.trace import PathError
+from tinygpt_cli.transformer.model import forward, run_traced
+from tinygpt_cli.transformer.trace import PathError
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -78,7 +78,7 @@ def test_sae_train_with_force_replaces_the_default_file(cli, folder, data, tmp_p
     written = folder / "sae" / "layers.1.mlp_out.safetensors"
     assert r.json()["path"] == str(written)
     from tinygpt_cli.analysis.sae import load_sae
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.storage.weights import load_model
 
     model = load_model(folder)
     assert load_sae(written, model.config, model.weights_file).n_latents == 8  # the new SAE
@@ -117,7 +117,7 @@ def test_the_token_rule_is_in_every_help_that_takes_a_token(cli, monkeypatch):
 
 
 def test_from_python_an_int_is_an_id_and_a_str_is_text(tiny):
-    from tinygpt_cli.session import token_id
+    from tinygpt_cli.jobs.session import token_id
 
     assert token_id(tiny.model, 5) == 5
     assert token_id(tiny.model, "5") == 21
@@ -128,7 +128,7 @@ def test_from_python_an_int_is_an_id_and_a_str_is_text(tiny):
 
 @pytest.fixture
 def session(tiny):
-    from tinygpt_cli.session import Session
+    from tinygpt_cli.jobs.session import Session
 
     return Session.open("Lily wanted to play with her", model=tiny.model)
 
@@ -136,8 +136,8 @@ def session(tiny):
 def test_a_hook_takes_a_transformerlens_name_as_the_cli_does(session, tiny):
     import numpy as np
 
-    from tinygpt_cli.hooks import Replace
-    from tinygpt_cli.model import forward
+    from tinygpt_cli.transformer.hooks import Replace
+    from tinygpt_cli.transformer.model import forward
 
     def double(x):
         return 2 * x
@@ -157,8 +157,8 @@ def test_a_hook_takes_a_transformerlens_name_as_the_cli_does(session, tiny):
 
 
 def test_a_hook_naming_no_value_raises_with_the_clis_suggestion(session, cli):
-    from tinygpt_cli.hooks import Replace
-    from tinygpt_cli.schema import PathError
+    from tinygpt_cli.transformer.hooks import Replace
+    from tinygpt_cli.transformer.schema import PathError
 
     with pytest.raises(PathError) as raised:
         session.run(hooks=Replace({"layers.0.mlp_outt": lambda x: x}))
@@ -175,8 +175,8 @@ def test_a_hook_naming_no_value_raises_with_the_clis_suggestion(session, cli):
 
 
 def test_a_value_the_run_never_reaches_raises(session):
-    from tinygpt_cli.hooks import Chain, Replace, StopAfter
-    from tinygpt_cli.schema import PathError
+    from tinygpt_cli.transformer.hooks import Chain, Replace, StopAfter
+    from tinygpt_cli.transformer.schema import PathError
 
     with pytest.raises(PathError) as raised:
         session.record({"blocks.1.hook_resid_post"}, stop_after="layers.0.resid_post")
@@ -193,7 +193,7 @@ def test_a_trace_is_a_read_only_mapping_with_a_short_repr(session):
 
     import numpy as np
 
-    from tinygpt_cli.schema import expand
+    from tinygpt_cli.transformer.schema import expand
 
     t = session.trace()
     assert isinstance(t, Mapping)
@@ -215,7 +215,7 @@ def test_the_tuned_lens_says_so_in_its_view_picture_and_json(cli, tiny, tmp_path
     from tinygpt_cli.analysis import tuned_lens as tl
 
     lens = tmp_path / "zero.safetensors"  # the start of a fit: every translator 0
-    from tinygpt_cli.madefor import made_for
+    from tinygpt_cli.storage.madefor import made_for
 
     tl.save_translators(lens, tl.zero_translators(tiny.model.config),
                         made_for(tiny.model.weights_file))
@@ -248,7 +248,7 @@ def test_the_suite_keeps_the_tools_cache_in_a_temporary_folder():
     import tempfile
     from pathlib import Path
 
-    from tinygpt_cli.cache import cache_dir
+    from tinygpt_cli.storage.cache import cache_dir
 
     where = cache_dir()
     assert where == Path(os.environ["TINYGPT_CACHE"])
@@ -288,7 +288,7 @@ def test_the_hint_for_a_text_starting_with_a_dash_keeps_the_other_options(cli):
 def test_generate_continues_a_long_prompt_from_its_last_tokens_with_a_note(cli, tiny):
     import numpy as np
 
-    from tinygpt_cli.model import forward
+    from tinygpt_cli.transformer.model import forward
 
     prompt = "Lily went to the park. " * 40
     ids = tiny.model.tokenizer.encode(prompt)
@@ -397,7 +397,7 @@ def test_circuit_warns_when_the_gap_is_too_small_to_share_out(cli):
 
 
 def test_a_probability_is_a_chance_in_every_document_the_old_names_beside_it(cli, tmp_path):
-    from tinygpt_cli.schema import OLD_KEYS
+    from tinygpt_cli.transformer.schema import OLD_KEYS
 
     def keys(x, found):  # every key of every object in a document
         if isinstance(x, dict):
@@ -469,8 +469,8 @@ def test_generate_on_a_terminal_breaks_lines_between_words(tiny):
     import numpy as np
     from rich.console import Console
 
-    from tinygpt_cli.generate import Step
     from tinygpt_cli.render.generation import write_text
+    from tinygpt_cli.transformer.generate import Step
 
     tok = tiny.model.tokenizer
     story = " Lily was a sleepy bear who liked honey and long naps in the warm sun every day."

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 from cli_helpers import TEXT, TEXT_IDS, TINY
 
-from tinygpt_cli.config import load_config
-from tinygpt_cli.page import CARDS
-from tinygpt_cli.sampling import create_rng, probabilities, sample
-from tinygpt_cli.schema import resolve
-from tinygpt_cli.weights import SHIPPED
+from tinygpt_cli.storage.weights import SHIPPED
+from tinygpt_cli.transformer.config import load_config
+from tinygpt_cli.transformer.page import CARDS
+from tinygpt_cli.transformer.sampling import create_rng, probabilities, sample
+from tinygpt_cli.transformer.schema import resolve
 
 
 def test_the_page_has_the_seed_cards_in_order():

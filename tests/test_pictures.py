@@ -15,11 +15,11 @@ import pytest
 from browser import decode_png
 from cli_helpers import TEXT, TEXT_IDS, TINY, assert_one_error_line
 
-from tinygpt_cli.page import CARDS
 from tinygpt_cli.render import html, svg
 from tinygpt_cli.render.figure import Figure, Heatmap, causal_mask
 from tinygpt_cli.render.text import show_token
-from tinygpt_cli.sampling import probabilities
+from tinygpt_cli.transformer.page import CARDS
+from tinygpt_cli.transformer.sampling import probabilities
 
 NS = "{http://www.w3.org/2000/svg}"
 T = len(TEXT_IDS)
@@ -158,7 +158,7 @@ def test_a_long_texts_grid_stays_readable(cli, tiny, tmp_path):
     """128 tokens: labels of at least 9 px that do not overlap, the last token labelled, every
     token on hover, a page that fits 1,200 px, and a scale under which a weight of 2/T does
     not look like one of 1/T (sqrt: the legend says so)."""
-    from tinygpt_cli.tokenizer import Tokenizer
+    from tinygpt_cli.transformer.tokenizer import Tokenizer
 
     tok = Tokenizer.from_file(Path(tiny.folder) / "tokenizer.json")
     text = tok.decode(tok.encode(" ".join(["Lily wanted to play with her ball."] * 30))[:128])

@@ -10,8 +10,8 @@ import signal
 
 import pytest
 
-from tinygpt_cli.cluster import Here
 from tinygpt_cli.errors import WeightsError
+from tinygpt_cli.jobs.cluster import Here
 
 
 def square_plus_shared(task, shared):  # top level: the spawned workers import it by name

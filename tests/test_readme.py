@@ -57,24 +57,26 @@ def test_when_something_goes_wrong_lists_the_messages():
 def layout_modules(readme: str) -> set[str]:
     """The modules the Layout section lists, as paths under tinygpt_cli/: a name at two
     spaces is the package's own, a folder (`analysis/`) at two spaces holds the names at
-    four spaces below it; description lines are indented further."""
+    four spaces below it, a folder at four spaces (`transformer/families/`) those at six;
+    description lines are indented further."""
     section = readme[readme.index("## Layout"):]
     block = section[section.index("```\n") + 4:]
     block = block[:block.index("```")]
-    listed, folder = set(), None
+    listed, folders = set(), []  # the folders the current line is inside, outermost first
     for line in block.splitlines()[1:]:  # the first line is tinygpt_cli/ itself
-        m = re.match(r"( {2}| {4})(?! )(\S+)", line)
         if not line.startswith(" "):
             break  # weights/, benchmarks/, tests/: outside the package
+        m = re.match(r"( {2}| {4}| {6})(?! )(\S+)", line)
         if not m:
             continue
-        name = m[2]
-        if len(m[1]) == 2:
-            folder = name if name.endswith("/") else None
-            if folder is None:
-                listed.add(name)
-        elif folder is not None:
-            listed.add(folder + name)
+        depth = len(m[1]) // 2 - 1
+        if depth > len(folders):
+            continue  # a name under something that is not a folder: a description
+        folders = folders[:depth]
+        if m[2].endswith("/"):
+            folders.append(m[2])
+        else:
+            listed.add("".join(folders) + m[2])
     return listed
 
 
@@ -87,9 +89,12 @@ def test_the_layout_lists_every_module():
 
 def test_the_layout_check_reads_the_sections_lines():
     readme = "## Layout\n\n```\ntinygpt_cli/\n  a.py       one\n                 more\n" \
-             "  sub/       a folder\n    b.py     two\n    c.py     three\n  d.py  four\n" \
+             "  sub/       a folder\n    b.py     two\n    c.py     three\n" \
+             "    deep/    a folder in it\n      f.py   five\n    g.py     six\n" \
+             "  d.py  four\n      h.py  under a module: a description\n" \
              "weights/  not the package\n  e.py\n```\n"
-    assert layout_modules(readme) == {"a.py", "sub/b.py", "sub/c.py", "d.py"}
+    assert layout_modules(readme) == {"a.py", "sub/b.py", "sub/c.py", "sub/deep/f.py",
+                                      "sub/g.py", "d.py"}
 
 
 def test_the_check_lists_each_example_whose_output_differs(capsys):

@@ -11,9 +11,9 @@ import pytest
 from cli_helpers import assert_one_error_line, file_names
 
 from tinygpt_cli.analysis import sae as S
-from tinygpt_cli.hooks import Replace
-from tinygpt_cli.madefor import made_for
-from tinygpt_cli.weights import load_model
+from tinygpt_cli.storage.madefor import made_for
+from tinygpt_cli.storage.weights import load_model
+from tinygpt_cli.transformer.hooks import Replace
 
 SITE = "layers.0.resid_post"
 
@@ -253,8 +253,8 @@ def test_sae_errors(cli, tmp_path):
 
 
 def test_trace_lists_active_latents_and_ablate_zeroes_one(cli, tiny):
-    from tinygpt_cli.hooks import Record, Replace
-    from tinygpt_cli.model import forward
+    from tinygpt_cli.transformer.hooks import Record, Replace
+    from tinygpt_cli.transformer.model import forward
 
     cfg = tiny.model.config
     sae = random_sae(cfg.n_embd, 24, 3, seed=11, dtype=np.float32)
@@ -291,7 +291,7 @@ def test_trace_lists_active_latents_and_ablate_zeroes_one(cli, tiny):
 
 
 def test_the_shipped_sae_reads_the_shipped_model():
-    from tinygpt_cli.weights import SHIPPED
+    from tinygpt_cli.storage.weights import SHIPPED
 
     path = SHIPPED / "sae" / "layers.1.resid_post.safetensors"
     if not path.is_file():
@@ -301,14 +301,14 @@ def test_the_shipped_sae_reads_the_shipped_model():
     assert (sae.site, sae.k, sae.n_latents) == ("layers.1.resid_post", 16, 1024)
     from safetensors import safe_open
 
-    from tinygpt_cli.files import sha256
+    from tinygpt_cli.storage.files import sha256
 
     with safe_open(str(path), framework="numpy") as f:
         trained_on = f.metadata()["weights_sha256"]
     if trained_on != sha256(model.weights_file):  # a branch whose model comes at the merge
         pytest.skip("the shipped SAE was trained on other weights than weights/ holds")
     ids = np.asarray(model.tokenizer.encode("Lily wanted to play with her"))
-    from tinygpt_cli.model import run_traced as run_trace
+    from tinygpt_cli.transformer.model import run_traced as run_trace
 
     x = run_trace(model.params, model.config, ids).get(sae.site)
     z = S.encode(sae, x)
@@ -325,7 +325,7 @@ def test_feature_over_a_text_draws_the_latent_a_numpy_encoding_gives(cli, tiny, 
 
     from safetensors.numpy import load_file
 
-    from tinygpt_cli.model import run_traced as run_trace
+    from tinygpt_cli.transformer.model import run_traced as run_trace
 
     cfg = tiny.model.config
     path = tmp_path / "s.safetensors"
@@ -373,8 +373,8 @@ def test_a_latent_over_a_steered_text_and_data(cli, tiny, tmp_path, monkeypatch)
     of its own, cached under the vector's key and never the unsteered one."""
     from safetensors.numpy import load_file
 
-    from tinygpt_cli.hooks import Chain, Record, Replace
-    from tinygpt_cli.model import forward
+    from tinygpt_cli.transformer.hooks import Chain, Record, Replace
+    from tinygpt_cli.transformer.model import forward
 
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
     cfg = tiny.model.config
@@ -428,7 +428,7 @@ def test_eval_in_shards_of_one_window_gives_the_losses_of_one_pass(model_and_win
     """sae eval's passes run a task per shard of windows (on a cluster too): the summed
     shards are the loss of one pass over every window, here against transformers' hook above
     by way of mean_loss."""
-    from tinygpt_cli import cluster
+    from tinygpt_cli.jobs import cluster
 
     model, x, y = model_and_windows
     sae = random_sae(model.config.n_embd, 40, 5, seed=10, dtype=np.float32)

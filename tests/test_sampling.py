@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from tinygpt_cli.sampling import (
+from tinygpt_cli.transformer.sampling import (
     create_rng,
     next_token_distribution,
     probabilities,
@@ -246,7 +246,7 @@ def test_sample_returns_a_possible_token(probs, seed):
     list(np.random.default_rng(4).normal(size=4096).astype(np.float32)),
 ])
 def test_greedy_is_temperature_0s_token_and_chance(logits):
-    from tinygpt_cli.sampling import greedy, next_token_distribution
+    from tinygpt_cli.transformer.sampling import greedy, next_token_distribution
 
     z = np.asarray(logits, np.float32)
     dist = next_token_distribution(z, 0.0)

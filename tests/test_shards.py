@@ -1,4 +1,4 @@
-"""The activation caches kept as shards with a manifest (tinygpt_cli.shards): an SAE's codes
+"""The activation caches kept as shards with a manifest (tinygpt_cli.jobs.shards): an SAE's codes
 over a corpus equal one pass's codes, a complete cache is read without computing, and a pass
 cut short, or a damaged shard, costs only the missing shards on the next run."""
 
@@ -12,11 +12,11 @@ import pytest
 from conftest import SENTENCES
 from test_sae import SITE, random_sae
 
-from tinygpt_cli import cluster, shards
 from tinygpt_cli.analysis import sae as S
-from tinygpt_cli.corpus import data_windows
-from tinygpt_cli.madefor import made_for
-from tinygpt_cli.weights import load_model
+from tinygpt_cli.jobs import cluster, shards
+from tinygpt_cli.storage.corpus import data_windows
+from tinygpt_cli.storage.madefor import made_for
+from tinygpt_cli.storage.weights import load_model
 
 WINDOWS = 7  # shards of 2 windows: 4 shards, the last one short
 

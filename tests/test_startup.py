@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from tinygpt_cli.weights import SHIPPED, map_safetensors
+from tinygpt_cli.storage.weights import SHIPPED, map_safetensors
 
 
 def test_mapped_tensors_equal_the_library_and_share_the_file(tmp_path):
@@ -38,8 +38,8 @@ def test_mapped_tensors_equal_the_library_and_share_the_file(tmp_path):
 
 
 def test_loaded_params_are_read_only_views_and_the_head_copy_is_the_same_numbers(tiny_folder):
-    from tinygpt_cli import ops
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer import ops
 
     params = load_model(tiny_folder.folder).params
     wte = params["embed.W_E"]
@@ -92,20 +92,20 @@ def imported_by(args: list[str]) -> set[str]:
 def test_help_imports_neither_numpy_nor_rich_nor_the_model():
     mods = imported_by(["--help"])
     assert "typer" in mods
-    for heavy in ("numpy", "rich", "tokenizers", "safetensors", "tinygpt_cli.model"):
+    for heavy in ("numpy", "rich", "tokenizers", "safetensors", "tinygpt_cli.transformer.model"):
         assert heavy not in mods
 
 
 @pytest.mark.skipif(not (SHIPPED / "model.safetensors").is_file(), reason="no shipped weights")
 def test_inspection_commands_leave_training_and_analysis_out():
     encode = imported_by(["encode", "Lily wanted"])
-    assert "tokenizers" in encode and "tinygpt_cli.model" not in encode
+    assert "tokenizers" in encode and "tinygpt_cli.transformer.model" not in encode
     attn = imported_by(["attn", "Lily wanted to play with her", "--layer", "0", "--head", "0",
                         "--weights", str(SHIPPED)])
-    assert "tinygpt_cli.model" in attn
+    assert "tinygpt_cli.transformer.model" in attn
     assert "pydantic" not in attn  # typer checks options with it; plain values need not wait
     for mods in (encode, attn):
-        assert not any(m.startswith(("tinygpt_cli.train", "tinygpt_cli.analysis"))
+        assert not any(m.startswith(("tinygpt_cli.jobs.train", "tinygpt_cli.analysis"))
                        for m in mods)
         assert "torch" not in mods and "transformers" not in mods
 
@@ -166,7 +166,7 @@ def test_the_console_script_ends_without_the_teardown_but_as_shutdown_would(argv
     # atexit functions, the output printed last and a thread still running (waited for)
     # must be as the usual shutdown leaves them
     script = ("import atexit, sys, threading, time\n"
-              "from tinygpt_cli.entry import main\n"
+              "from tinygpt_cli.cli.entry import main\n"
               "atexit.register(lambda: print('atexit ran', flush=False))\n"
               "late = lambda: (time.sleep(0.3), print('thread done'))\n"
               "mode, sys.argv = sys.argv[1], ['tinygpt', *sys.argv[2:]]\n"
@@ -186,7 +186,7 @@ def test_main_called_with_arguments_gives_the_caller_its_exit():
     # a program calling entry.main([...]) gets SystemExit back, not the end of its process
     import signal
 
-    from tinygpt_cli.entry import main
+    from tinygpt_cli.cli.entry import main
 
     handler = signal.getsignal(signal.SIGINT)
     try:

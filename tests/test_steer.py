@@ -11,7 +11,7 @@ import pytest
 from cli_helpers import TEXT, assert_one_error_line
 
 from tinygpt_cli.analysis import steer as st
-from tinygpt_cli.files import write_atomically
+from tinygpt_cli.storage.files import write_atomically
 
 STEER = ["--steer", "Lily was happy", "--steer-away", "Lily was sad", "--steer-layer", "1"]
 

@@ -246,8 +246,8 @@ def test_every_view_and_picture_of_a_steered_run_says_so(cli, tmp_path):
 def test_the_trace_holds_the_stream_by_stage_and_by_part(tiny):
     """Trace.stages and Trace.residual_parts, which lens, dla and diff read: the parts of a
     steered run (its shift one of them) add up to its last resid_post at every position."""
-    from tinygpt_cli.hooks import add_vector
-    from tinygpt_cli.model import run_traced
+    from tinygpt_cli.transformer.hooks import add_vector
+    from tinygpt_cli.transformer.model import run_traced
 
     m = tiny.model
     ids = m.tokenizer.encode(TEXT)

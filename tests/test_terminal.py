@@ -139,7 +139,7 @@ class Finder:
             os.kill(os.getpid(), signal.SIGINT)
         return None
 sys.meta_path.insert(0, Finder())
-from tinygpt_cli.entry import main
+from tinygpt_cli.cli.entry import main
 main(["info"])
 """
 
@@ -190,7 +190,7 @@ def test_ctrl_c_while_generating_exits_130_on_a_fresh_line(tiny):
     assert err.endswith("\n")
 
 
-@pytest.mark.parametrize("where", ["tinygpt_cli.weights.load_model",
+@pytest.mark.parametrize("where", ["tinygpt_cli.storage.weights.load_model",
                                    "tinygpt_cli.render.jsonout.emit",
                                    "tinygpt_cli.render.quick_table.QuickConsole.print"])
 def test_ctrl_c_anywhere_in_a_command_exits_130_without_traceback(cli, monkeypatch, where):
@@ -238,7 +238,7 @@ HOSTILE = "\x1b[2J\x9b31m\x07"  # clear screen, a C1 CSI, a bell
 
 def test_strings_from_a_weights_folder_never_reach_the_terminal_raw(cli, monkeypatch, tiny):
     """Token and special-token names come from tokenizer.json: shown escaped like user text."""
-    from tinygpt_cli.tokenizer import Tokenizer
+    from tinygpt_cli.transformer.tokenizer import Tokenizer
 
     monkeypatch.setattr(Tokenizer, "token_str", lambda self, i: f"tok{i}{HOSTILE}")
     monkeypatch.setattr(Tokenizer, "special_tokens", property(lambda self: {HOSTILE: 0}))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tinygpt_cli import threads
+from tinygpt_cli.jobs import threads
 
 pytest.importorskip("threadpoolctl")
 
@@ -21,7 +21,7 @@ def report():
     pools = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
     sys.stderr.write("\\nBLAS " + " ".join(map(str, pools)))
 atexit.register(report)
-from tinygpt_cli.entry import main
+from tinygpt_cli.cli.entry import main
 main(sys.argv[1:])
 """
 
@@ -99,7 +99,7 @@ def test_map_on_cores_keeps_the_order_and_the_serial_results():
     order, as one loop; an empty list and one item need no pool."""
     import numpy as np
 
-    from tinygpt_cli.threads import map_on_cores
+    from tinygpt_cli.jobs.threads import map_on_cores
 
     rng = np.random.default_rng(0)
     mats = [rng.standard_normal((200, 200)) for _ in range(5)]
@@ -122,7 +122,7 @@ def test_map_on_cores_gives_each_thread_a_one_thread_blas_pool():
     import numpy  # noqa: F401 - the BLAS library must be loaded for threadpoolctl to see it
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from tinygpt_cli.threads import map_on_cores
+    from tinygpt_cli.jobs.threads import map_on_cores
 
     def blas_threads(_=None):
         return sorted({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"})

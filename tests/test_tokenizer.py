@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tinygpt_cli.tokenizer import END_OF_TEXT, Tokenizer, train_tokenizer
-from tinygpt_cli.weights import SHIPPED
+from tinygpt_cli.storage.weights import SHIPPED
+from tinygpt_cli.transformer.tokenizer import END_OF_TEXT, Tokenizer, train_tokenizer
 
 SHIPPED_FILE = SHIPPED / "tokenizer.json"
 STORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinystories"
@@ -89,7 +89,7 @@ def test_token_bytes_and_offsets_cover_the_utf8_bytes_exactly(tok, text):
 
 @pytest.mark.parametrize("repeat", [1, 400])  # a short text, and one past SHORT_IDS tokens
 def test_byte_starts_are_where_each_token_starts_in_the_utf8_bytes(tok, repeat):
-    from tinygpt_cli.tokenizer import SHORT_IDS
+    from tinygpt_cli.transformer.tokenizer import SHORT_IDS
 
     text = "Lily sah ein Mädchen 🐱 — and played. " * repeat
     ids = tok.encode(text)
@@ -105,7 +105,7 @@ def test_byte_starts_are_where_each_token_starts_in_the_utf8_bytes(tok, repeat):
 
 @pytest.mark.skipif(not (STORIES / "part-004.txt").is_file(), reason="no TinyStories data")
 def test_retraining_reproduces_the_shipped_vocabulary(tok):
-    from tinygpt_cli.train.data import read_stories
+    from tinygpt_cli.jobs.train.data import read_stories
 
     files = [STORIES / f"part-{i:03d}.txt" for i in range(5)]
     retrained = train_tokenizer(read_stories(files))

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-from tinygpt_cli.config import arch_config, save_config
-from tinygpt_cli.families import llama
-from tinygpt_cli.model import init_params
-from tinygpt_cli.tokenizer import CHUNK, PIECE_MAX, WORD_PATTERNS, Tokenizer
-from tinygpt_cli.weights import load_model, save_params
+from tinygpt_cli.storage.weights import load_model, save_params
+from tinygpt_cli.transformer.config import arch_config, save_config
+from tinygpt_cli.transformer.families import llama
+from tinygpt_cli.transformer.model import init_params
+from tinygpt_cli.transformer.tokenizer import CHUNK, PIECE_MAX, WORD_PATTERNS, Tokenizer
 
 SPECIALS = {"llama3": ["<|begin_of_text|>", "<|end_of_text|>"],
             "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}
@@ -200,7 +200,7 @@ def test_the_refusal_names_the_patterns_it_knows():
 def test_gpt2s_pattern_written_out_and_smollm2s_digits_are_gpt2s_kind(tmp_path):
     """GPT-2's pattern in a Split is its ByteLevel's own; SmolLM2 puts each digit apart first
     (Digits) before GPT-2's ByteLevel: both only split further, and both are accepted."""
-    from tinygpt_cli.weights import SHIPPED
+    from tinygpt_cli.storage.weights import SHIPPED
 
     doc = json.loads((SHIPPED / "tokenizer.json").read_text())
     shipped = HFTokenizer.from_str(json.dumps(doc))
@@ -238,7 +238,7 @@ def awkward_text(rng: random.Random, n: int) -> str:
 
 
 def shipped_and_built():
-    from tinygpt_cli.weights import SHIPPED
+    from tinygpt_cli.storage.weights import SHIPPED
 
     out = {"shipped": Tokenizer.from_file(SHIPPED / "tokenizer.json")}
     for kind in ("llama3", "qwen2"):
@@ -253,7 +253,7 @@ def shipped_and_built():
 def test_every_exact_cut_gives_the_ids_of_the_whole(name):
     """Where exact_cut allows a cut, the two parts encoded alone are the whole's ids: every
     allowed place of texts made to be awkward, each checked against one encode call."""
-    from tinygpt_cli.tokenizer import _run_class, exact_cut
+    from tinygpt_cli.transformer.tokenizer import _run_class, exact_cut
 
     tok = shipped_and_built()[name]
     whole = tok._tok.normalizer is None
@@ -279,7 +279,7 @@ def test_every_exact_cut_gives_the_ids_of_the_whole(name):
 
 @pytest.mark.parametrize("name", ["shipped", "llama3", "qwen2", "llama3 ignore_merges"])
 def test_a_long_run_is_encoded_in_short_pieces_to_the_ids_of_one_call(name):
-    from tinygpt_cli.tokenizer import added_spans, exact_pieces
+    from tinygpt_cli.transformer.tokenizer import added_spans, exact_pieces
 
     tok = shipped_and_built()[name]
     rng = random.Random(7)

@@ -21,20 +21,20 @@ import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line
 
-from tinygpt_cli.config import Config, load_config
 from tinygpt_cli.errors import InputError
-from tinygpt_cli.model import param_shapes
-from tinygpt_cli.optim import SGD, AdamW, clip_by_global_norm, decays, lr_at
-from tinygpt_cli.tokenizer import END_OF_TEXT, Tokenizer, train_tokenizer
-from tinygpt_cli.train.data import (
+from tinygpt_cli.jobs.train.data import (
     encode_stories,
     eval_windows,
     random_windows,
     read_stories,
     split_data,
 )
-from tinygpt_cli.train.loop import CHECKPOINT, LOG, Settings, evaluate, train
-from tinygpt_cli.weights import load_params
+from tinygpt_cli.jobs.train.loop import CHECKPOINT, LOG, Settings, evaluate, train
+from tinygpt_cli.storage.weights import load_params
+from tinygpt_cli.transformer.config import Config, load_config
+from tinygpt_cli.transformer.model import param_shapes
+from tinygpt_cli.transformer.optim import SGD, AdamW, clip_by_global_norm, decays, lr_at
+from tinygpt_cli.transformer.tokenizer import END_OF_TEXT, Tokenizer, train_tokenizer
 
 TINY = Config(n_embd=16, n_layer=2, n_head=2, n_inner=32, n_positions=16, vocab_size=300)
 
@@ -192,7 +192,7 @@ def test_sgd_steps_by_the_gradient_alone_and_decays_as_adamw_does():
 def test_training_with_sgd_takes_the_hand_computed_steps(tmp_path, data):
     """--optimizer sgd: each step is p -= lr_t * grad of that step's batch (no momentum, no
     per-weight scaling), the steps TracIn's scores are the first-order change of."""
-    from tinygpt_cli.model import init_params, loss_and_grads
+    from tinygpt_cli.transformer.model import init_params, loss_and_grads
 
     train_file, val_file = data
     out = tmp_path / "out"
@@ -528,7 +528,7 @@ def test_train_on_text_shorter_than_one_window_exits_2_and_says_how_long(tmp_pat
 
 
 def test_snapshot_steps_are_log_spaced_and_end_at_the_last_step():
-    from tinygpt_cli.train.loop import snapshot_steps
+    from tinygpt_cli.jobs.train.loop import snapshot_steps
 
     steps = snapshot_steps(8000, 8)
     assert steps[0] == 50 and steps[-1] == 8000 and len(steps) == 8
@@ -538,7 +538,7 @@ def test_snapshot_steps_are_log_spaced_and_end_at_the_last_step():
 
 
 def test_ema_decay_ramps_up_then_holds():
-    from tinygpt_cli.train.loop import ema_decay_at
+    from tinygpt_cli.jobs.train.loop import ema_decay_at
 
     assert ema_decay_at(0, 0.999) == pytest.approx(0.1)
     assert ema_decay_at(10_000, 0.999) == 0.999
@@ -547,7 +547,7 @@ def test_ema_decay_ramps_up_then_holds():
 def test_with_ema_the_exported_weights_are_the_average_of_the_steps(tmp_path, data, monkeypatch):
     """The parameters after every step are recorded from the optimiser, averaged by hand
     (decay min(0.8, (1 + s) / (10 + s)) at step s), and compared with what was exported."""
-    import tinygpt_cli.train.loop as loop
+    import tinygpt_cli.jobs.train.loop as loop
 
     seen: list[dict[str, np.ndarray]] = []
 
@@ -575,7 +575,7 @@ def test_with_ema_the_exported_weights_are_the_average_of_the_steps(tmp_path, da
 def test_snapshots_are_float16_weights_with_their_step_and_learning_rate(tmp_path, data):
     from safetensors import safe_open
 
-    from tinygpt_cli.train.loop import HISTORY, snapshot_steps
+    from tinygpt_cli.jobs.train.loop import HISTORY, snapshot_steps
 
     train_file, val_file = data
     out = tmp_path / "out"
@@ -593,7 +593,7 @@ def test_snapshots_are_float16_weights_with_their_step_and_learning_rate(tmp_pat
 
 def test_first_snapshot_moves_the_log_spaced_grid_to_the_chance_level_steps(tmp_path, data):
     """--first-snapshot 2: history starts where the loss is still near ln(vocabulary)."""
-    from tinygpt_cli.train.loop import HISTORY
+    from tinygpt_cli.jobs.train.loop import HISTORY
 
     train_file, val_file = data
     out = tmp_path / "out"
@@ -607,7 +607,7 @@ def test_resuming_a_finished_run_with_more_steps_starts_a_new_warm_up_and_cosine
     """--resume --steps N on a finished run: a warm restart from its last step, its own cycle."""
     from safetensors import safe_open
 
-    from tinygpt_cli.train.loop import HISTORY
+    from tinygpt_cli.jobs.train.loop import HISTORY
 
     train_file, val_file = data
     out = tmp_path / "out"
@@ -641,7 +641,7 @@ def test_resuming_an_unfinished_extension_keeps_its_cycle(tmp_path, data):
 
 
 def test_command_txt_keeps_the_recipe_and_the_card_tells_of_the_extension(tmp_path, data):
-    from tinygpt_cli.train.card import write_card
+    from tinygpt_cli.jobs.train.card import write_card
 
     train_file, val_file = data
     out = tmp_path / "out"
@@ -698,9 +698,9 @@ def test_a_checkpoint_with_damaged_settings_is_a_run_error(tmp_path, data):
 def test_a_warm_start_begins_at_the_given_weights_and_keeps_their_tokenizer(tmp_path, data):
     """--init: step 0 is the other folder's weights (an evaluation before any step gives
     their loss), its tokenizer is copied unchanged, and the card says where it started."""
-    from tinygpt_cli.corpus import encode_stories, read_stories
-    from tinygpt_cli.train.card import write_card
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.jobs.train.card import write_card
+    from tinygpt_cli.storage.corpus import encode_stories, read_stories
+    from tinygpt_cli.storage.weights import load_model
 
     train_file, val_file = data
     first = tmp_path / "first"

@@ -10,7 +10,7 @@ from conftest import FAMILIES, family_configs, random_params
 
 from tinygpt_cli.analysis import tuned_lens as tl
 from tinygpt_cli.analysis.lens import lens_logits
-from tinygpt_cli.model import run_traced
+from tinygpt_cli.transformer.model import run_traced
 
 
 def _family(arch: str):
@@ -106,7 +106,7 @@ def test_lens_errors(cli, tmp_path):
 
 
 def test_the_shipped_tuned_lens_fits_the_shipped_model():
-    from tinygpt_cli.weights import SHIPPED, load_model
+    from tinygpt_cli.storage.weights import SHIPPED, load_model
 
     path = SHIPPED / "lens" / "tuned.safetensors"
     if not path.is_file():

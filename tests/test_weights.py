@@ -10,11 +10,11 @@ import pytest
 from cli_helpers import file_names
 from safetensors.numpy import load_file, save_file
 
-from tinygpt_cli.config import Config, load_config, save_config
 from tinygpt_cli.errors import InputError
-from tinygpt_cli.files import write_atomically
-from tinygpt_cli.model import param_shapes
-from tinygpt_cli.weights import WeightsError, load_model, load_params, save_params
+from tinygpt_cli.storage.files import write_atomically
+from tinygpt_cli.storage.weights import WeightsError, load_model, load_params, save_params
+from tinygpt_cli.transformer.config import Config, load_config, save_config
+from tinygpt_cli.transformer.model import param_shapes
 
 CONFIG = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
 
@@ -174,7 +174,7 @@ def test_a_failed_write_keeps_the_old_file_and_no_temp(tmp_path):
 
 
 def test_saved_folder_files_are_world_readable(tmp_path, params, tiny_tokenizer, strict_umask):
-    from tinygpt_cli.tokenizer import save_tokenizer
+    from tinygpt_cli.transformer.tokenizer import save_tokenizer
 
     save_params(params, tmp_path / "model.safetensors", CONFIG)
     save_config(CONFIG, tmp_path / "config.json")

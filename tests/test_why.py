@@ -9,7 +9,6 @@ import pytest
 from cli_helpers import TEXT, TEXT_IDS, assert_one_error_line, make_tiny, without_head
 from conftest import patched_slope
 
-from tinygpt_cli import ops
 from tinygpt_cli.analysis import ablate as ab
 from tinygpt_cli.analysis import attribute as at
 from tinygpt_cli.analysis import means as ms
@@ -17,8 +16,9 @@ from tinygpt_cli.analysis import patch as pa
 from tinygpt_cli.analysis.dla import direct_logit_attribution
 from tinygpt_cli.analysis.lens import logit_lens
 from tinygpt_cli.analysis.variants import run_variants
-from tinygpt_cli.hooks import Replace, ablation
-from tinygpt_cli.model import forward, run_traced
+from tinygpt_cli.transformer import ops
+from tinygpt_cli.transformer.hooks import Replace, ablation
+from tinygpt_cli.transformer.model import forward, run_traced
 
 IDS = np.array([3, 17, 5, 9, 22, 1])
 OTHER = np.array([4, 17, 8, 9, 2, 1])  # same length, three tokens changed
@@ -42,7 +42,7 @@ def test_the_last_lens_stage_is_the_models_own_logits(tiny_params, tiny_config):
 def test_the_last_lens_stage_is_the_logits_bit_for_bit_in_float32():
     """The shipped model computes in float32, where a norm or a product written apart from
     the pass's own rounds differently (by up to 3.8e-6 once): the lens uses the pass's."""
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.storage.weights import load_model
 
     model = load_model()
     for text in ("Lily wanted to play with her", "Once"):
@@ -466,8 +466,8 @@ def test_mean_ablation_with_stored_means_and_with_data(cli, tiny, tmp_path, monk
     (data / "part-001.txt").write_text(story + "\n<|endoftext|>\n" + story)
     r = cli("means", "--data", data, "--weights", folder)
     assert r.code == 0 and "means.safetensors" in r.out, r.err
-    from tinygpt_cli.files import sha256
-    from tinygpt_cli.weights import load_model
+    from tinygpt_cli.storage.files import sha256
+    from tinygpt_cli.storage.weights import load_model
 
     m = load_model(folder)
     stored, meta = ms.load_means(folder / "means.safetensors", m.config, sha256(m.weights_file))
@@ -489,7 +489,7 @@ def test_mean_ablation_with_stored_means_and_with_data(cli, tiny, tmp_path, monk
 def test_means_refuse_other_weights(cli, tiny, tmp_path):
     folder = make_tiny(tmp_path / "w").folder
     (folder / "means.safetensors").write_bytes(b"")  # placeholder replaced below
-    from tinygpt_cli.config import load_config
+    from tinygpt_cli.transformer.config import load_config
 
     ms.save_means(folder / "means.safetensors",
                   {p: np.zeros(1) for p in ms.mean_paths(load_config(folder / "config.json"))},

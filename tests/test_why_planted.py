@@ -58,12 +58,12 @@ def planted(tmp_path_factory):
     from test_history import write_stories
 
     from tinygpt_cli.analysis.why import windows
-    from tinygpt_cli.config import arch_config
-    from tinygpt_cli.corpus import encode_stories
-    from tinygpt_cli.model import init_params, loss_and_grads
-    from tinygpt_cli.optim import SGD
-    from tinygpt_cli.tokenizer import train_tokenizer
-    from tinygpt_cli.train.loop import export, save_snapshot, stamp_snapshots
+    from tinygpt_cli.jobs.train.loop import export, save_snapshot, stamp_snapshots
+    from tinygpt_cli.storage.corpus import encode_stories
+    from tinygpt_cli.transformer.config import arch_config
+    from tinygpt_cli.transformer.model import init_params, loss_and_grads
+    from tinygpt_cli.transformer.optim import SGD
+    from tinygpt_cli.transformer.tokenizer import train_tokenizer
 
     rng = np.random.default_rng(0)
     kinds = ["base"] * BASE_STORIES + [k for _ in MARKERS
@@ -107,8 +107,8 @@ def test_why_value_ranks_the_windows_that_built_the_head_first(planted, tmp_path
     from cli_helpers import Runner, clean_env
 
     from tinygpt_cli.analysis.history import find_snapshots, history_folder
-    from tinygpt_cli.model import run_traced
-    from tinygpt_cli.weights import load_model, load_params
+    from tinygpt_cli.storage.weights import load_model, load_params
+    from tinygpt_cli.transformer.model import run_traced
 
     clean_env(monkeypatch)
     monkeypatch.setenv("TINYGPT_WEIGHTS", str(planted.weights))

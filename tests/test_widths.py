@@ -240,7 +240,7 @@ def tiny_transcoders(tiny, tmp_path):
     import numpy as np
 
     from tinygpt_cli.analysis import sae as S
-    from tinygpt_cli.files import sha256
+    from tinygpt_cli.storage.files import sha256
 
     rng = np.random.default_rng(0)
     d, m = tiny.model.config.n_embd, 12

@@ -1,4 +1,4 @@
-"""The block's wiring stated once (tinygpt_cli/wiring.py), held by every pass.
+"""The block's wiring stated once (tinygpt_cli/transformer/wiring.py), held by every pass.
 
 Every pass is checked, for every combination of the knobs the families use (norm kind,
 positions, MLP kind, parallel, key/value groups, windows, q/k norms, tied head), against
@@ -29,12 +29,12 @@ import pytest
 from cli_helpers import TEXT
 from conftest import random_params
 
-from tinygpt_cli import wiring
-from tinygpt_cli.config import Config
 from tinygpt_cli.errors import InputError
-from tinygpt_cli.model import KVCache, backward, decode_step, forward, record
-from tinygpt_cli.trace import Trace
-from tinygpt_cli.wiring import Step
+from tinygpt_cli.transformer import wiring
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.model import KVCache, backward, decode_step, forward, record
+from tinygpt_cli.transformer.trace import Trace
+from tinygpt_cli.transformer.wiring import Step
 
 IDS = np.array([3, 7, 1, 9, 4, 11, 2, 8])
 

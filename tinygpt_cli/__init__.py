@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 # (PEP 562): `import tinygpt_cli as tg; tg.load()` is the notebook API (api.py), which the
 # command line never loads. tests/test_structure.py reads this table: `from tinygpt_cli import
 # load` imports api.
-LAZY = {"load": "api", "HookedModel": "api"}
+LAZY = {"load": "surfaces.api", "HookedModel": "surfaces.api"}
 
 
 def __getattr__(name: str):

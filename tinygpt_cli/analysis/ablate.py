@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
-from ..config import Config
 from ..errors import InputError
-from ..model import record
-from ..schema import head_name, mlp_name, with_old_keys
-from ..wiring import FORWARD
+from ..transformer import ops
+from ..transformer.config import Config
+from ..transformer.model import record
+from ..transformer.schema import head_name, mlp_name, with_old_keys
+from ..transformer.wiring import FORWARD
 from ..words import count
 from .variants import Edit, run_variants, set_all, widen
 
@@ -214,8 +214,8 @@ def zeroing(model, paths: list[str], saes: tuple = ()):
     of the --sae `saes` given, else the weights folder's)."""
     if not paths:
         return [], None
-    from ..hooks import Chain, ablation
-    from ..schema import resolve
+    from ..transformer.hooks import Chain, ablation
+    from ..transformer.schema import resolve
 
     latents = [p for p in paths if p.startswith("sae.")]
     values = [p for p in paths if p not in latents]

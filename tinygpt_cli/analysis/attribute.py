@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import Config
 from ..errors import InputError
-from ..hooks import Replace
-from ..model import backward, cut_head, record, token_embeddings_of
-from ..wiring import FORWARD
+from ..transformer.config import Config
+from ..transformer.hooks import Replace
+from ..transformer.model import backward, cut_head, record, token_embeddings_of
+from ..transformer.wiring import FORWARD
 from ..words import count
 from .dla import steering
 

@@ -55,11 +55,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .. import ops
-from ..config import Config
 from ..errors import InputError
-from ..hooks import Chain, Record, Replace
-from ..model import (
+from ..transformer import ops
+from ..transformer.config import Config
+from ..transformer.hooks import Chain, Record, Replace
+from ..transformer.model import (
     Gradients,
     _identity,
     attn_out_bias,
@@ -76,9 +76,9 @@ from ..model import (
     turned_backward,
     unembed_rows,
 )
-from ..schema import head_name, mlp_name
-from ..trace import Trace
-from ..wiring import FAMILY_BLOCKS, describe, require
+from ..transformer.schema import head_name, mlp_name
+from ..transformer.trace import Trace
+from ..transformer.wiring import FAMILY_BLOCKS, describe, require
 from ..words import count
 from .patch import check_gap, logit_difference
 from .variants import widen

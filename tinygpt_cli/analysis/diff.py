@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import ops
-from ..wiring import FORWARD
+from ..transformer import ops
+from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): recorded values of
 # two runs compared.
@@ -106,7 +106,7 @@ class TextDiff:
 
 
 def text_diff(a, b) -> TextDiff:
-    from ..sampling import probabilities
+    from ..transformer.sampling import probabilities
 
     ta, tb = a.trace(), b.trace()
     stages = ta.stages()
@@ -154,7 +154,7 @@ def models_diff(a, model_b, steering_b=None) -> ModelsDiff:
     folder's <bos>); a vocabulary padded to more rows in one model is compared over the
     tokenizer's tokens."""
     from ..errors import InputError
-    from ..session import Session
+    from ..jobs.session import Session
 
     model_a = a.model
     why = model_a.tokenizer.differs_from(model_b.tokenizer)

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import Config
-from ..model import neuron_out_rows, norm_weights, unembed_rows
-from ..schema import head_name
-from ..trace import Trace
-from ..wiring import FAMILIES, handles
+from ..transformer.config import Config
+from ..transformer.model import neuron_out_rows, norm_weights, unembed_rows
+from ..transformer.schema import head_name
+from ..transformer.trace import Trace
+from ..transformer.wiring import FAMILIES, handles
 
 # The blocks this analysis implements (wiring.require refuses others by name): the stream split
 # into heads' and MLPs' outputs (Trace.residual_parts), each through the norm after its branch
@@ -132,6 +132,6 @@ def dla_report(session, position: int, target: str | None, vs: str | None,
 
 def steering(session):
     """The session's hooks.Steering (site and shift), or None for an unsteered run."""
-    from ..hooks import Steering
+    from ..transformer.hooks import Steering
 
     return session.steering if isinstance(session.steering, Steering) else None

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import Config
-from ..hooks import Chain, Replace
-from ..model import cut_head, forward, token_embeddings_of
+from ..transformer.config import Config
+from ..transformer.hooks import Chain, Replace
+from ..transformer.model import cut_head, forward, token_embeddings_of
 
 RANDOM_ORDERS = 20
 

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
-from ..config import Config
-from ..corpus import eval_windows
-from ..model import head_table
-from ..wiring import FAMILY_BLOCKS
+from ..storage.corpus import eval_windows
+from ..transformer import ops
+from ..transformer.config import Config
+from ..transformer.model import head_table
+from ..transformer.wiring import FAMILY_BLOCKS
 from .tracin import (
     bias_of,
     has_bias,
@@ -85,8 +85,8 @@ def query(params, config: Config, ids: list[int], dlogits_of=None, hooks=None,
     dweights_of), one of block `layer`'s attention weights, d scalar / d weights =
     dweights_of(weights [H, T, T]); or, with stream = (layer, dh_of), one of the residual
     stream after block `layer` (-1: the embeddings), d scalar / d it = dh_of(it [T, d])."""
-    from ..hooks import Chain, Record
-    from ..model import backward, backward_from_attention, backward_from_stream, forward
+    from ..transformer.hooks import Chain, Record
+    from ..transformer.model import backward, backward_from_attention, backward_from_stream, forward
 
     rec = Record()
     x = np.asarray(ids)
@@ -296,7 +296,7 @@ def scores_over_stream(snapshots: list[tuple[dict, float, list[dict]]], config: 
     (default every core).  -> [Q, S, W] (weighted by each snapshot's lr)"""
     import threading
 
-    from ..threads import map_on_cores
+    from ..jobs.threads import map_on_cores
 
     lock = threading.Lock()
     t = config.n_positions

@@ -34,9 +34,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..config import Config
-from ..model import forward, head_out_matrix, head_qkv, norm_weights, record, unembed_rows
-from ..wiring import FAMILY_BLOCKS, Block, Step, describe, require, run, run_backward
+from ..transformer.config import Config
+from ..transformer.model import (
+    forward,
+    head_out_matrix,
+    head_qkv,
+    norm_weights,
+    record,
+    unembed_rows,
+)
+from ..transformer.wiring import FAMILY_BLOCKS, Block, Step, describe, require, run, run_backward
 from . import sae as S
 
 # The blocks this analysis implements (wiring.require refuses others by name): the frozen pass has
@@ -918,7 +925,7 @@ def real_change(params, config: Config, ids: list[int], transcoders: list[S.SAE]
     """The target's change in the real model when each feature's decoder contribution is
     moved to its new activation (mlp_out + (new - old) W_dec[j] at its position; the rest
     of the MLP as it was), downstream features free to change as the model computes."""
-    from ..hooks import Replace
+    from ..transformer.hooks import Replace
 
     fns: dict[str, list] = {}
     named = []
@@ -936,7 +943,7 @@ def real_change(params, config: Config, ids: list[int], transcoders: list[S.SAE]
             return v
         return fn
 
-    from ..hooks import chained
+    from ..transformer.hooks import chained
 
     logits = forward(params, config, np.asarray(ids),
                      hooks=chained(steering, Replace(

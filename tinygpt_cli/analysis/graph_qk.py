@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
-from ..config import Config
-from ..model import (
+from ..transformer import ops
+from ..transformer.config import Config
+from ..transformer.model import (
     head_out_matrix,
     head_qkv,
     norm_weights,
@@ -41,7 +41,7 @@ from ..model import (
     record,
     unembed_rows,
 )
-from ..wiring import FAMILY_BLOCKS, describe
+from ..transformer.wiring import FAMILY_BLOCKS, describe
 from . import sae as S
 from .graph import Graph
 from .qk import through_head_norm

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
-from ..config import Config
 from ..errors import InputError
-from ..model import record
-from ..wiring import FORWARD
+from ..transformer import ops
+from ..transformer.config import Config
+from ..transformer.model import record
+from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): the recorded
 # attention patterns.
@@ -206,7 +206,7 @@ def texts_for_heads(tokenizer, context: int, text: str | None, read_text, file, 
     validation stories, else the built-in sentences."""
     from pathlib import Path
 
-    from ..corpus import BUILT_IN, HELD_OUT_PART, find_data, read_stories, stories_of
+    from ..storage.corpus import BUILT_IN, HELD_OUT_PART, find_data, read_stories, stories_of
 
     if text is not None and file is not None:
         raise InputError("give a text or --file, not both")

@@ -54,9 +54,9 @@ def architecture(cfg) -> dict:
 
 
 def model_info(model) -> ModelInfo:
-    from ..families import family
-    from ..files import sha256
-    from ..weights import SHIPPED
+    from ..storage.files import sha256
+    from ..storage.weights import SHIPPED
+    from ..transformer.families import family
 
     cfg = model.config
     fam = family(cfg.model_type)

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
-from ..config import Config
-from ..model import read_out
-from ..sampling import probabilities
-from ..schema import with_old_keys
-from ..trace import Trace
-from ..wiring import FORWARD
+from ..transformer import ops
+from ..transformer.config import Config
+from ..transformer.model import read_out
+from ..transformer.sampling import probabilities
+from ..transformer.schema import with_old_keys
+from ..transformer.trace import Trace
+from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): the stream's stages
 # read by the final norm: any wiring the passes compute.

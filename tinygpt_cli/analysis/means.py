@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import Config
 from ..errors import InputError, WeightsError
-from ..files import write_atomically
-from ..model import record
-from ..wiring import FORWARD
+from ..storage.files import write_atomically
+from ..transformer.config import Config
+from ..transformer.model import record
+from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): recorded values
 # averaged.
@@ -48,7 +48,7 @@ def value_means(params: dict[str, np.ndarray], config: Config, windows: np.ndarr
 
     The pass stops after the last block's mlp_out: the head over the vocabulary is not needed.
     """
-    from ..cluster import over_windows
+    from ..jobs.cluster import over_windows
 
     paths = mean_paths(config)
     sums = {p: 0.0 for p in paths}
@@ -84,7 +84,7 @@ def batch_sums(task: tuple, shared: tuple) -> list[tuple[int, dict[str, np.ndarr
 
 
 def means_bytes(means: dict[str, np.ndarray], meta: dict) -> bytes:
-    from ..weights import safetensors_bytes
+    from ..storage.weights import safetensors_bytes
     from .steer import metadata_strings
 
     tensors = {p: np.ascontiguousarray(v, dtype=np.float32) for p, v in means.items()}
@@ -98,7 +98,7 @@ def save_means(path: str | Path, means: dict[str, np.ndarray], meta: dict) -> No
 def header_limit(config: Config) -> int:
     """The most header bytes a means file of this model needs: a header of a million made-up
     entries is refused before it is parsed, as the weights' is."""
-    from ..weights import header_bytes
+    from ..storage.weights import header_bytes
 
     return header_bytes(len(mean_paths(config)))
 
@@ -106,7 +106,7 @@ def header_limit(config: Config) -> int:
 def means_hint(path: Path) -> str:
     """How to get the means of the weights folder that holds `path`: compute them (never into
     the installed package: madefor.remake_hint), or give --data to compute them on the fly."""
-    from ..madefor import remake_hint
+    from ..storage.madefor import remake_hint
 
     made = remake_hint("compute them", "means", Path(path).parent / "model.safetensors",
                        path, "--out", FILE, None)
@@ -116,7 +116,7 @@ def means_hint(path: Path) -> str:
 def load_means(path: str | Path, config: Config,
                weights_sha256: str) -> tuple[dict[str, np.ndarray], dict]:
     """The stored means and their metadata, refused when they belong to other weights."""
-    from ..weights import read_safetensors
+    from ..storage.weights import read_safetensors
 
     path = Path(path)
     hint = means_hint(path)
@@ -145,9 +145,9 @@ def means_over(model, data: Path | None, weights_sha: str, bar, steer=None, engi
     """(values, meta) over the validation file of `data` (or the one the weights record), of
     runs steered by `steer` (hooks.Steering) when given, on `engine`, cached by the weights'
     and data's sha256 and the steering. bar(total, description) is the progress bar."""
-    from .. import cache
-    from ..corpus import encode_stories, eval_windows, read_stories, validation_text
-    from ..files import sha256
+    from ..storage import cache
+    from ..storage.corpus import encode_stories, eval_windows, read_stories, validation_text
+    from ..storage.files import sha256
 
     val = validation_text(model.folder, data)
     meta = {"weights_sha256": weights_sha, "data": val[0].name, "data_sha256": sha256(val[0])}
@@ -172,7 +172,7 @@ def ablation_means(model, data: Path | None, bar, steer=None) -> dict[str, np.nd
     the weights. A steered run is ablated with the steered model's own means (over --data,
     or the validation text the weights record; computed once and cached): the stored ones
     are the unsteered model's, and putting them in would undo part of the steering."""
-    from ..files import sha256
+    from ..storage.files import sha256
 
     weights_sha = sha256(model.weights_file)
     if data is None and steer is None:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import Config
-from ..model import neuron_out_rows, norm_weights, record, token_table
-from ..wiring import FAMILY_BLOCKS
+from ..transformer.config import Config
+from ..transformer.model import neuron_out_rows, norm_weights, record, token_table
+from ..transformer.wiring import FAMILY_BLOCKS
 
 # The blocks this analysis implements (wiring.require refuses others by name): what a neuron
 # pushes up is its W_out row read by the head, as the families add mlp_out to the stream.
@@ -115,7 +115,7 @@ def corpus_maxima(params, config: Config, windows: np.ndarray, keep: int = NEURO
     the earlier window): window [L, ff, k] (its index), value [L, ff, k] (the peak), position
     [L, ff, k]. Each shard of windows keeps its own best (on `engine`: default this process),
     and the best of those are the best of all."""
-    from ..cluster import over_windows
+    from ..jobs.cluster import over_windows
 
     parts = over_windows(engine, shard_maxima, windows, (params, config, keep, hooks),
                          progress=progress)
@@ -171,10 +171,10 @@ def cached_maxima(model, files: list, bar, hooks=None, engine=None) -> dict[str,
     computed once per (weights, data, steering) on `engine` and kept in the cache folder
     (hooks other than one steering vector are computed afresh and not kept).
     bar(total, description) is the progress bar."""
-    from .. import cache
-    from ..corpus import encode_stories, eval_windows, read_stories
     from ..errors import InputError
-    from ..files import sha256
+    from ..storage import cache
+    from ..storage.corpus import encode_stories, eval_windows, read_stories
+    from ..storage.files import sha256
 
     cfg = model.config
 

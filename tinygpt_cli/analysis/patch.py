@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import Config
 from ..errors import InputError
-from ..model import backward, record
-from ..wiring import FORWARD
+from ..transformer.config import Config
+from ..transformer.model import backward, record
+from ..transformer.wiring import FORWARD
 from .variants import Variant, run_variants, set_all, set_row, widen
 
 # The blocks this analysis implements (wiring.require refuses others by name): values copied

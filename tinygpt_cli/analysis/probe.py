@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import Config
 from ..errors import InputError
-from ..hooks import Chain, RecordOnly, StopAfter
-from ..model import forward
-from ..sampling import create_rng
-from ..wiring import FORWARD
+from ..transformer.config import Config
+from ..transformer.hooks import Chain, RecordOnly, StopAfter
+from ..transformer.model import forward
+from ..transformer.sampling import create_rng
+from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): recorded values read.
 HANDLES = FORWARD
@@ -118,7 +118,7 @@ def probe_inputs(model, lines: list[Line], site: str, default: str | None, hooks
                  ) -> tuple[list[list[int]], list[list[str | None]], list[np.ndarray]]:
     """(each line's ids, each token's label or None, each line's values of `site`, one row a
     token, of runs through `hooks`, steering, when given) of the --labels lines."""
-    from ..session import encode_lines
+    from ..jobs.session import encode_lines
 
     ids = encode_lines(model, [line.text for line in lines], "--labels")
     offsets = [model.tokenizer.byte_offsets(i) for i in ids]
@@ -290,7 +290,7 @@ def probe_report(features: list[np.ndarray], labels: list[list[str | None]],
 
 def check_site(site: str, config: Config, params) -> str:
     """The canonical path of a value with one row per token, else InputError."""
-    from ..schema import resolve
+    from ..transformer.schema import resolve
 
     name, rows = resolve(site, config)
     if rows or name == "ids" or not one_row_per_token(params, config, name):

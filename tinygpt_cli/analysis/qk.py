@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
-from ..config import Config
 from ..errors import InputError
-from ..model import mlp_out_bias, norm_weights, qk_norm_rms, qk_norm_weights
-from ..trace import Trace
-from ..wiring import FAMILY_BLOCKS
+from ..transformer import ops
+from ..transformer.config import Config
+from ..transformer.model import mlp_out_bias, norm_weights, qk_norm_rms, qk_norm_weights
+from ..transformer.trace import Trace
+from ..transformer.wiring import FAMILY_BLOCKS
 from .circuit import head_weights
 
 # The blocks this analysis implements (wiring.require refuses others by name): the score split by

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import model as mdl
-from .. import ops
-from ..wiring import FORWARD
+from ..transformer import model as mdl
+from ..transformer import ops
+from ..transformer.wiring import FORWARD
 from .diff import kl_divergence, relative_distance
 
 # the model's own forward and backward passes, whatever steps they walk
@@ -429,7 +429,7 @@ def check_pair(quant_model, ref_model) -> None:
 def file_tensors(config, tensor_types: dict[str, str]) -> dict[str, tuple[str, str]]:
     """Each unit's label (tensor_units) -> (the GGUF tensor it is, its type); a fused
     attn_qkv is q's, k's and v's tensor alike."""
-    from ..gguf_file import gguf_names
+    from ..storage.gguf_file import gguf_names
 
     out = {}
     for canonical, files in gguf_names(config).items():

@@ -26,16 +26,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import ops
-from ..config import Config
 from ..errors import InputError, WeightsError
-from ..files import write_atomically
-from ..hooks import Chain, RecordOnly, Replace, StopAfter, chained
-from ..madefor import check_made_for
-from ..model import forward
-from ..optim import SAE_BETAS, AdamW
-from ..schema import resolve
-from ..wiring import FORWARD
+from ..storage.files import write_atomically
+from ..storage.madefor import check_made_for
+from ..transformer import ops
+from ..transformer.config import Config
+from ..transformer.hooks import Chain, RecordOnly, Replace, StopAfter, chained
+from ..transformer.model import forward
+from ..transformer.optim import SAE_BETAS, AdamW
+from ..transformer.schema import resolve
+from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): a recorded value
 # encoded.
@@ -47,7 +47,7 @@ AUX_SCALE = 1 / 32  # Gao et al.'s alpha for the AuxK loss
 
 def check_site(path: str, config: Config) -> str:
     """The canonical path of an SAE site: layers.N.resid_pre|resid_mid|resid_post|mlp_out."""
-    from ..schema import PathError
+    from ..transformer.schema import PathError
 
     try:
         name, rows = resolve(path, config)
@@ -168,7 +168,7 @@ def top_k_relu(a: np.ndarray, k: int) -> np.ndarray:
 def encode(sae: SAE, x: np.ndarray) -> np.ndarray:
     """The latents z [..., m] of values x [..., d]; they must stay finite (an encoder of
     3e38 made every latent inf): WeightsError naming the file otherwise."""
-    from ..model import all_finite
+    from ..transformer.model import all_finite
 
     with np.errstate(all="ignore"):
         z = activate(sae, pre_activations(sae, x))
@@ -343,7 +343,7 @@ def sae_tensors(sae: SAE) -> dict[str, np.ndarray]:
 
 
 def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> None:
-    from ..weights import safetensors_bytes
+    from ..storage.weights import safetensors_bytes
     from .steer import metadata_strings
 
     info = {"site": sae.site, "k": str(sae.k), **metadata_strings(meta or {})}
@@ -356,7 +356,7 @@ def load_sae(path: str | Path, config: Config, weights_file: Path, *,
     one its file name says, when the name is a site), k, made for `weights_file`. A folder
     is a SAELens dictionary (saelens.py). `default_site`: the path is the weights folder's
     SAE of that site (sae_file), not one the user named with --sae."""
-    from ..weights import read_safetensors
+    from ..storage.weights import read_safetensors
 
     path = Path(path)
     if path.is_dir() and (path / "params.safetensors").is_file():
@@ -398,7 +398,7 @@ def _gemma_scope_sae(path: Path, config: Config) -> SAE:
 def train_hint(weights_file: Path, site: str, verb: str = "train one") -> str:
     """The command that trains the SAE of `site` for these weights, never into the installed
     package (madefor.remake_hint)."""
-    from ..madefor import remake_hint
+    from ..storage.madefor import remake_hint
 
     return remake_hint(verb, f"sae train --site {site}", weights_file,
                        sae_file(weights_file, None, site), "--out", f"{site}.safetensors",
@@ -475,7 +475,7 @@ def site_values_on(engine, params, config: Config, windows: np.ndarray, site: st
                    progress: Callable[[int], None] | None = None, hooks=None) -> np.ndarray:
     """site_values, each shard of windows a task on `engine` (None: this process), joined in
     window order: the same numbers as one pass (the shards hold whole batches)."""
-    from ..cluster import over_windows
+    from ..jobs.cluster import over_windows
 
     parts = over_windows(engine, shard_site_values, windows, (params, config, site, hooks),
                          progress=progress)
@@ -562,7 +562,7 @@ def evaluate_held_out(model, sae: SAE, data, windows: int, progress=None, hooks=
     """`sae eval`: evaluate over `windows` windows of the held-out text (--data's last part,
     or part-005), never training text, on `engine` (None: this process); (the evaluation,
     the files' names)."""
-    from ..corpus import data_windows, held_out_files
+    from ..storage.corpus import data_windows, held_out_files
 
     files = held_out_files(data)
     x, y = data_windows(files, model.tokenizer, model.config.n_positions, windows)
@@ -582,7 +582,7 @@ def evaluate(params, config: Config, sae: SAE, inputs: np.ndarray, targets: np.n
     """
     from functools import partial
 
-    from ..cluster import over_windows
+    from ..jobs.cluster import over_windows
 
     x = site_values_on(engine, params, config, inputs, sae.site, hooks=hooks)
     z = encode(sae, x)
@@ -662,7 +662,7 @@ class FeatureReport:
 def direct_logits(sae: SAE, params, latent: int) -> np.ndarray:
     """W_dec[latent] * ln_final.w @ W_U: the tokens the latent's direction pushes
     (the final norm's centring and per-token 1/std left out).  -> [V]"""
-    from ..model import norm_weights, token_table
+    from ..transformer.model import norm_weights, token_table
 
     return (sae.W_dec[latent] * norm_weights(params, "ln_final")[0]) @ token_table(params).T
 
@@ -708,7 +708,7 @@ def latent_on_text(sae: SAE, params, values: np.ndarray, latent: int,
                    n_tokens: int = 10) -> LatentOnText:
     """The latent (negative: from the end) over a text whose values at the SAE's site are
     [T, d]."""
-    from ..session import check_index
+    from ..jobs.session import check_index
 
     latent = check_index(latent, sae.n_latents, "latent")
     promotes, suppresses = pushed_tokens(direct_logits(sae, params, latent), n_tokens)
@@ -744,7 +744,7 @@ def without_latents(sae: SAE, latents: list[int]) -> Callable[[np.ndarray], np.n
 def latents_of(weights_file: Path, trace, path: str, given: tuple[Path, ...] = ()):
     """`sae.SITE` (every latent) or `sae.SITE.N` (one) of a traced run: (the site, its SAE
     (site_sae), z [T, m] or [T], per token its active latents or None)."""
-    from ..session import check_index
+    from ..jobs.session import check_index
 
     site, latent = parse_latent_path(path, trace.config)
     sae = site_sae(weights_file, trace.config, site, given)
@@ -794,7 +794,7 @@ def latent_ablation(weights_file: Path, config: Config, paths: list[str],
                     given: tuple[Path, ...] = ()) -> Replace:
     """A Replace hook zeroing each `sae.SITE.N` latent, its SAE the site's (site_sae); the
     reconstruction error stays in the stream."""
-    from ..session import check_index
+    from ..jobs.session import check_index
 
     by_site: dict[str, list[int]] = {}
     for p in paths:
@@ -852,12 +852,13 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
     """The SAE's sparse codes (ids, indices, values) at every token of `windows` windows of
     the files, of runs steered by `steer` (hooks.Steering) when given, computed once per
     (weights, SAE, data, steering) as a task per shard of windows on `engine` (None: this
-    process) and kept in the cache folder as shards with a manifest (tinygpt_cli.shards): a
+    process) and kept in the cache folder as shards with a manifest (tinygpt_cli.jobs.shards): a
     pass cut short keeps its finished shards. bar(total, description) is the progress bar's
     context manager."""
-    from .. import cache, shards
-    from ..corpus import data_windows
-    from ..files import sha256
+    from ..jobs import shards
+    from ..storage import cache
+    from ..storage.corpus import data_windows
+    from ..storage.files import sha256
 
     files_of_sae = [Path(path) / "cfg.json", Path(path) / "sae_weights.safetensors"] \
         if Path(path).is_dir() else [Path(path)]  # a SAELens folder: its two files

@@ -19,11 +19,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import ops
-from ..ahead import clean_final_norm
-from ..config import Config
-from ..model import all_finite, record, run_to_final_norm, token_table
-from ..wiring import FORWARD
+from ..jobs.ahead import clean_final_norm
+from ..transformer import ops
+from ..transformer.config import Config
+from ..transformer.model import all_finite, record, run_to_final_norm, token_table
+from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): the model's own
 # logits.
@@ -183,7 +183,7 @@ def score_parts(
     order as they come; without one they are made here, one after another, as they are
     needed (a long text is never held whole).
     """
-    from ..cluster import in_turn
+    from ..jobs.cluster import in_turn
 
     context = config.n_positions
     stride = context if stride is None else stride
@@ -409,14 +409,14 @@ def score_inputs(model, text: str | None, read_text: Callable[[str | None], str]
     file's stories are each closed by a separator, as the training stream has them; the last
     one's is scored only when `closing` or the file ends with one (Inputs.added says when it
     was not in the file)."""
-    from ..corpus import (
+    from ..errors import InputError
+    from ..storage.corpus import (
         encode_stories,
         ends_with_separator,
         read_data_record,
         stories_of,
         validation_text,
     )
-    from ..errors import InputError
 
     tok, cfg = model.tokenizer, model.config
     eot = tok.eot_id

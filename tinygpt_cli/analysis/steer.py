@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import Config
 from ..errors import InputError, WeightsError
-from ..hooks import Chain, RecordOnly, StopAfter, add_vector, chained
-from ..model import forward
-from ..sampling import create_rng
-from ..wiring import FORWARD
+from ..transformer.config import Config
+from ..transformer.hooks import Chain, RecordOnly, StopAfter, add_vector, chained
+from ..transformer.model import forward
+from ..transformer.sampling import create_rng
+from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): a vector added to
 # the stream, the model's own pass run on.
@@ -93,7 +93,7 @@ def parse_texts(content: str, name: str) -> list[str]:
 
 def read_pairs(pos: Path, neg: Path) -> tuple[list[str], list[str]]:
     """The texts of the files --pos and --neg; text i of one pairs with text i of the other."""
-    from ..corpus import read_user_file
+    from ..storage.corpus import read_user_file
 
     pos_texts = parse_texts(read_user_file(pos, "--pos"), "--pos")
     neg_texts = parse_texts(read_user_file(neg, "--neg"), "--neg")
@@ -257,7 +257,7 @@ def direction_file(vector: np.ndarray, site_path: str, kind: str, source: dict,
     """The safetensors bytes (weights.safetensors_bytes: the same vector gives the same
     bytes). `meta` is more metadata (metadata_strings: the steering of the run it was found
     in)."""
-    from ..weights import safetensors_bytes
+    from ..storage.weights import safetensors_bytes
 
     tensors = {"direction": np.ascontiguousarray(vector, dtype="<f4")}
     if rows is not None:
@@ -290,7 +290,7 @@ def read_direction(spec: str, d: int, n_layer: int, weights_file, config=None) -
     folder is a SAELens SAE (read for the model of `config`): DIR#N is its W_dec row N."""
     from pathlib import Path
 
-    from ..madefor import check_made_for
+    from ..storage.madefor import check_made_for
 
     path, _, row = spec.rpartition("#") if "#" in spec else (spec, "", "")
     if row and not row.isdigit():
@@ -350,7 +350,7 @@ def _read_npy(path) -> np.ndarray:
 def _read_tensors(path) -> tuple[dict[str, np.ndarray], dict]:
     if path.suffix == ".npy":
         return {"direction": _read_npy(path)}, {}
-    from ..weights import read_safetensors
+    from ..storage.weights import read_safetensors
 
     return read_safetensors(path, label=f"--steer-vector {path}")
 
@@ -384,7 +384,7 @@ def steering_direction(model, toward: str | None, away: str | None, vector_file:
     direction (--steer-vector FILE[#N], its block from the file unless --steer-layer), or
     mean_difference of the --steer and --steer-away texts at --steer-layer."""
     from ..errors import check_utf8
-    from ..session import check_index, encode_checked
+    from ..jobs.session import check_index, encode_checked
 
     config = model.config
     if vector_file is not None:
@@ -417,7 +417,7 @@ def steering_hook(model, toward: str | None, away: str | None, vector_file: str 
     """(the hook that adds scale * v to the input of the block, its description: site,
     scale, the norm of v and where v came from) from the --steer options
     (steering_direction)."""
-    from ..session import check_index
+    from ..jobs.session import check_index
 
     if not math.isfinite(scale):
         raise InputError(f"--steer-scale must be a finite number, got {scale!r}")

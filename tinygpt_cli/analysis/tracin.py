@@ -35,11 +35,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import ops
-from ..config import Config
-from ..hooks import Record
-from ..model import backward, forward
-from ..wiring import FAMILY_BLOCKS, describe
+from ..transformer import ops
+from ..transformer.config import Config
+from ..transformer.hooks import Record
+from ..transformer.model import backward, forward
+from ..transformer.wiring import FAMILY_BLOCKS, describe
 
 # The blocks this analysis implements (wiring.require refuses others by name): its rank-one terms
 # and norm sites are the families' steps'.

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import Config
 from ..errors import InputError, WeightsError
-from ..hooks import Replace, chained
-from ..madefor import check_made_for
-from ..model import forward
-from ..wiring import FORWARD
+from ..storage.madefor import check_made_for
+from ..transformer.config import Config
+from ..transformer.hooks import Replace, chained
+from ..transformer.model import forward
+from ..transformer.wiring import FORWARD
 from . import sae as S
 
 # The blocks this analysis implements (wiring.require refuses others by name): the MLP's recorded
@@ -44,7 +44,7 @@ def train_hint(weights_file: Path, folder: Path, verb: str = "train them for thi
     --transcoders folder named) for these weights, never into the installed package."""
     import shlex
 
-    from ..madefor import remake_hint, weights_option
+    from ..storage.madefor import remake_hint, weights_option
 
     default = folder_of(weights_file)
     if Path(folder) != default:
@@ -79,7 +79,7 @@ def mlp_values(params, config: Config, windows: np.ndarray, *, batch: int = 16,
                ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per block, (ln2.out, mlp_out) at every position of windows [W, T]: [W*T, d] each,
     float32, from one pass per batch (through `hooks` when given)."""
-    from ..hooks import Chain, RecordOnly
+    from ..transformer.hooks import Chain, RecordOnly
 
     paths = [p for i in range(config.n_layer) for p in (input_path(i), output_path(i))]
     parts: dict[str, list[np.ndarray]] = {p: [] for p in paths}
@@ -133,7 +133,7 @@ def gemma_scope_transcoder(folder: Path, config: Config, layer: int) -> S.SAE:
 
 
 def load_transcoder(path: Path, config: Config, weights_file: Path, layer: int) -> S.SAE:
-    from ..weights import read_safetensors
+    from ..storage.weights import read_safetensors
 
     if not path.is_file():
         raise InputError(f"no transcoder for block {layer} at {path}: "
@@ -250,7 +250,7 @@ def evaluate(params, config: Config, transcoders: list[S.SAE], inputs: np.ndarra
 def evaluate_held_out(model, transcoders: list[S.SAE], data, windows: int, progress=None,
                       hooks=None):
     """`transcoder eval`: on `windows` windows of --data (a file, or a folder's last part)."""
-    from ..corpus import data_windows, given_or, held_out_files
+    from ..storage.corpus import data_windows, given_or, held_out_files
 
     files = given_or(data, held_out_files)
     x, y = data_windows(files, model.tokenizer, model.config.n_positions, windows)

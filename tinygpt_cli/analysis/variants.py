@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..config import Config
-from ..hooks import Chain, Replace
-from ..model import cut_head, forward, token_embeddings_of, token_table
+from ..transformer.config import Config
+from ..transformer.hooks import Chain, Replace
+from ..transformer.model import cut_head, forward, token_embeddings_of, token_table
 
 Edit = Callable[[np.ndarray], np.ndarray]
 Variant = Mapping[str, Edit]
@@ -109,7 +109,7 @@ def forward_from(params: dict[str, np.ndarray], config: Config, layer: int, h: n
                  hooks) -> np.ndarray:
     """Blocks layer .. n_layer-1 on the stream h entering block `layer`, then the final norm and
     the head at the last position only.  [B, T, d] -> [B, 1, V]"""
-    from ..model import block, norm, unembed
+    from ..transformer.model import block, norm, unembed
 
     for i in range(layer, config.n_layer):
         h = block(params, config, i, h, hooks, None, 0, None)

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import ops
-from ..config import Config
-from ..corpus import TrainingDataError, eval_windows
-from ..hooks import Chain, Record
-from ..model import backward, forward, loss_and_grads
-from ..threads import map_on_cores
-from ..wiring import FAMILY_BLOCKS
+from ..jobs.threads import map_on_cores
+from ..storage.corpus import TrainingDataError, eval_windows
+from ..transformer import ops
+from ..transformer.config import Config
+from ..transformer.hooks import Chain, Record
+from ..transformer.model import backward, forward, loss_and_grads
+from ..transformer.wiring import FAMILY_BLOCKS
 from .why_index import TracinIndex
 
 # The blocks this analysis implements (wiring.require refuses others by name): TracIn's terms are
@@ -260,7 +260,7 @@ def target_spans(window: np.ndarray, ids: list[int], target: int,
 # ------------------------------------------------------------------ the cached steps
 #
 # Building the index and the window sketches is the slow part; both are kept in the cache
-# (tinygpt_cli.cache), keyed by the sha256 of what they were computed from.
+# (tinygpt_cli.storage.cache), keyed by the sha256 of what they were computed from.
 
 
 def _no_bar(total: int | None, description: str):
@@ -291,8 +291,8 @@ class Index:
 
 
 def data_key(files, tokenizer_file) -> str:
-    from ..cache import key_of
-    from ..files import sha256
+    from ..storage.cache import key_of
+    from ..storage.files import sha256
 
     return key_of("why-index-v2", *(sha256(f) for f in files), sha256(tokenizer_file))
 
@@ -322,8 +322,8 @@ def valid_index(z: dict, n_files: int, vocab_size: int) -> bool:
 def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
     """The cached index of these files' tokens, built (with progress bars) when missing or
     damaged (valid_index)."""
-    from .. import cache
-    from ..corpus import encode_stories, read_stories
+    from ..storage import cache
+    from ..storage.corpus import encode_stories, read_stories
 
     def build() -> dict[str, np.ndarray]:
         with bar(len(files), "reading the training text") as advance:
@@ -354,7 +354,7 @@ def influence(index: Index, snapshots: list, config: Config, ids: list[int], tar
     explain the best of those exactly, the snapshots on `workers` threads (default: every
     core). `snapshots` are analysis.history.Snapshot objects with a learning rate, in the
     index's order; progress(done, total) follows the shards scored."""
-    from ..cluster import Here
+    from ..jobs.cluster import Here
     from .exact_tracin import next_token_query
 
     n = (len(index.stream) - 1) // config.n_positions  # windows (never all in memory at once)
@@ -429,7 +429,7 @@ def _latent_value(model, ids: list[int], value: str, hooks=None) -> Value:
     import re
 
     from ..errors import InputError
-    from ..model import run_traced
+    from ..transformer.model import run_traced
     from . import exact_tracin as ex
     from .sae import encode, parse_latent_path, site_sae
 
@@ -507,7 +507,7 @@ def value_of(model, ids: list[int], value: str | None, target: int, vs: int | No
     import re
 
     from ..errors import InputError
-    from ..model import run_traced
+    from ..transformer.model import run_traced
     from . import exact_tracin as ex
     from . import heads
 
@@ -642,7 +642,7 @@ def training_text(model, data: list[Path] | None, any_data: bool = False):
     must first have the snapshots TracIn needs: a folder with no history/ (one from the hub,
     say) is told that, not that it has no record of its text; a --data given is checked
     first, as the user's own input."""
-    from ..corpus import training_text as recorded
+    from ..storage.corpus import training_text as recorded
     from . import history as hist
 
     if not data:
@@ -665,7 +665,7 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     (logit[target] - logit[vs]): that scalar explained instead of the next token, exactly;
     `corrupt`: the ids of an edge's corrupt text."""
     from ..errors import InputError
-    from ..session import token_id
+    from ..jobs.session import token_id
     from . import exact_tracin as ex
     from . import history as hist
     from .why_index import cannot_keep, index_folder, open_index, writable_index
@@ -732,7 +732,7 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
 
 def _target_of(model, ids: list[int], target: str | int | None, hooks) -> int:
     """The token to explain: the one named, else the text's likeliest next token."""
-    from ..session import token_id
+    from ..jobs.session import token_id
     from . import history as hist
 
     if target is not None:

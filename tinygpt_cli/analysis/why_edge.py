@@ -28,11 +28,11 @@ import re
 
 import numpy as np
 
-from .. import ops
-from ..config import Config
 from ..errors import InputError
-from ..hooks import Chain, Record
-from ..model import (
+from ..transformer import ops
+from ..transformer.config import Config
+from ..transformer.hooks import Chain, Record
+from ..transformer.model import (
     Gradients,
     _identity,
     backward,
@@ -45,7 +45,7 @@ from ..model import (
     turned,
     turned_backward,
 )
-from ..wiring import describe
+from ..transformer.wiring import describe
 from . import exact_tracin as ex
 from .circuit import (
     Graph,

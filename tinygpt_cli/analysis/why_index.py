@@ -1,6 +1,6 @@
 """The on-disk index of every training window's gradient at every snapshot (analysis.tracin),
 built once per (weights history, training text), resumable, as shards that any worker of a
-cluster can write and any query can read where they lie (tinygpt_cli.cluster).
+cluster can write and any query can read where they lie (tinygpt_cli.jobs.cluster).
 
 Layout, in the cache folder `why-tracin/KEY/` (KEY: the data's and the snapshots' sha256,
 the window length and the method's version), which may be shared storage:
@@ -41,10 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cache import npz_bytes
-from ..config import Config
-from ..corpus import eval_windows
-from ..files import discard, verified, write_checked
+from ..storage.cache import npz_bytes
+from ..storage.corpus import eval_windows
+from ..storage.files import discard, verified, write_checked
+from ..transformer.config import Config
 from . import tracin
 
 VERSION = "tracin-v5"  # v5: rank-one matrices and top chances (v4: Kronecker projections)
@@ -54,8 +54,8 @@ BATCH = 32  # windows per forward and backward pass
 
 
 def index_key(data_key: str, snapshot_files: list[Path], config: Config) -> str:
-    from ..cache import key_of
-    from ..files import sha256
+    from ..storage.cache import key_of
+    from ..storage.files import sha256
 
     return key_of(VERSION, data_key, *(sha256(f) for f in snapshot_files), str(config),
                   str((sorted(tracin.SIZES.items()), tracin.FIT_WINDOWS,
@@ -151,7 +151,7 @@ def _kept(kind: str, path: str, make: Callable):
 
 
 def _params(path: str, config: Config) -> dict:
-    from ..weights import load_params
+    from ..storage.weights import load_params
 
     return _kept("weights", path, lambda: {n: np.asarray(a, np.float32) for n, a in
                                            load_params(Path(path), config).items()})
@@ -262,7 +262,7 @@ class TracinIndex:
             return sum(z[n][0].size for n in ARRAYS)
 
     def spans(self) -> list[tuple[int, int]]:
-        from ..cluster import spans
+        from ..jobs.cluster import spans
 
         return spans(self.n_windows, self.shard_windows)
 
@@ -279,7 +279,7 @@ class TracinIndex:
         every core). progress(done, total) is called as pieces finish (units: window
         gradients). One build at a time: a second one waits for the first, then finds the
         index complete."""
-        from ..cluster import Here
+        from ..jobs.cluster import Here
 
         self.shard_windows = chunk or self.shard_windows
         if self.complete:
@@ -293,7 +293,7 @@ class TracinIndex:
     def _build(self, stream, config, progress, engine) -> None:
         from dataclasses import asdict
 
-        from ..files import remove_temporaries
+        from ..storage.files import remove_temporaries
 
         remove_temporaries(self.folder)  # under the lock, every one is a killed build's
         t, S = config.n_positions, len(self.snapshot_files)
@@ -334,7 +334,7 @@ class TracinIndex:
         """index.json, written last: the index is complete. Its manifest: what the index was
         computed from (the data's key, each snapshot's file and sha256), each shard's window
         range, rows, arrays and sha256, and each piece's stamp."""
-        from ..files import sum_file, write_atomically
+        from ..storage.files import sum_file, write_atomically
 
         def checksum(f: Path) -> str:
             return sum_file(f).read_text().strip()
@@ -404,7 +404,7 @@ class TracinIndex:
                 hooks=None, workers: int | None = None) -> list:
         """The query's gradient in each snapshot's terms (tracin.query), the text run through
         `hooks`, the snapshots on every core."""
-        from ..threads import map_on_cores
+        from ..jobs.threads import map_on_cores
         from .exact_tracin import next_token_query
 
         exact = map_on_cores(lambda p: next_token_query(p, config, ids, target, hooks),
@@ -414,7 +414,7 @@ class TracinIndex:
     def in_index_terms(self, exact: list, config: Config, workers: int | None = None) -> list:
         """Each snapshot's exact_tracin.Query in that snapshot's index terms (its fitted
         directions), for a caller that needs the exact gradients too (why.influence)."""
-        from ..threads import map_on_cores
+        from ..jobs.threads import map_on_cores
 
         def one(s: int):
             with np.load(self._projection(s)) as z:
@@ -428,7 +428,7 @@ class TracinIndex:
         """score_task on every window range, where its shards lie: the ranges in runs, about
         TASKS_PER_WORKER tasks a worker (one range a task on a small index); progress(ranges
         done, ranges) as the tasks finish."""
-        from ..cluster import in_order
+        from ..jobs.cluster import in_order
 
         ranges = [(c, a, [str(self.shard(s, c)) for s in range(len(queries))])
                   for c, (a, _) in enumerate(self.spans())]
@@ -450,7 +450,7 @@ class TracinIndex:
         """Every window's approximate <window gradient, query gradient>, per snapshot, the
         text run through `hooks`, on `engine` (default: this machine, every core).  -> [S, W]
         (not yet weighted by the learning rates)"""
-        from ..cluster import Here
+        from ..jobs.cluster import Here
 
         if not params_list:
             return np.zeros((0, len(x)))
@@ -499,7 +499,7 @@ def prune_other_versions(parent: Path) -> None:
 
 
 def index_folder(data_key: str, snapshot_files: list[Path], config: Config) -> Path:
-    from ..cache import entry
+    from ..storage.cache import entry
 
     return entry("why-tracin", index_key(data_key, snapshot_files, config), suffix="")
 
@@ -528,7 +528,7 @@ def writable_index(folder: Path) -> None:
 
 def open_index(data_key: str, snapshot_files: list[Path], config: Config,
                n_windows: int) -> TracinIndex:
-    from ..cache import entry
+    from ..storage.cache import entry
 
     key = index_key(data_key, snapshot_files, config)
     index = TracinIndex(entry("why-tracin", key, suffix=""), n_windows, list(snapshot_files),

@@ -3,7 +3,7 @@
 `main(argv)` runs one command line in this process (entry.run: the output contract's exit
 codes and error line around the app)."""
 
-from ..entry import run as main
 from .app import app
+from .entry import run as main
 
 __all__ = ["app", "main"]

@@ -11,7 +11,7 @@ from .app import app
 from .common import JSON, WEIGHTS, InputError, present
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from .context import RunContext
 
 INSTALL = 'pip install "tinygpt-cli[mcp]"'
 
@@ -36,7 +36,7 @@ def mcp(context: RunContext, weights: Path = WEIGHTS,
     Example: tinygpt mcp --allow ~/texts
     Example: tinygpt mcp --list
     """
-    from .. import mcp_server
+    from ..surfaces import mcp_server
 
     if list_tools:
         from ..render.agents import tools_view

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from ..commands import LISTED
 from ..render.text import examples_block
+from ..surfaces.commands import LISTED
 from .typer_tricks import command_name as _command_name
 
 app = typer.Typer(
@@ -61,9 +61,9 @@ def _root(
     """
     from dataclasses import replace
 
-    from .. import threads as pools
-    from ..context import RunContext
     from ..errors import InputError
+    from ..jobs import threads as pools
+    from .context import RunContext
 
     line = ctx.obj if ctx.obj is not None else RunContext()  # the entry point's
     ctx.obj = replace(line, weights=weights) if weights is not None else line

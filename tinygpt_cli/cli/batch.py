@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from ..errors import InputError
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from .context import RunContext
 
 OPTION = "--each-line"
 CHAT = "--chat"
@@ -42,7 +42,7 @@ def main(command, args: list[str], context: RunContext):
     """command.main(args) with the run context, or once per line when args hold --each-line
     FILE (the context then opens each folder once and makes the lines' passes ahead)."""
     options = args[: args.index("--")] if "--" in args else args  # after '--' all is text
-    from ..entry import check_once
+    from .entry import check_once
 
     check_once(options, "--weights")
     each = any(a == OPTION or a.startswith(OPTION + "=") for a in options)
@@ -67,8 +67,8 @@ def main(command, args: list[str], context: RunContext):
                              f"the lines; {name}'s do not measure one thing from line to line")
         at = rest.index("--") if "--" in rest else len(rest)
         rest = [a for a in rest[:at] if a != MEAN] + rest[at:]
-    from ..ahead import Ahead
-    from ..streams import text_lines
+    from ..jobs.ahead import Ahead
+    from .streams import text_lines
 
     opened = {} if context.opened is None else context.opened  # weights once
     # the passes in batches, over the lines as they are read (streams.StreamLines)
@@ -102,7 +102,7 @@ def _text_command(command, rest: list[str], reads, what: str):
     """(name, click command) of the command in `rest`, which must read what `reads(command)`
     asks (a text: reads_text; a text or a pair: reads_lines); else InputError saying `what`
     and naming those that do."""
-    from ..entry import command_word
+    from .entry import command_word
 
     name = command_word(command, rest)
     sub = getattr(command, "commands", {}).get(name) if name else None
@@ -117,7 +117,7 @@ def _chat(command, args: list[str], context: RunContext) -> int:
     """--chat MESSAGE: the message rendered in the folder's chat template (chat.py) is the
     command's text, in the text argument's place as --each-line puts a line; the run's
     context says so, and the folder's <bos> is not added to it again."""
-    from ..chat import prompt
+    from ..transformer.chat import prompt
 
     message, rest = take_option(args, CHAT, "the user's message, e.g. --chat \"Hi!\"")
     if message.startswith("--"):  # `--chat --weights DIR`: the message was left out
@@ -154,11 +154,11 @@ def _each_line(command, rest: list[str], name: str, sub, lines, context: RunCont
                mean: bool = False) -> int:
     from rich.text import Text
 
-    from ..exits import USAGE, error
     from ..render.jsonout import emit, emit_record, mean_document
     from ..render.quick_table import print_line
     from ..render.text import show_text
     from .common import stdout
+    from .exits import USAGE, error
 
     as_json = "--json" in rest or mean  # --mean: the lines' documents, averaged
     code = bad = 0

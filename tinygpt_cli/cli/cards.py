@@ -37,8 +37,8 @@ from .common import (
 from .steering import steerable
 
 if TYPE_CHECKING:
-    from ..context import RunContext
-    from ..session import Run
+    from ..jobs.session import Run
+    from .context import RunContext
 
 # NumPy, Rich and the model are imported inside the commands: registering them (and
 # `tinygpt --help`) stays cheap, and each command loads only what it shows.
@@ -308,7 +308,7 @@ def probs(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     from ..analysis.lens import top_entries
     from ..render.cards import probs_path, probs_view
     from ..render.documents import session_document
-    from ..sampling import probabilities
+    from ..transformer.sampling import probabilities
 
     r = run(context, weights, text, ablate)
     p = check_index(position, r.T, "position")
@@ -341,7 +341,13 @@ def sample_cmd(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     """
     from ..render.cards import continued_text, sample_view
     from ..render.documents import sample_document
-    from ..sampling import check_top_p, create_rng, fresh_seed, next_token_distribution, sample
+    from ..transformer.sampling import (
+        check_top_p,
+        create_rng,
+        fresh_seed,
+        next_token_distribution,
+        sample,
+    )
 
     check_top_p(top_p)
     seed = fresh_seed() if seed is None else seed

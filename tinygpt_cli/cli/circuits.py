@@ -34,7 +34,7 @@ from .common import (
 from .steering import steerable
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from .context import RunContext
 
 STEPS = typer.Option(20, "--steps", min=1, max=1000, help="eap-ig: points on the path from "
                      "the corrupt to the clean embeddings (one backward pass each); 1 is eap.")

@@ -24,12 +24,12 @@ from ..render.output import (
     wide,
 )
 from ..render.progress import progress, progress_report
-from ..streams import read_text
+from .streams import read_text
 
 if TYPE_CHECKING:
-    from ..context import RunContext
-    from ..session import Run, Session
-    from ..weights import Model
+    from ..jobs.session import Run, Session
+    from ..storage.weights import Model
+    from .context import RunContext
 
 # This module is imported to register every command, including for `tinygpt --help`: it
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
@@ -41,7 +41,7 @@ __all__ = ["FORCE", "LAST", "InputError", "QUIET", "SAVE", "at_least", "bar", "c
 
 
 def encode_checked(model, text: str, specials: bool = True) -> list[int]:
-    from ..session import encode_checked as encode
+    from ..jobs.session import encode_checked as encode
 
     return encode(model, text, specials)
 
@@ -169,8 +169,8 @@ def bar():
 
 def engine(context: RunContext):
     """Where the corpus-wide work runs (a context manager): this machine, or the Dask cluster
-    --cluster or $TINYGPT_CLUSTER names (tinygpt_cli.cluster)."""
-    from .. import cluster
+    --cluster or $TINYGPT_CLUSTER names (tinygpt_cli.jobs.cluster)."""
+    from ..jobs import cluster
 
     address = cluster.chosen(context.cluster)
     return cluster.engine(address, wait=cluster.wait_chosen(context.cluster_wait)
@@ -190,8 +190,8 @@ def load(context: RunContext, weights: Path | None) -> Model:
     given before the command (`tinygpt --weights DIR COMMAND`); refused by name (exit 2)
     when its blocks have a knob value or step the command's analysis does not implement
     (wiring.require, with what the analysis declares: handles_of)."""
-    from ..weights import load_model
-    from ..wiring import require
+    from ..storage.weights import load_model
+    from ..transformer.wiring import require
 
     model = load_model(weights if weights is not None else context.weights,
                        opened=context.opened)
@@ -205,8 +205,8 @@ def handles_of(command: str | None):
     own passes (wiring.FORWARD)."""
     import importlib
 
-    from ..commands import ANALYSES
-    from ..wiring import FORWARD
+    from ..surfaces.commands import ANALYSES
+    from ..transformer.wiring import FORWARD
 
     module = ANALYSES.get(command or "")
     if module is None:
@@ -216,7 +216,7 @@ def handles_of(command: str | None):
 
 def open_folder(context: RunContext, weights: Path | None):
     """The weights folder's sizes and tokenizer only (weights.Folder), for text <-> ids."""
-    from ..weights import open_folder as open_
+    from ..storage.weights import open_folder as open_
 
     return open_(weights if weights is not None else context.weights, opened=context.opened)
 
@@ -228,7 +228,7 @@ def open_session(context: RunContext, weights: Path | None, text: str | None, *,
     the values named by --ablate zeroed, in every run of the session. A terminal view of a
     changed run starts with a line saying what was changed (set_changed); under --each-line
     a clean run's pass comes from the batch made ahead (context.ahead)."""
-    from ..session import Session
+    from ..jobs.session import Session
     from .steering import steering
 
     model = model if model is not None else load(context, weights)
@@ -253,7 +253,7 @@ def open_session(context: RunContext, weights: Path | None, text: str | None, *,
 def encode_text(context: RunContext, model, text: str | None) -> list[int]:
     """The ids of the command's text (read_text), its last N tokens with --last N (said as
     open_session says it), for a command that needs no session."""
-    from ..session import encode_last
+    from ..jobs.session import encode_last
 
     with offering_last(context):
         whole, before = read_whole(context, text, model)
@@ -269,7 +269,7 @@ def read_whole(context: RunContext, text: str | None, model) -> tuple[str, int]:
     stdin is read no further than a text that fits the context; with --last N, all of it,
     but only its end is kept (Tokenizer.tail: enough characters for N tokens of the longest,
     from where no token spans), the tokens before it counted as they stream past."""
-    from ..streams import stdin_chunks
+    from .streams import stdin_chunks
 
     if context.last is None or (text is not None and text != "-"):
         return read_text(text, model if context.last is None else None), 0
@@ -286,7 +286,7 @@ def read_whole(context: RunContext, text: str | None, model) -> tuple[str, int]:
 def offering_last(context: RunContext):
     """A text too long for the context is refused with the way out, where the command
     offers it (--last N)."""
-    from ..session import TooLong
+    from ..jobs.session import TooLong
 
     try:
         yield
@@ -318,7 +318,7 @@ def steered(context: RunContext, model) -> tuple[object | None, dict]:
 def run(context: RunContext, weights: Path | None, text: str | None,
         ablate: list[str] | None = None) -> Run:
     """open_session, and (when asked for) the trace of its forward pass (session.Run)."""
-    from ..session import Run
+    from ..jobs.session import Run
 
     return Run(open_session(context, weights, text, ablate=ablate))
 

@@ -26,7 +26,7 @@ from .common import (
 from .steering import steerable
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from .context import RunContext
 
 OUT = typer.Option(None, "--out", metavar="FILE", show_default=False,
                    help="Save the direction to FILE (safetensors; --steer-vector reads it).")
@@ -71,12 +71,12 @@ def steer(
     Then steer any command with it: tinygpt generate TEXT --steer-vector happy.safetensors
     """
     from ..analysis import steer as st
-    from ..corpus import held_out_stories
-    from ..files import write_atomically
-    from ..madefor import made_for
+    from ..jobs.session import encode_lines
     from ..render.directions import steer_view
     from ..render.documents import steer_document
-    from ..session import encode_lines
+    from ..storage.corpus import held_out_stories
+    from ..storage.files import write_atomically
+    from ..storage.madefor import made_for
 
     check_out(out, force)
     if not 0 < scale < float("inf"):  # also refuses NaN
@@ -128,11 +128,11 @@ def probe(
     """
     from ..analysis import probe as pr
     from ..analysis import steer as st
-    from ..corpus import read_user_file
-    from ..files import write_atomically
-    from ..madefor import made_for
     from ..render.directions import probe_view
     from ..render.documents import probe_document
+    from ..storage.corpus import read_user_file
+    from ..storage.files import write_atomically
+    from ..storage.madefor import made_for
 
     check_out(out, force)
     lines = pr.parse_labels(read_user_file(labels, "--labels"))

@@ -41,7 +41,7 @@ from .common import (
 from .steering import steerable
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from .context import RunContext
 
 # NumPy and the model are imported inside the commands
 
@@ -211,10 +211,10 @@ def means(
     Example: tinygpt means --steer happy --steer-away sad --steer-layer 1 --out m.safetensors
     """
     from ..analysis import means as mean_stats
-    from ..corpus import check_data, validation_text
-    from ..files import sha256
     from ..render.explain import means_written
     from ..render.output import check_out
+    from ..storage.corpus import check_data, validation_text
+    from ..storage.files import sha256
     from .steering import keep_default_file
 
     keep_default_file(context, out, f"the weights folder's {mean_stats.FILE}")

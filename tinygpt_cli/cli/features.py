@@ -31,7 +31,7 @@ from .common import (
 from .steering import keep_default_file, steerable
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from .context import RunContext
 
 
 def _sae() -> None:
@@ -85,9 +85,9 @@ def sae_train(
     Example: tinygpt sae train --site layers.1.mlp_out --steer-vector h.safetensors --out hs.sae
     """
     from ..analysis import sae as S
-    from ..corpus import data_windows, training_files
-    from ..files import sha256
     from ..render import features as view
+    from ..storage.corpus import data_windows, training_files
+    from ..storage.files import sha256
 
     keep_default_file(context, out, "the weights folder's sae/SITE.safetensors")
     model = load(context, weights)
@@ -169,9 +169,9 @@ def sae_feature(context: RunContext,
     Example: tinygpt sae feature 17 --text "Lily wanted to play with her ball." --save f.svg
     """
     from ..analysis import sae as S
-    from ..corpus import given_or, training_files
+    from ..jobs.session import check_index
     from ..render import features as view
-    from ..session import check_index
+    from ..storage.corpus import given_or, training_files
 
     check_save(save, force)
     if text is not None:
@@ -228,8 +228,8 @@ def sae_export(context: RunContext, weights: Path = WEIGHTS, sae: Path = SAE_FIL
     """
     from ..analysis import sae as S
     from ..analysis.saelens import CFG, export_saelens, hook_name
-    from ..madefor import made_for
     from ..render import features as view
+    from ..storage.madefor import made_for
 
     if fmt != "saelens":
         raise InputError(f"--format {fmt!r}: the one format sae export writes is saelens")

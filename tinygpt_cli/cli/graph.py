@@ -38,7 +38,7 @@ from .common import (
 from .steering import keep_default_file, steerable
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from .context import RunContext
 
 
 def _transcoder() -> None:
@@ -88,8 +88,8 @@ def transcoder_train(
     Example: tinygpt transcoder train --transcoders mine --latents 2048 --k 16
     """
     from ..analysis import transcoder as T
-    from ..corpus import data_windows, training_files
-    from ..files import sha256
+    from ..storage.corpus import data_windows, training_files
+    from ..storage.files import sha256
 
     keep_default_file(context, out, "the weights folder's transcoders/", "--transcoders")
     model = load(context, weights)
@@ -242,8 +242,8 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     """
     from ..analysis import graph as G
     from ..analysis import transcoder as T
+    from ..jobs.session import token_id
     from ..render import graph as view
-    from ..session import token_id
 
     check_save(save, force)
     _check_modes(fmt, open_file, text, save, {"--ablate": ablate, "--set": set_to,
@@ -308,8 +308,8 @@ def _field(context, model, text, transcoders, target, vs, position, n_logits, th
     from ..analysis import graph as G
     from ..analysis import graph_file as F
     from ..analysis import transcoder as T
+    from ..jobs.session import token_id
     from ..render.graph_field import field_doc
-    from ..session import token_id
 
     if vs is not None:
         raise InputError("--format circuit-tracer has no --vs: its logit nodes are single "
@@ -431,8 +431,8 @@ def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool =
     """(layer, latent) -> {"examples", "label"} of the pruned graph's features, from their
     top windows of the training text ({} when there is no data to search)."""
     from ..analysis import transcoder as T
-    from ..corpus import find_data, given_or, training_files
     from ..render.graph import kept_nodes
+    from ..storage.corpus import find_data, given_or, training_files
 
     if data is None and find_data() is None:
         return {}

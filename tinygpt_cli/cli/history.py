@@ -29,7 +29,7 @@ from .common import (
 from .steering import steerable
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from .context import RunContext
 
 # NumPy and the model are imported inside the commands
 

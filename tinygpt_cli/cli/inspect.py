@@ -35,7 +35,7 @@ from .common import (
 from .steering import own_length, steerable
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from .context import RunContext
 
 # NumPy, Rich and the model are imported inside the commands: registering them (and
 # `tinygpt --help`) stays cheap, and `encode` never loads the forward pass.
@@ -82,7 +82,7 @@ def decode(
     Example: tinygpt decode 608 429 267 346 336 314
     """
     from ..render.text import show_text
-    from ..tokenizer import parse_ids
+    from ..transformer.tokenizer import parse_ids
 
     model = open_folder(context, weights)
     id_list = parse_ids(ids if ids and ids != ["-"] else [read_text(None, what="token ids")],
@@ -126,10 +126,10 @@ def generate(
     Example: tinygpt generate "Lily wanted" --seed 7
     Example: tinygpt generate "Once upon a time" --temperature 0
     """
-    from ..generate import generate as generate_tokens
+    from ..jobs.session import encode_tail
     from ..render import generation
-    from ..sampling import check_temperature, check_top_p, create_rng, fresh_seed
-    from ..session import encode_tail
+    from ..transformer.generate import generate as generate_tokens
+    from ..transformer.sampling import check_temperature, check_top_p, create_rng, fresh_seed
     from .steering import steered_hooks
 
     check_top_p(top_p)
@@ -225,7 +225,7 @@ def values_to_save(trace, path: str | None) -> dict:
     the token strings are left out of a group, as a cache holds them."""
     import numpy as np
 
-    from ..schema import PathError
+    from ..transformer.schema import PathError
 
     def whole(e) -> bool:
         return ".heads." not in e["path"] and e["path"] != "tokens"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..page import map_stages, next_token, page_values
+from ..transformer.page import map_stages, next_token, page_values
 from .app import app
 from .common import (
     ABLATE,
@@ -23,8 +23,8 @@ from .common import (
 from .steering import steerable
 
 if TYPE_CHECKING:
-    from ..context import RunContext
-    from ..session import Run
+    from ..jobs.session import Run
+    from .context import RunContext
 
 # NumPy and Rich are imported inside the functions: registering the commands stays cheap.
 
@@ -38,8 +38,8 @@ def review(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
 
     Example: tinygpt review "Lily wanted to play with her"
     """
-    from ..page import cards_for
     from ..render.documents import review_document
+    from ..transformer.page import cards_for
 
     r = run(context, weights, text, ablate)
     values = page_values(r)
@@ -58,8 +58,8 @@ def review(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
 def review_figure(r: Run, values: dict):
     """The page as a picture (--save page.html): every card with its values, every head."""
     from ..analysis.lens import block_summary
-    from ..page import cards_for
     from ..render import pictures
+    from ..transformer.page import cards_for
 
     cfg = r.model.config
     return pictures.review_figure(

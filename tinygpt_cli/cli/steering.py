@@ -19,10 +19,10 @@ from typing import Optional
 
 import typer
 
-from ..context import RunContext, SteerOptions
 from ..errors import InputError
 from ..render.output import say_steered
 from .common import LAST, SAES, STEER_OPTIONS
+from .context import RunContext, SteerOptions
 
 # typer reads the real types of the added parameters from here (the modules' own are strings)
 _TYPES = {"steer": Optional[str], "steer_away": Optional[str],  # noqa: UP045 - typer needs it
@@ -131,7 +131,7 @@ def _steering(context: RunContext, model) -> tuple[object | None, dict | None]:
 
 def steered_hooks(context: RunContext, model, hooks=None):
     """`hooks` with the command's steering before them (generate's hook set)."""
-    from ..hooks import chained
+    from ..transformer.hooks import chained
 
     return chained(steering(context, model)[0], hooks)
 

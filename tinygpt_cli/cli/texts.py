@@ -41,7 +41,7 @@ from .common import (
 from .steering import own_length, steerable
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from .context import RunContext
 
 # NumPy and the model are imported inside the commands
 
@@ -212,10 +212,10 @@ def neurons(
     Example: tinygpt neurons --layer 2 --neuron 17
     """
     from ..analysis import neurons as nrn
-    from ..corpus import search_files
     from ..render import texts as view
     from ..render.documents import neuron_examples_document, text_neurons_document
     from ..render.text import escape_line
+    from ..storage.corpus import search_files
 
     model = load(context, weights)
     cfg, tok = model.config, model.tokenizer
@@ -344,7 +344,7 @@ def quant(
     hook, act = qa.act_quant_hook(model) if act_quant else (None, None)
     names = str(model.weights_file), str(ref.weights_file)
     if file is not None:
-        from ..corpus import read_user_file
+        from ..storage.corpus import read_user_file
 
         n_ctx = ctx or model.config.n_positions
         if n_ctx > model.config.n_positions:
@@ -360,7 +360,7 @@ def quant(
                              f"{n_ctx}")
         return present(context, as_json, lambda: view.file_kl_document(f, *names, act),
                        lambda: view.file_kl_view(f, *names, act))
-    from ..session import Session
+    from ..jobs.session import Session
 
     with offering_last(context):  # no steering: the two models' own runs
         whole, before = read_whole(context, text, model)

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..config import MAX_VOCAB, MIN_VOCAB
 from ..render.text import escape_line
+from ..transformer.config import MAX_VOCAB, MIN_VOCAB
 from .app import app
 from .common import InputError
 
 if TYPE_CHECKING:
-    from ..context import RunContext
+    from .context import RunContext
 
 VOCAB_SIZE = typer.Option(4096, "--vocab-size", help=f"Tokens in the vocabulary: {MIN_VOCAB} "
                           f"(the 256 bytes and <|endoftext|>) to {MAX_VOCAB:,}.")
@@ -36,9 +36,9 @@ def train_tokenizer_cmd(
 
     Example: tinygpt train-tokenizer --data ../shared/data/tinystories --out runs/tokenizer.json
     """
-    from ..config import check_vocab_size
-    from ..corpus import read_stories, split_or_refuse
-    from ..tokenizer import save_tokenizer, train_tokenizer
+    from ..storage.corpus import read_stories, split_or_refuse
+    from ..transformer.config import check_vocab_size
+    from ..transformer.tokenizer import save_tokenizer, train_tokenizer
 
     check_vocab_size(vocab_size)
     if (out.exists() or out.is_symlink()) and not force:
@@ -106,10 +106,10 @@ def train_cmd(
     Example: tinygpt train --data ../shared/data/tinystories --out runs/a --steps 3000
     Example: tinygpt train --data ../shared/data/tinystories --out runs/b --optimizer sgd --lr 0.3
     """
-    from ..config import arch_config, check_training_memory, check_vocab_size
-    from ..corpus import split_data
+    from ..jobs.train.loop import Settings, train
     from ..render.training import TrainingProgress
-    from ..train.loop import Settings, train
+    from ..storage.corpus import split_data
+    from ..transformer.config import arch_config, check_training_memory, check_vocab_size
 
     if resume and force:
         raise InputError("--resume and --force contradict each other: choose one")
@@ -152,8 +152,8 @@ def model_card_cmd(
 
     Example: tinygpt model-card runs/a --data ../shared/data/tinystories
     """
+    from ..jobs.train.card import write_card
     from ..render.output import check_default
-    from ..train.card import write_card
     from .common import progress
 
     if not run.is_dir():

@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..schema import head_name, mlp_name
+from ..transformer.schema import head_name, mlp_name
 from .explain import Bar, note
 from .figure import Bars, Curve, Figure, Heatmap, Note
 from .figure import Table as FigureTable

@@ -8,7 +8,7 @@ and never touches the writer. No Rich here: a --json run never imports it.
 
 from __future__ import annotations
 
-from ..schema import with_old_keys
+from ..transformer.schema import with_old_keys
 from . import jsonout
 
 

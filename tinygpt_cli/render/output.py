@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import InputError
-from ..files import write_atomically
+from ..storage.files import write_atomically
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..context import RunContext
+    from ..cli.context import RunContext
 
 PIPE_WIDTH = 120  # a pipe or file has no width; wide enough that header lines never wrap
 MIN_WIDTH, TERMINAL_WIDTH = 20, 80  # a narrower stated width is a mistake: use the classic one
@@ -88,7 +88,7 @@ def save_arrays(context: RunContext, path: Path, arrays: dict, force: bool = Fal
         np.save(buf, np.asarray(next(iter(arrays.values()))), allow_pickle=False)
         data = buf.getvalue()
     else:
-        from ..weights import safetensors_bytes
+        from ..storage.weights import safetensors_bytes
 
         arrays = {k: np.asarray(v) for k, v in arrays.items()}
         text = [k for k, v in arrays.items() if v.dtype.kind not in "biuf"]
@@ -171,7 +171,7 @@ def refuse_inside_package(path: Path, option: str | None) -> None:
     """InputError when a command's default file is in the installed package (the weights
     shipped inside it): a reinstall would replace it, and it is often not the user's to
     write."""
-    from ..madefor import inside_package
+    from ..storage.madefor import inside_package
     from .text import escape_line
 
     if option is not None and inside_package(path):
@@ -338,7 +338,7 @@ def present(context: RunContext, as_json: bool, document, view, *, figure=None,
         save_figure(context, figure(), save, force)
     if context.cut:  # --last cut the text: every document says so
         document = _with_cut(document, context.cut)
-    if context.presented is not None:  # kept for a program (tinygpt_cli.api), not printed
+    if context.presented is not None:  # kept for a program (tinygpt_cli.surfaces.api), not printed
         context.presented.append(Presented(document, view, figure, console, show,
                                            context.changed))
         context.changed = None

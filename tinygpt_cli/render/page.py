@@ -66,7 +66,7 @@ def card_shape(number: int, value) -> str:
 
 def page_view(r, values: dict, width: int):
     """The page for a terminal: the facts, then every card in a panel `width` wide."""
-    from ..page import cards_for
+    from ..transformer.page import cards_for
 
     facts = values["header"]
     label = {"T": "Tokens in the text", "d": "Numbers per token", "L": "Blocks",

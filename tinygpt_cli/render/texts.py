@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..schema import head_name
+from ..transformer.schema import head_name
 from ..words import count
 from .quick_table import QuickTable
 from .tables import Fields, WhenStyled, colour, fmt

@@ -1,0 +1,219 @@
+"""Weights named by their Hugging Face hub id: `--weights ORG/NAME[@REVISION]`.
+
+A name that is no folder here but has a hub id's form is fetched through `huggingface_hub`
+(the optional extra `hub`: pip install "tinygpt-cli[hub]") into the standard hub cache, and
+the cached snapshot's folder (HUB_CACHE/models--ORG--NAME/snapshots/COMMIT/) is the weights
+folder. Only the files tinygpt reads are fetched: config.json, tokenizer.json, and
+model.safetensors or a sharded model's index and shards. The hub's own settings hold:
+HF_HOME and HF_HUB_CACHE (where the cache is), HF_HUB_OFFLINE (the cache only, no network),
+HF_TOKEN or a stored `hf auth login` token (private and gated models). A local folder of the
+same name always wins; weights.resolve_folder is the one caller.
+
+`--weights ORG/NAME[@REVISION]/FILE.gguf` names one GGUF file of a repository (the path
+huggingface_hub's HfFileSystem gives it; FILE may lie in a subfolder): only that file is
+fetched (hf_hub_download), as a GGUF carries its config and tokenizer itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from pathlib import Path
+
+from ..errors import InputError, WeightsError
+
+# ORG/NAME as the hub spells repository ids (letters, digits, - _ .; no "--" or ".." inside),
+# then an optional @REVISION: a branch, a tag or a commit (refs/pr/1 has slashes).
+HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})"
+                    r"(?:@(?P<revision>[\w][\w./-]{0,199}))?")
+FILES = ["config.json", "tokenizer.json", "model.safetensors", "model.safetensors.index.json",
+         "model-*-of-*.safetensors",
+         # read when there: the end tokens, the tokenizer's named tokens, the chat template
+         "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
+         "chat_template.jinja"]
+# ORG/NAME[@REVISION]/PATH.gguf: a revision of one segment here (a branch, a tag, a commit)
+HUB_FILE = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})"
+                      r"(?:@(?P<revision>\w[\w.-]{0,199}))?"
+                      r"/(?P<file>(?:[\w.-]+/)*[\w.-]+\.gguf)", re.IGNORECASE)
+INSTALL = 'pip install "tinygpt-cli[hub]"'
+
+
+def hub_id(name: str) -> tuple[str, str | None] | None:
+    """(ORG/NAME, REVISION or None) when `name` has a hub id's form, else None."""
+    m = HUB_ID.fullmatch(name)
+    if m is None or ".." in name or "--" in m["repo"] or m["repo"].endswith((".", "-")):
+        return None
+    return m["repo"], m["revision"]
+
+
+def hub_file(name: str) -> tuple[str, str | None, str] | None:
+    """(ORG/NAME, REVISION or None, the file's path in the repository) when `name` names a
+    GGUF file of a hub repository, else None."""
+    m = HUB_FILE.fullmatch(name)
+    if m is None or ".." in name or "--" in m["repo"] or m["repo"].endswith((".", "-")) \
+            or any(part.startswith(".") for part in m["file"].split("/")):
+        return None
+    return m["repo"], m["revision"], m["file"]
+
+
+def offline() -> bool:
+    """HF_HUB_OFFLINE as huggingface_hub reads it (1, true, yes, on)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def cache_dir() -> Path:
+    """The hub cache: $HF_HUB_CACHE, else $HF_HOME/hub, else huggingface_hub's default
+    (~/.cache/huggingface/hub). Read at each call, not once at import as the library does."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def snapshot(name: str, repo: str, revision: str | None) -> Path:
+    """The cached snapshot folder of the hub model `repo` at `revision` (default: main),
+    fetched when it is not cached and the hub may be reached. `name` is what the user typed."""
+    try:
+        import huggingface_hub  # noqa: F401 - the extra's presence
+    except ImportError:
+        raise InputError(f"weights folder {name} does not exist; to fetch {repo} from the "
+                         f"Hugging Face hub, install the hub extra: {INSTALL}") from None
+    return _snapshot(name, repo, revision, str(cache_dir()), offline())
+
+
+@functools.lru_cache(maxsize=8)
+def _snapshot(name: str, repo: str, revision: str | None, cache: str, local_only: bool) -> Path:
+    """Once per process and setting: the command opens the folder and then its model."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub import utils as hub_utils
+
+    how = ("fetch it once with the hub reachable (HF_HUB_OFFLINE unset)" if local_only else
+           "check the network, or set HF_HUB_OFFLINE=1 to use the cache only")
+    try:
+        folder = snapshot_download(repo, revision=revision, allow_patterns=FILES,
+                                   cache_dir=cache, local_files_only=local_only,
+                                   tqdm_class=_bar())
+    except hub_utils.RevisionNotFoundError:
+        raise InputError(f"the hub model {repo} has no revision {revision!r} (a branch, a tag "
+                         "or a commit)") from None
+    except hub_utils.GatedRepoError:
+        raise InputError(f"the hub model {repo} is gated: accept its terms on the hub, then "
+                         "log in (hf auth login) or set HF_TOKEN") from None
+    except hub_utils.RepositoryNotFoundError:
+        raise InputError(f"weights folder {name} does not exist, and the Hugging Face hub has "
+                         f"no model {repo} (a private one needs a token: hf auth login, or "
+                         "HF_TOKEN)") from None
+    except (hub_utils.LocalEntryNotFoundError, hub_utils.OfflineModeIsEnabled):
+        why = " (HF_HUB_OFFLINE is set)" if local_only else ""
+        raise InputError(f"{name} is not a folder here nor in the hub cache ({cache}), and "
+                         f"the hub was not reached{why}: {how}") from None
+    except hub_utils.HfHubHTTPError as e:
+        raise WeightsError(f"cannot fetch {name} from the hub: {str(e).splitlines()[0]}") \
+            from None
+    except ValueError as e:  # the library's own check of the id (HFValidationError)
+        raise InputError(f"weights folder {name} does not exist, and it is not a hub model "
+                         f"id ({str(e).splitlines()[0]})") from None
+    except OSError as e:
+        raise WeightsError(f"cannot fetch {name} into the hub cache {cache}: "
+                           f"{e.strerror or e}") from None
+    folder = Path(folder)
+    missing = missing_files(folder)
+    if missing:
+        where = f"the hub cache's snapshot of {name} ({folder})"
+        if local_only:
+            raise InputError(f"{where} has no {missing} and HF_HUB_OFFLINE is set: {how}")
+        raise WeightsError(f"the hub model {name} has no {missing}: tinygpt reads config.json, "
+                           "tokenizer.json and safetensors weights")
+    return folder
+
+
+def file(name: str, repo: str, revision: str | None, path: str) -> Path:
+    """The hub cache's copy of one file of `repo` at `revision` (default: main), fetched when
+    it is not cached and the hub may be reached: its path in the snapshot folder."""
+    try:
+        import huggingface_hub  # noqa: F401 - the extra's presence
+    except ImportError:
+        raise InputError(f"{name} is not a file here; to fetch {path} of {repo} from the "
+                         f"Hugging Face hub, install the hub extra: {INSTALL}") from None
+    return _file(name, repo, revision, path, str(cache_dir()), offline())
+
+
+@functools.lru_cache(maxsize=8)
+def _file(name: str, repo: str, revision: str | None, path: str, cache: str,
+          local_only: bool) -> Path:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub import utils as hub_utils
+
+    how = ("fetch it once with the hub reachable (HF_HUB_OFFLINE unset)" if local_only else
+           "check the network, or set HF_HUB_OFFLINE=1 to use the cache only")
+    try:
+        found = hf_hub_download(repo, path, revision=revision, cache_dir=cache,
+                                local_files_only=local_only, tqdm_class=_bar())
+    except (hub_utils.LocalEntryNotFoundError, hub_utils.OfflineModeIsEnabled):
+        why = " (HF_HUB_OFFLINE is set)" if local_only else ""
+        raise InputError(f"{name} is not a file here nor in the hub cache ({cache}), and "
+                         f"the hub was not reached{why}: {how}") from None
+    except hub_utils.RevisionNotFoundError:
+        raise InputError(f"the hub model {repo} has no revision {revision!r} (a branch, a tag "
+                         "or a commit)") from None
+    except hub_utils.GatedRepoError:
+        raise InputError(f"the hub model {repo} is gated: accept its terms on the hub, then "
+                         "log in (hf auth login) or set HF_TOKEN") from None
+    except hub_utils.RepositoryNotFoundError:
+        raise InputError(f"{name} is not a file here, and the Hugging Face hub has no model "
+                         f"{repo} (a private one needs a token: hf auth login, or HF_TOKEN)") \
+            from None
+    except hub_utils.EntryNotFoundError:
+        raise InputError(f"the hub model {repo} has no file {path}"
+                         + (f" at {revision}" if revision else "")) from None
+    except hub_utils.HfHubHTTPError as e:
+        raise WeightsError(f"cannot fetch {name} from the hub: {str(e).splitlines()[0]}") \
+            from None
+    except ValueError as e:  # the library's own check of the id (HFValidationError)
+        raise InputError(f"{name} is not a file here, and not a hub model's file "
+                         f"({str(e).splitlines()[0]})") from None
+    except OSError as e:
+        raise WeightsError(f"cannot fetch {name} into the hub cache {cache}: "
+                           f"{e.strerror or e}") from None
+    return Path(found)
+
+
+def missing_files(folder: Path) -> str | None:
+    """The first file tinygpt reads that the snapshot lacks (a shard the index names too)."""
+    for file in ("config.json", "tokenizer.json"):
+        if not (folder / file).is_file():
+            return file
+    if (folder / "model.safetensors").is_file():
+        return None
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        return "model.safetensors"
+    from .weights import shards_of
+
+    for shard in sorted(shards_of(index)):
+        if not (folder / shard).is_file():
+            return shard
+    return None
+
+
+def _bar():
+    """huggingface_hub's progress bar on stderr, where stderr is a terminal (a pipe gets no
+    carriage-return lines), with the file names it shows escaped."""
+    import sys
+
+    from huggingface_hub.utils import tqdm as hub_tqdm
+
+    from ..render.text import escape_line
+
+    class Bar(hub_tqdm):
+        def __init__(self, *args, **kwargs):
+            if kwargs.get("desc"):
+                kwargs["desc"] = escape_line(str(kwargs["desc"]))
+            kwargs["disable"] = kwargs.get("disable") or not sys.stderr.isatty()
+            super().__init__(*args, **kwargs)
+
+    return Bar

@@ -1,0 +1,921 @@
+"""Load, validate and save the weights folder: model.safetensors, config.json, tokenizer.json."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from ..errors import InputError, WeightsError
+from ..transformer.config import Config, load_config
+from ..transformer.families import family
+from ..transformer.families.gpt2 import PREFIX  # noqa: F401  (GPT-2 files' own prefix, for callers)
+from ..transformer.schema import PARAMS
+from .files import write_atomically
+
+if TYPE_CHECKING:  # NumPy is imported by the functions that use it: `encode` needs none
+    import numpy as np
+
+def _shipped_folder() -> Path:
+    """Installed wheels carry the weights inside the package; a source checkout has weights/."""
+    here = Path(__file__).resolve().parent.parent  # the package
+    inside = here / "_weights"
+    return inside if inside.is_dir() else here.parent / "weights"
+
+
+SHIPPED = _shipped_folder()
+
+
+
+
+# Tensors the loader reads, with the NumPy type each safetensors dtype becomes. The model
+# computes in float32; F16, BF16 (widened exactly: NumPy has none) and F64 files are
+# converted. F8 and integers are refused: an integer tensor is not a weight.
+FLOAT_DTYPES = {"F32": "float32", "F16": "float16", "F64": "float64", "BF16": "bfloat16"}
+MAX_HEADER_BYTES = 100 << 20
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
+               "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
+               "BOOL": 1}  # the safetensors library's own limit
+
+
+class TensorInfo(NamedTuple):  # not a frozen dataclass: built on every start-up
+    name: str  # as in the file
+    dtype: str  # safetensors spelling: F32, F16, BF16, I64, ...
+    shape: tuple[int, ...]
+    shard: str = ""  # a sharded model's file holding it (model-00001-of-00002.safetensors)
+
+
+def header_limit(config: Config) -> int:
+    """The most header bytes a GPT-2 model of these sizes can need: every tensor and the old
+    attention buffers, a generous 512 bytes each (an entry is about 100), and some metadata.
+    A header of a million made-up entries is refused before it is parsed."""
+    per_block = sum(1 for row in PARAMS if row[0].startswith("layers.L.")) + 3  # + buffers
+    return header_bytes(len(PARAMS) + 1 + per_block * config.n_layer)
+
+
+def header_bytes(entries: int) -> int:
+    """The header bytes a safetensors file of this many tensors may take: 512 bytes each
+    (an entry is about 100) and 64 KB of metadata."""
+    return entries * 512 + (64 << 10)
+
+
+def header_json(path: Path, limit: int = MAX_HEADER_BYTES) -> tuple[dict, int, int]:
+    """The one reader of a safetensors header: an 8-byte little-endian length, then that many
+    bytes of JSON. Returns (the JSON object, its length n, the file's size; the data starts
+    at byte 8 + n). Checked before anything is allocated, so a file cannot make a reader
+    take more than it holds (nor more than `limit` header bytes); WeightsError when it is not
+    a header."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise WeightsError(f"{path} is not a readable safetensors file ({size} bytes)")
+        n = int.from_bytes(head, "little")
+        if n > size - 8:
+            raise WeightsError(f"{path} is not a readable safetensors file (its header claims "
+                               f"{n:,} bytes; the file has {size:,})")
+        if n > limit:
+            raise WeightsError(f"{path}: its header is {n:,} bytes, more than a file of a "
+                               f"GPT-2 model of the config's sizes needs ({limit:,})")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except (ValueError, RecursionError) as e:
+        raise WeightsError(f"{path} is not a readable safetensors file (header: {e})") from None
+    if not isinstance(header, dict):
+        raise WeightsError(f"{path} is not a readable safetensors file (header is not an object)")
+    return header, n, size
+
+
+def read_header(path: Path, limit: int = MAX_HEADER_BYTES) -> dict[str, TensorInfo]:
+    """The tensors a safetensors header names, each's dtype, shape and byte range checked
+    against the file without loading any tensor."""
+    header, n, size = header_json(path, limit)
+    data_bytes = size - 8 - n
+    out, spans = {}, []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            ok = (isinstance(dtype, str) and isinstance(shape, list)
+                  and all(_whole(x) for x in (*shape, begin, end)) and 0 <= begin <= end)
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            raise WeightsError(f"{path} is not a readable safetensors file (the header entry "
+                               f"of {name!r} is malformed)")
+        size = DTYPE_BYTES.get(dtype)
+        if size is not None and end - begin != size * math.prod(shape):
+            raise WeightsError(f"{path} is not a readable safetensors file (tensor {name}: "
+                               f"{end - begin:,} bytes for shape {shape} of {dtype})")
+        if end > data_bytes:
+            raise WeightsError(f"{path} is not a readable safetensors file (tensor {name} "
+                               "runs past its end: truncated?)")
+        out[name] = TensorInfo(name, dtype, tuple(shape))
+        spans.append((begin, end, name))
+    covered = _check_tiling(path, spans)
+    if covered != data_bytes:  # as the safetensors library: the file is its tensors, whole
+        raise WeightsError(f"{path} is not a readable safetensors file ({data_bytes - covered:,} "
+                           "bytes after its last tensor)")
+    return out
+
+
+def _check_tiling(path: Path, spans: list[tuple[int, int, str]]) -> int:
+    """The tensors' byte ranges must follow one another without gaps or overlaps, as the
+    safetensors library requires: two tensors sharing bytes would be aliases of each other.
+    Returns how many bytes of data they cover."""
+    spans = sorted(spans)
+    for (_, end, before), (begin, _, name) in zip(spans, spans[1:], strict=False):
+        if begin < end:
+            raise WeightsError(f"{path} is not a readable safetensors file (the bytes of "
+                               f"tensor {name} overlap those of tensor {before})")
+    at, before = 0, "the header"
+    for begin, end, name in spans:
+        if begin != at:
+            raise WeightsError(f"{path} is not a readable safetensors file (tensor {name} "
+                               f"starts {begin - at:,} bytes after the end of {before})")
+        at, before = end, f"tensor {name}"
+    return at
+
+
+def _whole(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _no_duplicates(pairs):
+    seen = {}
+    for k, v in pairs:
+        if k in seen:
+            raise ValueError(f"the name {k!r} appears twice")
+        seen[k] = v
+    return seen
+
+
+def _short_names(infos: dict[str, TensorInfo], fam) -> dict[str, TensorInfo]:
+    """Names without the family's prefix (GPT-2's `transformer.`); the ignored buffers
+    dropped."""
+    out: dict[str, TensorInfo] = {}
+    for name, info in infos.items():
+        short = name.removeprefix(fam.PREFIX)
+        if short.endswith(fam.IGNORED):
+            continue
+        if short in out:
+            raise WeightsError(f"tensor {short} appears twice, as {out[short].name} and {name}: "
+                               "the file must name each tensor once")
+        out[short] = info
+    return out
+
+
+def check_header(infos: dict[str, TensorInfo], config: Config) -> None:
+    """Names, count, shapes and dtypes against the config, before any tensor is read.
+
+    The count comes first, from the config's numbers alone, so that a config claiming a
+    million blocks is refused without building a million blocks' worth of names.
+    """
+    fam = family(config.model_type)
+    short = _short_names(infos, fam)
+    expected = fam.file_shapes(config)
+    head = short.pop("lm_head.weight", None) if "lm_head.weight" not in expected else None
+    per_block = sum(1 for n in expected if fam.block_of(n) == 0)
+    outside = sum(1 for n in expected if fam.block_of(n) is None)
+    want = outside + per_block * config.n_layer
+    if abs(len(short) - want) >= per_block:  # a block or more apart: the sizes disagree
+        blocks = max(len(short) - outside, 0) / per_block
+        raise WeightsError(
+            f"config.json says n_layer {config.n_layer:,} ({want:,} tensors) but the weights "
+            f"file holds {len(short):,} tensors ({blocks:g} blocks' worth)")
+    missing = [n for n in expected if n not in short]
+    if missing:
+        raise WeightsError(
+            f"tensor {fam.PREFIX}{missing[0]} is missing ({len(missing)} missing in all)"
+        )
+    extra = [n for n in short if n not in expected]
+    if extra:
+        raise WeightsError(f"unexpected tensor {extra[0]!r}: not part of a {fam.LABEL} model "
+                           f"with the config's {config.n_layer} blocks")
+    if head is not None:
+        expected = {**expected, "lm_head.weight": expected[fam.file_name("embed.W_E")]}
+        short["lm_head.weight"] = head
+    for name, shape in expected.items():
+        info = short[name]
+        if info.shape != shape:
+            raise WeightsError(
+                f"tensor {_shown(name, fam)} has shape {list(info.shape)}, expected {list(shape)}"
+            )
+        if info.dtype not in FLOAT_DTYPES:
+            numpy_name = {"I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64",
+                          "U8": "uint8", "BOOL": "bool"}.get(info.dtype, info.dtype)
+            raise WeightsError(
+                f"tensor {_shown(name, fam)} has dtype {info.dtype} ({numpy_name}), expected a "
+                "float type tinygpt can use: F32, or F16 / BF16 / F64 (converted to float32)"
+            )
+
+
+def _shown(name: str, fam) -> str:
+    return name if name == "lm_head.weight" else fam.PREFIX + name
+
+
+def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
+    """Check names, shapes, dtypes and finiteness; return float32 params by their canonical
+    names (the family's converter, families/).
+
+    A head (`lm_head.weight`) may be present, as `transformers` can save one: it must be
+    finite and equal to the token table, because this model ties the two. `tensors` is
+    emptied as it is read, and the converter lets go of each file tensor once its canonical
+    copy is made: a bf16 file's widened tensors and their transposes are never all held at
+    once.
+    """
+    import numpy as np
+
+    infos = {n: TensorInfo(n, _dtype_name(a.dtype), tuple(a.shape)) for n, a in tensors.items()}
+    check_header(infos, config)
+    fam = family(config.model_type)
+    short = {name.removeprefix(fam.PREFIX): tensors.pop(name) for name in list(tensors)}
+    expected = fam.file_shapes(config)
+    out = {name: _finite_float32(name, short.pop(name), fam) for name in expected}
+    table = fam.file_name("embed.W_E")
+    if "lm_head.weight" in short and "lm_head.weight" not in expected:
+        head = _finite_float32("lm_head.weight", short["lm_head.weight"], fam)
+        if not np.array_equal(*(a.widen() if isinstance(a, Bfloat16) else a
+                                for a in (head, out[table]))):
+            raise WeightsError(
+                f"tensor lm_head.weight differs from {fam.PREFIX}{table}: tinygpt ties the "
+                "output head to the token embedding table, so it cannot use a separate head"
+            )
+    del short
+    return fam.params_from_file(out, config)
+
+
+def _finite_float32(name: str, arr: np.ndarray, fam) -> np.ndarray:
+    """float32 first, then the check: a float64 value beyond float32's range becomes inf."""
+    import numpy as np
+
+    if isinstance(arr, Bfloat16):  # widened by the converter, where it is to live
+        if arr.finite():
+            return arr
+        raise WeightsError(f"tensor {_shown(name, fam)} holds NaN or infinite values")
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.ascontiguousarray(arr, dtype=np.float32)
+        # A NaN or an infinity makes the sum of squares NaN or infinite, so a finite one
+        # (a BLAS dot product) clears the tensor in one read and no [n] array of flags;
+        # only a sum that overflowed needs the number-by-number check.
+        flat = out.reshape(-1)
+        if np.isfinite(np.dot(flat, flat)) or np.isfinite(out).all():
+            return out
+    raise WeightsError(f"tensor {_shown(name, fam)} holds NaN or infinite values")
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    import numpy as np
+
+    names = {np.dtype(t): n for n, t in FLOAT_DTYPES.items() if n != "BF16"}
+    return names.get(np.dtype(dtype), str(np.dtype(dtype)))
+
+
+_SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
+                       "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+def _map_read_only(fd: int):
+    """The whole file mapped read-only; on Linux with its pages mapped at once (MAP_POPULATE):
+    every command reads every weight (the finiteness check, then the pass), and one call
+    that maps them all costs less than a page fault per 4 kB."""
+    import mmap
+
+    populate = getattr(mmap, "MAP_POPULATE", 0)
+    if populate:
+        try:
+            return mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ)
+        except OSError:
+            pass
+    return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+
+
+def map_safetensors(path: Path, lazy_bf16: bool = False) -> dict[str, np.ndarray] | None:
+    """The tensors of a safetensors file as arrays over the file mapped into memory: nothing
+    is read or copied until used, and pages are shared with the page cache (start-up and
+    memory). The arrays are read-only, so the file cannot be changed through them, and the
+    forward pass may keep derived copies of them (ops.tied_head).
+
+    The format: an 8-byte little-endian header length, a JSON header of
+    {name: {dtype, shape, data_offsets: [begin, end]}} relative to the data after it, then the
+    data. Returns None for anything but a plain well-formed file (bfloat16, say), which the
+    safetensors library then reads, or reports, as before.
+    """
+    import numpy as np
+
+    try:
+        header, n, size = header_json(path)
+    except WeightsError:
+        return None
+    with open(path, "rb") as f:
+        buf = _map_read_only(f.fileno())
+        if buf.size() != size:  # changed under us: the library reads it, or reports it
+            return None
+    data_size = size - 8 - n
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            bf16 = info["dtype"] == "BF16"  # NumPy has no bfloat16: its bits, widened below
+            dtype = np.dtype("<u2" if bf16 else _SAFETENSORS_DTYPES[info["dtype"]])
+            shape = tuple(int(d) for d in info["shape"])
+            begin, end = (int(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        count = int(np.prod(shape, dtype=np.int64))
+        if not 0 <= begin <= end <= data_size or end - begin != count * dtype.itemsize:
+            return None
+        tensors[name] = np.frombuffer(buf, dtype, count, 8 + n + begin).reshape(shape)
+        if bf16:
+            bits = Bfloat16(tensors[name], buf, 8 + n + begin, 8 + n + end)
+            tensors[name] = bits if lazy_bf16 else bits.widen()
+    return tensors
+
+
+class Bfloat16:
+    """A bfloat16 tensor of a mapped file as its uint16 bits, not yet widened: a family's
+    converter widens it straight into the place its float32 copy is to live (transposed, or
+    one piece of a fused matrix: families/common.py), with no float32 copy in the file's
+    layout made first, and the file's pages of it are then let go of (_let_go)."""
+
+    def __init__(self, bits: np.ndarray, buf, begin: int, end: int) -> None:
+        self.bits, self._buf, self._span = bits, buf, (begin, end)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.bits.shape
+
+    @property
+    def dtype(self):
+        """What it becomes (the header check has seen BF16 already)."""
+        import numpy as np
+
+        return np.dtype(np.float32)
+
+    def widen(self, out: np.ndarray | None = None, transposed: bool = False) -> np.ndarray:
+        """The float32 numbers (transposed: of the matrix's transpose), written into `out`
+        (a float32 array of that shape, a view into a larger one, say) or a new array."""
+        out = widen_bfloat16(self.bits.T if transposed else self.bits, out)
+        _let_go(self._buf, *self._span)
+        return out
+
+    def finite(self) -> bool:
+        """No infinity and no NaN (an exponent of all ones), read a million at a time."""
+        import numpy as np
+
+        flat = self.bits.reshape(-1)
+        part = np.empty(min(flat.size, 1 << 20), np.uint16)
+        for i in range(0, flat.size, part.size):
+            chunk = part[: min(part.size, flat.size - i)]
+            np.bitwise_and(flat[i: i + chunk.size], 0x7F80, out=chunk)
+            if (chunk == 0x7F80).any():
+                return False
+        return True
+
+
+def _let_go(buf, begin: int, end: int) -> None:
+    """Drop the mapped file's pages that lie wholly within bytes begin .. end from this
+    process (they stay in the page cache; read again, they are mapped again): a bfloat16
+    tensor, once widened, is never read from the file again, and its mapped pages would
+    count in the process's memory beside the float32 copy (269 MB for a 135M-parameter
+    model)."""
+    import mmap
+
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    page = mmap.PAGESIZE
+    first, last = -(-begin // page) * page, end // page * page
+    if advice is None or last <= first:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        buf.madvise(advice, first, last - first)
+
+
+def let_go_of(a) -> None:
+    """Drop the mapped file's pages under array `a` (a view of a file map_safetensors
+    mapped) from this process, as _let_go does for a widened bfloat16 tensor: a converter
+    calls it once its canonical copy of `a` is made (transposed, or one piece of a fused
+    matrix), so a float32 file's pages and their copies are never all resident together
+    (the file is mapped whole at once). Anything else is left as it is."""
+    import mmap
+
+    import numpy as np
+
+    base = a
+    while isinstance(base, np.ndarray) and isinstance(base.base, np.ndarray):
+        base = base.base
+    view = getattr(base, "base", None)
+    if not isinstance(view, memoryview) or not isinstance(view.obj, mmap.mmap):
+        return
+    start = np.frombuffer(view, np.uint8, 1).ctypes.data  # where the mapping begins
+    begin = a.ctypes.data - start
+    _let_go(view.obj, begin, begin + a.nbytes)
+
+
+def read_safetensors(path: Path, names=None, *, limit: int = MAX_HEADER_BYTES,
+                     label: str | None = None, hint: str | None = None,
+                     lazy_bf16: bool = False) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The one reader of a safetensors file: its tensors (`names`, or all) and metadata.
+    Mapped read-only where map_safetensors can (nothing copied until used), else read by the
+    library; whatever either finds wrong is one WeightsError (exit 1): "LABEL is not a
+    readable safetensors file (why)", then "; HINT" when given. LABEL defaults to the path."""
+    from safetensors import SafetensorError, safe_open
+
+    label = label or str(path)
+    try:
+        header, _, _ = header_json(path, limit)
+        meta = header.get("__metadata__")
+        meta = dict(meta) if isinstance(meta, dict) else {}
+        mapped = map_safetensors(path, lazy_bf16)
+        if mapped is not None:
+            wanted = list(mapped) if names is None else names
+            tensors = {n: mapped.pop(n) for n in wanted}  # held once: map_params frees as it goes
+            del mapped
+            return tensors, meta
+        with safe_open(str(path), framework="numpy") as f:  # what the mapping does not take on
+            wanted = list(f.keys()) if names is None else names
+            return {n: f.get_tensor(n) for n in wanted}, dict(f.metadata() or {})
+    except WeightsError as e:
+        if label == str(path) and not hint:
+            raise
+        raise WeightsError(str(e).replace(str(path), label, 1)
+                           + (f"; {hint}" if hint else "")) from None
+    except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise WeightsError(f"{label} is not a readable safetensors file ({why})"
+                           + (f"; {hint}" if hint else "")) from None
+
+
+def widen_bfloat16(bits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """bfloat16 numbers, given as their uint16 bits, as float32: the same sign, exponent and
+    the top 7 bits of the fraction, the rest zeros. Exact: every bfloat16 is a float32.
+    Written into `out` (float32, bits' shape) when given, else into a new array."""
+    import numpy as np
+
+    from ..transformer.pages import fresh_pages
+
+    # one pass into small pages (pages.py), no uint32 copy of the bits made first
+    out = fresh_pages(bits.shape, np.float32) if out is None else out
+    np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
+    return out
+
+
+def checked_header(path: Path, config: Config) -> dict[str, TensorInfo]:
+    """The safetensors header of the weights file (or of every shard an index names),
+    checked against the config (names, shapes, dtypes): reads a few kilobytes, needs no
+    NumPy."""
+    if not path.is_file():
+        raise WeightsError(f"weights file {path} does not exist")
+    limit = min(MAX_HEADER_BYTES, header_limit(config))
+    try:
+        if path.name != INDEX:
+            infos = read_header(path, limit)
+        else:
+            infos = {}
+            for shard, names in shards_of(path).items():
+                if not (path.parent / shard).is_file():
+                    raise WeightsError(f"{path} names {shard}, which does not exist beside it")
+                found = read_header(path.parent / shard, limit)
+                if set(found) != names:
+                    odd = sorted(set(found) ^ names)[0]
+                    raise WeightsError(f"{path}: its weight_map and {shard} disagree about "
+                                       f"tensor {odd!r}")
+                infos.update({n: i._replace(shard=shard) for n, i in found.items()})
+    except OSError as e:
+        raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
+    with _naming(path):
+        check_header(infos, config)
+    return infos
+
+
+INDEX = "model.safetensors.index.json"  # a sharded model's map of tensor -> file
+SHARD = re.compile(r"[\w.-]+\.safetensors")
+
+
+def shards_of(index: Path) -> dict[str, set[str]]:
+    """A sharded model's index (model.safetensors.index.json, as save_pretrained writes it):
+    each shard's file name and the tensors in it. Shards are plain file names beside the
+    index, never a path elsewhere."""
+    with open(index, "rb") as f:
+        raw = f.read(MAX_HEADER_BYTES + 1)
+    try:
+        if len(raw) > MAX_HEADER_BYTES:
+            raise ValueError(f"larger than {MAX_HEADER_BYTES:,} bytes")
+        weight_map = json.loads(raw.decode("utf-8"))["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError("weight_map is not an object")
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        raise WeightsError(f"{index} is not a safetensors index ({e})") from None
+    shards: dict[str, set[str]] = {}
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or not SHARD.fullmatch(file) or file.startswith("."):
+            raise WeightsError(f"{index}: tensor {name!r} is in {file!r}, not a .safetensors "
+                               "file beside the index")
+        shards.setdefault(file, set()).add(name)
+    return shards
+
+
+def weights_path(root: Path) -> Path:
+    """The folder's weights: model.safetensors, else a sharded model's index. A folder with
+    only pytorch_model.bin is refused: tinygpt reads safetensors alone (a pickle can run code
+    as it loads)."""
+    single = root / "model.safetensors"
+    if single.exists() or single.is_symlink() or not (root / INDEX).is_file():
+        if not single.exists() and not single.is_symlink() and \
+                any(root.glob("pytorch_model*.bin")):
+            raise WeightsError(
+                f"weights folder {root} holds pytorch_model.bin, which tinygpt does not read: "
+                "only safetensors files (save it again with transformers: from_pretrained, "
+                "then save_pretrained(folder, safe_serialization=True))")
+        return single
+    return root / INDEX
+
+
+@contextlib.contextmanager
+def _naming(path: Path):
+    """A tensor's fault reported with the file it is in: a weights folder's model, or one of
+    its history/ snapshots, which the same loader reads."""
+    try:
+        yield
+    except WeightsError as e:
+        raise type(e)(f"{path}: {e}") from None
+
+
+def load_params(path: str | Path, config: Config) -> dict[str, np.ndarray]:
+    """Read the header, check it against the config, and only then map the tensors.
+
+    The tensors are read-only arrays over the mapped file (map_safetensors); float32 ones
+    stay so, F16/F64 ones are converted (a copy). Nothing may write into params in place.
+    """
+    path = Path(path)
+    return map_params(path, config, checked_header(path, config))
+
+
+def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict[str, np.ndarray]:
+    """load_params after its header check: `infos` is checked_header(path, config)."""
+    fam = family(config.model_type)
+    wanted = [n for n in infos if not (n.removeprefix(fam.PREFIX)).endswith(fam.IGNORED)]
+    files: dict[Path, list[str]] = {}
+    for n in wanted:  # one file, or each shard of a sharded model
+        files.setdefault(path.parent / infos[n].shard if infos[n].shard else path, []).append(n)
+    tensors = {}
+    lazy = getattr(fam, "PLACES_BFLOAT16", False)  # its converter widens bf16 in place
+    for file, names in files.items():
+        tensors.update(read_safetensors(file, names, lazy_bf16=lazy)[0])
+    with _naming(path):
+        return validate_params(tensors, config)
+
+
+def save_params(params: dict[str, np.ndarray], path: str | Path, config: Config) -> None:
+    """Float32, in the family's own file layout (GPT-2: Hugging Face names, tied head
+    omitted), so that `transformers` loads the folder."""
+    import numpy as np
+
+    tensors = {n: np.ascontiguousarray(a, dtype=np.float32)
+               for n, a in family(config.model_type).params_to_file(params, config).items()}
+    write_atomically(Path(path), safetensors_bytes(tensors, {"format": "pt"}))
+
+
+def safetensors_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+                      ) -> bytes:
+    """A safetensors file, the same bytes for the same tensors and metadata every time: the
+    safetensors library writes its metadata in a random order (a Rust HashMap), so two runs
+    of `means` gave files that differed. Names and metadata keys sorted; the header padded
+    with spaces to a multiple of 8 bytes, as the library does."""
+    import numpy as np
+
+    codes = {np.dtype(v): k for k, v in _SAFETENSORS_DTYPES.items()}
+    header: dict = {"__metadata__": dict(sorted(metadata.items()))} if metadata else {}
+    chunks, at = [], 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": codes[a.dtype.newbyteorder("<")], "shape": list(a.shape),
+                        "data_offsets": [at, at + len(data)]}
+        chunks.append(data)
+        at += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + b"".join(chunks)
+
+
+def with_metadata(path: Path, extra: dict[str, str]) -> bytes:
+    """The safetensors file at `path` with `extra` merged into its metadata: the tensors' bytes
+    as they were (a snapshot stamped with the weights its run ended with stays the same
+    float16 weights)."""
+    header, _, _ = header_json(path)
+    tensors = map_safetensors(path)
+    if tensors is None:
+        raise WeightsError(f"{path} is not a readable safetensors file")
+    meta = header.get("__metadata__")
+    return safetensors_bytes(tensors, {**(meta if isinstance(meta, dict) else {}), **extra})
+
+
+@dataclass
+class Model:
+    """Everything one weights folder holds, loaded and checked."""
+
+    folder: Path
+    config: Config
+    params: dict[str, np.ndarray]
+    tokenizer: object  # tinygpt_cli.transformer.tokenizer.Tokenizer
+    file: Path | None = None  # a GGUF file's path (its folder is `folder`)
+    about: dict | None = None  # what the GGUF says of itself (gguf_file.description)
+
+    @property
+    def weights_file(self) -> Path:
+        """model.safetensors, a sharded model's index, or the GGUF file (its sha256 names
+        the model)."""
+        return self.file if self.file is not None else weights_path(self.folder)
+
+
+def _shipped_named(name: str) -> Path | None:
+    """weights/NAME, spelt just so (the README's names), when the shipped weights hold a
+    model folder NAME. `./weights/llama` is a path and stays one."""
+    m = re.fullmatch(r"weights/([A-Za-z0-9][\w.-]*)/?", name)
+    if m:
+        inside = SHIPPED / m[1]
+        if (inside / "config.json").is_file():
+            return inside
+    return None
+
+
+def resolve_folder(folder: str | Path | None) -> tuple[Path, bool]:
+    """--weights DIR, then $TINYGPT_WEIGHTS, then the weights shipped with the package; and
+    whether the user named it. An empty name is refused, never taken as the current folder.
+    A name that is no folder here but a hub id (ORG/NAME[@REVISION]) is the hub cache's
+    snapshot of that model, fetched when needed (hub.py); ORG/NAME[@REVISION]/FILE.gguf is
+    that one file of it."""
+    if folder is not None:
+        if str(folder) == "":
+            raise InputError("--weights is empty: name a weights folder, or leave the option "
+                             "out for the shipped model")
+        return _local_or_hub(folder), True
+    env = os.environ.get("TINYGPT_WEIGHTS")
+    if env:
+        return _local_or_hub(env), True
+    return SHIPPED, False
+
+
+def _local_or_hub(name: str | Path) -> Path:
+    """The folder `name`; when there is none of that name, a folder shipped with the package
+    that the README names from the repository's root (weights/llama: the shipped `llama`,
+    from any folder); else, when it is a hub id, the hub cache's snapshot of it. A local
+    folder always wins."""
+    path = Path(name).expanduser()
+    if path.exists() or path.is_symlink():
+        return path
+    shipped = _shipped_named(str(name))
+    if shipped is not None:
+        return shipped
+    from .hub import file, hub_file, hub_id, snapshot
+
+    one = hub_file(str(name))
+    if one is not None:
+        return file(str(name), *one)
+    found = hub_id(str(name))
+    return path if found is None else snapshot(str(name), *found)
+
+
+@dataclass
+class Folder:
+    """A weights folder's sizes and tokenizer, checked to agree with each other and with the
+    weights file's header: all that turning text into ids and back needs (`encode`,
+    `decode`), without reading the weights themselves."""
+
+    folder: Path
+    config: Config
+    tokenizer: object  # tinygpt_cli.transformer.tokenizer.Tokenizer
+    header: dict[str, TensorInfo]  # model.safetensors' header, checked against the config
+    file: Path | None = None  # a GGUF file, read by gguf_file.py instead of the above
+    about: dict | None = None
+    gguf: tuple = ()  # its checked layout (the file mapped) and the tensors' entries
+
+
+def _once(kind: str, folder, make, opened: dict | None):
+    """make(folder), or what it made before when `opened` (the run context's folders opened
+    once: `--each-line` runs a command per line, and reopening the folder (tokenizer,
+    header, weights) took most of each line's time) holds it."""
+    if opened is None:
+        return make(folder)
+    key = (kind, resolve_folder(folder)[0])
+    if key not in opened:
+        opened[key] = make(folder)
+    return opened[key]
+
+
+def open_folder(folder: str | Path | None = None, opened: dict | None = None) -> Folder:
+    """A missing folder the user named is bad input (InputError, exit 2); a folder that
+    exists but cannot be used, or a missing shipped model, is a WeightsError (exit 1).
+    `opened`: folder -> Folder or Model, each opened once (see _once)."""
+    return _once("folder", folder, _open_folder, opened)
+
+
+def _open_folder(folder: str | Path | None) -> Folder:
+    from .gguf_file import gguf_path
+
+    root, named = resolve_folder(folder)
+    found = gguf_path(root) if root.exists() else None
+    if found is not None:
+        return _open_gguf(found)
+    if not root.is_dir():
+        if named and not root.exists() and not root.is_symlink():
+            raise InputError(f"weights folder {root} does not exist")
+        raise WeightsError(f"weights folder {root} " + _not_a_folder(root))
+    weights = weights_path(root)
+    for name in ("config.json", weights.name, "tokenizer.json"):
+        path = root / name
+        if not path.is_file():
+            raise WeightsError(f"weights folder {root} has no {name}" if not path.exists()
+                               and not path.is_symlink() else f"{path} {_not_a_file(path)}")
+    try:
+        config = load_config(root / "config.json")
+    except (ValueError, OSError) as e:
+        raise WeightsError(f"{root / 'config.json'}: {e}") from None
+    # the weights' header too, though text <-> ids never reads them: a broken folder is
+    # reported by every command alike
+    header = checked_header(weights, config)
+    tokenizer = read_tokenizer(root / "tokenizer.json", config)
+    check_vocabulary(tokenizer, config, root)
+    tokenizer.set_affix()
+    settings = read_side_json(root / "tokenizer_config.json")
+    generation = read_side_json(root / "generation_config.json") or {}
+    if "eos_token_id" not in generation:  # transformers then takes the model config's
+        generation = {"eos_token_id": (read_side_json(root / "config.json") or {}).get(
+            "eos_token_id")}
+    tokenizer.end_ids = end_ids(tokenizer, generation, settings)
+    return Folder(root, config, tokenizer, header)
+
+
+def read_side_json(path: Path) -> dict | None:
+    """A folder's optional JSON side file (tokenizer_config.json, generation_config.json), as
+    a dict; None when the folder has none. Capped in size as tokenizer.json is: Gemma's
+    tokenizer_config.json lists its 6,000 added tokens (1.2 MB)."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    raw = read_capped(path, MAX_TOKENIZER_BYTES)
+    try:
+        found = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise WeightsError(f"{path} is not valid JSON ({str(e).splitlines()[0][:200]})") from None
+    if not isinstance(found, dict):
+        raise WeightsError(f"{path} is not a JSON object")
+    return found
+
+
+def end_ids(tokenizer, generation: dict | None, settings: dict | None) -> tuple[int, ...]:
+    """Where generation ends: every id of generation_config.json's eos_token_id (one or a
+    list, as transformers' generate stops at each; without one, config.json's, as
+    transformers makes the generation config from it), else the model's end token
+    (eot_id), and the tokenizer's own eos_token (tokenizer_config.json's) besides. Ids
+    outside the vocabulary can never be generated and are left out."""
+    from ..transformer.tokenizer import special_name
+
+    declared = (generation or {}).get("eos_token_id")
+    declared = declared if isinstance(declared, list) else [declared]
+    found = [i for i in declared if isinstance(i, int) and not isinstance(i, bool)
+             and 0 <= i < tokenizer.n_rows] or [tokenizer.eot_id]
+    name = special_name((settings or {}).get("eos_token"))
+    named = tokenizer.special_tokens.get(name) if name is not None else None
+    return tuple(dict.fromkeys([*found, *([named] if named is not None else [])]))
+
+
+def _not_a_folder(path: Path) -> str:
+    if path.is_symlink() and not path.exists():
+        return "is a symbolic link that leads nowhere (a loop, or a missing target)"
+    return "is not a folder" if path.exists() else "does not exist"
+
+
+def _not_a_file(path: Path) -> str:
+    if path.is_dir():
+        return "is a folder, not a file"
+    if path.is_symlink() and not path.exists():
+        return "is a symbolic link that leads nowhere (a loop, or a missing target)"
+    return "is not a regular file (a pipe or a device?)"
+
+
+def load_model(folder: str | Path | None = None, opened: dict | None = None) -> Model:
+    """open_folder, then the weights its header check let through."""
+    return _once("model", folder, lambda f: _load_model(open_folder(f, opened)), opened)
+
+
+def _open_gguf(path: Path) -> Folder:
+    """A GGUF file: its metadata, tokenizer and tensor table checked (gguf_file.py); its
+    tensors are read by _load_model."""
+    from .gguf_file import (
+        architecture,
+        check_tensors,
+        check_types,
+        description,
+        hf_config,
+        open_layout,
+    )
+    from .gguf_vocab import build
+
+    if not path.is_file():
+        raise WeightsError(f"{path} {_not_a_file(path)}")
+    lay = open_layout(path)
+    meta = lay.meta
+    arch = architecture(meta, path)
+    tokenizer, vocab_about = build(meta, path)
+    table = next((t for t in lay.tensors if t.name == "token_embd.weight"), None)
+    if table is None or len(table.dims) != 2:
+        raise WeightsError(f"{path}: no token table (token_embd.weight of two dimensions)")
+    try:
+        config = Config.from_dict(hf_config(arch, meta, {t.name for t in lay.tensors},
+                                            table.dims[1]))
+    except ValueError as e:
+        raise WeightsError(f"{path}: {e}") from None
+    entries = check_tensors(lay, config, path)
+    check_types(lay, path)
+    _check_gguf_vocabulary(tokenizer, config, path)
+    about = {**description(lay, meta), "tokenizer": vocab_about}
+    return Folder(path.parent, config, tokenizer, {}, path, about, (lay, entries))
+
+
+def _check_gguf_vocabulary(tokenizer, config: Config, path: Path) -> None:
+    """As check_vocabulary: every token a row of the model (a file may pad the rows)."""
+    if tokenizer.vocab_size > config.vocab_size:
+        raise WeightsError(f"{path}: its tokenizer has {tokenizer.vocab_size:,} tokens but the "
+                           f"token table {config.vocab_size:,} rows")
+    if tokenizer.vocab_size < config.vocab_size:
+        tokenizer.rows = config.vocab_size
+    tokenizer.ends_with(config.eos_token_id)
+
+
+def _load_model(f: Folder) -> Model:
+    if f.file is not None:
+        from .gguf_file import read_params
+
+        lay, entries = f.gguf
+        params = read_params(f.file, lay, f.config, entries)
+        return Model(f.folder, f.config, params, f.tokenizer, f.file, f.about)
+    return Model(f.folder, f.config, map_params(weights_path(f.folder), f.config, f.header),
+                 f.tokenizer)
+
+
+MAX_TOKENIZER_BYTES = 16 << 20  # GPT-2's own, 50,257 tokens with their merges: 1.4 MB
+
+
+def read_capped(path: Path, limit: int, why: str = "") -> bytes:
+    """A side file's bytes, reading no further than `limit` (a lying file cannot make us hold
+    more); WeightsError when it cannot be read or is larger (`why` says what that means)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as e:
+        raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(raw) > limit:
+        raise WeightsError(f"{path} is larger than {limit:,} bytes{why}")
+    return raw
+
+
+def read_tokenizer(path: Path, config: Config):
+    """tokenizer.json, capped in size like config.json, and refused unless its tokens are
+    bytes (a byte-level BPE, or a BPE with byte fallback), which every view assumes."""
+    from ..transformer.tokenizer import Tokenizer
+
+    raw = read_capped(path, MAX_TOKENIZER_BYTES,
+                      f": not the tokenizer of a {config.vocab_size:,}-token model")
+    try:
+        tokenizer = Tokenizer.from_bytes(raw)
+    except Exception as e:  # tokenizers raises a bare Exception on malformed files
+        raise WeightsError(f"{path} is not a tokenizers file ({e})") from None
+    kind = tokenizer.kind()
+    if kind is not None:
+        raise WeightsError(f"{path} is not a tokenizer whose tokens are bytes ({kind}); tinygpt "
+                           "reads byte-level BPE (GPT-2's kind) and SentencePiece-style BPE with "
+                           "byte fallback (Llama 2's, Gemma's)")
+    return tokenizer
+
+
+def check_vocabulary(tokenizer, config: Config, root: Path) -> None:
+    """The tokenizer and the model must agree on the vocabulary: a larger tokenizer yields ids
+    the model has no row for. A smaller one is another family's padding (Pythia's 50,277
+    tokens on 50,304 rows, Qwen's): the rows past its last token are kept as rows no text
+    names (tokenizer.rows); GPT-2's own files have none, and a GPT-2 folder with them is
+    refused as before."""
+    padded = tokenizer.vocab_size < config.vocab_size and config.model_type != "gpt2"
+    if tokenizer.vocab_size != config.vocab_size and not padded:
+        raise WeightsError(
+            f"tokenizer has {tokenizer.vocab_size:,} tokens but the model "
+            f"{config.vocab_size:,} (vocab_size in config.json): {root / 'tokenizer.json'} "
+            "does not belong to these weights")
+    if padded:
+        tokenizer.rows = config.vocab_size
+    last = tokenizer.vocab_size - 1
+    if not tokenizer.ids_are_0_to(last):  # each id names a row of the model
+        raise WeightsError(f"{root / 'tokenizer.json'}: its token ids are not 0 to {last:,} "
+                           f"(the model's rows): it does not belong to these weights")
+    tokenizer.ends_with(config.eos_token_id)
+    try:
+        _ = tokenizer.eot_id  # generation and training stop on it
+    except ValueError as e:
+        raise WeightsError(f"{root / 'tokenizer.json'}: {e}") from None
