@@ -17,7 +17,8 @@ marked USER_DEFINED are added tokens, matched whole too (as llama.cpp does).
 
 A Gemma file (general.architecture gemma3) is SentencePiece's with two differences, as
 transformers' GGUF tokenizer reads it (its gemma_tokenizer): a token of spaces alone is
-stored with real spaces and is the run of '▁' the Hugging Face tokenizer spells; and its
+stored with real spaces and is the run of '▁' the Hugging Face tokenizer spells (kept as it
+is where the vocabulary already has that run); and its
 merges rank by the tokens' order in the file, not by their scores (Gemma's scores do not
 follow its merge order). Its text gets no '▁' in front (add_space_prefix false).
 """
