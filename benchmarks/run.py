@@ -274,7 +274,7 @@ def generation(runs: int, ref) -> list[Row]:
 
 
 def traced(runs: int, ref_eager) -> list[Row]:
-    from tinygpt_cli.transformer.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     model = load_tinygpt()
     rows = []
@@ -328,7 +328,7 @@ def matmul_floor(model, ids: np.ndarray, runs: int, reference: float | None,
             mlp @ p[f"layers.{i}.mlp.W_out"]
         x @ head
 
-    from tinygpt_cli.transformer.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     # the pass again, in turns with its products: a drift of this machine's speed then moves
     # both alike (the ratio is the pass over its own floor)
@@ -350,7 +350,7 @@ def matmul_floor(model, ids: np.ndarray, runs: int, reference: float | None,
 
 def foundation(runs: int) -> list[Row]:
     """The traced forward pass against the one before the refactor (commit cccc9d4)."""
-    from tinygpt_cli.transformer.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", "cccc9d4", "tinygpt_cli"],
@@ -365,7 +365,7 @@ def foundation(runs: int) -> list[Row]:
             from tinygpt_cccc9d4.model import forward as old_forward
         finally:
             sys.path.remove(tmp)
-        from tinygpt_cli.storage.weights import read_safetensors
+        from tinygpt_cli.storage.safetensors import read_safetensors
 
         model = load_tinygpt()
         ids = text_ids(model, 128)
@@ -490,7 +490,8 @@ def gpt2_small(runs: int, folder: Path, hf) -> list[Row]:
     import torch
 
     from tinygpt_cli.storage.weights import load_model
-    from tinygpt_cli.transformer.model import forward, run_traced
+    from tinygpt_cli.transformer.model import forward
+    from tinygpt_cli.transformer.trace import run_traced
 
     ours = load_model(folder)
     size_mb = (folder / "model.safetensors").stat().st_size / 2**20

@@ -112,7 +112,7 @@ def time_torch(file: Path, stride: int | None, threads: int) -> tuple[float, dic
     ctx = cfg.n_positions
     jobs = [(i, w) for i, s in enumerate(seqs) for w in windows(len(s), ctx, stride or ctx)]
     jobs.sort(key=lambda j: -(j[1].end - j[1].start))
-    from tinygpt_cli.storage.weights import read_safetensors
+    from tinygpt_cli.storage.safetensors import read_safetensors
 
     tensors, _ = read_safetensors(model.weights_file)  # the file's GPT-2 names
     run, wte = torch_forward({k.removeprefix("transformer."): v for k, v in tensors.items()},

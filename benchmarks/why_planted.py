@@ -44,8 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tinygpt_cli.analysis import why  # noqa: E402
 from tinygpt_cli.transformer import ops  # noqa: E402
 from tinygpt_cli.transformer.config import Config  # noqa: E402
-from tinygpt_cli.transformer.model import forward, init_params, loss_and_grads, run_traced  # noqa: E402
+from tinygpt_cli.transformer.model import forward, init_params, loss_and_grads
 from tinygpt_cli.transformer.optim import SGD  # noqa: E402
+from tinygpt_cli.transformer.trace import run_traced  # noqa: E402
 
 
 def rows_of(rng, a, shuffle: bool) -> tuple[list[list[int]], list[str], dict]:

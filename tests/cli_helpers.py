@@ -17,10 +17,11 @@ import pytest
 
 from tinygpt_cli.cli import main
 from tinygpt_cli.storage.weights import SHIPPED, Model, load_model, save_params
-from tinygpt_cli.transformer.config import Config, save_config
-from tinygpt_cli.transformer.families import gpt2
-from tinygpt_cli.transformer.model import init_params, run_traced
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.families import gpt2, save_config
+from tinygpt_cli.transformer.model import init_params
 from tinygpt_cli.transformer.schema import is_bias, is_norm_weight
+from tinygpt_cli.transformer.trace import run_traced
 
 TEXT = "Lily wanted to play with her"
 TEXT_IDS = [608, 429, 267, 346, 336, 314]  # the shipped tokenizer is final

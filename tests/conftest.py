@@ -12,7 +12,8 @@ import pytest
 from hypothesis import settings
 
 from tinygpt_cli.storage.weights import save_params
-from tinygpt_cli.transformer.config import Config, save_config
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.families import save_config
 from tinygpt_cli.transformer.model import init_params
 from tinygpt_cli.transformer.schema import is_bias, is_norm_weight
 from tinygpt_cli.transformer.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
@@ -100,7 +101,7 @@ def family_configs(**sizes) -> dict[str, Config]:
     other block), NeoX's parallel blocks and quarter-turned heads with an untied head,
     Llama's grouped keys and values (6 query heads on 3 by default), Qwen2's q/k/v biases,
     Qwen3's q/k norms."""
-    from tinygpt_cli.transformer.config import arch_config
+    from tinygpt_cli.jobs.train.loop import arch_config
     from tinygpt_cli.transformer.families import llama
 
     sizes = dict(n_embd=24, n_layer=2, n_head=6, n_inner=20, vocab_size=23, n_positions=12) \
@@ -184,7 +185,8 @@ def patched_slope(params, config: Config, clean_ids, corrupt_ids, path: str, t: 
     the corrupt run's to the clean run's, at the corrupt run: a central finite difference
     of the real metric through a Replace hook (what an AtP cell times the gap estimates)."""
     from tinygpt_cli.transformer.hooks import Replace
-    from tinygpt_cli.transformer.model import forward, run_traced
+    from tinygpt_cli.transformer.model import forward
+    from tinygpt_cli.transformer.trace import run_traced
 
     clean, corrupt = run_traced(params, config, clean_ids), run_traced(params, config, corrupt_ids)
     step = clean[path][t] - corrupt[path][t]

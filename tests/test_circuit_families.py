@@ -15,7 +15,8 @@ import pytest
 from conftest import FAMILIES, random_params
 
 from tinygpt_cli.analysis import circuit as C
-from tinygpt_cli.transformer.config import Config, arch_config
+from tinygpt_cli.jobs.train.loop import arch_config
+from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.hooks import Record, Replace
 from tinygpt_cli.transformer.model import forward
 

@@ -35,9 +35,10 @@ from tinygpt_cli.cli import app
 from tinygpt_cli.cli.app import _register
 from tinygpt_cli.render.text import show_text, show_token
 from tinygpt_cli.storage.weights import SHIPPED, load_model
-from tinygpt_cli.transformer.config import Config, load_config
-from tinygpt_cli.transformer.model import run_traced
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.families import load_config
 from tinygpt_cli.transformer.sampling import create_rng, probabilities, sample
+from tinygpt_cli.transformer.trace import run_traced
 
 
 @pytest.fixture(scope="module")

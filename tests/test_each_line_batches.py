@@ -19,7 +19,8 @@ from tinygpt_cli.jobs import ahead
 from tinygpt_cli.jobs.session import Session
 from tinygpt_cli.storage.weights import SHIPPED, load_model
 from tinygpt_cli.transformer.hooks import ablation
-from tinygpt_cli.transformer.model import forward, record, run_to_final_norm, run_traced
+from tinygpt_cli.transformer.model import forward, record, run_to_final_norm
+from tinygpt_cli.transformer.trace import run_traced
 
 shipped = pytest.mark.skipif(not (SHIPPED / "model.safetensors").is_file(),
                              reason="the shipped weights are not here")

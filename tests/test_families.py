@@ -13,7 +13,7 @@ from cli_helpers import TEXT, assert_one_error_line, file_tensors, random_params
 from safetensors.numpy import load_file
 
 from tinygpt_cli.transformer.config import Config
-from tinygpt_cli.transformer.families import KNOWN, family, gpt2
+from tinygpt_cli.transformer.families import KNOWN, config_from_dict, config_to_dict, family, gpt2
 from tinygpt_cli.transformer.schema import NEEDS, PARAMS, param_shapes
 
 CONFIG = Config(n_embd=8, n_layer=3, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
@@ -72,11 +72,11 @@ def test_a_saved_folder_holds_exactly_the_files_tensors(tmp_path):
 
 def test_the_config_names_its_family_and_writes_it_back():
     assert CONFIG.model_type == "gpt2"
-    d = CONFIG.to_hf_dict()
+    d = config_to_dict(CONFIG)
     assert d["model_type"] == "gpt2" and d["architectures"] == ["GPT2LMHeadModel"]
-    assert Config.from_dict(d) == CONFIG
+    assert config_from_dict(d) == CONFIG
     no_type = {k: v for k, v in d.items() if k != "model_type"}  # older GPT-2 files
-    assert Config.from_dict(no_type) == CONFIG
+    assert config_from_dict(no_type) == CONFIG
 
 
 @pytest.mark.parametrize(("knob", "value"), [("norm", "batch"), ("positions", "alibi"),
@@ -91,7 +91,7 @@ def test_a_knob_with_no_step_yet_is_refused_by_name(knob, value):
 @pytest.mark.parametrize("model_type", ["mistral", "gemma2", 5, None])
 def test_a_model_type_without_a_converter_is_refused_by_name(model_type):
     with pytest.raises(ValueError) as e:
-        Config.from_dict({**CONFIG.to_hf_dict(), "model_type": model_type})
+        config_from_dict({**config_to_dict(CONFIG), "model_type": model_type})
     shown = model_type if isinstance(model_type, str) else type(model_type).__name__
     assert str(e.value) == (f"config: model_type {shown!r} is not a family tinygpt reads "
                             f"({', '.join(sorted(KNOWN))})")
@@ -185,7 +185,7 @@ def test_a_pytorch_bin_alone_is_refused_in_one_line(tmp_path, tiny, cli):
 
 
 def test_bfloat16_bits_widen_exactly():
-    from tinygpt_cli.storage.weights import widen_bfloat16
+    from tinygpt_cli.storage.safetensors import widen_bfloat16
 
     want = np.array([1.0, -2.5, 3.140625, 2.0 ** -100, -np.inf, 65280.0], np.float32)
     bits = (want.view(np.uint32) >> 16).astype(np.uint16)  # each is a bfloat16 exactly
@@ -196,7 +196,7 @@ def test_the_rotary_angles_the_pos_card_shows_are_the_turn_of_each_pair():
     """Turning a head vector with a 1 at i (and 0 at i + r) by ops.rotary at position t
     leaves (cos a, sin a) in (i, i + r): a is the angle `rotary_angles` lists."""
     from tinygpt_cli.transformer import ops
-    from tinygpt_cli.transformer.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     config = Config(n_embd=16, n_layer=1, n_head=2, n_inner=8, vocab_size=11, n_positions=9,
                     positions="rotary", rotary_dim=4, rotary_base=100.0, norm="rms",

@@ -14,10 +14,13 @@ from conftest import patched_slope
 
 from tinygpt_cli.analysis import patch as pa
 from tinygpt_cli.analysis.qk import qk_attribution
+from tinygpt_cli.jobs.train.loop import arch_config
 from tinygpt_cli.storage.weights import save_params
-from tinygpt_cli.transformer.config import Config, arch_config, save_config
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.families import save_config
 from tinygpt_cli.transformer.hooks import Replace
-from tinygpt_cli.transformer.model import forward, record, run_traced
+from tinygpt_cli.transformer.model import forward, record
+from tinygpt_cli.transformer.trace import run_traced
 
 IDS = np.array([3, 17, 5, 9, 22, 1])
 OTHER = np.array([4, 17, 8, 9, 2, 1])  # same length, three tokens changed

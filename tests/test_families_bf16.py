@@ -13,9 +13,9 @@ import pytest
 from cli_helpers import TOKENIZER
 
 from tinygpt_cli.errors import WeightsError
+from tinygpt_cli.jobs.train.loop import arch_config
 from tinygpt_cli.storage.weights import load_model
-from tinygpt_cli.transformer.config import arch_config, save_config
-from tinygpt_cli.transformer.families import llama
+from tinygpt_cli.transformer.families import llama, save_config
 from tinygpt_cli.transformer.model import init_params
 
 

@@ -146,7 +146,7 @@ def test_greedy_generation_gives_transformers_tokens(pair):
 
 
 def test_a_folder_tinygpt_saves_loads_in_transformers_with_the_same_logits(pair, tmp_path):
-    from tinygpt_cli.transformer.config import save_config
+    from tinygpt_cli.transformer.families import save_config
 
     name, _, ours = pair
     folder = tmp_path / "saved"
@@ -231,7 +231,7 @@ def test_direct_logit_attribution_rows_sum_to_the_logit_on_every_family(pair):
     """RMSNorm models divide each part by the run's rms with no centring and no bias row;
     every family's rows still add up to the logit."""
     from tinygpt_cli.analysis.dla import direct_logit_attribution
-    from tinygpt_cli.transformer.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     name, _, ours = pair
     tr = run_traced(ours.params, ours.config, np.array(IDS))

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tinygpt_cli.storage.weights import SHIPPED, load_model, save_params
+from tinygpt_cli.transformer.families import config_from_dict, config_to_dict
 from tinygpt_cli.transformer.generate import generate
 from tinygpt_cli.transformer.model import backward, forward, record
 from tinygpt_cli.transformer.schema import is_norm_weight
@@ -146,7 +147,7 @@ def test_greedy_generation_gives_transformers_tokens(pair):
 
 
 def test_a_folder_tinygpt_saves_loads_in_transformers_with_the_same_logits(pair, tmp_path):
-    from tinygpt_cli.transformer.config import save_config
+    from tinygpt_cli.transformer.families import save_config
 
     name, _, ours = pair
     folder = tmp_path / "saved"
@@ -190,12 +191,11 @@ def test_the_embedding_scale_is_sqrt_d_as_each_dtype_rounds_it():
     ({"layer_types": ["sliding_attention", "chunked_attention"]}, "layer_types must name"),
 ])
 def test_what_is_not_implemented_is_refused_by_name(change, message):
-    from tinygpt_cli.transformer.config import Config
 
     d = {"model_type": "gemma3_text", "hidden_size": 24, "num_attention_heads": 4,
          "num_hidden_layers": 2, "intermediate_size": 40, "vocab_size": 4096} | change
     with pytest.raises(ValueError, match=message):
-        Config.from_dict(d)
+        config_from_dict(d)
 
 
 # ------------------------------------------------------------------ the commands
@@ -243,7 +243,7 @@ def test_direct_logit_attribution_adds_up_through_the_norms_after_each_branch(pa
     then the final norm's: the rows add up to the logit difference, one row by hand, and
     each MLP row is its neurons' sum."""
     from tinygpt_cli.analysis.dla import direct_logit_attribution
-    from tinygpt_cli.transformer.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     name, _, ours = pair
     p, c, at = ours.params, ours.config, 9
@@ -267,7 +267,8 @@ def test_train_arch_gemma3_makes_a_model_transformers_reads_as_gemma3(tmp_path):
     """`train --arch gemma3`'s config and a new model of it, saved, give transformers'
     Gemma3ForCausalLM the same logits (its norms' w = scale - 1 = 0 at initialisation, as
     Gemma's own)."""
-    from tinygpt_cli.transformer.config import arch_config, load_config, save_config
+    from tinygpt_cli.jobs.train.loop import arch_config
+    from tinygpt_cli.transformer.families import load_config, save_config
     from tinygpt_cli.transformer.model import init_params
 
     config = arch_config("gemma3", n_embd=24, n_layer=7, n_head=4, n_inner=40,
@@ -291,7 +292,6 @@ def test_a_hub_style_config_is_read_as_transformers_reads_it():
     """Gemma 3 270M's config.json as the hub ships it (the older keys: rope_theta,
     rope_local_base_freq, rope_scaling null, torch_dtype bfloat16), against
     Gemma3TextConfig's reading of the same keys."""
-    from tinygpt_cli.transformer.config import Config
 
     d = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
          "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
@@ -304,7 +304,7 @@ def test_a_hub_style_config_is_read_as_transformers_reads_it():
          "eos_token_id": 1, "pad_token_id": 0, "tie_word_embeddings": True,
          "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
                          for i in range(18)]}
-    ours = Config.from_dict(d)
+    ours = config_from_dict(d)
     theirs = transformers.Gemma3TextConfig.from_dict(d)
     bases = tuple(theirs.rope_parameters[k]["rope_theta"] for k in theirs.layer_types)
     assert ours.rotary_bases == bases and sorted(set(bases)) == [10000.0, 1000000.0]
@@ -312,4 +312,4 @@ def test_a_hub_style_config_is_read_as_transformers_reads_it():
                                  for k in theirs.layer_types)
     assert ours.embed_scale == 25.25  # sqrt(640) = 25.298 in bfloat16
     assert ours.scale == 256 ** -0.5 and ours.d_k == 256 and ours.kv_heads == 1
-    assert Config.from_dict(ours.to_hf_dict()) == ours
+    assert config_from_dict(config_to_dict(ours)) == ours

@@ -17,8 +17,9 @@ from cli_helpers import TOKENIZER, assert_one_error_line
 from safetensors.numpy import save_file
 
 from tinygpt_cli.errors import InputError
+from tinygpt_cli.jobs.train.loop import arch_config
 from tinygpt_cli.storage.weights import load_model, save_params
-from tinygpt_cli.transformer.config import arch_config, save_config
+from tinygpt_cli.transformer.families import save_config
 from tinygpt_cli.transformer.model import init_params, record
 
 TEXT = "Lily wanted to play with her ball"

@@ -20,7 +20,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from tinygpt_cli.storage.weights import SHIPPED, load_model  # noqa: E402
-from tinygpt_cli.transformer.families import family  # noqa: E402
+from tinygpt_cli.transformer.families import config_to_dict, family  # noqa: E402
 from tinygpt_cli.transformer.model import forward  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +106,7 @@ def as_llama_cpp(model) -> dict[str, np.ndarray]:
     as llama.cpp's converter lays them out (make_gguf: its names, transposes, permutation)."""
     cfg = model.config
     hf = family(cfg.model_type).params_to_file(model.params, cfg)
-    return make_gguf.llama_cpp_tensors(cfg.to_hf_dict(), hf)
+    return make_gguf.llama_cpp_tensors(config_to_dict(cfg), hf)
 
 
 def dequantized_file(path: Path) -> dict[str, np.ndarray]:
@@ -135,8 +135,9 @@ SHIPPED_FOLDERS = {"gpt2": SHIPPED, "llama": SHIPPED / "llama", "gpt_neox": SHIP
 def wide_llama(tmp_path_factory):
     """A random Llama 256 numbers wide (the K-quants' blocks are 256 long), saved by tinygpt
     in the Hugging Face layout with the shipped tokenizer."""
+    from tinygpt_cli.jobs.train.loop import arch_config
     from tinygpt_cli.storage.weights import save_params
-    from tinygpt_cli.transformer.config import arch_config, save_config
+    from tinygpt_cli.transformer.families import save_config
     from tinygpt_cli.transformer.model import init_params
 
     folder = tmp_path_factory.mktemp("wide")
@@ -151,7 +152,8 @@ def wide_llama(tmp_path_factory):
 def qwen_folders(tmp_path_factory):
     """Random Qwen2 (q/k/v biases, untied) and Qwen3 (q/k norms) folders saved by tinygpt."""
     from tinygpt_cli.storage.weights import save_params
-    from tinygpt_cli.transformer.config import Config, save_config
+    from tinygpt_cli.transformer.config import Config
+    from tinygpt_cli.transformer.families import save_config
     from tinygpt_cli.transformer.model import init_params
 
     out = {}
@@ -327,8 +329,9 @@ def sentencepiece_vocab() -> tuple[list[str], list[float], list[int]]:
 @pytest.fixture(scope="module")
 def sentencepiece_file(tmp_path_factory):
     """A small Llama with that vocabulary, as a GGUF."""
+    from tinygpt_cli.jobs.train.loop import arch_config
     from tinygpt_cli.storage.weights import save_params
-    from tinygpt_cli.transformer.config import arch_config, save_config
+    from tinygpt_cli.transformer.families import save_config
     from tinygpt_cli.transformer.model import init_params
 
     tokens, scores, types = sentencepiece_vocab()

@@ -8,7 +8,7 @@ import pytest
 from cli_helpers import file_tensors
 
 from tinygpt_cli.storage.weights import load_model
-from tinygpt_cli.transformer.model import run_traced
+from tinygpt_cli.transformer.trace import run_traced
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

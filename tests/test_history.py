@@ -144,7 +144,7 @@ def test_history_follows_a_value_and_a_parameter(cli, run):
 
 
 def test_history_heads_scores_match_a_naive_loop(cli, run):
-    from tinygpt_cli.transformer.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     doc = cli("history", "The cat sat on the mat.", "--heads", "--json").json()
     prev, induction = np.asarray(doc["previous_token"]), np.asarray(doc["data"])
@@ -872,7 +872,7 @@ def test_an_attention_weights_gradient_and_its_exact_scores(make_params):
     zero for what it does not read; and the exact pass with that query against the naive
     loop of explicit window gradients."""
     from tinygpt_cli.analysis import exact_tracin as ex
-    from tinygpt_cli.transformer.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
     params = make_params(config, seed=3)
@@ -903,7 +903,7 @@ def test_an_sae_latents_gradient_and_its_exact_scores(make_params, monkeypatch):
     from types import SimpleNamespace
 
     from tinygpt_cli.analysis import sae as sae_mod
-    from tinygpt_cli.transformer.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     config = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=13, n_positions=6)
     params = make_params(config, seed=5)
@@ -1082,7 +1082,7 @@ def test_why_value_ranks_windows_by_how_much_they_raised_that_scalar(cli, run):
     training step, computed by central differences; for the planted fact a window
     holding it raises logit[' zooms'] - logit[' sat'] most."""
     from tinygpt_cli.analysis import heads
-    from tinygpt_cli.transformer.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     model = load_model(run)
     tok, config = model.tokenizer, model.config

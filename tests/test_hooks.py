@@ -14,8 +14,9 @@ from cli_helpers import file_names, without_head
 from tinygpt_cli.transformer import ops
 from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.hooks import Chain, Record, RecordOnly, Replace, StopAfter, ablation
-from tinygpt_cli.transformer.model import KVCache, backward, forward, run_traced
+from tinygpt_cli.transformer.model import KVCache, backward, forward
 from tinygpt_cli.transformer.schema import BY_PATH, PathError, expand, pattern_of, resolve, shape_of
+from tinygpt_cli.transformer.trace import run_traced
 
 IDS = np.array([3, 17, 5, 9, 22, 1])
 

@@ -1248,7 +1248,7 @@ def test_help_examples_name_files_that_exist_from_the_readme_folder():
 def test_written_safetensors_are_the_same_bytes_every_time(ctx, tmp_path):
     from safetensors import safe_open
 
-    from tinygpt_cli.storage.weights import safetensors_bytes
+    from tinygpt_cli.storage.safetensors import safetensors_bytes
 
     rng = np.random.default_rng(0)
     tensors = {"b": rng.normal(size=(3, 2)).astype(np.float32),

@@ -17,8 +17,9 @@ from cli_helpers import TEXT, TEXT_IDS, assert_one_error_line, file_names, witho
 from tinygpt_cli.errors import InputError
 from tinygpt_cli.jobs.session import Session
 from tinygpt_cli.transformer import ops
-from tinygpt_cli.transformer.model import forward, run_traced
+from tinygpt_cli.transformer.model import forward
 from tinygpt_cli.transformer.schema import VALUES, expand, markdown_table
+from tinygpt_cli.transformer.trace import run_traced
 
 # the table of values is on the Inspecting page (docs/inspecting.md, "Any value by name")
 README = Path(__file__).resolve().parent.parent / "docs" / "inspecting.md"

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from cli_helpers import file_names
 
-from tinygpt_cli.transformer.model import forward, run_traced
-from tinygpt_cli.transformer.trace import PathError
+from tinygpt_cli.transformer.model import forward
+from tinygpt_cli.transformer.trace import PathError, run_traced
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -6,7 +6,7 @@ import numpy as np
 from cli_helpers import TEXT, TEXT_IDS, TINY
 
 from tinygpt_cli.storage.weights import SHIPPED
-from tinygpt_cli.transformer.config import load_config
+from tinygpt_cli.transformer.families import load_config
 from tinygpt_cli.transformer.page import CARDS
 from tinygpt_cli.transformer.sampling import create_rng, probabilities, sample
 from tinygpt_cli.transformer.schema import resolve

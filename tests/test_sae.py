@@ -308,7 +308,7 @@ def test_the_shipped_sae_reads_the_shipped_model():
     if trained_on != sha256(model.weights_file):  # a branch whose model comes at the merge
         pytest.skip("the shipped SAE was trained on other weights than weights/ holds")
     ids = np.asarray(model.tokenizer.encode("Lily wanted to play with her"))
-    from tinygpt_cli.transformer.model import run_traced as run_trace
+    from tinygpt_cli.transformer.trace import run_traced as run_trace
 
     x = run_trace(model.params, model.config, ids).get(sae.site)
     z = S.encode(sae, x)
@@ -325,7 +325,7 @@ def test_feature_over_a_text_draws_the_latent_a_numpy_encoding_gives(cli, tiny, 
 
     from safetensors.numpy import load_file
 
-    from tinygpt_cli.transformer.model import run_traced as run_trace
+    from tinygpt_cli.transformer.trace import run_traced as run_trace
 
     cfg = tiny.model.config
     path = tmp_path / "s.safetensors"

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from tinygpt_cli.storage.weights import SHIPPED, map_safetensors
+from tinygpt_cli.storage.safetensors import map_safetensors
+from tinygpt_cli.storage.weights import SHIPPED
 
 
 def test_mapped_tensors_equal_the_library_and_share_the_file(tmp_path):

@@ -247,7 +247,7 @@ def test_the_trace_holds_the_stream_by_stage_and_by_part(tiny):
     """Trace.stages and Trace.residual_parts, which lens, dla and diff read: the parts of a
     steered run (its shift one of them) add up to its last resid_post at every position."""
     from tinygpt_cli.transformer.hooks import add_vector
-    from tinygpt_cli.transformer.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     m = tiny.model
     ids = m.tokenizer.encode(TEXT)

@@ -110,7 +110,7 @@ MAY_IMPORT = {
 }
 LEAVES = {"errors", "words"}  # at the top level: imported by anyone, importing nothing
 # Left at the top for what was installed before the floors: the module each imports alone.
-COMPAT = {"entry": "cli.entry"}  # console scripts generated then import tinygpt_cli.entry
+COMPAT = {"entry": "cli.entry"}  # console scripts generated then import main from entry.py
 
 # Imports that break MAY_IMPORT today, each "module -> module" (issue 47 removes them: analyses
 # still open sessions and caches, files still read configs and tokenizers). The list may only
@@ -124,11 +124,10 @@ CLIMBS = {
         ("why_index", "cluster"), ("why_index", "threads")]),
     *(f"tinygpt_cli.storage.{a} -> tinygpt_cli.{b}" for a, b in [
         ("cache", "render.text"), ("corpus", "transformer.tokenizer"),
-        ("gguf_file", "transformer.config"), ("gguf_file", "transformer.pages"),
-        ("gguf_file", "transformer.schema"), ("gguf_vocab", "transformer.config"),
-        ("gguf_vocab", "transformer.tokenizer"), ("hub", "render.text"),
-        ("weights", "transformer.config"), ("weights", "transformer.families.gpt2"),
-        ("weights", "transformer.pages"), ("weights", "transformer.schema"),
+        ("gguf_file", "transformer.config"), ("gguf_file", "transformer.schema"),
+        ("gguf_vocab", "transformer.config"), ("gguf_vocab", "transformer.tokenizer"),
+        ("hub", "render.text"), ("weights", "transformer.config"),
+        ("weights", "transformer.families.gpt2"), ("weights", "transformer.schema"),
         ("weights", "transformer.tokenizer")]),
 }
 

@@ -19,7 +19,8 @@ from tinygpt_cli.analysis import heads as detect
 from tinygpt_cli.analysis import neurons as nrn
 from tinygpt_cli.analysis import score as sc
 from tinygpt_cli.storage.weights import load_model
-from tinygpt_cli.transformer.model import forward, run_traced
+from tinygpt_cli.transformer.model import forward
+from tinygpt_cli.transformer.trace import run_traced
 
 DATA = next((p / "shared" / "data" / "tinystories" for p in Path(__file__).resolve().parents
              if (p / "shared" / "data" / "tinystories" / "part-005.txt").is_file()), None)

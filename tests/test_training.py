@@ -31,7 +31,8 @@ from tinygpt_cli.jobs.train.data import (
 )
 from tinygpt_cli.jobs.train.loop import CHECKPOINT, LOG, Settings, evaluate, train
 from tinygpt_cli.storage.weights import load_params
-from tinygpt_cli.transformer.config import Config, load_config
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.families import load_config
 from tinygpt_cli.transformer.model import param_shapes
 from tinygpt_cli.transformer.optim import SGD, AdamW, clip_by_global_norm, decays, lr_at
 from tinygpt_cli.transformer.tokenizer import END_OF_TEXT, Tokenizer, train_tokenizer

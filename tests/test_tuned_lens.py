@@ -10,7 +10,7 @@ from conftest import FAMILIES, family_configs, random_params
 
 from tinygpt_cli.analysis import tuned_lens as tl
 from tinygpt_cli.analysis.lens import lens_logits
-from tinygpt_cli.transformer.model import run_traced
+from tinygpt_cli.transformer.trace import run_traced
 
 
 def _family(arch: str):

@@ -13,7 +13,13 @@ from safetensors.numpy import load_file, save_file
 from tinygpt_cli.errors import InputError
 from tinygpt_cli.storage.files import write_atomically
 from tinygpt_cli.storage.weights import WeightsError, load_model, load_params, save_params
-from tinygpt_cli.transformer.config import Config, load_config, save_config
+from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.families import (
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    save_config,
+)
 from tinygpt_cli.transformer.model import param_shapes
 
 CONFIG = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
@@ -226,10 +232,10 @@ SIZES = {"n_embd": 8, "n_layer": 2, "n_head": 2, "vocab_size": 11, "n_positions"
     ({"bos_token_id": 10, "eos_token_id": 9}, 10, 9, ()),
 ])
 def test_special_ids_outside_the_vocabulary_are_noted_not_refused(ids, bos, eos, unused):
-    config = Config.from_dict({**SIZES, **ids, "summary_type": "cls_index", "attn_pdrop": 0.1})
+    config = config_from_dict({**SIZES, **ids, "summary_type": "cls_index", "attn_pdrop": 0.1})
     assert (config.bos_token_id, config.eos_token_id, config.unused) == (bos, eos, unused)
     assert config == Config(**SIZES, n_inner=32, bos_token_id=bos, eos_token_id=eos)
-    assert "unused" not in config.to_hf_dict()
+    assert "unused" not in config_to_dict(config)
 
 
 @pytest.mark.parametrize("key, value", [("scale_attn_weights", False),
@@ -237,4 +243,4 @@ def test_special_ids_outside_the_vocabulary_are_noted_not_refused(ids, bos, eos,
                                         ("scale_attn_by_inverse_layer_idx", True)])
 def test_what_would_change_the_computation_is_still_refused(key, value):
     with pytest.raises(ValueError, match=f"config: {key} {value} is not supported"):
-        Config.from_dict({**SIZES, key: value})
+        config_from_dict({**SIZES, key: value})

@@ -18,7 +18,8 @@ from tinygpt_cli.analysis.lens import logit_lens
 from tinygpt_cli.analysis.variants import run_variants
 from tinygpt_cli.transformer import ops
 from tinygpt_cli.transformer.hooks import Replace, ablation
-from tinygpt_cli.transformer.model import forward, run_traced
+from tinygpt_cli.transformer.model import forward
+from tinygpt_cli.transformer.trace import run_traced
 
 IDS = np.array([3, 17, 5, 9, 22, 1])
 OTHER = np.array([4, 17, 8, 9, 2, 1])  # same length, three tokens changed
@@ -489,7 +490,7 @@ def test_mean_ablation_with_stored_means_and_with_data(cli, tiny, tmp_path, monk
 def test_means_refuse_other_weights(cli, tiny, tmp_path):
     folder = make_tiny(tmp_path / "w").folder
     (folder / "means.safetensors").write_bytes(b"")  # placeholder replaced below
-    from tinygpt_cli.transformer.config import load_config
+    from tinygpt_cli.transformer.families import load_config
 
     ms.save_means(folder / "means.safetensors",
                   {p: np.zeros(1) for p in ms.mean_paths(load_config(folder / "config.json"))},

@@ -58,9 +58,8 @@ def planted(tmp_path_factory):
     from test_history import write_stories
 
     from tinygpt_cli.analysis.why import windows
-    from tinygpt_cli.jobs.train.loop import export, save_snapshot, stamp_snapshots
+    from tinygpt_cli.jobs.train.loop import arch_config, export, save_snapshot, stamp_snapshots
     from tinygpt_cli.storage.corpus import encode_stories
-    from tinygpt_cli.transformer.config import arch_config
     from tinygpt_cli.transformer.model import init_params, loss_and_grads
     from tinygpt_cli.transformer.optim import SGD
     from tinygpt_cli.transformer.tokenizer import train_tokenizer
@@ -108,7 +107,7 @@ def test_why_value_ranks_the_windows_that_built_the_head_first(planted, tmp_path
 
     from tinygpt_cli.analysis.history import find_snapshots, history_folder
     from tinygpt_cli.storage.weights import load_model, load_params
-    from tinygpt_cli.transformer.model import run_traced
+    from tinygpt_cli.transformer.trace import run_traced
 
     clean_env(monkeypatch)
     monkeypatch.setenv("TINYGPT_WEIGHTS", str(planted.weights))

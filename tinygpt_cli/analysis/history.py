@@ -57,9 +57,9 @@ def history_folder(model: Model) -> Path:
 
 def _metadata(path: Path) -> dict:
     """The safetensors header's __metadata__, read without loading the tensors (by the one
-    header reader, weights.header_json: its limits, its one line for a header that is not
+    header reader, safetensors.header_json: its limits, its one line for a header that is not
     JSON or nested too deep)."""
-    from ..storage.weights import header_json
+    from ..storage.safetensors import header_json
 
     if not path.is_file():  # a FIFO or a device would block the read, a folder fail it
         raise WeightsError(f"{path} is not a regular file")

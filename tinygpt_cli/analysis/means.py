@@ -84,8 +84,7 @@ def batch_sums(task: tuple, shared: tuple) -> list[tuple[int, dict[str, np.ndarr
 
 
 def means_bytes(means: dict[str, np.ndarray], meta: dict) -> bytes:
-    from ..storage.weights import safetensors_bytes
-    from .steer import metadata_strings
+    from ..storage.safetensors import metadata_strings, safetensors_bytes
 
     tensors = {p: np.ascontiguousarray(v, dtype=np.float32) for p, v in means.items()}
     return safetensors_bytes(tensors, metadata_strings(meta))
@@ -98,7 +97,7 @@ def save_means(path: str | Path, means: dict[str, np.ndarray], meta: dict) -> No
 def header_limit(config: Config) -> int:
     """The most header bytes a means file of this model needs: a header of a million made-up
     entries is refused before it is parsed, as the weights' is."""
-    from ..storage.weights import header_bytes
+    from ..storage.safetensors import header_bytes
 
     return header_bytes(len(mean_paths(config)))
 
@@ -116,7 +115,7 @@ def means_hint(path: Path) -> str:
 def load_means(path: str | Path, config: Config,
                weights_sha256: str) -> tuple[dict[str, np.ndarray], dict]:
     """The stored means and their metadata, refused when they belong to other weights."""
-    from ..storage.weights import read_safetensors
+    from ..storage.safetensors import read_safetensors
 
     path = Path(path)
     hint = means_hint(path)

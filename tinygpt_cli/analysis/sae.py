@@ -34,166 +34,52 @@ from ..transformer.config import Config
 from ..transformer.hooks import Chain, RecordOnly, Replace, StopAfter, chained
 from ..transformer.model import forward
 from ..transformer.optim import SAE_BETAS, AdamW
-from ..transformer.schema import resolve
 from ..transformer.wiring import FORWARD
+from .dictionary import (
+    SAE as SAE,
+)
+from .dictionary import (
+    SITE_KINDS as SITE_KINDS,
+)
+from .dictionary import (
+    _normalised as _normalised,
+)
+from .dictionary import (
+    _scale_out as _scale_out,
+)
+from .dictionary import (
+    activate as activate,
+)
+from .dictionary import (
+    centre as centre,
+)
+from .dictionary import (
+    check_site as check_site,
+)
+from .dictionary import (
+    decode as decode,
+)
+from .dictionary import (
+    decoder_norms as decoder_norms,
+)
+from .dictionary import (
+    encode as encode,
+)
+from .dictionary import (
+    pre_activations as pre_activations,
+)
+from .dictionary import (
+    reconstruct as reconstruct,
+)
+from .dictionary import (
+    top_k_relu as top_k_relu,
+)
 
 # The blocks this analysis implements (wiring.require refuses others by name): a recorded value
 # encoded.
 HANDLES = FORWARD
 
-SITE_KINDS = ("resid_pre", "resid_mid", "resid_post", "mlp_out")
 AUX_SCALE = 1 / 32  # Gao et al.'s alpha for the AuxK loss
-
-
-def check_site(path: str, config: Config) -> str:
-    """The canonical path of an SAE site: layers.N.resid_pre|resid_mid|resid_post|mlp_out."""
-    from ..transformer.schema import PathError
-
-    try:
-        name, rows = resolve(path, config)
-    except PathError as e:
-        if "is not a value of this model" in e.message and path.split(".")[-1] in SITE_KINDS:
-            raise InputError(e.message) from None  # a site this family has not (resid_mid
-        name, rows = None, None  # of a parallel block, GPT-NeoX's), with why
-    parts = (name or "").split(".")
-    kinds = [k for k in SITE_KINDS if k != "resid_mid" or not config.parallel]
-    if rows or len(parts) != 3 or parts[0] != "layers" or parts[2] not in kinds:
-        raise InputError(f"an SAE reads layers.N.{', '.join(kinds[:-1])} or {kinds[-1]} "
-                         f"(N = 0..{config.n_layer - 1}), not {path!r}")
-    return name
-
-
-# ------------------------------------------------------------------ the autoencoder
-
-
-@dataclass
-class SAE:
-    """tinygpt's own SAEs are TopK ones with the defaults below; a SAELens dictionary
-    (saelens.py) may be any of SAELens' three inference architectures, with its settings:
-
-        topk       z = TopK_k(ReLU(a)), a * ||W_dec[j]|| first when `rescale`
-        standard   z = ReLU(a)
-        jumprelu   z = ReLU(a) where a > threshold, else 0
-    where a = (x' - b_dec) W_enc + b_enc (x' without "- b_dec" when not `b_dec_in`), x' the
-    value x normalised per token as `normalize` says (none; constant_norm_rescale:
-    x sqrt(d) / ||x||; layer_norm: (x - mean) / (std + 1e-5)), undone on the reconstruction.
-    """
-
-    W_enc: np.ndarray  # noqa: N815 [d, m]
-    b_enc: np.ndarray  # [m]
-    W_dec: np.ndarray  # noqa: N815 [m, d], rows unit norm (tinygpt's own)
-    b_dec: np.ndarray  # [d]
-    site: str
-    k: int | None  # TopK's k; None for the other architectures
-    path: str = "the SAE"  # the file it was read from, for errors
-    architecture: str = "topk"
-    threshold: np.ndarray | None = None  # jumprelu's [m]
-    b_dec_in: bool = True  # SAELens' apply_b_dec_to_input
-    normalize: str = "none"  # SAELens' normalize_activations
-    rescale: bool = False  # SAELens' rescale_acts_by_decoder_norm (topk)
-    b_in: np.ndarray | None = None  # [d] a transcoder's fixed input centre; None: b_dec
-    skip: np.ndarray | None = None  # [d, d] a transcoder's affine skip: + x skip (Gemma Scope 2)
-
-    @property
-    def n_latents(self) -> int:
-        return self.W_enc.shape[1]
-
-    def params(self) -> dict[str, np.ndarray]:
-        return {"W_enc": self.W_enc, "b_enc": self.b_enc, "W_dec": self.W_dec, "b_dec": self.b_dec}
-
-
-def pre_activations(sae: SAE, x: np.ndarray) -> np.ndarray:
-    """(x - b_dec) W_enc + b_enc (a transcoder's: x - b_in), of x normalised as the SAE
-    says.  [..., d] -> [..., m]"""
-    if sae.normalize != "none":
-        x = _normalised(sae, x)
-    return (x - centre(sae) if sae.b_dec_in else x) @ sae.W_enc + sae.b_enc
-
-
-def centre(sae: SAE) -> np.ndarray:
-    """What the encoder subtracts from its input: b_dec, or a transcoder's b_in."""
-    return sae.b_dec if sae.b_in is None else sae.b_in
-
-
-def _normalised(sae: SAE, x: np.ndarray) -> np.ndarray:
-    """SAELens' run-time normalisation of the input, per token. A value of all zeros has no
-    norm to scale to sqrt(d) (SAELens computes 0 * inf, NaN): InputError naming it."""
-    if sae.normalize == "constant_norm_rescale":
-        norms = np.linalg.norm(x, axis=-1, keepdims=True)
-        if not norms.all():
-            where = np.argwhere(norms[..., 0] == 0)[0]
-            at = f" at token {where[-1]}" if len(where) else ""
-            raise InputError(f"{sae.path}: the SAE scales each value to norm sqrt(d_in) "
-                             f"(normalize_activations constant_norm_rescale), and {sae.site}"
-                             f"{at} is all zeros, which has no norm to scale")
-        return x * (np.sqrt(x.shape[-1]) / norms)
-    centred = x - x.mean(axis=-1, keepdims=True)  # layer_norm: torch's std is unbiased
-    return centred / (centred.std(axis=-1, ddof=1, keepdims=True) + 1e-5)
-
-
-def _scale_out(sae: SAE, x: np.ndarray) -> tuple[np.ndarray | float, np.ndarray | float]:
-    """(s, c) such that the reconstruction in x's units is y s + c (the normalisation of x,
-    undone as SAELens undoes it)."""
-    if sae.normalize == "constant_norm_rescale":
-        return np.linalg.norm(x, axis=-1, keepdims=True) / np.sqrt(x.shape[-1]), 0.0
-    if sae.normalize == "layer_norm":
-        mean = x.mean(axis=-1, keepdims=True)
-        return (x - mean).std(axis=-1, ddof=1, keepdims=True), mean
-    return 1.0, 0.0
-
-
-def decoder_norms(sae: SAE) -> np.ndarray:
-    return np.linalg.norm(sae.W_dec, axis=1)  # [m]
-
-
-def activate(sae: SAE, a: np.ndarray) -> np.ndarray:
-    """The latents of pre-activations a [..., m], by the SAE's architecture."""
-    if sae.architecture == "topk":
-        return top_k_relu(a * decoder_norms(sae) if sae.rescale else a, sae.k)
-    z = np.maximum(a, 0)
-    return z * (a > sae.threshold) if sae.architecture == "jumprelu" else z
-
-
-def top_k_relu(a: np.ndarray, k: int) -> np.ndarray:
-    """ReLU, then keep the k largest of each row (ties: the lower index), zero the rest."""
-    a = np.maximum(a, 0)
-    if k >= a.shape[-1]:
-        return a
-    keep = np.argpartition(-a, k - 1, axis=-1)[..., :k]
-    z = np.zeros_like(a)
-    np.put_along_axis(z, keep, np.take_along_axis(a, keep, axis=-1), axis=-1)
-    return z
-
-
-def encode(sae: SAE, x: np.ndarray) -> np.ndarray:
-    """The latents z [..., m] of values x [..., d]; they must stay finite (an encoder of
-    3e38 made every latent inf): WeightsError naming the file otherwise."""
-    from ..transformer.model import all_finite
-
-    with np.errstate(all="ignore"):
-        z = activate(sae, pre_activations(sae, x))
-    if not all_finite(z):
-        raise WeightsError(f"{sae.path}: its latents overflow float32 on these values (W_enc "
-                           "or b_enc too large to compute with)")
-    return z
-
-
-def decode(sae: SAE, z: np.ndarray, x: np.ndarray | None = None) -> np.ndarray:
-    """z W_dec + b_dec, in the units of the values x that z encodes (needed only when the
-    SAE normalises its input, or adds a skip connection x skip).  [..., m] -> [..., d]"""
-    y = (z / decoder_norms(sae) if sae.rescale else z) @ sae.W_dec + sae.b_dec
-    if sae.skip is not None:
-        if x is None:
-            raise ValueError("a skip connection's output needs the input x")
-        y = y + x @ sae.skip
-    if sae.normalize == "none":
-        return y
-    scale, shift = _scale_out(sae, x)
-    return y * scale + shift
-
-
-def reconstruct(sae: SAE, x: np.ndarray) -> np.ndarray:
-    return decode(sae, encode(sae, x), x)
 
 
 def latent_share(sae: SAE, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -343,8 +229,7 @@ def sae_tensors(sae: SAE) -> dict[str, np.ndarray]:
 
 
 def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> None:
-    from ..storage.weights import safetensors_bytes
-    from .steer import metadata_strings
+    from ..storage.safetensors import metadata_strings, safetensors_bytes
 
     info = {"site": sae.site, "k": str(sae.k), **metadata_strings(meta or {})}
     write_atomically(Path(path), safetensors_bytes(sae_tensors(sae), info))
@@ -356,7 +241,7 @@ def load_sae(path: str | Path, config: Config, weights_file: Path, *,
     one its file name says, when the name is a site), k, made for `weights_file`. A folder
     is a SAELens dictionary (saelens.py). `default_site`: the path is the weights folder's
     SAE of that site (sae_file), not one the user named with --sae."""
-    from ..storage.weights import read_safetensors
+    from ..storage.safetensors import read_safetensors
 
     path = Path(path)
     if path.is_dir() and (path / "params.safetensors").is_file():

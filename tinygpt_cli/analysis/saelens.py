@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import InputError, WeightsError
 from ..storage.files import read_json_object
 from ..transformer.config import Config
-from .sae import SAE, check_site
+from .dictionary import SAE, check_site
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
 ARCHITECTURES = ("standard", "topk", "jumprelu")
@@ -142,7 +142,7 @@ def settings(folder: Path, cfg: dict, config: Config) -> dict:
 def read_tensors(path: Path, d: int, m: int, arch: str) -> dict[str, np.ndarray]:
     """The weights, checked: the tensors SAELens writes for `arch`, of the sizes cfg.json
     says, real floating-point numbers, all finite; float32 for the math."""
-    from ..storage.weights import header_bytes, map_safetensors, read_header
+    from ..storage.safetensors import header_bytes, map_safetensors, read_header
 
     if not path.is_file():
         raise WeightsError(f"{path.parent} has {CFG} but no {WEIGHTS}")
@@ -222,7 +222,7 @@ def saelens_files(sae: SAE, config: Config, made_for: dict[str, str],
                   model_name: str) -> dict[str, bytes]:
     """cfg.json and sae_weights.safetensors of `sae`, as SAELens 6 writes a TopK SAE
     (hook_name also at the top level with hook_layer, for the readers before 6)."""
-    from ..storage.weights import safetensors_bytes
+    from ..storage.safetensors import safetensors_bytes
 
     if sae.architecture != "topk" or sae.normalize != "none" or not sae.b_dec_in:
         raise InputError(f"{sae.path} is already a SAELens dictionary ({sae.architecture}); "

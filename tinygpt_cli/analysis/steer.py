@@ -234,14 +234,6 @@ def steer_report(params, config: Config, pos: list[list[int]], neg: list[list[in
 # ------------------------------------------------------------------ the direction file
 
 
-def metadata_strings(meta: dict) -> dict[str, str]:
-    """safetensors metadata (strings only): strings as they are, any other value as JSON,
-    such as a steered run's {"steered": {site, scale, norm, toward and away or vector}}, by
-    which a file made from a steered run says so."""
-    return {k: v if isinstance(v, str) else json.dumps(v, sort_keys=True)
-            for k, v in meta.items()}
-
-
 # A direction file is a safetensors file holding the tensor `direction` [d] (float32), or, for
 # a set of directions (an SAE's `W_dec` [m, d], a multiclass probe's `directions` [C, d]), a
 # 2-D tensor from which `FILE#N` picks row N. Its metadata (all optional) says what it is:
@@ -254,10 +246,10 @@ ROWS = ("W_dec", "directions")
 
 def direction_file(vector: np.ndarray, site_path: str, kind: str, source: dict,
                    rows: np.ndarray | None = None, meta: dict[str, str] | None = None) -> bytes:
-    """The safetensors bytes (weights.safetensors_bytes: the same vector gives the same
+    """The safetensors bytes (safetensors.safetensors_bytes: the same vector gives the same
     bytes). `meta` is more metadata (metadata_strings: the steering of the run it was found
     in)."""
-    from ..storage.weights import safetensors_bytes
+    from ..storage.safetensors import metadata_strings, safetensors_bytes
 
     tensors = {"direction": np.ascontiguousarray(vector, dtype="<f4")}
     if rows is not None:
@@ -350,7 +342,7 @@ def _read_npy(path) -> np.ndarray:
 def _read_tensors(path) -> tuple[dict[str, np.ndarray], dict]:
     if path.suffix == ".npy":
         return {"direction": _read_npy(path)}, {}
-    from ..storage.weights import read_safetensors
+    from ..storage.safetensors import read_safetensors
 
     return read_safetensors(path, label=f"--steer-vector {path}")
 

@@ -133,7 +133,7 @@ def gemma_scope_transcoder(folder: Path, config: Config, layer: int) -> S.SAE:
 
 
 def load_transcoder(path: Path, config: Config, weights_file: Path, layer: int) -> S.SAE:
-    from ..storage.weights import read_safetensors
+    from ..storage.safetensors import read_safetensors
 
     if not path.is_file():
         raise InputError(f"no transcoder for block {layer} at {path}: "

@@ -229,8 +229,7 @@ def tuned_stage_logits(trace, tr: Translators, params, config: Config
 
 
 def save_translators(path: str | Path, tr: Translators, meta: dict[str, str]) -> None:
-    from ..storage.weights import safetensors_bytes
-    from .steer import metadata_strings
+    from ..storage.safetensors import metadata_strings, safetensors_bytes
 
     t = {f"A.{i}": np.ascontiguousarray(a, np.float32) for i, a in enumerate(tr.A)}
     t.update({f"b.{i}": np.ascontiguousarray(b, np.float32) for i, b in enumerate(tr.b)})
@@ -241,7 +240,7 @@ def load_translators(path: str | Path, config: Config, weights_file: Path) -> Tr
     """The translators of a tuned lens file, checked: every stage's A [d, d] and b [d],
     finite, made for `weights_file` (madefor)."""
     from ..storage.madefor import check_made_for
-    from ..storage.weights import read_safetensors
+    from ..storage.safetensors import read_safetensors
 
     path = Path(path)
     if not path.is_file():

@@ -429,7 +429,7 @@ def _latent_value(model, ids: list[int], value: str, hooks=None) -> Value:
     import re
 
     from ..errors import InputError
-    from ..transformer.model import run_traced
+    from ..transformer.trace import run_traced
     from . import exact_tracin as ex
     from .sae import encode, parse_latent_path, site_sae
 
@@ -507,7 +507,7 @@ def value_of(model, ids: list[int], value: str | None, target: int, vs: int | No
     import re
 
     from ..errors import InputError
-    from ..transformer.model import run_traced
+    from ..transformer.trace import run_traced
     from . import exact_tracin as ex
     from . import heads
 

@@ -42,8 +42,6 @@ def main(command, args: list[str], context: RunContext):
     """command.main(args) with the run context, or once per line when args hold --each-line
     FILE (the context then opens each folder once and makes the lines' passes ahead)."""
     options = args[: args.index("--")] if "--" in args else args  # after '--' all is text
-    from .entry import check_once
-
     check_once(options, "--weights")
     each = any(a == OPTION or a.startswith(OPTION + "=") for a in options)
     mean = MEAN in options
@@ -102,8 +100,6 @@ def _text_command(command, rest: list[str], reads, what: str):
     """(name, click command) of the command in `rest`, which must read what `reads(command)`
     asks (a text: reads_text; a text or a pair: reads_lines); else InputError saying `what`
     and naming those that do."""
-    from .entry import command_word
-
     name = command_word(command, rest)
     sub = getattr(command, "commands", {}).get(name) if name else None
     if sub is None or not reads(sub):
@@ -275,3 +271,28 @@ def take_option(args: list[str], option: str = OPTION,
     if not source:
         raise InputError(f"{option} needs {needs}")
     return source, rest
+
+
+def command_word(group, args: list[str]) -> str | None:
+    """The command's name in args: the first word that is not an option of the group or the
+    value of one (`tinygpt --weights DIR probs`: probs, not DIR)."""
+    takes_value = {o for p in group.params if not getattr(p, "is_flag", True) for o in p.opts}
+    words = iter(args)
+    for a in words:
+        if a in takes_value:
+            next(words, None)
+        elif not a.startswith("-"):
+            return a
+    return None
+
+
+def check_once(options: list[str], name: str) -> None:
+    """An option of one value given twice (`--weights A probs --weights B`: click keeps the
+    last without a word, even when the first names no folder) is refused, naming both."""
+    values = [a[len(name) + 1:] if a.startswith(name + "=") else
+              (options[i + 1] if i + 1 < len(options) else None)
+              for i, a in enumerate(options) if a == name or a.startswith(name + "=")]
+    values = [v for v in values if v is not None]  # a value missing is click's to say
+    if len(values) > 1:
+        shown = " and ".join(f"{name} {v}" for v in values[:2])
+        raise InputError(f"{name} is given twice ({shown}): give it once")

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 # This module is imported to register every command, including for `tinygpt --help`: it
 # imports only typer here, and NumPy, Rich and the model inside the functions that use them.
 
-__all__ = ["FORCE", "LAST", "InputError", "QUIET", "SAVE", "at_least", "bar", "check_index",
+__all__ = ["FORCE", "InputError", "QUIET", "SAVE", "at_least", "bar", "check_index",
            "check_out", "check_save", "encode_checked", "encode_text", "figures", "load",
            "open_folder", "open_session", "present", "progress", "progress_report",
            "read_text", "run", "save_figure", "show_view", "stderr", "stdout", "wide"]
@@ -92,13 +92,6 @@ TRAINING_TEXT = typer.Option(None, "--data", help="Stories: a folder of part-*.t
 TRAINING_SEED = typer.Option(0, "--seed", "-s", help="Seed of the initialisation and the "
                              "batches.")
 
-# Every command that reads one text through its session takes this (cli/steering.py adds it,
-# as it adds the steering options; a command that reads a long text its own way is marked
-# @own_length there).
-LAST = typer.Option(None, "--last", min=1, metavar="N", show_default=False,
-                    help="Read only the text's last N tokens (a text longer than the model's "
-                    "context is refused without it); --json says how many were dropped.")
-
 # Where a prediction is scored ("why this token"): which token, and against which.
 TARGET = typer.Option(None, "--target", help="The token whose score is explained: its exact "
                       "text (' toys', with its space; '5' is the digit), or #ID for an id "
@@ -108,32 +101,6 @@ ANY_DATA = typer.Option(False, "--any-data", help="Use --data even where it is n
                         "WEIGHTS/data.json records.")
 VS = typer.Option(None, "--vs", help="Explain logit[target] - logit[vs] instead of the target's "
                   "logit alone (a token's exact text, or #ID for an id).", show_default=False)
-
-# The SAEs whose latents --ablate sae.SITE.N and `trace TEXT sae.SITE` name: every command that
-# takes --ablate also takes this (cli/steering.py adds it, as it adds the steering options).
-SAES = typer.Option(None, "--sae", metavar="SAE", show_default=False,
-                    help="An SAE for the latents sae.SITE.N name (repeatable; default: the "
-                    "weights folder's sae/SITE.safetensors): a tinygpt SAE file, or a SAELens "
-                    "folder (cfg.json + sae_weights.safetensors).")
-
-# Steering: every command that runs the model on a text takes these (cli/steering.py adds
-# them to each command that takes --ablate; declared here once).
-STEER_OPTIONS = {
-    "steer": typer.Option(None, "--steer", metavar="TEXT", show_default=False,
-                          help="Steer the run: add scale * v to layers.L.resid_pre at every "
-                          "position, v = mean resid_pre[L](TEXT) - mean resid_pre[L](AWAY)."),
-    "steer_away": typer.Option(None, "--steer-away", metavar="AWAY", show_default=False,
-                               help="The text --steer steers away from."),
-    "steer_vector": typer.Option(None, "--steer-vector", metavar="FILE[#N]",
-                                 show_default=False, help="Steer by a saved direction instead "
-                                 "(tinygpt steer/probe --out, .npy, or row N of an SAE's W_dec)."),
-    "steer_layer": typer.Option(None, "--steer-layer", metavar="L", show_default=False,
-                                help="The block whose input is steered (default: the one the "
-                                "--steer-vector file names)."),
-    "steer_scale": typer.Option(1.0, "--steer-scale", metavar="C",
-                                help="How much of the vector to add; 0 is the unsteered run."),
-}
-
 
 # --save, --force, --quiet: every command that draws something takes all three
 # (render/output.py writes the pictures; --quiet is held in the command's run context).

@@ -14,13 +14,14 @@ whatever it raises turned into the output contract's one `error: ...` line and e
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import signal
 import sys
 
 from ..surfaces.commands import chosen_command
-from .exits import INTERRUPTED, OK, USAGE, error, failed, fresh_line
+from .exits import FAULT, INTERRUPTED, OK, USAGE, error, fresh_line
 
 
 def _interrupted_at_start(signum, frame) -> None:  # noqa: ARG001 - the signal handler's signature
@@ -78,33 +79,6 @@ def _flushed() -> bool:
     except (OSError, ValueError):
         return False
     return True
-
-
-def command_word(group, args: list[str]) -> str | None:
-    """The command's name in args: the first word that is not an option of the group or the
-    value of one (`tinygpt --weights DIR probs`: probs, not DIR)."""
-    takes_value = {o for p in group.params if not getattr(p, "is_flag", True) for o in p.opts}
-    words = iter(args)
-    for a in words:
-        if a in takes_value:
-            next(words, None)
-        elif not a.startswith("-"):
-            return a
-    return None
-
-
-def check_once(options: list[str], name: str) -> None:
-    """An option of one value given twice (`--weights A probs --weights B`: click keeps the
-    last without a word, even when the first names no folder) is refused, naming both."""
-    values = [a[len(name) + 1:] if a.startswith(name + "=") else
-              (options[i + 1] if i + 1 < len(options) else None)
-              for i, a in enumerate(options) if a == name or a.startswith(name + "=")]
-    values = [v for v in values if v is not None]  # a value missing is click's to say
-    if len(values) > 1:
-        shown = " and ".join(f"{name} {v}" for v in values[:2])
-        from ..errors import InputError
-
-        raise InputError(f"{name} is given twice ({shown}): give it once")
 
 
 def _text_like(args: list[str]) -> str | None:
@@ -256,3 +230,34 @@ def run(argv: list[str] | None = None, context=None) -> None:
     except Exception as e:  # noqa: BLE001 - the contract: no traceback without --debug
         code = failed(e, debug)
     streams.finish(code if isinstance(code, int) else 0)
+
+
+def too_many_digits(e: Exception) -> bool:
+    """Python's own refusal to read an integer string of over 4,300 digits (a guard against
+    slow conversions), raised as a plain ValueError by int() wherever the tool reads one."""
+    return type(e) is ValueError and "integer string conversion" in str(e)
+
+
+def failed(e: Exception, debug: bool) -> int:
+    """The exit code a command's exception ends with, its error line said; with `debug` the
+    exception goes on (its traceback) instead, unless it is a reader gone (`| head`)."""
+    from ..errors import InputError, WeightsError  # PathError is an InputError
+    from . import streams
+
+    if isinstance(e, BrokenPipeError) or (isinstance(e, OSError) and e.errno == errno.EPIPE):
+        return streams.reader_gone()
+    if debug:
+        raise e
+    if isinstance(e, InputError):
+        return error(str(e), USAGE)
+    if isinstance(e, WeightsError):
+        return error(str(e), FAULT)
+    if isinstance(e, OSError):
+        if not e.filename and streams.stdout_failed():  # `> /dev/full`
+            return error(f"cannot write to standard output: {e.strerror or e}", FAULT)
+        where = f": {e.filename}" if e.filename else ""
+        return error(f"{e.strerror or e}{where}", FAULT)
+    if too_many_digits(e):  # wherever a number is read: an option, a path, an id
+        return error("a number of more than 4,300 digits: no option, index or token id is "
+                     "anywhere near that large", USAGE)
+    return error(f"{type(e).__name__}: {e} (run again with --debug for the traceback)", FAULT)

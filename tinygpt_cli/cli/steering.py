@@ -4,7 +4,7 @@ Every command is written `def name(context: RunContext, ...options)`: `with_cont
 into the Typer callback, which takes the run context the entry point made (click's `obj`, a
 fresh RunContext when there is none) and gives the command its own copy (for_command). A
 command marked @steerable also takes --steer, --steer-away, --steer-vector, --steer-layer and
---steer-scale (declared once: common.STEER_OPTIONS), held in its context; `steering(context,
+--steer-scale (declared once: STEER_OPTIONS below), held in its context; `steering(context,
 model)` turns them into the hook its session runs with (common.open_session; the commands
 whose analyses run the model themselves pass `steering(context, model)[0]` on as their
 hooks), and once the command has done its work each steering made is said on stderr.
@@ -21,8 +21,40 @@ import typer
 
 from ..errors import InputError
 from ..render.output import say_steered
-from .common import LAST, SAES, STEER_OPTIONS
 from .context import RunContext, SteerOptions
+
+# Every command that reads one text through its session takes this (added here,
+# as the steering options are; a command that reads a long text its own way is marked
+# @own_length).
+LAST = typer.Option(None, "--last", min=1, metavar="N", show_default=False,
+                    help="Read only the text's last N tokens (a text longer than the model's "
+                    "context is refused without it); --json says how many were dropped.")
+
+# The SAEs whose latents --ablate sae.SITE.N and `trace TEXT sae.SITE` name: every command that
+# takes --ablate also takes this (added here, as the steering options are).
+SAES = typer.Option(None, "--sae", metavar="SAE", show_default=False,
+                    help="An SAE for the latents sae.SITE.N name (repeatable; default: the "
+                    "weights folder's sae/SITE.safetensors): a tinygpt SAE file, or a SAELens "
+                    "folder (cfg.json + sae_weights.safetensors).")
+
+# Steering: every command that runs the model on a text takes these (added to each
+# command that takes --ablate; declared here once).
+STEER_OPTIONS = {
+    "steer": typer.Option(None, "--steer", metavar="TEXT", show_default=False,
+                          help="Steer the run: add scale * v to layers.L.resid_pre at every "
+                          "position, v = mean resid_pre[L](TEXT) - mean resid_pre[L](AWAY)."),
+    "steer_away": typer.Option(None, "--steer-away", metavar="AWAY", show_default=False,
+                               help="The text --steer steers away from."),
+    "steer_vector": typer.Option(None, "--steer-vector", metavar="FILE[#N]",
+                                 show_default=False, help="Steer by a saved direction instead "
+                                 "(tinygpt steer/probe --out, .npy, or row N of an SAE's W_dec)."),
+    "steer_layer": typer.Option(None, "--steer-layer", metavar="L", show_default=False,
+                                help="The block whose input is steered (default: the one the "
+                                "--steer-vector file names)."),
+    "steer_scale": typer.Option(1.0, "--steer-scale", metavar="C",
+                                help="How much of the vector to add; 0 is the unsteered run."),
+}
+
 
 # typer reads the real types of the added parameters from here (the modules' own are strings)
 _TYPES = {"steer": Optional[str], "steer_away": Optional[str],  # noqa: UP045 - typer needs it

@@ -106,10 +106,10 @@ def train_cmd(
     Example: tinygpt train --data ../shared/data/tinystories --out runs/a --steps 3000
     Example: tinygpt train --data ../shared/data/tinystories --out runs/b --optimizer sgd --lr 0.3
     """
-    from ..jobs.train.loop import Settings, train
+    from ..jobs.train.loop import Settings, arch_config, check_training_memory, train
     from ..render.training import TrainingProgress
     from ..storage.corpus import split_data
-    from ..transformer.config import arch_config, check_training_memory, check_vocab_size
+    from ..transformer.config import check_vocab_size
 
     if resume and force:
         raise InputError("--resume and --force contradict each other: choose one")

@@ -23,16 +23,9 @@ import numpy as np
 from ..errors import InputError, check_index, check_utf8
 from ..storage.weights import Model, load_model
 from ..transformer.hooks import Chain, Hook, ablation, bind, check_reached, hooked_path
-from ..transformer.model import (
-    all_finite,
-    forward,
-    logits_of,
-    record,
-    run_to_final_norm,
-    run_traced,
-)
+from ..transformer.model import all_finite, forward, logits_of, record, run_to_final_norm
 from ..transformer.schema import PathError
-from ..transformer.trace import Trace
+from ..transformer.trace import Trace, run_traced
 from ..words import count
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from .cells import MASKED, cell_text, keep
 from .text import row_label, show_token
 
 # Characters surely one column wide (cell_len 1 in Rich): printable ASCII, printable Latin-1
@@ -19,22 +20,8 @@ from .text import row_label, show_token
 # combining, zero-width characters) is left to Rich's own measure.
 _NARROW = frozenset(map(chr, range(0x20, 0x7F))) | frozenset(
     chr(c) for c in range(0xA1, 0x100) if c != 0xAD) | frozenset("␣↵⇥␍…·×")
-MASKED = "  ·  "  # a key after its query (or a -inf score)
 ROWS_NOTE = "rows: the token looking; columns: the tokens it looks at; each row sums to 1"
 SCORES_NOTE = "-inf above the diagonal: a token cannot look ahead"
-
-
-def cell_text(x: float) -> str:
-    """One finite cell of the grid, five characters wide."""
-    return f"{x:5.2f}"[-5:] if abs(x) < 10 else f"{x:5.1f}"[-5:]
-
-
-def keep(n: int, m: int) -> list[int | None]:
-    """m of n column indices, the first and last around None (the `…` column)."""
-    if m >= n:
-        return list(range(n))
-    left = (m + 1) // 2
-    return list(range(left)) + [None] + list(range(n - (m - left), n))
 
 
 def heads_view(path: str, grids, tokens: list[str], scores: bool, full: bool):

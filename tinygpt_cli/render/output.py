@@ -88,7 +88,7 @@ def save_arrays(context: RunContext, path: Path, arrays: dict, force: bool = Fal
         np.save(buf, np.asarray(next(iter(arrays.values()))), allow_pickle=False)
         data = buf.getvalue()
     else:
-        from ..storage.weights import safetensors_bytes
+        from ..storage.safetensors import safetensors_bytes
 
         arrays = {k: np.asarray(v) for k, v in arrays.items()}
         text = [k for k, v in arrays.items() if v.dtype.kind not in "biuf"]

@@ -11,8 +11,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .heads import MASKED, cell_text
-from .heads import keep as _keep
+from .cells import MASKED, cell_text
+from .cells import keep as _keep
 from .numbers import fmt, shape_str, stats  # noqa: F401  (other views import them from here)
 from .quick_table import QuickTable, has_controls, plain_lines, text_lines
 from .text import escape_line, row_label, show_token

@@ -561,7 +561,7 @@ def read_params(path: Path, lay: Layout, config: Config,
     held both whole and dequantized, and the file's pages of it are let go of once read."""
     import numpy as np
 
-    from ..transformer.pages import fresh_pages
+    from .pages import fresh_pages
 
     shapes = _shapes(config)
     params = {}
@@ -649,8 +649,8 @@ def _same_as_table(lay: Layout, entry: TensorEntry, table, path: Path) -> None:
 
 
 def _let_go(lay: Layout, e: TensorEntry) -> None:
-    """The file's pages of a tensor once dequantized (weights._let_go)."""
-    from .weights import _let_go as let_go
+    """The file's pages of a tensor once dequantized (safetensors._let_go)."""
+    from .safetensors import _let_go as let_go
 
     begin = lay.data_start + e.offset
     let_go(lay.buf, begin, begin + e.nbytes)

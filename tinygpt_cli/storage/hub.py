@@ -192,7 +192,7 @@ def missing_files(folder: Path) -> str | None:
     index = folder / "model.safetensors.index.json"
     if not index.is_file():
         return "model.safetensors"
-    from .weights import shards_of
+    from .safetensors import shards_of
 
     for shard in sorted(shards_of(index)):
         if not (folder / shard).is_file():

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 # The vocabulary sizes training accepts (here, not in tokenizer.py, so that the CLI can name
 # them in its help without importing `tokenizers`).
@@ -159,23 +157,6 @@ class Config:
         one for its full-attention blocks)."""
         return self.rotary_bases[layer] if self.rotary_bases else self.rotary_base
 
-    def to_hf_dict(self) -> dict:
-        """The config.json of this model's family, as `transformers` reads it."""
-        from .families import family
-
-        return family(self.model_type).config_to_hf(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Config:
-        """A config.json's object, read by the converter of its `model_type` (a file without
-        one is GPT-2's, as older GPT-2 files are); a model_type tinygpt has no converter for
-        is refused by name, never read as GPT-2."""
-        from .families import family
-
-        if not isinstance(d, dict):
-            raise ValueError(f"config: expected a JSON object, got {type(d).__name__}")
-        return family(d.get("model_type", "gpt2")).config_from_hf(d)
-
 
 # The values of each architecture knob that model.py implements.
 ARCHITECTURES = {"norm": ("layer", "rms"), "positions": ("learned", "rotary"),
@@ -224,75 +205,6 @@ def shown(x, most: int = 40) -> str:
     return text if len(text) <= most else text[: most - 1] + "…"
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and check a config.json; any fault is a ValueError with a one-line message."""
-    path = Path(path)
-    with open(path, "rb") as f:
-        raw = f.read(MAX_CONFIG_BYTES + 1)
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ValueError(f"config: larger than {MAX_CONFIG_BYTES:,} bytes; not a GPT-2 config")
-    try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
-    except RecursionError:
-        raise ValueError("config: nested too deeply to be a GPT-2 config") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"config: not valid JSON ({e})") from None
-    except ValueError as e:  # Python's own limit on integer strings, with its hint for coders
-        if "integer string conversion" not in str(e):
-            raise
-        raise ValueError("config: a number of more than 4,300 digits; no size of a GPT-2 "
-                         "model is anywhere near that large") from None
-    return Config.from_dict(data)
-
-
-def _no_constant(name: str):
-    raise ValueError(f"config: {name} is not a number JSON allows")
-
-
-def save_config(config: Config, path: str | Path) -> None:
-    from ..storage.files import write_atomically
-
-    text = json.dumps(config.to_hf_dict(), indent=2, sort_keys=True) + "\n"
-    write_atomically(Path(path), text.encode("utf-8"))
-
-
-def arch_config(arch: str, **sizes) -> Config:
-    """A new model of one family's block (`tinygpt train --arch`): GPT-2's; GPT-Neo's
-    (unscaled scores, every other block local, seeing the last n_positions / 2 keys);
-    GPT-NeoX's (rotary on a quarter of each head, parallel blocks, exact GELU, untied head, as
-    Pythia); Llama's (RMSNorm, rotary, SwiGLU, half as many key/value heads, no biases,
-    tied as SmolLM2); Gemma 3's (Llama's with four norms a block, q/k norms, one key/value
-    head, GeGLU, five of six blocks local to n_positions / 2 keys with base 10,000, the rest
-    1,000,000, the embeddings times sqrt(d) in float32)."""
-    from .families.gemma3 import rounded
-
-    n_layer, n_head = sizes.get("n_layer", 4), sizes.get("n_head", 4)
-    d_k = sizes.get("n_embd", 128) // n_head if n_head else 0
-    full = [(i + 1) % 6 == 0 for i in range(n_layer)]
-    knobs = {
-        "gpt2": {},
-        "neo": dict(model_type="gpt_neo", attn_scale=1.0, qkv_bias=False,
-                    windows=tuple((sizes.get("n_positions", 128) // 2) * (i % 2)
-                                  for i in range(n_layer))),
-        "neox": dict(model_type="gpt_neox", positions="rotary", rotary_dim=max(2, d_k // 4),
-                     act="gelu", parallel=True, tied=False),
-        "llama": dict(model_type="llama", norm="rms", positions="rotary", mlp="gated",
-                      act="silu", n_kv_head=n_head // 2 if n_head % 2 == 0 else 0,
-                      qkv_bias=False, out_bias=False, mlp_bias=False),
-        "gemma3": dict(model_type="gemma3_text", norm="rms", positions="rotary", mlp="gated",
-                       act="gelu_new", n_kv_head=1, qk_norm=True, post_norms=True,
-                       attn_scale=float(d_k) ** -0.5 if d_k else 0.0,
-                       windows=tuple(0 if f else max(1, sizes.get("n_positions", 128) // 2)
-                                     for f in full),
-                       rotary_base=1e6, rotary_bases=tuple(1e6 if f else 1e4 for f in full),
-                       embed_scale=rounded(sizes.get("n_embd", 128) ** 0.5, "float32"),
-                       qkv_bias=False, out_bias=False, mlp_bias=False),
-    }
-    if arch not in knobs:
-        raise ValueError(f"--arch must be one of {', '.join(knobs)}, not {shown(arch)}")
-    return Config(**sizes, **knobs[arch])
-
-
 def check_vocab_size(vocab_size: int) -> None:
     """A --vocab-size this tokenizer can have; else InputError (exit 2)."""
     from ..errors import InputError
@@ -302,26 +214,3 @@ def check_vocab_size(vocab_size: int) -> None:
                          f"<|endoftext|>) to {MAX_VOCAB:,}, got {vocab_size:,}")
 
 
-def check_training_memory(config: Config, batch_size: int) -> None:
-    """Refuse sizes whose training state cannot fit in this machine's memory, before NumPy
-    fails halfway with a MemoryError: parameters, gradients and two AdamW moments in float32,
-    plus the activations of one batch (about 20 values of d per token and layer, and the
-    attention grids)."""
-    import math
-    import os
-
-    from .schema import param_shapes
-
-    n = sum(math.prod(s) for s in param_shapes(config).values())
-    tokens = batch_size * config.n_positions
-    acts = tokens * config.n_layer * (20 * config.n_embd + 2 * config.n_inner
-                                      + 3 * config.n_head * config.n_positions)
-    need = 4 * (4 * n + acts + 2 * tokens * config.vocab_size)
-    try:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return
-    if need > have:
-        raise ValueError(f"these sizes give {n:,} parameters; training them with batch "
-                         f"{batch_size} needs about {need / 2**30:,.1f} GiB, and this machine "
-                         f"has {have / 2**30:,.1f} GiB: choose smaller sizes")

@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import NonFiniteError
+from ..storage.pages import fresh_pages
 from . import ops, wiring
 from .config import Config
 from .hooks import Hook, Record, RecordOnly, Stop
-from .pages import fresh_pages
 from .schema import is_bias, is_norm_weight, param_shapes
 from .wiring import Step
 
 __all__ = ["Dropout", "KVCache", "backward", "decode_step", "forward", "run_to_final_norm",
            "init_params", "logits_of", "loss_and_grads",
-           "param_shapes", "run_traced"]
+           "param_shapes"]
 
 
 def init_params(
@@ -889,16 +889,6 @@ def record(params, config: Config, ids, paths=None, *, hooks: Hook | None = None
     logits = forward(params, config, np.asarray(ids),
                      hooks=chain[0] if len(chain) == 1 else Chain(*chain))
     return logits, rec.values
-
-
-def run_traced(params, config: Config, ids, *, hooks: Hook | None = None, tokens=None):
-    """Run the model and record every value: the Trace of one forward pass.
-
-    `hooks` run before the recording, so an intervention shows in the values recorded.
-    """
-    from .trace import Trace
-
-    return Trace(record(params, config, ids, hooks=hooks)[1], config, tokens=tokens)
 
 
 # ------------------------------------------------------------------ the model's parts, by role

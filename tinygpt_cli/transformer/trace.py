@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import Config
+from .hooks import Hook
+from .model import attn_out_bias, head_out_matrix, norm_weights, record
 from .schema import PathError, expand, head_name, mlp_name, resolve, suggest
 
 __all__ = ["PathError", "Trace"]
@@ -115,7 +117,6 @@ class Trace:
         output (mlp_post W_2 + b_2). A steered run (`steer`: hooks.Steering, adding `shift`
         to layers.L.resid_pre) has the shift as a part of its own, "steer", where it enters.
         dla reads the final stream at one position, qk a block's input, circuit its senders."""
-        from .model import attn_out_bias, head_out_matrix
         from .wiring import describe
 
         cfg = self.config
@@ -175,8 +176,6 @@ class Trace:
         branch passes it on with its std (rms) held at this run's: centred (LayerNorm) or
         not, divided, times the scale; unchanged with no such norm. Linear in x, so the
         parts of a branch through it add up to the norm's output, less its bias."""
-        from .model import norm_weights
-
         name = self.post_norms(i).get(branch)
         if name is None:
             return x
@@ -194,8 +193,6 @@ class Trace:
         name = self.post_norms(i).get(branch)
         if name is None:
             return
-        from .model import norm_weights
-
         for k in range(first, len(parts)):
             parts[k] = self.frozen_post_norm(params, i, branch, parts[k], position)
 
@@ -244,3 +241,11 @@ class Trace:
 
 
 Mapping.register(Trace)  # a dataclass field named `values` rules out Mapping's mixins
+
+
+def run_traced(params, config: Config, ids, *, hooks: Hook | None = None, tokens=None):
+    """Run the model and record every value: the Trace of one forward pass.
+
+    `hooks` run before the recording, so an intervention shows in the values recorded.
+    """
+    return Trace(record(params, config, ids, hooks=hooks)[1], config, tokens=tokens)

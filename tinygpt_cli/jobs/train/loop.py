@@ -24,9 +24,12 @@ from ...storage.corpus import write_data_record
 from ...storage.files import append_line, write_atomically
 from ...storage.weights import save_params
 from ...transformer import ops
-from ...transformer.config import Config, save_config
+from ...transformer.config import Config, shown
+from ...transformer.families import save_config
+from ...transformer.families.gemma3 import rounded
 from ...transformer.model import forward, init_params, loss_and_grads
 from ...transformer.optim import OPTIMIZERS, SGD, AdamW, clip_by_global_norm, lr_at
+from ...transformer.schema import param_shapes
 from ...transformer.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
 from ...words import count
 from .data import (
@@ -162,7 +165,7 @@ def snapshot_name(step: int) -> str:
 def save_snapshot(out: Path, params, config: Config, step: int, lr: float) -> None:
     """Float16 weights for `tinygpt history`, with the step and learning rate (for TracIn),
     in the family's own file layout, as model.safetensors."""
-    from ...storage.weights import safetensors_bytes
+    from ...storage.safetensors import safetensors_bytes
     from ...transformer.families import family
 
     tensors = {n: np.ascontiguousarray(a, dtype=np.float16)
@@ -179,7 +182,7 @@ def stamp_snapshots(out: Path) -> None:
     history/ then reads only the snapshots of the model beside it. Done when a run ends, as
     the folder's model.safetensors changes at every better validation."""
     from ...storage.madefor import made_for
-    from ...storage.weights import with_metadata
+    from ...storage.safetensors import with_metadata
 
     weights = out / "model.safetensors"
     if not weights.is_file() or not (out / HISTORY).is_dir():
@@ -234,7 +237,7 @@ def adopt_tokenizer(init: Path, out: Path) -> None:
 def warm_start_params(init: Path, config: Config) -> dict[str, np.ndarray]:
     """Writable float32 copies of a weights folder's parameters, checked against the sizes."""
     from ...storage.weights import load_params
-    from ...transformer.config import load_config
+    from ...transformer.families import load_config
 
     theirs = load_config(init / "config.json")
     sizes = {k: getattr(theirs, k) for k in SIZES}
@@ -694,3 +697,58 @@ def export(out: Path, params, config: Config, tokenizer: Tokenizer) -> None:
 
 def write_text(path: Path, text: str) -> None:
     write_atomically(path, text.encode("utf-8"))
+
+
+def check_training_memory(config: Config, batch_size: int) -> None:
+    """Refuse sizes whose training state cannot fit in this machine's memory, before NumPy
+    fails halfway with a MemoryError: parameters, gradients and two AdamW moments in float32,
+    plus the activations of one batch (about 20 values of d per token and layer, and the
+    attention grids)."""
+    n = sum(math.prod(s) for s in param_shapes(config).values())
+    tokens = batch_size * config.n_positions
+    acts = tokens * config.n_layer * (20 * config.n_embd + 2 * config.n_inner
+                                      + 3 * config.n_head * config.n_positions)
+    need = 4 * (4 * n + acts + 2 * tokens * config.vocab_size)
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        raise ValueError(f"these sizes give {n:,} parameters; training them with batch "
+                         f"{batch_size} needs about {need / 2**30:,.1f} GiB, and this machine "
+                         f"has {have / 2**30:,.1f} GiB: choose smaller sizes")
+
+
+def arch_config(arch: str, **sizes) -> Config:
+    """A new model of one family's block (`tinygpt train --arch`): GPT-2's; GPT-Neo's
+    (unscaled scores, every other block local, seeing the last n_positions / 2 keys);
+    GPT-NeoX's (rotary on a quarter of each head, parallel blocks, exact GELU, untied head, as
+    Pythia); Llama's (RMSNorm, rotary, SwiGLU, half as many key/value heads, no biases,
+    tied as SmolLM2); Gemma 3's (Llama's with four norms a block, q/k norms, one key/value
+    head, GeGLU, five of six blocks local to n_positions / 2 keys with base 10,000, the rest
+    1,000,000, the embeddings times sqrt(d) in float32)."""
+    n_layer, n_head = sizes.get("n_layer", 4), sizes.get("n_head", 4)
+    d_k = sizes.get("n_embd", 128) // n_head if n_head else 0
+    full = [(i + 1) % 6 == 0 for i in range(n_layer)]
+    knobs = {
+        "gpt2": {},
+        "neo": dict(model_type="gpt_neo", attn_scale=1.0, qkv_bias=False,
+                    windows=tuple((sizes.get("n_positions", 128) // 2) * (i % 2)
+                                  for i in range(n_layer))),
+        "neox": dict(model_type="gpt_neox", positions="rotary", rotary_dim=max(2, d_k // 4),
+                     act="gelu", parallel=True, tied=False),
+        "llama": dict(model_type="llama", norm="rms", positions="rotary", mlp="gated",
+                      act="silu", n_kv_head=n_head // 2 if n_head % 2 == 0 else 0,
+                      qkv_bias=False, out_bias=False, mlp_bias=False),
+        "gemma3": dict(model_type="gemma3_text", norm="rms", positions="rotary", mlp="gated",
+                       act="gelu_new", n_kv_head=1, qk_norm=True, post_norms=True,
+                       attn_scale=float(d_k) ** -0.5 if d_k else 0.0,
+                       windows=tuple(0 if f else max(1, sizes.get("n_positions", 128) // 2)
+                                     for f in full),
+                       rotary_base=1e6, rotary_bases=tuple(1e6 if f else 1e4 for f in full),
+                       embed_scale=rounded(sizes.get("n_embd", 128) ** 0.5, "float32"),
+                       qkv_bias=False, out_bias=False, mlp_bias=False),
+    }
+    if arch not in knobs:
+        raise ValueError(f"--arch must be one of {', '.join(knobs)}, not {shown(arch)}")
+    return Config(**sizes, **knobs[arch])

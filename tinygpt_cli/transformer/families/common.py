@@ -45,7 +45,7 @@ def cut(value: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
 
 
 def floats(a) -> np.ndarray:
-    """A file tensor as the float32 array it is: a bfloat16 one (weights.Bfloat16, the
+    """A file tensor as the float32 array it is: a bfloat16 one (safetensors.Bfloat16, the
     converters that set PLACES_BFLOAT16) widened now."""
     return a.widen() if hasattr(a, "widen") else a
 
@@ -54,7 +54,7 @@ def transposed(a) -> np.ndarray:
     """A file matrix (out, in) as the canonical (in, out), a C-ordered copy (BLAS multiplies
     a vector by it faster than by the transposed view), on small pages (pages.py); a
     bfloat16 one widened straight into it."""
-    from ..pages import fresh_pages
+    from ...storage.pages import fresh_pages
 
     out = fresh_pages(a.shape[::-1], np.float32 if hasattr(a, "widen") else a.dtype)
     _place(out, a)
@@ -64,7 +64,7 @@ def transposed(a) -> np.ndarray:
 def side_by_side(pieces: list) -> np.ndarray:
     """File matrices (out_i, in) as one canonical (in, sum out_i): q, k and v into W_QKV,
     each piece (bfloat16 ones widened) written straight into its columns."""
-    from ..pages import fresh_pages
+    from ...storage.pages import fresh_pages
 
     kinds = {np.float32 if hasattr(p, "widen") else p.dtype for p in pieces}
     out = fresh_pages((pieces[0].shape[1], sum(p.shape[0] for p in pieces)),
@@ -76,11 +76,11 @@ def side_by_side(pieces: list) -> np.ndarray:
 
 def _place(out: np.ndarray, a) -> None:
     """out[...] = a.T, widening a bfloat16 a on the way; the file's pages of `a` are let go
-    of then (weights.let_go_of: never read again)."""
+    of then (safetensors.let_go_of: never read again)."""
     if hasattr(a, "widen"):
         a.widen(out, transposed=True)
     else:
-        from ...storage.weights import let_go_of
+        from ...storage.safetensors import let_go_of
 
         out[...] = a.T
         if a.flags.c_contiguous:  # a whole tensor of the file, not a piece of one

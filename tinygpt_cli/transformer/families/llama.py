@@ -34,7 +34,7 @@ MODEL_TYPE = "llama"
 LABEL = "Llama"
 PREFIX = ""  # the file's names are whole: model.layers.0..., lm_head.weight
 IGNORED = (".rotary_emb.inv_freq",)  # an old buffer, not a parameter
-# a bfloat16 file's tensors come unwidened (weights.Bfloat16): params_from_file widens each
+# a bfloat16 file's tensors come unwidened (safetensors.Bfloat16): params_from_file widens each
 # straight into its canonical place
 PLACES_BFLOAT16 = True
 
