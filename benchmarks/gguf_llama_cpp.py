@@ -157,7 +157,8 @@ def smol_folder(folder: Path) -> Path:
     import shutil
 
     from tinygpt_cli.storage.weights import SHIPPED, save_params
-    from tinygpt_cli.transformer.config import Config, save_config
+    from tinygpt_cli.transformer.config import Config
+    from tinygpt_cli.transformer.families import save_config
     from tinygpt_cli.transformer.model import init_params
 
     cfg = Config(n_embd=576, n_layer=30, n_head=9, n_inner=1536, vocab_size=49152,

@@ -234,18 +234,18 @@ def test_the_27b_scale_and_the_local_base(tmp_path):
     """The 62-block model's scores scale by 1/sqrt(d / heads), not the head's width; a
     rope.freq_base_swa is the local blocks' base; no sliding_window: every block full."""
     from tinygpt_cli.storage.gguf_file import hf_config
-    from tinygpt_cli.transformer.config import Config
+    from tinygpt_cli.transformer.families import config_from_dict
 
     meta = {"gemma3.embedding_length": 5376, "gemma3.attention.head_count": 32,
             "gemma3.block_count": 62, "gemma3.attention.key_length": 128,
             "gemma3.attention.head_count_kv": 16, "gemma3.feed_forward_length": 21504,
             "gemma3.context_length": 32768, "gemma3.attention.sliding_window": 1024,
             "gemma3.rope.freq_base": 1e6, "gemma3.rope.freq_base_swa": 2e4}
-    c = Config.from_dict(hf_config("gemma3", meta, set(), 262144))
+    c = config_from_dict(hf_config("gemma3", meta, set(), 262144))
     assert c.scale == (5376 // 32) ** -0.5
     assert c.rotary_bases[0] == 2e4 and c.rotary_bases[5] == 1e6
     del meta["gemma3.attention.sliding_window"]
-    c = Config.from_dict(hf_config("gemma3", {**meta, "gemma3.block_count": 26}, set(), 262144))
+    c = config_from_dict(hf_config("gemma3", {**meta, "gemma3.block_count": 26}, set(), 262144))
     assert c.windows == (0,) * 26 and c.scale == 128 ** -0.5
 
 
@@ -300,9 +300,10 @@ def test_gemma3_dequantized_bit_for_bit(tmp_path, kind):
     the norms' scales the file's values as they are (the 1 already in them)."""
     import shutil
 
+    from tinygpt_cli.jobs.train.loop import arch_config
     from tinygpt_cli.storage.gguf_file import _is_matrix, gguf_names
     from tinygpt_cli.storage.weights import SHIPPED, save_params
-    from tinygpt_cli.transformer.config import arch_config, save_config
+    from tinygpt_cli.transformer.families import save_config
     from tinygpt_cli.transformer.model import init_params
 
     folder = tmp_path / "folder"

@@ -362,8 +362,9 @@ def test_chunk_bos_of_sentencepiece_without_the_key(tmp_path):
     folder = tmp_path / "sp"
     folder.mkdir()
     tokens = tg.sentencepiece_vocab()[0]
+    from tinygpt_cli.jobs.train.loop import arch_config
     from tinygpt_cli.storage.weights import save_params
-    from tinygpt_cli.transformer.config import arch_config, save_config
+    from tinygpt_cli.transformer.families import save_config
     from tinygpt_cli.transformer.model import init_params
 
     cfg = arch_config("llama", n_embd=32, n_layer=1, n_head=2, n_inner=32,
