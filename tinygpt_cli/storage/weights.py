@@ -380,8 +380,9 @@ def _open_folder(folder: str | Path | None) -> Folder:
     header = checked_header(weights, config)
     tokenizer = read_tokenizer(root / "tokenizer.json", config)
     check_vocabulary(tokenizer, config, root)
-    tokenizer.set_affix()
     settings = read_side_json(root / "tokenizer_config.json")
+    tokenizer.as_its_class_reads(settings)
+    tokenizer.set_affix()
     generation = read_side_json(root / "generation_config.json") or {}
     if "eos_token_id" not in generation:  # transformers then takes the model config's
         generation = {"eos_token_id": (read_side_json(root / "config.json") or {}).get(
