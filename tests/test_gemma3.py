@@ -213,7 +213,7 @@ RUNS = [
     ("dla", TEXT, "--neurons"), ("circuit", TEXT, OTHER), ("neurons", TEXT),
     ("qk", TEXT, "--layer", "1", "--head", "2"), ("review", TEXT), ("map", TEXT),
 ]
-REFUSED = [("graph", TEXT)]
+REFUSED: list = []  # every analysis that reads the block's parts handles Gemma 3 now
 
 
 @pytest.mark.slow

@@ -386,11 +386,11 @@ def test_saelens_itself_reads_the_export_and_writes_what_tinygpt_reads(tmp_path)
     from tinygpt_cli.analysis.saelens import export_saelens
     from tinygpt_cli.storage.madefor import made_for
     from tinygpt_cli.storage.weights import load_model
-    from tinygpt_cli.transformer.model import trace
+    from tinygpt_cli.transformer.trace import run_traced
 
     model = load_model(SHIPPED)
     ids = np.asarray(model.tokenizer.encode("Tom waved at the bird. The bird flew away."))
-    x = trace(model.params, model.config, ids).get(SITE)
+    x = run_traced(model.params, model.config, ids).get(SITE)
     shipped = S.load_sae(SHIPPED / "sae" / f"{SITE}.safetensors", model.config,
                          model.weights_file)
     export_saelens(shipped, tmp_path / "exported", model.config,

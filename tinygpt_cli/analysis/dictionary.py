@@ -17,8 +17,11 @@ from ..transformer.schema import PathError, resolve
 SITE_KINDS = ("resid_pre", "resid_mid", "resid_post", "mlp_out")
 
 
-def check_site(path: str, config: Config) -> str:
-    """The canonical path of an SAE site: layers.N.resid_pre|resid_mid|resid_post|mlp_out."""
+def check_site(path: str, config: Config, heads: bool = False) -> str:
+    """The canonical path of an SAE site: layers.N.resid_pre|resid_mid|resid_post|mlp_out;
+    `heads`: also layers.N.z, the heads' outputs side by side (an attention-output SAE read,
+    Gemma Scope 2's; tinygpt trains none), and Gemma's ln2_post.out (the MLP's output after
+    its norm, Gemma Scope 2's mlp_out)."""
     try:
         name, rows = resolve(path, config)
     except PathError as e:
@@ -27,6 +30,11 @@ def check_site(path: str, config: Config) -> str:
         name, rows = None, None  # of a parallel block, GPT-NeoX's), with why
     parts = (name or "").split(".")
     kinds = [k for k in SITE_KINDS if k != "resid_mid" or not config.parallel]
+    if heads:
+        kinds = [*kinds[:-1], "ln2_post.out", "z", kinds[-1]] if config.post_norms \
+            else [*kinds[:-1], "z", kinds[-1]]
+    if heads and len(parts) == 4 and parts[2:] == ["ln2_post", "out"] and config.post_norms:
+        parts = [parts[0], parts[1], "ln2_post.out"]
     if rows or len(parts) != 3 or parts[0] != "layers" or parts[2] not in kinds:
         raise InputError(f"an SAE reads layers.N.{', '.join(kinds[:-1])} or {kinds[-1]} "
                          f"(N = 0..{config.n_layer - 1}), not {path!r}")

@@ -101,7 +101,8 @@ def inferred_config(folder: Path) -> dict:
 
 
 def hook_value(hook, config: Config, where: str) -> tuple[str, int]:
-    """(what, layer) of a Hugging Face module path: what is resid_post, ln2.out, mlp_out or
+    """(what, layer) of a Hugging Face module path: what is resid_post, ln2.out, mlp_out,
+    ln2_post.out (Gemma's MLP output after its norm, what the block adds to the stream) or
     z (the heads' outputs before the projection); refused by name when this model has no
     such module."""
     if not isinstance(hook, str):
@@ -119,9 +120,7 @@ def hook_value(hook, config: Config, where: str) -> tuple[str, int]:
     module = rest.rsplit(".", 1)[0]
     gemma = config.model_type.startswith("gemma")
     if gemma and rest == "post_feedforward_layernorm.output":
-        raise InputError(f"{where}: {hook!r} is Gemma's MLP output after its norm "
-                         f"(layers.{layer}.ln2_post.out): tinygpt's SAEs and transcoders do "
-                         "not read that site yet")
+        return "ln2_post.out", layer
     if module in GEMMA_MODULES and not gemma:
         raise InputError(f"{where}: {hook!r}: this {config.model_type} model has no "
                          f"{module} ({GEMMA_MODULES[module]}): the dictionary was made for "
@@ -186,31 +185,32 @@ def load_gemma_scope(folder: Path, config: Config) -> tuple[SAE, str]:
     kind = "sae" if out is None else "transcoder"
     if out is not None:
         got = hook_value(out, config, where)
-        if (what, got) != ("ln2.out", ("mlp_out", layer)):
+        if what != "ln2.out" or got not in (("mlp_out", layer), ("ln2_post.out", layer)):
             raise InputError(f"{where}: a transcoder from {cfg['hf_hook_point_in']!r} to "
                              f"{out!r}; tinygpt's transcoders read a block's MLP input and "
-                             "predict the same block's MLP output (cross-layer ones are not "
-                             "read yet)")
-    elif what not in ("resid_post", "mlp_out"):
-        raise InputError(f"{where}: it reads {cfg['hf_hook_point_in']!r} ("
-                         + ("the heads' outputs before their projection, an attention-output "
-                            "SAE" if what == "z" else what)
-                         + "); tinygpt's SAEs read a block's output or its MLP's output")
+                             "predict the same block's MLP output (a cross-layer one: its "
+                             "clt/ folder, one layer_L_... folder per block)")
+        what = got[0]
+    elif what not in ("resid_post", "mlp_out", "ln2_post.out", "z"):
+        raise InputError(f"{where}: it reads {cfg['hf_hook_point_in']!r} ({what}); tinygpt's "
+                         "SAEs read a block's output, its MLP's output or its heads' outputs")
     _agree_with_names(folder, kind, what, layer)
     affine = cfg.get("affine_connection", False)
     if not isinstance(affine, bool):
         raise WeightsError(f"{where}: affine_connection is {affine!r}, not true or false")
-    d = config.n_embd
+    # an attention-output SAE reads o_proj's input: every head's output side by side, head
+    # 0's d_k numbers first (tinygpt's layers.L.z merged), and reconstructs it
+    d = config.n_head * config.d_k if what == "z" else config.n_embd
     m = _width(folder / PARAMS, d)
     if _decoder_rank(folder / PARAMS) == 3:
-        raise InputError(f"{folder} is a cross-layer transcoder (w_dec writes into every "
-                         "block): tinygpt reads its layout (gemmascope.load_cross_layer), but "
-                         "no command takes one yet")
+        raise InputError(f"{folder} is one block of a cross-layer transcoder (w_dec writes "
+                         "into every block): give graph --transcoders its clt/ folder, which "
+                         "holds one per block")
     wants = {"w_enc": (d, m), "b_enc": (m,), "threshold": (m,), "w_dec": (m, d), "b_dec": (d,)}
     if affine:
         wants["affine_skip_connection"] = (d, d)
     t = read_params(folder / PARAMS, wants)
-    site = f"layers.{layer}.{'mlp_out' if kind == 'transcoder' else what}"
+    site = f"layers.{layer}.{what}"
     sae = SAE(t["w_enc"], t["b_enc"], t["w_dec"], t["b_dec"], site, None, str(folder),
               "jumprelu", t["threshold"], b_dec_in=kind == "transcoder",
               b_in=np.zeros(d, np.float32) if kind == "transcoder" else None,
@@ -238,6 +238,11 @@ def _width(path: Path, d: int) -> int:
     return m
 
 
+def is_cross_layer(path: Path) -> bool:
+    """Whether a dictionary's w_dec writes into every block ([m, n_layers, d])."""
+    return _decoder_rank(path) == 3
+
+
 def _decoder_rank(path: Path) -> int:
     from ..storage.safetensors import header_bytes, read_header
 
@@ -253,16 +258,21 @@ def _agree_with_names(folder: Path, kind: str, what: str, layer: int) -> None:
         raise WeightsError(f"{folder}: its name says layer {m[1]}, its config block {layer}")
     site = SITES.get(folder.parent.name)
     named = {"transcoder": "transcoder", "clt": "transcoder"}.get(site, site)
-    here = "transcoder" if kind == "transcoder" else {"z": "attn_out"}.get(what, what)
+    here = "transcoder" if kind == "transcoder" else {"z": "attn_out", "ln2_post.out":
+                                                      "mlp_out"}.get(what, what)
     if site is not None and named != here:
         raise WeightsError(f"{folder}: it is in {folder.parent.name}/, but its config reads "
                            f"{here}")
 
 
-def transcoder_folders(folder: Path, layer: int) -> list[Path]:
-    """A transcoder folder's layer_L_* dictionaries for block `layer`."""
+def transcoder_folders(folder: Path, layer: int, pattern: str = "*") -> list[Path]:
+    """A transcoder folder's layer_L_* dictionaries for block `layer` (those whose name
+    `pattern` matches, fnmatch's: layer_*_width_16k_l0_small)."""
+    from fnmatch import fnmatchcase
+
     return sorted(p for p in Path(folder).iterdir() if p.is_dir()
-                  and (m := NAME.fullmatch(p.name)) is not None and int(m[1]) == layer)
+                  and (m := NAME.fullmatch(p.name)) is not None and int(m[1]) == layer
+                  and fnmatchcase(p.name, pattern))
 
 
 # ------------------------------------------------------------------ cross-layer transcoders
@@ -279,47 +289,84 @@ class CrossLayerTranscoder:
     w_dec: list[np.ndarray]  # per block L: [m, n - L, d], into the MLP outputs of L..n-1
     b_dec: np.ndarray  # [n, d] each block's output bias
     skip: list[np.ndarray] | None  # per block [d, d], or None
+    site: str = "mlp_out"  # the value each block's output stands for (Gemma: ln2_post.out)
 
     @property
     def n_layers(self) -> int:
         return len(self.encoders)
 
 
-def load_cross_layer(folder: Path, config: Config) -> CrossLayerTranscoder:
-    """A clt/ folder of Gemma Scope 2 (one layer_L_... folder per block) for this model."""
+LAYER_FILE = re.compile(r"params_layer_([0-9]+)\.safetensors")
+
+
+def layer_files(folder: Path) -> dict[int, Path]:
+    """The release's cross-layer transcoder: clt/width_W_l0_S[_affine]/params_layer_L.safetensors,
+    a file a block (as circuit-tracer's users fetch it for load_gemma_scope_2_clt)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return {}
+    return {int(m[1]): p for p in folder.iterdir()
+            if (m := LAYER_FILE.fullmatch(p.name)) is not None and p.is_file()}
+
+
+def load_cross_layer(folder: Path, config: Config, pattern: str = "*") -> CrossLayerTranscoder:
+    """A cross-layer transcoder of Gemma Scope 2 for this model: the release's folder of
+    params_layer_L.safetensors files (its hooks, as SAELens infers them for clt/, Gemma 3's
+    norm before the MLP to its norm after; `_affine` in its name: the skip connection), or a
+    folder of one layer_L_... folder per block (or those `pattern` matches) with their
+    config.json."""
     n, d = config.n_layer, config.n_embd
-    encoders, decoders, biases, skips = [], [], [], []
+    files = layer_files(folder)
+    if files and max(files) >= n:
+        raise InputError(f"{folder}: it has a file for block {max(files)}; this model has {n} "
+                         "blocks: it was made for another model")
+    encoders, decoders, biases, skips, sites = [], [], [], [], set()
     for layer in range(n):
-        found = transcoder_folders(folder, layer)
-        if len(found) != 1:
-            names = ", ".join(p.name for p in found) or "none"
-            raise InputError(f"{folder}: {len(found)} cross-layer transcoders for block "
-                             f"{layer} ({names}); give a folder holding one per block")
-        cfg = raw_config(found[0])
-        where = str(found[0])
+        if files:
+            if layer not in files:
+                raise InputError(f"{folder}: no params_layer_{layer}.safetensors for block "
+                                 f"{layer}")
+            b = f"model.layers.{layer}"
+            cfg = {"hf_hook_point_in": f"{b}.pre_feedforward_layernorm.output",
+                   "hf_hook_point_out": f"{b}.post_feedforward_layernorm.output",
+                   "affine_connection": Path(folder).name.endswith("_affine")}
+            params, where = files[layer], str(files[layer])
+        else:
+            found = transcoder_folders(folder, layer, pattern)
+            if len(found) != 1:
+                names = ", ".join(p.name for p in found) or "none"
+                raise InputError(f"{folder}: {len(found)} cross-layer transcoders for block "
+                                 f"{layer} ({names}); give a folder holding one per block")
+            cfg, params, where = raw_config(found[0]), found[0] / PARAMS, str(found[0])
         check_model_name(cfg.get("model_name"), config, where)
         ins = hook_value(cfg.get("hf_hook_point_in"), config, where)
         outs = hook_value(cfg.get("hf_hook_point_out"), config, where)
-        if ins != ("ln2.out", layer) or outs != ("mlp_out", layer):
-            raise InputError(f"{where}: block {layer}'s latents must read its MLP input; it "
-                             f"reads {cfg.get('hf_hook_point_in')!r}")
-        m = _width(found[0] / PARAMS, d)
+        if ins != ("ln2.out", layer) or outs not in (("mlp_out", layer),
+                                                     ("ln2_post.out", layer)):
+            raise InputError(f"{where}: block {layer}'s latents must read its MLP input and "
+                             f"write its MLP output; it reads "
+                             f"{cfg.get('hf_hook_point_in')!r} and writes "
+                             f"{cfg.get('hf_hook_point_out')!r}")
+        sites.add(outs[0])
+        m = _width(params, d)
         wants = {"w_enc": (d, m), "b_enc": (m,), "threshold": (m,), "b_dec": (d,)}
         if cfg.get("affine_connection", False) is True:
             wants["affine_skip_connection"] = (d, d)
-        w_dec = _layered_decoder(found[0] / PARAMS, m, n, d)
-        t = read_params(found[0] / PARAMS, wants)
-        encoders.append(SAE(t["w_enc"], t["b_enc"], w_dec[:, 0], t["b_dec"],
-                            f"layers.{layer}.mlp_out", None, where, "jumprelu", t["threshold"],
-                            b_in=np.zeros(d, np.float32)))
+        w_dec = _layered_decoder(params, m, n, d)
+        t = read_params(params, wants)
+        encoders.append(SAE(t["w_enc"], t["b_enc"], w_dec[:, layer], t["b_dec"],
+                            f"layers.{layer}.{outs[0]}", None, where, "jumprelu",
+                            t["threshold"], b_in=np.zeros(d, np.float32)))
         decoders.append(w_dec[:, layer:])
         biases.append(t["b_dec"])
         skips.append(t.get("affine_skip_connection"))
     has_skip = [s is not None for s in skips]
     if any(has_skip) and not all(has_skip):
         raise WeightsError(f"{folder}: some blocks have a skip connection and some not")
+    if len(sites) != 1:
+        raise WeightsError(f"{folder}: its blocks write different values ({sorted(sites)})")
     return CrossLayerTranscoder(encoders, decoders, np.stack(biases),
-                                skips if all(has_skip) else None)
+                                skips if all(has_skip) else None, sites.pop())
 
 
 def _layered_decoder(path: Path, m: int, n: int, d: int) -> np.ndarray:

@@ -1,8 +1,11 @@
 """The attribution graph of one prediction, through the linearised replacement model.
 
 Every block's MLP is replaced by its transcoder (analysis/transcoder.py) plus an error node,
-the real mlp_out minus the transcoder's prediction, a fixed vector. Every attention pattern
-and every norm's scale (1/std, or 1/rms) is frozen at the real run's. What is left is linear
+the real mlp_out minus the transcoder's prediction, a fixed vector; with a cross-layer
+transcoder (circuit-tracer's CLT) block L's latents write into the outputs of blocks L and
+after, and a block's error node is its real output less every write into it (`Writers`).
+Every attention pattern and every norm's scale (1/std, or 1/rms; Gemma 3's norms after
+attention and after the MLP too) is frozen at the real run's. What is left is linear
 in the residual stream: a value at one position reaches later ones only through the frozen
 patterns' value-output paths (centred and scaled by the frozen norms). Then
 
@@ -43,13 +46,22 @@ from ..transformer.model import (
     record,
     unembed_rows,
 )
-from ..transformer.wiring import FAMILY_BLOCKS, Block, Step, describe, require, run, run_backward
+from ..transformer.wiring import (
+    FAMILIES,
+    Block,
+    Step,
+    describe,
+    handles,
+    require,
+    run,
+    run_backward,
+)
 from . import sae as S
 
 # The blocks this analysis implements (wiring.require refuses others by name): the frozen pass has
-# ops for the families' steps only (no norm after a branch) and its sources are the MLPs' outputs
-# added to the stream.
-HANDLES = FAMILY_BLOCKS
+# ops for the families' steps and for Gemma 3's norms after each branch (each frozen at the run
+# as the others are); its sources are what the MLPs add to the stream.
+HANDLES = handles(step=FAMILIES["step"] + ("norm after attention", "norm after the MLP"))
 
 NODE_THRESHOLD = 0.8
 EDGE_THRESHOLD = 0.98
@@ -99,10 +111,12 @@ class Frozen:
     W_O: list[np.ndarray]  # noqa: N815 [H, d_k, d]
     b_O: list[np.ndarray]  # noqa: N815 [d]
     shift: tuple[int, np.ndarray] | None = None  # steering: (block, vector added to its input)
+    site: str = "mlp_out"  # the value of each block the dictionaries' outputs stand for
+    skip: list[np.ndarray] | None = None  # per block [d, d]: its output also gets ln2.out skip
 
 
-def freeze(params, config: Config, values: dict, steering=None, products=np.float64
-           ) -> Frozen:
+def freeze(params, config: Config, values: dict, steering=None, products=np.float64,
+           site: str = "mlp_out", skip: list | None = None) -> Frozen:
     f64 = lambda a: None if a is None else np.asarray(a, np.float64)  # noqa: E731
     names = [f"layers.{i}.{n}" for i in range(config.n_layer) for n in describe(config, i).norms]
     names.append("ln_final")
@@ -116,7 +130,7 @@ def freeze(params, config: Config, values: dict, steering=None, products=np.floa
                   scales, norms, [f64(q[2]) for q in qkv], [f64(q[5]) for q in qkv],
                   [f64(head_out_matrix(params, config, i)) for i in range(config.n_layer)],
                   [np.zeros(config.n_embd) if b is None else f64(b) for b in b_o],
-                  shift_of(steering))
+                  shift_of(steering), site, skip)
 
 
 def pattern_blocks(weights: np.ndarray, dtype=np.float64) -> list[np.ndarray]:
@@ -141,14 +155,15 @@ def pattern_rows(blocks: list[np.ndarray], at: np.ndarray, t: int) -> np.ndarray
     return out
 
 
-def read_paths(config: Config) -> list[str]:
-    """The real run's values the graph reads (freeze, the features, the embeddings): only
-    these are kept, not every block's [H, T, T] scores beside the patterns."""
+def read_paths(config: Config, site: str = "mlp_out") -> list[str]:
+    """The real run's values the graph reads (freeze, the features, the embeddings, the
+    dictionaries' outputs' `site`): only these are kept, not every block's [H, T, T] scores
+    beside the patterns."""
     stat = ".rms" if config.norm == "rms" else ".std"
     blocks = range(config.n_layer)
     return ([f"layers.{i}.{n}{stat}" for i in blocks for n in describe(config, i).norms]
             + [f"ln_final{stat}", "embeddings"]
-            + [f"layers.{i}.{v}" for i in blocks for v in ("weights", "ln2.out", "mlp_out")])
+            + [f"layers.{i}.{v}" for i in blocks for v in ("weights", "ln2.out", site)])
 
 
 def shift_of(steering) -> tuple[int, np.ndarray] | None:
@@ -300,7 +315,8 @@ def attention_backward_at(fz: Frozen, i: int, g: np.ndarray, at: np.ndarray
 
 def frozen_forward(fz: Frozen, emb: np.ndarray, mlp_outs: list[np.ndarray]
                    ) -> tuple[list[np.ndarray], np.ndarray]:
-    """The frozen model from embeddings [T, d], each block's MLP output given ([T, d]):
+    """The frozen model from embeddings [T, d], each block's MLP output given ([T, d], at
+    fz.site: mlp_out, or Gemma's ln2_post.out, the norm after the MLP then skipped):
     (each block's transcoder input ln2.out, the final norm's output). Each block's steps
     as its description has them (wiring.describe), each add's branches summed in the order
     their steps make them."""
@@ -317,12 +333,19 @@ def frozen_forward(fz: Frozen, emb: np.ndarray, mlp_outs: list[np.ndarray]
                 stream = stream + x
             return stream
 
-        def mlp(s: Step, x: np.ndarray, i=i) -> np.ndarray:
-            reads.append(x)
-            return mlp_outs[i]
+        def written(i: int) -> np.ndarray:  # the block's output, its skip's part too
+            return mlp_outs[i] if fz.skip is None else mlp_outs[i] + reads[i] @ fz.skip[i]
 
-        h = run(b, {"norm": lambda s, x, i=i: norm_forward(fz, f"layers.{i}.{s.name}", x),
-                    "attention": lambda s, x, i=i: attention_forward(fz, i, x),
+        def mlp(s: Step, x: np.ndarray, i=i) -> np.ndarray | None:
+            reads.append(x)
+            return written(i) if s.out == fz.site else None
+
+        def norm(s: Step, x: np.ndarray | None, i=i) -> np.ndarray:
+            if s.out == fz.site:  # the dictionary stands for the MLP and this norm after it
+                return written(i)
+            return norm_forward(fz, f"layers.{i}.{s.name}", x)
+
+        h = run(b, {"norm": norm, "attention": lambda s, x, i=i: attention_forward(fz, i, x),
                     "mlp": mlp, "add": add}, h)
     return reads, norm_forward(fz, "ln_final", h)
 
@@ -331,22 +354,26 @@ def frozen_backward(fz: Frozen, g: np.ndarray, layer: int, at: np.ndarray | None
                     ) -> tuple[list, np.ndarray]:
     """Derivatives at every residual point of targets that read g [B, T, d] at block
     `layer`'s transcoder input (the stream ln2 normalises; `layer` = n_layer: the final
-    norm's input): (per block l < layer, at resid_post[l] [B, T, d], or None; at the
-    embeddings). Each block's steps in reverse as its description has them, with no path
-    through an MLP: its output is the graph's sources. With `at`, g
-    is zero but at row b's position at[b]: the first attention is passed as an outer
-    product, the next with the 1 + H position profiles that leaves (when fewer than d_k), and
-    every deeper one only up to each row's own position."""
+    norm's input): (per block l < layer, at its dictionary's output fz.site (mlp_out, or
+    Gemma's ln2_post.out) [B, T, d], or None; at the embeddings). Each block's steps in
+    reverse as its description has them, with no path through an MLP: its output is the
+    graph's sources. A norm after a branch (Gemma's) is frozen at the run's scale as the
+    others are. With `at`, g is zero but at row b's position at[b]: the first attention is
+    passed as an outer product, the next with the 1 + H position profiles that leaves (when
+    fewer than d_k, and no norm sits between the stream and an attention's output, which
+    would rescale the profiles), and every deeper one only up to each row's own position."""
     post: list = [None] * fz.config.n_layer
     factors = None  # g as position profiles times vectors, while that is the cheaper form
     first = True
+    factor = (1 + fz.config.n_head < fz.config.d_k and not fz.config.post_norms
+              and fz.skip is None)
 
     def back(i, g):  # through block i's attention and the norm before it (fused)
         nonlocal factors, first
         was_first, first = first, False
         if was_first and at is not None:
             prof, vecs = attention_backward_at(fz, i, g, at)
-            if 1 + fz.config.n_head < fz.config.d_k:  # g's own part at `at`, then the heads'
+            if factor:  # g's own part at `at`, then the heads'
                 rows = np.arange(len(at))
                 delta = np.zeros((len(at), 1, g.shape[1]))
                 delta[rows, 0, at] = 1.0
@@ -362,18 +389,26 @@ def frozen_backward(fz: Frozen, g: np.ndarray, layer: int, at: np.ndarray | None
         fused = b.norm_of("attention")
 
         def norm(s: Step, d: np.ndarray) -> tuple:
-            if s.name != fused:
-                raise ValueError(f"the graph's frozen pass has no norm {s.name} ({s.kind})")
-            return (d,)  # attention's backward went through it already
+            if s.out == fz.site:  # the dictionary's output: a source; on only by its skip,
+                post[i] = d  # handed to the MLP's step as the derivative at ln2.out
+                return (None if fz.skip is None else d @ fz.skip[i].T,)
+            if s.name == fused:
+                return (d,)  # attention's backward went through it already
+            return (norm_backward(fz, f"layers.{i}.{s.name}", d),)  # after a branch, or ln2
 
-        return {"attention": lambda s, d: (back(i, d),), "mlp": lambda s, d: (None,),
+        def mlp(s: Step, d: np.ndarray) -> tuple:
+            if s.out == fz.site:
+                post[i] = d
+                return (None if fz.skip is None else d @ fz.skip[i].T,)
+            return (d,)  # the skip's derivative at ln2.out, from the norm after the MLP
+
+        return {"attention": lambda s, d: (back(i, d),), "mlp": mlp,
                 "norm": norm, "add": lambda s, d: (d,) * len(s.reads)}
 
     if layer < fz.config.n_layer:  # from the stream the MLP's norm reads, down its block
         b = describe(fz.config, layer)
         g = run_backward(b, ops_of(layer, b), g, start=b.input_of("mlp"))
     for i in reversed(range(layer)):
-        post[i] = g
         b = describe(fz.config, i)
         g = run_backward(b, ops_of(i, b), g)
     return post, g
@@ -437,17 +472,79 @@ class Graph:
         return touched
 
 
-def transcoder_features(transcoders: list[S.SAE], values: dict, n_layer: int):
+@dataclass
+class Writers:
+    """The replacement's dictionaries as the graph reads them, per-layer transcoders and a
+    cross-layer one alike: block L's latents read its MLP input (ln2.out) through
+    encoders[L], and write decoders[L][k] [m, d] into block L + k's output (per-layer: k = 0
+    only; cross-layer: every later block's, circuit-tracer's CLT); block j's output also gets
+    b_dec[j]. `site`: the value each block's output stands for (mlp_out; Gemma Scope 2's
+    transcoders on Gemma 3: ln2_post.out, the MLP's output after its norm)."""
+
+    encoders: list
+    decoders: list[list[np.ndarray]]
+    b_dec: list[np.ndarray]
+    site: str = "mlp_out"
+    skip: list[np.ndarray] | None = None  # per block [d, d]: + ln2.out skip (an affine one)
+
+    @property
+    def widths(self) -> list[int]:
+        return [e.n_latents for e in self.encoders]
+
+    def written(self, layer: int) -> range:
+        """The blocks block `layer`'s latents write into."""
+        return range(layer, layer + len(self.decoders[layer]))
+
+
+def writers_of(transcoders) -> Writers:
+    """Writers of a list of per-layer transcoders (analysis/sae.SAE each) or of a
+    gemmascope.CrossLayerTranscoder. A skip connection (Gemma Scope 2's affine ones) is a
+    linear path of the frozen model: the MLP's input, through the frozen ln2, times it."""
+    from ..errors import InputError
+
+    if isinstance(transcoders, Writers):
+        return transcoders
+    if hasattr(transcoders, "w_dec"):  # a cross-layer transcoder
+        return Writers(list(transcoders.encoders),
+                       [[np.asarray(w[:, k], np.float64) for k in range(w.shape[1])]
+                        for w in transcoders.w_dec],
+                       [np.asarray(b, np.float64) for b in transcoders.b_dec],
+                       transcoders.site, _skips(transcoders.skip))
+    sites = {tc.site.split(".", 2)[2] for tc in transcoders}
+    if any(tc.rescale or tc.normalize != "none" for tc in transcoders):
+        raise InputError("the graph's decoder vectors are W_dec's rows as they are: a "
+                         "transcoder that rescales or normalises is not computed yet")
+    skips = [tc.skip is not None for tc in transcoders]
+    if len(sites) != 1 or (any(skips) and not all(skips)):
+        raise InputError("the transcoders must all predict one value of their block, all with "
+                         f"a skip connection or none (they predict {', '.join(sorted(sites))})")
+    return Writers(list(transcoders), [[np.asarray(tc.W_dec, np.float64)] for tc in transcoders],
+                   [np.asarray(tc.b_dec, np.float64) for tc in transcoders], sites.pop(),
+                   _skips([tc.skip for tc in transcoders] if all(skips) else None))
+
+
+def _skips(skips) -> list[np.ndarray] | None:
+    return None if skips is None else [np.asarray(s, np.float64) for s in skips]
+
+
+def transcoder_features(writers: Writers, values: dict, n_layer: int):
     """Per block the active features of the real run: (layer, pos, latent, act) arrays sorted
-    by (layer, position, latent), and each block's error vectors [T, d]."""
-    cols, errors = [], []
+    by (layer, position, latent), and each block's error vectors [T, d] (its real output at
+    the writers' site less what every dictionary writing into it predicts)."""
+    cols, zs = [], []
     for i in range(n_layer):
-        tc = transcoders[i]
-        z = S.encode(tc, values[f"layers.{i}.ln2.out"])
+        z = S.encode(writers.encoders[i], values[f"layers.{i}.ln2.out"])
         pos, lat = np.nonzero(z)
         cols.append((np.full(len(pos), i), pos, lat, z[pos, lat].astype(np.float64)))
-        recon = np.asarray(S.decode(tc, z), np.float64)
-        errors.append(np.asarray(values[f"layers.{i}.mlp_out"], np.float64) - recon)
+        zs.append(z.astype(np.float64))
+    errors = [np.asarray(values[f"layers.{j}.{writers.site}"], np.float64) - writers.b_dec[j]
+              for j in range(n_layer)]
+    if writers.skip is not None:  # the skip's part of the prediction, from the real input
+        errors = [e - np.asarray(values[f"layers.{j}.ln2.out"], np.float64) @ writers.skip[j]
+                  for j, e in enumerate(errors)]
+    for i, z in enumerate(zs):
+        for j in writers.written(i):
+            errors[j] -= z @ writers.decoders[i][j - i]
     layer, pos, lat, act = (np.concatenate(c) for c in zip(*cols, strict=True))
     return layer, pos, lat, act, errors
 
@@ -469,7 +566,7 @@ class Sources:
     logits' read vectors, and every target's bias edge (features in node order, logits)."""
 
     fz: Frozen
-    transcoders: list
+    writers: Writers
     f_layer: np.ndarray
     f_pos: np.ndarray
     f_lat: np.ndarray
@@ -478,7 +575,8 @@ class Sources:
     emb: np.ndarray
     logit_reads: np.ndarray
     bias: np.ndarray = field(init=False)
-    slots: list = field(init=False)  # per block: its features' a_s W_dec[j]  [T, slots, d]
+    # per block, per block k after it that its features write into: their a_s W_dec  [T, slots, d]
+    slots: list = field(init=False)
     filled: list = field(init=False)  # per block: which slots hold a feature  [T, slots]
 
     def __post_init__(self):
@@ -489,10 +587,13 @@ class Sources:
             pos = self.f_pos[on]  # in order, each position's features in latent order
             count = np.bincount(pos, minlength=t)
             slot = np.arange(len(pos)) - np.searchsorted(pos, pos)  # its rank at its position
-            vecs = np.zeros((t, max(int(count.max(initial=0)), 1), d))
-            vecs[pos, slot] = self.transcoders[i].W_dec[self.f_lat[on]] * self.f_act[on, None]
-            self.slots.append(vecs)
-            self.filled.append(np.arange(vecs.shape[1]) < count[:, None])
+            per = []
+            for w in self.writers.decoders[i]:
+                vecs = np.zeros((t, max(int(count.max(initial=0)), 1), d))
+                vecs[pos, slot] = w[self.f_lat[on]] * self.f_act[on, None]
+                per.append(vecs)
+            self.slots.append(per)
+            self.filled.append(np.arange(per[0].shape[1]) < count[:, None])
         self.bias = _bias_edges(self, t)
 
     @property
@@ -501,7 +602,7 @@ class Sources:
 
 
 @small_pages
-def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
+def build(params, config: Config, ids: list[int], transcoders, *,
           target: int | None = None, vs: int | None = None, n_logits: int = N_LOGITS,
           batch: int = BATCH, steering=None, max_features: int | None = MAX_FEATURES,
           demean: bool = False) -> Graph:
@@ -512,12 +613,15 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     most influence on the target first (`visit`), so time and memory grow linearly with the
     text once it has more active features than that. `demean`: each logit node is the logit
     minus the vocabulary's mean logit, as circuit-tracer's are (its read vector the head's
-    row minus the mean row: the same linear map, so every sum still adds up)."""
+    row minus the mean row: the same linear map, so every sum still adds up).
+    `transcoders`: per-layer ones (a list of sae.SAE) or a cross-layer one
+    (gemmascope.CrossLayerTranscoder), as `writers_of` reads them."""
     require(config, "graph", HANDLES)  # its frozen pass has the families' steps only
-    real, values = record(params, config, np.asarray(ids), read_paths(config), hooks=steering)
+    writers = writers_of(transcoders)
+    real, values = record(params, config, np.asarray(ids), read_paths(config, writers.site),
+                          hooks=steering)
     t = len(ids)
-    f_layer, f_pos, f_lat, f_act, errors = transcoder_features(transcoders, values,
-                                                               config.n_layer)
+    f_layer, f_pos, f_lat, f_act, errors = transcoder_features(writers, values, config.n_layer)
     last = np.asarray(real[-1], np.float64)
     tokens = logit_nodes(last, target, vs, n_logits)
     target = tokens[0] if target is None else target
@@ -531,7 +635,7 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
              + ["logit"] * len(tokens))
     cap = nf if max_features is None else max_features
     dtype = adjacency_dtype(min(nf, cap) + len(tokens), len(kinds))
-    fz = freeze(params, config, values, steering, dtype)
+    fz = freeze(params, config, values, steering, dtype, writers.site, writers.skip)
     for i in range(config.n_layer):  # fz holds them now, in causal blocks
         del values[f"layers.{i}.weights"]
     layer = np.concatenate([f_layer, np.repeat(np.arange(nl), t), np.full(t + 1, -1),
@@ -550,7 +654,7 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     if vs is not None:
         logit_values.append(float(last[target] - last[vs]))
     activation = np.concatenate([f_act, np.ones(n + t + 1), logit_values])
-    src = Sources(fz, transcoders, f_layer, f_pos, f_lat, f_act, errors,
+    src = Sources(fz, writers, f_layer, f_pos, f_lat, f_act, errors,
                   np.asarray(values["embeddings"], np.float64), np.asarray(reads))
     tnode = len(kinds) - len(tokens) + (len(tokens) - 1 if vs is not None
                                         else tokens.index(target))
@@ -638,7 +742,7 @@ def _fill(src: Sources, adj: np.ndarray, r0: int, nodes: np.ndarray | None, t: i
         bias = src.bias[src.nf:]
     else:
         lay = int(src.f_layer[nodes[0]])
-        vecs = src.transcoders[lay].W_enc.astype(np.float64)[:, src.f_lat[nodes]].T
+        vecs = src.writers.encoders[lay].W_enc.astype(np.float64)[:, src.f_lat[nodes]].T
         at, bias = src.f_pos[nodes], src.bias[nodes]
     tp = int(at.max()) + 1
     g = np.zeros((len(vecs), tp, fz.config.n_embd))
@@ -646,15 +750,21 @@ def _fill(src: Sources, adj: np.ndarray, r0: int, nodes: np.ndarray | None, t: i
     name = "ln_final" if lay == nl else f"layers.{lay}.{describe(fz.config, lay).norm_of('mlp')}"
     post, pre0 = frozen_backward(fz, norm_backward(fz, name, g), lay, at)
     r = slice(r0, r0 + len(vecs))
+    for i in range(nl):
+        on = np.flatnonzero(src.f_layer == i)
+        if not len(on) or post[i] is None:
+            continue
+        per = 0  # every position's features at once, summed over the blocks they write into
+        for j in src.writers.written(i):
+            if post[j] is not None:  # [tp, B, d] @ [tp, d, slots]
+                per = per + np.matmul(post[j].transpose(1, 0, 2),
+                                      src.slots[i][j - i][:tp].transpose(0, 2, 1))
+        got = src.filled[i][:tp].ravel()  # the slots in node order: position, latent
+        adj[r, on[0]:on[0] + int(got.sum())] = per.transpose(1, 0, 2).reshape(
+            len(vecs), -1)[:, got]
     for i, gi in enumerate(post):
         if gi is None:
             continue
-        on = np.flatnonzero(src.f_layer == i)
-        if len(on):  # every position's features at once: [tp, B, d] @ [tp, d, slots]
-            per = np.matmul(gi.transpose(1, 0, 2), src.slots[i][:tp].transpose(0, 2, 1))
-            got = src.filled[i][:tp].ravel()  # the slots in node order: position, latent
-            adj[r, on[0]:on[0] + int(got.sum())] = per.transpose(1, 0, 2).reshape(
-                len(vecs), -1)[:, got]
         c = src.nf + i * t
         adj[r, c:c + tp] = np.einsum("btd,td->bt", gi, src.errors[i][:tp])
     c = src.nf + nl * t
@@ -667,14 +777,15 @@ def _bias_edges(src: Sources, t: int) -> np.ndarray:
     features, errors): what the constants alone give it (features in node order, logits)."""
     fz = src.fz
     d = fz.config.n_embd
-    outs = [np.broadcast_to(tc.b_dec.astype(np.float64), (t, d)) for tc in src.transcoders]
+    outs = [np.broadcast_to(b, (t, d)) for b in src.writers.b_dec]
     reads, u = frozen_forward(fz, np.zeros((t, d)), outs)
     out = []
     for lay, x in enumerate(reads):
-        tc = src.transcoders[lay]
+        tc = src.writers.encoders[lay]
         on = np.flatnonzero(src.f_layer == lay)
         w = tc.W_enc.astype(np.float64)[:, src.f_lat[on]].T  # each feature's own column
-        out.append(((x[src.f_pos[on]] - tc.b_in) * w).sum(axis=1) + tc.b_enc[src.f_lat[on]])
+        out.append(((x[src.f_pos[on]] - S.centre(tc)) * w).sum(axis=1)
+                   + tc.b_enc[src.f_lat[on]])
     out.append(src.logit_reads @ u[t - 1])
     return np.concatenate(out)
 
@@ -920,19 +1031,22 @@ def predicted_change(graph: Graph, changes: dict[int, float]) -> float:
     return float(per_unit[graph.row(graph.target)] @ delta[:nf])
 
 
-def real_change(params, config: Config, ids: list[int], transcoders: list[S.SAE],
+def real_change(params, config: Config, ids: list[int], transcoders,
                 graph: Graph, changes: dict[int, float], steering=None) -> float:
     """The target's change in the real model when each feature's decoder contribution is
-    moved to its new activation (mlp_out + (new - old) W_dec[j] at its position; the rest
-    of the MLP as it was), downstream features free to change as the model computes."""
+    moved to its new activation (mlp_out + (new - old) W_dec[j] at its position, in every
+    block a cross-layer feature writes into; the rest of the MLP as it was), downstream
+    features free to change as the model computes."""
     from ..transformer.hooks import Replace
 
+    writers = writers_of(transcoders)
     fns: dict[str, list] = {}
     named = []
     for node, value in changes.items():
         lay, lat, pos = int(graph.layer[node]), int(graph.feature[node]), int(graph.pos[node])
-        shift = (value - graph.activation[node]) * transcoders[lay].W_dec[lat]
-        fns.setdefault(f"layers.{lay}.mlp_out", []).append((pos, shift))
+        for j in writers.written(lay):
+            shift = (value - graph.activation[node]) * writers.decoders[lay][j - lay][lat]
+            fns.setdefault(f"layers.{j}.{writers.site}", []).append((pos, shift))
         named.append(f"{lay}_{lat}_{pos}={value:g}")
 
     def adder(items):

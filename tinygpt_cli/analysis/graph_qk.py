@@ -41,7 +41,7 @@ from ..transformer.model import (
     record,
     unembed_rows,
 )
-from ..transformer.wiring import FAMILY_BLOCKS, describe
+from ..transformer.wiring import FAMILY_BLOCKS, describe, require
 from . import sae as S
 from .graph import Graph
 from .qk import through_head_norm
@@ -128,6 +128,7 @@ def edge_qk(params, config: Config, graph: Graph, transcoders: list[S.SAE], stee
     `steering`, as graph.build's: its vector a part of "biases" from its block on)."""
     from .graph import shift_of
 
+    require(config, "graph --qk", HANDLES)  # graph's own HANDLES take more blocks than this
     shift = shift_of(steering)
     _, values = record(params, config, np.asarray(graph.ids), hooks=steering)
     if rows is None:

@@ -241,9 +241,10 @@ def load_sae(path: str | Path, config: Config, weights_file: Path, *,
     one its file name says, when the name is a site), k, made for `weights_file`. A folder
     is a SAELens dictionary (saelens.py). `default_site`: the path is the weights folder's
     SAE of that site (sae_file), not one the user named with --sae."""
+    from ..storage.hub import dictionary
     from ..storage.safetensors import read_safetensors
 
-    path = Path(path)
+    path = Path(path) if default_site is not None else dictionary(path, "--sae")
     if path.is_dir() and (path / "params.safetensors").is_file():
         return _gemma_scope_sae(path, config)
     if path.is_dir():
@@ -349,11 +350,17 @@ def site_values(params, config: Config, windows: np.ndarray, site: str, *, batch
     for b in range(0, len(windows), batch):
         rec = RecordOnly({site})
         forward(params, config, windows[b:b + batch], hooks=Chain(hooks, rec, StopAfter(site)))
-        v = rec.values[site]
+        v = site_rows(site, rec.values[site])
         out.append(np.asarray(v, dtype=np.float32).reshape(-1, v.shape[-1]))
         if progress:
             progress(len(windows[b:b + batch]))
     return np.concatenate(out) if out else np.zeros((0, config.n_embd), np.float32)
+
+
+def site_rows(site: str, value: np.ndarray) -> np.ndarray:
+    """A site's value as an SAE reads it, a row a position: the heads' outputs z
+    [..., H, T, d_k] side by side, [..., T, H d_k] (o_proj's input); any other as it is."""
+    return ops.merge_heads(value) if site.endswith(".z") else value
 
 
 def site_values_on(engine, params, config: Config, windows: np.ndarray, site: str, *,
@@ -547,9 +554,12 @@ class FeatureReport:
 def direct_logits(sae: SAE, params, latent: int) -> np.ndarray:
     """W_dec[latent] * ln_final.w @ W_U: the tokens the latent's direction pushes
     (the final norm's centring and per-token 1/std left out).  -> [V]"""
-    from ..transformer.model import norm_weights, token_table
+    from ..transformer.model import norm_weights, out_matrix, token_table
 
-    return (sae.W_dec[latent] * norm_weights(params, "ln_final")[0]) @ token_table(params).T
+    row = sae.W_dec[latent]
+    if sae.site.endswith(".z"):  # the heads' outputs: through the block's W_O first
+        row = row @ out_matrix(params, int(sae.site.split(".")[1]))
+    return (row * norm_weights(params, "ln_final")[0]) @ token_table(params).T
 
 
 def feature_report(sae: SAE, params, ids: np.ndarray, idx: np.ndarray, val: np.ndarray,
@@ -597,8 +607,8 @@ def latent_on_text(sae: SAE, params, values: np.ndarray, latent: int,
 
     latent = check_index(latent, sae.n_latents, "latent")
     promotes, suppresses = pushed_tokens(direct_logits(sae, params, latent), n_tokens)
-    return LatentOnText(latent, sae.site, sae.k, encode(sae, values)[:, latent], promotes,
-                        suppresses)
+    return LatentOnText(latent, sae.site, sae.k,
+                        encode(sae, site_rows(sae.site, values))[:, latent], promotes, suppresses)
 
 
 # ------------------------------------------------------------------ latents as trace values
@@ -611,8 +621,8 @@ def parse_latent_path(path: str, config: Config) -> tuple[str, int | None]:
     rest = path[len("sae."):]
     head, _, last = rest.rpartition(".")
     if head and last.lstrip("-").isdigit():
-        return check_site(head, config), int(last)
-    return check_site(rest, config), None
+        return check_site(head, config, heads=True), int(last)
+    return check_site(rest, config, heads=True), None
 
 
 def without_latents(sae: SAE, latents: list[int]) -> Callable[[np.ndarray], np.ndarray]:
@@ -621,6 +631,10 @@ def without_latents(sae: SAE, latents: list[int]) -> Callable[[np.ndarray], np.n
     rows = np.asarray(latents)
 
     def fn(x: np.ndarray) -> np.ndarray:
+        if sae.site.endswith(".z"):  # [..., H, T, d_k]: merged, changed, split again
+            m = ops.merge_heads(x)
+            m = m - latent_share(sae, m, rows)
+            return ops.split_heads(m, x.shape[-3]).astype(x.dtype)
         return x - latent_share(sae, x, rows)
 
     return fn
@@ -633,7 +647,7 @@ def latents_of(weights_file: Path, trace, path: str, given: tuple[Path, ...] = (
 
     site, latent = parse_latent_path(path, trace.config)
     sae = site_sae(weights_file, trace.config, site, given)
-    z = encode(sae, trace.get(site))  # [T, m]
+    z = encode(sae, site_rows(site, trace.get(site)))  # [T, m]
     if latent is not None:
         return site, sae, z[:, check_index(latent, sae.n_latents, "latent")], None
     return site, sae, z, active_latents(z)
@@ -661,8 +675,13 @@ def model_sae(model, given: Path | None = None) -> SAE:
 
 
 def sae_file(weights_file: Path, sae: Path | None, site: str = SHIPPED_SITE) -> Path:
-    """--sae, or the weights folder's sae/SITE.safetensors."""
-    return sae if sae is not None else Path(weights_file).parent / "sae" / f"{site}.safetensors"
+    """--sae (a hub repository's folder, ORG/NAME/PATH, fetched: hub.dictionary), or the
+    weights folder's sae/SITE.safetensors."""
+    from ..storage.hub import dictionary
+
+    if sae is not None:
+        return dictionary(sae, "--sae")
+    return Path(weights_file).parent / "sae" / f"{site}.safetensors"
 
 
 def site_sae(weights_file: Path, config: Config, site: str, given: tuple[Path, ...] = ()) -> SAE:
@@ -745,9 +764,13 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
     from ..storage.corpus import data_windows
     from ..storage.files import sha256
 
-    files_of_sae = [Path(path) / "cfg.json", Path(path) / "sae_weights.safetensors"] \
-        if Path(path).is_dir() else [Path(path)]  # a SAELens folder: its two files
-    key = cache.key_of("sae-codes-v2", sha256(model.weights_file),
+    # a folder (SAELens': cfg.json and its weights; Gemma Scope 2's: params.safetensors and
+    # config.json, or none, the site then read from its names): its files and the site
+    names = ("cfg.json", "sae_weights.safetensors", "params.safetensors", "config.json")
+    files_of_sae = [Path(path) / n for n in names if (Path(path) / n).is_file()] \
+        if Path(path).is_dir() else [Path(path)]
+    site = [sae.site] if Path(path).is_dir() and not (Path(path) / "cfg.json").is_file() else []
+    key = cache.key_of("sae-codes-v2", sha256(model.weights_file), *site,
                        *(sha256(f) for f in files_of_sae),
                        *(sha256(f) for f in files), str(windows),
                        *([] if steer is None else steer.key()))

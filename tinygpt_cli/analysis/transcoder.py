@@ -54,6 +54,12 @@ def train_hint(weights_file: Path, folder: Path, verb: str = "train them for thi
                        "transcoders", "--transcoders")
 
 
+def encoders_of(transcoders) -> list[S.SAE]:
+    """Per block the SAE that encodes its latents: the transcoders themselves, or a
+    cross-layer transcoder's encoders."""
+    return list(getattr(transcoders, "encoders", transcoders))
+
+
 def input_path(layer: int) -> str:
     return f"layers.{layer}.ln2.out"
 
@@ -63,8 +69,13 @@ def output_path(layer: int) -> str:
 
 
 def folder_of(weights_file: Path, given: Path | None = None) -> Path:
-    """--transcoders DIR, or the weights folder's transcoders/."""
-    return Path(given) if given is not None else Path(weights_file).parent / "transcoders"
+    """--transcoders DIR (a hub repository's folder, ORG/NAME/PATH, fetched:
+    hub.dictionary), or the weights folder's transcoders/."""
+    from ..storage.hub import dictionary
+
+    if given is not None:
+        return dictionary(given, "--transcoders")
+    return Path(weights_file).parent / "transcoders"
 
 
 def file_of(folder: Path, layer: int) -> Path:
@@ -75,13 +86,15 @@ def file_of(folder: Path, layer: int) -> Path:
 
 
 def mlp_values(params, config: Config, windows: np.ndarray, *, batch: int = 16,
-               progress: Callable[[int], None] | None = None, hooks=None
-               ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per block, (ln2.out, mlp_out) at every position of windows [W, T]: [W*T, d] each,
-    float32, from one pass per batch (through `hooks` when given)."""
+               progress: Callable[[int], None] | None = None, hooks=None,
+               outputs: list[str] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per block, (ln2.out, its output: mlp_out, or the path outputs[i] a transcoder
+    predicts) at every position of windows [W, T]: [W*T, d] each, float32, from one pass
+    per batch (through `hooks` when given)."""
     from ..transformer.hooks import Chain, RecordOnly
 
-    paths = [p for i in range(config.n_layer) for p in (input_path(i), output_path(i))]
+    outs = outputs or [output_path(i) for i in range(config.n_layer)]
+    paths = [p for i in range(config.n_layer) for p in (input_path(i), outs[i])]
     parts: dict[str, list[np.ndarray]] = {p: [] for p in paths}
     for b in range(0, len(windows), batch):
         rec = RecordOnly(paths)
@@ -91,44 +104,62 @@ def mlp_values(params, config: Config, windows: np.ndarray, *, batch: int = 16,
             parts[p].append(np.asarray(v, dtype=np.float32).reshape(-1, v.shape[-1]))
         if progress:
             progress(len(windows[b:b + batch]))
-    return [(np.concatenate(parts[input_path(i)]), np.concatenate(parts[output_path(i)]))
+    return [(np.concatenate(parts[input_path(i)]), np.concatenate(parts[outs[i]]))
             for i in range(config.n_layer)]
 
 
 # ------------------------------------------------------------------ files
 
 
-def load_transcoders(folder: Path, config: Config, weights_file: Path) -> list[S.SAE]:
+def load_transcoders(folder: Path, config: Config, weights_file: Path):
     """Every block's transcoder from `folder`, each checked (tensors, shapes, finite, its
-    layer, k, made for `weights_file`)."""
+    layer, k, made for `weights_file`): a list of per-layer ones, or, from a Gemma Scope 2
+    clt/ folder, one cross-layer transcoder (gemmascope.CrossLayerTranscoder)."""
     folder = Path(folder)
+    if "*" in folder.name and folder.parent.is_dir():  # Gemma Scope 2's: one folder a block
+        return _gemma_scope_transcoders(folder.parent, config, folder.name)
     if not folder.is_dir():
         raise InputError(f"no transcoders at {folder}: {train_hint(weights_file, folder)}")
     if not file_of(folder, 0).exists() and any(folder.glob("layer_*/params.safetensors")):
-        return [gemma_scope_transcoder(folder, config, i) for i in range(config.n_layer)]
+        return _gemma_scope_transcoders(folder, config)
+    from .gemmascope import layer_files, load_cross_layer
+
+    if not file_of(folder, 0).exists() and layer_files(folder):  # the release's clt/ layout
+        return load_cross_layer(folder, config)
     return [load_transcoder(file_of(folder, i), config, weights_file, i)
             for i in range(config.n_layer)]
 
 
-def gemma_scope_transcoder(folder: Path, config: Config, layer: int) -> S.SAE:
+def _gemma_scope_transcoders(folder: Path, config: Config, pattern: str = "*"):
+    """A site folder of Gemma Scope 2 (transcoder_all/, clt/), its layer_L_... folders those
+    `pattern` matches (layer_*_width_16k_l0_small: one a block, where the release has several
+    widths and sparsities): per-layer transcoders, or a cross-layer one."""
+    from .gemmascope import PARAMS, is_cross_layer, load_cross_layer, transcoder_folders
+
+    first = transcoder_folders(folder, 0, pattern)
+    if len(first) == 1 and is_cross_layer(first[0] / PARAMS):
+        return load_cross_layer(folder, config, pattern)
+    return [gemma_scope_transcoder(folder, config, i, pattern) for i in range(config.n_layer)]
+
+
+def gemma_scope_transcoder(folder: Path, config: Config, layer: int, pattern: str = "*"
+                           ) -> S.SAE:
     """Block `layer`'s transcoder from a folder in Gemma Scope 2's layout (one
-    layer_L_width_W_l0_S folder per block, gemmascope.py). One with a skip connection is
-    refused: the graph and the evaluation do not compute that path yet."""
+    layer_L_width_W_l0_S folder per block, gemmascope.py), its skip connection (an _affine
+    one) with it: the evaluation decodes with it, the graph has it as a path of its own."""
     from .gemmascope import load_gemma_scope, transcoder_folders
 
-    found = transcoder_folders(folder, layer)
+    found = transcoder_folders(folder, layer, pattern)
     if len(found) != 1:
         names = ", ".join(p.name for p in found) or "none"
         raise InputError(f"{folder}: {len(found)} transcoders for block {layer} ({names}); "
-                         "give a folder holding one layer_L_... folder per block")
+                         "give a folder holding one layer_L_... folder per block, or pick "
+                         "one a block with a pattern (FOLDER/layer_*_width_16k_l0_small)")
     tc, kind = load_gemma_scope(found[0], config)
-    if kind != "transcoder" or tc.site != output_path(layer):
+    if kind != "transcoder" or tc.site not in (output_path(layer),
+                                               f"layers.{layer}.ln2_post.out"):
         raise InputError(f"{found[0]} is not block {layer}'s transcoder (it reads "
                          f"{tc.site})")
-    if tc.skip is not None:
-        raise InputError(f"{found[0]} has a skip connection (affine_connection): tinygpt "
-                         "reads it, but the graph and transcoder eval do not compute that "
-                         "path yet; use a release without _affine")
     return tc
 
 
@@ -169,15 +200,18 @@ def train_layer(x: np.ndarray, y: np.ndarray, out: Path, layer: int, settings: d
 
 
 class Replacement:
-    """A hook set running the replacement model: each block's mlp_out is its transcoder's
-    prediction from that same run's ln2.out (upstream replacements reaching it)."""
+    """A hook set running the replacement model: each block's mlp_out (or the value its
+    transcoder predicts: Gemma's ln2_post.out) is its transcoder's prediction from that same
+    run's ln2.out (upstream replacements reaching it)."""
 
     def __init__(self, transcoders: list[S.SAE]):
         self.transcoders = transcoders
+        self.sites = {tc.site for tc in transcoders}
         self.inputs: dict[int, np.ndarray] = {}
 
     def __call__(self, path: str, x: np.ndarray) -> np.ndarray:
-        if not path.startswith("layers.") or not path.endswith(("ln2.out", "mlp_out")):
+        if not path.startswith("layers.") or not (path.endswith("ln2.out")
+                                                  or path in self.sites):
             return x
         layer = int(path.split(".")[1])
         if path.endswith("ln2.out"):
@@ -227,7 +261,11 @@ def evaluate(params, config: Config, transcoders: list[S.SAE], inputs: np.ndarra
     """On windows [W, T] of held-out text: per block L0, the fraction of mlp_out's variance
     explained (on the real run's inputs) and dead latents; the loss of the real model, of
     the replacement model (all MLPs replaced at once) and with every MLP mean-ablated."""
-    values = mlp_values(params, config, inputs, hooks=hooks)
+    if not isinstance(transcoders, list):
+        raise InputError("transcoder eval evaluates per-layer transcoders; a cross-layer one "
+                         "is read by graph only")
+    values = mlp_values(params, config, inputs, hooks=hooks,
+                        outputs=[tc.site for tc in transcoders])
     layers, means = [], {}
     for i, ((x, y), tc) in enumerate(zip(values, transcoders, strict=True)):
         z = S.encode(tc, x)
@@ -235,7 +273,7 @@ def evaluate(params, config: Config, transcoders: list[S.SAE], inputs: np.ndarra
         ve = 1 - err / float(((y - y.mean(axis=0)) ** 2).sum())
         layers.append(LayerEval(i, tc.k, tc.n_latents, float((z > 0).sum(axis=1).mean()), ve,
                                 int(((z > 0).sum(axis=0) == 0).sum())))
-        means[output_path(i)] = y.mean(axis=0)
+        means[tc.site] = y.mean(axis=0)
     if progress:
         progress(1)
     losses = []
@@ -268,10 +306,11 @@ def data_codes(model, transcoders: list[S.SAE], folder: Path, layer: int, files:
     (sae.data_codes, reading the transcoder's input ln2.out)."""
     from dataclasses import replace
 
-    tc = replace(transcoders[layer], site=input_path(layer))
+    tc = replace(encoders_of(transcoders)[layer], site=input_path(layer))
     source = file_of(folder, layer)
     if not source.is_file():  # a Gemma Scope 2 folder's: the dictionary's own weights
-        source = Path(transcoders[layer].path) / "params.safetensors"
+        own = Path(encoders_of(transcoders)[layer].path)
+        source = own if own.is_file() else own / "params.safetensors"
     return S.data_codes(model, tc, source, files, windows, bar, engine=engine)
 
 

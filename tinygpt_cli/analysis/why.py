@@ -421,11 +421,12 @@ class Value:
 LATENT = r"(sae\.[\w.]+?)(?:\[\s*(-?\d+)\s*\])?"
 
 
-def _latent_value(model, ids: list[int], value: str, hooks=None) -> Value:
-    """`sae.SITE.N[P]`: latent N of the weights folder's SAE at SITE (a residual stream,
-    layers.L.resid_pre or resid_post), at position P (default the last). Its gradient at
-    the stream is its encoder column where it is active (a TopK, ReLU or JumpReLU SAE that
-    does not normalise its input)."""
+def _latent_value(model, ids: list[int], value: str, hooks=None, saes: tuple = ()) -> Value:
+    """`sae.SITE.N[P]`: latent N of the SAE at SITE (the first of `saes`, the --sae files or
+    folders, that reads it; else the weights folder's) at a residual stream (layers.L.resid_pre
+    or resid_post), at position P (default the last). Its gradient at the stream is its
+    encoder column where it is active (a TopK, ReLU or JumpReLU SAE, Gemma Scope 2's among
+    them, that does not normalise its input)."""
     import re
 
     from ..errors import InputError
@@ -443,7 +444,7 @@ def _latent_value(model, ids: list[int], value: str, hooks=None) -> Value:
                          "residual stream (layers.L.resid_pre or resid_post), the position one "
                          f"of the text's {t} tokens")
     layer = int(kind.group(1)) - (kind.group(2) == "resid_pre")
-    sae = site_sae(model.weights_file, config, site)
+    sae = site_sae(model.weights_file, config, site, saes)
     if sae.normalize != "none" or not 0 <= latent < sae.n_latents:
         raise InputError(f"--value {value}: {sae.path} has latents 0 to {sae.n_latents - 1}"
                          + (" and normalises its input, which --value cannot follow yet"
@@ -499,7 +500,7 @@ def _edge_value(model, ids: list[int], value: str, target: int, vs: int | None,
 
 
 def value_of(model, ids: list[int], value: str | None, target: int, vs: int | None,
-             hooks=None, corrupt: list[int] | None = None) -> Value:
+             hooks=None, corrupt: list[int] | None = None, saes: tuple = ()) -> Value:
     """--value PATH (an attention weight layers.L.heads.H.weights[i,j], a head's detector
     score KIND:LxHy on the text, an SAE latent, or an edge's score from `circuit` against the
     `corrupt` text), or the logit difference logit[target] - logit[vs]: as a Value. A path it
@@ -529,7 +530,7 @@ def value_of(model, ids: list[int], value: str | None, target: int, vs: int | No
         return Value(name, float(z[target] - z[vs]),
                      lambda p: ex.query(p, config, ids, dlogits_of, hooks))
     if value.startswith("sae."):
-        return _latent_value(model, ids, value, hooks)
+        return _latent_value(model, ids, value, hooks, saes)
     weight, detector = re.fullmatch(HEAD_WEIGHT, value), re.fullmatch(DETECTOR, value)
     if weight:
         layer, head, i, j = (int(g) for g in weight.groups())
@@ -654,7 +655,8 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
            report=None, workers: int | None = None, hooks=None, engine=None,
            query_report=None, exact: bool = False, check: bool = False,
            more: tuple = (), bar=_no_bar, value: str | None = None,
-           vs: str | int | None = None, corrupt: list[int] | None = None) -> Why:
+           vs: str | int | None = None, corrupt: list[int] | None = None,
+           saes: tuple = ()) -> Why:
     """`why` end to end: the training text's index, the exact matches, the snapshots, the
     window-gradient index (built when missing, on `engine`: default this machine;
     report(done, total) follows it) and TracIn (query_report(done, total) follows its shards);
@@ -663,7 +665,8 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     sharing the pass (their answers in .more); `check`: the index's answer, and how well
     its ranking agrees with the exact one (agreement). `value` (value_of's forms) or `vs`
     (logit[target] - logit[vs]): that scalar explained instead of the next token, exactly;
-    `corrupt`: the ids of an edge's corrupt text."""
+    `corrupt`: the ids of an edge's corrupt text; `saes`: the --sae dictionaries a latent's
+    site is read with before the weights folder's own."""
     from ..errors import InputError
     from ..jobs.session import token_id
     from . import exact_tracin as ex
@@ -674,7 +677,7 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     asks = [(q, _target_of(model, q, target, hooks)) for q in [ids, *more]]
     exact = exact or value is not None or vs is not None
     values = [value_of(model, q, value, t, None if vs is None else token_id(model, vs), hooks,
-                       corrupt)
+                       corrupt, saes)
               if value is not None or vs is not None else None for q, t in asks]
     makers = [v.make if v is not None else
               (lambda p, q=q, t=t: ex.next_token_query(p, config, q, t, hooks))

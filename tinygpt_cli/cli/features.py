@@ -97,7 +97,7 @@ def sae_train(
     hooks, changes = steered(context, model)
     if k > latents:
         raise InputError(f"--k {k} is more than the {latents} latents")
-    out = S.sae_file(model.weights_file, out, site)
+    out = Path(out) if out is not None else S.sae_file(model.weights_file, None, site)
     x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
                            windows, bar())
     with bar()(len(x_in), f"values of {site}") as advance, engine(context) as where:

@@ -93,7 +93,7 @@ def transcoder_train(
 
     keep_default_file(context, out, "the weights folder's transcoders/", "--transcoders")
     model = load(context, weights)
-    folder = T.folder_of(model.weights_file, out)
+    folder = Path(out) if out is not None else T.folder_of(model.weights_file)  # made here
     if out is None:
         refuse_inside_package(folder, "--transcoders")
     hooks, changes = steered(context, model)
@@ -326,8 +326,8 @@ def _field(context, model, text, transcoders, target, vs, position, n_logits, th
     labels = _examples(model, found, folder, g, *data, True)
     shown = model.tokenizer.decode(ids[:position + 1])
     meta = {"slug": F.slug_of(shown), "scan": model.weights_file.parent.name,
-            "transcoder_list": [f"{folder.name}/{T.file_of(folder, i).name}"
-                                for i in range(model.config.n_layer)],
+            "transcoder_list": [f"{folder.name}/{Path(e.path).name}"
+                                for e in T.encoders_of(found)],
             "node_threshold": thresholds[0], "edge_threshold": thresholds[1]}
     doc = field_doc(g, model.tokenizer, shown, meta, F.cumulative_influence(g.influence),
                     F.field_node_ids(g), labels)
@@ -350,7 +350,7 @@ def _open(context, model, path: Path, transcoders, limits, save, as_json) -> Non
     fg = F.read_field_graph(path)
     found = T.load_transcoders(T.folder_of(model.weights_file, transcoders), model.config,
                                model.weights_file)
-    F.check_fits(fg, model.config.n_layer, [tc.n_latents for tc in found],
+    F.check_fits(fg, model.config.n_layer, [tc.n_latents for tc in T.encoders_of(found)],
                  model.config.vocab_size, model.tokenizer.decode, model.config.n_positions)
     logits = F.logit_tokens(fg)
     g = G.build(model.params, model.config, fg.token_ids, found,
@@ -369,6 +369,12 @@ def _qk(model, g, transcoders, steering) -> list:
     """--qk: the split score of every kept edge between positions."""
     from ..analysis import graph_qk
 
+    if not isinstance(transcoders, list):
+        raise InputError("--qk splits scores through per-layer transcoders; with a "
+                         "cross-layer one it is not computed yet")
+    if any(tc.skip is not None for tc in transcoders):
+        raise InputError("--qk splits scores into the stream's parts; a transcoder's skip "
+                         "connection (_affine) is a part it does not split yet")
     return graph_qk.edge_qk(model.params, model.config, g, transcoders, steering)
 
 
@@ -376,8 +382,9 @@ def _intervene(model, ids, transcoders, g, ablate, set_to, steering) -> dict:
     """--ablate / --set: the features' new values, and the target's change as the graph
     predicts it and as the real model gives it."""
     from ..analysis import graph as G
+    from ..analysis import transcoder as T
 
-    width = [tc.n_latents for tc in transcoders]  # each block's own
+    width = [tc.n_latents for tc in T.encoders_of(transcoders)]  # each block's own
     changes = {G.feature_node(g, f, width): 0.0 for f in ablate or []}
     for item in set_to or []:
         name, eq, value = item.partition("=")

@@ -125,8 +125,8 @@ def why(
                               "the text's forward pass instead of the next token, exactly: an "
                               "attention weight layers.L.heads.H.weights[ROW,COL], a head's "
                               "score on the text induction:L1H2 (previous_token:, "
-                              "duplicate_token:), or an SAE latent sae.SITE.N[POSITION] (the "
-                              "weights folder's SAE; default the last position), or an "
+                              "duplicate_token:), or an SAE latent sae.SITE.N[POSITION] (--sae's "
+                              "or the weights folder's SAE; default the last position), or an "
                               "edge's exact score from tinygpt circuit edge:SENDER->RECEIVER "
                               "(edge:L0H1->L2H3.q, edge:embed->L1.mlp, edge:L3.mlp->logits; "
                               "with --corrupt, on logit[target] - logit[vs] at the last "
@@ -164,7 +164,8 @@ def why(
     found = whys.training_text(model, data, any_data)
     corrupt_ids = _checked_options(model, check, exact, value, vs, corrupt)
     exact = exact or value is not None or vs is not None
-    key = ("why", target, value, vs, corrupt, tuple(map(str, found.files)), top)
+    key = ("why", target, value, vs, corrupt, tuple(map(str, found.files)), top,
+           tuple(map(str, context.saes)))
     result, more = _kept_answer(context, key, text, model) if exact else (None, [])
     if result is None:
         with engine(context) as where, progress_report("indexing every window's gradient") \
@@ -173,7 +174,8 @@ def why(
             result = whys.answer(model, session.ids, target, found.files, top, report,
                                  hooks=session.hooks, engine=where, query_report=scored,
                                  exact=exact, check=check, more=more, bar=bar(),
-                                 value=value, vs=vs, corrupt=corrupt_ids)
+                                 value=value, vs=vs, corrupt=corrupt_ids,
+                                 saes=context.saes)
         _keep_answers(context, key, result)
     if found.note:  # once the answer stands: an error is then the only line
         stderr().print(escape_line(found.note), soft_wrap=True)

@@ -35,7 +35,8 @@ LAST = typer.Option(None, "--last", min=1, metavar="N", show_default=False,
 SAES = typer.Option(None, "--sae", metavar="SAE", show_default=False,
                     help="An SAE for the latents sae.SITE.N name (repeatable; default: the "
                     "weights folder's sae/SITE.safetensors): a tinygpt SAE file, or a SAELens "
-                    "folder (cfg.json + sae_weights.safetensors).")
+                    "folder (cfg.json + sae_weights.safetensors), or a Gemma Scope 2 one "
+                    "(params.safetensors).")
 
 # Steering: every command that runs the model on a text takes these (added to each
 # command that takes --ablate; declared here once).
@@ -86,9 +87,10 @@ def with_context(fn, name: str):
         return fn
     sig = inspect.signature(fn)
     steers = getattr(fn, "steerable", False)
-    # --ablate may name SAE latents: a command that takes it takes --sae too (unless it has
-    # an --sae of its own)
-    saes = "ablate" in sig.parameters and "sae" not in sig.parameters
+    # --ablate (and why's --value) may name SAE latents: a command that takes it takes --sae
+    # too (unless it has an --sae of its own)
+    saes = ("ablate" in sig.parameters or "value" in sig.parameters) \
+        and "sae" not in sig.parameters
     # a command that reads one text (the argument TEXT) through its session takes --last N
     lasts = "text" in sig.parameters and not getattr(fn, "own_length", False)
 

@@ -131,6 +131,87 @@ def _snapshot(name: str, repo: str, revision: str | None, cache: str, local_only
     return folder
 
 
+# ORG/NAME[@REVISION]/PATH, as HUB_FILE (HfFileSystem's path form): a folder inside a hub
+# repository (a dictionary's: Gemma Scope 2's resid_post/layer_12_width_16k_l0_small, or a
+# site's transcoders, transcoder_all/layer_*_...)
+IN_REPO = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})"
+                     r"(?:@(?P<revision>\w[\w.-]{0,199}))?"
+                     r"/(?P<path>[\w.*-]+(?:/[\w.*-]+)*)")
+
+
+def in_repo(name: str) -> tuple[str, str, str | None] | None:
+    """(ORG/NAME, PATH inside it, REVISION or None) when `name` has that form, else None."""
+    m = IN_REPO.fullmatch(name)
+    if m is None or ".." in name or "--" in m["repo"] or m["repo"].endswith((".", "-")) \
+            or any(part.startswith(".") for part in m["path"].split("/")):
+        return None
+    return m["repo"], m["path"], m["revision"]
+
+
+def dictionary(name: str | Path, option: str) -> Path:
+    """A dictionary folder named by `option` (--sae, --transcoders): the local path when it
+    is one (or its last part a pattern over local folders); else, when it has the form
+    ORG/NAME[@REVISION]/PATH, PATH inside the hub cache's snapshot of that repository, only
+    its files fetched (PATH's last part may be a pattern: layer_*_width_16k_l0_small picks one
+    folder a block). Anything else is returned as it is, for the loader to refuse."""
+    path = Path(name)
+    if path.exists() or path.parent.is_dir() or (path.parent.exists() and "*" in path.name):
+        return path
+    found = in_repo(str(name))
+    if found is None:
+        return path
+    repo, inside, revision = found
+    try:
+        import huggingface_hub  # noqa: F401 - the extra's presence
+    except ImportError:
+        raise InputError(f"{option} {name} does not exist; to fetch it from the Hugging Face "
+                         f"hub, install the hub extra: {INSTALL}") from None
+    folder = _fetched(str(name), repo, revision, (f"{inside}/*",), str(cache_dir()),
+                      offline()) / inside
+    if not (folder.parent.is_dir() if "*" in folder.name else folder.is_dir()):
+        how = " and HF_HUB_OFFLINE is set" if offline() else ""
+        raise InputError(f"{option} {name}: the hub repository {repo} has no folder {inside} "
+                         f"in the hub cache's snapshot{how}")
+    return folder
+
+
+@functools.lru_cache(maxsize=8)
+def _fetched(name: str, repo: str, revision: str | None, patterns: tuple, cache: str,
+             local_only: bool) -> Path:
+    """The snapshot of `repo` holding the files `patterns` match (snapshot_download's
+    allow_patterns), refused as `_snapshot` refuses."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub import utils as hub_utils
+
+    how = ("fetch it once with the hub reachable (HF_HUB_OFFLINE unset)" if local_only else
+           "check the network, or set HF_HUB_OFFLINE=1 to use the cache only")
+    try:
+        return Path(snapshot_download(repo, revision=revision, allow_patterns=list(patterns),
+                                      cache_dir=cache, local_files_only=local_only,
+                                      tqdm_class=_bar()))
+    except hub_utils.RevisionNotFoundError:
+        raise InputError(f"the hub repository {repo} has no revision {revision!r}") from None
+    except hub_utils.GatedRepoError:
+        raise InputError(f"the hub repository {repo} is gated: accept its terms on the hub, "
+                         "then log in (hf auth login) or set HF_TOKEN") from None
+    except hub_utils.RepositoryNotFoundError:
+        raise InputError(f"{name} does not exist here, and the Hugging Face hub has no "
+                         f"repository {repo}") from None
+    except (hub_utils.LocalEntryNotFoundError, hub_utils.OfflineModeIsEnabled):
+        why = " (HF_HUB_OFFLINE is set)" if local_only else ""
+        raise InputError(f"{name} is not a folder here nor in the hub cache ({cache}), and "
+                         f"the hub was not reached{why}: {how}") from None
+    except hub_utils.HfHubHTTPError as e:
+        raise WeightsError(f"cannot fetch {name} from the hub: {str(e).splitlines()[0]}") \
+            from None
+    except ValueError as e:
+        raise InputError(f"{name} does not exist, and it is not a hub repository's folder "
+                         f"({str(e).splitlines()[0]})") from None
+    except OSError as e:
+        raise WeightsError(f"cannot fetch {name} into the hub cache {cache}: "
+                           f"{e.strerror or e}") from None
+
+
 def file(name: str, repo: str, revision: str | None, path: str) -> Path:
     """The hub cache's copy of one file of `repo` at `revision` (default: main), fetched when
     it is not cached and the hub may be reached: its path in the snapshot folder."""

@@ -996,6 +996,12 @@ def head_out_matrix(params, config: Config, layer: int) -> np.ndarray:
     return params[f"layers.{layer}.attn.W_O"].reshape(config.n_head, config.d_k, -1)
 
 
+def out_matrix(params, layer: int) -> np.ndarray:
+    """W_O of block `layer` whole, [H d_k, d]: the merged heads' outputs z (o_proj's input,
+    head 0's d_k numbers first) to the attention's output."""
+    return params[f"layers.{layer}.attn.W_O"]
+
+
 def attn_out_bias(params, config: Config, layer: int) -> np.ndarray:
     """b_O [d], added once to the merged heads' output (zeros for a family without one)."""
     b = params.get(f"layers.{layer}.attn.b_O")
