@@ -429,3 +429,19 @@ def test_bytes_no_neighbour_completes_stay_escaped():
     lone = ["\\xbb", "x", " \\xf0"]  # a continuation byte first, a lead byte last
     assert whole_characters(lone) == lone
     assert whole_characters(["\\xf0\\x9f", "\\x90\\xbb", "!"]) == ["🐻₁", "🐻₂", "!"]
+
+
+def test_a_sliding_windows_attention_picture_blanks_the_keys_before_the_window():
+    """attn --save on a sliding block: a cell is blank exactly where the query cannot look,
+    after it (causal) or `window` or more tokens before it, as a loop over the cells says."""
+    from tinygpt_cli.render.figure import attention_figure
+
+    t, w = 7, 3
+    grid = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+    fig = attention_figure("layers.0.heads.0.weights", grid, [f"t{i}" for i in range(t)],
+                           window=w)
+    naive = np.array([[j > i or i - j >= w for j in range(t)] for i in range(t)])
+    np.testing.assert_array_equal(fig.parts[0].masked, naive)
+    assert "window of 3 tokens" in fig.parts[1].text
+    whole = attention_figure("layers.0.heads.0.weights", grid, [f"t{i}" for i in range(t)])
+    np.testing.assert_array_equal(whole.parts[0].masked, np.triu(np.ones((t, t), bool), 1))

@@ -217,7 +217,7 @@ def attn(
     present(context, as_json, document,
             lambda: grid_view(path, grids, r.tokens, scores, full, window),  # (view, measure)
             figure=lambda: figures("figure").attention_figure(path, grids, r.tokens,
-                                                              scores=scores),
+                                                              scores=scores, window=window),
             save=save, force=force,
             show=lambda shown: show_view(context, shown[0], full, measured=shown[1]))
 

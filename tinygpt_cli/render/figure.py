@@ -230,13 +230,16 @@ LONG_GRID = 32  # tokens: from here an attention grid's colours follow sqrt(weig
 
 
 def attention_figure(path: str, grids: np.ndarray, tokens: list[str], *,
-                     scores: bool = False) -> Figure:
+                     scores: bool = False, window: int = 0) -> Figure:
     """Attention grids, T × T (one head) or H × T × T (every head of a block, side by side):
-    rows are the token looking, columns the tokens it looks at."""
+    rows are the token looking, columns the tokens it looks at. A sliding block's `window`
+    (the keys a query sees, itself included) blanks the keys before it too."""
     grids = np.asarray(grids)
     labels = token_labels(tokens)
     lo, hi = (None, None) if scores else (0.0, 1.0)
     mask = causal_mask(len(labels))
+    if window:
+        mask = mask | np.tril(np.ones_like(mask, dtype=bool), -window)
     # a long text's weights are mostly near 1/T: on a linear scale every cell looks alike
     gamma = 0.5 if not scores and len(labels) > LONG_GRID else 1.0
     if grids.ndim == 2:
@@ -246,5 +249,7 @@ def attention_figure(path: str, grids: np.ndarray, tokens: list[str], *,
                             hi=hi, masked=mask, gamma=gamma) for h, g in enumerate(grids)])
     note = ("masked, scaled scores QK^T/sqrt(d_k); blank above the diagonal (-inf)" if scores
             else "rows: the token looking; columns: the tokens it looks at; each row sums to 1")
+    if window:
+        note += f"; blank left of the band: keys before the query's window of {window} tokens"
     return Figure(path, [body, Note(note, "dim")], subtitle=f"{shape_text(grids.shape)} for "
                   "the text " + " ".join(labels))
