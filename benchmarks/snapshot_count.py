@@ -34,11 +34,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PROMPTS = ["Once upon a time, there was a little", "Lily wanted to play with her",
-           "The dog barked at the", "Tom and Sam went to the", "She was very happy and",
-           "One day, a big", "The sun was shining and the birds were",
-           "Mom said, \"You can have", "He looked at the sky and saw a",
-           "They played all day in the"]
+from why_quality import PROMPTS, write_results  # noqa: E402  (the same queries as its study)
 
 
 def per_snapshot_scores(weights: Path, windows: int, n_queries: int, seed: int = 0):
@@ -118,8 +114,6 @@ def main() -> None:
     print(head)
     print("\n".join(lines))
     if args.write:
-        from why_quality import write_results
-
         write_results(head, lines, "snapshot_count", "## How many snapshots: what each adds "
                       "to why's answers (`benchmarks/snapshot_count.py`, issue 52)")
 
