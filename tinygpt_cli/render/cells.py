@@ -5,6 +5,7 @@ when they do not all fit."""
 from __future__ import annotations
 
 MASKED = "  ·  "  # a key after its query (or a -inf score)
+OUTSIDE = "  -  "  # a key before the query's sliding window (Gemma 3's local blocks)
 
 
 def cell_text(x: float) -> str:

@@ -560,6 +560,23 @@ class Tokenizer:
         before, after = self.affix
         return [*before, *self.encode(text), *after]
 
+    def as_its_class_reads(self, settings: dict | None) -> None:
+        """The spaces as transformers 5's class for the folder (tokenizer_config.json's
+        tokenizer_class) writes them: its LlamaTokenizer keeps tokenizer.json's vocabulary
+        and merges but not its normaliser or pre-tokeniser, writing each space as `▁` with
+        a `▁` put before every piece of text between special tokens (`legacy: true`, Llama
+        2's own files) or before the text's first only, never doubled (Llama 2's normaliser
+        Prepend would put a second before " leading space")."""
+        cls = (settings or {}).get("tokenizer_class")
+        if cls not in ("LlamaTokenizer", "LlamaTokenizerFast") or not self.byte_fallback:
+            return
+        legacy = (settings or {}).get("legacy") is True
+        prefix = (settings or {}).get("add_prefix_space") is not False
+        scheme = ("always" if legacy else "first") if prefix else "never"
+        self._tok.normalizer = None
+        self._tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE,
+                                                           prepend_scheme=scheme, split=False)
+
     def set_affix(self) -> None:
         """The tokens around a text (affix), as transformers 5 puts them: tokenizer.json's
         post-processor decides (the library's own, on a probe text). tokenizer_config.json's
