@@ -27,6 +27,7 @@ from ..transformer.model import backward, cut_head, record, token_embeddings_of
 from ..transformer.wiring import FORWARD
 from ..words import count
 from .dla import steering
+from .question import ask
 
 # The blocks this analysis implements (wiring.require refuses others by name): the model's own
 # backward to the embeddings.
@@ -183,7 +184,6 @@ def attribution_report(session, position: int, target: str | None, vs: str | Non
                        method: str, steps: int, baseline: str | None) -> AttributionReport:
     """`method`'s scores for the prediction at `position`; integrated gradients start from
     the token embeddings of the `baseline` text (same token count) or from zeros."""
-    from .question import ask
 
     p = session.position(position)
     q = ask(session, session.run()[p], p, target, vs)

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..transformer.config import Config
+from ..transformer.hooks import Steering
 from ..transformer.model import neuron_out_rows, norm_weights, unembed_rows
 from ..transformer.schema import head_name
 from ..transformer.trace import Trace
 from ..transformer.wiring import FAMILIES, handles
+from .question import ask
 
 # The blocks this analysis implements (wiring.require refuses others by name): the stream split
 # into heads' and MLPs' outputs (Trace.residual_parts), each through the norm after its branch
@@ -121,7 +123,6 @@ class DLAReport:
 
 def dla_report(session, position: int, target: str | None, vs: str | None,
                neurons: int = 0) -> DLAReport:
-    from .question import ask
 
     p = session.position(position)
     tr = session.trace()
@@ -132,6 +133,5 @@ def dla_report(session, position: int, target: str | None, vs: str | None,
 
 def steering(session):
     """The session's hooks.Steering (site and shift), or None for an unsteered run."""
-    from ..transformer.hooks import Steering
 
     return session.steering if isinstance(session.steering, Steering) else None

@@ -27,15 +27,24 @@ slow check the tests hold it to).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..jobs.threads import map_on_cores
 from ..storage.corpus import eval_windows
 from ..transformer import ops
 from ..transformer.config import Config
-from ..transformer.model import head_table
+from ..transformer.hooks import Chain, Record
+from ..transformer.model import (
+    backward,
+    backward_from_attention,
+    backward_from_stream,
+    forward,
+    head_table,
+)
 from ..transformer.wiring import FAMILY_BLOCKS
 from .tracin import (
     bias_of,
@@ -85,8 +94,6 @@ def query(params, config: Config, ids: list[int], dlogits_of=None, hooks=None,
     dweights_of), one of block `layer`'s attention weights, d scalar / d weights =
     dweights_of(weights [H, T, T]); or, with stream = (layer, dh_of), one of the residual
     stream after block `layer` (-1: the embeddings), d scalar / d it = dh_of(it [T, d])."""
-    from ..transformer.hooks import Chain, Record
-    from ..transformer.model import backward, backward_from_attention, backward_from_stream, forward
 
     rec = Record()
     x = np.asarray(ids)
@@ -294,9 +301,7 @@ def scores_over_stream(snapshots: list[tuple[dict, float, list[dict]]], config: 
     query: `snapshots` are (params, lr, [the queries at those params: Query]) triples.
     advance(n) after each batch of n windows at one snapshot; batches on `workers` threads
     (default every core).  -> [Q, S, W] (weighted by each snapshot's lr)"""
-    import threading
 
-    from ..jobs.threads import map_on_cores
 
     lock = threading.Lock()
     t = config.n_positions

@@ -38,8 +38,9 @@ import numpy as np
 
 from ..errors import InputError, WeightsError
 from ..storage.files import read_json_object
+from ..storage.safetensors import header_bytes, read_header, read_safetensors
 from ..transformer.config import Config
-from .dictionary import SAE
+from .dictionary import SAE, encode
 
 PARAMS, CONFIG = "params.safetensors", "config.json"
 MAX_CONFIG_BYTES = 1 << 20
@@ -150,7 +151,6 @@ def check_model_name(name, config: Config, where: str) -> None:
 
 def read_params(path: Path, wants: dict[str, tuple]) -> dict[str, np.ndarray]:
     """The tensors named, each of its shape, real floating-point numbers, finite."""
-    from ..storage.safetensors import read_safetensors
 
     t, _ = read_safetensors(path, label=str(path))
     out = {}
@@ -220,7 +220,6 @@ def load_gemma_scope(folder: Path, config: Config) -> tuple[SAE, str]:
 
 def _width(path: Path, d: int) -> int:
     """The latents, from w_enc's header (so a file of another width is named, not misread)."""
-    from ..storage.safetensors import header_bytes, read_header
 
     if not path.is_file():
         raise WeightsError(f"{path.parent} has no {PARAMS}")
@@ -239,7 +238,6 @@ def _width(path: Path, d: int) -> int:
 
 
 def _decoder_rank(path: Path) -> int:
-    from ..storage.safetensors import header_bytes, read_header
 
     info = read_header(path, header_bytes(8)).get("w_dec")
     return len(info.shape) if info is not None else 0
@@ -324,7 +322,6 @@ def load_cross_layer(folder: Path, config: Config) -> CrossLayerTranscoder:
 
 def _layered_decoder(path: Path, m: int, n: int, d: int) -> np.ndarray:
     """w_dec [m, n_layers, d], its layer count this model's."""
-    from ..storage.safetensors import header_bytes, read_header
 
     info = read_header(path, header_bytes(8)).get("w_dec")
     shape = tuple(info.shape) if info is not None else ()
@@ -338,7 +335,6 @@ def cross_layer_outputs(clt: CrossLayerTranscoder, xs: list[np.ndarray]) -> list
     """Each block's MLP output as the cross-layer transcoder predicts it from every block's
     MLP input xs[L] [T, d]: y_j = sum over L <= j of z_L w_dec[L][:, j - L] + b_dec[j]
     (+ xs[j] skip[j])."""
-    from .dictionary import encode
 
     zs = [encode(tc, x) for tc, x in zip(clt.encoders, xs, strict=True)]
     out = []

@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InputError
 from ..transformer.config import Config
+from ..transformer.hooks import Replace, chained
 from ..transformer.model import (
     forward,
     head_out_matrix,
@@ -522,7 +524,6 @@ def build(params, config: Config, ids: list[int], transcoders: list[S.SAE], *,
     tokens = logit_nodes(last, target, vs, n_logits)
     target = tokens[0] if target is None else target
     if vs == target:
-        from ..errors import InputError
 
         raise InputError(f"the target and --vs are the same token (id {target}): their "
                          "difference is 0 whatever the text; give --vs another token")
@@ -878,7 +879,6 @@ def feature_node(graph: Graph, spec: str, latents: list[int] | None = None) -> i
     """The node of a feature named as the JSON names it, LAYER_FEATURE_POSITION (0_314_5);
     `latents`: each block's transcoder's width, to tell a latent that does not exist from
     one that is not active."""
-    from ..errors import InputError
 
     parts = spec.split("_")
     if len(parts) != 3 or not all(p.lstrip("-").isdigit() for p in parts):
@@ -925,7 +925,6 @@ def real_change(params, config: Config, ids: list[int], transcoders: list[S.SAE]
     """The target's change in the real model when each feature's decoder contribution is
     moved to its new activation (mlp_out + (new - old) W_dec[j] at its position; the rest
     of the MLP as it was), downstream features free to change as the model computes."""
-    from ..transformer.hooks import Replace
 
     fns: dict[str, list] = {}
     named = []
@@ -943,7 +942,6 @@ def real_change(params, config: Config, ids: list[int], transcoders: list[S.SAE]
             return v
         return fn
 
-    from ..transformer.hooks import chained
 
     logits = forward(params, config, np.asarray(ids),
                      hooks=chained(steering, Replace(

@@ -43,7 +43,7 @@ from ..transformer.model import (
 )
 from ..transformer.wiring import FAMILY_BLOCKS, describe
 from . import sae as S
-from .graph import Graph
+from .graph import Graph, shift_of
 from .qk import through_head_norm
 
 # The blocks this analysis implements (wiring.require refuses others by name): the graph's frozen
@@ -126,7 +126,6 @@ def edge_qk(params, config: Config, graph: Graph, transcoders: list[S.SAE], stee
     """The split score of every kept edge (graph.edge_mask, or the edges rows x cols given)
     whose source is at an earlier position than its target (of the run steered by
     `steering`, as graph.build's: its vector a part of "biases" from its block on)."""
-    from .graph import shift_of
 
     shift = shift_of(steering)
     _, values = record(params, config, np.asarray(graph.ids), hooks=steering)

@@ -7,6 +7,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..storage.files import sha256
+from ..storage.weights import SHIPPED
+from ..transformer.families import family
+
 
 @dataclass
 class ModelInfo:
@@ -54,9 +58,6 @@ def architecture(cfg) -> dict:
 
 
 def model_info(model) -> ModelInfo:
-    from ..storage.files import sha256
-    from ..storage.weights import SHIPPED
-    from ..transformer.families import family
 
     cfg = model.config
     fam = family(cfg.model_type)

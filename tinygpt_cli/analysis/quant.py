@@ -34,10 +34,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InputError
+from ..storage.gguf_file import gguf_names
 from ..transformer import model as mdl
 from ..transformer import ops
 from ..transformer.wiring import FORWARD
-from .diff import kl_divergence, relative_distance
+from .diff import config_differences, kl_divergence, relative_distance
 
 # the model's own forward and backward passes, whatever steps they walk
 HANDLES = FORWARD
@@ -357,8 +359,6 @@ class ActQuant:
 
 def check_pair(quant_model, ref_model) -> None:
     """The quantized model and its reference must read the same ids into the same shapes."""
-    from ..errors import InputError
-    from .diff import config_differences
 
     why = quant_model.tokenizer.differs_from(ref_model.tokenizer)
     if why is not None:
@@ -377,7 +377,6 @@ def check_pair(quant_model, ref_model) -> None:
 def file_tensors(config, tensor_types: dict[str, str]) -> dict[str, tuple[str, str]]:
     """Each unit's label (tensor_units) -> (the GGUF tensor it is, its type); a fused
     attn_qkv is q's, k's and v's tensor alike."""
-    from ..storage.gguf_file import gguf_names
 
     out = {}
     for canonical, files in gguf_names(config).items():
@@ -417,7 +416,6 @@ def chunk_bos(quant_model) -> int | None:
 def act_quant_hook(quant_model) -> tuple[ActQuant, list[str]]:
     """--act-quant for a GGUF model: the hook, and the products it covers (named by their
     inputs). InputError when the weights are no GGUF or of a type it cannot imitate."""
-    from ..errors import InputError
 
     about = getattr(quant_model, "about", None)
     if not about or "tensors" not in about:

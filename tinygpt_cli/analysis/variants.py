@@ -15,7 +15,15 @@ import numpy as np
 
 from ..transformer.config import Config
 from ..transformer.hooks import Chain, Replace
-from ..transformer.model import cut_head, forward, token_embeddings_of, token_table
+from ..transformer.model import (
+    block,
+    cut_head,
+    forward,
+    norm,
+    token_embeddings_of,
+    token_table,
+    unembed,
+)
 
 Edit = Callable[[np.ndarray], np.ndarray]
 Variant = Mapping[str, Edit]
@@ -109,7 +117,6 @@ def forward_from(params: dict[str, np.ndarray], config: Config, layer: int, h: n
                  hooks) -> np.ndarray:
     """Blocks layer .. n_layer-1 on the stream h entering block `layer`, then the final norm and
     the head at the last position only.  [B, T, d] -> [B, 1, V]"""
-    from ..transformer.model import block, norm, unembed
 
     for i in range(layer, config.n_layer):
         h = block(params, config, i, h, hooks, None, 0, None)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 from rich.console import Group
+from rich.measure import Measurement
+from rich.table import Table
 from rich.text import Text
 
 from ..words import held
@@ -17,7 +19,6 @@ ROTARY_NOTE = ("no position table: position t turns each pair of numbers (i, i +
                "head's q and k by this angle before q . k, so a score depends on how far apart "
                "the two tokens are; --sum shows the embeddings, which are the tokens' rows alone")
 def rotary_note(rotary: bool) -> list:
-    from rich.text import Text
 
     return [Text(ROTARY_NOTE, style="dim")] if rotary else []
 
@@ -59,7 +60,6 @@ class EvenRows:
         self.cells = cells
 
     def _rows(self, console, width: int) -> list[list]:
-        from rich.measure import Measurement
 
         options = console.options.update_width(width)
         widest = max(Measurement.get(console, options, c).maximum for c in self.cells)
@@ -71,7 +71,6 @@ class EvenRows:
         return out
 
     def _grid(self, row: list):
-        from rich.table import Table
 
         grid = Table.grid(padding=(0, self.GAP, 0, 0))
         for _ in row:
@@ -86,7 +85,6 @@ class EvenRows:
             yield self._grid(row)
 
     def __rich_measure__(self, console, options):
-        from rich.measure import Measurement
 
         shown = [Measurement.get(console, options, self._grid(row))
                  for row in self._rows(console, options.max_width)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from .cells import MASKED, cell_text, keep
+from .numbers import fmt, shape_str, stats
 from .text import row_label, show_token
 
 # Characters surely one column wide (cell_len 1 in Rich): printable ASCII, printable Latin-1
@@ -134,7 +135,6 @@ def _table(grid, labels: list[str], heads: list[str], cols: list[int | None],
 def _header_lines(path: str, grid, width: int) -> list[str] | None:
     """render.tables.header as plain lines (fields two spaces apart, wrapped between fields
     onto indented lines), or None when a field is wider than the line."""
-    from .numbers import fmt, shape_str, stats
 
     s = stats(grid)
     fields = [path, shape_str(grid.shape), str(grid.dtype)] + [

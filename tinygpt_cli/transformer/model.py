@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import NonFiniteError
+from ..errors import InputError, NonFiniteError
 from ..storage.pages import fresh_pages
 from . import ops, wiring
 from .config import Config
-from .hooks import Hook, Record, RecordOnly, Stop
+from .hooks import Chain, Hook, Record, RecordOnly, Stop, StopAfter, sets_of
 from .schema import is_bias, is_norm_weight, param_shapes
 from .wiring import Step
 
@@ -664,8 +664,6 @@ def _name_first_non_finite(params, config, ids, hooks, cache, start, last_only,
     one (`last`, the value found bad, if none before it is): InputError when the hooks are at
     fault (one returned infinite or NaN numbers, or a value one changed overflowed further on
     where the same pass without hooks stays finite), NonFiniteError (the weights) otherwise."""
-    from ..errors import InputError
-    from .hooks import Chain, sets_of
 
     changed: list = []
     watched = Chain(*(_watched(h, changed) for h in sets_of(hooks))) if hooks else None
@@ -881,7 +879,6 @@ def record(params, config: Config, ids, paths=None, *, hooks: Hook | None = None
     """The one way to run the model and keep its values: (logits, {path: value}) of every
     value, or only of `paths`. `hooks` run before the recording, so an intervention shows in
     the values recorded; `stop_after` ends the pass once that value exists (logits None)."""
-    from .hooks import Chain, RecordOnly, StopAfter
 
     rec = Record() if paths is None else RecordOnly(paths)
     chain = [h for h in (hooks, rec, StopAfter(stop_after) if stop_after else None)

@@ -4,14 +4,21 @@ space, `<0xNN>` for a byte no piece holds); and the recipe that trains the first
 
 from __future__ import annotations
 
+import bisect
 import functools
+import json
 import re
+import unicodedata
 from collections.abc import Iterable
 from functools import cached_property
+from itertools import accumulate, pairwise
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from ..errors import InputError
+from ..storage.files import write_atomically
 
 # the vocabulary limits live in config.py, which the CLI imports cheaply; named here too
 from .config import MAX_VOCAB, MIN_VOCAB  # noqa: F401
@@ -56,7 +63,6 @@ def _parts(pre) -> list:
 
 def _state(part) -> dict:
     """A normalizer's or a pre-tokenizer's settings, as its JSON in tokenizer.json."""
-    import json
 
     try:
         return json.loads(part.__getstate__())
@@ -148,8 +154,6 @@ def special_name(value) -> str | None:
 
 def _named(ch: str) -> str:
     """A character as an error names it: U+0007, never the character itself."""
-    import unicodedata
-
     return f"U+{ord(ch):04X} {unicodedata.name(ch, '')}".rstrip() if ch.isprintable() else \
         f"U+{ord(ch):04X}, a control character"
 
@@ -253,8 +257,6 @@ def exact_pieces(text: str, joinable, unicode_letters: bool, shortest: int = PIE
     whole word found in its vocabulary, ignore_merges, never does so for a piece) and cut at
     the first exact_cut past that outside the `protected` spans (added_spans); ValueError(start)
     for `longest` characters with none."""
-    import bisect
-
     def inside(i: int) -> bool:  # within a protected span, past its first character
         k = bisect.bisect_left(protected, (i, i))  # the spans before k start before i
         return any(a < i < b for a, b in protected[max(k - 4, 0):k])
@@ -288,7 +290,6 @@ SHORT_IDS = 1024
 def _id_rules(tok: HFTokenizer) -> dict:
     """What decides a text's ids, from the tokenizer's JSON, by what it is called in an
     error: merges as pairs (files write them "a b" or ["a", "b"])."""
-    import json
 
     d = json.loads(tok.to_str())
     model = dict(d.get("model") or {})
@@ -403,7 +404,6 @@ class Tokenizer:
                        if any(b in missing for b in ch.encode("utf-8"))), None)
         if at is None:
             return
-        from ..errors import InputError
 
         byte = next(b for b in text[at].encode("utf-8") if b in missing)
         raise InputError(f"the text's character {at} ({_named(text[at])}) needs byte "
@@ -500,7 +500,6 @@ class Tokenizer:
         (--last N from an endless stdin). A tokenizer with byte fallback (SentencePiece,
         whose text is one piece) has no such place: its text is held whole; InputError
         past TAIL_MAX characters held, for it or for a text with no place to cut."""
-        from ..errors import InputError
 
         text, before = "", 0
         for piece in pieces:
@@ -537,7 +536,6 @@ class Tokenizer:
         return out
 
     def _encode_stretch(self, text: str, start: int, end: int) -> list[int]:
-        from ..errors import InputError
 
         stretch = text[start:end]
         shortest = max(PIECE_MIN, self.longest_token_bytes + 1)
@@ -560,7 +558,6 @@ class Tokenizer:
     def _joinable(self):
         """joinable(x, y): whether some merge of the vocabulary joins a token ending in byte x
         to one starting with byte y (a character outside the byte alphabet: any byte)."""
-        import json
 
         import numpy as np
 
@@ -638,7 +635,6 @@ class Tokenizer:
         (len(ids) + 1 numbers), from a table of each vocabulary token's length: a million
         tokens in a fraction of a second, without a tuple per token, and without NumPy
         (`encode` never imports it)."""
-        from itertools import accumulate
 
         if len(ids) < SHORT_IDS:  # a short text: its own tokens, not the whole table (4 ms)
             return list(accumulate((len(self.token_bytes(i)) for i in ids), initial=0))
@@ -651,7 +647,6 @@ class Tokenizer:
 
     def byte_offsets(self, ids: Iterable[int]) -> list[tuple[int, int]]:
         """(start, end) of each token in the UTF-8 bytes of the decoded text."""
-        from itertools import pairwise
 
         return list(pairwise(self.byte_starts(list(ids))))
 
@@ -676,7 +671,6 @@ def train_tokenizer(stories: Iterable[str], vocab_size: int = 4096) -> Tokenizer
 
 
 def save_tokenizer(tokenizer: Tokenizer, path: str | Path) -> None:
-    from ..storage.files import write_atomically
 
     write_atomically(Path(path), tokenizer._tok.to_str(pretty=True).encode("utf-8"))
 
@@ -684,7 +678,6 @@ def save_tokenizer(tokenizer: Tokenizer, path: str | Path) -> None:
 def parse_ids(words: list[str], vocab_size: int) -> list[int]:
     """The token ids in `words` (separated by spaces, commas or brackets, as `decode` takes
     them), each in the vocabulary; else InputError."""
-    from ..errors import InputError
 
     ids = []
     for word in words:

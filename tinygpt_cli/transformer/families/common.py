@@ -8,6 +8,8 @@ import re
 
 import numpy as np
 
+from ...storage.pages import fresh_pages
+from ...storage.safetensors import let_go_of
 from ..config import is_int, shown, token_id
 
 
@@ -54,8 +56,6 @@ def transposed(a) -> np.ndarray:
     """A file matrix (out, in) as the canonical (in, out), a C-ordered copy (BLAS multiplies
     a vector by it faster than by the transposed view), on small pages (pages.py); a
     bfloat16 one widened straight into it."""
-    from ...storage.pages import fresh_pages
-
     out = fresh_pages(a.shape[::-1], np.float32 if hasattr(a, "widen") else a.dtype)
     _place(out, a)
     return out
@@ -64,8 +64,6 @@ def transposed(a) -> np.ndarray:
 def side_by_side(pieces: list) -> np.ndarray:
     """File matrices (out_i, in) as one canonical (in, sum out_i): q, k and v into W_QKV,
     each piece (bfloat16 ones widened) written straight into its columns."""
-    from ...storage.pages import fresh_pages
-
     kinds = {np.float32 if hasattr(p, "widen") else p.dtype for p in pieces}
     out = fresh_pages((pieces[0].shape[1], sum(p.shape[0] for p in pieces)),
                       np.result_type(*kinds))
@@ -80,7 +78,6 @@ def _place(out: np.ndarray, a) -> None:
     if hasattr(a, "widen"):
         a.widen(out, transposed=True)
     else:
-        from ...storage.safetensors import let_go_of
 
         out[...] = a.T
         if a.flags.c_contiguous:  # a whole tensor of the file, not a piece of one

@@ -30,6 +30,7 @@ import re
 import numpy as np
 
 from ..config import Config, shown
+from ..schema import param_shapes
 from .common import (
     block_index,
     canonical_of,
@@ -110,7 +111,6 @@ def _qkv(name: str) -> int | None:
 
 
 def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
-    from ..schema import param_shapes
 
     out: dict[str, tuple[int, ...]] = {}
     for name, shape in param_shapes(config).items():
@@ -126,7 +126,6 @@ def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
 def params_from_file(tensors: dict, config: Config) -> dict:
     """The file's tensors -> canonical params: matrices (in, out), q k v side by side, each
     norm's w as its scale 1 + w (float32, as transformers adds it)."""
-    from ..schema import param_shapes
 
     out = {}
     for name in param_shapes(config):

@@ -9,6 +9,7 @@ output head is tied to W_E, so no lm_head is written; a file that has one must e
 from __future__ import annotations
 
 from ..config import Config, is_int, shown, token_id
+from ..schema import param_shapes
 
 MODEL_TYPE = "gpt2"
 LABEL = "GPT-2"  # as messages name the family
@@ -68,7 +69,6 @@ def canonical_name(name: str) -> str | None:
 
 def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
     """Every tensor of the file by its short name, with its shape, in file order."""
-    from ..schema import param_shapes
 
     return {file_name(name): shape for name, shape in param_shapes(config).items()}
 

@@ -13,6 +13,7 @@ import re
 import numpy as np
 
 from ..config import Config, shown
+from ..schema import param_shapes
 from .common import block_index, canonical_of, cut, filled, pattern_of, refuse, specials, whole
 
 MODEL_TYPE = "gpt_neo"
@@ -63,7 +64,6 @@ def canonical_name(name: str) -> str | None:
 
 
 def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
-    from ..schema import param_shapes
 
     out: dict[str, tuple[int, ...]] = {}
     for name, shape in param_shapes(config).items():
@@ -77,7 +77,6 @@ def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
 
 
 def params_from_file(tensors: dict, config: Config) -> dict:
-    from ..schema import param_shapes
 
     out = {}
     for name in param_shapes(config):

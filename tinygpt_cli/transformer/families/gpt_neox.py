@@ -13,6 +13,7 @@ import re
 import numpy as np
 
 from ..config import Config
+from ..schema import param_shapes
 from .common import (
     block_index,
     canonical_of,
@@ -67,7 +68,6 @@ def canonical_name(name: str) -> str | None:
 
 
 def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
-    from ..schema import param_shapes
 
     return {file_name(n): tuple(reversed(s)) if NAMES[pattern_of(n)[0]][1] else s
             for n, s in param_shapes(config).items()}
@@ -82,7 +82,6 @@ def _grouped(a: np.ndarray, config: Config, back: bool = False) -> np.ndarray:
 
 
 def params_from_file(tensors: dict, config: Config) -> dict:
-    from ..schema import param_shapes
 
     out = {}
     for name in param_shapes(config):

@@ -15,6 +15,7 @@ import re
 import numpy as np
 
 from ..config import Config
+from ..schema import param_shapes
 from .common import (
     block_index,
     canonical_of,
@@ -87,7 +88,6 @@ def _sizes(config: Config) -> list[int]:
 
 def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
     """Every tensor of the file by its name, with its shape, in the file's order."""
-    from ..schema import param_shapes
 
     out: dict[str, tuple[int, ...]] = {}
     for name, shape in param_shapes(config).items():
@@ -109,7 +109,6 @@ def _transposed(canonical: str) -> bool:
 def params_from_file(tensors: dict, config: Config) -> dict:
     """The file's tensors (checked against file_shapes) -> canonical params: matrices
     transposed to (in, out), q k v side by side."""
-    from ..schema import param_shapes
 
     out = {}
     for name in param_shapes(config):
