@@ -254,7 +254,7 @@ def tokenizer_out(ctx: Ctx) -> None:
 def run_tokenizer_of(size: int):
     """A fresh OUT holding only a tokenizer of another size than asked."""
     def setup(ctx: Ctx) -> None:
-        from tinygpt_cli.jobs.train.data import read_stories
+        from tinygpt_cli.storage.corpus import read_stories
         from tinygpt_cli.transformer.tokenizer import save_tokenizer, train_tokenizer
 
         (ctx.tmp / "fresh").mkdir()

@@ -50,7 +50,7 @@ def gradients(params, config: Config, ids: Sequence[int], position: int, target:
     """
     x = token_embeddings_of(params, config, ids) if token_embeddings is None else token_embeddings
     rows = [target] + ([vs] if vs is not None else [])
-    head = cut_head(params, rows)
+    head = cut_head(params, config, rows)
     zeros = np.zeros(x.shape[:-1], dtype=np.int64)
     fns = {"token_embeddings": lambda _: x}
     if steer is not None:

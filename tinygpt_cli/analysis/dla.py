@@ -33,9 +33,11 @@ HANDLES = handles(step=FAMILIES["step"] + ("norm after attention", "norm after t
 BIAS_ROW = "ln_final.bias"
 
 
-def unembed_direction(params: dict[str, np.ndarray], target: int, vs: int | None) -> np.ndarray:
+def unembed_direction(params: dict[str, np.ndarray], config: Config, target: int,
+                      vs: int | None) -> np.ndarray:
     """W_U[target] (- W_U[vs]): the direction whose dot with ln_final.out is the score. [d]"""
-    rows = unembed_rows(params, [target] if vs is None else [target, vs]).astype(np.float64)
+    rows = unembed_rows(params, config, [target] if vs is None else [target, vs])
+    rows = rows.astype(np.float64)
     return rows[0] - (rows[1] if vs is not None else 0.0)
 
 
@@ -69,7 +71,7 @@ def direct_logit_attribution(trace: Trace, params: dict[str, np.ndarray], config
     `neurons` > 0 also splits each MLP row into its neurons mlp_post[n] W_2[n] (plus b_2) and
     keeps the `neurons` largest by size; the MLP rows stay whole, so the rows still add up.
     """
-    direction = unembed_direction(params, target, vs)
+    direction = unembed_direction(params, config, target, vs)
     gain, shift = norm_weights(params, "ln_final")
     centre = config.norm == "layer"  # an RMSNorm divides by the rms alone: no mean, no bias
     scale = float(trace.get("ln_final.std" if centre else "ln_final.rms")[position, 0])

@@ -194,7 +194,7 @@ class Stacked:
 
 def covered(config: Config, params: dict) -> set[str]:
     """The parameter names the exact pass takes a term for (every one, of every family)."""
-    names = {"embed.W_E", head_table(params)} | ({"embed.W_pos"} & set(params))
+    names = {"embed.W_E", head_table(config)} | ({"embed.W_pos"} & set(params))
     for prefix, _, _ in linear_sites(config):
         names |= {prefix} | ({bias_of(prefix)} if has_bias(config, prefix) else set())
     for prefix, _, _ in norm_sites(config):

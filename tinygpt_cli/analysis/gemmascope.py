@@ -40,6 +40,7 @@ from ..errors import InputError, WeightsError
 from ..storage.files import read_json_object
 from ..storage.safetensors import header_bytes, read_header, read_safetensors
 from ..transformer.config import Config
+from ..transformer.families import family
 from .dictionary import SAE, encode
 
 PARAMS, CONFIG = "params.safetensors", "config.json"
@@ -49,16 +50,6 @@ NAME = re.compile(r"layer_([0-9]+)_width_([0-9]+[km]?)_l0_([a-z0-9]+?)(_affine)?
 SITES = {"resid_post": "resid_post", "resid_post_all": "resid_post",
          "attn_out_all": "attn_out", "mlp_out": "mlp_out", "transcoder_all": "transcoder",
          "clt": "clt"}
-# Hugging Face module names per family: the blocks, the norm before the MLP, attention's
-# output projection (the MLP is `mlp` in every family)
-MODULES = {"gpt2": ("transformer.h", "ln_2", "attn.c_proj"),
-           "gpt_neo": ("transformer.h", "ln_2", "attn.attention.out_proj"),
-           "gpt_neox": ("gpt_neox.layers", "post_attention_layernorm", "attention.dense"),
-           "llama": ("model.layers", "post_attention_layernorm", "self_attn.o_proj"),
-           # Gemma 3's post_attention_layernorm is its norm after attention, not before the MLP
-           "gemma3_text": ("model.layers", "pre_feedforward_layernorm", "self_attn.o_proj"),
-           "qwen2": ("model.layers", "post_attention_layernorm", "self_attn.o_proj"),
-           "qwen3": ("model.layers", "post_attention_layernorm", "self_attn.o_proj")}
 GEMMA_MODULES = {"pre_feedforward_layernorm": "Gemma 2 and 3's norm before the MLP",
                  "post_feedforward_layernorm": "Gemma 2 and 3's norm after the MLP"}
 # a model_name's family, by the words Hugging Face ids use (None: not one to check)
@@ -107,7 +98,7 @@ def hook_value(hook, config: Config, where: str) -> tuple[str, int]:
     such module."""
     if not isinstance(hook, str):
         raise WeightsError(f"{where}: the hook is {hook!r}, not a module name")
-    blocks, ln2, proj = MODULES.get(config.model_type, MODULES["llama"])
+    blocks, ln2, proj = family(config.model_type).MODULES
     m = re.fullmatch(r"([a-z_.]+?)\.([0-9]+)\.(.+)", hook)
     if m is None or m[1] != blocks:
         raise InputError(f"{where}: {hook!r} is not a module of this {config.model_type} model "

@@ -131,7 +131,7 @@ def edge_qk(params, config: Config, graph: Graph, transcoders: list[S.SAE], stee
     _, values = record(params, config, np.asarray(graph.ids), hooks=steering)
     if rows is None:
         rows, cols = np.nonzero(graph.edge_mask)
-    reads = _reads(params, graph, transcoders)
+    reads = _reads(params, config, graph, transcoders)
     cache: dict = {}
     out = []
     for r, c in zip(rows, cols, strict=True):
@@ -183,15 +183,16 @@ def head_norms(params, config: Config, rms: tuple | None, layer: int, head: int,
     return ((float(rms_q[head, query, 0]), w_q), (float(rms_k[kv, key, 0]), w_k))
 
 
-def _reads(params, graph: Graph, transcoders) -> dict:
+def _reads(params, config: Config, graph: Graph, transcoders) -> dict:
     """Each logit node's read vector (a feature's is its W_enc column)."""
     first = len(graph.kinds) - len(graph.tokens_of_logits)
     out = {}
     for i, tok in enumerate(graph.tokens_of_logits):
         if tok >= 0:
-            out[first + i] = unembed_rows(params, [tok])[0].astype(np.float64)
+            out[first + i] = unembed_rows(params, config, [tok])[0].astype(np.float64)
         else:
-            rows = unembed_rows(params, [graph.target_token, graph.vs]).astype(np.float64)
+            rows = unembed_rows(params, config,
+                                [graph.target_token, graph.vs]).astype(np.float64)
             out[first + i] = rows[0] - rows[1]
     return out
 

@@ -92,7 +92,7 @@ def kl_and_grads(h: np.ndarray, a: np.ndarray, b: np.ndarray, logp_final: np.nda
     n = h.shape[0]
     t = translate(h, a, b)
     gain, bias = norm_weights(params, "ln_final")
-    eps, head = config.layer_norm_epsilon, params[head_table(params)]
+    eps, head = config.layer_norm_epsilon, params[head_table(config)]
     if bias is None:  # an RMSNorm
         u, rms = ops.rms_norm(t, gain, eps)
     else:

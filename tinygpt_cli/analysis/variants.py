@@ -75,7 +75,7 @@ def run_variants(params: dict[str, np.ndarray], config: Config, ids: Sequence[in
     first = None
     if rows is not None:
         x = token_embeddings_of(params, config, ids)
-        params = cut_head(params, rows)
+        params = cut_head(params, config, rows)
         first = Replace({"token_embeddings": lambda _: x})
         ids = np.zeros_like(ids)
     width = config.vocab_size if rows is None else len(rows)
@@ -121,7 +121,7 @@ def forward_from(params: dict[str, np.ndarray], config: Config, layer: int, h: n
     for i in range(layer, config.n_layer):
         h = block(params, config, i, h, hooks, None, 0, None)
     u = norm(params, config, h[..., -1:, :], "ln_final", hooks)
-    return unembed(params, u, hooks)
+    return unembed(params, config, u, hooks)
 
 
 def set_row(t: int, value: np.ndarray) -> Edit:

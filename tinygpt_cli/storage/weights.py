@@ -6,13 +6,13 @@ import contextlib
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError, WeightsError
 from ..transformer.config import Config
-from ..transformer.families import config_from_dict, family, load_config
+from ..transformer.families import Family, config_from_dict, family, load_config
 from ..transformer.families.gpt2 import PREFIX  # noqa: F401  (GPT-2 files' own prefix, for callers)
 from ..transformer.schema import PARAMS
 from ..transformer.tokenizer import Tokenizer, special_name
@@ -238,7 +238,7 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
     for n in wanted:  # one file, or each shard of a sharded model
         files.setdefault(path.parent / infos[n].shard if infos[n].shard else path, []).append(n)
     tensors = {}
-    lazy = getattr(fam, "PLACES_BFLOAT16", False)  # its converter widens bf16 in place
+    lazy = fam.PLACES_BFLOAT16  # its converter widens bf16 in place
     for file, names in files.items():
         tensors.update(read_safetensors(file, names, lazy_bf16=lazy)[0])
     with _naming(path):
@@ -265,6 +265,12 @@ class Model:
     tokenizer: object  # tinygpt_cli.transformer.tokenizer.Tokenizer
     file: Path | None = None  # a GGUF file's path (its folder is `folder`)
     about: dict | None = None  # what the GGUF says of itself (gguf_file.description)
+    # its family's converter (families.Family), found once for its config: what reads the
+    # model's names (its file's tensor names, its label) asks it, never the model_type
+    family: Family = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.family = family(self.config.model_type)
 
     @property
     def weights_file(self) -> Path:

@@ -566,7 +566,7 @@ def tl_weights(params, c, name: str) -> np.ndarray:
     if name == "W_E":
         return np.array(model.token_table(params))
     if name == "W_U":
-        return np.array(params[model.head_table(params)]).T
+        return np.array(params[model.head_table(c)]).T
     if name == "b_U":
         return np.zeros(c.vocab_size, np.float32)
     if name == "W_pos":

@@ -21,7 +21,15 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import InputError, RunError, WriteError
-from ...storage.corpus import write_data_record
+from ...storage.corpus import (
+    TokenStream,
+    TrainingDataError,
+    encode_stories,
+    eval_windows,
+    random_windows,
+    read_stories,
+    write_data_record,
+)
 from ...storage.files import append_line, cannot_write, write_atomically
 from ...storage.madefor import made_for
 from ...storage.safetensors import safetensors_bytes, with_metadata
@@ -35,14 +43,6 @@ from ...transformer.optim import OPTIMIZERS, SGD, AdamW, clip_by_global_norm, lr
 from ...transformer.schema import param_shapes
 from ...transformer.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
 from ...words import count
-from .data import (
-    TokenStream,
-    TrainingDataError,
-    encode_stories,
-    eval_windows,
-    random_windows,
-    read_stories,
-)
 
 CHECKPOINT = "checkpoint.npz"
 LOG = "log.jsonl"

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...storage.pages import fresh_pages
 from ...storage.safetensors import let_go_of
-from ..config import is_int, shown, token_id
+from ..config import Config, is_int, shown, token_id
 
 
 def pattern_of(canonical: str) -> tuple[str, int | None]:
@@ -37,6 +37,24 @@ def canonical_of(names: dict[str, tuple[str, bool]], name: str, i: int | None) -
         if filled(file, i) == name:
             return canonical.replace("layers.L.", f"layers.{i}.") if i is not None else canonical
     return None
+
+
+def qkv_sizes(config: Config) -> list[int]:
+    """The widths of W_QKV's three pieces: q's H d_k, then k's and v's H_kv d_k each."""
+    dk = config.d_k
+    return [config.n_head * dk, config.kv_heads * dk, config.kv_heads * dk]
+
+
+def qkv_files(i: int, kind: str = "weight") -> list[str]:
+    """Block i's q, k and v projections (`kind`: weight or bias) as Llama's layout names them
+    (Qwen's and Gemma's alike): the three file tensors of W_QKV or b_QKV."""
+    return [f"model.layers.{i}.self_attn.{p}_proj.{kind}" for p in "qkv"]
+
+
+def is_transposed(names: dict[str, tuple[str, bool]], canonical: str) -> bool:
+    """Whether the file keeps this parameter (out, in), by the family's NAMES table."""
+    pattern = re.sub(r"^layers\.\d+\.", "layers.L.", canonical)
+    return names[pattern][1] if pattern in names else False
 
 
 def cut(value: np.ndarray, sizes: list[int]) -> list[np.ndarray]:

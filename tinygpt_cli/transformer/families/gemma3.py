@@ -37,7 +37,10 @@ from .common import (
     cut,
     filled,
     floats,
+    is_transposed,
     pattern_of,
+    qkv_files,
+    qkv_sizes,
     refuse,
     side_by_side,
     specials,
@@ -50,6 +53,10 @@ LABEL = "Gemma 3"
 PREFIX = ""
 IGNORED = ()
 PLACES_BFLOAT16 = True
+# Hugging Face's module names (hooks name them): the blocks, the norm before the MLP,
+# attention's output projection (the MLP is `mlp` in every family)
+# (Gemma 3's post_attention_layernorm is its norm after attention, not before the MLP)
+MODULES = ("model.layers", "pre_feedforward_layernorm", "self_attn.o_proj")
 
 _BLOCK = re.compile(r"^model\.layers\.(\d+)\.")
 NAMES: dict[str, tuple[str, bool]] = {  # canonical pattern -> (file pattern, transposed)
@@ -67,12 +74,7 @@ NAMES: dict[str, tuple[str, bool]] = {  # canonical pattern -> (file pattern, tr
     "ln_final.w": ("model.norm.weight", False),
     "unembed.W_U": ("lm_head.weight", False),
 }
-QKV = ("q_proj", "k_proj", "v_proj")
 DEFAULT_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
-
-
-def _qkv_files(i: int) -> list[str]:
-    return [f"model.layers.{i}.self_attn.{p}.weight" for p in QKV]
 
 
 def file_name(canonical: str) -> str:
@@ -88,16 +90,6 @@ def canonical_name(name: str) -> str | None:
 
 def block_of(name: str) -> int | None:
     return block_index(name, _BLOCK)
-
-
-def _sizes(config: Config) -> list[int]:
-    dk = config.d_k
-    return [config.n_head * dk, config.kv_heads * dk, config.kv_heads * dk]
-
-
-def _transposed(canonical: str) -> bool:
-    pattern = re.sub(r"^layers\.\d+\.", "layers.L.", canonical)
-    return NAMES[pattern][1] if pattern in NAMES else False
 
 
 def _is_scale(canonical: str) -> bool:
@@ -116,10 +108,10 @@ def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
     for name, shape in param_shapes(config).items():
         i = _qkv(name)
         if i is not None:
-            for file, rows in zip(_qkv_files(i), _sizes(config), strict=True):
+            for file, rows in zip(qkv_files(i), qkv_sizes(config), strict=True):
                 out[file] = (rows, config.n_embd)
             continue
-        out[file_name(name)] = tuple(reversed(shape)) if _transposed(name) else shape
+        out[file_name(name)] = tuple(reversed(shape)) if is_transposed(NAMES, name) else shape
     return out
 
 
@@ -131,14 +123,14 @@ def params_from_file(tensors: dict, config: Config) -> dict:
     for name in param_shapes(config):
         i = _qkv(name)
         if i is not None:
-            out[name] = side_by_side([tensors.pop(f) for f in _qkv_files(i)])
+            out[name] = side_by_side([tensors.pop(f) for f in qkv_files(i)])
             continue
         a = tensors.pop(file_name(name))
         if _is_scale(name):
             a = floats(a)
             out[name] = a + a.dtype.type(1)
         else:
-            out[name] = transposed(a) if _transposed(name) else floats(a)
+            out[name] = transposed(a) if is_transposed(NAMES, name) else floats(a)
     return out
 
 
@@ -151,10 +143,10 @@ def params_to_file(params: dict, config: Config) -> dict:
             a = a - a.dtype.type(1)
         i = _qkv(name)
         if i is not None:
-            for file, piece in zip(_qkv_files(i), cut(a, _sizes(config)), strict=True):
+            for file, piece in zip(qkv_files(i), cut(a, qkv_sizes(config)), strict=True):
                 out[file] = np.ascontiguousarray(piece.T)
             continue
-        out[file_name(name)] = np.ascontiguousarray(a.T) if _transposed(name) else a
+        out[file_name(name)] = np.ascontiguousarray(a.T) if is_transposed(NAMES, name) else a
     return out
 
 

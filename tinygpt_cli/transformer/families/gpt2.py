@@ -15,6 +15,10 @@ MODEL_TYPE = "gpt2"
 LABEL = "GPT-2"  # as messages name the family
 PREFIX = "transformer."
 IGNORED = (".attn.bias", ".attn.masked_bias")  # old transformers buffers, not parameters
+PLACES_BFLOAT16 = False  # its params_from_file gets bfloat16 tensors widened
+# Hugging Face's module names (hooks name them): the blocks, the norm before the MLP,
+# attention's output projection (the MLP is `mlp` in every family)
+MODULES = ("transformer.h", "ln_2", "attn.c_proj")
 
 # canonical pattern -> the file's name (without PREFIX), in the file's order
 NAMES: dict[str, str] = {

@@ -20,6 +20,10 @@ MODEL_TYPE = "gpt_neo"
 LABEL = "GPT-Neo"
 PREFIX = "transformer."
 IGNORED = (".attention.bias", ".attention.masked_bias")
+PLACES_BFLOAT16 = False  # its params_from_file gets bfloat16 tensors widened
+# Hugging Face's module names (hooks name them): the blocks, the norm before the MLP,
+# attention's output projection (the MLP is `mlp` in every family)
+MODULES = ("transformer.h", "ln_2", "attn.attention.out_proj")
 
 _BLOCK = re.compile(r"^(?:transformer\.)?h\.(\d+)\.")
 NAMES: dict[str, tuple[str, bool]] = {

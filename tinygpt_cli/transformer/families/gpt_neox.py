@@ -30,6 +30,10 @@ MODEL_TYPE = "gpt_neox"
 LABEL = "GPT-NeoX"
 PREFIX = ""
 IGNORED = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")
+PLACES_BFLOAT16 = False  # its params_from_file gets bfloat16 tensors widened
+# Hugging Face's module names (hooks name them): the blocks, the norm before the MLP,
+# attention's output projection (the MLP is `mlp` in every family)
+MODULES = ("gpt_neox.layers", "post_attention_layernorm", "attention.dense")
 
 _BLOCK = re.compile(r"^gpt_neox\.layers\.(\d+)\.")
 NAMES: dict[str, tuple[str, bool]] = {
