@@ -1,9 +1,10 @@
 """Write a Hugging Face weights folder (config.json, model.safetensors, tokenizer.json: GPT-2,
-GPT-NeoX, Llama, Qwen2, Qwen3) as a GGUF file, laid out as llama.cpp's convert_hf_to_gguf.py
-lays it out: llama.cpp's tensor names (gguf-py's own name map), its metadata keys, Conv1D
-matrices transposed (GPT-2), the fused q/k/v rows regrouped (GPT-NeoX), each head's q and k
-rows reordered for its rotary kernel (Llama), the vocabulary as `tokenizer.ggml.*`; every
-matrix quantized with the gguf package's own quantizer.
+GPT-NeoX, Llama, Qwen2, Qwen3, Gemma 3) as a GGUF file, laid out as llama.cpp's
+convert_hf_to_gguf.py lays it out: llama.cpp's tensor names (gguf-py's own name map), its
+metadata keys, Conv1D matrices transposed (GPT-2), the fused q/k/v rows regrouped
+(GPT-NeoX), each head's q and k rows reordered for its rotary kernel (Llama), 1 added to
+each norm weight (Gemma 3: the file holds the scale 1 + w), the vocabulary as
+`tokenizer.ggml.*`; every matrix quantized with the gguf package's own quantizer.
 
 It reads the folder with safetensors and json alone, never with tinygpt, so that the tests
 that read its files back (tests/test_gguf.py) compare tinygpt's reader with an independent
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 ARCH = {"gpt2": "gpt2", "gpt_neox": "gptneox", "llama": "llama", "qwen2": "qwen2",
-        "qwen3": "qwen3"}
+        "qwen3": "qwen3", "gemma3_text": "gemma3"}
 CONTROL, USER_DEFINED, UNUSED, NORMAL = 3, 4, 5, 1  # gguf.TokenType
 
 
@@ -56,6 +57,8 @@ def llama_cpp_tensors(cfg: dict, tensors: dict[str, np.ndarray]) -> dict[str, np
             h = cfg["num_attention_heads"]
             d = cfg["hidden_size"]
             w = w.reshape(h, 3, d // h, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape)
+        if kind == "gemma3_text" and name.endswith("norm.weight"):
+            w = w + np.float32(1)  # the converter's Gemma3Model.norm_shift
         new = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if new is None:
             raise SystemExit(f"no llama.cpp name for tensor {name}")
@@ -81,6 +84,9 @@ def metadata(w, cfg: dict) -> None:
         w.add_head_count(cfg["n_head"])
         w.add_layer_norm_eps(cfg.get("layer_norm_epsilon", 1e-5))
         return
+    if kind == "gemma3_text":
+        _gemma3(w, cfg)
+        return
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"])
@@ -105,6 +111,28 @@ def metadata(w, cfg: dict) -> None:
     if kind == "llama":
         w.add_vocab_size(cfg["vocab_size"])
         w.add_rope_dimension_count(head)
+
+
+def _gemma3(w, cfg: dict) -> None:
+    """The keys the converter's Gemma3Model writes (its defaults for the ones a config.json
+    leaves out); no rotary base for the local blocks (llama.cpp takes 10,000) and no
+    query_pre_attn_scalar (llama.cpp scales by 1/sqrt(head_dim))."""
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_context_length(cfg.get("max_position_embeddings", 131072))
+    w.add_head_count(cfg.get("num_attention_heads", 8))
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+    w.add_key_length(cfg.get("head_dim", 256))
+    w.add_value_length(cfg.get("head_dim", 256))
+    rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)
+    w.add_rope_freq_base(float(rope.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))))
+    if cfg.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if cfg.get("sliding_window_pattern") != 1:
+        w.add_sliding_window(cfg["sliding_window"])
+    w.add_head_count_kv(cfg.get("num_key_value_heads", 4))
 
 
 def vocabulary(w, cfg: dict, tokenizer: dict, pre: str) -> None:

@@ -78,6 +78,10 @@ def sentencepiece(kind: str) -> tuple[str, dict]:
         tok.normalizer = normalizers.Replace(" ", "\u2581")
         tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
         tail = []
+    elif kind == "llama2_legacy":  # Llama 2's own file: a normalizer prepends and replaces
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                               normalizers.Replace(" ", "\u2581")])
+        tail = [decoders.Strip(" ", 1, 0)]
     else:
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581",
                                                      prepend_scheme="first", split=False)
@@ -100,7 +104,7 @@ def sentencepiece(kind: str) -> tuple[str, dict]:
     else:
         settings = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
                     "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False,
-                    "legacy": False}
+                    "legacy": kind == "llama2_legacy"}
     return json.dumps(doc, ensure_ascii=False), settings
 
 
@@ -118,13 +122,14 @@ def byte_level(kind: str) -> tuple[str, dict]:
                                      else {})}
 
 
-FAMILIES = ("smollm2", "gemma", "gemma_no_bos", "llama2", "llama3", "qwen2", "gpt2")
+FAMILIES = ("smollm2", "gemma", "gemma_no_bos", "llama2", "llama2_legacy", "llama3", "qwen2",
+            "gpt2")
 
 
 def tokenizer_files(kind: str) -> tuple[str, dict]:
     if kind == "smollm2":
         return smollm2()
-    if kind in ("gemma", "gemma_no_bos", "llama2"):
+    if kind in ("gemma", "gemma_no_bos", "llama2", "llama2_legacy"):
         return sentencepiece(kind)
     return byte_level(kind)
 

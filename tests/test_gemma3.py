@@ -210,11 +210,10 @@ RUNS = [
     ("score", TEXT), ("heads", TEXT), ("diff", TEXT, OTHER), ("info",), ("patch", TEXT, OTHER),
     ("steer", "--pos", EXAMPLES / "happy.txt", "--neg", EXAMPLES / "sad.txt", "-l", "1"),
     ("generate", "Lily", "--max-new-tokens", "3", "--ablate", "layers.0.mlp_out"),
-    ("dla", TEXT, "--neurons"),
+    ("dla", TEXT, "--neurons"), ("circuit", TEXT, OTHER), ("neurons", TEXT),
+    ("qk", TEXT, "--layer", "1", "--head", "2"), ("review", TEXT), ("map", TEXT),
 ]
-REFUSED = [("graph", TEXT), ("circuit", TEXT, OTHER), ("neurons", TEXT),
-           ("qk", TEXT, "--layer", "1", "--head", "2"), ("why", TEXT), ("review", TEXT),
-           ("map", TEXT)]
+REFUSED = [("graph", TEXT)]
 
 
 @pytest.mark.slow

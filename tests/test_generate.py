@@ -63,6 +63,31 @@ def test_each_cached_step_gives_the_logits_of_a_full_pass(make_params):
                                    rtol=1e-12, atol=1e-12)
 
 
+def test_a_sliding_blocks_cache_keeps_its_window_alone_with_a_full_passs_logits(make_params):
+    """A block with a window of 3 keys in a context of 20: its cache is 6 rows however long
+    the text, moved to the front as it fills (and sized to a prompt longer than that), every
+    step's logits a full pass's, with and without an ablation (the general pass's steps)."""
+    from dataclasses import replace
+
+    from tinygpt_cli.jobs.train.loop import arch_config
+
+    config = replace(arch_config("neo", n_embd=12, n_layer=2, n_head=2, n_inner=20,
+                                 vocab_size=23, n_positions=20), windows=(3, 0))
+    params = make_params(config, seed=5)
+    for prompt, hooks in (([3, 1], None), (list(range(9)), None),
+                          ([3, 1], ablation(["layers.0.mlp_out"], config))):
+        ctx = CachedContext(params, config, prompt, hooks)
+        text = list(prompt)
+        for token in [7, 2, 9, 9, 0, 5, 11, 4, 4, 8, 1]:
+            text.append(token)
+            got = ctx.append(token)
+            np.testing.assert_allclose(got, next_logits_uncached(params, config, text, hooks),
+                                       rtol=1e-12, atol=1e-12)
+            assert ctx.cache.k[0].shape[-2] == 6 and ctx.cache.k[1].shape[-2] == 20
+        row = 2 * config.kv_heads * config.d_k * 8
+        assert ctx.cache.held_bytes() == row * (6 + len(text))
+
+
 def test_cached_and_ablated_equals_uncached_and_ablated(make_params):
     config = Config(n_embd=12, n_layer=2, n_head=2, n_inner=20, vocab_size=23, n_positions=8)
     params = {k: v.astype(np.float32) for k, v in make_params(config, seed=5).items()}

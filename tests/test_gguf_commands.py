@@ -95,3 +95,63 @@ def test_history_commands_refuse_a_gguf_by_name(run, gguf_file, args):
     """A GGUF carries no training snapshots: said so, not 'no history/ beside it'."""
     r = run(*args, "--weights", gguf_file)
     assert_one_error_line(r, 2, "GGUF", "snapshots")
+
+
+@pytest.fixture(scope="module")
+def gemma_pair(tmp_path_factory):
+    """A random Gemma 3 of tinygpt's own (7 blocks, the sixth full, the rest local to 8
+    keys; norms away from their 1) saved as a folder with the shipped tokenizer, and its F32
+    GGUF: made without torch, so these tests run on a clean install with gguf."""
+    import shutil
+
+    import numpy as np
+
+    from tinygpt_cli.jobs.train.loop import arch_config
+    from tinygpt_cli.storage.weights import SHIPPED, save_params
+    from tinygpt_cli.transformer.families import save_config
+    from tinygpt_cli.transformer.model import init_params
+
+    folder = tmp_path_factory.mktemp("gemma") / "folder"
+    folder.mkdir()
+    cfg = arch_config("gemma3", n_embd=32, n_layer=7, n_head=2, n_inner=64, n_positions=16,
+                      bos_token_id=0, eos_token_id=0)
+    params = init_params(cfg, np.random.default_rng(3))
+    rng = np.random.default_rng(4)
+    for name in params:
+        if params[name].ndim == 1:
+            params[name] = (params[name] + rng.normal(0, 0.3, params[name].shape)).astype(
+                np.float32)
+    save_params(params, folder / "model.safetensors", cfg)
+    save_config(cfg, folder / "config.json")
+    shutil.copy(SHIPPED / "tokenizer.json", folder / "tokenizer.json")
+    spec = importlib.util.spec_from_file_location("make_gguf", ROOT / "examples" / "make_gguf.py")
+    make_gguf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_gguf)
+    out = folder.parent / "file" / "gemma3-f32.gguf"
+    out.parent.mkdir()
+    make_gguf.write(folder, out, "F32")
+    return folder, out
+
+
+GEMMA_COMMANDS = [
+    ["map", TEXT], ["trace", TEXT, "layers.5.weights"],
+    ["generate", "Lily wanted", "--temperature", "0", "--max-new-tokens", "4", "--seed", "1"],
+    ["dla", TEXT], ["lens", TEXT], ["score", TEXT], ["probs", TEXT], ["ablate", TEXT, "--all"],
+    ["patch", TEXT, "Lily wanted to read with her"], ["review", TEXT],
+]
+
+
+@pytest.mark.parametrize("args", GEMMA_COMMANDS, ids=lambda a: a[0])
+def test_command_on_a_gemma3_gguf_is_its_folder(run, gemma_pair, args):
+    """A Gemma 3 GGUF (norm scales stored with their 1, windows and bases as llama.cpp
+    reads them) gives the numbers of the folder it was written from, or the same refusal."""
+    folder, path = gemma_pair
+    on_folder = run(*args, "--json", "--weights", folder)
+    on_file = run(*args, "--json", "--weights", path)
+    assert on_file.code == on_folder.code, (on_file.err, on_folder.err)
+    if on_folder.code != 0:
+        assert on_file.err.replace(str(path), "W") == on_folder.err.replace(str(folder), "W")
+        return
+    got, want = numbers(document(on_file)), numbers(document(on_folder))
+    assert got and len(got) == len(want)
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)

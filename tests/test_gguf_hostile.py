@@ -173,14 +173,15 @@ def test_an_architecture_not_read(good, tmp_path):
     refused(bad, 1, "architecture 'mamba' is not a family tinygpt reads")
 
 
-def test_gemma3_is_refused_by_name(tmp_path):
-    w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gemma3")
+def test_gemma3n_is_refused_by_name(tmp_path):
+    w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gemma3n")
     w.add_block_count(1)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    refused(tmp_path / "g.gguf", 1, "gemma3", "not in tinygpt yet")
+    refused(tmp_path / "g.gguf", 1, "architecture gemma3n is not read yet",
+            "Gemma 3n's block (per-layer inputs, AltUp) is not in tinygpt")
 
 
 def test_a_folder_of_two_gguf_files(good, tmp_path):

@@ -184,6 +184,66 @@ def test_detector_and_induction_scores_by_hand():
     np.testing.assert_array_equal(toks[:, 1 : n + 1], toks[:, n + 1 :])
 
 
+def test_chance_level_of_previous_token_is_evenly_spread_attention():
+    for t in (1, 2, 6, 51):
+        even = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]  # row i: 1 / (i + 1)
+        naive = sum(even[i, i - 1] for i in range(1, t)) / t
+        assert heads.uniform_previous_token(t) == pytest.approx(naive, abs=1e-12)
+    assert heads.uniform_previous_token(6) == pytest.approx(0.2417, abs=1e-4)
+
+
+def _points(svg: str) -> list[tuple[float, float]]:
+    """The plotted points of a curve: (cx, cy) of each circle of class point."""
+    import re
+
+    return [(float(x), float(y)) for x, y in
+            re.findall(r'<circle class="point" cx="([-\d.]+)" cy="([-\d.]+)"', svg)]
+
+
+def test_history_save_draws_the_loss_against_the_step_on_a_log_scale(cli, run, tmp_path):
+    import math
+
+    text = "The cat sat on the mat."
+    doc = cli("history", text, "--json").json()
+    out = tmp_path / "h.svg"
+    done = cli("history", text, "--save", str(out), "-q")
+    assert done.code == 0 and done.out == "" and out.is_file()
+    svg = out.read_text()
+    points = _points(svg)
+    steps = [r["step"] for r in doc["snapshots"]]
+    assert len(points) == len(steps) == len(doc["data"])
+    # x: where log10(step) falls between the first and the last step's, along the axis
+    xs = np.array([p[0] for p in points])
+    logs = np.log10(steps)
+    expected = xs[0] + (logs - logs[0]) / (logs[-1] - logs[0]) * (xs[-1] - xs[0])
+    np.testing.assert_allclose(xs, expected, atol=0.02)
+    # y: a higher loss is drawn higher (SVG's y grows downwards), in proportion
+    ys = np.array([p[1] for p in points])
+    losses = np.array(doc["data"])
+    slope = np.polyfit(losses, ys, 1)[0]
+    assert slope < 0
+    np.testing.assert_allclose(ys, np.polyval(np.polyfit(losses, ys, 1), losses), atol=0.02)
+    assert f"ln V = {math.log(CFG(run).vocab_size):.2f}" in svg and "(log scale)" in svg
+    again = cli("history", text, "--save", str(out))
+    assert again.code == 2 and "exists" in again.err  # never overwritten without --force
+
+
+def test_history_heads_save_follows_the_head_that_rose_most(cli, run, tmp_path):
+    text = "The cat sat on the mat."
+    doc = cli("history", text, "--heads", "--json").json()
+    prev = np.asarray(doc["previous_token"])
+    assert doc["previous_token_chance"] == pytest.approx(
+        sum(1 / (i + 1) for i in range(1, len(doc["ids"]))) / len(doc["ids"]))
+    rise = prev[-1] - prev[0]
+    layer, head = np.unravel_index(int(np.argmax(rise)), rise.shape)
+    out = tmp_path / "heads.svg"
+    assert cli("history", text, "--heads", "--save", str(out), "-q").code == 0
+    svg = out.read_text()
+    assert f"layer {layer} head {head}: the previous-token score that rose most" in svg
+    assert len(_points(svg)) == len(doc["snapshots"])
+    assert f"evenly spread attention: {doc['previous_token_chance']:.3f}" in svg
+
+
 def test_history_errors_when_the_folder_has_no_history(cli, tmp_path, run):
     import shutil
 

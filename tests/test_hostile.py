@@ -1,6 +1,6 @@
 """Hostile input, folders and runs: every case ends with exit 2 (bad input) or 1 (a broken
 weights or run folder, a failed write), nothing on stdout, exactly one `error:` line on stderr
-and no traceback -- and never the `{type}: {message}` catch-all of `exits.failed`, which is
+and no traceback -- and never the `{type}: {message}` catch-all of `entry.failed`, which is
 kept for bugs. A planted symlink in a run folder never redirects a write.
 
 The table runs in-process on tiny models; two cases run a real process with raw bytes in argv

@@ -174,3 +174,120 @@ def test_the_readmes_weights_names_reach_the_shipped_folders_from_anywhere(hub, 
         load_model("weights/nothing")
     with pytest.raises(InputError):  # transcoders ship there, but are no model
         load_model("weights/transcoders")
+
+
+# ------------------------------------------------------------------ one GGUF file of a repo
+
+
+@pytest.fixture
+def hub_gguf(hub, tmp_path):
+    """org/quants cached at commit A (main) with two GGUF files (one in a subfolder) and no
+    config.json or tokenizer.json, as GGUF repositories are; the F32 file is the shipped
+    Llama's."""
+    pytest.importorskip("gguf")
+    import importlib.util
+
+    from tinygpt_cli.storage.weights import SHIPPED
+
+    spec = importlib.util.spec_from_file_location(
+        "make_gguf", Path(__file__).resolve().parent.parent / "examples" / "make_gguf.py")
+    make_gguf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_gguf)
+    src = tmp_path / "src-gguf"
+    (src / "q8").mkdir(parents=True)
+    make_gguf.write(SHIPPED / "llama", src / "model-f32.gguf", "F32")
+    make_gguf.write(SHIPPED / "llama", src / "q8" / "model-q8_0.gguf", "Q8_0")
+    cache = hub[0]
+    storage = cache / "models--org--quants"
+    snap = storage / "snapshots" / COMMIT_A
+    (storage / "blobs").mkdir(parents=True)
+    for file in ("model-f32.gguf", "q8/model-q8_0.gguf"):
+        data = (src / file).read_bytes()
+        blob = storage / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snap / file).parent.mkdir(parents=True, exist_ok=True)
+        depth = file.count("/")
+        (snap / file).symlink_to(Path(*[".."] * (depth + 2), "blobs", blob.name))
+    (storage / "refs").mkdir()
+    (storage / "refs" / "main").write_text(COMMIT_A)
+    return snap, src, SHIPPED / "llama"
+
+
+def test_a_hub_gguf_file_is_the_cached_file(hub_gguf, cli, monkeypatch):
+    snap, src, folder = hub_gguf
+    monkeypatch.delenv("TINYGPT_WEIGHTS", raising=False)
+    model = load_model("org/quants/model-f32.gguf")
+    assert model.file == snap / "model-f32.gguf"
+    assert load_model(f"org/quants@{COMMIT_A}/model-f32.gguf").file == model.file
+    assert load_model("org/quants@main/q8/model-q8_0.gguf").file == \
+        snap / "q8" / "model-q8_0.gguf"
+    direct = load_model(folder)
+    for name, value in direct.params.items():  # F32: the folder's numbers exactly
+        np.testing.assert_array_equal(model.params[name], value)
+    got = cli("probs", TEXT, "--weights", "org/quants/q8/model-q8_0.gguf", "--json")
+    assert got.code == 0, got.err
+    assert got.json() == cli("probs", TEXT, "--weights", src / "q8" / "model-q8_0.gguf",
+                             "--json").json()
+
+
+def test_a_hub_gguf_file_not_cached_is_one_error_line(hub_gguf, cli, monkeypatch):
+    cache = hub_gguf[0].parents[2]
+    monkeypatch.delenv("TINYGPT_WEIGHTS", raising=False)
+    got = cli("probs", TEXT, "--weights", "org/quants/model-q4_0.gguf")
+    assert_one_error_line(got, 2, "org/quants/model-q4_0.gguf is not a file here nor in the "
+                          f"hub cache ({cache}), and the hub was not reached "
+                          "(HF_HUB_OFFLINE is set)")
+    got = cli("probs", TEXT, "--weights", "org/quants@v9/model-f32.gguf")
+    assert_one_error_line(got, 2, "org/quants@v9/model-f32.gguf is not a file here nor in "
+                          "the hub cache")
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    got = cli("probs", TEXT, "--weights", "org/quants/model-f32.gguf")
+    assert_one_error_line(got, 2, "org/quants/model-f32.gguf is not a file here; to fetch "
+                          "model-f32.gguf of org/quants from the Hugging Face hub, install "
+                          'the hub extra: pip install "tinygpt-cli[hub]"')
+
+
+def test_a_local_gguf_of_that_name_wins(hub_gguf, monkeypatch):
+    _, src, _ = hub_gguf
+    local = Path("org") / "quants" / "model-f32.gguf"
+    local.parent.mkdir(parents=True)
+    local.write_bytes((src / "q8" / "model-q8_0.gguf").read_bytes())
+    assert load_model(str(local)).file == local
+    assert load_model(str(local)).about["types"].get("Q8_0")
+
+
+@pytest.mark.parametrize("name,parsed", [
+    ("org/x/m.gguf", ("org/x", None, "m.gguf")),
+    ("org/x@v2/a/b/m.Q4_K_M.GGUF", ("org/x", "v2", "a/b/m.Q4_K_M.GGUF")),
+    ("org/x/m.bin", None), ("org/x/../m.gguf", None), ("org/x/.hidden/m.gguf", None),
+    ("org/x--y/m.gguf", None), ("org/x@/m.gguf", None), ("/abs/org/x/m.gguf", None)])
+def test_what_names_a_hub_gguf_file(name, parsed):
+    from tinygpt_cli.storage.hub import hub_file
+
+    assert hub_file(name) == parsed
+
+
+@pytest.mark.parametrize("error,code,needle", [
+    ("entry", 2, "the hub model org/quants has no file model-q2.gguf"),
+    ("oserror", 1, "cannot fetch org/quants/model-q2.gguf into the hub cache"),
+    ("invalid", 2, "org/quants/model-q2.gguf is not a file here, and not a hub model's file"),
+])
+def test_a_hub_gguf_file_the_hub_refuses_is_one_error_line(hub, cli, monkeypatch, error, code,
+                                                            needle):
+    """What hf_hub_download raises when the hub answers (a file the repository lacks, a disk
+    that fails, an id it rejects), said in one line: the network is not reached here."""
+    import huggingface_hub
+    from huggingface_hub import utils as hub_utils
+
+    def fail(*args, **kwargs):
+        if error == "entry":
+            raise hub_utils.EntryNotFoundError("404: no such file")
+        if error == "oserror":
+            raise OSError(28, "No space left on device")
+        raise ValueError("Repo id must use alphanumeric chars")
+
+    monkeypatch.delenv("TINYGPT_WEIGHTS", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fail)
+    got = cli("probs", TEXT, "--weights", "org/quants/model-q2.gguf")
+    assert_one_error_line(got, code, needle)

@@ -1,7 +1,8 @@
 """quant: what quantization changed. The measures against naive loops over the two models'
 recorded values; the first-order tensor estimate against putting the tensor back for real on
 a small random model quantized to Q8_0 by the gguf package; --file's positions as
-llama-perplexity --kl-divergence scores them; --act-quant's rounding as gguf's Q8_0."""
+llama-perplexity --kl-divergence scores them; --act-quant's roundings as ggml's C code makes
+them (transcribed line by line)."""
 
 from __future__ import annotations
 
@@ -131,10 +132,49 @@ def test_file_scores_each_chunks_second_half():
     assert not np.allclose(g.kl, f.kl)
 
 
-def test_act_quant_rounds_rows_as_gguf_q8_0():
+def naive_q8_0(x: np.ndarray) -> np.ndarray:
+    """ggml-cpu's x86 quantize_row_q8_0 (AVX) then dequantize_row_q8_0, one block at a time
+    in float32 scalars: d = m/127 kept as a float16, id = 127/m, q = x * id rounded to the
+    nearest, halves to even (_MM_ROUND_NEAREST)."""
+    out = np.zeros(x.size, np.float32)
+    flat = x.astype(np.float32).reshape(-1)
+    for b in range(0, flat.size, 32):
+        m = np.float32(max(abs(v) for v in flat[b:b + 32]))
+        d = np.float32(np.float16(m / np.float32(127)))
+        inv = np.float32(127) / m if m != 0 else np.float32(0)
+        for j in range(32):
+            v = np.float32(flat[b + j] * inv)
+            q = np.floor(v + np.float32(0.5))
+            if q - v == 0.5 and q % 2:  # a tie rounded up to an odd number: to even instead
+                q -= 1
+            out[b + j] = d * np.float32(q)
+    return out.reshape(x.shape)
+
+
+def test_q8_0_rounding_is_llama_cpps_x86_path():
+    """Q8_0 as llama.cpp's x86 CPU path rounds (ties to even, 127/m); gguf's reference
+    quantizer (ties away from zero, 1/(m/127)) agrees but at ties."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(6, 64)).astype(np.float32)
+    x[0, :32] = 0
+    x[1] = np.round(x[1] * 8) / 8  # eighths...
+    x[1, 0] = 127 / 8  # ...with 127/m = 8: every x * 8 a whole number...
+    x[2] = np.round(x[2] * 8) / 8
+    x[2, :32] = np.round(x[2, :32] * 4) / 4 + 1 / 8  # ...or, here, a half: ties
+    x[2, 0] = 127 / 4
+    got = qa.rounded_rows(x, "Q8_0")
+    assert np.array_equal(got, naive_q8_0(x))
+    assert np.all(got[0, :32] == 0) and not np.array_equal(got, x)
     gguf = pytest.importorskip("gguf")
     from gguf import quants
 
+    t = gguf.GGMLQuantizationType.Q8_0
+    ref = quants.dequantize(quants.quantize(x, t), t)
+    assert np.array_equal(got[3:], ref[3:])  # random rows: no ties
+    assert not np.array_equal(got[2, :32], ref[2, :32])  # ties: away from zero there
+
+
+def test_act_quant_rounds_rows_as_llama_cpp_q8_0():
     cfg = family_configs(n_embd=64, n_head=4, n_inner=64)["llama"]
     types = {n: "Q4_0" for n in sum(qa.product_inputs(cfg, True).values(), [])}
     kinds = qa.activation_types(cfg, types, tied=True)
@@ -142,18 +182,74 @@ def test_act_quant_rounds_rows_as_gguf_q8_0():
     hook = qa.ActQuant(kinds)
     rng = np.random.default_rng(2)
     z = rng.normal(size=(4, 5, 16)).astype(np.float32)  # [H, T, d_k]: rows [T, 64] rounded
-    t = gguf.GGMLQuantizationType.Q8_0
     rows = z.transpose(1, 0, 2).reshape(5, 64)
-    want = quants.dequantize(quants.quantize(rows, t), t).reshape(5, 4, 16).transpose(1, 0, 2)
+    want = naive_q8_0(rows).reshape(5, 4, 16).transpose(1, 0, 2)
     assert np.array_equal(hook("layers.0.z", z), want)
     assert not np.array_equal(want, z)
     x = rng.normal(size=(5, 64)).astype(np.float32)
-    assert np.array_equal(hook("layers.1.ln2.out", x),
-                          quants.dequantize(quants.quantize(x, t), t))
+    assert np.array_equal(hook("layers.1.ln2.out", x), naive_q8_0(x))
     assert hook("layers.1.resid_post", x) is x
     k_types = dict(types, **{"blk.0.ffn_down.weight": "Q4_K"})
-    with pytest.raises(ValueError, match="Q8_K"):
-        qa.activation_types(cfg, k_types, tied=True)
+    assert qa.activation_types(cfg, k_types, tied=True)["layers.0.mlp_post"] == "Q8_K"
+    mixed = dict(types, **{"blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q4_K",
+                           "blk.0.attn_v.weight": "Q6_K"})
+    assert qa.activation_types(cfg, mixed, tied=True)["layers.0.ln1.out"] == "Q8_K"
+    with pytest.raises(ValueError, match=r"layers.0.ln1.out enters products with weights of "
+                       r"types Q4_0 \(Q8_0\), Q6_K \(Q8_K\)"):
+        qa.activation_types(cfg, dict(types, **{"blk.0.attn_v.weight": "Q6_K"}), tied=True)
+    with pytest.raises(ValueError, match="is Q9_9: which rounding llama.cpp gives"):
+        qa.activation_types(cfg, dict(types, **{"blk.0.ffn_down.weight": "Q9_9"}), tied=True)
+
+
+def naive_q8_k(x: np.ndarray) -> np.ndarray:
+    """ggml's quantize_row_q8_K_ref then dequantize_row_q8_K, line by line in float32 scalars,
+    with nearest_int's own trick (add 1.5 * 2^23 and read the low bits)."""
+    out = np.zeros(x.size, np.float32)
+    flat = x.astype(np.float32).reshape(-1)
+    for b in range(0, flat.size, 256):
+        amax, top = np.float32(0), np.float32(0)
+        for j in range(256):
+            ax = abs(flat[b + j])
+            if ax > amax:
+                amax, top = ax, flat[b + j]
+        if amax == 0:
+            continue
+        iscale = np.float32(-127.0) / top
+        for j in range(256):
+            f = np.float32(np.float32(iscale * flat[b + j]) + np.float32(12582912.0))
+            v = int((int(f.view(np.int32)) & 0x007FFFFF) - 0x00400000)
+            out[b + j] = np.float32(np.float32(1) / iscale) * np.float32(min(127, v))
+    return out.reshape(x.shape)
+
+
+def test_q8_k_rounding_is_ggmls():
+    """Q8_K blocks (the K-quants' activations) against a transcription of ggml's C: ties,
+    a block of zeros, a block whose largest magnitude is negative or repeated."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(3, 512)).astype(np.float32)
+    x[0, :256] = 0  # a block of zeros
+    x[1, 7] = -9.0  # its largest magnitude negative
+    x[1, 300], x[1, 301] = 5.0, -5.0  # the first of two equal magnitudes gives the sign
+    x[2, 256:] = np.round(rng.normal(size=256) * 8) / 4  # quarters
+    x[2, 256] = 127 / 2  # iscale -2: each odd quarter lands on a tie, x.5
+    got = qa.rounded_rows(x, "Q8_K")
+    assert np.array_equal(got, naive_q8_k(x))
+    assert not np.array_equal(got, x) and np.all(got[0, :256] == 0)
+    assert np.abs(got - x).max() <= np.abs(x).max() / 127  # within a step
+    ties = np.abs(x[2, 256:] * 4) % 2 == 1
+    assert ties.sum() > 20  # half to even, not away from zero: -2 * 0.25 -> 0, 0.75 -> -2
+    assert np.array_equal(got[2, 256:][ties] * -2, np.rint(x[2, 256:][ties] * -2))
+
+
+def test_bf16_rounding_is_ggmls():
+    """float32 -> bfloat16 to nearest, ties to even (GGML_FP32_TO_BF16), on exact ties."""
+    x = np.array([1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 1 + 2 ** -9, -(1 + 2 ** -8)], np.float32)
+    want = np.array([1.0, 1.0, 1 + 2 ** -6, 1.0, -1.0], np.float32)
+    assert np.array_equal(qa.rounded_rows(x, "BF16"), want)
+    torch = pytest.importorskip("torch")
+    y = np.random.default_rng(3).normal(size=1000).astype(np.float32)
+    assert np.array_equal(qa.rounded_rows(y, "BF16"),
+                          torch.from_numpy(y).bfloat16().float().numpy())
 
 
 def test_act_quant_feeds_the_rounded_rows_into_the_products():
@@ -234,3 +330,79 @@ def test_command_json_and_errors(llama_q8, tmp_path):
     p = subprocess.run(run + ["quant", "--file", str(short), "--weights", str(gguf_path),
                               "--against", str(folder)], capture_output=True, text=True)
     assert p.returncode == 2 and "fewer than one chunk" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("pre,adds,bos", [
+    ("gpt-2", {}, False), ("llama-bpe", {}, True), ("llama3", {}, True),
+    ("llama-bpe", {"add_bos": False}, False), ("gpt-2", {"add_bos": True}, True),
+    ("qwen2", {}, False), ("smollm", {}, False)])
+def test_chunk_bos_as_llama_cpp_defaults_it(tmp_path, pre, adds, bos):
+    """The BOS llama-perplexity puts in each chunk's place 0: the file's add_bos_token, else
+    llama.cpp's default for the vocabulary (llama-vocab.cpp): a byte-level one adds it for
+    Llama 3's pre-tokenizers only; SentencePiece always (tests/test_gguf.py's file)."""
+    pytest.importorskip("gguf")
+    import test_gguf as tg
+
+    from tinygpt_cli.storage.weights import SHIPPED, load_model
+
+    out = tmp_path / "m.gguf"
+    tg.make_gguf.write(SHIPPED / "llama", out, "Q8_0", vocab=tg.byte_level_metadata(pre, **adds))
+    model = load_model(out)
+    want = model.config.bos_token_id
+    assert isinstance(want, int)
+    assert qa.chunk_bos(model) == (want if bos else None)
+
+
+def test_chunk_bos_of_sentencepiece_without_the_key(tmp_path):
+    pytest.importorskip("gguf")
+    import test_gguf as tg
+
+    from tinygpt_cli.storage.weights import load_model
+
+    folder = tmp_path / "sp"
+    folder.mkdir()
+    tokens = tg.sentencepiece_vocab()[0]
+    from tinygpt_cli.jobs.train.loop import arch_config
+    from tinygpt_cli.storage.weights import save_params
+    from tinygpt_cli.transformer.families import save_config
+    from tinygpt_cli.transformer.model import init_params
+
+    cfg = arch_config("llama", n_embd=32, n_layer=1, n_head=2, n_inner=32,
+                      vocab_size=len(tokens), bos_token_id=1, eos_token_id=2)
+    save_params(init_params(cfg, np.random.default_rng(0)), folder / "model.safetensors", cfg)
+    save_config(cfg, folder / "config.json")
+    out = tmp_path / "sp.gguf"
+    tg.make_gguf.write(folder, out, "Q8_0", vocab=tg.sentencepiece_metadata())
+    assert qa.chunk_bos(load_model(out)) == 1
+
+
+def test_act_quant_keeps_the_attention_in_float16_as_llama_cpps_cache():
+    """llama.cpp's default KV cache (float16, no flash attention): k after its turn and v
+    stored as float16, q and the pattern turned to float16 for their products. Through a
+    Llama block: the recorded q, k, v and pattern are float16 numbers, the pattern is the
+    softmax of the rounded q and k, and z is the rounded pattern times the rounded v."""
+    cfg = family_configs(n_embd=64, n_head=4, n_inner=64)["llama"]
+    params = {k: v.astype(np.float32) for k, v in random_params(cfg, 6).items()}
+    kinds = qa.attention_types(cfg)
+    assert set(kinds.values()) == {"F16"} and len(kinds) == 4 * cfg.n_layer
+    _, v = mdl.record(params, cfg, np.arange(9), hooks=qa.ActQuant(kinds))
+    for part in ("q", "k", "v", "weights"):
+        a = v[f"layers.0.{part}"]
+        assert np.array_equal(a, a.astype(np.float16).astype(np.float32)), part
+    q, k, w = v["layers.0.q"], v["layers.0.k"], v["layers.0.weights"]
+    group = cfg.n_head // cfg.kv_heads
+    k_all = np.repeat(k, group, axis=0)
+    scores = q.astype(np.float64) @ np.swapaxes(k_all, -1, -2) * cfg.scale
+    scores += np.triu(np.full((9, 9), -np.inf), 1)
+    soft = np.exp(scores - scores.max(-1, keepdims=True))
+    soft /= soft.sum(-1, keepdims=True)
+    np.testing.assert_allclose(soft.astype(np.float16), w, rtol=2e-3, atol=1e-6)
+    z = w.astype(np.float64) @ np.repeat(v["layers.0.v"], group, axis=0)
+    np.testing.assert_allclose(v["layers.0.z"], z, rtol=1e-5, atol=1e-6)
+
+
+def test_what_act_quant_covers_is_said_folded_over_the_blocks():
+    kinds = {"layers.0.ln1.out": "Q8_0", "layers.1.ln1.out": "Q8_0", "layers.0.mlp_post": "Q8_0",
+             "layers.1.mlp_post": "Q8_K", "layers.0.q": "F16", "ln_final.out": None}
+    assert qa.covered(kinds) == ["layers.*.ln1.out (Q8_0)", "layers.*.mlp_post (Q8_0, Q8_K)",
+                                 "layers.*.q (F16)"]

@@ -291,9 +291,9 @@ def test_heads_on_a_file_skips_the_one_token_stories_and_says_how_many(cli, tiny
 # ------------------------------------------------------------------ neurons
 
 
-def test_neuron_output_logits_equal_a_dot_per_token(tiny_params):
-    got = nrn.output_logits(tiny_params, 1, [3, 0])
-    raw = nrn.output_logits(tiny_params, 1, [3], through_norm=False)
+def test_neuron_output_logits_equal_a_dot_per_token(tiny_params, tiny_config):
+    got = nrn.output_logits(tiny_params, tiny_config, 1, [3, 0])
+    raw = nrn.output_logits(tiny_params, tiny_config, 1, [3], through_norm=False)
     f = file_names(tiny_params)
     w, g, e = (f[k] for k in ("h.1.mlp.c_proj.weight", "ln_f.weight", "wte.weight"))
     for v in range(e.shape[0]):

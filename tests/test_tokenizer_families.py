@@ -258,6 +258,7 @@ def test_every_exact_cut_gives_the_ids_of_the_whole(name):
     tok = shipped_and_built()[name]
     whole = tok._tok.normalizer is None
     margin = tok.longest_token_bytes + 1 if "ignore" in name else 1
+    words = margin if "ignore" in name else 0  # each part of a word longer than any token
     rng = random.Random(len(name))
     checked = 0
     for _ in range(12):
@@ -268,8 +269,8 @@ def test_every_exact_cut_gives_the_ids_of_the_whole(name):
             c = _run_class(text[i])
             if c != cls or c == 2:
                 run, cls = i, c
-            if margin <= i <= len(text) - margin and exact_cut(text, i, run, tok._joinable,
-                                                               whole):
+            if margin <= i <= len(text) - margin and exact_cut(text, i, run, tok._crosses,
+                                                               whole, words):
                 left = tok._tok.encode(text[:i], add_special_tokens=False).ids
                 right = tok._tok.encode(text[i:], add_special_tokens=False).ids
                 assert left + right == ids, (name, text[max(0, i - 8):i], text[i:i + 8])
@@ -279,7 +280,7 @@ def test_every_exact_cut_gives_the_ids_of_the_whole(name):
 
 @pytest.mark.parametrize("name", ["shipped", "llama3", "qwen2", "llama3 ignore_merges"])
 def test_a_long_run_is_encoded_in_short_pieces_to_the_ids_of_one_call(name):
-    from tinygpt_cli.transformer.tokenizer import added_spans, exact_pieces
+    from tinygpt_cli.transformer.tokenizer import added_spans, blocked_by, exact_cut, exact_pieces
 
     tok = shipped_and_built()[name]
     rng = random.Random(7)
@@ -289,8 +290,13 @@ def test_a_long_run_is_encoded_in_short_pieces_to_the_ids_of_one_call(name):
     for text in (awkward_text(rng, 600), glued,
                  "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(5000)),
                  "".join(rng.choice("0123456789") for _ in range(5000))):
-        pieces = list(exact_pieces(text, tok._joinable, tok._tok.normalizer is None,
-                                   shortest, len(text) // 4, added_spans(text, specials)))
+        blocked = blocked_by(added_spans(text, specials))
+        words = shortest if tok._tok.model.ignore_merges else 0
+
+        def allowed(i, run, text=text, blocked=blocked, words=words):
+            return exact_cut(text, i, run, tok._crosses, tok._tok.normalizer is None,
+                             words) and not blocked(i)
+        pieces = list(exact_pieces(text, allowed, shortest, len(text) // 4))
         assert len(pieces) >= 4 and pieces[0][0] == 0 and pieces[-1][1] == len(text)
         assert all(b == c for (_, b), (c, _) in zip(pieces, pieces[1:], strict=False))
         ids = [i for a, b in pieces for i in tok._tok.encode(text[a:b],

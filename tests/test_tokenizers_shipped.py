@@ -28,7 +28,8 @@ def test_ids_equal_transformers_on_hard_texts(folders, kind):
     tok = open_folder(folders[kind]).tokenizer
     for text in HARD:
         assert tok.text_ids(text) == hf(text)["input_ids"], (kind, text)
-    bos = {"gemma": "<bos>", "gemma_no_bos": "<bos>", "llama2": "<s>"}.get(kind)
+    bos = {"gemma": "<bos>", "gemma_no_bos": "<bos>", "llama2": "<s>",
+           "llama2_legacy": "<s>"}.get(kind)
     first = tok.text_ids("Hi")[0]
     assert (hf.convert_ids_to_tokens(first) == bos) if bos else tok.affix == ([], [])
 

@@ -316,6 +316,7 @@ def test_every_pass_follows_the_block_for_every_combination_of_the_families_knob
     check_decoder(params, config)
     if config.post_norms:  # Gemma's wiring: computed above, refused by the part-readers
         check_refused_by_the_part_readers(params, config, values)
+        check_tracin_sites(params, config, values)
         return
     check_residual_parts(params, config, values)
     check_graph(params, config, values)
@@ -343,10 +344,15 @@ def test_a_planted_norm_after_each_branch_is_computed_or_refused_by_name(knobs, 
 def check_refused_by_the_part_readers(params, config, values):
     """The analyses written for the families' blocks refuse a norm after a branch, never
     answering for the families' wiring; DLA's parts take each norm frozen at the run and still
-    add up to the stream."""
+    add up to the stream; circuit computes Gemma 3's (an RMSNorm, no biases) and refuses
+    another."""
     check_residual_parts(params, config, values)
-    with pytest.raises(InputError, match="'norm after attention', a step 'norm after the MLP'"):
-        check_circuit(params, config)
+    if config.norm == "rms" and not (config.out_bias or config.mlp_bias):
+        check_circuit(params, config)  # Gemma 3's: each sender through the norm after it
+    else:
+        with pytest.raises(InputError, match="circuit is not available .* a norm after a "
+                                             "branch with a LayerNorm or biases"):
+            check_circuit(params, config)
     from tinygpt_cli.analysis import graph as G
 
     with pytest.raises(InputError, match="graph is not available .* 'norm after attention'"):

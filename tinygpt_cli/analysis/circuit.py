@@ -15,6 +15,11 @@ normed by v's own norm (ln1 for q/k/v, ln2 for an MLP, ln_final for the logits; 
 RMSNorm) after the sum, and the rest of v is the family's own step: the head's projection,
 then its q/k norm (Qwen3) and rotation by the query's or key's position (rotary), or the
 MLP (GELU or gated). `edge_forward` runs the model that way, with the model's own functions.
+A block with a norm after a branch (Gemma 3's RMSNorms after attention and after the MLP)
+passes each sender's output through it: a head's output is z_h W_O[h] divided by the rms of
+its block's whole attention output in the same run, times the norm's scale (the heads of a
+block add up to the norm's output), so a patched edge into one head rescales its block's
+other heads as the model does.
 Grouped key/value heads (Llama, Qwen) are ungrouped first: each query head reads its own
 copy of its group's keys and values, so its k and v inputs are receivers of its own.
 
@@ -78,14 +83,15 @@ from ..transformer.model import (
 )
 from ..transformer.schema import head_name, mlp_name
 from ..transformer.trace import Trace
-from ..transformer.wiring import FAMILY_BLOCKS, describe, require
+from ..transformer.wiring import FAMILIES, describe, handles, require
 from ..words import count
 from .patch import check_gap, logit_difference
 from .variants import widen
 
 # The blocks this analysis implements (wiring.require refuses others by name): every receiver's
-# input a sum of the heads' and MLPs' outputs, as the families add them.
-HANDLES = FAMILY_BLOCKS
+# input a sum of the heads' and MLPs' outputs, as the families add them, or (Gemma 3) of what
+# the norm after each branch makes of them.
+HANDLES = handles(step=FAMILIES["step"] + ("norm after attention", "norm after the MLP"))
 
 METHODS = ("eap", "eap-ig", "exact", "exact-noising", "exact-mean")
 EDGE_TOKENS = 1024  # edge-patched runs x tokens computed together: [B, senders, T, d] stays
@@ -118,8 +124,22 @@ class Graph:
         return self.sender_stage[:, None] < self.receiver_stage[None, :]
 
 
-def build_graph(config: Config) -> Graph:
+def require_splittable(config: Config) -> None:
+    """wiring.require for circuit, and a norm after a branch only as Gemma 3 has it: an
+    RMSNorm, with no attention output bias inside it (a LayerNorm's shift, or b_O, would be
+    a part of no sender that the run's own statistics scale)."""
     require(config, "circuit", HANDLES)  # the senders are the families' branches
+    post = any(norm_after(config, i, b) for i in range(config.n_layer)
+               for b in ("attn_out", "mlp_out"))
+    if post and (config.norm != "rms" or config.out_bias or config.mlp_bias):
+        raise InputError(f"circuit is not available for this {config.model_type} model: its "
+                         "block has a norm after a branch with a LayerNorm or biases before "
+                         "it; circuit splits an RMSNorm after a branch without biases "
+                         "(Gemma 3's) only")
+
+
+def build_graph(config: Config) -> Graph:
+    require_splittable(config)
     senders, s_stage = ["embed"], [0]
     receivers: list[str] = []
     r_stage: list[int] = []
@@ -245,9 +265,29 @@ def _heads(params, config: Config, i: int, x: np.ndarray, last_only: bool = Fals
 
 def _mlp(params, config: Config, i: int, x: np.ndarray) -> np.ndarray:
     """Block i's MLP on its input x: the block's own norm and feed-forward step (GELU or
-    gated, as the family has it)."""
+    gated, as the family has it), then the norm after it where the block has one."""
     n = norm(params, config, x, f"layers.{i}.{describe(config, i).norm_of('mlp')}", _identity)
-    return feed_forward(params, config, i, n, _identity)
+    out = feed_forward(params, config, i, n, _identity)
+    return _post_normed(params, config, i, "mlp_out", out[..., None, :, :])[..., 0, :, :]
+
+
+def norm_after(config: Config, i: int, branch: str) -> str | None:
+    """The name of block i's norm after its branch `branch` (attn_out, mlp_out) and before
+    the residual add (Gemma 3's ln1_post, ln2_post), or None."""
+    return next((s.name for s in describe(config, i).steps
+                 if s.op == "norm" and s.reads == (branch,)), None)
+
+
+def _post_normed(params, config: Config, i: int, branch: str, parts: np.ndarray
+                 ) -> np.ndarray:
+    """parts [..., P, T, d] whose sum is block i's `branch` (attn_out, mlp_out), as the block
+    adds them to its stream: through the RMSNorm after that branch (Gemma 3), each part
+    divided by the rms of their sum, times the norm's scale; unchanged with no such norm."""
+    name = norm_after(config, i, branch)
+    if name is None:
+        return parts
+    rms = ops.rms_of(parts.sum(axis=-3), config.layer_norm_epsilon)  # [..., T, 1]
+    return parts / rms[..., None, :, :] * params[f"layers.{i}.{name}.w"]
 
 
 def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live: np.ndarray,
@@ -263,7 +303,7 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
     `steer` (hooks.Steering at layers.L.resid_pre) adds its shift to every input from block
     L's on.
     """
-    require(config, "circuit", HANDLES)  # receivers' inputs as the families' sums
+    require_splittable(config)  # receivers' inputs as the families' sums
     # nothing after `position` can change it; in the last block, nothing but `position`
     position = position % len(ids)
     ids, fixed = np.asarray(ids)[: position + 1], fixed[:, : position + 1]
@@ -293,7 +333,9 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
         x = base[r0:r0 + per_block - 1] + (coef[:, r0:r0 + per_block - 1, :s0]
                                            @ diff[:, :s0].reshape(b, s0, -1)
                                            ).reshape(b, per_block - 1, t, -1)
-        heads = _heads(params, config, i, x.reshape(b, config.n_head, 3, t, -1), last)
+        heads = _post_normed(params, config, i, "attn_out",
+                             _heads(params, config, i, x.reshape(b, config.n_head, 3, t, -1),
+                                    last))
         keep = slice(t - 1, t) if last else slice(None)
         diff[:, s0:m, keep] = heads - fixed[s0:m, keep]
         x_mlp = base[r0 + per_block - 1, keep] + (

@@ -45,7 +45,7 @@ from ..transformer.model import (
     forward,
     head_table,
 )
-from ..transformer.wiring import FAMILY_BLOCKS
+from ..transformer.wiring import FAMILIES, handles
 from .tracin import (
     bias_of,
     has_bias,
@@ -54,13 +54,14 @@ from .tracin import (
     norm_gradients,
     norm_params,
     norm_sites,
+    rows_read,
     values_and_gradients,
     with_ones,
 )
 
 # The blocks this analysis implements (wiring.require refuses others by name): its per-window sums
 # are written for the families' products and norms.
-HANDLES = FAMILY_BLOCKS
+HANDLES = handles(step=FAMILIES["step"] + ("norm after attention", "norm after the MLP"))
 
 BATCH = 32  # windows per forward and backward pass
 
@@ -133,7 +134,7 @@ def from_pass(params, config: Config, ids: np.ndarray, values: dict, dv: dict, g
     own.update(sites or {})
     tokens, where = np.unique(x, return_inverse=True)
     rows = np.zeros((len(tokens), config.n_embd), dv["embeddings"].dtype)
-    np.add.at(rows, where, dv["embeddings"])
+    np.add.at(rows, where, rows_read(config, dv))
     if dlogits is None:
         left = np.zeros((config.vocab_size, 0), rows.dtype)
         return Query(grads, own, left, np.zeros((0, config.n_embd), rows.dtype), tokens, rows)
@@ -285,7 +286,8 @@ def scores_from(config: Config, v: dict, dv: dict, dlogits: np.ndarray, x: np.nd
     out += head_scores(dlogits, u, q)
     # the rows read: sum_t G[x_t] . m_t
     out += per_position_sum(np.einsum("btqd,btd->btq",
-                                      q.table[x].reshape(b, x.shape[1], n, -1), m))
+                                      q.table[x].reshape(b, x.shape[1], n, -1),
+                                      rows_read(config, dv)))
     if q.positions is not None:
         out += per_position_sum(np.einsum("qtd,btd->btq", q.positions[:, : x.shape[1]], m))
     for prefix, inp, name in norm_sites(config):

@@ -43,6 +43,13 @@ def previous_token_pattern(t: int) -> np.ndarray:
     return np.eye(t, k=-1)
 
 
+def uniform_previous_token(t: int) -> float:
+    """The previous-token score (detection_score with previous_token_pattern) of a head that
+    spreads its attention evenly over all it may see: (1/T) sum_{i=1}^{T-1} 1/(i+1), the chance
+    level a head's score starts from before training has shaped it."""
+    return float(sum(1.0 / (i + 1) for i in range(1, t)) / t) if t > 0 else 0.0
+
+
 def duplicate_token_pattern(ids) -> np.ndarray:
     ids = np.asarray(ids)
     same = ids[:, None] == ids[None, :]

@@ -30,6 +30,7 @@ from ..transformer.schema import param_shapes, resolve, with_old_keys
 from ..transformer.trace import Trace
 from ..transformer.wiring import FORWARD
 from . import heads as detect
+from .heads import uniform_previous_token
 
 # The blocks this analysis implements (wiring.require refuses others by name): the model's own
 # passes on each snapshot.
@@ -242,12 +243,20 @@ def value_over_training(snapshots: list[Snapshot], config: Config, ids, tokens,
 
 
 def heads_over_training(snapshots: list[Snapshot], config: Config, ids,
-                        progress=None, hooks=None) -> dict[str, np.ndarray]:
+                        progress=None, hooks=None) -> dict:
     """previous_token and induction [S, L, H]: head_scores at every snapshot (`hooks`, the
-    steering, in every run)."""
+    steering, in every run); previous_token_chance: the score of evenly spread attention on
+    this text, where an untrained head starts."""
     scores = []
     for s in snapshots:
         scores.append(head_scores(s.params, config, ids, hooks=hooks))
         if progress:
             progress(1)
-    return {k: np.stack([s[k] for s in scores]) for k in ("previous_token", "induction")}
+    return {**{k: np.stack([s[k] for s in scores]) for k in ("previous_token", "induction")},
+            "previous_token_chance": uniform_previous_token(len(ids))}
+
+
+def uniform_loss(vocab_size: int) -> float:
+    """The loss (nats per token) of a model that gives every token the same chance: ln V,
+    where training starts from."""
+    return math.log(vocab_size)

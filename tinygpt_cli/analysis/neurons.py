@@ -5,7 +5,9 @@ A neuron n of block L writes mlp_post[n] * W_out[n] into the residual stream (W_
 `layers.L.mlp.W_out`, [ff, d]). Read straight through the tied unembedding, W_out[n] W_E^T
 says which next tokens it makes likelier; `through_norm` first multiplies by the final
 LayerNorm's weight (the scale every direction gets on its way to the logits; the per-token
-1/std and the centring are left out, so this is a direction, not exact logits).
+1/std and the centring are left out, so this is a direction, not exact logits). A block whose
+MLP output passes a norm of its own before the residual add (Gemma 3's ln2_post) scales the
+row by that norm's weight first, the same way.
 """
 
 from __future__ import annotations
@@ -23,18 +25,23 @@ from ..storage.corpus import encode_stories, eval_windows, read_stories
 from ..storage.files import sha256
 from ..transformer.config import Config
 from ..transformer.model import neuron_out_rows, norm_weights, record, token_table
-from ..transformer.wiring import FAMILY_BLOCKS
+from ..transformer.wiring import FAMILIES, handles
+from .circuit import norm_after
 from .lens import top_neurons
 
 # The blocks this analysis implements (wiring.require refuses others by name): what a neuron
-# pushes up is its W_out row read by the head, as the families add mlp_out to the stream.
-HANDLES = FAMILY_BLOCKS
+# pushes up is its W_out row read by the head, through the norm after the MLP where there is one.
+HANDLES = handles(step=FAMILIES["step"] + ("norm after attention", "norm after the MLP"))
 
 
-def output_logits(params, layer: int, neurons, *, through_norm: bool = True) -> np.ndarray:
-    """W_out[n] (* ln_final.w) W_U for each neuron.  -> [len(neurons), V]"""
+def output_logits(params, config: Config, layer: int, neurons, *, through_norm: bool = True
+                  ) -> np.ndarray:
+    """W_out[n] (* ln2_post.w) (* ln_final.w) W_U for each neuron.  -> [len(neurons), V]"""
     w_out = neuron_out_rows(params, layer)[np.asarray(neurons)]  # [k, d]
     if through_norm:
+        post = norm_after(config, layer, "mlp_out")  # Gemma 3's, before the residual add
+        if post is not None:
+            w_out = w_out * norm_weights(params, f"layers.{layer}.{post}")[0]
         w_out = w_out * norm_weights(params, "ln_final")[0]
     return w_out @ token_table(params).T
 
@@ -99,13 +106,15 @@ def neurons_on_text(session, layer: int, top: int, *, raw: bool = False) -> Text
     path = f"layers.{layer}.mlp_post"
     post = session.record({path})[1][path]  # [T, ff]
     found = top_neurons(post, min(top, post.shape[1]))
-    pushes = output_logits(session.params, layer, [f["neuron"] for f in found],
-                           through_norm=not raw)
+    pushes = output_logits(session.params, session.config, layer,
+                           [f["neuron"] for f in found], through_norm=not raw)
     token_str = session.model.tokenizer.token_str
     for f, row in zip(found, pushes, strict=True):
         f["pushes"] = [{"id": int(i), "token": token_str(int(i)), "logit": float(row[i])}
                        for i in top_ids(row, 8)]
-    read = "W_out[n] @ W_E^T" if raw else "W_out[n] * ln_final.weight @ W_E^T"
+    after = norm_after(session.config, layer, "mlp_out")
+    read = ("W_out[n] @ W_E^T" if raw else "W_out[n] * "
+            + (f"{after}.weight * " if after else "") + "ln_final.weight @ W_E^T")
     return TextNeurons(path, post, found, read)
 
 

@@ -32,12 +32,12 @@ from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.model import mlp_out_bias, norm_weights, qk_norm_rms, qk_norm_weights
 from ..transformer.trace import Trace
-from ..transformer.wiring import FAMILY_BLOCKS
-from .circuit import head_weights
+from ..transformer.wiring import FAMILIES, describe, handles
+from .circuit import head_weights, norm_after
 
 # The blocks this analysis implements (wiring.require refuses others by name): the score split by
-# the parts of the stream (Trace.residual_parts).
-HANDLES = FAMILY_BLOCKS
+# the parts of the stream (Trace.residual_parts, Gemma 3's norms after each branch frozen).
+HANDLES = handles(step=FAMILIES["step"] + ("norm after attention", "norm after the MLP"))
 
 
 @dataclass
@@ -65,16 +65,17 @@ def key_position(r: QK, key: int | None) -> int:
 def stream_parts(params, config: Config, values: dict[str, np.ndarray], layer: int,
                  steer=None) -> tuple[list[str], np.ndarray]:
     """The parts that add up to the stream entering block `layer`: names, [P, T, d].
-    Trace.residual_parts' parts in qk's names (L0H1, L0.mlp; _qk_name), each MLP's output without
-    its bias, and every output bias summed into one part, "biases". `steer` (hooks.Steering,
-    adding `shift` to layers.S.resid_pre) is a part from block S on."""
+    Trace.residual_parts' parts in qk's names (L0H1, L0.mlp; _qk_name), each MLP's output
+    without its bias (unless a norm follows it), and every output bias summed into one part,
+    "biases". `steer` (hooks.Steering, adding `shift` to layers.S.resid_pre) is a part from
+    block S on."""
     labels, parts = Trace(values, config).residual_parts(params, steer=steer, layer=layer)
     names, kept, bias = [], [], np.zeros(config.n_embd)
     for label, part in zip(labels, parts, strict=True):
         if label.endswith(".attn_bias"):  # the same at every position: one vector
             bias = bias + part.reshape(-1, config.n_embd)[0]
             continue
-        if label.endswith(".mlp"):
+        if label.endswith(".mlp") and not norm_after(config, int(label[1:-4]), "mlp_out"):
             b_mlp = mlp_out_bias(params, config, int(label[1:-4]))
             bias, part = bias + b_mlp, part - b_mlp
         names.append(_qk_name(label))
@@ -123,7 +124,10 @@ def qk_attribution(params, config: Config, values: dict[str, np.ndarray], layer:
     positions each part's q and k terms are turned by their positions, as the pass turns the
     whole q and k: the turn is linear, so the terms still sum to the score. With Qwen3's
     norms of q and k each term is first divided by the run's rms of its head's q (or k) and
-    multiplied by the norm's scale (through_head_norm)."""
+    multiplied by the norm's scale (through_head_norm). The stream's parts are as the block
+    reads them: a part that passed a norm after its branch (Gemma 3) is scaled by that norm's
+    weight and the run's rms (Trace.residual_parts)."""
+    a = describe(config, layer).attention
     names, parts = stream_parts(params, config, values, layer, steer)
     g, b = (None if a is None else np.asarray(a, np.float64)
             for a in norm_weights(params, f"layers.{layer}.ln1"))
@@ -134,14 +138,14 @@ def qk_attribution(params, config: Config, values: dict[str, np.ndarray], layer:
     std = np.asarray(values[f"layers.{layer}.ln1.{scale}"], np.float64)  # [T, 1]
     q = side_terms(parts[:, query:query + 1], std[query:query + 1], g, b, wq[head], bq[head])
     k = side_terms(parts[:, :query + 1], std[:query + 1], g, b, wk[kv], bk[kv])
-    if config.qk_norm:
+    if a.qk_norm:
         rms_q, rms_k = (np.asarray(a, np.float64) for a in qk_norm_rms(params, config, values,
                                                                       layer))
         w_q, w_k = (np.asarray(a, np.float64) for a in qk_norm_weights(params, layer))
         q = through_head_norm(q, rms_q[head, query:query + 1], w_q)
         k = through_head_norm(k, rms_k[kv, :query + 1], w_k)
-    if config.rotary:
-        rope = (config.rotary, config.rotary_base, config.rope_scaling)
+    if a.rotary:  # the block's own base (Gemma 3: one for sliding blocks, one for full)
+        rope = (a.rotary, a.rotary_base, a.rope_scaling)
         q, k = ops.rotary(q, query, *rope), ops.rotary(k, 0, *rope)
     names = [*names, "norm bias" if b is not None else "bias"]
     keep = [i for i, name in enumerate(names) if has_part(name, config)]

@@ -16,8 +16,8 @@ same shapes and tokenizer), value by value.
   model.backward) * (W_ref - W_q); the largest ones are checked by doing it (`restored`).
 
 Both models compute in float32 with the dequantized weights: llama.cpp's CPU products also
-round each activation row entering a matrix product (to Q8_0 or Q8_K blocks) first, which
-`act_quant_hook` imitates where the gguf package can do that rounding.
+round each activation row entering a matrix product (to Q8_0 or Q8_K blocks, float16 or
+bfloat16) first, and keep k and v in a float16 cache, which `act_quant_hook` imitates.
 
 Over a text file (`file_kl`), the definitions of llama.cpp's tools/perplexity/perplexity.cpp
 (`kl_divergence`, ggml-org/llama.cpp): the token stream cut into chunks of n_ctx tokens
@@ -30,6 +30,7 @@ rounded to 16 bits and skips the terms with log p_base <= -16; here they are exa
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -279,10 +280,14 @@ def file_kl(ref: dict, quant: dict, config, stream, n_ctx: int, *, bos: int | No
 # The type llama.cpp's CPU path rounds a product's input rows to before the dot products
 # (ggml-cpu's type_traits_cpu[weight type].vec_dot_type). Q4_1 and Q5_1 take Q8_1, whose
 # values are Q8_0's (the same scale amax/127 kept in float16, the same rounding; Q8_1 keeps
-# the block's sum besides), so Q8_0's rounding stands for both.
+# the block's sum besides), so Q8_0's rounding stands for both. The K-quants, the IQ types
+# but IQ4_NL, and the ternary TQ types take Q8_K (blocks of 256, `q8_k_rounded`).
 ACT_TYPE = {"Q4_0": "Q8_0", "Q4_1": "Q8_0", "Q5_0": "Q8_0", "Q5_1": "Q8_0", "Q8_0": "Q8_0",
-            "IQ4_NL": "Q8_0", "F16": "F16", "F32": None}
-K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ")
+            "IQ4_NL": "Q8_0", "MXFP4": "Q8_0", "F16": "F16", "BF16": "BF16", "F32": None,
+            **{k: "Q8_K" for k in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS",
+                                   "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+                                   "IQ4_XS", "TQ1_0", "TQ2_0")}}
+Q8_K_BLOCK = 256
 
 
 def product_inputs(config, tied: bool) -> dict[str, list[str]]:
@@ -303,37 +308,85 @@ def product_inputs(config, tied: bool) -> dict[str, list[str]]:
 
 
 def activation_types(config, tensor_types: dict[str, str], tied: bool) -> dict[str, str | None]:
-    """Each product input's rounding (ACT_TYPE of its weights' type); ValueError naming the
-    first product whose weights' type it cannot round for (the K-quants' Q8_K, which the gguf
-    package cannot make), or whose weights disagree in type."""
+    """Each product input's rounding (ACT_TYPE of its weights' type: q, k and v of Q4_K and
+    Q6_K alike take Q8_K); ValueError naming the first product whose weights' type it does
+    not know, or whose weights llama.cpp rounds the input for in two ways (one hook cannot
+    round one value twice)."""
     out = {}
     for path, tensors in product_inputs(config, tied).items():
-        kinds = {tensor_types.get(t, "F32") for t in tensors}
-        if len(kinds) > 1:
-            raise ValueError(f"{path} enters products with weights of types "
-                             f"{', '.join(sorted(kinds))}: one rounding cannot stand for both")
-        kind = kinds.pop()
-        if kind not in ACT_TYPE:
-            needs = "Q8_K" if kind.startswith(K_QUANTS) else "its own type"
-            raise ValueError(f"{tensors[0]} is {kind}: llama.cpp rounds its input to {needs}, "
-                             "which the gguf package cannot make")
-        out[path] = ACT_TYPE[kind]
+        kinds = {t: tensor_types.get(t, "F32") for t in tensors}
+        for t, kind in kinds.items():
+            if kind not in ACT_TYPE:
+                raise ValueError(f"{t} is {kind}: which rounding llama.cpp gives its input is "
+                                 "not known here")
+        rounds = {ACT_TYPE[k] for k in kinds.values()}
+        if len(rounds) > 1:
+            said = ", ".join(f"{k} ({ACT_TYPE[k] or 'none'})" for k in sorted(set(kinds.values())))
+            raise ValueError(f"{path} enters products with weights of types {said}, each "
+                             "rounding it otherwise: one rounding cannot stand for all")
+        out[path] = rounds.pop()
     return out
+
+
+def q8_0_rounded(x: np.ndarray) -> np.ndarray:
+    """Rows of x [..., n] (n a multiple of 32) as Q8_0 blocks hold them when llama.cpp's x86
+    CPU path makes them (ggml-cpu's quantize_row_q8_0, AVX): per block of 32, m the largest
+    magnitude, the scale d = m/127 kept as a float16, q = round-half-even(x * (127/m)) in
+    float32, the value float16(d) * q. (ggml's reference quantizer, and gguf's, multiply by
+    1/d and round halves away from zero: they differ at ties.) Q8_1, Q4_1's and Q5_1's,
+    holds the same values."""
+    x32 = np.ascontiguousarray(x, np.float32)
+    blocks = x32.reshape(-1, 32)
+    m = np.abs(blocks).max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(m == 0, np.float32(0), np.float32(127) / np.where(m == 0, 1, m))
+    q = np.rint(blocks * inv.astype(np.float32)[:, None])
+    d = (m / np.float32(127)).astype(np.float16).astype(np.float32)
+    return (d[:, None] * q).astype(np.float32).reshape(x.shape).astype(x.dtype)
+
+
+def q8_k_rounded(x: np.ndarray) -> np.ndarray:
+    """Rows of x [..., n] (n a multiple of 256) as Q8_K blocks hold them (ggml's
+    quantize_row_q8_K_ref, which x86's CPU path calls): per block of 256, m the value of the
+    largest magnitude (the first such), iscale = -127/m in float32, q = min(127,
+    round-half-even(iscale * x)), the value d * q with d = 1/iscale in float32 (Q8_K keeps d as
+    a float32, not a float16); a block of zeros stays zeros."""
+    x32 = np.ascontiguousarray(x, np.float32)
+    blocks = x32.reshape(-1, Q8_K_BLOCK)
+    at = np.abs(blocks).argmax(axis=1)
+    top = blocks[np.arange(len(blocks)), at]
+    zero = top == 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = np.where(zero, np.float32(0), np.float32(-127) / np.where(zero, 1, top))
+        iscale = iscale.astype(np.float32)
+        q = np.minimum(np.float32(127), np.rint(iscale[:, None] * blocks))
+        d = np.where(zero, np.float32(0), np.float32(1) / np.where(zero, 1, iscale))
+    out = (d.astype(np.float32)[:, None] * q).astype(np.float32)
+    return out.reshape(x.shape).astype(x.dtype)
+
+
+def bf16_rounded(x: np.ndarray) -> np.ndarray:
+    """x rounded to bfloat16 as ggml's GGML_FP32_TO_BF16 rounds (to nearest, ties to even),
+    back in float32."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    up = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return up.view(np.float32).reshape(x.shape).astype(x.dtype)
 
 
 def rounded_rows(x: np.ndarray, kind: str | None) -> np.ndarray:
     """Rows of x [..., n] as llama.cpp's CPU path hands them to the dot products: Q8_0 blocks
-    of 32 (gguf's own quantize and dequantize), float16, or unchanged."""
+    of 32, Q8_K blocks of 256, float16, bfloat16, or unchanged."""
     if kind is None:
         return x
     if kind == "F16":
         return x.astype(np.float16).astype(x.dtype)
-    import gguf
-    from gguf import quants
-
-    qtype = gguf.GGMLQuantizationType[kind]
-    blocks = quants.quantize(np.ascontiguousarray(x, np.float32), qtype)
-    return quants.dequantize(blocks, qtype).reshape(x.shape).astype(x.dtype)
+    if kind == "BF16":
+        return bf16_rounded(x)
+    if kind == "Q8_K":
+        return q8_k_rounded(x)
+    if kind == "Q8_0":
+        return q8_0_rounded(x)
+    raise ValueError(f"no rounding {kind}")
 
 
 class ActQuant:
@@ -399,17 +452,26 @@ def name_files(report: QuantReport, quant_model) -> None:
         s.file, s.kind = names.get(s.label, (None, None))
 
 
+# tokenizer.ggml.pre values for which llama.cpp adds BOS to a byte-level BPE vocabulary when
+# the file has no tokenizer.ggml.add_bos_token (llama-vocab.cpp's load: Llama 3's and the
+# others it sets add_bos for)
+BOS_BY_DEFAULT = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                  "midm-2.0", "lfm2", "jina-v5-nano", "tekken", "chameleon"}
+
+
 def chunk_bos(quant_model) -> int | None:
     """The token llama.cpp puts first in the stream and in each chunk's place 0: the GGUF
     vocabulary's BOS when it adds one (tokenizer.ggml.add_bos_token; without the key,
-    llama.cpp's default: SentencePiece vocabularies add it, GPT-2's byte-level BPE does not);
-    None for a weights folder, whose tokenizer.json says what it adds itself."""
+    llama.cpp's default: SentencePiece vocabularies add it, a byte-level BPE one only with
+    a pre-tokenizer of BOS_BY_DEFAULT, Llama 3's among them); None for a weights folder,
+    whose tokenizer.json says what it adds itself."""
     about = (getattr(quant_model, "about", None) or {}).get("tokenizer")
     if not about or not isinstance(about.get("bos_token_id"), int):
         return None
     add = about.get("add_bos_token")
     if add is None:
-        add = about.get("model") == "llama"
+        add = about.get("model") == "llama" or \
+            (about.get("model") == "gpt2" and about.get("pre") in BOS_BY_DEFAULT)
     return int(about["bos_token_id"]) if add else None
 
 
@@ -425,5 +487,26 @@ def act_quant_hook(quant_model) -> tuple[ActQuant, list[str]]:
         kinds = activation_types(quant_model.config, about["tensors"], quant_model.config.tied)
     except ValueError as e:
         raise InputError(f"--act-quant: {e}") from None
-    covered = [f"{p} ({k})" for p, k in kinds.items() if k is not None]
-    return ActQuant(kinds), covered
+    kinds.update(attention_types(quant_model.config))
+    return ActQuant(kinds), covered(kinds)
+
+
+def covered(kinds: dict[str, str | None]) -> list[str]:
+    """The rounded values folded over the blocks, each with its roundings:
+    'layers.*.ln1.out (Q8_0)', 'layers.*.mlp_post (Q8_0, Q8_K)' where the blocks differ."""
+    folded: dict[str, list[str]] = {}
+    for path, kind in kinds.items():
+        if kind is None:
+            continue
+        seen = folded.setdefault(re.sub(r"^layers\.\d+\.", "layers.*.", path), [])
+        if kind not in seen:
+            seen.append(kind)
+    return [f"{p} ({', '.join(k)})" for p, k in folded.items()]
+
+
+def attention_types(config) -> dict[str, str]:
+    """The attention's own products as llama.cpp computes them with its default KV cache
+    (float16, no flash attention): k (after its turn) and v stored as float16, and q and the
+    pattern turned to float16 for the products with them (an F16 matrix's vec_dot_type)."""
+    return {f"layers.{i}.{part}": "F16" for i in range(config.n_layer)
+            for part in ("q", "k", "v", "weights")}

@@ -39,11 +39,11 @@ from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.hooks import Record
 from ..transformer.model import backward, forward
-from ..transformer.wiring import FAMILY_BLOCKS, describe
+from ..transformer.wiring import FAMILIES, describe, handles
 
 # The blocks this analysis implements (wiring.require refuses others by name): its rank-one terms
 # and norm sites are the families' steps'.
-HANDLES = FAMILY_BLOCKS
+HANDLES = handles(step=FAMILIES["step"] + ("norm after attention", "norm after the MLP"))
 
 K_U = 16  # u_t (ln_final.out) at each position, for the head's part
 K_M = 4  # m_t (the embeddings' gradient) at each position, for the rows read
@@ -145,6 +145,13 @@ def merged(config: Config, v: dict) -> None:
         v[f"layers.{i}.z"] = ops.merge_heads(v[f"layers.{i}.z"])
 
 
+def rows_read(config: Config, dv: dict) -> np.ndarray:
+    """d W_E of the rows a text read, at each position: the gradient at the embeddings,
+    times the number each row is read with (Gemma 3's sqrt(d)).  [..., T, d]"""
+    m = dv["embeddings"]
+    return m * m.dtype.type(config.embed_scale) if config.embed_scale else m
+
+
 def with_ones(x: np.ndarray, bias: bool = True) -> np.ndarray:
     """[..., n] -> [..., n + 1]: the bias is a weight on a constant input; a product
     without one gets a 0 there, so that every site has the same layout and the
@@ -216,7 +223,8 @@ class Projection:
             gb = norm_gradients(v, dv, inp, name)
             left[prefix] = top_eigenvectors(gb.T.astype(np.float64) @ gb, k["vector"])
         left["u"] = top_eigenvectors(weighted_gram(u, np.ones_like(u[..., :1])), k["u"])
-        left["m"] = top_eigenvectors(weighted_gram(demb, np.ones_like(demb[..., :1])), k["m"])
+        m = rows_read(config, dv)
+        left["m"] = top_eigenvectors(weighted_gram(m, np.ones_like(m[..., :1])), k["m"])
         return cls(left, right, int(k["top"]), int(k["steps"]))
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -339,7 +347,7 @@ def projected(config: Config, v: dict, dv: dict, dlogits: np.ndarray, x: np.ndar
     return WindowGradients(np.concatenate(pairs, axis=1).astype(np.float32),
                            np.concatenate(rows, axis=1).astype(np.float32),
                            (u @ p.left["u"]).astype(np.float32),
-                           (demb @ p.left["m"]).astype(np.float32),
+                           (rows_read(config, dv) @ p.left["m"]).astype(np.float32),
                            ids.astype(np.uint16), chances.astype(np.float32))
 
 

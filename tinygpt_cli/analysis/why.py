@@ -44,7 +44,7 @@ from ..transformer.config import Config
 from ..transformer.hooks import Chain, Record
 from ..transformer.model import backward, forward, loss_and_grads
 from ..transformer.trace import run_traced
-from ..transformer.wiring import FAMILY_BLOCKS
+from ..transformer.wiring import FAMILIES, handles
 from . import exact_tracin as ex
 from . import heads
 from . import history as hist
@@ -57,7 +57,7 @@ from .why_index import TracinIndex, cannot_keep, index_folder, open_index, writa
 
 # The blocks this analysis implements (wiring.require refuses others by name): TracIn's terms are
 # written for the families' parameters and norm sites (tracin, exact_tracin).
-HANDLES = FAMILY_BLOCKS
+HANDLES = handles(step=FAMILIES["step"] + ("norm after attention", "norm after the MLP"))
 
 N_MAX = 8  # the longest tail counted in the exact-match table
 DEPTH = 256  # suffixes are sorted by this many tokens: more than any query (n_ctx + 1)

@@ -247,12 +247,28 @@ def _sender_part(params, config: Config, ids: np.ndarray, values: dict, sender: 
     grads, dv = backward_from_part(params, config, values, layer, part, d)
     sites = None
     if head:  # W_O's rows of this head, no bias: z_h alone pairs with d
-        z = np.zeros_like(ops.merge_heads(values[f"layers.{layer}.z"]))
+        L, w_o = f"layers.{layer}.", f"layers.{layer}.attn.W_O"
+        whole = ops.merge_heads(values[L + "z"])
+        z = np.zeros_like(whole)
         dk = config.d_k
-        z[:, part * dk:(part + 1) * dk] = values[f"layers.{layer}.z"][part]
-        sites = {f"layers.{layer}.attn.W_O": (np.concatenate([z, np.zeros((len(z), 1))], 1),
-                                              d)}
-    return ex.from_pass(params, config, ids, values, dv, grads, sites=sites)
+        z[:, part * dk:(part + 1) * dk] = values[L + "z"][part]
+        x, dy = np.concatenate([z, np.zeros((len(z), 1))], 1), d
+        post = next((s.name for s in describe(config, layer).steps
+                     if s.op == "norm" and s.reads == ("attn_out",)), None)
+        if post is not None:  # Gemma 3: the part is z_h W_O[h] / rms * w, and the rms reads
+            # the whole of W_O's product: its rows pair with d * w / rms, and all of them with
+            # d attn_out through the rms (model.backward_from_part)
+            scale = params[f"{L}{post}.w"] / values[f"{L}{post}.rms"]
+            ones = np.full((len(z), 1), 1.0 if has_bias(config, w_o) else 0.0, z.dtype)
+            x = np.concatenate([x, np.concatenate([whole, ones], 1)])
+            dy = np.concatenate([d * scale, dv[L + "attn_out"]])
+        sites = {w_o: (x, dy)}
+    q = ex.from_pass(params, config, ids, values, dv, grads, sites=sites)
+    if sites and len(sites[w_o][0]) > len(ids):  # every product the same rows: zeros added
+        q.sites = {p: (a, d) if p == w_o else
+                   (np.concatenate([a, np.zeros_like(a)]), np.concatenate([d, np.zeros_like(d)]))
+                   for p, (a, d) in q.sites.items()}
+    return q
 
 
 def edge_score(params, config: Config, clean: list[int], corrupt: list[int], edge: str,

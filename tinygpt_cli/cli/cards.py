@@ -94,23 +94,37 @@ def pos(
     Example: tinygpt pos "Lily wanted to play with her" --sum
     """
     from ..render.cards import rotary_note
+    from ..transformer.page import angles_of_base, bases_by_blocks
 
     r = run(context, weights, text, ablate)
-    rotary = r.model.config.positions == "rotary" and not total
+    cfg = r.model.config
+    rotary = cfg.positions == "rotary" and not total
     path = "embeddings" if total else "rotary_angles" if rotary else "position_embeddings"
-    show(context, r, path, as_json, full, save=save, force=force, below=rotary_note(rotary))
+    bases = bases_by_blocks(cfg) if rotary else []
+    extra = {"rotary_bases": [{"base": b, "blocks": blocks} for b, blocks in bases]} \
+        if len(bases) > 1 else None  # Gemma 3: sliding and full blocks turn by their own
+    show(context, r, path, as_json, full, save=save, force=force, extra=extra,
+         below=rotary_note(rotary, cfg.rotary_base, bases, r.tokens, full,
+                           lambda b: angles_of_base(cfg, r.T, b)))
 
 
 def _norm(context: RunContext, r: Run, prefix: str, as_json: bool, full: bool, save=None,
           force=False):
     from rich.text import Text
 
-    from ..render.cards import NORM_NOTE, RMS_NOTE
+    from ..render.cards import NORM_NOTE, RMS_NOTE, sandwich_note
+    from ..transformer.wiring import describe
 
-    if r.model.config.norm == "rms":  # an RMSNorm divides by each token's rms alone
+    cfg = r.model.config
+    if cfg.norm == "rms":  # an RMSNorm divides by each token's rms alone
         rms = r.trace.get(prefix + ".rms")[:, 0]
-        show(context, r, prefix + ".out", as_json, full, extra={"rms": rms}, save=save,
-             force=force, below=[Text(RMS_NOTE, style="dim")])
+        norms = describe(cfg, 0).norms
+        extra = {"rms": rms}
+        if cfg.post_norms:  # Gemma 3: four norms a block, each scale 1 + w (the file's w)
+            extra |= {"norms": list(norms), "scale": "1 + w"}
+        show(context, r, prefix + ".out", as_json, full, extra=extra, save=save,
+             force=force, below=[Text(RMS_NOTE, style="dim"),
+                                 *sandwich_note(norms if cfg.post_norms else ())])
         return
     mean = r.trace.get(prefix + ".mean")[:, 0]
     std = r.trace.get(prefix + ".std")[:, 0]
@@ -125,7 +139,8 @@ def norm(
     text: str = TEXT, weights: Path = WEIGHTS, ablate: list[str] = ABLATE,
     layer: int = LAYER,
     which: str = typer.Option("ln1", "--which", help="ln1 (before attention) or ln2 (before "
-                              "the feed-forward layer)."),
+                              "the feed-forward layer); Gemma 3's ln1_post and ln2_post "
+                              "(after each)."),
     as_json: bool = JSON, full: bool = FULL,
     save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
@@ -133,9 +148,13 @@ def norm(
 
     Example: tinygpt norm "Lily wanted to play with her" --layer 0 --which ln1
     """
-    if which not in ("ln1", "ln2"):
-        raise InputError(f"--which must be ln1 or ln2, not {which!r}")
+    from ..transformer.wiring import describe
+
     r = run(context, weights, text, ablate)
+    norms = describe(r.model.config, 0).norms  # ln1, ln2 (Gemma 3: and after each branch)
+    if which not in norms:
+        raise InputError(f"--which must be {' or '.join([', '.join(norms[:-1]), norms[-1]])}, "
+                         f"not {which!r}")
     layer = check_index(layer, r.model.config.n_layer, "layer")
     _norm(context, r, f"layers.{layer}.{which}", as_json, full, save, force)
 
@@ -188,14 +207,15 @@ def attn(
         head = check_index(head, cfg.n_head, "head")
         path, grid_view = f"layers.{layer}.heads.{head}.{field}", head_view
     grids = r.trace.get(path)
+    window = cfg.window(layer)  # a sliding block's: the keys before it are drawn apart
 
     def document():  # the JSON writer loads only for JSON
         from ..render.documents import session_document
 
-        return session_document(r, path, grids)
+        return session_document(r, path, grids, **({"window": window} if window else {}))
 
     present(context, as_json, document,
-            lambda: grid_view(path, grids, r.tokens, scores, full),  # (view, what to measure)
+            lambda: grid_view(path, grids, r.tokens, scores, full, window),  # (view, measure)
             figure=lambda: figures("figure").attention_figure(path, grids, r.tokens,
                                                               scores=scores),
             save=save, force=force,
@@ -226,6 +246,10 @@ def mlp(
     layer = check_index(layer, r.model.config.n_layer, "layer")
     post = r.trace.get(f"layers.{layer}.mlp_post")
     neurons = top_neurons(post, min(top, post.shape[1]))
+    if r.model.config.mlp == "gated":  # each neuron's gate and up, whose product it is
+        gate, up = (r.trace.get(f"layers.{layer}.{v}") for v in ("mlp_pre", "mlp_up"))
+        for n in neurons:
+            n["gate"], n["up"] = gate[:, n["neuron"]], up[:, n["neuron"]]
     path = f"layers.{layer}.mlp_out"
     show(context, r, path, as_json, full, extra={"top_neurons": neurons}, save=save, force=force,
          below=() if as_json else neurons_below(layer, post.shape[1], neurons, r.tokens, full,

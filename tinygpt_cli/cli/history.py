@@ -10,8 +10,11 @@ import typer
 
 from .app import app
 from .common import (
+    FORCE_FILE,
     JSON,
     POSITION,
+    QUIET,
+    SAVE,
     TEXT,
     TOP,
     WEIGHTS,
@@ -20,6 +23,7 @@ from .common import (
     check_index,
     encode_checked,
     engine,
+    figures,
     open_session,
     present,
     progress,
@@ -45,6 +49,7 @@ def history(
     heads: bool = typer.Option(False, "--heads", help="Previous-token and induction scores of "
                                "every head, per snapshot."),
     position: int = POSITION, weights: Path = WEIGHTS, as_json: bool = JSON,
+    save: Path = SAVE, force: bool = FORCE_FILE, quiet: bool = QUIET,
 ):
     """How the model's answer, a value or its heads changed over training, snapshot by snapshot.
 
@@ -56,6 +61,7 @@ def history(
     Example: tinygpt history "Lily wanted to play with her"
     Example: tinygpt history "Lily wanted to play with her" layers.0.heads.1.weights
     Example: tinygpt history "Lily saw a cat. Lily saw a" --heads
+    Example: tinygpt history "Lily wanted to play with her" --save history.svg
     """
     from ..analysis import history as hist
     from ..render import documents as docs
@@ -71,17 +77,24 @@ def history(
     if heads:  # grids and tables fit the terminal
         with progress(len(timeline), "head scores", enabled=not as_json) as advance:
             scores = hist.heads_over_training(timeline, s.config, s.ids, advance, s.hooks)
+        rows = hist.snapshot_rows(timeline)
         return present(context, as_json, lambda: docs.heads_history_document(
-            s, scores, hist.snapshot_rows(timeline), length),
-            lambda: view.heads_view(scores, labels, length))
+            s, scores, rows, length), lambda: view.heads_view(scores, labels, length),
+            figure=lambda: figures().heads_history_figure(scores, rows, s.tokens, length),
+            save=save, force=force)
     if path is not None:
         h = hist.value_over_training(timeline, s.config, s.ids, s.tokens, path, s.hooks)
         return present(context, as_json, lambda: docs.value_history_document(s, h),
-                       lambda: view.value_view(h, labels, s.tokens, p))
+                       lambda: view.value_view(h, labels, s.tokens, p),
+                       figure=lambda: figures().value_history_figure(h, s.tokens),
+                       save=save, force=force)
     rows = hist.loss_over_training(timeline, s.config, s.ids, s.model.tokenizer.token_str,
                                    s.hooks)
+    uniform = hist.uniform_loss(s.config.vocab_size)
     present(context, as_json, lambda: docs.loss_history_document(s, rows),
-            lambda: view.loss_view(rows))
+            lambda: view.loss_view(rows),
+            figure=lambda: figures().loss_history_figure(rows, s.tokens, uniform),
+            save=save, force=force)
 
 
 # ------------------------------------------------------------------ why

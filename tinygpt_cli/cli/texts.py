@@ -314,9 +314,10 @@ def quant(
                                 "first-order estimates by putting the tensor back."),
     act_quant: bool = typer.Option(False, "--act-quant", help="Round each matrix product's "
                                    "input as llama.cpp's CPU path does for the weight type "
-                                   "(Q8_0 blocks of 32 for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, float16 "
-                                   "for F16; K-quants' Q8_K is refused) in the quantized "
-                                   "model's passes."),
+                                   "(Q8_0 blocks of 32 for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, Q8_K "
+                                   "blocks of 256 for the K-quants, float16 for F16; q, k, v "
+                                   "and the pattern float16 as its default KV cache) in the "
+                                   "quantized model's passes."),
     as_json: bool = JSON, save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
     """What quantization changed: one text through a model and its quantized copy.

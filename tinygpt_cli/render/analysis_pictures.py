@@ -11,7 +11,7 @@ import numpy as np
 
 from ..words import count
 from .explain import lens_note
-from .figure import Bars, Facts, Figure, Heatmap, Note, Row, Table, token_labels
+from .figure import Bars, Curve, Facts, Figure, Heatmap, Note, Row, Table, token_labels
 from .tables import short_stage
 from .text import HEAD_KINDS as names
 from .text import LN2, show_token
@@ -236,5 +236,71 @@ def heads_figure(r) -> Figure:
     ], subtitle=f"{n_layer} layers × {n_head} heads")
 
 
-__all__ = ["ablate_all_figure", "ablate_figure", "dla_figure", "heads_figure", "lens_figure",
-           "patch_figure", "score_figure"]
+# ------------------------------------------------------------------ history
+
+
+def _stepped(rows: list[dict], values: list) -> tuple[list[float], list[float]]:
+    """The (step, value) points of the snapshots that have both (the final weights of a run
+    whose last snapshot is not them have no step)."""
+    points = [(r["step"], v) for r, v in zip(rows, values, strict=True)
+              if r["step"] is not None and v is not None]
+    return [float(s) for s, _ in points], [float(v) for _, v in points]
+
+
+def loss_history_figure(rows: list[dict], tokens: list[str], uniform: float) -> Figure:
+    """history: the loss on the text at every snapshot against its step (log-spaced, so on a
+    log scale), with the loss of evenly spread chances (ln V) where training starts."""
+    x, y = _stepped(rows, [r["loss"] for r in rows])
+    return Figure("history", [
+        Curve(x, y, title="the loss on the text over training", x_name="step",
+              y_name="loss (nats per token)", log_x=True,
+              levels=[(uniform, f"every token equally likely: ln V = {uniform:.2f}")]),
+        Table(["snapshot", "loss", "next token", "chance"],
+              [[r["label"], r["loss"], show_token(r["top_token"]), r["top_chance"]]
+               for r in rows], title="the likeliest next token after the text"),
+    ], subtitle=_for_text(tokens))
+
+
+def heads_history_figure(scores: dict, rows: list[dict], tokens: list[str],
+                         induction_length: int) -> Figure:
+    """history --heads: every head's previous-token score on the text and induction score on
+    repeated random tokens, a snapshot × head grid per layer; and the head whose
+    previous-token score rose most, against the step, beside the chance level."""
+    prev, induction = scores["previous_token"], scores["induction"]  # [S, L, H]
+    chance, labels = scores["previous_token_chance"], [r["label"] for r in rows]
+    _, n_layer, n_head = prev.shape
+    rise = prev[-1] - prev[0]
+    layer, head = np.unravel_index(int(np.argmax(rise)), rise.shape)
+    x, y = _stepped(rows, list(prev[:, layer, head]))
+    return Figure("history --heads", [
+        Curve(x, y, title=f"layer {layer} head {head}: the previous-token score that rose most",
+              path=f"layers.{layer}.heads.{head}", x_name="step", y_name="previous-token score",
+              log_x=True, levels=[(chance, f"evenly spread attention: {chance:.3f}")]),
+        Row([Heatmap(prev[:, i], labels, head_labels(n_head), title=f"layer {i}",
+                     path=f"layers.{i}.previous_token", lo=0.0, hi=1.0)
+             for i in range(n_layer)]),
+        Note(f"previous-token score on the text: the share of each head's attention on the "
+             f"token just before; {chance:.3f} if it spread its attention evenly", "dim"),
+        Row([Heatmap(induction[:, i], labels, head_labels(n_head), title=f"layer {i}",
+                     path=f"layers.{i}.induction", lo=0.0, hi=1.0)
+             for i in range(n_layer)]),
+        Note(f"induction score on {induction_length} random tokens repeated: attention to the "
+             "token after the earlier copy of the current one", "dim"),
+    ], subtitle=_for_text(tokens))
+
+
+def value_history_figure(history, tokens: list[str]) -> Figure:
+    """history PATH: the value's norm at every snapshot against its step."""
+    rows = history.rows
+    x, y = _stepped(rows, [r["norm"] for r in rows])
+    return Figure("history", [
+        Curve(x, y, title=f"{history.shown}: its norm over training", path=history.shown,
+              x_name="step", y_name="norm", log_x=True),
+        Table(["snapshot", "norm", "mean", "std"],
+              [[r["label"], r["norm"], r["mean"], r["std"]] for r in rows]),
+    ], subtitle=_for_text(tokens))
+
+
+__all__ = ["ablate_all_figure", "ablate_figure", "dla_figure", "heads_figure",
+           "heads_history_figure", "lens_figure", "loss_history_figure", "patch_figure",
+           "score_figure", "value_history_figure"]

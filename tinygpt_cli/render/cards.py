@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..words import held
+from .cells import window_note
 from .tables import header, heatmap, matrix, tensor_view, token_rows, top_table
 from .text import show_text, show_token
 
@@ -18,9 +19,35 @@ NORM_NOTE = ("mean and std are each token's own, taken before the norm; "
 ROTARY_NOTE = ("no position table: position t turns each pair of numbers (i, i + r) of every "
                "head's q and k by this angle before q . k, so a score depends on how far apart "
                "the two tokens are; --sum shows the embeddings, which are the tokens' rows alone")
-def rotary_note(rotary: bool) -> list:
+def rotary_note(rotary: bool, base: float = 0.0, bases=(), tokens=(), full: bool = False,
+                angles_of=None) -> list:
+    """Under the angles: what they are, and with a rotary base per block (Gemma 3) which
+    blocks turn by which base, the other bases' angles beside the shown one's (angles_of(b))."""
+    if not rotary:
+        return []
+    out = [Text(ROTARY_NOTE, style="dim")]
+    if len(bases) > 1:
+        from ..transformer.page import block_list
 
-    return [Text(ROTARY_NOTE, style="dim")] if rotary else []
+        out += [Text(""), Text("two rotary bases: " + "; ".join(
+            f"base {b:g} turns {block_list(blocks)}" for b, blocks in bases)
+            + f" (the angles above are base {base:g}'s)", style="bold")]
+        for b, blocks in bases:
+            if b != base:
+                out += [Text(""), tensor_view(f"rotary angles at base {b:g} ({block_list(blocks)})",
+                                              angles_of(b), tokens, full=full)]
+    return out
+
+
+def sandwich_note(norms) -> list:
+    """Gemma 3's four norms a block, in their order, and the scale each multiplies by."""
+    if not norms:
+        return []
+    where = {"ln1": "before attention", "ln1_post": "after attention, before its add",
+             "ln2": "before the MLP", "ln2_post": "after the MLP, before its add"}
+    return [Text("four norms a block, each x / rms * (1 + w) with the file's w: "
+                 + "; ".join(f"{n} {where.get(n, '')}".strip() for n in norms)
+                 + " (--which)", style="dim")]
 
 
 RMS_NOTE = ("rms is each token's own, sqrt(mean(x^2) + eps), taken before the norm; "
@@ -32,12 +59,15 @@ def value_view(path: str, value, tokens, full: bool, below=()) -> Group:
     return Group(tensor_view(path, value, tokens, full=full), *below)
 
 
-def heads_view(path: str, grids: np.ndarray, tokens, scores: bool, full: bool):
-    """Every head's grid side by side: (the view, the heatmaps whose width it needs)."""
+def heads_view(path: str, grids: np.ndarray, tokens, scores: bool, full: bool,
+               window: int = 0):
+    """Every head's grid side by side: (the view, the heatmaps whose width it needs); a
+    sliding block's keys before each query's window drawn apart, and said below."""
     lo, hi = (None, None) if scores else (0.0, 1.0)
-    maps = [heatmap(g, tokens, f"head {h}", lo=lo, hi=hi, full=full)
+    maps = [heatmap(g, tokens, f"head {h}", lo=lo, hi=hi, full=full, window=window)
             for h, g in enumerate(grids)]
-    return Group(header(path, grids), EvenRows(maps)), maps
+    note = [Text(window_note(window), style="dim")] if window else []
+    return Group(header(path, grids), EvenRows(maps), *note), maps
 
 
 def even_rows(n: int, per_row: int) -> list[int]:
@@ -103,8 +133,17 @@ def neurons_below(layer: int, width: int, neurons: list[dict], tokens, full: boo
     acts = np.stack([n["activations"] for n in neurons], axis=1)
     table = matrix(acts, token_rows(tokens), full=full, edge=None,
                    col_labels=[f"n{n['neuron']}" for n in neurons])
-    return [Text(""), Text(f"most active hidden neurons of layers.{layer}.mlp_post "
-                           f"({what} of {width}), by peak activation:", style="bold"), table]
+    out = [Text(""), Text(f"most active hidden neurons of layers.{layer}.mlp_post "
+                          f"({what} of {width}), by peak activation:", style="bold"), table]
+    if "gate" in neurons[0]:  # a gated MLP: each neuron's two products and what they make
+        few = neurons[:3]
+        parts = np.stack([a for n in few for a in (n["gate"], n["up"], n["activations"])], 1)
+        labels = [f"n{n['neuron']} {k}" for n in few for k in ("gate", "up", "out")]
+        out += [Text(""), Text(f"gate = x W_gate (layers.{layer}.mlp_pre), up = x W_in "
+                               f"(layers.{layer}.mlp_up), out = {act}(gate) * up:",
+                               style="bold"),
+                matrix(parts, token_rows(tokens), full=full, edge=None, col_labels=labels)]
+    return out
 
 
 def logits_view(path: str, row: np.ndarray, rows: list[dict], T: int) -> Group:  # noqa: N803

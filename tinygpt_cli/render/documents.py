@@ -278,6 +278,7 @@ def heads_history_document(s, scores: dict, snapshots: list[dict], length: int) 
     """history --heads: induction and previous-token scores [snapshot, layer, head]."""
     return session_document(s, "induction", scores["induction"],
                             previous_token=scores["previous_token"], snapshots=snapshots,
+                            previous_token_chance=scores["previous_token_chance"],
                             induction_length=length, induction_seed=0,
                             axes=["snapshot", "layer", "head"])
 

@@ -96,7 +96,8 @@ class Curve:
     """y against x as a line through the computed points (each with its exact value on
     hover), a dashed line at each of `levels` (y, label), and `marks` (x, y, label) drawn as
     rings: a circuit's faithfulness f(N) over the edges kept, say. `shown` spells a point's
-    y as the terminal does (default: tables.fmt)."""
+    y as the terminal does (default: tables.fmt). `log_x` (every x positive) spaces x by its
+    logarithm and labels each point's x: training steps kept log-spaced read evenly."""
 
     x: list[float]
     y: list[float]
@@ -107,6 +108,7 @@ class Curve:
     levels: list[tuple[float, str]] = ()
     marks: list[tuple[float, float, str]] = ()
     shown: object = None
+    log_x: bool = False  # x on a log scale, each point's x labelled (log-spaced snapshots)
 
 
 @dataclass(frozen=True)

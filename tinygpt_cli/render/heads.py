@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .cells import MASKED, cell_text, keep
+from .cells import MASKED, OUTSIDE, cell_text, keep, window_note
 from .numbers import fmt, shape_str, stats
 from .text import row_label, show_token
 
@@ -25,29 +25,32 @@ ROWS_NOTE = "rows: the token looking; columns: the tokens it looks at; each row 
 SCORES_NOTE = "-inf above the diagonal: a token cannot look ahead"
 
 
-def heads_view(path: str, grids, tokens: list[str], scores: bool, full: bool):
+def heads_view(path: str, grids, tokens: list[str], scores: bool, full: bool,
+               window: int = 0):
     """Every head's grid side by side: render.cards.heads_view (Rich's layout, loaded now)."""
     from .cards import heads_view as view
 
-    return view(path, grids, tokens, scores, full)
+    return view(path, grids, tokens, scores, full, window)
 
 
-def head_view(path: str, grid, tokens: list[str], scores: bool, full: bool):
+def head_view(path: str, grid, tokens: list[str], scores: bool, full: bool, window: int = 0):
     """One head's T x T grid as a heatmap: (the view, None: it measures itself when shown)."""
-    return HeadView(path, grid, tokens, scores, full), None
+    return HeadView(path, grid, tokens, scores, full, window), None
 
 
 class HeadView:
     """The view of one head's T x T grid (a header line, the heatmap, a note), laid out when
     it is shown: `lines(width)` for plain output, `renderables()` for Rich."""
 
-    def __init__(self, path: str, grid, tokens: list[str], scores: bool, full: bool):
+    def __init__(self, path: str, grid, tokens: list[str], scores: bool, full: bool,
+                 window: int = 0):
         self.path, self.grid, self.tokens = path, grid, tokens
-        self.scores, self.full = scores, full
+        self.scores, self.full, self.window = scores, full, window
 
     @property
     def note(self) -> str:
-        return SCORES_NOTE if self.scores else ROWS_NOTE
+        said = SCORES_NOTE if self.scores else ROWS_NOTE
+        return said + ("; " + window_note(self.window) if self.window else "")
 
     def renderables(self):
         """(the Rich view, the heatmap whose width it needs), as render.cards lays it out."""
@@ -57,7 +60,7 @@ class HeadView:
         from .tables import header, heatmap
 
         lo, hi = (None, None) if self.scores else (0.0, 1.0)
-        hm = heatmap(self.grid, self.tokens, lo=lo, hi=hi, full=self.full)
+        hm = heatmap(self.grid, self.tokens, lo=lo, hi=hi, full=self.full, window=self.window)
         return Group(header(self.path, self.grid), hm, Text(self.note, style="dim")), [hm]
 
     def lines(self, width: int) -> list[str] | None:
@@ -72,7 +75,7 @@ class HeadView:
         columns = self._columns(n, first, heads, width)
         if columns is None:
             return None
-        table = _table(grid, labels, heads, columns, first)
+        table = _table(grid, labels, heads, columns, first, self.window)
         if self.full:  # shown as wide as the table (a terminal wraps it, a pipe keeps it)
             width = max(width, len(table[0]))
         head = _header_lines(self.path, grid, width)
@@ -116,7 +119,7 @@ def _centre(s: str, width: int) -> str:
 
 
 def _table(grid, labels: list[str], heads: list[str], cols: list[int | None],
-           first: int) -> list[str]:
+           first: int, window: int = 0) -> list[str]:
     widths = [_column_width(j, heads) for j in cols]
 
     def line(label: str, cells: list[str]) -> str:
@@ -127,8 +130,9 @@ def _table(grid, labels: list[str], heads: list[str], cols: list[int | None],
     out = [line("", ["…" if j is None else heads[j] for j in cols])]
     for i, label in enumerate(labels):
         row = rows[i]
-        out.append(line(label, ["…" if j is None else MASKED if j > i or not math.isfinite(
-            row[j]) else cell_text(row[j]) for j in cols]))
+        out.append(line(label, ["…" if j is None else OUTSIDE if window and j <= i - window
+                                else MASKED if j > i or not math.isfinite(row[j])
+                                else cell_text(row[j]) for j in cols]))
     return out
 
 

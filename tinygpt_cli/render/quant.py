@@ -20,7 +20,7 @@ def _computed(act: list[str] | None) -> str:
     if act is None:
         return COMPUTED + " (--act-quant does that)"
     return "--act-quant: the inputs of " + ", ".join(act) + " rounded as llama.cpp's CPU path " \
-        "rounds them; the attention's own products (q.k, pattern.v) are not"
+        "rounds them (q, k, v and the pattern as its default float16 KV cache has them)"
 
 
 def quant_document(r, tokens: list[str], token_str, quant: str, against: str,

@@ -349,15 +349,20 @@ def curve(c: Curve, width: float = 440, height: float = 200) -> Block:
     def _x(x: float) -> str:  # a count (edges kept) as a whole number
         return str(int(x)) if float(x).is_integer() else fmt(x)
 
-    lo, hi = min(0.0, float(ys.min(initial=0.0))), max(1.0, float(ys.max(initial=1.0)))
-    x_lo, x_hi = float(xs.min(initial=0.0)), float(xs.max(initial=1.0))
+    level_ys = [y for y, _ in c.levels]  # a level outside the points' range still shows
+    lo = min(0.0, float(ys.min(initial=0.0)), *level_ys)
+    hi = max(1.0, float(ys.max(initial=1.0)), *level_ys)
+    log_x = c.log_x and len(xs) > 0 and bool((xs > 0).all())
+    at = np.log10 if log_x else (lambda x: x)  # where an x sits along the axis
+    x_lo, x_hi = ((float(at(xs.min())), float(at(xs.max()))) if log_x
+                  else (float(xs.min(initial=0.0)), float(xs.max(initial=1.0))))
     info = f"{c.path + '  ' if c.path else ''}{c.y_name} against {c.x_name}, " \
            f"{count(len(xs), 'point')}"
     out, top = heading(c.title, info, after=22)
     left = max(width_of(show(lo)), width_of(show(hi))) + 10
 
     def px(x: float) -> float:
-        return left + (x - x_lo) / ((x_hi - x_lo) or 1.0) * width
+        return left + (float(at(x)) - x_lo) / ((x_hi - x_lo) or 1.0) * width
 
     def py(y: float) -> float:
         return top + height - (y - lo) / ((hi - lo) or 1.0) * height
@@ -366,9 +371,11 @@ def curve(c: Curve, width: float = 440, height: float = 200) -> Block:
                f'height="{num(height)}" fill="none" stroke="#d0d7de"/>')
     for y in sorted({lo, 0.0, 1.0, hi}):  # lo <= 0 and 1 <= hi
         out.append(text(left - 6, py(y) + 4, show(y), fill=DIM, anchor="end", size=11))
-    for x in (x_lo, x_hi):
+    ticks = sorted(set(xs.tolist())) if log_x else [x_lo, x_hi]
+    for x in ticks:
         out.append(text(px(x), top + height + 14, _x(x), fill=DIM, anchor="middle", size=11))
-    out.append(text(left + width / 2, top + height + 30, c.x_name, fill=DIM, anchor="middle",
+    out.append(text(left + width / 2, top + height + 30,
+                    c.x_name + (" (log scale)" if log_x else ""), fill=DIM, anchor="middle",
                     size=11))
     label_w = 0.0
     for y, label in c.levels:

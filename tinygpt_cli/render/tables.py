@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..words import count
-from .cells import MASKED, cell_text
+from .cells import MASKED, OUTSIDE, cell_text
 from .cells import keep as _keep
 from .numbers import fmt, shape_str, stats  # noqa: F401  (other views import them from here)
 from .quick_table import QuickTable, has_controls, plain_lines, text_lines
@@ -276,10 +276,12 @@ def colour(x: float) -> str:
 
 
 def heatmap(grid: np.ndarray, tokens: list[str], title: str = "", *, lo=None, hi=None,
-            full: bool = False) -> Fit:
-    """A T × T attention grid: rows are queries, columns keys; masked cells show a dot. A long
-    text keeps its first and last key columns around `…` to fit the width (full: all)."""
+            full: bool = False, window: int = 0) -> Fit:
+    """A T × T attention grid: rows are queries, columns keys; masked cells show a dot, and
+    (a block with a sliding `window`) the keys before a query's window a dash. A long text
+    keeps its first and last key columns around `…` to fit the width (full: all)."""
     import numpy as np
+
 
     finite = grid[np.isfinite(grid)]
     lo = float(finite.min()) if lo is None and finite.size else (lo or 0.0)
@@ -288,6 +290,8 @@ def heatmap(grid: np.ndarray, tokens: list[str], title: str = "", *, lo=None, hi
 
     def cell(i: int, j: int) -> Text:
         x = grid[i, j]
+        if window and j <= i - window:
+            return Text(OUTSIDE, style="dim")
         if j > i or not np.isfinite(x):
             return Text(MASKED, style="dim")
         level = (float(x) - lo) / span

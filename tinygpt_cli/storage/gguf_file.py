@@ -17,7 +17,9 @@ here, as families/ does for the Hugging Face layouts. Every matrix is kept (out,
 nn.Linear keeps it, whatever the family (llama.cpp's converter transposes GPT-2's Conv1D),
 and is transposed into the canonical (in, out); GPT-NeoX's fused q, k, v rows are already
 q, then k, then v (the converter regroups them), and Llama's q and k rows are reordered
-within each head for llama.cpp's rotary kernel, which `_unpermuted` undoes.
+within each head for llama.cpp's rotary kernel, which `_unpermuted` undoes. Gemma 3's norm
+weights are stored as the scale itself, 1 + w (the converter adds the 1, its
+Gemma3Model.norm_shift), which is the canonical scale: read as they are.
 """
 
 from __future__ import annotations
@@ -40,10 +42,10 @@ INSTALL = "reading a GGUF file needs the gguf package: pip install 'tinygpt-cli[
 
 # general.architecture -> the family (config.json's model_type) it is
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gpt2": "gpt2",
-                 "gptneox": "gpt_neox"}
+                 "gptneox": "gpt_neox", "gemma3": "gemma3_text"}
 # named, so that the refusal says why rather than "unknown"
-NOT_YET = {"gemma3": "Gemma 3's block (its norms around each sublayer, local and global "
-                     "attention) is not in tinygpt yet"}
+NOT_YET = {"gemma3n": "Gemma 3n's block (per-layer inputs, AltUp) is not in tinygpt",
+           "gemma2": "Gemma 2's block (logit soft-capping) is not in tinygpt"}
 
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 MAX_ELEMENTS = 1 << 40
@@ -294,6 +296,8 @@ def hf_config(arch: str, meta: dict, names: set[str], vocab: int) -> dict:
                                                                 ("eos_token_id", "eos"))
            if f"tokenizer.ggml.{g}_token_id" in meta}
     ctx = m("context_length")
+    if arch == "gemma3":
+        return _gemma3_config(m, names, vocab, ids)
     if arch == "gpt2":
         d = dict(model_type="gpt2", n_embd=m("embedding_length"), n_layer=m("block_count"),
                  n_head=m("attention.head_count"), n_inner=m("feed_forward_length"),
@@ -323,6 +327,71 @@ def hf_config(arch: str, meta: dict, names: set[str], vocab: int) -> dict:
                  rms_norm_eps=m("attention.layer_norm_rms_epsilon", 1e-6),
                  rope_theta=m("rope.freq_base", 10000.0), head_dim=head)
     return {k: v for k, v in d.items() if v is not None}
+
+
+def _gemma3_config(m, names: set[str], vocab: int, ids: dict) -> dict:
+    """Gemma 3's metadata as Gemma3TextConfig's keys, read as llama.cpp reads them
+    (src/models/gemma3.cpp; the converter's Gemma3Model writes them): the local blocks
+    from attention.sliding_window_pattern (a flag per block, or every n-th block full; 6
+    without the key), none without attention.sliding_window; their rotary base from
+    rope.freq_base_swa (10,000 without it), the full blocks' from rope.freq_base; scores
+    scaled by 1/sqrt(head_dim), but by 1/sqrt(d / heads) for the 62-block model (27B), as
+    llama.cpp does: the file has no query_pre_attn_scalar; the embeddings times sqrt(d) in
+    float32 (sqrtf)."""
+    width, heads, blocks = m("embedding_length"), m("attention.head_count"), m("block_count")
+    for key, value in (("embedding_length", width), ("attention.head_count", heads),
+                       ("block_count", blocks)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"config: gemma3.{key} must be a whole number from 1, got "
+                             f"{shown(value)}")
+    head = m("attention.key_length", width // heads)
+    if not isinstance(head, int) or isinstance(head, bool) or head < 1:
+        raise ValueError(f"config: gemma3.attention.key_length must be a whole number from 1, "
+                         f"got {shown(head)}")
+    if m("attention.value_length", head) != head:
+        raise ValueError(f"config: attention.value_length {shown(m('attention.value_length'))}"
+                         f" differs from attention.key_length {shown(head)}; Gemma 3's are one")
+    if m("rope.dimension_count", head) != head:
+        raise ValueError(f"config: rope.dimension_count {shown(m('rope.dimension_count'))} "
+                         f"turns part of a {shown(head)}-number head; gemma3 turns it whole")
+    window = m("attention.sliding_window", 0)
+    kinds = ["full_attention"] * blocks
+    if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+        local = _local_blocks(m("attention.sliding_window_pattern", 6), blocks)
+        kinds = ["sliding_attention" if x else "full_attention" for x in local]
+    elif window not in (0, None):
+        raise ValueError(f"config: gemma3.attention.sliding_window must be a whole number, "
+                         f"got {shown(window)}")
+    d = dict(model_type="gemma3_text", hidden_size=width, num_hidden_layers=blocks,
+             num_attention_heads=heads, num_key_value_heads=m("attention.head_count_kv", heads),
+             intermediate_size=m("feed_forward_length"), vocab_size=vocab,
+             max_position_embeddings=m("context_length"), head_dim=head,
+             rms_norm_eps=m("attention.layer_norm_rms_epsilon", 1e-6),
+             tie_word_embeddings="output.weight" not in names, layer_types=kinds,
+             sliding_window=window or None,
+             query_pre_attn_scalar=width // heads if blocks == 62 else head,
+             rope_parameters={
+                 "full_attention": {"rope_type": "default",
+                                    "rope_theta": m("rope.freq_base", 10000.0)},
+                 "sliding_attention": {"rope_type": "default",
+                                       "rope_theta": m("rope.freq_base_swa", 10000.0)}},
+             final_logit_softcapping=m("final_logit_softcapping"),
+             attn_logit_softcapping=m("attn_logit_softcapping"), dtype="float32", **ids)
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _local_blocks(pattern, blocks: int) -> list[bool]:
+    """Which blocks attend within the window: the pattern's flag per block, or, for a
+    number n, all but every n-th (llama_hparams::set_swa_pattern; 0: all of them)."""
+    if isinstance(pattern, list):
+        if len(pattern) != blocks or not all(isinstance(x, bool) for x in pattern):
+            raise ValueError(f"config: gemma3.attention.sliding_window_pattern has "
+                             f"{len(pattern)} entries for {blocks} blocks (a flag each)")
+        return pattern
+    if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 0:
+        raise ValueError(f"config: gemma3.attention.sliding_window_pattern must be a whole "
+                         f"number or a flag per block, got {shown(pattern)}")
+    return [pattern == 0 or i % pattern < pattern - 1 for i in range(blocks)]
 
 
 # ------------------------------------------------------------------ tensors
@@ -356,6 +425,7 @@ _OUTSIDE = {"embed.W_E": "token_embd.weight", "embed.W_pos": "position_embd.weig
 _BLOCK = {"ln1.w": "attn_norm.weight", "ln1.b": "attn_norm.bias",
           "ln2.w": "ffn_norm.weight", "ln2.b": "ffn_norm.bias",
           "attn.q_norm.w": "attn_q_norm.weight", "attn.k_norm.w": "attn_k_norm.weight",
+          "ln1_post.w": "post_attention_norm.weight", "ln2_post.w": "post_ffw_norm.weight",
           "attn.W_O": "attn_output.weight", "attn.b_O": "attn_output.bias",
           "mlp.W_gate": "ffn_gate.weight", "mlp.W_in": "ffn_up.weight",
           "mlp.b_in": "ffn_up.bias", "mlp.W_out": "ffn_down.weight",

@@ -14,6 +14,13 @@ Two kinds are written by llama.cpp's converter:
 
 Tokens the file marks CONTROL are special tokens (matched whole, never merged into); those
 marked USER_DEFINED are added tokens, matched whole too (as llama.cpp does).
+
+A Gemma file (general.architecture gemma3) is SentencePiece's with two differences, as
+transformers' GGUF tokenizer reads it (its gemma_tokenizer): a token of spaces alone is
+stored with real spaces and is the run of '▁' the Hugging Face tokenizer spells (kept as it
+is where the vocabulary already has that run); and its
+merges rank by the tokens' order in the file, not by their scores (Gemma's scores do not
+follow its merge order). Its text gets no '▁' in front (add_space_prefix false).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ PRE = {
 }
 
 IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe"}
+GEMMA = {"gemma3"}  # general.architecture: the vocabulary read as Gemma's (module docstring)
 
 
 def build(meta: dict, path) -> tuple[object, dict]:
@@ -54,7 +62,8 @@ def build(meta: dict, path) -> tuple[object, dict]:
     if kind == "gpt2":
         tok = _byte_level(tokens, types, meta, path)
     elif kind == "llama":
-        tok = _sentencepiece(tokens, types, meta, path)
+        tok = _sentencepiece(tokens, types, meta, path,
+                             gemma=meta.get("general.architecture") in GEMMA)
     else:
         raise WeightsError(f"{path}: tokenizer {shown(kind)} is not one tinygpt reads "
                            "(gpt2's byte-level BPE, llama's SentencePiece)")
@@ -159,13 +168,20 @@ def _vocab(tokens: list[str], path) -> dict[str, int]:
     return vocab
 
 
-def _sentencepiece(tokens: list[str], types: list[int], meta: dict, path):
+def _sentencepiece(tokens: list[str], types: list[int], meta: dict, path, gemma: bool = False):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     scores = meta.get("tokenizer.ggml.scores")
     if not isinstance(scores, list) or len(scores) != len(tokens):
         raise WeightsError(f"{path}: tokenizer.ggml.scores has {_count(scores)} entries for "
                            f"{len(tokens):,} tokens")
+    spaces = set()
+    if gemma:
+        taken = set(tokens)
+        spaces = {i for i, t in enumerate(tokens)
+                  if t and not t.strip(" ") and SPACE * len(t) not in taken}
+        tokens = [SPACE * len(t) if i in spaces else t for i, t in enumerate(tokens)]
+        scores = [-float(i) for i in range(len(tokens))]
     vocab = _vocab(tokens, path)
     unk = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk] if isinstance(unk, int) and 0 <= unk < len(tokens) else None
@@ -181,8 +197,10 @@ def _sentencepiece(tokens: list[str], types: list[int], meta: dict, path):
                                     + ([decoders.Strip(" ", 1, 0)] if prefix else []))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t, k in zip(tokens, types, strict=True) if k == CONTROL])
+    # a run of spaces is reached by the merges once the spaces are '▁', not matched whole
     tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t, k in zip(tokens, types, strict=True) if k == USER_DEFINED])
+                    for i, (t, k) in enumerate(zip(tokens, types, strict=True))
+                    if k == USER_DEFINED and i not in spaces])
     return tok
 
 

@@ -8,6 +8,10 @@ model.safetensors or a sharded model's index and shards. The hub's own settings 
 HF_HOME and HF_HUB_CACHE (where the cache is), HF_HUB_OFFLINE (the cache only, no network),
 HF_TOKEN or a stored `hf auth login` token (private and gated models). A local folder of the
 same name always wins; weights.resolve_folder is the one caller.
+
+`--weights ORG/NAME[@REVISION]/FILE.gguf` names one GGUF file of a repository (the path
+huggingface_hub's HfFileSystem gives it; FILE may lie in a subfolder): only that file is
+fetched (hf_hub_download), as a GGUF carries its config and tokenizer itself.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ FILES = ["config.json", "tokenizer.json", "model.safetensors", "model.safetensor
          # read when there: the end tokens, the tokenizer's named tokens, the chat template
          "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
          "chat_template.jinja"]
+# ORG/NAME[@REVISION]/PATH.gguf: a revision of one segment here (a branch, a tag, a commit)
+HUB_FILE = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})"
+                      r"(?:@(?P<revision>\w[\w.-]{0,199}))?"
+                      r"/(?P<file>(?:[\w.-]+/)*[\w.-]+\.gguf)", re.IGNORECASE)
 INSTALL = 'pip install "tinygpt-cli[hub]"'
 
 
@@ -40,6 +48,16 @@ def hub_id(name: str) -> tuple[str, str | None] | None:
     if m is None or ".." in name or "--" in m["repo"] or m["repo"].endswith((".", "-")):
         return None
     return m["repo"], m["revision"]
+
+
+def hub_file(name: str) -> tuple[str, str | None, str] | None:
+    """(ORG/NAME, REVISION or None, the file's path in the repository) when `name` names a
+    GGUF file of a hub repository, else None."""
+    m = HUB_FILE.fullmatch(name)
+    if m is None or ".." in name or "--" in m["repo"] or m["repo"].endswith((".", "-")) \
+            or any(part.startswith(".") for part in m["file"].split("/")):
+        return None
+    return m["repo"], m["revision"], m["file"]
 
 
 def offline() -> bool:
@@ -114,6 +132,57 @@ def _snapshot(name: str, repo: str, revision: str | None, cache: str, local_only
         raise WeightsError(f"the hub model {name} has no {missing}: tinygpt reads config.json, "
                            "tokenizer.json and safetensors weights")
     return folder
+
+
+def file(name: str, repo: str, revision: str | None, path: str) -> Path:
+    """The hub cache's copy of one file of `repo` at `revision` (default: main), fetched when
+    it is not cached and the hub may be reached: its path in the snapshot folder."""
+    try:
+        import huggingface_hub  # noqa: F401 - the extra's presence
+    except ImportError:
+        raise InputError(f"{name} is not a file here; to fetch {path} of {repo} from the "
+                         f"Hugging Face hub, install the hub extra: {INSTALL}") from None
+    return _file(name, repo, revision, path, str(cache_dir()), offline())
+
+
+@functools.lru_cache(maxsize=8)
+def _file(name: str, repo: str, revision: str | None, path: str, cache: str,
+          local_only: bool) -> Path:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub import utils as hub_utils
+
+    how = ("fetch it once with the hub reachable (HF_HUB_OFFLINE unset)" if local_only else
+           "check the network, or set HF_HUB_OFFLINE=1 to use the cache only")
+    try:
+        found = hf_hub_download(repo, path, revision=revision, cache_dir=cache,
+                                local_files_only=local_only, tqdm_class=_bar())
+    except (hub_utils.LocalEntryNotFoundError, hub_utils.OfflineModeIsEnabled):
+        why = " (HF_HUB_OFFLINE is set)" if local_only else ""
+        raise InputError(f"{name} is not a file here nor in the hub cache ({cache}), and "
+                         f"the hub was not reached{why}: {how}") from None
+    except hub_utils.RevisionNotFoundError:
+        raise InputError(f"the hub model {repo} has no revision {revision!r} (a branch, a tag "
+                         "or a commit)") from None
+    except hub_utils.GatedRepoError:
+        raise InputError(f"the hub model {repo} is gated: accept its terms on the hub, then "
+                         "log in (hf auth login) or set HF_TOKEN") from None
+    except hub_utils.RepositoryNotFoundError:
+        raise InputError(f"{name} is not a file here, and the Hugging Face hub has no model "
+                         f"{repo} (a private one needs a token: hf auth login, or HF_TOKEN)") \
+            from None
+    except hub_utils.EntryNotFoundError:
+        raise InputError(f"the hub model {repo} has no file {path}"
+                         + (f" at {revision}" if revision else "")) from None
+    except hub_utils.HfHubHTTPError as e:
+        raise WeightsError(f"cannot fetch {name} from the hub: {str(e).splitlines()[0]}") \
+            from None
+    except ValueError as e:  # the library's own check of the id (HFValidationError)
+        raise InputError(f"{name} is not a file here, and not a hub model's file "
+                         f"({str(e).splitlines()[0]})") from None
+    except OSError as e:
+        raise WeightsError(f"cannot fetch {name} into the hub cache {cache}: "
+                           f"{e.strerror or e}") from None
+    return Path(found)
 
 
 def missing_files(folder: Path) -> str | None:

@@ -231,8 +231,24 @@ class Bfloat16:
     def widen(self, out: np.ndarray | None = None, transposed: bool = False) -> np.ndarray:
         """The float32 numbers (transposed: of the matrix's transpose), written into `out`
         (a float32 array of that shape, a view into a larger one, say) or a new array."""
-        out = widen_bfloat16(self.bits.T if transposed else self.bits, out)
-        _let_go(self._buf, *self._span)
+        import numpy as np
+
+        from .pages import fresh_pages
+
+        bits, (begin, end) = self.bits, self._span
+        if out is None:
+            out = fresh_pages(bits.T.shape if transposed else bits.shape, np.float32)
+        # a large tensor (a 262,144-row embedding) a piece at a time, each piece's file pages
+        # let go of once widened: never the whole file mapped beside the whole float32 copy
+        rows = max(1, (64 << 20) // max(1, bits[:1].nbytes)) if bits.ndim > 1 else len(bits)
+        step = bits[:1].nbytes if bits.ndim > 1 else 0
+        for r in range(0, len(bits), rows):
+            part = slice(r, r + rows)
+            widen_bfloat16(bits[part].T if transposed else bits[part],
+                           out[..., part] if transposed else out[part])
+            if step:
+                _let_go(self._buf, begin + r * step, min(end, begin + (r + rows) * step))
+        _let_go(self._buf, begin, end)
         return out
 
     def finite(self) -> bool:

@@ -294,7 +294,8 @@ def resolve_folder(folder: str | Path | None) -> tuple[Path, bool]:
     """--weights DIR, then $TINYGPT_WEIGHTS, then the weights shipped with the package; and
     whether the user named it. An empty name is refused, never taken as the current folder.
     A name that is no folder here but a hub id (ORG/NAME[@REVISION]) is the hub cache's
-    snapshot of that model, fetched when needed (hub.py)."""
+    snapshot of that model, fetched when needed (hub.py); ORG/NAME[@REVISION]/FILE.gguf is
+    that one file of it."""
     if folder is not None:
         if str(folder) == "":
             raise InputError("--weights is empty: name a weights folder, or leave the option "
@@ -317,8 +318,11 @@ def _local_or_hub(name: str | Path) -> Path:
     shipped = _shipped_named(str(name))
     if shipped is not None:
         return shipped
-    from .hub import hub_id, snapshot
+    from .hub import file, hub_file, hub_id, snapshot
 
+    one = hub_file(str(name))
+    if one is not None:
+        return file(str(name), *one)
     found = hub_id(str(name))
     return path if found is None else snapshot(str(name), *found)
 
@@ -382,8 +386,9 @@ def _open_folder(folder: str | Path | None) -> Folder:
     header = checked_header(weights, config)
     tokenizer = read_tokenizer(root / "tokenizer.json", config)
     check_vocabulary(tokenizer, config, root)
-    tokenizer.set_affix()
     settings = read_side_json(root / "tokenizer_config.json")
+    tokenizer.as_its_class_reads(settings)
+    tokenizer.set_affix()
     generation = read_side_json(root / "generation_config.json") or {}
     if "eos_token_id" not in generation:  # transformers then takes the model config's
         generation = {"eos_token_id": (read_side_json(root / "config.json") or {}).get(

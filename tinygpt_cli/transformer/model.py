@@ -72,28 +72,91 @@ class Dropout:
 
 @dataclass
 class KVCache:
-    """Each block's keys and values for positions 0 .. length-1, in preallocated buffers.
+    """Each block's keys and values for the positions a next query can read, in buffers.
 
-    k[i], v[i]: [*batch, H_kv, n_ctx, d_k] (the keys already turned by their positions).
-    forward(..., cache=c, start=c.length) writes the new
-    positions' keys and values and attends over everything cached so far.
+    k[i], v[i]: [*batch, H_kv, rows, d_k] (the keys already turned by their positions); row r
+    holds position first[i] + r. A block that sees all keys keeps every position from 0 (one
+    preallocated buffer of n_ctx rows); a block with a sliding window of w keys (Gemma 3's,
+    GPT-Neo's local blocks) keeps only the w - 1 before the newest, in a buffer of 2 w rows
+    whose live rows move to its front when it is full, so its memory stays bounded however
+    long the text (held_bytes). forward(..., cache=c, start=c.length) writes the new
+    positions' keys and values and attends over what is kept (put).
     """
 
     k: list[np.ndarray]
     v: list[np.ndarray]
     length: int = 0
     decoder: Decoder | None = None  # decode_step's, made at its first step
+    windows: tuple[int, ...] = ()  # each block's window (0: all); () all
+    first: list[int] = field(default_factory=list)  # the position of each buffer's row 0
 
     @classmethod
     def empty(cls, config: Config, batch: tuple[int, ...] = (), dtype=np.float32) -> KVCache:
-        # One buffer, not zeroed: only positions below `length` are ever read, and each is
-        # written first; untouched, its pages are never made (pages.fresh_pages: the
-        # prompt's few positions at the start of every head's stretch would otherwise make
-        # nearly all of it, 2 MB at a time, before the first token).
-        buf = fresh_pages((config.n_layer, 2, *batch, config.kv_heads, config.n_positions,
-                           config.d_k), dtype)
-        return cls([buf[i, 0] for i in range(config.n_layer)],
-                   [buf[i, 1] for i in range(config.n_layer)])
+        # One buffer for the blocks that keep every position, not zeroed: only positions
+        # below `length` are ever read, and each is written first; untouched, its pages are
+        # never made (pages.fresh_pages: the prompt's few positions at the start of every
+        # head's stretch would otherwise make nearly all of it, 2 MB at a time, before the
+        # first token). A sliding block's is its own, of 2 w rows (smaller than the context).
+        n = config.n_positions
+        windows = tuple(w if 0 < w and 2 * w < n else 0
+                        for w in (config.window(i) for i in range(config.n_layer)))
+        full = [i for i, w in enumerate(windows) if not w]
+        buf = fresh_pages((len(full), 2, *batch, config.kv_heads, n, config.d_k), dtype)
+        k, v = [], []
+        for i, w in enumerate(windows):
+            if w:
+                pair = np.empty((2, *batch, config.kv_heads, 2 * w, config.d_k), dtype)
+            else:
+                pair = buf[full.index(i)]
+            k.append(pair[0])
+            v.append(pair[1])
+        return cls(k, v, windows=windows, first=[0] * config.n_layer)
+
+    def put(self, i: int, start: int, k: np.ndarray, v: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Block i's keys and values k, v [.., H_kv, T, d_k] of positions start .. end-1
+        written: (the keys and values the queries at those positions may read, the position
+        of the first). All from 0 for a block that sees all keys; from start - w + 1 for a
+        window of w, the rows the buffer keeps (and as many again for a prompt's pass)."""
+        end = start + k.shape[-2]
+        w = self.windows[i] if self.windows else 0
+        if not w:
+            self.k[i][..., start:end, :] = k
+            self.v[i][..., start:end, :] = v
+            return self.k[i][..., :end, :], self.v[i][..., :end, :], 0
+        lo = max(0, start - w + 1)  # the first key the first new query sees
+        base = self.first[i] if start else lo  # a pass from 0 begins afresh
+        if lo < base:
+            raise ValueError(f"block {i}'s cache holds positions from {base}, not {lo}")
+        rows = self.k[i].shape[-2]
+        if end - lo > rows or (rows > 2 * w and end - lo <= 2 * w):  # a prompt's pass, or
+            # the first step after one: a buffer of the size needed (2 w rows once it fits)
+            size = max(2 * w, end - lo)
+            for buf in (self.k, self.v):
+                old = buf[i]
+                buf[i] = np.empty((*old.shape[:-2], size, old.shape[-1]), old.dtype)
+                buf[i][..., :start - lo, :] = old[..., lo - base:start - base, :]
+            base = lo
+        elif end - base > rows:  # full: the live rows to the front
+            for buf in (self.k, self.v):
+                buf[i][..., :start - lo, :] = buf[i][..., lo - base:start - base, :].copy()
+            base = lo
+        self.first[i] = base
+        self.k[i][..., start - base:end - base, :] = k
+        self.v[i][..., start - base:end - base, :] = v
+        return (self.k[i][..., lo - base:end - base, :], self.v[i][..., lo - base:end - base, :],
+                lo)
+
+    def held_bytes(self) -> int:
+        """The bytes of keys and values the cache holds: every position so far of a block
+        that sees all keys (its buffer's pages are made as they are written), a sliding
+        block's whole buffer."""
+        total = 0
+        for i, k in enumerate(self.k):
+            w = self.windows[i] if self.windows else 0
+            rows = k.shape[-2] if w else self.length
+            total += 2 * k.itemsize * int(np.prod(k.shape[:-2])) * rows * k.shape[-1]
+        return total
 
 
 # ------------------------------------------------------------------ the forward pass, by card
@@ -257,11 +320,9 @@ def attention(params, config: Config, i: int, x: np.ndarray, hooks: Hook | None,
         q, k, v = hooks(L + "q", q), hooks(L + "k", k), hooks(L + "v", v)
         for name, a in (("q", q), ("k", k), ("v", v)):
             _heads(name, a, L, hooks, config.n_head)
-    if cache is not None:
-        end = start + x.shape[-2]
-        cache.k[i][..., start:end, :] = k
-        cache.v[i][..., start:end, :] = v
-        k, v = cache.k[i][..., :end, :], cache.v[i][..., :end, :]
+    if cache is not None:  # the keys from position `first` on: the queries' places counted
+        k, v, first = cache.put(i, start, k, v)  # from there (a sliding block keeps a window)
+        start -= first
     a = wiring.describe(config, i).attention
     k, v = ops.repeat_kv(k, a.groups), ops.repeat_kv(v, a.groups)
     scores = ops.attention_scores(q, k, start, a.scale, a.window)  # [H, T, S]
@@ -456,10 +517,11 @@ def block(params, config: Config, i: int, h: np.ndarray, hooks: Hook | None,
     return wiring.run(wiring.describe(config, i), ops_, hk(L + "resid_pre", h))
 
 
-def block_backward(g: Gradients, i: int, dh: np.ndarray) -> np.ndarray:
+def block_backward(g: Gradients, i: int, dh: np.ndarray, start: str | None = None
+                   ) -> np.ndarray:
     """Card 7 in reverse, wiring.run_backward over block i's steps: each residual sum sends
     its gradient both ways, into the branch (MLP, then attention, each through its norm) and
-    on down the stream."""
+    on down the stream. From d of the block's output, or of its value `start`."""
     L = f"layers.{i}."
 
     def undropped(s: Step, d: np.ndarray) -> np.ndarray:
@@ -469,14 +531,18 @@ def block_backward(g: Gradients, i: int, dh: np.ndarray) -> np.ndarray:
         g.keep(L + s.out, d)
         return (d,) * len(s.reads)
 
+    def normed(s: Step, d: np.ndarray) -> tuple:
+        d = undropped(s, d)
+        g.keep(L + s.out, d)  # a norm after a branch (Gemma 3's): TracIn reads its gain's
+        return (norm_backward(g, d, g.values[L + s.reads[0]], L + s.name),)
+
     ops_ = {
-        "norm": lambda s, d: (norm_backward(g, undropped(s, d), g.values[L + s.reads[0]],
-                                            L + s.name),),
+        "norm": normed,
         "attention": lambda s, d: (attention_backward(g, i, undropped(s, d)),),
         "mlp": lambda s, d: (feed_forward_backward(g, i, undropped(s, d)),),
         "add": add,
     }
-    dh = wiring.run_backward(wiring.describe(g.config, i), ops_, dh)
+    dh = wiring.run_backward(wiring.describe(g.config, i), ops_, dh, start)
     g.keep(L + "resid_pre", dh)
     return dh
 
@@ -814,11 +880,9 @@ class Decoder:
             k = ops.rms_norm(k, b["attn.k_norm.w"], eps)[0]
         if a.rotary:
             q, k = self._turned(q, start, a), self._turned(k, start, a)
-        end = start + 1
-        cache.k[i][..., start:end, :] = k
-        cache.v[i][..., start:end, :] = v
-        k = ops.repeat_kv(cache.k[i][..., :end, :], a.groups)
-        v = ops.repeat_kv(cache.v[i][..., :end, :], a.groups)
+        k, v, first = cache.put(i, start, k, v)  # a sliding block's: its window alone
+        end, start = start + 1 - first, start - first
+        k, v = ops.repeat_kv(k, a.groups), ops.repeat_kv(v, a.groups)
         scores = q @ k.swapaxes(-1, -2)  # [H, 1, end]: one query sees every key but ...
         scores *= (np.asarray(a.scale, q.dtype) if a.scale
                    else ops._inverse_sqrt(q.shape[-1], q.dtype))
@@ -1080,32 +1144,51 @@ def backward_from_part(params: dict[str, np.ndarray], config: Config,
                        values: dict[str, np.ndarray], layer: int, part: int | str,
                        d: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Gradients of a scalar of one part block `layer` writes to the stream (d scalar /
-    d part [T, d]): its MLP's output (part "mlp"), or head `part`'s z_h W_O[h] without the
-    shared bias b_O; for every parameter (zero above it) and every recorded value below it."""
+    d part [T, d]): its MLP's output (part "mlp"; Gemma 3: after the norm that follows it),
+    or head `part`'s z_h W_O[h] without the shared bias b_O (Gemma 3: divided by the rms of
+    the block's whole attention output and times the next norm's scale, as the heads' parts
+    of that norm's output); for every parameter (zero above it) and every recorded value
+    below it."""
     g = Gradients(params, config, values, None, wrt_values=True)
-    L = f"layers.{layer}."
-    if part == "mlp" and config.parallel:  # mlp(ln2(resid_pre)): the heads are beside it
-        dh = norm_backward(g, feed_forward_backward(g, layer, d), values[L + "resid_pre"],
-                           L + "ln2")
-    elif part == "mlp":  # mlp_out = mlp(ln2(resid_mid)): through the MLP, then the block's start
-        dx = feed_forward_backward(g, layer, d)
-        dh = norm_backward(g, dx, values[L + "resid_mid"], L + "ln2")
-        g.keep(L + "resid_mid", dh)
-        dx = attention_backward(g, layer, dh)
-        dh = dh + norm_backward(g, dx, values[L + "resid_pre"], L + "ln1")
+    L, b = f"layers.{layer}.", wiring.describe(config, layer)
+    post = {s.reads[0]: s for s in b.steps if s.op == "norm" and s.reads[0] in
+            ("attn_out", "mlp_out")}
+    if part == "mlp":  # back through the block's own steps from what the MLP adds
+        dh = block_backward(g, layer, d, start=post["mlp_out"].out if "mlp_out" in post
+                            else "mlp_out")
     else:  # head h writes z_h W_O[h]: its rows of W_O, and its z alone
         dk, p = config.d_k, f"layers.{layer}.attn.W_O"
         z = values[L + "z"]  # [H, T, d_k]
-        dz = np.zeros_like(z)
-        dz[part] = d @ head_out_matrix(params, config, layer)[part].T
+        w_o = head_out_matrix(params, config, layer)  # [H, d_k, d]
+        da, dz = d, np.zeros_like(z)
         g.grads[p] = np.zeros_like(params[p])
-        g.grads[p][part * dk:(part + 1) * dk] = z[part].T @ d
-        dh = norm_backward(g, heads_backward(g, layer, dz), values[L + "resid_pre"], L + "ln1")
+        if "attn_out" in post:  # the part a_h / rms(attn_out) * w: through a_h and the rms
+            name = L + post["attn_out"].name
+            da, dwhole, g.grads[name + ".w"] = _part_of_norm_backward(
+                d, z[part] @ w_o[part], values[L + "attn_out"], values[name + ".rms"],
+                params[name + ".w"])
+            g.keep(L + "attn_out", dwhole)  # W_O's product reads it (analysis.why_edge)
+            dzw, g.grads[p], db = ops.linear_backward(dwhole, ops.merge_heads(z), params[p])
+            dz += ops.split_heads(dzw, config.n_head)
+            g.bias(f"layers.{layer}.attn.b_O", db)
+        dz[part] += da @ w_o[part].T
+        g.grads[p][part * dk:(part + 1) * dk] += z[part].T @ da
+        dh = norm_backward(g, heads_backward(g, layer, dz), values[L + "resid_pre"],
+                           L + b.norm_of("attention"))
     g.keep(L + "resid_pre", dh)
     for i in reversed(range(layer)):
         dh = block_backward(g, i, dh)
     embed_backward(g, dh)
     return {n: g.grads.get(n, np.zeros_like(a)) for n, a in params.items()}, g.dv
+
+
+def _part_of_norm_backward(d: np.ndarray, a: np.ndarray, whole: np.ndarray, rms: np.ndarray,
+                           w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """a / rms(whole) * w in reverse, a a part of `whole`, rms = sqrt(mean(whole^2) + eps):
+    (d a, d whole through the rms alone, d w).  [T, d] ..., rms [T, 1]"""
+    wd = d * w
+    drms = -(a * wd).sum(axis=-1, keepdims=True) / (rms * rms)  # [T, 1]
+    return wd / rms, drms * whole / (whole.shape[-1] * rms), (a * d / rms).sum(axis=0)
 
 
 def loss_and_grads(params, config, ids, targets, *, dropout=0.0, rng=None):

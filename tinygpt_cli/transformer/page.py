@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .wiring import FAMILY_BLOCKS
+from .wiring import FAMILIES, handles
 
 # The blocks this analysis implements (wiring.require refuses others by name): the diagram and the
-# page's formulas draw the families' two wirings.
-HANDLES = FAMILY_BLOCKS
+# page's formulas draw the families' two wirings, and Gemma 3's norms after each branch.
+HANDLES = handles(step=FAMILIES["step"] + ("norm after attention", "norm after the MLP"))
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,11 @@ def cards_for(config) -> list[Card]:
                                                                       config.act)
     norm = "LayerNorm" if config.norm == "layer" else "RMSNorm"
     changed = {}
+    if config.embed_scale:
+        changed[2] = dict(formula=f"x_i = W_E[t_i] * {config.embed_scale:g}",
+                          detail="The table has {vocab:,} rows of {d} numbers, each row read "
+                                 f"times {config.embed_scale:g} (sqrt({{d}}) as the weights' "
+                                 "dtype rounds it). The text becomes {T} rows of {d}.")
     if config.rotary:
         changed[3] = dict(
             what="Nothing is added for the position: each head turns its queries and keys by "
@@ -90,8 +95,16 @@ def cards_for(config) -> list[Card]:
             formula="q_i, k_i turned by angle i * base^(-2j/r) in each pair j (rotary)",
             path="rotary_angles", command="tinygpt pos TEXT",
             detail=f"Rotary positions turn {config.rotary} of each head's {{d_k}} numbers, "
-                   f"base {config.rotary_base:g}; there is no table of positions.")
-    if config.norm == "rms" or config.parallel:
+                   f"{rotary_bases(config)}; there is no table of positions.")
+    if config.post_norms:
+        changed[4] = dict(
+            formula="x + Norm(Sublayer(Norm(x)))".replace("Norm", norm),
+            path="layers.0.ln1.out",
+            detail="Each token's {d} numbers are handled on their own. Four RMSNorms per "
+                   "block: before attention (ln1) and after it (ln1_post), before the "
+                   "feed-forward layer (ln2) and after it (ln2_post), each sublayer's output "
+                   "normed before it is added. Each multiplies by 1 + w (the file keeps w).")
+    elif config.norm == "rms" or config.parallel:
         changed[4] = dict(
             formula=("x + Attn(Norm(x)) + MLP(Norm(x))" if config.parallel
                      else "x + Sublayer(Norm(x))").replace("Norm", norm),
@@ -102,6 +115,11 @@ def cards_for(config) -> list[Card]:
                    + ("Attention and the feed-forward layer both read the block's input and "
                       "add to it at once." if config.parallel
                       else "The norm comes at the start of each step."))
+    if config.windows and any(config.windows):
+        changed[5] = dict(
+            formula="softmax(Q K^T * scale + M) V,  M_ij = -inf when j > i or j <= i - w",
+            detail="This model has {heads} heads with {d_k} numbers each. "
+                   + windows_said(config) + " Each row of a head's {T} by {T} grid sums to 1.")
     if config.mlp == "gated" or config.act != "gelu_new":
         gated, name = config.mlp == "gated", act.split(" ")[0]
         changed[6] = dict(
@@ -120,6 +138,56 @@ def cards_for(config) -> list[Card]:
                                "vocabulary token, with a table of its own.",
                           formula="z = u W_U^T")
     return [replace(c, **changed[c.number]) if c.number in changed else c for c in CARDS]
+
+
+def block_list(blocks: list[int]) -> str:
+    """Block numbers as runs, named: [0, 1, 2, 3, 4, 6, 7] -> "blocks 0-4, 6-7", [5] ->
+    "block 5"."""
+    runs: list[list[int]] = []
+    for b in blocks:
+        if runs and b == runs[-1][-1] + 1:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    said = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return ("block " if len(blocks) == 1 else "blocks ") + said
+
+
+def rotary_bases(config) -> str:
+    """The rotary base, or (Gemma 3) each base and the blocks that turn by it."""
+    bases = [config.rotary_base_of(i) for i in range(config.n_layer)]
+    if len(set(bases)) == 1:
+        return f"base {bases[0]:g}"
+    return "; ".join(f"base {b:g} in "
+                     + block_list([i for i, x in enumerate(bases) if x == b])
+                     for b in sorted(set(bases)))
+
+
+def bases_by_blocks(config) -> list[tuple[float, list[int]]]:
+    """Each rotary base and the blocks that turn by it, in block order (one for a family with
+    one base; Gemma 3: its sliding blocks' and its full blocks')."""
+    bases = [config.rotary_base_of(i) for i in range(config.n_layer)]
+    return [(b, [i for i, x in enumerate(bases) if x == b]) for b in dict.fromkeys(bases)]
+
+
+def angles_of_base(config, t: int, base: float):
+    """The angles position p turns pair i by at this base, as rotary_angles: [t, r / 2]."""
+    from .ops import rotary_frequencies
+
+    return rotary_frequencies(t, config.rotary, base, config.rope_scaling)
+
+
+def windows_said(config) -> str:
+    """Which blocks see a sliding window of the last w tokens and which see all of them."""
+    said = []
+    for w in sorted(set(config.windows), key=lambda w: (w == 0, w)):
+        blocks = [i for i, x in enumerate(config.windows) if x == w]
+        one = len(blocks) == 1
+        sees = ("sees" if one else "see") + (
+            f" every token before {'it' if one else 'them'}." if w == 0
+            else f" only the last {w} tokens (a sliding window).")
+        said.append(f"{block_list(blocks).capitalize()} {sees}")
+    return " ".join(said)
 
 
 # ------------------------------------------------------------------ the page of one text
@@ -159,21 +227,30 @@ def map_stages(r) -> list[tuple[str, str, str]]:
     kv = cfg.kv_heads
     qkv = (f"q, k, v {H} × {T} × {dk}" if kv == H
            else f"q {H} × {T} × {dk}, k, v {kv} × {T} × {dk}")
+    rms = " (RMSNorm, 1 + w)" if cfg.post_norms else " (RMSNorm)"
+    local = sorted({w for w in cfg.windows if w})
+    window = (f"; {sum(1 for w in cfg.windows if w)} of {cfg.n_layer} blocks see the last "
+              + " or ".join(map(str, local)) + " keys" if local else "")
+    adds = (("resid_mid = h + ln1_post(attn_out)  (RMSNorm after attention)",
+             "resid_post = resid_mid + ln2_post(mlp_out)  (RMSNorm after the MLP)")
+            if cfg.post_norms else ("resid_mid = h + attn_out",
+                                    "resid_post = resid_mid + mlp_out"))
     return [
         ("1 Inputs", "tokenizer.encode(text)", f"{T} ids"),
-        ("2 Embedding", "W_E[ids]", td),
+        ("2 Embedding", f"W_E[ids] * {cfg.embed_scale:g}" if cfg.embed_scale else "W_E[ids]",
+         td),
         ("3 Position", "+ W_P[0..T-1]" if not cfg.rotary
          else f"none added: q and k turned by position ({cfg.rotary} of {dk} each)", td),
-        ("4 Norm", "ln1" if cfg.norm == "layer" else "ln1 (RMSNorm)", td),
-        ("5 Masked attention", f"{H} heads: {qkv}; weights {H} × {T} × {T}", td),
-        ("4 Add", "resid_mid = h + attn_out" if not cfg.parallel
+        ("4 Norm", "ln1" if cfg.norm == "layer" else "ln1" + rms, td),
+        ("5 Masked attention", f"{H} heads: {qkv}; weights {H} × {T} × {T}{window}", td),
+        ("4 Add", adds[0] if not cfg.parallel
          else "none: attention and MLP both read resid_pre", td),
-        ("4 Norm", "ln2" if cfg.norm == "layer" else "ln2 (RMSNorm)", td),
+        ("4 Norm", "ln2" if cfg.norm == "layer" else "ln2" + rms, td),
         ("6 Feed forward", f"{td} → {T} × {ff} → GELU → {td}" if cfg.mlp == "gelu"
          and cfg.act == "gelu_new" else _ff_stage(cfg, td, T), td),
-        ("4 Add", "resid_post = resid_mid + mlp_out" if not cfg.parallel
+        ("4 Add", adds[1] if not cfg.parallel
          else "resid_post = resid_pre + attn_out + mlp_out", td),
-        ("8 Final norm", "ln_final" if cfg.norm == "layer" else "ln_final (RMSNorm)", td),
+        ("8 Final norm", "ln_final" if cfg.norm == "layer" else "ln_final" + rms, td),
         ("9 Linear", "u W_E^T" if cfg.tied else "u W_U", f"{T} × {V:,}"),
         ("10 Softmax", "probs[-1] = softmax(logits[-1])", f"{V:,}"),
         ("11 Output", "sample(probs[-1], rng)", "1 id"),

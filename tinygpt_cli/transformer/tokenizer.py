@@ -4,11 +4,9 @@ space, `<0xNN>` for a byte no piece holds); and the recipe that trains the first
 
 from __future__ import annotations
 
-import bisect
 import functools
 import json
 import re
-import unicodedata
 from collections.abc import Iterable
 from functools import cached_property
 from itertools import accumulate, pairwise
@@ -154,6 +152,8 @@ def special_name(value) -> str | None:
 
 def _named(ch: str) -> str:
     """A character as an error names it: U+0007, never the character itself."""
+    import unicodedata
+
     return f"U+{ord(ch):04X} {unicodedata.name(ch, '')}".rstrip() if ch.isprintable() else \
         f"U+{ord(ch):04X}, a control character"
 
@@ -193,18 +193,44 @@ def _cut(text: str, at: int) -> int:
     return m.start() if m else len(text)
 
 
-# A stretch with no such boundary (one long word, number, or run of symbols) is encoded in
+# A stretch with no such boundary (one long word, number, or run of symbols), and a text for a
+# SentencePiece-style tokenizer (whose BPE reads the whole text as one word), are encoded in
 # pieces of PIECE_MIN to PIECE_MAX characters, cut where the ids provably stay those of the
-# whole: the library's bookkeeping costs about 200 bytes a character of one encode call.
-# PIECE_MAX characters with no such cut are refused (the text, not its longest word, bounds
-# the memory).
+# whole: one encode call holds about 200 bytes a character of bookkeeping, and BPE on one word
+# more. PIECE_MAX characters with no such cut are refused (the text, not its longest word,
+# bounds the memory).
 PIECE_MIN, PIECE_MAX = 1 << 12, 1 << 16
 _PUNCT = frozenset("!\"#$%&()*+,-./:;<=>?@[\\]^_`{|}~")  # ASCII symbols but the apostrophe
 _ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 _DIGITS = frozenset("0123456789")
 
 
-def exact_cut(text: str, i: int, run: int, joinable, unicode_letters: bool) -> bool:
+def merge_sides(merges: Iterable[tuple[str, str]]) -> tuple[dict[str, frozenset[str]], int, int]:
+    """The merges as {left side: its right sides}, and the longest left and right side."""
+    found: dict[str, set[str]] = {}
+    for left, right in merges:
+        found.setdefault(left, set()).add(right)
+    sides = {left: frozenset(rights) for left, rights in found.items()}
+    return (sides, max(map(len, sides), default=0),
+            max((len(r) for rights in sides.values() for r in rights), default=0))
+
+
+def may_merge_across(left: str | bytes, right: str | bytes, sides: dict, longest_left: int,
+                     longest_right: int) -> bool:
+    """Whether some merge (a, b) has a a suffix of `left` and b a prefix of `right` (the
+    symbols BPE reads on either side of a place). When none has, no BPE step can ever join
+    a token ending there to one starting there: each side's merges are then those it makes
+    alone, in the same order (each is the lowest-ranked pair of the whole when it is made)."""
+    starts = {right[:k] for k in range(1, min(longest_right, len(right)) + 1)}
+    for k in range(1, min(longest_left, len(left)) + 1):
+        rights = sides.get(left[-k:])
+        if rights is not None and not rights.isdisjoint(starts):
+            return True
+    return False
+
+
+def exact_cut(text: str, i: int, run: int, crosses, unicode_letters: bool,
+              whole_words: int = 0) -> bool:
     """Whether `text` may be cut before character i (the run of one class it is in started
     at `run`) with the ids of the two parts, each encoded alone, those of the whole, for each
     pre-tokenizer _pre_tokenizer_kind accepts. Two kinds of cut:
@@ -216,9 +242,11 @@ def exact_cut(text: str, i: int, run: int, joinable, unicode_letters: bool) -> b
     - inside a run of letters (ASCII, or any when the text is not normalised) at least 3
       characters in (a contraction's letters are behind), or of ASCII digits a multiple of 3
       in (Llama 3 groups digits by 3 from the run's start), where no merge of the vocabulary
-      joins a token ending in the left byte to one starting with the right (`joinable`): the
+      joins the symbols before i to those after (`crosses(text, i)`, may_merge_across): the
       word's BPE then never merges across the cut, and each part's merges are those of the
-      whole, in the same order.
+      whole, in the same order. A tokenizer that emits a word found in its vocabulary whole
+      (ignore_merges) needs each part of the word longer than any token (`whole_words`
+      characters before and after i in the run).
     """
     a, b = text[i - 1], text[i]
     if a in _ALNUM and b in _PUNCT:
@@ -229,7 +257,11 @@ def exact_cut(text: str, i: int, run: int, joinable, unicode_letters: bool) -> b
     elif not (a.isalpha() and b.isalpha() and (unicode_letters or (a in _ALNUM and b in _ALNUM))
               and i - run >= 3):
         return False
-    return not joinable(a.encode("utf-8")[-1], b.encode("utf-8")[0])
+    if whole_words and (i - run < whole_words or i + whole_words > len(text)
+                        or any(_run_class(ch) != _run_class(b)
+                               for ch in text[i:i + whole_words])):
+        return False
+    return not crosses(text, i)
 
 
 def _run_class(ch: str) -> int:
@@ -239,47 +271,86 @@ def _run_class(ch: str) -> int:
 
 def added_spans(text: str, contents: Iterable[str]) -> list[tuple[int, int]]:
     """[start, end) of every occurrence of an added token's text (<|endoftext|>), which the
-    tokenizer matches before any word is split: no piece may cut one."""
-    spans = []
+    tokenizer matches before any word is split: no piece may cut one. One pass over the text
+    for the tokens' first characters, however many tokens (Gemma's thousands of <unusedN>),
+    each place then looked up by the tokens' lengths."""
+    found: dict[str, set[str]] = {}
     for content in contents:
-        at = text.find(content) if content else -1
-        while at >= 0:
-            spans.append((at, at + len(content)))
-            at = text.find(content, at + 1)
+        if content:
+            found.setdefault(content[0], set()).add(content)
+    if not found:
+        return []
+    lengths = {first: sorted({len(c) for c in group}) for first, group in found.items()}
+    spans = []
+    for m in re.finditer("[" + "".join(map(re.escape, found)) + "]", text):
+        at, first = m.start(), m.group()
+        spans += [(at, at + n) for n in lengths[first]
+                  if at + n <= len(text) and text[at:at + n] in found[first]]
     return sorted(spans)
 
 
-def exact_pieces(text: str, joinable, unicode_letters: bool, shortest: int = PIECE_MIN,
-                 longest: int = PIECE_MAX, protected: list[tuple[int, int]] = ()
-                 ) -> Iterable[tuple[int, int]]:
-    """(start, end) of pieces of `text` whose ids, each encoded alone, are the whole's: each
-    at least `shortest` characters (longer than any token, so that a tokenizer that emits a
-    whole word found in its vocabulary, ignore_merges, never does so for a piece) and cut at
-    the first exact_cut past that outside the `protected` spans (added_spans); ValueError(start)
-    for `longest` characters with none."""
-    def inside(i: int) -> bool:  # within a protected span, past its first character
-        k = bisect.bisect_left(protected, (i, i))  # the spans before k start before i
-        return any(a < i < b for a, b in protected[max(k - 4, 0):k])
+def blocked_by(spans: list[tuple[int, int]], before: int = 0, after: int = 0):
+    """blocked(i): whether a cut before character i falls inside one of the spans, or less
+    than `before` characters past one's end or `after` before its start."""
+    import bisect
 
+    merged: list[list[int]] = []
+    for a, b in sorted((a - after, b + before) for a, b in spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    starts = [a for a, _ in merged]
+
+    def blocked(i: int) -> bool:
+        k = bisect.bisect_left(starts, i) - 1  # the last span starting before i
+        return k >= 0 and i < merged[k][1]
+    return blocked
+
+
+def exact_pieces(text: str, allowed, shortest: int = PIECE_MIN, longest: int = PIECE_MAX,
+                 runs: bool = True) -> Iterable[tuple[int, int]]:
+    """(start, end) of pieces of `text`, each cut at the first place at least `shortest`
+    characters past its start (longer than any token, so that a tokenizer that emits a whole
+    word found in its vocabulary, ignore_merges, never does so for a piece) where
+    `allowed(i, run)` (exact_cut; `run`: where the run of one class holding i starts, None
+    without `runs`); the last piece may be shorter, or up to `longest` characters with no
+    such place in it; ValueError(start) for a piece of more than `longest` with none."""
     start, n = 0, len(text)
-    while n - start > longest:
-        run = start
-        cls = _run_class(text[start])
-        cut = None
-        for i in range(start + 1, start + longest + 1):
-            c = _run_class(text[i])
-            if c != cls or c == 2:
-                run, cls = i, c
-            if i - start >= shortest and exact_cut(text, i, run, joinable, unicode_letters) \
-                    and not (protected and inside(i)):
-                cut = i
-                break
+    while n - start > shortest:
+        cut, end = None, min(start + longest, n - 1)
+        if runs:
+            run = start
+            cls = _run_class(text[start])
+            for i in range(start + 1, end + 1):
+                c = _run_class(text[i])
+                if c != cls or c == 2:
+                    run, cls = i, c
+                if i - start >= shortest and allowed(i, run):
+                    cut = i
+                    break
+        else:
+            cut = next((i for i in range(start + shortest, end + 1) if allowed(i, None)), None)
+        if cut is None and n - start <= longest:
+            break
         if cut is None:
             raise ValueError(start)
         yield start, cut
         start = cut
     if start < n:
         yield start, n
+
+
+def _with_spaces_around(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Each span widened over the white space on either side of it."""
+    out = []
+    for a, b in spans:
+        while a > 0 and text[a - 1].isspace():
+            a -= 1
+        while b < len(text) and text[b].isspace():
+            b += 1
+        out.append((a, b))
+    return out
 
 
 # Fewer ids than this are measured one by one in byte_starts (the table of every token's
@@ -469,6 +540,16 @@ class Tokenizer:
         """The text's tokens, without the special tokens the folder's tokenizer puts around a
         text (text_ids adds them); InputError for a byte the vocabulary has no token for."""
         self.check_bytes(text)
+        if len(text) > CHUNK and self.byte_fallback:
+            if self._merge_index is not None:
+                return self._encode_sentencepiece(text)
+            if len(text) > PIECE_MAX:  # read as one word: about 200 bytes a character held
+
+                raise InputError(
+                    f"the text is {len(text):,} characters long, and this tokenizer's BPE "
+                    "(byte fallback with dropout, ignore_merges or a word prefix or suffix) "
+                    "reads a text as one word, which cannot be encoded in pieces exactly: "
+                    f"give it at most {PIECE_MAX:,} characters")
         if len(text) > CHUNK and not self.byte_fallback:  # byte-level words never span a cut
             return self._encode_long(text)
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -479,6 +560,23 @@ class Tokenizer:
         transformers' tokenizer(text) does: Gemma's <bos>, Llama 2's <s>."""
         before, after = self.affix
         return [*before, *self.encode(text), *after]
+
+    def as_its_class_reads(self, settings: dict | None) -> None:
+        """The spaces as transformers 5's class for the folder (tokenizer_config.json's
+        tokenizer_class) writes them: its LlamaTokenizer keeps tokenizer.json's vocabulary
+        and merges but not its normaliser or pre-tokeniser, writing each space as `▁` with
+        a `▁` put before every piece of text between special tokens (`legacy: true`, Llama
+        2's own files) or before the text's first only, never doubled (Llama 2's normaliser
+        Prepend would put a second before " leading space")."""
+        cls = (settings or {}).get("tokenizer_class")
+        if cls not in ("LlamaTokenizer", "LlamaTokenizerFast") or not self.byte_fallback:
+            return
+        legacy = (settings or {}).get("legacy") is True
+        prefix = (settings or {}).get("add_prefix_space") is not False
+        scheme = ("always" if legacy else "first") if prefix else "never"
+        self._tok.normalizer = None
+        self._tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE,
+                                                           prepend_scheme=scheme, split=False)
 
     def set_affix(self) -> None:
         """The tokens around a text (affix), as transformers 5 puts them: tokenizer.json's
@@ -539,45 +637,153 @@ class Tokenizer:
 
         stretch = text[start:end]
         shortest = max(PIECE_MIN, self.longest_token_bytes + 1)
+        longest = max(PIECE_MAX, 4 * shortest)
+        whole_words = self.longest_token_bytes + 1 if self._option("ignore_merges") else 0
+        unicode_letters = self._tok.normalizer is None
+        blocked = blocked_by(added_spans(stretch, self.special_tokens))
+
+        def allowed(i: int, run: int) -> bool:
+            return exact_cut(stretch, i, run, self._crosses, unicode_letters, whole_words) \
+                and not blocked(i)
         out: list[int] = []
         try:
-            for a, b in exact_pieces(stretch, self._joinable, self._tok.normalizer is None,
-                                     shortest, max(PIECE_MAX, 4 * shortest),
-                                     added_spans(stretch, self.special_tokens)):
+            for a, b in exact_pieces(stretch, allowed, shortest, longest):
                 out += self._tok.encode(stretch[a:b], add_special_tokens=False).ids
         except ValueError as e:
-            at = start + e.args[0]
-            raise InputError(f"the text has more than {max(PIECE_MAX, 4 * shortest):,} "
-                             f"characters from character {at:,} that cannot be encoded in "
-                             "pieces exactly (one word, number or run of symbols, which "
-                             "byte-level BPE may merge across anywhere): give shorter runs "
-                             "of one kind of character") from None
+            raise InputError(self._no_cut(longest, start + e.args[0])) from None
         return out
 
+    @staticmethod
+    def _no_cut(longest: int, at: int) -> str:
+        return (f"the text has more than {longest:,} characters from character {at:,} that "
+                "cannot be encoded in pieces exactly (one word, number or run of symbols, "
+                "which BPE may merge across anywhere): give shorter runs of one kind of "
+                "character")
+
+    def _encode_sentencepiece(self, text: str) -> list[int]:
+        """A long text for a SentencePiece-style tokenizer, whose BPE reads the whole text as
+        one word (quadratic-ish memory and time), in pieces cut where no merge can join the
+        symbols on either side (_crosses), each encoded after the `overlap` characters before
+        it, whose own ids are then dropped: those characters take the space the tokenizer
+        puts before a text (Llama 2's ▁), so the piece's own characters are read as inside
+        the whole. No cut within `overlap` characters after an added token's text (a new
+        section of text, which gets that space again) or next to one (whose lstrip/rstrip
+        may take the spaces around it). InputError for PIECE_MAX characters with no cut."""
+
+        allowed, overlap = self.sentencepiece_cuts(text)
+        shortest = max(PIECE_MIN, self.longest_token_bytes + 1, overlap + 1)
+        longest = max(PIECE_MAX, 4 * shortest)
+        out: list[int] = []
+        try:
+            for a, b in exact_pieces(text, lambda i, _: allowed(i), shortest, longest,
+                                     runs=False):
+                out += self.piece_ids(text, a, b, overlap)
+        except ValueError as e:
+            raise InputError(self._no_cut(longest, e.args[0])) from None
+        return out
+
+    def sentencepiece_cuts(self, text: str):
+        """(allowed(i): whether _encode_sentencepiece may cut `text` before character i,
+        the overlap its pieces are read after), for a tokenizer whose _merge_index is known."""
+        _, longest_left, _ = self._merge_index
+        overlap = longest_left + 1  # more symbols than any merge's left side
+        contents = [c for s in self.special_tokens for c in {s, s.replace(SPACE, " ")}]
+        blocked = blocked_by(_with_spaces_around(text, added_spans(text, contents)),
+                             before=overlap + 1, after=1)
+        return (lambda i: i >= overlap and not blocked(i) and not self._crosses(text, i)), \
+            overlap
+
+    def piece_ids(self, text: str, a: int, b: int, overlap: int) -> list[int]:
+        """The ids of text[a:b] as part of the whole (for a SentencePiece-style tokenizer, at
+        places _encode_sentencepiece may cut): text[a - overlap:b]'s, past those of text[a -
+        overlap:a] alone."""
+        if a == 0:
+            return self._tok.encode(text[:b], add_special_tokens=False).ids
+        lead = self._tok.encode(text[a - overlap:a], add_special_tokens=False).ids
+        return self._tok.encode(text[a - overlap:b], add_special_tokens=False).ids[len(lead):]
+
+    def _option(self, name: str):
+        """One of the BPE model's options (ignore_merges, dropout...), None when unset."""
+        return getattr(self._tok.model, name, None)
+
     @cached_property
-    def _joinable(self):
-        """joinable(x, y): whether some merge of the vocabulary joins a token ending in byte x
-        to one starting with byte y (a character outside the byte alphabet: any byte)."""
+    def _merge_index(self) -> tuple[dict, int, int] | None:
+        """merge_sides of the vocabulary, in the symbols its BPE reads: the text's bytes (a
+        byte-level BPE; a merge with a character outside the byte alphabet never applies), or
+        its characters with spaces as ▁ and any character outside the vocabulary as its
+        <0xNN> tokens (SentencePiece-style). None when BPE reads anything else (a prefix on
+        a word's later symbols, a suffix on its last, dropout, a SentencePiece-style
+        vocabulary that emits a word found whole, ignore_merges): no cut is made there."""
+        if self._option("continuing_subword_prefix") or self._option("end_of_word_suffix") \
+                or self._option("dropout") or (self.byte_fallback
+                                               and self._option("ignore_merges")):
+            return None
+        merges = _id_rules(self._tok)["merges"]
+        if self.byte_fallback:
+            return merge_sides(merges)
+        of = self._byte_of
+        return merge_sides((bytes(of[c] for c in x), bytes(of[c] for c in y))
+                           for x, y in merges if all(c in of for c in x + y))
 
-        import numpy as np
+    def _crosses(self, text: str, i: int) -> bool:
+        """Whether BPE might merge across the place before character i (may_merge_across
+        on the symbols around it; True where it cannot tell)."""
+        index = self._merge_index
+        if index is None:
+            return True
+        sides, longest_left, longest_right = index
+        left = self._symbols(text, i, longest_left, before=True)
+        right = self._symbols(text, i, longest_right, before=False)
+        if left is None or right is None:
+            return True
+        return may_merge_across(left, right, sides, longest_left, longest_right)
 
-        table = np.zeros((256, 256), dtype=bool)
-        merges = json.loads(self._tok.to_str()).get("model", {}).get("merges") or []
-        for m in merges:
-            left, right = m.split(" ", 1) if isinstance(m, str) else m
-            x = self._byte_of.get(left[-1]) if left else None
-            y = self._byte_of.get(right[0]) if right else None
-            table[slice(None) if x is None else x, slice(None) if y is None else y] = True
-        return lambda x, y: bool(table[x, y])
+    def _symbols(self, text: str, i: int, n: int, before: bool) -> str | bytes | None:
+        """What BPE reads of the text, inside the whole, in (at least) the n symbols before
+        or after place i (each character is one symbol or more); None where the tokenizer's
+        NFC normaliser might read them otherwise."""
+        a, b = (max(i - n, 0), i) if before else (i, min(i + n, len(text)))
+        if self.byte_fallback:  # spaces as ▁, characters outside the vocabulary as bytes
+            known = self._known_chars
+            return "".join(ch if ch in known else
+                           "".join(f"<0x{x:02X}>" for x in ch.encode("utf-8", "surrogatepass"))
+                           for ch in text[a:b].replace(" ", SPACE))
+        if self._tok.normalizer is None:
+            return text[a:b].encode("utf-8", "surrogatepass")
+        # NFC. Cuts are looked for before an ASCII character only, which composes with
+        # nothing before it: NFC(x + y) is NFC(x) + NFC(y) there. The far edge is moved to
+        # such a place too, from three times as far (NFC may shrink bytes that much: 3 jamo
+        # to one Hangul syllable), within 64 more characters
+        import unicodedata
+
+        end = len(text)
+        if before:
+            a, limit = max(i - 3 * n, 0), max(i - 3 * n - 64, 0)
+            while a > limit and not text[a].isascii():
+                a -= 1
+            ok = a == 0 or text[a].isascii()
+        else:
+            b, limit = min(i + 3 * n, end), min(i + 3 * n + 64, end)
+            while b < limit and not text[b].isascii():
+                b += 1
+            ok = b == end or text[b].isascii()
+        found = unicodedata.normalize("NFC", text[a:b]).encode("utf-8", "surrogatepass")
+        return found if ok and (len(found) >= n or a == 0 or b == end) else None
+
+    @cached_property
+    def _known_chars(self) -> frozenset[str]:
+        """The characters a SentencePiece-style vocabulary has a token for (any other is
+        spelt by its bytes' <0xNN> tokens)."""
+        return frozenset(t for t in self._tok.get_vocab(with_added_tokens=False)
+                         if len(t) == 1)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         for text in texts:
             self.check_bytes(text)
-        # a long one in pieces, as encode does (not a byte-fallback one: encode takes it whole)
-        whole = [t for t in texts if len(t) <= CHUNK or self.byte_fallback]
+        # a long one in pieces, as encode does
+        whole = [t for t in texts if len(t) <= CHUNK]
         found = iter(e.ids for e in self._tok.encode_batch(whole, add_special_tokens=False))
-        return [next(found) if len(t) <= CHUNK or self.byte_fallback else self.encode(t)
-                for t in texts]
+        return [next(found) if len(t) <= CHUNK else self.encode(t) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
