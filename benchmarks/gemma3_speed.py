@@ -62,7 +62,8 @@ def rows(runs: int, folder: Path, hf) -> list:
     import torch
 
     from tinygpt_cli.storage.weights import load_model
-    from tinygpt_cli.transformer.model import forward, run_traced
+    from tinygpt_cli.transformer.model import forward
+    from tinygpt_cli.transformer.trace import run_traced
 
     Row = bench.Row
     ours = load_model(folder)

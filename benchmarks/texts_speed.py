@@ -100,7 +100,7 @@ def time_torch(file: Path, stride: int | None, threads: int) -> tuple[float, dic
     import torch
 
     from tinygpt_cli.analysis.score import windows
-    from tinygpt_cli.jobs.train.data import read_stories
+    from tinygpt_cli.storage.corpus import read_stories
     from tinygpt_cli.storage.weights import load_model
 
     torch.set_num_threads(threads)

@@ -87,7 +87,7 @@ def numpy_trainer(config, args, stream, seed: int):
     """One NumPy training step per call -> (seconds, loss)."""
     import numpy as np
 
-    from tinygpt_cli.jobs.train.data import random_windows
+    from tinygpt_cli.storage.corpus import random_windows
     from tinygpt_cli.transformer.model import init_params, loss_and_grads
     from tinygpt_cli.transformer.optim import AdamW, clip_by_global_norm
 
@@ -178,7 +178,7 @@ def torch_trainer(config, args, stream, seed: int):
     import torch
     import torch.nn.functional as F
 
-    from tinygpt_cli.jobs.train.data import random_windows
+    from tinygpt_cli.storage.corpus import random_windows
     from tinygpt_cli.transformer.optim import decays
 
     torch.set_num_threads(args.threads)

@@ -237,3 +237,41 @@ def test_the_review_page_says_what_each_family_computes(cli):
     assert llama[8]["formula"] == "u = RMSNorm(h^(L))" and neox[8]["formula"] == \
         "u = LayerNorm(h^(L))"
     assert neox[9]["formula"] == "z = u W_U^T" and llama[9]["formula"] == "z = u W_E^T"
+
+
+def test_every_converter_provides_the_whole_family_protocol():
+    from types import SimpleNamespace
+
+    from tinygpt_cli.transformer.families import missing
+
+    for model_type in KNOWN:
+        fam = family(model_type)
+        assert missing(fam) == [], model_type
+        assert fam.MODEL_TYPE in KNOWN and isinstance(fam.PLACES_BFLOAT16, bool)
+    # a converter without its label (as messages name the family) is caught
+    partial = SimpleNamespace(**{n: getattr(gpt2, n) for n in dir(gpt2) if n != "LABEL"})
+    assert missing(partial) == ["LABEL"]
+
+
+def test_a_loaded_model_carries_its_family(tiny_folder):
+    from tinygpt_cli.storage.weights import load_model
+
+    model = load_model(tiny_folder.folder)
+    assert model.family is gpt2 and model.family.LABEL == "GPT-2"
+
+
+def test_the_config_says_whether_the_head_is_tied_not_the_parameters_present():
+    from dataclasses import replace
+
+    from tinygpt_cli.transformer import model
+
+    config = Config(n_embd=12, n_layer=1, n_head=2, n_inner=20, vocab_size=23, n_positions=8)
+    params = random_params(config, seed=4)
+    ids = np.array([1, 5, 7])
+    u = model.record(params, config, ids, ["ln_final.out"])[1]["ln_final.out"]
+    stray = dict(params, **{"unembed.W_U": -params["embed.W_E"]})  # read by an untied head only
+    np.testing.assert_allclose(model.forward(stray, config, ids), u @ params["embed.W_E"].T,
+                               rtol=1e-12)
+    untied = replace(config, tied=False)
+    np.testing.assert_allclose(model.forward(stray, untied, ids), -u @ params["embed.W_E"].T,
+                               rtol=1e-12)

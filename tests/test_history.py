@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from tinygpt_cli.analysis import heads, why
 from tinygpt_cli.analysis import history as hist
-from tinygpt_cli.jobs.train.data import read_stories
 from tinygpt_cli.jobs.train.loop import HISTORY, Settings, snapshot_steps, train
+from tinygpt_cli.storage.corpus import read_stories
 from tinygpt_cli.storage.weights import load_model, load_params
 from tinygpt_cli.transformer import ops
 from tinygpt_cli.transformer.config import Config

@@ -1,6 +1,6 @@
 """Hostile input, folders and runs: every case ends with exit 2 (bad input) or 1 (a broken
 weights or run folder, a failed write), nothing on stdout, exactly one `error:` line on stderr
-and no traceback -- and never the `{type}: {message}` catch-all of `exits.failed`, which is
+and no traceback -- and never the `{type}: {message}` catch-all of `entry.failed`, which is
 kept for bugs. A planted symlink in a run folder never redirects a write.
 
 The table runs in-process on tiny models; two cases run a real process with raw bytes in argv
@@ -254,7 +254,7 @@ def tokenizer_out(ctx: Ctx) -> None:
 def run_tokenizer_of(size: int):
     """A fresh OUT holding only a tokenizer of another size than asked."""
     def setup(ctx: Ctx) -> None:
-        from tinygpt_cli.jobs.train.data import read_stories
+        from tinygpt_cli.storage.corpus import read_stories
         from tinygpt_cli.transformer.tokenizer import save_tokenizer, train_tokenizer
 
         (ctx.tmp / "fresh").mkdir()

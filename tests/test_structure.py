@@ -388,6 +388,120 @@ def test_a_planted_import_up_or_across_the_floors_is_caught(package_copy, plante
     assert found == ({f"{module} -> {imported} (climbs)"} if imported else set())
 
 
+# ------------------------------------------------------------------ dependencies you can see
+
+# Imports sit at the top of each module. Inside a function only: in cli/ (start-up: a command
+# line imports the module of its own command alone), an optional extra (a clean install lacks
+# it), and these few elsewhere, each keeping NumPy, Rich, OpenSSL or an extra's reader out of
+# a start-up that does not need it (`tinygpt --help`, `encode` without NumPy, `attn` without
+# Rich): at most INSIDE_FUNCTIONS in all (53 when it was set).
+EXTRAS = {"dask", "distributed", "mcp", "mcp_types", "anyio", "huggingface_hub", "resvg",
+          "resvg_py", "torch", "gguf", "jinja2"}
+INSIDE_FUNCTIONS = 60
+
+
+def _inner(node, inside: bool, found: list[str]) -> list[str]:
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            continue
+        if inside and isinstance(child, ast.Import | ast.ImportFrom):
+            names = [a.name for a in child.names] if isinstance(child, ast.Import) \
+                else [child.module or ""]
+            if getattr(child, "level", 0) or any(n.split(".")[0] not in EXTRAS for n in names):
+                found.append(f"{child.lineno}: {ast.unparse(child)}")
+        _inner(child, inside or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef), found)
+    return found
+
+
+def inner_imports(root: Path) -> dict[str, list[str]]:
+    """module -> the import statements inside its functions (each once, however deeply
+    nested), outside cli/ and TYPE_CHECKING blocks, but those of optional extras alone."""
+    out: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(root, path)
+        if module == f"{root.name}.cli" or module.startswith(f"{root.name}.cli."):
+            continue
+        found = _inner(ast.parse(path.read_text(encoding="utf-8")), False, [])
+        if found:
+            out[module] = found
+    return out
+
+
+def cycles(root: Path) -> list[list[str]]:
+    """The import cycles of the package at `root`, imports inside functions counted: each
+    strongly connected group of two modules or more, sorted (Tarjan's algorithm). A module's
+    own packages are left out of what it imports (Python runs them first anyway)."""
+    paths = {_module_name(root, p): p for p in root.rglob("*.py")}
+    graph = {m: sorted(n for n in _imported(root, p, set(paths))
+                       if n != m and not m.startswith(n + ".")) for m, p in paths.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(groups)
+
+
+def test_no_import_cycle():
+    assert cycles(PACKAGE) == []
+
+
+def test_imports_sit_at_the_top():
+    found = inner_imports(PACKAGE)
+    total = sum(map(len, found.values()))
+    assert total <= INSIDE_FUNCTIONS, {m: len(v) for m, v in found.items()}
+
+
+def test_a_planted_cycle_and_import_inside_a_function_are_caught(package_copy):
+    assert cycles(package_copy) == []
+    before = inner_imports(package_copy)
+    ops = package_copy / "transformer" / "ops.py"
+    text = ops.read_text(encoding="utf-8")
+    ops.write_text(text + "\n\ndef _f():\n    import dask\n    from . import model\n"
+                   "    return model, dask\n", encoding="utf-8")
+    try:
+        assert ["tinygpt_cli.transformer.model", "tinygpt_cli.transformer.ops"] in \
+            [[m for m in g if m.endswith((".model", ".ops"))] for g in cycles(package_copy)]
+        after = inner_imports(package_copy)
+        added = after["tinygpt_cli.transformer.ops"][len(before.get(
+            "tinygpt_cli.transformer.ops", [])):]
+        assert [a.split(": ", 1)[1] for a in added] == ["from . import model"]  # not dask
+    finally:
+        ops.write_text(text, encoding="utf-8")
+    app = package_copy / "cli" / "app.py"
+    text = app.read_text(encoding="utf-8")
+    app.write_text(text + "\n\ndef _g():\n    import json\n    return json\n", encoding="utf-8")
+    try:
+        assert inner_imports(package_copy) == before  # cli/ may: start-up
+    finally:
+        app.write_text(text, encoding="utf-8")
+
+
 # ------------------------------------------------------------------ one exit
 
 # generate writes its tokens as they are made (and --json a line each): a stream, not one

@@ -52,7 +52,7 @@ def test_windows_score_every_target_once_within_the_context(n, context, data):
 
 
 def test_full_only_windows_are_the_training_codes_eval_windows():
-    from tinygpt_cli.jobs.train.data import eval_windows
+    from tinygpt_cli.storage.corpus import eval_windows
 
     stream = np.arange(1000) % 97
     x, y = eval_windows(stream, 128)
@@ -159,8 +159,8 @@ def test_score_stream_reproduces_the_training_codes_validation_loss(capsys, monk
     from cli_helpers import Runner, clean_env
 
     from tinygpt_cli.jobs.train.card import bits_per_byte
-    from tinygpt_cli.jobs.train.data import encode_stories, read_stories
     from tinygpt_cli.jobs.train.loop import evaluate
+    from tinygpt_cli.storage.corpus import encode_stories, read_stories
 
     clean_env(monkeypatch)
     part = DATA / "part-005.txt"
@@ -317,7 +317,7 @@ def test_neuron_examples_are_the_corpus_maxima_and_are_cached(cli, tiny, tmp_pat
             "--json")
     doc = cli(*args).json()
     # brute force: every window's activations of that neuron
-    from tinygpt_cli.jobs.train.data import encode_stories, eval_windows, read_stories
+    from tinygpt_cli.storage.corpus import encode_stories, eval_windows, read_stories
 
     stream = encode_stories(read_stories([tmp_path / "data" / "part-000.txt"]),
                             tiny.model.tokenizer)

@@ -105,7 +105,7 @@ def test_byte_starts_are_where_each_token_starts_in_the_utf8_bytes(tok, repeat):
 
 @pytest.mark.skipif(not (STORIES / "part-004.txt").is_file(), reason="no TinyStories data")
 def test_retraining_reproduces_the_shipped_vocabulary(tok):
-    from tinygpt_cli.jobs.train.data import read_stories
+    from tinygpt_cli.storage.corpus import read_stories
 
     files = [STORIES / f"part-{i:03d}.txt" for i in range(5)]
     retrained = train_tokenizer(read_stories(files))

@@ -22,14 +22,14 @@ import pytest
 from cli_helpers import assert_one_error_line
 
 from tinygpt_cli.errors import InputError
-from tinygpt_cli.jobs.train.data import (
+from tinygpt_cli.jobs.train.loop import CHECKPOINT, LOG, Settings, evaluate, train
+from tinygpt_cli.storage.corpus import (
     encode_stories,
     eval_windows,
     random_windows,
     read_stories,
     split_data,
 )
-from tinygpt_cli.jobs.train.loop import CHECKPOINT, LOG, Settings, evaluate, train
 from tinygpt_cli.storage.weights import load_params
 from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.families import load_config

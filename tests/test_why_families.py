@@ -115,8 +115,8 @@ def trained(request, tmp_path_factory):
 
     from test_history import FACT, STORIES, VAL, write_stories
 
-    from tinygpt_cli.jobs.train.data import read_stories
     from tinygpt_cli.jobs.train.loop import Settings, arch_config, train
+    from tinygpt_cli.storage.corpus import read_stories
     from tinygpt_cli.transformer.tokenizer import save_tokenizer, train_tokenizer
 
     root = tmp_path_factory.mktemp(request.param)

@@ -8,6 +8,8 @@ WeightsError: a weights or run folder that cannot be used, or a file that cannot
 
 from __future__ import annotations
 
+import os
+
 
 class InputError(ValueError):
     """Bad usage or input: the message says what was wrong and what is allowed. Exit 2."""
@@ -42,7 +44,6 @@ def check_utf8(text: str, what: str) -> str:
         return text
     except UnicodeEncodeError:
         pass
-    import os
 
     try:
         return os.fsencode(text).decode("utf-8")

@@ -21,10 +21,13 @@ import numpy as np
 from ..errors import InputError
 from ..transformer import ops
 from ..transformer.config import Config
+from ..transformer.hooks import Chain, ablation
 from ..transformer.model import record
-from ..transformer.schema import head_name, mlp_name, with_old_keys
+from ..transformer.schema import head_name, mlp_name, resolve, with_old_keys
 from ..transformer.wiring import FORWARD
 from ..words import count
+from .question import ask
+from .sae import latent_ablation
 from .variants import Edit, run_variants, set_all, widen
 
 # The blocks this analysis implements (wiring.require refuses others by name): a value changed,
@@ -143,7 +146,6 @@ def ablation_report(session, components: list[str], edit: Mapping[str, Edit], po
                     target: str | None, top: int, *, mode: str, every: bool) -> AblationReport:
     """Take out each component in its own run (`position` checked already) and compare the
     next-token distribution at `position` with the unchanged run's."""
-    from .question import ask
 
     q = ask(session, session.run()[position], position, target, None)
     before, found = ablate(session.params, session.config, session.ids,
@@ -214,14 +216,11 @@ def zeroing(model, paths: list[str], saes: tuple = ()):
     of the --sae `saes` given, else the weights folder's)."""
     if not paths:
         return [], None
-    from ..transformer.hooks import Chain, ablation
-    from ..transformer.schema import resolve
 
     latents = [p for p in paths if p.startswith("sae.")]
     values = [p for p in paths if p not in latents]
     hooks = None
     if latents:
-        from .sae import latent_ablation
 
         hooks = latent_ablation(model.weights_file, model.config, latents, tuple(saes))
     zeroed = ablation(values, model.config) if values else None  # checks each path first

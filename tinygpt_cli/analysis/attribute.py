@@ -27,6 +27,7 @@ from ..transformer.model import backward, cut_head, record, token_embeddings_of
 from ..transformer.wiring import FORWARD
 from ..words import count
 from .dla import steering
+from .question import ask
 
 # The blocks this analysis implements (wiring.require refuses others by name): the model's own
 # backward to the embeddings.
@@ -49,7 +50,7 @@ def gradients(params, config: Config, ids: Sequence[int], position: int, target:
     """
     x = token_embeddings_of(params, config, ids) if token_embeddings is None else token_embeddings
     rows = [target] + ([vs] if vs is not None else [])
-    head = cut_head(params, rows)
+    head = cut_head(params, config, rows)
     zeros = np.zeros(x.shape[:-1], dtype=np.int64)
     fns = {"token_embeddings": lambda _: x}
     if steer is not None:
@@ -183,7 +184,6 @@ def attribution_report(session, position: int, target: str | None, vs: str | Non
                        method: str, steps: int, baseline: str | None) -> AttributionReport:
     """`method`'s scores for the prediction at `position`; integrated gradients start from
     the token embeddings of the `baseline` text (same token count) or from zeros."""
-    from .question import ask
 
     p = session.position(position)
     q = ask(session, session.run()[p], p, target, vs)

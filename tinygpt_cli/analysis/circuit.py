@@ -226,7 +226,7 @@ def metric_gradients(params, config: Config, embeddings: np.ndarray, target: int
     """Receiver gradients of the metric at runs whose embeddings are `embeddings` [B, T, d],
     averaged over the B runs: [R, T, d]. The head is cut to the rows of target and vs (the
     embeddings come in through a hook, so the table is not needed as an embedding)."""
-    head = cut_head(params, [target, vs])
+    head = cut_head(params, config, [target, vs])
     rec = Record()
     logits = forward(head, config, np.zeros(embeddings.shape[:2], np.int64),
                      hooks=Chain(Replace({"embeddings": lambda _: embeddings}), steer, rec))
@@ -344,7 +344,7 @@ def edge_forward(params, config: Config, graph: Graph, ids: Sequence[int], live:
         diff[:, m, keep] = _mlp(params, config, i, x_mlp) - fixed[m, keep]
     x = base[-1][-1] + (coef[:, -1, None, :] @ diff[:, :, -1])[:, 0]
     u = norm(params, config, x, "ln_final", _identity)
-    return u @ unembed_rows(params, list(rows)).T
+    return u @ unembed_rows(params, config, list(rows)).T
 
 
 def edge_metric(params, config, graph, ids, live, fixed, target, vs, position, start=0,

@@ -8,12 +8,13 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..words import count
+from . import circuit
+from .circuit import METHODS
 
 
 def prepare_pair(s, c, position: int, target: str | None, vs: str | None):
     """(circuit.prepare's pair of runs, a note when the two runs' top guesses coincide and
     the corrupt run's second guess stands in, else None)."""
-    from . import circuit
 
     if c.T != s.T:
         raise InputError(f"the clean text is {count(s.T, 'token')} and the corrupt text "
@@ -34,7 +35,6 @@ def prepare_pair(s, c, position: int, target: str | None, vs: str | None):
 
 def check_options(method: str, stable: bool, pairs: Path | None) -> None:
     """A known --method; --stability and --pairs go together."""
-    from .circuit import METHODS
 
     if method not in METHODS:
         raise InputError(f"unknown --method {method!r}: use {', '.join(METHODS)}")
@@ -66,7 +66,6 @@ def read_pairs(path: Path) -> list[tuple[str, str]]:
 def stability_over(s, texts: list[tuple[str, str]], first, method: str, steps: int,
                    size: int, target: str | None, vs: str | None, position: int):
     """circuit.stability over `first` and the pairs of texts (run as session s is)."""
-    from . import circuit
 
     pairs = [first]
     for clean, corrupt in texts:

@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InputError
+from ..jobs.session import Session
 from ..transformer import ops
+from ..transformer.sampling import probabilities
 from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): recorded values of
@@ -106,7 +109,6 @@ class TextDiff:
 
 
 def text_diff(a, b) -> TextDiff:
-    from ..transformer.sampling import probabilities
 
     ta, tb = a.trace(), b.trace()
     stages = ta.stages()
@@ -153,8 +155,6 @@ def models_diff(a, model_b, steering_b=None) -> ModelsDiff:
     text the same ids, with the same tokens put around it (Tokenizer.differs_from: the
     folder's <bos>); a vocabulary padded to more rows in one model is compared over the
     tokenizer's tokens."""
-    from ..errors import InputError
-    from ..jobs.session import Session
 
     model_a = a.model
     why = model_a.tokenizer.differs_from(model_b.tokenizer)

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..transformer.config import Config
+from ..transformer.hooks import Steering
 from ..transformer.model import neuron_out_rows, norm_weights, unembed_rows
 from ..transformer.schema import head_name
 from ..transformer.trace import Trace
 from ..transformer.wiring import FAMILIES, handles
+from .question import ask
 
 # The blocks this analysis implements (wiring.require refuses others by name): the stream split
 # into heads' and MLPs' outputs (Trace.residual_parts), each through the norm after its branch
@@ -31,9 +33,11 @@ HANDLES = handles(step=FAMILIES["step"] + ("norm after attention", "norm after t
 BIAS_ROW = "ln_final.bias"
 
 
-def unembed_direction(params: dict[str, np.ndarray], target: int, vs: int | None) -> np.ndarray:
+def unembed_direction(params: dict[str, np.ndarray], config: Config, target: int,
+                      vs: int | None) -> np.ndarray:
     """W_U[target] (- W_U[vs]): the direction whose dot with ln_final.out is the score. [d]"""
-    rows = unembed_rows(params, [target] if vs is None else [target, vs]).astype(np.float64)
+    rows = unembed_rows(params, config, [target] if vs is None else [target, vs])
+    rows = rows.astype(np.float64)
     return rows[0] - (rows[1] if vs is not None else 0.0)
 
 
@@ -67,7 +71,7 @@ def direct_logit_attribution(trace: Trace, params: dict[str, np.ndarray], config
     `neurons` > 0 also splits each MLP row into its neurons mlp_post[n] W_2[n] (plus b_2) and
     keeps the `neurons` largest by size; the MLP rows stay whole, so the rows still add up.
     """
-    direction = unembed_direction(params, target, vs)
+    direction = unembed_direction(params, config, target, vs)
     gain, shift = norm_weights(params, "ln_final")
     centre = config.norm == "layer"  # an RMSNorm divides by the rms alone: no mean, no bias
     scale = float(trace.get("ln_final.std" if centre else "ln_final.rms")[position, 0])
@@ -121,7 +125,6 @@ class DLAReport:
 
 def dla_report(session, position: int, target: str | None, vs: str | None,
                neurons: int = 0) -> DLAReport:
-    from .question import ask
 
     p = session.position(position)
     tr = session.trace()
@@ -132,6 +135,5 @@ def dla_report(session, position: int, target: str | None, vs: str | None,
 
 def steering(session):
     """The session's hooks.Steering (site and shift), or None for an unsteered run."""
-    from ..transformer.hooks import Steering
 
     return session.steering if isinstance(session.steering, Steering) else None

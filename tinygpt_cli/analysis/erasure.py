@@ -39,7 +39,7 @@ def erased_scores(params, config: Config, ids: Sequence[int], position: int, tar
         : position + 1]
     tokens = np.where(keep[..., None], x[None], b[None])  # [N, T, d]
     rows = [target] + ([vs] if vs is not None else [])
-    head = {k: np.asarray(v, np.float64) for k, v in cut_head(params, rows).items()}
+    head = {k: np.asarray(v, np.float64) for k, v in cut_head(params, config, rows).items()}
     logits = forward(head, config, np.zeros(keep.shape, np.int64),
                      hooks=Chain(Replace({"token_embeddings": lambda _: tokens}), steer))
     last = logits[:, position, :]

@@ -27,15 +27,24 @@ slow check the tests hold it to).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..jobs.threads import map_on_cores
 from ..storage.corpus import eval_windows
 from ..transformer import ops
 from ..transformer.config import Config
-from ..transformer.model import head_table
+from ..transformer.hooks import Chain, Record
+from ..transformer.model import (
+    backward,
+    backward_from_attention,
+    backward_from_stream,
+    forward,
+    head_table,
+)
 from ..transformer.wiring import FAMILIES, handles
 from .tracin import (
     bias_of,
@@ -86,8 +95,6 @@ def query(params, config: Config, ids: list[int], dlogits_of=None, hooks=None,
     dweights_of), one of block `layer`'s attention weights, d scalar / d weights =
     dweights_of(weights [H, T, T]); or, with stream = (layer, dh_of), one of the residual
     stream after block `layer` (-1: the embeddings), d scalar / d it = dh_of(it [T, d])."""
-    from ..transformer.hooks import Chain, Record
-    from ..transformer.model import backward, backward_from_attention, backward_from_stream, forward
 
     rec = Record()
     x = np.asarray(ids)
@@ -188,7 +195,7 @@ class Stacked:
 
 def covered(config: Config, params: dict) -> set[str]:
     """The parameter names the exact pass takes a term for (every one, of every family)."""
-    names = {"embed.W_E", head_table(params)} | ({"embed.W_pos"} & set(params))
+    names = {"embed.W_E", head_table(config)} | ({"embed.W_pos"} & set(params))
     for prefix, _, _ in linear_sites(config):
         names |= {prefix} | ({bias_of(prefix)} if has_bias(config, prefix) else set())
     for prefix, _, _ in norm_sites(config):
@@ -296,9 +303,7 @@ def scores_over_stream(snapshots: list[tuple[dict, float, list[dict]]], config: 
     query: `snapshots` are (params, lr, [the queries at those params: Query]) triples.
     advance(n) after each batch of n windows at one snapshot; batches on `workers` threads
     (default every core).  -> [Q, S, W] (weighted by each snapshot's lr)"""
-    import threading
 
-    from ..jobs.threads import map_on_cores
 
     lock = threading.Lock()
     t = config.n_positions

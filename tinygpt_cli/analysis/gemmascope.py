@@ -38,8 +38,10 @@ import numpy as np
 
 from ..errors import InputError, WeightsError
 from ..storage.files import read_json_object
+from ..storage.safetensors import header_bytes, read_header, read_safetensors
 from ..transformer.config import Config
-from .dictionary import SAE
+from ..transformer.families import family
+from .dictionary import SAE, encode
 
 PARAMS, CONFIG = "params.safetensors", "config.json"
 MAX_CONFIG_BYTES = 1 << 20
@@ -48,16 +50,6 @@ NAME = re.compile(r"layer_([0-9]+)_width_([0-9]+[km]?)_l0_([a-z0-9]+?)(_affine)?
 SITES = {"resid_post": "resid_post", "resid_post_all": "resid_post",
          "attn_out_all": "attn_out", "mlp_out": "mlp_out", "transcoder_all": "transcoder",
          "clt": "clt"}
-# Hugging Face module names per family: the blocks, the norm before the MLP, attention's
-# output projection (the MLP is `mlp` in every family)
-MODULES = {"gpt2": ("transformer.h", "ln_2", "attn.c_proj"),
-           "gpt_neo": ("transformer.h", "ln_2", "attn.attention.out_proj"),
-           "gpt_neox": ("gpt_neox.layers", "post_attention_layernorm", "attention.dense"),
-           "llama": ("model.layers", "post_attention_layernorm", "self_attn.o_proj"),
-           # Gemma 3's post_attention_layernorm is its norm after attention, not before the MLP
-           "gemma3_text": ("model.layers", "pre_feedforward_layernorm", "self_attn.o_proj"),
-           "qwen2": ("model.layers", "post_attention_layernorm", "self_attn.o_proj"),
-           "qwen3": ("model.layers", "post_attention_layernorm", "self_attn.o_proj")}
 GEMMA_MODULES = {"pre_feedforward_layernorm": "Gemma 2 and 3's norm before the MLP",
                  "post_feedforward_layernorm": "Gemma 2 and 3's norm after the MLP"}
 # a model_name's family, by the words Hugging Face ids use (None: not one to check)
@@ -107,7 +99,7 @@ def hook_value(hook, config: Config, where: str) -> tuple[str, int]:
     such module."""
     if not isinstance(hook, str):
         raise WeightsError(f"{where}: the hook is {hook!r}, not a module name")
-    blocks, ln2, proj = MODULES.get(config.model_type, MODULES["llama"])
+    blocks, ln2, proj = family(config.model_type).MODULES
     m = re.fullmatch(r"([a-z_.]+?)\.([0-9]+)\.(.+)", hook)
     if m is None or m[1] != blocks:
         raise InputError(f"{where}: {hook!r} is not a module of this {config.model_type} model "
@@ -149,7 +141,6 @@ def check_model_name(name, config: Config, where: str) -> None:
 
 def read_params(path: Path, wants: dict[str, tuple]) -> dict[str, np.ndarray]:
     """The tensors named, each of its shape, real floating-point numbers, finite."""
-    from ..storage.safetensors import read_safetensors
 
     t, _ = read_safetensors(path, label=str(path))
     out = {}
@@ -220,7 +211,6 @@ def load_gemma_scope(folder: Path, config: Config) -> tuple[SAE, str]:
 
 def _width(path: Path, d: int) -> int:
     """The latents, from w_enc's header (so a file of another width is named, not misread)."""
-    from ..storage.safetensors import header_bytes, read_header
 
     if not path.is_file():
         raise WeightsError(f"{path.parent} has no {PARAMS}")
@@ -244,7 +234,6 @@ def is_cross_layer(path: Path) -> bool:
 
 
 def _decoder_rank(path: Path) -> int:
-    from ..storage.safetensors import header_bytes, read_header
 
     info = read_header(path, header_bytes(8)).get("w_dec")
     return len(info.shape) if info is not None else 0
@@ -371,7 +360,6 @@ def load_cross_layer(folder: Path, config: Config, pattern: str = "*") -> CrossL
 
 def _layered_decoder(path: Path, m: int, n: int, d: int) -> np.ndarray:
     """w_dec [m, n_layers, d], its layer count this model's."""
-    from ..storage.safetensors import header_bytes, read_header
 
     info = read_header(path, header_bytes(8)).get("w_dec")
     shape = tuple(info.shape) if info is not None else ()
@@ -385,7 +373,6 @@ def cross_layer_outputs(clt: CrossLayerTranscoder, xs: list[np.ndarray]) -> list
     """Each block's MLP output as the cross-layer transcoder predicts it from every block's
     MLP input xs[L] [T, d]: y_j = sum over L <= j of z_L w_dec[L][:, j - L] + b_dec[j]
     (+ xs[j] skip[j])."""
-    from .dictionary import encode
 
     zs = [encode(tc, x) for tc, x in zip(clt.encoders, xs, strict=True)]
     out = []

@@ -32,12 +32,13 @@ order of (normalised weight x the influence of their target) until `edge_thresho
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InputError
 from ..transformer.config import Config
+from ..transformer.hooks import Replace, chained
 from ..transformer.model import (
     forward,
     head_out_matrix,
@@ -72,26 +73,6 @@ ADJACENCY_F64_MB = 256
 KEY_BLOCK = 256
 CHUNK = 64
 PASS_MB = 16  # a pass's [rows, T, d] arrays kept below this: larger ones cost page faults
-
-
-def small_pages(fn):
-    """fn with NumPy's request for 2 MB pages (madvise, for arrays of 4 MB and more) turned
-    off, and back as it was after. The adjacency is mostly zeros never written (a row has no
-    edges from its own block's features or later ones, nor from positions past its own): with
-    2 MB pages a write maps the 2 MB around it, with 4 KB pages only the 4 KB. On this
-    machine fresh pages also cost about twice the kernel time in 2 MB ones (long4, 2,000
-    tokens: peak 2,854 -> 1,776 MB, kernel time 6.0-6.5 -> 2.5-3.4 s)."""
-    @functools.wraps(fn)
-    def wrapped(*args, **kwargs):
-        core = getattr(np, "_core", None) or np.core
-        setter = getattr(core.multiarray, "_set_madvise_hugepage", None)
-        was = setter(False) if setter else None
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if setter:
-                setter(was)
-    return wrapped
 
 
 # ------------------------------------------------------------------ the frozen model
@@ -601,7 +582,6 @@ class Sources:
         return len(self.f_lat)
 
 
-@small_pages
 def build(params, config: Config, ids: list[int], transcoders, *,
           target: int | None = None, vs: int | None = None, n_logits: int = N_LOGITS,
           batch: int = BATCH, steering=None, max_features: int | None = MAX_FEATURES,
@@ -626,7 +606,6 @@ def build(params, config: Config, ids: list[int], transcoders, *,
     tokens = logit_nodes(last, target, vs, n_logits)
     target = tokens[0] if target is None else target
     if vs == target:
-        from ..errors import InputError
 
         raise InputError(f"the target and --vs are the same token (id {target}): their "
                          "difference is 0 whatever the text; give --vs another token")
@@ -643,12 +622,13 @@ def build(params, config: Config, ids: list[int], transcoders, *,
     pos = np.concatenate([f_pos, np.tile(np.arange(t), nl), np.arange(t), [-1],
                           np.full(len(tokens), t - 1)]).astype(int)
     feature = np.concatenate([f_lat, np.full(len(kinds) - nf, -1)]).astype(int)
-    head_rows = unembed_rows(params, [i for i in tokens if i >= 0]).astype(np.float64)
-    reads = [r for r in head_rows] + ([head_rows[tokens.index(target)]
-                                       - unembed_rows(params, [vs])[0]] if vs is not None else [])
+    head_rows = unembed_rows(params, config, [i for i in tokens if i >= 0]).astype(np.float64)
+    vs_row = unembed_rows(params, config, [vs])[0] if vs is not None else None
+    reads = [r for r in head_rows] + ([head_rows[tokens.index(target)] - vs_row]
+                                      if vs is not None else [])
     logit_values = [float(last[i]) for i in tokens if i >= 0]
     if demean:  # logit - mean logit; a difference with vs is the same either way
-        mean_row = unembed_rows(params, slice(None)).mean(axis=0, dtype=np.float64)
+        mean_row = unembed_rows(params, config, slice(None)).mean(axis=0, dtype=np.float64)
         reads = [r - mean_row for r in head_rows] + reads[len(head_rows):]
         logit_values = [v - float(last.mean()) for v in logit_values]
     if vs is not None:
@@ -927,7 +907,6 @@ def _influence(a: np.ndarray, targets: np.ndarray, n_nodes: int, start: int, run
     return total
 
 
-@small_pages
 def prune(graph: Graph, node_threshold: float = NODE_THRESHOLD,
           edge_threshold: float = EDGE_THRESHOLD) -> Graph:
     """Keep the features carrying `node_threshold` of the influence on the target, then the
@@ -989,7 +968,6 @@ def feature_node(graph: Graph, spec: str, latents: list[int] | None = None) -> i
     """The node of a feature named as the JSON names it, LAYER_FEATURE_POSITION (0_314_5);
     `latents`: each block's transcoder's width, to tell a latent that does not exist from
     one that is not active."""
-    from ..errors import InputError
 
     parts = spec.split("_")
     if len(parts) != 3 or not all(p.lstrip("-").isdigit() for p in parts):
@@ -1037,7 +1015,6 @@ def real_change(params, config: Config, ids: list[int], transcoders,
     moved to its new activation (mlp_out + (new - old) W_dec[j] at its position, in every
     block a cross-layer feature writes into; the rest of the MLP as it was), downstream
     features free to change as the model computes."""
-    from ..transformer.hooks import Replace
 
     writers = writers_of(transcoders)
     fns: dict[str, list] = {}
@@ -1057,7 +1034,6 @@ def real_change(params, config: Config, ids: list[int], transcoders,
             return v
         return fn
 
-    from ..transformer.hooks import chained
 
     logits = forward(params, config, np.asarray(ids),
                      hooks=chained(steering, Replace(

@@ -43,7 +43,7 @@ from ..transformer.model import (
 )
 from ..transformer.wiring import FAMILY_BLOCKS, describe, require
 from . import sae as S
-from .graph import Graph
+from .graph import Graph, shift_of
 from .qk import through_head_norm
 
 # The blocks this analysis implements (wiring.require refuses others by name): the graph's frozen
@@ -126,14 +126,13 @@ def edge_qk(params, config: Config, graph: Graph, transcoders: list[S.SAE], stee
     """The split score of every kept edge (graph.edge_mask, or the edges rows x cols given)
     whose source is at an earlier position than its target (of the run steered by
     `steering`, as graph.build's: its vector a part of "biases" from its block on)."""
-    from .graph import shift_of
 
     require(config, "graph --qk", HANDLES)  # graph's own HANDLES take more blocks than this
     shift = shift_of(steering)
     _, values = record(params, config, np.asarray(graph.ids), hooks=steering)
     if rows is None:
         rows, cols = np.nonzero(graph.edge_mask)
-    reads = _reads(params, graph, transcoders)
+    reads = _reads(params, config, graph, transcoders)
     cache: dict = {}
     out = []
     for r, c in zip(rows, cols, strict=True):
@@ -185,15 +184,16 @@ def head_norms(params, config: Config, rms: tuple | None, layer: int, head: int,
     return ((float(rms_q[head, query, 0]), w_q), (float(rms_k[kv, key, 0]), w_k))
 
 
-def _reads(params, graph: Graph, transcoders) -> dict:
+def _reads(params, config: Config, graph: Graph, transcoders) -> dict:
     """Each logit node's read vector (a feature's is its W_enc column)."""
     first = len(graph.kinds) - len(graph.tokens_of_logits)
     out = {}
     for i, tok in enumerate(graph.tokens_of_logits):
         if tok >= 0:
-            out[first + i] = unembed_rows(params, [tok])[0].astype(np.float64)
+            out[first + i] = unembed_rows(params, config, [tok])[0].astype(np.float64)
         else:
-            rows = unembed_rows(params, [graph.target_token, graph.vs]).astype(np.float64)
+            rows = unembed_rows(params, config,
+                                [graph.target_token, graph.vs]).astype(np.float64)
             out[first + i] = rows[0] - rows[1]
     return out
 

@@ -21,10 +21,12 @@ of the mean and counted, and when none is left there is nothing to score.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError
+from ..storage.corpus import BUILT_IN, HELD_OUT_PART, find_data, read_stories, stories_of
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.model import record
@@ -211,9 +213,7 @@ def texts_for_heads(tokenizer, context: int, text: str | None, read_text, file, 
     """Each text as [separator, ids...] cut to the context, and where they came from: the
     file's first stories, else the text (read_text(text): '-' is stdin), else a few
     validation stories, else the built-in sentences."""
-    from pathlib import Path
 
-    from ..storage.corpus import BUILT_IN, HELD_OUT_PART, find_data, read_stories, stories_of
 
     if text is not None and file is not None:
         raise InputError("give a text or --file, not both")

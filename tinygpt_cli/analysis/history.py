@@ -19,12 +19,18 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ..storage.madefor import check_made_for
+from ..storage.safetensors import header_json
 from ..storage.weights import Model, WeightsError, load_params
 from ..transformer import ops
 from ..transformer.config import Config
-from ..transformer.model import record
-from ..transformer.schema import with_old_keys
+from ..transformer.families import family
+from ..transformer.model import forward, record
+from ..transformer.schema import param_shapes, resolve, with_old_keys
+from ..transformer.trace import Trace
 from ..transformer.wiring import FORWARD
+from . import heads as detect
+from .heads import uniform_previous_token
 
 # The blocks this analysis implements (wiring.require refuses others by name): the model's own
 # passes on each snapshot.
@@ -59,7 +65,6 @@ def _metadata(path: Path) -> dict:
     """The safetensors header's __metadata__, read without loading the tensors (by the one
     header reader, safetensors.header_json: its limits, its one line for a header that is not
     JSON or nested too deep)."""
-    from ..storage.safetensors import header_json
 
     if not path.is_file():  # a FIFO or a device would block the read, a folder fail it
         raise WeightsError(f"{path} is not a regular file")
@@ -94,7 +99,6 @@ def snapshot_of(path: Path, weights_file: Path) -> Snapshot:
     steps agreeing with its name (step-NNNNNN), and a finite, positive learning rate (TracIn
     weighs the snapshot's gradients by it). WeightsError (exit 1) otherwise, InputError
     (exit 2) for a snapshot of other weights."""
-    from ..storage.madefor import check_made_for
 
     meta = _metadata(path)
     m = _STEP.fullmatch(path.name)
@@ -174,7 +178,6 @@ def head_scores(params, config: Config, ids: np.ndarray, seed: int = 0,
                 batch: int = 4, hooks=None) -> dict[str, np.ndarray]:
     """previous_token [L, H] on the text, induction [L, H] on repeated random tokens, with
     the detectors of `heads` (the same definitions as `tinygpt heads`)."""
-    from . import heads as detect
 
     names = [f"layers.{i}.weights" for i in range(config.n_layer)]
     _, values = record(params, config, np.asarray(ids), names, hooks=hooks)
@@ -197,7 +200,6 @@ def snapshot_rows(snapshots: list[Snapshot], **columns) -> list[dict]:
 def loss_over_training(snapshots: list[Snapshot], config: Config, ids,
                        token_str, hooks=None) -> list[dict]:
     """Per snapshot: the loss on the text and the likeliest next token with its chance."""
-    from ..transformer.model import forward
 
     ids = np.asarray(ids)
     logits = [forward(s.params, config, ids, hooks=hooks) for s in snapshots]
@@ -224,9 +226,6 @@ def value_over_training(snapshots: list[Snapshot], config: Config, ids, tokens,
     """A parameter, by its canonical name (layers.0.attn.W_QKV) or its family's file name
     (h.0.attn.c_attn.weight), read from each snapshot, or a value of the forward pass
     (layers.0.heads.1.weights, logits[-1]) on the text under each snapshot."""
-    from ..transformer.families import family
-    from ..transformer.schema import param_shapes, resolve
-    from ..transformer.trace import Trace
 
     fam = family(config.model_type)
     param = path if path in param_shapes(config) else fam.canonical_name(path)
@@ -248,8 +247,6 @@ def heads_over_training(snapshots: list[Snapshot], config: Config, ids,
     """previous_token and induction [S, L, H]: head_scores at every snapshot (`hooks`, the
     steering, in every run); previous_token_chance: the score of evenly spread attention on
     this text, where an untrained head starts."""
-    from .heads import uniform_previous_token
-
     scores = []
     for s in snapshots:
         scores.append(head_scores(s.params, config, ids, hooks=hooks))

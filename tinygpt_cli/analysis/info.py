@@ -7,6 +7,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..storage.files import sha256
+from ..storage.weights import SHIPPED
+
 
 @dataclass
 class ModelInfo:
@@ -54,12 +57,9 @@ def architecture(cfg) -> dict:
 
 
 def model_info(model) -> ModelInfo:
-    from ..storage.files import sha256
-    from ..storage.weights import SHIPPED
-    from ..transformer.families import family
 
     cfg = model.config
-    fam = family(cfg.model_type)
+    fam = model.family
     groups: dict[str, int] = {}
     for name, arr in model.params.items():  # by the names the family's file gives them
         group = re.sub(r"(^|\.)(h|layers)\.\d+\.", r"\1\2.*.", fam.file_name(name))

@@ -13,6 +13,7 @@ from ..transformer.sampling import probabilities
 from ..transformer.schema import with_old_keys
 from ..transformer.trace import Trace
 from ..transformer.wiring import FORWARD
+from .question import ask
 
 # The blocks this analysis implements (wiring.require refuses others by name): the stream's stages
 # read by the final norm: any wiring the passes compute.
@@ -137,8 +138,6 @@ class LensReport:
 def lens_report(session, position: int, target: str | None, reader=None) -> LensReport:
     """The lens at every stage and position; `reader(trace)` gives another lens's result
     (the tuned lens) in place of the logit lens."""
-    from .question import ask
-
     p = session.position(position)
     tr = session.trace()
     q = ask(session, tr.get("logits")[p], p, target, None)

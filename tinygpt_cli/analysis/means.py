@@ -14,7 +14,17 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, WeightsError
-from ..storage.files import write_atomically
+from ..jobs.cluster import over_windows
+from ..storage import cache
+from ..storage.corpus import encode_stories, eval_windows, read_stories, validation_text
+from ..storage.files import sha256, write_atomically
+from ..storage.madefor import remake_hint
+from ..storage.safetensors import (
+    header_bytes,
+    metadata_strings,
+    read_safetensors,
+    safetensors_bytes,
+)
 from ..transformer.config import Config
 from ..transformer.model import record
 from ..transformer.wiring import FORWARD
@@ -48,7 +58,6 @@ def value_means(params: dict[str, np.ndarray], config: Config, windows: np.ndarr
 
     The pass stops after the last block's mlp_out: the head over the vocabulary is not needed.
     """
-    from ..jobs.cluster import over_windows
 
     paths = mean_paths(config)
     sums = {p: 0.0 for p in paths}
@@ -84,7 +93,6 @@ def batch_sums(task: tuple, shared: tuple) -> list[tuple[int, dict[str, np.ndarr
 
 
 def means_bytes(means: dict[str, np.ndarray], meta: dict) -> bytes:
-    from ..storage.safetensors import metadata_strings, safetensors_bytes
 
     tensors = {p: np.ascontiguousarray(v, dtype=np.float32) for p, v in means.items()}
     return safetensors_bytes(tensors, metadata_strings(meta))
@@ -97,7 +105,6 @@ def save_means(path: str | Path, means: dict[str, np.ndarray], meta: dict) -> No
 def header_limit(config: Config) -> int:
     """The most header bytes a means file of this model needs: a header of a million made-up
     entries is refused before it is parsed, as the weights' is."""
-    from ..storage.safetensors import header_bytes
 
     return header_bytes(len(mean_paths(config)))
 
@@ -105,7 +112,6 @@ def header_limit(config: Config) -> int:
 def means_hint(path: Path) -> str:
     """How to get the means of the weights folder that holds `path`: compute them (never into
     the installed package: madefor.remake_hint), or give --data to compute them on the fly."""
-    from ..storage.madefor import remake_hint
 
     made = remake_hint("compute them", "means", Path(path).parent / "model.safetensors",
                        path, "--out", FILE, None)
@@ -115,7 +121,6 @@ def means_hint(path: Path) -> str:
 def load_means(path: str | Path, config: Config,
                weights_sha256: str) -> tuple[dict[str, np.ndarray], dict]:
     """The stored means and their metadata, refused when they belong to other weights."""
-    from ..storage.safetensors import read_safetensors
 
     path = Path(path)
     hint = means_hint(path)
@@ -144,9 +149,6 @@ def means_over(model, data: Path | None, weights_sha: str, bar, steer=None, engi
     """(values, meta) over the validation file of `data` (or the one the weights record), of
     runs steered by `steer` (hooks.Steering) when given, on `engine`, cached by the weights'
     and data's sha256 and the steering. bar(total, description) is the progress bar."""
-    from ..storage import cache
-    from ..storage.corpus import encode_stories, eval_windows, read_stories, validation_text
-    from ..storage.files import sha256
 
     val = validation_text(model.folder, data)
     meta = {"weights_sha256": weights_sha, "data": val[0].name, "data_sha256": sha256(val[0])}
@@ -171,7 +173,6 @@ def ablation_means(model, data: Path | None, bar, steer=None) -> dict[str, np.nd
     the weights. A steered run is ablated with the steered model's own means (over --data,
     or the validation text the weights record; computed once and cached): the stored ones
     are the unsteered model's, and putting them in would undo part of the steering."""
-    from ..storage.files import sha256
 
     weights_sha = sha256(model.weights_file)
     if data is None and steer is None:

@@ -12,15 +12,22 @@ row by that norm's weight first, the same way.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import InputError
+from ..jobs.cluster import over_windows
+from ..storage import cache
+from ..storage.corpus import encode_stories, eval_windows, read_stories
+from ..storage.files import sha256
 from ..transformer.config import Config
 from ..transformer.model import neuron_out_rows, norm_weights, record, token_table
 from ..transformer.wiring import FAMILIES, handles
 from .circuit import norm_after
+from .lens import top_neurons
 
 # The blocks this analysis implements (wiring.require refuses others by name): what a neuron
 # pushes up is its W_out row read by the head, through the norm after the MLP where there is one.
@@ -95,7 +102,6 @@ class TextNeurons:
 
 
 def neurons_on_text(session, layer: int, top: int, *, raw: bool = False) -> TextNeurons:
-    from .lens import top_neurons
 
     path = f"layers.{layer}.mlp_post"
     post = session.record({path})[1][path]  # [T, ff]
@@ -124,7 +130,6 @@ def corpus_maxima(params, config: Config, windows: np.ndarray, keep: int = NEURO
     the earlier window): window [L, ff, k] (its index), value [L, ff, k] (the peak), position
     [L, ff, k]. Each shard of windows keeps its own best (on `engine`: default this process),
     and the best of those are the best of all."""
-    from ..jobs.cluster import over_windows
 
     parts = over_windows(engine, shard_maxima, windows, (params, config, keep, hooks),
                          progress=progress)
@@ -180,10 +185,6 @@ def cached_maxima(model, files: list, bar, hooks=None, engine=None) -> dict[str,
     computed once per (weights, data, steering) on `engine` and kept in the cache folder
     (hooks other than one steering vector are computed afresh and not kept).
     bar(total, description) is the progress bar."""
-    from ..errors import InputError
-    from ..storage import cache
-    from ..storage.corpus import encode_stories, eval_windows, read_stories
-    from ..storage.files import sha256
 
     cfg = model.config
 
@@ -202,7 +203,6 @@ def cached_maxima(model, files: list, bar, hooks=None, engine=None) -> dict[str,
     if hooks is not None:
         if getattr(hooks, "shift", None) is None:
             return compute()
-        import hashlib
 
         steered = [hooks.site, hashlib.sha256(np.asarray(hooks.shift, np.float64).tobytes())
                    .hexdigest()]

@@ -24,6 +24,7 @@ from ..errors import InputError
 from ..transformer.config import Config
 from ..transformer.model import backward, record
 from ..transformer.wiring import FORWARD
+from .question import Question, ask
 from .variants import Variant, run_variants, set_all, set_row, widen
 
 # The blocks this analysis implements (wiring.require refuses others by name): values copied
@@ -217,7 +218,6 @@ def patch_question(clean, corrupt, position: int, target: str | None, vs: str | 
     is a question still worth asking) at `position` (checked already), for two texts of as
     many tokens. Returns the question and a note saying which --vs was chosen, when it had
     to be."""
-    from .question import Question, ask
 
     if corrupt.T != clean.T:
         raise InputError(f"the clean text is {clean.T:,} token{'s' * (clean.T != 1)} and the "

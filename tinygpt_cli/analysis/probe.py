@@ -29,10 +29,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from ..jobs.session import encode_lines
 from ..transformer.config import Config
 from ..transformer.hooks import Chain, RecordOnly, StopAfter
 from ..transformer.model import forward
 from ..transformer.sampling import create_rng
+from ..transformer.schema import resolve
 from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): recorded values read.
@@ -118,7 +120,6 @@ def probe_inputs(model, lines: list[Line], site: str, default: str | None, hooks
                  ) -> tuple[list[list[int]], list[list[str | None]], list[np.ndarray]]:
     """(each line's ids, each token's label or None, each line's values of `site`, one row a
     token, of runs through `hooks`, steering, when given) of the --labels lines."""
-    from ..jobs.session import encode_lines
 
     ids = encode_lines(model, [line.text for line in lines], "--labels")
     offsets = [model.tokenizer.byte_offsets(i) for i in ids]
@@ -290,7 +291,6 @@ def probe_report(features: list[np.ndarray], labels: list[list[str | None]],
 
 def check_site(site: str, config: Config, params) -> str:
     """The canonical path of a value with one row per token, else InputError."""
-    from ..transformer.schema import resolve
 
     name, rows = resolve(site, config)
     if rows or name == "ids" or not one_row_per_token(params, config, name):

@@ -30,14 +30,17 @@ rounded to 16 bits and skips the terms with log p_base <= -16; here they are exa
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InputError
+from ..storage.gguf_file import gguf_names
 from ..transformer import model as mdl
 from ..transformer import ops
 from ..transformer.wiring import FORWARD
-from .diff import kl_divergence, relative_distance
+from .diff import config_differences, kl_divergence, relative_distance
 
 # the model's own forward and backward passes, whatever steps they walk
 HANDLES = FORWARD
@@ -409,8 +412,6 @@ class ActQuant:
 
 def check_pair(quant_model, ref_model) -> None:
     """The quantized model and its reference must read the same ids into the same shapes."""
-    from ..errors import InputError
-    from .diff import config_differences
 
     why = quant_model.tokenizer.differs_from(ref_model.tokenizer)
     if why is not None:
@@ -429,7 +430,6 @@ def check_pair(quant_model, ref_model) -> None:
 def file_tensors(config, tensor_types: dict[str, str]) -> dict[str, tuple[str, str]]:
     """Each unit's label (tensor_units) -> (the GGUF tensor it is, its type); a fused
     attn_qkv is q's, k's and v's tensor alike."""
-    from ..storage.gguf_file import gguf_names
 
     out = {}
     for canonical, files in gguf_names(config).items():
@@ -478,7 +478,6 @@ def chunk_bos(quant_model) -> int | None:
 def act_quant_hook(quant_model) -> tuple[ActQuant, list[str]]:
     """--act-quant for a GGUF model: the hook, and the products it covers (named by their
     inputs). InputError when the weights are no GGUF or of a type it cannot imitate."""
-    from ..errors import InputError
 
     about = getattr(quant_model, "about", None)
     if not about or "tensors" not in about:
@@ -495,8 +494,6 @@ def act_quant_hook(quant_model) -> tuple[ActQuant, list[str]]:
 def covered(kinds: dict[str, str | None]) -> list[str]:
     """The rounded values folded over the blocks, each with its roundings:
     'layers.*.ln1.out (Q8_0)', 'layers.*.mlp_post (Q8_0, Q8_K)' where the blocks differ."""
-    import re
-
     folded: dict[str, list[str]] = {}
     for path, kind in kinds.items():
         if kind is None:

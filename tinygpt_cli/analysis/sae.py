@@ -20,19 +20,29 @@ ablation of the same site (loss recovered = (L_ablated - L_sae) / (L_ablated - L
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError, WeightsError
-from ..storage.files import write_atomically
-from ..storage.madefor import check_made_for
+from ..jobs import shards
+from ..jobs.cluster import over_windows
+from ..jobs.session import check_index
+from ..storage import cache
+from ..storage.corpus import data_windows, held_out_files
+from ..storage.files import sha256, write_atomically
+from ..storage.hub import dictionary
+from ..storage.madefor import check_made_for, remake_hint
+from ..storage.safetensors import metadata_strings, read_safetensors, safetensors_bytes
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.hooks import Chain, RecordOnly, Replace, StopAfter, chained
-from ..transformer.model import forward
+from ..transformer.model import forward, norm_weights, out_matrix, token_table
 from ..transformer.optim import SAE_BETAS, AdamW
 from ..transformer.wiring import FORWARD
 from .dictionary import (
@@ -74,6 +84,8 @@ from .dictionary import (
 from .dictionary import (
     top_k_relu as top_k_relu,
 )
+from .gemmascope import load_gemma_scope
+from .saelens import load_saelens
 
 # The blocks this analysis implements (wiring.require refuses others by name): a recorded value
 # encoded.
@@ -229,7 +241,6 @@ def sae_tensors(sae: SAE) -> dict[str, np.ndarray]:
 
 
 def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> None:
-    from ..storage.safetensors import metadata_strings, safetensors_bytes
 
     info = {"site": sae.site, "k": str(sae.k), **metadata_strings(meta or {})}
     write_atomically(Path(path), safetensors_bytes(sae_tensors(sae), info))
@@ -241,14 +252,11 @@ def load_sae(path: str | Path, config: Config, weights_file: Path, *,
     one its file name says, when the name is a site), k, made for `weights_file`. A folder
     is a SAELens dictionary (saelens.py). `default_site`: the path is the weights folder's
     SAE of that site (sae_file), not one the user named with --sae."""
-    from ..storage.hub import dictionary
-    from ..storage.safetensors import read_safetensors
 
     path = Path(path) if default_site is not None else dictionary(path, "--sae")
     if path.is_dir() and (path / "params.safetensors").is_file():
         return _gemma_scope_sae(path, config)
     if path.is_dir():
-        from .saelens import load_saelens
 
         return load_saelens(path, config, weights_file)
     if not path.is_file() and default_site is None:
@@ -271,7 +279,6 @@ def load_sae(path: str | Path, config: Config, weights_file: Path, *,
 def _gemma_scope_sae(path: Path, config: Config) -> SAE:
     """A Gemma Scope 2 SAE folder (gemmascope.py); a transcoder is refused here (it reads
     another value than the one it writes: --transcoders takes it)."""
-    from .gemmascope import load_gemma_scope
 
     sae, kind = load_gemma_scope(path, config)
     if kind == "transcoder":
@@ -284,7 +291,6 @@ def _gemma_scope_sae(path: Path, config: Config) -> SAE:
 def train_hint(weights_file: Path, site: str, verb: str = "train one") -> str:
     """The command that trains the SAE of `site` for these weights, never into the installed
     package (madefor.remake_hint)."""
-    from ..storage.madefor import remake_hint
 
     return remake_hint(verb, f"sae train --site {site}", weights_file,
                        sae_file(weights_file, None, site), "--out", f"{site}.safetensors",
@@ -367,7 +373,6 @@ def site_values_on(engine, params, config: Config, windows: np.ndarray, site: st
                    progress: Callable[[int], None] | None = None, hooks=None) -> np.ndarray:
     """site_values, each shard of windows a task on `engine` (None: this process), joined in
     window order: the same numbers as one pass (the shards hold whole batches)."""
-    from ..jobs.cluster import over_windows
 
     parts = over_windows(engine, shard_site_values, windows, (params, config, site, hooks),
                          progress=progress)
@@ -454,7 +459,6 @@ def evaluate_held_out(model, sae: SAE, data, windows: int, progress=None, hooks=
     """`sae eval`: evaluate over `windows` windows of the held-out text (--data's last part,
     or part-005), never training text, on `engine` (None: this process); (the evaluation,
     the files' names)."""
-    from ..storage.corpus import data_windows, held_out_files
 
     files = held_out_files(data)
     x, y = data_windows(files, model.tokenizer, model.config.n_positions, windows)
@@ -472,9 +476,7 @@ def evaluate(params, config: Config, sae: SAE, inputs: np.ndarray, targets: np.n
     With `hooks` (steering) every run is the steered one: the clean loss is the steered run's,
     and the SAE, the zero and the mean replace the site of the steered run.
     """
-    from functools import partial
 
-    from ..jobs.cluster import over_windows
 
     x = site_values_on(engine, params, config, inputs, sae.site, hooks=hooks)
     z = encode(sae, x)
@@ -554,7 +556,6 @@ class FeatureReport:
 def direct_logits(sae: SAE, params, latent: int) -> np.ndarray:
     """W_dec[latent] * ln_final.w @ W_U: the tokens the latent's direction pushes
     (the final norm's centring and per-token 1/std left out).  -> [V]"""
-    from ..transformer.model import norm_weights, out_matrix, token_table
 
     row = sae.W_dec[latent]
     if sae.site.endswith(".z"):  # the heads' outputs: through the block's W_O first
@@ -603,7 +604,6 @@ def latent_on_text(sae: SAE, params, values: np.ndarray, latent: int,
                    n_tokens: int = 10) -> LatentOnText:
     """The latent (negative: from the end) over a text whose values at the SAE's site are
     [T, d]."""
-    from ..jobs.session import check_index
 
     latent = check_index(latent, sae.n_latents, "latent")
     promotes, suppresses = pushed_tokens(direct_logits(sae, params, latent), n_tokens)
@@ -643,7 +643,6 @@ def without_latents(sae: SAE, latents: list[int]) -> Callable[[np.ndarray], np.n
 def latents_of(weights_file: Path, trace, path: str, given: tuple[Path, ...] = ()):
     """`sae.SITE` (every latent) or `sae.SITE.N` (one) of a traced run: (the site, its SAE
     (site_sae), z [T, m] or [T], per token its active latents or None)."""
-    from ..jobs.session import check_index
 
     site, latent = parse_latent_path(path, trace.config)
     sae = site_sae(weights_file, trace.config, site, given)
@@ -698,7 +697,6 @@ def latent_ablation(weights_file: Path, config: Config, paths: list[str],
                     given: tuple[Path, ...] = ()) -> Replace:
     """A Replace hook zeroing each `sae.SITE.N` latent, its SAE the site's (site_sae); the
     reconstruction error stays in the stream."""
-    from ..jobs.session import check_index
 
     by_site: dict[str, list[int]] = {}
     for p in paths:
@@ -716,8 +714,6 @@ def latent_ablation(weights_file: Path, config: Config, paths: list[str],
 
 def save_checkpoint(path: Path, state: TrainState, settings: dict) -> None:
     """The training state, atomically, with the settings it belongs to."""
-    import io
-    import json
 
     arrays = {f"p/{n}": a for n, a in sae_tensors(state.sae).items()}
     arrays.update({f"m/{n}": a for n, a in state.adam.m.items()})
@@ -730,7 +726,6 @@ def save_checkpoint(path: Path, state: TrainState, settings: dict) -> None:
 
 def load_checkpoint(path: Path, settings: dict) -> TrainState | None:
     """The run's state from its checkpoint, or None when there is none for these settings."""
-    import json
 
     if not path.is_file():
         return None
@@ -759,10 +754,6 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
     process) and kept in the cache folder as shards with a manifest (tinygpt_cli.jobs.shards): a
     pass cut short keeps its finished shards. bar(total, description) is the progress bar's
     context manager."""
-    from ..jobs import shards
-    from ..storage import cache
-    from ..storage.corpus import data_windows
-    from ..storage.files import sha256
 
     # a folder (SAELens': cfg.json and its weights; Gemma Scope 2's: params.safetensors and
     # config.json, or none, the site then read from its names): its files and the site

@@ -23,8 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, WeightsError
-from ..storage.files import read_json_object
+from ..storage.files import read_json_object, write_atomically
+from ..storage.madefor import check_made_for
+from ..storage.safetensors import header_bytes, map_safetensors, read_header, safetensors_bytes
 from ..transformer.config import Config
+from ..transformer.schema import VALUES
 from .dictionary import SAE, check_site
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
@@ -142,7 +145,6 @@ def settings(folder: Path, cfg: dict, config: Config) -> dict:
 def read_tensors(path: Path, d: int, m: int, arch: str) -> dict[str, np.ndarray]:
     """The weights, checked: the tensors SAELens writes for `arch`, of the sizes cfg.json
     says, real floating-point numbers, all finite; float32 for the math."""
-    from ..storage.safetensors import header_bytes, map_safetensors, read_header
 
     if not path.is_file():
         raise WeightsError(f"{path.parent} has {CFG} but no {WEIGHTS}")
@@ -176,7 +178,6 @@ def read_tensors(path: Path, d: int, m: int, arch: str) -> dict[str, np.ndarray]
 def load_saelens(folder: Path, config: Config, weights_file: Path) -> SAE:
     """A SAELens folder as an SAE for this model: its config and weights checked, and the
     weights it was made for, when it names them."""
-    from ..storage.madefor import check_made_for
 
     folder = Path(folder)
     cfg = read_cfg(folder)
@@ -211,7 +212,6 @@ def check_decoder_norms(path: Path, w_dec: np.ndarray) -> None:
 def hook_name(site: str) -> str:
     """The TransformerLens name of a site, from the schema (layers.1.resid_post ->
     blocks.1.hook_resid_post)."""
-    from ..transformer.schema import VALUES
 
     _, layer, kind = site.split(".")
     lens = next(v.lens for v in VALUES if v.path == f"layers.L.{kind}")
@@ -222,7 +222,6 @@ def saelens_files(sae: SAE, config: Config, made_for: dict[str, str],
                   model_name: str) -> dict[str, bytes]:
     """cfg.json and sae_weights.safetensors of `sae`, as SAELens 6 writes a TopK SAE
     (hook_name also at the top level with hook_layer, for the readers before 6)."""
-    from ..storage.safetensors import safetensors_bytes
 
     if sae.architecture != "topk" or sae.normalize != "none" or not sae.b_dec_in:
         raise InputError(f"{sae.path} is already a SAELens dictionary ({sae.architecture}); "
@@ -245,7 +244,6 @@ def export_saelens(sae: SAE, out: Path, config: Config, made_for: dict[str, str]
                    model_name: str) -> list[Path]:
     """Write the folder `out` (made if missing): the weights first, then cfg.json, each
     atomically, so a folder with a cfg.json has its weights."""
-    from ..storage.files import write_atomically
 
     files = saelens_files(sae, config, made_for, model_name)
     written = []

@@ -19,7 +19,16 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..errors import InputError
 from ..jobs.ahead import clean_final_norm
+from ..jobs.cluster import in_turn
+from ..storage.corpus import (
+    encode_stories,
+    ends_with_separator,
+    read_data_record,
+    stories_of,
+    validation_text,
+)
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.model import all_finite, record, run_to_final_norm, token_table
@@ -183,7 +192,6 @@ def score_parts(
     order as they come; without one they are made here, one after another, as they are
     needed (a long text is never held whole).
     """
-    from ..jobs.cluster import in_turn
 
     context = config.n_positions
     stride = context if stride is None else stride
@@ -409,14 +417,6 @@ def score_inputs(model, text: str | None, read_text: Callable[[str | None], str]
     file's stories are each closed by a separator, as the training stream has them; the last
     one's is scored only when `closing` or the file ends with one (Inputs.added says when it
     was not in the file)."""
-    from ..errors import InputError
-    from ..storage.corpus import (
-        encode_stories,
-        ends_with_separator,
-        read_data_record,
-        stories_of,
-        validation_text,
-    )
 
     tok, cfg = model.tokenizer, model.config
     eot = tok.eot_id

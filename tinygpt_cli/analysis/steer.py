@@ -22,12 +22,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, WeightsError
+from ..errors import InputError, WeightsError, check_utf8
+from ..jobs.session import check_index, encode_checked
+from ..storage.corpus import read_user_file
+from ..storage.madefor import check_made_for
+from ..storage.safetensors import metadata_strings, read_safetensors, safetensors_bytes
 from ..transformer.config import Config
 from ..transformer.hooks import Chain, RecordOnly, StopAfter, add_vector, chained
 from ..transformer.model import forward
 from ..transformer.sampling import create_rng
 from ..transformer.wiring import FORWARD
+from .saelens import load_saelens
 
 # The blocks this analysis implements (wiring.require refuses others by name): a vector added to
 # the stream, the model's own pass run on.
@@ -93,7 +98,6 @@ def parse_texts(content: str, name: str) -> list[str]:
 
 def read_pairs(pos: Path, neg: Path) -> tuple[list[str], list[str]]:
     """The texts of the files --pos and --neg; text i of one pairs with text i of the other."""
-    from ..storage.corpus import read_user_file
 
     pos_texts = parse_texts(read_user_file(pos, "--pos"), "--pos")
     neg_texts = parse_texts(read_user_file(neg, "--neg"), "--neg")
@@ -249,7 +253,6 @@ def direction_file(vector: np.ndarray, site_path: str, kind: str, source: dict,
     """The safetensors bytes (safetensors.safetensors_bytes: the same vector gives the same
     bytes). `meta` is more metadata (metadata_strings: the steering of the run it was found
     in)."""
-    from ..storage.safetensors import metadata_strings, safetensors_bytes
 
     tensors = {"direction": np.ascontiguousarray(vector, dtype="<f4")}
     if rows is not None:
@@ -280,15 +283,12 @@ def read_direction(spec: str, d: int, n_layer: int, weights_file, config=None) -
     one of the forms above (exit 2), WeightsError for one that cannot be read (exit 1). A
     file whose metadata names the weights it was made for (madefor) must name these. A
     folder is a SAELens SAE (read for the model of `config`): DIR#N is its W_dec row N."""
-    from pathlib import Path
 
-    from ..storage.madefor import check_made_for
 
     path, _, row = spec.rpartition("#") if "#" in spec else (spec, "", "")
     if row and not row.isdigit():
         raise InputError(f"--steer-vector {spec}: after '#' give a row number, not {row!r}")
     if Path(path).is_dir() and config is not None:
-        from .saelens import load_saelens
 
         sae = load_saelens(Path(path), config, weights_file)  # checked as every SAE is
         if not row:
@@ -342,7 +342,6 @@ def _read_npy(path) -> np.ndarray:
 def _read_tensors(path) -> tuple[dict[str, np.ndarray], dict]:
     if path.suffix == ".npy":
         return {"direction": _read_npy(path)}, {}
-    from ..storage.safetensors import read_safetensors
 
     return read_safetensors(path, label=f"--steer-vector {path}")
 
@@ -375,8 +374,6 @@ def steering_direction(model, toward: str | None, away: str | None, vector_file:
     """(v, the block it steers, where v came from) from the --steer options: a saved
     direction (--steer-vector FILE[#N], its block from the file unless --steer-layer), or
     mean_difference of the --steer and --steer-away texts at --steer-layer."""
-    from ..errors import check_utf8
-    from ..jobs.session import check_index, encode_checked
 
     config = model.config
     if vector_file is not None:
@@ -409,7 +406,6 @@ def steering_hook(model, toward: str | None, away: str | None, vector_file: str 
     """(the hook that adds scale * v to the input of the block, its description: site,
     scale, the norm of v and where v came from) from the --steer options
     (steering_direction)."""
-    from ..jobs.session import check_index
 
     if not math.isfinite(scale):
         raise InputError(f"--steer-scale must be a finite number, got {scale!r}")

@@ -18,19 +18,24 @@ weights_sha256: made for these weights, madefor.py's rule).
 
 from __future__ import annotations
 
+import shlex
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError, WeightsError
-from ..storage.madefor import check_made_for
+from ..storage.corpus import data_windows, given_or, held_out_files
+from ..storage.madefor import check_made_for, remake_hint, weights_option
+from ..storage.safetensors import read_safetensors
 from ..transformer.config import Config
-from ..transformer.hooks import Replace, chained
+from ..transformer.hooks import Chain, RecordOnly, Replace, chained
 from ..transformer.model import forward
 from ..transformer.wiring import FORWARD
 from . import sae as S
+from .gemmascope import load_gemma_scope, transcoder_folders
 
 # The blocks this analysis implements (wiring.require refuses others by name): the MLP's recorded
 # input and output.
@@ -42,9 +47,7 @@ TENSORS = ("W_enc", "b_enc", "W_dec", "b_dec", "b_in")
 def train_hint(weights_file: Path, folder: Path, verb: str = "train them for this model") -> str:
     """The command that trains the transcoders at `folder` (the weights folder's own, or the
     --transcoders folder named) for these weights, never into the installed package."""
-    import shlex
 
-    from ..storage.madefor import remake_hint, weights_option
 
     default = folder_of(weights_file)
     if Path(folder) != default:
@@ -91,7 +94,6 @@ def mlp_values(params, config: Config, windows: np.ndarray, *, batch: int = 16,
     """Per block, (ln2.out, its output: mlp_out, or the path outputs[i] a transcoder
     predicts) at every position of windows [W, T]: [W*T, d] each, float32, from one pass
     per batch (through `hooks` when given)."""
-    from ..transformer.hooks import Chain, RecordOnly
 
     outs = outputs or [output_path(i) for i in range(config.n_layer)]
     paths = [p for i in range(config.n_layer) for p in (input_path(i), outs[i])]
@@ -147,7 +149,6 @@ def gemma_scope_transcoder(folder: Path, config: Config, layer: int, pattern: st
     """Block `layer`'s transcoder from a folder in Gemma Scope 2's layout (one
     layer_L_width_W_l0_S folder per block, gemmascope.py), its skip connection (an _affine
     one) with it: the evaluation decodes with it, the graph has it as a path of its own."""
-    from .gemmascope import load_gemma_scope, transcoder_folders
 
     found = transcoder_folders(folder, layer, pattern)
     if len(found) != 1:
@@ -164,7 +165,6 @@ def gemma_scope_transcoder(folder: Path, config: Config, layer: int, pattern: st
 
 
 def load_transcoder(path: Path, config: Config, weights_file: Path, layer: int) -> S.SAE:
-    from ..storage.safetensors import read_safetensors
 
     if not path.is_file():
         raise InputError(f"no transcoder for block {layer} at {path}: "
@@ -288,7 +288,6 @@ def evaluate(params, config: Config, transcoders: list[S.SAE], inputs: np.ndarra
 def evaluate_held_out(model, transcoders: list[S.SAE], data, windows: int, progress=None,
                       hooks=None):
     """`transcoder eval`: on `windows` windows of --data (a file, or a folder's last part)."""
-    from ..storage.corpus import data_windows, given_or, held_out_files
 
     files = given_or(data, held_out_files)
     x, y = data_windows(files, model.tokenizer, model.config.n_positions, windows)
@@ -304,7 +303,6 @@ def data_codes(model, transcoders: list[S.SAE], folder: Path, layer: int, files:
     """Block `layer`'s transcoder codes at every token of `windows` windows of the files,
     computed once per (weights, transcoder file, data) on `engine` and cached
     (sae.data_codes, reading the transcoder's input ln2.out)."""
-    from dataclasses import replace
 
     tc = replace(encoders_of(transcoders)[layer], site=input_path(layer))
     source = file_of(folder, layer)
@@ -359,7 +357,6 @@ def top_windows_of(codes: dict[str, np.ndarray], latents, n: int = 3, before: in
 def label_of(examples: list[dict], show) -> str:
     """A short label from a feature's top windows: the token it fires on and the one before
     it, when most of the windows share them. A summary of examples, not an explanation."""
-    from collections import Counter
 
     if not examples:
         return "no example in the searched text"

@@ -12,6 +12,7 @@ backward through the final norm and the tied head.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,13 +20,18 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, WeightsError
+from ..jobs.cluster import over_windows
+from ..storage.corpus import data_windows, given_or, held_out_files, training_files
 from ..storage.files import write_atomically
+from ..storage.madefor import check_made_for, made_for, remake_hint, weights_option
+from ..storage.safetensors import metadata_strings, read_safetensors, safetensors_bytes
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.hooks import RecordOnly, chained
 from ..transformer.model import forward, head_table, norm_weights, read_out
 from ..transformer.optim import SAE_BETAS, AdamW
 from ..transformer.wiring import FORWARD
+from .lens import Lens
 
 # The blocks this analysis implements (wiring.require refuses others by name): translators of the
 # stream's stages: any wiring the passes compute.
@@ -86,7 +92,7 @@ def kl_and_grads(h: np.ndarray, a: np.ndarray, b: np.ndarray, logp_final: np.nda
     n = h.shape[0]
     t = translate(h, a, b)
     gain, bias = norm_weights(params, "ln_final")
-    eps, head = config.layer_norm_epsilon, params[head_table(params)]
+    eps, head = config.layer_norm_epsilon, params[head_table(config)]
     if bias is None:  # an RMSNorm
         u, rms = ops.rms_norm(t, gain, eps)
     else:
@@ -135,7 +141,6 @@ def stage_values(params, config: Config, windows: np.ndarray, batch: int = 16,
     given, each shard of windows a task on `engine` (default: this process), joined in window
     order (the same numbers: a shard holds whole batches). `progress(n)` is called with the
     windows done."""
-    from ..jobs.cluster import over_windows
 
     parts = over_windows(engine, shard_stage_values, windows, (params, config, batch, hooks),
                          progress=progress)
@@ -229,7 +234,6 @@ def tuned_stage_logits(trace, tr: Translators, params, config: Config
 
 
 def save_translators(path: str | Path, tr: Translators, meta: dict[str, str]) -> None:
-    from ..storage.safetensors import metadata_strings, safetensors_bytes
 
     t = {f"A.{i}": np.ascontiguousarray(a, np.float32) for i, a in enumerate(tr.A)}
     t.update({f"b.{i}": np.ascontiguousarray(b, np.float32) for i, b in enumerate(tr.b)})
@@ -239,8 +243,6 @@ def save_translators(path: str | Path, tr: Translators, meta: dict[str, str]) ->
 def load_translators(path: str | Path, config: Config, weights_file: Path) -> Translators:
     """The translators of a tuned lens file, checked: every stage's A [d, d] and b [d],
     finite, made for `weights_file` (madefor)."""
-    from ..storage.madefor import check_made_for
-    from ..storage.safetensors import read_safetensors
 
     path = Path(path)
     if not path.is_file():
@@ -265,9 +267,7 @@ def load_translators(path: str | Path, config: Config, weights_file: Path) -> Tr
 def fit_hint(weights_file: Path, path: Path, verb: str = "fit one") -> str:
     """The command that fits the tuned lens at `path` (the weights folder's, or the --lens
     file named) for these weights, never into the installed package."""
-    import shlex
 
-    from ..storage.madefor import remake_hint, weights_option
 
     default = lens_file(weights_file, None)
     if Path(path) != default:
@@ -299,7 +299,6 @@ def lens_file(weights_file: Path, given: Path | None) -> Path:
 def tuned_reader(session, given: Path | None):
     """trace -> the tuned lens of the session's text as a Lens (stages, logits), the model's
     logits last: lens_report's reader."""
-    from .lens import Lens
 
     def read(trace):
         path = lens_file(session.model.weights_file, given)
@@ -314,7 +313,6 @@ def fit_and_save(model, windows: np.ndarray, path: Path, bar, hooks=None,
     """Fit the translators on the windows' stages (of runs through `hooks`, when given, on
     `engine`) and write them to `path` with `meta` added to their metadata; the tokens used.
     bar(total, description) is the progress bar's context manager."""
-    from ..storage.madefor import made_for
 
     cfg = model.config
     with bar(len(windows), "values of the stages") as advance:
@@ -331,7 +329,6 @@ def fit_and_save(model, windows: np.ndarray, path: Path, bar, hooks=None,
 def fit_on_training_text(model, data, path, bar, hooks=None, changes=None, engine=None) -> int:
     """`lens --fit`: translators fitted on FIT_WINDOWS windows of the training text (--data's
     parts but the last, or the project's) and saved to `path`; the number of tokens."""
-    from ..storage.corpus import data_windows, training_files
 
     x, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
                         FIT_WINDOWS, bar)
@@ -341,7 +338,6 @@ def fit_on_training_text(model, data, path, bar, hooks=None, changes=None, engin
 def evaluate_held_out(model, data, translators, bar, hooks=None, engine=None):
     """`lens --evaluate`: both lenses over EVAL_WINDOWS windows of the held-out text (--data's
     last part, or part-005); (the LensEval, the files' names)."""
-    from ..storage.corpus import data_windows, given_or, held_out_files
 
     files = given_or(data, held_out_files)
     x, _ = data_windows(files, model.tokenizer, model.config.n_positions, EVAL_WINDOWS, bar)

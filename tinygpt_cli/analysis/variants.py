@@ -15,7 +15,15 @@ import numpy as np
 
 from ..transformer.config import Config
 from ..transformer.hooks import Chain, Replace
-from ..transformer.model import cut_head, forward, token_embeddings_of, token_table
+from ..transformer.model import (
+    block,
+    cut_head,
+    forward,
+    norm,
+    token_embeddings_of,
+    token_table,
+    unembed,
+)
 
 Edit = Callable[[np.ndarray], np.ndarray]
 Variant = Mapping[str, Edit]
@@ -67,7 +75,7 @@ def run_variants(params: dict[str, np.ndarray], config: Config, ids: Sequence[in
     first = None
     if rows is not None:
         x = token_embeddings_of(params, config, ids)
-        params = cut_head(params, rows)
+        params = cut_head(params, config, rows)
         first = Replace({"token_embeddings": lambda _: x})
         ids = np.zeros_like(ids)
     width = config.vocab_size if rows is None else len(rows)
@@ -109,12 +117,11 @@ def forward_from(params: dict[str, np.ndarray], config: Config, layer: int, h: n
                  hooks) -> np.ndarray:
     """Blocks layer .. n_layer-1 on the stream h entering block `layer`, then the final norm and
     the head at the last position only.  [B, T, d] -> [B, 1, V]"""
-    from ..transformer.model import block, norm, unembed
 
     for i in range(layer, config.n_layer):
         h = block(params, config, i, h, hooks, None, 0, None)
     u = norm(params, config, h[..., -1:, :], "ln_final", hooks)
-    return unembed(params, u, hooks)
+    return unembed(params, config, u, hooks)
 
 
 def set_row(t: int, value: np.ndarray) -> Edit:

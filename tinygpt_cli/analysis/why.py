@@ -21,20 +21,38 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from .. import words
+from ..errors import InputError
+from ..jobs.cluster import Here
+from ..jobs.session import token_id
 from ..jobs.threads import map_on_cores
-from ..storage.corpus import TrainingDataError, eval_windows
+from ..storage import cache
+from ..storage.cache import key_of
+from ..storage.corpus import TrainingDataError, encode_stories, eval_windows, read_stories
+from ..storage.corpus import training_text as recorded
+from ..storage.files import sha256
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.hooks import Chain, Record
 from ..transformer.model import backward, forward, loss_and_grads
+from ..transformer.trace import run_traced
 from ..transformer.wiring import FAMILIES, handles
-from .why_index import TracinIndex
+from . import exact_tracin as ex
+from . import heads
+from . import history as hist
+from . import why_edge as we
+from .circuit import build_graph
+from .exact_tracin import next_token_query
+from .sae import encode, parse_latent_path, site_sae
+from .why_index import TracinIndex, cannot_keep, index_folder, open_index, writable_index
 
 # The blocks this analysis implements (wiring.require refuses others by name): TracIn's terms are
 # written for the families' parameters and norm sites (tracin, exact_tracin).
@@ -264,7 +282,6 @@ def target_spans(window: np.ndarray, ids: list[int], target: int,
 
 
 def _no_bar(total: int | None, description: str):
-    import contextlib
 
     return contextlib.nullcontext(lambda n=1: None)
 
@@ -291,8 +308,6 @@ class Index:
 
 
 def data_key(files, tokenizer_file) -> str:
-    from ..storage.cache import key_of
-    from ..storage.files import sha256
 
     return key_of("why-index-v2", *(sha256(f) for f in files), sha256(tokenizer_file))
 
@@ -322,8 +337,6 @@ def valid_index(z: dict, n_files: int, vocab_size: int) -> bool:
 def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
     """The cached index of these files' tokens, built (with progress bars) when missing or
     damaged (valid_index)."""
-    from ..storage import cache
-    from ..storage.corpus import encode_stories, read_stories
 
     def build() -> dict[str, np.ndarray]:
         with bar(len(files), "reading the training text") as advance:
@@ -354,8 +367,6 @@ def influence(index: Index, snapshots: list, config: Config, ids: list[int], tar
     explain the best of those exactly, the snapshots on `workers` threads (default: every
     core). `snapshots` are analysis.history.Snapshot objects with a learning rate, in the
     index's order; progress(done, total) follows the shards scored."""
-    from ..jobs.cluster import Here
-    from .exact_tracin import next_token_query
 
     n = (len(index.stream) - 1) // config.n_positions  # windows (never all in memory at once)
     # one backward pass a snapshot: the index's query and the exact re-scoring's gradient
@@ -379,7 +390,6 @@ def exact_scores(index: Index, snapshots: list, config: Config, makers: list,
     """Exact TracIn of every window for each query asked (makers: params -> its
     exact_tracin.Query), in one pass over the windows per snapshot.  -> [asks, snapshots,
     windows], each snapshot's part weighted by its learning rate"""
-    from . import exact_tracin as ex
 
     n = (len(index.stream) - 1) // config.n_positions
     queries = [(s.params, s.lr, [make(s.params) for make in makers]) for s in snapshots]
@@ -427,12 +437,7 @@ def _latent_value(model, ids: list[int], value: str, hooks=None, saes: tuple = (
     or resid_post), at position P (default the last). Its gradient at the stream is its
     encoder column where it is active (a TopK, ReLU or JumpReLU SAE, Gemma Scope 2's among
     them, that does not normalise its input)."""
-    import re
 
-    from ..errors import InputError
-    from ..transformer.trace import run_traced
-    from . import exact_tracin as ex
-    from .sae import encode, parse_latent_path, site_sae
 
     config, t = model.config, len(ids)
     found = re.fullmatch(LATENT, value)
@@ -472,11 +477,6 @@ def _edge_value(model, ids: list[int], value: str, target: int, vs: int | None,
                 corrupt: list[int] | None, hooks=None) -> Value:
     """`edge:SENDER->RECEIVER`: that edge's exact score from `tinygpt circuit` (the text the
     clean one, `corrupt` the corrupt one; analysis.why_edge)."""
-    from ..errors import InputError
-    from ..words import count
-    from . import why_edge as we
-    from .circuit import build_graph
-
     config = model.config
     we.parse_edge(value, build_graph(config), config)
     if corrupt is None:
@@ -484,7 +484,7 @@ def _edge_value(model, ids: list[int], value: str, target: int, vs: int | None,
                          "one, as tinygpt circuit CLEAN CORRUPT does: give --corrupt TEXT, "
                          "as many tokens as the text")
     if len(corrupt) != len(ids):
-        raise InputError(f"the text is {count(len(ids), 'token')} and the --corrupt text "
+        raise InputError(f"the text is {words.count(len(ids), 'token')} and the --corrupt text "
                          f"{len(corrupt)}: an edge is patched position by position, so they "
                          "must have the same number of tokens")
     target, vs = we.edge_tokens(model.params, config, ids, corrupt, target, vs, hooks)
@@ -505,12 +505,7 @@ def value_of(model, ids: list[int], value: str | None, target: int, vs: int | No
     score KIND:LxHy on the text, an SAE latent, or an edge's score from `circuit` against the
     `corrupt` text), or the logit difference logit[target] - logit[vs]: as a Value. A path it
     cannot read is an InputError naming the forms it takes."""
-    import re
 
-    from ..errors import InputError
-    from ..transformer.trace import run_traced
-    from . import exact_tracin as ex
-    from . import heads
 
     config, t = model.config, len(ids)
     if value is not None and value.startswith("edge:"):
@@ -643,8 +638,6 @@ def training_text(model, data: list[Path] | None, any_data: bool = False):
     must first have the snapshots TracIn needs: a folder with no history/ (one from the hub,
     say) is told that, not that it has no record of its text; a --data given is checked
     first, as the user's own input."""
-    from ..storage.corpus import training_text as recorded
-    from . import history as hist
 
     if not data:
         hist.find_snapshots(hist.history_folder(model), model.weights_file)
@@ -667,11 +660,6 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     (logit[target] - logit[vs]): that scalar explained instead of the next token, exactly;
     `corrupt`: the ids of an edge's corrupt text; `saes`: the --sae dictionaries a latent's
     site is read with before the weights folder's own."""
-    from ..errors import InputError
-    from ..jobs.session import token_id
-    from . import exact_tracin as ex
-    from . import history as hist
-    from .why_index import cannot_keep, index_folder, open_index, writable_index
 
     config = model.config
     asks = [(q, _target_of(model, q, target, hooks)) for q in [ids, *more]]
@@ -735,8 +723,6 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
 
 def _target_of(model, ids: list[int], target: str | int | None, hooks) -> int:
     """The token to explain: the one named, else the text's likeliest next token."""
-    from ..jobs.session import token_id
-    from . import history as hist
 
     if target is not None:
         return token_id(model, target)

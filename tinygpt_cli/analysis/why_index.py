@@ -32,20 +32,40 @@ build are removed.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import mmap
 import os
+import shutil
+import struct
+import threading
+import zipfile
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..storage.cache import npz_bytes
+from ..errors import WriteError
+from ..jobs.cluster import Here, in_order, spans
+from ..jobs.threads import map_on_cores
+from ..storage.cache import entry, key_of, npz_bytes
 from ..storage.corpus import eval_windows
-from ..storage.files import discard, verified, write_checked
+from ..storage.files import (
+    discard,
+    remove_temporaries,
+    sha256,
+    sum_file,
+    verified,
+    write_atomically,
+    write_checked,
+)
+from ..storage.weights import load_params
 from ..transformer.config import Config
 from . import tracin
+from .exact_tracin import next_token_query
 
 VERSION = "tracin-v5"  # v5: rank-one matrices and top chances (v4: Kronecker projections)
 ARRAYS = ("rank1", "rows", "u", "m", "top_ids", "top_p")  # tracin.WindowGradients' fields
@@ -54,8 +74,6 @@ BATCH = 32  # windows per forward and backward pass
 
 
 def index_key(data_key: str, snapshot_files: list[Path], config: Config) -> str:
-    from ..storage.cache import key_of
-    from ..storage.files import sha256
 
     return key_of(VERSION, data_key, *(sha256(f) for f in snapshot_files), str(config),
                   str((sorted(tracin.SIZES.items()), tracin.FIT_WINDOWS,
@@ -69,8 +87,6 @@ def mapped_arrays(path: str | Path) -> dict[str, np.ndarray]:
     checked against their sha256 when written and whenever their stamp changed
     (TracinIndex.drop_damaged), so the CRC adds nothing. A member that is compressed, or not
     a plain .npy array, is read by np.load instead."""
-    import struct
-    import zipfile
 
     out = {}
     with open(path, "rb") as f, zipfile.ZipFile(f) as z:
@@ -102,7 +118,6 @@ def mapped_arrays(path: str | Path) -> dict[str, np.ndarray]:
 def _mapped(f):
     """The whole file mapped read-only. (MAP_POPULATE, every page read in at once, made the
     shipped model's queries slower: 4.2-5.4 s against 3.4-3.7 s.)"""
-    import mmap
 
     return mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
 
@@ -134,7 +149,6 @@ _KEEP = 4
 
 
 def _kept(kind: str, path: str, make: Callable):
-    import threading
 
     lock = _KEPT.setdefault("lock", threading.Lock())
     st = os.stat(path)
@@ -151,7 +165,6 @@ def _kept(kind: str, path: str, make: Callable):
 
 
 def _params(path: str, config: Config) -> dict:
-    from ..storage.weights import load_params
 
     return _kept("weights", path, lambda: {n: np.asarray(a, np.float32) for n, a in
                                            load_params(Path(path), config).items()})
@@ -262,7 +275,6 @@ class TracinIndex:
             return sum(z[n][0].size for n in ARRAYS)
 
     def spans(self) -> list[tuple[int, int]]:
-        from ..jobs.cluster import spans
 
         return spans(self.n_windows, self.shard_windows)
 
@@ -279,7 +291,6 @@ class TracinIndex:
         every core). progress(done, total) is called as pieces finish (units: window
         gradients). One build at a time: a second one waits for the first, then finds the
         index complete."""
-        from ..jobs.cluster import Here
 
         self.shard_windows = chunk or self.shard_windows
         if self.complete:
@@ -291,9 +302,7 @@ class TracinIndex:
                 self._build(stream, config, progress, engine or Here(workers))
 
     def _build(self, stream, config, progress, engine) -> None:
-        from dataclasses import asdict
 
-        from ..storage.files import remove_temporaries
 
         remove_temporaries(self.folder)  # under the lock, every one is a killed build's
         t, S = config.n_positions, len(self.snapshot_files)
@@ -334,7 +343,6 @@ class TracinIndex:
         """index.json, written last: the index is complete. Its manifest: what the index was
         computed from (the data's key, each snapshot's file and sha256), each shard's window
         range, rows, arrays and sha256, and each piece's stamp."""
-        from ..storage.files import sum_file, write_atomically
 
         def checksum(f: Path) -> str:
             return sum_file(f).read_text().strip()
@@ -370,7 +378,6 @@ class TracinIndex:
         size, inode or mtime are not those index.json recorded (an edit in place, a copy:
         then recorded anew); the damaged ones are removed with index.json, so build()
         computes just them again: never a failure, nor a wrong score, on a later query."""
-        from ..errors import WriteError
 
         if not self.complete:
             return
@@ -404,8 +411,6 @@ class TracinIndex:
                 hooks=None, workers: int | None = None) -> list:
         """The query's gradient in each snapshot's terms (tracin.query), the text run through
         `hooks`, the snapshots on every core."""
-        from ..jobs.threads import map_on_cores
-        from .exact_tracin import next_token_query
 
         exact = map_on_cores(lambda p: next_token_query(p, config, ids, target, hooks),
                              params_list, workers)
@@ -414,7 +419,6 @@ class TracinIndex:
     def in_index_terms(self, exact: list, config: Config, workers: int | None = None) -> list:
         """Each snapshot's exact_tracin.Query in that snapshot's index terms (its fitted
         directions), for a caller that needs the exact gradients too (why.influence)."""
-        from ..jobs.threads import map_on_cores
 
         def one(s: int):
             with np.load(self._projection(s)) as z:
@@ -428,7 +432,6 @@ class TracinIndex:
         """score_task on every window range, where its shards lie: the ranges in runs, about
         TASKS_PER_WORKER tasks a worker (one range a task on a small index); progress(ranges
         done, ranges) as the tasks finish."""
-        from ..jobs.cluster import in_order
 
         ranges = [(c, a, [str(self.shard(s, c)) for s in range(len(queries))])
                   for c, (a, _) in enumerate(self.spans())]
@@ -450,7 +453,6 @@ class TracinIndex:
         """Every window's approximate <window gradient, query gradient>, per snapshot, the
         text run through `hooks`, on `engine` (default: this machine, every core).  -> [S, W]
         (not yet weighted by the learning rates)"""
-        from ..jobs.cluster import Here
 
         if not params_list:
             return np.zeros((0, len(x)))
@@ -474,7 +476,6 @@ class TracinIndex:
 def holding(folder: Path):
     """An exclusive lock on the index folder while a build writes into it (flock on the
     folder itself: no lock file to leave behind); released when the process ends."""
-    import fcntl
 
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -487,7 +488,6 @@ def holding(folder: Path):
 def prune_other_versions(parent: Path) -> None:
     """Remove whole indexes of another format (an older tinygpt's: nearly 1 GB each for the
     shipped model), which this version can never read, before building a new one."""
-    import shutil
 
     for index_file in parent.glob("*/index.json"):
         try:
@@ -499,13 +499,11 @@ def prune_other_versions(parent: Path) -> None:
 
 
 def index_folder(data_key: str, snapshot_files: list[Path], config: Config) -> Path:
-    from ..storage.cache import entry
 
     return entry("why-tracin", index_key(data_key, snapshot_files, config), suffix="")
 
 
 def cannot_keep(folder: Path, e: OSError):
-    from ..errors import WriteError
 
     return WriteError(f"cannot write the gradient index {folder}: {e.strerror or e}; why keeps "
                       "it in the cache folder (set TINYGPT_CACHE to a writable one)")
@@ -514,7 +512,6 @@ def cannot_keep(folder: Path, e: OSError):
 def writable_index(folder: Path) -> None:
     """A complete index is only read; one still to build needs its folder writable: else
     WriteError (exit 1), one line saying where the index goes."""
-    import errno
 
     if (folder / "index.json").is_file():
         return
@@ -528,7 +525,6 @@ def writable_index(folder: Path) -> None:
 
 def open_index(data_key: str, snapshot_files: list[Path], config: Config,
                n_windows: int) -> TracinIndex:
-    from ..storage.cache import entry
 
     key = index_key(data_key, snapshot_files, config)
     index = TracinIndex(entry("why-tracin", key, suffix=""), n_windows, list(snapshot_files),

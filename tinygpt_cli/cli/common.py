@@ -159,7 +159,9 @@ def load(context: RunContext, weights: Path | None) -> Model:
     (wiring.require, with what the analysis declares: handles_of)."""
     from ..storage.weights import load_model
     from ..transformer.wiring import require
+    from .process import keep_freed_memory
 
+    keep_freed_memory(context)  # the console script's process only: a traced pass keeps every value
     model = load_model(weights if weights is not None else context.weights,
                        opened=context.opened)
     require(model.config, context.command or "this command", handles_of(context.command))

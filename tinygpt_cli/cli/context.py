@@ -74,6 +74,9 @@ class RunContext:
     last: int | None = None  # --last N: a long text's last N tokens are read
     offers_last: bool = False  # the command takes --last (its refusals may name it)
     cut: dict | None = None  # what --last cut, for the JSON document (render.output.present)
+    # the console script's own process (entry.main): it may tune the process's memory
+    # (cli/process.py); a program running commands (the API, MCP) leaves its process alone
+    own_process: bool = False
 
     def for_command(self, command: str | None, steer: SteerOptions | None,
                     quiet: bool = False) -> RunContext:

@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> None:
         from ..jobs.threads import use_default
 
         use_default()  # before NumPy loads: BLAS reads its thread count only then
-        run(argv)  # the slow imports first
+        from .context import RunContext
+
+        run(argv, RunContext(own_process=True))  # the slow imports first
     except KeyboardInterrupt:  # in the instant between two handlers
         fresh_line()
         sys.exit(INTERRUPTED)

@@ -35,6 +35,7 @@ from .common import (
     present,
     steered,
 )
+from .process import small_pages
 from .steering import keep_default_file, steerable
 
 if TYPE_CHECKING:
@@ -250,6 +251,7 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                                               "--group": group, "--qk": qk, "--vs": vs,
                                               "--target": target})
     model = load(context, weights)
+    small_pages(context)  # the console script's process: 4 kB pages for every graph below
     if open_file is not None:
         return _open(context, model, open_file, transcoders, (tolerance, max_features), save,
                      as_json)
@@ -260,8 +262,7 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     position = check_index(position, len(ids), "position")
     folder = T.folder_of(model.weights_file, transcoders)
     found = T.load_transcoders(folder, model.config, model.weights_file)
-    want = None if target is None else token_id(model, target)
-    other = None if vs is None else token_id(model, vs)
+    want, other = (None if t is None else token_id(model, t) for t in (target, vs))
     hooks, changes = steered(context, model)
     options = {"target": target, "vs": vs, "position": position, "logits": logits,
                "node_threshold": node_threshold, "edge_threshold": edge_threshold,

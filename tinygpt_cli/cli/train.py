@@ -110,7 +110,9 @@ def train_cmd(
     from ..render.training import TrainingProgress
     from ..storage.corpus import split_data
     from ..transformer.config import check_vocab_size
+    from .process import keep_freed_memory
 
+    keep_freed_memory(context)  # the console script's process: training frees and reuses
     if resume and force:
         raise InputError("--resume and --force contradict each other: choose one")
     if resume and init is not None:

@@ -22,8 +22,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..errors import InputError
 from ..storage.weights import Model
 from ..transformer.model import run_to_final_norm as final_norm_of
+from ..transformer.model import run_to_final_norm as own_pass
 
 CHUNK_TOKENS = 16_384  # tokens of lines computed ahead at a time: 8 MB at 128 numbers
 BATCH = 64  # lines of one length in one pass
@@ -154,7 +156,6 @@ def _encoded(tokenizer, texts: list[str], limit: int) -> list[list[int] | None]:
 
 def _readable(tokenizer, text: str) -> bool:
     """Whether the tokenizer has a token for every byte of the text (Tokenizer.check_bytes)."""
-    from ..errors import InputError
 
     try:
         tokenizer.check_bytes(text)
@@ -181,9 +182,6 @@ def clean_final_norm(params, config, ids, ahead: Ahead | None = None) -> np.ndar
     ahead in a batch with the next lines (`ahead`, under --each-line), or as the text's own
     pass makes it. Non-finite values are the caller's to check (the recorded pass names the
     first)."""
-    from ..transformer.model import (
-        run_to_final_norm as own_pass,  # not final_norm_of: that one makes batches
-    )
 
     u = None if ahead is None else ahead.final_norm(params, config, ids)
     return own_pass(params, config, ids)[0] if u is None else u

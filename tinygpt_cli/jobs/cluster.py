@@ -29,10 +29,20 @@ Importing this module imports nothing heavy (Dask only when a cluster is asked f
 
 from __future__ import annotations
 
+import logging
+import math
+import multiprocessing as mp
 import os
+import signal
+import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from typing import Any
+
+from ..errors import InputError, WeightsError
+from .threads import BLAS_VARS, cores, map_on_cores, use
 
 ENV = "TINYGPT_CLUSTER"
 LOCAL = "local"
@@ -59,9 +69,7 @@ def chosen(option: str | None, environ=os.environ) -> str | None:
 def wait_chosen(option: float | None, environ=os.environ) -> float:
     """The longest wait, in seconds: --cluster-wait, else $TINYGPT_CLUSTER_WAIT, else
     WAIT_SECONDS; InputError for what is not a positive number of seconds."""
-    import math
 
-    from ..errors import InputError
 
     value = option if option is not None else environ.get(WAIT_ENV) or WAIT_SECONDS
     try:
@@ -78,7 +86,6 @@ def quiet_dask() -> None:
     """Dask's own log lines (a lost scheduler's "Failed to reconnect", a closed comm's
     traceback from asyncio) stay off the user's terminal: the command says what happened
     in its one error line."""
-    import logging
 
     # Dask gives its loggers levels of their own and a handler on "distributed", which the
     # records of distributed.client reach whatever the parent's level: every one is muted
@@ -101,14 +108,12 @@ _SHARED: dict = {}  # a pool process's `shared`, set once by its initializer
 def one_thread() -> None:
     """One BLAS thread in this worker process, set once (later calls cost nothing)."""
     if not _SHARED.get("one thread"):
-        from .threads import use
 
         use(1)
         _SHARED["one thread"] = True
 
 
 def _pool_start(shared: Any) -> None:
-    import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     one_thread()
@@ -141,7 +146,6 @@ class Here:
     name = "this machine"
 
     def __init__(self, workers: int | None = None):
-        from .threads import cores
 
         self.workers = workers or cores()
 
@@ -158,7 +162,6 @@ class Here:
 
         def run(fn: Task, tasks: list) -> Iterator[tuple[int, Any]]:
             if spread == "threads":
-                from .threads import map_on_cores
 
                 yield from enumerate(map_on_cores(lambda t: fn(t, shared), tasks,
                                                   self.workers))
@@ -175,12 +178,7 @@ def _process_pool(shared: Any, workers: int):
     Ctrl-C (or any error) stops them at once. A worker that dies mid-task (killed, out of
     memory) ends the job with one error line: concurrent.futures notices a lost worker, where
     multiprocessing.Pool waits for its task forever."""
-    import multiprocessing as mp
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-    from concurrent.futures.process import BrokenProcessPool
 
-    from ..errors import WeightsError
-    from .threads import BLAS_VARS
 
     saved = {k: os.environ.get(k) for k in BLAS_VARS}
     os.environ.update({k: "1" for k in saved})  # read by each worker's BLAS as it starts
@@ -237,10 +235,7 @@ class Cluster:
 
     def __init__(self, address: str, workers: int | None = None,
                  wait: float = WAIT_SECONDS):
-        import logging
-        import warnings
 
-        from ..errors import InputError
 
         try:
             from distributed import Client, LocalCluster
@@ -253,8 +248,6 @@ class Cluster:
             with warnings.catch_warnings():  # a version mismatch, a port in use: Dask's words
                 warnings.simplefilter("ignore")
                 if address == LOCAL:
-                    from .threads import cores
-
                     self.local = LocalCluster(n_workers=workers or cores(),
                                               threads_per_worker=1, processes=True,
                                               host="127.0.0.1", silence_logs=logging.CRITICAL + 1,
@@ -290,7 +283,6 @@ class Cluster:
 
     def _stuck(self) -> Exception:
         """The error for a job whose next result did not come within the wait."""
-        from ..errors import WeightsError
 
         workers = None
         if self.client.status == "running":
@@ -312,7 +304,6 @@ class Cluster:
         when the worker holding it is lost."""
         from distributed import wait
 
-        from ..errors import WeightsError
 
         where = self.client.submit(_shared, shared, pure=False)
         pending: set = {where}

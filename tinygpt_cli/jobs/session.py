@@ -225,7 +225,7 @@ class Session:
         u = None if self.ahead is None else self.ahead(self.params, self.config, self.ids)
         if u is None:
             u = run_to_final_norm(self.params, self.config, self.ids)[0]
-        logits = logits_of(self.params, u)
+        logits = logits_of(self.params, self.config, u)
         if not all_finite(logits):
             return self.run()  # which names the first value that overflowed
         return logits

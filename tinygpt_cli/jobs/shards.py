@@ -26,6 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from ..storage.cache import keep, load_arrays, npz_bytes
+from ..storage.files import sum_file, verified
+from . import cluster
+from .cluster import Here, in_order, spans
+
 FORMAT = "tinygpt-shards-v1"
 MANIFEST = "index.json"
 
@@ -39,8 +44,6 @@ def shard_name(a: int, b: int) -> str:
 def _read_shard(path: Path, windows: int, valid: Valid) -> dict | None:
     """A shard's arrays when its bytes match its checksum and `valid` accepts them, else None
     (a damaged or stale shard is computed again: it is only a cache)."""
-    from ..storage.cache import load_arrays
-    from ..storage.files import verified
 
     if not verified(path):
         return None
@@ -54,7 +57,6 @@ def _read_shard(path: Path, windows: int, valid: Valid) -> dict | None:
 def read_complete(folder: Path, key: str, valid: Valid) -> list[dict] | None:
     """The shards of a complete cache (its manifest names this key, every shard is verified
     and valid), in window order; None when any of that is not so."""
-    from ..storage.files import verified
 
     manifest = folder / MANIFEST
     if not verified(manifest):
@@ -82,10 +84,8 @@ def computed(folder: Path, key: str, windows: np.ndarray, fn, shared: Any, valid
     of `windows` [W, T] that the folder does not already hold (verified and valid), on
     `engine` (None: this process); each written as it arrives, the manifest last. The
     shards' arrays in window order; progress(windows) as each shard is read or computed."""
-    from ..storage.cache import keep, npz_bytes
-    from .cluster import SHARD, in_order, spans
 
-    parts = spans(len(windows), shard or SHARD)
+    parts = spans(len(windows), shard or cluster.SHARD)  # read when run: tests set it
     found: dict[int, dict] = {}
     for i, (a, b) in enumerate(parts):
         arrays = _read_shard(folder / shard_name(a, b), b - a, valid)
@@ -106,7 +106,6 @@ def computed(folder: Path, key: str, windows: np.ndarray, fn, shared: Any, valid
             progress(b - a)
 
     if todo:
-        from .cluster import Here
 
         tasks = [(parts[i][0], windows[slice(*parts[i])]) for i in todo]
         with (engine or Here(1)).job(shared) as run:
@@ -120,7 +119,6 @@ def computed(folder: Path, key: str, windows: np.ndarray, fn, shared: Any, valid
 
 def _manifest(folder: Path, key: str, parts: list[tuple[int, int]], shards: list[dict]
               ) -> dict:
-    from ..storage.files import sum_file
 
     def checksum(a: int, b: int) -> str:
         try:

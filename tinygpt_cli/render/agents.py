@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
 from .text import escape_line
 
 
 def tools_view(tools: list[dict], left_out: dict[str, str]):
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
 
     t = Table(box=None, header_style="bold dim", pad_edge=False)
     t.add_column("tool", style="cyan", no_wrap=True)

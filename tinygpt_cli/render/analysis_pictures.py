@@ -10,8 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..words import count
+from .explain import lens_note
 from .figure import Bars, Curve, Facts, Figure, Heatmap, Note, Row, Table, token_labels
-from .text import show_token
+from .tables import short_stage
+from .text import HEAD_KINDS as names
+from .text import LN2, show_token
 
 
 def _for_text(tokens: list[str]) -> str:
@@ -38,8 +41,6 @@ def lens_figure(r) -> Figure:
     target_probs, target_ranks = r.target_probs, r.target_ranks
     labels = token_labels(tokens)
     t_id, t_str = target
-    from .explain import lens_note
-    from .tables import short_stage
 
     short = [short_stage(s) for s in stages]
     return Figure(f"{r.kind} lens", [
@@ -185,7 +186,6 @@ def score_figure(report, token_str: list[str]) -> Figure:
     """The totals of a ScoreReport (analysis.score), each drawn text's tokens coloured by
     surprisal (bits; one row a text, cut to report.drawn_tokens in all: one --stream text can be a
     whole file), and the most surprising tokens."""
-    from .text import LN2
 
     summary, budget, drawn = report.summary, report.drawn_tokens, []
     for d in report.drawn:
@@ -220,7 +220,6 @@ def score_figure(report, token_str: list[str]) -> Figure:
 def heads_figure(r) -> Figure:
     """A HeadsReport (analysis.heads): one layer × head heatmap of each detector's score
     (0..1)."""
-    from .text import HEAD_KINDS as names
 
     table, texts, source, repeat = r.table, r.texts, r.source, r.repeat
     n_layer, n_head = next(iter(table.values())).shape

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 from rich.console import Group
+from rich.measure import Measurement
+from rich.table import Table
 from rich.text import Text
 
 from ..words import held
+from .cells import window_note
 from .tables import header, heatmap, matrix, tensor_view, token_rows, top_table
 from .text import show_text, show_token
 
@@ -60,8 +63,6 @@ def heads_view(path: str, grids: np.ndarray, tokens, scores: bool, full: bool,
                window: int = 0):
     """Every head's grid side by side: (the view, the heatmaps whose width it needs); a
     sliding block's keys before each query's window drawn apart, and said below."""
-    from .heads import window_note
-
     lo, hi = (None, None) if scores else (0.0, 1.0)
     maps = [heatmap(g, tokens, f"head {h}", lo=lo, hi=hi, full=full, window=window)
             for h, g in enumerate(grids)]
@@ -89,7 +90,6 @@ class EvenRows:
         self.cells = cells
 
     def _rows(self, console, width: int) -> list[list]:
-        from rich.measure import Measurement
 
         options = console.options.update_width(width)
         widest = max(Measurement.get(console, options, c).maximum for c in self.cells)
@@ -101,7 +101,6 @@ class EvenRows:
         return out
 
     def _grid(self, row: list):
-        from rich.table import Table
 
         grid = Table.grid(padding=(0, self.GAP, 0, 0))
         for _ in row:
@@ -116,7 +115,6 @@ class EvenRows:
             yield self._grid(row)
 
     def __rich_measure__(self, console, options):
-        from rich.measure import Measurement
 
         shown = [Measurement.get(console, options, self._grid(row))
                  for row in self._rows(console, options.max_width)]

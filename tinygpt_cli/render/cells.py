@@ -19,3 +19,9 @@ def keep(n: int, m: int) -> list[int | None]:
         return list(range(n))
     left = (m + 1) // 2
     return list(range(left)) + [None] + list(range(n - (m - left), n))
+
+
+def window_note(window: int) -> str:
+    """What the dashes of a sliding block's grid are."""
+    return (f"-: keys before the query's window (this block sees the last {window} tokens)"
+            if window else "")

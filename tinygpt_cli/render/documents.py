@@ -8,6 +8,8 @@ and never touches the writer. No Rich here: a --json run never imports it.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..transformer.schema import with_old_keys
 from . import jsonout
 
@@ -40,7 +42,6 @@ def probe_document(r) -> dict:
 def heads_document(r, ids, exclude_bos: bool, exclude_current: bool,
                    changes: dict | None = None) -> dict:
     """analysis.heads.HeadsReport of the texts `ids` (`changes`: {"steered": ...})."""
-    import numpy as np
 
     return jsonout.document("heads", np.stack(list(r.table.values())), **(changes or {}),
                             kinds=list(r.table), texts=r.texts, source=r.source,
@@ -101,7 +102,6 @@ def blocks_document(s, rows: list[dict], norms, token_str, position: int) -> dic
 def sample_document(s, token_id: int, token: str, chance: float, seed: int, temperature: float,
                     top_k: int, top_p: float) -> dict:
     """The token card 11 picks for session `s`'s text, and how."""
-    import numpy as np
 
     return session_document(s, None, np.int64(token_id),
                             formula="sample(softmax(logits[-1] / temperature), top_k, top_p, "
@@ -112,7 +112,6 @@ def sample_document(s, token_id: int, token: str, chance: float, seed: int, temp
 def review_document(s, values: dict, cards: list) -> dict:
     """The whole page of session `s`: its facts and every card with its value (the cards
     whose value is a table of the text give its shape only)."""
-    import numpy as np
 
     shown = [{"number": c.number, "title": c.title, "path": c.path, "formula": c.formula,
               "command": c.command, "shape": list(np.shape(values[c.number])),
@@ -124,7 +123,6 @@ def review_document(s, values: dict, cards: list) -> dict:
 
 def map_document(s, stages: list[tuple[str, str, str]], n_layer: int) -> dict:
     """The map of session `s`'s text: each stage, its operation and the shape it gives."""
-    import numpy as np
 
     return session_document(s, None, np.asarray([st[0] for st in stages]), name="map",
                             stages=[{"stage": st, "op": o, "shape_out": sh}
@@ -158,7 +156,6 @@ def dla_document(s, r, options: dict) -> dict:
 
 def ablation_document(s, r, options: dict) -> dict:
     """analysis.ablate.AblationReport."""
-    import numpy as np
 
     return session_document(s, "ablate", np.array([[c["delta"], c["kl"]] for c in r.rows]),
                             options=options, columns=["delta_logp", "kl"],
@@ -168,7 +165,6 @@ def ablation_document(s, r, options: dict) -> dict:
 
 def patch_document(s, c, r, kinds: list[str], options: dict) -> dict:
     """analysis.patch.PatchReport of clean session `s` and corrupt session `c`."""
-    import numpy as np
 
     q = r.q
     return session_document(s, "patch", np.stack([r.result.stream[k] for k in kinds]),
@@ -202,7 +198,6 @@ def token_doc(token_str, i: int | None) -> dict | None:
 def circuit_document(s, c, pair, r, stab, options: dict) -> dict:
     """analysis.circuit's result `r` for the pair of sessions s (clean) and c (corrupt),
     with its stability `stab` (or None)."""
-    import numpy as np
 
     tok = s.model.tokenizer.token_str
     names = r.graph.edge_names()
@@ -257,7 +252,6 @@ def encode_document(ids: list[int], tokenizer, config) -> dict:
 
 def info_document(info) -> dict:
     """analysis.info.ModelInfo."""
-    import numpy as np
 
     return jsonout.document(None, np.int64(info.total), None, None, name="parameters",
                             config=info.config,
@@ -269,7 +263,6 @@ def info_document(info) -> dict:
 
 def traced_document(r, shown: str, value) -> dict:
     """`trace TEXT PATH`: one value of run r (an int, the token strings, or an array)."""
-    import numpy as np
 
     if isinstance(value, int):
         value = np.int64(value)
@@ -292,7 +285,6 @@ def heads_history_document(s, scores: dict, snapshots: list[dict], length: int) 
 
 def value_history_document(s, h) -> dict:
     """history PATH: analysis.history.ValueHistory (an attention grid's rows in full)."""
-    import numpy as np
 
     extra = {"weights": np.stack(h.values)} if h.grid else {}
     return session_document(s, h.shown, np.asarray([r["norm"] for r in h.rows]),
@@ -301,7 +293,6 @@ def value_history_document(s, h) -> dict:
 
 def loss_history_document(s, rows: list[dict]) -> dict:
     """history: the loss on the text per snapshot (null where there is none)."""
-    import numpy as np
 
     losses = np.asarray([np.nan if r["loss"] is None else r["loss"] for r in rows])
     return session_document(s, "loss", losses, snapshots=rows)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from rich.columns import Columns
 from rich.console import Group
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -106,7 +107,6 @@ class Bar:
         yield Text("█" * self.cells(width), style="red" if self.x > 0 else "blue")
 
     def __rich_measure__(self, console, options):
-        from rich.measure import Measurement
 
         return Measurement(0, min(self.n, options.max_width))
 

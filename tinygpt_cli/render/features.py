@@ -3,6 +3,8 @@ JSON document."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from rich.console import Group
 from rich.table import Table
@@ -10,7 +12,9 @@ from rich.text import Text
 
 from ..words import count
 from . import jsonout
-from .text import escape_line, show_token
+from .figure import Bars, Facts, Figure, Highlight, Note, token_labels
+from .tables import header
+from .text import escape_line, row_label, show_text, show_token
 from .texts import WindowLine, window_line
 
 
@@ -30,7 +34,6 @@ def trained_view(doc: dict) -> Text:
 
 
 def exported_view(doc: dict) -> Text:
-    from pathlib import Path
 
     names = ", ".join(Path(f).name for f in doc["files"])
     return Text(f"wrote {escape_line(doc['path'])}: {escape_line(names)} (SAELens)\n"
@@ -141,8 +144,6 @@ def lens_fit_view(doc: dict) -> Text:
 
 def latents_view(path: str, tokens: list[str], z: np.ndarray, active) -> Group:
     """Per token, its active latents strongest first (or one latent's value per token)."""
-    from .tables import header
-    from .text import row_label
 
     t = Table(box=None, pad_edge=False, show_header=False)
     t.add_column(no_wrap=True)
@@ -158,7 +159,6 @@ def latents_view(path: str, tokens: list[str], z: np.ndarray, active) -> Group:
 def feature_figure(r, tokenizer, radius: int = 10):
     """The latent over its top contexts (each as highlighted text around the peak, on one
     colour scale), the tokens it promotes and suppresses, and its activation histogram."""
-    from .figure import Bars, Facts, Figure, Highlight
 
     tok = tokenizer.token_str
     parts: list = [Facts([("site", r.site), ("fires on", f"{r.fired:,} of {r.tokens:,} tokens")])]
@@ -202,7 +202,6 @@ def text_fields(r, tokenizer) -> dict:
 def text_view(r, tokens: list[str], tokenizer) -> Group:
     """The text with the strongest token [in brackets] and the others where the latent fires
     underlined, then its value at each token with a bar, and the tokens it pushes."""
-    from .text import row_label, show_text
 
     acts = np.asarray(r.acts, dtype=np.float64)
     fired = int((acts > 0).sum())
@@ -231,7 +230,6 @@ def text_view(r, tokens: list[str], tokenizer) -> Group:
 def text_figure(r, tokens: list[str], tokenizer):
     """The text with each token on a background as strong as the latent's value there, the
     tokens where it fires strongest first, and the tokens its direction pushes."""
-    from .figure import Bars, Facts, Figure, Highlight, Note, token_labels
 
     acts = np.asarray(r.acts)
     on = [int(i) for i in np.argsort(-acts, kind="stable") if acts[i] > 0]

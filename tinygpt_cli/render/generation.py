@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 from rich.text import Text
 
+from ..words import count
 from . import jsonout
+from .output import stderr
 from .text import escape_line, show_text
 
 
@@ -52,7 +54,6 @@ def summary(tok, prompt: str, ids: list[int], new: list[int], seed: int, no_stop
 def say_window(whole: int | None, limit: int) -> None:
     """generate's note on stderr for a prompt longer than the model reads (`whole` tokens;
     0: longer than was counted; None: it fits, nothing to say)."""
-    from .output import stderr
 
     if whole is None:
         return
@@ -67,8 +68,6 @@ def say_stopped(new: list[int], tok, no_stop: bool, max_new_tokens: int,
     """generate's closing notes on stderr: how many new tokens, and what stopped them (the
     end token it met, by name); then what --ablate zeroed (no view header to say it in:
     said last, as the steering line is)."""
-    from ..words import count
-    from .output import stderr
 
     why = (escape_line(tok.token_str(new[-1])) if _stopped(new, tok.stop_ids, no_stop)
            else f"--max-new-tokens {max_new_tokens}")

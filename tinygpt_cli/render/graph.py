@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import jsonout
+from .tables import Fit
 from .text import escape_line, show_token
 
 
@@ -137,7 +138,6 @@ def qk_entry(g, e, top: int = 5) -> dict:
 def fitted(columns, rows: list[list[str]]):
     """A table of these (name, justify) columns that fits the width: too wide, it goes on
     below in bands of columns, each band led by the first column (no cell is ever cut)."""
-    from .tables import Fit
 
     def build(keep) -> Table:
         t = Table(box=None, pad_edge=False)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 
-from .cells import MASKED, OUTSIDE, cell_text, keep
+from .cells import MASKED, OUTSIDE, cell_text, keep, window_note
+from .numbers import fmt, shape_str, stats
 from .text import row_label, show_token
 
 # Characters surely one column wide (cell_len 1 in Rich): printable ASCII, printable Latin-1
@@ -22,12 +23,6 @@ _NARROW = frozenset(map(chr, range(0x20, 0x7F))) | frozenset(
     chr(c) for c in range(0xA1, 0x100) if c != 0xAD) | frozenset("␣↵⇥␍…·×")
 ROWS_NOTE = "rows: the token looking; columns: the tokens it looks at; each row sums to 1"
 SCORES_NOTE = "-inf above the diagonal: a token cannot look ahead"
-
-
-def window_note(window: int) -> str:
-    """What the dashes of a sliding block's grid are."""
-    return (f"-: keys before the query's window (this block sees the last {window} tokens)"
-            if window else "")
 
 
 def heads_view(path: str, grids, tokens: list[str], scores: bool, full: bool,
@@ -144,7 +139,6 @@ def _table(grid, labels: list[str], heads: list[str], cols: list[int | None],
 def _header_lines(path: str, grid, width: int) -> list[str] | None:
     """render.tables.header as plain lines (fields two spaces apart, wrapped between fields
     onto indented lines), or None when a field is wider than the line."""
-    from .numbers import fmt, shape_str, stats
 
     s = stats(grid)
     fields = [path, shape_str(grid.shape), str(grid.dtype)] + [

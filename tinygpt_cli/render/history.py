@@ -8,6 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..words import count
 from .tables import Fit, WhenStyled, colour, fmt
 from .text import show_text, show_token
 
@@ -185,9 +186,6 @@ def windows_table(rows: list[dict], exact: bool = False) -> Group:
 
 def why_view(result, tokens_of) -> Group:
     """`why` for a person: the exact matches, then the top windows."""
-    from ..render.text import show_token
-    from ..words import count
-
     found = result.influence
     note = (f"target {show_token(result.target_token)} (id {result.target}); the last "
             f"{count(result.longest, 'token')} of the text occur verbatim in the training "
@@ -210,8 +208,6 @@ def why_view(result, tokens_of) -> Group:
 
 def raised(found: dict) -> str:
     """What the windows raised: the target's chance, or the --value / --vs scalar."""
-    from ..render.text import show_text
-
     v = found.get("explained")
     if v is None:
         return "the target's chance"

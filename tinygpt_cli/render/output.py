@@ -9,14 +9,17 @@ functions that use them.
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import InputError
 from ..storage.files import write_atomically
+from .text import changed_note, escape_line, steering_text
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -75,7 +78,6 @@ def checked_arrays(path: Path | None) -> Path | None:
 def save_arrays(context: RunContext, path: Path, arrays: dict, force: bool = False) -> None:
     """Write `arrays` ({trace name: array}) to the --save path atomically: .npy holds one
     (NumPy's format, no pickles), .safetensors any number under their names."""
-    import io
 
     import numpy as np
 
@@ -98,7 +100,6 @@ def save_arrays(context: RunContext, path: Path, arrays: dict, force: bool = Fal
         data = safetensors_bytes(arrays)
     write_atomically(path, data)
     if not context.quiet:
-        from .text import escape_line
 
         stderr().print(f"wrote {escape_line(str(path))}", style="dim", soft_wrap=True)
 
@@ -123,7 +124,6 @@ def save_figure(context: RunContext, figure, path: Path | None, force: bool = Fa
         data = (svg.document if kind == "svg" else html.document)(figure).encode("utf-8")
     write_atomically(path, data)
     if not context.quiet:  # where the picture went, as a note on stderr (--quiet: nothing)
-        from .text import escape_line
 
         stderr().print(f"wrote {escape_line(str(path))}", style="dim", soft_wrap=True)
 
@@ -133,7 +133,6 @@ def noted(context: RunContext, figure):
     picture of a changed run says so first, as its view does."""
     if not context.changed:
         return figure
-    from dataclasses import replace
 
     from .figure import Note
 
@@ -154,7 +153,6 @@ def check_out(out: Path | None, force: bool, *, example: str = "--out FILE.safet
     """--out FILE (means, steer, probe), before any work: refuse a folder ('' is '.', one
     too), a folder that is not there (unless the command makes it: `folder_made`), or an
     existing file without --force; with no --out, the `default` file too (check_default)."""
-    from .text import escape_line
 
     if out is None:
         return None if default is None else check_default(default, force, option)
@@ -172,7 +170,6 @@ def refuse_inside_package(path: Path, option: str | None) -> None:
     shipped inside it): a reinstall would replace it, and it is often not the user's to
     write."""
     from ..storage.madefor import inside_package
-    from .text import escape_line
 
     if option is not None and inside_package(path):
         raise InputError(f"{escape_line(str(path))} is inside the installed package, which "
@@ -183,7 +180,6 @@ def check_default(path: Path, force: bool, option: str | None = "--out") -> None
     """The file a command writes when `option` is not given (the weights folder's sae/,
     lens/, means; the model card, which has no option): never overwritten without --force,
     never written into the installed package's own folder."""
-    from .text import escape_line
 
     refuse_inside_package(path, option)
     if (path.exists() or path.is_symlink()) and not force:
@@ -243,7 +239,6 @@ def stderr():
 def set_changed(context: RunContext, changes: dict | None) -> None:
     """What a terminal view (and a saved picture) of a changed run starts with; nothing for a
     clean run. JSON documents say it in their "steered" and "ablated" fields instead."""
-    from .text import changed_note
 
     context.changed = changed_note(changes) if changes else None
 
@@ -251,7 +246,6 @@ def set_changed(context: RunContext, changes: dict | None) -> None:
 def say_steered(d: dict) -> None:
     """Every steered run is announced by this line on stderr (its views and JSON say it too):
     `d` is the steering's description (analysis.steer.steering_hook)."""
-    from .text import steering_text
 
     stderr().print(f"steered: {steering_text(d)}", style="bold yellow", soft_wrap=True)
 
@@ -372,6 +366,5 @@ def save_page(context: RunContext, html: str, path: Path) -> None:
     where it went (as save_figure does; --force was checked before any work)."""
     write_atomically(Path(path), html.encode("utf-8"))
     if not context.quiet:
-        from .text import escape_line
 
         stderr().print(f"wrote {escape_line(str(path))}", style="dim", soft_wrap=True)

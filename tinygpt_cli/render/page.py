@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 from rich.console import Group
+from rich.measure import Measurement
 from rich.padding import Padding
 from rich.panel import Panel
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from ..transformer.page import cards_for
 from ..words import count
 from .tables import fmt, shape_str
 from .text import show_text, show_token
@@ -66,7 +69,6 @@ def card_shape(number: int, value) -> str:
 
 def page_view(r, values: dict, width: int):
     """The page for a terminal: the facts, then every card in a panel `width` wide."""
-    from ..transformer.page import cards_for
 
     facts = values["header"]
     label = {"T": "Tokens in the text", "d": "Numbers per token", "L": "Blocks",
@@ -141,7 +143,6 @@ class Railed:
         self.body, self.first, self.rest = body, first, rest
 
     def __rich_console__(self, console, options):
-        from rich.segment import Segment
 
         width = options.max_width - len(self.first)
         lines = console.render_lines(self.body, options.update_width(width), pad=False)
@@ -151,7 +152,6 @@ class Railed:
             yield Segment.line()
 
     def __rich_measure__(self, console, options):
-        from rich.measure import Measurement
 
         m = Measurement.get(console, options.update_width(options.max_width - len(self.first)),
                             self.body)

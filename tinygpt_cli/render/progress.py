@@ -7,7 +7,10 @@ leaves it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import time
 
 ENV = "TINYGPT_PROGRESS"
 FIRST = 1.0  # s: in a pipe, the first line once the work has run this long
@@ -30,7 +33,6 @@ def progress(total: int | None, description: str, *, enabled: bool = True,
     that many seconds, and one at the end, so a log shows it moving from the start; runs
     under a second print nothing.
     """
-    import contextlib
 
     if not enabled or not shown():
         return contextlib.nullcontext(lambda n=1: None)
@@ -57,7 +59,6 @@ def progress(total: int | None, description: str, *, enabled: bool = True,
 
 def _counted(reporter, total: int):
     """advance(n) over a report(done, total) context."""
-    import contextlib
 
     @contextlib.contextmanager
     def counting():
@@ -77,7 +78,6 @@ def progress_report(description: str, *, every: float = 5.0, at_once: bool = Tru
     stderr is a pipe or a file, a line every `every` seconds (the first at once, unless
     at_once is False: then quick work says nothing) and one at the end, so a log shows the
     work moving. Never on stdout. Use as a context manager yielding report(done, total)."""
-    import contextlib
 
     if not shown():
         return contextlib.nullcontext(lambda done, total: None)
@@ -104,9 +104,6 @@ def progress_report(description: str, *, every: float = 5.0, at_once: bool = Tru
 def _lines(description: str, every: float, *, at_once: bool):
     """report(done, total) as a line on stderr every `every` seconds (the first at once, or
     after FIRST seconds), and the last state at the end when the work took that long."""
-    import contextlib
-    import sys
-    import time
 
     @contextlib.contextmanager
     def lines():

@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING
 
 from rich.cells import cell_len
 from rich.console import Group
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from ..words import count
 from .cells import MASKED, OUTSIDE, cell_text
 from .cells import keep as _keep
 from .numbers import fmt, shape_str, stats  # noqa: F401  (other views import them from here)
@@ -38,7 +40,6 @@ class WhenStyled:
             yield self.renderable
 
     def __rich_measure__(self, console, options):
-        from rich.measure import Measurement
 
         if self.shown(console):
             return Measurement.get(console, options, self.renderable)
@@ -88,7 +89,6 @@ class Fields:
         return None if None in each else [x for one in each for x in one]
 
     def __rich_measure__(self, console, options):
-        from rich.measure import Measurement
 
         widest = max(f.cell_len for f in self.fields)
         return Measurement(min(widest, options.max_width), min(len(self.plain),
@@ -136,7 +136,6 @@ class Fit:
         self.narrow, self.bands = narrow, bands
 
     def tables(self, console, width: int) -> list[Table]:
-        from rich.measure import Measurement
 
         if self.full:
             return [self.build(list(range(self.n)))]
@@ -168,7 +167,6 @@ class Fit:
             yield table
 
     def __rich_measure__(self, console, options):
-        from rich.measure import Measurement
 
         shown = [Measurement.get(console, options, t)
                  for t in self.tables(console, options.max_width)]
@@ -328,7 +326,6 @@ class Sized:
         yield self.build(console, options.max_width)
 
     def __rich_measure__(self, console, options):
-        from rich.measure import Measurement
 
         return Measurement.get(console, options, self.build(console, options.max_width))
 
@@ -361,7 +358,6 @@ def top_table(rows: list[dict], value_name: str, *, bar_of: str | None = None) -
         return t
 
     def build(console, width: int) -> Table:
-        from rich.measure import Measurement
 
         if not bar_of:
             return table(0)
@@ -506,7 +502,6 @@ def encode_view(ids: list[int], rows: list[int | None], tokens: dict[int, str],
                 starts: list[int], config) -> Group:
     """Card 1: each shown token's position, id, text and byte offsets in the UTF-8 text
     (`rows`: kept_rows; `starts`: each token's first byte, and the text's length last)."""
-    from ..words import count
 
     t = QuickTable(box=None, header_style="bold dim", pad_edge=False)
     for name, just in (("#", "right"), ("id", "right"), ("token", "left"), ("bytes", "right")):
@@ -529,9 +524,7 @@ def traced_view(shown: str, value, rows: list[int], tokens: list[str], full: boo
     """`trace TEXT PATH`: an int as `path = n`, the token strings on a line, an array as a
     table whose rows are labelled by tokens where its first axis (or the second, of per-head
     values H x T x ...) is the tokens; each index in the path uses up one leading axis."""
-    from rich.text import Text
 
-    from .text import show_token
 
     if isinstance(value, int):
         return Text(f"{shown} = {value}")

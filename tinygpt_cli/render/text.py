@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 import re
+import textwrap
 
 # Shared by the views and pictures of analyses, which render never imports (they run the
 # model): bits = nats / LN2, as analysis.score counts them; the labels of heads' kinds.
@@ -121,7 +123,6 @@ def examples_block(doc: str) -> str:
     rest = [ln for ln in lines if not ln.strip().startswith("Example:") and ln.strip() != "\b"]
     while rest and not rest[-1].strip():
         rest.pop()
-    import textwrap
 
     body = textwrap.dedent("\n".join(rest[1:])).strip("\n")
     parts = [rest[0].strip()] + (["", body] if body else [])
@@ -134,7 +135,6 @@ def _shell_lines(command: str, width: int = 74) -> list[str]:
     shell's own continuation (` \\`), so it can still be copied whole."""
     if len(command) <= width:
         return [command]
-    import re
 
     pieces = re.split(r" (?=--?[a-z])", command)
     lines = [pieces[0]]
@@ -200,7 +200,6 @@ class ForgivingStream:
             self._gone()
 
     def _gone(self) -> None:
-        import os
 
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)

@@ -3,16 +3,20 @@ diffs. Renderables only; every string from a user or a weights file goes through
 
 from __future__ import annotations
 
+import codecs
+
 import numpy as np
 from rich.console import Group
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from ..transformer.schema import head_name
 from ..words import count
 from .quick_table import QuickTable
-from .tables import Fields, WhenStyled, colour, fmt
-from .text import show_text, show_token
+from .tables import Fields, WhenStyled, colour, fmt, header
+from .text import HEAD_KINDS as KIND_LABELS
+from .text import LN2, escape_line, show_text, show_token
 
 # Surprisal bands in bits: a token the model found likely is plain, rarer ones get warmer.
 BANDS = [(1.0, None), (3.0, "rgb(120,160,60)"), (6.0, "rgb(220,180,40)"),
@@ -146,7 +150,6 @@ class WindowLine:
                 return
 
     def __rich_measure__(self, console, options):
-        from rich.measure import Measurement
 
         return Measurement(1, options.max_width)
 
@@ -222,7 +225,6 @@ def decoded_pieces(tok, ids) -> list[str]:
     """Each token's text as it reads: a character whose bytes span several tokens (an
     accent, an emoji) is given whole to the token that completes it, the others an empty
     piece, so the text shows as text and never as byte escapes."""
-    import codecs
 
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     pieces = [decoder.decode(tok.token_bytes(int(i))) for i in ids]
@@ -234,7 +236,6 @@ def decoded_pieces(tok, ids) -> list[str]:
 def score_view(report, token_str: list[str], tok) -> Group:
     """score's terminal view of a ScoreReport (analysis.score): the totals, the text coloured
     by surprisal when it is shown, and the most surprising tokens with their context."""
-    from .text import LN2
 
     summary, offset = report.summary, report.offset
     parts: list = [totals_line(summary),
@@ -266,7 +267,6 @@ def score_view(report, token_str: list[str], tok) -> Group:
 
 def neuron_examples_view(ex, token_str, files: list[str]) -> Group:
     """A NeuronExamples (analysis.neurons): each window, its peak highlighted."""
-    from .text import escape_line
 
     ctx = ex.ids.shape[1]
     lines = [Text(f"{ex.path}  top {len(ex.rows)} of {ex.windows:,} windows of {ctx} "
@@ -281,7 +281,6 @@ def neuron_examples_view(ex, token_str, files: list[str]) -> Group:
 def text_neurons_view(tn, tokens: list[str]) -> Group:
     """A TextNeurons (analysis.neurons): the block's header, then each top neuron, its peak,
     where, and the tokens it pushes up."""
-    from .tables import header
 
     t = Table(box=None, pad_edge=False, header_style="bold dim")
     for name, just in (("neuron", "right"), ("max", "right"), ("at", "left")):
@@ -299,7 +298,6 @@ def text_neurons_view(tn, tokens: list[str]) -> Group:
 def text_diff_view(d) -> Group:
     """A TextDiff (analysis.diff): both texts side by side with their top tokens, and the
     cosine and distance of every stage."""
-    from .tables import header
 
     body = side_by_side(d.a.tokens, d.b.tokens, d.top_a, d.top_b, d.cosine, d.distance,
                         d.stages)
@@ -311,8 +309,6 @@ def text_diff_view(d) -> Group:
 
 def models_diff_view(d) -> Group:
     """A ModelsDiff (analysis.diff): KL per position, the top tokens, and the summary."""
-    from .tables import header
-    from .text import escape_line
 
     summary = d.diff.summary()
     return Group(
@@ -333,8 +329,6 @@ def models_diff_view(d) -> Group:
 def heads_view(r) -> Group:
     """A HeadsReport (analysis.heads): every head's score of each kind, the best of each,
     and the repeated random tokens' losses."""
-    from .text import HEAD_KINDS as KIND_LABELS
-    from .text import escape_line
 
     table, rep = r.table, r.repeat
     best = {k: np.unravel_index(np.argmax(v), v.shape) for k, v in table.items()}

@@ -11,6 +11,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from .text import escape_line
+
 
 class TrainingProgress(contextlib.ExitStack):
     """Use as a context manager; hand on_step and on_note to train.loop.train, then say
@@ -47,7 +49,6 @@ class TrainingProgress(contextlib.ExitStack):
 
     def finished(self, best: float, out: Path) -> None:
         """The last line: the best validation loss, and where the weights are."""
-        from .text import escape_line
 
         self.console.print((f"best validation loss {best:.4f} nats/token" if math.isfinite(best)
                             else "no validation data") + f"; weights in {escape_line(str(out))}",

@@ -8,10 +8,19 @@ a stale entry; files are written with files.write_atomically.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
+
+from ..errors import WriteError
+from ..render.text import escape_line
+from .files import verified, write_checked
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,7 +60,6 @@ def load_or_compute(path: Path, load: Callable[[Path], T], compute: Callable[[],
     it. An entry is read only when its bytes match the checksum written with it (keep), so
     an entry edited in place is computed again too. A bad entry is replaced, never
     reported: it is only a cache."""
-    from .files import verified
 
     if verified(path):
         try:
@@ -67,7 +75,6 @@ def load_or_compute(path: Path, load: Callable[[Path], T], compute: Callable[[],
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
     """An .npz entry's arrays (store_arrays wrote it)."""
-    import numpy as np
 
     with np.load(path, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
@@ -76,10 +83,7 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
 def npz_bytes(**arrays) -> bytes:
     """np.savez's layout (an uncompressed zip of .npy files), without the time of writing
     in each entry: the same arrays give the same bytes, so the same sha256, on any worker."""
-    import io
-    import zipfile
 
-    import numpy as np
 
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
@@ -100,8 +104,6 @@ def store_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
 def keep(path: Path, data: bytes) -> bool:
     """Write an entry's bytes atomically, with its checksum beside it (files.write_checked);
     an unwritable cache is one note, not an error. Whether the entry was kept."""
-    from ..errors import WriteError
-    from .files import write_checked
 
     try:
         write_checked(path, data)
@@ -115,9 +117,7 @@ def keep(path: Path, data: bytes) -> bool:
 def _note(message: str) -> None:
     """On stderr, each time an entry is not kept (a command keeps an entry once; a second
     command in the same process, or the next --each-line line, is told again)."""
-    import sys
 
-    from ..render.text import escape_line
 
     try:
         sys.stderr.write(escape_line(message) + "\n")

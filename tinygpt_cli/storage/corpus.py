@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import lzma
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, WeightsError, WriteError
+from ..errors import InputError as Refused
 from ..transformer.tokenizer import END_OF_TEXT, Tokenizer
+from . import cache
+from .files import sha256, write_atomically
+from .weights import SHIPPED
 
 
 class TrainingDataError(InputError):
@@ -160,7 +168,6 @@ RECORD_FORMAT = 1
 
 
 def file_record(path: Path) -> dict:
-    from .files import sha256
 
     return {"name": path.name, "bytes": path.stat().st_size, "sha256": sha256(path)}
 
@@ -169,7 +176,6 @@ def data_record(train_files: list[Path], val_files: list[Path], weights: Path) -
     """What `train` writes: the training and validation files, and their folder as a path
     relative to the weights folder (so the record survives moving both together) and as an
     absolute one."""
-    import os
 
     folder = Path(train_files[0]).resolve().parent if train_files else None
     return {
@@ -182,9 +188,7 @@ def data_record(train_files: list[Path], val_files: list[Path], weights: Path) -
 
 
 def write_data_record(weights: Path, train_files: list[Path], val_files: list[Path]) -> None:
-    import json
 
-    from .files import write_atomically
 
     record = data_record(train_files, val_files, weights)
     write_atomically(Path(weights) / DATA_RECORD,
@@ -194,9 +198,7 @@ def write_data_record(weights: Path, train_files: list[Path], val_files: list[Pa
 def read_data_record(weights: Path) -> dict | None:
     """The folder's record, None when it has none (trained before records existed); a record
     that cannot be read is a broken weights folder (WeightsError, exit 1)."""
-    import json
 
-    from ..errors import WeightsError
 
     path = Path(weights) / DATA_RECORD
     if not (path.exists() or path.is_symlink()):
@@ -272,7 +274,6 @@ def training_text(weights: Path, data: list[Path] | None, *, any_data: bool = Fa
                   ) -> TrainingText:
     """The files a weights folder was trained on: from --data (checked against the record
     unless any_data), or, without --data, from the record's folder."""
-    from ..errors import InputError as Refused
 
     record = read_data_record(weights)
     shown = Path(weights) / DATA_RECORD
@@ -331,7 +332,6 @@ def check_data(weights: Path, files: list[Path], *, any_data: bool = False,
     it lists under `kinds` (`whole`: exactly the recorded training files, as TracIn needs
     them all); refused when one differs, unless any_data. The note to print when there is
     no record."""
-    from ..errors import InputError as Refused
 
     record = read_data_record(weights)
     if record is None:
@@ -350,7 +350,6 @@ def check_data(weights: Path, files: list[Path], *, any_data: bool = False,
 def validation_text(weights: Path, data: Path | None) -> list[Path]:
     """The held-out text: a given file itself, a given folder's last part, or (without
     --data) the validation files the weights' record names, in its folder."""
-    from ..errors import InputError as Refused
 
     if data is None:
         record = read_data_record(weights)
@@ -398,7 +397,6 @@ def find_data() -> Path | None:
     """$TINYGPT_DATA, else shared/data/tinystories beside an ancestor of this package or of
     the working directory (the project's layout: the data lives next to the checkout), else
     the text shipped with the model, unpacked (an installed package has no checkout)."""
-    import os
 
     env = os.environ.get("TINYGPT_DATA")
     if env:
@@ -431,7 +429,6 @@ TEXT_MANIFEST = "text.json"
 
 
 def shipped_text_folder() -> Path:
-    from .weights import SHIPPED
 
     return SHIPPED / SHIPPED_TEXT
 
@@ -440,9 +437,6 @@ def shipped_text() -> Path | None:
     """The folder of the shipped text's part-*.txt files, unpacked into the cache when they
     are not there yet; None when the package ships no text. A damaged compressed file or
     manifest is a broken installation (WeightsError, exit 1)."""
-    from ..errors import WriteError
-    from . import cache
-    from .files import sha256, write_atomically
 
     packed = shipped_text_folder()
     manifest = read_text_manifest(packed)
@@ -467,9 +461,7 @@ def shipped_text() -> Path | None:
 def read_text_manifest(packed: Path) -> list[dict] | None:
     """The shipped text's files (name, bytes, sha256 of each uncompressed file), None when
     there is no manifest."""
-    import json
 
-    from ..errors import WeightsError
 
     path = packed / TEXT_MANIFEST
     if not path.exists():
@@ -490,10 +482,7 @@ def read_text_manifest(packed: Path) -> list[dict] | None:
 
 def unpacked(path: Path, entry: dict) -> bytes:
     """One shipped file's text, checked against its manifest entry."""
-    import hashlib
-    import lzma
 
-    from ..errors import WeightsError
 
     try:
         data = lzma.decompress(path.read_bytes(), format=lzma.FORMAT_XZ)

@@ -6,6 +6,7 @@ import errno
 import functools
 import json
 import os
+import re
 from pathlib import Path
 
 from ..errors import WriteError
@@ -61,7 +62,6 @@ def write_atomically(path: str | Path, data: bytes, *, mode: int = 0o644) -> Non
 def _temporary():
     """The compiled pattern of write_atomically's temporaries (made when first needed: re is
     not imported on every command's start-up)."""
-    import re
 
     return re.compile(r"\.(.+)\.(\d+)\.[a-z0-9_]{8}\.tmp")
 

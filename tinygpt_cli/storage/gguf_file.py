@@ -30,8 +30,13 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import InputError, WeightsError
 from ..transformer.config import Config, shown
+from ..transformer.schema import param_shapes
+from .pages import fresh_pages
+from .safetensors import _let_go as let_go
 
 INSTALL = "reading a GGUF file needs the gguf package: pip install 'tinygpt-cli[gguf]'"
 
@@ -46,22 +51,6 @@ MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 MAX_ELEMENTS = 1 << 40
 MAX_DEPTH = 2  # an array of arrays at most (llama.cpp writes none deeper)
 CHUNK_BYTES = 8 << 20  # a tensor is dequantized this many float32 bytes of rows at a time
-
-
-def gguf_path(path: Path) -> Path | None:
-    """The GGUF file `--weights` names: the file itself, or the one .gguf in a folder that
-    has no model.safetensors; None when it names no GGUF. A folder of several is refused."""
-    if path.suffix.lower() == ".gguf" and not path.is_dir():
-        return path
-    if not path.is_dir() or (path / "model.safetensors").exists() \
-            or (path / "config.json").exists():
-        return None
-    found = sorted(p for p in path.glob("*.gguf") if not p.is_dir())
-    if len(found) > 1:
-        names = ", ".join(p.name for p in found[:3]) + (", ..." if len(found) > 3 else "")
-        raise InputError(f"weights folder {path} holds {len(found)} GGUF files ({names}): "
-                         "name one with --weights FILE.gguf")
-    return found[0] if found else None
 
 
 def require_gguf():
@@ -140,8 +129,6 @@ class _Walk:
 
     def value(self, kind: int, what: str, depth: int = 0):
         """One value, read: a number, a bool, a string, or a list of them."""
-        import numpy as np
-
         if kind in _SCALARS:
             start = self.take(_SCALARS[kind], what)
             value = struct.unpack_from("<" + _CODES[kind], self.buf, start)[0]
@@ -413,7 +400,6 @@ def _local_blocks(pattern, blocks: int) -> list[bool]:
 def gguf_names(config: Config) -> dict[str, list[str]]:
     """Each canonical parameter -> the GGUF tensor(s) it is made of (W_QKV of three, or of
     one fused attn_qkv), llama.cpp's names (gguf-py's tensor_mapping)."""
-    from ..transformer.schema import param_shapes
 
     fused = config.model_type in ("gpt2", "gpt_neox")
     out = {}
@@ -451,7 +437,6 @@ def check_tensors(lay: Layout, config: Config, path: Path) -> dict[str, list[Ten
     config the metadata gave, before any is read. A tied GPT-2 file may also hold output.weight
     (llama.cpp's converter writes the table twice): it must then equal the table (checked
     when read)."""
-    from ..transformer.schema import param_shapes
 
     by_name = {t.name: t for t in lay.tensors}
     wanted = gguf_names(config)
@@ -509,7 +494,6 @@ def _is_matrix(canonical: str) -> bool:
 def tensor_bytes(lay: Layout, e: TensorEntry):
     """A tensor as the gguf package's dequantize takes it: its numbers (F32, F16) or its
     blocks' bytes (one row of bytes per row of numbers), a read-only view of the mapping."""
-    import numpy as np
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import quant_shape_to_byte_shape
 
@@ -524,7 +508,6 @@ def tensor_bytes(lay: Layout, e: TensorEntry):
 
 def dequantized(lay: Layout, e: TensorEntry, rows: slice | None = None):
     """gguf.quants.dequantize of a tensor's rows (all, or a slice): float32, (rows, row)."""
-    import numpy as np
     from gguf.quants import dequantize
 
     data = tensor_bytes(lay, e)
@@ -537,7 +520,6 @@ def dequantized(lay: Layout, e: TensorEntry, rows: slice | None = None):
 def check_types(lay: Layout, path: Path) -> None:
     """Every tensor's type one the gguf package dequantizes (not an integer type, not one
     it only names), tried on one block of zeros before any tensor is read."""
-    import numpy as np
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -559,10 +541,6 @@ def read_params(path: Path, lay: Layout, config: Config,
     """Canonical float32 parameters, each tensor dequantized a few megabytes of rows at a
     time straight into its place (transposed, and for W_QKV into its columns): no tensor is
     held both whole and dequantized, and the file's pages of it are let go of once read."""
-    import numpy as np
-
-    from .pages import fresh_pages
-
     shapes = _shapes(config)
     params = {}
     for canonical, parts in entries.items():
@@ -592,7 +570,6 @@ def read_params(path: Path, lay: Layout, config: Config,
 
 
 def _shapes(config: Config) -> dict[str, tuple[int, ...]]:
-    from ..transformer.schema import param_shapes
 
     return param_shapes(config)
 
@@ -627,8 +604,6 @@ def _unpermuted(block, head: int):
 
 
 def _check_finite(out, canonical: str, parts: list[TensorEntry], path: Path) -> None:
-    import numpy as np
-
     flat = out.reshape(-1)
     with np.errstate(over="ignore", invalid="ignore"):
         if np.isfinite(np.dot(flat, flat)) or np.isfinite(flat).all():
@@ -637,8 +612,6 @@ def _check_finite(out, canonical: str, parts: list[TensorEntry], path: Path) -> 
 
 
 def _same_as_table(lay: Layout, entry: TensorEntry, table, path: Path) -> None:
-    import numpy as np
-
     rows = entry.shape[0]
     step = max(1, CHUNK_BYTES // (4 * entry.shape[1]))
     for r in range(0, rows, step):
@@ -650,7 +623,6 @@ def _same_as_table(lay: Layout, entry: TensorEntry, table, path: Path) -> None:
 
 def _let_go(lay: Layout, e: TensorEntry) -> None:
     """The file's pages of a tensor once dequantized (safetensors._let_go)."""
-    from .safetensors import _let_go as let_go
 
     begin = lay.data_start + e.offset
     let_go(lay.buf, begin, begin + e.nbytes)

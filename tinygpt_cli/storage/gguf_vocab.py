@@ -25,9 +25,11 @@ follow its merge order). Its text gets no '▁' in front (add_space_prefix false
 
 from __future__ import annotations
 
+from tokenizers import processors
+
 from ..errors import WeightsError
 from ..transformer.config import shown
-from ..transformer.tokenizer import WORD_PATTERNS
+from ..transformer.tokenizer import WORD_PATTERNS, _bytes_to_unicode
 
 CONTROL, USER_DEFINED = 3, 4
 SPACE = "\u2581"  # SentencePiece's stand-in for a space
@@ -85,7 +87,6 @@ def _around(tokens: list[str], meta: dict, kind: str):
     one place: without the key it also adds BOS to a byte-level vocabulary with one of the
     Llama 3 pre-tokenizers (llama3, llama-bpe, ...; its llama-vocab.cpp); we follow
     transformers, the reference the tests hold us to."""
-    from tokenizers import processors
 
     add_bos = meta.get("tokenizer.ggml.add_bos_token", kind == "llama") is True
     add_eos = meta.get("tokenizer.ggml.add_eos_token", False) is True
@@ -120,7 +121,6 @@ def _count(values) -> str:
 def _byte_level(tokens: list[str], types: list[int], meta: dict, path):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    from ..transformer.tokenizer import _bytes_to_unicode
 
     merges = meta.get("tokenizer.ggml.merges")
     if not isinstance(merges, list) or not all(isinstance(m, str) and m.count(" ") == 1

@@ -19,9 +19,12 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
 from pathlib import Path
 
 from ..errors import InputError, WeightsError
+from ..render.text import escape_line
+from .safetensors import shards_of
 
 # ORG/NAME as the hub spells repository ids (letters, digits, - _ .; no "--" or ".." inside),
 # then an optional @REVISION: a branch, a tag or a commit (refs/pr/1 has slashes).
@@ -273,7 +276,6 @@ def missing_files(folder: Path) -> str | None:
     index = folder / "model.safetensors.index.json"
     if not index.is_file():
         return "model.safetensors"
-    from .safetensors import shards_of
 
     for shard in sorted(shards_of(index)):
         if not (folder / shard).is_file():
@@ -284,11 +286,9 @@ def missing_files(folder: Path) -> str | None:
 def _bar():
     """huggingface_hub's progress bar on stderr, where stderr is a terminal (a pipe gets no
     carriage-return lines), with the file names it shows escaped."""
-    import sys
 
     from huggingface_hub.utils import tqdm as hub_tqdm
 
-    from ..render.text import escape_line
 
     class Bar(hub_tqdm):
         def __init__(self, *args, **kwargs):

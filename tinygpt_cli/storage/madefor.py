@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 from pathlib import Path
 
 from ..errors import InputError, WeightsError
+from .files import sha256
+from .weights import SHIPPED
 
 FIELD = "weights_sha256"
 
@@ -27,7 +30,6 @@ def weights_sha256(weights_file: str | Path) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _sha256(path: str, ino: int, size: int, mtime: int) -> str:  # noqa: ARG001 - the key
-    from .files import sha256
 
     return sha256(path)
 
@@ -79,9 +81,7 @@ def inside_package(path: str | Path) -> bool:
 def weights_option(folder: str | Path) -> str:
     """` --weights NAME` for a hint's command line: nothing for the default model, weights/NAME
     for a model shipped beside it (a name any folder resolves), else the folder's path."""
-    import shlex
 
-    from .weights import SHIPPED
 
     folder = Path(folder)
     if folder.resolve() == SHIPPED.resolve():
@@ -97,7 +97,6 @@ def remake_hint(verb: str, command: str, weights_file: str | Path, default: str 
     weights; inside the package, the command writes `name` here with `out` (`--out`) and
     the file is read back with `use` (`--sae`), or, for a file no option reads (`use` None),
     the hint gives the folder a copy of the weights."""
-    import shlex
 
     folder = Path(weights_file).parent
     line = f"tinygpt {command}{weights_option(folder)}"

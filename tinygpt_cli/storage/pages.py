@@ -5,6 +5,8 @@ is as it is": the key/value cache, the widened weights)."""
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 
@@ -12,8 +14,6 @@ def fresh_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
     """np.empty(shape, dtype), on memory whose pages are made 4 kB at a time as they are
     first written (MADV_NOHUGEPAGE). Small arrays, and systems without the advice, get
     np.empty's own."""
-    import mmap
-
     size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
     if advice is None or size < 4 << 20:  # not Linux, or too small for huge pages to matter

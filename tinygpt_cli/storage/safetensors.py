@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import mmap
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -154,7 +155,6 @@ def _map_read_only(fd: int):
     """The whole file mapped read-only; on Linux with its pages mapped at once (MAP_POPULATE):
     every command reads every weight (the finiteness check, then the pass), and one call
     that maps them all costs less than a page fault per 4 kB."""
-    import mmap
 
     populate = getattr(mmap, "MAP_POPULATE", 0)
     if populate:
@@ -271,7 +271,6 @@ def _let_go(buf, begin: int, end: int) -> None:
     tensor, once widened, is never read from the file again, and its mapped pages would
     count in the process's memory beside the float32 copy (269 MB for a 135M-parameter
     model)."""
-    import mmap
 
     advice = getattr(mmap, "MADV_DONTNEED", None)
     page = mmap.PAGESIZE
@@ -288,7 +287,6 @@ def let_go_of(a) -> None:
     calls it once its canonical copy of `a` is made (transposed, or one piece of a fused
     matrix), so a float32 file's pages and their copies are never all resident together
     (the file is mapped whole at once). Anything else is left as it is."""
-    import mmap
 
     import numpy as np
 

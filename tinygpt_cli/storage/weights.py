@@ -6,15 +6,16 @@ import contextlib
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError, WeightsError
 from ..transformer.config import Config
-from ..transformer.families import config_from_dict, family, load_config
+from ..transformer.families import Family, config_from_dict, family, load_config
 from ..transformer.families.gpt2 import PREFIX  # noqa: F401  (GPT-2 files' own prefix, for callers)
 from ..transformer.schema import PARAMS
+from ..transformer.tokenizer import Tokenizer, special_name
 from .files import write_atomically
 from .safetensors import (
     FLOAT_DTYPES,
@@ -237,7 +238,7 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
     for n in wanted:  # one file, or each shard of a sharded model
         files.setdefault(path.parent / infos[n].shard if infos[n].shard else path, []).append(n)
     tensors = {}
-    lazy = getattr(fam, "PLACES_BFLOAT16", False)  # its converter widens bf16 in place
+    lazy = fam.PLACES_BFLOAT16  # its converter widens bf16 in place
     for file, names in files.items():
         tensors.update(read_safetensors(file, names, lazy_bf16=lazy)[0])
     with _naming(path):
@@ -264,6 +265,12 @@ class Model:
     tokenizer: object  # tinygpt_cli.transformer.tokenizer.Tokenizer
     file: Path | None = None  # a GGUF file's path (its folder is `folder`)
     about: dict | None = None  # what the GGUF says of itself (gguf_file.description)
+    # its family's converter (families.Family), found once for its config: what reads the
+    # model's names (its file's tensor names, its label) asks it, never the model_type
+    family: Family = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.family = family(self.config.model_type)
 
     @property
     def weights_file(self) -> Path:
@@ -355,7 +362,6 @@ def open_folder(folder: str | Path | None = None, opened: dict | None = None) ->
 
 
 def _open_folder(folder: str | Path | None) -> Folder:
-    from .gguf_file import gguf_path
 
     root, named = resolve_folder(folder)
     found = gguf_path(root) if root.exists() else None
@@ -413,7 +419,6 @@ def end_ids(tokenizer, generation: dict | None, settings: dict | None) -> tuple[
     transformers makes the generation config from it), else the model's end token
     (eot_id), and the tokenizer's own eos_token (tokenizer_config.json's) besides. Ids
     outside the vocabulary can never be generated and are left out."""
-    from ..transformer.tokenizer import special_name
 
     declared = (generation or {}).get("eos_token_id")
     declared = declared if isinstance(declared, list) else [declared]
@@ -517,7 +522,6 @@ def read_capped(path: Path, limit: int, why: str = "") -> bytes:
 def read_tokenizer(path: Path, config: Config):
     """tokenizer.json, capped in size like config.json, and refused unless its tokens are
     bytes (a byte-level BPE, or a BPE with byte fallback), which every view assumes."""
-    from ..transformer.tokenizer import Tokenizer
 
     raw = read_capped(path, MAX_TOKENIZER_BYTES,
                       f": not the tokenizer of a {config.vocab_size:,}-token model")
@@ -556,3 +560,19 @@ def check_vocabulary(tokenizer, config: Config, root: Path) -> None:
         _ = tokenizer.eot_id  # generation and training stop on it
     except ValueError as e:
         raise WeightsError(f"{root / 'tokenizer.json'}: {e}") from None
+
+
+def gguf_path(path: Path) -> Path | None:
+    """The GGUF file `--weights` names: the file itself, or the one .gguf in a folder that
+    has no model.safetensors; None when it names no GGUF. A folder of several is refused."""
+    if path.suffix.lower() == ".gguf" and not path.is_dir():
+        return path
+    if not path.is_dir() or (path / "model.safetensors").exists() \
+            or (path / "config.json").exists():
+        return None
+    found = sorted(p for p in path.glob("*.gguf") if not p.is_dir())
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found[:3]) + (", ..." if len(found) > 3 else "")
+        raise InputError(f"weights folder {path} holds {len(found)} GGUF files ({names}): "
+                         "name one with --weights FILE.gguf")
+    return found[0] if found else None

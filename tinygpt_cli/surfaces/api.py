@@ -27,6 +27,9 @@ import functools
 import html as html_text
 import io
 import json
+import os
+import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +37,23 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..cli import batch
+from ..cli.context import RunContext
+from ..cli.typer_tricks import click_errors
 from ..errors import InputError
+from ..jobs import threads as pools
+from ..jobs.session import Session
+from ..render import figure, html, svg
+from ..render.jsonout import emit
+from ..render.output import noted, present, save_figure
+from ..storage.weights import load_model
+from ..transformer import model
+from ..transformer.hooks import Chain, Replace, hooked_path
+from ..transformer.ops import log_softmax
+from ..transformer.schema import BY_PATH, expand, pattern_of
 from ..transformer.trace import Trace
-from .calls import ArgumentError
+from . import calls
+from .calls import ArgumentError, shown
 
 __all__ = ["ArgumentError", "Cache", "HookedModel", "InputError", "Picture", "Result", "load"]
 
@@ -46,10 +63,7 @@ def load(weights: str | Path | None = None, threads: int | None = None) -> Hooke
     the shipped model), loaded once; its commands reuse it. The math runs on `threads`
     threads, as the command line's does (default: one, or $TINYGPT_THREADS; the BLAS
     variables when set), so that its numbers are the command line's bit for bit."""
-    import os
 
-    from ..jobs import threads as pools
-    from ..storage.weights import load_model
 
     n = pools.chosen(threads)
     if n is not None or not any(v in os.environ for v in pools.BLAS_VARS):
@@ -83,7 +97,6 @@ class HookedModel:
 
     def session(self, text: str):
         """A Session (session.py) of this model and the text: what the analyses take."""
-        from ..jobs.session import Session
 
         return Session.open(_text(text), model=self.model)
 
@@ -126,7 +139,6 @@ class HookedModel:
         if wanted is None:
             t = s.trace()
             return t["logits"], Cache(t.values, t.config, t.tokens)
-        from ..transformer.hooks import hooked_path
 
         if callable(wanted):
             kept = {path for path, lens in hook_names(s.config)
@@ -143,7 +155,6 @@ class HookedModel:
         it names (hook.name: the name as given) and what it returns is used instead (None:
         the value as it is, changed in place or not). A name of no value, or of one the run
         never reaches, raises PathError with the command line's suggestions."""
-        from ..transformer.hooks import Chain, Replace
 
         def use(fn, name):
             def replaced(x):
@@ -222,8 +233,6 @@ class HookedModel:
         TypeError too). It prints nothing: what the command says on stderr (a note, the
         seed it chose) is the result's `.notes`; generate returns its summary (the whole
         text as `result["data"]`, its ids and tokens, the seed)."""
-        from ..cli.context import RunContext
-        from . import calls
 
         command = _commands()[name]
         params = calls.parameters(command)
@@ -254,7 +263,6 @@ class HookedModel:
 
 @contextlib.contextmanager
 def _without_stdin():
-    import sys
 
     kept, sys.stdin = sys.stdin, None
     try:
@@ -265,7 +273,6 @@ def _without_stdin():
 
 @functools.cache
 def _commands() -> dict:
-    from . import calls
 
     return calls.commands()
 
@@ -273,9 +280,6 @@ def _commands() -> dict:
 def _run(args: list[str], context) -> None:
     """The command line, run by the CLI's own group as the shell's is (batch.main: --chat);
     a usage error becomes InputError."""
-    from ..cli import batch
-    from ..cli.typer_tricks import click_errors
-    from . import calls
 
     try:
         batch.main(calls.group(), args, context)
@@ -307,7 +311,6 @@ class Cache(Trace):
     def picture(self, path: str) -> Picture:
         """The value drawn as the card commands' --save draws it: an attention grid as a
         heatmap over the tokens, any other value as a heatmap of its rows."""
-        from ..render import figure
 
         value = self[path]
         name, rows = self.canonical(path)
@@ -327,12 +330,10 @@ class Picture:
         self.figure = figure
 
     def svg(self) -> str:
-        from ..render import svg
 
         return svg.document(self.figure)
 
     def html(self) -> str:
-        from ..render import html
 
         return html.document(self.figure)
 
@@ -352,14 +353,11 @@ class Picture:
     def save(self, path: str | Path, force: bool = False) -> None:
         """Write it as --save does: .svg or .html by the extension, atomically, never over a
         file without force."""
-        from ..cli.context import RunContext
-        from ..render.output import save_figure
 
         save_figure(RunContext(quiet=True), self.figure, Path(path), force)
 
 
 def _svg_height(svg: str) -> int:
-    import re
 
     m = re.search(r'<svg[^>]*\sheight="([\d.]+)', svg)
     return int(float(m[1])) if m else 480
@@ -377,7 +375,6 @@ class Result(Mapping):
 
     @functools.cached_property
     def json(self) -> str:
-        from ..render.jsonout import emit
 
         out = io.StringIO()
         emit(self.presented.document(), stream=out)
@@ -400,8 +397,6 @@ class Result(Mapping):
     def picture(self) -> Picture | None:
         if self.presented.figure is None:
             return None
-        from ..cli.context import RunContext
-        from ..render.output import noted
 
         return Picture(noted(RunContext(changed=self.presented.changed),
                              self.presented.figure()))
@@ -419,8 +414,6 @@ class Result(Mapping):
 
     def show(self) -> None:
         """Print the terminal view, as the command line prints it."""
-        from ..cli.context import RunContext
-        from ..render.output import present
 
         p = self.presented
         present(RunContext(changed=p.changed), False, p.document, p.view, console=p.console,
@@ -449,7 +442,6 @@ def _text(text) -> str:
     if isinstance(text, bytes | bytearray):
         raise ArgumentError(f"text takes a str, not bytes ({bytes(text)[:20]!r}): decode it "
                             "first, e.g. text.decode('utf-8')")
-    from .calls import shown
 
     raise ArgumentError(f"text takes a str, not {shown(text)}")
 
@@ -478,7 +470,6 @@ def _kept(function, name: str | None) -> bool:
 def hook_names(config) -> list[tuple[str, str | None]]:
     """(tinygpt path, TransformerLens hook name or None) of every value the forward pass
     computes, in forward order."""
-    from ..transformer.schema import BY_PATH, expand, pattern_of
 
     out = []
     for path in expand(config, kinds=("hooked",)):
@@ -519,7 +510,6 @@ def act_name(name: str, layer: int | None = None, layer_type: str | None = None)
 def next_token_loss(logits: np.ndarray, ids: np.ndarray, per_token: bool):
     """The cross-entropy of each next token (nats) under the logits of the position before
     it: [T - 1], or its mean."""
-    from ..transformer.ops import log_softmax
 
     logp = log_softmax(logits[:-1].astype(np.float64))
     each = -np.take_along_axis(logp, ids[1:, None], axis=-1)[:, 0]
@@ -572,12 +562,11 @@ def tl_weights(params, c, name: str) -> np.ndarray:
     [n_layers, n_heads, d_head], b_O [n_layers, d_model], W_in W_gate [n_layers, d_model,
     d_mlp], W_out [n_layers, d_mlp, d_model], b_in [n_layers, d_mlp], b_out [n_layers,
     d_model]; a bias the model has not, zeros."""
-    from ..transformer import model
 
     if name == "W_E":
         return np.array(model.token_table(params))
     if name == "W_U":
-        return np.array(params[model.head_table(params)]).T
+        return np.array(params[model.head_table(c)]).T
     if name == "b_U":
         return np.zeros(c.vocab_size, np.float32)
     if name == "W_pos":

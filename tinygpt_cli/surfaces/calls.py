@@ -9,10 +9,21 @@ command or an option by hand.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import numbers
+import os
+import reprlib
+import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy
+
+from ..cli.app import _register, app
+from ..cli.batch import CHAT, TEXT_PARAMS
+from ..cli.typer_tricks import click_command, plain_type_names, quick_coercion
 from ..errors import InputError
 
 # The words every command takes but that are about a terminal or a file, never about a result.
@@ -46,8 +57,6 @@ class Param:
 @functools.cache
 def group():
     """The click group of `tinygpt` with every command built."""
-    from ..cli.app import _register, app
-    from ..cli.typer_tricks import click_command, plain_type_names, quick_coercion
 
     _register()
     quick_coercion()
@@ -74,7 +83,6 @@ def _kind(param) -> str:
     0.2x keeps it on the parameter), else from click's type (older typer)."""
     if getattr(param, "is_flag", False):
         return "boolean"
-    import typing
 
     annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
     while typing.get_args(annotation):  # list[int] -> int, Optional[int] -> int
@@ -87,8 +95,6 @@ def _kind(param) -> str:
 
 def _is_path(param) -> bool:
     """A file or folder (the command's annotation is Path, or a list of them)."""
-    import typing
-    from pathlib import Path
 
     annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
     while typing.get_args(annotation):
@@ -124,7 +130,6 @@ def parameters(command) -> list[Param]:
             off=(p.secondary_opts or [None])[0] if getattr(p, "is_flag", False) else None,
             minimum=_bound(p, "min"), maximum=_bound(p, "max"), path=_is_path(p),
             metavar=getattr(p, "metavar", None)))
-    from ..cli.batch import CHAT, TEXT_PARAMS
 
     if any(p.name in TEXT_PARAMS for p in command.params):  # batch.py's, on every such command
         out.append(Param(name="chat", option=CHAT, kind="string", help=(
@@ -145,7 +150,6 @@ TAKES = {"string": "a str", "integer": "a whole number (int)", "number": "a numb
 
 def shown(value) -> str:
     """A wrong value in a message: a number or None as itself, else its type and repr."""
-    import reprlib
 
     if value is None or isinstance(value, bool | int | float):
         return repr(value)
@@ -155,8 +159,6 @@ def shown(value) -> str:
 def _one(name: str, p: Param, value):
     """The value, checked against p's kind: never coerced by truthiness or str(); a whole
     float (JSON's 2.0) is the int it spells, a path may be a Path."""
-    import numbers
-    import os
 
     if p.kind == "boolean" and isinstance(value, bool | getattr(_np(), "bool_", bool)):
         return bool(value)
@@ -179,7 +181,6 @@ def _one(name: str, p: Param, value):
 
 
 def _np():
-    import numpy
 
     return numpy
 
@@ -192,7 +193,6 @@ def checked(name: str, params: list[Param], arguments: dict[str, Any]) -> dict[s
     by_name = {p.name: p for p in params}
     unknown = sorted(set(arguments) - set(by_name))
     if unknown:
-        import difflib
 
         close = difflib.get_close_matches(unknown[0], list(by_name), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else "."

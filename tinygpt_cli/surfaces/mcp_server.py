@@ -19,12 +19,22 @@ cancelled it is stopped in its thread (Job.cancel).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
+import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
+from .. import __version__
+from ..cli import entry
+from ..cli.context import RunContext
+from ..errors import InputError
+from ..storage.weights import _shipped_named
 from . import calls
+from .commands import EFFECTS
 
 NAME = "tinygpt"
 
@@ -36,14 +46,12 @@ def tool_name(command: str) -> str:
 def left_out() -> dict[str, str]:
     """{command: why} of the commands not served: those that write files or run for minutes,
     as the command table declares them (commands.EFFECTS)."""
-    from .commands import EFFECTS
 
     return {name: e.why for name, e in EFFECTS.items() if e.writes_files or e.long_running}
 
 
 def options_left_out() -> dict[tuple[str, str], str]:
     """{(command, option): why} of the options that write, left out of a served command."""
-    from .commands import EFFECTS
 
     return {(name, word): why for name, e in EFFECTS.items() for word, why in e.options_left_out}
 
@@ -101,7 +109,6 @@ def left_out_text() -> str:
 def outside(value: str, folders: list[Path]) -> Path | None:
     """The file or folder a path argument names (relative: to this process's folder, where the
     command reads it; links followed), when it is inside none of `folders`; None when inside."""
-    import os
 
     where = Path(os.path.realpath(value))
     for folder in folders:
@@ -138,9 +145,6 @@ class Caller:
         """(the text the command's --json prints, False), or (its `error: ...` line, True).
         A path argument must name something inside `roots` (the client's) or the folders of
         --allow."""
-        from ..cli.context import RunContext
-        from ..cli.entry import run
-        from ..errors import InputError
 
         if tool not in self.tools:
             gone = left_out()
@@ -163,7 +167,7 @@ class Caller:
         out, err = io.StringIO(), io.StringIO()
         with self.lock, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                run(args, context=RunContext(weights=self.weights, opened=self.opened))
+                entry.run(args, context=RunContext(weights=self.weights, opened=self.opened))
                 code = 0
             except SystemExit as e:
                 code = e.code or 0
@@ -176,8 +180,6 @@ class Caller:
     def check_paths(name: str, params: list[calls.Param], given: dict, folders: list[Path]):
         """InputError for a path argument outside every folder: an agent's instructions may
         come from untrusted text, and a tool that reads any file would hand it over."""
-        from ..errors import InputError
-        from ..storage.weights import _shipped_named
 
         for p in params:
             if not p.path or p.name not in given:
@@ -221,7 +223,6 @@ class Job:
             return f"error: {self.tool} was cancelled", True
 
     def cancel(self) -> None:
-        import ctypes
 
         with self.state:  # never once run has returned: the thread is anyio's, and reused
             if self.thread is not None and not self.done:
@@ -231,8 +232,6 @@ class Job:
 
 async def client_roots(session) -> list[Path]:
     """The folders the client declares (the MCP roots capability; file:// URIs), or none."""
-    import warnings
-    from urllib.parse import unquote, urlparse
 
     import mcp_types as types
 
@@ -251,7 +250,6 @@ def server(weights=None, allow: list[Path] | tuple = ()):
     import mcp_types as types
     from mcp.server.lowlevel import Server
 
-    from .. import __version__
 
     caller = Caller(weights, allow)
     listed = [types.Tool(name=t, description=description(command),

@@ -14,9 +14,12 @@ eos_token, ...) are variables. jinja2 is the optional extra `chat`.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
-from ..errors import InputError, WeightsError
+from ..errors import InputError, WeightsError, check_utf8
+from ..storage.weights import open_folder, read_side_json
+from .tokenizer import special_name
 
 INSTALL = 'pip install "tinygpt-cli[chat]"'
 TEMPLATE_FILE = "chat_template.jinja"
@@ -29,8 +32,6 @@ SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token"
 def prompt(weights, message: str, opened: dict | None = None) -> str:
     """The text --chat MESSAGE stands for: the message in the chat template of the weights
     folder (as --weights names it; None: $TINYGPT_WEIGHTS, then the shipped model)."""
-    from ..errors import check_utf8
-    from ..storage.weights import open_folder, read_side_json
 
     message = check_utf8(message, "the --chat message")
     if not message:
@@ -72,7 +73,6 @@ def special_tokens(settings: dict | None, names_map: dict | None) -> dict[str, s
     """The named special tokens as the template sees them: tokenizer_config.json's, then
     special_tokens_map.json's for the names it leaves out; each a string or an AddedToken's
     {"content": ...}."""
-    from .tokenizer import special_name
 
     out = {}
     for name in SPECIAL_NAMES:
@@ -111,7 +111,6 @@ def render(template: str, message: str, specials: dict[str, str]) -> str:
 def _environment():
     """transformers' environment for chat templates (utils/chat_template_utils.py): the
     same settings, filters and globals, written here."""
-    from datetime import datetime
 
     import jinja2
     from jinja2.ext import Extension, loopcontrols

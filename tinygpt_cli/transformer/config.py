@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import InputError
+
 # The vocabulary sizes training accepts (here, not in tokenizer.py, so that the CLI can name
 # them in its help without importing `tokenizers`).
 MIN_VOCAB = 257  # the 256 bytes of the byte-level alphabet and <|endoftext|>
@@ -207,7 +209,6 @@ def shown(x, most: int = 40) -> str:
 
 def check_vocab_size(vocab_size: int) -> None:
     """A --vocab-size this tokenizer can have; else InputError (exit 2)."""
-    from ..errors import InputError
 
     if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
         raise InputError(f"--vocab-size must be from {MIN_VOCAB} (the 256 bytes and "

@@ -17,12 +17,13 @@ head has it written back into that head's slice, so the change reaches everythin
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
 from .config import Config
-from .schema import resolve
+from .schema import BY_PATH, PathError, pattern_of, resolve
 
 Hook = Callable[[str, np.ndarray], np.ndarray]
 
@@ -140,7 +141,6 @@ def chained(*hooks: Hook | None) -> Hook | None:
 
 def hooked_path(path: str, config: Config, who: str) -> str:
     """The canonical path of a value the forward pass computes, for a hook set `who`."""
-    from .schema import BY_PATH, PathError, pattern_of
 
     name, rows = resolve(path, config)
     if rows:
@@ -169,7 +169,6 @@ def bind(hooks, config: Config) -> None:
 def check_reached(hooks, stopped: str | None = None) -> None:
     """PathError for a value a hook set names that the run never reached (a Replace that
     changed nothing, a record that kept nothing)."""
-    from .schema import PathError
 
     for h in sets_of(hooks):
         missed = h.unreached() if hasattr(h, "unreached") else []
@@ -190,7 +189,6 @@ def ablation(paths: Iterable[str], config: Config) -> Replace:
     A path with row indices (`logits[-1]`) cannot be ablated as a whole value; that and an
     unknown path raise PathError with suggestions.
     """
-    from .schema import BY_PATH, PathError, pattern_of
 
     def computed(name: str) -> bool:
         return BY_PATH[pattern_of(name)].kind == "hooked" and name != "ids"
@@ -223,8 +221,6 @@ class Steering(Replace):
 
     def key(self) -> list[str]:
         """What a cache entry of a steered run is kept under: the site and the shift's bytes."""
-        import hashlib
-
         shift = np.asarray(self.shift, np.float64)
         return [self.site, hashlib.sha256(shift.tobytes()).hexdigest()]
 

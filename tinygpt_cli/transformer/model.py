@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import NonFiniteError
+from ..errors import InputError, NonFiniteError
 from ..storage.pages import fresh_pages
 from . import ops, wiring
 from .config import Config
-from .hooks import Hook, Record, RecordOnly, Stop
+from .hooks import Chain, Hook, Record, RecordOnly, Stop, StopAfter, sets_of
 from .schema import is_bias, is_norm_weight, param_shapes
 from .wiring import Step
 
@@ -52,22 +52,6 @@ def init_params(
 
 def _no_hooks(path: str, x: np.ndarray) -> np.ndarray:
     return x
-
-
-@functools.cache
-def keep_freed_memory() -> bool:
-    """Ask glibc's malloc to keep up to 1 GB of freed memory for reuse instead of handing it
-    back to the system at once: a traced pass keeps every value, and fresh pages from the
-    kernel must be zeroed (benchmarks/results.md, "Why the code is as it is"). The peak memory
-    is unchanged; it is only reused. No-op elsewhere."""
-    try:
-        import ctypes
-
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(mallopt(m_mmap_threshold, 32 << 20) and mallopt(m_trim_threshold, 1 << 30))
 
 
 @dataclass
@@ -563,21 +547,22 @@ def block_backward(g: Gradients, i: int, dh: np.ndarray, start: str | None = Non
     return dh
 
 
-def head_table(params) -> str:
-    """The name of the output head's rows [V, d]: W_E itself when tied, else unembed.W_U."""
-    return "unembed.W_U" if "unembed.W_U" in params else "embed.W_E"
+def head_table(config: Config) -> str:
+    """The name of the output head's rows [V, d]: W_E itself when the config says the head
+    is tied to the embedding, else unembed.W_U."""
+    return "embed.W_E" if config.tied else "unembed.W_U"
 
 
-def unembed(params, u: np.ndarray, hooks: Hook) -> np.ndarray:
+def unembed(params, config: Config, u: np.ndarray, hooks: Hook) -> np.ndarray:
     """Card 9: logits = u W_U, the head's rows (W_E's when tied).  [T, d] -> [T, V]"""
-    return hooks("logits", ops.unembed(u, params[head_table(params)]))
+    return hooks("logits", ops.unembed(u, params[head_table(config)]))
 
 
 def unembed_backward(g: Gradients, dlogits: np.ndarray) -> np.ndarray:
     """Cards 8-9 in reverse: from d logits (the cross-entropy's, ops.cross_entropy_with_grad,
     or any other score's) through the head and the final norm to the last block."""
     g.keep("logits", dlogits)
-    table = head_table(g.params)
+    table = head_table(g.config)
     du, g.grads[table] = ops.unembed_backward(dlogits, g.values["ln_final.out"],
                                               g.params[table], weights=g.weights)
     g.keep("ln_final.out", du)
@@ -607,7 +592,6 @@ def forward(
     into one too large for the rest of the pass), unless `check_finite` is False (training,
     which reports a diverging loss itself).
     """
-    keep_freed_memory()
     ids = np.asarray(ids)
     t = ids.shape[-1]
     if start + t > config.n_positions:
@@ -627,7 +611,7 @@ def forward(
             if last_only:
                 h = h[..., -1:, :]
             u = norm(params, config, h, "ln_final", hk)
-            logits = unembed(params, u, hk)
+            logits = unembed(params, config, u, hk)
         except Stop as e:
             last = e.args[1] if len(e.args) > 1 else None
             if check_finite and last is not None and not _finite(e.args[0], last):
@@ -650,7 +634,6 @@ def run_to_final_norm(params, config: Config, ids, per_text: bool = True) -> np.
     not by the one-position shortcut of generation. Without `per_text` they are those of the
     batch's recorded pass instead (one product for all rows: faster). Non-finite values are
     left to the caller (forward names the first one)."""
-    keep_freed_memory()
     ids = np.asarray(ids)
     ids = ids[None] if ids.ndim == 1 else ids
     if ids.shape[-1] > config.n_positions:
@@ -663,10 +646,10 @@ def run_to_final_norm(params, config: Config, ids, per_text: bool = True) -> np.
         return norm(params, config, h, "ln_final", _no_hooks)
 
 
-def logits_of(params, u: np.ndarray) -> np.ndarray:
+def logits_of(params, config: Config, u: np.ndarray) -> np.ndarray:
     """Card 9 alone: the logits of final-norm outputs u [T, d] (final_norm's), as a pass's."""
     with np.errstate(all="ignore"):
-        return unembed(params, u, _no_hooks)
+        return unembed(params, config, u, _no_hooks)
 
 
 def all_finite(x: np.ndarray) -> bool:
@@ -730,8 +713,6 @@ def _name_first_non_finite(params, config, ids, hooks, cache, start, last_only,
     one (`last`, the value found bad, if none before it is): InputError when the hooks are at
     fault (one returned infinite or NaN numbers, or a value one changed overflowed further on
     where the same pass without hooks stays finite), NonFiniteError (the weights) otherwise."""
-    from ..errors import InputError
-    from .hooks import Chain, sets_of
 
     changed: list = []
     watched = Chain(*(_watched(h, changed) for h in sets_of(hooks))) if hooks else None
@@ -804,7 +785,7 @@ class Decoder:
     def __init__(self, params, config: Config) -> None:
         self.params, self.config = params, config
         self.blocks = [self._block_params(i) for i in range(config.n_layer)]
-        self.head = params[head_table(params)]
+        self.head = params[head_table(config)]
         self.turns: dict = {}  # (dtype, turn) -> (cos, sin) of positions 0 .. n-1
 
     def made_for(self, params, config: Config) -> bool:
@@ -945,7 +926,6 @@ def record(params, config: Config, ids, paths=None, *, hooks: Hook | None = None
     """The one way to run the model and keep its values: (logits, {path: value}) of every
     value, or only of `paths`. `hooks` run before the recording, so an intervention shows in
     the values recorded; `stop_after` ends the pass once that value exists (logits None)."""
-    from .hooks import Chain, RecordOnly, StopAfter
 
     rec = Record() if paths is None else RecordOnly(paths)
     chain = [h for h in (hooks, rec, StopAfter(stop_after) if stop_after else None)
@@ -976,19 +956,19 @@ def position_table(params) -> np.ndarray:
     return params["embed.W_pos"]
 
 
-def unembed_rows(params, rows) -> np.ndarray:
+def unembed_rows(params, config: Config, rows) -> np.ndarray:
     """The output head's rows for these tokens, [len(rows), d] (tied: W_E's rows): the
     direction whose dot with ln_final.out is each token's logit."""
-    return params[head_table(params)][rows]
+    return params[head_table(config)][rows]
 
 
-def cut_head(params, rows) -> dict[str, np.ndarray]:
+def cut_head(params, config: Config, rows) -> dict[str, np.ndarray]:
     """The parameters with the output head cut to these vocabulary rows. A score such as
     logit[target] - logit[vs] reads two rows of W_U; with the head cut to them it costs
     [T, d] x [d, 2] instead of [T, d] x [d, V] in every forward and backward pass. A tied
     head is W_E itself, which then no longer serves as the embedding: callers supply the
     token embeddings through a hook (and pass ids 0, which index the cut table harmlessly)."""
-    return dict(params, **{head_table(params): unembed_rows(params, list(rows))})
+    return dict(params, **{head_table(config): unembed_rows(params, config, list(rows))})
 
 
 def head_out_matrix(params, config: Config, layer: int) -> np.ndarray:
@@ -1050,7 +1030,8 @@ def read_out(params, config: Config, h: np.ndarray) -> np.ndarray:
     statistics of h itself, then the head; the same steps as a traced pass's, so h =
     the last resid_post gives its logits bit for bit (the logit lens's last stage)."""
     with np.errstate(all="ignore"):
-        return unembed(params, norm(params, config, h, "ln_final", _identity), _identity)
+        return unembed(params, config, norm(params, config, h, "ln_final", _identity),
+                       _identity)
 
 
 # ------------------------------------------------------------------ the backward pass

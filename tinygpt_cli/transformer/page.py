@@ -7,7 +7,7 @@ value: its formula says how it is drawn), the formula, and the command that show
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .wiring import FAMILIES, handles
 
@@ -77,7 +77,6 @@ def cards_for(config) -> list[Card]:
     """The cards as this model's family computes them: GPT-2's are the seed page's; a rotary,
     RMSNorm, gated or untied model's cards 3, 4, 6, 8 and 9 say what it does instead (the
     same card numbers, paths that hold its values)."""
-    from dataclasses import replace
 
     act = {"gelu_new": "GELU", "gelu": "GELU (erf)", "silu": "SiLU"}.get(config.act,
                                                                       config.act)

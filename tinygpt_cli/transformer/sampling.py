@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from ..errors import InputError
+from .ops import probabilities as chances
 
 # A subnormal temperature (1e-320) divides any score past float64's range and the chances
 # become NaN. Far above that, 1e-6 already puts all the chance on the top score of any real
@@ -30,7 +31,6 @@ def check_top_p(top_p: float) -> None:
 
 def probabilities(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     """ops.probabilities, the temperature checked first (InputError)."""
-    from .ops import probabilities as chances
 
     check_temperature(temperature)
     return chances(logits, temperature)

@@ -13,10 +13,12 @@ V vocabulary, n_ctx longest text, 1 a kept axis of size one.
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import NamedTuple
 
 from ..errors import InputError
+from . import wiring
 from .config import Config
 
 
@@ -179,8 +181,6 @@ NEEDS = {
 
 def _post_normed(config: Config) -> bool:
     """Its blocks have a norm after a branch (Gemma's): as the wiring states the block."""
-    from . import wiring
-
     return any(s.op == "norm" and s.reads[0] in ("attn_out", "mlp_out")
                for s in wiring.describe(config, 0).steps)
 
@@ -428,7 +428,6 @@ def resolve(path: str, config: Config) -> tuple[str, list[int]]:
 
 
 def suggest(path: str, config: Config) -> list[str]:
-    import difflib
 
     return difflib.get_close_matches(path.strip(), expand(config), n=2, cutoff=0.5)
 

@@ -5,13 +5,18 @@ space, `<0xNN>` for a byte no piece holds); and the recipe that trains the first
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Iterable
 from functools import cached_property
+from itertools import accumulate, pairwise
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from ..errors import InputError
+from ..storage.files import write_atomically
 
 # the vocabulary limits live in config.py, which the CLI imports cheaply; named here too
 from .config import MAX_VOCAB, MIN_VOCAB  # noqa: F401
@@ -56,7 +61,6 @@ def _parts(pre) -> list:
 
 def _state(part) -> dict:
     """A normalizer's or a pre-tokenizer's settings, as its JSON in tokenizer.json."""
-    import json
 
     try:
         return json.loads(part.__getstate__())
@@ -357,7 +361,6 @@ SHORT_IDS = 1024
 def _id_rules(tok: HFTokenizer) -> dict:
     """What decides a text's ids, from the tokenizer's JSON, by what it is called in an
     error: merges as pairs (files write them "a b" or ["a", "b"])."""
-    import json
 
     d = json.loads(tok.to_str())
     model = dict(d.get("model") or {})
@@ -472,7 +475,6 @@ class Tokenizer:
                        if any(b in missing for b in ch.encode("utf-8"))), None)
         if at is None:
             return
-        from ..errors import InputError
 
         byte = next(b for b in text[at].encode("utf-8") if b in missing)
         raise InputError(f"the text's character {at} ({_named(text[at])}) needs byte "
@@ -542,7 +544,6 @@ class Tokenizer:
             if self._merge_index is not None:
                 return self._encode_sentencepiece(text)
             if len(text) > PIECE_MAX:  # read as one word: about 200 bytes a character held
-                from ..errors import InputError
 
                 raise InputError(
                     f"the text is {len(text):,} characters long, and this tokenizer's BPE "
@@ -597,7 +598,6 @@ class Tokenizer:
         (--last N from an endless stdin). A tokenizer with byte fallback (SentencePiece,
         whose text is one piece) has no such place: its text is held whole; InputError
         past TAIL_MAX characters held, for it or for a text with no place to cut."""
-        from ..errors import InputError
 
         text, before = "", 0
         for piece in pieces:
@@ -634,7 +634,6 @@ class Tokenizer:
         return out
 
     def _encode_stretch(self, text: str, start: int, end: int) -> list[int]:
-        from ..errors import InputError
 
         stretch = text[start:end]
         shortest = max(PIECE_MIN, self.longest_token_bytes + 1)
@@ -670,7 +669,6 @@ class Tokenizer:
         the whole. No cut within `overlap` characters after an added token's text (a new
         section of text, which gets that space again) or next to one (whose lstrip/rstrip
         may take the spaces around it). InputError for PIECE_MAX characters with no cut."""
-        from ..errors import InputError
 
         allowed, overlap = self.sentencepiece_cuts(text)
         shortest = max(PIECE_MIN, self.longest_token_bytes + 1, overlap + 1)
@@ -843,7 +841,6 @@ class Tokenizer:
         (len(ids) + 1 numbers), from a table of each vocabulary token's length: a million
         tokens in a fraction of a second, without a tuple per token, and without NumPy
         (`encode` never imports it)."""
-        from itertools import accumulate
 
         if len(ids) < SHORT_IDS:  # a short text: its own tokens, not the whole table (4 ms)
             return list(accumulate((len(self.token_bytes(i)) for i in ids), initial=0))
@@ -856,7 +853,6 @@ class Tokenizer:
 
     def byte_offsets(self, ids: Iterable[int]) -> list[tuple[int, int]]:
         """(start, end) of each token in the UTF-8 bytes of the decoded text."""
-        from itertools import pairwise
 
         return list(pairwise(self.byte_starts(list(ids))))
 
@@ -881,7 +877,6 @@ def train_tokenizer(stories: Iterable[str], vocab_size: int = 4096) -> Tokenizer
 
 
 def save_tokenizer(tokenizer: Tokenizer, path: str | Path) -> None:
-    from ..storage.files import write_atomically
 
     write_atomically(Path(path), tokenizer._tok.to_str(pretty=True).encode("utf-8"))
 
@@ -889,7 +884,6 @@ def save_tokenizer(tokenizer: Tokenizer, path: str | Path) -> None:
 def parse_ids(words: list[str], vocab_size: int) -> list[int]:
     """The token ids in `words` (separated by spaces, commas or brackets, as `decode` takes
     them), each in the vocabulary; else InputError."""
-    from ..errors import InputError
 
     ids = []
     for word in words:

@@ -14,10 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import ops, wiring
 from .config import Config
 from .hooks import Hook
 from .model import attn_out_bias, head_out_matrix, norm_weights, record
+from .ops import probabilities
 from .schema import PathError, expand, head_name, mlp_name, resolve, suggest
+from .schema import describe as describe_path
 
 __all__ = ["PathError", "Trace"]
 
@@ -81,10 +84,8 @@ class Trace:
 
     def entries(self) -> list[dict]:
         """{path, shape, about} of every concrete path, in forward order (trace --list)."""
-        from .schema import describe
-
         return [{"path": p, "shape": [] if isinstance(v := self.get(p), int) else
-                 list(np.shape(v)), "about": describe(p)} for p in self.paths()]
+                 list(np.shape(v)), "about": describe_path(p)} for p in self.paths()]
 
     def canonical(self, path: str) -> tuple[str, list[int]]:
         """Resolve a user path to (canonical path, trailing row indices)."""
@@ -99,14 +100,12 @@ class Trace:
     def stages(self, mid: bool = False) -> list[tuple[str, np.ndarray]]:
         """The residual stream, (name, [T, d]): the embeddings, then after each block (with
         `mid`, each block's resid_mid before its resid_post, the logit lens's stages)."""
-        from .wiring import describe
-
         # the block's own stream values (wiring.describe): a parallel block (NeoX) has none
         # between its attention and its MLP
         return [("embeddings", self.get("embeddings"))] + [
             (f"layers.{i}.{k}", self.get(f"layers.{i}.{k}"))
             for i in range(self.config.n_layer)
-            for k in (describe(self.config, i).stream[1:] if mid else ("resid_post",))]
+            for k in (wiring.describe(self.config, i).stream[1:] if mid else ("resid_post",))]
 
     def residual_parts(self, params, position: int | None = None, steer=None,
                        layer: int | None = None) -> tuple[list[str], np.ndarray]:
@@ -117,8 +116,6 @@ class Trace:
         output (mlp_post W_2 + b_2). A steered run (`steer`: hooks.Steering, adding `shift`
         to layers.L.resid_pre) has the shift as a part of its own, "steer", where it enters.
         dla reads the final stream at one position, qk a block's input, circuit its senders."""
-        from .wiring import describe
-
         cfg = self.config
         last = cfg.n_layer if layer is None else layer
         entry = int(steer.site.split(".")[1]) if steer is not None else None
@@ -147,7 +144,7 @@ class Trace:
                 parts.append(np.broadcast_to(steer.shift, shape))
             if i == last:
                 break
-            b = describe(cfg, i)
+            b = wiring.describe(cfg, i)
             # what the block's adds put on the stream: each sublayer's output, or (Gemma) a
             # norm of it, whose scale at this run is frozen so that the parts still add up
             post = self.post_norms(i)
@@ -166,9 +163,7 @@ class Trace:
 
     def post_norms(self, i: int) -> dict[str, str]:
         """Block i's norms after a branch (Gemma's), branch -> the norm's name."""
-        from .wiring import describe
-
-        return {s.reads[0]: s.name for s in describe(self.config, i).steps
+        return {s.reads[0]: s.name for s in wiring.describe(self.config, i).steps
                 if s.op == "norm" and s.reads[0] in ("attn_out", "mlp_out")}
 
     def frozen_post_norm(self, params, i: int, branch: str, x, position: int | None = None):
@@ -227,11 +222,9 @@ class Trace:
                 raise PathError(name, "this trace has no token strings")
             return self.tokens
         if name == "probs":
-            from .ops import probabilities  # not sampling's: trace never imports sampling
 
             return probabilities(self.values["logits"], 1.0)
         if name == "rotary_angles":
-            from . import ops
 
             cfg, t = self.config, np.asarray(self.values["ids"]).shape[-1]
             return ops.rotary_frequencies(t, cfg.rotary, cfg.rotary_base, cfg.rope_scaling)

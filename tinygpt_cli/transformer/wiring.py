@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from ..errors import InputError
 from .config import Config
 
 __all__ = ["FAMILY_BLOCKS", "FORWARD", "Attention", "Block", "Handles", "Step", "describe",
@@ -292,7 +293,6 @@ def require(config: Config, what: str, can: Handles = FAMILY_BLOCKS) -> None:
     """InputError (exit 2) naming the first knob value of this model's blocks that the
     analysis `what` does not implement, so that it never answers for another block as if it
     were one it knows."""
-    from ..errors import InputError
 
     missing = lacking(config, can)
     if missing:

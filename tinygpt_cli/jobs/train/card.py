@@ -12,10 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import RunError
+from ...storage.corpus import encode_stories, read_stories, split_data
 from ...storage.files import sha256, write_text
-from ...storage.weights import Model
+from ...storage.weights import Model, load_model
 from ...transformer.generate import generate
 from ...transformer.sampling import create_rng
+from .loop import CHECKPOINT, evaluate, stored_settings, windows_in
+from .loop import machine as this_machine
+from .loop import read_log as read
 
 PROMPTS = ["Lily wanted", "Once upon a time"]
 SEED_SENTENCE = "Lily wanted to play with her"
@@ -24,7 +28,6 @@ SEED_SENTENCE = "Lily wanted to play with her"
 def read_log(path: Path, note: Callable[[str], None] = lambda s: None) -> list[dict]:
     """The run's log; a torn last line is skipped (with a note), any other fault is a
     RunError (exit 1)."""
-    from .loop import read_log as read
 
     if not path.is_file():
         raise RunError(f"{path.parent} has no {path.name}: model-card needs a folder written "
@@ -173,7 +176,6 @@ def file_names(files: list[Path]) -> str:
 def run_settings(run: Path) -> dict:
     """The settings a run was trained with, from its checkpoint (empty when there is none,
     or it is damaged: the card then says less)."""
-    from .loop import CHECKPOINT, stored_settings
 
     try:
         return stored_settings(run / CHECKPOINT)
@@ -188,9 +190,7 @@ def machine_line(run: Path) -> str:
         machine = json.loads((run / "result.json").read_text())["machine"]
         where = "the machine it ran on"
     except Exception:  # noqa: BLE001 - older runs, or a run still going
-        from .loop import machine as here
-
-        machine, where = here(), "the machine that wrote this card (the run did not record its own)"
+        machine, where = this_machine(), "the machine that wrote this card (the run did not record its own)"
     threads = machine.get("blas_threads") or {}
     blas = ", ".join(f"{k}={v}" for k, v in sorted(threads.items())) or "library default"
     return f"{machine.get('cpu_count')} CPU cores, BLAS threads {blas}: {where}"
@@ -220,8 +220,6 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
     if given, is a context manager yielding advance(n), as cli.common.progress is: the
     evaluation over the whole data takes a while.
     """
-    from ...storage.weights import load_model
-    from .data import split_data
 
     out = out or run
     model = load_model(run)
@@ -241,8 +239,6 @@ def write_card(run: Path, data: list[Path], out: Path | None = None, *,
 def _quality(model: Model, train_files: list[Path], val_files: list[Path], progress
              ) -> tuple[str, object]:
     """The card's quality rows (the loss over each whole part), and the training stream."""
-    from .data import encode_stories, read_stories
-    from .loop import evaluate, windows_in
 
     tok = model.tokenizer
     train_stream = encode_stories(read_stories(train_files), tok)

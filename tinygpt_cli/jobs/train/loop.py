@@ -8,6 +8,7 @@ generator's state, so a resumed run continues exactly where the killed one stopp
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import math
@@ -20,26 +21,28 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import InputError, RunError, WriteError
-from ...storage.corpus import write_data_record
-from ...storage.files import append_line, write_atomically
-from ...storage.weights import save_params
-from ...transformer import ops
-from ...transformer.config import Config, shown
-from ...transformer.families import save_config
-from ...transformer.families.gemma3 import rounded
-from ...transformer.model import forward, init_params, loss_and_grads
-from ...transformer.optim import OPTIMIZERS, SGD, AdamW, clip_by_global_norm, lr_at
-from ...transformer.schema import param_shapes
-from ...transformer.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
-from ...words import count
-from .data import (
+from ...storage.corpus import (
     TokenStream,
     TrainingDataError,
     encode_stories,
     eval_windows,
     random_windows,
     read_stories,
+    write_data_record,
 )
+from ...storage.files import append_line, cannot_write, write_atomically
+from ...storage.madefor import made_for
+from ...storage.safetensors import safetensors_bytes, with_metadata
+from ...storage.weights import load_params, save_params
+from ...transformer import ops
+from ...transformer.config import Config, shown
+from ...transformer.families import family, load_config, save_config
+from ...transformer.families.gemma3 import rounded
+from ...transformer.model import forward, init_params, loss_and_grads
+from ...transformer.optim import OPTIMIZERS, SGD, AdamW, clip_by_global_norm, lr_at
+from ...transformer.schema import param_shapes
+from ...transformer.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
+from ...words import count
 
 CHECKPOINT = "checkpoint.npz"
 LOG = "log.jsonl"
@@ -165,8 +168,6 @@ def snapshot_name(step: int) -> str:
 def save_snapshot(out: Path, params, config: Config, step: int, lr: float) -> None:
     """Float16 weights for `tinygpt history`, with the step and learning rate (for TracIn),
     in the family's own file layout, as model.safetensors."""
-    from ...storage.safetensors import safetensors_bytes
-    from ...transformer.families import family
 
     tensors = {n: np.ascontiguousarray(a, dtype=np.float16)
                for n, a in family(config.model_type).params_to_file(params, config).items()}
@@ -181,8 +182,6 @@ def stamp_snapshots(out: Path) -> None:
     """Name in each snapshot's metadata the weights its run ended with (madefor's one rule):
     history/ then reads only the snapshots of the model beside it. Done when a run ends, as
     the folder's model.safetensors changes at every better validation."""
-    from ...storage.madefor import made_for
-    from ...storage.safetensors import with_metadata
 
     weights = out / "model.safetensors"
     if not weights.is_file() or not (out / HISTORY).is_dir():
@@ -236,8 +235,6 @@ def adopt_tokenizer(init: Path, out: Path) -> None:
 
 def warm_start_params(init: Path, config: Config) -> dict[str, np.ndarray]:
     """Writable float32 copies of a weights folder's parameters, checked against the sizes."""
-    from ...storage.weights import load_params
-    from ...transformer.families import load_config
 
     theirs = load_config(init / "config.json")
     sizes = {k: getattr(theirs, k) for k in SIZES}
@@ -370,15 +367,12 @@ def locked(out: Path):
     """Hold OUT/.train.lock for the whole run, so that a second training into the same
     folder is refused (InputError, exit 2: it is the command that conflicts) instead of
     interleaving two logs. The kernel drops the lock when the process dies, even by SIGKILL."""
-    import fcntl
 
     path = out / LOCK
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as e:
-        from ...storage.files import cannot_write
-
         raise cannot_write(path, e) from None
     try:
         try:
@@ -471,8 +465,6 @@ def train(
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        from ...storage.files import cannot_write
-
         raise cannot_write(out, e) from None
     with locked(out):
         return _train(train_files, val_files, out, settings, resume=resume, force=force,

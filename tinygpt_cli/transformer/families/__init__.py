@@ -2,9 +2,12 @@
 tensor names, orientations and config.json keys that `transformers` writes) and the one
 canonical `Model` layout that model.py, ops.py and every analysis read.
 
-A converter module has:
+A converter module has what the Family protocol below lists:
 
-- MODEL_TYPE, the config.json `model_type` it reads;
+- MODEL_TYPE, the config.json `model_type` it reads; LABEL, the family as messages name it;
+  PREFIX and IGNORED, how its file names tensors (a prefix to drop, buffers to skip);
+  PLACES_BFLOAT16, whether params_from_file widens unwidened bfloat16 tensors itself;
+  MODULES, Hugging Face's module names of its blocks (hooks name them);
 - config_from_hf(d) -> Config and config_to_hf(config) -> dict, the config both ways;
 - file_shapes(config) -> {file name: shape}, what the header check expects, before any
   tensor is read;
@@ -12,9 +15,11 @@ A converter module has:
   so that a converted copy never sits beside all the originals), and params_to_file(params, config)
   -> the family's tensors, so that a folder tinygpt saves loads in `transformers`;
 - file_name(canonical) -> the family's name of a parameter, and canonical_name(file name)
-  -> the canonical one or None, for the commands that take a parameter's name.
+  -> the canonical one or None, for the commands that take a parameter's name; block_of(file
+  name) -> the block a tensor belongs to (None outside the blocks), for the header check.
 
-`family(model_type)` finds one; a model_type with no converter is refused by name.
+`family(model_type)` finds one (a loaded Model carries its own: `Model.family`); a
+model_type with no converter is refused by name.
 """
 
 from __future__ import annotations
@@ -22,17 +27,56 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
-from types import ModuleType
+from typing import Protocol, cast
 
 from ...storage.files import write_atomically
 from ..config import MAX_CONFIG_BYTES, Config
+
+
+class Family(Protocol):
+    """Everything a family's converter module provides (tests/test_families.py checks each
+    module of KNOWN against this list): found once for a config (`family`), and carried by
+    the loaded Model (`Model.family`)."""
+
+    MODEL_TYPE: str  # the config.json `model_type` it reads
+    LABEL: str  # the family as messages name it ("GPT-2")
+    PREFIX: str  # what its file's tensor names start with ("transformer." for GPT-2's)
+    IGNORED: tuple[str, ...]  # endings of tensor names that are no parameter (buffers)
+    PLACES_BFLOAT16: bool  # params_from_file widens unwidened bfloat16 tensors in place
+    # Hugging Face's module names: the blocks, the norm before the MLP, attention's output
+    # projection (hooks of SAEs and transcoders name them: analysis/gemmascope.py)
+    MODULES: tuple[str, str, str]
+
+    def config_from_hf(self, d: dict) -> Config: ...
+
+    def config_to_hf(self, config: Config) -> dict: ...
+
+    def file_shapes(self, config: Config) -> dict[str, tuple[int, ...]]: ...
+
+    def params_from_file(self, tensors: dict, config: Config) -> dict: ...
+
+    def params_to_file(self, params: dict, config: Config) -> dict: ...
+
+    def file_name(self, canonical: str) -> str: ...
+
+    def canonical_name(self, name: str) -> str | None: ...
+
+    def block_of(self, name: str) -> int | None: ...
+
+
+def missing(module) -> list[str]:
+    """What a converter module lacks of the Family protocol (nothing, for a whole one)."""
+    wanted = [*Family.__annotations__, *(n for n, v in vars(Family).items()
+                                        if callable(v) and not n.startswith("_"))]
+    return [n for n in wanted if not hasattr(module, n)]
+
 
 # model_type -> module; imported when first asked for (start-up reads one config)
 KNOWN = {"gpt2": "gpt2", "gpt_neo": "gpt_neo", "gpt_neox": "gpt_neox", "llama": "llama",
          "qwen2": "llama", "qwen3": "llama", "gemma3_text": "gemma3"}
 
 
-def family(model_type: str) -> ModuleType:
+def family(model_type: str) -> Family:
     if model_type == "gemma3":
         raise ValueError("config: model_type 'gemma3' is Gemma 3 with its vision tower "
                          "(Gemma3ForConditionalGeneration); tinygpt reads the text model alone "
@@ -41,7 +85,7 @@ def family(model_type: str) -> ModuleType:
         shown = model_type if isinstance(model_type, str) else type(model_type).__name__
         raise ValueError(f"config: model_type {shown!r} is not a family tinygpt reads "
                          f"({', '.join(sorted(KNOWN))})")
-    return importlib.import_module(f".{KNOWN[model_type]}", __name__)
+    return cast(Family, importlib.import_module(f".{KNOWN[model_type]}", __name__))
 
 
 def config_to_dict(config: Config) -> dict:

@@ -8,7 +8,9 @@ import re
 
 import numpy as np
 
-from ..config import is_int, shown, token_id
+from ...storage.pages import fresh_pages
+from ...storage.safetensors import let_go_of
+from ..config import Config, is_int, shown, token_id
 
 
 def pattern_of(canonical: str) -> tuple[str, int | None]:
@@ -37,6 +39,24 @@ def canonical_of(names: dict[str, tuple[str, bool]], name: str, i: int | None) -
     return None
 
 
+def qkv_sizes(config: Config) -> list[int]:
+    """The widths of W_QKV's three pieces: q's H d_k, then k's and v's H_kv d_k each."""
+    dk = config.d_k
+    return [config.n_head * dk, config.kv_heads * dk, config.kv_heads * dk]
+
+
+def qkv_files(i: int, kind: str = "weight") -> list[str]:
+    """Block i's q, k and v projections (`kind`: weight or bias) as Llama's layout names them
+    (Qwen's and Gemma's alike): the three file tensors of W_QKV or b_QKV."""
+    return [f"model.layers.{i}.self_attn.{p}_proj.{kind}" for p in "qkv"]
+
+
+def is_transposed(names: dict[str, tuple[str, bool]], canonical: str) -> bool:
+    """Whether the file keeps this parameter (out, in), by the family's NAMES table."""
+    pattern = re.sub(r"^layers\.\d+\.", "layers.L.", canonical)
+    return names[pattern][1] if pattern in names else False
+
+
 def cut(value: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
     """A fused (in, out) parameter's pieces of these sizes along the out axis (W_QKV into
     q, k and v), as views."""
@@ -54,8 +74,6 @@ def transposed(a) -> np.ndarray:
     """A file matrix (out, in) as the canonical (in, out), a C-ordered copy (BLAS multiplies
     a vector by it faster than by the transposed view), on small pages (pages.py); a
     bfloat16 one widened straight into it."""
-    from ...storage.pages import fresh_pages
-
     out = fresh_pages(a.shape[::-1], np.float32 if hasattr(a, "widen") else a.dtype)
     _place(out, a)
     return out
@@ -64,8 +82,6 @@ def transposed(a) -> np.ndarray:
 def side_by_side(pieces: list) -> np.ndarray:
     """File matrices (out_i, in) as one canonical (in, sum out_i): q, k and v into W_QKV,
     each piece (bfloat16 ones widened) written straight into its columns."""
-    from ...storage.pages import fresh_pages
-
     kinds = {np.float32 if hasattr(p, "widen") else p.dtype for p in pieces}
     out = fresh_pages((pieces[0].shape[1], sum(p.shape[0] for p in pieces)),
                       np.result_type(*kinds))
@@ -80,7 +96,6 @@ def _place(out: np.ndarray, a) -> None:
     if hasattr(a, "widen"):
         a.widen(out, transposed=True)
     else:
-        from ...storage.safetensors import let_go_of
 
         out[...] = a.T
         if a.flags.c_contiguous:  # a whole tensor of the file, not a piece of one

@@ -30,13 +30,17 @@ import re
 import numpy as np
 
 from ..config import Config, shown
+from ..schema import param_shapes
 from .common import (
     block_index,
     canonical_of,
     cut,
     filled,
     floats,
+    is_transposed,
     pattern_of,
+    qkv_files,
+    qkv_sizes,
     refuse,
     side_by_side,
     specials,
@@ -49,6 +53,10 @@ LABEL = "Gemma 3"
 PREFIX = ""
 IGNORED = ()
 PLACES_BFLOAT16 = True
+# Hugging Face's module names (hooks name them): the blocks, the norm before the MLP,
+# attention's output projection (the MLP is `mlp` in every family)
+# (Gemma 3's post_attention_layernorm is its norm after attention, not before the MLP)
+MODULES = ("model.layers", "pre_feedforward_layernorm", "self_attn.o_proj")
 
 _BLOCK = re.compile(r"^model\.layers\.(\d+)\.")
 NAMES: dict[str, tuple[str, bool]] = {  # canonical pattern -> (file pattern, transposed)
@@ -66,12 +74,7 @@ NAMES: dict[str, tuple[str, bool]] = {  # canonical pattern -> (file pattern, tr
     "ln_final.w": ("model.norm.weight", False),
     "unembed.W_U": ("lm_head.weight", False),
 }
-QKV = ("q_proj", "k_proj", "v_proj")
 DEFAULT_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
-
-
-def _qkv_files(i: int) -> list[str]:
-    return [f"model.layers.{i}.self_attn.{p}.weight" for p in QKV]
 
 
 def file_name(canonical: str) -> str:
@@ -89,16 +92,6 @@ def block_of(name: str) -> int | None:
     return block_index(name, _BLOCK)
 
 
-def _sizes(config: Config) -> list[int]:
-    dk = config.d_k
-    return [config.n_head * dk, config.kv_heads * dk, config.kv_heads * dk]
-
-
-def _transposed(canonical: str) -> bool:
-    pattern = re.sub(r"^layers\.\d+\.", "layers.L.", canonical)
-    return NAMES[pattern][1] if pattern in NAMES else False
-
-
 def _is_scale(canonical: str) -> bool:
     """A norm's scale, kept as w in the file and used as 1 + w."""
     return canonical.endswith("norm.w") or re.search(r"(^|\.)ln\w*\.w$", canonical) is not None
@@ -110,36 +103,34 @@ def _qkv(name: str) -> int | None:
 
 
 def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
-    from ..schema import param_shapes
 
     out: dict[str, tuple[int, ...]] = {}
     for name, shape in param_shapes(config).items():
         i = _qkv(name)
         if i is not None:
-            for file, rows in zip(_qkv_files(i), _sizes(config), strict=True):
+            for file, rows in zip(qkv_files(i), qkv_sizes(config), strict=True):
                 out[file] = (rows, config.n_embd)
             continue
-        out[file_name(name)] = tuple(reversed(shape)) if _transposed(name) else shape
+        out[file_name(name)] = tuple(reversed(shape)) if is_transposed(NAMES, name) else shape
     return out
 
 
 def params_from_file(tensors: dict, config: Config) -> dict:
     """The file's tensors -> canonical params: matrices (in, out), q k v side by side, each
     norm's w as its scale 1 + w (float32, as transformers adds it)."""
-    from ..schema import param_shapes
 
     out = {}
     for name in param_shapes(config):
         i = _qkv(name)
         if i is not None:
-            out[name] = side_by_side([tensors.pop(f) for f in _qkv_files(i)])
+            out[name] = side_by_side([tensors.pop(f) for f in qkv_files(i)])
             continue
         a = tensors.pop(file_name(name))
         if _is_scale(name):
             a = floats(a)
             out[name] = a + a.dtype.type(1)
         else:
-            out[name] = transposed(a) if _transposed(name) else floats(a)
+            out[name] = transposed(a) if is_transposed(NAMES, name) else floats(a)
     return out
 
 
@@ -152,10 +143,10 @@ def params_to_file(params: dict, config: Config) -> dict:
             a = a - a.dtype.type(1)
         i = _qkv(name)
         if i is not None:
-            for file, piece in zip(_qkv_files(i), cut(a, _sizes(config)), strict=True):
+            for file, piece in zip(qkv_files(i), cut(a, qkv_sizes(config)), strict=True):
                 out[file] = np.ascontiguousarray(piece.T)
             continue
-        out[file_name(name)] = np.ascontiguousarray(a.T) if _transposed(name) else a
+        out[file_name(name)] = np.ascontiguousarray(a.T) if is_transposed(NAMES, name) else a
     return out
 
 

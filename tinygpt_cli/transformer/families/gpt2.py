@@ -9,11 +9,16 @@ output head is tied to W_E, so no lm_head is written; a file that has one must e
 from __future__ import annotations
 
 from ..config import Config, is_int, shown, token_id
+from ..schema import param_shapes
 
 MODEL_TYPE = "gpt2"
 LABEL = "GPT-2"  # as messages name the family
 PREFIX = "transformer."
 IGNORED = (".attn.bias", ".attn.masked_bias")  # old transformers buffers, not parameters
+PLACES_BFLOAT16 = False  # its params_from_file gets bfloat16 tensors widened
+# Hugging Face's module names (hooks name them): the blocks, the norm before the MLP,
+# attention's output projection (the MLP is `mlp` in every family)
+MODULES = ("transformer.h", "ln_2", "attn.c_proj")
 
 # canonical pattern -> the file's name (without PREFIX), in the file's order
 NAMES: dict[str, str] = {
@@ -68,7 +73,6 @@ def canonical_name(name: str) -> str | None:
 
 def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
     """Every tensor of the file by its short name, with its shape, in file order."""
-    from ..schema import param_shapes
 
     return {file_name(name): shape for name, shape in param_shapes(config).items()}
 

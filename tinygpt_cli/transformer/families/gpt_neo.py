@@ -13,12 +13,17 @@ import re
 import numpy as np
 
 from ..config import Config, shown
+from ..schema import param_shapes
 from .common import block_index, canonical_of, cut, filled, pattern_of, refuse, specials, whole
 
 MODEL_TYPE = "gpt_neo"
 LABEL = "GPT-Neo"
 PREFIX = "transformer."
 IGNORED = (".attention.bias", ".attention.masked_bias")
+PLACES_BFLOAT16 = False  # its params_from_file gets bfloat16 tensors widened
+# Hugging Face's module names (hooks name them): the blocks, the norm before the MLP,
+# attention's output projection (the MLP is `mlp` in every family)
+MODULES = ("transformer.h", "ln_2", "attn.attention.out_proj")
 
 _BLOCK = re.compile(r"^(?:transformer\.)?h\.(\d+)\.")
 NAMES: dict[str, tuple[str, bool]] = {
@@ -63,7 +68,6 @@ def canonical_name(name: str) -> str | None:
 
 
 def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
-    from ..schema import param_shapes
 
     out: dict[str, tuple[int, ...]] = {}
     for name, shape in param_shapes(config).items():
@@ -77,7 +81,6 @@ def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
 
 
 def params_from_file(tensors: dict, config: Config) -> dict:
-    from ..schema import param_shapes
 
     out = {}
     for name in param_shapes(config):

@@ -13,6 +13,7 @@ import re
 import numpy as np
 
 from ..config import Config
+from ..schema import param_shapes
 from .common import (
     block_index,
     canonical_of,
@@ -29,6 +30,10 @@ MODEL_TYPE = "gpt_neox"
 LABEL = "GPT-NeoX"
 PREFIX = ""
 IGNORED = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")
+PLACES_BFLOAT16 = False  # its params_from_file gets bfloat16 tensors widened
+# Hugging Face's module names (hooks name them): the blocks, the norm before the MLP,
+# attention's output projection (the MLP is `mlp` in every family)
+MODULES = ("gpt_neox.layers", "post_attention_layernorm", "attention.dense")
 
 _BLOCK = re.compile(r"^gpt_neox\.layers\.(\d+)\.")
 NAMES: dict[str, tuple[str, bool]] = {
@@ -67,7 +72,6 @@ def canonical_name(name: str) -> str | None:
 
 
 def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
-    from ..schema import param_shapes
 
     return {file_name(n): tuple(reversed(s)) if NAMES[pattern_of(n)[0]][1] else s
             for n, s in param_shapes(config).items()}
@@ -82,7 +86,6 @@ def _grouped(a: np.ndarray, config: Config, back: bool = False) -> np.ndarray:
 
 
 def params_from_file(tensors: dict, config: Config) -> dict:
-    from ..schema import param_shapes
 
     out = {}
     for name in param_shapes(config):

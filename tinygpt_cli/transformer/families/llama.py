@@ -15,13 +15,17 @@ import re
 import numpy as np
 
 from ..config import Config
+from ..schema import param_shapes
 from .common import (
     block_index,
     canonical_of,
     cut,
     filled,
     floats,
+    is_transposed,
     pattern_of,
+    qkv_files,
+    qkv_sizes,
     refuse,
     rope,
     side_by_side,
@@ -37,6 +41,9 @@ IGNORED = (".rotary_emb.inv_freq",)  # an old buffer, not a parameter
 # a bfloat16 file's tensors come unwidened (safetensors.Bfloat16): params_from_file widens each
 # straight into its canonical place
 PLACES_BFLOAT16 = True
+# Hugging Face's module names (hooks name them): the blocks, the norm before the MLP,
+# attention's output projection (the MLP is `mlp` in every family)
+MODULES = ("model.layers", "post_attention_layernorm", "self_attn.o_proj")
 
 _BLOCK = re.compile(r"^model\.layers\.(\d+)\.")
 # canonical pattern -> (file pattern, transposed)
@@ -53,11 +60,6 @@ NAMES: dict[str, tuple[str, bool]] = {
     "ln_final.w": ("model.norm.weight", False),
     "unembed.W_U": ("lm_head.weight", False),  # the head's rows [V, d], as W_E's
 }
-QKV = ("q_proj", "k_proj", "v_proj")  # W_QKV's three pieces in the file, in order
-
-
-def _qkv_files(i: int, kind: str) -> list[str]:
-    return [f"model.layers.{i}.self_attn.{p}.{kind}" for p in QKV]
 
 
 def file_name(canonical: str) -> str:
@@ -80,48 +82,36 @@ def block_of(name: str) -> int | None:
     return block_index(name, _BLOCK)
 
 
-def _sizes(config: Config) -> list[int]:
-    dk = config.d_k
-    return [config.n_head * dk, config.kv_heads * dk, config.kv_heads * dk]
-
-
 def file_shapes(config: Config) -> dict[str, tuple[int, ...]]:
     """Every tensor of the file by its name, with its shape, in the file's order."""
-    from ..schema import param_shapes
 
     out: dict[str, tuple[int, ...]] = {}
     for name, shape in param_shapes(config).items():
         m = re.match(r"layers\.(\d+)\.attn\.([Wb])_QKV$", name)
         if m:
             kind = "weight" if m[2] == "W" else "bias"
-            for file, rows in zip(_qkv_files(int(m[1]), kind), _sizes(config), strict=True):
+            for file, rows in zip(qkv_files(int(m[1]), kind), qkv_sizes(config), strict=True):
                 out[file] = (rows, config.n_embd) if kind == "weight" else (rows,)
             continue
-        out[file_name(name)] = tuple(reversed(shape)) if _transposed(name) else shape
+        out[file_name(name)] = tuple(reversed(shape)) if is_transposed(NAMES, name) else shape
     return out
-
-
-def _transposed(canonical: str) -> bool:
-    pattern = re.sub(r"^layers\.\d+\.", "layers.L.", canonical)
-    return NAMES[pattern][1] if pattern in NAMES else False
 
 
 def params_from_file(tensors: dict, config: Config) -> dict:
     """The file's tensors (checked against file_shapes) -> canonical params: matrices
     transposed to (in, out), q k v side by side."""
-    from ..schema import param_shapes
 
     out = {}
     for name in param_shapes(config):
         m = re.match(r"layers\.(\d+)\.attn\.([Wb])_QKV$", name)
         if m:
             kind = "weight" if m[2] == "W" else "bias"
-            pieces = [tensors.pop(f) for f in _qkv_files(int(m[1]), kind)]
+            pieces = [tensors.pop(f) for f in qkv_files(int(m[1]), kind)]
             out[name] = side_by_side(pieces) if kind == "weight" else \
                 np.concatenate([floats(p) for p in pieces])
             continue
         a = tensors.pop(file_name(name))  # let go of the file's copy once ours is made
-        out[name] = transposed(a) if _transposed(name) else floats(a)
+        out[name] = transposed(a) if is_transposed(NAMES, name) else floats(a)
     return out
 
 
@@ -132,11 +122,11 @@ def params_to_file(params: dict, config: Config) -> dict:
         m = re.match(r"layers\.(\d+)\.attn\.([Wb])_QKV$", name)
         if m:
             kind = "weight" if m[2] == "W" else "bias"
-            for file, piece in zip(_qkv_files(int(m[1]), kind), cut(a, _sizes(config)),
+            for file, piece in zip(qkv_files(int(m[1]), kind), cut(a, qkv_sizes(config)),
                                    strict=True):
                 out[file] = np.ascontiguousarray(piece.T if kind == "weight" else piece)
             continue
-        out[file_name(name)] = np.ascontiguousarray(a.T) if _transposed(name) else a
+        out[file_name(name)] = np.ascontiguousarray(a.T) if is_transposed(NAMES, name) else a
     return out
 
 
