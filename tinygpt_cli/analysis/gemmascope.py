@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import numpy as np
@@ -257,7 +258,6 @@ def _agree_with_names(folder: Path, kind: str, what: str, layer: int) -> None:
 def transcoder_folders(folder: Path, layer: int, pattern: str = "*") -> list[Path]:
     """A transcoder folder's layer_L_* dictionaries for block `layer` (those whose name
     `pattern` matches, fnmatch's: layer_*_width_16k_l0_small)."""
-    from fnmatch import fnmatchcase
 
     return sorted(p for p in Path(folder).iterdir() if p.is_dir()
                   and (m := NAME.fullmatch(p.name)) is not None and int(m[1]) == layer

@@ -481,7 +481,6 @@ def writers_of(transcoders) -> Writers:
     """Writers of a list of per-layer transcoders (analysis/sae.SAE each) or of a
     gemmascope.CrossLayerTranscoder. A skip connection (Gemma Scope 2's affine ones) is a
     linear path of the frozen model: the MLP's input, through the frozen ln2, times it."""
-    from ..errors import InputError
 
     if isinstance(transcoders, Writers):
         return transcoders

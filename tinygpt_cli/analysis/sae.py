@@ -676,7 +676,6 @@ def model_sae(model, given: Path | None = None) -> SAE:
 def sae_file(weights_file: Path, sae: Path | None, site: str = SHIPPED_SITE) -> Path:
     """--sae (a hub repository's folder, ORG/NAME/PATH, fetched: hub.dictionary), or the
     weights folder's sae/SITE.safetensors."""
-    from ..storage.hub import dictionary
 
     if sae is not None:
         return dictionary(sae, "--sae")

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import InputError, WeightsError
 from ..storage.corpus import data_windows, given_or, held_out_files
+from ..storage.hub import dictionary
 from ..storage.madefor import check_made_for, remake_hint, weights_option
 from ..storage.safetensors import read_safetensors
 from ..transformer.config import Config
@@ -35,7 +36,14 @@ from ..transformer.hooks import Chain, RecordOnly, Replace, chained
 from ..transformer.model import forward
 from ..transformer.wiring import FORWARD
 from . import sae as S
-from .gemmascope import load_gemma_scope, transcoder_folders
+from .gemmascope import (
+    PARAMS,
+    is_cross_layer,
+    layer_files,
+    load_cross_layer,
+    load_gemma_scope,
+    transcoder_folders,
+)
 
 # The blocks this analysis implements (wiring.require refuses others by name): the MLP's recorded
 # input and output.
@@ -74,7 +82,6 @@ def output_path(layer: int) -> str:
 def folder_of(weights_file: Path, given: Path | None = None) -> Path:
     """--transcoders DIR (a hub repository's folder, ORG/NAME/PATH, fetched:
     hub.dictionary), or the weights folder's transcoders/."""
-    from ..storage.hub import dictionary
 
     if given is not None:
         return dictionary(given, "--transcoders")
@@ -124,7 +131,6 @@ def load_transcoders(folder: Path, config: Config, weights_file: Path):
         raise InputError(f"no transcoders at {folder}: {train_hint(weights_file, folder)}")
     if not file_of(folder, 0).exists() and any(folder.glob("layer_*/params.safetensors")):
         return _gemma_scope_transcoders(folder, config)
-    from .gemmascope import layer_files, load_cross_layer
 
     if not file_of(folder, 0).exists() and layer_files(folder):  # the release's clt/ layout
         return load_cross_layer(folder, config)
@@ -136,7 +142,6 @@ def _gemma_scope_transcoders(folder: Path, config: Config, pattern: str = "*"):
     """A site folder of Gemma Scope 2 (transcoder_all/, clt/), its layer_L_... folders those
     `pattern` matches (layer_*_width_16k_l0_small: one a block, where the release has several
     widths and sparsities): per-layer transcoders, or a cross-layer one."""
-    from .gemmascope import PARAMS, is_cross_layer, load_cross_layer, transcoder_folders
 
     first = transcoder_folders(folder, 0, pattern)
     if len(first) == 1 and is_cross_layer(first[0] / PARAMS):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .ops import rotary_frequencies
+from .sampling import create_rng, sample
 from .wiring import FAMILIES, handles
 
 # The blocks this analysis implements (wiring.require refuses others by name): the diagram and the
@@ -172,7 +174,6 @@ def bases_by_blocks(config) -> list[tuple[float, list[int]]]:
 
 def angles_of_base(config, t: int, base: float):
     """The angles position p turns pair i by at this base, as rotary_angles: [t, r / 2]."""
-    from .ops import rotary_frequencies
 
     return rotary_frequencies(t, config.rotary, base, config.rope_scaling)
 
@@ -197,7 +198,6 @@ def windows_said(config) -> str:
 def next_token(r) -> tuple:
     """Cards 10 and 11 as the page writes them: probs[-1] (the softmax of logits[-1] at
     temperature 1), then sample(probs[-1], create_rng(1))."""
-    from .sampling import create_rng, sample
 
     probs = r.trace.get("probs[-1]")
     return probs, sample(probs, create_rng(1))

@@ -4,9 +4,11 @@ space, `<0xNN>` for a byte no piece holds); and the recipe that trains the first
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import re
+import unicodedata
 from collections.abc import Iterable
 from functools import cached_property
 from itertools import accumulate, pairwise
@@ -152,7 +154,6 @@ def special_name(value) -> str | None:
 
 def _named(ch: str) -> str:
     """A character as an error names it: U+0007, never the character itself."""
-    import unicodedata
 
     return f"U+{ord(ch):04X} {unicodedata.name(ch, '')}".rstrip() if ch.isprintable() else \
         f"U+{ord(ch):04X}, a control character"
@@ -292,7 +293,6 @@ def added_spans(text: str, contents: Iterable[str]) -> list[tuple[int, int]]:
 def blocked_by(spans: list[tuple[int, int]], before: int = 0, after: int = 0):
     """blocked(i): whether a cut before character i falls inside one of the spans, or less
     than `before` characters past one's end or `after` before its start."""
-    import bisect
 
     merged: list[list[int]] = []
     for a, b in sorted((a - after, b + before) for a, b in spans):
@@ -754,7 +754,6 @@ class Tokenizer:
         # nothing before it: NFC(x + y) is NFC(x) + NFC(y) there. The far edge is moved to
         # such a place too, from three times as far (NFC may shrink bytes that much: 3 jamo
         # to one Hangul syllable), within 64 more characters
-        import unicodedata
 
         end = len(text)
         if before:
