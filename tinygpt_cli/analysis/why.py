@@ -48,10 +48,11 @@ from ..transformer.wiring import FAMILIES, handles
 from . import exact_tracin as ex
 from . import heads
 from . import history as hist
+from . import sae as S
 from . import why_edge as we
 from .circuit import build_graph
 from .exact_tracin import next_token_query
-from .sae import encode, parse_latent_path, site_sae
+from .sae import encode, parse_latent_path
 from .why_index import TracinIndex, cannot_keep, index_folder, open_index, writable_index
 
 # The blocks this analysis implements (wiring.require refuses others by name): TracIn's terms are
@@ -449,7 +450,7 @@ def _latent_value(model, ids: list[int], value: str, hooks=None, saes: tuple = (
                          "residual stream (layers.L.resid_pre or resid_post), the position one "
                          f"of the text's {t} tokens")
     layer = int(kind.group(1)) - (kind.group(2) == "resid_pre")
-    sae = site_sae(model.weights_file, config, site, saes)
+    sae = S.site_sae(model.weights_file, config, site, saes)
     if sae.normalize != "none" or not 0 <= latent < sae.n_latents:
         raise InputError(f"--value {value}: {sae.path} has latents 0 to {sae.n_latents - 1}"
                          + (" and normalises its input, which --value cannot follow yet"
