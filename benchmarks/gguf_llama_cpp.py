@@ -4,8 +4,8 @@ llama.cpp runs through `llama-cpp-python`, built from source in an environment o
 (never a dependency of tinygpt or of its tests); this script runs that side in a subprocess
 of that environment's Python, which only imports llama_cpp and NumPy:
 
-    python3 -m venv /tmp/venv-llama && /tmp/venv-llama/bin/pip install llama-cpp-python
-    python benchmarks/gguf_llama_cpp.py --llama-python /tmp/venv-llama/bin/python
+    python3 -m venv .venv-llama && .venv-llama/bin/pip install llama-cpp-python
+    python benchmarks/gguf_llama_cpp.py --llama-python .venv-llama/bin/python
 
 The files: the shipped Llama (weights/llama) as F32, Q8_0 and Q4_0 GGUFs written by
 examples/make_gguf.py (the gguf package's quantizer), and as Q4_K_M made by llama.cpp's own
