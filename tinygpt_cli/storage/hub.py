@@ -92,43 +92,26 @@ def snapshot(name: str, repo: str, revision: str | None) -> Path:
 def _snapshot(name: str, repo: str, revision: str | None, cache: str, local_only: bool) -> Path:
     """Once per process and setting: the command opens the folder and then its model."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub import utils as hub_utils
 
-    how = ("fetch it once with the hub reachable (HF_HUB_OFFLINE unset)" if local_only else
-           "check the network, or set HF_HUB_OFFLINE=1 to use the cache only")
     try:
         folder = snapshot_download(repo, revision=revision, allow_patterns=FILES,
                                    cache_dir=cache, local_files_only=local_only,
                                    tqdm_class=_bar())
-    except hub_utils.RevisionNotFoundError:
-        raise InputError(f"the hub model {repo} has no revision {revision!r} (a branch, a tag "
-                         "or a commit)") from None
-    except hub_utils.GatedRepoError:
-        raise InputError(f"the hub model {repo} is gated: accept its terms on the hub, then "
-                         "log in (hf auth login) or set HF_TOKEN") from None
-    except hub_utils.RepositoryNotFoundError:
-        raise InputError(f"weights folder {name} does not exist, and the Hugging Face hub has "
-                         f"no model {repo} (a private one needs a token: hf auth login, or "
-                         "HF_TOKEN)") from None
-    except (hub_utils.LocalEntryNotFoundError, hub_utils.OfflineModeIsEnabled):
-        why = " (HF_HUB_OFFLINE is set)" if local_only else ""
-        raise InputError(f"{name} is not a folder here nor in the hub cache ({cache}), and "
-                         f"the hub was not reached{why}: {how}") from None
-    except hub_utils.HfHubHTTPError as e:
-        raise WeightsError(f"cannot fetch {name} from the hub: {str(e).splitlines()[0]}") \
-            from None
-    except ValueError as e:  # the library's own check of the id (HFValidationError)
-        raise InputError(f"weights folder {name} does not exist, and it is not a hub model "
-                         f"id ({str(e).splitlines()[0]})") from None
-    except OSError as e:
-        raise WeightsError(f"cannot fetch {name} into the hub cache {cache}: "
-                           f"{e.strerror or e}") from None
+    except Exception as e:  # noqa: BLE001 - mapped to one line, or raised on as it is
+        refused = _refusal(e, name=name, repo=repo, revision=revision, cache=cache,
+                           local_only=local_only, kind="model", here="a folder",
+                           missing=f"weights folder {name} does not exist",
+                           not_id="it is not a hub model id")
+        if refused is None:
+            raise
+        raise refused from None
     folder = Path(folder)
     missing = missing_files(folder)
     if missing:
         where = f"the hub cache's snapshot of {name} ({folder})"
         if local_only:
-            raise InputError(f"{where} has no {missing} and HF_HUB_OFFLINE is set: {how}")
+            raise InputError(f"{where} has no {missing} and HF_HUB_OFFLINE is set: "
+                             f"{_how(local_only)}")
         raise WeightsError(f"the hub model {name} has no {missing}: tinygpt reads config.json, "
                            "tokenizer.json and safetensors weights")
     return folder
@@ -184,35 +167,19 @@ def _fetched(name: str, repo: str, revision: str | None, patterns: tuple, cache:
     """The snapshot of `repo` holding the files `patterns` match (snapshot_download's
     allow_patterns), refused as `_snapshot` refuses."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub import utils as hub_utils
 
-    how = ("fetch it once with the hub reachable (HF_HUB_OFFLINE unset)" if local_only else
-           "check the network, or set HF_HUB_OFFLINE=1 to use the cache only")
     try:
         return Path(snapshot_download(repo, revision=revision, allow_patterns=list(patterns),
                                       cache_dir=cache, local_files_only=local_only,
                                       tqdm_class=_bar()))
-    except hub_utils.RevisionNotFoundError:
-        raise InputError(f"the hub repository {repo} has no revision {revision!r}") from None
-    except hub_utils.GatedRepoError:
-        raise InputError(f"the hub repository {repo} is gated: accept its terms on the hub, "
-                         "then log in (hf auth login) or set HF_TOKEN") from None
-    except hub_utils.RepositoryNotFoundError:
-        raise InputError(f"{name} does not exist here, and the Hugging Face hub has no "
-                         f"repository {repo}") from None
-    except (hub_utils.LocalEntryNotFoundError, hub_utils.OfflineModeIsEnabled):
-        why = " (HF_HUB_OFFLINE is set)" if local_only else ""
-        raise InputError(f"{name} is not a folder here nor in the hub cache ({cache}), and "
-                         f"the hub was not reached{why}: {how}") from None
-    except hub_utils.HfHubHTTPError as e:
-        raise WeightsError(f"cannot fetch {name} from the hub: {str(e).splitlines()[0]}") \
-            from None
-    except ValueError as e:
-        raise InputError(f"{name} does not exist, and it is not a hub repository's folder "
-                         f"({str(e).splitlines()[0]})") from None
-    except OSError as e:
-        raise WeightsError(f"cannot fetch {name} into the hub cache {cache}: "
-                           f"{e.strerror or e}") from None
+    except Exception as e:  # noqa: BLE001 - mapped to one line, or raised on as it is
+        refused = _refusal(e, name=name, repo=repo, revision=revision, cache=cache,
+                           local_only=local_only, kind="repository", here="a folder",
+                           missing=f"{name} does not exist here",
+                           not_id="it is not a hub repository's folder")
+        if refused is None:
+            raise
+        raise refused from None
 
 
 def file(name: str, repo: str, revision: str | None, path: str) -> Path:
@@ -230,40 +197,61 @@ def file(name: str, repo: str, revision: str | None, path: str) -> Path:
 def _file(name: str, repo: str, revision: str | None, path: str, cache: str,
           local_only: bool) -> Path:
     from huggingface_hub import hf_hub_download
-    from huggingface_hub import utils as hub_utils
 
-    how = ("fetch it once with the hub reachable (HF_HUB_OFFLINE unset)" if local_only else
-           "check the network, or set HF_HUB_OFFLINE=1 to use the cache only")
     try:
         found = hf_hub_download(repo, path, revision=revision, cache_dir=cache,
                                 local_files_only=local_only, tqdm_class=_bar())
-    except (hub_utils.LocalEntryNotFoundError, hub_utils.OfflineModeIsEnabled):
-        why = " (HF_HUB_OFFLINE is set)" if local_only else ""
-        raise InputError(f"{name} is not a file here nor in the hub cache ({cache}), and "
-                         f"the hub was not reached{why}: {how}") from None
-    except hub_utils.RevisionNotFoundError:
-        raise InputError(f"the hub model {repo} has no revision {revision!r} (a branch, a tag "
-                         "or a commit)") from None
-    except hub_utils.GatedRepoError:
-        raise InputError(f"the hub model {repo} is gated: accept its terms on the hub, then "
-                         "log in (hf auth login) or set HF_TOKEN") from None
-    except hub_utils.RepositoryNotFoundError:
-        raise InputError(f"{name} is not a file here, and the Hugging Face hub has no model "
-                         f"{repo} (a private one needs a token: hf auth login, or HF_TOKEN)") \
-            from None
-    except hub_utils.EntryNotFoundError:
-        raise InputError(f"the hub model {repo} has no file {path}"
-                         + (f" at {revision}" if revision else "")) from None
-    except hub_utils.HfHubHTTPError as e:
-        raise WeightsError(f"cannot fetch {name} from the hub: {str(e).splitlines()[0]}") \
-            from None
-    except ValueError as e:  # the library's own check of the id (HFValidationError)
-        raise InputError(f"{name} is not a file here, and not a hub model's file "
-                         f"({str(e).splitlines()[0]})") from None
-    except OSError as e:
-        raise WeightsError(f"cannot fetch {name} into the hub cache {cache}: "
-                           f"{e.strerror or e}") from None
+    except Exception as e:  # noqa: BLE001 - mapped to one line, or raised on as it is
+        refused = _refusal(e, name=name, repo=repo, revision=revision, cache=cache,
+                           local_only=local_only, kind="model", here="a file",
+                           missing=f"{name} is not a file here", not_id="not a hub model's file",
+                           path=path)
+        if refused is None:
+            raise
+        raise refused from None
     return Path(found)
+
+
+
+def _how(local_only: bool) -> str:
+    """What to do when the hub was not reached, with or without HF_HUB_OFFLINE."""
+    return ("fetch it once with the hub reachable (HF_HUB_OFFLINE unset)" if local_only else
+            "check the network, or set HF_HUB_OFFLINE=1 to use the cache only")
+
+def _refusal(e: Exception, *, name: str, repo: str, revision: str | None, cache: str,
+             local_only: bool, kind: str, missing: str, not_id: str, here: str,
+             path: str | None = None) -> Exception:
+    """The one line a failed fetch from the hub ends in, for every kind of fetch (a model's
+    snapshot, a dictionary's folder, one file): `kind` names the repository (model,
+    repository), `missing` says what the name is not here, `not_id` that it names nothing on
+    the hub, `here` what was looked for locally (a folder, a file). None for what is no
+    fetch's failure (the caller raises it on)."""
+    from huggingface_hub import utils as hub_utils
+
+    if isinstance(e, hub_utils.LocalEntryNotFoundError | hub_utils.OfflineModeIsEnabled):
+        why = " (HF_HUB_OFFLINE is set)" if local_only else ""
+        return InputError(f"{name} is not {here} here nor in the hub cache ({cache}), and "
+                          f"the hub was not reached{why}: {_how(local_only)}")
+    if isinstance(e, hub_utils.RevisionNotFoundError):
+        return InputError(f"the hub {kind} {repo} has no revision {revision!r} (a branch, a "
+                          "tag or a commit)")
+    if isinstance(e, hub_utils.GatedRepoError):
+        return InputError(f"the hub {kind} {repo} is gated: accept its terms on the hub, then "
+                          "log in (hf auth login) or set HF_TOKEN")
+    if isinstance(e, hub_utils.RepositoryNotFoundError):
+        return InputError(f"{missing}, and the Hugging Face hub has no {kind} {repo} (a "
+                          "private one needs a token: hf auth login, or HF_TOKEN)")
+    if path is not None and isinstance(e, hub_utils.EntryNotFoundError):
+        return InputError(f"the hub {kind} {repo} has no file {path}"
+                          + (f" at {revision}" if revision else ""))
+    if isinstance(e, hub_utils.HfHubHTTPError):
+        return WeightsError(f"cannot fetch {name} from the hub: {str(e).splitlines()[0]}")
+    if isinstance(e, ValueError):  # the library's own check of the id (HFValidationError)
+        return InputError(f"{missing}, and {not_id} ({str(e).splitlines()[0]})")
+    if isinstance(e, OSError):
+        return WeightsError(f"cannot fetch {name} into the hub cache {cache}: "
+                            f"{e.strerror or e}")
+    return None
 
 
 def missing_files(folder: Path) -> str | None:
