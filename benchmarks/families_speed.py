@@ -53,7 +53,6 @@ def rows(runs: int, folder: Path, hf) -> list:
 
     from tinygpt_cli.storage.weights import load_model
     from tinygpt_cli.transformer.model import forward
-    from tinygpt_cli.transformer.trace import run_traced
 
     Row = bench.Row
     ours = load_model(folder)
@@ -103,17 +102,7 @@ def rows(runs: int, folder: Path, hf) -> list:
     peak = max(bench.run_measured([*cmd[:-1], str(wide)])[2] for _ in range(runs))
     out.append(Row("SmolLM2-135M shape: peak memory of that generate from a float32 file",
                    f"{peak} MB", goal=f"<= {most:.0f} MB (+ 150)", passed=peak <= most))
-    xt = torch.from_numpy(ids[None])
-
-    def ref_traced():
-        with torch.inference_mode():
-            hf(xt, output_attentions=True, output_hidden_states=True)
-
-    t, tr = bench.paired_median_seconds([lambda: run_traced(ours.params, ours.config, ids),
-                                         ref_traced], runs)
-    out.append(Row("SmolLM2-135M shape: forward pass, every value recorded, T=512",
-                   f"{t * 1000:.0f} ms", f"{tr * 1000:.0f} ms", t / tr, "<= 1x the time",
-                   t / tr <= 1.0))
+    out.append(bench.traced_row("SmolLM2-135M shape", ours, hf, ids, runs))
     return out
 
 

@@ -90,6 +90,26 @@ def paired_median_seconds(fns, runs: int, warmup: int = 1) -> list[float]:
     return [statistics.median(times[i]) if i in times else None for i in range(len(fns))]
 
 
+def traced_row(label: str, model, hf, ids: np.ndarray, runs: int) -> Row:
+    """A forward pass with every value recorded (run_traced) against transformers' with every
+    attention and hidden state, in turns: the row a real-size family benchmark reports."""
+    import torch
+
+    from tinygpt_cli.transformer.trace import run_traced
+
+    xt = torch.from_numpy(ids[None])
+
+    def ref_traced():
+        with torch.inference_mode():
+            hf(xt, output_attentions=True, output_hidden_states=True)
+
+    t, tr = paired_median_seconds([lambda: run_traced(model.params, model.config, ids),
+                                   ref_traced], runs)
+    return Row(f"{label}: forward pass, every value recorded, T={len(ids)}",
+               f"{t * 1000:.0f} ms", f"{tr * 1000:.0f} ms", t / tr, "<= 1x the time",
+               t / tr <= 1.0)
+
+
 def child_env(checkout: bool = True) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "TINYGPT_WEIGHTS"}
     env.update({v: "1" for v in THREAD_VARS})
