@@ -155,6 +155,7 @@ def why(
     Example: tinygpt why "Ben saw a dog." --value "edge:L3H3->logits" --corrupt "Ben saw a cat."
     """
     from ..analysis import why as whys
+    from ..jobs.dictionaries.saes import finder
     from ..render import history as view
     from ..render.text import escape_line
 
@@ -175,7 +176,7 @@ def why(
                                  hooks=session.hooks, engine=where, query_report=scored,
                                  exact=exact, check=check, more=more, bar=bar(),
                                  value=value, vs=vs, corrupt=corrupt_ids,
-                                 saes=context.saes)
+                                 saes=finder(model, context.saes))
         _keep_answers(context, key, result)
     if found.note:  # once the answer stands: an error is then the only line
         stderr().print(escape_line(found.note), soft_wrap=True)
