@@ -41,7 +41,8 @@ import json, os, resource, sys, time
 import numpy as np
 from tinygpt_cli.storage.weights import load_model
 from tinygpt_cli.storage.corpus import held_out_files, read_stories
-from tinygpt_cli.analysis import transcoder as T, graph as G
+from tinygpt_cli.analysis import graph as G
+from tinygpt_cli.jobs.dictionaries import transcoders as TF
 n, folder = int(sys.argv[1]), (None if sys.argv[2] == "shipped" else sys.argv[2])
 m = load_model(folder)
 tcs = TF.load_transcoders(TF.folder_of(m.weights_file), m.config, m.weights_file)
@@ -237,7 +238,7 @@ def long_folder(name: str = "long") -> Path:
                 "windows": 16, "seed": 0}
     for i, (xi, yi) in enumerate(values):
         TJ.train_layer(xi, yi, TF.file_of(folder / "transcoders", i), i, settings,
-                      sha256(m.weights_file), _no_bar)
+                       sha256(m.weights_file), _no_bar)
     return folder
 
 

@@ -22,6 +22,7 @@ from ...transformer.config import Config
 from .gemmascope import load_gemma_scope
 from .saelens import load_saelens
 
+# the site of the weights folder's own SAE, sae/SITE.safetensors (sae feature, eval, export)
 SHIPPED_SITE = "layers.1.resid_post"
 
 
