@@ -60,7 +60,7 @@ def file_of(folder: Path, layer: int) -> Path:
 def load_transcoders(folder: Path, config: Config, weights_file: Path):
     """Every block's transcoder from `folder`, each checked (tensors, shapes, finite, its
     layer, k, made for `weights_file`): a list of per-layer ones, or, from a Gemma Scope 2
-    clt/ folder, one cross-layer transcoder (gemmascope.CrossLayerTranscoder)."""
+    clt/ folder, one cross-layer transcoder (dictionary.CrossLayerTranscoder)."""
     folder = Path(folder)
     if "*" in folder.name and folder.parent.is_dir():  # Gemma Scope 2's: one folder a block
         return _gemma_scope_transcoders(folder.parent, config, folder.name)
