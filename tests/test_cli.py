@@ -898,7 +898,7 @@ BIDI = "abc\u202edef\u2066g\u200fh"  # a right-to-left override, an isolate and 
 
 def test_bidirectional_controls_are_escaped_wherever_text_is_shown(cli):
     # Invisible, they would show the rest of a line in another order ("Trojan Source").
-    from tinygpt_cli.render.text import escape_line
+    from tinygpt_cli.escapes import escape_line
 
     want = "abc\\u202edef\\u2066g\u200fh"  # the right-to-left mark belongs to such text
     assert show_text(BIDI) == escape_line(BIDI) == show_token(BIDI) == want

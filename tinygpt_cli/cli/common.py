@@ -128,7 +128,7 @@ def bar():
     stderr (with --json too: stdout keeps the one document); where stderr is not a
     terminal, a line once a step has run a second, then every 5 s (steps under a second
     print nothing)."""
-    from ..render.text import escape_line
+    from ..escapes import escape_line
 
     return lambda total, description: progress(total, escape_line(description),
                                                pipe_every=5)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..render.text import escape_line
+from ..escapes import escape_line
 from .app import app
 from .common import (
     ANY_DATA,

@@ -10,8 +10,9 @@ import numpy as np
 import typer
 
 from ..errors import InputError
+from ..escapes import escape_line
 from ..render.output import picture_format, refuse_inside_package, save_page
-from ..render.text import escape_line, examples_block, show_token
+from ..render.text import examples_block, show_token
 from .app import app
 from .common import (
     FORCE,

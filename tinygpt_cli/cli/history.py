@@ -155,8 +155,8 @@ def why(
     Example: tinygpt why "Ben saw a dog." --value "edge:L3H3->logits" --corrupt "Ben saw a cat."
     """
     from ..analysis import why as whys
+    from ..escapes import escape_line
     from ..render import history as view
-    from ..render.text import escape_line
 
     t0 = time.perf_counter()
     session = open_session(context, weights, text)

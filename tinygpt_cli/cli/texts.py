@@ -212,9 +212,9 @@ def neurons(
     Example: tinygpt neurons --layer 2 --neuron 17
     """
     from ..analysis import neurons as nrn
+    from ..escapes import escape_line
     from ..render import texts as view
     from ..render.documents import neuron_examples_document, text_neurons_document
-    from ..render.text import escape_line
     from ..storage.corpus import search_files
 
     model = load(context, weights)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..render.text import escape_line
+from ..escapes import escape_line
 from ..transformer.config import MAX_VOCAB, MIN_VOCAB
 from .app import app
 from .common import InputError

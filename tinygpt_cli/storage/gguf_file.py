@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, WeightsError
-from ..transformer.config import Config, shown
+from ..escapes import shown
+from ..transformer.config import Config
 from ..transformer.schema import param_shapes
 from .pages import fresh_pages
 from .safetensors import _let_go as let_go

@@ -28,7 +28,7 @@ from __future__ import annotations
 from tokenizers import processors
 
 from ..errors import WeightsError
-from ..transformer.config import shown
+from ..escapes import shown
 from ..transformer.tokenizer import WORD_PATTERNS, _bytes_to_unicode
 
 CONTROL, USER_DEFINED = 3, 4

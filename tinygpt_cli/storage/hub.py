@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError, WeightsError
-from ..render.text import escape_line
+from ..escapes import escape_line
 from .safetensors import shards_of
 
 # ORG/NAME as the hub spells repository ids (letters, digits, - _ .; no "--" or ".." inside),

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import InputError, RunError, WriteError
+from ...escapes import shown
 from ...storage.corpus import (
     TokenStream,
     TrainingDataError,
@@ -35,7 +36,7 @@ from ...storage.madefor import made_for
 from ...storage.safetensors import safetensors_bytes, with_metadata
 from ...storage.weights import load_params, save_params
 from ...transformer import ops
-from ...transformer.config import Config, shown
+from ...transformer.config import Config
 from ...transformer.families import family, load_config, save_config
 from ...transformer.families.gemma3 import rounded
 from ...transformer.model import forward, init_params, loss_and_grads
