@@ -34,9 +34,10 @@ from hypothesis import strategies as st
 from tinygpt_cli.cli import app
 from tinygpt_cli.cli.app import _register
 from tinygpt_cli.render.text import show_text, show_token
-from tinygpt_cli.storage.weights import SHIPPED, load_model
+from tinygpt_cli.storage.locations import SHIPPED
 from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.families import load_config
+from tinygpt_cli.transformer.folder import load_model
 from tinygpt_cli.transformer.sampling import create_rng, probabilities, sample
 from tinygpt_cli.transformer.trace import run_traced
 

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, WeightsError
 from ..storage.madefor import check_made_for
 from ..storage.safetensors import header_json
-from ..storage.weights import Model, WeightsError, load_params
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.families import family
+from ..transformer.folder import Model, load_params
 from ..transformer.model import forward, record
 from ..transformer.schema import param_shapes, resolve, with_old_keys
 from ..transformer.trace import Trace

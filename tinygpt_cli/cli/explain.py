@@ -211,9 +211,9 @@ def means(
     Example: tinygpt means --steer happy --steer-away sad --steer-layer 1 --out m.safetensors
     """
     from ..analysis import means as mean_stats
+    from ..jobs.corpus import check_data, validation_text
     from ..render.explain import means_written
     from ..render.output import check_out
-    from ..storage.corpus import check_data, validation_text
     from ..storage.files import sha256
     from .steering import keep_default_file
 

@@ -22,28 +22,21 @@ import numpy as np
 
 from ...errors import InputError, RunError, WriteError
 from ...escapes import shown
-from ...storage.corpus import (
-    TokenStream,
-    TrainingDataError,
-    encode_stories,
-    eval_windows,
-    random_windows,
-    read_stories,
-    write_data_record,
-)
 from ...storage.files import append_line, cannot_write, write_atomically
 from ...storage.madefor import made_for
 from ...storage.safetensors import safetensors_bytes, with_metadata
-from ...storage.weights import load_params, save_params
 from ...transformer import ops
 from ...transformer.config import Config
 from ...transformer.families import family, load_config, save_config
 from ...transformer.families.gemma3 import rounded
+from ...transformer.folder import load_params, save_params
 from ...transformer.model import forward, init_params, loss_and_grads
 from ...transformer.optim import OPTIMIZERS, SGD, AdamW, clip_by_global_norm, lr_at
 from ...transformer.schema import param_shapes
 from ...transformer.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
+from ...transformer.windows import TokenStream, encode_stories, eval_windows, random_windows
 from ...words import count
+from ..corpus import TrainingDataError, read_stories, write_data_record
 
 CHECKPOINT = "checkpoint.npz"
 LOG = "log.jsonl"

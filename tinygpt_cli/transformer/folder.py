@@ -1,23 +1,18 @@
-"""Load, validate and save the weights folder: model.safetensors, config.json, tokenizer.json."""
+"""Load, validate and save the weights folder (model.safetensors, config.json, tokenizer.json,
+or a GGUF file) as one Model: its config, family, tokenizer and canonical parameters."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError, WeightsError
-from ..transformer.config import Config
-from ..transformer.families import Family, config_from_dict, family, load_config
-from ..transformer.families.gpt2 import PREFIX  # noqa: F401  (GPT-2 files' own prefix, for callers)
-from ..transformer.schema import PARAMS
-from ..transformer.tokenizer import Tokenizer, special_name
-from .files import write_atomically
-from .safetensors import (
+from ..storage.files import write_atomically
+from ..storage.locations import gguf_path, resolve_folder, weights_path
+from ..storage.safetensors import (
     FLOAT_DTYPES,
     INDEX,
     MAX_HEADER_BYTES,
@@ -30,19 +25,13 @@ from .safetensors import (
     safetensors_bytes,
     shards_of,
 )
+from .config import Config
+from .families import Family, config_from_dict, family, load_config
+from .schema import PARAMS
+from .tokenizer import Tokenizer, special_name
 
 if TYPE_CHECKING:  # NumPy is imported by the functions that use it: `encode` needs none
     import numpy as np
-
-def _shipped_folder() -> Path:
-    """Installed wheels carry the weights inside the package; a source checkout has weights/."""
-    here = Path(__file__).resolve().parent.parent  # the package
-    inside = here / "_weights"
-    return inside if inside.is_dir() else here.parent / "weights"
-
-
-SHIPPED = _shipped_folder()
-
 
 def header_limit(config: Config) -> int:
     """The most header bytes a GPT-2 model of these sizes can need: every tensor and the old
@@ -194,22 +183,6 @@ def checked_header(path: Path, config: Config) -> dict[str, TensorInfo]:
     return infos
 
 
-def weights_path(root: Path) -> Path:
-    """The folder's weights: model.safetensors, else a sharded model's index. A folder with
-    only pytorch_model.bin is refused: tinygpt reads safetensors alone (a pickle can run code
-    as it loads)."""
-    single = root / "model.safetensors"
-    if single.exists() or single.is_symlink() or not (root / INDEX).is_file():
-        if not single.exists() and not single.is_symlink() and \
-                any(root.glob("pytorch_model*.bin")):
-            raise WeightsError(
-                f"weights folder {root} holds pytorch_model.bin, which tinygpt does not read: "
-                "only safetensors files (save it again with transformers: from_pretrained, "
-                "then save_pretrained(folder, safe_serialization=True))")
-        return single
-    return root / INDEX
-
-
 @contextlib.contextmanager
 def _naming(path: Path):
     """A tensor's fault reported with the file it is in: a weights folder's model, or one of
@@ -264,7 +237,7 @@ class Model:
     params: dict[str, np.ndarray]
     tokenizer: object  # tinygpt_cli.transformer.tokenizer.Tokenizer
     file: Path | None = None  # a GGUF file's path (its folder is `folder`)
-    about: dict | None = None  # what the GGUF says of itself (gguf_file.description)
+    about: dict | None = None  # what the GGUF says of itself (storage/gguf_file.description)
     # its family's converter (families.Family), found once for its config: what reads the
     # model's names (its file's tensor names, its label) asks it, never the model_type
     family: Family = field(init=False, repr=False, compare=False)
@@ -279,54 +252,6 @@ class Model:
         return self.file if self.file is not None else weights_path(self.folder)
 
 
-def _shipped_named(name: str) -> Path | None:
-    """weights/NAME, spelt just so (the README's names), when the shipped weights hold a
-    model folder NAME. `./weights/llama` is a path and stays one."""
-    m = re.fullmatch(r"weights/([A-Za-z0-9][\w.-]*)/?", name)
-    if m:
-        inside = SHIPPED / m[1]
-        if (inside / "config.json").is_file():
-            return inside
-    return None
-
-
-def resolve_folder(folder: str | Path | None) -> tuple[Path, bool]:
-    """--weights DIR, then $TINYGPT_WEIGHTS, then the weights shipped with the package; and
-    whether the user named it. An empty name is refused, never taken as the current folder.
-    A name that is no folder here but a hub id (ORG/NAME[@REVISION]) is the hub cache's
-    snapshot of that model, fetched when needed (hub.py); ORG/NAME[@REVISION]/FILE.gguf is
-    that one file of it."""
-    if folder is not None:
-        if str(folder) == "":
-            raise InputError("--weights is empty: name a weights folder, or leave the option "
-                             "out for the shipped model")
-        return _local_or_hub(folder), True
-    env = os.environ.get("TINYGPT_WEIGHTS")
-    if env:
-        return _local_or_hub(env), True
-    return SHIPPED, False
-
-
-def _local_or_hub(name: str | Path) -> Path:
-    """The folder `name`; when there is none of that name, a folder shipped with the package
-    that the README names from the repository's root (weights/llama: the shipped `llama`,
-    from any folder); else, when it is a hub id, the hub cache's snapshot of it. A local
-    folder always wins."""
-    path = Path(name).expanduser()
-    if path.exists() or path.is_symlink():
-        return path
-    shipped = _shipped_named(str(name))
-    if shipped is not None:
-        return shipped
-    from .hub import file, hub_file, hub_id, snapshot
-
-    one = hub_file(str(name))
-    if one is not None:
-        return file(str(name), *one)
-    found = hub_id(str(name))
-    return path if found is None else snapshot(str(name), *found)
-
-
 @dataclass
 class Folder:
     """A weights folder's sizes and tokenizer, checked to agree with each other and with the
@@ -337,7 +262,7 @@ class Folder:
     config: Config
     tokenizer: object  # tinygpt_cli.transformer.tokenizer.Tokenizer
     header: dict[str, TensorInfo]  # model.safetensors' header, checked against the config
-    file: Path | None = None  # a GGUF file, read by gguf_file.py instead of the above
+    file: Path | None = None  # a GGUF file, read by gguf.py instead of the above
     about: dict | None = None
     gguf: tuple = ()  # its checked layout (the file mapped) and the tensors' entries
 
@@ -449,16 +374,10 @@ def load_model(folder: str | Path | None = None, opened: dict | None = None) -> 
 
 
 def _open_gguf(path: Path) -> Folder:
-    """A GGUF file: its metadata, tokenizer and tensor table checked (gguf_file.py); its
+    """A GGUF file: its metadata, tokenizer and tensor table checked (gguf.py); its
     tensors are read by _load_model."""
-    from .gguf_file import (
-        architecture,
-        check_tensors,
-        check_types,
-        description,
-        hf_config,
-        open_layout,
-    )
+    from ..storage.gguf_file import check_types, description, open_layout
+    from .gguf import architecture, check_tensors, hf_config
     from .gguf_vocab import build
 
     if not path.is_file():
@@ -494,7 +413,7 @@ def _check_gguf_vocabulary(tokenizer, config: Config, path: Path) -> None:
 
 def _load_model(f: Folder) -> Model:
     if f.file is not None:
-        from .gguf_file import read_params
+        from .gguf import read_params
 
         lay, entries = f.gguf
         params = read_params(f.file, lay, f.config, entries)
@@ -560,19 +479,3 @@ def check_vocabulary(tokenizer, config: Config, root: Path) -> None:
         _ = tokenizer.eot_id  # generation and training stop on it
     except ValueError as e:
         raise WeightsError(f"{root / 'tokenizer.json'}: {e}") from None
-
-
-def gguf_path(path: Path) -> Path | None:
-    """The GGUF file `--weights` names: the file itself, or the one .gguf in a folder that
-    has no model.safetensors; None when it names no GGUF. A folder of several is refused."""
-    if path.suffix.lower() == ".gguf" and not path.is_dir():
-        return path
-    if not path.is_dir() or (path / "model.safetensors").exists() \
-            or (path / "config.json").exists():
-        return None
-    found = sorted(p for p in path.glob("*.gguf") if not p.is_dir())
-    if len(found) > 1:
-        names = ", ".join(p.name for p in found[:3]) + (", ..." if len(found) > 3 else "")
-        raise InputError(f"weights folder {path} holds {len(found)} GGUF files ({names}): "
-                         "name one with --weights FILE.gguf")
-    return found[0] if found else None
