@@ -104,7 +104,7 @@ def with_history(setup):
 
         setup(ctx)
         model = load_model(ctx.run)
-        save_snapshot(ctx.run, model.params, model.config, 10, 1e-3)
+        save_snapshot(ctx.run, model.params, model.config, model.family, 10, 1e-3)
         stamp_snapshots(ctx.run)
     return both
 

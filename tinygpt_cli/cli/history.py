@@ -83,7 +83,8 @@ def history(
             figure=lambda: figures().heads_history_figure(scores, rows, s.tokens, length),
             save=save, force=force)
     if path is not None:
-        h = hist.value_over_training(timeline, s.config, s.ids, s.tokens, path, s.hooks)
+        h = hist.value_over_training(timeline, s.config, s.model.family, s.ids, s.tokens,
+                                     path, s.hooks)
         return present(context, as_json, lambda: docs.value_history_document(s, h),
                        lambda: view.value_view(h, labels, s.tokens, p),
                        figure=lambda: figures().value_history_figure(h, s.tokens),

@@ -41,7 +41,7 @@ def header_limit(config: Config) -> int:
     return header_bytes(len(PARAMS) + 1 + per_block * config.n_layer)
 
 
-def _short_names(infos: dict[str, TensorInfo], fam) -> dict[str, TensorInfo]:
+def _short_names(infos: dict[str, TensorInfo], fam: Family) -> dict[str, TensorInfo]:
     """Names without the family's prefix (GPT-2's `transformer.`); the ignored buffers
     dropped."""
     out: dict[str, TensorInfo] = {}
@@ -56,16 +56,16 @@ def _short_names(infos: dict[str, TensorInfo], fam) -> dict[str, TensorInfo]:
     return out
 
 
-def check_header(infos: dict[str, TensorInfo], config: Config) -> None:
-    """Names, count, shapes and dtypes against the config, before any tensor is read.
+def check_header(infos: dict[str, TensorInfo], config: Config, fam: Family) -> None:
+    """Names, count, shapes and dtypes against the config and its family's file layout,
+    before any tensor is read.
 
     The count comes first, from the config's numbers alone, so that a config claiming a
     million blocks is refused without building a million blocks' worth of names.
     """
-    fam = family(config.model_type)
     short = _short_names(infos, fam)
     expected = fam.file_shapes(config)
-    head = short.pop("lm_head.weight", None) if "lm_head.weight" not in expected else None
+    head = short.pop("lm_head.weight", None) if config.tied else None
     per_block = sum(1 for n in expected if fam.block_of(n) == 0)
     outside = sum(1 for n in expected if fam.block_of(n) is None)
     want = outside + per_block * config.n_layer
@@ -105,7 +105,8 @@ def _shown(name: str, fam) -> str:
     return name if name == "lm_head.weight" else fam.PREFIX + name
 
 
-def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
+def validate_params(tensors: dict[str, np.ndarray], config: Config, fam: Family
+                    ) -> dict[str, np.ndarray]:
     """Check names, shapes, dtypes and finiteness; return float32 params by their canonical
     names (the family's converter, families/).
 
@@ -118,13 +119,12 @@ def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str,
     import numpy as np
 
     infos = {n: TensorInfo(n, dtype_name(a.dtype), tuple(a.shape)) for n, a in tensors.items()}
-    check_header(infos, config)
-    fam = family(config.model_type)
+    check_header(infos, config, fam)
     short = {name.removeprefix(fam.PREFIX): tensors.pop(name) for name in list(tensors)}
     expected = fam.file_shapes(config)
     out = {name: _finite_float32(name, short.pop(name), fam) for name in expected}
     table = fam.file_name("embed.W_E")
-    if "lm_head.weight" in short and "lm_head.weight" not in expected:
+    if "lm_head.weight" in short and config.tied:
         head = _finite_float32("lm_head.weight", short["lm_head.weight"], fam)
         if not np.array_equal(*(a.widen() if isinstance(a, Bfloat16) else a
                                 for a in (head, out[table]))):
@@ -155,10 +155,10 @@ def _finite_float32(name: str, arr: np.ndarray, fam) -> np.ndarray:
     raise WeightsError(f"tensor {_shown(name, fam)} holds NaN or infinite values")
 
 
-def checked_header(path: Path, config: Config) -> dict[str, TensorInfo]:
+def checked_header(path: Path, config: Config, fam: Family) -> dict[str, TensorInfo]:
     """The safetensors header of the weights file (or of every shard an index names),
-    checked against the config (names, shapes, dtypes): reads a few kilobytes, needs no
-    NumPy."""
+    checked against the config and its family (names, shapes, dtypes): reads a few
+    kilobytes, needs no NumPy."""
     if not path.is_file():
         raise WeightsError(f"weights file {path} does not exist")
     limit = min(MAX_HEADER_BYTES, header_limit(config))
@@ -179,7 +179,7 @@ def checked_header(path: Path, config: Config) -> dict[str, TensorInfo]:
     except OSError as e:
         raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
     with _naming(path):
-        check_header(infos, config)
+        check_header(infos, config, fam)
     return infos
 
 
@@ -193,19 +193,22 @@ def _naming(path: Path):
         raise type(e)(f"{path}: {e}") from None
 
 
-def load_params(path: str | Path, config: Config) -> dict[str, np.ndarray]:
-    """Read the header, check it against the config, and only then map the tensors.
+def load_params(path: str | Path, config: Config, fam: Family | None = None
+                ) -> dict[str, np.ndarray]:
+    """Read the header, check it against the config, and only then map the tensors. `fam`:
+    the Model's family (model.family), when the file is one of a loaded model's (a snapshot
+    of its history); looked up once from the config when the caller has no Model.
 
     The tensors are read-only arrays over the mapped file (map_safetensors); float32 ones
     stay so, F16/F64 ones are converted (a copy). Nothing may write into params in place.
     """
-    path = Path(path)
-    return map_params(path, config, checked_header(path, config))
+    path, fam = Path(path), fam or family(config.model_type)
+    return map_params(path, config, checked_header(path, config, fam), fam)
 
 
-def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict[str, np.ndarray]:
-    """load_params after its header check: `infos` is checked_header(path, config)."""
-    fam = family(config.model_type)
+def map_params(path: Path, config: Config, infos: dict[str, TensorInfo], fam: Family
+               ) -> dict[str, np.ndarray]:
+    """load_params after its header check: `infos` is checked_header(path, config, fam)."""
     wanted = [n for n in infos if not (n.removeprefix(fam.PREFIX)).endswith(fam.IGNORED)]
     files: dict[Path, list[str]] = {}
     for n in wanted:  # one file, or each shard of a sharded model
@@ -215,16 +218,20 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
     for file, names in files.items():
         tensors.update(read_safetensors(file, names, lazy_bf16=lazy)[0])
     with _naming(path):
-        return validate_params(tensors, config)
+        return validate_params(tensors, config, fam)
 
 
-def save_params(params: dict[str, np.ndarray], path: str | Path, config: Config) -> None:
+def save_params(params: dict[str, np.ndarray], path: str | Path, config: Config,
+                fam: Family | None = None) -> None:
     """Float32, in the family's own file layout (GPT-2: Hugging Face names, tied head
-    omitted), so that `transformers` loads the folder."""
+    omitted), so that `transformers` loads the folder. `fam`: the Model's family
+    (model.family), or the one a new model's config names (a training run's, looked up once
+    by the run)."""
     import numpy as np
 
+    fam = fam or family(config.model_type)
     tensors = {n: np.ascontiguousarray(a, dtype=np.float32)
-               for n, a in family(config.model_type).params_to_file(params, config).items()}
+               for n, a in fam.params_to_file(params, config).items()}
     write_atomically(Path(path), safetensors_bytes(tensors, {"format": "pt"}))
 
 
@@ -236,14 +243,12 @@ class Model:
     config: Config
     params: dict[str, np.ndarray]
     tokenizer: object  # tinygpt_cli.transformer.tokenizer.Tokenizer
+    # its family's converter (families.Family), found once when the folder was opened: what
+    # reads the model's names (its file's tensor names, its label) asks it, never the
+    # model_type
+    family: Family = field(repr=False, compare=False)
     file: Path | None = None  # a GGUF file's path (its folder is `folder`)
     about: dict | None = None  # what the GGUF says of itself (storage/gguf_file.description)
-    # its family's converter (families.Family), found once for its config: what reads the
-    # model's names (its file's tensor names, its label) asks it, never the model_type
-    family: Family = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        self.family = family(self.config.model_type)
 
     @property
     def weights_file(self) -> Path:
@@ -262,6 +267,7 @@ class Folder:
     config: Config
     tokenizer: object  # tinygpt_cli.transformer.tokenizer.Tokenizer
     header: dict[str, TensorInfo]  # model.safetensors' header, checked against the config
+    family: Family = field(repr=False, compare=False)  # looked up once, here, for the Model
     file: Path | None = None  # a GGUF file, read by gguf.py instead of the above
     about: dict | None = None
     gguf: tuple = ()  # its checked layout (the file mapped) and the tensors' entries
@@ -308,7 +314,8 @@ def _open_folder(folder: str | Path | None) -> Folder:
         raise WeightsError(f"{root / 'config.json'}: {e}") from None
     # the weights' header too, though text <-> ids never reads them: a broken folder is
     # reported by every command alike
-    header = checked_header(weights, config)
+    fam = family(config.model_type)
+    header = checked_header(weights, config, fam)
     tokenizer = read_tokenizer(root / "tokenizer.json", config)
     check_vocabulary(tokenizer, config, root)
     settings = read_side_json(root / "tokenizer_config.json")
@@ -319,7 +326,7 @@ def _open_folder(folder: str | Path | None) -> Folder:
         generation = {"eos_token_id": (read_side_json(root / "config.json") or {}).get(
             "eos_token_id")}
     tokenizer.end_ids = end_ids(tokenizer, generation, settings)
-    return Folder(root, config, tokenizer, header)
+    return Folder(root, config, tokenizer, header, fam)
 
 
 def read_side_json(path: Path) -> dict | None:
@@ -398,7 +405,8 @@ def _open_gguf(path: Path) -> Folder:
     check_types(lay, path)
     _check_gguf_vocabulary(tokenizer, config, path)
     about = {**description(lay, meta), "tokenizer": vocab_about}
-    return Folder(path.parent, config, tokenizer, {}, path, about, (lay, entries))
+    return Folder(path.parent, config, tokenizer, {}, family(config.model_type), path, about,
+                  (lay, entries))
 
 
 def _check_gguf_vocabulary(tokenizer, config: Config, path: Path) -> None:
@@ -417,9 +425,10 @@ def _load_model(f: Folder) -> Model:
 
         lay, entries = f.gguf
         params = read_params(f.file, lay, f.config, entries)
-        return Model(f.folder, f.config, params, f.tokenizer, f.file, f.about)
-    return Model(f.folder, f.config, map_params(weights_path(f.folder), f.config, f.header),
-                 f.tokenizer)
+        return Model(f.folder, f.config, params, f.tokenizer, f.family, f.file, f.about)
+    return Model(f.folder, f.config,
+                 map_params(weights_path(f.folder), f.config, f.header, f.family), f.tokenizer,
+                 f.family)
 
 
 MAX_TOKENIZER_BYTES = 16 << 20  # GPT-2's own, 50,257 tokens with their merges: 1.4 MB
