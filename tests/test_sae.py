@@ -15,7 +15,7 @@ from tinygpt_cli.analysis import sae as S
 from tinygpt_cli.jobs import sae as SJ
 from tinygpt_cli.jobs.dictionaries import saes as SF
 from tinygpt_cli.storage.madefor import made_for
-from tinygpt_cli.storage.weights import load_model
+from tinygpt_cli.transformer.folder import load_model
 from tinygpt_cli.transformer.hooks import Replace
 
 SITE = "layers.0.resid_post"
@@ -294,7 +294,7 @@ def test_trace_lists_active_latents_and_ablate_zeroes_one(cli, tiny):
 
 
 def test_the_shipped_sae_reads_the_shipped_model():
-    from tinygpt_cli.storage.weights import SHIPPED
+    from tinygpt_cli.storage.locations import SHIPPED
 
     path = SHIPPED / "sae" / "layers.1.resid_post.safetensors"
     if not path.is_file():

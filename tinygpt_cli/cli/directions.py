@@ -71,12 +71,12 @@ def steer(
     Then steer any command with it: tinygpt generate TEXT --steer-vector happy.safetensors
     """
     from ..analysis import steer as st
+    from ..jobs.corpus import held_out_stories
     from ..jobs.dictionaries.directions import direction_file
     from ..jobs.session import encode_lines
     from ..jobs.steer import read_pairs
     from ..render.directions import steer_view
     from ..render.documents import steer_document
-    from ..storage.corpus import held_out_stories
     from ..storage.files import write_atomically
     from ..storage.madefor import made_for
 
@@ -129,10 +129,10 @@ def probe(
     Example: tinygpt probe --site layers.2.resid_pre --labels tags.jsonl --out tag.safetensors
     """
     from ..analysis import probe as pr
+    from ..jobs.corpus import read_user_file
     from ..jobs.dictionaries.directions import direction_file
     from ..render.directions import probe_view
     from ..render.documents import probe_document
-    from ..storage.corpus import read_user_file
     from ..storage.files import write_atomically
     from ..storage.madefor import made_for
 

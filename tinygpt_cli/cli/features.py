@@ -86,9 +86,9 @@ def sae_train(
     """
     from ..analysis import sae as S
     from ..jobs import sae as job
+    from ..jobs.corpus import data_windows, training_files
     from ..jobs.dictionaries.saes import sae_file
     from ..render import features as view
-    from ..storage.corpus import data_windows, training_files
     from ..storage.files import sha256
 
     keep_default_file(context, out, "the weights folder's sae/SITE.safetensors")
@@ -173,10 +173,10 @@ def sae_feature(context: RunContext,
     """
     from ..analysis import sae as S
     from ..jobs import sae as job
+    from ..jobs.corpus import given_or, training_files
     from ..jobs.dictionaries.saes import SHIPPED_SITE, load_sae, sae_file
     from ..jobs.session import check_index
     from ..render import features as view
-    from ..storage.corpus import given_or, training_files
 
     check_save(save, force)
     if text is not None:

@@ -27,12 +27,12 @@ from ..analysis.sae import (
 )
 from ..errors import InputError, WeightsError
 from ..storage import cache
-from ..storage.corpus import data_windows, held_out_files
 from ..storage.files import sha256, write_atomically
 from ..transformer.config import Config
 from ..transformer.optim import SAE_BETAS, AdamW
 from . import shards
 from .cluster import over_windows
+from .corpus import data_windows, held_out_files
 from .dictionaries.saes import sae_tensors, save_sae
 
 

@@ -11,8 +11,8 @@ import numpy as np
 
 from ..analysis.steer import mean_difference, parse_texts, site
 from ..errors import InputError, check_index, check_utf8
-from ..storage.corpus import read_user_file
 from ..transformer.hooks import add_vector
+from .corpus import read_user_file
 from .dictionaries.directions import read_direction
 from .session import encode_checked
 

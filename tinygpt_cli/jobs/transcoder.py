@@ -12,8 +12,8 @@ import numpy as np
 
 from ..analysis.sae import SAE, TrainState
 from ..analysis.transcoder import encoders_of, evaluate, input_path, output_path
-from ..storage.corpus import data_windows, given_or, held_out_files
 from . import sae as jobs_sae
+from .corpus import data_windows, given_or, held_out_files
 from .dictionaries.transcoders import file_of
 
 

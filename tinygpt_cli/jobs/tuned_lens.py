@@ -12,9 +12,9 @@ import numpy as np
 
 from ..analysis.lens import Lens
 from ..analysis.tuned_lens import evaluate_windows, fit, stage_values, tuned_stage_logits
-from ..storage.corpus import data_windows, given_or, held_out_files, training_files
 from ..storage.madefor import made_for
 from .cluster import over_windows
+from .corpus import data_windows, given_or, held_out_files, training_files
 from .dictionaries.lens import lens_file, load_translators, save_translators
 
 FIT_WINDOWS = 200  # 25,600 training tokens
