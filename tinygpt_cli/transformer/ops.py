@@ -768,15 +768,26 @@ def unembed(u: np.ndarray, table: np.ndarray) -> np.ndarray:
     """z = u W_E^T, the output head tied to the embedding table.  [..., d] -> [..., vocab]"""
     rows = u.reshape(-1, u.shape[-1])
     if rows.shape[0] == 1 and table.size >= VIEW_HEAD_FROM:
-        # one position (generation) of a large table: W_E times it, one matrix-vector
-        # product, without the transposed copy (17 ms at 4,096 x 768, a token's worth),
-        # which speeds each such product by only a few microseconds
-        return (table @ rows[0]).reshape(*u.shape[:-1], table.shape[0])
+        # one position (generation) of a large table: each row of W_E times it, without the
+        # transposed copy (17 ms at 4,096 x 768, a token's worth). As one dot product per row
+        # (vecdot: BLAS's sdot on each contiguous row), not BLAS's matrix-vector product,
+        # whose kernel for a row-major table is slow on short rows: 22 ms instead of 46 at
+        # 262,144 x 640, where reading the table takes 27 (and its sums are as accurate)
+        return _rows_dot(table, rows[0]).reshape(*u.shape[:-1], table.shape[0])
     head = tied_head(table)
     return (rows @ head).reshape(*u.shape[:-1], head.shape[-1])
 
 
 VIEW_HEAD_FROM = 1 << 21  # numbers in W_E: a smaller table's copy costs less than it saves
+
+
+def _rows_dot(table: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """table @ x [rows], each row's dot product with x (NumPy 2's vecdot; before it, the
+    matrix-vector product)."""
+    vecdot = getattr(np, "vecdot", None)
+    if vecdot is None or table.dtype != x.dtype or not table.flags.c_contiguous:
+        return table @ x
+    return vecdot(table, x)
 _HEADS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 _HEADS_LOCK = threading.Lock()  # threads.map_on_cores runs passes side by side
 
