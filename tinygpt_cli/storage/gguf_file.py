@@ -546,7 +546,7 @@ def read_params(path: Path, lay: Layout, config: Config,
     for canonical, parts in entries.items():
         if canonical == "<tied head>":
             continue
-        out = fresh_pages(shapes[canonical], np.float32)
+        out = fresh_pages(shapes[canonical], np.float32, whole=True)
         at = 0
         for e in parts:
             rows = e.shape[0] if len(e.shape) > 1 else 1

@@ -74,7 +74,7 @@ def transposed(a) -> np.ndarray:
     """A file matrix (out, in) as the canonical (in, out), a C-ordered copy (BLAS multiplies
     a vector by it faster than by the transposed view), on small pages (pages.py); a
     bfloat16 one widened straight into it."""
-    out = fresh_pages(a.shape[::-1], np.float32 if hasattr(a, "widen") else a.dtype)
+    out = fresh_pages(a.shape[::-1], np.float32 if hasattr(a, "widen") else a.dtype, whole=True)
     _place(out, a)
     return out
 
@@ -84,7 +84,7 @@ def side_by_side(pieces: list) -> np.ndarray:
     each piece (bfloat16 ones widened) written straight into its columns."""
     kinds = {np.float32 if hasattr(p, "widen") else p.dtype for p in pieces}
     out = fresh_pages((pieces[0].shape[1], sum(p.shape[0] for p in pieces)),
-                      np.result_type(*kinds))
+                      np.result_type(*kinds), whole=True)
     for part, p in zip(cut(out, [p.shape[0] for p in pieces]), pieces, strict=True):
         _place(part, p)
     return out
