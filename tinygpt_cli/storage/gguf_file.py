@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import InputError, WeightsError
 from ..transformer.config import Config, shown
 from ..transformer.schema import param_shapes
-from .pages import fresh_pages
+from .pages import weight_pages
 from .safetensors import _let_go as let_go
 
 INSTALL = "reading a GGUF file needs the gguf package: pip install 'tinygpt-cli[gguf]'"
@@ -546,7 +546,7 @@ def read_params(path: Path, lay: Layout, config: Config,
     for canonical, parts in entries.items():
         if canonical == "<tied head>":
             continue
-        out = fresh_pages(shapes[canonical], np.float32, whole=True)
+        out = weight_pages(shapes[canonical], np.float32)
         at = 0
         for e in parts:
             rows = e.shape[0] if len(e.shape) > 1 else 1

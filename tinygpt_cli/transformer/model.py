@@ -11,6 +11,7 @@ family's file to them). `ids` is
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from dataclasses import dataclass, field
 
@@ -554,8 +555,22 @@ def head_table(config: Config) -> str:
 
 
 def unembed(params, config: Config, u: np.ndarray, hooks: Hook) -> np.ndarray:
-    """Card 9: logits = u W_U, the head's rows (W_E's when tied).  [T, d] -> [T, V]"""
-    return hooks("logits", ops.unembed(u, params[head_table(config)]))
+    """Card 9: logits = u W_U, the head's rows (W_E's when tied).  [T, d] -> [T, V]
+
+    Large logits are written into small pages all made at once (pages.fresh_pages): NumPy's
+    own array would be made of 2 MB pages, whose first touch is slow when the kernel has none
+    free at hand (a pass in a new process, or after other work): Gemma-3-270M's 512 x
+    262,144 took 2.9 s instead of 2.0 (benchmarks/results.md, issue 48). Smaller ones (a
+    training step's, whose 2 MB pages a loop finds freed by the step before) are NumPy's."""
+    table = params[head_table(config)]
+    shape = (*u.shape[:-1], table.shape[0])
+    dtype = np.result_type(u, table)
+    large = math.prod(shape) * dtype.itemsize >= LOGITS_ON_SMALL_PAGES
+    out = fresh_pages(shape, dtype, whole=True) if large else None
+    return hooks("logits", ops.unembed(u, table, out))
+
+
+LOGITS_ON_SMALL_PAGES = 128 << 20  # bytes of logits
 
 
 def unembed_backward(g: Gradients, dlogits: np.ndarray) -> np.ndarray:

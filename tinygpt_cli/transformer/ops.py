@@ -764,8 +764,9 @@ def dropout_mask(shape, p: float, rng: np.random.Generator, dtype) -> np.ndarray
 # --------------------------------------------------------------- linear head + softmax (cards 9-10)
 
 
-def unembed(u: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """z = u W_E^T, the output head tied to the embedding table.  [..., d] -> [..., vocab]"""
+def unembed(u: np.ndarray, table: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """z = u W_E^T, the output head tied to the embedding table.  [..., d] -> [..., vocab]
+    `out`: where to write the logits of several positions (C-ordered, [..., vocab])."""
     rows = u.reshape(-1, u.shape[-1])
     if rows.shape[0] == 1 and table.size >= VIEW_HEAD_FROM:
         # one position (generation) of a large table: each row of W_E times it, without the
@@ -775,7 +776,10 @@ def unembed(u: np.ndarray, table: np.ndarray) -> np.ndarray:
         # 262,144 x 640, where reading the table takes 27 (and its sums are as accurate)
         return _rows_dot(table, rows[0]).reshape(*u.shape[:-1], table.shape[0])
     head = tied_head(table)
-    return (rows @ head).reshape(*u.shape[:-1], head.shape[-1])
+    if out is None:
+        return (rows @ head).reshape(*u.shape[:-1], head.shape[-1])
+    np.matmul(rows, head, out=out.reshape(rows.shape[0], head.shape[-1]))
+    return out
 
 
 VIEW_HEAD_FROM = 1 << 21  # numbers in W_E: a smaller table's copy costs less than it saves
