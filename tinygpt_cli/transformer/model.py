@@ -897,7 +897,11 @@ class Decoder:
             q, k = self._turned(q, start, a), self._turned(k, start, a)
         k, v, first = cache.put(i, start, k, v)  # a sliding block's: its window alone
         end, start = start + 1 - first, start - first
-        k, v = ops.repeat_kv(k, a.groups), ops.repeat_kv(v, a.groups)
+        if a.groups > 1:  # each key/value head read by its group of query heads as it is,
+            # not repeated (a copy of the whole cache a step): [H_kv, groups, 1, d_k] against
+            # [H_kv, 1, end, d_k], each head's product the very one of repeat_kv's copy
+            q = q.reshape(c.kv_heads, a.groups, 1, c.d_k)
+            k, v = k[:, None], v[:, None]
         scores = q @ k.swapaxes(-1, -2)  # [H, 1, end]: one query sees every key but ...
         scores *= (np.asarray(a.scale, q.dtype) if a.scale
                    else ops._inverse_sqrt(q.shape[-1], q.dtype))
@@ -911,7 +915,7 @@ class Decoder:
         # time of two reduces
         if not all(low <= s <= high for s in total.reshape(-1).tolist()):
             e = ops.softmax(scores)
-        z = e @ v  # [H, 1, d_k], merged as ops.merge_heads does
+        z = (e @ v).reshape(c.n_head, 1, c.d_k)  # [H, 1, d_k], merged as merge_heads does
         return _row_times(z.swapaxes(-3, -2).reshape(1, -1), b["attn.W_O"], b["attn.b_O"])
 
     def _mlp(self, b: dict, x: np.ndarray) -> np.ndarray:
