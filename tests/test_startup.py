@@ -66,6 +66,7 @@ def test_a_large_heads_logits_one_position_or_many_are_the_products_in_float64(m
     table = rng.normal(size=(ops.VIEW_HEAD_FROM // 256 + 7, 256)).astype(np.float32)
     u = rng.normal(size=(128, 256)).astype(np.float32)  # 4 MB of logits: pages of their own
     want = u.astype(np.float64) @ table.astype(np.float64).T
+    monkeypatch.setattr(ops, "HEAD_BY_ROWS_FROM", 1 << 20)  # this 8 MB table counts as large
     one = ops.unembed(u[2:3], table)
     assert one.shape == (1, table.shape[0]) and one.dtype == np.float32
     np.testing.assert_allclose(one[0], want[2], rtol=0, atol=1e-4)

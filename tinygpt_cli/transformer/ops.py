@@ -789,12 +789,17 @@ _HEADS_LOCK = threading.Lock()  # threads.map_on_cores runs passes side by side
 
 
 def _rows_dot(table: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """table @ x [rows], each row's dot product with x (NumPy 2's vecdot; before it, the
-    matrix-vector product)."""
+    """table @ x [rows], each row's dot product with x (NumPy 2's vecdot; before it, or for
+    a table the caches hold, the matrix-vector product: the shipped model's 4,096 x 768,
+    0.18 against 0.22 ms)."""
     vecdot = getattr(np, "vecdot", None)
-    if vecdot is None or table.dtype != x.dtype or not table.flags.c_contiguous:
+    if (vecdot is None or table.dtype != x.dtype or not table.flags.c_contiguous
+            or table.nbytes < HEAD_BY_ROWS_FROM):
         return table @ x
     return vecdot(table, x)
+
+
+HEAD_BY_ROWS_FROM = 32 << 20  # bytes: a table read from memory, not from the caches
 
 
 def tied_head(table: np.ndarray) -> np.ndarray:
