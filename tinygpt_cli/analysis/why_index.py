@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
+import io
 import json
 import mmap
 import os
@@ -99,20 +101,37 @@ def mapped_arrays(path: str | Path) -> dict[str, np.ndarray]:
                 return _loaded(path)
             start = info.header_offset + 30 + sum(struct.unpack("<HH", local[26:30]))
             f.seek(start)
-            try:
-                fmt = np.lib.format
-                header = fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) \
-                    else fmt.read_array_header_2_0
-                shape, fortran, dtype = header(f)
-            except ValueError:
+            raw = f.read(12)  # the magic string, the version and the header's length
+            raw += f.read(struct.unpack("<H", raw[8:10])[0] - 2 if raw[6:7] == b"\x01" else
+                          struct.unpack("<I", raw[8:12])[0]) if len(raw) == 12 else b""
+            found = _npy_header(raw)
+            if found is None:
                 return _loaded(path)
-            if dtype.hasobject or fortran or f.tell() - start + dtype.itemsize * \
+            shape, fortran, dtype = found
+            if dtype.hasobject or fortran or len(raw) + dtype.itemsize * \
                     int(np.prod(shape)) > info.file_size:
                 return _loaded(path)
-            out[name] = (f.tell(), shape, dtype)
+            out[name] = (start + len(raw), shape, dtype)
         whole = _mapped(f)
     return {name: np.frombuffer(whole, dtype, int(np.prod(shape)), at).reshape(shape)
             for name, (at, shape, dtype) in out.items()}
+
+
+@functools.lru_cache(maxsize=256)
+def _npy_header(raw: bytes) -> tuple | None:
+    """A .npy header's (shape, fortran order, dtype), or None when it is not one NumPy
+    reads. Every shard's members have the same few headers, and NumPy parses each with
+    Python's own parser: kept by their bytes, they are parsed once a process, not at every
+    query's every member (a tenth of the shards' reading)."""
+    fmt = np.lib.format
+    f = io.BytesIO(raw)
+    try:
+        header = fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) \
+            else fmt.read_array_header_2_0
+        found = header(f)
+    except ValueError:
+        return None
+    return found if f.tell() == len(raw) else None
 
 
 def _mapped(f):
@@ -216,11 +235,11 @@ def _shard_scores(item: tuple, shared: tuple) -> tuple[np.ndarray, np.ndarray]:
     _, first, files = item
     queries, lrs, keep, t = shared
     per = []
-    tokens = None
+    x = y = None
     for f, q in zip(files, queries, strict=True):
         z = mapped_arrays(f)
-        tokens = np.asarray(z["tokens"]) if tokens is None else tokens
-        x, y = eval_windows(tokens, t)
+        if x is None:  # every snapshot's shard of the range holds the same windows
+            x, y = eval_windows(np.asarray(z["tokens"]), t)
         per.append(tracin.scores({name: z[name] for name in ARRAYS}, x, y, q))
     per = np.stack(per)  # [S, w]
     if lrs is not None:
