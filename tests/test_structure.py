@@ -117,16 +117,14 @@ COMPAT = {"entry": "cli.entry"}  # console scripts generated then import main fr
 # shrink: a new one fails, and one gone must be taken off.
 CLIMBS = {
     *(f"tinygpt_cli.analysis.{a} -> tinygpt_cli.jobs.{b}" for a, b in [
-        ("diff", "session"), ("exact_tracin", "threads"), ("means", "cluster"),
+        ("diff", "session"), ("means", "cluster"),
         ("neurons", "cluster"), ("probe", "session"), ("sae", "cluster"), ("sae", "session"),
         ("sae", "shards"), ("score", "ahead"), ("score", "cluster"), ("steer", "session"),
-        ("tuned_lens", "cluster"), ("why", "cluster"), ("why", "session"), ("why", "threads"),
-        ("why_index", "cluster"), ("why_index", "threads")]),
+        ("tuned_lens", "cluster")]),
     # analyses take arrays and a Model: reading files and caches is the jobs' floor
     *(f"tinygpt_cli.analysis.{a} -> tinygpt_cli.storage.{b}" for a, b in [
-        ("exact_tracin", "corpus"), ("gemmascope", "files"), ("gemmascope", "safetensors"),
-        ("heads", "corpus"), ("history", "madefor"), ("history", "safetensors"),
-        ("history", "weights"), ("info", "files"), ("info", "weights"), ("means", "cache"),
+        ("gemmascope", "files"), ("gemmascope", "safetensors"),
+        ("heads", "corpus"), ("info", "files"), ("info", "weights"), ("means", "cache"),
         ("means", "corpus"), ("means", "files"), ("means", "madefor"), ("means", "safetensors"),
         ("neurons", "cache"), ("neurons", "corpus"), ("neurons", "files"),
         ("quant", "gguf_file"), ("sae", "cache"), ("sae", "corpus"), ("sae", "files"),
@@ -135,9 +133,7 @@ CLIMBS = {
         ("steer", "corpus"), ("steer", "madefor"), ("steer", "safetensors"),
         ("transcoder", "corpus"), ("transcoder", "hub"), ("transcoder", "madefor"),
         ("transcoder", "safetensors"), ("tuned_lens", "corpus"), ("tuned_lens", "files"),
-        ("tuned_lens", "madefor"), ("tuned_lens", "safetensors"), ("why", "cache"),
-        ("why", "corpus"), ("why", "files"), ("why_index", "cache"), ("why_index", "corpus"),
-        ("why_index", "files"), ("why_index", "weights")]),
+        ("tuned_lens", "madefor"), ("tuned_lens", "safetensors")]),
     *(f"tinygpt_cli.storage.{a} -> tinygpt_cli.{b}" for a, b in [
         ("cache", "render.text"), ("corpus", "transformer.tokenizer"),
         ("gguf_file", "transformer.config"), ("gguf_file", "transformer.schema"),

@@ -1,6 +1,6 @@
-"""The on-disk index of every training window's gradient at every snapshot (analysis.tracin),
-built once per (weights history, training text), resumable, as shards that any worker of a
-cluster can write and any query can read where they lie (tinygpt_cli.jobs.cluster).
+"""The on-disk index of every training window's gradient at every snapshot (analysis.tracin's
+math), built once per (weights history, training text), resumable, as shards that any worker
+of a cluster can write and any query can read where they lie (tinygpt_cli.jobs.cluster).
 
 Layout, in the cache folder `why-tracin/KEY/` (KEY: the data's and the snapshots' sha256,
 the window length and the method's version), which may be shared storage:
@@ -50,9 +50,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis import tracin
+from ..analysis.exact_tracin import next_token_query
 from ..errors import WriteError
-from ..jobs.cluster import Here, in_order, spans
-from ..jobs.threads import map_on_cores
 from ..storage.cache import entry, key_of, npz_bytes
 from ..storage.corpus import eval_windows
 from ..storage.files import (
@@ -66,8 +66,8 @@ from ..storage.files import (
 )
 from ..storage.weights import load_params
 from ..transformer.config import Config
-from . import tracin
-from .exact_tracin import next_token_query
+from .cluster import Here, in_order, spans
+from .threads import map_on_cores
 
 VERSION = "tracin-v5"  # v5: rank-one matrices and top chances (v4: Kronecker projections)
 ARRAYS = ("rank1", "rows", "u", "m", "top_ids", "top_p")  # tracin.WindowGradients' fields
@@ -543,10 +543,11 @@ def writable_index(folder: Path) -> None:
 
 
 def open_index(data_key: str, snapshot_files: list[Path], config: Config,
-               n_windows: int) -> TracinIndex:
+               n_windows: int, folder: Path | None = None) -> TracinIndex:
+    """The index of these windows at these snapshots; `folder`: its index_folder, when the
+    caller has it already (its key hashes every snapshot file)."""
 
-    key = index_key(data_key, snapshot_files, config)
-    index = TracinIndex(entry("why-tracin", key, suffix=""), n_windows, list(snapshot_files),
-                        data_key)
+    folder = folder or index_folder(data_key, snapshot_files, config)
+    index = TracinIndex(folder, n_windows, list(snapshot_files), data_key)
     index.drop_damaged()
     return index
