@@ -449,13 +449,13 @@ def token_scores(values: np.ndarray, pairs: list[tuple[np.ndarray, object]], a: 
         head = values @ b.T  # [W, T, r]
         out += np.einsum("wt,wt->w", lhs, head[..., 0], dtype=np.float64) if r == 1 else \
             np.einsum("wtr,wtr->w", lhs, head, dtype=np.float64)
+    read = slot < n  # [V]: the tokens the query's text read
     for ids, weights in pairs:
-        s = slot.take(ids)
-        hit = np.flatnonzero(s < n)
+        hit = np.flatnonzero(read.take(ids))
         if hit.size:
-            w, t, _ = np.unravel_index(hit, s.shape)
-            found = np.einsum("hk,hk->h", values[w, t], rows[s.reshape(-1)[hit]])
-            found *= np.broadcast_to(weights, s.shape).reshape(-1)[hit]
+            w, t, _ = np.unravel_index(hit, ids.shape)
+            found = np.einsum("hk,hk->h", values[w, t], rows[slot[ids.reshape(-1)[hit]]])
+            found *= np.broadcast_to(weights, ids.shape).reshape(-1)[hit]
             out += np.bincount(w, found, minlength=len(values))
     return out
 
@@ -494,9 +494,10 @@ def to_bfloat16(a: np.ndarray) -> np.ndarray:
 
 
 def from_bfloat16(b: np.ndarray) -> np.ndarray:
-    """uint16 bfloat16 bits -> float32 (exact)."""
-    out = np.empty(b.shape, np.uint32)
-    np.left_shift(b, 16, out=out, dtype=np.uint32)
+    """uint16 bfloat16 bits -> float32 (exact). A widening copy, then a shift in place: twice
+    as fast as one shift that widens as it goes (NumPy casts that in small buffers)."""
+    out = b.astype(np.uint32)
+    out <<= 16
     return out.view(np.float32)
 
 
