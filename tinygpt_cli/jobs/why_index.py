@@ -259,6 +259,15 @@ def _best(windows: np.ndarray, per: np.ndarray, keep: int | None):
 TASKS_PER_WORKER = 4  # a query's tasks: enough to balance, few enough to schedule quickly
 
 
+def runs(items: list, n: int) -> list[list]:
+    """items in n consecutive runs (fewer when there are fewer items), their lengths
+    differing by one at most, the longer first."""
+    n = max(min(n, len(items)), 1)
+    size, extra = divmod(len(items), n)
+    bounds = np.cumsum([0] + [size + (i < extra) for i in range(n)])
+    return [items[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+
+
 # ------------------------------------------------------------------ building and reading
 
 
@@ -448,14 +457,14 @@ class TracinIndex:
 
     def _score(self, queries: list, lrs, keep: int | None, config: Config, engine,
                progress=None) -> list[tuple]:
-        """score_task on every window range, where its shards lie: the ranges in runs, about
-        TASKS_PER_WORKER tasks a worker (one range a task on a small index); progress(ranges
-        done, ranges) as the tasks finish."""
+        """score_task on every window range, where its shards lie: the ranges in runs,
+        TASKS_PER_WORKER tasks a worker (one range a task on a small index), their lengths
+        differing by one at most: 49 ranges in runs of 7 would be 7 tasks, 4 for one of two
+        workers and 3 for the other; progress(ranges done, ranges) as the tasks finish."""
 
         ranges = [(c, a, [str(self.shard(s, c)) for s in range(len(queries))])
                   for c, (a, _) in enumerate(self.spans())]
-        size = -(-len(ranges) // (TASKS_PER_WORKER * engine.workers))
-        tasks = [ranges[i : i + size] for i in range(0, len(ranges), size)]
+        tasks = runs(ranges, TASKS_PER_WORKER * engine.workers)
         done = [0]
 
         def step(i: int, _) -> None:
