@@ -43,7 +43,7 @@ def per_snapshot_scores(weights: Path, windows: int, n_queries: int, seed: int =
     from tinygpt_cli.jobs import history as snapshots_of
     from tinygpt_cli.jobs import why as why_job
     from tinygpt_cli.jobs.threads import on_cores
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
 
     model = load_model(weights)
     found = why_job.training_text(model, None)

@@ -22,7 +22,7 @@ from tinygpt_cli.jobs import cluster, why_index
 from tinygpt_cli.jobs import history as snapshots_of
 from tinygpt_cli.jobs import why as why_job
 from tinygpt_cli.jobs.why_index import open_index
-from tinygpt_cli.storage.weights import load_model
+from tinygpt_cli.transformer.folder import load_model
 
 distributed = pytest.importorskip("distributed")
 

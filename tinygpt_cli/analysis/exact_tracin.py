@@ -43,6 +43,7 @@ from ..transformer.model import (
     forward,
     head_table,
 )
+from ..transformer.windows import eval_windows
 from ..transformer.wiring import FAMILIES, handles
 from .tracin import (
     bias_of,
@@ -71,14 +72,6 @@ def one_by_one(fn: Callable, items: list) -> list:
     gives threads.on_cores's instead, the same results on every core."""
     return [fn(item) for item in items]
 
-
-def stream_windows(stream: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
-    """Consecutive non-overlapping windows covering a token stream once: inputs and next
-    tokens, as training and validation cut it (storage.corpus.eval_windows: the same cut,
-    read here from the stream alone).  -> [W, t] each, int64"""
-    n = (len(stream) - 1) // t
-    return (stream[: n * t].reshape(n, t).astype(np.int64),
-            stream[1 : n * t + 1].reshape(n, t).astype(np.int64))
 
 
 
@@ -323,7 +316,7 @@ def scores_over_stream(snapshots: list[tuple[dict, float, list[dict]]], config: 
 
     lock = threading.Lock()
     t = config.n_positions
-    x, y = stream_windows(stream, t)
+    x, y = eval_windows(stream, t)
     chosen = np.arange(len(x)) if windows is None else np.asarray(windows)
     stacked = [stack(g, config, p) for p, _, g in snapshots]
     jobs = [(s, i) for s in range(len(snapshots)) for i in range(0, len(chosen), batch)]

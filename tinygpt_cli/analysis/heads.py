@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..storage.corpus import BUILT_IN, HELD_OUT_PART, find_data, read_stories, stories_of
+from ..jobs.corpus import BUILT_IN, HELD_OUT_PART, find_data, read_stories, stories_of
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.model import record

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..transformer import ops
 from ..transformer.config import Config
-from ..transformer.families import family
+from ..transformer.families import Family
 from ..transformer.model import forward, record
 from ..transformer.schema import param_shapes, resolve, with_old_keys
 from ..transformer.trace import Trace
@@ -124,13 +124,12 @@ class ValueHistory:
     grid: bool
 
 
-def value_over_training(snapshots: list[Snapshot], config: Config, ids, tokens,
+def value_over_training(snapshots: list[Snapshot], config: Config, fam: Family, ids, tokens,
                         path: str, hooks=None) -> ValueHistory:
     """A parameter, by its canonical name (layers.0.attn.W_QKV) or its family's file name
     (h.0.attn.c_attn.weight), read from each snapshot, or a value of the forward pass
     (layers.0.heads.1.weights, logits[-1]) on the text under each snapshot."""
 
-    fam = family(config.model_type)
     param = path if path in param_shapes(config) else fam.canonical_name(path)
     if param is not None:
         values = [s.params[param] for s in snapshots]

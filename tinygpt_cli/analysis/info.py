@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..storage.files import sha256
-from ..storage.weights import SHIPPED
+from ..storage.locations import SHIPPED
 
 
 @dataclass

@@ -15,8 +15,8 @@ import numpy as np
 
 from ..errors import InputError, WeightsError
 from ..jobs.cluster import over_windows
+from ..jobs.corpus import read_stories, validation_text
 from ..storage import cache
-from ..storage.corpus import encode_stories, eval_windows, read_stories, validation_text
 from ..storage.files import sha256, write_atomically
 from ..storage.madefor import remake_hint
 from ..storage.safetensors import (
@@ -27,6 +27,7 @@ from ..storage.safetensors import (
 )
 from ..transformer.config import Config
 from ..transformer.model import record
+from ..transformer.windows import encode_stories, eval_windows
 from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): recorded values

@@ -20,11 +20,12 @@ import numpy as np
 
 from ..errors import InputError
 from ..jobs.cluster import over_windows
+from ..jobs.corpus import read_stories
 from ..storage import cache
-from ..storage.corpus import encode_stories, eval_windows, read_stories
 from ..storage.files import sha256
 from ..transformer.config import Config
 from ..transformer.model import neuron_out_rows, norm_weights, record, token_table
+from ..transformer.windows import encode_stories, eval_windows
 from ..transformer.wiring import FAMILIES, handles
 from .circuit import norm_after
 from .lens import top_neurons

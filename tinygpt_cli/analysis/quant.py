@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
-from ..storage.gguf_file import gguf_names
 from ..transformer import model as mdl
 from ..transformer import ops
+from ..transformer.gguf import gguf_names
 from ..transformer.wiring import FORWARD
 from .diff import config_differences, kl_divergence, relative_distance
 

@@ -22,16 +22,11 @@ import numpy as np
 from ..errors import InputError
 from ..jobs.ahead import clean_final_norm
 from ..jobs.cluster import in_turn
-from ..storage.corpus import (
-    encode_stories,
-    ends_with_separator,
-    read_data_record,
-    stories_of,
-    validation_text,
-)
+from ..jobs.corpus import ends_with_separator, read_data_record, stories_of, validation_text
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.model import all_finite, record, run_to_final_norm, token_table
+from ..transformer.windows import encode_stories
 from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): the model's own
@@ -54,7 +49,7 @@ def windows(n: int, context: int, stride: int, *, full_only: bool = False) -> li
     """The windows that score targets 1 .. n-1 of a sequence of n ids, each exactly once.
 
     `full_only` keeps only windows of `context` inputs (the model card's non-overlapping count,
-    corpus.eval_windows, drops the tail that does not fill one).
+    windows.eval_windows, drops the tail that does not fill one).
     """
     if not 1 <= stride <= context:
         raise ValueError(f"stride must be in 1..{context}, not {stride}")

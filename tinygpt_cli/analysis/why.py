@@ -38,6 +38,7 @@ from ..transformer.config import Config
 from ..transformer.hooks import Chain, Record
 from ..transformer.model import backward, forward, loss_and_grads
 from ..transformer.trace import run_traced
+from ..transformer.windows import eval_windows
 from ..transformer.wiring import FAMILIES, handles
 from . import exact_tracin as ex
 from . import heads
@@ -153,7 +154,7 @@ def longest_seen(stream, sa, ids: list[int], target: int | None = None) -> int:
 
 def windows(stream: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
     """Non-overlapping windows covering the stream: inputs and targets.  -> [W, t] each"""
-    return ex.stream_windows(stream, t)
+    return eval_windows(stream, t)
 
 
 def flatten(grads: dict[str, np.ndarray], names: list[str]) -> np.ndarray:

@@ -212,10 +212,10 @@ def neurons(
     Example: tinygpt neurons --layer 2 --neuron 17
     """
     from ..analysis import neurons as nrn
+    from ..escapes import escape_line
+    from ..jobs.corpus import search_files
     from ..render import texts as view
     from ..render.documents import neuron_examples_document, text_neurons_document
-    from ..render.text import escape_line
-    from ..storage.corpus import search_files
 
     model = load(context, weights)
     cfg, tok = model.config, model.tokenizer
@@ -344,7 +344,7 @@ def quant(
     hook, act = qa.act_quant_hook(model) if act_quant else (None, None)
     names = str(model.weights_file), str(ref.weights_file)
     if file is not None:
-        from ..storage.corpus import read_user_file
+        from ..jobs.corpus import read_user_file
 
         n_ctx = ctx or model.config.n_positions
         if n_ctx > model.config.n_positions:

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis.history import Snapshot
-from ..errors import InputError
+from ..errors import InputError, WeightsError
 from ..storage.madefor import check_made_for
 from ..storage.safetensors import header_json
-from ..storage.weights import Model, WeightsError, load_params
+from ..transformer.folder import Model, load_params
 
 HISTORY = "history"  # the folder name train.loop writes (train.loop.HISTORY)
 _STEP = re.compile(r"step-(\d+)\.safetensors")
@@ -99,7 +99,8 @@ def snapshot_of(path: Path, weights_file: Path) -> Snapshot:
 def timeline(model: Model, snapshots: list[Snapshot]) -> list[Snapshot]:
     """Load every snapshot, then add the final weights; a last snapshot that is the final
     weights rounded to float16 is replaced by them (the same step, full precision)."""
-    out = [Snapshot(s.label, s.step, s.lr, s.path, load_params(s.path, model.config))
+    out = [Snapshot(s.label, s.step, s.lr, s.path, load_params(s.path, model.config,
+                                                                  model.family))
            for s in snapshots]
     final = Snapshot("final", None, None, model.weights_file, model.params)
     if out and all(np.array_equal(out[-1].params[n], a.astype(np.float16).astype(np.float32))

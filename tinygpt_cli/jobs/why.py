@@ -35,13 +35,14 @@ from ..analysis.why import (
 from ..errors import InputError
 from ..storage import cache
 from ..storage.cache import key_of
-from ..storage.corpus import TrainingDataError, encode_stories, read_stories
-from ..storage.corpus import training_text as recorded
 from ..storage.files import sha256
 from ..transformer.config import Config
 from ..transformer.model import forward
+from ..transformer.windows import encode_stories
 from . import history as hist
 from .cluster import Here
+from .corpus import TrainingDataError, read_stories
+from .corpus import training_text as recorded
 from .session import token_id
 from .threads import map_on_cores, on_cores
 from .why_index import TracinIndex, cannot_keep, index_folder, open_index, writable_index

@@ -54,7 +54,6 @@ from ..analysis import tracin
 from ..analysis.exact_tracin import next_token_query
 from ..errors import WriteError
 from ..storage.cache import entry, key_of, npz_bytes
-from ..storage.corpus import eval_windows
 from ..storage.files import (
     discard,
     remove_temporaries,
@@ -64,8 +63,9 @@ from ..storage.files import (
     write_atomically,
     write_checked,
 )
-from ..storage.weights import load_params
 from ..transformer.config import Config
+from ..transformer.folder import load_params
+from ..transformer.windows import eval_windows
 from .cluster import Here, in_order, spans
 from .threads import map_on_cores
 
