@@ -15,6 +15,7 @@ from ..errors import InputError, WeightsError
 from ..storage.madefor import check_made_for
 from ..storage.safetensors import header_json
 from ..transformer.folder import Model, load_params
+from .threads import map_on_cores
 
 HISTORY = "history"  # the folder name train.loop writes (train.loop.HISTORY)
 _STEP = re.compile(r"step-(\d+)\.safetensors")
@@ -97,11 +98,13 @@ def snapshot_of(path: Path, weights_file: Path) -> Snapshot:
 
 
 def timeline(model: Model, snapshots: list[Snapshot]) -> list[Snapshot]:
-    """Load every snapshot, then add the final weights; a last snapshot that is the final
-    weights rounded to float16 is replaced by them (the same step, full precision)."""
-    out = [Snapshot(s.label, s.step, s.lr, s.path, load_params(s.path, model.config,
-                                                                  model.family))
-           for s in snapshots]
+    """Load every snapshot (on every core: widening float16 and checking each tensor is
+    NumPy's work, which threads share; a broken one raises as the first in step order
+    would), then add the final weights; a last snapshot that is the final weights rounded to
+    float16 is replaced by them (the same step, full precision)."""
+    loaded = map_on_cores(lambda s: load_params(s.path, model.config, model.family), snapshots)
+    out = [Snapshot(s.label, s.step, s.lr, s.path, params)
+           for s, params in zip(snapshots, loaded, strict=True)]
     final = Snapshot("final", None, None, model.weights_file, model.params)
     if out and all(np.array_equal(out[-1].params[n], a.astype(np.float16).astype(np.float32))
                    for n, a in model.params.items()):
