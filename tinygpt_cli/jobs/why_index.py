@@ -457,14 +457,17 @@ class TracinIndex:
 
     def _score(self, queries: list, lrs, keep: int | None, config: Config, engine,
                progress=None) -> list[tuple]:
-        """score_task on every window range, where its shards lie: the ranges in runs,
-        TASKS_PER_WORKER tasks a worker (one range a task on a small index), their lengths
-        differing by one at most: 49 ranges in runs of 7 would be 7 tasks, 4 for one of two
-        workers and 3 for the other; progress(ranges done, ranges) as the tasks finish."""
+        """score_task on every window range, where its shards lie: on a cluster the ranges in
+        runs, TASKS_PER_WORKER tasks a worker (a task costs a round trip to schedule), their
+        lengths differing by one at most (49 ranges in runs of 7 would be 7 tasks, 4 for one
+        of two workers and 3 for the other); on this machine one range a task, each thread
+        taking the next as it finishes (the last to finish waits for one range at most);
+        progress(ranges done, ranges) as the tasks finish."""
 
         ranges = [(c, a, [str(self.shard(s, c)) for s in range(len(queries))])
                   for c, (a, _) in enumerate(self.spans())]
-        tasks = runs(ranges, TASKS_PER_WORKER * engine.workers)
+        tasks = runs(ranges, len(ranges) if isinstance(engine, Here) else
+                     TASKS_PER_WORKER * engine.workers)
         done = [0]
 
         def step(i: int, _) -> None:
