@@ -118,19 +118,15 @@ COMPAT = {"entry": "cli.entry"}  # console scripts generated then import main fr
 # shrink: a new one fails, and one gone must be taken off.
 CLIMBS = {
     *(f"tinygpt_cli.analysis.{a} -> tinygpt_cli.jobs.{b}" for a, b in [
-        ("diff", "session"), ("exact_tracin", "threads"), ("means", "cluster"),
-        ("neurons", "cluster"), ("probe", "session"), ("score", "ahead"), ("score", "cluster"),
-        ("why", "cluster"), ("why", "session"), ("why", "threads"), ("why_index", "cluster"),
-        ("why_index", "threads"),
+        ("diff", "session"), ("means", "cluster"), ("neurons", "cluster"), ("probe", "session"),
+        ("score", "ahead"), ("score", "cluster"),
         # the training text's files (its windows are transformer/windows.py's)
-        ("heads", "corpus"), ("means", "corpus"), ("neurons", "corpus"), ("score", "corpus"),
-        ("why", "corpus")]),
+        ("heads", "corpus"), ("means", "corpus"), ("neurons", "corpus"), ("score", "corpus")]),
     # analyses take arrays and a Model: reading files and caches is the jobs' floor
     *(f"tinygpt_cli.analysis.{a} -> tinygpt_cli.storage.{b}" for a, b in [
-        ("history", "madefor"), ("history", "safetensors"), ("info", "files"),
-        ("info", "locations"), ("means", "cache"), ("means", "files"), ("means", "madefor"),
-        ("means", "safetensors"), ("neurons", "cache"), ("neurons", "files"), ("why", "cache"),
-        ("why", "files"), ("why_index", "cache"), ("why_index", "files")]),
+        ("info", "files"), ("info", "locations"), ("means", "cache"), ("means", "files"),
+        ("means", "madefor"), ("means", "safetensors"), ("neurons", "cache"),
+        ("neurons", "files")]),
 }
 
 # Finer rules inside the floors: (layer, what it never imports, whether through other modules
