@@ -535,13 +535,6 @@ def active_latents(z: np.ndarray) -> list[list[tuple[int, float]]]:
 # ------------------------------------------------------------------ the SAE of a site, and codes
 
 
-def site_sae(weights_file, config: Config, site: str, saes: Callable[[str], SAE]) -> SAE:
-    """The SAE of a site as `saes` finds it (jobs.dictionaries.saes.finder: the --sae SAEs
-    given that read it, else the weights folder's own); the weights file and config are the
-    run's, for a finder that is swapped (a test's)."""
-    return saes(site)
-
-
 def latent_ablation(config: Config, paths: list[str], saes: Callable[[str], SAE]) -> Replace:
     """A Replace hook zeroing each `sae.SITE.N` latent, its SAE the site's (`saes`: site ->
     its SAE); the reconstruction error stays in the stream."""
