@@ -117,21 +117,18 @@ COMPAT = {"entry": "cli.entry"}  # console scripts generated then import main fr
 # shrink: a new one fails, and one gone must be taken off.
 CLIMBS = {
     *(f"tinygpt_cli.analysis.{a} -> tinygpt_cli.jobs.{b}" for a, b in [
-        ("diff", "session"), ("exact_tracin", "threads"), ("means", "cluster"),
-        ("neurons", "cluster"), ("probe", "session"), ("sae", "cluster"), ("sae", "session"),
-        ("sae", "shards"), ("score", "ahead"), ("score", "cluster"), ("steer", "session"),
+        ("exact_tracin", "threads"), ("sae", "cluster"), ("sae", "session"),
+        ("sae", "shards"), ("steer", "session"),
         ("tuned_lens", "cluster"), ("why", "cluster"), ("why", "session"), ("why", "threads"),
         ("why_index", "cluster"), ("why_index", "threads")]),
     # analyses take arrays and a Model: reading files and caches is the jobs' floor
     *(f"tinygpt_cli.analysis.{a} -> tinygpt_cli.storage.{b}" for a, b in [
         ("exact_tracin", "corpus"), ("gemmascope", "files"), ("gemmascope", "safetensors"),
-        ("heads", "corpus"), ("history", "madefor"), ("history", "safetensors"),
-        ("history", "weights"), ("info", "files"), ("info", "weights"), ("means", "cache"),
-        ("means", "corpus"), ("means", "files"), ("means", "madefor"), ("means", "safetensors"),
-        ("neurons", "cache"), ("neurons", "corpus"), ("neurons", "files"),
-        ("quant", "gguf_file"), ("sae", "cache"), ("sae", "corpus"), ("sae", "files"),
+        ("history", "madefor"), ("history", "safetensors"),
+        ("history", "weights"),
+        ("sae", "cache"), ("sae", "corpus"), ("sae", "files"),
         ("sae", "hub"), ("sae", "madefor"), ("sae", "safetensors"), ("saelens", "files"),
-        ("saelens", "madefor"), ("saelens", "safetensors"), ("score", "corpus"),
+        ("saelens", "madefor"), ("saelens", "safetensors"),
         ("steer", "corpus"), ("steer", "madefor"), ("steer", "safetensors"),
         ("transcoder", "corpus"), ("transcoder", "hub"), ("transcoder", "madefor"),
         ("transcoder", "safetensors"), ("tuned_lens", "corpus"), ("tuned_lens", "files"),

@@ -128,6 +128,7 @@ def probe(
     """
     from ..analysis import probe as pr
     from ..analysis import steer as st
+    from ..jobs.probe import probe_inputs
     from ..render.directions import probe_view
     from ..render.documents import probe_document
     from ..storage.corpus import read_user_file
@@ -139,7 +140,7 @@ def probe(
     model = load(context, weights)
     name = pr.check_site(site, model.config, model.params)
     hooks, changes = steered(context, model)
-    ids, marks, feats = pr.probe_inputs(model, lines, name, default, hooks)
+    ids, marks, feats = probe_inputs(model, lines, name, default, hooks)
     r = pr.probe_report(feats, marks, ids, name, held_out=held_out, seed=seed, l2=l2)
     if out is not None:
         source = {"labels": str(labels), "classes": r.classes, "seed": seed, "l2": l2}
