@@ -803,3 +803,28 @@ def test_saelens_own_gemma_3_loader_agrees(llama, wide_heads, hub_cache, tmp_pat
         np.testing.assert_allclose(S.decode(ours, z, x), y_ref, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(z, jumprelu(t, x), rtol=1e-4, atol=1e-5)
     assert sae_lens.__version__
+
+
+def test_graph_qk_on_gemma_3_through_gemma_scope_transcoders(cli, gemma, tmp_path):
+    """graph --qk on Gemma 3 with the release's transcoders (they predict ln2_post.out): each
+    attention edge's score split two ways, each adding up to the score the model's own pass
+    records (the terms: tests/test_graph_clt.py)."""
+    folder, _ = gemma_transcoders(tmp_path)
+    stories = tmp_path / "stories.txt"  # the features' top windows: a story, not the whole text
+    stories.write_text(f"{TEXT}. She ran to the park.\n" * 8, encoding="utf-8")
+    r = cli("graph", TEXT, "--transcoders", folder, "--weights", gemma, "--qk", "--json",
+            "--node-threshold", "1", "--edge-threshold", "1", "--data", stories,
+            "--windows", "1")
+    assert r.code == 0, r.err
+    doc = r.json()
+    split = [e for e in doc["edges"] if "qk" in e]
+    assert split
+    got = values(gemma, TEXT, [f"layers.{i}.heads.{h}.scores" for i in (0, 1)
+                               for h in range(4)])
+    for e in split:
+        q = e["qk"]
+        want = got[f"layers.{q['layer']}.heads.{q['head_index']}.scores"][
+            q["query_position"], q["key_position"]]
+        for side in ("query", "key"):
+            total = sum(t["term"] for t in q[side + "_terms"]) + q[side + "_rest"]
+            assert total == pytest.approx(float(want), abs=1e-4)

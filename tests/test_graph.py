@@ -729,7 +729,7 @@ def test_graph_qk_splits_each_attention_edges_score_into_terms_that_sum_to_it(ca
         assert len(e.query_parts) == len(e.query_terms) and len(e.key_parts) == len(e.key_terms)
         heads.add((e.layer, e.head))
     assert len(heads) > 1
-    parts, vecs = Q.stream_parts(g, values, tcs, 1, 5, None)
+    parts, vecs = Q.stream_parts(params, config, g, values, tcs, 1, 5, None)
     np.testing.assert_allclose(vecs.sum(axis=0), values["layers.1.resid_pre"][5], atol=1e-10)
     # each side's per-part vectors add up to the q and k the forward pass recorded
     from tinygpt_cli.transformer.model import head_qkv, qk_norm_rms
@@ -740,7 +740,7 @@ def test_graph_qk_splits_each_attention_edges_score_into_terms_that_sum_to_it(ca
     q = Q.side(config, params, values, vecs, 1, 5, wq[1], bq[1], norm_q)
     np.testing.assert_allclose(q.sum(axis=0), values["layers.1.heads.1.q"][5], atol=1e-10)
     kv = 1 // (config.n_head // config.kv_heads)
-    _, kvecs = Q.stream_parts(g, values, tcs, 1, 2, None)
+    _, kvecs = Q.stream_parts(params, config, g, values, tcs, 1, 2, None)
     k = Q.side(config, params, values, kvecs, 1, 2, wk[kv], bk[kv], norm_k)
     np.testing.assert_allclose(k.sum(axis=0), values["layers.1.heads.1.k"][2], atol=1e-10)
     assert {g.kinds[p] for p in parts if isinstance(p, int)} == {"feature", "error",

@@ -229,3 +229,44 @@ def test_a_cross_layer_feature_moved_in_the_real_model_moves_every_block_it_writ
     got = G.real_change(params, config, IDS, as_tinygpt(raw, "mlp_out", True), g, {node: 0.0})
     assert got == pytest.approx(float(want), abs=1e-9)
     assert abs(got) > 1e-6
+
+
+@pytest.mark.parametrize("site", ["ln2_post.out", "mlp_out"])
+def test_graph_qk_on_gemma_3_splits_each_score_into_terms_that_sum_to_it(site):
+    """--qk on Gemma 3: the stream's parts (earlier blocks' attention through the norm after
+    it, their MLPs' features, errors and b_dec as the block adds them: through the norm after
+    the MLP when the transcoder predicts mlp_out) add up to the recorded stream; each side's
+    terms, through the frozen q/k norms and the block's own rotary base, to the recorded q
+    and k; both splits of a score to the recorded score. Blocks 0 and 1 are sliding, block 2
+    full: another base."""
+    from tinygpt_cli.analysis import graph_qk as Q
+    from tinygpt_cli.transformer.model import head_qkv, qk_norm_rms
+
+    config = FAMILIES["gemma3"]
+    params = random_params(config, seed=3)
+    tcs = as_tinygpt(raw_dictionaries(config, cross=False), site, cross=False)
+    g = G.build(params, config, IDS, tcs, vs=4, n_logits=3)
+    _, values = record(params, config, np.asarray(IDS))
+    for layer in range(config.n_layer):
+        for position in (2, 6):
+            _, vecs = Q.stream_parts(params, config, g, values, tcs, layer, position, None)
+            np.testing.assert_allclose(vecs.sum(axis=0),
+                                       values[f"layers.{layer}.resid_pre"][position], atol=1e-9)
+        wq, wk, _, bq, bk, _ = head_qkv(params, config, layer)
+        rms = qk_norm_rms(params, config, values, layer)
+        norm_q, norm_k = Q.head_norms(params, config, rms, layer, 3, 6, 2)
+        _, qv = Q.stream_parts(params, config, g, values, tcs, layer, 6, None)
+        _, kvecs = Q.stream_parts(params, config, g, values, tcs, layer, 2, None)
+        q = Q.side(config, params, values, qv, layer, 6, wq[3], bq[3], norm_q)
+        k = Q.side(config, params, values, kvecs, layer, 2, wk[0], bk[0], norm_k)
+        np.testing.assert_allclose(q.sum(axis=0), values[f"layers.{layer}.heads.3.q"][6],
+                                   atol=1e-9)
+        np.testing.assert_allclose(k.sum(axis=0), values[f"layers.{layer}.heads.3.k"][2],
+                                   atol=1e-9)
+    rows, cols = np.nonzero(g.adjacency)
+    found = Q.edge_qk(params, config, g, tcs, rows=rows, cols=cols)
+    assert {e.layer for e in found} >= {1, 2}
+    for e in found:
+        want = values[f"layers.{e.layer}.heads.{e.head}.scores"][e.query, e.key]
+        assert e.query_terms.sum() == pytest.approx(want, abs=1e-9)
+        assert e.key_terms.sum() == pytest.approx(want, abs=1e-9)

@@ -16,7 +16,7 @@ import unicodedata
 
 import numpy as np
 import pytest
-from cli_helpers import assert_one_error_line
+from cli_helpers import assert_one_error_line, run_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
@@ -190,6 +190,27 @@ def test_a_vocabulary_lacking_a_byte_is_read_and_a_text_needing_it_refused(tmp_p
     assert r.code == 0, r.err
     r = cli("encode", "Lily \x00", "--weights", folder)
     assert_one_error_line(r, 2, "character 5 (U+0000, a control character) needs byte 0x00")
+
+
+def _subword_prefix(doc) -> None:  # "##" before a word's later pieces: no merge's right has it
+    doc["model"]["continuing_subword_prefix"] = "##"
+
+
+def test_a_merge_the_tokenizers_library_would_panic_on_is_one_error_line(tmp_path):
+    """The library aborts with a Rust panic (its trace on stderr, a BaseException) on a merge
+    whose right side lacks the model's continuing_subword_prefix: refused before it reads."""
+    edited = _edited("llama3", _subword_prefix)
+    first = json.loads(edited)["model"]["merges"][0]
+    left, right = first.split(" ") if isinstance(first, str) else first
+    with pytest.raises(ValueError, match=re.escape(
+            f"merge 0 ('{left}' '{right}') does not continue a word with the "
+            "continuing_subword_prefix '##'")):
+        Tokenizer.from_str(edited)
+    folder = folder_with(tmp_path, "llama3", built("llama3").to_str())
+    (folder / "tokenizer.json").write_text(edited, encoding="utf-8")
+    r = run_module("encode", "Lily", "--weights", folder)
+    assert "panicked" not in r.stderr
+    assert_one_error_line(r, 1, "tokenizer.json is not a tokenizers file (merge 0")
 
 
 def test_the_refusal_names_the_patterns_it_knows():

@@ -10,9 +10,14 @@ that block, at p and at k:
              node, their attention output) + the transcoders' b_dec (and a steering vector)
     q      = sum over parts (part, through the frozen ln1) W_Q[h]  +  (ln1's shift W_Q[h] + b_Q)
 
-(with Qwen3's per-head norm of q and k, each term divided by the run's rms of the head's q, or
-k, and multiplied by the norm's scale, the rms frozen as ln1's scale is; then turned by the
-position for rotary models: the turn is linear). So the score splits
+(with Qwen3's and Gemma 3's per-head norm of q and k, each term divided by the run's rms of
+the head's q, or k, and multiplied by the norm's scale, the rms frozen as ln1's scale is; then
+turned by the position for rotary models, with the block's own base: the turn is linear). On
+Gemma 3 each earlier block's attention output enters the stream through its norm after
+attention, and its MLP output through the norm after the MLP, both frozen at the run: a
+dictionary that predicts the MLP's own output (mlp_out) has its features, error and b_dec
+scaled by that norm's frozen scale; one that predicts the output after it (Gemma Scope 2's
+transcoders: ln2_post.out) writes into the stream as it is. So the score splits
 two ways, each exact: by query part, q_a . k * scale summed over a (the key whole), and by key
 part, q . k_b * scale summed over b (the query whole). Those are qk.py's terms with the parts
 the graph's nodes: features, error nodes, embeddings; an earlier block's attention output (not
@@ -41,14 +46,15 @@ from ..transformer.model import (
     record,
     unembed_rows,
 )
-from ..transformer.wiring import FAMILY_BLOCKS, describe, require
+from ..transformer.wiring import FAMILIES, describe, handles, require
 from . import sae as S
+from .circuit import norm_after
 from .graph import Graph, shift_of
 from .qk import through_head_norm
 
 # The blocks this analysis implements (wiring.require refuses others by name): the graph's frozen
-# pass, and the score split by the parts of the stream.
-HANDLES = FAMILY_BLOCKS
+# pass, and the score split by the parts of the stream, Gemma 3's norms after each branch too.
+HANDLES = handles(step=FAMILIES["step"] + ("norm after attention", "norm after the MLP"))
 
 
 @dataclass
@@ -71,27 +77,57 @@ class EdgeQK:
     key_terms: np.ndarray  # q . k_b * scale per part, summing to score
 
 
-def stream_parts(graph: Graph, values: dict, transcoders: list[S.SAE], layer: int,
-                 position: int, shift) -> tuple[list, np.ndarray]:
+def site_of(transcoder: S.SAE) -> str:
+    """The value of its block a transcoder predicts: mlp_out, or Gemma's ln2_post.out."""
+    return transcoder.site.split(".", 2)[2]
+
+
+def attn_written(config: Config, i: int) -> str:
+    """What block i's attention adds to the stream: attn_out, or (Gemma 3) the output of the
+    norm after it."""
+    name = norm_after(config, i, "attn_out")
+    return "attn_out" if name is None else f"{name}.out"
+
+
+def into_stream(params, config: Config, values: dict, transcoders: list[S.SAE], i: int,
+                position: int, vec: np.ndarray) -> np.ndarray:
+    """vec, a part of what block i's transcoder predicts at `position`, as the block adds it
+    to the stream: through the norm after the MLP frozen at the run's scale there (Gemma 3)
+    when the transcoder predicts the MLP's own output; unchanged otherwise."""
+    name = norm_after(config, i, "mlp_out") if site_of(transcoders[i]) == "mlp_out" else None
+    return vec if name is None else _norm_fwd(params, values, f"layers.{i}.{name}", position,
+                                               vec)
+
+
+def stream_parts(params, config: Config, graph: Graph, values: dict, transcoders: list[S.SAE],
+                 layer: int, position: int, shift) -> tuple[list, np.ndarray]:
     """The parts of the real stream entering block `layer` at `position`: (parts, [P, d])."""
     nf = graph.n_features
     parts, vecs = [], []
     feats = np.flatnonzero((graph.layer[:nf] < layer) & (graph.pos[:nf] == position))
     for n in feats:
-        tc = transcoders[int(graph.layer[n])]
+        i = int(graph.layer[n])
+        tc = transcoders[i]
         parts.append(int(n))
-        vecs.append(graph.activation[n] * np.asarray(tc.W_dec[graph.feature[n]], np.float64))
+        vecs.append(into_stream(params, config, values, transcoders, i, position,
+                                graph.activation[n] * np.asarray(tc.W_dec[graph.feature[n]],
+                                                                 np.float64)))
     biases = np.zeros(len(values["embeddings"][0]))
     first_error = nf
     t = len(graph.ids)
     for i in range(layer):
         z = S.encode(transcoders[i], values[f"layers.{i}.ln2.out"][position:position + 1])
         recon = np.asarray(S.decode(transcoders[i], z), np.float64)[0]
+        site = site_of(transcoders[i])
         parts.append(first_error + i * t + position)
-        vecs.append(np.asarray(values[f"layers.{i}.mlp_out"][position], np.float64) - recon)
+        vecs.append(into_stream(params, config, values, transcoders, i, position,
+                                np.asarray(values[f"layers.{i}.{site}"][position], np.float64)
+                                - recon))
         parts.append(f"attn L{i}")
-        vecs.append(np.asarray(values[f"layers.{i}.attn_out"][position], np.float64))
-        biases += np.asarray(transcoders[i].b_dec, np.float64)
+        vecs.append(np.asarray(values[f"layers.{i}.{attn_written(config, i)}"][position],
+                               np.float64))
+        biases += into_stream(params, config, values, transcoders, i, position,
+                              np.asarray(transcoders[i].b_dec, np.float64))
     parts.append(first_error + len(transcoders) * t + position)  # the embedding node
     vecs.append(np.asarray(values["embeddings"][position], np.float64))
     if shift is not None and shift[0] <= layer:
@@ -115,8 +151,9 @@ def side(config: Config, params, values: dict, parts: np.ndarray, layer: int, po
     terms = np.concatenate([(centred / s * g) @ w, [(0.0 if b is None else b @ w) + bias]])
     if head_norm is not None:
         terms = through_head_norm(terms, *head_norm)
-    if config.rotary:
-        rope = (config.rotary, config.rotary_base, config.rope_scaling)
+    a = describe(config, layer).attention
+    if a.rotary:  # the block's own base (Gemma 3: one for sliding blocks, one for full)
+        rope = (a.rotary, a.rotary_base, a.rope_scaling)
         terms = ops.rotary(terms[:, None, :], position, *rope)[:, 0]
     return terms
 
@@ -155,8 +192,8 @@ def _split(params, config, graph, values, transcoders, shift, cache, edge) -> Ed
     if key not in cache:
         wq, wk, _, bq, bk, _ = (np.asarray(a, np.float64) for a in head_qkv(params, config, lay))
         kv = head // (config.n_head // config.kv_heads)
-        qp, qv = stream_parts(graph, values, transcoders, lay, p, shift)
-        kp, kvec = stream_parts(graph, values, transcoders, lay, k, shift)
+        qp, qv = stream_parts(params, config, graph, values, transcoders, lay, p, shift)
+        kp, kvec = stream_parts(params, config, graph, values, transcoders, lay, k, shift)
         if config.qk_norm and ("rms", lay) not in cache:  # one product per block, not per edge
             cache["rms", lay] = qk_norm_rms(params, config, values, lay)
         norm_q, norm_k = head_norms(params, config, cache.get(("rms", lay)), lay, head, p, k)
@@ -205,14 +242,18 @@ def _carrier(params, config, graph, values, transcoders, reads, t_node, s_node, 
     nl = config.n_layer
     kind = graph.kinds[s_node]
     if kind == "feature":
-        tc = transcoders[int(graph.layer[s_node])]
-        vec = graph.activation[s_node] * np.asarray(tc.W_dec[graph.feature[s_node]], np.float64)
-        low = int(graph.layer[s_node]) + 1
+        lay = int(graph.layer[s_node])
+        vec = into_stream(params, config, values, transcoders, lay, k, graph.activation[s_node]
+                          * np.asarray(transcoders[lay].W_dec[graph.feature[s_node]],
+                                       np.float64))
+        low = lay + 1
     elif kind == "error":
         lay = int(graph.layer[s_node])
         z = S.encode(transcoders[lay], values[f"layers.{lay}.ln2.out"][k:k + 1])
-        vec = (np.asarray(values[f"layers.{lay}.mlp_out"][k], np.float64)
-               - np.asarray(S.decode(transcoders[lay], z), np.float64)[0])
+        site = site_of(transcoders[lay])
+        vec = into_stream(params, config, values, transcoders, lay, k,
+                          np.asarray(values[f"layers.{lay}.{site}"][k], np.float64)
+                          - np.asarray(S.decode(transcoders[lay], z), np.float64)[0])
         low = lay + 1
     else:  # an embedding
         vec, low = np.asarray(values["embeddings"][k], np.float64), 0
@@ -230,10 +271,13 @@ def _carrier(params, config, graph, values, transcoders, reads, t_node, s_node, 
         _, _, wv, _, _, bv = head_qkv(params, config, lay)
         wo = head_out_matrix(params, config, lay)
         x = _norm_fwd(params, values, f"layers.{lay}.ln1", k, vec)
+        after = norm_after(config, lay, "attn_out")  # Gemma 3's, frozen at p
+        read = back if after is None else _norm_at(params, values, f"layers.{lay}.{after}", p,
+                                                   back)
         for h in range(config.n_head):
             kv = h // (config.n_head // config.kv_heads)
             w = float(values[f"layers.{lay}.heads.{h}.weights"][p, k])
-            hop = w * float((x @ wv[kv]) @ wo[h] @ back)
+            hop = w * float((x @ wv[kv]) @ wo[h] @ read)
             if abs(hop) > abs(best[2]):
                 best = (lay, h, hop)
     return best

@@ -21,7 +21,7 @@ from ..errors import InputError
 from ..storage.files import write_atomically
 
 # the vocabulary limits live in config.py, which the CLI imports cheaply; named here too
-from .config import MAX_VOCAB, MIN_VOCAB  # noqa: F401
+from .config import MAX_VOCAB, MIN_VOCAB, shown  # noqa: F401
 
 END_OF_TEXT = "<|endoftext|>"
 SPACE = "\u2581"  # SentencePiece's stand-in for a space
@@ -375,6 +375,46 @@ def _id_rules(tok: HFTokenizer) -> dict:
     }
 
 
+_SUBWORD_PREFIX = re.compile(rb'"continuing_subword_prefix"\s*:\s*"(?!")')
+
+
+def unreadable_merge(raw: bytes) -> str | None:
+    """What in a tokenizer.json the tokenizers library would panic on rather than refuse (a
+    Rust panic: its trace printed on stderr, a BaseException raised): a BPE merge whose
+    right side does not begin with the model's continuing_subword_prefix ("a b" with "##").
+    None when there is none; the JSON is parsed only when such a prefix is set."""
+    if not _SUBWORD_PREFIX.search(raw):
+        return None
+    try:
+        model = json.loads(raw).get("model") or {}
+    except (ValueError, AttributeError):
+        return None  # not JSON, or not an object: the library refuses it with its message
+    prefix = model.get("continuing_subword_prefix")
+    merges = model.get("merges")
+    if not isinstance(prefix, str) or not prefix or not isinstance(merges, list):
+        return None
+    for n, merge in enumerate(merges):
+        pair = merge.split(" ", 1) if isinstance(merge, str) else merge
+        if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], str) \
+                and not pair[1].startswith(prefix):
+            return (f"merge {n:,} ({shown(pair[0])} {shown(pair[1])}) does not "
+                    f"continue a word with the continuing_subword_prefix {shown(prefix)}")
+    return None
+
+
+def _parsed(parse, source):
+    """parse(source), with a panic of the library (pyo3's PanicException, a BaseException)
+    turned into the Exception a malformed file raises."""
+    try:
+        return parse(source)
+    except Exception:
+        raise
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise  # Ctrl-C, SystemExit
+        raise ValueError(f"the tokenizers library cannot read it: {e}") from None
+
+
 class Tokenizer:
     def __init__(self, tok: HFTokenizer):
         self._tok = tok
@@ -390,20 +430,24 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
-        return cls(HFTokenizer.from_file(str(path)))
+        return cls.from_bytes(Path(path).read_bytes())
 
     @classmethod
     def from_str(cls, text: str) -> Tokenizer:
-        return cls(HFTokenizer.from_str(text))
+        return cls.from_bytes(text.encode("utf-8"))
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Tokenizer:
         """A tokenizer.json's bytes, parsed as they are (no str made of them first: start-up);
-        what is not a tokenizer fails as from_str of the text does, with its messages."""
+        what is not a tokenizer fails as from_str of the text does, with its messages (an
+        Exception, never the library's panic: see unreadable_merge)."""
+        wrong = unreadable_merge(raw)
+        if wrong:
+            raise ValueError(wrong)
         try:
-            return cls(HFTokenizer.from_buffer(raw))
+            return cls(_parsed(HFTokenizer.from_buffer, raw))
         except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception
-            return cls.from_str(raw.decode("utf-8"))
+            return cls(_parsed(HFTokenizer.from_str, raw.decode("utf-8")))
 
     def differs_from(self, other: Tokenizer) -> str | None:
         """None when the two give every text the same ids: the same vocabulary, merges,
