@@ -42,7 +42,8 @@ SECTION = "## Past one machine: why's index on a Dask cluster"
 def text_of(model, windows: int, copies: int = 1) -> np.ndarray:
     """The first `windows` windows of part-000's tokens; `copies` of them, copy i rolled by
     i * T / copies tokens."""
-    from tinygpt_cli.storage.corpus import encode_stories, read_stories
+    from tinygpt_cli.jobs.corpus import read_stories
+    from tinygpt_cli.transformer.windows import encode_stories
 
     t = model.config.n_positions
     ids = encode_stories(read_stories([DATA / "part-000.txt"]), model.tokenizer).ids
@@ -127,7 +128,7 @@ def main(argv=None) -> int:
 
     from tinygpt_cli.analysis import history as hist
     from tinygpt_cli.jobs import cluster
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
 
     load = os.getloadavg()[0]
     model = load_model(None)

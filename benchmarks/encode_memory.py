@@ -41,7 +41,7 @@ elif kind == "digits":
 else:
     text = ("Lily wanted to play with her ball. Tom said: 'Yes!'\n" * (n // 50 + 1))[:n]
 if which == "shipped":
-    from tinygpt_cli.storage.weights import SHIPPED
+    from tinygpt_cli.storage.locations import SHIPPED
     tok = Tokenizer.from_file(SHIPPED / "tokenizer.json")
 else:
     from shipped_tokenizers import sentencepiece

@@ -35,7 +35,7 @@ def smol_folder(folder: Path):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tinygpt_cli.storage.weights import SHIPPED
+    from tinygpt_cli.storage.locations import SHIPPED
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -51,7 +51,7 @@ def smol_folder(folder: Path):
 def rows(runs: int, folder: Path, hf) -> list:
     import torch
 
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
     from tinygpt_cli.transformer.model import forward
 
     Row = bench.Row

@@ -41,7 +41,7 @@ def gemma_folder(folder: Path):
     import torch
     from transformers import AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
 
-    from tinygpt_cli.storage.weights import SHIPPED
+    from tinygpt_cli.storage.locations import SHIPPED
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -61,7 +61,7 @@ def gemma_folder(folder: Path):
 def rows(runs: int, folder: Path, hf) -> list:
     import torch
 
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
     from tinygpt_cli.transformer.model import forward
 
     Row = bench.Row

@@ -126,7 +126,7 @@ def kl_rows(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
 def tinygpt_side(path: Path, chunks: np.ndarray, act_quant: bool, f16_cache: bool = True
                  ) -> tuple[np.ndarray, float, list[float]]:
     from tinygpt_cli.analysis import quant as qa
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
     from tinygpt_cli.transformer.model import forward
 
     t = time.perf_counter()
@@ -145,7 +145,7 @@ def tinygpt_side(path: Path, chunks: np.ndarray, act_quant: bool, f16_cache: boo
 
 
 def file_types(path: Path) -> str:
-    from tinygpt_cli.storage.weights import open_folder
+    from tinygpt_cli.transformer.folder import open_folder
 
     counts = open_folder(path).about["types"]
     return ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
@@ -156,9 +156,10 @@ def smol_folder(folder: Path) -> Path:
     heads, SwiGLU 1,536, 49,152 tied rows), float32, with the shipped tokenizer."""
     import shutil
 
-    from tinygpt_cli.storage.weights import SHIPPED, save_params
+    from tinygpt_cli.storage.locations import SHIPPED
     from tinygpt_cli.transformer.config import Config
     from tinygpt_cli.transformer.families import save_config
+    from tinygpt_cli.transformer.folder import save_params
     from tinygpt_cli.transformer.model import init_params
 
     cfg = Config(n_embd=576, n_layer=30, n_head=9, n_inner=1536, vocab_size=49152,
@@ -189,7 +190,8 @@ def main() -> None:
 
     import importlib.util
 
-    from tinygpt_cli.storage.weights import SHIPPED, load_model
+    from tinygpt_cli.storage.locations import SHIPPED
+    from tinygpt_cli.transformer.folder import load_model
 
     spec = importlib.util.spec_from_file_location("make_gguf", ROOT / "examples" / "make_gguf.py")
     make_gguf = importlib.util.module_from_spec(spec)

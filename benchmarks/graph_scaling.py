@@ -39,8 +39,8 @@ LONG_CONFIG = dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_h
 CHILD = """
 import json, os, resource, sys, time
 import numpy as np
-from tinygpt_cli.storage.weights import load_model
-from tinygpt_cli.storage.corpus import held_out_files, read_stories
+from tinygpt_cli.transformer.folder import load_model
+from tinygpt_cli.jobs.corpus import held_out_files, read_stories
 from tinygpt_cli.analysis import transcoder as T, graph as G
 n, folder = int(sys.argv[1]), (None if sys.argv[2] == "shipped" else sys.argv[2])
 m = load_model(folder)
@@ -220,9 +220,10 @@ def long_folder(name: str = "long") -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tinygpt_cli.analysis import transcoder as T
-    from tinygpt_cli.storage.corpus import data_windows, training_files
+    from tinygpt_cli.jobs.corpus import data_windows, training_files
     from tinygpt_cli.storage.files import sha256
-    from tinygpt_cli.storage.weights import SHIPPED, load_model
+    from tinygpt_cli.storage.locations import SHIPPED
+    from tinygpt_cli.transformer.folder import load_model
 
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(**LONG_CONFIG | {"num_hidden_layers": blocks})

@@ -156,7 +156,7 @@ def tinygpt_cmd() -> list[str]:
 
 def load_tinygpt():
     from tinygpt_cli.cli.process import keep_freed_memory_now
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
 
     keep_freed_memory_now()  # the passes timed in this process run as the console script's do
     return load_model()
@@ -167,7 +167,7 @@ def load_reference(eager: bool = False):
     import torch
     from transformers import GPT2LMHeadModel
 
-    from tinygpt_cli.storage.weights import SHIPPED
+    from tinygpt_cli.storage.locations import SHIPPED
 
     torch.set_num_threads(1)
     kwargs = {"attn_implementation": "eager"} if eager else {}
@@ -496,7 +496,7 @@ def gpt2_small_folder(folder: Path):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from tinygpt_cli.storage.weights import SHIPPED
+    from tinygpt_cli.storage.locations import SHIPPED
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -511,7 +511,7 @@ def gpt2_small(runs: int, folder: Path, hf) -> list[Row]:
     12 x 768 GPT-2 folder (gpt2_small_folder), against transformers on the same folder."""
     import torch
 
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
     from tinygpt_cli.transformer.model import forward
     from tinygpt_cli.transformer.trace import run_traced
 

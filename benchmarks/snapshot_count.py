@@ -42,7 +42,7 @@ def per_snapshot_scores(weights: Path, windows: int, n_queries: int, seed: int =
     from tinygpt_cli.analysis import exact_tracin as ex
     from tinygpt_cli.analysis import history as hist
     from tinygpt_cli.analysis import why
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
 
     model = load_model(weights)
     found = why.training_text(model, None)

@@ -100,8 +100,8 @@ def time_torch(file: Path, stride: int | None, threads: int) -> tuple[float, dic
     import torch
 
     from tinygpt_cli.analysis.score import windows
-    from tinygpt_cli.storage.corpus import read_stories
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.jobs.corpus import read_stories
+    from tinygpt_cli.transformer.folder import load_model
 
     torch.set_num_threads(threads)
     t0, c0 = time.perf_counter(), time.process_time()

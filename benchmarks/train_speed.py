@@ -87,9 +87,9 @@ def numpy_trainer(config, args, stream, seed: int):
     """One NumPy training step per call -> (seconds, loss)."""
     import numpy as np
 
-    from tinygpt_cli.storage.corpus import random_windows
     from tinygpt_cli.transformer.model import init_params, loss_and_grads
     from tinygpt_cli.transformer.optim import AdamW, clip_by_global_norm
+    from tinygpt_cli.transformer.windows import random_windows
 
     rng = np.random.default_rng(seed)
     params = init_params(config, rng)
@@ -178,8 +178,8 @@ def torch_trainer(config, args, stream, seed: int):
     import torch
     import torch.nn.functional as F
 
-    from tinygpt_cli.storage.corpus import random_windows
     from tinygpt_cli.transformer.optim import decays
+    from tinygpt_cli.transformer.windows import random_windows
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(seed)

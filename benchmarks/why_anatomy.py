@@ -37,7 +37,7 @@ def measure(model, index, timeline, n, sample, asks):
     from tinygpt_cli.analysis import exact_tracin as ex
     from tinygpt_cli.analysis import tracin
     from tinygpt_cli.analysis.why_index import fit_windows
-    from tinygpt_cli.storage.corpus import eval_windows
+    from tinygpt_cli.transformer.windows import eval_windows
 
     config = model.config
     t_win = config.n_positions

@@ -74,7 +74,7 @@ VARIANTS = [("default (u 16, m 4, top 4, 4 steps)", {}),
 def setup(windows: int, n_queries: int, seed: int = 0):
     from tinygpt_cli.analysis import history as hist
     from tinygpt_cli.analysis import why
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
 
     model = load_model(ROOT / "weights")
     found = why.training_text(model, None)
@@ -102,7 +102,7 @@ def measure(model, index, timeline, n, sample, asks, variants, workers=None):
     from tinygpt_cli.analysis import tracin
     from tinygpt_cli.analysis.why_index import fit_windows
     from tinygpt_cli.jobs.threads import map_on_cores
-    from tinygpt_cli.storage.corpus import eval_windows
+    from tinygpt_cli.transformer.windows import eval_windows
 
     config = model.config
     x_all, y_all = eval_windows(index.stream, config.n_positions)
@@ -195,7 +195,7 @@ def all_windows(n_queries: int, workers=None) -> tuple[str, list[str]]:
     from tinygpt_cli.analysis import exact_tracin as ex
     from tinygpt_cli.analysis.why import POOL, recall, spearman
     from tinygpt_cli.analysis.why_index import open_index
-    from tinygpt_cli.storage.corpus import eval_windows
+    from tinygpt_cli.transformer.windows import eval_windows
 
     t0 = time.perf_counter()
     model, index, timeline, n, _, asks = setup(1, n_queries)
@@ -260,9 +260,10 @@ def lds_setup(windows: int, n_queries: int, seed: int = 0, sizes: dict = LDS_CON
     and the small model's config."""
     from dataclasses import replace
 
-    from tinygpt_cli.storage.corpus import encode_stories, eval_windows, read_stories
+    from tinygpt_cli.jobs.corpus import read_stories
     from tinygpt_cli.transformer.config import Config
     from tinygpt_cli.transformer.tokenizer import train_tokenizer
+    from tinygpt_cli.transformer.windows import encode_stories, eval_windows
 
     stories = read_stories([LDS_DATA / "part-000.txt"])
     t = sizes["n_positions"]

@@ -47,8 +47,8 @@ def exact_scores_part(args) -> np.ndarray:
     """Exact <grad mean loss(w), q> for windows [lo, hi) at one snapshot, by a central
     difference along q (eps 1e-2 along the unit direction, in float32)."""
     from tinygpt_cli.analysis import why
-    from tinygpt_cli.storage.weights import load_model, load_params
     from tinygpt_cli.transformer import ops
+    from tinygpt_cli.transformer.folder import load_model, load_params
     from tinygpt_cli.transformer.model import forward
 
     weights, path, ids, target, lo, hi, stream = args
@@ -102,8 +102,8 @@ def main(argv=None) -> int:
     from tinygpt_cli.analysis import history as hist
     from tinygpt_cli.analysis import why
     from tinygpt_cli.analysis.why_index import open_index
-    from tinygpt_cli.storage.corpus import training_text
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.jobs.corpus import training_text
+    from tinygpt_cli.transformer.folder import load_model
 
     os.environ["TINYGPT_CACHE"] = cache
     model = load_model(None)

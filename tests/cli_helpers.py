@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from tinygpt_cli.cli import main
-from tinygpt_cli.storage.weights import SHIPPED, Model, load_model, save_params
+from tinygpt_cli.storage.locations import SHIPPED
 from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.families import gpt2, save_config
+from tinygpt_cli.transformer.folder import Model, load_model, save_params
 from tinygpt_cli.transformer.model import init_params
 from tinygpt_cli.transformer.schema import is_bias, is_norm_weight
 from tinygpt_cli.transformer.trace import run_traced

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
-from tinygpt_cli.storage.weights import save_params
 from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.families import save_config
+from tinygpt_cli.transformer.folder import save_params
 from tinygpt_cli.transformer.model import init_params
 from tinygpt_cli.transformer.schema import is_bias, is_norm_weight
 from tinygpt_cli.transformer.tokenizer import Tokenizer, save_tokenizer, train_tokenizer

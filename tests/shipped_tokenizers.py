@@ -23,8 +23,9 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from tinygpt_cli.jobs.train.loop import arch_config
-from tinygpt_cli.storage.weights import SHIPPED, save_params
+from tinygpt_cli.storage.locations import SHIPPED
 from tinygpt_cli.transformer.families import llama, save_config
+from tinygpt_cli.transformer.folder import save_params
 from tinygpt_cli.transformer.model import init_params
 from tinygpt_cli.transformer.tokenizer import _bytes_to_unicode
 

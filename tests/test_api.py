@@ -19,7 +19,7 @@ from test_model_reference import reference_forward
 
 import tinygpt_cli as tg
 from tinygpt_cli.errors import InputError
-from tinygpt_cli.storage.weights import SHIPPED
+from tinygpt_cli.storage.locations import SHIPPED
 from tinygpt_cli.transformer.schema import PathError
 
 # the shipped lesson models of the two other families: rotary positions, RMSNorm, grouped

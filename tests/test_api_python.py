@@ -21,7 +21,7 @@ from cli_helpers import TEXT, make_tiny
 
 import tinygpt_cli as tg
 from tinygpt_cli.errors import InputError
-from tinygpt_cli.storage.weights import SHIPPED
+from tinygpt_cli.storage.locations import SHIPPED
 
 
 @pytest.fixture(scope="module")

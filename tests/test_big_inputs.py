@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tinygpt_cli.render import jsonout
 from tinygpt_cli.render.documents import encode_document
-from tinygpt_cli.storage.weights import load_model
+from tinygpt_cli.transformer.folder import load_model
 
 
 class Narrow(io.StringIO):

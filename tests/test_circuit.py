@@ -16,9 +16,10 @@ from tinygpt_cli.analysis import patch as pa
 from tinygpt_cli.analysis.attribute import integrated_gradients
 from tinygpt_cli.analysis.erasure import erasure
 from tinygpt_cli.analysis.qk import qk_attribution
-from tinygpt_cli.storage.weights import SHIPPED, load_model
+from tinygpt_cli.storage.locations import SHIPPED
 from tinygpt_cli.transformer import ops
 from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.folder import load_model
 from tinygpt_cli.transformer.hooks import Record, Replace
 from tinygpt_cli.transformer.model import forward
 

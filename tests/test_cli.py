@@ -34,9 +34,10 @@ from hypothesis import strategies as st
 from tinygpt_cli.cli import app
 from tinygpt_cli.cli.app import _register
 from tinygpt_cli.render.text import show_text, show_token
-from tinygpt_cli.storage.weights import SHIPPED, load_model
+from tinygpt_cli.storage.locations import SHIPPED
 from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.families import load_config
+from tinygpt_cli.transformer.folder import load_model
 from tinygpt_cli.transformer.sampling import create_rng, probabilities, sample
 from tinygpt_cli.transformer.trace import run_traced
 
@@ -898,7 +899,7 @@ BIDI = "abc\u202edef\u2066g\u200fh"  # a right-to-left override, an isolate and 
 
 def test_bidirectional_controls_are_escaped_wherever_text_is_shown(cli):
     # Invisible, they would show the rest of a line in another order ("Trojan Source").
-    from tinygpt_cli.render.text import escape_line
+    from tinygpt_cli.escapes import escape_line
 
     want = "abc\\u202edef\\u2066g\u200fh"  # the right-to-left mark belongs to such text
     assert show_text(BIDI) == escape_line(BIDI) == show_token(BIDI) == want

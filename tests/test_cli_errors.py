@@ -23,7 +23,7 @@ from cli_helpers import (
 from tinygpt_cli.cli import main
 from tinygpt_cli.cli.common import InputError
 from tinygpt_cli.jobs.session import Session
-from tinygpt_cli.storage.weights import PREFIX
+from tinygpt_cli.transformer.families.gpt2 import PREFIX
 
 
 def _text_commands() -> list[str]:

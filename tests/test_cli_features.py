@@ -69,7 +69,7 @@ def test_score_file_says_when_it_adds_a_closing_separator_and_can_leave_it_out(c
 
 
 def test_the_end_of_a_file_is_found_past_a_long_run_of_white_space(tmp_path):
-    from tinygpt_cli.storage.corpus import ends_with_separator
+    from tinygpt_cli.jobs.corpus import ends_with_separator
 
     f = tmp_path / "s.txt"
     for text, closed in [("a\n<|endoftext|>" + " \n" * 10_000, True), ("a" + "\n" * 9000, False),
@@ -253,8 +253,8 @@ def test_trace_save_writes_a_value_as_npy_and_values_as_safetensors(cli, tiny, t
 def test_diff_compares_models_of_other_shapes_that_share_the_tokenizer(cli, tiny, tmp_path):
     from cli_helpers import TINY, random_params, write_folder
 
-    from tinygpt_cli.storage.weights import load_model
     from tinygpt_cli.transformer.config import Config
+    from tinygpt_cli.transformer.folder import load_model
     from tinygpt_cli.transformer.model import forward
 
     shape = Config(**{**TINY.__dict__, "n_embd": 24, "n_layer": 1, "n_head": 3, "n_inner": 40,

@@ -22,7 +22,7 @@ from tinygpt_cli.analysis import why, why_index
 from tinygpt_cli.analysis.why_index import open_index
 from tinygpt_cli.jobs import cluster
 from tinygpt_cli.jobs import neurons as neuron_job
-from tinygpt_cli.storage.weights import load_model
+from tinygpt_cli.transformer.folder import load_model
 
 distributed = pytest.importorskip("distributed")
 

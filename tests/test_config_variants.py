@@ -13,9 +13,10 @@ import shutil
 import numpy as np
 import pytest
 
-from tinygpt_cli.storage.weights import SHIPPED, load_model
+from tinygpt_cli.storage.locations import SHIPPED
 from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.families import config_from_dict
+from tinygpt_cli.transformer.folder import load_model
 from tinygpt_cli.transformer.model import forward
 
 torch = pytest.importorskip("torch")

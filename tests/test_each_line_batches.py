@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from tinygpt_cli.jobs import ahead
 from tinygpt_cli.jobs.session import Session
-from tinygpt_cli.storage.weights import SHIPPED, load_model
+from tinygpt_cli.storage.locations import SHIPPED
+from tinygpt_cli.transformer.folder import load_model
 from tinygpt_cli.transformer.hooks import ablation
 from tinygpt_cli.transformer.model import forward, record, run_to_final_norm
 from tinygpt_cli.transformer.trace import run_traced

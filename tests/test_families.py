@@ -57,7 +57,7 @@ def test_gpt2_tensors_are_the_same_arrays_both_ways():
 
 
 def test_a_saved_folder_holds_exactly_the_files_tensors(tmp_path):
-    from tinygpt_cli.storage.weights import load_params, save_params
+    from tinygpt_cli.transformer.folder import load_params, save_params
 
     params = random_params(CONFIG, seed=2)
     save_params(params, tmp_path / "model.safetensors", CONFIG)
@@ -145,7 +145,7 @@ def _sharded(folder, tiny_folder, shards: int = 3):
 
 
 def test_a_sharded_folder_loads_the_same_weights(tmp_path, tiny_folder):
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
 
     folder = _sharded(tmp_path / "sharded", tiny_folder)
     sharded, whole = load_model(folder), load_model(tiny_folder.folder)
@@ -163,7 +163,7 @@ def test_a_sharded_folder_loads_the_same_weights(tmp_path, tiny_folder):
 def test_an_index_naming_a_file_elsewhere_or_missing_is_refused(tmp_path, tiny_folder,
                                                                 where, needle):
     from tinygpt_cli.errors import WeightsError
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
 
     folder = _sharded(tmp_path / "sharded", tiny_folder)
     index = json.loads((folder / "model.safetensors.index.json").read_text())
@@ -254,7 +254,7 @@ def test_every_converter_provides_the_whole_family_protocol():
 
 
 def test_a_loaded_model_carries_its_family(tiny_folder):
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
 
     model = load_model(tiny_folder.folder)
     assert model.family is gpt2 and model.family.LABEL == "GPT-2"

@@ -15,9 +15,9 @@ from conftest import patched_slope
 from tinygpt_cli.analysis import patch as pa
 from tinygpt_cli.analysis.qk import qk_attribution
 from tinygpt_cli.jobs.train.loop import arch_config
-from tinygpt_cli.storage.weights import save_params
 from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.families import save_config
+from tinygpt_cli.transformer.folder import save_params
 from tinygpt_cli.transformer.hooks import Replace
 from tinygpt_cli.transformer.model import forward, record
 from tinygpt_cli.transformer.trace import run_traced

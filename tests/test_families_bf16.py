@@ -14,8 +14,8 @@ from cli_helpers import TOKENIZER
 
 from tinygpt_cli.errors import WeightsError
 from tinygpt_cli.jobs.train.loop import arch_config
-from tinygpt_cli.storage.weights import load_model
 from tinygpt_cli.transformer.families import llama, save_config
+from tinygpt_cli.transformer.folder import load_model
 from tinygpt_cli.transformer.model import init_params
 
 

@@ -17,8 +17,8 @@ from cli_helpers import TOKENIZER, assert_one_error_line
 from safetensors.numpy import load_file
 
 from tinygpt_cli.jobs.train.loop import arch_config
-from tinygpt_cli.storage.weights import load_model, save_params
 from tinygpt_cli.transformer.families import save_config
+from tinygpt_cli.transformer.folder import load_model, save_params
 from tinygpt_cli.transformer.model import init_params, record
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

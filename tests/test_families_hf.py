@@ -12,7 +12,8 @@ import shutil
 import numpy as np
 import pytest
 
-from tinygpt_cli.storage.weights import SHIPPED, load_model, save_params
+from tinygpt_cli.storage.locations import SHIPPED
+from tinygpt_cli.transformer.folder import load_model, save_params
 from tinygpt_cli.transformer.generate import generate
 from tinygpt_cli.transformer.model import backward, forward, record
 

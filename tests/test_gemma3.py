@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinygpt_cli.storage.weights import SHIPPED, load_model, save_params
+from tinygpt_cli.storage.locations import SHIPPED
 from tinygpt_cli.transformer.families import config_from_dict, config_to_dict
+from tinygpt_cli.transformer.folder import load_model, save_params
 from tinygpt_cli.transformer.generate import generate
 from tinygpt_cli.transformer.model import backward, forward, record
 from tinygpt_cli.transformer.schema import is_norm_weight

@@ -11,7 +11,8 @@ import shutil
 import numpy as np
 import pytest
 
-from tinygpt_cli.storage.weights import SHIPPED, load_model
+from tinygpt_cli.storage.locations import SHIPPED
+from tinygpt_cli.transformer.folder import load_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

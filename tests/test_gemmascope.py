@@ -18,8 +18,8 @@ from safetensors.numpy import save_file
 
 from tinygpt_cli.errors import InputError
 from tinygpt_cli.jobs.train.loop import arch_config
-from tinygpt_cli.storage.weights import load_model, save_params
 from tinygpt_cli.transformer.families import save_config
+from tinygpt_cli.transformer.folder import load_model, save_params
 from tinygpt_cli.transformer.model import init_params, record
 
 TEXT = "Lily wanted to play with her ball"

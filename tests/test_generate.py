@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from conftest import FAMILIES, family_configs
 
-from tinygpt_cli.storage.weights import SHIPPED, load_model
+from tinygpt_cli.storage.locations import SHIPPED
 from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.folder import load_model
 from tinygpt_cli.transformer.generate import CachedContext, generate, next_logits_uncached
 from tinygpt_cli.transformer.hooks import ablation
 from tinygpt_cli.transformer.sampling import create_rng

@@ -14,9 +14,9 @@ import pytest
 from cli_helpers import random_params
 from shipped_tokenizers import smollm2
 
-from tinygpt_cli.storage.weights import load_model, save_params
 from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.families import save_config
+from tinygpt_cli.transformer.folder import load_model, save_params
 
 PROMPT = "Hi there"
 

@@ -19,8 +19,9 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from tinygpt_cli.storage.weights import SHIPPED, load_model  # noqa: E402
+from tinygpt_cli.storage.locations import SHIPPED  # noqa: E402
 from tinygpt_cli.transformer.families import config_to_dict, family  # noqa: E402
+from tinygpt_cli.transformer.folder import load_model  # noqa: E402
 from tinygpt_cli.transformer.model import forward  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,8 +137,8 @@ def wide_llama(tmp_path_factory):
     """A random Llama 256 numbers wide (the K-quants' blocks are 256 long), saved by tinygpt
     in the Hugging Face layout with the shipped tokenizer."""
     from tinygpt_cli.jobs.train.loop import arch_config
-    from tinygpt_cli.storage.weights import save_params
     from tinygpt_cli.transformer.families import save_config
+    from tinygpt_cli.transformer.folder import save_params
     from tinygpt_cli.transformer.model import init_params
 
     folder = tmp_path_factory.mktemp("wide")
@@ -151,9 +152,9 @@ def wide_llama(tmp_path_factory):
 @pytest.fixture(scope="module")
 def qwen_folders(tmp_path_factory):
     """Random Qwen2 (q/k/v biases, untied) and Qwen3 (q/k norms) folders saved by tinygpt."""
-    from tinygpt_cli.storage.weights import save_params
     from tinygpt_cli.transformer.config import Config
     from tinygpt_cli.transformer.families import save_config
+    from tinygpt_cli.transformer.folder import save_params
     from tinygpt_cli.transformer.model import init_params
 
     out = {}
@@ -330,8 +331,8 @@ def sentencepiece_vocab() -> tuple[list[str], list[float], list[int]]:
 def sentencepiece_file(tmp_path_factory):
     """A small Llama with that vocabulary, as a GGUF."""
     from tinygpt_cli.jobs.train.loop import arch_config
-    from tinygpt_cli.storage.weights import save_params
     from tinygpt_cli.transformer.families import save_config
+    from tinygpt_cli.transformer.folder import save_params
     from tinygpt_cli.transformer.model import init_params
 
     tokens, scores, types = sentencepiece_vocab()

@@ -107,8 +107,9 @@ def gemma_pair(tmp_path_factory):
     import numpy as np
 
     from tinygpt_cli.jobs.train.loop import arch_config
-    from tinygpt_cli.storage.weights import SHIPPED, save_params
+    from tinygpt_cli.storage.locations import SHIPPED
     from tinygpt_cli.transformer.families import save_config
+    from tinygpt_cli.transformer.folder import save_params
     from tinygpt_cli.transformer.model import init_params
 
     folder = tmp_path_factory.mktemp("gemma") / "folder"

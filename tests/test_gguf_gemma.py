@@ -19,7 +19,7 @@ gguf = pytest.importorskip("gguf")
 
 from test_gguf import HARD, IDS, TOL, sentencepiece_vocab  # noqa: E402
 
-from tinygpt_cli.storage.weights import load_model  # noqa: E402
+from tinygpt_cli.transformer.folder import load_model  # noqa: E402
 from tinygpt_cli.transformer.model import forward  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,7 +186,7 @@ def test_tokenizer_as_transformers(gemma):
 def test_merges_follow_the_file_not_the_scores(gemma):
     """Without transformers: the same vocabulary read as plain SentencePiece (scores
     ranking the merges) cuts the words otherwise; Gemma's order gives the longer pieces."""
-    from tinygpt_cli.storage.gguf_vocab import build
+    from tinygpt_cli.transformer.gguf_vocab import build
 
     path = gemma[1]
     meta = _meta(path)
@@ -217,7 +217,7 @@ def _meta(path: Path) -> dict:
 ])
 def test_local_blocks_as_llama_cpp_sets_them(pattern, want):
     """llama_hparams::set_swa_pattern, as a loop: block i local when i % n < n - 1."""
-    from tinygpt_cli.storage.gguf_file import _local_blocks
+    from tinygpt_cli.transformer.gguf import _local_blocks
 
     got = _local_blocks(6 if pattern is None else pattern, 7)
     naive = []
@@ -233,8 +233,8 @@ def test_local_blocks_as_llama_cpp_sets_them(pattern, want):
 def test_the_27b_scale_and_the_local_base(tmp_path):
     """The 62-block model's scores scale by 1/sqrt(d / heads), not the head's width; a
     rope.freq_base_swa is the local blocks' base; no sliding_window: every block full."""
-    from tinygpt_cli.storage.gguf_file import hf_config
     from tinygpt_cli.transformer.families import config_from_dict
+    from tinygpt_cli.transformer.gguf import hf_config
 
     meta = {"gemma3.embedding_length": 5376, "gemma3.attention.head_count": 32,
             "gemma3.block_count": 62, "gemma3.attention.key_length": 128,
@@ -301,9 +301,10 @@ def test_gemma3_dequantized_bit_for_bit(tmp_path, kind):
     import shutil
 
     from tinygpt_cli.jobs.train.loop import arch_config
-    from tinygpt_cli.storage.gguf_file import _is_matrix, gguf_names
-    from tinygpt_cli.storage.weights import SHIPPED, save_params
+    from tinygpt_cli.storage.locations import SHIPPED
     from tinygpt_cli.transformer.families import save_config
+    from tinygpt_cli.transformer.folder import save_params
+    from tinygpt_cli.transformer.gguf import _is_matrix, gguf_names
     from tinygpt_cli.transformer.model import init_params
 
     folder = tmp_path / "folder"

@@ -16,7 +16,7 @@ from test_hostile import _run_main, assert_error, clean_env
 
 gguf = pytest.importorskip("gguf")
 
-from tinygpt_cli.storage.weights import SHIPPED  # noqa: E402
+from tinygpt_cli.storage.locations import SHIPPED  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

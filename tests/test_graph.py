@@ -267,7 +267,7 @@ def test_transcoder_eval_loss_recovered_against_an_independent_replacement(cli, 
     tensors (TopK of ReLU, decoder), on the eval's own windows."""
     from safetensors.numpy import load_file
 
-    from tinygpt_cli.storage.corpus import data_windows
+    from tinygpt_cli.jobs.corpus import data_windows
     from tinygpt_cli.transformer import ops
 
     folder, data, _ = trained

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from cli_helpers import file_tensors
 
-from tinygpt_cli.storage.weights import load_model
+from tinygpt_cli.transformer.folder import load_model
 from tinygpt_cli.transformer.trace import run_traced
 
 torch = pytest.importorskip("torch")

@@ -13,7 +13,7 @@ import pytest
 from cli_helpers import assert_one_error_line
 
 from tinygpt_cli.storage import madefor
-from tinygpt_cli.storage.weights import SHIPPED
+from tinygpt_cli.storage.locations import SHIPPED
 
 TEXT = "Lily wanted to play with her"
 

@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 
 from tinygpt_cli.analysis import heads, why
 from tinygpt_cli.analysis import history as hist
+from tinygpt_cli.jobs.corpus import read_stories
 from tinygpt_cli.jobs.train.loop import HISTORY, Settings, snapshot_steps, train
-from tinygpt_cli.storage.corpus import read_stories
-from tinygpt_cli.storage.weights import load_model, load_params
 from tinygpt_cli.transformer import ops
 from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.folder import load_model, load_params
 from tinygpt_cli.transformer.model import forward
 from tinygpt_cli.transformer.tokenizer import END_OF_TEXT, save_tokenizer, train_tokenizer
 
@@ -274,7 +274,7 @@ def test_a_run_stamps_its_snapshots_and_history_refuses_another_runs(cli, tmp_pa
     other = tmp_path / "other"
     shutil.copytree(run, other)
     params = load_params(run / "model.safetensors", CFG(run))
-    from tinygpt_cli.storage.weights import save_params
+    from tinygpt_cli.transformer.folder import save_params
 
     save_params({n: a * 1.01 for n, a in params.items()}, other / "model.safetensors", CFG(run))
     result = cli("history", "The cat", "--weights", other)

@@ -37,8 +37,8 @@ from cli_helpers import (
 from safetensors.numpy import save_file
 
 from tinygpt_cli.cli import main
-from tinygpt_cli.storage.weights import PREFIX
 from tinygpt_cli.transformer.config import Config
+from tinygpt_cli.transformer.families.gpt2 import PREFIX
 
 CATCH_ALL = re.compile(r"^error: [A-Z]\w*(Error|Exception): |run again with --debug")
 
@@ -254,7 +254,7 @@ def tokenizer_out(ctx: Ctx) -> None:
 def run_tokenizer_of(size: int):
     """A fresh OUT holding only a tokenizer of another size than asked."""
     def setup(ctx: Ctx) -> None:
-        from tinygpt_cli.storage.corpus import read_stories
+        from tinygpt_cli.jobs.corpus import read_stories
         from tinygpt_cli.transformer.tokenizer import save_tokenizer, train_tokenizer
 
         (ctx.tmp / "fresh").mkdir()
@@ -1294,7 +1294,7 @@ def test_heads_reads_stdin_only_for_a_dash(ctx):
 @pytest.mark.parametrize("argv", [["encode"], ["probs"], ["score"], ["trace", "logits[-1]"]],
                          ids=lambda a: a[0])
 def test_each_line_opens_the_weights_folder_once(ctx, monkeypatch, argv):
-    import tinygpt_cli.storage.weights as weights
+    import tinygpt_cli.transformer.folder as weights
 
     opened, loaded = [], []
     real_open, real_load = weights._open_folder, weights._load_model

@@ -18,7 +18,7 @@ from cli_helpers import TEXT, TINY, file_tensors, random_params
 from safetensors.numpy import save_file
 from test_hostile import Ctx, assert_error, nothing, run, snapshot
 
-from tinygpt_cli.storage.weights import PREFIX
+from tinygpt_cli.transformer.families.gpt2 import PREFIX
 
 W = ["--weights", "{broken}"]
 ctx, data, trained = hostile.ctx, hostile.data, hostile.trained  # its fixtures
@@ -100,11 +100,11 @@ def with_history(setup):
     that why reaches its training text (a folder without one is refused for that first)."""
     def both(ctx: Ctx) -> None:
         from tinygpt_cli.jobs.train.loop import save_snapshot, stamp_snapshots
-        from tinygpt_cli.storage.weights import load_model
+        from tinygpt_cli.transformer.folder import load_model
 
         setup(ctx)
         model = load_model(ctx.run)
-        save_snapshot(ctx.run, model.params, model.config, 10, 1e-3)
+        save_snapshot(ctx.run, model.params, model.config, model.family, 10, 1e-3)
         stamp_snapshots(ctx.run)
     return both
 

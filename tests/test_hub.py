@@ -13,7 +13,7 @@ import pytest
 from cli_helpers import TEXT, assert_one_error_line, random_params, write_folder
 
 from tinygpt_cli.errors import InputError
-from tinygpt_cli.storage.weights import load_model
+from tinygpt_cli.transformer.folder import load_model
 
 pytest.importorskip("huggingface_hub")
 
@@ -160,7 +160,7 @@ def test_names_that_are_not_hub_ids_stay_folders(hub, cli, monkeypatch, name):
 def test_the_readmes_weights_names_reach_the_shipped_folders_from_anywhere(hub, tmp_path):
     # the README runs `--weights weights/llama` from the repository's root; from any other
     # folder that name is the copy shipped with the package, not a hub id "weights/llama"
-    from tinygpt_cli.storage.weights import SHIPPED
+    from tinygpt_cli.storage.locations import SHIPPED
 
     assert load_model("weights/llama").folder == SHIPPED / "llama"
     assert load_model("weights/llama/").config.model_type == "llama"
@@ -187,7 +187,7 @@ def hub_gguf(hub, tmp_path):
     pytest.importorskip("gguf")
     import importlib.util
 
-    from tinygpt_cli.storage.weights import SHIPPED
+    from tinygpt_cli.storage.locations import SHIPPED
 
     spec = importlib.util.spec_from_file_location(
         "make_gguf", Path(__file__).resolve().parent.parent / "examples" / "make_gguf.py")

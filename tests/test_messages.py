@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line
 
-from tinygpt_cli.storage.weights import SHIPPED
+from tinygpt_cli.storage.locations import SHIPPED
 
 TEXT = "Lily wanted to play with her"
 

@@ -78,7 +78,7 @@ def test_sae_train_with_force_replaces_the_default_file(cli, folder, data, tmp_p
     written = folder / "sae" / "layers.1.mlp_out.safetensors"
     assert r.json()["path"] == str(written)
     from tinygpt_cli.analysis.sae import load_sae
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
 
     model = load_model(folder)
     assert load_sae(written, model.config, model.weights_file).n_latents == 8  # the new SAE

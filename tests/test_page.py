@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from cli_helpers import TEXT, TEXT_IDS, TINY
 
-from tinygpt_cli.storage.weights import SHIPPED
+from tinygpt_cli.storage.locations import SHIPPED
 from tinygpt_cli.transformer.families import load_config
 from tinygpt_cli.transformer.page import CARDS
 from tinygpt_cli.transformer.sampling import create_rng, probabilities, sample

@@ -289,7 +289,7 @@ def llama_q8(tmp_path_factory):
     pytest.importorskip("gguf")
     import importlib.util
 
-    from tinygpt_cli.storage.weights import SHIPPED
+    from tinygpt_cli.storage.locations import SHIPPED
 
     root = Path(__file__).resolve().parent.parent
     spec = importlib.util.spec_from_file_location("make_gguf", root / "examples" / "make_gguf.py")
@@ -343,7 +343,8 @@ def test_chunk_bos_as_llama_cpp_defaults_it(tmp_path, pre, adds, bos):
     pytest.importorskip("gguf")
     import test_gguf as tg
 
-    from tinygpt_cli.storage.weights import SHIPPED, load_model
+    from tinygpt_cli.storage.locations import SHIPPED
+    from tinygpt_cli.transformer.folder import load_model
 
     out = tmp_path / "m.gguf"
     tg.make_gguf.write(SHIPPED / "llama", out, "Q8_0", vocab=tg.byte_level_metadata(pre, **adds))
@@ -357,14 +358,14 @@ def test_chunk_bos_of_sentencepiece_without_the_key(tmp_path):
     pytest.importorskip("gguf")
     import test_gguf as tg
 
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
 
     folder = tmp_path / "sp"
     folder.mkdir()
     tokens = tg.sentencepiece_vocab()[0]
     from tinygpt_cli.jobs.train.loop import arch_config
-    from tinygpt_cli.storage.weights import save_params
     from tinygpt_cli.transformer.families import save_config
+    from tinygpt_cli.transformer.folder import save_params
     from tinygpt_cli.transformer.model import init_params
 
     cfg = arch_config("llama", n_embd=32, n_layer=1, n_head=2, n_inner=32,

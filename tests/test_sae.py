@@ -12,7 +12,7 @@ from cli_helpers import assert_one_error_line, file_names
 
 from tinygpt_cli.analysis import sae as S
 from tinygpt_cli.storage.madefor import made_for
-from tinygpt_cli.storage.weights import load_model
+from tinygpt_cli.transformer.folder import load_model
 from tinygpt_cli.transformer.hooks import Replace
 
 SITE = "layers.0.resid_post"
@@ -291,7 +291,7 @@ def test_trace_lists_active_latents_and_ablate_zeroes_one(cli, tiny):
 
 
 def test_the_shipped_sae_reads_the_shipped_model():
-    from tinygpt_cli.storage.weights import SHIPPED
+    from tinygpt_cli.storage.locations import SHIPPED
 
     path = SHIPPED / "sae" / "layers.1.resid_post.safetensors"
     if not path.is_file():

@@ -12,7 +12,7 @@ import pytest
 from cli_helpers import TEXT, TINY, assert_one_error_line
 from safetensors.numpy import load_file, save_file
 
-from tinygpt_cli.storage.weights import SHIPPED
+from tinygpt_cli.storage.locations import SHIPPED
 
 D, M = TINY.n_embd, 40  # the tiny model's residual stream, the dictionary's latents
 SITE, HOOK = "layers.1.resid_post", "blocks.1.hook_resid_post"
@@ -385,7 +385,7 @@ def test_saelens_itself_reads_the_export_and_writes_what_tinygpt_reads(tmp_path)
     from tinygpt_cli.analysis import sae as S
     from tinygpt_cli.analysis.saelens import export_saelens
     from tinygpt_cli.storage.madefor import made_for
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
     from tinygpt_cli.transformer.trace import run_traced
 
     model = load_model(SHIPPED)

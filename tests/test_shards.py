@@ -14,9 +14,9 @@ from test_sae import SITE, random_sae
 
 from tinygpt_cli.analysis import sae as S
 from tinygpt_cli.jobs import cluster, shards
-from tinygpt_cli.storage.corpus import data_windows
+from tinygpt_cli.jobs.corpus import data_windows
 from tinygpt_cli.storage.madefor import made_for
-from tinygpt_cli.storage.weights import load_model
+from tinygpt_cli.transformer.folder import load_model
 
 WINDOWS = 7  # shards of 2 windows: 4 shards, the last one short
 

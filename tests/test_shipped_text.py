@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from cli_helpers import assert_one_error_line
 
-from tinygpt_cli.storage import corpus
-from tinygpt_cli.storage.weights import SHIPPED
+from tinygpt_cli.jobs import corpus
+from tinygpt_cli.storage.locations import SHIPPED
 
 PACKED = SHIPPED / "tinystories"
 MODELS = [SHIPPED, SHIPPED / "llama", SHIPPED / "neox"]

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from tinygpt_cli.storage.locations import SHIPPED
 from tinygpt_cli.storage.safetensors import map_safetensors
-from tinygpt_cli.storage.weights import SHIPPED
 
 
 def test_mapped_tensors_equal_the_library_and_share_the_file(tmp_path):
@@ -39,8 +39,8 @@ def test_mapped_tensors_equal_the_library_and_share_the_file(tmp_path):
 
 
 def test_loaded_params_are_read_only_views_and_the_head_copy_is_the_same_numbers(tiny_folder):
-    from tinygpt_cli.storage.weights import load_model
     from tinygpt_cli.transformer import ops
+    from tinygpt_cli.transformer.folder import load_model
 
     params = load_model(tiny_folder.folder).params
     wte = params["embed.W_E"]

@@ -16,8 +16,9 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 from test_steer import STEER, hf_model, hf_steering, hf_vector
 
-from tinygpt_cli.storage.corpus import data_windows, encode_stories, eval_windows, read_stories
+from tinygpt_cli.jobs.corpus import data_windows, read_stories
 from tinygpt_cli.storage.madefor import made_for
+from tinygpt_cli.transformer.windows import encode_stories, eval_windows
 
 SCALE = 3.0
 STEERED = [*STEER, "--steer-scale", str(SCALE)]  # layers.1.resid_pre + 3 v

@@ -190,7 +190,7 @@ def test_ctrl_c_while_generating_exits_130_on_a_fresh_line(tiny):
     assert err.endswith("\n")
 
 
-@pytest.mark.parametrize("where", ["tinygpt_cli.storage.weights.load_model",
+@pytest.mark.parametrize("where", ["tinygpt_cli.transformer.folder.load_model",
                                    "tinygpt_cli.render.jsonout.emit",
                                    "tinygpt_cli.render.quick_table.QuickConsole.print"])
 def test_ctrl_c_anywhere_in_a_command_exits_130_without_traceback(cli, monkeypatch, where):

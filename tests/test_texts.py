@@ -18,7 +18,7 @@ from tinygpt_cli.analysis import diff as diffs
 from tinygpt_cli.analysis import heads as detect
 from tinygpt_cli.analysis import neurons as nrn
 from tinygpt_cli.analysis import score as sc
-from tinygpt_cli.storage.weights import load_model
+from tinygpt_cli.transformer.folder import load_model
 from tinygpt_cli.transformer.model import forward
 from tinygpt_cli.transformer.trace import run_traced
 
@@ -52,7 +52,7 @@ def test_windows_score_every_target_once_within_the_context(n, context, data):
 
 
 def test_full_only_windows_are_the_training_codes_eval_windows():
-    from tinygpt_cli.storage.corpus import eval_windows
+    from tinygpt_cli.transformer.windows import eval_windows
 
     stream = np.arange(1000) % 97
     x, y = eval_windows(stream, 128)
@@ -158,9 +158,10 @@ def test_score_stream_reproduces_the_training_codes_validation_loss(capsys, monk
     """The model card's figure is train.loop.evaluate on part-005; score --stream must give it."""
     from cli_helpers import Runner, clean_env
 
+    from tinygpt_cli.jobs.corpus import read_stories
     from tinygpt_cli.jobs.train.card import bits_per_byte
     from tinygpt_cli.jobs.train.loop import evaluate
-    from tinygpt_cli.storage.corpus import encode_stories, read_stories
+    from tinygpt_cli.transformer.windows import encode_stories
 
     clean_env(monkeypatch)
     part = DATA / "part-005.txt"
@@ -317,7 +318,8 @@ def test_neuron_examples_are_the_corpus_maxima_and_are_cached(cli, tiny, tmp_pat
             "--json")
     doc = cli(*args).json()
     # brute force: every window's activations of that neuron
-    from tinygpt_cli.storage.corpus import encode_stories, eval_windows, read_stories
+    from tinygpt_cli.jobs.corpus import read_stories
+    from tinygpt_cli.transformer.windows import encode_stories, eval_windows
 
     stream = encode_stories(read_stories([tmp_path / "data" / "part-000.txt"]),
                             tiny.model.tokenizer)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tinygpt_cli.storage.weights import SHIPPED
+from tinygpt_cli.storage.locations import SHIPPED
 from tinygpt_cli.transformer.tokenizer import END_OF_TEXT, Tokenizer, train_tokenizer
 
 SHIPPED_FILE = SHIPPED / "tokenizer.json"
@@ -105,7 +105,7 @@ def test_byte_starts_are_where_each_token_starts_in_the_utf8_bytes(tok, repeat):
 
 @pytest.mark.skipif(not (STORIES / "part-004.txt").is_file(), reason="no TinyStories data")
 def test_retraining_reproduces_the_shipped_vocabulary(tok):
-    from tinygpt_cli.storage.corpus import read_stories
+    from tinygpt_cli.jobs.corpus import read_stories
 
     files = [STORIES / f"part-{i:03d}.txt" for i in range(5)]
     retrained = train_tokenizer(read_stories(files))

@@ -23,8 +23,8 @@ from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, tra
 from tokenizers import Tokenizer as HFTokenizer
 
 from tinygpt_cli.jobs.train.loop import arch_config
-from tinygpt_cli.storage.weights import load_model, save_params
 from tinygpt_cli.transformer.families import llama, save_config
+from tinygpt_cli.transformer.folder import load_model, save_params
 from tinygpt_cli.transformer.model import init_params
 from tinygpt_cli.transformer.tokenizer import CHUNK, PIECE_MAX, WORD_PATTERNS, Tokenizer
 
@@ -221,7 +221,7 @@ def test_the_refusal_names_the_patterns_it_knows():
 def test_gpt2s_pattern_written_out_and_smollm2s_digits_are_gpt2s_kind(tmp_path):
     """GPT-2's pattern in a Split is its ByteLevel's own; SmolLM2 puts each digit apart first
     (Digits) before GPT-2's ByteLevel: both only split further, and both are accepted."""
-    from tinygpt_cli.storage.weights import SHIPPED
+    from tinygpt_cli.storage.locations import SHIPPED
 
     doc = json.loads((SHIPPED / "tokenizer.json").read_text())
     shipped = HFTokenizer.from_str(json.dumps(doc))
@@ -259,7 +259,7 @@ def awkward_text(rng: random.Random, n: int) -> str:
 
 
 def shipped_and_built():
-    from tinygpt_cli.storage.weights import SHIPPED
+    from tinygpt_cli.storage.locations import SHIPPED
 
     out = {"shipped": Tokenizer.from_file(SHIPPED / "tokenizer.json")}
     for kind in ("llama3", "qwen2"):

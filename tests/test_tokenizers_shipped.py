@@ -12,7 +12,7 @@ from cli_helpers import assert_one_error_line
 from shipped_tokenizers import FAMILIES, HARD, model_folder, tokenizer_files
 
 from tinygpt_cli.errors import InputError
-from tinygpt_cli.storage.weights import open_folder
+from tinygpt_cli.transformer.folder import open_folder
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_a_missing_byte_is_refused_in_one_line_by_every_text_command(folders, cl
 def test_score_reads_a_text_after_the_bos_the_tokenizer_puts_there(folders, cli):
     import numpy as np
 
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
     from tinygpt_cli.transformer.model import forward
 
     model = load_model(folders["gemma"])

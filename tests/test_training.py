@@ -22,20 +22,15 @@ import pytest
 from cli_helpers import assert_one_error_line
 
 from tinygpt_cli.errors import InputError
+from tinygpt_cli.jobs.corpus import read_stories, split_data
 from tinygpt_cli.jobs.train.loop import CHECKPOINT, LOG, Settings, evaluate, train
-from tinygpt_cli.storage.corpus import (
-    encode_stories,
-    eval_windows,
-    random_windows,
-    read_stories,
-    split_data,
-)
-from tinygpt_cli.storage.weights import load_params
 from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.families import load_config
+from tinygpt_cli.transformer.folder import load_params
 from tinygpt_cli.transformer.model import param_shapes
 from tinygpt_cli.transformer.optim import SGD, AdamW, clip_by_global_norm, decays, lr_at
 from tinygpt_cli.transformer.tokenizer import END_OF_TEXT, Tokenizer, train_tokenizer
+from tinygpt_cli.transformer.windows import encode_stories, eval_windows, random_windows
 
 TINY = Config(n_embd=16, n_layer=2, n_head=2, n_inner=32, n_positions=16, vocab_size=300)
 
@@ -699,9 +694,10 @@ def test_a_checkpoint_with_damaged_settings_is_a_run_error(tmp_path, data):
 def test_a_warm_start_begins_at_the_given_weights_and_keeps_their_tokenizer(tmp_path, data):
     """--init: step 0 is the other folder's weights (an evaluation before any step gives
     their loss), its tokenizer is copied unchanged, and the card says where it started."""
+    from tinygpt_cli.jobs.corpus import read_stories
     from tinygpt_cli.jobs.train.card import write_card
-    from tinygpt_cli.storage.corpus import encode_stories, read_stories
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
+    from tinygpt_cli.transformer.windows import encode_stories
 
     train_file, val_file = data
     first = tmp_path / "first"

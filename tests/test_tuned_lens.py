@@ -106,7 +106,8 @@ def test_lens_errors(cli, tmp_path):
 
 
 def test_the_shipped_tuned_lens_fits_the_shipped_model():
-    from tinygpt_cli.storage.weights import SHIPPED, load_model
+    from tinygpt_cli.storage.locations import SHIPPED
+    from tinygpt_cli.transformer.folder import load_model
 
     path = SHIPPED / "lens" / "tuned.safetensors"
     if not path.is_file():

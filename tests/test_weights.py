@@ -10,9 +10,8 @@ import pytest
 from cli_helpers import file_names
 from safetensors.numpy import load_file, save_file
 
-from tinygpt_cli.errors import InputError
+from tinygpt_cli.errors import InputError, WeightsError
 from tinygpt_cli.storage.files import write_atomically
-from tinygpt_cli.storage.weights import WeightsError, load_model, load_params, save_params
 from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.families import (
     config_from_dict,
@@ -20,6 +19,7 @@ from tinygpt_cli.transformer.families import (
     load_config,
     save_config,
 )
+from tinygpt_cli.transformer.folder import load_model, load_params, save_params
 from tinygpt_cli.transformer.model import param_shapes
 
 CONFIG = Config(n_embd=8, n_layer=2, n_head=2, n_inner=12, vocab_size=11, n_positions=6)

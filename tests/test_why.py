@@ -44,7 +44,7 @@ def test_the_last_lens_stage_is_the_models_own_logits(tiny_params, tiny_config):
 def test_the_last_lens_stage_is_the_logits_bit_for_bit_in_float32():
     """The shipped model computes in float32, where a norm or a product written apart from
     the pass's own rounds differently (by up to 3.8e-6 once): the lens uses the pass's."""
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
 
     model = load_model()
     for text in ("Lily wanted to play with her", "Once"):
@@ -469,7 +469,7 @@ def test_mean_ablation_with_stored_means_and_with_data(cli, tiny, tmp_path, monk
     r = cli("means", "--data", data, "--weights", folder)
     assert r.code == 0 and "means.safetensors" in r.out, r.err
     from tinygpt_cli.storage.files import sha256
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
 
     m = load_model(folder)
     stored, meta = mean_job.load_means(folder / "means.safetensors", m.config,

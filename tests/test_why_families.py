@@ -115,8 +115,8 @@ def trained(request, tmp_path_factory):
 
     from test_history import FACT, STORIES, VAL, write_stories
 
+    from tinygpt_cli.jobs.corpus import read_stories
     from tinygpt_cli.jobs.train.loop import Settings, arch_config, train
-    from tinygpt_cli.storage.corpus import read_stories
     from tinygpt_cli.transformer.tokenizer import save_tokenizer, train_tokenizer
 
     root = tmp_path_factory.mktemp(request.param)
@@ -146,7 +146,7 @@ def test_why_on_a_trained_family_model_ranks_by_exact_tracin(trained, tmp_path, 
     from cli_helpers import Runner, clean_env
     from test_history import definition_scores, fact_windows
 
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
 
     clean_env(monkeypatch)
     monkeypatch.setenv("TINYGPT_WEIGHTS", str(trained))
@@ -231,7 +231,7 @@ def test_history_on_a_trained_family_model_is_each_snapshots_loss(trained, tmp_p
     from cli_helpers import Runner, clean_env
 
     from tinygpt_cli.analysis import history as hist
-    from tinygpt_cli.storage.weights import load_model
+    from tinygpt_cli.transformer.folder import load_model
     from tinygpt_cli.transformer.model import forward
 
     clean_env(monkeypatch)

@@ -59,10 +59,11 @@ def planted(tmp_path_factory):
 
     from tinygpt_cli.analysis.why import windows
     from tinygpt_cli.jobs.train.loop import arch_config, export, save_snapshot, stamp_snapshots
-    from tinygpt_cli.storage.corpus import encode_stories
+    from tinygpt_cli.transformer.families import family
     from tinygpt_cli.transformer.model import init_params, loss_and_grads
     from tinygpt_cli.transformer.optim import SGD
     from tinygpt_cli.transformer.tokenizer import train_tokenizer
+    from tinygpt_cli.transformer.windows import encode_stories
 
     rng = np.random.default_rng(0)
     kinds = ["base"] * BASE_STORIES + [k for _ in MARKERS
@@ -86,14 +87,14 @@ def planted(tmp_path_factory):
                      tied=False, n_kv_head=0)
     x, y = windows(stream, T)
     params = init_params(config, rng)
-    out = root / "weights"
+    out, fam = root / "weights", family(config.model_type)
     opt = SGD(params)
     for step in range(STEPS):
         if step % EVERY == 0:
-            save_snapshot(out, params, config, step, LR)
+            save_snapshot(out, params, config, fam, step, LR)
         _, grads = loss_and_grads(params, config, x, y)
         opt.step(params, grads, LR)
-    export(out, params, config, tok)
+    export(out, params, config, fam, tok)
     stamp_snapshots(out)
     return SimpleNamespace(weights=out, data=data, kinds=np.asarray(kinds))
 
@@ -106,7 +107,7 @@ def test_why_value_ranks_the_windows_that_built_the_head_first(planted, tmp_path
     from cli_helpers import Runner, clean_env
 
     from tinygpt_cli.analysis.history import find_snapshots, history_folder
-    from tinygpt_cli.storage.weights import load_model, load_params
+    from tinygpt_cli.transformer.folder import load_model, load_params
     from tinygpt_cli.transformer.trace import run_traced
 
     clean_env(monkeypatch)

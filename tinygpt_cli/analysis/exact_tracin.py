@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..jobs.threads import map_on_cores
-from ..storage.corpus import eval_windows
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.hooks import Chain, Record
@@ -45,6 +44,7 @@ from ..transformer.model import (
     forward,
     head_table,
 )
+from ..transformer.windows import eval_windows
 from ..transformer.wiring import FAMILIES, handles
 from .tracin import (
     bias_of,

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, WeightsError
 from ..storage.madefor import check_made_for
 from ..storage.safetensors import header_json
-from ..storage.weights import Model, WeightsError, load_params
 from ..transformer import ops
 from ..transformer.config import Config
-from ..transformer.families import family
+from ..transformer.families import Family
+from ..transformer.folder import Model, load_params
 from ..transformer.model import forward, record
 from ..transformer.schema import param_shapes, resolve, with_old_keys
 from ..transformer.trace import Trace
@@ -130,7 +130,8 @@ def snapshot_of(path: Path, weights_file: Path) -> Snapshot:
 def timeline(model: Model, snapshots: list[Snapshot]) -> list[Snapshot]:
     """Load every snapshot, then add the final weights; a last snapshot that is the final
     weights rounded to float16 is replaced by them (the same step, full precision)."""
-    out = [Snapshot(s.label, s.step, s.lr, s.path, load_params(s.path, model.config))
+    out = [Snapshot(s.label, s.step, s.lr, s.path, load_params(s.path, model.config,
+                                                                  model.family))
            for s in snapshots]
     final = Snapshot("final", None, None, model.weights_file, model.params)
     if out and all(np.array_equal(out[-1].params[n], a.astype(np.float16).astype(np.float32))
@@ -221,13 +222,12 @@ class ValueHistory:
     grid: bool
 
 
-def value_over_training(snapshots: list[Snapshot], config: Config, ids, tokens,
+def value_over_training(snapshots: list[Snapshot], config: Config, fam: Family, ids, tokens,
                         path: str, hooks=None) -> ValueHistory:
     """A parameter, by its canonical name (layers.0.attn.W_QKV) or its family's file name
     (h.0.attn.c_attn.weight), read from each snapshot, or a value of the forward pass
     (layers.0.heads.1.weights, logits[-1]) on the text under each snapshot."""
 
-    fam = family(config.model_type)
     param = path if path in param_shapes(config) else fam.canonical_name(path)
     if param is not None:
         values = [s.params[param] for s in snapshots]

@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import InputError
 from ..transformer import model as mdl
 from ..transformer import ops
+from ..transformer.gguf import gguf_names
 from ..transformer.wiring import FORWARD
 from .diff import config_differences, kl_divergence, relative_distance
 
@@ -424,6 +425,31 @@ def check_pair(quant_model, ref_model) -> None:
     missing = set(ref_model.params) ^ set(quant_model.params)
     if missing:
         raise InputError(f"the two models differ in their parameters ({sorted(missing)[0]})")
+
+
+def file_tensors(config, tensor_types: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """Each unit's label (tensor_units) -> (the GGUF tensor it is, its type); a fused
+    attn_qkv is q's, k's and v's tensor alike."""
+
+    out = {}
+    for canonical, files in gguf_names(config).items():
+        if canonical.endswith(("W_QKV", "b_QKV")):
+            parts = files if len(files) == 3 else files * 3
+            for p, f in zip("qkv", parts, strict=True):
+                out[f"{canonical}[{p}]"] = (f, tensor_types.get(f, "?"))
+        else:
+            out[canonical] = (files[0], tensor_types.get(files[0], "?"))
+    return out
+
+
+def name_files(report: QuantReport, quant_model) -> None:
+    """Each tensor shift's GGUF tensor and type, when the quantized model is a GGUF."""
+    about = getattr(quant_model, "about", None)
+    if not about or "tensors" not in about:
+        return
+    names = file_tensors(quant_model.config, about["tensors"])
+    for s in report.tensors:
+        s.file, s.kind = names.get(s.label, (None, None))
 
 
 # tokenizer.ggml.pre values for which llama.cpp adds BOS to a byte-level BPE vocabulary when

@@ -32,9 +32,9 @@ import numpy as np
 from ..errors import InputError, WeightsError
 from ..jobs import shards
 from ..jobs.cluster import over_windows
+from ..jobs.corpus import data_windows, held_out_files
 from ..jobs.session import check_index
 from ..storage import cache
-from ..storage.corpus import data_windows, held_out_files
 from ..storage.files import sha256, write_atomically
 from ..storage.hub import dictionary
 from ..storage.madefor import check_made_for, remake_hint

@@ -43,7 +43,7 @@ def windows(n: int, context: int, stride: int, *, full_only: bool = False) -> li
     """The windows that score targets 1 .. n-1 of a sequence of n ids, each exactly once.
 
     `full_only` keeps only windows of `context` inputs (the model card's non-overlapping count,
-    corpus.eval_windows, drops the tail that does not fill one).
+    windows.eval_windows, drops the tail that does not fill one).
     """
     if not 1 <= stride <= context:
         raise ValueError(f"stride must be in 1..{context}, not {stride}")

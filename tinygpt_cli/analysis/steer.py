@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, WeightsError, check_utf8
+from ..jobs.corpus import read_user_file
 from ..jobs.session import check_index, encode_checked
-from ..storage.corpus import read_user_file
 from ..storage.madefor import check_made_for
 from ..storage.safetensors import metadata_strings, read_safetensors, safetensors_bytes
 from ..transformer.config import Config

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, WeightsError
-from ..storage.corpus import data_windows, given_or, held_out_files
+from ..jobs.corpus import data_windows, given_or, held_out_files
 from ..storage.hub import dictionary
 from ..storage.madefor import check_made_for, remake_hint, weights_option
 from ..storage.safetensors import read_safetensors

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import InputError, WeightsError
 from ..jobs.cluster import over_windows
-from ..storage.corpus import data_windows, given_or, held_out_files, training_files
+from ..jobs.corpus import data_windows, given_or, held_out_files, training_files
 from ..storage.files import write_atomically
 from ..storage.madefor import check_made_for, made_for, remake_hint, weights_option
 from ..storage.safetensors import metadata_strings, read_safetensors, safetensors_bytes

@@ -32,18 +32,19 @@ import numpy as np
 from .. import words
 from ..errors import InputError
 from ..jobs.cluster import Here
+from ..jobs.corpus import TrainingDataError, read_stories
+from ..jobs.corpus import training_text as recorded
 from ..jobs.session import token_id
 from ..jobs.threads import map_on_cores
 from ..storage import cache
 from ..storage.cache import key_of
-from ..storage.corpus import TrainingDataError, encode_stories, eval_windows, read_stories
-from ..storage.corpus import training_text as recorded
 from ..storage.files import sha256
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.hooks import Chain, Record
 from ..transformer.model import backward, forward, loss_and_grads
 from ..transformer.trace import run_traced
+from ..transformer.windows import encode_stories, eval_windows
 from ..transformer.wiring import FAMILIES, handles
 from . import exact_tracin as ex
 from . import heads

@@ -52,7 +52,6 @@ from ..errors import WriteError
 from ..jobs.cluster import Here, in_order, spans
 from ..jobs.threads import map_on_cores
 from ..storage.cache import entry, key_of, npz_bytes
-from ..storage.corpus import eval_windows
 from ..storage.files import (
     discard,
     remove_temporaries,
@@ -62,8 +61,9 @@ from ..storage.files import (
     write_atomically,
     write_checked,
 )
-from ..storage.weights import load_params
 from ..transformer.config import Config
+from ..transformer.folder import load_params
+from ..transformer.windows import eval_windows
 from . import tracin
 from .exact_tracin import next_token_query
 

@@ -28,7 +28,7 @@ from .streams import read_text
 
 if TYPE_CHECKING:
     from ..jobs.session import Run, Session
-    from ..storage.weights import Model
+    from ..transformer.folder import Model
     from .context import RunContext
 
 # This module is imported to register every command, including for `tinygpt --help`: it
@@ -128,7 +128,7 @@ def bar():
     stderr (with --json too: stdout keeps the one document); where stderr is not a
     terminal, a line once a step has run a second, then every 5 s (steps under a second
     print nothing)."""
-    from ..render.text import escape_line
+    from ..escapes import escape_line
 
     return lambda total, description: progress(total, escape_line(description),
                                                pipe_every=5)
@@ -153,11 +153,11 @@ def figures(module: str = "analysis_pictures"):
 
 
 def load(context: RunContext, weights: Path | None) -> Model:
-    """The weights folder's Model (weights.Model): the command's --weights, else the one
+    """The weights folder's Model (folder.Model): the command's --weights, else the one
     given before the command (`tinygpt --weights DIR COMMAND`); refused by name (exit 2)
     when its blocks have a knob value or step the command's analysis does not implement
     (wiring.require, with what the analysis declares: handles_of)."""
-    from ..storage.weights import load_model
+    from ..transformer.folder import load_model
     from ..transformer.wiring import require
     from .process import keep_freed_memory
 
@@ -184,8 +184,8 @@ def handles_of(command: str | None):
 
 
 def open_folder(context: RunContext, weights: Path | None):
-    """The weights folder's sizes and tokenizer only (weights.Folder), for text <-> ids."""
-    from ..storage.weights import open_folder as open_
+    """The weights folder's sizes and tokenizer only (folder.Folder), for text <-> ids."""
+    from ..transformer.folder import open_folder as open_
 
     return open_(weights if weights is not None else context.weights, opened=context.opened)
 

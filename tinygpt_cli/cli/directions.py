@@ -71,10 +71,10 @@ def steer(
     Then steer any command with it: tinygpt generate TEXT --steer-vector happy.safetensors
     """
     from ..analysis import steer as st
+    from ..jobs.corpus import held_out_stories
     from ..jobs.session import encode_lines
     from ..render.directions import steer_view
     from ..render.documents import steer_document
-    from ..storage.corpus import held_out_stories
     from ..storage.files import write_atomically
     from ..storage.madefor import made_for
 
@@ -128,10 +128,10 @@ def probe(
     """
     from ..analysis import probe as pr
     from ..analysis import steer as st
+    from ..jobs.corpus import read_user_file
     from ..jobs.probe import probe_inputs
     from ..render.directions import probe_view
     from ..render.documents import probe_document
-    from ..storage.corpus import read_user_file
     from ..storage.files import write_atomically
     from ..storage.madefor import made_for
 

@@ -25,7 +25,7 @@ def fresh_line() -> None:
 
 def error(message: str, code: int) -> int:
     """Say `error: message` on one line of stderr (escaped); the exit code `code`."""
-    from ..render.text import escape_line
+    from ..escapes import escape_line
 
     message = " ".join(line.strip() for line in str(message).splitlines() if line.strip())
     try:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..render.text import escape_line
+from ..escapes import escape_line
 from .app import app
 from .common import (
     ANY_DATA,
@@ -211,9 +211,9 @@ def means(
     Example: tinygpt means --steer happy --steer-away sad --steer-layer 1 --out m.safetensors
     """
     from ..jobs import means as mean_stats
+    from ..jobs.corpus import check_data, validation_text
     from ..render.explain import means_written
     from ..render.output import check_out
-    from ..storage.corpus import check_data, validation_text
     from ..storage.files import sha256
     from .steering import keep_default_file
 

@@ -85,8 +85,8 @@ def sae_train(
     Example: tinygpt sae train --site layers.1.mlp_out --steer-vector h.safetensors --out hs.sae
     """
     from ..analysis import sae as S
+    from ..jobs.corpus import data_windows, training_files
     from ..render import features as view
-    from ..storage.corpus import data_windows, training_files
     from ..storage.files import sha256
 
     keep_default_file(context, out, "the weights folder's sae/SITE.safetensors")
@@ -169,9 +169,9 @@ def sae_feature(context: RunContext,
     Example: tinygpt sae feature 17 --text "Lily wanted to play with her ball." --save f.svg
     """
     from ..analysis import sae as S
+    from ..jobs.corpus import given_or, training_files
     from ..jobs.session import check_index
     from ..render import features as view
-    from ..storage.corpus import given_or, training_files
 
     check_save(save, force)
     if text is not None:

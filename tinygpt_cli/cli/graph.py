@@ -10,8 +10,9 @@ import numpy as np
 import typer
 
 from ..errors import InputError
+from ..escapes import escape_line
 from ..render.output import picture_format, refuse_inside_package, save_page
-from ..render.text import escape_line, examples_block, show_token
+from ..render.text import examples_block, show_token
 from .app import app
 from .common import (
     FORCE,
@@ -89,7 +90,7 @@ def transcoder_train(
     Example: tinygpt transcoder train --transcoders mine --latents 2048 --k 16
     """
     from ..analysis import transcoder as T
-    from ..storage.corpus import data_windows, training_files
+    from ..jobs.corpus import data_windows, training_files
     from ..storage.files import sha256
 
     keep_default_file(context, out, "the weights folder's transcoders/", "--transcoders")
@@ -439,8 +440,8 @@ def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool =
     """(layer, latent) -> {"examples", "label"} of the pruned graph's features, from their
     top windows of the training text ({} when there is no data to search)."""
     from ..analysis import transcoder as T
+    from ..jobs.corpus import find_data, given_or, training_files
     from ..render.graph import kept_nodes
-    from ..storage.corpus import find_data, given_or, training_files
 
     if data is None and find_data() is None:
         return {}

@@ -83,7 +83,8 @@ def history(
             figure=lambda: figures().heads_history_figure(scores, rows, s.tokens, length),
             save=save, force=force)
     if path is not None:
-        h = hist.value_over_training(timeline, s.config, s.ids, s.tokens, path, s.hooks)
+        h = hist.value_over_training(timeline, s.config, s.model.family, s.ids, s.tokens,
+                                     path, s.hooks)
         return present(context, as_json, lambda: docs.value_history_document(s, h),
                        lambda: view.value_view(h, labels, s.tokens, p),
                        figure=lambda: figures().value_history_figure(h, s.tokens),
@@ -155,8 +156,8 @@ def why(
     Example: tinygpt why "Ben saw a dog." --value "edge:L3H3->logits" --corrupt "Ben saw a cat."
     """
     from ..analysis import why as whys
+    from ..escapes import escape_line
     from ..render import history as view
-    from ..render.text import escape_line
 
     t0 = time.perf_counter()
     session = open_session(context, weights, text)

@@ -214,11 +214,11 @@ def neurons(
     Example: tinygpt neurons --layer 2 --neuron 17
     """
     from ..analysis import neurons as nrn
+    from ..escapes import escape_line
+    from ..jobs.corpus import search_files
     from ..jobs.neurons import cached_maxima
     from ..render import texts as view
     from ..render.documents import neuron_examples_document, text_neurons_document
-    from ..render.text import escape_line
-    from ..storage.corpus import search_files
 
     model = load(context, weights)
     cfg, tok = model.config, model.tokenizer
@@ -340,7 +340,6 @@ def quant(
     Example: tinygpt quant "Lily wanted to play" --weights q4_0.gguf --against weights/llama
     """
     from ..analysis import quant as qa
-    from ..jobs.quant import name_files
     from ..render import quant as view
 
     check_save(save, force)
@@ -349,7 +348,7 @@ def quant(
     hook, act = qa.act_quant_hook(model) if act_quant else (None, None)
     names = str(model.weights_file), str(ref.weights_file)
     if file is not None:
-        from ..storage.corpus import read_user_file
+        from ..jobs.corpus import read_user_file
 
         n_ctx = ctx or model.config.n_positions
         if n_ctx > model.config.n_positions:
@@ -376,7 +375,7 @@ def quant(
                         position=s.position(position),
                         target=None if target is None else s.token_id(target),
                         restore=restore, hooks_q=hook)
-    name_files(r, model)
+    qa.name_files(r, model)
     tok = model.tokenizer.token_str
     present(context, as_json, lambda: view.quant_document(r, s.tokens, tok, *names, act),
             lambda: view.quant_view(r, s.tokens, tok, *names, top, act),

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..render.text import escape_line
+from ..escapes import escape_line
 from ..transformer.config import MAX_VOCAB, MIN_VOCAB
 from .app import app
 from .common import InputError
@@ -36,7 +36,7 @@ def train_tokenizer_cmd(
 
     Example: tinygpt train-tokenizer --data ../shared/data/tinystories --out runs/tokenizer.json
     """
-    from ..storage.corpus import read_stories, split_or_refuse
+    from ..jobs.corpus import read_stories, split_or_refuse
     from ..transformer.config import check_vocab_size
     from ..transformer.tokenizer import save_tokenizer, train_tokenizer
 
@@ -106,9 +106,9 @@ def train_cmd(
     Example: tinygpt train --data ../shared/data/tinystories --out runs/a --steps 3000
     Example: tinygpt train --data ../shared/data/tinystories --out runs/b --optimizer sgd --lr 0.3
     """
+    from ..jobs.corpus import split_data
     from ..jobs.train.loop import Settings, arch_config, check_training_memory, train
     from ..render.training import TrainingProgress
-    from ..storage.corpus import split_data
     from ..transformer.config import check_vocab_size
     from .process import keep_freed_memory
 

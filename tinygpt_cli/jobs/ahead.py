@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..errors import InputError
-from ..storage.weights import Model
+from ..transformer.folder import Model
 from ..transformer.model import run_to_final_norm as final_norm_of
 
 CHUNK_TOKENS = 16_384  # tokens of lines computed ahead at a time: 8 MB at 128 numbers

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InputError
-from ..storage.corpus import BUILT_IN, HELD_OUT_PART, find_data, read_stories, stories_of
+from .corpus import BUILT_IN, HELD_OUT_PART, find_data, read_stories, stories_of
 
 
 def texts_for_heads(tokenizer, context: int, text: str | None, read_text, file, stories: int

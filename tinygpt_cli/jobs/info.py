@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..analysis.info import ModelInfo, model_info
 from ..storage.files import sha256
-from ..storage.weights import SHIPPED
+from ..storage.locations import SHIPPED
 
 
 def info_of(model) -> ModelInfo:

@@ -13,7 +13,6 @@ import numpy as np
 from ..analysis.means import batch_sums, mean_paths, mean_size, merged_means
 from ..errors import InputError, WeightsError
 from ..storage import cache
-from ..storage.corpus import encode_stories, eval_windows, read_stories, validation_text
 from ..storage.files import sha256, write_atomically
 from ..storage.madefor import remake_hint
 from ..storage.safetensors import (
@@ -23,7 +22,9 @@ from ..storage.safetensors import (
     safetensors_bytes,
 )
 from ..transformer.config import Config
+from ..transformer.windows import encode_stories, eval_windows
 from .cluster import over_windows
+from .corpus import read_stories, validation_text
 
 FILE = "means.safetensors"
 

@@ -12,10 +12,11 @@ import numpy as np
 from ..analysis.neurons import NEURON_TOP, best_maxima, shard_maxima
 from ..errors import InputError
 from ..storage import cache
-from ..storage.corpus import encode_stories, eval_windows, read_stories
 from ..storage.files import sha256
 from ..transformer.config import Config
+from ..transformer.windows import encode_stories, eval_windows
 from .cluster import over_windows
+from .corpus import read_stories
 
 
 def corpus_maxima(params, config: Config, windows: np.ndarray, keep: int = NEURON_TOP,

@@ -11,14 +11,9 @@ import numpy as np
 
 from ..analysis.score import TokenScores, batch_scores
 from ..errors import InputError
-from ..storage.corpus import (
-    encode_stories,
-    ends_with_separator,
-    read_data_record,
-    stories_of,
-    validation_text,
-)
+from ..transformer.windows import encode_stories
 from .cluster import in_turn
+from .corpus import ends_with_separator, read_data_record, stories_of, validation_text
 
 BATCHES_PER_TASK = 16  # on a cluster: 128 windows a task
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, check_index, check_utf8
-from ..storage.weights import Model, load_model
+from ..transformer.folder import Model, load_model
 from ..transformer.hooks import Chain, Hook, ablation, bind, check_reached, hooked_path
 from ..transformer.model import all_finite, forward, logits_of, record, run_to_final_norm
 from ..transformer.schema import PathError

@@ -6,7 +6,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .text import escape_line
+from ..escapes import escape_line
 
 
 def tools_view(tools: list[dict], left_out: dict[str, str]):

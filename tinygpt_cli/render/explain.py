@@ -13,8 +13,9 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from ..escapes import escape_line
 from .tables import Fields, Fit, WhenStyled, colour, fmt, header, short_stage, token_rows
-from .text import escape_line, show_token
+from .text import show_token
 
 # ------------------------------------------------------------------ a general labelled heatmap
 

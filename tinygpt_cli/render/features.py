@@ -10,11 +10,12 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..escapes import escape_line
 from ..words import count
 from . import jsonout
 from .figure import Bars, Facts, Figure, Highlight, Note, token_labels
 from .tables import header
-from .text import escape_line, row_label, show_text, show_token
+from .text import row_label, show_text, show_token
 from .texts import WindowLine, window_line
 
 

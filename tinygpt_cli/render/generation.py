@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 from rich.text import Text
 
+from ..escapes import escape_line
 from ..words import count
 from . import jsonout
 from .output import stderr
-from .text import escape_line, show_text
+from .text import show_text
 
 
 def _stopped(new: list[int], ends: tuple[int, ...], no_stop: bool) -> bool:

@@ -7,9 +7,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..escapes import escape_line
 from . import jsonout
 from .tables import Fit
-from .text import escape_line, show_token
+from .text import show_token
 
 
 def eval_doc(r, files: list[str]) -> dict:

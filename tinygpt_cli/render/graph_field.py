@@ -23,9 +23,9 @@ import numpy as np
 from rich.console import Group
 from rich.text import Text
 
+from ..escapes import escape_line
 from . import jsonout
 from .graph import kept_nodes
-from .text import escape_line
 
 SCHEMA_VERSION = 1
 

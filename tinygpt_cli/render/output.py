@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import InputError
+from ..escapes import escape_line
 from ..storage.files import write_atomically
-from .text import changed_note, escape_line, steering_text
+from .text import changed_note, steering_text
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -8,9 +8,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..escapes import escape_line
 from . import jsonout
 from .figure import Bars, Facts, Figure, Heatmap, Note, token_labels
-from .text import escape_line, show_token
+from .text import show_token
 
 COMPUTED = ("both models computed in float32 with the dequantized weights; llama.cpp's CPU "
             "products also round each activation row to Q8_0 or Q8_K first")

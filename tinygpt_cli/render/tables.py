@@ -12,12 +12,13 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from ..escapes import escape_line
 from ..words import count
 from .cells import MASKED, OUTSIDE, cell_text
 from .cells import keep as _keep
 from .numbers import fmt, shape_str, stats  # noqa: F401  (other views import them from here)
 from .quick_table import QuickTable, has_controls, plain_lines, text_lines
-from .text import escape_line, row_label, show_token
+from .text import row_label, show_token
 
 if TYPE_CHECKING:  # imported where used: `encode`'s table needs no NumPy
     import numpy as np

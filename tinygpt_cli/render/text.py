@@ -8,6 +8,8 @@ import os
 import re
 import textwrap
 
+from ..escapes import escape_line, escaped, is_control
+
 # Shared by the views and pictures of analyses, which render never imports (they run the
 # model): bits = nats / LN2, as analysis.score counts them; the labels of heads' kinds.
 LN2 = math.log(2.0)
@@ -15,20 +17,6 @@ HEAD_KINDS = {"previous_token": "previous token", "duplicate_token": "duplicate 
               "induction": "induction", "induction_random": "induction (random)"}
 
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
-# Bidirectional embeddings, overrides and isolates: invisible, yet they make a terminal show
-# the rest of the line in another order than it is (the "Trojan Source" trick). The marks
-# (U+200E, U+200F, U+061C) only place neutral characters and belong to right-to-left text:
-# they are shown as they are.
-_BIDI = frozenset("".join(map(chr, range(0x202A, 0x202F))) + "".join(map(chr, range(0x2066,
-                                                                                     0x206A))))
-
-
-def _escaped(ch: str) -> str:
-    if 0xDC80 <= ord(ch) <= 0xDCFF:  # a byte of a file name that is not UTF-8, as Python
-        return f"\\x{ord(ch) - 0xDC00:02x}"  # keeps it (surrogateescape): the byte itself
-    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
-
-
 def show_token(token: str) -> str:
     """' wanted' -> '␣wanted'; control characters (ESC included) become \\xNN escapes."""
     if token.isprintable():  # no control, line break or bidi override: only spaces to show
@@ -37,8 +25,8 @@ def show_token(token: str) -> str:
     for ch in token:
         if ch in _VISIBLE:
             out.append(_VISIBLE[ch])
-        elif _is_control(ch):
-            out.append(_escaped(ch))
+        elif is_control(ch):
+            out.append(escaped(ch))
         else:
             out.append(ch)
     return "".join(out)
@@ -87,7 +75,7 @@ def show_text(text: str) -> str:
     """Free text for a terminal: newlines kept, other control characters escaped."""
     if text.isprintable():  # nothing to escape (every one of them is unprintable)
         return text
-    return "".join(ch if ch in "\n\t" or not _is_control(ch) else _escaped(ch) for ch in text)
+    return "".join(ch if ch in "\n\t" or not is_control(ch) else escaped(ch) for ch in text)
 
 
 def row_label(i: int, token: str, width: int = 14) -> str:
@@ -95,19 +83,6 @@ def row_label(i: int, token: str, width: int = 14) -> str:
     if len(s) > width:
         s = s[: width - 1] + "…"
     return f"{i:>3} {s}"
-
-
-def _is_control(ch: str) -> bool:
-    return ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or ch in _BIDI or 0xD800 <= ord(ch) < 0xE000
-
-
-def escape_line(text: str) -> str:
-    """One line for an error message: every control character (tab and newline included, so
-    the line stays one line; ESC and C1 such as U+009B, so a terminal never obeys them) as an
-    escape."""
-    if text.isprintable():  # nothing to escape (every one of them is unprintable)
-        return text
-    return "".join(_escaped(ch) if _is_control(ch) else ch for ch in text)
 
 
 def examples_block(doc: str) -> str:

@@ -11,12 +11,13 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from ..escapes import escape_line
 from ..transformer.schema import head_name
 from ..words import count
 from .quick_table import QuickTable
 from .tables import Fields, WhenStyled, colour, fmt, header
 from .text import HEAD_KINDS as KIND_LABELS
-from .text import LN2, escape_line, show_text, show_token
+from .text import LN2, show_text, show_token
 
 # Surprisal bands in bits: a token the model found likely is plain, rarer ones get warmer.
 BANDS = [(1.0, None), (3.0, "rgb(120,160,60)"), (6.0, "rgb(220,180,40)"),

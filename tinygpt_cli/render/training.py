@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from .text import escape_line
+from ..escapes import escape_line
 
 
 class TrainingProgress(contextlib.ExitStack):

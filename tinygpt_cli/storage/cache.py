@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from ..errors import WriteError
-from ..render.text import escape_line
+from ..escapes import escape_line
 from .files import verified, write_checked
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ folder. Only the files tinygpt reads are fetched: config.json, tokenizer.json, a
 model.safetensors or a sharded model's index and shards. The hub's own settings hold:
 HF_HOME and HF_HUB_CACHE (where the cache is), HF_HUB_OFFLINE (the cache only, no network),
 HF_TOKEN or a stored `hf auth login` token (private and gated models). A local folder of the
-same name always wins; weights.resolve_folder is the one caller.
+same name always wins; locations.resolve_folder is the one caller.
 
 `--weights ORG/NAME[@REVISION]/FILE.gguf` names one GGUF file of a repository (the path
 huggingface_hub's HfFileSystem gives it; FILE may lie in a subfolder): only that file is
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError, WeightsError
-from ..render.text import escape_line
+from ..escapes import escape_line
 from .safetensors import shards_of
 
 # ORG/NAME as the hub spells repository ids (letters, digits, - _ .; no "--" or ".." inside),

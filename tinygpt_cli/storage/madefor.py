@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import InputError, WeightsError
 from .files import sha256
-from .weights import SHIPPED
+from .locations import SHIPPED
 
 FIELD = "weights_sha256"
 

@@ -2,7 +2,8 @@
 size, its tensors tiling the data, no duplicate names), tensors read or mapped (bfloat16
 widened exactly: NumPy has none), the bytes of a file written (metadata strings only), a
 sharded model's index, and the mapped pages of a tensor let go of once it is copied. The
-loader of a weights folder (weights.py) and every file made from the weights read through it."""
+loader of a weights folder (transformer/folder.py) and every file made from the weights read
+through it."""
 
 from __future__ import annotations
 

@@ -46,8 +46,8 @@ from ..jobs.session import Session
 from ..render import figure, html, svg
 from ..render.jsonout import emit
 from ..render.output import noted, present, save_figure
-from ..storage.weights import load_model
 from ..transformer import model
+from ..transformer.folder import load_model
 from ..transformer.hooks import Chain, Replace, hooked_path
 from ..transformer.ops import log_softmax
 from ..transformer.schema import BY_PATH, expand, pattern_of

@@ -32,7 +32,7 @@ from .. import __version__
 from ..cli import entry
 from ..cli.context import RunContext
 from ..errors import InputError
-from ..storage.weights import _shipped_named
+from ..storage.locations import _shipped_named
 from . import calls
 from .commands import EFFECTS
 

@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..errors import InputError, WeightsError, check_utf8
-from ..storage.weights import open_folder, read_side_json
+from .folder import open_folder, read_side_json
 from .tokenizer import special_name
 
 INSTALL = 'pip install "tinygpt-cli[chat]"'

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import InputError
+from ..escapes import shown
 
 # The vocabulary sizes training accepts (here, not in tokenizer.py, so that the CLI can name
 # them in its help without importing `tokenizers`).
@@ -200,11 +201,6 @@ def token_id(x, vocab_size) -> int | None:
     if is_int(x) and is_int(vocab_size) and 0 <= x < vocab_size:
         return x
     return None
-
-
-def shown(x, most: int = 40) -> str:
-    text = repr(x)
-    return text if len(text) <= most else text[: most - 1] + "…"
 
 
 def check_vocab_size(vocab_size: int) -> None:

@@ -421,7 +421,7 @@ class Tokenizer:
         self._byte_of = _byte_decoder()
         self._strs: dict[int, str] = {}  # token_str of each id asked for (--each-line asks again)
         # the model's rows, when it has more than the tokenizer has tokens (Pythia and Qwen pad
-        # their vocabularies): the rows past the last token have no text (weights.open_folder)
+        # their vocabularies): the rows past the last token have no text (folder.open_folder)
         self.rows: int | None = None
         self.end: int | None = None  # the config's end token, when there is no <|endoftext|>
         # the tokens put before and after a text (text_ids): set from the folder (set_affix)

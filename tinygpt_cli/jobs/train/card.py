@@ -12,11 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import RunError
-from ...storage.corpus import encode_stories, read_stories, split_data
 from ...storage.files import sha256, write_text
-from ...storage.weights import Model, load_model
+from ...transformer.folder import Model, load_model
 from ...transformer.generate import generate
 from ...transformer.sampling import create_rng
+from ...transformer.windows import encode_stories
+from ..corpus import read_stories, split_data
 from .loop import CHECKPOINT, evaluate, stored_settings, windows_in
 from .loop import machine as this_machine
 from .loop import read_log as read

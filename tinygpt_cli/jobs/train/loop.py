@@ -21,28 +21,22 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import InputError, RunError, WriteError
-from ...storage.corpus import (
-    TokenStream,
-    TrainingDataError,
-    encode_stories,
-    eval_windows,
-    random_windows,
-    read_stories,
-    write_data_record,
-)
+from ...escapes import shown
 from ...storage.files import append_line, cannot_write, write_atomically
 from ...storage.madefor import made_for
 from ...storage.safetensors import safetensors_bytes, with_metadata
-from ...storage.weights import load_params, save_params
 from ...transformer import ops
-from ...transformer.config import Config, shown
-from ...transformer.families import family, load_config, save_config
+from ...transformer.config import Config
+from ...transformer.families import Family, family, load_config, save_config
 from ...transformer.families.gemma3 import rounded
+from ...transformer.folder import load_params, save_params
 from ...transformer.model import forward, init_params, loss_and_grads
 from ...transformer.optim import OPTIMIZERS, SGD, AdamW, clip_by_global_norm, lr_at
 from ...transformer.schema import param_shapes
 from ...transformer.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
+from ...transformer.windows import TokenStream, encode_stories, eval_windows, random_windows
 from ...words import count
+from ..corpus import TrainingDataError, read_stories, write_data_record
 
 CHECKPOINT = "checkpoint.npz"
 LOG = "log.jsonl"
@@ -165,12 +159,13 @@ def snapshot_name(step: int) -> str:
     return f"step-{step:06d}.safetensors"
 
 
-def save_snapshot(out: Path, params, config: Config, step: int, lr: float) -> None:
+def save_snapshot(out: Path, params, config: Config, fam: Family, step: int, lr: float
+                  ) -> None:
     """Float16 weights for `tinygpt history`, with the step and learning rate (for TracIn),
-    in the family's own file layout, as model.safetensors."""
+    in the family's own file layout (`fam`, the run's), as model.safetensors."""
 
     tensors = {n: np.ascontiguousarray(a, dtype=np.float16)
-               for n, a in family(config.model_type).params_to_file(params, config).items()}
+               for n, a in fam.params_to_file(params, config).items()}
     meta = {"format": "pt", "step": str(step), "lr": repr(float(lr))}
     if (out / HISTORY).is_symlink():  # a planted link would aim the snapshots anywhere
         raise WriteError(f"cannot write {out / HISTORY}: it is a symbolic link, which tinygpt "
@@ -495,7 +490,10 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
     # With an average on, it is what is validated, exported and snapshotted: the weights
     # that training would ship at that step.
     average = {n: p.copy() for n, p in params.items()} if settings.ema > 0 else None
-    run = _Run(out, settings, config, tokenizer, train_data, val_data, params,
+    # the family of the model trained, looked up once: every export and snapshot writes its
+    # file layout
+    run = _Run(out, settings, config, family(config.model_type), tokenizer, train_data,
+               val_data, params,
                OPTIMIZERS[settings.optimizer](params, weight_decay=settings.weight_decay),
                rng, average)
     keep_at = set(snapshot_steps(settings.steps, settings.snapshots, settings.first_snapshot))
@@ -514,7 +512,7 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
             note(f"extending the run from step {start} to {settings.steps}: a new warm-up "
                  f"of {settings.warmup} steps to --lr {settings.lr:g}, then cosine decay")
             if settings.snapshots:  # the weights the new cycle starts from
-                save_snapshot(out, run.shipped, config, start, final_lr(stored))
+                save_snapshot(out, run.shipped, config, run.family, start, final_lr(stored))
         keep_at = {s for s in keep_at if s > start}
     elif log_path.exists() or log_path.is_symlink():
         log_path.unlink()  # --resume without a checkpoint: the run never got far enough
@@ -525,7 +523,7 @@ def _train(train_files, val_files, out: Path, settings: Settings, *, resume, for
                         and settings.cycle == stored["cycle"])
     step = _loop(run, start, elapsed_before, keep_at, on_step, note)
     if val_data is None:
-        export(out, run.shipped, config, tokenizer)
+        export(out, run.shipped, config, run.family, tokenizer)
     stamp_snapshots(out)
     result = {
         "steps": step + 1 if settings.steps > start else start,
@@ -593,6 +591,7 @@ class _Run:
     out: Path
     settings: Settings
     config: Config
+    family: Family
     tokenizer: Tokenizer
     train_data: TokenStream
     val_data: TokenStream | None
@@ -624,7 +623,7 @@ class _Run:
             raise self.diverged("validation loss", val, step)
         if val < self.best_val:
             self.best_val = val
-            export(self.out, self.shipped, self.config, self.tokenizer)
+            export(self.out, self.shipped, self.config, self.family, self.tokenizer)
         return val
 
 
@@ -651,7 +650,7 @@ def _loop(run: _Run, start: int, elapsed_before: float, keep_at: set[int], on_st
             ema_update(run.average, params, ema_decay_at(step, settings.ema))
         done = step + 1
         if done in keep_at:
-            save_snapshot(run.out, run.shipped, run.config, done, lr)
+            save_snapshot(run.out, run.shipped, run.config, run.family, done, lr)
         run_time = time.perf_counter() - t0
         elapsed = elapsed_before + run_time  # wall time over all resumed pieces of the run
         tps = (done - start) * tokens_per_step / max(run_time, 1e-9)
@@ -679,9 +678,10 @@ def _loop(run: _Run, start: int, elapsed_before: float, keep_at: set[int], on_st
     return step
 
 
-def export(out: Path, params, config: Config, tokenizer: Tokenizer) -> None:
-    """A complete weights folder: model.safetensors, config.json, tokenizer.json."""
-    save_params(params, out / "model.safetensors", config)
+def export(out: Path, params, config: Config, fam: Family, tokenizer: Tokenizer) -> None:
+    """A complete weights folder: model.safetensors (in `fam`'s layout), config.json,
+    tokenizer.json."""
+    save_params(params, out / "model.safetensors", config, fam)
     save_config(config, out / "config.json")
     if not (out / "tokenizer.json").is_file():
         save_tokenizer(tokenizer, out / "tokenizer.json")

@@ -8,9 +8,10 @@ import re
 
 import numpy as np
 
+from ...escapes import shown
 from ...storage.pages import fresh_pages
 from ...storage.safetensors import let_go_of
-from ..config import Config, is_int, shown, token_id
+from ..config import Config, is_int, token_id
 
 
 def pattern_of(canonical: str) -> tuple[str, int | None]:

@@ -8,7 +8,8 @@ output head is tied to W_E, so no lm_head is written; a file that has one must e
 
 from __future__ import annotations
 
-from ..config import Config, is_int, shown, token_id
+from ...escapes import shown
+from ..config import Config, is_int, token_id
 from ..schema import param_shapes
 
 MODEL_TYPE = "gpt2"

@@ -12,7 +12,8 @@ import re
 
 import numpy as np
 
-from ..config import Config, shown
+from ...escapes import shown
+from ..config import Config
 from ..schema import param_shapes
 from .common import block_index, canonical_of, cut, filled, pattern_of, refuse, specials, whole
 

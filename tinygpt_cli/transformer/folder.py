@@ -1,23 +1,18 @@
-"""Load, validate and save the weights folder: model.safetensors, config.json, tokenizer.json."""
+"""Load, validate and save the weights folder (model.safetensors, config.json, tokenizer.json,
+or a GGUF file) as one Model: its config, family, tokenizer and canonical parameters."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError, WeightsError
-from ..transformer.config import Config
-from ..transformer.families import Family, config_from_dict, family, load_config
-from ..transformer.families.gpt2 import PREFIX  # noqa: F401  (GPT-2 files' own prefix, for callers)
-from ..transformer.schema import PARAMS
-from ..transformer.tokenizer import Tokenizer, special_name
-from .files import write_atomically
-from .safetensors import (
+from ..storage.files import write_atomically
+from ..storage.locations import gguf_path, resolve_folder, weights_path
+from ..storage.safetensors import (
     FLOAT_DTYPES,
     INDEX,
     MAX_HEADER_BYTES,
@@ -30,19 +25,13 @@ from .safetensors import (
     safetensors_bytes,
     shards_of,
 )
+from .config import Config
+from .families import Family, config_from_dict, family, load_config
+from .schema import PARAMS
+from .tokenizer import Tokenizer, special_name
 
 if TYPE_CHECKING:  # NumPy is imported by the functions that use it: `encode` needs none
     import numpy as np
-
-def _shipped_folder() -> Path:
-    """Installed wheels carry the weights inside the package; a source checkout has weights/."""
-    here = Path(__file__).resolve().parent.parent  # the package
-    inside = here / "_weights"
-    return inside if inside.is_dir() else here.parent / "weights"
-
-
-SHIPPED = _shipped_folder()
-
 
 def header_limit(config: Config) -> int:
     """The most header bytes a GPT-2 model of these sizes can need: every tensor and the old
@@ -52,7 +41,7 @@ def header_limit(config: Config) -> int:
     return header_bytes(len(PARAMS) + 1 + per_block * config.n_layer)
 
 
-def _short_names(infos: dict[str, TensorInfo], fam) -> dict[str, TensorInfo]:
+def _short_names(infos: dict[str, TensorInfo], fam: Family) -> dict[str, TensorInfo]:
     """Names without the family's prefix (GPT-2's `transformer.`); the ignored buffers
     dropped."""
     out: dict[str, TensorInfo] = {}
@@ -67,16 +56,16 @@ def _short_names(infos: dict[str, TensorInfo], fam) -> dict[str, TensorInfo]:
     return out
 
 
-def check_header(infos: dict[str, TensorInfo], config: Config) -> None:
-    """Names, count, shapes and dtypes against the config, before any tensor is read.
+def check_header(infos: dict[str, TensorInfo], config: Config, fam: Family) -> None:
+    """Names, count, shapes and dtypes against the config and its family's file layout,
+    before any tensor is read.
 
     The count comes first, from the config's numbers alone, so that a config claiming a
     million blocks is refused without building a million blocks' worth of names.
     """
-    fam = family(config.model_type)
     short = _short_names(infos, fam)
     expected = fam.file_shapes(config)
-    head = short.pop("lm_head.weight", None) if "lm_head.weight" not in expected else None
+    head = short.pop("lm_head.weight", None) if config.tied else None
     per_block = sum(1 for n in expected if fam.block_of(n) == 0)
     outside = sum(1 for n in expected if fam.block_of(n) is None)
     want = outside + per_block * config.n_layer
@@ -116,7 +105,8 @@ def _shown(name: str, fam) -> str:
     return name if name == "lm_head.weight" else fam.PREFIX + name
 
 
-def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str, np.ndarray]:
+def validate_params(tensors: dict[str, np.ndarray], config: Config, fam: Family
+                    ) -> dict[str, np.ndarray]:
     """Check names, shapes, dtypes and finiteness; return float32 params by their canonical
     names (the family's converter, families/).
 
@@ -129,13 +119,12 @@ def validate_params(tensors: dict[str, np.ndarray], config: Config) -> dict[str,
     import numpy as np
 
     infos = {n: TensorInfo(n, dtype_name(a.dtype), tuple(a.shape)) for n, a in tensors.items()}
-    check_header(infos, config)
-    fam = family(config.model_type)
+    check_header(infos, config, fam)
     short = {name.removeprefix(fam.PREFIX): tensors.pop(name) for name in list(tensors)}
     expected = fam.file_shapes(config)
     out = {name: _finite_float32(name, short.pop(name), fam) for name in expected}
     table = fam.file_name("embed.W_E")
-    if "lm_head.weight" in short and "lm_head.weight" not in expected:
+    if "lm_head.weight" in short and config.tied:
         head = _finite_float32("lm_head.weight", short["lm_head.weight"], fam)
         if not np.array_equal(*(a.widen() if isinstance(a, Bfloat16) else a
                                 for a in (head, out[table]))):
@@ -166,10 +155,10 @@ def _finite_float32(name: str, arr: np.ndarray, fam) -> np.ndarray:
     raise WeightsError(f"tensor {_shown(name, fam)} holds NaN or infinite values")
 
 
-def checked_header(path: Path, config: Config) -> dict[str, TensorInfo]:
+def checked_header(path: Path, config: Config, fam: Family) -> dict[str, TensorInfo]:
     """The safetensors header of the weights file (or of every shard an index names),
-    checked against the config (names, shapes, dtypes): reads a few kilobytes, needs no
-    NumPy."""
+    checked against the config and its family (names, shapes, dtypes): reads a few
+    kilobytes, needs no NumPy."""
     if not path.is_file():
         raise WeightsError(f"weights file {path} does not exist")
     limit = min(MAX_HEADER_BYTES, header_limit(config))
@@ -190,24 +179,8 @@ def checked_header(path: Path, config: Config) -> dict[str, TensorInfo]:
     except OSError as e:
         raise WeightsError(f"cannot read {path}: {e.strerror or e}") from None
     with _naming(path):
-        check_header(infos, config)
+        check_header(infos, config, fam)
     return infos
-
-
-def weights_path(root: Path) -> Path:
-    """The folder's weights: model.safetensors, else a sharded model's index. A folder with
-    only pytorch_model.bin is refused: tinygpt reads safetensors alone (a pickle can run code
-    as it loads)."""
-    single = root / "model.safetensors"
-    if single.exists() or single.is_symlink() or not (root / INDEX).is_file():
-        if not single.exists() and not single.is_symlink() and \
-                any(root.glob("pytorch_model*.bin")):
-            raise WeightsError(
-                f"weights folder {root} holds pytorch_model.bin, which tinygpt does not read: "
-                "only safetensors files (save it again with transformers: from_pretrained, "
-                "then save_pretrained(folder, safe_serialization=True))")
-        return single
-    return root / INDEX
 
 
 @contextlib.contextmanager
@@ -220,19 +193,22 @@ def _naming(path: Path):
         raise type(e)(f"{path}: {e}") from None
 
 
-def load_params(path: str | Path, config: Config) -> dict[str, np.ndarray]:
-    """Read the header, check it against the config, and only then map the tensors.
+def load_params(path: str | Path, config: Config, fam: Family | None = None
+                ) -> dict[str, np.ndarray]:
+    """Read the header, check it against the config, and only then map the tensors. `fam`:
+    the Model's family (model.family), when the file is one of a loaded model's (a snapshot
+    of its history); looked up once from the config when the caller has no Model.
 
     The tensors are read-only arrays over the mapped file (map_safetensors); float32 ones
     stay so, F16/F64 ones are converted (a copy). Nothing may write into params in place.
     """
-    path = Path(path)
-    return map_params(path, config, checked_header(path, config))
+    path, fam = Path(path), fam or family(config.model_type)
+    return map_params(path, config, checked_header(path, config, fam), fam)
 
 
-def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict[str, np.ndarray]:
-    """load_params after its header check: `infos` is checked_header(path, config)."""
-    fam = family(config.model_type)
+def map_params(path: Path, config: Config, infos: dict[str, TensorInfo], fam: Family
+               ) -> dict[str, np.ndarray]:
+    """load_params after its header check: `infos` is checked_header(path, config, fam)."""
     wanted = [n for n in infos if not (n.removeprefix(fam.PREFIX)).endswith(fam.IGNORED)]
     files: dict[Path, list[str]] = {}
     for n in wanted:  # one file, or each shard of a sharded model
@@ -242,16 +218,20 @@ def map_params(path: Path, config: Config, infos: dict[str, TensorInfo]) -> dict
     for file, names in files.items():
         tensors.update(read_safetensors(file, names, lazy_bf16=lazy)[0])
     with _naming(path):
-        return validate_params(tensors, config)
+        return validate_params(tensors, config, fam)
 
 
-def save_params(params: dict[str, np.ndarray], path: str | Path, config: Config) -> None:
+def save_params(params: dict[str, np.ndarray], path: str | Path, config: Config,
+                fam: Family | None = None) -> None:
     """Float32, in the family's own file layout (GPT-2: Hugging Face names, tied head
-    omitted), so that `transformers` loads the folder."""
+    omitted), so that `transformers` loads the folder. `fam`: the Model's family
+    (model.family), or the one a new model's config names (a training run's, looked up once
+    by the run)."""
     import numpy as np
 
+    fam = fam or family(config.model_type)
     tensors = {n: np.ascontiguousarray(a, dtype=np.float32)
-               for n, a in family(config.model_type).params_to_file(params, config).items()}
+               for n, a in fam.params_to_file(params, config).items()}
     write_atomically(Path(path), safetensors_bytes(tensors, {"format": "pt"}))
 
 
@@ -263,68 +243,18 @@ class Model:
     config: Config
     params: dict[str, np.ndarray]
     tokenizer: object  # tinygpt_cli.transformer.tokenizer.Tokenizer
+    # its family's converter (families.Family), found once when the folder was opened: what
+    # reads the model's names (its file's tensor names, its label) asks it, never the
+    # model_type
+    family: Family = field(repr=False, compare=False)
     file: Path | None = None  # a GGUF file's path (its folder is `folder`)
-    about: dict | None = None  # what the GGUF says of itself (gguf_file.description)
-    # its family's converter (families.Family), found once for its config: what reads the
-    # model's names (its file's tensor names, its label) asks it, never the model_type
-    family: Family = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        self.family = family(self.config.model_type)
+    about: dict | None = None  # what the GGUF says of itself (storage/gguf_file.description)
 
     @property
     def weights_file(self) -> Path:
         """model.safetensors, a sharded model's index, or the GGUF file (its sha256 names
         the model)."""
         return self.file if self.file is not None else weights_path(self.folder)
-
-
-def _shipped_named(name: str) -> Path | None:
-    """weights/NAME, spelt just so (the README's names), when the shipped weights hold a
-    model folder NAME. `./weights/llama` is a path and stays one."""
-    m = re.fullmatch(r"weights/([A-Za-z0-9][\w.-]*)/?", name)
-    if m:
-        inside = SHIPPED / m[1]
-        if (inside / "config.json").is_file():
-            return inside
-    return None
-
-
-def resolve_folder(folder: str | Path | None) -> tuple[Path, bool]:
-    """--weights DIR, then $TINYGPT_WEIGHTS, then the weights shipped with the package; and
-    whether the user named it. An empty name is refused, never taken as the current folder.
-    A name that is no folder here but a hub id (ORG/NAME[@REVISION]) is the hub cache's
-    snapshot of that model, fetched when needed (hub.py); ORG/NAME[@REVISION]/FILE.gguf is
-    that one file of it."""
-    if folder is not None:
-        if str(folder) == "":
-            raise InputError("--weights is empty: name a weights folder, or leave the option "
-                             "out for the shipped model")
-        return _local_or_hub(folder), True
-    env = os.environ.get("TINYGPT_WEIGHTS")
-    if env:
-        return _local_or_hub(env), True
-    return SHIPPED, False
-
-
-def _local_or_hub(name: str | Path) -> Path:
-    """The folder `name`; when there is none of that name, a folder shipped with the package
-    that the README names from the repository's root (weights/llama: the shipped `llama`,
-    from any folder); else, when it is a hub id, the hub cache's snapshot of it. A local
-    folder always wins."""
-    path = Path(name).expanduser()
-    if path.exists() or path.is_symlink():
-        return path
-    shipped = _shipped_named(str(name))
-    if shipped is not None:
-        return shipped
-    from .hub import file, hub_file, hub_id, snapshot
-
-    one = hub_file(str(name))
-    if one is not None:
-        return file(str(name), *one)
-    found = hub_id(str(name))
-    return path if found is None else snapshot(str(name), *found)
 
 
 @dataclass
@@ -337,7 +267,8 @@ class Folder:
     config: Config
     tokenizer: object  # tinygpt_cli.transformer.tokenizer.Tokenizer
     header: dict[str, TensorInfo]  # model.safetensors' header, checked against the config
-    file: Path | None = None  # a GGUF file, read by gguf_file.py instead of the above
+    family: Family = field(repr=False, compare=False)  # looked up once, here, for the Model
+    file: Path | None = None  # a GGUF file, read by gguf.py instead of the above
     about: dict | None = None
     gguf: tuple = ()  # its checked layout (the file mapped) and the tensors' entries
 
@@ -383,7 +314,8 @@ def _open_folder(folder: str | Path | None) -> Folder:
         raise WeightsError(f"{root / 'config.json'}: {e}") from None
     # the weights' header too, though text <-> ids never reads them: a broken folder is
     # reported by every command alike
-    header = checked_header(weights, config)
+    fam = family(config.model_type)
+    header = checked_header(weights, config, fam)
     tokenizer = read_tokenizer(root / "tokenizer.json", config)
     check_vocabulary(tokenizer, config, root)
     settings = read_side_json(root / "tokenizer_config.json")
@@ -394,7 +326,7 @@ def _open_folder(folder: str | Path | None) -> Folder:
         generation = {"eos_token_id": (read_side_json(root / "config.json") or {}).get(
             "eos_token_id")}
     tokenizer.end_ids = end_ids(tokenizer, generation, settings)
-    return Folder(root, config, tokenizer, header)
+    return Folder(root, config, tokenizer, header, fam)
 
 
 def read_side_json(path: Path) -> dict | None:
@@ -449,16 +381,10 @@ def load_model(folder: str | Path | None = None, opened: dict | None = None) -> 
 
 
 def _open_gguf(path: Path) -> Folder:
-    """A GGUF file: its metadata, tokenizer and tensor table checked (gguf_file.py); its
+    """A GGUF file: its metadata, tokenizer and tensor table checked (gguf.py); its
     tensors are read by _load_model."""
-    from .gguf_file import (
-        architecture,
-        check_tensors,
-        check_types,
-        description,
-        hf_config,
-        open_layout,
-    )
+    from ..storage.gguf_file import check_types, description, open_layout
+    from .gguf import architecture, check_tensors, hf_config
     from .gguf_vocab import build
 
     if not path.is_file():
@@ -479,7 +405,8 @@ def _open_gguf(path: Path) -> Folder:
     check_types(lay, path)
     _check_gguf_vocabulary(tokenizer, config, path)
     about = {**description(lay, meta), "tokenizer": vocab_about}
-    return Folder(path.parent, config, tokenizer, {}, path, about, (lay, entries))
+    return Folder(path.parent, config, tokenizer, {}, family(config.model_type), path, about,
+                  (lay, entries))
 
 
 def _check_gguf_vocabulary(tokenizer, config: Config, path: Path) -> None:
@@ -494,13 +421,14 @@ def _check_gguf_vocabulary(tokenizer, config: Config, path: Path) -> None:
 
 def _load_model(f: Folder) -> Model:
     if f.file is not None:
-        from .gguf_file import read_params
+        from .gguf import read_params
 
         lay, entries = f.gguf
         params = read_params(f.file, lay, f.config, entries)
-        return Model(f.folder, f.config, params, f.tokenizer, f.file, f.about)
-    return Model(f.folder, f.config, map_params(weights_path(f.folder), f.config, f.header),
-                 f.tokenizer)
+        return Model(f.folder, f.config, params, f.tokenizer, f.family, f.file, f.about)
+    return Model(f.folder, f.config,
+                 map_params(weights_path(f.folder), f.config, f.header, f.family), f.tokenizer,
+                 f.family)
 
 
 MAX_TOKENIZER_BYTES = 16 << 20  # GPT-2's own, 50,257 tokens with their merges: 1.4 MB
@@ -560,19 +488,3 @@ def check_vocabulary(tokenizer, config: Config, root: Path) -> None:
         _ = tokenizer.eot_id  # generation and training stop on it
     except ValueError as e:
         raise WeightsError(f"{root / 'tokenizer.json'}: {e}") from None
-
-
-def gguf_path(path: Path) -> Path | None:
-    """The GGUF file `--weights` names: the file itself, or the one .gguf in a folder that
-    has no model.safetensors; None when it names no GGUF. A folder of several is refused."""
-    if path.suffix.lower() == ".gguf" and not path.is_dir():
-        return path
-    if not path.is_dir() or (path / "model.safetensors").exists() \
-            or (path / "config.json").exists():
-        return None
-    found = sorted(p for p in path.glob("*.gguf") if not p.is_dir())
-    if len(found) > 1:
-        names = ", ".join(p.name for p in found[:3]) + (", ..." if len(found) > 3 else "")
-        raise InputError(f"weights folder {path} holds {len(found)} GGUF files ({names}): "
-                         "name one with --weights FILE.gguf")
-    return found[0] if found else None

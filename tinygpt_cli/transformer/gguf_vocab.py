@@ -28,8 +28,8 @@ from __future__ import annotations
 from tokenizers import processors
 
 from ..errors import WeightsError
-from ..transformer.config import shown
-from ..transformer.tokenizer import WORD_PATTERNS, _bytes_to_unicode
+from ..escapes import shown
+from .tokenizer import WORD_PATTERNS, _bytes_to_unicode
 
 CONTROL, USER_DEFINED = 3, 4
 SPACE = "\u2581"  # SentencePiece's stand-in for a space
@@ -52,7 +52,7 @@ GEMMA = {"gemma3"}  # general.architecture: the vocabulary read as Gemma's (modu
 
 def build(meta: dict, path) -> tuple[object, dict]:
     """(tinygpt Tokenizer, what the file says about it for `info`) from the metadata."""
-    from ..transformer.tokenizer import Tokenizer
+    from .tokenizer import Tokenizer
 
     kind = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
