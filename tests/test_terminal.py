@@ -306,7 +306,10 @@ def test_shell_completion_completes_commands_and_installs(tiny, tmp_path):
     r = subprocess.run([sys.executable, "-m", "tinygpt_cli"], capture_output=True, text=True,
                        env=env, timeout=120)
     assert r.returncode == 0 and r.stdout.split() == ["--layer"], r
-    env = child_env(tiny, HOME=str(tmp_path), SHELL="/bin/bash")
+    # the shell named, not found among the test's parent processes (a suite run under nohup
+    # or cron has no shell there): typer then takes the name as --install-completion's value
+    env = child_env(tiny, HOME=str(tmp_path), SHELL="/bin/bash",
+                    _TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION="1")
     r = subprocess.run([sys.executable, "-m", "tinygpt_cli", "--install-completion", "bash"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r
