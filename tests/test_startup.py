@@ -54,6 +54,30 @@ def test_loaded_params_are_read_only_views_and_the_head_copy_is_the_same_numbers
     np.testing.assert_allclose(ops.unembed(u, wte), u @ writable.T, rtol=1e-5, atol=1e-5)
 
 
+def test_a_large_heads_logits_one_position_or_many_are_the_products_in_float64(monkeypatch):
+    """One position of a table past VIEW_HEAD_FROM (a dot product per row), and several
+    written into pages made for them (model.unembed past its size), against the products
+    computed in float64."""
+    from tinygpt_cli.transformer import model, ops
+    from tinygpt_cli.transformer.config import Config
+    from tinygpt_cli.transformer.hooks import Record
+
+    rng = np.random.default_rng(3)
+    table = rng.normal(size=(ops.VIEW_HEAD_FROM // 256 + 7, 256)).astype(np.float32)
+    u = rng.normal(size=(128, 256)).astype(np.float32)  # 4 MB of logits: pages of their own
+    want = u.astype(np.float64) @ table.astype(np.float64).T
+    monkeypatch.setattr(ops, "HEAD_BY_ROWS_FROM", 1 << 20)  # this 8 MB table counts as large
+    one = ops.unembed(u[2:3], table)
+    assert one.shape == (1, table.shape[0]) and one.dtype == np.float32
+    np.testing.assert_allclose(one[0], want[2], rtol=0, atol=1e-4)
+    monkeypatch.setattr(model, "LOGITS_ON_SMALL_PAGES", 1 << 20)  # these count as large
+    rec = Record()
+    many = model.unembed({"embed.W_E": table}, Config(tied=True), u, rec)
+    assert many is rec.values["logits"] and many.shape == want.shape and many.flags.writeable
+    assert many.base is not None  # written into the pages made for it, not NumPy's own
+    np.testing.assert_allclose(many, want, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("data", [b"", b"\x05\x00\x00\x00\x00\x00\x00\x00{}", b"\xff" * 40,
                                   b"\x02\x00\x00\x00\x00\x00\x00\x00[]"])
 def test_malformed_files_are_left_to_the_library(tmp_path, data):

@@ -1,7 +1,7 @@
 """Large arrays on memory made 4 kB at a time: on this project's machines (virtual ones with
 Linux's transparent huge pages) a large np.empty is made 2 MB at a time, and the first touch
 of such pages cost several times what small pages did (benchmarks/results.md, "Why the code
-is as it is": the key/value cache, the widened weights)."""
+is as it is": the key/value cache, the widened weights, a pass's logits)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,36 @@ import mmap
 
 import numpy as np
 
+WHOLE_AT_ONCE = 128 << 20  # bytes: a bfloat16 tensor widened in one piece (safetensors.py)
 
-def fresh_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
+
+def fresh_pages(shape: tuple[int, ...], dtype, whole: bool = False) -> np.ndarray:
     """np.empty(shape, dtype), on memory whose pages are made 4 kB at a time as they are
-    first written (MADV_NOHUGEPAGE). Small arrays, and systems without the advice, get
-    np.empty's own."""
+    first written (MADV_NOHUGEPAGE). `whole`: every number is about to be written (a
+    widened weight, the logits of a pass), so the pages are all made now, in one call
+    (MAP_POPULATE): a page fault per 4 kB cost 0.6 s a GB, this 0.38. Small arrays, and
+    systems without the advice, get np.empty's own."""
     size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
     if advice is None or size < 4 << 20:  # not Linux, or too small for huge pages to matter
         return np.empty(shape, dtype)
-    pages = mmap.mmap(-1, size)
-    try:
-        pages.madvise(advice)
-    except OSError:  # a kernel without the advice: the pages are as np.empty's would be
-        pass
+    populate = getattr(mmap, "MAP_POPULATE", 0) if whole else 0
+    if populate:  # not marked for huge pages, so small ones (a system that makes huge pages
+        # of every mapping would make them for np.empty's alike)
+        pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+    else:
+        pages = mmap.mmap(-1, size)
+        try:
+            pages.madvise(advice)
+        except OSError:  # a kernel without the advice: the pages are as np.empty's would be
+            pass
     return np.frombuffer(pages, dtype).reshape(shape)
+
+
+def weight_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """fresh_pages for a weight the loader writes: made at once up to WHOLE_AT_ONCE bytes. A
+    larger one is written a piece at a time, the file's pages of each piece let go of as it
+    goes, and its pages all made first would be held beside all of the file's (a peak 130 MB
+    higher for Gemma-3-270M's embedding): its pages are made as they are written."""
+    size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return fresh_pages(shape, dtype, whole=size <= WHOLE_AT_ONCE)

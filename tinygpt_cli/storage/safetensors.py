@@ -234,11 +234,11 @@ class Bfloat16:
         (a float32 array of that shape, a view into a larger one, say) or a new array."""
         import numpy as np
 
-        from .pages import fresh_pages
+        from .pages import weight_pages
 
         bits, (begin, end) = self.bits, self._span
         if out is None:
-            out = fresh_pages(bits.T.shape if transposed else bits.shape, np.float32)
+            out = weight_pages(bits.T.shape if transposed else bits.shape, np.float32)
         # a large tensor (a 262,144-row embedding) a piece at a time, each piece's file pages
         # let go of once widened: never the whole file mapped beside the whole float32 copy
         rows = max(1, (64 << 20) // max(1, bits[:1].nbytes)) if bits.ndim > 1 else len(bits)
@@ -342,10 +342,10 @@ def widen_bfloat16(bits: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
     Written into `out` (float32, bits' shape) when given, else into a new array."""
     import numpy as np
 
-    from .pages import fresh_pages
+    from .pages import weight_pages
 
     # one pass into small pages (pages.py), no uint32 copy of the bits made first
-    out = fresh_pages(bits.shape, np.float32) if out is None else out
+    out = weight_pages(bits.shape, np.float32) if out is None else out
     np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
     return out
 

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import WeightsError
 from ..escapes import shown
 from ..storage.gguf_file import Layout, TensorEntry, dequantized, release
-from ..storage.pages import fresh_pages
+from ..storage.pages import weight_pages
 from .config import Config
 from .schema import param_shapes
 
@@ -276,7 +276,7 @@ def read_params(path: Path, lay: Layout, config: Config,
     for canonical, parts in entries.items():
         if canonical == "<tied head>":
             continue
-        out = fresh_pages(shapes[canonical], np.float32)
+        out = weight_pages(shapes[canonical], np.float32)
         at = 0
         for e in parts:
             rows = e.shape[0] if len(e.shape) > 1 else 1

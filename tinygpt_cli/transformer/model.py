@@ -11,6 +11,7 @@ family's file to them). `ids` is
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from dataclasses import dataclass, field
 
@@ -554,8 +555,22 @@ def head_table(config: Config) -> str:
 
 
 def unembed(params, config: Config, u: np.ndarray, hooks: Hook) -> np.ndarray:
-    """Card 9: logits = u W_U, the head's rows (W_E's when tied).  [T, d] -> [T, V]"""
-    return hooks("logits", ops.unembed(u, params[head_table(config)]))
+    """Card 9: logits = u W_U, the head's rows (W_E's when tied).  [T, d] -> [T, V]
+
+    Large logits are written into small pages all made at once (pages.fresh_pages): NumPy's
+    own array would be made of 2 MB pages, whose first touch is slow when the kernel has none
+    free at hand (a pass in a new process, or after other work): Gemma-3-270M's 512 x
+    262,144 took 2.9 s instead of 2.0 (benchmarks/results.md, issue 48). Smaller ones (a
+    training step's, whose 2 MB pages a loop finds freed by the step before) are NumPy's."""
+    table = params[head_table(config)]
+    shape = (*u.shape[:-1], table.shape[0])
+    dtype = np.result_type(u, table)
+    large = math.prod(shape) * dtype.itemsize >= LOGITS_ON_SMALL_PAGES
+    out = fresh_pages(shape, dtype, whole=True) if large else None
+    return hooks("logits", ops.unembed(u, table, out))
+
+
+LOGITS_ON_SMALL_PAGES = 128 << 20  # bytes of logits
 
 
 def unembed_backward(g: Gradients, dlogits: np.ndarray) -> np.ndarray:
@@ -882,7 +897,11 @@ class Decoder:
             q, k = self._turned(q, start, a), self._turned(k, start, a)
         k, v, first = cache.put(i, start, k, v)  # a sliding block's: its window alone
         end, start = start + 1 - first, start - first
-        k, v = ops.repeat_kv(k, a.groups), ops.repeat_kv(v, a.groups)
+        if a.groups > 1:  # each key/value head read by its group of query heads as it is,
+            # not repeated (a copy of the whole cache a step): [H_kv, groups, 1, d_k] against
+            # [H_kv, 1, end, d_k], each head's product the very one of repeat_kv's copy
+            q = q.reshape(c.kv_heads, a.groups, 1, c.d_k)
+            k, v = k[:, None], v[:, None]
         scores = q @ k.swapaxes(-1, -2)  # [H, 1, end]: one query sees every key but ...
         scores *= (np.asarray(a.scale, q.dtype) if a.scale
                    else ops._inverse_sqrt(q.shape[-1], q.dtype))
@@ -896,7 +915,7 @@ class Decoder:
         # time of two reduces
         if not all(low <= s <= high for s in total.reshape(-1).tolist()):
             e = ops.softmax(scores)
-        z = e @ v  # [H, 1, d_k], merged as ops.merge_heads does
+        z = (e @ v).reshape(c.n_head, 1, c.d_k)  # [H, 1, d_k], merged as merge_heads does
         return _row_times(z.swapaxes(-3, -2).reshape(1, -1), b["attn.W_O"], b["attn.b_O"])
 
     def _mlp(self, b: dict, x: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ import re
 import numpy as np
 
 from ...escapes import shown
-from ...storage.pages import fresh_pages
+from ...storage.pages import weight_pages
 from ...storage.safetensors import let_go_of
 from ..config import Config, is_int, token_id
 
@@ -75,7 +75,7 @@ def transposed(a) -> np.ndarray:
     """A file matrix (out, in) as the canonical (in, out), a C-ordered copy (BLAS multiplies
     a vector by it faster than by the transposed view), on small pages (pages.py); a
     bfloat16 one widened straight into it."""
-    out = fresh_pages(a.shape[::-1], np.float32 if hasattr(a, "widen") else a.dtype)
+    out = weight_pages(a.shape[::-1], np.float32 if hasattr(a, "widen") else a.dtype)
     _place(out, a)
     return out
 
@@ -84,8 +84,8 @@ def side_by_side(pieces: list) -> np.ndarray:
     """File matrices (out_i, in) as one canonical (in, sum out_i): q, k and v into W_QKV,
     each piece (bfloat16 ones widened) written straight into its columns."""
     kinds = {np.float32 if hasattr(p, "widen") else p.dtype for p in pieces}
-    out = fresh_pages((pieces[0].shape[1], sum(p.shape[0] for p in pieces)),
-                      np.result_type(*kinds))
+    out = weight_pages((pieces[0].shape[1], sum(p.shape[0] for p in pieces)),
+                       np.result_type(*kinds))
     for part, p in zip(cut(out, [p.shape[0] for p in pieces]), pieces, strict=True):
         _place(part, p)
     return out
