@@ -10,7 +10,7 @@ training text (part-000.txt). Each build starts from an index folder holding onl
 snapshots' projections (fitted once, timed apart: a fixed cost), so it times the shards, the
 part that grows with the text; the cluster, when there is one, is already started (timed
 apart). The query is one `why` question on the built index: the query gradients, every shard
-scored where it lies keeping its best (tinygpt_cli.analysis.why_index), the winners merged
+scored where it lies keeping its best (tinygpt_cli.jobs.why_index), the winners merged
 and re-scored exactly. The growth rows build indexes of a synthetic text of k times
 --windows windows: the same stories, copy i rolled by i * T / k tokens so that no window
 repeats. --write puts the table into benchmarks/results.md (the section "Past one
@@ -57,7 +57,7 @@ def fitted(model, timeline, stream, folder: Path) -> float:
     the seconds it took. Every build below starts from copies of them, so that it times the
     part that grows with the text: the shards."""
     from tinygpt_cli.analysis import tracin
-    from tinygpt_cli.analysis.why_index import fit_windows
+    from tinygpt_cli.jobs.why_index import fit_windows
     from tinygpt_cli.storage.cache import npz_bytes
     from tinygpt_cli.storage.files import write_checked
 
@@ -76,7 +76,7 @@ def fitted(model, timeline, stream, folder: Path) -> float:
 def timed_build(model, timeline, stream, engine, cache: Path) -> tuple[float, object]:
     import shutil
 
-    from tinygpt_cli.analysis.why_index import TracinIndex
+    from tinygpt_cli.jobs.why_index import TracinIndex
     from tinygpt_cli.storage.cache import key_of
 
     config = model.config
@@ -93,12 +93,13 @@ def timed_build(model, timeline, stream, engine, cache: Path) -> tuple[float, ob
 
 def timed_query(model, timeline, stream, grads, engine) -> float:
     from tinygpt_cli.analysis import why
+    from tinygpt_cli.jobs import why as why_job
 
     index = why.Index(stream, None, "bench", ["bench"], np.array([len(stream)]))
     ids = model.tokenizer.encode(QUERY[0])
     target = model.tokenizer.encode(QUERY[1])[0]
     t0 = time.perf_counter()
-    why.influence(index, timeline, model.config, ids, target, 10, grads, engine=engine)
+    why_job.influence(index, timeline, model.config, ids, target, 10, grads, engine=engine)
     return time.perf_counter() - t0
 
 
@@ -126,14 +127,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from distributed import LocalCluster
 
-    from tinygpt_cli.analysis import history as hist
     from tinygpt_cli.jobs import cluster
+    from tinygpt_cli.jobs import history as snapshots_of
     from tinygpt_cli.transformer.folder import load_model
 
     load = os.getloadavg()[0]
     model = load_model(None)
-    found = hist.find_snapshots(model.folder / "history", model.weights_file)
-    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
+    found = snapshots_of.find_snapshots(model.folder / "history", model.weights_file)
+    timeline = [s for s in snapshots_of.timeline(model, found) if s.lr is not None]
     cache = Path(tempfile.mkdtemp(prefix="tinygpt-cluster-bench-"))
     stream = text_of(model, args.windows)
     (cache / "projections").mkdir()

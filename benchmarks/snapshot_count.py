@@ -40,25 +40,27 @@ from why_quality import PROMPTS, write_results  # noqa: E402  (the same queries 
 def per_snapshot_scores(weights: Path, windows: int, n_queries: int, seed: int = 0):
     """-> (steps [S], lrs [S], scores [Q, S, W]) of a seeded sample of training windows."""
     from tinygpt_cli.analysis import exact_tracin as ex
-    from tinygpt_cli.analysis import history as hist
-    from tinygpt_cli.analysis import why
+    from tinygpt_cli.jobs import history as snapshots_of
+    from tinygpt_cli.jobs import why as why_job
+    from tinygpt_cli.jobs.threads import on_cores
     from tinygpt_cli.transformer.folder import load_model
 
     model = load_model(weights)
-    found = why.training_text(model, None)
-    index = why.load_index(found.files, model.tokenizer, model.folder / "tokenizer.json")
-    snaps = hist.find_snapshots(hist.history_folder(model), model.weights_file)
-    timeline = [s for s in hist.timeline(model, snaps) if s.lr is not None]
+    found = why_job.training_text(model, None)
+    index = why_job.load_index(found.files, model.tokenizer, model.folder / "tokenizer.json")
+    snaps = snapshots_of.find_snapshots(snapshots_of.history_folder(model), model.weights_file)
+    timeline = [s for s in snapshots_of.timeline(model, snaps) if s.lr is not None]
     n = (len(index.stream) - 1) // model.config.n_positions
     sample = np.sort(np.random.default_rng(seed).choice(n, size=min(windows, n),
                                                         replace=False))
     asks = []
     for text in PROMPTS[:n_queries]:
         ids = model.tokenizer.encode(text)
-        asks.append((ids, why._target_of(model, ids, None, None)))
+        asks.append((ids, why_job._target_of(model, ids, None, None)))
     queries = [(s.params, s.lr, [ex.next_token_query(s.params, model.config, ids, t)
                                  for ids, t in asks]) for s in timeline]
-    scores = ex.scores_over_stream(queries, model.config, index.stream, windows=sample)
+    scores = ex.scores_over_stream(queries, model.config, index.stream, windows=sample,
+                                    each=on_cores())
     return (np.array([s.step for s in timeline]), np.array([s.lr for s in timeline]),
             scores, n)
 

@@ -36,7 +36,7 @@ def measure(model, index, timeline, n, sample, asks):
     """-> {"exact", "exact PART", "index PART": [Q, W]} lr-weighted sums."""
     from tinygpt_cli.analysis import exact_tracin as ex
     from tinygpt_cli.analysis import tracin
-    from tinygpt_cli.analysis.why_index import fit_windows
+    from tinygpt_cli.jobs.why_index import fit_windows
     from tinygpt_cli.transformer.windows import eval_windows
 
     config = model.config

@@ -23,7 +23,7 @@ unpredictable first token, which otherwise dominates every late gradient):
 
 The value is each head's attention weight from zq to X on the frame's prefix up to the first
 zq (`layers.0.heads.H.weights[-1,mi]`, why.value_of), scored over every window by
-why.exact_scores, the pass `why --value` takes. `--shuffle` gives the control: Y or N at
+why_job.exact_scores, the pass `why --value` takes. `--shuffle` gives the control: Y or N at
 random, whatever stands at mi (X no longer tells anything). It prints, per seed and head, the
 weight at the end, its course over the snapshots, and the ranks (0 = first) of the planted
 and of the contrast windows. A benchmark, not a test: 4 to 14 s a seed on the 2-core
@@ -42,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tinygpt_cli.analysis import why  # noqa: E402
+from tinygpt_cli.jobs import why as why_job  # noqa: E402
 from tinygpt_cli.transformer import ops  # noqa: E402
 from tinygpt_cli.transformer.config import Config  # noqa: E402
 from tinygpt_cli.transformer.model import forward, init_params, loss_and_grads
@@ -122,7 +123,7 @@ def run(seed: int, a, shuffle: bool) -> list[dict]:
     out = []
     for h in range(config.n_head):
         value = why.value_of(model, q, f"layers.0.heads.{h}.weights[-1,{a.mi}]", 0, None)
-        scores = why.exact_scores(SimpleNamespace(stream=stream), snapshots, config,
+        scores = why_job.exact_scores(SimpleNamespace(stream=stream), snapshots, config,
                                   [value.make], workers=1)[0].sum(0)
         course = [float(run_traced(s.params, config, np.asarray(q)).values[
             "layers.0.weights"][h, -1, a.mi]) for s in snapshots]

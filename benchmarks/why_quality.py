@@ -72,22 +72,22 @@ VARIANTS = [("default (u 16, m 4, top 4, 4 steps)", {}),
 
 
 def setup(windows: int, n_queries: int, seed: int = 0):
-    from tinygpt_cli.analysis import history as hist
-    from tinygpt_cli.analysis import why
+    from tinygpt_cli.jobs import history as snapshots_of
+    from tinygpt_cli.jobs import why as why_job
     from tinygpt_cli.transformer.folder import load_model
 
     model = load_model(ROOT / "weights")
-    found = why.training_text(model, None)
-    index = why.load_index(found.files, model.tokenizer, model.folder / "tokenizer.json")
-    snaps = hist.find_snapshots(hist.history_folder(model), model.weights_file)
-    timeline = [s for s in hist.timeline(model, snaps) if s.lr is not None]
+    found = why_job.training_text(model, None)
+    index = why_job.load_index(found.files, model.tokenizer, model.folder / "tokenizer.json")
+    snaps = snapshots_of.find_snapshots(snapshots_of.history_folder(model), model.weights_file)
+    timeline = [s for s in snapshots_of.timeline(model, snaps) if s.lr is not None]
     n = (len(index.stream) - 1) // model.config.n_positions
     rng = np.random.default_rng(seed)
     sample = np.sort(rng.choice(n, size=min(windows, n), replace=False))
     asks = []
     for text in PROMPTS[:n_queries]:
         ids = model.tokenizer.encode(text)
-        asks.append((ids, why._target_of(model, ids, None, None)))
+        asks.append((ids, why_job._target_of(model, ids, None, None)))
     return model, index, timeline, n, sample, asks
 
 
@@ -100,8 +100,8 @@ def measure(model, index, timeline, n, sample, asks, variants, workers=None):
     """-> exact [Q, W], {variant: [Q, W]} (lr-weighted sums over the snapshots)."""
     from tinygpt_cli.analysis import exact_tracin as ex
     from tinygpt_cli.analysis import tracin
-    from tinygpt_cli.analysis.why_index import fit_windows
     from tinygpt_cli.jobs.threads import map_on_cores
+    from tinygpt_cli.jobs.why_index import fit_windows
     from tinygpt_cli.transformer.windows import eval_windows
 
     config = model.config
@@ -194,7 +194,8 @@ def all_windows(n_queries: int, workers=None) -> tuple[str, list[str]]:
     scores) and of other pools (RE_SCORED)."""
     from tinygpt_cli.analysis import exact_tracin as ex
     from tinygpt_cli.analysis.why import POOL, recall, spearman
-    from tinygpt_cli.analysis.why_index import open_index
+    from tinygpt_cli.jobs.threads import on_cores
+    from tinygpt_cli.jobs.why_index import open_index
     from tinygpt_cli.transformer.windows import eval_windows
 
     t0 = time.perf_counter()
@@ -208,7 +209,8 @@ def all_windows(n_queries: int, workers=None) -> tuple[str, list[str]]:
     params = [s.params for s in timeline]
     makers = [lambda p, q=q, t=t: ex.next_token_query(p, config, q, t) for q, t in asks]
     queries = [(s.params, s.lr, [make(s.params) for make in makers]) for s in timeline]
-    exact = ex.scores_over_stream(queries, config, index.stream, workers=workers).sum(1)
+    exact = ex.scores_over_stream(queries, config, index.stream,
+                                  each=on_cores(workers)).sum(1)
     took = time.perf_counter() - t0 - built
     rows, kept = [], {"exact": exact}
     for k, (ids, t) in enumerate(asks):
@@ -334,7 +336,7 @@ def lds_attributions(config, stream, x, y, snapshots, queries, workers=None):
     stores it).  -> exact [Q, W], index [Q, W]"""
     from tinygpt_cli.analysis import exact_tracin as ex
     from tinygpt_cli.analysis import tracin
-    from tinygpt_cli.analysis.why_index import fit_windows
+    from tinygpt_cli.jobs.why_index import fit_windows
 
     exact = np.zeros((len(queries), len(x)))
     index = np.zeros_like(exact)

@@ -99,20 +99,21 @@ def main(argv=None) -> int:
         return 0
     from multiprocessing import get_context
 
-    from tinygpt_cli.analysis import history as hist
     from tinygpt_cli.analysis import why
-    from tinygpt_cli.analysis.why_index import open_index
+    from tinygpt_cli.jobs import history as snapshots_of
+    from tinygpt_cli.jobs import why as why_job
     from tinygpt_cli.jobs.corpus import training_text
+    from tinygpt_cli.jobs.why_index import open_index
     from tinygpt_cli.transformer.folder import load_model
 
     os.environ["TINYGPT_CACHE"] = cache
     model = load_model(None)
     files = training_text(model.folder, [Path(args.data)] if args.data else None).files
-    index = why.load_index(files, model.tokenizer, model.folder / "tokenizer.json")
+    index = why_job.load_index(files, model.tokenizer, model.folder / "tokenizer.json")
     config = model.config
     x, y = why.windows(index.stream, config.n_positions)
-    found = hist.find_snapshots(model.folder / "history", model.weights_file)
-    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
+    found = snapshots_of.find_snapshots(model.folder / "history", model.weights_file)
+    timeline = [s for s in snapshots_of.timeline(model, found) if s.lr is not None]
     grads = open_index(index.key, [s.path for s in timeline], config, len(x))
     stream_file = Path(cache) / "stream-for-recall.npy"
     np.save(stream_file, index.stream)

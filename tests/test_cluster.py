@@ -16,12 +16,13 @@ import pytest
 from cli_helpers import Runner, assert_one_error_line, clean_env
 from test_history import index_files, run  # noqa: F401 - run: the trained folder's fixture
 
-from tinygpt_cli.analysis import history as hist
 from tinygpt_cli.analysis import neurons as nrn
-from tinygpt_cli.analysis import why, why_index
-from tinygpt_cli.analysis.why_index import open_index
-from tinygpt_cli.jobs import cluster
+from tinygpt_cli.analysis import why
+from tinygpt_cli.jobs import cluster, why_index
+from tinygpt_cli.jobs import history as snapshots_of
 from tinygpt_cli.jobs import neurons as neuron_job
+from tinygpt_cli.jobs import why as why_job
+from tinygpt_cli.jobs.why_index import open_index
 from tinygpt_cli.transformer.folder import load_model
 
 distributed = pytest.importorskip("distributed")
@@ -92,11 +93,11 @@ def test_why_on_the_cluster_gives_this_machines_index_and_answer(cli, monkeypatc
 def _index(run, tmp_path, monkeypatch, name: str):  # noqa: F811
     model = load_model(run)
     config = model.config
-    index = why.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
+    index = why_job.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
                            run / "tokenizer.json")
     n = len(why.windows(index.stream, config.n_positions)[0])
-    found = hist.find_snapshots(run / "history", model.weights_file)
-    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
+    found = snapshots_of.find_snapshots(run / "history", model.weights_file)
+    timeline = [s for s in snapshots_of.timeline(model, found) if s.lr is not None]
     _in(monkeypatch, tmp_path / name)
     return index, timeline, config, open_index(index.key, [s.path for s in timeline], config, n)
 
@@ -174,7 +175,7 @@ def test_neurons_examples_on_the_cluster_are_this_machines(cli, run, tmp_path,  
     model = load_model(run)
     data = run.parent / "data" / "part-000.txt"
     monkeypatch.setattr(cluster, "SHARD", 4)
-    x, _ = why.windows(why.load_index([data], model.tokenizer, run / "tokenizer.json").stream,
+    x, _ = why.windows(why_job.load_index([data], model.tokenizer, run / "tokenizer.json").stream,
                        model.config.n_positions)
     assert len(x) > 2 * cluster.SHARD
     here = neuron_job.corpus_maxima(model.params, model.config, x, keep=5)
@@ -310,7 +311,7 @@ def _blas_threads(task, shared) -> int:
 def test_the_build_tasks_are_the_same_on_both_engines(run, tmp_path, monkeypatch,  # noqa: F811
                                                      on_cluster):
     """One shard task run on this machine's pool and on a cluster worker: the same bytes."""
-    from tinygpt_cli.analysis import why_index
+    from tinygpt_cli.jobs import why_index
 
     index, timeline, config, grads = _index(run, tmp_path, monkeypatch, "tasks")
     grads.build(index.stream, config, workers=1, chunk=8)

@@ -18,8 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinygpt_cli.analysis import heads, why
-from tinygpt_cli.analysis import history as hist
+from tinygpt_cli.jobs import history as snapshots_of
+from tinygpt_cli.jobs import why as why_job
 from tinygpt_cli.jobs.corpus import read_stories
+from tinygpt_cli.jobs.threads import on_cores
 from tinygpt_cli.jobs.train.loop import HISTORY, Settings, snapshot_steps, train
 from tinygpt_cli.transformer import ops
 from tinygpt_cli.transformer.config import Config
@@ -123,8 +125,8 @@ def test_timeline_ends_with_the_final_weights_when_they_are_not_a_snapshot(run):
 
     model = load_model(run)
     changed = dataclasses.replace(model, params={n: a + 0.01 for n, a in model.params.items()})
-    found = hist.find_snapshots(run / HISTORY, run / "model.safetensors")
-    timeline = hist.timeline(changed, found)
+    found = snapshots_of.find_snapshots(run / HISTORY, run / "model.safetensors")
+    timeline = snapshots_of.timeline(changed, found)
     assert [s.label for s in timeline] == [s.label for s in found] + ["final"]
     assert timeline[-1].lr is None and timeline[-1].params is changed.params
 
@@ -270,7 +272,7 @@ def test_a_run_stamps_its_snapshots_and_history_refuses_another_runs(cli, tmp_pa
     final = hashlib.sha256((run / "model.safetensors").read_bytes()).hexdigest()
     snaps = sorted((run / HISTORY).glob("*.safetensors"))
     assert len(snaps) == SNAPSHOTS
-    assert all(hist._metadata(p)["weights_sha256"] == final for p in snaps)
+    assert all(snapshots_of._metadata(p)["weights_sha256"] == final for p in snaps)
     other = tmp_path / "other"
     shutil.copytree(run, other)
     params = load_params(run / "model.safetensors", CFG(run))
@@ -353,7 +355,7 @@ def test_a_shard_mapped_in_place_holds_what_np_load_reads(tmp_path):
     """mapped_arrays (the query's reader) against np.load, array by array, for a shard as the
     index writes it (uncompressed; an empty array among them) and for a compressed .npz,
     which it reads by np.load; the mapping is read-only."""
-    from tinygpt_cli.analysis.why_index import mapped_arrays
+    from tinygpt_cli.jobs.why_index import mapped_arrays
     from tinygpt_cli.storage.cache import npz_bytes
 
     rng = np.random.default_rng(0)
@@ -426,16 +428,15 @@ def test_the_index_ranks_every_window_as_exact_tracin_does(run, tmp_path, monkey
     correlation at least 0.95 on average over several questions, and 0.85 for each (a
     one-token text, whose query gradient is rank one per matrix, is the hardest). Scoring
     the snapshots on two threads gives the one-thread numbers exactly."""
-    from tinygpt_cli.analysis import history as hist
-    from tinygpt_cli.analysis.why_index import open_index
+    from tinygpt_cli.jobs.why_index import open_index
 
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
     model = load_model(run)
     config, tok = model.config, model.tokenizer
-    index = why.load_index([run.parent / "data" / "part-000.txt"], tok, run / "tokenizer.json")
+    index = why_job.load_index([run.parent / "data" / "part-000.txt"], tok, run / "tokenizer.json")
     x, y = why.windows(index.stream, config.n_positions)
-    found = hist.find_snapshots(run / HISTORY, run / "model.safetensors")
-    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
+    found = snapshots_of.find_snapshots(run / HISTORY, run / "model.safetensors")
+    timeline = [s for s in snapshots_of.timeline(model, found) if s.lr is not None]
     grads = open_index(index.key, [s.path for s in timeline], config, len(x))
     seen = []
     grads.build(index.stream, config, workers=2, progress=lambda d, t: seen.append((d, t)),
@@ -481,16 +482,15 @@ def _interrupted_build(run, tmp_path, monkeypatch):
     """A why index of part-000 over the run's first two snapshots, its build stopped by
     Ctrl-C after 8 windows (chunks of 4) in a cache under tmp_path/a: (index, snapshot files,
     config, windows, the unfinished why_index)."""
-    from tinygpt_cli.analysis import history as hist
-    from tinygpt_cli.analysis.why_index import open_index
+    from tinygpt_cli.jobs.why_index import open_index
 
     model = load_model(run)
     config = model.config
-    index = why.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
+    index = why_job.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
                            run / "tokenizer.json")
     n = len(why.windows(index.stream, config.n_positions)[0])
-    found = hist.find_snapshots(run / HISTORY, run / "model.safetensors")
-    files = [s.path for s in hist.timeline(model, found) if s.lr is not None][:2]
+    found = snapshots_of.find_snapshots(run / HISTORY, run / "model.safetensors")
+    files = [s.path for s in snapshots_of.timeline(model, found) if s.lr is not None][:2]
 
     def stop_after_some(done, total):
         if done >= 8:
@@ -515,7 +515,7 @@ def index_files(folder: Path) -> dict:
 def test_an_interrupted_build_resumes_to_the_same_index(run, tmp_path, monkeypatch):
     """Ctrl-C mid-build keeps the finished shards; the next build computes only the rest,
     and the index equals one built in one go, file for file."""
-    from tinygpt_cli.analysis.why_index import open_index
+    from tinygpt_cli.jobs.why_index import open_index
 
     index, files, config, n, first = _interrupted_build(run, tmp_path, monkeypatch)
     assert not first.complete and list(first.folder.glob("shard-*.npz"))
@@ -621,7 +621,7 @@ def test_an_unfinished_why_index_trusts_no_unverified_piece(run, tmp_path, monke
     """An interrupted build whose chunk, projection and stream files were then damaged
     (junk, or cut short): the next build computes them again (no catch-all, no worker dying
     in its start, respawned for ever) and gives the index one build gives."""
-    from tinygpt_cli.analysis.why_index import open_index
+    from tinygpt_cli.jobs.why_index import open_index
 
     index, files, config, n, first = _interrupted_build(run, tmp_path, monkeypatch)
     (shard, *_) = sorted(first.folder.glob("shard-*.npz"))
@@ -643,8 +643,8 @@ def test_a_task_that_fails_in_a_worker_ends_the_build_with_its_error(tmp_path):
     import signal
     from dataclasses import asdict
 
-    from tinygpt_cli.analysis import why_index
     from tinygpt_cli.errors import WeightsError
+    from tinygpt_cli.jobs import why_index
     from tinygpt_cli.jobs.cluster import Here
 
     config = Config(n_embd=8, n_layer=1, n_head=2, n_inner=12, vocab_size=11, n_positions=6)
@@ -774,11 +774,11 @@ def definition_scores(run: Path, text: str, target: int) -> tuple[np.ndarray, np
     """(the training stream of run's data/part-000.txt, TracIn of each of its windows by the
     definition: one full gradient per window at every snapshot of run's history)."""
     model = load_model(run)
-    stream = why.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
+    stream = why_job.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
                             run / "tokenizer.json").stream
     x, y = why.windows(stream, model.config.n_positions)
-    found = hist.find_snapshots(run / HISTORY, run / "model.safetensors")
-    timeline = [s for s in hist.timeline(model, found) if s.lr is not None]
+    found = snapshots_of.find_snapshots(run / HISTORY, run / "model.safetensors")
+    timeline = [s for s in snapshots_of.timeline(model, found) if s.lr is not None]
     return stream, why.exact_tracin([(s.params, s.lr) for s in timeline], model.config, x, y,
                                     model.tokenizer.encode(text), target)
 
@@ -801,7 +801,7 @@ def test_why_ranks_the_windows_holding_the_planted_fact_first(cli, run, monkeypa
     # the index build reports on stderr even in a pipe, and never on stdout
     assert "indexing every window's gradient: " in result.err
     assert "indexing" not in result.out
-    index_stream = why.load_index([run.parent / "data" / "part-000.txt"], tok,
+    index_stream = why_job.load_index([run.parent / "data" / "part-000.txt"], tok,
                                   run / "tokenizer.json").stream
     planted = fact_windows(index_stream, name, target, TINY.n_positions)
     assert 1 <= len(planted) <= 3 and doc["windows_scored"] > 5 * len(planted)
@@ -858,7 +858,7 @@ def assert_exact_scores_are_the_naive_loops(q, params, config, lr, windows, batc
     stream = np.random.default_rng(2).integers(0, config.vocab_size,
                                                config.n_positions * windows + 1)
     x, y = why.windows(stream, config.n_positions)
-    got = ex.scores_over_stream([(params, lr, [q])], config, stream, batch=batch, workers=1)
+    got = ex.scores_over_stream([(params, lr, [q])], config, stream, batch=batch)
     names = sorted(params)
     flat = why.flatten(q.grads, names)
     naive = [lr * why.flatten(why.window_gradient(params, config, x[w], y[w]), names) @ flat
@@ -1060,12 +1060,12 @@ def _raised_by_each_window(run, value_of_params) -> np.ndarray:
     loss gradient (a central difference in float64), times the snapshot's lr, summed."""
     model = load_model(run)
     config = model.config
-    stream = why.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
+    stream = why_job.load_index([run.parent / "data" / "part-000.txt"], model.tokenizer,
                             run / "tokenizer.json").stream
     x, y = why.windows(stream, config.n_positions)
-    found = hist.find_snapshots(run / HISTORY, run / "model.safetensors")
+    found = snapshots_of.find_snapshots(run / HISTORY, run / "model.safetensors")
     total = np.zeros(len(x))
-    for s in [s for s in hist.timeline(model, found) if s.lr is not None]:
+    for s in [s for s in snapshots_of.timeline(model, found) if s.lr is not None]:
         p = {k: np.asarray(a, np.float64) for k, a in s.params.items()}
         for w in range(len(x)):
             g = why.window_gradient(p, config, x[w], y[w])
@@ -1088,7 +1088,7 @@ def test_why_value_ranks_windows_by_how_much_they_raised_that_scalar(cli, run):
     tok, config = model.tokenizer, model.config
     data = ["--data", run.parent / "data"]
     ids = tok.encode("The frog Quixby sat. The frog Quixby")
-    n_windows = len(why.windows(why.load_index([run.parent / "data" / "part-000.txt"], tok,
+    n_windows = len(why.windows(why_job.load_index([run.parent / "data" / "part-000.txt"], tok,
                                                run / "tokenizer.json").stream,
                                 config.n_positions)[0])
 
@@ -1116,7 +1116,7 @@ def test_why_value_ranks_windows_by_how_much_they_raised_that_scalar(cli, run):
     (name,), (target,), (the,) = tok.encode(" Quixby"), tok.encode(" zooms"), tok.encode(" sat")
     doc = cli("why", "The frog Quixby", "--target", " zooms", "--vs", " sat", *data,
               "--json").json()
-    stream = why.load_index([run.parent / "data" / "part-000.txt"], tok,
+    stream = why_job.load_index([run.parent / "data" / "part-000.txt"], tok,
                             run / "tokenizer.json").stream
     planted = fact_windows(stream, name, target, config.n_positions)
     assert doc["top_windows"][0]["window"] in planted  # by twice the next window's score
@@ -1185,7 +1185,7 @@ def test_exact_pass_equals_explicit_window_gradients_over_two_snapshots(make_par
     assert ex.covered(config, snapshots[0][0]) == set(snapshots[0][0])  # no parameter left out
     got = ex.scores_over_stream(
         [(p, lr, [ex.next_token_query(p, config, ids, t, h) for ids, t, h in asked])
-         for p, lr in snapshots], config, stream, batch=3, workers=2)
+         for p, lr in snapshots], config, stream, batch=3, each=on_cores(2))
     assert got.shape == (3, 2, len(x))
     names = sorted(snapshots[0][0])
     for k, (ids, t, h) in enumerate(asked):
@@ -1198,7 +1198,7 @@ def test_exact_pass_equals_explicit_window_gradients_over_two_snapshots(make_par
     some = np.array([5, 0, 3])
     part = ex.scores_over_stream(
         [(p, lr, [ex.next_token_query(p, config, ids, t, h) for ids, t, h in asked])
-         for p, lr in snapshots], config, stream, windows=some, batch=2, workers=1)
+         for p, lr in snapshots], config, stream, windows=some, batch=2)
     np.testing.assert_allclose(part, got[:, :, some], rtol=1e-12)
 
 
@@ -1366,7 +1366,7 @@ def test_top_windows_on_two_threads_equal_one_thread(make_params):
     stream = np.random.default_rng(5).integers(0, 13, 6 * 9 + 1)
     per_snapshot = np.random.default_rng(6).standard_normal((3, 9))
     rows = [why.top_windows(stream, config, np.arange(9), per_snapshot, snapshots, [4, 2, 9], 3,
-                            top=3, workers=w) for w in (1, 2)]
+                            top=3, each=on_cores(w)) for w in (1, 2)]
     for a, b in zip(*rows, strict=True):
         assert a["window"] == b["window"] and a["exact_score"] == b["exact_score"]
         np.testing.assert_array_equal(a["contributions"], b["contributions"])

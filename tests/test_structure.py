@@ -118,23 +118,20 @@ COMPAT = {"entry": "cli.entry"}  # console scripts generated then import main fr
 # shrink: a new one fails, and one gone must be taken off.
 CLIMBS = {
     *(f"tinygpt_cli.analysis.{a} -> tinygpt_cli.jobs.{b}" for a, b in [
-        ("exact_tracin", "threads"), ("sae", "cluster"), ("sae", "session"),
-        ("sae", "shards"), ("steer", "session"),
-        ("tuned_lens", "cluster"), ("why", "cluster"), ("why", "session"), ("why", "threads"),
-        ("why_index", "cluster"), ("why_index", "threads"),
+        ("sae", "cluster"), ("sae", "session"), ("sae", "shards"), ("steer", "session"),
+        ("tuned_lens", "cluster"),
         # the training text's files (its windows are transformer/windows.py's)
         ("sae", "corpus"), ("steer", "corpus"), ("transcoder", "corpus"),
-        ("tuned_lens", "corpus"), ("why", "corpus")]),
+        ("tuned_lens", "corpus")]),
     # analyses take arrays and a Model: reading files and caches is the jobs' floor
     *(f"tinygpt_cli.analysis.{a} -> tinygpt_cli.storage.{b}" for a, b in [
-        ("gemmascope", "files"), ("gemmascope", "safetensors"), ("history", "madefor"),
-        ("history", "safetensors"), ("sae", "cache"), ("sae", "files"),
+        ("gemmascope", "files"), ("gemmascope", "safetensors"), ("sae", "cache"),
+        ("sae", "files"),
         ("sae", "hub"), ("sae", "madefor"), ("sae", "safetensors"), ("saelens", "files"),
         ("saelens", "madefor"), ("saelens", "safetensors"), ("steer", "madefor"),
         ("steer", "safetensors"), ("transcoder", "hub"), ("transcoder", "madefor"),
         ("transcoder", "safetensors"), ("tuned_lens", "files"), ("tuned_lens", "madefor"),
-        ("tuned_lens", "safetensors"), ("why", "cache"), ("why", "files"),
-        ("why_index", "cache"), ("why_index", "files")]),
+        ("tuned_lens", "safetensors")]),
 }
 
 # Finer rules inside the floors: (layer, what it never imports, whether through other modules

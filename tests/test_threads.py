@@ -139,7 +139,7 @@ def test_an_index_of_another_format_is_removed_before_a_build(tmp_path):
     leaves indexes of this version and folders it cannot judge alone."""
     import json
 
-    from tinygpt_cli.analysis import why_index
+    from tinygpt_cli.jobs import why_index
 
     for name, version in (("old", "tracin-v2"), ("current", why_index.VERSION)):
         (tmp_path / name).mkdir()

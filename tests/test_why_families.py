@@ -43,7 +43,7 @@ def test_exact_pass_equals_explicit_window_gradients_on_every_family(arch):
     asked = [([4, 2, 9, 4], 3), ([7, 0, 7, 1, 12, 3], 0)]
     got = ex.scores_over_stream(
         [(p, lr, [ex.next_token_query(p, config, ids, t) for ids, t in asked])
-         for p, lr in snapshots], config, stream, batch=2, workers=1)
+         for p, lr in snapshots], config, stream, batch=2)
     names = sorted(snapshots[0][0])
     for k, (ids, t) in enumerate(asked):
         for s, (p, lr) in enumerate(snapshots):
@@ -230,7 +230,7 @@ def test_history_on_a_trained_family_model_is_each_snapshots_loss(trained, tmp_p
     is the cross-entropy of that snapshot's own forward pass, and it falls."""
     from cli_helpers import Runner, clean_env
 
-    from tinygpt_cli.analysis import history as hist
+    from tinygpt_cli.jobs import history as snapshots_of
     from tinygpt_cli.transformer.folder import load_model
     from tinygpt_cli.transformer.model import forward
 
@@ -238,8 +238,8 @@ def test_history_on_a_trained_family_model_is_each_snapshots_loss(trained, tmp_p
     monkeypatch.setenv("TINYGPT_WEIGHTS", str(trained))
     doc = Runner(capsys, monkeypatch)("history", "The cat sat on the mat.", "--json").json()
     model = load_model(trained)
-    timeline = hist.timeline(model, hist.find_snapshots(trained / hist.HISTORY,
-                                                        trained / "model.safetensors"))
+    timeline = snapshots_of.timeline(model, snapshots_of.find_snapshots(
+        trained / snapshots_of.HISTORY, trained / "model.safetensors"))
     ids = np.asarray(doc["ids"])
     assert len(doc["snapshots"]) == len(timeline) == 4
     for row, snap in zip(doc["snapshots"], timeline, strict=True):
@@ -248,3 +248,34 @@ def test_history_on_a_trained_family_model_is_each_snapshots_loss(trained, tmp_p
         assert row["loss"] == pytest.approx(-np.mean(logp[np.arange(len(ids) - 1), ids[1:]]),
                                             rel=1e-5)
     assert doc["data"][-1] < doc["data"][0] - 0.5
+
+
+@pytest.mark.parametrize("r", [0, 1, 3])
+def test_the_tables_part_of_a_score_is_its_naive_sum(r):
+    """tracin.token_scores (one gather from the head's factor per term, the rows read only
+    where the query's text read the token) against its definition summed term by term:
+    sum_t sum_j weight (a[id] . (b u_t) + rows[slot[id]] . u_t), for several pairs of
+    (ids, weights), weights per term or one for all, a head of rank 0, 1 or more."""
+    rng = np.random.default_rng(r)
+    w, t, k, v, n = 3, 5, 4, 11, 3
+    values = rng.standard_normal((w, t, k)).astype(np.float32)
+    a = rng.standard_normal((v, r)).astype(np.float32)
+    b = rng.standard_normal((r, k)).astype(np.float32)
+    rows = np.concatenate([rng.standard_normal((n, k)), np.zeros((1, k))]).astype(np.float32)
+    slot = np.full(v, n)
+    slot[[2, 7, 9]] = np.arange(n)  # the query's text read tokens 2, 7 and 9
+    top = rng.integers(0, v, (w, t, 2))
+    pairs = [(top, rng.random((w, t, 2)).astype(np.float32)),
+             (rng.integers(0, v, (w, t, 1)), np.float32(-0.25))]
+    want = np.zeros(w)
+    for ids, weights in pairs:
+        weights = np.broadcast_to(weights, ids.shape)
+        for i in range(w):
+            for p in range(t):
+                for j in range(ids.shape[-1]):
+                    token = ids[i, p, j]
+                    term = float(a[token] @ (b @ values[i, p])) if r else 0.0
+                    want[i] += weights[i, p, j] * (term + float(rows[slot[token]] @ values[i, p]))
+    got = tracin.token_scores(values, pairs, a, b, slot, rows)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert np.any(slot[top] < n)  # the rows' part was reached, not only the zero row

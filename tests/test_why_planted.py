@@ -106,7 +106,7 @@ def test_why_value_ranks_the_windows_that_built_the_head_first(planted, tmp_path
                                                                 monkeypatch, capsys):
     from cli_helpers import Runner, clean_env
 
-    from tinygpt_cli.analysis.history import find_snapshots, history_folder
+    from tinygpt_cli.jobs.history import find_snapshots, history_folder
     from tinygpt_cli.transformer.folder import load_model, load_params
     from tinygpt_cli.transformer.trace import run_traced
 

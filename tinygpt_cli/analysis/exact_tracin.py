@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..jobs.threads import map_on_cores
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.hooks import Chain, Record
@@ -64,6 +63,16 @@ from .tracin import (
 HANDLES = handles(step=FAMILIES["step"] + ("norm after attention", "norm after the MLP"))
 
 BATCH = 32  # windows per forward and backward pass
+
+Each = Callable[[Callable, list], list]  # [fn(item) for item in items], in the items' order
+
+
+def one_by_one(fn: Callable, items: list) -> list:
+    """The map an analysis uses when its caller gives none: one item after another. A job
+    gives threads.on_cores's instead, the same results on every core."""
+    return [fn(item) for item in items]
+
+
 
 
 def mean_loss_gradient(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -297,13 +306,13 @@ def scores_from(config: Config, v: dict, dv: dict, dlogits: np.ndarray, x: np.nd
 
 def scores_over_stream(snapshots: list[tuple[dict, float, list[dict]]], config: Config,
                        stream: np.ndarray, advance: Callable[[int], None] | None = None,
-                       workers: int | None = None, windows: np.ndarray | None = None,
+                       each: Each = one_by_one, windows: np.ndarray | None = None,
                        batch: int = BATCH) -> np.ndarray:
     """Exact TracIn of every window of the stream (or of `windows`, their numbers), for each
     query: `snapshots` are (params, lr, [the queries at those params: Query]) triples.
-    advance(n) after each batch of n windows at one snapshot; batches on `workers` threads
-    (default every core).  -> [Q, S, W] (weighted by each snapshot's lr)"""
-
+    advance(n) after each batch of n windows at one snapshot; the batches mapped by `each`
+    (the caller's: threads.on_cores runs them on every core).  -> [Q, S, W] (weighted by
+    each snapshot's lr)"""
 
     lock = threading.Lock()
     t = config.n_positions
@@ -323,7 +332,7 @@ def scores_over_stream(snapshots: list[tuple[dict, float, list[dict]]], config: 
                 advance(len(w))
         return got
 
-    found = map_on_cores(one, jobs, workers)
+    found = each(one, jobs)
     n = stacked[0].n if stacked else 0
     out = np.zeros((n, len(snapshots), len(chosen)))
     for (s, i), got in zip(jobs, found, strict=True):

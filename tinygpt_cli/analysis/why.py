@@ -14,47 +14,42 @@
    where loss(w) is the window's mean next-token cross-entropy: a gradient step on the window
    lowers -log p(target) (raises the target's chance) by about lr_s times that dot product, so
    positive scores are the windows that taught the prediction ("proponents"). Every window
-   is scored, from an index of all windows' gradients kept small (analysis.tracin: built
-   once per weights, history and data, in batches, on every core, resumably); the top
-   windows are then re-scored exactly.
+   is scored, from an index of all windows' gradients kept small (analysis.tracin's math;
+   built once per weights, history and data, in batches, on every core, resumably, by
+   jobs.why_index); the top windows are then re-scored exactly.
+
+The math is here, as functions of arrays, a Model and token ids; reading the training text,
+the snapshots and the caches, and running on threads or a cluster, is jobs.why's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import words
 from ..errors import InputError
-from ..jobs.cluster import Here
-from ..jobs.corpus import TrainingDataError, read_stories
-from ..jobs.corpus import training_text as recorded
-from ..jobs.session import token_id
-from ..jobs.threads import map_on_cores
-from ..storage import cache
-from ..storage.cache import key_of
-from ..storage.files import sha256
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.hooks import Chain, Record
 from ..transformer.model import backward, forward, loss_and_grads
 from ..transformer.trace import run_traced
-from ..transformer.windows import encode_stories, eval_windows
+from ..transformer.windows import eval_windows
 from ..transformer.wiring import FAMILIES, handles
 from . import exact_tracin as ex
 from . import heads
-from . import history as hist
 from . import sae as S
 from . import why_edge as we
 from .circuit import build_graph
-from .exact_tracin import next_token_query
+from .exact_tracin import Each, one_by_one
 from .sae import encode, parse_latent_path
-from .why_index import TracinIndex, cannot_keep, index_folder, open_index, writable_index
+
+if TYPE_CHECKING:
+    from ..jobs.why_index import TracinIndex
 
 # The blocks this analysis implements (wiring.require refuses others by name): TracIn's terms are
 # written for the families' parameters and norm sites (tracin, exact_tracin).
@@ -238,20 +233,21 @@ def token_contributions(params, config: Config, x: np.ndarray, y: np.ndarray, qu
 
 def top_windows(stream: np.ndarray, config: Config, chosen: np.ndarray, per_snapshot: np.ndarray,
                 snapshots: list[tuple[dict, float, dict]], ids: list[int], target: int,
-                top: int, workers: int | None = None, found_by: str = "index") -> list[dict]:
+                top: int, each: Each = one_by_one, found_by: str = "index") -> list[dict]:
     """The `top` windows: the POOL * top best by the index's score, ranked by their exact score,
     each split over the tokens it predicts (`contributions[j]`: the share of predicting
-    token j; 0 for the first token). `snapshots` are (params, lr, query gradient) triples;
-    `found_by`: which ranking chose the pool ("index", or "exact": the exact pass's).
+    token j; 0 for the first token). `snapshots` are (params, lr, query gradient) triples,
+    mapped by `each` (a job's threads.on_cores: on every core); `found_by`: which ranking
+    chose the pool ("index", or "exact": the exact pass's).
     """
     t = config.n_positions
     scores = per_snapshot.sum(axis=0)
     pool = [int(chosen[j]) for j in np.argsort(-scores, kind="stable")[: POOL * top]]
     where = {int(w): j for j, w in enumerate(chosen)}
     segments = np.stack([stream[w * t : w * t + t + 1] for w in pool]).astype(np.int64)
-    parts = sum(map_on_cores(
+    parts = sum(each(
         lambda s: s[1] * token_contributions(s[0], config, segments[:, :-1], segments[:, 1:],
-                                             s[2]), snapshots, workers))  # [pool, t]
+                                             s[2]), snapshots))  # [pool, t]
     rows = []
     for w, segment, c in zip(pool, segments, parts, strict=True):
         rows.append({"window": w, "start": w * t, "found_by": found_by,
@@ -277,15 +273,10 @@ def target_spans(window: np.ndarray, ids: list[int], target: int,
     return spans
 
 
-# ------------------------------------------------------------------ the cached steps
+# ------------------------------------------------------------------ the training text's index
 #
-# Building the index and the window sketches is the slow part; both are kept in the cache
-# (tinygpt_cli.storage.cache), keyed by the sha256 of what they were computed from.
-
-
-def _no_bar(total: int | None, description: str):
-
-    return contextlib.nullcontext(lambda n=1: None)
+# Built and kept in the cache by jobs.why (keyed by the sha256 of the files and the tokenizer),
+# as the window gradients' index is (jobs.why_index); these take the arrays read.
 
 
 @dataclass
@@ -309,13 +300,8 @@ class Index:
         return {"file": self.files[f], "story": len(before) + 1, "offset": position - start}
 
 
-def data_key(files, tokenizer_file) -> str:
-
-    return key_of("why-index-v2", *(sha256(f) for f in files), sha256(tokenizer_file))
-
-
 def valid_index(z: dict, n_files: int, vocab_size: int) -> bool:
-    """What load_index writes: a token stream, its suffix array (a permutation of its
+    """What jobs.why.load_index writes: a token stream, its suffix array (a permutation of its
     positions), the files' names and token counts. A damaged or hand-made entry fails here
     and is built again, rather than failing, or silently ranking nothing, on every run."""
     if set(z) != {"stream", "sa", "files", "lengths"}:
@@ -336,80 +322,20 @@ def valid_index(z: dict, n_files: int, vocab_size: int) -> bool:
     return bool((first[:-1] <= first[1:]).all())
 
 
-def load_index(files, tokenizer, tokenizer_file, bar=_no_bar) -> Index:
-    """The cached index of these files' tokens, built (with progress bars) when missing or
-    damaged (valid_index)."""
-
-    def build() -> dict[str, np.ndarray]:
-        with bar(len(files), "reading the training text") as advance:
-            parts = []
-            for f in files:
-                parts.append(encode_stories(read_stories([f]), tokenizer).ids)
-                advance(1)
-        stream = np.concatenate(parts).astype(np.uint16)
-        with bar(rounds(), "sorting suffixes") as advance:
-            sa = suffix_array(stream, on_round=advance)
-        return {"stream": stream, "sa": sa.astype(np.int32),
-                "files": np.asarray([Path(f).name for f in files]),
-                "lengths": np.asarray([len(p) for p in parts], np.int64)}
-
-    key = data_key(files, tokenizer_file)
-    z = cache.load_or_compute(cache.entry("why-index", key), cache.load_arrays, build,
-                              cache.store_arrays,  # unwritable: a note, the answer all the same
-                              lambda z: valid_index(z, len(files), tokenizer.vocab_size))
-    return Index(z["stream"], z["sa"].astype(np.int64), key, [str(n) for n in z["files"]],
-                 z["lengths"])
-
-
-def influence(index: Index, snapshots: list, config: Config, ids: list[int], target: int,
-              top: int, grads: TracinIndex, hooks=None, workers: int | None = None,
-              engine=None, progress=None) -> dict:
-    """TracIn end to end over every window: score them all from the index where its shards
-    lie (on `engine`: default this machine; each shard keeps its POOL * top best), then
-    explain the best of those exactly, the snapshots on `workers` threads (default: every
-    core). `snapshots` are analysis.history.Snapshot objects with a learning rate, in the
-    index's order; progress(done, total) follows the shards scored."""
-
-    n = (len(index.stream) - 1) // config.n_positions  # windows (never all in memory at once)
-    # one backward pass a snapshot: the index's query and the exact re-scoring's gradient
-    exact = map_on_cores(lambda s: next_token_query(s.params, config, ids, target, hooks),
-                         snapshots, workers)
-    queries = grads.in_index_terms(exact, config, workers)
-    chosen, per_snapshot = grads.best(queries, np.asarray([s.lr for s in snapshots]),
-                                      POOL * top, config, engine or Here(workers), progress)
-    rows = top_windows(index.stream, config, chosen, per_snapshot,
-                       [(s.params, s.lr, q.grads) for s, q in zip(snapshots, exact, strict=True)],
-                       ids, target, top, workers)
-    return {"windows": n, "windows_scored": n, "index": grads.describe(), "top_windows": rows}
-
-
 EXACT_METHOD = {"method": "exact: per-position terms of one forward and backward pass a "
                           "batch of windows (analysis/exact_tracin.py)", "computed_now": 0}
 
 
-def exact_scores(index: Index, snapshots: list, config: Config, makers: list,
-                 workers: int | None = None, bar=_no_bar) -> np.ndarray:
-    """Exact TracIn of every window for each query asked (makers: params -> its
-    exact_tracin.Query), in one pass over the windows per snapshot.  -> [asks, snapshots,
-    windows], each snapshot's part weighted by its learning rate"""
-
-    n = (len(index.stream) - 1) // config.n_positions
-    queries = [(s.params, s.lr, [make(s.params) for make in makers]) for s in snapshots]
-    label = "scoring every window exactly" + (f" for {len(makers)} texts" if len(makers) > 1
-                                              else "")
-    with bar(n * len(snapshots), label) as advance:
-        return ex.scores_over_stream(queries, config, index.stream, advance, workers)
-
-
 def exact_influence(index: Index, snapshots: list, config: Config, make, ids: list[int],
                     target: int, per_snapshot: np.ndarray, top: int,
-                    workers: int | None = None) -> dict:
-    """The `top` windows by their exact scores (per_snapshot [S, W] from exact_scores),
-    each split over the tokens it predicts, as influence() gives the index's."""
+                    each: Each = one_by_one) -> dict:
+    """The `top` windows by their exact scores (per_snapshot [S, W] from jobs.why's
+    exact_scores), each split over the tokens it predicts, as jobs.why.influence gives the
+    index's."""
     n = per_snapshot.shape[1]
     rows = top_windows(index.stream, config, np.arange(n), per_snapshot,
                        [(s.params, s.lr, make(s.params).grads) for s in snapshots],
-                       ids, target, top, workers, found_by="exact")
+                       ids, target, top, each, found_by="exact")
     return {"windows": n, "windows_scored": n, "index": dict(EXACT_METHOD), "top_windows": rows}
 
 
@@ -633,103 +559,6 @@ class Why:
                     f"{len(self.snapshots)} snapshots built now and kept for next time")
         return (f"the index finished now ({now:,} of {n:,} window gradients computed now, "
                 "the rest kept from an interrupted build)")
-
-
-def training_text(model, data: list[Path] | None, any_data: bool = False):
-    """The training text `why` ranks (corpus.training_text). Without --data, the weights
-    must first have the snapshots TracIn needs: a folder with no history/ (one from the hub,
-    say) is told that, not that it has no record of its text; a --data given is checked
-    first, as the user's own input."""
-
-    if not data:
-        hist.find_snapshots(hist.history_folder(model), model.weights_file)
-    return recorded(model.folder, data, any_data=any_data)
-
-
-def answer(model, ids: list[int], target: str | int | None, files: list, top: int,
-           report=None, workers: int | None = None, hooks=None, engine=None,
-           query_report=None, exact: bool = False, check: bool = False,
-           more: tuple = (), bar=_no_bar, value: str | None = None,
-           vs: str | int | None = None, corrupt: list[int] | None = None,
-           saes: tuple = ()) -> Why:
-    """`why` end to end: the training text's index, the exact matches, the snapshots, the
-    window-gradient index (built when missing, on `engine`: default this machine;
-    report(done, total) follows it) and TracIn (query_report(done, total) follows its shards);
-    the text (never the training windows) runs through `hooks`, its steering. `exact`: every
-    window scored exactly instead (no index: analysis.exact_tracin), with `more` texts' ids
-    sharing the pass (their answers in .more); `check`: the index's answer, and how well
-    its ranking agrees with the exact one (agreement). `value` (value_of's forms) or `vs`
-    (logit[target] - logit[vs]): that scalar explained instead of the next token, exactly;
-    `corrupt`: the ids of an edge's corrupt text; `saes`: the --sae dictionaries a latent's
-    site is read with before the weights folder's own."""
-
-    config = model.config
-    asks = [(q, _target_of(model, q, target, hooks)) for q in [ids, *more]]
-    exact = exact or value is not None or vs is not None
-    values = [value_of(model, q, value, t, None if vs is None else token_id(model, vs), hooks,
-                       corrupt, saes)
-              if value is not None or vs is not None else None for q, t in asks]
-    makers = [v.make if v is not None else
-              (lambda p, q=q, t=t: ex.next_token_query(p, config, q, t, hooks))
-              for v, (q, t) in zip(values, asks, strict=True)]
-    snapshots = hist.find_snapshots(hist.history_folder(model), model.weights_file)
-    timeline = [s for s in hist.timeline(model, snapshots) if s.lr is not None]
-    if not timeline:
-        raise InputError(f"the snapshots in {hist.history_folder(model)} carry no learning rate "
-                         "(metadata 'lr'), which TracIn weighs them by; retrain with --snapshots")
-    # an index still to build needs a writable cache: said first, the one line (before the
-    # token index's note that it is not kept)
-    if not exact:
-        writable_index(index_folder(data_key(files, model.folder / "tokenizer.json"),
-                                    [s.path for s in timeline], config))
-    index = load_index(files, model.tokenizer, model.folder / "tokenizer.json")
-    n = (len(index.stream) - 1) // config.n_positions
-    if n == 0:
-        raise TrainingDataError(f"the training text is {len(index.stream)} tokens: too short "
-                                f"for one window of {config.n_positions} (and the token after "
-                                "it), so there is nothing to rank")
-    grads = None
-    if not exact:
-        grads = open_index(index.key, [s.path for s in timeline], config, n)
-        try:
-            grads.build(index.stream, config, workers, report, engine=engine)
-        except OSError as e:  # the gradient index is files on disk, read back by every query
-            raise cannot_keep(grads.folder, e) from None
-    scored = exact_scores(index, timeline, config, makers if exact else makers[:1], workers,
-                          bar) if exact or check else None
-    answers = []
-    for k, (q, t) in enumerate(asks if exact else asks[:1]):
-        if exact:
-            found = exact_influence(index, timeline, config, makers[k], q, t, scored[k], top,
-                                    workers)
-            if values[k] is not None:
-                found["explained"] = {"name": values[k].name, "value": values[k].amount}
-        else:
-            found = influence(index, timeline, config, q, t, top, grads, hooks, workers,
-                              engine, query_report)
-        if check:
-            x, y = windows(index.stream, config.n_positions)
-            approx = grads.scores([s.params for s in timeline], config, x, y, q, t, hooks,
-                                  workers, engine)
-            found["check"] = agreement(
-                (approx * np.asarray([s.lr for s in timeline])[:, None]).sum(0),
-                scored[k].sum(0))
-        answers.append(Why(t, model.tokenizer.token_str(t), len(index.stream),
-                           longest_seen(index.stream, index.sa, q),
-                           longest_seen(index.stream, index.sa, q, t),
-                           exact_matches(index.stream, index.sa, q, t), timeline,
-                           tokens_named(found, model.tokenizer, index), grads))
-    answers[0].more = answers[1:]
-    return answers[0]
-
-
-def _target_of(model, ids: list[int], target: str | int | None, hooks) -> int:
-    """The token to explain: the one named, else the text's likeliest next token."""
-
-    if target is not None:
-        return token_id(model, target)
-    logits = forward(model.params, model.config, np.asarray(ids), hooks=hooks)
-    return hist.next_token(logits)[0]
 
 
 def tokens_named(found: dict, tokenizer, index: Index) -> dict:

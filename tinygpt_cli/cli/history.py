@@ -64,6 +64,7 @@ def history(
     Example: tinygpt history "Lily wanted to play with her" --save history.svg
     """
     from ..analysis import history as hist
+    from ..jobs import history as snapshots_of
     from ..render import documents as docs
     from ..render import history as view
 
@@ -71,8 +72,9 @@ def history(
     if path is not None and heads:
         raise InputError("give a PATH or --heads, not both")
     p = check_index(position, s.T, "position")  # out of range is refused, used or not
-    snapshots = hist.find_snapshots(hist.history_folder(s.model), s.model.weights_file)
-    timeline = hist.timeline(s.model, snapshots)
+    snapshots = snapshots_of.find_snapshots(snapshots_of.history_folder(s.model),
+                                            s.model.weights_file)
+    timeline = snapshots_of.timeline(s.model, snapshots)
     labels, length = [t.label for t in timeline], hist.induction_length(s.config)
     if heads:  # grids and tables fit the terminal
         with progress(len(timeline), "head scores", enabled=not as_json) as advance:
@@ -155,8 +157,8 @@ def why(
     Example: tinygpt why "Lily saw a cat. Lily saw a" --value induction:L1H2
     Example: tinygpt why "Ben saw a dog." --value "edge:L3H3->logits" --corrupt "Ben saw a cat."
     """
-    from ..analysis import why as whys
     from ..escapes import escape_line
+    from ..jobs import why as whys
     from ..render import history as view
 
     t0 = time.perf_counter()

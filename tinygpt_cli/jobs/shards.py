@@ -11,7 +11,7 @@ Layout, in the cache folder `KIND/KEY/` (KEY: the sha256 of everything the value
                          windows, and each shard's window range, rows (of its first array:
                          the windows' tokens), file, sha256 and its arrays' dtypes and shapes
 
-The same format as `why`'s index (analysis.why_index), for the same reasons: NumPy's own
+The same format as `why`'s index (jobs.why_index), for the same reasons: NumPy's own
 files, each checked by one sha256, readable from any shared folder with plain reads. The
 tasks run on the engine (tinygpt_cli.jobs.cluster) and send their arrays back; this process writes
 each shard as it arrives, so no shared folder is needed.

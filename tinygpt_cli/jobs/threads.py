@@ -100,6 +100,12 @@ def map_on_cores(fn, items, workers: int | None = None) -> list:
         return list(pool.map(fn, items))
 
 
+def on_cores(workers: int | None = None):
+    """map_on_cores as a map of (fn, items): what a job hands an analysis to run its
+    independent pieces with (the analysis itself knows no threads)."""
+    return lambda fn, items: map_on_cores(fn, items, workers)
+
+
 def cores() -> int:
     """The cores this process may run on (its affinity mask, which containers and taskset
     narrow), else the machine's."""

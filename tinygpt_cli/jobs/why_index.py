@@ -1,6 +1,6 @@
-"""The on-disk index of every training window's gradient at every snapshot (analysis.tracin),
-built once per (weights history, training text), resumable, as shards that any worker of a
-cluster can write and any query can read where they lie (tinygpt_cli.jobs.cluster).
+"""The on-disk index of every training window's gradient at every snapshot (analysis.tracin's
+math), built once per (weights history, training text), resumable, as shards that any worker
+of a cluster can write and any query can read where they lie (tinygpt_cli.jobs.cluster).
 
 Layout, in the cache folder `why-tracin/KEY/` (KEY: the data's and the snapshots' sha256,
 the window length and the method's version), which may be shared storage:
@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
+import io
 import json
 import mmap
 import os
@@ -48,9 +50,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis import tracin
+from ..analysis.exact_tracin import next_token_query
 from ..errors import WriteError
-from ..jobs.cluster import Here, in_order, spans
-from ..jobs.threads import map_on_cores
 from ..storage.cache import entry, key_of, npz_bytes
 from ..storage.files import (
     discard,
@@ -64,8 +66,8 @@ from ..storage.files import (
 from ..transformer.config import Config
 from ..transformer.folder import load_params
 from ..transformer.windows import eval_windows
-from . import tracin
-from .exact_tracin import next_token_query
+from .cluster import Here, in_order, spans
+from .threads import map_on_cores
 
 VERSION = "tracin-v5"  # v5: rank-one matrices and top chances (v4: Kronecker projections)
 ARRAYS = ("rank1", "rows", "u", "m", "top_ids", "top_p")  # tracin.WindowGradients' fields
@@ -99,20 +101,37 @@ def mapped_arrays(path: str | Path) -> dict[str, np.ndarray]:
                 return _loaded(path)
             start = info.header_offset + 30 + sum(struct.unpack("<HH", local[26:30]))
             f.seek(start)
-            try:
-                fmt = np.lib.format
-                header = fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) \
-                    else fmt.read_array_header_2_0
-                shape, fortran, dtype = header(f)
-            except ValueError:
+            raw = f.read(12)  # the magic string, the version and the header's length
+            raw += f.read(struct.unpack("<H", raw[8:10])[0] - 2 if raw[6:7] == b"\x01" else
+                          struct.unpack("<I", raw[8:12])[0]) if len(raw) == 12 else b""
+            found = _npy_header(raw)
+            if found is None:
                 return _loaded(path)
-            if dtype.hasobject or fortran or f.tell() - start + dtype.itemsize * \
+            shape, fortran, dtype = found
+            if dtype.hasobject or fortran or len(raw) + dtype.itemsize * \
                     int(np.prod(shape)) > info.file_size:
                 return _loaded(path)
-            out[name] = (f.tell(), shape, dtype)
+            out[name] = (start + len(raw), shape, dtype)
         whole = _mapped(f)
     return {name: np.frombuffer(whole, dtype, int(np.prod(shape)), at).reshape(shape)
             for name, (at, shape, dtype) in out.items()}
+
+
+@functools.lru_cache(maxsize=256)
+def _npy_header(raw: bytes) -> tuple | None:
+    """A .npy header's (shape, fortran order, dtype), or None when it is not one NumPy
+    reads. Every shard's members have the same few headers, and NumPy parses each with
+    Python's own parser: kept by their bytes, they are parsed once a process, not at every
+    query's every member (a tenth of the shards' reading)."""
+    fmt = np.lib.format
+    f = io.BytesIO(raw)
+    try:
+        header = fmt.read_array_header_1_0 if fmt.read_magic(f) == (1, 0) \
+            else fmt.read_array_header_2_0
+        found = header(f)
+    except ValueError:
+        return None
+    return found if f.tell() == len(raw) else None
 
 
 def _mapped(f):
@@ -216,11 +235,11 @@ def _shard_scores(item: tuple, shared: tuple) -> tuple[np.ndarray, np.ndarray]:
     _, first, files = item
     queries, lrs, keep, t = shared
     per = []
-    tokens = None
+    x = y = None
     for f, q in zip(files, queries, strict=True):
         z = mapped_arrays(f)
-        tokens = np.asarray(z["tokens"]) if tokens is None else tokens
-        x, y = eval_windows(tokens, t)
+        if x is None:  # every snapshot's shard of the range holds the same windows
+            x, y = eval_windows(np.asarray(z["tokens"]), t)
         per.append(tracin.scores({name: z[name] for name in ARRAYS}, x, y, q))
     per = np.stack(per)  # [S, w]
     if lrs is not None:
@@ -238,6 +257,15 @@ def _best(windows: np.ndarray, per: np.ndarray, keep: int | None):
 
 
 TASKS_PER_WORKER = 4  # a query's tasks: enough to balance, few enough to schedule quickly
+
+
+def runs(items: list, n: int) -> list[list]:
+    """items in n consecutive runs (fewer when there are fewer items), their lengths
+    differing by one at most, the longer first."""
+    n = max(min(n, len(items)), 1)
+    size, extra = divmod(len(items), n)
+    bounds = np.cumsum([0] + [size + (i < extra) for i in range(n)])
+    return [items[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
 # ------------------------------------------------------------------ building and reading
@@ -429,14 +457,17 @@ class TracinIndex:
 
     def _score(self, queries: list, lrs, keep: int | None, config: Config, engine,
                progress=None) -> list[tuple]:
-        """score_task on every window range, where its shards lie: the ranges in runs, about
-        TASKS_PER_WORKER tasks a worker (one range a task on a small index); progress(ranges
-        done, ranges) as the tasks finish."""
+        """score_task on every window range, where its shards lie: on a cluster the ranges in
+        runs, TASKS_PER_WORKER tasks a worker (a task costs a round trip to schedule), their
+        lengths differing by one at most (49 ranges in runs of 7 would be 7 tasks, 4 for one
+        of two workers and 3 for the other); on this machine one range a task, each thread
+        taking the next as it finishes (the last to finish waits for one range at most);
+        progress(ranges done, ranges) as the tasks finish."""
 
         ranges = [(c, a, [str(self.shard(s, c)) for s in range(len(queries))])
                   for c, (a, _) in enumerate(self.spans())]
-        size = -(-len(ranges) // (TASKS_PER_WORKER * engine.workers))
-        tasks = [ranges[i : i + size] for i in range(0, len(ranges), size)]
+        tasks = runs(ranges, len(ranges) if isinstance(engine, Here) else
+                     TASKS_PER_WORKER * engine.workers)
         done = [0]
 
         def step(i: int, _) -> None:
@@ -524,10 +555,11 @@ def writable_index(folder: Path) -> None:
 
 
 def open_index(data_key: str, snapshot_files: list[Path], config: Config,
-               n_windows: int) -> TracinIndex:
+               n_windows: int, folder: Path | None = None) -> TracinIndex:
+    """The index of these windows at these snapshots; `folder`: its index_folder, when the
+    caller has it already (its key hashes every snapshot file)."""
 
-    key = index_key(data_key, snapshot_files, config)
-    index = TracinIndex(entry("why-tracin", key, suffix=""), n_windows, list(snapshot_files),
-                        data_key)
+    folder = folder or index_folder(data_key, snapshot_files, config)
+    index = TracinIndex(folder, n_windows, list(snapshot_files), data_key)
     index.drop_damaged()
     return index
