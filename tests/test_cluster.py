@@ -20,6 +20,7 @@ from tinygpt_cli.analysis import neurons as nrn
 from tinygpt_cli.analysis import why
 from tinygpt_cli.jobs import cluster, why_index
 from tinygpt_cli.jobs import history as snapshots_of
+from tinygpt_cli.jobs import neurons as neuron_job
 from tinygpt_cli.jobs import why as why_job
 from tinygpt_cli.jobs.why_index import open_index
 from tinygpt_cli.transformer.folder import load_model
@@ -177,9 +178,9 @@ def test_neurons_examples_on_the_cluster_are_this_machines(cli, run, tmp_path,  
     x, _ = why.windows(why_job.load_index([data], model.tokenizer, run / "tokenizer.json").stream,
                        model.config.n_positions)
     assert len(x) > 2 * cluster.SHARD
-    here = nrn.corpus_maxima(model.params, model.config, x, keep=5)
+    here = neuron_job.corpus_maxima(model.params, model.config, x, keep=5)
     with cluster.engine(address) as there:
-        found = nrn.corpus_maxima(model.params, model.config, x, keep=5, engine=there)
+        found = neuron_job.corpus_maxima(model.params, model.config, x, keep=5, engine=there)
     for name in here:
         np.testing.assert_array_equal(found[name], here[name])
     top, _ = nrn.window_maxima(model.params, model.config, x, batch_size=len(x))
@@ -237,6 +238,7 @@ def test_the_shards_of_a_pass_are_one_pass(run):  # noqa: F811
     """site_values and value_means shard by shard (shards of whole batches) equal one pass
     over all windows, exactly: the default path is the same as before the cluster."""
     from tinygpt_cli.analysis import means, sae
+    from tinygpt_cli.jobs import means as mean_job
     from tinygpt_cli.jobs import sae as sae_job
     from tinygpt_cli.transformer.model import record
 
@@ -249,7 +251,7 @@ def test_the_shards_of_a_pass_are_one_pass(run):  # noqa: F811
     np.testing.assert_array_equal(
         sae_job.site_values_on(None, model.params, model.config, x, "layers.1.mlp_out"),
         sae.site_values(model.params, model.config, x, "layers.1.mlp_out"))
-    got = means.value_means(model.params, model.config, x)
+    got = mean_job.value_means(model.params, model.config, x)
     paths = means.mean_paths(model.config)
     total = {p: 0.0 for p in paths}
     for start in range(0, len(x), 16):  # the loop value_means ran before it was sharded
@@ -331,7 +333,7 @@ def test_score_of_a_file_on_the_cluster_is_this_machines(cli, run, monkeypatch, 
                                                          address):
     """score --file (every story, its JSON lines in order) and --stream, their batches
     tasks of two workers (two batches a task): the same output, byte for byte."""
-    from tinygpt_cli.analysis import score
+    from tinygpt_cli.jobs import score
 
     monkeypatch.setattr(score, "BATCHES_PER_TASK", 2)
     data = run.parent / "data" / "part-000.txt"

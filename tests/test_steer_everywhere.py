@@ -313,7 +313,7 @@ def test_attribute_faithfulness_erases_tokens_of_the_steered_run(cli, tiny, hf):
 def test_a_steered_neuron_search_is_kept_under_its_own_key(cli, tmp_path, monkeypatch):
     """neurons --neuron on a steered run reads the data once per steering vector, like the
     unsteered search, and never answers one from the other's cache entry."""
-    import tinygpt_cli.analysis.neurons as nrn
+    import tinygpt_cli.jobs.neurons as nrn
 
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
     stories = tmp_path / "stories.txt"

@@ -16,6 +16,7 @@ from tinygpt_cli.analysis import patch as pa
 from tinygpt_cli.analysis.dla import direct_logit_attribution
 from tinygpt_cli.analysis.lens import logit_lens
 from tinygpt_cli.analysis.variants import run_variants
+from tinygpt_cli.jobs import means as mean_job
 from tinygpt_cli.transformer import ops
 from tinygpt_cli.transformer.hooks import Replace, ablation
 from tinygpt_cli.transformer.model import forward
@@ -177,7 +178,7 @@ def test_mean_ablation_puts_the_mean_at_every_position(tiny_params, tiny_config)
 def test_value_means_are_the_average_over_every_position_of_every_window(
         tiny_params, tiny_config):
     windows = np.array([IDS, OTHER, IDS[::-1]])
-    means = ms.value_means(tiny_params, tiny_config, windows, batch=2)
+    means = mean_job.value_means(tiny_params, tiny_config, windows, batch=2)
     assert sorted(means) == sorted(ms.mean_paths(tiny_config))
     for path in ("layers.1.heads.0.out", "layers.0.mlp_out", "layers.1.attn_out"):
         rows = [run_traced(tiny_params, tiny_config, w)[path] for w in windows]
@@ -471,7 +472,8 @@ def test_mean_ablation_with_stored_means_and_with_data(cli, tiny, tmp_path, monk
     from tinygpt_cli.transformer.folder import load_model
 
     m = load_model(folder)
-    stored, meta = ms.load_means(folder / "means.safetensors", m.config, sha256(m.weights_file))
+    stored, meta = mean_job.load_means(folder / "means.safetensors", m.config,
+                                       sha256(m.weights_file))
     assert meta["data"] == "part-001.txt" and int(meta["tokens"]) % m.config.n_positions == 0
     assert stored["layers.0.heads.1.out"].shape == (m.config.d_k,)
     assert stored["layers.1.mlp_out"].dtype == np.float32
@@ -492,9 +494,9 @@ def test_means_refuse_other_weights(cli, tiny, tmp_path):
     (folder / "means.safetensors").write_bytes(b"")  # placeholder replaced below
     from tinygpt_cli.transformer.families import load_config
 
-    ms.save_means(folder / "means.safetensors",
-                  {p: np.zeros(1) for p in ms.mean_paths(load_config(folder / "config.json"))},
-                  {"weights_sha256": "0" * 64})
+    paths = ms.mean_paths(load_config(folder / "config.json"))
+    mean_job.save_means(folder / "means.safetensors", {p: np.zeros(1) for p in paths},
+                        {"weights_sha256": "0" * 64})
     assert_one_error_line(cli("ablate", TEXT, "--weights", folder, "--layer", "0", "--mlp",
                               "--mode", "mean"), 2, "computed for other weights")
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
-from ..jobs.session import Session
 from ..transformer import ops
 from ..transformer.sampling import probabilities
 from ..transformer.wiring import FORWARD
@@ -149,15 +148,13 @@ def config_differences(a, b) -> dict:
             if getattr(a, f) != getattr(b, f)}
 
 
-def models_diff(a, model_b, steering_b=None) -> ModelsDiff:
-    """Session a's ids through its model and through model_b (steered by `steering_b`). The
-    models may differ in every size but the vocabulary: their tokenizers must give every
-    text the same ids, with the same tokens put around it (Tokenizer.differs_from: the
-    folder's <bos>); a vocabulary padded to more rows in one model is compared over the
-    tokenizer's tokens."""
+def check_second_model(a, model_b) -> None:
+    """Can session a's ids go through model_b? The models may differ in every size but the
+    vocabulary: their tokenizers must give every text the same ids, with the same tokens put
+    around it (Tokenizer.differs_from: the folder's <bos>), and the text must fit model_b's
+    context."""
 
-    model_a = a.model
-    why = model_a.tokenizer.differs_from(model_b.tokenizer)
+    why = a.model.tokenizer.differs_from(model_b.tokenizer)
     if why is not None:
         raise InputError(f"the two weights folders' tokenizers differ ({why}): diff compares "
                          "next-token distributions, which needs one vocabulary")
@@ -165,9 +162,14 @@ def models_diff(a, model_b, steering_b=None) -> ModelsDiff:
     if a.T > limit:
         raise InputError(f"the text is {a.T} tokens long; the second model reads at most "
                          f"{limit}")
-    # a's ids as they are: the folder's <bos> (a.specials) or a --chat text's own
-    b = Session(model_b, a.text, list(a.ids), list(a.tokens), steering_b,
-                specials=a.specials, dropped=a.dropped)
+
+
+def models_diff(a, b) -> ModelsDiff:
+    """Sessions a and b, of one text's ids (check_second_model; jobs.diff.second_session
+    makes b), each through its own model; a vocabulary padded to more rows in one model is
+    compared over the tokenizer's tokens."""
+
+    model_a = a.model
     la, lb = a.run(), b.run()
     if la.shape[-1] != lb.shape[-1]:  # padded rows are no token: the tokenizer's alone
         n = min(model_a.tokenizer.vocab_size, la.shape[-1], lb.shape[-1])
@@ -176,4 +178,4 @@ def models_diff(a, model_b, steering_b=None) -> ModelsDiff:
     tok = model_a.tokenizer
     return ModelsDiff(a, b, d, [tok.token_str(int(i)) for i in d.top_a],
                       [tok.token_str(int(i)) for i in d.top_b],
-                      config_differences(model_a.config, model_b.config))
+                      config_differences(model_a.config, b.model.config))

@@ -1,14 +1,11 @@
 """What `info` reports about a weights folder: its sizes, parameter counts per group, the
-weights file with its sha256, and the tokenizer."""
+weights file with its sha256, and the tokenizer (the file's facts found by jobs/info.py)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from pathlib import Path
-
-from ..storage.files import sha256
-from ..storage.locations import SHIPPED
 
 
 @dataclass
@@ -56,7 +53,9 @@ def architecture(cfg) -> dict:
     return out
 
 
-def model_info(model) -> ModelInfo:
+def model_info(model, weights_file: Path, sha256: str, shipped: bool) -> ModelInfo:
+    """The model's facts, with its weights file (resolved), the file's sha256 and whether it
+    is the shipped model's."""
 
     cfg = model.config
     fam = model.family
@@ -75,10 +74,8 @@ def model_info(model) -> ModelInfo:
         facts = {"model_type": cfg.model_type, **facts, **architecture(cfg)}
     if cfg.unused:  # read past, as transformers does: shown so nobody wonders where they went
         facts["unused"] = list(cfg.unused)
-    weights_file = model.weights_file.resolve()
     about = getattr(model, "about", None)
     return ModelInfo(facts, groups, sum(a.size for a in model.params.values()), weights_file,
-                     sha256(weights_file), {"vocab_size": model.tokenizer.vocab_size,
-                                            "special_tokens": model.tokenizer.special_tokens},
-                     weights_file.parent == SHIPPED.resolve(), about,
-                     tensor_groups(about["tensors"]) if about else None)
+                     sha256, {"vocab_size": model.tokenizer.vocab_size,
+                              "special_tokens": model.tokenizer.special_tokens},
+                     shipped, about, tensor_groups(about["tensors"]) if about else None)

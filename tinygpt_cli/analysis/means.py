@@ -2,39 +2,23 @@
 
 One vector per component, averaged over every position of every window (position-independent,
 as TransformerLens' mean ablation over a dataset): each head's output [d_k] and each block's
-attn_out and mlp_out [d]. Stored beside the weights as means.safetensors (float32, a few KB)
-with the sha256 of the weights they were computed from, so a retrained model is never
-ablated with another model's means.
+attn_out and mlp_out [d]: each shard's sums (batch_sums), merged in window order
+(merged_means). Reading the reference text, the cache and the means file beside the weights
+is the job's (jobs/means.py).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from ..errors import InputError, WeightsError
-from ..jobs.cluster import over_windows
-from ..jobs.corpus import read_stories, validation_text
-from ..storage import cache
-from ..storage.files import sha256, write_atomically
-from ..storage.madefor import remake_hint
-from ..storage.safetensors import (
-    header_bytes,
-    metadata_strings,
-    read_safetensors,
-    safetensors_bytes,
-)
+from ..errors import InputError
 from ..transformer.config import Config
 from ..transformer.model import record
-from ..transformer.windows import encode_stories, eval_windows
 from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): recorded values
 # averaged.
 HANDLES = FORWARD
-
-FILE = "means.safetensors"
 
 
 def mean_size(path: str, config: Config) -> int:
@@ -50,23 +34,17 @@ def mean_paths(config: Config) -> list[str]:
     return paths
 
 
-def value_means(params: dict[str, np.ndarray], config: Config, windows: np.ndarray,
-                batch: int = 16, hooks=None, engine=None) -> dict[str, np.ndarray]:
-    """The mean over windows [N, T] and positions of every path of mean_paths, float64, of
-    runs through `hooks` (steering) when given, the shards of windows on `engine` (default:
-    this process). Each batch's sums are added in window order, wherever they were made:
-    the same numbers on any engine.
+def merged_means(parts) -> dict[str, np.ndarray]:
+    """The mean, float64, of every path from the parts batch_sums gives (each shard's list
+    of (positions, sums)), added in window order wherever they were made: the same numbers
+    on any engine."""
 
-    The pass stops after the last block's mlp_out: the head over the vocabulary is not needed.
-    """
-
-    paths = mean_paths(config)
-    sums = {p: 0.0 for p in paths}
+    sums: dict[str, np.ndarray] = {}
     count = 0
-    for part in over_windows(engine, batch_sums, windows, (params, config, batch, hooks)):
+    for part in parts:
         for n, found in part:
-            for p in paths:
-                sums[p] = sums[p] + found[p]
+            for p, v in found.items():
+                sums[p] = sums.get(p, 0.0) + v
             count += n
     if count == 0:
         raise InputError("the reference text has no complete window of tokens to average")
@@ -74,9 +52,9 @@ def value_means(params: dict[str, np.ndarray], config: Config, windows: np.ndarr
 
 
 def batch_sums(task: tuple, shared: tuple) -> list[tuple[int, dict[str, np.ndarray]]]:
-    """One shard's part of value_means: for each batch, (positions, the sum over them of every
-    path's value, float64). task (first window, windows [w, T]); shared (params, config,
-    batch, hooks)."""
+    """One shard's part of the means (jobs.means.value_means): for each batch, (positions,
+    the sum over them of every path's value, float64). task (first window, windows [w, T]);
+    shared (params, config, batch, hooks)."""
     _, windows = task
     params, config, batch, hooks = shared
     paths = mean_paths(config)
@@ -91,91 +69,3 @@ def batch_sums(task: tuple, shared: tuple) -> list[tuple[int, dict[str, np.ndarr
             sums[p] = v.reshape(-1, v.shape[-1]).sum(axis=0)
         out.append((ids.shape[0] * ids.shape[1], sums))
     return out
-
-
-def means_bytes(means: dict[str, np.ndarray], meta: dict) -> bytes:
-
-    tensors = {p: np.ascontiguousarray(v, dtype=np.float32) for p, v in means.items()}
-    return safetensors_bytes(tensors, metadata_strings(meta))
-
-
-def save_means(path: str | Path, means: dict[str, np.ndarray], meta: dict) -> None:
-    write_atomically(Path(path), means_bytes(means, meta))
-
-
-def header_limit(config: Config) -> int:
-    """The most header bytes a means file of this model needs: a header of a million made-up
-    entries is refused before it is parsed, as the weights' is."""
-
-    return header_bytes(len(mean_paths(config)))
-
-
-def means_hint(path: Path) -> str:
-    """How to get the means of the weights folder that holds `path`: compute them (never into
-    the installed package: madefor.remake_hint), or give --data to compute them on the fly."""
-
-    made = remake_hint("compute them", "means", Path(path).parent / "model.safetensors",
-                       path, "--out", FILE, None)
-    return f"{made}, or give --data DIR"
-
-
-def load_means(path: str | Path, config: Config,
-               weights_sha256: str) -> tuple[dict[str, np.ndarray], dict]:
-    """The stored means and their metadata, refused when they belong to other weights."""
-
-    path = Path(path)
-    hint = means_hint(path)
-    if not path.is_file():
-        raise InputError(f"no mean statistics at {path}: {hint}")
-    means, meta = read_safetensors(path, limit=header_limit(config), hint=hint)
-    if meta.get("weights_sha256") != weights_sha256:
-        raise InputError(f"the mean statistics at {path} were computed for other weights: {hint}")
-    for p in mean_paths(config):
-        if p not in means:
-            raise InputError(f"{path} has no mean for {p}: {hint}")
-        m = means[p]
-        if m.shape != (mean_size(p, config),) or not np.isfinite(m).all():
-            raise WeightsError(f"{path}: the mean of {p} is not {mean_size(p, config)} finite "
-                               f"numbers (shape {list(m.shape)}): {hint}")
-        with np.errstate(all="ignore"):  # a mean of a float32 run's values is one such
-            square = np.dot(m.astype(np.float32), m.astype(np.float32))  # value: a norm squares it
-        if not np.isfinite(square):
-            raise WeightsError(f"{path}: the mean of {p} is too large for a value of a float32 "
-                               f"run (its sum of squares overflows): {hint}")
-    return means, meta
-
-
-
-def means_over(model, data: Path | None, weights_sha: str, bar, steer=None, engine=None):
-    """(values, meta) over the validation file of `data` (or the one the weights record), of
-    runs steered by `steer` (hooks.Steering) when given, on `engine`, cached by the weights'
-    and data's sha256 and the steering. bar(total, description) is the progress bar."""
-
-    val = validation_text(model.folder, data)
-    meta = {"weights_sha256": weights_sha, "data": val[0].name, "data_sha256": sha256(val[0])}
-
-    def compute():
-        stream = encode_stories(read_stories(val), model.tokenizer)
-        windows, _ = eval_windows(stream.ids, model.config.n_positions)
-        with bar(None, f"averaging over {val[0].name}"):
-            values = value_means(model.params, model.config, windows, hooks=steer,
-                                 engine=engine)
-        return values, {**meta, "tokens": str(windows.size)}
-
-    key = cache.key_of(weights_sha, meta["data_sha256"], *([] if steer is None else steer.key()))
-    entry = cache.entry("means", key, ".safetensors")
-    return cache.load_or_compute(
-        entry, lambda path: load_means(path, model.config, weights_sha), compute,
-        lambda path, found: cache.keep(path, means_bytes(*found)))
-
-
-def ablation_means(model, data: Path | None, bar, steer=None) -> dict[str, np.ndarray]:
-    """The means for --mode mean: over --data's validation text, or the ones stored beside
-    the weights. A steered run is ablated with the steered model's own means (over --data,
-    or the validation text the weights record; computed once and cached): the stored ones
-    are the unsteered model's, and putting them in would undo part of the steering."""
-
-    weights_sha = sha256(model.weights_file)
-    if data is None and steer is None:
-        return load_means(model.folder / FILE, model.config, weights_sha)[0]
-    return means_over(model, data, weights_sha, bar, steer)[0]

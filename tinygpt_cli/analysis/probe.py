@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
-from ..jobs.session import encode_lines
 from ..transformer.config import Config
 from ..transformer.hooks import Chain, RecordOnly, StopAfter
 from ..transformer.model import forward
@@ -114,18 +113,6 @@ def token_labels(line: Line, offsets: list[tuple[int, int]], default: str | None
 
 
 # ------------------------------------------------------------------ features
-
-
-def probe_inputs(model, lines: list[Line], site: str, default: str | None, hooks=None
-                 ) -> tuple[list[list[int]], list[list[str | None]], list[np.ndarray]]:
-    """(each line's ids, each token's label or None, each line's values of `site`, one row a
-    token, of runs through `hooks`, steering, when given) of the --labels lines."""
-
-    ids = encode_lines(model, [line.text for line in lines], "--labels")
-    offsets = [model.tokenizer.byte_offsets(i) for i in ids]
-    marks = [token_labels(line, o, default, n)
-             for n, (line, o) in enumerate(zip(lines, offsets, strict=True), 1)]
-    return ids, marks, [site_values(model.params, model.config, i, site, hooks) for i in ids]
 
 
 def site_values(params, config: Config, ids: list[int], site: str, hooks=None) -> np.ndarray:

@@ -15,18 +15,12 @@ import functools
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import InputError
-from ..jobs.ahead import clean_final_norm
-from ..jobs.cluster import in_turn
-from ..jobs.corpus import ends_with_separator, read_data_record, stories_of, validation_text
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.model import all_finite, record, run_to_final_norm, token_table
-from ..transformer.windows import encode_stories
 from ..transformer.wiring import FORWARD
 
 # The blocks this analysis implements (wiring.require refuses others by name): the model's own
@@ -126,12 +120,16 @@ def concat(scores: list[TokenScores]) -> TokenScores:
 def final_hidden(params, config: Config, ids: np.ndarray, hooks=None, ahead=None
                  ) -> np.ndarray:
     """ln_final.out for a batch [B, T] -> [B, T, d], without the unembedding (the caller
-    unembeds only the positions it scores). `ahead`: --each-line's batch (ahead.Ahead)."""
+    unembeds only the positions it scores). `ahead`: --each-line's passes made ahead
+    (jobs.ahead.Ahead: its final_norm(params, config, ids) gives a line's, or None)."""
     if hooks is None:
         # a clean run: the same numbers without recording (one window as its own pass, or
         # made ahead with the next lines under --each-line; windows as the batch's pass)
-        u = clean_final_norm(params, config, ids[0], ahead)[None] if len(ids) == 1 else \
-            run_to_final_norm(params, config, ids, per_text=False)
+        if len(ids) == 1:
+            made = None if ahead is None else ahead.final_norm(params, config, ids[0])
+            u = run_to_final_norm(params, config, ids) if made is None else made[None]
+        else:
+            u = run_to_final_norm(params, config, ids, per_text=False)
         if all_finite(u):  # else the recorded pass names the value that overflowed
             return u
     return record(params, config, ids, {"ln_final.out"}, hooks=hooks,
@@ -167,13 +165,19 @@ def batch_scores(task: list, shared: tuple) -> list[TokenScores]:
     return out
 
 
-BATCHES_PER_TASK = 16  # on a cluster: 128 windows a task
+def scored_here(batches: Iterable[tuple], shared: tuple) -> Iterator[tuple[list, TokenScores]]:
+    """(a batch's windows, its scores) for each (windows, task) of score_parts' batches, made
+    in this process one after another as they are needed (a long text is never held
+    whole); shared (params, config, hooks, ahead). jobs.score.scored_on(engine) makes them
+    on a cluster instead."""
+    for chunk, task in batches:
+        yield chunk, batch_scores([task], shared)[0]
 
 
 def score_parts(
     params, config: Config, sequences: list[np.ndarray], *, stride: int | None = None,
     batch_size: int = 8, full_only: bool = False,
-    progress: Callable[[int], None] | None = None, hooks=None, ahead=None, engine=None,
+    progress: Callable[[int], None] | None = None, hooks=None, ahead=None, scored=None,
 ) -> Iterator[tuple[int, TokenScores, bool]]:
     """(index, scores of the next targets of that sequence, whether they are its last): the
     sequences in order, each one's targets in order, a window's as soon as the windows
@@ -182,10 +186,9 @@ def score_parts(
     Windows of every sequence are batched together, longest first (right-padded: a causal
     model's earlier positions never see the padding); a sequence's windows are never longer
     than the ones before them, so they are done in order. `progress(k)` is called with the
-    windows done. `ahead`: the passes --each-line makes ahead (final_hidden). On a cluster
-    (`engine`) the batches are its tasks, BATCHES_PER_TASK a task, their scores taken in
-    order as they come; without one they are made here, one after another, as they are
-    needed (a long text is never held whole).
+    windows done. `ahead`: the passes --each-line makes ahead (final_hidden). `scored`
+    (default scored_here) makes the batches' scores, in order, from (windows, task) pairs
+    and the shared (params, config, hooks, ahead): a job may run them elsewhere.
     """
 
     context = config.n_positions
@@ -217,7 +220,7 @@ def score_parts(
         for b in range(0, len(jobs), batch_size):
             chunk = jobs[b : b + batch_size]
             width = max(w.end - w.start for _, w in chunk)
-            x = np.zeros((len(chunk), width), dtype=np.int32 if engine else np.int64)
+            x = np.zeros((len(chunk), width), dtype=np.int64)
             rows, cols, tgt = [], [], []
             for r, (i, w) in enumerate(chunk):
                 x[r, : w.end - w.start] = sequences[i][w.start : w.end]
@@ -229,22 +232,8 @@ def score_parts(
             yield chunk, (x, np.concatenate(rows), np.concatenate(cols),
                           np.concatenate(tgt).astype(np.int64))
 
-    if engine is None:  # here: each batch when it is needed
-        yield from _collected(((chunk, batch_scores([task], (params, config, hooks, ahead))[0])
-                               for chunk, task in batches()), waiting, remaining, ready,
-                              progress)
-        return
-    chunks, tasks = [], []
-    for chunk, task in batches():
-        if not tasks or len(tasks[-1]) == BATCHES_PER_TASK:
-            chunks.append([])
-            tasks.append([])
-        chunks[-1].append(chunk)
-        tasks[-1].append(task)
-    with engine.job((params, config, hooks, None)) as run:
-        scored = ((chunk, s) for i, found in in_turn(run(batch_scores, tasks))
-                  for chunk, s in zip(chunks[i], found, strict=True))
-        yield from _collected(scored, waiting, remaining, ready, progress)
+    yield from _collected((scored or scored_here)(batches(), (params, config, hooks, ahead)),
+                          waiting, remaining, ready, progress)
 
 
 def _collected(scored, waiting: dict, remaining: dict, ready, progress):
@@ -336,7 +325,7 @@ def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.
                 stream_bpt: float | None = None,
                 on_scores: Callable[[int, TokenScores], None] | None = None,
                 progress: Callable[[int], None] | None = None, hooks=None,
-                ahead=None, engine=None) -> ScoreReport:
+                ahead=None, scored=None) -> ScoreReport:
     """Score every text (`score_parts`), adding up the totals as the scores come, so a
     whole file or text never has to be held: only the `top` most surprising tokens, each
     text's surprisals until it is summed (as one array, as it always was), the texts' scores
@@ -344,8 +333,8 @@ def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.
     text's scores as it is done (the --json lines stream from it; s.first says where in the
     text it starts). `stream_bpt`: the bytes per token of a whole stream (--stream), counted
     instead of the tokens' own bytes, as the card does. `hooks` (steering) go into every run;
-    `ahead`: the passes --each-line makes ahead (final_hidden); `engine`: a cluster whose
-    workers score the batches (score_parts)."""
+    `ahead`: the passes --each-line makes ahead (final_hidden); `scored`: where the batches
+    are scored (score_parts; jobs.score.scored_on(engine) for a cluster's workers)."""
     total = Totals(0, 0, 0.0)
     worst: list[tuple] = []
     kept: list[TokenScores] = []
@@ -353,7 +342,7 @@ def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.
     parts: list[TokenScores] = []  # the current text's, for the sums (and the views)
     for i, s, last in score_parts(params, config, sequences, stride=stride, full_only=stream,
                                   progress=progress, hooks=hooks, ahead=ahead,
-                                  engine=engine):
+                                  scored=scored):
         total.tokens += len(s.targets)
         total.bytes += int(nbytes[s.targets].sum())
         if on_scores is not None:
@@ -389,68 +378,3 @@ def score_texts(params, config: Config, sequences: list[np.ndarray], nbytes: np.
                               full_only=stream)
     return ScoreReport(summary, sequences, offset, n_windows, worst,
                        kept if keep else None, drawn)
-
-
-# ------------------------------------------------------------------ what is scored
-
-
-class Inputs(NamedTuple):
-    """What score_inputs gives `score_texts`: the id sequences, how many ids were put before
-    each text (the separator), the stream's bytes per token (--stream), and how many closing
-    separators are scored that the file does not hold (its last story's, 0 or 1)."""
-
-    sequences: list[np.ndarray]
-    offset: int
-    stream_bpt: float | None
-    added: int = 0
-
-
-def score_inputs(model, text: str | None, read_text: Callable[[str | None], str], file,
-                 stride: int | None, stream: bool, bos: bool, closing: bool = True) -> Inputs:
-    """The ids to score (Inputs), after checking the options; `read_text(text)` gives the text
-    when no --file is given (called last: an option error comes before stdin is read). A
-    file's stories are each closed by a separator, as the training stream has them; the last
-    one's is scored only when `closing` or the file ends with one (Inputs.added says when it
-    was not in the file)."""
-
-    tok, cfg = model.tokenizer, model.config
-    eot = tok.eot_id
-    if stream and file is None:  # the held-out text the weights record
-        if read_data_record(model.folder) is None:
-            raise InputError("--stream reads a file: give it with --file (these weights "
-                             "have no data.json naming their validation text)")
-        file = validation_text(model.folder, None)[0]
-    if stream and stride not in (None, cfg.n_positions):
-        raise InputError(f"--stream uses non-overlapping windows of {cfg.n_positions} "
-                         "tokens; leave out --stride")
-    if stride is not None and stride > cfg.n_positions:
-        raise InputError(f"--stride {stride} is longer than the {cfg.n_positions}-token "
-                         "context: give 1 to " + str(cfg.n_positions))
-    if file is not None and text is not None:
-        raise InputError("give a text or --file, not both")
-    if file is not None:
-        stories = stories_of(file)
-        invented = not ends_with_separator(file)  # the last story's separator
-        cut, added = (int(invented and not closing), int(invented and closing))
-        if not stream:
-            seqs = [np.asarray([eot] + ids + [eot]) for ids in tok.encode_batch(stories)]
-            seqs[-1] = seqs[-1][:len(seqs[-1]) - cut]
-            if len(seqs[-1]) < 2:
-                raise InputError(f"{file}'s last story is one token: with "
-                                 "--no-closing-separator nothing is left to predict")
-            return Inputs(seqs, 1, None, added)
-        ts = encode_stories(stories, tok)
-        ids, n_bytes = ts.ids[:len(ts.ids) - cut], ts.n_bytes - cut  # a separator is a byte
-        if len(ids) <= cfg.n_positions:
-            raise InputError(f"--stream needs more than {cfg.n_positions} tokens; "
-                             f"{file} has {len(ids)}")
-        # whole windows only: the last token is scored when the last window ends on it
-        scored = (len(ids) - 1) % cfg.n_positions == 0
-        return Inputs([ids.astype(np.int64)], 0, n_bytes / len(ids), added * scored)
-    # before a text: the tokens the folder's tokenizer puts there (Gemma's <bos>), else eot
-    before = (list(tok.affix[0]) or [eot]) if bos else []
-    seq = np.asarray(before + tok.encode(read_text(text)))
-    if len(seq) < 2:
-        raise InputError("one token alone has nothing before it to predict it from; "
-                         "give a longer text or leave out --no-bos")
-    return Inputs([seq], len(before), None)

@@ -131,6 +131,7 @@ def probe(
     from ..analysis import probe as pr
     from ..jobs.corpus import read_user_file
     from ..jobs.dictionaries.directions import direction_file
+    from ..jobs.probe import probe_inputs
     from ..render.directions import probe_view
     from ..render.documents import probe_document
     from ..storage.files import write_atomically
@@ -141,7 +142,7 @@ def probe(
     model = load(context, weights)
     name = pr.check_site(site, model.config, model.params)
     hooks, changes = steered(context, model)
-    ids, marks, feats = pr.probe_inputs(model, lines, name, default, hooks)
+    ids, marks, feats = probe_inputs(model, lines, name, default, hooks)
     r = pr.probe_report(feats, marks, ids, name, held_out=held_out, seed=seed, l2=l2)
     if out is not None:
         source = {"labels": str(labels), "classes": r.classes, "seed": seed, "l2": l2}

@@ -165,7 +165,7 @@ def ablate(
     Example: tinygpt ablate "Lily wanted to play" --all --mode resample --from "Tom wanted to play"
     """
     from ..analysis import ablate as ablation
-    from ..analysis.means import ablation_means
+    from ..jobs.means import ablation_means
     from ..render import explain as view
     from ..render.documents import ablation_document
 
@@ -211,7 +211,7 @@ def means(
     Example: tinygpt means --out means.safetensors
     Example: tinygpt means --steer happy --steer-away sad --steer-layer 1 --out m.safetensors
     """
-    from ..analysis import means as mean_stats
+    from ..jobs import means as mean_stats
     from ..jobs.corpus import check_data, validation_text
     from ..render.explain import means_written
     from ..render.output import check_out

@@ -251,9 +251,9 @@ def info(context: RunContext, weights: Path = WEIGHTS, as_json: bool = JSON):
 
     Example: tinygpt info
     """
-    from ..analysis.info import model_info
+    from ..jobs.info import info_of
     from ..render.documents import info_document
     from ..render.tables import info_view
 
-    info = model_info(load(context, weights))
+    info = info_of(load(context, weights))
     present(context, as_json, lambda: info_document(info), lambda: info_view(info))

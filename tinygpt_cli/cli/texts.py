@@ -89,6 +89,7 @@ def score(
     Example: tinygpt score --stream --json
     """
     from ..analysis import score as sc
+    from ..jobs.score import score_inputs, scored_on
     from ..render import jsonout
     from ..render.texts import score_view
 
@@ -97,9 +98,9 @@ def score(
     hooks, changes = steered(context, model)
     check_save(save, force)  # before a long text is read and tokenised, and lines stream
     # a --chat text holds its own <bos>: nothing is put before it
-    sequences, offset, stream_bpt, added = sc.score_inputs(model, text, read_text, file,
-                                                           stride, stream,
-                                                           bos and not context.chat, closing)
+    sequences, offset, stream_bpt, added = score_inputs(model, text, read_text, file, stride,
+                                                        stream, bos and not context.chat,
+                                                        closing)
     stride = stride or cfg.n_positions
     shown = show if show is not None else (sum(map(len, sequences)) < 3000 and not stream)
     token_str = tok.token_strs  # labelled once per tokenizer, even with --each-line
@@ -114,7 +115,7 @@ def score(
             offset=offset, top=top if not as_json or save is not None else 0,
             keep=shown and not as_json, draw=save is not None, stream_bpt=stream_bpt,
             on_scores=lines, progress=advance, hooks=hooks, ahead=context.ahead,
-            engine=where if where.remote else None)
+            scored=scored_on(where if where.remote else None))
     if added and not context.quiet:  # a token the file does not hold is in the totals
         stderr().print("note: scored a closing <|endoftext|> after the last story, which the "
                        "file does not end with (--no-closing-separator leaves it out)",
@@ -162,15 +163,16 @@ def heads(
     Example: tinygpt heads --stories 16 --json
     """
     from ..analysis import heads as detect
+    from ..jobs.heads import texts_for_heads
     from ..render import texts as view
     from ..render.documents import heads_document
 
     model = load(context, weights)
     if text is not None and text_opt is not None:
         raise InputError("give the text once: as the argument or with --text")
-    ids, source = detect.texts_for_heads(model.tokenizer, model.config.n_positions,
-                                         text if text is not None else text_opt, read_text,
-                                         file, stories)
+    ids, source = texts_for_heads(model.tokenizer, model.config.n_positions,
+                                  text if text is not None else text_opt, read_text, file,
+                                  stories)
     hooks, changes = steered(context, model)
     r = detect.heads_report(model.params, model.config, ids, source, length=length,
                             batch=batch, seed=seed, separator=model.tokenizer.eot_id,
@@ -214,6 +216,7 @@ def neurons(
     from ..analysis import neurons as nrn
     from ..escapes import escape_line
     from ..jobs.corpus import search_files
+    from ..jobs.neurons import cached_maxima
     from ..render import texts as view
     from ..render.documents import neuron_examples_document, text_neurons_document
 
@@ -233,7 +236,7 @@ def neurons(
     files, note = search_files(data, model.folder, any_data=any_data)
     hooks, changes = steered(context, model)
     with engine(context) as where:
-        maxima = nrn.cached_maxima(model, files, bar(), hooks, where)
+        maxima = cached_maxima(model, files, bar(), hooks, where)
     if note:  # once the maxima stand: an error is then the only line
         stderr().print(escape_line(note), soft_wrap=True)
     ex = nrn.neuron_examples(model.params, cfg, maxima, maxima["stream"], layer, neuron, top,
@@ -271,6 +274,7 @@ def diff(
     Example: tinygpt diff "Lily wanted to play" --weights-b runs/a
     """
     from ..analysis import diff as diffs
+    from ..jobs.diff import second_session
     from ..render import texts as view
     from ..render.documents import models_diff_document, text_diff_document
 
@@ -281,8 +285,8 @@ def diff(
         from .steering import steering
 
         model_b = load(context, weights_b)
-        d = diffs.models_diff(open_session(context, None, text_a, model=model), model_b,
-                              steering(context, model_b)[0])
+        a = open_session(context, None, text_a, model=model)
+        d = diffs.models_diff(a, second_session(a, model_b, steering(context, model_b)[0]))
         return present(context, as_json, lambda: models_diff_document(d, model.folder),
                        lambda: view.models_diff_view(d))
     if text_a is None or text_b is None:

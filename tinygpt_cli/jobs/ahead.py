@@ -25,7 +25,6 @@ import numpy as np
 from ..errors import InputError
 from ..transformer.folder import Model
 from ..transformer.model import run_to_final_norm as final_norm_of
-from ..transformer.model import run_to_final_norm as own_pass
 
 CHUNK_TOKENS = 16_384  # tokens of lines computed ahead at a time: 8 MB at 128 numbers
 BATCH = 64  # lines of one length in one pass
@@ -175,13 +174,3 @@ class _Listed:
 
     def __iter__(self):
         return iter(self.lines)
-
-
-def clean_final_norm(params, config, ids, ahead: Ahead | None = None) -> np.ndarray:
-    """ln_final.out [T, d] of a clean run of one text, ids [T], with nothing recorded: made
-    ahead in a batch with the next lines (`ahead`, under --each-line), or as the text's own
-    pass makes it. Non-finite values are the caller's to check (the recorded pass names the
-    first)."""
-
-    u = None if ahead is None else ahead.final_norm(params, config, ids)
-    return own_pass(params, config, ids)[0] if u is None else u
