@@ -41,10 +41,11 @@ import json, os, resource, sys, time
 import numpy as np
 from tinygpt_cli.transformer.folder import load_model
 from tinygpt_cli.jobs.corpus import held_out_files, read_stories
-from tinygpt_cli.analysis import transcoder as T, graph as G
+from tinygpt_cli.analysis import graph as G
+from tinygpt_cli.jobs.dictionaries import transcoders as TF
 n, folder = int(sys.argv[1]), (None if sys.argv[2] == "shipped" else sys.argv[2])
 m = load_model(folder)
-tcs = T.load_transcoders(T.folder_of(m.weights_file), m.config, m.weights_file)
+tcs = TF.load_transcoders(TF.folder_of(m.weights_file), m.config, m.weights_file)
 text = " ".join(read_stories(held_out_files(None))[:400])
 ids = m.tokenizer.encode(text)[:n]
 t0, cpu0, times0 = time.perf_counter(), time.process_time(), os.times()
@@ -220,7 +221,9 @@ def long_folder(name: str = "long") -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tinygpt_cli.analysis import transcoder as T
+    from tinygpt_cli.jobs import transcoder as TJ
     from tinygpt_cli.jobs.corpus import data_windows, training_files
+    from tinygpt_cli.jobs.dictionaries import transcoders as TF
     from tinygpt_cli.storage.files import sha256
     from tinygpt_cli.storage.locations import SHIPPED
     from tinygpt_cli.transformer.folder import load_model
@@ -235,8 +238,8 @@ def long_folder(name: str = "long") -> Path:
     settings = {"latents": 256, "k": 8, "steps": 500, "batch": 512, "lr": 2e-3,
                 "windows": 16, "seed": 0}
     for i, (xi, yi) in enumerate(values):
-        T.train_layer(xi, yi, T.file_of(folder / "transcoders", i), i, settings,
-                      sha256(m.weights_file), _no_bar)
+        TJ.train_layer(xi, yi, TF.file_of(folder / "transcoders", i), i, settings,
+                       sha256(m.weights_file), _no_bar)
     return folder
 
 

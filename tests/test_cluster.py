@@ -239,16 +239,17 @@ def test_the_shards_of_a_pass_are_one_pass(run):  # noqa: F811
     over all windows, exactly: the default path is the same as before the cluster."""
     from tinygpt_cli.analysis import means, sae
     from tinygpt_cli.jobs import means as mean_job
+    from tinygpt_cli.jobs import sae as sae_job
     from tinygpt_cli.transformer.model import record
 
     model = load_model(run)
     rng = np.random.default_rng(0)
     x = rng.integers(0, model.config.vocab_size, (cluster.SHARD + 40, 8))
     whole = sae.site_values(model.params, model.config, x, "layers.1.mlp_out", batch=len(x))
-    np.testing.assert_allclose(sae.site_values_on(None, model.params, model.config, x,
-                                                  "layers.1.mlp_out"), whole, atol=1e-6)
+    np.testing.assert_allclose(sae_job.site_values_on(None, model.params, model.config, x,
+                                                      "layers.1.mlp_out"), whole, atol=1e-6)
     np.testing.assert_array_equal(
-        sae.site_values_on(None, model.params, model.config, x, "layers.1.mlp_out"),
+        sae_job.site_values_on(None, model.params, model.config, x, "layers.1.mlp_out"),
         sae.site_values(model.params, model.config, x, "layers.1.mlp_out"))
     got = mean_job.value_means(model.params, model.config, x)
     paths = means.mean_paths(model.config)

@@ -143,7 +143,7 @@ def test_a_graph_on_gemma_scope_transcoders_adds_up(cli, llama, tmp_path):
 
 def test_a_skip_connection_is_read_and_decoded_with_its_input(llama, tmp_path):
     from tinygpt_cli.analysis import sae as S
-    from tinygpt_cli.analysis.gemmascope import load_gemma_scope
+    from tinygpt_cli.jobs.dictionaries.gemmascope import load_gemma_scope
 
     folder, made = transcoders(tmp_path, skip=True)
     model = load_model(llama)
@@ -227,7 +227,7 @@ def test_saelens_reads_the_same_latents(llama, tmp_path):
     from sae_lens import JumpReLUSAE, JumpReLUSAEConfig
 
     from tinygpt_cli.analysis import sae as S
-    from tinygpt_cli.analysis.gemmascope import load_gemma_scope
+    from tinygpt_cli.jobs.dictionaries.gemmascope import load_gemma_scope
 
     folder = tmp_path / "resid_post_all" / "layer_1_width_12_l0_small"
     t = write_dictionary(folder, SAE_CFG)
@@ -266,7 +266,8 @@ def write_clt(root: Path, n: int = 2, layers_in_file: int = 2, skip: bool = Fals
 
 @pytest.mark.parametrize("skip", [False, True])
 def test_a_cross_layer_transcoder_writes_into_every_later_block(llama, tmp_path, skip):
-    from tinygpt_cli.analysis.gemmascope import cross_layer_outputs, load_cross_layer
+    from tinygpt_cli.analysis.dictionary import cross_layer_outputs
+    from tinygpt_cli.jobs.dictionaries.gemmascope import load_cross_layer
 
     folder, made = write_clt(tmp_path, skip=skip)
     model = load_model(llama)
@@ -285,8 +286,8 @@ def test_a_cross_layer_transcoder_writes_into_every_later_block(llama, tmp_path,
 
 
 def test_a_cross_layer_transcoder_of_another_depth_is_refused(llama, tmp_path):
-    from tinygpt_cli.analysis.gemmascope import load_cross_layer
     from tinygpt_cli.errors import InputError
+    from tinygpt_cli.jobs.dictionaries.gemmascope import load_cross_layer
 
     folder, _ = write_clt(tmp_path, layers_in_file=3)
     with pytest.raises(InputError, match="into 3 blocks; this model has 2"):
@@ -340,7 +341,7 @@ def test_on_gemma_3_the_hooks_are_its_own_modules(cli, tmp_path):
     assert r.code == 0, r.err
     np.testing.assert_allclose(np.asarray(r.json()["data"]), jumprelu(t, x), rtol=1e-4,
                                atol=1e-5)
-    from tinygpt_cli.analysis.gemmascope import hook_value
+    from tinygpt_cli.jobs.dictionaries.gemmascope import hook_value
 
     assert hook_value("model.layers.1.pre_feedforward_layernorm.output", config, "x") == \
         ("ln2.out", 1)
@@ -408,12 +409,12 @@ def test_the_releases_cross_layer_transcoder_files_are_read(gemma, llama, tmp_pa
     of blocks L.. (w_dec[:, L:]); each block's output by a loop written here; a file for a
     block the model has not, a missing one, or the layout on a Llama (no
     pre_feedforward_layernorm) refused by name."""
-    from tinygpt_cli.analysis import transcoder as T
-    from tinygpt_cli.analysis.gemmascope import cross_layer_outputs
+    from tinygpt_cli.analysis.dictionary import cross_layer_outputs
+    from tinygpt_cli.jobs.dictionaries import transcoders as TF
 
     folder, made = release_clt(tmp_path)
     model = load_model(gemma)
-    clt = T.load_transcoders(folder, model.config, model.weights_file)
+    clt = TF.load_transcoders(folder, model.config, model.weights_file)
     assert clt.site == "ln2_post.out" and clt.skip is None
     got = values(gemma, TEXT, ["layers.0.ln2.out", "layers.1.ln2.out"])
     xs = [got["layers.0.ln2.out"], got["layers.1.ln2.out"]]
@@ -423,17 +424,17 @@ def test_the_releases_cross_layer_transcoder_files_are_read(gemma, llama, tmp_pa
                                                          for i in range(j + 1))
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
     affine, _ = release_clt(tmp_path / "a", affine=True)
-    assert T.load_transcoders(affine, model.config, model.weights_file).skip is not None
+    assert TF.load_transcoders(affine, model.config, model.weights_file).skip is not None
     three, _ = release_clt(tmp_path / "b", n=3)
     with pytest.raises(InputError, match="a file for block 2; this model has 2"):
-        T.load_transcoders(three, model.config, model.weights_file)
+        TF.load_transcoders(three, model.config, model.weights_file)
     (folder / "params_layer_1.safetensors").unlink()
     with pytest.raises(InputError, match="no params_layer_1.safetensors"):
-        T.load_transcoders(folder, model.config, model.weights_file)
+        TF.load_transcoders(folder, model.config, model.weights_file)
     other, _ = release_clt(tmp_path / "c")
     llama_model = load_model(llama)
     with pytest.raises(InputError, match="pre_feedforward_layernorm"):
-        T.load_transcoders(other, llama_model.config, llama_model.weights_file)
+        TF.load_transcoders(other, llama_model.config, llama_model.weights_file)
 
 
 @pytest.mark.parametrize("cross", [False, True, "release"])
@@ -534,6 +535,7 @@ def test_why_value_of_a_gemma_scope_latent_is_its_gradient(make_params, llama, t
     from test_history import assert_query_is_the_values_gradient
 
     from tinygpt_cli.analysis import why
+    from tinygpt_cli.jobs.dictionaries.saes import finder
     from tinygpt_cli.transformer.trace import run_traced
 
     config = arch_config("llama", n_embd=D, n_layer=2, n_head=4, n_inner=24, vocab_size=13,
@@ -551,14 +553,14 @@ def test_why_value_of_a_gemma_scope_latent_is_its_gradient(make_params, llama, t
     n = int(np.argmax(z[2]))
     assert z[2, n] > 0
     model = SimpleNamespace(config=config, params=params, weights_file=tmp_path / "w" / "m")
-    v = why.value_of(model, ids, f"sae.{site}.{n}[2]", 0, None, saes=(sae,))
+    v = why.value_of(model, ids, f"sae.{site}.{n}[2]", 0, None, saes=finder(model, (sae,)))
     assert v.amount == pytest.approx(z[2, n], rel=1e-6)
     q = v.make(params)
     assert_query_is_the_values_gradient(q, params, lambda p: latent_of(p, n), (
         ("embed.W_E", (9, 2)), ("layers.0.attn.W_QKV", (1, 5)), ("layers.0.mlp.W_in", (2, 3))))
     assert not q.grads["layers.1.attn.W_QKV"].any()
     with pytest.raises(InputError, match="no SAE file"):  # without --sae: the folder's own
-        why.value_of(model, ids, f"sae.{site}.{n}[2]", 0, None)
+        why.value_of(model, ids, f"sae.{site}.{n}[2]", 0, None, saes=finder(model))
 
 
 # ------------------------------------------------------------------ attention-output SAEs
@@ -705,12 +707,13 @@ def test_transcoder_eval_on_gemma_3_replaces_the_mlps_output_after_its_norm(gemm
     value (variance explained against the release's formula on the recorded values) and the
     replacement model puts the prediction there (its loss, by a hook written here)."""
     from tinygpt_cli.analysis import transcoder as T
+    from tinygpt_cli.jobs.dictionaries import transcoders as TF
     from tinygpt_cli.transformer.hooks import Replace
     from tinygpt_cli.transformer.model import forward
 
     folder, made = gemma_transcoders(tmp_path)
     model = load_model(gemma)
-    tcs = T.load_transcoders(folder, model.config, model.weights_file)
+    tcs = TF.load_transcoders(folder, model.config, model.weights_file)
     assert [tc.site for tc in tcs] == ["layers.0.ln2_post.out", "layers.1.ln2_post.out"]
     ids = np.asarray([model.tokenizer.encode(TEXT)[:6], model.tokenizer.encode(TEXT)[1:7]])
     x, y = ids[:, :-1], ids[:, 1:]
@@ -757,7 +760,7 @@ def test_saelens_own_gemma_3_loader_agrees(llama, wide_heads, hub_cache, tmp_pat
     from sae_lens.registry import get_sae_class
 
     from tinygpt_cli.analysis import sae as S
-    from tinygpt_cli.analysis.gemmascope import load_gemma_scope
+    from tinygpt_cli.jobs.dictionaries.gemmascope import load_gemma_scope
     from tinygpt_cli.storage.safetensors import header_bytes, read_header
 
     src = tmp_path / "src2"

@@ -245,7 +245,7 @@ def trained(cli, tmp_path):
 def test_transcoder_train_writes_one_checked_file_per_block(trained, tiny):
     from safetensors import safe_open
 
-    from tinygpt_cli.analysis import transcoder as T
+    from tinygpt_cli.jobs.dictionaries import transcoders as TF
 
     folder, _, doc = trained
     n = tiny.model.config.n_layer
@@ -257,7 +257,7 @@ def test_transcoder_train_writes_one_checked_file_per_block(trained, tiny):
         assert sorted(f.keys()) == ["W_dec", "W_enc", "b_dec", "b_enc", "b_in"]
     assert (meta["kind"], meta["layer"], meta["k"], meta["reads"]) == (
         "transcoder", "0", "4", "layers.0.ln2.out")
-    tcs = T.load_transcoders(folder, tiny.model.config, tiny.model.weights_file)
+    tcs = TF.load_transcoders(folder, tiny.model.config, tiny.model.weights_file)
     assert [tc.n_latents for tc in tcs] == [24] * n
 
 
@@ -599,7 +599,7 @@ def test_the_real_change_of_a_last_block_feature_is_the_read_out_of_the_moved_st
 
 
 def test_graph_ablate_and_steer_print_both_changes(cli, trained, tiny):
-    from tinygpt_cli.analysis import transcoder as T
+    from tinygpt_cli.jobs.dictionaries import transcoders as TF
 
     folder, _, _ = trained
     text = "Lily wanted to play with her"
@@ -620,7 +620,7 @@ def test_graph_ablate_and_steer_print_both_changes(cli, trained, tiny):
         assert_one_error_line(cli("graph", text, "--transcoders", folder, "--ablate", bad), 2,
                               f"feature {bad}: {says}")
     m = tiny.model  # a latent that exists but does not fire at position 0 of block 0
-    tcs = T.load_transcoders(folder, m.config, m.weights_file)
+    tcs = TF.load_transcoders(folder, m.config, m.weights_file)
     g = G.build(m.params, m.config, m.tokenizer.encode(text), tcs)
     on = set(g.feature[(g.layer == 0) & (g.pos == 0) & (g.feature >= 0)].tolist())
     idle = f"0_{min(set(range(24)) - on)}_0"

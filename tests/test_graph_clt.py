@@ -14,7 +14,7 @@ from conftest import random_params
 
 from tinygpt_cli.analysis import graph as G
 from tinygpt_cli.analysis import sae as S
-from tinygpt_cli.analysis.gemmascope import CrossLayerTranscoder
+from tinygpt_cli.analysis.dictionary import CrossLayerTranscoder
 from tinygpt_cli.jobs.train.loop import arch_config
 from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.model import forward, record

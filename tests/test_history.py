@@ -912,13 +912,13 @@ def test_an_sae_latents_gradient_and_its_exact_scores(make_params, monkeypatch):
     sae = sae_mod.SAE(rng.normal(size=(8, m)), rng.normal(size=m) + 2.0,
                       rng.normal(size=(m, 8)), rng.normal(size=8) * 0.1,
                       "layers.0.resid_post", k=m)
-    monkeypatch.setattr(sae_mod, "site_sae", lambda *a, **k: sae)
     ids = [4, 2, 9, 4, 1]
     z = sae_mod.encode(sae, run_traced(params, config, np.asarray(ids)).values[
         "layers.0.resid_post"])
     latent = int(np.argmax(z[2]))
     model = SimpleNamespace(config=config, params=params, weights_file=Path("w"))
-    v = why.value_of(model, ids, f"sae.layers.0.resid_post.{latent}[2]", 0, None)
+    v = why.value_of(model, ids, f"sae.layers.0.resid_post.{latent}[2]", 0, None,
+                     saes=lambda site: sae)
     assert v.amount == pytest.approx(z[2, latent])
     q = v.make(params)
 
@@ -936,7 +936,8 @@ def test_an_sae_latents_gradient_and_its_exact_scores(make_params, monkeypatch):
     off = int(np.flatnonzero(z[2] == 0)[0]) if (z[2] == 0).any() else None
     if off is not None:
         with pytest.raises(InputError, match="not active"):
-            why.value_of(model, ids, f"sae.layers.0.resid_post.{off}[2]", 0, None)
+            why.value_of(model, ids, f"sae.layers.0.resid_post.{off}[2]", 0, None,
+                         saes=lambda site: sae)
     with pytest.raises(InputError, match="residual stream"):
         why.value_of(model, ids, "sae.layers.0.mlp_out.1", 0, None)
 

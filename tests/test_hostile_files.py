@@ -59,7 +59,7 @@ def sae_file(name: str = SAE, site: str = "layers.1.resid_post", made_for: str |
     def setup(ctx: Ctx) -> None:
         from test_sae import random_sae
 
-        from tinygpt_cli.analysis.sae import save_sae
+        from tinygpt_cli.jobs.dictionaries.saes import save_sae
         from tinygpt_cli.storage.files import sha256
 
         meta = {} if made_for is None else {"weights_sha256": sha256(
@@ -85,7 +85,7 @@ def lens_file(made_for: str | None):
 
 
 def vector_file(ctx: Ctx) -> None:
-    from tinygpt_cli.analysis.steer import direction_file
+    from tinygpt_cli.jobs.dictionaries.directions import direction_file
 
     (ctx.tmp / "v.safetensors").write_bytes(direction_file(
         np.ones(16, np.float32), "layers.0.resid_pre", "steer", {},

@@ -77,7 +77,7 @@ def test_sae_train_with_force_replaces_the_default_file(cli, folder, data, tmp_p
     assert r.code == 0, r.err
     written = folder / "sae" / "layers.1.mlp_out.safetensors"
     assert r.json()["path"] == str(written)
-    from tinygpt_cli.analysis.sae import load_sae
+    from tinygpt_cli.jobs.dictionaries.saes import load_sae
     from tinygpt_cli.transformer.folder import load_model
 
     model = load_model(folder)
@@ -213,11 +213,12 @@ def test_a_trace_is_a_read_only_mapping_with_a_short_repr(session):
 
 def test_the_tuned_lens_says_so_in_its_view_picture_and_json(cli, tiny, tmp_path):
     from tinygpt_cli.analysis import tuned_lens as tl
+    from tinygpt_cli.jobs.dictionaries import lens as LF
 
     lens = tmp_path / "zero.safetensors"  # the start of a fit: every translator 0
     from tinygpt_cli.storage.madefor import made_for
 
-    tl.save_translators(lens, tl.zero_translators(tiny.model.config),
+    LF.save_translators(lens, tl.zero_translators(tiny.model.config),
                         made_for(tiny.model.weights_file))
     text = "Lily wanted to play"
     for kind, first in (("tuned", "tuned lens  "), ("logit", "logit lens  ")):

@@ -5,12 +5,15 @@ the perfect reconstruction, resuming, and the command's errors."""
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import numpy as np
 import pytest
 from cli_helpers import assert_one_error_line, file_names
 
 from tinygpt_cli.analysis import sae as S
+from tinygpt_cli.jobs import sae as SJ
+from tinygpt_cli.jobs.dictionaries import saes as SF
 from tinygpt_cli.storage.madefor import made_for
 from tinygpt_cli.transformer.folder import load_model
 from tinygpt_cli.transformer.hooks import Replace
@@ -105,8 +108,8 @@ def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path):
     settings = {"site": SITE, "latents": 16, "k": 3, "lr": 1e-3}
     whole = S.train_steps(S.new_state(x, 16, 3, SITE, 0, 1e-3), x, 8, batch=32, dead_after=64)
     half = S.train_steps(S.new_state(x, 16, 3, SITE, 0, 1e-3), x, 4, batch=32, dead_after=64)
-    S.save_checkpoint(tmp_path / "c.npz", half, settings)
-    resumed = S.train_steps(S.load_checkpoint(tmp_path / "c.npz", settings), x, 8, batch=32,
+    SJ.save_checkpoint(tmp_path / "c.npz", half, settings)
+    resumed = S.train_steps(SJ.load_checkpoint(tmp_path / "c.npz", settings), x, 8, batch=32,
                             dead_after=64)
     for name, p in whole.sae.params().items():
         np.testing.assert_array_equal(resumed.sae.params()[name], p)
@@ -175,19 +178,19 @@ def test_a_file_round_trips_and_a_damaged_one_is_refused(tmp_path, tiny_folder):
     cfg = tiny_folder.config
     sae = random_sae(cfg.n_embd, 20, 4, dtype=np.float32)
     weights = tiny_folder.folder / "model.safetensors"
-    S.save_sae(tmp_path / "s.safetensors", sae, made_for(weights))
-    back = S.load_sae(tmp_path / "s.safetensors", cfg, weights)
+    SF.save_sae(tmp_path / "s.safetensors", sae, made_for(weights))
+    back = SF.load_sae(tmp_path / "s.safetensors", cfg, weights)
     assert (back.site, back.k) == (SITE, 4)
     np.testing.assert_array_equal(back.W_dec, sae.W_dec)
     from tinygpt_cli.errors import WeightsError
 
     (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")
     with pytest.raises(WeightsError, match="not a readable safetensors file"):
-        S.load_sae(tmp_path / "bad.safetensors", cfg, weights)
+        SF.load_sae(tmp_path / "bad.safetensors", cfg, weights)
     sae.W_dec = sae.W_dec * 2
-    S.save_sae(tmp_path / "long.safetensors", sae, made_for(weights))
+    SF.save_sae(tmp_path / "long.safetensors", sae, made_for(weights))
     with pytest.raises(WeightsError, match="rows of W_dec are not unit vectors"):
-        S.load_sae(tmp_path / "long.safetensors", cfg, weights)
+        SF.load_sae(tmp_path / "long.safetensors", cfg, weights)
 
 
 # ------------------------------------------------------------------ the command
@@ -258,7 +261,7 @@ def test_trace_lists_active_latents_and_ablate_zeroes_one(cli, tiny):
 
     cfg = tiny.model.config
     sae = random_sae(cfg.n_embd, 24, 3, seed=11, dtype=np.float32)
-    S.save_sae(tiny.folder / "sae" / f"{SITE}.safetensors", sae,
+    SF.save_sae(tiny.folder / "sae" / f"{SITE}.safetensors", sae,
                made_for(tiny.model.weights_file))
     text = "Lily wanted to play with her"
     ids = np.asarray(tiny.model.tokenizer.encode(text))
@@ -297,7 +300,7 @@ def test_the_shipped_sae_reads_the_shipped_model():
     if not path.is_file():
         pytest.skip("no shipped SAE")
     model = load_model(SHIPPED)
-    sae = S.load_sae(path, model.config, model.weights_file)
+    sae = SF.load_sae(path, model.config, model.weights_file)
     assert (sae.site, sae.k, sae.n_latents) == ("layers.1.resid_post", 16, 1024)
     from safetensors import safe_open
 
@@ -329,7 +332,7 @@ def test_feature_over_a_text_draws_the_latent_a_numpy_encoding_gives(cli, tiny, 
 
     cfg = tiny.model.config
     path = tmp_path / "s.safetensors"
-    S.save_sae(path, random_sae(cfg.n_embd, 24, 3, seed=5, dtype=np.float32),
+    SF.save_sae(path, random_sae(cfg.n_embd, 24, 3, seed=5, dtype=np.float32),
                made_for(tiny.model.weights_file))
     t = load_file(str(path))
     text = "Lily wanted to play with her <b>ball</b>."
@@ -379,7 +382,7 @@ def test_a_latent_over_a_steered_text_and_data(cli, tiny, tmp_path, monkeypatch)
     monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))
     cfg = tiny.model.config
     path = tmp_path / "s.safetensors"
-    S.save_sae(path, random_sae(cfg.n_embd, 24, 3, seed=5, dtype=np.float32),
+    SF.save_sae(path, random_sae(cfg.n_embd, 24, 3, seed=5, dtype=np.float32),
                made_for(tiny.model.weights_file))
     t = load_file(str(path))
     text = "Lily wanted to play with her ball."
@@ -433,8 +436,9 @@ def test_eval_in_shards_of_one_window_gives_the_losses_of_one_pass(model_and_win
     model, x, y = model_and_windows
     sae = random_sae(model.config.n_embd, 40, 5, seed=10, dtype=np.float32)
     whole = S.evaluate(model.params, model.config, sae, x, y)
-    monkeypatch.setattr(cluster, "SHARD", 1)  # 3 shards of one window
-    sharded = S.evaluate(model.params, model.config, sae, x, y)
+    monkeypatch.setattr(cluster, "SHARD", 1)  # 3 shards of one window, as `sae eval` runs them
+    sharded = S.evaluate(model.params, model.config, sae, x, y,
+                         over=partial(cluster.over_windows, None))
     for name in ("loss_clean", "loss_sae", "loss_zero", "loss_mean"):
         assert getattr(sharded, name) == pytest.approx(getattr(whole, name), rel=1e-12)
     mean = S.site_values(model.params, model.config, x, SITE).mean(axis=0)

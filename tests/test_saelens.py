@@ -322,8 +322,8 @@ def test_a_dead_latent_under_rescaling_and_a_zero_value_under_constant_norm_are_
                                  "layers.0.mlp_out at token 0 is all zeros")
     assert "too large" not in line
     from tinygpt_cli.analysis import sae as S
-    from tinygpt_cli.analysis.saelens import load_saelens
     from tinygpt_cli.errors import InputError
+    from tinygpt_cli.jobs.dictionaries.saelens import load_saelens
 
     sae = load_saelens(constant, TINY, tmp_path / "none")
     values = np.ones((4, D), np.float32)
@@ -383,7 +383,8 @@ def test_saelens_itself_reads_the_export_and_writes_what_tinygpt_reads(tmp_path)
     from sae_lens.saes.sae import SAEMetadata
 
     from tinygpt_cli.analysis import sae as S
-    from tinygpt_cli.analysis.saelens import export_saelens
+    from tinygpt_cli.jobs.dictionaries import saes as SF
+    from tinygpt_cli.jobs.dictionaries.saelens import export_saelens
     from tinygpt_cli.storage.madefor import made_for
     from tinygpt_cli.transformer.folder import load_model
     from tinygpt_cli.transformer.trace import run_traced
@@ -391,7 +392,7 @@ def test_saelens_itself_reads_the_export_and_writes_what_tinygpt_reads(tmp_path)
     model = load_model(SHIPPED)
     ids = np.asarray(model.tokenizer.encode("Tom waved at the bird. The bird flew away."))
     x = run_traced(model.params, model.config, ids).get(SITE)
-    shipped = S.load_sae(SHIPPED / "sae" / f"{SITE}.safetensors", model.config,
+    shipped = SF.load_sae(SHIPPED / "sae" / f"{SITE}.safetensors", model.config,
                          model.weights_file)
     export_saelens(shipped, tmp_path / "exported", model.config,
                    made_for(model.weights_file), "weights")
@@ -418,7 +419,7 @@ def test_saelens_itself_reads_the_export_and_writes_what_tinygpt_reads(tmp_path)
         theirs.save_model(str(tmp_path / f"sl{i}"))
         made.append((theirs, tmp_path / f"sl{i}"))
     for theirs, folder in made:
-        ours = S.load_sae(folder, model.config, model.weights_file)
+        ours = SF.load_sae(folder, model.config, model.weights_file)
         with torch.no_grad():
             z_ref = theirs.encode(torch.tensor(x)).numpy()
             x_ref = theirs(torch.tensor(x)).numpy()

@@ -14,7 +14,9 @@ from test_sae import SITE, random_sae
 
 from tinygpt_cli.analysis import sae as S
 from tinygpt_cli.jobs import cluster, shards
+from tinygpt_cli.jobs import sae as SJ
 from tinygpt_cli.jobs.corpus import data_windows
+from tinygpt_cli.jobs.dictionaries import saes as SF
 from tinygpt_cli.storage.madefor import made_for
 from tinygpt_cli.transformer.folder import load_model
 
@@ -35,13 +37,13 @@ def setup(tiny_folder, tmp_path, monkeypatch):
     model = load_model(tiny_folder.folder)
     sae = random_sae(model.config.n_embd, 24, 3, seed=4, dtype=np.float32)
     sae_path = tmp_path / "sae.safetensors"
-    S.save_sae(sae_path, sae, made_for(model.weights_file))
-    return model, S.load_sae(sae_path, model.config, model.weights_file), sae_path, [stories]
+    SF.save_sae(sae_path, sae, made_for(model.weights_file))
+    return model, SF.load_sae(sae_path, model.config, model.weights_file), sae_path, [stories]
 
 
 def codes(setup):
     model, sae, path, files = setup
-    return S.data_codes(model, sae, path, files, WINDOWS, no_bar)
+    return SJ.data_codes(model, sae, path, files, WINDOWS, no_bar)
 
 
 def folder_of(tmp_path):
@@ -82,7 +84,7 @@ def test_a_complete_cache_is_read_and_a_cut_pass_computes_only_the_rest(setup, t
         ran.append(task[0])
         return real(task, shared)
 
-    monkeypatch.setattr(S, "shard_codes", counted)
+    monkeypatch.setattr(SJ, "shard_codes", counted)  # the task the job hands the engine
     again = codes(setup)
     assert ran == [] and all(np.array_equal(first[k], again[k]) for k in first)
     # a pass cut short: no manifest, one shard never written, another damaged in place

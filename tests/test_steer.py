@@ -11,6 +11,7 @@ import pytest
 from cli_helpers import TEXT, assert_one_error_line
 
 from tinygpt_cli.analysis import steer as st
+from tinygpt_cli.jobs.dictionaries import directions as DF
 from tinygpt_cli.storage.files import write_atomically
 
 STEER = ["--steer", "Lily was happy", "--steer-away", "Lily was sad", "--steer-layer", "1"]
@@ -109,7 +110,7 @@ def test_a_saved_vector_steers_as_the_texts_do(cli, tiny, tmp_path):
     v = st.mean_difference(tiny.model.params, tiny.model.config, [tuple(pair)], 1)
     np.save(tmp_path / "v.npy", v)
     write_atomically(tmp_path / "v.safetensors",
-                     st.direction_file(v, "layers.0.resid_post", "steer", {}))
+                     DF.direction_file(v, "layers.0.resid_post", "steer", {}))
     by_text = cli("trace", TEXT, "logits", *STEER, "--steer-scale", "2", "--json").json()
     by_npy = cli("trace", TEXT, "logits", "--steer-vector", tmp_path / "v.npy",
                  "--steer-layer", "1", "--steer-scale", "2", "--json").json()

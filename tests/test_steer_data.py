@@ -157,12 +157,12 @@ def topk_sae(x: np.ndarray, t: dict, k: int) -> np.ndarray:
 def test_sae_eval_splices_the_sae_into_the_steered_run(cli, tiny, hf, data, tmp_path):
     from test_sae import random_sae
 
-    from tinygpt_cli.analysis import sae as S
+    from tinygpt_cli.jobs.dictionaries import saes as SF
 
     torch, model, v = hf
     sae = random_sae(tiny.model.config.n_embd, 24, 3, seed=4, dtype=np.float32)
     sae.site = "layers.1.resid_post"
-    S.save_sae(tmp_path / "s.safetensors", sae, made_for(tiny.model.weights_file))
+    SF.save_sae(tmp_path / "s.safetensors", sae, made_for(tiny.model.weights_file))
     r = cli("sae", "eval", "--sae", tmp_path / "s.safetensors", "--data", data, "--windows",
             "2", *STEERED, "--json")
     assert r.code == 0, r.err
@@ -215,9 +215,9 @@ def test_sae_train_learns_the_steered_values(cli, tiny, hf, data, tmp_path):
 
 
 def test_lens_evaluate_reads_the_steered_stream(cli, tiny, hf, data, tmp_path, monkeypatch):
-    from tinygpt_cli.analysis import tuned_lens as tl
+    from tinygpt_cli.jobs import tuned_lens as LJ
 
-    monkeypatch.setattr(tl, "EVAL_WINDOWS", 2)
+    monkeypatch.setattr(LJ, "EVAL_WINDOWS", 2)
     torch, model, v = hf
     cfg, p = tiny.model.config, tiny.model.params
     rng = np.random.default_rng(3)
@@ -361,13 +361,13 @@ def inputs(tiny, data, tmp_path, monkeypatch):
     """The files the commands read, beside the data; the tuned lens's work made small."""
     from test_sae import random_sae
 
-    from tinygpt_cli.analysis import sae as S
-    from tinygpt_cli.analysis import tuned_lens as tl
+    from tinygpt_cli.jobs import tuned_lens as LJ
+    from tinygpt_cli.jobs.dictionaries import saes as SF
 
     for name, value in (("FIT_STEPS", 2), ("FIT_WINDOWS", 2), ("EVAL_WINDOWS", 2)):
-        monkeypatch.setattr(tl, name, value)
+        monkeypatch.setattr(LJ, name, value)
     sae = random_sae(tiny.model.config.n_embd, 8, 2, seed=1, dtype=np.float32)
-    S.save_sae(tmp_path / "s.safetensors", sae, made_for(tiny.model.weights_file))
+    SF.save_sae(tmp_path / "s.safetensors", sae, made_for(tiny.model.weights_file))
     (tmp_path / "pos.txt").write_text("\n".join(POS) + "\n")
     (tmp_path / "neg.txt").write_text("\n".join(NEG) + "\n")
     words = ["Lily", "Tom", "ball", "park", "dog", "ran", "saw", "big"]

@@ -10,6 +10,8 @@ from conftest import FAMILIES, family_configs, random_params
 
 from tinygpt_cli.analysis import tuned_lens as tl
 from tinygpt_cli.analysis.lens import lens_logits
+from tinygpt_cli.jobs import tuned_lens as LJ
+from tinygpt_cli.jobs.dictionaries import lens as LF
 from tinygpt_cli.transformer.trace import run_traced
 
 
@@ -77,9 +79,9 @@ def data(tmp_path):
 
 
 def test_lens_fit_kind_tuned_and_evaluate(cli, data, tmp_path, monkeypatch):
-    monkeypatch.setattr(tl, "FIT_STEPS", 3)
-    monkeypatch.setattr(tl, "FIT_WINDOWS", 2)
-    monkeypatch.setattr(tl, "EVAL_WINDOWS", 2)
+    monkeypatch.setattr(LJ, "FIT_STEPS", 3)
+    monkeypatch.setattr(LJ, "FIT_WINDOWS", 2)
+    monkeypatch.setattr(LJ, "EVAL_WINDOWS", 2)
     out = tmp_path / "tuned.safetensors"
     r = cli("lens", "--fit", "--data", data, "--lens", out, "--json")
     assert r.code == 0, r.err
@@ -113,7 +115,7 @@ def test_the_shipped_tuned_lens_fits_the_shipped_model():
     if not path.is_file():
         pytest.skip("no shipped tuned lens")
     model = load_model(SHIPPED)
-    tr = tl.load_translators(path, model.config, model.weights_file)
+    tr = LF.load_translators(path, model.config, model.weights_file)
     assert len(tr.A) == model.config.n_layer
     assert any(np.abs(a).max() > 0 for a in tr.A)  # fitted, not the zero start
 
@@ -138,9 +140,9 @@ def test_lens_evaluate_reports_its_progress(cli, tiny, data, tmp_path, monkeypat
     lines from it (the bar is for a terminal)."""
     from tinygpt_cli.cli import common
 
-    monkeypatch.setattr(tl, "FIT_STEPS", 2)
-    monkeypatch.setattr(tl, "FIT_WINDOWS", 2)
-    monkeypatch.setattr(tl, "EVAL_WINDOWS", 3)
+    monkeypatch.setattr(LJ, "FIT_STEPS", 2)
+    monkeypatch.setattr(LJ, "FIT_WINDOWS", 2)
+    monkeypatch.setattr(LJ, "EVAL_WINDOWS", 3)
     seen = []
     real = common.progress
 

@@ -240,6 +240,7 @@ def tiny_transcoders(tiny, tmp_path):
     import numpy as np
 
     from tinygpt_cli.analysis import sae as S
+    from tinygpt_cli.jobs.dictionaries import saes as SF
     from tinygpt_cli.storage.files import sha256
 
     rng = np.random.default_rng(0)
@@ -251,7 +252,7 @@ def tiny_transcoders(tiny, tmp_path):
                    rng.normal(0.5, 0.3, m).astype(np.float32), w_dec,
                    np.zeros(d, np.float32), f"layers.{i}.mlp_out", 3,
                    b_in=np.zeros(d, np.float32))
-        S.save_sae(tmp_path / "tc" / f"layers.{i}.safetensors", tc,
+        SF.save_sae(tmp_path / "tc" / f"layers.{i}.safetensors", tc,
                    {"kind": "transcoder", "layer": str(i), "k": "3",
                     "weights_sha256": sha256(tiny.model.weights_file)})
     return tmp_path / "tc"

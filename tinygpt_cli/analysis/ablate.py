@@ -210,10 +210,11 @@ def replacements(session, paths: list[str], mode: str, source: str | None, data:
     return {p: replacement(mode, p, means=found, source=values) for p in paths}
 
 
-def zeroing(model, paths: list[str], saes: tuple = ()):
+def zeroing(model, paths: list[str], saes=None):
     """--ablate: (the canonical names of the values, the hook that zeroes them in every run)
-    or ([], None); sae.SITE.N names one latent of the SAE of SITE (sae.latent_ablation: one
-    of the --sae `saes` given, else the weights folder's)."""
+    or ([], None); sae.SITE.N names one latent of the SAE of SITE (sae.latent_ablation: `saes`
+    finds it, site -> SAE: jobs.dictionaries.saes.finder, one of the --sae SAEs given, else
+    the weights folder's)."""
     if not paths:
         return [], None
 
@@ -222,7 +223,7 @@ def zeroing(model, paths: list[str], saes: tuple = ()):
     hooks = None
     if latents:
 
-        hooks = latent_ablation(model.weights_file, model.config, latents, tuple(saes))
+        hooks = latent_ablation(model.config, latents, saes)
     zeroed = ablation(values, model.config) if values else None  # checks each path first
     names = [resolve(p, model.config)[0] for p in values] + latents
     return names, Chain(zeroed, hooks)

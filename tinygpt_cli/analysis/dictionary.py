@@ -1,6 +1,7 @@
 """The dictionary every SAE format reads into (tinygpt's own files, SAELens' folders, Gemma
-Scope 2's): the SAE type and its maths (encode, decode, reconstruct), and the sites an SAE may
-read. sae.py trains and evaluates one; saelens.py and gemmascope.py read theirs into it.
+Scope 2's): the SAE type and its maths (encode, decode, reconstruct), a cross-layer
+transcoder's, and the sites an SAE may read. sae.py trains and evaluates one; the files are
+read into it by jobs/dictionaries/ (saes.py, saelens.py, gemmascope.py).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def check_site(path: str, config: Config, heads: bool = False) -> str:
 @dataclass
 class SAE:
     """tinygpt's own SAEs are TopK ones with the defaults below; a SAELens dictionary
-    (saelens.py) may be any of SAELens' three inference architectures, with its settings:
+    (jobs/dictionaries/saelens.py) may be any of SAELens' three inference architectures,
+    with its settings:
 
         topk       z = TopK_k(ReLU(a)), a * ||W_dec[j]|| first when `rescale`
         standard   z = ReLU(a)
@@ -170,3 +172,34 @@ def decode(sae: SAE, z: np.ndarray, x: np.ndarray | None = None) -> np.ndarray:
 
 def reconstruct(sae: SAE, x: np.ndarray) -> np.ndarray:
     return decode(sae, encode(sae, x), x)
+
+
+# ------------------------------------------------------------------ cross-layer transcoders
+# Gemma Scope 2's clt/ (jobs/dictionaries/gemmascope.py reads it): block L's latents write into
+# every block's MLP output from L on.
+
+
+@dataclass
+class CrossLayerTranscoder:
+    encoders: list[SAE]  # per block: its latents' encoder (reads ln2.out; W_dec unused)
+    w_dec: list[np.ndarray]  # per block L: [m, n - L, d], into the MLP outputs of L..n-1
+    b_dec: np.ndarray  # [n, d] each block's output bias
+    skip: list[np.ndarray] | None  # per block [d, d], or None
+    site: str = "mlp_out"  # the value each block's output stands for (Gemma: ln2_post.out)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.encoders)
+
+
+def cross_layer_outputs(clt: CrossLayerTranscoder, xs: list[np.ndarray]) -> list[np.ndarray]:
+    """Each block's MLP output as the cross-layer transcoder predicts it from every block's
+    MLP input xs[L] [T, d]: y_j = sum over L <= j of z_L w_dec[L][:, j - L] + b_dec[j]
+    (+ xs[j] skip[j])."""
+
+    zs = [encode(tc, x) for tc, x in zip(clt.encoders, xs, strict=True)]
+    out = []
+    for j in range(clt.n_layers):
+        y = clt.b_dec[j] + sum(zs[i] @ clt.w_dec[i][:, j - i] for i in range(j + 1))
+        out.append(y + xs[j] @ clt.skip[j] if clt.skip is not None else y)
+    return out

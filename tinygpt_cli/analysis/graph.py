@@ -479,7 +479,7 @@ class Writers:
 
 def writers_of(transcoders) -> Writers:
     """Writers of a list of per-layer transcoders (analysis/sae.SAE each) or of a
-    gemmascope.CrossLayerTranscoder. A skip connection (Gemma Scope 2's affine ones) is a
+    dictionary.CrossLayerTranscoder. A skip connection (Gemma Scope 2's affine ones) is a
     linear path of the frozen model: the MLP's input, through the frozen ln2, times it."""
 
     if isinstance(transcoders, Writers):
@@ -594,7 +594,7 @@ def build(params, config: Config, ids: list[int], transcoders, *,
     minus the vocabulary's mean logit, as circuit-tracer's are (its read vector the head's
     row minus the mean row: the same linear map, so every sum still adds up).
     `transcoders`: per-layer ones (a list of sae.SAE) or a cross-layer one
-    (gemmascope.CrossLayerTranscoder), as `writers_of` reads them."""
+    (dictionary.CrossLayerTranscoder), as `writers_of` reads them."""
     require(config, "graph", HANDLES)  # its frozen pass has the families' steps only
     writers = writers_of(transcoders)
     real, values = record(params, config, np.asarray(ids), read_paths(config, writers.site),

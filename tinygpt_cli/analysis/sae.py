@@ -7,7 +7,8 @@ Trained as in Gao et al. 2024 (OpenAI's TopK paper) and SAELens: b_dec starts at
 W_enc at W_dec^T, the decoder rows are renormalised after every step with the gradient's
 component along each row removed first, and an auxiliary loss (AuxK) lets latents that have not
 fired for a while reconstruct what the live ones miss, so few stay dead. Adam with an explicit
-backward pass; the tokens come in as arrays (the caller reads the text), never from files here.
+backward pass; the tokens come in as arrays (the caller reads the text), never from files here:
+the SAE files are jobs/dictionaries/saes.py's, the passes over a corpus jobs/sae.py's.
 
 A transcoder (analysis/transcoder.py) is the same dictionary reading one value and predicting
 another: `b_in` (fixed, the input's mean) centres the input in place of b_dec, and the loss
@@ -20,25 +21,13 @@ ablation of the same site (loss recovered = (L_ablated - L_sae) / (L_ablated - L
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, WeightsError
-from ..jobs import shards
-from ..jobs.cluster import over_windows
-from ..jobs.corpus import data_windows, held_out_files
-from ..jobs.session import check_index
-from ..storage import cache
-from ..storage.files import sha256, write_atomically
-from ..storage.hub import dictionary
-from ..storage.madefor import check_made_for, remake_hint
-from ..storage.safetensors import metadata_strings, read_safetensors, safetensors_bytes
+from ..errors import InputError, WeightsError, check_index
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.hooks import Chain, RecordOnly, Replace, StopAfter, chained
@@ -84,8 +73,6 @@ from .dictionary import (
 from .dictionary import (
     top_k_relu as top_k_relu,
 )
-from .gemmascope import load_gemma_scope
-from .saelens import load_saelens
 
 # The blocks this analysis implements (wiring.require refuses others by name): a recorded value
 # encoded.
@@ -231,126 +218,13 @@ def train_steps(state: TrainState, x: np.ndarray, steps: int, *, batch: int = 10
     return state
 
 
-# ------------------------------------------------------------------ files
-
-
-def sae_tensors(sae: SAE) -> dict[str, np.ndarray]:
-    fixed = {} if sae.b_in is None else {"b_in": sae.b_in}
-    return {n: np.ascontiguousarray(p, dtype=np.float32)
-            for n, p in {**sae.params(), **fixed}.items()}
-
-
-def save_sae(path: str | Path, sae: SAE, meta: dict[str, str] | None = None) -> None:
-
-    info = {"site": sae.site, "k": str(sae.k), **metadata_strings(meta or {})}
-    write_atomically(Path(path), safetensors_bytes(sae_tensors(sae), info))
-
-
-def load_sae(path: str | Path, config: Config, weights_file: Path, *,
-             default_site: str | None = None) -> SAE:
-    """An SAE file, checked: the four tensors with agreeing shapes, finite, a known site (the
-    one its file name says, when the name is a site), k, made for `weights_file`. A folder
-    is a SAELens dictionary (saelens.py). `default_site`: the path is the weights folder's
-    SAE of that site (sae_file), not one the user named with --sae."""
-
-    path = Path(path) if default_site is not None else dictionary(path, "--sae")
-    if path.is_dir() and (path / "params.safetensors").is_file():
-        return _gemma_scope_sae(path, config)
-    if path.is_dir():
-
-        return load_saelens(path, config, weights_file)
-    if not path.is_file() and default_site is None:
-        raise InputError(f"--sae {path} " + ("is not a file" if path.exists() else
-                                             "does not exist") +
-                         ": give an SAE file (tinygpt sae train --out FILE) or a SAELens folder")
-    if not path.is_file():
-        raise InputError(f"no SAE file at {path}: " + train_hint(weights_file, default_site))
-    if path.name in ("cfg.json", "sae_weights.safetensors") and (path.parent / "cfg.json"
-                                                                 ).is_file():
-        raise InputError(f"{path} is a file of a SAELens folder: give the folder, "
-                         f"--sae {path.parent}")
-    t, meta = read_safetensors(path)
-    sae = check_sae(path, t, meta, config)
-    check_made_for(path, meta, weights_file, "the SAE",
-                   train_hint(weights_file, sae.site, "train one for them"))
-    return sae
-
-
-def _gemma_scope_sae(path: Path, config: Config) -> SAE:
-    """A Gemma Scope 2 SAE folder (gemmascope.py); a transcoder is refused here (it reads
-    another value than the one it writes: --transcoders takes it)."""
-
-    sae, kind = load_gemma_scope(path, config)
-    if kind == "transcoder":
-        raise InputError(f"{path} is a transcoder (it reads {sae.site.rsplit('.', 1)[0]}"
-                         f".ln2.out and predicts {sae.site}): give its folder to "
-                         "--transcoders, not --sae")
-    return sae
-
-
-def train_hint(weights_file: Path, site: str, verb: str = "train one") -> str:
-    """The command that trains the SAE of `site` for these weights, never into the installed
-    package (madefor.remake_hint)."""
-
-    return remake_hint(verb, f"sae train --site {site}", weights_file,
-                       sae_file(weights_file, None, site), "--out", f"{site}.safetensors",
-                       "--sae")
-
-
-def check_tensors(path: Path, t: dict[str, np.ndarray], config: Config, what: str = "an SAE",
-                  names: tuple[str, ...] = ("W_enc", "b_enc", "W_dec", "b_dec")) -> int:
-    """The dictionary's tensors present, finite floats, of agreeing shapes: its latents m."""
-    d = config.n_embd
-    for name in names:
-        if name not in t:
-            raise WeightsError(f"{path} is not {what} file: it has no {name} tensor")
-        if not np.issubdtype(t[name].dtype, np.floating) or not np.isfinite(t[name]).all():
-            raise WeightsError(f"{path}: {name} is not all finite floating-point numbers")
-    m = t["b_enc"].shape[0] if t["b_enc"].ndim == 1 else -1
-    want = {"W_enc": (d, m), "b_enc": (m,), "W_dec": (m, d), "b_dec": (d,), "b_in": (d,)}
-    for name in names:
-        if t[name].shape != want[name] or m < 1:
-            raise WeightsError(f"{path}: {name} has shape {list(t[name].shape)}, expected "
-                               f"{list(want[name])} for {m} latents of a {d}-number value")
-    if not np.allclose(np.linalg.norm(t["W_dec"], axis=1), 1, atol=1e-3):
-        raise WeightsError(f"{path}: the rows of W_dec are not unit vectors")
-    return m
-
-
-def check_sae(path: Path, t: dict[str, np.ndarray], meta: dict, config: Config) -> SAE:
-    m = check_tensors(path, t, config)
-    try:
-        k = int(meta.get("k", ""))
-        site = check_site(meta.get("site", ""), config)
-    except (ValueError, InputError):
-        raise WeightsError(f"{path}: its metadata must name the site (layers.N.resid_post, ...) "
-                           f"and k (1..{m}); it has site={meta.get('site')!r} "
-                           f"k={meta.get('k')!r}") from None
-    if not 1 <= k <= m:
-        raise WeightsError(f"{path}: k = {k} is not between 1 and the {m} latents")
-    named = _site_of_name(path, config)
-    if named is not None and named != site:
-        raise WeightsError(f"{path}: its metadata says it reads {site}, its file name says "
-                           f"{named}")
-    f32 = {n: np.asarray(a, dtype=np.float32) for n, a in t.items()}
-    return SAE(f32["W_enc"], f32["b_enc"], f32["W_dec"], f32["b_dec"], site, k, str(path))
-
-
-def _site_of_name(path: Path, config: Config) -> str | None:
-    """The site a file name like layers.1.resid_post.safetensors names, or None."""
-    try:
-        return check_site(path.name.removesuffix(".safetensors"), config)
-    except InputError:
-        return None
-
-
 # ------------------------------------------------------------------ the site's values
 
 
 def site_values(params, config: Config, windows: np.ndarray, site: str, *, batch: int = 16,
                 progress: Callable[[int], None] | None = None, hooks=None) -> np.ndarray:
     """The site's value at every position of windows [W, T] -> [W * T, d] float32, of runs
-    through `hooks` (steering) when given; the pass stops at the site. (site_values_on runs
+    through `hooks` (steering) when given; the pass stops at the site. (site_values_over runs
     it shard by shard, on a cluster too.)"""
     out = []
     for b in range(0, len(windows), batch):
@@ -367,16 +241,6 @@ def site_rows(site: str, value: np.ndarray) -> np.ndarray:
     """A site's value as an SAE reads it, a row a position: the heads' outputs z
     [..., H, T, d_k] side by side, [..., T, H d_k] (o_proj's input); any other as it is."""
     return ops.merge_heads(value) if site.endswith(".z") else value
-
-
-def site_values_on(engine, params, config: Config, windows: np.ndarray, site: str, *,
-                   progress: Callable[[int], None] | None = None, hooks=None) -> np.ndarray:
-    """site_values, each shard of windows a task on `engine` (None: this process), joined in
-    window order: the same numbers as one pass (the shards hold whole batches)."""
-
-    parts = over_windows(engine, shard_site_values, windows, (params, config, site, hooks),
-                         progress=progress)
-    return np.concatenate(parts) if parts else np.zeros((0, config.n_embd), np.float32)
 
 
 def shard_site_values(task: tuple, shared: tuple) -> np.ndarray:
@@ -454,31 +318,37 @@ def shard_loss(task: tuple, shared: tuple) -> float:
     return summed_loss(params, config, task[1][:, 0], task[1][:, 1], run)
 
 
-def evaluate_held_out(model, sae: SAE, data, windows: int, progress=None, hooks=None,
-                      engine=None):
-    """`sae eval`: evaluate over `windows` windows of the held-out text (--data's last part,
-    or part-005), never training text, on `engine` (None: this process); (the evaluation,
-    the files' names)."""
+def one_pass(fn, windows: np.ndarray, shared, *,
+             progress: Callable[[int], None] | None = None) -> list:
+    """fn((0, windows), shared) as one task in this process: what `over` is when no job
+    shards the windows (jobs.cluster.over_windows: a task per shard, on a cluster too, the
+    results in window order)."""
+    out = [fn((0, windows), shared)] if len(windows) else []
+    if progress and len(windows):
+        progress(len(windows))
+    return out
 
-    files = held_out_files(data)
-    x, y = data_windows(files, model.tokenizer, model.config.n_positions, windows)
-    return (evaluate(model.params, model.config, sae, x, y, progress, hooks, engine),
-            [f.name for f in files])
+
+def site_values_over(over, params, config: Config, windows: np.ndarray, site: str, *,
+                     progress: Callable[[int], None] | None = None, hooks=None) -> np.ndarray:
+    """site_values, each shard of windows a task of `over` (one_pass, or a job's), joined in
+    window order: the same numbers as one pass (the shards hold whole batches)."""
+    parts = over(shard_site_values, windows, (params, config, site, hooks), progress=progress)
+    return np.concatenate(parts) if parts else np.zeros((0, config.n_embd), np.float32)
 
 
 def evaluate(params, config: Config, sae: SAE, inputs: np.ndarray, targets: np.ndarray,
              progress: Callable[[int], None] | None = None, hooks=None,
-             engine=None) -> SAEEval:
+             over=one_pass) -> SAEEval:
     """SAELens' metrics on windows [W, T] of held-out text (inputs and their next tokens),
-    each pass a task per shard of windows on `engine` (None: this process).
+    each pass a task per shard of windows of `over` (one_pass: this process at once).
 
     Mean ablation replaces the site by its mean over these same tokens (every position alike).
     With `hooks` (steering) every run is the steered one: the clean loss is the steered run's,
     and the SAE, the zero and the mean replace the site of the steered run.
     """
 
-
-    x = site_values_on(engine, params, config, inputs, sae.site, hooks=hooks)
+    x = site_values_over(over, params, config, inputs, sae.site, hooks=hooks)
     z = encode(sae, x)
     x_hat = decode(sae, z, x)
     ev = 1 - float(((x - x_hat) ** 2).sum()) / float(((x - x.mean(axis=0)) ** 2).sum())
@@ -487,8 +357,7 @@ def evaluate(params, config: Config, sae: SAE, inputs: np.ndarray, targets: np.n
     pairs = np.stack([inputs, targets], axis=1)  # a shard slices both alike
     losses = []
     for replace in (None, partial(splice, sae), np.zeros_like, partial(_constant, mean)):
-        parts = over_windows(engine, shard_loss, pairs, (params, config, sae.site, replace,
-                                                          hooks))
+        parts = over(shard_loss, pairs, (params, config, sae.site, replace, hooks))
         losses.append(sum(parts) / targets.size)
         if progress:
             progress(1)
@@ -527,7 +396,8 @@ def sparse_codes(sae: SAE, x: np.ndarray, batch: int = 4096) -> tuple[np.ndarray
 
 
 def valid_codes(e: dict, sae: SAE, config, windows: int) -> bool:
-    """The keys, types, shapes and ranges data_codes writes; anything else is rebuilt."""
+    """The keys, types, shapes and ranges jobs.sae.data_codes writes; anything else is
+    rebuilt."""
     if set(e) != {"ids", "idx", "val"}:
         return False
     ids, idx, val = e["ids"], e["idx"], e["val"]
@@ -640,12 +510,12 @@ def without_latents(sae: SAE, latents: list[int]) -> Callable[[np.ndarray], np.n
     return fn
 
 
-def latents_of(weights_file: Path, trace, path: str, given: tuple[Path, ...] = ()):
+def latents_of(trace, path: str, saes: Callable[[str], SAE]):
     """`sae.SITE` (every latent) or `sae.SITE.N` (one) of a traced run: (the site, its SAE
-    (site_sae), z [T, m] or [T], per token its active latents or None)."""
+    (`saes`: site -> its SAE), z [T, m] or [T], per token its active latents or None)."""
 
     site, latent = parse_latent_path(path, trace.config)
-    sae = site_sae(weights_file, trace.config, site, given)
+    sae = saes(site)
     z = encode(sae, site_rows(site, trace.get(site)))  # [T, m]
     if latent is not None:
         return site, sae, z[:, check_index(latent, sae.n_latents, "latent")], None
@@ -662,40 +532,12 @@ def active_latents(z: np.ndarray) -> list[list[tuple[int, float]]]:
     return out
 
 
-# ------------------------------------------------------------------ SAE files, checkpoints, codes
-
-SHIPPED_SITE = "layers.1.resid_post"
+# ------------------------------------------------------------------ the SAE of a site, and codes
 
 
-def model_sae(model, given: Path | None = None) -> SAE:
-    """The SAE at --sae FILE, or the weights folder's shipped one, checked for this model."""
-    return load_sae(sae_file(model.weights_file, given), model.config, model.weights_file,
-                    default_site=SHIPPED_SITE if given is None else None)
-
-
-def sae_file(weights_file: Path, sae: Path | None, site: str = SHIPPED_SITE) -> Path:
-    """--sae (a hub repository's folder, ORG/NAME/PATH, fetched: hub.dictionary), or the
-    weights folder's sae/SITE.safetensors."""
-
-    if sae is not None:
-        return dictionary(sae, "--sae")
-    return Path(weights_file).parent / "sae" / f"{site}.safetensors"
-
-
-def site_sae(weights_file: Path, config: Config, site: str, given: tuple[Path, ...] = ()) -> SAE:
-    """The SAE of a site: the first of the --sae SAEs given (files or SAELens folders) that
-    reads it, else the weights folder's sae/SITE.safetensors."""
-    for path in given:
-        sae = load_sae(path, config, weights_file)
-        if sae.site == site:
-            return sae
-    return load_sae(sae_file(weights_file, None, site), config, weights_file, default_site=site)
-
-
-def latent_ablation(weights_file: Path, config: Config, paths: list[str],
-                    given: tuple[Path, ...] = ()) -> Replace:
-    """A Replace hook zeroing each `sae.SITE.N` latent, its SAE the site's (site_sae); the
-    reconstruction error stays in the stream."""
+def latent_ablation(config: Config, paths: list[str], saes: Callable[[str], SAE]) -> Replace:
+    """A Replace hook zeroing each `sae.SITE.N` latent, its SAE the site's (`saes`: site ->
+    its SAE); the reconstruction error stays in the stream."""
 
     by_site: dict[str, list[int]] = {}
     for p in paths:
@@ -705,78 +547,10 @@ def latent_ablation(weights_file: Path, config: Config, paths: list[str],
         by_site.setdefault(site, []).append(latent)
     fns = {}
     for site, latents in by_site.items():
-        sae = site_sae(weights_file, config, site, given)
+        sae = saes(site)
         fns[site] = without_latents(sae, [check_index(j, sae.n_latents, "latent")
                                           for j in latents])
     return Replace(fns)
-
-
-def save_checkpoint(path: Path, state: TrainState, settings: dict) -> None:
-    """The training state, atomically, with the settings it belongs to."""
-
-    arrays = {f"p/{n}": a for n, a in sae_tensors(state.sae).items()}
-    arrays.update({f"m/{n}": a for n, a in state.adam.m.items()})
-    arrays.update({f"v/{n}": a for n, a in state.adam.v.items()})
-    buf = io.BytesIO()
-    np.savez(buf, since_fired=state.since_fired, losses=np.asarray(state.losses),
-             step=state.step, t=state.adam.t, settings=json.dumps(settings), **arrays)
-    write_atomically(path, buf.getvalue())
-
-
-def load_checkpoint(path: Path, settings: dict) -> TrainState | None:
-    """The run's state from its checkpoint, or None when there is none for these settings."""
-
-    if not path.is_file():
-        return None
-    try:
-        with np.load(path) as z:
-            if json.loads(str(z["settings"])) != settings:
-                raise InputError(f"{path} is a checkpoint of a run with other settings: "
-                                 "delete it or give the same options")
-            p = {n: z[f"p/{n}"].copy() for n in ("W_enc", "b_enc", "W_dec", "b_dec")}
-            b_in = z["p/b_in"].copy() if "p/b_in" in z else None
-            sae = SAE(**p, site=settings["site"], k=settings["k"], b_in=b_in)
-            adam = AdamW(sae.params(), betas=SAE_BETAS, weight_decay=0.0)
-            adam.load_state(z)
-            return TrainState(sae, adam, settings["lr"], int(z["step"]),
-                              z["since_fired"].copy(), list(z["losses"]))
-    except (OSError, ValueError, KeyError) as e:
-        raise WeightsError(f"{path} is not a readable checkpoint ({e}): delete it to start "
-                           "over") from None
-
-
-def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
-               bar, steer=None, engine=None) -> dict[str, np.ndarray]:
-    """The SAE's sparse codes (ids, indices, values) at every token of `windows` windows of
-    the files, of runs steered by `steer` (hooks.Steering) when given, computed once per
-    (weights, SAE, data, steering) as a task per shard of windows on `engine` (None: this
-    process) and kept in the cache folder as shards with a manifest (tinygpt_cli.jobs.shards): a
-    pass cut short keeps its finished shards. bar(total, description) is the progress bar's
-    context manager."""
-
-    # a folder (SAELens': cfg.json and its weights; Gemma Scope 2's: params.safetensors and
-    # config.json, or none, the site then read from its names): its files and the site
-    names = ("cfg.json", "sae_weights.safetensors", "params.safetensors", "config.json")
-    files_of_sae = [Path(path) / n for n in names if (Path(path) / n).is_file()] \
-        if Path(path).is_dir() else [Path(path)]
-    site = [sae.site] if Path(path).is_dir() and not (Path(path) / "cfg.json").is_file() else []
-    key = cache.key_of("sae-codes-v2", sha256(model.weights_file), *site,
-                       *(sha256(f) for f in files_of_sae),
-                       *(sha256(f) for f in files), str(windows),
-                       *([] if steer is None else steer.key()))
-    folder = cache.entry("sae-codes", key, suffix="")
-
-    def valid(e: dict, n: int) -> bool:
-        return valid_codes(e, sae, model.config, n) and len(e["ids"]) == n
-
-    found = shards.read_complete(folder, key, valid)
-    if found is None:
-        x_in, _ = data_windows(files, model.tokenizer, model.config.n_positions, windows, bar)
-        with bar(len(x_in), "latents of the data") as advance:
-            found = shards.computed(folder, key, x_in, shard_codes,
-                                    (model.params, model.config, sae, steer), valid,
-                                    engine=engine, progress=advance)
-    return joined_codes(found, sae, model.config)
 
 
 def shard_codes(task: tuple, shared: tuple) -> dict[str, np.ndarray]:
@@ -805,31 +579,3 @@ def joined_codes(parts: list[dict], sae: SAE, config: Config) -> dict[str, np.nd
             "val": np.concatenate([wide(p["val"]) for p in parts])}
 
 
-def train_resumably(x: np.ndarray, out: Path, settings: dict, weights_sha256: str,
-                    bar, changes: dict | None = None, y: np.ndarray | None = None,
-                    meta: dict | None = None) -> TrainState:
-    """`sae train`: a TopK SAE trained on x [N, d] as `settings` ask (site, latents, k, steps,
-    batch, lr, windows, seed), resuming from OUT.checkpoint.npz when it holds a run with
-    these settings and checkpointing to it every 100 steps; the SAE is saved to `out` and
-    the checkpoint removed. bar(total, description): a progress bar. `changes` ({"steered":
-    ...} for a steered run's values) go into the file's metadata, and the settings. A
-    transcoder's targets y and its metadata (`meta`) come through the same way."""
-    settings = {**settings, **(changes or {})}  # resumed only under the same steering
-    ckpt = out.with_name(out.name + ".checkpoint.npz")
-    steps, seed = settings["steps"], settings["seed"]
-    state = load_checkpoint(ckpt, settings) or new_state(
-        x, settings["latents"], settings["k"], settings["site"], seed, settings["lr"], y)
-    with bar(steps, "training") as advance:
-        advance(state.step)
-
-        def each(st):
-            advance(1)
-            if st.step % 100 == 0 or st.step == steps:
-                save_checkpoint(ckpt, st, settings)
-
-        train_steps(state, x, steps, batch=settings["batch"], seed=seed, progress=each, y=y)
-    save_sae(out, state.sae, {"steps": str(steps), "tokens": str(len(x)),
-                              "weights_sha256": weights_sha256, **(changes or {}),
-                              **(meta or {})})
-    ckpt.unlink(missing_ok=True)
-    return state

@@ -10,29 +10,23 @@ steerability of a prompt is the least-squares slope of logit[target] - logit[vs]
 position against the scale; a negative slope is a prompt steered the wrong way (Tan et al.
 2024 found up to half of inputs are). The price is the loss increase on held-out stories.
 
-Vectors are saved as a direction file (see `direction_file`), also read for `--steer-vector`.
+Vectors are saved as a direction file (jobs/dictionaries/directions.py), also read for
+`--steer-vector`; the files of pairs and the --steer options are jobs/steer.py's.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, WeightsError, check_utf8
-from ..jobs.corpus import read_user_file
-from ..jobs.session import check_index, encode_checked
-from ..storage.madefor import check_made_for
-from ..storage.safetensors import metadata_strings, read_safetensors, safetensors_bytes
+from ..errors import InputError
 from ..transformer.config import Config
 from ..transformer.hooks import Chain, RecordOnly, StopAfter, add_vector, chained
 from ..transformer.model import forward
 from ..transformer.sampling import create_rng
 from ..transformer.wiring import FORWARD
-from .saelens import load_saelens
 
 # The blocks this analysis implements (wiring.require refuses others by name): a vector added to
 # the stream, the model's own pass run on.
@@ -94,17 +88,6 @@ def parse_texts(content: str, name: str) -> list[str]:
     if not texts:
         raise InputError(f"{name} holds no text")
     return texts
-
-
-def read_pairs(pos: Path, neg: Path) -> tuple[list[str], list[str]]:
-    """The texts of the files --pos and --neg; text i of one pairs with text i of the other."""
-
-    pos_texts = parse_texts(read_user_file(pos, "--pos"), "--pos")
-    neg_texts = parse_texts(read_user_file(neg, "--neg"), "--neg")
-    if len(pos_texts) != len(neg_texts):
-        raise InputError(f"--pos holds {len(pos_texts)} texts and --neg {len(neg_texts)}: "
-                         "text i of one pairs with text i of the other")
-    return pos_texts, neg_texts
 
 
 def split_pairs(n: int, held_out: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -235,38 +218,7 @@ def steer_report(params, config: Config, pos: list[list[int]], neg: list[list[in
                        sum(len(t) - 1 for t in loss_texts))
 
 
-# ------------------------------------------------------------------ the direction file
-
-
-# A direction file is a safetensors file holding the tensor `direction` [d] (float32), or, for
-# a set of directions (an SAE's `W_dec` [m, d], a multiclass probe's `directions` [C, d]), a
-# 2-D tensor from which `FILE#N` picks row N. Its metadata (all optional) says what it is:
-# `site` (the trace path it lives at; a resid_pre/resid_post site gives the layer to steer),
-# `kind` (steer, probe, sae) and `source` (how it was made, JSON). A .npy file holding a [d]
-# array (or [n, d] with #N) works too.
-
-ROWS = ("W_dec", "directions")
-
-
-def direction_file(vector: np.ndarray, site_path: str, kind: str, source: dict,
-                   rows: np.ndarray | None = None, meta: dict[str, str] | None = None) -> bytes:
-    """The safetensors bytes (safetensors.safetensors_bytes: the same vector gives the same
-    bytes). `meta` is more metadata (metadata_strings: the steering of the run it was found
-    in)."""
-
-    tensors = {"direction": np.ascontiguousarray(vector, dtype="<f4")}
-    if rows is not None:
-        tensors["directions"] = np.ascontiguousarray(rows, dtype="<f4")
-    return safetensors_bytes(tensors, {"site": site_path, "kind": kind,
-                                       "source": json.dumps(source, sort_keys=True),
-                                       **metadata_strings(meta or {})})
-
-
-@dataclass
-class Direction:
-    vector: np.ndarray  # [d] float32
-    layer: int | None  # the layer whose resid_pre it belongs to, if the file says
-    name: str  # the file (and #row) it came from
+# ------------------------------------------------------------------ a direction file's site
 
 
 def layer_of_site(path: str | None, n_layer: int) -> int | None:
@@ -276,141 +228,3 @@ def layer_of_site(path: str | None, n_layer: int) -> int | None:
         return None
     layer = int(parts[1]) + (parts[2] == "resid_post")
     return layer if parts[2] in ("resid_pre", "resid_post") and layer < n_layer else None
-
-
-def read_direction(spec: str, d: int, n_layer: int, weights_file, config=None) -> Direction:
-    """The vector named by --steer-vector FILE or FILE#N: InputError for a file that is not
-    one of the forms above (exit 2), WeightsError for one that cannot be read (exit 1). A
-    file whose metadata names the weights it was made for (madefor) must name these. A
-    folder is a SAELens SAE (read for the model of `config`): DIR#N is its W_dec row N."""
-
-
-    path, _, row = spec.rpartition("#") if "#" in spec else (spec, "", "")
-    if row and not row.isdigit():
-        raise InputError(f"--steer-vector {spec}: after '#' give a row number, not {row!r}")
-    if Path(path).is_dir() and config is not None:
-
-        sae = load_saelens(Path(path), config, weights_file)  # checked as every SAE is
-        if not row:
-            raise InputError(f"--steer-vector {spec}: a SAELens folder holds {sae.n_latents} "
-                             f"directions (W_dec's rows); pick one with {path}#N")
-        vector = _pick({"W_dec": sae.W_dec}, int(row), spec)
-        return Direction(vector, layer_of_site(sae.site, n_layer), spec)
-    if not Path(path).is_file():
-        raise InputError(f"--steer-vector {path}: no such file")
-    tensors, meta = _read_tensors(Path(path))
-    check_made_for(f"--steer-vector {path}", meta, weights_file, "the vector",
-                   "find it again on these weights (tinygpt steer --out)", required=False)
-    vector = _pick(tensors, int(row) if row else None, spec)
-    if vector.dtype.kind != "f":
-        raise InputError(f"--steer-vector {spec}: the vector holds {vector.dtype.name} values; "
-                         "a vector is real floating-point numbers")
-    if vector.shape != (d,):
-        raise InputError(f"--steer-vector {spec}: the vector has shape {list(vector.shape)}; "
-                         f"this model's residual stream has {d} numbers")
-    if not np.all(np.isfinite(vector)):
-        raise WeightsError(f"--steer-vector {spec}: the vector holds NaN or infinite numbers")
-    return Direction(vector.astype(np.float32), layer_of_site(meta.get("site"), n_layer), spec)
-
-
-def _read_npy(path) -> np.ndarray:
-    """A .npy file's array, its header checked before anything is allocated: real floating
-    point numbers (not strings, objects or complex numbers, whose imaginary part would be
-    dropped: InputError, exit 2), and as many as the file holds (WeightsError, exit 1)."""
-    fmt = np.lib.format
-    try:
-        with open(path, "rb") as f:
-            version = fmt.read_magic(f)
-            shape, _, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0)
-                               else fmt.read_array_header_2_0(f))
-            start = f.tell()
-    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as e:
-        raise WeightsError(f"--steer-vector {path}: not a readable .npy file "
-                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-    if dtype.kind != "f" or dtype.fields is not None:
-        raise InputError(f"--steer-vector {path}: the file holds {dtype.name} values "
-                         f"(dtype {dtype.str!r}); a vector is real floating-point numbers")
-    count = int(np.prod(shape, dtype=object))
-    size = path.stat().st_size - start
-    if count * dtype.itemsize != size:
-        raise WeightsError(f"--steer-vector {path}: its header claims {count:,} numbers "
-                         f"({count * dtype.itemsize:,} bytes) and the file holds {size:,} "
-                         "bytes after it")
-    return np.load(path, allow_pickle=False)
-
-
-def _read_tensors(path) -> tuple[dict[str, np.ndarray], dict]:
-    if path.suffix == ".npy":
-        return {"direction": _read_npy(path)}, {}
-
-    return read_safetensors(path, label=f"--steer-vector {path}")
-
-
-def _pick(tensors: dict[str, np.ndarray], row: int | None, spec: str) -> np.ndarray:
-    if row is None:
-        if "direction" in tensors:
-            return np.asarray(tensors["direction"])
-        if len(tensors) == 1:
-            return np.asarray(next(iter(tensors.values())))
-        raise InputError(f"--steer-vector {spec}: the file holds {len(tensors)} tensors and "
-                         "none is named 'direction'; pick a row with FILE#N")
-    table = next((tensors[k] for k in ROWS if k in tensors), None)
-    if table is None and len(tensors) == 1:
-        table = next(iter(tensors.values()))
-    if table is None or np.ndim(table) != 2:
-        raise InputError(f"--steer-vector {spec}: #N picks a row of a 2-D tensor "
-                         f"({' or '.join(ROWS)}); the file has none")
-    if not 0 <= row < len(table):
-        raise InputError(f"--steer-vector {spec}: row {row} is out of range: the file has "
-                         f"rows 0..{len(table) - 1}")
-    return np.asarray(table[row])
-
-
-# ------------------------------------------------------------------ the --steer options
-
-
-def steering_direction(model, toward: str | None, away: str | None, vector_file: str | None,
-                       layer: int | None) -> tuple[np.ndarray, int, dict]:
-    """(v, the block it steers, where v came from) from the --steer options: a saved
-    direction (--steer-vector FILE[#N], its block from the file unless --steer-layer), or
-    mean_difference of the --steer and --steer-away texts at --steer-layer."""
-
-    config = model.config
-    if vector_file is not None:
-        if toward is not None or away is not None:
-            raise InputError("give --steer-vector or --steer/--steer-away, not both")
-        d = read_direction(vector_file, config.n_embd, config.n_layer, model.weights_file,
-                           config)
-        layer = layer if layer is not None else d.layer
-        if layer is None:
-            raise InputError(f"--steer-vector {vector_file}: the file does not say which "
-                             "block it steers; give --steer-layer L")
-        return d.vector, layer, {"vector": vector_file}
-    if toward is None or away is None:
-        given, missing = ("--steer", "--steer-away") if toward is not None else \
-            ("--steer-away", "--steer")
-        raise InputError(f"{given} needs {missing}: v is the difference of the two texts' "
-                         "mean resid_pre")
-    if layer is None:
-        raise InputError("--steer needs --steer-layer L: the block whose input is steered")
-    layer = check_index(layer, config.n_layer, "--steer-layer")
-    for text, name in ((toward, "--steer"), (away, "--steer-away")):
-        check_utf8(text, name)
-    pair = (encode_checked(model, toward), encode_checked(model, away))
-    vector = mean_difference(model.params, config, [pair], layer)
-    return vector, layer, {"toward": toward, "away": away}
-
-
-def steering_hook(model, toward: str | None, away: str | None, vector_file: str | None,
-                  layer: int | None, scale: float) -> tuple[object, dict]:
-    """(the hook that adds scale * v to the input of the block, its description: site,
-    scale, the norm of v and where v came from) from the --steer options
-    (steering_direction)."""
-
-    if not math.isfinite(scale):
-        raise InputError(f"--steer-scale must be a finite number, got {scale!r}")
-    vector, layer, source = steering_direction(model, toward, away, vector_file, layer)
-    layer = check_index(layer, model.config.n_layer, "--steer-layer")
-    described = {"site": site(layer), "scale": scale,
-                 "norm": float(math.sqrt(float(vector.astype(float) @ vector))), **source}
-    return add_vector(site(layer), vector, scale), described

@@ -13,56 +13,28 @@ change the graph's arithmetic.
 
 The files live in the weights folder's transcoders/, one per block, layers.L.safetensors,
 with the SAE's four tensors plus b_in and metadata (kind "transcoder", layer, k,
-weights_sha256: made for these weights, madefor.py's rule).
+weights_sha256: made for these weights, madefor.py's rule), read and written by
+jobs/dictionaries/transcoders.py; the passes over a corpus are jobs/transcoder.py's.
 """
 
 from __future__ import annotations
 
-import shlex
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError, WeightsError
-from ..jobs.corpus import data_windows, given_or, held_out_files
-from ..storage.hub import dictionary
-from ..storage.madefor import check_made_for, remake_hint, weights_option
-from ..storage.safetensors import read_safetensors
+from ..errors import InputError
 from ..transformer.config import Config
 from ..transformer.hooks import Chain, RecordOnly, Replace, chained
 from ..transformer.model import forward
 from ..transformer.wiring import FORWARD
 from . import sae as S
-from .gemmascope import (
-    PARAMS,
-    is_cross_layer,
-    layer_files,
-    load_cross_layer,
-    load_gemma_scope,
-    transcoder_folders,
-)
 
 # The blocks this analysis implements (wiring.require refuses others by name): the MLP's recorded
 # input and output.
 HANDLES = FORWARD
-
-TENSORS = ("W_enc", "b_enc", "W_dec", "b_dec", "b_in")
-
-
-def train_hint(weights_file: Path, folder: Path, verb: str = "train them for this model") -> str:
-    """The command that trains the transcoders at `folder` (the weights folder's own, or the
-    --transcoders folder named) for these weights, never into the installed package."""
-
-
-    default = folder_of(weights_file)
-    if Path(folder) != default:
-        return (f"{verb} with `tinygpt transcoder train{weights_option(Path(weights_file).parent)}"
-                f" --transcoders {shlex.quote(str(folder))}`")
-    return remake_hint(verb, "transcoder train", weights_file, default, "--transcoders",
-                       "transcoders", "--transcoders")
 
 
 def encoders_of(transcoders) -> list[S.SAE]:
@@ -77,19 +49,6 @@ def input_path(layer: int) -> str:
 
 def output_path(layer: int) -> str:
     return f"layers.{layer}.mlp_out"
-
-
-def folder_of(weights_file: Path, given: Path | None = None) -> Path:
-    """--transcoders DIR (a hub repository's folder, ORG/NAME/PATH, fetched:
-    hub.dictionary), or the weights folder's transcoders/."""
-
-    if given is not None:
-        return dictionary(given, "--transcoders")
-    return Path(weights_file).parent / "transcoders"
-
-
-def file_of(folder: Path, layer: int) -> Path:
-    return Path(folder) / f"layers.{layer}.safetensors"
 
 
 # ------------------------------------------------------------------ the values they read
@@ -115,90 +74,6 @@ def mlp_values(params, config: Config, windows: np.ndarray, *, batch: int = 16,
             progress(len(windows[b:b + batch]))
     return [(np.concatenate(parts[input_path(i)]), np.concatenate(parts[outs[i]]))
             for i in range(config.n_layer)]
-
-
-# ------------------------------------------------------------------ files
-
-
-def load_transcoders(folder: Path, config: Config, weights_file: Path):
-    """Every block's transcoder from `folder`, each checked (tensors, shapes, finite, its
-    layer, k, made for `weights_file`): a list of per-layer ones, or, from a Gemma Scope 2
-    clt/ folder, one cross-layer transcoder (gemmascope.CrossLayerTranscoder)."""
-    folder = Path(folder)
-    if "*" in folder.name and folder.parent.is_dir():  # Gemma Scope 2's: one folder a block
-        return _gemma_scope_transcoders(folder.parent, config, folder.name)
-    if not folder.is_dir():
-        raise InputError(f"no transcoders at {folder}: {train_hint(weights_file, folder)}")
-    if not file_of(folder, 0).exists() and any(folder.glob("layer_*/params.safetensors")):
-        return _gemma_scope_transcoders(folder, config)
-
-    if not file_of(folder, 0).exists() and layer_files(folder):  # the release's clt/ layout
-        return load_cross_layer(folder, config)
-    return [load_transcoder(file_of(folder, i), config, weights_file, i)
-            for i in range(config.n_layer)]
-
-
-def _gemma_scope_transcoders(folder: Path, config: Config, pattern: str = "*"):
-    """A site folder of Gemma Scope 2 (transcoder_all/, clt/), its layer_L_... folders those
-    `pattern` matches (layer_*_width_16k_l0_small: one a block, where the release has several
-    widths and sparsities): per-layer transcoders, or a cross-layer one."""
-
-    first = transcoder_folders(folder, 0, pattern)
-    if len(first) == 1 and is_cross_layer(first[0] / PARAMS):
-        return load_cross_layer(folder, config, pattern)
-    return [gemma_scope_transcoder(folder, config, i, pattern) for i in range(config.n_layer)]
-
-
-def gemma_scope_transcoder(folder: Path, config: Config, layer: int, pattern: str = "*"
-                           ) -> S.SAE:
-    """Block `layer`'s transcoder from a folder in Gemma Scope 2's layout (one
-    layer_L_width_W_l0_S folder per block, gemmascope.py), its skip connection (an _affine
-    one) with it: the evaluation decodes with it, the graph has it as a path of its own."""
-
-    found = transcoder_folders(folder, layer, pattern)
-    if len(found) != 1:
-        names = ", ".join(p.name for p in found) or "none"
-        raise InputError(f"{folder}: {len(found)} transcoders for block {layer} ({names}); "
-                         "give a folder holding one layer_L_... folder per block, or pick "
-                         "one a block with a pattern (FOLDER/layer_*_width_16k_l0_small)")
-    tc, kind = load_gemma_scope(found[0], config)
-    if kind != "transcoder" or tc.site not in (output_path(layer),
-                                               f"layers.{layer}.ln2_post.out"):
-        raise InputError(f"{found[0]} is not block {layer}'s transcoder (it reads "
-                         f"{tc.site})")
-    return tc
-
-
-def load_transcoder(path: Path, config: Config, weights_file: Path, layer: int) -> S.SAE:
-
-    if not path.is_file():
-        raise InputError(f"no transcoder for block {layer} at {path}: "
-                         f"{train_hint(weights_file, path.parent)}")
-    t, meta = read_safetensors(path)
-    m = S.check_tensors(path, t, config, "a transcoder", TENSORS)
-    if meta.get("kind") != "transcoder" or meta.get("layer") != str(layer):
-        raise WeightsError(f"{path}: its metadata must say kind 'transcoder' and layer "
-                           f"{layer}; it has kind={meta.get('kind')!r} "
-                           f"layer={meta.get('layer')!r}")
-    k = int(meta["k"]) if meta.get("k", "").isdigit() else 0
-    if not 1 <= k <= m:
-        raise WeightsError(f"{path}: k = {meta.get('k')!r} is not between 1 and the {m} "
-                           "latents")
-    check_made_for(path, meta, weights_file, "the transcoder",
-                   train_hint(weights_file, path.parent))
-    f32 = {n: np.asarray(t[n], dtype=np.float32) for n in TENSORS}
-    return S.SAE(f32["W_enc"], f32["b_enc"], f32["W_dec"], f32["b_dec"], output_path(layer),
-                 k, str(path), b_in=f32["b_in"])
-
-
-def train_layer(x: np.ndarray, y: np.ndarray, out: Path, layer: int, settings: dict,
-                weights_sha256: str, bar, changes: dict | None = None) -> S.TrainState:
-    """Block `layer`'s transcoder on (x, y) [N, d], resumably (sae.train_resumably);
-    `changes` ({"steered": ...}) into its metadata and settings."""
-    settings = {**settings, "site": output_path(layer), "layer": layer}
-    return S.train_resumably(x, out, settings, weights_sha256, bar, changes, y=y,
-                             meta={"kind": "transcoder", "layer": str(layer),
-                                   "reads": input_path(layer)})
 
 
 # ------------------------------------------------------------------ the replacement model
@@ -290,31 +165,7 @@ def evaluate(params, config: Config, transcoders: list[S.SAE], inputs: np.ndarra
     return TranscoderEval(int(targets.size), layers, *losses)
 
 
-def evaluate_held_out(model, transcoders: list[S.SAE], data, windows: int, progress=None,
-                      hooks=None):
-    """`transcoder eval`: on `windows` windows of --data (a file, or a folder's last part)."""
-
-    files = given_or(data, held_out_files)
-    x, y = data_windows(files, model.tokenizer, model.config.n_positions, windows)
-    return (evaluate(model.params, model.config, transcoders, x, y, progress, hooks),
-            [f.name for f in files])
-
-
 # ------------------------------------------------------------------ features over the training text
-
-
-def data_codes(model, transcoders: list[S.SAE], folder: Path, layer: int, files: list[Path],
-               windows: int, bar, engine=None) -> dict[str, np.ndarray]:
-    """Block `layer`'s transcoder codes at every token of `windows` windows of the files,
-    computed once per (weights, transcoder file, data) on `engine` and cached
-    (sae.data_codes, reading the transcoder's input ln2.out)."""
-
-    tc = replace(encoders_of(transcoders)[layer], site=input_path(layer))
-    source = file_of(folder, layer)
-    if not source.is_file():  # a Gemma Scope 2 folder's: the dictionary's own weights
-        own = Path(encoders_of(transcoders)[layer].path)
-        source = own if own.is_file() else own / "params.safetensors"
-    return S.data_codes(model, tc, source, files, windows, bar, engine=engine)
 
 
 def top_windows(codes: dict[str, np.ndarray], latent: int, n: int = 3, before: int = 8,

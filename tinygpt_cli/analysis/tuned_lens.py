@@ -7,31 +7,24 @@ Stage i is the residual entering block i (i = 0..L-1; stage 0 is the embeddings)
 with the final LayerNorm's statistics recomputed on the translated stream, as the logit lens
 does. The translators are fitted on the KL divergence from the model's final next-token
 distribution to the lens's, KL(p_final || p_lens), averaged over tokens; Adam, an explicit
-backward through the final norm and the tied head.
+backward through the final norm and the tied head. The translators' file is
+jobs/dictionaries/lens.py's, the passes over a corpus jobs/tuned_lens.py's.
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError, WeightsError
-from ..jobs.cluster import over_windows
-from ..jobs.corpus import data_windows, given_or, held_out_files, training_files
-from ..storage.files import write_atomically
-from ..storage.madefor import check_made_for, made_for, remake_hint, weights_option
-from ..storage.safetensors import metadata_strings, read_safetensors, safetensors_bytes
 from ..transformer import ops
 from ..transformer.config import Config
 from ..transformer.hooks import RecordOnly, chained
 from ..transformer.model import forward, head_table, norm_weights, read_out
 from ..transformer.optim import SAE_BETAS, AdamW
 from ..transformer.wiring import FORWARD
-from .lens import Lens
 
 # The blocks this analysis implements (wiring.require refuses others by name): translators of the
 # stream's stages: any wiring the passes compute.
@@ -134,16 +127,17 @@ def fit(stages: list[np.ndarray], h_last: np.ndarray, params, config: Config, *,
 
 
 def stage_values(params, config: Config, windows: np.ndarray, batch: int = 16,
-                 progress: Callable[[int], None] | None = None, hooks=None, engine=None
+                 progress: Callable[[int], None] | None = None, hooks=None, over=None
                  ) -> tuple[list[np.ndarray], np.ndarray]:
     """Each stage's stream [W*T, d], and the stream entering ln_final, over windows [W, T],
     of runs through `hooks` (steering: a steered stage is read with its vector added) when
-    given, each shard of windows a task on `engine` (default: this process), joined in window
-    order (the same numbers: a shard holds whole batches). `progress(n)` is called with the
-    windows done."""
+    given, each shard of windows a task of `over` (a job's jobs.cluster.over_windows, on a
+    cluster too; None: this process at once), joined in window order (the same numbers: a
+    shard holds whole batches). `progress(n)` is called with the windows done."""
 
-    parts = over_windows(engine, shard_stage_values, windows, (params, config, batch, hooks),
-                         progress=progress)
+    if over is None:
+        return one_pass_stages(params, config, windows, batch, progress, hooks)
+    parts = over(shard_stage_values, windows, (params, config, batch, hooks), progress=progress)
     if not parts:
         return one_pass_stages(params, config, windows, batch, hooks=hooks)
     return ([np.concatenate([p[0][i] for p in parts]) for i in range(len(parts[0][0]))],
@@ -212,14 +206,14 @@ def evaluate(stages: list[np.ndarray], h_last: np.ndarray, tr: Translators, para
 
 def evaluate_windows(params, config: Config, windows: np.ndarray, tr: Translators,
                      progress: Callable[[int], None] | None = None, hooks=None,
-                     engine=None) -> LensEval:
+                     over=None) -> LensEval:
     """`evaluate` over the tokens of windows [W, T]: their stage values (of runs through
     `hooks` when given: the steered model), then both lenses.
     `progress(n)` is called with the tokens done, 2 W T in all."""
     per_window = windows.shape[1]
     stages, last = stage_values(params, config, windows,
                                 progress=progress and (lambda n: progress(n * per_window)),
-                                hooks=hooks, engine=engine)
+                                hooks=hooks, over=over)
     return evaluate(stages, last, tr, params, config, progress=progress)
 
 
@@ -233,56 +227,9 @@ def tuned_stage_logits(trace, tr: Translators, params, config: Config
     return [*names, f"layers.{config.n_layer - 1}.resid_post"], np.stack(logits)
 
 
-def save_translators(path: str | Path, tr: Translators, meta: dict[str, str]) -> None:
-
-    t = {f"A.{i}": np.ascontiguousarray(a, np.float32) for i, a in enumerate(tr.A)}
-    t.update({f"b.{i}": np.ascontiguousarray(b, np.float32) for i, b in enumerate(tr.b)})
-    write_atomically(Path(path), safetensors_bytes(t, metadata_strings(meta)))
-
-
-def load_translators(path: str | Path, config: Config, weights_file: Path) -> Translators:
-    """The translators of a tuned lens file, checked: every stage's A [d, d] and b [d],
-    finite, made for `weights_file` (madefor)."""
-
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"no tuned lens at {path}: {fit_hint(weights_file, path)}")
-    t, meta = read_safetensors(path)
-    d = config.n_embd
-    out = Translators([], [], str(path))
-    for i in range(config.n_layer):
-        for name, shape, into in ((f"A.{i}", (d, d), out.A), (f"b.{i}", (d,), out.b)):
-            x = t.get(name)
-            if x is None or x.shape != shape or not np.issubdtype(x.dtype, np.floating) \
-                    or not np.isfinite(x).all():
-                got = "missing" if x is None else f"shape {list(x.shape)}, {x.dtype}"
-                raise WeightsError(f"{path}: {name} must be {list(shape)} finite floats "
-                                   f"({got})")
-            into.append(np.asarray(x, np.float32))
-    check_made_for(path, meta, weights_file, "the tuned lens",
-                   fit_hint(weights_file, path, "fit one for them"))
-    return out
-
-
-def fit_hint(weights_file: Path, path: Path, verb: str = "fit one") -> str:
-    """The command that fits the tuned lens at `path` (the weights folder's, or the --lens
-    file named) for these weights, never into the installed package."""
-
-
-    default = lens_file(weights_file, None)
-    if Path(path) != default:
-        return (f"{verb} with `tinygpt lens --fit{weights_option(Path(weights_file).parent)} "
-                f"--lens {shlex.quote(str(path))}`")
-    return remake_hint(verb, "lens --fit", weights_file, default, "--lens", "tuned.safetensors",
-                       "--lens")
-
-
-# ------------------------------------------------------------------ the lens of a weights folder
+# ------------------------------------------------------------------ the lens asked for
 
 KINDS = ("logit", "tuned")
-FIT_WINDOWS = 200  # 25,600 training tokens
-EVAL_WINDOWS = 40  # 5,120 held-out tokens
-FIT_STEPS = 300  # Adam steps per stage, 512 tokens each
 
 
 def check_kind(kind: str) -> str:
@@ -291,57 +238,3 @@ def check_kind(kind: str) -> str:
     return kind
 
 
-def lens_file(weights_file: Path, given: Path | None) -> Path:
-    """--lens, or the weights folder's lens/tuned.safetensors."""
-    return given if given is not None else Path(weights_file).parent / "lens" / "tuned.safetensors"
-
-
-def tuned_reader(session, given: Path | None):
-    """trace -> the tuned lens of the session's text as a Lens (stages, logits), the model's
-    logits last: lens_report's reader."""
-
-    def read(trace):
-        path = lens_file(session.model.weights_file, given)
-        translators = load_translators(path, session.config, session.model.weights_file)
-        return Lens(*tuned_stage_logits(trace, translators, session.params, session.config))
-
-    return read
-
-
-def fit_and_save(model, windows: np.ndarray, path: Path, bar, hooks=None,
-                 meta: dict | None = None, engine=None) -> int:
-    """Fit the translators on the windows' stages (of runs through `hooks`, when given, on
-    `engine`) and write them to `path` with `meta` added to their metadata; the tokens used.
-    bar(total, description) is the progress bar's context manager."""
-
-    cfg = model.config
-    with bar(len(windows), "values of the stages") as advance:
-        stages, last = stage_values(model.params, cfg, windows, progress=advance, hooks=hooks,
-                                    engine=engine)
-    with bar(FIT_STEPS * cfg.n_layer, "fitting the tuned lens") as advance:
-        translators, _ = fit(stages, last, model.params, cfg, steps=FIT_STEPS, progress=advance)
-    save_translators(path, translators, {**made_for(model.weights_file),
-                                         "tokens": str(len(last)), "steps": str(FIT_STEPS),
-                                         **(meta or {})})
-    return len(last)
-
-
-def fit_on_training_text(model, data, path, bar, hooks=None, changes=None, engine=None) -> int:
-    """`lens --fit`: translators fitted on FIT_WINDOWS windows of the training text (--data's
-    parts but the last, or the project's) and saved to `path`; the number of tokens."""
-
-    x, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
-                        FIT_WINDOWS, bar)
-    return fit_and_save(model, x, path, bar, hooks, changes, engine)
-
-
-def evaluate_held_out(model, data, translators, bar, hooks=None, engine=None):
-    """`lens --evaluate`: both lenses over EVAL_WINDOWS windows of the held-out text (--data's
-    last part, or part-005); (the LensEval, the files' names)."""
-
-    files = given_or(data, held_out_files)
-    x, _ = data_windows(files, model.tokenizer, model.config.n_positions, EVAL_WINDOWS, bar)
-    with bar(2 * x.size, "evaluating both lenses") as advance:
-        result = evaluate_windows(model.params, model.config, x, translators, advance, hooks,
-                                  engine)
-    return result, [f.name for f in files]

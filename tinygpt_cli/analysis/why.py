@@ -359,13 +359,13 @@ class Value:
 LATENT = r"(sae\.[\w.]+?)(?:\[\s*(-?\d+)\s*\])?"
 
 
-def _latent_value(model, ids: list[int], value: str, hooks=None, saes: tuple = ()) -> Value:
-    """`sae.SITE.N[P]`: latent N of the SAE at SITE (the first of `saes`, the --sae files or
-    folders, that reads it; else the weights folder's) at a residual stream (layers.L.resid_pre
-    or resid_post), at position P (default the last). Its gradient at the stream is its
-    encoder column where it is active (a TopK, ReLU or JumpReLU SAE, Gemma Scope 2's among
-    them, that does not normalise its input)."""
-
+def _latent_value(model, ids: list[int], value: str, hooks=None,
+                  saes: Callable[[str], S.SAE] | None = None) -> Value:
+    """`sae.SITE.N[P]`: latent N of the SAE at SITE as `saes` finds it (jobs.dictionaries.
+    saes.finder: the first --sae file or folder that reads it; else the weights folder's) at
+    a residual stream (layers.L.resid_pre or resid_post), at position P (default the last).
+    Its gradient at the stream is its encoder column where it is active (a TopK, ReLU or
+    JumpReLU SAE, Gemma Scope 2's among them, that does not normalise its input)."""
 
     config, t = model.config, len(ids)
     found = re.fullmatch(LATENT, value)
@@ -377,7 +377,9 @@ def _latent_value(model, ids: list[int], value: str, hooks=None, saes: tuple = (
                          "residual stream (layers.L.resid_pre or resid_post), the position one "
                          f"of the text's {t} tokens")
     layer = int(kind.group(1)) - (kind.group(2) == "resid_pre")
-    sae = S.site_sae(model.weights_file, config, site, saes)
+    if saes is None:
+        raise InputError(f"--value {value}: no SAE was given to read the latent from")
+    sae = saes(site)
     if sae.normalize != "none" or not 0 <= latent < sae.n_latents:
         raise InputError(f"--value {value}: {sae.path} has latents 0 to {sae.n_latents - 1}"
                          + (" and normalises its input, which --value cannot follow yet"
@@ -428,7 +430,8 @@ def _edge_value(model, ids: list[int], value: str, target: int, vs: int | None,
 
 
 def value_of(model, ids: list[int], value: str | None, target: int, vs: int | None,
-             hooks=None, corrupt: list[int] | None = None, saes: tuple = ()) -> Value:
+             hooks=None, corrupt: list[int] | None = None,
+             saes: Callable[[str], S.SAE] | None = None) -> Value:
     """--value PATH (an attention weight layers.L.heads.H.weights[i,j], a head's detector
     score KIND:LxHy on the text, an SAE latent, or an edge's score from `circuit` against the
     `corrupt` text), or the logit difference logit[target] - logit[vs]: as a Value. A path it

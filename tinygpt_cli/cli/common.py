@@ -212,8 +212,9 @@ def open_session(context: RunContext, weights: Path | None, text: str | None, *,
     ablated = []
     if ablate:  # the analyses load only for a changed run: inspection stays light
         from ..analysis.ablate import zeroing
+        from ..jobs.dictionaries.saes import finder
 
-        ablated, s.interventions = zeroing(model, list(ablate), context.saes)
+        ablated, s.interventions = zeroing(model, list(ablate), finder(model, context.saes))
     s.changes = {k: v for k, v in (("steered", steered), ("ablated", ablated)) if v}
     set_changed(context, s.changes)
     return s

@@ -72,7 +72,9 @@ def steer(
     """
     from ..analysis import steer as st
     from ..jobs.corpus import held_out_stories
+    from ..jobs.dictionaries.directions import direction_file
     from ..jobs.session import encode_lines
+    from ..jobs.steer import read_pairs
     from ..render.directions import steer_view
     from ..render.documents import steer_document
     from ..storage.files import write_atomically
@@ -81,7 +83,7 @@ def steer(
     check_out(out, force)
     if not 0 < scale < float("inf"):  # also refuses NaN
         raise InputError(f"--scale must be a number above 0, got {scale!r}")
-    pos_texts, neg_texts = st.read_pairs(pos, neg)
+    pos_texts, neg_texts = read_pairs(pos, neg)
     model = load(context, weights)
     layer = check_index(layer, model.config.n_layer, "layer")
     hooks, changes = steered(context, model)
@@ -93,8 +95,8 @@ def steer(
     if out is not None:
         source = {"pos": str(pos), "neg": str(neg), "seed": seed, "held_out": held_out,
                   "train_pairs": r.train_pairs}
-        write_atomically(out, st.direction_file(r.vector, st.site(layer), "steer", source,
-                                                meta={**made_for(model.weights_file), **changes}))
+        write_atomically(out, direction_file(r.vector, st.site(layer), "steer", source,
+                                             meta={**made_for(model.weights_file), **changes}))
     present(context, as_json, lambda: {**steer_document(r, model.tokenizer), **changes},
             lambda: steer_view(r, model.tokenizer, top=top))
     if out is not None and not as_json:
@@ -127,8 +129,8 @@ def probe(
     Example: tinygpt probe --site layers.2.resid_pre --labels tags.jsonl --out tag.safetensors
     """
     from ..analysis import probe as pr
-    from ..analysis import steer as st
     from ..jobs.corpus import read_user_file
+    from ..jobs.dictionaries.directions import direction_file
     from ..jobs.probe import probe_inputs
     from ..render.directions import probe_view
     from ..render.documents import probe_document
@@ -144,8 +146,8 @@ def probe(
     r = pr.probe_report(feats, marks, ids, name, held_out=held_out, seed=seed, l2=l2)
     if out is not None:
         source = {"labels": str(labels), "classes": r.classes, "seed": seed, "l2": l2}
-        write_atomically(out, st.direction_file(r.direction, name, "probe", source, rows=r.W,
-                                                meta={**made_for(model.weights_file), **changes}))
+        write_atomically(out, direction_file(r.direction, name, "probe", source, rows=r.W,
+                                             meta={**made_for(model.weights_file), **changes}))
     present(context, as_json, lambda: {**probe_document(r), **changes},
             lambda: probe_view(r))
     if out is not None and not as_json:

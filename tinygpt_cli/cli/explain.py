@@ -84,6 +84,7 @@ def lens(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, target:
     """
     from ..analysis import tuned_lens as tl
     from ..analysis.lens import lens_report
+    from ..jobs.tuned_lens import tuned_reader
     from ..render import explain as view
     from ..render.documents import lens_document
     from .features import tuned_lens_work
@@ -92,7 +93,7 @@ def lens(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, target:
         return tuned_lens_work(context, weights, fit, evaluate, lens_file, data, as_json, force)
     s = open_session(context, weights, text)
     tuned = tl.check_kind(kind) == "tuned"
-    r = lens_report(s, position, target, tl.tuned_reader(s, lens_file) if tuned else None)
+    r = lens_report(s, position, target, tuned_reader(s, lens_file) if tuned else None)
     present(context, as_json, lambda: lens_document(s, r, {"target": target, "position": position}),
             lambda: view.lens_view(r),  # the grid drops middle stages behind `…` to fit
             figure=lambda: figures().lens_figure(r), save=save, force=force)

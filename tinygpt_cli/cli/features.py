@@ -85,7 +85,9 @@ def sae_train(
     Example: tinygpt sae train --site layers.1.mlp_out --steer-vector h.safetensors --out hs.sae
     """
     from ..analysis import sae as S
+    from ..jobs import sae as job
     from ..jobs.corpus import data_windows, training_files
+    from ..jobs.dictionaries.saes import sae_file
     from ..render import features as view
     from ..storage.files import sha256
 
@@ -93,20 +95,20 @@ def sae_train(
     model = load(context, weights)
     site = S.check_site(site, model.config)
     check_out(out, force, example="--out sae.safetensors", folder_made=True,
-              default=S.sae_file(model.weights_file, None, site))
+              default=sae_file(model.weights_file, None, site))
     hooks, changes = steered(context, model)
     if k > latents:
         raise InputError(f"--k {k} is more than the {latents} latents")
-    out = Path(out) if out is not None else S.sae_file(model.weights_file, None, site)
+    out = Path(out) if out is not None else sae_file(model.weights_file, None, site)
     x_in, _ = data_windows(training_files(data), model.tokenizer, model.config.n_positions,
                            windows, bar())
     with bar()(len(x_in), f"values of {site}") as advance, engine(context) as where:
-        x = S.site_values_on(where, model.params, model.config, x_in, site, progress=advance,
-                             hooks=hooks)
+        x = job.site_values_on(where, model.params, model.config, x_in, site,
+                               progress=advance, hooks=hooks)
     settings = {"site": site, "latents": latents, "k": k, "steps": steps, "batch": batch,
                 "lr": lr, "windows": windows, "seed": seed}
-    state = S.train_resumably(x, out, settings, sha256(model.weights_file), bar(),
-                              changes)
+    state = job.train_resumably(x, out, settings, sha256(model.weights_file), bar(),
+                                changes)
     doc = {**view.trained_doc(out, state, len(x)), **changes}
     present(context, as_json, lambda: doc, lambda: view.trained_view(doc))
 
@@ -130,15 +132,16 @@ def sae_eval(context: RunContext, weights: Path = WEIGHTS, sae: Path = SAE_FILE,
     Example: tinygpt sae eval --sae my.safetensors --json
     Example: tinygpt sae eval --steer happy --steer-away sad --steer-layer 1
     """
-    from ..analysis import sae as S
+    from ..jobs import sae as job
+    from ..jobs.dictionaries.saes import model_sae
     from ..render import features as view
 
     model = load(context, weights)
-    found = S.model_sae(model, sae)
+    found = model_sae(model, sae)
     hooks, changes = steered(context, model)
     with bar()(4, "evaluating") as advance, engine(context) as where:
-        result, names = S.evaluate_held_out(model, found, data, windows, advance, hooks,
-                                            where)
+        result, names = job.evaluate_held_out(model, found, data, windows, advance, hooks,
+                                              where)
     present(context, as_json, lambda: {**view.eval_doc(result, names), **changes},
             lambda: view.eval_view(result, names))
 
@@ -169,7 +172,9 @@ def sae_feature(context: RunContext,
     Example: tinygpt sae feature 17 --text "Lily wanted to play with her ball." --save f.svg
     """
     from ..analysis import sae as S
+    from ..jobs import sae as job
     from ..jobs.corpus import given_or, training_files
+    from ..jobs.dictionaries.saes import SHIPPED_SITE, load_sae, sae_file
     from ..jobs.session import check_index
     from ..render import features as view
 
@@ -177,14 +182,14 @@ def sae_feature(context: RunContext,
     if text is not None:
         return _feature_on_text(context, weights, sae, latent, text, as_json, save, force)
     model = load(context, weights)
-    path = S.sae_file(model.weights_file, sae)
-    found = S.load_sae(path, model.config, model.weights_file,
-                       default_site=S.SHIPPED_SITE if sae is None else None)
+    path = sae_file(model.weights_file, sae)
+    found = load_sae(path, model.config, model.weights_file,
+                     default_site=SHIPPED_SITE if sae is None else None)
     latent = check_index(latent, found.n_latents, "latent")
     files = given_or(data, training_files)
     hooks, changes = steered(context, model)
     with engine(context) as where:
-        codes = S.data_codes(model, found, path, files, windows, bar(), hooks, where)
+        codes = job.data_codes(model, found, path, files, windows, bar(), hooks, where)
     result = S.feature_report(found, model.params, codes["ids"], codes["idx"], codes["val"],
                               latent, top)
     present(context, as_json, lambda: {**view.feature_doc(result, model.tokenizer), **changes},
@@ -196,12 +201,13 @@ def _feature_on_text(context: RunContext, weights, sae, latent: int, text: str, 
                      save, force) -> None:
     """`sae feature N --text TEXT`: the latent at each token of the text."""
     from ..analysis import sae as S
+    from ..jobs.dictionaries.saes import model_sae
     from ..render import features as view
     from ..render.documents import session_document
     from .common import run
 
     r = run(context, weights, text)
-    found, tok = S.model_sae(r.model, sae), r.model.tokenizer
+    found, tok = model_sae(r.model, sae), r.model.tokenizer
     result = S.latent_on_text(found, r.model.params, r.trace.get(found.site), latent)
     path = f"sae.{found.site}.{result.latent}"  # as `trace TEXT sae.SITE.N` names it
     present(context, as_json, lambda: session_document(r, path, result.acts,
@@ -226,8 +232,8 @@ def sae_export(context: RunContext, weights: Path = WEIGHTS, sae: Path = SAE_FIL
     Example: tinygpt sae export --out sae-saelens
     Example: tinygpt sae export --sae mine.safetensors --out mine-saelens --force
     """
-    from ..analysis import sae as S
-    from ..analysis.saelens import CFG, export_saelens, hook_name
+    from ..jobs.dictionaries.saelens import CFG, export_saelens, hook_name
+    from ..jobs.dictionaries.saes import model_sae
     from ..render import features as view
     from ..storage.madefor import made_for
 
@@ -239,7 +245,7 @@ def sae_export(context: RunContext, weights: Path = WEIGHTS, sae: Path = SAE_FIL
         raise InputError(f"--out {out}: it holds an SAE already ({CFG}); add --force to "
                          "overwrite it")
     model = load(context, weights)
-    found = S.model_sae(model, sae)
+    found = model_sae(model, sae)
     files = export_saelens(found, out, model.config, made_for(model.weights_file),
                            model.folder.name)
     doc = {"format": "saelens", "path": str(out), "files": [str(f) for f in files],
@@ -255,28 +261,31 @@ def tuned_lens_work(context: RunContext, weights: Path | None, fit: bool, evalua
                     force: bool = False) -> None:
     """`lens --fit` (then --evaluate, when both are given) or `lens --evaluate`."""
     from ..analysis import tuned_lens as tl
+    from ..jobs import tuned_lens as job
+    from ..jobs.dictionaries.lens import lens_file as lens_path
+    from ..jobs.dictionaries.lens import load_translators
     from ..render import features as view
 
     if fit:
         keep_default_file(context, lens_file, "the weights folder's lens/tuned.safetensors",
                           "--lens")
     model = load(context, weights)
-    cfg, path = model.config, tl.lens_file(model.weights_file, lens_file)
+    cfg, path = model.config, lens_path(model.weights_file, lens_file)
     hooks, changes = steered(context, model)
     if fit:
         check_out(lens_file, force, example="--lens tuned.safetensors", folder_made=True,
                   option="--lens", default=path)
         with engine(context) as where:
-            tokens = tl.fit_on_training_text(model, data, path, bar(), hooks, changes,
-                                             where)
+            tokens = job.fit_on_training_text(model, data, path, bar(), hooks, changes,
+                                              where)
         if not evaluate:
             doc = {"path": str(path), "stages": tl.stage_paths(cfg), "tokens": tokens, **changes}
             present(context, as_json, lambda: doc, lambda: view.lens_fit_view(doc))
             return
-    translators = tl.load_translators(path, cfg, model.weights_file)
+    translators = load_translators(path, cfg, model.weights_file)
     with engine(context) as where:
-        result, names = tl.evaluate_held_out(model, data, translators, bar(), hooks,
-                                             where)
+        result, names = job.evaluate_held_out(model, data, translators, bar(), hooks,
+                                              where)
     present(context, as_json, lambda: {**view.lens_eval_doc(result, names), **changes},
             lambda: view.lens_eval_view(result, names))
 
@@ -287,12 +296,13 @@ def tuned_lens_work(context: RunContext, weights: Path | None, fit: bool, evalua
 def trace_latents(context: RunContext, weights, text, path: str, ablate, as_json: bool) -> None:
     """`trace TEXT sae.SITE`: the SAE's active latents at each token (after any --ablate)."""
     from ..analysis import sae as S
+    from ..jobs.dictionaries.saes import finder
     from ..render import features as view
     from ..render.documents import session_document
     from .common import run
 
     r = run(context, weights, text, ablate)
-    site, sae, z, active = S.latents_of(r.model.weights_file, r.trace, path, context.saes)
+    site, sae, z, active = S.latents_of(r.trace, path, finder(r.model, context.saes))
     present(context, as_json,
             lambda: session_document(r, path, z, site=site, k=sae.k, active=active),
             lambda: view.latents_view(path, r.tokens, z, active))

@@ -90,19 +90,21 @@ def transcoder_train(
     Example: tinygpt transcoder train --transcoders mine --latents 2048 --k 16
     """
     from ..analysis import transcoder as T
+    from ..jobs import transcoder as tcj
     from ..jobs.corpus import data_windows, training_files
+    from ..jobs.dictionaries import transcoders as tcf
     from ..storage.files import sha256
 
     keep_default_file(context, out, "the weights folder's transcoders/", "--transcoders")
     model = load(context, weights)
-    folder = Path(out) if out is not None else T.folder_of(model.weights_file)  # made here
+    folder = Path(out) if out is not None else tcf.folder_of(model.weights_file)  # made here
     if out is None:
         refuse_inside_package(folder, "--transcoders")
     hooks, changes = steered(context, model)
     if k > latents:
         raise InputError(f"--k {k} is more than the {latents} latents")
     todo = [i for i in range(model.config.n_layer)
-            if force or not T.file_of(folder, i).exists()]
+            if force or not tcf.file_of(folder, i).exists()]
     if folder.exists() and not folder.is_dir():
         raise InputError(f"--transcoders {escape_line(str(folder))}: that is a file; give a "
                          "folder (it is made when it is not there)")
@@ -114,9 +116,9 @@ def transcoder_train(
                 "windows": windows, "seed": seed}
     trained = []
     for i in todo:
-        state = T.train_layer(*values[i], T.file_of(folder, i), i, settings,
+        state = tcj.train_layer(*values[i], tcf.file_of(folder, i), i, settings,
                               sha256(model.weights_file), bar(), changes)
-        trained.append({"layer": i, "path": str(T.file_of(folder, i)), "steps": state.step,
+        trained.append({"layer": i, "path": str(tcf.file_of(folder, i)), "steps": state.step,
                         "final_loss": sum(state.losses[-50:]) / len(state.losses[-50:])})
     doc = {"folder": str(folder), "latents": latents, "k": k, "tokens": len(values[0][0]),
            "trained": trained, **changes}
@@ -155,15 +157,16 @@ def transcoder_eval(context: RunContext, weights: Path = WEIGHTS,
     Example: tinygpt transcoder eval
     Example: tinygpt transcoder eval --data story.txt --json
     """
-    from ..analysis import transcoder as T
+    from ..jobs import transcoder as tcj
+    from ..jobs.dictionaries import transcoders as tcf
     from ..render import graph as view
 
     model = load(context, weights)
-    found = T.load_transcoders(T.folder_of(model.weights_file, transcoders), model.config,
+    found = tcf.load_transcoders(tcf.folder_of(model.weights_file, transcoders), model.config,
                                model.weights_file)
     hooks, changes = steered(context, model)
     with bar()(4, "evaluating") as advance:
-        result, names = T.evaluate_held_out(model, found, data, windows, advance, hooks)
+        result, names = tcj.evaluate_held_out(model, found, data, windows, advance, hooks)
     present(context, as_json, lambda: {**view.eval_doc(result, names), **changes},
             lambda: view.eval_view(result, names))
 
@@ -243,7 +246,7 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
     Example: tinygpt graph --open g.json --save g.html
     """
     from ..analysis import graph as G
-    from ..analysis import transcoder as T
+    from ..jobs.dictionaries import transcoders as tcf
     from ..jobs.session import token_id
     from ..render import graph as view
 
@@ -261,8 +264,8 @@ def graph(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                       (node_threshold, edge_threshold), max_features, (data, windows))
     ids = encode_text(context, model, text)
     position = check_index(position, len(ids), "position")
-    folder = T.folder_of(model.weights_file, transcoders)
-    found = T.load_transcoders(folder, model.config, model.weights_file)
+    folder = tcf.folder_of(model.weights_file, transcoders)
+    found = tcf.load_transcoders(folder, model.config, model.weights_file)
     want, other = (None if t is None else token_id(model, t) for t in (target, vs))
     hooks, changes = steered(context, model)
     options = {"target": target, "vs": vs, "position": position, "logits": logits,
@@ -310,6 +313,7 @@ def _field(context, model, text, transcoders, target, vs, position, n_logits, th
     from ..analysis import graph as G
     from ..analysis import graph_file as F
     from ..analysis import transcoder as T
+    from ..jobs.dictionaries import transcoders as tcf
     from ..jobs.session import token_id
     from ..render.graph_field import field_doc
 
@@ -318,8 +322,8 @@ def _field(context, model, text, transcoders, target, vs, position, n_logits, th
                          "tokens' logits minus the vocabulary's mean")
     ids = encode_text(context, model, text)
     position = check_index(position, len(ids), "position")
-    folder = T.folder_of(model.weights_file, transcoders)
-    found = T.load_transcoders(folder, model.config, model.weights_file)
+    folder = tcf.folder_of(model.weights_file, transcoders)
+    found = tcf.load_transcoders(folder, model.config, model.weights_file)
     want = None if target is None else token_id(model, target)
     hooks, _ = steered(context, model)
     g = G.prune(G.build(model.params, model.config, ids[:position + 1], found, target=want,
@@ -343,6 +347,7 @@ def _open(context, model, path: Path, transcoders, limits, save, as_json) -> Non
     from ..analysis import graph as G
     from ..analysis import graph_file as F
     from ..analysis import transcoder as T
+    from ..jobs.dictionaries import transcoders as tcf
     from ..render import graph_field as view
 
     if not path.is_file():
@@ -350,7 +355,7 @@ def _open(context, model, path: Path, transcoders, limits, save, as_json) -> Non
     if steered(context, model)[0] is not None:
         raise InputError("--open re-checks a graph of the model as it is: give no --steer")
     fg = F.read_field_graph(path)
-    found = T.load_transcoders(T.folder_of(model.weights_file, transcoders), model.config,
+    found = tcf.load_transcoders(tcf.folder_of(model.weights_file, transcoders), model.config,
                                model.weights_file)
     F.check_fits(fg, model.config.n_layer, [tc.n_latents for tc in T.encoders_of(found)],
                  model.config.vocab_size, model.tokenizer.decode, model.config.n_positions)
@@ -440,6 +445,7 @@ def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool =
     """(layer, latent) -> {"examples", "label"} of the pruned graph's features, from their
     top windows of the training text ({} when there is no data to search)."""
     from ..analysis import transcoder as T
+    from ..jobs import transcoder as tcj
     from ..jobs.corpus import find_data, given_or, training_files
     from ..render.graph import kept_nodes
 
@@ -453,7 +459,7 @@ def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool =
             latents.setdefault(int(g.layer[i]), set()).add(int(g.feature[i]))
     out = {}
     for lay, wanted in sorted(latents.items()):  # a block's codes read once for all of them
-        codes = T.data_codes(model, transcoders, folder, lay, files, windows, bar())
+        codes = tcj.data_codes(model, transcoders, folder, lay, files, windows, bar())
         for lat, ex in T.top_windows_of(codes, sorted(wanted)).items():
             out[lay, lat] = {"examples": ex,
                              "label": T.label_of(ex, lambda t: show_token(tok(t)))}

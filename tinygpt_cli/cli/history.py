@@ -159,6 +159,7 @@ def why(
     """
     from ..escapes import escape_line
     from ..jobs import why as whys
+    from ..jobs.dictionaries.saes import finder
     from ..render import history as view
 
     t0 = time.perf_counter()
@@ -178,7 +179,7 @@ def why(
                                  hooks=session.hooks, engine=where, query_report=scored,
                                  exact=exact, check=check, more=more, bar=bar(),
                                  value=value, vs=vs, corrupt=corrupt_ids,
-                                 saes=context.saes)
+                                 saes=finder(model, context.saes))
         _keep_answers(context, key, result)
     if found.note:  # once the answer stands: an error is then the only line
         stderr().print(escape_line(found.note), soft_wrap=True)

@@ -138,8 +138,9 @@ def generate(
     ablated, zeroed = [], None
     if ablate:  # loaded only then: generation starts light
         from ..analysis.ablate import zeroing
+        from ..jobs.dictionaries.saes import finder
 
-        ablated, zeroed = zeroing(model, list(ablate), context.saes)
+        ablated, zeroed = zeroing(model, list(ablate), finder(model, context.saes))
     hooks = steered_hooks(context, model, zeroed)
     prompt = read_text(text)  # a long prompt is read whole: the model reads its end
     ids, whole = encode_tail(model, prompt, specials=not context.chat)

@@ -155,7 +155,7 @@ def _steering(context: RunContext, model) -> tuple[object | None, dict | None]:
             raise InputError("--steer-layer and --steer-scale need a direction: --steer TEXT "
                              "--steer-away AWAY, or --steer-vector FILE")
         return None, None
-    from ..analysis.steer import steering_hook
+    from ..jobs.steer import steering_hook
 
     hook, described = steering_hook(model, o.steer, o.steer_away, o.steer_vector, o.steer_layer,
                                     o.steer_scale)

@@ -10,11 +10,13 @@ index by those and the snapshots'.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from ..analysis import exact_tracin as ex
+from ..analysis.dictionary import SAE
 from ..analysis.history import next_token
 from ..analysis.why import (
     POOL,
@@ -135,7 +137,7 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
            query_report=None, exact: bool = False, check: bool = False,
            more: tuple = (), bar=_no_bar, value: str | None = None,
            vs: str | int | None = None, corrupt: list[int] | None = None,
-           saes: tuple = ()) -> Why:
+           saes: Callable[[str], SAE] | None = None) -> Why:
     """`why` end to end: the training text's index, the exact matches, the snapshots, the
     window-gradient index (built when missing, on `engine`: default this machine;
     report(done, total) follows it) and TracIn (query_report(done, total) follows its shards);
@@ -144,8 +146,8 @@ def answer(model, ids: list[int], target: str | int | None, files: list, top: in
     sharing the pass (their answers in .more); `check`: the index's answer, and how well
     its ranking agrees with the exact one (agreement). `value` (value_of's forms) or `vs`
     (logit[target] - logit[vs]): that scalar explained instead of the next token, exactly;
-    `corrupt`: the ids of an edge's corrupt text; `saes`: the --sae dictionaries a latent's
-    site is read with before the weights folder's own."""
+    `corrupt`: the ids of an edge's corrupt text; `saes`: site -> its SAE, for a latent's value
+    (jobs.dictionaries.saes.finder: the --sae dictionaries, then the weights folder's own)."""
 
     config = model.config
     asks = [(q, _target_of(model, q, target, hooks)) for q in [ids, *more]]

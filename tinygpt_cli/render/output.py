@@ -246,7 +246,7 @@ def set_changed(context: RunContext, changes: dict | None) -> None:
 
 def say_steered(d: dict) -> None:
     """Every steered run is announced by this line on stderr (its views and JSON say it too):
-    `d` is the steering's description (analysis.steer.steering_hook)."""
+    `d` is the steering's description (jobs.steer.steering_hook)."""
 
     stderr().print(f"steered: {steering_text(d)}", style="bold yellow", soft_wrap=True)
 

@@ -44,7 +44,7 @@ class Family(Protocol):
     IGNORED: tuple[str, ...]  # endings of tensor names that are no parameter (buffers)
     PLACES_BFLOAT16: bool  # params_from_file widens unwidened bfloat16 tensors in place
     # Hugging Face's module names: the blocks, the norm before the MLP, attention's output
-    # projection (hooks of SAEs and transcoders name them: analysis/gemmascope.py)
+    # projection (hooks of SAEs and transcoders name them: jobs/dictionaries/gemmascope.py)
     MODULES: tuple[str, str, str]
 
     def config_from_hf(self, d: dict) -> Config: ...

@@ -1,5 +1,5 @@
 """SAELens' dictionaries: a folder holding cfg.json and sae_weights.safetensors, read into an
-SAE (analysis/sae.py) and written from one (`sae export --format saelens`).
+SAE (analysis/dictionary.py) and written from one (`sae export --format saelens`).
 
 The weights: W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_in], b_dec [d_in], and for a
 JumpReLU SAE threshold [d_sae]. cfg.json: d_in, d_sae, dtype, architecture (standard, topk,
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, WeightsError
-from ..storage.files import read_json_object, write_atomically
-from ..storage.madefor import check_made_for
-from ..storage.safetensors import header_bytes, map_safetensors, read_header, safetensors_bytes
-from ..transformer.config import Config
-from ..transformer.schema import VALUES
-from .dictionary import SAE, check_site
+from ...analysis.dictionary import SAE, check_site
+from ...errors import InputError, WeightsError
+from ...storage.files import read_json_object, write_atomically
+from ...storage.madefor import check_made_for
+from ...storage.safetensors import header_bytes, map_safetensors, read_header, safetensors_bytes
+from ...transformer.config import Config
+from ...transformer.schema import VALUES
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
 ARCHITECTURES = ("standard", "topk", "jumprelu")

@@ -31,18 +31,17 @@ another width, or a folder name that disagrees with the config is refused by nam
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, WeightsError
-from ..storage.files import read_json_object
-from ..storage.safetensors import header_bytes, read_header, read_safetensors
-from ..transformer.config import Config
-from ..transformer.families import family
-from .dictionary import SAE, encode
+from ...analysis.dictionary import SAE, CrossLayerTranscoder
+from ...errors import InputError, WeightsError
+from ...storage.files import read_json_object
+from ...storage.safetensors import header_bytes, read_header, read_safetensors
+from ...transformer.config import Config
+from ...transformer.families import family
 
 PARAMS, CONFIG = "params.safetensors", "config.json"
 MAX_CONFIG_BYTES = 1 << 20
@@ -272,19 +271,6 @@ def transcoder_folders(folder: Path, layer: int, pattern: str = "*") -> list[Pat
 # w_dec[L, :, L:, :] for block L).
 
 
-@dataclass
-class CrossLayerTranscoder:
-    encoders: list[SAE]  # per block: its latents' encoder (reads ln2.out; W_dec unused)
-    w_dec: list[np.ndarray]  # per block L: [m, n - L, d], into the MLP outputs of L..n-1
-    b_dec: np.ndarray  # [n, d] each block's output bias
-    skip: list[np.ndarray] | None  # per block [d, d], or None
-    site: str = "mlp_out"  # the value each block's output stands for (Gemma: ln2_post.out)
-
-    @property
-    def n_layers(self) -> int:
-        return len(self.encoders)
-
-
 LAYER_FILE = re.compile(r"params_layer_([0-9]+)\.safetensors")
 
 
@@ -367,16 +353,3 @@ def _layered_decoder(path: Path, m: int, n: int, d: int) -> np.ndarray:
         raise InputError(f"{path}: its decoders write into {shape[1]} blocks; this model has "
                          f"{n}: it was made for another model")
     return read_params(path, {"w_dec": (m, n, d)})["w_dec"]
-
-
-def cross_layer_outputs(clt: CrossLayerTranscoder, xs: list[np.ndarray]) -> list[np.ndarray]:
-    """Each block's MLP output as the cross-layer transcoder predicts it from every block's
-    MLP input xs[L] [T, d]: y_j = sum over L <= j of z_L w_dec[L][:, j - L] + b_dec[j]
-    (+ xs[j] skip[j])."""
-
-    zs = [encode(tc, x) for tc, x in zip(clt.encoders, xs, strict=True)]
-    out = []
-    for j in range(clt.n_layers):
-        y = clt.b_dec[j] + sum(zs[i] @ clt.w_dec[i][:, j - i] for i in range(j + 1))
-        out.append(y + xs[j] @ clt.skip[j] if clt.skip is not None else y)
-    return out
