@@ -143,7 +143,7 @@ def ascii_curve(log: list[dict]) -> str:
 
 def shown_path(path: str | Path) -> str:
     """A path as a reader can reproduce it: relative to the current folder when it was
-    absolute (`/work/shared/data/x` run from /work/main -> `../shared/data/x`)."""
+    absolute (`/home/me/shared/data/x` run from /home/me/tinygpt -> `../shared/data/x`)."""
     path = str(path)
     return os.path.relpath(path) if os.path.isabs(path) else path
 
