@@ -16,6 +16,7 @@ fetched (hf_hub_download), as a GGUF carries its config and tokenizer itself.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -93,19 +94,13 @@ def _snapshot(name: str, repo: str, revision: str | None, cache: str, local_only
     """Once per process and setting: the command opens the folder and then its model."""
     from huggingface_hub import snapshot_download
 
-    try:
-        folder = snapshot_download(repo, revision=revision, allow_patterns=FILES,
-                                   cache_dir=cache, local_files_only=local_only,
-                                   tqdm_class=_bar())
-    except Exception as e:  # noqa: BLE001 - mapped to one line, or raised on as it is
-        refused = _refusal(e, name=name, repo=repo, revision=revision, cache=cache,
-                           local_only=local_only, kind="model", here="a folder",
-                           missing=f"weights folder {name} does not exist",
-                           not_id="it is not a hub model id")
-        if refused is None:
-            raise
-        raise refused from None
-    folder = Path(folder)
+    with _refused_in_one_line(name=name, repo=repo, revision=revision, cache=cache,
+                              local_only=local_only, kind="model", here="a folder",
+                              missing=f"weights folder {name} does not exist",
+                              not_id="it is not a hub model id"):
+        folder = Path(snapshot_download(repo, revision=revision, allow_patterns=FILES,
+                                        cache_dir=cache, local_files_only=local_only,
+                                        tqdm_class=_bar()))
     missing = missing_files(folder)
     if missing:
         where = f"the hub cache's snapshot of {name} ({folder})"
@@ -168,18 +163,13 @@ def _fetched(name: str, repo: str, revision: str | None, patterns: tuple, cache:
     allow_patterns), refused as `_snapshot` refuses."""
     from huggingface_hub import snapshot_download
 
-    try:
+    with _refused_in_one_line(name=name, repo=repo, revision=revision, cache=cache,
+                              local_only=local_only, kind="repository", here="a folder",
+                              missing=f"{name} does not exist here",
+                              not_id="it is not a hub repository's folder"):
         return Path(snapshot_download(repo, revision=revision, allow_patterns=list(patterns),
                                       cache_dir=cache, local_files_only=local_only,
                                       tqdm_class=_bar()))
-    except Exception as e:  # noqa: BLE001 - mapped to one line, or raised on as it is
-        refused = _refusal(e, name=name, repo=repo, revision=revision, cache=cache,
-                           local_only=local_only, kind="repository", here="a folder",
-                           missing=f"{name} does not exist here",
-                           not_id="it is not a hub repository's folder")
-        if refused is None:
-            raise
-        raise refused from None
 
 
 def file(name: str, repo: str, revision: str | None, path: str) -> Path:
@@ -198,18 +188,12 @@ def _file(name: str, repo: str, revision: str | None, path: str, cache: str,
           local_only: bool) -> Path:
     from huggingface_hub import hf_hub_download
 
-    try:
-        found = hf_hub_download(repo, path, revision=revision, cache_dir=cache,
-                                local_files_only=local_only, tqdm_class=_bar())
-    except Exception as e:  # noqa: BLE001 - mapped to one line, or raised on as it is
-        refused = _refusal(e, name=name, repo=repo, revision=revision, cache=cache,
-                           local_only=local_only, kind="model", here="a file",
-                           missing=f"{name} is not a file here", not_id="not a hub model's file",
-                           path=path)
-        if refused is None:
-            raise
-        raise refused from None
-    return Path(found)
+    with _refused_in_one_line(name=name, repo=repo, revision=revision, cache=cache,
+                              local_only=local_only, kind="model", here="a file",
+                              missing=f"{name} is not a file here",
+                              not_id="not a hub model's file", path=path):
+        return Path(hf_hub_download(repo, path, revision=revision, cache_dir=cache,
+                                    local_files_only=local_only, tqdm_class=_bar()))
 
 
 
@@ -217,6 +201,19 @@ def _how(local_only: bool) -> str:
     """What to do when the hub was not reached, with or without HF_HUB_OFFLINE."""
     return ("fetch it once with the hub reachable (HF_HUB_OFFLINE unset)" if local_only else
             "check the network, or set HF_HUB_OFFLINE=1 to use the cache only")
+
+@contextlib.contextmanager
+def _refused_in_one_line(**how):
+    """A fetch from the hub whose failure ends in its one line (_refusal, told `how` the
+    fetch names what it looks for); what is no fetch's failure is raised on as it is."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - mapped to one line, or raised on as it is
+        refused = _refusal(e, **how)
+        if refused is None:
+            raise
+        raise refused from None
+
 
 def _refusal(e: Exception, *, name: str, repo: str, revision: str | None, cache: str,
              local_only: bool, kind: str, missing: str, not_id: str, here: str,
