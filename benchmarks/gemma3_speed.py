@@ -12,11 +12,9 @@ Run from the repository root:
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -116,16 +114,7 @@ def rows(runs: int, folder: Path, hf) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", type=int, default=5, help="timed runs per figure (median; 5)")
-    p.add_argument("--markdown", action="store_true", help="a table for results.md")
-    args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "gemma"
-        hf = gemma_folder(folder)
-        found = rows(args.runs, folder, hf)
-    print(bench.table(found, args.markdown))
-    return 0
+    return bench.on_made_folder(argv, __doc__, "gemma", gemma_folder, rows)
 
 
 if __name__ == "__main__":

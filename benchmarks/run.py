@@ -796,6 +796,21 @@ def machine() -> dict[str, str]:
     return info
 
 
+def on_made_folder(argv: list[str] | None, doc: str, name: str, make, rows) -> int:
+    """The main of a benchmark on a folder that transformers makes: --runs and --markdown
+    read, make(folder) -> the transformers model, rows(runs, folder, it) -> its rows, the
+    table printed; the folder made in a temporary one and gone after."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=5, help="timed runs per figure (median; 5)")
+    p.add_argument("--markdown", action="store_true", help="a table for results.md")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / name
+        found = rows(args.runs, folder, make(folder))
+    print(table(found, args.markdown))
+    return 0
+
+
 def table(rows: list[Row], markdown: bool) -> str:
     head = ["what", "tinygpt", "reference (PyTorch)", "ratio", "goal", "pass"]
     cells = [r.cells() for r in rows]

@@ -63,6 +63,17 @@ def jumprelu(t: dict, x: np.ndarray) -> np.ndarray:
     return np.where(a > t["threshold"], np.maximum(a, 0), 0.0)
 
 
+def whole_graph(cli, tmp_path: Path, transcoders, weights, *more):
+    """`graph TEXT --json` keeping every node and edge, the features' top windows searched in
+    a small story file: not the whole training text, which the test's tokenizer would encode
+    first (about 4 s a test)."""
+    story = tmp_path / "story.txt"
+    story.write_text((TEXT + ". Tom was happy.\n\n") * 20, encoding="utf-8")
+    return cli("graph", TEXT, "--transcoders", transcoders, "--weights", weights, "--json",
+               "--node-threshold", "1", "--edge-threshold", "1", "--data", story,
+               "--windows", "2", *more)
+
+
 def values(folder: Path, text: str, paths: list[str]) -> dict[str, np.ndarray]:
     model = load_model(folder)
     ids = model.tokenizer.encode(text)
@@ -122,10 +133,7 @@ def transcoders(root: Path, skip: bool = False) -> tuple[Path, list[dict]]:
 
 def test_a_graph_on_gemma_scope_transcoders_adds_up(cli, llama, tmp_path):
     folder, made = transcoders(tmp_path)
-    story = tmp_path / "story.txt"  # the features' labels read the dictionaries' own files
-    story.write_text((TEXT + ". Tom was happy.\n\n") * 20, encoding="utf-8")
-    r = cli("graph", TEXT, "--transcoders", folder, "--weights", llama, "--json",
-            "--node-threshold", "1", "--edge-threshold", "1", "--data", story, "--windows", "2")
+    r = whole_graph(cli, tmp_path, folder, llama)  # the features' labels: the dictionaries' own
     assert r.code == 0, r.err
     assert any("label" in n for n in r.json()["nodes"])
     doc = r.json()
@@ -161,8 +169,7 @@ def test_a_graph_through_skip_connections_adds_up(cli, llama, tmp_path):
     """_affine transcoders: the skip is a path of the frozen model (every edge through it
     against torch: tests/test_graph_clt.py); the target is still the sum of its edges."""
     folder, _ = transcoders(tmp_path, skip=True)
-    r = cli("graph", TEXT, "--transcoders", folder, "--weights", llama, "--json",
-            "--node-threshold", "1", "--edge-threshold", "1")
+    r = whole_graph(cli, tmp_path, folder, llama)
     assert r.code == 0, r.err
     tl = r.json()["target_logit"]
     assert tl["incoming_total"] == pytest.approx(tl["value"], abs=1e-4)
@@ -303,8 +310,7 @@ def test_graph_takes_a_cross_layer_transcoders_folder(cli, llama, tmp_path):
     its incoming edges (the edges themselves: tests/test_graph_clt.py, against torch);
     what does not compute a cross-layer path yet refuses it by name."""
     folder, made = write_clt(tmp_path)
-    r = cli("graph", TEXT, "--transcoders", folder, "--weights", llama, "--json",
-            "--node-threshold", "1", "--edge-threshold", "1")
+    r = whole_graph(cli, tmp_path, folder, llama)
     assert r.code == 0, r.err
     doc = r.json()
     tl = doc["target_logit"]
@@ -446,8 +452,7 @@ def test_a_graph_on_gemma_3_with_gemma_scope_2s_transcoders_adds_up(cli, gemma, 
     --open's re-check agree with it."""
     folder, made = release_clt(tmp_path) if cross == "release" else \
         gemma_transcoders(tmp_path, cross)
-    r = cli("graph", TEXT, "--transcoders", folder, "--weights", gemma, "--json",
-            "--node-threshold", "1", "--edge-threshold", "1")
+    r = whole_graph(cli, tmp_path, folder, gemma)
     assert r.code == 0, r.err
     doc = r.json()
     tl = doc["target_logit"]
@@ -673,7 +678,7 @@ def hub_cache(tmp_path, monkeypatch):
     return made
 
 
-def test_a_hub_id_with_the_path_inside_the_repository(cli, llama, hub_cache):
+def test_a_hub_id_with_the_path_inside_the_repository(cli, llama, hub_cache, tmp_path):
     """--sae ORG/NAME/PATH and --transcoders ORG/NAME/PATH read the folder inside the hub
     cache's snapshot (offline here, laid out as huggingface_hub lays it out); a pattern's last
     part picks one transcoder a block where the release has several; a folder the snapshot
@@ -685,8 +690,7 @@ def test_a_hub_id_with_the_path_inside_the_repository(cli, llama, hub_cache):
     np.testing.assert_allclose(np.asarray(r.json()["data"]),
                                jumprelu(hub_cache["sae"], x["layers.1.resid_post"]),
                                rtol=1e-4, atol=1e-5)
-    r = cli("graph", TEXT, "--transcoders", "org/scope/transcoder_all/layer_*_width_12_l0_big",
-            "--weights", llama, "--json", "--node-threshold", "1", "--edge-threshold", "1")
+    r = whole_graph(cli, tmp_path, "org/scope/transcoder_all/layer_*_width_12_l0_big", llama)
     assert r.code == 0, r.err
     active = sum(int((jumprelu(hub_cache["big", i], x[f"layers.{i}.ln2.out"]) > 0).sum())
                  for i in (0, 1))
@@ -813,11 +817,7 @@ def test_graph_qk_on_gemma_3_through_gemma_scope_transcoders(cli, gemma, tmp_pat
     attention edge's score split two ways, each adding up to the score the model's own pass
     records (the terms: tests/test_graph_clt.py)."""
     folder, _ = gemma_transcoders(tmp_path)
-    stories = tmp_path / "stories.txt"  # the features' top windows: a story, not the whole text
-    stories.write_text(f"{TEXT}. She ran to the park.\n" * 8, encoding="utf-8")
-    r = cli("graph", TEXT, "--transcoders", folder, "--weights", gemma, "--qk", "--json",
-            "--node-threshold", "1", "--edge-threshold", "1", "--data", stories,
-            "--windows", "1")
+    r = whole_graph(cli, tmp_path, folder, gemma, "--qk")
     assert r.code == 0, r.err
     doc = r.json()
     split = [e for e in doc["edges"] if "qk" in e]
