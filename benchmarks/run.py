@@ -799,7 +799,11 @@ def machine() -> dict[str, str]:
 def on_made_folder(argv: list[str] | None, doc: str, name: str, make, rows) -> int:
     """The main of a benchmark on a folder that transformers makes: --runs and --markdown
     read, make(folder) -> the transformers model, rows(runs, folder, it) -> its rows, the
-    table printed; the folder made in a temporary one and gone after."""
+    table printed; the folder made in a temporary one and gone after. The passes timed in
+    this process run as the console script's do (keep_freed_memory_now, as load_tinygpt)."""
+    from tinygpt_cli.cli.process import keep_freed_memory_now
+
+    keep_freed_memory_now()
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=5, help="timed runs per figure (median; 5)")
     p.add_argument("--markdown", action="store_true", help="a table for results.md")

@@ -234,7 +234,7 @@ class Bfloat16:
         (a float32 array of that shape, a view into a larger one, say) or a new array."""
         import numpy as np
 
-        from .pages import weight_pages
+        from .pages import make_now, weight_pages
 
         bits, (begin, end) = self.bits, self._span
         if out is None:
@@ -245,6 +245,8 @@ class Bfloat16:
         step = bits[:1].nbytes if bits.ndim > 1 else 0
         for r in range(0, len(bits), rows):
             part = slice(r, r + rows)
+            if not transposed:
+                make_now(out[part])
             widen_bfloat16(bits[part].T if transposed else bits[part],
                            out[..., part] if transposed else out[part])
             if step:
