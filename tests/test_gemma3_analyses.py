@@ -434,3 +434,79 @@ def test_greedy_generation_past_the_window_keeps_only_the_window_and_transformer
         held.append(cache.held_bytes())
         assert held[-1] == row * (6 * 2 * 3 + cache.length)  # 6 sliding blocks, 1 full
     assert held[1] - held[0] == row * 30  # the full block's rows alone grow
+
+
+# ------------------------------------------------------------------ TransformerLens's names
+
+
+def test_transformerlens_names_are_the_values_transformerlens_hooks_on_gemma(seven, gcli):
+    """TransformerLens hooks a Gemma block's attention and MLP outputs after their norms
+    (hook_attn_out, hook_mlp_out: what the block adds), and every RMSNorm's hook_scale is its
+    rms: each name gives transformers' own value, in trace and in the notebook API."""
+    import json
+
+    import tinygpt_cli as tg
+
+    hf, folder = seven
+    layer = hf.model.layers[2]
+    seen = {}
+    hooks = [(m, lambda mod, a, o, n=n: seen.__setitem__(n, (a[0][0].numpy(), o[0].numpy())),
+              False)
+             for n, m in (("attn", layer.post_attention_layernorm),
+                          ("mlp", layer.post_feedforward_layernorm),
+                          ("ln1", layer.input_layernorm), ("final", hf.model.norm))]
+    _run(hf, _hf_ids(gcli), hooks)
+
+    def rms(x):
+        return np.sqrt((x ** 2).mean(-1, keepdims=True) + hf.config.rms_norm_eps)
+
+    want = {"blocks.2.hook_attn_out": seen["attn"][1], "blocks.2.hook_mlp_out": seen["mlp"][1],
+            "blocks.2.ln1_post.hook_normalized": seen["attn"][1],
+            "blocks.2.ln1_post.hook_scale": rms(seen["attn"][0]),
+            "blocks.2.ln2_post.hook_scale": rms(seen["mlp"][0]),
+            "blocks.2.ln1.hook_scale": rms(seen["ln1"][0]),
+            "ln_final.hook_scale": rms(seen["final"][0])}
+    model = tg.load(str(folder))
+    _, cache = model.run_with_cache(TEXT, names_filter=lambda name: name in want)
+    for name, value in want.items():
+        got = np.asarray(json.loads(gcli("trace", TEXT, name, "--json").out)["data"])
+        assert np.abs(got - value).max() <= 1e-5 * np.abs(value).max(), name
+        assert np.abs(cache[name] - value).max() <= 1e-5 * np.abs(value).max(), name
+    # tinygpt's own names keep the values before the norms
+    attn_out = np.asarray(json.loads(gcli("trace", TEXT, "layers.2.attn_out", "--json").out)
+                          ["data"])
+    np.testing.assert_allclose(attn_out, seen["attn"][0], rtol=0, atol=1e-5)
+
+
+def test_a_saelens_sae_of_hook_mlp_out_reads_gemmas_mlp_output_after_its_norm(seven, tmp_path):
+    """SAELens names a Gemma SAE's site by TransformerLens's hook: hook_mlp_out is the MLP's
+    output after its norm; an SAE tinygpt trained on mlp_out, before it, is not exported
+    under that name."""
+    import json
+
+    from tinygpt_cli.analysis.dictionary import SAE
+    from tinygpt_cli.errors import InputError
+    from tinygpt_cli.jobs.dictionaries.saelens import load_saelens, saelens_files
+
+    _, folder = seven
+    ours = load_model(folder)
+    d, m = ours.config.n_embd, 8
+    sae_dir = tmp_path / "sae"
+    sae_dir.mkdir()
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    save_file({"W_enc": rng.normal(size=(d, m)).astype(np.float32),
+               "b_enc": np.zeros(m, np.float32),
+               "W_dec": rng.normal(size=(m, d)).astype(np.float32),
+               "b_dec": np.zeros(d, np.float32)}, str(sae_dir / "sae_weights.safetensors"))
+    (sae_dir / "cfg.json").write_text(json.dumps({
+        "architecture": "standard", "d_in": d, "d_sae": m, "dtype": "float32",
+        "apply_b_dec_to_input": True, "normalize_activations": "none",
+        "metadata": {"hook_name": "blocks.3.hook_mlp_out"}}))
+    sae = load_saelens(sae_dir, ours.config, ours.weights_file)
+    assert sae.site == "layers.3.ln2_post.out"
+    mine = SAE(**{**sae.__dict__, "site": "layers.3.mlp_out", "architecture": "topk",
+                  "k": 2})
+    with pytest.raises(InputError, match="layers.3.mlp_out has no TransformerLens hook"):
+        saelens_files(mine, ours.config, {}, "gemma")

@@ -249,7 +249,7 @@ def sae_export(context: RunContext, weights: Path = WEIGHTS, sae: Path = SAE_FIL
     files = export_saelens(found, out, model.config, made_for(model.weights_file),
                            model.folder.name)
     doc = {"format": "saelens", "path": str(out), "files": [str(f) for f in files],
-           "site": found.site, "hook_name": hook_name(found.site), "k": found.k,
+           "site": found.site, "hook_name": hook_name(found.site, model.config), "k": found.k,
            "latents": found.n_latents}
     present(context, as_json, lambda: doc, lambda: view.exported_view(doc))
 

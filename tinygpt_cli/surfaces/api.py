@@ -50,7 +50,7 @@ from ..transformer import model
 from ..transformer.folder import load_model
 from ..transformer.hooks import Chain, Replace, hooked_path
 from ..transformer.ops import log_softmax
-from ..transformer.schema import BY_PATH, expand, pattern_of
+from ..transformer.schema import expand, lens_name
 from ..transformer.trace import Trace
 from . import calls
 from .calls import ArgumentError, shown
@@ -471,13 +471,7 @@ def hook_names(config) -> list[tuple[str, str | None]]:
     """(tinygpt path, TransformerLens hook name or None) of every value the forward pass
     computes, in forward order."""
 
-    out = []
-    for path in expand(config, kinds=("hooked",)):
-        lens = BY_PATH[pattern_of(path)].lens
-        if lens is not None and "blocks.L." in lens:
-            lens = lens.replace("blocks.L.", f"blocks.{path.split('.')[1]}.")
-        out.append((path, lens))
-    return out
+    return [(path, lens_name(path, config)) for path in expand(config, kinds=("hooked",))]
 
 
 # TransformerLens's short names (its utils.get_act_name), said in our own words

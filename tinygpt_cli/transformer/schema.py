@@ -52,7 +52,7 @@ VALUES: list[Value] = [
     Value("layers.L.ln1.std", "T 1", 4, "each token's sqrt(var + eps), divided out by ln1",
           "blocks.L.ln1.hook_scale", needs="layer"),
     Value("layers.L.ln1.rms", "T 1", 4, "each token's sqrt(mean(x^2) + eps), divided out by "
-          "ln1 (RMSNorm)", needs="rms"),
+          "ln1 (RMSNorm)", "blocks.L.ln1.hook_scale", needs="rms"),
     Value("layers.L.ln1.out", "T d", 4, "LayerNorm before attention",
           "blocks.L.ln1.hook_normalized", "layers[L].ln1.out", also=("layers.L.ln_1.out",)),
     Value("layers.L.q", "H T d_k", 5, "queries, every head", "blocks.L.attn.hook_q"),
@@ -78,18 +78,21 @@ VALUES: list[Value] = [
     Value("layers.L.ln1_post.mean", "T 1", 4, "each token's mean, removed by the norm after "
           "attention", needs="post_layer"),
     Value("layers.L.ln1_post.std", "T 1", 4, "each token's sqrt(var + eps), divided out by "
-          "the norm after attention", needs="post_layer"),
+          "the norm after attention", "blocks.L.ln1_post.hook_scale", needs="post_layer"),
     Value("layers.L.ln1_post.rms", "T 1", 4, "each token's sqrt(mean(x^2) + eps), divided out "
-          "by the norm after attention (Gemma)", needs="post_rms"),
+          "by the norm after attention (Gemma)", "blocks.L.ln1_post.hook_scale",
+          needs="post_rms"),
+    # TransformerLens hooks Gemma's attention output after this norm: what the block adds
     Value("layers.L.ln1_post.out", "T d", 4, "the norm of attn_out, added to the stream "
-          "(Gemma)", needs="post_out"),
+          "(Gemma)", "blocks.L.hook_attn_out", needs="post_out",
+          also=("blocks.L.ln1_post.hook_normalized",)),
     Value("layers.L.resid_mid", "T d", 4, "resid_pre + attn_out (add)",
           "blocks.L.hook_resid_mid", needs="sequential"),
     Value("layers.L.ln2.mean", "T 1", 4, "each token's mean, removed by ln2", needs="layer"),
     Value("layers.L.ln2.std", "T 1", 4, "each token's sqrt(var + eps), divided out by ln2",
           "blocks.L.ln2.hook_scale", needs="layer"),
     Value("layers.L.ln2.rms", "T 1", 4, "each token's sqrt(mean(x^2) + eps), divided out by "
-          "ln2 (RMSNorm)", needs="rms"),
+          "ln2 (RMSNorm)", "blocks.L.ln2.hook_scale", needs="rms"),
     Value("layers.L.ln2.out", "T d", 4, "LayerNorm before the feed-forward layer",
           "blocks.L.ln2.hook_normalized", also=("layers.L.ln_2.out",)),
     Value("layers.L.mlp_pre", "T ff", 6, "x W_1 + b_1, the hidden layer before GELU",
@@ -103,11 +106,13 @@ VALUES: list[Value] = [
     Value("layers.L.ln2_post.mean", "T 1", 6, "each token's mean, removed by the norm after "
           "the MLP", needs="post_layer"),
     Value("layers.L.ln2_post.std", "T 1", 6, "each token's sqrt(var + eps), divided out by "
-          "the norm after the MLP", needs="post_layer"),
+          "the norm after the MLP", "blocks.L.ln2_post.hook_scale", needs="post_layer"),
     Value("layers.L.ln2_post.rms", "T 1", 6, "each token's sqrt(mean(x^2) + eps), divided out "
-          "by the norm after the MLP (Gemma)", needs="post_rms"),
+          "by the norm after the MLP (Gemma)", "blocks.L.ln2_post.hook_scale",
+          needs="post_rms"),
     Value("layers.L.ln2_post.out", "T d", 6, "the norm of mlp_out, added to the stream "
-          "(Gemma)", needs="post_out"),
+          "(Gemma)", "blocks.L.hook_mlp_out", needs="post_out",
+          also=("blocks.L.ln2_post.hook_normalized",)),
     Value("layers.L.resid_post", "T d", 7, "resid_mid + mlp_out, the block's output",
           "blocks.L.hook_resid_post"),
     Value("layers.length", "", 7, "how many blocks", seed="layers.length", kind="derived"),
@@ -116,7 +121,7 @@ VALUES: list[Value] = [
     Value("ln_final.std", "T 1", 8, "each token's sqrt(var + eps), divided out by the final norm",
           "ln_final.hook_scale", needs="layer"),
     Value("ln_final.rms", "T 1", 8, "each token's sqrt(mean(x^2) + eps), divided out by the "
-          "final norm (RMSNorm)", needs="rms"),
+          "final norm (RMSNorm)", "ln_final.hook_scale", needs="rms"),
     Value("ln_final.out", "T d", 8, "the final LayerNorm", "ln_final.hook_normalized",
           "lnFinal.out", also=("ln_f.out",)),
     Value("logits", "T V", 9, "ln_final.out W_E^T, a score for every vocabulary token",
@@ -307,18 +312,44 @@ def _snake(segment: str) -> str:
     return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", segment).lower()
 
 
-def _aliases() -> dict[str, str]:
-    """Every other spelling (TransformerLens, the seed page, `also`) -> canonical pattern."""
-    out: dict[str, str] = {}
+def _aliases() -> dict[str, tuple[str, ...]]:
+    """Every other spelling (TransformerLens, the seed page, `also`) -> the canonical patterns
+    it may name, which depend on the model (alias)."""
+    out: dict[str, tuple[str, ...]] = {}
     for v in VALUES:
         for other in (v.lens, v.seed, *v.also):
             if other:
-                key = ".".join(_snake(p) for p in split_path(other.replace("[L]", ".L")
-                                                             .replace("[H]", ".H")))
-                key = key.replace("blocks.l.", "blocks.L.").replace("layers.l.", "layers.L.")
-                key = key.replace("heads.h.", "heads.H.")
-                out[key] = v.path
+                key = _spelling(other)
+                out[key] = (*out.get(key, ()), v.path)
     return out
+
+
+def _spelling(name: str) -> str:
+    """A spelling as lookup sees it: snake case, `L` and `H` for the indices."""
+    key = ".".join(_snake(p) for p in split_path(name.replace("[L]", ".L").replace("[H]", ".H")))
+    key = key.replace("blocks.l.", "blocks.L.").replace("layers.l.", "layers.L.")
+    return key.replace("heads.h.", "heads.H.")
+
+
+def alias(pattern: str, config: Config) -> str:
+    """The canonical pattern another spelling names on this model: of the values it may name,
+    one this model computes, the one its architecture asks for first. TransformerLens's
+    `hook_scale` is a LayerNorm's std or an RMSNorm's rms, and on Gemma its `hook_attn_out`
+    and `hook_mlp_out` are what the block adds, the outputs of the norms after each branch."""
+    names = ALIASES.get(pattern, (pattern,))
+    mine = sorted((p for p in names if p in BY_PATH and has(BY_PATH[p], config)),
+                  key=lambda p: BY_PATH[p].needs == "")
+    return (mine or list(names))[0]
+
+
+def lens_name(path: str, config: Config) -> str | None:
+    """The TransformerLens hook name of a concrete path on this model, or None: none where
+    that name means another value here (Gemma's attn_out, before its norm)."""
+    lens = BY_PATH[pattern_of(path)].lens
+    if lens is None or alias(_spelling(lens), config) != pattern_of(path):
+        return None
+    m = re.match(r"layers\.(\d+)\.", path)
+    return lens.replace("blocks.L.", f"blocks.{m[1]}.") if m else lens
 
 
 def split_path(path: str) -> list[str]:
@@ -350,7 +381,7 @@ def _name(parts: list[str], config: Config) -> str | None:
                 idx[ph] = n % count
                 parts[j + 1] = ph
     pattern = ".".join(parts)
-    pattern = ALIASES.get(pattern, pattern)
+    pattern = alias(pattern, config)
     if pattern not in BY_PATH:
         return None
     if ("layers.L." in pattern and "L" not in idx) or ("heads.H." in pattern and "H" not in idx):

@@ -28,7 +28,7 @@ from ...storage.files import read_json_object, write_atomically
 from ...storage.madefor import check_made_for
 from ...storage.safetensors import header_bytes, map_safetensors, read_header, safetensors_bytes
 from ...transformer.config import Config
-from ...transformer.schema import VALUES
+from ...transformer.schema import lens_name
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
 ARCHITECTURES = ("standard", "topk", "jumprelu")
@@ -113,7 +113,7 @@ def settings(folder: Path, cfg: dict, config: Config) -> dict:
     if _setting(cfg, "hook_head_index") is not None:
         raise refuse(f"it reads one head (hook_head_index {_setting(cfg, 'hook_head_index')})")
     try:
-        site = check_site(hook, config)
+        site = check_site(hook, config, heads=config.post_norms)  # Gemma's hook_mlp_out
     except InputError as e:
         raise refuse(f"hook_name {hook!r}: {e}") from None
     layer = _setting(cfg, "hook_layer")
@@ -209,13 +209,17 @@ def check_decoder_norms(path: Path, w_dec: np.ndarray) -> None:
 # ------------------------------------------------------------------ writing
 
 
-def hook_name(site: str) -> str:
-    """The TransformerLens name of a site, from the schema (layers.1.resid_post ->
-    blocks.1.hook_resid_post)."""
+def hook_name(site: str, config: Config) -> str:
+    """The TransformerLens name of a site on this model, from the schema (layers.1.resid_post
+    -> blocks.1.hook_resid_post); InputError for a site TransformerLens hooks under no name
+    (Gemma's mlp_out before its norm: SAELens' hook_mlp_out there is ln2_post.out)."""
 
-    _, layer, kind = site.split(".")
-    lens = next(v.lens for v in VALUES if v.path == f"layers.L.{kind}")
-    return lens.replace(".L.", f".{layer}.")
+    lens = lens_name(site, config)
+    if lens is None:
+        raise InputError(f"{site} has no TransformerLens hook on this model (its "
+                         f"hook_mlp_out is {site.rsplit('.', 1)[0]}.ln2_post.out, the MLP's "
+                         "output after its norm): SAELens would read the SAE at another value")
+    return lens
 
 
 def saelens_files(sae: SAE, config: Config, made_for: dict[str, str],
@@ -226,7 +230,7 @@ def saelens_files(sae: SAE, config: Config, made_for: dict[str, str],
     if sae.architecture != "topk" or sae.normalize != "none" or not sae.b_dec_in:
         raise InputError(f"{sae.path} is already a SAELens dictionary ({sae.architecture}); "
                          "export writes tinygpt's own TopK SAEs")
-    hook, layer = hook_name(sae.site), int(sae.site.split(".")[1])
+    hook, layer = hook_name(sae.site, config), int(sae.site.split(".")[1])
     cfg = {"architecture": "topk", "d_in": config.n_embd, "d_sae": sae.n_latents,
            "dtype": "float32", "device": "cpu", "apply_b_dec_to_input": True,
            "normalize_activations": "none", "reshape_activations": "none", "k": sae.k,
