@@ -510,3 +510,19 @@ def test_a_saelens_sae_of_hook_mlp_out_reads_gemmas_mlp_output_after_its_norm(se
                   "k": 2})
     with pytest.raises(InputError, match="layers.3.mlp_out has no TransformerLens hook"):
         saelens_files(mine, ours.config, {}, "gemma")
+
+
+def test_qk_refuses_a_key_before_a_sliding_blocks_window(gcli):
+    """A key the window masks has the score -inf, which no sum of finite terms makes: qk
+    says which keys the query sees rather than print a split of a score that is not there."""
+    import json
+
+    last = len(_hf_ids(gcli)) - 1  # 6: the window of 3 keys sees 4..6
+    r = gcli("qk", TEXT, "--layer", "0", "--head", "1", "--key", "1")
+    assert r.code == 2 and r.err == (f"error: --key 1 is before the window of block 0: query "
+                                     f"position {last} sees keys {last - 2}..{last} alone "
+                                     "(the last 3)\n")
+    assert gcli("qk", TEXT, "--layer", "0", "--head", "1", "--key", str(last - 2)).code == 0
+    doc = json.loads(gcli("qk", TEXT, "--layer", "5", "--head", "1", "--key", "1",
+                          "--json").out)  # the full block sees every key
+    assert doc["key"] == 1 and doc["scores"][1] is not None

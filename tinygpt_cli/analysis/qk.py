@@ -49,6 +49,7 @@ class QK:
     terms: np.ndarray  # [sources (query side), sources (key side), keys 0..query]
     scores: np.ndarray  # [keys] the recorded pre-softmax scores
     weights: np.ndarray  # [keys] the attention weights
+    window: int = 0  # keys the query sees, itself included (0: all; Gemma's sliding blocks)
 
 
 def key_position(r: QK, key: int | None) -> int:
@@ -59,6 +60,10 @@ def key_position(r: QK, key: int | None) -> int:
     if not -(p + 1) <= k <= p:
         raise InputError(f"--key {key} is out of range: query position {p} attends to keys "
                          f"0..{p} (or -{p + 1}..-1 from the end)")
+    first = max(0, p + 1 - r.window) if r.window else 0
+    if k % (p + 1) < first:  # masked: its score is -inf, which no sum of terms makes
+        raise InputError(f"--key {key} is before the window of block {r.layer}: query "
+                         f"position {p} sees keys {first}..{p} alone (the last {r.window})")
     return k % (p + 1)
 
 
@@ -153,4 +158,4 @@ def qk_attribution(params, config: Config, values: dict[str, np.ndarray], layer:
     path = f"layers.{layer}.heads.{head}."
     return QK(layer, head, query, [names[i] for i in keep], terms,
               np.asarray(values[path + "scores"][query, :query + 1], np.float64),
-              np.asarray(values[path + "weights"][query, :query + 1], np.float64))
+              np.asarray(values[path + "weights"][query, :query + 1], np.float64), a.window)
