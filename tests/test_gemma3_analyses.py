@@ -526,3 +526,24 @@ def test_qk_refuses_a_key_before_a_sliding_blocks_window(gcli):
     doc = json.loads(gcli("qk", TEXT, "--layer", "5", "--head", "1", "--key", "1",
                           "--json").out)  # the full block sees every key
     assert doc["key"] == 1 and doc["scores"][1] is not None
+
+
+def test_the_blocks_card_shows_what_each_branch_adds_after_its_norm(seven, gcli):
+    """Card 7's per-block sizes are of what the block adds to the stream: on Gemma the
+    outputs of the norms after attention and after the MLP, transformers' own."""
+    import json
+
+    hf, _ = seven
+    seen = {}
+    hooks = [(m, lambda mod, a, o, k=(i, n): seen.__setitem__(k, o[0].numpy()), False)
+             for i, layer in enumerate(hf.model.layers)
+             for n, m in (("attn", layer.post_attention_layernorm),
+                          ("mlp", layer.post_feedforward_layernorm))]
+    _run(hf, _hf_ids(gcli), hooks)
+    doc = json.loads(gcli("blocks", TEXT, "--json").out)
+    for i, stage in enumerate(doc["stages"][1:]):
+        assert (stage["attn_added"], stage["mlp_added"]) == ("ln1_post.out", "ln2_post.out")
+        for branch in ("attn", "mlp"):
+            want = np.linalg.norm(seen[(i, branch)], axis=-1)
+            np.testing.assert_allclose(stage[f"{branch}_norm"], want, rtol=1e-5)
+    assert "‖ln1_post‖  ‖ln2_post‖" in gcli("blocks", TEXT).out

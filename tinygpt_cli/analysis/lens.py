@@ -26,6 +26,9 @@ def lens_logits(h: np.ndarray, params: dict[str, np.ndarray], config: Config) ->
     return read_out(params, config, h)
 
 
+ADDED = {"attn_out": "ln1_post.out", "mlp_out": "ln2_post.out"}  # a norm after the branch
+
+
 def block_summary(trace: Trace, params, config: Config, position: int = -1) -> list[dict]:
     """Per stage: residual norms per token, how much the block changed the stream, the lens guess.
 
@@ -43,8 +46,12 @@ def block_summary(trace: Trace, params, config: Config, position: int = -1) -> l
         if prev is not None:
             row["change"] = np.linalg.norm(h - prev, axis=-1) / np.linalg.norm(prev, axis=-1)
             i = stage - 1  # the block that made this stage
-            row["attn_norm"] = np.linalg.norm(trace.get(f"layers.{i}.attn_out"), axis=-1)
-            row["mlp_norm"] = np.linalg.norm(trace.get(f"layers.{i}.mlp_out"), axis=-1)
+            for branch, out in (("attn", "attn_out"), ("mlp", "mlp_out")):
+                # what the branch adds: Gemma's norm after it, not its output before that
+                added = ADDED.get(out, out) if f"layers.{i}.{ADDED[out]}" in trace else out
+                row[f"{branch}_norm"] = np.linalg.norm(trace.get(f"layers.{i}.{added}"),
+                                                       axis=-1)
+                row[f"{branch}_added"] = added
         rows.append(row)
         prev = h
     return rows

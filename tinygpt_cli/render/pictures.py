@@ -24,7 +24,7 @@ from .figure import (
     token_labels,
     value_parts,
 )
-from .text import show_text, show_token
+from .text import added_names, show_text, show_token
 
 
 def top_bars(path: str, rows: list[dict], value_name: str, *, percent: bool = False,
@@ -63,7 +63,8 @@ def block_table(summary: list[dict], tok, position: int, tokens: list[str]) -> T
                      float(row["mlp_norm"][position]) if has else "",
                      f"{row['change'][position]:.0%}" if has else "",
                      show_token(tok(row["top_id"])), f"{row['top_chance']:.1%}"])
-    return Table(["stage", "‖h‖ mean", "‖h‖ at pos", "‖attn_out‖", "‖mlp_out‖", "change",
+    attn, mlp = added_names(summary)
+    return Table(["stage", "‖h‖ mean", "‖h‖ at pos", f"‖{attn}‖", f"‖{mlp}‖", "change",
                   "top guess", "chance"], rows,
                  title=f"residual stream at position {position} "
                        f"({token_labels(tokens)[position]})",

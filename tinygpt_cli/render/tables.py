@@ -18,7 +18,7 @@ from .cells import MASKED, OUTSIDE, cell_text
 from .cells import keep as _keep
 from .numbers import fmt, shape_str, stats  # noqa: F401  (other views import them from here)
 from .quick_table import QuickTable, has_controls, plain_lines, text_lines
-from .text import row_label, show_token
+from .text import added_names, row_label, show_token
 
 if TYPE_CHECKING:  # imported where used: `encode`'s table needs no NumPy
     import numpy as np
@@ -447,8 +447,9 @@ def blocks_view(rows: list[dict], tok, p: int, tokens: list[str], norms,
                 full: bool = False) -> Group:
     """Card 7 (analysis.lens.block_summary rows): each stage's stream norm, what its block
     changed at position `p`, and the top guess; middle columns give way to the width."""
-    names = [("‖h‖ mean", "right"), ("‖h‖ at pos", "right"), ("‖attn_out‖", "right"),
-             ("‖mlp_out‖", "right"), ("change", "right"), ("top guess", "left"),
+    attn, mlp = added_names(rows)
+    names = [("‖h‖ mean", "right"), ("‖h‖ at pos", "right"), (f"‖{attn}‖", "right"),
+             (f"‖{mlp}‖", "right"), ("change", "right"), ("top guess", "left"),
              ("chance", "right")]
     cells = []
     for row in rows:

@@ -241,3 +241,11 @@ def changed_note(changes: dict) -> str:
         lines.append("ablated (set to zero) before this view: "
                      + escape_line(", ".join(changes["ablated"])))
     return "\n".join(lines)
+
+
+def added_names(rows: list[dict]) -> tuple[str, str]:
+    """The values whose norms card 7 shows, as the rows name them: attn_out and mlp_out, or
+    Gemma's norms after each branch (ln1_post, ln2_post), which is what the block adds."""
+    made = rows[-1] if rows else {}
+    return tuple(made.get(k, d).removesuffix(".out")
+                 for k, d in (("attn_added", "attn_out"), ("mlp_added", "mlp_out")))
