@@ -547,3 +547,27 @@ def test_the_blocks_card_shows_what_each_branch_adds_after_its_norm(seven, gcli)
             want = np.linalg.norm(seen[(i, branch)], axis=-1)
             np.testing.assert_allclose(stage[f"{branch}_norm"], want, rtol=1e-5)
     assert "‖ln1_post‖  ‖ln2_post‖" in gcli("blocks", TEXT).out
+
+
+def test_trace_list_says_what_gemmas_block_adds_and_which_norms_it_has(gcli):
+    """trace --list in the model's own words: the sums it states are the run's (resid_mid is
+    resid_pre + ln1_post.out, not + attn_out), its norms RMSNorms, its scores windowed."""
+    import json
+
+    about = {e["path"]: e["about"]
+             for e in json.loads(gcli("trace", TEXT, "--list", "--json").out)["entries"]}
+    assert about["layers.2.resid_mid"].startswith("resid_pre + ln1_post.out")
+    assert about["layers.2.resid_post"].startswith("resid_mid + ln2_post.out")
+    assert about["layers.2.ln1.out"] == "RMSNorm before attention (card 4)"
+    assert about["ln_final.out"] == "the final RMSNorm (card 8)"
+    assert "before the query's window" in about["layers.2.scores"]
+
+    def value(path):
+        return np.asarray(json.loads(gcli("trace", TEXT, path, "--json").out)["data"])
+
+    np.testing.assert_allclose(value("layers.2.resid_mid"),
+                               value("layers.2.resid_pre") + value("layers.2.ln1_post.out"),
+                               rtol=0, atol=1e-5)
+    np.testing.assert_allclose(value("layers.2.resid_post"),
+                               value("layers.2.resid_mid") + value("layers.2.ln2_post.out"),
+                               rtol=0, atol=1e-5)

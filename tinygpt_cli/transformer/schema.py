@@ -276,10 +276,28 @@ def expand(config: Config, kinds: tuple[str, ...] = ("hooked", "derived")) -> li
     return out
 
 
-def describe(path: str) -> str:
-    """The schema's sentence for a concrete path, with its block and head filled in."""
+# The sentences that GPT-2's block words otherwise: (the model has it, pattern, sentence)
+OWN_WORDS = [
+    (lambda c: c.norm == "rms", "layers.L.ln1.out", "RMSNorm before attention"),
+    (lambda c: c.norm == "rms", "layers.L.ln2.out", "RMSNorm before the feed-forward layer"),
+    (lambda c: c.norm == "rms", "ln_final.out", "the final RMSNorm"),
+    (lambda c: _post_normed(c), "layers.L.resid_mid",
+     "resid_pre + ln1_post.out, attention's output after its norm (add)"),
+    (lambda c: _post_normed(c), "layers.L.resid_post",
+     "resid_mid + ln2_post.out, the MLP's output after its norm: the block's output"),
+    (lambda c: any(c.windows), "layers.L.scores",
+     "Q K^T * scale + M, every head; -inf above the diagonal and, in a sliding block, before "
+     "the query's window"),
+]
+
+
+def describe(path: str, config: Config | None = None) -> str:
+    """The schema's sentence for a concrete path, with its block and head filled in; with a
+    config, in this model's own words (its norms, what its block adds)."""
     v = BY_PATH[pattern_of(path)]
-    about = v.about
+    about = v.about if config is None else next(
+        (said for mine, pattern, said in OWN_WORDS if pattern == v.path and mine(config)),
+        v.about)
     m = re.match(r"layers\.(\d+)\.(?:heads\.(\d+)\.)?", path)
     if m:
         about = re.sub(r"\bblock L\b", f"block {m[1]}", about)

@@ -85,7 +85,8 @@ class Trace:
     def entries(self) -> list[dict]:
         """{path, shape, about} of every concrete path, in forward order (trace --list)."""
         return [{"path": p, "shape": [] if isinstance(v := self.get(p), int) else
-                 list(np.shape(v)), "about": describe_path(p)} for p in self.paths()]
+                 list(np.shape(v)), "about": describe_path(p, self.config)}
+                for p in self.paths()]
 
     def canonical(self, path: str) -> tuple[str, list[int]]:
         """Resolve a user path to (canonical path, trailing row indices)."""
