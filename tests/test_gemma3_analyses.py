@@ -571,3 +571,19 @@ def test_trace_list_says_what_gemmas_block_adds_and_which_norms_it_has(gcli):
     np.testing.assert_allclose(value("layers.2.resid_post"),
                                value("layers.2.resid_mid") + value("layers.2.ln2_post.out"),
                                rtol=0, atol=1e-5)
+
+
+def test_the_final_norm_card_says_its_scale_and_offers_no_which(seven, gcli):
+    """final-norm: transformers' final norm, and the note of its (1 + w), not the block's
+    note of --which, an option final-norm does not take."""
+    import json
+
+    hf, _ = seven
+    seen = {}
+    _run(hf, _hf_ids(gcli), [(hf.model.norm, lambda m, a, o: seen.__setitem__("o", o[0]),
+                              False)])
+    got = np.asarray(json.loads(gcli("final-norm", TEXT, "--json").out)["data"])
+    np.testing.assert_allclose(got, seen["o"].numpy(), rtol=0, atol=1e-5)
+    out = " ".join(gcli("final-norm", TEXT).out.split())
+    assert "the final norm multiplies by 1 + w with the file's w" in out
+    assert "four norms a block" not in out

@@ -124,7 +124,8 @@ def _norm(context: RunContext, r: Run, prefix: str, as_json: bool, full: bool, s
             extra |= {"norms": list(norms), "scale": "1 + w"}
         show(context, r, prefix + ".out", as_json, full, extra=extra, save=save,
              force=force, below=[Text(RMS_NOTE, style="dim"),
-                                 *sandwich_note(norms if cfg.post_norms else ())])
+                                 *sandwich_note(norms if cfg.post_norms else (),
+                                                final=prefix == "ln_final")])
         return
     mean = r.trace.get(prefix + ".mean")[:, 0]
     std = r.trace.get(prefix + ".std")[:, 0]
@@ -144,7 +145,7 @@ def norm(
     as_json: bool = JSON, full: bool = FULL,
     save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET,
 ):
-    """Card 4: LayerNorm of one block, with each token's mean and std.
+    """Card 4: a norm of one block (LayerNorm: each token's mean and std; RMSNorm: its rms).
 
     Example: tinygpt norm "Lily wanted to play with her" --layer 0 --which ln1
     """
@@ -165,7 +166,7 @@ def final_norm(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS,
                ablate: list[str] = ABLATE,
                as_json: bool = JSON, full: bool = FULL,
                save: Path = SAVE, force: bool = FORCE, quiet: bool = QUIET):
-    """Card 8: the final LayerNorm after the last block.
+    """Card 8: the final norm after the last block.
 
     Example: tinygpt final-norm "Lily wanted to play with her"
     """

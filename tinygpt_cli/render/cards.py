@@ -39,10 +39,15 @@ def rotary_note(rotary: bool, base: float = 0.0, bases=(), tokens=(), full: bool
     return out
 
 
-def sandwich_note(norms) -> list:
-    """Gemma 3's four norms a block, in their order, and the scale each multiplies by."""
+def sandwich_note(norms, final: bool = False) -> list:
+    """Gemma 3's four norms a block, in their order, and the scale each multiplies by (the
+    final norm's card: that it multiplies by the same)."""
     if not norms:
         return []
+    if final:
+        return [Text("the final norm multiplies by 1 + w with the file's w, as the four norms "
+                     "of each block do (tinygpt norm --which " + "|".join(norms) + ")",
+                     style="dim")]
     where = {"ln1": "before attention", "ln1_post": "after attention, before its add",
              "ln2": "before the MLP", "ln2_post": "after the MLP, before its add"}
     return [Text("four norms a block, each x / rms * (1 + w) with the file's w: "

@@ -20,14 +20,15 @@ LISTED: dict[str, tuple[str, str]] = {
     "embed": ("cards", "Card 2: each token id picks its row of the embedding table W_E."),
     "pos": ("cards", "Card 3: each position's row of W_P, added to the token rows (--sum shows the "
                      "result)."),
-    "norm": ("cards", "Card 4: LayerNorm of one block, with each token's mean and std."),
+    "norm": ("cards", "Card 4: a norm of one block (LayerNorm: each token's mean and std; "
+             "RMSNorm: its rms)."),
     "attn": ("cards", "Card 5: the T × T attention grid of one head as a heatmap (rows attend to "
                       "columns)."),
     "mlp": ("cards", "Card 6: the feed-forward output of one block, and its most active hidden "
                      "neurons."),
     "blocks": ("cards", "Card 7: the residual stream after each block, what each block changed, "
                         "the top guess."),
-    "final-norm": ("cards", "Card 8: the final LayerNorm after the last block."),
+    "final-norm": ("cards", "Card 8: the final norm after the last block."),
     "logits": ("cards", "Card 9: one score per vocabulary token at a position; lists the highest."),
     "probs": ("cards", "Card 10: softmax turns the scores into chances that add up to 1."),
     "sample": ("cards", "Card 11: pick one next token from the chances with a seeded generator."),
