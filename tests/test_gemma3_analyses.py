@@ -587,3 +587,16 @@ def test_the_final_norm_card_says_its_scale_and_offers_no_which(seven, gcli):
     out = " ".join(gcli("final-norm", TEXT).out.split())
     assert "the final norm multiplies by 1 + w with the file's w" in out
     assert "four norms a block" not in out
+
+
+def test_review_draws_the_window_in_its_attention_preview(gcli):
+    """The review page's card 5 marks a key before block 0's window with "-" as attn does
+    (its weight is 0 because the window masks it, not because the head ignores it)."""
+    page = [" ".join(line.replace("│", " ").split()) for line in gcli("review", TEXT).out
+            .splitlines()]
+    at = next(i for i, line in enumerate(page) if line.startswith("command tinygpt attn"))
+    rows = page[at + 1:at + 8]  # window of 3: row i sees keys i - 2 .. i
+    for i, row in enumerate(rows):
+        cells = row.split()[1:]
+        assert cells[:max(0, i - 2)] == ["-"] * max(0, i - 2), row
+        assert all(c != "-" for c in cells[max(0, i - 2):i + 1]), row

@@ -33,10 +33,11 @@ def preview(r, number: int, value) -> list:
     if number in (2, 3, 4, 6, 8):
         rows = [0, r.T - 1] if r.T > 1 else [0]
         return [Text(f"{show_token(r.tokens[i]):>10} {_row_preview(value[i])}") for i in rows]
-    if number == 5:
-        lines = []
+    if number == 5:  # block 0's grid: a sliding block's keys before the window are "-"
+        lines, w = [], r.model.config.window(0)
         for i, row in enumerate(value):
-            cells = " ".join(f"{x:.2f}" if j <= i else "  · " for j, x in enumerate(row[:8]))
+            cells = " ".join("  · " if j > i else "  - " if w and j <= i - w else f"{x:.2f}"
+                             for j, x in enumerate(row[:8]))
             more = " …" if len(row) > 8 else ""
             lines.append(Text(f"{show_token(r.tokens[i]):>10} {cells}{more}"))
             if i >= 7:
