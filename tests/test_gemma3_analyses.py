@@ -600,3 +600,36 @@ def test_review_draws_the_window_in_its_attention_preview(gcli):
         cells = row.split()[1:]
         assert cells[:max(0, i - 2)] == ["-"] * max(0, i - 2), row
         assert all(c != "-" for c in cells[max(0, i - 2):i + 1]), row
+
+
+def test_dla_head_rows_are_transformers_head_outputs_through_both_frozen_norms(seven, gcli):
+    """A head's DLA row on Gemma: its share of o_proj, divided by the run's rms of the whole
+    attention output and multiplied by the post-attention norm's 1 + w, then through the
+    final norm's rms and 1 + w onto the target's row, from transformers' own tensors; the
+    view and --json say both norms."""
+    import json
+
+    hf, _ = seven
+    layer, h = hf.model.layers[4], 2
+    seen = {}
+    hooks = [(layer.self_attn.o_proj, lambda m, a: seen.__setitem__("z", a[0][0]), True),
+             (layer.post_attention_layernorm,
+              lambda m, a, o: seen.__setitem__("attn", a[0][0]), False),
+             (hf.model.norm, lambda m, a, o: seen.__setitem__("final", a[0][0]), False)]
+    _run(hf, _hf_ids(gcli), hooks)
+    doc = json.loads(gcli("dla", TEXT, "--json").out)
+    assert doc["frozen_norms"] == {"heads": ["ln1_post", "ln_final"],
+                                   "mlp": ["ln2_post", "ln_final"]}
+    eps, dk = hf.config.rms_norm_eps, hf.config.head_dim
+
+    def rms(x):
+        return torch.sqrt((x[-1] ** 2).mean() + eps)
+
+    part = seen["z"][-1, h * dk:(h + 1) * dk] @ layer.self_attn.o_proj.weight[:, h * dk:
+                                                                            (h + 1) * dk].T
+    part = part / rms(seen["attn"]) * (1 + layer.post_attention_layernorm.weight)
+    want = float(part / rms(seen["final"]) * (1 + hf.model.norm.weight)
+                 @ hf.lm_head.weight[doc["target"]["id"]])
+    got = doc["data"][doc["labels"].index(f"L4H{h}")]
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert "through ln1_post's and the final norm's real scales" in gcli("dla", TEXT).out

@@ -13,7 +13,7 @@ rows add up to the logit difference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from ..transformer.hooks import Steering
 from ..transformer.model import neuron_out_rows, norm_weights, unembed_rows
 from ..transformer.schema import head_name
 from ..transformer.trace import Trace
-from ..transformer.wiring import FAMILIES, handles
+from ..transformer.wiring import FAMILIES, describe, handles
 from .question import ask
 
 # The blocks this analysis implements (wiring.require refuses others by name): the stream split
@@ -56,6 +56,9 @@ class DLA:
     score: float  # the real logit (or logit difference) at the position
     heads: np.ndarray  # [n_layer, n_head], the head rows as a grid
     neurons: list[dict]  # with --neurons: the largest single neurons, each {layer, neuron, value}
+    # the norms whose scales, frozen at the run, each head's and each MLP's part passes
+    frozen: dict[str, list[str]] = field(default_factory=lambda: {"heads": ["ln_final"],
+                                                                   "mlp": ["ln_final"]})
 
     @property
     def total(self) -> float:
@@ -83,10 +86,19 @@ def direct_logit_attribution(trace: Trace, params: dict[str, np.ndarray], config
                       for i in range(config.n_layer)])
     top = neuron_attribution(trace, params, config, position, scale, gain, direction, neurons) \
         if neurons else []
+    frozen = frozen_norms(config)
     if shift is None:
-        return DLA(labels, values, float(score), heads, top)
+        return DLA(labels, values, float(score), heads, top, frozen)
     bias = float(np.asarray(shift, np.float64) @ direction)
-    return DLA(labels + [BIAS_ROW], np.append(values, bias), float(score), heads, top)
+    return DLA(labels + [BIAS_ROW], np.append(values, bias), float(score), heads, top, frozen)
+
+
+def frozen_norms(config: Config) -> dict[str, list[str]]:
+    """The norms a head's part and an MLP's part pass on their way to the logit: a norm after
+    the branch (Gemma 3's ln1_post, ln2_post), then the final norm."""
+    steps = describe(config, 0).steps
+    return {part: [*(s.name for s in steps if s.op == "norm" and s.reads[0] == out),
+                   "ln_final"] for part, out in (("heads", "attn_out"), ("mlp", "mlp_out"))}
 
 
 def neuron_values(trace: Trace, params, config: Config, layer: int, position: int,

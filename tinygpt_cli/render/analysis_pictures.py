@@ -14,7 +14,7 @@ from .explain import lens_note
 from .figure import Bars, Curve, Facts, Figure, Heatmap, Note, Row, Table, token_labels
 from .tables import short_stage
 from .text import HEAD_KINDS as names
-from .text import LN2, show_token
+from .text import LN2, neuron_scales, scales, show_token
 
 
 def _for_text(tokens: list[str]) -> str:
@@ -69,6 +69,7 @@ def dla_figure(r, top: int) -> Figure:
     listed them."""
     labels, values, heads, score = r.dla.labels, r.dla.values, r.dla.heads, r.dla.score
     what, position, neurons = r.q.what, r.q.position, r.dla.neurons
+    frozen = r.dla.frozen
     token = r.q.tokens[position]
     n_layer, n_head = heads.shape
     order = np.argsort(-np.abs(values), kind="stable")[:top]
@@ -77,7 +78,7 @@ def dla_figure(r, top: int) -> Figure:
                ("the parts add up to", f"{float(np.sum(values)):.6g}"),
                ("position", f"{position} ({show_token(token)})")]),
         Heatmap(heads, layer_labels(n_layer), head_labels(n_head), path="dla.heads",
-                signed=True, title="heads (z_h W_O[h], through the final norm's real scale)"),
+                signed=True, title=f"heads (z_h W_O[h], through {scales(frozen['heads'])})"),
         Bars([labels[k] for k in order], [float(values[k]) for k in order], path="dla",
              value_name="share", title=f"the {len(order)} largest parts of {len(labels)}"),
     ]
@@ -86,7 +87,8 @@ def dla_figure(r, top: int) -> Figure:
                           [float(n["value"]) for n in neurons], value_name="share",
                           path="dla.top_neurons",
                           title=f"the {len(neurons)} largest single neurons",
-                          note="mlp_post[n] W_2[n]; part of their block's mlp row"))
+                          note=f"mlp_post[n] W_2[n]{neuron_scales(frozen['mlp'])}; part of their "
+                          "block's mlp row"))
     return Figure("dla", parts, subtitle=f"{len(labels)} parts of the stream at position "
                   f"{position} ({show_token(token)})")
 

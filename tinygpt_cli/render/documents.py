@@ -151,7 +151,7 @@ def dla_document(s, r, options: dict) -> dict:
     return session_document(s, "dla", d.values, options=options, labels=d.labels,
                             heads=d.heads, score=d.score, total=d.total, position=q.position,
                             target=q.token_doc(q.target), vs=q.token_doc(q.vs),
-                            top_neurons=d.neurons)
+                            top_neurons=d.neurons, frozen_norms=d.frozen)
 
 
 def ablation_document(s, r, options: dict) -> dict:

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from ..escapes import escape_line
 from .tables import Fields, Fit, WhenStyled, colour, fmt, header, short_stage, token_rows
-from .text import show_token
+from .text import neuron_scales, scales, show_token
 
 # ------------------------------------------------------------------ a general labelled heatmap
 
@@ -196,6 +196,7 @@ def dla_view(r, top: int) -> Group:
     """A DLAReport (analysis.dla): the head grid, the `top` largest parts, the neurons."""
     labels, values, heads, score = r.dla.labels, r.dla.values, r.dla.heads, r.dla.score
     what, position, neurons = r.q.what, r.q.position, r.dla.neurons
+    frozen = r.dla.frozen
     token = r.q.tokens[position]
     big = float(np.abs(values).max()) if values.size else 1.0
     order = np.argsort(-np.abs(values), kind="stable")[:top]
@@ -210,7 +211,7 @@ def dla_view(r, top: int) -> Group:
                f"({show_token(token)}))"),
         note(f"score: {what} = {fmt(score)}; the parts add up to {fmt(float(values.sum()))}"),
         grid(heads, [f"layer {i}" for i in range(n_layer)], [f"head {h}" for h in range(n_head)],
-             title="heads (z_h W_O[h], through the final norm's real scale)"),
+             title=f"heads (z_h W_O[h], through {scales(frozen['heads'])})"),
         Text(""),
         Text(f"the {len(order)} largest parts of {len(labels)}", style="bold"),
         ranked,
@@ -225,7 +226,8 @@ def dla_view(r, top: int) -> Group:
             nt.add_row(str(n["layer"]), str(n["neuron"]), fmt(n["activation"]),
                        fmt(n["value"]), Bar(n["value"], nbig))
         parts += [Text(""), Text(f"the {len(neurons)} largest single neurons "
-                                 "(mlp_post[n] W_2[n]; part of their block's mlp row)",
+                                 f"(mlp_post[n] W_2[n]{neuron_scales(frozen['mlp'])}; part of "
+                                 "their block's mlp row)",
                                  style="bold"), nt]
     return Group(*parts)
 

@@ -249,3 +249,16 @@ def added_names(rows: list[dict]) -> tuple[str, str]:
     made = rows[-1] if rows else {}
     return tuple(made.get(k, d).removesuffix(".out")
                  for k, d in (("attn_added", "attn_out"), ("mlp_added", "mlp_out")))
+
+
+def scales(norms: list[str]) -> str:
+    """DLA's words for the norms a part passes, frozen: ["ln1_post", "ln_final"] -> "ln1_post's
+    and the final norm's real scales"."""
+    said = [("the final norm" if n == "ln_final" else n) + "'s" for n in norms]
+    return " and ".join(said) + (" real scales" if len(said) > 1 else " real scale")
+
+
+def neuron_scales(norms: list[str]) -> str:
+    """The norm after the MLP a neuron's part passes, if any, for DLA's note of neurons."""
+    after = [n for n in norms if n != "ln_final"]
+    return f", through {scales(after)}" if after else ""
