@@ -292,8 +292,18 @@ def test_the_pos_card_shows_each_rotary_base_and_its_blocks(seven, gcli):
     kinds = hf.config.layer_types
     want = [{"base": THETAS[k], "blocks": [i for i, x in enumerate(kinds) if x == k]}
             for k in dict.fromkeys(kinds)]
-    assert json.loads(r.out)["rotary_bases"] == want
+    doc = json.loads(r.out)
+    assert [{k: v for k, v in b.items() if k != "angles"} for b in doc["rotary_bases"]] == want
     assert want[1]["blocks"] == [5]  # every sixth block full
+    # each base's angles t * inv_freq, transformers' own frequencies of that kind of block;
+    # the document's data are the config's own base's (the full blocks')
+    t = np.arange(len(doc["ids"]))[:, None]
+    for b, kind in zip(doc["rotary_bases"], dict.fromkeys(kinds), strict=True):
+        inv = getattr(hf.model.rotary_emb, f"{kind}_inv_freq").numpy()
+        np.testing.assert_allclose(b["angles"], t * inv, rtol=1e-6)
+        if b["base"] == doc["base"]:
+            np.testing.assert_allclose(doc["data"], t * inv, rtol=1e-6)
+    assert doc["base"] == THETAS["full_attention"]
     r = gcli("pos", TEXT)
     assert "two rotary bases: base 50 turns blocks 0-4, 6; base 3000 turns block 5" in r.out
     # the other base's angles, written out: position 3 turns pair 1 by 3 * 50^(-2/8)

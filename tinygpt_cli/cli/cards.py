@@ -101,8 +101,10 @@ def pos(
     rotary = cfg.positions == "rotary" and not total
     path = "embeddings" if total else "rotary_angles" if rotary else "position_embeddings"
     bases = bases_by_blocks(cfg) if rotary else []
-    extra = {"rotary_bases": [{"base": b, "blocks": blocks} for b, blocks in bases]} \
-        if len(bases) > 1 else None  # Gemma 3: sliding and full blocks turn by their own
+    # Gemma 3: sliding and full blocks turn by their own base; data is cfg.rotary_base's
+    extra = {"base": cfg.rotary_base, "rotary_bases": [
+        {"base": b, "blocks": blocks, "angles": angles_of_base(cfg, r.T, b)}
+        for b, blocks in bases]} if len(bases) > 1 else None
     show(context, r, path, as_json, full, save=save, force=force, extra=extra,
          below=rotary_note(rotary, cfg.rotary_base, bases, r.tokens, full,
                            lambda b: angles_of_base(cfg, r.T, b)))
