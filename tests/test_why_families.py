@@ -279,3 +279,23 @@ def test_the_tables_part_of_a_score_is_its_naive_sum(r):
     got = tracin.token_scores(values, pairs, a, b, slot, rows)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     assert np.any(slot[top] < n)  # the rows' part was reached, not only the zero row
+
+
+def test_an_attention_weight_a_sliding_window_masks_is_refused():
+    """why --value layers.L.heads.H.weights[i,j] with j before block L's window: that weight
+    is 0 whatever the parameters (its gradient too), so every window would score 0; refused
+    as a later column is, and the same column of the full block is a value."""
+    from types import SimpleNamespace
+
+    from tinygpt_cli.errors import InputError
+
+    config = _configs(n_embd=8, n_head=2, n_inner=12, vocab_size=13, n_positions=6)["gemma3"]
+    model = SimpleNamespace(config=config, params=random_params(config, seed=3),
+                            weights_file=None)
+    ids, target = [4, 2, 9, 4, 1], 5  # block 0 sees the last 3 keys, block 1 all
+    with pytest.raises(InputError, match=r"block 0 is a sliding block, where row 4 sees "
+                                         r"columns 2\.\.4 alone \(the last 3\); column 1 is "
+                                         r"masked"):
+        why.value_of(model, ids, "layers.0.heads.1.weights[4,1]", target, None)
+    assert why.value_of(model, ids, "layers.0.heads.1.weights[4,2]", target, None).amount > 0
+    assert why.value_of(model, ids, "layers.1.heads.1.weights[4,1]", target, None).amount > 0

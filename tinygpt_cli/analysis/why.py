@@ -488,6 +488,11 @@ def value_of(model, ids: list[int], value: str | None, target: int, vs: int | No
     if not (0 <= layer < config.n_layer and 0 <= head < config.n_head):
         raise InputError(f"--value {value}: this model has {config.n_layer} layers of "
                          f"{config.n_head} heads")
+    w_keys = config.window(layer)
+    if weight and w_keys and j <= i - w_keys:  # masked: 0 whatever the weights, no gradient
+        raise InputError(f"--value {value}: block {layer} is a sliding block, where row {i} "
+                         f"sees columns {i - w_keys + 1}..{i} alone (the last {w_keys}); "
+                         f"column {j} is masked")
     w = run_traced(model.params, config, np.asarray(ids), hooks=hooks).values[
         f"layers.{layer}.weights"]
     amount = -float((seed(w) * w).sum()) if weight else float(
