@@ -643,3 +643,21 @@ def test_dla_head_rows_are_transformers_head_outputs_through_both_frozen_norms(s
     got = doc["data"][doc["labels"].index(f"L4H{h}")]
     assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
     assert "through ln1_post's and the final norm's real scales" in gcli("dla", TEXT).out
+
+
+def test_an_sae_site_named_hook_mlp_out_on_gemma_says_which_value_it_is(seven):
+    """TransformerLens's hook_mlp_out on Gemma is the output after the MLP's norm, which a
+    Gemma Scope 2 or SAELens SAE reads and tinygpt's own training does not: the refusal says
+    which value the name is and the site to train on instead."""
+    from tinygpt_cli.analysis.dictionary import check_site
+    from tinygpt_cli.errors import InputError
+
+    config = load_model(seven[1]).config
+    with pytest.raises(InputError) as e:
+        check_site("blocks.5.hook_mlp_out", config)
+    assert str(e.value) == ("blocks.5.hook_mlp_out (layers.5.ln2_post.out) is the MLP's output "
+                            "after Gemma's norm (TransformerLens's hook_mlp_out): an SAE tinygpt "
+                            "trains reads layers.5.mlp_out, before that norm, or the residual "
+                            "stream")
+    assert check_site("blocks.5.hook_mlp_out", config, heads=True) == "layers.5.ln2_post.out"
+    assert check_site("layers.5.mlp_out", config) == "layers.5.mlp_out"

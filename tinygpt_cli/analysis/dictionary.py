@@ -36,6 +36,11 @@ def check_site(path: str, config: Config, heads: bool = False) -> str:
             else [*kinds[:-1], "z", kinds[-1]]
     if heads and len(parts) == 4 and parts[2:] == ["ln2_post", "out"] and config.post_norms:
         parts = [parts[0], parts[1], "ln2_post.out"]
+    if not heads and not rows and parts[2:] == ["ln2_post", "out"]:  # Gemma's hook_mlp_out
+        said = path if path == name else f"{path} ({name})"
+        raise InputError(f"{said} is the MLP's output after Gemma's norm (TransformerLens's "
+                         f"hook_mlp_out): an SAE tinygpt trains reads layers.{parts[1]}.mlp_out, "
+                         "before that norm, or the residual stream")
     if rows or len(parts) != 3 or parts[0] != "layers" or parts[2] not in kinds:
         raise InputError(f"an SAE reads layers.N.{', '.join(kinds[:-1])} or {kinds[-1]} "
                          f"(N = 0..{config.n_layer - 1}), not {path!r}")
