@@ -661,3 +661,20 @@ def test_an_sae_site_named_hook_mlp_out_on_gemma_says_which_value_it_is(seven):
                             "stream")
     assert check_site("blocks.5.hook_mlp_out", config, heads=True) == "layers.5.ln2_post.out"
     assert check_site("layers.5.mlp_out", config) == "layers.5.mlp_out"
+
+
+def test_info_shows_each_blocks_rotary_base_the_post_norms_and_the_embedding_scale(seven,
+                                                                                    gcli):
+    """info lists the knobs in which Gemma's block differs: the sliding blocks' own rotary
+    base beside the full blocks' (transformers' per-kind frequencies), the norms after each
+    branch, and the embedding scale transformers multiplies by."""
+    import json
+
+    hf, _ = seven
+    cfg = json.loads(gcli("info", "--json").out)["config"]
+    assert cfg["rotary_bases"] == [THETAS[k] for k in hf.config.layer_types]
+    assert cfg["post_norms"] is True
+    assert cfg["embed_scale"] == pytest.approx(float(hf.model.embed_tokens.embed_scale),
+                                               rel=1e-7)
+    shown = gcli("info").out
+    assert "post_norms" in shown and "rotary_bases" in shown

@@ -42,12 +42,18 @@ def architecture(cfg) -> dict:
         out["n_kv_head"] = cfg.kv_heads
     if cfg.rotary:
         out.update(rotary_dim=cfg.rotary, rotary_base=cfg.rotary_base)
+        if len(set(cfg.rotary_bases)) > 1:  # Gemma 3: the sliding blocks' own base
+            out["rotary_bases"] = list(cfg.rotary_bases)
     if cfg.attn_scale:
         out["attn_scale"] = cfg.attn_scale
     if cfg.windows:
         out["windows"] = list(cfg.windows)
     if cfg.qk_norm:
         out["qk_norm"] = True
+    if cfg.post_norms:  # Gemma 3: a norm after attention and after the MLP, each 1 + w
+        out["post_norms"] = True
+    if cfg.embed_scale:
+        out["embed_scale"] = cfg.embed_scale
     out["biases"] = ", ".join(n for n, on in (("qkv", cfg.qkv_bias), ("out", cfg.out_bias),
                                                ("mlp", cfg.mlp_bias)) if on) or "none"
     return out
