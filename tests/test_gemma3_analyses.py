@@ -678,3 +678,32 @@ def test_info_shows_each_blocks_rotary_base_the_post_norms_and_the_embedding_sca
                                                rel=1e-7)
     shown = gcli("info").out
     assert "post_norms" in shown and "rotary_bases" in shown
+
+
+def test_hook_rot_q_is_transformers_q_normed_and_turned_and_hook_q_is_refused(seven, gcli):
+    """TransformerLens's hook_rot_q, _k are q and k as the scores read them: transformers'
+    q_proj output, normed per head and turned by the sliding block's own base, what tinygpt's
+    layers.L.q holds; its hook_q is the q before both, which tinygpt does not keep: refused
+    in one line rather than answered with the turned one."""
+    import json
+
+    from transformers.models.gemma3.modeling_gemma3 import apply_rotary_pos_emb
+
+    hf, _ = seven
+    attn = hf.model.layers[1].self_attn  # a sliding block
+    seen = {}
+    _run(hf, _hf_ids(gcli), [(attn.q_proj, lambda m, a, o: seen.__setitem__("q", o[0]), False),
+                             (attn.k_proj, lambda m, a, o: seen.__setitem__("k", o[0]), False)])
+    t, dk = seen["q"].shape[0], hf.config.head_dim
+    q = attn.q_norm(seen["q"].view(t, -1, dk)).transpose(0, 1)[None]  # [1, H, T, d_k]
+    k = attn.k_norm(seen["k"].view(t, -1, dk)).transpose(0, 1)[None]
+    cos, sin = hf.model.rotary_emb(q, torch.arange(t)[None], "sliding_attention")
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    for name, want in (("blocks.1.attn.hook_rot_q", q[0]), ("blocks.1.attn.hook_rot_k", k[0])):
+        got = np.asarray(json.loads(gcli("trace", TEXT, name, "--json").out)["data"])
+        np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=1e-5 * float(want.abs().max()))
+    r = gcli("trace", TEXT, "blocks.1.attn.hook_q")
+    assert r.code == 2 and r.err == (
+        "error: blocks.1.attn.hook_q is TransformerLens's q before its q norm and the rotary "
+        "turn, which tinygpt does not keep; hook_rot_q (tinygpt's layers.1.q) is q as the "
+        "scores read it\n")

@@ -55,8 +55,10 @@ VALUES: list[Value] = [
           "ln1 (RMSNorm)", "blocks.L.ln1.hook_scale", needs="rms"),
     Value("layers.L.ln1.out", "T d", 4, "LayerNorm before attention",
           "blocks.L.ln1.hook_normalized", "layers[L].ln1.out", also=("layers.L.ln_1.out",)),
-    Value("layers.L.q", "H T d_k", 5, "queries, every head", "blocks.L.attn.hook_q"),
-    Value("layers.L.k", "H_kv T d_k", 5, "keys, every key/value head", "blocks.L.attn.hook_k"),
+    Value("layers.L.q", "H T d_k", 5, "queries, every head", "blocks.L.attn.hook_q",
+          also=("blocks.L.attn.hook_rot_q",)),
+    Value("layers.L.k", "H_kv T d_k", 5, "keys, every key/value head", "blocks.L.attn.hook_k",
+          also=("blocks.L.attn.hook_rot_k",)),
     Value("layers.L.v", "H_kv T d_k", 5, "values, every key/value head",
           "blocks.L.attn.hook_v"),
     Value("layers.L.heads.H.q", "T d_k", 5, "head H's queries"),
@@ -360,10 +362,22 @@ def alias(pattern: str, config: Config) -> str:
     return (mine or list(names))[0]
 
 
+# TransformerLens's q and k before the rotary turn (and a q/k norm), which tinygpt does not
+# keep: its layers.L.q and k are as the scores read them, TransformerLens's hook_rot_q, _k
+TURNED = {"blocks.L.attn.hook_q": "blocks.L.attn.hook_rot_q",
+          "blocks.L.attn.hook_k": "blocks.L.attn.hook_rot_k"}
+
+
+def _turned(config: Config) -> bool:
+    return config.positions == "rotary" or config.qk_norm
+
+
 def lens_name(path: str, config: Config) -> str | None:
     """The TransformerLens hook name of a concrete path on this model, or None: none where
     that name means another value here (Gemma's attn_out, before its norm)."""
     lens = BY_PATH[pattern_of(path)].lens
+    if lens in TURNED and _turned(config):
+        lens = TURNED[lens]
     if lens is None or alias(_spelling(lens), config) != pattern_of(path):
         return None
     m = re.match(r"layers\.(\d+)\.", path)
@@ -399,6 +413,16 @@ def _name(parts: list[str], config: Config) -> str | None:
                 idx[ph] = n % count
                 parts[j + 1] = ph
     pattern = ".".join(parts)
+    if pattern in TURNED and _turned(config) and "L" in idx:
+        which, layer = pattern[-1], idx["L"]
+        before = " and ".join(w for w in (f"its {which} norm" if config.qk_norm else "",
+                                          "the rotary turn" if config.positions == "rotary"
+                                          else "") if w)
+        raise PathError(f"blocks.{layer}.attn.hook_{which}", f"blocks.{layer}.attn.hook_"
+                        f"{which} is TransformerLens's {which} before {before}, which tinygpt "
+                        "does not keep; "
+                        f"hook_rot_{which} (tinygpt's layers.{layer}.{which}) is {which} as the "
+                        "scores read it")
     pattern = alias(pattern, config)
     if pattern not in BY_PATH:
         return None
