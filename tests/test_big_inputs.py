@@ -63,7 +63,8 @@ def test_encode_json_is_the_document_it_always_was():
                               [tok.token_str(i) for i in ids],
                               offsets=tok.byte_offsets(ids), vocab_size=model.config.vocab_size)
     for kind in (io.StringIO, Narrow):
-        assert written(encode_document(ids, tok, model.config), kind) == written(before, kind)
+        assert written(encode_document(ids, tok.byte_starts(ids), tok, model.config), kind) \
+            == written(before, kind)
 
 
 # ------------------------------------------------------------------ score: a long text streams

@@ -108,3 +108,42 @@ def test_each_line_blames_the_line_with_the_missing_byte_alone(folders, cli, tmp
     assert r.code == 2
     assert [json.loads(x)["line"] for x in r.out.splitlines()] == [1, 2, 4]
     assert r.err.count("error:") == 1 and "error: line 3:" in r.err and "0x01" in r.err
+
+
+@pytest.mark.parametrize("kind", ["gemma", "smollm2"])
+def test_encodes_byte_offsets_are_transformers_offsets_the_bos_taking_no_byte(folders, cli,
+                                                                             kind):
+    """encode's offsets are places in the text's UTF-8 bytes: a <bos> the post-processor adds
+    is not in the text, so it spans (0, 0), as transformers' offset mapping gives it, and the
+    text's first token starts at byte 0 (it said (0, 5) and shifted every token by 5)."""
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(folders[kind]))
+    text = "Lily saw é and 🙂 there"
+    got = json.loads(cli("encode", text, "--json", "--weights", folders[kind]).out)
+    at = [len(text[:i].encode("utf-8")) for i in range(len(text) + 1)]  # char -> byte
+    want = hf(text, return_offsets_mapping=True)
+    assert got["ids"] == want["input_ids"]
+    # where a token ends between characters; the bytes of one character split over tokens
+    # share that character's span in transformers' (character) offsets
+    ends = [at[e] for _, e in want["offset_mapping"]]
+    mine = [e for _, e in got["offsets"] if e in at]
+    assert [e for i, e in enumerate(mine) if i == 0 or e != mine[i - 1]] == \
+        [e for i, e in enumerate(ends) if i == 0 or e != ends[i - 1]]
+    assert got["offsets"][-1][1] == len(text.encode("utf-8"))
+    if kind != "smollm2":
+        assert got["offsets"][0] == [0, 0] and got["offsets"][1][0] == 0
+
+
+def test_probe_marks_find_their_tokens_after_the_bos(folders, cli, tmp_path):
+    """A --labels mark is a place in the line's bytes: with the <bos> Gemma's tokenizer adds
+    (no byte of the line) every mark still lands right after its token, each one labelled
+    (the offsets counted <bos> as 5 bytes, and the first mark was refused)."""
+    labels = tmp_path / "labels.txt"
+    labels.write_text("Tom[name] ran\nI am Tom[name]\nTom[name] sat\nI ran\nTom[name] and I "
+                      "ran\nI sat\nTom[name] ran and I sat\nI am\n", encoding="utf-8")
+    r = cli("probe", "--site", "layers.1.resid_post", "--labels", str(labels), "--default",
+            "other", "--json", "--weights", folders["gemma"])
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    name = doc["classes"].index("name")
+    assert doc["train_counts"][name] + doc["held_out_counts"][name] == 5

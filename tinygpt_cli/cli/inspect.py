@@ -51,12 +51,15 @@ def encode(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, as_js
     """
     model = open_folder(context, weights)
     text = read_text(text)
-    ids = (model.tokenizer.encode if context.chat else model.tokenizer.text_ids)(text)
+    tok = model.tokenizer
+    ids = (tok.encode if context.chat else tok.text_ids)(text)
+    # offsets in the text: a <bos> the post-processor adds is not in it (a template's is)
+    starts = tok.byte_starts(ids) if context.chat else tok.text_byte_starts(ids)
 
     def document():
         from ..render.documents import encode_document
 
-        return encode_document(ids, model.tokenizer, model.config)
+        return encode_document(ids, starts, model.tokenizer, model.config)
 
     def view():
         from ..render.tables import ENCODE_ROWS, encode_view, kept_rows
@@ -64,7 +67,7 @@ def encode(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, as_js
         # a person reads the first and last rows of a long text; --json has every token
         rows = kept_rows(len(ids), ENCODE_ROWS)
         tokens = {i: model.tokenizer.token_str(ids[i]) for i in rows if i is not None}
-        return encode_view(ids, rows, tokens, model.tokenizer.byte_starts(ids), model.config)
+        return encode_view(ids, rows, tokens, starts, model.config)
 
     present(context, as_json, document, view)
 

@@ -14,7 +14,7 @@ def probe_inputs(model, lines: list[Line], site: str, default: str | None, hooks
     """(each line's ids, each token's label or None, each line's values of `site`, one row a
     token, of runs through `hooks`, steering, when given) of the --labels lines."""
     ids = encode_lines(model, [line.text for line in lines], "--labels")
-    offsets = [model.tokenizer.byte_offsets(i) for i in ids]
+    offsets = [model.tokenizer.text_byte_offsets(i) for i in ids]  # a <bos> holds no byte
     marks = [token_labels(line, o, default, n)
              for n, (line, o) in enumerate(zip(lines, offsets, strict=True), 1)]
     return ids, marks, [site_values(model.params, model.config, i, site, hooks) for i in ids]

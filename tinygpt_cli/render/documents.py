@@ -240,10 +240,10 @@ def qk_document(s, r, i: int, h: int, p: int, k: int, options: dict) -> dict:
 # ------------------------------------------------------------------ the model and its text
 
 
-def encode_document(ids: list[int], tokenizer, config) -> dict:
+def encode_document(ids: list[int], starts: list[int], tokenizer, config) -> dict:
     """jsonout.document("ids", ids as int64, ids, tokens, offsets=..., vocab_size=...), its
-    lists as jsonout.Rows: a text of millions of tokens is written out piece by piece."""
-    starts = tokenizer.byte_starts(ids)  # n + 1 numbers
+    lists as jsonout.Rows: a text of millions of tokens is written out piece by piece
+    (`starts`: each token's first byte in the text, and the text's length last)."""
     return {"path": "ids", "shape": [len(ids)], "dtype": "int64", "data": jsonout.Rows(ids),
             "ids": jsonout.Rows(ids), "tokens": jsonout.Rows(ids, tokenizer.token_str),
             "offsets": jsonout.Rows(range(len(ids)), lambda i: [starts[i], starts[i + 1]]),

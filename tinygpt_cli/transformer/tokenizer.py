@@ -894,6 +894,21 @@ class Tokenizer:
     def _byte_lengths(self) -> list[int]:  # every token's: made once, for long texts
         return [len(self.token_bytes(i)) for i in range(self.vocab_size)]
 
+    def text_byte_starts(self, ids: list[int]) -> list[int]:
+        """byte_starts of text_ids(text): the tokens the post-processor puts around the text
+        (Gemma's <bos>) take none of its bytes, as transformers' offsets give them (0, 0)."""
+        before, after = (list(a) for a in self.affix)
+        b = len(before) if ids[:len(before)] == before else 0
+        a = len(after) if after and len(ids) - b >= len(after) and \
+            ids[len(ids) - len(after):] == after else 0
+        inner = self.byte_starts(ids[b:len(ids) - a])
+        return [0] * b + inner + [inner[-1]] * a
+
+    def text_byte_offsets(self, ids: list[int]) -> list[tuple[int, int]]:
+        """(start, end) of each of text_ids(text)'s tokens in the text's UTF-8 bytes."""
+
+        return list(pairwise(self.text_byte_starts(ids)))
+
     def byte_offsets(self, ids: Iterable[int]) -> list[tuple[int, int]]:
         """(start, end) of each token in the UTF-8 bytes of the decoded text."""
 
