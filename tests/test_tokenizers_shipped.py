@@ -147,3 +147,18 @@ def test_probe_marks_find_their_tokens_after_the_bos(folders, cli, tmp_path):
     doc = json.loads(r.out)
     name = doc["classes"].index("name")
     assert doc["train_counts"][name] + doc["held_out_counts"][name] == 5
+
+
+def test_heads_reads_each_text_after_the_bos_gemmas_tokenizer_puts_first(folders, cli):
+    """The head detector reads a text after the token the folder's tokenizer starts a text
+    with (Gemma's <bos>, without which a real Gemma 3 writes junk), not after an end token;
+    a tokenizer that adds none keeps <|endoftext|>, the separator stories were trained after."""
+    from tinygpt_cli.jobs.heads import texts_for_heads
+
+    gemma = open_folder(folders["gemma"]).tokenizer
+    ids, _ = texts_for_heads(gemma, 64, "Tom ran", lambda t: t, None, 1)
+    assert ids == [gemma.text_ids("Tom ran")] and gemma.token_str(ids[0][0]) == "<bos>"
+    gpt2 = open_folder(folders["gpt2"]).tokenizer
+    ids, _ = texts_for_heads(gpt2, 64, "Tom ran", lambda t: t, None, 1)
+    assert ids[0][0] == gpt2.eot_id and gpt2.token_str(gpt2.eot_id) == "<|endoftext|>"
+    assert cli("heads", "Tom ran and Tom ran", "--weights", folders["gemma"]).code == 0

@@ -175,7 +175,7 @@ def heads(
                                   stories)
     hooks, changes = steered(context, model)
     r = detect.heads_report(model.params, model.config, ids, source, length=length,
-                            batch=batch, seed=seed, separator=model.tokenizer.eot_id,
+                            batch=batch, seed=seed, separator=model.tokenizer.start_id,
                             exclude_first=exclude_first, exclude_current=exclude_current,
                             hooks=hooks)
     present(context, as_json,

@@ -11,9 +11,10 @@ from .corpus import BUILT_IN, HELD_OUT_PART, find_data, read_stories, stories_of
 
 def texts_for_heads(tokenizer, context: int, text: str | None, read_text, file, stories: int
                     ) -> tuple[list[list[int]], str]:
-    """Each text as [separator, ids...] cut to the context, and where they came from: the
-    file's first stories, else the text (read_text(text): '-' is stdin), else a few
-    validation stories, else the built-in sentences."""
+    """Each text as [separator, ids...] cut to the context (the separator: start_id, Gemma's
+    <bos>), and where they came from: the file's first stories, else the text
+    (read_text(text): '-' is stdin), else a few validation stories, else the built-in
+    sentences."""
 
     if text is not None and file is not None:
         raise InputError("give a text or --file, not both")
@@ -28,7 +29,7 @@ def texts_for_heads(tokenizer, context: int, text: str | None, read_text, file, 
             texts, source = read_stories([val])[:stories], f"{val} (first {stories} stories)"
         else:
             texts, source = BUILT_IN, "built-in sentences"
-    ids = [([tokenizer.eot_id] + t)[:context] for t in tokenizer.encode_batch(texts)]
+    ids = [([tokenizer.start_id] + t)[:context] for t in tokenizer.encode_batch(texts)]
     if any(len(t) < 2 for t in ids):
         raise InputError("each text needs at least one token")
     return ids, source

@@ -546,6 +546,14 @@ class Tokenizer:
         return i
 
     @property
+    def start_id(self) -> int:
+        """The token a text is read after: the one its post-processor puts first (Gemma's
+        <bos>, without which a real Gemma 3 writes junk), else eot_id, the separator the
+        stories were trained after."""
+        before = self.affix[0]
+        return before[0] if len(before) == 1 else self.eot_id
+
+    @property
     def stop_ids(self) -> tuple[int, ...]:
         """The ids generation ends at: the folder's end tokens, else eot_id."""
         return self.end_ids or (self.eot_id,)
