@@ -470,14 +470,18 @@ def check_vocabulary(tokenizer, config: Config, root: Path) -> None:
     the model has no row for. A smaller one is another family's padding (Pythia's 50,277
     tokens on 50,304 rows, Qwen's): the rows past its last token are kept as rows no text
     names (tokenizer.rows); GPT-2's own files have none, and a GPT-2 folder with them is
-    refused as before."""
+    refused as before. A larger one is accepted only when the tokens past the model's rows
+    are special tokens of the tokenizer alone (Gemma 3's <image_soft_token>, id 262,144 on
+    262,144 rows, which only its vision tower reads): a text naming one is refused."""
     padded = tokenizer.vocab_size < config.vocab_size and config.model_type != "gpt2"
-    if tokenizer.vocab_size != config.vocab_size and not padded:
+    beyond = tokenizer.vocab_size > config.vocab_size and tokenizer.only_special_past(
+        config.vocab_size)
+    if tokenizer.vocab_size != config.vocab_size and not (padded or beyond):
         raise WeightsError(
             f"tokenizer has {tokenizer.vocab_size:,} tokens but the model "
             f"{config.vocab_size:,} (vocab_size in config.json): {root / 'tokenizer.json'} "
             "does not belong to these weights")
-    if padded:
+    if padded or beyond:
         tokenizer.rows = config.vocab_size
     last = tokenizer.vocab_size - 1
     if not tokenizer.ids_are_0_to(last):  # each id names a row of the model

@@ -531,8 +531,27 @@ class Tokenizer:
 
     @property
     def n_rows(self) -> int:
-        """The ids a model may predict: every token, and its padding rows past them."""
-        return max(self.vocab_size, self.rows or 0)
+        """The ids a model may predict: every token, and its padding rows past them; or, when
+        the tokenizer has special tokens past the model's rows, the rows alone."""
+        return self.vocab_size if self.rows is None else self.rows
+
+    def only_special_past(self, rows: int) -> bool:
+        """Whether every token from id `rows` on is an added special token (Gemma 3's
+        <image_soft_token> past its text model's rows), which no ordinary text encodes to."""
+        past = range(rows, self.vocab_size)
+        decoder = self._tok.get_added_tokens_decoder()
+        return all(i in decoder and decoder[i].special for i in past)
+
+    def check_rows(self, ids: list[int]) -> None:
+        """InputError for a special token the model has no row for (only_special_past)."""
+        if self.rows is None or self.rows >= self.vocab_size:
+            return
+        bad = next((i for i in ids if i >= self.rows), None)
+        if bad is not None:
+            raise InputError(
+                f"{shown(self._tok.id_to_token(bad))} (id {bad:,}) is a token of the "
+                f"tokenizer the model has no row for (its {self.rows:,} rows: ids 0 to "
+                f"{self.rows - 1:,}); leave it out")
 
     @cached_property
     def eot_id(self) -> int:
@@ -582,7 +601,13 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """The text's tokens, without the special tokens the folder's tokenizer puts around a
-        text (text_ids adds them); InputError for a byte the vocabulary has no token for."""
+        text (text_ids adds them); InputError for a byte the vocabulary has no token for, or
+        a token the model has no row for."""
+        ids = self._encode(text)
+        self.check_rows(ids)
+        return ids
+
+    def _encode(self, text: str) -> list[int]:
         self.check_bytes(text)
         if len(text) > CHUNK and self.byte_fallback:
             if self._merge_index is not None:

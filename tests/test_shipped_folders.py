@@ -1,0 +1,85 @@
+"""Folders laid out as the hub ships Gemma 3 270M(-it) and SmolLM2-135M(-Instruct)
+(shipped_folders.py: every key of their configs, the tokenizer's structure, bfloat16
+weights), run as a user runs them, against transformers on the same folder."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from cli_helpers import assert_one_error_line
+from shipped_tokenizers import HARD
+
+from tinygpt_cli.transformer.folder import load_model
+from tinygpt_cli.transformer.model import forward
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["Once upon a time, Lily wanted to play with her ball.", "Tom's dog ran 1234 metres."]
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    from shipped_folders import gemma3_folder
+
+    root = tmp_path_factory.mktemp("gemma3")
+    return {"jinja": gemma3_folder(root / "jinja"),
+            "inside": gemma3_folder(root / "inside", template_inside=True)}
+
+
+def test_gemma3s_tokenizer_past_the_models_rows_is_read_as_transformers_reads_it(gemma3):
+    """The real tokenizer has <image_soft_token> at id 262,144 on a model of 262,144 rows:
+    the folder was refused ("does not belong to these weights")."""
+    hf = transformers.AutoTokenizer.from_pretrained(str(gemma3["jinja"]))
+    model = load_model(gemma3["jinja"])
+    tok = model.tokenizer
+    assert tok.vocab_size == model.config.vocab_size + 1 and tok.n_rows == model.config.vocab_size
+    for text in HARD:
+        assert tok.text_ids(text) == hf(text)["input_ids"], text
+    assert tok.stop_ids == (1, 106)  # generation_config.json's [1, 106]: <eos>, <end_of_turn>
+
+
+def test_a_text_naming_a_token_past_the_rows_is_refused_in_one_line(gemma3, cli):
+    r = cli("encode", "a <image_soft_token> b", "--weights", gemma3["jinja"])
+    assert_one_error_line(r, 2, "'<image_soft_token>'", "no row for")
+    r = cli("probs", "a <start_of_image> b", "--json", "--weights", gemma3["jinja"])
+    assert r.code == 0, r.err  # a special token with a row is read
+
+
+def test_gemma3s_logits_equal_transformers_on_the_shipped_folder(gemma3):
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(gemma3["jinja"]))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(gemma3["jinja"],
+                                                           dtype=torch.float32).eval()
+    model = load_model(gemma3["jinja"])
+    for text in TEXTS:
+        ids = hf_tok(text)["input_ids"]
+        assert ids == model.tokenizer.text_ids(text) and ids[0] == 2
+        with torch.no_grad():
+            want = hf(torch.tensor([ids])).logits[0].numpy().astype(np.float64)
+        got = forward(model.params, model.config, np.array(ids))
+        assert np.abs(got - want).max() / np.abs(want).max() <= 1e-5, text
+
+
+@pytest.mark.parametrize("where", ["jinja", "inside"])
+def test_gemma3s_chat_is_apply_chat_templates_byte_for_byte(gemma3, where, cli):
+    pytest.importorskip("jinja2")
+    hf = transformers.AutoTokenizer.from_pretrained(str(gemma3[where]))
+    for message in ["What is the capital of France?", "  spaces around  ", "Café 🙂\n"]:
+        turn = [{"role": "user", "content": message}]
+        text = hf.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+        ids = hf.apply_chat_template(turn, tokenize=True, add_generation_prompt=True,
+                                     return_dict=False)
+        r = cli("encode", "--chat", message, "--json", "--weights", gemma3[where])
+        assert r.code == 0, r.err
+        doc = json.loads(r.out)
+        assert doc["ids"] == list(ids) and "".join(doc["tokens"]) == text, message
+
+
+def test_target_naming_a_token_past_the_rows_is_refused_in_one_line(gemma3, cli):
+    rows = load_model(gemma3["jinja"]).config.vocab_size
+    for target, said in (("<image_soft_token>", "no row for"),
+                         (f"#{rows}", f"ids run from 0 to {rows - 1}")):
+        r = cli("dla", "Once upon a", "--target", target, "--weights", gemma3["jinja"])
+        assert_one_error_line(r, 2, said)  # was an IndexError (exit 1)
