@@ -341,7 +341,13 @@ def top_table(rows: list[dict], value_name: str, *, bar_of: str | None = None) -
     """Ranked tokens: rank, id, token, value (and a bar for chances, as long as the width
     leaves room for: the numbers and names are never the ones to give way)."""
 
-    def table(bar: int) -> Table:
+    values = [fmt(row[value_name]) for row in rows]
+    tokens = [show_token(row["token"]) for row in rows]
+    # what the rank, id and value columns and the gaps between the four take
+    beside = (len(str(len(rows))) + max([len(str(r["id"])) for r in rows] + [2])
+              + max([len(v) for v in values] + [len(value_name)]) + 6)
+
+    def table(bar: int, most: int) -> Table:
         t = QuickTable(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
         for name, just in (("#", "right"), ("id", "right"), ("token", "left"),
                            (value_name, "right")):
@@ -350,8 +356,9 @@ def top_table(rows: list[dict], value_name: str, *, bar_of: str | None = None) -
             t.add_column("", no_wrap=True)
         longest = max((float(row[bar_of]) for row in rows), default=0.0) if bar_of else 0.0
         for r, row in enumerate(rows, 1):
-            cells = [str(r), str(row["id"]), Text(show_token(row["token"]), style="bold"),
-                     fmt(row[value_name])]
+            token = tokens[r - 1]  # a token longer than the room left is the one cut
+            shown = token if len(token) <= most else token[:max(most - 1, 1)] + "…"
+            cells = [str(r), str(row["id"]), Text(shown, style="bold"), values[r - 1]]
             if bar:
                 share = float(row[bar_of]) / longest if longest > 0 else 0.0
                 cells.append(Text("█" * round(share * min(longest, 1.0) * bar), style="green"))
@@ -359,11 +366,12 @@ def top_table(rows: list[dict], value_name: str, *, bar_of: str | None = None) -
         return t
 
     def build(console, width: int) -> Table:
-
+        most = max(width - beside, 6)
         if not bar_of:
-            return table(0)
-        bare = Measurement.get(console, console.options.update_width(10**6), table(0)).maximum
-        return table(max(0, min(BAR, width - bare - 2)))
+            return table(0, most)
+        bare = Measurement.get(console, console.options.update_width(10**6),
+                               table(0, most)).maximum
+        return table(max(0, min(BAR, width - bare - 2)), most)
 
     return Sized(build)
 
