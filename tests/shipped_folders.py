@@ -173,3 +173,82 @@ def gemma3_folder(folder: Path, blocks: int = 7, template_inside: bool = False,
     if not template_inside:
         (folder / "chat_template.jinja").write_text(GEMMA3_TEMPLATE, encoding="utf-8")
     return folder
+
+
+# HuggingFaceTB/SmolLM2-135M-Instruct's config.json (and the base model's differences:
+# bos and eos 0, no pad, transformers 4.40.1, no transformers.js_config)
+SMOLLM2_INSTRUCT_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 576,
+    "initializer_range": 0.041666666666666664, "intermediate_size": 1536,
+    "is_llama_config": True, "max_position_embeddings": 8192, "model_type": "llama",
+    "num_attention_heads": 9, "num_hidden_layers": 30, "num_key_value_heads": 3,
+    "pad_token_id": 2, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_interleaved": False,
+    "rope_scaling": None, "rope_theta": 100000, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "transformers_version": "4.42.3",
+    "transformers.js_config": {"kv_cache_dtype": {"q4f16": "float16", "fp16": "float16"}},
+    "use_cache": True, "vocab_size": 49152}
+SMOLLM2_BASE_CHANGES = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": None,
+                        "transformers_version": "4.40.1", "transformers.js_config": None}
+
+# the 17 special tokens at ids 0-16 of SmolLM2's (and StarCoder 2's cosmo2) vocabulary
+SMOLLM2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<reponame>",
+                    "<file_sep>", "<filename>", "<gh_stars>", "<issue_start>",
+                    "<issue_comment>", "<issue_closed>", "<jupyter_start>", "<jupyter_text>",
+                    "<jupyter_code>", "<jupyter_output>", "<jupyter_script>", "<empty_output>"]
+
+
+def smollm2_folder(folder: Path, instruct: bool = True, seed: int = 0) -> Path:
+    """SmolLM2-135M(-Instruct) as the hub ships it, smaller (2 blocks, a stream of 72 on 9
+    heads of 8 on 3 key/value heads; the small byte-level tokenizer's rows)."""
+    import torch
+    import transformers
+    from shipped_tokenizers import SMOLLM2_TEMPLATE, smollm2
+    from tokenizers import Tokenizer as HFTokenizer
+
+    tokenizer_json, _ = smollm2(SMOLLM2_SPECIALS)
+    rows = HFTokenizer.from_str(tokenizer_json).get_vocab_size(with_added_tokens=True)
+    config = {**SMOLLM2_INSTRUCT_CONFIG, "hidden_size": 72, "intermediate_size": 96,
+              "num_hidden_layers": 2, "vocab_size": rows}
+    if not instruct:
+        config = {k: v for k, v in {**config, **SMOLLM2_BASE_CHANGES}.items()
+                  if v is not None or k == "pad_token_id"}
+        config.pop("pad_token_id")
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.LlamaConfig.from_dict(config))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.15)
+    model.to(torch.bfloat16).save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    end = 2 if instruct else 0
+    generation = {"bos_token_id": 1 if instruct else 0, "eos_token_id": end,
+                  **({"pad_token_id": 2} if instruct else {}),
+                  "transformers_version": config["transformers_version"]}
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+    decoder = {str(i): {**_token(t), "special": True} for i, t in enumerate(SMOLLM2_SPECIALS)}
+    names = (("<|im_start|>", "<|im_end|>", "<|im_end|>") if instruct
+             else ("<|endoftext|>", "<|endoftext|>", None))
+    settings = {"add_prefix_space": False, "added_tokens_decoder": decoder,
+                "additional_special_tokens": (["<|im_start|>", "<|im_end|>"] if instruct
+                                              else SMOLLM2_SPECIALS),
+                "bos_token": names[0], "clean_up_tokenization_spaces": False,
+                "eos_token": names[1], "model_max_length": 8192,
+                **({"pad_token": names[2]} if instruct else {}),
+                "tokenizer_class": "GPT2Tokenizer", "unk_token": "<|endoftext|>",
+                "vocab_size": 49152}
+    if instruct:
+        settings["chat_template"] = SMOLLM2_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2),
+                                                  encoding="utf-8")
+    special_map = {"additional_special_tokens": settings["additional_special_tokens"],
+                   "bos_token": _token(names[0]), "eos_token": _token(names[1]),
+                   "unk_token": _token("<|endoftext|>"),
+                   **({"pad_token": _token(names[2])} if instruct else {})}
+    (folder / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2))
+    return folder

@@ -83,3 +83,42 @@ def test_target_naming_a_token_past_the_rows_is_refused_in_one_line(gemma3, cli)
                          (f"#{rows}", f"ids run from 0 to {rows - 1}")):
         r = cli("dla", "Once upon a", "--target", target, "--weights", gemma3["jinja"])
         assert_one_error_line(r, 2, said)  # was an IndexError (exit 1)
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    from shipped_folders import smollm2_folder
+
+    root = tmp_path_factory.mktemp("smollm2")
+    return {"instruct": smollm2_folder(root / "instruct"),
+            "base": smollm2_folder(root / "base", instruct=False)}
+
+
+@pytest.mark.parametrize("kind", ["instruct", "base"])
+def test_smollm2_as_shipped_reads_as_transformers_reads_it(smollm2, kind):
+    folder = smollm2[kind]
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = load_model(folder)
+    assert model.tokenizer.affix == ([], [])  # no BOS: none put before a text
+    assert model.tokenizer.stop_ids == ((2,) if kind == "instruct" else (0,))
+    for text in HARD:
+        assert model.tokenizer.text_ids(text) == hf_tok(text)["input_ids"], text
+    ids = hf_tok(TEXTS[0])["input_ids"]
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0].numpy().astype(np.float64)
+    got = forward(model.params, model.config, np.array(ids))
+    assert np.abs(got - want).max() / np.abs(want).max() <= 1e-5
+
+
+def test_smollm2_instructs_chat_is_apply_chat_templates(smollm2, cli):
+    pytest.importorskip("jinja2")
+    hf = transformers.AutoTokenizer.from_pretrained(str(smollm2["instruct"]))
+    turn = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = hf.apply_chat_template(turn, tokenize=True, add_generation_prompt=True,
+                                 return_dict=False)
+    r = cli("encode", "--chat", turn[0]["content"], "--json", "--weights", smollm2["instruct"])
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["ids"] == list(ids)
+    r = cli("generate", "--chat", "Hi", "--weights", smollm2["base"])
+    assert_one_error_line(r, 2, "--chat needs the model's chat template")
