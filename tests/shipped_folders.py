@@ -252,3 +252,47 @@ def smollm2_folder(folder: Path, instruct: bool = True, seed: int = 0) -> Path:
                    **({"pad_token": _token(names[2])} if instruct else {})}
     (folder / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2))
     return folder
+
+
+def gemma3_gguf(folder: Path, out: Path) -> Path:
+    """The folder as llama.cpp's convert_hf_to_gguf.py writes a Gemma 3 (its Gemma3Model,
+    the SentencePiece path the hub's tokenizer.model takes): the tokens of the model's rows
+    alone (the <image_soft_token> past them is left out), CONTROL for the special tokens,
+    UNKNOWN for <unk>, BYTE for <0xNN>; bos, eos, unk and pad ids, add_bos_token true,
+    add_eos_token false, add_space_prefix false, the chat template; no eot id (llama.cpp
+    finds <end_of_turn> by its text). Tensors by examples/make_gguf.py (1 added to every
+    norm weight)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("make_gguf", root / "examples" / "make_gguf.py")
+    make_gguf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_gguf)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    rows = json.loads((folder / "config.json").read_text())["vocab_size"]
+    by_id = {i: t for t, i in tokenizer["model"]["vocab"].items()}
+    special = {t["id"]: t["content"] for t in tokenizer["added_tokens"]}
+    by_id.update(special)
+    template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+
+    def vocabulary(w, _cfg) -> None:
+        tokens = [by_id[i] for i in range(rows)]
+        types = [2 if t == "<unk>" else 3 if i in special else
+                 6 if t.startswith("<0x") and len(t) == 6 else 1 for i, t in enumerate(tokens)]
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores([-float(i) for i in range(rows)])
+        w.add_token_types(types)
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(1)
+        w.add_unk_token_id(3)
+        w.add_pad_token_id(0)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        w.add_add_space_prefix(False)
+        w.add_chat_template(template)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    make_gguf.write(folder, out, "F32", vocab=vocabulary)
+    return out

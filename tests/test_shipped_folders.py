@@ -122,3 +122,39 @@ def test_smollm2_instructs_chat_is_apply_chat_templates(smollm2, cli):
     assert json.loads(r.out)["ids"] == list(ids)
     r = cli("generate", "--chat", "Hi", "--weights", smollm2["base"])
     assert_one_error_line(r, 2, "--chat needs the model's chat template")
+
+
+@pytest.fixture(scope="module")
+def gemma3_gguf(gemma3, tmp_path_factory):
+    """The jinja folder as llama.cpp's converter writes it, alone in a folder (no
+    tokenizer_config.json or chat template beside it: everything is in the file)."""
+    pytest.importorskip("gguf")
+    from shipped_folders import gemma3_gguf as written
+
+    return written(gemma3["jinja"], tmp_path_factory.mktemp("gguf") / "gemma-3-270m-it-F32.gguf")
+
+
+def test_a_gemma3_gguf_ends_at_end_of_turn_as_llama_cpp_does(gemma3, gemma3_gguf):
+    """llama.cpp's converter writes no eot id for Gemma 3; llama.cpp ends generation at
+    <end_of_turn> by its text (and at the eos id). The file's generation stopped at <eos>
+    alone, running on past the end of the model's turn."""
+    tok = load_model(gemma3_gguf).tokenizer
+    assert [tok.token_str(i) for i in tok.stop_ids] == ["<eos>", "<end_of_turn>"]
+    assert tok.stop_ids == load_model(gemma3["jinja"]).tokenizer.stop_ids == (1, 106)
+    for text in HARD:
+        assert tok.text_ids(text) == load_model(gemma3["jinja"]).tokenizer.text_ids(text)
+
+
+def test_chat_on_a_gemma3_gguf_renders_the_files_own_template(gemma3, gemma3_gguf, cli):
+    """tokenizer.chat_template, with the file's <bos>: the same ids as transformers'
+    apply_chat_template on the folder it was made from (was: refused, 'has no template')."""
+    pytest.importorskip("jinja2")
+    hf = transformers.AutoTokenizer.from_pretrained(str(gemma3["jinja"]))
+    turn = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = hf.apply_chat_template(turn, tokenize=True, add_generation_prompt=True,
+                                 return_dict=False)
+    r = cli("encode", "--chat", turn[0]["content"], "--json", "--weights", gemma3_gguf)
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["ids"] == list(ids)
+    r = cli("generate", "--chat", "Hi", "-n", "3", "-t", "0", "--json", "--weights", gemma3_gguf)
+    assert r.code == 0, r.err

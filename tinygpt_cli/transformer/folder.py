@@ -386,6 +386,7 @@ def _open_gguf(path: Path) -> Folder:
     from ..storage.gguf_file import check_types, description, open_layout
     from .gguf import architecture, check_tensors, hf_config
     from .gguf_vocab import build
+    from .gguf_vocab import end_ids as gguf_end_ids
 
     if not path.is_file():
         raise WeightsError(f"{path} {_not_a_file(path)}")
@@ -404,6 +405,7 @@ def _open_gguf(path: Path) -> Folder:
     entries = check_tensors(lay, config, path)
     check_types(lay, path)
     _check_gguf_vocabulary(tokenizer, config, path)
+    tokenizer.end_ids = tuple(i for i in gguf_end_ids(meta) if i < tokenizer.n_rows)
     about = {**description(lay, meta), "tokenizer": vocab_about}
     return Folder(path.parent, config, tokenizer, {}, family(config.model_type), path, about,
                   (lay, entries))
