@@ -108,3 +108,23 @@ def test_each_line_blames_the_line_with_the_missing_byte_alone(folders, cli, tmp
     assert r.code == 2
     assert [json.loads(x)["line"] for x in r.out.splitlines()] == [1, 2, 4]
     assert r.err.count("error:") == 1 and "error: line 3:" in r.err and "0x01" in r.err
+
+
+def test_a_tokenizer_as_large_as_gemma_3s_is_read_for_a_vocabulary_as_large(tmp_path):
+    """Gemma 3's tokenizer.json is 33.4 MB (262,144 tokens, 514,906 merges, indented): every
+    real Gemma 3 folder was refused as 'larger than 16,777,216 bytes'. The cap grows with the
+    config's vocabulary (256 bytes a token); a small model's stays 16 MB."""
+    from tinygpt_cli.errors import WeightsError
+    from tinygpt_cli.transformer.config import Config
+    from tinygpt_cli.transformer.folder import read_tokenizer
+
+    tokenizer_json, _ = tokenizer_files("gemma")
+    path = tmp_path / "tokenizer.json"
+    path.write_text(tokenizer_json + " " * (34 << 20), encoding="utf-8")  # 34 MB in all
+    gemma = Config(n_embd=16, n_layer=1, n_head=2, n_inner=24, vocab_size=262144,
+                   n_positions=32)
+    assert read_tokenizer(path, gemma).byte_fallback
+    small = Config(n_embd=16, n_layer=1, n_head=2, n_inner=24, vocab_size=4096, n_positions=32)
+    with pytest.raises(WeightsError, match="larger than 16,777,216 bytes: not the tokenizer "
+                       "of a 4,096-token model"):
+        read_tokenizer(path, small)

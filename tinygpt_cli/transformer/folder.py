@@ -434,6 +434,14 @@ def _load_model(f: Folder) -> Model:
 
 
 MAX_TOKENIZER_BYTES = 16 << 20  # GPT-2's own, 50,257 tokens with their merges: 1.4 MB
+# a larger vocabulary's file may be larger: Gemma 3's 262,144 tokens and 514,906 merges,
+# written with an indent, are 33.4 MB (127 bytes a token)
+TOKENIZER_BYTES_A_TOKEN = 256
+
+
+def tokenizer_cap(vocab_size: int) -> int:
+    """The most bytes a tokenizer.json of this many tokens is read to."""
+    return max(MAX_TOKENIZER_BYTES, TOKENIZER_BYTES_A_TOKEN * vocab_size)
 
 
 def read_capped(path: Path, limit: int, why: str = "") -> bytes:
@@ -453,7 +461,7 @@ def read_tokenizer(path: Path, config: Config):
     """tokenizer.json, capped in size like config.json, and refused unless its tokens are
     bytes (a byte-level BPE, or a BPE with byte fallback), which every view assumes."""
 
-    raw = read_capped(path, MAX_TOKENIZER_BYTES,
+    raw = read_capped(path, tokenizer_cap(config.vocab_size),
                       f": not the tokenizer of a {config.vocab_size:,}-token model")
     try:
         tokenizer = Tokenizer.from_bytes(raw)
