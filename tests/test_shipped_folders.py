@@ -158,3 +158,17 @@ def test_chat_on_a_gemma3_gguf_renders_the_files_own_template(gemma3, gemma3_ggu
     assert json.loads(r.out)["ids"] == list(ids)
     r = cli("generate", "--chat", "Hi", "-n", "3", "-t", "0", "--json", "--weights", gemma3_gguf)
     assert r.code == 0, r.err
+
+
+def test_info_names_where_generation_ends_and_a_few_of_many_specials(gemma3, cli):
+    """The real tokenizer names 6,400 special tokens: info printed every one (1,600 lines
+    at 80 columns); it shows 12, says how many, and the ids generation ends at."""
+    r = cli("info", "--weights", gemma3["jinja"])
+    assert r.code == 0, r.err
+    assert "generation ends at <eos> = 1, <end_of_turn> = 106" in r.out
+    assert "<unused5> = 11 (the first 12 of 110; --json lists them all)" in " ".join(
+        r.out.split())
+    assert "<unused6>" not in r.out
+    doc = json.loads(cli("info", "--json", "--weights", gemma3["jinja"]).out)
+    assert doc["tokenizer"]["stop_ids"] == [1, 106]
+    assert len(doc["tokenizer"]["special_tokens"]) == 110

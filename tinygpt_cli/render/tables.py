@@ -384,6 +384,9 @@ def typed_path(path: Path) -> str:
         return str(path)
 
 
+SPECIALS = 12  # the special tokens info names before it says how many more there are
+
+
 def info_view(info):
     """A ModelInfo (analysis.info): the configuration, the parameter counts, the weights
     file (as typed_path shows it) with its sha256, and the tokenizer."""
@@ -402,8 +405,15 @@ def info_view(info):
         p.add_row(k, f"{v:,}")
     p.add_row(Text("total", style="bold"), Text(f"{info.total:,}", style="bold"))
     # names and paths come from the weights folder: shown escaped, like the user's own text
-    specials = ", ".join(f"{show_token(k)} = {v}"
-                         for k, v in info.tokenizer["special_tokens"].items())
+    special = info.tokenizer["special_tokens"]
+    # Gemma 3 names 6,400 (<unused0> ... <unused6241>, the image tokens): the first few and
+    # the ends of generation are shown; --json has them all
+    specials = ", ".join(f"{show_token(k)} = {v}" for k, v in list(special.items())[:SPECIALS])
+    if len(special) > SPECIALS:
+        specials += f" (the first {SPECIALS} of {len(special):,}; --json lists them all)"
+    by_id = {v: k for k, v in special.items()}
+    ends = ", ".join(f"{show_token(by_id[i])} = {i}" if i in by_id else f"#{i}"
+                     for i in info.tokenizer.get("stop_ids", []))
     return Group(
         Text("configuration", style="bold underline"), t, Text(""), p, Text(""),
         # the shipped model said so, not where pip put it (--json has the path)
@@ -411,6 +421,7 @@ def info_view(info):
              else f"weights   {escape_line(typed_path(info.weights_file))}"),
         Text(f"sha256    {info.sha256}"),
         Text(f"tokenizer {info.tokenizer['vocab_size']:,} tokens; special: {specials}"),
+        *([Text(f"generation ends at {ends}")] if ends else []),
         *(_gguf_view(info) if info.gguf else ()),
     )
 
