@@ -142,15 +142,17 @@ GEMMA3_SPECIAL_MAP = {"boi_token": "<start_of_image>", "bos_token": _token("<bos
 
 
 def gemma3_folder(folder: Path, blocks: int = 7, template_inside: bool = False,
-                  sizes: dict | None = None, seed: int = 0) -> Path:
+                  sizes: dict | None = None, seed: int = 0,
+                  tokenizer: tuple[str, int] | None = None) -> Path:
     """A Gemma 3 270M(-it) folder as the hub ships it, smaller: `blocks` blocks (the 5:1
     pattern kept), the given sizes (default: a stream of 64 on 4 heads of 32, one key/value
-    head, windows of 4 so that a short text passes them), the small tokenizer's rows;
-    random weights (norms' w far from 0) saved by transformers in bfloat16."""
+    head, windows of 4 so that a short text passes them), the small tokenizer's rows (or
+    `tokenizer`: its tokenizer.json and the model's rows); random weights (norms' w far
+    from 0) saved by transformers in bfloat16."""
     import torch
     import transformers
 
-    tokenizer_json, rows = gemma3_tokenizer()
+    tokenizer_json, rows = tokenizer or gemma3_tokenizer()
     sizes = sizes or {"hidden_size": 64, "intermediate_size": 96, "head_dim": 32,
                       "query_pre_attn_scalar": 32, "sliding_window": 4}
     config = {**GEMMA3_270M_CONFIG, **sizes, "num_hidden_layers": blocks, "vocab_size": rows,

@@ -525,8 +525,11 @@ class Tokenizer:
                          f"0x{byte:02x}, which this model's tokenizer has no token for: the "
                          "model cannot read it; leave it out")
 
-    @property
+    @cached_property
     def vocab_size(self) -> int:
+        # cached: the library counts its added tokens on every call (0.1 ms with Gemma 3's
+        # 6,400: score's labels of 262,144 tokens asked 262,144 times, 28 s), and a
+        # tokenizer's vocabulary never changes once read
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     @property
