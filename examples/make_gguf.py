@@ -164,6 +164,18 @@ def vocabulary(w, cfg: dict, tokenizer: dict, pre: str) -> None:
             add(cfg[key])
 
 
+def chat_template(folder: Path) -> str | None:
+    """The folder's chat template as gguf-py's SpecialVocab finds it: chat_template.jinja,
+    else tokenizer_config.json's chat_template."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    settings = folder / "tokenizer_config.json"
+    found = json.loads(settings.read_text(encoding="utf-8")).get("chat_template") \
+        if settings.is_file() else None
+    return found if isinstance(found, str) else None
+
+
 def tensors_of(path: Path) -> dict[str, np.ndarray]:
     """A safetensors file's tensors in float32. The hub ships most models in bfloat16, which
     NumPy has no type for (safetensors.numpy refuses it): those are read from the header and
@@ -219,6 +231,9 @@ def write(folder: Path, out: Path, kind: str = "F32", pre: str = "gpt-2",
     metadata(w, cfg)
     if vocab is None:
         vocabulary(w, cfg, tokenizer, pre)
+        template = chat_template(folder)
+        if template is not None:  # the converter's SpecialVocab writes the folder's
+            w.add_chat_template(template)
     else:
         vocab(w, cfg)
     ftype = getattr(gguf.LlamaFileType, "ALL_F32" if kind == "F32" else f"MOSTLY_{kind}", None)

@@ -172,3 +172,34 @@ def test_info_names_where_generation_ends_and_a_few_of_many_specials(gemma3, cli
     doc = json.loads(cli("info", "--json", "--weights", gemma3["jinja"]).out)
     assert doc["tokenizer"]["stop_ids"] == [1, 106]
     assert len(doc["tokenizer"]["special_tokens"]) == 110
+
+
+def test_a_smollm2_gguf_ends_where_llama_cpp_does_and_chats_as_the_folder(smollm2, cli,
+                                                                           tmp_path):
+    """examples/make_gguf.py as the converter writes SmolLM2 (pre-tokenizer smollm, the
+    folder's chat template): llama.cpp ends generation at its eos <|im_end|>, at
+    <|endoftext|> by its text, and at <reponame>, which it takes for StarCoder's fill-in-
+    the-middle repo token (llama-cpp-python on such a file: EOG ids [0, 2, 4])."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("jinja2")
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "make_gguf", Path(__file__).resolve().parent.parent / "examples" / "make_gguf.py")
+    make_gguf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_gguf)
+    out = tmp_path / "smollm2-F32.gguf"
+    make_gguf.write(smollm2["instruct"], out, "F32", "smollm")
+    tok = load_model(out).tokenizer
+    assert sorted(tok.token_str(i) for i in tok.stop_ids) == ["<reponame>", "<|endoftext|>",
+                                                             "<|im_end|>"]
+    assert tok.stop_ids[0] == 2  # the file's eos first
+    for text in HARD:
+        assert tok.text_ids(text) == load_model(smollm2["instruct"]).tokenizer.text_ids(text)
+    hf = transformers.AutoTokenizer.from_pretrained(str(smollm2["instruct"]))
+    ids = hf.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=True,
+                                 add_generation_prompt=True, return_dict=False)
+    r = cli("encode", "--chat", "Hi", "--json", "--weights", out)
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["ids"] == list(ids)

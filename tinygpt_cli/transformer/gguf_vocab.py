@@ -55,6 +55,12 @@ END_TEXTS = frozenset({
     "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
     "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~["})
 
+# and its fill-in-the-middle pad, repo and file separator tokens, which end generation too:
+# the file's fim_*_token_id, else the one token of that text
+FIM_TEXTS = {"fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+             "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+             "fim_sep": ("<|file_sep|>",)}
+
 IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe"}
 GEMMA = {"gemma3"}  # general.architecture: the vocabulary read as Gemma's (module docstring)
 
@@ -228,11 +234,16 @@ def merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str
 
 
 def end_ids(meta: dict) -> tuple[int, ...]:
-    """Where llama.cpp ends generation with this file: its eos, eot and eom ids and every
-    token whose text is one of END_TEXTS (the file's eos first)."""
+    """Where llama.cpp ends generation with this file: its eos, eot and eom ids, every token
+    whose text is one of END_TEXTS, and its fill-in-the-middle tokens (FIM_TEXTS); the
+    file's eos first."""
     tokens = meta.get("tokenizer.ggml.tokens") or []
     named = [_token(tokens, meta, which) for which in ("eos", "eot", "eom")]
-    found = [i for i in named if i is not None]
+    for kind, texts in FIM_TEXTS.items():
+        found = _token(tokens, meta, kind)
+        named.append(found if found is not None else
+                     next((i for i, t in enumerate(tokens) if t in texts), None))
+    found = list(dict.fromkeys(i for i in named if i is not None))
     found += [i for i, t in enumerate(tokens) if t in END_TEXTS and i not in found]
     return tuple(found)
 
