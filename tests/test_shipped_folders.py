@@ -203,3 +203,15 @@ def test_a_smollm2_gguf_ends_where_llama_cpp_does_and_chats_as_the_folder(smollm
     r = cli("encode", "--chat", "Hi", "--json", "--weights", out)
     assert r.code == 0, r.err
     assert json.loads(r.out)["ids"] == list(ids)
+
+
+def test_each_line_blames_the_line_naming_a_token_past_the_rows_alone(gemma3, cli, tmp_path):
+    """--each-line tokenises its lines together: a line with <image_soft_token> crashed the
+    whole batch with an IndexError (exit 1)."""
+    lines = tmp_path / "lines.txt"
+    lines.write_text("Once upon a time\nLily <image_soft_token> ran\nTom ran to the ball\n",
+                     encoding="utf-8")
+    r = cli("probs", "--each-line", lines, "--json", "--weights", gemma3["jinja"])
+    assert r.code == 2
+    assert [json.loads(x)["line"] for x in r.out.splitlines()] == [1, 3]
+    assert r.err.count("error:") == 1 and "error: line 2:" in r.err and "no row for" in r.err

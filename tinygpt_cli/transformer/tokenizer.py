@@ -854,7 +854,10 @@ class Tokenizer:
         # a long one in pieces, as encode does
         whole = [t for t in texts if len(t) <= CHUNK]
         found = iter(e.ids for e in self._tok.encode_batch(whole, add_special_tokens=False))
-        return [next(found) if len(t) <= CHUNK else self.encode(t) for t in texts]
+        out = [next(found) if len(t) <= CHUNK else self.encode(t) for t in texts]
+        for ids in out:
+            self.check_rows(ids)
+        return out
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
