@@ -215,3 +215,34 @@ def test_each_line_blames_the_line_naming_a_token_past_the_rows_alone(gemma3, cl
     assert r.code == 2
     assert [json.loads(x)["line"] for x in r.out.splitlines()] == [1, 3]
     assert r.err.count("error:") == 1 and "error: line 2:" in r.err and "no row for" in r.err
+
+
+def test_generate_stops_at_end_of_turn_where_transformers_generate_stops(gemma3, cli,
+                                                                          tmp_path):
+    """The folder's <end_of_turn> row turned towards the last position's final stream, so
+    greedy generation's first token is 106 (generation_config.json's second eos): tinygpt
+    stops there and says so, as transformers' generate (reading the same file) stops."""
+    import shutil
+
+    folder = tmp_path / "ends"
+    shutil.copytree(gemma3["jinja"], folder)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = load_model(folder).tokenizer.text_ids("Once upon a time")
+    assert 106 not in ids  # its row is read by the head alone
+    with torch.no_grad():
+        x = hf(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0, -1]
+        table = hf.model.embed_tokens.weight
+        table[106] = 60 * x / (x @ x)  # its logit 60, the others' about 1
+        hf.to(torch.bfloat16).save_pretrained(folder)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    out = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=5,
+                      attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    assert out[0, len(ids):].tolist() == [106]
+    r = cli("generate", "Once upon a time", "-t", "0", "-n", "5", "--json", "--weights", folder)
+    *_, last = r.ndjson()
+    assert last["stop"] == "endoftext" and last["stop_token"] == "<end_of_turn>"
+    r = cli("generate", "Once upon a time", "-t", "0", "-n", "5", "--weights", folder)
+    assert "stopped at <end_of_turn>" in r.err
+    r = cli("generate", "Once upon a time", "-t", "0", "-n", "3", "--no-stop", "--json",
+            "--weights", folder)
+    assert r.ndjson()[1]["id"] == 106 and r.ndjson()[-1]["stop"] == "max_new_tokens"
