@@ -147,3 +147,18 @@ def test_the_vocabulary_is_counted_once_not_once_a_token(folders):
     tok._tok = Counting()
     assert len(tok.token_strs) == tok.n_rows > 500
     assert len(calls) == 1
+
+
+def test_smollm2s_digits_are_split_as_its_tokenizer_json_says(folders):
+    """SmolLM2's tokenizer.json splits digits off before its byte-level words, so a run of
+    spaces before a digit is one word ('\\n 12  3': ĊĠ 1 2 ĠĠ 3), as the tokenizers library,
+    transformers' generic backend and llama.cpp (pre-tokenizer smollm) read it. transformers
+    5's GPT2Tokenizer class, SmolLM2's tokenizer_class, rebuilds the pre-tokenizer without
+    the split (Ċ Ġ 1 2 Ġ Ġ 3): tinygpt keeps the file's, the way the model was trained."""
+    transformers = pytest.importorskip("transformers")
+    backend = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(folders["smollm2"] / "tokenizer.json"))
+    tok = open_folder(folders["smollm2"]).tokenizer
+    for text in ("\n 12  3", "x =  1\n\t 2", "  7 ", "\n\n 42"):
+        assert tok.text_ids(text) == backend(text)["input_ids"], text
+    assert [tok.token_str(i) for i in tok.text_ids("\n 12  3")] == ["\n ", "1", "2", "  ", "3"]
