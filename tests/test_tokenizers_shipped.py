@@ -162,3 +162,30 @@ def test_smollm2s_digits_are_split_as_its_tokenizer_json_says(folders):
     for text in ("\n 12  3", "x =  1\n\t 2", "  7 ", "\n\n 42"):
         assert tok.text_ids(text) == backend(text)["input_ids"], text
     assert [tok.token_str(i) for i in tok.text_ids("\n 12  3")] == ["\n ", "1", "2", "  ", "3"]
+
+
+def test_only_added_tokens_may_lie_past_the_models_rows(tmp_path):
+    """Gemma 3's <image_soft_token> (an added token) one past the rows is read, the rows
+    then being the ids a model predicts; a vocabulary entry past them is still refused."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from tinygpt_cli.errors import WeightsError
+    from tinygpt_cli.transformer.config import Config
+    from tinygpt_cli.transformer.folder import check_vocabulary
+    from tinygpt_cli.transformer.tokenizer import Tokenizer
+
+    tokenizer_json, _ = tokenizer_files("gemma")
+    hf = HFTokenizer.from_str(tokenizer_json)
+    rows = hf.get_vocab_size(with_added_tokens=True)
+    hf.add_special_tokens([AddedToken("<image_soft_token>", special=True, normalized=False)])
+    config = Config(n_embd=16, n_layer=1, n_head=2, n_inner=24, vocab_size=rows,
+                    n_positions=32)
+    tok = Tokenizer.from_str(hf.to_str())
+    check_vocabulary(tok, config, tmp_path)
+    assert (tok.vocab_size, tok.n_rows, len(tok.token_strs)) == (rows + 1, rows, rows)
+    fewer = Config(n_embd=16, n_layer=1, n_head=2, n_inner=24, vocab_size=rows - 1,
+                   n_positions=32)
+    with pytest.raises(WeightsError, match=f"tokenizer has {rows + 1:,} tokens but the model "
+                       f"{rows - 1:,}"):
+        check_vocabulary(Tokenizer.from_str(hf.to_str()), fewer, tmp_path)

@@ -481,10 +481,10 @@ def check_vocabulary(tokenizer, config: Config, root: Path) -> None:
     tokens on 50,304 rows, Qwen's): the rows past its last token are kept as rows no text
     names (tokenizer.rows); GPT-2's own files have none, and a GPT-2 folder with them is
     refused as before. A larger one is accepted only when the tokens past the model's rows
-    are special tokens of the tokenizer alone (Gemma 3's <image_soft_token>, id 262,144 on
-    262,144 rows, which only its vision tower reads): a text naming one is refused."""
+    are added tokens of the tokenizer alone (Gemma 3's special <image_soft_token>, id 262,144
+    on 262,144 rows, which only its vision tower reads): a text naming one is refused."""
     padded = tokenizer.vocab_size < config.vocab_size and config.model_type != "gpt2"
-    beyond = tokenizer.vocab_size > config.vocab_size and tokenizer.only_special_past(
+    beyond = tokenizer.vocab_size > config.vocab_size and tokenizer.only_added_past(
         config.vocab_size)
     if tokenizer.vocab_size != config.vocab_size and not (padded or beyond):
         raise WeightsError(

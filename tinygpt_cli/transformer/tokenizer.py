@@ -535,18 +535,18 @@ class Tokenizer:
     @property
     def n_rows(self) -> int:
         """The ids a model may predict: every token, and its padding rows past them; or, when
-        the tokenizer has special tokens past the model's rows, the rows alone."""
+        the tokenizer has added tokens past the model's rows, the rows alone."""
         return self.vocab_size if self.rows is None else self.rows
 
-    def only_special_past(self, rows: int) -> bool:
-        """Whether every token from id `rows` on is an added special token (Gemma 3's
-        <image_soft_token> past its text model's rows), which no ordinary text encodes to."""
-        past = range(rows, self.vocab_size)
+    def only_added_past(self, rows: int) -> bool:
+        """Whether every token from id `rows` on is an added token, matched whole in a text
+        and never made by the merges (Gemma 3's special <image_soft_token> past its text
+        model's rows): a text naming one is refused (check_rows)."""
         decoder = self._tok.get_added_tokens_decoder()
-        return all(i in decoder and decoder[i].special for i in past)
+        return all(i in decoder for i in range(rows, self.vocab_size))
 
     def check_rows(self, ids: list[int]) -> None:
-        """InputError for a special token the model has no row for (only_special_past)."""
+        """InputError for an added token the model has no row for (only_added_past)."""
         if self.rows is None or self.rows >= self.vocab_size:
             return
         bad = next((i for i in ids if i >= self.rows), None)
