@@ -6,7 +6,7 @@ metadata keys, Conv1D matrices transposed (GPT-2), the fused q/k/v rows regroupe
 each norm weight (Gemma 3: the file holds the scale 1 + w), the vocabulary as
 `tokenizer.ggml.*`; every matrix quantized with the gguf package's own quantizer.
 
-It reads the folder with safetensors and json alone, never with tinygpt, so that the tests
+It reads the folder with NumPy and json alone, never with tinygpt, so that the tests
 that read its files back (tests/test_gguf.py) compare tinygpt's reader with an independent
 writer. Needs the gguf package (pip install 'tinygpt-cli[gguf]').
 
@@ -164,6 +164,41 @@ def vocabulary(w, cfg: dict, tokenizer: dict, pre: str) -> None:
             add(cfg[key])
 
 
+def chat_template(folder: Path) -> str | None:
+    """The folder's chat template as gguf-py's SpecialVocab finds it: chat_template.jinja,
+    else tokenizer_config.json's chat_template."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    settings = folder / "tokenizer_config.json"
+    found = json.loads(settings.read_text(encoding="utf-8")).get("chat_template") \
+        if settings.is_file() else None
+    return found if isinstance(found, str) else None
+
+
+def tensors_of(path: Path) -> dict[str, np.ndarray]:
+    """A safetensors file's tensors in float32. The hub ships most models in bfloat16, which
+    NumPy has no type for (safetensors.numpy refuses it): those are read from the header and
+    widened here (a bfloat16 is the top half of a float32)."""
+    import struct
+
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    kinds = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
+    out = {}
+    for name, t in header.items():
+        start, end = t["data_offsets"]
+        data = raw[8 + n + start:8 + n + end]
+        if t["dtype"] == "BF16":
+            a = (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            a = np.frombuffer(data, kinds[t["dtype"]]).astype(np.float32)
+        out[name] = a.reshape(t["shape"])
+    return out
+
+
 def quantized(name: str, a: np.ndarray, kind: str):
     """(data, type): matrices in `kind` where their rows are whole blocks of it, else F32;
     vectors (norms, biases) always F32, as llama.cpp's quantize leaves them."""
@@ -184,11 +219,10 @@ def write(folder: Path, out: Path, kind: str = "F32", pre: str = "gpt-2",
     which gguf dequantizes but cannot make); `vocab(writer, config)`: the tokenizer's
     metadata written otherwise (a SentencePiece one)."""
     import gguf
-    from safetensors.numpy import load_file
 
     cfg = json.loads((folder / "config.json").read_text())
     tokenizer = json.loads((folder / "tokenizer.json").read_text()) if vocab is None else None
-    tensors = {k: v.astype(np.float32) for k, v in load_file(folder / "model.safetensors").items()}
+    tensors = tensors_of(folder / "model.safetensors")
     mapped = llama_cpp_tensors(cfg, tensors)
     w = gguf.GGUFWriter(str(out), ARCH[cfg.get("model_type", "gpt2")])
     w.add_name(name or folder.resolve().name)
@@ -197,6 +231,9 @@ def write(folder: Path, out: Path, kind: str = "F32", pre: str = "gpt-2",
     metadata(w, cfg)
     if vocab is None:
         vocabulary(w, cfg, tokenizer, pre)
+        template = chat_template(folder)
+        if template is not None:  # the converter's SpecialVocab writes the folder's
+            w.add_chat_template(template)
     else:
         vocab(w, cfg)
     ftype = getattr(gguf.LlamaFileType, "ALL_F32" if kind == "F32" else f"MOSTLY_{kind}", None)

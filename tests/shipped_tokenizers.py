@@ -52,7 +52,7 @@ HARD = ["Hello world", " leading space", "trailing space ", "double  space", "  
         "<s>[INST] hi [/INST]", "<bos>twice", "ſ ﬁ ǅ Ⅻ ①"]
 
 
-def smollm2() -> tuple[str, dict]:
+def smollm2(specials: list[str] = CHATML) -> tuple[str, dict]:
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
@@ -61,7 +61,7 @@ def smollm2() -> tuple[str, dict]:
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     lacking = {_bytes_to_unicode()[b] for b in SMOL_MISSING}
     alphabet = [c for c in pre_tokenizers.ByteLevel.alphabet() if c not in lacking]
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=CHATML,
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
                                   initial_alphabet=alphabet, show_progress=False)
     tok.train_from_iterator(STORIES * 30, trainer)
     settings = {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False,

@@ -148,3 +148,18 @@ def test_diff_refuses_two_folders_that_put_different_tokens_around_a_text(folder
     other = model_folder(tmp_path / "bare", json.dumps(bare), settings)
     r = cli("diff", "Hello there", "--weights", folders["gemma"], "--weights-b", other)
     assert_one_error_line(r, 2, "tokens put around a text")
+
+
+def test_chat_reads_the_folder_once(folders, cli, monkeypatch):
+    """The template's folder and the command's are one: its tokenizer.json was read twice
+    (0.7 s each for Gemma 3's 33 MB file)."""
+    pytest.importorskip("jinja2")
+    from tinygpt_cli.transformer.tokenizer import Tokenizer
+
+    reads = []
+    parse = Tokenizer.from_bytes.__func__
+    monkeypatch.setattr(Tokenizer, "from_bytes",
+                        classmethod(lambda cls, raw: reads.append(1) or parse(cls, raw)))
+    r = cli("probs", "--chat", "Hi", "--json", "--weights", folders["gemma"])
+    assert r.code == 0, r.err
+    assert len(reads) == 1

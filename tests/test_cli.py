@@ -326,7 +326,8 @@ def test_info_json(cli, tiny):
     weights_file = tiny.folder / "model.safetensors"
     assert doc["weights_file"] == str(weights_file.resolve())
     assert doc["sha256"] == hashlib.sha256(weights_file.read_bytes()).hexdigest()
-    assert doc["tokenizer"] == {"vocab_size": 4096, "special_tokens": {"<|endoftext|>": 0}}
+    assert doc["tokenizer"] == {"vocab_size": 4096, "special_tokens": {"<|endoftext|>": 0},
+                                "stop_ids": [0]}
 
 
 def test_weights_option_wins_over_the_environment(cli, tiny, monkeypatch, tmp_path):

@@ -136,3 +136,22 @@ def test_quick_console_prints_a_view_as_rich_does(texts, width, styled):
         rich = "".join(line.rstrip(" ") + "\n" for line in
                        _printed(Console, view, width).splitlines())
         assert _printed(QuickConsole, view, width) == rich
+
+
+def test_a_token_longer_than_the_width_is_cut_never_the_rank_id_or_value():
+    """Gemma's vocabulary has runs of 31 spaces, a trained one whole lines: the probs table
+    at 40 and 80 columns once cut the ids to '4…' and the chances to '0.0'."""
+    from rich.console import Console
+
+    from tinygpt_cli.render.tables import top_table
+
+    long = "def square(x):\n    return x ** 2  # the square\n\tprint(square(3))\n"
+    rows = [{"id": 47, "token": "<unused41>", "chance": 0.0381},
+            {"id": 66012, "token": long, "chance": 0.0234}]
+    for width in (40, 80):
+        lines = _printed(Console, top_table(rows, "chance", bar_of="chance"), width).splitlines()
+        assert all(len(line) <= width for line in lines)
+        assert lines[0].split() == ["#", "id", "token", "chance"]
+        first, second = lines[1].split(), lines[2].split()
+        assert first[:3] == ["1", "47", "<unused41>"] and first[3] == "0.038"
+        assert second[:2] == ["2", "66012"] and second[2].endswith("…") and second[3] == "0.023"

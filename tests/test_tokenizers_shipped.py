@@ -162,3 +162,84 @@ def test_heads_reads_each_text_after_the_bos_gemmas_tokenizer_puts_first(folders
     ids, _ = texts_for_heads(gpt2, 64, "Tom ran", lambda t: t, None, 1)
     assert ids[0][0] == gpt2.eot_id and gpt2.token_str(gpt2.eot_id) == "<|endoftext|>"
     assert cli("heads", "Tom ran and Tom ran", "--weights", folders["gemma"]).code == 0
+
+
+def test_a_tokenizer_as_large_as_gemma_3s_is_read_for_a_vocabulary_as_large(tmp_path):
+    """Gemma 3's tokenizer.json is 33.4 MB (262,144 tokens, 514,906 merges, indented): every
+    real Gemma 3 folder was refused as 'larger than 16,777,216 bytes'. The cap grows with the
+    config's vocabulary (256 bytes a token); a small model's stays 16 MB."""
+    from tinygpt_cli.errors import WeightsError
+    from tinygpt_cli.transformer.config import Config
+    from tinygpt_cli.transformer.folder import read_tokenizer
+
+    tokenizer_json, _ = tokenizer_files("gemma")
+    path = tmp_path / "tokenizer.json"
+    path.write_text(tokenizer_json + " " * (34 << 20), encoding="utf-8")  # 34 MB in all
+    gemma = Config(n_embd=16, n_layer=1, n_head=2, n_inner=24, vocab_size=262144,
+                   n_positions=32)
+    assert read_tokenizer(path, gemma).byte_fallback
+    small = Config(n_embd=16, n_layer=1, n_head=2, n_inner=24, vocab_size=4096, n_positions=32)
+    with pytest.raises(WeightsError, match="larger than 16,777,216 bytes: not the tokenizer "
+                       "of a 4,096-token model"):
+        read_tokenizer(path, small)
+
+
+def test_the_vocabulary_is_counted_once_not_once_a_token(folders):
+    """The library counts its added tokens on every get_vocab_size call (0.1 ms with Gemma
+    3's 6,400): score's labels of the whole vocabulary asked once a token, 28 s on 262,144
+    tokens. Counted through a proxy of the library's tokenizer."""
+    tok = open_folder(folders["gemma"]).tokenizer
+    real, calls = tok._tok, []
+
+    class Counting:
+        def __getattr__(self, name):
+            if name == "get_vocab_size":
+                calls.append(name)
+            return getattr(real, name)
+
+    tok.__dict__.pop("vocab_size", None)
+    tok._tok = Counting()
+    assert len(tok.token_strs) == tok.n_rows > 500
+    assert len(calls) == 1
+
+
+def test_smollm2s_digits_are_split_as_its_tokenizer_json_says(folders):
+    """SmolLM2's tokenizer.json splits digits off before its byte-level words, so a run of
+    spaces before a digit is one word ('\\n 12  3': ĊĠ 1 2 ĠĠ 3), as the tokenizers library,
+    transformers' generic backend and llama.cpp (pre-tokenizer smollm) read it. transformers
+    5's GPT2Tokenizer class, SmolLM2's tokenizer_class, rebuilds the pre-tokenizer without
+    the split (Ċ Ġ 1 2 Ġ Ġ 3): tinygpt keeps the file's, the way the model was trained."""
+    transformers = pytest.importorskip("transformers")
+    backend = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(folders["smollm2"] / "tokenizer.json"))
+    tok = open_folder(folders["smollm2"]).tokenizer
+    for text in ("\n 12  3", "x =  1\n\t 2", "  7 ", "\n\n 42"):
+        assert tok.text_ids(text) == backend(text)["input_ids"], text
+    assert [tok.token_str(i) for i in tok.text_ids("\n 12  3")] == ["\n ", "1", "2", "  ", "3"]
+
+
+def test_only_added_tokens_may_lie_past_the_models_rows(tmp_path):
+    """Gemma 3's <image_soft_token> (an added token) one past the rows is read, the rows
+    then being the ids a model predicts; a vocabulary entry past them is still refused."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from tinygpt_cli.errors import WeightsError
+    from tinygpt_cli.transformer.config import Config
+    from tinygpt_cli.transformer.folder import check_vocabulary
+    from tinygpt_cli.transformer.tokenizer import Tokenizer
+
+    tokenizer_json, _ = tokenizer_files("gemma")
+    hf = HFTokenizer.from_str(tokenizer_json)
+    rows = hf.get_vocab_size(with_added_tokens=True)
+    hf.add_special_tokens([AddedToken("<image_soft_token>", special=True, normalized=False)])
+    config = Config(n_embd=16, n_layer=1, n_head=2, n_inner=24, vocab_size=rows,
+                    n_positions=32)
+    tok = Tokenizer.from_str(hf.to_str())
+    check_vocabulary(tok, config, tmp_path)
+    assert (tok.vocab_size, tok.n_rows, len(tok.token_strs)) == (rows + 1, rows, rows)
+    fewer = Config(n_embd=16, n_layer=1, n_head=2, n_inner=24, vocab_size=rows - 1,
+                   n_positions=32)
+    with pytest.raises(WeightsError, match=f"tokenizer has {rows + 1:,} tokens but the model "
+                       f"{rows - 1:,}"):
+        check_vocabulary(Tokenizer.from_str(hf.to_str()), fewer, tmp_path)

@@ -15,7 +15,7 @@ class ModelInfo:
     total: int
     weights_file: Path  # resolved
     sha256: str
-    tokenizer: dict  # vocab_size, special_tokens
+    tokenizer: dict  # vocab_size, special_tokens, stop_ids (where generation ends)
     shipped: bool = False  # the model that comes with tinygpt (wherever it was installed)
     # a GGUF's own account (gguf_file.description): each tensor's type, the bits per weight,
     # where the weights came from (general.*); None for a safetensors folder
@@ -83,5 +83,6 @@ def model_info(model, weights_file: Path, sha256: str, shipped: bool) -> ModelIn
     about = getattr(model, "about", None)
     return ModelInfo(facts, groups, sum(a.size for a in model.params.values()), weights_file,
                      sha256, {"vocab_size": model.tokenizer.vocab_size,
-                              "special_tokens": model.tokenizer.special_tokens},
+                              "special_tokens": model.tokenizer.special_tokens,
+                              "stop_ids": list(model.tokenizer.stop_ids)},
                      shipped, about, tensor_groups(about["tensors"]) if about else None)

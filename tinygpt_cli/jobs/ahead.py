@@ -149,8 +149,23 @@ def _encoded(tokenizer, texts: list[str], limit: int) -> list[list[int] | None]:
     lacks (its own pass refuses it: another line's refusal is not this one's)."""
     most = limit * tokenizer.longest_token_bytes
     ok = [len(t) <= most and _readable(tokenizer, t) for t in texts]
-    found = iter(tokenizer.encode_batch([t for t, k in zip(texts, ok, strict=True) if k]))
+    kept = [t for t, k in zip(texts, ok, strict=True) if k]
+    try:
+        found = iter(tokenizer.encode_batch(kept))
+    except InputError:  # a line naming a token the model has no row for (Gemma 3's image
+        found = iter(_each(tokenizer, kept))  # token): its own pass refuses it
     return [next(found) if k else None for k in ok]
+
+
+def _each(tokenizer, texts: list[str]) -> list[list[int] | None]:
+    """Each text's ids one by one; None for one the tokenizer refuses."""
+    out = []
+    for text in texts:
+        try:
+            out.append(tokenizer.encode(text))
+        except InputError:
+            out.append(None)
+    return out
 
 
 def _readable(tokenizer, text: str) -> bool:

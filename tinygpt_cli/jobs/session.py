@@ -289,11 +289,13 @@ def token_id(model: Model, token: str | int) -> int:
     are text ('5' is the digit, id 21 in the shipped vocabulary), never taken for an id."""
     tok = model.tokenizer
     if isinstance(token, (int, np.integer)) and not isinstance(token, bool):
-        return _known_id(int(token), tok.vocab_size)
+        return _known_id(int(token), tok.n_rows)
     token = check_utf8(token, "the token")
     if token.startswith("#") and token[1:].isdigit() and token.isascii():
-        return _known_id(int(token[1:]), tok.vocab_size)
+        return _known_id(int(token[1:]), tok.n_rows)
     found = tok.token_to_id(token)
+    if found is not None:
+        tok.check_rows([found])  # a special token past the model's rows (Gemma 3's image)
     if found is None:
         ids = tok.encode(token)
         hint = (f"; it is {len(ids)} tokens: " + " ".join(repr(tok.token_str(i)) for i in ids)

@@ -341,7 +341,13 @@ def top_table(rows: list[dict], value_name: str, *, bar_of: str | None = None) -
     """Ranked tokens: rank, id, token, value (and a bar for chances, as long as the width
     leaves room for: the numbers and names are never the ones to give way)."""
 
-    def table(bar: int) -> Table:
+    values = [fmt(row[value_name]) for row in rows]
+    tokens = [show_token(row["token"]) for row in rows]
+    # what the rank, id and value columns and the gaps between the four take
+    beside = (len(str(len(rows))) + max([len(str(r["id"])) for r in rows] + [2])
+              + max([len(v) for v in values] + [len(value_name)]) + 6)
+
+    def table(bar: int, most: int) -> Table:
         t = QuickTable(box=None, pad_edge=False, show_edge=False, header_style="bold dim")
         for name, just in (("#", "right"), ("id", "right"), ("token", "left"),
                            (value_name, "right")):
@@ -350,8 +356,9 @@ def top_table(rows: list[dict], value_name: str, *, bar_of: str | None = None) -
             t.add_column("", no_wrap=True)
         longest = max((float(row[bar_of]) for row in rows), default=0.0) if bar_of else 0.0
         for r, row in enumerate(rows, 1):
-            cells = [str(r), str(row["id"]), Text(show_token(row["token"]), style="bold"),
-                     fmt(row[value_name])]
+            token = tokens[r - 1]  # a token longer than the room left is the one cut
+            shown = token if len(token) <= most else token[:max(most - 1, 1)] + "…"
+            cells = [str(r), str(row["id"]), Text(shown, style="bold"), values[r - 1]]
             if bar:
                 share = float(row[bar_of]) / longest if longest > 0 else 0.0
                 cells.append(Text("█" * round(share * min(longest, 1.0) * bar), style="green"))
@@ -359,11 +366,12 @@ def top_table(rows: list[dict], value_name: str, *, bar_of: str | None = None) -
         return t
 
     def build(console, width: int) -> Table:
-
+        most = max(width - beside, 6)
         if not bar_of:
-            return table(0)
-        bare = Measurement.get(console, console.options.update_width(10**6), table(0)).maximum
-        return table(max(0, min(BAR, width - bare - 2)))
+            return table(0, most)
+        bare = Measurement.get(console, console.options.update_width(10**6),
+                               table(0, most)).maximum
+        return table(max(0, min(BAR, width - bare - 2)), most)
 
     return Sized(build)
 
@@ -374,6 +382,9 @@ def typed_path(path: Path) -> str:
         return str(path.relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+SPECIALS = 12  # the special tokens info names before it says how many more there are
 
 
 def info_view(info):
@@ -394,8 +405,15 @@ def info_view(info):
         p.add_row(k, f"{v:,}")
     p.add_row(Text("total", style="bold"), Text(f"{info.total:,}", style="bold"))
     # names and paths come from the weights folder: shown escaped, like the user's own text
-    specials = ", ".join(f"{show_token(k)} = {v}"
-                         for k, v in info.tokenizer["special_tokens"].items())
+    special = info.tokenizer["special_tokens"]
+    # Gemma 3 names 6,400 (<unused0> ... <unused6241>, the image tokens): the first few and
+    # the ends of generation are shown; --json has them all
+    specials = ", ".join(f"{show_token(k)} = {v}" for k, v in list(special.items())[:SPECIALS])
+    if len(special) > SPECIALS:
+        specials += f" (the first {SPECIALS} of {len(special):,}; --json lists them all)"
+    by_id = {v: k for k, v in special.items()}
+    ends = ", ".join(f"{show_token(by_id[i])} = {i}" if i in by_id else f"#{i}"
+                     for i in info.tokenizer.get("stop_ids", []))
     return Group(
         Text("configuration", style="bold underline"), t, Text(""), p, Text(""),
         # the shipped model said so, not where pip put it (--json has the path)
@@ -403,6 +421,7 @@ def info_view(info):
              else f"weights   {escape_line(typed_path(info.weights_file))}"),
         Text(f"sha256    {info.sha256}"),
         Text(f"tokenizer {info.tokenizer['vocab_size']:,} tokens; special: {specials}"),
+        *([Text(f"generation ends at {ends}")] if ends else []),
         *(_gguf_view(info) if info.gguf else ()),
     )
 

@@ -4,11 +4,12 @@ renders it, so that the text ends with the opening of the assistant's turn.
 
 The template is the folder's chat_template.jinja, else tokenizer_config.json's chat_template
 (a string, or a list of named templates whose "default" is taken), as transformers reads
-them. It runs in jinja2's ImmutableSandboxedEnvironment (a template is code from the hub)
-with transformers' settings: trim_blocks and lstrip_blocks, the loop controls, a `tojson`
-that keeps non-ASCII characters, and the globals templates call (raise_exception,
-strftime_now, dict, namespace); the tokenizer's named special tokens (bos_token,
-eos_token, ...) are variables. jinja2 is the optional extra `chat`.
+them; a GGUF file's is its tokenizer.chat_template, with the bos and eos tokens its ids
+name, as llama.cpp reads it. It runs in jinja2's ImmutableSandboxedEnvironment (a template
+is code from the hub) with transformers' settings: trim_blocks and lstrip_blocks, the loop
+controls, a `tojson` that keeps non-ASCII characters, and the globals templates call
+(raise_exception, strftime_now, dict, namespace); the tokenizer's named special tokens
+(bos_token, eos_token, ...) are variables. jinja2 is the optional extra `chat`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from ..errors import InputError, WeightsError, check_utf8
 from .folder import open_folder, read_side_json
+from .gguf_vocab import chat_settings
 from .tokenizer import special_name
 
 INSTALL = 'pip install "tinygpt-cli[chat]"'
@@ -36,7 +38,15 @@ def prompt(weights, message: str, opened: dict | None = None) -> str:
     message = check_utf8(message, "the --chat message")
     if not message:
         raise InputError("the --chat message is empty: give the user's message")
-    root = open_folder(weights, opened).folder
+    opened_folder = open_folder(weights, opened)
+    if opened_folder.file is not None:  # a GGUF holds its own template (llama.cpp's reading)
+        template, specials = chat_settings(opened_folder.gguf[0].meta)
+        if template is None:
+            raise InputError(f"--chat needs the model's chat template, and "
+                             f"{opened_folder.file} has none (no tokenizer.chat_template): "
+                             "give the text itself instead")
+        return render(template, message, specials)
+    root = opened_folder.folder
     settings = read_side_json(root / "tokenizer_config.json")
     template = chat_template(root, settings)
     return render(template, message,

@@ -386,6 +386,7 @@ def _open_gguf(path: Path) -> Folder:
     from ..storage.gguf_file import check_types, description, open_layout
     from .gguf import architecture, check_tensors, hf_config
     from .gguf_vocab import build
+    from .gguf_vocab import end_ids as gguf_end_ids
 
     if not path.is_file():
         raise WeightsError(f"{path} {_not_a_file(path)}")
@@ -404,6 +405,7 @@ def _open_gguf(path: Path) -> Folder:
     entries = check_tensors(lay, config, path)
     check_types(lay, path)
     _check_gguf_vocabulary(tokenizer, config, path)
+    tokenizer.end_ids = tuple(i for i in gguf_end_ids(meta) if i < tokenizer.n_rows)
     about = {**description(lay, meta), "tokenizer": vocab_about}
     return Folder(path.parent, config, tokenizer, {}, family(config.model_type), path, about,
                   (lay, entries))
@@ -432,6 +434,14 @@ def _load_model(f: Folder) -> Model:
 
 
 MAX_TOKENIZER_BYTES = 16 << 20  # GPT-2's own, 50,257 tokens with their merges: 1.4 MB
+# a larger vocabulary's file may be larger: Gemma 3's 262,144 tokens and 514,906 merges,
+# written with an indent, are 33.4 MB (127 bytes a token)
+TOKENIZER_BYTES_A_TOKEN = 256
+
+
+def tokenizer_cap(vocab_size: int) -> int:
+    """The most bytes a tokenizer.json of this many tokens is read to."""
+    return max(MAX_TOKENIZER_BYTES, TOKENIZER_BYTES_A_TOKEN * vocab_size)
 
 
 def read_capped(path: Path, limit: int, why: str = "") -> bytes:
@@ -451,7 +461,7 @@ def read_tokenizer(path: Path, config: Config):
     """tokenizer.json, capped in size like config.json, and refused unless its tokens are
     bytes (a byte-level BPE, or a BPE with byte fallback), which every view assumes."""
 
-    raw = read_capped(path, MAX_TOKENIZER_BYTES,
+    raw = read_capped(path, tokenizer_cap(config.vocab_size),
                       f": not the tokenizer of a {config.vocab_size:,}-token model")
     try:
         tokenizer = Tokenizer.from_bytes(raw)
@@ -470,14 +480,18 @@ def check_vocabulary(tokenizer, config: Config, root: Path) -> None:
     the model has no row for. A smaller one is another family's padding (Pythia's 50,277
     tokens on 50,304 rows, Qwen's): the rows past its last token are kept as rows no text
     names (tokenizer.rows); GPT-2's own files have none, and a GPT-2 folder with them is
-    refused as before."""
+    refused as before. A larger one is accepted only when the tokens past the model's rows
+    are added tokens of the tokenizer alone (Gemma 3's special <image_soft_token>, id 262,144
+    on 262,144 rows, which only its vision tower reads): a text naming one is refused."""
     padded = tokenizer.vocab_size < config.vocab_size and config.model_type != "gpt2"
-    if tokenizer.vocab_size != config.vocab_size and not padded:
+    beyond = tokenizer.vocab_size > config.vocab_size and tokenizer.only_added_past(
+        config.vocab_size)
+    if tokenizer.vocab_size != config.vocab_size and not (padded or beyond):
         raise WeightsError(
             f"tokenizer has {tokenizer.vocab_size:,} tokens but the model "
             f"{config.vocab_size:,} (vocab_size in config.json): {root / 'tokenizer.json'} "
             "does not belong to these weights")
-    if padded:
+    if padded or beyond:
         tokenizer.rows = config.vocab_size
     last = tokenizer.vocab_size - 1
     if not tokenizer.ids_are_0_to(last):  # each id names a row of the model

@@ -46,6 +46,21 @@ PRE = {
     "smollm": (True, "GPT-2"), "starcoder": (True, "GPT-2"), "refact": (True, "GPT-2"),
 }
 
+# the tokens llama.cpp ends generation at by their text, besides the file's eos, eot and eom
+# ids (its llama-vocab.cpp, special_eog_ids: "convert scripts should provide these tokens
+# through the KV metadata"; they do not, so a Gemma 3 file's <end_of_turn>, 106, is found so)
+END_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]",
+    "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~["})
+
+# and its fill-in-the-middle pad, repo and file separator tokens, which end generation too:
+# the file's fim_*_token_id, else the one token of that text
+FIM_TEXTS = {"fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+             "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+             "fim_sep": ("<|file_sep|>",)}
+
 IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe"}
 GEMMA = {"gemma3"}  # general.architecture: the vocabulary read as Gemma's (module docstring)
 
@@ -216,3 +231,28 @@ def merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str
         found += [(score, left, right) for _, _, left, right in sorted(here)]
     found.sort(key=lambda m: (-m[0], -len(m[1]), -len(m[2])))
     return [(left, right) for _, left, right in found]
+
+
+def end_ids(meta: dict) -> tuple[int, ...]:
+    """Where llama.cpp ends generation with this file: its eos, eot and eom ids, every token
+    whose text is one of END_TEXTS, and its fill-in-the-middle tokens (FIM_TEXTS); the
+    file's eos first."""
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    named = [_token(tokens, meta, which) for which in ("eos", "eot", "eom")]
+    for kind, texts in FIM_TEXTS.items():
+        found = _token(tokens, meta, kind)
+        named.append(found if found is not None else
+                     next((i for i, t in enumerate(tokens) if t in texts), None))
+    found = list(dict.fromkeys(i for i in named if i is not None))
+    found += [i for i, t in enumerate(tokens) if t in END_TEXTS and i not in found]
+    return tuple(found)
+
+
+def chat_settings(meta: dict) -> tuple[str | None, dict[str, str]]:
+    """(tokenizer.chat_template, the special tokens a template names, by the file's ids), as
+    llama.cpp renders a file's template (bos_token and eos_token its vocabulary's)."""
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    template = meta.get("tokenizer.chat_template")
+    specials = {f"{which}_token": tokens[i] for which in ("bos", "eos", "unk", "pad")
+                if (i := _token(tokens, meta, which)) is not None}
+    return (template if isinstance(template, str) and template else None), specials
