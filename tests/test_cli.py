@@ -8,6 +8,7 @@ on the shipped weights and check properties only, since those weights will be re
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -35,7 +36,6 @@ from tinygpt_cli.cli import app
 from tinygpt_cli.cli.app import _register
 from tinygpt_cli.render.text import show_text, show_token
 from tinygpt_cli.storage.locations import SHIPPED
-from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.families import load_config
 from tinygpt_cli.transformer.folder import load_model
 from tinygpt_cli.transformer.sampling import create_rng, probabilities, sample
@@ -942,7 +942,8 @@ def test_each_line_refuses_a_device_that_never_ends(cli):
 def test_attention_x_grad_shows_every_head_of_a_wide_layer(cli, tmp_path, monkeypatch):
     # one grid per layer flows to fit the terminal, but a grid itself is never cut: heads
     # past the edge would vanish without a `…` to say so
-    config = Config(**{**TINY.__dict__, "n_embd": 24, "n_head": 12, "n_layer": 1})
+    # replace, not Config(**TINY.__dict__): the dict also holds what a pass kept on TINY
+    config = dataclasses.replace(TINY, n_embd=24, n_head=12, n_layer=1)
     folder = write_folder(tmp_path / "h12", random_params(config, seed=5), config)
     monkeypatch.setenv("COLUMNS", "80")
     r = cli("attribute", TEXT, "--method", "attention-x-grad", "--weights", folder)

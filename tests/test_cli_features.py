@@ -4,6 +4,7 @@ trace --save of arrays."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import sys
@@ -253,12 +254,11 @@ def test_trace_save_writes_a_value_as_npy_and_values_as_safetensors(cli, tiny, t
 def test_diff_compares_models_of_other_shapes_that_share_the_tokenizer(cli, tiny, tmp_path):
     from cli_helpers import TINY, random_params, write_folder
 
-    from tinygpt_cli.transformer.config import Config
     from tinygpt_cli.transformer.folder import load_model
     from tinygpt_cli.transformer.model import forward
 
-    shape = Config(**{**TINY.__dict__, "n_embd": 24, "n_layer": 1, "n_head": 3, "n_inner": 40,
-                      "n_positions": 64})
+    shape = dataclasses.replace(TINY, n_embd=24, n_layer=1, n_head=3, n_inner=40,
+                                n_positions=64)  # TINY.__dict__ also holds a pass's cache
     other = load_model(write_folder(tmp_path / "b", random_params(shape, seed=9), shape))
     doc = cli("diff", TEXT, "--weights-b", other.folder, "--json").json()
     ids = doc["ids"]

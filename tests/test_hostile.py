@@ -9,6 +9,7 @@ and on stdin, as a shell would pass them.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import io
 import json
@@ -37,7 +38,6 @@ from cli_helpers import (
 from safetensors.numpy import save_file
 
 from tinygpt_cli.cli import main
-from tinygpt_cli.transformer.config import Config
 from tinygpt_cli.transformer.families.gpt2 import PREFIX
 
 CATCH_ALL = re.compile(r"^error: [A-Z]\w*(Error|Exception): |run again with --debug")
@@ -230,7 +230,7 @@ def duplicate_names(ctx: Ctx) -> None:
 def vocabulary(size: int):
     """A model of `size` tokens beside the shipped 4,096-token tokenizer."""
     def setup(ctx: Ctx) -> None:
-        config = Config(**{**TINY.__dict__, "vocab_size": size})
+        config = dataclasses.replace(TINY, vocab_size=size)  # __dict__ holds a pass's cache
         write_folder(ctx.broken, random_params(config, seed=3), config)
     return setup
 
