@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -167,3 +168,16 @@ def assert_one_error_line(result, code: int, *needles: str) -> str:
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
+
+
+@functools.cache
+def example(name: str):
+    """examples/NAME.py as a module (make_gguf: the GGUF writer the tests make files with),
+    loaded once for every test that uses it."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

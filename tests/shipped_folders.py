@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from cli_helpers import example
 from shipped_tokenizers import STORIES
 
 # google/gemma-3-270m config.json (circuit-tracer's tests copy it whole, tests/
@@ -264,12 +265,8 @@ def gemma3_gguf(folder: Path, out: Path) -> Path:
     add_eos_token false, add_space_prefix false, the chat template; no eot id (llama.cpp
     finds <end_of_turn> by its text). Tensors by examples/make_gguf.py (1 added to every
     norm weight)."""
-    import importlib.util
 
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("make_gguf", root / "examples" / "make_gguf.py")
-    make_gguf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_gguf)
+    make_gguf = example("make_gguf")
     tokenizer = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
     rows = json.loads((folder / "config.json").read_text())["vocab_size"]
     by_id = {i: t for t, i in tokenizer["model"]["vocab"].items()}
@@ -281,20 +278,27 @@ def gemma3_gguf(folder: Path, out: Path) -> Path:
         tokens = [by_id[i] for i in range(rows)]
         types = [2 if t == "<unk>" else 3 if i in special else
                  6 if t.startswith("<0x") and len(t) == 6 else 1 for i, t in enumerate(tokens)]
-        w.add_tokenizer_model("llama")
-        w.add_tokenizer_pre("default")
-        w.add_token_list(tokens)
-        w.add_token_scores([-float(i) for i in range(rows)])
-        w.add_token_types(types)
-        w.add_bos_token_id(2)
-        w.add_eos_token_id(1)
-        w.add_unk_token_id(3)
-        w.add_pad_token_id(0)
-        w.add_add_bos_token(True)
+        gemma_tokenizer_keys(w, tokens, [-float(i) for i in range(rows)], types)
         w.add_add_eos_token(False)
-        w.add_add_space_prefix(False)
         w.add_chat_template(template)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     make_gguf.write(folder, out, "F32", vocab=vocabulary)
     return out
+
+
+def gemma_tokenizer_keys(w, tokens: list[str], scores: list[float], types: list[int]) -> None:
+    """The tokenizer.ggml.* keys llama.cpp's converter writes for a Gemma 3 (its
+    Gemma3Model.set_vocab: SentencePiece's "llama" model, <pad> 0, <eos> 1, <bos> 2 added,
+    <unk> 3, no space prefix), given the vocabulary's tokens, scores and token types."""
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_pad_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)

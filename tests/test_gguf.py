@@ -9,7 +9,6 @@ gives transformers' GGUF tokenizer's ids."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import shutil
 import zlib
@@ -20,12 +19,13 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
+from cli_helpers import example  # noqa: E402
+
 from tinygpt_cli.storage.locations import SHIPPED  # noqa: E402
 from tinygpt_cli.transformer.families import config_to_dict, family  # noqa: E402
 from tinygpt_cli.transformer.folder import load_model  # noqa: E402
 from tinygpt_cli.transformer.model import forward  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 TOL = 1e-5  # of the largest logit
 IDS = [5, 300, 17, 900, 42, 8, 1000, 77, 3, 64, 5, 300]
 HARD = ["Once upon a time, a dog named Max ran.", "  two spaces\n\nand\tnewlines \n",
@@ -34,14 +34,7 @@ HARD = ["Once upon a time, a dog named Max ran.", "  two spaces\n\nand\tnewlines
         "numbers 1234567 and 3.14159", "<|endoftext|>", "   ", "x" * 300]
 
 
-def _writer():
-    spec = importlib.util.spec_from_file_location("make_gguf", ROOT / "examples" / "make_gguf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_gguf = _writer()
+make_gguf = example("make_gguf")
 GT = gguf.GGMLQuantizationType
 # where each K-quant's (and IQ4's) float16 scales sit in its block
 HALVES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),

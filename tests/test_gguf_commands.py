@@ -5,23 +5,16 @@ name."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("gguf")
 
-from cli_helpers import TEXT, Runner, assert_one_error_line, clean_env  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
+from cli_helpers import TEXT, Runner, assert_one_error_line, clean_env, example  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def gguf_file(tiny):
-    spec = importlib.util.spec_from_file_location("make_gguf", ROOT / "examples" / "make_gguf.py")
-    make_gguf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_gguf)
+    make_gguf = example("make_gguf")
     out = tiny.folder.parent / "gguf" / "tiny-f32.gguf"
     out.parent.mkdir()
     make_gguf.write(tiny.folder, out, "F32")
@@ -125,9 +118,7 @@ def gemma_pair(tmp_path_factory):
     save_params(params, folder / "model.safetensors", cfg)
     save_config(cfg, folder / "config.json")
     shutil.copy(SHIPPED / "tokenizer.json", folder / "tokenizer.json")
-    spec = importlib.util.spec_from_file_location("make_gguf", ROOT / "examples" / "make_gguf.py")
-    make_gguf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_gguf)
+    make_gguf = example("make_gguf")
     out = folder.parent / "file" / "gemma3-f32.gguf"
     out.parent.mkdir()
     make_gguf.write(folder, out, "F32")

@@ -9,7 +9,6 @@ as llama.cpp reads them; lying Gemma metadata refused in one line."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -17,24 +16,18 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
+from cli_helpers import example  # noqa: E402
+from shipped_folders import gemma_tokenizer_keys  # noqa: E402
 from test_gguf import HARD, IDS, TOL, sentencepiece_vocab  # noqa: E402
 
 from tinygpt_cli.transformer.folder import load_model  # noqa: E402
 from tinygpt_cli.transformer.model import forward  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 SPACES = ["generate the story model;", "  two", "a   b", "    four\n  two", " lead", "end   ",
           "\u2581 mixed"]
 
 
-def _writer():
-    spec = importlib.util.spec_from_file_location("make_gguf", ROOT / "examples" / "make_gguf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_gguf = _writer()
+make_gguf = example("make_gguf")
 
 
 def gemma_vocab() -> tuple[list[str], list[float], list[int]]:
@@ -64,18 +57,7 @@ def gemma_vocab() -> tuple[list[str], list[float], list[int]]:
 
 
 def gemma_metadata(w, _cfg) -> None:
-    tokens, scores, types = gemma_vocab()
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(1)
-    w.add_unk_token_id(3)
-    w.add_pad_token_id(0)
-    w.add_add_bos_token(True)
-    w.add_add_space_prefix(False)  # the converter's Gemma3Model.set_vocab
+    gemma_tokenizer_keys(w, *gemma_vocab())
 
 
 @pytest.fixture(scope="module")

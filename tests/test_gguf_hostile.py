@@ -6,7 +6,6 @@ package's own reader (each field's offset), not with tinygpt's."""
 
 from __future__ import annotations
 
-import importlib.util
 import struct
 import sys
 from pathlib import Path
@@ -16,16 +15,14 @@ from test_hostile import _run_main, assert_error, clean_env
 
 gguf = pytest.importorskip("gguf")
 
-from tinygpt_cli.storage.locations import SHIPPED  # noqa: E402
+from cli_helpers import example  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+from tinygpt_cli.storage.locations import SHIPPED  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> Path:
-    spec = importlib.util.spec_from_file_location("make_gguf", ROOT / "examples" / "make_gguf.py")
-    make_gguf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_gguf)
+    make_gguf = example("make_gguf")
     out = tmp_path_factory.mktemp("good") / "llama.gguf"
     make_gguf.write(SHIPPED / "llama", out, "Q8_0")
     return out

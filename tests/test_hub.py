@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import TEXT, assert_one_error_line, random_params, write_folder
+from cli_helpers import TEXT, assert_one_error_line, example, random_params, write_folder
 
 from tinygpt_cli.errors import InputError
 from tinygpt_cli.transformer.folder import load_model
@@ -185,14 +185,10 @@ def hub_gguf(hub, tmp_path):
     config.json or tokenizer.json, as GGUF repositories are; the F32 file is the shipped
     Llama's."""
     pytest.importorskip("gguf")
-    import importlib.util
 
     from tinygpt_cli.storage.locations import SHIPPED
 
-    spec = importlib.util.spec_from_file_location(
-        "make_gguf", Path(__file__).resolve().parent.parent / "examples" / "make_gguf.py")
-    make_gguf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_gguf)
+    make_gguf = example("make_gguf")
     src = tmp_path / "src-gguf"
     (src / "q8").mkdir(parents=True)
     make_gguf.write(SHIPPED / "llama", src / "model-f32.gguf", "F32")

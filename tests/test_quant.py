@@ -17,6 +17,7 @@ from tinygpt_cli.analysis import quant as qa
 from tinygpt_cli.transformer import model as mdl
 
 sys.path.insert(0, str(Path(__file__).parent))
+from cli_helpers import example
 from conftest import family_configs, random_params  # noqa: E402
 
 
@@ -287,14 +288,10 @@ def test_act_quant_feeds_the_rounded_rows_into_the_products():
 @pytest.fixture(scope="module")
 def llama_q8(tmp_path_factory):
     pytest.importorskip("gguf")
-    import importlib.util
 
     from tinygpt_cli.storage.locations import SHIPPED
 
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("make_gguf", root / "examples" / "make_gguf.py")
-    make_gguf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_gguf)
+    make_gguf = example("make_gguf")
     out = tmp_path_factory.mktemp("gguf") / "llama-q8_0.gguf"
     make_gguf.write(SHIPPED / "llama", out, "Q8_0")
     return out, SHIPPED / "llama"

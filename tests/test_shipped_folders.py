@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from cli_helpers import assert_one_error_line
+from cli_helpers import assert_one_error_line, example
 from shipped_tokenizers import HARD
 
 from tinygpt_cli.transformer.folder import load_model
@@ -182,13 +182,8 @@ def test_a_smollm2_gguf_ends_where_llama_cpp_does_and_chats_as_the_folder(smollm
     the-middle repo token (llama-cpp-python on such a file: EOG ids [0, 2, 4])."""
     pytest.importorskip("gguf")
     pytest.importorskip("jinja2")
-    import importlib.util
-    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(
-        "make_gguf", Path(__file__).resolve().parent.parent / "examples" / "make_gguf.py")
-    make_gguf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_gguf)
+    make_gguf = example("make_gguf")
     out = tmp_path / "smollm2-F32.gguf"
     make_gguf.write(smollm2["instruct"], out, "F32", "smollm")
     tok = load_model(out).tokenizer
