@@ -563,7 +563,7 @@ def test_attention_heatmap_is_labelled_by_tokens(cli):
     r = cli("attn", TEXT, "--all-heads")
     assert "head 0" in r.out and "head 1" in r.out
     r = cli("attn", TEXT, "--scores")
-    assert "-inf above the diagonal" in r.out
+    assert "·: keys after the query, -inf" in r.out
 
 
 def test_long_heatmaps_fit_the_width_and_full_shows_every_column(cli):

@@ -791,3 +791,33 @@ def test_a_feature_id_is_checked_against_its_own_blocks_transcoder():
     assert len(on)  # some latent past block 0's width fires in block 1
     n = int(on[0])
     assert G.feature_node(g, f"1_{g.feature[n]}_{g.pos[n]}", widths) == n
+
+
+def test_graph_reads_the_text_once_for_every_blocks_examples(cli, trained, monkeypatch,
+                                                             tmp_path):
+    """The features' examples need each block's codes of the text: every block read and
+    encoded the text again, and `graph` printed "reading the text" once per block. Now once,
+    however many blocks' codes are made (and not at all when they are cached)."""
+    from contextlib import contextmanager
+
+    from tinygpt_cli.cli import graph as graph_cli
+
+    said = []
+
+    @contextmanager
+    def recorded(total, description):
+        said.append(description)
+        yield lambda n=1: None
+
+    monkeypatch.setattr(graph_cli, "bar", lambda: recorded)
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "cache"))  # no block's codes kept yet
+    folder, data, _ = trained
+    argv = ("graph", "Lily wanted to play with her", "--transcoders", folder, "--data", data,
+            "--windows", "4", "--json")
+    r = cli(*argv)
+    assert r.code == 0, r.err
+    blocks = {n["layer"] for n in r.json()["nodes"] if n["kind"] == "feature"}
+    assert len(blocks) >= 2 and said.count("latents of the data") == len(blocks)
+    assert said.count("reading the text") == 1
+    said.clear()
+    assert cli(*argv).code == 0 and "reading the text" not in said  # the codes cached

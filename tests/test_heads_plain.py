@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
@@ -71,3 +72,43 @@ def test_it_gives_way_to_rich_where_widths_could_differ():
     assert HeadView("p", grid, ["e\u0301", "a", "b"], False, False).lines(120) is None
     assert HeadView("layers.0.heads.0.weights", grid, ["a", "b", "c"], False,
                     False).lines(20) is None  # the header's path alone fills the line
+
+
+def printed(renderable, width: int) -> list[str]:
+    c = Console(file=io.StringIO(), width=width, markup=False, highlight=False, emoji=False,
+                soft_wrap=False, color_system=None)
+    c.print(renderable)
+    return c.file.getvalue().rstrip("\n").split("\n")
+
+
+@pytest.mark.parametrize("scores", [False, True])
+@pytest.mark.parametrize("window", [0, 3])
+def test_the_note_names_the_marks_the_cells_show_one_head_and_every_head(scores, window):
+    """The note under the grid says what the cells show: `--scores` said "-inf above the
+    diagonal" where the cells show `·` (and nothing of a sliding block's `-`), and
+    `--all-heads` had no "rows: ... columns: ..." line at all. Both views now end in the same
+    note, which names each mark drawn (a weight's dot is its 0), and for scores that its keys
+    are masked to -inf."""
+    from tinygpt_cli.render.cards import heads_view
+
+    t, tokens = 7, ["Lily", " wanted", " to", " play", " with", " her", " ball"]
+    grid = grid_of(t, scores, 1, 3.0)
+    if window:
+        grid[np.tril_indices(t, -window)] = -np.inf if scores else 0.0
+    view = HeadView("layers.0.heads.0.scores", grid, tokens, scores, False, window)
+    one = view.lines(300) or rich_lines(view, 300)
+    every, _ = heads_view("layers.0.scores", np.stack([grid, grid]), tokens, scores, False,
+                          window)
+    every = printed(every, 300)
+    assert one[-1] == every[-1]  # the same note, the last line of each
+    note = one[-1]
+    assert note.startswith("rows: the token looking; columns: the tokens it looks at")
+    cells = " ".join(line.split(maxsplit=2)[-1] for line in one[2:-1])
+    drawn = [m for m in "·-" if f" {m} " in f" {cells} "]
+    assert drawn == (["·", "-"] if window else ["·"])
+    clauses = dict(c.split(": ", 1) for c in note.split("; ")[2:] if c[1:3] == ": ")
+    # each mark drawn is said, none that is not (the weights' dots: a weight of 0, unsaid)
+    assert set(clauses) == {m for m in drawn if scores or m == "-"}
+    assert all(("-inf" in said) == scores for said in clauses.values())
+    assert "each row sums to 1" in note.split("; ") or scores
+    assert "above the diagonal" not in note

@@ -6,6 +6,7 @@ one line; a SentencePiece-style BPE's tokens are the bytes of the text they stan
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import pytest
 from cli_helpers import assert_one_error_line
@@ -134,19 +135,111 @@ def test_encodes_byte_offsets_are_transformers_offsets_the_bos_taking_no_byte(fo
         assert got["offsets"][0] == [0, 0] and got["offsets"][1][0] == 0
 
 
-def test_probe_marks_find_their_tokens_after_the_bos(folders, cli, tmp_path):
+# texts whose offsets are hard for a tokenizer putting `▁` before a text: spaces before,
+# after and doubled, lines, byte-fallback tokens, accents, and added tokens cutting the text
+# into pieces (each its own `▁` in Llama 2's legacy files)
+OFFSET_TEXTS = [*HARD, " ", "  ", "\n", "x  ", "🙂", " 🙂x", "\n\nHi", "Hi <s> there",
+                "Hi<s>there", "<s> x", "<s>", " <s>  "]
+
+
+def _spans_by_hand(tok, text: str, ids: list[int]) -> list[tuple[int, int]]:
+    """Each token's bytes laid along the text's: the first token of a piece of text (its
+    start, or after an added token) drops the space the tokenizer put before it when the text
+    there does not start with that token's bytes; a <bos> put around the text holds none."""
+    raw, at, spans, piece_starts = text.encode("utf-8"), 0, [], True
+    before = len(tok.affix[0])
+    for n, i in enumerate(ids):
+        b = tok.token_bytes(i)
+        if n < before:
+            spans.append((0, 0))
+            continue
+        if piece_starts and b.startswith(b" ") and not raw.startswith(b, at):
+            b = b[1:]
+        assert raw.startswith(b, at), (text, n)
+        spans.append((at, at + len(b)))
+        at += len(b)
+        piece_starts = i in tok.special_tokens.values()
+    assert at == len(raw)
+    return spans
+
+
+@pytest.mark.parametrize("kind", ["llama2", "llama2_legacy", "gemma"])
+def test_offsets_are_the_texts_bytes_not_the_space_put_before_it(folders, kind):
+    """Llama 2's `▁` before the text is no byte of it: every token's span ran one byte late
+    (and the last past the text's end). Each token's span holds its own bytes of the text."""
+    tok = open_folder(folders[kind]).tokenizer
+    for text in OFFSET_TEXTS:
+        ids = tok.text_ids(text)
+        assert tok.text_byte_offsets(text, ids) == _spans_by_hand(tok, text, ids), text
+
+
+@pytest.mark.parametrize("kind", ["llama2", "llama2_legacy", "gemma"])
+def test_offsets_are_transformers_offset_mapping_in_bytes(folders, cli, kind):
+    """transformers' offset mapping, its characters turned into bytes: where it gives a token
+    a span no other token's overlaps, encode's is the same; where spans are shared (the
+    bytes of one character split over <0xNN> tokens, or the `▁` put before the text, which
+    transformers places on the text's first character), encode's lie inside it, one after
+    the other, and a `▁` put there holds no byte, as <bos> (0, 0)."""
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(folders[kind]))
+    tok = open_folder(folders[kind]).tokenizer
+    for text in OFFSET_TEXTS:
+        at = [len(text[:i].encode("utf-8")) for i in range(len(text) + 1)]
+        want = hf(text, return_offsets_mapping=True)
+        theirs = [(at[a], at[b]) for a, b in want["offset_mapping"]]
+        ids = tok.text_ids(text)
+        assert ids == want["input_ids"], text
+        mine = tok.text_byte_offsets(text, ids)
+        assert mine[0] == (0, 0) and mine[-1][1] == len(text.encode("utf-8")), text
+        assert all(a[1] == b[0] for a, b in pairwise(mine[1:])), text
+        for k, (m, h) in enumerate(zip(mine, theirs, strict=True)):
+            assert h[0] <= m[0] <= m[1] <= h[1], (text, k)
+            alone = not any(o[0] < h[1] and h[0] < o[1] for q, o in enumerate(theirs) if q != k)
+            assert m == h or not alone, (text, k)
+    got = json.loads(cli("encode", "Hello world", "--json", "--weights", folders[kind]).out)
+    assert [tuple(o) for o in got["offsets"]] == tok.text_byte_offsets(
+        "Hello world", got["ids"])
+    assert got["offsets"][-1][1] == len("Hello world")
+
+
+@pytest.mark.parametrize("kind", ["gemma", "llama2"])
+def test_probe_marks_find_their_tokens_after_the_bos(folders, cli, tmp_path, kind):
     """A --labels mark is a place in the line's bytes: with the <bos> Gemma's tokenizer adds
     (no byte of the line) every mark still lands right after its token, each one labelled
-    (the offsets counted <bos> as 5 bytes, and the first mark was refused)."""
+    (the offsets counted <bos> as 5 bytes, and the first mark was refused); so with the `▁`
+    Llama 2's puts before the line (it counted one byte more, and refused every mark)."""
     labels = tmp_path / "labels.txt"
     labels.write_text("Tom[name] ran\nI am Tom[name]\nTom[name] sat\nI ran\nTom[name] and I "
                       "ran\nI sat\nTom[name] ran and I sat\nI am\n", encoding="utf-8")
     r = cli("probe", "--site", "layers.1.resid_post", "--labels", str(labels), "--default",
-            "other", "--json", "--weights", folders["gemma"])
+            "other", "--json", "--weights", folders[kind])
     assert r.code == 0, r.err
     doc = json.loads(r.out)
     name = doc["classes"].index("name")
     assert doc["train_counts"][name] + doc["held_out_counts"][name] == 5
+
+
+@pytest.mark.parametrize("kind", ["gemma", "llama2", "llama2_legacy"])
+def test_probe_marks_label_the_token_that_ends_at_the_mark(folders, kind):
+    """Each mark labels the token whose text ends where the mark is: with Llama 2's `▁` put
+    before the line counted as a byte, a mark after "Tom" labelled the token before the one
+    ending "Tom" (or was refused as in the middle of a token)."""
+    from tinygpt_cli.analysis.probe import parse_labels
+    from tinygpt_cli.jobs.probe import probe_inputs
+    from tinygpt_cli.transformer.folder import load_model
+
+    model = load_model(folders[kind])
+    lines = parse_labels("Tom[name] ran\nI am Tom[name]\n  Tom[name] and 🙂[face] sat\n")
+    ids, marks, _ = probe_inputs(model, lines, "layers.0.resid_post", None)
+    tok = model.tokenizer
+    for line, i, labels in zip(lines, ids, marks, strict=True):
+        text = b"".join(tok.token_bytes(t) for t in i).decode("utf-8", errors="replace")
+        labelled = [(n, lab) for n, lab in enumerate(labels) if lab]
+        assert [lab for _, lab in labelled] == [lab for _, lab in line.marks], line.text
+        for n, lab in labelled:  # the tokens up to it spell the line up to the mark
+            upto = b"".join(tok.token_bytes(t) for t in i[:n + 1]).decode("utf-8", "replace")
+            word = "Tom" if lab == "name" else "🙂"
+            assert upto.endswith(word), (text, n)
 
 
 def test_heads_reads_each_text_after_the_bos_gemmas_tokenizer_puts_first(folders, cli):

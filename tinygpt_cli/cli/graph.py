@@ -458,9 +458,11 @@ def _examples(model, transcoders, folder, g, data, windows: int, as_json: bool =
         if g.kinds[i] == "feature":
             latents.setdefault(int(g.layer[i]), set()).add(int(g.feature[i]))
     out = {}
-    for lay, wanted in sorted(latents.items()):  # a block's codes read once for all of them
-        codes = tcj.data_codes(model, transcoders, folder, lay, files, windows, bar())
-        for lat, ex in T.top_windows_of(codes, sorted(wanted)).items():
+    # a block's codes read once for all of its features, the text once for all the blocks
+    codes_of = tcj.blocks_codes(model, transcoders, folder, sorted(latents), files, windows,
+                                bar())
+    for lay, wanted in sorted(latents.items()):
+        for lat, ex in T.top_windows_of(codes_of[lay], sorted(wanted)).items():
             out[lay, lat] = {"examples": ex,
                              "label": T.label_of(ex, lambda t: show_token(tok(t)))}
     return out

@@ -54,7 +54,7 @@ def encode(context: RunContext, text: str = TEXT, weights: Path = WEIGHTS, as_js
     tok = model.tokenizer
     ids = (tok.encode if context.chat else tok.text_ids)(text)
     # offsets in the text: a <bos> the post-processor adds is not in it (a template's is)
-    starts = tok.byte_starts(ids) if context.chat else tok.text_byte_starts(ids)
+    starts = tok.byte_starts_in(text, ids) if context.chat else tok.text_byte_starts(text, ids)
 
     def document():
         from ..render.documents import encode_document

@@ -14,7 +14,9 @@ def probe_inputs(model, lines: list[Line], site: str, default: str | None, hooks
     """(each line's ids, each token's label or None, each line's values of `site`, one row a
     token, of runs through `hooks`, steering, when given) of the --labels lines."""
     ids = encode_lines(model, [line.text for line in lines], "--labels")
-    offsets = [model.tokenizer.text_byte_offsets(i) for i in ids]  # a <bos> holds no byte
+    # a <bos> holds no byte of the line, nor Llama 2's `▁` before it
+    offsets = [model.tokenizer.text_byte_offsets(line.text, i) for line, i in zip(lines, ids,
+                                                                                   strict=True)]
     marks = [token_labels(line, o, default, n)
              for n, (line, o) in enumerate(zip(lines, offsets, strict=True), 1)]
     return ids, marks, [site_values(model.params, model.config, i, site, hooks) for i in ids]

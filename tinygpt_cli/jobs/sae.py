@@ -37,13 +37,14 @@ from .dictionaries.saes import sae_tensors, save_sae
 
 
 def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
-               bar, steer=None, engine=None) -> dict[str, np.ndarray]:
+               bar, steer=None, engine=None, windows_of=None) -> dict[str, np.ndarray]:
     """The SAE's sparse codes (ids, indices, values) at every token of `windows` windows of
     the files, of runs steered by `steer` (hooks.Steering) when given, computed once per
     (weights, SAE, data, steering) as a task per shard of windows on `engine` (None: this
     process) and kept in the cache folder as shards with a manifest (tinygpt_cli.jobs.shards): a
     pass cut short keeps its finished shards. bar(total, description) is the progress bar's
-    context manager."""
+    context manager. windows_of(): those windows' ids, when several dictionaries' codes
+    read the same text (asked for only when the cache misses); else read here."""
 
     # a folder (SAELens': cfg.json and its weights; Gemma Scope 2's: params.safetensors and
     # config.json, or none, the site then read from its names): its files and the site
@@ -62,7 +63,8 @@ def data_codes(model, sae: SAE, path: Path, files: list[Path], windows: int,
 
     found = shards.read_complete(folder, key, valid)
     if found is None:
-        x_in, _ = data_windows(files, model.tokenizer, model.config.n_positions, windows, bar)
+        x_in = windows_of() if windows_of is not None else data_windows(
+            files, model.tokenizer, model.config.n_positions, windows, bar)[0]
         with bar(len(x_in), "latents of the data") as advance:
             found = shards.computed(folder, key, x_in, shard_codes,
                                     (model.params, model.config, sae, steer), valid,

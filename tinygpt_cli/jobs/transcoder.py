@@ -6,6 +6,7 @@ jobs/dictionaries/transcoders.py's."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -38,14 +39,29 @@ def evaluate_held_out(model, transcoders: list[SAE], data, windows: int, progres
 
 
 def data_codes(model, transcoders: list[SAE], folder: Path, layer: int, files: list[Path],
-               windows: int, bar, engine=None) -> dict[str, np.ndarray]:
+               windows: int, bar, engine=None, windows_of=None) -> dict[str, np.ndarray]:
     """Block `layer`'s transcoder codes at every token of `windows` windows of the files,
     computed once per (weights, transcoder file, data) on `engine` and cached
-    (jobs.sae.data_codes, reading the transcoder's input ln2.out)."""
+    (jobs.sae.data_codes, reading the transcoder's input ln2.out; windows_of: its)."""
 
     tc = replace(encoders_of(transcoders)[layer], site=input_path(layer))
     source = file_of(folder, layer)
     if not source.is_file():  # a Gemma Scope 2 folder's: the dictionary's own weights
         own = Path(encoders_of(transcoders)[layer].path)
         source = own if own.is_file() else own / "params.safetensors"
-    return jobs_sae.data_codes(model, tc, source, files, windows, bar, engine=engine)
+    return jobs_sae.data_codes(model, tc, source, files, windows, bar, engine=engine,
+                               windows_of=windows_of)
+
+
+def blocks_codes(model, transcoders: list[SAE], folder: Path, layers: list[int],
+                 files: list[Path], windows: int, bar, engine=None) -> dict[int, dict]:
+    """data_codes of each block of `layers`, the files read into windows once for them all,
+    and only if a block's codes are not cached (each block read and encoded the whole text
+    again: `graph` said "reading the text" once per block)."""
+
+    @cache
+    def windows_of() -> np.ndarray:
+        return data_windows(files, model.tokenizer, model.config.n_positions, windows, bar)[0]
+
+    return {lay: data_codes(model, transcoders, folder, lay, files, windows, bar, engine,
+                            windows_of) for lay in layers}

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..words import held
-from .cells import window_note
+from .cells import grid_note
 from .tables import header, heatmap, matrix, tensor_view, token_rows, top_table
 from .text import show_text, show_token
 
@@ -66,13 +66,14 @@ def value_view(path: str, value, tokens, full: bool, below=()) -> Group:
 
 def heads_view(path: str, grids: np.ndarray, tokens, scores: bool, full: bool,
                window: int = 0):
-    """Every head's grid side by side: (the view, the heatmaps whose width it needs); a
-    sliding block's keys before each query's window drawn apart, and said below."""
+    """Every head's grid side by side: (the view, the heatmaps whose width it needs); what
+    the rows, columns and marks are said below, as under one head's grid (a sliding block's
+    keys before each query's window drawn apart, and said too)."""
     lo, hi = (None, None) if scores else (0.0, 1.0)
     maps = [heatmap(g, tokens, f"head {h}", lo=lo, hi=hi, full=full, window=window)
             for h, g in enumerate(grids)]
-    note = [Text(window_note(window), style="dim")] if window else []
-    return Group(header(path, grids), EvenRows(maps), *note), maps
+    note = Text(grid_note(scores, window), style="dim")
+    return Group(header(path, grids), EvenRows(maps), note), maps
 
 
 def even_rows(n: int, per_row: int) -> list[int]:

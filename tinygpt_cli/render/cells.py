@@ -21,7 +21,21 @@ def keep(n: int, m: int) -> list[int | None]:
     return list(range(left)) + [None] + list(range(n - (m - left), n))
 
 
-def window_note(window: int) -> str:
+ROWS = "rows: the token looking; columns: the tokens it looks at"
+
+
+def window_note(window: int, scores: bool = False) -> str:
     """What the dashes of a sliding block's grid are."""
+    if not window:
+        return ""
     return (f"-: keys before the query's window (this block sees the last {window} tokens)"
-            if window else "")
+            + (", -inf too" if scores else ""))
+
+
+def grid_note(scores: bool, window: int = 0) -> str:
+    """The note under an attention grid, one head's or every head's: what its rows, columns
+    and marks are, in the characters the cells show (a dot after the query, a dash before a
+    sliding block's window)."""
+    said = ROWS + ("; ·: keys after the query, -inf (a token cannot look ahead)"
+                   if scores else "; each row sums to 1")
+    return said + ("; " + window_note(window, scores) if window else "")

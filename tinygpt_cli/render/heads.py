@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .cells import MASKED, OUTSIDE, cell_text, keep, window_note
+from .cells import MASKED, OUTSIDE, cell_text, grid_note, keep
 from .numbers import fmt, shape_str, stats
 from .text import row_label, show_token
 
@@ -21,8 +21,6 @@ from .text import row_label, show_token
 # combining, zero-width characters) is left to Rich's own measure.
 _NARROW = frozenset(map(chr, range(0x20, 0x7F))) | frozenset(
     chr(c) for c in range(0xA1, 0x100) if c != 0xAD) | frozenset("␣↵⇥␍…·×")
-ROWS_NOTE = "rows: the token looking; columns: the tokens it looks at; each row sums to 1"
-SCORES_NOTE = "-inf above the diagonal: a token cannot look ahead"
 
 
 def heads_view(path: str, grids, tokens: list[str], scores: bool, full: bool,
@@ -49,8 +47,7 @@ class HeadView:
 
     @property
     def note(self) -> str:
-        said = SCORES_NOTE if self.scores else ROWS_NOTE
-        return said + ("; " + window_note(self.window) if self.window else "")
+        return grid_note(self.scores, self.window)
 
     def renderables(self):
         """(the Rich view, the heatmap whose width it needs), as render.cards lays it out."""

@@ -933,20 +933,68 @@ class Tokenizer:
     def _byte_lengths(self) -> list[int]:  # every token's: made once, for long texts
         return [len(self.token_bytes(i)) for i in range(self.vocab_size)]
 
-    def text_byte_starts(self, ids: list[int]) -> list[int]:
-        """byte_starts of text_ids(text): the tokens the post-processor puts around the text
-        (Gemma's <bos>) take none of its bytes, as transformers' offsets give them (0, 0)."""
+    def byte_starts_in(self, text: str, ids: list[int]) -> list[int]:
+        """byte_starts of encode(text)'s ids, as places in the text's UTF-8 bytes: a
+        SentencePiece tokenizer puts a `▁` before a piece of text (Llama 2's Metaspace or
+        normaliser Prepend; a piece is the text between added tokens) that no byte of the text
+        is, so the token holding it starts one byte later (a lone `▁` holds none, as <bos>)."""
+        starts = self.byte_starts(ids)
+        if not self.byte_fallback:  # a byte-level token is its bytes in the text
+            return starts
+        raw = text.encode("utf-8")
+        added = frozenset(self.special_tokens.values())
+        out, shift, i = list(starts), 0, 0
+        while i < len(ids):
+            if ids[i] in added:
+                out[i] -= shift
+                i += 1
+                continue
+            j = next((k for k in range(i, len(ids)) if ids[k] in added), len(ids))
+            if self._prefixed(raw, starts[i] - shift, starts[j] - starts[i],
+                              ids[i], ids[j] if j < len(ids) else None):
+                out[i] -= shift
+                shift += 1
+                out[i + 1:j] = [s - shift for s in starts[i + 1:j]]
+            else:
+                out[i:j] = [s - shift for s in starts[i:j]]
+            i = j
+        out[-1] = starts[-1] - shift
+        return out
+
+    def _prefixed(self, raw: bytes, at: int, length: int, first: int, after: int | None
+                  ) -> bool:
+        """Whether the piece of text at byte `at`, made of tokens of `length` bytes in all,
+        the first `first`, and followed by the added token `after` (None: the text's end), is
+        one byte shorter than its tokens: its first token's space put there by the tokenizer.
+        Told by where the text goes on (the added token's text, or its end), and when both
+        places would do, by the first token's bytes."""
+        head = self.token_bytes(first)
+        if not head.startswith(b" "):
+            return False
+        if after is None:
+            return len(raw) - at == length - 1
+        follows = self.token_bytes(after)
+        short, whole = raw.startswith(follows, at + length - 1), raw.startswith(follows,
+                                                                                at + length)
+        if short and whole:
+            return not raw.startswith(head, at) and raw.startswith(head[1:], at)
+        return short
+
+    def text_byte_starts(self, text: str, ids: list[int]) -> list[int]:
+        """byte_starts_in of text_ids(text): the tokens the post-processor puts around the
+        text (Gemma's <bos>) take none of its bytes, as transformers' offsets give them
+        (0, 0)."""
         before, after = (list(a) for a in self.affix)
         b = len(before) if ids[:len(before)] == before else 0
         a = len(after) if after and len(ids) - b >= len(after) and \
             ids[len(ids) - len(after):] == after else 0
-        inner = self.byte_starts(ids[b:len(ids) - a])
+        inner = self.byte_starts_in(text, ids[b:len(ids) - a])
         return [0] * b + inner + [inner[-1]] * a
 
-    def text_byte_offsets(self, ids: list[int]) -> list[tuple[int, int]]:
+    def text_byte_offsets(self, text: str, ids: list[int]) -> list[tuple[int, int]]:
         """(start, end) of each of text_ids(text)'s tokens in the text's UTF-8 bytes."""
 
-        return list(pairwise(self.text_byte_starts(ids)))
+        return list(pairwise(self.text_byte_starts(text, ids)))
 
     def byte_offsets(self, ids: Iterable[int]) -> list[tuple[int, int]]:
         """(start, end) of each token in the UTF-8 bytes of the decoded text."""
