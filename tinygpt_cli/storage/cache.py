@@ -108,15 +108,15 @@ def keep(path: Path, data: bytes) -> bool:
     try:
         write_checked(path, data)
     except WriteError as e:
-        _note(f"note: {e}; the result is not kept for the next run (set TINYGPT_CACHE to a "
+        note(f"note: {e}; the result is not kept for the next run (set TINYGPT_CACHE to a "
               "writable folder)")
         return False
     return True
 
 
-def _note(message: str) -> None:
-    """On stderr, each time an entry is not kept (a command keeps an entry once; a second
-    command in the same process, or the next --each-line line, is told again)."""
+def note(message: str) -> None:
+    """One line on stderr, escaped: an entry not kept (each time: a second command in the
+    same process, or the next --each-line line, is told again), a copy kept."""
 
 
     try:

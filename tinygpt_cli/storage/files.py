@@ -24,8 +24,9 @@ def cannot_write(path: Path, e: OSError) -> WriteError:
     return WriteError(f"cannot write {path}: {reason}")
 
 
-def write_atomically(path: str | Path, data: bytes, *, mode: int = 0o644) -> None:
+def write_atomically(path: str | Path, data: bytes | list, *, mode: int = 0o644) -> None:
     """Write to a temporary file beside `path`, flush it to disk, then rename over `path`.
+    `data`: the bytes, or a list of pieces (bytes or memoryviews) written one after another.
 
     A reader (or a run killed with SIGKILL) sees the old file or the new one, never half.
     The rename replaces a symlink at `path` with the file itself: the link's target, which a
@@ -45,7 +46,8 @@ def write_atomically(path: str | Path, data: bytes, *, mode: int = 0o644) -> Non
     try:
         os.chmod(tmp, mode)  # mkstemp makes 0600; weights and reports are meant to be read
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for piece in [data] if isinstance(data, bytes | bytearray) else data:
+                f.write(piece)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -387,6 +387,14 @@ def safetensors_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str] |
     safetensors library writes its metadata in a random order (a Rust HashMap), so two runs
     of `means` gave files that differed. Names and metadata keys sorted; the header padded
     with spaces to a multiple of 8 bytes, as the library does."""
+    return b"".join(safetensors_chunks(tensors, metadata))
+
+
+def safetensors_chunks(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+                       ) -> list:
+    """safetensors_bytes as its pieces (the header, then each tensor's bytes as a view of the
+    array where it can be one): a file of a gigabyte written without a second gigabyte in
+    memory."""
     import numpy as np
 
     codes = {np.dtype(v): k for k, v in _SAFETENSORS_DTYPES.items()}
@@ -394,14 +402,15 @@ def safetensors_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str] |
     chunks, at = [], 0
     for name in sorted(tensors):
         a = np.ascontiguousarray(tensors[name])
-        data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {"dtype": codes[a.dtype.newbyteorder("<")], "shape": list(a.shape),
+        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+        data = memoryview(a.reshape(-1)).cast("B") if a.size else b""
+        header[name] = {"dtype": codes[a.dtype], "shape": list(a.shape),
                         "data_offsets": [at, at + len(data)]}
         chunks.append(data)
         at += len(data)
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)
-    return len(text).to_bytes(8, "little") + text + b"".join(chunks)
+    return [len(text).to_bytes(8, "little") + text, *chunks]
 
 
 def metadata_strings(meta: dict) -> dict[str, str]:

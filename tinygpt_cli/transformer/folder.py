@@ -25,6 +25,7 @@ from ..storage.safetensors import (
     safetensors_bytes,
     shards_of,
 )
+from . import float32_copy
 from .config import Config
 from .families import Family, config_from_dict, family, load_config
 from .schema import PARAMS
@@ -426,11 +427,15 @@ def _load_model(f: Folder) -> Model:
         from .gguf import read_params
 
         lay, entries = f.gguf
-        params = read_params(f.file, lay, f.config, entries)
+        params = float32_copy.loaded([f.file], f.config, f.family.MODEL_TYPE,
+                                     lambda: read_params(f.file, lay, f.config, entries))
         return Model(f.folder, f.config, params, f.tokenizer, f.family, f.file, f.about)
-    return Model(f.folder, f.config,
-                 map_params(weights_path(f.folder), f.config, f.header, f.family), f.tokenizer,
-                 f.family)
+    path = weights_path(f.folder)
+    shards = sorted({path.parent / i.shard for i in f.header.values() if i.shard})
+    params = float32_copy.loaded([path, *shards, f.folder / "config.json"], f.config,
+                                 f.family.MODEL_TYPE,
+                                 lambda: map_params(path, f.config, f.header, f.family))
+    return Model(f.folder, f.config, params, f.tokenizer, f.family)
 
 
 MAX_TOKENIZER_BYTES = 16 << 20  # GPT-2's own, 50,257 tokens with their merges: 1.4 MB
