@@ -25,7 +25,6 @@ from ..storage.safetensors import (
     safetensors_bytes,
     shards_of,
 )
-from . import float32_copy
 from .config import Config
 from .families import Family, config_from_dict, family, load_config
 from .schema import PARAMS
@@ -423,6 +422,8 @@ def _check_gguf_vocabulary(tokenizer, config: Config, path: Path) -> None:
 
 
 def _load_model(f: Folder) -> Model:
+    from . import float32_copy  # here: its cache helpers load NumPy, which encode never needs
+
     if f.file is not None:
         from .gguf import read_params
 
