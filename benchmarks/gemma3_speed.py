@@ -65,8 +65,10 @@ def rows(runs: int, folder: Path, hf) -> list:
 
     Row = bench.Row
     os.environ["TINYGPT_FLOAT32_COPY"] = "0"  # this process's own load keeps none, so that
-    ours = load_model(folder)  # the first command below is a user's first, with none yet
-    del os.environ["TINYGPT_FLOAT32_COPY"]
+    try:  # the first command below is a user's first, with none yet
+        ours = load_model(folder)
+    finally:
+        del os.environ["TINYGPT_FLOAT32_COPY"]
     f32_mb = sum(a.size for a in ours.params.values()) * 4 / 2**20
     ids = bench.text_ids(ours, 512)
     with torch.inference_mode():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from cli_helpers import example
 from shipped_tokenizers import STORIES
 
@@ -150,8 +151,8 @@ def gemma3_folder(folder: Path, blocks: int = 7, template_inside: bool = False,
     head, windows of 4 so that a short text passes them), the small tokenizer's rows (or
     `tokenizer`: its tokenizer.json and the model's rows); random weights (norms' w far
     from 0) saved by transformers in bfloat16."""
-    import torch
-    import transformers
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
 
     tokenizer_json, rows = tokenizer or gemma3_tokenizer()
     sizes = sizes or {"hidden_size": 64, "intermediate_size": 96, "head_dim": 32,
@@ -204,8 +205,8 @@ SMOLLM2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>"
 def smollm2_folder(folder: Path, instruct: bool = True, seed: int = 0) -> Path:
     """SmolLM2-135M(-Instruct) as the hub ships it, smaller (2 blocks, a stream of 72 on 9
     heads of 8 on 3 key/value heads; the small byte-level tokenizer's rows)."""
-    import torch
-    import transformers
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
     from shipped_tokenizers import SMOLLM2_TEMPLATE, smollm2
     from tokenizers import Tokenizer as HFTokenizer
 

@@ -51,22 +51,29 @@ def weight_pages(shape: tuple[int, ...], dtype) -> np.ndarray:
 MADV_POPULATE_WRITE = 23  # Linux 5.14's advice; Python's mmap module names it from 3.13 on
 
 
+def mapping_under(a: np.ndarray) -> tuple[mmap.mmap, int] | None:
+    """The mmap an array is a view of (np.frombuffer over it, then any slices and reshapes)
+    and where the array's first byte lies in it; None for any other array."""
+    base = a
+    while isinstance(base, np.ndarray) and isinstance(base.base, np.ndarray):
+        base = base.base
+    view = getattr(base, "base", None)
+    if not isinstance(view, memoryview) or not isinstance(view.obj, mmap.mmap):
+        return None
+    return view.obj, a.ctypes.data - np.frombuffer(view, np.uint8, 1).ctypes.data
+
+
 def make_now(piece: np.ndarray) -> None:
     """The pages under `piece` (a contiguous slice of a fresh_pages array about to be
     written whole) made in one call, as MAP_POPULATE makes a whole mapping's: 671 MB written
     a piece at a time, 0.30 s of system time a page fault at a time, 0.23 this way. Anything
     else (not over such a mapping, an older kernel) is left to the faults."""
-    base = piece
-    while isinstance(base, np.ndarray) and isinstance(base.base, np.ndarray):
-        base = base.base
-    view = getattr(base, "base", None)
-    if not piece.flags.c_contiguous or not isinstance(getattr(view, "obj", None), mmap.mmap):
+    found = mapping_under(piece) if piece.flags.c_contiguous else None
+    if found is None:
         return
-    start = np.frombuffer(view, np.uint8, 1).ctypes.data
-    page = mmap.PAGESIZE
-    begin = (piece.ctypes.data - start) // page * page
-    end = piece.ctypes.data - start + piece.nbytes
+    pages, at = found
+    begin = at // mmap.PAGESIZE * mmap.PAGESIZE
     try:
-        view.obj.madvise(MADV_POPULATE_WRITE, begin, end - begin)
+        pages.madvise(MADV_POPULATE_WRITE, begin, at + piece.nbytes - begin)
     except (OSError, ValueError):
         pass

@@ -291,17 +291,12 @@ def let_go_of(a) -> None:
     matrix), so a float32 file's pages and their copies are never all resident together
     (the file is mapped whole at once). Anything else is left as it is."""
 
-    import numpy as np
+    from .pages import mapping_under
 
-    base = a
-    while isinstance(base, np.ndarray) and isinstance(base.base, np.ndarray):
-        base = base.base
-    view = getattr(base, "base", None)
-    if not isinstance(view, memoryview) or not isinstance(view.obj, mmap.mmap):
-        return
-    start = np.frombuffer(view, np.uint8, 1).ctypes.data  # where the mapping begins
-    begin = a.ctypes.data - start
-    _let_go(view.obj, begin, begin + a.nbytes)
+    found = mapping_under(a)
+    if found is not None:
+        buf, begin = found
+        _let_go(buf, begin, begin + a.nbytes)
 
 
 def read_safetensors(path: Path, names=None, *, limit: int = MAX_HEADER_BYTES,

@@ -862,7 +862,7 @@ class Tokenizer:
         # a long one in pieces, as encode does
         whole = [t for t in texts if len(t) <= CHUNK]
         found = iter(e.ids for e in self._tok.encode_batch(whole, add_special_tokens=False))
-        out = [next(found) if len(t) <= CHUNK else self.encode(t) for t in texts]
+        out = [next(found) if len(t) <= CHUNK else self._encode(t) for t in texts]
         for ids in out:
             self.check_rows(ids)
         return out
